@@ -1,0 +1,219 @@
+package appliance
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Appliance is one running meshbox node. Build it with New, run it with
+// Start, stop it with Close. Its methods are safe for concurrent use.
+type Appliance struct {
+	cfg       Config
+	logger    *slog.Logger
+	errs      *errorRing
+	registry  *prometheus.Registry
+	startedAt time.Time
+
+	mu       sync.Mutex
+	started  bool
+	closed   bool
+	natsSrv  *natsServer
+	nc       *nats.Conn // in-process connection for the node's own API
+	bindings *bindings
+	httpSrv  *http.Server
+	httpURL  string
+
+	// fatal receives an error when a component fails in a way that should
+	// stop the node (for example: the node name is claimed on the broker).
+	fatal chan error
+	wg    sync.WaitGroup // goroutines owned by the appliance
+}
+
+// New validates cfg and returns an appliance that is not yet started.
+// logger may be nil (no logging).
+func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	ring := newErrorRing(50)
+	logger = slog.New(&ringHandler{next: logger.Handler(), ring: ring}).With("node", cfg.Node)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return &Appliance{
+		cfg:      cfg,
+		logger:   logger,
+		errs:     ring,
+		registry: reg,
+		fatal:    make(chan error, 1),
+	}, nil
+}
+
+// Start brings the node up: data directory and bindings cache, embedded NATS
+// server, bridge, node, HTTP. It returns once the node serves local programs,
+// or the first error, after undoing what it had started.
+func (a *Appliance) Start(ctx context.Context) (err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return ErrClosed
+	}
+	if a.started {
+		return errors.New("appliance already started")
+	}
+	a.started = true
+	a.startedAt = time.Now().UTC()
+	defer func() {
+		if err != nil {
+			a.closeLocked()
+		}
+	}()
+
+	if err := os.MkdirAll(a.cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("data directory: %w", err)
+	}
+	a.bindings, err = openBindings(ctx, a.cfg, a.logger.With("component", "cache"), a.registry)
+	if err != nil {
+		return err
+	}
+
+	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, a.logger.With("component", "nats"))
+	if err != nil {
+		return err
+	}
+	a.nc, err = a.natsSrv.connect("meshbox-api")
+	if err != nil {
+		return fmt.Errorf("nats connect: %w", err)
+	}
+	if err := a.serveAPI(); err != nil {
+		return err
+	}
+	if a.cfg.HTTP != "off" {
+		if err := a.startHTTP(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Fatal returns a channel that yields an error when a component fails in a
+// way that should stop the node.
+func (a *Appliance) Fatal() <-chan error { return a.fatal }
+
+// NATSURL is the client URL of the embedded NATS server ("" before Start).
+func (a *Appliance) NATSURL() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.natsSrv == nil {
+		return ""
+	}
+	return a.natsSrv.URL()
+}
+
+// HTTPURL is the base URL of the status endpoints ("" when off or before
+// Start).
+func (a *Appliance) HTTPURL() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.httpURL
+}
+
+// Logger is the node's logger.
+func (a *Appliance) Logger() *slog.Logger { return a.logger }
+
+// Close stops the node in the reverse order of Start. It is idempotent, safe
+// after a failed or partial Start, and returns when every goroutine the node
+// started is gone.
+func (a *Appliance) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.closed = true
+	return a.closeLocked()
+}
+
+// closeLocked stops whatever is running. a.mu is held on entry.
+func (a *Appliance) closeLocked() error {
+	var errs []error
+	if a.httpSrv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		if err := a.httpSrv.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("http: %w", err))
+		}
+		cancel()
+		a.httpSrv = nil
+	}
+	if a.nc != nil {
+		a.nc.Close()
+		a.nc = nil
+	}
+	if a.natsSrv != nil {
+		a.natsSrv.close()
+		a.natsSrv = nil
+	}
+	if a.bindings != nil {
+		if err := a.bindings.close(); err != nil {
+			errs = append(errs, err)
+		}
+		a.bindings = nil
+	}
+	a.wg.Wait()
+	return errors.Join(errs...)
+}
+
+// serveAPI answers the node's own NATS API ($MESH.>). a.mu is held.
+func (a *Appliance) serveAPI() error {
+	_, err := a.nc.Subscribe(SubjectStatus, func(m *nats.Msg) {
+		data, err := json.Marshal(a.Status())
+		if err != nil {
+			a.logger.Error("encode status", "err", err)
+			return
+		}
+		_ = m.Respond(data) // the caller may have gone; nothing to do then
+	})
+	if err != nil {
+		return fmt.Errorf("serve %s: %w", SubjectStatus, err)
+	}
+	return nil
+}
+
+// The node's own API subjects on its NATS server.
+const (
+	SubjectStatus = "$MESH.status"
+)
+
+// startHTTP listens and serves status, health and metrics. a.mu is held.
+func (a *Appliance) startHTTP() error {
+	ln, err := net.Listen("tcp", a.cfg.HTTP)
+	if err != nil {
+		return fmt.Errorf("http listen %s: %w", a.cfg.HTTP, err)
+	}
+	a.httpURL = "http://" + ln.Addr().String()
+	a.httpSrv = &http.Server{
+		Handler:           a.handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:          slog.NewLogLogger(a.logger.With("component", "http").Handler(), slog.LevelWarn),
+	}
+	srv := a.httpSrv
+	a.wg.Add(1)
+	go func() { // exits when Shutdown closes the listener (closeLocked)
+		defer a.wg.Done()
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.logger.Error("http server stopped", "err", err)
+		}
+	}()
+	return nil
+}

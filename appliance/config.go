@@ -1,0 +1,455 @@
+package appliance
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is the whole configuration of one node. It is built once, at the
+// edge, in this order: DefaultConfig, then the config file, then the
+// environment (MESHBOX_*), then command-line flags; and validated once with
+// Validate. No other package reads flags, files or the environment.
+//
+// The config file is JSON; its keys are the json tags below. Durations are
+// strings in Go's notation ("5s", "2m30s"). Unknown keys are an error, so a
+// misspelt key is never silently ignored.
+type Config struct {
+	// Node is this node's mesh name: its identity on the broker and in the
+	// mesh database. Letters, digits, '-' and '_', at most 64.
+	Node string `json:"node"`
+	// DataDir holds the bindings cache and the outbox. One node per data
+	// directory: a second process is refused.
+	DataDir string `json:"data"`
+	// NATS is where the embedded NATS server listens for local programs
+	// (host:port; port 0 picks a free one).
+	NATS string `json:"nats"`
+	// HTTP is where status, health and metrics are served (host:port; port 0
+	// picks a free one; "off" disables the listener).
+	HTTP string `json:"http"`
+	// DB is the mesh database URL (postgres://...). Empty: no database; the
+	// node runs standalone.
+	DB Secret `json:"db"`
+	// Broker overrides the broker.url mesh setting (amqp:// or amqps://).
+	// Empty: the broker named by the bindings, or none.
+	Broker Secret `json:"broker"`
+
+	Log    LogConfig    `json:"log"`
+	Cache  CacheConfig  `json:"cache"`
+	Bridge BridgeConfig `json:"bridge"`
+	Mesh   MeshConfig   `json:"mesh"`
+}
+
+// LogConfig says how the node logs.
+type LogConfig struct {
+	Level  string `json:"level"`  // debug, info, warn, error
+	Format string `json:"format"` // text or json
+}
+
+// CacheConfig is the bindings part of the configuration.
+type CacheConfig struct {
+	// Keep is how many snapshot versions the cache keeps.
+	Keep int `json:"keep"`
+	// LoadTimeout bounds how long start-up waits for the database before it
+	// falls back to the cache.
+	LoadTimeout Duration `json:"load_timeout"`
+	// RetryInterval is how often an unreachable database is tried again.
+	RetryInterval Duration `json:"retry_interval"`
+	// MaxAge raises a warning when bindings are older than this (0: never).
+	MaxAge Duration `json:"max_age"`
+}
+
+// BridgeConfig is the broker part of the configuration.
+type BridgeConfig struct {
+	CAFile         string            `json:"ca_file"`
+	OutboxMaxBytes int64             `json:"outbox_max_bytes"`
+	RequestTimeout Duration          `json:"request_timeout"`
+	Prefetch       int               `json:"prefetch"`
+	RetryBudget    int               `json:"retry_budget"`
+	Heartbeat      Duration          `json:"heartbeat"`
+	StallAfter     Duration          `json:"stall_after"`
+	Routes         map[string]string `json:"routes"`
+}
+
+// MeshConfig is the discovery part of the configuration.
+type MeshConfig struct {
+	// DiscoveryInterval is how often the node asks its peers what they host.
+	DiscoveryInterval Duration `json:"discovery_interval"`
+	// HeartbeatInterval is how often the node tells its peers it is alive.
+	HeartbeatInterval Duration `json:"heartbeat_interval"`
+	// MissedHeartbeats is how many heartbeats a peer may miss before it is
+	// marked gone.
+	MissedHeartbeats int `json:"missed_heartbeats"`
+}
+
+// Default listen addresses.
+const (
+	DefaultNATS = "127.0.0.1:4222"
+	DefaultHTTP = "127.0.0.1:7222"
+)
+
+// DefaultConfig returns the configuration of a standalone node: embedded
+// NATS and HTTP on loopback, a data directory for this user, no database,
+// no broker.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		Node:    SanitizeNodeName(host),
+		DataDir: DefaultDataDir(),
+		NATS:    DefaultNATS,
+		HTTP:    DefaultHTTP,
+		Log:     LogConfig{Level: "info", Format: "text"},
+		Cache: CacheConfig{
+			Keep:          10,
+			LoadTimeout:   Duration(2 * time.Second),
+			RetryInterval: Duration(5 * time.Second),
+			MaxAge:        Duration(24 * time.Hour),
+		},
+		Bridge: BridgeConfig{
+			OutboxMaxBytes: 64 << 20,
+			RequestTimeout: Duration(5 * time.Second),
+			Prefetch:       32,
+			RetryBudget:    5,
+			Heartbeat:      Duration(5 * time.Second),
+			StallAfter:     Duration(5 * time.Minute),
+		},
+		Mesh: MeshConfig{
+			DiscoveryInterval: Duration(30 * time.Second),
+			HeartbeatInterval: Duration(5 * time.Second),
+			MissedHeartbeats:  3,
+		},
+	}
+}
+
+// DefaultDataDir is /var/lib/meshbox for root and the user's data directory
+// ($XDG_DATA_HOME/meshbox or ~/.local/share/meshbox) for everyone else.
+func DefaultDataDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/meshbox"
+	}
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "meshbox")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "share", "meshbox")
+	}
+	return "meshbox-data"
+}
+
+var nodeNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// ValidNodeName reports whether name can be a node's mesh name: it is used as
+// a NATS subject token and an AMQP exchange name, so it is kept to letters,
+// digits, '-' and '_'.
+func ValidNodeName(name string) bool { return nodeNameRE.MatchString(name) }
+
+// SanitizeNodeName turns a host name into a valid node name: the first label
+// only, other characters replaced by '-'.
+func SanitizeNodeName(host string) string {
+	host, _, _ = strings.Cut(host, ".")
+	var b strings.Builder
+	for _, r := range host {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_':
+			b.WriteRune(r)
+		default:
+			b.WriteRune('-')
+		}
+		if b.Len() == 64 {
+			break
+		}
+	}
+	if b.Len() == 0 {
+		return "meshbox"
+	}
+	return b.String()
+}
+
+// LoadFile reads a JSON config file over c. Unknown keys are an error.
+func (c *Config) LoadFile(path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("config file: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(c); err != nil {
+		return fmt.Errorf("config file %s: %w", path, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("config file %s: more than one JSON value", path)
+	}
+	return nil
+}
+
+// EnvVars maps each environment variable to the config field it sets.
+var EnvVars = []struct {
+	Name  string
+	Field string
+}{
+	{"MESHBOX_NODE", "node"},
+	{"MESHBOX_DATA", "data"},
+	{"MESHBOX_NATS", "nats"},
+	{"MESHBOX_HTTP", "http"},
+	{"MESHBOX_DB", "db"},
+	{"MESHBOX_BROKER", "broker"},
+	{"MESHBOX_LOG_LEVEL", "log.level"},
+	{"MESHBOX_LOG_FORMAT", "log.format"},
+}
+
+// ApplyEnv sets fields from the MESHBOX_* variables that getenv returns
+// non-empty.
+func (c *Config) ApplyEnv(getenv func(string) string) error {
+	for _, v := range EnvVars {
+		if val := getenv(v.Name); val != "" {
+			if err := c.Set(v.Field, val); err != nil {
+				return fmt.Errorf("%s: %w", v.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Set sets one top-level or log field by its config path.
+func (c *Config) Set(field, value string) error {
+	switch field {
+	case "node":
+		c.Node = value
+	case "data":
+		c.DataDir = value
+	case "nats":
+		c.NATS = value
+	case "http":
+		c.HTTP = value
+	case "db":
+		c.DB = Secret(value)
+	case "broker":
+		c.Broker = Secret(value)
+	case "log.level":
+		c.Log.Level = value
+	case "log.format":
+		c.Log.Format = value
+	default:
+		return fmt.Errorf("unknown config field %q", field)
+	}
+	return nil
+}
+
+// FieldError is a validation error that names the config field at fault.
+type FieldError struct {
+	Field string
+	Err   error
+}
+
+func (e *FieldError) Error() string { return "config: " + e.Field + ": " + e.Err.Error() }
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// Validate checks every field and returns all problems found, each naming
+// its field.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &FieldError{Field: field, Err: fmt.Errorf(format, args...)})
+	}
+	if !ValidNodeName(c.Node) {
+		bad("node", "%q is not a valid node name (letters, digits, '-', '_'; 1 to 64)", c.Node)
+	}
+	if strings.TrimSpace(c.DataDir) == "" {
+		bad("data", "must not be empty")
+	}
+	if err := checkHostPort(c.NATS); err != nil {
+		bad("nats", "%v", err)
+	}
+	if c.HTTP != "off" {
+		if err := checkHostPort(c.HTTP); err != nil {
+			bad("http", "%v", err)
+		}
+	}
+	if c.DB != "" {
+		if err := checkURL(string(c.DB), "postgres", "postgresql"); err != nil {
+			bad("db", "%v", err)
+		}
+	}
+	if c.Broker != "" {
+		if err := checkURL(string(c.Broker), "amqp", "amqps"); err != nil {
+			bad("broker", "%v", err)
+		}
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log.level", "%q is not one of debug, info, warn, error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		bad("log.format", "%q is not one of text, json", c.Log.Format)
+	}
+	if c.Cache.Keep < 1 || c.Cache.Keep > 1000 {
+		bad("cache.keep", "%d is out of range 1..1000", c.Cache.Keep)
+	}
+	positive := map[string]Duration{
+		"cache.load_timeout":      c.Cache.LoadTimeout,
+		"cache.retry_interval":    c.Cache.RetryInterval,
+		"bridge.request_timeout":  c.Bridge.RequestTimeout,
+		"bridge.heartbeat":        c.Bridge.Heartbeat,
+		"bridge.stall_after":      c.Bridge.StallAfter,
+		"mesh.discovery_interval": c.Mesh.DiscoveryInterval,
+		"mesh.heartbeat_interval": c.Mesh.HeartbeatInterval,
+	}
+	for _, f := range sortedKeys(positive) {
+		if positive[f] <= 0 {
+			bad(f, "must be a positive duration, got %s", positive[f])
+		}
+	}
+	if c.Cache.MaxAge < 0 {
+		bad("cache.max_age", "must not be negative")
+	}
+	if c.Bridge.OutboxMaxBytes < 1<<20 {
+		bad("bridge.outbox_max_bytes", "%d is below the minimum of 1 MiB", c.Bridge.OutboxMaxBytes)
+	}
+	if c.Bridge.Prefetch < 1 || c.Bridge.Prefetch > 10000 {
+		bad("bridge.prefetch", "%d is out of range 1..10000", c.Bridge.Prefetch)
+	}
+	if c.Bridge.RetryBudget < 1 || c.Bridge.RetryBudget > 1000 {
+		bad("bridge.retry_budget", "%d is out of range 1..1000", c.Bridge.RetryBudget)
+	}
+	if c.Bridge.CAFile != "" {
+		if _, err := os.Stat(c.Bridge.CAFile); err != nil {
+			bad("bridge.ca_file", "%v", err)
+		}
+	}
+	for _, capName := range sortedKeys(c.Bridge.Routes) {
+		if !validToken(capName) {
+			bad("bridge.routes", "%q is not a valid capability name", capName)
+		}
+		if !ValidNodeName(c.Bridge.Routes[capName]) {
+			bad("bridge.routes."+capName, "%q is not a valid node name", c.Bridge.Routes[capName])
+		}
+	}
+	if c.Mesh.MissedHeartbeats < 1 || c.Mesh.MissedHeartbeats > 100 {
+		bad("mesh.missed_heartbeats", "%d is out of range 1..100", c.Mesh.MissedHeartbeats)
+	}
+	return errors.Join(errs...)
+}
+
+// validToken reports whether s is one or more dot-separated NATS subject
+// tokens without wildcards.
+func validToken(s string) bool {
+	if s == "" || len(s) > 200 {
+		return false
+	}
+	for _, tok := range strings.Split(s, ".") {
+		if tok == "" || strings.ContainsAny(tok, "*> \t\r\n") {
+			return false
+		}
+	}
+	return true
+}
+
+func checkHostPort(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port", addr)
+	}
+	if host == "" {
+		return fmt.Errorf("%q has no host (use 127.0.0.1 for loopback)", addr)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 0 || p > 65535 {
+		return fmt.Errorf("%q has no valid port (0 to 65535)", addr)
+	}
+	return nil
+}
+
+func checkURL(raw string, schemes ...string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		// url.Parse quotes the input, which may hold a password.
+		return fmt.Errorf("not a valid URL")
+	}
+	for _, s := range schemes {
+		if u.Scheme == s {
+			if u.Host == "" {
+				return fmt.Errorf("URL has no host")
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("URL scheme %q is not one of %s", u.Scheme, strings.Join(schemes, ", "))
+}
+
+// Duration is a time.Duration that reads and writes Go's duration strings
+// in JSON.
+type Duration time.Duration
+
+// D returns d as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// MarshalJSON writes d as a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// UnmarshalJSON reads a duration string such as "5s".
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string such as \"5s\"")
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", s, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Secret is a string that may hold a password (a URL with credentials). It
+// prints redacted in logs and in fmt; use string(s) where the real value is
+// needed.
+type Secret string
+
+// String returns s with any password replaced by "xxxxx".
+func (s Secret) String() string { return RedactURL(string(s)) }
+
+// LogValue returns the redacted form for slog.
+func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
+
+// RedactURL replaces the password of a URL with "xxxxx". Text that is not a
+// URL is returned as is unless it could hide credentials, in which case it
+// is replaced entirely.
+func RedactURL(raw string) string {
+	if raw == "" {
+		return ""
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	q := u.Query()
+	for k := range q {
+		if strings.Contains(strings.ToLower(k), "password") {
+			q.Set(k, "xxxxx")
+		}
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }

@@ -1,0 +1,11 @@
+package appliance
+
+import "errors"
+
+// Errors returned by New and Start.
+var (
+	// ErrDataDirInUse means another meshbox process holds the data directory.
+	ErrDataDirInUse = errors.New("data directory is in use by another meshbox process")
+	// ErrClosed is returned by Start after Close.
+	ErrClosed = errors.New("appliance closed")
+)

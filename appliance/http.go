@@ -1,0 +1,68 @@
+package appliance
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// handler serves the node's HTTP endpoints:
+//
+//	/healthz  the process is alive (always 200 while it serves)
+//	/readyz   ready to serve local programs; 503 with the reasons when not
+//	/status   the status as JSON
+//	/metrics  Prometheus metrics
+func (a *Appliance) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		rd := a.Readiness()
+		code := http.StatusOK
+		if !rd.Ready {
+			code = http.StatusServiceUnavailable
+		}
+		writeJSON(w, code, rd)
+	})
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, a.Status())
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// Readiness says whether the node serves local programs, and why not. A
+// degraded node (on cached bindings, broker offline) is ready: offline local
+// operation is a feature. Degraded lists what is not at its best.
+type Readiness struct {
+	Ready    bool     `json:"ready"`
+	Reasons  []string `json:"reasons"`
+	Degraded []string `json:"degraded"`
+}
+
+// Readiness returns the node's readiness now.
+func (a *Appliance) Readiness() Readiness {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	rd := Readiness{Ready: true, Reasons: []string{}, Degraded: []string{}}
+	if a.natsSrv == nil || !a.natsSrv.srv.Running() {
+		rd.Ready = false
+		rd.Reasons = append(rd.Reasons, "embedded NATS server is not running")
+	}
+	if a.closed {
+		rd.Ready = false
+		rd.Reasons = append(rd.Reasons, "node is stopping")
+	}
+	return rd
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v) // the client may have gone
+}

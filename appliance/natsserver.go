@@ -1,0 +1,85 @@
+package appliance
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// natsServer is the node's embedded NATS server: the only door local
+// programs use. It listens on the configured address (loopback by default).
+type natsServer struct {
+	srv *server.Server
+}
+
+// startNATS starts the embedded server and waits until it accepts clients.
+func startNATS(addr, node string, logger *slog.Logger) (*natsServer, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("nats address %q: %w", addr, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("nats address %q: bad port", addr)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	opts := &server.Options{
+		ServerName: "meshbox-" + node,
+		Host:       host,
+		Port:       port,
+		NoSigs:     true, // the appliance owns signals
+		MaxPayload: server.MAX_PAYLOAD_SIZE,
+		// No HTTP monitoring port: the appliance serves status itself.
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("nats server: %w", err)
+	}
+	srv.SetLoggerV2(&natsLogger{l: logger}, false, false, false)
+	srv.Start() // returns once the accept loop runs; the server's goroutines end in Shutdown
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		return nil, fmt.Errorf("nats server: cannot listen on %s (address in use?)", addr)
+	}
+	return &natsServer{srv: srv}, nil
+}
+
+// URL is the client URL local programs use.
+func (n *natsServer) URL() string { return n.srv.ClientURL() }
+
+// connect opens an in-process client connection (no TCP) named name.
+func (n *natsServer) connect(name string, extra ...nats.Option) (*nats.Conn, error) {
+	opts := append([]nats.Option{
+		nats.Name(name),
+		nats.InProcessServer(n.srv),
+		nats.MaxReconnects(-1),
+	}, extra...)
+	return nats.Connect("", opts...)
+}
+
+func (n *natsServer) close() {
+	if n == nil || n.srv == nil {
+		return
+	}
+	n.srv.Shutdown()
+	n.srv.WaitForShutdown()
+}
+
+// natsLogger adapts the server's logger to slog. Notices are logged at
+// debug level: the appliance itself says what matters about the server.
+type natsLogger struct{ l *slog.Logger }
+
+func (n *natsLogger) Noticef(format string, v ...any) { n.l.Debug(fmt.Sprintf(format, v...)) }
+func (n *natsLogger) Warnf(format string, v ...any)   { n.l.Warn(fmt.Sprintf(format, v...)) }
+func (n *natsLogger) Fatalf(format string, v ...any)  { n.l.Error(fmt.Sprintf(format, v...)) }
+func (n *natsLogger) Errorf(format string, v ...any)  { n.l.Error(fmt.Sprintf(format, v...)) }
+func (n *natsLogger) Debugf(format string, v ...any)  { n.l.Debug(fmt.Sprintf(format, v...)) }
+func (n *natsLogger) Tracef(format string, v ...any)  {}

@@ -1,0 +1,164 @@
+// Command meshbox turns a home server into a node of a mesh.
+//
+// main only builds the logger, handles signals and exits; every subcommand is
+// a small type with Run(ctx, args) in this package.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() { // lives as long as the process: the first signal stops gracefully, the second aborts
+		<-sigs
+		cancel()
+		<-sigs
+		fmt.Fprintln(os.Stderr, "meshbox: second signal: aborting")
+		os.Exit(130)
+	}()
+
+	m := NewMain()
+	err := m.Run(ctx, os.Args[1:])
+	cancel()
+	os.Exit(exitCode(m.Stderr, err))
+}
+
+// exitCode reports err on w and returns the process exit status: 0 for
+// success and -h, 2 for usage errors, the code of an exitError, 1 otherwise.
+func exitCode(w io.Writer, err error) int {
+	var ee *exitError
+	var ue *usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ee):
+		if ee.msg != "" {
+			fmt.Fprintln(w, "meshbox: "+ee.msg)
+		}
+		return ee.code
+	case errors.As(err, &ue):
+		fmt.Fprintln(w, "meshbox: "+ue.Error())
+		return 2
+	default:
+		fmt.Fprintln(w, "meshbox: "+err.Error())
+		return 1
+	}
+}
+
+// exitError ends the program with a given exit status.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+// usageError is a mistake in the command line.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{msg: fmt.Sprintf(format, args...)} }
+
+// Main is the meshbox program: its streams and environment, so that tests can
+// run it in-process.
+type Main struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	Getenv func(string) string
+}
+
+// NewMain returns a Main on the process's streams and environment.
+func NewMain() *Main {
+	return &Main{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}
+}
+
+const usage = `meshbox turns a home server into a node of a mesh.
+
+Usage:
+  meshbox <command> [flags] [arguments]
+
+Node:
+  run        run a node (standalone without --db; joins the mesh with it)
+  status     show the status of the local node
+  version    show the version of this binary and of the local node
+
+Run 'meshbox <command> -h' for a command's flags.
+`
+
+// Run runs the subcommand named by args[0].
+func (m *Main) Run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(m.Stderr, usage)
+		return usagef("no command given")
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "run":
+		return (&RunCommand{m: m}).Run(ctx, rest)
+	case "status":
+		return (&StatusCommand{m: m}).Run(ctx, rest)
+	case "version", "--version", "-version":
+		return (&VersionCommand{m: m}).Run(ctx, rest)
+	case "help", "-h", "--help":
+		fmt.Fprint(m.Stdout, usage)
+		return nil
+	default:
+		return usagef("unknown command %q (run 'meshbox help')", cmd)
+	}
+}
+
+// newLogger builds the process's slog logger. It is the one place that
+// chooses a handler.
+func newLogger(w io.Writer, level, format string) *slog.Logger {
+	var lv slog.Level
+	_ = lv.UnmarshalText([]byte(level)) // validated with the config; info otherwise
+	opts := &slog.HandlerOptions{Level: lv}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// newFlagSet returns a flag set that reports errors instead of exiting and
+// prints its usage on m.Stderr.
+func (m *Main) newFlagSet(name, synopsis string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(m.Stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(m.Stderr, "Usage: meshbox %s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args and turns flag errors into usage errors.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &usageError{msg: err.Error()}
+	}
+	return nil
+}
+
+// envOr returns the environment variable name's value, or def when unset.
+func (m *Main) envOr(name, def string) string {
+	if v := m.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
