@@ -1,0 +1,193 @@
+package cache
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+)
+
+// Sources of a snapshot as shown in Status.Source.
+const (
+	SourceDB    = "db"    // loaded from the mesh database
+	SourceCache = "cache" // read from the local cache file
+	SourceNone  = "none"  // no bindings at all
+)
+
+const redacted = "[redacted]"
+
+// Bindings is what one node needs from the mesh database: every node record
+// and mesh setting, but only its own assignments, overrides and grants.
+// A Bindings value is not modified once it is part of a Snapshot; treat it
+// as read-only.
+type Bindings struct {
+	Node        string            `json:"node"` // the node these bindings were loaded for
+	Nodes       []NodeRecord      `json:"nodes"`
+	Settings    map[string]string `json:"settings"`
+	Assignments []Assignment      `json:"assignments"`
+	Overrides   []Override        `json:"overrides"`
+	Grants      []Grant           `json:"grants"`
+}
+
+// NodeRecord is one node of the mesh.
+type NodeRecord struct {
+	Name       string `json:"name"`        // mesh name, the node's identity on the mesh
+	PublicName string `json:"public_name"` // optional public (DNS) name
+	Identity   string `json:"identity"`    // free identity text
+}
+
+// Assignment says that this node hosts Module at Selection.
+type Assignment struct {
+	Module    string `json:"module"`
+	Selection string `json:"selection"`
+	Autostart bool   `json:"autostart"`
+}
+
+// Override is a per-node, per-module value that beats the module's default.
+type Override struct {
+	Module string `json:"module"`
+	Key    string `json:"key"`
+	Value  string `json:"value"`
+}
+
+// Grant says that Consumer (this node) holds Resource from Provider, with
+// Credential.
+type Grant struct {
+	Consumer   string     `json:"consumer"`
+	Resource   string     `json:"resource"`
+	Provider   string     `json:"provider"`
+	Credential Credential `json:"credential"`
+}
+
+// Credential is a grant's secret. It prints and logs as "[redacted]"; use
+// Reveal to get the value. It marshals to JSON as its real value (the cache
+// file must hold it), so never JSON-encode Bindings into a log or a status.
+type Credential string
+
+// Reveal returns the secret.
+func (c Credential) Reveal() string { return string(c) }
+
+// String returns "[redacted]" (or "" for an empty credential).
+func (c Credential) String() string {
+	if c == "" {
+		return ""
+	}
+	return redacted
+}
+
+// GoString returns the redacted form, so %#v does not leak the secret.
+func (c Credential) GoString() string { return `cache.Credential("` + c.String() + `")` }
+
+// LogValue implements slog.LogValuer.
+func (c Credential) LogValue() slog.Value { return slog.StringValue(c.String()) }
+
+// LogValue summarises the bindings without any value in them.
+func (b Bindings) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("node", b.Node),
+		slog.Int("nodes", len(b.Nodes)),
+		slog.Int("settings", len(b.Settings)),
+		slog.Int("assignments", len(b.Assignments)),
+		slog.Int("overrides", len(b.Overrides)),
+		slog.Int("grants", len(b.Grants)),
+	)
+}
+
+// Normalize returns a copy of b with every list sorted by its key and nil
+// collections made empty, the form in which bindings are hashed, stored
+// and compared.
+func (b Bindings) Normalize() Bindings {
+	n := Bindings{
+		Node:        b.Node,
+		Nodes:       slices.Clone(b.Nodes),
+		Settings:    make(map[string]string, len(b.Settings)),
+		Assignments: slices.Clone(b.Assignments),
+		Overrides:   slices.Clone(b.Overrides),
+		Grants:      slices.Clone(b.Grants),
+	}
+	for k, v := range b.Settings {
+		n.Settings[k] = v
+	}
+	if n.Nodes == nil {
+		n.Nodes = []NodeRecord{}
+	}
+	if n.Assignments == nil {
+		n.Assignments = []Assignment{}
+	}
+	if n.Overrides == nil {
+		n.Overrides = []Override{}
+	}
+	if n.Grants == nil {
+		n.Grants = []Grant{}
+	}
+	slices.SortFunc(n.Nodes, func(a, b NodeRecord) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(n.Assignments, func(a, b Assignment) int { return cmp.Compare(a.Module, b.Module) })
+	slices.SortFunc(n.Overrides, func(a, b Override) int {
+		return cmp.Or(cmp.Compare(a.Module, b.Module), cmp.Compare(a.Key, b.Key))
+	})
+	slices.SortFunc(n.Grants, func(a, b Grant) int { return cmp.Compare(a.key(), b.key()) })
+	return n
+}
+
+// Hash returns the hex SHA-256 of the normalized bindings' canonical JSON
+// (credentials included, so a rotated credential changes the hash).
+func (b Bindings) Hash() string {
+	data, err := json.Marshal(b.Normalize())
+	if err != nil {
+		// Bindings holds only strings, bools and slices of them.
+		panic(fmt.Sprintf("cache: marshal bindings: %v", err))
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// NodeRecord returns the record of the named node and whether it exists.
+func (b Bindings) NodeRecord(name string) (NodeRecord, bool) {
+	for _, n := range b.Nodes {
+		if n.Name == name {
+			return n, true
+		}
+	}
+	return NodeRecord{}, false
+}
+
+// key identifies a grant: consumer, resource and provider.
+func (g Grant) key() string { return g.Consumer + ":" + g.Resource + "@" + g.Provider }
+
+// Snapshot is one version of a node's bindings.
+type Snapshot struct {
+	Revision  int64     `json:"revision"`   // the mesh revision the bindings were read at
+	Hash      string    `json:"hash"`       // Bindings.Hash()
+	FetchedAt time.Time `json:"fetched_at"` // when they were last read from the database
+	Source    string    `json:"source"`     // where from: the redacted database address
+	Bindings  Bindings  `json:"bindings"`
+}
+
+// LogValue summarises the snapshot without any value from the bindings.
+func (s Snapshot) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.Int64("revision", s.Revision),
+		slog.String("hash", ShortHash(s.Hash)),
+		slog.Time("fetched_at", s.FetchedAt),
+		slog.String("source", s.Source),
+	)
+}
+
+// ShortHash returns the first 12 characters of a hash, for display.
+func ShortHash(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}
+
+// NewSnapshot builds a snapshot of b at revision rev, normalizing b and
+// computing its hash.
+func NewSnapshot(rev int64, fetchedAt time.Time, source string, b Bindings) Snapshot {
+	n := b.Normalize()
+	return Snapshot{Revision: rev, Hash: n.Hash(), FetchedAt: fetchedAt.UTC(), Source: source, Bindings: n}
+}

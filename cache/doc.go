@@ -1,0 +1,34 @@
+// Package cache holds a node's bindings: the part of the mesh database the
+// node needs (every node record and mesh setting, but only its own
+// assignments, overrides and grants), versioned snapshots of them in a bbolt
+// file, and the Manager that keeps the two in step.
+//
+// # Model
+//
+// A Source (the mesh database, see package cache/meshdb) produces a Snapshot:
+// the Bindings read in one consistent view together with the mesh revision
+// they belong to, a content hash, and when and from where they were fetched.
+// The Store keeps the last few distinct snapshots on disk. At start the
+// Manager takes the database if it answers within a short bound, otherwise
+// the newest cached snapshot, otherwise nothing; it keeps trying the
+// database in the background, follows its change notifications, and when a
+// (re)load finds bindings that differ from the ones in use it reports the
+// difference row by row (Diff), stores the new snapshot and applies it.
+// Running from cache is never invisible: the source, revision and age of the
+// bindings are in Status, in the metrics and in the log.
+//
+// # Concurrency
+//
+// Store and Manager are safe for concurrent use. The Manager owns two
+// goroutines, both started by Start and gone when Close returns: one runs
+// Source.Watch, the other performs every load and every change, so
+// OnChange callbacks run one at a time, in order, on that goroutine and must
+// not call Close.
+//
+// # Secrets
+//
+// Grant credentials are of type Credential, which prints and logs as
+// "[redacted]"; Diff never carries credentials, and setting or override
+// values whose key looks secret, as well as passwords inside URLs, are
+// redacted in divergence reports.
+package cache

@@ -1,0 +1,495 @@
+package cache
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Defaults for StoreOptions.
+const (
+	DefaultKeep        = 10
+	DefaultLockTimeout = time.Second
+)
+
+// storeFormat is the layout version written into the meta bucket.
+const storeFormat = "1"
+
+var (
+	bucketMeta      = []byte("meta")
+	bucketSnapshots = []byte("snapshots")
+	keyFormat       = []byte("format")
+)
+
+// StoreOptions configures Open.
+type StoreOptions struct {
+	// Keep is how many distinct snapshots are kept (default 10).
+	Keep int
+	// LockTimeout bounds the wait for the file lock (default 1s).
+	LockTimeout time.Duration
+	// ReadOnly opens an existing file for reading only (meshbox cache):
+	// a damaged file is reported, never moved aside.
+	ReadOnly bool
+	// NoQuarantine returns a *CorruptError for a damaged file instead of
+	// moving it aside and starting a fresh one.
+	NoQuarantine bool
+	// Now is the clock used to name quarantined files (default time.Now).
+	Now func() time.Time
+}
+
+// Store keeps versioned snapshots of a node's bindings in a bbolt file
+// (mode 0600). Its methods are safe for concurrent use; snapshots it
+// returns are copies owned by the caller.
+type Store struct {
+	path        string
+	keep        int
+	readOnly    bool
+	quarantined string
+	damage      error
+
+	mu sync.RWMutex // guards db against Close
+	db *bolt.DB     // nil once closed
+}
+
+// SnapshotMeta describes one stored snapshot without its bindings.
+type SnapshotMeta struct {
+	Seq         uint64    `json:"seq"` // position in the store, increasing
+	Revision    int64     `json:"revision"`
+	Hash        string    `json:"hash"`
+	FetchedAt   time.Time `json:"fetched_at"`
+	Source      string    `json:"source"`
+	Node        string    `json:"node"`
+	Nodes       int       `json:"nodes"`
+	Settings    int       `json:"settings"`
+	Assignments int       `json:"assignments"`
+	Overrides   int       `json:"overrides"`
+	Grants      int       `json:"grants"`
+}
+
+// Open opens (creating if needed) the cache file at path. A file held by
+// another process gives a *LockedError. A file that fails to open or
+// verify (bad meta pages, wrong magic, truncation, damaged pages, records
+// that do not decode or match their hash; bbolt panics and memory faults
+// included) is renamed to path+".corrupt-<UTC timestamp>" and a fresh file
+// is created in its place; Quarantined then names the moved file. With
+// ReadOnly or NoQuarantine the damage is returned as a *CorruptError instead.
+func Open(path string, opts StoreOptions) (*Store, error) {
+	if opts.Keep <= 0 {
+		opts.Keep = DefaultKeep
+	}
+	if opts.LockTimeout <= 0 {
+		opts.LockTimeout = DefaultLockTimeout
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	s := &Store{path: path, keep: opts.Keep, readOnly: opts.ReadOnly}
+	if !opts.ReadOnly {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, fmt.Errorf("open cache: %w", err)
+		}
+	}
+	db, err := openChecked(path, opts)
+	var corrupt *CorruptError
+	if errors.As(err, &corrupt) && !opts.ReadOnly && !opts.NoQuarantine {
+		moved, qerr := quarantine(path, opts.Now())
+		if qerr != nil {
+			return nil, fmt.Errorf("open cache: set aside damaged file: %w (damage: %v)", qerr, err)
+		}
+		s.quarantined, s.damage = moved, err
+		db, err = openChecked(path, opts)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !opts.ReadOnly {
+		if err := os.Chmod(path, 0o600); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("open cache: %w", err)
+		}
+		err := db.Update(func(tx *bolt.Tx) error {
+			meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+			if err != nil {
+				return err
+			}
+			if meta.Get(keyFormat) == nil {
+				if err := meta.Put(keyFormat, []byte(storeFormat)); err != nil {
+					return err
+				}
+			}
+			_, err = tx.CreateBucketIfNotExists(bucketSnapshots)
+			return err
+		})
+		if err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("open cache: %w", err)
+		}
+	}
+	s.db = db
+	return s, nil
+}
+
+// Path returns the cache file's path.
+func (s *Store) Path() string { return s.path }
+
+// Quarantined returns where a damaged cache file was moved by Open, or ""
+// if the file was sound.
+func (s *Store) Quarantined() string { return s.quarantined }
+
+// Damage returns why Open set the old file aside (a *CorruptError), or nil.
+func (s *Store) Damage() error { return s.damage }
+
+// Close closes the file. It is idempotent.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.db == nil {
+		return nil
+	}
+	err := s.db.Close()
+	s.db = nil
+	if err != nil {
+		return fmt.Errorf("close cache: %w", err)
+	}
+	return nil
+}
+
+// Put stores snap. A snapshot with the same content (hash and node) as the
+// newest one replaces it, refreshing its revision, fetch time and source;
+// anything else is appended, and the oldest snapshots beyond Keep are
+// dropped. The hash is computed when empty and checked otherwise.
+func (s *Store) Put(snap Snapshot) error {
+	snap.Bindings = snap.Bindings.Normalize()
+	h := snap.Bindings.Hash()
+	if snap.Hash == "" {
+		snap.Hash = h
+	} else if snap.Hash != h {
+		return fmt.Errorf("store snapshot: hash %s does not match its bindings (%s)", ShortHash(snap.Hash), ShortHash(h))
+	}
+	data, err := json.Marshal(snap)
+	if err != nil {
+		return fmt.Errorf("store snapshot: %w", err)
+	}
+	return s.update("store snapshot", func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketSnapshots)
+		if b == nil {
+			return &CorruptError{Path: s.path, Reason: "snapshots bucket missing"}
+		}
+		if k, v := b.Cursor().Last(); k != nil {
+			var last snapshotHeader
+			if json.Unmarshal(v, &last) == nil && last.Hash == snap.Hash && last.Bindings.Node == snap.Bindings.Node {
+				return b.Put(k, data)
+			}
+		}
+		seq, err := b.NextSequence()
+		if err != nil {
+			return err
+		}
+		if err := b.Put(seqKey(seq), data); err != nil {
+			return err
+		}
+		excess := -s.keep
+		c := b.Cursor()
+		for k, _ := c.First(); k != nil; k, _ = c.Next() {
+			excess++
+		}
+		for k, _ := c.First(); k != nil && excess > 0; k, _ = c.First() {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+			excess--
+		}
+		return nil
+	})
+}
+
+// Latest returns the newest snapshot, or ErrNoSnapshot.
+func (s *Store) Latest() (Snapshot, error) {
+	var snap Snapshot
+	err := s.view("read cached snapshot", func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketSnapshots)
+		if b == nil {
+			return ErrNoSnapshot
+		}
+		k, v := b.Cursor().Last()
+		if k == nil {
+			return ErrNoSnapshot
+		}
+		var err error
+		snap, err = s.decode(k, v)
+		return err
+	})
+	return snap, err
+}
+
+// Get returns the newest stored snapshot at revision rev, or ErrNoSnapshot.
+func (s *Store) Get(rev int64) (Snapshot, error) {
+	var snap Snapshot
+	err := s.view("read cached snapshot", func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketSnapshots)
+		if b == nil {
+			return ErrNoSnapshot
+		}
+		c := b.Cursor()
+		for k, v := c.Last(); k != nil; k, v = c.Prev() {
+			var h snapshotHeader
+			if err := json.Unmarshal(v, &h); err != nil {
+				return &CorruptError{Path: s.path, Reason: fmt.Sprintf("snapshot %d does not decode", binary.BigEndian.Uint64(k)), Err: err}
+			}
+			if h.Revision == rev {
+				var err error
+				snap, err = s.decode(k, v)
+				return err
+			}
+		}
+		return fmt.Errorf("%w at revision %d", ErrNoSnapshot, rev)
+	})
+	return snap, err
+}
+
+// History describes the stored snapshots, newest first.
+func (s *Store) History() ([]SnapshotMeta, error) {
+	var out []SnapshotMeta
+	err := s.view("read cache history", func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketSnapshots)
+		if b == nil {
+			return nil
+		}
+		c := b.Cursor()
+		for k, v := c.Last(); k != nil; k, v = c.Prev() {
+			snap, err := s.decode(k, v)
+			if err != nil {
+				return err
+			}
+			b := snap.Bindings
+			out = append(out, SnapshotMeta{
+				Seq: binary.BigEndian.Uint64(k), Revision: snap.Revision, Hash: snap.Hash,
+				FetchedAt: snap.FetchedAt, Source: snap.Source, Node: b.Node,
+				Nodes: len(b.Nodes), Settings: len(b.Settings), Assignments: len(b.Assignments),
+				Overrides: len(b.Overrides), Grants: len(b.Grants),
+			})
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Verify re-checks the whole file: bbolt's page structure and every
+// snapshot's encoding and hash. Damage is returned as a *CorruptError.
+func (s *Store) Verify() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.db == nil {
+		return fmt.Errorf("verify cache: %w", ErrClosed)
+	}
+	return verify(s.db, s.path)
+}
+
+// snapshotHeader is the part of a stored snapshot needed to pick one.
+type snapshotHeader struct {
+	Revision int64  `json:"revision"`
+	Hash     string `json:"hash"`
+	Bindings struct {
+		Node string `json:"node"`
+	} `json:"bindings"`
+}
+
+func (s *Store) decode(k, v []byte) (Snapshot, error) {
+	return decodeSnapshot(s.path, k, v)
+}
+
+func decodeSnapshot(path string, k, v []byte) (Snapshot, error) {
+	var snap Snapshot
+	if len(k) != 8 {
+		return Snapshot{}, &CorruptError{Path: path, Reason: fmt.Sprintf("snapshot key %x is not a sequence number", k)}
+	}
+	seq := binary.BigEndian.Uint64(k)
+	if err := json.Unmarshal(v, &snap); err != nil {
+		return Snapshot{}, &CorruptError{Path: path, Reason: fmt.Sprintf("snapshot %d does not decode", seq), Err: err}
+	}
+	snap.Bindings = snap.Bindings.Normalize()
+	if h := snap.Bindings.Hash(); h != snap.Hash {
+		return Snapshot{}, &CorruptError{Path: path, Reason: fmt.Sprintf("snapshot %d (revision %d) does not match its hash", seq, snap.Revision)}
+	}
+	return snap, nil
+}
+
+// view runs fn in a read transaction, containing bbolt panics and memory
+// faults as *CorruptError.
+func (s *Store) view(op string, fn func(*bolt.Tx) error) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.db == nil {
+		return fmt.Errorf("%s: %w", op, ErrClosed)
+	}
+	return s.contain(op, func() error { return s.db.View(fn) })
+}
+
+func (s *Store) update(op string, fn func(*bolt.Tx) error) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.db == nil {
+		return fmt.Errorf("%s: %w", op, ErrClosed)
+	}
+	if s.readOnly {
+		return fmt.Errorf("%s: cache opened read-only", op)
+	}
+	return s.contain(op, func() error { return s.db.Update(fn) })
+}
+
+func (s *Store) contain(op string, fn func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%s: %w", op, &CorruptError{Path: s.path, Reason: "bbolt panic", Err: fmt.Errorf("%v", r)})
+		}
+	}()
+	if err := fn(); err != nil {
+		if errors.Is(err, ErrNoSnapshot) {
+			return err
+		}
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return nil
+}
+
+func seqKey(seq uint64) []byte {
+	k := make([]byte, 8)
+	binary.BigEndian.PutUint64(k, seq)
+	return k
+}
+
+// openChecked opens path with bbolt and verifies it. Damage of any kind,
+// panics and memory faults included, comes back as a *CorruptError; a held
+// lock as a *LockedError; operating system errors as they are.
+func openChecked(path string, opts StoreOptions) (db *bolt.DB, err error) {
+	if fi, statErr := os.Stat(path); statErr == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
+		return nil, &CorruptError{Path: path, Reason: "empty file"}
+	} else if statErr != nil && opts.ReadOnly {
+		return nil, fmt.Errorf("open cache: %w", statErr)
+	}
+	var file *os.File
+	bopts := &bolt.Options{
+		Timeout:  opts.LockTimeout,
+		ReadOnly: opts.ReadOnly,
+		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+			f, err := os.OpenFile(name, flag, perm)
+			file = f
+			return f, err
+		},
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if db != nil {
+				_ = db.Close()
+			} else if file != nil {
+				_ = file.Close() // releases the lock bbolt took
+			}
+			db, err = nil, &CorruptError{Path: path, Reason: "bbolt panic", Err: fmt.Errorf("%v", r)}
+		}
+	}()
+	db, err = bolt.Open(path, 0o600, bopts)
+	if err != nil {
+		var pathErr *fs.PathError
+		switch {
+		case errors.Is(err, bolt.ErrTimeout):
+			return nil, &LockedError{Dir: filepath.Dir(path)}
+		case errors.As(err, &pathErr):
+			return nil, fmt.Errorf("open cache: %w", err)
+		default:
+			return nil, &CorruptError{Path: path, Reason: "open", Err: err}
+		}
+	}
+	if err := verify(db, path); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// verify checks db: size against the meta page, every bucket and key
+// reachable, bbolt's structural check, our layout, every snapshot.
+func verify(db *bolt.DB, path string) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = &CorruptError{Path: path, Reason: "bbolt panic", Err: fmt.Errorf("%v", r)}
+		}
+	}()
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("verify cache: %w", err)
+	}
+	return db.View(func(tx *bolt.Tx) error {
+		if tx.Size() > fi.Size() {
+			return &CorruptError{Path: path, Reason: fmt.Sprintf("truncated: %d bytes, database needs %d", fi.Size(), tx.Size())}
+		}
+		// Touch every reachable page here, where faults become panics we
+		// contain, before bbolt's own check (which runs on a goroutine of
+		// its own).
+		if err := tx.ForEach(func(_ []byte, b *bolt.Bucket) error { return walk(b) }); err != nil {
+			return &CorruptError{Path: path, Reason: "walk", Err: err}
+		}
+		if meta := tx.Bucket(bucketMeta); meta != nil {
+			if f := meta.Get(keyFormat); f != nil && string(f) != storeFormat {
+				return &CorruptError{Path: path, Reason: fmt.Sprintf("unknown format %q", f)}
+			}
+		}
+		if b := tx.Bucket(bucketSnapshots); b != nil {
+			err := b.ForEach(func(k, v []byte) error {
+				_, err := decodeSnapshot(path, k, v)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+		}
+		var first error
+		for cerr := range tx.Check() { // drained fully so bbolt's goroutine ends
+			if first == nil {
+				first = cerr
+			}
+		}
+		if first != nil {
+			return &CorruptError{Path: path, Reason: "check", Err: first}
+		}
+		return nil
+	})
+}
+
+func walk(b *bolt.Bucket) error {
+	return b.ForEach(func(k, v []byte) error {
+		if v == nil {
+			if nb := b.Bucket(k); nb != nil {
+				return walk(nb)
+			}
+		}
+		return nil
+	})
+}
+
+// quarantine moves a damaged file aside and returns its new path.
+func quarantine(path string, now time.Time) (string, error) {
+	base := path + ".corrupt-" + now.UTC().Format("20060102T150405Z")
+	moved := base
+	for i := 1; ; i++ {
+		if _, err := os.Lstat(moved); errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		moved = fmt.Sprintf("%s-%d", base, i)
+	}
+	if err := os.Rename(path, moved); err != nil {
+		return "", err
+	}
+	return moved, nil
+}
