@@ -197,4 +197,3 @@ func (c *VersionCommand) Run(ctx context.Context, args []string) error {
 	fmt.Fprintln(c.m.Stdout)
 	return nil
 }
-

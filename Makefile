@@ -1,0 +1,56 @@
+# meshbox — build, run, test.
+#
+#   make run    a standalone node on embedded defaults
+#   make test   installs the services the tests need (RabbitMQ, PostgreSQL)
+#               when missing, then runs every test with the race detector
+#   make bench  the benchmarks, each against its raw baseline in the same run
+
+export PATH := $(PATH):/usr/local/go/bin
+GO      ?= go
+BIN     := bin/meshbox
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/meshbox/meshbox/appliance.version=$(VERSION)
+# Arguments for `make run`, e.g. make run RUN_ARGS="--node alpha".
+RUN_ARGS ?=
+# Go's default 10m per test binary is too short for the fault tests under -race.
+TEST_TIMEOUT ?= 30m
+FUZZ_TIME ?= 10s
+
+.PHONY: all build run test test-short services fuzz bench lint install clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/meshbox
+
+run: build
+	./$(BIN) run $(RUN_ARGS)
+
+services:
+	bash testing/services.sh
+
+test: services
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(MAKE) --no-print-directory fuzz
+
+# Unit tests only: integration tests skip under -short. Not what CI runs.
+test-short:
+	$(GO) test -short -race ./...
+
+# Each fuzz target runs briefly; a longer run: make fuzz FUZZ_TIME=5m.
+fuzz:
+	@for t in $$($(GO) test -list '^Fuzz' ./bridge/ 2>/dev/null | grep '^Fuzz'); do \
+		echo "fuzz $$t ($(FUZZ_TIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZ_TIME) ./bridge/ || exit 1; \
+	done
+
+bench: services
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./testing/bench/ | tee bench.out | grep -E '^(BENCH|ok|FAIL|---)'
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+clean:
+	rm -rf bin bench.out

@@ -1,0 +1,157 @@
+package appliance
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		field  string // "" = valid
+	}{
+		{"defaults", func(c *Config) {}, ""},
+		{"node empty", func(c *Config) { c.Node = "" }, "node"},
+		{"node with dot", func(c *Config) { c.Node = "a.b" }, "node"},
+		{"node too long", func(c *Config) { c.Node = strings.Repeat("a", 65) }, "node"},
+		{"data empty", func(c *Config) { c.DataDir = " " }, "data"},
+		{"nats no port", func(c *Config) { c.NATS = "127.0.0.1" }, "nats"},
+		{"nats port out of range", func(c *Config) { c.NATS = "127.0.0.1:70000" }, "nats"},
+		{"nats no host", func(c *Config) { c.NATS = ":4222" }, "nats"},
+		{"nats port zero", func(c *Config) { c.NATS = "127.0.0.1:0" }, ""},
+		{"http off", func(c *Config) { c.HTTP = "off" }, ""},
+		{"http bad", func(c *Config) { c.HTTP = "localhost:x" }, "http"},
+		{"db wrong scheme", func(c *Config) { c.DB = "mysql://h/db" }, "db"},
+		{"db ok", func(c *Config) { c.DB = "postgres://u:p@h:5432/db" }, ""},
+		{"broker wrong scheme", func(c *Config) { c.Broker = "http://h" }, "broker"},
+		{"broker no host", func(c *Config) { c.Broker = "amqp://" }, "broker"},
+		{"broker tls", func(c *Config) { c.Broker = "amqps://u:p@h:5671/vh" }, ""},
+		{"log level", func(c *Config) { c.Log.Level = "loud" }, "log.level"},
+		{"log format", func(c *Config) { c.Log.Format = "xml" }, "log.format"},
+		{"cache keep", func(c *Config) { c.Cache.Keep = 0 }, "cache.keep"},
+		{"load timeout", func(c *Config) { c.Cache.LoadTimeout = 0 }, "cache.load_timeout"},
+		{"max age negative", func(c *Config) { c.Cache.MaxAge = -1 }, "cache.max_age"},
+		{"outbox small", func(c *Config) { c.Bridge.OutboxMaxBytes = 10 }, "bridge.outbox_max_bytes"},
+		{"prefetch", func(c *Config) { c.Bridge.Prefetch = 0 }, "bridge.prefetch"},
+		{"retry budget", func(c *Config) { c.Bridge.RetryBudget = 0 }, "bridge.retry_budget"},
+		{"request timeout", func(c *Config) { c.Bridge.RequestTimeout = -Duration(time.Second) }, "bridge.request_timeout"},
+		{"ca file missing", func(c *Config) { c.Bridge.CAFile = "/nonexistent/ca.pem" }, "bridge.ca_file"},
+		{"route bad cap", func(c *Config) { c.Bridge.Routes = map[string]string{"a.*": "b"} }, "bridge.routes"},
+		{"route bad node", func(c *Config) { c.Bridge.Routes = map[string]string{"echo": "b c"} }, "bridge.routes.echo"},
+		{"missed heartbeats", func(c *Config) { c.Mesh.MissedHeartbeats = 0 }, "mesh.missed_heartbeats"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.Node = "alpha"
+			tt.mutate(&c)
+			err := c.Validate()
+			if tt.field == "" {
+				if err != nil {
+					t.Fatalf("got error %v, want none", err)
+				}
+				return
+			}
+			var fe *FieldError
+			if !errors.As(err, &fe) {
+				t.Fatalf("got %v, want a FieldError for %s", err, tt.field)
+			}
+			if !strings.Contains(err.Error(), "config: "+tt.field+":") {
+				t.Fatalf("got %q, want it to name field %s", err, tt.field)
+			}
+		})
+	}
+}
+
+func TestConfigValidateDoesNotLeakPasswords(t *testing.T) {
+	c := DefaultConfig()
+	c.Node = "alpha"
+	c.DB = "mysql://user:hunter2@h/db"
+	err := c.Validate()
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("got %v, want an error without the password", err)
+	}
+}
+
+func TestConfigLayers(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "meshbox.json")
+	if err := os.WriteFile(file, []byte(`{"node":"fromfile","nats":"127.0.0.1:5000","bridge":{"request_timeout":"2s"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := DefaultConfig()
+	if err := c.LoadFile(file); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"MESHBOX_NATS": "127.0.0.1:6000"}
+	if err := c.ApplyEnv(func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if c.Node != "fromfile" {
+		t.Errorf("node: got %q, want %q (file)", c.Node, "fromfile")
+	}
+	if c.NATS != "127.0.0.1:6000" {
+		t.Errorf("nats: got %q, want %q (env beats file)", c.NATS, "127.0.0.1:6000")
+	}
+	if c.Bridge.RequestTimeout.D() != 2*time.Second {
+		t.Errorf("bridge.request_timeout: got %s, want 2s", c.Bridge.RequestTimeout)
+	}
+	if c.HTTP != DefaultHTTP {
+		t.Errorf("http: got %q, want default %q", c.HTTP, DefaultHTTP)
+	}
+}
+
+func TestConfigFileRejectsBadInput(t *testing.T) {
+	tests := map[string]string{
+		"unknown key":  `{"nod":"x"}`,
+		"bad duration": `{"cache":{"load_timeout":"soon"}}`,
+		"number dur":   `{"cache":{"load_timeout":5}}`,
+		"not json":     `node = x`,
+		"two values":   `{} {}`,
+	}
+	for name, body := range tests {
+		t.Run(name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "c.json")
+			if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			c := DefaultConfig()
+			if err := c.LoadFile(file); err == nil {
+				t.Fatalf("got no error for %s, want one", body)
+			}
+		})
+	}
+}
+
+func TestSanitizeNodeName(t *testing.T) {
+	tests := map[string]string{
+		"box1.example.org": "box1",
+		"my box":           "my-box",
+		"":                 "meshbox",
+		"ünï":              "-n-",
+	}
+	for in, want := range tests {
+		if got := SanitizeNodeName(in); got != want || !ValidNodeName(got) {
+			t.Errorf("SanitizeNodeName(%q) = %q, want %q (valid)", in, got, want)
+		}
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	tests := map[string]string{
+		"amqp://user:secret@host:5672/vh":     "amqp://user:xxxxx@host:5672/vh",
+		"postgres://u@h/db":                   "postgres://u@h/db",
+		"postgres://h/db?password=secret&x=1": "postgres://h/db?password=xxxxx&x=1",
+		"":                                    "",
+	}
+	for in, want := range tests {
+		if got := RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
