@@ -277,3 +277,5 @@ func TestStoreQuarantinesBadRecord(t *testing.T) {
 		t.Fatalf("tampered record: quarantined %q damage %v; want quarantine for a hash mismatch", s.Quarantined(), s.Damage())
 	}
 }
+
+func writeFile(path string, data []byte) error { return os.WriteFile(path, data, 0o600) }
