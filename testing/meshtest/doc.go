@@ -1,0 +1,27 @@
+// Package meshtest is the integration-test harness of meshbox.
+//
+// It starts the real services the tests talk to: a RabbitMQ broker and a
+// PostgreSQL server, each in its own temporary directory, on its own free
+// loopback ports, and it builds and runs the meshbox binary as a child
+// process. Nothing depends on a system-wide broker or database; the
+// packages are installed by testing/services.sh.
+//
+// Each integration-test package wires the harness into its TestMain:
+//
+//	func TestMain(m *testing.M) { os.Exit(meshtest.Main(m)) }
+//
+// Shared services ([RabbitMQ], [Postgres]) start on first use and are
+// stopped by [Main] after the tests ran. Private services ([NewRabbitMQ],
+// [NewPostgres]) are for fault tests that stop, kill and restart them; they
+// are stopped in the test's Cleanup. Tests isolate themselves inside a
+// shared service with [Rabbit.Vhost] and [PG.Database], which create a vhost
+// or database named after the test and remove it in Cleanup.
+//
+// Every child process is started in its own process group and, on Linux,
+// with a parent-death signal, so a test binary that dies (a panic, a
+// timeout) does not leave brokers or databases running. Directories left
+// behind by such a binary are removed by the next [Main] of any package.
+//
+// Helpers take a testing.TB and fail the test (Fatal) when a service cannot
+// be started or controlled; they must be called from the test goroutine.
+package meshtest

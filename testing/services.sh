@@ -1,0 +1,54 @@
+#!/bin/sh
+# services.sh installs what the integration tests need and do not build
+# themselves: the RabbitMQ server, the PostgreSQL server binaries and the
+# AMQP command-line tools. It is idempotent: it installs only what is
+# missing and prints one line per package installed. The tests start their
+# own broker and database servers (testing/meshtest); a system service a
+# package may have started is neither used nor touched.
+set -eu
+
+have_rabbitmq() {
+	[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] ||
+		command -v rabbitmq-server >/dev/null 2>&1 ||
+		[ -x /usr/sbin/rabbitmq-server ]
+}
+
+have_postgres() {
+	for d in /usr/lib/postgresql/*/bin; do
+		[ -x "$d/initdb" ] && [ -x "$d/postgres" ] && [ -x "$d/pg_ctl" ] && return 0
+	done
+	return 1
+}
+
+have_amqp_tools() {
+	command -v amqp-publish >/dev/null 2>&1
+}
+
+missing=""
+have_rabbitmq || missing="$missing rabbitmq-server"
+have_postgres || missing="$missing postgresql"
+have_amqp_tools || missing="$missing amqp-tools"
+
+[ -z "$missing" ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "services.sh: missing:$missing (run as root to install)" >&2
+	exit 1
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+	echo "services.sh: missing:$missing (no apt-get: install them by hand)" >&2
+	exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+if ! apt-get update -q >"$log" 2>&1 ||
+	! apt-get install -y -q --no-install-recommends $missing >>"$log" 2>&1; then
+	cat "$log" >&2
+	echo "services.sh: installing$missing failed" >&2
+	exit 1
+fi
+for p in $missing; do
+	echo "services.sh: installed $p"
+done
