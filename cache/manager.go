@@ -492,14 +492,25 @@ func (m *Manager) setDisconnected(err error) {
 	}
 }
 
-// apply installs a snapshot just loaded from the database.
+// apply stores a snapshot just loaded from the database, then installs
+// it. Only one goroutine applies at a time (Start, then run).
 func (m *Manager) apply(snap Snapshot) {
 	now := m.cfg.Now()
 	m.mu.Lock()
 	prev, had, prevSource, wasDB := m.cur, m.have, m.source, m.db
+	m.mu.Unlock()
 	action := chooseReload(prev, had, snap)
+	var storeErr error
+	if action != reloadUnchanged || wasDB != DBConnected || prevSource != SourceDB {
+		storeErr = m.putSnapshot(snap)
+	}
+
+	m.mu.Lock()
 	m.db = DBConnected
 	m.lastErr = ""
+	if storeErr != nil {
+		m.lastErr = storeErr.Error()
+	}
 	m.verifiedAt = snap.FetchedAt
 	m.source = SourceDB
 	if action != reloadApply {
@@ -508,9 +519,6 @@ func (m *Manager) apply(snap Snapshot) {
 		m.metrics.applied(snap, SourceDB, true)
 		if wasDB != DBConnected || prevSource != SourceDB {
 			m.log.Info("mesh database reachable; bindings unchanged", "snapshot", snap)
-		}
-		if action == reloadRefresh || wasDB != DBConnected {
-			m.storeSnapshot(snap)
 		}
 		return
 	}
@@ -538,10 +546,20 @@ func (m *Manager) apply(snap Snapshot) {
 		m.log.Info("bindings changed; applying",
 			"from_revision", prev.Revision, "to_revision", snap.Revision, "divergence", d)
 	}
-	m.storeSnapshot(snap)
 	for _, fn := range listeners {
 		fn(snap, d)
 	}
+}
+
+// putSnapshot writes snap to the cache; a failure is counted, logged and
+// returned for the status.
+func (m *Manager) putSnapshot(snap Snapshot) error {
+	err := m.cfg.Store.Put(snap)
+	if err != nil {
+		m.metrics.cacheErrors.Inc()
+		m.log.Error("could not write bindings to the cache", "err", err)
+	}
+	return err
 }
 
 // storeSnapshot writes snap to the cache; a failure is logged and shown.

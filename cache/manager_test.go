@@ -154,10 +154,18 @@ func newManagerEnv(tb testing.TB, withDB bool, maxAge time.Duration) *managerEnv
 	return e
 }
 
+// start starts the manager and, with a source, waits until it watches.
 func (e *managerEnv) start(tb testing.TB) {
 	tb.Helper()
 	if err := e.m.Start(context.Background()); err != nil {
 		tb.Fatal(err)
+	}
+	if e.m.cfg.Source != nil {
+		waitFor(tb, time.Second, "watch to start", func() bool {
+			e.src.mu.Lock()
+			defer e.src.mu.Unlock()
+			return e.src.changed != nil
+		})
 	}
 }
 
