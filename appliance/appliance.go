@@ -54,6 +54,7 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 	logger = slog.New(&ringHandler{next: logger.Handler(), ring: ring}).With("node", cfg.Node)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(newNodeCollector(ring))
 	return &Appliance{
 		cfg:      cfg,
 		logger:   logger,

@@ -20,7 +20,8 @@ type ErrorEntry struct {
 // status can show them. It is a slog.Handler that wraps the real one.
 type errorRing struct {
 	mu      sync.Mutex
-	entries []ErrorEntry // oldest first, at most max
+	entries []ErrorEntry         // oldest first, at most max
+	logged  map[loggedKey]uint64 // every entry ever added, by level and component (metrics.go)
 	max     int
 }
 
@@ -34,6 +35,10 @@ func (r *errorRing) add(e ErrorEntry) {
 		r.entries = r.entries[:r.max-1]
 	}
 	r.entries = append(r.entries, e)
+	if r.logged == nil {
+		r.logged = make(map[loggedKey]uint64)
+	}
+	r.logged[loggedKey{e.Level, e.Component}]++
 }
 
 // recent returns the entries, newest first.

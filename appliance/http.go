@@ -30,6 +30,7 @@ func (a *Appliance) handler() http.Handler {
 		writeJSON(w, http.StatusOK, a.Status())
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /{$}", a.serveStatusPage)
 	return mux
 }
 
