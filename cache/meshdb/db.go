@@ -1,0 +1,260 @@
+package meshdb
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/tern/v2/migrate"
+
+	"github.com/meshbox/meshbox/cache"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// versionTable is where tern records the schema version.
+const versionTable = "public.meshbox_schema_version"
+
+// notifyChannel is the LISTEN/NOTIFY channel of binding changes.
+const notifyChannel = "meshbox_bindings"
+
+// Defaults for Options.
+const (
+	DefaultConnectTimeout   = 3 * time.Second
+	DefaultStatementTimeout = 10 * time.Second
+	DefaultMaxConns         = 4
+	DefaultRetryInterval    = 500 * time.Millisecond
+	DefaultMaxRetryInterval = 5 * time.Second
+	DefaultPingInterval     = 10 * time.Second
+)
+
+// Options bounds the database's connections.
+type Options struct {
+	// ConnectTimeout bounds each connection attempt (default 3s).
+	ConnectTimeout time.Duration
+	// StatementTimeout bounds each statement and lock wait on the server
+	// (default 10s).
+	StatementTimeout time.Duration
+	// MaxConns caps the connection pool (default 4).
+	MaxConns int32
+	// RetryInterval and MaxRetryInterval pace Watch's reconnects
+	// (defaults 500ms and 5s, doubling).
+	RetryInterval    time.Duration
+	MaxRetryInterval time.Duration
+	// PingInterval is how long Watch waits for a notification before it
+	// checks that its connection is alive (default 10s).
+	PingInterval time.Duration
+	// Logger receives Watch's connection changes (default: discard).
+	Logger *slog.Logger
+	// Now is the clock stamped on loaded snapshots (default time.Now).
+	Now func() time.Time
+}
+
+// DB is a mesh database. It implements cache.Source.
+type DB struct {
+	opts    Options
+	pool    *pgxpool.Pool
+	connCfg *pgx.ConnConfig // for Watch's dedicated connection
+	addr    string          // redacted address for snapshots and messages
+	log     *slog.Logger
+}
+
+var _ cache.Source = (*DB)(nil)
+
+// Open prepares a connection pool for the database at rawURL
+// (postgres://...). It does not connect: a database that is down is found
+// by the first operation, within ConnectTimeout.
+func Open(ctx context.Context, rawURL string, opts Options) (*DB, error) {
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = DefaultConnectTimeout
+	}
+	if opts.StatementTimeout <= 0 {
+		opts.StatementTimeout = DefaultStatementTimeout
+	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = DefaultMaxConns
+	}
+	if opts.RetryInterval <= 0 {
+		opts.RetryInterval = DefaultRetryInterval
+	}
+	if opts.MaxRetryInterval < opts.RetryInterval {
+		opts.MaxRetryInterval = max(DefaultMaxRetryInterval, opts.RetryInterval)
+	}
+	if opts.PingInterval <= 0 {
+		opts.PingInterval = DefaultPingInterval
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	addr, err := Address(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("database URL %s: %w", addr, errors.Unwrap(err))
+	}
+	cfg.MaxConns = opts.MaxConns
+	cfg.MinConns = 0
+	cc := cfg.ConnConfig
+	cc.ConnectTimeout = opts.ConnectTimeout
+	if cc.RuntimeParams == nil {
+		cc.RuntimeParams = map[string]string{}
+	}
+	ms := strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
+	cc.RuntimeParams["statement_timeout"] = ms
+	cc.RuntimeParams["lock_timeout"] = ms
+	cc.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(6*opts.StatementTimeout.Milliseconds(), 10)
+	if _, ok := cc.RuntimeParams["application_name"]; !ok {
+		cc.RuntimeParams["application_name"] = "meshbox"
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open database %s: %w", addr, err)
+	}
+	return &DB{
+		opts:    opts,
+		pool:    pool,
+		connCfg: cc.Copy(),
+		addr:    addr,
+		log:     opts.Logger.With("component", "meshdb"),
+	}, nil
+}
+
+// Address returns rawURL without its password (postgres://user@host:port/db),
+// or an error naming what is wrong with it.
+func Address(rawURL string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", errors.New("database URL: not a URL")
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return "", fmt.Errorf("database URL: scheme must be postgres or postgresql, not %q", u.Scheme)
+	}
+	if u.Host == "" {
+		return "", errors.New("database URL: has no host")
+	}
+	r := url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}
+	if u.User != nil {
+		r.User = url.User(u.User.Username())
+	}
+	return r.String(), nil
+}
+
+// Addr returns the database's address without its password.
+func (db *DB) Addr() string { return db.addr }
+
+// Close closes the pool's connections. It is idempotent.
+func (db *DB) Close() error {
+	db.pool.Close()
+	return nil
+}
+
+// Ping checks that the database answers.
+func (db *DB) Ping(ctx context.Context) error {
+	if err := db.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("reach database %s: %w", db.addr, err)
+	}
+	return nil
+}
+
+// Migrate applies the embedded migrations not yet applied, each in its own
+// transaction, under tern's advisory lock (concurrent callers wait). It
+// returns the schema versions before and after; progress, if not nil, is
+// called before each migration with its version and name.
+func (db *DB) Migrate(ctx context.Context, progress func(version int32, name string)) (from, to int32, err error) {
+	conn, err := db.pool.Acquire(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("migrate: reach database %s: %w", db.addr, err)
+	}
+	defer conn.Release()
+	m, err := migrate.NewMigrator(ctx, conn.Conn(), versionTable)
+	if err != nil {
+		return 0, 0, fmt.Errorf("migrate: %w", err)
+	}
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		return 0, 0, fmt.Errorf("migrate: %w", err)
+	}
+	if err := m.LoadMigrations(sub); err != nil {
+		return 0, 0, fmt.Errorf("migrate: load migrations: %w", err)
+	}
+	if from, err = m.GetCurrentVersion(ctx); err != nil {
+		return 0, 0, fmt.Errorf("migrate: %w", err)
+	}
+	if progress != nil {
+		m.OnStart = func(seq int32, name, direction, _ string) {
+			if direction == "up" {
+				progress(seq, name)
+			}
+		}
+	}
+	if err := m.Migrate(ctx); err != nil {
+		return from, 0, fmt.Errorf("migrate: %w", err)
+	}
+	if to, err = m.GetCurrentVersion(ctx); err != nil {
+		return from, 0, fmt.Errorf("migrate: %w", err)
+	}
+	return from, to, nil
+}
+
+// SchemaVersion returns the newest migration version shipped in this binary.
+func SchemaVersion() int32 {
+	names, err := migrate.FindMigrations(mustSub())
+	if err != nil {
+		return 0
+	}
+	return int32(len(names))
+}
+
+func mustSub() fs.FS {
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		panic(err) // the embedded directory always exists
+	}
+	return sub
+}
+
+// Revision returns the current mesh revision.
+func (db *DB) Revision(ctx context.Context) (int64, error) {
+	var rev int64
+	err := db.pool.QueryRow(ctx, "SELECT revision FROM mesh_revision").Scan(&rev)
+	if err != nil {
+		return 0, db.wrap("read revision", err)
+	}
+	return rev, nil
+}
+
+// wrap prefixes err with op and maps PostgreSQL errors to this package's
+// sentinels.
+func (db *DB) wrap(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "42P01": // undefined_table
+			return fmt.Errorf("%s: %w", op, ErrNotInitialized)
+		}
+	}
+	if pgconn.SafeToRetry(err) || isConnectError(err) {
+		return fmt.Errorf("%s: database %s unreachable: %w", op, db.addr, err)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+func isConnectError(err error) bool {
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce)
+}

@@ -1,0 +1,71 @@
+package meshdb
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Errors returned by operations on the mesh database.
+var (
+	// ErrNotInitialized means the database has no mesh schema yet.
+	ErrNotInitialized = errors.New("mesh database is not initialised (run meshbox init)")
+	// ErrNotFound means the named row does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrExists means a row with that name already exists.
+	ErrExists = errors.New("already exists")
+	// ErrInUse means a node still has bindings (see *InUseError).
+	ErrInUse = errors.New("node still has bindings")
+	// ErrMeshExists means Init found a different mesh (see *MeshExistsError).
+	ErrMeshExists = errors.New("the database already holds a different mesh")
+	// ErrRequired means the operation would remove something every node needs.
+	ErrRequired = errors.New("required setting")
+)
+
+// NotFoundError names the row that does not exist.
+type NotFoundError struct {
+	What string // e.g. `node "n1"`, `setting "forge.url"`
+}
+
+func (e *NotFoundError) Error() string { return e.What + " not found" }
+
+// Unwrap returns ErrNotFound.
+func (e *NotFoundError) Unwrap() error { return ErrNotFound }
+
+// ExistsError names the row that already exists.
+type ExistsError struct {
+	What string
+}
+
+func (e *ExistsError) Error() string { return e.What + " already exists" }
+
+// Unwrap returns ErrExists.
+func (e *ExistsError) Unwrap() error { return ErrExists }
+
+// InUseError reports what a node still has, refusing its removal.
+type InUseError struct {
+	Node                           string
+	Assignments, Overrides, Grants int
+}
+
+func (e *InUseError) Error() string {
+	return fmt.Sprintf("node %q still has %d assignments, %d overrides and %d grants (use --force to remove them too)",
+		e.Node, e.Assignments, e.Overrides, e.Grants)
+}
+
+// Unwrap returns ErrInUse.
+func (e *InUseError) Unwrap() error { return ErrInUse }
+
+// MeshExistsError describes the mesh Init found.
+type MeshExistsError struct {
+	FirstNode string // the existing mesh's first node ("" if unknown)
+	BrokerURL string // its broker.url, password redacted
+	Differs   string // what differs: "first node", "broker.url" or both
+}
+
+func (e *MeshExistsError) Error() string {
+	return fmt.Sprintf("the database already holds a mesh with a different %s (first node %q, broker %s); use --force to overwrite",
+		e.Differs, e.FirstNode, e.BrokerURL)
+}
+
+// Unwrap returns ErrMeshExists.
+func (e *MeshExistsError) Unwrap() error { return ErrMeshExists }

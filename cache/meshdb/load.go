@@ -1,0 +1,162 @@
+package meshdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/meshbox/meshbox/cache"
+)
+
+// Load reads node's bindings in one REPEATABLE READ, read-only transaction:
+// the mesh revision, every node record and mesh setting, and only this
+// node's assignments, overrides and grants (consumer = node). It implements
+// cache.Source.
+func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
+	if err := cache.ValidateNodeName(node); err != nil {
+		return cache.Snapshot{}, fmt.Errorf("load bindings: %w", err)
+	}
+	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return cache.Snapshot{}, db.wrap("load bindings", err)
+	}
+	defer rollback(tx)
+
+	b := cache.Bindings{Node: node, Settings: map[string]string{}}
+	var rev int64
+	if err := tx.QueryRow(ctx, "SELECT revision FROM mesh_revision").Scan(&rev); err != nil {
+		return cache.Snapshot{}, db.wrap("load bindings", err)
+	}
+	if err := collect(ctx, tx, &b.Nodes, `SELECT name, public_name, identity FROM nodes ORDER BY name`, nil,
+		func(r pgx.Rows, n *cache.NodeRecord) error { return r.Scan(&n.Name, &n.PublicName, &n.Identity) }); err != nil {
+		return cache.Snapshot{}, db.wrap("load bindings: nodes", err)
+	}
+	var settings []kv
+	if err := collect(ctx, tx, &settings, `SELECT key, value FROM settings`, nil,
+		func(r pgx.Rows, s *kv) error { return r.Scan(&s.k, &s.v) }); err != nil {
+		return cache.Snapshot{}, db.wrap("load bindings: settings", err)
+	}
+	for _, s := range settings {
+		b.Settings[s.k] = s.v
+	}
+	args := []any{node}
+	if err := collect(ctx, tx, &b.Assignments, `SELECT module, selection, autostart FROM assignments WHERE node = $1 ORDER BY module`, args,
+		func(r pgx.Rows, a *cache.Assignment) error { return r.Scan(&a.Module, &a.Selection, &a.Autostart) }); err != nil {
+		return cache.Snapshot{}, db.wrap("load bindings: assignments", err)
+	}
+	if err := collect(ctx, tx, &b.Overrides, `SELECT module, key, value FROM overrides WHERE node = $1 ORDER BY module, key`, args,
+		func(r pgx.Rows, o *cache.Override) error { return r.Scan(&o.Module, &o.Key, &o.Value) }); err != nil {
+		return cache.Snapshot{}, db.wrap("load bindings: overrides", err)
+	}
+	if err := collect(ctx, tx, &b.Grants, `SELECT consumer, resource, provider, credential FROM grants WHERE consumer = $1 ORDER BY resource, provider`, args,
+		func(r pgx.Rows, g *cache.Grant) error {
+			var cred string
+			err := r.Scan(&g.Consumer, &g.Resource, &g.Provider, &cred)
+			g.Credential = cache.Credential(cred)
+			return err
+		}); err != nil {
+		return cache.Snapshot{}, db.wrap("load bindings: grants", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return cache.Snapshot{}, db.wrap("load bindings", err)
+	}
+	return cache.NewSnapshot(rev, db.opts.Now(), db.addr, b), nil
+}
+
+type kv struct{ k, v string }
+
+// collect runs query and appends one T per row, filled by scan.
+func collect[T any](ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, out *[]T, query string, args []any, scan func(pgx.Rows, *T) error) error {
+	rows, err := q.Query(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var v T
+		if err := scan(rows, &v); err != nil {
+			return err
+		}
+		*out = append(*out, v)
+	}
+	return rows.Err()
+}
+
+func rollback(tx pgx.Tx) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = tx.Rollback(ctx) // after Commit this is a no-op
+}
+
+// Watch follows binding changes on a dedicated connection until ctx is
+// done, then returns nil. It calls changed once LISTEN is in place after
+// every (re)connect — notifications sent while disconnected are lost, so
+// the caller re-reads then — and on every notification; it calls lost each
+// time the connection fails or an attempt to connect fails, then retries
+// with a doubling pause (Options.RetryInterval up to MaxRetryInterval).
+// Without notifications for PingInterval it pings, so a dead link is found.
+// It implements cache.Source.
+func (db *DB) Watch(ctx context.Context, changed func(), lost func(error)) error {
+	backoff := db.opts.RetryInterval
+	for {
+		connected, err := db.listen(ctx, changed)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if connected {
+			backoff = db.opts.RetryInterval
+		}
+		lost(err)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		backoff = min(2*backoff, db.opts.MaxRetryInterval)
+	}
+}
+
+// listen connects, LISTENs and waits for notifications until the
+// connection fails or ctx is done; connected says whether LISTEN was set up.
+func (db *DB) listen(ctx context.Context, changed func()) (connected bool, err error) {
+	conn, err := pgx.ConnectConfig(ctx, db.connCfg.Copy())
+	if err != nil {
+		return false, db.wrap("listen", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
+		return false, db.wrap("listen", err)
+	}
+	changed()
+	for {
+		wctx, cancel := context.WithTimeout(ctx, db.opts.PingInterval)
+		_, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case err == nil:
+			changed()
+		case ctx.Err() != nil:
+			return true, ctx.Err()
+		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():
+			pctx, cancel := context.WithTimeout(ctx, db.opts.ConnectTimeout)
+			err := conn.Ping(pctx)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				return true, db.wrap("listen: ping", err)
+			}
+		default:
+			return true, db.wrap("listen", err)
+		}
+	}
+}
