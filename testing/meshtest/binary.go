@@ -1,3 +1,96 @@
 package meshtest
 
-func removeBinary() {}
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+var binary struct {
+	mu   sync.Mutex
+	dir  string // temp dir holding the binary; removed by Main
+	path string
+	err  error
+}
+
+// Binary builds ./cmd/meshbox of this module once per test process and
+// returns the path of the executable. The module root is found by walking
+// up from the working directory to go.mod. If the build failed, every
+// caller fails with its output.
+func Binary(tb testing.TB) string {
+	tb.Helper()
+	binary.mu.Lock()
+	defer binary.mu.Unlock()
+	if binary.path == "" && binary.err == nil {
+		start := time.Now()
+		binary.path, binary.err = buildBinary()
+		if binary.err == nil {
+			tb.Logf("meshtest: built meshbox in %v", time.Since(start).Round(time.Millisecond))
+		}
+	}
+	if binary.err != nil {
+		tb.Fatalf("meshtest: build meshbox: %v", binary.err)
+	}
+	return binary.path
+}
+
+func buildBinary() (string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goroot := os.Getenv("GOROOT")
+		if goroot == "" {
+			return "", errors.New("go tool not found on PATH and GOROOT not set")
+		}
+		goTool = filepath.Join(goroot, "bin", "go")
+	}
+	dir, err := os.MkdirTemp("", fmt.Sprintf("%sbin-%d-", dirPrefix, os.Getpid()))
+	if err != nil {
+		return "", err
+	}
+	binary.dir = dir
+	path := filepath.Join(dir, "meshbox")
+	cmd := exec.Command(goTool, "build", "-o", path, "./cmd/meshbox")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/meshbox in %s: %w\n%s", root, err, out)
+	}
+	return path, nil
+}
+
+// moduleRoot walks up from the working directory to the directory holding
+// go.mod.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// removeBinary removes the built binary, if any.
+func removeBinary() {
+	binary.mu.Lock()
+	defer binary.mu.Unlock()
+	if binary.dir != "" {
+		os.RemoveAll(binary.dir)
+	}
+	binary.dir, binary.path, binary.err = "", "", nil
+}

@@ -11,3 +11,8 @@ func childAttr(acc *account) *syscall.SysProcAttr {
 	}
 	return a
 }
+
+// processAttr has the kernel kill a meshbox child when the test process dies.
+func processAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}

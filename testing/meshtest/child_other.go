@@ -13,3 +13,6 @@ func childAttr(acc *account) *syscall.SysProcAttr {
 	}
 	return a
 }
+
+// processAttr returns no special attributes outside Linux.
+func processAttr() *syscall.SysProcAttr { return nil }

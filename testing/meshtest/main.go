@@ -28,21 +28,23 @@ func Main(m *testing.M) int {
 
 // stopShared stops the shared services and removes the built binary.
 func stopShared() error {
-	shared.mu.Lock()
-	defer shared.mu.Unlock()
 	var errs []error
+	shared.rabbitMu.Lock()
 	if shared.rabbit != nil {
 		if err := shared.rabbit.destroy(); err != nil {
 			errs = append(errs, fmt.Errorf("stop shared RabbitMQ: %w", err))
 		}
 		shared.rabbit = nil
 	}
+	shared.rabbitMu.Unlock()
+	shared.pgMu.Lock()
 	if shared.pg != nil {
 		if err := shared.pg.destroy(); err != nil {
 			errs = append(errs, fmt.Errorf("stop shared PostgreSQL: %w", err))
 		}
 		shared.pg = nil
 	}
+	shared.pgMu.Unlock()
 	removeBinary()
 	return errors.Join(errs...)
 }

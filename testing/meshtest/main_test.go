@@ -10,6 +10,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if mode := os.Getenv("MESHTEST_FAKE_NODE"); mode != "" {
+		os.Exit(fakeNode(mode, os.Args[1:]))
+	}
 	code := meshtest.Main(m)
 	if code == 0 {
 		if err := goleak.Find(); err != nil {

@@ -61,8 +61,8 @@ func NewPostgres(tb testing.TB) *PG {
 // with the same error.
 func Postgres(tb testing.TB) *PG {
 	tb.Helper()
-	shared.mu.Lock()
-	defer shared.mu.Unlock()
+	shared.pgMu.Lock()
+	defer shared.pgMu.Unlock()
 	if shared.pg == nil && shared.pgE == nil {
 		start := time.Now()
 		shared.pg, shared.pgE = newPG()

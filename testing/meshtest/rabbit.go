@@ -68,12 +68,16 @@ func NewRabbitMQ(tb testing.TB) *Rabbit {
 	return r
 }
 
+// shared holds the services shared by the tests of one test process; each
+// has its own lock so that one's slow start does not hold up the other.
 var shared struct {
-	mu      sync.Mutex
-	rabbit  *Rabbit
-	rabbitE error
-	pg      *PG
-	pgE     error
+	rabbitMu sync.Mutex
+	rabbit   *Rabbit
+	rabbitE  error // first start failed: every caller fails with it
+
+	pgMu sync.Mutex
+	pg   *PG
+	pgE  error
 }
 
 // RabbitMQ returns the broker shared by the tests of this package, starting
@@ -81,8 +85,8 @@ var shared struct {
 // with the same error.
 func RabbitMQ(tb testing.TB) *Rabbit {
 	tb.Helper()
-	shared.mu.Lock()
-	defer shared.mu.Unlock()
+	shared.rabbitMu.Lock()
+	defer shared.rabbitMu.Unlock()
 	if shared.rabbit == nil && shared.rabbitE == nil {
 		start := time.Now()
 		r, err := newRabbit()
