@@ -167,7 +167,9 @@ func (db *DB) Assignments(ctx context.Context, node string) ([]NodeAssignment, e
 	var out []NodeAssignment
 	err := collect(ctx, db.pool, &out, `SELECT node, module, selection, autostart FROM assignments
 		WHERE $1 = '' OR node = $1 ORDER BY node, module`, []any{node},
-		func(r pgx.Rows, a *NodeAssignment) error { return r.Scan(&a.Node, &a.Module, &a.Selection, &a.Autostart) })
+		func(r pgx.Rows, a *NodeAssignment) error {
+			return r.Scan(&a.Node, &a.Module, &a.Selection, &a.Autostart)
+		})
 	if err != nil {
 		return nil, db.wrap("list assignments", err)
 	}
