@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshbox/meshbox/cache"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -87,7 +88,7 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if err := os.MkdirAll(a.cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data directory: %w", err)
 	}
-	a.bindings, err = openBindings(ctx, a.cfg, a.logger.With("component", "cache"), a.registry)
+	a.bindings, err = openBindings(ctx, a.cfg, a.logger.With("component", "bindings"), a.registry, a.bindingsChanged)
 	if err != nil {
 		return err
 	}
@@ -217,4 +218,9 @@ func (a *Appliance) startHTTP() error {
 		}
 	}()
 	return nil
+}
+
+// bindingsChanged applies a new version of the bindings to the running
+// node. It runs on the bindings manager's goroutine, one change at a time.
+func (a *Appliance) bindingsChanged(snap cache.Snapshot, div cache.Divergence) {
 }

@@ -6,28 +6,85 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"time"
 
+	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/prometheus/client_golang/prometheus"
-	bolt "go.etcd.io/bbolt"
 )
 
-// bindings is the node's bindings state. Until the cache package is wired
-// in, it only holds the data directory's lock.
+// bindings is the node's bindings state: the versioned cache in the data
+// directory (which also holds the directory's lock), the mesh database when
+// one is configured, and the manager that keeps them in step.
 type bindings struct {
-	db *bolt.DB
+	store   *cache.Store
+	db      *meshdb.DB // nil without a database
+	manager *cache.Manager
 }
 
-func openBindings(ctx context.Context, cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*bindings, error) {
-	path := filepath.Join(cfg.DataDir, "cache.db")
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+// openBindings opens the cache and, with a database URL, the database, and
+// starts the manager: it takes the database if it answers within
+// cfg.Cache.LoadTimeout, else the newest cached snapshot. onChange is called
+// after every applied change (on the manager's goroutine).
+func openBindings(ctx context.Context, cfg Config, logger *slog.Logger, reg prometheus.Registerer, onChange func(cache.Snapshot, cache.Divergence)) (_ *bindings, err error) {
+	b := &bindings{}
+	defer func() {
+		if err != nil {
+			_ = b.close()
+		}
+	}()
+	b.store, err = cache.Open(filepath.Join(cfg.DataDir, "cache.db"), cache.StoreOptions{Keep: cfg.Cache.Keep})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, cache.ErrLocked) {
 			return nil, fmt.Errorf("%w: %s", ErrDataDirInUse, cfg.DataDir)
 		}
 		return nil, fmt.Errorf("open cache: %w", err)
 	}
-	return &bindings{db: db}, nil
+	if q := b.store.Quarantined(); q != "" {
+		logger.Warn("damaged cache file set aside; starting a fresh one", "moved_to", q)
+	}
+	mc := cache.ManagerConfig{
+		Node:          cfg.Node,
+		Store:         b.store,
+		LoadTimeout:   cfg.Cache.LoadTimeout.D(),
+		RetryInterval: cfg.Cache.RetryInterval.D(),
+		MaxAge:        cfg.Cache.MaxAge.D(),
+		Logger:        logger,
+		Metrics:       reg,
+	}
+	if cfg.DB != "" {
+		b.db, err = meshdb.Open(ctx, string(cfg.DB), meshdb.Options{
+			ConnectTimeout: cfg.Cache.LoadTimeout.D(),
+			Logger:         logger,
+		})
+		if err != nil {
+			return nil, err
+		}
+		mc.Source = b.db
+	}
+	b.manager, err = cache.NewManager(mc)
+	if err != nil {
+		return nil, err
+	}
+	if onChange != nil {
+		b.manager.OnChange(onChange)
+	}
+	if err := b.manager.Start(ctx); err != nil {
+		return nil, fmt.Errorf("bindings: %w", err)
+	}
+	return b, nil
 }
 
-func (b *bindings) close() error { return b.db.Close() }
+// close stops the manager and closes the database and the cache.
+func (b *bindings) close() error {
+	var errs []error
+	if b.manager != nil {
+		errs = append(errs, b.manager.Close())
+	}
+	if b.db != nil {
+		errs = append(errs, b.db.Close())
+	}
+	if b.store != nil {
+		errs = append(errs, b.store.Close())
+	}
+	return errors.Join(errs...)
+}

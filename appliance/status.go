@@ -2,6 +2,8 @@ package appliance
 
 import (
 	"time"
+
+	"github.com/meshbox/meshbox/cache"
 )
 
 // Status is everything the node says about itself: the JSON of GET /status
@@ -15,7 +17,7 @@ type Status struct {
 	NATS          EndpointStatus `json:"nats"`
 	HTTP          EndpointStatus `json:"http"`
 	Broker        BrokerStatus   `json:"broker"`
-	Bindings      any            `json:"bindings"`
+	Bindings      cache.Status   `json:"bindings"`
 	Errors        []ErrorEntry   `json:"errors"`
 }
 
@@ -44,11 +46,15 @@ func (a *Appliance) Status() Status {
 		UptimeSeconds: time.Since(a.startedAt).Seconds(),
 		HTTP:          EndpointStatus{URL: a.httpURL},
 		Broker:        BrokerStatus{State: "none", Since: a.startedAt},
-		Bindings:      map[string]any{"source": "none"},
 		Errors:        a.errs.recent(),
 	}
 	if a.natsSrv != nil {
 		st.NATS.URL = a.natsSrv.URL()
+	}
+	if a.bindings != nil {
+		st.Bindings = a.bindings.manager.Status()
+	} else {
+		st.Bindings = cache.Status{Source: "none", DB: "none"}
 	}
 	return st
 }
