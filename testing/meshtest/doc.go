@@ -22,6 +22,13 @@
 // timeout) does not leave brokers or databases running. Directories left
 // behind by such a binary are removed by the next [Main] of any package.
 //
+// The broker and database servers are found in the usual places of the
+// distribution packages (the newest PostgreSQL version wins); the variables
+// MESHTEST_RABBITMQ_SERVER (the rabbitmq-server start script) and
+// MESHTEST_PG_BIN (the directory of initdb and postgres) override that.
+// When the tests run as root, the servers run as the rabbitmq and postgres
+// system users.
+//
 // Helpers take a testing.TB and fail the test (Fatal) when a service cannot
 // be started or controlled; they must be called from the test goroutine.
 package meshtest

@@ -42,7 +42,6 @@ type Rabbit struct {
 	mgmtPort int    // management HTTP API
 	distPort int    // Erlang distribution
 	acc      *account
-	shared   bool
 
 	mu   sync.Mutex
 	proc *child // nil while stopped
@@ -93,7 +92,6 @@ func RabbitMQ(tb testing.TB) *Rabbit {
 		if err != nil {
 			shared.rabbitE = err
 		} else {
-			r.shared = true
 			shared.rabbit = r
 			tb.Logf("meshtest: shared RabbitMQ %s ready on %s in %v", r.node, r.URL(), time.Since(start).Round(time.Millisecond))
 		}
