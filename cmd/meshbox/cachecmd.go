@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/cache"
+)
+
+// CacheCommand inspects a node's bindings cache (<data>/cache.db) with the
+// node stopped: it opens the file read-only and never changes it.
+type CacheCommand struct{ m *Main }
+
+const cacheUsage = `Usage: meshbox cache <command> [--data DIR] [flags]
+
+Commands (work with the node stopped; the file is opened read-only):
+  show [--revision N] [--json]   the newest cached snapshot (or revision N)
+  history [--json]               the cached versions: revision, time, source, hash
+  diff A B [--json]              what changed from revision A to revision B
+  verify                         check the file's pages and every snapshot's hash
+
+--data defaults to MESHBOX_DATA or the node's default data directory.
+`
+
+// Run dispatches `meshbox cache ...`.
+func (c *CacheCommand) Run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(c.m.Stderr, cacheUsage)
+		return usagef("cache: no command given")
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(c.m.Stdout, cacheUsage)
+		return nil
+	}
+	sub, args := args[0], args[1:]
+	fs := c.m.newFlagSet("cache "+sub, "cache "+sub+" [--data DIR] [flags]")
+	data := fs.String("data", c.m.envOr("MESHBOX_DATA", appliance.DefaultDataDir()), "data directory (env MESHBOX_DATA)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	rev := fs.Int64("revision", 0, "show: this revision instead of the newest")
+	var want int
+	switch sub {
+	case "show", "history", "verify":
+	case "diff":
+		want = 2
+	default:
+		fmt.Fprint(c.m.Stderr, cacheUsage)
+		return usagef("cache: unknown command %q", sub)
+	}
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != want {
+		return usagef("cache %s: want %d arguments, got %d", sub, want, len(pos))
+	}
+	path := filepath.Join(*data, "cache.db")
+	store, err := cache.Open(path, cache.StoreOptions{ReadOnly: true, LockTimeout: 500 * time.Millisecond})
+	if err != nil {
+		var locked *cache.LockedError
+		if errors.As(err, &locked) {
+			return fmt.Errorf("%w (stop the node to inspect its cache)", err)
+		}
+		return err
+	}
+	defer store.Close()
+	switch sub {
+	case "show":
+		return c.show(store, *rev, *asJSON)
+	case "history":
+		return c.history(store, *asJSON)
+	case "diff":
+		return c.diff(store, pos[0], pos[1], *asJSON)
+	default:
+		return c.verify(store)
+	}
+}
+
+func (c *CacheCommand) show(store *cache.Store, rev int64, asJSON bool) error {
+	var snap cache.Snapshot
+	var err error
+	if rev != 0 {
+		snap, err = store.Get(rev)
+	} else {
+		snap, err = store.Latest()
+	}
+	if err != nil {
+		return err
+	}
+	b := snap.Bindings
+	if asJSON {
+		for i := range b.Grants { // never print a credential
+			b.Grants[i].Credential = cache.Credential(b.Grants[i].Credential.String())
+		}
+		snap.Bindings = b
+		return writeJSON(c.m.Stdout, snap)
+	}
+	out := c.m.Stdout
+	fmt.Fprintf(out, "node:       %s\nrevision:   %d\nhash:       %s\nfetched_at: %s (%s ago)\nsource:     %s\n",
+		b.Node, snap.Revision, snap.Hash, snap.FetchedAt.Format(time.RFC3339), time.Since(snap.FetchedAt).Round(time.Second), snap.Source)
+	fmt.Fprintf(out, "\nnodes (%d):\n", len(b.Nodes))
+	rows := [][]string{{"  NAME", "PUBLIC NAME", "IDENTITY"}}
+	for _, n := range b.Nodes {
+		rows = append(rows, []string{"  " + n.Name, n.PublicName, clip(n.Identity, 40)})
+	}
+	writeTable(out, rows)
+	fmt.Fprintf(out, "\nsettings (%d):\n", len(b.Settings))
+	rows = [][]string{{"  KEY", "VALUE"}}
+	for _, k := range sortedKeys(b.Settings) {
+		rows = append(rows, []string{"  " + k, clip(cache.RedactURL(b.Settings[k]), 80)})
+	}
+	writeTable(out, rows)
+	fmt.Fprintf(out, "\nassignments (%d):\n", len(b.Assignments))
+	rows = [][]string{{"  MODULE", "SELECTION", "AUTOSTART"}}
+	for _, a := range b.Assignments {
+		rows = append(rows, []string{"  " + a.Module, a.Selection, strconv.FormatBool(a.Autostart)})
+	}
+	writeTable(out, rows)
+	fmt.Fprintf(out, "\noverrides (%d):\n", len(b.Overrides))
+	rows = [][]string{{"  MODULE", "KEY", "VALUE"}}
+	for _, o := range b.Overrides {
+		rows = append(rows, []string{"  " + o.Module, o.Key, clip(o.Value, 60)})
+	}
+	writeTable(out, rows)
+	fmt.Fprintf(out, "\ngrants (%d):\n", len(b.Grants))
+	rows = [][]string{{"  RESOURCE", "PROVIDER", "CREDENTIAL"}}
+	for _, g := range b.Grants {
+		cred := "none"
+		if g.Credential != "" {
+			cred = "set"
+		}
+		rows = append(rows, []string{"  " + g.Resource, g.Provider, cred})
+	}
+	return writeTable(out, rows)
+}
+
+func (c *CacheCommand) history(store *cache.Store, asJSON bool) error {
+	hist, err := store.History()
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(c.m.Stdout, orEmpty(hist))
+	}
+	rows := [][]string{{"REVISION", "FETCHED AT", "SOURCE", "HASH", "NODES", "SETTINGS", "ASSIGNMENTS", "OVERRIDES", "GRANTS"}}
+	for _, h := range hist {
+		rows = append(rows, []string{strconv.FormatInt(h.Revision, 10), h.FetchedAt.Format(time.RFC3339), h.Source,
+			cache.ShortHash(h.Hash), strconv.Itoa(h.Nodes), strconv.Itoa(h.Settings), strconv.Itoa(h.Assignments),
+			strconv.Itoa(h.Overrides), strconv.Itoa(h.Grants)})
+	}
+	return writeTable(c.m.Stdout, rows)
+}
+
+func (c *CacheCommand) diff(store *cache.Store, a, b string, asJSON bool) error {
+	ra, err := strconv.ParseInt(a, 10, 64)
+	if err != nil {
+		return usagef("cache diff: revision %q is not a number", a)
+	}
+	rb, err := strconv.ParseInt(b, 10, 64)
+	if err != nil {
+		return usagef("cache diff: revision %q is not a number", b)
+	}
+	sa, err := store.Get(ra)
+	if err != nil {
+		return err
+	}
+	sb, err := store.Get(rb)
+	if err != nil {
+		return err
+	}
+	d := cache.Diff(sa.Bindings, sb.Bindings)
+	if asJSON {
+		return writeJSON(c.m.Stdout, orEmpty(d))
+	}
+	fmt.Fprintf(c.m.Stdout, "revision %d -> %d: %s\n", ra, rb, d.Summary())
+	for _, line := range d.Strings() {
+		fmt.Fprintln(c.m.Stdout, "  "+line)
+	}
+	return nil
+}
+
+func (c *CacheCommand) verify(store *cache.Store) error {
+	if err := store.Verify(); err != nil {
+		return err
+	}
+	hist, err := store.History()
+	if err != nil {
+		return err
+	}
+	if len(hist) == 0 {
+		fmt.Fprintf(c.m.Stdout, "%s: ok, no snapshots\n", store.Path())
+		return nil
+	}
+	fmt.Fprintf(c.m.Stdout, "%s: ok, %d snapshots, newest revision %d (hash %s)\n",
+		store.Path(), len(hist), hist[0].Revision, cache.ShortHash(hist[0].Hash))
+	return nil
+}

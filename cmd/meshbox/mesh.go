@@ -1,0 +1,470 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/cache/meshdb"
+)
+
+// MeshCommand administers the mesh database: nodes, assignments,
+// overrides, settings and grants. Every change runs in one transaction and
+// bumps the mesh revision, which running nodes follow.
+type MeshCommand struct{ m *Main }
+
+const meshUsage = `Usage: meshbox mesh <command> [--db URL] [flags] [arguments]
+
+Nodes:
+  node add NAME [--public-name N] [--identity TEXT]
+  node set NAME [--public-name N] [--identity TEXT]
+  node remove NAME [--force]        (--force also removes its bindings)
+  node list [--json]
+Assignments:
+  assign NODE MODULE [--selection S] [--autostart]
+  unassign NODE MODULE
+  assignments [--node NODE] [--json]
+Overrides:
+  override set NODE MODULE KEY VALUE
+  override unset NODE MODULE KEY
+  override list [--node NODE] [--json]
+Settings:
+  setting get KEY
+  setting set KEY VALUE
+  setting unset KEY
+  setting list [--json]
+Grants:
+  grant CONSUMER RESOURCE PROVIDER [--credential-file FILE|-]
+  revoke CONSUMER RESOURCE PROVIDER
+  grants [--consumer NODE] [--json]
+Other:
+  revision                           the current mesh revision
+
+Every command takes --db URL (env MESHBOX_DB).
+`
+
+// meshLeaf is one `meshbox mesh` command: its flags, argument names and action.
+type meshLeaf struct {
+	name  string   // e.g. "node add"
+	args  []string // positional argument names
+	flags func(fs *flag.FlagSet) func(ctx context.Context, db *meshdb.DB, args []string) error
+}
+
+// Run dispatches `meshbox mesh ...`.
+func (c *MeshCommand) Run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(c.m.Stderr, meshUsage)
+		return usagef("mesh: no command given")
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(c.m.Stdout, meshUsage)
+		return nil
+	}
+	name, rest := args[0], args[1:]
+	if slices.Contains([]string{"node", "override", "setting"}, name) {
+		if len(rest) == 0 {
+			fmt.Fprint(c.m.Stderr, meshUsage)
+			return usagef("mesh %s: no command given", name)
+		}
+		name, rest = name+" "+rest[0], rest[1:]
+	}
+	for _, leaf := range c.leaves() {
+		if leaf.name == name {
+			return c.runLeaf(ctx, leaf, rest)
+		}
+	}
+	fmt.Fprint(c.m.Stderr, meshUsage)
+	return usagef("mesh: unknown command %q", name)
+}
+
+func (c *MeshCommand) runLeaf(ctx context.Context, leaf meshLeaf, args []string) error {
+	synopsis := "mesh " + leaf.name
+	for _, a := range leaf.args {
+		synopsis += " " + a
+	}
+	fs := c.m.newFlagSet("mesh "+leaf.name, synopsis+" [flags]")
+	dbURL := fs.String("db", c.m.envOr("MESHBOX_DB", ""), "mesh database URL postgres://... (env MESHBOX_DB)")
+	action := leaf.flags(fs)
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != len(leaf.args) {
+		fs.Usage()
+		return usagef("mesh %s: want %d arguments (%s), got %d", leaf.name, len(leaf.args), strings.Join(leaf.args, " "), len(pos))
+	}
+	if *dbURL == "" {
+		return usagef("mesh %s: --db is required (or set MESHBOX_DB)", leaf.name)
+	}
+	db, err := meshdb.Open(ctx, *dbURL, meshdb.Options{})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return action(ctx, db, pos)
+}
+
+// parseInterleaved parses flags that may come before, between or after
+// positional arguments, and returns the positional ones.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := parseFlags(fs, args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+// report prints the outcome of a change.
+func (c *MeshCommand) report(what string, ch meshdb.Change) {
+	if ch.Changed {
+		fmt.Fprintf(c.m.Stdout, "%s (mesh revision %d)\n", what, ch.Revision)
+	} else {
+		fmt.Fprintf(c.m.Stdout, "%s: already so, nothing changed (mesh revision %d)\n", what, ch.Revision)
+	}
+}
+
+func (c *MeshCommand) leaves() []meshLeaf {
+	out := c.m.Stdout
+	return []meshLeaf{
+		{name: "node add", args: []string{"NAME"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			public := fs.String("public-name", "", "public (DNS) name")
+			identity := fs.String("identity", "", "identity text")
+			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				ch, err := db.AddNode(ctx, cache.NodeRecord{Name: a[0], PublicName: *public, Identity: *identity})
+				if err != nil {
+					return err
+				}
+				c.report(fmt.Sprintf("node %s added", a[0]), ch)
+				return nil
+			}
+		}},
+		{name: "node set", args: []string{"NAME"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			public := fs.String("public-name", "", "public (DNS) name")
+			identity := fs.String("identity", "", "identity text")
+			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				ch, err := db.UpdateNode(ctx, cache.NodeRecord{Name: a[0], PublicName: *public, Identity: *identity})
+				if err != nil {
+					return err
+				}
+				c.report(fmt.Sprintf("node %s updated", a[0]), ch)
+				return nil
+			}
+		}},
+		{name: "node remove", args: []string{"NAME"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			force := fs.Bool("force", false, "also remove the node's assignments, overrides and grants")
+			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				ch, err := db.RemoveNode(ctx, a[0], *force)
+				if err != nil {
+					return err
+				}
+				c.report(fmt.Sprintf("node %s removed", a[0]), ch)
+				return nil
+			}
+		}},
+		{name: "node list", flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			asJSON := fs.Bool("json", false, "print JSON")
+			return func(ctx context.Context, db *meshdb.DB, _ []string) error {
+				nodes, err := db.Nodes(ctx)
+				if err != nil {
+					return err
+				}
+				if *asJSON {
+					return writeJSON(out, orEmpty(nodes))
+				}
+				rows := [][]string{{"NAME", "PUBLIC NAME", "IDENTITY"}}
+				for _, n := range nodes {
+					rows = append(rows, []string{n.Name, n.PublicName, clip(n.Identity, 40)})
+				}
+				return writeTable(out, rows)
+			}
+		}},
+		{name: "assign", args: []string{"NODE", "MODULE"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			selection := fs.String("selection", "", "which version or variant of the module")
+			autostart := fs.Bool("autostart", false, "start the module when the node starts")
+			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				ch, err := db.Assign(ctx, a[0], cache.Assignment{Module: a[1], Selection: *selection, Autostart: *autostart})
+				if err != nil {
+					return err
+				}
+				c.report(fmt.Sprintf("module %s assigned to node %s", a[1], a[0]), ch)
+				return nil
+			}
+		}},
+		{name: "unassign", args: []string{"NODE", "MODULE"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				ch, err := db.Unassign(ctx, a[0], a[1])
+				if err != nil {
+					return err
+				}
+				c.report(fmt.Sprintf("module %s unassigned from node %s", a[1], a[0]), ch)
+				return nil
+			}
+		}},
+		{name: "assignments", flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			node := fs.String("node", "", "only this node's")
+			asJSON := fs.Bool("json", false, "print JSON")
+			return func(ctx context.Context, db *meshdb.DB, _ []string) error {
+				as, err := db.Assignments(ctx, *node)
+				if err != nil {
+					return err
+				}
+				if *asJSON {
+					type row struct {
+						Node string `json:"node"`
+						cache.Assignment
+					}
+					rows := []row{}
+					for _, a := range as {
+						rows = append(rows, row{a.Node, a.Assignment})
+					}
+					return writeJSON(out, rows)
+				}
+				rows := [][]string{{"NODE", "MODULE", "SELECTION", "AUTOSTART"}}
+				for _, a := range as {
+					rows = append(rows, []string{a.Node, a.Module, a.Selection, fmt.Sprint(a.Autostart)})
+				}
+				return writeTable(out, rows)
+			}
+		}},
+		{name: "override set", args: []string{"NODE", "MODULE", "KEY", "VALUE"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				ch, err := db.SetOverride(ctx, a[0], cache.Override{Module: a[1], Key: a[2], Value: a[3]})
+				if err != nil {
+					return err
+				}
+				c.report(fmt.Sprintf("override %s/%s set for node %s", a[1], a[2], a[0]), ch)
+				return nil
+			}
+		}},
+		{name: "override unset", args: []string{"NODE", "MODULE", "KEY"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				ch, err := db.UnsetOverride(ctx, a[0], a[1], a[2])
+				if err != nil {
+					return err
+				}
+				c.report(fmt.Sprintf("override %s/%s unset for node %s", a[1], a[2], a[0]), ch)
+				return nil
+			}
+		}},
+		{name: "override list", flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			node := fs.String("node", "", "only this node's")
+			asJSON := fs.Bool("json", false, "print JSON")
+			return func(ctx context.Context, db *meshdb.DB, _ []string) error {
+				ovs, err := db.Overrides(ctx, *node)
+				if err != nil {
+					return err
+				}
+				if *asJSON {
+					type row struct {
+						Node string `json:"node"`
+						cache.Override
+					}
+					rows := []row{}
+					for _, o := range ovs {
+						rows = append(rows, row{o.Node, o.Override})
+					}
+					return writeJSON(out, rows)
+				}
+				rows := [][]string{{"NODE", "MODULE", "KEY", "VALUE"}}
+				for _, o := range ovs {
+					rows = append(rows, []string{o.Node, o.Module, o.Key, clip(o.Value, 60)})
+				}
+				return writeTable(out, rows)
+			}
+		}},
+		{name: "setting get", args: []string{"KEY"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				v, err := db.Setting(ctx, a[0])
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(out, v)
+				return nil
+			}
+		}},
+		{name: "setting set", args: []string{"KEY", "VALUE"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				ch, err := db.SetSetting(ctx, a[0], a[1])
+				if err != nil {
+					return err
+				}
+				c.report(fmt.Sprintf("setting %s = %s", a[0], cache.RedactURL(a[1])), ch)
+				return nil
+			}
+		}},
+		{name: "setting unset", args: []string{"KEY"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				ch, err := db.UnsetSetting(ctx, a[0])
+				if err != nil {
+					return err
+				}
+				c.report(fmt.Sprintf("setting %s unset", a[0]), ch)
+				return nil
+			}
+		}},
+		{name: "setting list", flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			asJSON := fs.Bool("json", false, "print JSON (values as stored)")
+			return func(ctx context.Context, db *meshdb.DB, _ []string) error {
+				s, err := db.Settings(ctx)
+				if err != nil {
+					return err
+				}
+				if *asJSON {
+					return writeJSON(out, s)
+				}
+				rows := [][]string{{"KEY", "VALUE"}}
+				for _, k := range sortedKeys(s) {
+					rows = append(rows, []string{k, clip(cache.RedactURL(s[k]), 80)})
+				}
+				return writeTable(out, rows)
+			}
+		}},
+		{name: "grant", args: []string{"CONSUMER", "RESOURCE", "PROVIDER"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			credFile := fs.String("credential-file", "", "read the credential from this file (- = standard input); none if not given")
+			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				cred, err := c.readCredential(*credFile)
+				if err != nil {
+					return err
+				}
+				ch, err := db.Grant(ctx, cache.Grant{Consumer: a[0], Resource: a[1], Provider: a[2], Credential: cache.Credential(cred)})
+				if err != nil {
+					return err
+				}
+				c.report(fmt.Sprintf("node %s granted %s from %s", a[0], a[1], a[2]), ch)
+				return nil
+			}
+		}},
+		{name: "revoke", args: []string{"CONSUMER", "RESOURCE", "PROVIDER"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				ch, err := db.Revoke(ctx, a[0], a[1], a[2])
+				if err != nil {
+					return err
+				}
+				c.report(fmt.Sprintf("grant of %s from %s to node %s revoked", a[1], a[2], a[0]), ch)
+				return nil
+			}
+		}},
+		{name: "grants", flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			consumer := fs.String("consumer", "", "only this node's")
+			asJSON := fs.Bool("json", false, "print JSON (without credentials)")
+			return func(ctx context.Context, db *meshdb.DB, _ []string) error {
+				gs, err := db.Grants(ctx, *consumer)
+				if err != nil {
+					return err
+				}
+				if *asJSON {
+					type row struct {
+						Consumer      string `json:"consumer"`
+						Resource      string `json:"resource"`
+						Provider      string `json:"provider"`
+						HasCredential bool   `json:"has_credential"`
+					}
+					rows := []row{}
+					for _, g := range gs {
+						rows = append(rows, row{g.Consumer, g.Resource, g.Provider, g.Credential != ""})
+					}
+					return writeJSON(out, rows)
+				}
+				rows := [][]string{{"CONSUMER", "RESOURCE", "PROVIDER", "CREDENTIAL"}}
+				for _, g := range gs {
+					cred := "none"
+					if g.Credential != "" {
+						cred = "set"
+					}
+					rows = append(rows, []string{g.Consumer, g.Resource, g.Provider, cred})
+				}
+				return writeTable(out, rows)
+			}
+		}},
+		{name: "revision", flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			return func(ctx context.Context, db *meshdb.DB, _ []string) error {
+				rev, err := db.Revision(ctx)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(out, rev)
+				return nil
+			}
+		}},
+	}
+}
+
+// readCredential reads a grant's credential from a file or standard input,
+// without a trailing newline.
+func (c *MeshCommand) readCredential(path string) (string, error) {
+	var data []byte
+	var err error
+	switch path {
+	case "":
+		return "", nil
+	case "-":
+		data, err = io.ReadAll(io.LimitReader(c.m.Stdin, cache.MaxValueLen+1))
+	default:
+		data, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return "", fmt.Errorf("read credential: %w", err)
+	}
+	if len(data) > cache.MaxValueLen {
+		return "", errors.New("read credential: longer than 64 KiB")
+	}
+	return strings.TrimRight(string(data), "\r\n"), nil
+}
+
+// writeTable prints rows as aligned columns; the first row is the header.
+func writeTable(w io.Writer, rows [][]string) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	return tw.Flush()
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// clip shortens s for a table cell and keeps it on one line.
+func clip(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", `\n`)
+	if len(s) > n {
+		return s[:n-3] + "..."
+	}
+	return s
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
