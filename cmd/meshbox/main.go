@@ -93,6 +93,7 @@ Usage:
 Node:
   run        run a node (standalone without --db; joins the mesh with it)
   status     show the status of the local node
+  doctor     check the node's situation: data dir, database, broker, cache, clock, names
   version    show the version of this binary and of the local node
 
 Run 'meshbox <command> -h' for a command's flags.
@@ -110,6 +111,8 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		return (&RunCommand{m: m}).Run(ctx, rest)
 	case "status":
 		return (&StatusCommand{m: m}).Run(ctx, rest)
+	case "doctor":
+		return (&DoctorCommand{m: m}).Run(ctx, rest)
 	case "version", "--version", "-version":
 		return (&VersionCommand{m: m}).Run(ctx, rest)
 	case "help", "-h", "--help":
