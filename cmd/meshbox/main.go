@@ -96,6 +96,11 @@ Node:
   doctor     check the node's situation: data dir, database, broker, cache, clock, names
   version    show the version of this binary and of the local node
 
+Mesh:
+  init       stand up a mesh: schema, first node, broker setting
+  mesh       administer the mesh database: nodes, assignments, overrides, settings, grants
+  cache      inspect a stopped node's bindings cache: show, history, diff, verify
+
 Run 'meshbox <command> -h' for a command's flags.
 `
 
@@ -113,6 +118,12 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		return (&StatusCommand{m: m}).Run(ctx, rest)
 	case "doctor":
 		return (&DoctorCommand{m: m}).Run(ctx, rest)
+	case "init":
+		return (&InitCommand{m: m}).Run(ctx, rest)
+	case "mesh":
+		return (&MeshCommand{m: m}).Run(ctx, rest)
+	case "cache":
+		return (&CacheCommand{m: m}).Run(ctx, rest)
 	case "version", "--version", "-version":
 		return (&VersionCommand{m: m}).Run(ctx, rest)
 	case "help", "-h", "--help":

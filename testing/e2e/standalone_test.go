@@ -23,12 +23,19 @@ func TestMain(m *testing.M) { os.Exit(meshtest.Main(m)) }
 // and stderr.
 func cli(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
+	return cliEnv(t, nil, args...)
+}
+
+// cliEnv is cli with extra environment variables (NAME=value).
+func cliEnv(t *testing.T, env []string, args ...string) (int, string, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, meshtest.Binary(t), args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.Env = append(os.Environ(), "MESHBOX_SERVER=", "MESHBOX_DB=", "MESHBOX_BROKER=")
+	cmd.Env = append(cmd.Env, env...)
 	err := cmd.Run()
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
