@@ -9,7 +9,8 @@ export PATH := $(PATH):/usr/local/go/bin
 GO      ?= go
 BIN     := bin/meshbox
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X github.com/meshbox/meshbox/appliance.version=$(VERSION)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS := -X github.com/meshbox/meshbox/appliance.version=$(VERSION) -X github.com/meshbox/meshbox/appliance.commit=$(COMMIT)
 # Arguments for `make run`, e.g. make run RUN_ARGS="--node alpha".
 RUN_ARGS ?=
 # Go's default 10m per test binary is too short for the fault tests under -race.
@@ -51,6 +52,21 @@ bench: services
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+
+# Install on a home server: the binary, the systemd unit and (only when
+# absent) the environment file. DESTDIR stages the files for a package.
+#   sudo make install && sudo systemctl daemon-reload
+PREFIX ?= /usr/local
+install: build
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/meshbox
+	install -d -m 0755 $(DESTDIR)/etc/systemd/system
+	sed 's|/usr/local/bin/meshbox|$(PREFIX)/bin/meshbox|' deploy/meshbox.service > $(DESTDIR)/etc/systemd/system/meshbox.service
+	chmod 0644 $(DESTDIR)/etc/systemd/system/meshbox.service
+	@if [ -e $(DESTDIR)/etc/meshbox/meshbox.env ]; then \
+		echo "kept $(DESTDIR)/etc/meshbox/meshbox.env"; \
+	else \
+		install -D -m 0600 deploy/meshbox.env.example $(DESTDIR)/etc/meshbox/meshbox.env; \
+	fi
 
 clean:
 	rm -rf bin bench.out

@@ -6,6 +6,11 @@ import "runtime/debug"
 // -ldflags "-X github.com/meshbox/meshbox/appliance.version=v1.2.3".
 var version = "dev"
 
+// commit is the VCS commit, set at build time with
+// -ldflags "-X github.com/meshbox/meshbox/appliance.commit=abc123" for builds
+// that do not stamp VCS information (-buildvcs=false, builds outside git).
+var commit = ""
+
 // BuildInfo says which build of meshbox this is.
 type BuildInfo struct {
 	Version string `json:"version"`
@@ -16,7 +21,7 @@ type BuildInfo struct {
 // Build returns the version, the VCS commit the binary was built from (when
 // the build recorded it) and the Go version.
 func Build() BuildInfo {
-	b := BuildInfo{Version: version}
+	b := BuildInfo{Version: version, Commit: commit}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		b.Go = bi.GoVersion
 		for _, s := range bi.Settings {
