@@ -1,8 +1,9 @@
 #!/bin/sh
 # services.sh installs what the integration tests need and do not build
 # themselves: the RabbitMQ server, the PostgreSQL server binaries and the
-# AMQP command-line tools. It is idempotent: it installs only what is
-# missing and prints one line per package installed. The tests start their
+# AMQP command-line tools, and a headless browser (chromium) for the status
+# page test. It is idempotent: it installs only what is missing and prints
+# one line per package installed. The tests start their
 # own broker and database servers (testing/meshtest); a system service a
 # package may have started is neither used nor touched.
 set -eu
@@ -24,10 +25,16 @@ have_amqp_tools() {
 	command -v amqp-publish >/dev/null 2>&1
 }
 
+# The status page test renders the page in a headless browser.
+have_chromium() {
+	command -v chromium >/dev/null 2>&1
+}
+
 missing=""
 have_rabbitmq || missing="$missing rabbitmq-server"
 have_postgres || missing="$missing postgresql"
 have_amqp_tools || missing="$missing amqp-tools"
+have_chromium || missing="$missing chromium fonts-dejavu-core"
 
 [ -z "$missing" ] && exit 0
 
