@@ -1,11 +1,11 @@
 package cache
 
 import (
+	"bufio"
 	"cmp"
+	"encoding/binary"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
-	"fmt"
 	"log/slog"
 	"slices"
 	"time"
@@ -133,16 +133,65 @@ func (b Bindings) Normalize() Bindings {
 	return n
 }
 
-// Hash returns the hex SHA-256 of the normalized bindings' canonical JSON
-// (credentials included, so a rotated credential changes the hash).
-func (b Bindings) Hash() string {
-	data, err := json.Marshal(b.Normalize())
-	if err != nil {
-		// Bindings holds only strings, bools and slices of them.
-		panic(fmt.Sprintf("cache: marshal bindings: %v", err))
+// Hash returns the hex SHA-256 of the normalized bindings' canonical
+// encoding (credentials included, so a rotated credential changes the hash).
+func (b Bindings) Hash() string { return hashNormalized(b.Normalize()) }
+
+// hashNormalized hashes bindings already in normalized form: every field
+// in a fixed order, each string length-prefixed, so no two different
+// bindings share an encoding.
+func hashNormalized(b Bindings) string {
+	h := sha256.New()
+	w := bufio.NewWriterSize(h, 32<<10)
+	var num [binary.MaxVarintLen64]byte
+	putN := func(n int) { w.Write(num[:binary.PutUvarint(num[:], uint64(n))]) }
+	put := func(s string) { putN(len(s)); w.WriteString(s) }
+	putBool := func(v bool) {
+		if v {
+			w.WriteByte(1)
+		} else {
+			w.WriteByte(0)
+		}
 	}
-	sum := sha256.Sum256(data)
-	return hex.EncodeToString(sum[:])
+	put("meshbox bindings v1")
+	put(b.Node)
+	putN(len(b.Nodes))
+	for _, n := range b.Nodes {
+		put(n.Name)
+		put(n.PublicName)
+		put(n.Identity)
+	}
+	keys := make([]string, 0, len(b.Settings))
+	for k := range b.Settings {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	putN(len(keys))
+	for _, k := range keys {
+		put(k)
+		put(b.Settings[k])
+	}
+	putN(len(b.Assignments))
+	for _, a := range b.Assignments {
+		put(a.Module)
+		put(a.Selection)
+		putBool(a.Autostart)
+	}
+	putN(len(b.Overrides))
+	for _, o := range b.Overrides {
+		put(o.Module)
+		put(o.Key)
+		put(o.Value)
+	}
+	putN(len(b.Grants))
+	for _, g := range b.Grants {
+		put(g.Consumer)
+		put(g.Resource)
+		put(g.Provider)
+		put(string(g.Credential))
+	}
+	_ = w.Flush() // writes to a hash never fail
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // NodeRecord returns the record of the named node and whether it exists.
@@ -189,5 +238,5 @@ func ShortHash(h string) string {
 // computing its hash.
 func NewSnapshot(rev int64, fetchedAt time.Time, source string, b Bindings) Snapshot {
 	n := b.Normalize()
-	return Snapshot{Revision: rev, Hash: n.Hash(), FetchedAt: fetchedAt.UTC(), Source: source, Bindings: n}
+	return Snapshot{Revision: rev, Hash: hashNormalized(n), FetchedAt: fetchedAt.UTC(), Source: source, Bindings: n}
 }

@@ -169,7 +169,7 @@ func (s *Store) Close() error {
 // dropped. The hash is computed when empty and checked otherwise.
 func (s *Store) Put(snap Snapshot) error {
 	snap.Bindings = snap.Bindings.Normalize()
-	h := snap.Bindings.Hash()
+	h := hashNormalized(snap.Bindings)
 	if snap.Hash == "" {
 		snap.Hash = h
 	} else if snap.Hash != h {
@@ -317,7 +317,7 @@ func decodeSnapshot(path string, k, v []byte) (Snapshot, error) {
 		return Snapshot{}, &CorruptError{Path: path, Reason: fmt.Sprintf("snapshot %d does not decode", seq), Err: err}
 	}
 	snap.Bindings = snap.Bindings.Normalize()
-	if h := snap.Bindings.Hash(); h != snap.Hash {
+	if h := hashNormalized(snap.Bindings); h != snap.Hash {
 		return Snapshot{}, &CorruptError{Path: path, Reason: fmt.Sprintf("snapshot %d (revision %d) does not match its hash", seq, snap.Revision)}
 	}
 	return snap, nil
