@@ -3,8 +3,8 @@ package cache
 import (
 	"bufio"
 	"cmp"
-	"encoding/binary"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"log/slog"
 	"slices"
