@@ -1,0 +1,177 @@
+package node
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Link is what the node needs from the bridge: a way to publish discovery
+// messages on the mesh exchange, and the two controls over the stand-ins.
+// Its methods must be safe for concurrent use; the node calls SetRoutes,
+// MarkGone and MarkUp from one goroutine, in the order the view changed.
+type Link interface {
+	// PublishSystem publishes one discovery message on the mesh exchange
+	// with routing key key ("sys.<type>" or "sys.<type>.<node>"). It must
+	// not queue the message for later (no outbox): discovery messages are
+	// worthless once stale, and the node learns from a prompt error that
+	// the broker is away. It must return by the context's deadline.
+	PublishSystem(ctx context.Context, key string, body []byte) error
+	// SetRoutes replaces the set of capabilities hosted elsewhere:
+	// capability -> the live nodes hosting it (sorted). A capability that
+	// is hosted locally is never in it. The bridge keeps a stand-in on
+	// cap.<name> for each key and spreads calls over the listed nodes.
+	SetRoutes(routes map[string][]string)
+	// MarkGone says node is gone since the given time: calls addressed to
+	// it fail at once, naming the node and the time.
+	MarkGone(node string, since time.Time)
+	// MarkUp withdraws an earlier MarkGone: the node is back.
+	MarkUp(node string)
+}
+
+// Clock is the node's source of time. Tests inject a fake one.
+type Clock interface {
+	Now() time.Time
+	// NewTicker returns a ticker that sends on its channel about every d.
+	NewTicker(d time.Duration) Ticker
+}
+
+// Ticker is the part of time.Ticker the node uses.
+type Ticker interface {
+	C() <-chan time.Time
+	Stop()
+}
+
+// Config configures a Node. Name, Link and LocalSubjects are required;
+// zero durations take their defaults.
+type Config struct {
+	// Name is this node's mesh name.
+	Name string
+	// Version is the meshbox version the node advertises.
+	Version string
+	// StartedAt is when the node started; zero means the time of New.
+	// Peers tell a restart from a late message by it.
+	StartedAt time.Time
+
+	// Link publishes discovery messages and controls the stand-ins.
+	Link Link
+	// LocalSubjects returns the subjects the local programs subscribe to
+	// on the node's NATS server, without the node's own subscriptions
+	// (see ServerSubjects). It is called every PollInterval.
+	LocalSubjects func() ([]string, error)
+	// Conn, when set, is an in-process connection to the node's NATS
+	// server on which the node serves $MESH.peers and $MESH.caps.
+	Conn *nats.Conn
+	// OnLocalChange, when set, is called with the sorted capabilities and
+	// stages hosted locally each time they change (first after Start). It
+	// runs on the node's effects goroutine and must not block for long.
+	OnLocalChange func(capabilities, stages []string)
+
+	// DiscoveryInterval is how often the node asks every peer what it
+	// hosts (default 30s).
+	DiscoveryInterval time.Duration
+	// HeartbeatInterval is how often the node says it is alive (default 5s).
+	HeartbeatInterval time.Duration
+	// MissedHeartbeats is how many heartbeat intervals a peer may stay
+	// silent before it is marked gone (default 3).
+	MissedHeartbeats int
+	// PollInterval is how often local subscriptions are read (default 250ms).
+	PollInterval time.Duration
+	// PublishTimeout bounds one discovery publish (default 2s, at most
+	// HeartbeatInterval).
+	PublishTimeout time.Duration
+	// GoneRetention is how long a gone peer that is not expected stays in
+	// the view (default 24h).
+	GoneRetention time.Duration
+
+	// Clock is the source of time; nil means the system clock.
+	Clock Clock
+	// Logger receives the node's logs; nil means none.
+	Logger *slog.Logger
+	// Registerer receives the node's metrics; nil means they are not
+	// registered.
+	Registerer prometheus.Registerer
+}
+
+// Default values of Config.
+const (
+	DefaultDiscoveryInterval = 30 * time.Second
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultMissedHeartbeats  = 3
+	DefaultPollInterval      = 250 * time.Millisecond
+	DefaultPublishTimeout    = 2 * time.Second
+	DefaultGoneRetention     = 24 * time.Hour
+	maxPeers                 = 4096
+	byeTimeout               = time.Second
+)
+
+// withDefaults fills zero fields and validates; errors name the field.
+func (c Config) withDefaults() (Config, error) {
+	if !ValidNodeName(c.Name) {
+		return c, &ConfigError{Field: "Name", Msg: "not a valid node name (letters, digits, '-', '_'; 1 to 64)"}
+	}
+	if c.Link == nil {
+		return c, &ConfigError{Field: "Link", Msg: "required"}
+	}
+	if c.LocalSubjects == nil {
+		return c, &ConfigError{Field: "LocalSubjects", Msg: "required"}
+	}
+	if len(c.Version) > MaxVersionLen || !printable(c.Version) {
+		return c, &ConfigError{Field: "Version", Msg: "not printable or too long"}
+	}
+	defaults := []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"DiscoveryInterval", &c.DiscoveryInterval, DefaultDiscoveryInterval},
+		{"HeartbeatInterval", &c.HeartbeatInterval, DefaultHeartbeatInterval},
+		{"PollInterval", &c.PollInterval, DefaultPollInterval},
+		{"PublishTimeout", &c.PublishTimeout, DefaultPublishTimeout},
+		{"GoneRetention", &c.GoneRetention, DefaultGoneRetention},
+	}
+	for _, d := range defaults {
+		if *d.v < 0 {
+			return c, &ConfigError{Field: d.name, Msg: "must not be negative"}
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if c.HeartbeatInterval < minHeartbeatMS*time.Millisecond || c.HeartbeatInterval > maxHeartbeatMS*time.Millisecond {
+		return c, &ConfigError{Field: "HeartbeatInterval", Msg: "out of range 10ms..1h"}
+	}
+	if c.MissedHeartbeats < 0 || c.MissedHeartbeats > 100 {
+		return c, &ConfigError{Field: "MissedHeartbeats", Msg: "out of range 1..100"}
+	}
+	if c.MissedHeartbeats == 0 {
+		c.MissedHeartbeats = DefaultMissedHeartbeats
+	}
+	c.PublishTimeout = min(c.PublishTimeout, c.HeartbeatInterval)
+	if c.Clock == nil {
+		c.Clock = systemClock{}
+	}
+	if c.StartedAt.IsZero() {
+		c.StartedAt = c.Clock.Now()
+	}
+	c.StartedAt = c.StartedAt.UTC()
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
+// systemClock is the real clock.
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+func (systemClock) NewTicker(d time.Duration) Ticker { return realTicker{time.NewTicker(d)} }
+
+type realTicker struct{ t *time.Ticker }
+
+func (r realTicker) C() <-chan time.Time { return r.t.C }
+func (r realTicker) Stop()               { r.t.Stop() }

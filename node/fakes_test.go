@@ -1,0 +1,439 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// fakeClock is a Clock that moves only when the test says so.
+type fakeClock struct {
+	mu      sync.Mutex
+	now     time.Time
+	tickers []*fakeTicker
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) NewTicker(d time.Duration) Ticker {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &fakeTicker{c: c, ch: make(chan time.Time, 1), period: d, next: c.now.Add(d)}
+	c.tickers = append(c.tickers, t)
+	return t
+}
+
+// Advance moves the clock and fires every ticker that came due (once, like
+// a time.Ticker that drops ticks for a slow reader).
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	for _, t := range c.tickers {
+		if t.stopped || c.now.Before(t.next) {
+			continue
+		}
+		select {
+		case t.ch <- c.now:
+		default:
+		}
+		t.next = c.now.Add(t.period)
+	}
+}
+
+type fakeTicker struct {
+	c       *fakeClock
+	ch      chan time.Time
+	period  time.Duration
+	next    time.Time
+	stopped bool
+}
+
+func (t *fakeTicker) C() <-chan time.Time { return t.ch }
+
+func (t *fakeTicker) Stop() {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	t.stopped = true
+}
+
+// fakeMesh stands for the broker's mesh exchange: it delivers what one
+// node's link publishes to the nodes bound to the routing key, at once,
+// on the publisher's goroutine.
+type fakeMesh struct {
+	mu    sync.Mutex
+	nodes map[string]*Node
+	links map[string]*fakeLink
+}
+
+func newFakeMesh() *fakeMesh {
+	return &fakeMesh{nodes: map[string]*Node{}, links: map[string]*fakeLink{}}
+}
+
+// deliver hands body to every node whose system queue the key reaches:
+// "sys.<type>" every node (the sender too, as the broker does),
+// "sys.<type>.<node>" that node.
+func (fm *fakeMesh) deliver(from, key string, body []byte) {
+	fm.mu.Lock()
+	var to []*Node
+	rest, _ := strings.CutPrefix(key, "sys.")
+	if _, addressee, addressed := strings.Cut(rest, "."); addressed {
+		if n := fm.nodes[addressee]; n != nil {
+			to = append(to, n)
+		}
+	} else {
+		for _, n := range fm.nodes {
+			to = append(to, n)
+		}
+	}
+	fm.mu.Unlock()
+	for _, n := range to {
+		n.HandleSystem(key, body, from)
+	}
+}
+
+// fakeLink is one node's Link on a fakeMesh.
+type fakeLink struct {
+	mesh *fakeMesh
+	name string
+
+	mu        sync.Mutex
+	fail      error // PublishSystem returns it when set
+	block     bool  // PublishSystem waits for its context to end
+	cut       bool  // PublishSystem drops messages silently (the process is "dead")
+	dropTypes map[string]bool
+	sent      []sentMsg
+	routes    map[string][]string
+	routeSets int
+	gone      map[string]time.Time
+	local     [][]string // OnLocalChange calls: capabilities
+}
+
+type sentMsg struct {
+	key  string
+	body []byte
+}
+
+func (l *fakeLink) PublishSystem(ctx context.Context, key string, body []byte) error {
+	l.mu.Lock()
+	if l.block {
+		l.mu.Unlock()
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	if l.fail != nil {
+		err := l.fail
+		l.mu.Unlock()
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	l.sent = append(l.sent, sentMsg{key, slices.Clone(body)})
+	drop := l.cut
+	for t := range l.dropTypes {
+		if strings.HasPrefix(key, "sys."+t) {
+			drop = true
+		}
+	}
+	l.mu.Unlock()
+	if !drop {
+		l.mesh.deliver(l.name, key, body)
+	}
+	return nil
+}
+
+func (l *fakeLink) SetRoutes(routes map[string][]string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.routes = maps.Clone(routes)
+	l.routeSets++
+}
+
+func (l *fakeLink) MarkGone(node string, since time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.gone[node] = since
+}
+
+func (l *fakeLink) MarkUp(node string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.gone, node)
+}
+
+func (l *fakeLink) Routes() map[string][]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.routes)
+}
+
+func (l *fakeLink) Gone() map[string]time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.gone)
+}
+
+func (l *fakeLink) setFail(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.fail = err
+}
+
+func (l *fakeLink) setBlock(block bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.block = block
+}
+
+func (l *fakeLink) setCut(cut bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cut = cut
+}
+
+func (l *fakeLink) setDrop(typ string, drop bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.dropTypes == nil {
+		l.dropTypes = map[string]bool{}
+	}
+	if drop {
+		l.dropTypes[typ] = true
+	} else {
+		delete(l.dropTypes, typ)
+	}
+}
+
+// sentTypes returns the types of the messages published, in order.
+func (l *fakeLink) sentKeys() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, s := range l.sent {
+		out = append(out, s.key)
+	}
+	return out
+}
+
+// localSubs is a mutable LocalSubjects.
+type localSubs struct {
+	mu   sync.Mutex
+	subs []string
+	err  error
+}
+
+func (s *localSubs) get() ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.subs), s.err
+}
+
+func (s *localSubs) set(subs ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.subs = subs
+}
+
+func (s *localSubs) setErr(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.err = err
+}
+
+// testNode is a node on a fake mesh with its link, local subscriptions and
+// metrics registry.
+type testNode struct {
+	*Node
+	link  *fakeLink
+	local *localSubs
+	reg   *prometheus.Registry
+}
+
+// harness is a fake mesh with one clock.
+type harness struct {
+	t     testing.TB
+	clock *fakeClock
+	mesh  *fakeMesh
+	nodes []*testNode
+}
+
+func newHarness(t testing.TB) *harness {
+	return &harness{t: t, clock: newFakeClock(), mesh: newFakeMesh()}
+}
+
+// node builds (not starts) a node named name hosting the given subjects.
+// mod may change its config.
+func (h *harness) node(name string, mod func(*Config), subjects ...string) *testNode {
+	h.t.Helper()
+	link := &fakeLink{mesh: h.mesh, name: name, gone: map[string]time.Time{}}
+	local := &localSubs{subs: subjects}
+	reg := prometheus.NewRegistry()
+	cfg := Config{
+		Name:              name,
+		Version:           "1.0.0-test",
+		Link:              link,
+		LocalSubjects:     local.get,
+		DiscoveryInterval: 30 * time.Second,
+		HeartbeatInterval: 5 * time.Second,
+		MissedHeartbeats:  3,
+		Clock:             h.clock,
+		Logger:            slog.New(slog.NewTextHandler(tbWriter{h.t}, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test_node", name),
+		Registerer:        reg,
+		OnLocalChange: func(caps, _ []string) {
+			link.mu.Lock()
+			link.local = append(link.local, caps)
+			link.mu.Unlock()
+		},
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	n, err := New(cfg)
+	if err != nil {
+		h.t.Fatalf("new node %s: %v", name, err)
+	}
+	h.t.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			h.t.Errorf("close node %s: %v", name, err)
+		}
+	})
+	h.mesh.mu.Lock()
+	h.mesh.nodes[name] = n
+	h.mesh.links[name] = link
+	h.mesh.mu.Unlock()
+	tn := &testNode{Node: n, link: link, local: local, reg: reg}
+	h.nodes = append(h.nodes, tn)
+	return tn
+}
+
+// start starts a node built by node and waits until the mesh is quiet.
+func (h *harness) start(names ...*testNode) {
+	h.t.Helper()
+	for _, n := range names {
+		if err := n.Start(context.Background()); err != nil {
+			h.t.Fatalf("start %s: %v", n.cfg.Name, err)
+		}
+	}
+	h.settle()
+}
+
+// remove takes a node off the mesh: nothing reaches it any more.
+func (h *harness) remove(n *testNode) {
+	h.mesh.mu.Lock()
+	defer h.mesh.mu.Unlock()
+	delete(h.mesh.nodes, n.cfg.Name)
+}
+
+// settle waits until no node has a message to send or a change to apply.
+func (h *harness) settle() {
+	h.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	quietRounds := 0
+	for quietRounds < 3 {
+		if time.Now().After(deadline) {
+			h.t.Fatal("mesh did not settle within 5s")
+		}
+		quiet := true
+		for _, n := range h.nodes {
+			n.mu.Lock()
+			busy := n.started && !n.closed && (len(n.pending) > 0 || n.sending || n.applied.gen != n.gen)
+			n.mu.Unlock()
+			if busy {
+				quiet = false
+			}
+		}
+		if quiet {
+			quietRounds++
+		} else {
+			quietRounds = 0
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// advance moves the clock by d, waits until every running node has
+// processed the tick, and settles the mesh.
+func (h *harness) advance(d time.Duration) {
+	h.t.Helper()
+	before := map[*testNode]uint64{}
+	for _, n := range h.nodes {
+		n.mu.Lock()
+		if n.started && !n.closed {
+			before[n] = n.ticks
+		}
+		n.mu.Unlock()
+	}
+	h.clock.Advance(d)
+	deadline := time.Now().Add(5 * time.Second)
+	for n, b := range before {
+		for {
+			n.mu.Lock()
+			done := n.ticks > b || n.closed
+			n.mu.Unlock()
+			if done {
+				break
+			}
+			if time.Now().After(deadline) {
+				h.t.Fatalf("node %s did not tick", n.cfg.Name)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	h.settle()
+}
+
+// advanceBy moves the clock in steps of step until total has passed.
+func (h *harness) advanceBy(total, step time.Duration) {
+	h.t.Helper()
+	for d := time.Duration(0); d < total; d += step {
+		h.advance(step)
+	}
+}
+
+func (n *testNode) peer(t testing.TB, name string) Peer {
+	t.Helper()
+	for _, p := range n.Peers() {
+		if p.Name == name {
+			return p
+		}
+	}
+	t.Fatalf("node %s has no peer %s; peers: %+v", n.cfg.Name, name, n.Peers())
+	return Peer{}
+}
+
+func (n *testNode) hasPeer(name string) bool {
+	for _, p := range n.Peers() {
+		if p.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+var errBrokerAway = errors.New("broker unreachable")
+
+// tbWriter sends log lines to tb.Log.
+type tbWriter struct{ tb testing.TB }
+
+func (w tbWriter) Write(p []byte) (int, error) {
+	w.tb.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}

@@ -1,0 +1,287 @@
+package node
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// ProtocolVersion is the discovery protocol version this package speaks
+// (the "v" field of every message).
+const ProtocolVersion = 1
+
+// Limits on discovery messages. A message beyond them is rejected whole.
+const (
+	MaxMessageBytes   = 256 << 10 // body size
+	MaxCapabilities   = 1024      // entries in "capabilities"
+	MaxStages         = 1024      // entries in "stages"
+	MaxNodeNameLen    = 64        // node names: [A-Za-z0-9_-]
+	MaxCapNameLen     = 128       // capability and stage names
+	MaxVersionLen     = 64        // the "version" string
+	MaxHashLen        = 64        // the "hash" string (hex)
+	minHeartbeatMS    = 10
+	maxHeartbeatMS    = 3600 * 1000
+	routingKeyPrefix  = "sys."
+	capSubjectPrefix  = "cap."
+	workSubjectPrefix = "work."
+)
+
+// Discovery message types (the "type" field).
+const (
+	TypeHello     = "hello"     // a node joined; carries its host record
+	TypeQuery     = "query"     // "what do you host?"; answered with info
+	TypeInfo      = "info"      // an answer to a query; carries the host record
+	TypeUpdate    = "update"    // the sender's capabilities or stages changed
+	TypeHeartbeat = "heartbeat" // the sender is alive; carries the record's hash
+	TypeBye       = "bye"       // the sender leaves cleanly
+)
+
+// Message is one discovery message: the JSON body of an AMQP message
+// published on the mesh exchange with a "sys." routing key. The same
+// struct serves every type; fields a type does not use are left empty.
+type Message struct {
+	V            int       `json:"v"`
+	Type         string    `json:"type"`
+	Node         string    `json:"node"`
+	To           string    `json:"to,omitempty"`
+	StartedAt    time.Time `json:"started_at"`
+	Seq          uint64    `json:"seq"`
+	Version      string    `json:"version,omitempty"`
+	Revision     int64     `json:"revision,omitempty"`
+	Capabilities []string  `json:"capabilities,omitempty"`
+	Stages       []string  `json:"stages,omitempty"`
+	Hash         string    `json:"hash,omitempty"`
+	HeartbeatMS  int64     `json:"heartbeat_ms,omitempty"`
+}
+
+// carriesRecord reports whether messages of type t carry a full host
+// record (capabilities and stages).
+func carriesRecord(t string) bool {
+	return t == TypeHello || t == TypeInfo || t == TypeUpdate
+}
+
+// RoutingKey returns the routing key m is published with: "sys.<type>"
+// for broadcasts, "sys.<type>.<to>" for messages addressed to one node
+// (info always, query when To is set).
+func (m *Message) RoutingKey() string {
+	if m.To != "" {
+		return routingKeyPrefix + m.Type + "." + m.To
+	}
+	return routingKeyPrefix + m.Type
+}
+
+// EncodeMessage returns m's JSON body.
+func EncodeMessage(m *Message) ([]byte, error) {
+	return json.Marshal(m)
+}
+
+// DecodeMessage parses and validates a discovery message received with
+// routing key key. origin is the sending node as the transport knows it
+// ("" when unknown); when set it must equal the message's node. Lists are
+// returned sorted and without duplicates. Every rejection is a *WireError.
+func DecodeMessage(key string, body []byte, origin string) (*Message, error) {
+	if len(body) > MaxMessageBytes {
+		return nil, wireErr(ErrTooLarge, "", "%d bytes, limit %d", len(body), MaxMessageBytes)
+	}
+	var m Message
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&m); err != nil {
+		return nil, wireErr(ErrMalformed, "", "%v", err)
+	}
+	if dec.More() {
+		return nil, wireErr(ErrMalformed, "", "more than one JSON value")
+	}
+	if m.V != ProtocolVersion {
+		return nil, wireErr(ErrVersion, "v", "got %d, want %d", m.V, ProtocolVersion)
+	}
+	switch m.Type {
+	case TypeHello, TypeQuery, TypeInfo, TypeUpdate, TypeHeartbeat, TypeBye:
+	default:
+		return nil, wireErr(ErrUnknownType, "type", "%.32q", m.Type)
+	}
+	if !ValidNodeName(m.Node) {
+		return nil, wireErr(ErrBadName, "node", "%.80q", m.Node)
+	}
+	if origin != "" && origin != m.Node {
+		return nil, wireErr(ErrOrigin, "node", "message from %q claims to be from %q", origin, m.Node)
+	}
+	if m.To != "" && !ValidNodeName(m.To) {
+		return nil, wireErr(ErrBadName, "to", "%.80q", m.To)
+	}
+	if m.Type == TypeInfo && m.To == "" {
+		return nil, wireErr(ErrBadField, "to", "an info message must be addressed")
+	}
+	if m.To != "" && m.Type != TypeInfo && m.Type != TypeQuery {
+		return nil, wireErr(ErrBadField, "to", "a %s message is never addressed", m.Type)
+	}
+	if want := m.RoutingKey(); key != want {
+		return nil, wireErr(ErrKeyMismatch, "", "key %.80q, message wants %q", key, want)
+	}
+	if m.StartedAt.IsZero() {
+		return nil, wireErr(ErrBadField, "started_at", "missing")
+	}
+	if len(m.Version) > MaxVersionLen || !printable(m.Version) {
+		return nil, wireErr(ErrBadField, "version", "not printable or longer than %d", MaxVersionLen)
+	}
+	if m.Revision < 0 {
+		return nil, wireErr(ErrBadField, "revision", "negative")
+	}
+	if len(m.Hash) > MaxHashLen || !isHex(m.Hash) {
+		return nil, wireErr(ErrBadField, "hash", "not hex or longer than %d", MaxHashLen)
+	}
+	if m.HeartbeatMS != 0 && (m.HeartbeatMS < minHeartbeatMS || m.HeartbeatMS > maxHeartbeatMS) {
+		return nil, wireErr(ErrBadField, "heartbeat_ms", "%d out of range %d..%d", m.HeartbeatMS, minHeartbeatMS, maxHeartbeatMS)
+	}
+	if !carriesRecord(m.Type) && (len(m.Capabilities) > 0 || len(m.Stages) > 0) {
+		return nil, wireErr(ErrBadField, "capabilities", "a %s message carries no lists", m.Type)
+	}
+	var err *WireError
+	if m.Capabilities, err = checkList("capabilities", m.Capabilities, MaxCapabilities); err != nil {
+		return nil, err
+	}
+	if m.Stages, err = checkList("stages", m.Stages, MaxStages); err != nil {
+		return nil, err
+	}
+	if carriesRecord(m.Type) && m.Hash == "" {
+		m.Hash = HostHash(m.Capabilities, m.Stages)
+	}
+	return &m, nil
+}
+
+// checkList validates, sorts and deduplicates a list of names.
+func checkList(field string, names []string, limit int) ([]string, *WireError) {
+	if len(names) > limit {
+		return nil, wireErr(ErrTooMany, field, "%d entries, limit %d", len(names), limit)
+	}
+	for _, n := range names {
+		if !ValidCapabilityName(n) {
+			return nil, wireErr(ErrBadName, field, "%.80q", n)
+		}
+	}
+	out := slices.Clone(names)
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// ValidNodeName reports whether name can be a node's mesh name: 1 to 64
+// characters from [A-Za-z0-9_-].
+func ValidNodeName(name string) bool {
+	if name == "" || len(name) > MaxNodeNameLen {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if !nameByte(name[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidCapabilityName reports whether name can be advertised as a
+// capability or stage: at most 128 characters, one or more dot-separated
+// tokens of [A-Za-z0-9_-] (so "echo" and "image.resize", not "a..b",
+// "a.*" or "a>").
+func ValidCapabilityName(name string) bool {
+	if name == "" || len(name) > MaxCapNameLen {
+		return false
+	}
+	prevDot := true
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c == '.':
+			if prevDot {
+				return false
+			}
+			prevDot = true
+		case nameByte(c):
+			prevDot = false
+		default:
+			return false
+		}
+	}
+	return !prevDot
+}
+
+func nameByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+}
+
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// HostHash is the hash of a host record that heartbeats carry: the first
+// 16 bytes, in lower-case hex, of the SHA-256 of "c:<capability>\n" for
+// each capability then "s:<stage>\n" for each stage, both sorted.
+func HostHash(capabilities, stages []string) string {
+	h := sha256.New()
+	write := func(prefix string, names []string) {
+		s := slices.Clone(names)
+		slices.Sort(s)
+		for _, n := range slices.Compact(s) {
+			h.Write([]byte(prefix))
+			h.Write([]byte(n))
+			h.Write([]byte{'\n'})
+		}
+	}
+	write("c:", capabilities)
+	write("s:", stages)
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// localNames splits the subjects local programs subscribe to into the
+// capabilities (cap.<name>) and stages (work.<name>) they host. Wildcard
+// subscriptions and names that are not valid capability names do not
+// count; the latter are returned in skipped. Results are sorted, without
+// duplicates.
+func localNames(subjects []string) (caps, stages, skipped []string) {
+	for _, s := range subjects {
+		var name string
+		var into *[]string
+		switch {
+		case strings.HasPrefix(s, capSubjectPrefix):
+			name, into = s[len(capSubjectPrefix):], &caps
+		case strings.HasPrefix(s, workSubjectPrefix):
+			name, into = s[len(workSubjectPrefix):], &stages
+		default:
+			continue
+		}
+		if strings.ContainsAny(name, "*>") || name == "" {
+			continue // wildcards listen; they do not host
+		}
+		if !ValidCapabilityName(name) {
+			skipped = append(skipped, s)
+			continue
+		}
+		*into = append(*into, name)
+	}
+	for _, l := range []*[]string{&caps, &stages, &skipped} {
+		slices.Sort(*l)
+		*l = slices.Compact(*l)
+	}
+	return caps, stages, skipped
+}
