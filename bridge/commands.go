@@ -1,0 +1,227 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// handlerPoll is how often a command waiting for a local handler (none
+// subscribed to work.<stage> right now) looks again.
+const handlerPoll = 250 * time.Millisecond
+
+// readCommands starts a worker per command of stage; the prefetch bounds
+// how many run at once. Exits when the consumer's delivery channel closes
+// (session end or cancel).
+func (s *session) readCommands(stage string, ds <-chan amqp.Delivery) {
+	for d := range ds {
+		s.work(func() { s.handleCommand(stage, d) })
+	}
+}
+
+// handleCommand runs one delivery of a command through the local handler:
+// ack on success; on failure a requeue (the next delivery counts the
+// attempt) or, once the retry budget is spent, a dead letter with the
+// reason.
+func (s *session) handleCommand(stage string, d amqp.Delivery) {
+	b := s.b
+	env, err := decode(typeCommand, fromAMQP(&d), b.maxPayload())
+	if err != nil {
+		s.deadLetter(&d, stageQueue(stage), err)
+		return
+	}
+	b.m.msg(typeCommand, "in")
+	b.noteDeliveryAge(stage, env.sent)
+	msg := env.natsMsg(subjWorkPrefix+stage, commandMeta(env.msgID, env.origin, env.attempt, env.redelivered || env.attempt > 1))
+	failure := b.runHandler(s.ctx, stage, msg, func() bool { return s.consumes(stage) })
+	if s.ctx.Err() != nil {
+		return // the session ended: the broker requeues the delivery
+	}
+	switch {
+	case failure == nil:
+		s.ack(d.DeliveryTag, opAck)
+		return
+	case errors.Is(failure, errNotHostedHere):
+		s.ack(d.DeliveryTag, opRequeue) // another host (or a later consumer) takes it
+		return
+	}
+	b.m.err(errKindHandler)
+	if env.attempt >= b.cfg.RetryBudget {
+		reason := fmt.Sprintf("attempt %d of %d failed: %v", env.attempt, b.cfg.RetryBudget, failure)
+		s.deadLetter(&d, stageQueue(stage), deadReason(reason))
+		return
+	}
+	select {
+	case <-time.After(retryDelay(env.attempt)):
+	case <-s.ctx.Done():
+		return
+	}
+	s.ack(d.DeliveryTag, opRequeue)
+}
+
+// errNotHostedHere means the stage stopped being hosted on this node while
+// a command waited for a handler.
+var errNotHostedHere = errors.New("stage no longer hosted here")
+
+// deadReason is a dead-letter reason that is not a decoding error.
+type deadReason string
+
+func (r deadReason) Error() string { return string(r) }
+
+// commandMeta are the headers a handler sees with a command.
+func commandMeta(id, origin string, attempt int, redelivered bool) map[string]string {
+	return map[string]string{
+		HeaderMsgID:       id,
+		HeaderOrigin:      origin,
+		HeaderAttempt:     strconv.Itoa(attempt),
+		HeaderRedelivered: strconv.FormatBool(redelivered),
+	}
+}
+
+// retryDelay is the pause before a failed command is requeued.
+func retryDelay(attempt int) time.Duration {
+	d := 250 * time.Millisecond
+	for i := 1; i < attempt && d < 5*time.Second; i++ {
+		d *= 2
+	}
+	return min(d, 5*time.Second)
+}
+
+// runHandler calls the local handler of stage with msg and returns nil on
+// success or why it failed. While no handler is subscribed it waits (up to
+// CommandTimeout in all) as long as hosted() stays true.
+func (b *Bridge) runHandler(ctx context.Context, stage string, msg *nats.Msg, hosted func() bool) error {
+	nc := b.nc
+	if nc == nil {
+		nc = b.bc
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.CommandTimeout)
+	defer cancel()
+	for {
+		resp, err := nc.RequestMsgWithContext(ctx, msg)
+		switch {
+		case err == nil:
+			if e := resp.Header.Get(headerServiceError); e != "" {
+				code := resp.Header.Get(headerServiceErrorCode)
+				return fmt.Errorf("handler of stage %s on node %s replied error %s %s", stage, b.cfg.Node, code, e)
+			}
+			return nil
+		case errors.Is(err, nats.ErrNoResponders):
+			if !hosted() {
+				return errNotHostedHere
+			}
+			select {
+			case <-time.After(handlerPoll):
+				continue
+			case <-ctx.Done():
+				return fmt.Errorf("no handler for stage %s on node %s within %s", stage, b.cfg.Node, b.cfg.CommandTimeout)
+			}
+		case ctx.Err() != nil:
+			return fmt.Errorf("handler of stage %s on node %s did not answer within %s", stage, b.cfg.Node, b.cfg.CommandTimeout)
+		default:
+			return fmt.Errorf("calling the handler of stage %s: %v", stage, err)
+		}
+	}
+}
+
+// consumes reports whether the session still consumes stage.
+func (s *session) consumes(stage string) bool {
+	s.stagesMu.Lock()
+	defer s.stagesMu.Unlock()
+	return s.stages[stage] && s.b.hostsStage(stage)
+}
+
+// runLocal runs the commands accepted for local stages while the link was
+// down, in order, with the same attempts and retry budget as mesh commands.
+// Exits when the bridge closes.
+func (b *Bridge) runLocal() {
+	ctx, cancel := b.withQuit(context.Background())
+	defer cancel()
+	var cursor uint64
+	for {
+		recs, err := b.ob.readAfter(cursor, 64, 1<<kindLocal)
+		if err != nil {
+			b.log.Error("read outbox", "err", err)
+			recs = nil
+		}
+		if len(recs) == 0 {
+			if cursor != 0 {
+				cursor = 0
+				continue
+			}
+			select {
+			case <-b.quit:
+				return
+			case <-b.localSignal:
+			}
+			continue
+		}
+		for _, r := range recs {
+			if !b.runLocalRecord(ctx, r) {
+				return
+			}
+			cursor = r.seq
+		}
+	}
+}
+
+// runLocalRecord runs one local command to its end: success (deleted),
+// handed to the mesh (no handler here any more and the link is up), or
+// dead-lettered. It returns false when the bridge is closing.
+func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
+	for {
+		attempt := int(r.attempt) + 1
+		msg := &nats.Msg{Subject: subjWorkPrefix + r.name, Data: r.body, Header: nats.Header{}}
+		for k, vs := range r.header {
+			msg.Header[k] = vs
+		}
+		for k, v := range commandMeta(r.msgID, b.cfg.Node, attempt, attempt > 1 || r.republished) {
+			msg.Header.Set(k, v)
+		}
+		b.noteDeliveryAge(r.name, r.created)
+		failure := b.runHandler(ctx, r.name, msg, func() bool {
+			st, _ := b.linkState()
+			return st != StateConnected || b.hostsStage(r.name)
+		})
+		if ctx.Err() != nil {
+			return false
+		}
+		switch {
+		case failure == nil:
+			b.m.msg(typeCommand, "local")
+			b.ob.del(r.seq, r.size, nil)
+			return true
+		case errors.Is(failure, errNotHostedHere):
+			// The link is up and nobody here serves the stage: let the mesh run it.
+			moved := *r
+			moved.seq = b.seq.Add(1) - 1
+			moved.kind = kindCommand
+			data := moved.encode()
+			b.ob.mu.Lock()
+			b.ob.reserved += int64(len(data))
+			b.ob.mu.Unlock()
+			b.meshPending.Add(1)
+			b.ob.put(&moved, data, nil)
+			b.ob.del(r.seq, r.size, nil)
+			return true
+		}
+		b.m.err(errKindHandler)
+		r.attempt++
+		if int(r.attempt) >= b.cfg.RetryBudget {
+			b.deadRecord(r, fmt.Sprintf("attempt %d of %d failed: %v", attempt, b.cfg.RetryBudget, failure))
+			b.ob.del(r.seq, r.size, nil)
+			return true
+		}
+		b.ob.replace(r, r.size, nil) // persists the attempt count; sets r.size
+		select {
+		case <-time.After(retryDelay(attempt)):
+		case <-b.quit:
+			return false
+		}
+	}
+}

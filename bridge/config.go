@@ -1,0 +1,234 @@
+package bridge
+
+import (
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Config configures a Bridge. Zero values take the documented defaults.
+type Config struct {
+	// Node is this node's mesh name ([A-Za-z0-9_-]{1,64}).
+	Node string
+	// URL is the broker (amqp:// or amqps://); "" runs without a broker
+	// (state "none"). SetURL changes it at run time.
+	URL string
+	// CAFile is an extra PEM CA bundle trusted for amqps:// brokers.
+	CAFile string
+	// OutboxPath is the bbolt file of the durable outbox (<data>/outbox.db).
+	OutboxPath string
+	// OutboxMaxBytes bounds the outbox (default 64 MiB).
+	OutboxMaxBytes int64
+	// RequestTimeout is the default deadline of a request (default 5s); a
+	// caller's Meshbox-Timeout header may only shorten it.
+	RequestTimeout time.Duration
+	// CommandTimeout bounds one handler attempt of a command (default 30s,
+	// at most 25 minutes so the broker's consumer timeout never fires).
+	CommandTimeout time.Duration
+	// Prefetch bounds unacknowledged deliveries per consumer (default 32).
+	Prefetch int
+	// RetryBudget is how many attempts a command gets before it is
+	// dead-lettered (default 5).
+	RetryBudget int
+	// Heartbeat is the AMQP heartbeat (default 5s): a half-open link is
+	// detected after about two of them.
+	Heartbeat time.Duration
+	// Routes is the static capability -> node routing for capabilities
+	// hosted elsewhere; SetRoutes replaces it at run time.
+	Routes map[string]string
+	// Stages are stages this node hosts even before a local handler
+	// subscribes work.<stage>.
+	Stages []string
+	// StallAfter is the age of a waiting command that raises a stall alarm
+	// (default 5m).
+	StallAfter time.Duration
+	// StallCheck is how often command queues are inspected (default 10s).
+	StallCheck time.Duration
+	// MaxPayload bounds a message body (default 1 MiB, and never more than
+	// the local NATS server accepts).
+	MaxPayload int
+	// Dial opens a connection to the node's embedded NATS server with the
+	// extra options given (the bridge asks for NoEcho). Required.
+	Dial func(opts ...nats.Option) (*nats.Conn, error)
+	// Interest lists the subscriptions on the node's embedded NATS server;
+	// the bridge learns from it which capabilities and stages local programs
+	// host. ServerInterest builds it from a *server.Server. Nil: only Stages
+	// are hosted and every routed capability gets a stand-in.
+	Interest func() ([]Subscription, error)
+	// InterestPoll is how often Interest is consulted (default 1s).
+	InterestPoll time.Duration
+	// OnSystem, when set, receives system messages (sys.<key> broadcasts and
+	// messages addressed to this node) from other nodes. It is called from
+	// one goroutine, in order; it must not block for long.
+	OnSystem func(key string, body []byte, origin string)
+	// ReconnectMin and ReconnectMax bound the reconnect backoff (defaults
+	// 250ms and 10s; jitter is added).
+	ReconnectMin, ReconnectMax time.Duration
+	// Logger receives the bridge's log lines (nil: discarded).
+	Logger *slog.Logger
+	// Metrics is where the bridge registers its metrics (nil: not
+	// registered).
+	Metrics prometheus.Registerer
+}
+
+// Subscription is one subscription on the node's embedded NATS server.
+type Subscription struct {
+	Subject  string
+	Queue    string
+	ClientID uint64
+}
+
+// Defaults.
+const (
+	DefaultOutboxMaxBytes = 64 << 20
+	DefaultRequestTimeout = 5 * time.Second
+	DefaultCommandTimeout = 30 * time.Second
+	DefaultPrefetch       = 32
+	DefaultRetryBudget    = 5
+	DefaultHeartbeat      = 5 * time.Second
+	DefaultStallAfter     = 5 * time.Minute
+	DefaultStallCheck     = 10 * time.Second
+	DefaultMaxPayload     = 1 << 20
+	DefaultInterestPoll   = time.Second
+	maxCommandTimeout     = 25 * time.Minute
+)
+
+// LogValue prints the configuration with the broker password redacted.
+func (c Config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("node", c.Node),
+		slog.String("url", redactURL(c.URL)),
+		slog.String("outbox", c.OutboxPath),
+		slog.Int64("outbox_max_bytes", c.OutboxMaxBytes),
+	)
+}
+
+// withDefaults returns c with zero values replaced by defaults.
+func (c Config) withDefaults() Config {
+	if c.OutboxMaxBytes == 0 {
+		c.OutboxMaxBytes = DefaultOutboxMaxBytes
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.CommandTimeout == 0 {
+		c.CommandTimeout = DefaultCommandTimeout
+	}
+	if c.Prefetch == 0 {
+		c.Prefetch = DefaultPrefetch
+	}
+	if c.RetryBudget == 0 {
+		c.RetryBudget = DefaultRetryBudget
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.StallAfter == 0 {
+		c.StallAfter = DefaultStallAfter
+	}
+	if c.StallCheck == 0 {
+		c.StallCheck = DefaultStallCheck
+	}
+	if c.MaxPayload == 0 {
+		c.MaxPayload = DefaultMaxPayload
+	}
+	if c.InterestPoll == 0 {
+		c.InterestPoll = DefaultInterestPoll
+	}
+	if c.ReconnectMin == 0 {
+		c.ReconnectMin = 250 * time.Millisecond
+	}
+	if c.ReconnectMax == 0 {
+		c.ReconnectMax = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// validate checks a configuration that went through withDefaults.
+func (c Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case !validNodeName(c.Node):
+		return bad("Node", "%q is not a valid node name (letters, digits, '-', '_'; 1 to 64)", c.Node)
+	case c.OutboxPath == "":
+		return bad("OutboxPath", "must not be empty")
+	case c.OutboxMaxBytes < 1<<16:
+		return bad("OutboxMaxBytes", "%d is below the minimum of 64 KiB", c.OutboxMaxBytes)
+	case c.RequestTimeout < 0:
+		return bad("RequestTimeout", "%s is negative", c.RequestTimeout)
+	case c.CommandTimeout < 0 || c.CommandTimeout > maxCommandTimeout:
+		return bad("CommandTimeout", "%s is out of range 0..%s", c.CommandTimeout, maxCommandTimeout)
+	case c.Prefetch < 1 || c.Prefetch > 65535:
+		return bad("Prefetch", "%d is out of range 1..65535", c.Prefetch)
+	case c.RetryBudget < 1 || c.RetryBudget > 1000:
+		return bad("RetryBudget", "%d is out of range 1..1000", c.RetryBudget)
+	case c.Heartbeat < time.Second:
+		return bad("Heartbeat", "%s is below 1s", c.Heartbeat)
+	case c.StallAfter < 0 || c.StallCheck < 0:
+		return bad("StallAfter", "must not be negative")
+	case c.MaxPayload < 1:
+		return bad("MaxPayload", "%d is not positive", c.MaxPayload)
+	case c.InterestPoll < 0:
+		return bad("InterestPoll", "%s is negative", c.InterestPoll)
+	case c.ReconnectMin <= 0 || c.ReconnectMax < c.ReconnectMin:
+		return bad("ReconnectMin", "backoff bounds %s..%s are not increasing", c.ReconnectMin, c.ReconnectMax)
+	case c.Dial == nil:
+		return bad("Dial", "is required (a function that connects to the embedded NATS server)")
+	}
+	if err := checkBrokerURL(c.URL); err != nil {
+		return bad("URL", "%v", err)
+	}
+	if c.CAFile != "" {
+		if _, err := os.Stat(c.CAFile); err != nil {
+			return bad("CAFile", "%v", err)
+		}
+	}
+	for capName, node := range c.Routes {
+		if !validName(capName) {
+			return bad("Routes", "%q is not a valid capability name", capName)
+		}
+		if !validNodeName(node) {
+			return bad("Routes."+capName, "%q is not a valid node name", node)
+		}
+	}
+	for _, s := range c.Stages {
+		if !validName(s) {
+			return bad("Stages", "%q is not a valid stage name", s)
+		}
+	}
+	return nil
+}
+
+// checkBrokerURL accepts "" (no broker) and amqp:// or amqps:// URLs.
+func checkBrokerURL(u string) error {
+	if u == "" {
+		return nil
+	}
+	if _, err := amqp.ParseURI(u); err != nil {
+		return fmt.Errorf("%s: %v", redactURL(u), err)
+	}
+	return nil
+}
+
+// redactURL returns u with its password replaced by "xxxxx".
+func redactURL(u string) string {
+	if u == "" {
+		return ""
+	}
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return p.Redacted()
+}

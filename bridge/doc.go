@@ -1,0 +1,150 @@
+// Package bridge carries a node's traffic between its embedded NATS server
+// and the mesh's central RabbitMQ broker, over one outbound AMQP connection,
+// and keeps a durable outbox while the broker is away.
+//
+// # The model
+//
+// Local programs speak NATS to the node. The bridge gives three message
+// shapes a meaning that survives the trip through the broker:
+//
+//   - Requests: a program calls cap.<name> (wherever it runs) or
+//     node.<node>.cap.<name> (on a named node, this one included). A local
+//     host always answers plain calls: the bridge subscribes cap.<name> (a
+//     stand-in) only for capabilities routed to other nodes (Config.Routes,
+//     SetRoutes) that no local program subscribes. The stand-in forwards the
+//     request to the hosting node, whose bridge calls its local cap.<name>
+//     and sends the reply back. Every request has a deadline (RequestTimeout,
+//     shortened by a Meshbox-Timeout header): when it passes, the caller gets
+//     a 504 error reply; when the link is down, no node hosts the capability,
+//     the target node is not connected or discovery marked it gone, the
+//     caller gets a 503 error reply at once. Requests are at most once.
+//   - Commands: a program requests cmd.<stage>; the reply comes once the
+//     command is durable: confirmed by the broker (Meshbox-Accepted: broker)
+//     or committed to the outbox (outbox), or, for a stage hosted here while
+//     the link is down, committed for local execution (local). On nodes that
+//     host the stage (a local program subscribes work.<stage>, or
+//     Config.Stages) the bridge calls the handler and acks only after it
+//     replied without an error header. A failure or a timeout
+//     (CommandTimeout) requeues the command; the next delivery counts the
+//     attempt; after RetryBudget attempts it is dead-lettered with the
+//     reason. Commands are at least once: the handler sees Meshbox-Msg-Id
+//     (stable, the submitter may set it), Meshbox-Attempt and
+//     Meshbox-Redelivered ("true" whenever the delivery may be a duplicate).
+//   - Events: a program publishes evt.<topic>; local subscribers get it from
+//     the NATS server at once, and the bridge forwards it to the mesh. Other
+//     nodes republish it to their local subscribers with Meshbox-Origin. A
+//     node never sends a mesh event back to the mesh nor redelivers its own
+//     event locally.
+//
+// Error replies use the NATS micro headers Nats-Service-Error and
+// Nats-Service-Error-Code: 400 bad input (invalid subject, header or
+// timeout, oversized payload), 503 unreachable or no host, 504 deadline
+// passed, 507 outbox full, 500 the node failed to store a message.
+//
+// # Offline operation and the outbox
+//
+// Commands and events go straight to the broker while the link is up and
+// nothing older waits in the outbox; otherwise they are written to the
+// outbox (bbolt, one fsync per group commit: everything that arrived while
+// the previous commit ran), and the submitter is answered after the commit.
+// The outbox is bounded by OutboxMaxBytes; when full, submitters get 507
+// "outbox full" and nothing already accepted is dropped. When the link
+// returns, the outbox is drained oldest first, each record deleted once the
+// broker confirmed it, so the mesh receives them in the order this node
+// accepted them. Before a batch is sent, its highest sequence number is
+// persisted: after a crash, records that may have reached the broker go out
+// again marked Meshbox-Redelivered. Unconfirmed direct publishes of a lost
+// link are moved into the outbox, marked the same way.
+//
+// While the link is down, local requests and events keep working through
+// the NATS server, and commands for stages hosted here run locally from the
+// outbox with the same attempts and retry budget. A command the broker
+// returns as unroutable (no node ever hosted the stage) is refused to its
+// submitter with 503 when sent directly, and dead-lettered with the reason
+// when it came from the outbox.
+//
+// # Topology
+//
+// Every name the bridge declares starts with "mesh", "node." or "cmd.". A
+// node name has no dots, so node.<n>.* never collides with another node's
+// names, and a node called "mesh" or "cmd" collides with nothing.
+//
+//   - Exchange mesh (topic, durable): everything is published here, with
+//     routing keys cmd.<stage>, evt.<topic>, sys.<key>, and to.<node>.* for
+//     traffic addressed to one node. One exchange for publishers means a
+//     request for an unknown node is an unroutable mandatory message (a 503
+//     at once) rather than a channel error that would take the link down.
+//   - Exchange node.<n> (topic, durable), bound to mesh with to.<n>.#: the
+//     node's own traffic, so its permissions can be scoped to it.
+//   - Queue node.<n>.requests (auto-delete), bound to node.<n> with
+//     to.<n>.req.#, consumed with an exclusive consumer: a second process with
+//     the same node name is refused (NodeNameInUseError) instead of silently
+//     splitting the node's requests. Auto-delete: when the node is gone so is
+//     the queue, and requests for it are returned at once instead of waiting
+//     for a deadline.
+//   - Queue node.<n>.replies (exclusive): replies to this node's requests,
+//     published to the default exchange. A per-node queue instead of direct
+//     reply-to, because direct reply-to requires publishing on the consuming
+//     channel, and the bridge keeps publishing and consuming apart.
+//   - Queue node.<n>.events (durable, expires after 7 days unused), bound to
+//     mesh with evt.#: mesh events wait here while the node is away. The
+//     node's own events arrive here too and are dropped (no echo).
+//   - Queue node.<n>.system (exclusive), bound to mesh with sys.# and to
+//     node.<n> with to.<n>.sys.#: discovery and heartbeats, never kept.
+//   - Queue cmd.<stage> (durable quorum queue, x-delivery-limit as a
+//     backstop, dead-lettering to mesh.dlx), bound to mesh with cmd.<stage>,
+//     declared and consumed by every node hosting the stage. Quorum queues
+//     survive a broker restart with their confirmed messages and count
+//     redeliveries (x-delivery-count), which is the attempt number.
+//   - Exchange mesh.dlx (topic) and queue mesh.dead: dead letters, with
+//     Meshbox-Dead-Reason, Meshbox-Dead-Node and Meshbox-Dead-Queue headers.
+//
+// The topology is declared again on every connection.
+//
+// # Message properties
+//
+// message-id: the command's or event's stable id (requests: the correlation
+// id); correlation-id and reply-to: requests and replies; expiration: the
+// request's time left, in milliseconds; timestamp: when the node accepted
+// the message; type: request, reply, command, event or system; delivery
+// mode persistent for commands, events and dead letters; content-type and
+// content-encoding: the NATS headers Content-Type and Content-Encoding. AMQP
+// headers carry the caller's other NATS headers (string values, several
+// values as an array) and the node's own: Meshbox-Origin, Meshbox-Timeout
+// (requests), Meshbox-Redelivered (a possible duplicate). Broker headers
+// (x-death, x-delivery-count, ...) are read where they mean something and not
+// passed on. A message that breaks these rules (wrong type, missing ids, bad
+// header types or keys, oversized body, unknown routing key) is
+// dead-lettered with the reason; the consumer carries on.
+//
+// # Concurrency
+//
+// One AMQP connection per session; a session is never reused: when any of
+// its parts fails, the whole session is torn down and runLink (the one
+// goroutine that owns the link) opens a new one with backoff and jitter.
+// Inside a session each AMQP channel has one owner goroutine:
+//
+//   - the publish channel (confirm mode) belongs to the publisher, which
+//     takes items from an unbuffered queue, in order, with at most
+//     publishWindow unconfirmed; the confirmer drains confirms and returns
+//     (always, until the library closes them) and settles each item exactly
+//     once (a return always precedes its confirm);
+//   - the consume channel belongs to the consumer owner, which acks, requeues
+//     and opens or cancels stage consumers (declaring stage queues on a
+//     second channel of its own, since a failed declaration closes its
+//     channel); one reader goroutine per consumer hands deliveries to
+//     per-delivery workers (bounded by the prefetch) or handles them inline
+//     (events, in order; replies; system messages), and workers send their
+//     acks to the owner;
+//   - the stall checker owns a channel for passive queue inspections.
+//
+// The session's context is cancelled when it ends; workers stop, and
+// whatever was handed to the publisher and not confirmed is settled with
+// ErrLinkDown. Submissions are ordered under one mutex (subMu) that is held
+// while handing a message to the publisher; settle callbacks run on the
+// confirmer and never take it. The outbox has one writer goroutine; its
+// callbacks run after the commit. The bridge's own goroutines (link loop,
+// reconciler of stand-ins and stages, local command runner, system message
+// dispatcher) exit when Close closes quit; Close returns after they and
+// every session goroutine are gone.
+package bridge

@@ -1,0 +1,418 @@
+package bridge
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Limits on what crosses the bridge, besides Config.MaxPayload.
+const (
+	maxHeaderBytes = 64 << 10 // all header keys and values of one message
+	maxHeaderKey   = 128
+	maxIDLen       = 128 // message and correlation ids
+)
+
+// brokerHeaders are AMQP headers the broker owns; they are read where they
+// mean something (x-delivery-count) and never passed on to NATS.
+var brokerHeaders = []string{
+	"x-death", "x-first-death-", "x-last-death-", "x-delivery-count", "x-received-from",
+}
+
+func isBrokerHeader(k string) bool {
+	lk := strings.ToLower(k)
+	for _, p := range brokerHeaders {
+		if strings.HasPrefix(lk, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// validHeaderKey reports whether k can be a NATS header key: printable
+// ASCII without ':' or spaces.
+func validHeaderKey(k string) bool {
+	if k == "" || len(k) > maxHeaderKey {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c <= ' ' || c >= 0x7f || c == ':' {
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue reports whether v can be a NATS header value.
+func validHeaderValue(v string) bool { return !strings.ContainsAny(v, "\r\n") }
+
+// validID reports whether s can be a message or correlation id.
+func validID(s string) bool {
+	if s == "" || len(s) > maxIDLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// callerHeaders checks the headers of a message from a local program and
+// returns the ones that travel: every key except the node's own Meshbox-*
+// headers and the NATS status pseudo-headers. Content-Type and
+// Content-Encoding travel as AMQP properties.
+func callerHeaders(h nats.Header) (nats.Header, error) {
+	if len(h) == 0 {
+		return nil, nil
+	}
+	out := make(nats.Header, len(h))
+	size := 0
+	for k, vs := range h {
+		if hasPrefixFold(k, headerPrefixMeshbox) || k == "Status" || k == "Description" {
+			continue
+		}
+		if k == "CC" || k == "BCC" {
+			return nil, fmt.Errorf("%w: header %s is reserved by the broker", ErrBadInput, k)
+		}
+		if !validHeaderKey(k) {
+			return nil, fmt.Errorf("%w: header key %q is not valid", ErrBadInput, k)
+		}
+		for _, v := range vs {
+			if !validHeaderValue(v) {
+				return nil, fmt.Errorf("%w: header %s has a line break", ErrBadInput, k)
+			}
+			size += len(k) + len(v)
+		}
+		out[k] = append([]string(nil), vs...)
+	}
+	if size > maxHeaderBytes {
+		return nil, fmt.Errorf("%w: headers are %d bytes, more than %d", ErrBadInput, size, maxHeaderBytes)
+	}
+	return out, nil
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
+// outgoing is a message on its way to the broker.
+type outgoing struct {
+	exchange  string
+	key       string
+	mandatory bool
+	kind      string
+	msgID     string
+	corrID    string
+	replyTo   string
+	expire    time.Duration // requests: time left until the deadline
+	persist   bool
+	header    nats.Header       // caller headers (see callerHeaders)
+	meta      map[string]string // Meshbox-* headers the node sets
+	body      []byte
+	at        time.Time
+	raw       *amqp.Publishing // when set: published as it is
+}
+
+// publishing builds the AMQP message.
+func (o *outgoing) publishing(origin string) amqp.Publishing {
+	if o.raw != nil {
+		return *o.raw
+	}
+	t := make(amqp.Table, len(o.header)+len(o.meta)+1)
+	var ctype, cenc string
+	for k, vs := range o.header {
+		if len(vs) == 0 {
+			continue
+		}
+		switch {
+		case strings.EqualFold(k, headerContentType):
+			ctype = vs[0]
+			continue
+		case strings.EqualFold(k, headerContentEncoding):
+			cenc = vs[0]
+			continue
+		}
+		if len(vs) == 1 {
+			t[k] = vs[0]
+			continue
+		}
+		arr := make([]any, len(vs))
+		for i, v := range vs {
+			arr[i] = v
+		}
+		t[k] = arr
+	}
+	for k, v := range o.meta {
+		t[k] = v
+	}
+	t[HeaderOrigin] = origin
+	p := amqp.Publishing{
+		Headers:         t,
+		ContentType:     ctype,
+		ContentEncoding: cenc,
+		MessageId:       o.msgID,
+		CorrelationId:   o.corrID,
+		ReplyTo:         o.replyTo,
+		Type:            o.kind,
+		Timestamp:       o.at,
+		Body:            o.body,
+	}
+	if o.persist {
+		p.DeliveryMode = amqp.Persistent
+	}
+	if o.expire > 0 {
+		ms := o.expire.Milliseconds()
+		if ms < 1 {
+			ms = 1
+		}
+		p.Expiration = strconv.FormatInt(ms, 10)
+	}
+	return p
+}
+
+// envelope is a validated message from the broker.
+type envelope struct {
+	kind        string
+	name        string // capability, stage, topic or system key
+	msgID       string
+	corrID      string
+	replyTo     string
+	origin      string
+	timeout     time.Duration // requests: the caller's time left (0: none given)
+	attempt     int           // commands: 1 for the first delivery
+	redelivered bool
+	header      nats.Header // for NATS: caller headers, Content-Type, Content-Encoding
+	body        []byte
+	sent        time.Time
+}
+
+// delivery is the part of an amqp.Delivery that decode reads.
+type delivery struct {
+	Headers         amqp.Table
+	ContentType     string
+	ContentEncoding string
+	CorrelationId   string
+	ReplyTo         string
+	MessageId       string
+	Timestamp       time.Time
+	Type            string
+	RoutingKey      string
+	Redelivered     bool
+	Body            []byte
+}
+
+func fromAMQP(d *amqp.Delivery) delivery {
+	return delivery{
+		Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
+		CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, MessageId: d.MessageId,
+		Timestamp: d.Timestamp, Type: d.Type, RoutingKey: d.RoutingKey,
+		Redelivered: d.Redelivered, Body: d.Body,
+	}
+}
+
+// malformed is a message the bridge cannot use; it is dead-lettered with
+// the reason.
+type malformed struct{ reason string }
+
+func (e *malformed) Error() string { return "malformed message: " + e.reason }
+
+func bad(format string, args ...any) error { return &malformed{reason: fmt.Sprintf(format, args...)} }
+
+// decode validates a delivery of the given kind and returns its envelope.
+// It never panics, whatever the delivery holds.
+func decode(kind string, d delivery, maxPayload int) (*envelope, error) {
+	if d.Type != kind {
+		return nil, bad("type %q, want %q", d.Type, kind)
+	}
+	if len(d.Body) > maxPayload {
+		return nil, bad("payload of %d bytes exceeds the limit of %d", len(d.Body), maxPayload)
+	}
+	e := &envelope{kind: kind, body: d.Body, sent: d.Timestamp, redelivered: d.Redelivered, attempt: 1}
+	var ok bool
+	switch kind {
+	case typeRequest:
+		if _, e.name, ok = parseRequestKey(d.RoutingKey); !ok {
+			return nil, bad("routing key %q is not a request key", d.RoutingKey)
+		}
+		if !validID(d.CorrelationId) {
+			return nil, bad("missing or invalid correlation id")
+		}
+		if _, ok := parseReplyQueue(d.ReplyTo); !ok {
+			return nil, bad("reply-to %q is not a node's reply queue", d.ReplyTo)
+		}
+	case typeReply:
+		if !validID(d.CorrelationId) {
+			return nil, bad("missing or invalid correlation id")
+		}
+	case typeCommand:
+		if e.name, ok = parseNamed(d.RoutingKey, "cmd."); !ok {
+			return nil, bad("routing key %q is not a command key", d.RoutingKey)
+		}
+		if !validID(d.MessageId) {
+			return nil, bad("missing or invalid message id")
+		}
+	case typeEvent:
+		if e.name, ok = parseNamed(d.RoutingKey, "evt."); !ok {
+			return nil, bad("routing key %q is not an event key", d.RoutingKey)
+		}
+		if !validID(d.MessageId) {
+			return nil, bad("missing or invalid message id")
+		}
+	case typeSystem:
+		if e.name, ok = parseSystemKey(d.RoutingKey); !ok {
+			return nil, bad("routing key %q is not a system key", d.RoutingKey)
+		}
+	default:
+		return nil, bad("unknown kind %q", kind)
+	}
+	e.msgID, e.corrID, e.replyTo = d.MessageId, d.CorrelationId, d.ReplyTo
+	if err := e.decodeHeaders(d); err != nil {
+		return nil, err
+	}
+	if kind != typeReply && !validNodeName(e.origin) {
+		return nil, bad("missing or invalid %s header", HeaderOrigin)
+	}
+	return e, nil
+}
+
+// decodeHeaders maps the AMQP headers and properties to NATS headers and
+// reads the node's own headers.
+func (e *envelope) decodeHeaders(d delivery) error {
+	h := make(nats.Header, len(d.Headers)+2)
+	size := 0
+	add := func(k, v string) error {
+		if !validHeaderValue(v) {
+			return bad("header %s has a line break", k)
+		}
+		size += len(k) + len(v)
+		if size > maxHeaderBytes {
+			return bad("headers exceed %d bytes", maxHeaderBytes)
+		}
+		h[k] = append(h[k], v)
+		return nil
+	}
+	if d.ContentType != "" {
+		if err := add(headerContentType, d.ContentType); err != nil {
+			return err
+		}
+	}
+	if d.ContentEncoding != "" {
+		if err := add(headerContentEncoding, d.ContentEncoding); err != nil {
+			return err
+		}
+	}
+	// Sorted, so that the same delivery always fails the same way.
+	keys := make([]string, 0, len(d.Headers))
+	for k := range d.Headers {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := d.Headers[k]
+		if strings.EqualFold(k, headerDeliveryCount) {
+			n, ok := asInt(v)
+			if !ok || n < 0 {
+				return bad("header %s has type %T, want a non-negative integer", k, v)
+			}
+			if n < 1<<20 {
+				e.attempt = int(n) + 1
+			}
+			continue
+		}
+		if isBrokerHeader(k) {
+			continue
+		}
+		if hasPrefixFold(k, headerPrefixMeshbox) {
+			s, ok := v.(string)
+			if !ok {
+				return bad("header %s has type %T, want string", k, v)
+			}
+			switch {
+			case strings.EqualFold(k, HeaderOrigin):
+				e.origin = s
+			case strings.EqualFold(k, HeaderTimeout):
+				t, err := time.ParseDuration(s)
+				if err != nil || t <= 0 {
+					return bad("header %s: %q is not a positive duration", k, s)
+				}
+				e.timeout = t
+			case strings.EqualFold(k, HeaderRedelivered):
+				e.redelivered = e.redelivered || s == "true"
+			}
+			continue
+		}
+		if !validHeaderKey(k) || k == "Status" || k == "Description" {
+			return bad("header key %q is not allowed", k)
+		}
+		switch v := v.(type) {
+		case string:
+			if err := add(k, v); err != nil {
+				return err
+			}
+		case []any:
+			for _, item := range v {
+				s, ok := item.(string)
+				if !ok {
+					return bad("header %s holds a %T, want strings", k, item)
+				}
+				if err := add(k, s); err != nil {
+					return err
+				}
+			}
+		default:
+			return bad("header %s has type %T, want string", k, v)
+		}
+	}
+	if d.Redelivered && e.attempt < 2 {
+		e.attempt = 2 // a classic queue does not count; at least the second
+	}
+	if len(h) > 0 {
+		e.header = h
+	}
+	return nil
+}
+
+func asInt(v any) (int64, bool) {
+	switch n := v.(type) {
+	case int:
+		return int64(n), true
+	case int8:
+		return int64(n), true
+	case int16:
+		return int64(n), true
+	case int32:
+		return int64(n), true
+	case int64:
+		return n, true
+	case uint8:
+		return int64(n), true
+	case uint16:
+		return int64(n), true
+	case uint32:
+		return int64(n), true
+	}
+	return 0, false
+}
+
+// natsMsg builds the NATS message for subject from an envelope, with the
+// node's headers in meta.
+func (e *envelope) natsMsg(subject string, meta map[string]string) *nats.Msg {
+	m := &nats.Msg{Subject: subject, Data: e.body}
+	if len(e.header) > 0 || len(meta) > 0 {
+		m.Header = make(nats.Header, len(e.header)+len(meta))
+		for k, vs := range e.header {
+			m.Header[k] = vs
+		}
+		for k, v := range meta {
+			m.Header.Set(k, v)
+		}
+	}
+	return m
+}

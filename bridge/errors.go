@@ -1,0 +1,118 @@
+package bridge
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors returned by New and Start.
+var (
+	// ErrInvalidConfig is wrapped by every configuration error; a
+	// *ConfigError names the field.
+	ErrInvalidConfig = errors.New("invalid bridge configuration")
+	// ErrNodeNameInUse means another process holds this node's name on the
+	// broker (its exclusive request consumer). Start returns it wrapped in a
+	// *NodeNameInUseError.
+	ErrNodeNameInUse = errors.New("node name is in use on the broker by another process")
+	// ErrOutboxLocked means another process holds the outbox file. Start
+	// returns it wrapped in an *OutboxLockedError.
+	ErrOutboxLocked = errors.New("outbox is in use by another meshbox process")
+	// ErrClosed is returned by methods called after Close.
+	ErrClosed = errors.New("bridge closed")
+)
+
+// Errors returned by PublishSystem and SendSystem, and carried (as text and a
+// code) in error replies to local programs.
+var (
+	// ErrLinkDown means the broker link is not connected.
+	ErrLinkDown = errors.New("mesh unreachable: broker link is not connected")
+	// ErrOutboxFull means the outbox reached its size bound; the message was
+	// not accepted.
+	ErrOutboxFull = errors.New("outbox full")
+	// ErrNoRoute means the broker had no queue for a message published with
+	// the mandatory flag.
+	ErrNoRoute = errors.New("no route on the broker")
+	// ErrNacked means the broker refused to take responsibility for a message.
+	ErrNacked = errors.New("broker refused the message")
+	// ErrBadInput means a message or a name was malformed.
+	ErrBadInput = errors.New("bad input")
+)
+
+// ConfigError is a configuration mistake in one field.
+type ConfigError struct {
+	Field string
+	Msg   string
+}
+
+func (e *ConfigError) Error() string { return "bridge config " + e.Field + ": " + e.Msg }
+
+// Unwrap returns ErrInvalidConfig.
+func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
+
+// NodeNameInUseError is returned by Start when the broker refuses this node's
+// exclusive request consumer because another process consumes it.
+type NodeNameInUseError struct {
+	Node   string
+	Detail string // the broker's reason
+}
+
+func (e *NodeNameInUseError) Error() string {
+	return fmt.Sprintf("node name %s is in use on the broker by another process (%s)", e.Node, e.Detail)
+}
+
+// Unwrap returns ErrNodeNameInUse.
+func (e *NodeNameInUseError) Unwrap() error { return ErrNodeNameInUse }
+
+// OutboxLockedError is returned by Start when the outbox file is locked by
+// another process.
+type OutboxLockedError struct {
+	Dir string
+}
+
+func (e *OutboxLockedError) Error() string {
+	return "data directory " + e.Dir + " is in use by another meshbox process"
+}
+
+// Unwrap returns ErrOutboxLocked.
+func (e *OutboxLockedError) Unwrap() error { return ErrOutboxLocked }
+
+// ServiceError is an error reply as a local program sees it: a NATS micro
+// style code and description.
+type ServiceError struct {
+	Code int
+	Text string
+}
+
+func (e *ServiceError) Error() string { return fmt.Sprintf("%d %s", e.Code, e.Text) }
+
+// Error codes carried in the Nats-Service-Error-Code header.
+const (
+	CodeBadInput    = 400 // malformed request, invalid subject, oversized payload
+	CodeUnavailable = 503 // mesh unreachable, no host, node gone
+	CodeTimeout     = 504 // deadline passed
+	CodeOutboxFull  = 507 // outbox full
+	CodeInternal    = 500 // the node failed (outbox write error)
+)
+
+// codeFor maps an error to the code of its error reply.
+func codeFor(err error) int {
+	var se *ServiceError
+	switch {
+	case errors.As(err, &se):
+		return se.Code
+	case errors.Is(err, ErrBadInput):
+		return CodeBadInput
+	case errors.Is(err, ErrOutboxFull):
+		return CodeOutboxFull
+	case errors.Is(err, ErrLinkDown), errors.Is(err, ErrNoRoute), errors.Is(err, ErrNacked), errors.Is(err, ErrClosed):
+		return CodeUnavailable
+	default:
+		return CodeInternal
+	}
+}
+
+// goneError says a call targets a node that discovery marked gone.
+func goneError(node string, since time.Time) error {
+	return &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("node %s is gone (no heartbeat since %s)", node, since.UTC().Format(time.RFC3339))}
+}

@@ -1,0 +1,176 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// readEvents republishes mesh events to local subscribers, in order, and
+// acks each once published. The node's own events come back through the
+// shared binding and are dropped here: no echo. Exits when the delivery
+// channel closes.
+func (s *session) readEvents(ds <-chan amqp.Delivery) {
+	b := s.b
+	for d := range ds {
+		env, err := decode(typeEvent, fromAMQP(&d), b.maxPayload())
+		if err != nil {
+			s.deadLetter(&d, eventQueue(b.cfg.Node), err)
+			continue
+		}
+		if env.origin == b.cfg.Node {
+			s.ack(d.DeliveryTag, opAck)
+			continue
+		}
+		b.m.msg(typeEvent, "in")
+		meta := map[string]string{HeaderOrigin: env.origin, HeaderMsgID: env.msgID}
+		if env.redelivered {
+			meta[HeaderRedelivered] = "true"
+		}
+		if err := b.bc.PublishMsg(env.natsMsg(subjEvtPrefix+env.name, meta)); err != nil {
+			s.deadLetter(&d, eventQueue(b.cfg.Node), deadReason("cannot publish locally: "+err.Error()))
+			continue
+		}
+		s.ack(d.DeliveryTag, opAck)
+	}
+}
+
+// sysMsg is a system message for Config.OnSystem.
+type sysMsg struct {
+	key, origin string
+	body        []byte
+}
+
+// readSystem hands system messages from other nodes to runSystem (auto-acked:
+// system messages are ephemeral). Exits when the delivery channel closes.
+func (s *session) readSystem(ds <-chan amqp.Delivery) {
+	b := s.b
+	for d := range ds {
+		env, err := decode(typeSystem, fromAMQP(&d), b.maxPayload())
+		if err != nil {
+			s.reject(&d, systemQueue(b.cfg.Node), err)
+			continue
+		}
+		if env.origin == b.cfg.Node {
+			continue
+		}
+		b.m.msg(typeSystem, "in")
+		if b.cfg.OnSystem == nil {
+			continue
+		}
+		select {
+		case b.sysQ <- sysMsg{key: env.name, origin: env.origin, body: env.body}:
+		default:
+			b.m.err(errKindDropped)
+		}
+	}
+}
+
+// runSystem calls Config.OnSystem for each system message, in order. Exits
+// when the bridge closes.
+func (b *Bridge) runSystem() {
+	for {
+		select {
+		case <-b.quit:
+			return
+		case m := <-b.sysQ:
+			b.cfg.OnSystem(m.key, m.body, m.origin)
+		}
+	}
+}
+
+// PublishSystem broadcasts a system message (sys.<key>) to every other
+// node and returns once the broker confirmed it. It fails at once with
+// ErrLinkDown when the link is not connected: system messages are not kept.
+func (b *Bridge) PublishSystem(ctx context.Context, key string, body []byte) error {
+	if !validName(key) {
+		return fmt.Errorf("publish system message: %w: %q is not a valid key", ErrBadInput, key)
+	}
+	return b.publishSystem(ctx, systemKey(key), false, body)
+}
+
+// SendSystem sends a system message to one node (to.<node>.sys.<key>). It
+// fails with ErrNoRoute when that node is not connected.
+func (b *Bridge) SendSystem(ctx context.Context, node, key string, body []byte) error {
+	if !validName(key) || !validNodeName(node) {
+		return fmt.Errorf("send system message: %w: node %q, key %q", ErrBadInput, node, key)
+	}
+	return b.publishSystem(ctx, addressedSystemKey(node, key), true, body)
+}
+
+func (b *Bridge) publishSystem(ctx context.Context, rkey string, mandatory bool, body []byte) error {
+	sess := b.sess.Load()
+	if st, _ := b.linkState(); st != StateConnected || sess == nil {
+		return ErrLinkDown
+	}
+	out := &outgoing{exchange: exchangeMesh, key: rkey, mandatory: mandatory, kind: typeSystem,
+		msgID: b.ids.next(), body: body, at: time.Now()}
+	if err := sess.publishWait(ctx, out); err != nil {
+		return fmt.Errorf("system message %s: %w", rkey, err)
+	}
+	return nil
+}
+
+// deadLetter publishes a copy of delivery d to the dead-letter exchange
+// with the reason, waits for the broker's confirm, then acks d. If the
+// session ends first, d is left to the broker to requeue.
+func (s *session) deadLetter(d *amqp.Delivery, queue string, reason error) {
+	if s.publishDead(d, queue, reason) {
+		s.ack(d.DeliveryTag, opAck)
+	}
+}
+
+// reject dead-letters an auto-acked delivery (nothing to ack).
+func (s *session) reject(d *amqp.Delivery, queue string, reason error) {
+	s.publishDead(d, queue, reason)
+}
+
+func (s *session) publishDead(d *amqp.Delivery, queue string, reason error) bool {
+	b := s.b
+	var mf *malformed
+	if errors.As(reason, &mf) {
+		b.m.err(errKindMalformed)
+	} else {
+		b.m.err(errKindDeadLetter)
+	}
+	b.logDead(queue, d.MessageId, reason.Error())
+	h := amqp.Table{}
+	for k, v := range d.Headers {
+		h[k] = v
+	}
+	h[HeaderDeadReason] = reason.Error()
+	h[HeaderDeadNode] = b.cfg.Node
+	h[HeaderDeadQueue] = queue
+	if h.Validate() != nil { // keep only what can be published again
+		for k, v := range h {
+			if (amqp.Table{k: v}).Validate() != nil {
+				delete(h, k)
+			}
+		}
+	}
+	p := amqp.Publishing{
+		Headers: h, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
+		DeliveryMode: amqp.Persistent, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo,
+		MessageId: d.MessageId, Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
+	}
+	out := &outgoing{exchange: exchangeDLX, key: d.RoutingKey, kind: "dead", raw: &p}
+	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
+	defer cancel()
+	return s.publishWait(ctx, out) == nil
+}
+
+// logDead logs dead letters sparingly: the 1st, 10th, 100th... of a
+// process's life (the metric counts them all).
+func (b *Bridge) logDead(where, id, reason string) {
+	n := b.deadCount.Add(1)
+	for p := uint64(1); p <= n; p *= 10 {
+		if p == n {
+			b.log.Warn("message dead-lettered", "where", where, "msg_id", id, "reason", reason, "dead_letters", strconv.FormatUint(n, 10))
+			return
+		}
+	}
+}

@@ -1,0 +1,137 @@
+package bridge
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Link states, in status and in meshbox_broker_state{state}.
+const (
+	StateNone       = "none"       // no broker configured
+	StateConnecting = "connecting" // first attempt after start or a URL change
+	StateConnected  = "connected"
+	StateOffline    = "offline" // broker unreachable; retrying with backoff
+	StateBlocked    = "blocked" // connected, but the broker blocks publishers (resource alarm)
+)
+
+var allStates = []string{StateNone, StateConnecting, StateConnected, StateOffline, StateBlocked}
+
+// Error kinds in meshbox_errors_total{kind}.
+const (
+	errKindBadInput    = "bad_input"    // a local program sent something invalid (400)
+	errKindMalformed   = "malformed"    // a broker message could not be used (dead-lettered)
+	errKindDeadLetter  = "dead_letter"  // a command exhausted its retry budget or had no route
+	errKindOutboxFull  = "outbox_full"  // a submission was refused (507)
+	errKindOutboxWrite = "outbox_write" // the outbox file could not be written
+	errKindUnreachable = "unreachable"  // a request failed at once: link down, no host, node gone (503)
+	errKindTimeout     = "timeout"      // a request passed its deadline (504)
+	errKindHandler     = "handler"      // a command handler failed or timed out
+	errKindNoRoute     = "no_route"     // the broker returned a mandatory message
+	errKindNacked      = "nacked"       // the broker refused a message
+	errKindLateReply   = "late_reply"   // a reply arrived after its deadline
+	errKindDropped     = "dropped"      // a message with nobody to tell was dropped (system queue full, slow consumer)
+	errKindLink        = "link"         // the broker link failed
+)
+
+// metrics are the bridge's Prometheus collectors.
+type metrics struct {
+	state      *prometheus.GaugeVec
+	reconnects prometheus.Counter
+	messages   *prometheus.CounterVec
+	errors     *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+	stalls     prometheus.Gauge
+	outbox     []prometheus.Collector
+	reg        prometheus.Registerer
+	registered []prometheus.Collector
+}
+
+func newMetrics(b *Bridge) *metrics {
+	m := &metrics{
+		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meshbox_broker_state", Help: "1 for the broker link's current state, 0 for the others.",
+		}, []string{"state"}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshbox_broker_reconnects_total", Help: "Connections to the broker after the first.",
+		}),
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshbox_messages_total", Help: "Messages carried by the bridge, by shape and direction (out: to the broker, in: from it).",
+		}, []string{"shape", "direction"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshbox_errors_total", Help: "Failures seen by the bridge, by kind.",
+		}, []string{"kind"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "meshbox_request_duration_seconds",
+			Help:    "Round trip of requests forwarded to other nodes, by outcome (ok, error, timeout, unreachable).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"outcome"}),
+		stalls: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "meshbox_stalls", Help: "Command stages currently stalled (see status stalls[]).",
+		}),
+	}
+	m.outbox = []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_outbox_depth", Help: "Messages in the outbox."},
+			func() float64 { return float64(b.Status().Outbox.Depth) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_outbox_bytes", Help: "Bytes in the outbox."},
+			func() float64 { return float64(b.Status().Outbox.Bytes) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_outbox_oldest_age_seconds", Help: "Age of the oldest message in the outbox (0 when empty)."},
+			func() float64 { return b.Status().Outbox.OldestAgeSeconds }),
+	}
+	for _, s := range allStates {
+		m.state.WithLabelValues(s).Set(0)
+	}
+	for _, shape := range []string{typeRequest, typeReply, typeCommand, typeEvent, typeSystem} {
+		m.messages.WithLabelValues(shape, "in")
+		m.messages.WithLabelValues(shape, "out")
+	}
+	return m
+}
+
+// register registers every collector on reg (nil: none).
+func (m *metrics) register(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	m.reg = reg
+	all := append([]prometheus.Collector{m.state, m.reconnects, m.messages, m.errors, m.duration, m.stalls}, m.outbox...)
+	for _, c := range all {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				m.unregister()
+				return errors.New("register metrics: meshbox_ bridge metrics are already registered")
+			}
+			m.unregister()
+			return err
+		}
+		m.registered = append(m.registered, c)
+	}
+	return nil
+}
+
+func (m *metrics) unregister() {
+	for _, c := range m.registered {
+		m.reg.Unregister(c)
+	}
+	m.registered = nil
+}
+
+func (m *metrics) setState(state string) {
+	for _, s := range allStates {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		m.state.WithLabelValues(s).Set(v)
+	}
+}
+
+func (m *metrics) msg(shape, direction string) { m.messages.WithLabelValues(shape, direction).Inc() }
+
+func (m *metrics) err(kind string) { m.errors.WithLabelValues(kind).Inc() }
+
+func (m *metrics) observe(outcome string, since time.Time) {
+	m.duration.WithLabelValues(outcome).Observe(time.Since(since).Seconds())
+}

@@ -1,0 +1,194 @@
+package bridge
+
+import (
+	"strings"
+	"unicode/utf8"
+)
+
+// Local NATS subjects.
+const (
+	subjCapPrefix  = "cap."  // cap.<name>: call a capability wherever it runs
+	subjNodePrefix = "node." // node.<node>.cap.<name>: call it on a named node
+	subjCmdPrefix  = "cmd."  // cmd.<stage>: submit a command
+	subjWorkPrefix = "work." // work.<stage>: local handlers of a stage
+	subjEvtPrefix  = "evt."  // evt.<topic>: events
+)
+
+// Broker names. Every name the bridge declares starts with "mesh", "node."
+// or "cmd.": a node name has no dots, so node.<n>.* never collides with
+// another node's names or with a stage's queue.
+const (
+	exchangeMesh = "mesh"     // topic: cmd.*, evt.*, sys.*, to.<node>.*
+	exchangeDLX  = "mesh.dlx" // topic: dead letters, routed by their original key
+	queueDead    = "mesh.dead"
+	queueCmdPfx  = "cmd."
+)
+
+// Headers the node reads or adds, on NATS and AMQP alike.
+const (
+	HeaderOrigin      = "Meshbox-Origin"      // node that published the message
+	HeaderMsgID       = "Meshbox-Msg-Id"      // stable message id of a command or event
+	HeaderAttempt     = "Meshbox-Attempt"     // 1 for the first delivery of a command
+	HeaderRedelivered = "Meshbox-Redelivered" // "true" when this delivery may be a duplicate
+	HeaderTimeout     = "Meshbox-Timeout"     // caller's deadline (Go duration), may only shorten the default
+	HeaderAccepted    = "Meshbox-Accepted"    // in a submit reply: "broker", "outbox" or "local"
+	HeaderDeadReason  = "Meshbox-Dead-Reason" // why a message was dead-lettered
+	HeaderDeadNode    = "Meshbox-Dead-Node"   // which node dead-lettered it
+	HeaderDeadQueue   = "Meshbox-Dead-Queue"  // the queue it came from
+
+	headerServiceError     = "Nats-Service-Error"
+	headerServiceErrorCode = "Nats-Service-Error-Code"
+	headerContentType      = "Content-Type"
+	headerContentEncoding  = "Content-Encoding"
+	headerPrefixMeshbox    = "Meshbox-"
+	headerDeliveryCount    = "x-delivery-count" // set by quorum queues on redelivery
+)
+
+// Message types in the AMQP type property.
+const (
+	typeRequest = "request"
+	typeReply   = "reply"
+	typeCommand = "command"
+	typeEvent   = "event"
+	typeSystem  = "system"
+)
+
+// maxNameLen bounds a capability, stage, topic or system key so that every
+// routing key and queue name derived from it stays under AMQP's 255 bytes.
+const maxNameLen = 200
+
+// validNodeName reports whether s is a node name: 1 to 64 of [A-Za-z0-9_-].
+func validNodeName(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// validName reports whether s can name a capability, stage, topic or system
+// key: dot-separated non-empty tokens of printable UTF-8 without the NATS and
+// AMQP wildcards (*, >, #) or whitespace, at most maxNameLen bytes.
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > maxNameLen || !utf8.ValidString(s) {
+		return false
+	}
+	prevDot := true
+	for _, r := range s {
+		switch {
+		case r == '.':
+			if prevDot {
+				return false
+			}
+			prevDot = true
+			continue
+		case r == '*' || r == '>' || r == '#' || r <= ' ' || r == 0x7f || r == utf8.RuneError:
+			return false
+		}
+		prevDot = false
+	}
+	return !prevDot
+}
+
+// nodeExchange is the topic exchange of node n.
+func nodeExchange(n string) string { return "node." + n }
+
+// requestQueue is the queue node n's requests arrive on.
+func requestQueue(n string) string { return "node." + n + ".requests" }
+
+// replyQueue is the queue replies to node n's requests arrive on.
+func replyQueue(n string) string { return "node." + n + ".replies" }
+
+// eventQueue is the queue mesh events for node n wait in.
+func eventQueue(n string) string { return "node." + n + ".events" }
+
+// systemQueue is the queue system messages for node n arrive on.
+func systemQueue(n string) string { return "node." + n + ".system" }
+
+// stageQueue is the command queue of a stage.
+func stageQueue(stage string) string { return queueCmdPfx + stage }
+
+// requestKey is the routing key of a request for capability name on node n.
+func requestKey(n, name string) string { return "to." + n + ".req." + name }
+
+// parseRequestKey returns the node and capability of a request routing key.
+func parseRequestKey(key string) (node, name string, ok bool) {
+	rest, ok := strings.CutPrefix(key, "to.")
+	if !ok {
+		return "", "", false
+	}
+	node, name, ok = strings.Cut(rest, ".req.")
+	if !ok || !validNodeName(node) || !validName(name) {
+		return "", "", false
+	}
+	return node, name, true
+}
+
+// parseReplyQueue returns the node of a reply queue name.
+func parseReplyQueue(q string) (node string, ok bool) {
+	rest, ok := strings.CutPrefix(q, "node.")
+	if !ok {
+		return "", false
+	}
+	node, ok = strings.CutSuffix(rest, ".replies")
+	if !ok || !validNodeName(node) {
+		return "", false
+	}
+	return node, true
+}
+
+// commandKey is the routing key of a command for stage.
+func commandKey(stage string) string { return "cmd." + stage }
+
+// eventKey is the routing key of an event on topic.
+func eventKey(topic string) string { return "evt." + topic }
+
+// systemKey is the routing key of a broadcast system message.
+func systemKey(key string) string { return "sys." + key }
+
+// addressedSystemKey is the routing key of a system message for node n.
+func addressedSystemKey(n, key string) string { return "to." + n + ".sys." + key }
+
+// parseNamed returns the name after prefix in key, if it is a valid name.
+func parseNamed(key, prefix string) (string, bool) {
+	name, ok := strings.CutPrefix(key, prefix)
+	if !ok || !validName(name) {
+		return "", false
+	}
+	return name, true
+}
+
+// parseSystemKey returns the system key of a broadcast or addressed system
+// message routing key.
+func parseSystemKey(key string) (string, bool) {
+	if name, ok := parseNamed(key, "sys."); ok {
+		return name, true
+	}
+	rest, ok := strings.CutPrefix(key, "to.")
+	if !ok {
+		return "", false
+	}
+	node, name, ok := strings.Cut(rest, ".sys.")
+	if !ok || !validNodeName(node) || !validName(name) {
+		return "", false
+	}
+	return name, true
+}
+
+// parseNodeCapSubject splits node.<node>.cap.<name>.
+func parseNodeCapSubject(subj string) (node, name string, ok bool) {
+	rest, ok := strings.CutPrefix(subj, subjNodePrefix)
+	if !ok {
+		return "", "", false
+	}
+	node, name, ok = strings.Cut(rest, ".cap.")
+	if !ok || !validNodeName(node) || !validName(name) {
+		return "", "", false
+	}
+	return node, name, true
+}

@@ -1,0 +1,377 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// pendingRequest is a request forwarded to another node, waiting for its
+// reply. Exactly one of the reply, the timer or a failure takes it out of
+// b.pending and answers the caller.
+type pendingRequest struct {
+	reply string // the caller's inbox
+	name  string // capability
+	node  string // target node
+	start time.Time
+	timer *time.Timer
+	sess  *session
+}
+
+// onCapRequest serves cap.<name> for a capability hosted elsewhere: the
+// stand-in. It exists only while no local program hosts the capability.
+func (b *Bridge) onCapRequest(msg *nats.Msg) {
+	if msg.Reply == "" {
+		b.m.err(errKindBadInput)
+		return
+	}
+	name := msg.Subject[len(subjCapPrefix):]
+	timeout, err := b.requestTimeout(msg)
+	if err != nil {
+		b.m.err(errKindBadInput)
+		b.replyError(msg.Reply, err)
+		return
+	}
+	node, err := b.pickHost(name)
+	if err != nil {
+		b.m.err(errKindUnreachable)
+		b.replyError(msg.Reply, err)
+		return
+	}
+	b.forward(msg, node, name, timeout)
+}
+
+// onNodeCapRequest serves node.<node>.cap.<name>: on this node it calls the
+// local host, otherwise it forwards to the named node.
+func (b *Bridge) onNodeCapRequest(msg *nats.Msg) {
+	if msg.Reply == "" {
+		b.m.err(errKindBadInput)
+		return
+	}
+	node, name, ok := parseNodeCapSubject(msg.Subject)
+	if !ok {
+		b.m.err(errKindBadInput)
+		b.replyError(msg.Reply, fmt.Errorf("%w: %q is not node.<node>.cap.<capability>", ErrBadInput, msg.Subject))
+		return
+	}
+	timeout, err := b.requestTimeout(msg)
+	if err != nil {
+		b.m.err(errKindBadInput)
+		b.replyError(msg.Reply, err)
+		return
+	}
+	if node == b.cfg.Node {
+		b.callLocal(msg, name, timeout)
+		return
+	}
+	b.routeMu.RLock()
+	since, gone := b.gone[node]
+	b.routeMu.RUnlock()
+	if gone {
+		b.m.err(errKindUnreachable)
+		b.replyError(msg.Reply, goneError(node, since))
+		return
+	}
+	b.forward(msg, node, name, timeout)
+}
+
+// requestTimeout is the request's deadline: the default, or the caller's
+// shorter Meshbox-Timeout.
+func (b *Bridge) requestTimeout(msg *nats.Msg) (time.Duration, error) {
+	t := b.cfg.RequestTimeout
+	if v := msg.Header.Get(HeaderTimeout); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return 0, fmt.Errorf("%w: header %s: %q is not a positive duration", ErrBadInput, HeaderTimeout, v)
+		}
+		t = min(t, d)
+	}
+	if limit := b.maxPayload(); len(msg.Data) > limit {
+		return 0, fmt.Errorf("%w: payload of %d bytes exceeds the limit of %d", ErrBadInput, len(msg.Data), limit)
+	}
+	return t, nil
+}
+
+// maxPayload is the largest body the bridge carries.
+func (b *Bridge) maxPayload() int {
+	limit := b.cfg.MaxPayload
+	if b.bc != nil {
+		if mp := int(b.bc.MaxPayload()); mp > 0 && mp < limit {
+			limit = mp
+		}
+	}
+	return limit
+}
+
+// pickHost chooses a live node hosting capability name (round robin).
+func (b *Bridge) pickHost(name string) (string, error) {
+	b.routeMu.RLock()
+	defer b.routeMu.RUnlock()
+	var live []string
+	var goneNode string
+	var goneSince time.Time
+	for _, n := range b.routes[name] {
+		if n == b.cfg.Node {
+			continue
+		}
+		if since, ok := b.gone[n]; ok {
+			goneNode, goneSince = n, since
+			continue
+		}
+		live = append(live, n)
+	}
+	switch {
+	case len(live) > 0:
+		return live[int(b.rr.Add(1)%uint64(len(live)))], nil
+	case goneNode != "":
+		return "", goneError(goneNode, goneSince)
+	default:
+		return "", &ServiceError{Code: CodeUnavailable, Text: "no node hosts capability " + name}
+	}
+}
+
+// forward sends a local program's request to node and arranges for the
+// reply, a timeout or a failure to answer it.
+func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration) {
+	hdr, err := callerHeaders(msg.Header)
+	if err != nil {
+		b.m.err(errKindBadInput)
+		b.replyError(msg.Reply, err)
+		return
+	}
+	sess := b.sess.Load()
+	if st, since := b.linkState(); st != StateConnected || sess == nil {
+		b.m.err(errKindUnreachable)
+		b.replyError(msg.Reply, &ServiceError{Code: CodeUnavailable,
+			Text: fmt.Sprintf("mesh unreachable: broker link is %s since %s; cannot call %s on node %s", st, since.UTC().Format(time.RFC3339), name, node)})
+		return
+	}
+	id := b.ids.next()
+	now := time.Now()
+	p := &pendingRequest{reply: msg.Reply, name: name, node: node, start: now, sess: sess}
+	b.pendMu.Lock()
+	b.pending[id] = p
+	p.timer = time.AfterFunc(timeout, func() {
+		if b.takePending(id) == nil {
+			return
+		}
+		b.m.err(errKindTimeout)
+		b.m.observe("timeout", now)
+		b.replyError(p.reply, &ServiceError{Code: CodeTimeout,
+			Text: fmt.Sprintf("deadline of %s passed waiting for %s on node %s", timeout, name, node)})
+	})
+	b.pendMu.Unlock()
+	out := &outgoing{
+		exchange: exchangeMesh, key: requestKey(node, name), mandatory: true,
+		kind: typeRequest, msgID: id, corrID: id, replyTo: replyQueue(b.cfg.Node),
+		expire: timeout, header: hdr, meta: map[string]string{HeaderTimeout: timeout.String()},
+		body: msg.Data, at: now,
+	}
+	it := &pubItem{out: out, done: func(err error) {
+		if err == nil {
+			return // the reply or the timer answers
+		}
+		if b.takePending(id) == nil {
+			return
+		}
+		b.m.err(errKindUnreachable)
+		b.m.observe("unreachable", now)
+		b.replyError(p.reply, requestFailure(err, name, node))
+	}}
+	if err := sess.enqueue(it); err != nil {
+		it.done(err)
+	}
+}
+
+// requestFailure explains a failed publish of a request.
+func requestFailure(err error, name, node string) error {
+	switch {
+	case errors.Is(err, ErrNoRoute):
+		return &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("node %s is not connected to the mesh; cannot call %s", node, name)}
+	case errors.Is(err, ErrNacked):
+		return &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("the broker refused the request for %s on node %s", name, node)}
+	default:
+		return &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("mesh unreachable: broker link lost calling %s on node %s", name, node)}
+	}
+}
+
+// takePending removes and returns the pending request id (nil: already
+// answered).
+func (b *Bridge) takePending(id string) *pendingRequest {
+	b.pendMu.Lock()
+	defer b.pendMu.Unlock()
+	p := b.pending[id]
+	if p != nil {
+		delete(b.pending, id)
+		if p.timer != nil {
+			p.timer.Stop()
+		}
+	}
+	return p
+}
+
+// failPendingOf answers the requests sent on session s: their replies
+// cannot come any more.
+func (b *Bridge) failPendingOf(s *session) {
+	b.pendMu.Lock()
+	var failed []*pendingRequest
+	for id, p := range b.pending {
+		if p.sess == s {
+			delete(b.pending, id)
+			p.timer.Stop()
+			failed = append(failed, p)
+		}
+	}
+	b.pendMu.Unlock()
+	for _, p := range failed {
+		b.m.err(errKindUnreachable)
+		b.m.observe("unreachable", p.start)
+		b.replyError(p.reply, &ServiceError{Code: CodeUnavailable,
+			Text: fmt.Sprintf("mesh unreachable: broker link lost waiting for %s on node %s", p.name, p.node)})
+	}
+}
+
+// failPending answers every pending request with err.
+func (b *Bridge) failPending(err error) {
+	b.pendMu.Lock()
+	all := b.pending
+	b.pending = map[string]*pendingRequest{}
+	b.pendMu.Unlock()
+	for _, p := range all {
+		p.timer.Stop()
+		b.replyError(p.reply, err)
+	}
+}
+
+// callLocal serves node.<self>.cap.<name>: the local host answers, or the
+// caller learns that none exists here. The call runs on a goroutine of its
+// own that ends at the deadline at the latest.
+func (b *Bridge) callLocal(msg *nats.Msg, name string, timeout time.Duration) {
+	hdr, err := callerHeaders(msg.Header)
+	if err != nil {
+		b.m.err(errKindBadInput)
+		b.replyError(msg.Reply, err)
+		return
+	}
+	req := &nats.Msg{Subject: subjCapPrefix + name, Header: hdr, Data: msg.Data}
+	if req.Header == nil {
+		req.Header = nats.Header{}
+	}
+	req.Header.Set(HeaderOrigin, b.cfg.Node)
+	b.calls.Add(1)
+	go func() { // ends when the call returns: reply, deadline, or Close
+		defer b.calls.Done()
+		ctx, cancel := b.withQuit(context.Background())
+		defer cancel()
+		ctx, cancelT := context.WithTimeout(ctx, timeout)
+		defer cancelT()
+		resp, err := b.bc.RequestMsgWithContext(ctx, req)
+		if err != nil {
+			b.replyError(msg.Reply, localCallFailure(err, name, b.cfg.Node, timeout))
+			return
+		}
+		b.reply(&nats.Msg{Subject: msg.Reply, Header: resp.Header, Data: resp.Data})
+	}()
+}
+
+// localCallFailure explains a failed call to a local host.
+func localCallFailure(err error, name, node string, timeout time.Duration) error {
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("capability %s is not hosted on node %s", name, node)}
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+		return &ServiceError{Code: CodeTimeout, Text: fmt.Sprintf("capability %s on node %s did not answer within %s", name, node, timeout)}
+	default:
+		return &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("calling %s on node %s: %v", name, node, err)}
+	}
+}
+
+// readReplies handles replies to this node's requests (auto-acked). Exits
+// when the consumer's delivery channel closes.
+func (s *session) readReplies(ds <-chan amqp.Delivery) {
+	b := s.b
+	for d := range ds {
+		env, err := decode(typeReply, fromAMQP(&d), b.maxPayload())
+		if err != nil {
+			s.reject(&d, "replies", err)
+			continue
+		}
+		b.m.msg(typeReply, "in")
+		p := b.takePending(env.corrID)
+		if p == nil {
+			b.m.err(errKindLateReply)
+			continue
+		}
+		outcome := "ok"
+		if env.header.Get(headerServiceError) != "" {
+			outcome = "error"
+		}
+		b.m.observe(outcome, p.start)
+		b.reply(env.natsMsg(p.reply, nil))
+	}
+}
+
+// readRequests starts a worker per request from other nodes; the prefetch
+// bounds how many run at once. Exits when the delivery channel closes.
+func (s *session) readRequests(ds <-chan amqp.Delivery) {
+	for d := range ds {
+		s.work(func() { s.handleRequest(d) })
+	}
+}
+
+// handleRequest calls the local host of a capability for another node and
+// sends the reply back. Requests are at most once: a redelivered request is
+// answered with an error, not run again.
+func (s *session) handleRequest(d amqp.Delivery) {
+	b := s.b
+	env, err := decode(typeRequest, fromAMQP(&d), b.maxPayload())
+	if err != nil {
+		s.deadLetter(&d, requestQueue(b.cfg.Node), err)
+		return
+	}
+	b.m.msg(typeRequest, "in")
+	var resp *nats.Msg
+	var failure error
+	timeout := b.cfg.RequestTimeout
+	if env.timeout > 0 {
+		timeout = min(timeout, env.timeout)
+	}
+	if env.redelivered {
+		failure = &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("request for %s interrupted on node %s (link lost or restart); requests are not retried", env.name, b.cfg.Node)}
+	} else {
+		ctx, cancel := context.WithTimeout(s.ctx, timeout)
+		resp, err = b.bc.RequestMsgWithContext(ctx, env.natsMsg(subjCapPrefix+env.name, map[string]string{HeaderOrigin: env.origin}))
+		cancel()
+		if err != nil {
+			if s.ctx.Err() != nil {
+				return // the session ended: no way to answer, the caller is told by its own node
+			}
+			failure = localCallFailure(err, env.name, b.cfg.Node, timeout)
+		}
+	}
+	out := &outgoing{exchange: "", key: env.replyTo, kind: typeReply, corrID: env.corrID, at: time.Now()}
+	if failure == nil {
+		out.header, err = callerHeaders(resp.Header)
+		if err != nil {
+			failure = &ServiceError{Code: CodeInternal, Text: fmt.Sprintf("the reply of %s on node %s has invalid headers: %v", env.name, b.cfg.Node, err)}
+		}
+		out.body = resp.Data
+	}
+	if failure != nil {
+		out.header = nats.Header{
+			headerServiceError:     []string{errorText(failure)},
+			headerServiceErrorCode: []string{strconv.Itoa(codeFor(failure))},
+		}
+		out.body = nil
+	}
+	// Replies are fire and forget: the caller's node times out if one is lost.
+	if err := s.enqueue(&pubItem{out: out, done: func(error) {}}); err != nil {
+		return
+	}
+	s.ack(d.DeliveryTag, opAck)
+}

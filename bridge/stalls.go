@@ -1,0 +1,182 @@
+package bridge
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// stallState is what the bridge knows about one stage's command queue.
+type stallState struct {
+	count        int       // messages ready at the last check
+	lastProgress time.Time // queue seen empty or shrinking
+	lastAge      time.Duration
+	lastAgeAt    time.Time // when a delivery's age was last measured
+	suspect      int       // consecutive checks with a stall condition
+	stalled      bool
+	reason       string
+	since        time.Time
+}
+
+// stallFor returns the state of stage (stallMu held).
+func (b *Bridge) stallFor(stage string) *stallState {
+	st := b.stalls[stage]
+	if st == nil {
+		st = &stallState{lastProgress: time.Now()}
+		b.stalls[stage] = st
+	}
+	return st
+}
+
+// noteSubmitted records that this node sent a command to stage: its queue
+// is watched for stalls.
+func (b *Bridge) noteSubmitted(stage string) {
+	b.stallMu.Lock()
+	b.submitted[stage] = time.Now()
+	b.stallMu.Unlock()
+}
+
+// noteDeliveryAge records how long a delivered command had waited since it
+// was accepted (sender's clock, second resolution).
+func (b *Bridge) noteDeliveryAge(stage string, sent time.Time) {
+	if sent.IsZero() {
+		return
+	}
+	now := time.Now()
+	b.stallMu.Lock()
+	st := b.stallFor(stage)
+	st.lastAge, st.lastAgeAt = now.Sub(sent), now
+	st.lastProgress = now
+	b.stallMu.Unlock()
+}
+
+// stallCandidates are the stages whose queues are watched: those hosted
+// here and those this node sent commands to.
+func (b *Bridge) stallCandidates() []string {
+	set := b.hostedStages()
+	b.stallMu.Lock()
+	for s := range b.submitted {
+		set[s] = true
+	}
+	b.stallMu.Unlock()
+	return sortedKeys(set)
+}
+
+// stallChecker inspects the watched command queues every StallCheck with
+// passive declarations (on a channel of its own: a missing queue closes
+// it). Exits when the session ends.
+func (s *session) stallChecker() {
+	b := s.b
+	ch, err := s.conn.Channel()
+	if err != nil {
+		s.fail(fmt.Errorf("open channel: %w", err))
+		return
+	}
+	defer func() { _ = ch.Close() }()
+	t := time.NewTicker(b.cfg.StallCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, stage := range b.stallCandidates() {
+			q, err := ch.QueueDeclarePassive(stageQueue(stage), true, false, false, false, nil)
+			if err != nil {
+				var ae *amqp.Error
+				if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+					b.stallMu.Lock()
+					delete(b.submitted, stage) // no queue: sends fail with no route instead
+					b.stallMu.Unlock()
+				}
+				if s.ctx.Err() != nil || s.conn.IsClosed() {
+					return
+				}
+				if ch, err = s.conn.Channel(); err != nil {
+					s.fail(fmt.Errorf("open channel: %w", err))
+					return
+				}
+				continue
+			}
+			b.observeQueue(stage, q.Messages, q.Consumers)
+		}
+	}
+}
+
+// observeQueue updates the stall state of stage from a queue inspection.
+// A stall is raised after two checks in a row see it, and cleared at once.
+func (b *Bridge) observeQueue(stage string, count, consumers int) {
+	now := time.Now()
+	q := stageQueue(stage)
+	b.stallMu.Lock()
+	st := b.stallFor(stage)
+	if count == 0 || count < st.count {
+		st.lastProgress = now
+	}
+	st.count = count
+	var reason string
+	switch {
+	case count > 0 && consumers == 0:
+		reason = fmt.Sprintf("%d commands waiting in %s and no node consumes it", count, q)
+	case count > 0 && now.Sub(st.lastProgress) > b.cfg.StallAfter:
+		reason = fmt.Sprintf("%d commands waiting in %s and none taken for %s", count, q, now.Sub(st.lastProgress).Round(time.Second))
+	case !st.lastAgeAt.IsZero() && now.Sub(st.lastAgeAt) < 2*b.cfg.StallCheck && st.lastAge > b.cfg.StallAfter:
+		reason = fmt.Sprintf("the oldest command delivered from %s had waited %s (threshold %s)", q, st.lastAge.Round(time.Second), b.cfg.StallAfter)
+	}
+	var logRaise, logClear bool
+	switch {
+	case reason == "":
+		st.suspect = 0
+		if st.stalled {
+			st.stalled, st.reason = false, ""
+			logClear = true
+		}
+	default:
+		st.suspect++
+		st.reason = reason
+		if !st.stalled && st.suspect >= 2 {
+			st.stalled, st.since = true, now
+			logRaise = true
+		}
+	}
+	n := 0
+	for _, x := range b.stalls {
+		if x.stalled {
+			n++
+		}
+	}
+	b.stallMu.Unlock()
+	b.m.stalls.Set(float64(n))
+	if logRaise {
+		b.log.Warn("stage stalled", "stage", stage, "reason", reason)
+	}
+	if logClear {
+		b.log.Info("stage no longer stalled", "stage", stage)
+	}
+}
+
+// stallList returns the current stalls, by stage.
+func (b *Bridge) stallList() []StallStatus {
+	b.stallMu.Lock()
+	defer b.stallMu.Unlock()
+	out := []StallStatus{}
+	for stage, st := range b.stalls {
+		if st.stalled {
+			out = append(out, StallStatus{Stage: stage, Reason: st.reason, Since: st.since})
+		}
+	}
+	slices.SortFunc(out, func(a, b StallStatus) int {
+		switch {
+		case a.Stage < b.Stage:
+			return -1
+		case a.Stage > b.Stage:
+			return 1
+		}
+		return 0
+	})
+	return out
+}

@@ -1,0 +1,315 @@
+package bridge
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// How a submission was accepted, in the Meshbox-Accepted reply header.
+const (
+	acceptedBroker = "broker" // confirmed by the broker
+	acceptedOutbox = "outbox" // stored in the outbox, sent when the link allows
+	acceptedLocal  = "local"  // for this node only (local stage while offline, event without a broker)
+)
+
+// onSubmitCommand accepts cmd.<stage> from a local program. The reply (if
+// the program asked for one) comes once the command is durable.
+func (b *Bridge) onSubmitCommand(msg *nats.Msg) {
+	stage := msg.Subject[len(subjCmdPrefix):]
+	rec, err := b.submission(kindCommand, stage, msg)
+	if err != nil {
+		b.m.err(errKindBadInput)
+		b.replyError(msg.Reply, err)
+		return
+	}
+	b.accept(rec, msg.Reply)
+}
+
+// onSubmitEvent forwards evt.<topic> from a local program to the mesh.
+// Local subscribers already have it from the NATS server.
+func (b *Bridge) onSubmitEvent(msg *nats.Msg) {
+	if o := msg.Header.Get(HeaderOrigin); o != "" && o != b.cfg.Node {
+		return // a mesh event relayed by a local program: it already went around
+	}
+	topic := msg.Subject[len(subjEvtPrefix):]
+	rec, err := b.submission(kindEvent, topic, msg)
+	if err != nil {
+		b.m.err(errKindBadInput)
+		b.replyError(msg.Reply, err)
+		return
+	}
+	b.accept(rec, msg.Reply)
+}
+
+// submission validates a local program's command or event.
+func (b *Bridge) submission(kind recordKind, name string, msg *nats.Msg) (*record, error) {
+	what := "stage"
+	if kind == kindEvent {
+		what = "topic"
+	}
+	if !validName(name) {
+		return nil, fmt.Errorf("%w: %q is not a valid %s name", ErrBadInput, name, what)
+	}
+	if limit := b.maxPayload(); len(msg.Data) > limit {
+		return nil, fmt.Errorf("%w: payload of %d bytes exceeds the limit of %d", ErrBadInput, len(msg.Data), limit)
+	}
+	hdr, err := callerHeaders(msg.Header)
+	if err != nil {
+		return nil, err
+	}
+	id := msg.Header.Get(HeaderMsgID)
+	switch {
+	case id == "":
+		id = b.ids.next()
+	case !validID(id):
+		return nil, fmt.Errorf("%w: header %s: %q is not a valid message id (printable, at most %d bytes)", ErrBadInput, HeaderMsgID, id, maxIDLen)
+	}
+	return &record{kind: kind, name: name, msgID: id, header: hdr,
+		body: append([]byte(nil), msg.Data...), created: time.Now()}, nil
+}
+
+// accept routes a submission. Submissions are ordered: each takes the next
+// sequence number under subMu and, in that order, goes straight to the
+// broker (link up and nothing older waiting in the outbox) or into the
+// outbox.
+func (b *Bridge) accept(rec *record, reply string) {
+	b.subMu.Lock()
+	defer b.subMu.Unlock()
+	rec.seq = b.seq.Add(1) - 1
+	if rec.kind == kindCommand {
+		b.noteSubmitted(rec.name)
+	}
+	state, _ := b.linkState()
+	if sess := b.sess.Load(); state == StateConnected && sess != nil && b.meshPending.Load() == 0 {
+		it := &pubItem{out: b.outgoingFor(rec, false), done: func(err error) { b.directDone(rec, reply, err) }}
+		if sess.enqueue(it) == nil {
+			return
+		}
+	}
+	b.store(rec, reply, state)
+}
+
+// store puts a submission into the outbox and answers once it is committed.
+func (b *Bridge) store(rec *record, reply, state string) {
+	how := acceptedOutbox
+	switch rec.kind {
+	case kindCommand:
+		if state != StateConnected && b.hostsStage(rec.name) {
+			rec.kind, how = kindLocal, acceptedLocal
+		} else if b.currentURL() == "" {
+			b.m.err(errKindUnreachable)
+			b.replyError(reply, &ServiceError{Code: CodeUnavailable,
+				Text: fmt.Sprintf("no broker configured and no handler for stage %s on node %s", rec.name, b.cfg.Node)})
+			return
+		}
+	case kindEvent:
+		if b.currentURL() == "" {
+			b.replyAccepted(reply, rec, acceptedLocal) // standalone: the local subscribers have it
+			return
+		}
+	}
+	b.put(rec, reply, how)
+}
+
+// put stores rec in the outbox and answers reply after the commit.
+func (b *Bridge) put(rec *record, reply, how string) {
+	data := rec.encode()
+	if err := b.ob.reserve(int64(len(data))); err != nil {
+		b.m.err(errKindOutboxFull)
+		if reply == "" {
+			b.m.err(errKindDropped)
+		}
+		b.replyError(reply, err)
+		return
+	}
+	mesh := rec.kind != kindLocal
+	if mesh {
+		b.meshPending.Add(1)
+	}
+	b.ob.put(rec, data, func(err error) {
+		if err != nil {
+			if mesh {
+				b.meshPending.Add(-1)
+			}
+			b.m.err(errKindOutboxWrite)
+			b.replyError(reply, &ServiceError{Code: CodeInternal, Text: fmt.Sprintf("%s not accepted: %v", rec.kind, err)})
+			return
+		}
+		b.replyAccepted(reply, rec, how)
+	})
+}
+
+// replyAccepted tells a submitter its message is durable.
+func (b *Bridge) replyAccepted(reply string, rec *record, how string) {
+	if reply == "" {
+		return
+	}
+	m := nats.NewMsg(reply)
+	m.Header.Set(HeaderAccepted, how)
+	m.Header.Set(HeaderMsgID, rec.msgID)
+	b.reply(m)
+}
+
+// directDone settles a submission published straight to the broker. It
+// runs on the confirmer goroutine and must not take subMu.
+func (b *Bridge) directDone(rec *record, reply string, err error) {
+	switch {
+	case err == nil:
+		b.replyAccepted(reply, rec, acceptedBroker)
+	case errors.Is(err, ErrNoRoute) && reply != "":
+		b.replyError(reply, &ServiceError{Code: CodeUnavailable,
+			Text: fmt.Sprintf("no node hosts stage %s: the broker has no queue %s", rec.name, stageQueue(rec.name))})
+	case errors.Is(err, ErrNoRoute):
+		b.deadRecord(rec, fmt.Sprintf("no route: the broker had no queue %s", stageQueue(rec.name)))
+	case errors.Is(err, ErrNacked) && reply != "":
+		b.replyError(reply, &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("the broker refused the %s; it was not accepted", rec.kind)})
+	default:
+		// Link lost (or refused with nobody to tell): it may have reached the
+		// broker, so it goes out again marked as a possible duplicate.
+		rec.republished = true
+		b.put(rec, reply, acceptedOutbox)
+	}
+}
+
+// deadRecord stores a dead letter for rec in the outbox (it goes to
+// mesh.dlx when the link allows). Safe on any goroutine.
+func (b *Bridge) deadRecord(rec *record, reason string) {
+	b.m.err(errKindDeadLetter)
+	b.logDead(rec.name, rec.msgID, reason)
+	dead := *rec
+	dead.seq = b.seq.Add(1) - 1
+	dead.kind = kindDead
+	dead.reason = reason
+	data := dead.encode()
+	b.ob.mu.Lock() // dead letters are never refused: they were accepted once
+	b.ob.reserved += int64(len(data))
+	b.ob.mu.Unlock()
+	b.meshPending.Add(1)
+	b.ob.put(&dead, data, func(err error) {
+		if err != nil {
+			b.meshPending.Add(-1)
+			b.m.err(errKindOutboxWrite)
+		}
+	})
+}
+
+// outgoingFor builds the broker message for an outbox record.
+func (b *Bridge) outgoingFor(rec *record, redelivered bool) *outgoing {
+	out := &outgoing{
+		exchange: exchangeMesh, persist: true, msgID: rec.msgID, at: rec.created,
+		header: rec.header, body: rec.body, meta: map[string]string{},
+	}
+	switch rec.kind {
+	case kindCommand, kindLocal:
+		out.key, out.kind, out.mandatory = commandKey(rec.name), typeCommand, true
+	case kindEvent:
+		out.key, out.kind = eventKey(rec.name), typeEvent
+	case kindDead:
+		out.exchange, out.key, out.kind = exchangeDLX, commandKey(rec.name), typeCommand
+		out.meta[HeaderDeadReason] = rec.reason
+		out.meta[HeaderDeadNode] = b.cfg.Node
+		out.meta[HeaderDeadQueue] = stageQueue(rec.name)
+	}
+	if redelivered || rec.republished {
+		out.meta[HeaderRedelivered] = "true"
+	}
+	return out
+}
+
+// onOutboxCommit wakes the drainer or the local runner for new records.
+func (b *Bridge) onOutboxCommit(kinds uint8) {
+	if kinds&(1<<kindCommand|1<<kindEvent|1<<kindDead) != 0 {
+		signal(b.drainSignal)
+	}
+	if kinds&(1<<kindLocal) != 0 {
+		signal(b.localSignal)
+	}
+}
+
+// drainer sends the outbox's mesh records to the broker in order, deleting
+// each once confirmed. It starts from the oldest record on every session.
+// Exits when the session ends.
+func (s *session) drainer() {
+	b := s.b
+	const chunk = 256
+	if err := b.ob.sync(); err != nil { // rescues of the last session are committed
+		return
+	}
+	var cursor uint64
+	kinds := uint8(1<<kindCommand | 1<<kindEvent | 1<<kindDead)
+	for {
+		select {
+		case <-s.rescan:
+			s.drainWait.Wait()
+			if b.ob.sync() != nil {
+				return
+			}
+			cursor = 0
+			select {
+			case <-time.After(b.backoff(3)):
+			case <-s.ctx.Done():
+				return
+			}
+		default:
+		}
+		recs, err := b.ob.readAfter(cursor, chunk, kinds)
+		if err != nil {
+			s.fail(fmt.Errorf("read outbox: %w", err))
+			return
+		}
+		if len(recs) == 0 {
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-b.drainSignal:
+			case <-s.rescan:
+				signal(s.rescan)
+			}
+			continue
+		}
+		// Persist, before publishing, that these may reach the broker: after a
+		// crash they go out again marked as possible duplicates.
+		published := b.ob.publishedUpTo()
+		if last := recs[len(recs)-1].seq; last > published {
+			res := make(chan error, 1)
+			b.ob.markPublished(last, func(err error) { res <- err })
+			if err := <-res; err != nil {
+				s.fail(err)
+				return
+			}
+		}
+		for _, r := range recs {
+			s.drainWait.Add(1)
+			it := &pubItem{out: b.outgoingFor(r, r.seq <= published), done: func(err error) {
+				defer s.drainWait.Done()
+				s.drained(r, err)
+			}}
+			if err := s.enqueue(it); err != nil {
+				s.drainWait.Done()
+				return
+			}
+			cursor = r.seq
+		}
+	}
+}
+
+// drained settles a record sent by the drainer (on the confirmer).
+func (s *session) drained(r *record, err error) {
+	b := s.b
+	switch {
+	case err == nil:
+		b.ob.del(r.seq, r.size, nil)
+		b.meshPending.Add(-1)
+	case errors.Is(err, ErrNoRoute):
+		b.deadRecord(r, fmt.Sprintf("no route: the broker had no queue %s", stageQueue(r.name)))
+		b.ob.del(r.seq, r.size, nil)
+		b.meshPending.Add(-1)
+	case errors.Is(err, ErrNacked):
+		signal(s.rescan) // kept; sent again after a pause
+	default:
+		// link lost: kept, sent again on the next session
+	}
+}
