@@ -9,27 +9,29 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Link is what the node needs from the bridge: a way to publish discovery
-// messages on the mesh exchange, and the two controls over the stand-ins.
-// Its methods must be safe for concurrent use; the node calls SetRoutes,
-// MarkGone and MarkUp from one goroutine, in the order the view changed.
+// Link is what the node needs from the bridge: a way to send discovery
+// messages over the broker, and the two controls over the stand-ins. Its
+// methods must be safe for concurrent use; the node calls SetRoutes and
+// MarkGone from one goroutine, in the order the view changed.
 type Link interface {
-	// PublishSystem publishes one discovery message on the mesh exchange
-	// with routing key key ("sys.<type>" or "sys.<type>.<node>"). It must
-	// not queue the message for later (no outbox): discovery messages are
-	// worthless once stale, and the node learns from a prompt error that
-	// the broker is away. It must return by the context's deadline.
+	// PublishSystem sends a system message with key key (the message
+	// type, "hello" say) to every other node. It must not queue the
+	// message for later (no outbox): discovery messages are worthless
+	// once stale, and the node learns from a prompt error that the broker
+	// is away. It must return by the context's deadline.
 	PublishSystem(ctx context.Context, key string, body []byte) error
+	// SendSystem sends a system message to node alone, on the same terms.
+	// It fails when node is not connected.
+	SendSystem(ctx context.Context, node, key string, body []byte) error
 	// SetRoutes replaces the set of capabilities hosted elsewhere:
 	// capability -> the live nodes hosting it (sorted). A capability that
 	// is hosted locally is never in it. The bridge keeps a stand-in on
 	// cap.<name> for each key and spreads calls over the listed nodes.
 	SetRoutes(routes map[string][]string)
 	// MarkGone says node is gone since the given time: calls addressed to
-	// it fail at once, naming the node and the time.
+	// it fail at once, naming the node and the time. A zero since
+	// withdraws the mark: the node is back (or forgotten).
 	MarkGone(node string, since time.Time)
-	// MarkUp withdraws an earlier MarkGone: the node is back.
-	MarkUp(node string)
 }
 
 // Clock is the node's source of time. Tests inject a fake one.

@@ -34,8 +34,8 @@
 // calls, so a capability hosted here is never routed; a caller reaches a
 // named node with node.<node>.cap.<name>, which the bridge handles. For
 // each gone peer the node calls Link.MarkGone(peer, last seen) so calls
-// addressed to it fail at once, and Link.MarkUp when it returns (or is
-// forgotten).
+// addressed to it fail at once, and Link.MarkGone(peer, zero time) when
+// it returns (or is forgotten).
 //
 // While the node cannot publish (its last broadcast failed), the broker is
 // away for this node as much as for its peers, so silence is not held
@@ -44,29 +44,30 @@
 //
 // # Protocol
 //
-// Discovery messages travel on the broker's mesh exchange (topic),
-// published by the bridge with Link.PublishSystem and received by it for
-// Node.HandleSystem. They are not persistent and never wait in an outbox.
-// The bridge binds each node's system queue to the mesh exchange with the
-// keys "sys.*" (broadcasts) and "sys.*.<node>" (messages addressed to
-// that node):
+// Discovery messages are the bridge's system messages: not persistent,
+// never kept in an outbox, with the message type as the system key. A
+// broadcast (Link.PublishSystem) goes out on the mesh exchange with
+// routing key sys.<type> and reaches every node; a message for one node
+// (Link.SendSystem) goes with routing key to.<node>.sys.<type> and reaches
+// that node alone. The bridge hands both to HandleSystem with the key
+// <type> and the origin node it read from the message's properties.
 //
-//	routing key        type       meaning
-//	sys.hello          hello      the sender joined; carries its host record
-//	sys.query          query      every node: answer with an info to the sender
-//	sys.query.<node>   query      <node> only: answer with an info to the sender
-//	sys.info.<node>    info       the sender's host record, answering <node>'s query
-//	sys.update         update     the sender's host record changed
-//	sys.heartbeat      heartbeat  the sender is alive; carries its record's hash
-//	sys.bye            bye        the sender leaves cleanly
+//	type       sent as        meaning
+//	hello      broadcast      the sender joined; carries its host record
+//	query      broadcast      every node: answer the sender with an info
+//	query      to one node    that node: answer the sender with an info
+//	info       to one node    the sender's host record, answering a query
+//	update     broadcast      the sender's host record changed
+//	heartbeat  broadcast      the sender is alive; carries its record's hash
+//	bye        broadcast      the sender leaves cleanly
 //
 // A node sends hello and a broadcast query at Start, a heartbeat every
 // HeartbeatInterval (5 s), a broadcast query every DiscoveryInterval
 // (30 s), an update within PollInterval of a local change, and bye at
 // Close. It answers every query with an info. When a heartbeat's hash
 // differs from the record it holds for the sender, or it hears from a
-// node whose record it lacks, it asks that node alone (sys.query.<node>),
-// so a lost update heals within one heartbeat.
+// node whose record it lacks, it asks that node alone (an addressed
+// query), so a lost update heals within one heartbeat.
 //
 // Every message is one JSON object (at most 256 KiB):
 //
@@ -91,8 +92,8 @@
 // coming back (same started_at, ignored) or another process using its
 // name (counted, logged once). Everything else is validated (DecodeMessage)
 // before it touches the view: an unknown type or version, a bad name, a
-// list longer than 1024, a routing key that does not match the message, a
-// node field that differs from the origin the transport reports — the
+// list longer than 1024, a key that is not the message's type, a node
+// field that differs from the origin the transport reports — the
 // message is dropped, counted in meshbox_discovery_rejected_total{reason}
 // and logged at debug level.
 //
@@ -115,8 +116,8 @@
 //   - the sender publishes queued messages one at a time, each bounded by
 //     PublishTimeout, building each body when it is sent (the queue holds
 //     at most one pending message per type and addressee);
-//   - the effects goroutine is the only caller of Link.MarkUp,
-//     Link.MarkGone, Link.SetRoutes and Config.OnLocalChange, and sets
+//   - the effects goroutine is the only caller of Link.MarkGone,
+//     Link.SetRoutes and Config.OnLocalChange, and sets
 //     the gauges; it applies the latest view whenever it changed, so
 //     bursts of changes coalesce and the link sees them in order.
 //

@@ -27,8 +27,8 @@ var (
 	ErrVersion = errors.New("unsupported protocol version")
 	// ErrUnknownType means the message type is not one this node knows.
 	ErrUnknownType = errors.New("unknown message type")
-	// ErrKeyMismatch means the routing key does not match the message.
-	ErrKeyMismatch = errors.New("routing key does not match message")
+	// ErrKeyMismatch means the system key is not the message's type.
+	ErrKeyMismatch = errors.New("system key does not match message type")
 	// ErrBadName means a node, capability or stage name is not valid.
 	ErrBadName = errors.New("invalid name")
 	// ErrTooMany means a list in the message is longer than allowed.

@@ -86,14 +86,12 @@ func newFakeMesh() *fakeMesh {
 	return &fakeMesh{nodes: map[string]*Node{}, links: map[string]*fakeLink{}}
 }
 
-// deliver hands body to every node whose system queue the key reaches:
-// "sys.<type>" every node (the sender too, as the broker does),
-// "sys.<type>.<node>" that node.
-func (fm *fakeMesh) deliver(from, key string, body []byte) {
+// deliver hands body to node addressee, or to every node (the sender too)
+// when addressee is "". It reports whether anyone got it.
+func (fm *fakeMesh) deliver(from, addressee, key string, body []byte) bool {
 	fm.mu.Lock()
 	var to []*Node
-	rest, _ := strings.CutPrefix(key, "sys.")
-	if _, addressee, addressed := strings.Cut(rest, "."); addressed {
+	if addressee != "" {
 		if n := fm.nodes[addressee]; n != nil {
 			to = append(to, n)
 		}
@@ -106,6 +104,7 @@ func (fm *fakeMesh) deliver(from, key string, body []byte) {
 	for _, n := range to {
 		n.HandleSystem(key, body, from)
 	}
+	return len(to) > 0
 }
 
 // fakeLink is one node's Link on a fakeMesh.
@@ -118,19 +117,24 @@ type fakeLink struct {
 	block     bool  // PublishSystem waits for its context to end
 	cut       bool  // PublishSystem drops messages silently (the process is "dead")
 	dropTypes map[string]bool
-	sent      []sentMsg
+	sent      []string // routing keys as the bridge forms them: sys.<type>, to.<node>.sys.<type>
 	routes    map[string][]string
 	routeSets int
 	gone      map[string]time.Time
 	local     [][]string // OnLocalChange calls: capabilities
 }
 
-type sentMsg struct {
-	key  string
-	body []byte
-}
+var errNoRoute = errors.New("no route")
 
 func (l *fakeLink) PublishSystem(ctx context.Context, key string, body []byte) error {
+	return l.send(ctx, "", key, body)
+}
+
+func (l *fakeLink) SendSystem(ctx context.Context, node, key string, body []byte) error {
+	return l.send(ctx, node, key, body)
+}
+
+func (l *fakeLink) send(ctx context.Context, to, key string, body []byte) error {
 	l.mu.Lock()
 	if l.block {
 		l.mu.Unlock()
@@ -146,16 +150,15 @@ func (l *fakeLink) PublishSystem(ctx context.Context, key string, body []byte) e
 		l.mu.Unlock()
 		return err
 	}
-	l.sent = append(l.sent, sentMsg{key, slices.Clone(body)})
-	drop := l.cut
-	for t := range l.dropTypes {
-		if strings.HasPrefix(key, "sys."+t) {
-			drop = true
-		}
+	rk := "sys." + key
+	if to != "" {
+		rk = "to." + to + ".sys." + key
 	}
+	l.sent = append(l.sent, rk)
+	drop := l.cut || l.dropTypes[key]
 	l.mu.Unlock()
-	if !drop {
-		l.mesh.deliver(l.name, key, body)
+	if !drop && !l.mesh.deliver(l.name, to, key, body) && to != "" {
+		return errNoRoute
 	}
 	return nil
 }
@@ -170,13 +173,11 @@ func (l *fakeLink) SetRoutes(routes map[string][]string) {
 func (l *fakeLink) MarkGone(node string, since time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if since.IsZero() {
+		delete(l.gone, node)
+		return
+	}
 	l.gone[node] = since
-}
-
-func (l *fakeLink) MarkUp(node string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	delete(l.gone, node)
 }
 
 func (l *fakeLink) Routes() map[string][]string {
@@ -222,15 +223,11 @@ func (l *fakeLink) setDrop(typ string, drop bool) {
 	}
 }
 
-// sentTypes returns the types of the messages published, in order.
+// sentKeys returns the routing keys of the messages sent, in order.
 func (l *fakeLink) sentKeys() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var out []string
-	for _, s := range l.sent {
-		out = append(out, s.key)
-	}
-	return out
+	return slices.Clone(l.sent)
 }
 
 // localSubs is a mutable LocalSubjects.

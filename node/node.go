@@ -207,11 +207,11 @@ func (n *Node) Close() error {
 		n.cfg.Link.SetRoutes(map[string][]string{})
 	}
 	n.mu.Lock()
-	key, body := n.buildLocked(intent{typ: TypeBye})
+	body := n.buildLocked(intent{typ: TypeBye})
 	n.mu.Unlock()
 	ctx, cancelBye := context.WithTimeout(context.Background(), byeTimeout)
 	defer cancelBye()
-	if err := n.cfg.Link.PublishSystem(ctx, key, body); err != nil {
+	if err := n.cfg.Link.PublishSystem(ctx, TypeBye, body); err != nil {
 		n.m.errors.WithLabelValues("publish").Inc()
 		n.logger.Info("could not say goodbye to the mesh; peers will notice the missed heartbeats", "err", err)
 	} else {
@@ -511,7 +511,7 @@ func added(a, b []string) []string {
 }
 
 // buildLocked builds the message for it, with the next sequence number.
-func (n *Node) buildLocked(it intent) (string, []byte) {
+func (n *Node) buildLocked(it intent) []byte {
 	n.seq++
 	m := Message{
 		V:         ProtocolVersion,
@@ -534,7 +534,7 @@ func (n *Node) buildLocked(it intent) (string, []byte) {
 	if err != nil {
 		panic("node: encode discovery message: " + err.Error()) // only strings, ints and times: cannot fail
 	}
-	return m.RoutingKey(), body
+	return body
 }
 
 // --- the views handed out ---
@@ -639,6 +639,9 @@ func (n *Node) goneLocked() map[string]time.Time {
 	for _, p := range n.peers {
 		if p.state == StateGone {
 			gone[p.name] = p.lastSeen
+			if p.lastSeen.IsZero() {
+				gone[p.name] = p.since
+			}
 		}
 	}
 	return gone
@@ -754,12 +757,17 @@ func (n *Node) sender(ctx context.Context) {
 			it := n.pending[0]
 			n.pending = n.pending[1:]
 			delete(n.pendingSet, it)
-			key, body := n.buildLocked(it)
+			body := n.buildLocked(it)
 			n.sending = true
 			n.mu.Unlock()
 
 			pctx, cancel := context.WithTimeout(ctx, n.cfg.PublishTimeout)
-			err := n.cfg.Link.PublishSystem(pctx, key, body)
+			var err error
+			if it.to == "" {
+				err = n.cfg.Link.PublishSystem(pctx, it.typ, body)
+			} else {
+				err = n.cfg.Link.SendSystem(pctx, it.to, it.typ, body)
+			}
 			cancel()
 			n.published(ctx, it, err)
 		}
@@ -827,7 +835,7 @@ func (n *Node) applyEffects() {
 	a := &n.applied // touched only here, and by Close after the goroutine ended
 	for name := range a.gone {
 		if _, still := gone[name]; !still {
-			n.cfg.Link.MarkUp(name)
+			n.cfg.Link.MarkGone(name, time.Time{})
 		}
 	}
 	for name, since := range gone {

@@ -83,7 +83,7 @@ func TestJoinAndQuery(t *testing.T) {
 	wantRoutes(t, b, map[string][]string{"alpha": {"A"}})
 
 	// B's query was answered with an info addressed to B.
-	if !slices.Contains(a.link.sentKeys(), "sys.info.B") {
+	if !slices.Contains(a.link.sentKeys(), "to.B.sys.info") {
 		t.Fatalf("A sent %v, want an info to B", a.link.sentKeys())
 	}
 	if got, want := b.link.sentKeys()[:2], []string{"sys.hello", "sys.query"}; !slices.Equal(got, want) {
@@ -168,7 +168,7 @@ func TestLostUpdateHealsByHeartbeatHash(t *testing.T) {
 	// B's next heartbeat carries a hash A does not know: A asks B alone.
 	h.advanceBy(5*time.Second, time.Second)
 	wantRoutes(t, a, map[string][]string{"one": {"B"}, "two": {"B"}})
-	if !slices.Contains(a.link.sentKeys(), "sys.query.B") {
+	if !slices.Contains(a.link.sentKeys(), "to.B.sys.query") {
 		t.Fatalf("A sent %v, want an addressed query to B", a.link.sentKeys())
 	}
 }
@@ -232,7 +232,7 @@ func TestPeerRestartReplacesRecord(t *testing.T) {
 	// A late message from the old run changes nothing.
 	old := Message{V: 1, Type: TypeUpdate, Node: "C", StartedAt: c1.cfg.StartedAt, Seq: 99, Capabilities: []string{"old"}}
 	body, _ := EncodeMessage(&old)
-	a.HandleSystem(old.RoutingKey(), body, "C")
+	a.HandleSystem(old.Type, body, "C")
 	h.settle()
 	wantRoutes(t, a, map[string][]string{"new": {"C"}})
 	if got := value(t, a.m.rejected.WithLabelValues("stale")); got != 1 {
@@ -410,17 +410,17 @@ func TestBadWireInputIsDroppedAndCounted(t *testing.T) {
 		body        []byte
 		reason      string
 	}{
-		{"sys.hello", "", []byte("not json"), "malformed"},
-		{"sys.hello", "", nil, "malformed"},
-		{"sys.hello", "", make([]byte, MaxMessageBytes+1), "too_large"},
-		{"sys.hello", "", good(Message{V: 2, Type: TypeHello, Node: "X", StartedAt: now}), "version"},
-		{"sys.shout", "", good(Message{V: 1, Type: "shout", Node: "X", StartedAt: now}), "unknown_type"},
-		{"sys.hello", "", good(Message{V: 1, Type: TypeHello, Node: "X Y", StartedAt: now}), "bad_name"},
-		{"sys.hello", "Z", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now}), "origin_mismatch"},
-		{"sys.update", "", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now}), "key_mismatch"},
-		{"sys.hello", "", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now, Capabilities: make([]string, MaxCapabilities+1)}), "too_many"},
-		{"sys.hello", "", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now, Capabilities: []string{"ok", "cap.>"}}), "bad_name"},
-		{"sys.hello", "", good(Message{V: 1, Type: TypeHello, Node: "X"}), "bad_field"},
+		{"hello", "", []byte("not json"), "malformed"},
+		{"hello", "", nil, "malformed"},
+		{"hello", "", make([]byte, MaxMessageBytes+1), "too_large"},
+		{"hello", "", good(Message{V: 2, Type: TypeHello, Node: "X", StartedAt: now}), "version"},
+		{"shout", "", good(Message{V: 1, Type: "shout", Node: "X", StartedAt: now}), "unknown_type"},
+		{"hello", "", good(Message{V: 1, Type: TypeHello, Node: "X Y", StartedAt: now}), "bad_name"},
+		{"hello", "Z", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now}), "origin_mismatch"},
+		{"update", "", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now}), "key_mismatch"},
+		{"hello", "", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now, Capabilities: make([]string, MaxCapabilities+1)}), "too_many"},
+		{"hello", "", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now, Capabilities: []string{"ok", "cap.>"}}), "bad_name"},
+		{"hello", "", good(Message{V: 1, Type: TypeHello, Node: "X"}), "bad_field"},
 	}
 	for _, in := range inputs {
 		before := value(t, a.m.rejected.WithLabelValues(in.reason))
@@ -436,21 +436,21 @@ func TestBadWireInputIsDroppedAndCounted(t *testing.T) {
 
 	// Our own broadcast coming back is ignored silently; another process
 	// with our name is counted.
-	a.HandleSystem("sys.heartbeat", good(Message{V: 1, Type: TypeHeartbeat, Node: "A", StartedAt: a.cfg.StartedAt}), "A")
-	a.HandleSystem("sys.heartbeat", good(Message{V: 1, Type: TypeHeartbeat, Node: "A", StartedAt: now.Add(time.Hour)}), "A")
+	a.HandleSystem("heartbeat", good(Message{V: 1, Type: TypeHeartbeat, Node: "A", StartedAt: a.cfg.StartedAt}), "A")
+	a.HandleSystem("heartbeat", good(Message{V: 1, Type: TypeHeartbeat, Node: "A", StartedAt: now.Add(time.Hour)}), "A")
 	if got := value(t, a.m.rejected.WithLabelValues("name_conflict")); got != 1 {
 		t.Fatalf("rejected{name_conflict}: got %v, want 1", got)
 	}
 	// A query addressed to another node is not ours to answer.
 	n := len(a.link.sentKeys())
-	a.HandleSystem("sys.query.Q", good(Message{V: 1, Type: TypeQuery, Node: "P", To: "Q", StartedAt: now}), "P")
+	a.HandleSystem("query", good(Message{V: 1, Type: TypeQuery, Node: "P", To: "Q", StartedAt: now}), "P")
 	h.settle()
 	if got := a.link.sentKeys()[n:]; len(got) != 0 {
 		t.Fatalf("A answered a query addressed to Q: sent %v", got)
 	}
 	// A nil node drops everything.
 	var nilNode *Node
-	nilNode.HandleSystem("sys.hello", nil, "")
+	nilNode.HandleSystem("hello", nil, "")
 }
 
 func TestTooManyPeers(t *testing.T) {
@@ -465,7 +465,7 @@ func TestTooManyPeers(t *testing.T) {
 	}
 	a.mu.Unlock()
 	body, _ := EncodeMessage(&Message{V: 1, Type: TypeHeartbeat, Node: "newcomer", StartedAt: now})
-	a.HandleSystem("sys.heartbeat", body, "newcomer")
+	a.HandleSystem("heartbeat", body, "newcomer")
 	if got := value(t, a.m.rejected.WithLabelValues("too_many_peers")); got != 1 {
 		t.Fatalf("rejected{too_many_peers}: got %v, want 1", got)
 	}

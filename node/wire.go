@@ -26,7 +26,6 @@ const (
 	MaxHashLen        = 64        // the "hash" string (hex)
 	minHeartbeatMS    = 10
 	maxHeartbeatMS    = 3600 * 1000
-	routingKeyPrefix  = "sys."
 	capSubjectPrefix  = "cap."
 	workSubjectPrefix = "work."
 )
@@ -41,9 +40,9 @@ const (
 	TypeBye       = "bye"       // the sender leaves cleanly
 )
 
-// Message is one discovery message: the JSON body of an AMQP message
-// published on the mesh exchange with a "sys." routing key. The same
-// struct serves every type; fields a type does not use are left empty.
+// Message is one discovery message: the JSON body of a system message the
+// bridge carries with the message type as its key. The same struct serves
+// every type; fields a type does not use are left empty.
 type Message struct {
 	V            int       `json:"v"`
 	Type         string    `json:"type"`
@@ -65,23 +64,13 @@ func carriesRecord(t string) bool {
 	return t == TypeHello || t == TypeInfo || t == TypeUpdate
 }
 
-// RoutingKey returns the routing key m is published with: "sys.<type>"
-// for broadcasts, "sys.<type>.<to>" for messages addressed to one node
-// (info always, query when To is set).
-func (m *Message) RoutingKey() string {
-	if m.To != "" {
-		return routingKeyPrefix + m.Type + "." + m.To
-	}
-	return routingKeyPrefix + m.Type
-}
-
 // EncodeMessage returns m's JSON body.
 func EncodeMessage(m *Message) ([]byte, error) {
 	return json.Marshal(m)
 }
 
 // DecodeMessage parses and validates a discovery message received with
-// routing key key. origin is the sending node as the transport knows it
+// system key key, which must be its type. origin is the sending node as the transport knows it
 // ("" when unknown); when set it must equal the message's node. Lists are
 // returned sorted and without duplicates. Every rejection is a *WireError.
 func DecodeMessage(key string, body []byte, origin string) (*Message, error) {
@@ -119,8 +108,8 @@ func DecodeMessage(key string, body []byte, origin string) (*Message, error) {
 	if m.To != "" && m.Type != TypeInfo && m.Type != TypeQuery {
 		return nil, wireErr(ErrBadField, "to", "a %s message is never addressed", m.Type)
 	}
-	if want := m.RoutingKey(); key != want {
-		return nil, wireErr(ErrKeyMismatch, "", "key %.80q, message wants %q", key, want)
+	if key != m.Type {
+		return nil, wireErr(ErrKeyMismatch, "", "key %.80q for a %s message", key, m.Type)
 	}
 	if m.StartedAt.IsZero() {
 		return nil, wireErr(ErrBadField, "started_at", "missing")

@@ -33,47 +33,46 @@ func TestDecodeMessage(t *testing.T) {
 		want   error  // nil: accepted
 		field  string // the field a rejection names
 	}{
-		{"hello", "sys.hello", enc(hello), "B", nil, ""},
-		{"hello without origin", "sys.hello", enc(hello), "", nil, ""},
-		{"query", "sys.query", enc(Message{V: 1, Type: TypeQuery, Node: "B", StartedAt: at}), "B", nil, ""},
-		{"addressed query", "sys.query.A", enc(Message{V: 1, Type: TypeQuery, Node: "B", To: "A", StartedAt: at}), "B", nil, ""},
-		{"info", "sys.info.A", with(func(m *Message) { m.Type, m.To = TypeInfo, "A" }), "B", nil, ""},
-		{"update", "sys.update", with(func(m *Message) { m.Type = TypeUpdate }), "B", nil, ""},
-		{"update to nothing", "sys.update", with(func(m *Message) { m.Type, m.Capabilities, m.Stages = TypeUpdate, nil, nil }), "B", nil, ""},
-		{"heartbeat", "sys.heartbeat", enc(Message{V: 1, Type: TypeHeartbeat, Node: "B", StartedAt: at, Hash: "00ff"}), "B", nil, ""},
-		{"bye", "sys.bye", enc(Message{V: 1, Type: TypeBye, Node: "B", StartedAt: at}), "B", nil, ""},
-		{"unknown fields ignored", "sys.bye", []byte(`{"v":1,"type":"bye","node":"B","started_at":"2030-01-02T03:04:05Z","future":true}`), "", nil, ""},
+		{"hello", "hello", enc(hello), "B", nil, ""},
+		{"hello without origin", "hello", enc(hello), "", nil, ""},
+		{"query", "query", enc(Message{V: 1, Type: TypeQuery, Node: "B", StartedAt: at}), "B", nil, ""},
+		{"addressed query", "query", enc(Message{V: 1, Type: TypeQuery, Node: "B", To: "A", StartedAt: at}), "B", nil, ""},
+		{"info", "info", with(func(m *Message) { m.Type, m.To = TypeInfo, "A" }), "B", nil, ""},
+		{"update", "update", with(func(m *Message) { m.Type = TypeUpdate }), "B", nil, ""},
+		{"update to nothing", "update", with(func(m *Message) { m.Type, m.Capabilities, m.Stages = TypeUpdate, nil, nil }), "B", nil, ""},
+		{"heartbeat", "heartbeat", enc(Message{V: 1, Type: TypeHeartbeat, Node: "B", StartedAt: at, Hash: "00ff"}), "B", nil, ""},
+		{"bye", "bye", enc(Message{V: 1, Type: TypeBye, Node: "B", StartedAt: at}), "B", nil, ""},
+		{"unknown fields ignored", "bye", []byte(`{"v":1,"type":"bye","node":"B","started_at":"2030-01-02T03:04:05Z","future":true}`), "", nil, ""},
 
-		{"too large", "sys.hello", append(enc(hello), make([]byte, MaxMessageBytes)...), "", ErrTooLarge, ""},
-		{"not json", "sys.hello", []byte("{"), "", ErrMalformed, ""},
-		{"empty", "sys.hello", nil, "", ErrMalformed, ""},
-		{"two values", "sys.hello", append(enc(hello), enc(hello)...), "", ErrMalformed, ""},
-		{"wrong json type", "sys.hello", []byte(`{"v":"1"}`), "", ErrMalformed, ""},
-		{"version 0", "sys.hello", with(func(m *Message) { m.V = 0 }), "", ErrVersion, "v"},
-		{"version 2", "sys.hello", with(func(m *Message) { m.V = 2 }), "", ErrVersion, "v"},
-		{"unknown type", "sys.gossip", with(func(m *Message) { m.Type = "gossip" }), "", ErrUnknownType, "type"},
-		{"no node", "sys.hello", with(func(m *Message) { m.Node = "" }), "", ErrBadName, "node"},
-		{"dotted node", "sys.hello", with(func(m *Message) { m.Node = "a.b" }), "", ErrBadName, "node"},
-		{"long node", "sys.hello", with(func(m *Message) { m.Node = strings.Repeat("n", 65) }), "", ErrBadName, "node"},
-		{"origin", "sys.hello", enc(hello), "C", ErrOrigin, "node"},
-		{"bad to", "sys.info.a>", with(func(m *Message) { m.Type, m.To = TypeInfo, "a>" }), "", ErrBadName, "to"},
-		{"info to nobody", "sys.info", with(func(m *Message) { m.Type = TypeInfo }), "", ErrBadField, "to"},
-		{"addressed hello", "sys.hello.A", with(func(m *Message) { m.To = "A" }), "", ErrBadField, "to"},
-		{"key for another type", "sys.bye", enc(hello), "", ErrKeyMismatch, ""},
-		{"key for another node", "sys.info.C", with(func(m *Message) { m.Type, m.To = TypeInfo, "A" }), "", ErrKeyMismatch, ""},
-		{"no started_at", "sys.hello", with(func(m *Message) { m.StartedAt = time.Time{} }), "", ErrBadField, "started_at"},
-		{"control char in version", "sys.hello", with(func(m *Message) { m.Version = "1\x00" }), "", ErrBadField, "version"},
-		{"long version", "sys.hello", with(func(m *Message) { m.Version = strings.Repeat("1", 65) }), "", ErrBadField, "version"},
-		{"negative revision", "sys.hello", with(func(m *Message) { m.Revision = -1 }), "", ErrBadField, "revision"},
-		{"upper-case hash", "sys.hello", with(func(m *Message) { m.Hash = "ABCD" }), "", ErrBadField, "hash"},
-		{"long hash", "sys.hello", with(func(m *Message) { m.Hash = strings.Repeat("a", 65) }), "", ErrBadField, "hash"},
-		{"heartbeat too fast", "sys.hello", with(func(m *Message) { m.HeartbeatMS = 1 }), "", ErrBadField, "heartbeat_ms"},
-		{"heartbeat too slow", "sys.hello", with(func(m *Message) { m.HeartbeatMS = maxHeartbeatMS + 1 }), "", ErrBadField, "heartbeat_ms"},
-		{"lists on a bye", "sys.bye", enc(Message{V: 1, Type: TypeBye, Node: "B", StartedAt: at, Capabilities: []string{"x"}}), "", ErrBadField, "capabilities"},
-		{"too many capabilities", "sys.hello", with(func(m *Message) { m.Capabilities = make([]string, MaxCapabilities+1) }), "", ErrTooMany, "capabilities"},
-		{"too many stages", "sys.hello", with(func(m *Message) { m.Stages = make([]string, MaxStages+1) }), "", ErrTooMany, "stages"},
-		{"wildcard capability", "sys.hello", with(func(m *Message) { m.Capabilities = []string{"a.*"} }), "", ErrBadName, "capabilities"},
-		{"empty stage", "sys.hello", with(func(m *Message) { m.Stages = []string{""} }), "", ErrBadName, "stages"},
+		{"too large", "hello", append(enc(hello), make([]byte, MaxMessageBytes)...), "", ErrTooLarge, ""},
+		{"not json", "hello", []byte("{"), "", ErrMalformed, ""},
+		{"empty", "hello", nil, "", ErrMalformed, ""},
+		{"two values", "hello", append(enc(hello), enc(hello)...), "", ErrMalformed, ""},
+		{"wrong json type", "hello", []byte(`{"v":"1"}`), "", ErrMalformed, ""},
+		{"version 0", "hello", with(func(m *Message) { m.V = 0 }), "", ErrVersion, "v"},
+		{"version 2", "hello", with(func(m *Message) { m.V = 2 }), "", ErrVersion, "v"},
+		{"unknown type", "gossip", with(func(m *Message) { m.Type = "gossip" }), "", ErrUnknownType, "type"},
+		{"no node", "hello", with(func(m *Message) { m.Node = "" }), "", ErrBadName, "node"},
+		{"dotted node", "hello", with(func(m *Message) { m.Node = "a.b" }), "", ErrBadName, "node"},
+		{"long node", "hello", with(func(m *Message) { m.Node = strings.Repeat("n", 65) }), "", ErrBadName, "node"},
+		{"origin", "hello", enc(hello), "C", ErrOrigin, "node"},
+		{"bad to", "info", with(func(m *Message) { m.Type, m.To = TypeInfo, "a>" }), "", ErrBadName, "to"},
+		{"info to nobody", "info", with(func(m *Message) { m.Type = TypeInfo }), "", ErrBadField, "to"},
+		{"addressed hello", "hello", with(func(m *Message) { m.To = "A" }), "", ErrBadField, "to"},
+		{"key for another type", "bye", enc(hello), "", ErrKeyMismatch, ""},
+		{"no started_at", "hello", with(func(m *Message) { m.StartedAt = time.Time{} }), "", ErrBadField, "started_at"},
+		{"control char in version", "hello", with(func(m *Message) { m.Version = "1\x00" }), "", ErrBadField, "version"},
+		{"long version", "hello", with(func(m *Message) { m.Version = strings.Repeat("1", 65) }), "", ErrBadField, "version"},
+		{"negative revision", "hello", with(func(m *Message) { m.Revision = -1 }), "", ErrBadField, "revision"},
+		{"upper-case hash", "hello", with(func(m *Message) { m.Hash = "ABCD" }), "", ErrBadField, "hash"},
+		{"long hash", "hello", with(func(m *Message) { m.Hash = strings.Repeat("a", 65) }), "", ErrBadField, "hash"},
+		{"heartbeat too fast", "hello", with(func(m *Message) { m.HeartbeatMS = 1 }), "", ErrBadField, "heartbeat_ms"},
+		{"heartbeat too slow", "hello", with(func(m *Message) { m.HeartbeatMS = maxHeartbeatMS + 1 }), "", ErrBadField, "heartbeat_ms"},
+		{"lists on a bye", "bye", enc(Message{V: 1, Type: TypeBye, Node: "B", StartedAt: at, Capabilities: []string{"x"}}), "", ErrBadField, "capabilities"},
+		{"too many capabilities", "hello", with(func(m *Message) { m.Capabilities = make([]string, MaxCapabilities+1) }), "", ErrTooMany, "capabilities"},
+		{"too many stages", "hello", with(func(m *Message) { m.Stages = make([]string, MaxStages+1) }), "", ErrTooMany, "stages"},
+		{"wildcard capability", "hello", with(func(m *Message) { m.Capabilities = []string{"a.*"} }), "", ErrBadName, "capabilities"},
+		{"empty stage", "hello", with(func(m *Message) { m.Stages = []string{""} }), "", ErrBadName, "stages"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -94,7 +93,7 @@ func TestDecodeMessage(t *testing.T) {
 		})
 	}
 
-	m, err := DecodeMessage("sys.hello", enc(hello), "B")
+	m, err := DecodeMessage("hello", enc(hello), "B")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,9 +124,6 @@ func TestMessageWireFormat(t *testing.T) {
 	}
 	if got["started_at"] != "2030-01-02T03:04:05Z" {
 		t.Errorf("started_at: got %v, want RFC 3339", got["started_at"])
-	}
-	if k := m.RoutingKey(); k != "sys.info.A" {
-		t.Errorf("routing key: got %q, want sys.info.A", k)
 	}
 }
 
@@ -208,9 +204,9 @@ func FuzzDecodeMessage(f *testing.F) {
 		{V: 1, Type: TypeHeartbeat, Node: "B", StartedAt: at, HeartbeatMS: 100},
 	} {
 		b, _ := EncodeMessage(&m)
-		f.Add(m.RoutingKey(), b, "B")
+		f.Add(m.Type, b, "B")
 	}
-	f.Add("sys.hello", []byte(`{"v":1,"type":"hello","node":"x","capabilities":[null]}`), "")
+	f.Add("hello", []byte(`{"v":1,"type":"hello","node":"x","capabilities":[null]}`), "")
 	f.Fuzz(func(t *testing.T, key string, body []byte, origin string) {
 		m, err := DecodeMessage(key, body, origin)
 		if err != nil {
@@ -224,7 +220,7 @@ func FuzzDecodeMessage(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := DecodeMessage(m.RoutingKey(), again, m.Node); err != nil {
+		if _, err := DecodeMessage(m.Type, again, m.Node); err != nil {
 			t.Fatalf("accepted message does not decode again: %v", err)
 		}
 	})
