@@ -1,0 +1,561 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"html"
+	"image/png"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/nats-io/nats.go"
+)
+
+// requirePeers turns on the peer check of TestStatusPageInBrowser: the
+// second node must appear as a peer of the first on the rendered page.
+// Peers the status reports are always checked on the page; this makes their
+// absence a failure.
+//
+// TODO(lead): set to true once node discovery fills status.peers.
+const requirePeers = false
+
+// screenshotEnv names the environment variable that makes
+// TestStatusPageInBrowser write the README's screenshot (docs/status-page.png)
+// instead of a temporary file: MESHBOX_UPDATE_SCREENSHOT=1 go test -run StatusPageInBrowser ./testing/e2e/
+const screenshotEnv = "MESHBOX_UPDATE_SCREENSHOT"
+
+// chromiumPath returns Debian's chromium, installing it with
+// testing/services.sh when it is missing.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("chromium"); err == nil {
+		return p
+	}
+	out, err := exec.Command("sh", filepath.Join("..", "services.sh")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("install chromium with testing/services.sh: %v\n%s", err, out)
+	}
+	p, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("chromium still missing after testing/services.sh: %v\n%s", err, out)
+	}
+	return p
+}
+
+// chromium runs a headless chromium on pageURL with a fresh profile, no
+// background networking, and args; it returns standard output.
+func chromium(t *testing.T, pageURL string, args ...string) string {
+	t.Helper()
+	bin := chromiumPath(t)
+	profile := t.TempDir()
+	full := []string{
+		"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--disable-default-apps", "--disable-extensions", "--no-default-browser-check",
+		"--user-data-dir=" + profile, "--virtual-time-budget=5000",
+	}
+	full = append(full, args...)
+	full = append(full, pageURL)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, full...)
+	cmd.Env = append(os.Environ(), "HOME="+profile, "XDG_CONFIG_HOME="+profile, "XDG_CACHE_HOME="+profile)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// On timeout the whole process group goes: chromium starts helpers.
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if cmd.Process != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // helpers left behind, if any
+	}
+	if err != nil {
+		t.Fatalf("chromium %s: %v\n%s", pageURL, err, tail(stderr.String(), 20))
+	}
+	return stdout.String()
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// renderedPage is the DOM of the status page after its scripts ran.
+type renderedPage struct{ dom string }
+
+// renderPage loads the page at pageURL in the browser and returns its DOM.
+func renderPage(t *testing.T, pageURL string) renderedPage {
+	t.Helper()
+	dom := chromium(t, pageURL, "--dump-dom")
+	if !strings.Contains(dom, `id="mesh-svg"`) {
+		t.Fatalf("the browser did not render the status page:\n%s", tail(dom, 30))
+	}
+	return renderedPage{dom: dom}
+}
+
+// text returns the text of the element with id (elements with text only).
+func (p renderedPage) text(t *testing.T, id string) string {
+	t.Helper()
+	m := regexp.MustCompile(`id="` + regexp.QuoteMeta(id) + `"[^>]*>([^<]*)<`).FindStringSubmatch(p.dom)
+	if m == nil {
+		t.Fatalf("page has no element #%s with text", id)
+	}
+	return html.UnescapeString(m[1])
+}
+
+// attr returns attribute name of the element with id.
+func (p renderedPage) attr(t *testing.T, id, name string) string {
+	t.Helper()
+	m := regexp.MustCompile(`<[a-z]+ [^>]*id="` + regexp.QuoteMeta(id) + `"[^>]*>`).FindString(p.dom)
+	if m == "" {
+		t.Fatalf("page has no element #%s", id)
+	}
+	a := regexp.MustCompile(` ` + regexp.QuoteMeta(name) + `="([^"]*)"`).FindStringSubmatch(m)
+	if a == nil {
+		return ""
+	}
+	return html.UnescapeString(a[1])
+}
+
+// hasAttr reports whether the element with id has attribute name.
+func (p renderedPage) hasAttr(t *testing.T, id, name string) bool {
+	t.Helper()
+	m := regexp.MustCompile(`<[a-z]+ [^>]*id="` + regexp.QuoteMeta(id) + `"[^>]*>`).FindString(p.dom)
+	if m == "" {
+		t.Fatalf("page has no element #%s", id)
+	}
+	return regexp.MustCompile(` ` + regexp.QuoteMeta(name) + `(=|[ >])`).MatchString(m)
+}
+
+// has reports whether the DOM holds s.
+func (p renderedPage) has(s string) bool { return strings.Contains(p.dom, s) }
+
+// fullStatus reads a node's whole status JSON.
+func fullStatus(t *testing.T, httpURL string) map[string]any {
+	t.Helper()
+	resp, err := http.Get(httpURL + "/status")
+	if err != nil {
+		t.Fatalf("GET /status: %v", err)
+	}
+	defer resp.Body.Close()
+	var st map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("status is not JSON: %v", err)
+	}
+	return st
+}
+
+func field(m map[string]any, path ...string) any {
+	var v any = m
+	for _, p := range path {
+		mm, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		v = mm[p]
+	}
+	return v
+}
+
+// peerNames returns the names of the peers in a status.
+func peerNames(st map[string]any) []string {
+	var out []string
+	peers, _ := st["peers"].([]any)
+	for _, p := range peers {
+		if m, ok := p.(map[string]any); ok {
+			if n, ok := m["node"].(string); ok {
+				out = append(out, n)
+			} else if n, ok := m["name"].(string); ok {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// countingProxy forwards to a node's HTTP and counts GET /status.
+func countingProxy(t *testing.T, target string) (string, *atomic.Int64) {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int64
+	rp := httputil.NewSingleHostReverseProxy(u)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/status" {
+			n.Add(1)
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, &n
+}
+
+// TestStatusPageInBrowser runs a two-node mesh (real PostgreSQL and
+// RabbitMQ, nodes as processes) and loads the first node's status page in a
+// headless chromium: the rendered page shows the broker state, the bindings
+// and their age, and the peers the node sees, the same as /status says.
+func TestStatusPageInBrowser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL, RabbitMQ, two nodes and a browser")
+	}
+	meshtest.Binary(t) // built before cli's timeout starts
+	rmq := meshtest.RabbitMQ(t)
+	vhost := rmq.Vhost(t)
+	db := meshtest.Postgres(t).Database(t)
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", vhost); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	mesh(t, db, "node", "add", "beta")
+	alpha := meshtest.StartProcess(t, "--node", "alpha", "--db", db)
+	beta := meshtest.StartProcess(t, "--node", "beta", "--db", db)
+
+	// A program on alpha hosts a capability, one on beta another.
+	for _, h := range []struct {
+		node    *meshtest.Process
+		capName string
+	}{{alpha, "echo"}, {beta, "clock"}} {
+		nc, err := nats.Connect(h.node.NATSURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		if _, err := nc.QueueSubscribe("cap."+h.capName, "meshbox", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []*meshtest.Process{alpha, beta} {
+		waitStatus(t, p.HTTPURL(), 20*time.Second, p.Node()+" connected to the broker", func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	}
+	if requirePeers {
+		deadline := time.Now().Add(20 * time.Second)
+		for !contains(peerNames(fullStatus(t, alpha.HTTPURL())), "beta") {
+			if time.Now().After(deadline) {
+				t.Fatalf("alpha's status never listed beta as a peer: %v", fullStatus(t, alpha.HTTPURL())["peers"])
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	// The page refreshes itself: with ?refresh=1 it fetches /status about
+	// every second of the browser's (virtual) time.
+	viaProxy, fetches := countingProxy(t, alpha.HTTPURL())
+	page := renderPage(t, viaProxy+"/?refresh=1")
+	st := fullStatus(t, alpha.HTTPURL())
+
+	if n := fetches.Load(); n < 2 {
+		t.Errorf("the page fetched /status %d times in 5s, want it refreshing (at least 2)", n)
+	}
+	if got := page.text(t, "node"); got != "alpha" {
+		t.Errorf("node: got %q, want alpha", got)
+	}
+	if got, want := page.text(t, "version"), field(st, "version"); got != want {
+		t.Errorf("version: got %q, want %v", got, want)
+	}
+	if got := page.text(t, "live"); !strings.HasPrefix(got, "updated ") {
+		t.Errorf("live indicator: got %q, want updated ...", got)
+	}
+	if page.attr(t, "banner", "class") == "on" {
+		t.Errorf("banner shown: %q", page.text(t, "banner"))
+	}
+
+	// Broker state.
+	if got := page.text(t, "broker-state"); got != "connected" {
+		t.Errorf("broker state on the page: got %q, want connected", got)
+	}
+	if got := page.attr(t, "broker-state", "class"); !strings.Contains(got, "good") {
+		t.Errorf("broker state class: got %q, want good (green)", got)
+	}
+	if bu, _ := field(st, "broker", "url").(string); bu != "" && !page.has(html.EscapeString(bu)) {
+		t.Errorf("page lacks the broker URL %q", bu)
+	}
+	if !page.has(`id="broker-history"`) {
+		t.Errorf("page lacks the broker history table")
+	}
+
+	// Bindings: from the database, live, age 0.
+	if got := page.text(t, "bindings-source"); got != "db" {
+		t.Errorf("bindings source on the page: got %q, want db", got)
+	}
+	if got, want := page.text(t, "bindings-revision"), field(st, "bindings", "revision"); got != strconv.FormatFloat(want.(float64), 'f', -1, 64) {
+		t.Errorf("bindings revision on the page: got %q, want %v", got, want)
+	}
+	if got := page.text(t, "bindings-age"); got != "0s" {
+		t.Errorf("bindings age on the page: got %q, want 0s (live from the database)", got)
+	}
+	if got := page.attr(t, "bindings-age", "class"); strings.Contains(got, "warn") || strings.Contains(got, "bad") {
+		t.Errorf("bindings age highlighted as %q while live", got)
+	}
+
+	// Peers: every peer the status reports is on the page, in the picture
+	// and in the table.
+	peers := peerNames(st)
+	if requirePeers && !contains(peers, "beta") {
+		t.Errorf("alpha's peers: got %v, want beta", peers)
+	}
+	if !requirePeers {
+		t.Logf("peer check off (requirePeers): alpha reports peers %v", peers)
+	}
+	for _, p := range peers {
+		if !page.has(`data-peer="`+p+`"`) || !page.has(`data-node="`+p+`"`) {
+			t.Errorf("peer %s is in the status but not on the page", p)
+		}
+	}
+	if len(peers) == 0 && !page.has("no peers") && !page.has("does not report peers") {
+		t.Errorf("no peers, and the page does not say so")
+	}
+	if !page.has(`data-node="alpha"`) {
+		t.Errorf("the mesh picture lacks this node")
+	}
+
+	// Capabilities this node reports are on the page.
+	if local, ok := field(st, "capabilities", "local").([]any); ok {
+		for _, c := range local {
+			name, _ := c.(string)
+			if m, ok := c.(map[string]any); ok {
+				name, _ = m["name"].(string)
+			}
+			if name != "" && !page.has(">"+name+"<") {
+				t.Errorf("local capability %q is in the status but not on the page", name)
+			}
+		}
+	}
+
+	// The screenshot for the README.
+	shot := filepath.Join(t.TempDir(), "status-page.png")
+	if os.Getenv(screenshotEnv) != "" {
+		shot = filepath.Join("..", "..", "docs", "status-page.png")
+		if err := os.MkdirAll(filepath.Dir(shot), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	abs, err := filepath.Abs(shot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chromium(t, alpha.HTTPURL()+"/", "--screenshot="+abs, "--window-size=1280,1000", "--hide-scrollbars")
+	f, err := os.Open(abs)
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("screenshot is not a PNG: %v", err)
+	}
+	if b := img.Bounds(); b.Dx() != 1280 || b.Dy() != 1000 {
+		t.Errorf("screenshot size: got %dx%d, want 1280x1000", b.Dx(), b.Dy())
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// TestStatusPageOnCache loads the page of a node that runs from its cache:
+// the source and the age are highlighted, with the reason in words.
+func TestStatusPageOnCache(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL, a node and a browser")
+	}
+	meshtest.Binary(t) // built before cli's timeout starts
+	pg := meshtest.Postgres(t)
+	db := pg.Database(t)
+	// No broker answers at this address: the page shows a node that is
+	// cut off from both.
+	noBroker := "amqp://guest:guest@127.0.0.1:" + strconv.Itoa(meshtest.FreePort(t)) + "/"
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", noBroker); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	upstream := "127.0.0.1:" + strconv.Itoa(pg.Port())
+	px := meshtest.NewProxy(t, upstream)
+	viaProxy := px.Rewrite(db, upstream)
+	data := t.TempDir()
+
+	p := meshtest.StartProcess(t, "--node", "alpha", "--db", viaProxy, "--data", data)
+	if st := getStatus(t, p.HTTPURL()); st.Bindings.Source != "db" {
+		t.Fatalf("first start: source %q, want db", st.Bindings.Source)
+	}
+	p.Signal(syscall.SIGTERM)
+	if code := p.Wait(); code != 0 {
+		t.Fatalf("stop: exit %d", code)
+	}
+	px.Cut(t)
+	time.Sleep(1100 * time.Millisecond) // the cached bindings age by a second
+	p = meshtest.StartProcess(t, "--node", "alpha", "--db", viaProxy, "--data", data)
+	if st := getStatus(t, p.HTTPURL()); st.Bindings.Source != "cache" {
+		t.Fatalf("second start: source %q, want cache", st.Bindings.Source)
+	}
+
+	page := renderPage(t, p.HTTPURL()+"/")
+	if got := page.text(t, "bindings-source"); got != "cache" {
+		t.Errorf("bindings source: got %q, want cache", got)
+	}
+	if got := page.attr(t, "bindings-source", "class"); !strings.Contains(got, "warn") {
+		t.Errorf("bindings source class: got %q, want warn (highlighted)", got)
+	}
+	age, err := strconv.Atoi(page.attr(t, "bindings-age", "data-age-seconds"))
+	if err != nil || age < 1 {
+		t.Errorf("bindings age: got %q (%v), want at least 1s", page.attr(t, "bindings-age", "data-age-seconds"), err)
+	}
+	if got := page.attr(t, "bindings-age", "class"); !strings.Contains(got, "warn") && !strings.Contains(got, "bad") {
+		t.Errorf("bindings age class: got %q, want highlighted", got)
+	}
+	if got := page.text(t, "bindings-warning"); !strings.Contains(got, "running from the local cache") {
+		t.Errorf("bindings note: got %q, want it to say the node runs from its cache", got)
+	}
+	if page.hasAttr(t, "bindings-warning", "hidden") {
+		t.Errorf("bindings note is hidden")
+	}
+	if got := page.attr(t, "bindings-card", "class"); got != "caution" && got != "alert" {
+		t.Errorf("bindings card: got class %q, want caution or alert", got)
+	}
+}
+
+// TestStatusPageRendersAnyStatus serves the node's page with made-up status
+// documents: a bare one (sections a node does not report yet) and a busy one
+// (peers, stalls, errors, text that looks like markup), and checks what the
+// browser shows.
+func TestStatusPageRendersAnyStatus(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a node and a browser")
+	}
+	p := meshtest.StartProcess(t, "--node", "solo")
+	resp, err := http.Get(p.HTTPURL() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pageHTML, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	csp := resp.Header.Get("Content-Security-Policy")
+
+	var status atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/":
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			w.Header().Set("Content-Security-Policy", csp)
+			_, _ = w.Write(pageHTML)
+		case "/status":
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, status.Load().(string))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+
+	status.Store(`{"node":"bare","version":"v9"}`)
+	page := renderPage(t, srv.URL+"/")
+	if got := page.text(t, "node"); got != "bare" {
+		t.Errorf("bare: node %q, want bare", got)
+	}
+	if page.attr(t, "banner", "class") == "on" {
+		t.Errorf("bare: banner %q, want none", page.text(t, "banner"))
+	}
+	if got := page.text(t, "broker-state"); got != "not reported" {
+		t.Errorf("bare: broker state %q, want not reported", got)
+	}
+	if !page.has("this node does not report peers") {
+		t.Errorf("bare: the page does not say peers are not reported")
+	}
+
+	now := time.Now().UTC()
+	ago := func(d time.Duration) string { return now.Add(-d).Format(time.RFC3339) }
+	busy := map[string]any{
+		"node": "attic", "version": "v1.2.3", "started_at": ago(time.Hour),
+		"broker": map[string]any{"state": "offline", "since": ago(time.Minute), "url": "amqp://attic:xxxxx@broker/",
+			"history": []any{map[string]any{"state": "connected", "at": ago(time.Hour)}, map[string]any{"state": "offline", "at": ago(time.Minute), "reason": "connection reset"}}},
+		"bindings": map[string]any{"source": "cache", "revision": 12, "age_seconds": 200000, "warning": "bindings are older than 24h0m0s"},
+		"outbox":   map[string]any{"depth": 3, "bytes": 900, "oldest_age_seconds": 61, "max_bytes": 1000},
+		"stalls":   []any{map[string]any{"stage": "transcode", "reason": "no consumer", "oldest_age_seconds": 400}},
+		"peers": []any{
+			map[string]any{"node": "garage", "state": "up", "capabilities": []any{"camera.snapshot"}},
+			map[string]any{"node": "cellar", "state": "gone"},
+		},
+		"capabilities": map[string]any{"local": []any{"echo"}, "remote": map[string]any{"camera.snapshot": []any{"garage"}}},
+		"errors":       []any{map[string]any{"at": ago(time.Minute), "level": "ERROR", "component": "bridge", "message": "<script>alert(1)</script>", "detail": "<b>bold</b>"}},
+	}
+	b, _ := json.Marshal(busy)
+	status.Store(string(b))
+	page = renderPage(t, srv.URL+"/")
+	checks := []struct {
+		id, attr, want string
+	}{
+		{"broker-state", "", "offline"},
+		{"bindings-source", "", "cache"},
+		{"bindings-age", "", "2d 7h"},
+		{"bindings-age", "class", "badge bad"},
+		{"bindings-card", "class", "alert"},
+		{"outbox-depth", "", "3"},
+		{"outbox-oldest", "", "1m 1s"},
+		{"outbox-card", "class", "caution"},
+		{"stalls-card", "class", "alert"},
+	}
+	if got := page.attr(t, "broker-state", "class"); !strings.Contains(got, "bad") {
+		t.Errorf("busy: broker state class %q, want bad (red)", got)
+	}
+	for _, c := range checks {
+		var got string
+		if c.attr == "" {
+			got = page.text(t, c.id)
+		} else {
+			got = page.attr(t, c.id, c.attr)
+		}
+		if got != c.want {
+			t.Errorf("busy: #%s %s: got %q, want %q", c.id, c.attr, got, c.want)
+		}
+	}
+	for _, want := range []string{`data-peer="garage"`, `data-peer="cellar"`, `data-node="garage"`, "transcode", "no consumer",
+		"camera.snapshot", "bindings are older than 24h0m0s", "connection reset"} {
+		if !page.has(want) {
+			t.Errorf("busy: page lacks %q", want)
+		}
+	}
+	// Text from the status is shown as text, never run or parsed as markup.
+	if !page.has("&lt;script&gt;alert(1)&lt;/script&gt;: &lt;b&gt;bold&lt;/b&gt;") {
+		t.Errorf("busy: the error message is not shown as escaped text")
+	}
+	if page.has("<b>bold</b>") {
+		t.Errorf("busy: markup from the status was inserted into the page")
+	}
+
+	// A node that stops answering: the page says so and keeps the last data.
+	status.Store("not json")
+	page = renderPage(t, srv.URL+"/")
+	if page.attr(t, "banner", "class") != "on" || !strings.Contains(page.text(t, "banner"), "not answering") {
+		t.Errorf("broken status: banner class %q text %q, want it shown, saying the node is not answering",
+			page.attr(t, "banner", "class"), page.text(t, "banner"))
+	}
+	if got := page.attr(t, "live", "class"); got != "stale" {
+		t.Errorf("broken status: live indicator class %q, want stale", got)
+	}
+}
