@@ -39,8 +39,10 @@
 //
 // While the node cannot publish (its last broadcast failed), the broker is
 // away for this node as much as for its peers, so silence is not held
-// against peers; when publishing works again every peer gets a fresh
-// window and the node sends hello and query again.
+// against peers; the node tries a heartbeat every second, and when
+// publishing works again every peer gets a fresh window and the node sends
+// hello and query again. So a node started before its link connects
+// discovers within a second of the connection.
 //
 // # Protocol
 //

@@ -51,6 +51,8 @@ type Node struct {
 
 	linkDown        bool      // the last broadcast publish failed
 	linkRecoveredAt time.Time // when publishing worked again
+	everSent        bool      // a publish succeeded once
+	nextProbe       time.Time // while linkDown: when to try a heartbeat again
 
 	localFailing   bool            // reading local subscriptions fails
 	warnedSkipped  map[string]bool // local subjects whose name cannot be advertised
@@ -690,6 +692,11 @@ func (n *Node) tick() {
 	if !now.Before(n.nextHeartbeat) {
 		n.enqueueLocked(intent{typ: TypeHeartbeat})
 		n.nextHeartbeat = now.Add(n.cfg.HeartbeatInterval)
+	} else if n.linkDown && !now.Before(n.nextProbe) {
+		// Try again soon rather than at the next heartbeat: when the link
+		// returns, hello and query go out at once.
+		n.enqueueLocked(intent{typ: TypeHeartbeat})
+		n.nextProbe = now.Add(linkProbeInterval)
 	}
 	if !now.Before(n.nextQuery) {
 		n.enqueueLocked(intent{typ: TypeQuery})
@@ -787,13 +794,19 @@ func (n *Node) published(ctx context.Context, it intent, err error) {
 		n.m.errors.WithLabelValues("publish").Inc()
 		if it.to == "" && !n.linkDown {
 			n.linkDown = true
-			n.logger.Warn("cannot send discovery messages; peers are not expired while this lasts", "type", it.typ, "err", err)
+			n.nextProbe = n.clock.Now().Add(linkProbeInterval)
+			if n.everSent {
+				n.logger.Warn("cannot send discovery messages; peers are not expired while this lasts", "type", it.typ, "err", err)
+			} else {
+				n.logger.Info("discovery waits for the broker link", "err", err)
+			}
 		} else {
 			n.logger.Debug("discovery message not sent", "type", it.typ, "to", it.to, "err", err)
 		}
 		return
 	}
 	n.m.messages.WithLabelValues(it.typ, "out").Inc()
+	n.everSent = true
 	if n.linkDown {
 		n.linkDown = false
 		n.linkRecoveredAt = n.clock.Now()
