@@ -93,6 +93,8 @@ Usage:
 Node:
   run        run a node (standalone without --db; joins the mesh with it)
   status     show the status of the local node
+  nodes      list the local node's peers: state, last seen, what they host
+  caps       list capabilities and stages: hosted here, and by which peers
   doctor     check the node's situation: data dir, database, broker, cache, clock, names
   version    show the version of this binary and of the local node
 
@@ -116,6 +118,10 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		return (&RunCommand{m: m}).Run(ctx, rest)
 	case "status":
 		return (&StatusCommand{m: m}).Run(ctx, rest)
+	case "nodes":
+		return (&NodesCommand{m: m}).Run(ctx, rest)
+	case "caps":
+		return (&CapsCommand{m: m}).Run(ctx, rest)
 	case "doctor":
 		return (&DoctorCommand{m: m}).Run(ctx, rest)
 	case "init":
