@@ -41,9 +41,11 @@ test-short:
 
 # Each fuzz target runs briefly; a longer run: make fuzz FUZZ_TIME=5m.
 fuzz:
-	@for t in $$($(GO) test -list '^Fuzz' ./bridge/ 2>/dev/null | grep '^Fuzz'); do \
-		echo "fuzz $$t ($(FUZZ_TIME))"; \
-		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZ_TIME) ./bridge/ || exit 1; \
+	@for pkg in ./bridge ./node ./cache; do \
+		for t in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
+			echo "fuzz $$pkg $$t ($(FUZZ_TIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZ_TIME) $$pkg || exit 1; \
+		done; \
 	done
 
 bench: services

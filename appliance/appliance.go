@@ -9,10 +9,14 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/node"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -35,6 +39,12 @@ type Appliance struct {
 	bindings *bindings
 	httpSrv  *http.Server
 	httpURL  string
+
+	// bridge is set once the bridge runs; read without a.mu by the bindings
+	// manager's goroutine.
+	bridge atomic.Pointer[bridge.Bridge]
+	node   atomic.Pointer[node.Node]
+	quit   chan struct{} // closed by Close: owned goroutines exit
 
 	// fatal receives an error when a component fails in a way that should
 	// stop the node (for example: the node name is claimed on the broker).
@@ -62,6 +72,7 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 		errs:     ring,
 		registry: reg,
 		fatal:    make(chan error, 1),
+		quit:     make(chan struct{}),
 	}, nil
 }
 
@@ -97,11 +108,17 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	a.nc, err = a.natsSrv.connect("meshbox-api")
+	a.nc, err = a.natsSrv.connect(ownConnPrefix + "api")
 	if err != nil {
 		return fmt.Errorf("nats connect: %w", err)
 	}
 	if err := a.serveAPI(); err != nil {
+		return err
+	}
+	if err := a.startBridge(ctx); err != nil {
+		return err
+	}
+	if err := a.startNode(ctx); err != nil {
 		return err
 	}
 	if a.cfg.HTTP != "off" {
@@ -158,6 +175,21 @@ func (a *Appliance) closeLocked() error {
 		cancel()
 		a.httpSrv = nil
 	}
+	select {
+	case <-a.quit:
+	default:
+		close(a.quit)
+	}
+	if n := a.node.Swap(nil); n != nil {
+		if err := n.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("node: %w", err))
+		}
+	}
+	if b := a.bridge.Swap(nil); b != nil {
+		if err := b.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("bridge: %w", err))
+		}
+	}
 	if a.nc != nil {
 		a.nc.Close()
 		a.nc = nil
@@ -188,6 +220,25 @@ func (a *Appliance) serveAPI() error {
 	})
 	if err != nil {
 		return fmt.Errorf("serve %s: %w", SubjectStatus, err)
+	}
+	// The last word on cap.<name>: when nobody else - no local host, no
+	// stand-in for a remote one - listens on the subject, say so at once and
+	// name the capability, rather than leave the caller with NATS's bare
+	// "no responders". When anyone else listens this stays silent.
+	acc := a.natsSrv.srv.GlobalAccount()
+	nc := a.nc
+	_, err = nc.Subscribe("cap.>", func(m *nats.Msg) {
+		if m.Reply == "" || acc.Interest(m.Subject) > 1 {
+			return
+		}
+		capName := strings.TrimPrefix(m.Subject, "cap.")
+		reply := nats.NewMsg(m.Reply)
+		reply.Header.Set("Nats-Service-Error", fmt.Sprintf("no live node hosts capability %q", capName))
+		reply.Header.Set("Nats-Service-Error-Code", "503")
+		_ = nc.PublishMsg(reply) // the caller may have gone
+	})
+	if err != nil {
+		return fmt.Errorf("serve cap.>: %w", err)
 	}
 	return nil
 }
@@ -223,4 +274,10 @@ func (a *Appliance) startHTTP() error {
 // bindingsChanged applies a new version of the bindings to the running
 // node. It runs on the bindings manager's goroutine, one change at a time.
 func (a *Appliance) bindingsChanged(snap cache.Snapshot, div cache.Divergence) {
+	if b := a.bridge.Load(); b != nil {
+		a.followBroker(b, snap, true)
+	}
+	if n := a.node.Load(); n != nil {
+		a.applyToNode(n, snap)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -155,5 +156,47 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 	cfg.Node = "bad name"
 	if _, err := New(cfg, nil); err == nil {
 		t.Fatal("got no error for an invalid node name, want one")
+	}
+}
+
+func TestCallToUnhostedCapabilityFailsAtOnceNamingIt(t *testing.T) {
+	a := startNode(t, "alpha", t.TempDir())
+	nc, err := nats.Connect(a.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	start := time.Now()
+	m, err := nc.Request("cap.nobody", nil, 5*time.Second)
+	if err != nil {
+		t.Fatalf("got %v, want an error reply", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("answered after %s, want at once", d)
+	}
+	if code := m.Header.Get("Nats-Service-Error-Code"); code != "503" {
+		t.Errorf("code: got %q, want 503", code)
+	}
+	if desc := m.Header.Get("Nats-Service-Error"); !strings.Contains(desc, `"nobody"`) {
+		t.Errorf("error: got %q, want it to name the capability", desc)
+	}
+
+	// With a host, the host alone answers.
+	sub, err := nc.SubscribeSync(nats.NewInbox())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.Subscribe("cap.somebody", func(m *nats.Msg) { _ = m.Respond([]byte("here")) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishRequest("cap.somebody", sub.Subject, nil); err != nil {
+		t.Fatal(err)
+	}
+	m, err = sub.NextMsg(2 * time.Second)
+	if err != nil || string(m.Data) != "here" || m.Header.Get("Nats-Service-Error") != "" {
+		t.Fatalf("got %v %v, want the host's answer", m, err)
+	}
+	if extra, err := sub.NextMsg(300 * time.Millisecond); err == nil {
+		t.Fatalf("got a second answer %q %v, want the host's alone", extra.Data, extra.Header)
 	}
 }

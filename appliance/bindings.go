@@ -39,9 +39,6 @@ func openBindings(ctx context.Context, cfg Config, logger *slog.Logger, reg prom
 		}
 		return nil, fmt.Errorf("open cache: %w", err)
 	}
-	if q := b.store.Quarantined(); q != "" {
-		logger.Warn("damaged cache file set aside; starting a fresh one", "moved_to", q)
-	}
 	mc := cache.ManagerConfig{
 		Node:          cfg.Node,
 		Store:         b.store,

@@ -112,8 +112,10 @@ func DefaultConfig() Config {
 		HTTP:    DefaultHTTP,
 		Log:     LogConfig{Level: "info", Format: "text"},
 		Cache: CacheConfig{
-			Keep:          10,
-			LoadTimeout:   Duration(2 * time.Second),
+			Keep: 10,
+			// Below 2s so that, with a database that drops packets rather
+			// than refusing, the node is still ready from cache within 2s.
+			LoadTimeout:   Duration(1500 * time.Millisecond),
 			RetryInterval: Duration(5 * time.Second),
 			MaxAge:        Duration(24 * time.Hour),
 		},

@@ -36,8 +36,10 @@ have_postgres || missing="$missing postgresql"
 have_amqp_tools || missing="$missing amqp-tools"
 have_chromium || missing="$missing chromium fonts-dejavu-core"
 
-[ -z "$missing" ] && exit 0
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 
+if [ -n "$missing" ]; then
 if [ "$(id -u)" -ne 0 ]; then
 	echo "services.sh: missing:$missing (run as root to install)" >&2
 	exit 1
@@ -48,8 +50,6 @@ if ! command -v apt-get >/dev/null 2>&1; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
 if ! apt-get update -q >"$log" 2>&1 ||
 	! apt-get install -y -q --no-install-recommends $missing >>"$log" 2>&1; then
 	cat "$log" >&2
@@ -59,3 +59,15 @@ fi
 for p in $missing; do
 	echo "services.sh: installed $p"
 done
+fi
+
+# The discovery tests use the official NATS CLI as a host and a caller, the
+# way a user would. It comes from the Go module proxy, built once.
+if ! command -v nats >/dev/null 2>&1 && [ ! -x "$(go env GOPATH)/bin/nats" ]; then
+	if ! go install github.com/nats-io/natscli/nats@v0.5.0 >"$log" 2>&1; then
+		cat "$log" >&2
+		echo "services.sh: installing the nats CLI failed" >&2
+		exit 1
+	fi
+	echo "services.sh: installed the nats CLI"
+fi

@@ -1,0 +1,146 @@
+package appliance
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/node"
+	"github.com/nats-io/nats.go"
+)
+
+// brokerURL is the broker the node should use now: the --broker override,
+// else the broker.url mesh setting of the bindings in use, else none.
+func (a *Appliance) brokerURL(snap cache.Snapshot, ok bool) string {
+	if a.cfg.Broker != "" {
+		return string(a.cfg.Broker)
+	}
+	if !ok {
+		return ""
+	}
+	return snap.Bindings.Settings["broker.url"]
+}
+
+// startBridge starts the link to the broker. a.mu is held.
+func (a *Appliance) startBridge(ctx context.Context) error {
+	snap, ok := a.bindings.manager.Current()
+	natsSrv := a.natsSrv
+	bc := bridge.Config{
+		Node:           a.cfg.Node,
+		URL:            a.brokerURL(snap, ok),
+		CAFile:         a.cfg.Bridge.CAFile,
+		OutboxPath:     filepath.Join(a.cfg.DataDir, "outbox.db"),
+		OutboxMaxBytes: a.cfg.Bridge.OutboxMaxBytes,
+		RequestTimeout: a.cfg.Bridge.RequestTimeout.D(),
+		Prefetch:       a.cfg.Bridge.Prefetch,
+		RetryBudget:    a.cfg.Bridge.RetryBudget,
+		Heartbeat:      a.cfg.Bridge.Heartbeat.D(),
+		Routes:         a.cfg.Bridge.Routes,
+		StallAfter:     a.cfg.Bridge.StallAfter.D(),
+		Dial: func(opts ...nats.Option) (*nats.Conn, error) {
+			return natsSrv.connect(ownConnPrefix+"bridge", opts...)
+		},
+		Interest: bridge.ServerInterest(natsSrv.srv),
+		OnSystem: func(key string, body []byte, origin string) {
+			if n := a.node.Load(); n != nil {
+				n.HandleSystem(key, body, origin)
+			}
+		},
+		Logger:  a.logger.With("component", "bridge"),
+		Metrics: a.registry,
+	}
+	b, err := bridge.New(bc, a.nc)
+	if err != nil {
+		return fmt.Errorf("bridge: %w", err)
+	}
+	if err := b.Start(ctx); err != nil {
+		_ = b.Close()
+		return err
+	}
+	a.bridge.Store(b)
+	// A bindings change may have landed between Current and Store above.
+	if snap, ok := a.bindings.manager.Current(); ok {
+		a.followBroker(b, snap, ok)
+	}
+	a.wg.Add(1)
+	go func() { // exits when the bridge reports a fatal error or the appliance closes
+		defer a.wg.Done()
+		select {
+		case err := <-b.Fatal():
+			select {
+			case a.fatal <- err:
+			default:
+			}
+		case <-a.quit:
+		}
+	}()
+	return nil
+}
+
+// followBroker moves the bridge to the broker the bindings name, when they
+// name another one than it uses.
+func (a *Appliance) followBroker(b *bridge.Bridge, snap cache.Snapshot, ok bool) {
+	want := a.brokerURL(snap, ok)
+	if want == "" || a.cfg.Broker != "" {
+		return
+	}
+	if err := b.SetURL(want); err != nil {
+		a.logger.Error("broker.url setting rejected; staying on the current broker", "err", err, "url", RedactURL(want))
+	}
+}
+
+// startNode starts the node's view of the mesh: local capabilities,
+// discovery, peers, the routes for the bridge's stand-ins. a.mu is held.
+func (a *Appliance) startNode(ctx context.Context) error {
+	b := a.bridge.Load()
+	n, err := node.New(node.Config{
+		Name:              a.cfg.Node,
+		Version:           Build().Version,
+		StartedAt:         a.startedAt,
+		Link:              b,
+		LocalSubjects:     node.ServerSubjects(a.natsSrv.srv, ownConnPrefix),
+		Conn:              a.nc,
+		DiscoveryInterval: a.cfg.Mesh.DiscoveryInterval.D(),
+		HeartbeatInterval: a.cfg.Mesh.HeartbeatInterval.D(),
+		MissedHeartbeats:  a.cfg.Mesh.MissedHeartbeats,
+		Logger:            a.logger.With("component", "node"),
+		Registerer:        a.registry,
+	})
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	if snap, ok := a.bindings.manager.Current(); ok {
+		a.applyToNode(n, snap)
+	}
+	if err := n.Start(ctx); err != nil {
+		_ = n.Close()
+		return fmt.Errorf("node: %w", err)
+	}
+	a.node.Store(n)
+	// A bindings change may have landed between Current and Store above.
+	if snap, ok := a.bindings.manager.Current(); ok {
+		a.applyToNode(n, snap)
+	}
+	return nil
+}
+
+// applyToNode tells the node which peers the bindings expect and which
+// revision it runs.
+func (a *Appliance) applyToNode(n *node.Node, snap cache.Snapshot) {
+	names := make([]string, 0, len(snap.Bindings.Nodes))
+	for _, rec := range snap.Bindings.Nodes {
+		if rec.Name != a.cfg.Node {
+			names = append(names, rec.Name)
+		}
+	}
+	if err := n.SetExpected(names); err != nil {
+		a.logger.Warn("node records not applied to the mesh view", "err", err)
+	}
+	n.SetRevision(snap.Revision)
+}
+
+// ownConnPrefix names the node's own NATS connections (API, bridge), which
+// never count as local hosts of a capability.
+const ownConnPrefix = "meshbox-"
