@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -72,7 +73,14 @@ func (v meshView) peerState(name string) string {
 func getView(t *testing.T, httpURL string) meshView {
 	t.Helper()
 	var v meshView
-	getJSON(t, httpURL+"/status", "", &v)
+	resp, err := http.Get(httpURL + "/status")
+	if err != nil {
+		t.Fatalf("GET /status: %v", err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		t.Fatalf("status is not JSON: %v", err)
+	}
 	return v
 }
 
@@ -91,6 +99,17 @@ func waitView(t *testing.T, httpURL string, d time.Duration, what string, ok fun
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
+}
+
+// dialNode connects an ordinary NATS client to a node, closed in cleanup.
+func dialNode(t *testing.T, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }
 
 // natsCLI is the path of the official nats CLI, which make test installs.
@@ -192,7 +211,7 @@ func TestDiscoveryPeerKilledAndBack(t *testing.T) {
 	waitView(t, a.HTTPURL(), 5*time.Second, "alpha routes x to gamma", func(v meshView) bool {
 		return slices.Contains(v.Capabilities.Remote["x"], "gamma")
 	})
-	caller := natsConn(t, a.NATSURL())
+	caller := dialNode(t, a.NATSURL())
 	if m, err := caller.Request("node.gamma.cap.x", nil, 3*time.Second); err != nil || string(m.Data) != "gamma" {
 		t.Fatalf("node.gamma.cap.x before the kill: %v %v", err, m)
 	}
@@ -253,7 +272,7 @@ func TestDiscoverySpreadsCallsAndSurvivesHostLoss(t *testing.T) {
 	waitView(t, a.HTTPURL(), 5*time.Second, "alpha routes who to beta and gamma", func(v meshView) bool {
 		return len(v.Capabilities.Remote["who"]) == 2
 	})
-	caller := natsConn(t, a.NATSURL())
+	caller := dialNode(t, a.NATSURL())
 	seen := map[string]int{}
 	for range 40 {
 		m, err := caller.Request("cap.who", nil, 3*time.Second)
