@@ -1,0 +1,302 @@
+package node_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/node"
+	"github.com/meshbox/meshbox/testing/meshtest"
+)
+
+func TestMain(m *testing.M) {
+	code := meshtest.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "leaked goroutines: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Discovery timing of the integration test: gone after 3 × 300ms.
+const (
+	itHeartbeat = 300 * time.Millisecond
+	itMissed    = 3
+)
+
+// meshNode is one node wired as the appliance wires it: an embedded NATS
+// server, a bridge to the broker, and the node on top.
+type meshNode struct {
+	name   string
+	srv    *server.Server
+	api    *nats.Conn
+	bridge *bridge.Bridge
+	node   *node.Node
+	closed bool
+}
+
+func startMeshNode(t *testing.T, url, name string) *meshNode {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(5 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	mn := &meshNode{name: name, srv: srv}
+	t.Cleanup(mn.kill)
+	if mn.api, err = nats.Connect("", nats.InProcessServer(srv), nats.Name("meshbox-api")); err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})).With("test_node", name)
+	var nd atomic.Pointer[node.Node]
+	mn.bridge, err = bridge.New(bridge.Config{
+		Node:       name,
+		URL:        url,
+		OutboxPath: filepath.Join(t.TempDir(), "outbox.db"),
+		Dial: func(opts ...nats.Option) (*nats.Conn, error) {
+			return nats.Connect("", append([]nats.Option{nats.InProcessServer(srv), nats.Name("meshbox-bridge")}, opts...)...)
+		},
+		Interest:       bridge.ServerInterest(srv),
+		InterestPoll:   100 * time.Millisecond,
+		RequestTimeout: 2 * time.Second,
+		OnSystem:       func(key string, body []byte, origin string) { nd.Load().HandleSystem(key, body, origin) },
+		Logger:         logger.With("component", "bridge"),
+	}, mn.api)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mn.bridge.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mn.node, err = node.New(node.Config{
+		Name:              name,
+		Version:           "test",
+		Link:              mn.bridge,
+		LocalSubjects:     node.ServerSubjects(srv, "meshbox-"),
+		Conn:              mn.api,
+		DiscoveryInterval: 5 * time.Second,
+		HeartbeatInterval: itHeartbeat,
+		MissedHeartbeats:  itMissed,
+		Logger:            logger,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nd.Store(mn.node)
+	if err := mn.node.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return mn
+}
+
+// kill stops the node without a goodbye: the bridge's connection drops
+// first, as when the process is killed.
+func (mn *meshNode) kill() {
+	if mn.closed {
+		return
+	}
+	mn.closed = true
+	_ = mn.bridge.Close()
+	_ = mn.node.Close()
+	mn.api.Close()
+	mn.srv.Shutdown()
+	mn.srv.WaitForShutdown()
+}
+
+// client connects a local program to the node's NATS server.
+func (mn *meshNode) client(t *testing.T, name string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(mn.srv.ClientURL(), nats.Name(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// host makes a program on mn host capability capName, answering with the
+// node's name.
+func (mn *meshNode) host(t *testing.T, capName string) *nats.Subscription {
+	t.Helper()
+	nc := mn.client(t, "prog-"+capName)
+	sub, err := nc.QueueSubscribe("cap."+capName, "q", func(m *nats.Msg) { _ = m.Respond([]byte(mn.name)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
+// call requests subject on nc and returns the answer or the service error.
+func call(nc *nats.Conn, subject string) (string, error) {
+	msg, err := nc.Request(subject, []byte("hi"), 3*time.Second)
+	if err != nil {
+		return "", err
+	}
+	if e := msg.Header.Get("Nats-Service-Error"); e != "" {
+		return "", fmt.Errorf("%s %s", msg.Header.Get("Nats-Service-Error-Code"), e)
+	}
+	return string(msg.Data), nil
+}
+
+// eventually retries f every 20ms until it returns nil or d has passed, and
+// returns how long it took.
+func eventually(t *testing.T, d time.Duration, what string, f func() error) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		err := f()
+		if err == nil {
+			return time.Since(start)
+		}
+		if time.Since(start) > d {
+			t.Fatalf("%s: not within %v: %v", what, d, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func peerState(n *node.Node, name string) string {
+	for _, p := range n.Peers() {
+		if p.Name == name {
+			return p.State
+		}
+	}
+	return ""
+}
+
+func TestDiscoveryOverTheBroker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs RabbitMQ")
+	}
+	url := meshtest.RabbitMQ(t).Vhost(t)
+	a := startMeshNode(t, url, "A")
+	b := startMeshNode(t, url, "B")
+	c := startMeshNode(t, url, "C")
+	caller := a.client(t, "caller")
+
+	// A capability that appears on B after A started is callable from A
+	// within a second of B noticing it.
+	eventually(t, 5*time.Second, "A sees B and C", func() error {
+		if peerState(a.node, "B") != node.StateUp || peerState(a.node, "C") != node.StateUp {
+			return fmt.Errorf("peers %+v", a.node.Peers())
+		}
+		return nil
+	})
+	b.host(t, "late")
+	took := eventually(t, 3*time.Second, "call cap.late on A", func() error {
+		got, err := call(caller, "cap.late")
+		if err == nil && got != "B" {
+			err = fmt.Errorf("answered by %q, want B", got)
+		}
+		return err
+	})
+	if took > time.Second {
+		t.Errorf("cap.late callable on A %v after B's program subscribed, want within a second", took)
+	}
+
+	// A capability no live node hosts fails at once, naming it.
+	start := time.Now()
+	if _, err := call(caller, "cap.nobody"); err == nil || time.Since(start) > time.Second {
+		t.Errorf("call to an unhosted capability: got %v after %v, want an error at once", err, time.Since(start))
+	}
+
+	// The same capability on B and C: calls from A are spread over both.
+	b.host(t, "echo")
+	c.host(t, "echo")
+	eventually(t, 3*time.Second, "A routes echo to B and C", func() error {
+		if got := a.node.Routes()["echo"]; !slices.Equal(got, []string{"B", "C"}) {
+			return fmt.Errorf("routes %v", got)
+		}
+		return nil
+	})
+	// The bridge's stand-in follows the routes.
+	eventually(t, 3*time.Second, "calls from A spread over B and C", func() error {
+		seen := map[string]int{}
+		for range 20 {
+			got, err := call(caller, "cap.echo")
+			if err != nil {
+				return err
+			}
+			seen[got]++
+		}
+		if seen["B"] == 0 || seen["C"] == 0 {
+			return fmt.Errorf("20 calls answered by %v, want both B and C", seen)
+		}
+		return nil
+	})
+	if got, err := call(caller, "node.C.cap.echo"); err != nil || got != "C" {
+		t.Fatalf("call node.C.cap.echo: got %q, %v, want C", got, err)
+	}
+
+	// C is killed: within the heartbeat window A marks it gone, withdraws
+	// its routes, and a call addressed to C fails at once naming it.
+	c.kill()
+	killed := time.Now()
+	eventually(t, itMissed*itHeartbeat+2*time.Second, "A marks C gone", func() error {
+		if s := peerState(a.node, "C"); s != node.StateGone {
+			return fmt.Errorf("C is %q", s)
+		}
+		return nil
+	})
+	t.Logf("C marked gone %v after it was killed", time.Since(killed).Round(time.Millisecond))
+	if got := a.node.Routes()["echo"]; !slices.Equal(got, []string{"B"}) {
+		t.Fatalf("routes of echo after C died: got %v, want [B]", got)
+	}
+	start = time.Now()
+	_, err := call(caller, "node.C.cap.echo")
+	if err == nil || !strings.Contains(err.Error(), "C") || time.Since(start) > time.Second {
+		t.Fatalf("call node.C.cap.echo after C died: got %v after %v, want an error naming C at once", err, time.Since(start))
+	}
+	for range 10 {
+		if got, err := call(caller, "cap.echo"); err != nil || got != "B" {
+			t.Fatalf("call cap.echo with C gone: got %q, %v, want B", got, err)
+		}
+	}
+
+	// C comes back: callable again without restarting A or B.
+	c2 := startMeshNode(t, url, "C")
+	c2.host(t, "echo")
+	eventually(t, 5*time.Second, "node.C.cap.echo callable again", func() error {
+		got, err := call(caller, "node.C.cap.echo")
+		if err == nil && got != "C" {
+			err = fmt.Errorf("answered by %q", got)
+		}
+		return err
+	})
+
+	// A node in the records that never starts is expected-but-absent.
+	if err := a.node.SetExpected([]string{"B", "C", "D"}); err != nil {
+		t.Fatal(err)
+	}
+	if s := peerState(a.node, "D"); s != node.StateAbsent {
+		t.Fatalf("D: got %q, want %s", s, node.StateAbsent)
+	}
+}
+
+// tbWriter sends log lines to tb.Log.
+type tbWriter struct{ tb testing.TB }
+
+func (w tbWriter) Write(p []byte) (int, error) {
+	w.tb.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
