@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -108,6 +109,30 @@ func printStatus(w io.Writer, st map[string]any) {
 		b += " — WARNING: " + warn
 	}
 	row("bindings", b)
+	if peers, ok := st["peers"].([]any); ok && len(peers) > 0 {
+		var parts []string
+		for _, p := range peers {
+			if m, ok := p.(map[string]any); ok {
+				parts = append(parts, fmt.Sprintf("%v (%v)", m["name"], m["state"]))
+			}
+		}
+		row("peers", strings.Join(parts, ", "))
+	}
+	if local, ok := get(st, "capabilities", "local").([]any); ok && len(local) > 0 {
+		names := make([]string, len(local))
+		for i, v := range local {
+			names[i] = fmt.Sprint(v)
+		}
+		row("hosts", strings.Join(names, " "))
+	}
+	if remote, ok := get(st, "capabilities", "remote").(map[string]any); ok && len(remote) > 0 {
+		var parts []string
+		for name, nodes := range remote {
+			parts = append(parts, fmt.Sprintf("%s@%v", name, nodes))
+		}
+		sort.Strings(parts)
+		row("reaches", strings.Join(parts, " "))
+	}
 	if ob, ok := st["outbox"].(map[string]any); ok {
 		row("outbox", fmt.Sprintf("%v messages, oldest %s", ob["depth"], secs(ob["oldest_age_seconds"])))
 	}
