@@ -194,7 +194,7 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 		switch {
 		case failure == nil:
 			b.m.msg(typeCommand, "local")
-			b.ob.del(r.seq, r.size, nil)
+			b.ob.wait(func(done func(error)) { b.ob.del(r.seq, r.size, done) })
 			return true
 		case errors.Is(failure, errNotHostedHere):
 			// The link is up and nobody here serves the stage: let the mesh run it.
@@ -207,17 +207,17 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 			b.ob.mu.Unlock()
 			b.meshPending.Add(1)
 			b.ob.put(&moved, data, nil)
-			b.ob.del(r.seq, r.size, nil)
+			b.ob.wait(func(done func(error)) { b.ob.del(r.seq, r.size, done) })
 			return true
 		}
 		b.m.err(errKindHandler)
 		r.attempt++
 		if int(r.attempt) >= b.cfg.RetryBudget {
 			b.deadRecord(r, fmt.Sprintf("attempt %d of %d failed: %v", attempt, b.cfg.RetryBudget, failure))
-			b.ob.del(r.seq, r.size, nil)
+			b.ob.wait(func(done func(error)) { b.ob.del(r.seq, r.size, done) })
 			return true
 		}
-		b.ob.replace(r, r.size, nil) // persists the attempt count; sets r.size
+		b.ob.wait(func(done func(error)) { b.ob.replace(r, r.size, done) }) // persists the attempt count; sets r.size
 		select {
 		case <-time.After(retryDelay(attempt)):
 		case <-b.quit:

@@ -297,6 +297,13 @@ func (o *outbox) markPublished(seq uint64, done func(error)) {
 	o.send(obOp{published: seq, done: done})
 }
 
+// wait runs op with a done callback and waits for the commit.
+func (o *outbox) wait(op func(done func(error))) error {
+	ch := make(chan error, 1)
+	op(func(err error) { ch <- err })
+	return <-ch
+}
+
 // sync waits until every change queued before it is committed.
 func (o *outbox) sync() error {
 	ch := make(chan error, 1)

@@ -105,7 +105,7 @@ func TestOutboxPutReadDelete(t *testing.T) {
 	}
 }
 
-func TestOutboxFull(t *testing.T) {
+func TestOutboxReserveBound(t *testing.T) {
 	o := openTestOutbox(t, "", 1<<16)
 	r := testRecord(1, kindEvent, strings.Repeat("x", 40000))
 	putWait(t, o, r)

@@ -1,0 +1,110 @@
+package bridge_test
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/nats-io/nats.go"
+)
+
+func subscribeEvents(t *testing.T, n *node, subject string) *recorder {
+	t.Helper()
+	r := &recorder{}
+	sub, err := n.client.Subscribe(subject, r.add)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := n.client.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestEventsReachEveryNodeWithoutEcho(t *testing.T) {
+	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	nodes := []*node{newNode(t, "alpha", vhost, nil), newNode(t, "beta", vhost, nil), newNode(t, "gamma", vhost, nil)}
+	recs := map[string]*recorder{}
+	for _, n := range nodes {
+		n.waitConnected(t)
+		recs[n.name] = subscribeEvents(t, n, "evt.>")
+	}
+	a, b := nodes[0], nodes[1]
+	const n = 50
+	for i := 0; i < n; i++ {
+		m := &nats.Msg{Subject: "evt.order.created", Data: []byte(strconv.Itoa(i)), Header: nats.Header{"X-Seq": {strconv.Itoa(i)}}}
+		if i%10 == 0 { // a publisher may ask to be told once the event is durable
+			r, err := a.client.RequestMsg(m, 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := r.Header.Get(bridge.HeaderAccepted); got != "broker" {
+				t.Fatalf("event %d accepted as %q, want broker", i, got)
+			}
+			continue
+		}
+		if err := a.client.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.client.Publish("evt.other", []byte("from beta")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "events on every node", func() bool {
+		return recs["beta"].len() >= n && recs["gamma"].len() >= n+1 && recs["alpha"].len() >= n+1
+	})
+	time.Sleep(time.Second) // echoes or duplicates would arrive now
+
+	for _, name := range []string{"beta", "gamma"} {
+		var seqs []string
+		for _, m := range recs[name].all() {
+			if m.Subject != "evt.order.created" {
+				continue
+			}
+			seqs = append(seqs, string(m.Data))
+			if o := m.Header.Get(bridge.HeaderOrigin); o != "alpha" {
+				t.Errorf("%s: origin %q, want alpha", name, o)
+			}
+			if m.Header.Get("X-Seq") != string(m.Data) {
+				t.Errorf("%s: header X-Seq %q lost", name, m.Header.Get("X-Seq"))
+			}
+		}
+		if len(seqs) != n {
+			t.Errorf("%s got %d events from alpha, want %d", name, len(seqs), n)
+		}
+		for i, s := range seqs {
+			if s != strconv.Itoa(i) {
+				t.Errorf("%s: event %d is %s, want in order", name, i, s)
+				break
+			}
+		}
+	}
+	// alpha sees its own events once (from its NATS server) and beta's once.
+	own, other := 0, 0
+	for _, m := range recs["alpha"].all() {
+		switch m.Subject {
+		case "evt.order.created":
+			own++
+			if m.Header.Get(bridge.HeaderOrigin) != "" {
+				t.Errorf("alpha got its own event back from the mesh: %v", m.Header)
+			}
+		case "evt.other":
+			other++
+			if o := m.Header.Get(bridge.HeaderOrigin); o != "beta" {
+				t.Errorf("alpha: origin %q, want beta", o)
+			}
+		}
+	}
+	if own != n || other != 1 {
+		t.Errorf("alpha: got %d own and %d of beta's events, want %d and 1", own, other, n)
+	}
+	if got := recs["beta"].len(); got != n+1 {
+		t.Errorf("beta: got %d events, want %d (no echo of its own)", got, n+1)
+	}
+	if got := recs["gamma"].len(); got != n+1 {
+		t.Errorf("gamma: got %d events, want %d", got, n+1)
+	}
+}

@@ -1,0 +1,250 @@
+package bridge_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// node is one test node: an embedded NATS server, the appliance's
+// in-process connection, a bridge, and a connection for "local programs".
+type node struct {
+	name   string
+	srv    *server.Server
+	nc     *nats.Conn // handed to the bridge
+	client *nats.Conn // a local program
+	b      *bridge.Bridge
+	cfg    bridge.Config
+}
+
+// startServer runs an embedded NATS server on a free loopback port.
+func startServer(tb testing.TB) *server.Server {
+	tb.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(5 * time.Second) {
+		tb.Fatal("nats server not ready")
+	}
+	tb.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	return srv
+}
+
+func connect(tb testing.TB, srv *server.Server, name string) *nats.Conn {
+	tb.Helper()
+	nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Name(name))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	return nc
+}
+
+// testConfig is the bridge configuration of a test node: quick polls,
+// checks, reconnects and deadlines.
+func testConfig(tb testing.TB, name, brokerURL string, srv *server.Server) bridge.Config {
+	return bridge.Config{
+		Node:           name,
+		URL:            brokerURL,
+		OutboxPath:     filepath.Join(tb.TempDir(), "outbox.db"),
+		RequestTimeout: 3 * time.Second,
+		CommandTimeout: 3 * time.Second,
+		Heartbeat:      2 * time.Second,
+		StallAfter:     time.Minute,
+		StallCheck:     200 * time.Millisecond,
+		InterestPoll:   50 * time.Millisecond,
+		ReconnectMin:   50 * time.Millisecond,
+		ReconnectMax:   500 * time.Millisecond,
+		Dial: func(opts ...nats.Option) (*nats.Conn, error) {
+			return nats.Connect("", append(opts, nats.InProcessServer(srv))...)
+		},
+		Interest: bridge.ServerInterest(srv),
+		Logger:   slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test_node", name),
+	}
+}
+
+// newNode starts a node named name on brokerURL; edit may change its
+// configuration first. The node is closed in Cleanup.
+func newNode(tb testing.TB, name, brokerURL string, edit func(*bridge.Config)) *node {
+	tb.Helper()
+	n := buildNode(tb, name, brokerURL, edit)
+	if err := n.b.Start(context.Background()); err != nil {
+		tb.Fatalf("start bridge %s: %v", name, err)
+	}
+	return n
+}
+
+// buildNode is newNode without Start.
+func buildNode(tb testing.TB, name, brokerURL string, edit func(*bridge.Config)) *node {
+	tb.Helper()
+	srv := startServer(tb)
+	n := &node{name: name, srv: srv, nc: connect(tb, srv, "appliance"), client: connect(tb, srv, "program")}
+	n.cfg = testConfig(tb, name, brokerURL, srv)
+	if edit != nil {
+		edit(&n.cfg)
+	}
+	b, err := bridge.New(n.cfg, n.nc)
+	if err != nil {
+		tb.Fatalf("new bridge %s: %v", name, err)
+	}
+	n.b = b
+	tb.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			tb.Errorf("close bridge %s: %v", name, err)
+		}
+	})
+	return n
+}
+
+type tbWriter struct{ tb testing.TB }
+
+func (w tbWriter) Write(p []byte) (int, error) {
+	w.tb.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(tb testing.TB, d time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitConnected waits until the node's broker link is connected.
+func (n *node) waitConnected(tb testing.TB) {
+	tb.Helper()
+	waitFor(tb, 15*time.Second, n.name+" connected", func() bool { return n.b.Status().Broker.State == bridge.StateConnected })
+}
+
+// waitHosts waits until the bridge sees stage as hosted here and consumes it.
+func (n *node) waitHosts(tb testing.TB, stage string) {
+	tb.Helper()
+	waitFor(tb, 10*time.Second, n.name+" hosting "+stage, func() bool {
+		for _, s := range n.b.HostedStages() {
+			if s == stage {
+				return true
+			}
+		}
+		return false
+	})
+	time.Sleep(300 * time.Millisecond) // the consumer owner declares and consumes
+}
+
+// request sends a request from n's local program.
+func (n *node) request(tb testing.TB, subject string, data []byte, hdr nats.Header, timeout time.Duration) (*nats.Msg, error) {
+	tb.Helper()
+	m := &nats.Msg{Subject: subject, Data: data, Header: hdr}
+	return n.client.RequestMsg(m, timeout)
+}
+
+// serviceError returns the code and text of an error reply ("" if none).
+func serviceError(m *nats.Msg) (code, text string) {
+	if m == nil || m.Header == nil {
+		return "", ""
+	}
+	return m.Header.Get("Nats-Service-Error-Code"), m.Header.Get("Nats-Service-Error")
+}
+
+// submit sends a command and requires that it is accepted.
+func (n *node) submit(tb testing.TB, stage string, data []byte, hdr nats.Header) *nats.Msg {
+	tb.Helper()
+	m, err := n.request(tb, "cmd."+stage, data, hdr, 10*time.Second)
+	if err != nil {
+		tb.Fatalf("submit to %s: %v", stage, err)
+	}
+	if code, text := serviceError(m); code != "" {
+		tb.Fatalf("submit to %s: error %s %s", stage, code, text)
+	}
+	return m
+}
+
+// amqpChannel opens a raw AMQP channel on brokerURL, closed in Cleanup.
+func amqpChannel(tb testing.TB, brokerURL string) *amqp.Channel {
+	tb.Helper()
+	conn, err := amqp.Dial(brokerURL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ch
+}
+
+// deadLetters reads every message in mesh.dead.
+func deadLetters(tb testing.TB, ch *amqp.Channel) []amqp.Delivery {
+	tb.Helper()
+	var out []amqp.Delivery
+	for {
+		d, ok, err := ch.Get("mesh.dead", true)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if !ok {
+			return out
+		}
+		out = append(out, d)
+	}
+}
+
+// brokerProxy puts a cuttable TCP proxy in front of the broker at brokerURL
+// and returns the proxied URL.
+func brokerProxy(tb testing.TB, brokerURL string) (*meshtest.Proxy, string) {
+	tb.Helper()
+	u, err := url.Parse(brokerURL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	px := meshtest.NewProxy(tb, u.Host)
+	return px, px.Rewrite(brokerURL, u.Host)
+}
+
+// recorder collects messages of a subscription.
+type recorder struct {
+	mu   sync.Mutex
+	msgs []*nats.Msg
+}
+
+func (r *recorder) add(m *nats.Msg) {
+	r.mu.Lock()
+	r.msgs = append(r.msgs, m)
+	r.mu.Unlock()
+}
+
+func (r *recorder) all() []*nats.Msg {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*nats.Msg(nil), r.msgs...)
+}
+
+func (r *recorder) len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.msgs)
+}
+
+func isNoResponders(err error) bool { return errors.Is(err, nats.ErrNoResponders) }
