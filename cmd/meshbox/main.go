@@ -98,6 +98,12 @@ Node:
   doctor     check the node's situation: data dir, database, broker, cache, clock, names
   version    show the version of this binary and of the local node
 
+Messages:
+  call       call a capability: call CAP [DATA] [--to NODE] [--timeout D]
+  send       submit a command for a stage: send STAGE [DATA]
+  emit       publish an event: emit TOPIC [DATA]
+  listen     print the messages on a subject: listen PATTERN
+
 Mesh:
   init       stand up a mesh: schema, first node, broker setting
   mesh       administer the mesh database: nodes, assignments, overrides, settings, grants
@@ -130,6 +136,14 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		return (&MeshCommand{m: m}).Run(ctx, rest)
 	case "cache":
 		return (&CacheCommand{m: m}).Run(ctx, rest)
+	case "call":
+		return (&CallCommand{m: m}).Run(ctx, rest)
+	case "send":
+		return (&SendCommand{m: m}).Run(ctx, rest)
+	case "emit":
+		return (&EmitCommand{m: m}).Run(ctx, rest)
+	case "listen":
+		return (&ListenCommand{m: m}).Run(ctx, rest)
 	case "version", "--version", "-version":
 		return (&VersionCommand{m: m}).Run(ctx, rest)
 	case "help", "-h", "--help":
