@@ -29,10 +29,8 @@ import (
 // requirePeers turns on the peer check of TestStatusPageInBrowser: the
 // second node must appear as a peer of the first on the rendered page.
 // Peers the status reports are always checked on the page; this makes their
-// absence a failure.
-//
-// TODO(lead): set to true once node discovery fills status.peers.
-const requirePeers = false
+// absence a failure. (On since node discovery fills status.peers.)
+const requirePeers = true
 
 // screenshotEnv names the environment variable that makes
 // TestStatusPageInBrowser write the README's screenshot (docs/status-page.png)
