@@ -29,9 +29,10 @@ func cli(t *testing.T, args ...string) (int, string, string) {
 // cliEnv is cli with extra environment variables (NAME=value).
 func cliEnv(t *testing.T, env []string, args ...string) (int, string, string) {
 	t.Helper()
+	bin := meshtest.Binary(t) // built before the command's own timeout starts
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, meshtest.Binary(t), args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.Env = append(os.Environ(), "MESHBOX_SERVER=", "MESHBOX_DB=", "MESHBOX_BROKER=")
