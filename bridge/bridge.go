@@ -129,6 +129,10 @@ type StallStatus struct {
 
 const historyLen = 20
 
+// startConnectLimit bounds the connection attempt Start makes; after it
+// the node runs offline and the link loop keeps trying.
+const startConnectLimit = 5 * time.Second
+
 // New validates cfg and returns a bridge that is not yet started. nc is an
 // in-process connection to the node's embedded NATS server, used to call
 // local command handlers; it stays owned by the caller.
@@ -218,7 +222,9 @@ func (b *Bridge) Start(ctx context.Context) error {
 	var first *session
 	if url := b.currentURL(); url != "" {
 		b.setState(StateConnecting, "")
-		first, err = b.connect(ctx, url)
+		cctx, cancel := context.WithTimeout(ctx, startConnectLimit)
+		first, err = b.connect(cctx, url)
+		cancel()
 		var inUse *NodeNameInUseError
 		switch {
 		case errors.As(err, &inUse):
