@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/nats-io/nats.go"
 )
 
 func TestOutboxWhileLinkDownThenDrainedInOrder(t *testing.T) {
@@ -240,5 +241,93 @@ func TestStallNoConsumer(t *testing.T) {
 	waitFor(t, 10*time.Second, "stall cleared", func() bool { return len(a.b.Status().Stalls) == 0 })
 	if len(h.msgs()) != 2 {
 		t.Errorf("handled %d, want 2", len(h.msgs()))
+	}
+}
+
+// TestOutboxSurvivesRestart closes a node while its outbox holds commands
+// and starts it again on the same file: they are sent, in order.
+func TestOutboxSurvivesRestart(t *testing.T) {
+	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	px, proxied := brokerProxy(t, vhost)
+	b := newNode(t, "beta", vhost, func(c *bridge.Config) { c.Prefetch = 1 })
+	b.waitConnected(t)
+	var h handler
+	serveStage(t, b, "kept", &h)
+
+	px.Cut(t)
+	a := newNode(t, "alpha", proxied, nil)
+	const n = 50
+	for i := 0; i < n; i++ {
+		a.submit(t, "kept", []byte(strconv.Itoa(i)), nil)
+	}
+	path := a.cfg.OutboxPath
+	if err := a.b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	px.Restore(t)
+	a2 := newNode(t, "alpha", proxied, func(c *bridge.Config) { c.OutboxPath = path })
+	if d := a2.b.Status().Outbox.Depth; d != n && len(h.msgs()) == 0 {
+		t.Errorf("outbox after restart: depth %d, want %d", d, n)
+	}
+	waitFor(t, 20*time.Second, "the kept commands delivered", func() bool { return len(h.msgs()) >= n })
+	time.Sleep(300 * time.Millisecond)
+	for i, m := range h.msgs() {
+		if string(m.Data) != strconv.Itoa(i) {
+			t.Fatalf("command %d is %s, want in order", i, m.Data)
+		}
+	}
+	if len(h.msgs()) != n {
+		t.Errorf("delivered %d, want %d", len(h.msgs()), n)
+	}
+}
+
+func TestBadInputFromPrograms(t *testing.T) {
+	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	a := newNode(t, "alpha", vhost, func(c *bridge.Config) {
+		c.MaxPayload = 600 << 10
+		c.Routes = map[string]string{"echo": "beta"}
+	})
+	b := newNode(t, "beta", vhost, nil)
+	a.waitConnected(t)
+	b.waitConnected(t)
+	hostEcho(t, b, "echo")
+	var h handler
+	serveStage(t, b, "big", &h)
+	waitStandIn(t, a, "echo")
+
+	big := make([]byte, 500<<10)
+	for i := range big {
+		big[i] = byte('a' + i%26)
+	}
+	m, err := a.request(t, "cap.echo", big, nil, 5*time.Second)
+	if err != nil || len(m.Data) != len(big)+5 {
+		t.Fatalf("500 KiB request: got %v (%d bytes), want the echo", err, len(m.Data))
+	}
+	a.submit(t, "big", big, nil)
+	waitFor(t, 10*time.Second, "the 500 KiB command", func() bool { return len(h.msgs()) == 1 && len(h.msgs()[0].Data) == len(big) })
+
+	tooBig := make([]byte, 700<<10)
+	for _, tt := range []struct {
+		name, subject string
+		data          []byte
+		hdr           nats.Header
+		want          string
+	}{
+		{"oversized request", "cap.echo", tooBig, nil, "exceeds the limit"},
+		{"oversized command", "cmd.big", tooBig, nil, "exceeds the limit"},
+		{"oversized event", "evt.big", tooBig, nil, "exceeds the limit"},
+		{"wildcard character in a stage", "cmd.a#b", nil, nil, "not a valid stage name"},
+		{"bad message id", "cmd.big", nil, nats.Header{bridge.HeaderMsgID: {"has space"}}, "not a valid message id"},
+		{"reserved header", "evt.x", nil, nats.Header{"CC": {"evt.y"}}, "reserved"},
+		{"bad node name", "node.a%b.cap.echo", nil, nil, "is not node.<node>.cap"},
+	} {
+		m, err := a.request(t, tt.subject, tt.data, tt.hdr, 5*time.Second)
+		if err != nil {
+			t.Errorf("%s: got %v, want a 400 reply", tt.name, err)
+			continue
+		}
+		if code, text := serviceError(m); code != "400" || !strings.Contains(text, tt.want) {
+			t.Errorf("%s: got %s %q, want 400 with %q", tt.name, code, text, tt.want)
+		}
 	}
 }
