@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
-	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -56,7 +55,7 @@ func (h *handler) msgs() []*nats.Msg {
 }
 
 func TestCommandsHandledOnceWithTwoHosts(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	a := newNode(t, "alpha", vhost, nil)
 	b := newNode(t, "beta", vhost, nil)
 	c := newNode(t, "gamma", vhost, nil)
@@ -116,7 +115,7 @@ func TestCommandsHandledOnceWithTwoHosts(t *testing.T) {
 }
 
 func TestCommandRetriesThenDeadLetter(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	a := newNode(t, "alpha", vhost, func(c *bridge.Config) { c.RetryBudget = 3 })
 	a.waitConnected(t)
 	h := handler{fail: func(m *nats.Msg) bool { return string(m.Data) == "poison" }}
@@ -166,7 +165,7 @@ func TestCommandRetriesThenDeadLetter(t *testing.T) {
 }
 
 func TestCommandNoRoute(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	a := newNode(t, "alpha", vhost, nil)
 	a.waitConnected(t)
 	start := time.Now()
@@ -183,7 +182,7 @@ func TestCommandNoRoute(t *testing.T) {
 }
 
 func TestMalformedCommandsDeadLettered(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	a := newNode(t, "alpha", vhost, nil)
 	a.waitConnected(t)
 	var h handler

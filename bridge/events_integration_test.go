@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
-	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -25,7 +24,7 @@ func subscribeEvents(t *testing.T, n *node, subject string) *recorder {
 }
 
 func TestEventsReachEveryNodeWithoutEcho(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	nodes := []*node{newNode(t, "alpha", vhost, nil), newNode(t, "beta", vhost, nil), newNode(t, "gamma", vhost, nil)}
 	recs := map[string]*recorder{}
 	for _, n := range nodes {

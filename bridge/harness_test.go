@@ -248,3 +248,19 @@ func (r *recorder) len() int {
 }
 
 func isNoResponders(err error) bool { return errors.Is(err, nats.ErrNoResponders) }
+
+// sharedRabbit returns the package's broker; integration tests skip under
+// -short (and only then).
+func sharedRabbit(t *testing.T) *meshtest.Rabbit {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: needs RabbitMQ")
+	}
+	return meshtest.RabbitMQ(t)
+}
+
+// testVhost returns the AMQP URL of a fresh vhost for t.
+func testVhost(t *testing.T) string {
+	t.Helper()
+	return sharedRabbit(t).Vhost(t)
+}

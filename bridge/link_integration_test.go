@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
-	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -15,7 +14,7 @@ import (
 // closed): heartbeats notice, a request waiting on the link fails with 503
 // before its deadline, and the node reconnects once the link carries again.
 func TestHalfOpenLinkDetected(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	px, proxied := brokerProxy(t, vhost)
 	a := newNode(t, "alpha", proxied, func(c *bridge.Config) {
 		c.Routes = map[string]string{"slow": "beta"}
@@ -64,7 +63,7 @@ func TestHalfOpenLinkDetected(t *testing.T) {
 // on a command (it never replies); after the attempt's timeout the command
 // is delivered again, marked, and a new handler completes it.
 func TestHandlerKilledDuringCommand(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	a := newNode(t, "alpha", vhost, func(c *bridge.Config) { c.CommandTimeout = time.Second })
 	a.waitConnected(t)
 	doomed, err := nats.Connect(a.srv.ClientURL())

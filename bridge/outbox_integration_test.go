@@ -8,12 +8,11 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
-	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
 
 func TestOutboxWhileLinkDownThenDrainedInOrder(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	px, proxied := brokerProxy(t, vhost)
 	a := newNode(t, "alpha", proxied, nil)
 	b := newNode(t, "beta", vhost, func(c *bridge.Config) { c.Prefetch = 1 })
@@ -75,7 +74,7 @@ func TestOutboxWhileLinkDownThenDrainedInOrder(t *testing.T) {
 }
 
 func TestOutboxFull(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	px, proxied := brokerProxy(t, vhost)
 	px.Cut(t)
 	a := newNode(t, "alpha", proxied, func(c *bridge.Config) { c.OutboxMaxBytes = 100 << 10 })
@@ -113,7 +112,7 @@ func TestOutboxFull(t *testing.T) {
 }
 
 func TestLocalStageWhileOffline(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	px, proxied := brokerProxy(t, vhost)
 	a := newNode(t, "alpha", proxied, nil)
 	a.waitConnected(t)
@@ -146,7 +145,7 @@ func TestLocalStageWhileOffline(t *testing.T) {
 }
 
 func TestNodeNameInUse(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	first := newNode(t, "alpha", vhost, nil)
 	first.waitConnected(t)
 	second := buildNode(t, "alpha", vhost, nil)
@@ -165,7 +164,7 @@ func TestNodeNameInUse(t *testing.T) {
 }
 
 func TestStatusAndMovingBroker(t *testing.T) {
-	rabbit := meshtest.RabbitMQ(t)
+	rabbit := sharedRabbit(t)
 	vhost := rabbit.Vhost(t)
 	a := newNode(t, "alpha", "", nil)
 	st := a.b.Status()
@@ -217,7 +216,7 @@ func TestStatusAndMovingBroker(t *testing.T) {
 }
 
 func TestStallNoConsumer(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	a := newNode(t, "alpha", vhost, nil)
 	b := newNode(t, "beta", vhost, nil)
 	a.waitConnected(t)
@@ -247,7 +246,7 @@ func TestStallNoConsumer(t *testing.T) {
 // TestOutboxSurvivesRestart closes a node while its outbox holds commands
 // and starts it again on the same file: they are sent, in order.
 func TestOutboxSurvivesRestart(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	px, proxied := brokerProxy(t, vhost)
 	b := newNode(t, "beta", vhost, func(c *bridge.Config) { c.Prefetch = 1 })
 	b.waitConnected(t)
@@ -282,7 +281,7 @@ func TestOutboxSurvivesRestart(t *testing.T) {
 }
 
 func TestBadInputFromPrograms(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	a := newNode(t, "alpha", vhost, func(c *bridge.Config) {
 		c.MaxPayload = 600 << 10
 		c.Routes = map[string]string{"echo": "beta"}

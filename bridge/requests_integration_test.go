@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
-	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -43,7 +42,7 @@ func waitStandIn(t *testing.T, n *node, name string) {
 }
 
 func TestRequestReplyAcrossNodes(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	a := newNode(t, "alpha", vhost, func(c *bridge.Config) { c.Routes = map[string]string{"echo": "beta"} })
 	b := newNode(t, "beta", vhost, nil)
 	a.waitConnected(t)
@@ -98,7 +97,7 @@ func TestRequestReplyAcrossNodes(t *testing.T) {
 }
 
 func TestRequestFailsAtOnce(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	a := newNode(t, "alpha", vhost, func(c *bridge.Config) {
 		c.Routes = map[string]string{"ghost": "nobody", "echo": "beta"}
 	})
@@ -156,7 +155,7 @@ func TestRequestFailsAtOnce(t *testing.T) {
 }
 
 func TestRequestDeadline(t *testing.T) {
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	vhost := testVhost(t)
 	a := newNode(t, "alpha", vhost, func(c *bridge.Config) {
 		c.Routes = map[string]string{"slow": "beta"}
 		c.RequestTimeout = 1500 * time.Millisecond
