@@ -84,8 +84,9 @@ type Bridge struct {
 	stalls    map[string]*stallState
 	submitted map[string]time.Time // stages this node sent commands to, and when last
 
-	sysQ      chan sysMsg // system messages for Config.OnSystem
-	deadCount atomic.Uint64
+	sysQ       chan sysMsg // system messages for Config.OnSystem
+	deadCount  atomic.Uint64
+	outboxFull atomic.Bool // for the one log line when the outbox fills up
 }
 
 // StateChange is one entry of the link's history.

@@ -117,6 +117,20 @@
 // header types or keys, oversized body, unknown routing key) is
 // dead-lettered with the reason; the consumer carries on.
 //
+// # Wiring
+//
+// The appliance builds the bridge with New (Config.Dial connects to the
+// embedded NATS server, ServerInterest reads its subscriptions), starts it
+// after the NATS server and stops it before. Start fails with a
+// *NodeNameInUseError when another process holds the node's name; Fatal
+// yields one when that happens on a later reconnect and lasts (the node
+// should exit non-zero). SetURL follows a moved broker. The node package
+// feeds discovery in with SetRoutes and MarkGone, sends its messages with
+// PublishSystem and SendSystem (never queued: they fail at once with
+// ErrLinkDown when the link is down), and receives other nodes' through
+// Config.OnSystem. Status is the broker, outbox and stalls part of the node
+// status; the metrics are registered on Config.Metrics.
+//
 // # Concurrency
 //
 // One AMQP connection per session; a session is never reused: when any of

@@ -104,6 +104,16 @@ func (b *Bridge) reconcile() {
 	}
 	b.localCaps = localCaps
 	changed := !maps.Equal(hosted, b.hosted)
+	for s := range hosted {
+		if !b.hosted[s] {
+			b.log.Info("stage hosted here", "stage", s)
+		}
+	}
+	for s := range b.hosted {
+		if !hosted[s] {
+			b.log.Info("stage no longer hosted here", "stage", s)
+		}
+	}
 	b.hosted = hosted
 	b.routeMu.Unlock()
 	_ = b.bc.Flush()

@@ -743,7 +743,7 @@ func (s *session) syncStages(decl **amqp.Channel) {
 				return
 			}
 			delete(s.stages, stage)
-			s.b.log.Info("stage no longer hosted here", "stage", stage)
+			s.b.log.Debug("stage consumer cancelled", "stage", stage)
 		}
 	}
 	for stage := range want {
@@ -761,7 +761,7 @@ func (s *session) syncStages(decl **amqp.Channel) {
 		}
 		s.stages[stage] = true
 		s.spawn(func() { s.readCommands(stage, ds) })
-		s.b.log.Info("stage hosted here", "stage", stage)
+		s.b.log.Debug("stage consumer started", "stage", stage)
 	}
 }
 

@@ -122,8 +122,14 @@ func (b *Bridge) put(rec *record, reply, how string) {
 		if reply == "" {
 			b.m.err(errKindDropped)
 		}
+		if b.outboxFull.CompareAndSwap(false, true) {
+			b.log.Error("outbox full: refusing commands and events until the broker takes some", "max_bytes", b.cfg.OutboxMaxBytes)
+		}
 		b.replyError(reply, err)
 		return
+	}
+	if b.outboxFull.CompareAndSwap(true, false) {
+		b.log.Info("outbox accepts messages again")
 	}
 	mesh := rec.kind != kindLocal
 	if mesh {
