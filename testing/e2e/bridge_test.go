@@ -1,0 +1,612 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/nats-io/nats.go"
+)
+
+// Headers of the node's local API (see the bridge package).
+const (
+	hdrOrigin       = "Meshbox-Origin"
+	hdrMsgID        = "Meshbox-Msg-Id"
+	hdrAttempt      = "Meshbox-Attempt"
+	hdrRedelivered  = "Meshbox-Redelivered"
+	hdrTimeout      = "Meshbox-Timeout"
+	hdrAccepted     = "Meshbox-Accepted"
+	hdrServiceError = "Nats-Service-Error"
+	hdrServiceCode  = "Nats-Service-Error-Code"
+)
+
+// bridgeConfig is the bridge part of a node's JSON config file; zero
+// fields keep the defaults.
+type bridgeConfig struct {
+	Routes         map[string]string `json:"routes,omitempty"`
+	OutboxMaxBytes int64             `json:"outbox_max_bytes,omitempty"`
+	RequestTimeout string            `json:"request_timeout,omitempty"`
+	RetryBudget    int               `json:"retry_budget,omitempty"`
+	Prefetch       int               `json:"prefetch,omitempty"`
+}
+
+// startMeshNode runs node name as a child process on the broker at amqpURL,
+// with bc in its config file and extra flags (--data, say), and waits until
+// its broker link is connected.
+func startMeshNode(t *testing.T, name, amqpURL string, bc bridgeConfig, extra ...string) *meshtest.Process {
+	t.Helper()
+	p := meshtest.StartProcess(t, meshNodeArgs(t, name, amqpURL, bc, extra...)...)
+	waitStatus(t, p.HTTPURL(), 30*time.Second, "node "+name+" connected to the broker",
+		func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	return p
+}
+
+// meshNodeArgs are the `meshbox run` flags of a node on the broker at
+// amqpURL with bc in its config file.
+func meshNodeArgs(t *testing.T, name, amqpURL string, bc bridgeConfig, extra ...string) []string {
+	t.Helper()
+	data, err := json.Marshal(map[string]any{"bridge": bc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), name+".json")
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return append([]string{"--node", name, "--broker", amqpURL, "--config", file}, extra...)
+}
+
+// waitCallable waits until a call to subject (with headers h) gets an
+// answer that ok accepts: routes learned by discovery reach the bridge's
+// stand-ins a moment after they show in the status.
+func waitCallable(t *testing.T, nc *nats.Conn, subject string, h nats.Header, ok func(*nats.Msg) bool) {
+	t.Helper()
+	var last string
+	if !waitFor(30*time.Second, func() bool {
+		resp, err := nc.RequestMsg(&nats.Msg{Subject: subject, Header: h}, 5*time.Second)
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		code, text := serviceError(resp)
+		last = fmt.Sprintf("code %d %s", code, text)
+		return ok(resp)
+	}) {
+		t.Fatalf("after 30s: %s not callable; last answer: %s", subject, last)
+	}
+}
+
+// bridgeStatus is the bridge's part of a node's status JSON.
+type bridgeStatus struct {
+	Broker struct {
+		State string `json:"state"`
+	} `json:"broker"`
+	Outbox struct {
+		Depth            int64   `json:"depth"`
+		Bytes            int64   `json:"bytes"`
+		OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+		MaxBytes         int64   `json:"max_bytes"`
+	} `json:"outbox"`
+	Capabilities struct {
+		Remote map[string][]string `json:"remote"`
+	} `json:"capabilities"`
+}
+
+// waitRoute waits until the node at httpURL routes capability name to node
+// host (discovery learned it).
+func waitRoute(t *testing.T, httpURL, name, host string) {
+	t.Helper()
+	waitBridgeStatus(t, httpURL, 30*time.Second, "a route for "+name+" to "+host, func(s bridgeStatus) bool {
+		return slices.Contains(s.Capabilities.Remote[name], host)
+	})
+}
+
+// getBridgeStatus reads the bridge's part of a node's /status.
+func getBridgeStatus(t *testing.T, httpURL string) bridgeStatus {
+	t.Helper()
+	var st bridgeStatus
+	getJSON(t, httpURL+"/status", "", &st)
+	return st
+}
+
+// waitBridgeStatus polls a node's status until ok holds or d passes.
+func waitBridgeStatus(t *testing.T, httpURL string, d time.Duration, what string, ok func(bridgeStatus) bool) bridgeStatus {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		st := getBridgeStatus(t, httpURL)
+		if ok(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s did not happen; status %+v", d, what, st)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// getJSON decodes the JSON answer of GET u (as user guest when basicAuth is
+// "guest").
+func getJSON(t *testing.T, u, basicAuth string, v any) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if basicAuth != "" {
+		req.SetBasicAuth(basicAuth, basicAuth)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", u, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s: %s", u, resp.Status, body)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		t.Fatalf("GET %s: not JSON: %v\n%s", u, err, body)
+	}
+}
+
+// waitConsumers waits until queue on the broker rmq (vhost of amqpURL) has
+// at least n consumers: the nodes hosting a stage are ready for commands.
+func waitConsumers(t *testing.T, rmq *meshtest.Rabbit, amqpURL, queue string, n int) {
+	t.Helper()
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vhost := strings.TrimPrefix(u.Path, "/")
+	if vhost == "" {
+		vhost = "/"
+	}
+	api := rmq.ManagementURL() + "/api/queues/" + url.PathEscape(vhost) + "/" + url.PathEscape(queue)
+	deadline := time.Now().Add(30 * time.Second)
+	got := -1
+	for time.Now().Before(deadline) {
+		req, _ := http.NewRequest(http.MethodGet, api, nil)
+		req.SetBasicAuth("guest", "guest")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			var q struct {
+				Consumers int `json:"consumers"`
+			}
+			if resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&q) == nil {
+				got = q.Consumers
+			}
+			resp.Body.Close()
+			if got >= n {
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("queue %s: got %d consumers after 30s, want %d", queue, got, n)
+}
+
+// natsConn connects a local program to a node's NATS server; closed in
+// cleanup.
+func natsConn(t *testing.T, natsURL string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("connect to %s: %v", natsURL, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// flush makes sure nc's subscriptions are known to its server.
+func flush(t *testing.T, nc *nats.Conn) {
+	t.Helper()
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+}
+
+// serviceError returns the error code and text of an error reply (0 and ""
+// for a success).
+func serviceError(m *nats.Msg) (int, string) {
+	if m == nil || m.Header.Get(hdrServiceError) == "" && m.Header.Get(hdrServiceCode) == "" {
+		return 0, ""
+	}
+	code, _ := strconv.Atoi(m.Header.Get(hdrServiceCode))
+	return code, m.Header.Get(hdrServiceError)
+}
+
+// timedRequest sends msg and returns the reply and how long it took.
+func timedRequest(nc *nats.Conn, msg *nats.Msg, timeout time.Duration) (*nats.Msg, time.Duration, error) {
+	start := time.Now()
+	resp, err := nc.RequestMsg(msg, timeout)
+	return resp, time.Since(start), err
+}
+
+// submit sends a command or event submission (subject cmd.<stage> or
+// evt.<topic>) and reports what the submitter was told.
+func submit(nc *nats.Conn, subject string, body []byte, timeout time.Duration) (outcome, *nats.Msg, error) {
+	resp, err := nc.RequestMsg(&nats.Msg{Subject: subject, Data: body}, timeout)
+	switch {
+	case err != nil:
+		return indeterminate, nil, err
+	case resp.Header.Get(hdrServiceError) != "" || resp.Header.Get(hdrServiceCode) != "":
+		return refused, resp, nil
+	case resp.Header.Get(hdrAccepted) == "":
+		return indeterminate, resp, fmt.Errorf("submission reply without %s header", hdrAccepted)
+	default:
+		return acked, resp, nil
+	}
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return true
+}
+
+func TestBridgeTwoNodes(t *testing.T)   { testMesh(t, []string{"alpha", "beta"}) }
+func TestBridgeThreeNodes(t *testing.T) { testMesh(t, []string{"alpha", "beta", "gamma"}) }
+
+// testMesh runs the normal-case scenarios on nodes names[0] (the caller,
+// with static routes to names[1]) and the others, each a separate process.
+func testMesh(t *testing.T, names []string) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	rmq := meshtest.RabbitMQ(t)
+	amqpURL := rmq.Vhost(t)
+	caller, first, hosts := names[0], names[1], names[1:]
+	const defaultTimeout = 2 * time.Second
+	procs := map[string]*meshtest.Process{}
+	procs[caller] = startMeshNode(t, caller, amqpURL, bridgeConfig{RequestTimeout: defaultTimeout.String()})
+	for _, n := range hosts {
+		procs[n] = startMeshNode(t, n, amqpURL, bridgeConfig{})
+	}
+	ncs := map[string]*nats.Conn{}
+	for _, n := range names {
+		ncs[n] = natsConn(t, procs[n].NATSURL())
+	}
+
+	// Every node hosts whoami; the first host also echo and sleepy (which
+	// never answers).
+	for _, n := range names {
+		if _, err := ncs[n].Subscribe("cap.whoami", func(m *nats.Msg) {
+			r := nats.NewMsg(m.Reply)
+			r.Header.Set("X-Seen-Origin", m.Header.Get(hdrOrigin))
+			r.Data = []byte(n)
+			_ = m.RespondMsg(r)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	echoed := make(chan *nats.Msg, 10)
+	if _, err := ncs[first].Subscribe("cap.echo", func(m *nats.Msg) {
+		if m.Header.Get("X-Trace") != "" {
+			echoed <- m
+		}
+		r := nats.NewMsg(m.Reply)
+		r.Header.Set("Content-Type", "text/plain; charset=utf-8")
+		r.Header.Set("Content-Encoding", "identity")
+		r.Header.Add("X-Reply", "one")
+		r.Header.Add("X-Reply", "two")
+		r.Data = append([]byte("echo:"), m.Data...)
+		_ = m.RespondMsg(r)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ncs[first].Subscribe("cap.sleepy", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	for _, nc := range ncs {
+		flush(t, nc)
+	}
+	// Discovery tells the caller where echo and sleepy are hosted.
+	waitRoute(t, procs[caller].HTTPURL(), "echo", first)
+	waitRoute(t, procs[caller].HTTPURL(), "sleepy", first)
+	waitCallable(t, ncs[caller], "cap.echo", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+	waitCallable(t, ncs[caller], "cap.sleepy", nats.Header{hdrTimeout: []string{"100ms"}},
+		func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 504 })
+
+	t.Run("request with headers", func(t *testing.T) {
+		req := nats.NewMsg("cap.echo")
+		req.Data = []byte(`{"n":1}`)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Trace", "trace-1")
+		req.Header.Add("X-Multi", "a")
+		req.Header.Add("X-Multi", "b")
+		resp, err := ncs[caller].RequestMsg(req, 10*time.Second)
+		if err != nil {
+			t.Fatalf("cap.echo from %s: %v", caller, err)
+		}
+		if code, text := serviceError(resp); code != 0 {
+			t.Fatalf("cap.echo: error reply %d %s", code, text)
+		}
+		if got, want := string(resp.Data), `echo:{"n":1}`; got != want {
+			t.Errorf("reply body: got %q, want %q", got, want)
+		}
+		for _, h := range []struct {
+			key  string
+			want []string
+		}{
+			{"Content-Type", []string{"text/plain; charset=utf-8"}},
+			{"Content-Encoding", []string{"identity"}},
+			{"X-Reply", []string{"one", "two"}},
+		} {
+			if got := resp.Header.Values(h.key); !slices.Equal(got, h.want) {
+				t.Errorf("reply header %s: got %q, want %q", h.key, got, h.want)
+			}
+		}
+		var in *nats.Msg
+		select {
+		case in = <-echoed:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the echo handler saw no request")
+		}
+		for _, h := range []struct {
+			key  string
+			want []string
+		}{
+			{"Content-Type", []string{"application/json"}},
+			{"X-Trace", []string{"trace-1"}},
+			{"X-Multi", []string{"a", "b"}},
+			{hdrOrigin, []string{caller}},
+		} {
+			if got := in.Header.Values(h.key); !slices.Equal(got, h.want) {
+				t.Errorf("request header %s at the handler: got %q, want %q", h.key, got, h.want)
+			}
+		}
+		if string(in.Data) != `{"n":1}` {
+			t.Errorf("request body at the handler: got %q, want %q", in.Data, `{"n":1}`)
+		}
+	})
+
+	t.Run("every node calls every node", func(t *testing.T) {
+		for _, from := range names {
+			for _, to := range names {
+				resp, err := ncs[from].Request("node."+to+".cap.whoami", nil, 10*time.Second)
+				if err != nil {
+					t.Errorf("node.%s.cap.whoami from %s: %v", to, from, err)
+					continue
+				}
+				if code, text := serviceError(resp); code != 0 {
+					t.Errorf("node.%s.cap.whoami from %s: error %d %s", to, from, code, text)
+					continue
+				}
+				if string(resp.Data) != to || resp.Header.Get("X-Seen-Origin") != from {
+					t.Errorf("node.%s.cap.whoami from %s: got %q from origin %q, want %q from %q",
+						to, from, resp.Data, resp.Header.Get("X-Seen-Origin"), to, from)
+				}
+			}
+		}
+	})
+
+	t.Run("no host fails at once", func(t *testing.T) {
+		const atOnce = time.Second
+		// Nobody hosts cap.nothing and no route names it: the node answers
+		// 503 (or the NATS server its own "no responders", also a 503).
+		resp, d, err := timedRequest(ncs[caller], nats.NewMsg("cap.nothing"), 10*time.Second)
+		if code, text := serviceError(resp); !errors.Is(err, nats.ErrNoResponders) && (err != nil || code != 503 || text == "") || d > atOnce {
+			t.Errorf("cap.nothing: got %v, code %d %q after %s, want a 503 within %s", err, code, text, d, atOnce)
+		}
+		for _, subj := range []string{
+			"node.nobody.cap.whoami",         // no such node
+			"node." + first + ".cap.nothing", // the node exists but hosts no such capability
+		} {
+			resp, d, err := timedRequest(ncs[caller], nats.NewMsg(subj), 10*time.Second)
+			if err != nil {
+				t.Errorf("%s: %v after %s, want a 503 reply", subj, err, d)
+				continue
+			}
+			code, text := serviceError(resp)
+			if code != 503 || text == "" || d > atOnce {
+				t.Errorf("%s: got code %d %q after %s, want 503 with a reason within %s", subj, code, text, d, atOnce)
+			}
+		}
+	})
+
+	t.Run("deadline", func(t *testing.T) {
+		const margin = 500 * time.Millisecond
+		for _, tt := range []struct {
+			subject string
+			header  string
+			want    time.Duration
+		}{
+			{"cap.sleepy", "", defaultTimeout},
+			{"cap.sleepy", "600ms", 600 * time.Millisecond},
+			{"node." + first + ".cap.sleepy", "800ms", 800 * time.Millisecond},
+			{"cap.sleepy", "1h", defaultTimeout}, // may only shorten the default
+		} {
+			req := nats.NewMsg(tt.subject)
+			if tt.header != "" {
+				req.Header.Set(hdrTimeout, tt.header)
+			}
+			resp, d, err := timedRequest(ncs[caller], req, 10*time.Second)
+			if err != nil {
+				t.Errorf("%s (%s %q): %v after %s, want a 504 reply", tt.subject, hdrTimeout, tt.header, err, d)
+				continue
+			}
+			code, text := serviceError(resp)
+			if code != 504 || !strings.Contains(text, "deadline") && !strings.Contains(text, "within") {
+				t.Errorf("%s (%s %q): got code %d %q, want 504 naming the deadline", tt.subject, hdrTimeout, tt.header, code, text)
+			}
+			if d < tt.want-20*time.Millisecond || d > tt.want+margin {
+				t.Errorf("%s (%s %q): answered after %s, want %s (+%s)", tt.subject, hdrTimeout, tt.header, d, tt.want, margin)
+			}
+		}
+	})
+
+	t.Run("commands handled once", func(t *testing.T) {
+		const n = 300
+		h := newHistory()
+		var wrongMeta atomic.Int64
+		var perNode sync.Map
+		for _, host := range hosts {
+			if _, err := ncs[host].QueueSubscribe("work.job", "workers", func(m *nats.Msg) {
+				h.delivered(deliveryOf(host, m))
+				if m.Header.Get(hdrAttempt) != "1" || m.Header.Get(hdrRedelivered) != "false" ||
+					m.Header.Get(hdrOrigin) != caller || m.Header.Get(hdrMsgID) == "" {
+					wrongMeta.Add(1)
+				}
+				c, _ := perNode.LoadOrStore(host, new(atomic.Int64))
+				c.(*atomic.Int64).Add(1)
+				_ = m.Respond(nil)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			flush(t, ncs[host])
+		}
+		waitConsumers(t, rmq, amqpURL, "cmd.job", len(hosts))
+
+		var wg sync.WaitGroup
+		var next atomic.Int64
+		for range 8 {
+			wg.Add(1)
+			go func() { // submitter: exits when every command is submitted
+				defer wg.Done()
+				for {
+					seq := int(next.Add(1)) - 1
+					if seq >= n {
+						return
+					}
+					o, _, _ := submit(ncs[caller], "cmd.job", payload(caller, seq), 10*time.Second)
+					h.submitted(opKey{caller, seq}, o)
+				}
+			}()
+		}
+		wg.Wait()
+		if !waitFor(30*time.Second, func() bool { return h.count() >= n }) {
+			t.Errorf("after 30s: %d of %d commands handled", h.count(), n)
+		}
+		time.Sleep(time.Second) // room for a duplicate to show up
+		r := h.check()
+		t.Logf("commands, %d hosting nodes:\n%s", len(hosts), r)
+		var dist []string
+		for _, host := range hosts {
+			c, _ := perNode.LoadOrStore(host, new(atomic.Int64))
+			dist = append(dist, fmt.Sprintf("%s=%d", host, c.(*atomic.Int64).Load()))
+		}
+		t.Logf("handled per node: %s", strings.Join(dist, " "))
+		if r.acked != n {
+			t.Errorf("acknowledged: got %d of %d (refused %d, indeterminate %d)", r.acked, n, r.refused, r.indeterminate)
+		}
+		if !r.valid() || r.dupMarked != 0 || r.deliveries != n {
+			t.Errorf("got %d deliveries, want each of %d commands handled exactly once:\n%s", r.deliveries, n, r)
+		}
+		if w := wrongMeta.Load(); w != 0 {
+			t.Errorf("%d deliveries with attempt != 1, a redelivery mark, a wrong origin or no message id; want none in the normal case", w)
+		}
+	})
+
+	t.Run("events reach every other node and never echo", func(t *testing.T) {
+		const k = 100
+		h := newHistory()
+		var echoes, badOrigin atomic.Int64
+		for _, n := range names {
+			if _, err := ncs[n].Subscribe("evt.e2e.>", func(m *nats.Msg) {
+				d := deliveryOf(n, m)
+				h.delivered(d)
+				origin := m.Header.Get(hdrOrigin)
+				switch {
+				case d.op.origin == n && origin != "":
+					echoes.Add(1) // its own event came back from the mesh
+				case d.op.origin != n && origin != d.op.origin:
+					badOrigin.Add(1)
+				}
+			}); err != nil {
+				t.Fatal(err)
+			}
+			flush(t, ncs[n])
+		}
+		for i := range k {
+			for _, n := range names {
+				if err := ncs[n].Publish("evt.e2e.tick", payload(n, i)); err != nil {
+					t.Fatal(err)
+				}
+				h.submitted(opKey{n, i}, acked)
+			}
+		}
+		for _, n := range names {
+			flush(t, ncs[n])
+		}
+		want := k * len(names) * len(names)
+		if !waitFor(30*time.Second, func() bool { return h.count() >= want }) {
+			t.Errorf("after 30s: %d of %d event deliveries", h.count(), want)
+		}
+		time.Sleep(1500 * time.Millisecond) // room for an echo or a duplicate
+		for _, n := range names {
+			r := h.checkAt(n)
+			t.Logf("events at %s:\n%s", n, r)
+			if !r.valid() || r.dupMarked != 0 || r.deliveries != k*len(names) {
+				t.Errorf("node %s: got %d event deliveries, want each of %d exactly once:\n%s", n, r.deliveries, k*len(names), r)
+			}
+		}
+		if e := echoes.Load(); e != 0 {
+			t.Errorf("echoes: got %d own events back from the mesh, want 0", e)
+		}
+		if b := badOrigin.Load(); b != 0 {
+			t.Errorf("%d mesh events without the right %s header, want 0", b, hdrOrigin)
+		}
+	})
+}
+
+func TestSameNodeNameOnBrokerIsRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	rmq := meshtest.RabbitMQ(t)
+	amqpURL := rmq.Vhost(t)
+	first := startMeshNode(t, "twin", amqpURL, bridgeConfig{})
+	host := natsConn(t, first.NATSURL())
+	if _, err := host.Subscribe("cap.whoami", func(m *nats.Msg) { _ = m.Respond([]byte("first")) }); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, host)
+	caller := startMeshNode(t, "caller", amqpURL, bridgeConfig{})
+
+	// Another data directory, the same name, the same broker.
+	start := time.Now()
+	code, out := meshtest.StartProcessExpectFailure(t, meshNodeArgs(t, "twin", amqpURL, bridgeConfig{})...)
+	if code == 0 {
+		t.Fatalf("second process named twin: exit 0, want a refusal\n%s", out)
+	}
+	if !strings.Contains(out, "node name") || !strings.Contains(out, "in use") {
+		t.Errorf("second process output: want an error saying the node name is in use, got\n%s", out)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Errorf("refusal took %s, want it at once", d)
+	}
+
+	// The first keeps its name and its traffic.
+	nc := natsConn(t, caller.NATSURL())
+	for i := range 5 {
+		resp, err := nc.Request("node.twin.cap.whoami", nil, 5*time.Second)
+		if err != nil {
+			t.Fatalf("call %d to twin after the refusal: %v", i, err)
+		}
+		if code, text := serviceError(resp); code != 0 || string(resp.Data) != "first" {
+			t.Fatalf("call %d to twin after the refusal: got %q (error %d %s), want first", i, resp.Data, code, text)
+		}
+	}
+	if st := getStatus(t, first.HTTPURL()); st.Broker.State != "connected" {
+		t.Errorf("first twin: broker.state %q, want connected", st.Broker.State)
+	}
+}

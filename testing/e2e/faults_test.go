@@ -1,0 +1,599 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/nats-io/nats.go"
+)
+
+// load submits sequence-numbered commands or events to one node until told
+// to stop, at a steady rate, and records what each submitter was told.
+type load struct {
+	nc      *nats.Conn
+	subject string
+	origin  string
+	h       *history
+
+	next     atomic.Int64
+	mu       sync.Mutex
+	refusals map[string]int // "code text" -> count
+	accepted map[string]int // Meshbox-Accepted -> count
+	errs     map[string]int // client errors (no answer) -> count
+}
+
+// run submits with workers goroutines at about rate per second until stop
+// is closed and at least min were submitted (never more than max). It
+// returns when every worker is done.
+func (l *load) run(workers int, rate float64, min, max int, stop <-chan struct{}) {
+	l.refusals, l.accepted, l.errs = map[string]int{}, map[string]int{}, map[string]int{}
+	pause := time.Duration(float64(workers) / rate * float64(time.Second))
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() { // submitter: exits when the run is complete (see above)
+			defer wg.Done()
+			for {
+				seq := int(l.next.Add(1)) - 1
+				stopped := false
+				select {
+				case <-stop:
+					stopped = true
+				default:
+				}
+				if seq >= max || seq >= min && stopped {
+					return
+				}
+				start := time.Now()
+				o, resp, err := submit(l.nc, l.subject, payload(l.origin, seq), 20*time.Second)
+				l.h.submitted(opKey{l.origin, seq}, o)
+				l.mu.Lock()
+				switch o {
+				case acked:
+					l.accepted[resp.Header.Get(hdrAccepted)]++
+				case refused:
+					code, text := serviceError(resp)
+					l.refusals[fmt.Sprintf("%d %s", code, clip(text))]++
+				case indeterminate:
+					l.errs[clip(err.Error())]++
+				}
+				l.mu.Unlock()
+				if d := pause - time.Since(start); d > 0 {
+					time.Sleep(d)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// summary describes the answers the submitters got.
+func (l *load) summary() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return fmt.Sprintf("%s: accepted %v; refused %s; no answer %s", l.subject, l.accepted, counts(l.refusals), counts(l.errs))
+}
+
+// counts renders a tally, largest first.
+func counts(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] })
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%d× %q", m[k], k))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// clip shortens a message for a tally; numbers are blanked so that similar
+// messages count together.
+func clip(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if r >= '0' && r <= '9' {
+			r = '#'
+		}
+		b.WriteRune(r)
+		if b.Len() > 120 {
+			break
+		}
+	}
+	return b.String()
+}
+
+// TestBrokerFaultsLoseNothing runs at least 10,000 commands and 10,000
+// events from node alpha to node beta while the broker is stopped and
+// started three times and killed once. Every submission alpha
+// acknowledged must reach beta's handler or subscriber; duplicates only
+// as marked redeliveries.
+func TestBrokerFaultsLoseNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	const (
+		minEach = 10000
+		maxEach = 40000
+		rate    = 250 // per second, commands and events each
+	)
+	rmq := meshtest.NewRabbitMQ(t)
+	amqpURL := rmq.URL()
+	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{})
+	alpha := startMeshNode(t, "alpha", amqpURL, bridgeConfig{})
+
+	cmds, evts := newHistory(), newHistory()
+	hnc := natsConn(t, beta.NATSURL())
+	csub, err := hnc.QueueSubscribe("work.load", "handlers", func(m *nats.Msg) {
+		cmds.delivered(deliveryOf("beta", m))
+		_ = m.Respond(nil)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	esub, err := hnc.Subscribe("evt.load", func(m *nats.Msg) { evts.delivered(deliveryOf("beta", m)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*nats.Subscription{csub, esub} {
+		if err := s.SetPendingLimits(-1, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flush(t, hnc)
+	waitConsumers(t, rmq, amqpURL, "cmd.load", 1)
+
+	cl := &load{nc: natsConn(t, alpha.NATSURL()), subject: "cmd.load", origin: "alpha", h: cmds}
+	el := &load{nc: natsConn(t, alpha.NATSURL()), subject: "evt.load", origin: "alpha", h: evts}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, l := range []*load{cl, el} {
+		wg.Add(1)
+		go func() { // load generator: exits when stop is closed and the minimum is submitted
+			defer wg.Done()
+			l.run(8, rate, minEach, maxEach, stop)
+		}()
+	}
+
+	// The faults, on the test goroutine (the harness requires it).
+	start := time.Now()
+	time.Sleep(3 * time.Second)
+	for i, fault := range []string{"stop", "stop", "kill", "stop"} {
+		if fault == "kill" {
+			rmq.Kill(t)
+		} else {
+			rmq.Stop(t)
+		}
+		time.Sleep(2 * time.Second) // submissions go to the outbox meanwhile
+		rmq.Start(t)
+		t.Logf("fault %d (%s) done at %s: %d commands, %d events submitted so far",
+			i+1, fault, time.Since(start).Round(time.Second), cl.next.Load(), el.next.Load())
+		time.Sleep(3 * time.Second) // the link returns and drains
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("load done after %s: %s; %s", time.Since(start).Round(time.Second), cl.summary(), el.summary())
+
+	// Everything acknowledged must arrive once the link is back.
+	waitBridgeStatus(t, alpha.HTTPURL(), 2*time.Minute, "alpha's outbox drained", func(s bridgeStatus) bool {
+		return s.Broker.State == "connected" && s.Outbox.Depth == 0
+	})
+	waitFor(2*time.Minute, func() bool {
+		return len(cmds.check().lost) == 0 && len(evts.checkAt("beta").lost) == 0
+	})
+	time.Sleep(2 * time.Second) // room for late duplicates
+	for _, c := range []struct {
+		what string
+		r    checkResult
+	}{
+		{"commands", cmds.check()},
+		{"events", evts.checkAt("beta")},
+	} {
+		t.Logf("checker, %s (submitted concurrently: order inversions are not judged here):\n%s", c.what, c.r)
+		if c.r.acked < minEach {
+			t.Errorf("%s: %d acknowledged, want at least %d for the run to mean something", c.what, c.r.acked, minEach)
+		}
+		if !c.r.valid() {
+			t.Errorf("%s: lost %d, unmarked duplicates %d, changed ids %d, unexpected %d; want 0 each:\n%s",
+				c.what, len(c.r.lost), len(c.r.dupUnmarked), len(c.r.idChanged), len(c.r.unexpected), c.r)
+		}
+	}
+}
+
+// TestOutboxWhileBrokerDown submits 10,000 commands on alpha while the
+// broker is down: all are accepted into the outbox, a full outbox refuses
+// with 507, alpha is killed (SIGKILL) and started again, and once the
+// broker returns every accepted command reaches beta's handler in the
+// order alpha accepted them.
+func TestOutboxWhileBrokerDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	const (
+		n         = 10000
+		maxBytes  = 2 << 20
+		bigSize   = 256 << 10
+		maxFiller = 40
+	)
+	rmq := meshtest.NewRabbitMQ(t)
+	amqpURL := rmq.URL()
+	// Prefetch 1: beta hands one command at a time to its handler, so the
+	// handler sees the queue's order.
+	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{Prefetch: 1})
+	alphaData := t.TempDir()
+	alphaConfig := bridgeConfig{OutboxMaxBytes: maxBytes}
+	alpha := startMeshNode(t, "alpha", amqpURL, alphaConfig, "--data", alphaData)
+	h := newHistory()
+	hnc := natsConn(t, beta.NATSURL())
+	sub, err := hnc.QueueSubscribe("work.batch", "handlers", func(m *nats.Msg) {
+		h.delivered(deliveryOf("beta", m))
+		_ = m.Respond(nil)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	flush(t, hnc)
+	waitConsumers(t, rmq, amqpURL, "cmd.batch", 1)
+
+	rmq.Stop(t)
+	waitBridgeStatus(t, alpha.HTTPURL(), 30*time.Second, "alpha's link down", func(s bridgeStatus) bool { return s.Broker.State != "connected" })
+
+	// Pipelined on one connection: alpha receives, and so accepts, the
+	// commands in sequence order.
+	nc := natsConn(t, alpha.NATSURL())
+	inbox := nats.NewInbox()
+	var mu sync.Mutex
+	answers := map[int]*nats.Msg{}
+	rsub, err := nc.Subscribe(inbox+".*", func(m *nats.Msg) {
+		seq, err := strconv.Atoi(m.Subject[len(inbox)+1:])
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		answers[seq] = m
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = rsub.SetPendingLimits(-1, -1)
+	start := time.Now()
+	for seq := range n {
+		if err := nc.PublishMsg(&nats.Msg{Subject: "cmd.batch", Reply: inbox + "." + strconv.Itoa(seq), Data: payload("alpha", seq)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flush(t, nc)
+	answered := func() int { mu.Lock(); defer mu.Unlock(); return len(answers) }
+	if !waitFor(2*time.Minute, func() bool { return answered() == n }) {
+		t.Fatalf("after 2m: %d of %d submissions answered", answered(), n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%d commands accepted into the outbox in %s", n, time.Since(start).Round(time.Millisecond))
+	notOutbox := map[string]int{}
+	for seq := range n {
+		m := answers[seq]
+		if code, text := serviceError(m); code != 0 {
+			h.submitted(opKey{"alpha", seq}, refused)
+			notOutbox[fmt.Sprintf("error %d %s", code, clip(text))]++
+			continue
+		}
+		h.submitted(opKey{"alpha", seq}, acked)
+		if a := m.Header.Get(hdrAccepted); a != "outbox" {
+			notOutbox["accepted by "+a]++
+		}
+	}
+	if len(notOutbox) != 0 {
+		t.Errorf("want all %d accepted into the outbox, got %s", n, counts(notOutbox))
+	}
+	st := getBridgeStatus(t, alpha.HTTPURL())
+	if st.Outbox.Depth != n || st.Outbox.MaxBytes != maxBytes {
+		t.Errorf("outbox: got depth %d max_bytes %d, want %d and %d", st.Outbox.Depth, st.Outbox.MaxBytes, n, maxBytes)
+	}
+
+	// Fill it up: large commands until the outbox refuses one.
+	var full string
+	big := 0
+	for i := range maxFiller {
+		seq := n + i
+		o, resp, err := submit(nc, "cmd.batch", paddedPayload("alpha", seq, bigSize), 20*time.Second)
+		h.submitted(opKey{"alpha", seq}, o)
+		if o == acked {
+			big++
+			continue
+		}
+		if err != nil {
+			t.Fatalf("large command %d: no answer: %v", i, err)
+		}
+		code, text := serviceError(resp)
+		if code != 507 || !strings.Contains(text, "outbox full") {
+			t.Fatalf("large command %d: got error %d %q, want 507 outbox full", i, code, text)
+		}
+		full = text
+		break
+	}
+	if full == "" {
+		t.Fatalf("%d large commands of %d bytes accepted into an outbox of %d bytes; want a refusal", maxFiller, bigSize, maxBytes)
+	}
+	st = getBridgeStatus(t, alpha.HTTPURL())
+	t.Logf("outbox full after %d large commands: %q; status %+v", big, full, st.Outbox)
+	if st.Outbox.Bytes > maxBytes || st.Outbox.Depth != int64(n+big) {
+		t.Errorf("full outbox: got depth %d bytes %d, want depth %d and at most %d bytes", st.Outbox.Depth, st.Outbox.Bytes, n+big, maxBytes)
+	}
+	if h.count() != 0 {
+		t.Errorf("%d commands handled while the broker was down; want 0 (beta hosts the stage, not alpha)", h.count())
+	}
+
+	// What alpha acknowledged survives kill -9: the outbox is on disk.
+	alpha.Kill()
+	alpha = meshtest.StartProcess(t, meshNodeArgs(t, "alpha", amqpURL, alphaConfig, "--data", alphaData)...)
+	if st := getBridgeStatus(t, alpha.HTTPURL()); st.Outbox.Depth != int64(n+big) {
+		t.Errorf("outbox after kill -9 and restart: got depth %d, want %d", st.Outbox.Depth, n+big)
+	}
+
+	rmq.Start(t)
+	start = time.Now()
+	if !waitFor(3*time.Minute, func() bool { return len(h.check().lost) == 0 }) {
+		t.Errorf("after 3m: %d commands not delivered", len(h.check().lost))
+	}
+	t.Logf("outbox delivered in %s", time.Since(start).Round(time.Millisecond))
+	waitBridgeStatus(t, alpha.HTTPURL(), time.Minute, "alpha's outbox empty", func(s bridgeStatus) bool { return s.Outbox.Depth == 0 })
+	time.Sleep(time.Second) // room for duplicates
+	r := h.check()
+	t.Logf("checker:\n%s", r)
+	if !r.valid() {
+		t.Errorf("lost %d, unmarked duplicates %d, unexpected %d (a refused command delivered?); want 0 each:\n%s",
+			len(r.lost), len(r.dupUnmarked), len(r.unexpected), r)
+	}
+	if inv := r.totalInversions(); inv != 0 {
+		t.Errorf("order: got %d inversions, want the order alpha accepted them in:\n%s", inv, r)
+	}
+}
+
+// TestHandlerProcess is not a scenario: it is the body of the handler
+// process that TestCommandRedeliveredAfterHandlerKilled starts (this test
+// binary run again with E2E_HANDLER_NATS set) and kills. Without that
+// variable it returns at once.
+func TestHandlerProcess(t *testing.T) {
+	natsURL := os.Getenv("E2E_HANDLER_NATS")
+	if natsURL == "" {
+		return
+	}
+	stage, mode := os.Getenv("E2E_HANDLER_STAGE"), os.Getenv("E2E_HANDLER_MODE")
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		fmt.Println("HANDLER FAILED", err)
+		os.Exit(1)
+	}
+	_, err = nc.QueueSubscribe("work."+stage, "handlers", func(m *nats.Msg) {
+		fmt.Printf("HANDLED id=%s attempt=%s redelivered=%s body=%s\n",
+			m.Header.Get(hdrMsgID), m.Header.Get(hdrAttempt), m.Header.Get(hdrRedelivered), m.Data)
+		if mode == "ack" {
+			_ = m.Respond(nil)
+		}
+	})
+	if err == nil {
+		err = nc.Flush()
+	}
+	if err != nil {
+		fmt.Println("HANDLER FAILED", err)
+		os.Exit(1)
+	}
+	fmt.Println("HANDLER READY")
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	select {
+	case <-sigs:
+	case <-time.After(5 * time.Minute): // orphaned: the parent is gone
+	}
+	nc.Close()
+	os.Exit(0)
+}
+
+// handlerProc is a handler process started by startHandler.
+type handlerProc struct {
+	cmd   *exec.Cmd
+	lines chan string // HANDLED lines
+	done  chan struct{}
+}
+
+// startHandler runs the handler process for stage on the node at natsURL;
+// mode "hang" never answers, "ack" answers success. It is killed in
+// cleanup.
+func startHandler(t *testing.T, natsURL, stage, mode string) *handlerProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHandlerProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "E2E_HANDLER_NATS="+natsURL, "E2E_HANDLER_STAGE="+stage, "E2E_HANDLER_MODE="+mode)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start handler process: %v", err)
+	}
+	hp := &handlerProc{cmd: cmd, lines: make(chan string, 100), done: make(chan struct{})}
+	ready := make(chan string, 1)
+	go func() { // reads the handler's output; exits when the process is gone
+		defer close(hp.done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case strings.HasPrefix(line, "HANDLER "):
+				ready <- line
+			case strings.HasPrefix(line, "HANDLED "):
+				hp.lines <- line
+			}
+		}
+		_ = cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-hp.done
+	})
+	select {
+	case line := <-ready:
+		if line != "HANDLER READY" {
+			t.Fatalf("handler process: %s", line)
+		}
+	case <-hp.done:
+		t.Fatal("handler process exited before it was ready")
+	case <-time.After(20 * time.Second):
+		t.Fatal("handler process not ready after 20s")
+	}
+	return hp
+}
+
+// kill sends SIGKILL and waits until the process is gone.
+func (hp *handlerProc) kill(t *testing.T) {
+	t.Helper()
+	if err := hp.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatalf("kill handler process: %v", err)
+	}
+	<-hp.done
+}
+
+// next returns the next HANDLED line's fields, failing after d.
+func (hp *handlerProc) next(t *testing.T, d time.Duration, what string) map[string]string {
+	t.Helper()
+	select {
+	case line := <-hp.lines:
+		return parseHandled(line)
+	case <-time.After(d):
+		t.Fatalf("after %s: %s", d, what)
+	}
+	return nil
+}
+
+// parseHandled splits "HANDLED k=v k=v ..." (body last, may hold spaces).
+func parseHandled(line string) map[string]string {
+	kv := map[string]string{}
+	rest := strings.TrimPrefix(line, "HANDLED ")
+	for rest != "" {
+		if strings.HasPrefix(rest, "body=") {
+			kv["body"] = rest[len("body="):]
+			break
+		}
+		field, after, _ := strings.Cut(rest, " ")
+		k, v, _ := strings.Cut(field, "=")
+		kv[k] = v
+		rest = after
+	}
+	return kv
+}
+
+// TestCommandRedeliveredAfterHandlerKilled kills (SIGKILL) the handler
+// process while it holds a command: the command is handled again by the
+// next handler process, as attempt 2 and marked as a redelivery.
+func TestCommandRedeliveredAfterHandlerKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	rmq := meshtest.RabbitMQ(t)
+	amqpURL := rmq.Vhost(t)
+	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{})
+	alpha := startMeshNode(t, "alpha", amqpURL, bridgeConfig{})
+	first := startHandler(t, beta.NATSURL(), "chore", "hang")
+	waitConsumers(t, rmq, amqpURL, "cmd.chore", 1)
+
+	nc := natsConn(t, alpha.NATSURL())
+	if o, resp, err := submit(nc, "cmd.chore", payload("alpha", 1), 10*time.Second); o != acked {
+		code, text := serviceError(resp)
+		t.Fatalf("submit: got %v (error %d %s), want accepted", err, code, text)
+	}
+	got := first.next(t, 15*time.Second, "the first handler saw no command")
+	if got["attempt"] != "1" || got["redelivered"] != "false" || got["body"] != "alpha:1" || got["id"] == "" {
+		t.Fatalf("first delivery: got %v, want attempt 1, not redelivered, body alpha:1, an id", got)
+	}
+	first.kill(t)
+	killed := time.Now()
+
+	// The bridge gives up on the dead handler after its command timeout and
+	// requeues; the next handler process gets the command again.
+	second := startHandler(t, beta.NATSURL(), "chore", "ack")
+	again := second.next(t, 90*time.Second, "the command was not redelivered to the second handler")
+	t.Logf("redelivered %s after the kill: %v", time.Since(killed).Round(time.Millisecond), again)
+	if again["id"] != got["id"] || again["body"] != "alpha:1" || again["attempt"] != "2" || again["redelivered"] != "true" {
+		t.Errorf("redelivery: got %v, want id %s, body alpha:1, attempt 2, redelivered true", again, got["id"])
+	}
+	select {
+	case line := <-second.lines:
+		t.Errorf("a third delivery after the handler acked: %s", line)
+	case <-time.After(2 * time.Second):
+	}
+}
+
+// TestCommandRedeliveredAfterNodeKilled kills (SIGKILL) the node whose
+// handler holds a command: the broker gives it to the other node hosting
+// the stage, as attempt 2 and marked as a redelivery.
+func TestCommandRedeliveredAfterNodeKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	rmq := meshtest.RabbitMQ(t)
+	amqpURL := rmq.Vhost(t)
+	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{})
+	gamma := startMeshNode(t, "gamma", amqpURL, bridgeConfig{})
+	alpha := startMeshNode(t, "alpha", amqpURL, bridgeConfig{})
+
+	held := make(chan *nats.Msg, 10)
+	bnc := natsConn(t, beta.NATSURL())
+	if _, err := bnc.QueueSubscribe("work.chore", "handlers", func(m *nats.Msg) { held <- m }); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, bnc)
+	waitConsumers(t, rmq, amqpURL, "cmd.chore", 1)
+	nc := natsConn(t, alpha.NATSURL())
+	if o, resp, err := submit(nc, "cmd.chore", payload("alpha", 1), 10*time.Second); o != acked {
+		code, text := serviceError(resp)
+		t.Fatalf("submit: got %v (error %d %s), want accepted", err, code, text)
+	}
+	var first *nats.Msg
+	select {
+	case first = <-held:
+	case <-time.After(15 * time.Second):
+		t.Fatal("beta's handler saw no command")
+	}
+
+	handled := make(chan *nats.Msg, 10)
+	gnc := natsConn(t, gamma.NATSURL())
+	if _, err := gnc.QueueSubscribe("work.chore", "handlers", func(m *nats.Msg) {
+		handled <- m
+		_ = m.Respond(nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, gnc)
+	waitConsumers(t, rmq, amqpURL, "cmd.chore", 2)
+	beta.Kill()
+	killed := time.Now()
+	select {
+	case m := <-handled:
+		t.Logf("redelivered to gamma %s after beta was killed", time.Since(killed).Round(time.Millisecond))
+		if m.Header.Get(hdrMsgID) != first.Header.Get(hdrMsgID) || string(m.Data) != "alpha:1" ||
+			m.Header.Get(hdrAttempt) != "2" || m.Header.Get(hdrRedelivered) != "true" {
+			t.Errorf("redelivery: got id %s body %q attempt %s redelivered %s, want id %s, alpha:1, 2, true",
+				m.Header.Get(hdrMsgID), m.Data, m.Header.Get(hdrAttempt), m.Header.Get(hdrRedelivered), first.Header.Get(hdrMsgID))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("after 30s: the command held by the killed node was not redelivered to gamma")
+	}
+}
