@@ -17,6 +17,7 @@ import (
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/node"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -224,12 +225,19 @@ func (a *Appliance) serveAPI() error {
 	// The last word on cap.<name>: when nobody else - no local host, no
 	// stand-in for a remote one - listens on the subject, say so at once and
 	// name the capability, rather than leave the caller with NATS's bare
-	// "no responders". When anyone else listens this stays silent.
-	acc := a.natsSrv.srv.GlobalAccount()
+	// "no responders". When anyone else listens this stays silent. The count
+	// is a full match over the server's subscriptions (Account.Interest
+	// answers from a match cache that under-counts once a wildcard
+	// subscription such as this one exists).
+	srv := a.natsSrv.srv
 	nc := a.nc
 	_, err = nc.Subscribe("cap.>", func(m *nats.Msg) {
-		if m.Reply == "" || acc.Interest(m.Subject) > 1 {
+		if m.Reply == "" {
 			return
+		}
+		sz, err := srv.Subsz(&server.SubszOptions{Subscriptions: true, Test: m.Subject})
+		if err != nil || sz.Total > 1 {
+			return // someone else answers (or the subject is not one a host could have)
 		}
 		capName := strings.TrimPrefix(m.Subject, "cap.")
 		reply := nats.NewMsg(m.Reply)

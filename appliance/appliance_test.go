@@ -200,3 +200,31 @@ func TestCallToUnhostedCapabilityFailsAtOnceNamingIt(t *testing.T) {
 		t.Fatalf("got a second answer %q %v, want the host's alone", extra.Data, extra.Header)
 	}
 }
+
+// The node's "no host" answer must stay silent for a hosted capability
+// however many requests pass (the server's match cache is flushed after
+// about a thousand distinct subjects, such as reply inboxes).
+func TestHostedCapabilityNeverGetsNoHostAnswer(t *testing.T) {
+	a := startNode(t, "alpha", t.TempDir())
+	nc, err := nats.Connect(a.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	for i := range 3000 {
+		m, err := nc.Request("cap.echo", []byte("x"), 2*time.Second)
+		if err != nil || m.Header.Get("Nats-Service-Error") != "" {
+			failed++
+			if failed == 1 {
+				t.Errorf("call %d: got %v %v, want the host's answer", i, err, m)
+			}
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d of 3000 calls did not get the host's answer", failed)
+	}
+}

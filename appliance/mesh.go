@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
@@ -99,7 +100,7 @@ func (a *Appliance) startNode(ctx context.Context) error {
 		Name:              a.cfg.Node,
 		Version:           Build().Version,
 		StartedAt:         a.startedAt,
-		Link:              b,
+		Link:              staticRoutes{Bridge: b, static: a.cfg.Bridge.Routes},
 		LocalSubjects:     node.ServerSubjects(a.natsSrv.srv, ownConnPrefix),
 		Conn:              a.nc,
 		DiscoveryInterval: a.cfg.Mesh.DiscoveryInterval.D(),
@@ -144,3 +145,29 @@ func (a *Appliance) applyToNode(n *node.Node, snap cache.Snapshot) {
 // ownConnPrefix names the node's own NATS connections (API, bridge), which
 // never count as local hosts of a capability.
 const ownConnPrefix = "meshbox-"
+
+// staticRoutes is the node's link to the bridge, with the routes of the
+// configuration (bridge.routes) kept under the ones discovery finds: the
+// node replaces the bridge's routes wholesale on every change of its view.
+type staticRoutes struct {
+	*bridge.Bridge
+	static map[string]string
+}
+
+// SetRoutes hands the bridge the discovered routes plus the static ones.
+func (l staticRoutes) SetRoutes(routes map[string][]string) {
+	if len(l.static) == 0 {
+		l.Bridge.SetRoutes(routes)
+		return
+	}
+	merged := make(map[string][]string, len(routes)+len(l.static))
+	for name, nodes := range routes {
+		merged[name] = nodes
+	}
+	for name, host := range l.static {
+		if !slices.Contains(merged[name], host) {
+			merged[name] = append(slices.Clone(merged[name]), host)
+		}
+	}
+	l.Bridge.SetRoutes(merged)
+}
