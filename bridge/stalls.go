@@ -75,7 +75,11 @@ func (s *session) stallChecker() {
 		s.fail(fmt.Errorf("open channel: %w", err))
 		return
 	}
-	defer func() { _ = ch.Close() }()
+	defer func() {
+		if ch != nil { // nil after a failed re-open below
+			_ = ch.Close()
+		}
+	}()
 	t := time.NewTicker(b.cfg.StallCheck)
 	defer t.Stop()
 	for {
@@ -97,6 +101,7 @@ func (s *session) stallChecker() {
 					return
 				}
 				if ch, err = s.conn.Channel(); err != nil {
+					ch = nil
 					s.fail(fmt.Errorf("open channel: %w", err))
 					return
 				}
