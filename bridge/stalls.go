@@ -101,7 +101,6 @@ func (s *session) stallChecker() {
 					return
 				}
 				if ch, err = s.conn.Channel(); err != nil {
-					ch = nil
 					s.fail(fmt.Errorf("open channel: %w", err))
 					return
 				}
