@@ -777,9 +777,11 @@ func (s *session) declareStage(decl **amqp.Channel, stage string) error {
 	_, err := (*decl).QueueDeclare(q, true, false, false, false, args)
 	var ae *amqp.Error
 	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
-		if *decl, err = s.conn.Channel(); err != nil {
-			return err
+		nc, cerr := s.conn.Channel()
+		if cerr != nil {
+			return cerr // *decl stays the closed channel, never nil
 		}
+		*decl = nc
 		if _, err = (*decl).QueueDeclarePassive(q, true, false, false, false, nil); err == nil {
 			s.b.log.Warn("stage queue exists with other arguments; using it as it is", "queue", q, "detail", ae.Reason)
 		}
