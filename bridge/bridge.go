@@ -426,9 +426,9 @@ func (b *Bridge) setState(state, reason string) {
 	url := redactURL(b.url)
 	b.linkMu.Unlock()
 	b.m.setState(state)
-	switch state {
-	case StateConnected, StateConnecting, StateNone:
-		b.log.Info("broker link "+state, "url", url)
+	switch {
+	case state == StateConnected, state == StateConnecting, state == StateNone, reason == reasonShutdown:
+		b.log.Info("broker link "+state, "url", url, "reason", reason)
 	default:
 		b.log.Warn("broker link "+state, "url", url, "reason", reason)
 	}

@@ -130,7 +130,10 @@ func (b *Bridge) runLink(first *session) {
 	}
 }
 
-const reasonURLChanged = "broker URL changed"
+const (
+	reasonURLChanged = "broker URL changed"
+	reasonShutdown   = "node shutting down"
+)
 
 // everConnected reports whether a connected state was ever recorded
 // before the current one.
@@ -468,7 +471,7 @@ func (s *session) run() string {
 	for {
 		select {
 		case <-s.b.quit:
-			return "node shutting down"
+			return reasonShutdown
 		case <-s.b.urlChanged:
 			if s.b.currentURL() != s.url {
 				return reasonURLChanged
