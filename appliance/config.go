@@ -73,9 +73,13 @@ type CacheConfig struct {
 
 // BridgeConfig is the broker part of the configuration.
 type BridgeConfig struct {
-	CAFile         string            `json:"ca_file"`
-	OutboxMaxBytes int64             `json:"outbox_max_bytes"`
-	RequestTimeout Duration          `json:"request_timeout"`
+	CAFile         string   `json:"ca_file"`
+	OutboxMaxBytes int64    `json:"outbox_max_bytes"`
+	RequestTimeout Duration `json:"request_timeout"`
+	// CommandTimeout bounds one handler attempt of a command; a handler
+	// that has not replied by then is taken as failed and the command is
+	// retried.
+	CommandTimeout Duration          `json:"command_timeout"`
 	Prefetch       int               `json:"prefetch"`
 	RetryBudget    int               `json:"retry_budget"`
 	Heartbeat      Duration          `json:"heartbeat"`
@@ -122,6 +126,7 @@ func DefaultConfig() Config {
 		Bridge: BridgeConfig{
 			OutboxMaxBytes: 64 << 20,
 			RequestTimeout: Duration(5 * time.Second),
+			CommandTimeout: Duration(30 * time.Second),
 			Prefetch:       32,
 			RetryBudget:    5,
 			Heartbeat:      Duration(5 * time.Second),
@@ -306,6 +311,7 @@ func (c *Config) Validate() error {
 		"cache.load_timeout":      c.Cache.LoadTimeout,
 		"cache.retry_interval":    c.Cache.RetryInterval,
 		"bridge.request_timeout":  c.Bridge.RequestTimeout,
+		"bridge.command_timeout":  c.Bridge.CommandTimeout,
 		"bridge.heartbeat":        c.Bridge.Heartbeat,
 		"bridge.stall_after":      c.Bridge.StallAfter,
 		"mesh.discovery_interval": c.Mesh.DiscoveryInterval,
@@ -315,6 +321,10 @@ func (c *Config) Validate() error {
 		if positive[f] <= 0 {
 			bad(f, "must be a positive duration, got %s", positive[f])
 		}
+	}
+	if c.Bridge.CommandTimeout.D() > 25*time.Minute {
+		// RabbitMQ closes the channel of a delivery unacked for 30 minutes.
+		bad("bridge.command_timeout", "%s is above the maximum of 25m", c.Bridge.CommandTimeout)
 	}
 	if c.Cache.MaxAge < 0 {
 		bad("cache.max_age", "must not be negative")

@@ -40,6 +40,8 @@ func TestConfigValidate(t *testing.T) {
 		{"prefetch", func(c *Config) { c.Bridge.Prefetch = 0 }, "bridge.prefetch"},
 		{"retry budget", func(c *Config) { c.Bridge.RetryBudget = 0 }, "bridge.retry_budget"},
 		{"request timeout", func(c *Config) { c.Bridge.RequestTimeout = -Duration(time.Second) }, "bridge.request_timeout"},
+		{"command timeout zero", func(c *Config) { c.Bridge.CommandTimeout = 0 }, "bridge.command_timeout"},
+		{"command timeout too long", func(c *Config) { c.Bridge.CommandTimeout = Duration(time.Hour) }, "bridge.command_timeout"},
 		{"ca file missing", func(c *Config) { c.Bridge.CAFile = "/nonexistent/ca.pem" }, "bridge.ca_file"},
 		{"route bad cap", func(c *Config) { c.Bridge.Routes = map[string]string{"a.*": "b"} }, "bridge.routes"},
 		{"route bad node", func(c *Config) { c.Bridge.Routes = map[string]string{"echo": "b c"} }, "bridge.routes.echo"},

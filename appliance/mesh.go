@@ -35,6 +35,7 @@ func (a *Appliance) startBridge(ctx context.Context) error {
 		OutboxPath:     filepath.Join(a.cfg.DataDir, "outbox.db"),
 		OutboxMaxBytes: a.cfg.Bridge.OutboxMaxBytes,
 		RequestTimeout: a.cfg.Bridge.RequestTimeout.D(),
+		CommandTimeout: a.cfg.Bridge.CommandTimeout.D(),
 		Prefetch:       a.cfg.Bridge.Prefetch,
 		RetryBudget:    a.cfg.Bridge.RetryBudget,
 		Heartbeat:      a.cfg.Bridge.Heartbeat.D(),
