@@ -1,0 +1,445 @@
+package bench
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/testing/meshtest"
+)
+
+// Sizes of the bridge benchmarks: big enough for stable figures, small
+// enough that the whole benchmark takes a minute or two.
+const (
+	benchCommands   = 20000 // commands per throughput run
+	benchSubmitters = 256   // concurrent submitters (ours) = confirm window (raw)
+	benchPrefetch   = 32    // consumer prefetch, the bridge's default
+	benchRoundTrips = 2000  // timed round trips per latency figure
+	benchWarmUp     = 200   // untimed round trips before each latency figure
+)
+
+// BenchmarkBridge compares the bridge with raw baselines on one RabbitMQ,
+// in one process and one run. Two nodes, A and B, run in this process with
+// the real appliance (embedded NATS, bridge, discovery). It prints
+//
+//	BENCH command ours=<msg/s> baseline=<msg/s> ratio=<ours/baseline>
+//	BENCH request ours=<µs> baseline=<µs> ratio=<ours/baseline>
+//	BENCH local ours=<µs> baseline=<µs> ratio=<ours/baseline>
+//
+// command: throughput end to end, commands submitted on A by concurrent
+// submitters (each answered once the broker confirmed it), handled on B
+// and acked; the baseline publishes persistent messages with raw
+// amqp091-go to a quorum queue with an async confirm window of the same
+// size and consumes them with an acking consumer of the same prefetch.
+// Higher is better; target ratio >= 0.8.
+//
+// request: p50 of a cross-node round trip (a program on A calls a
+// capability a program on B hosts); the baseline is the sum of the hops it
+// cannot avoid, measured in the same run: one raw amqp091-go RPC round trip
+// plus two raw NATS request round trips. Lower is better; target ratio <=
+// 1.2.
+//
+// local: p50 of a request round trip through the node's NATS server (both
+// programs on A) against a plain NATS server. Lower is better; target
+// ratio <= 1.1.
+func BenchmarkBridge(b *testing.B) {
+	rmq := meshtest.NewRabbitMQ(b)
+	amqpURL := rmq.Vhost(b)
+	nodeA := startBenchNode(b, "bench-a", amqpURL)
+	nodeB := startBenchNode(b, "bench-b", amqpURL)
+
+	b.Run("command", func(b *testing.B) {
+		for range b.N {
+			ours := commandThroughput(b, nodeA, nodeB)
+			raw := rawCommandThroughput(b, amqpURL)
+			report("command", ours, raw, "msg/s", "throughput, higher is better; target ratio >= 0.8")
+		}
+	})
+	b.Run("request", func(b *testing.B) {
+		for range b.N {
+			// Measured interleaved, one round trip of each in turn, so
+			// that drift on the machine touches all three alike.
+			t := interleavedP50(b, requestRoundTrip(b, nodeA, nodeB), rawRPCRoundTrip(b, amqpURL), natsRoundTrip(b, plainNATS(b)))
+			ours, rpc, natsRT := t[0], t[1], t[2]
+			b.Logf("request: ours p50 %v; baseline: raw AMQP RPC p50 %v + 2 × raw NATS request p50 %v", ours, rpc, natsRT)
+			report("request", us(ours), us(rpc+2*natsRT), "µs", "p50 latency, lower is better; target ratio <= 1.2")
+		}
+	})
+	b.Run("local", func(b *testing.B) {
+		for range b.N {
+			t := interleavedP50(b, natsRoundTrip(b, nodeA.NATSURL()), natsRoundTrip(b, plainNATS(b)))
+			report("local", us(t[0]), us(t[1]), "µs", "p50 latency, lower is better; target ratio <= 1.1")
+		}
+	})
+}
+
+// report prints one comparison.
+func report(name string, ours, baseline float64, unit, note string) {
+	r := 0.0
+	if baseline != 0 {
+		r = ours / baseline
+	}
+	fmt.Printf("BENCH %s ours=%.1f baseline=%.1f ratio=%.2f unit=%s (%s)\n", name, ours, baseline, r, unit, note)
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// startBenchNode runs a node in this process on the broker at amqpURL and
+// waits until its link is connected.
+func startBenchNode(b *testing.B, name, amqpURL string) *appliance.Appliance {
+	b.Helper()
+	cfg := meshtest.NodeConfig(b, name)
+	cfg.Log.Level = "info"
+	cfg.Broker = appliance.Secret(amqpURL)
+	a := meshtest.StartNode(b, cfg)
+	benchWait(b, 30*time.Second, name+" connected to the broker", func() bool {
+		return a.Status().Broker.State == "connected"
+	})
+	return a
+}
+
+// benchWait polls cond until it holds, failing after d.
+func benchWait(b *testing.B, d time.Duration, what string, cond func() bool) {
+	b.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			b.Fatalf("after %s: %s did not happen", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// benchConn connects to a NATS server; closed when the benchmark ends.
+func benchConn(b *testing.B, url string) *nats.Conn {
+	b.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		b.Fatalf("connect to %s: %v", url, err)
+	}
+	b.Cleanup(nc.Close)
+	return nc
+}
+
+// commandThroughput submits benchCommands commands on A with
+// benchSubmitters concurrent submitters and returns commands per second
+// until B's handler has seen them all.
+func commandThroughput(b *testing.B, nodeA, nodeB *appliance.Appliance) float64 {
+	b.Helper()
+	var handled atomic.Int64
+	all := make(chan struct{})
+	target := int64(benchCommands)
+	hnc := benchConn(b, nodeB.NATSURL())
+	sub, err := hnc.QueueSubscribe("work.bench", "handlers", func(m *nats.Msg) {
+		if string(m.Data) != "probe" && handled.Add(1) == target {
+			close(all)
+		}
+		_ = m.Respond(nil)
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	if err := hnc.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	snc := benchConn(b, nodeA.NATSURL())
+	// B hosts the stage once its queue exists: until then a submission is
+	// refused as unroutable.
+	benchWait(b, 30*time.Second, "stage bench hosted on B", func() bool {
+		resp, err := snc.Request("cmd.bench", []byte("probe"), 5*time.Second)
+		return err == nil && resp.Header.Get("Meshbox-Accepted") != ""
+	})
+
+	var failed atomic.Int64
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range benchSubmitters {
+		wg.Add(1)
+		go func() { // submitter: exits when every command is submitted
+			defer wg.Done()
+			for next.Add(1) <= target {
+				resp, err := snc.Request("cmd.bench", []byte("x"), 30*time.Second)
+				if err != nil || resp.Header.Get("Meshbox-Accepted") == "" {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	acceptedIn := time.Since(start)
+	if f := failed.Load(); f != 0 {
+		b.Fatalf("%d of %d commands not accepted", f, target)
+	}
+	select {
+	case <-all:
+	case <-time.After(2 * time.Minute):
+		b.Fatalf("after 2m: %d of %d commands handled", handled.Load(), target)
+	}
+	d := time.Since(start)
+	_ = sub.Unsubscribe()
+	b.Logf("ours: %d commands accepted by A in %v, handled on B in %v", target, acceptedIn, d)
+	return float64(target) / d.Seconds()
+}
+
+// rawCommandThroughput is the baseline of commandThroughput: raw
+// amqp091-go publishing persistent messages to a quorum queue with an async
+// confirm window of benchSubmitters, and a consumer with prefetch
+// benchPrefetch acking each message; messages per second until the
+// consumer has acked them all.
+func rawCommandThroughput(b *testing.B, amqpURL string) float64 {
+	b.Helper()
+	_, pub := rawChannel(b, amqpURL)
+	_, con := rawChannel(b, amqpURL)
+	q, err := pub.QueueDeclare("bench.raw", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pub.Confirm(false); err != nil {
+		b.Fatal(err)
+	}
+	confirms := pub.NotifyPublish(make(chan amqp.Confirmation, benchSubmitters))
+	returns := pub.NotifyReturn(make(chan amqp.Return, 1))
+	go func() { // drains returns; exits when the channel closes
+		for range returns {
+		}
+	}()
+	if err := con.Qos(benchPrefetch, 0, false); err != nil {
+		b.Fatal(err)
+	}
+	ds, err := con.Consume(q.Name, "", false, false, false, false, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	acked := make(chan struct{})
+	go func() { // consumer: exits after acking every message (or when the channel closes)
+		defer close(acked)
+		n := 0
+		for d := range ds {
+			if err := d.Ack(false); err != nil {
+				return
+			}
+			if n++; n == benchCommands {
+				return
+			}
+		}
+	}()
+
+	window := make(chan struct{}, benchSubmitters)
+	var nacked atomic.Int64
+	confirmed := make(chan struct{})
+	go func() { // confirmer: exits after every confirm arrived (or the channel closed)
+		defer close(confirmed)
+		for n := 0; n < benchCommands; n++ {
+			c, ok := <-confirms
+			if !ok {
+				return
+			}
+			if !c.Ack {
+				nacked.Add(1)
+			}
+			<-window
+		}
+	}()
+	body := []byte("x")
+	start := time.Now()
+	for range benchCommands {
+		window <- struct{}{}
+		err := pub.Publish("", q.Name, true, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: body, MessageId: "m"})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-confirmed
+	select {
+	case <-acked:
+	case <-time.After(2 * time.Minute):
+		b.Fatal("raw consumer did not get every message within 2m")
+	}
+	d := time.Since(start)
+	if n := nacked.Load(); n != 0 {
+		b.Fatalf("raw: %d messages nacked", n)
+	}
+	b.Logf("raw: %d messages in %v", benchCommands, d)
+	return float64(benchCommands) / d.Seconds()
+}
+
+// rawChannel opens a connection and a channel, closed when the benchmark
+// ends.
+func rawChannel(b *testing.B, amqpURL string) (*amqp.Connection, *amqp.Channel) {
+	b.Helper()
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return conn, ch
+}
+
+// requestRoundTrip returns one round trip from a program on A to a
+// capability hosted by a program on B, once A can make it.
+func requestRoundTrip(b *testing.B, nodeA, nodeB *appliance.Appliance) func() error {
+	b.Helper()
+	hnc := benchConn(b, nodeB.NATSURL())
+	if _, err := hnc.Subscribe("cap.bench-echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		b.Fatal(err)
+	}
+	if err := hnc.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	nc := benchConn(b, nodeA.NATSURL())
+	call := func() error {
+		resp, err := nc.Request("cap.bench-echo", []byte("ping"), 5*time.Second)
+		if err == nil && string(resp.Data) != "ping" {
+			err = fmt.Errorf("reply %q (headers %v), want ping", resp.Data, resp.Header)
+		}
+		return err
+	}
+	// Discovery tells A about the capability, then its bridge stands in.
+	benchWait(b, 30*time.Second, "A reaches bench-echo on B", func() bool { return call() == nil })
+	return call
+}
+
+// rawRPCRoundTrip returns one raw amqp091-go RPC round trip: a client
+// publishes to a server's queue with a reply-to queue and waits for the
+// reply the server publishes back; client and server have connections of
+// their own, as two nodes do.
+func rawRPCRoundTrip(b *testing.B, amqpURL string) func() error {
+	b.Helper()
+	_, srvIn := rawChannel(b, amqpURL)
+	srvConn, _ := rawChannel(b, amqpURL)
+	srvOut, err := srvConn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, cliOut := rawChannel(b, amqpURL)
+	cliConn, _ := rawChannel(b, amqpURL)
+	cliIn, err := cliConn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	rq, err := srvIn.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	reqs, err := srvIn.Consume(rq.Name, "", true, true, false, false, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { // server: exits when its channel closes (cleanup)
+		for d := range reqs {
+			_ = srvOut.Publish("", d.ReplyTo, false, false, amqp.Publishing{CorrelationId: d.CorrelationId, Body: d.Body})
+		}
+	}()
+	pq, err := cliIn.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	replies, err := cliIn.Consume(pq.Name, "", true, true, false, false, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := 0
+	return func() error {
+		n++
+		id := strconv.Itoa(n)
+		err := cliOut.Publish("", rq.Name, false, false, amqp.Publishing{CorrelationId: id, ReplyTo: pq.Name, Body: []byte("ping")})
+		if err != nil {
+			return err
+		}
+		select {
+		case d := <-replies:
+			if d.CorrelationId != id {
+				return fmt.Errorf("reply %s, want %s", d.CorrelationId, id)
+			}
+			return nil
+		case <-time.After(5 * time.Second):
+			return fmt.Errorf("no reply to %s within 5s", id)
+		}
+	}
+}
+
+// plainNATS starts a plain NATS server in this process (TCP on loopback,
+// as programs talk to a node), shut down when the benchmark ends, and
+// returns its URL.
+func plainNATS(b *testing.B) string {
+	b.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	go srv.Start()
+	b.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	if !srv.ReadyForConnections(10 * time.Second) {
+		b.Fatal("plain NATS server not ready")
+	}
+	return srv.ClientURL()
+}
+
+// natsRoundTrip returns one request round trip between two programs on
+// the NATS server at url.
+func natsRoundTrip(b *testing.B, url string) func() error {
+	b.Helper()
+	resp := benchConn(b, url)
+	if _, err := resp.Subscribe("cap.bench-local", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		b.Fatal(err)
+	}
+	if err := resp.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	req := benchConn(b, url)
+	return func() error {
+		resp, err := req.Request("cap.bench-local", []byte("ping"), 5*time.Second)
+		if err == nil && string(resp.Data) != "ping" {
+			err = fmt.Errorf("reply %q (headers %v), want ping", resp.Data, resp.Header)
+		}
+		return err
+	}
+}
+
+// interleavedP50 runs each fn benchWarmUp times untimed, then
+// benchRoundTrips rounds of one call of each fn in turn, and returns each
+// fn's median duration.
+func interleavedP50(b *testing.B, fns ...func() error) []time.Duration {
+	b.Helper()
+	for range benchWarmUp {
+		for i, fn := range fns {
+			if err := fn(); err != nil {
+				b.Fatalf("warm-up of round trip %d: %v", i, err)
+			}
+		}
+	}
+	times := make([][]time.Duration, len(fns))
+	for range benchRoundTrips {
+		for i, fn := range fns {
+			start := time.Now()
+			if err := fn(); err != nil {
+				b.Fatalf("round trip %d: %v", i, err)
+			}
+			times[i] = append(times[i], time.Since(start))
+		}
+	}
+	out := make([]time.Duration, len(fns))
+	for i, ts := range times {
+		slices.Sort(ts)
+		out[i] = ts[len(ts)/2]
+	}
+	return out
+}
