@@ -69,19 +69,23 @@
 // node name has no dots, so node.<n>.* never collides with another node's
 // names, and a node called "mesh" or "cmd" collides with nothing.
 //
-//   - Exchange mesh (topic, durable): everything is published here, with
-//     routing keys cmd.<stage>, evt.<topic>, sys.<key>, and to.<node>.* for
-//     traffic addressed to one node. One exchange for publishers means a
-//     request for an unknown node is an unroutable mandatory message (a 503
-//     at once) rather than a channel error that would take the link down.
+//   - Exchange mesh (topic, durable): commands, events and system messages
+//     are published here, with routing keys cmd.<stage>, evt.<topic>,
+//     sys.<key>, and to.<node>.* for traffic addressed to one node.
 //   - Exchange node.<n> (topic, durable), bound to mesh with to.<n>.#: the
 //     node's own traffic, so its permissions can be scoped to it.
 //   - Queue node.<n>.requests (auto-delete), bound to node.<n> with
 //     to.<n>.req.#, consumed with an exclusive consumer: a second process with
 //     the same node name is refused (NodeNameInUseError) instead of silently
 //     splitting the node's requests. Auto-delete: when the node is gone so is
-//     the queue, and requests for it are returned at once instead of waiting
-//     for a deadline.
+//     the queue. Requests are published straight to it through the default
+//     exchange (the capability in a Meshbox-Capability header): the shortest
+//     route through the broker, and a request for a node that is not
+//     connected is an unroutable mandatory message, returned at once (503),
+//     not a channel error. It is consumed without acks: requests are at most
+//     once, and an ack per request costs the broker work on the critical path;
+//     a bound on open calls (8 x Prefetch, at least 256) refuses the excess at
+//     once with 503.
 //   - Queue node.<n>.replies (exclusive): replies to this node's requests,
 //     published to the default exchange. A per-node queue instead of direct
 //     reply-to, because direct reply-to requires publishing on the consuming
@@ -102,6 +106,12 @@
 // The topology is declared again on every connection.
 //
 // # Message properties
+//
+// Commands, events, dead letters and system messages are published with
+// confirms. Requests and replies are published on a channel of their own
+// without confirms: they are at most once and bounded by a deadline, and a
+// confirm would tell nothing the reply or the deadline does not; returns
+// (no route) still come back at once.
 //
 // message-id: the command's or event's stable id (requests: the correlation
 // id); correlation-id and reply-to: requests and replies; expiration: the
@@ -143,13 +153,17 @@
 //     publishWindow unconfirmed; the confirmer drains confirms and returns
 //     (always, until the library closes them) and settles each item exactly
 //     once (a return always precedes its confirm);
+//   - the request channel (no confirms) belongs to the fast publisher:
+//     requests and replies; its returns are drained by their own goroutine;
 //   - the consume channel belongs to the consumer owner, which acks, requeues
 //     and opens or cancels stage consumers (declaring stage queues on a
 //     second channel of its own, since a failed declaration closes its
 //     channel); one reader goroutine per consumer hands deliveries to
-//     per-delivery workers (bounded by the prefetch) or handles them inline
-//     (events, in order; replies; system messages), and workers send their
-//     acks to the owner;
+//     per-delivery workers (commands, bounded by the prefetch) or handles
+//     them inline (events, in order; replies; system messages; requests,
+//     which are passed to the local host without waiting: its reply comes
+//     back on the session's NATS inbox subscription, or a timer answers),
+//     and workers send their acks to the owner;
 //   - the stall checker owns a channel for passive queue inspections.
 //
 // The session's context is cancelled when it ends; workers stop, and

@@ -238,7 +238,9 @@ func decode(kind string, d delivery, maxPayload int) (*envelope, error) {
 	var ok bool
 	switch kind {
 	case typeRequest:
-		if _, e.name, ok = parseRequestKey(d.RoutingKey); !ok {
+		// Published straight to the node's request queue (the capability in
+		// a header) or through mesh with to.<node>.req.<capability>.
+		if _, e.name, ok = parseRequestKey(d.RoutingKey); !ok && !strings.HasPrefix(d.RoutingKey, "node.") {
 			return nil, bad("routing key %q is not a request key", d.RoutingKey)
 		}
 		if !validID(d.CorrelationId) {
@@ -275,6 +277,9 @@ func decode(kind string, d delivery, maxPayload int) (*envelope, error) {
 	e.msgID, e.corrID, e.replyTo = d.MessageId, d.CorrelationId, d.ReplyTo
 	if err := e.decodeHeaders(d); err != nil {
 		return nil, err
+	}
+	if kind == typeRequest && e.name == "" {
+		return nil, bad("missing or invalid %s header", HeaderCapability)
 	}
 	if kind != typeReply && !validNodeName(e.origin) {
 		return nil, bad("missing or invalid %s header", HeaderOrigin)
@@ -345,6 +350,13 @@ func (e *envelope) decodeHeaders(d delivery) error {
 				e.timeout = t
 			case strings.EqualFold(k, HeaderRedelivered):
 				e.redelivered = e.redelivered || s == "true"
+			case strings.EqualFold(k, HeaderCapability) && e.kind == typeRequest:
+				if !validName(s) {
+					return bad("header %s: %q is not a capability name", k, s)
+				}
+				if e.name == "" {
+					e.name = s
+				}
 			}
 			continue
 		}

@@ -37,6 +37,15 @@ func TestDecode(t *testing.T) {
 		errHas string // "" = valid
 	}{
 		{"request", typeRequest, nil, ""},
+		{"request to the queue", typeRequest, func(d *delivery) {
+			d.RoutingKey = "node.beta.requests"
+			d.Headers[HeaderCapability] = "echo.v2"
+		}, ""},
+		{"request to the queue without capability", typeRequest, func(d *delivery) { d.RoutingKey = "node.beta.requests" }, HeaderCapability},
+		{"request bad capability header", typeRequest, func(d *delivery) {
+			d.RoutingKey = "node.beta.requests"
+			d.Headers[HeaderCapability] = "a.*"
+		}, "not a capability name"},
 		{"reply", typeReply, func(d *delivery) { delete(d.Headers, HeaderOrigin) }, ""},
 		{"command", typeCommand, nil, ""},
 		{"event", typeEvent, nil, ""},

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -244,15 +245,17 @@ type session struct {
 	cancel context.CancelFunc
 	failed chan error // cap 1: the first fatal error of a part
 
-	pubCh, conCh                  *amqp.Channel
-	connClose, pubClose, conClose chan *amqp.Error
-	blocked                       chan amqp.Blocking
-	confirms                      chan amqp.Confirmation
-	returns                       chan amqp.Return
-	cancels                       chan string
-	initial                       map[string]<-chan amqp.Delivery // consumers opened by setup
+	pubCh, conCh, fastCh                     *amqp.Channel
+	connClose, pubClose, conClose, fastClose chan *amqp.Error
+	fastReturns                              chan amqp.Return
+	blocked                                  chan amqp.Blocking
+	confirms                                 chan amqp.Confirmation
+	returns                                  chan amqp.Return
+	cancels                                  chan string
+	initial                                  map[string]<-chan amqp.Delivery // consumers opened by setup
 
 	pubQ   chan *pubItem // unbuffered: an item handed over is the publisher's
+	fastQ  chan *pubItem // unbuffered: requests and replies for the fast publisher
 	window chan struct{} // a slot per unconfirmed publish
 
 	mu       sync.Mutex // guards inflight, byID, ended
@@ -265,6 +268,11 @@ type session struct {
 	stages    map[string]bool // stages consumed in this session (owner only writes)
 	drainWait sync.WaitGroup  // drained records handed to the publisher, not settled
 	rescan    chan struct{}   // cap 1: the drainer starts over from the oldest record
+
+	inbox    string             // NATS subject prefix of local hosts' replies
+	inboxSub *nats.Subscription // on bc, for onHostReply
+	callsMu  sync.Mutex
+	calls    map[string]*hostCall // requests from other nodes open at a local host
 
 	wg      sync.WaitGroup // the session's goroutines
 	workers sync.WaitGroup // per-delivery workers
@@ -303,12 +311,14 @@ func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
 		b: b, conn: conn, url: url,
 		failed:   make(chan error, 1),
 		pubQ:     make(chan *pubItem),
+		fastQ:    make(chan *pubItem),
 		window:   make(chan struct{}, publishWindow),
 		inflight: map[uint64]*pubItem{},
 		byID:     map[string]*pubItem{},
 		ackQ:     make(chan ackReq, 256),
 		stages:   map[string]bool{},
 		rescan:   make(chan struct{}, 1),
+		calls:    map[string]*hostCall{},
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if err := s.setup(); err != nil {
@@ -367,7 +377,10 @@ func (s *session) setup() error {
 	if err := s.conCh.Qos(s.b.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
-	reqs, err := s.conCh.Consume(requestQueue(node), "requests", false, true, false, false, nil)
+	// Requests are at most once: consumed without acks (an ack per request
+	// costs the broker a round of work on the critical path); openCalls
+	// bounds how many are open at the local hosts.
+	reqs, err := s.conCh.Consume(requestQueue(node), "requests", true, true, false, false, nil)
 	if err != nil {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
@@ -437,6 +450,16 @@ func (s *session) setup() error {
 	s.returns = s.pubCh.NotifyReturn(make(chan amqp.Return, 64))
 	s.connClose = s.conn.NotifyClose(make(chan *amqp.Error, 1))
 	s.pubClose = s.pubCh.NotifyClose(make(chan *amqp.Error, 1))
+	// Requests and replies go on a channel without confirms: they are at
+	// most once and bounded by a deadline, a confirm tells nothing the reply
+	// or the deadline does not, and it costs latency. Returns (no route)
+	// still come back at once.
+	s.fastCh, err = s.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	s.fastReturns = s.fastCh.NotifyReturn(make(chan amqp.Return, 64))
+	s.fastClose = s.fastCh.NotifyClose(make(chan *amqp.Error, 1))
 	s.conClose = s.conCh.NotifyClose(make(chan *amqp.Error, 1))
 	s.cancels = s.conCh.NotifyCancel(make(chan string, 16))
 	s.blocked = s.conn.NotifyBlocked(make(chan amqp.Blocking, 4))
@@ -446,8 +469,18 @@ func (s *session) setup() error {
 // start runs the session's goroutines. Each exits when the session's
 // context is cancelled or its AMQP channel closes; end and stop wait.
 func (s *session) start() {
+	s.inbox = nats.NewInbox() + "."
+	sub, err := s.b.bc.Subscribe(s.inbox+"*", s.onHostReply)
+	if err != nil {
+		s.fail(fmt.Errorf("subscribe to local replies: %w", err))
+	} else {
+		_ = sub.SetPendingLimits(1<<20, 256<<20)
+		s.inboxSub = sub
+	}
 	s.spawn(s.publisher)
 	s.spawn(s.confirmer)
+	s.spawn(s.fastPublisher)
+	s.spawn(s.fastReturned)
 	s.spawn(s.watchBlocked)
 	s.spawn(s.consumerOwner)
 	s.spawn(func() { s.readRequests(s.initial["requests"]) })
@@ -480,6 +513,8 @@ func (s *session) run() string {
 			return closeReason("connection closed", e)
 		case e := <-s.pubClose:
 			return closeReason("publish channel closed", e)
+		case e := <-s.fastClose:
+			return closeReason("request channel closed", e)
 		case e := <-s.conClose:
 			return closeReason("consume channel closed", e)
 		case err := <-s.failed:
@@ -518,6 +553,10 @@ func (s *session) stop() {
 	_ = s.conn.CloseDeadline(time.Now().Add(closeLimit))
 	s.wg.Wait()
 	s.workers.Wait()
+	if s.inboxSub != nil {
+		_ = s.inboxSub.Unsubscribe()
+	}
+	s.endCalls()
 	s.b.failPendingOf(s)
 }
 
@@ -529,6 +568,59 @@ func (s *session) enqueue(it *pubItem) error {
 		return nil
 	case <-s.ctx.Done():
 		return ErrLinkDown
+	}
+}
+
+// enqueueFast hands a request or a reply to the fast publisher (no
+// confirm: it.done gets nil once written). It fails with ErrLinkDown,
+// without calling it.done, when the session ends first.
+func (s *session) enqueueFast(it *pubItem) error {
+	select {
+	case s.fastQ <- it:
+		return nil
+	case <-s.ctx.Done():
+		return ErrLinkDown
+	}
+}
+
+// fastPublisher owns the request channel: it publishes requests and
+// replies in the order handed over. Exits when the session ends or a
+// publish fails.
+func (s *session) fastPublisher() {
+	for {
+		var it *pubItem
+		select {
+		case <-s.ctx.Done():
+			return
+		case it = <-s.fastQ:
+		}
+		err := s.fastCh.Publish(it.out.exchange, it.out.key, it.out.mandatory, false, it.out.publishing(s.b.cfg.Node))
+		if err != nil {
+			var ae *amqp.Error
+			if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
+				it.done(ErrLinkDown)
+				s.fail(fmt.Errorf("publish: %w", err))
+				return
+			}
+			it.done(fmt.Errorf("publish: %w", err))
+			continue
+		}
+		s.b.m.msg(it.out.kind, "out")
+		it.done(nil)
+	}
+}
+
+// fastReturned drains the request channel's returns: a request the broker
+// could not route (its node is not connected) fails at once. Exits when
+// the channel closes.
+func (s *session) fastReturned() {
+	for r := range s.fastReturns {
+		s.b.m.err(errKindNoRoute)
+		if p := s.b.takePending(r.MessageId); p != nil {
+			s.b.m.err(errKindUnreachable)
+			s.b.m.observe("unreachable", p.start)
+			s.b.replyError(p.reply, requestFailure(ErrNoRoute, p.name, p.node))
+		}
 	}
 }
 

@@ -31,6 +31,7 @@ const (
 	HeaderAttempt     = "Meshbox-Attempt"     // 1 for the first delivery of a command
 	HeaderRedelivered = "Meshbox-Redelivered" // "true" when this delivery may be a duplicate
 	HeaderTimeout     = "Meshbox-Timeout"     // caller's deadline (Go duration), may only shorten the default
+	HeaderCapability  = "Meshbox-Capability"  // on the broker: the capability a request calls
 	HeaderAccepted    = "Meshbox-Accepted"    // in a submit reply: "broker", "outbox" or "local"
 	HeaderDeadReason  = "Meshbox-Dead-Reason" // why a message was dead-lettered
 	HeaderDeadNode    = "Meshbox-Dead-Node"   // which node dead-lettered it

@@ -167,9 +167,9 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 	})
 	b.pendMu.Unlock()
 	out := &outgoing{
-		exchange: exchangeMesh, key: requestKey(node, name), mandatory: true,
+		exchange: "", key: requestQueue(node), mandatory: true,
 		kind: typeRequest, msgID: id, corrID: id, replyTo: replyQueue(b.cfg.Node),
-		expire: timeout, header: hdr, meta: map[string]string{HeaderTimeout: timeout.String()},
+		expire: timeout, header: hdr, meta: map[string]string{HeaderTimeout: timeout.String(), HeaderCapability: name},
 		body: msg.Data, at: now,
 	}
 	it := &pubItem{out: out, done: func(err error) {
@@ -183,7 +183,7 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 		b.m.observe("unreachable", now)
 		b.replyError(p.reply, requestFailure(err, name, node))
 	}}
-	if err := sess.enqueue(it); err != nil {
+	if err := sess.enqueueFast(it); err != nil {
 		it.done(err)
 	}
 }
@@ -316,46 +316,93 @@ func (s *session) readReplies(ds <-chan amqp.Delivery) {
 	}
 }
 
-// readRequests starts a worker per request from other nodes; the prefetch
-// bounds how many run at once. Exits when the delivery channel closes.
+// hostCall is a request from another node waiting for the local host's
+// reply. Exactly one of the reply, the timer or the session's end takes it
+// out of session.calls.
+type hostCall struct {
+	env     *envelope
+	timeout time.Duration
+	timer   *time.Timer
+}
+
+// readRequests passes requests from other nodes to the local hosts without
+// waiting: the host's reply arrives on the session's inbox subscription
+// (onHostReply), a timer answers a host that is too slow. Requests beyond
+// openCalls are refused at once. Exits when the delivery channel closes.
 func (s *session) readRequests(ds <-chan amqp.Delivery) {
+	b := s.b
 	for d := range ds {
-		s.work(func() { s.handleRequest(d) })
+		env, err := decode(typeRequest, fromAMQP(&d), b.maxPayload())
+		if err != nil {
+			s.work(func() { s.deadLetter(&d, requestQueue(b.cfg.Node), err) })
+			continue
+		}
+		b.m.msg(typeRequest, "in")
+		c := &hostCall{env: env, timeout: b.cfg.RequestTimeout}
+		if env.timeout > 0 {
+			c.timeout = min(c.timeout, env.timeout)
+		}
+		token := b.ids.next()
+		s.callsMu.Lock()
+		if len(s.calls) >= b.openCalls() {
+			s.callsMu.Unlock()
+			b.m.err(errKindUnreachable)
+			s.replyHost(env, nil, &ServiceError{Code: CodeUnavailable,
+				Text: fmt.Sprintf("node %s has %d requests open at its local hosts; refused %s", b.cfg.Node, b.openCalls(), env.name)})
+			continue
+		}
+		s.calls[token] = c
+		c.timer = time.AfterFunc(c.timeout, func() {
+			if c := s.takeCall(token); c != nil {
+				s.replyHost(c.env, nil, localCallFailure(context.DeadlineExceeded, c.env.name, b.cfg.Node, c.timeout))
+			}
+		})
+		s.callsMu.Unlock()
+		msg := env.natsMsg(subjCapPrefix+env.name, map[string]string{HeaderOrigin: env.origin})
+		msg.Reply = s.inbox + token
+		if err := b.bc.PublishMsg(msg); err != nil {
+			if c := s.takeCall(token); c != nil {
+				s.replyHost(c.env, nil, localCallFailure(err, c.env.name, b.cfg.Node, c.timeout))
+			}
+		}
 	}
 }
 
-// handleRequest calls the local host of a capability for another node and
-// sends the reply back. Requests are at most once: a redelivered request is
-// answered with an error, not run again.
-func (s *session) handleRequest(d amqp.Delivery) {
-	b := s.b
-	env, err := decode(typeRequest, fromAMQP(&d), b.maxPayload())
-	if err != nil {
-		s.deadLetter(&d, requestQueue(b.cfg.Node), err)
+// takeCall removes and returns the open call token (nil: already answered).
+func (s *session) takeCall(token string) *hostCall {
+	s.callsMu.Lock()
+	defer s.callsMu.Unlock()
+	c := s.calls[token]
+	if c != nil {
+		delete(s.calls, token)
+		c.timer.Stop()
+	}
+	return c
+}
+
+// onHostReply receives a local host's reply (or the NATS server's "no
+// responders") on the session's inbox and sends it back to the caller.
+func (s *session) onHostReply(m *nats.Msg) {
+	c := s.takeCall(m.Subject[len(s.inbox):])
+	if c == nil {
+		s.b.m.err(errKindLateReply)
 		return
 	}
-	b.m.msg(typeRequest, "in")
-	var resp *nats.Msg
-	var failure error
-	timeout := b.cfg.RequestTimeout
-	if env.timeout > 0 {
-		timeout = min(timeout, env.timeout)
+	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+		s.replyHost(c.env, nil, localCallFailure(nats.ErrNoResponders, c.env.name, s.b.cfg.Node, c.timeout))
+		return
 	}
-	if env.redelivered {
-		failure = &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("request for %s interrupted on node %s (link lost or restart); requests are not retried", env.name, b.cfg.Node)}
-	} else {
-		ctx, cancel := context.WithTimeout(s.ctx, timeout)
-		resp, err = b.bc.RequestMsgWithContext(ctx, env.natsMsg(subjCapPrefix+env.name, map[string]string{HeaderOrigin: env.origin}))
-		cancel()
-		if err != nil {
-			if s.ctx.Err() != nil {
-				return // the session ended: no way to answer, the caller is told by its own node
-			}
-			failure = localCallFailure(err, env.name, b.cfg.Node, timeout)
-		}
-	}
+	s.replyHost(c.env, m, nil)
+}
+
+// replyHost sends the reply to a request from another node: the host's
+// reply, or failure. Replies are fire and forget: the caller's node times
+// out if one is lost.
+func (s *session) replyHost(env *envelope, resp *nats.Msg, failure error) {
+	b := s.b
 	out := &outgoing{exchange: "", key: env.replyTo, kind: typeReply, corrID: env.corrID, at: time.Now()}
 	if failure == nil {
+		var err error
 		out.header, err = callerHeaders(resp.Header)
 		if err != nil {
 			failure = &ServiceError{Code: CodeInternal, Text: fmt.Sprintf("the reply of %s on node %s has invalid headers: %v", env.name, b.cfg.Node, err)}
@@ -369,9 +416,19 @@ func (s *session) handleRequest(d amqp.Delivery) {
 		}
 		out.body = nil
 	}
-	// Replies are fire and forget: the caller's node times out if one is lost.
-	if err := s.enqueue(&pubItem{out: out, done: func(error) {}}); err != nil {
-		return
+	_ = s.enqueueFast(&pubItem{out: out, done: func(error) {}})
+}
+
+// openCalls bounds the requests from other nodes open at local hosts.
+func (b *Bridge) openCalls() int { return max(256, 8*b.cfg.Prefetch) }
+
+// endCalls forgets the open calls of an ended session: their replies could
+// not be sent; the callers' nodes answer them.
+func (s *session) endCalls() {
+	s.callsMu.Lock()
+	defer s.callsMu.Unlock()
+	for token, c := range s.calls {
+		c.timer.Stop()
+		delete(s.calls, token)
 	}
-	s.ack(d.DeliveryTag, opAck)
 }
