@@ -45,7 +45,12 @@ type Appliance struct {
 	// manager's goroutine.
 	bridge atomic.Pointer[bridge.Bridge]
 	node   atomic.Pointer[node.Node]
-	quit   chan struct{} // closed by Close: owned goroutines exit
+	// hostedHere and routed are the capabilities local programs host (as
+	// the node last saw them) and those routed to other nodes: the fast
+	// path of the "no host" answer on cap.>.
+	hostedHere atomic.Pointer[map[string]bool]
+	routed     atomic.Pointer[map[string]bool]
+	quit       chan struct{} // closed by Close: owned goroutines exit
 
 	// fatal receives an error when a component fails in a way that should
 	// stop the node (for example: the node name is claimed on the broker).
@@ -225,21 +230,32 @@ func (a *Appliance) serveAPI() error {
 	// The last word on cap.<name>: when nobody else - no local host, no
 	// stand-in for a remote one - listens on the subject, say so at once and
 	// name the capability, rather than leave the caller with NATS's bare
-	// "no responders". When anyone else listens this stays silent. The count
-	// is a full match over the server's subscriptions (Account.Interest
-	// answers from a match cache that under-counts once a wildcard
-	// subscription such as this one exists).
+	// "no responders". When anyone else listens this stays silent.
+	//
+	// Fast path: a capability the node saw hosted here (polled every 250ms)
+	// or routed elsewhere is left alone. Otherwise the count is a full match
+	// over the server's subscriptions (Account.Interest answers from a match
+	// cache that under-counts once a wildcard subscription such as this one
+	// exists). The cost of the fast path: a call in the moment after the
+	// last local host left, with no other host, waits for its deadline
+	// instead of failing at once.
 	srv := a.natsSrv.srv
 	nc := a.nc
 	_, err = nc.Subscribe("cap.>", func(m *nats.Msg) {
 		if m.Reply == "" {
 			return
 		}
+		capName := strings.TrimPrefix(m.Subject, "cap.")
+		if set := a.hostedHere.Load(); set != nil && (*set)[capName] {
+			return
+		}
+		if set := a.routed.Load(); set != nil && (*set)[capName] {
+			return
+		}
 		sz, err := srv.Subsz(&server.SubszOptions{Subscriptions: true, Test: m.Subject})
 		if err != nil || sz.Total > 1 {
 			return // someone else answers (or the subject is not one a host could have)
 		}
-		capName := strings.TrimPrefix(m.Subject, "cap.")
 		reply := nats.NewMsg(m.Reply)
 		reply.Header.Set("Nats-Service-Error", fmt.Sprintf("no live node hosts capability %q", capName))
 		reply.Header.Set("Nats-Service-Error-Code", "503")

@@ -3,8 +3,10 @@ package appliance
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
@@ -98,10 +100,13 @@ func (a *Appliance) followBroker(b *bridge.Bridge, snap cache.Snapshot, ok bool)
 func (a *Appliance) startNode(ctx context.Context) error {
 	b := a.bridge.Load()
 	n, err := node.New(node.Config{
-		Name:              a.cfg.Node,
-		Version:           Build().Version,
-		StartedAt:         a.startedAt,
-		Link:              staticRoutes{Bridge: b, static: a.cfg.Bridge.Routes},
+		Name:      a.cfg.Node,
+		Version:   Build().Version,
+		StartedAt: a.startedAt,
+		Link:      staticRoutes{Bridge: b, static: a.cfg.Bridge.Routes, seen: &a.routed},
+		OnLocalChange: func(caps, _ []string) {
+			a.hostedHere.Store(nameSet(caps))
+		},
 		LocalSubjects:     node.ServerSubjects(a.natsSrv.srv, ownConnPrefix),
 		Conn:              a.nc,
 		DiscoveryInterval: a.cfg.Mesh.DiscoveryInterval.D(),
@@ -153,14 +158,11 @@ const ownConnPrefix = "meshbox-"
 type staticRoutes struct {
 	*bridge.Bridge
 	static map[string]string
+	seen   *atomic.Pointer[map[string]bool] // the capabilities routed, for the "no host" answer
 }
 
 // SetRoutes hands the bridge the discovered routes plus the static ones.
 func (l staticRoutes) SetRoutes(routes map[string][]string) {
-	if len(l.static) == 0 {
-		l.Bridge.SetRoutes(routes)
-		return
-	}
 	merged := make(map[string][]string, len(routes)+len(l.static))
 	for name, nodes := range routes {
 		merged[name] = nodes
@@ -170,5 +172,15 @@ func (l staticRoutes) SetRoutes(routes map[string][]string) {
 			merged[name] = append(slices.Clone(merged[name]), host)
 		}
 	}
+	l.seen.Store(nameSet(slices.Collect(maps.Keys(merged))))
 	l.Bridge.SetRoutes(merged)
+}
+
+// nameSet returns the set of names.
+func nameSet(names []string) *map[string]bool {
+	set := make(map[string]bool, len(names))
+	for _, n := range names {
+		set[n] = true
+	}
+	return &set
 }
