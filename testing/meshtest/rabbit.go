@@ -41,6 +41,8 @@ type Rabbit struct {
 	port     int    // AMQP
 	mgmtPort int    // management HTTP API
 	distPort int    // Erlang distribution
+	tlsPort  int    // AMQPS; 0 unless made by NewRabbitMQTLS
+	tls      bool   // listen for AMQPS too (certificates in dir)
 	acc      *account
 
 	mu   sync.Mutex
@@ -53,8 +55,14 @@ var rabbitSeq atomic.Int64
 // and removes its data in tb's Cleanup.
 func NewRabbitMQ(tb testing.TB) *Rabbit {
 	tb.Helper()
+	return newPrivateRabbit(tb, false)
+}
+
+// newPrivateRabbit is NewRabbitMQ, with an AMQPS listener if withTLS.
+func newPrivateRabbit(tb testing.TB, withTLS bool) *Rabbit {
+	tb.Helper()
 	start := time.Now()
-	r, err := newRabbit()
+	r, err := newRabbit(withTLS)
 	if err != nil {
 		tb.Fatalf("meshtest: start RabbitMQ: %v", err)
 	}
@@ -88,7 +96,7 @@ func RabbitMQ(tb testing.TB) *Rabbit {
 	defer shared.rabbitMu.Unlock()
 	if shared.rabbit == nil && shared.rabbitE == nil {
 		start := time.Now()
-		r, err := newRabbit()
+		r, err := newRabbit(false)
 		if err != nil {
 			shared.rabbitE = err
 		} else {
@@ -202,7 +210,9 @@ func rabbitScript() (string, error) {
 	return "", errors.New("rabbitmq-server not found (run testing/services.sh, or set MESHTEST_RABBITMQ_SERVER)")
 }
 
-func newRabbit() (*Rabbit, error) {
+// newRabbit starts a broker in a fresh instance dir; withTLS adds an AMQPS
+// listener with a test CA (see NewRabbitMQTLS).
+func newRabbit(withTLS bool) (*Rabbit, error) {
 	acc, err := serviceAccount("rabbitmq")
 	if err != nil {
 		return nil, err
@@ -214,7 +224,14 @@ func newRabbit() (*Rabbit, error) {
 	r := &Rabbit{
 		dir:  dir,
 		node: fmt.Sprintf("meshtest-%d-%d@localhost", os.Getpid(), rabbitSeq.Add(1)),
+		tls:  withTLS,
 		acc:  acc,
+	}
+	if withTLS {
+		if err := writeTLSFiles(dir, acc); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
 	}
 	// Free ports can be taken by another test process between choosing and
 	// binding them: retry with new ones.
@@ -247,6 +264,11 @@ func (r *Rabbit) choosePorts() error {
 	if r.distPort, err = freePort(); err != nil {
 		return err
 	}
+	if r.tls {
+		if r.tlsPort, err = freePort(); err != nil {
+			return err
+		}
+	}
 	conf := fmt.Sprintf(`listeners.tcp.1 = 127.0.0.1:%d
 management.tcp.ip = 127.0.0.1
 management.tcp.port = %d
@@ -256,7 +278,7 @@ log.console.use_colors = off
 log.file = false
 disk_free_limit.absolute = 50MB
 vm_memory_high_watermark.relative = 0.6
-`, r.port, r.mgmtPort)
+`, r.port, r.mgmtPort) + r.tlsConf()
 	if err := writeOwned(filepath.Join(r.dir, "rabbitmq.conf"), []byte(conf), r.acc); err != nil {
 		return err
 	}
@@ -348,6 +370,13 @@ func (r *Rabbit) probe() error {
 		return err
 	}
 	c.Close()
+	if r.tlsPort != 0 {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", r.tlsPort), time.Second)
+		if err != nil {
+			return fmt.Errorf("TLS listener: %w", err)
+		}
+		c.Close()
+	}
 	if err := r.api(http.MethodGet, "/api/overview", nil); err != nil {
 		return err
 	}

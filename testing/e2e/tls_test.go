@@ -1,0 +1,87 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshbox/meshbox/testing/meshtest"
+)
+
+// brokerLink is the broker part of a node's status, with the reason of
+// its state.
+type brokerLink struct {
+	State  string `json:"state"`
+	Reason string `json:"reason"`
+}
+
+// getBrokerLink reads the broker part of a node's /status.
+func getBrokerLink(t *testing.T, httpURL string) brokerLink {
+	t.Helper()
+	resp, err := http.Get(httpURL + "/status")
+	if err != nil {
+		t.Fatalf("GET /status: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var st struct {
+		Broker brokerLink `json:"broker"`
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		t.Fatalf("status is not JSON: %v\n%s", err, body)
+	}
+	return st.Broker
+}
+
+// mentionsCertificate tells whether s names a certificate problem.
+func mentionsCertificate(s string) bool {
+	s = strings.ToLower(s)
+	return strings.Contains(s, "x509") || strings.Contains(s, "certificate")
+}
+
+func TestBrokerLinkOverTLS(t *testing.T) {
+	rmq := meshtest.NewRabbitMQTLS(t)
+	url := rmq.TLSURL()
+	if !strings.HasPrefix(url, "amqps://") {
+		t.Fatalf("TLSURL: got %q, want an amqps:// URL", url)
+	}
+
+	// With the broker's CA trusted, the link comes up over TLS.
+	withCA := filepath.Join(t.TempDir(), "with-ca.json")
+	cfg, err := json.Marshal(map[string]any{"bridge": map[string]string{"ca_file": rmq.CAFile()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(withCA, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	trusting := meshtest.StartProcess(t, "--node", "trusting", "--broker", url, "--config", withCA)
+	waitStatus(t, trusting.HTTPURL(), 30*time.Second, "node trusting connected over TLS",
+		func(s nodeStatus) bool { return s.Broker.State == "connected" })
+
+	// Without it, the same URL must not connect: the broker's certificate
+	// is signed by a CA the node does not know.
+	doubting := meshtest.StartProcess(t, "--node", "doubting", "--broker", url)
+	var link brokerLink
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		link = getBrokerLink(t, doubting.HTTPURL())
+		if link.State == "connected" {
+			t.Fatalf("node without the CA: broker state %q, want not connected", link.State)
+		}
+	}
+	if !mentionsCertificate(link.Reason) && !mentionsCertificate(doubting.Output()) {
+		t.Errorf("node without the CA: got state %q reason %q, want a certificate error in the reason or the log\n%s",
+			link.State, link.Reason, doubting.Output())
+	}
+	t.Logf("node without the CA: state %q, reason %q", link.State, link.Reason)
+
+	// The trusting node is still connected: the failure was the other node's.
+	if st := getStatus(t, trusting.HTTPURL()); st.Broker.State != "connected" {
+		t.Errorf("node with the CA: broker state %q, want connected", st.Broker.State)
+	}
+}
