@@ -15,53 +15,152 @@ import (
 // subscribed to work.<stage> right now) looks again.
 const handlerPoll = 250 * time.Millisecond
 
-// readCommands starts a worker per command of stage; the prefetch bounds
-// how many run at once. Exits when the consumer's delivery channel closes
-// (session end or cancel).
+// cmdCall is a command delivery at the local handler. Exactly one of the
+// handler's reply, the timer or the session's end settles it; while no
+// handler is subscribed the timer polls for one.
+type cmdCall struct {
+	stage    string
+	tag      uint64
+	d        amqp.Delivery // for a dead letter
+	env      *envelope
+	msg      *nats.Msg
+	deadline time.Time // of this attempt
+	timer    *time.Timer
+}
+
+// readCommands passes the commands of stage to the local handler without
+// waiting: its reply arrives on the session's command inbox (onCmdReply).
+// The prefetch bounds how many are open. Exits when the consumer's
+// delivery channel closes (session end or cancel).
 func (s *session) readCommands(stage string, ds <-chan amqp.Delivery) {
+	b := s.b
 	for d := range ds {
-		s.work(func() { s.handleCommand(stage, d) })
+		env, err := decode(typeCommand, fromAMQP(&d), b.maxPayload())
+		if err != nil {
+			s.work(func() { s.deadLetter(&d, stageQueue(stage), err) })
+			continue
+		}
+		b.m.msg(typeCommand, "in")
+		b.noteDeliveryAge(stage, env.sent)
+		c := &cmdCall{stage: stage, tag: d.DeliveryTag, d: d, env: env, deadline: time.Now().Add(b.cfg.CommandTimeout),
+			msg: env.natsMsg(subjWorkPrefix+stage, commandMeta(env.msgID, env.origin, env.attempt, env.redelivered || env.attempt > 1))}
+		s.sendCmd(b.ids.next(), c)
 	}
 }
 
-// handleCommand runs one delivery of a command through the local handler:
-// ack on success; on failure a requeue (the next delivery counts the
-// attempt) or, once the retry budget is spent, a dead letter with the
-// reason.
-func (s *session) handleCommand(stage string, d amqp.Delivery) {
-	b := s.b
-	env, err := decode(typeCommand, fromAMQP(&d), b.maxPayload())
-	if err != nil {
-		s.deadLetter(&d, stageQueue(stage), err)
-		return
+// sendCmd registers c under token and sends it to the local handler.
+func (s *session) sendCmd(token string, c *cmdCall) {
+	c.msg.Reply = s.cmdInbox + token
+	s.callsMu.Lock()
+	if s.cmdsEnded {
+		s.callsMu.Unlock()
+		return // the broker requeues it
 	}
-	b.m.msg(typeCommand, "in")
-	b.noteDeliveryAge(stage, env.sent)
-	msg := env.natsMsg(subjWorkPrefix+stage, commandMeta(env.msgID, env.origin, env.attempt, env.redelivered || env.attempt > 1))
-	failure := b.runHandler(s.ctx, stage, msg, func() bool { return s.consumes(stage) })
-	if s.ctx.Err() != nil {
-		return // the session ended: the broker requeues the delivery
+	s.cmds[token] = c
+	c.timer = s.after(time.Until(c.deadline), func() { s.cmdTimeout(token) })
+	s.callsMu.Unlock()
+	if err := s.b.bc.PublishMsg(c.msg); err != nil {
+		if c := s.takeCmd(token); c != nil {
+			s.cmdFailed(c, fmt.Errorf("calling the handler of stage %s: %v", c.stage, err))
+		}
+	}
+}
+
+// takeCmd removes and returns the open command token (nil: settled).
+func (s *session) takeCmd(token string) *cmdCall {
+	s.callsMu.Lock()
+	defer s.callsMu.Unlock()
+	c := s.cmds[token]
+	if c != nil {
+		delete(s.cmds, token)
+		s.cancelTimer(c.timer)
+	}
+	return c
+}
+
+// onCmdReply receives a handler's reply (or "no responders") for an open
+// command.
+func (s *session) onCmdReply(m *nats.Msg) {
+	b := s.b
+	token := m.Subject[len(s.cmdInbox):]
+	c := s.takeCmd(token)
+	if c == nil {
+		b.m.err(errKindLateReply)
+		return
 	}
 	switch {
-	case failure == nil:
-		s.ack(d.DeliveryTag, opAck)
-		return
-	case errors.Is(failure, errNotHostedHere):
-		s.ack(d.DeliveryTag, opRequeue) // another host (or a later consumer) takes it
-		return
+	case len(m.Data) == 0 && m.Header.Get("Status") == "503":
+		// No handler subscribed right now: wait for one while the stage is
+		// hosted here, up to the attempt's deadline; otherwise give it back.
+		if !s.consumes(c.stage) {
+			s.ack(c.tag, opRequeue)
+			return
+		}
+		if time.Until(c.deadline) <= handlerPoll {
+			s.cmdFailed(c, fmt.Errorf("no handler for stage %s on node %s within %s", c.stage, b.cfg.Node, b.cfg.CommandTimeout))
+			return
+		}
+		s.callsMu.Lock()
+		if !s.cmdsEnded {
+			s.cmds[token] = c
+			c.timer = s.after(handlerPoll, func() {
+				if c := s.takeCmd(token); c != nil {
+					s.sendCmd(token, c)
+				}
+			})
+		}
+		s.callsMu.Unlock()
+	case m.Header.Get(headerServiceError) != "":
+		s.cmdFailed(c, fmt.Errorf("handler of stage %s on node %s replied error %s %s", c.stage, b.cfg.Node,
+			m.Header.Get(headerServiceErrorCode), m.Header.Get(headerServiceError)))
+	default:
+		s.ack(c.tag, opAck)
 	}
+}
+
+// cmdTimeout settles a command whose handler did not answer in time.
+func (s *session) cmdTimeout(token string) {
+	if c := s.takeCmd(token); c != nil {
+		s.cmdFailed(c, fmt.Errorf("handler of stage %s on node %s did not answer within %s", c.stage, s.b.cfg.Node, s.b.cfg.CommandTimeout))
+	}
+}
+
+// cmdFailed retries a failed command (requeued after a pause; the next
+// delivery counts the attempt) or, once the retry budget is spent,
+// dead-letters it with the reason.
+func (s *session) cmdFailed(c *cmdCall, failure error) {
+	b := s.b
 	b.m.err(errKindHandler)
-	if env.attempt >= b.cfg.RetryBudget {
-		reason := fmt.Sprintf("attempt %d of %d failed: %v", env.attempt, b.cfg.RetryBudget, failure)
-		s.deadLetter(&d, stageQueue(stage), deadReason(reason))
+	if c.env.attempt >= b.cfg.RetryBudget {
+		reason := deadReason(fmt.Sprintf("attempt %d of %d failed: %v", c.env.attempt, b.cfg.RetryBudget, failure))
+		s.work(func() { s.deadLetter(&c.d, stageQueue(c.stage), reason) })
 		return
 	}
-	select {
-	case <-time.After(retryDelay(env.attempt)):
-	case <-s.ctx.Done():
-		return
+	// Kept under a token of its own while it waits: a late reply of the
+	// handler (under the old token) finds nothing.
+	token := "retry." + s.b.ids.next()
+	s.callsMu.Lock()
+	if !s.cmdsEnded {
+		s.cmds[token] = c
+		c.timer = s.after(retryDelay(c.env.attempt), func() {
+			if c := s.takeCmd(token); c != nil {
+				s.ack(c.tag, opRequeue)
+			}
+		})
 	}
-	s.ack(d.DeliveryTag, opRequeue)
+	s.callsMu.Unlock()
+}
+
+// endCmds forgets the open commands of an ended session: the broker
+// requeues them.
+func (s *session) endCmds() {
+	s.callsMu.Lock()
+	defer s.callsMu.Unlock()
+	s.cmdsEnded = true
+	for token, c := range s.cmds {
+		s.cancelTimer(c.timer)
+		delete(s.cmds, token)
+	}
 }
 
 // errNotHostedHere means the stage stopped being hosted on this node while

@@ -269,13 +269,16 @@ type session struct {
 	drainWait sync.WaitGroup  // drained records handed to the publisher, not settled
 	rescan    chan struct{}   // cap 1: the drainer starts over from the oldest record
 
-	inbox    string             // NATS subject prefix of local hosts' replies
-	inboxSub *nats.Subscription // on bc, for onHostReply
-	callsMu  sync.Mutex
-	calls    map[string]*hostCall // requests from other nodes open at a local host
+	inbox     string               // NATS subject prefix of local hosts' replies
+	cmdInbox  string               // NATS subject prefix of command handlers' replies
+	inboxSubs []*nats.Subscription // on bc, for onHostReply and onCmdReply
+	callsMu   sync.Mutex
+	calls     map[string]*hostCall // requests from other nodes open at a local host
+	cmds      map[string]*cmdCall  // commands open at a local handler
+	cmdsEnded bool                 // the session ended: no new entries in cmds
 
 	wg      sync.WaitGroup // the session's goroutines
-	workers sync.WaitGroup // per-delivery workers
+	workers tracker        // goroutines and timers working on deliveries
 }
 
 // pubItem is one message for the publisher. done is called exactly once,
@@ -319,6 +322,7 @@ func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
 		stages:   map[string]bool{},
 		rescan:   make(chan struct{}, 1),
 		calls:    map[string]*hostCall{},
+		cmds:     map[string]*cmdCall{},
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if err := s.setup(); err != nil {
@@ -469,13 +473,15 @@ func (s *session) setup() error {
 // start runs the session's goroutines. Each exits when the session's
 // context is cancelled or its AMQP channel closes; end and stop wait.
 func (s *session) start() {
-	s.inbox = nats.NewInbox() + "."
-	sub, err := s.b.bc.Subscribe(s.inbox+"*", s.onHostReply)
-	if err != nil {
-		s.fail(fmt.Errorf("subscribe to local replies: %w", err))
-	} else {
+	s.inbox, s.cmdInbox = nats.NewInbox()+".", nats.NewInbox()+"."
+	for subj, cb := range map[string]nats.MsgHandler{s.inbox + "*": s.onHostReply, s.cmdInbox + "*": s.onCmdReply} {
+		sub, err := s.b.bc.Subscribe(subj, cb)
+		if err != nil {
+			s.fail(fmt.Errorf("subscribe to local replies: %w", err))
+			continue
+		}
 		_ = sub.SetPendingLimits(1<<20, 256<<20)
-		s.inboxSub = sub
+		s.inboxSubs = append(s.inboxSubs, sub)
 	}
 	s.spawn(s.publisher)
 	s.spawn(s.confirmer)
@@ -552,11 +558,12 @@ func (s *session) stop() {
 	s.cancel()
 	_ = s.conn.CloseDeadline(time.Now().Add(closeLimit))
 	s.wg.Wait()
-	s.workers.Wait()
-	if s.inboxSub != nil {
-		_ = s.inboxSub.Unsubscribe()
+	for _, sub := range s.inboxSubs {
+		_ = sub.Unsubscribe()
 	}
 	s.endCalls()
+	s.endCmds()
+	s.workers.closeAndWait()
 	s.b.failPendingOf(s)
 }
 
@@ -902,11 +909,77 @@ func (s *session) ack(tag uint64, op ackOp) {
 }
 
 // work runs f on a per-delivery worker goroutine; stop waits for it. f
-// must return soon after the session's context is cancelled.
+// must return soon after the session's context is cancelled. After stop
+// began, f is dropped.
 func (s *session) work(f func()) {
-	s.workers.Add(1)
+	if !s.workers.add() {
+		return
+	}
 	go func() {
-		defer s.workers.Done()
+		defer s.workers.done()
 		f()
 	}()
+}
+
+// after runs f after d, tracked like work (nil after stop began). Cancel
+// it with cancelTimer.
+func (s *session) after(d time.Duration, f func()) *time.Timer {
+	if !s.workers.add() {
+		return nil
+	}
+	return time.AfterFunc(d, func() {
+		defer s.workers.done()
+		f()
+	})
+}
+
+// cancelTimer stops a timer from after; a timer that already fired is
+// left to finish.
+func (s *session) cancelTimer(t *time.Timer) {
+	if t != nil && t.Stop() {
+		s.workers.done()
+	}
+}
+
+// tracker counts work in progress. Unlike a WaitGroup it may gain work
+// while someone waits, and refuses new work once closed.
+type tracker struct {
+	mu     sync.Mutex
+	n      int
+	zero   chan struct{} // closed when n drops to 0 while closing
+	closed bool
+}
+
+func (t *tracker) add() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	t.n++
+	return true
+}
+
+func (t *tracker) done() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.n--
+	if t.n == 0 && t.zero != nil {
+		close(t.zero)
+		t.zero = nil
+	}
+}
+
+// closeAndWait refuses new work and waits for the work in progress.
+func (t *tracker) closeAndWait() {
+	t.mu.Lock()
+	t.closed = true
+	if t.n == 0 {
+		t.mu.Unlock()
+		return
+	}
+	zero := make(chan struct{})
+	t.zero = zero
+	t.mu.Unlock()
+	<-zero
 }

@@ -352,7 +352,7 @@ func (s *session) readRequests(ds <-chan amqp.Delivery) {
 			continue
 		}
 		s.calls[token] = c
-		c.timer = time.AfterFunc(c.timeout, func() {
+		c.timer = s.after(c.timeout, func() {
 			if c := s.takeCall(token); c != nil {
 				s.replyHost(c.env, nil, localCallFailure(context.DeadlineExceeded, c.env.name, b.cfg.Node, c.timeout))
 			}
@@ -375,7 +375,7 @@ func (s *session) takeCall(token string) *hostCall {
 	c := s.calls[token]
 	if c != nil {
 		delete(s.calls, token)
-		c.timer.Stop()
+		s.cancelTimer(c.timer)
 	}
 	return c
 }
@@ -428,7 +428,7 @@ func (s *session) endCalls() {
 	s.callsMu.Lock()
 	defer s.callsMu.Unlock()
 	for token, c := range s.calls {
-		c.timer.Stop()
+		s.cancelTimer(c.timer)
 		delete(s.calls, token)
 	}
 }
