@@ -69,9 +69,10 @@
 // node name has no dots, so node.<n>.* never collides with another node's
 // names, and a node called "mesh" or "cmd" collides with nothing.
 //
-//   - Exchange mesh (topic, durable): commands, events and system messages
-//     are published here, with routing keys cmd.<stage>, evt.<topic>,
-//     sys.<key>, and to.<node>.* for traffic addressed to one node.
+//   - Exchange mesh (topic, durable): events and system messages are
+//     published here, with routing keys evt.<topic>, sys.<key>, and
+//     to.<node>.* for traffic addressed to one node; cmd.<stage> routes to
+//     the stage's queue for publishers other than the bridge.
 //   - Exchange node.<n> (topic, durable), bound to mesh with to.<n>.#: the
 //     node's own traffic, so its permissions can be scoped to it.
 //   - Queue node.<n>.requests (auto-delete), bound to node.<n> with
@@ -97,7 +98,9 @@
 //     node.<n> with to.<n>.sys.#: discovery and heartbeats, never kept.
 //   - Queue cmd.<stage> (durable quorum queue, x-delivery-limit as a
 //     backstop, dead-lettering to mesh.dlx), bound to mesh with cmd.<stage>,
-//     declared and consumed by every node hosting the stage. Quorum queues
+//     declared and consumed by every node hosting the stage. The bridge
+//     publishes commands straight to it through the default exchange (the
+//     shortest route; a missing queue is still a return). Quorum queues
 //     survive a broker restart with their confirmed messages and count
 //     redeliveries (x-delivery-count), which is the attempt number.
 //   - Exchange mesh.dlx (topic) and queue mesh.dead: dead letters, with
@@ -149,8 +152,8 @@
 // Inside a session each AMQP channel has one owner goroutine:
 //
 //   - the publish channel (confirm mode) belongs to the publisher, which
-//     takes items from an unbuffered queue, in order, with at most
-//     publishWindow unconfirmed; the confirmer drains confirms and returns
+//     takes items from its queue (senders wait only for room, never for the
+//     publisher), in order, with at most publishWindow unconfirmed; the confirmer drains confirms and returns
 //     (always, until the library closes them) and settles each item exactly
 //     once (a return always precedes its confirm);
 //   - the request channel (no confirms) belongs to the fast publisher:
@@ -158,12 +161,14 @@
 //   - the consume channel belongs to the consumer owner, which acks, requeues
 //     and opens or cancels stage consumers (declaring stage queues on a
 //     second channel of its own, since a failed declaration closes its
-//     channel); one reader goroutine per consumer hands deliveries to
-//     per-delivery workers (commands, bounded by the prefetch) or handles
-//     them inline (events, in order; replies; system messages; requests,
-//     which are passed to the local host without waiting: its reply comes
-//     back on the session's NATS inbox subscription, or a timer answers),
-//     and workers send their acks to the owner;
+//     channel); one reader goroutine per consumer handles its deliveries
+//     inline: events in order, replies, system messages, and requests and
+//     commands, which are passed to the local host or handler without
+//     waiting: the answer comes back on one of the session's NATS inbox
+//     subscriptions, or a timer settles it (deadline, retry pause, a poll
+//     for a missing handler). Whoever settles a delivery sends its ack to the
+//     owner. Timers and the few goroutines that wait (dead letters) are
+//     tracked, and a session's stop waits for them;
 //   - the stall checker owns a channel for passive queue inspections.
 //
 // The session's context is cancelled when it ends; workers stop, and

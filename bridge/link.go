@@ -254,8 +254,8 @@ type session struct {
 	cancels                                  chan string
 	initial                                  map[string]<-chan amqp.Delivery // consumers opened by setup
 
-	pubQ   chan *pubItem // unbuffered: an item handed over is the publisher's
-	fastQ  chan *pubItem // unbuffered: requests and replies for the fast publisher
+	pubQ   *pubQueue     // for the publisher
+	fastQ  *pubQueue     // requests and replies for the fast publisher
 	window chan struct{} // a slot per unconfirmed publish
 
 	mu       sync.Mutex // guards inflight, byID, ended
@@ -313,8 +313,8 @@ func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
 	s := &session{
 		b: b, conn: conn, url: url,
 		failed:   make(chan error, 1),
-		pubQ:     make(chan *pubItem),
-		fastQ:    make(chan *pubItem),
+		pubQ:     newPubQueue(publishWindow),
+		fastQ:    newPubQueue(publishWindow),
 		window:   make(chan struct{}, publishWindow),
 		inflight: map[uint64]*pubItem{},
 		byID:     map[string]*pubItem{},
@@ -568,52 +568,98 @@ func (s *session) stop() {
 }
 
 // enqueue hands it to the publisher. It fails with ErrLinkDown, without
-// calling it.done, when the session ends first.
-func (s *session) enqueue(it *pubItem) error {
-	select {
-	case s.pubQ <- it:
-		return nil
-	case <-s.ctx.Done():
-		return ErrLinkDown
-	}
-}
+// calling it.done, when the session ends first; once handed over, it.done
+// is called exactly once.
+func (s *session) enqueue(it *pubItem) error { return s.pubQ.put(s.ctx, it) }
 
 // enqueueFast hands a request or a reply to the fast publisher (no
-// confirm: it.done gets nil once written). It fails with ErrLinkDown,
-// without calling it.done, when the session ends first.
-func (s *session) enqueueFast(it *pubItem) error {
+// confirm: it.done gets nil once written), on the terms of enqueue.
+func (s *session) enqueueFast(it *pubItem) error { return s.fastQ.put(s.ctx, it) }
+
+// pubQueue hands items to a publisher in order. Senders do not wait for
+// the publisher (it takes everything queued at once), only for room: at
+// most size items wait. Once closed, put fails and nothing is left behind.
+type pubQueue struct {
+	mu     sync.Mutex
+	items  []*pubItem
+	closed bool
+	ready  chan struct{} // cap 1: items are waiting
+	slots  chan struct{} // one per waiting item
+}
+
+func newPubQueue(size int) *pubQueue {
+	return &pubQueue{ready: make(chan struct{}, 1), slots: make(chan struct{}, size)}
+}
+
+func (q *pubQueue) put(ctx context.Context, it *pubItem) error {
 	select {
-	case s.fastQ <- it:
-		return nil
-	case <-s.ctx.Done():
+	case q.slots <- struct{}{}:
+	case <-ctx.Done():
 		return ErrLinkDown
+	}
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		<-q.slots
+		return ErrLinkDown
+	}
+	q.items = append(q.items, it)
+	q.mu.Unlock()
+	signal(q.ready)
+	return nil
+}
+
+// take returns every waiting item, oldest first.
+func (q *pubQueue) take() []*pubItem {
+	q.mu.Lock()
+	items := q.items
+	q.items = nil
+	q.mu.Unlock()
+	for range items {
+		<-q.slots
+	}
+	return items
+}
+
+// close refuses new items and settles the waiting ones with ErrLinkDown.
+func (q *pubQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	for _, it := range q.take() {
+		it.done(ErrLinkDown)
 	}
 }
 
 // fastPublisher owns the request channel: it publishes requests and
 // replies in the order handed over. Exits when the session ends or a
-// publish fails.
+// publish fails, settling what is left with ErrLinkDown.
 func (s *session) fastPublisher() {
+	defer s.fastQ.close()
 	for {
-		var it *pubItem
 		select {
 		case <-s.ctx.Done():
 			return
-		case it = <-s.fastQ:
+		case <-s.fastQ.ready:
 		}
-		err := s.fastCh.Publish(it.out.exchange, it.out.key, it.out.mandatory, false, it.out.publishing(s.b.cfg.Node))
-		if err != nil {
-			var ae *amqp.Error
-			if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
-				it.done(ErrLinkDown)
-				s.fail(fmt.Errorf("publish: %w", err))
-				return
+		items := s.fastQ.take()
+		for i, it := range items {
+			err := s.fastCh.Publish(it.out.exchange, it.out.key, it.out.mandatory, false, it.out.publishing(s.b.cfg.Node))
+			if err != nil {
+				var ae *amqp.Error
+				if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
+					for _, rest := range items[i:] {
+						rest.done(ErrLinkDown)
+					}
+					s.fail(fmt.Errorf("publish: %w", err))
+					return
+				}
+				it.done(fmt.Errorf("publish: %w", err))
+				continue
 			}
-			it.done(fmt.Errorf("publish: %w", err))
-			continue
+			s.b.m.msg(it.out.kind, "out")
+			it.done(nil)
 		}
-		s.b.m.msg(it.out.kind, "out")
-		it.done(nil)
 	}
 }
 
@@ -647,47 +693,62 @@ func (s *session) publishWait(ctx context.Context, out *outgoing) error {
 
 // publisher owns the publish channel: it publishes items in the order they
 // were handed over, at most publishWindow unconfirmed. Exits when the
-// session ends or a publish fails.
+// session ends or a publish fails, settling what is left with ErrLinkDown.
 func (s *session) publisher() {
+	defer s.pubQ.close()
 	for {
-		var it *pubItem
 		select {
 		case <-s.ctx.Done():
 			return
-		case it = <-s.pubQ:
+		case <-s.pubQ.ready:
 		}
-		select {
-		case s.window <- struct{}{}:
-		case <-s.ctx.Done():
-			it.done(ErrLinkDown)
-			return
-		}
-		p := it.out.publishing(s.b.cfg.Node)
-		tag := s.pubCh.GetNextPublishSeqNo()
-		s.mu.Lock()
-		s.inflight[tag] = it
-		if it.out.msgID != "" && it.out.mandatory {
-			s.byID[it.out.msgID] = it
-		}
-		s.mu.Unlock()
-		_, err := s.pubCh.PublishWithDeferredConfirm(it.out.exchange, it.out.key, it.out.mandatory, false, p)
-		if err != nil {
-			s.mu.Lock()
-			delete(s.inflight, tag)
-			delete(s.byID, it.out.msgID)
-			s.mu.Unlock()
-			<-s.window
-			var ae *amqp.Error
-			if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
-				it.done(ErrLinkDown)
-				s.fail(fmt.Errorf("publish: %w", err))
+		items := s.pubQ.take()
+		for i, it := range items {
+			if !s.publish(it) {
+				for _, rest := range items[i+1:] {
+					rest.done(ErrLinkDown)
+				}
 				return
 			}
-			it.done(fmt.Errorf("publish: %w", err)) // the message itself (headers) was refused
-			continue
 		}
-		s.b.m.msg(it.out.kind, "out")
 	}
+}
+
+// publish publishes one item in confirm mode. It returns false when the
+// session must end (it.done has been called).
+func (s *session) publish(it *pubItem) bool {
+	select {
+	case s.window <- struct{}{}:
+	case <-s.ctx.Done():
+		it.done(ErrLinkDown)
+		return false
+	}
+	p := it.out.publishing(s.b.cfg.Node)
+	tag := s.pubCh.GetNextPublishSeqNo()
+	s.mu.Lock()
+	s.inflight[tag] = it
+	if it.out.msgID != "" && it.out.mandatory {
+		s.byID[it.out.msgID] = it
+	}
+	s.mu.Unlock()
+	_, err := s.pubCh.PublishWithDeferredConfirm(it.out.exchange, it.out.key, it.out.mandatory, false, p)
+	if err != nil {
+		s.mu.Lock()
+		delete(s.inflight, tag)
+		delete(s.byID, it.out.msgID)
+		s.mu.Unlock()
+		<-s.window
+		var ae *amqp.Error
+		if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
+			it.done(ErrLinkDown)
+			s.fail(fmt.Errorf("publish: %w", err))
+			return false
+		}
+		it.done(fmt.Errorf("publish: %w", err)) // the message itself (headers) was refused
+		return true
+	}
+	s.b.m.msg(it.out.kind, "out")
+	return true
 }
 
 // confirmer drains the publish channel's confirms and returns and settles
