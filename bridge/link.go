@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -245,14 +246,14 @@ type session struct {
 	cancel context.CancelFunc
 	failed chan error // cap 1: the first fatal error of a part
 
-	pubCh, conCh, fastCh                     *amqp.Channel
-	connClose, pubClose, conClose, fastClose chan *amqp.Error
-	fastReturns                              chan amqp.Return
-	blocked                                  chan amqp.Blocking
-	confirms                                 chan amqp.Confirmation
-	returns                                  chan amqp.Return
-	cancels                                  chan string
-	initial                                  map[string]<-chan amqp.Delivery // consumers opened by setup
+	pubCh, conCh, fastCh, autoCh                        *amqp.Channel
+	connClose, pubClose, conClose, fastClose, autoClose chan *amqp.Error
+	fastReturns                                         chan amqp.Return
+	blocked                                             chan amqp.Blocking
+	confirms                                            chan amqp.Confirmation
+	returns                                             chan amqp.Return
+	cancels                                             chan string
+	initial                                             map[string]<-chan amqp.Delivery // consumers opened by setup
 
 	pubQ   *pubQueue     // for the publisher
 	fastQ  *pubQueue     // requests and replies for the fast publisher
@@ -264,6 +265,7 @@ type session struct {
 	ended    bool
 
 	ackQ      chan ackReq
+	acks      ackBook // settled deliveries of conCh (consumer owner only)
 	stagesMu  sync.Mutex
 	stages    map[string]bool // stages consumed in this session (owner only writes)
 	drainWait sync.WaitGroup  // drained records handed to the publisher, not settled
@@ -373,7 +375,15 @@ func (s *session) setup() error {
 		}
 	}
 
-	// The exclusive consumer is the node's claim on its name.
+	// Two consume channels: autoCh for what is consumed without acks
+	// (requests, replies, system messages), conCh for what is acked (events,
+	// commands), so that conCh's delivery tags are dense and a run of them
+	// can be acked at once. The exclusive consumer is the node's claim on
+	// its name.
+	s.autoCh, err = s.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
 	s.conCh, err = s.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -384,7 +394,7 @@ func (s *session) setup() error {
 	// Requests are at most once: consumed without acks (an ack per request
 	// costs the broker a round of work on the critical path); openCalls
 	// bounds how many are open at the local hosts.
-	reqs, err := s.conCh.Consume(requestQueue(node), "requests", true, true, false, false, nil)
+	reqs, err := s.autoCh.Consume(requestQueue(node), "requests", true, true, false, false, nil)
 	if err != nil {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
@@ -429,7 +439,7 @@ func (s *session) setup() error {
 			return fmt.Errorf("declare %s: %w", st.what, err)
 		}
 	}
-	replies, err := s.conCh.Consume(replyQueue(node), "replies", true, true, false, false, nil)
+	replies, err := s.autoCh.Consume(replyQueue(node), "replies", true, true, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", replyQueue(node), err)
 	}
@@ -437,7 +447,7 @@ func (s *session) setup() error {
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", eventQueue(node), err)
 	}
-	system, err := s.conCh.Consume(systemQueue(node), "system", true, true, false, false, nil)
+	system, err := s.autoCh.Consume(systemQueue(node), "system", true, true, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", systemQueue(node), err)
 	}
@@ -465,6 +475,7 @@ func (s *session) setup() error {
 	s.fastReturns = s.fastCh.NotifyReturn(make(chan amqp.Return, 64))
 	s.fastClose = s.fastCh.NotifyClose(make(chan *amqp.Error, 1))
 	s.conClose = s.conCh.NotifyClose(make(chan *amqp.Error, 1))
+	s.autoClose = s.autoCh.NotifyClose(make(chan *amqp.Error, 1))
 	s.cancels = s.conCh.NotifyCancel(make(chan string, 16))
 	s.blocked = s.conn.NotifyBlocked(make(chan amqp.Blocking, 4))
 	return nil
@@ -521,6 +532,8 @@ func (s *session) run() string {
 			return closeReason("publish channel closed", e)
 		case e := <-s.fastClose:
 			return closeReason("request channel closed", e)
+		case e := <-s.autoClose:
+			return closeReason("consume channel closed", e)
 		case e := <-s.conClose:
 			return closeReason("consume channel closed", e)
 		case err := <-s.failed:
@@ -867,13 +880,7 @@ func (s *session) consumerOwner() {
 		case <-s.ctx.Done():
 			return
 		case a := <-s.ackQ:
-			var err error
-			if a.op == opAck {
-				err = s.conCh.Ack(a.tag, false)
-			} else {
-				err = s.conCh.Nack(a.tag, false, true)
-			}
-			if err != nil {
+			if err := s.settleAcks(a); err != nil {
 				s.fail(fmt.Errorf("ack: %w", err))
 				return
 			}
@@ -892,6 +899,81 @@ func (s *session) consumerOwner() {
 			s.syncStages(&decl)
 		}
 	}
+}
+
+// ackBook follows the settled deliveries of the consume channel. Only
+// acked consumers use that channel, so its delivery tags are dense (1, 2,
+// 3, ...), and a multiple ack up to a tag is safe when every tag below it
+// is settled. Only the consumer owner touches it.
+type ackBook struct {
+	next    uint64          // lowest tag not known to be settled
+	settled map[uint64]bool // settled tags above next
+}
+
+// settleAcks applies first and every other ack request already queued.
+func (s *session) settleAcks(first ackReq) error {
+	reqs := []ackReq{first}
+	for more := true; more && len(reqs) < 4096; {
+		select {
+		case r := <-s.ackQ:
+			reqs = append(reqs, r)
+		default:
+			more = false
+		}
+	}
+	requeue, upTo, single := s.acks.plan(reqs)
+	for _, tag := range requeue {
+		if err := s.conCh.Nack(tag, false, true); err != nil {
+			return err
+		}
+	}
+	if upTo != 0 {
+		if err := s.conCh.Ack(upTo, true); err != nil {
+			return err
+		}
+	}
+	for _, tag := range single {
+		if err := s.conCh.Ack(tag, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// plan turns ack requests into broker calls: requeues one by one; acks
+// that complete the run of settled tags from the oldest as one multiple ack
+// up to upTo (0: none); the other acks one by one (never held back behind a
+// slow delivery). It records them all as settled.
+func (a *ackBook) plan(reqs []ackReq) (requeue []uint64, upTo uint64, single []uint64) {
+	if a.settled == nil {
+		a.next, a.settled = 1, map[uint64]bool{}
+	}
+	pending := map[uint64]bool{}
+	for _, r := range reqs {
+		switch {
+		case r.tag < a.next || a.settled[r.tag]:
+			// settled already: never twice (a second ack would close the channel)
+		case r.op == opRequeue:
+			requeue = append(requeue, r.tag)
+			a.settled[r.tag] = true
+		default:
+			pending[r.tag] = true
+		}
+	}
+	for a.settled[a.next] || pending[a.next] {
+		if pending[a.next] {
+			upTo = a.next
+			delete(pending, a.next)
+		}
+		delete(a.settled, a.next)
+		a.next++
+	}
+	for tag := range pending {
+		single = append(single, tag)
+		a.settled[tag] = true
+	}
+	slices.Sort(single)
+	return requeue, upTo, single
 }
 
 // syncStages consumes the stages the node hosts and cancels the others.
