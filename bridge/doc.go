@@ -158,10 +158,14 @@
 //     once (a return always precedes its confirm);
 //   - the request channel (no confirms) belongs to the fast publisher:
 //     requests and replies; its returns are drained by their own goroutine;
-//   - the consume channel belongs to the consumer owner, which acks, requeues
-//     and opens or cancels stage consumers (declaring stage queues on a
-//     second channel of its own, since a failed declaration closes its
-//     channel); one reader goroutine per consumer handles its deliveries
+//   - the acked consume channel (events, commands) belongs to the consumer
+//     owner, which acks (a run of settled deliveries with one multiple ack:
+//     only acked consumers use this channel, so its delivery tags are
+//     dense), requeues, and opens or cancels stage consumers (declaring stage
+//     queues on a channel of its own, since a failed declaration closes its
+//     channel); the unacked consume channel (requests, replies, system
+//     messages) is set up with the session and then only read from; one
+//     reader goroutine per consumer handles its deliveries
 //     inline: events in order, replies, system messages, and requests and
 //     commands, which are passed to the local host or handler without
 //     waiting: the answer comes back on one of the session's NATS inbox
