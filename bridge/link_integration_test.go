@@ -1,6 +1,7 @@
 package bridge_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -112,5 +113,33 @@ func TestMetricsRegistered(t *testing.T) {
 	other := buildNode(t, "beta", "", func(c *bridge.Config) { c.Metrics = reg })
 	if err := other.b.Start(t.Context()); err == nil || !strings.Contains(err.Error(), "already registered") {
 		t.Errorf("second registration: got %v, want an error", err)
+	}
+}
+
+// TestNameTakenWhileOffline: a node that starts offline and later finds
+// its name held by another process reports it on Fatal (after the grace a
+// stale connection of its own could need), and keeps the first working.
+func TestNameTakenWhileOffline(t *testing.T) {
+	vhost := testVhost(t)
+	px, proxied := brokerProxy(t, vhost)
+	px.Cut(t)
+	second := newNode(t, "alpha", proxied, func(c *bridge.Config) { c.Heartbeat = time.Second })
+	first := newNode(t, "alpha", vhost, nil)
+	first.waitConnected(t)
+	px.Restore(t)
+	select {
+	case err := <-second.b.Fatal():
+		var inUse *bridge.NodeNameInUseError
+		if !errors.As(err, &inUse) {
+			t.Fatalf("fatal: got %v, want a NodeNameInUseError", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no fatal error within 30s")
+	}
+	if st := second.b.Status().Broker; st.State != bridge.StateOffline || !strings.Contains(st.Reason, "in use") {
+		t.Errorf("second: got %s %q, want offline, name in use", st.State, st.Reason)
+	}
+	if st := first.b.Status().Broker.State; st != bridge.StateConnected {
+		t.Errorf("first: got %s, want connected", st)
 	}
 }
