@@ -105,7 +105,7 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if err := os.MkdirAll(a.cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data directory: %w", err)
 	}
-	a.bindings, err = openBindings(ctx, a.cfg, a.logger.With("component", "bindings"), a.registry, a.bindingsChanged)
+	a.bindings, err = openBindings(ctx, a.cfg, a.logger, a.registry, a.bindingsChanged) // components name themselves in their logs
 	if err != nil {
 		return err
 	}

@@ -52,7 +52,7 @@ func (a *Appliance) startBridge(ctx context.Context) error {
 				n.HandleSystem(key, body, origin)
 			}
 		},
-		Logger:  a.logger.With("component", "bridge"),
+		Logger:  a.logger,
 		Metrics: a.registry,
 	}
 	b, err := bridge.New(bc, a.nc)
@@ -112,7 +112,7 @@ func (a *Appliance) startNode(ctx context.Context) error {
 		DiscoveryInterval: a.cfg.Mesh.DiscoveryInterval.D(),
 		HeartbeatInterval: a.cfg.Mesh.HeartbeatInterval.D(),
 		MissedHeartbeats:  a.cfg.Mesh.MissedHeartbeats,
-		Logger:            a.logger.With("component", "node"),
+		Logger:            a.logger,
 		Registerer:        a.registry,
 	})
 	if err != nil {
