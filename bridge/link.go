@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -289,8 +290,18 @@ type session struct {
 // block for long.
 type pubItem struct {
 	out      *outgoing
-	done     func(error)
+	done     func(error) // call through finish, never directly
 	returned bool
+	settled  atomic.Bool
+}
+
+// finish settles the item: it calls done once. A later call is ignored:
+// when the channel closes under a publish, the publisher's error path and
+// the confirmer's final sweep can both reach the same item.
+func (it *pubItem) finish(err error) {
+	if it.settled.CompareAndSwap(false, true) {
+		it.done(err)
+	}
 }
 
 type ackOp int
@@ -640,7 +651,7 @@ func (q *pubQueue) close() {
 	q.closed = true
 	q.mu.Unlock()
 	for _, it := range q.take() {
-		it.done(ErrLinkDown)
+		it.finish(ErrLinkDown)
 	}
 }
 
@@ -662,16 +673,16 @@ func (s *session) fastPublisher() {
 				var ae *amqp.Error
 				if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
 					for _, rest := range items[i:] {
-						rest.done(ErrLinkDown)
+						rest.finish(ErrLinkDown)
 					}
 					s.fail(fmt.Errorf("publish: %w", err))
 					return
 				}
-				it.done(fmt.Errorf("publish: %w", err))
+				it.finish(fmt.Errorf("publish: %w", err))
 				continue
 			}
 			s.b.m.msg(it.out.kind, "out")
-			it.done(nil)
+			it.finish(nil)
 		}
 	}
 }
@@ -719,7 +730,7 @@ func (s *session) publisher() {
 		for i, it := range items {
 			if !s.publish(it) {
 				for _, rest := range items[i+1:] {
-					rest.done(ErrLinkDown)
+					rest.finish(ErrLinkDown)
 				}
 				return
 			}
@@ -733,7 +744,7 @@ func (s *session) publish(it *pubItem) bool {
 	select {
 	case s.window <- struct{}{}:
 	case <-s.ctx.Done():
-		it.done(ErrLinkDown)
+		it.finish(ErrLinkDown)
 		return false
 	}
 	p := it.out.publishing(s.b.cfg.Node)
@@ -753,11 +764,11 @@ func (s *session) publish(it *pubItem) bool {
 		<-s.window
 		var ae *amqp.Error
 		if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
-			it.done(ErrLinkDown)
+			it.finish(ErrLinkDown)
 			s.fail(fmt.Errorf("publish: %w", err))
 			return false
 		}
-		it.done(fmt.Errorf("publish: %w", err)) // the message itself (headers) was refused
+		it.finish(fmt.Errorf("publish: %w", err)) // the message itself (headers) was refused
 		return true
 	}
 	s.b.m.msg(it.out.kind, "out")
@@ -810,7 +821,7 @@ func (s *session) confirmer() {
 	s.byID = map[string]*pubItem{}
 	s.mu.Unlock()
 	for _, it := range left {
-		it.done(ErrLinkDown)
+		it.finish(ErrLinkDown)
 	}
 }
 
@@ -839,12 +850,12 @@ func (s *session) settle(c amqp.Confirmation) {
 	switch {
 	case !c.Ack:
 		s.b.m.err(errKindNacked)
-		it.done(ErrNacked)
+		it.finish(ErrNacked)
 	case it.returned:
 		s.b.m.err(errKindNoRoute)
-		it.done(ErrNoRoute)
+		it.finish(ErrNoRoute)
 	default:
-		it.done(nil)
+		it.finish(nil)
 	}
 }
 

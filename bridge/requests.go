@@ -184,7 +184,7 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 		b.replyError(p.reply, requestFailure(err, name, node))
 	}}
 	if err := sess.enqueueFast(it); err != nil {
-		it.done(err)
+		it.finish(err)
 	}
 }
 

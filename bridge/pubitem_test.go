@@ -1,0 +1,31 @@
+package bridge
+
+import (
+	"errors"
+	"sync"
+	"testing"
+)
+
+// A closing channel can make the publisher's error path and the
+// confirmer's final sweep settle the same item; done must run once.
+func TestPubItemSettlesOnce(t *testing.T) {
+	var calls int
+	var got error
+	it := &pubItem{done: func(err error) { calls++; got = err }}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() { // exits after one finish
+			defer wg.Done()
+			it.finish(ErrLinkDown)
+		}()
+	}
+	wg.Wait()
+	it.finish(nil)
+	if calls != 1 {
+		t.Fatalf("done called %d times, want 1", calls)
+	}
+	if !errors.Is(got, ErrLinkDown) {
+		t.Fatalf("got %v, want ErrLinkDown (the first settlement)", got)
+	}
+}
