@@ -37,20 +37,14 @@ const requirePeers = true
 // instead of a temporary file: MESHBOX_UPDATE_SCREENSHOT=1 go test -run StatusPageInBrowser ./testing/e2e/
 const screenshotEnv = "MESHBOX_UPDATE_SCREENSHOT"
 
-// chromiumPath returns Debian's chromium, installing it with
-// testing/services.sh when it is missing.
+// chromiumPath returns Debian's chromium. Installing it is the job of
+// `make test` (its services step, testing/services.sh), never of a test: a
+// missing browser fails the test with the command that installs it.
 func chromiumPath(t *testing.T) string {
 	t.Helper()
-	if p, err := exec.LookPath("chromium"); err == nil {
-		return p
-	}
-	out, err := exec.Command("sh", filepath.Join("..", "services.sh")).CombinedOutput()
-	if err != nil {
-		t.Fatalf("install chromium with testing/services.sh: %v\n%s", err, out)
-	}
 	p, err := exec.LookPath("chromium")
 	if err != nil {
-		t.Fatalf("chromium still missing after testing/services.sh: %v\n%s", err, out)
+		t.Fatalf("chromium is not installed (%v): run `make services` (testing/services.sh) first", err)
 	}
 	return p
 }
