@@ -22,7 +22,7 @@ type ackReq struct {
 // consumers (declared on a channel of its own, since a failed declaration
 // closes its channel). Exits when the session ends or an ack fails.
 func (s *session) consumerOwner() {
-	decl, err := s.conn.Channel()
+	decl, err := s.conConn.Channel()
 	if err != nil {
 		s.fail(fmt.Errorf("open channel: %w", err))
 		return

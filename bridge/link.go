@@ -6,12 +6,15 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/backoff"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -19,15 +22,136 @@ const (
 	dialTimeout    = 5 * time.Second  // TCP connect
 	handshakeLimit = 10 * time.Second // TLS and AMQP handshake
 	closeLimit     = time.Second      // graceful close of a connection being dropped
-	publishWindow  = 1024             // unconfirmed publishes per session
-	// stageDeliveryLimit is the quorum queues' x-delivery-limit: a backstop
-	// above any retry budget, so the bridge's own budget (with a reason)
-	// dead-letters first. It is a constant so that every node declares the
-	// same arguments.
-	stageDeliveryLimit = 1000
-	// eventQueueExpiry deletes the event queue of a node unused this long.
-	eventQueueExpiry = 7 * 24 * time.Hour
+	// connectLimit bounds a whole connection attempt of the link loop: both
+	// connections dialled and the topology declared. A broker that accepts
+	// the connection and then stalls on a declaration is given up after it.
+	connectLimit = 30 * time.Second
+	// startConnectLimit bounds the connection attempt Start makes, setup
+	// included; after it the node runs offline and the link loop keeps
+	// trying.
+	startConnectLimit = 5 * time.Second
+	historyLen        = 20
 )
+
+const (
+	reasonURLChanged = "broker URL changed"
+	reasonShutdown   = "node shutting down"
+)
+
+// link is the state of the broker link: the broker's URL, the link's state,
+// since when and why, its recent history, and the session in use. mu
+// guards url, state, since, reason, blocked and history; sess is read
+// without it. Only the link's methods touch its fields.
+type link struct {
+	mu      sync.Mutex
+	url     string
+	state   string
+	since   time.Time
+	reason  string
+	blocked string // the broker's reason while it blocks the publishing connection
+	history []StateChange
+
+	urlChanged chan struct{} // cap 1: SetURL wakes the link loop
+	fatal      chan error    // cap 1: the node name was refused for good
+	sess       atomic.Pointer[session]
+	retry      backoff.Policy // reconnect backoff
+}
+
+func newLink(url string, retry backoff.Policy) *link {
+	return &link{url: url, state: StateNone, since: time.Now(), retry: retry,
+		urlChanged: make(chan struct{}, 1), fatal: make(chan error, 1)}
+}
+
+// setURL records url and reports whether it changed.
+func (l *link) setURL(url string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	changed := l.url != url
+	l.url = url
+	return changed
+}
+
+func (l *link) currentURL() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.url
+}
+
+// set records state and reason. It reports whether the state changed, and
+// the broker's URL (redacted) for the log line.
+func (l *link) set(state, reason string) (changed bool, url string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if state != StateBlocked {
+		l.blocked = ""
+	}
+	if l.state == state {
+		l.reason = reason
+		return false, ""
+	}
+	now := time.Now()
+	l.state, l.since, l.reason = state, now, reason
+	l.history = append(l.history, StateChange{State: state, At: now, Reason: reason})
+	if len(l.history) > historyLen {
+		l.history = slices.Delete(l.history, 0, len(l.history)-historyLen)
+	}
+	return true, redactURL(l.url)
+}
+
+// setBlocked records the broker's reason for blocking publishers.
+func (l *link) setBlocked(reason string) {
+	l.mu.Lock()
+	l.blocked = reason
+	l.mu.Unlock()
+}
+
+func (l *link) current() (string, time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state, l.since
+}
+
+func (l *link) status() BrokerStatus {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return BrokerStatus{State: l.state, Since: l.since, URL: redactURL(l.url), Reason: l.reason,
+		Blocked: l.blocked, History: slices.Clone(l.history)}
+}
+
+// everConnected reports whether a connected state was ever recorded
+// before the current one.
+func (l *link) everConnected() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, h := range l.history {
+		if h.State == StateConnected {
+			return true
+		}
+	}
+	return false
+}
+
+// setState records a link state change and logs it once.
+func (b *Bridge) setState(state, reason string) {
+	changed, url := b.link.set(state, reason)
+	if !changed {
+		return
+	}
+	b.m.setState(state)
+	switch {
+	case state == StateConnected, state == StateConnecting, state == StateNone, reason == reasonShutdown:
+		b.log.Info("broker link "+state, "url", url, "reason", reason)
+	default:
+		b.log.Warn("broker link "+state, "url", url, "reason", reason)
+	}
+}
+
+func (b *Bridge) linkState() (string, time.Time) { return b.link.current() }
+
+func (b *Bridge) currentURL() string { return b.link.currentURL() }
+
+// backoff returns the wait before reconnect attempt n (1-based).
+func (b *Bridge) backoff(n int) time.Duration { return b.link.retry.Delay(n) }
 
 // runLink owns the broker link: it connects, runs a session until it ends,
 // and reconnects with backoff and jitter. first is a session Start already
@@ -44,7 +168,7 @@ func (b *Bridge) runLink(first *session) {
 				select {
 				case <-b.quit:
 					return
-				case <-b.urlChanged:
+				case <-b.link.urlChanged:
 					continue
 				}
 			}
@@ -52,7 +176,9 @@ func (b *Bridge) runLink(first *session) {
 				b.setState(StateConnecting, "")
 			}
 			ctx, cancel := b.withQuit(context.Background())
+			ctx, cancelLimit := context.WithTimeout(ctx, connectLimit)
 			s, err := b.connect(ctx, url)
+			cancelLimit()
 			cancel()
 			if err != nil {
 				select {
@@ -72,7 +198,7 @@ func (b *Bridge) runLink(first *session) {
 					// another process owns the name.
 					if time.Since(refusedSince) > 3*b.cfg.Heartbeat+5*time.Second {
 						select {
-						case b.fatal <- err:
+						case b.link.fatal <- err:
 						default:
 						}
 					}
@@ -83,7 +209,7 @@ func (b *Bridge) runLink(first *session) {
 				select {
 				case <-b.quit:
 					return
-				case <-b.urlChanged:
+				case <-b.link.urlChanged:
 					failures = 0
 					b.setState(StateConnecting, "broker URL changed")
 				case <-time.After(b.backoff(failures)):
@@ -91,17 +217,17 @@ func (b *Bridge) runLink(first *session) {
 				continue
 			}
 			sess = s
-			if b.m != nil && b.everConnected() {
+			if b.m != nil && b.link.everConnected() {
 				b.m.reconnects.Inc()
 			}
 		}
 		failures, refusedSince = 0, time.Time{}
-		b.sess.Store(sess)
+		b.link.sess.Store(sess)
 		sess.start()
 		b.setState(StateConnected, "")
 		reason := sess.run()
 		sess.end()
-		b.sess.CompareAndSwap(sess, nil)
+		b.link.sess.CompareAndSwap(sess, nil)
 		select {
 		case <-b.quit:
 			b.setState(StateOffline, reason)
@@ -123,39 +249,10 @@ func (b *Bridge) runLink(first *session) {
 			case <-b.quit:
 				return
 			case <-time.After(b.backoff(1)):
-			case <-b.urlChanged:
+			case <-b.link.urlChanged:
 			}
 		}
 	}
-}
-
-const (
-	reasonURLChanged = "broker URL changed"
-	reasonShutdown   = "node shutting down"
-)
-
-// everConnected reports whether a connected state was ever recorded
-// before the current one.
-func (b *Bridge) everConnected() bool {
-	b.linkMu.Lock()
-	defer b.linkMu.Unlock()
-	for _, h := range b.history {
-		if h.State == StateConnected {
-			return true
-		}
-	}
-	return false
-}
-
-// backoff returns the wait before attempt n (1-based): exponential from
-// ReconnectMin up to ReconnectMax, with the upper half randomized.
-func (b *Bridge) backoff(n int) time.Duration {
-	d := b.cfg.ReconnectMin
-	for i := 1; i < n && d < b.cfg.ReconnectMax; i++ {
-		d *= 2
-	}
-	d = min(d, b.cfg.ReconnectMax)
-	return d/2 + rand.N(d/2+1)
 }
 
 // withQuit returns a context that is cancelled by cancel or when the bridge
@@ -172,43 +269,49 @@ func (b *Bridge) withQuit(parent context.Context) (context.Context, context.Canc
 	return ctx, cancel
 }
 
-// dial opens the AMQP connection. Cancelling ctx aborts the handshake.
-func (b *Bridge) dial(ctx context.Context, url string) (*amqp.Connection, error) {
+// dial opens an AMQP connection named "meshbox node <node> (<role>)".
+// Cancelling ctx aborts the handshake. abort closes the connection's socket
+// at once: an AMQP call waiting on a broker that stalls fails with it.
+func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connection, abort func(), err error) {
 	cfg := amqp.Config{
 		Heartbeat:  b.cfg.Heartbeat,
 		Locale:     "en_US",
 		Properties: amqp.NewConnectionProperties(),
 	}
-	cfg.Properties.SetClientConnectionName("meshbox node " + b.cfg.Node)
+	cfg.Properties.SetClientConnectionName("meshbox node " + b.cfg.Node + " (" + role + ")")
 	if strings.HasPrefix(url, "amqps://") {
 		tc, err := b.tlsConfig()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		cfg.TLSClientConfig = tc
 	}
-	var stop func() bool
+	var (
+		stop func() bool
+		raw  net.Conn
+	)
 	cfg.Dial = func(network, addr string) (net.Conn, error) {
 		d := net.Dialer{Timeout: dialTimeout}
-		conn, err := d.DialContext(ctx, network, addr)
+		c, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		if err := conn.SetDeadline(time.Now().Add(handshakeLimit)); err != nil { // cleared by amqp091 once open
-			conn.Close()
+		if err := c.SetDeadline(time.Now().Add(handshakeLimit)); err != nil { // cleared by amqp091 once open
+			c.Close()
 			return nil, err
 		}
-		stop = context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
-		return conn, nil
+		stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
+		raw = c
+		return c, nil
 	}
-	conn, err := amqp.DialConfig(url, cfg)
+	conn, err = amqp.DialConfig(url, cfg)
 	if stop != nil {
 		stop()
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return conn, nil
+	return conn, func() { _ = raw.Close() }, nil
 }
 
 // tlsConfig trusts the system roots plus Config.CAFile.

@@ -10,6 +10,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
+// publishWindow bounds the unconfirmed publishes of a session.
+const publishWindow = 1024
+
 // pubItem is one message for the publisher. done is called exactly once,
 // from the publisher or the confirmer: nil when the broker confirmed it,
 // ErrNoRoute when it was returned, ErrNacked, or ErrLinkDown. done must not
@@ -298,14 +301,18 @@ func (s *session) settle(c amqp.Confirmation) {
 	}
 }
 
-// watchBlocked follows the broker's connection.blocked notifications.
-// Exits when the connection closes.
+// watchBlocked follows the broker's connection.blocked notifications for
+// the publishing connection: the link is "blocked" (with the broker's
+// reason) while a resource alarm holds; consuming and acking go on, on the
+// other connection. Exits when the publishing connection closes.
 func (s *session) watchBlocked() {
 	for bl := range s.blocked {
 		s.mu.Lock()
 		if !s.ended {
 			if bl.Active {
+				s.b.m.blocks.Inc()
 				s.b.setState(StateBlocked, "broker resource alarm: "+bl.Reason)
+				s.b.link.setBlocked(bl.Reason)
 			} else {
 				s.b.setState(StateConnected, "")
 			}

@@ -10,37 +10,55 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// session is one connection to the broker and everything that lives as
-// long as it: the publish channel and its two goroutines, the consume
-// channel and its owner, one reader per consumer, per-delivery workers, the
-// outbox drainer and the stall checker. A session is never reused: when any
-// part fails the whole session ends and runLink opens a new one.
+// session is one stay on the broker and everything that lives as long as
+// it: two connections (publishing and consuming are kept apart, so a
+// broker that blocks publishers under a resource alarm does not block this
+// node's acks with them), the publish channels and their goroutines, the
+// consume channels and their owner, one reader per consumer, per-delivery
+// workers, the outbox drainer and the stall checker. A session is never
+// reused: when any part fails the whole session ends and runLink opens a
+// new one.
 type session struct {
-	b    *Bridge
-	conn *amqp.Connection
-	url  string
+	b   *Bridge
+	url string
 
 	ctx    context.Context // cancelled by end: workers and goroutines stop
 	cancel context.CancelFunc
 	failed chan error // cap 1: the first fatal error of a part
 
-	pubCh, conCh, fastCh, autoCh                        *amqp.Channel
-	connClose, pubClose, conClose, fastClose, autoClose chan *amqp.Error
-	fastReturns                                         chan amqp.Return
-	blocked                                             chan amqp.Blocking
-	confirms                                            chan amqp.Confirmation
-	returns                                             chan amqp.Return
-	cancels                                             chan string
-	initial                                             map[string]<-chan amqp.Delivery // consumers opened by setup
+	// The publishing connection: commands, events, dead letters and system
+	// messages on pubCh (confirm mode), requests and replies on fastCh.
+	pubConn      *amqp.Connection
+	pubCh        *amqp.Channel
+	fastCh       *amqp.Channel
+	confirms     chan amqp.Confirmation
+	returns      chan amqp.Return
+	fastReturns  chan amqp.Return
+	blocked      chan amqp.Blocking
+	pubConnClose chan *amqp.Error
+	pubClose     chan *amqp.Error
+	fastClose    chan *amqp.Error
 
-	pubQ   *pubQueue     // for the publisher
-	fastQ  *pubQueue     // requests and replies for the fast publisher
-	window chan struct{} // a slot per unconfirmed publish
-
-	mu       sync.Mutex // guards inflight, byID, ended
+	pubQ     *pubQueue     // for the publisher
+	fastQ    *pubQueue     // requests and replies for the fast publisher
+	window   chan struct{} // a slot per unconfirmed publish
+	mu       sync.Mutex    // guards inflight, byID, ended
 	inflight map[uint64]*pubItem
 	byID     map[string]*pubItem
 	ended    bool
+
+	// The consuming connection: the topology, the acked consumers on conCh
+	// (events, commands), the unacked ones on autoCh (requests, replies,
+	// system messages), stage declarations and queue inspections. It never
+	// publishes.
+	conConn      *amqp.Connection
+	conCh        *amqp.Channel
+	autoCh       *amqp.Channel
+	cancels      chan string
+	conConnClose chan *amqp.Error
+	conClose     chan *amqp.Error
+	autoClose    chan *amqp.Error
+	initial      map[string]<-chan amqp.Delivery // consumers opened by setup
 
 	ackQ      chan ackReq
 	acks      ackBook // settled deliveries of conCh (consumer owner only)
@@ -61,15 +79,23 @@ type session struct {
 	workers tracker        // goroutines and timers working on deliveries
 }
 
-// connect dials url and declares the node's topology. It returns a session
-// that is set up but not started.
+// connect dials url twice (publishing and consuming connections) and
+// declares the node's topology, all within ctx: a broker that stalls
+// after accepting the connections fails the attempt when ctx ends. It
+// returns a session that is set up but not started.
 func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
-	conn, err := b.dial(ctx, url)
+	conConn, abortCon, err := b.dial(ctx, url, "consume")
 	if err != nil {
 		return nil, fmt.Errorf("connect to broker: %w", err)
 	}
+	pubConn, abortPub, err := b.dial(ctx, url, "publish")
+	if err != nil {
+		abortCon()
+		_ = conConn.CloseDeadline(time.Now().Add(closeLimit))
+		return nil, fmt.Errorf("connect to broker: %w", err)
+	}
 	s := &session{
-		b: b, conn: conn, url: url,
+		b: b, url: url, pubConn: pubConn, conConn: conConn,
 		failed:   make(chan error, 1),
 		pubQ:     newPubQueue(publishWindow),
 		fastQ:    newPubQueue(publishWindow),
@@ -83,12 +109,29 @@ func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
 		cmds:     map[string]*cmdCall{},
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	if err := s.setup(); err != nil {
+	if b.testAfterDial != nil {
+		b.testAfterDial()
+	}
+	// An AMQP call has no deadline of its own: when ctx ends first, the
+	// sockets are closed under the setup, which then fails.
+	stop := context.AfterFunc(ctx, func() { abortCon(); abortPub() })
+	err = s.setup()
+	if !stop() {
+		err = fmt.Errorf("broker setup did not finish in time: %w", context.Cause(ctx))
+	}
+	if err != nil {
 		s.cancel()
-		_ = conn.CloseDeadline(time.Now().Add(closeLimit))
+		s.closeConns()
 		return nil, err
 	}
 	return s, nil
+}
+
+// closeConns closes both connections, waiting at most closeLimit for the
+// broker.
+func (s *session) closeConns() {
+	_ = s.conConn.CloseDeadline(time.Now().Add(closeLimit))
+	_ = s.pubConn.CloseDeadline(time.Now().Add(closeLimit))
 }
 
 // start runs the session's goroutines. Each exits when the session's
@@ -132,12 +175,14 @@ func (s *session) run() string {
 		select {
 		case <-s.b.quit:
 			return reasonShutdown
-		case <-s.b.urlChanged:
+		case <-s.b.link.urlChanged:
 			if s.b.currentURL() != s.url {
 				return reasonURLChanged
 			}
-		case e := <-s.connClose:
-			return closeReason("connection closed", e)
+		case e := <-s.pubConnClose:
+			return closeReason("publishing connection closed", e)
+		case e := <-s.conConnClose:
+			return closeReason("consuming connection closed", e)
 		case e := <-s.pubClose:
 			return closeReason("publish channel closed", e)
 		case e := <-s.fastClose:
@@ -179,7 +224,7 @@ func (s *session) end() {
 func (s *session) stop() {
 	s.end()
 	s.cancel()
-	_ = s.conn.CloseDeadline(time.Now().Add(closeLimit))
+	s.closeConns()
 	s.wg.Wait()
 	for _, sub := range s.inboxSubs {
 		_ = sub.Unsubscribe()

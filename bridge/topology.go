@@ -3,15 +3,26 @@ package bridge
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+const (
+	// stageDeliveryLimit is the quorum queues' x-delivery-limit: a backstop
+	// above any retry budget, so the bridge's own budget (with a reason)
+	// dead-letters first. It is a constant so that every node declares the
+	// same arguments.
+	stageDeliveryLimit = 1000
+	// eventQueueExpiry deletes the event queue of a node unused this long.
+	eventQueueExpiry = 7 * 24 * time.Hour
 )
 
 // setup declares the topology (see the package doc), claims the node's
 // request queue with an exclusive consumer, and opens the channels.
 func (s *session) setup() error {
 	node := s.b.cfg.Node
-	ch, err := s.conn.Channel()
+	ch, err := s.conConn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
@@ -52,11 +63,11 @@ func (s *session) setup() error {
 	// commands), so that conCh's delivery tags are dense and a run of them
 	// can be acked at once. The exclusive consumer is the node's claim on
 	// its name.
-	s.autoCh, err = s.conn.Channel()
+	s.autoCh, err = s.conConn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	s.conCh, err = s.conn.Channel()
+	s.conCh, err = s.conConn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
@@ -125,7 +136,8 @@ func (s *session) setup() error {
 	}
 	s.initial = map[string]<-chan amqp.Delivery{"requests": reqs, "replies": replies, "events": events, "system": system}
 
-	s.pubCh, err = s.conn.Channel()
+	// The publishing channels live on a connection of their own.
+	s.pubCh, err = s.pubConn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
@@ -134,13 +146,14 @@ func (s *session) setup() error {
 	}
 	s.confirms = s.pubCh.NotifyPublish(make(chan amqp.Confirmation, publishWindow))
 	s.returns = s.pubCh.NotifyReturn(make(chan amqp.Return, 64))
-	s.connClose = s.conn.NotifyClose(make(chan *amqp.Error, 1))
+	s.pubConnClose = s.pubConn.NotifyClose(make(chan *amqp.Error, 1))
+	s.conConnClose = s.conConn.NotifyClose(make(chan *amqp.Error, 1))
 	s.pubClose = s.pubCh.NotifyClose(make(chan *amqp.Error, 1))
 	// Requests and replies go on a channel without confirms: they are at
 	// most once and bounded by a deadline, a confirm tells nothing the reply
 	// or the deadline does not, and it costs latency. Returns (no route)
 	// still come back at once.
-	s.fastCh, err = s.conn.Channel()
+	s.fastCh, err = s.pubConn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
@@ -149,7 +162,8 @@ func (s *session) setup() error {
 	s.conClose = s.conCh.NotifyClose(make(chan *amqp.Error, 1))
 	s.autoClose = s.autoCh.NotifyClose(make(chan *amqp.Error, 1))
 	s.cancels = s.conCh.NotifyCancel(make(chan string, 16))
-	s.blocked = s.conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	// Only publishing connections are blocked by a resource alarm.
+	s.blocked = s.pubConn.NotifyBlocked(make(chan amqp.Blocking, 4))
 	return nil
 }
 
@@ -199,7 +213,7 @@ func (s *session) declareStage(decl **amqp.Channel, stage string) error {
 	_, err := (*decl).QueueDeclare(q, true, false, false, false, args)
 	var ae *amqp.Error
 	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
-		nc, cerr := s.conn.Channel()
+		nc, cerr := s.conConn.Channel()
 		if cerr != nil {
 			return cerr // *decl stays the closed channel, never nil
 		}
@@ -210,7 +224,7 @@ func (s *session) declareStage(decl **amqp.Channel, stage string) error {
 	}
 	if err != nil {
 		if (*decl).IsClosed() {
-			if nc, cerr := s.conn.Channel(); cerr == nil {
+			if nc, cerr := s.conConn.Channel(); cerr == nil {
 				*decl = nc
 			}
 		}
