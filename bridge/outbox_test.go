@@ -244,3 +244,29 @@ func TestCloseReturnsWhenTheOutboxDiskHangs(t *testing.T) {
 		t.Fatal("Close did not return within 10s while the outbox's disk hangs")
 	}
 }
+
+// A bbolt file that is not an outbox (another layout) fails the layout
+// check of the opener and is set aside like a damaged one.
+func TestOutboxForeignFileSetAside(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		_, err := tx.CreateBucket([]byte("bindings"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o := openTestOutbox(t, path, 1<<20)
+	if !strings.Contains(o.warning, "set aside") || !strings.Contains(o.warning, "bindings") {
+		t.Fatalf("warning: got %q, want the foreign file set aside, naming its bucket", o.warning)
+	}
+	if matches, _ := filepath.Glob(path + ".corrupt-*"); len(matches) != 1 {
+		t.Fatalf("got %d set-aside files, want 1", len(matches))
+	}
+}
