@@ -3,7 +3,6 @@ package bridge
 import (
 	"context"
 	"crypto/rand"
-	"encoding/base32"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,17 +12,22 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/backoff"
 	"github.com/nats-io/nats.go"
 )
 
 // Bridge carries a node's requests, commands and events between its
 // embedded NATS server and the mesh's broker. Build it with New, run it
 // with Start, stop it with Close. Its methods are safe for concurrent use.
+//
+// Its state is grouped by the part that owns it, each with its own lock
+// and methods: the link (link.go), the submissions (submit.go), the
+// pending requests (requests.go), the stalls (stalls.go), the outbox
+// (outbox.go), and routing and hosting (routeMu, interest.go).
 type Bridge struct {
 	cfg Config
 	log *slog.Logger
 	m   *metrics
-	ids idGen
 
 	nc *nats.Conn // handed in by the appliance: calls to work.<stage> handlers
 	bc *nats.Conn // our own NoEcho connection: subscriptions, stand-ins, event republishing
@@ -44,24 +48,10 @@ type Bridge struct {
 	wg        sync.WaitGroup // goroutines owned by the bridge
 	calls     sync.WaitGroup // local calls for node.<self>.cap.<name>, each ends at its deadline
 
-	// The link. url and the state are guarded by linkMu.
-	linkMu     sync.Mutex
-	url        string
-	state      string
-	since      time.Time
-	reason     string
-	history    []StateChange
-	urlChanged chan struct{} // cap 1: SetURL wakes the link loop
-	sess       atomic.Pointer[session]
-	fatal      chan error // cap 1: the node name was refused for good
-
-	// Submissions (commands and events). subMu orders them: each gets the
-	// next seq and goes to the broker or to the outbox in that order.
-	subMu       sync.Mutex
-	seq         atomic.Uint64 // next record seq (dead letters and conversions take one without subMu)
-	meshPending atomic.Int64  // mesh records in the outbox, not yet confirmed by the broker
-	drainSignal chan struct{} // cap 1: new mesh records
-	localSignal chan struct{} // cap 1: new local records
+	link    *link           // the broker link: URL, state, history, session
+	sub     submissions     // commands and events of local programs, in order
+	pending pendingRequests // requests waiting for a reply from another node
+	stall   stallBook       // stall alarms of command stages
 
 	// Routing and hosting (routeMu).
 	routeMu       sync.RWMutex
@@ -75,18 +65,12 @@ type Bridge struct {
 	interestErr   bool          // the last Interest call failed
 	stagesChanged chan struct{} // cap 1: the consumer owner of the session re-syncs
 
-	// Requests waiting for a reply from another node (pendMu).
-	pendMu  sync.Mutex
-	pending map[string]*pendingRequest
+	sysQ      chan sysMsg // system messages for Config.OnSystem
+	deadCount atomic.Uint64
 
-	// Stalls (stallMu).
-	stallMu   sync.Mutex
-	stalls    map[string]*stallState
-	submitted map[string]time.Time // stages this node sent commands to, and when last
-
-	sysQ       chan sysMsg // system messages for Config.OnSystem
-	deadCount  atomic.Uint64
-	outboxFull atomic.Bool // for the one log line when the outbox fills up
+	// testAfterDial, when set (by tests), runs once a session's connections
+	// are open, before its setup.
+	testAfterDial func()
 }
 
 // StateChange is one entry of the link's history.
@@ -105,10 +89,14 @@ type Status struct {
 
 // BrokerStatus describes the broker link.
 type BrokerStatus struct {
-	State   string        `json:"state"`
-	Since   time.Time     `json:"since"`
-	URL     string        `json:"url"` // password redacted
-	Reason  string        `json:"reason,omitempty"`
+	State  string    `json:"state"`
+	Since  time.Time `json:"since"`
+	URL    string    `json:"url"` // password redacted
+	Reason string    `json:"reason,omitempty"`
+	// Blocked is the broker's reason (connection.blocked) while it blocks
+	// this node's publishing connection under a resource alarm; empty
+	// otherwise. Consuming and acking go on meanwhile.
+	Blocked string        `json:"blocked,omitempty"`
 	History []StateChange `json:"history"`
 }
 
@@ -128,12 +116,6 @@ type StallStatus struct {
 	Since  time.Time `json:"since"`
 }
 
-const historyLen = 20
-
-// startConnectLimit bounds the connection attempt Start makes; after it
-// the node runs offline and the link loop keeps trying.
-const startConnectLimit = 5 * time.Second
-
 // New validates cfg and returns a bridge that is not yet started. nc is an
 // in-process connection to the node's embedded NATS server, used to call
 // local command handlers; it stays owned by the caller.
@@ -145,17 +127,13 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 	b := &Bridge{
 		cfg:           cfg,
 		log:           cfg.Logger.With("component", "bridge"),
-		ids:           newIDGen(cfg.Node),
 		nc:            nc,
 		bcClosed:      make(chan struct{}),
 		quit:          make(chan struct{}),
-		url:           cfg.URL,
-		state:         StateNone,
-		since:         time.Now(),
-		urlChanged:    make(chan struct{}, 1),
-		fatal:         make(chan error, 1),
-		drainSignal:   make(chan struct{}, 1),
-		localSignal:   make(chan struct{}, 1),
+		link:          newLink(cfg.URL, backoff.Policy{Min: cfg.ReconnectMin, Max: cfg.ReconnectMax}),
+		sub:           newSubmissions(),
+		pending:       pendingRequests{m: map[string]*pendingRequest{}},
+		stall:         stallBook{byStage: map[string]*stallState{}, submitted: map[string]time.Time{}},
 		routes:        map[string][]string{},
 		gone:          map[string]time.Time{},
 		hosted:        map[string]bool{},
@@ -163,9 +141,6 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 		standins:      map[string]*nats.Subscription{},
 		routesChanged: make(chan struct{}, 1),
 		stagesChanged: make(chan struct{}, 1),
-		pending:       map[string]*pendingRequest{},
-		stalls:        map[string]*stallState{},
-		submitted:     map[string]time.Time{},
 		sysQ:          make(chan sysMsg, 1024),
 	}
 	for c, n := range cfg.Routes {
@@ -204,8 +179,8 @@ func (b *Bridge) Start(ctx context.Context) error {
 	}
 	b.ob = ob
 	b.obRef.Store(ob)
-	b.seq.Store(ob.nextSeq())
-	b.meshPending.Store(ob.meshAtOpen)
+	b.sub.seq.Store(ob.nextSeq())
+	b.sub.meshPending.Store(ob.meshAtOpen)
 	ob.start(b.onOutboxCommit)
 
 	bc, err := b.cfg.Dial(nats.NoEcho(), nats.Name("meshbox-bridge-"+b.cfg.Node),
@@ -330,7 +305,7 @@ func (b *Bridge) Close() error {
 // Fatal yields an error when the bridge cannot go on: another process took
 // this node's name on the broker and kept it for longer than a stale
 // connection of ours could. The node should stop (exit non-zero).
-func (b *Bridge) Fatal() <-chan error { return b.fatal }
+func (b *Bridge) Fatal() <-chan error { return b.link.fatal }
 
 // SetURL moves the bridge to another broker without a restart ("" means no
 // broker). An invalid URL is refused with a *ConfigError.
@@ -338,21 +313,11 @@ func (b *Bridge) SetURL(url string) error {
 	if err := checkBrokerURL(url); err != nil {
 		return &ConfigError{Field: "URL", Msg: err.Error()}
 	}
-	b.linkMu.Lock()
-	changed := b.url != url
-	b.url = url
-	b.linkMu.Unlock()
-	if changed {
+	if b.link.setURL(url) {
 		b.log.Info("broker URL changed", "url", redactURL(url))
-		signal(b.urlChanged)
+		signal(b.link.urlChanged)
 	}
 	return nil
-}
-
-func (b *Bridge) currentURL() string {
-	b.linkMu.Lock()
-	defer b.linkMu.Unlock()
-	return b.url
 }
 
 // SetRoutes replaces the capability routing: capability -> nodes hosting
@@ -393,10 +358,7 @@ func (b *Bridge) MarkGone(node string, since time.Time) {
 // Status reports the link, the outbox and the stalls.
 func (b *Bridge) Status() Status {
 	var st Status
-	b.linkMu.Lock()
-	st.Broker = BrokerStatus{State: b.state, Since: b.since, URL: redactURL(b.url), Reason: b.reason,
-		History: append([]StateChange{}, b.history...)}
-	b.linkMu.Unlock()
+	st.Broker = b.link.status()
 	st.Outbox.MaxBytes = b.cfg.OutboxMaxBytes
 	if ob := b.obRef.Load(); ob != nil {
 		st.Outbox.Depth, st.Outbox.Bytes = ob.counts()
@@ -409,37 +371,6 @@ func (b *Bridge) Status() Status {
 	return st
 }
 
-// setState records a link state change and logs it once.
-func (b *Bridge) setState(state, reason string) {
-	b.linkMu.Lock()
-	if b.state == state {
-		b.reason = reason
-		b.linkMu.Unlock()
-		return
-	}
-	now := time.Now()
-	b.state, b.since, b.reason = state, now, reason
-	b.history = append(b.history, StateChange{State: state, At: now, Reason: reason})
-	if len(b.history) > historyLen {
-		b.history = slices.Delete(b.history, 0, len(b.history)-historyLen)
-	}
-	url := redactURL(b.url)
-	b.linkMu.Unlock()
-	b.m.setState(state)
-	switch {
-	case state == StateConnected, state == StateConnecting, state == StateNone, reason == reasonShutdown:
-		b.log.Info("broker link "+state, "url", url, "reason", reason)
-	default:
-		b.log.Warn("broker link "+state, "url", url, "reason", reason)
-	}
-}
-
-func (b *Bridge) linkState() (string, time.Time) {
-	b.linkMu.Lock()
-	defer b.linkMu.Unlock()
-	return b.state, b.since
-}
-
 // signal wakes whoever waits on c (cap 1) without blocking.
 func signal(c chan struct{}) {
 	select {
@@ -448,20 +379,11 @@ func signal(c chan struct{}) {
 	}
 }
 
-// idGen makes message and correlation ids: the node, a random boot id, a
-// counter. Unique across restarts without coordination.
-type idGen struct {
-	prefix string
-	n      *atomic.Uint64
-}
-
-func newIDGen(node string) idGen {
-	var r [8]byte
-	_, _ = rand.Read(r[:])
-	return idGen{prefix: node + "-" + base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString(r[:]) + "-", n: new(atomic.Uint64)}
-}
-
-func (g idGen) next() string { return g.prefix + strconv.FormatUint(g.n.Add(1), 36) }
+// newID returns a fresh message, correlation or call id: 128 bits from
+// crypto/rand, in base32 (26 characters). It says nothing about the node,
+// its start or the ids before it, so no one can guess the correlation id
+// of another node's request from what they have seen.
+func newID() string { return rand.Text() }
 
 // reply answers a local program.
 func (b *Bridge) reply(m *nats.Msg) {

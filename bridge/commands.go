@@ -44,7 +44,7 @@ func (s *session) readCommands(stage string, ds <-chan amqp.Delivery) {
 		b.noteDeliveryAge(stage, env.sent)
 		c := &cmdCall{stage: stage, tag: d.DeliveryTag, d: d, env: env, deadline: time.Now().Add(b.cfg.CommandTimeout),
 			msg: env.natsMsg(subjWorkPrefix+stage, commandMeta(env.msgID, env.origin, env.attempt, env.redelivered || env.attempt > 1))}
-		s.sendCmd(b.ids.next(), c)
+		s.sendCmd(newID(), c)
 	}
 }
 
@@ -138,7 +138,7 @@ func (s *session) cmdFailed(c *cmdCall, failure error) {
 	}
 	// Kept under a token of its own while it waits: a late reply of the
 	// handler (under the old token) finds nothing.
-	token := "retry." + s.b.ids.next()
+	token := "retry." + newID()
 	s.callsMu.Lock()
 	if !s.cmdsEnded {
 		s.cmds[token] = c
@@ -256,7 +256,7 @@ func (b *Bridge) runLocal() {
 			select {
 			case <-b.quit:
 				return
-			case <-b.localSignal:
+			case <-b.sub.localSignal:
 			}
 			continue
 		}
@@ -293,34 +293,58 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 		switch {
 		case failure == nil:
 			b.m.msg(typeCommand, "local")
-			b.ob.wait(func(done func(error)) { b.ob.del(r.seq, r.size, done) })
+			b.ob.wait(ctx, func(done func(error)) { b.ob.del(r.seq, r.size, done) })
 			return true
 		case errors.Is(failure, errNotHostedHere):
 			// The link is up and nobody here serves the stage: let the mesh run it.
-			moved := *r
-			moved.seq = b.seq.Add(1) - 1
-			moved.kind = kindCommand
-			data := moved.encode()
-			b.ob.mu.Lock()
-			b.ob.reserved += int64(len(data))
-			b.ob.mu.Unlock()
-			b.meshPending.Add(1)
-			b.ob.put(&moved, data, nil)
-			b.ob.wait(func(done func(error)) { b.ob.del(r.seq, r.size, done) })
+			if err := b.moveToMesh(ctx, r); err != nil {
+				// Kept as it is: it is tried again after a pause.
+				b.log.Error("cannot move a local command to the mesh; kept for later", "stage", r.name, "msg_id", r.msgID, "err", err)
+				select {
+				case <-time.After(time.Second):
+				case <-b.quit:
+					return false
+				}
+			}
 			return true
 		}
 		b.m.err(errKindHandler)
 		r.attempt++
 		if int(r.attempt) >= b.cfg.RetryBudget {
 			b.deadRecord(r, fmt.Sprintf("attempt %d of %d failed: %v", attempt, b.cfg.RetryBudget, failure))
-			b.ob.wait(func(done func(error)) { b.ob.del(r.seq, r.size, done) })
+			b.ob.wait(ctx, func(done func(error)) { b.ob.del(r.seq, r.size, done) })
 			return true
 		}
-		b.ob.wait(func(done func(error)) { b.ob.replace(r, r.size, done) }) // persists the attempt count; sets r.size
+		b.ob.wait(ctx, func(done func(error)) { b.ob.replace(r, r.size, done) }) // persists the attempt count; sets r.size
 		select {
 		case <-time.After(retryDelay(attempt)):
 		case <-b.quit:
 			return false
 		}
 	}
+}
+
+// moveToMesh stores a copy of the local command r as a mesh command, and
+// deletes r only once the copy is committed: a failed write loses nothing.
+// meshPending counts the copy only while it may be stored.
+func (b *Bridge) moveToMesh(ctx context.Context, r *record) error {
+	moved := *r
+	moved.seq = b.sub.nextSeq()
+	moved.kind = kindCommand
+	data := moved.encode()
+	b.ob.reserveAlways(int64(len(data)))
+	b.sub.meshPending.Add(1)
+	err := b.ob.wait(ctx, func(done func(error)) {
+		b.ob.put(&moved, data, func(err error) {
+			if err != nil {
+				b.sub.meshPending.Add(-1)
+				b.m.err(errKindOutboxWrite)
+			}
+			done(err)
+		})
+	})
+	if err != nil {
+		return err
+	}
+	return b.ob.wait(ctx, func(done func(error)) { b.ob.del(r.seq, r.size, done) })
 }

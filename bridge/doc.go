@@ -1,6 +1,7 @@
 // Package bridge carries a node's traffic between its embedded NATS server
-// and the mesh's central RabbitMQ broker, over one outbound AMQP connection,
-// and keeps a durable outbox while the broker is away.
+// and the mesh's central RabbitMQ broker, over outbound AMQP connections
+// (one for publishing, one for consuming), and keeps a durable outbox while
+// the broker is away.
 //
 // # The model
 //
@@ -146,42 +147,72 @@
 //
 // # Concurrency
 //
-// One AMQP connection per session; a session is never reused: when any of
-// its parts fails, the whole session is torn down and runLink (the one
-// goroutine that owns the link) opens a new one with backoff and jitter.
-// Inside a session each AMQP channel has one owner goroutine:
+// The files follow the parts: link.go (the link loop, dialling, TLS, the
+// link's state), session.go (one stay on the broker), topology.go
+// (declarations, stage queues), publish.go (the publish pipeline),
+// consume.go (the consumer owner and its acks), requests.go, commands.go,
+// events.go (the three shapes), submit.go (submissions and the outbox
+// drainer), outbox.go and outbox_open.go (the durable store), stalls.go,
+// interest.go (stand-ins and hosted stages).
 //
-//   - the publish channel (confirm mode) belongs to the publisher, which
-//     takes items from its queue (senders wait only for room, never for the
-//     publisher), in order, with at most publishWindow unconfirmed; the confirmer drains confirms and returns
+// Bridge's state is grouped by the part that owns it, each with its own
+// mutex and small methods, and no part touches another's fields: the link
+// (URL, state, history, blocked reason, the current session), the
+// submissions (sequence numbers, mesh records pending, wake-ups), the
+// pending requests, the stalls, the outbox (its counters and reservations
+// behind its own methods), and routing and hosting (routeMu).
+//
+// A session holds two AMQP connections: a publishing one and a consuming
+// one, so that a broker that blocks publishers under a memory or disk alarm
+// does not stall this node's acks (the link state is then "blocked", with
+// the broker's reason in BrokerStatus.Blocked). A session is never reused:
+// when any of its parts fails, the whole session is torn down and runLink
+// (the one goroutine that owns the link) opens a new one with backoff and
+// jitter (internal/backoff). Opening a session (both connections, the
+// topology, the first consumers) is bounded: a broker that stalls during
+// setup has its sockets closed under it. Inside a session each AMQP channel
+// has one owner goroutine:
+//
+//   - the publish channel (confirm mode, publishing connection) belongs to
+//     the publisher, which takes items from its queue (senders wait only
+//     for room, never for the publisher), in order, with at most
+//     publishWindow unconfirmed; the confirmer drains confirms and returns
 //     (always, until the library closes them) and settles each item exactly
 //     once (a return always precedes its confirm);
-//   - the request channel (no confirms) belongs to the fast publisher:
-//     requests and replies; its returns are drained by their own goroutine;
-//   - the acked consume channel (events, commands) belongs to the consumer
-//     owner, which acks (a run of settled deliveries with one multiple ack:
-//     only acked consumers use this channel, so its delivery tags are
-//     dense), requeues, and opens or cancels stage consumers (declaring stage
-//     queues on a channel of its own, since a failed declaration closes its
-//     channel); the unacked consume channel (requests, replies, system
-//     messages) is set up with the session and then only read from; one
-//     reader goroutine per consumer handles its deliveries
-//     inline: events in order, replies, system messages, and requests and
-//     commands, which are passed to the local host or handler without
-//     waiting: the answer comes back on one of the session's NATS inbox
-//     subscriptions, or a timer settles it (deadline, retry pause, a poll
-//     for a missing handler). Whoever settles a delivery sends its ack to the
-//     owner. Timers and the few goroutines that wait (dead letters) are
-//     tracked, and a session's stop waits for them;
+//   - the request channel (no confirms, publishing connection) belongs to
+//     the fast publisher: requests and replies; its returns are drained by
+//     their own goroutine; the connection's blocked notifications by
+//     another;
+//   - the acked consume channel (events, commands; consuming connection)
+//     belongs to the consumer owner, which acks (a run of settled
+//     deliveries with one multiple ack: only acked consumers use this
+//     channel, so its delivery tags are dense), requeues, and opens or
+//     cancels stage consumers (declaring stage queues on a channel of its
+//     own, since a failed declaration closes its channel); the unacked
+//     consume channel (requests, replies, system messages) is set up with
+//     the session and then only read from; one reader goroutine per
+//     consumer handles its deliveries inline: events in order, replies,
+//     system messages, and requests and commands, which are passed to the
+//     local host or handler without waiting: the answer comes back on one
+//     of the session's NATS inbox subscriptions, or a timer settles it
+//     (deadline, retry pause, a poll for a missing handler). Whoever
+//     settles a delivery sends its ack to the owner. Timers and the few
+//     goroutines that wait (dead letters) are tracked, and a session's stop
+//     waits for them;
 //   - the stall checker owns a channel for passive queue inspections.
 //
 // The session's context is cancelled when it ends; workers stop, and
 // whatever was handed to the publisher and not confirmed is settled with
-// ErrLinkDown. Submissions are ordered under one mutex (subMu) that is held
-// while handing a message to the publisher; settle callbacks run on the
-// confirmer and never take it. The outbox has one writer goroutine; its
-// callbacks run after the commit. The bridge's own goroutines (link loop,
-// reconciler of stand-ins and stages, local command runner, system message
-// dispatcher) exit when Close closes quit; Close returns after they and
-// every session goroutine are gone.
+// ErrLinkDown. Submissions are ordered under one mutex (the submissions'
+// mu) that is held while handing a message to the publisher; settle
+// callbacks run on the confirmer and never take it. The outbox has one
+// writer goroutine; its callbacks run after the commit; waiting for a
+// commit always takes a context, and Close waits for the writer at most a
+// bounded time (a hung disk makes it return ErrOutboxStuck). The bridge's
+// own goroutines (link loop, reconciler of stand-ins and stages, local
+// command runner, system message dispatcher) exit when Close closes quit;
+// Close returns after they and every session goroutine are gone.
+//
+// Correlation, message and call ids are 128 random bits (crypto/rand):
+// nothing in one id tells another.
 package bridge

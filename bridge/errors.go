@@ -20,6 +20,10 @@ var (
 	ErrOutboxLocked = errors.New("outbox is in use by another meshbox process")
 	// ErrClosed is returned by methods called after Close.
 	ErrClosed = errors.New("bridge closed")
+	// ErrOutboxStuck is returned (wrapped) by Close when the outbox's
+	// writer did not finish its last commit in time: the disk hangs. What
+	// was not committed may be lost.
+	ErrOutboxStuck = errors.New("outbox writer stuck")
 )
 
 // Errors returned by PublishSystem and SendSystem, and carried (as text and a

@@ -103,12 +103,12 @@ func (b *Bridge) SendSystem(ctx context.Context, node, key string, body []byte) 
 }
 
 func (b *Bridge) publishSystem(ctx context.Context, rkey string, mandatory bool, body []byte) error {
-	sess := b.sess.Load()
+	sess := b.link.sess.Load()
 	if st, _ := b.linkState(); st != StateConnected || sess == nil {
 		return ErrLinkDown
 	}
 	out := &outgoing{exchange: exchangeMesh, key: rkey, mandatory: mandatory, kind: typeSystem,
-		msgID: b.ids.next(), body: body, at: time.Now()}
+		msgID: newID(), body: body, at: time.Now()}
 	if err := sess.publishWait(ctx, out); err != nil {
 		return fmt.Errorf("system message %s: %w", rkey, err)
 	}

@@ -39,6 +39,7 @@ const (
 type metrics struct {
 	state      *prometheus.GaugeVec
 	reconnects prometheus.Counter
+	blocks     prometheus.Counter
 	messages   *prometheus.CounterVec
 	errors     *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
@@ -55,6 +56,10 @@ func newMetrics(b *Bridge) *metrics {
 		}, []string{"state"}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "meshbox_broker_reconnects_total", Help: "Connections to the broker after the first.",
+		}),
+		blocks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshbox_broker_blocked_total",
+			Help: "Times the broker blocked this node's publishing connection (resource alarm); consuming goes on.",
 		}),
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshbox_messages_total", Help: "Messages carried by the bridge, by shape and direction (out: to the broker, in: from it).",
@@ -95,7 +100,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 		return nil
 	}
 	m.reg = reg
-	all := append([]prometheus.Collector{m.state, m.reconnects, m.messages, m.errors, m.duration, m.stalls}, m.outbox...)
+	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.duration, m.stalls}, m.outbox...)
 	for _, c := range all {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

@@ -1,15 +1,12 @@
 package bridge
 
 import (
+	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -25,6 +22,9 @@ var (
 const (
 	outboxLockTimeout = time.Second
 	outboxMaxBatch    = 2048
+	// outboxCloseLimit bounds how long close waits for the writer to commit
+	// what was queued: a hung disk must not hang the node's stop.
+	outboxCloseLimit = 10 * time.Second
 )
 
 // outbox is the durable store-and-forward queue: a bbolt file of records
@@ -41,13 +41,21 @@ type outbox struct {
 	maxBytes int64
 	warning  string // set at open when a damaged file was set aside
 
-	ops  chan obOp
-	quit chan struct{}
-	done chan struct{}
+	ops     chan obOp
+	quit    chan struct{} // closed by close: the writer commits what is queued and exits
+	closing chan struct{} // closed when close begins: a send waiting for room gives up
+	done    chan struct{} // closed by the writer when it exits
 
-	sendMu  sync.RWMutex // held (read) while sending on ops; (write) by close
-	closed  bool
-	running bool // start was called (set before any send)
+	sendMu    sync.RWMutex // held (read) while sending on ops; (write) by close
+	closed    bool
+	running   bool          // start was called (set before any send)
+	closeOnce sync.Once     // closes closing
+	closeWait time.Duration // how long close waits for the writer
+	abandoned atomic.Bool   // close gave up on the writer: it closes the file when it exits
+
+	// testCommit, when set (by tests), runs before each group commit; an
+	// error it returns fails the commit as a disk error would.
+	testCommit func(batch []obOp) error
 
 	mu         sync.Mutex
 	depth      int64
@@ -72,159 +80,6 @@ type obOp struct {
 	delSize   int64
 	published uint64
 	done      func(error)
-}
-
-// openOutbox opens or creates the outbox at path. A file locked by another
-// process is an *OutboxLockedError; a damaged file is set aside (renamed
-// with a .corrupt-<time> suffix), reported in warning, and replaced by an
-// empty outbox.
-func openOutbox(path string, maxBytes int64, log *slog.Logger) (*outbox, error) {
-	o := &outbox{path: path, log: log, maxBytes: maxBytes,
-		ops: make(chan obOp, 1024), quit: make(chan struct{}), done: make(chan struct{})}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("outbox: %w", err)
-	}
-	err := o.open()
-	var ce *corruptOutbox
-	if errors.As(err, &ce) {
-		moved, qerr := setAside(path, time.Now())
-		if qerr != nil {
-			return nil, fmt.Errorf("outbox %s is damaged (%v) and cannot be set aside: %w", path, ce, qerr)
-		}
-		o.warning = fmt.Sprintf("outbox file was damaged (%v); set aside as %s, its messages were not sent", ce, moved)
-		log.Error("outbox damaged, set aside", "path", path, "moved_to", moved, "err", ce.Error())
-		err = o.open()
-	}
-	if err != nil {
-		return nil, err
-	}
-	return o, nil
-}
-
-type corruptOutbox struct{ err error }
-
-func (e *corruptOutbox) Error() string { return e.err.Error() }
-
-func (o *outbox) open() (err error) {
-	var file *os.File
-	opts := &bolt.Options{
-		Timeout: outboxLockTimeout,
-		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
-			f, err := os.OpenFile(name, flag, perm)
-			file = f
-			return f, err
-		},
-	}
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			if o.db != nil {
-				_ = o.db.Close()
-				o.db = nil
-			} else if file != nil {
-				_ = file.Close()
-			}
-			err = &corruptOutbox{err: fmt.Errorf("bbolt panic: %v", r)}
-		}
-	}()
-	if fi, serr := os.Stat(o.path); serr == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
-		return &corruptOutbox{err: errors.New("empty file")}
-	}
-	db, err := bolt.Open(o.path, 0o600, opts)
-	if err != nil {
-		var pe *fs.PathError
-		switch {
-		case errors.Is(err, bolt.ErrTimeout):
-			return &OutboxLockedError{Dir: filepath.Dir(o.path)}
-		case errors.As(err, &pe):
-			return fmt.Errorf("open outbox: %w", err)
-		default:
-			return &corruptOutbox{err: err}
-		}
-	}
-	o.db = db
-	if err := o.scan(); err != nil {
-		_ = db.Close()
-		o.db = nil
-		return err
-	}
-	return nil
-}
-
-// scan creates the buckets, moves undecodable records to the quarantine
-// bucket, and loads the counters.
-func (o *outbox) scan() error {
-	var bad int
-	err := o.db.Update(func(tx *bolt.Tx) error {
-		recs, err := tx.CreateBucketIfNotExists(bucketRecords)
-		if err != nil {
-			return err
-		}
-		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
-		if err != nil {
-			return err
-		}
-		if v := meta.Get(keyPublished); len(v) == 8 {
-			o.published = binary.BigEndian.Uint64(v)
-		}
-		var quarantine [][2][]byte
-		c := recs.Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if len(k) != 8 {
-				quarantine = append(quarantine, [2][]byte{append([]byte(nil), k...), append([]byte(nil), v...)})
-				continue
-			}
-			seq := binary.BigEndian.Uint64(k)
-			r, derr := decodeRecord(seq, v)
-			if derr != nil {
-				quarantine = append(quarantine, [2][]byte{append([]byte(nil), k...), append([]byte(nil), v...)})
-				continue
-			}
-			if r.kind != kindLocal {
-				o.meshAtOpen++
-			}
-			o.depth++
-			o.bytes += int64(len(v))
-			o.lastSeq = max(o.lastSeq, seq)
-		}
-		if len(quarantine) > 0 {
-			q, err := tx.CreateBucketIfNotExists(bucketQuarantine)
-			if err != nil {
-				return err
-			}
-			for _, kv := range quarantine {
-				if err := q.Put(kv[0], kv[1]); err != nil {
-					return err
-				}
-				if err := recs.Delete(kv[0]); err != nil {
-					return err
-				}
-			}
-			bad = len(quarantine)
-		}
-		return nil
-	})
-	if err != nil {
-		return &corruptOutbox{err: err}
-	}
-	if bad > 0 {
-		o.warning = fmt.Sprintf("%d undecodable outbox records moved to the quarantine bucket", bad)
-		o.log.Error("outbox records quarantined", "count", bad, "path", o.path)
-	}
-	return nil
-}
-
-// setAside renames a damaged file out of the way and returns its new path.
-func setAside(path string, now time.Time) (string, error) {
-	base := path + ".corrupt-" + now.UTC().Format("20060102T150405Z")
-	moved := base
-	for i := 1; ; i++ {
-		if _, err := os.Lstat(moved); errors.Is(err, fs.ErrNotExist) {
-			break
-		}
-		moved = fmt.Sprintf("%s-%d", base, i)
-	}
-	return moved, os.Rename(path, moved)
 }
 
 // start runs the writer goroutine; it exits after close, once every change
@@ -262,18 +117,43 @@ func (o *outbox) reserve(n int64) error {
 	return nil
 }
 
-// send queues op for the writer; it fails with ErrClosed after close.
+// reserveAlways claims n bytes beyond the bound: for a record that was
+// accepted once already (a dead letter, a command moved to the mesh) and
+// must not be refused now.
+func (o *outbox) reserveAlways(n int64) {
+	o.mu.Lock()
+	o.reserved += n
+	o.mu.Unlock()
+}
+
+// send queues op for the writer; it fails with ErrClosed after close, and
+// when close begins while it waits for room.
 func (o *outbox) send(op obOp) {
 	o.sendMu.RLock()
 	if o.closed {
 		o.sendMu.RUnlock()
-		if op.done != nil {
-			op.done(ErrClosed)
-		}
+		o.refuse(op)
 		return
 	}
-	o.ops <- op
-	o.sendMu.RUnlock()
+	select {
+	case o.ops <- op:
+		o.sendMu.RUnlock()
+	case <-o.closing:
+		o.sendMu.RUnlock()
+		o.refuse(op)
+	}
+}
+
+// refuse settles an op that never reached the writer.
+func (o *outbox) refuse(op obOp) {
+	if op.put != nil && !op.replace {
+		o.mu.Lock()
+		o.reserved -= int64(len(op.data))
+		o.mu.Unlock()
+	}
+	if op.done != nil {
+		op.done(ErrClosed)
+	}
 }
 
 // put stores r, encoded as data (reserved before with reserve), and calls
@@ -297,18 +177,22 @@ func (o *outbox) markPublished(seq uint64, done func(error)) {
 	o.send(obOp{published: seq, done: done})
 }
 
-// wait runs op with a done callback and waits for the commit.
-func (o *outbox) wait(op func(done func(error))) error {
+// wait runs op with a done callback and waits for the commit, or for ctx:
+// then the change may still be committed later.
+func (o *outbox) wait(ctx context.Context, op func(done func(error))) error {
 	ch := make(chan error, 1)
 	op(func(err error) { ch <- err })
-	return <-ch
+	select {
+	case err := <-ch:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("outbox: %w", ctx.Err())
+	}
 }
 
-// sync waits until every change queued before it is committed.
-func (o *outbox) sync() error {
-	ch := make(chan error, 1)
-	o.send(obOp{done: func(err error) { ch <- err }})
-	return <-ch
+// sync waits until every change queued before it is committed, or for ctx.
+func (o *outbox) sync(ctx context.Context) error {
+	return o.wait(ctx, func(done func(error)) { o.send(obOp{done: done}) })
 }
 
 func seqKey(seq uint64) []byte {
@@ -321,6 +205,11 @@ func seqKey(seq uint64) []byte {
 // closed and the queue is empty.
 func (o *outbox) writer() {
 	defer close(o.done)
+	defer func() {
+		if o.abandoned.Load() { // close gave up waiting: the file is ours to close
+			_ = o.db.Close()
+		}
+	}()
 	batch := make([]obOp, 0, outboxMaxBatch)
 	for {
 		batch = batch[:0]
@@ -358,30 +247,13 @@ func (o *outbox) writer() {
 // commit applies batch in one transaction and runs the callbacks.
 func (o *outbox) commit(batch []obOp) {
 	var kinds uint8
-	err := o.db.Update(func(tx *bolt.Tx) error {
-		recs := tx.Bucket(bucketRecords)
-		for i := range batch {
-			op := &batch[i]
-			switch {
-			case op.put != nil:
-				if err := recs.Put(seqKey(op.put.seq), op.data); err != nil {
-					return err
-				}
-				kinds |= 1 << op.put.kind
-			case op.del != 0:
-				if err := recs.Delete(seqKey(op.del)); err != nil {
-					return err
-				}
-			case op.published != 0:
-				if op.published > o.publishedUpTo() {
-					if err := tx.Bucket(bucketMeta).Put(keyPublished, seqKey(op.published)); err != nil {
-						return err
-					}
-				}
-			}
-		}
-		return nil
-	})
+	var err error
+	if o.testCommit != nil {
+		err = o.testCommit(batch)
+	}
+	if err == nil {
+		err = o.update(batch, &kinds)
+	}
 	o.mu.Lock()
 	for i := range batch {
 		op := &batch[i]
@@ -429,6 +301,35 @@ func (o *outbox) commit(batch []obOp) {
 	}
 }
 
+// update applies batch in one transaction; kinds gets a bit per record
+// kind put.
+func (o *outbox) update(batch []obOp, kinds *uint8) error {
+	return o.db.Update(func(tx *bolt.Tx) error {
+		recs := tx.Bucket(bucketRecords)
+		for i := range batch {
+			op := &batch[i]
+			switch {
+			case op.put != nil:
+				if err := recs.Put(seqKey(op.put.seq), op.data); err != nil {
+					return err
+				}
+				*kinds |= 1 << op.put.kind
+			case op.del != 0:
+				if err := recs.Delete(seqKey(op.del)); err != nil {
+					return err
+				}
+			case op.published != 0:
+				if op.published > o.publishedUpTo() {
+					if err := tx.Bucket(bucketMeta).Put(keyPublished, seqKey(op.published)); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return nil
+	})
+}
+
 // readAfter returns up to n records with seq > after whose kind is in
 // kinds (a bit set of 1<<kind), in order.
 func (o *outbox) readAfter(after uint64, n int, kinds uint8) ([]*record, error) {
@@ -474,8 +375,11 @@ func (o *outbox) counts() (depth, bytes int64) {
 }
 
 // close stops the writer after it committed everything queued, and closes
-// the file. Safe to call more than once.
+// the file. It waits at most closeWait for the writer: on a hung disk it
+// returns an error and leaves the writer to close the file if it ever
+// returns. Safe to call more than once.
 func (o *outbox) close() error {
+	o.closeOnce.Do(func() { close(o.closing) })
 	o.sendMu.Lock()
 	already := o.closed
 	o.closed = true
@@ -485,7 +389,18 @@ func (o *outbox) close() error {
 	}
 	close(o.quit)
 	if o.running {
-		<-o.done
+		t := time.NewTimer(o.closeWait)
+		defer t.Stop()
+		select {
+		case <-o.done:
+		case <-t.C:
+			o.abandoned.Store(true)
+			select {
+			case <-o.done: // it exited just now, before it could see the flag
+			default:
+				return fmt.Errorf("%w: the writer did not finish within %s (disk hung?)", ErrOutboxStuck, o.closeWait)
+			}
+		}
 	}
 	return o.db.Close()
 }

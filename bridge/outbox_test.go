@@ -1,11 +1,13 @@
 package bridge
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -70,7 +72,7 @@ func TestOutboxPutReadDelete(t *testing.T) {
 		t.Fatalf("readAfter(1, commands): got %v, want [2 4 5]", seqs)
 	}
 	o.del(recs[0].seq, recs[0].size, nil)
-	if err := o.sync(); err != nil {
+	if err := o.sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	depth, bytes := o.counts()
@@ -115,7 +117,7 @@ func TestOutboxReserveBound(t *testing.T) {
 		t.Fatalf("reserve over the bound: got %v, want ErrOutboxFull", err)
 	}
 	o.del(1, r.size, nil)
-	if err := o.sync(); err != nil {
+	if err := o.sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if err := o.reserve(int64(len(data))); err != nil {
@@ -208,5 +210,63 @@ func TestOutboxGroupCommit(t *testing.T) {
 	}
 	if commits > n/4 {
 		t.Errorf("commits: got %d for %d puts, want group commits (at most %d)", commits, n, n/4)
+	}
+}
+
+// A hung disk must not hang the node's stop: Close gives up on the outbox's
+// writer after its bound and says so; the writer closes the file if it
+// ever returns.
+func TestCloseReturnsWhenTheOutboxDiskHangs(t *testing.T) {
+	b := localBridge(t)
+	b.ob.closeWait = 200 * time.Millisecond
+	hung, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	b.ob.testCommit = func([]obOp) error {
+		once.Do(func() { close(hung) })
+		<-release
+		return nil
+	}
+	t.Cleanup(func() {
+		close(release)
+		<-b.ob.done // the writer, released, exits and closes the file
+	})
+	b.ob.markPublished(1, nil)
+	<-hung
+
+	closed := make(chan error, 1)
+	go func() { closed <- b.Close() }() // exits when Close returns
+	select {
+	case err := <-closed:
+		if !errors.Is(err, ErrOutboxStuck) {
+			t.Fatalf("got %v, want an error wrapping ErrOutboxStuck", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return within 10s while the outbox's disk hangs")
+	}
+}
+
+// A bbolt file that is not an outbox (another layout) fails the layout
+// check of the opener and is set aside like a damaged one.
+func TestOutboxForeignFileSetAside(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		_, err := tx.CreateBucket([]byte("bindings"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o := openTestOutbox(t, path, 1<<20)
+	if !strings.Contains(o.warning, "set aside") || !strings.Contains(o.warning, "bindings") {
+		t.Fatalf("warning: got %q, want the foreign file set aside, naming its bucket", o.warning)
+	}
+	if matches, _ := filepath.Glob(path + ".corrupt-*"); len(matches) != 1 {
+		t.Fatalf("got %d set-aside files, want 1", len(matches))
 	}
 }

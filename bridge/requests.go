@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -144,28 +145,27 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 		b.replyError(msg.Reply, err)
 		return
 	}
-	sess := b.sess.Load()
+	sess := b.link.sess.Load()
 	if st, since := b.linkState(); st != StateConnected || sess == nil {
 		b.m.err(errKindUnreachable)
 		b.replyError(msg.Reply, &ServiceError{Code: CodeUnavailable,
 			Text: fmt.Sprintf("mesh unreachable: broker link is %s since %s; cannot call %s on node %s", st, since.UTC().Format(time.RFC3339), name, node)})
 		return
 	}
-	id := b.ids.next()
+	id := newID()
 	now := time.Now()
 	p := &pendingRequest{reply: msg.Reply, name: name, node: node, start: now, sess: sess}
-	b.pendMu.Lock()
-	b.pending[id] = p
-	p.timer = time.AfterFunc(timeout, func() {
-		if b.takePending(id) == nil {
-			return
-		}
-		b.m.err(errKindTimeout)
-		b.m.observe("timeout", now)
-		b.replyError(p.reply, &ServiceError{Code: CodeTimeout,
-			Text: fmt.Sprintf("deadline of %s passed waiting for %s on node %s", timeout, name, node)})
+	b.pending.add(id, p, func() *time.Timer {
+		return time.AfterFunc(timeout, func() {
+			if b.takePending(id) == nil {
+				return
+			}
+			b.m.err(errKindTimeout)
+			b.m.observe("timeout", now)
+			b.replyError(p.reply, &ServiceError{Code: CodeTimeout,
+				Text: fmt.Sprintf("deadline of %s passed waiting for %s on node %s", timeout, name, node)})
+		})
 	})
-	b.pendMu.Unlock()
 	out := &outgoing{
 		exchange: "", key: requestQueue(node), mandatory: true,
 		kind: typeRequest, msgID: id, corrID: id, replyTo: replyQueue(b.cfg.Node),
@@ -202,12 +202,33 @@ func requestFailure(err error, name, node string) error {
 
 // takePending removes and returns the pending request id (nil: already
 // answered).
-func (b *Bridge) takePending(id string) *pendingRequest {
-	b.pendMu.Lock()
-	defer b.pendMu.Unlock()
-	p := b.pending[id]
+func (b *Bridge) takePending(id string) *pendingRequest { return b.pending.take(id) }
+
+// pendingRequests are the requests of local programs waiting for a reply
+// from another node, by correlation id. mu guards m; only these methods
+// touch them.
+type pendingRequests struct {
+	mu sync.Mutex
+	m  map[string]*pendingRequest
+}
+
+// add registers p under id, with the deadline timer made by timer (made
+// under the lock, so the timer never finds p missing before it is added).
+func (r *pendingRequests) add(id string, p *pendingRequest, timer func() *time.Timer) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.m[id] = p
+	p.timer = timer()
+}
+
+// take removes and returns the request id, its timer stopped (nil: already
+// answered).
+func (r *pendingRequests) take(id string) *pendingRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.m[id]
 	if p != nil {
-		delete(b.pending, id)
+		delete(r.m, id)
 		if p.timer != nil {
 			p.timer.Stop()
 		}
@@ -215,20 +236,26 @@ func (b *Bridge) takePending(id string) *pendingRequest {
 	return p
 }
 
+// takeWhere removes and returns every request for which match holds, their
+// timers stopped.
+func (r *pendingRequests) takeWhere(match func(*pendingRequest) bool) []*pendingRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*pendingRequest
+	for id, p := range r.m {
+		if match(p) {
+			delete(r.m, id)
+			p.timer.Stop()
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // failPendingOf answers the requests sent on session s: their replies
 // cannot come any more.
 func (b *Bridge) failPendingOf(s *session) {
-	b.pendMu.Lock()
-	var failed []*pendingRequest
-	for id, p := range b.pending {
-		if p.sess == s {
-			delete(b.pending, id)
-			p.timer.Stop()
-			failed = append(failed, p)
-		}
-	}
-	b.pendMu.Unlock()
-	for _, p := range failed {
+	for _, p := range b.pending.takeWhere(func(p *pendingRequest) bool { return p.sess == s }) {
 		b.m.err(errKindUnreachable)
 		b.m.observe("unreachable", p.start)
 		b.replyError(p.reply, &ServiceError{Code: CodeUnavailable,
@@ -238,12 +265,7 @@ func (b *Bridge) failPendingOf(s *session) {
 
 // failPending answers every pending request with err.
 func (b *Bridge) failPending(err error) {
-	b.pendMu.Lock()
-	all := b.pending
-	b.pending = map[string]*pendingRequest{}
-	b.pendMu.Unlock()
-	for _, p := range all {
-		p.timer.Stop()
+	for _, p := range b.pending.takeWhere(func(*pendingRequest) bool { return true }) {
 		b.replyError(p.reply, err)
 	}
 }
@@ -342,7 +364,7 @@ func (s *session) readRequests(ds <-chan amqp.Delivery) {
 		if env.timeout > 0 {
 			c.timeout = min(c.timeout, env.timeout)
 		}
-		token := b.ids.next()
+		token := newID()
 		s.callsMu.Lock()
 		if len(s.calls) >= b.openCalls() {
 			s.callsMu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -21,12 +22,20 @@ type stallState struct {
 	since        time.Time
 }
 
-// stallFor returns the state of stage (stallMu held).
-func (b *Bridge) stallFor(stage string) *stallState {
-	st := b.stalls[stage]
+// stallBook is what the bridge knows about the command queues it
+// watches. mu guards its maps.
+type stallBook struct {
+	mu        sync.Mutex
+	byStage   map[string]*stallState
+	submitted map[string]time.Time // stages this node sent commands to, and when last
+}
+
+// stateOf returns the state of stage (mu held).
+func (sb *stallBook) stateOf(stage string) *stallState {
+	st := sb.byStage[stage]
 	if st == nil {
 		st = &stallState{lastProgress: time.Now()}
-		b.stalls[stage] = st
+		sb.byStage[stage] = st
 	}
 	return st
 }
@@ -34,9 +43,9 @@ func (b *Bridge) stallFor(stage string) *stallState {
 // noteSubmitted records that this node sent a command to stage: its queue
 // is watched for stalls.
 func (b *Bridge) noteSubmitted(stage string) {
-	b.stallMu.Lock()
-	b.submitted[stage] = time.Now()
-	b.stallMu.Unlock()
+	b.stall.mu.Lock()
+	b.stall.submitted[stage] = time.Now()
+	b.stall.mu.Unlock()
 }
 
 // noteDeliveryAge records how long a delivered command had waited since it
@@ -46,22 +55,22 @@ func (b *Bridge) noteDeliveryAge(stage string, sent time.Time) {
 		return
 	}
 	now := time.Now()
-	b.stallMu.Lock()
-	st := b.stallFor(stage)
+	b.stall.mu.Lock()
+	st := b.stall.stateOf(stage)
 	st.lastAge, st.lastAgeAt = now.Sub(sent), now
 	st.lastProgress = now
-	b.stallMu.Unlock()
+	b.stall.mu.Unlock()
 }
 
 // stallCandidates are the stages whose queues are watched: those hosted
 // here and those this node sent commands to.
 func (b *Bridge) stallCandidates() []string {
 	set := b.hostedStages()
-	b.stallMu.Lock()
-	for s := range b.submitted {
+	b.stall.mu.Lock()
+	for s := range b.stall.submitted {
 		set[s] = true
 	}
-	b.stallMu.Unlock()
+	b.stall.mu.Unlock()
 	return sortedKeys(set)
 }
 
@@ -70,7 +79,7 @@ func (b *Bridge) stallCandidates() []string {
 // it). Exits when the session ends.
 func (s *session) stallChecker() {
 	b := s.b
-	ch, err := s.conn.Channel()
+	ch, err := s.conConn.Channel()
 	if err != nil {
 		s.fail(fmt.Errorf("open channel: %w", err))
 		return
@@ -93,14 +102,14 @@ func (s *session) stallChecker() {
 			if err != nil {
 				var ae *amqp.Error
 				if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-					b.stallMu.Lock()
-					delete(b.submitted, stage) // no queue: sends fail with no route instead
-					b.stallMu.Unlock()
+					b.stall.mu.Lock()
+					delete(b.stall.submitted, stage) // no queue: sends fail with no route instead
+					b.stall.mu.Unlock()
 				}
-				if s.ctx.Err() != nil || s.conn.IsClosed() {
+				if s.ctx.Err() != nil || s.conConn.IsClosed() {
 					return
 				}
-				if ch, err = s.conn.Channel(); err != nil {
+				if ch, err = s.conConn.Channel(); err != nil {
 					s.fail(fmt.Errorf("open channel: %w", err))
 					return
 				}
@@ -116,8 +125,8 @@ func (s *session) stallChecker() {
 func (b *Bridge) observeQueue(stage string, count, consumers int) {
 	now := time.Now()
 	q := stageQueue(stage)
-	b.stallMu.Lock()
-	st := b.stallFor(stage)
+	b.stall.mu.Lock()
+	st := b.stall.stateOf(stage)
 	if count == 0 || count < st.count {
 		st.lastProgress = now
 	}
@@ -148,12 +157,12 @@ func (b *Bridge) observeQueue(stage string, count, consumers int) {
 		}
 	}
 	n := 0
-	for _, x := range b.stalls {
+	for _, x := range b.stall.byStage {
 		if x.stalled {
 			n++
 		}
 	}
-	b.stallMu.Unlock()
+	b.stall.mu.Unlock()
 	b.m.stalls.Set(float64(n))
 	if logRaise {
 		b.log.Warn("stage stalled", "stage", stage, "reason", reason)
@@ -165,10 +174,10 @@ func (b *Bridge) observeQueue(stage string, count, consumers int) {
 
 // stallList returns the current stalls, by stage.
 func (b *Bridge) stallList() []StallStatus {
-	b.stallMu.Lock()
-	defer b.stallMu.Unlock()
+	b.stall.mu.Lock()
+	defer b.stall.mu.Unlock()
 	out := []StallStatus{}
-	for stage, st := range b.stalls {
+	for stage, st := range b.stall.byStage {
 		if st.stalled {
 			out = append(out, StallStatus{Stage: stage, Reason: st.reason, Since: st.since})
 		}

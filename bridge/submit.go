@@ -3,6 +3,8 @@ package bridge
 import (
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -14,6 +16,28 @@ const (
 	acceptedOutbox = "outbox" // stored in the outbox, sent when the link allows
 	acceptedLocal  = "local"  // for this node only (local stage while offline, event without a broker)
 )
+
+// submissions orders the commands and events of local programs: under
+// mu, each takes the next sequence number and goes to the broker or into
+// the outbox, in that order. Dead letters and moved records take a number
+// without mu. meshPending counts the mesh records in the outbox not yet
+// confirmed by the broker: while it is above 0, new submissions queue
+// behind them in the outbox.
+type submissions struct {
+	mu          sync.Mutex
+	seq         atomic.Uint64 // next record seq
+	meshPending atomic.Int64
+	drainSignal chan struct{} // cap 1: new mesh records
+	localSignal chan struct{} // cap 1: new local records
+	outboxFull  atomic.Bool   // for the one log line when the outbox fills up
+}
+
+func newSubmissions() submissions {
+	return submissions{drainSignal: make(chan struct{}, 1), localSignal: make(chan struct{}, 1)}
+}
+
+// nextSeq takes the next record sequence number.
+func (s *submissions) nextSeq() uint64 { return s.seq.Add(1) - 1 }
 
 // onSubmitCommand accepts cmd.<stage> from a local program. The reply (if
 // the program asked for one) comes once the command is durable.
@@ -63,7 +87,7 @@ func (b *Bridge) submission(kind recordKind, name string, msg *nats.Msg) (*recor
 	id := msg.Header.Get(HeaderMsgID)
 	switch {
 	case id == "":
-		id = b.ids.next()
+		id = newID()
 	case !validID(id):
 		return nil, fmt.Errorf("%w: header %s: %q is not a valid message id (printable, at most %d bytes)", ErrBadInput, HeaderMsgID, id, maxIDLen)
 	}
@@ -72,18 +96,18 @@ func (b *Bridge) submission(kind recordKind, name string, msg *nats.Msg) (*recor
 }
 
 // accept routes a submission. Submissions are ordered: each takes the next
-// sequence number under subMu and, in that order, goes straight to the
+// sequence number under sub.mu and, in that order, goes straight to the
 // broker (link up and nothing older waiting in the outbox) or into the
 // outbox.
 func (b *Bridge) accept(rec *record, reply string) {
-	b.subMu.Lock()
-	defer b.subMu.Unlock()
-	rec.seq = b.seq.Add(1) - 1
+	b.sub.mu.Lock()
+	defer b.sub.mu.Unlock()
+	rec.seq = b.sub.nextSeq()
 	if rec.kind == kindCommand {
 		b.noteSubmitted(rec.name)
 	}
 	state, _ := b.linkState()
-	if sess := b.sess.Load(); state == StateConnected && sess != nil && b.meshPending.Load() == 0 {
+	if sess := b.link.sess.Load(); state == StateConnected && sess != nil && b.sub.meshPending.Load() == 0 {
 		it := &pubItem{out: b.outgoingFor(rec, false), done: func(err error) { b.directDone(rec, reply, err) }}
 		if sess.enqueue(it) == nil {
 			return
@@ -122,23 +146,23 @@ func (b *Bridge) put(rec *record, reply, how string) {
 		if reply == "" {
 			b.m.err(errKindDropped)
 		}
-		if b.outboxFull.CompareAndSwap(false, true) {
+		if b.sub.outboxFull.CompareAndSwap(false, true) {
 			b.log.Error("outbox full: refusing commands and events until the broker takes some", "max_bytes", b.cfg.OutboxMaxBytes)
 		}
 		b.replyError(reply, err)
 		return
 	}
-	if b.outboxFull.CompareAndSwap(true, false) {
+	if b.sub.outboxFull.CompareAndSwap(true, false) {
 		b.log.Info("outbox accepts messages again")
 	}
 	mesh := rec.kind != kindLocal
 	if mesh {
-		b.meshPending.Add(1)
+		b.sub.meshPending.Add(1)
 	}
 	b.ob.put(rec, data, func(err error) {
 		if err != nil {
 			if mesh {
-				b.meshPending.Add(-1)
+				b.sub.meshPending.Add(-1)
 			}
 			b.m.err(errKindOutboxWrite)
 			b.replyError(reply, &ServiceError{Code: CodeInternal, Text: fmt.Sprintf("%s not accepted: %v", rec.kind, err)})
@@ -160,7 +184,7 @@ func (b *Bridge) replyAccepted(reply string, rec *record, how string) {
 }
 
 // directDone settles a submission published straight to the broker. It
-// runs on the confirmer goroutine and must not take subMu.
+// runs on the confirmer goroutine and must not take sub.mu.
 func (b *Bridge) directDone(rec *record, reply string, err error) {
 	switch {
 	case err == nil:
@@ -186,17 +210,15 @@ func (b *Bridge) deadRecord(rec *record, reason string) {
 	b.m.err(errKindDeadLetter)
 	b.logDead(rec.name, rec.msgID, reason)
 	dead := *rec
-	dead.seq = b.seq.Add(1) - 1
+	dead.seq = b.sub.nextSeq()
 	dead.kind = kindDead
 	dead.reason = reason
 	data := dead.encode()
-	b.ob.mu.Lock() // dead letters are never refused: they were accepted once
-	b.ob.reserved += int64(len(data))
-	b.ob.mu.Unlock()
-	b.meshPending.Add(1)
+	b.ob.reserveAlways(int64(len(data))) // dead letters are never refused: they were accepted once
+	b.sub.meshPending.Add(1)
 	b.ob.put(&dead, data, func(err error) {
 		if err != nil {
-			b.meshPending.Add(-1)
+			b.sub.meshPending.Add(-1)
 			b.m.err(errKindOutboxWrite)
 		}
 	})
@@ -231,10 +253,10 @@ func (b *Bridge) outgoingFor(rec *record, redelivered bool) *outgoing {
 // onOutboxCommit wakes the drainer or the local runner for new records.
 func (b *Bridge) onOutboxCommit(kinds uint8) {
 	if kinds&(1<<kindCommand|1<<kindEvent|1<<kindDead) != 0 {
-		signal(b.drainSignal)
+		signal(b.sub.drainSignal)
 	}
 	if kinds&(1<<kindLocal) != 0 {
-		signal(b.localSignal)
+		signal(b.sub.localSignal)
 	}
 }
 
@@ -244,7 +266,7 @@ func (b *Bridge) onOutboxCommit(kinds uint8) {
 func (s *session) drainer() {
 	b := s.b
 	const chunk = 256
-	if err := b.ob.sync(); err != nil { // rescues of the last session are committed
+	if err := b.ob.sync(s.ctx); err != nil { // rescues of the last session are committed
 		return
 	}
 	var cursor uint64
@@ -253,7 +275,7 @@ func (s *session) drainer() {
 		select {
 		case <-s.rescan:
 			s.drainWait.Wait()
-			if b.ob.sync() != nil {
+			if b.ob.sync(s.ctx) != nil {
 				return
 			}
 			cursor = 0
@@ -273,7 +295,7 @@ func (s *session) drainer() {
 			select {
 			case <-s.ctx.Done():
 				return
-			case <-b.drainSignal:
+			case <-b.sub.drainSignal:
 			case <-s.rescan:
 				signal(s.rescan)
 			}
@@ -283,9 +305,7 @@ func (s *session) drainer() {
 		// crash they go out again marked as possible duplicates.
 		published := b.ob.publishedUpTo()
 		if last := recs[len(recs)-1].seq; last > published {
-			res := make(chan error, 1)
-			b.ob.markPublished(last, func(err error) { res <- err })
-			if err := <-res; err != nil {
+			if err := b.ob.wait(s.ctx, func(done func(error)) { b.ob.markPublished(last, done) }); err != nil {
 				s.fail(err)
 				return
 			}
@@ -311,11 +331,11 @@ func (s *session) drained(r *record, err error) {
 	switch {
 	case err == nil:
 		b.ob.del(r.seq, r.size, nil)
-		b.meshPending.Add(-1)
+		b.sub.meshPending.Add(-1)
 	case errors.Is(err, ErrNoRoute):
 		b.deadRecord(r, fmt.Sprintf("no route: the broker had no queue %s", stageQueue(r.name)))
 		b.ob.del(r.seq, r.size, nil)
-		b.meshPending.Add(-1)
+		b.sub.meshPending.Add(-1)
 	case errors.Is(err, ErrNacked):
 		signal(s.rescan) // kept; sent again after a pause
 	default:

@@ -1,0 +1,140 @@
+package bridge
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+type ackOp int
+
+const (
+	opAck ackOp = iota
+	opRequeue
+)
+
+type ackReq struct {
+	tag uint64
+	op  ackOp
+}
+
+// consumerOwner owns the consume channel: acks, nacks, and the stage
+// consumers (declared on a channel of its own, since a failed declaration
+// closes its channel). Exits when the session ends or an ack fails.
+func (s *session) consumerOwner() {
+	decl, err := s.conConn.Channel()
+	if err != nil {
+		s.fail(fmt.Errorf("open channel: %w", err))
+		return
+	}
+	defer func() { _ = decl.Close() }()
+	s.syncStages(&decl)
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case a := <-s.ackQ:
+			if err := s.settleAcks(a); err != nil {
+				s.fail(fmt.Errorf("ack: %w", err))
+				return
+			}
+		case <-s.b.stagesChanged:
+			s.syncStages(&decl)
+		case tag := <-s.cancels:
+			stage, ok := strings.CutPrefix(tag, "cmd:")
+			if !ok {
+				s.fail(fmt.Errorf("the broker cancelled consumer %s", tag))
+				return
+			}
+			s.b.log.Warn("the broker cancelled a stage consumer (queue deleted?); declaring it again", "stage", stage)
+			s.stagesMu.Lock()
+			delete(s.stages, stage)
+			s.stagesMu.Unlock()
+			s.syncStages(&decl)
+		}
+	}
+}
+
+// ackBook follows the settled deliveries of the consume channel. Only
+// acked consumers use that channel, so its delivery tags are dense (1, 2,
+// 3, ...), and a multiple ack up to a tag is safe when every tag below it
+// is settled. Only the consumer owner touches it.
+type ackBook struct {
+	next    uint64          // lowest tag not known to be settled
+	settled map[uint64]bool // settled tags above next
+}
+
+// settleAcks applies first and every other ack request already queued.
+func (s *session) settleAcks(first ackReq) error {
+	reqs := []ackReq{first}
+	for more := true; more && len(reqs) < 4096; {
+		select {
+		case r := <-s.ackQ:
+			reqs = append(reqs, r)
+		default:
+			more = false
+		}
+	}
+	requeue, upTo, single := s.acks.plan(reqs)
+	for _, tag := range requeue {
+		if err := s.conCh.Nack(tag, false, true); err != nil {
+			return err
+		}
+	}
+	if upTo != 0 {
+		if err := s.conCh.Ack(upTo, true); err != nil {
+			return err
+		}
+	}
+	for _, tag := range single {
+		if err := s.conCh.Ack(tag, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// plan turns ack requests into broker calls: requeues one by one; acks
+// that complete the run of settled tags from the oldest as one multiple ack
+// up to upTo (0: none); the other acks one by one (never held back behind a
+// slow delivery). It records them all as settled.
+func (a *ackBook) plan(reqs []ackReq) (requeue []uint64, upTo uint64, single []uint64) {
+	if a.settled == nil {
+		a.next, a.settled = 1, map[uint64]bool{}
+	}
+	pending := map[uint64]bool{}
+	for _, r := range reqs {
+		switch {
+		case r.tag < a.next || a.settled[r.tag]:
+			// settled already: never twice (a second ack would close the channel)
+		case r.op == opRequeue:
+			requeue = append(requeue, r.tag)
+			a.settled[r.tag] = true
+		default:
+			pending[r.tag] = true
+		}
+	}
+	for a.settled[a.next] || pending[a.next] {
+		if pending[a.next] {
+			upTo = a.next
+			delete(pending, a.next)
+		}
+		delete(a.settled, a.next)
+		a.next++
+	}
+	for tag := range pending {
+		single = append(single, tag)
+		a.settled[tag] = true
+	}
+	slices.Sort(single)
+	return requeue, upTo, single
+}
+
+// ack asks the consumer owner to ack or requeue a delivery. It gives up
+// when the session ends (the broker requeues the delivery itself).
+func (s *session) ack(tag uint64, op ackOp) {
+	select {
+	case s.ackQ <- ackReq{tag: tag, op: op}:
+	case <-s.ctx.Done():
+	}
+}

@@ -1,0 +1,157 @@
+package bridge
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/meshbox/meshbox/internal/boltfile"
+	bolt "go.etcd.io/bbolt"
+)
+
+// openOutbox opens or creates the outbox at path. A file locked by another
+// process is an *OutboxLockedError; a damaged file (see boltfile.Open: every
+// page is checked, then the outbox's layout) is set aside (renamed with a
+// .corrupt-<time> suffix), reported in warning, and replaced by an empty
+// outbox.
+func openOutbox(path string, maxBytes int64, log *slog.Logger) (*outbox, error) {
+	o := &outbox{path: path, log: log, maxBytes: maxBytes,
+		ops: make(chan obOp, 1024), quit: make(chan struct{}), closing: make(chan struct{}),
+		done: make(chan struct{}), closeWait: outboxCloseLimit}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
+	err := o.open()
+	var ce *boltfile.CorruptError
+	if errors.As(err, &ce) {
+		moved, qerr := boltfile.SetAside(path, time.Now())
+		if qerr != nil {
+			return nil, fmt.Errorf("outbox %s is damaged (%v) and cannot be set aside: %w", path, ce, qerr)
+		}
+		o.warning = fmt.Sprintf("outbox file was damaged (%v); set aside as %s, its messages were not sent", ce, moved)
+		log.Error("outbox damaged, set aside", "path", path, "moved_to", moved, "err", ce.Error())
+		err = o.open()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// open opens the file through boltfile (lock timeout, contained panics,
+// every page and the layout checked) and scans it.
+func (o *outbox) open() error {
+	db, err := boltfile.Open(o.path, boltfile.Options{LockTimeout: outboxLockTimeout, Verify: verifyLayout})
+	var le *boltfile.LockedError
+	switch {
+	case errors.As(err, &le):
+		return &OutboxLockedError{Dir: filepath.Dir(o.path)}
+	case err != nil:
+		var ce *boltfile.CorruptError
+		if errors.As(err, &ce) {
+			return err
+		}
+		return fmt.Errorf("open outbox: %w", err)
+	}
+	o.db = db
+	if err := boltfile.Contain(o.path, o.scan); err != nil {
+		_ = db.Close()
+		o.db = nil
+		return err
+	}
+	return nil
+}
+
+// verifyLayout checks that the file is an outbox: only the outbox's
+// buckets at the top, no nested buckets among the records, and a
+// published mark of 8 bytes. Undecodable records are not damage: scan
+// moves them to the quarantine bucket.
+func verifyLayout(tx *bolt.Tx) error {
+	return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+		switch string(name) {
+		case string(bucketRecords):
+			return b.ForEach(func(k, v []byte) error {
+				if v == nil {
+					return fmt.Errorf("records: nested bucket %q", k)
+				}
+				return nil
+			})
+		case string(bucketMeta):
+			if v := b.Get(keyPublished); v != nil && len(v) != 8 {
+				return fmt.Errorf("meta: published mark of %d bytes, want 8", len(v))
+			}
+			return nil
+		case string(bucketQuarantine):
+			return nil
+		default:
+			return fmt.Errorf("unknown bucket %q: not an outbox", name)
+		}
+	})
+}
+
+// scan creates the buckets, moves undecodable records to the quarantine
+// bucket, and loads the counters.
+func (o *outbox) scan() error {
+	var bad int
+	err := o.db.Update(func(tx *bolt.Tx) error {
+		recs, err := tx.CreateBucketIfNotExists(bucketRecords)
+		if err != nil {
+			return err
+		}
+		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		if v := meta.Get(keyPublished); len(v) == 8 {
+			o.published = binary.BigEndian.Uint64(v)
+		}
+		var quarantine [][2][]byte
+		c := recs.Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if len(k) != 8 {
+				quarantine = append(quarantine, [2][]byte{append([]byte(nil), k...), append([]byte(nil), v...)})
+				continue
+			}
+			seq := binary.BigEndian.Uint64(k)
+			r, derr := decodeRecord(seq, v)
+			if derr != nil {
+				quarantine = append(quarantine, [2][]byte{append([]byte(nil), k...), append([]byte(nil), v...)})
+				continue
+			}
+			if r.kind != kindLocal {
+				o.meshAtOpen++
+			}
+			o.depth++
+			o.bytes += int64(len(v))
+			o.lastSeq = max(o.lastSeq, seq)
+		}
+		if len(quarantine) > 0 {
+			q, err := tx.CreateBucketIfNotExists(bucketQuarantine)
+			if err != nil {
+				return err
+			}
+			for _, kv := range quarantine {
+				if err := q.Put(kv[0], kv[1]); err != nil {
+					return err
+				}
+				if err := recs.Delete(kv[0]); err != nil {
+					return err
+				}
+			}
+			bad = len(quarantine)
+		}
+		return nil
+	})
+	if err != nil {
+		return &boltfile.CorruptError{Path: o.path, Reason: "scan", Err: err}
+	}
+	if bad > 0 {
+		o.warning = fmt.Sprintf("%d undecodable outbox records moved to the quarantine bucket", bad)
+		o.log.Error("outbox records quarantined", "count", bad, "path", o.path)
+	}
+	return nil
+}

@@ -1,0 +1,322 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// publishWindow bounds the unconfirmed publishes of a session.
+const publishWindow = 1024
+
+// pubItem is one message for the publisher. done is called exactly once,
+// from the publisher or the confirmer: nil when the broker confirmed it,
+// ErrNoRoute when it was returned, ErrNacked, or ErrLinkDown. done must not
+// block for long.
+type pubItem struct {
+	out      *outgoing
+	done     func(error) // call through finish, never directly
+	returned bool
+	settled  atomic.Bool
+}
+
+// finish settles the item: it calls done once. A later call is ignored:
+// when the channel closes under a publish, the publisher's error path and
+// the confirmer's final sweep can both reach the same item.
+func (it *pubItem) finish(err error) {
+	if it.settled.CompareAndSwap(false, true) {
+		it.done(err)
+	}
+}
+
+// enqueue hands it to the publisher. It fails with ErrLinkDown, without
+// calling it.done, when the session ends first; once handed over, it.done
+// is called exactly once.
+func (s *session) enqueue(it *pubItem) error { return s.pubQ.put(s.ctx, it) }
+
+// enqueueFast hands a request or a reply to the fast publisher (no
+// confirm: it.done gets nil once written), on the terms of enqueue.
+func (s *session) enqueueFast(it *pubItem) error { return s.fastQ.put(s.ctx, it) }
+
+// pubQueue hands items to a publisher in order. Senders do not wait for
+// the publisher (it takes everything queued at once), only for room: at
+// most size items wait. Once closed, put fails and nothing is left behind.
+type pubQueue struct {
+	mu     sync.Mutex
+	items  []*pubItem
+	closed bool
+	ready  chan struct{} // cap 1: items are waiting
+	slots  chan struct{} // one per waiting item
+}
+
+func newPubQueue(size int) *pubQueue {
+	return &pubQueue{ready: make(chan struct{}, 1), slots: make(chan struct{}, size)}
+}
+
+func (q *pubQueue) put(ctx context.Context, it *pubItem) error {
+	select {
+	case q.slots <- struct{}{}:
+	case <-ctx.Done():
+		return ErrLinkDown
+	}
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		<-q.slots
+		return ErrLinkDown
+	}
+	q.items = append(q.items, it)
+	q.mu.Unlock()
+	signal(q.ready)
+	return nil
+}
+
+// take returns every waiting item, oldest first.
+func (q *pubQueue) take() []*pubItem {
+	q.mu.Lock()
+	items := q.items
+	q.items = nil
+	q.mu.Unlock()
+	for range items {
+		<-q.slots
+	}
+	return items
+}
+
+// close refuses new items and settles the waiting ones with ErrLinkDown.
+func (q *pubQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	for _, it := range q.take() {
+		it.finish(ErrLinkDown)
+	}
+}
+
+// fastPublisher owns the request channel: it publishes requests and
+// replies in the order handed over. Exits when the session ends or a
+// publish fails, settling what is left with ErrLinkDown.
+func (s *session) fastPublisher() {
+	defer s.fastQ.close()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.fastQ.ready:
+		}
+		items := s.fastQ.take()
+		for i, it := range items {
+			err := s.fastCh.Publish(it.out.exchange, it.out.key, it.out.mandatory, false, it.out.publishing(s.b.cfg.Node))
+			if err != nil {
+				var ae *amqp.Error
+				if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
+					for _, rest := range items[i:] {
+						rest.finish(ErrLinkDown)
+					}
+					s.fail(fmt.Errorf("publish: %w", err))
+					return
+				}
+				it.finish(fmt.Errorf("publish: %w", err))
+				continue
+			}
+			s.b.m.msg(it.out.kind, "out")
+			it.finish(nil)
+		}
+	}
+}
+
+// fastReturned drains the request channel's returns: a request the broker
+// could not route (its node is not connected) fails at once. Exits when
+// the channel closes.
+func (s *session) fastReturned() {
+	for r := range s.fastReturns {
+		s.b.m.err(errKindNoRoute)
+		if p := s.b.takePending(r.MessageId); p != nil {
+			s.b.m.err(errKindUnreachable)
+			s.b.m.observe("unreachable", p.start)
+			s.b.replyError(p.reply, requestFailure(ErrNoRoute, p.name, p.node))
+		}
+	}
+}
+
+// publishWait publishes out and waits for the broker's confirm (or ctx).
+func (s *session) publishWait(ctx context.Context, out *outgoing) error {
+	res := make(chan error, 1)
+	if err := s.enqueue(&pubItem{out: out, done: func(err error) { res <- err }}); err != nil {
+		return err
+	}
+	select {
+	case err := <-res:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// publisher owns the publish channel: it publishes items in the order they
+// were handed over, at most publishWindow unconfirmed. Exits when the
+// session ends or a publish fails, settling what is left with ErrLinkDown.
+func (s *session) publisher() {
+	defer s.pubQ.close()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.pubQ.ready:
+		}
+		items := s.pubQ.take()
+		for i, it := range items {
+			if !s.publish(it) {
+				for _, rest := range items[i+1:] {
+					rest.finish(ErrLinkDown)
+				}
+				return
+			}
+		}
+	}
+}
+
+// publish publishes one item in confirm mode. It returns false when the
+// session must end (it.done has been called).
+func (s *session) publish(it *pubItem) bool {
+	select {
+	case s.window <- struct{}{}:
+	case <-s.ctx.Done():
+		it.finish(ErrLinkDown)
+		return false
+	}
+	p := it.out.publishing(s.b.cfg.Node)
+	tag := s.pubCh.GetNextPublishSeqNo()
+	s.mu.Lock()
+	s.inflight[tag] = it
+	if it.out.msgID != "" && it.out.mandatory {
+		s.byID[it.out.msgID] = it
+	}
+	s.mu.Unlock()
+	_, err := s.pubCh.PublishWithDeferredConfirm(it.out.exchange, it.out.key, it.out.mandatory, false, p)
+	if err != nil {
+		s.mu.Lock()
+		delete(s.inflight, tag)
+		delete(s.byID, it.out.msgID)
+		s.mu.Unlock()
+		<-s.window
+		var ae *amqp.Error
+		if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
+			it.finish(ErrLinkDown)
+			s.fail(fmt.Errorf("publish: %w", err))
+			return false
+		}
+		it.finish(fmt.Errorf("publish: %w", err)) // the message itself (headers) was refused
+		return true
+	}
+	s.b.m.msg(it.out.kind, "out")
+	return true
+}
+
+// confirmer drains the publish channel's confirms and returns and settles
+// each item. It exits when the channel is closed, after settling every
+// item still unconfirmed with ErrLinkDown.
+func (s *session) confirmer() {
+	confirms, returns := s.confirms, s.returns
+	for confirms != nil {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			s.noteReturn(r)
+		case c, ok := <-confirms:
+			if !ok {
+				confirms = nil
+				continue
+			}
+			// A return precedes its message's confirm on the wire, and the
+			// library queued it before this confirm: take it first.
+			for returns != nil {
+				select {
+				case r, ok := <-returns:
+					if !ok {
+						returns = nil
+						continue
+					}
+					s.noteReturn(r)
+					continue
+				default:
+				}
+				break
+			}
+			s.settle(c)
+		}
+	}
+	if returns != nil {
+		for range returns { // drain until the library closes it
+		}
+	}
+	s.mu.Lock()
+	left := s.inflight
+	s.inflight = map[uint64]*pubItem{}
+	s.byID = map[string]*pubItem{}
+	s.mu.Unlock()
+	for _, it := range left {
+		it.finish(ErrLinkDown)
+	}
+}
+
+func (s *session) noteReturn(r amqp.Return) {
+	s.mu.Lock()
+	if it, ok := s.byID[r.MessageId]; ok {
+		it.returned = true
+	}
+	s.mu.Unlock()
+}
+
+func (s *session) settle(c amqp.Confirmation) {
+	s.mu.Lock()
+	it, ok := s.inflight[c.DeliveryTag]
+	if ok {
+		delete(s.inflight, c.DeliveryTag)
+		if it.out.msgID != "" {
+			delete(s.byID, it.out.msgID)
+		}
+	}
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	<-s.window
+	switch {
+	case !c.Ack:
+		s.b.m.err(errKindNacked)
+		it.finish(ErrNacked)
+	case it.returned:
+		s.b.m.err(errKindNoRoute)
+		it.finish(ErrNoRoute)
+	default:
+		it.finish(nil)
+	}
+}
+
+// watchBlocked follows the broker's connection.blocked notifications for
+// the publishing connection: the link is "blocked" (with the broker's
+// reason) while a resource alarm holds; consuming and acking go on, on the
+// other connection. Exits when the publishing connection closes.
+func (s *session) watchBlocked() {
+	for bl := range s.blocked {
+		s.mu.Lock()
+		if !s.ended {
+			if bl.Active {
+				s.b.m.blocks.Inc()
+				s.b.setState(StateBlocked, "broker resource alarm: "+bl.Reason)
+				s.b.link.setBlocked(bl.Reason)
+			} else {
+				s.b.setState(StateConnected, "")
+			}
+		}
+		s.mu.Unlock()
+	}
+}

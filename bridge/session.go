@@ -1,0 +1,312 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// session is one stay on the broker and everything that lives as long as
+// it: two connections (publishing and consuming are kept apart, so a
+// broker that blocks publishers under a resource alarm does not block this
+// node's acks with them), the publish channels and their goroutines, the
+// consume channels and their owner, one reader per consumer, per-delivery
+// workers, the outbox drainer and the stall checker. A session is never
+// reused: when any part fails the whole session ends and runLink opens a
+// new one.
+type session struct {
+	b   *Bridge
+	url string
+
+	ctx    context.Context // cancelled by end: workers and goroutines stop
+	cancel context.CancelFunc
+	failed chan error // cap 1: the first fatal error of a part
+
+	// The publishing connection: commands, events, dead letters and system
+	// messages on pubCh (confirm mode), requests and replies on fastCh.
+	pubConn      *amqp.Connection
+	pubCh        *amqp.Channel
+	fastCh       *amqp.Channel
+	confirms     chan amqp.Confirmation
+	returns      chan amqp.Return
+	fastReturns  chan amqp.Return
+	blocked      chan amqp.Blocking
+	pubConnClose chan *amqp.Error
+	pubClose     chan *amqp.Error
+	fastClose    chan *amqp.Error
+
+	pubQ     *pubQueue     // for the publisher
+	fastQ    *pubQueue     // requests and replies for the fast publisher
+	window   chan struct{} // a slot per unconfirmed publish
+	mu       sync.Mutex    // guards inflight, byID, ended
+	inflight map[uint64]*pubItem
+	byID     map[string]*pubItem
+	ended    bool
+
+	// The consuming connection: the topology, the acked consumers on conCh
+	// (events, commands), the unacked ones on autoCh (requests, replies,
+	// system messages), stage declarations and queue inspections. It never
+	// publishes.
+	conConn      *amqp.Connection
+	conCh        *amqp.Channel
+	autoCh       *amqp.Channel
+	cancels      chan string
+	conConnClose chan *amqp.Error
+	conClose     chan *amqp.Error
+	autoClose    chan *amqp.Error
+	initial      map[string]<-chan amqp.Delivery // consumers opened by setup
+
+	ackQ      chan ackReq
+	acks      ackBook // settled deliveries of conCh (consumer owner only)
+	stagesMu  sync.Mutex
+	stages    map[string]bool // stages consumed in this session (owner only writes)
+	drainWait sync.WaitGroup  // drained records handed to the publisher, not settled
+	rescan    chan struct{}   // cap 1: the drainer starts over from the oldest record
+
+	inbox     string               // NATS subject prefix of local hosts' replies
+	cmdInbox  string               // NATS subject prefix of command handlers' replies
+	inboxSubs []*nats.Subscription // on bc, for onHostReply and onCmdReply
+	callsMu   sync.Mutex
+	calls     map[string]*hostCall // requests from other nodes open at a local host
+	cmds      map[string]*cmdCall  // commands open at a local handler
+	cmdsEnded bool                 // the session ended: no new entries in cmds
+
+	wg      sync.WaitGroup // the session's goroutines
+	workers tracker        // goroutines and timers working on deliveries
+}
+
+// connect dials url twice (publishing and consuming connections) and
+// declares the node's topology, all within ctx: a broker that stalls
+// after accepting the connections fails the attempt when ctx ends. It
+// returns a session that is set up but not started.
+func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
+	conConn, abortCon, err := b.dial(ctx, url, "consume")
+	if err != nil {
+		return nil, fmt.Errorf("connect to broker: %w", err)
+	}
+	pubConn, abortPub, err := b.dial(ctx, url, "publish")
+	if err != nil {
+		abortCon()
+		_ = conConn.CloseDeadline(time.Now().Add(closeLimit))
+		return nil, fmt.Errorf("connect to broker: %w", err)
+	}
+	s := &session{
+		b: b, url: url, pubConn: pubConn, conConn: conConn,
+		failed:   make(chan error, 1),
+		pubQ:     newPubQueue(publishWindow),
+		fastQ:    newPubQueue(publishWindow),
+		window:   make(chan struct{}, publishWindow),
+		inflight: map[uint64]*pubItem{},
+		byID:     map[string]*pubItem{},
+		ackQ:     make(chan ackReq, 256),
+		stages:   map[string]bool{},
+		rescan:   make(chan struct{}, 1),
+		calls:    map[string]*hostCall{},
+		cmds:     map[string]*cmdCall{},
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if b.testAfterDial != nil {
+		b.testAfterDial()
+	}
+	// An AMQP call has no deadline of its own: when ctx ends first, the
+	// sockets are closed under the setup, which then fails.
+	stop := context.AfterFunc(ctx, func() { abortCon(); abortPub() })
+	err = s.setup()
+	if !stop() {
+		err = fmt.Errorf("broker setup did not finish in time: %w", context.Cause(ctx))
+	}
+	if err != nil {
+		s.cancel()
+		s.closeConns()
+		return nil, err
+	}
+	return s, nil
+}
+
+// closeConns closes both connections, waiting at most closeLimit for the
+// broker.
+func (s *session) closeConns() {
+	_ = s.conConn.CloseDeadline(time.Now().Add(closeLimit))
+	_ = s.pubConn.CloseDeadline(time.Now().Add(closeLimit))
+}
+
+// start runs the session's goroutines. Each exits when the session's
+// context is cancelled or its AMQP channel closes; end and stop wait.
+func (s *session) start() {
+	s.inbox, s.cmdInbox = nats.NewInbox()+".", nats.NewInbox()+"."
+	for subj, cb := range map[string]nats.MsgHandler{s.inbox + "*": s.onHostReply, s.cmdInbox + "*": s.onCmdReply} {
+		sub, err := s.b.bc.Subscribe(subj, cb)
+		if err != nil {
+			s.fail(fmt.Errorf("subscribe to local replies: %w", err))
+			continue
+		}
+		_ = sub.SetPendingLimits(1<<20, 256<<20)
+		s.inboxSubs = append(s.inboxSubs, sub)
+	}
+	s.spawn(s.publisher)
+	s.spawn(s.confirmer)
+	s.spawn(s.fastPublisher)
+	s.spawn(s.fastReturned)
+	s.spawn(s.watchBlocked)
+	s.spawn(s.consumerOwner)
+	s.spawn(func() { s.readRequests(s.initial["requests"]) })
+	s.spawn(func() { s.readReplies(s.initial["replies"]) })
+	s.spawn(func() { s.readEvents(s.initial["events"]) })
+	s.spawn(func() { s.readSystem(s.initial["system"]) })
+	s.spawn(s.drainer)
+	s.spawn(s.stallChecker)
+}
+
+func (s *session) spawn(f func()) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		f()
+	}()
+}
+
+// run waits until the session must end and returns why.
+func (s *session) run() string {
+	for {
+		select {
+		case <-s.b.quit:
+			return reasonShutdown
+		case <-s.b.link.urlChanged:
+			if s.b.currentURL() != s.url {
+				return reasonURLChanged
+			}
+		case e := <-s.pubConnClose:
+			return closeReason("publishing connection closed", e)
+		case e := <-s.conConnClose:
+			return closeReason("consuming connection closed", e)
+		case e := <-s.pubClose:
+			return closeReason("publish channel closed", e)
+		case e := <-s.fastClose:
+			return closeReason("request channel closed", e)
+		case e := <-s.autoClose:
+			return closeReason("consume channel closed", e)
+		case e := <-s.conClose:
+			return closeReason("consume channel closed", e)
+		case err := <-s.failed:
+			return err.Error()
+		}
+	}
+}
+
+func closeReason(what string, e *amqp.Error) string {
+	if e == nil {
+		return what
+	}
+	return fmt.Sprintf("%s: %d %s", what, e.Code, e.Reason)
+}
+
+// fail ends the session with err (the first error wins).
+func (s *session) fail(err error) {
+	select {
+	case s.failed <- err:
+	default:
+	}
+}
+
+// end marks the session as ended: nothing new is handed to it.
+func (s *session) end() {
+	s.mu.Lock()
+	s.ended = true
+	s.mu.Unlock()
+}
+
+// stop tears the session down and waits for all its goroutines. Messages
+// handed to the publisher and not confirmed are settled with ErrLinkDown.
+func (s *session) stop() {
+	s.end()
+	s.cancel()
+	s.closeConns()
+	s.wg.Wait()
+	for _, sub := range s.inboxSubs {
+		_ = sub.Unsubscribe()
+	}
+	s.endCalls()
+	s.endCmds()
+	s.workers.closeAndWait()
+	s.b.failPendingOf(s)
+}
+
+// work runs f on a per-delivery worker goroutine; stop waits for it. f
+// must return soon after the session's context is cancelled. After stop
+// began, f is dropped.
+func (s *session) work(f func()) {
+	if !s.workers.add() {
+		return
+	}
+	go func() {
+		defer s.workers.done()
+		f()
+	}()
+}
+
+// after runs f after d, tracked like work (nil after stop began). Cancel
+// it with cancelTimer.
+func (s *session) after(d time.Duration, f func()) *time.Timer {
+	if !s.workers.add() {
+		return nil
+	}
+	return time.AfterFunc(d, func() {
+		defer s.workers.done()
+		f()
+	})
+}
+
+// cancelTimer stops a timer from after; a timer that already fired is
+// left to finish.
+func (s *session) cancelTimer(t *time.Timer) {
+	if t != nil && t.Stop() {
+		s.workers.done()
+	}
+}
+
+// tracker counts work in progress. Unlike a WaitGroup it may gain work
+// while someone waits, and refuses new work once closed.
+type tracker struct {
+	mu     sync.Mutex
+	n      int
+	zero   chan struct{} // closed when n drops to 0 while closing
+	closed bool
+}
+
+func (t *tracker) add() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	t.n++
+	return true
+}
+
+func (t *tracker) done() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.n--
+	if t.n == 0 && t.zero != nil {
+		close(t.zero)
+		t.zero = nil
+	}
+}
+
+// closeAndWait refuses new work and waits for the work in progress.
+func (t *tracker) closeAndWait() {
+	t.mu.Lock()
+	t.closed = true
+	if t.n == 0 {
+		t.mu.Unlock()
+		return
+	}
+	zero := make(chan struct{})
+	t.zero = zero
+	t.mu.Unlock()
+	<-zero
+}

@@ -1,0 +1,234 @@
+package bridge
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+const (
+	// stageDeliveryLimit is the quorum queues' x-delivery-limit: a backstop
+	// above any retry budget, so the bridge's own budget (with a reason)
+	// dead-letters first. It is a constant so that every node declares the
+	// same arguments.
+	stageDeliveryLimit = 1000
+	// eventQueueExpiry deletes the event queue of a node unused this long.
+	eventQueueExpiry = 7 * 24 * time.Hour
+)
+
+// setup declares the topology (see the package doc), claims the node's
+// request queue with an exclusive consumer, and opens the channels.
+func (s *session) setup() error {
+	node := s.b.cfg.Node
+	ch, err := s.conConn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close()
+	steps := []struct {
+		what string
+		do   func() error
+	}{
+		{"exchange " + exchangeMesh, func() error { return ch.ExchangeDeclare(exchangeMesh, "topic", true, false, false, false, nil) }},
+		{"exchange " + exchangeDLX, func() error { return ch.ExchangeDeclare(exchangeDLX, "topic", true, false, false, false, nil) }},
+		{"exchange " + nodeExchange(node), func() error {
+			return ch.ExchangeDeclare(nodeExchange(node), "topic", true, false, false, false, nil)
+		}},
+		{"binding mesh -> " + nodeExchange(node), func() error {
+			return ch.ExchangeBind(nodeExchange(node), "to."+node+".#", exchangeMesh, false, nil)
+		}},
+		{"queue " + queueDead, func() error {
+			_, err := ch.QueueDeclare(queueDead, true, false, false, false, nil)
+			return err
+		}},
+		{"binding " + queueDead, func() error { return ch.QueueBind(queueDead, "#", exchangeDLX, false, nil) }},
+		{"queue " + requestQueue(node), func() error {
+			_, err := ch.QueueDeclare(requestQueue(node), false, true, false, false, nil)
+			return err
+		}},
+		{"binding " + requestQueue(node), func() error {
+			return ch.QueueBind(requestQueue(node), "to."+node+".req.#", nodeExchange(node), false, nil)
+		}},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			return fmt.Errorf("declare %s: %w", st.what, err)
+		}
+	}
+
+	// Two consume channels: autoCh for what is consumed without acks
+	// (requests, replies, system messages), conCh for what is acked (events,
+	// commands), so that conCh's delivery tags are dense and a run of them
+	// can be acked at once. The exclusive consumer is the node's claim on
+	// its name.
+	s.autoCh, err = s.conConn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	s.conCh, err = s.conConn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if err := s.conCh.Qos(s.b.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	// Requests are at most once: consumed without acks (an ack per request
+	// costs the broker a round of work on the critical path); openCalls
+	// bounds how many are open at the local hosts.
+	reqs, err := s.autoCh.Consume(requestQueue(node), "requests", true, true, false, false, nil)
+	if err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
+			return &NodeNameInUseError{Node: node, Detail: ae.Reason}
+		}
+		return fmt.Errorf("consume %s: %w", requestQueue(node), err)
+	}
+
+	more := []struct {
+		what string
+		do   func() error
+	}{
+		{"queue " + replyQueue(node), func() error {
+			_, err := ch.QueueDeclare(replyQueue(node), false, true, true, false, nil)
+			var ae *amqp.Error
+			if errors.As(err, &ae) && ae.Code == amqp.ResourceLocked {
+				return &NodeNameInUseError{Node: node, Detail: ae.Reason}
+			}
+			return err
+		}},
+		{"queue " + eventQueue(node), func() error {
+			_, err := ch.QueueDeclare(eventQueue(node), true, false, false, false,
+				amqp.Table{"x-expires": eventQueueExpiry.Milliseconds()})
+			return err
+		}},
+		{"binding " + eventQueue(node), func() error { return ch.QueueBind(eventQueue(node), "evt.#", exchangeMesh, false, nil) }},
+		{"queue " + systemQueue(node), func() error {
+			_, err := ch.QueueDeclare(systemQueue(node), false, true, true, false, nil)
+			return err
+		}},
+		{"binding " + systemQueue(node), func() error { return ch.QueueBind(systemQueue(node), "sys.#", exchangeMesh, false, nil) }},
+		{"binding " + systemQueue(node) + " (addressed)", func() error {
+			return ch.QueueBind(systemQueue(node), "to."+node+".sys.#", nodeExchange(node), false, nil)
+		}},
+	}
+	for _, st := range more {
+		if err := st.do(); err != nil {
+			var inUse *NodeNameInUseError
+			if errors.As(err, &inUse) {
+				return err
+			}
+			return fmt.Errorf("declare %s: %w", st.what, err)
+		}
+	}
+	replies, err := s.autoCh.Consume(replyQueue(node), "replies", true, true, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", replyQueue(node), err)
+	}
+	events, err := s.conCh.Consume(eventQueue(node), "events", false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", eventQueue(node), err)
+	}
+	system, err := s.autoCh.Consume(systemQueue(node), "system", true, true, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", systemQueue(node), err)
+	}
+	s.initial = map[string]<-chan amqp.Delivery{"requests": reqs, "replies": replies, "events": events, "system": system}
+
+	// The publishing channels live on a connection of their own.
+	s.pubCh, err = s.pubConn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if err := s.pubCh.Confirm(false); err != nil {
+		return fmt.Errorf("confirm mode: %w", err)
+	}
+	s.confirms = s.pubCh.NotifyPublish(make(chan amqp.Confirmation, publishWindow))
+	s.returns = s.pubCh.NotifyReturn(make(chan amqp.Return, 64))
+	s.pubConnClose = s.pubConn.NotifyClose(make(chan *amqp.Error, 1))
+	s.conConnClose = s.conConn.NotifyClose(make(chan *amqp.Error, 1))
+	s.pubClose = s.pubCh.NotifyClose(make(chan *amqp.Error, 1))
+	// Requests and replies go on a channel without confirms: they are at
+	// most once and bounded by a deadline, a confirm tells nothing the reply
+	// or the deadline does not, and it costs latency. Returns (no route)
+	// still come back at once.
+	s.fastCh, err = s.pubConn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	s.fastReturns = s.fastCh.NotifyReturn(make(chan amqp.Return, 64))
+	s.fastClose = s.fastCh.NotifyClose(make(chan *amqp.Error, 1))
+	s.conClose = s.conCh.NotifyClose(make(chan *amqp.Error, 1))
+	s.autoClose = s.autoCh.NotifyClose(make(chan *amqp.Error, 1))
+	s.cancels = s.conCh.NotifyCancel(make(chan string, 16))
+	// Only publishing connections are blocked by a resource alarm.
+	s.blocked = s.pubConn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	return nil
+}
+
+// syncStages consumes the stages the node hosts and cancels the others.
+func (s *session) syncStages(decl **amqp.Channel) {
+	want := s.b.hostedStages()
+	s.stagesMu.Lock()
+	defer s.stagesMu.Unlock()
+	for stage := range s.stages {
+		if !want[stage] {
+			if err := s.conCh.Cancel("cmd:"+stage, false); err != nil {
+				s.fail(fmt.Errorf("cancel consumer of stage %s: %w", stage, err))
+				return
+			}
+			delete(s.stages, stage)
+			s.b.log.Debug("stage consumer cancelled", "stage", stage)
+		}
+	}
+	for stage := range want {
+		if s.stages[stage] {
+			continue
+		}
+		if err := s.declareStage(decl, stage); err != nil {
+			s.b.log.Error("cannot declare stage queue", "stage", stage, "err", err)
+			continue
+		}
+		ds, err := s.conCh.Consume(stageQueue(stage), "cmd:"+stage, false, false, false, false, nil)
+		if err != nil {
+			s.fail(fmt.Errorf("consume %s: %w", stageQueue(stage), err))
+			return
+		}
+		s.stages[stage] = true
+		s.spawn(func() { s.readCommands(stage, ds) })
+		s.b.log.Debug("stage consumer started", "stage", stage)
+	}
+}
+
+// declareStage declares a stage's quorum queue and binds it. A queue that
+// exists with other arguments is used as it is.
+func (s *session) declareStage(decl **amqp.Channel, stage string) error {
+	q := stageQueue(stage)
+	args := amqp.Table{
+		"x-queue-type":           "quorum",
+		"x-delivery-limit":       int64(stageDeliveryLimit),
+		"x-dead-letter-exchange": exchangeDLX,
+	}
+	_, err := (*decl).QueueDeclare(q, true, false, false, false, args)
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+		nc, cerr := s.conConn.Channel()
+		if cerr != nil {
+			return cerr // *decl stays the closed channel, never nil
+		}
+		*decl = nc
+		if _, err = (*decl).QueueDeclarePassive(q, true, false, false, false, nil); err == nil {
+			s.b.log.Warn("stage queue exists with other arguments; using it as it is", "queue", q, "detail", ae.Reason)
+		}
+	}
+	if err != nil {
+		if (*decl).IsClosed() {
+			if nc, cerr := s.conConn.Channel(); cerr == nil {
+				*decl = nc
+			}
+		}
+		return err
+	}
+	return (*decl).QueueBind(q, commandKey(stage), exchangeMesh, false, nil)
+}

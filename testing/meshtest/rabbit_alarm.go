@@ -1,0 +1,64 @@
+package meshtest
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// rabbitWatermark is the memory high watermark the harness configures
+// (rabbitmq.conf: vm_memory_high_watermark.relative).
+const rabbitWatermark = "0.6"
+
+// RaiseMemoryAlarm sets the broker's memory high watermark so low that
+// RabbitMQ raises a memory alarm at once: it blocks every connection that
+// publishes, as a real memory shortage does. Use it on a private broker
+// (NewRabbitMQ): the alarm holds for every vhost. It is cleared in tb's
+// Cleanup, or earlier with ClearMemoryAlarm.
+func (r *Rabbit) RaiseMemoryAlarm(tb testing.TB) {
+	tb.Helper()
+	if err := r.ctl("set_vm_memory_high_watermark", "0.0000001"); err != nil {
+		tb.Fatalf("meshtest: raise memory alarm: %v", err)
+	}
+	tb.Cleanup(func() {
+		if r.running() {
+			if err := r.ctl("set_vm_memory_high_watermark", rabbitWatermark); err != nil {
+				tb.Errorf("meshtest: clear memory alarm: %v", err)
+			}
+		}
+	})
+}
+
+// ClearMemoryAlarm restores the harness's memory high watermark: the alarm
+// clears and blocked publishers go on.
+func (r *Rabbit) ClearMemoryAlarm(tb testing.TB) {
+	tb.Helper()
+	if err := r.ctl("set_vm_memory_high_watermark", rabbitWatermark); err != nil {
+		tb.Fatalf("meshtest: clear memory alarm: %v", err)
+	}
+}
+
+// ctl runs rabbitmqctl against this broker, as the broker's account and
+// with its home (where the Erlang cookie is).
+func (r *Rabbit) ctl(args ...string) error {
+	script, err := rabbitScript()
+	if err != nil {
+		return err
+	}
+	ctl := filepath.Join(filepath.Dir(script), "rabbitmqctl")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, ctl, append([]string{"-n", r.node}, args...)...)
+	cmd.Dir = r.dir
+	cmd.Env = cleanEnv([]string{"RABBITMQ_", "HOME=", "ERL_"}, "HOME="+r.dir)
+	cmd.SysProcAttr = childAttr(r.acc)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
