@@ -12,10 +12,19 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// interestPoll is how often the watcher of local interest looks whether a
-// subscription changed. A look costs one read of the server's counters
-// (no allocation per subscription): an idle node sleeps in between.
-const interestPoll = 100 * time.Millisecond
+// How often the watcher of local interest looks whether a subscription
+// changed. A look costs one read of the server's counters, but every
+// wake-up of an idle process costs CPU of its own (tens of microseconds on
+// a small machine): so the watcher looks every interestPollBusy while
+// subscriptions move and for interestBusyFor after, and every
+// interestPollIdle otherwise. A program that starts on a quiet node is
+// seen within interestPollIdle; its further subscriptions, and any change
+// while the node is busy, within interestPollBusy.
+const (
+	interestPollBusy = 100 * time.Millisecond
+	interestPollIdle = time.Second
+	interestBusyFor  = 10 * time.Second
+)
 
 // declareTimeout bounds the bridge's declaration of newly hosted stages on
 // a change of local interest.
@@ -30,9 +39,9 @@ const declareTimeout = 10 * time.Second
 // The NATS server tells nobody when a subscription changes. The cheapest
 // honest sign it offers is its subscription list's counters: every
 // insertion and every removal bumps one of two monotonic counts. The
-// watcher reads them (Subsz without subscription details) every
-// interestPoll and takes a full snapshot only when they moved; a snapshot
-// equal to the last one is not reported.
+// watcher reads them (Subsz without subscription details) now and then
+// (see interestPollBusy) and takes a full snapshot only when they moved; a
+// snapshot equal to the last one is not reported.
 //
 // Only check and snapshot touch last and subjects, from one goroutine at a
 // time (Start, then the watch goroutine).
@@ -77,24 +86,31 @@ func (w *interestWatcher) counts() (subCounts, error) {
 // check reports the subjects local programs host when they changed since
 // the last check (always on the first).
 func (w *interestWatcher) check() (subjects []string, changed bool, err error) {
+	subjects, changed, _, err = w.checkMoved()
+	return subjects, changed, err
+}
+
+// checkMoved is check that also reports whether any subscription of the
+// account moved (the node's own included).
+func (w *interestWatcher) checkMoved() (subjects []string, changed, moved bool, err error) {
 	c, err := w.counts() // before the snapshot: a change after it shows next time
 	if err != nil {
-		return nil, false, err
+		return nil, false, false, err
 	}
 	if w.seen && c == w.last {
-		return nil, false, nil
+		return nil, false, false, nil
 	}
 	subjects, err = w.snapshot()
 	if err != nil {
-		return nil, false, err
+		return nil, false, false, err
 	}
 	first := !w.seen
 	w.seen, w.last = true, c
 	if !first && slices.Equal(subjects, w.subjects) {
-		return nil, false, nil
+		return nil, false, true, nil
 	}
 	w.subjects = subjects
-	return slices.Clone(subjects), true, nil
+	return slices.Clone(subjects), true, true, nil
 }
 
 // snapshot lists, sorted and without duplicates, the cap.* and work.*
@@ -139,24 +155,36 @@ func hostingSubject(subject string) bool {
 	return true
 }
 
-// watch checks every interval and hands each change to changed, on this
-// goroutine, in order. onErr gets a failed check (only while the server
-// shuts down, in practice). It returns when quit is closed.
-func (w *interestWatcher) watch(quit <-chan struct{}, interval time.Duration, changed func([]string), onErr func(error)) {
-	t := time.NewTicker(interval)
+// watch checks every busy interval while subscriptions move and for
+// busyFor after, every idle interval otherwise, and hands each change to
+// changed, on this goroutine, in order. onErr gets a failed check (only
+// while the server shuts down, in practice). It returns when quit is
+// closed.
+func (w *interestWatcher) watch(quit <-chan struct{}, busy, idle, busyFor time.Duration, changed func([]string), onErr func(error)) {
+	t := time.NewTimer(busy)
 	defer t.Stop()
+	lastMoved := time.Now()
 	for {
 		select {
 		case <-quit:
 			return
 		case <-t.C:
 		}
-		subjects, ok, err := w.check()
+		subjects, ok, moved, err := w.checkMoved()
 		switch {
 		case err != nil:
 			onErr(err)
 		case ok:
 			changed(subjects)
+		}
+		now := time.Now()
+		if moved {
+			lastMoved = now
+		}
+		if now.Sub(lastMoved) < busyFor {
+			t.Reset(busy)
+		} else {
+			t.Reset(idle)
 		}
 	}
 }
@@ -169,7 +197,7 @@ func (a *Appliance) startWatchingInterest() {
 	a.wg.Add(1)
 	go func() { // exits when Close closes a.quit
 		defer a.wg.Done()
-		w.watch(a.quit, interestPoll, func(subjects []string) {
+		w.watch(a.quit, interestPollBusy, interestPollIdle, interestBusyFor, func(subjects []string) {
 			if failing {
 				failing = false
 				a.logger.Info("local subscriptions readable again")

@@ -178,7 +178,7 @@ func TestInterestWatcherWatchDeliversInOrderAndStops(t *testing.T) {
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() { // exits when quit is closed
 		defer close(done)
-		w.watch(quit, 5*time.Millisecond, func(s []string) { got <- s }, func(err error) { t.Errorf("check: %v", err) })
+		w.watch(quit, 5*time.Millisecond, time.Hour, time.Hour, func(s []string) { got <- s }, func(err error) { t.Errorf("check: %v", err) })
 	}()
 	prog := testConn(t, srv, false)
 	mustSubscribe(t, prog, "cap.a", "")
