@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,7 +16,6 @@ import (
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/node"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -45,12 +43,10 @@ type Appliance struct {
 	// manager's goroutine.
 	bridge atomic.Pointer[bridge.Bridge]
 	node   atomic.Pointer[node.Node]
-	// hostedHere and routed are the capabilities local programs host (as
-	// the node last saw them) and those routed to other nodes: the fast
-	// path of the "no host" answer on cap.>.
-	hostedHere atomic.Pointer[map[string]bool]
-	routed     atomic.Pointer[map[string]bool]
-	quit       chan struct{} // closed by Close: owned goroutines exit
+	// interest is the one watcher of what local programs host; set in
+	// Start before the bridge and the node.
+	interest *interestWatcher
+	quit     chan struct{} // closed by Close: owned goroutines exit
 
 	// fatal receives an error when a component fails in a way that should
 	// stop the node (for example: the node name is claimed on the broker).
@@ -121,12 +117,19 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if err := a.serveAPI(); err != nil {
 		return err
 	}
-	if err := a.startBridge(ctx); err != nil {
+	a.interest = newInterestWatcher(a.natsSrv.srv)
+	a.interest.exclude(a.nc)
+	hosted, _, err := a.interest.check()
+	if err != nil {
 		return err
 	}
-	if err := a.startNode(ctx); err != nil {
+	if err := a.startBridge(ctx, hosted); err != nil {
 		return err
 	}
+	if err := a.startNode(ctx, hosted); err != nil {
+		return err
+	}
+	a.startWatchingInterest()
 	if a.cfg.HTTP != "off" {
 		if err := a.startHTTP(); err != nil {
 			return err
@@ -226,43 +229,6 @@ func (a *Appliance) serveAPI() error {
 	})
 	if err != nil {
 		return fmt.Errorf("serve %s: %w", SubjectStatus, err)
-	}
-	// The last word on cap.<name>: when nobody else - no local host, no
-	// stand-in for a remote one - listens on the subject, say so at once and
-	// name the capability, rather than leave the caller with NATS's bare
-	// "no responders". When anyone else listens this stays silent.
-	//
-	// Fast path: a capability the node saw hosted here (polled every 250ms)
-	// or routed elsewhere is left alone. Otherwise the count is a full match
-	// over the server's subscriptions (Account.Interest answers from a match
-	// cache that under-counts once a wildcard subscription such as this one
-	// exists). The cost of the fast path: a call in the moment after the
-	// last local host left, with no other host, waits for its deadline
-	// instead of failing at once.
-	srv := a.natsSrv.srv
-	nc := a.nc
-	_, err = nc.Subscribe("cap.>", func(m *nats.Msg) {
-		if m.Reply == "" {
-			return
-		}
-		capName := strings.TrimPrefix(m.Subject, "cap.")
-		if set := a.hostedHere.Load(); set != nil && (*set)[capName] {
-			return
-		}
-		if set := a.routed.Load(); set != nil && (*set)[capName] {
-			return
-		}
-		sz, err := srv.Subsz(&server.SubszOptions{Subscriptions: true, Test: m.Subject})
-		if err != nil || sz.Total > 1 {
-			return // someone else answers (or the subject is not one a host could have)
-		}
-		reply := nats.NewMsg(m.Reply)
-		reply.Header.Set("Nats-Service-Error", fmt.Sprintf("no live node hosts capability %q", capName))
-		reply.Header.Set("Nats-Service-Error-Code", "503")
-		_ = nc.PublishMsg(reply) // the caller may have gone
-	})
-	if err != nil {
-		return fmt.Errorf("serve cap.>: %w", err)
 	}
 	return nil
 }

@@ -3,10 +3,8 @@ package appliance
 import (
 	"context"
 	"fmt"
-	"maps"
 	"path/filepath"
 	"slices"
-	"sync/atomic"
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
@@ -26,8 +24,9 @@ func (a *Appliance) brokerURL(snap cache.Snapshot, ok bool) string {
 	return snap.Bindings.Settings["broker.url"]
 }
 
-// startBridge starts the link to the broker. a.mu is held.
-func (a *Appliance) startBridge(ctx context.Context) error {
+// startBridge starts the link to the broker. hosted is the first snapshot
+// of local interest. a.mu is held.
+func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 	snap, ok := a.bindings.manager.Current()
 	natsSrv := a.natsSrv
 	bc := bridge.Config{
@@ -44,9 +43,12 @@ func (a *Appliance) startBridge(ctx context.Context) error {
 		Routes:         a.cfg.Bridge.Routes,
 		StallAfter:     a.cfg.Bridge.StallAfter.D(),
 		Dial: func(opts ...nats.Option) (*nats.Conn, error) {
-			return natsSrv.connect(ownConnPrefix+"bridge", opts...)
+			nc, err := natsSrv.connect(ownConnPrefix+"bridge", opts...)
+			if err == nil {
+				a.interest.exclude(nc) // the stand-ins host nothing here
+			}
+			return nc, err
 		},
-		Interest: bridge.ServerInterest(natsSrv.srv),
 		OnSystem: func(key string, body []byte, origin string) {
 			if n := a.node.Load(); n != nil {
 				n.HandleSystem(key, body, origin)
@@ -59,9 +61,18 @@ func (a *Appliance) startBridge(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("bridge: %w", err)
 	}
+	if err := b.SetLocalInterest(ctx, hosted); err != nil { // before Start: only recorded
+		_ = b.Close()
+		return fmt.Errorf("bridge: %w", err)
+	}
 	if err := b.Start(ctx); err != nil {
 		_ = b.Close()
 		return err
+	}
+	// When the first session is up already, its stage queues now exist
+	// before the node says hello.
+	if err := b.SetLocalInterest(ctx, hosted); err != nil {
+		a.logger.Warn("stage queues not declared yet; the bridge declares them when it consumes", "err", err)
 	}
 	a.bridge.Store(b)
 	// A bindings change may have landed between Current and Store above.
@@ -96,18 +107,15 @@ func (a *Appliance) followBroker(b *bridge.Bridge, snap cache.Snapshot, ok bool)
 }
 
 // startNode starts the node's view of the mesh: local capabilities,
-// discovery, peers, the routes for the bridge's stand-ins. a.mu is held.
-func (a *Appliance) startNode(ctx context.Context) error {
+// discovery, peers, the routes for the bridge's stand-ins. hosted is the
+// snapshot of local interest the bridge got. a.mu is held.
+func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 	b := a.bridge.Load()
 	n, err := node.New(node.Config{
-		Name:      a.cfg.Node,
-		Version:   Build().Version,
-		StartedAt: a.startedAt,
-		Link:      staticRoutes{Bridge: b, static: a.cfg.Bridge.Routes, seen: &a.routed},
-		OnLocalChange: func(caps, _ []string) {
-			a.hostedHere.Store(nameSet(caps))
-		},
-		LocalSubjects:     node.ServerSubjects(a.natsSrv.srv, ownConnPrefix),
+		Name:              a.cfg.Node,
+		Version:           Build().Version,
+		StartedAt:         a.startedAt,
+		Link:              staticRoutes{Bridge: b, static: a.cfg.Bridge.Routes},
 		Conn:              a.nc,
 		DiscoveryInterval: a.cfg.Mesh.DiscoveryInterval.D(),
 		HeartbeatInterval: a.cfg.Mesh.HeartbeatInterval.D(),
@@ -118,6 +126,7 @@ func (a *Appliance) startNode(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
+	n.SetLocal(hosted)
 	if snap, ok := a.bindings.manager.Current(); ok {
 		a.applyToNode(n, snap)
 	}
@@ -148,8 +157,8 @@ func (a *Appliance) applyToNode(n *node.Node, snap cache.Snapshot) {
 	n.SetRevision(snap.Revision)
 }
 
-// ownConnPrefix names the node's own NATS connections (API, bridge), which
-// never count as local hosts of a capability.
+// ownConnPrefix names the node's own NATS connections (API, bridge); the
+// watcher of local interest knows them by their client ids.
 const ownConnPrefix = "meshbox-"
 
 // staticRoutes is the node's link to the bridge, with the routes of the
@@ -158,7 +167,6 @@ const ownConnPrefix = "meshbox-"
 type staticRoutes struct {
 	*bridge.Bridge
 	static map[string]string
-	seen   *atomic.Pointer[map[string]bool] // the capabilities routed, for the "no host" answer
 }
 
 // SetRoutes hands the bridge the discovered routes plus the static ones.
@@ -172,15 +180,5 @@ func (l staticRoutes) SetRoutes(routes map[string][]string) {
 			merged[name] = append(slices.Clone(merged[name]), host)
 		}
 	}
-	l.seen.Store(nameSet(slices.Collect(maps.Keys(merged))))
 	l.Bridge.SetRoutes(merged)
-}
-
-// nameSet returns the set of names.
-func nameSet(names []string) *map[string]bool {
-	set := make(map[string]bool, len(names))
-	for _, n := range names {
-		set[n] = true
-	}
-	return &set
 }

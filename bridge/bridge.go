@@ -61,8 +61,7 @@ type Bridge struct {
 	hosted        map[string]bool      // stages hosted here
 	localCaps     map[string]bool      // capabilities hosted by local programs
 	standins      map[string]*nats.Subscription
-	routesChanged chan struct{} // cap 1
-	interestErr   bool          // the last Interest call failed
+	routesChanged chan struct{} // cap 1: routes or local capabilities changed
 	stagesChanged chan struct{} // cap 1: the consumer owner of the session re-syncs
 
 	sysQ      chan sysMsg // system messages for Config.OnSystem
@@ -193,7 +192,7 @@ func (b *Bridge) Start(ctx context.Context) error {
 	if err := b.subscribe(); err != nil {
 		return err
 	}
-	b.reconcile() // stand-ins and hosted stages before the first session
+	b.reconcile() // stand-ins before the first session
 
 	var first *session
 	if url := b.currentURL(); url != "" {

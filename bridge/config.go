@@ -56,13 +56,6 @@ type Config struct {
 	// Dial opens a connection to the node's embedded NATS server with the
 	// extra options given (the bridge asks for NoEcho). Required.
 	Dial func(opts ...nats.Option) (*nats.Conn, error)
-	// Interest lists the subscriptions on the node's embedded NATS server;
-	// the bridge learns from it which capabilities and stages local programs
-	// host. ServerInterest builds it from a *server.Server. Nil: only Stages
-	// are hosted and every routed capability gets a stand-in.
-	Interest func() ([]Subscription, error)
-	// InterestPoll is how often Interest is consulted (default 1s).
-	InterestPoll time.Duration
 	// OnSystem, when set, receives system messages (sys.<key> broadcasts and
 	// messages addressed to this node) from other nodes. It is called from
 	// one goroutine, in order; it must not block for long.
@@ -77,13 +70,6 @@ type Config struct {
 	Metrics prometheus.Registerer
 }
 
-// Subscription is one subscription on the node's embedded NATS server.
-type Subscription struct {
-	Subject  string
-	Queue    string
-	ClientID uint64
-}
-
 // Defaults.
 const (
 	DefaultOutboxMaxBytes = 64 << 20
@@ -95,7 +81,6 @@ const (
 	DefaultStallAfter     = 5 * time.Minute
 	DefaultStallCheck     = 10 * time.Second
 	DefaultMaxPayload     = 1 << 20
-	DefaultInterestPoll   = time.Second
 	maxCommandTimeout     = 25 * time.Minute
 )
 
@@ -138,9 +123,6 @@ func (c Config) withDefaults() Config {
 	if c.MaxPayload == 0 {
 		c.MaxPayload = DefaultMaxPayload
 	}
-	if c.InterestPoll == 0 {
-		c.InterestPoll = DefaultInterestPoll
-	}
 	if c.ReconnectMin == 0 {
 		c.ReconnectMin = 250 * time.Millisecond
 	}
@@ -179,8 +161,6 @@ func (c Config) validate() error {
 		return bad("StallAfter", "must not be negative")
 	case c.MaxPayload < 1:
 		return bad("MaxPayload", "%d is not positive", c.MaxPayload)
-	case c.InterestPoll < 0:
-		return bad("InterestPoll", "%s is negative", c.InterestPoll)
 	case c.ReconnectMin <= 0 || c.ReconnectMax < c.ReconnectMin:
 		return bad("ReconnectMin", "backoff bounds %s..%s are not increasing", c.ReconnectMin, c.ReconnectMax)
 	case c.Dial == nil:

@@ -134,8 +134,13 @@
 // # Wiring
 //
 // The appliance builds the bridge with New (Config.Dial connects to the
-// embedded NATS server, ServerInterest reads its subscriptions), starts it
-// after the NATS server and stops it before. Start fails with a
+// embedded NATS server), starts it after the NATS server and stops it
+// before. Its watcher of local interest hands the bridge the cap.* and
+// work.* subjects local programs subscribe with SetLocalInterest, before
+// Start and on every change, and hands the node the same snapshot only
+// after SetLocalInterest returned: by then the queues of new stages exist,
+// so a stage is routable before its program's capabilities are advertised.
+// The bridge itself imports no NATS server code and never polls it. Start fails with a
 // *NodeNameInUseError when another process holds the node's name; Fatal
 // yields one when that happens on a later reconnect and lasts (the node
 // should exit non-zero). SetURL follows a moved broker. The node package
@@ -209,7 +214,7 @@
 // writer goroutine; its callbacks run after the commit; waiting for a
 // commit always takes a context, and Close waits for the writer at most a
 // bounded time (a hung disk makes it return ErrOutboxStuck). The bridge's
-// own goroutines (link loop, reconciler of stand-ins and stages, local
+// own goroutines (link loop, reconciler of stand-ins, local
 // command runner, system message dispatcher) exit when Close closes quit;
 // Close returns after they and every session goroutine are gone.
 //

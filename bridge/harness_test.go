@@ -6,8 +6,10 @@ import (
 	"log/slog"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +29,7 @@ type node struct {
 	client *nats.Conn // a local program
 	b      *bridge.Bridge
 	cfg    bridge.Config
+	own    atomic.Pointer[nats.Conn] // the bridge's own connection, from Dial
 }
 
 // startServer runs an embedded NATS server on a free loopback port.
@@ -57,9 +60,9 @@ func connect(tb testing.TB, srv *server.Server, name string) *nats.Conn {
 	return nc
 }
 
-// testConfig is the bridge configuration of a test node: quick polls,
-// checks, reconnects and deadlines.
-func testConfig(tb testing.TB, name, brokerURL string, srv *server.Server) bridge.Config {
+// testConfig is the bridge configuration of a test node: quick checks,
+// reconnects and deadlines. own receives the bridge's own connection.
+func testConfig(tb testing.TB, name, brokerURL string, srv *server.Server, own *atomic.Pointer[nats.Conn]) bridge.Config {
 	return bridge.Config{
 		Node:           name,
 		URL:            brokerURL,
@@ -69,14 +72,16 @@ func testConfig(tb testing.TB, name, brokerURL string, srv *server.Server) bridg
 		Heartbeat:      2 * time.Second,
 		StallAfter:     time.Minute,
 		StallCheck:     200 * time.Millisecond,
-		InterestPoll:   50 * time.Millisecond,
 		ReconnectMin:   50 * time.Millisecond,
 		ReconnectMax:   500 * time.Millisecond,
 		Dial: func(opts ...nats.Option) (*nats.Conn, error) {
-			return nats.Connect("", append(opts, nats.InProcessServer(srv))...)
+			nc, err := nats.Connect("", append(opts, nats.InProcessServer(srv))...)
+			if err == nil {
+				own.Store(nc)
+			}
+			return nc, err
 		},
-		Interest: bridge.ServerInterest(srv),
-		Logger:   slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test_node", name),
+		Logger: slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test_node", name),
 	}
 }
 
@@ -96,7 +101,7 @@ func buildNode(tb testing.TB, name, brokerURL string, edit func(*bridge.Config))
 	tb.Helper()
 	srv := startServer(tb)
 	n := &node{name: name, srv: srv, nc: connect(tb, srv, "appliance"), client: connect(tb, srv, "program")}
-	n.cfg = testConfig(tb, name, brokerURL, srv)
+	n.cfg = testConfig(tb, name, brokerURL, srv, &n.own)
 	if edit != nil {
 		edit(&n.cfg)
 	}
@@ -110,7 +115,56 @@ func buildNode(tb testing.TB, name, brokerURL string, edit func(*bridge.Config))
 			tb.Errorf("close bridge %s: %v", name, err)
 		}
 	})
+	n.feedInterest(tb)
 	return n
+}
+
+// feedInterest stands in for the appliance's watcher of local interest:
+// every 20ms it hands the bridge the cap.* and work.* subjects of the
+// server's subscriptions but the bridge's own, when they changed. It
+// stops in Cleanup, before the bridge is closed.
+func (n *node) feedInterest(tb testing.TB) {
+	stop, done := make(chan struct{}), make(chan struct{})
+	tb.Cleanup(func() {
+		close(stop)
+		<-done
+	})
+	go func() { // exits when stop is closed
+		defer close(done)
+		var last []string
+		for first := true; ; first = false {
+			if !first {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			sz, err := n.srv.Subsz(&server.SubszOptions{Subscriptions: true, Limit: 1 << 20})
+			if err != nil {
+				continue
+			}
+			var self uint64
+			if own := n.own.Load(); own != nil {
+				self, _ = own.GetClientID()
+			}
+			var subjects []string
+			for _, sd := range sz.Subs {
+				if sd.Cid != self && (strings.HasPrefix(sd.Subject, "cap.") || strings.HasPrefix(sd.Subject, "work.")) {
+					subjects = append(subjects, sd.Subject)
+				}
+			}
+			slices.Sort(subjects)
+			subjects = slices.Compact(subjects)
+			if !first && slices.Equal(subjects, last) {
+				continue
+			}
+			last = subjects
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = n.b.SetLocalInterest(ctx, subjects) // a failed declaration is declared again by the session
+			cancel()
+		}
+	}()
 }
 
 type tbWriter struct{ tb testing.TB }

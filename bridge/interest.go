@@ -1,80 +1,126 @@
 package bridge
 
 import (
+	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
-	"time"
-
-	"github.com/nats-io/nats-server/v2/server"
 )
 
-// ServerInterest returns a Config.Interest that lists the subscriptions of
-// the embedded NATS server srv.
-func ServerInterest(srv *server.Server) func() ([]Subscription, error) {
-	return func() ([]Subscription, error) {
-		sz, err := srv.Subsz(&server.SubszOptions{Subscriptions: true, Limit: 1 << 30})
-		if err != nil {
-			return nil, err
-		}
-		out := make([]Subscription, 0, len(sz.Subs))
-		for _, sd := range sz.Subs {
-			out = append(out, Subscription{Subject: sd.Subject, Queue: sd.Queue, ClientID: sd.Cid})
-		}
-		return out, nil
+// SetLocalInterest tells the bridge what local programs subscribe to on
+// the node's NATS server: the cap.* and work.* subjects of every
+// connection but the node's own (the appliance's watcher of local interest
+// computes them and hands the node the same snapshot right after). A
+// capability hosted by a local program gets no stand-in: the local host
+// wins. Each work.<stage> makes the stage hosted here, with Config.Stages.
+//
+// When the link is up, SetLocalInterest returns once the queue of every
+// hosted stage is declared and bound on the broker, so a command for the
+// stage is routable before the node advertises it to the mesh; the
+// stage's consumer follows on the session's own channel. It returns an
+// error when a declaration fails or ctx ends first: the stages stay
+// hosted, and the session declares them again when it syncs its
+// consumers. It may be called before Start (then it only records them).
+func (b *Bridge) SetLocalInterest(ctx context.Context, subjects []string) error {
+	localCaps := map[string]bool{}
+	hosted := map[string]bool{}
+	for _, s := range b.cfg.Stages {
+		hosted[s] = true
 	}
+	for _, s := range subjects {
+		if name, ok := strings.CutPrefix(s, subjCapPrefix); ok && validName(name) {
+			localCaps[name] = true
+		}
+		if stage, ok := strings.CutPrefix(s, subjWorkPrefix); ok && validName(stage) {
+			hosted[stage] = true
+		}
+	}
+	b.routeMu.Lock()
+	capsChanged := !maps.Equal(localCaps, b.localCaps)
+	b.localCaps = localCaps
+	for s := range hosted {
+		if !b.hosted[s] {
+			b.log.Info("stage hosted here", "stage", s)
+		}
+	}
+	for s := range b.hosted {
+		if !hosted[s] {
+			b.log.Info("stage no longer hosted here", "stage", s)
+		}
+	}
+	stagesChanged := !maps.Equal(hosted, b.hosted)
+	b.hosted = hosted
+	b.routeMu.Unlock()
+	if capsChanged {
+		signal(b.routesChanged) // the reconciler withdraws or adds stand-ins
+	}
+	err := b.declareStages(ctx, hosted)
+	if stagesChanged {
+		signal(b.stagesChanged) // the session's consumer owner consumes (and cancels)
+	}
+	return err
 }
 
-// runReconciler keeps stand-ins and hosted stages in line with the local
-// subscriptions and the routes. Exits when the bridge closes.
+// declareStages declares and binds the queues of the stages the current
+// session does not consume yet, on a channel of its own, and returns once
+// the broker confirmed them. A consumer sync in progress is waited for
+// (it holds stagesMu while it declares). Without a session it does
+// nothing: a session declares every hosted stage before it consumes.
+func (b *Bridge) declareStages(ctx context.Context, stages map[string]bool) error {
+	s := b.link.sess.Load()
+	if s == nil || s.ctx.Err() != nil {
+		return nil
+	}
+	var missing []string
+	s.stagesMu.Lock()
+	for stage := range stages {
+		if !s.stages[stage] {
+			missing = append(missing, stage)
+		}
+	}
+	s.stagesMu.Unlock()
+	if len(missing) == 0 {
+		return nil
+	}
+	slices.Sort(missing)
+	ch, err := s.conConn.Channel()
+	if err != nil {
+		return fmt.Errorf("declare stages: open channel: %w", err)
+	}
+	defer func() { _ = ch.Close() }()
+	for _, stage := range missing {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("declare stage %s: %w", stage, err)
+		}
+		if err := s.declareStage(&ch, stage); err != nil {
+			return fmt.Errorf("declare stage %s: %w", stage, err)
+		}
+	}
+	return nil
+}
+
+// runReconciler keeps the stand-ins in line with the routes and the local
+// capabilities. Exits when the bridge closes.
 func (b *Bridge) runReconciler() {
-	t := time.NewTicker(b.cfg.InterestPoll)
-	defer t.Stop()
 	for {
 		select {
 		case <-b.quit:
 			return
-		case <-t.C:
 		case <-b.routesChanged:
 		}
 		b.reconcile()
 	}
 }
 
-// reconcile reads the local interest and updates the stand-ins (one
-// subscription to cap.<name> per capability routed elsewhere and not hosted
-// by a local program: a local host always wins) and the hosted stages
-// (Config.Stages plus every work.<stage> a local program subscribes).
+// reconcile updates the stand-ins: one subscription to cap.<name> per
+// capability routed elsewhere and not hosted by a local program (a local
+// host always wins).
 func (b *Bridge) reconcile() {
-	localCaps := map[string]bool{}
-	hosted := map[string]bool{}
-	for _, s := range b.cfg.Stages {
-		hosted[s] = true
-	}
-	if b.cfg.Interest != nil {
-		subs, err := b.cfg.Interest()
-		if err != nil {
-			b.interestFailing(err)
-			return
-		}
-		b.interestFailing(nil)
-		self, _ := b.bc.GetClientID()
-		for _, s := range subs {
-			if s.ClientID == self {
-				continue
-			}
-			if name, ok := strings.CutPrefix(s.Subject, subjCapPrefix); ok && validName(name) {
-				localCaps[name] = true
-			}
-			if stage, ok := strings.CutPrefix(s.Subject, subjWorkPrefix); ok && validName(stage) {
-				hosted[stage] = true
-			}
-		}
-	}
 	b.routeMu.Lock()
 	want := map[string]bool{}
 	for name, nodes := range b.routes {
-		if localCaps[name] {
+		if b.localCaps[name] {
 			continue
 		}
 		for _, n := range nodes {
@@ -102,38 +148,8 @@ func (b *Bridge) reconcile() {
 		_ = sub.SetPendingLimits(1<<20, 256<<20)
 		b.standins[name] = sub
 	}
-	b.localCaps = localCaps
-	changed := !maps.Equal(hosted, b.hosted)
-	for s := range hosted {
-		if !b.hosted[s] {
-			b.log.Info("stage hosted here", "stage", s)
-		}
-	}
-	for s := range b.hosted {
-		if !hosted[s] {
-			b.log.Info("stage no longer hosted here", "stage", s)
-		}
-	}
-	b.hosted = hosted
 	b.routeMu.Unlock()
 	_ = b.bc.Flush()
-	if changed {
-		signal(b.stagesChanged)
-	}
-}
-
-// interestFailing logs a failing Interest once per streak.
-func (b *Bridge) interestFailing(err error) {
-	b.routeMu.Lock()
-	was := b.interestErr
-	b.interestErr = err != nil
-	b.routeMu.Unlock()
-	switch {
-	case err != nil && !was:
-		b.log.Error("cannot read the local subscriptions; hosted stages and stand-ins are not updated", "err", err)
-	case err == nil && was:
-		b.log.Info("local subscriptions readable again")
-	}
 }
 
 // hostedStages returns a copy of the stages hosted here.

@@ -47,8 +47,8 @@ type Ticker interface {
 	Stop()
 }
 
-// Config configures a Node. Name, Link and LocalSubjects are required;
-// zero durations take their defaults.
+// Config configures a Node. Name and Link are required; zero durations
+// take their defaults.
 type Config struct {
 	// Name is this node's mesh name.
 	Name string
@@ -60,10 +60,6 @@ type Config struct {
 
 	// Link publishes discovery messages and controls the stand-ins.
 	Link Link
-	// LocalSubjects returns the subjects the local programs subscribe to
-	// on the node's NATS server, without the node's own subscriptions
-	// (see ServerSubjects). It is called every PollInterval.
-	LocalSubjects func() ([]string, error)
 	// Conn, when set, is an in-process connection to the node's NATS
 	// server on which the node serves $MESH.peers and $MESH.caps.
 	Conn *nats.Conn
@@ -80,8 +76,6 @@ type Config struct {
 	// MissedHeartbeats is how many heartbeat intervals a peer may stay
 	// silent before it is marked gone (default 3).
 	MissedHeartbeats int
-	// PollInterval is how often local subscriptions are read (default 250ms).
-	PollInterval time.Duration
 	// PublishTimeout bounds one discovery publish (default 2s, at most
 	// HeartbeatInterval).
 	PublishTimeout time.Duration
@@ -96,6 +90,11 @@ type Config struct {
 	// Registerer receives the node's metrics; nil means they are not
 	// registered.
 	Registerer prometheus.Registerer
+
+	// tick is the loop's period: often enough for heartbeats, link probes
+	// and expiry, rarely enough that an idle node sleeps (set by
+	// withDefaults).
+	tick time.Duration
 }
 
 // Default values of Config.
@@ -103,12 +102,12 @@ const (
 	DefaultDiscoveryInterval = 30 * time.Second
 	DefaultHeartbeatInterval = 5 * time.Second
 	DefaultMissedHeartbeats  = 3
-	DefaultPollInterval      = 250 * time.Millisecond
 	DefaultPublishTimeout    = 2 * time.Second
 	DefaultGoneRetention     = 24 * time.Hour
 	maxPeers                 = 4096
 	byeTimeout               = time.Second
 	linkProbeInterval        = time.Second // while publishing fails
+	maxTickInterval          = time.Second // the loop's period, at most
 )
 
 // withDefaults fills zero fields and validates; errors name the field.
@@ -118,9 +117,6 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Link == nil {
 		return c, &ConfigError{Field: "Link", Msg: "required"}
-	}
-	if c.LocalSubjects == nil {
-		return c, &ConfigError{Field: "LocalSubjects", Msg: "required"}
 	}
 	if len(c.Version) > MaxVersionLen || !printable(c.Version) {
 		return c, &ConfigError{Field: "Version", Msg: "not printable or too long"}
@@ -132,7 +128,6 @@ func (c Config) withDefaults() (Config, error) {
 	}{
 		{"DiscoveryInterval", &c.DiscoveryInterval, DefaultDiscoveryInterval},
 		{"HeartbeatInterval", &c.HeartbeatInterval, DefaultHeartbeatInterval},
-		{"PollInterval", &c.PollInterval, DefaultPollInterval},
 		{"PublishTimeout", &c.PublishTimeout, DefaultPublishTimeout},
 		{"GoneRetention", &c.GoneRetention, DefaultGoneRetention},
 	}
@@ -154,6 +149,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.MissedHeartbeats = DefaultMissedHeartbeats
 	}
 	c.PublishTimeout = min(c.PublishTimeout, c.HeartbeatInterval)
+	c.tick = min(maxTickInterval, c.HeartbeatInterval/4)
 	if c.Clock == nil {
 		c.Clock = systemClock{}
 	}

@@ -7,12 +7,13 @@
 // A local program hosts capability <name> by subscribing to cap.<name> on
 // the node's embedded NATS server — a plain subscription, a queue group or
 // a NATS micro endpoint all count — and serves command stage <stage> by
-// subscribing to work.<stage>. Nobody registers anything: the node reads
-// the server's subscriptions every PollInterval (250 ms) through
-// Config.LocalSubjects, which the appliance builds with ServerSubjects.
-// Wildcard subscriptions (cap.*, cap.>, >) listen but do not host. The
-// node's own connections, named "meshbox-...", are skipped, so the
-// bridge's stand-ins never count as local hosts. Names are one or more
+// subscribing to work.<stage>. Nobody registers anything: the appliance
+// watches the server's subscriptions and hands the node the cap.* and
+// work.* subjects of every connection but its own with SetLocal, the same
+// snapshot and at the same moment as the bridge, so the bridge's
+// stand-ins never count as local hosts. The node imports no NATS server
+// code. Wildcard subscriptions (cap.*, cap.>, >) listen but do not host.
+// Names are one or more
 // dot-separated tokens of letters, digits, '-' and '_' (at most 128
 // characters); a subscription with another name is not advertised and is
 // logged once.
@@ -65,7 +66,7 @@
 //
 // A node sends hello and a broadcast query at Start, a heartbeat every
 // HeartbeatInterval (5 s), a broadcast query every DiscoveryInterval
-// (30 s), an update within PollInterval of a local change, and bye at
+// (30 s), an update as soon as SetLocal reports a change, and bye at
 // Close. It answers every query with an info. When a heartbeat's hash
 // differs from the record it holds for the sender, or it hears from a
 // node whose record it lacks, it asks that node alone (an addressed
@@ -107,14 +108,15 @@
 // meshbox_discovery_rejected_total{reason} and
 // meshbox_discovery_errors_total{op}. Each peer state change is one log
 // line; so is each change of the local record, and a failure to publish
-// or to read the local subscriptions (once, until it recovers).
+// (once, until it recovers).
 //
 // # Concurrency
 //
 // A Node owns three goroutines, started by Start and ended by Close:
 //
-//   - the loop reads the local subscriptions every PollInterval, expires
-//     silent peers, and queues heartbeats and queries when they are due;
+//   - the loop wakes once a second (a quarter of HeartbeatInterval when
+//     that is shorter), expires silent peers, and queues heartbeats,
+//     link probes and queries when they are due;
 //   - the sender publishes queued messages one at a time, each bounded by
 //     PublishTimeout, building each body when it is sent (the queue holds
 //     at most one pending message per type and addressee);
@@ -128,12 +130,15 @@
 // consumer): it decodes outside the lock, updates the view under it, and
 // never waits on the network. It may be called before Start (the view is
 // kept, answers go out once Start runs) and after Close (dropped).
+// SetLocal likewise runs on the caller's goroutine (the appliance's
+// watcher) and only queues the update.
 //
 // # Wiring
 //
 // The appliance builds the bridge with an OnSystem callback that calls
 // HandleSystem on the node (nil-safe), builds the node with the bridge as
-// its Link, ServerSubjects(srv, "meshbox-") as LocalSubjects and an
-// in-process connection as Conn, calls SetExpected and SetRevision on
+// its Link and an in-process connection as Conn, calls SetLocal before
+// Start and on every change its watcher of local interest sees (after the
+// bridge took the same snapshot), calls SetExpected and SetRevision on
 // every bindings change, and puts Status in its status JSON.
 package node

@@ -230,39 +230,16 @@ func (l *fakeLink) sentKeys() []string {
 	return slices.Clone(l.sent)
 }
 
-// localSubs is a mutable LocalSubjects.
-type localSubs struct {
-	mu   sync.Mutex
-	subs []string
-	err  error
-}
-
-func (s *localSubs) get() ([]string, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.subs), s.err
-}
-
-func (s *localSubs) set(subs ...string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.subs = subs
-}
-
-func (s *localSubs) setErr(err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.err = err
-}
-
-// testNode is a node on a fake mesh with its link, local subscriptions and
-// metrics registry.
+// testNode is a node on a fake mesh with its link and metrics registry.
 type testNode struct {
 	*Node
-	link  *fakeLink
-	local *localSubs
-	reg   *prometheus.Registry
+	link *fakeLink
+	reg  *prometheus.Registry
 }
+
+// setLocal says local programs subscribe subjects now, as the appliance's
+// watcher does.
+func (n *testNode) setLocal(subjects ...string) { n.SetLocal(subjects) }
 
 // harness is a fake mesh with one clock.
 type harness struct {
@@ -281,13 +258,11 @@ func newHarness(t testing.TB) *harness {
 func (h *harness) node(name string, mod func(*Config), subjects ...string) *testNode {
 	h.t.Helper()
 	link := &fakeLink{mesh: h.mesh, name: name, gone: map[string]time.Time{}}
-	local := &localSubs{subs: subjects}
 	reg := prometheus.NewRegistry()
 	cfg := Config{
 		Name:              name,
 		Version:           "1.0.0-test",
 		Link:              link,
-		LocalSubjects:     local.get,
 		DiscoveryInterval: 30 * time.Second,
 		HeartbeatInterval: 5 * time.Second,
 		MissedHeartbeats:  3,
@@ -307,6 +282,7 @@ func (h *harness) node(name string, mod func(*Config), subjects ...string) *test
 	if err != nil {
 		h.t.Fatalf("new node %s: %v", name, err)
 	}
+	n.SetLocal(subjects)
 	h.t.Cleanup(func() {
 		if err := n.Close(); err != nil {
 			h.t.Errorf("close node %s: %v", name, err)
@@ -316,7 +292,7 @@ func (h *harness) node(name string, mod func(*Config), subjects ...string) *test
 	h.mesh.nodes[name] = n
 	h.mesh.links[name] = link
 	h.mesh.mu.Unlock()
-	tn := &testNode{Node: n, link: link, local: local, reg: reg}
+	tn := &testNode{Node: n, link: link, reg: reg}
 	h.nodes = append(h.nodes, tn)
 	return tn
 }

@@ -47,6 +47,7 @@ type meshNode struct {
 	bridge *bridge.Bridge
 	node   *node.Node
 	closed bool
+	hosted []string // the subjects its programs host, as the appliance's watcher would report them
 }
 
 func startMeshNode(t *testing.T, url, name string) *meshNode {
@@ -73,8 +74,6 @@ func startMeshNode(t *testing.T, url, name string) *meshNode {
 		Dial: func(opts ...nats.Option) (*nats.Conn, error) {
 			return nats.Connect("", append([]nats.Option{nats.InProcessServer(srv), nats.Name("meshbox-bridge")}, opts...)...)
 		},
-		Interest:       bridge.ServerInterest(srv),
-		InterestPoll:   100 * time.Millisecond,
 		RequestTimeout: 2 * time.Second,
 		OnSystem:       func(key string, body []byte, origin string) { nd.Load().HandleSystem(key, body, origin) },
 		Logger:         logger.With("component", "bridge"),
@@ -89,7 +88,6 @@ func startMeshNode(t *testing.T, url, name string) *meshNode {
 		Name:              name,
 		Version:           "test",
 		Link:              mn.bridge,
-		LocalSubjects:     node.ServerSubjects(srv, "meshbox-"),
 		Conn:              mn.api,
 		DiscoveryInterval: 5 * time.Second,
 		HeartbeatInterval: itHeartbeat,
@@ -143,6 +141,12 @@ func (mn *meshNode) host(t *testing.T, capName string) *nats.Subscription {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	// Tell the bridge, then the node, as the appliance's watcher does.
+	mn.hosted = append(mn.hosted, "cap."+capName)
+	if err := mn.bridge.SetLocalInterest(context.Background(), mn.hosted); err != nil {
+		t.Fatal(err)
+	}
+	mn.node.SetLocal(mn.hosted)
 	return sub
 }
 

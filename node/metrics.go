@@ -31,7 +31,7 @@ func newMetrics() *metrics {
 		}, []string{"reason"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshbox_discovery_errors_total",
-			Help: "Failed discovery operations: publish (a message could not be sent) and local (local subscriptions could not be read).",
+			Help: "Failed discovery operations: publish (a message could not be sent).",
 		}, []string{"op"}),
 	}
 	for _, s := range []string{StateUp, StateGone, StateAbsent} {
@@ -40,7 +40,7 @@ func newMetrics() *metrics {
 	for _, w := range []string{"local", "remote"} {
 		m.caps.WithLabelValues(w)
 	}
-	for _, op := range []string{"publish", "local"} {
+	for _, op := range []string{"publish"} {
 		m.errors.WithLabelValues(op)
 	}
 	return m

@@ -35,8 +35,8 @@ type Node struct {
 	cancel  context.CancelFunc // stops the goroutines; nil before Start
 	subs    []*nats.Subscription
 
-	local      hostRecord // what local programs host
-	localKnown bool       // local was read at least once
+	local      hostRecord // what local programs host (SetLocal)
+	localKnown bool       // SetLocal was called at least once
 	revision   int64
 	peers      map[string]*peer
 	expected   map[string]bool
@@ -54,7 +54,6 @@ type Node struct {
 	everSent        bool      // a publish succeeded once
 	nextProbe       time.Time // while linkDown: when to try a heartbeat again
 
-	localFailing   bool            // reading local subscriptions fails
 	warnedSkipped  map[string]bool // local subjects whose name cannot be advertised
 	conflictWarned bool            // another process uses this node's name
 
@@ -133,10 +132,10 @@ func New(cfg Config) (*Node, error) {
 	return n, nil
 }
 
-// Start reads the local subscriptions once, serves the NATS API, starts
-// the node's goroutines and queues the hello and query messages. It does
-// not wait for the broker: discovery messages go out when the link can
-// carry them.
+// Start serves the NATS API, starts the node's goroutines and queues the
+// hello and query messages, which carry what SetLocal said so far. It
+// does not wait for the broker: discovery messages go out when the link
+// can carry them.
 func (n *Node) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -149,11 +148,9 @@ func (n *Node) Start(ctx context.Context) error {
 	if n.started {
 		return ErrStarted
 	}
-	subjects, err := n.cfg.LocalSubjects()
-	if err != nil {
-		return fmt.Errorf("read local subscriptions: %w", err)
+	if !n.localKnown {
+		n.setLocalLocked(nil)
 	}
-	n.setLocalLocked(subjects)
 	if n.cfg.Conn != nil {
 		if err := n.serveAPILocked(); err != nil {
 			return err
@@ -477,8 +474,8 @@ func (n *Node) enqueueLocked(it intent) {
 	}
 }
 
-// setLocalLocked takes a fresh reading of the local subscriptions and
-// reports whether the local record changed.
+// setLocalLocked takes what local programs subscribe to now and reports
+// whether the local record changed.
 func (n *Node) setLocalLocked(subjects []string) bool {
 	caps, stages, skipped := localNames(subjects)
 	for _, s := range skipped {
@@ -651,11 +648,11 @@ func (n *Node) goneLocked() map[string]time.Time {
 
 // --- goroutines ---
 
-// loop reads the local subscriptions, sends heartbeats and queries when
-// they are due, and expires silent peers. It exits when ctx is done.
+// loop sends heartbeats and queries when they are due and expires silent
+// peers. It exits when ctx is done.
 func (n *Node) loop(ctx context.Context) {
 	defer n.wg.Done()
-	t := n.clock.NewTicker(n.cfg.PollInterval)
+	t := n.clock.NewTicker(n.cfg.tick)
 	defer t.Stop()
 	for {
 		select {
@@ -669,24 +666,8 @@ func (n *Node) loop(ctx context.Context) {
 
 // tick is one round of the loop.
 func (n *Node) tick() {
-	subjects, err := n.cfg.LocalSubjects()
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if err != nil {
-		n.m.errors.WithLabelValues("local").Inc()
-		if !n.localFailing {
-			n.localFailing = true
-			n.logger.Error("cannot read local subscriptions; advertising the last known capabilities", "err", err)
-		}
-	} else {
-		if n.localFailing {
-			n.localFailing = false
-			n.logger.Info("local subscriptions readable again")
-		}
-		if n.setLocalLocked(subjects) {
-			n.enqueueLocked(intent{typ: TypeUpdate})
-		}
-	}
 	now := n.clock.Now()
 	n.expireLocked(now)
 	if !now.Before(n.nextHeartbeat) {

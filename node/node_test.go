@@ -130,8 +130,8 @@ func TestCapabilityAppearsAndDisappears(t *testing.T) {
 	h.start(a, b)
 	wantRoutes(t, a, map[string][]string{})
 
-	b.local.set("cap.echo", "cap.x", "_INBOX.abc", "cap.*", "cap.>", "work.>")
-	h.advance(DefaultPollInterval) // one poll on B: B announces, A routes
+	b.setLocal("cap.echo", "cap.x", "_INBOX.abc", "cap.*", "cap.>", "work.>")
+	h.settle() // B announces at once, A routes
 	wantRoutes(t, a, map[string][]string{"echo": {"B"}, "x": {"B"}})
 	if got := b.Capabilities().Local; !slices.Equal(got, []string{"echo", "x"}) {
 		t.Fatalf("B local: got %v, want [echo x] (wildcards do not host)", got)
@@ -140,8 +140,8 @@ func TestCapabilityAppearsAndDisappears(t *testing.T) {
 		t.Fatalf("updates sent by B: got %v, want 1", got)
 	}
 
-	b.local.set("cap.x")
-	h.advance(DefaultPollInterval)
+	b.setLocal("cap.x")
+	h.settle()
 	wantRoutes(t, a, map[string][]string{"x": {"B"}})
 	b.link.mu.Lock()
 	lastLocal := b.link.local[len(b.link.local)-1]
@@ -157,8 +157,8 @@ func TestLostUpdateHealsByHeartbeatHash(t *testing.T) {
 	b := h.node("B", nil, "cap.one")
 	h.start(a, b)
 	b.link.setDrop("update", true)
-	b.local.set("cap.one", "cap.two")
-	h.advance(DefaultPollInterval)
+	b.setLocal("cap.one", "cap.two")
+	h.settle()
 	wantRoutes(t, a, map[string][]string{"one": {"B"}})
 	// B's next heartbeat carries a hash A does not know: A asks B alone.
 	h.advanceBy(5*time.Second, time.Second)
@@ -267,12 +267,12 @@ func TestLocalWinsForPlainCalls(t *testing.T) {
 		t.Fatalf("A's remote hosts of echo: got %v, want [B] (status lists every host)", got)
 	}
 	// The local host stops: calls now need the stand-in.
-	a.local.set()
-	h.advance(DefaultPollInterval)
+	a.setLocal()
+	h.settle()
 	wantRoutes(t, a, map[string][]string{"echo": {"B"}, "other": {"B"}})
 	// It comes back: the stand-in is withdrawn again.
-	a.local.set("cap.echo")
-	h.advance(DefaultPollInterval)
+	a.setLocal("cap.echo")
+	h.settle()
 	wantRoutes(t, a, map[string][]string{"other": {"B"}})
 }
 
@@ -466,23 +466,6 @@ func TestTooManyPeers(t *testing.T) {
 	}
 }
 
-func TestLocalSubjectsFailureKeepsLastRecord(t *testing.T) {
-	h := newHarness(t)
-	a := h.node("A", nil)
-	b := h.node("B", nil, "cap.x")
-	h.start(a, b)
-	b.local.setErr(errors.New("server gone"))
-	h.advanceBy(2*time.Second, DefaultPollInterval)
-	wantRoutes(t, a, map[string][]string{"x": {"B"}})
-	if got := value(t, b.m.errors.WithLabelValues("local")); got < 1 {
-		t.Fatalf("errors{op=local}: got %v, want >= 1", got)
-	}
-	b.local.setErr(nil)
-	b.local.set()
-	h.advance(DefaultPollInterval)
-	wantRoutes(t, a, map[string][]string{})
-}
-
 func TestLifecycle(t *testing.T) {
 	h := newHarness(t)
 	a := h.node("A", nil)
@@ -505,12 +488,6 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("second start: got %v, want ErrStarted", err)
 	}
 
-	c := h.node("C", nil)
-	c.local.setErr(errors.New("no server"))
-	if err := c.Start(context.Background()); err == nil {
-		t.Fatal("start with unreadable local subscriptions: got nil error")
-	}
-
 	// A bye that cannot be sent does not hold Close up for long.
 	d := h.node("D", nil)
 	h.start(d)
@@ -526,7 +503,6 @@ func TestLifecycle(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	link := &fakeLink{}
-	subs := func() ([]string, error) { return nil, nil }
 	tests := []struct {
 		name  string
 		mod   func(*Config)
@@ -536,7 +512,6 @@ func TestConfigValidation(t *testing.T) {
 		{"name", func(c *Config) { c.Name = "a.b" }, "Name"},
 		{"empty name", func(c *Config) { c.Name = "" }, "Name"},
 		{"link", func(c *Config) { c.Link = nil }, "Link"},
-		{"local", func(c *Config) { c.LocalSubjects = nil }, "LocalSubjects"},
 		{"version", func(c *Config) { c.Version = "1\n2" }, "Version"},
 		{"negative interval", func(c *Config) { c.DiscoveryInterval = -1 }, "DiscoveryInterval"},
 		{"tiny heartbeat", func(c *Config) { c.HeartbeatInterval = time.Millisecond }, "HeartbeatInterval"},
@@ -544,7 +519,7 @@ func TestConfigValidation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := Config{Name: "n1", Link: link, LocalSubjects: subs}
+			cfg := Config{Name: "n1", Link: link}
 			tt.mod(&cfg)
 			_, err := New(cfg)
 			var ce *ConfigError
@@ -558,11 +533,11 @@ func TestConfigValidation(t *testing.T) {
 			}
 		})
 	}
-	n, err := New(Config{Name: "n1", Link: link, LocalSubjects: subs})
+	n, err := New(Config{Name: "n1", Link: link})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.cfg.DiscoveryInterval != 30*time.Second || n.cfg.HeartbeatInterval != 5*time.Second || n.cfg.MissedHeartbeats != 3 || n.cfg.PollInterval != 250*time.Millisecond {
+	if n.cfg.DiscoveryInterval != 30*time.Second || n.cfg.HeartbeatInterval != 5*time.Second || n.cfg.MissedHeartbeats != 3 || n.cfg.tick != time.Second {
 		t.Fatalf("defaults: got %+v", n.cfg)
 	}
 }

@@ -15,8 +15,10 @@ import (
 )
 
 // standaloneNode runs a NATS server on loopback TCP and a bridge without a
-// broker, and returns the server's URL and a connection for local programs.
-func standaloneNode(t *testing.T) (string, *nats.Conn) {
+// broker, and returns the server's URL, a connection for local programs
+// and the bridge (tell it what the programs host with SetLocalInterest, as
+// the appliance's watcher does).
+func standaloneNode(t *testing.T) (string, *nats.Conn, *bridge.Bridge) {
 	t.Helper()
 	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
 	if err != nil {
@@ -37,7 +39,7 @@ func standaloneNode(t *testing.T) (string, *nats.Conn) {
 	t.Cleanup(nc.Close)
 	b, err := bridge.New(bridge.Config{
 		Node: "solo", OutboxPath: filepath.Join(t.TempDir(), "outbox.db"),
-		Dial: dial, Interest: bridge.ServerInterest(srv), InterestPoll: 20 * time.Millisecond,
+		Dial:           dial,
 		RequestTimeout: 2 * time.Second,
 	}, nc)
 	if err != nil {
@@ -52,11 +54,11 @@ func standaloneNode(t *testing.T) (string, *nats.Conn) {
 		t.Fatal(err)
 	}
 	t.Cleanup(prog.Close)
-	return srv.ClientURL(), prog
+	return srv.ClientURL(), prog, b
 }
 
 func TestMessageCommands(t *testing.T) {
-	url, prog := standaloneNode(t)
+	url, prog, b := standaloneNode(t)
 	c := cli{env: map[string]string{"MESHBOX_SERVER": url}}
 
 	// A local program hosts cap.echo and the stage "print".
@@ -87,6 +89,9 @@ func TestMessageCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = prog.Flush()
+	if err := b.SetLocalInterest(context.Background(), []string{"cap.broken", "cap.echo", "work.print"}); err != nil {
+		t.Fatal(err)
+	}
 
 	if out := c.ok(t, "call", "echo", "hi"); out != "echo:hi" {
 		t.Errorf("call echo hi: got %q", out)

@@ -93,7 +93,6 @@ func timeDiscovery(b *testing.B, url, name string, want int) time.Duration {
 		URL:        url,
 		OutboxPath: filepath.Join(b.TempDir(), "outbox.db"),
 		Dial:       dial,
-		Interest:   bridge.ServerInterest(srv),
 		OnSystem:   func(key string, body []byte, origin string) { nd.Load().HandleSystem(key, body, origin) },
 		Logger:     logger,
 	}, api)
@@ -113,11 +112,10 @@ func timeDiscovery(b *testing.B, url, name string, want int) time.Duration {
 	}
 
 	n, err := node.New(node.Config{
-		Name:          name,
-		Version:       "bench",
-		Link:          br,
-		LocalSubjects: node.ServerSubjects(srv, "meshbox-"),
-		Logger:        logger,
+		Name:    name,
+		Version: "bench",
+		Link:    br,
+		Logger:  logger,
 	})
 	if err != nil {
 		b.Fatal(err)

@@ -1,0 +1,248 @@
+package appliance
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+)
+
+// testServer runs an embedded NATS server on a free loopback port.
+func testServer(t *testing.T) *server.Server {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(5 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	t.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	return srv
+}
+
+// testConn connects to srv, in process or over TCP, and flushes on return.
+func testConn(t *testing.T, srv *server.Server, inProcess bool) *nats.Conn {
+	t.Helper()
+	url, opts := srv.ClientURL(), []nats.Option{}
+	if inProcess {
+		url, opts = "", append(opts, nats.InProcessServer(srv))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func mustSubscribe(t *testing.T, nc *nats.Conn, subject, queue string) *nats.Subscription {
+	t.Helper()
+	sub, err := nc.QueueSubscribe(subject, queue, func(m *nats.Msg) { _ = m.Respond(m.Data) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
+// wantCheck runs one check and compares what it reports.
+func wantCheck(t *testing.T, w *interestWatcher, wantChanged bool, want []string) {
+	t.Helper()
+	got, changed, err := w.check()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changed != wantChanged || (changed && !slices.Equal(got, want)) {
+		t.Fatalf("check: got %v changed=%v, want %v changed=%v", got, changed, want, wantChanged)
+	}
+}
+
+func TestInterestWatcherSeesEveryKindOfHostButTheNodesOwn(t *testing.T) {
+	srv := testServer(t)
+	w := newInterestWatcher(srv)
+	wantCheck(t, w, true, []string{}) // the first check always reports
+
+	prog := testConn(t, srv, false)
+	mustSubscribe(t, prog, "cap.plain", "")
+	mustSubscribe(t, prog, "cap.queued", "workers")
+	mustSubscribe(t, prog, "work.thumb", "meshbox")
+	mustSubscribe(t, prog, "cap.>", "")        // listens, does not host
+	mustSubscribe(t, prog, "cap.*.x", "")      // likewise
+	mustSubscribe(t, prog, "evt.x", "")        // not hosting at all
+	mustSubscribe(t, prog, "node.a.cap.x", "") // addressed subjects are the bridge's
+	svcConn := testConn(t, srv, false)
+	svc, err := micro.AddService(svcConn, micro.Config{
+		Name:     "echo",
+		Version:  "1.0.0",
+		Endpoint: &micro.EndpointConfig{Subject: "cap.micro", Handler: micro.HandlerFunc(func(r micro.Request) { _ = r.Respond(r.Data()) })},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = svc.Stop() })
+	if err := svcConn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The node's own connections (stand-ins), over TCP and in process.
+	own := testConn(t, srv, false)
+	ownIn := testConn(t, srv, true)
+	w.exclude(own)
+	w.exclude(ownIn)
+	mustSubscribe(t, own, "cap.standin", "")
+	mustSubscribe(t, ownIn, "cap.standin2", "q")
+	mustSubscribe(t, ownIn, "cap.plain", "") // a stand-in beside a local host changes nothing
+
+	wantCheck(t, w, true, []string{"cap.micro", "cap.plain", "cap.queued", "work.thumb"})
+}
+
+func TestInterestWatcherReportsChangesOnly(t *testing.T) {
+	srv := testServer(t)
+	w := newInterestWatcher(srv)
+	own := testConn(t, srv, true)
+	w.exclude(own)
+	wantCheck(t, w, true, []string{})
+
+	// Nothing changed: no snapshot, and the counters say so without one.
+	wantCheck(t, w, false, nil)
+	before := w.last
+
+	prog := testConn(t, srv, false)
+	echo := mustSubscribe(t, prog, "cap.echo", "")
+	wantCheck(t, w, true, []string{"cap.echo"})
+	wantCheck(t, w, false, nil)
+
+	// The node's own subscriptions move the counters but change nothing
+	// hosted: the snapshot is taken and not reported.
+	standin := mustSubscribe(t, own, "cap.elsewhere", "")
+	wantCheck(t, w, false, nil)
+	if w.last == before {
+		t.Fatal("the counters did not move with the subscriptions")
+	}
+
+	// One subscription replaced by another between two checks: the count
+	// of subscriptions is the same, the counters are not.
+	if err := echo.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	mustSubscribe(t, prog, "work.resize", "q")
+	wantCheck(t, w, true, []string{"work.resize"})
+
+	if err := standin.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := own.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	wantCheck(t, w, false, nil)
+
+	// A program that leaves takes its subscriptions along.
+	prog.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got, changed, err := w.check()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if changed {
+			if len(got) != 0 {
+				t.Fatalf("after the program left: got %v, want nothing hosted", got)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the program's leaving was not reported") // the server removes a closed client's subscriptions asynchronously
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestInterestWatcherWatchDeliversInOrderAndStops(t *testing.T) {
+	srv := testServer(t)
+	w := newInterestWatcher(srv)
+	if _, _, err := w.check(); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan []string, 10)
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() { // exits when quit is closed
+		defer close(done)
+		w.watch(quit, 5*time.Millisecond, time.Hour, time.Hour, func(s []string) { got <- s }, func(err error) { t.Errorf("check: %v", err) })
+	}()
+	prog := testConn(t, srv, false)
+	mustSubscribe(t, prog, "cap.a", "")
+	select {
+	case s := <-got:
+		if !slices.Equal(s, []string{"cap.a"}) {
+			t.Fatalf("got %v, want [cap.a]", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no change delivered")
+	}
+	mustSubscribe(t, prog, "work.b", "")
+	select {
+	case s := <-got:
+		if !slices.Equal(s, []string{"cap.a", "work.b"}) {
+			t.Fatalf("got %v, want [cap.a work.b]", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no change delivered")
+	}
+	close(quit)
+	<-done
+	if len(got) != 0 {
+		t.Fatalf("got %v after the last change, want nothing", <-got)
+	}
+}
+
+// The appliance's own connections never count: a node with a static
+// route keeps the bridge's stand-in for it out of what it hosts, and a
+// program's capability reaches the node's status through the watcher.
+func TestApplianceHostsProgramsButNotItsStandIns(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Node = "alpha"
+	cfg.DataDir = t.TempDir()
+	cfg.NATS = "127.0.0.1:0"
+	cfg.HTTP = "off"
+	cfg.Bridge.Routes = map[string]string{"remote": "beta"}
+	a, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	prog, err := nats.Connect(a.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	// The stand-in exists: a call to cap.remote reaches the bridge (which
+	// fails it, no broker), not the server's "no responders".
+	if _, err := prog.Request("cap.remote", nil, 5*time.Second); errors.Is(err, nats.ErrNoResponders) {
+		t.Fatal("cap.remote has no stand-in")
+	}
+	mustSubscribe(t, prog, "cap.local", "")
+	deadline := time.Now().Add(5 * time.Second)
+	for !slices.Equal(a.node.Load().Capabilities().Local, []string{"local"}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("node's local capabilities: got %v, want [local] (never the stand-in)", a.node.Load().Capabilities().Local)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := a.bridge.Load().LocalCapabilities(); !slices.Equal(got, []string{"local"}) {
+		t.Fatalf("bridge's local capabilities: got %v, want [local]", got)
+	}
+}
