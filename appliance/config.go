@@ -11,11 +11,12 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/meshbox/meshbox/internal/names"
 )
 
 // Config is the whole configuration of one node. It is built once, at the
@@ -155,34 +156,14 @@ func DefaultDataDir() string {
 	return "meshbox-data"
 }
 
-var nodeNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-
 // ValidNodeName reports whether name can be a node's mesh name: it is used as
 // a NATS subject token and an AMQP exchange name, so it is kept to letters,
-// digits, '-' and '_'.
-func ValidNodeName(name string) bool { return nodeNameRE.MatchString(name) }
+// digits, '-' and '_' (see package names).
+func ValidNodeName(name string) bool { return names.Node(name) == nil }
 
 // SanitizeNodeName turns a host name into a valid node name: the first label
 // only, other characters replaced by '-'.
-func SanitizeNodeName(host string) string {
-	host, _, _ = strings.Cut(host, ".")
-	var b strings.Builder
-	for _, r := range host {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_':
-			b.WriteRune(r)
-		default:
-			b.WriteRune('-')
-		}
-		if b.Len() == 64 {
-			break
-		}
-	}
-	if b.Len() == 0 {
-		return "meshbox"
-	}
-	return b.String()
-}
+func SanitizeNodeName(host string) string { return names.NodeFromHost(host) }
 
 // LoadFile reads a JSON config file over c. Unknown keys are an error.
 func (c *Config) LoadFile(path string) error {
@@ -270,8 +251,8 @@ func (c *Config) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, &FieldError{Field: field, Err: fmt.Errorf(format, args...)})
 	}
-	if !ValidNodeName(c.Node) {
-		bad("node", "%q is not a valid node name (letters, digits, '-', '_'; 1 to 64)", c.Node)
+	if err := names.Node(c.Node); err != nil {
+		bad("node", "%w", err)
 	}
 	if strings.TrimSpace(c.DataDir) == "" {
 		bad("data", "must not be empty")
@@ -344,31 +325,17 @@ func (c *Config) Validate() error {
 		}
 	}
 	for _, capName := range sortedKeys(c.Bridge.Routes) {
-		if !validToken(capName) {
-			bad("bridge.routes", "%q is not a valid capability name", capName)
+		if err := names.Capability(capName); err != nil {
+			bad("bridge.routes", "%w", err)
 		}
-		if !ValidNodeName(c.Bridge.Routes[capName]) {
-			bad("bridge.routes."+capName, "%q is not a valid node name", c.Bridge.Routes[capName])
+		if err := names.Node(c.Bridge.Routes[capName]); err != nil {
+			bad("bridge.routes."+capName, "%w", err)
 		}
 	}
 	if c.Mesh.MissedHeartbeats < 1 || c.Mesh.MissedHeartbeats > 100 {
 		bad("mesh.missed_heartbeats", "%d is out of range 1..100", c.Mesh.MissedHeartbeats)
 	}
 	return errors.Join(errs...)
-}
-
-// validToken reports whether s is one or more dot-separated NATS subject
-// tokens without wildcards.
-func validToken(s string) bool {
-	if s == "" || len(s) > 200 {
-		return false
-	}
-	for _, tok := range strings.Split(s, ".") {
-		if tok == "" || strings.ContainsAny(tok, "*> \t\r\n") {
-			return false
-		}
-	}
-	return true
 }
 
 func checkHostPort(addr string) error {

@@ -2,7 +2,8 @@ package bridge
 
 import (
 	"strings"
-	"unicode/utf8"
+
+	"github.com/meshbox/meshbox/internal/names"
 )
 
 // Local NATS subjects.
@@ -54,47 +55,12 @@ const (
 	typeSystem  = "system"
 )
 
-// maxNameLen bounds a capability, stage, topic or system key so that every
-// routing key and queue name derived from it stays under AMQP's 255 bytes.
-const maxNameLen = 200
-
-// validNodeName reports whether s is a node name: 1 to 64 of [A-Za-z0-9_-].
-func validNodeName(s string) bool {
-	if len(s) == 0 || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
+// validNodeName reports whether s is a node name (see package names).
+func validNodeName(s string) bool { return names.Node(s) == nil }
 
 // validName reports whether s can name a capability, stage, topic or system
-// key: dot-separated non-empty tokens of printable UTF-8 without the NATS and
-// AMQP wildcards (*, >, #) or whitespace, at most maxNameLen bytes.
-func validName(s string) bool {
-	if len(s) == 0 || len(s) > maxNameLen || !utf8.ValidString(s) {
-		return false
-	}
-	prevDot := true
-	for _, r := range s {
-		switch {
-		case r == '.':
-			if prevDot {
-				return false
-			}
-			prevDot = true
-			continue
-		case r == '*' || r == '>' || r == '#' || r <= ' ' || r == 0x7f || r == utf8.RuneError:
-			return false
-		}
-		prevDot = false
-	}
-	return !prevDot
-}
+// key; package names gives the four kinds one grammar.
+func validName(s string) bool { return names.Capability(s) == nil }
 
 // nodeExchange is the topic exchange of node n.
 func nodeExchange(n string) string { return "node." + n }

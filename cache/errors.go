@@ -70,9 +70,10 @@ func (e *CorruptError) Unwrap() []error {
 
 // NameError reports a name or value that fails validation.
 type NameError struct {
-	Field  string // which input: "node", "module", "setting key", ...
+	Field  string // which input: "node name", "module name", "setting key", ...
 	Value  string // the rejected input (truncated for display)
 	Reason string // what rule it breaks
+	Err    error  // for a name: the *names.Error that rejected it
 }
 
 func (e *NameError) Error() string {
@@ -83,5 +84,10 @@ func (e *NameError) Error() string {
 	return fmt.Sprintf("invalid %s %q: %s", e.Field, v, e.Reason)
 }
 
-// Unwrap returns ErrInvalidName.
-func (e *NameError) Unwrap() error { return ErrInvalidName }
+// Unwrap returns ErrInvalidName and, for a name, the *names.Error.
+func (e *NameError) Unwrap() []error {
+	if e.Err != nil {
+		return []error{ErrInvalidName, e.Err}
+	}
+	return []error{ErrInvalidName}
+}

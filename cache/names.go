@@ -1,54 +1,67 @@
 package cache
 
 import (
+	"errors"
 	"net/url"
-	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/meshbox/meshbox/internal/names"
 )
 
-// Limits on names and values accepted into the bindings.
+// Limits on names and values accepted into the bindings. The rules for
+// names live in package names; the Validate functions below apply them and
+// report a *NameError.
 const (
-	MaxNodeNameLen = 64        // node names: [A-Za-z0-9_-]
-	MaxNameLen     = 128       // modules, keys, resources, providers
-	MaxValueLen    = 64 * 1024 // setting, override, identity and credential values
+	MaxNodeNameLen = names.MaxNode // node names: [A-Za-z0-9_-]
+	MaxNameLen     = names.MaxKey  // modules, keys, resources, providers
+	MaxValueLen    = 64 * 1024     // setting, override, identity and credential values
 )
 
-// ValidateNodeName checks a node's mesh name: 1 to 64 characters from
+// ValidateNodeName checks a node's mesh name: 1 to 64 bytes of
 // [A-Za-z0-9_-], which is safe as an AMQP exchange name and a NATS token.
-func ValidateNodeName(name string) error {
-	return checkName("node name", name, MaxNodeNameLen, false, "")
-}
+func ValidateNodeName(name string) error { return nameError(names.Node(name)) }
 
-// ValidateModuleName checks a module name: 1 to 128 characters from
+// ValidateModuleName checks a module name: 1 to 128 bytes of
 // [A-Za-z0-9_.-], starting with a letter or digit.
-func ValidateModuleName(name string) error {
-	return checkName("module name", name, MaxNameLen, true, ".")
-}
+func ValidateModuleName(name string) error { return nameError(names.Module(name)) }
 
 // ValidateSettingKey checks a mesh setting key such as "broker.url": 1 to
-// 128 characters from [a-z0-9_.-], starting with a letter or digit.
-func ValidateSettingKey(key string) error {
-	if err := checkName("setting key", key, MaxNameLen, true, "."); err != nil {
-		return err
-	}
-	if strings.ToLower(key) != key {
-		return &NameError{Field: "setting key", Value: key, Reason: "must be lower case"}
-	}
-	return nil
-}
+// 128 bytes of [a-z0-9_.-], starting with a letter or digit.
+func ValidateSettingKey(key string) error { return nameError(names.SettingKey(key)) }
 
-// ValidateOverrideKey checks an override key: 1 to 128 characters from
+// ValidateOverrideKey checks an override key: 1 to 128 bytes of
 // [A-Za-z0-9_.-], starting with a letter or digit.
-func ValidateOverrideKey(key string) error {
-	return checkName("override key", key, MaxNameLen, true, ".")
-}
+func ValidateOverrideKey(key string) error { return nameError(names.OverrideKey(key)) }
 
 // ValidateResourceName checks a grant's resource or provider name (field
-// says which): 1 to 128 characters from [A-Za-z0-9_.:/@-], starting with a
-// letter or digit.
+// is "resource" or "provider"): 1 to 128 bytes of [A-Za-z0-9_.:/@-],
+// starting with a letter or digit.
 func ValidateResourceName(field, name string) error {
-	return checkName(field, name, MaxNameLen, true, ".:/@")
+	if field == "provider" {
+		return nameError(names.Provider(name))
+	}
+	return nameError(names.Resource(name))
+}
+
+// ValidatePublicName checks a node's optional public (DNS) name: empty, or
+// at most 253 bytes of dot-separated labels, each 1 to 63 bytes of
+// [A-Za-z0-9-] neither starting nor ending with '-'.
+func ValidatePublicName(name string) error {
+	if name == "" {
+		return nil
+	}
+	return nameError(names.PublicName(name))
+}
+
+// nameError turns a rejection of package names into a *NameError (nil
+// stays nil).
+func nameError(err error) error {
+	var ne *names.Error
+	if !errors.As(err, &ne) {
+		return err
+	}
+	return &NameError{Field: ne.Kind.String(), Value: ne.Name, Reason: ne.Reason, Err: ne}
 }
 
 // ValidateValue checks a free-text value (field names it): valid UTF-8,
@@ -65,15 +78,6 @@ func ValidateValue(field, v string) error {
 	return nil
 }
 
-// ValidatePublicName checks a node's optional public (DNS) name: empty, or
-// up to 253 characters from [A-Za-z0-9.-].
-func ValidatePublicName(name string) error {
-	if name == "" {
-		return nil
-	}
-	return checkName("public name", name, 253, true, ".")
-}
-
 // ValidateBrokerURL checks the broker.url setting: an amqp:// or amqps://
 // URL with a host.
 func ValidateBrokerURL(raw string) error {
@@ -88,40 +92,6 @@ func ValidateBrokerURL(raw string) error {
 		return &NameError{Field: "broker URL", Value: RedactURL(raw), Reason: "has no host"}
 	}
 	return nil
-}
-
-// checkName validates name against [A-Za-z0-9_-] plus extra characters;
-// underscore and dash are always allowed. With alnumFirst, the first
-// character must be a letter or digit.
-func checkName(field, name string, maxLen int, alnumFirst bool, extra string) error {
-	if name == "" {
-		return &NameError{Field: field, Value: name, Reason: "must not be empty"}
-	}
-	if len(name) > maxLen {
-		return &NameError{Field: field, Value: name, Reason: "longer than " + strconv.Itoa(maxLen) + " characters"}
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if i == 0 && alnumFirst && !alnum {
-			return &NameError{Field: field, Value: name, Reason: "must start with a letter or digit"}
-		}
-		if alnum || c == '_' || c == '-' || strings.IndexByte(extra, c) >= 0 {
-			continue
-		}
-		return &NameError{Field: field, Value: name, Reason: "may only contain letters, digits, '_', '-'" + quoteChars(extra)}
-	}
-	return nil
-}
-
-func quoteChars(extra string) string {
-	var b strings.Builder
-	for _, c := range extra {
-		b.WriteString(", '")
-		b.WriteRune(c)
-		b.WriteString("'")
-	}
-	return b.String()
 }
 
 // RedactURL returns raw with any password in it replaced by "xxxxx"; a

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/meshbox/meshbox/internal/names"
 )
 
 // ProtocolVersion is the discovery protocol version this package speaks
@@ -17,13 +19,13 @@ const ProtocolVersion = 1
 
 // Limits on discovery messages. A message beyond them is rejected whole.
 const (
-	MaxMessageBytes   = 256 << 10 // body size
-	MaxCapabilities   = 1024      // entries in "capabilities"
-	MaxStages         = 1024      // entries in "stages"
-	MaxNodeNameLen    = 64        // node names: [A-Za-z0-9_-]
-	MaxCapNameLen     = 128       // capability and stage names
-	MaxVersionLen     = 64        // the "version" string
-	MaxHashLen        = 64        // the "hash" string (hex)
+	MaxMessageBytes   = 256 << 10       // body size
+	MaxCapabilities   = 1024            // entries in "capabilities"
+	MaxStages         = 1024            // entries in "stages"
+	MaxNodeNameLen    = names.MaxNode   // node names (see package names)
+	MaxCapNameLen     = names.MaxDotted // capability and stage names (see package names)
+	MaxVersionLen     = 64              // the "version" string
+	MaxHashLen        = 64              // the "hash" string (hex)
 	minHeartbeatMS    = 10
 	maxHeartbeatMS    = 3600 * 1000
 	capSubjectPrefix  = "cap."
@@ -93,14 +95,16 @@ func DecodeMessage(key string, body []byte, origin string) (*Message, error) {
 	default:
 		return nil, wireErr(ErrUnknownType, "type", "%.32q", m.Type)
 	}
-	if !ValidNodeName(m.Node) {
-		return nil, wireErr(ErrBadName, "node", "%.80q", m.Node)
+	if err := names.Node(m.Node); err != nil {
+		return nil, wireErr(ErrBadName, "node", "%v", err)
 	}
 	if origin != "" && origin != m.Node {
 		return nil, wireErr(ErrOrigin, "node", "message from %q claims to be from %q", origin, m.Node)
 	}
-	if m.To != "" && !ValidNodeName(m.To) {
-		return nil, wireErr(ErrBadName, "to", "%.80q", m.To)
+	if m.To != "" {
+		if err := names.Node(m.To); err != nil {
+			return nil, wireErr(ErrBadName, "to", "%v", err)
+		}
 	}
 	if m.Type == TypeInfo && m.To == "" {
 		return nil, wireErr(ErrBadField, "to", "an info message must be addressed")
@@ -130,10 +134,10 @@ func DecodeMessage(key string, body []byte, origin string) (*Message, error) {
 		return nil, wireErr(ErrBadField, "capabilities", "a %s message carries no lists", m.Type)
 	}
 	var err *WireError
-	if m.Capabilities, err = checkList("capabilities", m.Capabilities, MaxCapabilities); err != nil {
+	if m.Capabilities, err = checkList("capabilities", names.Capability, m.Capabilities, MaxCapabilities); err != nil {
 		return nil, err
 	}
-	if m.Stages, err = checkList("stages", m.Stages, MaxStages); err != nil {
+	if m.Stages, err = checkList("stages", names.Stage, m.Stages, MaxStages); err != nil {
 		return nil, err
 	}
 	if carriesRecord(m.Type) && m.Hash == "" {
@@ -142,64 +146,30 @@ func DecodeMessage(key string, body []byte, origin string) (*Message, error) {
 	return &m, nil
 }
 
-// checkList validates, sorts and deduplicates a list of names.
-func checkList(field string, names []string, limit int) ([]string, *WireError) {
-	if len(names) > limit {
-		return nil, wireErr(ErrTooMany, field, "%d entries, limit %d", len(names), limit)
+// checkList validates (with check), sorts and deduplicates a list of names.
+func checkList(field string, check func(string) error, list []string, limit int) ([]string, *WireError) {
+	if len(list) > limit {
+		return nil, wireErr(ErrTooMany, field, "%d entries, limit %d", len(list), limit)
 	}
-	for _, n := range names {
-		if !ValidCapabilityName(n) {
-			return nil, wireErr(ErrBadName, field, "%.80q", n)
+	for _, n := range list {
+		if err := check(n); err != nil {
+			return nil, wireErr(ErrBadName, field, "%v", err)
 		}
 	}
-	out := slices.Clone(names)
+	out := slices.Clone(list)
 	slices.Sort(out)
 	return slices.Compact(out), nil
 }
 
-// ValidNodeName reports whether name can be a node's mesh name: 1 to 64
-// characters from [A-Za-z0-9_-].
-func ValidNodeName(name string) bool {
-	if name == "" || len(name) > MaxNodeNameLen {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		if !nameByte(name[i]) {
-			return false
-		}
-	}
-	return true
-}
+// ValidNodeName reports whether name can be a node's mesh name (see
+// package names: 1 to 64 bytes of [A-Za-z0-9_-]).
+func ValidNodeName(name string) bool { return names.Node(name) == nil }
 
 // ValidCapabilityName reports whether name can be advertised as a
-// capability or stage: at most 128 characters, one or more dot-separated
-// tokens of [A-Za-z0-9_-] (so "echo" and "image.resize", not "a..b",
-// "a.*" or "a>").
-func ValidCapabilityName(name string) bool {
-	if name == "" || len(name) > MaxCapNameLen {
-		return false
-	}
-	prevDot := true
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		switch {
-		case c == '.':
-			if prevDot {
-				return false
-			}
-			prevDot = true
-		case nameByte(c):
-			prevDot = false
-		default:
-			return false
-		}
-	}
-	return !prevDot
-}
-
-func nameByte(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
-}
+// capability or stage (see package names: at most 128 bytes, one or more
+// dot-separated tokens of [A-Za-z0-9_-], so "echo" and "image.resize", not
+// "a..b", "a.*", "a>" or "café").
+func ValidCapabilityName(name string) bool { return names.Capability(name) == nil }
 
 func printable(s string) bool {
 	if !utf8.ValidString(s) {
