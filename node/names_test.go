@@ -38,8 +38,7 @@ func FuzzNodeNames(f *testing.F) {
 // nodeNameChecker returns a check of one name against every entry point.
 func nodeNameChecker(tb testing.TB) func(*testing.T, string) {
 	tb.Helper()
-	noSubjects := func() ([]string, error) { return nil, nil }
-	n, err := New(Config{Name: "self", Link: &fakeLink{}, LocalSubjects: noSubjects})
+	n, err := New(Config{Name: "self", Link: &fakeLink{}})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -80,7 +79,7 @@ func nodeNameChecker(tb testing.TB) func(*testing.T, string) {
 
 		// The bindings' expected nodes and the config.
 		agree("SetExpected", n.SetExpected([]string{s}) == nil, nodeOK)
-		_, err := Config{Name: s, Link: &fakeLink{}, LocalSubjects: noSubjects}.withDefaults()
+		_, err := Config{Name: s, Link: &fakeLink{}}.withDefaults()
 		agree("Config.Name", err == nil, nodeOK)
 	}
 }
