@@ -43,18 +43,24 @@ type Readiness struct {
 	Degraded []string `json:"degraded"`
 }
 
-// Readiness returns the node's readiness now.
+// Readiness returns the node's readiness now. Like Status it never waits on
+// Start or Close.
 func (a *Appliance) Readiness() Readiness {
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	rd := Readiness{Ready: true, Reasons: []string{}, Degraded: []string{}}
-	if a.natsSrv == nil || !a.natsSrv.srv.Running() {
+	notReady := func(reason string) {
 		rd.Ready = false
-		rd.Reasons = append(rd.Reasons, "embedded NATS server is not running")
+		rd.Reasons = append(rd.Reasons, reason)
 	}
-	if a.closed {
-		rd.Ready = false
-		rd.Reasons = append(rd.Reasons, "node is stopping")
+	switch a.phase.Load() {
+	case phaseNew:
+		notReady("node is not started")
+	case phaseStarting:
+		notReady("node is starting")
+	case phaseStopping, phaseStopped:
+		notReady("node is stopping")
+	}
+	if n := a.pubNATS.Load(); n == nil || !n.srv.Running() {
+		notReady("embedded NATS server is not running")
 	}
 	return rd
 }
