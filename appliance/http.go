@@ -3,6 +3,7 @@ package appliance
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -13,6 +14,7 @@ import (
 //	/readyz   ready to serve local programs; 503 with the reasons when not
 //	/status   the status as JSON
 //	/metrics  Prometheus metrics
+//	/debug/pprof/  Go's profiles, with Config.Pprof (loopback listeners only)
 func (a *Appliance) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -31,6 +33,13 @@ func (a *Appliance) handler() http.Handler {
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /{$}", a.serveStatusPage)
+	if a.cfg.Pprof { // Validate allows it on a loopback listener only
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 
