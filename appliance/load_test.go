@@ -31,7 +31,6 @@ func TestReadEnvFile(t *testing.T) {
 	}
 }
 
-
 // Each layer beats the one before: defaults, file, env file, environment,
 // flags.
 func TestLoadConfigLayers(t *testing.T) {

@@ -340,4 +340,3 @@ func hasOtherAddress(t *testing.T) bool {
 	}
 	return false
 }
-
