@@ -82,8 +82,8 @@ func TestSoak(t *testing.T) {
 	s := loadSettings(t)
 	rabbit := meshtest.RabbitMQ(t)
 	broker := rabbit.Vhost(t)
-	a := meshtest.StartProcess(t, "--node", "soak-a", "--broker", broker, "--pprof", "true", "--log-level", "warn")
-	b := meshtest.StartProcess(t, "--node", "soak-b", "--broker", broker, "--pprof", "true", "--log-level", "warn")
+	a := meshtest.StartProcess(t, "--node", "soak-a", "--broker", broker, "--pprof", "true")
+	b := meshtest.StartProcess(t, "--node", "soak-b", "--broker", broker, "--pprof", "true")
 	fmt.Printf("SOAK nodes: A pid %d %s, B pid %d %s (heap profile: <http>/debug/pprof/heap)\n", a.Pid(), a.HTTPURL(), b.Pid(), b.HTTPURL())
 
 	sub := func(_ *nats.Subscription, err error) {
