@@ -4,6 +4,8 @@
 #   make test   installs the services the tests need (RabbitMQ, PostgreSQL)
 #               when missing, then runs every test with the race detector
 #   make bench  the benchmarks, each against its raw baseline in the same run
+#   make soak   two nodes under mixed load and connection churn for 30 minutes
+#               (SOAK_DURATION=5m for less); fails if memory grows after warm-up
 
 export PATH := $(PATH):/usr/local/go/bin
 GO      ?= go
@@ -16,8 +18,9 @@ RUN_ARGS ?=
 # Go's default 10m per test binary is too short for the fault tests under -race.
 TEST_TIMEOUT ?= 30m
 FUZZ_TIME ?= 10s
+SOAK_DURATION ?= 30m
 
-.PHONY: all build run test test-short services fuzz bench lint install clean
+.PHONY: all build run test test-short services fuzz bench soak lint install clean
 
 all: build
 
@@ -50,6 +53,10 @@ fuzz:
 
 bench: services
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./testing/bench/ | tee bench.out | grep -E '^(BENCH|ok|FAIL|---)'
+
+# Not part of `make test`: the soak test builds only with -tags soak.
+soak: services
+	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -tags soak -run '^TestSoak$$' -count=1 -timeout 0 -v ./testing/soak/
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -23,13 +23,20 @@ import (
 
 // Appliance is one running meshbox node. Build it with New, run it with
 // Start, stop it with Close. Its methods are safe for concurrent use.
+//
+// Lifecycle and status are kept apart: mu serializes Start and Close,
+// which may take long (a broker that does not answer, a slow disk), while
+// Status, Readiness and the HTTP handlers never take it. They read the
+// phase and the components Start has published, so they answer at once
+// while the node starts and while it stops.
 type Appliance struct {
-	cfg       Config
-	logger    *slog.Logger
-	errs      *errorRing
-	registry  *prometheus.Registry
-	startedAt time.Time
+	cfg      Config
+	logger   *slog.Logger
+	errs     *errorRing
+	registry *prometheus.Registry
 
+	// mu is held by Start and Close for their whole run; the fields
+	// under it are Start's and Close's alone.
 	mu       sync.Mutex
 	started  bool
 	closed   bool
@@ -37,10 +44,22 @@ type Appliance struct {
 	nc       *nats.Conn // in-process connection for the node's own API
 	bindings *bindings
 	httpSrv  *http.Server
-	httpURL  string
+	// startedAt is when Start began (the node's StartedAt in its mesh view).
+	startedAt time.Time
 
-	// bridge is set once the bridge runs; read without a.mu by the bindings
-	// manager's goroutine.
+	// Published for lock-free readers: set by Start once a component runs,
+	// cleared by Close before it stops it.
+	phase       atomic.Int32 // a phase
+	pubStarted  atomic.Pointer[time.Time]
+	pubNATS     atomic.Pointer[natsServer]
+	pubBindings atomic.Pointer[bindings]
+	httpURL     atomic.Pointer[string]
+	// cancelStart cancels the context of a Start in progress, so that Close
+	// does not wait for a start that waits on the network.
+	cancelStart atomic.Pointer[context.CancelFunc]
+
+	// bridge is set once the bridge runs; read without a.mu by the
+	// bindings manager's goroutine.
 	bridge atomic.Pointer[bridge.Bridge]
 	node   atomic.Pointer[node.Node]
 	// interest is the one watcher of what local programs host; set in
@@ -52,7 +71,22 @@ type Appliance struct {
 	// stop the node (for example: the node name is claimed on the broker).
 	fatal chan error
 	wg    sync.WaitGroup // goroutines owned by the appliance
+
+	hook func(point string) // tests only: called at the named points of the lifecycle
 }
+
+// The phases of an appliance's life, in order.
+const (
+	phaseNew int32 = iota
+	phaseStarting
+	phaseRunning
+	phaseStopping
+	phaseStopped
+)
+
+// hookStopping is the lifecycle point where Close has said it is stopping
+// and stops nothing yet.
+const hookStopping = "stopping"
 
 // New validates cfg and returns an appliance that is not yet started.
 // logger may be nil (no logging).
@@ -82,6 +116,10 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 // server, bridge, node, HTTP. It returns once the node serves local programs,
 // or the first error, after undoing what it had started.
 func (a *Appliance) Start(ctx context.Context) (err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	a.cancelStart.Store(&cancel)
+	defer a.cancelStart.Store(nil)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
@@ -92,6 +130,8 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	}
 	a.started = true
 	a.startedAt = time.Now().UTC()
+	a.pubStarted.Store(&a.startedAt)
+	a.phase.CompareAndSwap(phaseNew, phaseStarting)
 	defer func() {
 		if err != nil {
 			a.closeLocked()
@@ -101,15 +141,23 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if err := os.MkdirAll(a.cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data directory: %w", err)
 	}
+	// HTTP first: status and readiness answer for the whole start.
+	if a.cfg.HTTP != "off" {
+		if err := a.startHTTP(); err != nil {
+			return err
+		}
+	}
 	a.bindings, err = openBindings(ctx, a.cfg, a.logger, a.registry, a.bindingsChanged) // components name themselves in their logs
 	if err != nil {
 		return err
 	}
+	a.pubBindings.Store(a.bindings)
 
 	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, a.logger.With("component", "nats"))
 	if err != nil {
 		return err
 	}
+	a.pubNATS.Store(a.natsSrv)
 	a.nc, err = a.natsSrv.connect(ownConnPrefix + "api")
 	if err != nil {
 		return fmt.Errorf("nats connect: %w", err)
@@ -130,11 +178,10 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 		return err
 	}
 	a.startWatchingInterest()
-	if a.cfg.HTTP != "off" {
-		if err := a.startHTTP(); err != nil {
-			return err
-		}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("start: %w", err) // Close was called meanwhile
 	}
+	a.phase.CompareAndSwap(phaseStarting, phaseRunning)
 	return nil
 }
 
@@ -144,20 +191,19 @@ func (a *Appliance) Fatal() <-chan error { return a.fatal }
 
 // NATSURL is the client URL of the embedded NATS server ("" before Start).
 func (a *Appliance) NATSURL() string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.natsSrv == nil {
-		return ""
+	if n := a.pubNATS.Load(); n != nil {
+		return n.URL()
 	}
-	return a.natsSrv.URL()
+	return ""
 }
 
 // HTTPURL is the base URL of the status endpoints ("" when off or before
 // Start).
 func (a *Appliance) HTTPURL() string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.httpURL
+	if u := a.httpURL.Load(); u != nil {
+		return *u
+	}
+	return ""
 }
 
 // Logger is the node's logger.
@@ -165,8 +211,14 @@ func (a *Appliance) Logger() *slog.Logger { return a.logger }
 
 // Close stops the node in the reverse order of Start. It is idempotent, safe
 // after a failed or partial Start, and returns when every goroutine the node
-// started is gone.
+// started is gone. It says at once that the node is stopping, cancels a
+// Start in progress, and keeps the HTTP listener up until the rest has
+// stopped, so that readiness shows "node is stopping" meanwhile.
 func (a *Appliance) Close() error {
+	a.phase.Store(phaseStopping)
+	if cancel := a.cancelStart.Load(); cancel != nil {
+		(*cancel)()
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.closed = true
@@ -175,15 +227,11 @@ func (a *Appliance) Close() error {
 
 // closeLocked stops whatever is running. a.mu is held on entry.
 func (a *Appliance) closeLocked() error {
-	var errs []error
-	if a.httpSrv != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		if err := a.httpSrv.Shutdown(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("http: %w", err))
-		}
-		cancel()
-		a.httpSrv = nil
+	a.phase.Store(phaseStopping)
+	if a.hook != nil {
+		a.hook(hookStopping)
 	}
+	var errs []error
 	select {
 	case <-a.quit:
 	default:
@@ -204,16 +252,29 @@ func (a *Appliance) closeLocked() error {
 		a.nc = nil
 	}
 	if a.natsSrv != nil {
+		a.pubNATS.Store(nil)
 		a.natsSrv.close()
 		a.natsSrv = nil
 	}
 	if a.bindings != nil {
+		a.pubBindings.Store(nil)
 		if err := a.bindings.close(); err != nil {
 			errs = append(errs, err)
 		}
 		a.bindings = nil
 	}
+	// Last: the status endpoints answer while the rest stops. Handlers never
+	// wait on Close, so this waits only for slow clients.
+	if a.httpSrv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		if err := a.httpSrv.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("http: %w", err))
+		}
+		cancel()
+		a.httpSrv = nil
+	}
 	a.wg.Wait()
+	a.phase.Store(phaseStopped)
 	return errors.Join(errs...)
 }
 
@@ -244,7 +305,8 @@ func (a *Appliance) startHTTP() error {
 	if err != nil {
 		return fmt.Errorf("http listen %s: %w", a.cfg.HTTP, err)
 	}
-	a.httpURL = "http://" + ln.Addr().String()
+	u := "http://" + ln.Addr().String()
+	a.httpURL.Store(&u)
 	a.httpSrv = &http.Server{
 		Handler:           a.handler(),
 		ReadHeaderTimeout: 5 * time.Second,

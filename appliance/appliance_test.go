@@ -223,3 +223,38 @@ func TestHostedCapabilityNeverGetsNoHostAnswer(t *testing.T) {
 		t.Fatalf("%d of 3000 calls did not get the host's answer", failed)
 	}
 }
+
+// /debug/pprof is served only when configured.
+func TestPprofIsOptIn(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		cfg := DefaultConfig()
+		cfg.Node = "alpha"
+		cfg.DataDir = t.TempDir()
+		cfg.NATS = "127.0.0.1:0"
+		cfg.HTTP = "127.0.0.1:0"
+		cfg.Pprof = on
+		a, err := New(cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.Get(a.HTTPURL() + "/debug/pprof/heap")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		want := http.StatusNotFound
+		if on {
+			want = http.StatusOK
+		}
+		if resp.StatusCode != want {
+			t.Errorf("pprof %v: GET /debug/pprof/heap: got %d, want %d", on, resp.StatusCode, want)
+		}
+		if err := a.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

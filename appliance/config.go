@@ -40,6 +40,10 @@ type Config struct {
 	// HTTP is where status, health and metrics are served (host:port; port 0
 	// picks a free one; "off" disables the listener).
 	HTTP string `json:"http"`
+	// Pprof serves Go's profiles (/debug/pprof/) on the HTTP listener, for
+	// an operator to take a heap or CPU profile. Off by default; only on a
+	// loopback listener.
+	Pprof bool `json:"pprof"`
 	// DB is the mesh database URL (postgres://...). Empty: no database; the
 	// node runs standalone.
 	DB Secret `json:"db"`
@@ -191,6 +195,7 @@ var EnvVars = []struct {
 	{"MESHBOX_DATA", "data"},
 	{"MESHBOX_NATS", "nats"},
 	{"MESHBOX_HTTP", "http"},
+	{"MESHBOX_PPROF", "pprof"},
 	{"MESHBOX_DB", "db"},
 	{"MESHBOX_BROKER", "broker"},
 	{"MESHBOX_LOG_LEVEL", "log.level"},
@@ -221,6 +226,12 @@ func (c *Config) Set(field, value string) error {
 		c.NATS = value
 	case "http":
 		c.HTTP = value
+	case "pprof":
+		on, err := strconv.ParseBool(value)
+		if err != nil {
+			return fmt.Errorf("pprof: %q is not true or false", value)
+		}
+		c.Pprof = on
 	case "db":
 		c.DB = Secret(value)
 	case "broker":
@@ -264,6 +275,10 @@ func (c *Config) Validate() error {
 		if err := checkHostPort(c.HTTP); err != nil {
 			bad("http", "%v", err)
 		}
+	}
+	if c.Pprof && (c.HTTP == "off" || !LoopbackAddr(c.HTTP)) {
+		// Profiles show the process's memory: never off this machine.
+		bad("pprof", "needs the HTTP listener on loopback, got http %q", c.HTTP)
 	}
 	if c.DB != "" {
 		if err := checkURL(string(c.DB), "postgres", "postgresql"); err != nil {

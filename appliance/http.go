@@ -3,6 +3,7 @@ package appliance
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -13,6 +14,7 @@ import (
 //	/readyz   ready to serve local programs; 503 with the reasons when not
 //	/status   the status as JSON
 //	/metrics  Prometheus metrics
+//	/debug/pprof/  Go's profiles, with Config.Pprof (loopback listeners only)
 func (a *Appliance) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -31,6 +33,13 @@ func (a *Appliance) handler() http.Handler {
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /{$}", a.serveStatusPage)
+	if a.cfg.Pprof { // Validate allows it on a loopback listener only
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 
@@ -43,18 +52,24 @@ type Readiness struct {
 	Degraded []string `json:"degraded"`
 }
 
-// Readiness returns the node's readiness now.
+// Readiness returns the node's readiness now. Like Status it never waits on
+// Start or Close.
 func (a *Appliance) Readiness() Readiness {
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	rd := Readiness{Ready: true, Reasons: []string{}, Degraded: []string{}}
-	if a.natsSrv == nil || !a.natsSrv.srv.Running() {
+	notReady := func(reason string) {
 		rd.Ready = false
-		rd.Reasons = append(rd.Reasons, "embedded NATS server is not running")
+		rd.Reasons = append(rd.Reasons, reason)
 	}
-	if a.closed {
-		rd.Ready = false
-		rd.Reasons = append(rd.Reasons, "node is stopping")
+	switch a.phase.Load() {
+	case phaseNew:
+		notReady("node is not started")
+	case phaseStarting:
+		notReady("node is starting")
+	case phaseStopping, phaseStopped:
+		notReady("node is stopping")
+	}
+	if n := a.pubNATS.Load(); n == nil || !n.srv.Running() {
+		notReady("embedded NATS server is not running")
 	}
 	return rd
 }

@@ -32,25 +32,26 @@ type EndpointStatus struct {
 	URL string `json:"url"`
 }
 
-// Status returns the node's status now.
+// Status returns the node's status now. It never waits on Start or Close:
+// it reads what they have published.
 func (a *Appliance) Status() Status {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	var startedAt time.Time
+	if t := a.pubStarted.Load(); t != nil {
+		startedAt = *t
+	}
 	b := Build()
 	st := Status{
 		Node:          a.cfg.Node,
 		Version:       b.Version,
 		Commit:        b.Commit,
-		StartedAt:     a.startedAt,
-		UptimeSeconds: time.Since(a.startedAt).Seconds(),
-		HTTP:          EndpointStatus{URL: a.httpURL},
-		Broker:        bridge.BrokerStatus{State: bridge.StateNone, Since: a.startedAt, History: []bridge.StateChange{}},
+		StartedAt:     startedAt,
+		UptimeSeconds: time.Since(startedAt).Seconds(),
+		HTTP:          EndpointStatus{URL: a.HTTPURL()},
+		Broker:        bridge.BrokerStatus{State: bridge.StateNone, Since: startedAt, History: []bridge.StateChange{}},
 		Stalls:        []bridge.StallStatus{},
 		Errors:        a.errs.recent(),
 	}
-	if a.natsSrv != nil {
-		st.NATS.URL = a.natsSrv.URL()
-	}
+	st.NATS.URL = a.NATSURL()
 	if b := a.bridge.Load(); b != nil {
 		bs := b.Status()
 		st.Broker, st.Outbox, st.Stalls = bs.Broker, bs.Outbox, bs.Stalls
@@ -62,8 +63,8 @@ func (a *Appliance) Status() Status {
 	if st.Peers == nil {
 		st.Peers = []node.Peer{}
 	}
-	if a.bindings != nil {
-		st.Bindings = a.bindings.manager.Status()
+	if bd := a.pubBindings.Load(); bd != nil {
+		st.Bindings = bd.manager.Status()
 	} else {
 		st.Bindings = cache.Status{Source: "none", DB: "none"}
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/cache"
 	"github.com/nats-io/nats.go"
 )
 
@@ -36,22 +37,22 @@ func connectNode(url string) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// nodeStatus asks the node at url for its status.
-func nodeStatus(ctx context.Context, url string) (map[string]any, []byte, error) {
+// nodeStatus asks the node at url for its status. raw is the JSON as the
+// node sent it.
+func nodeStatus(ctx context.Context, url string) (st appliance.Status, raw []byte, err error) {
 	nc, err := connectNode(url)
 	if err != nil {
-		return nil, nil, err
+		return st, nil, err
 	}
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	msg, err := nc.RequestWithContext(ctx, appliance.SubjectStatus, nil)
 	if err != nil {
-		return nil, nil, fmt.Errorf("node at %s did not answer a status request: %v", appliance.RedactURL(url), err)
+		return st, nil, fmt.Errorf("node at %s did not answer a status request: %v", appliance.RedactURL(url), err)
 	}
-	var st map[string]any
 	if err := json.Unmarshal(msg.Data, &st); err != nil {
-		return nil, nil, fmt.Errorf("node at %s sent a status that is not JSON: %v", appliance.RedactURL(url), err)
+		return st, nil, fmt.Errorf("node at %s sent a status this meshbox cannot read: %v", appliance.RedactURL(url), err)
 	}
 	return st, msg.Data, nil
 }
@@ -86,99 +87,63 @@ func (c *StatusCommand) Run(ctx context.Context, args []string) error {
 }
 
 // printStatus writes the parts of a status an operator looks at first.
-func printStatus(w io.Writer, st map[string]any) {
+func printStatus(w io.Writer, st appliance.Status) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
-	row("node", fmt.Sprintf("%v (meshbox %v)", st["node"], st["version"]))
-	row("started", fmt.Sprintf("%v (up %s)", st["started_at"], secs(st["uptime_seconds"])))
-	row("nats", str(get(st, "nats", "url")))
-	row("http", str(get(st, "http", "url")))
-	broker := str(get(st, "broker", "state"))
-	if u := str(get(st, "broker", "url")); u != "" {
-		broker += " " + u
+	row("node", fmt.Sprintf("%s (meshbox %s)", st.Node, st.Version))
+	row("started", fmt.Sprintf("%s (up %s)", st.StartedAt.Format(time.RFC3339), secs(st.UptimeSeconds)))
+	row("nats", st.NATS.URL)
+	row("http", st.HTTP.URL)
+	broker := st.Broker.State
+	if st.Broker.URL != "" {
+		broker += " " + st.Broker.URL
 	}
-	if s := str(get(st, "broker", "since")); s != "" {
-		broker += " since " + s
+	if !st.Broker.Since.IsZero() {
+		broker += " since " + st.Broker.Since.Format(time.RFC3339)
+	}
+	if st.Broker.Reason != "" {
+		broker += ": " + st.Broker.Reason
 	}
 	row("broker", broker)
-	b := "source " + str(get(st, "bindings", "source"))
-	if rev := get(st, "bindings", "revision"); rev != nil {
-		b += fmt.Sprintf(", revision %v, age %s", rev, secs(get(st, "bindings", "age_seconds")))
+	b := "source " + st.Bindings.Source
+	if st.Bindings.Source != cache.SourceNone {
+		b += fmt.Sprintf(", revision %d, age %s", st.Bindings.Revision, secs(st.Bindings.AgeSeconds))
 	}
-	if warn := str(get(st, "bindings", "warning")); warn != "" {
-		b += " — WARNING: " + warn
+	if st.Bindings.Warning != "" {
+		b += " — WARNING: " + st.Bindings.Warning
 	}
 	row("bindings", b)
-	if peers, ok := st["peers"].([]any); ok && len(peers) > 0 {
-		var parts []string
-		for _, p := range peers {
-			if m, ok := p.(map[string]any); ok {
-				parts = append(parts, fmt.Sprintf("%v (%v)", m["name"], m["state"]))
-			}
+	if len(st.Peers) > 0 {
+		parts := make([]string, len(st.Peers))
+		for i, p := range st.Peers {
+			parts[i] = fmt.Sprintf("%s (%s)", p.Name, p.State)
 		}
 		row("peers", strings.Join(parts, ", "))
 	}
-	if local, ok := get(st, "capabilities", "local").([]any); ok && len(local) > 0 {
-		names := make([]string, len(local))
-		for i, v := range local {
-			names[i] = fmt.Sprint(v)
-		}
-		row("hosts", strings.Join(names, " "))
+	if len(st.Capabilities.Local) > 0 {
+		row("hosts", strings.Join(st.Capabilities.Local, " "))
 	}
-	if remote, ok := get(st, "capabilities", "remote").(map[string]any); ok && len(remote) > 0 {
+	if len(st.Capabilities.Remote) > 0 {
 		var parts []string
-		for name, nodes := range remote {
+		for name, nodes := range st.Capabilities.Remote {
 			parts = append(parts, fmt.Sprintf("%s@%v", name, nodes))
 		}
 		sort.Strings(parts)
 		row("reaches", strings.Join(parts, " "))
 	}
-	if ob, ok := st["outbox"].(map[string]any); ok {
-		row("outbox", fmt.Sprintf("%v messages, oldest %s", ob["depth"], secs(ob["oldest_age_seconds"])))
+	row("outbox", fmt.Sprintf("%d messages, oldest %s", st.Outbox.Depth, secs(st.Outbox.OldestAgeSeconds)))
+	for _, s := range st.Stalls {
+		row("STALL", fmt.Sprintf("stage %s: %s", s.Stage, s.Reason))
 	}
-	if stalls, ok := st["stalls"].([]any); ok && len(stalls) > 0 {
-		for _, s := range stalls {
-			if m, ok := s.(map[string]any); ok {
-				row("STALL", fmt.Sprintf("stage %v: %v", m["stage"], m["reason"]))
-			}
-		}
-	}
-	if errs, ok := st["errors"].([]any); ok && len(errs) > 0 {
-		n := min(len(errs), 5)
-		for _, e := range errs[:n] {
-			if m, ok := e.(map[string]any); ok {
-				row("error", strings.TrimSpace(fmt.Sprintf("%v %v %v %v", m["at"], m["component"], m["message"], m["detail"])))
-			}
-		}
+	for _, e := range st.Errors[:min(len(st.Errors), 5)] {
+		row("error", strings.TrimSpace(fmt.Sprintf("%s %s %s %s", e.At.Format(time.RFC3339), e.Component, e.Message, e.Detail)))
 	}
 	_ = tw.Flush()
 }
 
-func get(m map[string]any, path ...string) any {
-	var v any = m
-	for _, p := range path {
-		mm, ok := v.(map[string]any)
-		if !ok {
-			return nil
-		}
-		v = mm[p]
-	}
-	return v
-}
-
-func str(v any) string {
-	if v == nil {
-		return ""
-	}
-	return fmt.Sprint(v)
-}
-
-func secs(v any) string {
-	f, ok := v.(float64)
-	if !ok {
-		return "?"
-	}
-	return (time.Duration(f) * time.Second).String()
+// secs writes a number of seconds as a duration.
+func secs(s float64) string {
+	return (time.Duration(s) * time.Second).String()
 }
 
 // VersionCommand prints the binary's version and, when it answers, the local
@@ -197,7 +162,7 @@ func (c *VersionCommand) Run(ctx context.Context, args []string) error {
 	out := map[string]any{"client": b}
 	st, _, err := nodeStatus(ctx, *server)
 	if err == nil {
-		out["node"] = map[string]any{"name": st["node"], "version": st["version"], "commit": st["commit"]}
+		out["node"] = map[string]any{"name": st.Node, "version": st.Version, "commit": st.Commit}
 	} else {
 		out["node_error"] = err.Error()
 	}
@@ -215,9 +180,9 @@ func (c *VersionCommand) Run(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.m.Stdout, "node: %v\n", err)
 		return nil
 	}
-	fmt.Fprintf(c.m.Stdout, "node %v: meshbox %v", st["node"], st["version"])
-	if s := str(st["commit"]); s != "" {
-		fmt.Fprintf(c.m.Stdout, " (commit %s)", s)
+	fmt.Fprintf(c.m.Stdout, "node %s: meshbox %s", st.Node, st.Version)
+	if st.Commit != "" {
+		fmt.Fprintf(c.m.Stdout, " (commit %s)", st.Commit)
 	}
 	fmt.Fprintln(c.m.Stdout)
 	return nil
