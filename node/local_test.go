@@ -61,7 +61,7 @@ func mustSub(t *testing.T) func(*nats.Subscription, error) *nats.Subscription {
 func TestSetLocalAnnouncesAtOnceAndServesTheAPI(t *testing.T) {
 	srv := startServer(t)
 	mesh := newFakeMesh()
-	link := &fakeLink{mesh: mesh, name: "A", gone: map[string]time.Time{}}
+	link := &fakeLink{mesh: mesh, name: "A", gone: map[string]time.Time{}, notify: make(chan struct{}, 1)}
 	api := connect(t, srv, "meshbox-api", true)
 	n, err := New(Config{
 		Name:   "A",
@@ -84,8 +84,9 @@ func TestSetLocalAnnouncesAtOnceAndServesTheAPI(t *testing.T) {
 	}
 
 	// Each change is in the view when SetLocal returns, and is announced
-	// to the mesh by the sender without waiting for a tick (this test's
-	// node runs on the real clock; its loop would tick only each second).
+	// to the mesh by the sender without waiting for the loop (this test's
+	// node runs on the real clock; its loop sleeps until the next
+	// heartbeat, 5s away).
 	updates := func() int {
 		var c int
 		for _, k := range link.sentKeys() {
@@ -97,8 +98,13 @@ func TestSetLocalAnnouncesAtOnceAndServesTheAPI(t *testing.T) {
 	}
 	waitUpdates := func(want int) {
 		t.Helper()
-		for deadline := time.Now().Add(500 * time.Millisecond); updates() < want && time.Now().Before(deadline); {
-			time.Sleep(5 * time.Millisecond)
+		timeout := time.After(2 * time.Second)
+		for updates() < want {
+			select {
+			case <-link.notify:
+			case <-timeout:
+				t.Fatalf("updates sent: got %d, want %d (%v)", updates(), want, link.sentKeys())
+			}
 		}
 		if got := updates(); got != want {
 			t.Fatalf("updates sent: got %d, want %d (%v)", got, want, link.sentKeys())
