@@ -8,44 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
-
-// startServer runs an embedded NATS server on a random loopback port.
-func startServer(t *testing.T) *server.Server {
-	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	return srv
-}
-
-// connect opens a client connection named name; inProcess skips TCP.
-func connect(t *testing.T, srv *server.Server, name string, inProcess bool) *nats.Conn {
-	t.Helper()
-	opts := []nats.Option{nats.Name(name)}
-	url := srv.ClientURL()
-	if inProcess {
-		opts = append(opts, nats.InProcessServer(srv))
-		url = ""
-	}
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
-}
 
 // mustSub returns a function that fails t when a subscription fails.
 func mustSub(t *testing.T) func(*nats.Subscription, error) *nats.Subscription {
@@ -59,10 +24,10 @@ func mustSub(t *testing.T) func(*nats.Subscription, error) *nats.Subscription {
 }
 
 func TestSetLocalAnnouncesAtOnceAndServesTheAPI(t *testing.T) {
-	srv := startServer(t)
+	srv := natstest.Start(t)
 	mesh := newFakeMesh()
 	link := &fakeLink{mesh: mesh, name: "A", gone: map[string]time.Time{}, notify: make(chan struct{}, 1)}
-	api := connect(t, srv, "meshbox-api", true)
+	api := natstest.Connect(t, srv, nats.Name("meshbox-api"))
 	n, err := New(Config{
 		Name:   "A",
 		Link:   link,
@@ -125,7 +90,7 @@ func TestSetLocalAnnouncesAtOnceAndServesTheAPI(t *testing.T) {
 	// The NATS API answers from the in-process connection.
 	n.SetLocal([]string{"cap.api"})
 	n.SetExpected([]string{"D"})
-	client := connect(t, srv, "client", false)
+	client := natstest.ConnectTCP(t, srv, nats.Name("client"))
 	msg, err := client.Request(SubjectPeers, nil, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
