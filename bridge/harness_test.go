@@ -187,7 +187,27 @@ func (n *node) waitHosts(tb testing.TB, stage string) {
 		}
 		return false
 	})
-	time.Sleep(300 * time.Millisecond) // the consumer owner declares and consumes
+	waitConsumer(tb, n.cfg.URL, "cmd."+stage)
+}
+
+// waitConsumer waits until queue on the broker at brokerURL has a
+// consumer: a passive declaration reports the count at once.
+func waitConsumer(tb testing.TB, brokerURL, queue string) {
+	tb.Helper()
+	conn, err := amqp.Dial(brokerURL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer conn.Close()
+	waitFor(tb, 10*time.Second, "a consumer on "+queue, func() bool {
+		ch, err := conn.Channel()
+		if err != nil {
+			return false
+		}
+		defer ch.Close()
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		return err == nil && q.Consumers > 0 // a queue not declared yet closes the channel
+	})
 }
 
 // request sends a request from n's local program.
