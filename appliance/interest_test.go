@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -15,34 +16,16 @@ import (
 // testServer runs an embedded NATS server on a free loopback port.
 func testServer(t *testing.T) *server.Server {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	return srv
+	return natstest.Start(t)
 }
 
 // testConn connects to srv, in process or over TCP, and flushes on return.
 func testConn(t *testing.T, srv *server.Server, inProcess bool) *nats.Conn {
 	t.Helper()
-	url, opts := srv.ClientURL(), []nats.Option{}
 	if inProcess {
-		url, opts = "", append(opts, nats.InProcessServer(srv))
+		return natstest.Connect(t, srv)
 	}
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return natstest.ConnectTCP(t, srv)
 }
 
 func mustSubscribe(t *testing.T, nc *nats.Conn, subject, queue string) *nats.Subscription {

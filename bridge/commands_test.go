@@ -8,34 +8,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // localBridge builds a bridge with an outbox and a local NATS server, not
 // started and with no broker: tests drive its parts directly.
 func localBridge(tb testing.TB) *Bridge {
 	tb.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(5 * time.Second) {
-		tb.Fatal("nats server not ready")
-	}
-	tb.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	dial := func(opts ...nats.Option) (*nats.Conn, error) {
-		return nats.Connect("", append(opts, nats.InProcessServer(srv))...)
-	}
-	nc, err := dial()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(nc.Close)
+	srv := natstest.Start(tb)
+	dial := natstest.Dialer(srv)
+	nc := natstest.Connect(tb, srv)
 	b, err := New(Config{Node: "local", OutboxPath: filepath.Join(tb.TempDir(), "outbox.db"), Dial: dial,
 		CommandTimeout: 2 * time.Second, Logger: slog.New(slog.DiscardHandler)}, nc)
 	if err != nil {

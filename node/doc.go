@@ -114,9 +114,11 @@
 //
 // A Node owns three goroutines, started by Start and ended by Close:
 //
-//   - the loop wakes once a second (a quarter of HeartbeatInterval when
-//     that is shorter), expires silent peers, and queues heartbeats,
-//     link probes and queries when they are due;
+//   - the loop expires silent peers and queues heartbeats, link probes
+//     and queries when they are due; between rounds it sleeps until the
+//     next deadline (a heartbeat, a query, a probe, a peer's window, a
+//     gone peer's retention), and a change of the view wakes it to
+//     recompute, so an idle node wakes only for its own heartbeats;
 //   - the sender publishes queued messages one at a time, each bounded by
 //     PublishTimeout, building each body when it is sent (the queue holds
 //     at most one pending message per type and addressee);
