@@ -54,6 +54,11 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 				n.HandleSystem(key, body, origin)
 			}
 		},
+		OnConnected: func() {
+			if n := a.node.Load(); n != nil {
+				n.LinkUp() // discovery tries again at once
+			}
+		},
 		Logger:  a.logger,
 		Metrics: a.registry,
 	}

@@ -60,6 +60,10 @@ type Config struct {
 	// messages addressed to this node) from other nodes. It is called from
 	// one goroutine, in order; it must not block for long.
 	OnSystem func(key string, body []byte, origin string)
+	// OnConnected, when set, is called each time the link enters the
+	// connected state (after a start, a reconnect, or the end of a resource
+	// alarm), on the goroutine that changed the state. It must not block.
+	OnConnected func()
 	// ReconnectMin and ReconnectMax bound the reconnect backoff (defaults
 	// 250ms and 10s; jitter is added).
 	ReconnectMin, ReconnectMax time.Duration

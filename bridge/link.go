@@ -144,6 +144,9 @@ func (b *Bridge) setState(state, reason string) {
 	default:
 		b.log.Warn("broker link "+state, "url", url, "reason", reason)
 	}
+	if state == StateConnected && b.cfg.OnConnected != nil {
+		b.cfg.OnConnected()
+	}
 }
 
 func (b *Bridge) linkState() (string, time.Time) { return b.link.current() }

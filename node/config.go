@@ -86,7 +86,6 @@ const (
 	DefaultGoneRetention     = 24 * time.Hour
 	maxPeers                 = 4096
 	byeTimeout               = time.Second
-	linkProbeInterval        = time.Second // while publishing fails
 )
 
 // withDefaults fills zero fields and validates; errors name the field.

@@ -52,7 +52,6 @@ type Node struct {
 	linkDown        bool      // the last broadcast publish failed
 	linkRecoveredAt time.Time // when publishing worked again
 	everSent        bool      // a publish succeeded once
-	nextProbe       time.Time // while linkDown: when to try a heartbeat again
 
 	warnedSkipped  map[string]bool // local subjects whose name cannot be advertised
 	conflictWarned bool            // another process uses this node's name
@@ -689,12 +688,6 @@ func (n *Node) tick() time.Duration {
 	if !now.Before(n.nextHeartbeat) {
 		n.enqueueLocked(intent{typ: TypeHeartbeat})
 		n.nextHeartbeat = now.Add(n.cfg.HeartbeatInterval)
-		n.nextProbe = now.Add(linkProbeInterval)
-	} else if n.linkDown && !now.Before(n.nextProbe) {
-		// Try again soon rather than at the next heartbeat: when the link
-		// returns, hello and query go out at once.
-		n.enqueueLocked(intent{typ: TypeHeartbeat})
-		n.nextProbe = now.Add(linkProbeInterval)
 	}
 	if !now.Before(n.nextQuery) {
 		n.enqueueLocked(intent{typ: TypeQuery})
@@ -704,7 +697,7 @@ func (n *Node) tick() time.Duration {
 }
 
 // nextDeadlineLocked is the earliest moment the loop has something to do:
-// a heartbeat, a query, a link probe while publishing fails, a peer's
+// a heartbeat, a query, a peer's
 // window running out, a gone peer's retention ending, or the grace of an
 // expected peer that has not appeared. The expiry checks are strict (a
 // peer is gone once its silence is longer than the window), so their
@@ -717,9 +710,6 @@ func (n *Node) nextDeadlineLocked() time.Time {
 		}
 	}
 	consider(n.nextQuery)
-	if n.linkDown {
-		consider(n.nextProbe)
-	}
 	for _, p := range n.peers {
 		switch p.state {
 		case StateUp:
@@ -839,8 +829,6 @@ func (n *Node) published(ctx context.Context, it intent, err error) {
 		n.m.errors.WithLabelValues("publish").Inc()
 		if it.to == "" && !n.linkDown {
 			n.linkDown = true
-			n.nextProbe = time.Now().Add(linkProbeInterval)
-			n.wakeLoopLocked() // the probe is due before the next heartbeat
 			if n.everSent {
 				n.logger.Warn("cannot send discovery messages; peers are not expired while this lasts", "type", it.typ, "err", err)
 			} else {

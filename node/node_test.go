@@ -401,10 +401,17 @@ func TestBroadcastFailureSuspendsExpiry(t *testing.T) {
 		h.mesh.nodes["A"] = a.Node
 		h.mesh.mu.Unlock()
 		n := len(a.link.sentKeys())
-		h.advance(time.Second) // A probes every second while it cannot publish
+		// A does not poll the link: until its next heartbeat it stays
+		// quiet, and the link's report that it connected wakes it at once.
+		h.settle()
+		if keys := a.link.sentKeys()[n:]; len(keys) != 0 {
+			t.Fatalf("before the link reported itself up A sent %v, want nothing", keys)
+		}
+		a.LinkUp()
+		h.settle()
 		keys := a.link.sentKeys()[n:]
 		if !slices.Contains(keys, "sys.hello") || !slices.Contains(keys, "sys.query") {
-			t.Fatalf("a second after recovery A sent %v, want hello and query", keys)
+			t.Fatalf("right after the link came up A sent %v, want hello and query", keys)
 		}
 		wantState(t, a, "B", StateUp)
 		h.advance(15 * time.Second)
