@@ -311,7 +311,19 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 		b.m.err(errKindHandler)
 		r.attempt++
 		if int(r.attempt) >= b.cfg.RetryBudget {
-			b.deadRecord(r, fmt.Sprintf("attempt %d of %d failed: %v", attempt, b.cfg.RetryBudget, failure))
+			// The original is deleted only once its dead letter is
+			// committed: a failed write keeps the command, tried again
+			// after a pause.
+			reason := fmt.Sprintf("attempt %d of %d failed: %v", attempt, b.cfg.RetryBudget, failure)
+			if err := b.ob.wait(ctx, func(done func(error)) { b.deadRecord(r, reason, done) }); err != nil {
+				b.log.Error("cannot store the dead letter of a local command; kept for later", "stage", r.name, "msg_id", r.msgID, "err", err)
+				select {
+				case <-time.After(time.Second):
+				case <-b.quit:
+					return false
+				}
+				return true
+			}
 			b.ob.wait(ctx, func(done func(error)) { b.ob.del(r.seq, r.size, done) })
 			return true
 		}
