@@ -63,9 +63,12 @@ type session struct {
 	ackQ      chan ackReq
 	acks      ackBook // settled deliveries of conCh (consumer owner only)
 	stagesMu  sync.Mutex
-	stages    map[string]bool // stages consumed in this session (owner only writes)
-	drainWait sync.WaitGroup  // drained records handed to the publisher, not settled
-	rescan    chan struct{}   // cap 1: the drainer starts over from the oldest record
+	stages    map[string]*stageFlow // stages consumed in this session (owner only writes)
+	tagStage  map[string]*stageFlow // consumer owner only: stage consumers by tag
+	tagSeq    int                   // consumer owner only: for unique consumer tags
+	flowWake  chan struct{}         // cap 1: a stage wants another number of consumers
+	drainWait sync.WaitGroup        // drained records handed to the publisher, not settled
+	rescan    chan struct{}         // cap 1: the drainer starts over from the oldest record
 
 	inbox     string               // NATS subject prefix of local hosts' replies
 	cmdInbox  string               // NATS subject prefix of command handlers' replies
@@ -103,7 +106,9 @@ func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
 		inflight: map[uint64]*pubItem{},
 		byID:     map[string]*pubItem{},
 		ackQ:     make(chan ackReq, 256),
-		stages:   map[string]bool{},
+		stages:   map[string]*stageFlow{},
+		tagStage: map[string]*stageFlow{},
+		flowWake: make(chan struct{}, 1),
 		rescan:   make(chan struct{}, 1),
 		calls:    map[string]*hostCall{},
 		cmds:     map[string]*cmdCall{},
