@@ -35,7 +35,8 @@ type Config struct {
 	// the events consumer and each consumer of a stage queue.
 	Prefetch int
 	// MaxStagePrefetch bounds the unacknowledged commands of one stage on
-	// this node (default 256). A stage starts with one consumer and gains
+	// this node (default 256; Prefetch when only Prefetch is set, which
+	// keeps one consumer per stage with a fixed prefetch). A stage starts with one consumer and gains
 	// one (Prefetch more deliveries) while its handler answers quickly and
 	// the consumers it has are saturated, up to MaxStagePrefetch/Prefetch
 	// consumers; it loses half of them when the handler's answers slow
@@ -130,11 +131,14 @@ func (c Config) withDefaults() Config {
 	if c.CommandTimeout == 0 {
 		c.CommandTimeout = DefaultCommandTimeout
 	}
+	if c.MaxStagePrefetch == 0 {
+		c.MaxStagePrefetch = c.Prefetch // a prefetch set alone stays fixed
+		if c.Prefetch == 0 {
+			c.MaxStagePrefetch = DefaultMaxStagePrefetch
+		}
+	}
 	if c.Prefetch == 0 {
 		c.Prefetch = DefaultPrefetch
-	}
-	if c.MaxStagePrefetch == 0 {
-		c.MaxStagePrefetch = max(DefaultMaxStagePrefetch, c.Prefetch)
 	}
 	if c.RetryBudget == 0 {
 		c.RetryBudget = DefaultRetryBudget

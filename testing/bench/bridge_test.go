@@ -23,6 +23,7 @@ import (
 // enough that the whole benchmark takes a minute or two.
 const (
 	benchCommands   = 20000 // commands per throughput run
+	benchRounds     = 3     // throughput runs of each, alternating; the best counts
 	benchSubmitters = 256   // concurrent submitters (ours) = confirm window (raw)
 	// benchRawPrefetch is the raw consumer's prefetch: the best of 32, 64,
 	// 128, 256, 512 and 1024 for this workload on the reference machine
@@ -41,7 +42,8 @@ const (
 //	BENCH request ours=<µs> baseline=<µs> ratio=<ours/baseline> p99=<µs> baseline_p99=<µs> p99_ratio=<r>
 //	BENCH local ours=<µs> baseline=<µs> ratio=<ours/baseline> p99=<µs> baseline_p99=<µs> p99_ratio=<r>
 //
-// command: throughput end to end, commands submitted on A by concurrent
+// command: throughput end to end (the best of benchRounds alternating runs
+// of ours and the baseline), commands submitted on A by concurrent
 // submitters (each answered once the broker confirmed it), handled on B
 // and acked, both nodes at their default configuration; the baseline is
 // raw amqp091-go at its best settings for this workload: persistent
@@ -70,8 +72,20 @@ func BenchmarkBridge(b *testing.B) {
 
 	b.Run("command", func(b *testing.B) {
 		for range b.N {
-			ours, cpu := commandThroughput(b, nodeA, nodeB)
-			raw, rawCPU := rawCommandThroughput(b, amqpURL, benchRawPrefetch)
+			// Alternating rounds; the best of each: the machine may be
+			// shared, and the best round is the one least disturbed.
+			var ours, raw float64
+			var cpu, rawCPU time.Duration
+			for range benchRounds {
+				o, c := commandThroughput(b, nodeA, nodeB)
+				r, rc := rawCommandThroughput(b, amqpURL, benchRawPrefetch)
+				if o > ours {
+					ours, cpu = o, c
+				}
+				if r > raw {
+					raw, rawCPU = r, rc
+				}
+			}
 			report("command", ours, raw, "msg/s",
 				fmt.Sprintf("throughput, higher is better; target ratio >= 0.8; baseline prefetch %d; cpu: rusage of the bench process, nodes in process, incl. the bench's clients", benchRawPrefetch),
 				fmt.Sprintf("cpu_per_cmd=%.1fµs", us(cpu)), fmt.Sprintf("baseline_cpu_per_msg=%.1fµs", us(rawCPU)))
