@@ -36,12 +36,13 @@ type Config struct {
 	Prefetch int
 	// MaxStagePrefetch bounds the unacknowledged commands of one stage on
 	// this node (default 256; Prefetch when only Prefetch is set, which
-	// keeps one consumer per stage with a fixed prefetch). A stage starts with one consumer and gains
-	// one (Prefetch more deliveries) while its handler answers quickly and
-	// the consumers it has are saturated, up to MaxStagePrefetch/Prefetch
-	// consumers; it loses half of them when the handler's answers slow
-	// down. So a fast node takes most of a shared stage's work and a slow
-	// one holds about one consumer's prefetch (see the package doc).
+	// keeps one consumer per stage with a fixed prefetch). A stage starts
+	// with one consumer and doubles them while its handler answers quickly
+	// and the consumers it has are saturated, up to
+	// MaxStagePrefetch/Prefetch consumers; it loses half of them when the
+	// handler's answers slow down. So a fast node takes most of a shared
+	// stage's work and a slow one holds about one consumer's prefetch (see
+	// the package doc).
 	MaxStagePrefetch int
 	// RetryBudget is how many attempts a command gets before it is
 	// dead-lettered (default 5).

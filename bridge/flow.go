@@ -14,9 +14,10 @@ import (
 // commands behind a slow handler keeps them from faster nodes; a node with
 // a small fixed prefetch cannot keep a fast handler busy across the
 // broker's round trip. So a session runs a varying number of consumers on
-// each stage queue, each with Prefetch unacknowledged deliveries: it adds
-// one while the stage's handler answers quickly and the consumers it has
-// are saturated, and halves them when the handler's answers slow down.
+// each stage queue, each with Prefetch unacknowledged deliveries: it
+// doubles them while the stage's handler answers quickly and the consumers
+// it has are saturated, and halves them when the handler's answers slow
+// down.
 // Cancelling a consumer stops new deliveries to it; the deliveries it
 // already has are handled and acked as usual.
 const (
@@ -85,7 +86,7 @@ func (f *stageFlow) answered(lat time.Duration) (changed bool) {
 		f.want = max(1, f.want/2)
 		changed = true
 	case saturated && avg < max(flowQuick, 2*f.quickest) && f.want < f.max:
-		f.want++
+		f.want = min(f.max, 2*f.want)
 		changed = true
 	}
 	f.answers, f.latSum, f.peak = 0, 0, f.inflight
