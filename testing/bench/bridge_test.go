@@ -28,9 +28,9 @@ const (
 	benchSubmitters = 256   // concurrent submitters (ours) = confirm window (raw)
 	// benchRawPrefetch is the raw consumer's prefetch: the best of 32, 64,
 	// 128, 256, 512 and 1024 for this workload on the reference machine
-	// (BenchmarkRawPrefetch measures them; 256 and 512 were within noise,
-	// both about 2.5 times 32).
-	benchRawPrefetch = 256
+	// (BenchmarkRawPrefetch measures them; over five sweeps 512 was ahead
+	// of 256 and 1024 by a few percent, about twice 32).
+	benchRawPrefetch = 512
 	benchRoundTrips  = 2000 // timed round trips per latency figure
 	benchWarmUp      = 200  // untimed round trips before each latency figure
 )
