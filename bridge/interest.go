@@ -76,7 +76,7 @@ func (b *Bridge) declareStages(ctx context.Context, stages map[string]bool) erro
 	var missing []string
 	s.stagesMu.Lock()
 	for stage := range stages {
-		if !s.stages[stage] {
+		if s.stages[stage] == nil {
 			missing = append(missing, stage)
 		}
 	}
