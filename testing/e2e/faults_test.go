@@ -240,9 +240,11 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 	)
 	rmq := meshtest.NewRabbitMQ(t)
 	amqpURL := rmq.URL()
-	// Prefetch 1: beta hands one command at a time to its handler, so the
-	// handler sees the queue's order.
-	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{Prefetch: 1})
+	// Prefetch 1 and one consumer (no adaptive credit): beta hands one
+	// command at a time to its handler, so the handler sees the queue's
+	// order. With more credit, commands are handled concurrently and their
+	// order is not kept.
+	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{Prefetch: 1, MaxStagePrefetch: 1})
 	alphaData := t.TempDir()
 	alphaConfig := bridgeConfig{OutboxMaxBytes: maxBytes}
 	alpha := startMeshNode(t, "alpha", amqpURL, alphaConfig, "--data", alphaData)
