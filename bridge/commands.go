@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshbox/meshbox/internal/backoff"
 )
 
 // handlerPoll is how often a command waiting for a local handler (none
@@ -193,14 +195,13 @@ func commandMeta(id, origin string, attempt int, redelivered bool) map[string]st
 	}
 }
 
+// commandRetry is the pause before a failed command is requeued: from 250ms
+// doubling up to 5s, jittered so that the commands of one failure do not
+// come back together.
+var commandRetry = backoff.Policy{Min: 250 * time.Millisecond, Max: 5 * time.Second}
+
 // retryDelay is the pause before a failed command is requeued.
-func retryDelay(attempt int) time.Duration {
-	d := 250 * time.Millisecond
-	for i := 1; i < attempt && d < 5*time.Second; i++ {
-		d *= 2
-	}
-	return min(d, 5*time.Second)
-}
+func retryDelay(attempt int) time.Duration { return commandRetry.Delay(attempt) }
 
 // runHandler calls the local handler of stage with msg and returns nil on
 // success or why it failed. While no handler is subscribed it waits (up to
