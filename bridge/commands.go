@@ -48,8 +48,9 @@ func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
 		b.m.msg(typeCommand, "in")
 		b.noteDeliveryAge(stage, env.sent)
 		f.delivered()
+		seen := b.handed.add(env.msgID) // handed out before, though the broker may not know it
 		c := &cmdCall{stage: stage, flow: f, tag: d.DeliveryTag, d: d, env: env, deadline: time.Now().Add(b.cfg.CommandTimeout),
-			msg: env.natsMsg(subjWorkPrefix+stage, commandMeta(env.msgID, env.origin, env.attempt, env.redelivered || env.attempt > 1))}
+			msg: env.natsMsg(subjWorkPrefix+stage, commandMeta(env.msgID, env.origin, env.attempt, env.redelivered || env.attempt > 1 || seen))}
 		s.sendCmd(newID(), c)
 	}
 }
