@@ -233,7 +233,7 @@ func (b *Bridge) deadRecord(rec *record, reason string, done func(error)) {
 func (b *Bridge) outgoingFor(rec *record, redelivered bool) *outgoing {
 	out := &outgoing{
 		exchange: exchangeMesh, persist: true, msgID: rec.msgID, at: rec.created,
-		header: rec.header, body: rec.body, meta: map[string]string{},
+		header: rec.header, body: rec.body,
 	}
 	switch rec.kind {
 	case kindCommand, kindLocal:
@@ -245,11 +245,15 @@ func (b *Bridge) outgoingFor(rec *record, redelivered bool) *outgoing {
 		out.key, out.kind = eventKey(rec.name), typeEvent
 	case kindDead:
 		out.exchange, out.key, out.kind = exchangeDLX, commandKey(rec.name), typeCommand
+		out.meta = map[string]string{}
 		out.meta[HeaderDeadReason] = rec.reason
 		out.meta[HeaderDeadNode] = b.cfg.Node
 		out.meta[HeaderDeadQueue] = stageQueue(rec.name)
 	}
 	if redelivered || rec.republished {
+		if out.meta == nil {
+			out.meta = map[string]string{}
+		}
 		out.meta[HeaderRedelivered] = "true"
 	}
 	return out
