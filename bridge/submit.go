@@ -177,10 +177,8 @@ func (b *Bridge) replyAccepted(reply string, rec *record, how string) {
 	if reply == "" {
 		return
 	}
-	m := nats.NewMsg(reply)
-	m.Header.Set(HeaderAccepted, how)
-	m.Header.Set(HeaderMsgID, rec.msgID)
-	b.reply(m)
+	v := [...]string{how, rec.msgID} // one allocation for both values (canonical keys)
+	b.reply(&nats.Msg{Subject: reply, Header: nats.Header{HeaderAccepted: v[0:1:1], HeaderMsgID: v[1:2:2]}})
 }
 
 // directDone settles a submission published straight to the broker. It
