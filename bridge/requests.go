@@ -356,7 +356,8 @@ func (s *session) readRequests(ds <-chan amqp.Delivery) {
 	for d := range ds {
 		env, err := decode(typeRequest, fromAMQP(&d), b.maxPayload())
 		if err != nil {
-			s.work(func() { s.deadLetter(&d, requestQueue(b.cfg.Node), err) })
+			bad := d // a copy: taking d's address would move every delivery to the heap
+			s.work(func() { s.deadLetter(&bad, requestQueue(b.cfg.Node), err) })
 			continue
 		}
 		b.m.msg(typeRequest, "in")
