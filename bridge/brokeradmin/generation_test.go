@@ -204,7 +204,9 @@ func TestNodeCredentialPermissions(t *testing.T) {
 			return err
 		}, refused},
 		// Exchanges: none to declare or delete, the default one not at all.
-		{"declare mesh", func(ch *amqp.Channel) error { return ch.ExchangeDeclare("mesh", "topic", true, false, false, false, nil) }, refused},
+		{"declare mesh", func(ch *amqp.Channel) error {
+			return ch.ExchangeDeclare("mesh", "topic", true, false, false, false, nil)
+		}, refused},
 		{"delete mesh", func(ch *amqp.Channel) error { return ch.ExchangeDelete("mesh", false, false) }, refused},
 		{"delete beta's exchange", func(ch *amqp.Channel) error { return ch.ExchangeDelete("node.beta", false, false) }, refused},
 		{"publish on the default exchange", publish("", "node.beta.requests", amqp.Publishing{UserId: alphaCred.User}), refused},
