@@ -469,3 +469,15 @@ func (r *Rabbit) api(method, path string, body any) error {
 	}
 	return nil
 }
+
+// NoCredential returns an AMQP URL without its user and password: the form
+// the broker.url mesh setting takes (a node then connects with its own
+// credential, or, on a harness broker, with amqp091's default guest).
+func NoCredential(amqpURL string) string {
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		return amqpURL
+	}
+	u.User = nil
+	return u.String()
+}
