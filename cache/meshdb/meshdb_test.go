@@ -107,7 +107,10 @@ func TestInitTwiceAndRefusesAnotherMesh(t *testing.T) {
 			_, err := db.Init(ctx, meshdb.InitOptions{Node: "n1", BrokerURL: "amqp://u:topsecret@b1:5672/"})
 			return err
 		}(),
-		func() error { _, err := db.SetSetting(ctx, meshdb.SettingBrokerURL, "amqp://u:topsecret@b1:5672/"); return err }(),
+		func() error {
+			_, err := db.SetSetting(ctx, meshdb.SettingBrokerURL, "amqp://u:topsecret@b1:5672/")
+			return err
+		}(),
 	} {
 		if err == nil || !strings.Contains(err.Error(), "holds a password") || strings.Contains(err.Error(), "topsecret") {
 			t.Fatalf("broker URL with a password: got %v, want a refusal that does not repeat it", err)
