@@ -167,6 +167,9 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	}
 	a.interest = newInterestWatcher(a.natsSrv.srv)
 	a.interest.exclude(a.nc)
+	if err := a.interest.hearConnects(a.nc); err != nil {
+		a.logger.Warn("the watcher of local interest polls even while no program is connected", "err", err)
+	}
 	hosted, _, err := a.interest.check()
 	if err != nil {
 		return err

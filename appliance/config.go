@@ -84,12 +84,18 @@ type BridgeConfig struct {
 	// CommandTimeout bounds one handler attempt of a command; a handler
 	// that has not replied by then is taken as failed and the command is
 	// retried.
-	CommandTimeout Duration          `json:"command_timeout"`
-	Prefetch       int               `json:"prefetch"`
-	RetryBudget    int               `json:"retry_budget"`
-	Heartbeat      Duration          `json:"heartbeat"`
-	StallAfter     Duration          `json:"stall_after"`
-	Routes         map[string]string `json:"routes"`
+	CommandTimeout Duration `json:"command_timeout"`
+	// Prefetch bounds the unacknowledged deliveries of one consumer (the
+	// events consumer, each consumer of a stage queue).
+	Prefetch int `json:"prefetch"`
+	// MaxStagePrefetch bounds the unacknowledged commands of one stage on
+	// this node: a stage gains consumers while its handler answers quickly
+	// and loses them when it slows down (see the bridge package doc).
+	MaxStagePrefetch int               `json:"max_stage_prefetch"`
+	RetryBudget      int               `json:"retry_budget"`
+	Heartbeat        Duration          `json:"heartbeat"`
+	StallAfter       Duration          `json:"stall_after"`
+	Routes           map[string]string `json:"routes"`
 }
 
 // MeshConfig is the discovery part of the configuration.
@@ -129,13 +135,14 @@ func DefaultConfig() Config {
 			MaxAge:        Duration(24 * time.Hour),
 		},
 		Bridge: BridgeConfig{
-			OutboxMaxBytes: 64 << 20,
-			RequestTimeout: Duration(5 * time.Second),
-			CommandTimeout: Duration(30 * time.Second),
-			Prefetch:       32,
-			RetryBudget:    5,
-			Heartbeat:      Duration(5 * time.Second),
-			StallAfter:     Duration(5 * time.Minute),
+			OutboxMaxBytes:   64 << 20,
+			RequestTimeout:   Duration(5 * time.Second),
+			CommandTimeout:   Duration(30 * time.Second),
+			Prefetch:         32,
+			MaxStagePrefetch: 256,
+			RetryBudget:      5,
+			Heartbeat:        Duration(5 * time.Second),
+			StallAfter:       Duration(5 * time.Minute),
 		},
 		Mesh: MeshConfig{
 			DiscoveryInterval: Duration(30 * time.Second),
@@ -330,6 +337,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Bridge.Prefetch < 1 || c.Bridge.Prefetch > 10000 {
 		bad("bridge.prefetch", "%d is out of range 1..10000", c.Bridge.Prefetch)
+	}
+	if c.Bridge.MaxStagePrefetch < c.Bridge.Prefetch || c.Bridge.MaxStagePrefetch > 65535 {
+		bad("bridge.max_stage_prefetch", "%d is out of range %d (bridge.prefetch)..65535", c.Bridge.MaxStagePrefetch, c.Bridge.Prefetch)
 	}
 	if c.Bridge.RetryBudget < 1 || c.Bridge.RetryBudget > 1000 {
 		bad("bridge.retry_budget", "%d is out of range 1..1000", c.Bridge.RetryBudget)

@@ -2,6 +2,7 @@ package appliance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -14,17 +15,28 @@ import (
 
 // How often the watcher of local interest looks whether a subscription
 // changed. A look costs one read of the server's counters, but every
-// wake-up of an idle process costs CPU of its own (tens of microseconds on
-// a small machine): so the watcher looks every interestPollBusy while
-// subscriptions move and for interestBusyFor after, and every
-// interestPollIdle otherwise. A program that starts on a quiet node is
-// seen within interestPollIdle; its further subscriptions, and any change
-// while the node is busy, within interestPollBusy.
+// wake-up of an idle process costs CPU of its own (tens to a hundred and
+// more microseconds on a small machine, a virtual one especially): so the
+// watcher looks every interestPollBusy while subscriptions move, and for
+// interestBusyFor after they moved or a client connected; every
+// interestPollIdle otherwise while a program is connected; and not at all
+// while only the node's own connections are, until a client connects.
+//
+// Latency: a program's subscriptions made within interestBusyFor of its
+// connecting (as programs do: connect, then subscribe) are seen within
+// interestPollBusy; a subscription made later on a connection that stayed
+// quiet, within interestPollIdle; a program's leaving, within
+// interestPollIdle (interestPollBusy while busy).
 const (
 	interestPollBusy = 100 * time.Millisecond
 	interestPollIdle = time.Second
 	interestBusyFor  = 10 * time.Second
 )
+
+// connectSubject is where the embedded server's events "a client
+// connected to the programs' account" reach the watcher, on one of the
+// node's own connections (see hearConnects).
+const connectSubject = "$MESH.local.connect"
 
 // declareTimeout bounds the bridge's declaration of newly hosted stages on
 // a change of local interest.
@@ -41,7 +53,10 @@ const declareTimeout = 10 * time.Second
 // insertion and every removal bumps one of two monotonic counts. The
 // watcher reads them (Subsz without subscription details) now and then
 // (see interestPollBusy) and takes a full snapshot only when they moved; a
-// snapshot equal to the last one is not reported.
+// snapshot equal to the last one is not reported. What the server does
+// tell is that a client connected (an event of its system account, see
+// hearConnects): a subscription needs a connection, so while nobody but
+// the node itself is connected the watcher sleeps until one connects.
 //
 // Only check and snapshot touch last and subjects, from one goroutine at a
 // time (Start, then the watch goroutine).
@@ -55,6 +70,12 @@ type interestWatcher struct {
 	seen     bool
 	last     subCounts
 	subjects []string
+
+	// connects receives (without blocking the sender, one pending at a
+	// time) when a client connects to the account; nil until hearConnects
+	// succeeds, and then the watcher never sleeps without a timer. Set
+	// before watch starts.
+	connects chan struct{}
 }
 
 // subCounts are the monotonic counters of the account's subscription list.
@@ -72,6 +93,87 @@ func (w *interestWatcher) exclude(nc *nats.Conn) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.own = append(w.own, nc)
+}
+
+// hearConnects has the embedded server tell the watcher, through nc (one
+// of the node's own connections), each time a client connects to the
+// programs' account. The server publishes these events in its system
+// account; the system account exports the one subject to the programs'
+// account, which imports it as connectSubject (a program subscribing to
+// ">" sees these events too: the client's name, address and library, no
+// more than the node's own status shows).
+func (w *interestWatcher) hearConnects(nc *nats.Conn) error {
+	sys := w.srv.SystemAccount()
+	if sys == nil {
+		return errors.New("hear connects: the server has no system account")
+	}
+	acc, err := w.srv.LookupAccount(w.account)
+	if err != nil {
+		return fmt.Errorf("hear connects: %w", err)
+	}
+	from := "$SYS.ACCOUNT." + w.account + ".CONNECT"
+	if err := sys.AddStreamExport(from, []*server.Account{acc}); err != nil {
+		return fmt.Errorf("hear connects: export: %w", err)
+	}
+	if err := acc.AddMappedStreamImport(sys, from, connectSubject); err != nil {
+		return fmt.Errorf("hear connects: import: %w", err)
+	}
+	ch := make(chan struct{}, 1)
+	if _, err := nc.Subscribe(connectSubject, func(*nats.Msg) {
+		select {
+		case ch <- struct{}{}:
+		default: // one pending wake-up is enough
+		}
+	}); err != nil {
+		return fmt.Errorf("hear connects: %w", err)
+	}
+	if err := nc.Flush(); err != nil { // subscribed before the watcher relies on it
+		return fmt.Errorf("hear connects: %w", err)
+	}
+	w.connects = ch
+	return nil
+}
+
+// ownIDs are the client ids of the node's own connections that are
+// connected now.
+func (w *interestWatcher) ownIDs() map[uint64]bool {
+	own := map[uint64]bool{}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, nc := range w.own {
+		if id, err := nc.GetClientID(); err == nil {
+			own[id] = true
+		}
+	}
+	return own
+}
+
+// othersConnected reports whether a connection other than the node's own
+// is registered with the programs' account. The account lets a closing
+// connection go only after the server removed its subscriptions: a
+// snapshot taken after this reported false holds nothing of a program
+// that was connected before.
+func (w *interestWatcher) othersConnected() (bool, error) {
+	acc, err := w.srv.LookupAccount(w.account)
+	if err != nil {
+		return true, fmt.Errorf("count connections: %w", err)
+	}
+	own := w.ownIDs()
+	if acc.NumLocalConnections() > len(own) {
+		return true, nil
+	}
+	// No more than the node's own, in number: look which they are (one of
+	// ours may be between two connections while a program is connected).
+	cz, err := w.srv.Connz(&server.ConnzOptions{Account: w.account, Limit: 1 << 30})
+	if err != nil {
+		return true, fmt.Errorf("list connections: %w", err)
+	}
+	for _, ci := range cz.Conns {
+		if !own[ci.Cid] {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // counts reads the account's subscription counters.
@@ -117,14 +219,7 @@ func (w *interestWatcher) checkMoved() (subjects []string, changed, moved bool, 
 // subjects without wildcards that connections other than the node's own
 // subscribe to (plain, queue group or NATS micro endpoint alike).
 func (w *interestWatcher) snapshot() ([]string, error) {
-	own := map[uint64]bool{}
-	w.mu.Lock()
-	for _, nc := range w.own {
-		if id, err := nc.GetClientID(); err == nil {
-			own[id] = true
-		}
-	}
-	w.mu.Unlock()
+	own := w.ownIDs()
 	sz, err := w.srv.Subsz(&server.SubszOptions{Account: w.account, Subscriptions: true, Limit: 1 << 30})
 	if err != nil {
 		return nil, fmt.Errorf("read subscriptions: %w", err)
@@ -156,19 +251,52 @@ func hostingSubject(subject string) bool {
 }
 
 // watch checks every busy interval while subscriptions move and for
-// busyFor after, every idle interval otherwise, and hands each change to
-// changed, on this goroutine, in order. onErr gets a failed check (only
-// while the server shuts down, in practice). It returns when quit is
-// closed.
+// busyFor after they moved or a client connected, every idle interval
+// otherwise while a connection other than the node's own exists, and not
+// at all when none does (once hearConnects succeeded: a connection wakes
+// it). It hands each change to changed, on this goroutine, in order. onErr
+// gets a failed check (only while the server shuts down, in practice). It
+// returns when quit is closed.
 func (w *interestWatcher) watch(quit <-chan struct{}, busy, idle, busyFor time.Duration, changed func([]string), onErr func(error)) {
 	t := time.NewTimer(busy)
 	defer t.Stop()
-	lastMoved := time.Now()
+	due := time.Now().Add(busy) // when t fires; zero while it is stopped
+	arm := func(d time.Duration) {
+		t.Reset(d)
+		due = time.Now().Add(d)
+	}
+	// Busy until lastMoved+busyFor. A watcher that hears connects starts
+	// quiet (a program that connects wakes it); one that does not starts
+	// busy, for programs that connect as soon as the node is up.
+	var lastMoved time.Time
+	if w.connects == nil {
+		lastMoved = time.Now()
+	}
 	for {
 		select {
 		case <-quit:
 			return
+		case <-w.connects: // nil (never ready) when connects are not heard
+			// The client subscribes next: look soon, and often for a while.
+			// A check already due sooner stays (a stream of connections
+			// must not put it off).
+			lastMoved = time.Now()
+			if due.IsZero() || lastMoved.Add(busy).Before(due) {
+				arm(busy)
+			}
+			continue
 		case <-t.C:
+			due = time.Time{}
+		}
+		// Who is connected is read before the subscriptions: a program
+		// that left before this read has no subscriptions left in the
+		// check below.
+		others := true
+		if w.connects != nil {
+			var err error
+			if others, err = w.othersConnected(); err != nil {
+				onErr(err)
+			}
 		}
 		subjects, ok, moved, err := w.checkMoved()
 		switch {
@@ -181,10 +309,14 @@ func (w *interestWatcher) watch(quit <-chan struct{}, busy, idle, busyFor time.D
 		if moved {
 			lastMoved = now
 		}
-		if now.Sub(lastMoved) < busyFor {
-			t.Reset(busy)
-		} else {
-			t.Reset(idle)
+		switch {
+		case now.Sub(lastMoved) < busyFor:
+			arm(busy)
+		case others || err != nil:
+			arm(idle)
+		default:
+			// Only the node's own connections: nothing can subscribe
+			// before a client connects, and that wakes the watcher.
 		}
 	}
 }

@@ -3,10 +3,12 @@ package appliance
 import (
 	"context"
 	"errors"
+	"net"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -15,34 +17,16 @@ import (
 // testServer runs an embedded NATS server on a free loopback port.
 func testServer(t *testing.T) *server.Server {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	return srv
+	return natstest.Start(t)
 }
 
 // testConn connects to srv, in process or over TCP, and flushes on return.
 func testConn(t *testing.T, srv *server.Server, inProcess bool) *nats.Conn {
 	t.Helper()
-	url, opts := srv.ClientURL(), []nats.Option{}
 	if inProcess {
-		url, opts = "", append(opts, nats.InProcessServer(srv))
+		return natstest.Connect(t, srv)
 	}
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return natstest.ConnectTCP(t, srv)
 }
 
 func mustSubscribe(t *testing.T, nc *nats.Conn, subject, queue string) *nats.Subscription {
@@ -245,4 +229,147 @@ func TestApplianceHostsProgramsButNotItsStandIns(t *testing.T) {
 	if got := a.bridge.Load().LocalCapabilities(); !slices.Equal(got, []string{"local"}) {
 		t.Fatalf("bridge's local capabilities: got %v, want [local]", got)
 	}
+}
+
+// rawProgram connects to srv over TCP and sends CONNECT and SUB subject in
+// one write: the subscription is in place as soon as the server has read
+// the connect, with no round trip between them.
+func rawProgram(t *testing.T, srv *server.Server, subject string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", srv.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if _, err := c.Write([]byte("CONNECT {\"verbose\":false,\"name\":\"raw\"}\r\nSUB " + subject + " 1\r\nPING\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// wantDelivered waits up to 5 s for the next snapshot from a watch.
+func wantDelivered(t *testing.T, got <-chan []string, want []string) {
+	t.Helper()
+	select {
+	case s := <-got:
+		if !slices.Equal(s, want) {
+			t.Fatalf("got %v, want %v", s, want)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no change delivered, want %v", want)
+	}
+}
+
+// startWatch runs w.watch until the test ends and returns what it
+// delivers.
+func startWatch(t *testing.T, w *interestWatcher, busy, idle, busyFor time.Duration) <-chan []string {
+	t.Helper()
+	got := make(chan []string, 10)
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() { // exits when quit is closed, in the test's cleanup
+		defer close(done)
+		w.watch(quit, busy, idle, busyFor, func(s []string) { got <- s }, func(err error) { t.Errorf("check: %v", err) })
+	}()
+	t.Cleanup(func() {
+		close(quit)
+		<-done
+	})
+	return got
+}
+
+func TestInterestWatcherHearsConnects(t *testing.T) {
+	srv := testServer(t)
+	w := newInterestWatcher(srv)
+	own := testConn(t, srv, true)
+	w.exclude(own)
+	if err := w.hearConnects(own); err != nil {
+		t.Fatal(err)
+	}
+	testConn(t, srv, false)
+	select {
+	case <-w.connects:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a program connected and the watcher did not hear of it")
+	}
+}
+
+func TestInterestWatcherKnowsWhoIsConnected(t *testing.T) {
+	srv := testServer(t)
+	w := newInterestWatcher(srv)
+	wantOthers := func(want bool) {
+		t.Helper()
+		got, err := w.othersConnected()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Fatalf("othersConnected: got %v, want %v", got, want)
+		}
+	}
+	wantOthers(false)
+	own, ownIn := testConn(t, srv, false), testConn(t, srv, true)
+	w.exclude(own)
+	w.exclude(ownIn)
+	wantOthers(false)
+	mustSubscribe(t, own, "cap.standin", "")
+
+	prog := testConn(t, srv, false)
+	wantOthers(true)
+	mustSubscribe(t, prog, "cap.echo", "")
+	wantCheck(t, w, true, []string{"cap.echo"})
+
+	// Once the program no longer counts as connected, its subscriptions
+	// are gone from the very next snapshot: the watcher may then sleep.
+	prog.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		others, err := w.othersConnected()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !others {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the program still counts as connected after it left")
+		}
+		time.Sleep(5 * time.Millisecond) // the server closes a client asynchronously
+	}
+	wantCheck(t, w, true, []string{})
+}
+
+// A node nobody but itself is connected to does not poll (idle is an
+// hour here, and the watch is never busy by itself): a program that
+// connects wakes the watcher, and its subscriptions are seen at once.
+func TestInterestWatcherWakesForAProgramThatConnectsToAQuietNode(t *testing.T) {
+	srv := testServer(t)
+	w := newInterestWatcher(srv)
+	own := testConn(t, srv, true)
+	w.exclude(own)
+	if err := w.hearConnects(own); err != nil {
+		t.Fatal(err)
+	}
+	got := startWatch(t, w, 20*time.Millisecond, time.Hour, 0)
+	wantDelivered(t, got, []string{}) // the first check; the watcher is quiet after it
+	rawProgram(t, srv, "cap.raw")
+	wantDelivered(t, got, []string{"cap.raw"})
+}
+
+// While a program is connected the watcher polls: a subscription it makes
+// long after connecting is seen, and so is its leaving.
+func TestInterestWatcherPollsWhileAProgramIsConnected(t *testing.T) {
+	srv := testServer(t)
+	w := newInterestWatcher(srv)
+	own := testConn(t, srv, true)
+	w.exclude(own)
+	if err := w.hearConnects(own); err != nil {
+		t.Fatal(err)
+	}
+	prog := testConn(t, srv, false)
+	got := startWatch(t, w, 5*time.Millisecond, 20*time.Millisecond, 0)
+	wantDelivered(t, got, []string{})
+	mustSubscribe(t, prog, "work.late", "q")
+	wantDelivered(t, got, []string{"work.late"})
+	prog.Close()
+	wantDelivered(t, got, []string{})
 }

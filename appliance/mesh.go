@@ -30,18 +30,19 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 	snap, ok := a.bindings.manager.Current()
 	natsSrv := a.natsSrv
 	bc := bridge.Config{
-		Node:           a.cfg.Node,
-		URL:            a.brokerURL(snap, ok),
-		CAFile:         a.cfg.Bridge.CAFile,
-		OutboxPath:     filepath.Join(a.cfg.DataDir, "outbox.db"),
-		OutboxMaxBytes: a.cfg.Bridge.OutboxMaxBytes,
-		RequestTimeout: a.cfg.Bridge.RequestTimeout.D(),
-		CommandTimeout: a.cfg.Bridge.CommandTimeout.D(),
-		Prefetch:       a.cfg.Bridge.Prefetch,
-		RetryBudget:    a.cfg.Bridge.RetryBudget,
-		Heartbeat:      a.cfg.Bridge.Heartbeat.D(),
-		Routes:         a.cfg.Bridge.Routes,
-		StallAfter:     a.cfg.Bridge.StallAfter.D(),
+		Node:             a.cfg.Node,
+		URL:              a.brokerURL(snap, ok),
+		CAFile:           a.cfg.Bridge.CAFile,
+		OutboxPath:       filepath.Join(a.cfg.DataDir, "outbox.db"),
+		OutboxMaxBytes:   a.cfg.Bridge.OutboxMaxBytes,
+		RequestTimeout:   a.cfg.Bridge.RequestTimeout.D(),
+		CommandTimeout:   a.cfg.Bridge.CommandTimeout.D(),
+		Prefetch:         a.cfg.Bridge.Prefetch,
+		MaxStagePrefetch: a.cfg.Bridge.MaxStagePrefetch,
+		RetryBudget:      a.cfg.Bridge.RetryBudget,
+		Heartbeat:        a.cfg.Bridge.Heartbeat.D(),
+		Routes:           a.cfg.Bridge.Routes,
+		StallAfter:       a.cfg.Bridge.StallAfter.D(),
 		Dial: func(opts ...nats.Option) (*nats.Conn, error) {
 			nc, err := natsSrv.connect(ownConnPrefix+"bridge", opts...)
 			if err == nil {
@@ -52,6 +53,11 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 		OnSystem: func(key string, body []byte, origin string) {
 			if n := a.node.Load(); n != nil {
 				n.HandleSystem(key, body, origin)
+			}
+		},
+		OnConnected: func() {
+			if n := a.node.Load(); n != nil {
+				n.LinkUp() // discovery tries again at once
 			}
 		},
 		Logger:  a.logger,

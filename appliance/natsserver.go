@@ -22,6 +22,14 @@ type natsServer struct {
 }
 
 // startNATS starts the embedded server and waits until it accepts clients.
+//
+// Idle, the server wakes its process about twice a second whatever its
+// options: a one-second ticker that forgets rate-limited log lines, and a
+// one-second sampling of the process's CPU for its monitoring (package
+// pse, running from the moment the package is linked), plus a statsz
+// heartbeat of its system account every 10 s. No option turns the first
+// two off, and the system account stays on: its connect events let the
+// watcher of local interest sleep while no program is connected.
 func startNATS(addr, node string, logger *slog.Logger) (*natsServer, error) {
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {

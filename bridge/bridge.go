@@ -132,7 +132,7 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 		link:          newLink(cfg.URL, backoff.Policy{Min: cfg.ReconnectMin, Max: cfg.ReconnectMax}),
 		sub:           newSubmissions(),
 		pending:       pendingRequests{m: map[string]*pendingRequest{}},
-		stall:         stallBook{byStage: map[string]*stallState{}, submitted: map[string]time.Time{}},
+		stall:         stallBook{byStage: map[string]*stallState{}, submitted: map[string]time.Time{}, watch: make(chan struct{}, 1)},
 		routes:        map[string][]string{},
 		gone:          map[string]time.Time{},
 		hosted:        map[string]bool{},

@@ -20,6 +20,8 @@ const handlerPoll = 250 * time.Millisecond
 // handler is subscribed the timer polls for one.
 type cmdCall struct {
 	stage    string
+	flow     *stageFlow
+	sent     time.Time // when last sent to the handler
 	tag      uint64
 	d        amqp.Delivery // for a dead letter
 	env      *envelope
@@ -28,12 +30,13 @@ type cmdCall struct {
 	timer    *time.Timer
 }
 
-// readCommands passes the commands of stage to the local handler without
-// waiting: its reply arrives on the session's command inbox (onCmdReply).
-// The prefetch bounds how many are open. Exits when the consumer's
-// delivery channel closes (session end or cancel).
-func (s *session) readCommands(stage string, ds <-chan amqp.Delivery) {
+// readCommands passes the commands of one consumer of a stage to the local
+// handler without waiting: its reply arrives on the session's command inbox
+// (onCmdReply). The consumer's prefetch bounds how many are open. Exits
+// when the consumer's delivery channel closes (session end or cancel).
+func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
 	b := s.b
+	stage := f.stage
 	for d := range ds {
 		env, err := decode(typeCommand, fromAMQP(&d), b.maxPayload())
 		if err != nil {
@@ -42,7 +45,8 @@ func (s *session) readCommands(stage string, ds <-chan amqp.Delivery) {
 		}
 		b.m.msg(typeCommand, "in")
 		b.noteDeliveryAge(stage, env.sent)
-		c := &cmdCall{stage: stage, tag: d.DeliveryTag, d: d, env: env, deadline: time.Now().Add(b.cfg.CommandTimeout),
+		f.delivered()
+		c := &cmdCall{stage: stage, flow: f, tag: d.DeliveryTag, d: d, env: env, deadline: time.Now().Add(b.cfg.CommandTimeout),
 			msg: env.natsMsg(subjWorkPrefix+stage, commandMeta(env.msgID, env.origin, env.attempt, env.redelivered || env.attempt > 1))}
 		s.sendCmd(newID(), c)
 	}
@@ -51,6 +55,7 @@ func (s *session) readCommands(stage string, ds <-chan amqp.Delivery) {
 // sendCmd registers c under token and sends it to the local handler.
 func (s *session) sendCmd(token string, c *cmdCall) {
 	c.msg.Reply = s.cmdInbox + token
+	c.sent = time.Now()
 	s.callsMu.Lock()
 	if s.cmdsEnded {
 		s.callsMu.Unlock()
@@ -61,6 +66,7 @@ func (s *session) sendCmd(token string, c *cmdCall) {
 	s.callsMu.Unlock()
 	if err := s.b.bc.PublishMsg(c.msg); err != nil {
 		if c := s.takeCmd(token); c != nil {
+			s.answered(c)
 			s.cmdFailed(c, fmt.Errorf("calling the handler of stage %s: %v", c.stage, err))
 		}
 	}
@@ -93,10 +99,12 @@ func (s *session) onCmdReply(m *nats.Msg) {
 		// No handler subscribed right now: wait for one while the stage is
 		// hosted here, up to the attempt's deadline; otherwise give it back.
 		if !s.consumes(c.stage) {
+			c.flow.gone()
 			s.ack(c.tag, opRequeue)
 			return
 		}
 		if time.Until(c.deadline) <= handlerPoll {
+			s.answered(c)
 			s.cmdFailed(c, fmt.Errorf("no handler for stage %s on node %s within %s", c.stage, b.cfg.Node, b.cfg.CommandTimeout))
 			return
 		}
@@ -111,9 +119,11 @@ func (s *session) onCmdReply(m *nats.Msg) {
 		}
 		s.callsMu.Unlock()
 	case m.Header.Get(headerServiceError) != "":
+		s.answered(c)
 		s.cmdFailed(c, fmt.Errorf("handler of stage %s on node %s replied error %s %s", c.stage, b.cfg.Node,
 			m.Header.Get(headerServiceErrorCode), m.Header.Get(headerServiceError)))
 	default:
+		s.answered(c)
 		s.ack(c.tag, opAck)
 	}
 }
@@ -121,6 +131,7 @@ func (s *session) onCmdReply(m *nats.Msg) {
 // cmdTimeout settles a command whose handler did not answer in time.
 func (s *session) cmdTimeout(token string) {
 	if c := s.takeCmd(token); c != nil {
+		s.answered(c)
 		s.cmdFailed(c, fmt.Errorf("handler of stage %s on node %s did not answer within %s", c.stage, s.b.cfg.Node, s.b.cfg.CommandTimeout))
 	}
 }
@@ -232,7 +243,7 @@ func (b *Bridge) runHandler(ctx context.Context, stage string, msg *nats.Msg, ho
 func (s *session) consumes(stage string) bool {
 	s.stagesMu.Lock()
 	defer s.stagesMu.Unlock()
-	return s.stages[stage] && s.b.hostsStage(stage)
+	return s.stages[stage] != nil && s.b.hostsStage(stage)
 }
 
 // runLocal runs the commands accepted for local stages while the link was
@@ -311,7 +322,19 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 		b.m.err(errKindHandler)
 		r.attempt++
 		if int(r.attempt) >= b.cfg.RetryBudget {
-			b.deadRecord(r, fmt.Sprintf("attempt %d of %d failed: %v", attempt, b.cfg.RetryBudget, failure))
+			// The original is deleted only once its dead letter is
+			// committed: a failed write keeps the command, tried again
+			// after a pause.
+			reason := fmt.Sprintf("attempt %d of %d failed: %v", attempt, b.cfg.RetryBudget, failure)
+			if err := b.ob.wait(ctx, func(done func(error)) { b.deadRecord(r, reason, done) }); err != nil {
+				b.log.Error("cannot store the dead letter of a local command; kept for later", "stage", r.name, "msg_id", r.msgID, "err", err)
+				select {
+				case <-time.After(time.Second):
+				case <-b.quit:
+					return false
+				}
+				return true
+			}
 			b.ob.wait(ctx, func(done func(error)) { b.ob.del(r.seq, r.size, done) })
 			return true
 		}

@@ -31,8 +31,19 @@ type Config struct {
 	// CommandTimeout bounds one handler attempt of a command (default 30s,
 	// at most 25 minutes so the broker's consumer timeout never fires).
 	CommandTimeout time.Duration
-	// Prefetch bounds unacknowledged deliveries per consumer (default 32).
+	// Prefetch bounds unacknowledged deliveries per consumer (default 32):
+	// the events consumer and each consumer of a stage queue.
 	Prefetch int
+	// MaxStagePrefetch bounds the unacknowledged commands of one stage on
+	// this node (default 256; Prefetch when only Prefetch is set, which
+	// keeps one consumer per stage with a fixed prefetch). A stage starts
+	// with one consumer and doubles them while its handler answers quickly
+	// and the consumers it has are saturated, up to
+	// MaxStagePrefetch/Prefetch consumers; it loses half of them when the
+	// handler's answers slow down. So a fast node takes most of a shared
+	// stage's work and a slow one holds about one consumer's prefetch (see
+	// the package doc).
+	MaxStagePrefetch int
 	// RetryBudget is how many attempts a command gets before it is
 	// dead-lettered (default 5).
 	RetryBudget int
@@ -60,6 +71,10 @@ type Config struct {
 	// messages addressed to this node) from other nodes. It is called from
 	// one goroutine, in order; it must not block for long.
 	OnSystem func(key string, body []byte, origin string)
+	// OnConnected, when set, is called each time the link enters the
+	// connected state (after a start, a reconnect, or the end of a resource
+	// alarm), on the goroutine that changed the state. It must not block.
+	OnConnected func()
 	// ReconnectMin and ReconnectMax bound the reconnect backoff (defaults
 	// 250ms and 10s; jitter is added).
 	ReconnectMin, ReconnectMax time.Duration
@@ -72,16 +87,17 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultOutboxMaxBytes = 64 << 20
-	DefaultRequestTimeout = 5 * time.Second
-	DefaultCommandTimeout = 30 * time.Second
-	DefaultPrefetch       = 32
-	DefaultRetryBudget    = 5
-	DefaultHeartbeat      = 5 * time.Second
-	DefaultStallAfter     = 5 * time.Minute
-	DefaultStallCheck     = 10 * time.Second
-	DefaultMaxPayload     = 1 << 20
-	maxCommandTimeout     = 25 * time.Minute
+	DefaultOutboxMaxBytes   = 64 << 20
+	DefaultRequestTimeout   = 5 * time.Second
+	DefaultCommandTimeout   = 30 * time.Second
+	DefaultPrefetch         = 32
+	DefaultMaxStagePrefetch = 256
+	DefaultRetryBudget      = 5
+	DefaultHeartbeat        = 5 * time.Second
+	DefaultStallAfter       = 5 * time.Minute
+	DefaultStallCheck       = 10 * time.Second
+	DefaultMaxPayload       = 1 << 20
+	maxCommandTimeout       = 25 * time.Minute
 )
 
 // LogValue prints the configuration with the broker password redacted.
@@ -104,6 +120,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CommandTimeout == 0 {
 		c.CommandTimeout = DefaultCommandTimeout
+	}
+	if c.MaxStagePrefetch == 0 {
+		c.MaxStagePrefetch = c.Prefetch // a prefetch set alone stays fixed
+		if c.Prefetch == 0 {
+			c.MaxStagePrefetch = DefaultMaxStagePrefetch
+		}
 	}
 	if c.Prefetch == 0 {
 		c.Prefetch = DefaultPrefetch
@@ -153,6 +175,8 @@ func (c Config) validate() error {
 		return bad("CommandTimeout", "%s is out of range 0..%s", c.CommandTimeout, maxCommandTimeout)
 	case c.Prefetch < 1 || c.Prefetch > 65535:
 		return bad("Prefetch", "%d is out of range 1..65535", c.Prefetch)
+	case c.MaxStagePrefetch < c.Prefetch || c.MaxStagePrefetch > 65535:
+		return bad("MaxStagePrefetch", "%d is out of range %d (Prefetch)..65535", c.MaxStagePrefetch, c.Prefetch)
 	case c.RetryBudget < 1 || c.RetryBudget > 1000:
 		return bad("RetryBudget", "%d is out of range 1..1000", c.RetryBudget)
 	case c.Heartbeat < time.Second:

@@ -40,15 +40,25 @@ func (s *session) consumerOwner() {
 			}
 		case <-s.b.stagesChanged:
 			s.syncStages(&decl)
+		case <-s.flowWake:
+			s.applyFlows()
 		case tag := <-s.cancels:
-			stage, ok := strings.CutPrefix(tag, "cmd:")
+			f, ok := s.tagStage[tag]
 			if !ok {
+				if strings.HasPrefix(tag, "cmd:") {
+					continue // cancelled by this side already
+				}
 				s.fail(fmt.Errorf("the broker cancelled consumer %s", tag))
 				return
 			}
-			s.b.log.Warn("the broker cancelled a stage consumer (queue deleted?); declaring it again", "stage", stage)
+			s.forgetConsumer(f, tag)
+			if len(f.tags) > 0 {
+				signal(s.flowWake) // opened again up to what the stage wants
+				continue
+			}
+			s.b.log.Warn("the broker cancelled a stage consumer (queue deleted?); declaring it again", "stage", f.stage)
 			s.stagesMu.Lock()
-			delete(s.stages, stage)
+			delete(s.stages, f.stage)
 			s.stagesMu.Unlock()
 			s.syncStages(&decl)
 		}

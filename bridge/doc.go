@@ -109,6 +109,25 @@
 //
 // The topology is declared again on every connection.
 //
+// # Credit per stage
+//
+// A quorum queue hands its messages to its consumers in turn, each up to its
+// prefetch (basic.qos with global=false applies per consumer, fixed when it
+// starts consuming). A node that holds many commands behind a slow handler
+// keeps them from faster nodes hosting the same stage, and a node with a
+// small prefetch cannot keep a fast handler busy across the broker's round
+// trip. So the credit of a stage adapts to its handler (flow.go): a node
+// consumes a stage queue with one consumer of Prefetch (default 32) to begin
+// with, and doubles its consumers each time a window of Prefetch answers
+// shows the consumers saturated (at least three quarters of their deliveries
+// at the handler at once) and the handler answering quickly (on average
+// within 25 ms, or twice its quickest answer), up to MaxStagePrefetch
+// (default 256) in all. When the answers slow down (on average beyond 100 ms
+// and eight times the quickest), it cancels half of them. A cancelled
+// consumer gets nothing more from the broker; what it has is handled and
+// acked as usual. A slow node thus holds about one consumer's prefetch of a
+// shared stage and a fast one takes the rest.
+//
 // # Message properties
 //
 // Commands, events, dead letters and system messages are published with
@@ -155,7 +174,9 @@
 // The files follow the parts: link.go (the link loop, dialling, TLS, the
 // link's state), session.go (one stay on the broker), topology.go
 // (declarations, stage queues), publish.go (the publish pipeline),
-// consume.go (the consumer owner and its acks), requests.go, commands.go,
+// consume.go (the consumer owner and its acks), flow.go (the credit of
+// each stage: its consumers), corkconn.go (the publishing socket's batched
+// writes), requests.go, commands.go,
 // events.go (the three shapes), submit.go (submissions and the outbox
 // drainer), outbox.go and outbox_open.go (the durable store), stalls.go,
 // interest.go (stand-ins and hosted stages).
@@ -187,13 +208,17 @@
 //   - the request channel (no confirms, publishing connection) belongs to
 //     the fast publisher: requests and replies; its returns are drained by
 //     their own goroutine; the connection's blocked notifications by
-//     another;
+//     another. Both publishers cork the publishing connection's socket
+//     (corkconn.go) while they hand a run of items to the library, which
+//     would otherwise write every message with a system call of its own:
+//     the run goes out with one;
 //   - the acked consume channel (events, commands; consuming connection)
 //     belongs to the consumer owner, which acks (a run of settled
 //     deliveries with one multiple ack: only acked consumers use this
 //     channel, so its delivery tags are dense), requeues, and opens or
 //     cancels stage consumers (declaring stage queues on a channel of its
-//     own, since a failed declaration closes its channel); the unacked
+//     own, since a failed declaration closes its channel) as each stage's
+//     credit asks (see Credit per stage); the unacked
 //     consume channel (requests, replies, system messages) is set up with
 //     the session and then only read from; one reader goroutine per
 //     consumer handles its deliveries inline: events in order, replies,

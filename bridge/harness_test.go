@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -35,29 +36,12 @@ type node struct {
 // startServer runs an embedded NATS server on a free loopback port.
 func startServer(tb testing.TB) *server.Server {
 	tb.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(5 * time.Second) {
-		tb.Fatal("nats server not ready")
-	}
-	tb.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	return srv
+	return natstest.Start(tb)
 }
 
 func connect(tb testing.TB, srv *server.Server, name string) *nats.Conn {
 	tb.Helper()
-	nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Name(name))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(nc.Close)
-	return nc
+	return natstest.Connect(tb, srv, nats.Name(name))
 }
 
 // testConfig is the bridge configuration of a test node: quick checks,
@@ -75,7 +59,7 @@ func testConfig(tb testing.TB, name, brokerURL string, srv *server.Server, own *
 		ReconnectMin:   50 * time.Millisecond,
 		ReconnectMax:   500 * time.Millisecond,
 		Dial: func(opts ...nats.Option) (*nats.Conn, error) {
-			nc, err := nats.Connect("", append(opts, nats.InProcessServer(srv))...)
+			nc, err := natstest.Dialer(srv)(opts...)
 			if err == nil {
 				own.Store(nc)
 			}
@@ -203,7 +187,27 @@ func (n *node) waitHosts(tb testing.TB, stage string) {
 		}
 		return false
 	})
-	time.Sleep(300 * time.Millisecond) // the consumer owner declares and consumes
+	waitConsumer(tb, n.cfg.URL, "cmd."+stage)
+}
+
+// waitConsumer waits until queue on the broker at brokerURL has a
+// consumer: a passive declaration reports the count at once.
+func waitConsumer(tb testing.TB, brokerURL, queue string) {
+	tb.Helper()
+	conn, err := amqp.Dial(brokerURL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer conn.Close()
+	waitFor(tb, 10*time.Second, "a consumer on "+queue, func() bool {
+		ch, err := conn.Channel()
+		if err != nil {
+			return false
+		}
+		defer ch.Close()
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		return err == nil && q.Consumers > 0 // a queue not declared yet closes the channel
+	})
 }
 
 // request sends a request from n's local program.

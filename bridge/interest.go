@@ -58,6 +58,7 @@ func (b *Bridge) SetLocalInterest(ctx context.Context, subjects []string) error 
 	err := b.declareStages(ctx, hosted)
 	if stagesChanged {
 		signal(b.stagesChanged) // the session's consumer owner consumes (and cancels)
+		signal(b.stall.watch)   // a stall checker with nothing to watch wakes
 	}
 	return err
 }
@@ -75,7 +76,7 @@ func (b *Bridge) declareStages(ctx context.Context, stages map[string]bool) erro
 	var missing []string
 	s.stagesMu.Lock()
 	for stage := range stages {
-		if !s.stages[stage] {
+		if s.stages[stage] == nil {
 			missing = append(missing, stage)
 		}
 	}

@@ -144,6 +144,9 @@ func (b *Bridge) setState(state, reason string) {
 	default:
 		b.log.Warn("broker link "+state, "url", url, "reason", reason)
 	}
+	if state == StateConnected && b.cfg.OnConnected != nil {
+		b.cfg.OnConnected()
+	}
 }
 
 func (b *Bridge) linkState() (string, time.Time) { return b.link.current() }
@@ -272,7 +275,9 @@ func (b *Bridge) withQuit(parent context.Context) (context.Context, context.Canc
 // dial opens an AMQP connection named "meshbox node <node> (<role>)".
 // Cancelling ctx aborts the handshake. abort closes the connection's socket
 // at once: an AMQP call waiting on a broker that stalls fails with it.
-func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connection, abort func(), err error) {
+// The publishing connection's socket is a *corkConn, returned as cork (nil
+// for the consuming one).
+func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connection, cork *corkConn, abort func(), err error) {
 	cfg := amqp.Config{
 		Heartbeat:  b.cfg.Heartbeat,
 		Locale:     "en_US",
@@ -282,7 +287,7 @@ func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connect
 	if strings.HasPrefix(url, "amqps://") {
 		tc, err := b.tlsConfig()
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		cfg.TLSClientConfig = tc
 	}
@@ -302,6 +307,10 @@ func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connect
 		}
 		stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
 		raw = c
+		if role == rolePublish {
+			cork = &corkConn{Conn: c}
+			return cork, nil
+		}
 		return c, nil
 	}
 	conn, err = amqp.DialConfig(url, cfg)
@@ -309,9 +318,9 @@ func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connect
 		stop()
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return conn, func() { _ = raw.Close() }, nil
+	return conn, cork, func() { _ = raw.Close() }, nil
 }
 
 // tlsConfig trusts the system roots plus Config.CAFile.

@@ -25,7 +25,13 @@ func TestHalfOpenLinkDetected(t *testing.T) {
 	b := newNode(t, "beta", vhost, nil)
 	a.waitConnected(t)
 	b.waitConnected(t)
-	sub, err := b.client.Subscribe("cap.slow", func(*nats.Msg) {}) // never answers
+	arrived := make(chan struct{}, 1)
+	sub, err := b.client.Subscribe("cap.slow", func(*nats.Msg) { // never answers
+		select {
+		case arrived <- struct{}{}:
+		default:
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +49,11 @@ func TestHalfOpenLinkDetected(t *testing.T) {
 		m, err := a.client.Request("cap.slow", nil, 40*time.Second)
 		res <- result{m, err, time.Since(start)}
 	}()
-	time.Sleep(200 * time.Millisecond)
+	select { // the request is in flight: it reached beta's program
+	case <-arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request did not reach beta")
+	}
 	px.Stall(t)
 	waitFor(t, 15*time.Second, "alpha offline", func() bool { return a.b.Status().Broker.State == bridge.StateOffline })
 	r := <-res

@@ -108,25 +108,35 @@ func (s *session) fastPublisher() {
 			return
 		case <-s.fastQ.ready:
 		}
-		items := s.fastQ.take()
-		for i, it := range items {
-			err := s.fastCh.Publish(it.out.exchange, it.out.key, it.out.mandatory, false, it.out.publishing(s.b.cfg.Node))
-			if err != nil {
-				var ae *amqp.Error
-				if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
-					for _, rest := range items[i:] {
-						rest.finish(ErrLinkDown)
-					}
-					s.fail(fmt.Errorf("publish: %w", err))
-					return
-				}
-				it.finish(fmt.Errorf("publish: %w", err))
-				continue
-			}
-			s.b.m.msg(it.out.kind, "out")
-			it.finish(nil)
+		if !s.fastPublish(s.fastQ.take()) {
+			return
 		}
 	}
+}
+
+// fastPublish publishes a run of requests and replies with one write. It
+// returns false when the session must end.
+func (s *session) fastPublish(items []*pubItem) bool {
+	s.cork.cork()
+	defer s.cork.uncork()
+	for i, it := range items {
+		err := s.fastCh.Publish(it.out.exchange, it.out.key, it.out.mandatory, false, it.out.publishing(s.b.cfg.Node))
+		if err != nil {
+			var ae *amqp.Error
+			if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
+				for _, rest := range items[i:] {
+					rest.finish(ErrLinkDown)
+				}
+				s.fail(fmt.Errorf("publish: %w", err))
+				return false
+			}
+			it.finish(fmt.Errorf("publish: %w", err))
+			continue
+		}
+		s.b.m.msg(it.out.kind, "out")
+		it.finish(nil)
+	}
+	return true
 }
 
 // fastReturned drains the request channel's returns: a request the broker
@@ -169,14 +179,17 @@ func (s *session) publisher() {
 		case <-s.pubQ.ready:
 		}
 		items := s.pubQ.take()
+		s.cork.cork() // the run goes out with one write
 		for i, it := range items {
 			if !s.publish(it) {
+				s.cork.uncork()
 				for _, rest := range items[i+1:] {
 					rest.finish(ErrLinkDown)
 				}
 				return
 			}
 		}
+		s.cork.uncork()
 	}
 }
 
@@ -185,9 +198,14 @@ func (s *session) publisher() {
 func (s *session) publish(it *pubItem) bool {
 	select {
 	case s.window <- struct{}{}:
-	case <-s.ctx.Done():
-		it.finish(ErrLinkDown)
-		return false
+	default:
+		s.cork.flush() // the broker confirms only what it received
+		select {
+		case s.window <- struct{}{}:
+		case <-s.ctx.Done():
+			it.finish(ErrLinkDown)
+			return false
+		}
 	}
 	p := it.out.publishing(s.b.cfg.Node)
 	tag := s.pubCh.GetNextPublishSeqNo()

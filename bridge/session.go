@@ -29,6 +29,7 @@ type session struct {
 	// The publishing connection: commands, events, dead letters and system
 	// messages on pubCh (confirm mode), requests and replies on fastCh.
 	pubConn      *amqp.Connection
+	cork         *corkConn // pubConn's socket: publishers batch their writes
 	pubCh        *amqp.Channel
 	fastCh       *amqp.Channel
 	confirms     chan amqp.Confirmation
@@ -63,9 +64,12 @@ type session struct {
 	ackQ      chan ackReq
 	acks      ackBook // settled deliveries of conCh (consumer owner only)
 	stagesMu  sync.Mutex
-	stages    map[string]bool // stages consumed in this session (owner only writes)
-	drainWait sync.WaitGroup  // drained records handed to the publisher, not settled
-	rescan    chan struct{}   // cap 1: the drainer starts over from the oldest record
+	stages    map[string]*stageFlow // stages consumed in this session (owner only writes)
+	tagStage  map[string]*stageFlow // consumer owner only: stage consumers by tag
+	tagSeq    int                   // consumer owner only: for unique consumer tags
+	flowWake  chan struct{}         // cap 1: a stage wants another number of consumers
+	drainWait sync.WaitGroup        // drained records handed to the publisher, not settled
+	rescan    chan struct{}         // cap 1: the drainer starts over from the oldest record
 
 	inbox     string               // NATS subject prefix of local hosts' replies
 	cmdInbox  string               // NATS subject prefix of command handlers' replies
@@ -79,23 +83,29 @@ type session struct {
 	workers tracker        // goroutines and timers working on deliveries
 }
 
+// The roles of a session's two connections (dial).
+const (
+	rolePublish = "publish"
+	roleConsume = "consume"
+)
+
 // connect dials url twice (publishing and consuming connections) and
 // declares the node's topology, all within ctx: a broker that stalls
 // after accepting the connections fails the attempt when ctx ends. It
 // returns a session that is set up but not started.
 func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
-	conConn, abortCon, err := b.dial(ctx, url, "consume")
+	conConn, _, abortCon, err := b.dial(ctx, url, roleConsume)
 	if err != nil {
 		return nil, fmt.Errorf("connect to broker: %w", err)
 	}
-	pubConn, abortPub, err := b.dial(ctx, url, "publish")
+	pubConn, cork, abortPub, err := b.dial(ctx, url, rolePublish)
 	if err != nil {
 		abortCon()
 		_ = conConn.CloseDeadline(time.Now().Add(closeLimit))
 		return nil, fmt.Errorf("connect to broker: %w", err)
 	}
 	s := &session{
-		b: b, url: url, pubConn: pubConn, conConn: conConn,
+		b: b, url: url, pubConn: pubConn, cork: cork, conConn: conConn,
 		failed:   make(chan error, 1),
 		pubQ:     newPubQueue(publishWindow),
 		fastQ:    newPubQueue(publishWindow),
@@ -103,7 +113,9 @@ func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
 		inflight: map[uint64]*pubItem{},
 		byID:     map[string]*pubItem{},
 		ackQ:     make(chan ackReq, 256),
-		stages:   map[string]bool{},
+		stages:   map[string]*stageFlow{},
+		tagStage: map[string]*stageFlow{},
+		flowWake: make(chan struct{}, 1),
 		rescan:   make(chan struct{}, 1),
 		calls:    map[string]*hostCall{},
 		cmds:     map[string]*cmdCall{},

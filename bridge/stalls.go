@@ -28,6 +28,10 @@ type stallBook struct {
 	mu        sync.Mutex
 	byStage   map[string]*stallState
 	submitted map[string]time.Time // stages this node sent commands to, and when last
+	// watch is signalled when there may be a queue to watch that was not
+	// before (a stage submitted to for the first time, or hosted here): a
+	// checker with nothing to watch sleeps until then.
+	watch chan struct{}
 }
 
 // stateOf returns the state of stage (mu held).
@@ -44,8 +48,12 @@ func (sb *stallBook) stateOf(stage string) *stallState {
 // is watched for stalls.
 func (b *Bridge) noteSubmitted(stage string) {
 	b.stall.mu.Lock()
+	_, known := b.stall.submitted[stage]
 	b.stall.submitted[stage] = time.Now()
 	b.stall.mu.Unlock()
+	if !known {
+		signal(b.stall.watch)
+	}
 }
 
 // noteDeliveryAge records how long a delivered command had waited since it
@@ -76,7 +84,8 @@ func (b *Bridge) stallCandidates() []string {
 
 // stallChecker inspects the watched command queues every StallCheck with
 // passive declarations (on a channel of its own: a missing queue closes
-// it). Exits when the session ends.
+// it). While no queue is to be watched (no stage hosted here, none
+// submitted to) it sleeps until one is. Exits when the session ends.
 func (s *session) stallChecker() {
 	b := s.b
 	ch, err := s.conConn.Channel()
@@ -89,7 +98,7 @@ func (s *session) stallChecker() {
 			_ = ch.Close()
 		}
 	}()
-	t := time.NewTicker(b.cfg.StallCheck)
+	t := time.NewTimer(b.cfg.StallCheck)
 	defer t.Stop()
 	for {
 		select {
@@ -97,7 +106,15 @@ func (s *session) stallChecker() {
 			return
 		case <-t.C:
 		}
-		for _, stage := range b.stallCandidates() {
+		stages := b.stallCandidates()
+		if len(stages) == 0 {
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-b.stall.watch:
+			}
+		}
+		for _, stage := range stages {
 			q, err := ch.QueueDeclarePassive(stageQueue(stage), true, false, false, false, nil)
 			if err != nil {
 				var ae *amqp.Error
@@ -117,6 +134,7 @@ func (s *session) stallChecker() {
 			}
 			b.observeQueue(stage, q.Messages, q.Consumers)
 		}
+		t.Reset(b.cfg.StallCheck)
 	}
 }
 

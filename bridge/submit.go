@@ -193,7 +193,7 @@ func (b *Bridge) directDone(rec *record, reply string, err error) {
 		b.replyError(reply, &ServiceError{Code: CodeUnavailable,
 			Text: fmt.Sprintf("no node hosts stage %s: the broker has no queue %s", rec.name, stageQueue(rec.name))})
 	case errors.Is(err, ErrNoRoute):
-		b.deadRecord(rec, fmt.Sprintf("no route: the broker had no queue %s", stageQueue(rec.name)))
+		b.deadRecord(rec, fmt.Sprintf("no route: the broker had no queue %s", stageQueue(rec.name)), nil)
 	case errors.Is(err, ErrNacked) && reply != "":
 		b.replyError(reply, &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("the broker refused the %s; it was not accepted", rec.kind)})
 	default:
@@ -205,8 +205,10 @@ func (b *Bridge) directDone(rec *record, reply string, err error) {
 }
 
 // deadRecord stores a dead letter for rec in the outbox (it goes to
-// mesh.dlx when the link allows). Safe on any goroutine.
-func (b *Bridge) deadRecord(rec *record, reason string) {
+// mesh.dlx when the link allows) and calls done (may be nil) with the
+// outcome of its commit: rec may be deleted only after a nil one. Safe on
+// any goroutine.
+func (b *Bridge) deadRecord(rec *record, reason string, done func(error)) {
 	b.m.err(errKindDeadLetter)
 	b.logDead(rec.name, rec.msgID, reason)
 	dead := *rec
@@ -220,6 +222,9 @@ func (b *Bridge) deadRecord(rec *record, reason string) {
 		if err != nil {
 			b.sub.meshPending.Add(-1)
 			b.m.err(errKindOutboxWrite)
+		}
+		if done != nil {
+			done(err)
 		}
 	})
 }
@@ -333,9 +338,19 @@ func (s *session) drained(r *record, err error) {
 		b.ob.del(r.seq, r.size, nil)
 		b.sub.meshPending.Add(-1)
 	case errors.Is(err, ErrNoRoute):
-		b.deadRecord(r, fmt.Sprintf("no route: the broker had no queue %s", stageQueue(r.name)))
-		b.ob.del(r.seq, r.size, nil)
-		b.sub.meshPending.Add(-1)
+		// The record is deleted only once its dead letter is committed; if
+		// that write fails it is kept and sent again after a pause. The
+		// drainer's rescan waits until the delete is queued.
+		s.drainWait.Add(1)
+		b.deadRecord(r, fmt.Sprintf("no route: the broker had no queue %s", stageQueue(r.name)), func(err error) {
+			defer s.drainWait.Done()
+			if err != nil {
+				signal(s.rescan)
+				return
+			}
+			b.ob.del(r.seq, r.size, nil)
+			b.sub.meshPending.Add(-1)
+		})
 	case errors.Is(err, ErrNacked):
 		signal(s.rescan) // kept; sent again after a pause
 	default:

@@ -172,31 +172,30 @@ func (s *session) syncStages(decl **amqp.Channel) {
 	want := s.b.hostedStages()
 	s.stagesMu.Lock()
 	defer s.stagesMu.Unlock()
-	for stage := range s.stages {
+	for stage, f := range s.stages {
 		if !want[stage] {
-			if err := s.conCh.Cancel("cmd:"+stage, false); err != nil {
-				s.fail(fmt.Errorf("cancel consumer of stage %s: %w", stage, err))
-				return
+			for len(f.tags) > 0 {
+				if !s.cancelConsumer(f) {
+					return
+				}
 			}
 			delete(s.stages, stage)
-			s.b.log.Debug("stage consumer cancelled", "stage", stage)
+			s.b.log.Debug("stage consumers cancelled", "stage", stage)
 		}
 	}
 	for stage := range want {
-		if s.stages[stage] {
+		if s.stages[stage] != nil {
 			continue
 		}
 		if err := s.declareStage(decl, stage); err != nil {
 			s.b.log.Error("cannot declare stage queue", "stage", stage, "err", err)
 			continue
 		}
-		ds, err := s.conCh.Consume(stageQueue(stage), "cmd:"+stage, false, false, false, false, nil)
-		if err != nil {
-			s.fail(fmt.Errorf("consume %s: %w", stageQueue(stage), err))
+		f := newStageFlow(stage, s.b.cfg.Prefetch, s.b.cfg.MaxStagePrefetch)
+		if !s.addConsumer(f) {
 			return
 		}
-		s.stages[stage] = true
-		s.spawn(func() { s.readCommands(stage, ds) })
+		s.stages[stage] = f
 		s.b.log.Debug("stage consumer started", "stage", stage)
 	}
 }

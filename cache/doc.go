@@ -23,7 +23,11 @@
 // goroutines, both started by Start and gone when Close returns: one runs
 // Source.Watch, the other performs every load and every change, so
 // OnChange callbacks run one at a time, in order, on that goroutine and must
-// not call Close.
+// not call Close. (Without a Source only one goroutine runs, and only when
+// MaxAge is set: it waits to log the max-age warning.) Neither polls: the
+// loader sleeps until a notification, the next retry or refresh, or the
+// moment the bindings pass MaxAge; the bindings' age is computed when
+// Status or the metrics are read.
 //
 // # Secrets
 //

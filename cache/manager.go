@@ -67,8 +67,6 @@ type ManagerConfig struct {
 	Logger *slog.Logger
 	// Metrics registers the manager's metrics (nil = not registered).
 	Metrics prometheus.Registerer
-	// Now is the clock (default time.Now).
-	Now func() time.Time
 }
 
 // Status is the bindings part of the node's status.
@@ -106,6 +104,7 @@ type Manager struct {
 	log     *slog.Logger
 	metrics *managerMetrics
 	kick    chan struct{} // buffered(1): a load is wanted
+	aging   chan struct{} // buffered(1): the bindings may have started to age
 
 	lifeMu  sync.Mutex // guards started, closed, cancel
 	started bool
@@ -159,13 +158,11 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
 	m := &Manager{
 		cfg:    cfg,
 		log:    cfg.Logger.With("component", "bindings"),
 		kick:   make(chan struct{}, 1),
+		aging:  make(chan struct{}, 1),
 		source: SourceNone,
 		db:     DBNone,
 	}
@@ -274,7 +271,7 @@ func (m *Manager) OnChange(fn func(Snapshot, Divergence)) {
 func (m *Manager) Status() Status {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.cfg.Now()
+	now := time.Now()
 	m.checkAgeLocked(now)
 	st := Status{
 		Source:      m.source,
@@ -343,7 +340,7 @@ func chooseReload(cur Snapshot, have bool, loaded Snapshot) reloadAction {
 
 // startWith installs the start choice and logs it (one line).
 func (m *Manager) startWith(c startChoice, liveErr error, cached Snapshot, cachedErr error) {
-	now := m.cfg.Now()
+	now := time.Now()
 	m.mu.Lock()
 	m.source = c.source
 	switch c.source {
@@ -411,6 +408,8 @@ func (m *Manager) watch(ctx context.Context) {
 }
 
 // run performs every load and applies every change until ctx is done.
+// Between loads it sleeps until the next retry, the next refresh, or the
+// moment the bindings pass MaxAge, whichever comes first.
 func (m *Manager) run(ctx context.Context, retrySoon bool) {
 	backoff := m.cfg.RetryInterval
 	retry := time.NewTimer(backoff)
@@ -420,20 +419,28 @@ func (m *Manager) run(ctx context.Context, retrySoon bool) {
 	defer retry.Stop()
 	refresh := time.NewTimer(m.cfg.RefreshInterval)
 	defer refresh.Stop()
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
+	stale := time.NewTimer(0)
+	defer stale.Stop()
+	m.resetAgeTimer(stale)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-stale.C:
 			m.checkAge()
+			m.resetAgeTimer(stale)
+			continue
+		case <-m.aging:
+			m.resetAgeTimer(stale)
 			continue
 		case <-m.kick:
 		case <-retry.C:
 		case <-refresh.C:
 		}
-		if err := m.reload(ctx); err != nil {
+		err := m.reload(ctx)
+		m.checkAge() // a load may end the aging, or start it
+		m.resetAgeTimer(stale)
+		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -447,18 +454,45 @@ func (m *Manager) run(ctx context.Context, retrySoon bool) {
 	}
 }
 
-// ageLoop checks the age warning when there is no database to follow.
+// ageLoop logs the max-age warning when there is no database to follow:
+// it sleeps until the cached bindings pass MaxAge, once.
 func (m *Manager) ageLoop(ctx context.Context) {
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
+	stale := time.NewTimer(0)
+	defer stale.Stop()
+	m.resetAgeTimer(stale)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-stale.C:
 			m.checkAge()
+			m.resetAgeTimer(stale)
 		}
 	}
+}
+
+// resetAgeTimer sets t to fire when the bindings in use pass MaxAge, or
+// stops it when they cannot (no MaxAge, no bindings, confirmed by a
+// connected database, or already past it).
+func (m *Manager) resetAgeTimer(t *time.Timer) {
+	m.mu.Lock()
+	d, ok := m.untilStaleLocked(time.Now())
+	m.mu.Unlock()
+	if ok {
+		t.Reset(d)
+	} else {
+		t.Stop()
+	}
+}
+
+// untilStaleLocked is how long until the bindings in use pass MaxAge, and
+// whether they will without a change of state. Caller holds mu.
+func (m *Manager) untilStaleLocked(now time.Time) (time.Duration, bool) {
+	if m.cfg.MaxAge <= 0 || m.stale || !m.have || (m.db == DBConnected && m.source == SourceDB) {
+		return 0, false
+	}
+	// stale means age > MaxAge: the deadline lies just past it.
+	return max(m.verifiedAt.Add(m.cfg.MaxAge+1).Sub(now), 0), true
 }
 
 // reload loads from the source and applies the result.
@@ -487,6 +521,10 @@ func (m *Manager) setDisconnected(err error) {
 	since := m.verifiedAt
 	m.mu.Unlock()
 	m.metrics.dbUp.Set(0)
+	select { // the bindings age from now: the run loop sets its age timer
+	case m.aging <- struct{}{}:
+	default:
+	}
 	if was == DBConnected {
 		m.log.Warn("lost the mesh database; bindings now age", "err", err, "confirmed_at", since)
 	}
@@ -495,7 +533,7 @@ func (m *Manager) setDisconnected(err error) {
 // apply stores a snapshot just loaded from the database, then installs
 // it. Only one goroutine applies at a time (Start, then run).
 func (m *Manager) apply(snap Snapshot) {
-	now := m.cfg.Now()
+	now := time.Now()
 	m.mu.Lock()
 	prev, had, prevSource, wasDB := m.cur, m.have, m.source, m.db
 	m.mu.Unlock()
@@ -585,7 +623,7 @@ func (m *Manager) ageLocked(now time.Time) time.Duration {
 func (m *Manager) checkAge() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.checkAgeLocked(m.cfg.Now())
+	m.checkAgeLocked(time.Now())
 }
 
 // checkAgeLocked updates the max-age warning and logs its transitions.
@@ -601,11 +639,9 @@ func (m *Manager) checkAgeLocked(now time.Time) {
 	}
 	m.stale = stale
 	if stale {
-		m.metrics.stale.Set(1)
 		m.log.Warn("bindings older than the configured maximum age", "age", age.Round(time.Second),
 			"max_age", m.cfg.MaxAge, "source", m.source, "db", m.db)
 	} else {
-		m.metrics.stale.Set(0)
 		m.log.Info("bindings within the maximum age again", "source", m.source)
 	}
 }
@@ -633,7 +669,7 @@ type managerMetrics struct {
 	age         prometheus.GaugeFunc
 	source      *prometheus.GaugeVec
 	dbUp        prometheus.Gauge
-	stale       prometheus.Gauge
+	stale       prometheus.GaugeFunc
 	divergences prometheus.Counter
 	changes     prometheus.Counter
 	loadErrors  prometheus.Counter
@@ -650,14 +686,22 @@ func newManagerMetrics(m *Manager) *managerMetrics {
 			func() float64 {
 				m.mu.Lock()
 				defer m.mu.Unlock()
-				return m.ageLocked(m.cfg.Now()).Seconds()
+				return m.ageLocked(time.Now()).Seconds()
 			}),
 		source: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshbox_bindings_source",
 			Help: "1 for the source of the bindings in use (db, cache, none)."}, []string{"source"}),
 		dbUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshbox_bindings_db_up",
 			Help: "1 while the mesh database answers."}),
-		stale: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshbox_bindings_stale",
-			Help: "1 while the bindings are older than the configured maximum age."}),
+		stale: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_bindings_stale",
+			Help: "1 while the bindings are older than the configured maximum age."},
+			func() float64 {
+				m.mu.Lock()
+				defer m.mu.Unlock()
+				if m.cfg.MaxAge > 0 && m.ageLocked(time.Now()) > m.cfg.MaxAge {
+					return 1
+				}
+				return 0
+			}),
 		divergences: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshbox_bindings_divergences_total",
 			Help: "Times the database was found to differ from cached bindings on (re)connect."}),
 		changes: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshbox_bindings_changes_total",

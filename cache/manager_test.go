@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,28 +19,8 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fakeClock is an injected clock that tests move by hand.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 // fakeSource is an in-memory mesh database that can go down and come back.
 type fakeSource struct {
-	clock *fakeClock
-
 	mu      sync.Mutex
 	rev     int64
 	b       Bindings
@@ -60,7 +41,7 @@ func (f *fakeSource) Load(ctx context.Context, node string) (Snapshot, error) {
 	}
 	b := f.b
 	b.Node = node
-	return NewSnapshot(f.rev, f.clock.Now(), "postgres://db/mesh", b), nil
+	return NewSnapshot(f.rev, time.Now(), "postgres://db/mesh", b), nil
 }
 
 func (f *fakeSource) Watch(ctx context.Context, changed func(), lost func(error)) error {
@@ -101,7 +82,6 @@ func (f *fakeSource) setDown(down bool) {
 }
 
 type managerEnv struct {
-	clock *fakeClock
 	src   *fakeSource
 	store *Store
 	reg   *prometheus.Registry
@@ -127,20 +107,21 @@ func (s *syncBuffer) String() string {
 }
 
 // newManagerEnv builds a manager for node n1 on a fresh store; withDB
-// false gives it no source.
+// false gives it no source. Call it inside a synctest bubble: the
+// manager's timers (retries with the default 1s..30s backoff, refresh,
+// max age) then run on the bubble's clock, and the test moves time with
+// time.Sleep.
 func newManagerEnv(tb testing.TB, withDB bool, maxAge time.Duration) *managerEnv {
 	tb.Helper()
 	e := &managerEnv{
-		clock: &fakeClock{t: time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)},
 		store: openStore(tb, StoreOptions{}),
 		reg:   prometheus.NewRegistry(),
 		logs:  &syncBuffer{},
 	}
-	e.src = &fakeSource{clock: e.clock, rev: 1, b: testBindings(1)}
+	e.src = &fakeSource{rev: 1, b: testBindings(1)}
 	cfg := ManagerConfig{
 		Node: "n1", Store: e.store, MaxAge: maxAge,
-		RetryInterval: 20 * time.Millisecond, MaxRetryInterval: 50 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(e.logs, nil)), Metrics: e.reg, Now: e.clock.Now,
+		Logger: slog.New(slog.NewTextHandler(e.logs, nil)), Metrics: e.reg,
 	}
 	if withDB {
 		cfg.Source = e.src
@@ -160,24 +141,13 @@ func (e *managerEnv) start(tb testing.TB) {
 	if err := e.m.Start(context.Background()); err != nil {
 		tb.Fatal(err)
 	}
+	synctest.Wait() // the watcher is in Watch, the run loop waits for work
 	if e.m.cfg.Source != nil {
-		waitFor(tb, time.Second, "watch to start", func() bool {
-			e.src.mu.Lock()
-			defer e.src.mu.Unlock()
-			return e.src.changed != nil
-		})
-	}
-}
-
-// waitFor polls cond for up to d.
-func waitFor(tb testing.TB, d time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("waited %v for %s", d, what)
+		e.src.mu.Lock()
+		defer e.src.mu.Unlock()
+		if e.src.changed == nil {
+			tb.Fatal("the manager does not watch the source")
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -246,284 +216,314 @@ func TestChooseReload(t *testing.T) {
 }
 
 func TestManagerStartsFromDatabase(t *testing.T) {
-	e := newManagerEnv(t, true, 0)
-	e.start(t)
-	st := e.m.Status()
-	if st.Source != SourceDB || st.DB != DBConnected || st.Revision != 1 || st.AgeSeconds != 0 || st.Warning != "" {
-		t.Fatalf("status: got %+v, want source db, connected, revision 1, age 0, no warning", st)
-	}
-	snap, err := e.store.Latest()
-	if err != nil || snap.Revision != 1 {
-		t.Fatalf("cache after start: got revision %d, %v; want 1", snap.Revision, err)
-	}
-	if got := metricValue(t, e.m.metrics.source.WithLabelValues("db")); got != 1 {
-		t.Fatalf("meshbox_bindings_source{source=db}: got %v, want 1", got)
-	}
-	if got := metricValue(t, e.m.metrics.dbUp); got != 1 {
-		t.Fatalf("meshbox_bindings_db_up: got %v, want 1", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		e := newManagerEnv(t, true, 0)
+		e.start(t)
+		st := e.m.Status()
+		if st.Source != SourceDB || st.DB != DBConnected || st.Revision != 1 || st.AgeSeconds != 0 || st.Warning != "" {
+			t.Fatalf("status: got %+v, want source db, connected, revision 1, age 0, no warning", st)
+		}
+		snap, err := e.store.Latest()
+		if err != nil || snap.Revision != 1 {
+			t.Fatalf("cache after start: got revision %d, %v; want 1", snap.Revision, err)
+		}
+		if got := metricValue(t, e.m.metrics.source.WithLabelValues("db")); got != 1 {
+			t.Fatalf("meshbox_bindings_source{source=db}: got %v, want 1", got)
+		}
+		if got := metricValue(t, e.m.metrics.dbUp); got != 1 {
+			t.Fatalf("meshbox_bindings_db_up: got %v, want 1", got)
+		}
+	})
 }
 
 func TestManagerLiveChangeAppliedAndReported(t *testing.T) {
-	e := newManagerEnv(t, true, 0)
-	e.start(t)
-	changes := make(chan Divergence, 4)
-	e.m.OnChange(func(s Snapshot, d Divergence) { changes <- d })
+	synctest.Test(t, func(t *testing.T) {
+		e := newManagerEnv(t, true, 0)
+		e.start(t)
+		changes := make(chan Divergence, 4)
+		e.m.OnChange(func(s Snapshot, d Divergence) { changes <- d })
 
-	b := testBindings(1)
-	b.Settings["broker.url"] = "amqp://u:secret@broker2:5672/"
-	e.src.set(2, b)
-	select {
-	case d := <-changes:
-		want := `[setting broker.url changed: "amqp://u:xxxxx@broker:5672/" -> "amqp://u:xxxxx@broker2:5672/"]`
-		if fmt.Sprint(d.Strings()) != want {
-			t.Fatalf("divergence: got %q, want %s", d.Strings(), want)
+		b := testBindings(1)
+		b.Settings["broker.url"] = "amqp://u:secret@broker2:5672/"
+		e.src.set(2, b)
+		select {
+		case d := <-changes:
+			want := `[setting broker.url changed: "amqp://u:xxxxx@broker:5672/" -> "amqp://u:xxxxx@broker2:5672/"]`
+			if fmt.Sprint(d.Strings()) != want {
+				t.Fatalf("divergence: got %q, want %s", d.Strings(), want)
+			}
+		case <-time.After(time.Second):
+			t.Fatal("change not applied within 1s")
 		}
-	case <-time.After(time.Second):
-		t.Fatal("change not applied within 1s")
-	}
-	cur, _ := e.m.Current()
-	if cur.Revision != 2 || cur.Bindings.Settings["broker.url"] != "amqp://u:secret@broker2:5672/" {
-		t.Fatalf("current: got revision %d broker %s, want 2 and broker2", cur.Revision, RedactURL(cur.Bindings.Settings["broker.url"]))
-	}
-	st := e.m.Status()
-	if st.Divergence == nil || st.Divergence.OnReconnect || st.Divergence.FromRevision != 1 || st.Divergence.ToRevision != 2 {
-		t.Fatalf("status divergence: got %+v, want a live change 1 -> 2", st.Divergence)
-	}
-	if got := metricValue(t, e.m.metrics.divergences); got != 0 {
-		t.Fatalf("divergences_total after a live change: got %v, want 0", got)
-	}
-	if strings.Contains(e.logs.String(), "secret") {
-		t.Fatalf("log leaks a password: %s", e.logs.String())
-	}
+		cur, _ := e.m.Current()
+		if cur.Revision != 2 || cur.Bindings.Settings["broker.url"] != "amqp://u:secret@broker2:5672/" {
+			t.Fatalf("current: got revision %d broker %s, want 2 and broker2", cur.Revision, RedactURL(cur.Bindings.Settings["broker.url"]))
+		}
+		st := e.m.Status()
+		if st.Divergence == nil || st.Divergence.OnReconnect || st.Divergence.FromRevision != 1 || st.Divergence.ToRevision != 2 {
+			t.Fatalf("status divergence: got %+v, want a live change 1 -> 2", st.Divergence)
+		}
+		if got := metricValue(t, e.m.metrics.divergences); got != 0 {
+			t.Fatalf("divergences_total after a live change: got %v, want 0", got)
+		}
+		if strings.Contains(e.logs.String(), "secret") {
+			t.Fatalf("log leaks a password: %s", e.logs.String())
+		}
 
-	// Another node's rows changed: new revision, same content for us.
-	e.src.set(3, b)
-	waitFor(t, time.Second, "revision 3", func() bool { c, _ := e.m.Current(); return c.Revision == 3 })
-	select {
-	case d := <-changes:
-		t.Fatalf("OnChange called for a revision without content change: %v", d)
-	default:
-	}
-	if latest, _ := e.store.Latest(); latest.Revision != 3 {
-		t.Fatalf("cache after refresh: got revision %d, want 3", latest.Revision)
-	}
+		// Another node's rows changed: new revision, same content for us.
+		e.src.set(3, b)
+		synctest.Wait()
+		if c, _ := e.m.Current(); c.Revision != 3 {
+			t.Fatalf("revision after the notification: got %d, want 3", c.Revision)
+		}
+		select {
+		case d := <-changes:
+			t.Fatalf("OnChange called for a revision without content change: %v", d)
+		default:
+		}
+		if latest, _ := e.store.Latest(); latest.Revision != 3 {
+			t.Fatalf("cache after refresh: got revision %d, want 3", latest.Revision)
+		}
+	})
 }
 
 func TestManagerFallsBackToCacheThenReportsDivergence(t *testing.T) {
-	e := newManagerEnv(t, true, 10*time.Minute)
-	// An earlier run cached revision 3, fetched 30s ago.
-	if err := e.store.Put(NewSnapshot(3, e.clock.Now().Add(-30*time.Second), "db", testBindings(3))); err != nil {
-		t.Fatal(err)
-	}
-	e.src.down = true
-	changes := make(chan Divergence, 4)
-	e.m.OnChange(func(s Snapshot, d Divergence) { changes <- d })
-	e.start(t)
+	synctest.Test(t, func(t *testing.T) {
+		e := newManagerEnv(t, true, 10*time.Minute)
+		// An earlier run cached revision 3, fetched 30s ago.
+		if err := e.store.Put(NewSnapshot(3, time.Now().Add(-30*time.Second), "db", testBindings(3))); err != nil {
+			t.Fatal(err)
+		}
+		e.src.down = true
+		changes := make(chan Divergence, 4)
+		e.m.OnChange(func(s Snapshot, d Divergence) { changes <- d })
+		e.start(t)
 
-	st := e.m.Status()
-	if st.Source != SourceCache || st.DB != DBDisconnected || st.Revision != 3 || st.AgeSeconds != 30 {
-		t.Fatalf("status: got %+v, want source cache, disconnected, revision 3, age 30", st)
-	}
-	if st.LastError == "" {
-		t.Fatal("status last_error empty while the database is down")
-	}
-	e.clock.Add(20 * time.Second)
-	if st := e.m.Status(); st.AgeSeconds != 50 {
-		t.Fatalf("age after 20s: got %v, want 50", st.AgeSeconds)
-	}
-	if got := metricValue(t, e.m.metrics.age); got != 50 {
-		t.Fatalf("meshbox_bindings_age_seconds: got %v, want 50", got)
-	}
-	if !strings.Contains(e.logs.String(), "mesh database unreachable at start; using cached bindings") {
-		t.Fatalf("no start-from-cache log line: %s", e.logs.String())
-	}
+		st := e.m.Status()
+		if st.Source != SourceCache || st.DB != DBDisconnected || st.Revision != 3 || st.AgeSeconds != 30 {
+			t.Fatalf("status: got %+v, want source cache, disconnected, revision 3, age 30", st)
+		}
+		if st.LastError == "" {
+			t.Fatal("status last_error empty while the database is down")
+		}
+		time.Sleep(20 * time.Second)
+		if st := e.m.Status(); st.AgeSeconds != 50 {
+			t.Fatalf("age after 20s: got %v, want 50", st.AgeSeconds)
+		}
+		if got := metricValue(t, e.m.metrics.age); got != 50 {
+			t.Fatalf("meshbox_bindings_age_seconds: got %v, want 50", got)
+		}
+		if !strings.Contains(e.logs.String(), "mesh database unreachable at start; using cached bindings") {
+			t.Fatalf("no start-from-cache log line: %s", e.logs.String())
+		}
 
-	// Max age exceeded: warning in status, metric, one log line.
-	e.clock.Add(10 * time.Minute)
-	st = e.m.Status()
-	if !strings.Contains(st.Warning, "more than the maximum age") {
-		t.Fatalf("warning: got %q, want max age exceeded", st.Warning)
-	}
-	e.m.Status()
-	if n := strings.Count(e.logs.String(), "older than the configured maximum age"); n != 1 {
-		t.Fatalf("max-age log lines: got %d, want 1", n)
-	}
-	if got := metricValue(t, e.m.metrics.stale); got != 1 {
-		t.Fatalf("meshbox_bindings_stale: got %v, want 1", got)
-	}
+		// Max age exceeded: warning in status, metric, one log line.
+		time.Sleep(10 * time.Minute)
+		st = e.m.Status()
+		if !strings.Contains(st.Warning, "more than the maximum age") {
+			t.Fatalf("warning: got %q, want max age exceeded", st.Warning)
+		}
+		e.m.Status()
+		if n := strings.Count(e.logs.String(), "older than the configured maximum age"); n != 1 {
+			t.Fatalf("max-age log lines: got %d, want 1", n)
+		}
+		if got := metricValue(t, e.m.metrics.stale); got != 1 {
+			t.Fatalf("meshbox_bindings_stale: got %v, want 1", got)
+		}
 
-	// The database changed while we were away: a setting, an override, a
-	// grant revoked, a node added.
-	b := testBindings(3)
-	b.Settings["forge.url"] = "https://forge/new"
-	b.Overrides[0].Value = "16"
-	b.Grants = nil
-	b.Nodes = append(b.Nodes, NodeRecord{Name: "n9"})
-	e.src.mu.Lock()
-	e.src.rev, e.src.b = 7, b
-	e.src.mu.Unlock()
-	e.src.setDown(false)
+		// The database changed while we were away: a setting, an override, a
+		// grant revoked, a node added.
+		b := testBindings(3)
+		b.Settings["forge.url"] = "https://forge/new"
+		b.Overrides[0].Value = "16"
+		b.Grants = nil
+		b.Nodes = append(b.Nodes, NodeRecord{Name: "n9"})
+		e.src.mu.Lock()
+		e.src.rev, e.src.b = 7, b
+		e.src.mu.Unlock()
+		e.src.setDown(false)
 
-	var d Divergence
-	select {
-	case d = <-changes:
-	case <-time.After(2 * time.Second):
-		t.Fatal("divergence not applied after reconnect")
-	}
-	want := []string{
-		`node n9 added: public_name="" identity=""`,
-		`setting forge.url changed: "https://forge/3" -> "https://forge/new"`,
-		`override photos/threads changed: "4" -> "16"`,
-		`grant n1:s3@n2 removed (was credential [redacted])`,
-	}
-	if fmt.Sprint(d.Strings()) != fmt.Sprint(want) {
-		t.Fatalf("divergence:\ngot  %q\nwant %q", d.Strings(), want)
-	}
-	st = e.m.Status()
-	if st.Source != SourceDB || st.DB != DBConnected || st.AgeSeconds != 0 || st.Revision != 7 || st.Warning != "" {
-		t.Fatalf("status after reconnect: got %+v, want db, connected, age 0, revision 7, no warning", st)
-	}
-	if st.Divergence == nil || !st.Divergence.OnReconnect || st.Divergence.FromSource != SourceCache ||
-		st.Divergence.FromRevision != 3 || st.Divergence.ToRevision != 7 || len(st.Divergence.Changes) != 4 {
-		t.Fatalf("status divergence: got %+v, want from cache 3 -> 7 with 4 changes", st.Divergence)
-	}
-	if got := metricValue(t, e.m.metrics.divergences); got != 1 {
-		t.Fatalf("divergences_total: got %v, want 1", got)
-	}
-	logs := e.logs.String()
-	if n := strings.Count(logs, "ahead of the bindings in use"); n != 1 {
-		t.Fatalf("divergence log lines: got %d, want 1\n%s", n, logs)
-	}
-	if !strings.Contains(logs, "forge.url") || strings.Contains(logs, "hunter2") {
-		t.Fatalf("divergence log line should name the setting and no credential:\n%s", logs)
-	}
-	if latest, _ := e.store.Latest(); latest.Revision != 7 {
-		t.Fatalf("cache after reconnect: got revision %d, want 7", latest.Revision)
-	}
+		var d Divergence
+		select {
+		case d = <-changes:
+		case <-time.After(2 * time.Second):
+			t.Fatal("divergence not applied after reconnect")
+		}
+		want := []string{
+			`node n9 added: public_name="" identity=""`,
+			`setting forge.url changed: "https://forge/3" -> "https://forge/new"`,
+			`override photos/threads changed: "4" -> "16"`,
+			`grant n1:s3@n2 removed (was credential [redacted])`,
+		}
+		if fmt.Sprint(d.Strings()) != fmt.Sprint(want) {
+			t.Fatalf("divergence:\ngot  %q\nwant %q", d.Strings(), want)
+		}
+		st = e.m.Status()
+		if st.Source != SourceDB || st.DB != DBConnected || st.AgeSeconds != 0 || st.Revision != 7 || st.Warning != "" {
+			t.Fatalf("status after reconnect: got %+v, want db, connected, age 0, revision 7, no warning", st)
+		}
+		if st.Divergence == nil || !st.Divergence.OnReconnect || st.Divergence.FromSource != SourceCache ||
+			st.Divergence.FromRevision != 3 || st.Divergence.ToRevision != 7 || len(st.Divergence.Changes) != 4 {
+			t.Fatalf("status divergence: got %+v, want from cache 3 -> 7 with 4 changes", st.Divergence)
+		}
+		if got := metricValue(t, e.m.metrics.divergences); got != 1 {
+			t.Fatalf("divergences_total: got %v, want 1", got)
+		}
+		logs := e.logs.String()
+		if n := strings.Count(logs, "ahead of the bindings in use"); n != 1 {
+			t.Fatalf("divergence log lines: got %d, want 1\n%s", n, logs)
+		}
+		if !strings.Contains(logs, "forge.url") || strings.Contains(logs, "hunter2") {
+			t.Fatalf("divergence log line should name the setting and no credential:\n%s", logs)
+		}
+		if latest, _ := e.store.Latest(); latest.Revision != 7 {
+			t.Fatalf("cache after reconnect: got revision %d, want 7", latest.Revision)
+		}
+	})
 }
 
 func TestManagerLosesDatabaseAndAges(t *testing.T) {
-	e := newManagerEnv(t, true, 0)
-	e.start(t)
-	e.src.setDown(true)
-	st := e.m.Status()
-	if st.DB != DBDisconnected || st.Source != SourceDB {
-		t.Fatalf("status after loss: got %+v, want db disconnected, source db", st)
-	}
-	e.clock.Add(5 * time.Second)
-	if st := e.m.Status(); st.AgeSeconds != 5 {
-		t.Fatalf("age 5s after loss: got %v, want 5", st.AgeSeconds)
-	}
-	// A change made while down: its notification is lost, the reconnect finds it.
-	b := testBindings(1)
-	b.Assignments = append(b.Assignments, Assignment{Module: "backup", Selection: "v1"})
-	e.src.set(2, b)
-	time.Sleep(50 * time.Millisecond)
-	if c, _ := e.m.Current(); c.Revision != 1 {
-		t.Fatalf("revision while down: got %d, want 1", c.Revision)
-	}
-	e.src.setDown(false)
-	waitFor(t, time.Second, "revision 2 after reconnect", func() bool { c, _ := e.m.Current(); return c.Revision == 2 })
-	if st := e.m.Status(); st.Divergence == nil || !st.Divergence.OnReconnect ||
-		fmt.Sprint(st.Divergence.Changes.Strings()) != `[assignment backup added: selection="v1" autostart=false]` {
-		t.Fatalf("divergence: got %+v", st.Divergence)
-	}
-	if n := strings.Count(e.logs.String(), "lost the mesh database"); n != 1 {
-		t.Fatalf("loss log lines: got %d, want 1", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		e := newManagerEnv(t, true, 0)
+		e.start(t)
+		e.src.setDown(true)
+		st := e.m.Status()
+		if st.DB != DBDisconnected || st.Source != SourceDB {
+			t.Fatalf("status after loss: got %+v, want db disconnected, source db", st)
+		}
+		time.Sleep(5 * time.Second)
+		if st := e.m.Status(); st.AgeSeconds != 5 {
+			t.Fatalf("age 5s after loss: got %v, want 5", st.AgeSeconds)
+		}
+		// A change made while down: its notification is lost, the reconnect finds it.
+		b := testBindings(1)
+		b.Assignments = append(b.Assignments, Assignment{Module: "backup", Selection: "v1"})
+		e.src.set(2, b)
+		synctest.Wait()
+		if c, _ := e.m.Current(); c.Revision != 1 {
+			t.Fatalf("revision while down: got %d, want 1", c.Revision)
+		}
+		e.src.setDown(false)
+		synctest.Wait()
+		if c, _ := e.m.Current(); c.Revision != 2 {
+			t.Fatalf("revision after reconnect: got %d, want 2", c.Revision)
+		}
+		if st := e.m.Status(); st.Divergence == nil || !st.Divergence.OnReconnect ||
+			fmt.Sprint(st.Divergence.Changes.Strings()) != `[assignment backup added: selection="v1" autostart=false]` {
+			t.Fatalf("divergence: got %+v", st.Divergence)
+		}
+		if n := strings.Count(e.logs.String(), "lost the mesh database"); n != 1 {
+			t.Fatalf("loss log lines: got %d, want 1", n)
+		}
+	})
 }
 
 func TestManagerRetriesWhenDatabaseDownAtStart(t *testing.T) {
-	e := newManagerEnv(t, true, 0)
-	e.src.down = true
-	e.start(t)
-	if st := e.m.Status(); st.Source != SourceNone || !strings.Contains(st.Warning, "no bindings") {
-		t.Fatalf("status: got %+v, want source none with a warning", st)
-	}
-	waitFor(t, time.Second, "background retries", func() bool {
+	synctest.Test(t, func(t *testing.T) {
+		e := newManagerEnv(t, true, 0)
+		e.src.down = true
+		e.start(t)
+		if st := e.m.Status(); st.Source != SourceNone || !strings.Contains(st.Warning, "no bindings") {
+			t.Fatalf("status: got %+v, want source none with a warning", st)
+		}
+		// Retries back off from RetryInterval: the start load, then 1s and
+		// 3s after it.
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
 		e.src.mu.Lock()
-		defer e.src.mu.Unlock()
-		return e.src.loads >= 3
+		loads := e.src.loads
+		e.src.down = false // back, without the watcher noticing: the retries find it
+		e.src.mu.Unlock()
+		if loads != 3 {
+			t.Fatalf("loads after 3s: got %d, want 3 (start, 1s, 3s)", loads)
+		}
+		time.Sleep(4 * time.Second) // the next retry, 4s later
+		synctest.Wait()
+		if st := e.m.Status(); st.Source != SourceDB {
+			t.Fatalf("source after the next retry: got %q, want db", st.Source)
+		}
+		if n := strings.Count(e.logs.String(), "unreachable at start"); n != 1 {
+			t.Fatalf("start log lines: got %d, want 1", n)
+		}
 	})
-	// The database comes back without the watcher noticing: retries find it.
-	e.src.mu.Lock()
-	e.src.down = false
-	e.src.mu.Unlock()
-	waitFor(t, time.Second, "source db", func() bool { return e.m.Status().Source == SourceDB })
-	if n := strings.Count(e.logs.String(), "unreachable at start"); n != 1 {
-		t.Fatalf("start log lines: got %d, want 1", n)
-	}
 }
 
 func TestManagerWithoutDatabase(t *testing.T) {
-	e := newManagerEnv(t, false, 0)
-	e.start(t)
-	if st := e.m.Status(); st.Source != SourceNone || st.DB != DBNone || st.Warning == "" {
-		t.Fatalf("status: got %+v, want none/none with a warning", st)
-	}
-	e.m.Close()
+	synctest.Test(t, func(t *testing.T) {
+		e := newManagerEnv(t, false, 0)
+		e.start(t)
+		if st := e.m.Status(); st.Source != SourceNone || st.DB != DBNone || st.Warning == "" {
+			t.Fatalf("status: got %+v, want none/none with a warning", st)
+		}
+		e.m.Close()
 
-	e = newManagerEnv(t, false, 0)
-	if err := e.store.Put(NewSnapshot(4, e.clock.Now(), "db", testBindings(4))); err != nil {
-		t.Fatal(err)
-	}
-	e.start(t)
-	if st := e.m.Status(); st.Source != SourceCache || st.DB != DBNone || st.Revision != 4 {
-		t.Fatalf("status: got %+v, want cache/none revision 4", st)
-	}
+		e = newManagerEnv(t, false, 0)
+		if err := e.store.Put(NewSnapshot(4, time.Now(), "db", testBindings(4))); err != nil {
+			t.Fatal(err)
+		}
+		e.start(t)
+		if st := e.m.Status(); st.Source != SourceCache || st.DB != DBNone || st.Revision != 4 {
+			t.Fatalf("status: got %+v, want cache/none revision 4", st)
+		}
+	})
 }
 
 func TestManagerIgnoresCacheOfAnotherNode(t *testing.T) {
-	e := newManagerEnv(t, true, 0)
-	b := testBindings(2)
-	b.Node = "n2"
-	if err := e.store.Put(NewSnapshot(2, e.clock.Now(), "db", b)); err != nil {
-		t.Fatal(err)
-	}
-	e.src.down = true
-	e.start(t)
-	if st := e.m.Status(); st.Source != SourceNone {
-		t.Fatalf("status: got %+v, want none (cache belongs to n2)", st)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		e := newManagerEnv(t, true, 0)
+		b := testBindings(2)
+		b.Node = "n2"
+		if err := e.store.Put(NewSnapshot(2, time.Now(), "db", b)); err != nil {
+			t.Fatal(err)
+		}
+		e.src.down = true
+		e.start(t)
+		if st := e.m.Status(); st.Source != SourceNone {
+			t.Fatalf("status: got %+v, want none (cache belongs to n2)", st)
+		}
+	})
 }
 
 func TestManagerNodeNotRegisteredWarns(t *testing.T) {
-	e := newManagerEnv(t, true, 0)
-	b := testBindings(1)
-	b.Nodes = b.Nodes[1:]
-	e.src.b = b
-	e.start(t)
-	if st := e.m.Status(); !strings.Contains(st.Warning, `node "n1" has no record`) {
-		t.Fatalf("warning: got %q, want node not registered", st.Warning)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		e := newManagerEnv(t, true, 0)
+		b := testBindings(1)
+		b.Nodes = b.Nodes[1:]
+		e.src.b = b
+		e.start(t)
+		if st := e.m.Status(); !strings.Contains(st.Warning, `node "n1" has no record`) {
+			t.Fatalf("warning: got %q, want node not registered", st.Warning)
+		}
+	})
 }
 
 func TestManagerQuarantineVisible(t *testing.T) {
-	path := t.TempDir() + "/cache.db"
-	if err := writeFile(path, []byte("garbage garbage garbage")); err != nil {
-		t.Fatal(err)
-	}
-	store, err := Open(path, StoreOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	reg := prometheus.NewRegistry()
-	m, err := NewManager(ManagerConfig{Node: "n1", Store: store, Metrics: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if err := m.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if st := m.Status(); st.Quarantined == "" {
-		t.Fatalf("status quarantined empty, want the moved file")
-	}
-	if got := metricValue(t, m.metrics.quarantined); got != 1 {
-		t.Fatalf("meshbox_cache_quarantined_total: got %v, want 1", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		path := t.TempDir() + "/cache.db"
+		if err := writeFile(path, []byte("garbage garbage garbage")); err != nil {
+			t.Fatal(err)
+		}
+		store, err := Open(path, StoreOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer store.Close()
+		reg := prometheus.NewRegistry()
+		m, err := NewManager(ManagerConfig{Node: "n1", Store: store, Metrics: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		if err := m.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if st := m.Status(); st.Quarantined == "" {
+			t.Fatalf("status quarantined empty, want the moved file")
+		}
+		if got := metricValue(t, m.metrics.quarantined); got != 1 {
+			t.Fatalf("meshbox_cache_quarantined_total: got %v, want 1", got)
+		}
+	})
 }
 
 func TestManagerLifecycle(t *testing.T) {
@@ -573,4 +573,35 @@ func metricValue(tb testing.TB, c prometheus.Collector) float64 {
 	}
 	tb.Fatal("not a gauge or counter")
 	return 0
+}
+
+// The max-age warning is logged when the bindings pass MaxAge, not when
+// somebody next reads the status: the manager sleeps until that moment.
+func TestManagerWarnsAtMaxAgeUnread(t *testing.T) {
+	for _, withDB := range []bool{false, true} {
+		t.Run(fmt.Sprintf("db=%v", withDB), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newManagerEnv(t, withDB, time.Minute)
+				if err := e.store.Put(NewSnapshot(3, time.Now(), "db", testBindings(3))); err != nil {
+					t.Fatal(err)
+				}
+				e.src.down = true
+				e.start(t)
+				warned := func() bool { return strings.Contains(e.logs.String(), "older than the configured maximum age") }
+				time.Sleep(time.Minute) // exactly MaxAge: not older yet
+				synctest.Wait()
+				if warned() {
+					t.Fatal("max-age warning logged at exactly the maximum age")
+				}
+				time.Sleep(time.Millisecond)
+				synctest.Wait()
+				if !warned() {
+					t.Fatalf("no max-age warning just past the maximum age:\n%s", e.logs.String())
+				}
+				if got := metricValue(t, e.m.metrics.stale); got != 1 {
+					t.Fatalf("meshbox_bindings_stale: got %v, want 1", got)
+				}
+			})
+		})
+	}
 }

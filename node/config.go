@@ -34,19 +34,6 @@ type Link interface {
 	MarkGone(node string, since time.Time)
 }
 
-// Clock is the node's source of time. Tests inject a fake one.
-type Clock interface {
-	Now() time.Time
-	// NewTicker returns a ticker that sends on its channel about every d.
-	NewTicker(d time.Duration) Ticker
-}
-
-// Ticker is the part of time.Ticker the node uses.
-type Ticker interface {
-	C() <-chan time.Time
-	Stop()
-}
-
 // Config configures a Node. Name and Link are required; zero durations
 // take their defaults.
 type Config struct {
@@ -83,18 +70,11 @@ type Config struct {
 	// the view (default 24h).
 	GoneRetention time.Duration
 
-	// Clock is the source of time; nil means the system clock.
-	Clock Clock
 	// Logger receives the node's logs; nil means none.
 	Logger *slog.Logger
 	// Registerer receives the node's metrics; nil means they are not
 	// registered.
 	Registerer prometheus.Registerer
-
-	// tick is the loop's period: often enough for heartbeats, link probes
-	// and expiry, rarely enough that an idle node sleeps (set by
-	// withDefaults).
-	tick time.Duration
 }
 
 // Default values of Config.
@@ -106,8 +86,6 @@ const (
 	DefaultGoneRetention     = 24 * time.Hour
 	maxPeers                 = 4096
 	byeTimeout               = time.Second
-	linkProbeInterval        = time.Second // while publishing fails
-	maxTickInterval          = time.Second // the loop's period, at most
 )
 
 // withDefaults fills zero fields and validates; errors name the field.
@@ -149,12 +127,8 @@ func (c Config) withDefaults() (Config, error) {
 		c.MissedHeartbeats = DefaultMissedHeartbeats
 	}
 	c.PublishTimeout = min(c.PublishTimeout, c.HeartbeatInterval)
-	c.tick = min(maxTickInterval, c.HeartbeatInterval/4)
-	if c.Clock == nil {
-		c.Clock = systemClock{}
-	}
 	if c.StartedAt.IsZero() {
-		c.StartedAt = c.Clock.Now()
+		c.StartedAt = time.Now()
 	}
 	c.StartedAt = c.StartedAt.UTC()
 	if c.Logger == nil {
@@ -162,15 +136,3 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	return c, nil
 }
-
-// systemClock is the real clock.
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
-func (systemClock) NewTicker(d time.Duration) Ticker { return realTicker{time.NewTicker(d)} }
-
-type realTicker struct{ t *time.Ticker }
-
-func (r realTicker) C() <-chan time.Time { return r.t.C }
-func (r realTicker) Stop()               { r.t.Stop() }

@@ -40,10 +40,12 @@
 //
 // While the node cannot publish (its last broadcast failed), the broker is
 // away for this node as much as for its peers, so silence is not held
-// against peers; the node tries a heartbeat every second, and when
-// publishing works again every peer gets a fresh window and the node sends
-// hello and query again. So a node started before its link connects
-// discovers within a second of the connection.
+// against peers. The node does not poll the link: it tries again at its
+// next heartbeat, and at once when the appliance reports the link
+// connected (LinkUp). When publishing works again every peer gets a fresh
+// window and the node sends hello and query again. So a node started
+// before its link connects discovers as soon as the connection is up, and
+// a standalone node (no broker) wakes only for its heartbeats.
 //
 // # Protocol
 //
@@ -114,9 +116,10 @@
 //
 // A Node owns three goroutines, started by Start and ended by Close:
 //
-//   - the loop wakes once a second (a quarter of HeartbeatInterval when
-//     that is shorter), expires silent peers, and queues heartbeats,
-//     link probes and queries when they are due;
+//   - the loop expires silent peers and queues heartbeats and queries when they are due; between rounds it sleeps until the
+//     next deadline (a heartbeat, a query, a peer's window, a
+//     gone peer's retention), and a change of the view wakes it to
+//     recompute, so an idle node wakes only for its own heartbeats;
 //   - the sender publishes queued messages one at a time, each bounded by
 //     PublishTimeout, building each body when it is sent (the queue holds
 //     at most one pending message per type and addressee);

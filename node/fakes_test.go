@@ -9,69 +9,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// fakeClock is a Clock that moves only when the test says so.
-type fakeClock struct {
-	mu      sync.Mutex
-	now     time.Time
-	tickers []*fakeTicker
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) NewTicker(d time.Duration) Ticker {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t := &fakeTicker{c: c, ch: make(chan time.Time, 1), period: d, next: c.now.Add(d)}
-	c.tickers = append(c.tickers, t)
-	return t
-}
-
-// Advance moves the clock and fires every ticker that came due (once, like
-// a time.Ticker that drops ticks for a slow reader).
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	for _, t := range c.tickers {
-		if t.stopped || c.now.Before(t.next) {
-			continue
-		}
-		select {
-		case t.ch <- c.now:
-		default:
-		}
-		t.next = c.now.Add(t.period)
-	}
-}
-
-type fakeTicker struct {
-	c       *fakeClock
-	ch      chan time.Time
-	period  time.Duration
-	next    time.Time
-	stopped bool
-}
-
-func (t *fakeTicker) C() <-chan time.Time { return t.ch }
-
-func (t *fakeTicker) Stop() {
-	t.c.mu.Lock()
-	defer t.c.mu.Unlock()
-	t.stopped = true
-}
 
 // fakeMesh stands for the broker's mesh exchange: it delivers what one
 // node's link publishes to the nodes bound to the routing key, at once,
@@ -121,7 +63,8 @@ type fakeLink struct {
 	routes    map[string][]string
 	routeSets int
 	gone      map[string]time.Time
-	local     [][]string // OnLocalChange calls: capabilities
+	local     [][]string    // OnLocalChange calls: capabilities
+	notify    chan struct{} // when set (buffered), poked after each message sent
 }
 
 var errNoRoute = errors.New("no route")
@@ -156,6 +99,12 @@ func (l *fakeLink) send(ctx context.Context, to, key string, body []byte) error 
 	}
 	l.sent = append(l.sent, rk)
 	drop := l.cut || l.dropTypes[key]
+	if l.notify != nil {
+		select {
+		case l.notify <- struct{}{}:
+		default:
+		}
+	}
 	l.mu.Unlock()
 	if !drop && !l.mesh.deliver(l.name, to, key, body) && to != "" {
 		return errNoRoute
@@ -241,16 +190,17 @@ type testNode struct {
 // watcher does.
 func (n *testNode) setLocal(subjects ...string) { n.SetLocal(subjects) }
 
-// harness is a fake mesh with one clock.
+// harness is a fake mesh. Build it inside a synctest bubble
+// (synctest.Test): the nodes' timers then run on the bubble's clock, which
+// moves only when every goroutine in the bubble is blocked.
 type harness struct {
 	t     testing.TB
-	clock *fakeClock
 	mesh  *fakeMesh
 	nodes []*testNode
 }
 
 func newHarness(t testing.TB) *harness {
-	return &harness{t: t, clock: newFakeClock(), mesh: newFakeMesh()}
+	return &harness{t: t, mesh: newFakeMesh()}
 }
 
 // node builds (not starts) a node named name hosting the given subjects.
@@ -266,7 +216,6 @@ func (h *harness) node(name string, mod func(*Config), subjects ...string) *test
 		DiscoveryInterval: 30 * time.Second,
 		HeartbeatInterval: 5 * time.Second,
 		MissedHeartbeats:  3,
-		Clock:             h.clock,
 		Logger:            slog.New(slog.NewTextHandler(tbWriter{h.t}, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test_node", name),
 		Registerer:        reg,
 		OnLocalChange: func(caps, _ []string) {
@@ -315,70 +264,20 @@ func (h *harness) remove(n *testNode) {
 	delete(h.mesh.nodes, n.cfg.Name)
 }
 
-// settle waits until no node has a message to send or a change to apply.
+// settle waits until no node has a message to send or a change to apply:
+// every goroutine of the bubble is blocked, so the loops, senders and
+// effects goroutines are all waiting for their next wake-up.
 func (h *harness) settle() {
 	h.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	quietRounds := 0
-	for quietRounds < 3 {
-		if time.Now().After(deadline) {
-			h.t.Fatal("mesh did not settle within 5s")
-		}
-		quiet := true
-		for _, n := range h.nodes {
-			n.mu.Lock()
-			busy := n.started && !n.closed && (len(n.pending) > 0 || n.sending || n.applied.gen != n.gen)
-			n.mu.Unlock()
-			if busy {
-				quiet = false
-			}
-		}
-		if quiet {
-			quietRounds++
-		} else {
-			quietRounds = 0
-		}
-		time.Sleep(time.Millisecond)
-	}
+	synctest.Wait()
 }
 
-// advance moves the clock by d, waits until every running node has
-// processed the tick, and settles the mesh.
+// advance lets d pass on the bubble's clock (every node's timers that
+// come due fire, in order) and settles the mesh.
 func (h *harness) advance(d time.Duration) {
 	h.t.Helper()
-	before := map[*testNode]uint64{}
-	for _, n := range h.nodes {
-		n.mu.Lock()
-		if n.started && !n.closed {
-			before[n] = n.ticks
-		}
-		n.mu.Unlock()
-	}
-	h.clock.Advance(d)
-	deadline := time.Now().Add(5 * time.Second)
-	for n, b := range before {
-		for {
-			n.mu.Lock()
-			done := n.ticks > b || n.closed
-			n.mu.Unlock()
-			if done {
-				break
-			}
-			if time.Now().After(deadline) {
-				h.t.Fatalf("node %s did not tick", n.cfg.Name)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
-	h.settle()
-}
-
-// advanceBy moves the clock in steps of step until total has passed.
-func (h *harness) advanceBy(total, step time.Duration) {
-	h.t.Helper()
-	for d := time.Duration(0); d < total; d += step {
-		h.advance(step)
-	}
+	time.Sleep(d)
+	synctest.Wait()
 }
 
 func (n *testNode) peer(t testing.TB, name string) Peer {

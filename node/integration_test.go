@@ -19,6 +19,7 @@ import (
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/node"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 func TestMain(m *testing.M) {
@@ -52,19 +53,11 @@ type meshNode struct {
 
 func startMeshNode(t *testing.T, url, name string) *meshNode {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
+	srv := natstest.Start(t)
 	mn := &meshNode{name: name, srv: srv}
 	t.Cleanup(mn.kill)
-	if mn.api, err = nats.Connect("", nats.InProcessServer(srv), nats.Name("meshbox-api")); err != nil {
-		t.Fatal(err)
-	}
+	mn.api = natstest.Connect(t, srv, nats.Name("meshbox-api"))
+	var err error
 	logger := slog.New(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})).With("test_node", name)
 	var nd atomic.Pointer[node.Node]
 	mn.bridge, err = bridge.New(bridge.Config{
@@ -72,7 +65,7 @@ func startMeshNode(t *testing.T, url, name string) *meshNode {
 		URL:        url,
 		OutboxPath: filepath.Join(t.TempDir(), "outbox.db"),
 		Dial: func(opts ...nats.Option) (*nats.Conn, error) {
-			return nats.Connect("", append([]nats.Option{nats.InProcessServer(srv), nats.Name("meshbox-bridge")}, opts...)...)
+			return natstest.Dialer(srv)(append([]nats.Option{nats.Name("meshbox-bridge")}, opts...)...)
 		},
 		RequestTimeout: 2 * time.Second,
 		OnSystem:       func(key string, body []byte, origin string) { nd.Load().HandleSystem(key, body, origin) },
@@ -121,12 +114,7 @@ func (mn *meshNode) kill() {
 // client connects a local program to the node's NATS server.
 func (mn *meshNode) client(t *testing.T, name string) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(mn.srv.ClientURL(), nats.Name(name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return natstest.ConnectTCP(t, mn.srv, nats.Name(name))
 }
 
 // host makes a program on mn host capability capName, answering with the

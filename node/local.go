@@ -17,3 +17,17 @@ func (n *Node) SetLocal(subjects []string) {
 		n.enqueueLocked(intent{typ: TypeUpdate})
 	}
 }
+
+// LinkUp says the link to the broker has just connected (after a start, a
+// reconnect or a resource alarm). While publishing fails the node does not
+// poll the link; this is how it learns to try again: a heartbeat goes out
+// at once, and when it gets through, hello and query follow. Safe to call
+// at any time; ignored before Start and after Close.
+func (n *Node) LinkUp() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed || !n.started || !n.linkDown {
+		return
+	}
+	n.enqueueLocked(intent{typ: TypeHeartbeat})
+}

@@ -8,44 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
-
-// startServer runs an embedded NATS server on a random loopback port.
-func startServer(t *testing.T) *server.Server {
-	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	return srv
-}
-
-// connect opens a client connection named name; inProcess skips TCP.
-func connect(t *testing.T, srv *server.Server, name string, inProcess bool) *nats.Conn {
-	t.Helper()
-	opts := []nats.Option{nats.Name(name)}
-	url := srv.ClientURL()
-	if inProcess {
-		opts = append(opts, nats.InProcessServer(srv))
-		url = ""
-	}
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
-}
 
 // mustSub returns a function that fails t when a subscription fails.
 func mustSub(t *testing.T) func(*nats.Subscription, error) *nats.Subscription {
@@ -59,10 +24,10 @@ func mustSub(t *testing.T) func(*nats.Subscription, error) *nats.Subscription {
 }
 
 func TestSetLocalAnnouncesAtOnceAndServesTheAPI(t *testing.T) {
-	srv := startServer(t)
+	srv := natstest.Start(t)
 	mesh := newFakeMesh()
-	link := &fakeLink{mesh: mesh, name: "A", gone: map[string]time.Time{}}
-	api := connect(t, srv, "meshbox-api", true)
+	link := &fakeLink{mesh: mesh, name: "A", gone: map[string]time.Time{}, notify: make(chan struct{}, 1)}
+	api := natstest.Connect(t, srv, nats.Name("meshbox-api"))
 	n, err := New(Config{
 		Name:   "A",
 		Link:   link,
@@ -84,8 +49,9 @@ func TestSetLocalAnnouncesAtOnceAndServesTheAPI(t *testing.T) {
 	}
 
 	// Each change is in the view when SetLocal returns, and is announced
-	// to the mesh by the sender without waiting for a tick (this test's
-	// node runs on the real clock; its loop would tick only each second).
+	// to the mesh by the sender without waiting for the loop (this test's
+	// node runs on the real clock; its loop sleeps until the next
+	// heartbeat, 5s away).
 	updates := func() int {
 		var c int
 		for _, k := range link.sentKeys() {
@@ -97,8 +63,13 @@ func TestSetLocalAnnouncesAtOnceAndServesTheAPI(t *testing.T) {
 	}
 	waitUpdates := func(want int) {
 		t.Helper()
-		for deadline := time.Now().Add(500 * time.Millisecond); updates() < want && time.Now().Before(deadline); {
-			time.Sleep(5 * time.Millisecond)
+		timeout := time.After(2 * time.Second)
+		for updates() < want {
+			select {
+			case <-link.notify:
+			case <-timeout:
+				t.Fatalf("updates sent: got %d, want %d (%v)", updates(), want, link.sentKeys())
+			}
 		}
 		if got := updates(); got != want {
 			t.Fatalf("updates sent: got %d, want %d (%v)", got, want, link.sentKeys())
@@ -119,7 +90,7 @@ func TestSetLocalAnnouncesAtOnceAndServesTheAPI(t *testing.T) {
 	// The NATS API answers from the in-process connection.
 	n.SetLocal([]string{"cap.api"})
 	n.SetExpected([]string{"D"})
-	client := connect(t, srv, "client", false)
+	client := natstest.ConnectTCP(t, srv, nats.Name("client"))
 	msg, err := client.Request(SubjectPeers, nil, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)

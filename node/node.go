@@ -20,11 +20,12 @@ import (
 type Node struct {
 	cfg    Config
 	logger *slog.Logger
-	clock  Clock
 	m      *metrics
 
-	// wakeSend and wakeEffects have room for one value: a send means
-	// "there is work", and a full channel already says so.
+	// wakeLoop, wakeSend and wakeEffects have room for one value: a send
+	// means "there is work" (for the loop: "a deadline may have moved
+	// closer"), and a full channel already says so.
+	wakeLoop    chan struct{}
 	wakeSend    chan struct{}
 	wakeEffects chan struct{}
 	wg          sync.WaitGroup // the loop, sender and effects goroutines
@@ -44,7 +45,6 @@ type Node struct {
 
 	pending    []intent // messages to send, built when sent
 	pendingSet map[intent]bool
-	sending    bool // the sender is publishing one (tests wait on it)
 
 	nextHeartbeat time.Time
 	nextQuery     time.Time
@@ -52,7 +52,6 @@ type Node struct {
 	linkDown        bool      // the last broadcast publish failed
 	linkRecoveredAt time.Time // when publishing worked again
 	everSent        bool      // a publish succeeded once
-	nextProbe       time.Time // while linkDown: when to try a heartbeat again
 
 	warnedSkipped  map[string]bool // local subjects whose name cannot be advertised
 	conflictWarned bool            // another process uses this node's name
@@ -65,7 +64,6 @@ type Node struct {
 		local  hostRecord
 		set    bool // local was handed to OnLocalChange
 	}
-	ticks uint64 // completed ticks of the loop (tests wait on it)
 }
 
 // hostRecord is what one node hosts.
@@ -117,8 +115,8 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{
 		cfg:           cfg,
 		logger:        cfg.Logger.With("component", "node"),
-		clock:         cfg.Clock,
 		m:             newMetrics(),
+		wakeLoop:      make(chan struct{}, 1),
 		wakeSend:      make(chan struct{}, 1),
 		wakeEffects:   make(chan struct{}, 1),
 		peers:         make(map[string]*peer),
@@ -157,7 +155,7 @@ func (n *Node) Start(ctx context.Context) error {
 		}
 	}
 	n.started = true
-	now := n.clock.Now()
+	now := time.Now()
 	n.nextHeartbeat = now.Add(n.cfg.HeartbeatInterval)
 	n.nextQuery = now.Add(n.cfg.DiscoveryInterval)
 	n.enqueueLocked(intent{typ: TypeHello})
@@ -264,7 +262,7 @@ func (n *Node) SetExpected(names []string) error {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	now := n.clock.Now()
+	now := time.Now()
 	for name := range n.expected {
 		if want[name] {
 			continue
@@ -337,7 +335,7 @@ func (n *Node) Routes() map[string][]string {
 // --- message handling; n.mu is held in every *Locked method ---
 
 func (n *Node) handleLocked(m *Message) {
-	now := n.clock.Now()
+	now := time.Now()
 	if m.Node == n.cfg.Name {
 		if m.StartedAt.Equal(n.cfg.StartedAt) {
 			return // our own broadcast, back from the mesh exchange
@@ -386,7 +384,10 @@ func (n *Node) handleLocked(m *Message) {
 		p.revision = m.Revision
 	}
 	if m.HeartbeatMS > 0 {
-		p.interval = time.Duration(m.HeartbeatMS) * time.Millisecond
+		if iv := time.Duration(m.HeartbeatMS) * time.Millisecond; iv != p.interval {
+			p.interval = iv
+			n.wakeLoopLocked() // a shorter window ends sooner
+		}
 	}
 
 	switch m.Type {
@@ -453,11 +454,21 @@ func (n *Node) setGoneLocked(p *peer, now time.Time, reason string) {
 }
 
 // changedLocked wakes the effects goroutine: routes, gone marks, local
-// record or metrics may have changed.
+// record or metrics may have changed. It wakes the loop too: a new peer,
+// or one that changed state, may have a deadline before the loop's.
 func (n *Node) changedLocked() {
 	n.gen++
 	select {
 	case n.wakeEffects <- struct{}{}:
+	default:
+	}
+	n.wakeLoopLocked()
+}
+
+// wakeLoopLocked makes the loop recompute its next deadline.
+func (n *Node) wakeLoopLocked() {
+	select {
+	case n.wakeLoop <- struct{}{}:
 	default:
 	}
 }
@@ -649,41 +660,97 @@ func (n *Node) goneLocked() map[string]time.Time {
 // --- goroutines ---
 
 // loop sends heartbeats and queries when they are due and expires silent
-// peers. It exits when ctx is done.
+// peers. Between rounds it sleeps until the next deadline (see tick), or
+// until a change of the view may have brought one closer (wakeLoop), so an
+// idle node wakes only for its heartbeats. It exits when ctx is done.
 func (n *Node) loop(ctx context.Context) {
 	defer n.wg.Done()
-	t := n.clock.NewTicker(n.cfg.tick)
+	t := time.NewTimer(n.tick())
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C():
+		case <-t.C:
+		case <-n.wakeLoop:
 		}
-		n.tick()
+		t.Reset(n.tick())
 	}
 }
 
-// tick is one round of the loop.
-func (n *Node) tick() {
+// tick is one round of the loop. It returns how long the loop may sleep
+// before the next thing is due.
+func (n *Node) tick() time.Duration {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	now := n.clock.Now()
+	now := time.Now()
 	n.expireLocked(now)
 	if !now.Before(n.nextHeartbeat) {
 		n.enqueueLocked(intent{typ: TypeHeartbeat})
 		n.nextHeartbeat = now.Add(n.cfg.HeartbeatInterval)
-	} else if n.linkDown && !now.Before(n.nextProbe) {
-		// Try again soon rather than at the next heartbeat: when the link
-		// returns, hello and query go out at once.
-		n.enqueueLocked(intent{typ: TypeHeartbeat})
-		n.nextProbe = now.Add(linkProbeInterval)
 	}
 	if !now.Before(n.nextQuery) {
 		n.enqueueLocked(intent{typ: TypeQuery})
 		n.nextQuery = now.Add(n.cfg.DiscoveryInterval)
 	}
-	n.ticks++
+	return max(n.nextDeadlineLocked().Sub(now), 0)
+}
+
+// nextDeadlineLocked is the earliest moment the loop has something to do:
+// a heartbeat, a query, a peer's
+// window running out, a gone peer's retention ending, or the grace of an
+// expected peer that has not appeared. The expiry checks are strict (a
+// peer is gone once its silence is longer than the window), so their
+// deadlines lie just past the limit.
+func (n *Node) nextDeadlineLocked() time.Time {
+	next := n.nextHeartbeat
+	consider := func(t time.Time) {
+		if t.Before(next) {
+			next = t
+		}
+	}
+	consider(n.nextQuery)
+	for _, p := range n.peers {
+		switch p.state {
+		case StateUp:
+			if !n.linkDown {
+				consider(n.silenceBaseLocked(p).Add(n.windowLocked(p) + 1))
+			}
+		case StateGone:
+			if !p.expected {
+				consider(p.since.Add(n.cfg.GoneRetention + 1))
+			}
+		case StateAbsent:
+			if !p.warnedAbsent {
+				consider(p.since.Add(n.absentGrace() + 1))
+			}
+		}
+	}
+	return next
+}
+
+// windowLocked is how long peer p may stay silent before it is gone.
+func (n *Node) windowLocked(p *peer) time.Duration {
+	iv := p.interval
+	if iv == 0 {
+		iv = n.cfg.HeartbeatInterval
+	}
+	return time.Duration(n.cfg.MissedHeartbeats) * iv
+}
+
+// silenceBaseLocked is when p's current silence began: its last message,
+// or the moment this node could publish again if that is later.
+func (n *Node) silenceBaseLocked(p *peer) time.Time {
+	if n.linkRecoveredAt.After(p.lastSeen) {
+		return n.linkRecoveredAt
+	}
+	return p.lastSeen
+}
+
+// absentGrace is how long an expected peer may stay unseen before the
+// node warns about it.
+func (n *Node) absentGrace() time.Duration {
+	return time.Duration(n.cfg.MissedHeartbeats) * n.cfg.HeartbeatInterval
 }
 
 // expireLocked marks silent peers gone, forgets old gone peers and warns
@@ -692,24 +759,13 @@ func (n *Node) tick() {
 // away for this node too, and the peers get a fresh window once it is
 // back.
 func (n *Node) expireLocked(now time.Time) {
-	window := func(p *peer) time.Duration {
-		iv := p.interval
-		if iv == 0 {
-			iv = n.cfg.HeartbeatInterval
-		}
-		return time.Duration(n.cfg.MissedHeartbeats) * iv
-	}
 	for name, p := range n.peers {
 		switch p.state {
 		case StateUp:
 			if n.linkDown {
 				continue
 			}
-			base := p.lastSeen
-			if n.linkRecoveredAt.After(base) {
-				base = n.linkRecoveredAt
-			}
-			if now.Sub(base) > window(p) {
+			if now.Sub(n.silenceBaseLocked(p)) > n.windowLocked(p) {
 				n.setGoneLocked(p, now, fmt.Sprintf("missed %d heartbeats", n.cfg.MissedHeartbeats))
 			}
 		case StateGone:
@@ -718,7 +774,7 @@ func (n *Node) expireLocked(now time.Time) {
 				n.changedLocked()
 			}
 		case StateAbsent:
-			if !p.warnedAbsent && now.Sub(p.since) > time.Duration(n.cfg.MissedHeartbeats)*n.cfg.HeartbeatInterval {
+			if !p.warnedAbsent && now.Sub(p.since) > n.absentGrace() {
 				p.warnedAbsent = true
 				n.logger.Warn("expected peer has not appeared", "peer", p.name, "expected_since", p.since)
 			}
@@ -746,7 +802,6 @@ func (n *Node) sender(ctx context.Context) {
 			n.pending = n.pending[1:]
 			delete(n.pendingSet, it)
 			body := n.buildLocked(it)
-			n.sending = true
 			n.mu.Unlock()
 
 			pctx, cancel := context.WithTimeout(ctx, n.cfg.PublishTimeout)
@@ -767,7 +822,6 @@ func (n *Node) sender(ctx context.Context) {
 func (n *Node) published(ctx context.Context, it intent, err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.sending = false
 	if err != nil {
 		if ctx.Err() != nil {
 			return // closing
@@ -775,7 +829,6 @@ func (n *Node) published(ctx context.Context, it intent, err error) {
 		n.m.errors.WithLabelValues("publish").Inc()
 		if it.to == "" && !n.linkDown {
 			n.linkDown = true
-			n.nextProbe = n.clock.Now().Add(linkProbeInterval)
 			if n.everSent {
 				n.logger.Warn("cannot send discovery messages; peers are not expired while this lasts", "type", it.typ, "err", err)
 			} else {
@@ -790,7 +843,7 @@ func (n *Node) published(ctx context.Context, it intent, err error) {
 	n.everSent = true
 	if n.linkDown {
 		n.linkDown = false
-		n.linkRecoveredAt = n.clock.Now()
+		n.linkRecoveredAt = time.Now()
 		n.logger.Info("discovery messages flow again; asking every peer again")
 		n.enqueueLocked(intent{typ: TypeHello})
 		n.enqueueLocked(intent{typ: TypeQuery})

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,455 +51,493 @@ func wantState(t *testing.T, n *testNode, peer, state string) Peer {
 }
 
 func TestJoinAndQuery(t *testing.T) {
-	h := newHarness(t)
-	a := h.node("A", nil, "cap.alpha", "work.resize")
-	h.start(a)
-	if got := a.Peers(); len(got) != 0 {
-		t.Fatalf("A alone: got peers %+v, want none", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil, "cap.alpha", "work.resize")
+		h.start(a)
+		if got := a.Peers(); len(got) != 0 {
+			t.Fatalf("A alone: got peers %+v, want none", got)
+		}
 
-	h.clock.Advance(time.Second)
-	b := h.node("B", func(c *Config) { c.Version = "2.0.0"; c.StartedAt = h.clock.Now() }, "cap.beta", "cap.image.resize", "work.thumb")
-	b.SetRevision(42)
-	h.start(b)
+		time.Sleep(time.Second)
+		b := h.node("B", func(c *Config) { c.Version = "2.0.0"; c.StartedAt = time.Now() }, "cap.beta", "cap.image.resize", "work.thumb")
+		b.SetRevision(42)
+		h.start(b)
 
-	// A learns of B from B's hello, B of A from A's answer to B's query.
-	pb := wantState(t, a, "B", StateUp)
-	if !slices.Equal(pb.Capabilities, []string{"beta", "image.resize"}) || !slices.Equal(pb.Stages, []string{"thumb"}) {
-		t.Fatalf("A's record of B: got caps %v stages %v, want [beta image.resize] [thumb]", pb.Capabilities, pb.Stages)
-	}
-	if pb.Version != "2.0.0" || pb.Revision != 42 || !pb.StartedAt.Equal(h.clock.Now()) || pb.LastSeen.IsZero() {
-		t.Fatalf("A's record of B: got %+v, want version 2.0.0, revision 42, started_at now, last_seen set", pb)
-	}
-	pa := wantState(t, b, "A", StateUp)
-	if !slices.Equal(pa.Capabilities, []string{"alpha"}) || !slices.Equal(pa.Stages, []string{"resize"}) {
-		t.Fatalf("B's record of A: got %v %v, want [alpha] [resize]", pa.Capabilities, pa.Stages)
-	}
-	wantRoutes(t, a, map[string][]string{"beta": {"B"}, "image.resize": {"B"}})
-	wantRoutes(t, b, map[string][]string{"alpha": {"A"}})
+		// A learns of B from B's hello, B of A from A's answer to B's query.
+		pb := wantState(t, a, "B", StateUp)
+		if !slices.Equal(pb.Capabilities, []string{"beta", "image.resize"}) || !slices.Equal(pb.Stages, []string{"thumb"}) {
+			t.Fatalf("A's record of B: got caps %v stages %v, want [beta image.resize] [thumb]", pb.Capabilities, pb.Stages)
+		}
+		if pb.Version != "2.0.0" || pb.Revision != 42 || !pb.StartedAt.Equal(time.Now()) || pb.LastSeen.IsZero() {
+			t.Fatalf("A's record of B: got %+v, want version 2.0.0, revision 42, started_at now, last_seen set", pb)
+		}
+		pa := wantState(t, b, "A", StateUp)
+		if !slices.Equal(pa.Capabilities, []string{"alpha"}) || !slices.Equal(pa.Stages, []string{"resize"}) {
+			t.Fatalf("B's record of A: got %v %v, want [alpha] [resize]", pa.Capabilities, pa.Stages)
+		}
+		wantRoutes(t, a, map[string][]string{"beta": {"B"}, "image.resize": {"B"}})
+		wantRoutes(t, b, map[string][]string{"alpha": {"A"}})
 
-	// B's query was answered with an info addressed to B.
-	if !slices.Contains(a.link.sentKeys(), "to.B.sys.info") {
-		t.Fatalf("A sent %v, want an info to B", a.link.sentKeys())
-	}
-	if got, want := b.link.sentKeys()[:2], []string{"sys.hello", "sys.query"}; !slices.Equal(got, want) {
-		t.Fatalf("B's first messages: got %v, want %v", got, want)
-	}
+		// B's query was answered with an info addressed to B.
+		if !slices.Contains(a.link.sentKeys(), "to.B.sys.info") {
+			t.Fatalf("A sent %v, want an info to B", a.link.sentKeys())
+		}
+		if got, want := b.link.sentKeys()[:2], []string{"sys.hello", "sys.query"}; !slices.Equal(got, want) {
+			t.Fatalf("B's first messages: got %v, want %v", got, want)
+		}
 
-	caps := a.Capabilities()
-	if !slices.Equal(caps.Local, []string{"alpha"}) || !slices.Equal(caps.LocalStages, []string{"resize"}) ||
-		!slices.Equal(caps.Remote["beta"], []string{"B"}) || !slices.Equal(caps.RemoteStages["thumb"], []string{"B"}) {
-		t.Fatalf("A's capabilities: got %+v", caps)
-	}
-	if got := value(t, a.m.peers.WithLabelValues(StateUp)); got != 1 {
-		t.Fatalf("meshbox_peers{state=up} on A: got %v, want 1", got)
-	}
-	if got := value(t, a.m.caps.WithLabelValues("remote")); got != 2 {
-		t.Fatalf("meshbox_capabilities{where=remote} on A: got %v, want 2", got)
-	}
-	if got := value(t, a.m.messages.WithLabelValues(TypeHello, "in")); got != 1 {
-		t.Fatalf("hello in on A: got %v, want 1", got)
-	}
+		caps := a.Capabilities()
+		if !slices.Equal(caps.Local, []string{"alpha"}) || !slices.Equal(caps.LocalStages, []string{"resize"}) ||
+			!slices.Equal(caps.Remote["beta"], []string{"B"}) || !slices.Equal(caps.RemoteStages["thumb"], []string{"B"}) {
+			t.Fatalf("A's capabilities: got %+v", caps)
+		}
+		if got := value(t, a.m.peers.WithLabelValues(StateUp)); got != 1 {
+			t.Fatalf("meshbox_peers{state=up} on A: got %v, want 1", got)
+		}
+		if got := value(t, a.m.caps.WithLabelValues("remote")); got != 2 {
+			t.Fatalf("meshbox_capabilities{where=remote} on A: got %v, want 2", got)
+		}
+		if got := value(t, a.m.messages.WithLabelValues(TypeHello, "in")); got != 1 {
+			t.Fatalf("hello in on A: got %v, want 1", got)
+		}
+	})
 }
 
 func TestPeriodicQueryFindsPeerThatMissedStart(t *testing.T) {
-	h := newHarness(t)
-	a := h.node("A", nil)
-	b := h.node("B", nil, "cap.beta")
-	// Nothing B says reaches A until A asks again on its schedule.
-	for _, typ := range []string{"hello", "heartbeat", "info", "query"} {
-		b.link.setDrop(typ, true)
-	}
-	h.start(b)
-	h.start(a)
-	h.advanceBy(25*time.Second, time.Second)
-	if a.hasPeer("B") {
-		t.Fatalf("A knows B before B answered: %+v", a.peer(t, "B"))
-	}
-	b.link.setDrop("info", false)
-	h.advanceBy(6*time.Second, time.Second) // the scheduled queries at 30s
-	if got := a.peer(t, "B"); got.State != StateUp || !slices.Equal(got.Capabilities, []string{"beta"}) {
-		t.Fatalf("after the scheduled query: got %+v, want B up with [beta]", got)
-	}
-	wantRoutes(t, a, map[string][]string{"beta": {"B"}})
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		b := h.node("B", nil, "cap.beta")
+		// Nothing B says reaches A until A asks again on its schedule.
+		for _, typ := range []string{"hello", "heartbeat", "info", "query"} {
+			b.link.setDrop(typ, true)
+		}
+		h.start(b)
+		h.start(a)
+		h.advance(25 * time.Second)
+		if a.hasPeer("B") {
+			t.Fatalf("A knows B before B answered: %+v", a.peer(t, "B"))
+		}
+		b.link.setDrop("info", false)
+		h.advance(6 * time.Second) // the scheduled queries at 30s
+		if got := a.peer(t, "B"); got.State != StateUp || !slices.Equal(got.Capabilities, []string{"beta"}) {
+			t.Fatalf("after the scheduled query: got %+v, want B up with [beta]", got)
+		}
+		wantRoutes(t, a, map[string][]string{"beta": {"B"}})
+	})
 }
 
 func TestCapabilityAppearsAndDisappears(t *testing.T) {
-	h := newHarness(t)
-	a := h.node("A", nil)
-	b := h.node("B", nil)
-	h.start(a, b)
-	wantRoutes(t, a, map[string][]string{})
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		b := h.node("B", nil)
+		h.start(a, b)
+		wantRoutes(t, a, map[string][]string{})
 
-	b.setLocal("cap.echo", "cap.x", "_INBOX.abc", "cap.*", "cap.>", "work.>")
-	h.settle() // B announces at once, A routes
-	wantRoutes(t, a, map[string][]string{"echo": {"B"}, "x": {"B"}})
-	if got := b.Capabilities().Local; !slices.Equal(got, []string{"echo", "x"}) {
-		t.Fatalf("B local: got %v, want [echo x] (wildcards do not host)", got)
-	}
-	if got := value(t, b.m.messages.WithLabelValues(TypeUpdate, "out")); got != 1 {
-		t.Fatalf("updates sent by B: got %v, want 1", got)
-	}
+		b.setLocal("cap.echo", "cap.x", "_INBOX.abc", "cap.*", "cap.>", "work.>")
+		h.settle() // B announces at once, A routes
+		wantRoutes(t, a, map[string][]string{"echo": {"B"}, "x": {"B"}})
+		if got := b.Capabilities().Local; !slices.Equal(got, []string{"echo", "x"}) {
+			t.Fatalf("B local: got %v, want [echo x] (wildcards do not host)", got)
+		}
+		if got := value(t, b.m.messages.WithLabelValues(TypeUpdate, "out")); got != 1 {
+			t.Fatalf("updates sent by B: got %v, want 1", got)
+		}
 
-	b.setLocal("cap.x")
-	h.settle()
-	wantRoutes(t, a, map[string][]string{"x": {"B"}})
-	b.link.mu.Lock()
-	lastLocal := b.link.local[len(b.link.local)-1]
-	b.link.mu.Unlock()
-	if got := lastLocal; !slices.Equal(got, []string{"x"}) {
-		t.Fatalf("B's OnLocalChange: got %v, want [x]", got)
-	}
+		b.setLocal("cap.x")
+		h.settle()
+		wantRoutes(t, a, map[string][]string{"x": {"B"}})
+		b.link.mu.Lock()
+		lastLocal := b.link.local[len(b.link.local)-1]
+		b.link.mu.Unlock()
+		if got := lastLocal; !slices.Equal(got, []string{"x"}) {
+			t.Fatalf("B's OnLocalChange: got %v, want [x]", got)
+		}
+	})
 }
 
 func TestLostUpdateHealsByHeartbeatHash(t *testing.T) {
-	h := newHarness(t)
-	a := h.node("A", nil)
-	b := h.node("B", nil, "cap.one")
-	h.start(a, b)
-	b.link.setDrop("update", true)
-	b.setLocal("cap.one", "cap.two")
-	h.settle()
-	wantRoutes(t, a, map[string][]string{"one": {"B"}})
-	// B's next heartbeat carries a hash A does not know: A asks B alone.
-	h.advanceBy(5*time.Second, time.Second)
-	wantRoutes(t, a, map[string][]string{"one": {"B"}, "two": {"B"}})
-	if !slices.Contains(a.link.sentKeys(), "to.B.sys.query") {
-		t.Fatalf("A sent %v, want an addressed query to B", a.link.sentKeys())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		b := h.node("B", nil, "cap.one")
+		h.start(a, b)
+		b.link.setDrop("update", true)
+		b.setLocal("cap.one", "cap.two")
+		h.settle()
+		wantRoutes(t, a, map[string][]string{"one": {"B"}})
+		// B's next heartbeat carries a hash A does not know: A asks B alone.
+		h.advance(5 * time.Second)
+		wantRoutes(t, a, map[string][]string{"one": {"B"}, "two": {"B"}})
+		if !slices.Contains(a.link.sentKeys(), "to.B.sys.query") {
+			t.Fatalf("A sent %v, want an addressed query to B", a.link.sentKeys())
+		}
+	})
 }
 
 func TestHeartbeatTimeoutGoneAndBack(t *testing.T) {
-	h := newHarness(t)
-	a := h.node("A", nil)
-	b := h.node("B", nil, "cap.x")
-	c := h.node("C", nil, "cap.x", "cap.only-c")
-	h.start(a, b, c)
-	wantRoutes(t, a, map[string][]string{"x": {"B", "C"}, "only-c": {"C"}})
-	lastSeen := a.peer(t, "C").LastSeen
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		b := h.node("B", nil, "cap.x")
+		c := h.node("C", nil, "cap.x", "cap.only-c")
+		h.start(a, b, c)
+		wantRoutes(t, a, map[string][]string{"x": {"B", "C"}, "only-c": {"C"}})
+		lastSeen := a.peer(t, "C").LastSeen
 
-	// C dies: nothing it sends arrives any more.
-	c.link.setCut(true)
-	h.advanceBy(15*time.Second, time.Second) // exactly 3 intervals of silence: not yet
-	wantState(t, a, "C", StateUp)
-	h.advance(time.Second)
-	p := wantState(t, a, "C", StateGone)
-	if p.Reason != "missed 3 heartbeats" {
-		t.Fatalf("gone reason: got %q, want %q", p.Reason, "missed 3 heartbeats")
-	}
-	wantState(t, a, "B", StateUp)
-	wantRoutes(t, a, map[string][]string{"x": {"B"}})
-	if since, ok := a.link.Gone()["C"]; !ok || !since.Equal(lastSeen) {
-		t.Fatalf("A's link gone marks: got %v, want C since %v", a.link.Gone(), lastSeen)
-	}
-	if got := value(t, a.m.peers.WithLabelValues(StateGone)); got != 1 {
-		t.Fatalf("meshbox_peers{state=gone}: got %v, want 1", got)
-	}
+		// C dies: nothing it sends arrives any more.
+		c.link.setCut(true)
+		h.advance(15 * time.Second) // exactly 3 intervals of silence: not yet
+		wantState(t, a, "C", StateUp)
+		h.advance(time.Second)
+		p := wantState(t, a, "C", StateGone)
+		if p.Reason != "missed 3 heartbeats" {
+			t.Fatalf("gone reason: got %q, want %q", p.Reason, "missed 3 heartbeats")
+		}
+		wantState(t, a, "B", StateUp)
+		wantRoutes(t, a, map[string][]string{"x": {"B"}})
+		if since, ok := a.link.Gone()["C"]; !ok || !since.Equal(lastSeen) {
+			t.Fatalf("A's link gone marks: got %v, want C since %v", a.link.Gone(), lastSeen)
+		}
+		if got := value(t, a.m.peers.WithLabelValues(StateGone)); got != 1 {
+			t.Fatalf("meshbox_peers{state=gone}: got %v, want 1", got)
+		}
 
-	// C is back (same run, or a restart: both work).
-	c.link.setCut(false)
-	h.advanceBy(5*time.Second, time.Second)
-	wantState(t, a, "C", StateUp)
-	wantRoutes(t, a, map[string][]string{"x": {"B", "C"}, "only-c": {"C"}})
-	if _, ok := a.link.Gone()["C"]; ok {
-		t.Fatalf("A's link still marks C gone: %v", a.link.Gone())
-	}
+		// C is back (same run, or a restart: both work).
+		c.link.setCut(false)
+		h.advance(5 * time.Second)
+		wantState(t, a, "C", StateUp)
+		wantRoutes(t, a, map[string][]string{"x": {"B", "C"}, "only-c": {"C"}})
+		if _, ok := a.link.Gone()["C"]; ok {
+			t.Fatalf("A's link still marks C gone: %v", a.link.Gone())
+		}
+	})
 }
 
 func TestPeerRestartReplacesRecord(t *testing.T) {
-	h := newHarness(t)
-	a := h.node("A", nil)
-	c1 := h.node("C", nil, "cap.old")
-	h.start(a, c1)
-	wantRoutes(t, a, map[string][]string{"old": {"C"}})
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		c1 := h.node("C", nil, "cap.old")
+		h.start(a, c1)
+		wantRoutes(t, a, map[string][]string{"old": {"C"}})
 
-	// C is killed (no bye) and a new process with the same name starts.
-	c1.link.setCut(true)
-	h.remove(c1)
-	h.clock.Advance(2 * time.Second)
-	c2 := h.node("C", func(c *Config) { c.StartedAt = h.clock.Now() }, "cap.new")
-	h.start(c2)
-	p := wantState(t, a, "C", StateUp)
-	if !p.StartedAt.Equal(h.clock.Now()) || !slices.Equal(p.Capabilities, []string{"new"}) {
-		t.Fatalf("A's record of restarted C: got %+v, want the new run with [new]", p)
-	}
-	wantRoutes(t, a, map[string][]string{"new": {"C"}})
+		// C is killed (no bye) and a new process with the same name starts.
+		c1.link.setCut(true)
+		h.remove(c1)
+		time.Sleep(2 * time.Second)
+		c2 := h.node("C", func(c *Config) { c.StartedAt = time.Now() }, "cap.new")
+		h.start(c2)
+		p := wantState(t, a, "C", StateUp)
+		if !p.StartedAt.Equal(time.Now()) || !slices.Equal(p.Capabilities, []string{"new"}) {
+			t.Fatalf("A's record of restarted C: got %+v, want the new run with [new]", p)
+		}
+		wantRoutes(t, a, map[string][]string{"new": {"C"}})
 
-	// A late message from the old run changes nothing.
-	old := Message{V: 1, Type: TypeUpdate, Node: "C", StartedAt: c1.cfg.StartedAt, Seq: 99, Capabilities: []string{"old"}}
-	body, _ := EncodeMessage(&old)
-	a.HandleSystem(old.Type, body, "C")
-	h.settle()
-	wantRoutes(t, a, map[string][]string{"new": {"C"}})
-	if got := value(t, a.m.rejected.WithLabelValues("stale")); got != 1 {
-		t.Fatalf("rejected{stale}: got %v, want 1", got)
-	}
+		// A late message from the old run changes nothing.
+		old := Message{V: 1, Type: TypeUpdate, Node: "C", StartedAt: c1.cfg.StartedAt, Seq: 99, Capabilities: []string{"old"}}
+		body, _ := EncodeMessage(&old)
+		a.HandleSystem(old.Type, body, "C")
+		h.settle()
+		wantRoutes(t, a, map[string][]string{"new": {"C"}})
+		if got := value(t, a.m.rejected.WithLabelValues("stale")); got != 1 {
+			t.Fatalf("rejected{stale}: got %v, want 1", got)
+		}
+	})
 }
 
 func TestByeMarksGoneAtOnce(t *testing.T) {
-	h := newHarness(t)
-	a := h.node("A", nil)
-	b := h.node("B", nil, "cap.x")
-	h.start(a, b)
-	if err := b.Close(); err != nil {
-		t.Fatal(err)
-	}
-	h.settle()
-	p := wantState(t, a, "B", StateGone)
-	if p.Reason != "left" {
-		t.Fatalf("reason: got %q, want left", p.Reason)
-	}
-	wantRoutes(t, a, map[string][]string{})
-	if _, ok := a.link.Gone()["B"]; !ok {
-		t.Fatalf("A's link gone marks: got %v, want B", a.link.Gone())
-	}
-	if keys := b.link.sentKeys(); keys[len(keys)-1] != "sys.bye" {
-		t.Fatalf("B's last message: got %v, want sys.bye", keys)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		b := h.node("B", nil, "cap.x")
+		h.start(a, b)
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		h.settle()
+		p := wantState(t, a, "B", StateGone)
+		if p.Reason != "left" {
+			t.Fatalf("reason: got %q, want left", p.Reason)
+		}
+		wantRoutes(t, a, map[string][]string{})
+		if _, ok := a.link.Gone()["B"]; !ok {
+			t.Fatalf("A's link gone marks: got %v, want B", a.link.Gone())
+		}
+		if keys := b.link.sentKeys(); keys[len(keys)-1] != "sys.bye" {
+			t.Fatalf("B's last message: got %v, want sys.bye", keys)
+		}
+	})
 }
 
 func TestLocalWinsForPlainCalls(t *testing.T) {
-	h := newHarness(t)
-	a := h.node("A", nil, "cap.echo")
-	b := h.node("B", nil, "cap.echo", "cap.other")
-	h.start(a, b)
-	wantRoutes(t, a, map[string][]string{"other": {"B"}})
-	if got := a.Capabilities().Remote["echo"]; !slices.Equal(got, []string{"B"}) {
-		t.Fatalf("A's remote hosts of echo: got %v, want [B] (status lists every host)", got)
-	}
-	// The local host stops: calls now need the stand-in.
-	a.setLocal()
-	h.settle()
-	wantRoutes(t, a, map[string][]string{"echo": {"B"}, "other": {"B"}})
-	// It comes back: the stand-in is withdrawn again.
-	a.setLocal("cap.echo")
-	h.settle()
-	wantRoutes(t, a, map[string][]string{"other": {"B"}})
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil, "cap.echo")
+		b := h.node("B", nil, "cap.echo", "cap.other")
+		h.start(a, b)
+		wantRoutes(t, a, map[string][]string{"other": {"B"}})
+		if got := a.Capabilities().Remote["echo"]; !slices.Equal(got, []string{"B"}) {
+			t.Fatalf("A's remote hosts of echo: got %v, want [B] (status lists every host)", got)
+		}
+		// The local host stops: calls now need the stand-in.
+		a.setLocal()
+		h.settle()
+		wantRoutes(t, a, map[string][]string{"echo": {"B"}, "other": {"B"}})
+		// It comes back: the stand-in is withdrawn again.
+		a.setLocal("cap.echo")
+		h.settle()
+		wantRoutes(t, a, map[string][]string{"other": {"B"}})
+	})
 }
 
 func TestCallsSpreadOverLiveHosts(t *testing.T) {
-	h := newHarness(t)
-	a := h.node("A", nil)
-	b := h.node("B", nil, "cap.echo")
-	c := h.node("C", nil, "cap.echo")
-	h.start(a, b, c)
-	wantRoutes(t, a, map[string][]string{"echo": {"B", "C"}})
-	b.link.setCut(true)
-	h.advanceBy(16*time.Second, time.Second)
-	wantRoutes(t, a, map[string][]string{"echo": {"C"}})
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		b := h.node("B", nil, "cap.echo")
+		c := h.node("C", nil, "cap.echo")
+		h.start(a, b, c)
+		wantRoutes(t, a, map[string][]string{"echo": {"B", "C"}})
+		b.link.setCut(true)
+		h.advance(16 * time.Second)
+		wantRoutes(t, a, map[string][]string{"echo": {"C"}})
+	})
 }
 
 func TestExpectedButAbsent(t *testing.T) {
-	h := newHarness(t)
-	a := h.node("A", nil)
-	b := h.node("B", nil)
-	h.start(a, b)
-	err := a.SetExpected([]string{"A", "B", "D", "bad name!"})
-	if err == nil {
-		t.Fatal("SetExpected with an invalid name: got nil error")
-	}
-	h.settle()
-	if a.hasPeer("A") {
-		t.Fatal("A lists itself as a peer")
-	}
-	pb := wantState(t, a, "B", StateUp)
-	if !pb.Expected {
-		t.Fatalf("B: got expected=false, want true")
-	}
-	pd := wantState(t, a, "D", StateAbsent)
-	if !pd.Expected || !pd.LastSeen.IsZero() {
-		t.Fatalf("D: got %+v, want expected, never seen", pd)
-	}
-	if got := value(t, a.m.peers.WithLabelValues(StateAbsent)); got != 1 {
-		t.Fatalf("meshbox_peers{state=expected-but-absent}: got %v, want 1", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", func(c *Config) { c.GoneRetention = time.Minute })
+		b := h.node("B", nil)
+		h.start(a, b)
+		err := a.SetExpected([]string{"A", "B", "D", "bad name!"})
+		if err == nil {
+			t.Fatal("SetExpected with an invalid name: got nil error")
+		}
+		h.settle()
+		if a.hasPeer("A") {
+			t.Fatal("A lists itself as a peer")
+		}
+		pb := wantState(t, a, "B", StateUp)
+		if !pb.Expected {
+			t.Fatalf("B: got expected=false, want true")
+		}
+		pd := wantState(t, a, "D", StateAbsent)
+		if !pd.Expected || !pd.LastSeen.IsZero() {
+			t.Fatalf("D: got %+v, want expected, never seen", pd)
+		}
+		if got := value(t, a.m.peers.WithLabelValues(StateAbsent)); got != 1 {
+			t.Fatalf("meshbox_peers{state=expected-but-absent}: got %v, want 1", got)
+		}
 
-	// D appears, then is killed: it is gone, not absent.
-	d := h.node("D", func(c *Config) { c.StartedAt = h.clock.Now() })
-	h.start(d)
-	wantState(t, a, "D", StateUp)
-	d.link.setCut(true)
-	h.advanceBy(16*time.Second, time.Second)
-	wantState(t, a, "D", StateGone)
+		// D appears, then is killed: it is gone, not absent.
+		d := h.node("D", func(c *Config) { c.StartedAt = time.Now() })
+		h.start(d)
+		wantState(t, a, "D", StateUp)
+		d.link.setCut(true)
+		h.advance(16 * time.Second)
+		wantState(t, a, "D", StateGone)
 
-	// Expected peers are never forgotten; others are, after the retention.
-	if err := a.SetExpected([]string{"D"}); err != nil {
-		t.Fatal(err)
-	}
-	b.link.setCut(true)
-	h.advanceBy(16*time.Second, time.Second)
-	wantState(t, a, "B", StateGone)
-	h.advance(DefaultGoneRetention)
-	if a.hasPeer("B") {
-		t.Fatalf("unexpected gone peer B still listed after the retention: %+v", a.Peers())
-	}
-	if _, ok := a.link.Gone()["B"]; ok {
-		t.Fatal("forgotten peer B still marked gone on the link")
-	}
-	wantState(t, a, "D", StateGone)
+		// Expected peers are never forgotten; others are, after the retention.
+		if err := a.SetExpected([]string{"D"}); err != nil {
+			t.Fatal(err)
+		}
+		b.link.setCut(true)
+		h.advance(16 * time.Second)
+		wantState(t, a, "B", StateGone)
+		h.advance(time.Minute)
+		if a.hasPeer("B") {
+			t.Fatalf("unexpected gone peer B still listed after the retention: %+v", a.Peers())
+		}
+		if _, ok := a.link.Gone()["B"]; ok {
+			t.Fatal("forgotten peer B still marked gone on the link")
+		}
+		wantState(t, a, "D", StateGone)
 
-	// Dropping an absent node from the records removes it.
-	if err := a.SetExpected([]string{"E"}); err != nil {
-		t.Fatal(err)
-	}
-	wantState(t, a, "E", StateAbsent)
-	if err := a.SetExpected(nil); err != nil {
-		t.Fatal(err)
-	}
-	if a.hasPeer("E") {
-		t.Fatal("E still listed after it left the node records")
-	}
-	if p := wantState(t, a, "D", StateGone); p.Expected {
-		t.Fatal("D still expected after it left the node records")
-	}
+		// Dropping nodes from the records: an absent one is removed at
+		// once; a gone one is no longer kept, and D has been gone for
+		// longer than the retention.
+		if err := a.SetExpected([]string{"E"}); err != nil {
+			t.Fatal(err)
+		}
+		h.settle()
+		wantState(t, a, "E", StateAbsent)
+		if a.hasPeer("D") {
+			t.Fatalf("D, gone for longer than the retention, still listed after it left the node records: %+v", a.Peers())
+		}
+		if err := a.SetExpected(nil); err != nil {
+			t.Fatal(err)
+		}
+		if a.hasPeer("E") {
+			t.Fatal("E still listed after it left the node records")
+		}
+	})
 }
 
 func TestBroadcastFailureSuspendsExpiry(t *testing.T) {
-	h := newHarness(t)
-	a := h.node("A", nil)
-	b := h.node("B", nil, "cap.x")
-	h.start(a, b)
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		b := h.node("B", nil, "cap.x")
+		h.start(a, b)
 
-	// A loses the broker: its publishes fail and nothing reaches it.
-	a.link.setFail(errBrokerAway)
-	h.remove(a)
-	h.advanceBy(time.Minute, time.Second)
-	wantState(t, a, "B", StateUp)
-	if got := value(t, a.m.errors.WithLabelValues("publish")); got == 0 {
-		t.Fatal("meshbox_discovery_errors_total{op=publish}: got 0, want > 0")
-	}
+		// A loses the broker: its publishes fail and nothing reaches it.
+		a.link.setFail(errBrokerAway)
+		h.remove(a)
+		h.advance(time.Minute)
+		wantState(t, a, "B", StateUp)
+		if got := value(t, a.m.errors.WithLabelValues("publish")); got == 0 {
+			t.Fatal("meshbox_discovery_errors_total{op=publish}: got 0, want > 0")
+		}
 
-	// The broker is back, but B died meanwhile: A asks again, and judges
-	// B's silence from the moment it could hear B again.
-	b.link.setCut(true)
-	a.link.setFail(nil)
-	h.mesh.mu.Lock()
-	h.mesh.nodes["A"] = a.Node
-	h.mesh.mu.Unlock()
-	n := len(a.link.sentKeys())
-	h.advance(time.Second) // A probes every second while it cannot publish
-	keys := a.link.sentKeys()[n:]
-	if !slices.Contains(keys, "sys.hello") || !slices.Contains(keys, "sys.query") {
-		t.Fatalf("a second after recovery A sent %v, want hello and query", keys)
-	}
-	wantState(t, a, "B", StateUp)
-	h.advanceBy(15*time.Second, time.Second)
-	wantState(t, a, "B", StateUp)
-	h.advance(time.Second)
-	wantState(t, a, "B", StateGone)
+		// The broker is back, but B died meanwhile: A asks again, and judges
+		// B's silence from the moment it could hear B again.
+		b.link.setCut(true)
+		a.link.setFail(nil)
+		h.mesh.mu.Lock()
+		h.mesh.nodes["A"] = a.Node
+		h.mesh.mu.Unlock()
+		n := len(a.link.sentKeys())
+		// A does not poll the link: until its next heartbeat it stays
+		// quiet, and the link's report that it connected wakes it at once.
+		h.settle()
+		if keys := a.link.sentKeys()[n:]; len(keys) != 0 {
+			t.Fatalf("before the link reported itself up A sent %v, want nothing", keys)
+		}
+		a.LinkUp()
+		h.settle()
+		keys := a.link.sentKeys()[n:]
+		if !slices.Contains(keys, "sys.hello") || !slices.Contains(keys, "sys.query") {
+			t.Fatalf("right after the link came up A sent %v, want hello and query", keys)
+		}
+		wantState(t, a, "B", StateUp)
+		h.advance(15 * time.Second)
+		wantState(t, a, "B", StateUp)
+		h.advance(time.Second)
+		wantState(t, a, "B", StateGone)
+	})
 }
 
 func TestBadWireInputIsDroppedAndCounted(t *testing.T) {
-	h := newHarness(t)
-	a := h.node("A", nil)
-	h.start(a)
-	good := func(m Message) []byte {
-		b, err := EncodeMessage(&m)
-		if err != nil {
-			t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		h.start(a)
+		good := func(m Message) []byte {
+			b, err := EncodeMessage(&m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
 		}
-		return b
-	}
-	now := h.clock.Now()
-	inputs := []struct {
-		key, origin string
-		body        []byte
-		reason      string
-	}{
-		{"hello", "", []byte("not json"), "malformed"},
-		{"hello", "", nil, "malformed"},
-		{"hello", "", make([]byte, MaxMessageBytes+1), "too_large"},
-		{"hello", "", good(Message{V: 2, Type: TypeHello, Node: "X", StartedAt: now}), "version"},
-		{"shout", "", good(Message{V: 1, Type: "shout", Node: "X", StartedAt: now}), "unknown_type"},
-		{"hello", "", good(Message{V: 1, Type: TypeHello, Node: "X Y", StartedAt: now}), "bad_name"},
-		{"hello", "Z", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now}), "origin_mismatch"},
-		{"update", "", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now}), "key_mismatch"},
-		{"hello", "", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now, Capabilities: make([]string, MaxCapabilities+1)}), "too_many"},
-		{"hello", "", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now, Capabilities: []string{"ok", "cap.>"}}), "bad_name"},
-		{"hello", "", good(Message{V: 1, Type: TypeHello, Node: "X"}), "bad_field"},
-	}
-	for _, in := range inputs {
-		before := value(t, a.m.rejected.WithLabelValues(in.reason))
-		a.HandleSystem(in.key, in.body, in.origin)
-		if got := value(t, a.m.rejected.WithLabelValues(in.reason)); got != before+1 {
-			t.Errorf("%s %.40q: rejected{%s}: got %v, want %v", in.key, in.body, in.reason, got, before+1)
+		now := time.Now()
+		inputs := []struct {
+			key, origin string
+			body        []byte
+			reason      string
+		}{
+			{"hello", "", []byte("not json"), "malformed"},
+			{"hello", "", nil, "malformed"},
+			{"hello", "", make([]byte, MaxMessageBytes+1), "too_large"},
+			{"hello", "", good(Message{V: 2, Type: TypeHello, Node: "X", StartedAt: now}), "version"},
+			{"shout", "", good(Message{V: 1, Type: "shout", Node: "X", StartedAt: now}), "unknown_type"},
+			{"hello", "", good(Message{V: 1, Type: TypeHello, Node: "X Y", StartedAt: now}), "bad_name"},
+			{"hello", "Z", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now}), "origin_mismatch"},
+			{"update", "", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now}), "key_mismatch"},
+			{"hello", "", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now, Capabilities: make([]string, MaxCapabilities+1)}), "too_many"},
+			{"hello", "", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now, Capabilities: []string{"ok", "cap.>"}}), "bad_name"},
+			{"hello", "", good(Message{V: 1, Type: TypeHello, Node: "X"}), "bad_field"},
 		}
-	}
-	h.settle()
-	if got := a.Peers(); len(got) != 0 {
-		t.Fatalf("peers after bad input: got %+v, want none", got)
-	}
+		for _, in := range inputs {
+			before := value(t, a.m.rejected.WithLabelValues(in.reason))
+			a.HandleSystem(in.key, in.body, in.origin)
+			if got := value(t, a.m.rejected.WithLabelValues(in.reason)); got != before+1 {
+				t.Errorf("%s %.40q: rejected{%s}: got %v, want %v", in.key, in.body, in.reason, got, before+1)
+			}
+		}
+		h.settle()
+		if got := a.Peers(); len(got) != 0 {
+			t.Fatalf("peers after bad input: got %+v, want none", got)
+		}
 
-	// Our own broadcast coming back is ignored silently; another process
-	// with our name is counted.
-	a.HandleSystem("heartbeat", good(Message{V: 1, Type: TypeHeartbeat, Node: "A", StartedAt: a.cfg.StartedAt}), "A")
-	a.HandleSystem("heartbeat", good(Message{V: 1, Type: TypeHeartbeat, Node: "A", StartedAt: now.Add(time.Hour)}), "A")
-	if got := value(t, a.m.rejected.WithLabelValues("name_conflict")); got != 1 {
-		t.Fatalf("rejected{name_conflict}: got %v, want 1", got)
-	}
-	// A query addressed to another node is not ours to answer.
-	n := len(a.link.sentKeys())
-	a.HandleSystem("query", good(Message{V: 1, Type: TypeQuery, Node: "P", To: "Q", StartedAt: now}), "P")
-	h.settle()
-	if got := a.link.sentKeys()[n:]; len(got) != 0 {
-		t.Fatalf("A answered a query addressed to Q: sent %v", got)
-	}
-	// A nil node drops everything.
-	var nilNode *Node
-	nilNode.HandleSystem("hello", nil, "")
+		// Our own broadcast coming back is ignored silently; another process
+		// with our name is counted.
+		a.HandleSystem("heartbeat", good(Message{V: 1, Type: TypeHeartbeat, Node: "A", StartedAt: a.cfg.StartedAt}), "A")
+		a.HandleSystem("heartbeat", good(Message{V: 1, Type: TypeHeartbeat, Node: "A", StartedAt: now.Add(time.Hour)}), "A")
+		if got := value(t, a.m.rejected.WithLabelValues("name_conflict")); got != 1 {
+			t.Fatalf("rejected{name_conflict}: got %v, want 1", got)
+		}
+		// A query addressed to another node is not ours to answer.
+		n := len(a.link.sentKeys())
+		a.HandleSystem("query", good(Message{V: 1, Type: TypeQuery, Node: "P", To: "Q", StartedAt: now}), "P")
+		h.settle()
+		if got := a.link.sentKeys()[n:]; len(got) != 0 {
+			t.Fatalf("A answered a query addressed to Q: sent %v", got)
+		}
+		// A nil node drops everything.
+		var nilNode *Node
+		nilNode.HandleSystem("hello", nil, "")
+	})
 }
 
 func TestTooManyPeers(t *testing.T) {
-	h := newHarness(t)
-	a := h.node("A", nil)
-	h.start(a)
-	now := h.clock.Now()
-	a.mu.Lock()
-	for i := range maxPeers {
-		name := fmt.Sprintf("p%d", i)
-		a.peers[name] = &peer{name: name, state: StateGone, since: now, expected: true}
-	}
-	a.mu.Unlock()
-	body, _ := EncodeMessage(&Message{V: 1, Type: TypeHeartbeat, Node: "newcomer", StartedAt: now})
-	a.HandleSystem("heartbeat", body, "newcomer")
-	if got := value(t, a.m.rejected.WithLabelValues("too_many_peers")); got != 1 {
-		t.Fatalf("rejected{too_many_peers}: got %v, want 1", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		h.start(a)
+		now := time.Now()
+		a.mu.Lock()
+		for i := range maxPeers {
+			name := fmt.Sprintf("p%d", i)
+			a.peers[name] = &peer{name: name, state: StateGone, since: now, expected: true}
+		}
+		a.mu.Unlock()
+		body, _ := EncodeMessage(&Message{V: 1, Type: TypeHeartbeat, Node: "newcomer", StartedAt: now})
+		a.HandleSystem("heartbeat", body, "newcomer")
+		if got := value(t, a.m.rejected.WithLabelValues("too_many_peers")); got != 1 {
+			t.Fatalf("rejected{too_many_peers}: got %v, want 1", got)
+		}
+	})
 }
 
 func TestLifecycle(t *testing.T) {
-	h := newHarness(t)
-	a := h.node("A", nil)
-	if err := a.Close(); err != nil {
-		t.Fatalf("close before start: %v", err)
-	}
-	if err := a.Close(); err != nil {
-		t.Fatalf("second close: %v", err)
-	}
-	if err := a.Start(context.Background()); !errors.Is(err, ErrClosed) {
-		t.Fatalf("start after close: got %v, want ErrClosed", err)
-	}
-	if got := a.link.sentKeys(); len(got) != 0 {
-		t.Fatalf("a node never started sent %v", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		if err := a.Close(); err != nil {
+			t.Fatalf("close before start: %v", err)
+		}
+		if err := a.Close(); err != nil {
+			t.Fatalf("second close: %v", err)
+		}
+		if err := a.Start(context.Background()); !errors.Is(err, ErrClosed) {
+			t.Fatalf("start after close: got %v, want ErrClosed", err)
+		}
+		if got := a.link.sentKeys(); len(got) != 0 {
+			t.Fatalf("a node never started sent %v", got)
+		}
 
-	b := h.node("B", nil)
-	h.start(b)
-	if err := b.Start(context.Background()); !errors.Is(err, ErrStarted) {
-		t.Fatalf("second start: got %v, want ErrStarted", err)
-	}
+		b := h.node("B", nil)
+		h.start(b)
+		if err := b.Start(context.Background()); !errors.Is(err, ErrStarted) {
+			t.Fatalf("second start: got %v, want ErrStarted", err)
+		}
 
-	// A bye that cannot be sent does not hold Close up for long.
-	d := h.node("D", nil)
-	h.start(d)
-	d.link.setBlock(true)
-	start := time.Now()
-	if err := d.Close(); err != nil {
-		t.Fatalf("close with the broker away: %v", err)
-	}
-	if el := time.Since(start); el < byeTimeout/2 || el > 2*byeTimeout {
-		t.Fatalf("close with a publish that never returns took %v, want about %v", el, byeTimeout)
-	}
+		// A bye that cannot be sent does not hold Close up for long.
+		d := h.node("D", nil)
+		h.start(d)
+		d.link.setBlock(true)
+		start := time.Now()
+		if err := d.Close(); err != nil {
+			t.Fatalf("close with the broker away: %v", err)
+		}
+		if el := time.Since(start); el != byeTimeout {
+			t.Fatalf("close with a publish that never returns took %v, want %v", el, byeTimeout)
+		}
+	})
 }
 
 func TestConfigValidation(t *testing.T) {
@@ -537,7 +576,27 @@ func TestConfigValidation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.cfg.DiscoveryInterval != 30*time.Second || n.cfg.HeartbeatInterval != 5*time.Second || n.cfg.MissedHeartbeats != 3 || n.cfg.tick != time.Second {
+	if n.cfg.DiscoveryInterval != 30*time.Second || n.cfg.HeartbeatInterval != 5*time.Second || n.cfg.MissedHeartbeats != 3 {
 		t.Fatalf("defaults: got %+v", n.cfg)
 	}
+}
+
+// The loop sleeps until its next deadline, whatever it is: a peer whose
+// heartbeat interval is far shorter than ours is gone as soon as its own
+// window has passed, not at our next heartbeat.
+func TestShortPeerWindowExpiresOnTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		b := h.node("B", func(c *Config) { c.HeartbeatInterval = 100 * time.Millisecond }, "cap.x")
+		h.start(a, b)
+		wantState(t, a, "B", StateUp)
+		b.link.setCut(true)
+		h.advance(300 * time.Millisecond) // exactly 3 of B's intervals: not yet
+		wantState(t, a, "B", StateUp)
+		h.advance(time.Millisecond)
+		if p := wantState(t, a, "B", StateGone); p.Since.Sub(p.LastSeen) > 300*time.Millisecond+time.Microsecond {
+			t.Fatalf("B gone %v after it was last seen, want just past its 300ms window", p.Since.Sub(p.LastSeen))
+		}
+	})
 }

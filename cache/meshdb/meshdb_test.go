@@ -416,8 +416,77 @@ func fmtInt(n int) string { return strconv.Itoa(n) }
 type managerUnderTest struct {
 	m       *cache.Manager
 	store   *cache.Store
+	src     *observedSource
 	changes chan cache.Divergence
 	logs    *syncBuffer
+}
+
+// observedSource is the mesh database as the manager sees it, with the
+// states a test waits on: Watch's changed calls (the first one of each
+// connection says LISTEN is in place) and the loads finished.
+type observedSource struct {
+	cache.Source
+	changed chan struct{} // a value per changed call, dropped when full
+
+	mu     sync.Mutex
+	loads  int
+	loaded chan struct{} // buffered(1): a load finished
+}
+
+func newObservedSource(src cache.Source) *observedSource {
+	return &observedSource{Source: src, changed: make(chan struct{}, 64), loaded: make(chan struct{}, 1)}
+}
+
+func (o *observedSource) Load(ctx context.Context, node string) (cache.Snapshot, error) {
+	snap, err := o.Source.Load(ctx, node)
+	o.mu.Lock()
+	o.loads++
+	o.mu.Unlock()
+	select {
+	case o.loaded <- struct{}{}:
+	default:
+	}
+	return snap, err
+}
+
+func (o *observedSource) Watch(ctx context.Context, changed func(), lost func(error)) error {
+	return o.Source.Watch(ctx, func() {
+		select {
+		case o.changed <- struct{}{}:
+		default:
+		}
+		changed()
+	}, lost)
+}
+
+func (o *observedSource) loadCount() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.loads
+}
+
+// waitListening waits until the watcher's LISTEN is in place (its first
+// changed call).
+func (mt *managerUnderTest) waitListening(tb testing.TB, d time.Duration) {
+	tb.Helper()
+	select {
+	case <-mt.src.changed:
+	case <-time.After(d):
+		tb.Fatalf("LISTEN not in place within %v; status %+v", d, mt.m.Status())
+	}
+}
+
+// waitLoads waits until n loads have finished in all.
+func (mt *managerUnderTest) waitLoads(tb testing.TB, n int, d time.Duration) {
+	tb.Helper()
+	timeout := time.After(d)
+	for mt.src.loadCount() < n {
+		select {
+		case <-mt.src.loaded:
+		case <-timeout:
+			tb.Fatalf("%d loads within %v, want %d", mt.src.loadCount(), d, n)
+		}
+	}
 }
 
 type syncBuffer struct {
@@ -445,15 +514,16 @@ func startManager(tb testing.TB, path, url string) *managerUnderTest {
 		tb.Fatal(err)
 	}
 	logs := &syncBuffer{}
+	src := newObservedSource(openDB(tb, url))
 	m, err := cache.NewManager(cache.ManagerConfig{
-		Node: "n1", Store: store, Source: openDB(tb, url),
+		Node: "n1", Store: store, Source: src,
 		RetryInterval: 50 * time.Millisecond, MaxRetryInterval: 200 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)),
 	})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	mt := &managerUnderTest{m: m, store: store, changes: make(chan cache.Divergence, 16), logs: logs}
+	mt := &managerUnderTest{m: m, store: store, src: src, changes: make(chan cache.Divergence, 16), logs: logs}
 	m.OnChange(func(_ cache.Snapshot, d cache.Divergence) { mt.changes <- d })
 	if err := m.Start(context.Background()); err != nil {
 		tb.Fatal(err)
@@ -482,8 +552,7 @@ func TestNotifyAppliedWithinOneSecond(t *testing.T) {
 	if st := mt.m.Status(); st.Source != cache.SourceDB || st.DB != cache.DBConnected || st.Revision != 1 {
 		t.Fatalf("status: got %+v, want db, connected, revision 1", st)
 	}
-	// Let the watcher's LISTEN settle (it signals once when in place).
-	time.Sleep(200 * time.Millisecond)
+	mt.waitListening(t, 5*time.Second)
 	for i, newBroker := range []string{"amqp://127.0.0.1:5673/", "amqp://127.0.0.1:5674/"} {
 		start := time.Now()
 		c := must(t)(db.SetSetting(ctx, meshdb.SettingBrokerURL, newBroker))
@@ -501,15 +570,14 @@ func TestNotifyAppliedWithinOneSecond(t *testing.T) {
 	c := must(t)(db.AddNode(ctx, cache.NodeRecord{Name: "n2"}))
 	mt.waitChange(t, time.Second) // the node list is ours too
 	c = must(t)(db.Assign(ctx, "n2", cache.Assignment{Module: "x"}))
-	deadline := time.Now().Add(time.Second)
-	for {
-		if cur, _ := mt.m.Current(); cur.Revision == c.Revision {
-			break
-		}
-		if time.Now().After(deadline) {
+	timeout := time.After(time.Second)
+	for cur, _ := mt.m.Current(); cur.Revision != c.Revision; cur, _ = mt.m.Current() {
+		select {
+		case <-mt.src.loaded: // the notification's load; the revision is recorded just after it
+		case <-time.After(10 * time.Millisecond):
+		case <-timeout:
 			t.Fatal("revision of another node's change not followed within 1s")
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 	select {
 	case d := <-mt.changes:
@@ -548,7 +616,7 @@ func TestOutageStartFromCacheDivergenceAndMissedNotify(t *testing.T) {
 	if st.Source != cache.SourceCache || st.DB != cache.DBDisconnected || st.Revision != r1 || st.AgeSeconds <= 0 {
 		t.Fatalf("status on cache: got %+v, want cache, disconnected, revision %d, age > 0", st, r1)
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(10 * time.Millisecond) // real time passing is the thing under test: the age grows with it
 	if st2 := mt.m.Status(); st2.AgeSeconds <= st.AgeSeconds {
 		t.Fatalf("age not growing: %v then %v", st.AgeSeconds, st2.AgeSeconds)
 	}
@@ -562,7 +630,9 @@ func TestOutageStartFromCacheDivergenceAndMissedNotify(t *testing.T) {
 	must(t)(db.SetOverride(ctx, "n1", cache.Override{Module: "photos", Key: "threads", Value: "8"}))
 	must(t)(db.Revoke(ctx, "n1", "bucket", "n2"))
 	c := must(t)(db.AddNode(ctx, cache.NodeRecord{Name: "n3"}))
-	time.Sleep(300 * time.Millisecond)
+	// Two more retries: at least one started after the changes, and all
+	// failed on the cut link.
+	mt.waitLoads(t, mt.src.loadCount()+2, 5*time.Second)
 	if st := mt.m.Status(); st.Source != cache.SourceCache || st.Revision != r1 {
 		t.Fatalf("status while the link is cut: got %+v, want still cache at %d", st, r1)
 	}

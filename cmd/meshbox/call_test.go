@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
-	"github.com/nats-io/nats-server/v2/server"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -20,23 +20,9 @@ import (
 // the appliance's watcher does).
 func standaloneNode(t *testing.T) (string, *nats.Conn, *bridge.Bridge) {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	dial := func(opts ...nats.Option) (*nats.Conn, error) {
-		return nats.Connect("", append(opts, nats.InProcessServer(srv))...)
-	}
-	nc, err := dial()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	srv := natstest.Start(t)
+	dial := natstest.Dialer(srv)
+	nc := natstest.Connect(t, srv)
 	b, err := bridge.New(bridge.Config{
 		Node: "solo", OutboxPath: filepath.Join(t.TempDir(), "outbox.db"),
 		Dial:           dial,
@@ -49,12 +35,7 @@ func standaloneNode(t *testing.T) (string, *nats.Conn, *bridge.Bridge) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.Close() })
-	prog, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(prog.Close)
-	return srv.ClientURL(), prog, b
+	return srv.ClientURL(), natstest.ConnectTCP(t, srv), b
 }
 
 func TestMessageCommands(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/node"
-	"github.com/nats-io/nats-server/v2/server"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -15,20 +15,8 @@ import (
 // embedded NATS server and returns its URL.
 func fakeMeshAPI(t *testing.T, peers node.PeersReply, caps node.CapsReply) string {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	srv := natstest.Start(t)
+	nc := natstest.ConnectTCP(t, srv)
 	for subj, v := range map[string]any{node.SubjectPeers: peers, node.SubjectCaps: caps} {
 		data, _ := json.Marshal(v)
 		if _, err := nc.Subscribe(subj, func(m *nats.Msg) { _ = m.Respond(data) }); err != nil {

@@ -12,13 +12,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/node"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // Peer counts and runs of the discovery benchmark.
@@ -68,23 +68,11 @@ func BenchmarkDiscovery(b *testing.B) {
 // how long it took to see all want peers up with their records.
 func timeDiscovery(b *testing.B, url, name string, want int) time.Duration {
 	b.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv.Start()
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	if !srv.ReadyForConnections(5 * time.Second) {
-		b.Fatal("nats server not ready")
-	}
+	srv := natstest.Start(b)
 	dial := func(opts ...nats.Option) (*nats.Conn, error) {
-		return nats.Connect("", append([]nats.Option{nats.InProcessServer(srv), nats.Name("meshbox-bridge")}, opts...)...)
+		return natstest.Dialer(srv)(append([]nats.Option{nats.Name("meshbox-bridge")}, opts...)...)
 	}
-	api, err := nats.Connect("", nats.InProcessServer(srv), nats.Name("meshbox-api"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer api.Close()
+	api := natstest.Connect(b, srv, nats.Name("meshbox-api"))
 
 	var nd atomic.Pointer[node.Node]
 	logger := slog.New(slog.DiscardHandler)

@@ -41,6 +41,9 @@ type bridgeConfig struct {
 	RequestTimeout string            `json:"request_timeout,omitempty"`
 	RetryBudget    int               `json:"retry_budget,omitempty"`
 	Prefetch       int               `json:"prefetch,omitempty"`
+	// MaxStagePrefetch caps a stage's adaptive credit; equal to Prefetch it
+	// keeps one consumer per stage.
+	MaxStagePrefetch int `json:"max_stage_prefetch,omitempty"`
 }
 
 // startMeshNode runs node name as a child process on the broker at amqpURL,

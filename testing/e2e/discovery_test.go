@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"os/exec"
@@ -242,11 +243,17 @@ func TestDiscoveryPeerKilledAndBack(t *testing.T) {
 		} else {
 			desc = err.Error()
 		}
-		want := "gamma"
 		if subject == "cap.x" {
-			want = "x"
+			// Nobody hosts x any more and its stand-in is withdrawn: the
+			// NATS server answers "no responders" (a 503 status) at once,
+			// as for any subject nobody serves; meshbox call names the
+			// capability when it reports it.
+			if !errors.Is(err, nats.ErrNoResponders) {
+				t.Errorf("%s: got %v (%q), want no responders", subject, err, desc)
+			}
+			continue
 		}
-		if !strings.Contains(desc, want) {
+		if want := "gamma"; !strings.Contains(desc, want) {
 			t.Errorf("%s: error %q, want it to name %q", subject, desc, want)
 		}
 	}

@@ -120,6 +120,7 @@ var expectedMetrics = map[string]dto.MetricType{
 	// broker link (bridge)
 	"meshbox_broker_state":              dto.MetricType_GAUGE,
 	"meshbox_broker_reconnects_total":   dto.MetricType_COUNTER,
+	"meshbox_broker_blocked_total":      dto.MetricType_COUNTER,
 	"meshbox_messages_total":            dto.MetricType_COUNTER,
 	"meshbox_errors_total":              dto.MetricType_COUNTER,
 	"meshbox_request_duration_seconds":  dto.MetricType_HISTOGRAM,

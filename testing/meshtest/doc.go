@@ -29,6 +29,10 @@
 // When the tests run as root, the servers run as the rabbitmq and postgres
 // system users.
 //
+// An embedded NATS server for a test, and connections to it, come from
+// the leaf package [github.com/meshbox/meshbox/testing/meshtest/natstest],
+// which package-internal tests of node and bridge can import too.
+//
 // Helpers take a testing.TB and fail the test (Fatal) when a service cannot
 // be started or controlled; they must be called from the test goroutine.
 package meshtest

@@ -126,8 +126,12 @@ func (p *PG) Kill(tb testing.TB) {
 		tb.Fatalf("meshtest: kill PostgreSQL: not running")
 	}
 	start := time.Now()
+	shm := pgShmID(p.dataDir())
 	p.proc.killGroup()
 	p.proc = nil
+	if !waitShmDetached(shm, 15*time.Second) {
+		tb.Fatalf("meshtest: kill PostgreSQL: its shared memory segment %d is still attached after 15s", shm)
+	}
 	tb.Logf("meshtest: PostgreSQL killed in %v", time.Since(start).Round(time.Millisecond))
 }
 
