@@ -167,7 +167,7 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 		})
 	})
 	out := &outgoing{
-		exchange: "", key: requestQueue(node), mandatory: true,
+		exchange: exchangeMesh, key: requestKey(node, name), mandatory: true,
 		kind: typeRequest, msgID: id, corrID: id, replyTo: replyQueue(b.cfg.Node),
 		expire: timeout, header: hdr, meta: map[string]string{HeaderTimeout: timeout.String(), HeaderCapability: name},
 		body: msg.Data, at: now,
@@ -422,7 +422,9 @@ func (s *session) onHostReply(m *nats.Msg) {
 // out if one is lost.
 func (s *session) replyHost(env *envelope, resp *nats.Msg, failure error) {
 	b := s.b
-	out := &outgoing{exchange: "", key: env.replyTo, kind: typeReply, corrID: env.corrID, at: time.Now()}
+	// To the node the request came from (its validated origin), never to a
+	// reply-to of the publisher's choosing.
+	out := &outgoing{exchange: exchangeMesh, key: replyKey(env.origin), kind: typeReply, corrID: env.corrID, at: time.Now()}
 	if failure == nil {
 		var err error
 		out.header, err = callerHeaders(resp.Header)
