@@ -38,7 +38,7 @@ func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
 	b := s.b
 	stage := f.stage
 	for d := range ds {
-		env, err := decode(typeCommand, fromAMQP(&d), b.maxPayload())
+		env, err := s.decode(typeCommand, &d)
 		if err != nil {
 			s.work(func() { s.deadLetter(&d, stageQueue(stage), err) })
 			continue

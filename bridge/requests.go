@@ -236,6 +236,26 @@ func (r *pendingRequests) take(id string) *pendingRequest {
 	return p
 }
 
+// takeFrom removes and returns the request id if it was sent to node
+// origin. A request sent to another node stays; its node is returned as
+// to (p nil). Both empty: no such request (already answered).
+func (r *pendingRequests) takeFrom(id, origin string) (p *pendingRequest, to string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p = r.m[id]
+	if p == nil {
+		return nil, ""
+	}
+	if p.node != origin {
+		return nil, p.node
+	}
+	delete(r.m, id)
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+	return p, ""
+}
+
 // takeWhere removes and returns every request for which match holds, their
 // timers stopped.
 func (r *pendingRequests) takeWhere(match func(*pendingRequest) bool) []*pendingRequest {
@@ -318,13 +338,19 @@ func localCallFailure(err error, name, node string, timeout time.Duration) error
 func (s *session) readReplies(ds <-chan amqp.Delivery) {
 	b := s.b
 	for d := range ds {
-		env, err := decode(typeReply, fromAMQP(&d), b.maxPayload())
+		env, err := s.decode(typeReply, &d)
 		if err != nil {
 			s.reject(&d, "replies", err)
 			continue
 		}
 		b.m.msg(typeReply, "in")
-		p := b.takePending(env.corrID)
+		p, from := b.pending.takeFrom(env.corrID, env.origin)
+		if p == nil && from != "" {
+			// Only the node the request was sent to may answer it; the
+			// request stays open for its real reply.
+			s.reject(&d, "replies", &forged{reason: fmt.Sprintf("reply from node %q to a request sent to node %s", env.origin, from)})
+			continue
+		}
 		if p == nil {
 			b.m.err(errKindLateReply)
 			continue
@@ -354,7 +380,7 @@ type hostCall struct {
 func (s *session) readRequests(ds <-chan amqp.Delivery) {
 	b := s.b
 	for d := range ds {
-		env, err := decode(typeRequest, fromAMQP(&d), b.maxPayload())
+		env, err := s.decode(typeRequest, &d)
 		if err != nil {
 			s.work(func() { s.deadLetter(&d, requestQueue(b.cfg.Node), err) })
 			continue

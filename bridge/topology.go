@@ -38,11 +38,19 @@ func (s *session) setup() error {
 		declare func(*amqp.Channel) error
 	}{
 		{"exchange " + exchangeMesh,
-			func(c *amqp.Channel) error { return c.ExchangeDeclarePassive(exchangeMesh, "topic", true, false, false, false, nil) },
-			func(c *amqp.Channel) error { return c.ExchangeDeclare(exchangeMesh, "topic", true, false, false, false, nil) }},
+			func(c *amqp.Channel) error {
+				return c.ExchangeDeclarePassive(exchangeMesh, "topic", true, false, false, false, nil)
+			},
+			func(c *amqp.Channel) error {
+				return c.ExchangeDeclare(exchangeMesh, "topic", true, false, false, false, nil)
+			}},
 		{"exchange " + exchangeDLX,
-			func(c *amqp.Channel) error { return c.ExchangeDeclarePassive(exchangeDLX, "topic", true, false, false, false, nil) },
-			func(c *amqp.Channel) error { return c.ExchangeDeclare(exchangeDLX, "topic", true, false, false, false, nil) }},
+			func(c *amqp.Channel) error {
+				return c.ExchangeDeclarePassive(exchangeDLX, "topic", true, false, false, false, nil)
+			},
+			func(c *amqp.Channel) error {
+				return c.ExchangeDeclare(exchangeDLX, "topic", true, false, false, false, nil)
+			}},
 		{"queue " + queueDead,
 			func(c *amqp.Channel) error {
 				_, err := c.QueueDeclarePassive(queueDead, true, false, false, false, nil)
