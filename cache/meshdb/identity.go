@@ -32,12 +32,7 @@ const rolePrefix = "meshbox_node_"
 
 // BrokerCredential is one generation of a node's broker credential, as
 // stored in its own row.
-type BrokerCredential struct {
-	Generation int
-	User       string
-	Password   cache.Credential
-	CreatedAt  time.Time
-}
+type BrokerCredential = cache.BrokerCredential
 
 // NewNode describes a node that AddNodeIdentity records.
 type NewNode struct {

@@ -106,8 +106,21 @@ func TestNodeRoleSeesOnlyItsOwnRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(snap.Bindings.Grants)+len(snap.Bindings.Assignments)+len(snap.Bindings.Overrides) != 0 {
-		t.Errorf("alpha's role loading beta's bindings: got %+v, want no grants, assignments or overrides", snap.Bindings)
+	if len(snap.Bindings.Grants)+len(snap.Bindings.Assignments)+len(snap.Bindings.Overrides) != 0 || snap.Bindings.Broker != nil {
+		t.Errorf("alpha's role loading beta's bindings: got %+v, want no grants, assignments, overrides or broker credential", snap.Bindings)
+	}
+	// Its own bindings hold its newest broker credential, part of the hash.
+	own, err := nodeDB.Load(ctx, "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := own.Bindings.Broker; c == nil || c.User != "node.alpha.g1" || c.Password.Reveal() != "broker-secret-of-alpha" || c.Generation != 1 || c.CreatedAt.IsZero() {
+		t.Errorf("alpha's bindings: broker credential %+v, want generation 1 node.alpha.g1 with its password", c)
+	}
+	without := own.Bindings
+	without.Broker = nil
+	if without.Hash() == own.Hash {
+		t.Error("the broker credential is not part of the bindings' hash")
 	}
 	if creds, err := nodeDB.BrokerCredentials(ctx, "beta"); err != nil || len(creds) != 0 {
 		t.Errorf("alpha's role reading beta's broker credentials: got %d rows, %v; want none", len(creds), err)
