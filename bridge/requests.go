@@ -382,7 +382,7 @@ func (s *session) readRequests(ds <-chan amqp.Delivery) {
 	for d := range ds {
 		env, err := s.decode(typeRequest, &d)
 		if err != nil {
-			s.work(func() { s.deadLetter(&d, requestQueue(b.cfg.Node), err) })
+			s.work(func() { s.reject(&d, requestQueue(b.cfg.Node), err) }) // auto-acked: nothing to ack
 			continue
 		}
 		b.m.msg(typeRequest, "in")
