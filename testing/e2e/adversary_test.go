@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/url"
+	"syscall"
 	"testing"
 	"time"
 
@@ -205,4 +206,21 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	}
 
 	normal("after")
+
+	// 6. Take alpha's name while alpha is offline: its queues cannot be
+	// declared, bound or consumed with beta's credential.
+	alpha.Signal(syscall.SIGTERM)
+	if code := alpha.Wait(); code != 0 {
+		t.Fatalf("alpha exited with %d", code)
+	}
+	for _, q := range []string{"node.alpha.requests", "node.alpha.replies", "node.alpha.system"} {
+		if code := refused(func(ch *amqp.Channel) error { _, err := ch.QueueDeclare(q, false, true, false, false, nil); return err }); code != amqp.AccessRefused {
+			t.Errorf("declare %s with beta's credential while alpha is offline: code %d, want %d", q, code, amqp.AccessRefused)
+		}
+	}
+	if code := refused(func(ch *amqp.Channel) error {
+		return ch.QueueBind("node.beta.requests", "to.alpha.req.#", "node.alpha", false, nil)
+	}); code != amqp.AccessRefused {
+		t.Errorf("bind beta's queue to alpha's exchange: code %d, want %d", code, amqp.AccessRefused)
+	}
 }
