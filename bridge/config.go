@@ -17,7 +17,9 @@ type Config struct {
 	// Node is this node's mesh name ([A-Za-z0-9_-]{1,64}).
 	Node string
 	// URL is the broker (amqp:// or amqps://); "" runs without a broker
-	// (state "none"). SetURL changes it at run time.
+	// (state "none"). SetURL changes it at run time. Its user is the
+	// node's broker user (BrokerUser(Node, k)) in a mesh of per-node
+	// users, or the mesh's one credential (see origin.go).
 	URL string
 	// CAFile is an extra PEM CA bundle trusted for amqps:// brokers.
 	CAFile string
