@@ -139,4 +139,9 @@ func TestNodeAddJoinRun(t *testing.T) {
 	if !strings.Contains(p.Output(), "snapshot.source=postgres://meshbox_node_cellar_") {
 		t.Errorf("the node did not read its bindings as its own role:\n%s", p.Output())
 	}
+	// It reaches the broker with its own broker user, from its bindings.
+	st = waitStatus(t, p.HTTPURL(), 15*time.Second, "broker connected", func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	if !strings.Contains(st.Broker.URL, "node.cellar.g1:xxxxx@") {
+		t.Errorf("broker URL in status: got %q, want the node's own user node.cellar.g1, password redacted", st.Broker.URL)
+	}
 }
