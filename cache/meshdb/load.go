@@ -13,8 +13,8 @@ import (
 
 // Load reads node's bindings in one REPEATABLE READ, read-only transaction:
 // the mesh revision, every node record and mesh setting, and only this
-// node's assignments, overrides and grants (consumer = node). It implements
-// cache.Source.
+// node's assignments, overrides and grants (consumer = node) and its newest
+// broker credential. It implements cache.Source.
 func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 	if err := cache.ValidateNodeName(node); err != nil {
 		return cache.Snapshot{}, fmt.Errorf("load bindings: %w", err)
