@@ -18,6 +18,9 @@ RUN_ARGS ?=
 # Go's default 10m per test binary is too short for the fault tests under -race.
 TEST_TIMEOUT ?= 30m
 FUZZ_TIME ?= 10s
+# make test gives each fuzz target a short run (its seeds also run as plain
+# tests); make fuzz runs them for FUZZ_TIME.
+TEST_FUZZ_TIME ?= 4s
 SOAK_DURATION ?= 30m
 
 .PHONY: all build run test test-short services fuzz bench soak lint install clean
@@ -36,7 +39,7 @@ services:
 test: services
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
-	$(MAKE) --no-print-directory fuzz
+	$(MAKE) --no-print-directory fuzz FUZZ_TIME=$(TEST_FUZZ_TIME)
 
 # Unit tests only: integration tests skip under -short. Not what CI runs.
 test-short:

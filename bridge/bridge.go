@@ -52,6 +52,7 @@ type Bridge struct {
 	sub     submissions     // commands and events of local programs, in order
 	pending pendingRequests // requests waiting for a reply from another node
 	stall   stallBook       // stall alarms of command stages
+	handed  *handedOut      // ids of commands handed to local handlers, across sessions
 
 	// Routing and hosting (routeMu).
 	routeMu       sync.RWMutex
@@ -132,6 +133,7 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 		link:          newLink(cfg.URL, backoff.Policy{Min: cfg.ReconnectMin, Max: cfg.ReconnectMax}),
 		sub:           newSubmissions(),
 		pending:       pendingRequests{m: map[string]*pendingRequest{}},
+		handed:        newHandedOut(handedOutLen),
 		stall:         stallBook{byStage: map[string]*stallState{}, submitted: map[string]time.Time{}, watch: make(chan struct{}, 1)},
 		routes:        map[string][]string{},
 		gone:          map[string]time.Time{},

@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshbox/meshbox/internal/backoff"
 )
 
 // handlerPoll is how often a command waiting for a local handler (none
@@ -40,14 +42,16 @@ func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
 	for d := range ds {
 		env, err := s.decode(typeCommand, &d)
 		if err != nil {
-			s.work(func() { s.deadLetter(&d, stageQueue(stage), err) })
+			bad := d // a copy: taking d's address would move every delivery to the heap
+			s.work(func() { s.deadLetter(&bad, stageQueue(stage), err) })
 			continue
 		}
 		b.m.msg(typeCommand, "in")
 		b.noteDeliveryAge(stage, env.sent)
 		f.delivered()
+		seen := b.handed.add(env.msgID) // handed out before, though the broker may not know it
 		c := &cmdCall{stage: stage, flow: f, tag: d.DeliveryTag, d: d, env: env, deadline: time.Now().Add(b.cfg.CommandTimeout),
-			msg: env.natsMsg(subjWorkPrefix+stage, commandMeta(env.msgID, env.origin, env.attempt, env.redelivered || env.attempt > 1))}
+			msg: env.commandMsg(stage, seen)}
 		s.sendCmd(newID(), c)
 	}
 }
@@ -183,24 +187,37 @@ type deadReason string
 
 func (r deadReason) Error() string { return string(r) }
 
-// commandMeta are the headers a handler sees with a command.
-func commandMeta(id, origin string, attempt int, redelivered bool) map[string]string {
-	return map[string]string{
-		HeaderMsgID:       id,
-		HeaderOrigin:      origin,
-		HeaderAttempt:     strconv.Itoa(attempt),
-		HeaderRedelivered: strconv.FormatBool(redelivered),
-	}
+// setCommandHeaders sets the headers a handler sees with a command on h.
+// The keys are canonical already; the four values share one allocation
+// (this runs for every command).
+func setCommandHeaders(h nats.Header, id, origin string, attempt int, redelivered bool) {
+	v := [...]string{id, origin, strconv.Itoa(attempt), strconv.FormatBool(redelivered)}
+	vs := v[:]
+	h[HeaderMsgID] = vs[0:1:1]
+	h[HeaderOrigin] = vs[1:2:2]
+	h[HeaderAttempt] = vs[2:3:3]
+	h[HeaderRedelivered] = vs[3:4:4]
 }
 
-// retryDelay is the pause before a failed command is requeued.
-func retryDelay(attempt int) time.Duration {
-	d := 250 * time.Millisecond
-	for i := 1; i < attempt && d < 5*time.Second; i++ {
-		d *= 2
+// commandMsg builds the NATS message that carries a command delivery to
+// the local handler of stage; seen says this node handed the same id out
+// before (a possible duplicate the broker did not mark).
+func (e *envelope) commandMsg(stage string, seen bool) *nats.Msg {
+	m := &nats.Msg{Subject: subjWorkPrefix + stage, Data: e.body, Header: make(nats.Header, len(e.header)+4)}
+	for k, vs := range e.header {
+		m.Header[k] = vs
 	}
-	return min(d, 5*time.Second)
+	setCommandHeaders(m.Header, e.msgID, e.origin, e.attempt, e.redelivered || e.attempt > 1 || seen)
+	return m
 }
+
+// commandRetry is the pause before a failed command is requeued: from 250ms
+// doubling up to 5s, jittered so that the commands of one failure do not
+// come back together.
+var commandRetry = backoff.Policy{Min: 250 * time.Millisecond, Max: 5 * time.Second}
+
+// retryDelay is the pause before a failed command is requeued.
+func retryDelay(attempt int) time.Duration { return commandRetry.Delay(attempt) }
 
 // runHandler calls the local handler of stage with msg and returns nil on
 // success or why it failed. While no handler is subscribed it waits (up to
@@ -286,13 +303,11 @@ func (b *Bridge) runLocal() {
 func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 	for {
 		attempt := int(r.attempt) + 1
-		msg := &nats.Msg{Subject: subjWorkPrefix + r.name, Data: r.body, Header: nats.Header{}}
+		msg := &nats.Msg{Subject: subjWorkPrefix + r.name, Data: r.body, Header: make(nats.Header, len(r.header)+4)}
 		for k, vs := range r.header {
 			msg.Header[k] = vs
 		}
-		for k, v := range commandMeta(r.msgID, b.cfg.Node, attempt, attempt > 1 || r.republished) {
-			msg.Header.Set(k, v)
-		}
+		setCommandHeaders(msg.Header, r.msgID, b.cfg.Node, attempt, attempt > 1 || r.republished)
 		b.noteDeliveryAge(r.name, r.created)
 		failure := b.runHandler(ctx, r.name, msg, func() bool {
 			st, _ := b.linkState()

@@ -243,3 +243,32 @@ func TestMalformedCommandsDeadLettered(t *testing.T) {
 	a.submit(t, "work", []byte("after"), nil)
 	waitFor(t, 10*time.Second, "a command after the bad ones", func() bool { return len(h.msgs()) == 2 })
 }
+
+// TestCommandSeenBeforeIsMarked delivers the same command twice as a broker
+// that lost its record of the first delivery would (a SIGKILLed broker can:
+// its redelivery then has no redelivered flag and no delivery count). The
+// handler must see the second copy marked as a possible duplicate.
+func TestCommandSeenBeforeIsMarked(t *testing.T) {
+	vhost := testVhost(t)
+	a := newNode(t, "alpha", vhost, nil)
+	a.waitConnected(t)
+	var h handler
+	serveStage(t, a, "again", &h)
+
+	ch := amqpChannel(t, vhost)
+	p := amqp.Publishing{Type: "command", MessageId: "cmd-again-1", DeliveryMode: amqp.Persistent,
+		Headers: amqp.Table{bridge.HeaderOrigin: "beta"}, Body: []byte("x")}
+	for i := range 2 {
+		if err := ch.Publish("mesh", "cmd.again", false, false, p); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 10*time.Second, "delivery", func() bool { return len(h.msgs()) == i+1 })
+	}
+	msgs := h.msgs()
+	if got := msgs[0].Header.Get(bridge.HeaderRedelivered); got != "false" {
+		t.Errorf("first delivery: %s=%q, want false", bridge.HeaderRedelivered, got)
+	}
+	if got := msgs[1].Header.Get(bridge.HeaderRedelivered); got != "true" {
+		t.Errorf("second delivery of the same id: %s=%q, want true (this node handed it out before)", bridge.HeaderRedelivered, got)
+	}
+}

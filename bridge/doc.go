@@ -30,7 +30,11 @@
 //     attempt; after RetryBudget attempts it is dead-lettered with the
 //     reason. Commands are at least once: the handler sees Meshbox-Msg-Id
 //     (stable, the submitter may set it), Meshbox-Attempt and
-//     Meshbox-Redelivered ("true" whenever the delivery may be a duplicate).
+//     Meshbox-Redelivered ("true" whenever the delivery may be a duplicate:
+//     the broker redelivered it, the publisher sent it again, or this node
+//     handed the same id to a handler before — it remembers the last 8,192
+//     ids, because a broker killed at the wrong moment can lose its record
+//     of a delivery and redeliver it looking new).
 //   - Events: a program publishes evt.<topic>; local subscribers get it from
 //     the NATS server at once, and the bridge forwards it to the mesh. Other
 //     nodes republish it to their local subscribers with Meshbox-Origin. A

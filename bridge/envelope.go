@@ -2,7 +2,7 @@ package bridge
 
 import (
 	"fmt"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -328,11 +328,12 @@ func (e *envelope) decodeHeaders(d delivery) error {
 		}
 	}
 	// Sorted, so that the same delivery always fails the same way.
-	keys := make([]string, 0, len(d.Headers))
+	var buf [8]string // no allocation for the usual few headers
+	keys := buf[:0]
 	for k := range d.Headers {
 		keys = append(keys, k)
 	}
-	sort.Strings(keys)
+	slices.Sort(keys)
 	for _, k := range keys {
 		v := d.Headers[k]
 		if strings.EqualFold(k, headerDeliveryCount) {

@@ -42,6 +42,7 @@ type metrics struct {
 	reconnects prometheus.Counter
 	blocks     prometheus.Counter
 	messages   *prometheus.CounterVec
+	byShape    map[string][2]prometheus.Counter // messages' counters (in, out) of each shape, looked up once
 	errors     *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
 	stalls     prometheus.Gauge
@@ -88,9 +89,9 @@ func newMetrics(b *Bridge) *metrics {
 	for _, s := range allStates {
 		m.state.WithLabelValues(s).Set(0)
 	}
+	m.byShape = map[string][2]prometheus.Counter{}
 	for _, shape := range []string{typeRequest, typeReply, typeCommand, typeEvent, typeSystem} {
-		m.messages.WithLabelValues(shape, "in")
-		m.messages.WithLabelValues(shape, "out")
+		m.byShape[shape] = [2]prometheus.Counter{m.messages.WithLabelValues(shape, "in"), m.messages.WithLabelValues(shape, "out")}
 	}
 	return m
 }
@@ -134,7 +135,22 @@ func (m *metrics) setState(state string) {
 	}
 }
 
-func (m *metrics) msg(shape, direction string) { m.messages.WithLabelValues(shape, direction).Inc() }
+// msg counts a message; it runs for every message, so the counters of the
+// known shapes are looked up once (byShape is never written after
+// newMetrics).
+func (m *metrics) msg(shape, direction string) {
+	if c, ok := m.byShape[shape]; ok {
+		switch direction {
+		case "in":
+			c[0].Inc()
+			return
+		case "out":
+			c[1].Inc()
+			return
+		}
+	}
+	m.messages.WithLabelValues(shape, direction).Inc()
+}
 
 func (m *metrics) err(kind string) { m.errors.WithLabelValues(kind).Inc() }
 

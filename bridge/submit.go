@@ -177,10 +177,8 @@ func (b *Bridge) replyAccepted(reply string, rec *record, how string) {
 	if reply == "" {
 		return
 	}
-	m := nats.NewMsg(reply)
-	m.Header.Set(HeaderAccepted, how)
-	m.Header.Set(HeaderMsgID, rec.msgID)
-	b.reply(m)
+	v := [...]string{how, rec.msgID} // one allocation for both values (canonical keys)
+	b.reply(&nats.Msg{Subject: reply, Header: nats.Header{HeaderAccepted: v[0:1:1], HeaderMsgID: v[1:2:2]}})
 }
 
 // directDone settles a submission published straight to the broker. It
@@ -233,7 +231,7 @@ func (b *Bridge) deadRecord(rec *record, reason string, done func(error)) {
 func (b *Bridge) outgoingFor(rec *record, redelivered bool) *outgoing {
 	out := &outgoing{
 		exchange: exchangeMesh, persist: true, msgID: rec.msgID, at: rec.created,
-		header: rec.header, body: rec.body, meta: map[string]string{},
+		header: rec.header, body: rec.body,
 	}
 	switch rec.kind {
 	case kindCommand, kindLocal:
@@ -244,11 +242,15 @@ func (b *Bridge) outgoingFor(rec *record, redelivered bool) *outgoing {
 		out.key, out.kind = eventKey(rec.name), typeEvent
 	case kindDead:
 		out.exchange, out.key, out.kind = exchangeDLX, commandKey(rec.name), typeCommand
+		out.meta = map[string]string{}
 		out.meta[HeaderDeadReason] = rec.reason
 		out.meta[HeaderDeadNode] = b.cfg.Node
 		out.meta[HeaderDeadQueue] = stageQueue(rec.name)
 	}
 	if redelivered || rec.republished {
+		if out.meta == nil {
+			out.meta = map[string]string{}
+		}
 		out.meta[HeaderRedelivered] = "true"
 	}
 	return out

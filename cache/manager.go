@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshbox/meshbox/internal/backoff"
 )
 
 // Database connection states shown in Status.DB.
@@ -411,8 +413,11 @@ func (m *Manager) watch(ctx context.Context) {
 // Between loads it sleeps until the next retry, the next refresh, or the
 // moment the bindings pass MaxAge, whichever comes first.
 func (m *Manager) run(ctx context.Context, retrySoon bool) {
-	backoff := m.cfg.RetryInterval
-	retry := time.NewTimer(backoff)
+	// Jittered, so that nodes that lost the database together do not all
+	// come back to it at the same instant.
+	pause := backoff.Policy{Min: m.cfg.RetryInterval, Max: m.cfg.MaxRetryInterval}
+	failures := 0
+	retry := time.NewTimer(m.cfg.RetryInterval)
 	if !retrySoon {
 		retry.Stop()
 	}
@@ -444,11 +449,11 @@ func (m *Manager) run(ctx context.Context, retrySoon bool) {
 			if ctx.Err() != nil {
 				return
 			}
-			retry.Reset(backoff)
-			backoff = min(2*backoff, m.cfg.MaxRetryInterval)
+			failures++
+			retry.Reset(pause.Delay(failures))
 			continue
 		}
-		backoff = m.cfg.RetryInterval
+		failures = 0
 		retry.Stop()
 		refresh.Reset(m.cfg.RefreshInterval)
 	}

@@ -5,14 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/meshbox/meshbox/internal/boltfile"
 )
 
 // Defaults for StoreOptions.
@@ -101,7 +101,7 @@ func Open(path string, opts StoreOptions) (*Store, error) {
 	db, err := openChecked(path, opts)
 	var corrupt *CorruptError
 	if errors.As(err, &corrupt) && !opts.ReadOnly && !opts.NoQuarantine {
-		moved, qerr := quarantine(path, opts.Now())
+		moved, qerr := boltfile.SetAside(path, opts.Now())
 		if qerr != nil {
 			return nil, fmt.Errorf("open cache: set aside damaged file: %w (damage: %v)", qerr, err)
 		}
@@ -346,16 +346,14 @@ func (s *Store) update(op string, fn func(*bolt.Tx) error) error {
 	return s.contain(op, func() error { return s.db.Update(fn) })
 }
 
-func (s *Store) contain(op string, fn func() error) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%s: %w", op, &CorruptError{Path: s.path, Reason: "bbolt panic", Err: fmt.Errorf("%v", r)})
-		}
-	}()
-	if err := fn(); err != nil {
+func (s *Store) contain(op string, fn func() error) error {
+	if err := boltfile.Contain(s.path, fn); err != nil {
 		if errors.Is(err, ErrNoSnapshot) {
 			return err
+		}
+		var damaged *boltfile.CorruptError
+		if errors.As(err, &damaged) {
+			err = &CorruptError{Path: s.path, Reason: damaged.Reason, Err: damaged.Err}
 		}
 		return fmt.Errorf("%s: %w", op, err)
 	}
@@ -368,128 +366,63 @@ func seqKey(seq uint64) []byte {
 	return k
 }
 
-// openChecked opens path with bbolt and verifies it. Damage of any kind,
-// panics and memory faults included, comes back as a *CorruptError; a held
-// lock as a *LockedError; operating system errors as they are.
-func openChecked(path string, opts StoreOptions) (db *bolt.DB, err error) {
-	if fi, statErr := os.Stat(path); statErr == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
-		return nil, &CorruptError{Path: path, Reason: "empty file"}
-	} else if statErr != nil && opts.ReadOnly {
-		return nil, fmt.Errorf("open cache: %w", statErr)
-	}
-	var file *os.File
-	bopts := &bolt.Options{
-		Timeout:  opts.LockTimeout,
-		ReadOnly: opts.ReadOnly,
-		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
-			f, err := os.OpenFile(name, flag, perm)
-			file = f
-			return f, err
-		},
-	}
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			if db != nil {
-				_ = db.Close()
-			} else if file != nil {
-				_ = file.Close() // releases the lock bbolt took
-			}
-			db, err = nil, &CorruptError{Path: path, Reason: "bbolt panic", Err: fmt.Errorf("%v", r)}
-		}
-	}()
-	db, err = bolt.Open(path, 0o600, bopts)
+// openChecked opens path with bbolt and verifies it (internal/boltfile does
+// the opening and the structural checks; layout adds the cache's own).
+// Damage of any kind, panics and memory faults included, comes back as a
+// *CorruptError; a held lock as a *LockedError; operating system errors as
+// they are.
+func openChecked(path string, opts StoreOptions) (*bolt.DB, error) {
+	db, err := boltfile.Open(path, boltfile.Options{
+		LockTimeout: opts.LockTimeout,
+		ReadOnly:    opts.ReadOnly,
+		Verify:      func(tx *bolt.Tx) error { return layout(tx, path) },
+	})
 	if err != nil {
-		var pathErr *fs.PathError
-		switch {
-		case errors.Is(err, bolt.ErrTimeout):
-			return nil, &LockedError{Dir: filepath.Dir(path)}
-		case errors.As(err, &pathErr):
-			return nil, fmt.Errorf("open cache: %w", err)
-		default:
-			return nil, &CorruptError{Path: path, Reason: "open", Err: err}
-		}
-	}
-	if err := verify(db, path); err != nil {
-		_ = db.Close()
-		return nil, err
+		return nil, fileError("open cache", path, err)
 	}
 	return db, nil
 }
 
-// verify checks db: size against the meta page, every bucket and key
-// reachable, bbolt's structural check, our layout, every snapshot.
-func verify(db *bolt.DB, path string) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			err = &CorruptError{Path: path, Reason: "bbolt panic", Err: fmt.Errorf("%v", r)}
-		}
-	}()
-	fi, err := os.Stat(path)
-	if err != nil {
-		return fmt.Errorf("verify cache: %w", err)
+// verify re-checks an open cache file.
+func verify(db *bolt.DB, path string) error {
+	if err := boltfile.Check(db, path, func(tx *bolt.Tx) error { return layout(tx, path) }); err != nil {
+		return fileError("verify cache", path, err)
 	}
-	return db.View(func(tx *bolt.Tx) error {
-		if tx.Size() > fi.Size() {
-			return &CorruptError{Path: path, Reason: fmt.Sprintf("truncated: %d bytes, database needs %d", fi.Size(), tx.Size())}
-		}
-		// Touch every reachable page here, where faults become panics we
-		// contain, before bbolt's own check (which runs on a goroutine of
-		// its own).
-		if err := tx.ForEach(func(_ []byte, b *bolt.Bucket) error { return walk(b) }); err != nil {
-			return &CorruptError{Path: path, Reason: "walk", Err: err}
-		}
-		if meta := tx.Bucket(bucketMeta); meta != nil {
-			if f := meta.Get(keyFormat); f != nil && string(f) != storeFormat {
-				return &CorruptError{Path: path, Reason: fmt.Sprintf("unknown format %q", f)}
-			}
-		}
-		if b := tx.Bucket(bucketSnapshots); b != nil {
-			err := b.ForEach(func(k, v []byte) error {
-				_, err := decodeSnapshot(path, k, v)
-				return err
-			})
-			if err != nil {
-				return err
-			}
-		}
-		var first error
-		for cerr := range tx.Check() { // drained fully so bbolt's goroutine ends
-			if first == nil {
-				first = cerr
-			}
-		}
-		if first != nil {
-			return &CorruptError{Path: path, Reason: "check", Err: first}
-		}
-		return nil
-	})
+	return nil
 }
 
-func walk(b *bolt.Bucket) error {
-	return b.ForEach(func(k, v []byte) error {
-		if v == nil {
-			if nb := b.Bucket(k); nb != nil {
-				return walk(nb)
-			}
+// layout checks the cache's own layout: a known format and every snapshot
+// decoding and matching its hash.
+func layout(tx *bolt.Tx, path string) error {
+	if meta := tx.Bucket(bucketMeta); meta != nil {
+		if f := meta.Get(keyFormat); f != nil && string(f) != storeFormat {
+			return &CorruptError{Path: path, Reason: fmt.Sprintf("unknown format %q", f)}
 		}
-		return nil
-	})
+	}
+	if b := tx.Bucket(bucketSnapshots); b != nil {
+		return b.ForEach(func(k, v []byte) error {
+			_, err := decodeSnapshot(path, k, v)
+			return err
+		})
+	}
+	return nil
 }
 
-// quarantine moves a damaged file aside and returns its new path.
-func quarantine(path string, now time.Time) (string, error) {
-	base := path + ".corrupt-" + now.UTC().Format("20060102T150405Z")
-	moved := base
-	for i := 1; ; i++ {
-		if _, err := os.Lstat(moved); errors.Is(err, fs.ErrNotExist) {
-			break
-		}
-		moved = fmt.Sprintf("%s-%d", base, i)
+// fileError turns internal/boltfile's errors into the cache's own: a
+// *LockedError naming the data directory, a *CorruptError (the cache's
+// own when the layout check made one), or err wrapped with op.
+func fileError(op, path string, err error) error {
+	var own *CorruptError
+	if errors.As(err, &own) {
+		return own
 	}
-	if err := os.Rename(path, moved); err != nil {
-		return "", err
+	var locked *boltfile.LockedError
+	if errors.As(err, &locked) {
+		return &LockedError{Dir: filepath.Dir(path)}
 	}
-	return moved, nil
+	var damaged *boltfile.CorruptError
+	if errors.As(err, &damaged) {
+		return &CorruptError{Path: path, Reason: damaged.Reason, Err: damaged.Err}
+	}
+	return fmt.Errorf("%s: %w", op, err)
 }

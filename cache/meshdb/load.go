@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/internal/backoff"
 )
 
 // Load reads node's bindings in one REPEATABLE READ, read-only transaction:
@@ -114,28 +115,32 @@ func rollback(tx pgx.Tx) {
 // every (re)connect — notifications sent while disconnected are lost, so
 // the caller re-reads then — and on every notification; it calls lost each
 // time the connection fails or an attempt to connect fails, then retries
-// with a doubling pause (Options.RetryInterval up to MaxRetryInterval).
+// with a doubling, jittered pause (Options.RetryInterval up to
+// MaxRetryInterval, internal/backoff).
 // Without notifications for PingInterval it pings, so a dead link is found.
 // It implements cache.Source.
 func (db *DB) Watch(ctx context.Context, changed func(), lost func(error)) error {
-	backoff := db.opts.RetryInterval
+	// Jittered: after a database outage the nodes of a mesh must not
+	// reconnect in lockstep.
+	pause := backoff.Policy{Min: db.opts.RetryInterval, Max: db.opts.MaxRetryInterval}
+	failures := 0
 	for {
 		connected, err := db.listen(ctx, changed)
 		if ctx.Err() != nil {
 			return nil
 		}
 		if connected {
-			backoff = db.opts.RetryInterval
+			failures = 0
 		}
 		lost(err)
-		t := time.NewTimer(backoff)
+		failures++
+		t := time.NewTimer(pause.Delay(failures))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return nil
 		case <-t.C:
 		}
-		backoff = min(2*backoff, db.opts.MaxRetryInterval)
 	}
 }
 

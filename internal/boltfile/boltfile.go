@@ -105,16 +105,19 @@ func Open(path string, opts Options) (db *bolt.DB, err error) {
 			return nil, &CorruptError{Path: path, Reason: "open", Err: err}
 		}
 	}
-	if err := verify(db, path, opts.Verify); err != nil {
+	if err := Check(db, path, opts.Verify); err != nil {
 		_ = db.Close()
 		return nil, err
 	}
 	return db, nil
 }
 
-// verify touches every reachable page (where faults become panics that are
-// contained here), then runs bbolt's structural check and the caller's.
-func verify(db *bolt.DB, path string, layout func(*bolt.Tx) error) error {
+// Check verifies an open file: its size against the meta page, every
+// reachable page touched (where faults become panics that are contained
+// here), bbolt's structural check, then the caller's layout check (nil: none).
+// Damage comes back as a *CorruptError. Open runs it; a long-lived owner
+// can run it again.
+func Check(db *bolt.DB, path string, layout func(*bolt.Tx) error) error {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return err
