@@ -3,6 +3,7 @@ package appliance
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"path/filepath"
 	"slices"
 
@@ -13,7 +14,8 @@ import (
 )
 
 // brokerURL is the broker the node should use now: the --broker override,
-// else the broker.url mesh setting of the bindings in use, else none.
+// else the broker.url mesh setting of the bindings in use with the node's
+// own broker credential from them, else none.
 func (a *Appliance) brokerURL(snap cache.Snapshot, ok bool) string {
 	if a.cfg.Broker != "" {
 		return string(a.cfg.Broker)
@@ -21,7 +23,22 @@ func (a *Appliance) brokerURL(snap cache.Snapshot, ok bool) string {
 	if !ok {
 		return ""
 	}
-	return snap.Bindings.Settings["broker.url"]
+	return withBrokerCredential(snap.Bindings.Settings["broker.url"], snap.Bindings.Broker)
+}
+
+// withBrokerCredential returns the broker URL raw (where the broker is)
+// with the user and password of cred; raw as it is without a credential or
+// when it does not parse (the bridge then says why).
+func withBrokerCredential(raw string, cred *cache.BrokerCredential) string {
+	if raw == "" || cred == nil {
+		return raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
+	}
+	u.User = url.UserPassword(cred.User, cred.Password.Reveal())
+	return u.String()
 }
 
 // startBridge starts the link to the broker. hosted is the first snapshot

@@ -311,7 +311,7 @@ func (b *Bridge) Fatal() <-chan error { return b.link.fatal }
 // SetURL moves the bridge to another broker without a restart ("" means no
 // broker). An invalid URL is refused with a *ConfigError.
 func (b *Bridge) SetURL(url string) error {
-	if err := checkBrokerURL(url); err != nil {
+	if err := checkBrokerURL(url, b.cfg.Node); err != nil {
 		return &ConfigError{Field: "URL", Msg: err.Error()}
 	}
 	if b.link.setURL(url) {

@@ -40,7 +40,7 @@ func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
 	b := s.b
 	stage := f.stage
 	for d := range ds {
-		env, err := decode(typeCommand, fromAMQP(&d), b.maxPayload())
+		env, err := s.decode(typeCommand, &d)
 		if err != nil {
 			bad := d // a copy: taking d's address would move every delivery to the heap
 			s.work(func() { s.deadLetter(&bad, stageQueue(stage), err) })

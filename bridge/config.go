@@ -17,7 +17,9 @@ type Config struct {
 	// Node is this node's mesh name ([A-Za-z0-9_-]{1,64}).
 	Node string
 	// URL is the broker (amqp:// or amqps://); "" runs without a broker
-	// (state "none"). SetURL changes it at run time.
+	// (state "none"). SetURL changes it at run time. Its user is the
+	// node's broker user (BrokerUser(Node, k)) in a mesh of per-node
+	// users, or the mesh's one credential (see origin.go).
 	URL string
 	// CAFile is an extra PEM CA bundle trusted for amqps:// brokers.
 	CAFile string
@@ -190,7 +192,7 @@ func (c Config) validate() error {
 	case c.Dial == nil:
 		return bad("Dial", "is required (a function that connects to the embedded NATS server)")
 	}
-	if err := checkBrokerURL(c.URL); err != nil {
+	if err := checkBrokerURL(c.URL, c.Node); err != nil {
 		return bad("URL", "%v", err)
 	}
 	if c.CAFile != "" {
@@ -214,13 +216,19 @@ func (c Config) validate() error {
 	return nil
 }
 
-// checkBrokerURL accepts "" (no broker) and amqp:// or amqps:// URLs.
-func checkBrokerURL(u string) error {
+// checkBrokerURL accepts "" (no broker) and amqp:// or amqps:// URLs,
+// whose user, when it is a node's broker user, is node's own: every
+// message carries it as its origin.
+func checkBrokerURL(u, node string) error {
 	if u == "" {
 		return nil
 	}
-	if _, err := amqp.ParseURI(u); err != nil {
+	uri, err := amqp.ParseURI(u)
+	if err != nil {
 		return fmt.Errorf("%s: %v", redactURL(u), err)
+	}
+	if owner, _, ok := ParseBrokerUser(uri.Username); ok && owner != node {
+		return fmt.Errorf("%s: broker user %s is node %s's, not node %s's", redactURL(u), uri.Username, owner, node)
 	}
 	return nil
 }

@@ -74,26 +74,34 @@
 // node name has no dots, so node.<n>.* never collides with another node's
 // names, and a node called "mesh" or "cmd" collides with nothing.
 //
-//   - Exchange mesh (topic, durable): events and system messages are
-//     published here, with routing keys evt.<topic>, sys.<key>, and
-//     to.<node>.* for traffic addressed to one node; cmd.<stage> routes to
-//     the stage's queue for publishers other than the bridge.
+//   - Exchange mesh (topic, durable): all mesh traffic is published here,
+//     never to the default exchange (whose write right cannot be scoped per
+//     queue): commands cmd.<stage>, events evt.<topic>, broadcasts
+//     sys.<key>, and to.<node>.* for traffic addressed to one node (requests
+//     to.<n>.req.<capability>, replies to.<n>.reply, system messages
+//     to.<n>.sys.<key>).
+//
+// The shared exchanges, mesh.dead and node.<n> belong to the admin in a
+// mesh of per-node broker users (permissions.go): the bridge declares them
+// passively and declares them itself only when they do not exist (a mesh
+// run on one credential).
 //   - Exchange node.<n> (topic, durable), bound to mesh with to.<n>.#: the
 //     node's own traffic, so its permissions can be scoped to it.
 //   - Queue node.<n>.requests (auto-delete), bound to node.<n> with
 //     to.<n>.req.#, consumed with an exclusive consumer: a second process with
 //     the same node name is refused (NodeNameInUseError) instead of silently
 //     splitting the node's requests. Auto-delete: when the node is gone so is
-//     the queue. Requests are published straight to it through the default
-//     exchange (the capability in a Meshbox-Capability header): the shortest
-//     route through the broker, and a request for a node that is not
+//     the queue. A request for a node that is not
 //     connected is an unroutable mandatory message, returned at once (503),
 //     not a channel error. It is consumed without acks: requests are at most
 //     once, and an ack per request costs the broker work on the critical path;
 //     a bound on open calls (8 x Prefetch, at least 256) refuses the excess at
 //     once with 503.
-//   - Queue node.<n>.replies (exclusive): replies to this node's requests,
-//     published to the default exchange. A per-node queue instead of direct
+//   - Queue node.<n>.replies (exclusive), bound to node.<n> with
+//     to.<n>.reply: replies to this node's requests, sent to the request's
+//     validated origin (never to a reply-to of the publisher's choosing) and
+//     accepted only from the node the request was sent to. A per-node queue
+//     instead of direct
 //     reply-to, because direct reply-to requires publishing on the consuming
 //     channel, and the bridge keeps publishing and consuming apart.
 //   - Queue node.<n>.events (durable, expires after 7 days unused), bound to
@@ -103,11 +111,11 @@
 //     node.<n> with to.<n>.sys.#: discovery and heartbeats, never kept.
 //   - Queue cmd.<stage> (durable quorum queue, x-delivery-limit as a
 //     backstop, dead-lettering to mesh.dlx), bound to mesh with cmd.<stage>,
-//     declared and consumed by every node hosting the stage. The bridge
-//     publishes commands straight to it through the default exchange (the
-//     shortest route; a missing queue is still a return). Quorum queues
-//     survive a broker restart with their confirmed messages and count
-//     redeliveries (x-delivery-count), which is the attempt number.
+//     declared and consumed by every node hosting the stage (a missing queue
+//     is a return). Quorum queues survive a broker restart with their
+//     confirmed messages and count redeliveries (x-delivery-count, read only
+//     on a delivery the broker marked redelivered: a publisher cannot make a
+//     command look like a retry), which is the attempt number.
 //   - Exchange mesh.dlx (topic) and queue mesh.dead: dead letters, with
 //     Meshbox-Dead-Reason, Meshbox-Dead-Node and Meshbox-Dead-Queue headers.
 //
@@ -143,7 +151,10 @@
 // message-id: the command's or event's stable id (requests: the correlation
 // id); correlation-id and reply-to: requests and replies; expiration: the
 // request's time left, in milliseconds; timestamp: when the node accepted
-// the message; type: request, reply, command, event or system; delivery
+// the message; user-id: the publisher's broker user, checked by the broker,
+// which is where a receiver takes the origin from (origin.go: the node of
+// a per-node user; in a mesh run on one credential, the Meshbox-Origin
+// header); type: request, reply, command, event or system; delivery
 // mode persistent for commands, events and dead letters; content-type and
 // content-encoding: the NATS headers Content-Type and Content-Encoding. AMQP
 // headers carry the caller's other NATS headers (string values, several
@@ -152,7 +163,8 @@
 // (x-death, x-delivery-count, ...) are read where they mean something and not
 // passed on. A message that breaks these rules (wrong type, missing ids, bad
 // header types or keys, oversized body, unknown routing key) is
-// dead-lettered with the reason; the consumer carries on.
+// dead-lettered with the reason; the consumer carries on. So is a message
+// whose origin is not validated (meshbox_errors_total{kind="forged"}).
 //
 // # Wiring
 //

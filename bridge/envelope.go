@@ -120,10 +120,14 @@ type outgoing struct {
 	raw       *amqp.Publishing // when set: published as it is
 }
 
-// publishing builds the AMQP message.
-func (o *outgoing) publishing(origin string) amqp.Publishing {
+// publishing builds the AMQP message of node origin, published by broker
+// user user (the user_id property: the broker refuses it from any other
+// user, and receivers take the origin from it).
+func (o *outgoing) publishing(origin, user string) amqp.Publishing {
 	if o.raw != nil {
-		return *o.raw
+		p := *o.raw
+		p.UserId = user
+		return p
 	}
 	t := make(amqp.Table, len(o.header)+len(o.meta)+1)
 	var ctype, cenc string
@@ -162,6 +166,7 @@ func (o *outgoing) publishing(origin string) amqp.Publishing {
 		ReplyTo:         o.replyTo,
 		Type:            o.kind,
 		Timestamp:       o.at,
+		UserId:          user,
 		Body:            o.body,
 	}
 	if o.persist {
@@ -188,6 +193,7 @@ type envelope struct {
 	timeout     time.Duration // requests: the caller's time left (0: none given)
 	attempt     int           // commands: 1 for the first delivery
 	redelivered bool
+	verified    bool        // origin is the publisher's broker user (user_id), not a header
 	header      nats.Header // for NATS: caller headers, Content-Type, Content-Encoding
 	body        []byte
 	sent        time.Time
@@ -205,6 +211,7 @@ type delivery struct {
 	Type            string
 	RoutingKey      string
 	Redelivered     bool
+	UserId          string // set by the publisher, checked by the broker against its connection's user
 	Body            []byte
 }
 
@@ -213,7 +220,7 @@ func fromAMQP(d *amqp.Delivery) delivery {
 		Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
 		CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, MessageId: d.MessageId,
 		Timestamp: d.Timestamp, Type: d.Type, RoutingKey: d.RoutingKey,
-		Redelivered: d.Redelivered, Body: d.Body,
+		Redelivered: d.Redelivered, UserId: d.UserId, Body: d.Body,
 	}
 }
 
@@ -278,6 +285,13 @@ func decode(kind string, d delivery, maxPayload int) (*envelope, error) {
 	if err := e.decodeHeaders(d); err != nil {
 		return nil, err
 	}
+	// The origin is the node of the publisher's broker user whenever it
+	// is one: RabbitMQ refuses a user_id that is not the connection's user,
+	// so nobody can claim it. The Meshbox-Origin header counts only in a
+	// mesh run on one credential (see session.checkOrigin).
+	if node, _, ok := ParseBrokerUser(d.UserId); ok {
+		e.origin, e.verified = node, true
+	}
 	if kind == typeRequest && e.name == "" {
 		return nil, bad("missing or invalid %s header", HeaderCapability)
 	}
@@ -323,6 +337,11 @@ func (e *envelope) decodeHeaders(d delivery) error {
 	for _, k := range keys {
 		v := d.Headers[k]
 		if strings.EqualFold(k, headerDeliveryCount) {
+			if !d.Redelivered {
+				// Only the broker's count of a redelivery counts: a
+				// publisher cannot make a command look like a retry.
+				continue
+			}
 			n, ok := asInt(v)
 			if !ok || n < 0 {
 				return bad("header %s has type %T, want a non-negative integer", k, v)

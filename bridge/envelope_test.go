@@ -72,7 +72,7 @@ func TestDecode(t *testing.T) {
 		{"header line break", typeEvent, func(d *delivery) { d.Headers["X-A"] = "a\r\nb: c" }, "line break"},
 		{"content type line break", typeEvent, func(d *delivery) { d.ContentType = "a\nb" }, "line break"},
 		{"headers too big", typeEvent, func(d *delivery) { d.Headers["X-Big"] = strings.Repeat("x", maxHeaderBytes) }, "exceed"},
-		{"delivery count not a number", typeCommand, func(d *delivery) { d.Headers["x-delivery-count"] = "1" }, "integer"},
+		{"delivery count not a number", typeCommand, func(d *delivery) { d.Redelivered = true; d.Headers["x-delivery-count"] = "1" }, "integer"},
 		{"payload too large", typeEvent, func(d *delivery) { d.Body = make([]byte, 101) }, "exceeds"},
 		{"broker headers ignored", typeEvent, func(d *delivery) {
 			d.Headers["x-death"] = []any{amqp.Table{"count": int64(1)}}
@@ -106,6 +106,7 @@ func TestDecode(t *testing.T) {
 func TestDecodeFields(t *testing.T) {
 	d := goodDelivery(typeCommand)
 	d.Headers["x-delivery-count"] = int64(2)
+	d.Redelivered = true
 	d.Headers["X-Multi"] = []any{"a", "b"}
 	d.Headers[HeaderRedelivered] = "true"
 	d.ContentType = "application/json"
@@ -142,7 +143,7 @@ func TestHeadersRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := &outgoing{kind: typeEvent, key: "evt.t", msgID: "m", header: hdr, body: []byte("x")}
-	p := out.publishing("alpha")
+	p := out.publishing("alpha", "guest")
 	if p.ContentType != "text/plain" || p.ContentEncoding != "gzip" {
 		t.Errorf("properties: got %q %q", p.ContentType, p.ContentEncoding)
 	}
@@ -199,7 +200,7 @@ func FuzzDecodeDelivery(f *testing.F) {
 			return
 		}
 		out := &outgoing{kind: kind, header: e.header, body: e.body}
-		if err := out.publishing("n").Headers.Validate(); err != nil {
+		if err := out.publishing("n", "guest").Headers.Validate(); err != nil {
 			t.Fatalf("accepted headers do not validate: %v", err)
 		}
 		_ = e.natsMsg("evt.x", map[string]string{HeaderOrigin: "n"})

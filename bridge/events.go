@@ -17,7 +17,7 @@ import (
 func (s *session) readEvents(ds <-chan amqp.Delivery) {
 	b := s.b
 	for d := range ds {
-		env, err := decode(typeEvent, fromAMQP(&d), b.maxPayload())
+		env, err := s.decode(typeEvent, &d)
 		if err != nil {
 			s.deadLetter(&d, eventQueue(b.cfg.Node), err)
 			continue
@@ -50,7 +50,7 @@ type sysMsg struct {
 func (s *session) readSystem(ds <-chan amqp.Delivery) {
 	b := s.b
 	for d := range ds {
-		env, err := decode(typeSystem, fromAMQP(&d), b.maxPayload())
+		env, err := s.decode(typeSystem, &d)
 		if err != nil {
 			s.reject(&d, systemQueue(b.cfg.Node), err)
 			continue
@@ -132,9 +132,12 @@ func (s *session) reject(d *amqp.Delivery, queue string, reason error) {
 func (s *session) publishDead(d *amqp.Delivery, queue string, reason error) bool {
 	b := s.b
 	var mf *malformed
-	if errors.As(reason, &mf) {
+	switch {
+	case isForged(reason):
+		b.m.err(errKindForged)
+	case errors.As(reason, &mf):
 		b.m.err(errKindMalformed)
-	} else {
+	default:
 		b.m.err(errKindDeadLetter)
 	}
 	b.logDead(queue, d.MessageId, reason.Error())

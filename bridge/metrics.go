@@ -22,6 +22,7 @@ var allStates = []string{StateNone, StateConnecting, StateConnected, StateOfflin
 const (
 	errKindBadInput    = "bad_input"    // a local program sent something invalid (400)
 	errKindMalformed   = "malformed"    // a broker message could not be used (dead-lettered)
+	errKindForged      = "forged"       // a message whose origin is not validated, or a reply from another node than asked (dropped)
 	errKindDeadLetter  = "dead_letter"  // a command exhausted its retry budget or had no route
 	errKindOutboxFull  = "outbox_full"  // a submission was refused (507)
 	errKindOutboxWrite = "outbox_write" // the outbox file could not be written

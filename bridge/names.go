@@ -109,6 +109,9 @@ func parseReplyQueue(q string) (node string, ok bool) {
 	return node, true
 }
 
+// replyKey is the routing key of a reply to node n's requests.
+func replyKey(n string) string { return "to." + n + ".reply" }
+
 // commandKey is the routing key of a command for stage.
 func commandKey(stage string) string { return "cmd." + stage }
 

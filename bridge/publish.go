@@ -120,7 +120,7 @@ func (s *session) fastPublish(items []*pubItem) bool {
 	s.cork.cork()
 	defer s.cork.uncork()
 	for i, it := range items {
-		err := s.fastCh.Publish(it.out.exchange, it.out.key, it.out.mandatory, false, it.out.publishing(s.b.cfg.Node))
+		err := s.fastCh.Publish(it.out.exchange, it.out.key, it.out.mandatory, false, it.out.publishing(s.b.cfg.Node, s.user))
 		if err != nil {
 			var ae *amqp.Error
 			if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
@@ -207,7 +207,7 @@ func (s *session) publish(it *pubItem) bool {
 			return false
 		}
 	}
-	p := it.out.publishing(s.b.cfg.Node)
+	p := it.out.publishing(s.b.cfg.Node, s.user)
 	tag := s.pubCh.GetNextPublishSeqNo()
 	s.mu.Lock()
 	s.inflight[tag] = it

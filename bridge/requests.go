@@ -167,7 +167,7 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 		})
 	})
 	out := &outgoing{
-		exchange: "", key: requestQueue(node), mandatory: true,
+		exchange: exchangeMesh, key: requestKey(node, name), mandatory: true,
 		kind: typeRequest, msgID: id, corrID: id, replyTo: replyQueue(b.cfg.Node),
 		expire: timeout, header: hdr, meta: map[string]string{HeaderTimeout: timeout.String(), HeaderCapability: name},
 		body: msg.Data, at: now,
@@ -234,6 +234,26 @@ func (r *pendingRequests) take(id string) *pendingRequest {
 		}
 	}
 	return p
+}
+
+// takeFrom removes and returns the request id if it was sent to node
+// origin. A request sent to another node stays; its node is returned as
+// to (p nil). Both empty: no such request (already answered).
+func (r *pendingRequests) takeFrom(id, origin string) (p *pendingRequest, to string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p = r.m[id]
+	if p == nil {
+		return nil, ""
+	}
+	if p.node != origin {
+		return nil, p.node
+	}
+	delete(r.m, id)
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+	return p, ""
 }
 
 // takeWhere removes and returns every request for which match holds, their
@@ -318,13 +338,19 @@ func localCallFailure(err error, name, node string, timeout time.Duration) error
 func (s *session) readReplies(ds <-chan amqp.Delivery) {
 	b := s.b
 	for d := range ds {
-		env, err := decode(typeReply, fromAMQP(&d), b.maxPayload())
+		env, err := s.decode(typeReply, &d)
 		if err != nil {
 			s.reject(&d, "replies", err)
 			continue
 		}
 		b.m.msg(typeReply, "in")
-		p := b.takePending(env.corrID)
+		p, from := b.pending.takeFrom(env.corrID, env.origin)
+		if p == nil && from != "" {
+			// Only the node the request was sent to may answer it; the
+			// request stays open for its real reply.
+			s.reject(&d, "replies", &forged{reason: fmt.Sprintf("reply from node %q to a request sent to node %s", env.origin, from)})
+			continue
+		}
 		if p == nil {
 			b.m.err(errKindLateReply)
 			continue
@@ -354,10 +380,10 @@ type hostCall struct {
 func (s *session) readRequests(ds <-chan amqp.Delivery) {
 	b := s.b
 	for d := range ds {
-		env, err := decode(typeRequest, fromAMQP(&d), b.maxPayload())
+		env, err := s.decode(typeRequest, &d)
 		if err != nil {
 			bad := d // a copy: taking d's address would move every delivery to the heap
-			s.work(func() { s.deadLetter(&bad, requestQueue(b.cfg.Node), err) })
+			s.work(func() { s.reject(&bad, requestQueue(b.cfg.Node), err) }) // auto-acked: nothing to ack
 			continue
 		}
 		b.m.msg(typeRequest, "in")
@@ -423,7 +449,9 @@ func (s *session) onHostReply(m *nats.Msg) {
 // out if one is lost.
 func (s *session) replyHost(env *envelope, resp *nats.Msg, failure error) {
 	b := s.b
-	out := &outgoing{exchange: "", key: env.replyTo, kind: typeReply, corrID: env.corrID, at: time.Now()}
+	// To the node the request came from (its validated origin), never to a
+	// reply-to of the publisher's choosing.
+	out := &outgoing{exchange: exchangeMesh, key: replyKey(env.origin), kind: typeReply, corrID: env.corrID, at: time.Now()}
 	if failure == nil {
 		var err error
 		out.header, err = callerHeaders(resp.Header)

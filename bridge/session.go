@@ -21,6 +21,11 @@ import (
 type session struct {
 	b   *Bridge
 	url string
+	// user is the broker user of both connections: every publish carries
+	// it as user_id. perNode: it is a node's own user (BrokerUser), so
+	// every delivery must carry a node's user_id too (checkOrigin).
+	user    string
+	perNode bool
 
 	ctx    context.Context // cancelled by end: workers and goroutines stop
 	cancel context.CancelFunc
@@ -94,6 +99,11 @@ const (
 // after accepting the connections fails the attempt when ctx ends. It
 // returns a session that is set up but not started.
 func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
+	uri, err := amqp.ParseURI(url)
+	if err != nil {
+		return nil, fmt.Errorf("connect to broker: %w", err)
+	}
+	_, _, perNode := ParseBrokerUser(uri.Username)
 	conConn, _, abortCon, err := b.dial(ctx, url, roleConsume)
 	if err != nil {
 		return nil, fmt.Errorf("connect to broker: %w", err)
@@ -105,7 +115,7 @@ func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
 		return nil, fmt.Errorf("connect to broker: %w", err)
 	}
 	s := &session{
-		b: b, url: url, pubConn: pubConn, cork: cork, conConn: conConn,
+		b: b, url: url, user: uri.Username, perNode: perNode, pubConn: pubConn, cork: cork, conConn: conConn,
 		failed:   make(chan error, 1),
 		pubQ:     newPubQueue(publishWindow),
 		fastQ:    newPubQueue(publishWindow),

@@ -235,10 +235,9 @@ func (b *Bridge) outgoingFor(rec *record, redelivered bool) *outgoing {
 	}
 	switch rec.kind {
 	case kindCommand, kindLocal:
-		// Straight to the stage's queue through the default exchange: the
-		// shortest route through the broker (the queue is also bound to mesh
-		// with the same key, for publishers that go through mesh).
-		out.exchange, out.key, out.kind, out.mandatory = "", stageQueue(rec.name), typeCommand, true
+		// Through mesh to the stage's queue (bound with its key); never the
+		// default exchange, whose write right cannot be scoped per queue.
+		out.key, out.kind, out.mandatory = commandKey(rec.name), typeCommand, true
 	case kindEvent:
 		out.key, out.kind = eventKey(rec.name), typeEvent
 	case kindDead:

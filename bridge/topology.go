@@ -26,24 +26,72 @@ func (s *session) setup() error {
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	defer ch.Close()
+	defer func() { ch.Close() }() // ch may be replaced below
+	// The shared exchanges, the dead letter queue and the node's exchange
+	// are the admin's (see permissions.go): a node on a broker user of its
+	// own may not declare them, only find them. A mesh run on one
+	// credential (a test broker, guest) has no admin: the first node
+	// declares them.
+	shared := []struct {
+		what    string
+		passive func(*amqp.Channel) error
+		declare func(*amqp.Channel) error
+	}{
+		{"exchange " + exchangeMesh,
+			func(c *amqp.Channel) error {
+				return c.ExchangeDeclarePassive(exchangeMesh, "topic", true, false, false, false, nil)
+			},
+			func(c *amqp.Channel) error {
+				return c.ExchangeDeclare(exchangeMesh, "topic", true, false, false, false, nil)
+			}},
+		{"exchange " + exchangeDLX,
+			func(c *amqp.Channel) error {
+				return c.ExchangeDeclarePassive(exchangeDLX, "topic", true, false, false, false, nil)
+			},
+			func(c *amqp.Channel) error {
+				return c.ExchangeDeclare(exchangeDLX, "topic", true, false, false, false, nil)
+			}},
+		{"queue " + queueDead,
+			func(c *amqp.Channel) error {
+				_, err := c.QueueDeclarePassive(queueDead, true, false, false, false, nil)
+				return err
+			},
+			func(c *amqp.Channel) error {
+				if _, err := c.QueueDeclare(queueDead, true, false, false, false, nil); err != nil {
+					return err
+				}
+				return c.QueueBind(queueDead, "#", exchangeDLX, false, nil)
+			}},
+		{"exchange " + nodeExchange(node),
+			func(c *amqp.Channel) error {
+				return c.ExchangeDeclarePassive(nodeExchange(node), "topic", true, false, false, false, nil)
+			},
+			func(c *amqp.Channel) error {
+				if err := c.ExchangeDeclare(nodeExchange(node), "topic", true, false, false, false, nil); err != nil {
+					return err
+				}
+				return c.ExchangeBind(nodeExchange(node), NodeBindingKey(node), exchangeMesh, false, nil)
+			}},
+	}
+	for _, st := range shared {
+		err := st.passive(ch)
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			// A failed passive declare closes the channel.
+			ch, err = s.conConn.Channel()
+			if err != nil {
+				return fmt.Errorf("open channel: %w", err)
+			}
+			err = st.declare(ch)
+		}
+		if err != nil {
+			return fmt.Errorf("declare %s: %w", st.what, err)
+		}
+	}
 	steps := []struct {
 		what string
 		do   func() error
 	}{
-		{"exchange " + exchangeMesh, func() error { return ch.ExchangeDeclare(exchangeMesh, "topic", true, false, false, false, nil) }},
-		{"exchange " + exchangeDLX, func() error { return ch.ExchangeDeclare(exchangeDLX, "topic", true, false, false, false, nil) }},
-		{"exchange " + nodeExchange(node), func() error {
-			return ch.ExchangeDeclare(nodeExchange(node), "topic", true, false, false, false, nil)
-		}},
-		{"binding mesh -> " + nodeExchange(node), func() error {
-			return ch.ExchangeBind(nodeExchange(node), "to."+node+".#", exchangeMesh, false, nil)
-		}},
-		{"queue " + queueDead, func() error {
-			_, err := ch.QueueDeclare(queueDead, true, false, false, false, nil)
-			return err
-		}},
-		{"binding " + queueDead, func() error { return ch.QueueBind(queueDead, "#", exchangeDLX, false, nil) }},
 		{"queue " + requestQueue(node), func() error {
 			_, err := ch.QueueDeclare(requestQueue(node), false, true, false, false, nil)
 			return err
@@ -97,6 +145,9 @@ func (s *session) setup() error {
 				return &NodeNameInUseError{Node: node, Detail: ae.Reason}
 			}
 			return err
+		}},
+		{"binding " + replyQueue(node), func() error {
+			return ch.QueueBind(replyQueue(node), replyKey(node), nodeExchange(node), false, nil)
 		}},
 		{"queue " + eventQueue(node), func() error {
 			_, err := ch.QueueDeclare(eventQueue(node), true, false, false, false,

@@ -31,6 +31,26 @@ type Bindings struct {
 	Assignments []Assignment      `json:"assignments"`
 	Overrides   []Override        `json:"overrides"`
 	Grants      []Grant           `json:"grants"`
+	// Broker is the node's newest broker credential (nil: none recorded;
+	// the node connects with the broker.url setting as it is).
+	Broker *BrokerCredential `json:"broker,omitempty"`
+}
+
+// BrokerCredential is one generation of a node's own broker credential:
+// its RabbitMQ user (bridge.BrokerUser) and password. The password prints
+// and logs redacted (Credential); like a grant's, it marshals to JSON as its
+// real value for the cache file.
+type BrokerCredential struct {
+	Generation int        `json:"generation"`
+	User       string     `json:"user"`
+	Password   Credential `json:"password"`
+	CreatedAt  time.Time  `json:"created_at"`
+}
+
+// LogValue summarises the credential without its password.
+func (c BrokerCredential) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("user", c.User), slog.Int("generation", c.Generation),
+		slog.Time("created_at", c.CreatedAt))
 }
 
 // NodeRecord is one node of the mesh.
@@ -94,6 +114,7 @@ func (b Bindings) LogValue() slog.Value {
 		slog.Int("assignments", len(b.Assignments)),
 		slog.Int("overrides", len(b.Overrides)),
 		slog.Int("grants", len(b.Grants)),
+		slog.Bool("broker_credential", b.Broker != nil),
 	)
 }
 
@@ -108,6 +129,11 @@ func (b Bindings) Normalize() Bindings {
 		Assignments: slices.Clone(b.Assignments),
 		Overrides:   slices.Clone(b.Overrides),
 		Grants:      slices.Clone(b.Grants),
+	}
+	if b.Broker != nil {
+		c := *b.Broker
+		c.CreatedAt = c.CreatedAt.UTC()
+		n.Broker = &c
 	}
 	for k, v := range b.Settings {
 		n.Settings[k] = v
@@ -189,6 +215,15 @@ func hashNormalized(b Bindings) string {
 		put(g.Resource)
 		put(g.Provider)
 		put(string(g.Credential))
+	}
+	// Bindings without a broker credential hash as they did before it
+	// existed, so cache files written then still verify.
+	if c := b.Broker; c != nil {
+		put("broker credential")
+		putN(c.Generation)
+		put(c.User)
+		put(string(c.Password))
+		put(c.CreatedAt.UTC().Format(time.RFC3339Nano))
 	}
 	_ = w.Flush() // writes to a hash never fail
 	return hex.EncodeToString(h.Sum(nil))

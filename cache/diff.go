@@ -14,6 +14,7 @@ const (
 	KindAssignment = "assignment"
 	KindOverride   = "override"
 	KindGrant      = "grant"
+	KindBroker     = "broker_credential"
 )
 
 // Operations a Change reports.
@@ -27,7 +28,7 @@ const (
 // Old and New describe the row before and after; they never carry a
 // credential, and secret-looking values are redacted.
 type Change struct {
-	Kind string `json:"kind"`          // node, setting, assignment, override, grant
+	Kind string `json:"kind"`          // node, setting, assignment, override, grant, broker_credential
 	Op   string `json:"op"`            // added, removed, changed
 	Key  string `json:"key"`           // node name, setting key, module, module/key, consumer:resource@provider
 	Old  string `json:"old,omitempty"` // the row before (empty when added)
@@ -54,7 +55,8 @@ func (c Change) String() string {
 }
 
 // Divergence lists the rows that differ between two versions of the
-// bindings, ordered by kind (node, setting, assignment, override, grant)
+// bindings, ordered by kind (node, setting, assignment, override, grant,
+// broker_credential)
 // and then key.
 type Divergence []Change
 
@@ -141,6 +143,19 @@ func Diff(old, new Bindings) Divergence {
 	d = diffRows(d, KindGrant, o.Grants, n.Grants,
 		func(r Grant) string { return r.key() },
 		func(r Grant) string { return describeCredential(r.Credential) })
+
+	// The node's broker credential: user and generation, never the
+	// password.
+	var ob, nb []BrokerCredential
+	if o.Broker != nil {
+		ob = append(ob, *o.Broker)
+	}
+	if n.Broker != nil {
+		nb = append(nb, *n.Broker)
+	}
+	d = diffRows(d, KindBroker, ob, nb,
+		func(BrokerCredential) string { return n.Node },
+		func(r BrokerCredential) string { return fmt.Sprintf("user=%s generation=%d", r.User, r.Generation) })
 	return d
 }
 

@@ -79,7 +79,7 @@ func ValidateValue(field, v string) error {
 }
 
 // ValidateBrokerURL checks the broker.url setting: an amqp:// or amqps://
-// URL with a host.
+// URL with a host and without a password (settings hold no secrets).
 func ValidateBrokerURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -90,6 +90,10 @@ func ValidateBrokerURL(raw string) error {
 	}
 	if u.Host == "" {
 		return &NameError{Field: "broker URL", Value: RedactURL(raw), Reason: "has no host"}
+	}
+	if _, has := u.User.Password(); has {
+		return &NameError{Field: "broker URL", Value: RedactURL(raw),
+			Reason: "holds a password: broker.url names only where the broker is (host, port, vhost, TLS); each node's own broker credential is made by meshbox mesh node add"}
 	}
 	return nil
 }

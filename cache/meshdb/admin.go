@@ -121,6 +121,9 @@ func (db *DB) RemoveNode(ctx context.Context, name string, force bool) (Change, 
 				return use
 			}
 		}
+		if err := dropNodeRoles(ctx, tx, name); err != nil {
+			return err
+		}
 		_, err := tx.Exec(ctx, `DELETE FROM nodes WHERE name = $1`, name)
 		return err
 	})

@@ -10,6 +10,13 @@
 // validates its input before touching the database: bad input changes
 // nothing.
 //
+// Each node added with an identity (AddNodeIdentity) has a PostgreSQL role
+// of its own. Row-level security, in the database and not in this client,
+// lets a node role read every node record and setting but only its own
+// assignments, overrides, grants and broker credential rows; it writes
+// nothing. Its join token is kept as a SHA-256 of its secret and redeemed
+// once, before it expires, by the node role (Redeem).
+//
 // DB is safe for concurrent use. Connections, statements and lock waits
 // are bounded (Options): pgx's own defaults would wait for minutes.
 // Watch owns one dedicated connection for LISTEN while it runs.

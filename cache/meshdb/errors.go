@@ -3,6 +3,7 @@ package meshdb
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Errors returned by operations on the mesh database.
@@ -69,3 +70,36 @@ func (e *MeshExistsError) Error() string {
 
 // Unwrap returns ErrMeshExists.
 func (e *MeshExistsError) Unwrap() error { return ErrMeshExists }
+
+// Errors of join tokens.
+var (
+	// ErrTokenFormat means a string is not a join token.
+	ErrTokenFormat = errors.New("not a meshbox join token")
+	// ErrTokenUnknown means the database knows no such token for this node
+	// (or its secret is wrong).
+	ErrTokenUnknown = errors.New("unknown join token")
+	// ErrTokenUsed is wrapped by *TokenUsedError.
+	ErrTokenUsed = errors.New("token already used")
+	// ErrTokenExpired is wrapped by *TokenExpiredError.
+	ErrTokenExpired = errors.New("token expired")
+)
+
+// TokenUsedError says when a join token was used.
+type TokenUsedError struct{ At time.Time }
+
+func (e *TokenUsedError) Error() string {
+	return "token already used at " + e.At.UTC().Format(time.RFC3339)
+}
+
+// Unwrap returns ErrTokenUsed.
+func (e *TokenUsedError) Unwrap() error { return ErrTokenUsed }
+
+// TokenExpiredError says when a join token expired.
+type TokenExpiredError struct{ At time.Time }
+
+func (e *TokenExpiredError) Error() string {
+	return "token expired at " + e.At.UTC().Format(time.RFC3339)
+}
+
+// Unwrap returns ErrTokenExpired.
+func (e *TokenExpiredError) Unwrap() error { return ErrTokenExpired }

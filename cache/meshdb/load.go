@@ -14,8 +14,8 @@ import (
 
 // Load reads node's bindings in one REPEATABLE READ, read-only transaction:
 // the mesh revision, every node record and mesh setting, and only this
-// node's assignments, overrides and grants (consumer = node). It implements
-// cache.Source.
+// node's assignments, overrides and grants (consumer = node) and its newest
+// broker credential. It implements cache.Source.
 func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 	if err := cache.ValidateNodeName(node); err != nil {
 		return cache.Snapshot{}, fmt.Errorf("load bindings: %w", err)
@@ -60,6 +60,22 @@ func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 			return err
 		}); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings: grants", err)
+	}
+	// The node's newest broker credential (row-level security lets a node
+	// role see only its own rows).
+	var creds []cache.BrokerCredential
+	if err := collect(ctx, tx, &creds, `SELECT generation, broker_user, broker_password, created_at FROM node_credentials
+		WHERE node = $1 ORDER BY generation DESC LIMIT 1`, args,
+		func(r pgx.Rows, c *cache.BrokerCredential) error {
+			var pw string
+			err := r.Scan(&c.Generation, &c.User, &pw, &c.CreatedAt)
+			c.Password = cache.Credential(pw)
+			return err
+		}); err != nil {
+		return cache.Snapshot{}, db.wrap("load bindings: broker credential", err)
+	}
+	if len(creds) > 0 {
+		b.Broker = &creds[0]
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings", err)

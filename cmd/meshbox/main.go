@@ -107,6 +107,7 @@ Messages:
 Mesh:
   init       stand up a mesh: schema, first node, broker setting
   mesh       administer the mesh database: nodes, assignments, overrides, settings, grants
+  join       make this machine a node of a mesh: join TOKEN (from mesh node add)
   cache      inspect a stopped node's bindings cache: show, history, diff, verify
 
 Run 'meshbox <command> -h' for a command's flags.
@@ -134,6 +135,8 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		return (&InitCommand{m: m}).Run(ctx, rest)
 	case "mesh":
 		return (&MeshCommand{m: m}).Run(ctx, rest)
+	case "join":
+		return (&JoinCommand{m: m}).Run(ctx, rest)
 	case "cache":
 		return (&CacheCommand{m: m}).Run(ctx, rest)
 	case "call":

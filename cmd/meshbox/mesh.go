@@ -12,6 +12,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
 )
@@ -19,12 +20,16 @@ import (
 // MeshCommand administers the mesh database: nodes, assignments,
 // overrides, settings and grants. Every change runs in one transaction and
 // bumps the mesh revision, which running nodes follow.
-type MeshCommand struct{ m *Main }
+type MeshCommand struct {
+	m     *Main
+	dbURL string // the --db URL, set before a command's action runs
+}
 
 const meshUsage = `Usage: meshbox mesh <command> [--db URL] [flags] [arguments]
 
 Nodes:
-  node add NAME [--public-name N] [--identity TEXT]
+  node add NAME --broker-admin URL [--stages S,...] [--ttl 24h] [--public-name N] [--identity TEXT]
+                                    (prints a join token for meshbox join; --record-only: record only)
   node set NAME [--public-name N] [--identity TEXT]
   node remove NAME [--force]        (--force also removes its bindings)
   node list [--json]
@@ -48,7 +53,9 @@ Grants:
 Other:
   revision                           the current mesh revision
 
-Every command takes --db URL (env MESHBOX_DB).
+Every command takes --db URL (env MESHBOX_DB). --broker-admin (env
+MESHBOX_BROKER_ADMIN) is the broker's management API with the admin
+credential; it is used for the command and never stored.
 `
 
 // meshLeaf is one `meshbox mesh` command: its flags, argument names and action.
@@ -109,6 +116,7 @@ func (c *MeshCommand) runLeaf(ctx context.Context, leaf meshLeaf, args []string)
 		return err
 	}
 	defer db.Close()
+	c.dbURL = *dbURL
 	return action(ctx, db, pos)
 }
 
@@ -147,13 +155,25 @@ func (c *MeshCommand) leaves() []meshLeaf {
 		{name: "node add", args: []string{"NAME"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
 			public := fs.String("public-name", "", "public (DNS) name")
 			identity := fs.String("identity", "", "identity text")
+			admin := fs.String("broker-admin", c.m.envOr("MESHBOX_BROKER_ADMIN", ""),
+				"broker management API with the admin credential, http(s)://USER:PASSWORD@host:15672 (env MESHBOX_BROKER_ADMIN); never stored")
+			stages := fs.String("stages", bridge.AllStages, "stages the node may consume, comma-separated (* = all)")
+			ttl := fs.Duration("ttl", meshdb.DefaultJoinTTL, "how long the join token stays valid")
+			recordOnly := fs.Bool("record-only", false, "only record the node: no broker user, database role or join token")
 			return func(ctx context.Context, db *meshdb.DB, a []string) error {
-				ch, err := db.AddNode(ctx, cache.NodeRecord{Name: a[0], PublicName: *public, Identity: *identity})
-				if err != nil {
-					return err
+				rec := cache.NodeRecord{Name: a[0], PublicName: *public, Identity: *identity}
+				if *recordOnly {
+					ch, err := db.AddNode(ctx, rec)
+					if err != nil {
+						return err
+					}
+					c.report(fmt.Sprintf("node %s added (record only)", a[0]), ch)
+					return nil
 				}
-				c.report(fmt.Sprintf("node %s added", a[0]), ch)
-				return nil
+				if *admin == "" {
+					return usagef("mesh node add: --broker-admin is required (or set MESHBOX_BROKER_ADMIN) to make the node's broker user; --record-only records the node without an identity")
+				}
+				return c.addNode(ctx, db, rec, *admin, splitList(*stages), *ttl)
 			}
 		}},
 		{name: "node set", args: []string{"NAME"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {

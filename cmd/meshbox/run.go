@@ -50,11 +50,16 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 func (c *RunCommand) config(args []string) (appliance.Config, error) {
 	fs := c.m.newFlagSet("run", "run [flags]")
 	flags := addConfigFlags(fs)
+	envFile := fs.String("env-file", "", "read MESHBOX_* variables from this file first (default: "+
+		appliance.DefaultEnvFile()+" if it exists, as written by meshbox join)")
 	if err := parseFlags(fs, args); err != nil {
 		return appliance.Config{}, err
 	}
 	if fs.NArg() > 0 {
 		return appliance.Config{}, usagef("run takes no arguments, got %q", fs.Arg(0))
 	}
-	return flags.load(c.m, "")
+	if *envFile == "" {
+		*envFile = appliance.ExistingDefaultEnvFile()
+	}
+	return flags.load(c.m, *envFile)
 }

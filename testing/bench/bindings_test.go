@@ -44,7 +44,7 @@ func BenchmarkBindingsLoad(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer db.Close()
-	if _, err := db.Init(ctx, meshdb.InitOptions{Node: "node-0000", BrokerURL: "amqp://guest:guest@127.0.0.1:5672/"}); err != nil {
+	if _, err := db.Init(ctx, meshdb.InitOptions{Node: "node-0000", BrokerURL: "amqp://127.0.0.1:5672/"}); err != nil {
 		b.Fatal(err)
 	}
 	fill(b, url)

@@ -84,12 +84,12 @@ func mesh(t *testing.T, dbURL string, args ...string) string {
 func TestBindingsFromDatabaseFollowChanges(t *testing.T) {
 	pg := meshtest.Postgres(t)
 	db := pg.Database(t)
-	code, out, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", "amqp://guest:guest@127.0.0.1:5672/")
+	code, out, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", "amqp://127.0.0.1:5672/")
 	if code != 0 {
 		t.Fatalf("init: exit %d\n%s%s", code, out, errOut)
 	}
 	// Safe to run twice.
-	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", "amqp://guest:guest@127.0.0.1:5672/"); code != 0 {
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", "amqp://127.0.0.1:5672/"); code != 0 {
 		t.Fatalf("second init: exit %d: %s", code, errOut)
 	}
 
@@ -128,10 +128,10 @@ func hasChange(st nodeStatus, kind, op, key string) bool {
 func TestBindingsFromCacheWhileDatabaseIsAway(t *testing.T) {
 	pg := meshtest.NewPostgres(t) // private: this test stops it
 	db := pg.Database(t)
-	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", "amqp://guest:guest@127.0.0.1:5672/"); code != 0 {
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", "amqp://127.0.0.1:5672/"); code != 0 {
 		t.Fatalf("init: exit %d: %s", code, errOut)
 	}
-	mesh(t, db, "node", "add", "beta")
+	mesh(t, db, "node", "add", "beta", "--record-only")
 	mesh(t, db, "assign", "alpha", "lights", "--selection", "v1")
 
 	// The node reaches the database through a proxy, so the test can keep it

@@ -19,7 +19,7 @@ func TestNodeFollowsBrokerSetting(t *testing.T) {
 	rmq := meshtest.RabbitMQ(t)
 	first, second := rmq.Vhost(t), rmq.Vhost(t)
 	db := meshtest.Postgres(t).Database(t)
-	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", first); code != 0 {
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", meshtest.NoCredential(first)); code != 0 {
 		t.Fatalf("init: exit %d: %s", code, errOut)
 	}
 	p := meshtest.StartProcess(t, "--node", "alpha", "--db", db)
@@ -32,7 +32,7 @@ func TestNodeFollowsBrokerSetting(t *testing.T) {
 	}
 
 	// Moving the broker is a database change; the node follows without a restart.
-	mesh(t, db, "setting", "set", "broker.url", second)
+	mesh(t, db, "setting", "set", "broker.url", meshtest.NoCredential(second))
 	waitStatus(t, p.HTTPURL(), 15*time.Second, "broker moved to the second vhost", func(s nodeStatus) bool {
 		return s.Broker.State == "connected" && strings.Contains(s.Broker.URL, redactedHostPart(second))
 	})

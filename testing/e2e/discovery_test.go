@@ -322,10 +322,10 @@ func TestDiscoverySpreadsCallsAndSurvivesHostLoss(t *testing.T) {
 func TestDiscoveryExpectedButAbsent(t *testing.T) {
 	vhost := meshtest.RabbitMQ(t).Vhost(t)
 	db := meshtest.Postgres(t).Database(t)
-	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", vhost); code != 0 {
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", meshtest.NoCredential(vhost)); code != 0 {
 		t.Fatalf("init: exit %d: %s", code, errOut)
 	}
-	mesh(t, db, "node", "add", "ghost")
+	mesh(t, db, "node", "add", "ghost", "--record-only")
 	a := discoveryNode(t, "alpha", "", "--db", db)
 	waitView(t, a.HTTPURL(), 5*time.Second, "ghost listed as expected-but-absent", func(v meshView) bool {
 		return v.peerState("ghost") == "expected-but-absent"

@@ -108,7 +108,7 @@ func TestDoctorHealthyNode(t *testing.T) {
 	meshtest.Binary(t) // built before cli's timeout starts
 	vhost := meshtest.RabbitMQ(t).Vhost(t)
 	db := meshtest.Postgres(t).Database(t)
-	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", vhost, "--public-name", "alpha.example.org"); code != 0 {
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", meshtest.NoCredential(vhost), "--public-name", "alpha.example.org"); code != 0 {
 		t.Fatalf("init: exit %d: %s", code, errOut)
 	}
 	data := filepath.Join(t.TempDir(), "data")

@@ -155,10 +155,10 @@ func TestMetricsScrape(t *testing.T) {
 	rmq := meshtest.RabbitMQ(t)
 	vhost := rmq.Vhost(t)
 	db := meshtest.Postgres(t).Database(t)
-	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", vhost); code != 0 {
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", meshtest.NoCredential(vhost)); code != 0 {
 		t.Fatalf("init: exit %d: %s", code, errOut)
 	}
-	mesh(t, db, "node", "add", "beta")
+	mesh(t, db, "node", "add", "beta", "--record-only")
 	alpha := meshtest.StartProcess(t, "--node", "alpha", "--db", db)
 	beta := meshtest.StartProcess(t, "--node", "beta", "--db", db)
 	for _, p := range []*meshtest.Process{alpha, beta} {

@@ -212,10 +212,10 @@ func TestStatusPageInBrowser(t *testing.T) {
 	rmq := meshtest.RabbitMQ(t)
 	vhost := rmq.Vhost(t)
 	db := meshtest.Postgres(t).Database(t)
-	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", vhost); code != 0 {
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", meshtest.NoCredential(vhost)); code != 0 {
 		t.Fatalf("init: exit %d: %s", code, errOut)
 	}
-	mesh(t, db, "node", "add", "beta")
+	mesh(t, db, "node", "add", "beta", "--record-only")
 	alpha := meshtest.StartProcess(t, "--node", "alpha", "--db", db)
 	beta := meshtest.StartProcess(t, "--node", "beta", "--db", db)
 
@@ -380,7 +380,7 @@ func TestStatusPageOnCache(t *testing.T) {
 	db := pg.Database(t)
 	// No broker answers at this address: the page shows a node that is
 	// cut off from both.
-	noBroker := "amqp://guest:guest@127.0.0.1:" + strconv.Itoa(meshtest.FreePort(t)) + "/"
+	noBroker := "amqp://127.0.0.1:" + strconv.Itoa(meshtest.FreePort(t)) + "/"
 	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", noBroker); code != 0 {
 		t.Fatalf("init: exit %d: %s", code, errOut)
 	}

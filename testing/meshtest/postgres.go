@@ -26,7 +26,8 @@ const (
 
 // PG is a PostgreSQL server run by the harness: its own data directory and
 // loopback port, kept across Stop/Kill and Start. The superuser postgres
-// connects without a password over loopback. Methods must be called from
+// connects without a password over loopback; every other role needs its
+// password (scram-sha-256). Methods must be called from
 // the test goroutine.
 type PG struct {
 	dir  string // instance dir, owned by the server's user
@@ -230,8 +231,17 @@ func (p *PG) initdb() error {
 	if proc.err != nil {
 		return fmt.Errorf("initdb: %v\n--- initdb log ---\n%s", proc.err, tailFile(initLog, 40))
 	}
-	return nil
+	return writeOwned(filepath.Join(p.dataDir(), "pg_hba.conf"), []byte(pgHBA), p.acc)
 }
+
+// pgHBA lets the superuser postgres in without a password over loopback and
+// makes every other role (the mesh's node roles) give its password, so
+// tests of per-node roles see the same authentication as a real server.
+const pgHBA = `local all postgres trust
+host  all postgres 127.0.0.1/32 trust
+local all all scram-sha-256
+host  all all 127.0.0.1/32 scram-sha-256
+`
 
 func (p *PG) running() bool {
 	p.mu.Lock()

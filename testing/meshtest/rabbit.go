@@ -124,6 +124,19 @@ func (r *Rabbit) ManagementURL() string {
 	return fmt.Sprintf("http://127.0.0.1:%d", r.mgmtPort)
 }
 
+// AdminURL returns the management API's base URL with the administrator's
+// credential in it (http://guest:guest@127.0.0.1:port), the form meshbox's
+// --broker-admin flag takes. guest is an administrator of every vhost.
+func (r *Rabbit) AdminURL() string {
+	return fmt.Sprintf("http://guest:guest@127.0.0.1:%d", r.mgmtPort)
+}
+
+// AMQPAddr returns the broker's AMQP URL for vhost (path-escaped by this
+// function) without a credential: what the broker.url setting holds.
+func (r *Rabbit) AMQPAddr(vhost string) string {
+	return fmt.Sprintf("amqp://127.0.0.1:%d/%s", r.port, url.PathEscape(vhost))
+}
+
 // Node returns the broker's Erlang node name.
 func (r *Rabbit) Node() string { return r.node }
 
@@ -455,4 +468,16 @@ func (r *Rabbit) api(method, path string, body any) error {
 		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(msg)))
 	}
 	return nil
+}
+
+// NoCredential returns an AMQP URL without its user and password: the form
+// the broker.url mesh setting takes (a node then connects with its own
+// credential, or, on a harness broker, with amqp091's default guest).
+func NoCredential(amqpURL string) string {
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		return amqpURL
+	}
+	u.User = nil
+	return u.String()
 }

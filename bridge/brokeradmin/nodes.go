@@ -1,0 +1,209 @@
+package brokeradmin
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+
+	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
+
+	"github.com/meshbox/meshbox/bridge"
+)
+
+// Password is a broker password. It prints redacted in logs, fmt and JSON;
+// Reveal returns the value.
+type Password string
+
+// String returns "xxxxx" (or "" for no password).
+func (p Password) String() string {
+	if p == "" {
+		return ""
+	}
+	return "xxxxx"
+}
+
+// LogValue returns the redacted form for slog.
+func (p Password) LogValue() slog.Value { return slog.StringValue(p.String()) }
+
+// MarshalJSON writes the redacted form.
+func (p Password) MarshalJSON() ([]byte, error) { return []byte(`"` + p.String() + `"`), nil }
+
+// Reveal returns the password itself.
+func (p Password) Reveal() string { return string(p) }
+
+// Credential is one generation of a node's broker credential.
+type Credential struct {
+	Node       string
+	Generation int
+	User       string // bridge.BrokerUser(Node, Generation)
+	Password   Password
+}
+
+// NewPassword returns a random password: 32 bytes from crypto/rand,
+// base64url without padding (43 characters, safe in URLs).
+func NewPassword() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // never fails (crypto/rand panics instead)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// DeclareMesh declares what all nodes share and none may delete: the vhost,
+// exchanges mesh and mesh.dlx, and queue mesh.dead bound to mesh.dlx with
+// "#". Declaring what exists with the same properties changes nothing.
+func (a *Admin) DeclareMesh(ctx context.Context) error {
+	steps := []struct {
+		what string
+		do   func() (*http.Response, error)
+	}{
+		{"vhost " + a.vhost, func() (*http.Response, error) { return a.c.PutVhost(a.vhost, rabbithole.VhostSettings{}) }},
+		{"exchange " + bridge.MeshExchange, func() (*http.Response, error) {
+			return a.c.DeclareExchange(a.vhost, bridge.MeshExchange, rabbithole.ExchangeSettings{Type: "topic", Durable: true})
+		}},
+		{"exchange " + bridge.DeadLetterExchange, func() (*http.Response, error) {
+			return a.c.DeclareExchange(a.vhost, bridge.DeadLetterExchange, rabbithole.ExchangeSettings{Type: "topic", Durable: true})
+		}},
+		{"queue " + bridge.DeadLetterQueue, func() (*http.Response, error) {
+			return a.c.DeclareQueue(a.vhost, bridge.DeadLetterQueue, rabbithole.QueueSettings{Type: "classic", Durable: true})
+		}},
+		{"binding " + bridge.DeadLetterQueue, func() (*http.Response, error) {
+			return a.c.DeclareBinding(a.vhost, rabbithole.BindingInfo{Source: bridge.DeadLetterExchange,
+				Destination: bridge.DeadLetterQueue, DestinationType: "queue", RoutingKey: "#"})
+		}},
+	}
+	for _, st := range steps {
+		if err := a.call(ctx, "declare "+st.what, st.do); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CreateGeneration creates (or, if it exists, resets) the broker user of
+// generation gen of node's credential with a new random password and no
+// tags, gives it bridge.NodePermissions for the stage allow-list on the
+// vhost, and declares the node's exchange bound to mesh. The vhost must
+// exist (DeclareMesh).
+func (a *Admin) CreateGeneration(ctx context.Context, node string, gen int, stages []string) (Credential, error) {
+	if gen < 1 {
+		return Credential{}, fmt.Errorf("create broker user: generation %d: must be 1 or more", gen)
+	}
+	perms, err := bridge.NodePermissions(node, stages)
+	if err != nil {
+		return Credential{}, fmt.Errorf("create broker user: %w", err)
+	}
+	if err := a.checkVhost(ctx); err != nil {
+		return Credential{}, err
+	}
+	cred := Credential{Node: node, Generation: gen, User: bridge.BrokerUser(node, gen), Password: Password(NewPassword())}
+	steps := []struct {
+		what string
+		do   func() (*http.Response, error)
+	}{
+		{"create user " + cred.User, func() (*http.Response, error) {
+			return a.c.PutUser(cred.User, rabbithole.UserSettings{Password: cred.Password.Reveal(), Tags: rabbithole.UserTags{}})
+		}},
+		{"exchange " + bridge.NodeExchange(node), func() (*http.Response, error) {
+			return a.c.DeclareExchange(a.vhost, bridge.NodeExchange(node), rabbithole.ExchangeSettings{Type: "topic", Durable: true})
+		}},
+		{"binding mesh -> " + bridge.NodeExchange(node), func() (*http.Response, error) {
+			return a.c.DeclareBinding(a.vhost, rabbithole.BindingInfo{Source: bridge.MeshExchange,
+				Destination: bridge.NodeExchange(node), DestinationType: "exchange", RoutingKey: bridge.NodeBindingKey(node)})
+		}},
+		{"permissions of " + cred.User, func() (*http.Response, error) {
+			return a.c.UpdatePermissionsIn(a.vhost, cred.User, rabbithole.Permissions{
+				Configure: perms.Configure, Write: perms.Write, Read: perms.Read})
+		}},
+		{"topic permissions of " + cred.User, func() (*http.Response, error) {
+			return a.c.UpdateTopicPermissionsIn(a.vhost, cred.User, rabbithole.TopicPermissions{
+				Exchange: perms.TopicExchange, Write: perms.TopicWrite, Read: perms.TopicRead})
+		}},
+	}
+	for _, st := range steps {
+		if err := a.call(ctx, st.what, st.do); err != nil {
+			return Credential{}, err
+		}
+	}
+	return cred, nil
+}
+
+// SetStages replaces the permissions of an existing generation's user for
+// a new stage allow-list.
+func (a *Admin) SetStages(ctx context.Context, node string, gen int, stages []string) error {
+	perms, err := bridge.NodePermissions(node, stages)
+	if err != nil {
+		return fmt.Errorf("set broker permissions: %w", err)
+	}
+	user := bridge.BrokerUser(node, gen)
+	if err := a.call(ctx, "permissions of "+user, func() (*http.Response, error) {
+		return a.c.UpdatePermissionsIn(a.vhost, user, rabbithole.Permissions{Configure: perms.Configure, Write: perms.Write, Read: perms.Read})
+	}); err != nil {
+		return err
+	}
+	return a.call(ctx, "topic permissions of "+user, func() (*http.Response, error) {
+		return a.c.UpdateTopicPermissionsIn(a.vhost, user, rabbithole.TopicPermissions{
+			Exchange: perms.TopicExchange, Write: perms.TopicWrite, Read: perms.TopicRead})
+	})
+}
+
+// DeleteGeneration deletes the broker user of generation gen of node's
+// credential; the broker closes its connections. A user that does not
+// exist is not an error.
+func (a *Admin) DeleteGeneration(ctx context.Context, node string, gen int) error {
+	user := bridge.BrokerUser(node, gen)
+	return a.call(ctx, "delete user "+user, func() (*http.Response, error) { return a.c.DeleteUser(user) })
+}
+
+// Generations returns the generations of node's credential that have a
+// broker user, oldest first.
+func (a *Admin) Generations(ctx context.Context, node string) ([]int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	users, err := a.c.ListUsers()
+	if err != nil {
+		return nil, a.explain("list users", err)
+	}
+	var gens []int
+	for _, u := range users {
+		if n, g, ok := bridge.ParseBrokerUser(u.Name); ok && n == node {
+			gens = append(gens, g)
+		}
+	}
+	slices.Sort(gens)
+	return gens, nil
+}
+
+// checkVhost fails with ErrNoVhost if the Admin's vhost does not exist.
+func (a *Admin) checkVhost(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	_, err := a.c.GetVhost(a.vhost)
+	var resp rabbithole.ErrorResponse
+	if errors.As(err, &resp) && resp.StatusCode == http.StatusNotFound {
+		return fmt.Errorf("broker admin %s: vhost %q: %w (run meshbox init with --broker-admin)", a.endpoint, a.vhost, ErrNoVhost)
+	}
+	if err != nil {
+		return a.explain("check vhost", err)
+	}
+	return nil
+}
+
+// call runs one management API call unless ctx is done, and closes the
+// response body.
+func (a *Admin) call(ctx context.Context, op string, do func() (*http.Response, error)) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	resp, err := do()
+	if err != nil {
+		return a.explain(op, err)
+	}
+	resp.Body.Close()
+	return nil
+}

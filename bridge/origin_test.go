@@ -1,0 +1,125 @@
+package bridge
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// The origin is the node of the delivery's user_id whenever it is a node's
+// broker user; the header counts only without one.
+func TestDecodeOriginFromUserID(t *testing.T) {
+	for _, kind := range []string{typeRequest, typeReply, typeCommand, typeEvent, typeSystem} {
+		d := goodDelivery(kind) // Meshbox-Origin: alpha
+		d.UserId = BrokerUser("beta", 3)
+		e, err := decode(kind, d, 100)
+		if err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+		if e.origin != "beta" || !e.verified {
+			t.Errorf("%s with user_id %s and header alpha: origin %q verified %v, want beta true", kind, d.UserId, e.origin, e.verified)
+		}
+		d.UserId = "guest"
+		e, err = decode(kind, d, 100)
+		if err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+		if e.origin != "alpha" || e.verified {
+			t.Errorf("%s with user_id guest: origin %q verified %v, want alpha (header) false", kind, e.origin, e.verified)
+		}
+	}
+}
+
+// A session on a node's own broker user drops every delivery that does not
+// carry a node's user_id; one on a shared credential takes the header.
+func TestSessionDecodeForged(t *testing.T) {
+	b := &Bridge{cfg: Config{MaxPayload: 1 << 10}}
+	d := &amqp.Delivery{Type: typeEvent, RoutingKey: "evt.t", MessageId: "m1", Headers: amqp.Table{HeaderOrigin: "alpha"}}
+	perNode := &session{b: b, user: BrokerUser("gamma", 1), perNode: true}
+	for _, user := range []string{"", "guest", "admin", "node.alpha"} {
+		d.UserId = user
+		if _, err := perNode.decode(typeEvent, d); !isForged(err) {
+			t.Errorf("per-node session, user_id %q: got %v, want forged", user, err)
+		}
+	}
+	d.UserId = BrokerUser("alpha", 2)
+	if e, err := perNode.decode(typeEvent, d); err != nil || e.origin != "alpha" {
+		t.Errorf("per-node session, node user: got %+v, %v", e, err)
+	}
+	shared := &session{b: b, user: "guest"}
+	d.UserId = ""
+	if e, err := shared.decode(typeEvent, d); err != nil || e.origin != "alpha" {
+		t.Errorf("shared credential, no user_id: got %+v, %v, want the header's origin", e, err)
+	}
+}
+
+// A publisher cannot make a command look like a retry: x-delivery-count
+// counts only on a delivery the broker marked redelivered.
+func TestAttemptOnlyFromRedelivery(t *testing.T) {
+	d := goodDelivery(typeCommand)
+	d.Headers[headerDeliveryCount] = int64(999)
+	e, err := decode(typeCommand, d, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.attempt != 1 {
+		t.Errorf("first delivery with a forged x-delivery-count: attempt %d, want 1", e.attempt)
+	}
+	d.Redelivered = true
+	d.Headers[headerDeliveryCount] = int64(4)
+	if e, _ := decode(typeCommand, d, 100); e.attempt != 5 {
+		t.Errorf("redelivery counted 4: attempt %d, want 5", e.attempt)
+	}
+}
+
+// Every publish carries the connection's user as user_id, dead letters
+// published as they are included.
+func TestPublishingCarriesUserID(t *testing.T) {
+	out := &outgoing{exchange: exchangeMesh, key: "evt.t", kind: typeEvent, msgID: "m1"}
+	if p := out.publishing("alpha", "node.alpha.g1"); p.UserId != "node.alpha.g1" {
+		t.Errorf("user_id %q, want node.alpha.g1", p.UserId)
+	}
+	raw := &outgoing{raw: &amqp.Publishing{UserId: "node.beta.g1"}}
+	if p := raw.publishing("alpha", "node.alpha.g1"); p.UserId != "node.alpha.g1" {
+		t.Errorf("raw: user_id %q, want node.alpha.g1", p.UserId)
+	}
+}
+
+// A reply is taken only by the node the request was sent to; a reply from
+// another leaves the request open.
+func TestPendingTakeFrom(t *testing.T) {
+	r := &pendingRequests{m: map[string]*pendingRequest{}}
+	r.add("c1", &pendingRequest{node: "beta"}, func() *time.Timer { return time.NewTimer(time.Hour) })
+	if p, to := r.takeFrom("c1", "gamma"); p != nil || to != "beta" {
+		t.Fatalf("reply from gamma: got %v, %q, want nil, beta", p, to)
+	}
+	if p, _ := r.takeFrom("c1", "beta"); p == nil {
+		t.Fatal("reply from beta: request gone")
+	}
+	if p, to := r.takeFrom("c1", "beta"); p != nil || to != "" {
+		t.Fatalf("second reply: got %v, %q, want nil, empty", p, to)
+	}
+}
+
+// A node cannot be started, or moved, on another node's broker user.
+func TestBrokerURLOfAnotherNode(t *testing.T) {
+	for _, tt := range []struct {
+		url string
+		ok  bool
+	}{
+		{"amqp://node.alpha.g2:pw@127.0.0.1:5672/mesh", true},
+		{"amqp://guest:guest@127.0.0.1:5672/", true},
+		{"amqp://127.0.0.1:5672/", true},
+		{"amqp://node.beta.g1:pw@127.0.0.1:5672/mesh", false},
+	} {
+		err := checkBrokerURL(tt.url, "alpha")
+		if (err == nil) != tt.ok {
+			t.Errorf("node alpha on %s: got %v, want ok %v", tt.url, err, tt.ok)
+		}
+		if err != nil && (!strings.Contains(err.Error(), "node beta's") || strings.Contains(err.Error(), ":pw@")) {
+			t.Errorf("error %q: want it to name beta and hide the password", err)
+		}
+	}
+}

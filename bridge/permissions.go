@@ -1,0 +1,155 @@
+package bridge
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/meshbox/meshbox/internal/names"
+)
+
+// This file is the one home of a node's identity on the broker: the name of
+// its RabbitMQ user and the permissions that user gets. The admin commands
+// (package brokeradmin) apply them; the bridge connects with them.
+//
+// The admin declares what is shared or what a node must not be able to
+// delete or publish into directly: exchanges mesh and mesh.dlx, queue
+// mesh.dead bound to mesh.dlx with "#", and per node the exchange node.<n>
+// bound to mesh with to.<n>.# (NodeBindingKey). A node has configure rights
+// on no exchange; it declares those passively and declares (and binds) only
+// its own queues and the queues of the stages the mesh allows it.
+
+// Exported broker names, for the admin commands that declare the shared
+// topology and apply permissions.
+const (
+	// MeshExchange is the topic exchange all mesh traffic is published to.
+	MeshExchange = exchangeMesh
+	// DeadLetterExchange is the topic exchange of dead letters.
+	DeadLetterExchange = exchangeDLX
+	// DeadLetterQueue holds the dead letters.
+	DeadLetterQueue = queueDead
+	// AllStages in a stage allow-list allows every stage.
+	AllStages = "*"
+)
+
+// NodeExchange returns the topic exchange of node n.
+func NodeExchange(n string) string { return nodeExchange(n) }
+
+// NodeBindingKey returns the key that binds node n's exchange to mesh.
+func NodeBindingKey(n string) string { return "to." + n + ".#" }
+
+// brokerUserPrefix starts every node's broker user name.
+const brokerUserPrefix = "node."
+
+// BrokerUser returns the RabbitMQ user name of generation gen (1, 2, ...)
+// of node n's credential: node.<n>.g<gen>. RabbitMQ holds one password per
+// user, so rotating a credential makes the next generation's user, with the
+// same permissions, and deletes the old user once the node has switched.
+// The name never changes meaning: a broker user_id maps to exactly one node.
+func BrokerUser(n string, gen int) string {
+	return brokerUserPrefix + n + ".g" + strconv.Itoa(gen)
+}
+
+// ParseBrokerUser returns the node and generation of a broker user name
+// made by BrokerUser; ok is false for any other name (the admin's, guest).
+func ParseBrokerUser(user string) (node string, gen int, ok bool) {
+	rest, ok := strings.CutPrefix(user, brokerUserPrefix)
+	if !ok {
+		return "", 0, false
+	}
+	i := strings.LastIndex(rest, ".g")
+	if i < 0 {
+		return "", 0, false
+	}
+	node, digits := rest[:i], rest[i+2:]
+	gen, err := strconv.Atoi(digits)
+	if err != nil || gen < 1 || strconv.Itoa(gen) != digits || !validNodeName(node) {
+		return "", 0, false
+	}
+	return node, gen, true
+}
+
+// Permissions are a node's rights on the mesh vhost: RabbitMQ's configure,
+// write and read regular expressions (matched against exchange and queue
+// names) and its topic permissions on exchange TopicExchange (matched
+// against routing keys on publish, and binding keys on bind). Every pattern
+// is anchored with ^...$ and uses only what Erlang's re and Go's regexp
+// agree on.
+type Permissions struct {
+	Configure string
+	Write     string
+	Read      string
+
+	TopicExchange string
+	TopicWrite    string
+	TopicRead     string
+}
+
+// NodePermissions returns the permissions of node n's broker user, for the
+// stages the mesh allows it to consume (AllStages: every stage; none: no
+// stage). With them the node can:
+//
+//   - declare, consume, bind and delete its own queues node.<n>.requests,
+//     .replies, .events and .system, and the queues cmd.<stage> of its
+//     allowed stages; no other queue, and no exchange at all;
+//   - publish on mesh (commands cmd.*, events evt.*, broadcasts sys.*,
+//     requests to.<m>.req.*, replies to.<m>.reply and addressed system
+//     messages to.<m>.sys.* to any node m) and on mesh.dlx (dead letters);
+//     not on the default exchange, whose write right cannot be scoped per
+//     queue, and not straight into any node's exchange;
+//   - bind its queues to mesh only with evt.#, sys.# and cmd.<allowed
+//     stage>, and to its own exchange node.<n> with anything (only to.<n>.*
+//     arrives there).
+//
+// So it cannot consume, bind, purge or delete another node's queues or any
+// exchange, cannot consume a stage it is not allowed, and cannot route
+// another node's traffic to itself.
+func NodePermissions(n string, stages []string) (Permissions, error) {
+	if err := names.Node(n); err != nil {
+		return Permissions{}, fmt.Errorf("node permissions: %w", err)
+	}
+	stageAlt, err := stageAlternatives(stages)
+	if err != nil {
+		return Permissions{}, fmt.Errorf("node permissions: %w", err)
+	}
+	node := regexp.QuoteMeta(n)
+	own := `node\.` + node + `\.(requests|replies|events|system)`
+	queues := own
+	var bindKeys []string
+	if stageAlt != "" {
+		queues += `|cmd\.` + stageAlt
+		bindKeys = append(bindKeys, `cmd\.`+stageAlt)
+	}
+	return Permissions{
+		Configure:     `^(` + queues + `)$`,
+		Write:         `^(mesh|mesh\.dlx|` + queues + `)$`,
+		Read:          `^(mesh|node\.` + node + `|` + queues + `)$`,
+		TopicExchange: exchangeMesh,
+		TopicWrite:    `^((cmd|evt|sys)\..+|to\.[A-Za-z0-9_-]+\.(req\..+|reply|sys\..+))$`,
+		TopicRead:     `^(` + strings.Join(append([]string{`evt\.#`, `sys\.#`}, bindKeys...), "|") + `)$`,
+	}, nil
+}
+
+// stageAlternatives returns the pattern matching the stages of an
+// allow-list: "(.+)" for AllStages, "(a|b\.c)" for a list, "" for none.
+func stageAlternatives(stages []string) (string, error) {
+	var alts []string
+	seen := map[string]bool{}
+	for _, s := range stages {
+		if s == AllStages {
+			return `(.+)`, nil
+		}
+		if err := names.Stage(s); err != nil {
+			return "", err
+		}
+		if !seen[s] {
+			seen[s] = true
+			alts = append(alts, regexp.QuoteMeta(s))
+		}
+	}
+	if len(alts) == 0 {
+		return "", nil
+	}
+	return `(` + strings.Join(alts, "|") + `)`, nil
+}

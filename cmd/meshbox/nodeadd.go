@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/meshbox/meshbox/bridge/brokeradmin"
+	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/cache/meshdb"
+)
+
+// addNode makes a node with its identity: the broker user (generation 1)
+// through the management API, then, in one database transaction, its
+// record, database role, broker credential row and join token, which it
+// prints on one line. If the database step fails the broker user is
+// deleted again.
+func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.NodeRecord, adminURL string, stages []string, ttl time.Duration) error {
+	out := c.m.Stdout
+	if err := cache.ValidateNodeName(rec.Name); err != nil {
+		return fmt.Errorf("add node: %w", err)
+	}
+	exists, err := db.NodeExists(ctx, rec.Name)
+	if err != nil {
+		return fmt.Errorf("add node: %w", err)
+	}
+	if exists {
+		return fmt.Errorf("add node: %w", &meshdb.ExistsError{What: fmt.Sprintf("node %q", rec.Name)})
+	}
+	brokerURL, err := db.Setting(ctx, meshdb.SettingBrokerURL)
+	if err != nil {
+		return fmt.Errorf("add node: %w (run meshbox init first)", err)
+	}
+	vhost, err := brokeradmin.VhostOf(brokerURL)
+	if err != nil {
+		return fmt.Errorf("add node: %w", err)
+	}
+	admin, err := brokeradmin.Connect(ctx, adminURL, vhost, brokeradmin.Options{})
+	if err != nil {
+		return fmt.Errorf("add node: %w", err)
+	}
+	if err := admin.DeclareMesh(ctx); err != nil {
+		return fmt.Errorf("add node: %w", err)
+	}
+	cred, err := admin.CreateGeneration(ctx, rec.Name, 1, stages)
+	if err != nil {
+		return fmt.Errorf("add node: %w", err)
+	}
+	fmt.Fprintf(out, "node %s: broker user %s created on %s (vhost %s, stages %s)\n",
+		rec.Name, cred.User, admin.Endpoint(), vhost, strings.Join(stages, ","))
+	added, err := db.AddNodeIdentity(ctx, c.dbURL, meshdb.NewNode{
+		Record: rec, Stages: stages, TTL: ttl,
+		Broker: meshdb.BrokerCredential{Generation: cred.Generation, User: cred.User, Password: cache.Credential(cred.Password.Reveal())},
+	})
+	if err != nil {
+		// Leave nothing behind on the broker; the database changed nothing.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if derr := admin.DeleteGeneration(cctx, rec.Name, cred.Generation); derr != nil {
+			err = errors.Join(err, fmt.Errorf("also failed to delete broker user %s: %w", cred.User, derr))
+		}
+		return fmt.Errorf("add node: %w", err)
+	}
+	fmt.Fprintf(out, "node %s: database role %s created, node recorded (mesh revision %d)\n", rec.Name, added.Role, added.Revision)
+	fmt.Fprintf(out, "join token for node %s (one use, expires %s); on the new machine run: meshbox join TOKEN\n",
+		rec.Name, added.Token.Expires.UTC().Format(time.RFC3339))
+	fmt.Fprintln(out, added.Token.Encode())
+	return nil
+}
+
+// splitList splits a comma-separated list, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}

@@ -1,0 +1,226 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/url"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/bridge/brokeradmin"
+	"github.com/meshbox/meshbox/testing/meshtest"
+)
+
+// TestAdversaryWithAnotherNodesCredential runs alpha and beta on broker
+// users of their own and attacks alpha with beta's valid credential and a
+// plain AMQP client. Every attack is refused by the broker or dropped and
+// counted by the node, and the mesh's normal traffic goes on.
+func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	ctx := context.Background()
+	r := meshtest.RabbitMQ(t)
+	vhostURL := r.Vhost(t)
+	vhost, err := brokeradmin.VhostOf(vhostURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := brokeradmin.Connect(ctx, r.AdminURL(), vhost, brokeradmin.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.DeclareMesh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	nodeURL := func(node string) (string, brokeradmin.Credential) {
+		cred, err := admin.CreateGeneration(ctx, node, 1, []string{bridge.AllStages})
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, _ := url.Parse(vhostURL)
+		u.User = url.UserPassword(cred.User, cred.Password.Reveal())
+		return u.String(), cred
+	}
+	alphaURL, _ := nodeURL("alpha")
+	betaURL, betaCred := nodeURL("beta")
+
+	bc := bridgeConfig{}
+	alpha := startMeshNode(t, "alpha", alphaURL, bc)
+	beta := startMeshNode(t, "beta", betaURL, bc)
+
+	// alpha hosts echo and the stage resize; its handler records the
+	// attempt each command arrives with.
+	host := natsConn(t, alpha.NATSURL())
+	if _, err := host.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	attempts := make(chan string, 64)
+	if _, err := host.Subscribe("work.resize", func(m *nats.Msg) {
+		attempts <- string(m.Data) + " attempt " + m.Header.Get(hdrAttempt) + " from " + m.Header.Get(hdrOrigin)
+		_ = m.Respond(nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, host)
+	waitRoute(t, beta.HTTPURL(), "echo", "alpha")
+	caller := natsConn(t, beta.NATSURL())
+	normal := func(what string) {
+		t.Helper()
+		waitCallable(t, caller, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+		resp, err := caller.Request("cap.echo", []byte(what), 5*time.Second)
+		if code, text := serviceError(resp); err != nil || code != 0 || string(resp.Data) != what {
+			t.Fatalf("%s: beta calling echo on alpha: %v %d %q", what, err, code, text)
+		}
+		if o, resp, err := submit(caller, "cmd.resize", []byte(what), 5*time.Second); o != acked {
+			t.Fatalf("%s: beta submitting resize: %v %v %v", what, o, resp, err)
+		}
+		select {
+		case got := <-attempts:
+			if got != what+" attempt 1 from beta" {
+				t.Fatalf("%s: alpha's handler got %q, want attempt 1 from beta", what, got)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the command never reached alpha's handler", what)
+		}
+	}
+	normal("before")
+
+	conn, err := amqp.Dial(betaURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// refused runs op on a fresh channel and returns the broker's error
+	// code (0: allowed); a synchronous call after it catches an
+	// asynchronous refusal (a publish).
+	refused := func(op func(ch *amqp.Channel) error) int {
+		t.Helper()
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ch.Close()
+		if err = op(ch); err == nil {
+			err = ch.Flow(true)
+		}
+		var ae *amqp.Error
+		if errors.As(err, &ae) {
+			return ae.Code
+		}
+		if err != nil {
+			t.Fatalf("not an AMQP error: %v", err)
+		}
+		return 0
+	}
+	pub := func(key string, p amqp.Publishing) func(ch *amqp.Channel) error {
+		return func(ch *amqp.Channel) error {
+			return ch.PublishWithContext(ctx, "mesh", key, false, false, p)
+		}
+	}
+
+	// 1. Consume alpha's request and event queues.
+	for _, q := range []string{"node.alpha.requests", "node.alpha.events", "node.alpha.system", "node.alpha.replies"} {
+		if code := refused(func(ch *amqp.Channel) error { _, err := ch.Consume(q, "", true, false, false, false, nil); return err }); code != amqp.AccessRefused {
+			t.Errorf("consume %s with beta's credential: code %d, want %d (access refused)", q, code, amqp.AccessRefused)
+		}
+	}
+
+	// 2. Claim to be alpha in user_id: the broker refuses it.
+	if code := refused(pub("to.alpha.req.echo", amqp.Publishing{Type: "request", UserId: "node.alpha.g1", CorrelationId: "c1", ReplyTo: "node.beta.replies"})); code != amqp.PreconditionFailed {
+		t.Errorf("publish with alpha's user_id: code %d, want %d", code, amqp.PreconditionFailed)
+	}
+	alphaForged := func() float64 {
+		v, _ := scrape(t, alpha.HTTPURL()).value("meshbox_errors_total", "kind=forged")
+		return v
+	}
+	base := alphaForged()
+	// 3. Without user_id, claiming an origin in the header: a request with
+	// a reply-to of the attacker's choosing, a forged reply and an event.
+	forgedOrigin := amqp.Table{bridge.HeaderOrigin: "gamma", bridge.HeaderCapability: "echo"}
+	for _, m := range []struct {
+		key string
+		p   amqp.Publishing
+	}{
+		{"to.alpha.req.echo", amqp.Publishing{Type: "request", Headers: forgedOrigin, CorrelationId: "c2", ReplyTo: "node.gamma.replies", Body: []byte("x")}},
+		{"to.alpha.reply", amqp.Publishing{Type: "reply", Headers: forgedOrigin, CorrelationId: "c3"}},
+		{"evt.order", amqp.Publishing{Type: "event", Headers: forgedOrigin, MessageId: "m1"}},
+	} {
+		if code := refused(pub(m.key, m.p)); code != 0 {
+			t.Fatalf("publish %s without user_id: code %d, want accepted by the broker", m.key, code)
+		}
+	}
+	if !waitFor(10*time.Second, func() bool { return alphaForged() >= base+3 }) {
+		t.Errorf("alpha's forged count: %v, want %v (request, reply, event without a node's user_id)", alphaForged(), base+3)
+	}
+
+	// 4. A command that claims to be a retry (x-delivery-count 999): the
+	// handler sees attempt 1, with beta's own (valid) user_id.
+	if code := refused(pub("cmd.resize", amqp.Publishing{Type: "command", UserId: betaCred.User, MessageId: "forged-retry",
+		DeliveryMode: amqp.Persistent, Headers: amqp.Table{"x-delivery-count": int64(999)}, Body: []byte("retry")})); code != 0 {
+		t.Fatalf("publish command: code %d", code)
+	}
+	select {
+	case got := <-attempts:
+		if got != "retry attempt 1 from beta" {
+			t.Errorf("forged retry: alpha's handler got %q, want attempt 1 from beta", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the forged retry never reached alpha's handler")
+	}
+
+	// 5. A bye for alpha, dated a day ahead: with beta's user_id the node
+	// drops it (origin mismatch); without user_id, the bridge does.
+	bye, _ := json.Marshal(map[string]any{"v": 1, "type": "bye", "node": "alpha", "started_at": time.Now().Add(24 * time.Hour), "seq": 1 << 40})
+	rejected := func() float64 {
+		v, _ := scrape(t, alpha.HTTPURL()).value("meshbox_discovery_rejected_total", "reason=origin_mismatch")
+		return v
+	}
+	betaForged := func() float64 {
+		v, _ := scrape(t, beta.HTTPURL()).value("meshbox_errors_total", "kind=forged")
+		return v
+	}
+	rej0, forged0 := rejected(), betaForged()
+	if code := refused(pub("sys.bye", amqp.Publishing{Type: "system", UserId: betaCred.User, Body: bye})); code != 0 {
+		t.Fatalf("publish bye as beta: code %d", code)
+	}
+	if code := refused(pub("sys.bye", amqp.Publishing{Type: "system", Headers: amqp.Table{bridge.HeaderOrigin: "alpha"}, Body: bye})); code != 0 {
+		t.Fatalf("publish bye without user_id: code %d", code)
+	}
+	// beta's bridge skips the first as its own echo; alpha's node rejects
+	// it: a bye from beta that names alpha. beta's bridge drops the second.
+	if !waitFor(10*time.Second, func() bool { return rejected() >= rej0+1 }) {
+		t.Errorf("alpha's discovery rejections for origin mismatch: %v, want %v", rejected(), rej0+1)
+	}
+	if !waitFor(10*time.Second, func() bool { return betaForged() >= forged0+1 }) {
+		t.Errorf("beta's forged count: %v, want %v (a bye without user_id)", betaForged(), forged0+1)
+	}
+	if st := getView(t, beta.HTTPURL()).peerState("alpha"); st != "up" {
+		t.Errorf("beta's view of alpha after forged byes: %q, want up", st)
+	}
+
+	normal("after")
+
+	// 6. Take alpha's name while alpha is offline: its queues cannot be
+	// declared, bound or consumed with beta's credential.
+	alpha.Signal(syscall.SIGTERM)
+	if code := alpha.Wait(); code != 0 {
+		t.Fatalf("alpha exited with %d", code)
+	}
+	for _, q := range []string{"node.alpha.requests", "node.alpha.replies", "node.alpha.system"} {
+		if code := refused(func(ch *amqp.Channel) error { _, err := ch.QueueDeclare(q, false, true, false, false, nil); return err }); code != amqp.AccessRefused {
+			t.Errorf("declare %s with beta's credential while alpha is offline: code %d, want %d", q, code, amqp.AccessRefused)
+		}
+	}
+	if code := refused(func(ch *amqp.Channel) error {
+		return ch.QueueBind("node.beta.requests", "to.alpha.req.#", "node.alpha", false, nil)
+	}); code != amqp.AccessRefused {
+		t.Errorf("bind beta's queue to alpha's exchange: code %d, want %d", code, amqp.AccessRefused)
+	}
+}

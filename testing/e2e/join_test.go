@@ -1,0 +1,147 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshbox/meshbox/testing/meshtest"
+)
+
+// joinToken returns the join token line of `meshbox mesh node add` output.
+func joinToken(t *testing.T, out string) string {
+	t.Helper()
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "meshbox-join-v1.") {
+			return l
+		}
+	}
+	t.Fatalf("no join token in the output of mesh node add:\n%s", out)
+	return ""
+}
+
+// TestNodeAddJoinRun makes a node with `meshbox mesh node add` (broker user,
+// database role, join token), joins it with `meshbox join` on "another
+// machine" (a fresh env file), runs it from that file alone, and checks
+// that a token works once and not after it expired, and that bad input
+// gets clear errors.
+func TestNodeAddJoinRun(t *testing.T) {
+	rmq := meshtest.RabbitMQ(t)
+	vhost := rmq.Vhost(t)
+	db := meshtest.Postgres(t).Database(t)
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", meshtest.NoCredential(vhost)); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	// Node roles are cluster-wide: drop them before the database goes.
+	t.Cleanup(func() {
+		for _, n := range []string{"cellar", "late"} {
+			_, _, _ = cliEnv(t, []string{"MESHBOX_DB=" + db}, "mesh", "node", "remove", n, "--force")
+		}
+	})
+	admin := []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}
+
+	// Bad input first: nothing may be left behind by a refused add.
+	mgmtPort := strings.TrimPrefix(rmq.ManagementURL(), "http://127.0.0.1:")
+	bad := []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"no admin credential", []string{"MESHBOX_DB=" + db}, []string{"cellar"}, "--broker-admin is required"},
+		{"wrong admin password", []string{"MESHBOX_DB=" + db}, []string{"cellar", "--broker-admin", "http://guest:wrong@127.0.0.1:" + mgmtPort},
+			"401: wrong admin user or password"},
+		{"no management API listening", []string{"MESHBOX_DB=" + db},
+			[]string{"cellar", "--broker-admin", "http://guest:guest@127.0.0.1:" + strconv.Itoa(meshtest.FreePort(t))}, "rabbitmq_management plugin"},
+		{"existing node", admin, []string{"alpha"}, `node "alpha" already exists`},
+		{"bad stage", admin, []string{"cellar", "--stages", "a b"}, "stage name"},
+	}
+	for _, b := range bad {
+		code, _, errOut := cliEnv(t, b.env, append([]string{"mesh", "node", "add"}, b.args...)...)
+		if code == 0 || !strings.Contains(errOut, b.want) {
+			t.Errorf("%s: exit %d, stderr %q; want a failure saying %q", b.name, code, errOut, b.want)
+		}
+		if strings.Contains(errOut, "guest:wrong") {
+			t.Errorf("%s: the error repeats the admin password: %s", b.name, errOut)
+		}
+	}
+	if out := mesh(t, db, "node", "list"); strings.Contains(out, "cellar") {
+		t.Fatalf("a refused node add left a node record:\n%s", out)
+	}
+
+	code, out, errOut := cliEnv(t, admin, "mesh", "node", "add", "cellar", "--ttl", "1h")
+	if code != 0 {
+		t.Fatalf("mesh node add cellar: exit %d: %s%s", code, out, errOut)
+	}
+	token := joinToken(t, out)
+	if strings.Contains(out, "guest:guest") {
+		t.Errorf("node add prints the admin credential:\n%s", out)
+	}
+
+	// On the new machine.
+	envFile := filepath.Join(t.TempDir(), "etc", "meshbox.env")
+	code, out, errOut = cli(t, "join", token, "--env-file", envFile)
+	if code != 0 {
+		t.Fatalf("join: exit %d: %s%s", code, out, errOut)
+	}
+	fi, err := os.Stat(envFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("config file mode: got %v, want 0600", fi.Mode().Perm())
+	}
+	data, err := os.ReadFile(envFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), "MESHBOX_NODE=cellar\n") || !strings.Contains(string(data), "MESHBOX_DB=postgres://meshbox_node_cellar_") {
+		t.Errorf("config file: got\n%s\nwant MESHBOX_NODE=cellar and the node role's database URL", data)
+	}
+	if strings.Contains(string(data), "guest") || strings.Contains(string(data), "postgres://postgres") {
+		t.Errorf("config file holds the admin's credentials:\n%s", data)
+	}
+
+	// Used twice: refused, saying so; the first file is untouched.
+	code, _, errOut = cli(t, "join", token, "--env-file", filepath.Join(t.TempDir(), "again.env"))
+	if code == 0 || !strings.Contains(errOut, "token already used at ") {
+		t.Errorf("second join: exit %d, stderr %q; want token already used at ...", code, errOut)
+	}
+	// Late: refused, saying when it expired.
+	code, out, errOut = cliEnv(t, admin, "mesh", "node", "add", "late", "--ttl", "1ms")
+	if code != 0 {
+		t.Fatalf("mesh node add late: exit %d: %s%s", code, out, errOut)
+	}
+	lateToken := joinToken(t, out)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, _, errOut = cli(t, "join", lateToken, "--env-file", filepath.Join(t.TempDir(), "late.env"))
+		if code != 0 && strings.Contains(errOut, "token expired at ") {
+			break
+		}
+		if code == 0 || time.Now().After(deadline) {
+			t.Fatalf("late join: exit %d, stderr %q; want token expired at ...", code, errOut)
+		}
+	}
+
+	// The node runs from the written file alone (the harness adds only its
+	// data dir and loopback ports), reading its bindings as its own role.
+	p := meshtest.StartProcess(t, "--env-file", envFile)
+	st := waitStatus(t, p.HTTPURL(), 15*time.Second, "bindings from the database", func(s nodeStatus) bool {
+		return s.Bindings.Source == "db" && s.Bindings.DB == "connected"
+	})
+	if st.Node != "cellar" {
+		t.Errorf("status: node %q, want cellar", st.Node)
+	}
+	if !strings.Contains(p.Output(), "snapshot.source=postgres://meshbox_node_cellar_") {
+		t.Errorf("the node did not read its bindings as its own role:\n%s", p.Output())
+	}
+	// It reaches the broker with its own broker user, from its bindings.
+	st = waitStatus(t, p.HTTPURL(), 15*time.Second, "broker connected", func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	if !strings.Contains(st.Broker.URL, "node.cellar.g1:xxxxx@") {
+		t.Errorf("broker URL in status: got %q, want the node's own user node.cellar.g1, password redacted", st.Broker.URL)
+	}
+}
