@@ -190,7 +190,9 @@ func (b *Bridge) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("bridge: connect to the local NATS server: %w", err)
 	}
+	b.routeMu.Lock() // SetLocalInterest may run already: it reads bc under routeMu
 	b.bc = bc
+	b.routeMu.Unlock()
 	if err := b.subscribe(); err != nil {
 		return err
 	}

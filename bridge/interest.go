@@ -51,9 +51,15 @@ func (b *Bridge) SetLocalInterest(ctx context.Context, subjects []string) error 
 	}
 	stagesChanged := !maps.Equal(hosted, b.hosted)
 	b.hosted = hosted
-	b.routeMu.Unlock()
 	if capsChanged {
-		signal(b.routesChanged) // the reconciler withdraws or adds stand-ins
+		// At once, in the same critical section: from the moment the
+		// capability counts as local, no stand-in competes with its host.
+		b.reconcileLocked()
+	}
+	bc := b.bc
+	b.routeMu.Unlock()
+	if capsChanged && bc != nil {
+		_ = bc.Flush() // the server has the stand-ins' changes before we return
 	}
 	err := b.declareStages(ctx, hosted)
 	if stagesChanged {
@@ -119,6 +125,16 @@ func (b *Bridge) runReconciler() {
 // host always wins).
 func (b *Bridge) reconcile() {
 	b.routeMu.Lock()
+	b.reconcileLocked()
+	b.routeMu.Unlock()
+	_ = b.bc.Flush()
+}
+
+// reconcileLocked is reconcile's work; routeMu is held on entry.
+func (b *Bridge) reconcileLocked() {
+	if b.bc == nil {
+		return // before Start: the reconciler's first round subscribes
+	}
 	want := map[string]bool{}
 	for name, nodes := range b.routes {
 		if b.localCaps[name] {
@@ -149,8 +165,6 @@ func (b *Bridge) reconcile() {
 		_ = sub.SetPendingLimits(1<<20, 256<<20)
 		b.standins[name] = sub
 	}
-	b.routeMu.Unlock()
-	_ = b.bc.Flush()
 }
 
 // hostedStages returns a copy of the stages hosted here.
