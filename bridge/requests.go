@@ -382,7 +382,7 @@ func (s *session) readRequests(ds <-chan amqp.Delivery) {
 	for d := range ds {
 		env, err := s.decode(typeRequest, &d)
 		if err != nil {
-			bad := d // a copy: taking d's address would move every delivery to the heap
+			bad := d                                                         // a copy: taking d's address would move every delivery to the heap
 			s.work(func() { s.reject(&bad, requestQueue(b.cfg.Node), err) }) // auto-acked: nothing to ack
 			continue
 		}

@@ -30,7 +30,7 @@ const (
 )
 
 // plainNATSChildEnv makes this test binary a plain embedded NATS server
-// (TestPlainNATSChild), the baseline of the idle benchmark.
+// (see TestMain), the baseline of the idle benchmark.
 const plainNATSChildEnv = "MESHBOX_BENCH_PLAIN_NATS_CHILD"
 
 // BenchmarkIdleCPU measures the CPU an idle standalone node uses (nothing
@@ -149,7 +149,7 @@ func loadAverage() string {
 // port) and stops it when the benchmark ends.
 func startPlainNATS(b *testing.B) *exec.Cmd {
 	b.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestPlainNATSChild$", "-test.bench=^$")
+	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), plainNATSChildEnv+"=1")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -171,20 +171,27 @@ func startPlainNATS(b *testing.B) *exec.Cmd {
 	return cmd
 }
 
-// TestPlainNATSChild is the baseline process of BenchmarkIdleCPU: when
-// started by it, it runs a plain embedded NATS server until SIGTERM.
-// Otherwise it does nothing.
-func TestPlainNATSChild(t *testing.T) {
-	if os.Getenv(plainNATSChildEnv) == "" {
-		t.Skip("only run by BenchmarkIdleCPU")
+// TestMain runs the tests and benchmarks, or, when the idle benchmark
+// started this binary as its baseline (plainNATSChildEnv set), a plain
+// embedded NATS server until SIGTERM.
+func TestMain(m *testing.M) {
+	if os.Getenv(plainNATSChildEnv) != "" {
+		os.Exit(runPlainNATSChild())
 	}
+	os.Exit(m.Run())
+}
+
+// runPlainNATSChild is the baseline process of BenchmarkIdleCPU.
+func runPlainNATSChild() int {
 	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, MaxPayload: server.MAX_PAYLOAD_SIZE})
 	if err != nil {
-		t.Fatal(err)
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("not ready")
+		fmt.Fprintln(os.Stderr, "plain NATS server not ready after 10s")
+		return 1
 	}
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM)
@@ -192,4 +199,5 @@ func TestPlainNATSChild(t *testing.T) {
 	<-stop
 	srv.Shutdown()
 	srv.WaitForShutdown()
+	return 0
 }

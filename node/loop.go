@@ -1,0 +1,263 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// The node's goroutines: the loop that sleeps until the next deadline, the
+// sender, and the effects applier.
+
+// loop sends heartbeats and queries when they are due and expires silent
+// peers. Between rounds it sleeps until the next deadline (see tick), or
+// until a change of the view may have brought one closer (wakeLoop), so an
+// idle node wakes only for its heartbeats. It exits when ctx is done.
+func (n *Node) loop(ctx context.Context) {
+	defer n.wg.Done()
+	t := time.NewTimer(n.tick())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-n.wakeLoop:
+		}
+		t.Reset(n.tick())
+	}
+}
+
+// tick is one round of the loop. It returns how long the loop may sleep
+// before the next thing is due.
+func (n *Node) tick() time.Duration {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	now := time.Now()
+	n.expireLocked(now)
+	if !now.Before(n.nextHeartbeat) {
+		n.enqueueLocked(intent{typ: TypeHeartbeat})
+		n.nextHeartbeat = now.Add(n.cfg.HeartbeatInterval)
+	}
+	if !now.Before(n.nextQuery) {
+		n.enqueueLocked(intent{typ: TypeQuery})
+		n.nextQuery = now.Add(n.cfg.DiscoveryInterval)
+	}
+	return max(n.nextDeadlineLocked().Sub(now), 0)
+}
+
+// nextDeadlineLocked is the earliest moment the loop has something to do:
+// a heartbeat, a query, a peer's
+// window running out, a gone peer's retention ending, or the grace of an
+// expected peer that has not appeared. The expiry checks are strict (a
+// peer is gone once its silence is longer than the window), so their
+// deadlines lie just past the limit.
+func (n *Node) nextDeadlineLocked() time.Time {
+	next := n.nextHeartbeat
+	consider := func(t time.Time) {
+		if t.Before(next) {
+			next = t
+		}
+	}
+	consider(n.nextQuery)
+	for _, p := range n.peers {
+		switch p.state {
+		case StateUp:
+			if !n.linkDown {
+				consider(n.silenceBaseLocked(p).Add(n.windowLocked(p) + 1))
+			}
+		case StateGone:
+			if !p.expected {
+				consider(p.since.Add(n.cfg.GoneRetention + 1))
+			}
+		case StateAbsent:
+			if !p.warnedAbsent {
+				consider(p.since.Add(n.absentGrace() + 1))
+			}
+		}
+	}
+	return next
+}
+
+// windowLocked is how long peer p may stay silent before it is gone.
+func (n *Node) windowLocked(p *peer) time.Duration {
+	iv := p.interval
+	if iv == 0 {
+		iv = n.cfg.HeartbeatInterval
+	}
+	return time.Duration(n.cfg.MissedHeartbeats) * iv
+}
+
+// silenceBaseLocked is when p's current silence began: its last message,
+// or the moment this node could publish again if that is later.
+func (n *Node) silenceBaseLocked(p *peer) time.Time {
+	if n.linkRecoveredAt.After(p.lastSeen) {
+		return n.linkRecoveredAt
+	}
+	return p.lastSeen
+}
+
+// absentGrace is how long an expected peer may stay unseen before the
+// node warns about it.
+func (n *Node) absentGrace() time.Duration {
+	return time.Duration(n.cfg.MissedHeartbeats) * n.cfg.HeartbeatInterval
+}
+
+// expireLocked marks silent peers gone, forgets old gone peers and warns
+// once about each expected peer that has not appeared. Silence is not
+// held against peers while this node cannot publish: then the broker is
+// away for this node too, and the peers get a fresh window once it is
+// back.
+func (n *Node) expireLocked(now time.Time) {
+	for name, p := range n.peers {
+		switch p.state {
+		case StateUp:
+			if n.linkDown {
+				continue
+			}
+			if now.Sub(n.silenceBaseLocked(p)) > n.windowLocked(p) {
+				n.setGoneLocked(p, now, fmt.Sprintf("missed %d heartbeats", n.cfg.MissedHeartbeats))
+			}
+		case StateGone:
+			if !p.expected && now.Sub(p.since) > n.cfg.GoneRetention {
+				delete(n.peers, name)
+				n.changedLocked()
+			}
+		case StateAbsent:
+			if !p.warnedAbsent && now.Sub(p.since) > n.absentGrace() {
+				p.warnedAbsent = true
+				n.logger.Warn("expected peer has not appeared", "peer", p.name, "expected_since", p.since)
+			}
+		}
+	}
+}
+
+// sender publishes the queued messages one at a time. It exits when ctx
+// is done.
+func (n *Node) sender(ctx context.Context) {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.wakeSend:
+		}
+		for ctx.Err() == nil {
+			n.mu.Lock()
+			if len(n.pending) == 0 {
+				n.mu.Unlock()
+				break
+			}
+			it := n.pending[0]
+			n.pending = n.pending[1:]
+			delete(n.pendingSet, it)
+			body := n.buildLocked(it)
+			n.mu.Unlock()
+
+			pctx, cancel := context.WithTimeout(ctx, n.cfg.PublishTimeout)
+			var err error
+			if it.to == "" {
+				err = n.cfg.Link.PublishSystem(pctx, it.typ, body)
+			} else {
+				err = n.cfg.Link.SendSystem(pctx, it.to, it.typ, body)
+			}
+			cancel()
+			n.published(ctx, it, err)
+		}
+	}
+}
+
+// published records the outcome of one publish. The link is judged by
+// broadcasts only: an addressed message may fail for its addressee.
+func (n *Node) published(ctx context.Context, it intent, err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err != nil {
+		if ctx.Err() != nil {
+			return // closing
+		}
+		n.m.errors.WithLabelValues("publish").Inc()
+		if it.to == "" && !n.linkDown {
+			n.linkDown = true
+			if n.everSent {
+				n.logger.Warn("cannot send discovery messages; peers are not expired while this lasts", "type", it.typ, "err", err)
+			} else {
+				n.logger.Info("discovery waits for the broker link", "err", err)
+			}
+		} else {
+			n.logger.Debug("discovery message not sent", "type", it.typ, "to", it.to, "err", err)
+		}
+		return
+	}
+	n.m.messages.WithLabelValues(it.typ, "out").Inc()
+	n.everSent = true
+	if n.linkDown {
+		n.linkDown = false
+		n.linkRecoveredAt = time.Now()
+		n.logger.Info("discovery messages flow again; asking every peer again")
+		n.enqueueLocked(intent{typ: TypeHello})
+		n.enqueueLocked(intent{typ: TypeQuery})
+	}
+}
+
+// effects applies the view to the link (gone marks, routes), to
+// OnLocalChange and to the metrics, in that order, whenever it changed.
+// It is the only caller of those, so they see changes in order. It exits
+// when ctx is done.
+func (n *Node) effects(ctx context.Context) {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.wakeEffects:
+		}
+		n.applyEffects()
+	}
+}
+
+func (n *Node) applyEffects() {
+	n.mu.Lock()
+	gen := n.gen
+	routes := n.routesLocked()
+	gone := n.goneLocked()
+	local := n.local
+	counts := map[string]int{StateUp: 0, StateGone: 0, StateAbsent: 0}
+	for _, p := range n.peers {
+		counts[p.state]++
+	}
+	remote := len(n.capabilitiesLocked().Remote)
+	n.mu.Unlock()
+
+	a := &n.applied // touched only here, and by Close after the goroutine ended
+	for name := range a.gone {
+		if _, still := gone[name]; !still {
+			n.cfg.Link.MarkGone(name, time.Time{})
+		}
+	}
+	for name, since := range gone {
+		if was, ok := a.gone[name]; !ok || !was.Equal(since) {
+			n.cfg.Link.MarkGone(name, since)
+		}
+	}
+	a.gone = gone
+	if a.routes == nil || !maps.EqualFunc(routes, a.routes, slices.Equal) {
+		n.cfg.Link.SetRoutes(routes)
+		a.routes = routes
+	}
+	if n.cfg.OnLocalChange != nil && (!a.set || !local.equal(a.local)) {
+		n.cfg.OnLocalChange(slices.Clone(local.caps), slices.Clone(local.stages))
+		a.local, a.set = local, true
+	}
+	for state, c := range counts {
+		n.m.peers.WithLabelValues(state).Set(float64(c))
+	}
+	n.m.caps.WithLabelValues("local").Set(float64(len(local.caps)))
+	n.m.caps.WithLabelValues("remote").Set(float64(remote))
+
+	n.mu.Lock()
+	n.applied.gen = gen
+	n.mu.Unlock()
+}
