@@ -34,39 +34,15 @@ func dial(r *meshtest.Rabbit, vhost string, cred brokeradmin.Credential) (*amqp.
 	return amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 }
 
-// try runs op on a fresh channel of conn and then a round trip on the same
-// channel, so that an asynchronous refusal (a publish) is seen too. It
-// returns the broker's error code (0: allowed).
+// try returns the broker's verdict on op (0: allowed), see
+// meshtest.BrokerVerdict.
 func try(tb testing.TB, conn *amqp.Connection, op func(ch *amqp.Channel) error) int {
 	tb.Helper()
-	ch, err := conn.Channel()
+	code, err := meshtest.BrokerVerdict(conn, op)
 	if err != nil {
-		tb.Fatalf("open channel: %v", err)
+		tb.Fatal(err)
 	}
-	defer ch.Close()
-	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	err = op(ch)
-	if err == nil {
-		// A publish is refused by closing the channel; a synchronous call
-		// after it returns that.
-		err = ch.Flow(true)
-	}
-	if err == nil {
-		return 0
-	}
-	var ae *amqp.Error
-	if errors.As(err, &ae) {
-		return ae.Code
-	}
-	select {
-	case ae := <-closed:
-		if ae != nil {
-			return ae.Code
-		}
-	case <-time.After(5 * time.Second):
-	}
-	tb.Fatalf("not an AMQP error: %v", err)
-	return -1
+	return code
 }
 
 func publish(exchange, key string, p amqp.Publishing) func(ch *amqp.Channel) error {

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/url"
 	"syscall"
 	"testing"
@@ -102,22 +101,11 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	// asynchronous refusal (a publish).
 	refused := func(op func(ch *amqp.Channel) error) int {
 		t.Helper()
-		ch, err := conn.Channel()
+		code, err := meshtest.BrokerVerdict(conn, op)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer ch.Close()
-		if err = op(ch); err == nil {
-			err = ch.Flow(true)
-		}
-		var ae *amqp.Error
-		if errors.As(err, &ae) {
-			return ae.Code
-		}
-		if err != nil {
-			t.Fatalf("not an AMQP error: %v", err)
-		}
-		return 0
+		return code
 	}
 	pub := func(key string, p amqp.Publishing) func(ch *amqp.Channel) error {
 		return func(ch *amqp.Channel) error {
