@@ -75,7 +75,9 @@ const sleeper = `{"name": "%s", "selections": {"stable": {"command": "./run.sh"}
 
 func manifestFor(name string) string { return strings.Replace(sleeper, "%s", name, 1) }
 
-func bindings(as ...cache.Assignment) cache.Bindings { return cache.Bindings{Node: "alpha", Assignments: as} }
+func bindings(as ...cache.Assignment) cache.Bindings {
+	return cache.Bindings{Node: "alpha", Assignments: as}
+}
 
 func apply(s *Supervisor, b cache.Bindings) { s.Apply(s.Prepare(b)) }
 
