@@ -149,7 +149,7 @@ func (a *Appliance) startModules(ctx context.Context, hosted []string) error {
 	a.mods.Store(sup)
 	if _, err := a.nc.Subscribe(SubjectModules, func(msg *nats.Msg) {
 		data, _ := json.Marshal(sup.Status()) // plain values: cannot fail
-		_ = msg.Respond(data)                  // the caller may have gone
+		_ = msg.Respond(data)                 // the caller may have gone
 	}); err != nil {
 		return fmt.Errorf("serve %s: %w", SubjectModules, err)
 	}
