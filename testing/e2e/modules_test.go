@@ -357,3 +357,136 @@ func call(t *testing.T, nc *nats.Conn, subject, body string) string {
 	}
 	return string(m.Data)
 }
+
+// TestModulesSupervision runs one node on the real database with modules
+// that fail: one that exits once and is restarted, one that always exits
+// and becomes crash-looping (a degraded readiness and metrics say so), and
+// three that cannot run (a manifest without a command, a selection the
+// manifest lacks, a program that does not exist), each a named error in
+// the status and in `meshbox modules`, while the others run. It also
+// drives the modules by hand with `meshbox module`.
+func TestModulesSupervision(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and a node")
+	}
+	meshtest.Binary(t)
+	db := meshtest.Postgres(t).Database(t)
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", "amqp://127.0.0.1:5672/"); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	cat := t.TempDir()
+	writeModule(t, cat, "once", scriptModule("once"), "if [ -e ran ]; then echo second run; exec sleep 600; fi\ntouch ran\necho failing once\nexit 1\n")
+	writeModule(t, cat, "flaky", scriptModule("flaky"), "echo failing again\nexit 7\n")
+	writeModule(t, cat, "steady", scriptModule("steady"), "echo steady up\nexec sleep 600\n")
+	writeModule(t, cat, "manual", scriptModule("manual"), "echo manual up\nexec sleep 600\n")
+	writeModule(t, cat, "nocommand", `{"name": "nocommand", "selections": {"stable": {"args": ["x"]}}}`, "")
+	writeModule(t, cat, "noprogram", `{"name": "noprogram", "selections": {"stable": {"command": "./not-there"}}}`, "")
+	for _, m := range []string{"once", "flaky", "steady", "nocommand", "noprogram"} {
+		mesh(t, db, "assign", "alpha", m, "--selection", "stable", "--autostart")
+	}
+	mesh(t, db, "assign", "alpha", "unknownsel", "--selection", "nightly", "--autostart")
+	writeModule(t, cat, "unknownsel", scriptModule("unknownsel"), "exec sleep 600\n")
+	mesh(t, db, "assign", "alpha", "manual", "--selection", "stable")
+
+	p := meshtest.StartProcess(t, "--node", "alpha", "--db", db, "--modules-dir", cat, "--config", modulesConfig(t))
+	server := []string{"MESHBOX_SERVER=" + p.NATSURL()}
+
+	// A module that exits is restarted (after a pause) and then runs.
+	once := waitModule(t, p.HTTPURL(), "once", 10*time.Second, "once running again", func(m moduleStatus) bool {
+		return moduleRunning(m) && m.Restarts == 1
+	})
+	if once.LastExit == nil || once.LastExit.Code != 1 {
+		t.Errorf("once: last exit %+v, want status 1", once.LastExit)
+	}
+	// One that always exits becomes crash-looping after 3 failures.
+	flaky := waitModule(t, p.HTTPURL(), "flaky", 10*time.Second, "flaky crash-looping", func(m moduleStatus) bool { return m.State == "crash-looping" })
+	if flaky.Restarts != 3 || flaky.LastExit == nil || flaky.LastExit.Code != 7 || !strings.Contains(flaky.Error, "failed 3 times") {
+		t.Errorf("flaky: got %+v, want 3 restarts, last exit 7, the reason", flaky)
+	}
+	time.Sleep(300 * time.Millisecond) // real time is the thing under test: no restart during the slow retry
+	if m := getModules(t, p.HTTPURL())["flaky"]; m.State != "crash-looping" || m.Restarts != 3 {
+		t.Errorf("flaky while crash-looping: got %s with %d restarts, want no more restarts", m.State, m.Restarts)
+	}
+	var rd struct {
+		Ready    bool     `json:"ready"`
+		Degraded []string `json:"degraded"`
+	}
+	if err := json.Unmarshal([]byte(readAll(t, p.HTTPURL()+"/readyz")), &rd); err != nil {
+		t.Fatal(err)
+	}
+	if !rd.Ready || len(rd.Degraded) != 1 || !strings.HasPrefix(rd.Degraded[0], "module flaky is crash-looping") {
+		t.Errorf("readyz: got %+v, want ready, degraded by module flaky", rd)
+	}
+	ms := scrape(t, p.HTTPURL())
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"meshbox_module_up", []string{"module=steady"}, 1},
+		{"meshbox_module_up", []string{"module=flaky"}, 0},
+		{"meshbox_module_restarts_total", []string{"module=flaky"}, 3},
+		{"meshbox_module_restarts_total", []string{"module=once"}, 1},
+		{"meshbox_module_state", []string{"module=flaky", "state=crash-looping"}, 1},
+		{"meshbox_module_state", []string{"module=flaky", "state=running"}, 0},
+		{"meshbox_module_state", []string{"module=nocommand", "state=failed"}, 1},
+	} {
+		if got, ok := ms.value(c.name, c.labels...); !ok || got != c.want {
+			t.Errorf("%s%v: got %v (found %v), want %v", c.name, c.labels, got, ok, c.want)
+		}
+	}
+
+	// Modules that cannot run: each a named error; the others run.
+	for name, want := range map[string]struct{ state, err string }{
+		"nocommand":  {"failed", "nocommand/manifest.json: selections.stable.command: required"},
+		"noprogram":  {"failed", "noprogram/manifest.json: selections.stable.command: "},
+		"unknownsel": {"failed", `selection "nightly" is not in the manifest of module unknownsel (it has stable)`},
+	} {
+		m := waitModule(t, p.HTTPURL(), name, 5*time.Second, want.state, func(m moduleStatus) bool { return m.State == want.state })
+		if !strings.Contains(m.Error, want.err) {
+			t.Errorf("%s: error %q, want it to name %q", name, m.Error, want.err)
+		}
+	}
+	steady := waitModule(t, p.HTTPURL(), "steady", 5*time.Second, "steady running", moduleRunning)
+	code, table, errOut := cliEnv(t, server, "modules")
+	if code != 0 {
+		t.Fatalf("meshbox modules: exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"MODULE", "steady", "running", "crash-looping", "not-there",
+		"nocommand: error: ", "selections.stable.command: required", `unknownsel: error: selection "nightly"`, "stopped (no autostart)"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("meshbox modules does not show %q:\n%s", want, table)
+		}
+	}
+
+	// By hand: start one without autostart, stop and restart others.
+	if code, _, errOut := cliEnv(t, server, "module", "start", "manual"); code != 0 {
+		t.Fatalf("module start manual: exit %d: %s", code, errOut)
+	}
+	waitModule(t, p.HTTPURL(), "manual", 5*time.Second, "manual started by hand", moduleRunning)
+	if code, _, errOut := cliEnv(t, server, "module", "stop", "steady"); code != 0 {
+		t.Fatalf("module stop steady: exit %d: %s", code, errOut)
+	}
+	waitGone(t, 3*time.Second, "steady stopped by hand", steady.Pid)
+	if m := waitModule(t, p.HTTPURL(), "steady", 3*time.Second, "steady stopped", func(m moduleStatus) bool { return m.State == "stopped" }); m.Manual != "stopped" {
+		t.Errorf("steady stopped by hand: manual %q, want stopped", m.Manual)
+	}
+	if code, _, errOut := cliEnv(t, server, "module", "restart", "steady"); code != 0 {
+		t.Fatalf("module restart steady: exit %d: %s", code, errOut)
+	}
+	waitModule(t, p.HTTPURL(), "steady", 3*time.Second, "steady running again", moduleRunning)
+	if code, _, errOut := cliEnv(t, server, "module", "start", "nope"); code == 0 || !strings.Contains(errOut, "module not assigned to this node: nope") {
+		t.Errorf("module start of an unassigned module: exit %d, %q", code, errOut)
+	}
+	if code, _, errOut := cliEnv(t, server, "module", "start", "nocommand"); code == 0 || !strings.Contains(errOut, "selections.stable.command: required") {
+		t.Errorf("module start of a module that cannot run: exit %d, %q", code, errOut)
+	}
+	// Its output is in the node's log and in module logs.
+	code, logs, errOut := cliEnv(t, server, "module", "logs", "once")
+	if code != 0 || !strings.Contains(logs, "stdout failing once") || !strings.Contains(logs, "stdout second run") {
+		t.Errorf("module logs once: exit %d, %q %q", code, logs, errOut)
+	}
+	if !strings.Contains(p.Output(), "module=steady stream=stdout line=\"steady up\"") {
+		t.Error("steady's output is not in the node's log")
+	}
+}
