@@ -65,6 +65,8 @@ type Appliance struct {
 	node   atomic.Pointer[node.Node]
 	// mods supervises the assigned modules; set once it runs.
 	mods atomic.Pointer[modules.Supervisor]
+	// moduleGuard is the module guard's command (SetModuleGuard; nil: none).
+	moduleGuard []string
 	// credentials makes a module's local NATS credential (nil: none).
 	credentials func(module string, perms modules.Permissions) (credsPath string, err error)
 	// interest is the one watcher of what local programs host; set in

@@ -142,6 +142,7 @@ func (a *Appliance) startModules(ctx context.Context, hosted []string) error {
 		LogLines:          m.LogLines,
 		Logger:            a.logger,
 		OnLine:            a.publishModuleLine,
+		Guard:             a.moduleGuard,
 	})
 	if err != nil {
 		return fmt.Errorf("modules: %w", err)
@@ -233,6 +234,13 @@ func (a *Appliance) moduleCredentials(module string, perms modules.Permissions) 
 	}
 	return "", nil
 }
+
+// SetModuleGuard sets the command of the module guard (see
+// modules.RunGuard): the meshbox binary's "module-guard", which kills
+// what is left of every module's process group when the node dies. Call
+// it before Start; without it only a module's own process dies with the
+// node.
+func (a *Appliance) SetModuleGuard(argv []string) { a.moduleGuard = argv }
 
 // stopModules stops every module, before anything they use stops.
 func (a *Appliance) stopModules() error {

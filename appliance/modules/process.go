@@ -32,11 +32,11 @@ type proc struct {
 	stopping bool
 }
 
-// startProc starts cmd through sp with its output read line by line into
+// startProc starts cmd through sp, tells g of its process group, with its output read line by line into
 // out (stream name, line). The output goes through pipes of our own, not
 // exec's copying, so that the process's exit is seen at once even when a
 // child of it still holds the pipes.
-func startProc(sp *spawner, cmd *exec.Cmd, out func(stream, line string)) (*proc, error) {
+func startProc(sp *spawner, g *guard, cmd *exec.Cmd, out func(stream, line string)) (*proc, error) {
 	type pipe struct {
 		name string
 		r, w *os.File
@@ -62,6 +62,7 @@ func startProc(sp *spawner, cmd *exec.Cmd, out func(stream, line string)) (*proc
 		return nil, err
 	}
 	p := &proc{cmd: cmd, pid: cmd.Process.Pid, started: time.Now(), exited: make(chan struct{})}
+	g.add(p.pid) // its process group's id is its pid
 	var readers sync.WaitGroup
 	for _, pp := range pipes {
 		pp.w.Close() // the child has its copy
@@ -76,6 +77,7 @@ func startProc(sp *spawner, cmd *exec.Cmd, out func(stream, line string)) (*proc
 		// What is left of the group (children the module did not stop)
 		// goes with it, before the group's id can be reused.
 		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+		g.remove(p.pid)
 		done := make(chan struct{})
 		go func() { // exits when both readers did; bounded by the pipes' closing below
 			readers.Wait()

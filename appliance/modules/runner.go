@@ -307,7 +307,7 @@ func (r *runner) launch(sp spec) (*proc, error) {
 		Env:         moduleEnv(base, sel.Env, nodeEnv, overrideEnv(m, sp.overrides)),
 		SysProcAttr: sysProcAttr(as.cred),
 	}
-	p, err := startProc(r.s.sp, cmd, r.output)
+	p, err := startProc(r.s.sp, r.s.guard, cmd, r.output)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", prog, err)
 	}

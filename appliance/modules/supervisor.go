@@ -57,6 +57,11 @@ type Config struct {
 	// Logger receives the supervisor's events and every line of output of
 	// every module (attribute "module").
 	Logger *slog.Logger
+	// Guard is the command of the module guard (meshbox module-guard, see
+	// RunGuard), which kills what is left of every module's process group
+	// when the node dies; nil runs without one (a module's own process
+	// still dies with the node on Linux).
+	Guard []string
 	// OnLine, when set, is called with every line of output, on the
 	// reading goroutine of that module; it must not block.
 	OnLine func(module string, l LogLine)
@@ -76,9 +81,10 @@ const (
 // Supervisor runs the modules assigned to this node: see the package
 // comment. Its methods are safe for concurrent use.
 type Supervisor struct {
-	cfg Config
-	log *slog.Logger
-	sp  *spawner
+	cfg   Config
+	log   *slog.Logger
+	sp    *spawner
+	guard *guard // nil without Config.Guard
 
 	mu      sync.Mutex // guards the fields below
 	runners map[string]*runner
@@ -129,10 +135,18 @@ func New(cfg Config) (*Supervisor, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	var g *guard
+	if len(cfg.Guard) > 0 {
+		var err error
+		if g, err = startGuard(cfg.Guard); err != nil {
+			return nil, err
+		}
+	}
 	return &Supervisor{
 		cfg:     cfg,
 		log:     cfg.Logger.With("component", "modules"),
 		sp:      newSpawner(),
+		guard:   g,
 		runners: map[string]*runner{},
 		hosted:  map[string]bool{},
 	}, nil
@@ -372,5 +386,6 @@ func (s *Supervisor) Close() error {
 	}
 	s.wg.Wait()
 	s.sp.close()
+	s.guard.close()
 	return nil
 }

@@ -135,6 +135,8 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		return (&ModulesCommand{m: m}).Run(ctx, rest)
 	case "module":
 		return (&ModuleCommand{m: m}).Run(ctx, rest)
+	case "module-guard": // started by the node itself; not in the usage
+		return (&ModuleGuardCommand{m: m}).Run(ctx, rest)
 	case "doctor":
 		return (&DoctorCommand{m: m}).Run(ctx, rest)
 	case "init":

@@ -101,7 +101,13 @@ func waitGone(t *testing.T, d time.Duration, what string, pids ...int) {
 		}
 		return true
 	}) {
-		t.Fatalf("%s: processes %v still run after %s", what, pids, d)
+		var ps []string
+		for _, p := range pids {
+			stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+			status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
+			ps = append(ps, string(stat)+"\n"+string(status))
+		}
+		t.Fatalf("%s: processes %v still run after %s:\n%s", what, pids, d, strings.Join(ps, "\n"))
 	}
 }
 
@@ -488,5 +494,74 @@ func TestModulesSupervision(t *testing.T) {
 	}
 	if !strings.Contains(p.Output(), "module=steady stream=stdout line=\"steady up\"") {
 		t.Error("steady's output is not in the node's log")
+	}
+}
+
+// TestModulesWithoutTheDatabase checks that modules outlive the database
+// and never outlive their node: with the database stopped they keep
+// running, and its return restarts nothing; a node killed with SIGKILL
+// leaves no module process behind; a node started again from its cache
+// (the database still away) starts them again.
+func TestModulesWithoutTheDatabase(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and a node")
+	}
+	meshtest.Binary(t)
+	pg := meshtest.NewPostgres(t) // private: this test stops it
+	db := pg.Database(t)
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", "amqp://127.0.0.1:5672/"); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	cat := t.TempDir()
+	// sticky starts a child of its own and waits for it, as a shell script
+	// that does not exec does: SIGKILL to the node must take both.
+	writeModule(t, cat, "sticky", scriptModule("sticky"), "sleep 600 &\necho child $!\nwait\n")
+	writeModule(t, cat, "plain", scriptModule("plain"), "exec sleep 600\n")
+	mesh(t, db, "assign", "alpha", "sticky", "--selection", "stable", "--autostart")
+	mesh(t, db, "assign", "alpha", "plain", "--selection", "stable", "--autostart")
+	data := t.TempDir()
+	args := []string{"--node", "alpha", "--db", db, "--data", data, "--modules-dir", cat, "--config", modulesConfig(t)}
+	p := meshtest.StartProcess(t, args...)
+	sticky := waitModule(t, p.HTTPURL(), "sticky", 10*time.Second, "sticky running", moduleRunning)
+	plain := waitModule(t, p.HTTPURL(), "plain", 10*time.Second, "plain running", moduleRunning)
+
+	// The database goes away: the modules keep running.
+	pg.Stop(t)
+	waitStatus(t, p.HTTPURL(), 20*time.Second, "the node noticing the database is away", func(s nodeStatus) bool { return s.Bindings.DB == "disconnected" })
+	// And it comes back: nothing restarts.
+	pg.Start(t)
+	waitStatus(t, p.HTTPURL(), 30*time.Second, "the node reconnecting to the database", func(s nodeStatus) bool {
+		return s.Bindings.DB == "connected" && s.Bindings.Source == "db"
+	})
+	ms := getModules(t, p.HTTPURL())
+	for _, m := range []moduleStatus{sticky, plain} {
+		if got := ms[m.Module]; got.Pid != m.Pid || got.State != "running" || got.Restarts != 0 || processGone(m.Pid) {
+			t.Errorf("%s across the database's absence: got %+v, want the same process (pid %d) running", m.Module, got, m.Pid)
+		}
+	}
+
+	// SIGKILL to the node: no module process is left, the child of sticky
+	// included.
+	var child int
+	for _, line := range strings.Split(p.Output(), "\n") {
+		if i := strings.Index(line, `module=sticky stream=stdout line="child `); i >= 0 {
+			fmt.Sscanf(line[i+len(`module=sticky stream=stdout line="child `):], "%d", &child)
+		}
+	}
+	if child == 0 || processGone(child) {
+		t.Fatalf("sticky's child is not running (pid %d)", child)
+	}
+	p.Kill()
+	waitGone(t, 2*time.Second, "modules after SIGKILL to the node", sticky.Pid, plain.Pid, child)
+
+	// Started again from its cache while the database is away: the modules
+	// start again.
+	pg.Stop(t)
+	p = meshtest.StartProcess(t, args...)
+	if st := getStatus(t, p.HTTPURL()); st.Bindings.Source != "cache" {
+		t.Fatalf("restart without the database: bindings source %q, want cache", st.Bindings.Source)
+	}
+	for _, name := range []string{"sticky", "plain"} {
+		waitModule(t, p.HTTPURL(), name, 10*time.Second, name+" running from the cached bindings", moduleRunning)
 	}
 }
