@@ -216,15 +216,23 @@ func (r *runner) loop() {
 // or for the end. It returns the exit of a run that ended by itself while
 // wanted (nil when the node stopped it), and whether the runner ends.
 func (r *runner) supervise(p *proc, sp spec, gen uint64) (*Exit, bool) {
-	grace := sp.entry.Manifest.stopGrace()
+	stopGrace := sp.entry.Manifest.stopGrace()
 	stop := func() {
 		r.setState(StateStopping, "")
-		p.stop(grace)
+		p.stop(stopGrace)
 		r.recordExit(p)
 		r.s.log.Info("module stopped", "module", r.name, "pid", p.pid, "exit", p.exit.Reason)
 	}
+	// Once the start grace has passed, say (once per run) what the module
+	// declares and does not serve; the status keeps saying it.
+	grace := time.NewTimer(sp.entry.Manifest.startGrace())
+	defer grace.Stop()
 	for {
 		select {
+		case <-grace.C:
+			for _, w := range r.status(time.Now(), r.s.hostedNow()).Warnings {
+				r.s.log.Warn(w, "module", r.name)
+			}
 		case <-p.exited:
 			r.recordExit(p)
 			r.mu.Lock()

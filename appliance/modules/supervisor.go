@@ -321,8 +321,15 @@ func (s *Supervisor) SetHosted(subjects []string) {
 		set[sub] = true
 	}
 	s.mu.Lock()
-	s.hosted = set
+	s.hosted = set // replaced, never changed: readers keep their copy
 	s.mu.Unlock()
+}
+
+// hostedNow returns what local programs serve, as last set by SetHosted.
+func (s *Supervisor) hostedNow() map[string]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hosted
 }
 
 // Start starts an assigned module that is stopped (or waiting to restart)

@@ -135,7 +135,14 @@ func TestRestartWithBackoffThenCrashLooping(t *testing.T) {
 	}
 	lines, _ := s.Logs("flaky", 0)
 	if len(lines) != 4 || lines[0].Text != "started" {
-		t.Errorf("logs: got %+v, want 4 lines \"started\"", lines)
+		t.Fatalf("logs: got %+v, want 4 lines \"started\"", lines)
+	}
+	// Each restart waited at least the lower half of its doubling pause.
+	for i := 1; i < len(lines); i++ {
+		gap := lines[i].At.Sub(lines[i-1].At)
+		if least := s.cfg.Restart.Base(i) / 2; gap < least {
+			t.Errorf("restart %d came %v after the run before, want at least %v", i, gap, least)
+		}
 	}
 }
 

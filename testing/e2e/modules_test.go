@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -251,6 +252,11 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	waitModule(t, alpha.HTTPURL(), "backups", 5*time.Second, "the declared-but-not-served warning", func(m moduleStatus) bool {
 		return len(m.Warnings) == 1 && m.Warnings[0] == "module backups declares stage `nightly-backup` but does not serve it"
 	})
+	if !waitFor(5*time.Second, func() bool {
+		return strings.Contains(alpha.Output(), "level=WARN msg=\"module backups declares stage `nightly-backup` but does not serve it\"")
+	}) {
+		t.Error("the node's log does not warn that backups does not serve its stage")
+	}
 	if m := getModules(t, alpha.HTTPURL())["greeter"]; len(m.Warnings) != 0 {
 		t.Errorf("greeter serves what it declares: got warnings %v", m.Warnings)
 	}
@@ -352,6 +358,24 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	if !strings.Contains(out, "module=greeter stream=stdout line=stopping") {
 		t.Errorf("the greeter's output (stopping on SIGTERM) is not in the node's log")
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // call calls subject with body on nc and returns the answer.
@@ -465,6 +489,22 @@ func TestModulesSupervision(t *testing.T) {
 		}
 	}
 
+	// module logs -f prints the last lines, then new ones as they come.
+	follow := exec.Command(meshtest.Binary(t), "module", "logs", "steady", "-f")
+	follow.Env = append(os.Environ(), server...)
+	followOut := &lockedBuffer{}
+	follow.Stdout, follow.Stderr = followOut, followOut
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = follow.Process.Kill()
+		_ = follow.Wait()
+	})
+	if !waitFor(5*time.Second, func() bool { return strings.Count(followOut.String(), "stdout steady up") == 1 }) {
+		t.Fatalf("module logs -f: got %q, want the backlog line once", followOut.String())
+	}
+
 	// By hand: start one without autostart, stop and restart others.
 	if code, _, errOut := cliEnv(t, server, "module", "start", "manual"); code != 0 {
 		t.Fatalf("module start manual: exit %d: %s", code, errOut)
@@ -481,6 +521,9 @@ func TestModulesSupervision(t *testing.T) {
 		t.Fatalf("module restart steady: exit %d: %s", code, errOut)
 	}
 	waitModule(t, p.HTTPURL(), "steady", 3*time.Second, "steady running again", moduleRunning)
+	if !waitFor(5*time.Second, func() bool { return strings.Count(followOut.String(), "stdout steady up") == 2 }) {
+		t.Errorf("module logs -f: got %q, want the new run's line after the backlog's", followOut.String())
+	}
 	if code, _, errOut := cliEnv(t, server, "module", "start", "nope"); code == 0 || !strings.Contains(errOut, "module not assigned to this node: nope") {
 		t.Errorf("module start of an unassigned module: exit %d, %q", code, errOut)
 	}
