@@ -54,13 +54,14 @@ func defaultModulesConfig() ModulesConfig {
 
 // validate reports each bad field through bad.
 func (m ModulesConfig) validate(bad func(field, format string, args ...any)) {
-	for f, d := range map[string]Duration{
+	positive := map[string]Duration{
 		"modules.restart_min":       m.RestartMin,
 		"modules.restart_max":       m.RestartMax,
 		"modules.crash_loop_window": m.CrashLoopWindow,
 		"modules.crash_loop_retry":  m.CrashLoopRetry,
-	} {
-		if d <= 0 {
+	}
+	for _, f := range sortedKeys(positive) {
+		if d := positive[f]; d <= 0 {
 			bad(f, "must be a positive duration, got %s", d)
 		}
 	}
