@@ -2,7 +2,9 @@ package modules
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"time"
 )
@@ -153,6 +155,7 @@ func (r *runner) loop() {
 			stopRetry()
 			failures, consecutive = nil, 0
 			r.setState(StateStopped, "")
+			r.removeRuntimeDir() // its grant files do not outlive the run
 		case retryC != nil:
 			// Waiting to restart; the state says why.
 		default:
@@ -170,6 +173,7 @@ func (r *runner) loop() {
 			}
 			ex, ended := r.supervise(p, sp, gen)
 			if ended {
+				r.removeRuntimeDir()
 				return
 			}
 			if ex == nil {
@@ -324,6 +328,18 @@ func (r *runner) launch(sp spec) (*proc, error) {
 	r.mu.Unlock()
 	r.s.log.Info("module started", "module", r.name, "selection", sp.assignment.Selection, "pid", p.pid)
 	return p, nil
+}
+
+// removeRuntimeDir removes the module's runtime directory, grant files
+// included, once no run of it is left.
+func (r *runner) removeRuntimeDir() {
+	dir := filepath.Join(r.s.cfg.RunDir, r.name)
+	if os.Geteuid() == 0 {
+		reclaim(dir)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		r.s.log.Error("cannot remove the runtime directory of a stopped module", "module", r.name, "err", err)
+	}
 }
 
 // output takes one line the module wrote.

@@ -74,7 +74,13 @@ func prepareRuntimeDir(runDir, module string, as runAs, m *Manifest, grants []ca
 		return "", nil, fmt.Errorf("runtime directory: %w", err)
 	}
 	dir = filepath.Join(runDir, module)
-	// Afresh: no grant of an earlier run survives its revocation.
+	// Afresh: no grant of an earlier run survives its revocation. A node
+	// that switches users holds no CAP_DAC_OVERRIDE (see the unit's
+	// drop-in): it takes back what the module's user made before it
+	// removes it.
+	if os.Geteuid() == 0 {
+		reclaim(dir)
+	}
 	if err := os.RemoveAll(dir); err != nil {
 		return "", nil, fmt.Errorf("runtime directory: %w", err)
 	}
@@ -86,10 +92,19 @@ func prepareRuntimeDir(runDir, module string, as runAs, m *Manifest, grants []ca
 		if err := os.Chmod(d, 0o700); err != nil { // whatever the umask
 			return "", nil, fmt.Errorf("runtime directory: %w", err)
 		}
-		if err := chown(d, as); err != nil {
-			return "", nil, err
-		}
 	}
+	// Given to the module's user last, once filled: the node needs no
+	// right over that user's files to fill them.
+	defer func() {
+		for _, d := range []string{gdir, dir} {
+			if err == nil {
+				err = chown(d, as)
+			}
+		}
+		if err != nil {
+			dir, env = "", nil
+		}
+	}()
 	env = map[string]string{"MESHBOX_RUNTIME_DIR": dir, "MESHBOX_GRANTS_DIR": gdir}
 	for _, ref := range m.Grants {
 		var paths []string
@@ -113,6 +128,28 @@ func prepareRuntimeDir(runDir, module string, as runAs, m *Manifest, grants []ca
 		env[name] = strings.Join(paths, string(os.PathListSeparator))
 	}
 	return dir, env, nil
+}
+
+// reclaim makes path and everything below it the node's own, top down
+// (a directory is taken before it is read), so that RemoveAll needs no
+// right over other users' files. Best effort: RemoveAll reports what is
+// left.
+func reclaim(path string) {
+	if err := os.Lchown(path, os.Geteuid(), os.Getegid()); err != nil {
+		return
+	}
+	fi, err := os.Lstat(path)
+	if err != nil || !fi.IsDir() {
+		return
+	}
+	_ = os.Chmod(path, 0o700)
+	entries, err := os.ReadDir(path)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		reclaim(filepath.Join(path, e.Name()))
+	}
 }
 
 // GrantFile is the name of the file that holds the grant of resource from

@@ -275,3 +275,74 @@ func TestManifestErrorsNameFileAndField(t *testing.T) {
 		}
 	}
 }
+
+// A module that names another user runs as that user when the node may
+// switch users (root), with its runtime directory and grant files its own;
+// a node that may not switch refuses it with a named error.
+func TestModuleRunsAsItsUser(t *testing.T) {
+	cat := t.TempDir()
+	writeModule(t, cat, "m", `{"name": "m", "selections": {"stable": {"command": "./run.sh"}}, "user": "nobody",
+		"grants": [{"resource": "disk"}], "stop_grace": "2s"}`,
+		"id -u > \"$MESHBOX_RUNTIME_DIR/uid\"; mkdir -m 700 \"$MESHBOX_RUNTIME_DIR/own\"; touch \"$MESHBOX_RUNTIME_DIR/own/f\"; exec sleep 60\n")
+	s := newSupervisor(t, cat)
+	// The module's user must reach its program and its runtime directory.
+	for _, d := range []string{cat, filepath.Dir(cat), s.cfg.RunDir, filepath.Dir(s.cfg.RunDir)} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := bindings(cache.Assignment{Module: "m", Selection: "stable", Autostart: true})
+	b.Grants = []cache.Grant{{Consumer: "alpha", Resource: "disk", Provider: "nas", Credential: "pw"}}
+	apply(s, b)
+	if os.Geteuid() != 0 {
+		st := waitModule(t, s, "m", "failed", func(st Status) bool { return st.State == StateFailed })
+		if !strings.Contains(st.Error, `module runs as user "nobody", but the node runs as`) || !strings.Contains(st.Error, "may not switch users") {
+			t.Errorf("got error %q, want the refusal to switch users", st.Error)
+		}
+		return
+	}
+	first := waitModule(t, s, "m", "running", running)
+	dir := filepath.Join(s.cfg.RunDir, "m")
+	uid := ""
+	deadline := time.Now().Add(3 * time.Second)
+	for uid == "" && time.Now().Before(deadline) {
+		data, _ := os.ReadFile(filepath.Join(dir, "uid"))
+		uid = strings.TrimSpace(string(data))
+		time.Sleep(10 * time.Millisecond)
+	}
+	if uid != "65534" {
+		t.Errorf("the module ran as uid %q, want 65534 (nobody)", uid)
+	}
+	for _, path := range []string{dir, filepath.Join(dir, "grants", GrantFile("disk", "nas"))} {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid != 65534 {
+			t.Errorf("%s: owner uid %d, want 65534", path, st.Uid)
+		}
+	}
+	// A new run gets its runtime directory afresh, whatever the last left.
+	if err := s.Restart("m"); err != nil {
+		t.Fatal(err)
+	}
+	st := waitModule(t, s, "m", "running again", func(st Status) bool { return running(st) && st.Pid != first.Pid })
+	if st.Error != "" {
+		t.Errorf("restart: error %q", st.Error)
+	}
+	// Stopped, its runtime directory and grant files are gone.
+	if err := s.Stop("m"); err != nil {
+		t.Fatal(err)
+	}
+	waitModule(t, s, "m", "stopped", func(st Status) bool { return st.State == StateStopped })
+	deadline = time.Now().Add(3 * time.Second)
+	for {
+		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the runtime directory of a stopped module is still there")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
