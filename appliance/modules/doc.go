@@ -56,8 +56,9 @@
 // that ends while the module is wanted is restarted after a jittered,
 // doubling pause (Config.Restart); Config.CrashLoopRestarts failures within
 // Config.CrashLoopWindow make it crash-looping, tried again only every
-// Config.CrashLoopRetry. A run that lasted the whole window counts as a
-// success. A program that cannot be started (missing, not executable, a
+// Config.CrashLoopRetry (a retry that fails is crash-looping again at
+// once). A run that lasted the whole window counts as a success, and a
+// change of the module or a manual start gives it a fresh round. A program that cannot be started (missing, not executable, a
 // user the node may not switch to) is failed, and tried again as slowly.
 //
 // On Linux every module gets SIGKILL from the kernel when the node dies

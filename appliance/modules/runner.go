@@ -119,6 +119,7 @@ func (r *runner) loop() {
 	var (
 		failures    []time.Time // failed runs within the crash-loop window
 		consecutive int         // failed runs in a row
+		looping     bool        // crash-looping: a failed retry goes straight back to the slow pace
 		retry       *time.Timer
 		retryC      <-chan time.Time
 	)
@@ -145,7 +146,7 @@ func (r *runner) loop() {
 		r.mu.Unlock()
 		if now {
 			stopRetry()
-			failures, consecutive = nil, 0
+			failures, consecutive, looping = nil, 0, false
 		}
 		switch {
 		case sp.err != nil:
@@ -153,7 +154,7 @@ func (r *runner) loop() {
 			r.setState(sp.state, sp.err.Error())
 		case !want:
 			stopRetry()
-			failures, consecutive = nil, 0
+			failures, consecutive, looping = nil, 0, false
 			r.setState(StateStopped, "")
 			r.removeRuntimeDir() // its grant files do not outlive the run
 		case retryC != nil:
@@ -181,7 +182,7 @@ func (r *runner) loop() {
 			}
 			t := time.Now()
 			if ex.At.Sub(p.started) >= cfg.CrashLoopWindow {
-				failures, consecutive = nil, 0 // it ran well for a while
+				failures, consecutive, looping = nil, 0, false // it ran well for a while
 			}
 			consecutive++
 			kept := failures[:0]
@@ -194,10 +195,11 @@ func (r *runner) loop() {
 			r.mu.Lock()
 			r.restarts++
 			r.mu.Unlock()
-			if len(failures) >= cfg.CrashLoopRestarts {
+			if looping || len(failures) >= cfg.CrashLoopRestarts {
+				looping = true
 				r.s.log.Error("module is crash-looping; trying again later", "module", r.name,
-					"failures", len(failures), "within", cfg.CrashLoopWindow, "retry_in", cfg.CrashLoopRetry, "last_exit", ex.Reason)
-				schedule(StateCrashLooping, fmt.Sprintf("failed %d times within %s; last: %s", len(failures), cfg.CrashLoopWindow, ex.Reason), cfg.CrashLoopRetry)
+					"failures", consecutive, "retry_in", cfg.CrashLoopRetry, "last_exit", ex.Reason)
+				schedule(StateCrashLooping, fmt.Sprintf("failed %d times in a row; last: %s", consecutive, ex.Reason), cfg.CrashLoopRetry)
 				continue
 			}
 			d := cfg.Restart.Delay(consecutive)
@@ -208,6 +210,7 @@ func (r *runner) loop() {
 		select {
 		case <-r.quit:
 			r.setState(StateStopped, "")
+			r.removeRuntimeDir()
 			return
 		case <-r.kick:
 		case <-retryC:

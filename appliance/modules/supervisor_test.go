@@ -146,6 +146,28 @@ func TestRestartWithBackoffThenCrashLooping(t *testing.T) {
 	}
 }
 
+// Once crash-looping, a module is tried again only at the slow pace: a
+// retry that fails goes straight back to crash-looping, without a new
+// round of quick restarts.
+func TestCrashLoopingRetriesSlowly(t *testing.T) {
+	cat := t.TempDir()
+	writeModule(t, cat, "flaky", manifestFor("flaky"), "exit 3\n")
+	s := newSupervisor(t, cat)
+	s.cfg.CrashLoopRetry = 300 * time.Millisecond
+	apply(s, bindings(cache.Assignment{Module: "flaky", Selection: "stable", Autostart: true}))
+	waitModule(t, s, "flaky", "crash-looping", func(st Status) bool { return st.State == StateCrashLooping && st.Restarts == 4 })
+	st := waitModule(t, s, "flaky", "a slow retry", func(st Status) bool { return st.Restarts == 5 })
+	if st.State != StateCrashLooping || st.Error != "failed 5 times in a row; last: exited with status 3" {
+		t.Errorf("after a failed slow retry: got %s %q, want crash-looping again", st.State, st.Error)
+	}
+	// A manual start gives it a fresh round of quick restarts: four more
+	// failures before it is crash-looping again.
+	if err := s.Start("flaky"); err != nil {
+		t.Fatal(err)
+	}
+	waitModule(t, s, "flaky", "a fresh round of restarts", func(st Status) bool { return st.Restarts == 9 && st.State == StateCrashLooping })
+}
+
 func TestOverridesAndGrantsReachTheModule(t *testing.T) {
 	cat := t.TempDir()
 	manifest := `{"name": "m", "selections": {"stable": {"command": "./run.sh", "env": {"COLOR": "blue", "LEVEL": "info"}}},

@@ -430,7 +430,7 @@ func TestModulesSupervision(t *testing.T) {
 	}
 	// One that always exits becomes crash-looping after 3 failures.
 	flaky := waitModule(t, p.HTTPURL(), "flaky", 10*time.Second, "flaky crash-looping", func(m moduleStatus) bool { return m.State == "crash-looping" })
-	if flaky.Restarts != 3 || flaky.LastExit == nil || flaky.LastExit.Code != 7 || !strings.Contains(flaky.Error, "failed 3 times") {
+	if flaky.Restarts != 3 || flaky.LastExit == nil || flaky.LastExit.Code != 7 || !strings.Contains(flaky.Error, "failed 3 times in a row") {
 		t.Errorf("flaky: got %+v, want 3 restarts, last exit 7, the reason", flaky)
 	}
 	time.Sleep(300 * time.Millisecond) // real time is the thing under test: no restart during the slow retry
