@@ -162,12 +162,17 @@ func (a *Appliance) startModules(ctx context.Context, hosted []string) error {
 		return fmt.Errorf("serve %s: %w", SubjectModuleLogs, err)
 	}
 	sup.SetHosted(hosted)
-	// A bindings change landing meanwhile is applied by bindingsChanged,
-	// now that the supervisor is published; the later plan wins.
-	if snap, ok := a.bindings.manager.Current(); ok {
+	// From now on bindingsChanged applies every change too. One that
+	// landed between Current and Prepare below would be overtaken by this
+	// older plan: look again until the bindings applied are the newest.
+	for applied := ""; ; {
+		snap, ok := a.bindings.manager.Current()
+		if !ok || snap.Hash == applied {
+			return nil
+		}
 		a.applyModules(ctx, sup, snap.Bindings)
+		applied = snap.Hash
 	}
-	return nil
 }
 
 // applyModules hands the stages of the assigned modules to the bridge and
