@@ -164,3 +164,18 @@ func TestRedactURL(t *testing.T) {
 		}
 	}
 }
+
+func TestModulesDir(t *testing.T) {
+	for _, tc := range []struct{ data, dir, want string }{
+		{"/home/ann/.local/share/meshbox", "", "/home/ann/.local/share/meshbox/modules"},
+		{"/var/lib/meshbox", "", "/etc/meshbox/modules"},
+		{"/var/lib/meshbox/", "", "/etc/meshbox/modules"},
+		{"/var/lib/meshbox", "/srv/modules", "/srv/modules"},
+	} {
+		c := DefaultConfig()
+		c.DataDir, c.Modules.Dir = tc.data, tc.dir
+		if got := c.ModulesDir(); got != tc.want {
+			t.Errorf("data %q, modules.dir %q: got %q, want %q", tc.data, tc.dir, got, tc.want)
+		}
+	}
+}

@@ -19,8 +19,9 @@ import (
 // are restarted.
 type ModulesConfig struct {
 	// Dir is the module catalog: one folder per module with a
-	// manifest.json. Default: "modules" in the data directory (the
-	// installed unit uses /etc/meshbox/modules).
+	// manifest.json. Default: /etc/meshbox/modules with the system data
+	// directory /var/lib/meshbox, else "modules" in the data directory
+	// (see Config.ModulesDir).
 	Dir string `json:"dir"`
 	// RunDir holds each module's private runtime directory (grant files).
 	// Default: "run" in the data directory. A module that runs as another
@@ -76,10 +77,20 @@ func (m ModulesConfig) validate(bad func(field, format string, args ...any)) {
 	}
 }
 
-// ModulesDir is the module catalog directory in use.
+// SystemModulesDir is the catalog of a node on the system data directory
+// (/var/lib/meshbox): configuration lives in /etc.
+const SystemModulesDir = "/etc/meshbox/modules"
+
+// ModulesDir is the module catalog directory in use: modules.dir, else
+// SystemModulesDir for the system data directory, else "modules" in the
+// data directory. So the installed unit, `sudo meshbox doctor` and a node
+// run by hand as root all read the same catalog.
 func (c Config) ModulesDir() string {
-	if c.Modules.Dir != "" {
+	switch {
+	case c.Modules.Dir != "":
 		return c.Modules.Dir
+	case filepath.Clean(c.DataDir) == "/var/lib/meshbox":
+		return SystemModulesDir
 	}
 	return filepath.Join(c.DataDir, "modules")
 }
