@@ -268,12 +268,16 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	idle := waitModule(t, alpha.HTTPURL(), "idle", 5*time.Second, "idle running", moduleRunning)
 	if d := time.Since(start); d > time.Second+300*time.Millisecond { // the CLI's own start-up included
 		t.Errorf("assigned module running after %s, want within about 1s", d)
+	} else {
+		t.Logf("mesh assign → module running: %s (the CLI's run included)", d.Round(time.Millisecond))
 	}
 	start = time.Now()
 	mesh(t, db, "unassign", "alpha", "idle")
 	waitGone(t, 5*time.Second, "unassigned module", idle.Pid)
 	if d := time.Since(start); d > time.Second+300*time.Millisecond {
 		t.Errorf("unassigned module gone after %s, want within about 1s", d)
+	} else {
+		t.Logf("mesh unassign → module process gone: %s (the CLI's run included)", d.Round(time.Millisecond))
 	}
 	if _, still := getModules(t, alpha.HTTPURL())["idle"]; still {
 		t.Error("an unassigned module is still in the status")
@@ -594,8 +598,10 @@ func TestModulesWithoutTheDatabase(t *testing.T) {
 	if child == 0 || processGone(child) {
 		t.Fatalf("sticky's child is not running (pid %d)", child)
 	}
+	start := time.Now()
 	p.Kill()
 	waitGone(t, 2*time.Second, "modules after SIGKILL to the node", sticky.Pid, plain.Pid, child)
+	t.Logf("SIGKILL to the node → every module process gone: %s", time.Since(start).Round(time.Millisecond))
 
 	// Started again from its cache while the database is away: the modules
 	// start again.
