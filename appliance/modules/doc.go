@@ -47,7 +47,9 @@
 // named by GrantFile). The variable MESHBOX_GRANT_<RESOURCE> (GrantEnv, or
 // the manifest's name for it) holds the file's path (several providers:
 // paths separated by ':'). A grant's credential is only ever in its file:
-// never in the environment, the arguments, a log line or the status.
+// never in the environment, the arguments, a log line or the status. The
+// directory goes when the module stops (by hand, unassigned, or with the
+// node).
 //
 // # Supervision
 //
@@ -61,14 +63,16 @@
 // change of the module or a manual start gives it a fresh round. A program that cannot be started (missing, not executable, a
 // user the node may not switch to) is failed, and tried again as slowly.
 //
-// On Linux every module gets SIGKILL from the kernel when the node dies
-// (Pdeathsig), so a node killed with SIGKILL leaves no module behind. The
-// signal is tied to the thread that started the child, so every module is
-// started from one goroutine locked to its OS thread for the supervisor's
-// life (see spawn_linux.go). It reaches the module's own process: a module
-// that starts children of its own should end them when it ends (a shell
-// script execs its last program); what is left of the group after the
-// module's process ended is killed with it.
+// A node killed with SIGKILL leaves no module behind. On Linux every
+// module's own process gets SIGKILL from the kernel when the node dies
+// (Pdeathsig). The signal is tied to the thread that started the child, so
+// every module is started from one goroutine locked to its OS thread for
+// the supervisor's life (see spawn_linux.go). What the module started in
+// turn (a shell script's programs) is in its process group, which the
+// guard (Config.Guard, see guard.go) kills when the node's end closes its
+// input; and what is left of a group after the module's process ended is
+// killed with it. A module that leaves its process group (setsid) is on
+// its own.
 //
 // Every line a module writes to stdout or stderr goes to the node's log
 // with the module's name, and the last Config.LogLines lines are kept for
