@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance/modules"
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/node"
@@ -62,6 +63,12 @@ type Appliance struct {
 	// bindings manager's goroutine.
 	bridge atomic.Pointer[bridge.Bridge]
 	node   atomic.Pointer[node.Node]
+	// mods supervises the assigned modules; set once it runs.
+	mods atomic.Pointer[modules.Supervisor]
+	// moduleGuard is the module guard's command (SetModuleGuard; nil: none).
+	moduleGuard []string
+	// credentials makes a module's local NATS credential (nil: none).
+	credentials func(module string, perms modules.Permissions) (credsPath string, err error)
 	// interest is the one watcher of what local programs host; set in
 	// Start before the bridge and the node.
 	interest *interestWatcher
@@ -102,14 +109,16 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(newNodeCollector(ring))
-	return &Appliance{
+	a := &Appliance{
 		cfg:      cfg,
 		logger:   logger,
 		errs:     ring,
 		registry: reg,
 		fatal:    make(chan error, 1),
 		quit:     make(chan struct{}),
-	}, nil
+	}
+	reg.MustRegister(newModulesCollector(a.mods.Load))
+	return a, nil
 }
 
 // Start brings the node up: data directory and bindings cache, embedded NATS
@@ -180,6 +189,9 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if err := a.startNode(ctx, hosted); err != nil {
 		return err
 	}
+	if err := a.startModules(ctx, hosted); err != nil {
+		return err
+	}
 	a.startWatchingInterest()
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("start: %w", err) // Close was called meanwhile
@@ -239,6 +251,10 @@ func (a *Appliance) closeLocked() error {
 	case <-a.quit:
 	default:
 		close(a.quit)
+	}
+	// Modules first: they use the node's NATS server and the mesh.
+	if err := a.stopModules(); err != nil {
+		errs = append(errs, err)
 	}
 	if n := a.node.Swap(nil); n != nil {
 		if err := n.Close(); err != nil {
@@ -334,5 +350,8 @@ func (a *Appliance) bindingsChanged(snap cache.Snapshot, div cache.Divergence) {
 	}
 	if n := a.node.Load(); n != nil {
 		a.applyToNode(n, snap)
+	}
+	if sup := a.mods.Load(); sup != nil {
+		a.applyModules(context.Background(), sup, snap.Bindings)
 	}
 }

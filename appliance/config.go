@@ -55,6 +55,8 @@ type Config struct {
 	Cache  CacheConfig  `json:"cache"`
 	Bridge BridgeConfig `json:"bridge"`
 	Mesh   MeshConfig   `json:"mesh"`
+	// Modules is the module supervision part (see ModulesConfig).
+	Modules ModulesConfig `json:"modules"`
 }
 
 // LogConfig says how the node logs.
@@ -149,6 +151,7 @@ func DefaultConfig() Config {
 			HeartbeatInterval: Duration(5 * time.Second),
 			MissedHeartbeats:  3,
 		},
+		Modules: defaultModulesConfig(),
 	}
 }
 
@@ -207,6 +210,8 @@ var EnvVars = []struct {
 	{"MESHBOX_BROKER", "broker"},
 	{"MESHBOX_LOG_LEVEL", "log.level"},
 	{"MESHBOX_LOG_FORMAT", "log.format"},
+	{"MESHBOX_MODULES_DIR", "modules.dir"},
+	{"MESHBOX_MODULES_RUN_DIR", "modules.run_dir"},
 }
 
 // ApplyEnv sets fields from the MESHBOX_* variables that getenv returns
@@ -247,6 +252,10 @@ func (c *Config) Set(field, value string) error {
 		c.Log.Level = value
 	case "log.format":
 		c.Log.Format = value
+	case "modules.dir":
+		c.Modules.Dir = value
+	case "modules.run_dir":
+		c.Modules.RunDir = value
 	default:
 		return fmt.Errorf("unknown config field %q", field)
 	}
@@ -360,6 +369,7 @@ func (c *Config) Validate() error {
 	if c.Mesh.MissedHeartbeats < 1 || c.Mesh.MissedHeartbeats > 100 {
 		bad("mesh.missed_heartbeats", "%d is out of range 1..100", c.Mesh.MissedHeartbeats)
 	}
+	c.Modules.validate(bad)
 	return errors.Join(errs...)
 }
 

@@ -46,6 +46,13 @@ func TestConfigValidate(t *testing.T) {
 		{"route bad cap", func(c *Config) { c.Bridge.Routes = map[string]string{"a.*": "b"} }, "bridge.routes"},
 		{"route bad node", func(c *Config) { c.Bridge.Routes = map[string]string{"echo": "b c"} }, "bridge.routes.echo"},
 		{"missed heartbeats", func(c *Config) { c.Mesh.MissedHeartbeats = 0 }, "mesh.missed_heartbeats"},
+		{"modules dir", func(c *Config) { c.Modules.Dir = "/srv/modules" }, ""},
+		{"modules restart min", func(c *Config) { c.Modules.RestartMin = 0 }, "modules.restart_min"},
+		{"modules restart max below min", func(c *Config) { c.Modules.RestartMax = Duration(time.Millisecond) }, "modules.restart_max"},
+		{"modules crash loop restarts", func(c *Config) { c.Modules.CrashLoopRestarts = 0 }, "modules.crash_loop_restarts"},
+		{"modules crash loop window", func(c *Config) { c.Modules.CrashLoopWindow = -1 }, "modules.crash_loop_window"},
+		{"modules crash loop retry", func(c *Config) { c.Modules.CrashLoopRetry = 0 }, "modules.crash_loop_retry"},
+		{"modules log lines", func(c *Config) { c.Modules.LogLines = 0 }, "modules.log_lines"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -154,6 +161,21 @@ func TestRedactURL(t *testing.T) {
 	for in, want := range tests {
 		if got := RedactURL(in); got != want {
 			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestModulesDir(t *testing.T) {
+	for _, tc := range []struct{ data, dir, want string }{
+		{"/home/ann/.local/share/meshbox", "", "/home/ann/.local/share/meshbox/modules"},
+		{"/var/lib/meshbox", "", "/etc/meshbox/modules"},
+		{"/var/lib/meshbox/", "", "/etc/meshbox/modules"},
+		{"/var/lib/meshbox", "/srv/modules", "/srv/modules"},
+	} {
+		c := DefaultConfig()
+		c.DataDir, c.Modules.Dir = tc.data, tc.dir
+		if got := c.ModulesDir(); got != tc.want {
+			t.Errorf("data %q, modules.dir %q: got %q, want %q", tc.data, tc.dir, got, tc.want)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package appliance
 import (
 	"time"
 
+	"github.com/meshbox/meshbox/appliance/modules"
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/node"
@@ -24,6 +25,7 @@ type Status struct {
 	Peers         []node.Peer          `json:"peers"`
 	Capabilities  node.Capabilities    `json:"capabilities"`
 	Bindings      cache.Status         `json:"bindings"`
+	Modules       []modules.Status     `json:"modules"`
 	Errors        []ErrorEntry         `json:"errors"`
 }
 
@@ -62,6 +64,10 @@ func (a *Appliance) Status() Status {
 	}
 	if st.Peers == nil {
 		st.Peers = []node.Peer{}
+	}
+	st.Modules = []modules.Status{}
+	if sup := a.mods.Load(); sup != nil {
+		st.Modules = sup.Status()
 	}
 	if bd := a.pubBindings.Load(); bd != nil {
 		st.Bindings = bd.manager.Status()

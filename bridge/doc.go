@@ -175,6 +175,11 @@
 // Start and on every change, and hands the node the same snapshot only
 // after SetLocalInterest returned: by then the queues of new stages exist,
 // so a stage is routable before its program's capabilities are advertised.
+// SetDeclaredStages takes the stages the node's assigned modules declare
+// (their manifests): their queues are declared and bound, now and on every
+// reconnect, but not consumed until a local program serves them, so a
+// command for an assigned stage waits (watched by the stall alarm) instead
+// of finding no route.
 // The bridge itself imports no NATS server code and never polls it. Start fails with a
 // *NodeNameInUseError when another process holds the node's name; Fatal
 // yields one when that happens on a later reconnect and lasts (the node

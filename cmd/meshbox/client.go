@@ -131,6 +131,26 @@ func printStatus(w io.Writer, st appliance.Status) {
 		sort.Strings(parts)
 		row("reaches", strings.Join(parts, " "))
 	}
+	if len(st.Modules) > 0 {
+		counts := map[string]int{}
+		for _, m := range st.Modules {
+			counts[m.State]++
+		}
+		var parts []string
+		for state, n := range counts {
+			parts = append(parts, fmt.Sprintf("%d %s", n, state))
+		}
+		sort.Strings(parts)
+		row("modules", strings.Join(parts, ", ")+" (meshbox modules)")
+		for _, m := range st.Modules {
+			if m.Error != "" {
+				row("MODULE", m.Module+": "+m.Error)
+			}
+			for _, w := range m.Warnings {
+				row("MODULE", w)
+			}
+		}
+	}
 	row("outbox", fmt.Sprintf("%d messages, oldest %s", st.Outbox.Depth, secs(st.Outbox.OldestAgeSeconds)))
 	for _, s := range st.Stalls {
 		row("STALL", fmt.Sprintf("stage %s: %s", s.Stage, s.Reason))

@@ -95,6 +95,8 @@ Node:
   status     show the status of the local node
   nodes      list the local node's peers: state, last seen, what they host
   caps       list capabilities and stages: hosted here, and by which peers
+  modules    list the modules assigned to the local node: state, pid, restarts, last exit
+  module     control a module by hand: module start|stop|restart|logs NAME
   doctor     check the node's situation: data dir, database, broker, cache, clock, names
   version    show the version of this binary and of the local node
 
@@ -129,6 +131,12 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		return (&NodesCommand{m: m}).Run(ctx, rest)
 	case "caps":
 		return (&CapsCommand{m: m}).Run(ctx, rest)
+	case "modules":
+		return (&ModulesCommand{m: m}).Run(ctx, rest)
+	case "module":
+		return (&ModuleCommand{m: m}).Run(ctx, rest)
+	case "module-guard": // started by the node itself; not in the usage
+		return (&ModuleGuardCommand{m: m}).Run(ctx, rest)
 	case "doctor":
 		return (&DoctorCommand{m: m}).Run(ctx, rest)
 	case "init":

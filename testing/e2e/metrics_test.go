@@ -134,9 +134,17 @@ var expectedMetrics = map[string]dto.MetricType{
 	"meshbox_discovery_messages_total": dto.MetricType_COUNTER,
 	"meshbox_discovery_rejected_total": dto.MetricType_COUNTER,
 	"meshbox_discovery_errors_total":   dto.MetricType_COUNTER,
+	// modules (appliance/modules)
+	"meshbox_module_up":             dto.MetricType_GAUGE,
+	"meshbox_module_restarts_total": dto.MetricType_COUNTER,
+	"meshbox_module_state":          dto.MetricType_GAUGE,
 }
 
 var lazyMetrics = map[string]bool{
+	// One series per assigned module: none on a node without modules.
+	"meshbox_module_up":                true,
+	"meshbox_module_restarts_total":    true,
+	"meshbox_module_state":             true,
 	"meshbox_log_messages_total":       true,
 	"meshbox_errors_total":             true,
 	"meshbox_request_duration_seconds": true,

@@ -115,6 +115,7 @@ func (d *Doctor) Run(ctx context.Context) Report {
 		d.checkMeshNames,
 		d.checkHostsFile,
 		d.checkNATSBind,
+		d.checkModules,
 	}
 	rep := Report{Node: d.cfg.Node, Data: d.cfg.DataDir}
 	for _, run := range checks {
