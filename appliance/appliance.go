@@ -153,7 +153,14 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	}
 	a.pubBindings.Store(a.bindings)
 
-	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, a.logger.With("component", "nats"))
+	auth, err := newLocalAuth(a.cfg.DataDir, !a.cfg.InMesh() || a.cfg.NATSAnonymous)
+	if err != nil {
+		return err
+	}
+	if auth.anonymous {
+		a.logger.Warn(warnNATSOpen, "component", "nats")
+	}
+	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, auth, a.logger.With("component", "nats"))
 	if err != nil {
 		return err
 	}
@@ -163,6 +170,9 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("nats connect: %w", err)
 	}
 	if err := a.serveAPI(); err != nil {
+		return err
+	}
+	if err := a.serveReload(); err != nil {
 		return err
 	}
 	a.interest = newInterestWatcher(a.natsSrv.srv)

@@ -50,6 +50,15 @@ type Config struct {
 	// Broker overrides the broker.url mesh setting (amqp:// or amqps://).
 	// Empty: the broker named by the bindings, or none.
 	Broker Secret `json:"broker"`
+	// NATSAnonymous lets programs without a credential onto the embedded
+	// NATS server of a node in a mesh (a standalone node always does):
+	// they may then do anything but take the node's own subjects. Off by
+	// default; warned about in the status when on.
+	NATSAnonymous bool `json:"nats_anonymous"`
+	// HTTPHosts are further Host names the HTTP server answers (a reverse
+	// proxy's name); it always answers loopback names and its listen
+	// address, and refuses every other Host (no DNS rebinding).
+	HTTPHosts []string `json:"http_hosts"`
 
 	Log    LogConfig    `json:"log"`
 	Cache  CacheConfig  `json:"cache"`
@@ -205,6 +214,7 @@ var EnvVars = []struct {
 	{"MESHBOX_PPROF", "pprof"},
 	{"MESHBOX_DB", "db"},
 	{"MESHBOX_BROKER", "broker"},
+	{"MESHBOX_NATS_ANONYMOUS", "nats_anonymous"},
 	{"MESHBOX_LOG_LEVEL", "log.level"},
 	{"MESHBOX_LOG_FORMAT", "log.format"},
 }
@@ -239,6 +249,12 @@ func (c *Config) Set(field, value string) error {
 			return fmt.Errorf("pprof: %q is not true or false", value)
 		}
 		c.Pprof = on
+	case "nats_anonymous":
+		on, err := strconv.ParseBool(value)
+		if err != nil {
+			return fmt.Errorf("nats_anonymous: %q is not true or false", value)
+		}
+		c.NATSAnonymous = on
 	case "db":
 		c.DB = Secret(value)
 	case "broker":
@@ -252,6 +268,10 @@ func (c *Config) Set(field, value string) error {
 	}
 	return nil
 }
+
+// InMesh reports whether the node belongs to a mesh (it has a database or
+// a broker); otherwise it is standalone.
+func (c *Config) InMesh() bool { return c.DB != "" || c.Broker != "" }
 
 // FieldError is a validation error that names the config field at fault.
 type FieldError struct {
@@ -286,6 +306,11 @@ func (c *Config) Validate() error {
 	if c.Pprof && (c.HTTP == "off" || !LoopbackAddr(c.HTTP)) {
 		// Profiles show the process's memory: never off this machine.
 		bad("pprof", "needs the HTTP listener on loopback, got http %q", c.HTTP)
+	}
+	for i, h := range c.HTTPHosts {
+		if h == "" || strings.ContainsAny(h, "/ @") {
+			bad(fmt.Sprintf("http_hosts[%d]", i), "%q is not a host name", h)
+		}
 	}
 	if c.DB != "" {
 		if err := checkURL(string(c.DB), "postgres", "postgresql"); err != nil {

@@ -78,6 +78,8 @@ type Main struct {
 	Stdout io.Writer
 	Stderr io.Writer
 	Getenv func(string) string
+
+	creds string // --creds of the command that runs (see serverFlag)
 }
 
 // NewMain returns a Main on the process's streams and environment.
@@ -96,6 +98,7 @@ Node:
   nodes      list the local node's peers: state, last seen, what they host
   caps       list capabilities and stages: hosted here, and by which peers
   doctor     check the node's situation: data dir, database, broker, cache, clock, names
+  program    local programs' credentials: add, list, show, remove
   version    show the version of this binary and of the local node
 
 Messages:
@@ -139,6 +142,8 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		return (&JoinCommand{m: m}).Run(ctx, rest)
 	case "cache":
 		return (&CacheCommand{m: m}).Run(ctx, rest)
+	case "program":
+		return (&ProgramCommand{m: m}).Run(ctx, rest)
 	case "call":
 		return (&CallCommand{m: m}).Run(ctx, rest)
 	case "send":
