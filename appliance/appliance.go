@@ -219,6 +219,9 @@ func (a *Appliance) HTTPURL() string {
 	return ""
 }
 
+// DataDir is the node's data directory.
+func (a *Appliance) DataDir() string { return a.cfg.DataDir }
+
 // Logger is the node's logger.
 func (a *Appliance) Logger() *slog.Logger { return a.logger }
 
