@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/internal/redact"
 	"github.com/meshbox/meshbox/node"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -98,7 +99,9 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	ring := newErrorRing(50)
-	logger = slog.New(&ringHandler{next: logger.Handler(), ring: ring}).With("node", cfg.Node)
+	// Secrets are hidden before a record reaches the ring (the status)
+	// or the log.
+	logger = slog.New(redact.NewHandler(&ringHandler{next: logger.Handler(), ring: ring})).With("node", cfg.Node)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(newNodeCollector(ring))

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/internal/names"
+	"github.com/meshbox/meshbox/internal/redact"
 )
 
 // Config is the whole configuration of one node. It is built once, at the
@@ -457,28 +458,8 @@ func (s Secret) String() string { return RedactURL(string(s)) }
 // LogValue returns the redacted form for slog.
 func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
 
-// RedactURL replaces the password of a URL with "xxxxx". Text that is not a
-// URL is returned as is unless it could hide credentials, in which case it
-// is replaced entirely.
-func RedactURL(raw string) string {
-	if raw == "" {
-		return ""
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	q := u.Query()
-	for k := range q {
-		if strings.Contains(strings.ToLower(k), "password") {
-			q.Set(k, "xxxxx")
-		}
-	}
-	u.RawQuery = q.Encode()
-	return u.String()
-}
+// RedactURL hides the password and secret query parameters of a URL
+// (package redact).
+func RedactURL(raw string) string { return redact.URL(raw) }
 
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }

@@ -3,10 +3,10 @@ package bridge
 import (
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/redact"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -234,13 +234,4 @@ func checkBrokerURL(u, node string) error {
 }
 
 // redactURL returns u with its password replaced by "xxxxx".
-func redactURL(u string) string {
-	if u == "" {
-		return ""
-	}
-	p, err := url.Parse(u)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return p.Redacted()
-}
+func redactURL(u string) string { return redact.URL(u) }

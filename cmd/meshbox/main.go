@@ -14,6 +14,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/meshbox/meshbox/internal/redact"
 )
 
 func main() {
@@ -163,15 +165,15 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 }
 
 // newLogger builds the process's slog logger. It is the one place that
-// chooses a handler.
+// chooses a handler; secrets are hidden before anything is written.
 func newLogger(w io.Writer, level, format string) *slog.Logger {
 	var lv slog.Level
 	_ = lv.UnmarshalText([]byte(level)) // validated with the config; info otherwise
 	opts := &slog.HandlerOptions{Level: lv}
 	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		return slog.New(redact.NewHandler(slog.NewJSONHandler(w, opts)))
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(redact.NewHandler(slog.NewTextHandler(w, opts)))
 }
 
 // newFlagSet returns a flag set that reports errors instead of exiting and
