@@ -34,8 +34,8 @@ const (
 
 // Auth modes of the embedded NATS server, as the status reports them.
 const (
-	AuthCredentials = "credentials"           // every client needs a credential
-	AuthOpen        = "open"                  // clients without one are let in too
+	AuthCredentials = "credentials" // every client needs a credential
+	AuthOpen        = "open"        // clients without one are let in too
 	warnNATSOpen    = "the local NATS server is open: programs without a credential can connect and do anything but take the node's own subjects"
 )
 
