@@ -327,7 +327,7 @@ func (a *Appliance) startHTTP() error {
 	u := "http://" + ln.Addr().String()
 	a.httpURL.Store(&u)
 	a.httpSrv = &http.Server{
-		Handler:           a.handler(),
+		Handler:           newHostGuard(ln.Addr().String(), a.cfg.HTTPHosts, a.handler()),
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          slog.NewLogLogger(a.logger.With("component", "http").Handler(), slog.LevelWarn),
 	}
