@@ -111,10 +111,12 @@ func (d *Doctor) Run(ctx context.Context) Report {
 		d.checkCache,
 		d.checkDatabase,
 		d.checkBroker,
+		d.checkTransport,
 		d.checkClock,
 		d.checkMeshNames,
 		d.checkHostsFile,
 		d.checkNATSBind,
+		d.checkNATSAccess,
 	}
 	rep := Report{Node: d.cfg.Node, Data: d.cfg.DataDir}
 	for _, run := range checks {
