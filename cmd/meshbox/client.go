@@ -127,8 +127,21 @@ func printStatus(w io.Writer, st appliance.Status) {
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	row("node", fmt.Sprintf("%s (meshbox %s)", st.Node, st.Version))
 	row("started", fmt.Sprintf("%s (up %s)", st.StartedAt.Format(time.RFC3339), secs(st.UptimeSeconds)))
-	row("nats", st.NATS.URL)
+	nats := st.NATS.URL
+	switch st.NATS.Auth {
+	case appliance.AuthOpen:
+		nats += ", open to programs without a credential"
+	case appliance.AuthCredentials:
+		nats += fmt.Sprintf(", credentials required (%d programs)", len(st.NATS.Programs))
+	}
+	row("nats", nats)
 	row("http", st.HTTP.URL)
+	for _, w := range st.Warnings {
+		row("warning", w)
+	}
+	for _, e := range st.NATS.ProgramErrors {
+		row("warning", "program left out: "+e)
+	}
 	broker := st.Broker.State
 	if st.Broker.URL != "" {
 		broker += " " + st.Broker.URL
