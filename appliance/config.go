@@ -2,6 +2,7 @@ package appliance
 
 import (
 	"bytes"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -88,7 +89,12 @@ type CacheConfig struct {
 
 // BridgeConfig is the broker part of the configuration.
 type BridgeConfig struct {
-	CAFile         string   `json:"ca_file"`
+	CAFile string `json:"ca_file"`
+	// CertFile and KeyFile are a PEM client certificate and key for an
+	// amqps:// broker; with them a broker URL without a password logs in
+	// with the certificate (SASL EXTERNAL).
+	CertFile       string   `json:"cert_file"`
+	KeyFile        string   `json:"key_file"`
 	OutboxMaxBytes int64    `json:"outbox_max_bytes"`
 	RequestTimeout Duration `json:"request_timeout"`
 	// CommandTimeout bounds one handler attempt of a command; a handler
@@ -373,6 +379,14 @@ func (c *Config) Validate() error {
 	if c.Bridge.CAFile != "" {
 		if _, err := os.Stat(c.Bridge.CAFile); err != nil {
 			bad("bridge.ca_file", "%v", err)
+		}
+	}
+	switch {
+	case (c.Bridge.CertFile == "") != (c.Bridge.KeyFile == ""):
+		bad("bridge.cert_file", "a client certificate needs both bridge.cert_file and bridge.key_file")
+	case c.Bridge.CertFile != "":
+		if _, err := tls.LoadX509KeyPair(c.Bridge.CertFile, c.Bridge.KeyFile); err != nil {
+			bad("bridge.cert_file", "%v", err)
 		}
 	}
 	for _, capName := range sortedKeys(c.Bridge.Routes) {

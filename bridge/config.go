@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"os"
@@ -23,6 +24,10 @@ type Config struct {
 	URL string
 	// CAFile is an extra PEM CA bundle trusted for amqps:// brokers.
 	CAFile string
+	// CertFile and KeyFile are the node's PEM client certificate and key
+	// for amqps:// brokers (both or neither). With them, a URL without a
+	// password logs in with SASL EXTERNAL (see clientcert.go).
+	CertFile, KeyFile string
 	// OutboxPath is the bbolt file of the durable outbox (<data>/outbox.db).
 	OutboxPath string
 	// OutboxMaxBytes bounds the outbox (default 64 MiB).
@@ -198,6 +203,14 @@ func (c Config) validate() error {
 	if c.CAFile != "" {
 		if _, err := os.Stat(c.CAFile); err != nil {
 			return bad("CAFile", "%v", err)
+		}
+	}
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		return bad("CertFile", "a client certificate needs both CertFile and KeyFile")
+	}
+	if c.CertFile != "" {
+		if _, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile); err != nil {
+			return bad("CertFile", "%v", err)
 		}
 	}
 	for capName, node := range c.Routes {
