@@ -105,9 +105,13 @@ func TestBrokerLoginWithClientCertificate(t *testing.T) {
 	p := meshtest.StartProcess(t, "--node", "certnode", "--broker", url, "--config", file)
 	waitStatus(t, p.HTTPURL(), 30*time.Second, "node certnode connected with its certificate",
 		func(s nodeStatus) bool { return s.Broker.State == "connected" })
-	users := rmq.ConnectionUsers(t)
-	if len(users) == 0 {
-		t.Fatal("the broker lists no connection")
+	// The management API lists connections a few seconds late.
+	var users []string
+	for deadline := time.Now().Add(30 * time.Second); len(users) < 2; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the broker lists %v, want the node's two connections", users)
+		}
+		users = rmq.ConnectionUsers(t)
 	}
 	for _, u := range users {
 		if u != "certnode" {
