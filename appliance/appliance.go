@@ -160,8 +160,8 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	if auth.anonymous {
-		a.logger.Warn(warnNATSOpen, "component", "nats")
+	if auth.anonymous { // the status warns about it for as long as it lasts
+		a.logger.Info(warnNATSOpen, "component", "nats")
 	}
 	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, auth, a.logger.With("component", "nats"))
 	if err != nil {

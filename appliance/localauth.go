@@ -1,7 +1,6 @@
 package appliance
 
 import (
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -10,6 +9,7 @@ import (
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
 
 // Who may connect to the embedded NATS server (see package programs):
@@ -23,7 +23,6 @@ import (
 //     status warns that the local NATS server is open. Anonymous clients
 //     may do anything but subscribe to the node's own subjects ($MESH.>).
 const (
-	anonymousUser = "anonymous"
 	// SubjectReloadPrograms asks the node to read its programs again (the
 	// meshbox CLI does after program add and remove). The reply is a
 	// ProgramsReport.
@@ -51,7 +50,10 @@ type localAuth struct {
 	admin     *programs.Key
 	store     *programs.Store
 	anonymous bool
-	anonPass  string // unknowable: the anonymous user is reached without one
+	// anonKey is the public nkey clients without a credential are taken
+	// for (the server's no_auth_user); its seed was never kept, so only
+	// clients that present nothing become it.
+	anonKey string
 
 	mu     sync.Mutex
 	report ProgramsReport // the last load
@@ -68,7 +70,16 @@ func newLocalAuth(dataDir string, anonymous bool) (*localAuth, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &localAuth{admin: admin, store: store, anonymous: anonymous, anonPass: rand.Text()}, nil
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, fmt.Errorf("anonymous user: %w", err)
+	}
+	anonKey, err := kp.PublicKey()
+	if err != nil {
+		return nil, fmt.Errorf("anonymous user: %w", err)
+	}
+	kp.Wipe()
+	return &localAuth{admin: admin, store: store, anonymous: anonymous, anonKey: anonKey}, nil
 }
 
 // mode is AuthOpen or AuthCredentials.
@@ -101,14 +112,13 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 	}
 	opts.Users, opts.NoAuthUser = nil, ""
 	if l.anonymous {
-		opts.Users = []*server.User{{
-			Username: anonymousUser,
-			Password: l.anonPass,
+		opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{
+			Nkey: l.anonKey,
 			Permissions: &server.Permissions{
 				Subscribe: &server.SubjectPermission{Deny: []string{"$MESH.>"}},
 			},
-		}}
-		opts.NoAuthUser = anonymousUser
+		})
+		opts.NoAuthUser = l.anonKey
 	}
 	l.report = rep
 	return rep
