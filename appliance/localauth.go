@@ -3,7 +3,6 @@ package appliance
 import (
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"sync"
 
 	"github.com/meshbox/meshbox/appliance/programs"
@@ -27,8 +26,6 @@ const (
 	// meshbox CLI does after program add and remove). The reply is a
 	// ProgramsReport.
 	SubjectReloadPrograms = "$MESH.programs.reload"
-	// programsDir is the programs' store in the data directory.
-	programsDir = "programs"
 )
 
 // Auth modes of the embedded NATS server, as the status reports them.
@@ -51,8 +48,9 @@ type localAuth struct {
 	store     *programs.Store
 	anonymous bool
 	// anonKey is the public nkey clients without a credential are taken
-	// for (the server's no_auth_user); its seed was never kept, so only
-	// clients that present nothing become it.
+	// for (the server's no_auth_user); its seed was never kept: a client
+	// becomes it by presenting no credential (or this public key), with
+	// the rights of a client without one.
 	anonKey string
 
 	mu     sync.Mutex
@@ -66,7 +64,7 @@ func newLocalAuth(dataDir string, anonymous bool) (*localAuth, error) {
 	if err != nil {
 		return nil, err
 	}
-	store, err := programs.Open(filepath.Join(dataDir, programsDir))
+	store, err := programs.Open(programs.Dir(dataDir))
 	if err != nil {
 		return nil, err
 	}

@@ -42,7 +42,7 @@ func TestWeakTransport(t *testing.T) {
 // programs; its warnings hold no weak link (it has none).
 func TestStandaloneStatusWarnsOpenNATS(t *testing.T) {
 	dir := t.TempDir()
-	store, err := programs.Open(dir + "/programs")
+	store, err := programs.Open(programs.Dir(dir))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,9 @@ import (
 // directory: the node's own in-process clients and the meshbox CLI use it.
 const AdminFile = "admin.nk"
 
+// Dir is the directory of the programs' store in a node's data directory.
+func Dir(dataDir string) string { return filepath.Join(dataDir, "programs") }
+
 // seedFile is the content of a credential file: comment lines saying what
 // it is, then the seed on a line of its own (the form NATS clients read).
 func seedFile(seed []byte, what, inbox string) []byte {

@@ -87,7 +87,7 @@ func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
 	if len(pos) != want {
 		return usagef("program %s: want %d arguments, got %d", sub, want, len(pos))
 	}
-	store, err := programs.Open(filepath.Join(*data, "programs"))
+	store, err := programs.Open(programs.Dir(*data))
 	if err != nil {
 		return err
 	}

@@ -69,7 +69,7 @@ func AdminConn(tb testing.TB, url, dataDir string, opts ...nats.Option) *nats.Co
 // returns the path of the program's credential file.
 func AddProgram(tb testing.TB, url, dataDir string, p programs.Program) string {
 	tb.Helper()
-	store, err := programs.Open(filepath.Join(dataDir, "programs"))
+	store, err := programs.Open(programs.Dir(dataDir))
 	if err != nil {
 		tb.Fatalf("meshtest: %v", err)
 	}
