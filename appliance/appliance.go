@@ -16,6 +16,7 @@ import (
 	"github.com/meshbox/meshbox/appliance/modules"
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/internal/redact"
 	"github.com/meshbox/meshbox/node"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,8 +68,6 @@ type Appliance struct {
 	mods atomic.Pointer[modules.Supervisor]
 	// moduleGuard is the module guard's command (SetModuleGuard; nil: none).
 	moduleGuard []string
-	// credentials makes a module's local NATS credential (nil: none).
-	credentials func(module string, perms modules.Permissions) (credsPath string, err error)
 	// interest is the one watcher of what local programs host; set in
 	// Start before the bridge and the node.
 	interest *interestWatcher
@@ -105,7 +104,9 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	ring := newErrorRing(50)
-	logger = slog.New(&ringHandler{next: logger.Handler(), ring: ring}).With("node", cfg.Node)
+	// Secrets are hidden before a record reaches the ring (the status)
+	// or the log.
+	logger = slog.New(redact.NewHandler(&ringHandler{next: logger.Handler(), ring: ring})).With("node", cfg.Node)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(newNodeCollector(ring))
@@ -162,7 +163,14 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	}
 	a.pubBindings.Store(a.bindings)
 
-	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, a.logger.With("component", "nats"))
+	auth, err := newLocalAuth(a.cfg.DataDir, !a.cfg.InMesh() || a.cfg.NATSAnonymous)
+	if err != nil {
+		return err
+	}
+	if auth.anonymous { // the status warns about it for as long as it lasts
+		a.logger.Info(warnNATSOpen, "component", "nats")
+	}
+	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, auth, a.logger.With("component", "nats"))
 	if err != nil {
 		return err
 	}
@@ -172,6 +180,9 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("nats connect: %w", err)
 	}
 	if err := a.serveAPI(); err != nil {
+		return err
+	}
+	if err := a.serveReload(); err != nil {
 		return err
 	}
 	a.interest = newInterestWatcher(a.natsSrv.srv)
@@ -220,6 +231,9 @@ func (a *Appliance) HTTPURL() string {
 	}
 	return ""
 }
+
+// DataDir is the node's data directory.
+func (a *Appliance) DataDir() string { return a.cfg.DataDir }
 
 // Logger is the node's logger.
 func (a *Appliance) Logger() *slog.Logger { return a.logger }
@@ -327,7 +341,7 @@ func (a *Appliance) startHTTP() error {
 	u := "http://" + ln.Addr().String()
 	a.httpURL.Store(&u)
 	a.httpSrv = &http.Server{
-		Handler:           a.handler(),
+		Handler:           newHostGuard(ln.Addr().String(), a.cfg.HTTPHosts, a.handler()),
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          slog.NewLogLogger(a.logger.With("component", "http").Handler(), slog.LevelWarn),
 	}

@@ -43,6 +43,12 @@ func TestConfigValidate(t *testing.T) {
 		{"command timeout zero", func(c *Config) { c.Bridge.CommandTimeout = 0 }, "bridge.command_timeout"},
 		{"command timeout too long", func(c *Config) { c.Bridge.CommandTimeout = Duration(time.Hour) }, "bridge.command_timeout"},
 		{"ca file missing", func(c *Config) { c.Bridge.CAFile = "/nonexistent/ca.pem" }, "bridge.ca_file"},
+		{"cert without key", func(c *Config) { c.Bridge.CertFile = "/nonexistent/c.pem" }, "bridge.cert_file"},
+		{"key without cert", func(c *Config) { c.Bridge.KeyFile = "/nonexistent/k.pem" }, "bridge.cert_file"},
+		{"cert files missing", func(c *Config) { c.Bridge.CertFile, c.Bridge.KeyFile = "/nonexistent/c.pem", "/nonexistent/k.pem" }, "bridge.cert_file"},
+		{"http host with slash", func(c *Config) { c.HTTPHosts = []string{"a/b"} }, "http_hosts[0]"},
+		{"http host empty", func(c *Config) { c.HTTPHosts = []string{"ok.example", ""} }, "http_hosts[1]"},
+		{"http hosts ok", func(c *Config) { c.HTTPHosts = []string{"status.example.org", "::1"} }, ""},
 		{"route bad cap", func(c *Config) { c.Bridge.Routes = map[string]string{"a.*": "b"} }, "bridge.routes"},
 		{"route bad node", func(c *Config) { c.Bridge.Routes = map[string]string{"echo": "b c"} }, "bridge.routes.echo"},
 		{"missed heartbeats", func(c *Config) { c.Mesh.MissedHeartbeats = 0 }, "mesh.missed_heartbeats"},
@@ -177,5 +183,28 @@ func TestModulesDir(t *testing.T) {
 		if got := c.ModulesDir(); got != tc.want {
 			t.Errorf("data %q, modules.dir %q: got %q, want %q", tc.data, tc.dir, got, tc.want)
 		}
+	}
+}
+
+func TestNATSAnonymousFromEnvironment(t *testing.T) {
+	c := DefaultConfig()
+	if c.NATSAnonymous {
+		t.Fatal("nats_anonymous is on by default")
+	}
+	if err := c.ApplyEnv(func(k string) string { return map[string]string{"MESHBOX_NATS_ANONYMOUS": "true"}[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if !c.NATSAnonymous {
+		t.Error("MESHBOX_NATS_ANONYMOUS=true: got off, want on")
+	}
+	if err := c.Set("nats_anonymous", "maybe"); err == nil || !strings.Contains(err.Error(), "nats_anonymous") {
+		t.Errorf("nats_anonymous=maybe: got %v, want an error naming the field", err)
+	}
+	if c.InMesh() {
+		t.Error("a config without db or broker is in a mesh")
+	}
+	c.Broker = "amqp://h/"
+	if !c.InMesh() {
+		t.Error("a config with a broker is standalone")
 	}
 }

@@ -2,6 +2,8 @@ package appliance
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -9,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/modules"
+	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/internal/backoff"
 	"github.com/nats-io/nats.go"
@@ -242,14 +245,50 @@ func (a *Appliance) publishModuleLine(module string, l modules.LogLine) {
 	_ = nc.Publish(SubjectModuleLogPrefix+module, data)
 }
 
-// moduleCredentials makes a module's own local NATS credential. None yet:
-// modules get NATS_URL alone until the embedded server authenticates local
-// programs; this is the one place that will make them.
-func (a *Appliance) moduleCredentials(module string, perms modules.Permissions) (string, error) {
-	if f := a.credentials; f != nil {
-		return f(module, perms)
+// moduleCredentials makes or updates a module's own local NATS
+// credential: a local program (see PutProgram) with the permissions its
+// manifest declares, so a module can host, serve, call, submit, publish
+// and subscribe to what it declares and nothing else.
+func (a *Appliance) moduleCredentials(module string, perms modules.Permissions) (modules.Credential, error) {
+	p := programs.Program{
+		Name:      moduleProgram(module),
+		Host:      perms.Hosts.Capabilities,
+		Serve:     perms.Hosts.Stages,
+		Call:      perms.Uses.Capabilities,
+		Submit:    perms.Uses.Stages,
+		Publish:   perms.Uses.Publishes,
+		Subscribe: perms.Uses.Subscribes,
 	}
-	return "", nil
+	path, err := a.PutProgram(p)
+	if err != nil {
+		return modules.Credential{}, fmt.Errorf("module %s: %w", module, err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return modules.Credential{}, fmt.Errorf("module %s: %w", module, err)
+	}
+	return modules.Credential{File: data, InboxPrefix: p.InboxPrefix()}, nil
+}
+
+// moduleProgram is the local program name of a module's credential:
+// "module-" and its name, or, for a name a program name cannot hold (dots,
+// length), its name made safe and a hash of the real one so that two
+// modules never share a credential.
+func moduleProgram(module string) string {
+	if n := "module-" + module; programs.CheckName(n) == nil {
+		return n
+	}
+	safe := []byte(module)
+	for i, c := range safe {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+			safe[i] = '_'
+		}
+	}
+	if len(safe) > 40 {
+		safe = safe[:40]
+	}
+	sum := sha256.Sum256([]byte(module))
+	return "module-" + string(safe) + "-" + hex.EncodeToString(sum[:4])
 }
 
 // SetModuleGuard sets the command of the module guard (see

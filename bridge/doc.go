@@ -41,6 +41,16 @@
 //     node never sends a mesh event back to the mesh nor redelivers its own
 //     event locally.
 //
+// A local program's Meshbox-* headers are never the node's word: the
+// bridge drops them from what it takes from programs (calls, replies,
+// commands, events) and sets its own. A program may shorten a request's
+// deadline with Meshbox-Timeout and name its command or event with
+// Meshbox-Msg-Id; nothing else it sets in that namespace is read. An event
+// a program publishes with another node's Meshbox-Origin still goes to the
+// mesh, from this node. (Local subscribers see what a program published as
+// it was published: on one node's NATS server, only the permissions of
+// package programs keep one program from posing as another.)
+//
 // Error replies use the NATS micro headers Nats-Service-Error and
 // Nats-Service-Error-Code: 400 bad input (invalid subject, header or
 // timeout, oversized payload), 503 unreachable or no host, 504 deadline

@@ -103,7 +103,8 @@ func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to broker: %w", err)
 	}
-	_, _, perNode := ParseBrokerUser(uri.Username)
+	user := b.loginUser(url, uri) // the URL's, or a client certificate's
+	_, _, perNode := ParseBrokerUser(user)
 	conConn, _, abortCon, err := b.dial(ctx, url, roleConsume)
 	if err != nil {
 		return nil, fmt.Errorf("connect to broker: %w", err)
@@ -115,7 +116,7 @@ func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
 		return nil, fmt.Errorf("connect to broker: %w", err)
 	}
 	s := &session{
-		b: b, url: url, user: uri.Username, perNode: perNode, pubConn: pubConn, cork: cork, conConn: conConn,
+		b: b, url: url, user: user, perNode: perNode, pubConn: pubConn, cork: cork, conConn: conConn,
 		failed:   make(chan error, 1),
 		pubQ:     newPubQueue(publishWindow),
 		fastQ:    newPubQueue(publishWindow),

@@ -36,8 +36,10 @@
 // may hold the database's password), in layers, each beating the one
 // before: PATH, HOME, USER; the selection's env; what the node sets
 // (MESHBOX_NODE, MESHBOX_MODULE, MESHBOX_SELECTION, MESHBOX_RUNTIME_DIR,
-// MESHBOX_GRANTS_DIR, NATS_URL, NATS_CREDS when a local credential was
-// made, and the grant variables); the overrides last. An override arrives
+// MESHBOX_GRANTS_DIR, NATS_URL; NATS_NKEY, the module's own local
+// credential (an nkey seed file in its runtime directory) and
+// NATS_INBOX_PREFIX, the inbox prefix it must use, when the node made one;
+// and the grant variables); the overrides last. An override arrives
 // in the variable its manifest maps its key to, else in
 // MESHBOX_OVERRIDE_<KEY> (OverrideEnv).
 //

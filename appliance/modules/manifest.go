@@ -268,6 +268,13 @@ type Permissions struct {
 	Uses  Uses
 }
 
+// Credential is a module's local NATS credential: the content of an nkey
+// seed file and the inbox prefix its permissions allow for replies.
+type Credential struct {
+	File        []byte
+	InboxPrefix string
+}
+
 // Permissions returns what the manifest declares.
 func (m *Manifest) Permissions() Permissions {
 	return Permissions{Hosts: m.Hosts, Uses: m.Uses}

@@ -287,7 +287,7 @@ func (r *runner) launch(sp spec) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, grantEnv, err := prepareRuntimeDir(cfg.RunDir, r.name, as, m, sp.grants)
+	dir, grantEnv, err := prepareRuntimeDir(cfg.RunDir, r.name, as, m, sp.grants)
 	if err != nil {
 		return nil, err
 	}
@@ -301,12 +301,17 @@ func (r *runner) launch(sp spec) (*proc, error) {
 		nodeEnv[k] = v
 	}
 	if cfg.Credentials != nil {
-		creds, err := cfg.Credentials(r.name, m.Permissions())
+		cred, err := cfg.Credentials(r.name, m.Permissions())
 		if err != nil {
 			return nil, fmt.Errorf("local NATS credential: %w", err)
 		}
-		if creds != "" {
-			nodeEnv["NATS_CREDS"] = creds
+		if len(cred.File) > 0 {
+			path := filepath.Join(dir, NATSKeyFile)
+			if err := writeSecret(path, string(cred.File), as); err != nil {
+				return nil, fmt.Errorf("local NATS credential: %w", err)
+			}
+			nodeEnv["NATS_NKEY"] = path
+			nodeEnv["NATS_INBOX_PREFIX"] = cred.InboxPrefix
 		}
 	}
 	base := map[string]string{"PATH": cfg.Path}

@@ -158,28 +158,32 @@ func GrantFile(resource, provider string) string {
 	return url.QueryEscape(resource) + "@" + url.QueryEscape(provider)
 }
 
+// NATSKeyFile is the name of the module's local NATS credential (an nkey
+// seed file) in its runtime directory.
+const NATSKeyFile = "nats.nk"
+
 // writeSecret writes a file only its owner (the module's user) can read.
 func writeSecret(path, value string, as runAs) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return fmt.Errorf("grant file: %w", err)
+		return fmt.Errorf("secret file: %w", err)
 	}
 	if err := f.Chmod(0o600); err != nil {
 		f.Close()
-		return fmt.Errorf("grant file: %w", err)
+		return fmt.Errorf("secret file: %w", err)
 	}
 	if as.uid >= 0 {
 		if err := f.Chown(as.uid, as.gid); err != nil {
 			f.Close()
-			return fmt.Errorf("grant file: %w", err)
+			return fmt.Errorf("secret file: %w", err)
 		}
 	}
 	if _, err := f.WriteString(value); err != nil {
 		f.Close()
-		return fmt.Errorf("grant file: %w", err)
+		return fmt.Errorf("secret file: %w", err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("grant file: %w", err)
+		return fmt.Errorf("secret file: %w", err)
 	}
 	return nil
 }
@@ -196,7 +200,7 @@ func chown(path string, as runAs) error {
 
 // moduleEnv builds a module's whole environment, in layers, each beating
 // the one before: the base (PATH, HOME, USER), the selection's env, what
-// the node sets (MESHBOX_*, NATS_URL, NATS_CREDS, the grant files), and
+// the node sets (MESHBOX_*, NATS_URL, NATS_NKEY, NATS_INBOX_PREFIX, the grant files), and
 // last the overrides. Nothing of the node's own environment is passed on:
 // it may hold the database's password.
 func moduleEnv(base, selection, node, overrides map[string]string) []string {

@@ -38,11 +38,12 @@ type Config struct {
 	NATSURL string
 	// Path is the PATH modules get and bare commands are looked up in.
 	Path string
-	// Credentials, when set, makes a module's own local NATS credential
-	// with the permissions its manifest declares and returns the path of
-	// its credentials file (NATS_CREDS); "" means none. nil: modules get
-	// NATS_URL alone.
-	Credentials func(module string, perms Permissions) (credsPath string, err error)
+	// Credentials, when set, makes (or updates) a module's own local NATS
+	// credential with the permissions its manifest declares. The file is
+	// copied into the module's runtime directory, owned by the module's
+	// user, and named in NATS_NKEY, with the inbox prefix its permissions
+	// allow in NATS_INBOX_PREFIX. nil: modules get NATS_URL alone.
+	Credentials func(module string, perms Permissions) (Credential, error)
 	// Restart is the backoff between restarts of a failing module
 	// (defaults DefaultRestartMin, DefaultRestartMax).
 	Restart backoff.Policy

@@ -29,7 +29,7 @@ func (c *ModulesCommand) Run(ctx context.Context, args []string) error {
 		return usagef("modules takes no arguments")
 	}
 	var list []modules.Status
-	raw, err := askNode(ctx, *server, appliance.SubjectModules, &list)
+	raw, err := c.m.askNode(ctx, *server, appliance.SubjectModules, &list)
 	if err != nil {
 		return err
 	}
@@ -128,7 +128,7 @@ func (c *ModuleCommand) Run(ctx context.Context, args []string) error {
 	if name == "" {
 		return usagef("module %s needs a module name", sub)
 	}
-	nc, err := connectNode(*server)
+	nc, err := c.m.connectNode(*server)
 	if err != nil {
 		return err
 	}

@@ -31,7 +31,7 @@ func (c *NodesCommand) Run(ctx context.Context, args []string) error {
 		return usagef("nodes takes no arguments")
 	}
 	var reply node.PeersReply
-	raw, err := askNode(ctx, *server, node.SubjectPeers, &reply)
+	raw, err := c.m.askNode(ctx, *server, node.SubjectPeers, &reply)
 	if err != nil {
 		return err
 	}
@@ -59,7 +59,7 @@ func (c *CapsCommand) Run(ctx context.Context, args []string) error {
 		return usagef("caps takes no arguments")
 	}
 	var reply node.CapsReply
-	raw, err := askNode(ctx, *server, node.SubjectCaps, &reply)
+	raw, err := c.m.askNode(ctx, *server, node.SubjectCaps, &reply)
 	if err != nil {
 		return err
 	}
@@ -72,8 +72,8 @@ func (c *CapsCommand) Run(ctx context.Context, args []string) error {
 
 // askNode sends an empty request on subject to the node at url and
 // decodes the JSON answer into v, returning the raw answer too.
-func askNode(ctx context.Context, url, subject string, v any) ([]byte, error) {
-	nc, err := connectNode(url)
+func (m *Main) askNode(ctx context.Context, url, subject string, v any) ([]byte, error) {
+	nc, err := m.connectNode(url)
 	if err != nil {
 		return nil, err
 	}

@@ -260,14 +260,7 @@ func TestMetricsScrape(t *testing.T) {
 
 	// Traffic: an event published on alpha reaches a program on beta; a
 	// request from beta reaches a program on alpha.
-	connect := func(p *meshtest.Process) *nats.Conn {
-		nc, err := nats.Connect(p.NATSURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
+	connect := func(p *meshtest.Process) *nats.Conn { return p.Connect(t) }
 	onAlpha, onBeta := connect(alpha), connect(beta)
 	events, err := onBeta.SubscribeSync("evt.door.>")
 	if err != nil {

@@ -235,7 +235,7 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	backups := waitModule(t, alpha.HTTPURL(), "backups", 10*time.Second, "backups running", moduleRunning)
 
 	// The module's capability, called from the other node.
-	nb := natsConn(t, beta.NATSURL())
+	nb := natsConn(t, beta)
 	waitCallable(t, nb, "cap.greet", nil, func(m *nats.Msg) bool { return string(m.Data) == "hello from greeter on alpha" })
 
 	// A stage declared by an assigned module takes commands before any
@@ -284,7 +284,7 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	}
 
 	// An override change restarts the module with the new value.
-	na := natsConn(t, alpha.NATSURL())
+	na := natsConn(t, alpha)
 	if got := call(t, na, "cap.greet", "env:COLOR"); got != "blue" {
 		t.Fatalf("COLOR before the override: got %q, want blue (the selection's env)", got)
 	}

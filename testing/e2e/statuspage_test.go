@@ -224,11 +224,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 		node    *meshtest.Process
 		capName string
 	}{{alpha, "echo"}, {beta, "clock"}} {
-		nc, err := nats.Connect(h.node.NATSURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
+		nc := h.node.Connect(t)
 		if _, err := nc.QueueSubscribe("cap."+h.capName, "meshbox", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 // Command testmodule is a small meshbox module for the end-to-end tests: it
-// connects to the node's NATS server as any module does (NATS_URL, and
-// NATS_CREDS when set), hosts the capability named by CAP, and answers a
+// connects to the node's NATS server as any module does (NATS_URL, and its
+// own credential NATS_NKEY with the inbox prefix NATS_INBOX_PREFIX when
+// set), hosts the capability named by CAP, and answers a
 // call with "hello from MODULE on NODE", or with the value of an
 // environment variable when the request is "env:NAME". It stops on
 // SIGTERM.
@@ -18,8 +19,13 @@ import (
 
 func main() {
 	opts := []nats.Option{nats.Name("testmodule " + os.Getenv("MESHBOX_MODULE"))}
-	if creds := os.Getenv("NATS_CREDS"); creds != "" {
-		opts = append(opts, nats.UserCredentials(creds))
+	if seed := os.Getenv("NATS_NKEY"); seed != "" {
+		opt, err := nats.NkeyOptionFromSeed(seed)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "credential:", err)
+			os.Exit(1)
+		}
+		opts = append(opts, opt, nats.CustomInboxPrefix(os.Getenv("NATS_INBOX_PREFIX")))
 	}
 	nc, err := nats.Connect(os.Getenv("NATS_URL"), opts...)
 	if err != nil {
