@@ -41,6 +41,9 @@ func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
 	stage := f.stage
 	for d := range ds {
 		env, err := s.decode(typeCommand, &d)
+		if ue := asUnseal(err); ue != nil {
+			b.unsealFailed(typeCommand, ue) // and dead-lettered with the reason
+		}
 		if err != nil {
 			bad := d // a copy: taking d's address would move every delivery to the heap
 			s.work(func() { s.deadLetter(&bad, stageQueue(stage), err) })

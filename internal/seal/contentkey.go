@@ -168,22 +168,35 @@ func (r *Keyring) Has(id string) bool {
 	return st != nil && st.byID[id] != nil
 }
 
-// Seal seals plaintext with associated data ad under the current key,
-// appending nonce || ciphertext || tag to dst, and returns the key id and
-// the result. plaintext may be dst's free capacity: Seal(buf[:0], ad,
-// buf[:n]) seals in place when cap(buf) >= n+Overhead. ad must not overlap
-// dst.
-func (r *Keyring) Seal(dst, ad, plaintext []byte) (id string, sealed []byte, err error) {
+// Sealer returns the key to seal with now, or ErrNoKey. The caller puts
+// its id in the associated data before it seals.
+func (r *Keyring) Sealer() (*Sealer, error) {
 	st := r.state.Load()
 	if st == nil || st.current == nil {
-		return "", nil, ErrNoKey
+		return nil, ErrNoKey
 	}
-	return st.current.id, st.current.aead.Seal(dst, nil, plaintext, ad), nil
+	return (*Sealer)(st.current), nil
 }
 
-// Open opens a message sealed under key id with associated data ad. The
-// plaintext is written over sealed (which is destroyed either way).
-func (r *Keyring) Open(id string, ad, sealed []byte) ([]byte, error) {
+// Sealer seals with one content key. It stays valid after the keyring
+// changes.
+type Sealer ringKey
+
+// ID returns the id of the key.
+func (s *Sealer) ID() string { return s.id }
+
+// Seal seals plaintext with associated data ad, appending nonce ||
+// ciphertext || tag to dst, and returns the result. plaintext may start
+// dst's capacity: Seal(buf[:0], ad, buf[:n]) seals in place when cap(buf)
+// >= n+Overhead. ad must not overlap the result.
+func (s *Sealer) Seal(dst, ad, plaintext []byte) []byte {
+	return s.aead.Seal(dst, nil, plaintext, ad)
+}
+
+// Open opens a message sealed under key id with associated data ad,
+// appending the plaintext to dst. dst may be sealed[:0] to open in place
+// (sealed is then destroyed); otherwise sealed is left as it is.
+func (r *Keyring) Open(dst []byte, id string, ad, sealed []byte) ([]byte, error) {
 	st := r.state.Load()
 	var k *ringKey
 	if st != nil {
@@ -195,7 +208,7 @@ func (r *Keyring) Open(id string, ad, sealed []byte) ([]byte, error) {
 	if len(sealed) < Overhead {
 		return nil, ErrTampered
 	}
-	pt, err := k.aead.Open(sealed[:0], nil, sealed, ad)
+	pt, err := k.aead.Open(dst, nil, sealed, ad)
 	if err != nil {
 		return nil, ErrTampered
 	}

@@ -29,8 +29,8 @@
 //
 // # Sealed messages
 //
-// Keyring.Seal returns nonce || ciphertext || tag; Keyring.Open takes the
-// key id and the same associated data. The associated data is the caller's:
+// Sealer.Seal (the keyring's current key) returns nonce || ciphertext ||
+// tag; Keyring.Open takes the key id and the same associated data. The associated data is the caller's:
 // the bridge binds each message's routing metadata and validated origin to
 // it (AssociatedData builds the canonical encoding).
 package seal

@@ -32,10 +32,12 @@ func TestSealOpenRoundTrip(t *testing.T) {
 		pt := bytes.Repeat([]byte{'x'}, n)
 		buf := make([]byte, n, n+Overhead)
 		copy(buf, pt)
-		id, sealed, err := r.Seal(buf[:0], ad, buf)
+		sl, err := r.Sealer()
 		if err != nil {
 			t.Fatal(err)
 		}
+		id := sl.ID()
+		sealed := sl.Seal(buf[:0], ad, buf)
 		if id != "k1" {
 			t.Fatalf("got key id %q, want k1", id)
 		}
@@ -45,7 +47,15 @@ func TestSealOpenRoundTrip(t *testing.T) {
 		if n > 8 && bytes.Contains(sealed, pt[:8]) {
 			t.Fatal("sealed message holds the plaintext")
 		}
-		got, err := r.Open(id, ad, sealed)
+		kept := bytes.Clone(sealed)
+		got, err := r.Open(nil, id, ad, sealed)
+		if err != nil {
+			t.Fatalf("open %d bytes: %v", n, err)
+		}
+		if !bytes.Equal(sealed, kept) {
+			t.Fatal("Open with a nil dst changed the sealed message")
+		}
+		got, err = r.Open(sealed[:0], id, ad, sealed)
 		if err != nil {
 			t.Fatalf("open %d bytes: %v", n, err)
 		}
@@ -59,11 +69,11 @@ func TestOpenRefuses(t *testing.T) {
 	r, keys := testRing(t, "k1", "k2")
 	ad := AssociatedData(nil, "test", "command", "cmd.resize", "id-1", "nodeA")
 	seal := func() []byte {
-		_, s, err := r.Seal(nil, ad, []byte("front door code 1234"))
+		sl, err := r.Sealer()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return s
+		return sl.Seal(nil, ad, []byte("front door code 1234"))
 	}
 	other, err := NewKeyring([]ContentKey{keys[1]}, "k2")
 	if err != nil {
@@ -74,20 +84,20 @@ func TestOpenRefuses(t *testing.T) {
 		open func() error
 		want error
 	}{
-		{"flipped ciphertext byte", func() error { s := seal(); s[len(s)/2] ^= 1; _, err := r.Open("k1", ad, s); return err }, ErrTampered},
-		{"flipped nonce byte", func() error { s := seal(); s[0] ^= 1; _, err := r.Open("k1", ad, s); return err }, ErrTampered},
+		{"flipped ciphertext byte", func() error { s := seal(); s[len(s)/2] ^= 1; _, err := r.Open(nil, "k1", ad, s); return err }, ErrTampered},
+		{"flipped nonce byte", func() error { s := seal(); s[0] ^= 1; _, err := r.Open(nil, "k1", ad, s); return err }, ErrTampered},
 		{"other stage", func() error {
-			_, err := r.Open("k1", AssociatedData(nil, "test", "command", "cmd.delete", "id-1", "nodeA"), seal())
+			_, err := r.Open(nil, "k1", AssociatedData(nil, "test", "command", "cmd.delete", "id-1", "nodeA"), seal())
 			return err
 		}, ErrTampered},
 		{"other origin", func() error {
-			_, err := r.Open("k1", AssociatedData(nil, "test", "command", "cmd.resize", "id-1", "nodeB"), seal())
+			_, err := r.Open(nil, "k1", AssociatedData(nil, "test", "command", "cmd.resize", "id-1", "nodeB"), seal())
 			return err
 		}, ErrTampered},
-		{"other key of the ring", func() error { _, err := r.Open("k2", ad, seal()); return err }, ErrTampered},
-		{"key not held", func() error { _, err := other.Open("k1", ad, seal()); return err }, ErrUnknownKey},
-		{"short", func() error { _, err := r.Open("k1", ad, make([]byte, Overhead-1)); return err }, ErrTampered},
-		{"empty ring", func() error { _, err := (&Keyring{}).Open("k1", ad, seal()); return err }, ErrUnknownKey},
+		{"other key of the ring", func() error { _, err := r.Open(nil, "k2", ad, seal()); return err }, ErrTampered},
+		{"key not held", func() error { _, err := other.Open(nil, "k1", ad, seal()); return err }, ErrUnknownKey},
+		{"short", func() error { _, err := r.Open(nil, "k1", ad, make([]byte, Overhead-1)); return err }, ErrTampered},
+		{"empty ring", func() error { _, err := (&Keyring{}).Open(nil, "k1", ad, seal()); return err }, ErrUnknownKey},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -96,7 +106,7 @@ func TestOpenRefuses(t *testing.T) {
 			}
 		})
 	}
-	if _, _, err := (&Keyring{}).Seal(nil, ad, nil); !errors.Is(err, ErrNoKey) {
+	if _, err := (&Keyring{}).Sealer(); !errors.Is(err, ErrNoKey) {
 		t.Fatalf("seal with an empty ring: got %v, want ErrNoKey", err)
 	}
 }
@@ -210,13 +220,14 @@ func TestLoadOrCreateNodeKey(t *testing.T) {
 func FuzzOpen(f *testing.F) {
 	r, _ := testRing(f, "k1")
 	ad := AssociatedData(nil, "fuzz", "event", "evt.x", "id", "n")
-	_, s, _ := r.Seal(nil, ad, []byte("hello"))
+	sl, _ := r.Sealer()
+	s := sl.Seal(nil, ad, []byte("hello"))
 	f.Add("k1", s)
 	f.Add("k2", s)
 	f.Add("k1", []byte{})
 	f.Fuzz(func(t *testing.T, id string, sealed []byte) {
 		cp := bytes.Clone(sealed)
-		pt, err := r.Open(id, ad, cp)
+		pt, err := r.Open(cp[:0], id, ad, cp)
 		if err == nil && !(id == "k1" && bytes.Equal(sealed, s) && string(pt) == "hello") {
 			t.Fatalf("opened a message that was never sealed: id %q, %x", id, sealed)
 		}
@@ -232,11 +243,12 @@ func BenchmarkSealOpen(b *testing.B) {
 			b.SetBytes(int64(n))
 			b.ReportAllocs()
 			for b.Loop() {
-				id, sealed, err := r.Seal(buf[:0], ad, buf[:n])
+				sl, err := r.Sealer()
 				if err != nil {
 					b.Fatal(err)
 				}
-				if _, err := r.Open(id, ad, sealed); err != nil {
+				sealed := sl.Seal(buf[:0], ad, buf[:n])
+				if _, err := r.Open(sealed[:0], sl.ID(), ad, sealed); err != nil {
 					b.Fatal(err)
 				}
 			}
