@@ -17,7 +17,7 @@ import (
 const (
 	maxHeaderBytes = 64 << 10 // all header keys and values of one message
 	maxHeaderKey   = 128
-	maxIDLen       = 128 // message and correlation ids
+	maxIDLen       = 128                // message and correlation ids
 	sealSlack      = 64 + seal.Overhead // a sealed body's framing beyond its headers and body
 )
 
