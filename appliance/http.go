@@ -71,6 +71,11 @@ func (a *Appliance) Readiness() Readiness {
 	if n := a.pubNATS.Load(); n == nil || !n.srv.Running() {
 		notReady("embedded NATS server is not running")
 	}
+	if kk := a.keys.Load(); kk != nil {
+		for _, id := range kk.Status().Lacking {
+			rd.Degraded = append(rd.Degraded, "lacks content key "+id+": cannot open messages sealed with it")
+		}
+	}
 	return rd
 }
 

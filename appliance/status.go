@@ -24,6 +24,7 @@ type Status struct {
 	Peers         []node.Peer          `json:"peers"`
 	Capabilities  node.Capabilities    `json:"capabilities"`
 	Bindings      cache.Status         `json:"bindings"`
+	Keys          *KeysStatus          `json:"keys,omitempty"` // in a mesh with a database
 	Errors        []ErrorEntry         `json:"errors"`
 }
 
@@ -62,6 +63,10 @@ func (a *Appliance) Status() Status {
 	}
 	if st.Peers == nil {
 		st.Peers = []node.Peer{}
+	}
+	if kk := a.keys.Load(); kk != nil {
+		ks := kk.Status()
+		st.Keys = &ks
 	}
 	if bd := a.pubBindings.Load(); bd != nil {
 		st.Bindings = bd.manager.Status()

@@ -192,7 +192,7 @@ func TestTamperedSealedMessagesRefused(t *testing.T) {
 	waitFor(t, 10*time.Second, "the refusals counted", func() bool {
 		return unsealFailures(t, regB, "command", "tampered") == 2 &&
 			unsealFailures(t, regB, "event", "tampered") == 1 &&
-			unsealFailures(t, regB, "command", "unknown_key") == 1
+			unsealFailures(t, regB, "command", "unknown_key") >= 1 // tried again: beta may not have the key yet
 	})
 	var dead []amqp.Delivery
 	waitFor(t, 10*time.Second, "three dead letters", func() bool {
