@@ -432,3 +432,31 @@ func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) error {
 	}
 	return nil
 }
+
+// OpenGrant returns the credential of grant g, opened in memory with the
+// node's private key (a grant written before credentials were sealed
+// returns its plain credential).
+func (kk *keyKeeper) OpenGrant(g cache.Grant) (cache.Credential, error) {
+	if g.SealedCredential == "" {
+		return g.Credential, nil
+	}
+	sealed, err := base64.StdEncoding.DecodeString(g.SealedCredential)
+	if err != nil {
+		return "", fmt.Errorf("grant of %s from %s: sealed credential: %w", g.Resource, g.Provider, err)
+	}
+	cred, err := kk.key.Open(seal.GrantInfo(g.Consumer, g.Resource, g.Provider), sealed)
+	if err != nil {
+		return "", fmt.Errorf("grant of %s from %s: %w", g.Resource, g.Provider, err)
+	}
+	return cache.Credential(cred), nil
+}
+
+// OpenGrant returns the credential of one of this node's grants, opened in
+// memory; ErrNoNodeKey without a mesh database (standalone: no grants).
+func (a *Appliance) OpenGrant(g cache.Grant) (cache.Credential, error) {
+	kk := a.keys.Load()
+	if kk == nil {
+		return "", ErrNoNodeKey
+	}
+	return kk.OpenGrant(g)
+}

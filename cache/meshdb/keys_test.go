@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/internal/seal"
 )
@@ -148,4 +151,77 @@ func TestContentKeyDistribution(t *testing.T) {
 		t.Fatalf("after rotation: got %+v, want k1 retiring and %s new", keys, id)
 	}
 	_ = meshdb.DefaultKeyRetention
+}
+
+// withKey publishes a new public key for node (as the database's owner)
+// and returns the key pair.
+func withKey(tb testing.TB, db *meshdb.DB, node string) *seal.NodeKey {
+	tb.Helper()
+	k, err := seal.GenerateNodeKey()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := db.PublishNodeKey(context.Background(), node, k.Public()); err != nil {
+		tb.Fatal(err)
+	}
+	return k
+}
+
+// openGrant opens a grant's sealed credential with k.
+func openGrant(tb testing.TB, k *seal.NodeKey, g cache.Grant) string {
+	tb.Helper()
+	if g.Credential != "" {
+		tb.Fatalf("grant %s/%s holds a plain credential", g.Consumer, g.Resource)
+	}
+	raw, err := base64.StdEncoding.DecodeString(g.SealedCredential)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cred, err := k.Open(seal.GrantInfo(g.Consumer, g.Resource, g.Provider), raw)
+	if err != nil {
+		tb.Fatalf("open the credential of %s/%s: %v", g.Consumer, g.Resource, err)
+	}
+	return string(cred)
+}
+
+// TestGrantCredentialSealed: a grant's credential is stored sealed to its
+// consumer; a consumer without a public key cannot get one; a node role
+// and the owner read it only sealed.
+func TestGrantCredentialSealed(t *testing.T) {
+	db, url := initMesh(t)
+	ctx := context.Background()
+	a := addNode(t, db, url, "alpha", 0)
+	if _, err := db.Grant(ctx, cache.Grant{Consumer: "alpha", Resource: "bucket", Provider: "p", Credential: "pw-1234"}); !errors.Is(err, meshdb.ErrNoPublicKey) {
+		t.Fatalf("grant to a node without a public key: got %v, want ErrNoPublicKey", err)
+	}
+	must(t)(db.Grant(ctx, cache.Grant{Consumer: "alpha", Resource: "open", Provider: "p"})) // no credential: fine
+	k := withKey(t, db, "alpha")
+	must(t)(db.Grant(ctx, cache.Grant{Consumer: "alpha", Resource: "bucket", Provider: "p", Credential: "pw-1234"}))
+	snap, err := openDB(t, a.Token.DB).Load(ctx, "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	for _, g := range snap.Bindings.Grants {
+		if g.Resource == "bucket" {
+			got = openGrant(t, k, g)
+		}
+	}
+	if got != "pw-1234" {
+		t.Fatalf("alpha opens its credential: got %q, want pw-1234", got)
+	}
+	for who, dsn := range map[string]string{"alpha's role": a.Token.DB, "the owner": url} {
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var dump string
+		if err := conn.QueryRow(ctx, `SELECT string_agg(g::text, ' ') FROM grants g`).Scan(&dump); err != nil {
+			t.Fatal(err)
+		}
+		conn.Close(ctx)
+		if strings.Contains(dump, "pw-1234") || !strings.Contains(dump, "bucket") {
+			t.Errorf("%s reads the grants as %q: want the bucket grant without its credential", who, dump)
+		}
+	}
 }

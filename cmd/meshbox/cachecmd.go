@@ -130,7 +130,10 @@ func (c *CacheCommand) show(store *cache.Store, rev int64, asJSON bool) error {
 	rows = [][]string{{"  RESOURCE", "PROVIDER", "CREDENTIAL"}}
 	for _, g := range b.Grants {
 		cred := "none"
-		if g.Credential != "" {
+		switch {
+		case g.SealedCredential != "":
+			cred = "sealed"
+		case g.Credential != "":
 			cred = "set"
 		}
 		rows = append(rows, []string{"  " + g.Resource, g.Provider, cred})

@@ -399,14 +399,17 @@ func (c *MeshCommand) leaves() []meshLeaf {
 					}
 					rows := []row{}
 					for _, g := range gs {
-						rows = append(rows, row{g.Consumer, g.Resource, g.Provider, g.Credential != ""})
+						rows = append(rows, row{g.Consumer, g.Resource, g.Provider, g.Credential != "" || g.SealedCredential != ""})
 					}
 					return writeJSON(out, rows)
 				}
 				rows := [][]string{{"CONSUMER", "RESOURCE", "PROVIDER", "CREDENTIAL"}}
 				for _, g := range gs {
 					cred := "none"
-					if g.Credential != "" {
+					switch {
+					case g.SealedCredential != "":
+						cred = "sealed"
+					case g.Credential != "":
 						cred = "set"
 					}
 					rows = append(rows, []string{g.Consumer, g.Resource, g.Provider, cred})
