@@ -389,7 +389,7 @@ func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) error {
 		if err != nil {
 			return err
 		}
-		won, err := kk.db.ClaimKey(ctx, ck.ID, kk.key.Fingerprint(), sealed)
+		won, err := kk.db.ClaimKey(ctx, ck.ID, kk.node, kk.key.Fingerprint(), sealed)
 		if err != nil {
 			return err
 		}
@@ -421,7 +421,7 @@ func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) error {
 				kk.log.Warn("cannot seal a content key for a node: its public key is not valid", "node", n.Name, "key", k.ID, "err", err)
 				continue
 			}
-			wrote, err := kk.db.PutSealedKey(ctx, k.ID, n.Name, fpr, sealed)
+			wrote, err := kk.db.PutSealedKey(ctx, k.ID, kk.node, n.Name, fpr, sealed)
 			if err != nil {
 				return err
 			}

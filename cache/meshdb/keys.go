@@ -56,24 +56,26 @@ func (db *DB) PublishNodeKey(ctx context.Context, node string, pub []byte) error
 	return nil
 }
 
-// ClaimKey stores the first sealed copy of content key id, sealed to the
-// calling node's own public key (fingerprint fpr): the caller made the
-// key's bytes. It reports false when another node holds the key already.
-func (db *DB) ClaimKey(ctx context.Context, id, fpr string, sealed []byte) (bool, error) {
+// ClaimKey stores the first sealed copy of content key id, sealed to node's
+// own public key (fingerprint fpr): node made the key's bytes. node must be
+// the node of this database role (or the role owns the mesh's tables). It
+// reports false when another node holds the key already.
+func (db *DB) ClaimKey(ctx context.Context, id, node, fpr string, sealed []byte) (bool, error) {
 	var ok bool
-	if err := db.pool.QueryRow(ctx, `SELECT meshbox_claim_key($1, $2, $3)`, id, fpr, sealed).Scan(&ok); err != nil {
+	if err := db.pool.QueryRow(ctx, `SELECT meshbox_claim_key($1, $2, $3, $4)`, id, node, fpr, sealed).Scan(&ok); err != nil {
 		return false, db.wrap("claim content key", err)
 	}
 	return ok, nil
 }
 
-// PutSealedKey stores a copy of content key id sealed for node (to its
-// public key of fingerprint fpr) by the calling node, which must hold the
-// key. It reports whether it wrote (false: a copy sealed to that key is
-// there already, the caller holds no copy, or node's key is another now).
-func (db *DB) PutSealedKey(ctx context.Context, id, node, fpr string, sealed []byte) (bool, error) {
+// PutSealedKey stores a copy of content key id sealed for node target (to
+// its public key of fingerprint fpr) by node by, which must hold the key
+// (and be this database role's node, or the role owns the mesh's tables).
+// It reports whether it wrote (false: a copy sealed to that key is there
+// already, by holds no copy, or target's key is another now).
+func (db *DB) PutSealedKey(ctx context.Context, id, by, target, fpr string, sealed []byte) (bool, error) {
 	var ok bool
-	if err := db.pool.QueryRow(ctx, `SELECT meshbox_put_sealed_key($1, $2, $3, $4)`, id, node, fpr, sealed).Scan(&ok); err != nil {
+	if err := db.pool.QueryRow(ctx, `SELECT meshbox_put_sealed_key($1, $2, $3, $4, $5)`, id, by, target, fpr, sealed).Scan(&ok); err != nil {
 		return false, db.wrap("store sealed content key", err)
 	}
 	return ok, nil

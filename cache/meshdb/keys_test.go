@@ -59,23 +59,37 @@ func TestContentKeyDistribution(t *testing.T) {
 		}
 		return s
 	}
-	if ok, err := bdb.PutSealedKey(ctx, "k1", "beta", kb.Fingerprint(), sealFor("beta", kb)); err != nil || ok {
+	if ok, err := bdb.PutSealedKey(ctx, "k1", "beta", "beta", kb.Fingerprint(), sealFor("beta", kb)); err != nil || ok {
 		t.Fatalf("beta, holding nothing, stores a copy: got %v %v, want refused", ok, err)
 	}
-	if ok, err := adb.ClaimKey(ctx, "k1", ka.Fingerprint(), sealFor("alpha", ka)); err != nil || !ok {
+	if ok, err := bdb.ClaimKey(ctx, "k1", "alpha", ka.Fingerprint(), sealFor("alpha", ka)); err != nil || ok {
+		t.Fatalf("beta's role claims k1 as alpha: got %v %v, want refused", ok, err)
+	}
+	if ok, err := adb.ClaimKey(ctx, "k1", "alpha", ka.Fingerprint(), sealFor("alpha", ka)); err != nil || !ok {
 		t.Fatalf("alpha claims k1: got %v %v, want claimed", ok, err)
 	}
-	if ok, err := bdb.ClaimKey(ctx, "k1", kb.Fingerprint(), sealFor("beta", kb)); err != nil || ok {
+	if ok, err := bdb.ClaimKey(ctx, "k1", "beta", kb.Fingerprint(), sealFor("beta", kb)); err != nil || ok {
 		t.Fatalf("beta claims k1 after alpha: got %v %v, want refused", ok, err)
 	}
-	if ok, err := adb.PutSealedKey(ctx, "k1", "beta", ka.Fingerprint(), sealFor("beta", kb)); err != nil || ok {
+	if ok, err := adb.PutSealedKey(ctx, "k1", "alpha", "beta", ka.Fingerprint(), sealFor("beta", kb)); err != nil || ok {
 		t.Fatalf("a copy for beta under another key's fingerprint: got %v %v, want refused", ok, err)
 	}
-	if ok, err := adb.PutSealedKey(ctx, "k1", "beta", kb.Fingerprint(), sealFor("beta", kb)); err != nil || !ok {
+	if ok, err := adb.PutSealedKey(ctx, "k1", "alpha", "beta", kb.Fingerprint(), sealFor("beta", kb)); err != nil || !ok {
 		t.Fatalf("alpha seals k1 for beta: got %v %v, want stored", ok, err)
 	}
-	if ok, err := adb.PutSealedKey(ctx, "k1", "beta", kb.Fingerprint(), sealFor("beta", kb)); err != nil || ok {
+	if ok, err := adb.PutSealedKey(ctx, "k1", "alpha", "beta", kb.Fingerprint(), sealFor("beta", kb)); err != nil || ok {
 		t.Fatalf("the same copy again: got %v %v, want no change", ok, err)
+	}
+
+	// The tables' owner (nodes run on the admin's credential) acts for the
+	// node it names.
+	must(t)(db.AddNode(ctx, cache.NodeRecord{Name: "gamma"}))
+	kg := withKey(t, db, "gamma")
+	if ok, err := db.PutSealedKey(ctx, "k1", "alpha", "gamma", kg.Fingerprint(), sealFor("gamma", kg)); err != nil || !ok {
+		t.Fatalf("the owner, for alpha, seals k1 for gamma: got %v %v, want stored", ok, err)
+	}
+	if ok, err := adb.PutSealedKey(ctx, "k1", "gamma", "beta", kb.Fingerprint(), sealFor("beta", kb)); err != nil || ok {
+		t.Fatalf("alpha's role acts for gamma: got %v %v, want refused", ok, err)
 	}
 
 	snap, err := bdb.Load(ctx, "beta")
@@ -90,8 +104,8 @@ func TestContentKeyDistribution(t *testing.T) {
 	if err != nil || !bytes.Equal(opened, ck.Bytes()) {
 		t.Fatalf("beta opens its copy: got %v, want k1's bytes", err)
 	}
-	if len(bs.KeyHolders) != 2 || len(bs.ContentKeys) != 1 || bs.ContentKeys[0].ID != "k1" {
-		t.Fatalf("holders %+v, keys %+v: want alpha and beta holding k1", bs.KeyHolders, bs.ContentKeys)
+	if len(bs.KeyHolders) != 3 || len(bs.ContentKeys) != 1 || bs.ContentKeys[0].ID != "k1" {
+		t.Fatalf("holders %+v, keys %+v: want alpha, beta and gamma holding k1", bs.KeyHolders, bs.ContentKeys)
 	}
 	if rec, _ := bs.NodeRecord("alpha"); rec.PublicKey != base64.StdEncoding.EncodeToString(ka.Public()) {
 		t.Fatal("alpha's record has not its public key")

@@ -76,16 +76,27 @@ CREATE FUNCTION meshbox_key_holders()
     SELECT s.key_id, s.node, s.sealed_for FROM public.sealed_keys s ORDER BY 1, 2
 $$;
 
+-- meshbox_caller_node is the node the calling session acts for: the node
+-- of its role, or, for the tables' owner (an admin running nodes on its
+-- own credential), the node it names.
+CREATE FUNCTION meshbox_caller_node(who text) RETURNS text
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT COALESCE(public.meshbox_node_of(session_user),
+        CASE WHEN pg_has_role(session_user, (SELECT c.relowner FROM pg_class c
+                                             WHERE c.oid = 'public.sealed_keys'::regclass), 'MEMBER')
+             THEN who END)
+$$;
+
 -- meshbox_claim_key stores the first sealed copy of content key kid, for
 -- the calling node, when nobody holds the key yet: the caller made its
 -- bytes. It returns false when the key is held already (or unknown, or
 -- retired, or the copy is not sealed to the caller's public key).
-CREATE FUNCTION meshbox_claim_key(kid text, fpr text, blob bytea) RETURNS boolean
+CREATE FUNCTION meshbox_claim_key(kid text, who text, fpr text, blob bytea) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    me text := public.meshbox_node_of(session_user);
+    me text := public.meshbox_caller_node(who);
 BEGIN
-    IF me IS NULL THEN
+    IF me IS NULL OR me <> who THEN
         RETURN false;
     END IF;
     PERFORM 1 FROM public.content_keys k WHERE k.id = kid AND k.retire_at IS NULL FOR UPDATE;
@@ -105,12 +116,13 @@ $$;
 -- target by the calling node, which must hold the key itself; fpr must be
 -- the fingerprint of target's public key now. A copy sealed to that key
 -- already is left alone. It returns whether it wrote.
-CREATE FUNCTION meshbox_put_sealed_key(kid text, target text, fpr text, blob bytea) RETURNS boolean
+CREATE FUNCTION meshbox_put_sealed_key(kid text, who text, target text, fpr text, blob bytea) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    me text := public.meshbox_node_of(session_user);
+    me text := public.meshbox_caller_node(who);
 BEGIN
-    IF me IS NULL OR NOT EXISTS (SELECT 1 FROM public.sealed_keys s WHERE s.key_id = kid AND s.node = me) THEN
+    IF me IS NULL OR me <> who
+       OR NOT EXISTS (SELECT 1 FROM public.sealed_keys s WHERE s.key_id = kid AND s.node = me) THEN
         RETURN false;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM public.nodes n WHERE n.name = target
@@ -125,8 +137,9 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION meshbox_key_holders() FROM PUBLIC;
-REVOKE ALL ON FUNCTION meshbox_claim_key(text, text, bytea) FROM PUBLIC;
-REVOKE ALL ON FUNCTION meshbox_put_sealed_key(text, text, text, bytea) FROM PUBLIC;
+REVOKE ALL ON FUNCTION meshbox_caller_node(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION meshbox_claim_key(text, text, text, bytea) FROM PUBLIC;
+REVOKE ALL ON FUNCTION meshbox_put_sealed_key(text, text, text, text, bytea) FROM PUBLIC;
 
 -- Node roles get the new rights too, now and when they are made.
 CREATE OR REPLACE FUNCTION meshbox_grant_node(r name) RETURNS void LANGUAGE plpgsql AS $$
@@ -136,8 +149,8 @@ BEGIN
     EXECUTE format('GRANT UPDATE (public_key) ON nodes TO %I', r);
     EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_redeem_join_token(text, bytea) TO %I', r);
     EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_key_holders() TO %I', r);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_claim_key(text, text, bytea) TO %I', r);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_put_sealed_key(text, text, text, bytea) TO %I', r);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_claim_key(text, text, text, bytea) TO %I', r);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_put_sealed_key(text, text, text, text, bytea) TO %I', r);
 END
 $$;
 
