@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -269,4 +272,134 @@ func brokerURLOf(t *testing.T, ctx context.Context, db, vhost, node string) stri
 	}
 	u.User = url.UserPassword(user, pw)
 	return u.String()
+}
+
+// TestKeyRotationUnderTraffic rotates the mesh's content key while alpha
+// submits commands to a stage beta handles: every command is handled, the
+// nodes switch to the new key once both hold it, and the old key retires.
+func TestKeyRotationUnderTraffic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	ctx := context.Background()
+	rmq := meshtest.RabbitMQ(t)
+	vhost := rmq.Vhost(t)
+	db := meshtest.Postgres(t).Database(t)
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "console", "--broker", meshtest.NoCredential(vhost)); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	alpha := joinedNode(t, db, rmq.AdminURL(), "alpha")
+	beta := joinedNode(t, db, rmq.AdminURL(), "beta")
+	waitSealing(t, alpha)
+	waitSealing(t, beta)
+
+	prog := natsConn(t, beta.NATSURL())
+	var mu sync.Mutex
+	handled := map[string]bool{}
+	if _, err := prog.QueueSubscribe("work.ledger", "h", func(m *nats.Msg) {
+		mu.Lock()
+		handled[string(m.Data)] = true
+		mu.Unlock()
+		_ = m.Respond(nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, prog)
+	caller := natsConn(t, alpha.NATSURL())
+	if !waitFor(30*time.Second, func() bool {
+		o, _, _ := submit(caller, "cmd.ledger", []byte("probe"), 5*time.Second)
+		return o == acked
+	}) {
+		t.Fatal("the stage never accepted a command")
+	}
+
+	// Traffic: one command every 20ms until stopped.
+	stop := make(chan struct{})
+	sentc := make(chan []string, 1)
+	go func() { // exits when stop is closed
+		var sent []string
+		defer func() { sentc <- sent }()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			body := fmt.Sprintf("entry-%d", i)
+			if o, resp, err := submit(caller, "cmd.ledger", []byte(body), 5*time.Second); o != acked {
+				t.Errorf("submit %s during rotation: %v %v %v", body, o, resp, err)
+				continue
+			}
+			sent = append(sent, body)
+		}
+	}()
+
+	old := currentKey(t, alpha)
+	mdb, err := meshdb.Open(ctx, db, meshdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mdb.Close()
+	const retention = 8 * time.Second
+	newID, _, err := mdb.RotateKey(ctx, retention)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*meshtest.Process{alpha, beta} {
+		if !waitFor(30*time.Second, func() bool { return currentKey(t, p) == newID }) {
+			t.Fatalf("a node still seals with %s, want %s", currentKey(t, p), newID)
+		}
+	}
+	for _, p := range []*meshtest.Process{alpha, beta} {
+		if !waitFor(retention+20*time.Second, func() bool {
+			var st keysStatus
+			getJSON(t, p.HTTPURL()+"/status", "", &st)
+			return st.Keys != nil && !slices.Contains(st.Keys.Held, old) && slices.Contains(st.Keys.Held, newID)
+		}) {
+			t.Fatalf("the old key %s is not retired", old)
+		}
+	}
+	close(stop)
+	sent := <-sentc
+	if len(sent) < 50 {
+		t.Fatalf("only %d commands sent during the rotation", len(sent))
+	}
+	if !waitFor(30*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, s := range sent {
+			if !handled[s] {
+				return false
+			}
+		}
+		return true
+	}) {
+		mu.Lock()
+		var lost []string
+		for _, s := range sent {
+			if !handled[s] {
+				lost = append(lost, s)
+			}
+		}
+		mu.Unlock()
+		t.Fatalf("%d of %d commands lost in the rotation: %v", len(lost), len(sent), lost)
+	}
+	if mf, ok := scrape(t, beta.HTTPURL())["meshbox_unseal_failures_total"]; ok {
+		for _, m := range mf.GetMetric() {
+			if v := m.GetCounter().GetValue(); v != 0 {
+				t.Errorf("beta refused %v sealed messages (%v) during the rotation, want none", v, m.GetLabel())
+			}
+		}
+	}
+}
+
+// currentKey is the content key the node seals with now.
+func currentKey(t *testing.T, p *meshtest.Process) string {
+	t.Helper()
+	var st keysStatus
+	getJSON(t, p.HTTPURL()+"/status", "", &st)
+	if st.Keys == nil {
+		return ""
+	}
+	return st.Keys.Current
 }
