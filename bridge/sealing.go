@@ -137,10 +137,14 @@ func (b *Bridge) unseal(env *envelope, d *amqp.Delivery) error {
 	if env.keyID == "" {
 		return fail(unsealNotSealed, "a %s without %s in a mesh that seals", env.kind, HeaderKey)
 	}
-	ad := sealAD(make([]byte, 0, 256), env.kind, d.RoutingKey, d.MessageId, d.CorrelationId, d.ReplyTo, env.origin, env.keyID)
-	// Opened into a buffer of its own: the sealed body stays as it came, for
-	// a dead letter.
-	pt, err := b.cfg.Keys.Open(nil, env.keyID, ad, d.Body)
+	// Opened into a buffer of its own (the sealed body stays as it came, for
+	// a dead letter), which holds the associated data past the plaintext:
+	// one allocation.
+	n := len(d.Body)
+	buf := make([]byte, n, n+64+len(sealADLabel)+len(env.kind)+len(d.RoutingKey)+len(d.MessageId)+
+		len(d.CorrelationId)+len(d.ReplyTo)+len(env.origin)+len(env.keyID))
+	ad := sealAD(buf[n:n], env.kind, d.RoutingKey, d.MessageId, d.CorrelationId, d.ReplyTo, env.origin, env.keyID)
+	pt, err := b.cfg.Keys.Open(buf[:0], env.keyID, ad, d.Body)
 	switch {
 	case errors.Is(err, seal.ErrUnknownKey):
 		return fail(unsealUnknownKey, "sealed with key %s, which node %s does not hold", env.keyID, b.cfg.Node)
