@@ -242,9 +242,10 @@ func activeKey(b cache.Bindings, id string, now time.Time) bool {
 }
 
 // chooseCurrent picks the key to seal with among those held: the newest
-// that every node with a public key holds (sealed to its key now); when
-// none is held by all yet, the oldest held (the one the others are most
-// likely to hold). "" when none is held.
+// that every node with a public key holds (sealed to its key now) and
+// opens messages with already (it said so: KeyHolder.Opened); when none
+// is, the oldest held (the one the others are most likely to hold). ""
+// when none is held.
 func chooseCurrent(b cache.Bindings, held map[string]bool, now time.Time) string {
 	var active []cache.ContentKey
 	for _, ck := range b.ContentKeys {
@@ -264,9 +265,11 @@ func chooseCurrent(b cache.Bindings, held map[string]bool, now time.Time) string
 		}
 		return 1
 	})
-	holders := map[string]string{} // key/node -> sealed_for
+	holders := map[string]string{} // key/node -> sealed_for, of holders that opened it
 	for _, h := range b.KeyHolders {
-		holders[h.KeyID+"/"+h.Node] = h.SealedFor
+		if h.Opened {
+			holders[h.KeyID+"/"+h.Node] = h.SealedFor
+		}
 	}
 	for i := len(active) - 1; i >= 0; i-- {
 		all := true
@@ -403,6 +406,22 @@ func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) error {
 		mine = append(mine, o.key)
 	}
 	kk.mu.Unlock()
+	// The keys in the keyring open messages now: say so, so that the others
+	// start sealing with a new one only once every node opens it.
+	opened := map[string]bool{}
+	for _, h := range b.KeyHolders {
+		if h.Node == kk.node && h.Opened && h.SealedFor == kk.key.Fingerprint() {
+			opened[h.KeyID] = true
+		}
+	}
+	for _, k := range mine {
+		if opened[k.ID] || !kk.ring.Has(k.ID) {
+			continue
+		}
+		if _, err := kk.db.MarkKeyOpened(ctx, k.ID, kk.node, kk.key.Fingerprint()); err != nil {
+			return err
+		}
+	}
 	for _, k := range mine {
 		for _, n := range b.Nodes {
 			if n.PublicKey == "" || n.Name == kk.node {

@@ -3,6 +3,7 @@ package appliance
 import (
 	"encoding/base64"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,14 +21,18 @@ func TestChooseCurrent(t *testing.T) {
 	fa, fb := seal.Fingerprint([]byte("pub-a")), seal.Fingerprint([]byte("pub-b"))
 	nodes := []cache.NodeRecord{{Name: "a", PublicKey: pa}, {Name: "b", PublicKey: pb}, {Name: "c"}}
 	keys := []cache.ContentKey{{ID: "k1", CreatedAt: t0}, {ID: "k2", CreatedAt: later}}
-	holders := func(hs ...string) []cache.KeyHolder { // "k1/a"
+	// holders("k1/a", "k2/b?"): a holds k1 and opens it; b holds k2 and
+	// does not open it yet.
+	holders := func(hs ...string) []cache.KeyHolder {
 		var out []cache.KeyHolder
 		for _, h := range hs {
+			opened := !strings.HasSuffix(h, "?")
+			id, node, _ := strings.Cut(strings.TrimSuffix(h, "?"), "/")
 			fpr := fa
-			if h[len(h)-1] == 'b' {
+			if node == "b" {
 				fpr = fb
 			}
-			out = append(out, cache.KeyHolder{KeyID: h[:2], Node: h[3:], SealedFor: fpr})
+			out = append(out, cache.KeyHolder{KeyID: id, Node: node, SealedFor: fpr, Opened: opened})
 		}
 		return out
 	}
@@ -40,6 +45,8 @@ func TestChooseCurrent(t *testing.T) {
 		{"nothing held", cache.Bindings{Nodes: nodes, ContentKeys: keys}, nil, ""},
 		{"one key, not yet at b", cache.Bindings{Nodes: nodes, ContentKeys: keys[:1], KeyHolders: holders("k1/a")}, []string{"k1"}, "k1"},
 		{"rotation: k2 not everywhere yet", cache.Bindings{Nodes: nodes, ContentKeys: keys, KeyHolders: holders("k1/a", "k1/b", "k2/a")},
+			[]string{"k1", "k2"}, "k1"},
+		{"rotation: k2 held everywhere, b does not open it yet", cache.Bindings{Nodes: nodes, ContentKeys: keys, KeyHolders: holders("k1/a", "k1/b", "k2/a", "k2/b?")},
 			[]string{"k1", "k2"}, "k1"},
 		{"rotation: k2 everywhere (c has no public key)", cache.Bindings{Nodes: nodes, ContentKeys: keys, KeyHolders: holders("k1/a", "k1/b", "k2/a", "k2/b")},
 			[]string{"k1", "k2"}, "k2"},

@@ -61,11 +61,13 @@ type SealedKey struct {
 }
 
 // KeyHolder says that Node holds a copy of content key KeyID sealed to the
-// public key with fingerprint SealedFor.
+// public key with fingerprint SealedFor, and whether it opens messages
+// with it already.
 type KeyHolder struct {
 	KeyID     string `json:"key_id"`
 	Node      string `json:"node"`
 	SealedFor string `json:"sealed_for"`
+	Opened    bool   `json:"opened"`
 }
 
 // BrokerCredential is one generation of a node's own broker credential:
@@ -315,6 +317,7 @@ func hashNormalized(b Bindings) string {
 			put(h.KeyID)
 			put(h.Node)
 			put(h.SealedFor)
+			putBool(h.Opened)
 		}
 	}
 	_ = w.Flush() // writes to a hash never fail

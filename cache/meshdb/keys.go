@@ -81,6 +81,17 @@ func (db *DB) PutSealedKey(ctx context.Context, id, by, target, fpr string, seal
 	return ok, nil
 }
 
+// MarkKeyOpened records that node opens messages with content key id now,
+// with its copy sealed to its public key of fingerprint fpr. It reports
+// whether that changed anything.
+func (db *DB) MarkKeyOpened(ctx context.Context, id, node, fpr string) (bool, error) {
+	var ok bool
+	if err := db.pool.QueryRow(ctx, `SELECT meshbox_key_opened($1, $2, $3)`, id, node, fpr).Scan(&ok); err != nil {
+		return false, db.wrap("mark content key opened", err)
+	}
+	return ok, nil
+}
+
 // RotateKey adds a new content key id and sets every older key that is not
 // retiring yet to retire after retention (0: DefaultKeyRetention). Nodes
 // seal with the new key once every node with a public key holds it, and
@@ -116,8 +127,8 @@ func (db *DB) ContentKeys(ctx context.Context) ([]cache.ContentKey, []cache.KeyH
 		return nil, nil, db.wrap("content keys", err)
 	}
 	var holders []cache.KeyHolder
-	if err := collect(ctx, db.pool, &holders, `SELECT key_id, node, sealed_for FROM meshbox_key_holders()`, nil,
-		func(r pgx.Rows, h *cache.KeyHolder) error { return r.Scan(&h.KeyID, &h.Node, &h.SealedFor) }); err != nil {
+	if err := collect(ctx, db.pool, &holders, `SELECT key_id, node, sealed_for, opened FROM meshbox_key_holders()`, nil,
+		func(r pgx.Rows, h *cache.KeyHolder) error { return r.Scan(&h.KeyID, &h.Node, &h.SealedFor, &h.Opened) }); err != nil {
 		return nil, nil, db.wrap("content keys", err)
 	}
 	return keys, holders, nil
@@ -134,8 +145,8 @@ func loadKeys(ctx context.Context, tx pgx.Tx, node string, b *cache.Bindings) er
 		func(r pgx.Rows, k *cache.SealedKey) error { return r.Scan(&k.ID, &k.SealedFor, &k.Sealed) }); err != nil {
 		return fmt.Errorf("sealed keys: %w", err)
 	}
-	if err := collect(ctx, tx, &b.KeyHolders, `SELECT key_id, node, sealed_for FROM meshbox_key_holders()`, nil,
-		func(r pgx.Rows, h *cache.KeyHolder) error { return r.Scan(&h.KeyID, &h.Node, &h.SealedFor) }); err != nil {
+	if err := collect(ctx, tx, &b.KeyHolders, `SELECT key_id, node, sealed_for, opened FROM meshbox_key_holders()`, nil,
+		func(r pgx.Rows, h *cache.KeyHolder) error { return r.Scan(&h.KeyID, &h.Node, &h.SealedFor, &h.Opened) }); err != nil {
 		return fmt.Errorf("key holders: %w", err)
 	}
 	return nil

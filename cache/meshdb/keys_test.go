@@ -92,6 +92,13 @@ func TestContentKeyDistribution(t *testing.T) {
 		t.Fatalf("alpha's role acts for gamma: got %v %v, want refused", ok, err)
 	}
 
+	if ok, err := adb.MarkKeyOpened(ctx, "k1", "beta", kb.Fingerprint()); err != nil || ok {
+		t.Fatalf("alpha's role says beta opens k1: got %v %v, want refused", ok, err)
+	}
+	if ok, err := bdb.MarkKeyOpened(ctx, "k1", "beta", kb.Fingerprint()); err != nil || !ok {
+		t.Fatalf("beta says it opens k1: got %v %v, want recorded", ok, err)
+	}
+
 	snap, err := bdb.Load(ctx, "beta")
 	if err != nil {
 		t.Fatal(err)
@@ -106,6 +113,11 @@ func TestContentKeyDistribution(t *testing.T) {
 	}
 	if len(bs.KeyHolders) != 3 || len(bs.ContentKeys) != 1 || bs.ContentKeys[0].ID != "k1" {
 		t.Fatalf("holders %+v, keys %+v: want alpha, beta and gamma holding k1", bs.KeyHolders, bs.ContentKeys)
+	}
+	for _, h := range bs.KeyHolders {
+		if h.Opened != (h.Node == "beta") {
+			t.Errorf("holder %+v: want only beta marked as opening k1", h)
+		}
 	}
 	if rec, _ := bs.NodeRecord("alpha"); rec.PublicKey != base64.StdEncoding.EncodeToString(ka.Public()) {
 		t.Fatal("alpha's record has not its public key")

@@ -142,7 +142,14 @@ func TestBindingsFromCacheWhileDatabaseIsAway(t *testing.T) {
 	data := t.TempDir()
 
 	p := meshtest.StartProcess(t, "--node", "alpha", "--db", viaProxy, "--data", data)
-	st := getStatus(t, p.HTTPURL())
+	// Its first start publishes its public key and makes the mesh's content
+	// key: settled before the bindings are cached for good.
+	waitSealing(t, p)
+	st := waitStatus(t, p.HTTPURL(), 10*time.Second, "the key changes applied", func(s nodeStatus) bool {
+		var k keysStatus
+		getJSON(t, p.HTTPURL()+"/status", "", &k)
+		return k.Keys != nil && len(k.Keys.Held) == 1 && s.Bindings.Source == "db"
+	})
 	if st.Bindings.Source != "db" {
 		t.Fatalf("first start: source %q, want db", st.Bindings.Source)
 	}

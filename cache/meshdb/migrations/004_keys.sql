@@ -19,13 +19,16 @@ INSERT INTO content_keys (id) VALUES ('k1');
 
 -- One sealed copy per content key and node. sealed_for is the fingerprint
 -- (first 16 hex digits of the SHA-256) of the public key it is sealed to:
--- a node whose key changed needs a new copy.
+-- a node whose key changed needs a new copy. opened is set by the node
+-- itself once it opens messages with the key: nodes seal with a new key
+-- only when every node has.
 CREATE TABLE sealed_keys (
     key_id     text NOT NULL REFERENCES content_keys (id) ON DELETE CASCADE,
     node       text NOT NULL REFERENCES nodes (name) ON DELETE CASCADE,
     sealed_for text NOT NULL,
     sealed     bytea NOT NULL,
     sealed_by  text NOT NULL,
+    opened     boolean NOT NULL DEFAULT false,
     created_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (key_id, node)
 );
@@ -71,9 +74,9 @@ $$;
 -- to which public key (no sealed bytes), so that holders can seal a key
 -- for the nodes that lack it.
 CREATE FUNCTION meshbox_key_holders()
-    RETURNS TABLE (key_id text, node text, sealed_for text)
+    RETURNS TABLE (key_id text, node text, sealed_for text, opened boolean)
     LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT s.key_id, s.node, s.sealed_for FROM public.sealed_keys s ORDER BY 1, 2
+    SELECT s.key_id, s.node, s.sealed_for, s.opened FROM public.sealed_keys s ORDER BY 1, 2
 $$;
 
 -- meshbox_caller_node is the node the calling session acts for: the node
@@ -131,12 +134,30 @@ BEGIN
     END IF;
     INSERT INTO public.sealed_keys (key_id, node, sealed_for, sealed, sealed_by) VALUES (kid, target, fpr, blob, me)
         ON CONFLICT (key_id, node) DO UPDATE
-        SET sealed_for = EXCLUDED.sealed_for, sealed = EXCLUDED.sealed, sealed_by = EXCLUDED.sealed_by, created_at = now()
+        SET sealed_for = EXCLUDED.sealed_for, sealed = EXCLUDED.sealed, sealed_by = EXCLUDED.sealed_by,
+            opened = false, created_at = now()
         WHERE public.sealed_keys.sealed_for IS DISTINCT FROM EXCLUDED.sealed_for;
     RETURN FOUND;
 END
 $$;
+-- meshbox_key_opened records that the calling node opens messages with
+-- content key kid now (its copy sealed to its key of fingerprint fpr).
+CREATE FUNCTION meshbox_key_opened(kid text, who text, fpr text) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    me text := public.meshbox_caller_node(who);
+BEGIN
+    IF me IS NULL OR me <> who THEN
+        RETURN false;
+    END IF;
+    UPDATE public.sealed_keys s SET opened = true
+     WHERE s.key_id = kid AND s.node = me AND s.sealed_for = fpr AND NOT s.opened;
+    RETURN FOUND;
+END
+$$;
+
 REVOKE ALL ON FUNCTION meshbox_key_holders() FROM PUBLIC;
+REVOKE ALL ON FUNCTION meshbox_key_opened(text, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION meshbox_caller_node(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION meshbox_claim_key(text, text, text, bytea) FROM PUBLIC;
 REVOKE ALL ON FUNCTION meshbox_put_sealed_key(text, text, text, text, bytea) FROM PUBLIC;
@@ -149,6 +170,7 @@ BEGIN
     EXECUTE format('GRANT UPDATE (public_key) ON nodes TO %I', r);
     EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_redeem_join_token(text, bytea) TO %I', r);
     EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_key_holders() TO %I', r);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_key_opened(text, text, text) TO %I', r);
     EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_claim_key(text, text, text, bytea) TO %I', r);
     EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_put_sealed_key(text, text, text, text, bytea) TO %I', r);
 END
