@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -67,6 +68,10 @@ type KeysStatus struct {
 	Current string   `json:"current,omitempty"`  // the content key messages are sealed with
 	Held    []string `json:"held"`               // content keys this node holds (opens)
 	Lacking []string `json:"lacking"`            // active content keys this node does not hold
+	// InStep: the last look at the mesh database found nothing for this
+	// node to do (its public key published, every key made, its keys
+	// marked as opened, every node given the keys this node holds).
+	InStep bool `json:"in_step"`
 }
 
 // keyKeeper holds the node's key pair and keyring and keeps its keys in
@@ -322,8 +327,11 @@ func (kk *keyKeeper) run() {
 		}
 		kk.applyKeys(*snap) // keys that retired since are forgotten
 		ctx, cancel := context.WithTimeout(kk.ctx, 10*time.Second)
-		err := kk.sync(ctx, snap.Bindings)
+		changed, err := kk.sync(ctx, snap.Bindings)
 		cancel()
+		kk.mu.Lock()
+		kk.status.InStep = err == nil && !changed
+		kk.mu.Unlock()
 		next := nextRetire(snap.Bindings, kk.now())
 		if err != nil {
 			if err.Error() != lastErr {
@@ -354,22 +362,24 @@ func nextRetire(b cache.Bindings, now time.Time) time.Duration {
 	return next
 }
 
-// sync does one round of the database's part (see run).
-func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) error {
+// sync does one round of the database's part (see run). changed says
+// whether it wrote anything (or tried to: a claim another node won); a
+// round that changes nothing finds the keys in step.
+func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) (changed bool, err error) {
 	if kk.db == nil {
-		return nil
+		return false, nil
 	}
 	me, ok := b.NodeRecord(kk.node)
 	if !ok {
-		return nil // not recorded (yet): nothing to publish to
+		return false, errors.New("this node has no record in the mesh database: nowhere to publish its public key")
 	}
 	pub := base64.StdEncoding.EncodeToString(kk.key.Public())
 	if me.PublicKey != pub {
 		if err := kk.db.PublishNodeKey(ctx, kk.node, kk.key.Public()); err != nil {
-			return err
+			return false, err
 		}
 		kk.log.Info("published this node's public key", "node_key", kk.key.Fingerprint())
-		return nil // the change comes back as new bindings
+		return true, nil // the change comes back as new bindings
 	}
 	now := kk.now()
 	holders := map[string]string{}
@@ -386,16 +396,17 @@ func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) error {
 		k := seal.NewContentKey()
 		k, err := seal.ContentKeyFrom(ck.ID, k.Bytes())
 		if err != nil {
-			return err
+			return changed, err
 		}
 		sealed, err := seal.SealTo(kk.key.Public(), seal.ContentKeyInfo(ck.ID, kk.node), k.Bytes())
 		if err != nil {
-			return err
+			return changed, err
 		}
 		won, err := kk.db.ClaimKey(ctx, ck.ID, kk.node, kk.key.Fingerprint(), sealed)
 		if err != nil {
-			return err
+			return changed, err
 		}
+		changed = true // by this node or the one that won
 		if won {
 			kk.log.Info("made content key", "key", ck.ID)
 		}
@@ -418,9 +429,11 @@ func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) error {
 		if opened[k.ID] || !kk.ring.Has(k.ID) {
 			continue
 		}
-		if _, err := kk.db.MarkKeyOpened(ctx, k.ID, kk.node, kk.key.Fingerprint()); err != nil {
-			return err
+		marked, err := kk.db.MarkKeyOpened(ctx, k.ID, kk.node, kk.key.Fingerprint())
+		if err != nil {
+			return changed, err
 		}
+		changed = changed || marked
 	}
 	for _, k := range mine {
 		for _, n := range b.Nodes {
@@ -442,14 +455,15 @@ func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) error {
 			}
 			wrote, err := kk.db.PutSealedKey(ctx, k.ID, kk.node, n.Name, fpr, sealed)
 			if err != nil {
-				return err
+				return changed, err
 			}
 			if wrote {
+				changed = true
 				kk.log.Info("sealed a content key for a node", "key", k.ID, "for", n.Name)
 			}
 		}
 	}
-	return nil
+	return changed, nil
 }
 
 // OpenGrant returns the credential of grant g, opened in memory with the

@@ -148,7 +148,7 @@ func TestBindingsFromCacheWhileDatabaseIsAway(t *testing.T) {
 	st := waitStatus(t, p.HTTPURL(), 10*time.Second, "the key changes applied", func(s nodeStatus) bool {
 		var k keysStatus
 		getJSON(t, p.HTTPURL()+"/status", "", &k)
-		return k.Keys != nil && len(k.Keys.Held) == 1 && s.Bindings.Source == "db"
+		return k.Keys != nil && k.Keys.InStep && len(k.Keys.Held) == 1 && s.Bindings.Source == "db"
 	})
 	if st.Bindings.Source != "db" {
 		t.Fatalf("first start: source %q, want db", st.Bindings.Source)

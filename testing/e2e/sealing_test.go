@@ -31,6 +31,7 @@ type keysStatus struct {
 		Current string   `json:"current"`
 		Held    []string `json:"held"`
 		Lacking []string `json:"lacking"`
+		InStep  bool     `json:"in_step"`
 	} `json:"keys"`
 }
 
