@@ -70,6 +70,20 @@ func waitSealing(t *testing.T, p *meshtest.Process) string {
 	return last
 }
 
+// waitKeysInStep waits until the node's keys are in step with the mesh
+// database: the writes of its first start (public key, content key) are
+// done and applied.
+func waitKeysInStep(t *testing.T, p *meshtest.Process) {
+	t.Helper()
+	if !waitFor(30*time.Second, func() bool {
+		var st keysStatus
+		getJSON(t, p.HTTPURL()+"/status", "", &st)
+		return st.Keys != nil && st.Keys.InStep && st.Keys.Current != ""
+	}) {
+		t.Fatalf("the node's keys are not in step with the mesh database after 30s\n%s", p.Output())
+	}
+}
+
 // TestBrokerOperatorReadsNothing runs two joined nodes (each with its own
 // broker user, database role and key pair) and a broker operator: a raw
 // AMQP client with the broker's admin credential that binds # on the mesh
