@@ -147,3 +147,33 @@ func FuzzUnseal(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkPublishing compares building a command's AMQP message plain and
+// sealed, and opening it again (allocations included).
+func BenchmarkPublishing(b *testing.B) {
+	br, ring := sealTestBridge(b)
+	out := &outgoing{exchange: exchangeMesh, key: commandKey("resize"), kind: typeCommand, msgID: newID(), persist: true,
+		at: time.Now(), header: nats.Header{"X-Trace": {"t-1"}}, body: make([]byte, 256)}
+	b.Run("plain", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			p, _ := out.publishing("alpha", "node.alpha.g1", nil)
+			d := deliver(p, out.key)
+			if _, err := decode(typeCommand, fromAMQP(&d), DefaultMaxPayload); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("sealed", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			p, err := out.publishing("alpha", "node.alpha.g1", ring)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := br.open(typeCommand, deliver(p, out.key)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
