@@ -350,7 +350,7 @@ func decode(kind string, d delivery, maxPayload int) (*envelope, error) {
 // decodeHeaders maps the AMQP headers and properties to NATS headers and
 // reads the node's own headers.
 func (e *envelope) decodeHeaders(d delivery) error {
-	h := make(nats.Header, len(d.Headers)+2)
+	var h nats.Header // made at the first header: a sealed message has none outside
 	size := 0
 	add := func(k, v string) error {
 		if !validHeaderValue(v) {
@@ -359,6 +359,9 @@ func (e *envelope) decodeHeaders(d delivery) error {
 		size += len(k) + len(v)
 		if size > maxHeaderBytes {
 			return bad("headers exceed %d bytes", maxHeaderBytes)
+		}
+		if h == nil {
+			h = make(nats.Header, len(d.Headers)+2)
 		}
 		h[k] = append(h[k], v)
 		return nil
