@@ -26,6 +26,7 @@ type Status struct {
 	Capabilities  node.Capabilities    `json:"capabilities"`
 	Bindings      cache.Status         `json:"bindings"`
 	Modules       []modules.Status     `json:"modules"`
+	Keys          *KeysStatus          `json:"keys,omitempty"` // in a mesh with a database
 	Errors        []ErrorEntry         `json:"errors"`
 	// Warnings are standing conditions an operator should know about: an
 	// open local NATS server, a link to the broker or the database that
@@ -95,6 +96,10 @@ func (a *Appliance) Status() Status {
 	st.Modules = []modules.Status{}
 	if sup := a.mods.Load(); sup != nil {
 		st.Modules = sup.Status()
+	}
+	if kk := a.keys.Load(); kk != nil {
+		ks := kk.Status()
+		st.Keys = &ks
 	}
 	if bd := a.pubBindings.Load(); bd != nil {
 		st.Bindings = bd.manager.Status()

@@ -20,6 +20,9 @@ var (
 	ErrMeshExists = errors.New("the database already holds a different mesh")
 	// ErrRequired means the operation would remove something every node needs.
 	ErrRequired = errors.New("required setting")
+	// ErrNoPublicKey means a credential cannot be sealed to a node that has
+	// not published its public key yet (it does when it first starts).
+	ErrNoPublicKey = errors.New("no public key yet")
 )
 
 // NotFoundError names the row that does not exist.

@@ -2,6 +2,7 @@ package meshdb
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"time"
@@ -31,8 +32,15 @@ func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 	if err := tx.QueryRow(ctx, "SELECT revision FROM mesh_revision").Scan(&rev); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings", err)
 	}
-	if err := collect(ctx, tx, &b.Nodes, `SELECT name, public_name, identity FROM nodes ORDER BY name`, nil,
-		func(r pgx.Rows, n *cache.NodeRecord) error { return r.Scan(&n.Name, &n.PublicName, &n.Identity) }); err != nil {
+	if err := collect(ctx, tx, &b.Nodes, `SELECT name, public_name, identity, public_key FROM nodes ORDER BY name`, nil,
+		func(r pgx.Rows, n *cache.NodeRecord) error {
+			var pub []byte
+			err := r.Scan(&n.Name, &n.PublicName, &n.Identity, &pub)
+			if len(pub) > 0 {
+				n.PublicKey = base64.StdEncoding.EncodeToString(pub)
+			}
+			return err
+		}); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings: nodes", err)
 	}
 	var settings []kv
@@ -52,11 +60,15 @@ func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 		func(r pgx.Rows, o *cache.Override) error { return r.Scan(&o.Module, &o.Key, &o.Value) }); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings: overrides", err)
 	}
-	if err := collect(ctx, tx, &b.Grants, `SELECT consumer, resource, provider, credential FROM grants WHERE consumer = $1 ORDER BY resource, provider`, args,
+	if err := collect(ctx, tx, &b.Grants, `SELECT consumer, resource, provider, credential, sealed_credential FROM grants WHERE consumer = $1 ORDER BY resource, provider`, args,
 		func(r pgx.Rows, g *cache.Grant) error {
 			var cred string
-			err := r.Scan(&g.Consumer, &g.Resource, &g.Provider, &cred)
+			var sealed []byte
+			err := r.Scan(&g.Consumer, &g.Resource, &g.Provider, &cred, &sealed)
 			g.Credential = cache.Credential(cred)
+			if len(sealed) > 0 {
+				g.SealedCredential = base64.StdEncoding.EncodeToString(sealed)
+			}
 			return err
 		}); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings: grants", err)
@@ -76,6 +88,9 @@ func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 	}
 	if len(creds) > 0 {
 		b.Broker = &creds[0]
+	}
+	if err := loadKeys(ctx, tx, node, &b); err != nil {
+		return cache.Snapshot{}, db.wrap("load bindings", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings", err)

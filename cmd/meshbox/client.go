@@ -161,6 +161,7 @@ func printStatus(w io.Writer, st appliance.Status) {
 		b += " — WARNING: " + st.Bindings.Warning
 	}
 	row("bindings", b)
+	row("sealing", sealingLine(st.Keys))
 	if len(st.Peers) > 0 {
 		parts := make([]string, len(st.Peers))
 		for i, p := range st.Peers {
@@ -207,6 +208,23 @@ func printStatus(w io.Writer, st appliance.Status) {
 		row("error", strings.TrimSpace(fmt.Sprintf("%s %s %s %s", e.At.Format(time.RFC3339), e.Component, e.Message, e.Detail)))
 	}
 	_ = tw.Flush()
+}
+
+// sealingLine says whether the mesh's messages are sealed and with which
+// key, and which keys the node lacks.
+func sealingLine(k *appliance.KeysStatus) string {
+	if k == nil {
+		return "off (no mesh database: no keys)"
+	}
+	line := "on, key " + k.Current
+	if k.Current == "" {
+		line = "on, but no content key yet: this node cannot send to the mesh"
+	}
+	line += ", node key " + k.NodeKey
+	if len(k.Lacking) > 0 {
+		line += " — LACKS " + strings.Join(k.Lacking, ", ")
+	}
+	return line
 }
 
 // secs writes a number of seconds as a duration.
