@@ -3,6 +3,8 @@ package cache
 import (
 	"errors"
 	"fmt"
+
+	"github.com/meshbox/meshbox/internal/boltfile"
 )
 
 // Errors returned by Open.
@@ -91,3 +93,8 @@ func (e *NameError) Unwrap() []error {
 	}
 	return []error{ErrInvalidName}
 }
+
+// NewerFormatError is returned by Open for a cache file written in a newer
+// format than this binary reads (by a newer meshbox, before a downgrade).
+// It names the file and both formats; the file is left untouched.
+type NewerFormatError = boltfile.NewerFormatError
