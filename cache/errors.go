@@ -24,6 +24,15 @@ var (
 	ErrClosed = errors.New("closed")
 )
 
+// Errors a Source returns.
+var (
+	// ErrSourceNewer is wrapped by a Source's load error when the source
+	// (the mesh database) has a schema newer than this binary knows. The
+	// manager keeps running from the cached bindings and says so in its
+	// status warning until a load succeeds.
+	ErrSourceNewer = errors.New("the mesh database's schema is newer than this meshbox")
+)
+
 // Errors returned by name validation.
 var (
 	// ErrInvalidName is wrapped by every *NameError.
