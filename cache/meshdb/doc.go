@@ -17,6 +17,11 @@
 // nothing. Its join token is kept as a SHA-256 of its secret and redeemed
 // once, before it expires, by the node role (Redeem).
 //
+// Migrate lets every role read the schema version; Load reads it first
+// and refuses a schema newer than the migrations this binary ships
+// (*SchemaError): a node older than its mesh keeps running from its cache
+// instead of misreading tables it does not know.
+//
 // DB is safe for concurrent use. Connections, statements and lock waits
 // are bounded (Options): pgx's own defaults would wait for minutes.
 // Watch owns one dedicated connection for LISTEN while it runs.
