@@ -15,8 +15,8 @@ GO      ?= go
 BIN     := bin/meshbox
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
-# The build date is the commit's time (or SOURCE_DATE_EPOCH), so the same
-# commit always builds the same bytes.
+# The build date is the commit's time (or SOURCE_DATE_EPOCH), so rebuilding
+# a commit does not change its stamp.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || date +%s)
 BUILD_DATE ?= $(shell date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
 LDFLAGS := -X github.com/meshbox/meshbox/appliance.version=$(VERSION) -X github.com/meshbox/meshbox/appliance.commit=$(COMMIT) -X github.com/meshbox/meshbox/appliance.buildDate=$(BUILD_DATE)

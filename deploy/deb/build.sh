@@ -97,7 +97,7 @@ Description: turns a home server into a node of a mesh
  start a standalone node, then systemctl enable --now meshbox.
 CONTROL
 
-# Every file dated the commit's time: the same commit builds the same package.
+# Every file dated the commit's time, not the build's.
 find "$root" -exec touch -h -d "@$epoch" {} +
 mkdir -p "$out"
 deb="$out/meshbox_${debversion}_${arch}.deb"
