@@ -39,13 +39,13 @@ arm) arch=armhf ;;
 esac
 
 # A Debian version starts with a digit and sorts newer builds higher:
-# v1.2.3 -> 1.2.3; v1.2.3-4-gabc -> 1.2.3+4+gabc; a commit without a tag
-# -> 0~<commit time>+<commit>.
-case $version in
-v[0-9]*) debversion=$(echo "${version#v}" | tr - +) ;;
-[0-9]*) debversion=$(echo "$version" | tr - +) ;;
-*) debversion="0~$(date -u -d "@$epoch" +%Y%m%d%H%M%S)+$(echo "$version" | tr - +)" ;;
-esac
+# v1.2.3 -> 1.2.3; v1.2.3-4-gabc -> 1.2.3+4+gabc; anything else (a bare
+# commit, which may start with a digit too) -> 0~<commit time>+<commit>.
+if echo "$version" | grep -Eq '^v?[0-9]+(\.[0-9]+)+([-+~.][A-Za-z0-9.+~-]*)?$'; then
+	debversion=$(echo "${version#v}" | tr - +)
+else
+	debversion="0~$(date -u -d "@$epoch" +%Y%m%d%H%M%S)+$(echo "$version" | tr - +)"
+fi
 if ! echo "$debversion" | grep -Eq '^[0-9][A-Za-z0-9.+~]*$'; then
 	echo "build.sh: version $version does not make a Debian version ($debversion)" >&2
 	exit 1

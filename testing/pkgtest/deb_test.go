@@ -352,3 +352,44 @@ func testUpgrade(t *testing.T, root, deb, top, dist string, uid, gid int) {
 		t.Log(run(t, nil, "find", root, "-not", "-path", "*/var/lib/dpkg/*"))
 	}
 }
+
+// TestDebianVersion checks how build.sh turns make's VERSION (git
+// describe) into a Debian version that sorts newer builds higher: a bare
+// commit, even one that starts with a digit, is 0~<commit time>+<commit>.
+func TestDebianVersion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds packages: not under -short")
+	}
+	top := moduleRoot(t)
+	bin := filepath.Join(t.TempDir(), "meshbox")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\necho stand-in\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const epoch = "1764493200" // 2025-11-30T09:00:00Z
+	tests := []struct{ version, want string }{
+		{"v1.2.3", "1.2.3"},
+		{"v1.2.3-4-gabcdef1", "1.2.3+4+gabcdef1"},
+		{"v1.2.3-4-gabcdef1-dirty", "1.2.3+4+gabcdef1+dirty"},
+		{"a82dede", "0~20251130090000+a82dede"},
+		{"97e7ab2", "0~20251130090000+97e7ab2"},
+		{"97e7ab2-dirty", "0~20251130090000+97e7ab2+dirty"},
+	}
+	var prev string
+	for _, tt := range tests {
+		out := t.TempDir()
+		run(t, nil, "sh", filepath.Join(top, "deploy/deb/build.sh"), bin, "amd64", tt.version, epoch, out)
+		got := strings.TrimSpace(run(t, nil, "sh", "-c", "dpkg-deb --field "+out+"/*.deb Version"))
+		if got != tt.want {
+			t.Errorf("VERSION %s: got Debian version %q, want %q", tt.version, got, tt.want)
+		}
+		if strings.HasPrefix(tt.version, "v") && prev != "" {
+			if _, err := runErr(nil, "dpkg", "--compare-versions", got, "ge", prev); err != nil {
+				t.Errorf("%s sorts before %s", got, prev)
+			}
+		}
+		prev = got
+	}
+	if _, err := runErr(nil, "sh", filepath.Join(top, "deploy/deb/build.sh"), bin, "amd64", "v1.2.3 4", epoch, t.TempDir()); err == nil {
+		t.Error("VERSION with a space: built a package, want a refusal")
+	}
+}
