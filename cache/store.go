@@ -410,11 +410,16 @@ func layout(tx *bolt.Tx, path string) error {
 
 // fileError turns internal/boltfile's errors into the cache's own: a
 // *LockedError naming the data directory, a *CorruptError (the cache's
-// own when the layout check made one), or err wrapped with op.
+// own when the layout check made one), a *NewerFormatError as it is, or
+// err wrapped with op.
 func fileError(op, path string, err error) error {
 	var own *CorruptError
 	if errors.As(err, &own) {
 		return own
+	}
+	var newer *NewerFormatError
+	if errors.As(err, &newer) {
+		return newer // names the file and both formats already
 	}
 	var locked *boltfile.LockedError
 	if errors.As(err, &locked) {
