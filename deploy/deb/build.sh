@@ -39,10 +39,11 @@ arm) arch=armhf ;;
 esac
 
 # A Debian version starts with a digit and sorts newer builds higher:
-# v1.2.3 -> 1.2.3; v1.2.3-4-gabc -> 1.2.3+4+gabc; anything else (a bare
+# v1.2.3 -> 1.2.3; v1.2.3-4-gabc -> 1.2.3+4+gabc; a pre-release sorts
+# before its release: v1.2.3-rc1 -> 1.2.3~rc1; anything else (a bare
 # commit, which may start with a digit too) -> 0~<commit time>+<commit>.
 if echo "$version" | grep -Eq '^v?[0-9]+(\.[0-9]+)+([-+~.][A-Za-z0-9.+~-]*)?$'; then
-	debversion=$(echo "${version#v}" | tr - +)
+	debversion=$(echo "${version#v}" | sed -E 's/^([0-9.]+)-(alpha|beta|rc|pre)/\1~\2/' | tr - +)
 else
 	debversion="0~$(date -u -d "@$epoch" +%Y%m%d%H%M%S)+$(echo "$version" | tr - +)"
 fi

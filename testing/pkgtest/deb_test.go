@@ -367,6 +367,8 @@ func TestDebianVersion(t *testing.T) {
 	}
 	const epoch = "1764493200" // 2025-11-30T09:00:00Z
 	tests := []struct{ version, want string }{
+		{"v1.2.3-rc1", "1.2.3~rc1"},
+		{"v1.2.3-rc1-2-g1234567", "1.2.3~rc1+2+g1234567"},
 		{"v1.2.3", "1.2.3"},
 		{"v1.2.3-4-gabcdef1", "1.2.3+4+gabcdef1"},
 		{"v1.2.3-4-gabcdef1-dirty", "1.2.3+4+gabcdef1+dirty"},
