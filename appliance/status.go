@@ -15,6 +15,9 @@ type Status struct {
 	Node          string               `json:"node"`
 	Version       string               `json:"version"`
 	Commit        string               `json:"commit,omitempty"`
+	BuildDate     string               `json:"build_date,omitempty"`
+	GoVersion     string               `json:"go_version"`
+	Arch          string               `json:"arch"`
 	StartedAt     time.Time            `json:"started_at"`
 	UptimeSeconds float64              `json:"uptime_seconds"`
 	NATS          NATSStatus           `json:"nats"`
@@ -64,6 +67,9 @@ func (a *Appliance) Status() Status {
 		Node:          a.cfg.Node,
 		Version:       b.Version,
 		Commit:        b.Commit,
+		BuildDate:     b.Date,
+		GoVersion:     b.Go,
+		Arch:          b.Arch,
 		StartedAt:     startedAt,
 		UptimeSeconds: time.Since(startedAt).Seconds(),
 		HTTP:          EndpointStatus{URL: a.HTTPURL()},

@@ -100,7 +100,10 @@
 // accepted them. Before a batch is sent, its highest sequence number is
 // persisted: after a crash, records that may have reached the broker go out
 // again marked Meshbox-Redelivered. Unconfirmed direct publishes of a lost
-// link are moved into the outbox, marked the same way.
+// link are moved into the outbox, marked the same way. The outbox file
+// records its format (internal/boltfile): a newer meshbox opens an older
+// outbox with every record in it, or migrates it; an older one refuses a
+// newer outbox (*NewerFormatError) and leaves it untouched.
 //
 // While the link is down, local requests and events keep working through
 // the NATS server, and commands for stages hosted here run locally from the

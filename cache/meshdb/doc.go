@@ -27,6 +27,11 @@
 // are made by the first node that claims its id. No admin command handles
 // key bytes.
 //
+// Migrate lets every role read the schema version; Load reads it first
+// and refuses a schema newer than the migrations this binary ships
+// (*SchemaError): a node older than its mesh keeps running from its cache
+// instead of misreading tables it does not know.
+//
 // DB is safe for concurrent use. Connections, statements and lock waits
 // are bounded (Options): pgx's own defaults would wait for minutes.
 // Watch owns one dedicated connection for LISTEN while it runs.

@@ -16,7 +16,9 @@ import (
 // Load reads node's bindings in one REPEATABLE READ, read-only transaction:
 // the mesh revision, every node record and mesh setting, and only this
 // node's assignments, overrides and grants (consumer = node) and its newest
-// broker credential. It implements cache.Source.
+// broker credential. It implements cache.Source. A database whose schema
+// is newer than this binary knows is not read: the error is a
+// *SchemaError (wrapping cache.ErrSourceNewer).
 func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 	if err := cache.ValidateNodeName(node); err != nil {
 		return cache.Snapshot{}, fmt.Errorf("load bindings: %w", err)
@@ -26,6 +28,9 @@ func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 		return cache.Snapshot{}, db.wrap("load bindings", err)
 	}
 	defer rollback(tx)
+	if err := db.checkSchema(ctx, tx); err != nil {
+		return cache.Snapshot{}, fmt.Errorf("load bindings: %w", err)
+	}
 
 	b := cache.Bindings{Node: node, Settings: map[string]string{}}
 	var rev int64

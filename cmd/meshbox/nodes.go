@@ -124,12 +124,16 @@ func printPeers(w io.Writer, r node.PeersReply, now time.Time) {
 		if p.Expected {
 			expected = "yes"
 		}
+		version := p.Version
+		if version == "" {
+			version = "unknown" // a peer not heard from, or one too old to advertise its version
+		}
 		rev := "-"
 		if p.Revision > 0 {
 			rev = fmt.Sprint(p.Revision)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, state, ago(now, p.Since), ago(now, p.LastSeen),
-			expected, dash(p.Version), rev, list(p.Capabilities), list(p.Stages))
+			expected, version, rev, list(p.Capabilities), list(p.Stages))
 	}
 	_ = tw.Flush()
 }
