@@ -59,7 +59,7 @@ test-short:
 
 # Each fuzz target runs briefly; a longer run: make fuzz FUZZ_TIME=5m.
 fuzz:
-	@for pkg in ./internal/names ./appliance ./bridge ./node ./cache; do \
+	@for pkg in ./internal/names ./internal/seal ./appliance ./bridge ./node ./cache; do \
 		for t in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
 			echo "fuzz $$pkg $$t ($(FUZZ_TIME))"; \
 			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZ_TIME) $$pkg || exit 1; \
