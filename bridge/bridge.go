@@ -98,6 +98,8 @@ type BrokerStatus struct {
 	// otherwise. Consuming and acking go on meanwhile.
 	Blocked string        `json:"blocked,omitempty"`
 	History []StateChange `json:"history"`
+	// Credential is the broker user the link connects as and its state.
+	Credential *CredentialStatus `json:"credential,omitempty"`
 }
 
 // OutboxStatus describes the durable outbox.
@@ -361,7 +363,7 @@ func (b *Bridge) MarkGone(node string, since time.Time) {
 // Status reports the link, the outbox and the stalls.
 func (b *Bridge) Status() Status {
 	var st Status
-	st.Broker = b.link.status()
+	st.Broker = b.link.statusWithCredential()
 	st.Outbox.MaxBytes = b.cfg.OutboxMaxBytes
 	if ob := b.obRef.Load(); ob != nil {
 		st.Outbox.Depth, st.Outbox.Bytes = ob.counts()

@@ -145,7 +145,7 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 		b.replyError(msg.Reply, err)
 		return
 	}
-	sess := b.link.sess.Load()
+	sess := b.liveSession(timeout)
 	if st, since := b.linkState(); st != StateConnected || sess == nil {
 		b.m.err(errKindUnreachable)
 		b.replyError(msg.Reply, &ServiceError{Code: CodeUnavailable,

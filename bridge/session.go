@@ -26,6 +26,12 @@ type session struct {
 	// every delivery must carry a node's user_id too (checkOrigin).
 	user    string
 	perNode bool
+	// handedOver: a handover replaced the session; stop leaves this
+	// node's pending requests open for the next one.
+	handedOver bool
+	// requestsDone is closed when the reader of the request consumer
+	// exits (its consumer was cancelled or its channel closed).
+	requestsDone chan struct{}
 
 	ctx    context.Context // cancelled by end: workers and goroutines stop
 	cancel context.CancelFunc
@@ -99,24 +105,40 @@ const (
 // after accepting the connections fails the attempt when ctx ends. It
 // returns a session that is set up but not started.
 func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
+	s, abort, err := b.open(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.prepare(ctx, abort); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// open dials url twice (publishing and consuming connections) within ctx
+// and returns a session that has its connections but no topology yet, and
+// a func that closes both sockets at once. A broker that refuses the
+// credential gives a *CredentialRefusedError.
+func (b *Bridge) open(ctx context.Context, url string) (*session, func(), error) {
 	uri, err := amqp.ParseURI(url)
 	if err != nil {
-		return nil, fmt.Errorf("connect to broker: %w", err)
+		return nil, nil, fmt.Errorf("connect to broker: %w", err)
 	}
 	_, _, perNode := ParseBrokerUser(uri.Username)
 	conConn, _, abortCon, err := b.dial(ctx, url, roleConsume)
 	if err != nil {
-		return nil, fmt.Errorf("connect to broker: %w", err)
+		return nil, nil, fmt.Errorf("connect to broker: %w", refused(err, uri.Username))
 	}
 	pubConn, cork, abortPub, err := b.dial(ctx, url, rolePublish)
 	if err != nil {
 		abortCon()
 		_ = conConn.CloseDeadline(time.Now().Add(closeLimit))
-		return nil, fmt.Errorf("connect to broker: %w", err)
+		return nil, nil, fmt.Errorf("connect to broker: %w", refused(err, uri.Username))
 	}
 	s := &session{
 		b: b, url: url, user: uri.Username, perNode: perNode, pubConn: pubConn, cork: cork, conConn: conConn,
 		failed:   make(chan error, 1),
+		requestsDone: make(chan struct{}),
 		pubQ:     newPubQueue(publishWindow),
 		fastQ:    newPubQueue(publishWindow),
 		window:   make(chan struct{}, publishWindow),
@@ -131,22 +153,28 @@ func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
 		cmds:     map[string]*cmdCall{},
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	if b.testAfterDial != nil {
-		b.testAfterDial()
+	return s, func() { abortCon(); abortPub() }, nil
+}
+
+// prepare declares the node's topology on an opened session within ctx.
+// On failure the session's connections are closed.
+func (s *session) prepare(ctx context.Context, abort func()) error {
+	if s.b.testAfterDial != nil {
+		s.b.testAfterDial()
 	}
 	// An AMQP call has no deadline of its own: when ctx ends first, the
 	// sockets are closed under the setup, which then fails.
-	stop := context.AfterFunc(ctx, func() { abortCon(); abortPub() })
-	err = s.setup()
+	stop := context.AfterFunc(ctx, abort)
+	err := s.setup()
 	if !stop() {
 		err = fmt.Errorf("broker setup did not finish in time: %w", context.Cause(ctx))
 	}
 	if err != nil {
 		s.cancel()
 		s.closeConns()
-		return nil, err
+		return err
 	}
-	return s, nil
+	return nil
 }
 
 // closeConns closes both connections, waiting at most closeLimit for the
@@ -175,7 +203,10 @@ func (s *session) start() {
 	s.spawn(s.fastReturned)
 	s.spawn(s.watchBlocked)
 	s.spawn(s.consumerOwner)
-	s.spawn(func() { s.readRequests(s.initial["requests"]) })
+	s.spawn(func() {
+		defer close(s.requestsDone)
+		s.readRequests(s.initial["requests"])
+	})
 	s.spawn(func() { s.readReplies(s.initial["replies"]) })
 	s.spawn(func() { s.readEvents(s.initial["events"]) })
 	s.spawn(func() { s.readSystem(s.initial["system"]) })
@@ -191,13 +222,18 @@ func (s *session) spawn(f func()) {
 	}()
 }
 
-// run waits until the session must end and returns why.
-func (s *session) run() string {
+// run waits until the session must end and returns why. retry (nil:
+// never) asks it to look at the URL again, after a failed handover.
+func (s *session) run(retry <-chan time.Time) string {
 	for {
 		select {
 		case <-s.b.quit:
 			return reasonShutdown
 		case <-s.b.link.urlChanged:
+			if s.b.currentURL() != s.url {
+				return reasonURLChanged
+			}
+		case <-retry:
 			if s.b.currentURL() != s.url {
 				return reasonURLChanged
 			}
@@ -254,7 +290,9 @@ func (s *session) stop() {
 	s.endCalls()
 	s.endCmds()
 	s.workers.closeAndWait()
-	s.b.failPendingOf(s)
+	if !s.handedOver {
+		s.b.failPendingOf(s)
+	}
 }
 
 // work runs f on a per-delivery worker goroutine; stop waits for it. f
