@@ -137,20 +137,20 @@ func (b *Bridge) open(ctx context.Context, url string) (*session, func(), error)
 	}
 	s := &session{
 		b: b, url: url, user: uri.Username, perNode: perNode, pubConn: pubConn, cork: cork, conConn: conConn,
-		failed:   make(chan error, 1),
+		failed:       make(chan error, 1),
 		requestsDone: make(chan struct{}),
-		pubQ:     newPubQueue(publishWindow),
-		fastQ:    newPubQueue(publishWindow),
-		window:   make(chan struct{}, publishWindow),
-		inflight: map[uint64]*pubItem{},
-		byID:     map[string]*pubItem{},
-		ackQ:     make(chan ackReq, 256),
-		stages:   map[string]*stageFlow{},
-		tagStage: map[string]*stageFlow{},
-		flowWake: make(chan struct{}, 1),
-		rescan:   make(chan struct{}, 1),
-		calls:    map[string]*hostCall{},
-		cmds:     map[string]*cmdCall{},
+		pubQ:         newPubQueue(publishWindow),
+		fastQ:        newPubQueue(publishWindow),
+		window:       make(chan struct{}, publishWindow),
+		inflight:     map[uint64]*pubItem{},
+		byID:         map[string]*pubItem{},
+		ackQ:         make(chan ackReq, 256),
+		stages:       map[string]*stageFlow{},
+		tagStage:     map[string]*stageFlow{},
+		flowWake:     make(chan struct{}, 1),
+		rescan:       make(chan struct{}, 1),
+		calls:        map[string]*hostCall{},
+		cmds:         map[string]*cmdCall{},
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, func() { abortCon(); abortPub() }, nil
