@@ -45,6 +45,12 @@ type BrokerCredential struct {
 	User       string     `json:"user"`
 	Password   Credential `json:"password"`
 	CreatedAt  time.Time  `json:"created_at"`
+	// SwitchedAt is when the node recorded that it connects with this
+	// generation (zero: not yet).
+	SwitchedAt time.Time `json:"switched_at,omitzero"`
+	// Older are the node's older generations still valid on the broker,
+	// oldest first: a rotation is in progress until the admin revokes them.
+	Older []int `json:"older,omitempty"`
 }
 
 // LogValue summarises the credential without its password.
@@ -133,6 +139,11 @@ func (b Bindings) Normalize() Bindings {
 	if b.Broker != nil {
 		c := *b.Broker
 		c.CreatedAt = c.CreatedAt.UTC()
+		if !c.SwitchedAt.IsZero() {
+			c.SwitchedAt = c.SwitchedAt.UTC()
+		}
+		c.Older = slices.Clone(c.Older)
+		slices.Sort(c.Older)
 		n.Broker = &c
 	}
 	for k, v := range b.Settings {
@@ -224,6 +235,16 @@ func hashNormalized(b Bindings) string {
 		put(c.User)
 		put(string(c.Password))
 		put(c.CreatedAt.UTC().Format(time.RFC3339Nano))
+		// Rotation state, hashed only when present so that hashes of
+		// credentials recorded before it stay the same.
+		if !c.SwitchedAt.IsZero() || len(c.Older) > 0 {
+			put("rotation")
+			put(c.SwitchedAt.UTC().Format(time.RFC3339Nano))
+			putN(len(c.Older))
+			for _, g := range c.Older {
+				putN(g)
+			}
+		}
 	}
 	_ = w.Flush() // writes to a hash never fail
 	return hex.EncodeToString(h.Sum(nil))

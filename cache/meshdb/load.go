@@ -61,21 +61,30 @@ func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 		}); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings: grants", err)
 	}
-	// The node's newest broker credential (row-level security lets a node
-	// role see only its own rows).
+	// The node's newest broker credential and the generations of the older
+	// ones still valid (row-level security lets a node role see only its
+	// own rows).
 	var creds []cache.BrokerCredential
-	if err := collect(ctx, tx, &creds, `SELECT generation, broker_user, broker_password, created_at FROM node_credentials
-		WHERE node = $1 ORDER BY generation DESC LIMIT 1`, args,
+	if err := collect(ctx, tx, &creds, `SELECT generation, broker_user, broker_password, created_at, switched_at FROM node_credentials
+		WHERE node = $1 ORDER BY generation DESC`, args,
 		func(r pgx.Rows, c *cache.BrokerCredential) error {
 			var pw string
-			err := r.Scan(&c.Generation, &c.User, &pw, &c.CreatedAt)
+			var sw *time.Time
+			err := r.Scan(&c.Generation, &c.User, &pw, &c.CreatedAt, &sw)
 			c.Password = cache.Credential(pw)
+			if sw != nil {
+				c.SwitchedAt = *sw
+			}
 			return err
 		}); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings: broker credential", err)
 	}
 	if len(creds) > 0 {
-		b.Broker = &creds[0]
+		newest := creds[0]
+		for i := len(creds) - 1; i > 0; i-- {
+			newest.Older = append(newest.Older, creds[i].Generation)
+		}
+		b.Broker = &newest
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings", err)

@@ -1,0 +1,51 @@
+-- Credential rotation: a node records when it switched to a generation of
+-- its broker credential, so that the admin revokes the older generations
+-- only after that (meshbox mesh node rotate).
+--
+-- switched_at is set by the node itself, through
+-- meshbox_credential_switched, which runs with its owner's rights and
+-- touches only the calling role's node's row: node roles keep no write
+-- right on any table.
+
+ALTER TABLE node_credentials ADD COLUMN switched_at timestamptz;
+
+-- meshbox_credential_switched records that the node of the calling
+-- (session) role now connects to the broker with generation gen of its
+-- credential. It returns false when the node has no such generation.
+-- Its search_path holds public because the revision trigger the UPDATE
+-- fires names its table unqualified; pg_catalog comes first (nothing can
+-- shadow a built-in) and pg_temp last.
+CREATE FUNCTION meshbox_credential_switched(gen integer) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
+DECLARE
+    me text := public.meshbox_node_of(session_user);
+BEGIN
+    IF me IS NULL THEN
+        RETURN false;
+    END IF;
+    UPDATE public.node_credentials c SET switched_at = now()
+        WHERE c.node = me AND c.generation = gen AND c.switched_at IS NULL;
+    RETURN EXISTS (SELECT 1 FROM public.node_credentials c WHERE c.node = me AND c.generation = gen);
+END
+$$;
+REVOKE ALL ON FUNCTION meshbox_credential_switched(integer) FROM PUBLIC;
+
+-- Node roles made from now on may call it; so may those made before.
+CREATE OR REPLACE FUNCTION meshbox_grant_node(r name) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA public TO %I', r);
+    EXECUTE format('GRANT SELECT ON mesh_revision, mesh_info, nodes, settings, assignments, overrides, grants, node_credentials TO %I', r);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_redeem_join_token(text, bytea) TO %I', r);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_credential_switched(integer) TO %I', r);
+END
+$$;
+
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOR r IN SELECT role FROM node_roles LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_credential_switched(integer) TO %I', r);
+    END LOOP;
+END
+$$;
