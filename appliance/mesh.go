@@ -77,8 +77,9 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 				n.LinkUp() // discovery tries again at once
 			}
 		},
-		Logger:  a.logger,
-		Metrics: a.registry,
+		OnCredential: a.credentialChanged,
+		Logger:       a.logger,
+		Metrics:      a.registry,
 	}
 	b, err := bridge.New(bc, a.nc)
 	if err != nil {
@@ -101,6 +102,14 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 	// A bindings change may have landed between Current and Store above.
 	if snap, ok := a.bindings.manager.Current(); ok {
 		a.followBroker(b, snap, ok)
+	}
+	if a.bindings.db != nil {
+		a.wg.Add(1)
+		go func() { // the switch recorder: exits when the appliance closes
+			defer a.wg.Done()
+			a.runSwitchRecorder()
+		}()
+		a.credentialChanged("")
 	}
 	a.wg.Add(1)
 	go func() { // exits when the bridge reports a fatal error or the appliance closes

@@ -19,6 +19,7 @@ type Status struct {
 	NATS          EndpointStatus       `json:"nats"`
 	HTTP          EndpointStatus       `json:"http"`
 	Broker        bridge.BrokerStatus  `json:"broker"`
+	Identity      *IdentityStatus      `json:"identity,omitempty"` // the node's broker user and credential
 	Outbox        bridge.OutboxStatus  `json:"outbox"`
 	Stalls        []bridge.StallStatus `json:"stalls"`
 	Peers         []node.Peer          `json:"peers"`
@@ -65,6 +66,11 @@ func (a *Appliance) Status() Status {
 	}
 	if bd := a.pubBindings.Load(); bd != nil {
 		st.Bindings = bd.manager.Status()
+		var newest *cache.BrokerCredential
+		if snap, ok := bd.manager.Current(); ok {
+			newest = snap.Bindings.Broker
+		}
+		st.Identity = identity(st.Broker.Credential, newest, time.Now())
 	} else {
 		st.Bindings = cache.Status{Source: "none", DB: "none"}
 	}

@@ -1,0 +1,129 @@
+package appliance
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/internal/backoff"
+)
+
+// This file is the node's side of a credential rotation: the bindings
+// bring a new generation of the node's broker credential, followBroker
+// hands it to the bridge (which switches make before break), and the
+// switch recorder tells the mesh database once the bridge connects with
+// it, so that `meshbox mesh node rotate` may revoke the older generations.
+// It also builds the identity part of the status.
+
+// IdentityStatus is the node's identity on the broker: its broker user,
+// the credential's generation and age, and any rotation in progress.
+type IdentityStatus struct {
+	BrokerUser string    `json:"broker_user"`
+	Generation int       `json:"generation,omitempty"`
+	CreatedAt  time.Time `json:"created_at,omitzero"` // of the generation in use, from the bindings
+	AgeSeconds float64   `json:"age_seconds,omitempty"`
+	// State is the bridge's: in use, switching, credential revoked, not
+	// connected.
+	State string `json:"state"`
+	// Rotation describes a rotation in progress ("" when none).
+	Rotation string `json:"rotation,omitempty"`
+}
+
+// identity computes the identity status from the bridge's credential and
+// the bindings' newest generation.
+func identity(c *bridge.CredentialStatus, newest *cache.BrokerCredential, now time.Time) *IdentityStatus {
+	if c == nil && newest == nil {
+		return nil
+	}
+	id := &IdentityStatus{State: bridge.CredentialUnused}
+	if c != nil {
+		id.BrokerUser, id.Generation, id.State = c.User, c.Generation, c.State
+	}
+	if newest == nil {
+		return id
+	}
+	if id.BrokerUser == "" {
+		id.BrokerUser, id.Generation = newest.User, newest.Generation
+	}
+	if newest.User == id.BrokerUser {
+		id.CreatedAt = newest.CreatedAt
+		id.AgeSeconds = max(0, now.Sub(newest.CreatedAt).Seconds())
+	}
+	switch {
+	case newest.User != id.BrokerUser:
+		id.Rotation = fmt.Sprintf("generation %d recorded; switching to it from %s", newest.Generation, id.BrokerUser)
+	case newest.SwitchedAt.IsZero() && len(newest.Older) > 0:
+		id.Rotation = fmt.Sprintf("switched to generation %d; recording the switch in the mesh database", newest.Generation)
+	case len(newest.Older) > 0:
+		id.Rotation = fmt.Sprintf("switched to generation %d at %s; older generations %v still valid until the admin revokes them",
+			newest.Generation, newest.SwitchedAt.UTC().Format(time.RFC3339), newest.Older)
+	}
+	return id
+}
+
+// credentialChanged wakes the switch recorder. It must not block: the
+// bridge calls it on its link goroutine.
+func (a *Appliance) credentialChanged(string) {
+	select {
+	case a.credWake <- struct{}{}:
+	default:
+	}
+}
+
+// runSwitchRecorder records in the mesh database that the bridge connects
+// with the newest generation of the node's credential, once per
+// generation, retrying with backoff while the database is away. Woken by
+// credentialChanged (on a switch and on every bindings change). It exits
+// when the appliance closes.
+func (a *Appliance) runSwitchRecorder() {
+	pause := backoff.Policy{Min: time.Second, Max: 30 * time.Second}
+	failures := 0
+	var retry <-chan time.Time
+	log := a.logger.With("component", "identity")
+	for {
+		select {
+		case <-a.quit:
+			return
+		case <-a.credWake:
+		case <-retry:
+		}
+		retry = nil
+		gen, ok := a.switchToRecord()
+		if !ok {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := a.pubBindings.Load().db.CredentialSwitched(ctx, gen)
+		cancel()
+		if err != nil {
+			failures++
+			if failures == 1 {
+				log.Warn("cannot record the switch to the new broker credential yet; retrying", "generation", gen, "err", err)
+			}
+			retry = time.After(pause.Delay(failures))
+			continue
+		}
+		failures = 0
+		log.Info("switch to the new broker credential recorded in the mesh database", "generation", gen)
+	}
+}
+
+// switchToRecord returns the generation to record: the bindings' newest,
+// when the bridge connects with it and the database does not know yet.
+func (a *Appliance) switchToRecord() (int, bool) {
+	b, bd := a.bridge.Load(), a.pubBindings.Load()
+	if b == nil || bd == nil || bd.db == nil {
+		return 0, false
+	}
+	snap, ok := bd.manager.Current()
+	if !ok || snap.Bindings.Broker == nil || !snap.Bindings.Broker.SwitchedAt.IsZero() {
+		return 0, false
+	}
+	c := b.Status().Broker.Credential
+	if c == nil || c.State != bridge.CredentialInUse || c.User != snap.Bindings.Broker.User {
+		return 0, false
+	}
+	return snap.Bindings.Broker.Generation, true
+}
