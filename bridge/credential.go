@@ -224,7 +224,7 @@ func (s *session) quiesce(ctx context.Context) {
 	defer t.Stop()
 	for {
 		s.callsMu.Lock()
-		open := len(s.calls)
+		open := len(s.calls) + s.answering
 		s.callsMu.Unlock()
 		if open == 0 && s.fastQ.empty() {
 			return
@@ -237,11 +237,18 @@ func (s *session) quiesce(ctx context.Context) {
 	}
 }
 
-// empty reports whether no item waits in q.
+// empty reports whether no item waits in q or is being published.
 func (q *pubQueue) empty() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.items) == 0
+	return len(q.items) == 0 && q.taken == 0
+}
+
+// settled says that n items taken were published (or failed).
+func (q *pubQueue) settled(n int) {
+	q.mu.Lock()
+	q.taken -= n
+	q.mu.Unlock()
 }
 
 // moveTo hands the requests sent on session from to session to: their

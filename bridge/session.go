@@ -87,6 +87,7 @@ type session struct {
 	inboxSubs []*nats.Subscription // on bc, for onHostReply and onCmdReply
 	callsMu   sync.Mutex
 	calls     map[string]*hostCall // requests from other nodes open at a local host
+	answering int                  // calls taken from calls whose reply is not handed to fastQ yet
 	cmds      map[string]*cmdCall  // commands open at a local handler
 	cmdsEnded bool                 // the session ended: no new entries in cmds
 
@@ -152,6 +153,7 @@ func (b *Bridge) open(ctx context.Context, url string) (*session, func(), error)
 		calls:        map[string]*hostCall{},
 		cmds:         map[string]*cmdCall{},
 	}
+	s.fastQ.track = true // a handover waits until replies are published (quiesce)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, func() { abortCon(); abortPub() }, nil
 }
