@@ -207,16 +207,24 @@ const (
 	handoverBroken        // the old session is stopped, the new one failed
 )
 
-// quiesce stops taking requests from other nodes and waits (until ctx
-// ends) until every request taken is answered.
+// quiesce stops taking requests from other nodes and replies to this
+// node's requests (both consumers are auto-ack: what the broker sent them
+// is gone from the queue, so the readers drain it), and waits (until ctx
+// ends) until every request taken is answered and the answers published.
+// What arrives after waits in the queues for the next session.
 func (s *session) quiesce(ctx context.Context) {
-	if err := s.autoCh.Cancel("requests", false); err != nil {
-		return // the channel is gone: nothing more to answer on it
-	}
-	select {
-	case <-s.requestsDone:
-	case <-ctx.Done():
-		return
+	for _, c := range []struct {
+		tag  string
+		done chan struct{}
+	}{{"requests", s.requestsDone}, {"replies", s.repliesDone}} {
+		if err := s.autoCh.Cancel(c.tag, false); err != nil {
+			return // the channel is gone: nothing more to answer on it
+		}
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			return
+		}
 	}
 	dctx, cancel := context.WithTimeout(ctx, handoverDrain)
 	defer cancel()

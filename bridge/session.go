@@ -29,9 +29,10 @@ type session struct {
 	// handedOver: a handover replaced the session; stop leaves this
 	// node's pending requests open for the next one.
 	handedOver bool
-	// requestsDone is closed when the reader of the request consumer
-	// exits (its consumer was cancelled or its channel closed).
-	requestsDone chan struct{}
+	// requestsDone and repliesDone are closed when the reader of the
+	// request or reply consumer exits (its consumer was cancelled or its
+	// channel closed).
+	requestsDone, repliesDone chan struct{}
 
 	ctx    context.Context // cancelled by end: workers and goroutines stop
 	cancel context.CancelFunc
@@ -140,6 +141,7 @@ func (b *Bridge) open(ctx context.Context, url string) (*session, func(), error)
 		b: b, url: url, user: uri.Username, perNode: perNode, pubConn: pubConn, cork: cork, conConn: conConn,
 		failed:       make(chan error, 1),
 		requestsDone: make(chan struct{}),
+		repliesDone:  make(chan struct{}),
 		pubQ:         newPubQueue(publishWindow),
 		fastQ:        newPubQueue(publishWindow),
 		window:       make(chan struct{}, publishWindow),
@@ -209,7 +211,10 @@ func (s *session) start() {
 		defer close(s.requestsDone)
 		s.readRequests(s.initial["requests"])
 	})
-	s.spawn(func() { s.readReplies(s.initial["replies"]) })
+	s.spawn(func() {
+		defer close(s.repliesDone)
+		s.readReplies(s.initial["replies"])
+	})
 	s.spawn(func() { s.readEvents(s.initial["events"]) })
 	s.spawn(func() { s.readSystem(s.initial["system"]) })
 	s.spawn(s.drainer)
