@@ -145,12 +145,13 @@ func (b *Bridge) credentialRefused(e *CredentialRefusedError) {
 //  1. both connections are opened with the new credential while old runs
 //     on; if the broker refuses them, old runs on and handover returns nil
 //     (runLink tries again later);
-//  2. old stops taking requests from other nodes (its exclusive consumer is
-//     cancelled; the request queue keeps what arrives meanwhile), the
-//     requests it took are answered (at most handoverDrain), and local
-//     programs' new calls wait for the new session (handing);
-//  3. old is stopped; this node's requests waiting for a reply stay open:
-//     their replies wait in the reply queue for the new session;
+//  2. old stops taking requests from other nodes and replies to this
+//     node's requests (both consumers are cancelled; their queues keep
+//     what arrives meanwhile), the requests it took are answered and the
+//     answers published (at most handoverDrain), and local programs' new
+//     calls wait for the new session (handing);
+//  3. old is stopped; this node's requests waiting for a reply stay open
+//     (their replies wait in the reply queue for the new session);
 //  4. the topology is declared on the new connections (the exclusive
 //     queues and consumers are free now).
 //
