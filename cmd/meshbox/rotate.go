@@ -47,10 +47,12 @@ func (c *MeshCommand) connectAdmin(ctx context.Context, db *meshdb.DB, adminURL 
 // rotate makes a new generation of the broker credential of each node
 // (one node, or all with a credential when name is ""), waits (at most
 // wait) until each node recorded that it switched, and then revokes the
-// older generations on the broker and in the database. A node that has a
-// rotation pending (older generations still valid) gets no new generation:
-// rotate finishes that one. A node that does not switch in time keeps its
-// old credential, unless force; rotate then fails and names it.
+// older generations on the broker and in the database. A run that finds a
+// rotation pending (older generations still valid, left by an earlier run
+// that waited in vain) only finishes the pending ones; nodes without one
+// get a new generation from the next run. A node that does not switch in
+// time keeps its old credential, unless force; rotate then fails and
+// names it.
 func (c *MeshCommand) rotate(ctx context.Context, db *meshdb.DB, name, adminURL string, wait time.Duration, force bool) error {
 	out := c.m.Stdout
 	if name != "" {
@@ -79,6 +81,14 @@ func (c *MeshCommand) rotate(ctx context.Context, db *meshdb.DB, name, adminURL 
 	admin, err := c.connectAdmin(ctx, db, adminURL)
 	if err != nil {
 		return fmt.Errorf("rotate: %w", err)
+	}
+	if pending := slices.DeleteFunc(slices.Clone(targets), func(t *rotateTarget) bool { return len(t.older) == 0 }); len(pending) > 0 {
+		for _, t := range targets {
+			if len(t.older) == 0 {
+				fmt.Fprintf(out, "node %s: no rotation pending; not rotated now (run rotate again once the pending ones are finished)\n", t.node)
+			}
+		}
+		targets = pending
 	}
 
 	// 1. A new generation for each node without a rotation pending.
