@@ -29,6 +29,9 @@ type IdentityStatus struct {
 	State string `json:"state"`
 	// Rotation describes a rotation in progress ("" when none).
 	Rotation string `json:"rotation,omitempty"`
+	// Peers are the credential generations other nodes last spoke with
+	// (validated by the broker), by node.
+	Peers map[string]int `json:"peers,omitempty"`
 }
 
 // identity computes the identity status from the bridge's credential and

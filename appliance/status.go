@@ -71,6 +71,9 @@ func (a *Appliance) Status() Status {
 			newest = snap.Bindings.Broker
 		}
 		st.Identity = identity(st.Broker.Credential, newest, time.Now())
+		if b := a.bridge.Load(); b != nil && st.Identity != nil {
+			st.Identity.Peers = b.PeerGenerations()
+		}
 	} else {
 		st.Bindings = cache.Status{Source: "none", DB: "none"}
 	}

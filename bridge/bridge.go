@@ -53,6 +53,9 @@ type Bridge struct {
 	pending pendingRequests // requests waiting for a reply from another node
 	stall   stallBook       // stall alarms of command stages
 	handed  *handedOut      // ids of commands handed to local handlers, across sessions
+	// peerCreds are the broker users other nodes' system messages came
+	// with (credential.go).
+	peerCreds peerCredentials
 
 	// Routing and hosting (routeMu).
 	routeMu       sync.RWMutex

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -325,4 +326,38 @@ func userOf(raw string) string {
 		return ""
 	}
 	return u.User.Username()
+}
+
+// peerCredentials are the credential generations of other nodes, from the
+// validated user_id of their system messages (discovery, heartbeats): the
+// generation each node last spoke with. mu guards gen.
+type peerCredentials struct {
+	mu  sync.Mutex
+	gen map[string]int
+}
+
+func (p *peerCredentials) seen(node, user string) {
+	n, gen, ok := ParseBrokerUser(user)
+	if !ok || n != node {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gen == nil {
+		p.gen = map[string]int{}
+	}
+	p.gen[node] = gen
+}
+
+// PeerGenerations returns, for each other node heard from on a mesh of
+// per-node broker users, the generation of the credential its last system
+// message came with (validated by the broker: user_id).
+func (b *Bridge) PeerGenerations() map[string]int {
+	b.peerCreds.mu.Lock()
+	defer b.peerCreds.mu.Unlock()
+	out := make(map[string]int, len(b.peerCreds.gen))
+	for n, g := range b.peerCreds.gen {
+		out[n] = g
+	}
+	return out
 }

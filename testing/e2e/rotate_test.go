@@ -286,6 +286,33 @@ func TestRotateAllUnderLoad(t *testing.T) {
 			t.Errorf("%s: identity %+v, want node.%s.g2 in use", n, *st.Identity, n)
 		}
 	}
+
+	// meshbox nodes shows each node's generation (its peers' as their
+	// heartbeats came, validated by the broker); meshbox status the node's.
+	var out2 string
+	if !waitFor(30*time.Second, func() bool {
+		_, out2, _ = cli(t, "nodes", "--server", procs["ant"].NATSURL())
+		return strings.Contains(out2, "broker user node.ant.g2, credential generation 2") &&
+			peerRow(out2, "bee", "g2") && peerRow(out2, "cat", "g2")
+	}) {
+		t.Errorf("meshbox nodes on ant: got\n%s\nwant its own generation 2 and g2 for bee and cat", out2)
+	}
+	_, out2, _ = cli(t, "status", "--server", procs["ant"].NATSURL())
+	if !strings.Contains(out2, "broker user node.ant.g2, generation 2, in use, age ") {
+		t.Errorf("meshbox status on ant: got\n%s\nwant its identity row", out2)
+	}
+}
+
+// peerRow reports whether the table of meshbox nodes has a row for node
+// that shows cred.
+func peerRow(out, node, cred string) bool {
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) > 0 && f[0] == node && slices.Contains(f, cred) {
+			return true
+		}
+	}
+	return false
 }
 
 // TestRotateWaitsForOfflineNode rotates while one node is stopped: rotate
