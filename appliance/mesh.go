@@ -26,6 +26,13 @@ func (a *Appliance) brokerURL(snap cache.Snapshot, ok bool) string {
 	return withBrokerCredential(snap.Bindings.Settings["broker.url"], snap.Bindings.Broker)
 }
 
+// NodeBrokerURL returns the URL a node connects to the broker with: the
+// broker.url setting raw with the node's own credential from its bindings
+// (cred; nil: raw as it is).
+func NodeBrokerURL(raw string, cred *cache.BrokerCredential) string {
+	return withBrokerCredential(raw, cred)
+}
+
 // withBrokerCredential returns the broker URL raw (where the broker is)
 // with the user and password of cred; raw as it is without a credential or
 // when it does not parse (the bridge then says why).

@@ -56,7 +56,7 @@ func newIdentityMesh(t *testing.T, nodes ...string) *identityMesh {
 			t.Fatalf("mesh node add %s: exit %d: %s%s", n, code, out, errOut)
 		}
 		m.envs[n] = filepath.Join(t.TempDir(), n+".env")
-		m.data[n] = t.TempDir()
+		m.data[n] = filepath.Join(t.TempDir(), "data")
 		if code, out, errOut := cli(t, "join", joinToken(t, out), "--env-file", m.envs[n]); code != 0 {
 			t.Fatalf("join %s: exit %d: %s%s", n, code, out, errOut)
 		}
@@ -334,7 +334,7 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 	if code == 0 {
 		t.Fatal("rotate with a node offline: exit 0, want a failure naming it")
 	}
-	for _, want := range []string{"waiting for bee (since ", "node ant: generation 1 revoked"} {
+	for _, want := range []string{"waiting for ", "bee (since ", "node ant: generation 1 revoked"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("rotate output lacks %q", want)
 		}
@@ -373,6 +373,20 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 		t.Errorf("bee's broker users after the second rotate: %v, want [2]", got)
 	}
 	waitIdentity(t, bee.HTTPURL(), "bee with no rotation left", func(s identityStatus) bool { return s.Identity.Rotation == "" })
+
+	// doctor on the stopped bee: its credential (from its cached bindings)
+	// works and is its own, without the admin's rights.
+	nats := natsListen(t, bee.NATSURL())
+	bee.Signal(syscall.SIGTERM)
+	if code := bee.Wait(); code != 0 {
+		t.Fatalf("bee stopped with exit %d", code)
+	}
+	code, rep := doctor(t, "--env-file", m.envs["bee"], "--data", m.data["bee"], "--nats", nats)
+	if code != 0 {
+		t.Errorf("doctor on bee: exit %d, failed: %v", code, rep.failed())
+	}
+	wantCheck(t, rep, "broker", "ok", "node.bee.g2:xxxxx@", "credentials accepted")
+	wantCheck(t, rep, "broker credential", "ok", "own broker user node.bee.g2 (generation 2)", "no admin rights")
 }
 
 // TestRotateBadInput: rotate and the other admin commands on a node's
