@@ -167,15 +167,20 @@ type brokerRow struct {
 	password          Credential
 	created, switched time.Time
 	older             string
+	dbRole            string
+	dbPassword        Credential
 }
 
 func rowOf(c BrokerCredential) brokerRow {
 	return brokerRow{user: c.User, generation: c.Generation, password: c.Password,
-		created: c.CreatedAt, switched: c.SwitchedAt, older: fmt.Sprint(c.Older)}
+		created: c.CreatedAt, switched: c.SwitchedAt, older: fmt.Sprint(c.Older), dbRole: c.DBRole, dbPassword: c.DBPassword}
 }
 
 func (r brokerRow) describe() string {
 	s := fmt.Sprintf("user=%s generation=%d", r.user, r.generation)
+	if r.dbRole != "" {
+		s += " db_role=" + r.dbRole
+	}
 	if !r.switched.IsZero() {
 		s += " switched"
 	}

@@ -50,15 +50,19 @@ func (db *DB) CredentialGenerations(ctx context.Context, node string) ([]Credent
 	return out, nil
 }
 
-// AddCredentialGeneration records a new generation of node's broker
-// credential in the node's own row; the node takes it with its bindings.
-// The generation must be newer than every one recorded (else
-// *ExistsError); an unknown node gives *NotFoundError.
-func (db *DB) AddCredentialGeneration(ctx context.Context, node string, cred BrokerCredential) (Change, error) {
+// AddCredentialGeneration records a new generation of node's credential
+// in the node's own row, in one transaction: the broker user made on the
+// broker (cred) and a new database login role for the node, with a random
+// password and the same rights as its others. The node takes both with its
+// bindings. The generation must be newer than every one recorded (else
+// *ExistsError); an unknown node gives *NotFoundError. It returns the new
+// role's name.
+func (db *DB) AddCredentialGeneration(ctx context.Context, node string, cred BrokerCredential) (Change, string, error) {
 	if cred.Generation < 1 || cred.User == "" || cred.Password == "" {
-		return Change{}, errors.New("add credential generation: incomplete credential")
+		return Change{}, "", errors.New("add credential generation: incomplete credential")
 	}
-	return db.change(ctx, "add credential generation", func(tx pgx.Tx) error {
+	role, rolePassword := roleName(node), randomText(32)
+	ch, err := db.change(ctx, "add credential generation", func(tx pgx.Tx) error {
 		var exists bool
 		var newest *int
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM nodes WHERE name = $1),
@@ -71,19 +75,56 @@ func (db *DB) AddCredentialGeneration(ctx context.Context, node string, cred Bro
 		if newest != nil && *newest >= cred.Generation {
 			return &ExistsError{What: fmt.Sprintf("generation %d of node %q's credential (newest is %d)", cred.Generation, node, *newest)}
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO node_credentials (node, generation, broker_user, broker_password) VALUES ($1, $2, $3, $4)`,
-			node, cred.Generation, cred.User, cred.Password.Reveal())
+		if err := createNodeRole(ctx, tx, node, role, rolePassword); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO node_credentials (node, generation, broker_user, broker_password, db_role, db_password)
+			VALUES ($1, $2, $3, $4, $5, $6)`, node, cred.Generation, cred.User, cred.Password.Reveal(), role, rolePassword)
 		return err
 	})
+	if err != nil {
+		return Change{}, "", err
+	}
+	return ch, role, nil
 }
 
-// DeleteCredentialGeneration deletes a generation's row (after its broker
-// user was deleted). A row that does not exist changes nothing.
-func (db *DB) DeleteCredentialGeneration(ctx context.Context, node string, gen int) (Change, error) {
-	return db.change(ctx, "delete credential generation", func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `DELETE FROM node_credentials WHERE node = $1 AND generation = $2`, node, gen)
-		return err
+// DeleteCredentialGeneration revokes a generation on the database side
+// (after its broker user was deleted): its row goes, and so does every
+// login role of the node that no remaining generation names (the
+// generation's own, or for a generation made by node add, the role of the
+// join token) — but only when a remaining generation has a role to log in
+// with. The dropped roles' sessions are ended where the admin may (best
+// effort). A row that does not exist changes nothing. It returns the
+// roles dropped.
+func (db *DB) DeleteCredentialGeneration(ctx context.Context, node string, gen int) (Change, []string, error) {
+	var dropped []string
+	ch, err := db.change(ctx, "delete credential generation", func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `DELETE FROM node_credentials WHERE node = $1 AND generation = $2`, node, gen); err != nil {
+			return err
+		}
+		err := collect(ctx, tx, &dropped, `SELECT r.role FROM node_roles r WHERE r.node = $1
+			AND EXISTS (SELECT 1 FROM node_credentials c WHERE c.node = $1 AND c.db_role IS NOT NULL)
+			AND r.role NOT IN (SELECT c.db_role FROM node_credentials c WHERE c.node = $1 AND c.db_role IS NOT NULL)
+			ORDER BY r.role`, []any{node}, func(r pgx.Rows, s *string) error { return r.Scan(s) })
+		if err != nil {
+			return err
+		}
+		for _, r := range dropped {
+			if err := dropRole(ctx, tx, r); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
+	if err != nil {
+		return Change{}, nil, err
+	}
+	for _, r := range dropped {
+		// Sessions of a dropped role go on until they end; end them. Only a
+		// superuser or a member of pg_signal_backend may: best effort.
+		_, _ = db.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, r)
+	}
+	return ch, dropped, nil
 }
 
 // CredentialSwitched records, as the node role the DB is connected as,

@@ -107,7 +107,7 @@ func (c *MeshCommand) rotate(ctx context.Context, db *meshdb.DB, name, adminURL 
 		if err != nil {
 			return fmt.Errorf("rotate: node %s: %w", t.node, err)
 		}
-		ch, err := db.AddCredentialGeneration(ctx, t.node, meshdb.BrokerCredential{
+		ch, role, err := db.AddCredentialGeneration(ctx, t.node, meshdb.BrokerCredential{
 			Generation: gen, User: cred.User, Password: cache.Credential(cred.Password.Reveal())})
 		if err != nil {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -117,8 +117,8 @@ func (c *MeshCommand) rotate(ctx context.Context, db *meshdb.DB, name, adminURL 
 			cancel()
 			return fmt.Errorf("rotate: node %s: %w", t.node, err)
 		}
-		fmt.Fprintf(out, "node %s: generation %d (broker user %s) created (mesh revision %d); the node takes it from its bindings\n",
-			t.node, gen, cred.User, ch.Revision)
+		fmt.Fprintf(out, "node %s: generation %d (broker user %s, database role %s) created (mesh revision %d); the node takes it from its bindings\n",
+			t.node, gen, cred.User, role, ch.Revision)
 		t.older = []int{t.newest.Generation}
 		t.newest = meshdb.CredentialGeneration{Node: t.node, Generation: gen, User: cred.User, CreatedAt: time.Now()}
 		t.waiting = time.Now()
@@ -143,11 +143,16 @@ func (c *MeshCommand) rotate(ctx context.Context, db *meshdb.DB, name, adminURL 
 				failed = append(failed, fmt.Errorf("node %s: revoke generation %d: %w", t.node, g, err))
 				continue
 			}
-			if _, err := db.DeleteCredentialGeneration(ctx, t.node, g); err != nil {
-				failed = append(failed, fmt.Errorf("node %s: forget generation %d: %w", t.node, g, err))
+			_, roles, err := db.DeleteCredentialGeneration(ctx, t.node, g)
+			if err != nil {
+				failed = append(failed, fmt.Errorf("node %s: revoke generation %d in the database: %w", t.node, g, err))
 				continue
 			}
-			fmt.Fprintf(out, "node %s: generation %d revoked (broker user deleted)\n", t.node, g)
+			what := "broker user deleted"
+			if len(roles) > 0 {
+				what += ", database role " + strings.Join(roles, ", ") + " dropped"
+			}
+			fmt.Fprintf(out, "node %s: generation %d revoked (%s)\n", t.node, g, what)
 		}
 	}
 	if len(failed) > 0 {

@@ -242,7 +242,7 @@ func TestRotateAllUnderLoad(t *testing.T) {
 		t.Fatalf("rotate --all: exit %d", code)
 	}
 	for _, n := range names {
-		for _, want := range []string{"node " + n + ": generation 2 (broker user node." + n + ".g2) created",
+		for _, want := range []string{"node " + n + ": generation 2 (broker user node." + n + ".g2, database role meshbox_node_" + n + "_",
 			"node " + n + ": switched to generation 2", "node " + n + ": generation 1 revoked"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("rotate output lacks %q", want)
