@@ -3,6 +3,7 @@ package appliance
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
@@ -11,10 +12,12 @@ import (
 )
 
 // This file is the node's side of a credential rotation: the bindings
-// bring a new generation of the node's broker credential, followBroker
-// hands it to the bridge (which switches make before break), and the
-// switch recorder tells the mesh database once the bridge connects with
-// it, so that `meshbox mesh node rotate` may revoke the older generations.
+// bring a new generation of the node's credential, followBroker hands its
+// broker user to the bridge (which switches make before break), the switch
+// recorder moves the database login to its role (meshdb.SwitchLogin, make
+// before break too) and tells the mesh database once both are in use, so
+// that `meshbox mesh node rotate` may revoke the older generations. At a
+// start, the node logs in with the newest role its cache knows.
 // It also builds the identity part of the status.
 
 // IdentityStatus is the node's identity on the broker: its broker user,
@@ -93,28 +96,54 @@ func (a *Appliance) runSwitchRecorder() {
 		case <-retry:
 		}
 		retry = nil
-		gen, ok := a.switchToRecord()
-		if !ok {
-			continue
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := a.pubBindings.Load().db.CredentialSwitched(ctx, gen)
+		err := a.switchStep(ctx, log)
 		cancel()
 		if err != nil {
 			failures++
 			if failures == 1 {
-				log.Warn("cannot record the switch to the new broker credential yet; retrying", "generation", gen, "err", err)
+				log.Warn("cannot finish the switch to the new credential yet; retrying", "err", err)
 			}
 			retry = time.After(pause.Delay(failures))
 			continue
 		}
 		failures = 0
-		log.Info("switch to the new broker credential recorded in the mesh database", "generation", gen)
 	}
 }
 
+// switchStep moves the database login to the newest generation's role and
+// records the switch once the bridge connects with the newest broker user
+// too. Nothing to do is not an error.
+func (a *Appliance) switchStep(ctx context.Context, log *slog.Logger) error {
+	bd := a.pubBindings.Load()
+	if bd == nil || bd.db == nil {
+		return nil
+	}
+	snap, ok := bd.manager.Current()
+	if !ok || snap.Bindings.Broker == nil {
+		return nil
+	}
+	c := snap.Bindings.Broker
+	if c.DBRole != "" && bd.db.User() != c.DBRole {
+		if err := bd.db.SwitchLogin(ctx, c.DBRole, c.DBPassword.Reveal()); err != nil {
+			return err
+		}
+		log.Info("database login switched to the new credential generation's role", "role", c.DBRole, "generation", c.Generation)
+	}
+	gen, ok := a.switchToRecord()
+	if !ok {
+		return nil
+	}
+	if err := bd.db.CredentialSwitched(ctx, gen); err != nil {
+		return err
+	}
+	log.Info("switch to the new credential recorded in the mesh database", "generation", gen)
+	return nil
+}
+
 // switchToRecord returns the generation to record: the bindings' newest,
-// when the bridge connects with it and the database does not know yet.
+// when the bridge connects with its broker user (and the database login is
+// its role) and the database does not know yet.
 func (a *Appliance) switchToRecord() (int, bool) {
 	b, bd := a.bridge.Load(), a.pubBindings.Load()
 	if b == nil || bd == nil || bd.db == nil {
@@ -126,6 +155,9 @@ func (a *Appliance) switchToRecord() (int, bool) {
 	}
 	c := b.Status().Broker.Credential
 	if c == nil || c.State != bridge.CredentialInUse || c.User != snap.Bindings.Broker.User {
+		return 0, false
+	}
+	if r := snap.Bindings.Broker.DBRole; r != "" && bd.db.User() != r {
 		return 0, false
 	}
 	return snap.Bindings.Broker.Generation, true

@@ -62,3 +62,9 @@ func (db *DB) SwitchLogin(ctx context.Context, user, password string) error {
 	}
 	return nil
 }
+
+// UseLogin makes new connections log in as user with password, without
+// trying them first: for a start, before the DB is used.
+func (db *DB) UseLogin(user, password string) {
+	db.login.Store(&login{user: user, password: password})
+}
