@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -287,6 +288,23 @@ func TestRotateAllUnderLoad(t *testing.T) {
 		}
 	}
 
+	// The database side: the roles of the join tokens are gone, and the
+	// nodes follow the bindings live under their new roles.
+	for _, n := range names {
+		if !strings.Contains(out, "node "+n+": generation 1 revoked (broker user deleted, database role meshbox_node_"+n+"_") {
+			t.Errorf("rotate output does not say %s's first database role was dropped", n)
+		}
+		if code, _, _ := cliEnv(t, []string{"MESHBOX_DB=" + envValue(t, m.envs[n], "MESHBOX_DB")}, "mesh", "revision"); code == 0 {
+			t.Errorf("%s's join-token role still logs in after the rotation", n)
+		}
+	}
+	mesh(t, m.db, "setting", "set", "rotation.check", "done")
+	for _, n := range names {
+		waitStatus(t, procs[n].HTTPURL(), 15*time.Second, n+" follows a change under its new role", func(s nodeStatus) bool {
+			return s.Bindings.DB == "connected" && hasChange(s, "setting", "added", "rotation.check")
+		})
+	}
+
 	// meshbox nodes shows each node's generation (its peers' as their
 	// heartbeats came, validated by the broker); meshbox status the node's.
 	var out2 string
@@ -350,6 +368,16 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 	}
 	waitIdentity(t, ant.HTTPURL(), "ant on generation 2", func(s identityStatus) bool {
 		return s.Identity.Generation == 2 && s.Identity.State == "in use"
+	})
+	// Restarted, ant logs in to the database with its new role from the
+	// cache: the role in its env file is gone.
+	ant.Signal(syscall.SIGTERM)
+	if code := ant.Wait(); code != 0 {
+		t.Fatalf("ant stopped with exit %d", code)
+	}
+	ant = m.start(t, "ant")
+	waitStatus(t, ant.HTTPURL(), 15*time.Second, "ant restarted, bindings from the database", func(s nodeStatus) bool {
+		return s.Bindings.Source == "db" && s.Bindings.DB == "connected"
 	})
 
 	bee = m.start(t, "bee")
@@ -472,4 +500,20 @@ func (m *identityMesh) permissions(t *testing.T, user string) string {
 	}
 	getJSON(t, m.rmq.ManagementURL()+"/api/permissions/"+strings.TrimPrefix(u.Path, "/")+"/"+url.PathEscape(user), "guest", &p)
 	return p.Read
+}
+
+// envValue returns a variable of an env file written by meshbox join.
+func envValue(t *testing.T, file, name string) string {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(l, name+"="); ok {
+			return strings.Trim(v, `"'`)
+		}
+	}
+	t.Fatalf("%s: no %s", file, name)
+	return ""
 }
