@@ -3,6 +3,7 @@ package bridge_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
 	"sync"
@@ -160,7 +161,12 @@ func TestCredentialSwitchLosesNoRequest(t *testing.T) {
 func TestCredentialRevokedIsSaid(t *testing.T) {
 	a, urlOf := perNodeMesh(t)
 	reg := prometheus.NewRegistry()
-	alpha := newNode(t, "alpha", urlOf(generation(t, a, "alpha", 1)), func(c *bridge.Config) { c.Metrics = reg })
+	logged := &lineCounter{match: "broker credential revoked"}
+	alpha := newNode(t, "alpha", urlOf(generation(t, a, "alpha", 1)), func(c *bridge.Config) {
+		c.Metrics = reg
+		logged.next = c.Logger.Handler()
+		c.Logger = slog.New(logged)
+	})
 	alpha.waitConnected(t)
 	sub, err := alpha.client.Subscribe("cap.local", func(m *nats.Msg) { _ = m.Respond([]byte("here")) })
 	if err != nil {
@@ -188,6 +194,15 @@ func TestCredentialRevokedIsSaid(t *testing.T) {
 	m, err := alpha.client.Request("cap.local", nil, 2*time.Second)
 	if err != nil || string(m.Data) != "here" {
 		t.Errorf("local call while revoked: got %v %v, want here", m, err)
+	}
+	// The link retries (each refusal counts as a link error); the
+	// revocation is logged once, not once per retry.
+	failures := counter(t, reg, "meshbox_errors_total", "link")
+	waitFor(t, 20*time.Second, "three more refused logins", func() bool {
+		return counter(t, reg, "meshbox_errors_total", "link") >= failures+3
+	})
+	if n := logged.count.Load(); n != 1 {
+		t.Errorf("got %d log lines about the revoked credential, want 1", n)
 	}
 
 	g2 := generation(t, a, "alpha", 2)
@@ -218,4 +233,73 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("metric %s not registered", name)
 	return 0
+}
+
+// counter returns the value of a counter with label kind.
+func counter(t *testing.T, reg *prometheus.Registry, name, kind string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == kind {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// lineCounter counts the log records whose message contains match and
+// passes every record on to next.
+type lineCounter struct {
+	match string
+	next  slog.Handler
+	count atomic.Int64
+}
+
+func (h *lineCounter) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }
+
+func (h *lineCounter) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.match) {
+		h.count.Add(1)
+	}
+	return h.next.Handle(ctx, r)
+}
+
+func (h *lineCounter) WithAttrs(as []slog.Attr) slog.Handler {
+	return &lineCounterView{h, h.next.WithAttrs(as)}
+}
+
+func (h *lineCounter) WithGroup(g string) slog.Handler { return &lineCounterView{h, h.next.WithGroup(g)} }
+
+// lineCounterView is a lineCounter's handler with attributes or a group:
+// it counts into the same counter.
+type lineCounterView struct {
+	c    *lineCounter
+	next slog.Handler
+}
+
+func (v *lineCounterView) Enabled(ctx context.Context, l slog.Level) bool { return v.next.Enabled(ctx, l) }
+
+func (v *lineCounterView) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, v.c.match) {
+		v.c.count.Add(1)
+	}
+	return v.next.Handle(ctx, r)
+}
+
+func (v *lineCounterView) WithAttrs(as []slog.Attr) slog.Handler {
+	return &lineCounterView{v.c, v.next.WithAttrs(as)}
+}
+
+func (v *lineCounterView) WithGroup(g string) slog.Handler {
+	return &lineCounterView{v.c, v.next.WithGroup(g)}
 }
