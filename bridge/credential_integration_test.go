@@ -278,7 +278,9 @@ func (h *lineCounter) WithAttrs(as []slog.Attr) slog.Handler {
 	return &lineCounterView{h, h.next.WithAttrs(as)}
 }
 
-func (h *lineCounter) WithGroup(g string) slog.Handler { return &lineCounterView{h, h.next.WithGroup(g)} }
+func (h *lineCounter) WithGroup(g string) slog.Handler {
+	return &lineCounterView{h, h.next.WithGroup(g)}
+}
 
 // lineCounterView is a lineCounter's handler with attributes or a group:
 // it counts into the same counter.
@@ -287,7 +289,9 @@ type lineCounterView struct {
 	next slog.Handler
 }
 
-func (v *lineCounterView) Enabled(ctx context.Context, l slog.Level) bool { return v.next.Enabled(ctx, l) }
+func (v *lineCounterView) Enabled(ctx context.Context, l slog.Level) bool {
+	return v.next.Enabled(ctx, l)
+}
 
 func (v *lineCounterView) Handle(ctx context.Context, r slog.Record) error {
 	if strings.Contains(r.Message, v.c.match) {
