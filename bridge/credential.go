@@ -168,6 +168,7 @@ func (b *Bridge) handover(old *session) (*session, int) {
 		return nil, handoverNone
 	}
 	user := userOf(url)
+	prevReason := b.link.credentialStatus().Reason
 	ctx, cancel := b.withQuit(context.Background())
 	defer cancel()
 	ctx, cancelLimit := context.WithTimeout(ctx, connectLimit)
@@ -182,7 +183,9 @@ func (b *Bridge) handover(old *session) (*session, int) {
 			reason = "new credential refused: " + cr.Detail
 		}
 		b.link.setCredential(old.user, CredentialInUse, reason)
-		b.log.Warn("broker credential: switch failed; staying on the old one", "from", old.user, "to", user, "err", err)
+		if reason != prevReason { // once per cause, not once per retry
+			b.log.Warn("broker credential: switch failed; staying on the old one and trying again", "from", old.user, "to", user, "err", err)
+		}
 		return nil, handoverKept
 	}
 	b.link.beginHandover()

@@ -219,6 +219,36 @@ func TestCredentialRevokedIsSaid(t *testing.T) {
 	}
 }
 
+// TestCredentialSwitchRefusedKeepsOld hands a node a credential the
+// broker refuses: the node stays connected with its old one and says why,
+// and takes the right credential when it comes.
+func TestCredentialSwitchRefusedKeepsOld(t *testing.T) {
+	a, urlOf := perNodeMesh(t)
+	alpha := newNode(t, "alpha", urlOf(generation(t, a, "alpha", 1)), nil)
+	alpha.waitConnected(t)
+	g2 := generation(t, a, "alpha", 2)
+	wrong := g2
+	wrong.Password = "not-the-password"
+	if err := alpha.b.SetURL(urlOf(wrong)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the new credential refused", func() bool {
+		c := alpha.b.Status().Broker.Credential
+		return strings.Contains(c.Reason, "new credential refused")
+	})
+	st := alpha.b.Status().Broker
+	if st.State != bridge.StateConnected || st.Credential.User != "node.alpha.g1" || st.Credential.State != bridge.CredentialInUse {
+		t.Errorf("after a refused switch: state %s, credential %+v; want connected on node.alpha.g1", st.State, *st.Credential)
+	}
+	if err := alpha.b.SetURL(urlOf(g2)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "switched to node.alpha.g2", func() bool {
+		c := alpha.b.Status().Broker.Credential
+		return c.User == g2.User && c.State == bridge.CredentialInUse
+	})
+}
+
 // gauge returns the value of a registered gauge.
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()

@@ -174,6 +174,7 @@ func (b *Bridge) runLink(first *session) {
 	failures := 0
 	var refusedSince time.Time
 	var retry <-chan time.Time // set after a failed handover: try again
+	switchFailures := 0        // failed handovers in a row
 	handed := false            // sess was made by a handover
 	for {
 		if sess == nil {
@@ -249,7 +250,7 @@ func (b *Bridge) runLink(first *session) {
 		if handed && b.cfg.OnConnected != nil {
 			b.cfg.OnConnected() // the new session's system queue is new
 		}
-		handed = false
+		handed, switchFailures = false, 0
 		var reason string
 		var next *session
 		outcome := handoverNone
@@ -262,7 +263,8 @@ func (b *Bridge) runLink(first *session) {
 			if next, outcome = b.handover(sess); outcome != handoverKept {
 				break
 			}
-			retry = time.After(b.backoff(1)) // the old session runs on; try again
+			switchFailures++
+			retry = time.After(b.backoff(switchFailures)) // the old session runs on; try again
 		}
 		switch outcome {
 		case handoverDone:
@@ -287,6 +289,7 @@ func (b *Bridge) runLink(first *session) {
 			b.m.err(errKindLink)
 			b.setState(StateOffline, reason)
 		}
+		b.link.setCredential(sess.user, CredentialUnused, "")
 		sess.stop()
 		sess = nil
 		if reason != reasonURLChanged {
