@@ -248,9 +248,13 @@ func (c *MeshCommand) leaves() []meshLeaf {
 				if *asJSON {
 					return writeJSON(out, orEmpty(nodes))
 				}
-				rows := [][]string{{"NAME", "PUBLIC NAME", "IDENTITY"}}
+				gens, err := db.CredentialGenerations(ctx, "")
+				if err != nil {
+					return err
+				}
+				rows := [][]string{{"NAME", "PUBLIC NAME", "IDENTITY", "CREDENTIAL"}}
 				for _, n := range nodes {
-					rows = append(rows, []string{n.Name, n.PublicName, clip(n.Identity, 40)})
+					rows = append(rows, []string{n.Name, n.PublicName, clip(n.Identity, 40), describeGenerations(gens, n.Name)})
 				}
 				return writeTable(out, rows)
 			}

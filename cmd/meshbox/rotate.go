@@ -311,3 +311,31 @@ func (c *MeshCommand) removeNode(ctx context.Context, db *meshdb.DB, name string
 	c.report(fmt.Sprintf("node %s removed (record and database roles)", name), ch)
 	return nil
 }
+
+// describeGenerations says which credential generations node has: "g2",
+// "g3 (switched; g2 not revoked yet)", "g3 (not switched yet; g2 in use)",
+// or "none" for a node recorded without an identity.
+func describeGenerations(gens []meshdb.CredentialGeneration, node string) string {
+	var mine []meshdb.CredentialGeneration
+	for _, g := range gens {
+		if g.Node == node {
+			mine = append(mine, g)
+		}
+	}
+	if len(mine) == 0 {
+		return "none"
+	}
+	newest := mine[len(mine)-1]
+	s := fmt.Sprintf("g%d", newest.Generation)
+	if len(mine) == 1 {
+		return s
+	}
+	var older []string
+	for _, g := range mine[:len(mine)-1] {
+		older = append(older, fmt.Sprintf("g%d", g.Generation))
+	}
+	if newest.Switched() {
+		return s + " (switched; " + strings.Join(older, ",") + " not revoked yet)"
+	}
+	return s + " (not switched yet; " + strings.Join(older, ",") + " still valid)"
+}

@@ -363,6 +363,9 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 	if got := m.generations(t, "bee"); !slices.Equal(got, []int{1, 2}) {
 		t.Errorf("bee's broker users while it is offline: %v, want [1 2] (its old credential stays valid)", got)
 	}
+	if out := mesh(t, m.db, "node", "list"); !strings.Contains(out, "g2 (not switched yet; g1 still valid)") {
+		t.Errorf("mesh node list while bee is offline: got\n%s\nwant bee's pending generation", out)
+	}
 	if got := m.generations(t, "ant"); !slices.Equal(got, []int{2}) {
 		t.Errorf("ant's broker users: %v, want [2]", got)
 	}
