@@ -65,8 +65,8 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-# Install on a home server: the binary, the systemd unit and (only when
-# absent) the environment file. DESTDIR stages the files for a package.
+# Install on a home server: the binary, the systemd unit, the module
+# catalog directory and (only when absent) the environment file. DESTDIR stages the files for a package.
 #   sudo make install && sudo systemctl daemon-reload
 PREFIX ?= /usr/local
 install: build
@@ -74,6 +74,7 @@ install: build
 	install -d -m 0755 $(DESTDIR)/etc/systemd/system
 	sed 's|/usr/local/bin/meshbox|$(PREFIX)/bin/meshbox|' deploy/meshbox.service > $(DESTDIR)/etc/systemd/system/meshbox.service
 	chmod 0644 $(DESTDIR)/etc/systemd/system/meshbox.service
+	install -d -m 0755 $(DESTDIR)/etc/meshbox/modules
 	@if [ -e $(DESTDIR)/etc/meshbox/meshbox.env ]; then \
 		echo "kept $(DESTDIR)/etc/meshbox/meshbox.env"; \
 	else \

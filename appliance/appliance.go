@@ -13,8 +13,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance/modules"
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/internal/redact"
 	"github.com/meshbox/meshbox/node"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,6 +64,10 @@ type Appliance struct {
 	// bindings manager's goroutine.
 	bridge atomic.Pointer[bridge.Bridge]
 	node   atomic.Pointer[node.Node]
+	// mods supervises the assigned modules; set once it runs.
+	mods atomic.Pointer[modules.Supervisor]
+	// moduleGuard is the module guard's command (SetModuleGuard; nil: none).
+	moduleGuard []string
 	// interest is the one watcher of what local programs host; set in
 	// Start before the bridge and the node.
 	interest *interestWatcher
@@ -99,11 +105,13 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	ring := newErrorRing(50)
-	logger = slog.New(&ringHandler{next: logger.Handler(), ring: ring}).With("node", cfg.Node)
+	// Secrets are hidden before a record reaches the ring (the status)
+	// or the log.
+	logger = slog.New(redact.NewHandler(&ringHandler{next: logger.Handler(), ring: ring})).With("node", cfg.Node)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(newNodeCollector(ring))
-	return &Appliance{
+	a := &Appliance{
 		cfg:      cfg,
 		logger:   logger,
 		errs:     ring,
@@ -111,7 +119,9 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 		fatal:    make(chan error, 1),
 		quit:     make(chan struct{}),
 		credWake: make(chan struct{}, 1),
-	}, nil
+	}
+	reg.MustRegister(newModulesCollector(a.mods.Load))
+	return a, nil
 }
 
 // Start brings the node up: data directory and bindings cache, embedded NATS
@@ -155,7 +165,14 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	}
 	a.pubBindings.Store(a.bindings)
 
-	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, a.logger.With("component", "nats"))
+	auth, err := newLocalAuth(a.cfg.DataDir, !a.cfg.InMesh() || a.cfg.NATSAnonymous)
+	if err != nil {
+		return err
+	}
+	if auth.anonymous { // the status warns about it for as long as it lasts
+		a.logger.Info(warnNATSOpen, "component", "nats")
+	}
+	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, auth, a.logger.With("component", "nats"))
 	if err != nil {
 		return err
 	}
@@ -165,6 +182,9 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("nats connect: %w", err)
 	}
 	if err := a.serveAPI(); err != nil {
+		return err
+	}
+	if err := a.serveReload(); err != nil {
 		return err
 	}
 	a.interest = newInterestWatcher(a.natsSrv.srv)
@@ -180,6 +200,9 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 		return err
 	}
 	if err := a.startNode(ctx, hosted); err != nil {
+		return err
+	}
+	if err := a.startModules(ctx, hosted); err != nil {
 		return err
 	}
 	a.startWatchingInterest()
@@ -211,6 +234,9 @@ func (a *Appliance) HTTPURL() string {
 	return ""
 }
 
+// DataDir is the node's data directory.
+func (a *Appliance) DataDir() string { return a.cfg.DataDir }
+
 // Logger is the node's logger.
 func (a *Appliance) Logger() *slog.Logger { return a.logger }
 
@@ -241,6 +267,10 @@ func (a *Appliance) closeLocked() error {
 	case <-a.quit:
 	default:
 		close(a.quit)
+	}
+	// Modules first: they use the node's NATS server and the mesh.
+	if err := a.stopModules(); err != nil {
+		errs = append(errs, err)
 	}
 	if n := a.node.Swap(nil); n != nil {
 		if err := n.Close(); err != nil {
@@ -313,7 +343,7 @@ func (a *Appliance) startHTTP() error {
 	u := "http://" + ln.Addr().String()
 	a.httpURL.Store(&u)
 	a.httpSrv = &http.Server{
-		Handler:           a.handler(),
+		Handler:           newHostGuard(ln.Addr().String(), a.cfg.HTTPHosts, a.handler()),
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          slog.NewLogLogger(a.logger.With("component", "http").Handler(), slog.LevelWarn),
 	}
@@ -337,5 +367,8 @@ func (a *Appliance) bindingsChanged(snap cache.Snapshot, div cache.Divergence) {
 	a.credentialChanged("")
 	if n := a.node.Load(); n != nil {
 		a.applyToNode(n, snap)
+	}
+	if sup := a.mods.Load(); sup != nil {
+		a.applyModules(context.Background(), sup, snap.Bindings)
 	}
 }

@@ -2,6 +2,7 @@ package appliance
 
 import (
 	"bytes"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/internal/names"
+	"github.com/meshbox/meshbox/internal/redact"
 )
 
 // Config is the whole configuration of one node. It is built once, at the
@@ -50,11 +52,22 @@ type Config struct {
 	// Broker overrides the broker.url mesh setting (amqp:// or amqps://).
 	// Empty: the broker named by the bindings, or none.
 	Broker Secret `json:"broker"`
+	// NATSAnonymous lets programs without a credential onto the embedded
+	// NATS server of a node in a mesh (a standalone node always does):
+	// they may then do anything but take the node's own subjects. Off by
+	// default; warned about in the status when on.
+	NATSAnonymous bool `json:"nats_anonymous"`
+	// HTTPHosts are further Host names the HTTP server answers (a reverse
+	// proxy's name); it always answers loopback names and its listen
+	// address, and refuses every other Host (no DNS rebinding).
+	HTTPHosts []string `json:"http_hosts"`
 
 	Log    LogConfig    `json:"log"`
 	Cache  CacheConfig  `json:"cache"`
 	Bridge BridgeConfig `json:"bridge"`
 	Mesh   MeshConfig   `json:"mesh"`
+	// Modules is the module supervision part (see ModulesConfig).
+	Modules ModulesConfig `json:"modules"`
 }
 
 // LogConfig says how the node logs.
@@ -78,7 +91,12 @@ type CacheConfig struct {
 
 // BridgeConfig is the broker part of the configuration.
 type BridgeConfig struct {
-	CAFile         string   `json:"ca_file"`
+	CAFile string `json:"ca_file"`
+	// CertFile and KeyFile are a PEM client certificate and key for an
+	// amqps:// broker; with them a broker URL without a password logs in
+	// with the certificate (SASL EXTERNAL).
+	CertFile       string   `json:"cert_file"`
+	KeyFile        string   `json:"key_file"`
 	OutboxMaxBytes int64    `json:"outbox_max_bytes"`
 	RequestTimeout Duration `json:"request_timeout"`
 	// CommandTimeout bounds one handler attempt of a command; a handler
@@ -149,6 +167,7 @@ func DefaultConfig() Config {
 			HeartbeatInterval: Duration(5 * time.Second),
 			MissedHeartbeats:  3,
 		},
+		Modules: defaultModulesConfig(),
 	}
 }
 
@@ -205,8 +224,11 @@ var EnvVars = []struct {
 	{"MESHBOX_PPROF", "pprof"},
 	{"MESHBOX_DB", "db"},
 	{"MESHBOX_BROKER", "broker"},
+	{"MESHBOX_NATS_ANONYMOUS", "nats_anonymous"},
 	{"MESHBOX_LOG_LEVEL", "log.level"},
 	{"MESHBOX_LOG_FORMAT", "log.format"},
+	{"MESHBOX_MODULES_DIR", "modules.dir"},
+	{"MESHBOX_MODULES_RUN_DIR", "modules.run_dir"},
 }
 
 // ApplyEnv sets fields from the MESHBOX_* variables that getenv returns
@@ -239,6 +261,12 @@ func (c *Config) Set(field, value string) error {
 			return fmt.Errorf("pprof: %q is not true or false", value)
 		}
 		c.Pprof = on
+	case "nats_anonymous":
+		on, err := strconv.ParseBool(value)
+		if err != nil {
+			return fmt.Errorf("nats_anonymous: %q is not true or false", value)
+		}
+		c.NATSAnonymous = on
 	case "db":
 		c.DB = Secret(value)
 	case "broker":
@@ -247,11 +275,19 @@ func (c *Config) Set(field, value string) error {
 		c.Log.Level = value
 	case "log.format":
 		c.Log.Format = value
+	case "modules.dir":
+		c.Modules.Dir = value
+	case "modules.run_dir":
+		c.Modules.RunDir = value
 	default:
 		return fmt.Errorf("unknown config field %q", field)
 	}
 	return nil
 }
+
+// InMesh reports whether the node belongs to a mesh (it has a database or
+// a broker); otherwise it is standalone.
+func (c *Config) InMesh() bool { return c.DB != "" || c.Broker != "" }
 
 // FieldError is a validation error that names the config field at fault.
 type FieldError struct {
@@ -286,6 +322,11 @@ func (c *Config) Validate() error {
 	if c.Pprof && (c.HTTP == "off" || !LoopbackAddr(c.HTTP)) {
 		// Profiles show the process's memory: never off this machine.
 		bad("pprof", "needs the HTTP listener on loopback, got http %q", c.HTTP)
+	}
+	for i, h := range c.HTTPHosts {
+		if h == "" || strings.ContainsAny(h, "/ @") {
+			bad(fmt.Sprintf("http_hosts[%d]", i), "%q is not a host name", h)
+		}
 	}
 	if c.DB != "" {
 		if err := checkURL(string(c.DB), "postgres", "postgresql"); err != nil {
@@ -349,6 +390,14 @@ func (c *Config) Validate() error {
 			bad("bridge.ca_file", "%v", err)
 		}
 	}
+	switch {
+	case (c.Bridge.CertFile == "") != (c.Bridge.KeyFile == ""):
+		bad("bridge.cert_file", "a client certificate needs both bridge.cert_file and bridge.key_file")
+	case c.Bridge.CertFile != "":
+		if _, err := tls.LoadX509KeyPair(c.Bridge.CertFile, c.Bridge.KeyFile); err != nil {
+			bad("bridge.cert_file", "%v", err)
+		}
+	}
 	for _, capName := range sortedKeys(c.Bridge.Routes) {
 		if err := names.Capability(capName); err != nil {
 			bad("bridge.routes", "%w", err)
@@ -360,6 +409,7 @@ func (c *Config) Validate() error {
 	if c.Mesh.MissedHeartbeats < 1 || c.Mesh.MissedHeartbeats > 100 {
 		bad("mesh.missed_heartbeats", "%d is out of range 1..100", c.Mesh.MissedHeartbeats)
 	}
+	c.Modules.validate(bad)
 	return errors.Join(errs...)
 }
 
@@ -432,28 +482,8 @@ func (s Secret) String() string { return RedactURL(string(s)) }
 // LogValue returns the redacted form for slog.
 func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
 
-// RedactURL replaces the password of a URL with "xxxxx". Text that is not a
-// URL is returned as is unless it could hide credentials, in which case it
-// is replaced entirely.
-func RedactURL(raw string) string {
-	if raw == "" {
-		return ""
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	q := u.Query()
-	for k := range q {
-		if strings.Contains(strings.ToLower(k), "password") {
-			q.Set(k, "xxxxx")
-		}
-	}
-	u.RawQuery = q.Encode()
-	return u.String()
-}
+// RedactURL hides the password and secret query parameters of a URL
+// (package redact).
+func RedactURL(raw string) string { return redact.URL(raw) }
 
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }

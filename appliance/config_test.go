@@ -43,9 +43,22 @@ func TestConfigValidate(t *testing.T) {
 		{"command timeout zero", func(c *Config) { c.Bridge.CommandTimeout = 0 }, "bridge.command_timeout"},
 		{"command timeout too long", func(c *Config) { c.Bridge.CommandTimeout = Duration(time.Hour) }, "bridge.command_timeout"},
 		{"ca file missing", func(c *Config) { c.Bridge.CAFile = "/nonexistent/ca.pem" }, "bridge.ca_file"},
+		{"cert without key", func(c *Config) { c.Bridge.CertFile = "/nonexistent/c.pem" }, "bridge.cert_file"},
+		{"key without cert", func(c *Config) { c.Bridge.KeyFile = "/nonexistent/k.pem" }, "bridge.cert_file"},
+		{"cert files missing", func(c *Config) { c.Bridge.CertFile, c.Bridge.KeyFile = "/nonexistent/c.pem", "/nonexistent/k.pem" }, "bridge.cert_file"},
+		{"http host with slash", func(c *Config) { c.HTTPHosts = []string{"a/b"} }, "http_hosts[0]"},
+		{"http host empty", func(c *Config) { c.HTTPHosts = []string{"ok.example", ""} }, "http_hosts[1]"},
+		{"http hosts ok", func(c *Config) { c.HTTPHosts = []string{"status.example.org", "::1"} }, ""},
 		{"route bad cap", func(c *Config) { c.Bridge.Routes = map[string]string{"a.*": "b"} }, "bridge.routes"},
 		{"route bad node", func(c *Config) { c.Bridge.Routes = map[string]string{"echo": "b c"} }, "bridge.routes.echo"},
 		{"missed heartbeats", func(c *Config) { c.Mesh.MissedHeartbeats = 0 }, "mesh.missed_heartbeats"},
+		{"modules dir", func(c *Config) { c.Modules.Dir = "/srv/modules" }, ""},
+		{"modules restart min", func(c *Config) { c.Modules.RestartMin = 0 }, "modules.restart_min"},
+		{"modules restart max below min", func(c *Config) { c.Modules.RestartMax = Duration(time.Millisecond) }, "modules.restart_max"},
+		{"modules crash loop restarts", func(c *Config) { c.Modules.CrashLoopRestarts = 0 }, "modules.crash_loop_restarts"},
+		{"modules crash loop window", func(c *Config) { c.Modules.CrashLoopWindow = -1 }, "modules.crash_loop_window"},
+		{"modules crash loop retry", func(c *Config) { c.Modules.CrashLoopRetry = 0 }, "modules.crash_loop_retry"},
+		{"modules log lines", func(c *Config) { c.Modules.LogLines = 0 }, "modules.log_lines"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -155,5 +168,43 @@ func TestRedactURL(t *testing.T) {
 		if got := RedactURL(in); got != want {
 			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+func TestModulesDir(t *testing.T) {
+	for _, tc := range []struct{ data, dir, want string }{
+		{"/home/ann/.local/share/meshbox", "", "/home/ann/.local/share/meshbox/modules"},
+		{"/var/lib/meshbox", "", "/etc/meshbox/modules"},
+		{"/var/lib/meshbox/", "", "/etc/meshbox/modules"},
+		{"/var/lib/meshbox", "/srv/modules", "/srv/modules"},
+	} {
+		c := DefaultConfig()
+		c.DataDir, c.Modules.Dir = tc.data, tc.dir
+		if got := c.ModulesDir(); got != tc.want {
+			t.Errorf("data %q, modules.dir %q: got %q, want %q", tc.data, tc.dir, got, tc.want)
+		}
+	}
+}
+
+func TestNATSAnonymousFromEnvironment(t *testing.T) {
+	c := DefaultConfig()
+	if c.NATSAnonymous {
+		t.Fatal("nats_anonymous is on by default")
+	}
+	if err := c.ApplyEnv(func(k string) string { return map[string]string{"MESHBOX_NATS_ANONYMOUS": "true"}[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if !c.NATSAnonymous {
+		t.Error("MESHBOX_NATS_ANONYMOUS=true: got off, want on")
+	}
+	if err := c.Set("nats_anonymous", "maybe"); err == nil || !strings.Contains(err.Error(), "nats_anonymous") {
+		t.Errorf("nats_anonymous=maybe: got %v, want an error naming the field", err)
+	}
+	if c.InMesh() {
+		t.Error("a config without db or broker is in a mesh")
+	}
+	c.Broker = "amqp://h/"
+	if !c.InMesh() {
+		t.Error("a config with a broker is standalone")
 	}
 }

@@ -1,4 +1,23 @@
 // Package appliance wires one meshbox node together: configuration, the
-// embedded NATS server, the bindings cache, the bridge and the node, their
-// lifecycle, and the node's HTTP status, health and metrics endpoints.
+// embedded NATS server, the bindings cache, the bridge and the node, the
+// supervisor of the modules the mesh assigns to the node
+// (appliance/modules), their lifecycle, and the node's HTTP status, health
+// and metrics endpoints.
+//
+// Start brings up the bindings, NATS, the bridge, the node and then the
+// modules (the stages they declare are handed to the bridge before any of
+// them starts); Close stops the modules first, while everything they use
+// still runs, then the rest in reverse. Every change of the bindings goes
+// to the bridge (a moved broker), the node (expected peers) and the
+// supervisor (assignments, overrides, grants), in that order, on the
+// bindings manager's goroutine.
+//
+// Who may connect to the embedded NATS server is localauth.go's business:
+// the node's own connections and its CLI with the administrative nkey,
+// each local program with its own nkey and permissions (package
+// programs), and clients without a credential only on a standalone node or
+// when the configuration allows them (nats_anonymous). PutProgram,
+// RemoveProgram and ReloadPrograms change the programs of a running node
+// without a restart. The HTTP server answers only the Host names it serves
+// (httphost.go).
 package appliance

@@ -8,4 +8,8 @@ var (
 	ErrDataDirInUse = errors.New("data directory is in use by another meshbox process")
 	// ErrClosed is returned by Start after Close.
 	ErrClosed = errors.New("appliance closed")
+	// ErrNotRunning is returned by the methods that need a running node
+	// (PutProgram, RemoveProgram, ReloadPrograms) before Start or after
+	// Close.
+	ErrNotRunning = errors.New("node is not running")
 )

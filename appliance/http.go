@@ -71,6 +71,9 @@ func (a *Appliance) Readiness() Readiness {
 	if n := a.pubNATS.Load(); n == nil || !n.srv.Running() {
 		notReady("embedded NATS server is not running")
 	}
+	if sup := a.mods.Load(); sup != nil {
+		rd.Degraded = append(rd.Degraded, modulesDegraded(sup.Status())...)
+	}
 	return rd
 }
 

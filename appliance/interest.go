@@ -359,4 +359,7 @@ func (a *Appliance) localInterestChanged(subjects []string) {
 	if n := a.node.Load(); n != nil {
 		n.SetLocal(subjects)
 	}
+	if sup := a.mods.Load(); sup != nil {
+		sup.SetHosted(subjects)
+	}
 }

@@ -29,6 +29,7 @@ var ConfigFlags = []ConfigFlag{
 	{"broker", "broker", "broker URL amqp(s)://..., overrides the broker.url setting (env MESHBOX_BROKER)"},
 	{"log-level", "log.level", "debug, info, warn or error (env MESHBOX_LOG_LEVEL)"},
 	{"log-format", "log.format", "text or json (env MESHBOX_LOG_FORMAT)"},
+	{"modules-dir", "modules.dir", "module catalog directory (env MESHBOX_MODULES_DIR; default: /etc/meshbox/modules with the data directory /var/lib/meshbox, else modules in the data directory)"},
 }
 
 // ConfigSources are the layers LoadConfig puts over DefaultConfig, applied

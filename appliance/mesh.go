@@ -57,6 +57,8 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 		Node:             a.cfg.Node,
 		URL:              a.brokerURL(snap, ok),
 		CAFile:           a.cfg.Bridge.CAFile,
+		CertFile:         a.cfg.Bridge.CertFile,
+		KeyFile:          a.cfg.Bridge.KeyFile,
 		OutboxPath:       filepath.Join(a.cfg.DataDir, "outbox.db"),
 		OutboxMaxBytes:   a.cfg.Bridge.OutboxMaxBytes,
 		RequestTimeout:   a.cfg.Bridge.RequestTimeout.D(),

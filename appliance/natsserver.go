@@ -18,7 +18,9 @@ const maxClosedClients = 64
 // natsServer is the node's embedded NATS server: the only door local
 // programs use. It listens on the configured address (loopback by default).
 type natsServer struct {
-	srv *server.Server
+	srv  *server.Server
+	opts *server.Options // as started, without users: the base of each reload
+	auth *localAuth
 }
 
 // startNATS starts the embedded server and waits until it accepts clients.
@@ -30,7 +32,10 @@ type natsServer struct {
 // heartbeat of its system account every 10 s. No option turns the first
 // two off, and the system account stays on: its connect events let the
 // watcher of local interest sleep while no program is connected.
-func startNATS(addr, node string, logger *slog.Logger) (*natsServer, error) {
+//
+// Clients authenticate as auth says (see localauth.go); bad program
+// definitions are logged and left out.
+func startNATS(addr, node string, auth *localAuth, logger *slog.Logger) (*natsServer, error) {
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("nats address %q: %w", addr, err)
@@ -55,6 +60,11 @@ func startNATS(addr, node string, logger *slog.Logger) (*natsServer, error) {
 		MaxClosedClients: maxClosedClients,
 		// No HTTP monitoring port: the appliance serves status itself.
 	}
+	base := opts.Clone()
+	rep := auth.apply(opts)
+	for _, e := range rep.Errors {
+		logger.Warn("local program left out", "err", e)
+	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("nats server: %w", err)
@@ -66,16 +76,18 @@ func startNATS(addr, node string, logger *slog.Logger) (*natsServer, error) {
 		srv.WaitForShutdown()
 		return nil, fmt.Errorf("nats server: cannot listen on %s (address in use?)", addr)
 	}
-	return &natsServer{srv: srv}, nil
+	return &natsServer{srv: srv, opts: base, auth: auth}, nil
 }
 
 // URL is the client URL local programs use.
 func (n *natsServer) URL() string { return n.srv.ClientURL() }
 
-// connect opens an in-process client connection (no TCP) named name.
+// connect opens an in-process client connection (no TCP) named name, with
+// the node's administrative credential.
 func (n *natsServer) connect(name string, extra ...nats.Option) (*nats.Conn, error) {
 	opts := append([]nats.Option{
 		nats.Name(name),
+		n.auth.connOption(),
 		nats.InProcessServer(n.srv),
 		nats.MaxReconnects(-1),
 	}, extra...)

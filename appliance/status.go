@@ -3,6 +3,7 @@ package appliance
 import (
 	"time"
 
+	"github.com/meshbox/meshbox/appliance/modules"
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/node"
@@ -16,7 +17,7 @@ type Status struct {
 	Commit        string               `json:"commit,omitempty"`
 	StartedAt     time.Time            `json:"started_at"`
 	UptimeSeconds float64              `json:"uptime_seconds"`
-	NATS          EndpointStatus       `json:"nats"`
+	NATS          NATSStatus           `json:"nats"`
 	HTTP          EndpointStatus       `json:"http"`
 	Broker        bridge.BrokerStatus  `json:"broker"`
 	Identity      *IdentityStatus      `json:"identity,omitempty"` // the node's broker user and credential
@@ -25,7 +26,25 @@ type Status struct {
 	Peers         []node.Peer          `json:"peers"`
 	Capabilities  node.Capabilities    `json:"capabilities"`
 	Bindings      cache.Status         `json:"bindings"`
+	Modules       []modules.Status     `json:"modules"`
 	Errors        []ErrorEntry         `json:"errors"`
+	// Warnings are standing conditions an operator should know about: an
+	// open local NATS server, a link to the broker or the database that
+	// is not protected on the network.
+	Warnings []string `json:"warnings"`
+}
+
+// NATSStatus says where the embedded NATS server listens and who may
+// connect to it.
+type NATSStatus struct {
+	URL string `json:"url"`
+	// Auth is "credentials" (every client needs one) or "open" (clients
+	// without one are let in: a standalone node, or nats_anonymous).
+	Auth string `json:"auth,omitempty"`
+	// Programs are the local programs with a credential; ProgramErrors the
+	// definitions left out, each naming its file.
+	Programs      []string `json:"programs"`
+	ProgramErrors []string `json:"program_errors,omitempty"`
 }
 
 // EndpointStatus says where a listener is.
@@ -53,6 +72,16 @@ func (a *Appliance) Status() Status {
 		Errors:        a.errs.recent(),
 	}
 	st.NATS.URL = a.NATSURL()
+	st.NATS.Programs = []string{}
+	st.Warnings = a.transportWarnings()
+	if n := a.pubNATS.Load(); n != nil {
+		st.NATS.Auth = n.auth.mode()
+		rep := n.auth.lastReport()
+		st.NATS.Programs, st.NATS.ProgramErrors = rep.Programs, rep.Errors
+		if n.auth.anonymous {
+			st.Warnings = append(st.Warnings, warnNATSOpen)
+		}
+	}
 	if b := a.bridge.Load(); b != nil {
 		bs := b.Status()
 		st.Broker, st.Outbox, st.Stalls = bs.Broker, bs.Outbox, bs.Stalls
@@ -63,6 +92,10 @@ func (a *Appliance) Status() Status {
 	}
 	if st.Peers == nil {
 		st.Peers = []node.Peer{}
+	}
+	st.Modules = []modules.Status{}
+	if sup := a.mods.Load(); sup != nil {
+		st.Modules = sup.Status()
 	}
 	if bd := a.pubBindings.Load(); bd != nil {
 		st.Bindings = bd.manager.Status()

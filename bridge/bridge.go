@@ -63,6 +63,7 @@ type Bridge struct {
 	gone          map[string]time.Time // node -> since when discovery marks it gone
 	rr            atomic.Uint64        // round robin among hosts
 	hosted        map[string]bool      // stages hosted here
+	declared      map[string]bool      // stages assigned modules declare (queues declared, not consumed)
 	localCaps     map[string]bool      // capabilities hosted by local programs
 	standins      map[string]*nats.Subscription
 	routesChanged chan struct{} // cap 1: routes or local capabilities changed

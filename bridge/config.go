@@ -1,12 +1,13 @@
 package bridge
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/redact"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -23,6 +24,10 @@ type Config struct {
 	URL string
 	// CAFile is an extra PEM CA bundle trusted for amqps:// brokers.
 	CAFile string
+	// CertFile and KeyFile are the node's PEM client certificate and key
+	// for amqps:// brokers (both or neither). With them, a URL without a
+	// password logs in with SASL EXTERNAL (see clientcert.go).
+	CertFile, KeyFile string
 	// OutboxPath is the bbolt file of the durable outbox (<data>/outbox.db).
 	OutboxPath string
 	// OutboxMaxBytes bounds the outbox (default 64 MiB).
@@ -206,6 +211,14 @@ func (c Config) validate() error {
 			return bad("CAFile", "%v", err)
 		}
 	}
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		return bad("CertFile", "a client certificate needs both CertFile and KeyFile")
+	}
+	if c.CertFile != "" {
+		if _, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile); err != nil {
+			return bad("CertFile", "%v", err)
+		}
+	}
 	for capName, node := range c.Routes {
 		if !validName(capName) {
 			return bad("Routes", "%q is not a valid capability name", capName)
@@ -240,13 +253,4 @@ func checkBrokerURL(u, node string) error {
 }
 
 // redactURL returns u with its password replaced by "xxxxx".
-func redactURL(u string) string {
-	if u == "" {
-		return ""
-	}
-	p, err := url.Parse(u)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return p.Redacted()
-}
+func redactURL(u string) string { return redact.URL(u) }

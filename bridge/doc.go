@@ -41,6 +41,16 @@
 //     node never sends a mesh event back to the mesh nor redelivers its own
 //     event locally.
 //
+// A local program's Meshbox-* headers are never the node's word: the
+// bridge drops them from what it takes from programs (calls, replies,
+// commands, events) and sets its own. A program may shorten a request's
+// deadline with Meshbox-Timeout and name its command or event with
+// Meshbox-Msg-Id; nothing else it sets in that namespace is read. An event
+// a program publishes with another node's Meshbox-Origin still goes to the
+// mesh, from this node. (Local subscribers see what a program published as
+// it was published: on one node's NATS server, only the permissions of
+// package programs keep one program from posing as another.)
+//
 // Error replies use the NATS micro headers Nats-Service-Error and
 // Nats-Service-Error-Code: 400 bad input (invalid subject, header or
 // timeout, oversized payload), 503 unreachable or no host, 504 deadline
@@ -203,6 +213,11 @@
 // Start and on every change, and hands the node the same snapshot only
 // after SetLocalInterest returned: by then the queues of new stages exist,
 // so a stage is routable before its program's capabilities are advertised.
+// SetDeclaredStages takes the stages the node's assigned modules declare
+// (their manifests): their queues are declared and bound, now and on every
+// reconnect, but not consumed until a local program serves them, so a
+// command for an assigned stage waits (watched by the stall alarm) instead
+// of finding no route.
 // The bridge itself imports no NATS server code and never polls it. Start fails with a
 // *NodeNameInUseError when another process holds the node's name; Fatal
 // yields one when that happens on a later reconnect and lasts (the node

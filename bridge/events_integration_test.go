@@ -107,3 +107,32 @@ func TestEventsReachEveryNodeWithoutEcho(t *testing.T) {
 		t.Errorf("gamma: got %d events, want %d", got, n+1)
 	}
 }
+
+// A local program's Meshbox-* headers are never the node's word: an event
+// it publishes with a forged Meshbox-Origin (as if it came from another
+// node) still goes to the mesh, from this node, without the forged
+// headers.
+func TestForgedOriginOfALocalEventIsIgnored(t *testing.T) {
+	vhost := testVhost(t)
+	a, b := newNode(t, "alpha", vhost, nil), newNode(t, "beta", vhost, nil)
+	a.waitConnected(t)
+	b.waitConnected(t)
+	rec := subscribeEvents(t, b, "evt.>")
+	m := &nats.Msg{Subject: "evt.door.opened", Data: []byte("front"), Header: nats.Header{
+		bridge.HeaderOrigin: {"gamma"}, bridge.HeaderMsgID: {"forged-1"}, bridge.HeaderRedelivered: {"true"}, "X-Keep": {"yes"}}}
+	r, err := a.client.RequestMsg(m, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Header.Get(bridge.HeaderAccepted); got != "broker" {
+		t.Fatalf("event accepted as %q (headers %v), want broker", got, r.Header)
+	}
+	waitFor(t, 15*time.Second, "the event on beta", func() bool { return rec.len() >= 1 })
+	got := rec.all()[0]
+	if o := got.Header.Get(bridge.HeaderOrigin); o != "alpha" {
+		t.Errorf("origin on beta: got %q, want alpha (the node that took it from its program)", o)
+	}
+	if got.Header.Get(bridge.HeaderRedelivered) != "" || got.Header.Get("X-Keep") != "yes" {
+		t.Errorf("headers on beta: got %v, want X-Keep and no Meshbox-Redelivered", got.Header)
+	}
+}

@@ -337,6 +337,9 @@ func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connect
 		}
 		cfg.TLSClientConfig = tc
 	}
+	if b.externalLogin(url) {
+		cfg.SASL = []amqp.Authentication{&amqp.ExternalAuth{}}
+	}
 	var (
 		stop func() bool
 		raw  net.Conn
@@ -369,7 +372,8 @@ func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connect
 	return conn, cork, func() { _ = raw.Close() }, nil
 }
 
-// tlsConfig trusts the system roots plus Config.CAFile.
+// tlsConfig trusts the system roots plus Config.CAFile, and presents
+// Config's client certificate when there is one.
 func (b *Bridge) tlsConfig() (*tls.Config, error) {
 	pool, err := x509.SystemCertPool()
 	if err != nil || pool == nil {
@@ -384,5 +388,13 @@ func (b *Bridge) tlsConfig() (*tls.Config, error) {
 			return nil, fmt.Errorf("broker CA file %s: no PEM certificates", b.cfg.CAFile)
 		}
 	}
-	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+	tc := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	cert, err := b.clientCert()
+	if err != nil {
+		return nil, err
+	}
+	if cert != nil {
+		tc.Certificates = []tls.Certificate{*cert}
+	}
+	return tc, nil
 }

@@ -126,19 +126,20 @@ func (b *Bridge) open(ctx context.Context, url string) (*session, func(), error)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to broker: %w", err)
 	}
-	_, _, perNode := ParseBrokerUser(uri.Username)
+	user := b.loginUser(url, uri) // the URL's, or a client certificate's
+	_, _, perNode := ParseBrokerUser(user)
 	conConn, _, abortCon, err := b.dial(ctx, url, roleConsume)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to broker: %w", refused(err, uri.Username))
+		return nil, nil, fmt.Errorf("connect to broker: %w", refused(err, user))
 	}
 	pubConn, cork, abortPub, err := b.dial(ctx, url, rolePublish)
 	if err != nil {
 		abortCon()
 		_ = conConn.CloseDeadline(time.Now().Add(closeLimit))
-		return nil, nil, fmt.Errorf("connect to broker: %w", refused(err, uri.Username))
+		return nil, nil, fmt.Errorf("connect to broker: %w", refused(err, user))
 	}
 	s := &session{
-		b: b, url: url, user: uri.Username, perNode: perNode, pubConn: pubConn, cork: cork, conConn: conConn,
+		b: b, url: url, user: user, perNode: perNode, pubConn: pubConn, cork: cork, conConn: conConn,
 		failed:       make(chan error, 1),
 		requestsDone: make(chan struct{}),
 		repliesDone:  make(chan struct{}),

@@ -3,6 +3,7 @@ package bridge
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -71,9 +72,11 @@ func (b *Bridge) noteDeliveryAge(stage string, sent time.Time) {
 }
 
 // stallCandidates are the stages whose queues are watched: those hosted
-// here and those this node sent commands to.
+// here, those declared for assigned modules, and those this node sent
+// commands to.
 func (b *Bridge) stallCandidates() []string {
 	set := b.hostedStages()
+	maps.Copy(set, b.declaredStages())
 	b.stall.mu.Lock()
 	for s := range b.stall.submitted {
 		set[s] = true

@@ -53,11 +53,11 @@ func (b *Bridge) onSubmitCommand(msg *nats.Msg) {
 }
 
 // onSubmitEvent forwards evt.<topic> from a local program to the mesh.
-// Local subscribers already have it from the NATS server.
+// Local subscribers already have it from the NATS server. The mesh events
+// the bridge republishes never come back here (its connection is NoEcho),
+// so every event seen here is a program's: a Meshbox-Origin it carries is
+// not the node's word and changes nothing (callerHeaders drops it).
 func (b *Bridge) onSubmitEvent(msg *nats.Msg) {
-	if o := msg.Header.Get(HeaderOrigin); o != "" && o != b.cfg.Node {
-		return // a mesh event relayed by a local program: it already went around
-	}
 	topic := msg.Subject[len(subjEvtPrefix):]
 	rec, err := b.submission(kindEvent, topic, msg)
 	if err != nil {

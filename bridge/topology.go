@@ -257,6 +257,7 @@ func (s *session) syncStages(decl **amqp.Channel) {
 		s.stages[stage] = f
 		s.b.log.Debug("stage consumer started", "stage", stage)
 	}
+	s.declareDeclaredLocked(decl)
 }
 
 // declareStage declares a stage's quorum queue and binds it. A queue that

@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/meshbox/meshbox/internal/names"
+	"github.com/meshbox/meshbox/internal/redact"
 )
 
 // Limits on names and values accepted into the bindings. The rules for
@@ -98,32 +99,12 @@ func ValidateBrokerURL(raw string) error {
 	return nil
 }
 
-// RedactURL returns raw with any password in it replaced by "xxxxx"; a
-// value that does not parse as a URL with user info is returned unchanged.
-func RedactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
-	}
-	if _, ok := u.User.Password(); !ok {
-		return raw
-	}
-	return u.Redacted()
-}
-
-// secretWords mark keys whose values are never shown in reports.
-var secretWords = []string{"password", "passwd", "secret", "token", "credential", "private", "apikey", "api_key", "api-key"}
+// RedactURL returns raw with any password in it hidden (package
+// redact).
+func RedactURL(raw string) string { return redact.URL(raw) }
 
 // looksSecret reports whether a setting or override key names a secret.
-func looksSecret(key string) bool {
-	k := strings.ToLower(key)
-	for _, w := range secretWords {
-		if strings.Contains(k, w) {
-			return true
-		}
-	}
-	return false
-}
+func looksSecret(key string) bool { return redact.Key(key) }
 
 // displayValue renders a setting or override value for logs and reports:
 // secret-looking keys are redacted, URL passwords masked, long values cut.
@@ -131,7 +112,7 @@ func displayValue(key, v string) string {
 	if looksSecret(key) {
 		return redacted
 	}
-	v = RedactURL(v)
+	v = redact.Text(v)
 	if len(v) > 120 {
 		v = v[:120] + "..."
 	}

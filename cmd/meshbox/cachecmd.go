@@ -19,7 +19,10 @@ type CacheCommand struct{ m *Main }
 const cacheUsage = `Usage: meshbox cache <command> [--data DIR] [flags]
 
 Commands (work with the node stopped; the file is opened read-only):
-  show [--revision N] [--json]   the newest cached snapshot (or revision N)
+  show [--revision N] [--json] [--reveal]
+                                 the newest cached snapshot (or revision N); secrets
+                                 are masked unless --reveal (anyone who can read the
+                                 file can read them anyway)
   history [--json]               the cached versions: revision, time, source, hash
   diff A B [--json]              what changed from revision A to revision B
   verify                         check the file's pages and every snapshot's hash
@@ -42,6 +45,7 @@ func (c *CacheCommand) Run(ctx context.Context, args []string) error {
 	data := fs.String("data", c.m.envOr("MESHBOX_DATA", appliance.DefaultDataDir()), "data directory (env MESHBOX_DATA)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	rev := fs.Int64("revision", 0, "show: this revision instead of the newest")
+	reveal := fs.Bool("reveal", false, "show: print credentials, passwords and secret-looking values as they are")
 	var want int
 	switch sub {
 	case "show", "history", "verify":
@@ -70,7 +74,7 @@ func (c *CacheCommand) Run(ctx context.Context, args []string) error {
 	defer store.Close()
 	switch sub {
 	case "show":
-		return c.show(store, *rev, *asJSON)
+		return c.show(store, *rev, *asJSON, *reveal)
 	case "history":
 		return c.history(store, *asJSON)
 	case "diff":
@@ -80,7 +84,7 @@ func (c *CacheCommand) Run(ctx context.Context, args []string) error {
 	}
 }
 
-func (c *CacheCommand) show(store *cache.Store, rev int64, asJSON bool) error {
+func (c *CacheCommand) show(store *cache.Store, rev int64, asJSON, reveal bool) error {
 	var snap cache.Snapshot
 	var err error
 	if rev != 0 {
@@ -91,12 +95,12 @@ func (c *CacheCommand) show(store *cache.Store, rev int64, asJSON bool) error {
 	if err != nil {
 		return err
 	}
+	if !reveal {
+		snap.Bindings = snap.Bindings.Redacted()
+		snap.Source = cache.RedactURL(snap.Source)
+	}
 	b := snap.Bindings
 	if asJSON {
-		for i := range b.Grants { // never print a credential
-			b.Grants[i].Credential = cache.Credential(b.Grants[i].Credential.String())
-		}
-		snap.Bindings = b
 		return writeJSON(c.m.Stdout, snap)
 	}
 	out := c.m.Stdout
@@ -111,7 +115,7 @@ func (c *CacheCommand) show(store *cache.Store, rev int64, asJSON bool) error {
 	fmt.Fprintf(out, "\nsettings (%d):\n", len(b.Settings))
 	rows = [][]string{{"  KEY", "VALUE"}}
 	for _, k := range sortedKeys(b.Settings) {
-		rows = append(rows, []string{"  " + k, clip(cache.RedactURL(b.Settings[k]), 80)})
+		rows = append(rows, []string{"  " + k, clip(b.Settings[k], 80)})
 	}
 	writeTable(out, rows)
 	fmt.Fprintf(out, "\nassignments (%d):\n", len(b.Assignments))
@@ -130,18 +134,30 @@ func (c *CacheCommand) show(store *cache.Store, rev int64, asJSON bool) error {
 	rows = [][]string{{"  RESOURCE", "PROVIDER", "CREDENTIAL"}}
 	for _, g := range b.Grants {
 		cred := "none"
-		if g.Credential != "" {
+		switch {
+		case g.Credential != "" && reveal:
+			cred = g.Credential.Reveal()
+		case g.Credential != "":
 			cred = "set"
 		}
 		rows = append(rows, []string{"  " + g.Resource, g.Provider, cred})
 	}
-	return writeTable(out, rows)
+	if err := writeTable(out, rows); err != nil {
+		return err
+	}
+	if b.Broker != nil {
+		fmt.Fprintf(out, "\nbroker credential: user %s, generation %d, password %s\n", b.Broker.User, b.Broker.Generation, b.Broker.Password.Reveal())
+	}
+	return nil
 }
 
 func (c *CacheCommand) history(store *cache.Store, asJSON bool) error {
 	hist, err := store.History()
 	if err != nil {
 		return err
+	}
+	for i := range hist { // written redacted; an older file may not be
+		hist[i].Source = cache.RedactURL(hist[i].Source)
 	}
 	if asJSON {
 		return writeJSON(c.m.Stdout, orEmpty(hist))

@@ -119,7 +119,7 @@ func (c *CallCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	h.Set(bridge.HeaderTimeout, timeout.String())
-	nc, err := connectNode(*server)
+	nc, err := c.m.connectNode(*server)
 	if err != nil {
 		return err
 	}
@@ -149,7 +149,7 @@ func (c *CallCommand) Run(ctx context.Context, args []string) error {
 // submit sends a command or an event and waits for the node's answer that
 // it is durable.
 func (m *Main) submit(ctx context.Context, server, subject string, data []byte, h nats.Header, timeout time.Duration, verbose bool) error {
-	nc, err := connectNode(server)
+	nc, err := m.connectNode(server)
 	if err != nil {
 		return err
 	}
@@ -261,7 +261,7 @@ func (c *ListenCommand) Run(ctx context.Context, args []string) error {
 	if *count < 0 {
 		return usagef("--count must not be negative")
 	}
-	nc, err := connectNode(*server)
+	nc, err := c.m.connectNode(*server)
 	if err != nil {
 		return err
 	}

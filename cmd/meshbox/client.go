@@ -3,15 +3,19 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/nats-io/nats.go"
 )
@@ -19,28 +23,59 @@ import (
 // defaultServer is the local node's NATS address.
 const defaultServer = "nats://" + appliance.DefaultNATS
 
-// serverFlag adds --server to fs, defaulting to MESHBOX_SERVER.
+// serverFlag adds --server (defaulting to MESHBOX_SERVER) and --creds to
+// fs: where the local node is and the credential to reach it with.
 func (m *Main) serverFlag(fs *flag.FlagSet) *string {
+	fs.StringVar(&m.creds, "creds", m.Getenv("MESHBOX_CREDS"),
+		"credential file (an nkey seed) for the node's NATS server (env MESHBOX_CREDS; default: "+programs.AdminFile+" in the data directory, MESHBOX_DATA, when readable)")
 	return fs.String("server", m.envOr("MESHBOX_SERVER", defaultServer), "NATS URL of the local node (env MESHBOX_SERVER)")
 }
 
+// credsFile is the credential the CLI connects with: --creds, else the
+// node's administrative credential in the data directory when this user
+// can read it, else none (a standalone node lets anyone in).
+func (m *Main) credsFile() string {
+	if m.creds != "" {
+		return m.creds
+	}
+	dir := m.envOr("MESHBOX_DATA", appliance.DefaultDataDir())
+	path := filepath.Join(dir, programs.AdminFile)
+	if f, err := os.Open(path); err == nil {
+		f.Close()
+		return path
+	}
+	return ""
+}
+
 // connectNode connects to the local node's NATS server, failing fast.
-func connectNode(url string) (*nats.Conn, error) {
-	nc, err := nats.Connect(url,
+func (m *Main) connectNode(url string) (*nats.Conn, error) {
+	opts := []nats.Option{
 		nats.Name("meshbox-cli"),
-		nats.Timeout(2*time.Second),
+		nats.Timeout(2 * time.Second),
 		nats.NoReconnect(),
-	)
+	}
+	if creds := m.credsFile(); creds != "" {
+		key, err := programs.LoadKey(creds)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, nats.Nkey(key.Public(), key.Sign))
+	}
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach the node at %s: %v", appliance.RedactURL(url), err)
+		hint := ""
+		if errors.Is(err, nats.ErrAuthorization) {
+			hint = " (the node wants a credential: --creds FILE, or run as a user who can read " + programs.AdminFile + " in the node's data directory)"
+		}
+		return nil, fmt.Errorf("cannot reach the node at %s: %v%s", appliance.RedactURL(url), err, hint)
 	}
 	return nc, nil
 }
 
 // nodeStatus asks the node at url for its status. raw is the JSON as the
 // node sent it.
-func nodeStatus(ctx context.Context, url string) (st appliance.Status, raw []byte, err error) {
-	nc, err := connectNode(url)
+func (m *Main) nodeStatus(ctx context.Context, url string) (st appliance.Status, raw []byte, err error) {
+	nc, err := m.connectNode(url)
 	if err != nil {
 		return st, nil, err
 	}
@@ -71,7 +106,7 @@ func (c *StatusCommand) Run(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return usagef("status takes no arguments")
 	}
-	st, raw, err := nodeStatus(ctx, *server)
+	st, raw, err := c.m.nodeStatus(ctx, *server)
 	if err != nil {
 		return err
 	}
@@ -92,8 +127,21 @@ func printStatus(w io.Writer, st appliance.Status) {
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	row("node", fmt.Sprintf("%s (meshbox %s)", st.Node, st.Version))
 	row("started", fmt.Sprintf("%s (up %s)", st.StartedAt.Format(time.RFC3339), secs(st.UptimeSeconds)))
-	row("nats", st.NATS.URL)
+	nats := st.NATS.URL
+	switch st.NATS.Auth {
+	case appliance.AuthOpen:
+		nats += ", open to programs without a credential"
+	case appliance.AuthCredentials:
+		nats += fmt.Sprintf(", credentials required (%d programs)", len(st.NATS.Programs))
+	}
+	row("nats", nats)
 	row("http", st.HTTP.URL)
+	for _, w := range st.Warnings {
+		row("warning", w)
+	}
+	for _, e := range st.NATS.ProgramErrors {
+		row("warning", "program left out: "+e)
+	}
 	broker := st.Broker.State
 	if st.Broker.URL != "" {
 		broker += " " + st.Broker.URL
@@ -141,6 +189,26 @@ func printStatus(w io.Writer, st appliance.Status) {
 		sort.Strings(parts)
 		row("reaches", strings.Join(parts, " "))
 	}
+	if len(st.Modules) > 0 {
+		counts := map[string]int{}
+		for _, m := range st.Modules {
+			counts[m.State]++
+		}
+		var parts []string
+		for state, n := range counts {
+			parts = append(parts, fmt.Sprintf("%d %s", n, state))
+		}
+		sort.Strings(parts)
+		row("modules", strings.Join(parts, ", ")+" (meshbox modules)")
+		for _, m := range st.Modules {
+			if m.Error != "" {
+				row("MODULE", m.Module+": "+m.Error)
+			}
+			for _, w := range m.Warnings {
+				row("MODULE", w)
+			}
+		}
+	}
 	row("outbox", fmt.Sprintf("%d messages, oldest %s", st.Outbox.Depth, secs(st.Outbox.OldestAgeSeconds)))
 	for _, s := range st.Stalls {
 		row("STALL", fmt.Sprintf("stage %s: %s", s.Stage, s.Reason))
@@ -170,7 +238,7 @@ func (c *VersionCommand) Run(ctx context.Context, args []string) error {
 	}
 	b := appliance.Build()
 	out := map[string]any{"client": b}
-	st, _, err := nodeStatus(ctx, *server)
+	st, _, err := c.m.nodeStatus(ctx, *server)
 	if err == nil {
 		out["node"] = map[string]any{"name": st.Node, "version": st.Version, "commit": st.Commit}
 	} else {

@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/cmd/meshbox/doctor"
 )
 
@@ -62,6 +65,15 @@ func (c *DoctorCommand) parse(args []string) (doctor.Options, bool, error) {
 	if err != nil {
 		return doctor.Options{}, false, err
 	}
+	if c.m.creds == "" && c.m.Getenv("MESHBOX_CREDS") == "" {
+		// The node's own credential, where this configuration keeps it.
+		if f, err := os.Open(filepath.Join(cfg.DataDir, programs.AdminFile)); err == nil {
+			f.Close()
+			c.m.creds = f.Name()
+		}
+	} else if c.m.creds == "" {
+		c.m.creds = c.m.Getenv("MESHBOX_CREDS")
+	}
 	url := *server
 	if url == "" {
 		url = "nats://" + doctor.ConnectAddr(cfg.NATS)
@@ -70,7 +82,7 @@ func (c *DoctorCommand) parse(args []string) (doctor.Options, bool, error) {
 		Config: cfg,
 		Server: url,
 		Status: func(ctx context.Context) (appliance.Status, error) {
-			st, _, err := nodeStatus(ctx, url)
+			st, _, err := c.m.nodeStatus(ctx, url)
 			return st, err
 		},
 		HostsFile:  *hosts,

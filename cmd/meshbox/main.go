@@ -14,6 +14,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/meshbox/meshbox/internal/redact"
 )
 
 func main() {
@@ -78,6 +80,8 @@ type Main struct {
 	Stdout io.Writer
 	Stderr io.Writer
 	Getenv func(string) string
+
+	creds string // --creds of the command that runs (see serverFlag)
 }
 
 // NewMain returns a Main on the process's streams and environment.
@@ -95,7 +99,10 @@ Node:
   status     show the status of the local node
   nodes      list the local node's peers: state, last seen, what they host
   caps       list capabilities and stages: hosted here, and by which peers
+  modules    list the modules assigned to the local node: state, pid, restarts, last exit
+  module     control a module by hand: module start|stop|restart|logs NAME
   doctor     check the node's situation: data dir, database, broker, cache, clock, names
+  program    local programs' credentials: add, list, show, remove
   version    show the version of this binary and of the local node
 
 Messages:
@@ -129,6 +136,12 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		return (&NodesCommand{m: m}).Run(ctx, rest)
 	case "caps":
 		return (&CapsCommand{m: m}).Run(ctx, rest)
+	case "modules":
+		return (&ModulesCommand{m: m}).Run(ctx, rest)
+	case "module":
+		return (&ModuleCommand{m: m}).Run(ctx, rest)
+	case "module-guard": // started by the node itself; not in the usage
+		return (&ModuleGuardCommand{m: m}).Run(ctx, rest)
 	case "doctor":
 		return (&DoctorCommand{m: m}).Run(ctx, rest)
 	case "init":
@@ -139,6 +152,8 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		return (&JoinCommand{m: m}).Run(ctx, rest)
 	case "cache":
 		return (&CacheCommand{m: m}).Run(ctx, rest)
+	case "program":
+		return (&ProgramCommand{m: m}).Run(ctx, rest)
 	case "call":
 		return (&CallCommand{m: m}).Run(ctx, rest)
 	case "send":
@@ -158,15 +173,15 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 }
 
 // newLogger builds the process's slog logger. It is the one place that
-// chooses a handler.
+// chooses a handler; secrets are hidden before anything is written.
 func newLogger(w io.Writer, level, format string) *slog.Logger {
 	var lv slog.Level
 	_ = lv.UnmarshalText([]byte(level)) // validated with the config; info otherwise
 	opts := &slog.HandlerOptions{Level: lv}
 	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		return slog.New(redact.NewHandler(slog.NewJSONHandler(w, opts)))
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(redact.NewHandler(slog.NewTextHandler(w, opts)))
 }
 
 // newFlagSet returns a flag set that reports errors instead of exiting and

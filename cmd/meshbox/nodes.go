@@ -31,7 +31,7 @@ func (c *NodesCommand) Run(ctx context.Context, args []string) error {
 		return usagef("nodes takes no arguments")
 	}
 	var reply node.PeersReply
-	raw, err := askNode(ctx, *server, node.SubjectPeers, &reply)
+	raw, err := c.m.askNode(ctx, *server, node.SubjectPeers, &reply)
 	if err != nil {
 		return err
 	}
@@ -41,7 +41,7 @@ func (c *NodesCommand) Run(ctx context.Context, args []string) error {
 	// The credential generations come with the node's status; a node
 	// too old to report them shows none.
 	var st appliance.Status
-	if _, err := askNode(ctx, *server, appliance.SubjectStatus, &st); err != nil {
+	if _, err := c.m.askNode(ctx, *server, appliance.SubjectStatus, &st); err != nil {
 		st = appliance.Status{}
 	}
 	printPeers(c.m.Stdout, reply, st.Identity, time.Now())
@@ -65,7 +65,7 @@ func (c *CapsCommand) Run(ctx context.Context, args []string) error {
 		return usagef("caps takes no arguments")
 	}
 	var reply node.CapsReply
-	raw, err := askNode(ctx, *server, node.SubjectCaps, &reply)
+	raw, err := c.m.askNode(ctx, *server, node.SubjectCaps, &reply)
 	if err != nil {
 		return err
 	}
@@ -78,8 +78,8 @@ func (c *CapsCommand) Run(ctx context.Context, args []string) error {
 
 // askNode sends an empty request on subject to the node at url and
 // decodes the JSON answer into v, returning the raw answer too.
-func askNode(ctx context.Context, url, subject string, v any) ([]byte, error) {
-	nc, err := connectNode(url)
+func (m *Main) askNode(ctx context.Context, url, subject string, v any) ([]byte, error) {
+	nc, err := m.connectNode(url)
 	if err != nil {
 		return nil, err
 	}

@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/appliance/modules"
 )
 
 // RunCommand runs a node until it is signalled to stop.
@@ -22,6 +26,9 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 	a, err := appliance.New(cfg, logger)
 	if err != nil {
 		return err
+	}
+	if exe, err := os.Executable(); err == nil {
+		a.SetModuleGuard([]string{exe, "module-guard"}) // no module outlives the node
 	}
 	if err := a.Start(ctx); err != nil {
 		_ = a.Close()
@@ -62,4 +69,22 @@ func (c *RunCommand) config(args []string) (appliance.Config, error) {
 		*envFile = appliance.ExistingDefaultEnvFile()
 	}
 	return flags.load(c.m, *envFile)
+}
+
+// ModuleGuardCommand is the node's module guard (not for people): it reads
+// the process groups of the node's modules on its standard input and, if
+// the node dies without saying goodbye, kills them (modules.RunGuard).
+type ModuleGuardCommand struct{ m *Main }
+
+// Run guards until its input ends. Signals meant for the node do not end
+// it: only the node's end (its input closing) does.
+func (c *ModuleGuardCommand) Run(ctx context.Context, args []string) error {
+	if len(args) > 0 {
+		return usagef("module-guard takes no arguments")
+	}
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	if n := modules.RunGuard(c.m.Stdin); n > 0 {
+		fmt.Fprintf(c.m.Stderr, "meshbox module-guard: the node died; killed %d module process groups\n", n)
+	}
+	return nil
 }

@@ -100,7 +100,7 @@ func BenchmarkBridge(b *testing.B) {
 	})
 	b.Run("local", func(b *testing.B) {
 		for range b.N {
-			t := interleavedQuantiles(b, natsRoundTrip(b, nodeA.NATSURL()), natsRoundTrip(b, plainNATS(b)))
+			t := interleavedQuantiles(b, natsRoundTrip(b, nodeA.NATSURL(), meshtest.AdminOption(b, nodeA.DataDir())), natsRoundTrip(b, plainNATS(b)))
 			report("local", us(t[0].p50), us(t[1].p50), "µs", "p50 latency, lower is better; target ratio <= 1.1",
 				p99Fields(t[0].p99, t[1].p99)...)
 		}
@@ -183,9 +183,9 @@ func benchWait(b *testing.B, d time.Duration, what string, cond func() bool) {
 }
 
 // benchConn connects to a NATS server; closed when the benchmark ends.
-func benchConn(b *testing.B, url string) *nats.Conn {
+func benchConn(b *testing.B, url string, opts ...nats.Option) *nats.Conn {
 	b.Helper()
-	nc, err := nats.Connect(url)
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		b.Fatalf("connect to %s: %v", url, err)
 	}
@@ -202,7 +202,7 @@ func commandThroughput(b *testing.B, nodeA, nodeB *appliance.Appliance) throughp
 	var handled atomic.Int64
 	all := make(chan struct{})
 	target := int64(benchCommands)
-	hnc := benchConn(b, nodeB.NATSURL())
+	hnc := benchConn(b, nodeB.NATSURL(), meshtest.AdminOption(b, nodeB.DataDir()))
 	sub, err := hnc.QueueSubscribe("work.bench", "handlers", func(m *nats.Msg) {
 		if string(m.Data) != "probe" && handled.Add(1) == target {
 			close(all)
@@ -216,7 +216,7 @@ func commandThroughput(b *testing.B, nodeA, nodeB *appliance.Appliance) throughp
 	if err := hnc.Flush(); err != nil {
 		b.Fatal(err)
 	}
-	snc := benchConn(b, nodeA.NATSURL())
+	snc := benchConn(b, nodeA.NATSURL(), meshtest.AdminOption(b, nodeA.DataDir()))
 	// B hosts the stage once its queue exists: until then a submission is
 	// refused as unroutable.
 	benchWait(b, 30*time.Second, "stage bench hosted on B", func() bool {
@@ -371,14 +371,14 @@ func rawChannel(b *testing.B, amqpURL string) (*amqp.Connection, *amqp.Channel) 
 // capability hosted by a program on B, once A can make it.
 func requestRoundTrip(b *testing.B, nodeA, nodeB *appliance.Appliance) func() error {
 	b.Helper()
-	hnc := benchConn(b, nodeB.NATSURL())
+	hnc := benchConn(b, nodeB.NATSURL(), meshtest.AdminOption(b, nodeB.DataDir()))
 	if _, err := hnc.Subscribe("cap.bench-echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
 		b.Fatal(err)
 	}
 	if err := hnc.Flush(); err != nil {
 		b.Fatal(err)
 	}
-	nc := benchConn(b, nodeA.NATSURL())
+	nc := benchConn(b, nodeA.NATSURL(), meshtest.AdminOption(b, nodeA.DataDir()))
 	call := func() error {
 		resp, err := nc.Request("cap.bench-echo", []byte("ping"), 5*time.Second)
 		if err == nil && string(resp.Data) != "ping" {
@@ -472,16 +472,16 @@ func plainNATS(b *testing.B) string {
 
 // natsRoundTrip returns one request round trip between two programs on
 // the NATS server at url.
-func natsRoundTrip(b *testing.B, url string) func() error {
+func natsRoundTrip(b *testing.B, url string, opts ...nats.Option) func() error {
 	b.Helper()
-	resp := benchConn(b, url)
+	resp := benchConn(b, url, opts...)
 	if _, err := resp.Subscribe("cap.bench-local", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
 		b.Fatal(err)
 	}
 	if err := resp.Flush(); err != nil {
 		b.Fatal(err)
 	}
-	req := benchConn(b, url)
+	req := benchConn(b, url, opts...)
 	return func() error {
 		resp, err := req.Request("cap.bench-local", []byte("ping"), 5*time.Second)
 		if err == nil && string(resp.Data) != "ping" {

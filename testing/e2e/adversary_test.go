@@ -56,7 +56,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 
 	// alpha hosts echo and the stage resize; its handler records the
 	// attempt each command arrives with.
-	host := natsConn(t, alpha.NATSURL())
+	host := natsConn(t, alpha)
 	if _, err := host.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	}
 	flush(t, host)
 	waitRoute(t, beta.HTTPURL(), "echo", "alpha")
-	caller := natsConn(t, beta.NATSURL())
+	caller := natsConn(t, beta)
 	normal := func(what string) {
 		t.Helper()
 		waitCallable(t, caller, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })

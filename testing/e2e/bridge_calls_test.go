@@ -20,7 +20,7 @@ func TestStaticRouteToAbsentNode(t *testing.T) {
 	}
 	amqpURL := meshtest.RabbitMQ(t).Vhost(t)
 	p := startMeshNode(t, "alpha", amqpURL, bridgeConfig{Routes: map[string]string{"ghost": "nobody"}})
-	nc := natsConn(t, p.NATSURL())
+	nc := natsConn(t, p)
 	// The static route gives cap.ghost a stand-in on alpha; the node it
 	// names is not connected, so the broker returns the request at once.
 	for range 3 {
@@ -45,13 +45,13 @@ func TestManyCallsAcrossNodes(t *testing.T) {
 	amqpURL := meshtest.RabbitMQ(t).Vhost(t)
 	alpha := startMeshNode(t, "alpha", amqpURL, bridgeConfig{})
 	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{})
-	host := natsConn(t, beta.NATSURL())
+	host := natsConn(t, beta)
 	if _, err := host.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
 		t.Fatal(err)
 	}
 	flush(t, host)
 	waitRoute(t, alpha.HTTPURL(), "echo", "beta")
-	nc := natsConn(t, alpha.NATSURL())
+	nc := natsConn(t, alpha)
 	waitCallable(t, nc, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
 	const n = 3000
 	failed := map[string]int{}
@@ -84,12 +84,12 @@ func TestManyLocalCalls(t *testing.T) {
 		t.Skip("integration test")
 	}
 	p := meshtest.StartProcess(t, "--node", "solo")
-	host := natsConn(t, p.NATSURL())
+	host := natsConn(t, p)
 	if _, err := host.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
 		t.Fatal(err)
 	}
 	flush(t, host)
-	nc := natsConn(t, p.NATSURL())
+	nc := natsConn(t, p)
 	const n = 3000
 	failed := map[string]int{}
 	first := -1

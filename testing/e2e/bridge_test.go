@@ -201,16 +201,11 @@ func waitConsumers(t *testing.T, rmq *meshtest.Rabbit, amqpURL, queue string, n 
 	t.Fatalf("queue %s: got %d consumers after 30s, want %d", queue, got, n)
 }
 
-// natsConn connects a local program to a node's NATS server; closed in
-// cleanup.
-func natsConn(t *testing.T, natsURL string) *nats.Conn {
+// natsConn connects a client with the node's administrative credential
+// to its NATS server; closed in cleanup.
+func natsConn(t *testing.T, p *meshtest.Process) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatalf("connect to %s: %v", natsURL, err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return p.Connect(t, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 }
 
 // flush makes sure nc's subscriptions are known to its server.
@@ -286,7 +281,7 @@ func testMesh(t *testing.T, names []string) {
 	}
 	ncs := map[string]*nats.Conn{}
 	for _, n := range names {
-		ncs[n] = natsConn(t, procs[n].NATSURL())
+		ncs[n] = natsConn(t, procs[n])
 	}
 
 	// Every node hosts whoami; the first host also echo and sleepy (which
@@ -578,7 +573,7 @@ func TestSameNodeNameOnBrokerIsRefused(t *testing.T) {
 	rmq := meshtest.RabbitMQ(t)
 	amqpURL := rmq.Vhost(t)
 	first := startMeshNode(t, "twin", amqpURL, bridgeConfig{})
-	host := natsConn(t, first.NATSURL())
+	host := natsConn(t, first)
 	if _, err := host.Subscribe("cap.whoami", func(m *nats.Msg) { _ = m.Respond([]byte("first")) }); err != nil {
 		t.Fatal(err)
 	}
@@ -599,7 +594,7 @@ func TestSameNodeNameOnBrokerIsRefused(t *testing.T) {
 	}
 
 	// The first keeps its name and its traffic.
-	nc := natsConn(t, caller.NATSURL())
+	nc := natsConn(t, caller)
 	for i := range 5 {
 		resp, err := nc.Request("node.twin.cap.whoami", nil, 5*time.Second)
 		if err != nil {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
@@ -102,15 +103,11 @@ func waitView(t *testing.T, httpURL string, d time.Duration, what string, ok fun
 	}
 }
 
-// dialNode connects an ordinary NATS client to a node, closed in cleanup.
-func dialNode(t *testing.T, url string) *nats.Conn {
+// dialNode connects a client with the node's administrative credential,
+// closed in cleanup.
+func dialNode(t *testing.T, p *meshtest.Process) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return p.Connect(t)
 }
 
 // natsCLI is the path of the official nats CLI, which make test installs.
@@ -132,9 +129,14 @@ func natsCLI(t *testing.T) string {
 
 // natsReply runs `nats reply SUBJECT --echo` against the server at url until
 // the test ends.
-func natsReply(t *testing.T, url, subject string) *exec.Cmd {
+//
+// It runs as a local program allowed to host the capability, with its
+// credential file (nats --nkey) and its own inbox prefix.
+func natsReply(t *testing.T, p *meshtest.Process, subject string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(natsCLI(t), "--server", url, "reply", subject, "--echo")
+	prog := programs.Program{Name: "echo-host", Host: []string{strings.TrimPrefix(subject, "cap.")}}
+	creds := meshtest.AddProgram(t, p.NATSURL(), p.DataDir(), prog)
+	cmd := exec.Command(natsCLI(t), "--server", p.NATSURL(), "--nkey", creds, "--inbox-prefix", prog.InboxPrefix(), "reply", subject, "--echo")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -146,23 +148,24 @@ func natsReply(t *testing.T, url, subject string) *exec.Cmd {
 }
 
 // natsRequest runs `nats request SUBJECT BODY` against the server at url.
-func natsRequest(t *testing.T, url, subject, body string) (string, error) {
+//
+// It runs as a local program allowed to call the capability.
+func natsRequest(t *testing.T, p *meshtest.Process, subject, body string) (string, error) {
 	t.Helper()
+	prog := programs.Program{Name: "echo-caller", Call: []string{strings.TrimPrefix(subject, "cap.")}}
+	creds := meshtest.AddProgram(t, p.NATSURL(), p.DataDir(), prog)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, natsCLI(t), "--server", url, "request", subject, body, "--timeout", "3s", "--raw").CombinedOutput()
+	out, err := exec.CommandContext(ctx, natsCLI(t), "--server", p.NATSURL(), "--nkey", creds, "--inbox-prefix", prog.InboxPrefix(),
+		"request", subject, body, "--timeout", "3s", "--raw").CombinedOutput()
 	return string(out), err
 }
 
 // hostCapability hosts capability name on the node at url, answering with
 // the node's name, until the returned connection is closed.
-func hostCapability(t *testing.T, url, name, answer string) *nats.Conn {
+func hostCapability(t *testing.T, p *meshtest.Process, name, answer string) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.Name("host-"+answer))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := p.Connect(t, nats.Name("host-"+answer))
 	if _, err := nc.QueueSubscribe("cap."+name, "hosts", func(m *nats.Msg) { _ = m.Respond([]byte(answer)) }); err != nil {
 		t.Fatal(err)
 	}
@@ -182,14 +185,14 @@ func TestDiscoveryCapabilityAppearsOnPeer(t *testing.T) {
 	}
 
 	// The capability appears on beta after alpha started: the official CLI hosts it.
-	natsReply(t, b.NATSURL(), "cap.echo")
+	natsReply(t, b, "cap.echo")
 	took := waitView(t, a.HTTPURL(), discInterval, "alpha routes echo to beta", func(v meshView) bool {
 		return slices.Contains(v.Capabilities.Remote["echo"], "beta")
 	})
 	if took > time.Second+250*time.Millisecond {
 		t.Errorf("echo on beta reached alpha's view after %s, want within about a second (announced)", took)
 	}
-	out, err := natsRequest(t, a.NATSURL(), "cap.echo", "hi")
+	out, err := natsRequest(t, a, "cap.echo", "hi")
 	if err != nil || !strings.Contains(out, "hi") {
 		t.Fatalf("nats request cap.echo on alpha: %v\n%s", err, out)
 	}
@@ -208,11 +211,11 @@ func TestDiscoveryPeerKilledAndBack(t *testing.T) {
 	discoveryNode(t, "beta", vhost)
 	cData := t.TempDir()
 	c := discoveryNode(t, "gamma", vhost, "--data", cData)
-	hostCapability(t, c.NATSURL(), "x", "gamma")
+	hostCapability(t, c, "x", "gamma")
 	waitView(t, a.HTTPURL(), 5*time.Second, "alpha routes x to gamma", func(v meshView) bool {
 		return slices.Contains(v.Capabilities.Remote["x"], "gamma")
 	})
-	caller := dialNode(t, a.NATSURL())
+	caller := dialNode(t, a)
 	if m, err := caller.Request("node.gamma.cap.x", nil, 3*time.Second); err != nil || string(m.Data) != "gamma" {
 		t.Fatalf("node.gamma.cap.x before the kill: %v %v", err, m)
 	}
@@ -260,7 +263,7 @@ func TestDiscoveryPeerKilledAndBack(t *testing.T) {
 
 	// gamma comes back and is callable again, with nobody restarted.
 	c = discoveryNode(t, "gamma", vhost, "--data", cData)
-	hostCapability(t, c.NATSURL(), "x", "gamma")
+	hostCapability(t, c, "x", "gamma")
 	waitView(t, a.HTTPURL(), 5*time.Second, "alpha sees gamma again", func(v meshView) bool {
 		return v.peerState("gamma") == "up" && slices.Contains(v.Capabilities.Remote["x"], "gamma")
 	})
@@ -274,12 +277,12 @@ func TestDiscoverySpreadsCallsAndSurvivesHostLoss(t *testing.T) {
 	a := discoveryNode(t, "alpha", vhost)
 	b := discoveryNode(t, "beta", vhost)
 	c := discoveryNode(t, "gamma", vhost)
-	hostCapability(t, b.NATSURL(), "who", "beta")
-	hostCapability(t, c.NATSURL(), "who", "gamma")
+	hostCapability(t, b, "who", "beta")
+	hostCapability(t, c, "who", "gamma")
 	waitView(t, a.HTTPURL(), 5*time.Second, "alpha routes who to beta and gamma", func(v meshView) bool {
 		return len(v.Capabilities.Remote["who"]) == 2
 	})
-	caller := dialNode(t, a.NATSURL())
+	caller := dialNode(t, a)
 	seen := map[string]int{}
 	for range 40 {
 		m, err := caller.Request("cap.who", nil, 3*time.Second)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
@@ -140,7 +141,7 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 	alpha := startMeshNode(t, "alpha", amqpURL, bridgeConfig{})
 
 	cmds, evts := newHistory(), newHistory()
-	hnc := natsConn(t, beta.NATSURL())
+	hnc := natsConn(t, beta)
 	csub, err := hnc.QueueSubscribe("work.load", "handlers", func(m *nats.Msg) {
 		cmds.delivered(deliveryOf("beta", m))
 		_ = m.Respond(nil)
@@ -160,8 +161,8 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 	flush(t, hnc)
 	waitConsumers(t, rmq, amqpURL, "cmd.load", 1)
 
-	cl := &load{nc: natsConn(t, alpha.NATSURL()), subject: "cmd.load", origin: "alpha", h: cmds}
-	el := &load{nc: natsConn(t, alpha.NATSURL()), subject: "evt.load", origin: "alpha", h: evts}
+	cl := &load{nc: natsConn(t, alpha), subject: "cmd.load", origin: "alpha", h: cmds}
+	el := &load{nc: natsConn(t, alpha), subject: "evt.load", origin: "alpha", h: evts}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for _, l := range []*load{cl, el} {
@@ -249,7 +250,7 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 	alphaConfig := bridgeConfig{OutboxMaxBytes: maxBytes}
 	alpha := startMeshNode(t, "alpha", amqpURL, alphaConfig, "--data", alphaData)
 	h := newHistory()
-	hnc := natsConn(t, beta.NATSURL())
+	hnc := natsConn(t, beta)
 	sub, err := hnc.QueueSubscribe("work.batch", "handlers", func(m *nats.Msg) {
 		h.delivered(deliveryOf("beta", m))
 		_ = m.Respond(nil)
@@ -266,7 +267,7 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 
 	// Pipelined on one connection: alpha receives, and so accepts, the
 	// commands in sequence order.
-	nc := natsConn(t, alpha.NATSURL())
+	nc := natsConn(t, alpha)
 	inbox := nats.NewInbox()
 	var mu sync.Mutex
 	answers := map[int]*nats.Msg{}
@@ -387,7 +388,12 @@ func TestHandlerProcess(t *testing.T) {
 		return
 	}
 	stage, mode := os.Getenv("E2E_HANDLER_STAGE"), os.Getenv("E2E_HANDLER_MODE")
-	nc, err := nats.Connect(natsURL)
+	cred, err := nats.NkeyOptionFromSeed(os.Getenv("E2E_HANDLER_CREDS"))
+	if err != nil {
+		fmt.Println("HANDLER FAILED", err)
+		os.Exit(1)
+	}
+	nc, err := nats.Connect(natsURL, cred)
 	if err != nil {
 		fmt.Println("HANDLER FAILED", err)
 		os.Exit(1)
@@ -424,13 +430,14 @@ type handlerProc struct {
 	done  chan struct{}
 }
 
-// startHandler runs the handler process for stage on the node at natsURL;
-// mode "hang" never answers, "ack" answers success. It is killed in
-// cleanup.
-func startHandler(t *testing.T, natsURL, stage, mode string) *handlerProc {
+// startHandler runs the handler process for stage on node p, as a local
+// program allowed to serve the stage; mode "hang" never answers, "ack"
+// answers success. It is killed in cleanup.
+func startHandler(t *testing.T, p *meshtest.Process, stage, mode string) *handlerProc {
 	t.Helper()
+	creds := meshtest.AddProgram(t, p.NATSURL(), p.DataDir(), programs.Program{Name: "handler-" + mode, Serve: []string{stage}})
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHandlerProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "E2E_HANDLER_NATS="+natsURL, "E2E_HANDLER_STAGE="+stage, "E2E_HANDLER_MODE="+mode)
+	cmd.Env = append(os.Environ(), "E2E_HANDLER_NATS="+p.NATSURL(), "E2E_HANDLER_CREDS="+creds, "E2E_HANDLER_STAGE="+stage, "E2E_HANDLER_MODE="+mode)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -520,10 +527,10 @@ func TestCommandRedeliveredAfterHandlerKilled(t *testing.T) {
 	amqpURL := rmq.Vhost(t)
 	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{})
 	alpha := startMeshNode(t, "alpha", amqpURL, bridgeConfig{})
-	first := startHandler(t, beta.NATSURL(), "chore", "hang")
+	first := startHandler(t, beta, "chore", "hang")
 	waitConsumers(t, rmq, amqpURL, "cmd.chore", 1)
 
-	nc := natsConn(t, alpha.NATSURL())
+	nc := natsConn(t, alpha)
 	if o, resp, err := submit(nc, "cmd.chore", payload("alpha", 1), 10*time.Second); o != acked {
 		code, text := serviceError(resp)
 		t.Fatalf("submit: got %v (error %d %s), want accepted", err, code, text)
@@ -537,7 +544,7 @@ func TestCommandRedeliveredAfterHandlerKilled(t *testing.T) {
 
 	// The bridge gives up on the dead handler after its command timeout and
 	// requeues; the next handler process gets the command again.
-	second := startHandler(t, beta.NATSURL(), "chore", "ack")
+	second := startHandler(t, beta, "chore", "ack")
 	again := second.next(t, 90*time.Second, "the command was not redelivered to the second handler")
 	t.Logf("redelivered %s after the kill: %v", time.Since(killed).Round(time.Millisecond), again)
 	if again["id"] != got["id"] || again["body"] != "alpha:1" || again["attempt"] != "2" || again["redelivered"] != "true" {
@@ -564,13 +571,13 @@ func TestCommandRedeliveredAfterNodeKilled(t *testing.T) {
 	alpha := startMeshNode(t, "alpha", amqpURL, bridgeConfig{})
 
 	held := make(chan *nats.Msg, 10)
-	bnc := natsConn(t, beta.NATSURL())
+	bnc := natsConn(t, beta)
 	if _, err := bnc.QueueSubscribe("work.chore", "handlers", func(m *nats.Msg) { held <- m }); err != nil {
 		t.Fatal(err)
 	}
 	flush(t, bnc)
 	waitConsumers(t, rmq, amqpURL, "cmd.chore", 1)
-	nc := natsConn(t, alpha.NATSURL())
+	nc := natsConn(t, alpha)
 	if o, resp, err := submit(nc, "cmd.chore", payload("alpha", 1), 10*time.Second); o != acked {
 		code, text := serviceError(resp)
 		t.Fatalf("submit: got %v (error %d %s), want accepted", err, code, text)
@@ -583,7 +590,7 @@ func TestCommandRedeliveredAfterNodeKilled(t *testing.T) {
 	}
 
 	handled := make(chan *nats.Msg, 10)
-	gnc := natsConn(t, gamma.NATSURL())
+	gnc := natsConn(t, gamma)
 	if _, err := gnc.QueueSubscribe("work.chore", "handlers", func(m *nats.Msg) {
 		handled <- m
 		_ = m.Respond(nil)

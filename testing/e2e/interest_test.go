@@ -20,12 +20,12 @@ func TestCapabilityAndStageReachableTogether(t *testing.T) {
 	a := discoveryNode(t, "host-a", amqpURL)
 	b := discoveryNode(t, "caller-b", amqpURL)
 	waitView(t, b.HTTPURL(), 10*time.Second, "B sees A up", func(v meshView) bool { return v.peerState("host-a") == "up" })
-	caller := dialNode(t, b.NATSURL())
+	caller := dialNode(t, b)
 
 	for round := range 3 {
 		name := fmt.Sprintf("together%d", round)
 		handled := make(chan string, 1)
-		prog := dialNode(t, a.NATSURL())
+		prog := dialNode(t, a)
 		if _, err := prog.QueueSubscribe("cap."+name, "q", func(m *nats.Msg) { _ = m.Respond([]byte("from A")) }); err != nil {
 			t.Fatal(err)
 		}

@@ -135,9 +135,17 @@ var expectedMetrics = map[string]dto.MetricType{
 	"meshbox_discovery_messages_total": dto.MetricType_COUNTER,
 	"meshbox_discovery_rejected_total": dto.MetricType_COUNTER,
 	"meshbox_discovery_errors_total":   dto.MetricType_COUNTER,
+	// modules (appliance/modules)
+	"meshbox_module_up":             dto.MetricType_GAUGE,
+	"meshbox_module_restarts_total": dto.MetricType_COUNTER,
+	"meshbox_module_state":          dto.MetricType_GAUGE,
 }
 
 var lazyMetrics = map[string]bool{
+	// One series per assigned module: none on a node without modules.
+	"meshbox_module_up":                true,
+	"meshbox_module_restarts_total":    true,
+	"meshbox_module_state":             true,
 	"meshbox_log_messages_total":       true,
 	"meshbox_errors_total":             true,
 	"meshbox_request_duration_seconds": true,
@@ -253,14 +261,7 @@ func TestMetricsScrape(t *testing.T) {
 
 	// Traffic: an event published on alpha reaches a program on beta; a
 	// request from beta reaches a program on alpha.
-	connect := func(p *meshtest.Process) *nats.Conn {
-		nc, err := nats.Connect(p.NATSURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
+	connect := func(p *meshtest.Process) *nats.Conn { return p.Connect(t) }
 	onAlpha, onBeta := connect(alpha), connect(beta)
 	events, err := onBeta.SubscribeSync("evt.door.>")
 	if err != nil {

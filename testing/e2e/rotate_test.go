@@ -19,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
@@ -189,7 +190,7 @@ func TestRotateAllUnderLoad(t *testing.T) {
 	}
 	// Every node hosts echo; cat handles stage rot.
 	for _, n := range names {
-		nc := natsConn(t, procs[n].NATSURL())
+		nc := natsConn(t, procs[n])
 		if _, err := nc.QueueSubscribe("cap.echo", "echo", func(msg *nats.Msg) {
 			time.Sleep(5 * time.Millisecond)
 			_ = msg.Respond(msg.Data)
@@ -199,7 +200,7 @@ func TestRotateAllUnderLoad(t *testing.T) {
 		flush(t, nc)
 	}
 	cmds := newHistory()
-	hnc := natsConn(t, procs["cat"].NATSURL())
+	hnc := natsConn(t, procs["cat"])
 	csub, err := hnc.QueueSubscribe("work.rot", "handlers", func(msg *nats.Msg) {
 		cmds.delivered(deliveryOf("cat", msg))
 		_ = msg.Respond(nil)
@@ -217,14 +218,14 @@ func TestRotateAllUnderLoad(t *testing.T) {
 	var wg sync.WaitGroup
 	reqs := &calls{errs: map[string]int{}}
 	for i, n := range names {
-		nc := natsConn(t, procs[n].NATSURL())
+		nc := natsConn(t, procs[n])
 		target := names[(i+1)%len(names)]
 		waitCallable(t, nc, "node."+target+".cap.echo", nil, func(msg *nats.Msg) bool { c, _ := serviceError(msg); return c == 0 })
 		reqs.run(nc, target, 3, stop, &wg)
 	}
 	var loads []*load
 	for _, n := range []string{"ant", "bee"} {
-		l := &load{nc: natsConn(t, procs[n].NATSURL()), subject: "cmd.rot", origin: n, h: cmds}
+		l := &load{nc: natsConn(t, procs[n]), subject: "cmd.rot", origin: n, h: cmds}
 		loads = append(loads, l)
 		wg.Add(1)
 		go func() { // load generator: exits when stop is closed and the minimum is submitted
@@ -309,13 +310,13 @@ func TestRotateAllUnderLoad(t *testing.T) {
 	// heartbeats came, validated by the broker); meshbox status the node's.
 	var out2 string
 	if !waitFor(30*time.Second, func() bool {
-		_, out2, _ = cli(t, "nodes", "--server", procs["ant"].NATSURL())
+		_, out2, _ = cli(t, "nodes", "--server", procs["ant"].NATSURL(), "--creds", filepath.Join(m.data["ant"], programs.AdminFile))
 		return strings.Contains(out2, "broker user node.ant.g2, credential generation 2") &&
 			peerRow(out2, "bee", "g2") && peerRow(out2, "cat", "g2")
 	}) {
 		t.Errorf("meshbox nodes on ant: got\n%s\nwant its own generation 2 and g2 for bee and cat", out2)
 	}
-	_, out2, _ = cli(t, "status", "--server", procs["ant"].NATSURL())
+	_, out2, _ = cli(t, "status", "--server", procs["ant"].NATSURL(), "--creds", filepath.Join(m.data["ant"], programs.AdminFile))
 	if !strings.Contains(out2, "broker user node.ant.g2, generation 2, in use, age ") {
 		t.Errorf("meshbox status on ant: got\n%s\nwant its identity row", out2)
 	}

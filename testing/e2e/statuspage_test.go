@@ -224,11 +224,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 		node    *meshtest.Process
 		capName string
 	}{{alpha, "echo"}, {beta, "clock"}} {
-		nc, err := nats.Connect(h.node.NATSURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
+		nc := h.node.Connect(t)
 		if _, err := nc.QueueSubscribe("cap."+h.capName, "meshbox", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
 			t.Fatal(err)
 		}
@@ -495,6 +491,12 @@ func TestStatusPageRendersAnyStatus(t *testing.T) {
 		},
 		"capabilities": map[string]any{"local": []any{"echo"}, "remote": map[string]any{"camera.snapshot": []any{"garage"}}},
 		"errors":       []any{map[string]any{"at": ago(time.Minute), "level": "ERROR", "component": "bridge", "message": "<script>alert(1)</script>", "detail": "<b>bold</b>"}},
+		"modules": []any{
+			map[string]any{"module": "backups", "selection": "stable", "autostart": true, "state": "running", "pid": 4242, "uptime_seconds": 90,
+				"warnings": []any{"module backups declares stage `nightly-backup` but does not serve it"}},
+			map[string]any{"module": "photos", "selection": "nightly", "autostart": true, "state": "crash-looping", "restarts": 5,
+				"last_exit": map[string]any{"at": ago(time.Minute), "code": 2, "reason": "exited with status 2"}, "error": "failed 5 times within 2m0s"},
+		},
 	}
 	b, _ := json.Marshal(busy)
 	status.Store(string(b))
@@ -511,6 +513,8 @@ func TestStatusPageRendersAnyStatus(t *testing.T) {
 		{"outbox-oldest", "", "1m 1s"},
 		{"outbox-card", "class", "caution"},
 		{"stalls-card", "class", "alert"},
+		{"modules-card", "class", "wide alert"},
+		{"modules-summary", "", "— 1 crash-looping, 1 running"},
 	}
 	if got := page.attr(t, "broker-state", "class"); !strings.Contains(got, "bad") {
 		t.Errorf("busy: broker state class %q, want bad (red)", got)
@@ -526,7 +530,9 @@ func TestStatusPageRendersAnyStatus(t *testing.T) {
 			t.Errorf("busy: #%s %s: got %q, want %q", c.id, c.attr, got, c.want)
 		}
 	}
-	for _, want := range []string{`data-peer="garage"`, `data-peer="cellar"`, `data-node="garage"`, "transcode", "no consumer",
+	for _, want := range []string{`data-module="backups"`, `data-module="photos"`, "4242", "1m 30s", "exited with status 2",
+		"failed 5 times within 2m0s", "module backups declares stage `nightly-backup` but does not serve it",
+		`data-peer="garage"`, `data-peer="cellar"`, `data-node="garage"`, "transcode", "no consumer",
 		"camera.snapshot", "bindings are older than 24h0m0s", "connection reset"} {
 		if !page.has(want) {
 			t.Errorf("busy: page lacks %q", want)

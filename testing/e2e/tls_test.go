@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -83,5 +84,48 @@ func TestBrokerLinkOverTLS(t *testing.T) {
 	// The trusting node is still connected: the failure was the other node's.
 	if st := getStatus(t, trusting.HTTPURL()); st.Broker.State != "connected" {
 		t.Errorf("node with the CA: broker state %q, want connected", st.Broker.State)
+	}
+}
+
+// A node logs in to the broker with a client certificate (bridge.cert_file
+// and bridge.key_file, a broker URL without a password): SASL EXTERNAL,
+// the broker taking the user from the certificate.
+func TestBrokerLoginWithClientCertificate(t *testing.T) {
+	rmq := meshtest.NewRabbitMQTLS(t)
+	certFile, keyFile := rmq.ClientCert(t, "certnode")
+	file := filepath.Join(t.TempDir(), "cert.json")
+	cfg, err := json.Marshal(map[string]any{"bridge": map[string]string{"ca_file": rmq.CAFile(), "cert_file": certFile, "key_file": keyFile}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	url := fmt.Sprintf("amqps://localhost:%d/", rmq.TLSPort())
+	p := meshtest.StartProcess(t, "--node", "certnode", "--broker", url, "--config", file)
+	waitStatus(t, p.HTTPURL(), 30*time.Second, "node certnode connected with its certificate",
+		func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	// The management API lists connections a few seconds late.
+	var users []string
+	for deadline := time.Now().Add(30 * time.Second); len(users) < 2; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the broker lists %v, want the node's two connections", users)
+		}
+		users = rmq.ConnectionUsers(t)
+	}
+	for _, u := range users {
+		if u != "certnode" {
+			t.Errorf("a connection is logged in as %q, want certnode (the certificate's user)", u)
+		}
+	}
+	// Its messages carry the certificate's user: an event goes out and is
+	// accepted by the broker (a wrong user_id would close the channel).
+	nc := p.Connect(t)
+	r, err := nc.Request("evt.cert.test", []byte("x"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Header.Get("Meshbox-Accepted"); got != "broker" {
+		t.Errorf("event accepted as %q, want broker", got)
 	}
 }

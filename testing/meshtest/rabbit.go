@@ -295,7 +295,11 @@ vm_memory_high_watermark.relative = 0.6
 	if err := writeOwned(filepath.Join(r.dir, "rabbitmq.conf"), []byte(conf), r.acc); err != nil {
 		return err
 	}
-	if err := writeOwned(filepath.Join(r.dir, "enabled_plugins"), []byte("[rabbitmq_management].\n"), r.acc); err != nil {
+	plugins := "[rabbitmq_management].\n"
+	if r.tls { // client certificates log in with SASL EXTERNAL
+		plugins = "[rabbitmq_management,rabbitmq_auth_mechanism_ssl].\n"
+	}
+	if err := writeOwned(filepath.Join(r.dir, "enabled_plugins"), []byte(plugins), r.acc); err != nil {
 		return err
 	}
 	return writeOwned(filepath.Join(r.dir, "rabbitmq-env.conf"), nil, r.acc)

@@ -6,10 +6,14 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"math/big"
 	"net"
+	"net/http"
+	"net/url"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -20,12 +24,15 @@ const (
 	tlsCAFile   = "ca.pem"
 	tlsCertFile = "server.pem"
 	tlsKeyFile  = "server-key.pem"
+	tlsCAKey    = "ca-key.pem" // the harness's, to sign client certificates
 )
 
 // NewRabbitMQTLS starts a private broker for tb, like NewRabbitMQ, that
 // also accepts AMQPS on a loopback port (TLSURL). Its server certificate
 // (for localhost and 127.0.0.1, valid a day) is signed by a CA made for
-// this broker alone (CAFile); clients are not asked for certificates.
+// this broker alone (CAFile). Clients need no certificate; one that
+// presents a certificate from ClientCert may log in with it (SASL
+// EXTERNAL, the user being the certificate's common name).
 func NewRabbitMQTLS(tb testing.TB) *Rabbit {
 	tb.Helper()
 	return newPrivateRabbit(tb, true)
@@ -62,8 +69,12 @@ func (r *Rabbit) tlsConf() string {
 ssl_options.cacertfile = %s
 ssl_options.certfile = %s
 ssl_options.keyfile = %s
-ssl_options.verify = verify_none
+ssl_options.verify = verify_peer
 ssl_options.fail_if_no_peer_cert = false
+auth_mechanisms.1 = PLAIN
+auth_mechanisms.2 = AMQPLAIN
+auth_mechanisms.3 = EXTERNAL
+ssl_cert_login_from = common_name
 `, r.tlsPort, filepath.Join(r.dir, tlsCAFile), filepath.Join(r.dir, tlsCertFile), filepath.Join(r.dir, tlsKeyFile))
 }
 
@@ -115,6 +126,10 @@ func writeTLSFiles(dir string, acc *account) error {
 	if err != nil {
 		return fmt.Errorf("test server key: %w", err)
 	}
+	caKeyDER, err := x509.MarshalECPrivateKey(caKey)
+	if err != nil {
+		return fmt.Errorf("test CA key: %w", err)
+	}
 	files := []struct {
 		name, typ string
 		der       []byte
@@ -122,6 +137,7 @@ func writeTLSFiles(dir string, acc *account) error {
 		{tlsCAFile, "CERTIFICATE", caDER},
 		{tlsCertFile, "CERTIFICATE", der},
 		{tlsKeyFile, "EC PRIVATE KEY", keyDER},
+		{tlsCAKey, "EC PRIVATE KEY", caKeyDER},
 	}
 	for _, f := range files {
 		data := pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der})
@@ -139,4 +155,102 @@ func serial() *big.Int {
 		panic(err) // crypto/rand does not fail
 	}
 	return n
+}
+
+// ClientCert makes a client certificate for broker user user, signed by
+// the broker's CA (valid a day), and the user itself, without a password,
+// with every permission on the default vhost: a client presenting the
+// certificate logs in as user with SASL EXTERNAL. It returns the PEM
+// files of the certificate and its key. Only for a broker made by
+// NewRabbitMQTLS.
+func (r *Rabbit) ClientCert(tb testing.TB, user string) (certFile, keyFile string) {
+	tb.Helper()
+	if !r.tls {
+		tb.Fatal("meshtest: ClientCert needs a broker made by NewRabbitMQTLS")
+	}
+	caPEM, err := os.ReadFile(filepath.Join(r.dir, tlsCAFile))
+	if err != nil {
+		tb.Fatalf("meshtest: %v", err)
+	}
+	caKeyPEM, err := os.ReadFile(filepath.Join(r.dir, tlsCAKey))
+	if err != nil {
+		tb.Fatalf("meshtest: %v", err)
+	}
+	caBlock, _ := pem.Decode(caPEM)
+	keyBlock, _ := pem.Decode(caKeyPEM)
+	if caBlock == nil || keyBlock == nil {
+		tb.Fatal("meshtest: the broker's CA files hold no PEM")
+	}
+	ca, err := x509.ParseCertificate(caBlock.Bytes)
+	if err != nil {
+		tb.Fatalf("meshtest: %v", err)
+	}
+	caKey, err := x509.ParseECPrivateKey(keyBlock.Bytes)
+	if err != nil {
+		tb.Fatalf("meshtest: %v", err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		tb.Fatalf("meshtest: client key: %v", err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: user},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		tb.Fatalf("meshtest: client certificate: %v", err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		tb.Fatalf("meshtest: client key: %v", err)
+	}
+	dir := tb.TempDir()
+	certFile, keyFile = filepath.Join(dir, "client.pem"), filepath.Join(dir, "client-key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	if err := r.api(http.MethodPut, "/api/users/"+url.PathEscape(user), map[string]string{"password_hash": "", "tags": ""}); err != nil {
+		tb.Fatalf("meshtest: create user %s: %v", user, err)
+	}
+	perm := map[string]string{"configure": ".*", "write": ".*", "read": ".*"}
+	if err := r.api(http.MethodPut, "/api/permissions/%2F/"+url.PathEscape(user), perm); err != nil {
+		tb.Fatalf("meshtest: grant %s: %v", user, err)
+	}
+	return certFile, keyFile
+}
+
+// ConnectionUsers returns the broker users of the client connections open
+// now, as the broker knows them (after their login).
+func (r *Rabbit) ConnectionUsers(tb testing.TB) []string {
+	tb.Helper()
+	req, err := http.NewRequest(http.MethodGet, r.ManagementURL()+"/api/connections?columns=user", nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	req.SetBasicAuth("guest", "guest")
+	resp, err := mgmtClient.Do(req)
+	if err != nil {
+		tb.Fatalf("meshtest: list connections: %v", err)
+	}
+	defer resp.Body.Close()
+	var conns []struct {
+		User string `json:"user"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&conns); err != nil {
+		tb.Fatalf("meshtest: list connections: %v", err)
+	}
+	users := make([]string, len(conns))
+	for i, c := range conns {
+		users[i] = c.User
+	}
+	return users
 }

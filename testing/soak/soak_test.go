@@ -92,8 +92,8 @@ func TestSoak(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ncA := connect(t, a.NATSURL())
-	ncB := connect(t, b.NATSURL())
+	ncA := connect(t, a)
+	ncB := connect(t, b)
 	// B hosts the stage and a capability; each node hosts a local one for
 	// its churning callers. A listens to nothing: its events go to B.
 	sub(ncB.QueueSubscribe("work.soakstage", "soak", func(m *nats.Msg) { _ = m.Respond([]byte("done")) }))
@@ -152,12 +152,12 @@ func TestSoak(t *testing.T) {
 			requests.done(err)
 		})
 	})
-	churn := func(url string, c *counter, subjects ...string) {
+	churn := func(url string, cred nats.Option, c *counter, subjects ...string) {
 		i := 0
 		every(ctx, time.Second/time.Duration(s.churnRate), func() {
 			subj := subjects[i%len(subjects)]
 			i++
-			nc, err := nats.Connect(url, nats.Name("soak-churn"))
+			nc, err := nats.Connect(url, nats.Name("soak-churn"), cred)
 			if err == nil {
 				_, err = nc.Request(subj, []byte("ping"), 5*time.Second)
 				nc.Close()
@@ -165,8 +165,9 @@ func TestSoak(t *testing.T) {
 			c.done(err)
 		})
 	}
-	run(func() { churn(a.NATSURL(), churnA, "cap.soaklocal", "cap.soakecho") })
-	run(func() { churn(b.NATSURL(), churnB, "cap.soaklocal") })
+	credA, credB := meshtest.AdminOption(t, a.DataDir()), meshtest.AdminOption(t, b.DataDir())
+	run(func() { churn(a.NATSURL(), credA, churnA, "cap.soaklocal", "cap.soakecho") })
+	run(func() { churn(b.NATSURL(), credB, churnB, "cap.soaklocal") })
 
 	// Sample both nodes until the end of the run.
 	start := time.Now()
@@ -237,14 +238,9 @@ func every(ctx context.Context, interval time.Duration, f func()) {
 	}
 }
 
-func connect(t *testing.T, url string) *nats.Conn {
+func connect(t *testing.T, p *meshtest.Process) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.Name("soak"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return p.Connect(t, nats.Name("soak"))
 }
 
 // status reads a node's status from its HTTP listener.

@@ -5,10 +5,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"github.com/meshbox/meshbox/appliance"
-	amqp "github.com/rabbitmq/amqp091-go"
+	"net/url"
 	"os"
 	"time"
+
+	"github.com/meshbox/meshbox/appliance"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // brokerURL is the broker the node would use: the configured one, else the
@@ -59,6 +61,23 @@ func (d *Doctor) checkBroker(context.Context) Check {
 			return fail(name, "fix bridge.ca_file", "%s holds no PEM certificate", d.cfg.Bridge.CAFile)
 		}
 		cfg.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	if d.cfg.Bridge.CertFile != "" {
+		// The node logs in with its client certificate (EXTERNAL) when
+		// the URL has no password: so does doctor.
+		cert, err := tls.LoadX509KeyPair(d.cfg.Bridge.CertFile, d.cfg.Bridge.KeyFile)
+		if err != nil {
+			return fail(name, "fix bridge.cert_file and bridge.key_file", "client certificate: %v", err)
+		}
+		if cfg.TLSClientConfig == nil {
+			cfg.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		cfg.TLSClientConfig.Certificates = []tls.Certificate{cert}
+		if u, err := url.Parse(raw); err == nil && u.Scheme == "amqps" {
+			if _, has := u.User.Password(); !has {
+				cfg.SASL = []amqp.Authentication{&amqp.ExternalAuth{}}
+			}
+		}
 	}
 	conn, err := amqp.DialConfig(raw, cfg)
 	if err != nil {

@@ -115,10 +115,13 @@ func (d *Doctor) Run(ctx context.Context) Report {
 		d.checkDatabase,
 		d.checkBroker,
 		d.checkCredential,
+		d.checkTransport,
 		d.checkClock,
 		d.checkMeshNames,
 		d.checkHostsFile,
 		d.checkNATSBind,
+		d.checkModules,
+		d.checkNATSAccess,
 	}
 	rep := Report{Node: d.cfg.Node, Data: d.cfg.DataDir}
 	for _, run := range checks {

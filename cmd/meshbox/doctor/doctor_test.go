@@ -285,7 +285,7 @@ func TestDoctorNATSBind(t *testing.T) {
 		t.Errorf("configured 0.0.0.0: got %s (%s), want fail", c.Status, c.Message)
 	}
 	d.cfg.NATS = "127.0.0.1:4222"
-	d.status = &appliance.Status{NATS: appliance.EndpointStatus{URL: "nats://[::]:4222"}}
+	d.status = &appliance.Status{NATS: appliance.NATSStatus{URL: "nats://[::]:4222"}}
 	if c := d.checkNATSBind(context.Background()); c.Status != Fail {
 		t.Errorf("node reports [::]: got %s (%s), want fail", c.Status, c.Message)
 	}
@@ -339,4 +339,47 @@ func hasOtherAddress(t *testing.T) bool {
 		}
 	}
 	return false
+}
+
+func TestCheckTransport(t *testing.T) {
+	for _, tt := range []struct {
+		broker, db string
+		want       string
+		msg        string
+	}{
+		{"", "", OK, "standalone"},
+		{"amqps://broker.example.org/mesh", "postgres://u@db.example.org/mesh?sslmode=verify-full", OK, "encrypted"},
+		{"amqp://127.0.0.1:5672/", "postgres://u@localhost/mesh", OK, "encrypted or stay"},
+		{"amqp://broker.example.org/mesh", "", Fail, "not encrypted (amqp://)"},
+		{"", "postgres://u@db.example.org/mesh?sslmode=require", Fail, "sslmode require"},
+		{"", "postgres://u@db.example.org/mesh", Fail, "prefer (the default)"},
+		{"", "postgres:///mesh?host=/run/postgresql", OK, "encrypted or stay"},
+	} {
+		d := New(Options{Config: appliance.Config{Broker: appliance.Secret(tt.broker), DB: appliance.Secret(tt.db)}})
+		c := d.checkTransport(context.Background())
+		if c.Status != tt.want || !strings.Contains(c.Message, tt.msg) {
+			t.Errorf("broker %q db %q: got %s %q, want %s with %q", tt.broker, tt.db, c.Status, c.Message, tt.want, tt.msg)
+		}
+	}
+}
+
+func TestCheckNATSAccess(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		cfg    appliance.Config
+		status *appliance.Status
+		want   string
+	}{
+		{"standalone", appliance.Config{}, nil, Warn},
+		{"mesh", appliance.Config{DB: "postgres://h/db"}, nil, OK},
+		{"mesh, anonymous allowed", appliance.Config{DB: "postgres://h/db", NATSAnonymous: true}, nil, Warn},
+		{"the running node says open", appliance.Config{DB: "postgres://h/db"}, &appliance.Status{NATS: appliance.NATSStatus{Auth: appliance.AuthOpen}}, Warn},
+		{"the running node says credentials", appliance.Config{}, &appliance.Status{NATS: appliance.NATSStatus{Auth: appliance.AuthCredentials}}, OK},
+	} {
+		d := New(Options{Config: tt.cfg})
+		d.status = tt.status
+		if c := d.checkNATSAccess(context.Background()); c.Status != tt.want {
+			t.Errorf("%s: got %s (%s), want %s", tt.name, c.Status, c.Message, tt.want)
+		}
+	}
 }

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/meshbox/meshbox/appliance/programs"
 )
 
 // fileOwner returns the uid owning fi (-1 where the platform does not say).
@@ -65,7 +67,7 @@ func (d *Doctor) checkDataFiles(context.Context) Check {
 		return ok(name, "no data directory, no files to check")
 	}
 	var found []string
-	for _, f := range []string{"cache.db", "outbox.db"} {
+	for _, f := range []string{"cache.db", "outbox.db", programs.AdminFile} {
 		path := filepath.Join(d.cfg.DataDir, f)
 		fi, err := os.Stat(path)
 		if errors.Is(err, fs.ErrNotExist) {

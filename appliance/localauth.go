@@ -1,0 +1,215 @@
+package appliance
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"github.com/meshbox/meshbox/appliance/programs"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+// Who may connect to the embedded NATS server (see package programs):
+//
+//   - the node itself and its CLI, with the administrative nkey in the
+//     data directory (programs.AdminFile), without limits;
+//   - each local program, with its own nkey and permissions;
+//   - clients without a credential ("anonymous"): always on a standalone
+//     node, so that `meshbox run` needs no configuration, and in a mesh
+//     only when the configuration says so (nats_anonymous). Either way the
+//     status warns that the local NATS server is open. Anonymous clients
+//     may do anything but subscribe to the node's own subjects ($MESH.>).
+const (
+	// SubjectReloadPrograms asks the node to read its programs again (the
+	// meshbox CLI does after program add and remove). The reply is a
+	// ProgramsReport.
+	SubjectReloadPrograms = "$MESH.programs.reload"
+)
+
+// Auth modes of the embedded NATS server, as the status reports them.
+const (
+	AuthCredentials = "credentials" // every client needs a credential
+	AuthOpen        = "open"        // clients without one are let in too
+	warnNATSOpen    = "the local NATS server is open: programs without a credential can connect and do anything but take the node's own subjects"
+)
+
+// ProgramsReport is what the node knows of its programs after a (re)load.
+type ProgramsReport struct {
+	Programs []string `json:"programs"`
+	Errors   []string `json:"errors,omitempty"`
+}
+
+// localAuth builds the embedded server's users. Its mutex serializes
+// reloads.
+type localAuth struct {
+	admin     *programs.Key
+	store     *programs.Store
+	anonymous bool
+	// anonKey is the public nkey clients without a credential are taken
+	// for (the server's no_auth_user); its seed was never kept: a client
+	// becomes it by presenting no credential (or this public key), with
+	// the rights of a client without one.
+	anonKey string
+
+	mu     sync.Mutex
+	report ProgramsReport // the last load
+}
+
+// newLocalAuth loads (or makes) the administrative credential and opens
+// the programs' store in dataDir.
+func newLocalAuth(dataDir string, anonymous bool) (*localAuth, error) {
+	admin, err := programs.EnsureAdmin(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	store, err := programs.Open(programs.Dir(dataDir))
+	if err != nil {
+		return nil, err
+	}
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, fmt.Errorf("anonymous user: %w", err)
+	}
+	anonKey, err := kp.PublicKey()
+	if err != nil {
+		return nil, fmt.Errorf("anonymous user: %w", err)
+	}
+	kp.Wipe()
+	return &localAuth{admin: admin, store: store, anonymous: anonymous, anonKey: anonKey}, nil
+}
+
+// mode is AuthOpen or AuthCredentials.
+func (l *localAuth) mode() string {
+	if l.anonymous {
+		return AuthOpen
+	}
+	return AuthCredentials
+}
+
+// apply sets opts' users from the store as it is now and returns what it
+// loaded. A program whose file is bad, or whose key another program
+// already has, is left out and reported.
+func (l *localAuth) apply(opts *server.Options) ProgramsReport {
+	progs, errs := l.store.List()
+	rep := ProgramsReport{Programs: []string{}}
+	keys := map[string]string{l.admin.Public(): "the node's administrator"}
+	opts.Nkeys = []*server.NkeyUser{{Nkey: l.admin.Public()}}
+	for _, p := range progs {
+		if other, dup := keys[p.Key]; dup {
+			errs = append(errs, fmt.Errorf("program %s: its key is %s's: left out", p.Name, other))
+			continue
+		}
+		keys[p.Key] = "program " + p.Name
+		opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{Nkey: p.Key, Permissions: p.Permissions()})
+		rep.Programs = append(rep.Programs, p.Name)
+	}
+	for _, err := range errs {
+		rep.Errors = append(rep.Errors, err.Error())
+	}
+	opts.Users, opts.NoAuthUser = nil, ""
+	if l.anonymous {
+		opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{
+			Nkey: l.anonKey,
+			Permissions: &server.Permissions{
+				Subscribe: &server.SubjectPermission{Deny: []string{"$MESH.>"}},
+			},
+		})
+		opts.NoAuthUser = l.anonKey
+	}
+	l.report = rep
+	return rep
+}
+
+// reload applies the store as it is now to the running server srv, whose
+// options at start were base.
+func (l *localAuth) reload(srv *server.Server, base *server.Options) (ProgramsReport, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	opts := base.Clone()
+	rep := l.apply(opts)
+	if err := srv.ReloadOptions(opts); err != nil {
+		return rep, fmt.Errorf("reload programs: %w", err)
+	}
+	return rep, nil
+}
+
+// lastReport is what the last load found.
+func (l *localAuth) lastReport() ProgramsReport {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.report
+}
+
+// connOption authenticates one of the node's own connections.
+func (l *localAuth) connOption() nats.Option { return nats.Nkey(l.admin.Public(), l.admin.Sign) }
+
+// ReloadPrograms reads the programs' definitions again and applies them to
+// the running NATS server: new programs may connect, changed ones get
+// their new permissions, removed ones are disconnected.
+func (a *Appliance) ReloadPrograms() (ProgramsReport, error) {
+	n := a.pubNATS.Load()
+	if n == nil {
+		return ProgramsReport{}, ErrNotRunning
+	}
+	rep, err := n.auth.reload(n.srv, n.opts)
+	a.logPrograms(rep)
+	return rep, err
+}
+
+// PutProgram creates or changes program p in the node's store, applies it
+// to the running server, and returns the path of its credential file (an
+// nkey seed file any NATS client reads). The same key stays with the
+// program across changes.
+func (a *Appliance) PutProgram(p programs.Program) (credsPath string, err error) {
+	n := a.pubNATS.Load()
+	if n == nil {
+		return "", ErrNotRunning
+	}
+	path, err := n.auth.store.Put(p)
+	if err != nil {
+		return "", err
+	}
+	if _, err := a.ReloadPrograms(); err != nil {
+		return path, err
+	}
+	return path, nil
+}
+
+// RemoveProgram deletes program name and disconnects its clients.
+func (a *Appliance) RemoveProgram(name string) error {
+	n := a.pubNATS.Load()
+	if n == nil {
+		return ErrNotRunning
+	}
+	if err := n.auth.store.Remove(name); err != nil {
+		return err
+	}
+	_, err := a.ReloadPrograms()
+	return err
+}
+
+// logPrograms logs each bad program definition.
+func (a *Appliance) logPrograms(rep ProgramsReport) {
+	for _, e := range rep.Errors {
+		a.logger.Warn("local program left out", "component", "nats", "err", e)
+	}
+}
+
+// serveReload answers SubjectReloadPrograms on the node's own connection.
+// a.mu is held.
+func (a *Appliance) serveReload() error {
+	_, err := a.nc.Subscribe(SubjectReloadPrograms, func(m *nats.Msg) {
+		rep, err := a.ReloadPrograms()
+		if err != nil {
+			rep.Errors = append(rep.Errors, err.Error())
+		}
+		data, _ := json.Marshal(rep) // plain strings: cannot fail
+		_ = m.Respond(data)          // the caller may have gone
+	})
+	if err != nil {
+		return fmt.Errorf("serve %s: %w", SubjectReloadPrograms, err)
+	}
+	return nil
+}

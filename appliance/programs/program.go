@@ -1,0 +1,163 @@
+package programs
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/meshbox/meshbox/internal/names"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+)
+
+// Program is one local program's definition: its name and what it may do
+// on the node's NATS server. Key is the public half of its credential,
+// set by Store.Put.
+type Program struct {
+	Name      string   `json:"name"`
+	Host      []string `json:"host,omitempty"`      // capabilities it may host (subscribe cap.X)
+	Call      []string `json:"call,omitempty"`      // capabilities it may call (publish cap.X, node.*.cap.X)
+	Serve     []string `json:"serve,omitempty"`     // stages it may serve (subscribe work.X)
+	Submit    []string `json:"submit,omitempty"`    // stages it may submit to (publish cmd.X)
+	Publish   []string `json:"publish,omitempty"`   // event topics it may publish (evt.T)
+	Subscribe []string `json:"subscribe,omitempty"` // event topics it may subscribe to (evt.T)
+	Key       string   `json:"key,omitempty"`       // public nkey (U...) of its credential
+}
+
+// Local NATS subjects a program's permissions are made of (the bridge's
+// and the node's subject layout).
+const (
+	subjCap   = "cap."
+	subjNode  = "node.*.cap."
+	subjCmd   = "cmd."
+	subjWork  = "work."
+	subjEvt   = "evt."
+	inboxRoot = "_INBOX."
+)
+
+// InboxPrefix is the prefix of the program's reply subjects: a client of
+// the program sets it as its inbox prefix (nats.go:
+// nats.CustomInboxPrefix, the nats CLI: --inbox-prefix).
+func (p Program) InboxPrefix() string { return inboxRoot + p.Name }
+
+// Validate checks the definition: a program name follows the rule of a
+// node name (letters, digits, '-', '_'); hosted capabilities and served
+// stages are plain names; the names it calls, submits to, publishes and
+// subscribes to may hold the wildcard tokens * and > (> last).
+func (p Program) Validate() error {
+	if err := CheckName(p.Name); err != nil {
+		return err
+	}
+	lists := []struct {
+		flag      string
+		kind      names.Kind
+		values    []string
+		wildcards bool
+	}{
+		{"host", names.KindCapability, p.Host, false},
+		{"call", names.KindCapability, p.Call, true},
+		{"serve", names.KindStage, p.Serve, false},
+		{"submit", names.KindStage, p.Submit, true},
+		{"publish", names.KindTopic, p.Publish, true},
+		{"subscribe", names.KindTopic, p.Subscribe, true},
+	}
+	for _, l := range lists {
+		for _, v := range l.values {
+			if err := checkPattern(l.kind, v, l.wildcards); err != nil {
+				return fmt.Errorf("%w %s: %s: %w", ErrInvalid, p.Name, l.flag, err)
+			}
+		}
+	}
+	if p.Key != "" && !nkeys.IsValidPublicUserKey(p.Key) {
+		return fmt.Errorf("%w %s: key %q is not a public user nkey", ErrInvalid, p.Name, p.Key)
+	}
+	return nil
+}
+
+// CheckName checks a program's name: the rule of a node name, since it
+// becomes a subject token (its inbox) and a file name.
+func CheckName(name string) error {
+	if err := names.Node(name); err != nil {
+		return fmt.Errorf("%w: program name: %w", ErrInvalid, err)
+	}
+	return nil
+}
+
+// checkPattern checks a name of kind k that may, when wildcards is true,
+// hold the tokens * and > (the latter only last).
+func checkPattern(k names.Kind, s string, wildcards bool) error {
+	if !wildcards || !strings.ContainsAny(s, "*>") {
+		return names.Check(k, s)
+	}
+	tokens := strings.Split(s, ".")
+	for i, t := range tokens {
+		switch {
+		case t == "*":
+			tokens[i] = "x"
+		case t == ">" && i == len(tokens)-1:
+			tokens[i] = "x"
+		case t == ">":
+			return fmt.Errorf("%s %q: > may only be the last token", k, s)
+		}
+	}
+	// What remains must be a name once the wildcards are plain tokens.
+	if err := names.Check(k, strings.Join(tokens, ".")); err != nil {
+		return fmt.Errorf("%s %q: %w", k, s, err)
+	}
+	return nil
+}
+
+// Permissions are the program's rights on the node's NATS server. Allow
+// lists are never nil: an empty list allows nothing.
+func (p Program) Permissions() *server.Permissions {
+	pub := []string{}
+	for _, c := range p.Call {
+		pub = append(pub, subjCap+c, subjNode+c)
+	}
+	for _, s := range p.Submit {
+		pub = append(pub, subjCmd+s)
+	}
+	for _, t := range p.Publish {
+		pub = append(pub, subjEvt+t)
+	}
+	sub := []string{p.InboxPrefix() + ".>"}
+	for _, c := range p.Host {
+		sub = append(sub, subjCap+c)
+	}
+	for _, s := range p.Serve {
+		sub = append(sub, subjWork+s)
+	}
+	for _, t := range p.Subscribe {
+		sub = append(sub, subjEvt+t)
+	}
+	perms := &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: append([]string{}, dedupe(pub)...)},
+		Subscribe: &server.SubjectPermission{Allow: dedupe(sub)},
+	}
+	if len(p.Host) > 0 || len(p.Serve) > 0 {
+		// A host answers each call it receives once; a handler replies
+		// once per command.
+		perms.Response = &server.ResponsePermission{
+			MaxMsgs: server.DEFAULT_ALLOW_RESPONSE_MAX_MSGS,
+			Expires: server.DEFAULT_ALLOW_RESPONSE_EXPIRATION,
+		}
+	}
+	return perms
+}
+
+// normalize sorts and dedupes the lists, so that a definition is stored
+// and compared one way.
+func (p *Program) normalize() {
+	for _, l := range []*[]string{&p.Host, &p.Call, &p.Serve, &p.Submit, &p.Publish, &p.Subscribe} {
+		*l = dedupe(*l)
+		if len(*l) == 0 {
+			*l = nil
+		}
+	}
+}
+
+func dedupe(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return slices.Compact(s)
+}

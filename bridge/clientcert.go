@@ -1,0 +1,58 @@
+package bridge
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net/url"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// A node may log in to the broker with a client certificate instead of a
+// password: Config.CertFile and Config.KeyFile name it, and a broker URL
+// without a password then logs in with SASL EXTERNAL (RabbitMQ's
+// rabbitmq_auth_mechanism_ssl plugin), the broker taking the user from the
+// certificate (by default its common name). The user is the URL's when it
+// names one, else the certificate's common name: it is the user_id every
+// message carries, which the broker checks against the login.
+
+// clientCert loads Config's client certificate; nil without one.
+func (b *Bridge) clientCert() (*tls.Certificate, error) {
+	if b.cfg.CertFile == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(b.cfg.CertFile, b.cfg.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("broker client certificate: %w", err)
+	}
+	return &cert, nil
+}
+
+// externalLogin reports whether a connection to raw logs in with the
+// client certificate (EXTERNAL): a certificate is configured, the URL is
+// amqps:// and carries no password.
+func (b *Bridge) externalLogin(raw string) bool {
+	if b.cfg.CertFile == "" {
+		return false
+	}
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != "amqps" {
+		return false
+	}
+	_, has := u.User.Password()
+	return !has
+}
+
+// loginUser is the broker user a connection to raw is known as.
+func (b *Bridge) loginUser(raw string, uri amqp.URI) string {
+	if !b.externalLogin(raw) {
+		return uri.Username
+	}
+	if u, err := url.Parse(raw); err == nil && u.User != nil && u.User.Username() != "" {
+		return u.User.Username()
+	}
+	if cert, err := b.clientCert(); err == nil && cert != nil && cert.Leaf != nil {
+		return cert.Leaf.Subject.CommonName
+	}
+	return uri.Username
+}

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/appliance/programs"
+)
+
+// ProgramCommand manages the credentials of the node's local programs
+// (<data>/programs): who may connect to its NATS server and what each may
+// do there. Changes go to the files, then to the running node, which
+// applies them without a restart.
+type ProgramCommand struct{ m *Main }
+
+const programUsage = `Usage: meshbox program <command> [--data DIR] [flags]
+
+Commands:
+  add NAME [--host CAP]... [--call CAP]... [--serve STAGE]... [--submit STAGE]...
+           [--publish TOPIC]... [--subscribe TOPIC]...
+                       create program NAME, or replace its lists (it keeps its key);
+                       prints the path of its credential file
+  list [--json]        the programs and what each may do
+  show NAME [--json]   one program
+  remove NAME          delete it; its connections are cut
+
+A list flag may be given more than once or take names separated by commas.
+--call, --submit, --publish and --subscribe take the NATS wildcards * and >.
+A program connects with its credential file as an nkey seed and its own
+reply inbox: nats --nkey FILE --inbox-prefix _INBOX.NAME ...
+
+--data defaults to MESHBOX_DATA or the node's default data directory; the
+running node (--server, default from MESHBOX_NATS) is told of each change.
+`
+
+// Run dispatches `meshbox program ...`.
+func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(c.m.Stderr, programUsage)
+		return usagef("program: no command given")
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(c.m.Stdout, programUsage)
+		return nil
+	}
+	sub, args := args[0], args[1:]
+	fs := c.m.newFlagSet("program "+sub, "program "+sub+" [--data DIR] [flags]")
+	data := fs.String("data", c.m.envOr("MESHBOX_DATA", appliance.DefaultDataDir()), "data directory (env MESHBOX_DATA)")
+	server := fs.String("server", c.m.envOr("MESHBOX_SERVER", "nats://"+c.m.envOr("MESHBOX_NATS", appliance.DefaultNATS)),
+		"NATS URL of the running node, told of changes (env MESHBOX_SERVER)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	var p programs.Program
+	want := 1
+	switch sub {
+	case "add":
+		for _, l := range []struct {
+			name, usage string
+			into        *[]string
+		}{
+			{"host", "a capability it may host (subscribe cap.CAP)", &p.Host},
+			{"call", "a capability it may call (cap.CAP, node.*.cap.CAP)", &p.Call},
+			{"serve", "a stage it may serve (subscribe work.STAGE)", &p.Serve},
+			{"submit", "a stage it may submit commands to (cmd.STAGE)", &p.Submit},
+			{"publish", "an event topic it may publish (evt.TOPIC)", &p.Publish},
+			{"subscribe", "an event topic it may subscribe to (evt.TOPIC)", &p.Subscribe},
+		} {
+			fs.Var((*listFlag)(l.into), l.name, l.usage)
+		}
+	case "show", "remove":
+	case "list":
+		want = 0
+	default:
+		fmt.Fprint(c.m.Stderr, programUsage)
+		return usagef("program: unknown command %q", sub)
+	}
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != want {
+		return usagef("program %s: want %d arguments, got %d", sub, want, len(pos))
+	}
+	store, err := programs.Open(programs.Dir(*data))
+	if err != nil {
+		return err
+	}
+	switch sub {
+	case "add":
+		p.Name = pos[0]
+		path, err := store.Put(p)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(c.m.Stdout, "program %s: credential %s\n", p.Name, path)
+		fmt.Fprintf(c.m.Stdout, "connect with: nats --server %s --nkey %s --inbox-prefix %s ...\n", *server, path, p.InboxPrefix())
+		return c.tellNode(ctx, *server, *data)
+	case "remove":
+		if err := store.Remove(pos[0]); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.m.Stdout, "program %s removed\n", pos[0])
+		return c.tellNode(ctx, *server, *data)
+	case "show":
+		p, err := store.Get(pos[0])
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return writeJSON(c.m.Stdout, p)
+		}
+		c.printPrograms([]programs.Program{p}, store)
+		return nil
+	default: // list
+		progs, errs := store.List()
+		if *asJSON {
+			if progs == nil {
+				progs = []programs.Program{}
+			}
+			if err := writeJSON(c.m.Stdout, progs); err != nil {
+				return err
+			}
+		} else {
+			c.printPrograms(progs, store)
+		}
+		for _, err := range errs {
+			fmt.Fprintf(c.m.Stderr, "meshbox: %v\n", err)
+		}
+		if len(errs) > 0 {
+			return &exitError{code: 1, msg: fmt.Sprintf("program list: %d definitions cannot be read", len(errs))}
+		}
+		return nil
+	}
+}
+
+// printPrograms writes one block per program.
+func (c *ProgramCommand) printPrograms(progs []programs.Program, store *programs.Store) {
+	if len(progs) == 0 {
+		fmt.Fprintln(c.m.Stdout, "no programs")
+		return
+	}
+	tw := tabwriter.NewWriter(c.m.Stdout, 0, 4, 2, ' ', 0)
+	for i, p := range progs {
+		if i > 0 {
+			fmt.Fprintln(tw)
+		}
+		fmt.Fprintf(tw, "%s\tkey %s\n", p.Name, p.Key)
+		fmt.Fprintf(tw, "  credential\t%s\n", store.CredsPath(p.Name))
+		fmt.Fprintf(tw, "  inbox\t%s.>\n", p.InboxPrefix())
+		for _, l := range []struct {
+			name string
+			v    []string
+		}{{"host", p.Host}, {"call", p.Call}, {"serve", p.Serve}, {"submit", p.Submit}, {"publish", p.Publish}, {"subscribe", p.Subscribe}} {
+			if len(l.v) > 0 {
+				fmt.Fprintf(tw, "  %s\t%s\n", l.name, strings.Join(l.v, ", "))
+			}
+		}
+	}
+	_ = tw.Flush()
+}
+
+// tellNode asks the node running on data to apply its programs now. A node
+// that is not running applies them when it starts.
+func (c *ProgramCommand) tellNode(ctx context.Context, server, data string) error {
+	if c.m.creds == "" {
+		c.m.creds = filepath.Join(data, programs.AdminFile)
+	}
+	nc, err := c.m.connectNode(server)
+	if err != nil {
+		fmt.Fprintf(c.m.Stdout, "no node answers at %s: the change applies when the node starts\n", appliance.RedactURL(server))
+		return nil
+	}
+	defer nc.Close()
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	msg, err := nc.RequestWithContext(rctx, appliance.SubjectReloadPrograms, nil)
+	if err != nil {
+		return fmt.Errorf("the node at %s did not apply the change: %v", appliance.RedactURL(server), err)
+	}
+	var rep appliance.ProgramsReport
+	if err := json.Unmarshal(msg.Data, &rep); err != nil {
+		return fmt.Errorf("the node at %s sent an answer this meshbox cannot read: %v", appliance.RedactURL(server), err)
+	}
+	fmt.Fprintf(c.m.Stdout, "the running node applied it: %d programs\n", len(rep.Programs))
+	if len(rep.Errors) > 0 {
+		return errors.New("the node left out: " + strings.Join(rep.Errors, "; "))
+	}
+	return nil
+}
+
+// listFlag collects a repeated flag whose values may also be separated by
+// commas.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
