@@ -49,24 +49,8 @@ BEGIN
         AND (c.db_role IS NULL OR c.db_role = session_user::text));
 END
 $$;
-REVOKE ALL ON FUNCTION meshbox_credential_switched(integer) FROM PUBLIC;
-
--- Node roles made from now on may call it; so may those made before.
-CREATE OR REPLACE FUNCTION meshbox_grant_node(r name) RETURNS void LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE format('GRANT USAGE ON SCHEMA public TO %I', r);
-    EXECUTE format('GRANT SELECT ON mesh_revision, mesh_info, nodes, settings, assignments, overrides, grants, node_credentials TO %I', r);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_redeem_join_token(text, bytea) TO %I', r);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_credential_switched(integer) TO %I', r);
-END
-$$;
-
-DO $$
-DECLARE
-    r text;
-BEGIN
-    FOR r IN SELECT role FROM node_roles LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION meshbox_credential_switched(integer) TO %I', r);
-    END LOOP;
-END
-$$;
+-- Every role may call it: it changes nothing for a role that is not a
+-- node's (meshbox_node_of is NULL) and only the calling node's own row
+-- otherwise. Granted to PUBLIC rather than through meshbox_grant_node, so
+-- that node roles have it whatever later migrations make of that function.
+GRANT EXECUTE ON FUNCTION meshbox_credential_switched(integer) TO PUBLIC;
