@@ -6,13 +6,25 @@
 #   make bench  the benchmarks, each against its raw baseline in the same run
 #   make soak   two nodes under mixed load and connection churn for 30 minutes
 #               (SOAK_DURATION=5m for less); fails if memory grows after warm-up
+#   make dist   static, stripped binaries for linux/amd64, arm64 and arm (v7)
+#               under dist/, with SHA256SUMS
+#   make deb    a Debian package per architecture (DEB_ARCHES) from those binaries
 
 export PATH := $(PATH):/usr/local/go/bin
 GO      ?= go
 BIN     := bin/meshbox
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
-LDFLAGS := -X github.com/meshbox/meshbox/appliance.version=$(VERSION) -X github.com/meshbox/meshbox/appliance.commit=$(COMMIT)
+# The build date is the commit's time (or SOURCE_DATE_EPOCH), so rebuilding
+# a commit does not change its stamp.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || date +%s)
+BUILD_DATE ?= $(shell date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
+LDFLAGS := -X github.com/meshbox/meshbox/appliance.version=$(VERSION) -X github.com/meshbox/meshbox/appliance.commit=$(COMMIT) -X github.com/meshbox/meshbox/appliance.buildDate=$(BUILD_DATE)
+# make dist and make deb: Go architectures (arm is ARMv7, GOARM=7) and where
+# the artefacts go.
+DIST       ?= dist
+DIST_ARCHES ?= amd64 arm64 arm
+DEB_ARCHES ?= $(DIST_ARCHES)
 # Arguments for `make run`, e.g. make run RUN_ARGS="--node alpha".
 RUN_ARGS ?=
 # Go's default 10m per test binary is too short for the fault tests under -race.
@@ -23,7 +35,7 @@ FUZZ_TIME ?= 10s
 TEST_FUZZ_TIME ?= 4s
 SOAK_DURATION ?= 30m
 
-.PHONY: all build run test test-short services fuzz bench soak lint install clean
+.PHONY: all build run test test-short services fuzz bench soak lint install clean dist deb
 
 all: build
 
@@ -81,5 +93,27 @@ install: build
 		install -D -m 0600 deploy/meshbox.env.example $(DESTDIR)/etc/meshbox/meshbox.env; \
 	fi
 
+# Static (no cgo), stripped, path-free binaries: dist/meshbox-linux-<arch>.
+# Each is checked with file(1): a static executable of its architecture.
+dist:
+	@mkdir -p $(DIST)
+	@for a in $(DIST_ARCHES); do \
+		out=$(DIST)/meshbox-linux-$$a; \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$a GOARM=7 $(GO) build -trimpath \
+			-ldflags "-s -w $(LDFLAGS)" -o $$out ./cmd/meshbox || exit 1; \
+		sh deploy/check-binary.sh $$out $$a || exit 1; \
+	done
+	@cd $(DIST) && sha256sum meshbox-linux-* $$(ls *.deb 2>/dev/null) > SHA256SUMS
+	@cat $(DIST)/SHA256SUMS
+
+# One .deb per architecture from the binaries of make dist, built with
+# dpkg-deb (deploy/deb/build.sh says what goes in).
+deb:
+	@$(MAKE) --no-print-directory dist DIST_ARCHES="$(DEB_ARCHES)"
+	@for a in $(DEB_ARCHES); do \
+		sh deploy/deb/build.sh $(DIST)/meshbox-linux-$$a $$a "$(VERSION)" $(SOURCE_DATE_EPOCH) $(DIST) || exit 1; \
+	done
+	@cd $(DIST) && sha256sum meshbox-linux-* $$(ls *.deb 2>/dev/null) > SHA256SUMS
+
 clean:
-	rm -rf bin bench.out
+	rm -rf bin bench.out $(DIST)

@@ -68,6 +68,8 @@ type Appliance struct {
 	mods atomic.Pointer[modules.Supervisor]
 	// moduleGuard is the module guard's command (SetModuleGuard; nil: none).
 	moduleGuard []string
+	// keys is the node's key keeper in a mesh (keys.go); nil standalone.
+	keys atomic.Pointer[keyKeeper]
 	// interest is the one watcher of what local programs host; set in
 	// Start before the bridge and the node.
 	interest *interestWatcher
@@ -164,6 +166,11 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 		return err
 	}
 	a.pubBindings.Store(a.bindings)
+	if a.cfg.DB != "" {
+		if err := a.startKeys(); err != nil {
+			return err
+		}
+	}
 
 	auth, err := newLocalAuth(a.cfg.DataDir, !a.cfg.InMesh() || a.cfg.NATSAnonymous)
 	if err != nil {
@@ -282,6 +289,9 @@ func (a *Appliance) closeLocked() error {
 			errs = append(errs, fmt.Errorf("bridge: %w", err))
 		}
 	}
+	if kk := a.keys.Swap(nil); kk != nil {
+		kk.close()
+	}
 	if a.nc != nil {
 		a.nc.Close()
 		a.nc = nil
@@ -361,6 +371,9 @@ func (a *Appliance) startHTTP() error {
 // bindingsChanged applies a new version of the bindings to the running
 // node. It runs on the bindings manager's goroutine, one change at a time.
 func (a *Appliance) bindingsChanged(snap cache.Snapshot, div cache.Divergence) {
+	if kk := a.keys.Load(); kk != nil {
+		kk.apply(snap) // before anything that may send
+	}
 	if b := a.bridge.Load(); b != nil {
 		a.followBroker(b, snap, true)
 	}

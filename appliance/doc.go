@@ -30,4 +30,7 @@
 // RemoveProgram and ReloadPrograms change the programs of a running node
 // without a restart. The HTTP server answers only the Host names it serves
 // (httphost.go).
+//
+// In a mesh with a database it also keeps the node's keys (keys.go): its
+// key pair and its content keys, handed to the bridge to seal with.
 package appliance

@@ -40,19 +40,33 @@ func ExistingDefaultEnvFile() string {
 	return p
 }
 
-// ErrEnvFileExists is returned by WriteEnvFile for a file that exists.
+// ErrEnvFileExists is returned by WriteEnvFile for a file that exists and
+// sets a variable.
 var ErrEnvFileExists = errors.New("configuration file already exists")
+
+// refuseExisting returns an ErrEnvFileExists error when path exists and
+// sets at least one variable. A file of comments only (the example the
+// Debian package installs) holds nothing to lose and may be replaced.
+func refuseExisting(path string) error {
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("env file: %w", err)
+	}
+	if vars, err := ReadEnvFile(path); err == nil && len(vars) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s (use --force to replace it)", ErrEnvFileExists, path)
+}
 
 // WriteEnvFile writes vars as KEY=VALUE lines (sorted, after a comment
 // header) to path with mode 0600, atomically (a temporary file renamed
-// over it). It refuses to replace an existing file unless replace. The
-// directory is made (0755) if missing.
+// over it). It refuses to replace an existing file that sets a variable
+// unless replace. The directory is made (0755) if missing.
 func WriteEnvFile(path, header string, vars map[string]string, replace bool) error {
 	if !replace {
-		if _, err := os.Stat(path); err == nil {
-			return fmt.Errorf("%w: %s (use --force to replace it)", ErrEnvFileExists, path)
-		} else if !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("env file: %w", err)
+		if err := refuseExisting(path); err != nil {
+			return err
 		}
 	}
 	var b strings.Builder
@@ -104,8 +118,8 @@ func WriteEnvFile(path, header string, vars map[string]string, replace bool) err
 // fail for the file's existence or its directory, without writing it.
 func CheckEnvFileWritable(path string, replace bool) error {
 	if !replace {
-		if _, err := os.Stat(path); err == nil {
-			return fmt.Errorf("%w: %s (use --force to replace it)", ErrEnvFileExists, path)
+		if err := refuseExisting(path); err != nil {
+			return err
 		}
 	}
 	dir := filepath.Dir(path)

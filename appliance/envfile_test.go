@@ -51,3 +51,29 @@ func TestWriteEnvFile(t *testing.T) {
 		t.Errorf("directory holds %d entries, want only the env file (no temporary files)", len(entries))
 	}
 }
+
+// The Debian package installs the example configuration (comments only):
+// meshbox join replaces it without --force, and refuses a file that sets
+// something.
+func TestWriteEnvFileReplacesCommentsOnly(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "meshbox.env")
+	example, err := os.ReadFile("../deploy/meshbox.env.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, example, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckEnvFileWritable(path, false); err != nil {
+		t.Fatalf("check over the example: got %v, want nil", err)
+	}
+	if err := WriteEnvFile(path, "joined", map[string]string{"MESHBOX_NODE": "cellar"}, false); err != nil {
+		t.Fatalf("write over the example: got %v, want nil", err)
+	}
+	if got, _ := ReadEnvFile(path); got["MESHBOX_NODE"] != "cellar" {
+		t.Fatalf("after write: got %v", got)
+	}
+	if err := WriteEnvFile(path, "", map[string]string{"MESHBOX_NODE": "other"}, false); !errors.Is(err, ErrEnvFileExists) {
+		t.Fatalf("write over a file that sets MESHBOX_NODE: got %v, want ErrEnvFileExists", err)
+	}
+}

@@ -2,7 +2,7 @@ package appliance
 
 import "errors"
 
-// Errors returned by New and Start.
+// Errors returned by the appliance.
 var (
 	// ErrDataDirInUse means another meshbox process holds the data directory.
 	ErrDataDirInUse = errors.New("data directory is in use by another meshbox process")
@@ -12,4 +12,7 @@ var (
 	// (PutProgram, RemoveProgram, ReloadPrograms) before Start or after
 	// Close.
 	ErrNotRunning = errors.New("node is not running")
+	// ErrNoNodeKey means the node has no key pair: it runs without a mesh
+	// database.
+	ErrNoNodeKey = errors.New("no node key: the node runs without a mesh database")
 )

@@ -74,6 +74,11 @@ func (a *Appliance) Readiness() Readiness {
 	if sup := a.mods.Load(); sup != nil {
 		rd.Degraded = append(rd.Degraded, modulesDegraded(sup.Status())...)
 	}
+	if kk := a.keys.Load(); kk != nil {
+		for _, id := range kk.Status().Lacking {
+			rd.Degraded = append(rd.Degraded, "lacks content key "+id+": cannot open messages sealed with it")
+		}
+	}
 	return rd
 }
 

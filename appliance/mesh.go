@@ -90,6 +90,9 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 		Logger:       a.logger,
 		Metrics:      a.registry,
 	}
+	if kk := a.keys.Load(); kk != nil {
+		bc.Keys = kk.ring // a mesh seals
+	}
 	b, err := bridge.New(bc, a.nc)
 	if err != nil {
 		return fmt.Errorf("bridge: %w", err)

@@ -10,7 +10,7 @@ var (
 	descUp = prometheus.NewDesc("meshbox_up",
 		"1 while the node's process is running and serving metrics.", nil, nil)
 	descBuildInfo = prometheus.NewDesc("meshbox_build_info",
-		"Always 1; the labels say which build of meshbox runs.", []string{"version", "commit", "goversion"}, nil)
+		"Always 1; the labels say which build of meshbox runs.", []string{"version", "commit", "goversion", "arch"}, nil)
 	descLogged = prometheus.NewDesc("meshbox_log_messages_total",
 		"Warnings and errors the node logged (lower levels are not counted), by level and component; the last ones are in the status.",
 		[]string{"level", "component"}, nil)
@@ -41,7 +41,7 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, 1)
-	ch <- prometheus.MustNewConstMetric(descBuildInfo, prometheus.GaugeValue, 1, c.build.Version, c.build.Commit, c.build.Go)
+	ch <- prometheus.MustNewConstMetric(descBuildInfo, prometheus.GaugeValue, 1, c.build.Version, c.build.Commit, c.build.Go, c.build.Arch)
 	for k, n := range c.ring.loggedCounts() {
 		ch <- prometheus.MustNewConstMetric(descLogged, prometheus.CounterValue, float64(n), k.level, k.component)
 	}

@@ -150,6 +150,7 @@ func (a *Appliance) startModules(ctx context.Context, hosted []string) error {
 		// says (and get nothing else of it).
 		Path:              os.Getenv("PATH"),
 		Credentials:       a.moduleCredentials,
+		OpenGrant:         a.OpenGrant,
 		Restart:           backoff.Policy{Min: m.RestartMin.D(), Max: m.RestartMax.D()},
 		CrashLoopRestarts: m.CrashLoopRestarts,
 		CrashLoopWindow:   m.CrashLoopWindow.D(),

@@ -15,6 +15,9 @@ type Status struct {
 	Node          string               `json:"node"`
 	Version       string               `json:"version"`
 	Commit        string               `json:"commit,omitempty"`
+	BuildDate     string               `json:"build_date,omitempty"`
+	GoVersion     string               `json:"go_version"`
+	Arch          string               `json:"arch"`
 	StartedAt     time.Time            `json:"started_at"`
 	UptimeSeconds float64              `json:"uptime_seconds"`
 	NATS          NATSStatus           `json:"nats"`
@@ -27,6 +30,7 @@ type Status struct {
 	Capabilities  node.Capabilities    `json:"capabilities"`
 	Bindings      cache.Status         `json:"bindings"`
 	Modules       []modules.Status     `json:"modules"`
+	Keys          *KeysStatus          `json:"keys,omitempty"` // in a mesh with a database
 	Errors        []ErrorEntry         `json:"errors"`
 	// Warnings are standing conditions an operator should know about: an
 	// open local NATS server, a link to the broker or the database that
@@ -64,6 +68,9 @@ func (a *Appliance) Status() Status {
 		Node:          a.cfg.Node,
 		Version:       b.Version,
 		Commit:        b.Commit,
+		BuildDate:     b.Date,
+		GoVersion:     b.Go,
+		Arch:          b.Arch,
 		StartedAt:     startedAt,
 		UptimeSeconds: time.Since(startedAt).Seconds(),
 		HTTP:          EndpointStatus{URL: a.HTTPURL()},
@@ -96,6 +103,10 @@ func (a *Appliance) Status() Status {
 	st.Modules = []modules.Status{}
 	if sup := a.mods.Load(); sup != nil {
 		st.Modules = sup.Status()
+	}
+	if kk := a.keys.Load(); kk != nil {
+		ks := kk.Status()
+		st.Keys = &ks
 	}
 	if bd := a.pubBindings.Load(); bd != nil {
 		st.Bindings = bd.manager.Status()

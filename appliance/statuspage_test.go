@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -142,9 +143,15 @@ func TestNodeMetrics(t *testing.T) {
 	if len(bi) != 1 {
 		t.Fatalf("meshbox_build_info: got %d series, want 1", len(bi))
 	}
+	got := map[string]string{}
 	for _, l := range bi[0].GetLabel() {
-		if l.GetName() == "version" && l.GetValue() != Build().Version {
-			t.Errorf("meshbox_build_info version: got %q, want %q", l.GetValue(), Build().Version)
+		got[l.GetName()] = l.GetValue()
+	}
+	b := Build()
+	for name, want := range map[string]string{"version": b.Version, "commit": b.Commit, "goversion": runtime.Version(),
+		"arch": runtime.GOOS + "/" + runtime.GOARCH} {
+		if got[name] != want {
+			t.Errorf("meshbox_build_info %s: got %q, want %q", name, got[name], want)
 		}
 	}
 	if got := logged(mfs, "WARN", "bridge"); got != 0 {

@@ -69,8 +69,9 @@ type Bridge struct {
 	routesChanged chan struct{} // cap 1: routes or local capabilities changed
 	stagesChanged chan struct{} // cap 1: the consumer owner of the session re-syncs
 
-	sysQ      chan sysMsg // system messages for Config.OnSystem
-	deadCount atomic.Uint64
+	sysQ       chan sysMsg // system messages for Config.OnSystem
+	deadCount  atomic.Uint64
+	unsealSeen sync.Map // causes of refused sealed messages already logged (sealing.go)
 
 	// testAfterDial, when set (by tests), runs once a session's connections
 	// are open, before its setup.

@@ -41,7 +41,17 @@ func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
 	stage := f.stage
 	for d := range ds {
 		env, err := s.decode(typeCommand, &d)
-		if err != nil {
+		if ue := asUnseal(err); ue != nil {
+			b.unsealFailed(typeCommand, ue)
+			if ue.reason == unsealUnknownKey && ue.env.attempt < b.cfg.RetryBudget {
+				// This node may not have received the key yet (it just
+				// joined, or a rotation is under way): given back after a
+				// pause, for a node that holds it or for this one later.
+				s.cmdFailed(&cmdCall{stage: stage, flow: f, tag: d.DeliveryTag, d: d, env: ue.env}, ue)
+				continue
+			}
+		}
+		if err != nil { // dead-lettered with the reason
 			bad := d // a copy: taking d's address would move every delivery to the heap
 			s.work(func() { s.deadLetter(&bad, stageQueue(stage), err) })
 			continue

@@ -11,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshbox/meshbox/internal/seal"
 )
 
 // Config configures a Bridge. Zero values take the documented defaults.
@@ -91,6 +93,11 @@ type Config struct {
 	// ReconnectMin and ReconnectMax bound the reconnect backoff (defaults
 	// 250ms and 10s; jitter is added).
 	ReconnectMin, ReconnectMax time.Duration
+	// Keys, when set, seals every request, reply, command and event this
+	// node sends (body and application headers) and refuses those from
+	// other nodes that do not open (see the package doc, Sealing). The
+	// appliance sets it in a mesh; nil sends and takes messages in plain.
+	Keys *seal.Keyring
 	// Logger receives the bridge's log lines (nil: discarded).
 	Logger *slog.Logger
 	// Metrics is where the bridge registers its metrics (nil: not

@@ -175,7 +175,7 @@ func (b *Bridge) handover(old *session) (*session, int) {
 	defer cancelLimit()
 	b.link.setCredential(old.user, CredentialSwitching, "to "+user)
 	b.log.Info("broker credential: switching, new connections first", "from", old.user, "to", user)
-	next, abort, err := b.open(ctx, url)
+	next, abort, err := b.dialSession(ctx, url)
 	if err != nil {
 		reason := err.Error()
 		var cr *CredentialRefusedError

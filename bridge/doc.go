@@ -56,6 +56,37 @@
 // timeout, oversized payload), 503 unreachable or no host, 504 deadline
 // passed, 507 outbox full, 500 the node failed to store a message.
 //
+// # Sealing
+//
+// In a mesh (Config.Keys set: the appliance does whenever a mesh database
+// is configured) every request, reply, command and event is sealed before
+// it reaches the broker (sealing.go): the body and every application
+// header, Content-Type and Content-Encoding included, go inside an
+// AES-256-GCM seal under the mesh's current content key (internal/seal),
+// named by the Meshbox-Key header. Only what routing needs stays readable:
+// the type, the routing key (target node, capability, stage or topic), the
+// message and correlation ids, reply-to, expiration, timestamp, user_id and
+// the node's own Meshbox-* headers. Those, with the validated origin and
+// the key id, are the seal's associated data: a sealed message moved to
+// another stage, node, capability or origin does not open. A request's
+// deadline is sealed too; one that arrives more than 2 seconds (the clock
+// skew nodes may have) after it is refused as expired: late or replayed.
+// System messages (discovery, heartbeats) are the node's own and stay
+// plain; dead letters keep the sealed body they came with.
+//
+// A message that does not open is refused by shape: a request gets an
+// error reply (400, or 504 for an expired one), a reply fails its request
+// at once, a command is dead-lettered with the reason (one sealed with a
+// key this node does not hold is first given back, as a failed attempt,
+// for a node that holds it or for this one once it has the key), an event
+// is dropped. Each is counted in
+// meshbox_unseal_failures_total{shape,reason} (reason tampered,
+// unknown_key, not_sealed, expired, malformed) and the first of each cause
+// is logged. A node that holds no key to seal with refuses what it would
+// send with 503 and says so. The outbox on the node's own disk holds
+// messages before they are sealed: sealing happens when a message is
+// published, with the key current then.
+//
 // # Offline operation and the outbox
 //
 // Commands and events go straight to the broker while the link is up and
@@ -69,7 +100,10 @@
 // accepted them. Before a batch is sent, its highest sequence number is
 // persisted: after a crash, records that may have reached the broker go out
 // again marked Meshbox-Redelivered. Unconfirmed direct publishes of a lost
-// link are moved into the outbox, marked the same way.
+// link are moved into the outbox, marked the same way. The outbox file
+// records its format (internal/boltfile): a newer meshbox opens an older
+// outbox with every record in it, or migrates it; an older one refuses a
+// newer outbox (*NewerFormatError) and leaves it untouched.
 //
 // While the link is down, local requests and events keep working through
 // the NATS server, and commands for stages hosted here run locally from the
@@ -232,7 +266,8 @@
 //
 // The files follow the parts: link.go (the link loop, dialling, TLS, the
 // link's state), credential.go (the credential in use, the handover),
-// session.go (one stay on the broker), topology.go
+// session.go (one stay on the broker), sealing.go (sealing and opening
+// program messages), topology.go
 // (declarations, stage queues), publish.go (the publish pipeline),
 // consume.go (the consumer owner and its acks), flow.go (the credit of
 // each stage: its consumers), corkconn.go (the publishing socket's batched

@@ -9,13 +9,16 @@ import (
 
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshbox/meshbox/internal/seal"
 )
 
 // Limits on what crosses the bridge, besides Config.MaxPayload.
 const (
 	maxHeaderBytes = 64 << 10 // all header keys and values of one message
 	maxHeaderKey   = 128
-	maxIDLen       = 128 // message and correlation ids
+	maxIDLen       = 128                // message and correlation ids
+	sealSlack      = 64 + seal.Overhead // a sealed body's framing beyond its headers and body
 )
 
 // brokerHeaders are AMQP headers the broker owns; they are read where they
@@ -122,12 +125,17 @@ type outgoing struct {
 
 // publishing builds the AMQP message of node origin, published by broker
 // user user (the user_id property: the broker refuses it from any other
-// user, and receivers take the origin from it).
-func (o *outgoing) publishing(origin, user string) amqp.Publishing {
+// user, and receivers take the origin from it). With keys (a mesh that
+// seals), a program's message is sealed (sealing.go); it fails only when
+// keys holds no key to seal with.
+func (o *outgoing) publishing(origin, user string, keys *seal.Keyring) (amqp.Publishing, error) {
 	if o.raw != nil {
 		p := *o.raw
 		p.UserId = user
-		return p
+		return p, nil
+	}
+	if keys != nil && sealable(o.kind) {
+		return o.sealedPublishing(origin, user, keys)
 	}
 	t := make(amqp.Table, len(o.header)+len(o.meta)+1)
 	var ctype, cenc string
@@ -179,7 +187,40 @@ func (o *outgoing) publishing(origin, user string) amqp.Publishing {
 		}
 		p.Expiration = strconv.FormatInt(ms, 10)
 	}
-	return p
+	return p, nil
+}
+
+// sealedPublishing builds the sealed AMQP message: only what routing needs
+// stays readable (type, routing key, ids, reply-to, expiration, timestamp,
+// user_id, and the node's Meshbox-* headers but the timeout, which is
+// sealed with the deadline).
+func (o *outgoing) sealedPublishing(origin, user string, keys *seal.Keyring) (amqp.Publishing, error) {
+	t := make(amqp.Table, len(o.meta)+2)
+	for k, v := range o.meta {
+		if k != HeaderTimeout {
+			t[k] = v
+		}
+	}
+	t[HeaderOrigin] = origin
+	p := amqp.Publishing{
+		Headers:       t,
+		MessageId:     o.msgID,
+		CorrelationId: o.corrID,
+		ReplyTo:       o.replyTo,
+		Type:          o.kind,
+		Timestamp:     o.at,
+		UserId:        user,
+	}
+	if o.persist {
+		p.DeliveryMode = amqp.Persistent
+	}
+	if o.expire > 0 {
+		p.Expiration = strconv.FormatInt(max(1, o.expire.Milliseconds()), 10)
+	}
+	if err := o.sealInto(&p, keys, origin); err != nil {
+		return amqp.Publishing{}, err
+	}
+	return p, nil
 }
 
 // envelope is a validated message from the broker.
@@ -194,6 +235,7 @@ type envelope struct {
 	attempt     int           // commands: 1 for the first delivery
 	redelivered bool
 	verified    bool        // origin is the publisher's broker user (user_id), not a header
+	keyID       string      // sealed with this content key (Meshbox-Key)
 	header      nats.Header // for NATS: caller headers, Content-Type, Content-Encoding
 	body        []byte
 	sent        time.Time
@@ -238,7 +280,8 @@ func decode(kind string, d delivery, maxPayload int) (*envelope, error) {
 	if d.Type != kind {
 		return nil, bad("type %q, want %q", d.Type, kind)
 	}
-	if len(d.Body) > maxPayload {
+	// A sealed body holds the headers too (checked again once opened).
+	if len(d.Body) > maxPayload+maxHeaderBytes+sealSlack {
 		return nil, bad("payload of %d bytes exceeds the limit of %d", len(d.Body), maxPayload)
 	}
 	e := &envelope{kind: kind, body: d.Body, sent: d.Timestamp, redelivered: d.Redelivered, attempt: 1}
@@ -285,6 +328,9 @@ func decode(kind string, d delivery, maxPayload int) (*envelope, error) {
 	if err := e.decodeHeaders(d); err != nil {
 		return nil, err
 	}
+	if e.keyID == "" && len(d.Body) > maxPayload {
+		return nil, bad("payload of %d bytes exceeds the limit of %d", len(d.Body), maxPayload)
+	}
 	// The origin is the node of the publisher's broker user whenever it
 	// is one: RabbitMQ refuses a user_id that is not the connection's user,
 	// so nobody can claim it. The Meshbox-Origin header counts only in a
@@ -304,7 +350,7 @@ func decode(kind string, d delivery, maxPayload int) (*envelope, error) {
 // decodeHeaders maps the AMQP headers and properties to NATS headers and
 // reads the node's own headers.
 func (e *envelope) decodeHeaders(d delivery) error {
-	h := make(nats.Header, len(d.Headers)+2)
+	var h nats.Header // made at the first header: a sealed message has none outside
 	size := 0
 	add := func(k, v string) error {
 		if !validHeaderValue(v) {
@@ -313,6 +359,9 @@ func (e *envelope) decodeHeaders(d delivery) error {
 		size += len(k) + len(v)
 		if size > maxHeaderBytes {
 			return bad("headers exceed %d bytes", maxHeaderBytes)
+		}
+		if h == nil {
+			h = make(nats.Header, len(d.Headers)+2)
 		}
 		h[k] = append(h[k], v)
 		return nil
@@ -368,6 +417,11 @@ func (e *envelope) decodeHeaders(d delivery) error {
 					return bad("header %s: %q is not a positive duration", k, s)
 				}
 				e.timeout = t
+			case strings.EqualFold(k, HeaderKey):
+				if seal.ValidateKeyID(s) != nil {
+					return bad("header %s: %q is not a key id", k, s)
+				}
+				e.keyID = s
 			case strings.EqualFold(k, HeaderRedelivered):
 				e.redelivered = e.redelivered || s == "true"
 			case strings.EqualFold(k, HeaderCapability) && e.kind == typeRequest:

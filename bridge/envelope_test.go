@@ -143,7 +143,7 @@ func TestHeadersRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := &outgoing{kind: typeEvent, key: "evt.t", msgID: "m", header: hdr, body: []byte("x")}
-	p := out.publishing("alpha", "guest")
+	p, _ := out.publishing("alpha", "guest", nil)
 	if p.ContentType != "text/plain" || p.ContentEncoding != "gzip" {
 		t.Errorf("properties: got %q %q", p.ContentType, p.ContentEncoding)
 	}
@@ -200,7 +200,8 @@ func FuzzDecodeDelivery(f *testing.F) {
 			return
 		}
 		out := &outgoing{kind: kind, header: e.header, body: e.body}
-		if err := out.publishing("n", "guest").Headers.Validate(); err != nil {
+		p, _ := out.publishing("n", "guest", nil)
+		if err := p.Headers.Validate(); err != nil {
 			t.Fatalf("accepted headers do not validate: %v", err)
 		}
 		_ = e.natsMsg("evt.x", map[string]string{HeaderOrigin: "n"})

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/meshbox/meshbox/internal/boltfile"
 )
 
 // Errors returned by New and Start.
@@ -120,3 +122,9 @@ func codeFor(err error) int {
 func goneError(node string, since time.Time) error {
 	return &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("node %s is gone (no heartbeat since %s)", node, since.UTC().Format(time.RFC3339))}
 }
+
+// NewerFormatError is returned by Start when the outbox file was written in
+// a newer format than this binary reads (by a newer meshbox, before a
+// downgrade). It names the file and both formats; the file and the
+// messages in it are left untouched.
+type NewerFormatError = boltfile.NewerFormatError

@@ -18,6 +18,11 @@ func (s *session) readEvents(ds <-chan amqp.Delivery) {
 	b := s.b
 	for d := range ds {
 		env, err := s.decode(typeEvent, &d)
+		if ue := asUnseal(err); ue != nil {
+			b.unsealFailed(typeEvent, ue) // an event that does not open is dropped
+			s.ack(d.DeliveryTag, opAck)
+			continue
+		}
 		if err != nil {
 			s.deadLetter(&d, eventQueue(b.cfg.Node), err)
 			continue

@@ -44,6 +44,7 @@ type metrics struct {
 	messages   *prometheus.CounterVec
 	byShape    map[string][2]prometheus.Counter // messages' counters (in, out) of each shape, looked up once
 	errors     *prometheus.CounterVec
+	unseal     *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
 	stalls     prometheus.Gauge
 	revoked    prometheus.Gauge
@@ -70,6 +71,10 @@ func newMetrics(b *Bridge) *metrics {
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshbox_errors_total", Help: "Failures seen by the bridge, by kind.",
 		}, []string{"kind"}),
+		unseal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshbox_unseal_failures_total",
+			Help: "Sealed messages from the broker that were refused, by shape and reason (tampered, unknown_key, not_sealed, expired, malformed).",
+		}, []string{"shape", "reason"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "meshbox_request_duration_seconds",
 			Help:    "Round trip of requests forwarded to other nodes, by outcome (ok, error, timeout, unreachable).",
@@ -107,7 +112,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 		return nil
 	}
 	m.reg = reg
-	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.duration, m.stalls, m.revoked}, m.outbox...)
+	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.duration, m.stalls, m.revoked}, m.outbox...)
 	for _, c := range all {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

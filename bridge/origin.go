@@ -37,6 +37,12 @@ func (s *session) decode(kind string, d *amqp.Delivery) (*envelope, error) {
 	if s.perNode && !env.verified {
 		return nil, &forged{reason: fmt.Sprintf("user_id %q is not a node's broker user", d.UserId)}
 	}
+	// Opened only once the origin is validated: it is part of the seal.
+	if s.b.cfg.Keys != nil && sealable(kind) {
+		if err := s.b.unseal(env, d); err != nil {
+			return nil, err
+		}
+	}
 	return env, nil
 }
 

@@ -78,11 +78,11 @@ func TestAttemptOnlyFromRedelivery(t *testing.T) {
 // published as they are included.
 func TestPublishingCarriesUserID(t *testing.T) {
 	out := &outgoing{exchange: exchangeMesh, key: "evt.t", kind: typeEvent, msgID: "m1"}
-	if p := out.publishing("alpha", "node.alpha.g1"); p.UserId != "node.alpha.g1" {
+	if p, _ := out.publishing("alpha", "node.alpha.g1", nil); p.UserId != "node.alpha.g1" {
 		t.Errorf("user_id %q, want node.alpha.g1", p.UserId)
 	}
 	raw := &outgoing{raw: &amqp.Publishing{UserId: "node.beta.g1"}}
-	if p := raw.publishing("alpha", "node.alpha.g1"); p.UserId != "node.alpha.g1" {
+	if p, _ := raw.publishing("alpha", "node.alpha.g1", nil); p.UserId != "node.alpha.g1" {
 		t.Errorf("raw: user_id %q, want node.alpha.g1", p.UserId)
 	}
 }

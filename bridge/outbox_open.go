@@ -14,7 +14,8 @@ import (
 )
 
 // openOutbox opens or creates the outbox at path. A file locked by another
-// process is an *OutboxLockedError; a damaged file (see boltfile.Open: every
+// process is an *OutboxLockedError; a file of a newer format (written by a
+// newer meshbox) is a *NewerFormatError and stays untouched; a damaged file (see boltfile.Open: every
 // page is checked, then the outbox's layout) is set aside (renamed with a
 // .corrupt-<time> suffix), reported in warning, and replaced by an empty
 // outbox.
@@ -45,7 +46,8 @@ func openOutbox(path string, maxBytes int64, log *slog.Logger) (*outbox, error) 
 // open opens the file through boltfile (lock timeout, contained panics,
 // every page and the layout checked) and scans it.
 func (o *outbox) open() error {
-	db, err := boltfile.Open(o.path, boltfile.Options{LockTimeout: outboxLockTimeout, Verify: verifyLayout})
+	db, err := boltfile.Open(o.path, boltfile.Options{LockTimeout: outboxLockTimeout,
+		Verify: func(tx *bolt.Tx) error { return verifyLayout(tx, o.path) }})
 	var le *boltfile.LockedError
 	switch {
 	case errors.As(err, &le):
@@ -66,11 +68,24 @@ func (o *outbox) open() error {
 	return nil
 }
 
-// verifyLayout checks that the file is an outbox: only the outbox's
-// buckets at the top, no nested buckets among the records, and a
-// published mark of 8 bytes. Undecodable records are not damage: scan
-// moves them to the quarantine bucket.
-func verifyLayout(tx *bolt.Tx) error {
+// outboxFormat is the outbox file's layout version (internal/boltfile
+// records it in the meta bucket). Outbox files from before formats were
+// recorded are format 1. An older file is migrated by outboxMigrations at
+// open; a newer one is refused with a *NewerFormatError, never read.
+const outboxFormat = 1
+
+// outboxMigrations upgrade older outbox files, one format at a time.
+var outboxMigrations []boltfile.Migration
+
+// verifyLayout checks that the file is an outbox of a format this binary
+// reads (a newer one is a *NewerFormatError, before any record is judged):
+// only the outbox's buckets at the top, no nested buckets among the
+// records, and a published mark of 8 bytes. Undecodable records are not
+// damage: scan moves them to the quarantine bucket.
+func verifyLayout(tx *bolt.Tx, path string) error {
+	if err := boltfile.CheckFormat(tx, path, "outbox", 1, outboxFormat); err != nil {
+		return err
+	}
 	return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
 		switch string(name) {
 		case string(bucketRecords):
@@ -98,6 +113,9 @@ func verifyLayout(tx *bolt.Tx) error {
 func (o *outbox) scan() error {
 	var bad int
 	err := o.db.Update(func(tx *bolt.Tx) error {
+		if _, err := boltfile.Upgrade(tx, o.path, "outbox", 1, outboxFormat, outboxMigrations); err != nil {
+			return err
+		}
 		recs, err := tx.CreateBucketIfNotExists(bucketRecords)
 		if err != nil {
 			return err
@@ -146,6 +164,10 @@ func (o *outbox) scan() error {
 		}
 		return nil
 	})
+	var nf *NewerFormatError
+	if errors.As(err, &nf) {
+		return err
+	}
 	if err != nil {
 		return &boltfile.CorruptError{Path: o.path, Reason: "scan", Err: err}
 	}

@@ -128,7 +128,12 @@ func (s *session) fastPublish(items []*pubItem) bool {
 	s.cork.cork()
 	defer s.cork.uncork()
 	for i, it := range items {
-		err := s.fastCh.Publish(it.out.exchange, it.out.key, it.out.mandatory, false, it.out.publishing(s.b.cfg.Node, s.user))
+		p, err := it.out.publishing(s.b.cfg.Node, s.user, s.b.cfg.Keys)
+		if err != nil {
+			it.finish(err) // not sealed: no key to seal with
+			continue
+		}
+		err = s.fastCh.Publish(it.out.exchange, it.out.key, it.out.mandatory, false, p)
 		if err != nil {
 			var ae *amqp.Error
 			if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
@@ -215,7 +220,12 @@ func (s *session) publish(it *pubItem) bool {
 			return false
 		}
 	}
-	p := it.out.publishing(s.b.cfg.Node, s.user)
+	p, err := it.out.publishing(s.b.cfg.Node, s.user, s.b.cfg.Keys)
+	if err != nil {
+		<-s.window
+		it.finish(err) // not sealed: no key to seal with
+		return true
+	}
 	tag := s.pubCh.GetNextPublishSeqNo()
 	s.mu.Lock()
 	s.inflight[tag] = it
@@ -223,7 +233,7 @@ func (s *session) publish(it *pubItem) bool {
 		s.byID[it.out.msgID] = it
 	}
 	s.mu.Unlock()
-	_, err := s.pubCh.PublishWithDeferredConfirm(it.out.exchange, it.out.key, it.out.mandatory, false, p)
+	_, err = s.pubCh.PublishWithDeferredConfirm(it.out.exchange, it.out.key, it.out.mandatory, false, p)
 	if err != nil {
 		s.mu.Lock()
 		delete(s.inflight, tag)

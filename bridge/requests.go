@@ -145,6 +145,13 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 		b.replyError(msg.Reply, err)
 		return
 	}
+	if b.cfg.Keys != nil {
+		if _, err := b.cfg.Keys.Sealer(); err != nil {
+			b.m.err(errKindUnreachable)
+			b.replyError(msg.Reply, b.lacksKey("request"))
+			return
+		}
+	}
 	sess := b.liveSession(timeout)
 	if st, since := b.linkState(); st != StateConnected || sess == nil {
 		b.m.err(errKindUnreachable)
@@ -339,6 +346,17 @@ func (s *session) readReplies(ds <-chan amqp.Delivery) {
 	b := s.b
 	for d := range ds {
 		env, err := s.decode(typeReply, &d)
+		if ue := asUnseal(err); ue != nil {
+			b.unsealFailed(typeReply, ue)
+			// The caller learns at once; a reply from another node than asked
+			// leaves the request open.
+			if p, _ := b.pending.takeFrom(ue.env.corrID, ue.env.origin); p != nil {
+				b.m.observe("error", p.start)
+				b.replyError(p.reply, &ServiceError{Code: CodeUnavailable,
+					Text: fmt.Sprintf("the reply of %s from node %s was refused: %s", p.name, p.node, ue.Error())})
+			}
+			continue
+		}
 		if err != nil {
 			s.reject(&d, "replies", err)
 			continue
@@ -381,6 +399,15 @@ func (s *session) readRequests(ds <-chan amqp.Delivery) {
 	b := s.b
 	for d := range ds {
 		env, err := s.decode(typeRequest, &d)
+		if ue := asUnseal(err); ue != nil {
+			b.unsealFailed(typeRequest, ue)
+			code := CodeBadInput
+			if ue.reason == unsealExpired {
+				code = CodeTimeout
+			}
+			s.replyHost(ue.env, nil, &ServiceError{Code: code, Text: unsealText(b.cfg.Node, ue)})
+			continue
+		}
 		if err != nil {
 			bad := d                                                         // a copy: taking d's address would move every delivery to the heap
 			s.work(func() { s.reject(&bad, requestQueue(b.cfg.Node), err) }) // auto-acked: nothing to ack

@@ -107,7 +107,7 @@ const (
 // after accepting the connections fails the attempt when ctx ends. It
 // returns a session that is set up but not started.
 func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
-	s, abort, err := b.open(ctx, url)
+	s, abort, err := b.dialSession(ctx, url)
 	if err != nil {
 		return nil, err
 	}
@@ -117,11 +117,11 @@ func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
 	return s, nil
 }
 
-// open dials url twice (publishing and consuming connections) within ctx
+// dialSession dials url twice (publishing and consuming connections) within ctx
 // and returns a session that has its connections but no topology yet, and
 // a func that closes both sockets at once. A broker that refuses the
 // credential gives a *CredentialRefusedError.
-func (b *Bridge) open(ctx context.Context, url string) (*session, func(), error) {
+func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(), error) {
 	uri, err := amqp.ParseURI(url)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to broker: %w", err)

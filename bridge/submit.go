@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/meshbox/meshbox/internal/seal"
 )
 
 // How a submission was accepted, in the Meshbox-Accepted reply header.
@@ -83,6 +85,11 @@ func (b *Bridge) submission(kind recordKind, name string, msg *nats.Msg) (*recor
 	hdr, err := callerHeaders(msg.Header)
 	if err != nil {
 		return nil, err
+	}
+	if b.cfg.Keys != nil && b.currentURL() != "" {
+		if _, err := b.cfg.Keys.Sealer(); err != nil {
+			return nil, b.lacksKey(kind.String())
+		}
 	}
 	id := msg.Header.Get(HeaderMsgID)
 	switch {
@@ -192,6 +199,10 @@ func (b *Bridge) directDone(rec *record, reply string, err error) {
 			Text: fmt.Sprintf("no node hosts stage %s: the broker has no queue %s", rec.name, stageQueue(rec.name))})
 	case errors.Is(err, ErrNoRoute):
 		b.deadRecord(rec, fmt.Sprintf("no route: the broker had no queue %s", stageQueue(rec.name)), nil)
+	case errors.Is(err, seal.ErrNoKey):
+		// The key went away after the submission was checked: the outbox
+		// keeps it until the node holds one again.
+		b.put(rec, reply, acceptedOutbox)
 	case errors.Is(err, ErrNacked) && reply != "":
 		b.replyError(reply, &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("the broker refused the %s; it was not accepted", rec.kind)})
 	default:
@@ -352,7 +363,7 @@ func (s *session) drained(r *record, err error) {
 			b.ob.del(r.seq, r.size, nil)
 			b.sub.meshPending.Add(-1)
 		})
-	case errors.Is(err, ErrNacked):
+	case errors.Is(err, ErrNacked), errors.Is(err, seal.ErrNoKey):
 		signal(s.rescan) // kept; sent again after a pause
 	default:
 		// link lost: kept, sent again on the next session

@@ -89,6 +89,9 @@ func (m *Manager) checkAgeLocked(now time.Time) {
 // warningLocked composes Status.Warning. Caller holds mu.
 func (m *Manager) warningLocked(now time.Time) string {
 	var w []string
+	if m.newer != "" {
+		w = append(w, m.newer)
+	}
 	if !m.have {
 		w = append(w, "no bindings: neither the mesh database nor the cache could provide them")
 	} else {

@@ -34,6 +34,40 @@ type Bindings struct {
 	// Broker is the node's newest broker credential (nil: none recorded;
 	// the node connects with the broker.url setting as it is).
 	Broker *BrokerCredential `json:"broker,omitempty"`
+	// ContentKeys are the mesh's content keys (ids and lifetimes, never
+	// their bytes); SealedKeys this node's own sealed copies of them;
+	// KeyHolders who holds a copy of which key (see internal/seal).
+	ContentKeys []ContentKey `json:"content_keys,omitempty"`
+	SealedKeys  []SealedKey  `json:"sealed_keys,omitempty"`
+	KeyHolders  []KeyHolder  `json:"key_holders,omitempty"`
+}
+
+// ContentKey is one of the mesh's content keys: its id and lifetime.
+type ContentKey struct {
+	ID        string     `json:"id"`
+	CreatedAt time.Time  `json:"created_at"`
+	RetireAt  *time.Time `json:"retire_at,omitempty"` // after it, nodes forget the key
+}
+
+// Retired reports whether the key is retired at now.
+func (k ContentKey) Retired(now time.Time) bool { return k.RetireAt != nil && !now.Before(*k.RetireAt) }
+
+// SealedKey is a copy of content key ID sealed to this node's public key
+// (whose fingerprint is SealedFor). Only the node's private key opens it.
+type SealedKey struct {
+	ID        string `json:"id"`
+	SealedFor string `json:"sealed_for"`
+	Sealed    []byte `json:"sealed"`
+}
+
+// KeyHolder says that Node holds a copy of content key KeyID sealed to the
+// public key with fingerprint SealedFor, and whether it opens messages
+// with it already.
+type KeyHolder struct {
+	KeyID     string `json:"key_id"`
+	Node      string `json:"node"`
+	SealedFor string `json:"sealed_for"`
+	Opened    bool   `json:"opened"`
 }
 
 // BrokerCredential is one generation of a node's own broker credential:
@@ -69,6 +103,9 @@ type NodeRecord struct {
 	Name       string `json:"name"`        // mesh name, the node's identity on the mesh
 	PublicName string `json:"public_name"` // optional public (DNS) name
 	Identity   string `json:"identity"`    // free identity text
+	// PublicKey is the node's HPKE public key (internal/seal) in standard
+	// base64, set by the node itself; empty until it first started.
+	PublicKey string `json:"public_key,omitempty"`
 }
 
 // Assignment says that this node hosts Module at Selection.
@@ -86,12 +123,15 @@ type Override struct {
 }
 
 // Grant says that Consumer (this node) holds Resource from Provider, with
-// Credential.
+// Credential, or with SealedCredential: the credential sealed to the
+// consumer's public key (seal.GrantInfo), which only the node opens, in
+// memory, when it uses it.
 type Grant struct {
-	Consumer   string     `json:"consumer"`
-	Resource   string     `json:"resource"`
-	Provider   string     `json:"provider"`
-	Credential Credential `json:"credential"`
+	Consumer         string     `json:"consumer"`
+	Resource         string     `json:"resource"`
+	Provider         string     `json:"provider"`
+	Credential       Credential `json:"credential"`
+	SealedCredential string     `json:"sealed_credential,omitempty"` // standard base64
 }
 
 // Credential is a grant's secret. It prints and logs as "[redacted]"; use
@@ -166,6 +206,21 @@ func (b Bindings) Normalize() Bindings {
 	if n.Grants == nil {
 		n.Grants = []Grant{}
 	}
+	n.ContentKeys = slices.Clone(b.ContentKeys)
+	for i, k := range n.ContentKeys {
+		n.ContentKeys[i].CreatedAt = k.CreatedAt.UTC()
+		if k.RetireAt != nil {
+			t := k.RetireAt.UTC()
+			n.ContentKeys[i].RetireAt = &t
+		}
+	}
+	n.SealedKeys = slices.Clone(b.SealedKeys)
+	n.KeyHolders = slices.Clone(b.KeyHolders)
+	slices.SortFunc(n.ContentKeys, func(a, b ContentKey) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(n.SealedKeys, func(a, b SealedKey) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(n.KeyHolders, func(a, b KeyHolder) int {
+		return cmp.Or(cmp.Compare(a.KeyID, b.KeyID), cmp.Compare(a.Node, b.Node))
+	})
 	slices.SortFunc(n.Nodes, func(a, b NodeRecord) int { return cmp.Compare(a.Name, b.Name) })
 	slices.SortFunc(n.Assignments, func(a, b Assignment) int { return cmp.Compare(a.Module, b.Module) })
 	slices.SortFunc(n.Overrides, func(a, b Override) int {
@@ -251,6 +306,46 @@ func hashNormalized(b Bindings) string {
 			}
 			put(c.DBRole)
 			put(string(c.DBPassword))
+		}
+	}
+	// Likewise keys: hashed only when there are any.
+	hasKeys := len(b.ContentKeys)+len(b.SealedKeys)+len(b.KeyHolders) > 0
+	for _, n := range b.Nodes {
+		hasKeys = hasKeys || len(n.PublicKey) > 0
+	}
+	for _, g := range b.Grants {
+		hasKeys = hasKeys || len(g.SealedCredential) > 0
+	}
+	if hasKeys {
+		put("keys")
+		for _, n := range b.Nodes {
+			put(n.PublicKey)
+		}
+		for _, g := range b.Grants {
+			put(g.SealedCredential)
+		}
+		putN(len(b.ContentKeys))
+		for _, k := range b.ContentKeys {
+			put(k.ID)
+			put(k.CreatedAt.UTC().Format(time.RFC3339Nano))
+			if k.RetireAt != nil {
+				put(k.RetireAt.UTC().Format(time.RFC3339Nano))
+			} else {
+				put("")
+			}
+		}
+		putN(len(b.SealedKeys))
+		for _, k := range b.SealedKeys {
+			put(k.ID)
+			put(k.SealedFor)
+			put(string(k.Sealed))
+		}
+		putN(len(b.KeyHolders))
+		for _, h := range b.KeyHolders {
+			put(h.KeyID)
+			put(h.Node)
+			put(h.SealedFor)
+			putBool(h.Opened)
 		}
 	}
 	_ = w.Flush() // writes to a hash never fail

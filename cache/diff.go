@@ -143,7 +143,12 @@ func Diff(old, new Bindings) Divergence {
 	// so without the value.
 	d = diffRows(d, KindGrant, o.Grants, n.Grants,
 		func(r Grant) string { return r.key() },
-		func(r Grant) string { return describeCredential(r.Credential) })
+		func(r Grant) string {
+			if r.SealedCredential != "" {
+				return "credential sealed"
+			}
+			return describeCredential(r.Credential)
+		})
 
 	// The node's broker credential: user and generation, never the
 	// password.
@@ -204,7 +209,11 @@ func describeNode(r NodeRecord) string {
 	if len(id) > 64 {
 		id = id[:64] + "..."
 	}
-	return fmt.Sprintf("public_name=%q identity=%q", r.PublicName, id)
+	key := ""
+	if r.PublicKey != "" {
+		key = " public_key=set"
+	}
+	return fmt.Sprintf("public_name=%q identity=%q%s", r.PublicName, id, key)
 }
 
 // diffRows sorts two lists by key, merges them and appends the differences.

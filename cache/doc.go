@@ -17,6 +17,15 @@
 // Running from cache is never invisible: the source, revision and age of the
 // bindings are in Status, in the metrics and in the log.
 //
+// # Upgrades
+//
+// The cache file records its format (internal/boltfile): an older file is
+// migrated forward when opened, a newer one (written by a newer meshbox) is
+// refused with a *NewerFormatError and left untouched. A Source whose
+// schema is newer than this binary knows fails its loads with an error
+// wrapping ErrSourceNewer: the Manager keeps the cached bindings and says
+// so in its status warning and its log until a load succeeds.
+//
 // # Concurrency
 //
 // Store and Manager are safe for concurrent use. The Manager owns two

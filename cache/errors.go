@@ -3,6 +3,8 @@ package cache
 import (
 	"errors"
 	"fmt"
+
+	"github.com/meshbox/meshbox/internal/boltfile"
 )
 
 // Errors returned by Open.
@@ -20,6 +22,15 @@ var (
 	ErrNoSnapshot = errors.New("no cached snapshot")
 	// ErrClosed is returned by operations on a closed Store or Manager.
 	ErrClosed = errors.New("closed")
+)
+
+// Errors a Source returns.
+var (
+	// ErrSourceNewer is wrapped by a Source's load error when the source
+	// (the mesh database) has a schema newer than this binary knows. The
+	// manager keeps running from the cached bindings and says so in its
+	// status warning until a load succeeds.
+	ErrSourceNewer = errors.New("the mesh database's schema is newer than this meshbox")
 )
 
 // Errors returned by name validation.
@@ -91,3 +102,8 @@ func (e *NameError) Unwrap() []error {
 	}
 	return []error{ErrInvalidName}
 }
+
+// NewerFormatError is returned by Open for a cache file written in a newer
+// format than this binary reads (by a newer meshbox, before a downgrade).
+// It names the file and both formats; the file is left untouched.
+type NewerFormatError = boltfile.NewerFormatError

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 
@@ -96,6 +97,7 @@ func (m *Manager) setDisconnected(err error) {
 	was := m.db
 	m.db = DBDisconnected
 	m.lastErr = err.Error()
+	m.noteNewerLocked(err)
 	since := m.verifiedAt
 	m.mu.Unlock()
 	m.metrics.dbUp.Set(0)
@@ -124,6 +126,7 @@ func (m *Manager) apply(snap Snapshot) {
 	m.mu.Lock()
 	m.db = DBConnected
 	m.lastErr = ""
+	m.newer = ""
 	if storeErr != nil {
 		m.lastErr = storeErr.Error()
 	}
@@ -187,4 +190,17 @@ func (m *Manager) storeSnapshot(snap Snapshot) {
 		m.mu.Unlock()
 		m.log.Error("could not write bindings to the cache", "err", err)
 	}
+}
+
+// noteNewerLocked records a load refused because the database's schema is
+// newer than this binary (ErrSourceNewer), logging it when it starts: the
+// node keeps its bindings (from the cache) and says so in its warning.
+func (m *Manager) noteNewerLocked(err error) {
+	if !errors.Is(err, ErrSourceNewer) {
+		return
+	}
+	if m.newer == "" {
+		m.log.Warn("mesh database schema is newer than this meshbox; running from cached bindings until meshbox is upgraded", "err", err)
+	}
+	m.newer = err.Error()
 }

@@ -118,7 +118,8 @@ type Manager struct {
 	verifiedAt time.Time // when the database last confirmed cur
 	report     *DivergenceReport
 	lastErr    string
-	stale      bool // age beyond MaxAge, logged once per transition
+	newer      string // the last load's ErrSourceNewer error, "" once a load succeeds
+	stale      bool   // age beyond MaxAge, logged once per transition
 	listeners  []func(Snapshot, Divergence)
 }
 
@@ -323,19 +324,21 @@ func (m *Manager) startWith(c startChoice, liveErr error, cached Snapshot, cache
 		m.verifiedAt = c.snap.FetchedAt
 		if liveErr != errNoSource {
 			m.lastErr = liveErr.Error()
+			m.noteNewerLocked(liveErr)
 		}
 		m.mu.Unlock()
 		m.metrics.applied(c.snap, SourceCache, false)
 		if liveErr == errNoSource {
 			m.log.Info("no mesh database configured; using cached bindings",
 				"snapshot", c.snap, "age", now.Sub(c.snap.FetchedAt).Round(time.Second))
-		} else {
+		} else if !errors.Is(liveErr, ErrSourceNewer) { // that one was logged by noteNewerLocked
 			m.log.Warn("mesh database unreachable at start; using cached bindings",
 				"err", liveErr, "snapshot", c.snap, "age", now.Sub(c.snap.FetchedAt).Round(time.Second))
 		}
 	default:
 		if liveErr != errNoSource {
 			m.lastErr = liveErr.Error()
+			m.noteNewerLocked(liveErr)
 		}
 		m.mu.Unlock()
 		m.metrics.applied(Snapshot{}, SourceNone, false)

@@ -422,23 +422,35 @@ func TestManagerRetriesWhenDatabaseDownAtStart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newManagerEnv(t, true, 0)
 		e.src.down = true
+		start := time.Now()
 		e.start(t)
 		if st := e.m.Status(); st.Source != SourceNone || !strings.Contains(st.Warning, "no bindings") {
 			t.Fatalf("status: got %+v, want source none with a warning", st)
 		}
-		// Retries back off from RetryInterval: the start load, then 1s and
-		// 3s after it.
-		time.Sleep(3 * time.Second)
-		synctest.Wait()
+		// Retries back off, jittered, from RetryInterval (1s): the start
+		// load; one 1s after it; the next 0.5–1s later (backoff.Delay(1));
+		// the one after that 1–2s later again.
+		loadsAt := func(total time.Duration) int {
+			t.Helper()
+			time.Sleep(total - time.Since(start))
+			synctest.Wait()
+			e.src.mu.Lock()
+			defer e.src.mu.Unlock()
+			return e.src.loads
+		}
+		if n := loadsAt(1100 * time.Millisecond); n != 2 {
+			t.Fatalf("loads after 1.1s: got %d, want 2 (start, 1s)", n)
+		}
+		if n := loadsAt(2100 * time.Millisecond); n != 3 {
+			t.Fatalf("loads after 2.1s: got %d, want 3 (start, 1s, 1.5–2s)", n)
+		}
+		if n := loadsAt(2450 * time.Millisecond); n != 3 {
+			t.Fatalf("loads after 2.45s: got %d, want still 3 (the next waits at least 1s)", n)
+		}
 		e.src.mu.Lock()
-		loads := e.src.loads
 		e.src.down = false // back, without the watcher noticing: the retries find it
 		e.src.mu.Unlock()
-		if loads != 3 {
-			t.Fatalf("loads after 3s: got %d, want 3 (start, 1s, 3s)", loads)
-		}
-		time.Sleep(4 * time.Second) // the next retry, 4s later
-		synctest.Wait()
+		loadsAt(4100 * time.Millisecond) // the next retry, at 4s at the latest
 		if st := e.m.Status(); st.Source != SourceDB {
 			t.Fatalf("source after the next retry: got %q, want db", st.Source)
 		}

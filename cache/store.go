@@ -21,13 +21,18 @@ const (
 	DefaultLockTimeout = time.Second
 )
 
-// storeFormat is the layout version written into the meta bucket.
-const storeFormat = "1"
+// storeFormat is the cache file's layout version (internal/boltfile
+// records it in the meta bucket). A file of an older format is migrated by
+// storeMigrations when opened for writing; a newer one is refused with a
+// *NewerFormatError. Cache files have recorded format 1 from the
+// start.
+const storeFormat = 1
+
+// storeMigrations upgrade older cache files, one format at a time.
+var storeMigrations []boltfile.Migration
 
 var (
-	bucketMeta      = []byte("meta")
 	bucketSnapshots = []byte("snapshots")
-	keyFormat       = []byte("format")
 )
 
 // StoreOptions configures Open.
@@ -82,6 +87,8 @@ type SnapshotMeta struct {
 // included) is renamed to path+".corrupt-<UTC timestamp>" and a fresh file
 // is created in its place; Quarantined then names the moved file. With
 // ReadOnly or NoQuarantine the damage is returned as a *CorruptError instead.
+// A file of a newer format (written by a newer meshbox) is refused with a
+// *NewerFormatError and left untouched; an older one is migrated.
 func Open(path string, opts StoreOptions) (*Store, error) {
 	if opts.Keep <= 0 {
 		opts.Keep = DefaultKeep
@@ -117,16 +124,10 @@ func Open(path string, opts StoreOptions) (*Store, error) {
 			return nil, fmt.Errorf("open cache: %w", err)
 		}
 		err := db.Update(func(tx *bolt.Tx) error {
-			meta, err := tx.CreateBucketIfNotExists(bucketMeta)
-			if err != nil {
+			if _, err := boltfile.Upgrade(tx, path, "cache", 1, storeFormat, storeMigrations); err != nil {
 				return err
 			}
-			if meta.Get(keyFormat) == nil {
-				if err := meta.Put(keyFormat, []byte(storeFormat)); err != nil {
-					return err
-				}
-			}
-			_, err = tx.CreateBucketIfNotExists(bucketSnapshots)
+			_, err := tx.CreateBucketIfNotExists(bucketSnapshots)
 			return err
 		})
 		if err != nil {
@@ -391,13 +392,12 @@ func verify(db *bolt.DB, path string) error {
 	return nil
 }
 
-// layout checks the cache's own layout: a known format and every snapshot
-// decoding and matching its hash.
+// layout checks the cache's own layout: a format this binary reads (a
+// newer one is a *NewerFormatError, before any record is judged)
+// and every snapshot decoding and matching its hash.
 func layout(tx *bolt.Tx, path string) error {
-	if meta := tx.Bucket(bucketMeta); meta != nil {
-		if f := meta.Get(keyFormat); f != nil && string(f) != storeFormat {
-			return &CorruptError{Path: path, Reason: fmt.Sprintf("unknown format %q", f)}
-		}
+	if err := boltfile.CheckFormat(tx, path, "cache", 1, storeFormat); err != nil {
+		return err
 	}
 	if b := tx.Bucket(bucketSnapshots); b != nil {
 		return b.ForEach(func(k, v []byte) error {
@@ -410,11 +410,16 @@ func layout(tx *bolt.Tx, path string) error {
 
 // fileError turns internal/boltfile's errors into the cache's own: a
 // *LockedError naming the data directory, a *CorruptError (the cache's
-// own when the layout check made one), or err wrapped with op.
+// own when the layout check made one), a *NewerFormatError as it is, or
+// err wrapped with op.
 func fileError(op, path string, err error) error {
 	var own *CorruptError
 	if errors.As(err, &own) {
 		return own
+	}
+	var newer *NewerFormatError
+	if errors.As(err, &newer) {
+		return newer // names the file and both formats already
 	}
 	var locked *boltfile.LockedError
 	if errors.As(err, &locked) {

@@ -279,3 +279,39 @@ func TestStoreQuarantinesBadRecord(t *testing.T) {
 }
 
 func writeFile(path string, data []byte) error { return os.WriteFile(path, data, 0o600) }
+
+// A cache file of a newer format (a newer meshbox wrote it, then an older
+// one started) is refused with an error naming the file and both formats,
+// and left where it is: not set aside as damaged, not overwritten.
+func TestStoreRefusesNewerFormat(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cache.db")
+	writeGoodFile(t, path)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("meta")).Put([]byte("format"), []byte("2")) })
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(path)
+	for _, opts := range []StoreOptions{{}, {ReadOnly: true}} {
+		_, err := Open(path, opts)
+		var nf *NewerFormatError
+		if !errors.As(err, &nf) {
+			t.Fatalf("open %+v: got %v, want a *NewerFormatError", opts, err)
+		}
+		for _, want := range []string{path, "format 2", "up to 1"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q lacks %q", err, want)
+			}
+		}
+	}
+	if m, _ := filepath.Glob(path + ".corrupt-*"); len(m) > 0 {
+		t.Errorf("the newer file was set aside as damaged: %v", m)
+	}
+	if after, _ := os.ReadFile(path); string(after) != string(before) {
+		t.Error("the newer file changed")
+	}
+}

@@ -42,6 +42,7 @@ func (n *Node) handleLocked(m *Message) {
 		}
 		restarted = true
 		p.seq, p.recordSeq, p.hasRecord, p.record = 0, 0, false, hostRecord{}
+		p.version = "" // a restart may be an upgrade or a downgrade to a meshbox that advertises none
 	} else if p.state == StateGone && p.reason == reasonLeft {
 		n.m.rejected.WithLabelValues("stale").Inc()
 		return // this run of the peer said bye; anything later from it is late

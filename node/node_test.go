@@ -228,11 +228,13 @@ func TestPeerRestartReplacesRecord(t *testing.T) {
 		c1.link.setCut(true)
 		h.remove(c1)
 		time.Sleep(2 * time.Second)
-		c2 := h.node("C", func(c *Config) { c.StartedAt = time.Now() }, "cap.new")
+		// The new run is a meshbox that advertises no version (a downgrade):
+		// the old run's version must not stick to it.
+		c2 := h.node("C", func(c *Config) { c.StartedAt = time.Now(); c.Version = "" }, "cap.new")
 		h.start(c2)
 		p := wantState(t, a, "C", StateUp)
-		if !p.StartedAt.Equal(time.Now()) || !slices.Equal(p.Capabilities, []string{"new"}) {
-			t.Fatalf("A's record of restarted C: got %+v, want the new run with [new]", p)
+		if !p.StartedAt.Equal(time.Now()) || !slices.Equal(p.Capabilities, []string{"new"}) || p.Version != "" {
+			t.Fatalf("A's record of restarted C: got %+v, want the new run with [new] and no version", p)
 		}
 		wantRoutes(t, a, map[string][]string{"new": {"C"}})
 

@@ -1,8 +1,8 @@
 #!/bin/sh
 # services.sh installs what the integration tests need and do not build
 # themselves: the RabbitMQ server, the PostgreSQL server binaries and the
-# AMQP command-line tools, and a headless browser (chromium) for the status
-# page test. It is idempotent: it installs only what is missing and prints
+# AMQP command-line tools, a headless browser (chromium) for the status
+# page test, and make and file for the package test. It is idempotent: it installs only what is missing and prints
 # one line per package installed. The tests start their
 # own broker and database servers (testing/meshtest); a system service a
 # package may have started is neither used nor touched.
@@ -30,11 +30,18 @@ have_chromium() {
 	command -v chromium >/dev/null 2>&1
 }
 
+# The package test (testing/pkgtest) builds the .deb with make and
+# dpkg-deb and checks the binaries with file.
+have_file() {
+	command -v file >/dev/null 2>&1 && command -v make >/dev/null 2>&1
+}
+
 missing=""
 have_rabbitmq || missing="$missing rabbitmq-server"
 have_postgres || missing="$missing postgresql"
 have_amqp_tools || missing="$missing amqp-tools"
 have_chromium || missing="$missing chromium fonts-dejavu-core"
+have_file || missing="$missing file make"
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

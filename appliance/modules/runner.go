@@ -287,7 +287,7 @@ func (r *runner) launch(sp spec) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, grantEnv, err := prepareRuntimeDir(cfg.RunDir, r.name, as, m, sp.grants)
+	dir, grantEnv, err := prepareRuntimeDir(cfg.RunDir, r.name, as, m, sp.grants, cfg.OpenGrant)
 	if err != nil {
 		return nil, err
 	}

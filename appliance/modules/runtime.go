@@ -69,7 +69,7 @@ func lookupUser(name string) (runAs, error) {
 // per grant. It returns the directory and the environment naming the
 // grant files. The files are written before the module starts and hold
 // nothing else; their contents never leave them.
-func prepareRuntimeDir(runDir, module string, as runAs, m *Manifest, grants []cache.Grant) (dir string, env map[string]string, err error) {
+func prepareRuntimeDir(runDir, module string, as runAs, m *Manifest, grants []cache.Grant, open GrantOpener) (dir string, env map[string]string, err error) {
 	if err := os.MkdirAll(runDir, 0o711); err != nil {
 		return "", nil, fmt.Errorf("runtime directory: %w", err)
 	}
@@ -112,8 +112,17 @@ func prepareRuntimeDir(runDir, module string, as runAs, m *Manifest, grants []ca
 			if g.Resource != ref.Resource {
 				continue
 			}
+			cred := g.Credential
+			if g.SealedCredential != "" {
+				if open == nil {
+					return "", nil, fmt.Errorf("grant %s from %s: sealed, and the node cannot open grants", g.Resource, g.Provider)
+				}
+				if cred, err = open(g); err != nil {
+					return "", nil, fmt.Errorf("grant %s from %s: %w", g.Resource, g.Provider, err)
+				}
+			}
 			p := filepath.Join(gdir, GrantFile(g.Resource, g.Provider))
-			if err := writeSecret(p, g.Credential.Reveal(), as); err != nil {
+			if err := writeSecret(p, cred.Reveal(), as); err != nil {
 				return "", nil, err
 			}
 			paths = append(paths, p)
@@ -157,6 +166,10 @@ func reclaim(path string) {
 func GrantFile(resource, provider string) string {
 	return url.QueryEscape(resource) + "@" + url.QueryEscape(provider)
 }
+
+// GrantOpener opens a grant's credential sealed to the node's key, in
+// memory.
+type GrantOpener func(cache.Grant) (cache.Credential, error)
 
 // NATSKeyFile is the name of the module's local NATS credential (an nkey
 // seed file) in its runtime directory.

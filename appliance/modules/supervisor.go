@@ -44,6 +44,9 @@ type Config struct {
 	// user, and named in NATS_NKEY, with the inbox prefix its permissions
 	// allow in NATS_INBOX_PREFIX. nil: modules get NATS_URL alone.
 	Credentials func(module string, perms Permissions) (Credential, error)
+	// OpenGrant opens a grant's sealed credential (nil: sealed grants
+	// cannot be written and their module fails to start, visibly).
+	OpenGrant GrantOpener
 	// Restart is the backoff between restarts of a failing module
 	// (defaults DefaultRestartMin, DefaultRestartMax).
 	Restart backoff.Policy

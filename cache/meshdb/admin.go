@@ -2,6 +2,7 @@ package meshdb
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/url"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/internal/seal"
 )
 
 // SettingBrokerURL is the mesh setting that tells nodes where the broker is.
@@ -296,16 +298,41 @@ func validateGrantNames(consumer, resource, provider string) error {
 }
 
 // Grant gives consumer (a node) resource from provider with a credential,
-// replacing the credential of an existing grant.
+// replacing the credential of an existing grant. The credential is stored
+// only sealed to the consumer's public key (seal.GrantInfo): the database
+// and every other node hold it sealed, the consumer opens it in memory
+// when it uses it. A consumer that has not published its public key yet
+// (it does when it first starts) gives ErrNoPublicKey.
 func (db *DB) Grant(ctx context.Context, g cache.Grant) (Change, error) {
 	if err := firstErr(validateGrantNames(g.Consumer, g.Resource, g.Provider),
 		cache.ValidateValue("credential", g.Credential.Reveal())); err != nil {
 		return Change{}, fmt.Errorf("grant: %w", err)
 	}
 	return db.change(ctx, "grant", func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO grants (consumer, resource, provider, credential) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (consumer, resource, provider) DO UPDATE SET credential = EXCLUDED.credential`,
-			g.Consumer, g.Resource, g.Provider, g.Credential.Reveal())
+		var pub []byte
+		err := tx.QueryRow(ctx, `SELECT public_key FROM nodes WHERE name = $1 FOR SHARE`, g.Consumer).Scan(&pub)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return &NotFoundError{What: fmt.Sprintf("consumer node %q", g.Consumer)}
+		}
+		if err != nil {
+			return err
+		}
+		// The credential is stored only sealed to the consumer's public
+		// key: neither the database nor another node can read it.
+		var sealed []byte
+		if g.Credential != "" {
+			if len(pub) == 0 {
+				return fmt.Errorf("node %q has %w (it publishes one when it first starts): grant it a credential after that", g.Consumer, ErrNoPublicKey)
+			}
+			sealed, err = seal.SealTo(pub, seal.GrantInfo(g.Consumer, g.Resource, g.Provider), []byte(g.Credential.Reveal()))
+			if err != nil {
+				return err
+			}
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO grants (consumer, resource, provider, credential, sealed_credential) VALUES ($1, $2, $3, '', $4)
+			ON CONFLICT (consumer, resource, provider) DO UPDATE SET credential = '', sealed_credential = EXCLUDED.sealed_credential
+			WHERE grants.credential <> '' OR grants.sealed_credential IS DISTINCT FROM EXCLUDED.sealed_credential`,
+			g.Consumer, g.Resource, g.Provider, sealed)
 		return missingNode(err, "consumer node", g.Consumer)
 	})
 }
@@ -325,12 +352,16 @@ func (db *DB) Revoke(ctx context.Context, consumer, resource, provider string) (
 // their credentials (which print redacted).
 func (db *DB) Grants(ctx context.Context, consumer string) ([]cache.Grant, error) {
 	var out []cache.Grant
-	err := collect(ctx, db.pool, &out, `SELECT consumer, resource, provider, credential FROM grants
+	err := collect(ctx, db.pool, &out, `SELECT consumer, resource, provider, credential, sealed_credential FROM grants
 		WHERE $1 = '' OR consumer = $1 ORDER BY consumer, resource, provider`, []any{consumer},
 		func(r pgx.Rows, g *cache.Grant) error {
 			var cred string
-			err := r.Scan(&g.Consumer, &g.Resource, &g.Provider, &cred)
+			var sealed []byte
+			err := r.Scan(&g.Consumer, &g.Resource, &g.Provider, &cred, &sealed)
 			g.Credential = cache.Credential(cred)
+			if len(sealed) > 0 {
+				g.SealedCredential = base64.StdEncoding.EncodeToString(sealed)
+			}
 			return err
 		})
 	if err != nil {

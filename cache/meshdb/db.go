@@ -216,6 +216,10 @@ func (db *DB) Migrate(ctx context.Context, progress func(version int32, name str
 	if err := m.Migrate(ctx); err != nil {
 		return from, 0, fmt.Errorf("migrate: %w", err)
 	}
+	// Every node reads the schema version (CheckSchema), whatever its role.
+	if _, err := conn.Exec(ctx, "GRANT SELECT ON "+versionTable+" TO PUBLIC"); err != nil {
+		return from, 0, fmt.Errorf("migrate: let nodes read the schema version: %w", err)
+	}
 	if to, err = m.GetCurrentVersion(ctx); err != nil {
 		return from, 0, fmt.Errorf("migrate: %w", err)
 	}
@@ -237,6 +241,39 @@ func mustSub() fs.FS {
 		panic(err) // the embedded directory always exists
 	}
 	return sub
+}
+
+// schemaVersion reads the database's schema version in q: 0 when the
+// version table is missing or not readable by this role (a database
+// migrated before Migrate let every role read it).
+func schemaVersion(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (int32, error) {
+	var readable bool
+	if err := q.QueryRow(ctx, `SELECT coalesce(has_table_privilege(to_regclass($1), 'SELECT'), false)`, versionTable).Scan(&readable); err != nil {
+		return 0, err
+	}
+	if !readable {
+		return 0, nil
+	}
+	var v int32
+	err := q.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+versionTable).Scan(&v)
+	return v, err
+}
+
+// checkSchema returns a *SchemaError when the database's schema is newer
+// than the migrations this binary ships: its queries may misread it.
+func (db *DB) checkSchema(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) error {
+	v, err := schemaVersion(ctx, q)
+	if err != nil {
+		return db.wrap("read schema version", err)
+	}
+	if known := SchemaVersion(); v > known {
+		return &SchemaError{DB: db.addr, Schema: v, Known: known}
+	}
+	return nil
 }
 
 // Revision returns the current mesh revision.

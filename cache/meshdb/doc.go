@@ -13,9 +13,24 @@
 // Each node added with an identity (AddNodeIdentity) has a PostgreSQL role
 // of its own. Row-level security, in the database and not in this client,
 // lets a node role read every node record and setting but only its own
-// assignments, overrides, grants and broker credential rows; it writes
-// nothing. Its join token is kept as a SHA-256 of its secret and redeemed
-// once, before it expires, by the node role (Redeem).
+// assignments, overrides, grants, broker credential rows and sealed copies
+// of content keys; it writes only its own public key, and (through definer
+// functions that check it acts for itself) the keys it claims or seals for
+// other nodes. Its join token is kept as a SHA-256 of its secret and
+// redeemed once, before it expires, by the node role (Redeem).
+//
+// Keys (keys.go, migration 004): the database holds each node's public
+// key, content key ids, and content keys and grant credentials only sealed
+// to a node's public key (internal/seal); it can read none of them. Who
+// seals a content key for a node that lacks it: any node holding it, when
+// it sees that node's public key with no copy sealed to it; a key's bytes
+// are made by the first node that claims its id. No admin command handles
+// key bytes.
+//
+// Migrate lets every role read the schema version; Load reads it first
+// and refuses a schema newer than the migrations this binary ships
+// (*SchemaError): a node older than its mesh keeps running from its cache
+// instead of misreading tables it does not know.
 //
 // # Credential rotation
 //

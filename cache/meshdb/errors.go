@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/meshbox/meshbox/cache"
 )
 
 // Errors returned by operations on the mesh database.
@@ -20,6 +22,9 @@ var (
 	ErrMeshExists = errors.New("the database already holds a different mesh")
 	// ErrRequired means the operation would remove something every node needs.
 	ErrRequired = errors.New("required setting")
+	// ErrNoPublicKey means a credential cannot be sealed to a node that has
+	// not published its public key yet (it does when it first starts).
+	ErrNoPublicKey = errors.New("no public key yet")
 )
 
 // NotFoundError names the row that does not exist.
@@ -103,3 +108,21 @@ func (e *TokenExpiredError) Error() string {
 
 // Unwrap returns ErrTokenExpired.
 func (e *TokenExpiredError) Unwrap() error { return ErrTokenExpired }
+
+// SchemaError is returned by Load when the database's schema is newer than
+// the migrations this binary ships (the mesh was upgraded, this node not
+// yet). It wraps cache.ErrSourceNewer: the node keeps running from its
+// cached bindings.
+type SchemaError struct {
+	DB     string // the database's address, without password
+	Schema int32  // the database's schema version
+	Known  int32  // the newest schema version this binary knows
+}
+
+func (e *SchemaError) Error() string {
+	return fmt.Sprintf("mesh database %s has schema version %d, newer than this meshbox knows (%d): upgrade meshbox on this node",
+		e.DB, e.Schema, e.Known)
+}
+
+// Unwrap returns cache.ErrSourceNewer.
+func (e *SchemaError) Unwrap() error { return cache.ErrSourceNewer }

@@ -42,6 +42,7 @@ func TestNodeRoleSeesOnlyItsOwnRows(t *testing.T) {
 		t.Fatalf("role name: got %q", a.Role)
 	}
 	for _, node := range []string{"alpha", "beta"} {
+		withKey(t, db, node)
 		must(t)(db.Grant(ctx, cache.Grant{Consumer: node, Resource: "res-" + node, Provider: "p", Credential: cache.Credential("cred-" + node)}))
 		must(t)(db.Assign(ctx, node, cache.Assignment{Module: "mod-" + node}))
 		must(t)(db.SetOverride(ctx, node, cache.Override{Module: "mod-" + node, Key: "k", Value: "v-" + node}))
@@ -56,7 +57,8 @@ func TestNodeRoleSeesOnlyItsOwnRows(t *testing.T) {
 		query string
 		want  []string
 	}{
-		{`SELECT consumer || '/' || credential FROM grants ORDER BY 1`, []string{"alpha/cred-alpha"}},
+		// The credential only sealed (TestGrantCredentialSealed opens it).
+		{`SELECT consumer || '/' || credential || '/' || (length(sealed_credential) > 0) FROM grants ORDER BY 1`, []string{"alpha//true"}},
 		{`SELECT consumer FROM grants WHERE consumer = 'beta'`, nil},
 		{`SELECT node || '/' || module FROM assignments ORDER BY 1`, []string{"alpha/mod-alpha"}},
 		{`SELECT node || '/' || value FROM overrides ORDER BY 1`, []string{"alpha/v-alpha"}},

@@ -2,6 +2,7 @@ package meshdb
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"time"
@@ -15,7 +16,9 @@ import (
 // Load reads node's bindings in one REPEATABLE READ, read-only transaction:
 // the mesh revision, every node record and mesh setting, and only this
 // node's assignments, overrides and grants (consumer = node) and its newest
-// broker credential. It implements cache.Source.
+// broker credential. It implements cache.Source. A database whose schema
+// is newer than this binary knows is not read: the error is a
+// *SchemaError (wrapping cache.ErrSourceNewer).
 func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 	if err := cache.ValidateNodeName(node); err != nil {
 		return cache.Snapshot{}, fmt.Errorf("load bindings: %w", err)
@@ -25,14 +28,24 @@ func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 		return cache.Snapshot{}, db.wrap("load bindings", err)
 	}
 	defer rollback(tx)
+	if err := db.checkSchema(ctx, tx); err != nil {
+		return cache.Snapshot{}, fmt.Errorf("load bindings: %w", err)
+	}
 
 	b := cache.Bindings{Node: node, Settings: map[string]string{}}
 	var rev int64
 	if err := tx.QueryRow(ctx, "SELECT revision FROM mesh_revision").Scan(&rev); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings", err)
 	}
-	if err := collect(ctx, tx, &b.Nodes, `SELECT name, public_name, identity FROM nodes ORDER BY name`, nil,
-		func(r pgx.Rows, n *cache.NodeRecord) error { return r.Scan(&n.Name, &n.PublicName, &n.Identity) }); err != nil {
+	if err := collect(ctx, tx, &b.Nodes, `SELECT name, public_name, identity, public_key FROM nodes ORDER BY name`, nil,
+		func(r pgx.Rows, n *cache.NodeRecord) error {
+			var pub []byte
+			err := r.Scan(&n.Name, &n.PublicName, &n.Identity, &pub)
+			if len(pub) > 0 {
+				n.PublicKey = base64.StdEncoding.EncodeToString(pub)
+			}
+			return err
+		}); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings: nodes", err)
 	}
 	var settings []kv
@@ -52,11 +65,15 @@ func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 		func(r pgx.Rows, o *cache.Override) error { return r.Scan(&o.Module, &o.Key, &o.Value) }); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings: overrides", err)
 	}
-	if err := collect(ctx, tx, &b.Grants, `SELECT consumer, resource, provider, credential FROM grants WHERE consumer = $1 ORDER BY resource, provider`, args,
+	if err := collect(ctx, tx, &b.Grants, `SELECT consumer, resource, provider, credential, sealed_credential FROM grants WHERE consumer = $1 ORDER BY resource, provider`, args,
 		func(r pgx.Rows, g *cache.Grant) error {
 			var cred string
-			err := r.Scan(&g.Consumer, &g.Resource, &g.Provider, &cred)
+			var sealed []byte
+			err := r.Scan(&g.Consumer, &g.Resource, &g.Provider, &cred, &sealed)
 			g.Credential = cache.Credential(cred)
+			if len(sealed) > 0 {
+				g.SealedCredential = base64.StdEncoding.EncodeToString(sealed)
+			}
 			return err
 		}); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings: grants", err)
@@ -85,6 +102,9 @@ func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 			newest.Older = append(newest.Older, creds[i].Generation)
 		}
 		b.Broker = &newest
+	}
+	if err := loadKeys(ctx, tx, node, &b); err != nil {
+		return cache.Snapshot{}, db.wrap("load bindings", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings", err)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -225,6 +226,8 @@ func TestAdminOperationsBumpRevisionOnce(t *testing.T) {
 	_, err = db.UnsetSetting(ctx, "missing.key")
 	refused("unset missing setting", err, meshdb.ErrNotFound)
 
+	withKey(t, db, "n2") // bumps the revision: a node record changed
+	rev = revision(t, db)
 	c, err = db.Grant(ctx, cache.Grant{Consumer: "n2", Resource: "bucket", Provider: "n1", Credential: "s3cr3t"})
 	step("grant", c, err, true)
 	c, err = db.Grant(ctx, cache.Grant{Consumer: "n2", Resource: "bucket", Provider: "n1", Credential: "rotated"})
@@ -265,7 +268,9 @@ func TestLoadReadsOnlyOwnRowsAndCacheHoldsNoOtherGrants(t *testing.T) {
 	db, url := initMesh(t)
 	must(t)(db.AddNode(ctx, cache.NodeRecord{Name: "n2"}))
 	must(t)(db.SetSetting(ctx, "forge.url", "https://forge"))
+	keys := map[string]*seal.NodeKey{}
 	for _, node := range []string{"n1", "n2"} {
+		keys[node] = withKey(t, db, node)
 		must(t)(db.Assign(ctx, node, cache.Assignment{Module: "mod-" + node}))
 		must(t)(db.SetOverride(ctx, node, cache.Override{Module: "mod-" + node, Key: "k", Value: "value-of-" + node}))
 		must(t)(db.Grant(ctx, cache.Grant{Consumer: node, Resource: "res-" + node, Provider: "p", Credential: cache.Credential("CRED-OF-" + node)}))
@@ -280,7 +285,7 @@ func TestLoadReadsOnlyOwnRowsAndCacheHoldsNoOtherGrants(t *testing.T) {
 	}
 	if len(b.Assignments) != 1 || b.Assignments[0].Module != "mod-n1" ||
 		len(b.Overrides) != 1 || b.Overrides[0].Value != "value-of-n1" ||
-		len(b.Grants) != 1 || b.Grants[0].Credential.Reveal() != "CRED-OF-n1" {
+		len(b.Grants) != 1 || openGrant(t, keys["n1"], b.Grants[0]) != "CRED-OF-n1" {
 		t.Fatalf("load: got assignments %v overrides %v grants %v, want only n1's", b.Assignments, b.Overrides, b.Grants)
 	}
 	if snap.Revision != revision(t, db) || snap.Hash != b.Hash() || strings.Contains(snap.Source, "guest") && strings.Contains(snap.Source, ":guest@") {
@@ -306,8 +311,11 @@ func TestLoadReadsOnlyOwnRowsAndCacheHoldsNoOtherGrants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Contains(raw, []byte("CRED-OF-n1")) {
+	if !bytes.Contains(raw, []byte("res-n1")) {
 		t.Fatal("cache file lacks this node's grant")
+	}
+	if bytes.Contains(raw, []byte("CRED-OF-n1")) {
+		t.Fatal("cache file holds this node's grant credential in the clear, not only sealed")
 	}
 	for _, other := range []string{"CRED-OF-n2", "res-n2", "value-of-n2", "mod-n2"} {
 		if bytes.Contains(raw, []byte(other)) {
@@ -595,6 +603,7 @@ func TestOutageStartFromCacheDivergenceAndMissedNotify(t *testing.T) {
 		t.Fatal(err)
 	}
 	must(t)(db.SetOverride(ctx, "n1", cache.Override{Module: "photos", Key: "threads", Value: "4"}))
+	withKey(t, db, "n1")
 	must(t)(db.Grant(ctx, cache.Grant{Consumer: "n1", Resource: "bucket", Provider: "n2", Credential: "c1"}))
 	path := filepath.Join(t.TempDir(), "cache.db")
 	px := newProxy(t, net.JoinHostPort("127.0.0.1", fmtInt(pg.Port())))
@@ -643,7 +652,7 @@ func TestOutageStartFromCacheDivergenceAndMissedNotify(t *testing.T) {
 		`node n3 added: public_name="" identity=""`,
 		`setting forge.url added: "https://forge.example.org"`,
 		`override photos/threads changed: "4" -> "8"`,
-		`grant n1:bucket@n2 removed (was credential [redacted])`,
+		`grant n1:bucket@n2 removed (was credential sealed)`,
 	}
 	if strings.Join(d.Strings(), "\n") != strings.Join(want, "\n") {
 		t.Fatalf("divergence:\ngot  %q\nwant %q", d.Strings(), want)

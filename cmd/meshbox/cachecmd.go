@@ -135,6 +135,8 @@ func (c *CacheCommand) show(store *cache.Store, rev int64, asJSON, reveal bool) 
 	for _, g := range b.Grants {
 		cred := "none"
 		switch {
+		case g.SealedCredential != "":
+			cred = "sealed"
 		case g.Credential != "" && reveal:
 			cred = g.Credential.Reveal()
 		case g.Credential != "":

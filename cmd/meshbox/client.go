@@ -171,6 +171,7 @@ func printStatus(w io.Writer, st appliance.Status) {
 		b += " — WARNING: " + st.Bindings.Warning
 	}
 	row("bindings", b)
+	row("sealing", sealingLine(st.Keys))
 	if len(st.Peers) > 0 {
 		parts := make([]string, len(st.Peers))
 		for i, p := range st.Peers {
@@ -219,6 +220,23 @@ func printStatus(w io.Writer, st appliance.Status) {
 	_ = tw.Flush()
 }
 
+// sealingLine says whether the mesh's messages are sealed and with which
+// key, and which keys the node lacks.
+func sealingLine(k *appliance.KeysStatus) string {
+	if k == nil {
+		return "off (no mesh database: no keys)"
+	}
+	line := "on, key " + k.Current
+	if k.Current == "" {
+		line = "on, but no content key yet: this node cannot send to the mesh"
+	}
+	line += ", node key " + k.NodeKey
+	if len(k.Lacking) > 0 {
+		line += " — LACKS " + strings.Join(k.Lacking, ", ")
+	}
+	return line
+}
+
 // secs writes a number of seconds as a duration.
 func secs(s float64) string {
 	return (time.Duration(s) * time.Second).String()
@@ -240,7 +258,8 @@ func (c *VersionCommand) Run(ctx context.Context, args []string) error {
 	out := map[string]any{"client": b}
 	st, _, err := c.m.nodeStatus(ctx, *server)
 	if err == nil {
-		out["node"] = map[string]any{"name": st.Node, "version": st.Version, "commit": st.Commit}
+		out["node"] = map[string]any{"name": st.Node, "version": st.Version, "commit": st.Commit,
+			"build_date": st.BuildDate, "go_version": st.GoVersion, "arch": st.Arch}
 	} else {
 		out["node_error"] = err.Error()
 	}
@@ -249,19 +268,24 @@ func (c *VersionCommand) Run(ctx context.Context, args []string) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(out)
 	}
-	fmt.Fprintf(c.m.Stdout, "meshbox %s", b.Version)
-	if b.Commit != "" {
-		fmt.Fprintf(c.m.Stdout, " (commit %s)", b.Commit)
-	}
-	fmt.Fprintf(c.m.Stdout, " %s\n", b.Go)
+	printBuild(c.m.Stdout, b)
 	if err != nil {
 		fmt.Fprintf(c.m.Stdout, "node: %v\n", err)
 		return nil
 	}
-	fmt.Fprintf(c.m.Stdout, "node %s: meshbox %s", st.Node, st.Version)
-	if st.Commit != "" {
-		fmt.Fprintf(c.m.Stdout, " (commit %s)", st.Commit)
-	}
-	fmt.Fprintln(c.m.Stdout)
+	fmt.Fprintf(c.m.Stdout, "node %s runs ", st.Node)
+	printBuild(c.m.Stdout, appliance.BuildInfo{Version: st.Version, Commit: st.Commit, Date: st.BuildDate, Go: st.GoVersion, Arch: st.Arch})
 	return nil
+}
+
+// printBuild writes the binary's build: version, then commit, build date,
+// Go version and platform, one per line.
+func printBuild(w io.Writer, b appliance.BuildInfo) {
+	fmt.Fprintf(w, "meshbox %s\n", b.Version)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "  commit\t%s\n", dash(b.Commit))
+	fmt.Fprintf(tw, "  built\t%s\n", dash(b.Date))
+	fmt.Fprintf(tw, "  go\t%s\n", b.Go)
+	fmt.Fprintf(tw, "  arch\t%s\n", b.Arch)
+	_ = tw.Flush()
 }

@@ -56,6 +56,9 @@ Grants:
   grant CONSUMER RESOURCE PROVIDER [--credential-file FILE|-]
   revoke CONSUMER RESOURCE PROVIDER
   grants [--consumer NODE] [--json]
+Keys:
+  key list [--json]                  the content keys and which nodes hold them
+  key rotate [--retention 24h]       add a content key; the old ones retire after --retention
 Other:
   revision                           the current mesh revision
 
@@ -84,14 +87,14 @@ func (c *MeshCommand) Run(ctx context.Context, args []string) error {
 		return nil
 	}
 	name, rest := args[0], args[1:]
-	if slices.Contains([]string{"node", "override", "setting"}, name) {
+	if slices.Contains([]string{"node", "override", "setting", "key"}, name) {
 		if len(rest) == 0 {
 			fmt.Fprint(c.m.Stderr, meshUsage)
 			return usagef("mesh %s: no command given", name)
 		}
 		name, rest = name+" "+rest[0], rest[1:]
 	}
-	for _, leaf := range c.leaves() {
+	for _, leaf := range append(c.leaves(), c.keyLeaves()...) {
 		if leaf.name == name {
 			return c.runLeaf(ctx, leaf, rest)
 		}
@@ -442,14 +445,17 @@ func (c *MeshCommand) leaves() []meshLeaf {
 					}
 					rows := []row{}
 					for _, g := range gs {
-						rows = append(rows, row{g.Consumer, g.Resource, g.Provider, g.Credential != ""})
+						rows = append(rows, row{g.Consumer, g.Resource, g.Provider, g.Credential != "" || g.SealedCredential != ""})
 					}
 					return writeJSON(out, rows)
 				}
 				rows := [][]string{{"CONSUMER", "RESOURCE", "PROVIDER", "CREDENTIAL"}}
 				for _, g := range gs {
 					cred := "none"
-					if g.Credential != "" {
+					switch {
+					case g.SealedCredential != "":
+						cred = "sealed"
+					case g.Credential != "":
 						cred = "set"
 					}
 					rows = append(rows, []string{g.Consumer, g.Resource, g.Provider, cred})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -83,12 +84,27 @@ func TestInitMeshAndCacheCommands(t *testing.T) {
 	c.ok(t, "mesh", "assign", "n1", "photos", "--selection", "main", "--autostart")
 	c.ok(t, "mesh", "override", "set", "n1", "photos", "threads", "4")
 	c.ok(t, "mesh", "setting", "set", "forge.url", "https://forge.example.org")
+	// A credential is sealed to its consumer's public key: none, no grant.
+	c.stdin = "TOPSECRET\n"
+	c.fails(t, "no public key yet", "mesh", "grant", "n1", "bucket", "n2", "--credential-file", "-")
+	nk, err := seal.GenerateNodeKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kdb, err := meshdb.Open(context.Background(), url, meshdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kdb.PublishNodeKey(context.Background(), "n1", nk.Public()); err != nil { // as n1 does at its first start
+		t.Fatal(err)
+	}
+	kdb.Close()
 	c.stdin = "TOPSECRET\n"
 	c.ok(t, "mesh", "grant", "n1", "bucket", "n2", "--credential-file", "-")
 	c.ok(t, "mesh", "grant", "n2", "other-bucket", "n1")
 	c.stdin = ""
-	if out := c.ok(t, "mesh", "revision"); strings.TrimSpace(out) != "7" {
-		t.Fatalf("revision: got %q, want 7", out)
+	if out := c.ok(t, "mesh", "revision"); strings.TrimSpace(out) != "8" {
+		t.Fatalf("revision: got %q, want 8", out)
 	}
 	if out := c.ok(t, "mesh", "setting", "set", "forge.url", "https://forge.example.org"); !strings.Contains(out, "nothing changed") {
 		t.Fatalf("same setting again: %s", out)
@@ -99,8 +115,8 @@ func TestInitMeshAndCacheCommands(t *testing.T) {
 	c.fails(t, "not found", "mesh", "unassign", "n1", "nothing")
 	c.fails(t, "still has", "mesh", "node", "remove", "n1")
 	c.fails(t, "required setting", "mesh", "setting", "unset", "broker.url")
-	if out := c.ok(t, "mesh", "revision"); strings.TrimSpace(out) != "7" {
-		t.Fatalf("revision after refused commands: got %q, want 7", out)
+	if out := c.ok(t, "mesh", "revision"); strings.TrimSpace(out) != "8" {
+		t.Fatalf("revision after refused commands: got %q, want 8", out)
 	}
 	if out := c.ok(t, "mesh", "setting", "get", "forge.url"); strings.TrimSpace(out) != "https://forge.example.org" {
 		t.Fatalf("setting get: %q", out)
@@ -109,7 +125,7 @@ func TestInitMeshAndCacheCommands(t *testing.T) {
 		t.Fatalf("setting list should show the broker:\n%s", out)
 	}
 	out = c.ok(t, "mesh", "grants")
-	if !strings.Contains(out, "bucket") || !strings.Contains(out, "set") || strings.Contains(out, "TOPSECRET") {
+	if !strings.Contains(out, "bucket") || !strings.Contains(out, "sealed") || strings.Contains(out, "TOPSECRET") {
 		t.Fatalf("grants list:\n%s", out)
 	}
 	var nodes []cache.NodeRecord
@@ -141,7 +157,7 @@ func TestInitMeshAndCacheCommands(t *testing.T) {
 	store.Close()
 	c.env["MESHBOX_DATA"] = data
 	out = c.ok(t, "cache", "show")
-	for _, want := range []string{"node:       n1", "revision:   9", "photos", "threads", "bucket", "forge.url"} {
+	for _, want := range []string{"node:       n1", "revision:   10", "photos", "threads", "bucket", "forge.url"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("cache show lacks %q:\n%s", want, out)
 		}
@@ -155,10 +171,10 @@ func TestInitMeshAndCacheCommands(t *testing.T) {
 	if out := c.ok(t, "cache", "history"); !strings.Contains(out, "REVISION") || strings.Count(out, "\n") != 3 {
 		t.Fatalf("cache history, want a header and 2 versions:\n%s", out)
 	}
-	if out := c.ok(t, "cache", "diff", "8", "9"); !strings.Contains(out, `override photos/threads changed: "6" -> "8"`) {
+	if out := c.ok(t, "cache", "diff", "9", "10"); !strings.Contains(out, `override photos/threads changed: "6" -> "8"`) {
 		t.Fatalf("cache diff:\n%s", out)
 	}
-	if out := c.ok(t, "cache", "verify"); !strings.Contains(out, "ok, 2 snapshots, newest revision 9") {
+	if out := c.ok(t, "cache", "verify"); !strings.Contains(out, "ok, 2 snapshots, newest revision 10") {
 		t.Fatalf("cache verify:\n%s", out)
 	}
 	raw, err := os.ReadFile(filepath.Join(data, "cache.db"))

@@ -133,6 +133,10 @@ func printPeers(w io.Writer, r node.PeersReply, id *appliance.IdentityStatus, no
 		if p.Expected {
 			expected = "yes"
 		}
+		version := p.Version
+		if version == "" {
+			version = "unknown" // a peer not heard from, or one too old to advertise its version
+		}
 		rev := "-"
 		if p.Revision > 0 {
 			rev = fmt.Sprint(p.Revision)
@@ -142,7 +146,7 @@ func printPeers(w io.Writer, r node.PeersReply, id *appliance.IdentityStatus, no
 			cred = fmt.Sprintf("g%d", id.Peers[p.Name])
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, state, ago(now, p.Since), ago(now, p.LastSeen),
-			expected, dash(p.Version), rev, cred, list(p.Capabilities), list(p.Stages))
+			expected, version, rev, cred, list(p.Capabilities), list(p.Stages))
 	}
 	_ = tw.Flush()
 }

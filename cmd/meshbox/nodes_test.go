@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -55,6 +56,19 @@ func TestNodesAndCapsCommands(t *testing.T) {
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("meshbox nodes: output lacks %q:\n%s", want, out)
+		}
+	}
+
+	// Every peer's version, so a half-upgraded mesh shows; a peer that
+	// advertised none (older than version advertising) shows "unknown".
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) == 0 {
+			continue
+		}
+		want := map[string]string{"B": "1.2.0", "C": "unknown", "D": "unknown"}[f[0]]
+		if want != "" && !slices.Contains(f, want) {
+			t.Errorf("meshbox nodes: line of %s lacks version %q: %q", f[0], want, l)
 		}
 	}
 

@@ -4,7 +4,9 @@
 // damaged pages contained and turned into errors; and with every page
 // checked (size against the meta page, every bucket walked, bbolt's own
 // tx.Check, then the caller's layout check) before the file is used. A
-// damaged file is set aside with SetAside, never deleted.
+// damaged file is set aside with SetAside, never deleted. Every file
+// records its format (format.go): older formats are migrated forward,
+// newer ones refused with a *NewerFormatError.
 package boltfile
 
 import (
@@ -52,7 +54,8 @@ type Options struct {
 	ReadOnly bool
 	// Verify, when set, checks the caller's layout inside the verifying
 	// read transaction, after bbolt's own check. An error it returns that
-	// is not already a *CorruptError is wrapped in one.
+	// is not already a *CorruptError or a *NewerFormatError is wrapped in
+	// a *CorruptError.
 	Verify func(tx *bolt.Tx) error
 }
 
@@ -144,7 +147,8 @@ func Check(db *bolt.DB, path string, layout func(*bolt.Tx) error) error {
 			}
 			if err := layout(tx); err != nil {
 				var ce *CorruptError
-				if errors.As(err, &ce) {
+				var nf *NewerFormatError
+				if errors.As(err, &ce) || errors.As(err, &nf) {
 					return err
 				}
 				return &CorruptError{Path: path, Reason: "layout", Err: err}

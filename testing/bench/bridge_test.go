@@ -68,8 +68,10 @@ const (
 func BenchmarkBridge(b *testing.B) {
 	rmq := meshtest.NewRabbitMQ(b)
 	amqpURL := rmq.Vhost(b)
-	nodeA := startBenchNode(b, "bench-a", amqpURL)
-	nodeB := startBenchNode(b, "bench-b", amqpURL)
+	// In a mesh database, as a real mesh: the nodes seal what they send.
+	dbURL := benchMeshDB(b, amqpURL, "bench-a", "bench-b")
+	nodeA := startBenchNode(b, "bench-a", amqpURL, dbURL)
+	nodeB := startBenchNode(b, "bench-b", amqpURL, dbURL)
 
 	b.Run("command", func(b *testing.B) {
 		for range b.N {
@@ -156,17 +158,25 @@ func cpuTime(b *testing.B) time.Duration {
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
-// startBenchNode runs a node in this process on the broker at amqpURL and
+// startBenchNode runs a node in this process on the broker at amqpURL,
+// with the mesh database at dbURL ("": none, nothing sealed), and
 // waits until its link is connected.
-func startBenchNode(b *testing.B, name, amqpURL string) *appliance.Appliance {
+func startBenchNode(b *testing.B, name, amqpURL, dbURL string) *appliance.Appliance {
 	b.Helper()
 	cfg := meshtest.NodeConfig(b, name)
 	cfg.Log.Level = "info"
 	cfg.Broker = appliance.Secret(amqpURL)
+	cfg.DB = appliance.Secret(dbURL)
 	a := meshtest.StartNode(b, cfg)
 	benchWait(b, 30*time.Second, name+" connected to the broker", func() bool {
 		return a.Status().Broker.State == "connected"
 	})
+	if dbURL != "" {
+		benchWait(b, 30*time.Second, name+" sealing with the mesh's content key", func() bool {
+			k := a.Status().Keys
+			return k != nil && k.Current != "" && len(k.Lacking) == 0
+		})
+	}
 	return a
 }
 

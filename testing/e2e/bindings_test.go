@@ -94,6 +94,7 @@ func TestBindingsFromDatabaseFollowChanges(t *testing.T) {
 	}
 
 	p := meshtest.StartProcess(t, "--node", "alpha", "--db", db)
+	waitKeysInStep(t, p) // its first start's own changes (public key, content key) are in
 	st := getStatus(t, p.HTTPURL())
 	if st.Bindings.Source != "db" || st.Bindings.Revision == 0 || st.Bindings.AgeSeconds != 0 || st.Bindings.DB != "connected" {
 		t.Fatalf("bindings: got %+v, want source db, a revision, age 0, db connected", st.Bindings)
@@ -142,6 +143,9 @@ func TestBindingsFromCacheWhileDatabaseIsAway(t *testing.T) {
 	data := t.TempDir()
 
 	p := meshtest.StartProcess(t, "--node", "alpha", "--db", viaProxy, "--data", data)
+	// Its first start publishes its public key and makes the mesh's content
+	// key: settled before the bindings are cached for good.
+	waitKeysInStep(t, p)
 	st := getStatus(t, p.HTTPURL())
 	if st.Bindings.Source != "db" {
 		t.Fatalf("first start: source %q, want db", st.Bindings.Source)

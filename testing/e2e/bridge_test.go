@@ -236,7 +236,12 @@ func timedRequest(nc *nats.Conn, msg *nats.Msg, timeout time.Duration) (*nats.Ms
 // submit sends a command or event submission (subject cmd.<stage> or
 // evt.<topic>) and reports what the submitter was told.
 func submit(nc *nats.Conn, subject string, body []byte, timeout time.Duration) (outcome, *nats.Msg, error) {
-	resp, err := nc.RequestMsg(&nats.Msg{Subject: subject, Data: body}, timeout)
+	return submitMsg(nc, &nats.Msg{Subject: subject, Data: body}, timeout)
+}
+
+// submitMsg is submit of a message with headers.
+func submitMsg(nc *nats.Conn, msg *nats.Msg, timeout time.Duration) (outcome, *nats.Msg, error) {
+	resp, err := nc.RequestMsg(msg, timeout)
 	switch {
 	case err != nil:
 		return indeterminate, nil, err

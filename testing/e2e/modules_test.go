@@ -332,7 +332,7 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	}
 	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", granted.Pid))
 	environ, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", granted.Pid))
-	_, modulesJSON, _ := cliEnv(t, []string{"MESHBOX_SERVER=" + alpha.NATSURL()}, "modules", "--json")
+	_, modulesJSON, _ := cliEnv(t, []string{"MESHBOX_SERVER=" + alpha.NATSURL(), "MESHBOX_DATA=" + alpha.DataDir()}, "modules", "--json")
 	for what, text := range map[string]string{
 		"the node's log":           alpha.Output(),
 		"the status":               readAll(t, alpha.HTTPURL()+"/status"),
@@ -423,7 +423,7 @@ func TestModulesSupervision(t *testing.T) {
 	mesh(t, db, "assign", "alpha", "manual", "--selection", "stable")
 
 	p := meshtest.StartProcess(t, "--node", "alpha", "--db", db, "--modules-dir", cat, "--config", modulesConfig(t))
-	server := []string{"MESHBOX_SERVER=" + p.NATSURL()}
+	server := []string{"MESHBOX_SERVER=" + p.NATSURL(), "MESHBOX_DATA=" + p.DataDir()}
 
 	// A module that exits is restarted (after a pause) and then runs.
 	once := waitModule(t, p.HTTPURL(), "once", 10*time.Second, "once running again", func(m moduleStatus) bool {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"html"
 	"image/png"
 	"io"
@@ -259,6 +260,9 @@ func TestStatusPageInBrowser(t *testing.T) {
 	}
 	if got, want := page.text(t, "version"), field(st, "version"); got != want {
 		t.Errorf("version: got %q, want %v", got, want)
+	}
+	if got, arch := page.text(t, "build"), fmt.Sprint(field(st, "arch")); !strings.Contains(got, arch) || !strings.Contains(got, "go1.") {
+		t.Errorf("build: got %q, want the Go version and %q", got, arch)
 	}
 	if got := page.text(t, "live"); !strings.HasPrefix(got, "updated ") {
 		t.Errorf("live indicator: got %q, want updated ...", got)

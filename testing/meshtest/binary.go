@@ -39,18 +39,29 @@ func Binary(tb testing.TB) string {
 	return binary.path
 }
 
+// BinaryVersion builds ./cmd/meshbox stamped with version (as make build
+// stamps a release) into a directory removed in tb's Cleanup, and returns
+// the executable's path: a second build for tests that replace a node's
+// binary, an upgrade say. Run it with StartBinary.
+func BinaryVersion(tb testing.TB, version string) string {
+	tb.Helper()
+	root, err := moduleRoot()
+	if err != nil {
+		tb.Fatalf("meshtest: build meshbox %s: %v", version, err)
+	}
+	path := filepath.Join(tb.TempDir(), "meshbox")
+	start := time.Now()
+	if err := goBuild(root, path, "-ldflags", "-X github.com/meshbox/meshbox/appliance.version="+version); err != nil {
+		tb.Fatalf("meshtest: build meshbox %s: %v", version, err)
+	}
+	tb.Logf("meshtest: built meshbox %s in %v", version, time.Since(start).Round(time.Millisecond))
+	return path
+}
+
 func buildBinary() (string, error) {
 	root, err := moduleRoot()
 	if err != nil {
 		return "", err
-	}
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goroot := os.Getenv("GOROOT")
-		if goroot == "" {
-			return "", errors.New("go tool not found on PATH and GOROOT not set")
-		}
-		goTool = filepath.Join(goroot, "bin", "go")
 	}
 	dir, err := os.MkdirTemp("", fmt.Sprintf("%sbin-%d-", dirPrefix, os.Getpid()))
 	if err != nil {
@@ -58,12 +69,29 @@ func buildBinary() (string, error) {
 	}
 	binary.dir = dir
 	path := filepath.Join(dir, "meshbox")
-	cmd := exec.Command(goTool, "build", "-o", path, "./cmd/meshbox")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/meshbox in %s: %w\n%s", root, err, out)
+	if err := goBuild(root, path); err != nil {
+		return "", err
 	}
 	return path, nil
+}
+
+// goBuild runs go build [flags] -o path ./cmd/meshbox in the module root.
+func goBuild(root, path string, flags ...string) error {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goroot := os.Getenv("GOROOT")
+		if goroot == "" {
+			return errors.New("go tool not found on PATH and GOROOT not set")
+		}
+		goTool = filepath.Join(goroot, "bin", "go")
+	}
+	args := append(append([]string{"build"}, flags...), "-o", path, "./cmd/meshbox")
+	cmd := exec.Command(goTool, args...)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build ./cmd/meshbox in %s: %w\n%s", root, err, out)
+	}
+	return nil
 }
 
 // moduleRoot walks up from the working directory to the directory holding

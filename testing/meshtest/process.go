@@ -63,6 +63,13 @@ func StartProcessEnv(tb testing.TB, env []string, args ...string) *Process {
 	return startProcess(tb, Binary(tb), env, withDefaults(tb, args))
 }
 
+// StartBinary is StartProcessEnv for another build of meshbox: bin (from
+// BinaryVersion, say) instead of Binary's.
+func StartBinary(tb testing.TB, bin string, env []string, args ...string) *Process {
+	tb.Helper()
+	return startProcess(tb, bin, env, withDefaults(tb, args))
+}
+
 // StartProcessExpectFailure runs `meshbox run args...` (with the same
 // defaults as StartProcess) for a start that must be refused: it waits up
 // to 20 s for the process to exit and returns its exit code and combined

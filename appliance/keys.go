@@ -1,0 +1,495 @@
+package appliance
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/internal/seal"
+)
+
+// This file is the node's side of the mesh's keys (internal/seal,
+// cache/meshdb/keys.go). In a mesh (a database configured) the node:
+//
+//   - keeps its key pair in <data>/node.key (made at its first start, mode
+//     0600) and publishes the public half in its node record;
+//   - opens its sealed copies of the mesh's content keys with its private
+//     key, in memory, and hands them to the bridge's keyring: the bridge
+//     seals with the newest key that every node with a public key holds
+//     (during a rotation, the old one until then), opens with every key not
+//     retired, and forgets a key once it retires;
+//   - claims a content key nobody holds yet (makes its bytes), and seals
+//     each key it holds for every node whose record has a public key and no
+//     copy sealed to it. So a new node receives the keys from any running
+//     node, with no admin step.
+//
+// A node that lacks an active key says which: KeysStatus.Lacking, the
+// metric meshbox_content_key_missing{key}, and one log line per key.
+
+// startKeys loads or makes the node's key pair, applies the bindings' keys
+// and starts the keeper. a.mu is held.
+func (a *Appliance) startKeys() error {
+	kk, err := newKeyKeeper(a.cfg.Node, a.cfg.DataDir, a.bindings.db, a.logger.With("component", "keys"), a.registry)
+	if err != nil {
+		return fmt.Errorf("keys: %w", err)
+	}
+	kk.start()
+	a.keys.Store(kk)
+	// A change of the bindings may land before or after Store: applying
+	// the current ones here too misses none.
+	if snap, ok := a.bindings.manager.Current(); ok {
+		kk.apply(snap)
+	}
+	return nil
+}
+
+// nodeKeyFile is the node's private key in the data directory.
+const nodeKeyFile = "node.key"
+
+// keyRetry is how soon the key keeper tries again after a database error.
+const keyRetry = 2 * time.Second
+
+// KeysStatus is the keys part of the node's status.
+type KeysStatus struct {
+	Sealing bool     `json:"sealing"`            // messages across the mesh are sealed
+	NodeKey string   `json:"node_key,omitempty"` // fingerprint of the node's public key
+	Current string   `json:"current,omitempty"`  // the content key messages are sealed with
+	Held    []string `json:"held"`               // content keys this node holds (opens)
+	Lacking []string `json:"lacking"`            // active content keys this node does not hold
+	// InStep: the last look at the mesh database found nothing for this
+	// node to do (its public key published, every key made, its keys
+	// marked as opened, every node given the keys this node holds).
+	InStep bool `json:"in_step"`
+}
+
+// keyKeeper holds the node's key pair and keyring and keeps its keys in
+// step with the bindings.
+type keyKeeper struct {
+	node string
+	key  *seal.NodeKey
+	ring *seal.Keyring
+	db   *meshdb.DB
+	log  *slog.Logger
+	now  func() time.Time
+
+	snap   atomic.Pointer[cache.Snapshot] // the newest bindings applied
+	wake   chan struct{}                  // cap 1: the bindings changed
+	ctx    context.Context                // of database calls; cancelled by close
+	cancel context.CancelFunc
+	quit   chan struct{}
+	done   chan struct{}
+	closed sync.Once
+
+	mu      sync.Mutex
+	opened  map[string]openedKey // by key id
+	status  KeysStatus
+	logged  map[string]bool // lacking keys already logged
+	missing *prometheus.GaugeVec
+}
+
+// openedKey is a content key opened from a sealed copy, kept so that the
+// same copy is not opened again on every change of the bindings.
+type openedKey struct {
+	sum [32]byte // of the sealed copy
+	key seal.ContentKey
+}
+
+// newKeyKeeper loads or makes the node's key pair in dataDir.
+func newKeyKeeper(node, dataDir string, db *meshdb.DB, log *slog.Logger, reg prometheus.Registerer) (*keyKeeper, error) {
+	k, created, err := seal.LoadOrCreateNodeKey(filepath.Join(dataDir, nodeKeyFile))
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		log.Info("made this node's key pair", "node_key", k.Fingerprint(), "file", filepath.Join(dataDir, nodeKeyFile))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	kk := &keyKeeper{
+		ctx: ctx, cancel: cancel,
+		node: node, key: k, ring: &seal.Keyring{}, db: db, log: log, now: time.Now,
+		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
+		opened: map[string]openedKey{}, logged: map[string]bool{},
+		status: KeysStatus{Sealing: true, NodeKey: k.Fingerprint(), Held: []string{}, Lacking: []string{}},
+		missing: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meshbox_content_key_missing",
+			Help: "1 for each active content key of the mesh this node does not hold (it cannot open what is sealed with it).",
+		}, []string{"key"}),
+	}
+	if reg != nil {
+		if err := reg.Register(kk.missing); err != nil {
+			return nil, fmt.Errorf("register key metrics: %w", err)
+		}
+	}
+	return kk, nil
+}
+
+// start runs the keeper's goroutine.
+func (kk *keyKeeper) start() {
+	go kk.run() // exits when close closes quit
+}
+
+// close stops the goroutine and waits for it. Call it only after start.
+func (kk *keyKeeper) close() {
+	kk.closed.Do(func() {
+		kk.cancel()
+		close(kk.quit)
+	})
+	<-kk.done
+}
+
+// Status returns the keys part of the status.
+func (kk *keyKeeper) Status() KeysStatus {
+	kk.mu.Lock()
+	defer kk.mu.Unlock()
+	st := kk.status
+	st.Held, st.Lacking = slices.Clone(st.Held), slices.Clone(st.Lacking)
+	return st
+}
+
+// apply opens this node's copies of the active content keys in snap and
+// sets the keyring, then wakes the goroutine for the database's part.
+func (kk *keyKeeper) apply(snap cache.Snapshot) {
+	kk.snap.Store(&snap)
+	kk.applyKeys(snap)
+	select {
+	case kk.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (kk *keyKeeper) applyKeys(snap cache.Snapshot) {
+	b := snap.Bindings
+	now := kk.now()
+	fpr := kk.key.Fingerprint()
+	kk.mu.Lock()
+	defer kk.mu.Unlock()
+	var keys []seal.ContentKey
+	held := map[string]bool{}
+	for _, sk := range b.SealedKeys {
+		if !activeKey(b, sk.ID, now) || sk.SealedFor != fpr {
+			continue
+		}
+		sum := sha256.Sum256(sk.Sealed)
+		o, cached := kk.opened[sk.ID]
+		if !cached || o.sum != sum {
+			raw, err := kk.key.Open(seal.ContentKeyInfo(sk.ID, kk.node), sk.Sealed)
+			if err != nil {
+				kk.log.Error("a sealed content key does not open with this node's key", "key", sk.ID, "err", err)
+				continue
+			}
+			k, err := seal.ContentKeyFrom(sk.ID, raw)
+			if err != nil {
+				kk.log.Error("a sealed content key is not valid", "key", sk.ID, "err", err)
+				continue
+			}
+			o = openedKey{sum: sum, key: k}
+			kk.opened[sk.ID] = o
+		}
+		keys = append(keys, o.key)
+		held[sk.ID] = true
+	}
+	for id := range kk.opened {
+		if !held[id] {
+			delete(kk.opened, id) // retired or gone: forgotten
+		}
+	}
+	current := chooseCurrent(b, held, now)
+	if err := kk.ring.Set(keys, current); err != nil {
+		kk.log.Error("content keys not applied", "err", err)
+		return
+	}
+	var lacking []string
+	for _, ck := range b.ContentKeys {
+		if ck.Retired(now) {
+			continue
+		}
+		if held[ck.ID] {
+			kk.missing.DeleteLabelValues(ck.ID)
+			continue
+		}
+		lacking = append(lacking, ck.ID)
+		kk.missing.WithLabelValues(ck.ID).Set(1)
+		if !kk.logged[ck.ID] {
+			kk.logged[ck.ID] = true
+			kk.log.Warn("this node lacks a content key of the mesh; a node holding it seals it for this node", "key", ck.ID)
+		}
+	}
+	kk.status.Current, kk.status.Held, kk.status.Lacking = current, kk.ring.IDs(), lacking
+	if kk.status.Held == nil {
+		kk.status.Held = []string{}
+	}
+	if kk.status.Lacking == nil {
+		kk.status.Lacking = []string{}
+	}
+}
+
+// activeKey reports whether content key id of b is active (known and not
+// retired).
+func activeKey(b cache.Bindings, id string, now time.Time) bool {
+	for _, ck := range b.ContentKeys {
+		if ck.ID == id {
+			return !ck.Retired(now)
+		}
+	}
+	return false
+}
+
+// chooseCurrent picks the key to seal with among those held: the newest
+// that every node with a public key holds (sealed to its key now) and
+// opens messages with already (it said so: KeyHolder.Opened); when none
+// is, the oldest held (the one the others are most likely to hold). ""
+// when none is held.
+func chooseCurrent(b cache.Bindings, held map[string]bool, now time.Time) string {
+	var active []cache.ContentKey
+	for _, ck := range b.ContentKeys {
+		if held[ck.ID] && !ck.Retired(now) {
+			active = append(active, ck)
+		}
+	}
+	if len(active) == 0 {
+		return ""
+	}
+	slices.SortFunc(active, func(x, y cache.ContentKey) int {
+		if c := x.CreatedAt.Compare(y.CreatedAt); c != 0 {
+			return c
+		}
+		if x.ID < y.ID {
+			return -1
+		}
+		return 1
+	})
+	holders := map[string]string{} // key/node -> sealed_for, of holders that opened it
+	for _, h := range b.KeyHolders {
+		if h.Opened {
+			holders[h.KeyID+"/"+h.Node] = h.SealedFor
+		}
+	}
+	for i := len(active) - 1; i >= 0; i-- {
+		all := true
+		for _, n := range b.Nodes {
+			if n.PublicKey == "" {
+				continue
+			}
+			if holders[active[i].ID+"/"+n.Name] != fingerprintOf(n.PublicKey) {
+				all = false
+				break
+			}
+		}
+		if all {
+			return active[i].ID
+		}
+	}
+	return active[0].ID
+}
+
+// fingerprintOf returns the fingerprint of a base64 public key ("" when it
+// does not decode).
+func fingerprintOf(pub string) string {
+	raw, err := base64.StdEncoding.DecodeString(pub)
+	if err != nil {
+		return ""
+	}
+	return seal.Fingerprint(raw)
+}
+
+// run does the database's part after each change of the bindings: publish
+// the node's public key, claim keys nobody holds, seal held keys for nodes
+// that lack them; and applies the bindings again when a key retires.
+// Exits when close closes quit.
+func (kk *keyKeeper) run() {
+	defer close(kk.done)
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	var lastErr string
+	for {
+		select {
+		case <-kk.quit:
+			return
+		case <-kk.wake:
+		case <-retry.C:
+		}
+		snap := kk.snap.Load()
+		if snap == nil {
+			continue
+		}
+		kk.applyKeys(*snap) // keys that retired since are forgotten
+		ctx, cancel := context.WithTimeout(kk.ctx, 10*time.Second)
+		changed, err := kk.sync(ctx, snap.Bindings)
+		cancel()
+		kk.mu.Lock()
+		kk.status.InStep = err == nil && !changed
+		kk.mu.Unlock()
+		next := nextRetire(snap.Bindings, kk.now())
+		if err != nil {
+			if err.Error() != lastErr {
+				kk.log.Warn("keys not in step with the mesh database yet; trying again", "err", err)
+			}
+			lastErr = err.Error()
+			next = min(next, keyRetry)
+		} else {
+			lastErr = ""
+		}
+		if next > 0 {
+			retry.Reset(next)
+		}
+	}
+}
+
+// nextRetire is the time until the next active key retires (0: none).
+func nextRetire(b cache.Bindings, now time.Time) time.Duration {
+	var next time.Duration
+	for _, ck := range b.ContentKeys {
+		if ck.RetireAt == nil || ck.Retired(now) {
+			continue
+		}
+		if d := ck.RetireAt.Sub(now) + time.Millisecond; next == 0 || d < next {
+			next = d
+		}
+	}
+	return next
+}
+
+// sync does one round of the database's part (see run). changed says
+// whether it wrote anything (or tried to: a claim another node won); a
+// round that changes nothing finds the keys in step.
+func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) (changed bool, err error) {
+	if kk.db == nil {
+		return false, nil
+	}
+	me, ok := b.NodeRecord(kk.node)
+	if !ok {
+		return false, errors.New("this node has no record in the mesh database: nowhere to publish its public key")
+	}
+	pub := base64.StdEncoding.EncodeToString(kk.key.Public())
+	if me.PublicKey != pub {
+		if err := kk.db.PublishNodeKey(ctx, kk.node, kk.key.Public()); err != nil {
+			return false, err
+		}
+		kk.log.Info("published this node's public key", "node_key", kk.key.Fingerprint())
+		return true, nil // the change comes back as new bindings
+	}
+	now := kk.now()
+	holders := map[string]string{}
+	held := map[string]bool{}
+	for _, h := range b.KeyHolders {
+		holders[h.KeyID+"/"+h.Node] = h.SealedFor
+		held[h.KeyID] = true
+	}
+	for _, ck := range b.ContentKeys {
+		if ck.Retired(now) || held[ck.ID] {
+			continue
+		}
+		// Nobody holds it: make it. Only one claim wins.
+		k := seal.NewContentKey()
+		k, err := seal.ContentKeyFrom(ck.ID, k.Bytes())
+		if err != nil {
+			return changed, err
+		}
+		sealed, err := seal.SealTo(kk.key.Public(), seal.ContentKeyInfo(ck.ID, kk.node), k.Bytes())
+		if err != nil {
+			return changed, err
+		}
+		won, err := kk.db.ClaimKey(ctx, ck.ID, kk.node, kk.key.Fingerprint(), sealed)
+		if err != nil {
+			return changed, err
+		}
+		changed = true // by this node or the one that won
+		if won {
+			kk.log.Info("made content key", "key", ck.ID)
+		}
+	}
+	kk.mu.Lock()
+	mine := make([]seal.ContentKey, 0, len(kk.opened))
+	for _, o := range kk.opened {
+		mine = append(mine, o.key)
+	}
+	kk.mu.Unlock()
+	// The keys in the keyring open messages now: say so, so that the others
+	// start sealing with a new one only once every node opens it.
+	opened := map[string]bool{}
+	for _, h := range b.KeyHolders {
+		if h.Node == kk.node && h.Opened && h.SealedFor == kk.key.Fingerprint() {
+			opened[h.KeyID] = true
+		}
+	}
+	for _, k := range mine {
+		if opened[k.ID] || !kk.ring.Has(k.ID) {
+			continue
+		}
+		marked, err := kk.db.MarkKeyOpened(ctx, k.ID, kk.node, kk.key.Fingerprint())
+		if err != nil {
+			return changed, err
+		}
+		changed = changed || marked
+	}
+	for _, k := range mine {
+		for _, n := range b.Nodes {
+			if n.PublicKey == "" || n.Name == kk.node {
+				continue
+			}
+			raw, err := base64.StdEncoding.DecodeString(n.PublicKey)
+			if err != nil {
+				continue
+			}
+			fpr := seal.Fingerprint(raw)
+			if holders[k.ID+"/"+n.Name] == fpr {
+				continue
+			}
+			sealed, err := seal.SealTo(raw, seal.ContentKeyInfo(k.ID, n.Name), k.Bytes())
+			if err != nil {
+				kk.log.Warn("cannot seal a content key for a node: its public key is not valid", "node", n.Name, "key", k.ID, "err", err)
+				continue
+			}
+			wrote, err := kk.db.PutSealedKey(ctx, k.ID, kk.node, n.Name, fpr, sealed)
+			if err != nil {
+				return changed, err
+			}
+			if wrote {
+				changed = true
+				kk.log.Info("sealed a content key for a node", "key", k.ID, "for", n.Name)
+			}
+		}
+	}
+	return changed, nil
+}
+
+// OpenGrant returns the credential of grant g, opened in memory with the
+// node's private key (a grant written before credentials were sealed
+// returns its plain credential).
+func (kk *keyKeeper) OpenGrant(g cache.Grant) (cache.Credential, error) {
+	if g.SealedCredential == "" {
+		return g.Credential, nil
+	}
+	sealed, err := base64.StdEncoding.DecodeString(g.SealedCredential)
+	if err != nil {
+		return "", fmt.Errorf("grant of %s from %s: sealed credential: %w", g.Resource, g.Provider, err)
+	}
+	cred, err := kk.key.Open(seal.GrantInfo(g.Consumer, g.Resource, g.Provider), sealed)
+	if err != nil {
+		return "", fmt.Errorf("grant of %s from %s: %w", g.Resource, g.Provider, err)
+	}
+	return cache.Credential(cred), nil
+}
+
+// OpenGrant returns the credential of one of this node's grants, opened in
+// memory; ErrNoNodeKey without a mesh database (standalone: no grants).
+func (a *Appliance) OpenGrant(g cache.Grant) (cache.Credential, error) {
+	kk := a.keys.Load()
+	if kk == nil {
+		return "", ErrNoNodeKey
+	}
+	return kk.OpenGrant(g)
+}

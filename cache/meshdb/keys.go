@@ -1,0 +1,153 @@
+package meshdb
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/internal/seal"
+)
+
+// This file holds the keys in the mesh database (migration 004): each
+// node's public key in its record, the mesh's content keys by id, their
+// sealed copies (one per key and node), and rotation. The database never
+// holds a key it could use.
+//
+// Who seals a content key for a node that lacks it: any node that holds the
+// key, when its bindings show a node record with a public key and no copy
+// sealed to that key (appliance/keys.go). No admin command is needed, and
+// the admin (who holds the database's owner credential) never sees a key:
+// a content key's bytes are made by the first node that claims its id
+// (ClaimKey), and exist only on nodes and sealed in the database.
+
+// DefaultKeyRetention is how long a rotated-out key still opens messages.
+const DefaultKeyRetention = 24 * time.Hour
+
+// PublishNodeKey sets node's public key in its record (a node role may set
+// only its own: row-level security). Setting the key it has is no change.
+func (db *DB) PublishNodeKey(ctx context.Context, node string, pub []byte) error {
+	if err := seal.ValidatePublicKey(pub); err != nil {
+		return fmt.Errorf("publish node key: %w", err)
+	}
+	enc := base64.StdEncoding.EncodeToString(pub)
+	tag, err := db.pool.Exec(ctx, `UPDATE nodes SET public_key = $2 WHERE name = $1 AND public_key IS DISTINCT FROM $2`,
+		node, pub)
+	if err != nil {
+		return db.wrap("publish node key", err)
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	var have []byte
+	err = db.pool.QueryRow(ctx, `SELECT public_key FROM nodes WHERE name = $1`, node).Scan(&have)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("publish node key: %w", &NotFoundError{What: fmt.Sprintf("node %q", node)})
+	case err != nil:
+		return db.wrap("publish node key", err)
+	case base64.StdEncoding.EncodeToString(have) != enc:
+		return fmt.Errorf("publish node key: node %q's record was not changed: this database role may not set it", node)
+	}
+	return nil
+}
+
+// ClaimKey stores the first sealed copy of content key id, sealed to node's
+// own public key (fingerprint fpr): node made the key's bytes. node must be
+// the node of this database role (or the role owns the mesh's tables). It
+// reports false when another node holds the key already.
+func (db *DB) ClaimKey(ctx context.Context, id, node, fpr string, sealed []byte) (bool, error) {
+	var ok bool
+	if err := db.pool.QueryRow(ctx, `SELECT meshbox_claim_key($1, $2, $3, $4)`, id, node, fpr, sealed).Scan(&ok); err != nil {
+		return false, db.wrap("claim content key", err)
+	}
+	return ok, nil
+}
+
+// PutSealedKey stores a copy of content key id sealed for node target (to
+// its public key of fingerprint fpr) by node by, which must hold the key
+// (and be this database role's node, or the role owns the mesh's tables).
+// It reports whether it wrote (false: a copy sealed to that key is there
+// already, by holds no copy, or target's key is another now).
+func (db *DB) PutSealedKey(ctx context.Context, id, by, target, fpr string, sealed []byte) (bool, error) {
+	var ok bool
+	if err := db.pool.QueryRow(ctx, `SELECT meshbox_put_sealed_key($1, $2, $3, $4, $5)`, id, by, target, fpr, sealed).Scan(&ok); err != nil {
+		return false, db.wrap("store sealed content key", err)
+	}
+	return ok, nil
+}
+
+// MarkKeyOpened records that node opens messages with content key id now,
+// with its copy sealed to its public key of fingerprint fpr. It reports
+// whether that changed anything.
+func (db *DB) MarkKeyOpened(ctx context.Context, id, node, fpr string) (bool, error) {
+	var ok bool
+	if err := db.pool.QueryRow(ctx, `SELECT meshbox_key_opened($1, $2, $3)`, id, node, fpr).Scan(&ok); err != nil {
+		return false, db.wrap("mark content key opened", err)
+	}
+	return ok, nil
+}
+
+// RotateKey adds a new content key id and sets every older key that is not
+// retiring yet to retire after retention (0: DefaultKeyRetention). Nodes
+// seal with the new key once every node with a public key holds it, and
+// forget the old ones when they retire. Keys retired before now are
+// deleted with their sealed copies.
+func (db *DB) RotateKey(ctx context.Context, retention time.Duration) (string, Change, error) {
+	if retention <= 0 {
+		retention = DefaultKeyRetention
+	}
+	id := seal.NewContentKey().ID
+	ch, err := db.change(ctx, "rotate content key", func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `DELETE FROM content_keys WHERE retire_at <= now()`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE content_keys SET retire_at = now() + $1::interval WHERE retire_at IS NULL`,
+			fmt.Sprintf("%d milliseconds", retention.Milliseconds())); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO content_keys (id) VALUES ($1)`, id)
+		return err
+	})
+	if err != nil {
+		return "", Change{}, err
+	}
+	return id, ch, nil
+}
+
+// ContentKeys lists the mesh's content keys with their holders.
+func (db *DB) ContentKeys(ctx context.Context) ([]cache.ContentKey, []cache.KeyHolder, error) {
+	var keys []cache.ContentKey
+	if err := collect(ctx, db.pool, &keys, `SELECT id, created_at, retire_at FROM content_keys ORDER BY created_at, id`, nil,
+		func(r pgx.Rows, k *cache.ContentKey) error { return r.Scan(&k.ID, &k.CreatedAt, &k.RetireAt) }); err != nil {
+		return nil, nil, db.wrap("content keys", err)
+	}
+	var holders []cache.KeyHolder
+	if err := collect(ctx, db.pool, &holders, `SELECT key_id, node, sealed_for, opened FROM meshbox_key_holders()`, nil,
+		func(r pgx.Rows, h *cache.KeyHolder) error { return r.Scan(&h.KeyID, &h.Node, &h.SealedFor, &h.Opened) }); err != nil {
+		return nil, nil, db.wrap("content keys", err)
+	}
+	return keys, holders, nil
+}
+
+// loadKeys reads the key part of node's bindings into b, inside Load's
+// transaction.
+func loadKeys(ctx context.Context, tx pgx.Tx, node string, b *cache.Bindings) error {
+	if err := collect(ctx, tx, &b.ContentKeys, `SELECT id, created_at, retire_at FROM content_keys ORDER BY id`, nil,
+		func(r pgx.Rows, k *cache.ContentKey) error { return r.Scan(&k.ID, &k.CreatedAt, &k.RetireAt) }); err != nil {
+		return fmt.Errorf("content keys: %w", err)
+	}
+	if err := collect(ctx, tx, &b.SealedKeys, `SELECT key_id, sealed_for, sealed FROM sealed_keys WHERE node = $1 ORDER BY key_id`, []any{node},
+		func(r pgx.Rows, k *cache.SealedKey) error { return r.Scan(&k.ID, &k.SealedFor, &k.Sealed) }); err != nil {
+		return fmt.Errorf("sealed keys: %w", err)
+	}
+	if err := collect(ctx, tx, &b.KeyHolders, `SELECT key_id, node, sealed_for, opened FROM meshbox_key_holders()`, nil,
+		func(r pgx.Rows, h *cache.KeyHolder) error { return r.Scan(&h.KeyID, &h.Node, &h.SealedFor, &h.Opened) }); err != nil {
+		return fmt.Errorf("key holders: %w", err)
+	}
+	return nil
+}

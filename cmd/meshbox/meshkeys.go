@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/meshbox/meshbox/cache/meshdb"
+)
+
+// keyLeaves are the `meshbox mesh key ...` commands: the mesh's content
+// keys. Their bytes never pass through here: nodes make them and seal them
+// to each other through the database (cache/meshdb/keys.go).
+func (c *MeshCommand) keyLeaves() []meshLeaf {
+	out := c.m.Stdout
+	return []meshLeaf{
+		{name: "key rotate", flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			retention := fs.Duration("retention", meshdb.DefaultKeyRetention, "how long the keys it replaces still open messages")
+			return func(ctx context.Context, db *meshdb.DB, _ []string) error {
+				if *retention < time.Minute {
+					return usagef("mesh key rotate: --retention %s is shorter than a minute: messages in flight would not open", *retention)
+				}
+				id, ch, err := db.RotateKey(ctx, *retention)
+				if err != nil {
+					return err
+				}
+				c.report(fmt.Sprintf("content key %s added; the keys it replaces retire in %s", id, *retention), ch)
+				fmt.Fprintln(out, "nodes seal with it once every node with a public key holds it (meshbox mesh key list)")
+				return nil
+			}
+		}},
+		{name: "key list", flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			asJSON := fs.Bool("json", false, "print JSON")
+			return func(ctx context.Context, db *meshdb.DB, _ []string) error {
+				keys, holders, err := db.ContentKeys(ctx)
+				if err != nil {
+					return err
+				}
+				type row struct {
+					ID       string     `json:"id"`
+					Created  time.Time  `json:"created_at"`
+					RetireAt *time.Time `json:"retire_at,omitempty"`
+					Holders  []string   `json:"holders"`
+				}
+				rows := []row{}
+				for _, k := range keys {
+					r := row{ID: k.ID, Created: k.CreatedAt, RetireAt: k.RetireAt, Holders: []string{}}
+					for _, h := range holders {
+						if h.KeyID == k.ID {
+							r.Holders = append(r.Holders, h.Node)
+						}
+					}
+					rows = append(rows, r)
+				}
+				if *asJSON {
+					return writeJSON(out, rows)
+				}
+				table := [][]string{{"KEY", "CREATED", "RETIRES", "HELD BY"}}
+				for _, r := range rows {
+					retires := "-"
+					if r.RetireAt != nil {
+						retires = r.RetireAt.UTC().Format(time.RFC3339)
+					}
+					held := strings.Join(r.Holders, ",")
+					if held == "" {
+						held = "nobody yet (the first node to see it makes it)"
+					}
+					table = append(table, []string{r.ID, r.Created.UTC().Format(time.RFC3339), retires, held})
+				}
+				return writeTable(out, table)
+			}
+		}},
+	}
+}

@@ -1,0 +1,420 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/testing/meshtest"
+)
+
+// The marker every message of the broker-operator test carries in its body
+// and headers.
+const operatorMarker = "front-door-code-1234"
+
+// keysStatus is the keys part of a node's status.
+type keysStatus struct {
+	Keys *struct {
+		Sealing bool     `json:"sealing"`
+		Current string   `json:"current"`
+		Held    []string `json:"held"`
+		Lacking []string `json:"lacking"`
+		InStep  bool     `json:"in_step"`
+	} `json:"keys"`
+}
+
+// joinedNode adds node with `meshbox mesh node add`, joins it and runs it
+// from its env file.
+func joinedNode(t *testing.T, db, brokerAdmin, node string) *meshtest.Process {
+	t.Helper()
+	code, out, errOut := cliEnv(t, []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + brokerAdmin}, "mesh", "node", "add", node)
+	if code != 0 {
+		t.Fatalf("mesh node add %s: exit %d: %s%s", node, code, out, errOut)
+	}
+	t.Cleanup(func() { _, _, _ = cliEnv(t, []string{"MESHBOX_DB=" + db}, "mesh", "node", "remove", node, "--force") })
+	envFile := filepath.Join(t.TempDir(), node+".env")
+	if code, out, errOut := cli(t, "join", joinToken(t, out), "--env-file", envFile); code != 0 {
+		t.Fatalf("join %s: exit %d: %s%s", node, code, out, errOut)
+	}
+	return meshtest.StartProcess(t, "--env-file", envFile)
+}
+
+// waitSealing waits until the node seals with a content key and lacks none.
+func waitSealing(t *testing.T, p *meshtest.Process) string {
+	t.Helper()
+	var last string
+	if !waitFor(30*time.Second, func() bool {
+		var st keysStatus
+		getJSON(t, p.HTTPURL()+"/status", "", &st)
+		if st.Keys == nil {
+			last = "no keys in the status"
+			return false
+		}
+		last = fmt.Sprintf("%+v", *st.Keys)
+		return st.Keys.Sealing && st.Keys.Current != "" && len(st.Keys.Lacking) == 0
+	}) {
+		t.Fatalf("the node does not seal after 30s: keys %s\n%s", last, p.Output())
+	}
+	return last
+}
+
+// waitKeysInStep waits until the node's keys are in step with the mesh
+// database: the writes of its first start (public key, content key) are
+// done and applied.
+func waitKeysInStep(t *testing.T, p *meshtest.Process) {
+	t.Helper()
+	if !waitFor(30*time.Second, func() bool {
+		var st keysStatus
+		getJSON(t, p.HTTPURL()+"/status", "", &st)
+		return st.Keys != nil && st.Keys.InStep && st.Keys.Current != ""
+	}) {
+		t.Fatalf("the node's keys are not in step with the mesh database after 30s\n%s", p.Output())
+	}
+}
+
+// TestBrokerOperatorReadsNothing runs two joined nodes (each with its own
+// broker user, database role and key pair) and a broker operator: a raw
+// AMQP client with the broker's admin credential that binds # on the mesh
+// exchange. Requests, replies, commands and events with a marker in bodies
+// and headers cross the mesh; the programs see the marker, the operator
+// never does. A command with one byte flipped, republished, is refused
+// with the reason, counted and logged.
+func TestBrokerOperatorReadsNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	ctx := context.Background()
+	rmq := meshtest.RabbitMQ(t)
+	vhost := rmq.Vhost(t)
+	db := meshtest.Postgres(t).Database(t)
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "console", "--broker", meshtest.NoCredential(vhost)); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	alpha := joinedNode(t, db, rmq.AdminURL(), "alpha")
+	beta := joinedNode(t, db, rmq.AdminURL(), "beta")
+	waitSealing(t, alpha)
+	waitSealing(t, beta)
+
+	// The operator: the broker's admin credential, every key of mesh.
+	op, err := amqp.Dial(vhost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	och, err := op.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := och.QueueDeclare("operator-tap", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := och.QueueBind(q.Name, "#", "mesh", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	tap, err := och.Consume(q.Name, "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// beta's program hosts vault.open, the stage vault, and listens to
+	// door events.
+	prog := natsConn(t, beta)
+	if _, err := prog.Subscribe("cap.vault-open", func(m *nats.Msg) {
+		r := nats.NewMsg(m.Reply)
+		r.Data = append([]byte("opened:"), m.Data...)
+		r.Header.Set("X-Answer", m.Header.Get("X-Secret"))
+		_ = m.RespondMsg(r)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	handled := make(chan *nats.Msg, 16)
+	if _, err := prog.QueueSubscribe("work.vault", "h", func(m *nats.Msg) { handled <- m; _ = m.Respond(nil) }); err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan *nats.Msg, 16)
+	if _, err := prog.Subscribe("evt.door", func(m *nats.Msg) { events <- m }); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, prog)
+	waitRoute(t, alpha.HTTPURL(), "vault-open", "beta")
+	caller := natsConn(t, alpha)
+	secret := nats.Header{"X-Secret": {operatorMarker}, "Content-Type": {"text/" + operatorMarker}}
+	waitCallable(t, caller, "cap.vault-open", secret, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+	resp, err := caller.RequestMsg(&nats.Msg{Subject: "cap.vault-open", Header: secret, Data: []byte(operatorMarker)}, 5*time.Second)
+	if err != nil || string(resp.Data) != "opened:"+operatorMarker || resp.Header.Get("X-Answer") != operatorMarker {
+		t.Fatalf("request: got %v %v, want the marker through", resp, err)
+	}
+	var last string
+	if !waitFor(30*time.Second, func() bool { // the stage's queue exists once beta consumes it
+		o, resp, err := submitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: secret, Data: []byte(operatorMarker)}, 5*time.Second)
+		last = fmt.Sprintf("%v %v %v", o, resp, err)
+		return o == acked
+	}) {
+		t.Fatalf("the command was not accepted: %s", last)
+	}
+	select {
+	case m := <-handled:
+		if string(m.Data) != operatorMarker || m.Header.Get("X-Secret") != operatorMarker {
+			t.Fatalf("command at the handler: got %q %v, want the marker", m.Data, m.Header)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the command never reached beta's handler")
+	}
+	if err := caller.PublishMsg(&nats.Msg{Subject: "evt.door", Header: secret, Data: []byte(operatorMarker)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-events:
+		if string(m.Data) != operatorMarker || m.Header.Get("X-Secret") != operatorMarker {
+			t.Fatalf("event at beta: got %q %v, want the marker", m.Data, m.Header)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the event never reached beta")
+	}
+
+	// Everything the operator read: no marker anywhere.
+	seen := map[string]int{}
+	var cmd amqp.Delivery
+	drain := time.After(3 * time.Second)
+	for done := false; !done; {
+		select {
+		case d := <-tap:
+			seen[d.Type]++
+			all := fmt.Sprintf("%v|%s|%s|%s|%s|%s|%s|%s", d.Headers, d.ContentType, d.ContentEncoding, d.MessageId,
+				d.CorrelationId, d.ReplyTo, d.RoutingKey, d.Body)
+			if strings.Contains(all, operatorMarker) || bytes.Contains(d.Body, []byte(operatorMarker)) {
+				t.Errorf("the operator reads the marker in a %s on %s", d.Type, d.RoutingKey)
+			}
+			if d.Type == "command" {
+				cmd = d
+			}
+		case <-drain:
+			done = true
+		}
+	}
+	for _, kind := range []string{"request", "reply", "command", "event"} {
+		if seen[kind] == 0 {
+			t.Errorf("the operator saw no %s (saw %v): the test proves nothing for it", kind, seen)
+		}
+	}
+	if cmd.Type == "" {
+		t.Fatal("no command to tamper with")
+	}
+
+	// One byte flipped, republished with alpha's own broker user (as an
+	// operator who can publish as a node would): refused with the reason,
+	// counted and logged; the handler never sees it.
+	alphaURL := brokerURLOf(t, ctx, db, vhost, "alpha")
+	ac, err := amqp.Dial(alphaURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ac.Close()
+	ach, err := ac.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := bytes.Clone(cmd.Body)
+	body[len(body)/2] ^= 0x01
+	if err := ach.PublishWithContext(ctx, "mesh", "cmd.vault", false, false, amqp.Publishing{
+		Headers: cmd.Headers, MessageId: "tampered-1", Type: "command", UserId: cmd.UserId,
+		DeliveryMode: amqp.Persistent, Timestamp: cmd.Timestamp, Body: body,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var dead amqp.Delivery
+	if !waitFor(20*time.Second, func() bool {
+		d, ok, err := och.Get("mesh.dead", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok && d.MessageId == "tampered-1" {
+			dead = d
+			return true
+		}
+		return false
+	}) {
+		t.Fatalf("the tampered command was not dead-lettered\n%s", beta.Output())
+	}
+	if r, _ := dead.Headers["Meshbox-Dead-Reason"].(string); !strings.Contains(r, "sealed message refused (tampered)") {
+		t.Errorf("dead letter reason %q, want it to say the seal did not open (tampered)", r)
+	}
+	if bytes.Contains(dead.Body, []byte(operatorMarker)) {
+		t.Error("the dead letter holds the marker")
+	}
+	if v, _ := scrape(t, beta.HTTPURL()).value("meshbox_unseal_failures_total", "shape=command", "reason=tampered"); v != 1 {
+		t.Errorf("beta's meshbox_unseal_failures_total{shape=command,reason=tampered}: %v, want 1", v)
+	}
+	if !strings.Contains(beta.Output(), "sealed message refused") || !strings.Contains(beta.Output(), "reason=tampered") {
+		t.Errorf("beta did not log the refusal:\n%s", beta.Output())
+	}
+	select {
+	case m := <-handled:
+		t.Errorf("the handler got the tampered command: %q", m.Data)
+	default:
+	}
+}
+
+// brokerURLOf is node's broker URL on vhost with its credential from the
+// mesh database.
+func brokerURLOf(t *testing.T, ctx context.Context, db, vhost, node string) string {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var user, pw string
+	if err := conn.QueryRow(ctx, `SELECT broker_user, broker_password FROM node_credentials WHERE node = $1 ORDER BY generation DESC LIMIT 1`, node).Scan(&user, &pw); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(vhost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(user, pw)
+	return u.String()
+}
+
+// TestKeyRotationUnderTraffic rotates the mesh's content key while alpha
+// submits commands to a stage beta handles: every command is handled, the
+// nodes switch to the new key once both hold it, and the old key retires.
+func TestKeyRotationUnderTraffic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	ctx := context.Background()
+	rmq := meshtest.RabbitMQ(t)
+	vhost := rmq.Vhost(t)
+	db := meshtest.Postgres(t).Database(t)
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "console", "--broker", meshtest.NoCredential(vhost)); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	alpha := joinedNode(t, db, rmq.AdminURL(), "alpha")
+	beta := joinedNode(t, db, rmq.AdminURL(), "beta")
+	waitSealing(t, alpha)
+	waitSealing(t, beta)
+
+	prog := natsConn(t, beta)
+	var mu sync.Mutex
+	handled := map[string]bool{}
+	if _, err := prog.QueueSubscribe("work.ledger", "h", func(m *nats.Msg) {
+		mu.Lock()
+		handled[string(m.Data)] = true
+		mu.Unlock()
+		_ = m.Respond(nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, prog)
+	caller := natsConn(t, alpha)
+	if !waitFor(30*time.Second, func() bool {
+		o, _, _ := submit(caller, "cmd.ledger", []byte("probe"), 5*time.Second)
+		return o == acked
+	}) {
+		t.Fatal("the stage never accepted a command")
+	}
+
+	// Traffic: one command every 20ms until stopped.
+	stop := make(chan struct{})
+	sentc := make(chan []string, 1)
+	go func() { // exits when stop is closed
+		var sent []string
+		defer func() { sentc <- sent }()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			body := fmt.Sprintf("entry-%d", i)
+			if o, resp, err := submit(caller, "cmd.ledger", []byte(body), 5*time.Second); o != acked {
+				t.Errorf("submit %s during rotation: %v %v %v", body, o, resp, err)
+				continue
+			}
+			sent = append(sent, body)
+		}
+	}()
+
+	old := currentKey(t, alpha)
+	mdb, err := meshdb.Open(ctx, db, meshdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mdb.Close()
+	const retention = 8 * time.Second
+	newID, _, err := mdb.RotateKey(ctx, retention)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*meshtest.Process{alpha, beta} {
+		if !waitFor(30*time.Second, func() bool { return currentKey(t, p) == newID }) {
+			t.Fatalf("a node still seals with %s, want %s", currentKey(t, p), newID)
+		}
+	}
+	for _, p := range []*meshtest.Process{alpha, beta} {
+		if !waitFor(retention+20*time.Second, func() bool {
+			var st keysStatus
+			getJSON(t, p.HTTPURL()+"/status", "", &st)
+			return st.Keys != nil && !slices.Contains(st.Keys.Held, old) && slices.Contains(st.Keys.Held, newID)
+		}) {
+			t.Fatalf("the old key %s is not retired", old)
+		}
+	}
+	close(stop)
+	sent := <-sentc
+	if len(sent) < 50 {
+		t.Fatalf("only %d commands sent during the rotation", len(sent))
+	}
+	if !waitFor(30*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, s := range sent {
+			if !handled[s] {
+				return false
+			}
+		}
+		return true
+	}) {
+		mu.Lock()
+		var lost []string
+		for _, s := range sent {
+			if !handled[s] {
+				lost = append(lost, s)
+			}
+		}
+		mu.Unlock()
+		t.Fatalf("%d of %d commands lost in the rotation: %v", len(lost), len(sent), lost)
+	}
+	if mf, ok := scrape(t, beta.HTTPURL())["meshbox_unseal_failures_total"]; ok {
+		for _, m := range mf.GetMetric() {
+			if v := m.GetCounter().GetValue(); v != 0 {
+				t.Errorf("beta refused %v sealed messages (%v) during the rotation, want none", v, m.GetLabel())
+			}
+		}
+	}
+}
+
+// currentKey is the content key the node seals with now.
+func currentKey(t *testing.T, p *meshtest.Process) string {
+	t.Helper()
+	var st keysStatus
+	getJSON(t, p.HTTPURL()+"/status", "", &st)
+	if st.Keys == nil {
+		return ""
+	}
+	return st.Keys.Current
+}
