@@ -213,6 +213,11 @@ func TestRotateAllUnderLoad(t *testing.T) {
 	}
 	flush(t, hnc)
 	waitConsumers(t, m.rmq, m.vhost, "cmd.rot", 1)
+	// Messages are sealed from the start of the load on: the switch to
+	// sealing is not what this test is about.
+	for _, n := range names {
+		waitSealing(t, procs[n])
+	}
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
