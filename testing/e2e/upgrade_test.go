@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -160,7 +161,9 @@ func TestUpgradeWithFullOutbox(t *testing.T) {
 	waitUpgradeStatus(t, beta.HTTPURL(), 30*time.Second, "beta sees alpha's new version", func(s upgradeStatus) bool {
 		return s.peerVersion("alpha") == newVersion && s.Version == oldVersion
 	})
-	out, err := exec.Command(oldBin, "nodes", "--server", beta.NATSURL()).CombinedOutput()
+	nodes := exec.Command(oldBin, "nodes", "--server", beta.NATSURL())
+	nodes.Env = append(os.Environ(), "MESHBOX_DATA="+beta.DataDir()) // its admin credential
+	out, err := nodes.CombinedOutput()
 	if err != nil {
 		t.Fatalf("meshbox nodes: %v\n%s", err, out)
 	}
