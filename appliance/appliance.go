@@ -74,6 +74,7 @@ type Appliance struct {
 	// Start before the bridge and the node.
 	interest *interestWatcher
 	quit     chan struct{} // closed by Close: owned goroutines exit
+	credWake chan struct{} // cap 1: the switch recorder looks again (credential.go)
 
 	// fatal receives an error when a component fails in a way that should
 	// stop the node (for example: the node name is claimed on the broker).
@@ -119,6 +120,7 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 		registry: reg,
 		fatal:    make(chan error, 1),
 		quit:     make(chan struct{}),
+		credWake: make(chan struct{}, 1),
 	}
 	reg.MustRegister(newModulesCollector(a.mods.Load))
 	return a, nil
@@ -375,6 +377,7 @@ func (a *Appliance) bindingsChanged(snap cache.Snapshot, div cache.Divergence) {
 	if b := a.bridge.Load(); b != nil {
 		a.followBroker(b, snap, true)
 	}
+	a.credentialChanged("")
 	if n := a.node.Load(); n != nil {
 		a.applyToNode(n, snap)
 	}

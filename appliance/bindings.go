@@ -56,6 +56,15 @@ func openBindings(ctx context.Context, cfg Config, logger *slog.Logger, reg prom
 		if err != nil {
 			return nil, err
 		}
+		// A rotation gave the node a database role of its own generation
+		// (the role of its join token may be gone): log in with the newest
+		// one the cache knows.
+		if snap, err := b.store.Latest(); err == nil && snap.Bindings.Node == cfg.Node {
+			if c := snap.Bindings.Broker; c != nil && c.DBRole != "" && c.DBRole != b.db.User() {
+				b.db.UseLogin(c.DBRole, c.DBPassword.Reveal())
+				logger.Info("database login: the role of the newest credential generation in the cache", "role", c.DBRole, "generation", c.Generation)
+			}
+		}
 		mc.Source = b.db
 	}
 	b.manager, err = cache.NewManager(mc)

@@ -12,6 +12,16 @@
 // supervisor (assignments, overrides, grants), in that order, on the
 // bindings manager's goroutine.
 //
+// The node's identity in the mesh is its credential's newest generation in
+// the bindings (credential.go): its broker user goes to the bridge with
+// the broker URL, which switches to it make before break; the switch
+// recorder, a goroutine of its own, moves the database login to the
+// generation's role and records the switch in the mesh database once both
+// are in use, so that the admin's rotate may revoke the older generations.
+// Status.Identity shows the broker user, generation, age, the state the
+// bridge reports (credential revoked included) and any rotation in
+// progress.
+//
 // Who may connect to the embedded NATS server is localauth.go's business:
 // the node's own connections and its CLI with the administrative nkey,
 // each local program with its own nkey and permissions (package

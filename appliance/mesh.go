@@ -26,6 +26,13 @@ func (a *Appliance) brokerURL(snap cache.Snapshot, ok bool) string {
 	return withBrokerCredential(snap.Bindings.Settings["broker.url"], snap.Bindings.Broker)
 }
 
+// NodeBrokerURL returns the URL a node connects to the broker with: the
+// broker.url setting raw with the node's own credential from its bindings
+// (cred; nil: raw as it is).
+func NodeBrokerURL(raw string, cred *cache.BrokerCredential) string {
+	return withBrokerCredential(raw, cred)
+}
+
 // withBrokerCredential returns the broker URL raw (where the broker is)
 // with the user and password of cred; raw as it is without a credential or
 // when it does not parse (the bridge then says why).
@@ -79,8 +86,9 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 				n.LinkUp() // discovery tries again at once
 			}
 		},
-		Logger:  a.logger,
-		Metrics: a.registry,
+		OnCredential: a.credentialChanged,
+		Logger:       a.logger,
+		Metrics:      a.registry,
 	}
 	if kk := a.keys.Load(); kk != nil {
 		bc.Keys = kk.ring // a mesh seals
@@ -106,6 +114,14 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 	// A bindings change may have landed between Current and Store above.
 	if snap, ok := a.bindings.manager.Current(); ok {
 		a.followBroker(b, snap, ok)
+	}
+	if a.bindings.db != nil {
+		a.wg.Add(1)
+		go func() { // the switch recorder: exits when the appliance closes
+			defer a.wg.Done()
+			a.runSwitchRecorder()
+		}()
+		a.credentialChanged("")
 	}
 	a.wg.Add(1)
 	go func() { // exits when the bridge reports a fatal error or the appliance closes

@@ -23,6 +23,7 @@ type Status struct {
 	NATS          NATSStatus           `json:"nats"`
 	HTTP          EndpointStatus       `json:"http"`
 	Broker        bridge.BrokerStatus  `json:"broker"`
+	Identity      *IdentityStatus      `json:"identity,omitempty"` // the node's broker user and credential
 	Outbox        bridge.OutboxStatus  `json:"outbox"`
 	Stalls        []bridge.StallStatus `json:"stalls"`
 	Peers         []node.Peer          `json:"peers"`
@@ -109,6 +110,14 @@ func (a *Appliance) Status() Status {
 	}
 	if bd := a.pubBindings.Load(); bd != nil {
 		st.Bindings = bd.manager.Status()
+		var newest *cache.BrokerCredential
+		if snap, ok := bd.manager.Current(); ok {
+			newest = snap.Bindings.Broker
+		}
+		st.Identity = identity(st.Broker.Credential, newest, time.Now())
+		if b := a.bridge.Load(); b != nil && st.Identity != nil {
+			st.Identity.Peers = b.PeerGenerations()
+		}
 	} else {
 		st.Bindings = cache.Status{Source: "none", DB: "none"}
 	}

@@ -53,6 +53,9 @@ type Bridge struct {
 	pending pendingRequests // requests waiting for a reply from another node
 	stall   stallBook       // stall alarms of command stages
 	handed  *handedOut      // ids of commands handed to local handlers, across sessions
+	// peerCreds are the broker users other nodes' system messages came
+	// with (credential.go).
+	peerCreds peerCredentials
 
 	// Routing and hosting (routeMu).
 	routeMu       sync.RWMutex
@@ -100,6 +103,8 @@ type BrokerStatus struct {
 	// otherwise. Consuming and acking go on meanwhile.
 	Blocked string        `json:"blocked,omitempty"`
 	History []StateChange `json:"history"`
+	// Credential is the broker user the link connects as and its state.
+	Credential *CredentialStatus `json:"credential,omitempty"`
 }
 
 // OutboxStatus describes the durable outbox.
@@ -363,7 +368,7 @@ func (b *Bridge) MarkGone(node string, since time.Time) {
 // Status reports the link, the outbox and the stalls.
 func (b *Bridge) Status() Status {
 	var st Status
-	st.Broker = b.link.status()
+	st.Broker = b.link.statusWithCredential()
 	st.Outbox.MaxBytes = b.cfg.OutboxMaxBytes
 	if ob := b.obRef.Load(); ob != nil {
 		st.Outbox.Depth, st.Outbox.Bytes = ob.counts()

@@ -82,8 +82,14 @@ type Config struct {
 	OnSystem func(key string, body []byte, origin string)
 	// OnConnected, when set, is called each time the link enters the
 	// connected state (after a start, a reconnect, or the end of a resource
-	// alarm), on the goroutine that changed the state. It must not block.
+	// alarm, or a switch to a new credential), on the goroutine that
+	// changed the state. It must not block.
 	OnConnected func()
+	// OnCredential, when set, is called with the broker user each time the
+	// link connects with another user than before (at the first connection,
+	// and after a switch to a new credential), on the link's goroutine. It
+	// must not block.
+	OnCredential func(user string)
 	// ReconnectMin and ReconnectMax bound the reconnect backoff (defaults
 	// 250ms and 10s; jitter is added).
 	ReconnectMin, ReconnectMax time.Duration

@@ -131,18 +131,20 @@
 // run on one credential).
 //   - Exchange node.<n> (topic, durable), bound to mesh with to.<n>.#: the
 //     node's own traffic, so its permissions can be scoped to it.
-//   - Queue node.<n>.requests (auto-delete), bound to node.<n> with
-//     to.<n>.req.#, consumed with an exclusive consumer: a second process with
-//     the same node name is refused (NodeNameInUseError) instead of silently
-//     splitting the node's requests. Auto-delete: when the node is gone so is
-//     the queue. A request for a node that is not
-//     connected is an unroutable mandatory message, returned at once (503),
-//     not a channel error. It is consumed without acks: requests are at most
+//   - Queue node.<n>.requests (expires 15 s after its consumer went), bound
+//     to node.<n> with to.<n>.req.#, consumed with an exclusive consumer: a
+//     second process with the same node name is refused (NodeNameInUseError)
+//     instead of silently splitting the node's requests. The queue outlives
+//     a connection for 15 s, so that requests arriving while the node
+//     switches to a new credential wait for its new session (see Credential
+//     rotation); after that, a request for a node that is not connected is
+//     an unroutable mandatory message, returned at once (503), not a
+//     channel error. Until then it waits until its deadline. It is consumed without acks: requests are at most
 //     once, and an ack per request costs the broker work on the critical path;
 //     a bound on open calls (8 x Prefetch, at least 256) refuses the excess at
 //     once with 503.
-//   - Queue node.<n>.replies (exclusive), bound to node.<n> with
-//     to.<n>.reply: replies to this node's requests, sent to the request's
+//   - Queue node.<n>.replies (expires like the request queue; an exclusive
+//     consumer), bound to node.<n> with to.<n>.reply: replies to this node's requests, sent to the request's
 //     validated origin (never to a reply-to of the publisher's choosing) and
 //     accepted only from the node the request was sent to. A per-node queue
 //     instead of direct
@@ -210,6 +212,32 @@
 // dead-lettered with the reason; the consumer carries on. So is a message
 // whose origin is not validated (meshbox_errors_total{kind="forged"}).
 //
+// # Credential rotation
+//
+// A node's broker credential comes in generations (BrokerUser
+// node.<n>.g<k>); the appliance hands the bridge the newest one through
+// SetURL. When the URL names the same broker and vhost and only the
+// credential differs, the link switches make before break (handover in
+// credential.go): it opens both new connections while the old session runs
+// on — if the broker refuses the new credential, the old session simply
+// continues and the switch is tried again — then cancels the old exclusive
+// request consumer, lets the requests it took be answered (at most 5 s),
+// holds local programs' new calls for the few milliseconds until the new
+// session consumes, stops the old session without failing this node's
+// pending requests (their replies wait in the reply queue), and declares
+// the topology on the new connections. Unacknowledged commands go back to
+// their queue when the old connection closes and are delivered again,
+// marked as possible duplicates; nothing is lost. Config.OnCredential
+// tells the appliance the user the link now uses, so that it can record
+// the switch, after which the admin revokes the old generation.
+//
+// A credential the broker refuses at login (403 ACCESS_REFUSED: the user
+// was deleted or its password changed) is not a network failure: the
+// status says "credential revoked" (BrokerStatus.Credential), the gauge
+// meshbox_broker_credential_revoked is 1, one line is logged per refused
+// user, and the link keeps retrying (the bindings may bring a new
+// credential) while local work goes on.
+//
 // # Wiring
 //
 // The appliance builds the bridge with New (Config.Dial connects to the
@@ -237,8 +265,9 @@
 // # Concurrency
 //
 // The files follow the parts: link.go (the link loop, dialling, TLS, the
-// link's state), session.go (one stay on the broker), sealing.go (sealing
-// and opening program messages), topology.go
+// link's state), credential.go (the credential in use, the handover),
+// session.go (one stay on the broker), sealing.go (sealing and opening
+// program messages), topology.go
 // (declarations, stage queues), publish.go (the publish pipeline),
 // consume.go (the consumer owner and its acks), flow.go (the credit of
 // each stage: its consumers), corkconn.go (the publishing socket's batched

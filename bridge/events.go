@@ -63,6 +63,9 @@ func (s *session) readSystem(ds <-chan amqp.Delivery) {
 		if env.origin == b.cfg.Node {
 			continue
 		}
+		if env.verified {
+			b.peerCreds.seen(env.origin, d.UserId)
+		}
 		b.m.msg(typeSystem, "in")
 		if b.cfg.OnSystem == nil {
 			continue

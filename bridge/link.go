@@ -55,6 +55,8 @@ type link struct {
 	fatal      chan error    // cap 1: the node name was refused for good
 	sess       atomic.Pointer[session]
 	retry      backoff.Policy // reconnect backoff
+	cred       credential     // the credential in use (credential.go)
+	handing    chan struct{}  // non-nil during a handover; closed at its end
 }
 
 func newLink(url string, retry backoff.Policy) *link {
@@ -118,6 +120,14 @@ func (l *link) status() BrokerStatus {
 		Blocked: l.blocked, History: slices.Clone(l.history)}
 }
 
+// statusWithCredential is status plus the credential's.
+func (l *link) statusWithCredential() BrokerStatus {
+	st := l.status()
+	c := l.credentialStatus()
+	st.Credential = &c
+	return st
+}
+
 // everConnected reports whether a connected state was ever recorded
 // before the current one.
 func (l *link) everConnected() bool {
@@ -163,6 +173,9 @@ func (b *Bridge) runLink(first *session) {
 	sess := first
 	failures := 0
 	var refusedSince time.Time
+	var retry <-chan time.Time // set after a failed handover: try again
+	switchFailures := 0        // failed handovers in a row
+	handed := false            // sess was made by a handover
 	for {
 		if sess == nil {
 			url := b.currentURL()
@@ -192,6 +205,10 @@ func (b *Bridge) runLink(first *session) {
 				failures++
 				b.m.err(errKindLink)
 				var inUse *NodeNameInUseError
+				var cr *CredentialRefusedError
+				if errors.As(err, &cr) {
+					b.credentialRefused(cr)
+				}
 				if errors.As(err, &inUse) {
 					if refusedSince.IsZero() {
 						refusedSince = time.Now()
@@ -227,8 +244,36 @@ func (b *Bridge) runLink(first *session) {
 		failures, refusedSince = 0, time.Time{}
 		b.link.sess.Store(sess)
 		sess.start()
+		b.link.endHandover()
 		b.setState(StateConnected, "")
-		reason := sess.run()
+		b.credentialInUse(sess.user)
+		if handed && b.cfg.OnConnected != nil {
+			b.cfg.OnConnected() // the new session's system queue is new
+		}
+		handed, switchFailures = false, 0
+		var reason string
+		var next *session
+		outcome := handoverNone
+		for {
+			reason = sess.run(retry)
+			retry = nil
+			if reason != reasonURLChanged {
+				break
+			}
+			if next, outcome = b.handover(sess); outcome != handoverKept {
+				break
+			}
+			switchFailures++
+			retry = time.After(b.backoff(switchFailures)) // the old session runs on; try again
+		}
+		switch outcome {
+		case handoverDone:
+			sess, handed = next, true
+			continue
+		case handoverBroken:
+			sess = nil // the old session is stopped; connect anew
+			continue
+		}
 		sess.end()
 		b.link.sess.CompareAndSwap(sess, nil)
 		select {
@@ -244,6 +289,7 @@ func (b *Bridge) runLink(first *session) {
 			b.m.err(errKindLink)
 			b.setState(StateOffline, reason)
 		}
+		b.link.setCredential(sess.user, CredentialUnused, "")
 		sess.stop()
 		sess = nil
 		if reason != reasonURLChanged {

@@ -47,6 +47,7 @@ type metrics struct {
 	unseal     *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
 	stalls     prometheus.Gauge
+	revoked    prometheus.Gauge
 	outbox     []prometheus.Collector
 	reg        prometheus.Registerer
 	registered []prometheus.Collector
@@ -82,6 +83,10 @@ func newMetrics(b *Bridge) *metrics {
 		stalls: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "meshbox_stalls", Help: "Command stages currently stalled (see status stalls[]).",
 		}),
+		revoked: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "meshbox_broker_credential_revoked",
+			Help: "1 while the broker refuses this node's credential at login (403 ACCESS_REFUSED), else 0.",
+		}),
 	}
 	m.outbox = []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_outbox_depth", Help: "Messages in the outbox."},
@@ -107,7 +112,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 		return nil
 	}
 	m.reg = reg
-	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.duration, m.stalls}, m.outbox...)
+	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.duration, m.stalls, m.revoked}, m.outbox...)
 	for _, c := range all {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
@@ -161,4 +166,13 @@ func (m *metrics) err(kind string) { m.errors.WithLabelValues(kind).Inc() }
 
 func (m *metrics) observe(outcome string, since time.Time) {
 	m.duration.WithLabelValues(outcome).Observe(time.Since(since).Seconds())
+}
+
+// setRevoked sets meshbox_broker_credential_revoked.
+func (m *metrics) setRevoked(on bool) {
+	v := 0.0
+	if on {
+		v = 1
+	}
+	m.revoked.Set(v)
 }

@@ -48,6 +48,8 @@ func (s *session) enqueueFast(it *pubItem) error { return s.fastQ.put(s.ctx, it)
 type pubQueue struct {
 	mu     sync.Mutex
 	items  []*pubItem
+	track  bool // count taken items until settled (empty waits for them)
+	taken  int  // items taken and not settled yet
 	closed bool
 	ready  chan struct{} // cap 1: items are waiting
 	slots  chan struct{} // one per waiting item
@@ -80,6 +82,9 @@ func (q *pubQueue) take() []*pubItem {
 	q.mu.Lock()
 	items := q.items
 	q.items = nil
+	if q.track {
+		q.taken += len(items)
+	}
 	q.mu.Unlock()
 	for range items {
 		<-q.slots
@@ -108,7 +113,10 @@ func (s *session) fastPublisher() {
 			return
 		case <-s.fastQ.ready:
 		}
-		if !s.fastPublish(s.fastQ.take()) {
+		items := s.fastQ.take()
+		ok := s.fastPublish(items)
+		s.fastQ.settled(len(items))
+		if !ok {
 			return
 		}
 	}

@@ -152,7 +152,7 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 			return
 		}
 	}
-	sess := b.link.sess.Load()
+	sess := b.liveSession(timeout)
 	if st, since := b.linkState(); st != StateConnected || sess == nil {
 		b.m.err(errKindUnreachable)
 		b.replyError(msg.Reply, &ServiceError{Code: CodeUnavailable,
@@ -431,6 +431,7 @@ func (s *session) readRequests(ds <-chan amqp.Delivery) {
 		c.timer = s.after(c.timeout, func() {
 			if c := s.takeCall(token); c != nil {
 				s.replyHost(c.env, nil, localCallFailure(context.DeadlineExceeded, c.env.name, b.cfg.Node, c.timeout))
+				s.replyHanded()
 			}
 		})
 		s.callsMu.Unlock()
@@ -439,12 +440,14 @@ func (s *session) readRequests(ds <-chan amqp.Delivery) {
 		if err := b.bc.PublishMsg(msg); err != nil {
 			if c := s.takeCall(token); c != nil {
 				s.replyHost(c.env, nil, localCallFailure(err, c.env.name, b.cfg.Node, c.timeout))
+				s.replyHanded()
 			}
 		}
 	}
 }
 
-// takeCall removes and returns the open call token (nil: already answered).
+// takeCall removes and returns the open call token (nil: already
+// answered). The caller replies and then calls replyHanded.
 func (s *session) takeCall(token string) *hostCall {
 	s.callsMu.Lock()
 	defer s.callsMu.Unlock()
@@ -452,8 +455,17 @@ func (s *session) takeCall(token string) *hostCall {
 	if c != nil {
 		delete(s.calls, token)
 		s.cancelTimer(c.timer)
+		s.answering++
 	}
 	return c
+}
+
+// replyHanded says that the reply of a call taken with takeCall is handed to
+// the publisher.
+func (s *session) replyHanded() {
+	s.callsMu.Lock()
+	s.answering--
+	s.callsMu.Unlock()
 }
 
 // onHostReply receives a local host's reply (or the NATS server's "no
@@ -464,6 +476,7 @@ func (s *session) onHostReply(m *nats.Msg) {
 		s.b.m.err(errKindLateReply)
 		return
 	}
+	defer s.replyHanded()
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
 		s.replyHost(c.env, nil, localCallFailure(nats.ErrNoResponders, c.env.name, s.b.cfg.Node, c.timeout))
 		return

@@ -26,6 +26,13 @@ type session struct {
 	// every delivery must carry a node's user_id too (checkOrigin).
 	user    string
 	perNode bool
+	// handedOver: a handover replaced the session; stop leaves this
+	// node's pending requests open for the next one.
+	handedOver bool
+	// requestsDone and repliesDone are closed when the reader of the
+	// request or reply consumer exits (its consumer was cancelled or its
+	// channel closed).
+	requestsDone, repliesDone chan struct{}
 
 	ctx    context.Context // cancelled by end: workers and goroutines stop
 	cancel context.CancelFunc
@@ -81,6 +88,7 @@ type session struct {
 	inboxSubs []*nats.Subscription // on bc, for onHostReply and onCmdReply
 	callsMu   sync.Mutex
 	calls     map[string]*hostCall // requests from other nodes open at a local host
+	answering int                  // calls taken from calls whose reply is not handed to fastQ yet
 	cmds      map[string]*cmdCall  // commands open at a local handler
 	cmdsEnded bool                 // the session ended: no new entries in cmds
 
@@ -99,55 +107,79 @@ const (
 // after accepting the connections fails the attempt when ctx ends. It
 // returns a session that is set up but not started.
 func (b *Bridge) connect(ctx context.Context, url string) (*session, error) {
+	s, abort, err := b.dialSession(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.prepare(ctx, abort); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// dialSession dials url twice (publishing and consuming connections) within ctx
+// and returns a session that has its connections but no topology yet, and
+// a func that closes both sockets at once. A broker that refuses the
+// credential gives a *CredentialRefusedError.
+func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(), error) {
 	uri, err := amqp.ParseURI(url)
 	if err != nil {
-		return nil, fmt.Errorf("connect to broker: %w", err)
+		return nil, nil, fmt.Errorf("connect to broker: %w", err)
 	}
 	user := b.loginUser(url, uri) // the URL's, or a client certificate's
 	_, _, perNode := ParseBrokerUser(user)
 	conConn, _, abortCon, err := b.dial(ctx, url, roleConsume)
 	if err != nil {
-		return nil, fmt.Errorf("connect to broker: %w", err)
+		return nil, nil, fmt.Errorf("connect to broker: %w", refused(err, user))
 	}
 	pubConn, cork, abortPub, err := b.dial(ctx, url, rolePublish)
 	if err != nil {
 		abortCon()
 		_ = conConn.CloseDeadline(time.Now().Add(closeLimit))
-		return nil, fmt.Errorf("connect to broker: %w", err)
+		return nil, nil, fmt.Errorf("connect to broker: %w", refused(err, user))
 	}
 	s := &session{
 		b: b, url: url, user: user, perNode: perNode, pubConn: pubConn, cork: cork, conConn: conConn,
-		failed:   make(chan error, 1),
-		pubQ:     newPubQueue(publishWindow),
-		fastQ:    newPubQueue(publishWindow),
-		window:   make(chan struct{}, publishWindow),
-		inflight: map[uint64]*pubItem{},
-		byID:     map[string]*pubItem{},
-		ackQ:     make(chan ackReq, 256),
-		stages:   map[string]*stageFlow{},
-		tagStage: map[string]*stageFlow{},
-		flowWake: make(chan struct{}, 1),
-		rescan:   make(chan struct{}, 1),
-		calls:    map[string]*hostCall{},
-		cmds:     map[string]*cmdCall{},
+		failed:       make(chan error, 1),
+		requestsDone: make(chan struct{}),
+		repliesDone:  make(chan struct{}),
+		pubQ:         newPubQueue(publishWindow),
+		fastQ:        newPubQueue(publishWindow),
+		window:       make(chan struct{}, publishWindow),
+		inflight:     map[uint64]*pubItem{},
+		byID:         map[string]*pubItem{},
+		ackQ:         make(chan ackReq, 256),
+		stages:       map[string]*stageFlow{},
+		tagStage:     map[string]*stageFlow{},
+		flowWake:     make(chan struct{}, 1),
+		rescan:       make(chan struct{}, 1),
+		calls:        map[string]*hostCall{},
+		cmds:         map[string]*cmdCall{},
 	}
+	s.fastQ.track = true // a handover waits until replies are published (quiesce)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	if b.testAfterDial != nil {
-		b.testAfterDial()
+	return s, func() { abortCon(); abortPub() }, nil
+}
+
+// prepare declares the node's topology on an opened session within ctx.
+// On failure the session's connections are closed.
+func (s *session) prepare(ctx context.Context, abort func()) error {
+	if s.b.testAfterDial != nil {
+		s.b.testAfterDial()
 	}
 	// An AMQP call has no deadline of its own: when ctx ends first, the
 	// sockets are closed under the setup, which then fails.
-	stop := context.AfterFunc(ctx, func() { abortCon(); abortPub() })
-	err = s.setup()
+	stop := context.AfterFunc(ctx, abort)
+	err := s.setup()
 	if !stop() {
 		err = fmt.Errorf("broker setup did not finish in time: %w", context.Cause(ctx))
 	}
 	if err != nil {
 		s.cancel()
 		s.closeConns()
-		return nil, err
+		return err
 	}
-	return s, nil
+	return nil
 }
 
 // closeConns closes both connections, waiting at most closeLimit for the
@@ -176,8 +208,14 @@ func (s *session) start() {
 	s.spawn(s.fastReturned)
 	s.spawn(s.watchBlocked)
 	s.spawn(s.consumerOwner)
-	s.spawn(func() { s.readRequests(s.initial["requests"]) })
-	s.spawn(func() { s.readReplies(s.initial["replies"]) })
+	s.spawn(func() {
+		defer close(s.requestsDone)
+		s.readRequests(s.initial["requests"])
+	})
+	s.spawn(func() {
+		defer close(s.repliesDone)
+		s.readReplies(s.initial["replies"])
+	})
 	s.spawn(func() { s.readEvents(s.initial["events"]) })
 	s.spawn(func() { s.readSystem(s.initial["system"]) })
 	s.spawn(s.drainer)
@@ -192,13 +230,18 @@ func (s *session) spawn(f func()) {
 	}()
 }
 
-// run waits until the session must end and returns why.
-func (s *session) run() string {
+// run waits until the session must end and returns why. retry (nil:
+// never) asks it to look at the URL again, after a failed handover.
+func (s *session) run(retry <-chan time.Time) string {
 	for {
 		select {
 		case <-s.b.quit:
 			return reasonShutdown
 		case <-s.b.link.urlChanged:
+			if s.b.currentURL() != s.url {
+				return reasonURLChanged
+			}
+		case <-retry:
 			if s.b.currentURL() != s.url {
 				return reasonURLChanged
 			}
@@ -255,7 +298,9 @@ func (s *session) stop() {
 	s.endCalls()
 	s.endCmds()
 	s.workers.closeAndWait()
-	s.b.failPendingOf(s)
+	if !s.handedOver {
+		s.b.failPendingOf(s)
+	}
 }
 
 // work runs f on a per-delivery worker goroutine; stop waits for it. f

@@ -16,6 +16,12 @@ const (
 	stageDeliveryLimit = 1000
 	// eventQueueExpiry deletes the event queue of a node unused this long.
 	eventQueueExpiry = 7 * 24 * time.Hour
+	// handoverQueueExpiry deletes the request and reply queues of a node
+	// this long after its last consumer went. They outlive a connection so
+	// that what arrives while a node switches to a new credential (its old
+	// connections closed, the new ones not consuming yet) waits for it; a
+	// constant, so every declaration has the same arguments.
+	handoverQueueExpiry = 15 * time.Second
 )
 
 // setup declares the topology (see the package doc), claims the node's
@@ -93,7 +99,8 @@ func (s *session) setup() error {
 		do   func() error
 	}{
 		{"queue " + requestQueue(node), func() error {
-			_, err := ch.QueueDeclare(requestQueue(node), false, true, false, false, nil)
+			_, err := ch.QueueDeclare(requestQueue(node), false, false, false, false,
+				amqp.Table{"x-expires": handoverQueueExpiry.Milliseconds()})
 			return err
 		}},
 		{"binding " + requestQueue(node), func() error {
@@ -139,7 +146,8 @@ func (s *session) setup() error {
 		do   func() error
 	}{
 		{"queue " + replyQueue(node), func() error {
-			_, err := ch.QueueDeclare(replyQueue(node), false, true, true, false, nil)
+			_, err := ch.QueueDeclare(replyQueue(node), false, false, false, false,
+				amqp.Table{"x-expires": handoverQueueExpiry.Milliseconds()})
 			var ae *amqp.Error
 			if errors.As(err, &ae) && ae.Code == amqp.ResourceLocked {
 				return &NodeNameInUseError{Node: node, Detail: ae.Reason}

@@ -79,12 +79,23 @@ type BrokerCredential struct {
 	User       string     `json:"user"`
 	Password   Credential `json:"password"`
 	CreatedAt  time.Time  `json:"created_at"`
+	// SwitchedAt is when the node recorded that it connects with this
+	// generation (zero: not yet).
+	SwitchedAt time.Time `json:"switched_at,omitzero"`
+	// Older are the node's older generations still valid on the broker,
+	// oldest first: a rotation is in progress until the admin revokes them.
+	Older []int `json:"older,omitempty"`
+	// DBRole and DBPassword are the database login role of this
+	// generation (empty for the first generation: the node logs in with the
+	// role of its join token). The password prints redacted.
+	DBRole     string     `json:"db_role,omitempty"`
+	DBPassword Credential `json:"db_password,omitempty"`
 }
 
 // LogValue summarises the credential without its password.
 func (c BrokerCredential) LogValue() slog.Value {
 	return slog.GroupValue(slog.String("user", c.User), slog.Int("generation", c.Generation),
-		slog.Time("created_at", c.CreatedAt))
+		slog.Time("created_at", c.CreatedAt), slog.String("db_role", c.DBRole))
 }
 
 // NodeRecord is one node of the mesh.
@@ -173,6 +184,11 @@ func (b Bindings) Normalize() Bindings {
 	if b.Broker != nil {
 		c := *b.Broker
 		c.CreatedAt = c.CreatedAt.UTC()
+		if !c.SwitchedAt.IsZero() {
+			c.SwitchedAt = c.SwitchedAt.UTC()
+		}
+		c.Older = slices.Clone(c.Older)
+		slices.Sort(c.Older)
 		n.Broker = &c
 	}
 	for k, v := range b.Settings {
@@ -279,6 +295,18 @@ func hashNormalized(b Bindings) string {
 		put(c.User)
 		put(string(c.Password))
 		put(c.CreatedAt.UTC().Format(time.RFC3339Nano))
+		// Rotation state, hashed only when present so that hashes of
+		// credentials recorded before it stay the same.
+		if !c.SwitchedAt.IsZero() || len(c.Older) > 0 || c.DBRole != "" {
+			put("rotation")
+			put(c.SwitchedAt.UTC().Format(time.RFC3339Nano))
+			putN(len(c.Older))
+			for _, g := range c.Older {
+				putN(g)
+			}
+			put(c.DBRole)
+			put(string(c.DBPassword))
+		}
 	}
 	// Likewise keys: hashed only when there are any.
 	hasKeys := len(b.ContentKeys)+len(b.SealedKeys)+len(b.KeyHolders) > 0

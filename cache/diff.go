@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Kinds of rows a Change can be about.
@@ -151,17 +152,47 @@ func Diff(old, new Bindings) Divergence {
 
 	// The node's broker credential: user and generation, never the
 	// password.
-	var ob, nb []BrokerCredential
+	var ob, nb []brokerRow
 	if o.Broker != nil {
-		ob = append(ob, *o.Broker)
+		ob = append(ob, rowOf(*o.Broker))
 	}
 	if n.Broker != nil {
-		nb = append(nb, *n.Broker)
+		nb = append(nb, rowOf(*n.Broker))
 	}
 	d = diffRows(d, KindBroker, ob, nb,
-		func(BrokerCredential) string { return n.Node },
-		func(r BrokerCredential) string { return fmt.Sprintf("user=%s generation=%d", r.User, r.Generation) })
+		func(brokerRow) string { return n.Node },
+		func(r brokerRow) string { return r.describe() })
 	return d
+}
+
+// brokerRow is a BrokerCredential in comparable form.
+type brokerRow struct {
+	user              string
+	generation        int
+	password          Credential
+	created, switched time.Time
+	older             string
+	dbRole            string
+	dbPassword        Credential
+}
+
+func rowOf(c BrokerCredential) brokerRow {
+	return brokerRow{user: c.User, generation: c.Generation, password: c.Password,
+		created: c.CreatedAt, switched: c.SwitchedAt, older: fmt.Sprint(c.Older), dbRole: c.DBRole, dbPassword: c.DBPassword}
+}
+
+func (r brokerRow) describe() string {
+	s := fmt.Sprintf("user=%s generation=%d", r.user, r.generation)
+	if r.dbRole != "" {
+		s += " db_role=" + r.dbRole
+	}
+	if !r.switched.IsZero() {
+		s += " switched"
+	}
+	if r.older != "[]" {
+		s += " older=" + r.older
+	}
+	return s
 }
 
 type kv struct{ k, v string }

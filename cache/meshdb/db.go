@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -67,6 +68,11 @@ type DB struct {
 	connCfg *pgx.ConnConfig // for Watch's dedicated connection
 	addr    string          // redacted address for snapshots and messages
 	log     *slog.Logger
+	// login replaces the URL's user and password for new connections once
+	// SwitchLogin succeeded (login.go); relisten (cap 1) makes Watch
+	// reconnect with it.
+	login    atomic.Pointer[login]
+	relisten chan struct{}
 }
 
 var _ cache.Source = (*DB)(nil)
@@ -121,17 +127,22 @@ func Open(ctx context.Context, rawURL string, opts Options) (*DB, error) {
 	if _, ok := cc.RuntimeParams["application_name"]; !ok {
 		cc.RuntimeParams["application_name"] = "meshbox"
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	db := &DB{
+		opts:     opts,
+		connCfg:  cc.Copy(),
+		addr:     addr,
+		log:      opts.Logger.With("component", "meshdb"),
+		relisten: make(chan struct{}, 1),
+	}
+	cfg.BeforeConnect = func(_ context.Context, c *pgx.ConnConfig) error {
+		db.applyLogin(c)
+		return nil
+	}
+	db.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", addr, err)
 	}
-	return &DB{
-		opts:    opts,
-		pool:    pool,
-		connCfg: cc.Copy(),
-		addr:    addr,
-		log:     opts.Logger.With("component", "meshdb"),
-	}, nil
+	return db, nil
 }
 
 // Address returns rawURL without its password (postgres://user@host:port/db),

@@ -32,6 +32,26 @@
 // (*SchemaError): a node older than its mesh keeps running from its cache
 // instead of misreading tables it does not know.
 //
+// # Credential rotation
+//
+// A node's credential comes in generations, one row each in
+// node_credentials: a broker user (node.<n>.g<k>) and, from the first
+// rotation on, a PostgreSQL login role of its own. A role per generation,
+// because PostgreSQL keeps one password per role: changing it (ALTER ROLE
+// ... PASSWORD) or letting VALID UNTIL pass refuses every new connection of
+// the node at once, before it could learn the new password. With a second
+// role — same rights, mapped to the same node by node_roles — the node logs
+// in with the new role while the old still works, and the old is dropped
+// only after. The steps: AddCredentialGeneration (admin: row and role);
+// the node reads them with its bindings, switches its connections to the
+// new role (SwitchLogin: the new login is tried first, then the pool and
+// the LISTEN connection move to it) and its broker link to the new user,
+// and records it with CredentialSwitched (through a SECURITY DEFINER
+// function that touches only the calling role's node's row, and only as
+// the new role); DeleteCredentialGeneration (admin) then drops the row and
+// every role of the node no remaining generation names, and ends their
+// sessions. The first generation's role is the join token's.
+//
 // DB is safe for concurrent use. Connections, statements and lock waits
 // are bounded (Options): pgx's own defaults would wait for minutes.
 // Watch owns one dedicated connection for LISTEN while it runs.

@@ -109,16 +109,7 @@ func (db *DB) AddNodeIdentity(ctx context.Context, adminURL string, n NewNode) (
 		if tag.RowsAffected() == 0 {
 			return &ExistsError{What: fmt.Sprintf("node %q", node)}
 		}
-		ident := pgx.Identifier{role}.Sanitize()
-		// Utility statements take no parameters; the password is
-		// base64url, so it needs no escaping inside the quotes.
-		if _, err := tx.Exec(ctx, `CREATE ROLE `+ident+` LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION CONNECTION LIMIT 16 PASSWORD '`+rolePassword+`'`); err != nil {
-			return fmt.Errorf("create role: %w", err)
-		}
-		if _, err := tx.Exec(ctx, `SELECT meshbox_grant_node($1)`, role); err != nil {
-			return fmt.Errorf("grant role: %w", err)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO node_roles (role, node) VALUES ($1, $2)`, role, node); err != nil {
+		if err := createNodeRole(ctx, tx, node, role, rolePassword); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO node_credentials (node, generation, broker_user, broker_password) VALUES ($1, $2, $3, $4)`,
@@ -136,6 +127,35 @@ func (db *DB) AddNodeIdentity(ctx context.Context, adminURL string, n NewNode) (
 	return out, nil
 }
 
+// createNodeRole creates the login role of node inside tx, with password,
+// the rights meshbox_grant_node gives, and its row in node_roles.
+func createNodeRole(ctx context.Context, tx pgx.Tx, node, role, password string) error {
+	ident := pgx.Identifier{role}.Sanitize()
+	// Utility statements take no parameters; the password is base64url, so
+	// it needs no escaping inside the quotes.
+	if _, err := tx.Exec(ctx, `CREATE ROLE `+ident+` LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION CONNECTION LIMIT 16 PASSWORD '`+password+`'`); err != nil {
+		return fmt.Errorf("create role: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT meshbox_grant_node($1)`, role); err != nil {
+		return fmt.Errorf("grant role: %w", err)
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO node_roles (role, node) VALUES ($1, $2)`, role, node)
+	return err
+}
+
+// dropRole drops one node role inside tx (its grants first).
+func dropRole(ctx context.Context, tx pgx.Tx, r string) error {
+	ident := pgx.Identifier{r}.Sanitize()
+	if _, err := tx.Exec(ctx, `DROP OWNED BY `+ident); err != nil {
+		return fmt.Errorf("drop role %s: %w", r, err)
+	}
+	if _, err := tx.Exec(ctx, `DROP ROLE IF EXISTS `+ident); err != nil {
+		return fmt.Errorf("drop role %s: %w", r, err)
+	}
+	_, err := tx.Exec(ctx, `DELETE FROM node_roles WHERE role = $1`, r)
+	return err
+}
+
 // dropNodeRoles drops the roles of node inside tx (before its node row
 // goes, which cascades to node_roles).
 func dropNodeRoles(ctx context.Context, tx pgx.Tx, node string) error {
@@ -145,12 +165,8 @@ func dropNodeRoles(ctx context.Context, tx pgx.Tx, node string) error {
 		return err
 	}
 	for _, r := range roles {
-		ident := pgx.Identifier{r}.Sanitize()
-		if _, err := tx.Exec(ctx, `DROP OWNED BY `+ident); err != nil {
-			return fmt.Errorf("drop role %s: %w", r, err)
-		}
-		if _, err := tx.Exec(ctx, `DROP ROLE IF EXISTS `+ident); err != nil {
-			return fmt.Errorf("drop role %s: %w", r, err)
+		if err := dropRole(ctx, tx, r); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -78,21 +78,30 @@ func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 		}); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings: grants", err)
 	}
-	// The node's newest broker credential (row-level security lets a node
-	// role see only its own rows).
+	// The node's newest broker credential and the generations of the older
+	// ones still valid (row-level security lets a node role see only its
+	// own rows).
 	var creds []cache.BrokerCredential
-	if err := collect(ctx, tx, &creds, `SELECT generation, broker_user, broker_password, created_at FROM node_credentials
-		WHERE node = $1 ORDER BY generation DESC LIMIT 1`, args,
+	if err := collect(ctx, tx, &creds, `SELECT generation, broker_user, broker_password, created_at, switched_at,
+		coalesce(db_role, ''), coalesce(db_password, '') FROM node_credentials WHERE node = $1 ORDER BY generation DESC`, args,
 		func(r pgx.Rows, c *cache.BrokerCredential) error {
-			var pw string
-			err := r.Scan(&c.Generation, &c.User, &pw, &c.CreatedAt)
-			c.Password = cache.Credential(pw)
+			var pw, dbpw string
+			var sw *time.Time
+			err := r.Scan(&c.Generation, &c.User, &pw, &c.CreatedAt, &sw, &c.DBRole, &dbpw)
+			c.Password, c.DBPassword = cache.Credential(pw), cache.Credential(dbpw)
+			if sw != nil {
+				c.SwitchedAt = *sw
+			}
 			return err
 		}); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings: broker credential", err)
 	}
 	if len(creds) > 0 {
-		b.Broker = &creds[0]
+		newest := creds[0]
+		for i := len(creds) - 1; i > 0; i-- {
+			newest.Older = append(newest.Older, creds[i].Generation)
+		}
+		b.Broker = &newest
 	}
 	if err := loadKeys(ctx, tx, node, &b); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings", err)
@@ -149,6 +158,9 @@ func (db *DB) Watch(ctx context.Context, changed func(), lost func(error)) error
 		if ctx.Err() != nil {
 			return nil
 		}
+		if errors.Is(err, errRelisten) {
+			continue // at once, with the new login; not a loss
+		}
 		if connected {
 			failures = 0
 		}
@@ -167,10 +179,23 @@ func (db *DB) Watch(ctx context.Context, changed func(), lost func(error)) error
 // listen connects, LISTENs and waits for notifications until the
 // connection fails or ctx is done; connected says whether LISTEN was set up.
 func (db *DB) listen(ctx context.Context, changed func()) (connected bool, err error) {
-	conn, err := pgx.ConnectConfig(ctx, db.connCfg.Copy())
+	cc := db.connCfg.Copy()
+	db.applyLogin(cc)
+	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return false, db.wrap("listen", err)
 	}
+	// A switch of login ends this connection: Watch connects again with
+	// the new one.
+	lctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { // exits when listen returns or the login switched
+		select {
+		case <-db.relisten:
+			stop()
+		case <-lctx.Done():
+		}
+	}()
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -181,7 +206,7 @@ func (db *DB) listen(ctx context.Context, changed func()) (connected bool, err e
 	}
 	changed()
 	for {
-		wctx, cancel := context.WithTimeout(ctx, db.opts.PingInterval)
+		wctx, cancel := context.WithTimeout(lctx, db.opts.PingInterval)
 		_, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
@@ -189,6 +214,8 @@ func (db *DB) listen(ctx context.Context, changed func()) (connected bool, err e
 			changed()
 		case ctx.Err() != nil:
 			return true, ctx.Err()
+		case lctx.Err() != nil:
+			return true, errRelisten
 		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():
 			pctx, cancel := context.WithTimeout(ctx, db.opts.ConnectTimeout)
 			err := conn.Ping(pctx)

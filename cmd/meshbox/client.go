@@ -153,6 +153,16 @@ func printStatus(w io.Writer, st appliance.Status) {
 		broker += ": " + st.Broker.Reason
 	}
 	row("broker", broker)
+	if id := st.Identity; id != nil {
+		v := fmt.Sprintf("broker user %s, generation %d, %s", id.BrokerUser, id.Generation, id.State)
+		if !id.CreatedAt.IsZero() {
+			v += ", age " + secs(id.AgeSeconds)
+		}
+		row("identity", v)
+		if id.Rotation != "" {
+			row("rotation", id.Rotation)
+		}
+	}
 	b := "source " + st.Bindings.Source
 	if st.Bindings.Source != cache.SourceNone {
 		b += fmt.Sprintf(", revision %d, age %s", st.Bindings.Revision, secs(st.Bindings.AgeSeconds))

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
@@ -31,7 +32,12 @@ Nodes:
   node add NAME --broker-admin URL [--stages S,...] [--ttl 24h] [--public-name N] [--identity TEXT]
                                     (prints a join token for meshbox join; --record-only: record only)
   node set NAME [--public-name N] [--identity TEXT]
-  node remove NAME [--force]        (--force also removes its bindings)
+  node rotate NAME|--all --broker-admin URL [--wait 2m] [--force]
+                                    (new broker credential; the old one is revoked once
+                                    the node switched; --force revokes without waiting)
+  node set-stages NAME STAGE... --broker-admin URL   (the stages it may consume; * = all)
+  node remove NAME [--force] [--broker-admin URL]
+                                    (--force also removes its bindings; deletes its broker users)
   node list [--json]
 Assignments:
   assign NODE MODULE [--selection S] [--autostart]
@@ -63,9 +69,11 @@ credential; it is used for the command and never stored.
 
 // meshLeaf is one `meshbox mesh` command: its flags, argument names and action.
 type meshLeaf struct {
-	name  string   // e.g. "node add"
-	args  []string // positional argument names
-	flags func(fs *flag.FlagSet) func(ctx context.Context, db *meshdb.DB, args []string) error
+	name string   // e.g. "node add"
+	args []string // positional argument names
+	// anyArgs: the action checks the number of positional arguments.
+	anyArgs bool
+	flags   func(fs *flag.FlagSet) func(ctx context.Context, db *meshdb.DB, args []string) error
 }
 
 // Run dispatches `meshbox mesh ...`.
@@ -107,7 +115,7 @@ func (c *MeshCommand) runLeaf(ctx context.Context, leaf meshLeaf, args []string)
 	if err != nil {
 		return err
 	}
-	if len(pos) != len(leaf.args) {
+	if len(pos) != len(leaf.args) && !leaf.anyArgs {
 		fs.Usage()
 		return usagef("mesh %s: want %d arguments (%s), got %d", leaf.name, len(leaf.args), strings.Join(leaf.args, " "), len(pos))
 	}
@@ -154,12 +162,15 @@ func (c *MeshCommand) report(what string, ch meshdb.Change) {
 
 func (c *MeshCommand) leaves() []meshLeaf {
 	out := c.m.Stdout
+	adminFlag := func(fs *flag.FlagSet) *string {
+		return fs.String("broker-admin", c.m.envOr("MESHBOX_BROKER_ADMIN", ""),
+			"broker management API with the admin credential, http(s)://USER:PASSWORD@host:15672 (env MESHBOX_BROKER_ADMIN); never stored")
+	}
 	return []meshLeaf{
 		{name: "node add", args: []string{"NAME"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
 			public := fs.String("public-name", "", "public (DNS) name")
 			identity := fs.String("identity", "", "identity text")
-			admin := fs.String("broker-admin", c.m.envOr("MESHBOX_BROKER_ADMIN", ""),
-				"broker management API with the admin credential, http(s)://USER:PASSWORD@host:15672 (env MESHBOX_BROKER_ADMIN); never stored")
+			admin := adminFlag(fs)
 			stages := fs.String("stages", bridge.AllStages, "stages the node may consume, comma-separated (* = all)")
 			ttl := fs.Duration("ttl", meshdb.DefaultJoinTTL, "how long the join token stays valid")
 			recordOnly := fs.Bool("record-only", false, "only record the node: no broker user, database role or join token")
@@ -193,13 +204,41 @@ func (c *MeshCommand) leaves() []meshLeaf {
 		}},
 		{name: "node remove", args: []string{"NAME"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
 			force := fs.Bool("force", false, "also remove the node's assignments, overrides and grants")
+			admin := adminFlag(fs)
 			return func(ctx context.Context, db *meshdb.DB, a []string) error {
-				ch, err := db.RemoveNode(ctx, a[0], *force)
-				if err != nil {
-					return err
+				return c.removeNode(ctx, db, a[0], *force, *admin)
+			}
+		}},
+		{name: "node rotate", args: []string{"NAME"}, anyArgs: true, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			all := fs.Bool("all", false, "rotate every node that has a broker credential")
+			wait := fs.Duration("wait", DefaultRotateWait, "how long to wait for the nodes to switch (at most 24h)")
+			force := fs.Bool("force", false, "revoke the old credential of nodes that did not switch in time")
+			admin := adminFlag(fs)
+			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				switch {
+				case *all && len(a) > 0:
+					return usagef("mesh node rotate: give a node NAME or --all, not both")
+				case !*all && len(a) != 1:
+					return usagef("mesh node rotate: give one node NAME, or --all")
+				case *wait <= 0 || *wait > 24*time.Hour:
+					return usagef("mesh node rotate: --wait %s: must be more than 0 and at most 24h", *wait)
+				case *admin == "":
+					return usagef("mesh node rotate: --broker-admin is required (or set MESHBOX_BROKER_ADMIN)")
 				}
-				c.report(fmt.Sprintf("node %s removed", a[0]), ch)
-				return nil
+				name := ""
+				if !*all {
+					name = a[0]
+				}
+				return c.rotate(ctx, db, name, *admin, *wait, *force)
+			}
+		}},
+		{name: "node set-stages", args: []string{"NAME", "STAGE..."}, anyArgs: true, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			admin := adminFlag(fs)
+			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				if len(a) < 2 {
+					return usagef("mesh node set-stages: want a node NAME and at least one STAGE (* = all), got %d arguments", len(a))
+				}
+				return c.setStages(ctx, db, a[0], a[1:], *admin)
 			}
 		}},
 		{name: "node list", flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
@@ -212,9 +251,13 @@ func (c *MeshCommand) leaves() []meshLeaf {
 				if *asJSON {
 					return writeJSON(out, orEmpty(nodes))
 				}
-				rows := [][]string{{"NAME", "PUBLIC NAME", "IDENTITY"}}
+				gens, err := db.CredentialGenerations(ctx, "")
+				if err != nil {
+					return err
+				}
+				rows := [][]string{{"NAME", "PUBLIC NAME", "IDENTITY", "CREDENTIAL"}}
 				for _, n := range nodes {
-					rows = append(rows, []string{n.Name, n.PublicName, clip(n.Identity, 40)})
+					rows = append(rows, []string{n.Name, n.PublicName, clip(n.Identity, 40), describeGenerations(gens, n.Name)})
 				}
 				return writeTable(out, rows)
 			}

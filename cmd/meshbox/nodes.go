@@ -38,7 +38,13 @@ func (c *NodesCommand) Run(ctx context.Context, args []string) error {
 	if *asJSON {
 		return printJSON(c.m.Stdout, raw)
 	}
-	printPeers(c.m.Stdout, reply, time.Now())
+	// The credential generations come with the node's status; a node
+	// too old to report them shows none.
+	var st appliance.Status
+	if _, err := c.m.askNode(ctx, *server, appliance.SubjectStatus, &st); err != nil {
+		st = appliance.Status{}
+	}
+	printPeers(c.m.Stdout, reply, st.Identity, time.Now())
 	return nil
 }
 
@@ -102,7 +108,10 @@ func printJSON(w io.Writer, raw []byte) error {
 }
 
 // printPeers writes one line per peer; times are shown relative to now.
-func printPeers(w io.Writer, r node.PeersReply, now time.Time) {
+func printPeers(w io.Writer, r node.PeersReply, id *appliance.IdentityStatus, now time.Time) {
+	if id != nil && id.BrokerUser != "" {
+		fmt.Fprintf(w, "node %s: broker user %s, credential generation %d (%s)\n", r.Node, id.BrokerUser, id.Generation, id.State)
+	}
 	if len(r.Peers) == 0 {
 		fmt.Fprintf(w, "node %s has no peers\n", r.Node)
 		return
@@ -114,7 +123,7 @@ func printPeers(w io.Writer, r node.PeersReply, now time.Time) {
 	fmt.Fprintf(w, "node %s: %d peers (%d %s, %d %s, %d %s)\n\n", r.Node, len(r.Peers),
 		counts[node.StateUp], node.StateUp, counts[node.StateGone], node.StateGone, counts[node.StateAbsent], node.StateAbsent)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSTATE\tSINCE\tLAST SEEN\tEXPECTED\tVERSION\tREVISION\tCAPABILITIES\tSTAGES")
+	fmt.Fprintln(tw, "NODE\tSTATE\tSINCE\tLAST SEEN\tEXPECTED\tVERSION\tREVISION\tCREDENTIAL\tCAPABILITIES\tSTAGES")
 	for _, p := range r.Peers {
 		state := p.State
 		if p.Reason != "" {
@@ -132,8 +141,12 @@ func printPeers(w io.Writer, r node.PeersReply, now time.Time) {
 		if p.Revision > 0 {
 			rev = fmt.Sprint(p.Revision)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, state, ago(now, p.Since), ago(now, p.LastSeen),
-			expected, version, rev, list(p.Capabilities), list(p.Stages))
+		cred := "-"
+		if id != nil && id.Peers[p.Name] > 0 {
+			cred = fmt.Sprintf("g%d", id.Peers[p.Name])
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, state, ago(now, p.Since), ago(now, p.LastSeen),
+			expected, version, rev, cred, list(p.Capabilities), list(p.Stages))
 	}
 	_ = tw.Flush()
 }

@@ -125,6 +125,8 @@ func TestDoctorHealthyNode(t *testing.T) {
 	wantCheck(t, rep, "bindings cache", "ok", "from db")
 	wantCheck(t, rep, "database", "ok", "reachable")
 	wantCheck(t, rep, "broker", "ok", "credentials accepted")
+	// The test broker's guest is an administrator: a node must not hold it.
+	wantCheck(t, rep, "broker credential", "warn", `connects as "guest"`, "the admin's credential")
 	wantCheck(t, rep, "clock", "ok", "the database's clock")
 	wantCheck(t, rep, "mesh names", "ok", "127.0.0.1")
 	wantCheck(t, rep, "local NATS", "ok", "loopback only")

@@ -38,7 +38,7 @@ func TestNodeAddJoinRun(t *testing.T) {
 	// Node roles are cluster-wide: drop them before the database goes.
 	t.Cleanup(func() {
 		for _, n := range []string{"cellar", "late"} {
-			_, _, _ = cliEnv(t, []string{"MESHBOX_DB=" + db}, "mesh", "node", "remove", n, "--force")
+			_, _, _ = cliEnv(t, []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}, "mesh", "node", "remove", n, "--force")
 		}
 	})
 	admin := []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}

@@ -43,7 +43,9 @@ func joinedNode(t *testing.T, db, brokerAdmin, node string) *meshtest.Process {
 	if code != 0 {
 		t.Fatalf("mesh node add %s: exit %d: %s%s", node, code, out, errOut)
 	}
-	t.Cleanup(func() { _, _, _ = cliEnv(t, []string{"MESHBOX_DB=" + db}, "mesh", "node", "remove", node, "--force") })
+	t.Cleanup(func() {
+		_, _, _ = cliEnv(t, []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + brokerAdmin}, "mesh", "node", "remove", node, "--force")
+	})
 	envFile := filepath.Join(t.TempDir(), node+".env")
 	if code, out, errOut := cli(t, "join", joinToken(t, out), "--env-file", envFile); code != 0 {
 		t.Fatalf("join %s: exit %d: %s%s", node, code, out, errOut)

@@ -14,14 +14,15 @@ import (
 )
 
 // brokerURL is the broker the node would use: the configured one, else the
-// broker.url setting of the cached bindings. from says which.
+// broker.url setting of the cached bindings with the node's own broker
+// credential from them. from says which.
 func (d *Doctor) brokerURL() (u, from string) {
 	if d.cfg.Broker != "" {
 		return string(d.cfg.Broker), "configuration"
 	}
 	if d.snap != nil {
 		if v := d.snap.Bindings.Settings[settingBrokerURL]; v != "" {
-			return v, "the cached bindings"
+			return appliance.NodeBrokerURL(v, d.snap.Bindings.Broker), "the cached bindings"
 		}
 	}
 	return "", ""
@@ -95,7 +96,7 @@ func (d *Doctor) checkBroker(context.Context) Check {
 				"%s (from %s): cannot connect: %v", safe, from, err)
 		}
 	}
-	defer conn.Close()
+	d.brokerConn = conn // checkCredential looks at it, then closes it
 	product, _ := conn.Properties["product"].(string)
 	version, _ := conn.Properties["version"].(string)
 	return ok(name, "%s (from %s) reachable, credentials accepted (%s %s)", safe, from, product, version)

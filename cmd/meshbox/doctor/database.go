@@ -24,6 +24,14 @@ func (d *Doctor) checkDatabase(ctx context.Context) Check {
 		return fail(name, "fix --db (MESHBOX_DB)", "%s is not a usable database URL", safe)
 	}
 	pc.ConnectTimeout = d.timeout
+	// As the node does: the role of the newest credential generation in
+	// its cache, once a rotation gave it one.
+	if d.snap != nil && d.snap.Bindings.Node == d.cfg.Node {
+		if c := d.snap.Bindings.Broker; c != nil && c.DBRole != "" {
+			pc.User, pc.Password = c.DBRole, c.DBPassword.Reveal()
+			safe += " (as role " + c.DBRole + ", from the cached bindings)"
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, d.timeout+time.Second)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(ctx, pc)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/cache"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // Outcomes of a check.
@@ -80,6 +81,8 @@ type Doctor struct {
 	dbSkew *time.Duration    // database clock minus ours, nil when not measured
 	dbRTT  time.Duration
 	dbErr  error
+
+	brokerConn *amqp.Connection // opened by checkBroker, closed by checkCredential
 }
 
 // New returns a doctor for opts.
@@ -111,6 +114,7 @@ func (d *Doctor) Run(ctx context.Context) Report {
 		d.checkCache,
 		d.checkDatabase,
 		d.checkBroker,
+		d.checkCredential,
 		d.checkTransport,
 		d.checkClock,
 		d.checkMeshNames,

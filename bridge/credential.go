@@ -1,0 +1,366 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// This file is the link's credential: which broker user the link connects
+// as, whether the broker refused it, and the switch to a new credential
+// without an outage (make before break, see handover).
+
+// Credential states in CredentialStatus.State.
+const (
+	CredentialInUse     = "in use"             // the link is connected with it
+	CredentialSwitching = "switching"          // new connections with a new credential are being made
+	CredentialRevoked   = "credential revoked" // the broker refuses it at login (403 ACCESS_REFUSED)
+	CredentialUnused    = "not connected"      // not connected yet, or the link is down for another reason
+)
+
+// handoverDrain bounds how long a handover waits for the old session's
+// requests open at local hosts to be answered before it closes the old
+// connections.
+const handoverDrain = 5 * time.Second
+
+// CredentialStatus describes the broker credential of the link.
+type CredentialStatus struct {
+	User       string    `json:"user"`
+	Generation int       `json:"generation,omitempty"` // of a node's own broker user (BrokerUser); 0 otherwise
+	State      string    `json:"state"`
+	Since      time.Time `json:"since"`
+	// SwitchedAt is when the link last moved to this credential from
+	// another one while running (zero: it started with it).
+	SwitchedAt time.Time `json:"switched_at,omitzero"`
+	// Reason is the broker's answer while State is CredentialRevoked, or
+	// why the last switch failed.
+	Reason string `json:"reason,omitempty"`
+}
+
+// CredentialRefusedError means the broker refused the link's credential at
+// login: the user does not exist (any more) or its password is wrong.
+type CredentialRefusedError struct {
+	User   string
+	Detail string // the broker's reason
+}
+
+func (e *CredentialRefusedError) Error() string {
+	return fmt.Sprintf("credential revoked: the broker refuses user %s at login (%s)", e.User, e.Detail)
+}
+
+// Unwrap returns ErrCredentialRevoked.
+func (e *CredentialRefusedError) Unwrap() error { return ErrCredentialRevoked }
+
+// ErrCredentialRevoked is wrapped by a *CredentialRefusedError.
+var ErrCredentialRevoked = errors.New("credential revoked")
+
+// refused returns a *CredentialRefusedError for a dial error that is the
+// broker's 403 at login, else err.
+func refused(err error, user string) error {
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
+		return &CredentialRefusedError{User: user, Detail: fmt.Sprintf("%d %s", ae.Code, ae.Reason)}
+	}
+	return err
+}
+
+// credential is the link's record of its credential; link.mu guards it.
+type credential struct {
+	user     string
+	state    string
+	since    time.Time
+	switched time.Time
+	reason   string
+}
+
+func (l *link) credentialStatus() CredentialStatus {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.cred
+	if c.user == "" {
+		c.user = userOf(l.url)
+	}
+	if c.state == "" {
+		c.state = CredentialUnused
+	}
+	_, gen, _ := ParseBrokerUser(c.user)
+	return CredentialStatus{User: c.user, Generation: gen, State: c.state, Since: c.since,
+		SwitchedAt: c.switched, Reason: c.reason}
+}
+
+// setCredential records the state of user's credential. It reports whether
+// the state changed; switched marks a move to user from another one.
+func (l *link) setCredential(user, state, reason string) (changed bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.cred.user == user && l.cred.state == state {
+		l.cred.reason = reason
+		return false
+	}
+	now := time.Now()
+	if state == CredentialInUse && l.cred.user != "" && l.cred.user != user {
+		l.cred.switched = now
+	}
+	if l.cred.user != user && state != CredentialInUse {
+		l.cred.switched = time.Time{}
+	}
+	l.cred = credential{user: user, state: state, since: now, switched: l.cred.switched, reason: reason}
+	return true
+}
+
+// credentialInUse records that a session with user runs, and tells
+// Config.OnCredential when the user is another than the last one in use.
+func (b *Bridge) credentialInUse(user string) {
+	l := b.link
+	l.mu.Lock()
+	prev, prevState := l.cred.user, l.cred.state
+	l.mu.Unlock()
+	b.link.setCredential(user, CredentialInUse, "")
+	b.m.setRevoked(false)
+	if prevState == CredentialRevoked {
+		b.log.Info("broker credential accepted again", "user", user)
+	}
+	if (prev != user || prevState != CredentialInUse) && b.cfg.OnCredential != nil {
+		b.cfg.OnCredential(user)
+	}
+}
+
+// credentialRefused records that the broker refused user at login; the
+// first refusal of a user is logged (not every retry).
+func (b *Bridge) credentialRefused(e *CredentialRefusedError) {
+	if b.link.setCredential(e.User, CredentialRevoked, e.Detail) {
+		b.m.setRevoked(true)
+		b.log.Error("broker credential revoked: the broker refuses this node's user; local work goes on, the node retries and takes a new credential from its bindings",
+			"user", e.User, "reason", e.Detail)
+	}
+}
+
+// handover moves the link from old to a session with the credential of
+// the current URL, make before break:
+//
+//  1. both connections are opened with the new credential while old runs
+//     on; if the broker refuses them, old runs on and handover returns nil
+//     (runLink tries again later);
+//  2. old stops taking requests from other nodes and replies to this
+//     node's requests (both consumers are cancelled; their queues keep
+//     what arrives meanwhile), the requests it took are answered and the
+//     answers published (at most handoverDrain), and local programs' new
+//     calls wait for the new session (handing);
+//  3. old is stopped; this node's requests waiting for a reply stay open
+//     (their replies wait in the reply queue for the new session);
+//  4. the topology is declared on the new connections (the exclusive
+//     queues and consumers are free now).
+//
+// It returns handoverDone with the new session, set up but not started,
+// with the link in handing state (runLink ends it once the session runs);
+// handoverKept when old runs on; handoverBroken when old was stopped but
+// the new session failed; handoverNone for a URL that does not name the
+// same broker and vhost as old's (a move to another broker is a plain
+// reconnect).
+func (b *Bridge) handover(old *session) (*session, int) {
+	url := b.currentURL()
+	if url == "" || url == old.url || !sameBroker(old.url, url) {
+		return nil, handoverNone
+	}
+	user := userOf(url)
+	prevReason := b.link.credentialStatus().Reason
+	ctx, cancel := b.withQuit(context.Background())
+	defer cancel()
+	ctx, cancelLimit := context.WithTimeout(ctx, connectLimit)
+	defer cancelLimit()
+	b.link.setCredential(old.user, CredentialSwitching, "to "+user)
+	b.log.Info("broker credential: switching, new connections first", "from", old.user, "to", user)
+	next, abort, err := b.dialSession(ctx, url)
+	if err != nil {
+		reason := err.Error()
+		var cr *CredentialRefusedError
+		if errors.As(err, &cr) {
+			reason = "new credential refused: " + cr.Detail
+		}
+		b.link.setCredential(old.user, CredentialInUse, reason)
+		if reason != prevReason { // once per cause, not once per retry
+			b.log.Warn("broker credential: switch failed; staying on the old one and trying again", "from", old.user, "to", user, "err", err)
+		}
+		return nil, handoverKept
+	}
+	b.link.beginHandover()
+	old.quiesce(ctx)
+	old.handedOver = true
+	old.end()
+	b.link.sess.CompareAndSwap(old, nil)
+	old.stop()
+	b.pending.moveTo(old, next)
+	if err := next.prepare(ctx, abort); err != nil {
+		b.link.endHandover()
+		b.log.Warn("broker credential: new session failed after the old one closed; reconnecting", "user", user, "err", err)
+		b.setState(StateOffline, err.Error())
+		return nil, handoverBroken
+	}
+	return next, handoverDone
+}
+
+// Outcomes of handover.
+const (
+	handoverNone   = iota // not a change of credential: reconnect
+	handoverKept          // the new credential failed; the old session runs on
+	handoverDone          // the new session is ready
+	handoverBroken        // the old session is stopped, the new one failed
+)
+
+// quiesce stops taking requests from other nodes and replies to this
+// node's requests (both consumers are auto-ack: what the broker sent them
+// is gone from the queue, so the readers drain it), and waits (until ctx
+// ends) until every request taken is answered and the answers published.
+// What arrives after waits in the queues for the next session.
+func (s *session) quiesce(ctx context.Context) {
+	for _, c := range []struct {
+		tag  string
+		done chan struct{}
+	}{{"requests", s.requestsDone}, {"replies", s.repliesDone}} {
+		if err := s.autoCh.Cancel(c.tag, false); err != nil {
+			return // the channel is gone: nothing more to answer on it
+		}
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			return
+		}
+	}
+	dctx, cancel := context.WithTimeout(ctx, handoverDrain)
+	defer cancel()
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		s.callsMu.Lock()
+		open := len(s.calls) + s.answering
+		s.callsMu.Unlock()
+		if open == 0 && s.fastQ.empty() {
+			return
+		}
+		select {
+		case <-dctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// empty reports whether no item waits in q or is being published.
+func (q *pubQueue) empty() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items) == 0 && q.taken == 0
+}
+
+// settled says that n items taken were published (or failed).
+func (q *pubQueue) settled(n int) {
+	q.mu.Lock()
+	q.taken -= n
+	q.mu.Unlock()
+}
+
+// moveTo hands the requests sent on session from to session to: their
+// replies arrive there.
+func (r *pendingRequests) moveTo(from, to *session) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.m {
+		if p.sess == from {
+			p.sess = to
+		}
+	}
+}
+
+// beginHandover makes liveSession wait for the session being made.
+func (l *link) beginHandover() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.handing == nil {
+		l.handing = make(chan struct{})
+	}
+}
+
+// endHandover releases those waiting in liveSession.
+func (l *link) endHandover() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.handing != nil {
+		close(l.handing)
+		l.handing = nil
+	}
+}
+
+// liveSession returns the session in use; during a handover it waits for
+// the new one, at most wait.
+func (b *Bridge) liveSession(wait time.Duration) *session {
+	b.link.mu.Lock()
+	h := b.link.handing
+	b.link.mu.Unlock()
+	if h != nil {
+		t := time.NewTimer(wait)
+		select {
+		case <-h:
+		case <-t.C:
+		case <-b.quit:
+		}
+		t.Stop()
+	}
+	return b.link.sess.Load()
+}
+
+// sameBroker reports whether two broker URLs name the same broker and
+// vhost (they may differ in credential).
+func sameBroker(a, b string) bool {
+	ua, err1 := amqp.ParseURI(a)
+	ub, err2 := amqp.ParseURI(b)
+	return err1 == nil && err2 == nil && ua.Scheme == ub.Scheme && ua.Host == ub.Host &&
+		ua.Port == ub.Port && ua.Vhost == ub.Vhost
+}
+
+// userOf returns the user of a broker URL ("" if none or unparsable).
+func userOf(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return ""
+	}
+	return u.User.Username()
+}
+
+// peerCredentials are the credential generations of other nodes, from the
+// validated user_id of their system messages (discovery, heartbeats): the
+// generation each node last spoke with. mu guards gen.
+type peerCredentials struct {
+	mu  sync.Mutex
+	gen map[string]int
+}
+
+func (p *peerCredentials) seen(node, user string) {
+	n, gen, ok := ParseBrokerUser(user)
+	if !ok || n != node {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gen == nil {
+		p.gen = map[string]int{}
+	}
+	p.gen[node] = gen
+}
+
+// PeerGenerations returns, for each other node heard from on a mesh of
+// per-node broker users, the generation of the credential its last system
+// message came with (validated by the broker: user_id).
+func (b *Bridge) PeerGenerations() map[string]int {
+	b.peerCreds.mu.Lock()
+	defer b.peerCreds.mu.Unlock()
+	out := make(map[string]int, len(b.peerCreds.gen))
+	for n, g := range b.peerCreds.gen {
+		out[n] = g
+	}
+	return out
+}

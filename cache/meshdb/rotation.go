@@ -1,0 +1,162 @@
+package meshdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// This file holds the database side of rotating a node's broker
+// credential (migration 003): the admin adds generation k+1 to the node's
+// own credential rows, the node reads it with its bindings, connects with
+// it and records that it switched (CredentialSwitched, through a function
+// that lets a node role touch only its own row), and only then does the
+// admin delete generation k's row and broker user.
+
+// CredentialGeneration is one generation of a node's broker credential as
+// the admin sees it: no password.
+type CredentialGeneration struct {
+	Node       string
+	Generation int
+	User       string
+	CreatedAt  time.Time
+	SwitchedAt time.Time // zero: the node has not connected with it yet
+}
+
+// Switched reports whether the node recorded that it connects with this
+// generation.
+func (g CredentialGeneration) Switched() bool { return !g.SwitchedAt.IsZero() }
+
+// CredentialGenerations returns the broker credential generations of node
+// (every node's with node ""), by node and then oldest first.
+func (db *DB) CredentialGenerations(ctx context.Context, node string) ([]CredentialGeneration, error) {
+	var out []CredentialGeneration
+	err := collect(ctx, db.pool, &out, `SELECT node, generation, broker_user, created_at, switched_at FROM node_credentials
+		WHERE $1 = '' OR node = $1 ORDER BY node, generation`, []any{node},
+		func(r pgx.Rows, g *CredentialGeneration) error {
+			var sw *time.Time
+			err := r.Scan(&g.Node, &g.Generation, &g.User, &g.CreatedAt, &sw)
+			if sw != nil {
+				g.SwitchedAt = *sw
+			}
+			return err
+		})
+	if err != nil {
+		return nil, db.wrap("read credential generations", err)
+	}
+	return out, nil
+}
+
+// AddCredentialGeneration records a new generation of node's credential
+// in the node's own row, in one transaction: the broker user made on the
+// broker (cred) and a new database login role for the node, with a random
+// password and the same rights as its others. The node takes both with its
+// bindings. The generation must be newer than every one recorded (else
+// *ExistsError); an unknown node gives *NotFoundError. It returns the new
+// role's name.
+func (db *DB) AddCredentialGeneration(ctx context.Context, node string, cred BrokerCredential) (Change, string, error) {
+	if cred.Generation < 1 || cred.User == "" || cred.Password == "" {
+		return Change{}, "", errors.New("add credential generation: incomplete credential")
+	}
+	role, rolePassword := roleName(node), randomText(32)
+	ch, err := db.change(ctx, "add credential generation", func(tx pgx.Tx) error {
+		var exists bool
+		var newest *int
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM nodes WHERE name = $1),
+			(SELECT max(generation) FROM node_credentials WHERE node = $1)`, node).Scan(&exists, &newest); err != nil {
+			return err
+		}
+		if !exists {
+			return &NotFoundError{What: fmt.Sprintf("node %q", node)}
+		}
+		if newest != nil && *newest >= cred.Generation {
+			return &ExistsError{What: fmt.Sprintf("generation %d of node %q's credential (newest is %d)", cred.Generation, node, *newest)}
+		}
+		if err := createNodeRole(ctx, tx, node, role, rolePassword); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO node_credentials (node, generation, broker_user, broker_password, db_role, db_password)
+			VALUES ($1, $2, $3, $4, $5, $6)`, node, cred.Generation, cred.User, cred.Password.Reveal(), role, rolePassword)
+		return err
+	})
+	if err != nil {
+		return Change{}, "", err
+	}
+	return ch, role, nil
+}
+
+// DeleteCredentialGeneration revokes a generation on the database side
+// (after its broker user was deleted): its row goes, and so does every
+// login role of the node that no remaining generation names (the
+// generation's own, or for a generation made by node add, the role of the
+// join token) — but only when a remaining generation has a role to log in
+// with. The dropped roles' sessions are ended where the admin may (best
+// effort). A row that does not exist changes nothing. It returns the
+// roles dropped.
+func (db *DB) DeleteCredentialGeneration(ctx context.Context, node string, gen int) (Change, []string, error) {
+	var dropped []string
+	ch, err := db.change(ctx, "delete credential generation", func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `DELETE FROM node_credentials WHERE node = $1 AND generation = $2`, node, gen); err != nil {
+			return err
+		}
+		err := collect(ctx, tx, &dropped, `SELECT r.role FROM node_roles r WHERE r.node = $1
+			AND EXISTS (SELECT 1 FROM node_credentials c WHERE c.node = $1 AND c.db_role IS NOT NULL)
+			AND r.role NOT IN (SELECT c.db_role FROM node_credentials c WHERE c.node = $1 AND c.db_role IS NOT NULL)
+			ORDER BY r.role`, []any{node}, func(r pgx.Rows, s *string) error { return r.Scan(s) })
+		if err != nil {
+			return err
+		}
+		for _, r := range dropped {
+			if err := dropRole(ctx, tx, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Change{}, nil, err
+	}
+	for _, r := range dropped {
+		// Sessions of a dropped role go on until they end; end them. Only a
+		// superuser or a member of pg_signal_backend may: best effort.
+		_, _ = db.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, r)
+	}
+	return ch, dropped, nil
+}
+
+// CredentialSwitched records, as the node role the DB is connected as,
+// that the node now connects to the broker with generation gen of its
+// credential. It returns *NotFoundError when the node has no such
+// generation (or the DB is not connected as a node role).
+func (db *DB) CredentialSwitched(ctx context.Context, gen int) error {
+	var ok bool
+	if err := db.pool.QueryRow(ctx, `SELECT meshbox_credential_switched($1)`, gen).Scan(&ok); err != nil {
+		return db.wrap("record credential switch", err)
+	}
+	if !ok {
+		return fmt.Errorf("record credential switch: %w", &NotFoundError{What: fmt.Sprintf("credential generation %d of this node", gen)})
+	}
+	return nil
+}
+
+// SetNodeStages replaces the stage allow-list of a node ("*": all); an
+// unknown node gives *NotFoundError.
+func (db *DB) SetNodeStages(ctx context.Context, node string, stages []string) (Change, error) {
+	stages, err := validStages(stages)
+	if err != nil {
+		return Change{}, fmt.Errorf("set stages: %w", err)
+	}
+	return db.change(ctx, "set stages", func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE nodes SET stages = $2 WHERE name = $1`, node, stages)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return &NotFoundError{What: fmt.Sprintf("node %q", node)}
+		}
+		return nil
+	})
+}

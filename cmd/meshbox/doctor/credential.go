@@ -1,0 +1,83 @@
+package doctor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshbox/meshbox/bridge"
+)
+
+// checkCredential looks at the credential the broker check connected with:
+// it should be this node's own broker user (node.<n>.g<k>), and it must
+// not have the admin's rights. The test of rights: declaring the mesh's
+// shared exchange as it is (a no-op for whoever may) is refused to a
+// node's user, which has configure rights on its own queues only.
+func (d *Doctor) checkCredential(context.Context) Check {
+	const name = "broker credential"
+	conn := d.brokerConn
+	if conn == nil {
+		return ok(name, "not checked: no connection to the broker (see the broker check)")
+	}
+	defer conn.Close()
+	raw, _ := d.brokerURL()
+	user := "guest" // what an AMQP URL without a user means
+	if u, err := url.Parse(raw); err == nil && u.User != nil && u.User.Username() != "" {
+		user = u.User.Username()
+	}
+	powerful, err := mayConfigureMesh(conn)
+	if err != nil {
+		return warn(name, "run doctor again", "could not test the rights of %s: %v", user, err)
+	}
+	owner, gen, own := bridge.ParseBrokerUser(user)
+	switch {
+	case own && owner != d.cfg.Node:
+		return fail(name, "the node's configuration or cache holds another node's credential; join this node with its own token (meshbox mesh node add, meshbox join)",
+			"broker user %s is node %s's, not node %s's", user, owner, d.cfg.Node)
+	case own && powerful:
+		return fail(name, "give the user only the permissions meshbox mesh node add gives (meshbox mesh node set-stages reapplies them)",
+			"broker user %s may configure the mesh's shared exchange %s: it has more rights than a node's", user, bridge.MeshExchange)
+	case own:
+		return ok(name, "this node's own broker user %s (generation %d) works and has no admin rights", user, gen)
+	case powerful:
+		return warn(name, "give the node its own broker user: meshbox mesh node add NAME --broker-admin URL, then meshbox join TOKEN; never put the admin credential in a node's configuration",
+			"the node connects as %q, which may configure the mesh's shared exchange %s: the admin's credential, or one as powerful", user, bridge.MeshExchange)
+	default:
+		return warn(name, "give the node its own broker user: meshbox mesh node add NAME --broker-admin URL, then meshbox join TOKEN",
+			"the node connects as %q, a credential shared by the mesh, not a broker user of its own (node.%s.g<k>)", user, d.cfg.Node)
+	}
+}
+
+// mayConfigureMesh reports whether conn's user may declare the exchange
+// mesh (as the admin declares it: a no-op when it exists so).
+func mayConfigureMesh(conn *amqp.Connection) (bool, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return false, fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close()
+	done := make(chan error, 1)
+	go func() { // exits when the broker answers or the connection closes
+		done <- ch.ExchangeDeclare(bridge.MeshExchange, "topic", true, false, false, false, nil)
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(5 * time.Second):
+		_ = conn.Close() // the declaration fails with it and the goroutine exits
+		<-done
+		return false, errors.New("no answer from the broker in 5s")
+	}
+	var ae *amqp.Error
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.As(err, &ae) && ae.Code == amqp.AccessRefused:
+		return false, nil
+	default:
+		return false, err
+	}
+}
