@@ -59,7 +59,7 @@ func TestChooseCurrent(t *testing.T) {
 			for _, id := range tt.held {
 				held[id] = true
 			}
-			if got := chooseCurrent(tt.b, held, t0); got != tt.want {
+			if got := chooseCurrent(tt.b, "", held, t0); got != tt.want {
 				t.Errorf("got %q, want %q", got, tt.want)
 			}
 		})
