@@ -102,6 +102,17 @@ func TestScopedSealing(t *testing.T) {
 	moved.RoutingKey = commandKey("other")
 	wrong("moved to an unscoped stage", scopeTestBridge(member), moved)
 
+	// A reply is sealed with its request's scope and opens as such.
+	rep := &outgoing{exchange: exchangeMesh, key: replyKey("alpha"), kind: typeReply, corrID: "c1", at: time.Now(),
+		body: []byte("answer"), scope: "vault"}
+	rd := sealed(member, rep)
+	if got := rd.Headers[HeaderKey]; got != kv.ID {
+		t.Fatalf("a reply to a scoped request is sealed with %v, want the scope's key %s", got, kv.ID)
+	}
+	if env, err := scopeTestBridge(member).open(typeReply, rd); err != nil || string(env.body) != "answer" || env.scope != "vault" {
+		t.Fatalf("a scoped reply at a member: %v %v", env, err)
+	}
+
 	// Outside the scope, the node refuses to send or host.
 	if _, err := cmd("ledger").publishing("gamma", "guest", outside.cfg.Keys); !errors.Is(err, seal.ErrNotMember) {
 		t.Errorf("sealing outside the scope: got %v, want ErrNotMember", err)

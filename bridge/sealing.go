@@ -154,7 +154,10 @@ func (b *Bridge) unseal(env *envelope, d *amqp.Delivery) error {
 	// A name bound to a scope opens only with a key of that scope: no
 	// downgrade to the mesh's key, no key of another scope.
 	keyScope, held := b.cfg.Keys.KeyScope(env.keyID)
-	if want := b.expectedScope(env); held && keyScope != want || !held && want != "" && !b.cfg.Keys.Member(want) {
+	// A reply is sealed as its request was; it reaches only the node that
+	// asked, and its scope is in the associated data.
+	if want := b.expectedScope(env); env.kind != typeReply &&
+		(held && keyScope != want || !held && want != "" && !b.cfg.Keys.Member(want)) {
 		return fail(unsealWrongScope, "%s %s is bound to %s; it was sealed with key %s of %s",
 			env.kind, env.name, scopeText(want), env.keyID, keyScopeText(keyScope, held, b.cfg.Node))
 	}
