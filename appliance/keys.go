@@ -35,6 +35,11 @@ import (
 //     each key it holds for every node whose record has a public key and no
 //     copy sealed to it. So a new node receives the keys from any running
 //     node, with no admin step.
+//   - does the same for the keys of each scope it is in, among the scope's
+//     members only (a scope's current key is the newest every member
+//     holds), and hands the keyring the scopes' bindings and this node's
+//     membership (seal.Scopes); after a change of the bindings the bridge
+//     re-checks which stages it may host (Bridge.ScopesChanged).
 //
 // A node that lacks an active key says which: KeysStatus.Lacking, the
 // metric meshbox_content_key_missing{key}, and one log line per key.

@@ -64,6 +64,18 @@ func TestChooseCurrent(t *testing.T) {
 			}
 		})
 	}
+
+	// A scope's key: only its members count, and the mesh's choice ignores it.
+	scoped := cache.Bindings{Nodes: nodes, Scopes: []cache.Scope{{Name: "vault", Members: []string{"a"}}},
+		ContentKeys: []cache.ContentKey{keys[0], {ID: "kv", Scope: "vault", CreatedAt: later}},
+		KeyHolders:  holders("k1/a", "k1/b", "kv/a")}
+	held := map[string]bool{"k1": true, "kv": true}
+	if got := chooseCurrent(scoped, "vault", held, t0); got != "kv" {
+		t.Errorf("scope vault held by its only member a: got %q, want kv (b is not a member)", got)
+	}
+	if got := chooseCurrent(scoped, "", held, t0); got != "k1" {
+		t.Errorf("the mesh's key with a scope's newer: got %q, want k1", got)
+	}
 }
 
 // TestKeyKeeperOpensItsCopies: the keeper opens its own sealed copies into
