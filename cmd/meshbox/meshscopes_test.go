@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -86,5 +87,14 @@ func TestMeshScopeCommands(t *testing.T) {
 	c.ok(t, "mesh", "scope", "bind", "vault", "--topic", "door", "--unbind")
 	if rows := list(); len(rows[1].Bindings) != 2 {
 		t.Errorf("after unbinding topic door: %+v", rows[1].Bindings)
+	}
+}
+
+func TestSealingLineScopes(t *testing.T) {
+	got := sealingLine(&appliance.KeysStatus{Sealing: true, Current: "k1", NodeKey: "abcd",
+		Scopes: map[string]string{"vault": "kv", "attic": ""}})
+	want := "on, key k1, node key abcd; scope attic (no key yet); scope vault key kv"
+	if got != want {
+		t.Errorf("got %q, want %q", got, want)
 	}
 }
