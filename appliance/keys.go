@@ -217,8 +217,10 @@ func (kk *keyKeeper) applyKeys(snap cache.Snapshot) {
 		}
 	}
 	current := chooseCurrent(b, "", held, now)
-	sc := seal.Scopes{Current: map[string]string{}, Bindings: map[string]string{}, Member: map[string]bool{}}
+	sc := seal.Scopes{Current: map[string]string{}, Bindings: map[string]string{}, Member: map[string]bool{},
+		Members: map[string][]string{}}
 	for _, s := range b.Scopes {
+		sc.Members[s.Name] = s.Members
 		for _, bd := range s.Bindings {
 			sc.Bindings[seal.BindingKey(bd.Kind, bd.Name)] = s.Name
 		}

@@ -118,7 +118,7 @@ func (b *Bridge) pickHost(name string) (string, error) {
 	var goneNode string
 	var goneSince time.Time
 	for _, n := range b.routes[name] {
-		if n == b.cfg.Node {
+		if n == b.cfg.Node || !b.inScopeOf(seal.BindCap, name, n) {
 			continue
 		}
 		if since, ok := b.gone[n]; ok {

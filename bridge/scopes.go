@@ -115,6 +115,16 @@ func (b *Bridge) mayHost(stage string) bool {
 	return false
 }
 
+// inScopeOf reports whether node is in the scope name of kind is bound
+// to (true for a name bound to none): a capability bound to a scope is
+// called only on the scope's nodes, wherever else a program serves it.
+func (b *Bridge) inScopeOf(kind, name, node string) bool {
+	if b.cfg.Keys == nil {
+		return true
+	}
+	return b.cfg.Keys.InScope(b.cfg.Keys.ScopeOf(kind, name), node)
+}
+
 // ScopesChanged tells the bridge that the scopes in its keyring changed
 // (their bindings or this node's membership): it consumes the stages it
 // may host now, and stops consuming those it may no longer host.

@@ -129,3 +129,41 @@ func TestScopedSealing(t *testing.T) {
 		t.Error("mayHost: a node outside the scope may host its stage, or a member may not")
 	}
 }
+
+// TestScopedCapabilityHosts: a capability bound to a scope is called only
+// on the scope's nodes, though a node outside it serves it too.
+func TestScopedCapabilityHosts(t *testing.T) {
+	km, _ := seal.ContentKeyFrom("kmesh", seal.NewContentKey().Bytes())
+	ring := &seal.Keyring{}
+	if err := ring.SetScoped([]seal.ContentKey{km}, km.ID, seal.Scopes{
+		Bindings: map[string]string{seal.BindingKey(seal.BindCap, "safe"): "vault"},
+		Members:  map[string][]string{"vault": {"alpha", "beta"}}}); err != nil {
+		t.Fatal(err)
+	}
+	b := scopeTestBridge(ring)
+	b.cfg.Node = "alpha"
+	b.routes = map[string][]string{"safe": {"beta", "gamma"}, "open": {"beta", "gamma"}}
+	seen := map[string]bool{}
+	for range 10 {
+		n, err := b.pickHost("safe")
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[n] = true
+	}
+	if !seen["beta"] || seen["gamma"] {
+		t.Errorf("hosts picked for the scoped capability: %v, want beta only", seen)
+	}
+	seen = map[string]bool{}
+	for range 10 {
+		n, _ := b.pickHost("open")
+		seen[n] = true
+	}
+	if !seen["beta"] || !seen["gamma"] {
+		t.Errorf("hosts picked for an unscoped capability: %v, want beta and gamma", seen)
+	}
+	b.routes = map[string][]string{"safe": {"gamma"}}
+	if _, err := b.pickHost("safe"); err == nil {
+		t.Error("the scoped capability was routed to gamma, outside its scope")
+	}
+}

@@ -3,6 +3,7 @@ package seal
 import (
 	"fmt"
 	"maps"
+	"slices"
 )
 
 // Kinds of names a scope binds (Scopes.Bindings).
@@ -25,6 +26,8 @@ type Scopes struct {
 	Bindings map[string]string
 	// Member says which scopes this node is in.
 	Member map[string]bool
+	// Members are the nodes of every scope, by scope.
+	Members map[string][]string
 }
 
 // BindingKey is the key of Scopes.Bindings for name of kind (BindCap,
@@ -36,11 +39,12 @@ type ScopeState struct {
 	current  map[string]*ringKey
 	bindings map[string]string
 	member   map[string]bool
+	members  map[string][]string
 }
 
 func newScopeState(sc Scopes, byID map[string]*ringKey) (*ScopeState, error) {
 	ss := &ScopeState{current: make(map[string]*ringKey, len(sc.Current)),
-		bindings: maps.Clone(sc.Bindings), member: maps.Clone(sc.Member)}
+		bindings: maps.Clone(sc.Bindings), member: maps.Clone(sc.Member), members: maps.Clone(sc.Members)}
 	for scope, id := range sc.Current {
 		if id == "" {
 			continue
@@ -73,6 +77,11 @@ func (r *Keyring) ScopeOf(kind, name string) string {
 // Member reports whether this node is in scope ("" , the mesh: always).
 func (r *Keyring) Member(scope string) bool {
 	return scope == "" || r.scopes().member[scope]
+}
+
+// InScope reports whether node is in scope ("": the mesh, every node).
+func (r *Keyring) InScope(scope, node string) bool {
+	return scope == "" || slices.Contains(r.scopes().members[scope], node)
 }
 
 // SealerFor returns the key to seal with now for scope ("": the mesh's,

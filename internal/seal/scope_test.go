@@ -14,6 +14,7 @@ func TestKeyringScopes(t *testing.T) {
 		Current:  map[string]string{"vault": kv.ID},
 		Bindings: map[string]string{BindingKey(BindStage, "ledger"): "vault"},
 		Member:   map[string]bool{"vault": true},
+		Members:  map[string][]string{"vault": {"alpha", "beta"}},
 	}
 	if err := r.SetScoped([]ContentKey{km, kv}, km.ID, sc); err != nil {
 		t.Fatal(err)
@@ -38,6 +39,9 @@ func TestKeyringScopes(t *testing.T) {
 	}
 	if !r.Member("vault") || r.Member("other") || !r.Member("") {
 		t.Error("Member: want vault and the mesh, not other")
+	}
+	if !r.InScope("vault", "beta") || r.InScope("vault", "gamma") || !r.InScope("", "gamma") {
+		t.Error("InScope: want beta in vault, gamma not, and every node in the mesh")
 	}
 
 	// A member holding none of the scope's keys yet.
