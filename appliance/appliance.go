@@ -376,6 +376,7 @@ func (a *Appliance) bindingsChanged(snap cache.Snapshot, div cache.Divergence) {
 	}
 	if b := a.bridge.Load(); b != nil {
 		a.followBroker(b, snap, true)
+		b.ScopesChanged() // the stages it may host follow the scopes just applied
 	}
 	a.credentialChanged("")
 	if n := a.node.Load(); n != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -34,6 +35,11 @@ import (
 //     each key it holds for every node whose record has a public key and no
 //     copy sealed to it. So a new node receives the keys from any running
 //     node, with no admin step.
+//   - does the same for the keys of each scope it is in, among the scope's
+//     members only (a scope's current key is the newest every member
+//     holds), and hands the keyring the scopes' bindings and this node's
+//     membership (seal.Scopes); after a change of the bindings the bridge
+//     re-checks which stages it may host (Bridge.ScopesChanged).
 //
 // A node that lacks an active key says which: KeysStatus.Lacking, the
 // metric meshbox_content_key_missing{key}, and one log line per key.
@@ -68,6 +74,9 @@ type KeysStatus struct {
 	Current string   `json:"current,omitempty"`  // the content key messages are sealed with
 	Held    []string `json:"held"`               // content keys this node holds (opens)
 	Lacking []string `json:"lacking"`            // active content keys this node does not hold
+	// Scopes are the scopes this node is in, each with the key it seals
+	// with now ("": none held yet).
+	Scopes map[string]string `json:"scopes,omitempty"`
 	// InStep: the last look at the mesh database found nothing for this
 	// node to do (its public key published, every key made, its keys
 	// marked as opened, every node given the keys this node holds).
@@ -154,7 +163,7 @@ func (kk *keyKeeper) Status() KeysStatus {
 	kk.mu.Lock()
 	defer kk.mu.Unlock()
 	st := kk.status
-	st.Held, st.Lacking = slices.Clone(st.Held), slices.Clone(st.Lacking)
+	st.Held, st.Lacking, st.Scopes = slices.Clone(st.Held), slices.Clone(st.Lacking), maps.Clone(st.Scopes)
 	return st
 }
 
@@ -178,7 +187,8 @@ func (kk *keyKeeper) applyKeys(snap cache.Snapshot) {
 	var keys []seal.ContentKey
 	held := map[string]bool{}
 	for _, sk := range b.SealedKeys {
-		if !activeKey(b, sk.ID, now) || sk.SealedFor != fpr {
+		ck, ok := contentKey(b, sk.ID)
+		if !ok || ck.Retired(now) || sk.SealedFor != fpr || !mayHold(b, ck.Scope, kk.node) {
 			continue
 		}
 		sum := sha256.Sum256(sk.Sealed)
@@ -195,24 +205,40 @@ func (kk *keyKeeper) applyKeys(snap cache.Snapshot) {
 				continue
 			}
 			o = openedKey{sum: sum, key: k}
-			kk.opened[sk.ID] = o
 		}
+		o.key.Scope = ck.Scope
+		kk.opened[sk.ID] = o
 		keys = append(keys, o.key)
 		held[sk.ID] = true
 	}
 	for id := range kk.opened {
 		if !held[id] {
-			delete(kk.opened, id) // retired or gone: forgotten
+			delete(kk.opened, id) // retired, gone, or left its scope: forgotten
 		}
 	}
-	current := chooseCurrent(b, held, now)
-	if err := kk.ring.Set(keys, current); err != nil {
+	current := chooseCurrent(b, "", held, now)
+	sc := seal.Scopes{Current: map[string]string{}, Bindings: map[string]string{}, Member: map[string]bool{},
+		Members: map[string][]string{}}
+	for _, s := range b.Scopes {
+		sc.Members[s.Name] = s.Members
+		for _, bd := range s.Bindings {
+			sc.Bindings[seal.BindingKey(bd.Kind, bd.Name)] = s.Name
+		}
+		if s.Member(kk.node) {
+			sc.Member[s.Name] = true
+			if id := chooseCurrent(b, s.Name, held, now); id != "" {
+				sc.Current[s.Name] = id
+			}
+		}
+	}
+	if err := kk.ring.SetScoped(keys, current, sc); err != nil {
 		kk.log.Error("content keys not applied", "err", err)
 		return
 	}
 	var lacking []string
 	for _, ck := range b.ContentKeys {
-		if ck.Retired(now) {
+		if ck.Retired(now) || !mayHold(b, ck.Scope, kk.node) {
+			kk.missing.DeleteLabelValues(ck.ID)
 			continue
 		}
 		if held[ck.ID] {
@@ -223,10 +249,17 @@ func (kk *keyKeeper) applyKeys(snap cache.Snapshot) {
 		kk.missing.WithLabelValues(ck.ID).Set(1)
 		if !kk.logged[ck.ID] {
 			kk.logged[ck.ID] = true
-			kk.log.Warn("this node lacks a content key of the mesh; a node holding it seals it for this node", "key", ck.ID)
+			kk.log.Warn("this node lacks a content key of the mesh; a node holding it seals it for this node", "key", ck.ID, "scope", ck.Scope)
 		}
 	}
 	kk.status.Current, kk.status.Held, kk.status.Lacking = current, kk.ring.IDs(), lacking
+	kk.status.Scopes = nil
+	if len(sc.Member) > 0 {
+		kk.status.Scopes = map[string]string{}
+		for name := range sc.Member {
+			kk.status.Scopes[name] = sc.Current[name]
+		}
+	}
 	if kk.status.Held == nil {
 		kk.status.Held = []string{}
 	}
@@ -235,26 +268,40 @@ func (kk *keyKeeper) applyKeys(snap cache.Snapshot) {
 	}
 }
 
-// activeKey reports whether content key id of b is active (known and not
-// retired).
-func activeKey(b cache.Bindings, id string, now time.Time) bool {
+// contentKey returns content key id of b.
+func contentKey(b cache.Bindings, id string) (cache.ContentKey, bool) {
 	for _, ck := range b.ContentKeys {
 		if ck.ID == id {
-			return !ck.Retired(now)
+			return ck, true
+		}
+	}
+	return cache.ContentKey{}, false
+}
+
+// mayHold reports whether node may hold the keys of scope ("": the
+// mesh's, every node).
+func mayHold(b cache.Bindings, scope, node string) bool {
+	if scope == "" {
+		return true
+	}
+	for _, s := range b.Scopes {
+		if s.Name == scope {
+			return s.Member(node)
 		}
 	}
 	return false
 }
 
-// chooseCurrent picks the key to seal with among those held: the newest
-// that every node with a public key holds (sealed to its key now) and
-// opens messages with already (it said so: KeyHolder.Opened); when none
-// is, the oldest held (the one the others are most likely to hold). ""
-// when none is held.
-func chooseCurrent(b cache.Bindings, held map[string]bool, now time.Time) string {
+// chooseCurrent picks the key of scope ("": the mesh's) to seal with
+// among those held: the newest that every node with a public key that may
+// hold it (every node, or the scope's members) holds (sealed to its key
+// now) and opens messages with already (it said so: KeyHolder.Opened);
+// when none is, the oldest held (the one the others are most likely to
+// hold). "" when none is held.
+func chooseCurrent(b cache.Bindings, scope string, held map[string]bool, now time.Time) string {
 	var active []cache.ContentKey
 	for _, ck := range b.ContentKeys {
-		if held[ck.ID] && !ck.Retired(now) {
+		if held[ck.ID] && !ck.Retired(now) && ck.Scope == scope {
 			active = append(active, ck)
 		}
 	}
@@ -279,7 +326,7 @@ func chooseCurrent(b cache.Bindings, held map[string]bool, now time.Time) string
 	for i := len(active) - 1; i >= 0; i-- {
 		all := true
 		for _, n := range b.Nodes {
-			if n.PublicKey == "" {
+			if n.PublicKey == "" || !mayHold(b, scope, n.Name) {
 				continue
 			}
 			if holders[active[i].ID+"/"+n.Name] != fingerprintOf(n.PublicKey) {
@@ -389,7 +436,7 @@ func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) (changed bool, 
 		held[h.KeyID] = true
 	}
 	for _, ck := range b.ContentKeys {
-		if ck.Retired(now) || held[ck.ID] {
+		if ck.Retired(now) || held[ck.ID] || !mayHold(b, ck.Scope, kk.node) {
 			continue
 		}
 		// Nobody holds it: make it. Only one claim wins.
@@ -437,7 +484,7 @@ func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) (changed bool, 
 	}
 	for _, k := range mine {
 		for _, n := range b.Nodes {
-			if n.PublicKey == "" || n.Name == kk.node {
+			if n.PublicKey == "" || n.Name == kk.node || !mayHold(b, k.Scope, n.Name) {
 				continue
 			}
 			raw, err := base64.StdEncoding.DecodeString(n.PublicKey)

@@ -59,10 +59,22 @@ func TestChooseCurrent(t *testing.T) {
 			for _, id := range tt.held {
 				held[id] = true
 			}
-			if got := chooseCurrent(tt.b, held, t0); got != tt.want {
+			if got := chooseCurrent(tt.b, "", held, t0); got != tt.want {
 				t.Errorf("got %q, want %q", got, tt.want)
 			}
 		})
+	}
+
+	// A scope's key: only its members count, and the mesh's choice ignores it.
+	scoped := cache.Bindings{Nodes: nodes, Scopes: []cache.Scope{{Name: "vault", Members: []string{"a"}}},
+		ContentKeys: []cache.ContentKey{keys[0], {ID: "kv", Scope: "vault", CreatedAt: later}},
+		KeyHolders:  holders("k1/a", "k1/b", "kv/a")}
+	held := map[string]bool{"k1": true, "kv": true}
+	if got := chooseCurrent(scoped, "vault", held, t0); got != "kv" {
+		t.Errorf("scope vault held by its only member a: got %q, want kv (b is not a member)", got)
+	}
+	if got := chooseCurrent(scoped, "", held, t0); got != "k1" {
+		t.Errorf("the mesh's key with a scope's newer: got %q, want k1", got)
 	}
 }
 

@@ -81,11 +81,29 @@
 // for a node that holds it or for this one once it has the key), an event
 // is dropped. Each is counted in
 // meshbox_unseal_failures_total{shape,reason} (reason tampered,
-// unknown_key, not_sealed, expired, malformed) and the first of each cause
+// unknown_key, not_sealed, expired, malformed, wrong_scope) and the first of each cause
 // is logged. A node that holds no key to seal with refuses what it would
 // send with 503 and says so. The outbox on the node's own disk holds
 // messages before they are sealed: sealing happens when a message is
 // published, with the key current then.
+//
+// # Scopes
+//
+// A scope is a smaller trust boundary inside the mesh (scopes.go): content
+// keys of its own, held by its member nodes only, and capabilities, stages
+// and topics bound to it. The keyring (Config.Keys) holds the keys of
+// every scope this node is in, tagged with their scope, and the bindings.
+// A request, command or event of a bound name is sealed with the scope's
+// current key, the scope added to the associated data; a reply is sealed
+// with the scope of its request's key. On receipt, a request, command or
+// event of a bound name must be sealed with a key of that scope, and one
+// of an unbound name with the mesh's: anything else is refused as
+// wrong_scope (no downgrade to the mesh's key), as is a bound name at a
+// node outside the scope. A node outside a scope refuses its programs'
+// calls of the scope's capabilities and submissions to its stages and
+// topics with 403 naming the scope (meshbox_scope_refusals_total{kind}),
+// and does not consume a scoped stage's queue although a program serves
+// it. ScopesChanged re-checks the stages after the scopes change.
 //
 // # Offline operation and the outbox
 //

@@ -121,6 +121,7 @@ type outgoing struct {
 	body      []byte
 	at        time.Time
 	raw       *amqp.Publishing // when set: published as it is
+	scope     string           // replies: sealed with this scope's key (the request's)
 }
 
 // publishing builds the AMQP message of node origin, published by broker
@@ -236,6 +237,7 @@ type envelope struct {
 	redelivered bool
 	verified    bool        // origin is the publisher's broker user (user_id), not a header
 	keyID       string      // sealed with this content key (Meshbox-Key)
+	scope       string      // the scope of that key ("": the mesh's)
 	header      nats.Header // for NATS: caller headers, Content-Type, Content-Encoding
 	body        []byte
 	sent        time.Time

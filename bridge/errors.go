@@ -95,6 +95,7 @@ func (e *ServiceError) Error() string { return fmt.Sprintf("%d %s", e.Code, e.Te
 // Error codes carried in the Nats-Service-Error-Code header.
 const (
 	CodeBadInput    = 400 // malformed request, invalid subject, oversized payload
+	CodeForbidden   = 403 // a name bound to a scope this node is not in
 	CodeUnavailable = 503 // mesh unreachable, no host, node gone
 	CodeTimeout     = 504 // deadline passed
 	CodeOutboxFull  = 507 // outbox full

@@ -61,7 +61,7 @@ func (b *Bridge) SetLocalInterest(ctx context.Context, subjects []string) error 
 	if capsChanged && bc != nil {
 		_ = bc.Flush() // the server has the stand-ins' changes before we return
 	}
-	err := b.declareStages(ctx, hosted)
+	err := b.declareStages(ctx, b.hostedStages())
 	if stagesChanged {
 		signal(b.stagesChanged) // the session's consumer owner consumes (and cancels)
 		signal(b.stall.watch)   // a stall checker with nothing to watch wakes
@@ -167,18 +167,26 @@ func (b *Bridge) reconcileLocked() {
 	}
 }
 
-// hostedStages returns a copy of the stages hosted here.
+// hostedStages returns a copy of the stages hosted here: subscribed by a
+// local program (or configured), and not bound to a scope this node is
+// not in (scopes.go).
 func (b *Bridge) hostedStages() map[string]bool {
 	b.routeMu.RLock()
 	defer b.routeMu.RUnlock()
-	return maps.Clone(b.hosted)
+	out := make(map[string]bool, len(b.hosted))
+	for s := range b.hosted {
+		if b.mayHost(s) {
+			out[s] = true
+		}
+	}
+	return out
 }
 
 // hostsStage reports whether stage is hosted here.
 func (b *Bridge) hostsStage(stage string) bool {
 	b.routeMu.RLock()
 	defer b.routeMu.RUnlock()
-	return b.hosted[stage]
+	return b.hosted[stage] && b.mayHost(stage)
 }
 
 // LocalCapabilities returns the capabilities local programs host, as last
@@ -191,9 +199,7 @@ func (b *Bridge) LocalCapabilities() []string {
 
 // HostedStages returns the stages this node hosts.
 func (b *Bridge) HostedStages() []string {
-	b.routeMu.RLock()
-	defer b.routeMu.RUnlock()
-	return sortedKeys(b.hosted)
+	return sortedKeys(b.hostedStages())
 }
 
 func sortedKeys(m map[string]bool) []string {

@@ -45,12 +45,15 @@ type metrics struct {
 	byShape    map[string][2]prometheus.Counter // messages' counters (in, out) of each shape, looked up once
 	errors     *prometheus.CounterVec
 	unseal     *prometheus.CounterVec
-	duration   *prometheus.HistogramVec
-	stalls     prometheus.Gauge
-	revoked    prometheus.Gauge
-	outbox     []prometheus.Collector
-	reg        prometheus.Registerer
-	registered []prometheus.Collector
+	// scopeRefused counts what this node refused to send for a scope it is
+	// not in, by kind (cap, stage, topic).
+	scopeRefused *prometheus.CounterVec
+	duration     *prometheus.HistogramVec
+	stalls       prometheus.Gauge
+	revoked      prometheus.Gauge
+	outbox       []prometheus.Collector
+	reg          prometheus.Registerer
+	registered   []prometheus.Collector
 }
 
 func newMetrics(b *Bridge) *metrics {
@@ -73,8 +76,12 @@ func newMetrics(b *Bridge) *metrics {
 		}, []string{"kind"}),
 		unseal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshbox_unseal_failures_total",
-			Help: "Sealed messages from the broker that were refused, by shape and reason (tampered, unknown_key, not_sealed, expired, malformed).",
+			Help: "Sealed messages from the broker that were refused, by shape and reason (tampered, unknown_key, not_sealed, expired, malformed, wrong_scope).",
 		}, []string{"shape", "reason"}),
+		scopeRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshbox_scope_refusals_total",
+			Help: "Calls, submissions and events of local programs refused because their name is bound to a scope this node is not in, by kind (cap, stage, topic).",
+		}, []string{"kind"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "meshbox_request_duration_seconds",
 			Help:    "Round trip of requests forwarded to other nodes, by outcome (ok, error, timeout, unreachable).",
@@ -112,7 +119,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 		return nil
 	}
 	m.reg = reg
-	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.duration, m.stalls, m.revoked}, m.outbox...)
+	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.scopeRefused, m.duration, m.stalls, m.revoked}, m.outbox...)
 	for _, c := range all {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -117,7 +118,7 @@ func (b *Bridge) pickHost(name string) (string, error) {
 	var goneNode string
 	var goneSince time.Time
 	for _, n := range b.routes[name] {
-		if n == b.cfg.Node {
+		if n == b.cfg.Node || !b.inScopeOf(seal.BindCap, name, n) {
 			continue
 		}
 		if since, ok := b.gone[n]; ok {
@@ -145,8 +146,12 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 		b.replyError(msg.Reply, err)
 		return
 	}
+	if err := b.notInScope(seal.BindCap, name, "call"); err != nil {
+		b.replyError(msg.Reply, err)
+		return
+	}
 	if b.cfg.Keys != nil {
-		if _, err := b.cfg.Keys.Sealer(); err != nil {
+		if _, err := b.cfg.Keys.SealerFor(b.cfg.Keys.ScopeOf(seal.BindCap, name)); err != nil {
 			b.m.err(errKindUnreachable)
 			b.replyError(msg.Reply, b.lacksKey("request"))
 			return
@@ -493,6 +498,7 @@ func (s *session) replyHost(env *envelope, resp *nats.Msg, failure error) {
 	// reply-to of the publisher's choosing.
 	out := &outgoing{exchange: exchangeMesh, key: replyKey(env.origin), kind: typeReply, corrID: env.corrID, at: time.Now()}
 	if failure == nil {
+		out.scope = env.scope // sealed as the request was; a refusal says nothing of the scope's
 		var err error
 		out.header, err = callerHeaders(resp.Header)
 		if err != nil {

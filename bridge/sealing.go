@@ -26,7 +26,8 @@ import (
 // Content-Type and Content-Encoding included, and the body. The associated
 // data binds what routing reads and who sent it: the message type, its
 // routing key (target node, capability, stage or topic), message id,
-// correlation id, reply-to, the validated origin and the key id.
+// correlation id, reply-to, the validated origin and the key id, and,
+// for a key of a scope, the scope (scopes.go).
 
 const (
 	sealedVersion = 1
@@ -47,6 +48,7 @@ const (
 	unsealNotSealed  = "not_sealed"  // plain, where the mesh seals
 	unsealExpired    = "expired"     // a request past its sealed deadline: late or replayed
 	unsealMalformed  = "malformed"   // opened, but its content is not valid
+	unsealWrongScope = "wrong_scope" // a scoped name sealed with a key of another scope or the mesh's, or not a member
 )
 
 // unsealError is a message that cannot be opened. env is what routing
@@ -75,9 +77,14 @@ func sealable(kind string) bool {
 	return kind == typeRequest || kind == typeReply || kind == typeCommand || kind == typeEvent
 }
 
-// sealAD appends the associated data of a message to dst.
-func sealAD(dst []byte, kind, key, msgID, corrID, replyTo, origin, keyID string) []byte {
-	return seal.AssociatedData(dst, sealADLabel, kind, key, msgID, corrID, replyTo, origin, keyID)
+// sealAD appends the associated data of a message to dst. A key of a
+// scope adds the scope; the mesh's keys add nothing (so messages sealed
+// with them are as before scopes existed).
+func sealAD(dst []byte, kind, key, msgID, corrID, replyTo, origin, keyID, scope string) []byte {
+	if scope == "" {
+		return seal.AssociatedData(dst, sealADLabel, kind, key, msgID, corrID, replyTo, origin, keyID)
+	}
+	return seal.AssociatedData(dst, sealADLabel, kind, key, msgID, corrID, replyTo, origin, keyID, scope)
 }
 
 // sealInto seals o's headers and body into p: p.Body becomes the sealed
@@ -85,8 +92,15 @@ func sealAD(dst []byte, kind, key, msgID, corrID, replyTo, origin, keyID string)
 // Meshbox-Key names the key. One allocation holds the plaintext (sealed in
 // place) and the associated data.
 func (o *outgoing) sealInto(p *amqp.Publishing, keys *seal.Keyring, origin string) error {
-	sl, err := keys.Sealer()
+	scope := o.scope
+	if o.kind != typeReply {
+		scope = outgoingScope(keys, o.kind, o.key)
+	}
+	sl, err := keys.SealerFor(scope)
 	if err != nil {
+		if scope != "" {
+			return fmt.Errorf("scope %s: %w", scope, err)
+		}
 		return err
 	}
 	n := 1 + 2*binary.MaxVarintLen64 + binary.MaxVarintLen64 + len(o.body)
@@ -96,7 +110,7 @@ func (o *outgoing) sealInto(p *amqp.Publishing, keys *seal.Keyring, origin strin
 			n += len(v) + binary.MaxVarintLen64
 		}
 	}
-	adLen := 64 + len(sealADLabel) + len(o.key) + len(o.msgID) + len(o.corrID) + len(o.replyTo) + len(origin) + len(sl.ID())
+	adLen := 64 + len(sealADLabel) + len(o.key) + len(o.msgID) + len(o.corrID) + len(o.replyTo) + len(origin) + len(sl.ID()) + len(scope)
 	buf := make([]byte, 0, n+seal.Overhead+adLen)
 	buf = append(buf, sealedVersion)
 	var deadline int64
@@ -115,7 +129,7 @@ func (o *outgoing) sealInto(p *amqp.Publishing, keys *seal.Keyring, origin strin
 	}
 	buf = append(buf, o.body...)
 	pt := len(buf)
-	ad := sealAD(buf[pt+seal.Overhead:pt+seal.Overhead], o.kind, o.key, o.msgID, o.corrID, o.replyTo, origin, sl.ID())
+	ad := sealAD(buf[pt+seal.Overhead:pt+seal.Overhead], o.kind, o.key, o.msgID, o.corrID, o.replyTo, origin, sl.ID(), scope)
 	p.Body = sl.Seal(buf[:0], ad, buf[:pt])
 	p.Headers[HeaderKey] = sl.ID()
 	p.ContentType, p.ContentEncoding = "", ""
@@ -137,13 +151,23 @@ func (b *Bridge) unseal(env *envelope, d *amqp.Delivery) error {
 	if env.keyID == "" {
 		return fail(unsealNotSealed, "a %s without %s in a mesh that seals", env.kind, HeaderKey)
 	}
+	// A name bound to a scope opens only with a key of that scope: no
+	// downgrade to the mesh's key, no key of another scope.
+	keyScope, held := b.cfg.Keys.KeyScope(env.keyID)
+	// A reply is sealed as its request was; it reaches only the node that
+	// asked, and its scope is in the associated data.
+	if want := b.expectedScope(env); env.kind != typeReply &&
+		(held && keyScope != want || !held && want != "" && !b.cfg.Keys.Member(want)) {
+		return fail(unsealWrongScope, "%s %s is bound to %s; it was sealed with key %s of %s",
+			env.kind, env.name, scopeText(want), env.keyID, keyScopeText(keyScope, held, b.cfg.Node))
+	}
 	// Opened into a buffer of its own (the sealed body stays as it came, for
 	// a dead letter), which holds the associated data past the plaintext:
 	// one allocation.
 	n := len(d.Body)
 	buf := make([]byte, n, n+64+len(sealADLabel)+len(env.kind)+len(d.RoutingKey)+len(d.MessageId)+
-		len(d.CorrelationId)+len(d.ReplyTo)+len(env.origin)+len(env.keyID))
-	ad := sealAD(buf[n:n], env.kind, d.RoutingKey, d.MessageId, d.CorrelationId, d.ReplyTo, env.origin, env.keyID)
+		len(d.CorrelationId)+len(d.ReplyTo)+len(env.origin)+len(env.keyID)+len(keyScope))
+	ad := sealAD(buf[n:n], env.kind, d.RoutingKey, d.MessageId, d.CorrelationId, d.ReplyTo, env.origin, env.keyID, keyScope)
 	pt, err := b.cfg.Keys.Open(buf[:0], env.keyID, ad, d.Body)
 	switch {
 	case errors.Is(err, seal.ErrUnknownKey):
@@ -208,7 +232,7 @@ func (b *Bridge) unseal(env *envelope, d *amqp.Delivery) error {
 	if len(h) == 0 {
 		h = nil
 	}
-	env.header, env.body = h, r.b
+	env.header, env.body, env.scope = h, r.b, keyScope
 	return nil
 }
 

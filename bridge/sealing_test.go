@@ -125,7 +125,7 @@ func FuzzUnseal(f *testing.F) {
 	f.Fuzz(func(t *testing.T, plaintext []byte) {
 		sl, _ := ring.Sealer()
 		key := commandKey("work")
-		ad := sealAD(nil, typeCommand, key, "m1", "", "", "alpha", sl.ID())
+		ad := sealAD(nil, typeCommand, key, "m1", "", "", "alpha", sl.ID(), "")
 		d := amqp.Delivery{Type: typeCommand, MessageId: "m1", RoutingKey: key,
 			Headers: amqp.Table{HeaderOrigin: "alpha", HeaderKey: sl.ID()}, Body: sl.Seal(nil, ad, plaintext)}
 		env, err := b.open(typeCommand, d)

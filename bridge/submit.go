@@ -86,8 +86,15 @@ func (b *Bridge) submission(kind recordKind, name string, msg *nats.Msg) (*recor
 	if err != nil {
 		return nil, err
 	}
+	bk, verb := seal.BindStage, "submit to"
+	if kind == kindEvent {
+		bk, verb = seal.BindTopic, "publish to"
+	}
+	if err := b.notInScope(bk, name, verb); err != nil {
+		return nil, err
+	}
 	if b.cfg.Keys != nil && b.currentURL() != "" {
-		if _, err := b.cfg.Keys.Sealer(); err != nil {
+		if _, err := b.cfg.Keys.SealerFor(b.cfg.Keys.ScopeOf(bk, name)); err != nil {
 			return nil, b.lacksKey(kind.String())
 		}
 	}

@@ -40,11 +40,32 @@ type Bindings struct {
 	ContentKeys []ContentKey `json:"content_keys,omitempty"`
 	SealedKeys  []SealedKey  `json:"sealed_keys,omitempty"`
 	KeyHolders  []KeyHolder  `json:"key_holders,omitempty"`
+	// Scopes are the mesh's scopes: smaller trust boundaries with keys of
+	// their own, their members and the names bound to them.
+	Scopes []Scope `json:"scopes,omitempty"`
 }
+
+// Scope is one of the mesh's scopes: the nodes that hold its keys and the
+// capabilities, stages and topics whose traffic is sealed with them.
+type Scope struct {
+	Name     string         `json:"name"`
+	Members  []string       `json:"members"`  // sorted
+	Bindings []ScopeBinding `json:"bindings"` // sorted by kind, then name
+}
+
+// ScopeBinding binds a name of a kind (cap, stage, topic) to a scope.
+type ScopeBinding struct {
+	Kind string `json:"kind"`
+	Name string `json:"name"`
+}
+
+// Member reports whether node is in the scope.
+func (s Scope) Member(node string) bool { return slices.Contains(s.Members, node) }
 
 // ContentKey is one of the mesh's content keys: its id and lifetime.
 type ContentKey struct {
 	ID        string     `json:"id"`
+	Scope     string     `json:"scope,omitempty"` // "": the mesh's key; else a scope's
 	CreatedAt time.Time  `json:"created_at"`
 	RetireAt  *time.Time `json:"retire_at,omitempty"` // after it, nodes forget the key
 }
@@ -216,6 +237,21 @@ func (b Bindings) Normalize() Bindings {
 	}
 	n.SealedKeys = slices.Clone(b.SealedKeys)
 	n.KeyHolders = slices.Clone(b.KeyHolders)
+	for _, sc := range b.Scopes {
+		c := Scope{Name: sc.Name, Members: slices.Clone(sc.Members), Bindings: slices.Clone(sc.Bindings)}
+		if c.Members == nil {
+			c.Members = []string{}
+		}
+		if c.Bindings == nil {
+			c.Bindings = []ScopeBinding{}
+		}
+		slices.Sort(c.Members)
+		slices.SortFunc(c.Bindings, func(a, b ScopeBinding) int {
+			return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Name, b.Name))
+		})
+		n.Scopes = append(n.Scopes, c)
+	}
+	slices.SortFunc(n.Scopes, func(a, b Scope) int { return cmp.Compare(a.Name, b.Name) })
 	slices.SortFunc(n.ContentKeys, func(a, b ContentKey) int { return cmp.Compare(a.ID, b.ID) })
 	slices.SortFunc(n.SealedKeys, func(a, b SealedKey) int { return cmp.Compare(a.ID, b.ID) })
 	slices.SortFunc(n.KeyHolders, func(a, b KeyHolder) int {
@@ -346,6 +382,30 @@ func hashNormalized(b Bindings) string {
 			put(h.Node)
 			put(h.SealedFor)
 			putBool(h.Opened)
+		}
+	}
+	// Likewise scopes, and keys' scopes.
+	hasScopes := len(b.Scopes) > 0
+	for _, k := range b.ContentKeys {
+		hasScopes = hasScopes || k.Scope != ""
+	}
+	if hasScopes {
+		put("scopes")
+		for _, k := range b.ContentKeys {
+			put(k.Scope)
+		}
+		putN(len(b.Scopes))
+		for _, sc := range b.Scopes {
+			put(sc.Name)
+			putN(len(sc.Members))
+			for _, m := range sc.Members {
+				put(m)
+			}
+			putN(len(sc.Bindings))
+			for _, bd := range sc.Bindings {
+				put(bd.Kind)
+				put(bd.Name)
+			}
 		}
 	}
 	_ = w.Flush() // writes to a hash never fail

@@ -27,6 +27,13 @@
 // are made by the first node that claims its id. No admin command handles
 // key bytes.
 //
+// Scopes (scopes.go, migration 005): a scope has content keys of its own
+// (content_keys.scope), members (scope_members) and the capabilities,
+// stages and topics bound to it (scope_bindings). The definer functions
+// store a copy of a scope's key only for a member, and only from a member;
+// a node that leaves a scope loses its copies. RotateKey rotates the
+// mesh's keys, RotateScopeKey one scope's.
+//
 // Migrate lets every role read the schema version; Load reads it first
 // and refuses a schema newer than the migrations this binary ships
 // (*SchemaError): a node older than its mesh keeps running from its cache

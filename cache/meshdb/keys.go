@@ -96,34 +96,17 @@ func (db *DB) MarkKeyOpened(ctx context.Context, id, node, fpr string) (bool, er
 // retiring yet to retire after retention (0: DefaultKeyRetention). Nodes
 // seal with the new key once every node with a public key holds it, and
 // forget the old ones when they retire. Keys retired before now are
-// deleted with their sealed copies.
+// deleted with their sealed copies. Scopes' keys are rotated on their own
+// (RotateScopeKey).
 func (db *DB) RotateKey(ctx context.Context, retention time.Duration) (string, Change, error) {
-	if retention <= 0 {
-		retention = DefaultKeyRetention
-	}
-	id := seal.NewContentKey().ID
-	ch, err := db.change(ctx, "rotate content key", func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `DELETE FROM content_keys WHERE retire_at <= now()`); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE content_keys SET retire_at = now() + $1::interval WHERE retire_at IS NULL`,
-			fmt.Sprintf("%d milliseconds", retention.Milliseconds())); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO content_keys (id) VALUES ($1)`, id)
-		return err
-	})
-	if err != nil {
-		return "", Change{}, err
-	}
-	return id, ch, nil
+	return db.rotate(ctx, "rotate content key", "", retention)
 }
 
 // ContentKeys lists the mesh's content keys with their holders.
 func (db *DB) ContentKeys(ctx context.Context) ([]cache.ContentKey, []cache.KeyHolder, error) {
 	var keys []cache.ContentKey
-	if err := collect(ctx, db.pool, &keys, `SELECT id, created_at, retire_at FROM content_keys ORDER BY created_at, id`, nil,
-		func(r pgx.Rows, k *cache.ContentKey) error { return r.Scan(&k.ID, &k.CreatedAt, &k.RetireAt) }); err != nil {
+	if err := collect(ctx, db.pool, &keys, `SELECT id, COALESCE(scope, ''), created_at, retire_at FROM content_keys ORDER BY created_at, id`, nil,
+		func(r pgx.Rows, k *cache.ContentKey) error { return r.Scan(&k.ID, &k.Scope, &k.CreatedAt, &k.RetireAt) }); err != nil {
 		return nil, nil, db.wrap("content keys", err)
 	}
 	var holders []cache.KeyHolder
@@ -137,9 +120,12 @@ func (db *DB) ContentKeys(ctx context.Context) ([]cache.ContentKey, []cache.KeyH
 // loadKeys reads the key part of node's bindings into b, inside Load's
 // transaction.
 func loadKeys(ctx context.Context, tx pgx.Tx, node string, b *cache.Bindings) error {
-	if err := collect(ctx, tx, &b.ContentKeys, `SELECT id, created_at, retire_at FROM content_keys ORDER BY id`, nil,
-		func(r pgx.Rows, k *cache.ContentKey) error { return r.Scan(&k.ID, &k.CreatedAt, &k.RetireAt) }); err != nil {
+	if err := collect(ctx, tx, &b.ContentKeys, `SELECT id, COALESCE(scope, ''), created_at, retire_at FROM content_keys ORDER BY id`, nil,
+		func(r pgx.Rows, k *cache.ContentKey) error { return r.Scan(&k.ID, &k.Scope, &k.CreatedAt, &k.RetireAt) }); err != nil {
 		return fmt.Errorf("content keys: %w", err)
+	}
+	if err := loadScopes(ctx, tx, &b.Scopes); err != nil {
+		return fmt.Errorf("scopes: %w", err)
 	}
 	if err := collect(ctx, tx, &b.SealedKeys, `SELECT key_id, sealed_for, sealed FROM sealed_keys WHERE node = $1 ORDER BY key_id`, []any{node},
 		func(r pgx.Rows, k *cache.SealedKey) error { return r.Scan(&k.ID, &k.SealedFor, &k.Sealed) }); err != nil {

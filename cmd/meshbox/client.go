@@ -7,8 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -231,6 +233,13 @@ func sealingLine(k *appliance.KeysStatus) string {
 		line = "on, but no content key yet: this node cannot send to the mesh"
 	}
 	line += ", node key " + k.NodeKey
+	for _, name := range slices.Sorted(maps.Keys(k.Scopes)) {
+		if id := k.Scopes[name]; id != "" {
+			line += "; scope " + name + " key " + id
+		} else {
+			line += "; scope " + name + " (no key yet)"
+		}
+	}
 	if len(k.Lacking) > 0 {
 		line += " — LACKS " + strings.Join(k.Lacking, ", ")
 	}

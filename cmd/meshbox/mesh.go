@@ -59,6 +59,12 @@ Grants:
 Keys:
   key list [--json]                  the content keys and which nodes hold them
   key rotate [--retention 24h]       add a content key; the old ones retire after --retention
+Scopes (keys for a subset of nodes, bound to capabilities, stages, topics):
+  scope add NAME --nodes A,B         create a scope held by these nodes, with its own key
+  scope bind NAME [--cap C,...] [--stage S,...] [--topic T,...]
+                                     seal these names' traffic with the scope's key (--unbind: undo)
+  scope list [--json]                scopes, their nodes, bindings and keys
+  scope rotate NAME [--retention 24h] add a key to the scope; its old ones retire after --retention
 Other:
   revision                           the current mesh revision
 
@@ -87,14 +93,14 @@ func (c *MeshCommand) Run(ctx context.Context, args []string) error {
 		return nil
 	}
 	name, rest := args[0], args[1:]
-	if slices.Contains([]string{"node", "override", "setting", "key"}, name) {
+	if slices.Contains([]string{"node", "override", "setting", "key", "scope"}, name) {
 		if len(rest) == 0 {
 			fmt.Fprint(c.m.Stderr, meshUsage)
 			return usagef("mesh %s: no command given", name)
 		}
 		name, rest = name+" "+rest[0], rest[1:]
 	}
-	for _, leaf := range append(c.leaves(), c.keyLeaves()...) {
+	for _, leaf := range slices.Concat(c.leaves(), c.keyLeaves(), c.scopeLeaves()) {
 		if leaf.name == name {
 			return c.runLeaf(ctx, leaf, rest)
 		}

@@ -46,6 +46,9 @@ func (c *MeshCommand) keyLeaves() []meshLeaf {
 				}
 				rows := []row{}
 				for _, k := range keys {
+					if k.Scope != "" {
+						continue // a scope's: meshbox mesh scope list
+					}
 					r := row{ID: k.ID, Created: k.CreatedAt, RetireAt: k.RetireAt, Holders: []string{}}
 					for _, h := range holders {
 						if h.KeyID == k.ID {

@@ -31,11 +31,12 @@ const (
 	KindResource
 	KindProvider
 	KindPublicName
+	KindScope
 )
 
 // Kinds lists every kind, in order.
 var Kinds = []Kind{KindNode, KindCapability, KindStage, KindTopic, KindSystemKey,
-	KindModule, KindSettingKey, KindOverrideKey, KindResource, KindProvider, KindPublicName}
+	KindModule, KindSettingKey, KindOverrideKey, KindResource, KindProvider, KindPublicName, KindScope}
 
 var kindNames = [...]string{
 	KindNode:        "node name",
@@ -49,6 +50,7 @@ var kindNames = [...]string{
 	KindResource:    "resource name",
 	KindProvider:    "provider name",
 	KindPublicName:  "public name",
+	KindScope:       "scope name",
 }
 
 func (k Kind) String() string {
@@ -79,6 +81,7 @@ var checks = [...]func(string) error{
 	KindResource:    Resource,
 	KindProvider:    Provider,
 	KindPublicName:  PublicName,
+	KindScope:       Scope,
 }
 
 // Node checks a node's mesh name: 1 to 64 bytes of [A-Za-z0-9_-].
@@ -89,6 +92,20 @@ func Node(s string) error {
 	for i := 0; i < len(s); i++ {
 		if !isTokenByte(s[i]) {
 			return badByte(KindNode, s, i, "[A-Za-z0-9_-]", "")
+		}
+	}
+	return nil
+}
+
+// Scope checks a scope's name (a smaller trust boundary inside a mesh,
+// with its own content key): 1 to 64 bytes of [A-Za-z0-9_-], as a node's.
+func Scope(s string) error {
+	if err := length(KindScope, s, MaxNode); err != nil {
+		return err
+	}
+	for i := 0; i < len(s); i++ {
+		if !isTokenByte(s[i]) {
+			return badByte(KindScope, s, i, "[A-Za-z0-9_-]", "")
 		}
 	}
 	return nil

@@ -25,8 +25,10 @@ const maxKeyID = 32
 // ContentKey is one of a mesh's (or a scope's) content keys. It prints and
 // logs as its id only.
 type ContentKey struct {
-	ID  string
-	key [ContentKeySize]byte
+	ID string
+	// Scope is the scope the key belongs to ("": the mesh's own key).
+	Scope string
+	key   [ContentKeySize]byte
 }
 
 // NewContentKey makes a content key with a fresh random id ("k" and 12 hex
@@ -93,13 +95,15 @@ type Keyring struct {
 
 // ringState is one immutable set of keys.
 type ringState struct {
-	current *ringKey
-	byID    map[string]*ringKey
+	current *ringKey            // the mesh's key to seal with
+	byID    map[string]*ringKey // every key held, of every scope
+	scopes  *ScopeState         // scope keys to seal with, bindings, membership
 }
 
 type ringKey struct {
-	id   string
-	aead cipher.AEAD
+	id    string
+	scope string
+	aead  cipher.AEAD
 }
 
 // NewKeyring returns a keyring holding keys, sealing with current (see
@@ -113,8 +117,17 @@ func NewKeyring(keys []ContentKey, current string) (*Keyring, error) {
 }
 
 // Set replaces the keys; current is the id to seal with ("" : none, the
-// keyring then only opens). current must be one of keys.
+// keyring then only opens). current must be one of keys, of no scope.
+// The keyring then knows no scope (see SetScoped).
 func (r *Keyring) Set(keys []ContentKey, current string) error {
+	return r.SetScoped(keys, current, Scopes{})
+}
+
+// SetScoped replaces the keys (of the mesh and of scopes), the mesh's key
+// to seal with (current, as Set), and what sc says of scopes: each
+// scope's key to seal with, the names bound to scopes and the scopes this
+// node is in.
+func (r *Keyring) SetScoped(keys []ContentKey, current string, sc Scopes) error {
 	st := &ringState{byID: make(map[string]*ringKey, len(keys))}
 	for _, k := range keys {
 		if err := ValidateKeyID(k.ID); err != nil {
@@ -128,14 +141,19 @@ func (r *Keyring) Set(keys []ContentKey, current string) error {
 		if err != nil {
 			return fmt.Errorf("content key %s: %w", k.ID, err)
 		}
-		st.byID[k.ID] = &ringKey{id: k.ID, aead: g}
+		st.byID[k.ID] = &ringKey{id: k.ID, scope: k.Scope, aead: g}
 	}
 	if current != "" {
 		st.current = st.byID[current]
-		if st.current == nil {
-			return fmt.Errorf("%w: current key %s is not among the keys", ErrUnknownKey, current)
+		if st.current == nil || st.current.scope != "" {
+			return fmt.Errorf("%w: current key %s is not among the mesh's keys", ErrUnknownKey, current)
 		}
 	}
+	ss, err := newScopeState(sc, st.byID)
+	if err != nil {
+		return err
+	}
+	st.scopes = ss
 	r.state.Store(st)
 	return nil
 }
@@ -184,6 +202,9 @@ type Sealer ringKey
 
 // ID returns the id of the key.
 func (s *Sealer) ID() string { return s.id }
+
+// Scope returns the scope of the key ("": the mesh's).
+func (s *Sealer) Scope() string { return s.scope }
 
 // Seal seals plaintext with associated data ad, appending nonce ||
 // ciphertext || tag to dst, and returns the result. plaintext may start

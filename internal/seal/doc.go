@@ -27,6 +27,18 @@
 // lock. Random nonces bound a key to about 2^32 messages; rotate keys
 // (meshbox mesh key rotate) well before that.
 //
+// # Scopes
+//
+// A scope is a smaller trust boundary inside a mesh: content keys of its
+// own (ContentKey.Scope), held only by the scope's members, and names
+// (capabilities, stages, event topics) bound to it. The one keyring holds
+// the keys of every scope the node is in, each tagged with its scope, and
+// what it needs to know of scopes (SetScoped, Scopes): ScopeOf says which
+// scope a name is bound to, SealerFor gives that scope's key to seal with
+// (ErrNotMember outside it), KeyScope says which scope a key id belongs
+// to, so that a receiver refuses a message of a scoped name sealed with
+// any other key.
+//
 // # Sealed messages
 //
 // Sealer.Seal (the keyring's current key) returns nonce || ciphertext ||

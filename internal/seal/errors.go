@@ -13,6 +13,9 @@ var (
 	ErrTampered = errors.New("message does not open (tampered or moved)")
 	// ErrNoKey means the keyring holds no key to seal with.
 	ErrNoKey = errors.New("no content key to seal with")
+	// ErrNotMember means this node is not in the scope it would seal for:
+	// it holds none of the scope's keys and never will.
+	ErrNotMember = errors.New("this node is not in the scope")
 )
 
 // Errors of node keys and sealed keys.

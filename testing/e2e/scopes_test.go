@@ -1,0 +1,263 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+
+	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/testing/meshtest"
+)
+
+// scopeKeys is the scopes part of a node's keys status: each scope the
+// node is in, with the key it seals with now.
+type scopeKeys struct {
+	Keys *struct {
+		Held   []string          `json:"held"`
+		Scopes map[string]string `json:"scopes"`
+	} `json:"keys"`
+}
+
+func nodeScopes(t *testing.T, p *meshtest.Process) (held []string, scopes map[string]string) {
+	t.Helper()
+	var st scopeKeys
+	getJSON(t, p.HTTPURL()+"/status", "", &st)
+	if st.Keys == nil {
+		return nil, nil
+	}
+	return st.Keys.Held, st.Keys.Scopes
+}
+
+// TestScopeHeldByTwoOfThree runs three joined nodes and a scope vault held
+// by alpha and beta, to which stage ledger and capability safe are bound.
+// gamma, outside it, never receives the scope's key (the database refuses
+// to store a copy for it), does not consume the ledger queue although a
+// program there serves work.ledger, and its program's submissions to
+// ledger and calls of safe are refused with an error naming the scope.
+// Then the scope's key is rotated while alpha submits to ledger: nothing
+// is lost, alpha and beta switch to the new key, the old one retires, and
+// no sealed message is refused.
+func TestScopeHeldByTwoOfThree(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	ctx := context.Background()
+	rmq := meshtest.RabbitMQ(t)
+	vhost := rmq.Vhost(t)
+	db := meshtest.Postgres(t).Database(t)
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "console", "--broker", meshtest.NoCredential(vhost)); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	alpha := joinedNode(t, db, rmq.AdminURL(), "alpha")
+	beta := joinedNode(t, db, rmq.AdminURL(), "beta")
+	gamma := joinedNode(t, db, rmq.AdminURL(), "gamma")
+	for _, p := range []*meshtest.Process{alpha, beta, gamma} {
+		waitSealing(t, p)
+	}
+	dbEnv := []string{"MESHBOX_DB=" + db}
+	for _, args := range [][]string{
+		{"mesh", "scope", "add", "vault", "--nodes", "alpha,beta"},
+		{"mesh", "scope", "bind", "vault", "--stage", "ledger", "--cap", "safe"},
+	} {
+		if code, out, errOut := cliEnv(t, dbEnv, args...); code != 0 {
+			t.Fatalf("%s: exit %d: %s%s", strings.Join(args, " "), code, out, errOut)
+		}
+	}
+	// Both members seal with the same key of the scope.
+	var scopeKey string
+	if !waitFor(30*time.Second, func() bool {
+		_, sa := nodeScopes(t, alpha)
+		_, sb := nodeScopes(t, beta)
+		scopeKey = sa["vault"]
+		return scopeKey != "" && sb["vault"] == scopeKey
+	}) {
+		_, sa := nodeScopes(t, alpha)
+		_, sb := nodeScopes(t, beta)
+		t.Fatalf("alpha and beta do not seal with one key of scope vault: %v %v\n%s\n%s", sa, sb, alpha.Output(), beta.Output())
+	}
+
+	// gamma cannot read: it holds no key of the scope, the database holds
+	// no copy for it, and a member cannot store one.
+	held, scopes := nodeScopes(t, gamma)
+	if slices.Contains(held, scopeKey) || len(scopes) != 0 {
+		t.Errorf("gamma holds %v (scopes %v), want nothing of scope vault (key %s)", held, scopes, scopeKey)
+	}
+	conn, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var copies int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM sealed_keys s JOIN content_keys k ON k.id = s.key_id
+		WHERE k.scope = 'vault' AND s.node = 'gamma'`).Scan(&copies); err != nil {
+		t.Fatal(err)
+	}
+	if copies != 0 {
+		t.Errorf("the database holds %d copies of vault's keys for gamma, want 0", copies)
+	}
+	var stored bool
+	if err := conn.QueryRow(ctx, `SELECT meshbox_put_sealed_key($1, 'alpha', 'gamma',
+		(SELECT meshbox_key_fingerprint(public_key) FROM nodes WHERE name = 'gamma'), '\x00'::bytea)`, scopeKey).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored {
+		t.Error("the database stored a copy of vault's key for gamma, which is not in the scope")
+	}
+
+	// beta's program hosts the stage and the capability; so does gamma's
+	// (it must not get them).
+	var mu sync.Mutex
+	handled := map[string]bool{}
+	bprog := natsConn(t, beta)
+	if _, err := bprog.QueueSubscribe("work.ledger", "h", func(m *nats.Msg) {
+		mu.Lock()
+		handled[string(m.Data)] = true
+		mu.Unlock()
+		_ = m.Respond(nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bprog.Subscribe("cap.safe", func(m *nats.Msg) { _ = m.Respond(append([]byte("opened:"), m.Data...)) }); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, bprog)
+	gprog := natsConn(t, gamma)
+	gammaGot := make(chan string, 100)
+	if _, err := gprog.QueueSubscribe("work.ledger", "h", func(m *nats.Msg) {
+		gammaGot <- string(m.Data)
+		_ = m.Respond(nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, gprog)
+	if !waitFor(30*time.Second, func() bool { return strings.Contains(gamma.Output(), "does not consume its queue") }) {
+		t.Errorf("gamma does not say it refuses to host stage ledger\n%s", gamma.Output())
+	}
+
+	caller := natsConn(t, alpha)
+	if !waitFor(30*time.Second, func() bool {
+		o, _, _ := submit(caller, "cmd.ledger", []byte("probe"), 5*time.Second)
+		return o == acked
+	}) {
+		t.Fatal("the scoped stage never accepted a command from alpha")
+	}
+	var reply *nats.Msg
+	if !waitFor(30*time.Second, func() bool {
+		reply, err = caller.Request("cap.safe", []byte("x"), 5*time.Second)
+		return err == nil && string(reply.Data) == "opened:x"
+	}) {
+		t.Fatalf("alpha cannot call the scoped capability: %v %v", reply, err)
+	}
+
+	// gamma's attempts are refused, with an error that names the scope.
+	o, resp, err := submit(gprog, "cmd.ledger", []byte("from-gamma"), 5*time.Second)
+	code, text := serviceError(resp)
+	if o != refused || code != 403 || !strings.Contains(text, "not in scope vault") || !strings.Contains(text, "stage ledger") {
+		t.Errorf("gamma's submission to ledger: %v %d %q %v, want refused with 403 naming scope vault", o, code, text, err)
+	}
+	if !waitFor(30*time.Second, func() bool {
+		reply, err = gprog.Request("cap.safe", []byte("x"), 5*time.Second)
+		code, text = serviceError(reply)
+		return err == nil && code == 403
+	}) {
+		t.Fatalf("gamma's call of the scoped capability: %v %v, want refused with 403", reply, err)
+	}
+	if !strings.Contains(text, "not in scope vault") || !strings.Contains(text, "capability safe") {
+		t.Errorf("gamma's call of safe refused with %q, want it to name scope vault and the capability", text)
+	}
+
+	// Rotation of the scope's key under traffic.
+	stop := make(chan struct{})
+	sentc := make(chan []string, 1)
+	go func() { // exits when stop is closed
+		var sent []string
+		defer func() { sentc <- sent }()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			body := fmt.Sprintf("entry-%d", i)
+			if o, resp, err := submit(caller, "cmd.ledger", []byte(body), 5*time.Second); o != acked {
+				t.Errorf("submit %s during rotation: %v %v %v", body, o, resp, err)
+				continue
+			}
+			sent = append(sent, body)
+		}
+	}()
+	mdb, err := meshdb.Open(ctx, db, meshdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mdb.Close()
+	const retention = 8 * time.Second
+	newID, _, err := mdb.RotateScopeKey(ctx, "vault", retention)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*meshtest.Process{alpha, beta} {
+		if !waitFor(30*time.Second, func() bool { _, s := nodeScopes(t, p); return s["vault"] == newID }) {
+			_, s := nodeScopes(t, p)
+			t.Fatalf("a member still seals vault's traffic with %s, want %s", s["vault"], newID)
+		}
+	}
+	for _, p := range []*meshtest.Process{alpha, beta} {
+		if !waitFor(retention+20*time.Second, func() bool {
+			held, _ := nodeScopes(t, p)
+			return !slices.Contains(held, scopeKey) && slices.Contains(held, newID)
+		}) {
+			held, _ := nodeScopes(t, p)
+			t.Fatalf("the old key %s of vault is not retired: the node holds %v", scopeKey, held)
+		}
+	}
+	close(stop)
+	sent := <-sentc
+	if len(sent) < 50 {
+		t.Fatalf("only %d commands sent during the rotation", len(sent))
+	}
+	if !waitFor(30*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, s := range sent {
+			if !handled[s] {
+				return false
+			}
+		}
+		return true
+	}) {
+		mu.Lock()
+		var lost []string
+		for _, s := range sent {
+			if !handled[s] {
+				lost = append(lost, s)
+			}
+		}
+		mu.Unlock()
+		t.Fatalf("%d of %d commands lost in the rotation: %v", len(lost), len(sent), lost)
+	}
+	if held, _ := nodeScopes(t, gamma); slices.Contains(held, newID) {
+		t.Errorf("gamma holds vault's new key %s", newID)
+	}
+	select {
+	case m := <-gammaGot:
+		t.Errorf("gamma's program got a command of the scoped stage: %q", m)
+	default:
+	}
+	for _, p := range []*meshtest.Process{alpha, beta} {
+		if mf, ok := scrape(t, p.HTTPURL())["meshbox_unseal_failures_total"]; ok {
+			for _, m := range mf.GetMetric() {
+				if v := m.GetCounter().GetValue(); v != 0 {
+					t.Errorf("a member refused %v sealed messages (%v), want none", v, m.GetLabel())
+				}
+			}
+		}
+	}
+}
