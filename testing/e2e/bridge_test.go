@@ -613,3 +613,30 @@ func TestSameNodeNameOnBrokerIsRefused(t *testing.T) {
 		t.Errorf("first twin: broker.state %q, want connected", st.Broker.State)
 	}
 }
+
+// startTwoNodes starts a mesh database and broker, and the nodes alpha
+// (which made the mesh) and beta (recorded by the admin) as processes.
+func startTwoNodes(t *testing.T) (alpha, beta *meshtest.Process, db string) {
+	t.Helper()
+	meshtest.Binary(t) // built before cli's timeout starts
+	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	db = meshtest.Postgres(t).Database(t)
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", meshtest.NoCredential(vhost)); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	mesh(t, db, "node", "add", "beta", "--record-only")
+	alpha = meshtest.StartProcess(t, "--node", "alpha", "--db", db)
+	beta = meshtest.StartProcess(t, "--node", "beta", "--db", db)
+	return alpha, beta, db
+}
+
+// twoNodeMesh is startTwoNodes, returning once both nodes are connected to
+// the broker.
+func twoNodeMesh(t *testing.T) (alpha, beta *meshtest.Process, db string) {
+	t.Helper()
+	alpha, beta, db = startTwoNodes(t)
+	for _, p := range []*meshtest.Process{alpha, beta} {
+		waitStatus(t, p.HTTPURL(), 20*time.Second, p.Node()+" connected to the broker", func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	}
+	return alpha, beta, db
+}

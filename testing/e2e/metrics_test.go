@@ -160,19 +160,7 @@ func TestMetricsScrape(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, RabbitMQ and two nodes")
 	}
-	meshtest.Binary(t) // built before cli's timeout starts
-	rmq := meshtest.RabbitMQ(t)
-	vhost := rmq.Vhost(t)
-	db := meshtest.Postgres(t).Database(t)
-	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", meshtest.NoCredential(vhost)); code != 0 {
-		t.Fatalf("init: exit %d: %s", code, errOut)
-	}
-	mesh(t, db, "node", "add", "beta", "--record-only")
-	alpha := meshtest.StartProcess(t, "--node", "alpha", "--db", db)
-	beta := meshtest.StartProcess(t, "--node", "beta", "--db", db)
-	for _, p := range []*meshtest.Process{alpha, beta} {
-		waitStatus(t, p.HTTPURL(), 20*time.Second, p.Node()+" connected to the broker", func(s nodeStatus) bool { return s.Broker.State == "connected" })
-	}
+	alpha, beta, db := twoNodeMesh(t)
 
 	// Every documented family is there with its type, and no meshbox_
 	// metric is left out of the list (the README is generated from it).

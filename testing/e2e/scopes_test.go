@@ -223,26 +223,7 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 	if len(sent) < 50 {
 		t.Fatalf("only %d commands sent during the rotation", len(sent))
 	}
-	if !waitFor(30*time.Second, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, s := range sent {
-			if !handled[s] {
-				return false
-			}
-		}
-		return true
-	}) {
-		mu.Lock()
-		var lost []string
-		for _, s := range sent {
-			if !handled[s] {
-				lost = append(lost, s)
-			}
-		}
-		mu.Unlock()
-		t.Fatalf("%d of %d commands lost in the rotation: %v", len(lost), len(sent), lost)
-	}
+	waitAllHandled(t, 30*time.Second, "in the rotation", sent, &mu, handled)
 	if held, _ := nodeScopes(t, gamma); slices.Contains(held, newID) {
 		t.Errorf("gamma holds vault's new key %s", newID)
 	}

@@ -381,26 +381,7 @@ func TestKeyRotationUnderTraffic(t *testing.T) {
 	if len(sent) < 50 {
 		t.Fatalf("only %d commands sent during the rotation", len(sent))
 	}
-	if !waitFor(30*time.Second, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, s := range sent {
-			if !handled[s] {
-				return false
-			}
-		}
-		return true
-	}) {
-		mu.Lock()
-		var lost []string
-		for _, s := range sent {
-			if !handled[s] {
-				lost = append(lost, s)
-			}
-		}
-		mu.Unlock()
-		t.Fatalf("%d of %d commands lost in the rotation: %v", len(lost), len(sent), lost)
-	}
+	waitAllHandled(t, 30*time.Second, "in the rotation", sent, &mu, handled)
 	if mf, ok := scrape(t, beta.HTTPURL())["meshbox_unseal_failures_total"]; ok {
 		for _, m := range mf.GetMetric() {
 			if v := m.GetCounter().GetValue(); v != 0 {
@@ -419,4 +400,25 @@ func currentKey(t *testing.T, p *meshtest.Process) string {
 		return ""
 	}
 	return st.Keys.Current
+}
+
+// waitAllHandled waits until every command in sent is in handled (guarded
+// by mu), and fails the test naming the lost ones when some never are.
+func waitAllHandled(t *testing.T, d time.Duration, during string, sent []string, mu *sync.Mutex, handled map[string]bool) {
+	t.Helper()
+	missing := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		var lost []string
+		for _, s := range sent {
+			if !handled[s] {
+				lost = append(lost, s)
+			}
+		}
+		return lost
+	}
+	if !waitFor(d, func() bool { return len(missing()) == 0 }) {
+		lost := missing()
+		t.Fatalf("%d of %d commands lost %s: %v", len(lost), len(sent), during, lost)
+	}
 }

@@ -209,16 +209,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, RabbitMQ, two nodes and a browser")
 	}
-	meshtest.Binary(t) // built before cli's timeout starts
-	rmq := meshtest.RabbitMQ(t)
-	vhost := rmq.Vhost(t)
-	db := meshtest.Postgres(t).Database(t)
-	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", meshtest.NoCredential(vhost)); code != 0 {
-		t.Fatalf("init: exit %d: %s", code, errOut)
-	}
-	mesh(t, db, "node", "add", "beta", "--record-only")
-	alpha := meshtest.StartProcess(t, "--node", "alpha", "--db", db)
-	beta := meshtest.StartProcess(t, "--node", "beta", "--db", db)
+	alpha, beta, _ := startTwoNodes(t)
 
 	// A program on alpha hosts a capability, one on beta another.
 	for _, h := range []struct {
