@@ -103,6 +103,12 @@ type BridgeConfig struct {
 	// that has not replied by then is taken as failed and the command is
 	// retried.
 	CommandTimeout Duration `json:"command_timeout"`
+	// MaxLease bounds how long a handler that keeps sending progress
+	// (Meshbox-Progress replies) may hold one attempt of a command: each
+	// progress message moves its deadline to command_timeout from then, up
+	// to max_lease after it was handed out. Unset: the larger of 10m and
+	// command_timeout; at most 25m.
+	MaxLease Duration `json:"max_lease"`
 	// Prefetch bounds the unacknowledged deliveries of one consumer (the
 	// events consumer, each consumer of a stage queue).
 	Prefetch int `json:"prefetch"`
@@ -369,6 +375,9 @@ func (c *Config) Validate() error {
 	if c.Bridge.CommandTimeout.D() > 25*time.Minute {
 		// RabbitMQ closes the channel of a delivery unacked for 30 minutes.
 		bad("bridge.command_timeout", "%s is above the maximum of 25m", c.Bridge.CommandTimeout)
+	}
+	if ml := c.Bridge.MaxLease.D(); ml != 0 && (ml < c.Bridge.CommandTimeout.D() || ml > 25*time.Minute) {
+		bad("bridge.max_lease", "%s is out of range %s (bridge.command_timeout)..25m", c.Bridge.MaxLease, c.Bridge.CommandTimeout)
 	}
 	if c.Cache.MaxAge < 0 {
 		bad("cache.max_age", "must not be negative")

@@ -63,6 +63,7 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 		OutboxMaxBytes:   a.cfg.Bridge.OutboxMaxBytes,
 		RequestTimeout:   a.cfg.Bridge.RequestTimeout.D(),
 		CommandTimeout:   a.cfg.Bridge.CommandTimeout.D(),
+		MaxLease:         a.cfg.Bridge.MaxLease.D(),
 		Prefetch:         a.cfg.Bridge.Prefetch,
 		MaxStagePrefetch: a.cfg.Bridge.MaxStagePrefetch,
 		RetryBudget:      a.cfg.Bridge.RetryBudget,

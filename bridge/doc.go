@@ -25,9 +25,12 @@
 //     the link is down, committed for local execution (local). On nodes that
 //     host the stage (a local program subscribes work.<stage>, or
 //     Config.Stages) the bridge calls the handler and acks only after it
-//     replied without an error header. A failure or a timeout
-//     (CommandTimeout) requeues the command; the next delivery counts the
-//     attempt; after RetryBudget attempts it is dead-lettered with the
+//     replied without an error header. A handler working on a long
+//     command keeps it by replying first with progress messages (header
+//     Meshbox-Progress; lease.go): each moves the attempt's deadline to
+//     CommandTimeout from then, up to MaxLease after it was handed out.
+//     A failure or a timeout (the deadline passed without a result)
+//     requeues the command; the next delivery counts the attempt; after RetryBudget attempts it is dead-lettered with the
 //     reason. Commands are at least once: the handler sees Meshbox-Msg-Id
 //     (stable, the submitter may set it), Meshbox-Attempt and
 //     Meshbox-Redelivered ("true" whenever the delivery may be a duplicate:
@@ -277,8 +280,9 @@
 // feeds discovery in with SetRoutes and MarkGone, sends its messages with
 // PublishSystem and SendSystem (never queued: they fail at once with
 // ErrLinkDown when the link is down), and receives other nodes' through
-// Config.OnSystem. Status is the broker, outbox and stalls part of the node
-// status; the metrics are registered on Config.Metrics.
+// Config.OnSystem. Status is the broker, outbox, stalls and commands in
+// flight part of the node status; the metrics are registered on
+// Config.Metrics.
 //
 // # Concurrency
 //
@@ -290,7 +294,8 @@
 // consume.go (the consumer owner and its acks), flow.go (the credit of
 // each stage: its consumers), corkconn.go (the publishing socket's batched
 // writes), requests.go, commands.go,
-// events.go (the three shapes), submit.go (submissions and the outbox
+// events.go (the three shapes), lease.go (handlers' progress, commands in
+// flight), submit.go (submissions and the outbox
 // drainer), outbox.go and outbox_open.go (the durable store), stalls.go,
 // interest.go (stand-ins and hosted stages).
 //
