@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/redact"
 )
@@ -120,6 +121,17 @@ type BridgeConfig struct {
 	Heartbeat        Duration          `json:"heartbeat"`
 	StallAfter       Duration          `json:"stall_after"`
 	Routes           map[string]string `json:"routes"`
+	// Dedupe names the stages whose completed message ids this node
+	// remembers, so that a delivery of an id that completed here within
+	// the window is acked without calling the handler again. Per node, not
+	// across the mesh (see the README, Trusted workers).
+	Dedupe map[string]DedupeConfig `json:"dedupe"`
+}
+
+// DedupeConfig is a stage's idempotency at the node.
+type DedupeConfig struct {
+	Window     Duration `json:"window"`      // how long a completed id is remembered (1s..90 days)
+	MaxEntries int      `json:"max_entries"` // the most ids remembered for the stage (1..10,000,000)
 }
 
 // MeshConfig is the discovery part of the configuration.
@@ -405,6 +417,12 @@ func (c *Config) Validate() error {
 	case c.Bridge.CertFile != "":
 		if _, err := tls.LoadX509KeyPair(c.Bridge.CertFile, c.Bridge.KeyFile); err != nil {
 			bad("bridge.cert_file", "%v", err)
+		}
+	}
+	for _, stage := range sortedKeys(c.Bridge.Dedupe) {
+		d := c.Bridge.Dedupe[stage]
+		if err := bridge.CheckDedupe(stage, bridge.DedupePolicy{Window: d.Window.D(), MaxEntries: d.MaxEntries}); err != nil {
+			bad("bridge.dedupe", "%v", err)
 		}
 	}
 	for _, capName := range sortedKeys(c.Bridge.Routes) {
