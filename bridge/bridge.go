@@ -387,18 +387,24 @@ func (b *Bridge) MarkGone(node string, since time.Time) {
 func (b *Bridge) Status() Status {
 	var st Status
 	st.Broker = b.link.statusWithCredential()
-	st.Outbox.MaxBytes = b.cfg.OutboxMaxBytes
-	if ob := b.obRef.Load(); ob != nil {
-		st.Outbox.Depth, st.Outbox.Bytes = ob.counts()
-		st.Outbox.Warning = ob.warning
-		if t := ob.oldest(); !t.IsZero() {
-			st.Outbox.OldestAgeSeconds = max(0, time.Since(t).Seconds())
-		}
-	}
+	st.Outbox = b.outboxStatus()
 	st.Stalls = b.stallList()
 	st.Commands = []CommandStatus{}
 	if s := b.link.sess.Load(); s != nil {
 		st.Commands = s.commandsInFlight(time.Now())
+	}
+	return st
+}
+
+// outboxStatus is the outbox part of Status (the outbox gauges read it).
+func (b *Bridge) outboxStatus() OutboxStatus {
+	st := OutboxStatus{MaxBytes: b.cfg.OutboxMaxBytes}
+	if ob := b.obRef.Load(); ob != nil {
+		st.Depth, st.Bytes = ob.counts()
+		st.Warning = ob.warning
+		if t := ob.oldest(); !t.IsZero() {
+			st.OldestAgeSeconds = max(0, time.Since(t).Seconds())
+		}
 	}
 	return st
 }

@@ -280,6 +280,9 @@ func (b *Bridge) completedNow(stage, id string) {
 
 // dedupes reports whether stage remembers its completed ids.
 func (b *Bridge) dedupes(stage string) bool {
+	if b.done == nil {
+		return false
+	}
 	_, ok := b.cfg.Dedupe[stage]
-	return ok && b.done != nil
+	return ok
 }

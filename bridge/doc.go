@@ -37,7 +37,11 @@
 //     the broker redelivered it, the publisher sent it again, or this node
 //     handed the same id to a handler before — it remembers the last 8,192
 //     ids, because a broker killed at the wrong moment can lose its record
-//     of a delivery and redeliver it looking new).
+//     of a delivery and redeliver it looking new). A stage in
+//     Config.Dedupe has this node remember the ids that completed here
+//     (completed.go, a bbolt file of its own): a delivery of one of them
+//     within the stage's window is acked without calling the handler. That
+//     is per node, not across the mesh.
 //   - Events: a program publishes evt.<topic>; local subscribers get it from
 //     the NATS server at once, and the bridge forwards it to the mesh. Other
 //     nodes republish it to their local subscribers with Meshbox-Origin. A
@@ -295,7 +299,7 @@
 // each stage: its consumers), corkconn.go (the publishing socket's batched
 // writes), requests.go, commands.go,
 // events.go (the three shapes), lease.go (handlers' progress, commands in
-// flight), submit.go (submissions and the outbox
+// flight), completed.go (completed ids of deduping stages), submit.go (submissions and the outbox
 // drainer), outbox.go and outbox_open.go (the durable store), stalls.go,
 // interest.go (stand-ins and hosted stages).
 //
@@ -358,7 +362,8 @@
 // commit always takes a context, and Close waits for the writer at most a
 // bounded time (a hung disk makes it return ErrOutboxStuck). The bridge's
 // own goroutines (link loop, reconciler of stand-ins, local
-// command runner, system message dispatcher) exit when Close closes quit;
+// command runner, system message dispatcher, pruner of completed ids) exit
+// when Close closes quit;
 // Close returns after they and every session goroutine are gone.
 //
 // Correlation, message and call ids are 128 random bits (crypto/rand):

@@ -111,11 +111,11 @@ func newMetrics(b *Bridge) *metrics {
 	}
 	m.outbox = []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_outbox_depth", Help: "Messages in the outbox."},
-			func() float64 { return float64(b.Status().Outbox.Depth) }),
+			func() float64 { return float64(b.outboxStatus().Depth) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_outbox_bytes", Help: "Bytes in the outbox."},
-			func() float64 { return float64(b.Status().Outbox.Bytes) }),
+			func() float64 { return float64(b.outboxStatus().Bytes) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_outbox_oldest_age_seconds", Help: "Age of the oldest message in the outbox (0 when empty)."},
-			func() float64 { return b.Status().Outbox.OldestAgeSeconds }),
+			func() float64 { return b.outboxStatus().OldestAgeSeconds }),
 	}
 	for _, s := range allStates {
 		m.state.WithLabelValues(s).Set(0)
