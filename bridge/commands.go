@@ -151,7 +151,9 @@ func (s *session) onCmdReply(m *nats.Msg) {
 		s.answered(c)
 		if b.dedupes(c.stage) {
 			// Recorded before the ack: a crash between the two brings a
-			// redelivery this node recognises.
+			// redelivery this node recognises. Marked at once: a delivery
+			// right behind is recognised while the write runs.
+			b.done.begin(c.stage, c.env.msgID)
 			s.work(func() {
 				b.completedNow(c.stage, c.env.msgID)
 				s.ack(c.tag, opAck)

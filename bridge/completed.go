@@ -61,6 +61,10 @@ type completed struct {
 	path   string
 	mu     sync.Mutex
 	counts map[string]int // ids held per stage
+	// writing are the ids whose completion is being written (stage, NUL,
+	// id): seen already, so that a delivery right behind the completion
+	// is not let through before the write commits.
+	writing map[string]bool
 }
 
 // openCompleted opens or creates the completed-ids file at path.
@@ -71,7 +75,7 @@ func openCompleted(path string) (*completed, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open completed ids: %w", err)
 	}
-	c := &completed{db: db, path: path, counts: map[string]int{}}
+	c := &completed{db: db, path: path, counts: map[string]int{}, writing: map[string]bool{}}
 	err = db.Update(func(tx *bolt.Tx) error {
 		if _, err := boltfile.Upgrade(tx, path, "completed ids", completedFormat, completedFormat, nil); err != nil {
 			return err
@@ -94,9 +98,25 @@ func openCompleted(path string) (*completed, error) {
 	return c, nil
 }
 
-// seen reports whether id completed for stage after since.
+// begin marks id of stage as completed now, before done writes it.
+func (c *completed) begin(stage, id string) {
+	if id == "" {
+		return
+	}
+	c.mu.Lock()
+	c.writing[stage+"\x00"+id] = true
+	c.mu.Unlock()
+}
+
+// seen reports whether id completed for stage after since (or is being
+// written).
 func (c *completed) seen(stage, id string, since time.Time) (bool, error) {
-	var hit bool
+	c.mu.Lock()
+	hit := c.writing[stage+"\x00"+id]
+	c.mu.Unlock()
+	if hit {
+		return true, nil
+	}
 	err := c.db.View(func(tx *bolt.Tx) error {
 		sb := tx.Bucket(stageBucket(stage))
 		if sb == nil {
@@ -158,12 +178,15 @@ func (c *completed) done(stage, id string, now time.Time, p DedupePolicy) error 
 		added -= n
 		return err
 	})
+	c.mu.Lock()
+	delete(c.writing, stage+"\x00"+id)
+	if err == nil {
+		c.counts[stage] += added
+	}
+	c.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("completed ids: %w", err)
 	}
-	c.mu.Lock()
-	c.counts[stage] += added
-	c.mu.Unlock()
 	return nil
 }
 
