@@ -221,3 +221,66 @@ func TestLeaseOfALocalCommand(t *testing.T) {
 		t.Errorf("handler calls: got %d, want 1", calls)
 	}
 }
+
+// Progress extends a lease only up to MaxLease after the command was
+// handed out: a handler that sends progress forever loses the command
+// there, and it is retried, marked.
+func TestLeaseEndsAtMaxLease(t *testing.T) {
+	vhost := testVhost(t)
+	const timeout, maxLease = time.Second, 2 * time.Second
+	a := newNode(t, "alpha", vhost, func(c *bridge.Config) { c.CommandTimeout = timeout; c.MaxLease = maxLease })
+	a.waitConnected(t)
+
+	stop := make(chan struct{})
+	defer close(stop)
+	type call struct {
+		at time.Time
+		m  *nats.Msg
+	}
+	calls := make(chan call, 4)
+	sub, err := a.client.QueueSubscribe("work.endless", "meshbox", func(m *nats.Msg) {
+		calls <- call{time.Now(), m}
+		if m.Header.Get(bridge.HeaderAttempt) != "1" {
+			_ = m.Respond(nil)
+			return
+		}
+		go func() { // progress forever; exits when the test ends
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(timeout / 4):
+					p := nats.NewMsg(m.Reply) // errors ignored: it may outlive the test's connection
+					p.Header.Set(bridge.HeaderProgress, "1")
+					_ = m.RespondMsg(p)
+				}
+			}
+		}()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	a.waitHosts(t, "endless")
+
+	a.submit(t, "endless", []byte("x"), nil)
+	var first, second call
+	for i, c := range []*call{&first, &second} {
+		select {
+		case *c = <-calls:
+		case <-time.After(15 * time.Second):
+			t.Fatalf("delivery %d did not come", i+1)
+		}
+	}
+	// Retried after MaxLease and the retry pause (at most 250ms at the
+	// first attempt), not at CommandTimeout, nor held for ever.
+	if gap := second.at.Sub(first.at); gap < maxLease-50*time.Millisecond || gap > maxLease+2*time.Second {
+		t.Errorf("retry %s after the first delivery, want about MaxLease (%s)", gap, maxLease)
+	}
+	if got := second.m.Header.Get(bridge.HeaderAttempt); got != "2" {
+		t.Errorf("attempt of the retry: got %q, want 2", got)
+	}
+	if got := second.m.Header.Get(bridge.HeaderRedelivered); got != "true" {
+		t.Errorf("retry marked redelivered: got %q, want true", got)
+	}
+}
