@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/redact"
 )
@@ -103,6 +104,12 @@ type BridgeConfig struct {
 	// that has not replied by then is taken as failed and the command is
 	// retried.
 	CommandTimeout Duration `json:"command_timeout"`
+	// MaxLease bounds how long a handler that keeps sending progress
+	// (Meshbox-Progress replies) may hold one attempt of a command: each
+	// progress message moves its deadline to command_timeout from then, up
+	// to max_lease after it was handed out. Unset: the larger of 10m and
+	// command_timeout; at most 25m.
+	MaxLease Duration `json:"max_lease"`
 	// Prefetch bounds the unacknowledged deliveries of one consumer (the
 	// events consumer, each consumer of a stage queue).
 	Prefetch int `json:"prefetch"`
@@ -114,6 +121,17 @@ type BridgeConfig struct {
 	Heartbeat        Duration          `json:"heartbeat"`
 	StallAfter       Duration          `json:"stall_after"`
 	Routes           map[string]string `json:"routes"`
+	// Dedupe names the stages whose completed message ids this node
+	// remembers, so that a delivery of an id that completed here within
+	// the window is acked without calling the handler again. Per node, not
+	// across the mesh (see the README, Trusted workers).
+	Dedupe map[string]DedupeConfig `json:"dedupe"`
+}
+
+// DedupeConfig is a stage's idempotency at the node.
+type DedupeConfig struct {
+	Window     Duration `json:"window"`      // how long a completed id is remembered (1s..90 days)
+	MaxEntries int      `json:"max_entries"` // the most ids remembered for the stage (1..10,000,000)
 }
 
 // MeshConfig is the discovery part of the configuration.
@@ -370,6 +388,9 @@ func (c *Config) Validate() error {
 		// RabbitMQ closes the channel of a delivery unacked for 30 minutes.
 		bad("bridge.command_timeout", "%s is above the maximum of 25m", c.Bridge.CommandTimeout)
 	}
+	if ml := c.Bridge.MaxLease.D(); ml != 0 && (ml < c.Bridge.CommandTimeout.D() || ml > 25*time.Minute) {
+		bad("bridge.max_lease", "%s is out of range %s (bridge.command_timeout)..25m", c.Bridge.MaxLease, c.Bridge.CommandTimeout)
+	}
 	if c.Cache.MaxAge < 0 {
 		bad("cache.max_age", "must not be negative")
 	}
@@ -396,6 +417,12 @@ func (c *Config) Validate() error {
 	case c.Bridge.CertFile != "":
 		if _, err := tls.LoadX509KeyPair(c.Bridge.CertFile, c.Bridge.KeyFile); err != nil {
 			bad("bridge.cert_file", "%v", err)
+		}
+	}
+	for _, stage := range sortedKeys(c.Bridge.Dedupe) {
+		d := c.Bridge.Dedupe[stage]
+		if err := bridge.CheckDedupe(stage, bridge.DedupePolicy{Window: d.Window.D(), MaxEntries: d.MaxEntries}); err != nil {
+			bad("bridge.dedupe", "%v", err)
 		}
 	}
 	for _, capName := range sortedKeys(c.Bridge.Routes) {

@@ -42,6 +42,14 @@ func TestConfigValidate(t *testing.T) {
 		{"request timeout", func(c *Config) { c.Bridge.RequestTimeout = -Duration(time.Second) }, "bridge.request_timeout"},
 		{"command timeout zero", func(c *Config) { c.Bridge.CommandTimeout = 0 }, "bridge.command_timeout"},
 		{"command timeout too long", func(c *Config) { c.Bridge.CommandTimeout = Duration(time.Hour) }, "bridge.command_timeout"},
+		{"max lease below command timeout", func(c *Config) { c.Bridge.MaxLease = Duration(time.Second) }, "bridge.max_lease"},
+		{"max lease too long", func(c *Config) { c.Bridge.MaxLease = Duration(time.Hour) }, "bridge.max_lease"},
+		{"dedupe bad stage", func(c *Config) {
+			c.Bridge.Dedupe = map[string]DedupeConfig{"a b": {Window: Duration(time.Hour), MaxEntries: 10}}
+		}, "bridge.dedupe"},
+		{"dedupe no window", func(c *Config) { c.Bridge.Dedupe = map[string]DedupeConfig{"once": {MaxEntries: 10}} }, "bridge.dedupe"},
+		{"dedupe no bound", func(c *Config) { c.Bridge.Dedupe = map[string]DedupeConfig{"once": {Window: Duration(time.Hour)}} }, "bridge.dedupe"},
+		{"max lease negative", func(c *Config) { c.Bridge.MaxLease = Duration(-time.Minute) }, "bridge.max_lease"},
 		{"ca file missing", func(c *Config) { c.Bridge.CAFile = "/nonexistent/ca.pem" }, "bridge.ca_file"},
 		{"cert without key", func(c *Config) { c.Bridge.CertFile = "/nonexistent/c.pem" }, "bridge.cert_file"},
 		{"key without cert", func(c *Config) { c.Bridge.KeyFile = "/nonexistent/k.pem" }, "bridge.cert_file"},

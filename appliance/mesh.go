@@ -63,11 +63,13 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 		OutboxMaxBytes:   a.cfg.Bridge.OutboxMaxBytes,
 		RequestTimeout:   a.cfg.Bridge.RequestTimeout.D(),
 		CommandTimeout:   a.cfg.Bridge.CommandTimeout.D(),
+		MaxLease:         a.cfg.Bridge.MaxLease.D(),
 		Prefetch:         a.cfg.Bridge.Prefetch,
 		MaxStagePrefetch: a.cfg.Bridge.MaxStagePrefetch,
 		RetryBudget:      a.cfg.Bridge.RetryBudget,
 		Heartbeat:        a.cfg.Bridge.Heartbeat.D(),
 		Routes:           a.cfg.Bridge.Routes,
+		Dedupe:           dedupePolicies(a.cfg.Bridge.Dedupe),
 		StallAfter:       a.cfg.Bridge.StallAfter.D(),
 		Dial: func(opts ...nats.Option) (*nats.Conn, error) {
 			nc, err := natsSrv.connect(ownConnPrefix+"bridge", opts...)
@@ -225,4 +227,17 @@ func (l staticRoutes) SetRoutes(routes map[string][]string) {
 		}
 	}
 	l.Bridge.SetRoutes(merged)
+}
+
+// dedupePolicies converts the configured stages' dedupe settings for the
+// bridge (nil: none).
+func dedupePolicies(cfg map[string]DedupeConfig) map[string]bridge.DedupePolicy {
+	if len(cfg) == 0 {
+		return nil
+	}
+	out := make(map[string]bridge.DedupePolicy, len(cfg))
+	for stage, d := range cfg {
+		out[stage] = bridge.DedupePolicy{Window: d.Window.D(), MaxEntries: d.MaxEntries}
+	}
+	return out
 }

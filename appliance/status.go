@@ -26,12 +26,14 @@ type Status struct {
 	Identity      *IdentityStatus      `json:"identity,omitempty"` // the node's broker user and credential
 	Outbox        bridge.OutboxStatus  `json:"outbox"`
 	Stalls        []bridge.StallStatus `json:"stalls"`
-	Peers         []node.Peer          `json:"peers"`
-	Capabilities  node.Capabilities    `json:"capabilities"`
-	Bindings      cache.Status         `json:"bindings"`
-	Modules       []modules.Status     `json:"modules"`
-	Keys          *KeysStatus          `json:"keys,omitempty"` // in a mesh with a database
-	Errors        []ErrorEntry         `json:"errors"`
+	// Commands are the commands in flight on this node (bridge.Status).
+	Commands     []bridge.CommandStatus `json:"commands"`
+	Peers        []node.Peer            `json:"peers"`
+	Capabilities node.Capabilities      `json:"capabilities"`
+	Bindings     cache.Status           `json:"bindings"`
+	Modules      []modules.Status       `json:"modules"`
+	Keys         *KeysStatus            `json:"keys,omitempty"` // in a mesh with a database
+	Errors       []ErrorEntry           `json:"errors"`
 	// Warnings are standing conditions an operator should know about: an
 	// open local NATS server, a link to the broker or the database that
 	// is not protected on the network.
@@ -76,6 +78,7 @@ func (a *Appliance) Status() Status {
 		HTTP:          EndpointStatus{URL: a.HTTPURL()},
 		Broker:        bridge.BrokerStatus{State: bridge.StateNone, Since: startedAt, History: []bridge.StateChange{}},
 		Stalls:        []bridge.StallStatus{},
+		Commands:      []bridge.CommandStatus{},
 		Errors:        a.errs.recent(),
 	}
 	st.NATS.URL = a.NATSURL()
@@ -91,7 +94,7 @@ func (a *Appliance) Status() Status {
 	}
 	if b := a.bridge.Load(); b != nil {
 		bs := b.Status()
-		st.Broker, st.Outbox, st.Stalls = bs.Broker, bs.Outbox, bs.Stalls
+		st.Broker, st.Outbox, st.Stalls, st.Commands = bs.Broker, bs.Outbox, bs.Stalls, bs.Commands
 	}
 	if n := a.node.Load(); n != nil {
 		ns := n.Status()

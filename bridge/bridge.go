@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -34,6 +35,8 @@ type Bridge struct {
 	ob *outbox
 	// obRef is ob for Status, which may run while Start is still working.
 	obRef atomic.Pointer[outbox]
+	// done is the store of completed message ids (nil: no stage dedupes).
+	done *completed
 
 	bcClosed chan struct{} // closed when bc is closed
 
@@ -90,6 +93,9 @@ type Status struct {
 	Broker BrokerStatus  `json:"broker"`
 	Outbox OutboxStatus  `json:"outbox"`
 	Stalls []StallStatus `json:"stalls"`
+	// Commands are the commands in flight on this node (at most 200,
+	// oldest first): at the local handler or waiting for a retry.
+	Commands []CommandStatus `json:"commands"`
 }
 
 // BrokerStatus describes the broker link.
@@ -131,6 +137,7 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	cfg.Dedupe = maps.Clone(cfg.Dedupe)
 	b := &Bridge{
 		cfg:           cfg,
 		log:           cfg.Logger.With("component", "bridge"),
@@ -190,6 +197,12 @@ func (b *Bridge) Start(ctx context.Context) error {
 	b.sub.seq.Store(ob.nextSeq())
 	b.sub.meshPending.Store(ob.meshAtOpen)
 	ob.start(b.onOutboxCommit)
+	if len(b.cfg.Dedupe) > 0 {
+		if b.done, err = openCompleted(b.cfg.CompletedPath); err != nil {
+			return fmt.Errorf("bridge: %w", err)
+		}
+		b.goOwned(b.runPruner)
+	}
 
 	bc, err := b.cfg.Dial(nats.NoEcho(), nats.Name("meshbox-bridge-"+b.cfg.Node),
 		nats.ClosedHandler(func(*nats.Conn) { close(b.bcClosed) }),
@@ -304,6 +317,11 @@ func (b *Bridge) Close() error {
 				errs = append(errs, fmt.Errorf("close outbox: %w", err))
 			}
 		}
+		if b.done != nil {
+			if err := b.done.close(); err != nil {
+				errs = append(errs, fmt.Errorf("close completed ids: %w", err))
+			}
+		}
 		if b.m.reg != nil {
 			b.m.unregister()
 		}
@@ -369,15 +387,25 @@ func (b *Bridge) MarkGone(node string, since time.Time) {
 func (b *Bridge) Status() Status {
 	var st Status
 	st.Broker = b.link.statusWithCredential()
-	st.Outbox.MaxBytes = b.cfg.OutboxMaxBytes
+	st.Outbox = b.outboxStatus()
+	st.Stalls = b.stallList()
+	st.Commands = []CommandStatus{}
+	if s := b.link.sess.Load(); s != nil {
+		st.Commands = s.commandsInFlight(time.Now())
+	}
+	return st
+}
+
+// outboxStatus is the outbox part of Status (the outbox gauges read it).
+func (b *Bridge) outboxStatus() OutboxStatus {
+	st := OutboxStatus{MaxBytes: b.cfg.OutboxMaxBytes}
 	if ob := b.obRef.Load(); ob != nil {
-		st.Outbox.Depth, st.Outbox.Bytes = ob.counts()
-		st.Outbox.Warning = ob.warning
+		st.Depth, st.Bytes = ob.counts()
+		st.Warning = ob.warning
 		if t := ob.oldest(); !t.IsZero() {
-			st.Outbox.OldestAgeSeconds = max(0, time.Since(t).Seconds())
+			st.OldestAgeSeconds = max(0, time.Since(t).Seconds())
 		}
 	}
-	st.Stalls = b.stallList()
 	return st
 }
 

@@ -28,7 +28,9 @@ type cmdCall struct {
 	d        amqp.Delivery // for a dead letter
 	env      *envelope
 	msg      *nats.Msg
-	deadline time.Time // of this attempt
+	started  time.Time // when first handed to the handler, this attempt
+	deadline time.Time // of this attempt: moved by the handler's progress (lease.go)
+	extended int       // progress messages that moved the deadline
 	timer    *time.Timer
 }
 
@@ -58,9 +60,14 @@ func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
 		}
 		b.m.msg(typeCommand, "in")
 		b.noteDeliveryAge(stage, env.sent)
+		if b.done != nil && b.completedBefore(stage, env.msgID) {
+			s.ack(d.DeliveryTag, opAck) // completed here before: not called again
+			continue
+		}
 		f.delivered()
 		seen := b.handed.add(env.msgID) // handed out before, though the broker may not know it
-		c := &cmdCall{stage: stage, flow: f, tag: d.DeliveryTag, d: d, env: env, deadline: time.Now().Add(b.cfg.CommandTimeout),
+		now := time.Now()
+		c := &cmdCall{stage: stage, flow: f, tag: d.DeliveryTag, d: d, env: env, started: now, deadline: now.Add(b.cfg.CommandTimeout),
 			msg: env.commandMsg(stage, seen)}
 		s.sendCmd(newID(), c)
 	}
@@ -103,6 +110,10 @@ func (s *session) takeCmd(token string) *cmdCall {
 func (s *session) onCmdReply(m *nats.Msg) {
 	b := s.b
 	token := m.Subject[len(s.cmdInbox):]
+	if isProgress(m.Header) {
+		s.extendCmd(token)
+		return
+	}
 	c := s.takeCmd(token)
 	if c == nil {
 		b.m.err(errKindLateReply)
@@ -138,6 +149,17 @@ func (s *session) onCmdReply(m *nats.Msg) {
 			m.Header.Get(headerServiceErrorCode), m.Header.Get(headerServiceError)))
 	default:
 		s.answered(c)
+		if b.dedupes(c.stage) {
+			// Recorded before the ack: a crash between the two brings a
+			// redelivery this node recognises. Marked at once: a delivery
+			// right behind is recognised while the write runs.
+			b.done.begin(c.stage, c.env.msgID)
+			s.work(func() {
+				b.completedNow(c.stage, c.env.msgID)
+				s.ack(c.tag, opAck)
+			})
+			return
+		}
 		s.ack(c.tag, opAck)
 	}
 }
@@ -146,7 +168,8 @@ func (s *session) onCmdReply(m *nats.Msg) {
 func (s *session) cmdTimeout(token string) {
 	if c := s.takeCmd(token); c != nil {
 		s.answered(c)
-		s.cmdFailed(c, fmt.Errorf("handler of stage %s on node %s did not answer within %s", c.stage, s.b.cfg.Node, s.b.cfg.CommandTimeout))
+		s.cmdFailed(c, fmt.Errorf("handler of stage %s on node %s did not answer within its lease (%s, %d progress messages)",
+			c.stage, s.b.cfg.Node, time.Since(c.started).Round(time.Millisecond), c.extended))
 	}
 }
 
@@ -163,7 +186,7 @@ func (s *session) cmdFailed(c *cmdCall, failure error) {
 	}
 	// Kept under a token of its own while it waits: a late reply of the
 	// handler (under the old token) finds nothing.
-	token := "retry." + newID()
+	token := retryTokenPrefix + newID()
 	s.callsMu.Lock()
 	if !s.cmdsEnded {
 		s.cmds[token] = c
@@ -175,6 +198,10 @@ func (s *session) cmdFailed(c *cmdCall, failure error) {
 	}
 	s.callsMu.Unlock()
 }
+
+// retryTokenPrefix starts the token of a failed command waiting for its
+// requeue.
+const retryTokenPrefix = "retry."
 
 // endCmds forgets the open commands of an ended session: the broker
 // requeues them.
@@ -229,43 +256,6 @@ var commandRetry = backoff.Policy{Min: 250 * time.Millisecond, Max: 5 * time.Sec
 // retryDelay is the pause before a failed command is requeued.
 func retryDelay(attempt int) time.Duration { return commandRetry.Delay(attempt) }
 
-// runHandler calls the local handler of stage with msg and returns nil on
-// success or why it failed. While no handler is subscribed it waits (up to
-// CommandTimeout in all) as long as hosted() stays true.
-func (b *Bridge) runHandler(ctx context.Context, stage string, msg *nats.Msg, hosted func() bool) error {
-	nc := b.nc
-	if nc == nil {
-		nc = b.bc
-	}
-	ctx, cancel := context.WithTimeout(ctx, b.cfg.CommandTimeout)
-	defer cancel()
-	for {
-		resp, err := nc.RequestMsgWithContext(ctx, msg)
-		switch {
-		case err == nil:
-			if e := resp.Header.Get(headerServiceError); e != "" {
-				code := resp.Header.Get(headerServiceErrorCode)
-				return fmt.Errorf("handler of stage %s on node %s replied error %s %s", stage, b.cfg.Node, code, e)
-			}
-			return nil
-		case errors.Is(err, nats.ErrNoResponders):
-			if !hosted() {
-				return errNotHostedHere
-			}
-			select {
-			case <-time.After(handlerPoll):
-				continue
-			case <-ctx.Done():
-				return fmt.Errorf("no handler for stage %s on node %s within %s", stage, b.cfg.Node, b.cfg.CommandTimeout)
-			}
-		case ctx.Err() != nil:
-			return fmt.Errorf("handler of stage %s on node %s did not answer within %s", stage, b.cfg.Node, b.cfg.CommandTimeout)
-		default:
-			return fmt.Errorf("calling the handler of stage %s: %v", stage, err)
-		}
-	}
-}
-
 // consumes reports whether the session still consumes stage.
 func (s *session) consumes(stage string) bool {
 	s.stagesMu.Lock()
@@ -319,6 +309,10 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 		}
 		setCommandHeaders(msg.Header, r.msgID, b.cfg.Node, attempt, attempt > 1 || r.republished)
 		b.noteDeliveryAge(r.name, r.created)
+		if b.completedBefore(r.name, r.msgID) {
+			b.ob.wait(ctx, func(done func(error)) { b.ob.del(r.seq, r.size, done) })
+			return true
+		}
 		failure := b.runHandler(ctx, r.name, msg, func() bool {
 			st, _ := b.linkState()
 			return st != StateConnected || b.hostsStage(r.name)
@@ -329,6 +323,7 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 		switch {
 		case failure == nil:
 			b.m.msg(typeCommand, "local")
+			b.completedNow(r.name, r.msgID)
 			b.ob.wait(ctx, func(done func(error)) { b.ob.del(r.seq, r.size, done) })
 			return true
 		case errors.Is(failure, errNotHostedHere):

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/redact"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +34,14 @@ type Config struct {
 	CertFile, KeyFile string
 	// OutboxPath is the bbolt file of the durable outbox (<data>/outbox.db).
 	OutboxPath string
+	// Dedupe names the stages whose completed message ids this node
+	// remembers (completed.go): a delivery of an id that completed here
+	// within the window is acked without calling the handler.
+	Dedupe map[string]DedupePolicy
+	// CompletedPath is the bbolt file of the completed ids (default
+	// completed.db next to the outbox); opened only when Dedupe names a
+	// stage.
+	CompletedPath string
 	// OutboxMaxBytes bounds the outbox (default 64 MiB).
 	OutboxMaxBytes int64
 	// RequestTimeout is the default deadline of a request (default 5s); a
@@ -40,6 +50,10 @@ type Config struct {
 	// CommandTimeout bounds one handler attempt of a command (default 30s,
 	// at most 25 minutes so the broker's consumer timeout never fires).
 	CommandTimeout time.Duration
+	// MaxLease bounds how long a handler that keeps sending progress
+	// (Meshbox-Progress) may hold one attempt of a command (default 10m, at
+	// least CommandTimeout, at most 25 minutes like CommandTimeout).
+	MaxLease time.Duration
 	// Prefetch bounds unacknowledged deliveries per consumer (default 32):
 	// the events consumer and each consumer of a stage queue.
 	Prefetch int
@@ -110,6 +124,7 @@ const (
 	DefaultOutboxMaxBytes   = 64 << 20
 	DefaultRequestTimeout   = 5 * time.Second
 	DefaultCommandTimeout   = 30 * time.Second
+	DefaultMaxLease         = 10 * time.Minute
 	DefaultPrefetch         = 32
 	DefaultMaxStagePrefetch = 256
 	DefaultRetryBudget      = 5
@@ -140,6 +155,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CommandTimeout == 0 {
 		c.CommandTimeout = DefaultCommandTimeout
+	}
+	if c.CompletedPath == "" && c.OutboxPath != "" {
+		c.CompletedPath = filepath.Join(filepath.Dir(c.OutboxPath), "completed.db")
+	}
+	if c.MaxLease == 0 {
+		c.MaxLease = max(DefaultMaxLease, c.CommandTimeout)
 	}
 	if c.MaxStagePrefetch == 0 {
 		c.MaxStagePrefetch = c.Prefetch // a prefetch set alone stays fixed
@@ -193,6 +214,8 @@ func (c Config) validate() error {
 		return bad("RequestTimeout", "%s is negative", c.RequestTimeout)
 	case c.CommandTimeout < 0 || c.CommandTimeout > maxCommandTimeout:
 		return bad("CommandTimeout", "%s is out of range 0..%s", c.CommandTimeout, maxCommandTimeout)
+	case c.MaxLease < c.CommandTimeout || c.MaxLease > maxCommandTimeout:
+		return bad("MaxLease", "%s is out of range %s (CommandTimeout)..%s", c.MaxLease, c.CommandTimeout, maxCommandTimeout)
 	case c.Prefetch < 1 || c.Prefetch > 65535:
 		return bad("Prefetch", "%d is out of range 1..65535", c.Prefetch)
 	case c.MaxStagePrefetch < c.Prefetch || c.MaxStagePrefetch > 65535:
@@ -209,6 +232,11 @@ func (c Config) validate() error {
 		return bad("ReconnectMin", "backoff bounds %s..%s are not increasing", c.ReconnectMin, c.ReconnectMax)
 	case c.Dial == nil:
 		return bad("Dial", "is required (a function that connects to the embedded NATS server)")
+	}
+	for stage, p := range c.Dedupe {
+		if err := CheckDedupe(stage, p); err != nil {
+			return bad("Dedupe", "%v", err)
+		}
 	}
 	if err := checkBrokerURL(c.URL, c.Node); err != nil {
 		return bad("URL", "%v", err)
@@ -261,3 +289,22 @@ func checkBrokerURL(u, node string) error {
 
 // redactURL returns u with its password replaced by "xxxxx".
 func redactURL(u string) string { return redact.URL(u) }
+
+// CheckDedupe validates the idempotency policy of stage.
+func CheckDedupe(stage string, p DedupePolicy) error {
+	switch {
+	case names.Stage(stage) != nil:
+		return fmt.Errorf("stage %q: %v", stage, names.Stage(stage))
+	case p.Window < time.Second || p.Window > maxDedupeWindow:
+		return fmt.Errorf("stage %s: window %s is out of range 1s..%s", stage, p.Window, maxDedupeWindow)
+	case p.MaxEntries < 1 || p.MaxEntries > maxDedupeEntries:
+		return fmt.Errorf("stage %s: max entries %d is out of range 1..%d", stage, p.MaxEntries, maxDedupeEntries)
+	}
+	return nil
+}
+
+// Bounds of a stage's idempotency policy.
+const (
+	maxDedupeWindow  = 90 * 24 * time.Hour
+	maxDedupeEntries = 10_000_000
+)

@@ -25,16 +25,23 @@
 //     the link is down, committed for local execution (local). On nodes that
 //     host the stage (a local program subscribes work.<stage>, or
 //     Config.Stages) the bridge calls the handler and acks only after it
-//     replied without an error header. A failure or a timeout
-//     (CommandTimeout) requeues the command; the next delivery counts the
-//     attempt; after RetryBudget attempts it is dead-lettered with the
+//     replied without an error header. A handler working on a long
+//     command keeps it by replying first with progress messages (header
+//     Meshbox-Progress; lease.go): each moves the attempt's deadline to
+//     CommandTimeout from then, up to MaxLease after it was handed out.
+//     A failure or a timeout (the deadline passed without a result)
+//     requeues the command; the next delivery counts the attempt; after RetryBudget attempts it is dead-lettered with the
 //     reason. Commands are at least once: the handler sees Meshbox-Msg-Id
 //     (stable, the submitter may set it), Meshbox-Attempt and
 //     Meshbox-Redelivered ("true" whenever the delivery may be a duplicate:
 //     the broker redelivered it, the publisher sent it again, or this node
 //     handed the same id to a handler before — it remembers the last 8,192
 //     ids, because a broker killed at the wrong moment can lose its record
-//     of a delivery and redeliver it looking new).
+//     of a delivery and redeliver it looking new). A stage in
+//     Config.Dedupe has this node remember the ids that completed here
+//     (completed.go, a bbolt file of its own): a delivery of one of them
+//     within the stage's window is acked without calling the handler. That
+//     is per node, not across the mesh.
 //   - Events: a program publishes evt.<topic>; local subscribers get it from
 //     the NATS server at once, and the bridge forwards it to the mesh. Other
 //     nodes republish it to their local subscribers with Meshbox-Origin. A
@@ -277,8 +284,9 @@
 // feeds discovery in with SetRoutes and MarkGone, sends its messages with
 // PublishSystem and SendSystem (never queued: they fail at once with
 // ErrLinkDown when the link is down), and receives other nodes' through
-// Config.OnSystem. Status is the broker, outbox and stalls part of the node
-// status; the metrics are registered on Config.Metrics.
+// Config.OnSystem. Status is the broker, outbox, stalls and commands in
+// flight part of the node status; the metrics are registered on
+// Config.Metrics.
 //
 // # Concurrency
 //
@@ -290,7 +298,8 @@
 // consume.go (the consumer owner and its acks), flow.go (the credit of
 // each stage: its consumers), corkconn.go (the publishing socket's batched
 // writes), requests.go, commands.go,
-// events.go (the three shapes), submit.go (submissions and the outbox
+// events.go (the three shapes), lease.go (handlers' progress, commands in
+// flight), completed.go (completed ids of deduping stages), submit.go (submissions and the outbox
 // drainer), outbox.go and outbox_open.go (the durable store), stalls.go,
 // interest.go (stand-ins and hosted stages).
 //
@@ -353,7 +362,8 @@
 // commit always takes a context, and Close waits for the writer at most a
 // bounded time (a hung disk makes it return ErrOutboxStuck). The bridge's
 // own goroutines (link loop, reconciler of stand-ins, local
-// command runner, system message dispatcher) exit when Close closes quit;
+// command runner, system message dispatcher, pruner of completed ids) exit
+// when Close closes quit;
 // Close returns after they and every session goroutine are gone.
 //
 // Correlation, message and call ids are 128 random bits (crypto/rand):

@@ -50,6 +50,12 @@ type metrics struct {
 	scopeRefused *prometheus.CounterVec
 	duration     *prometheus.HistogramVec
 	stalls       prometheus.Gauge
+	// leaseExtensions counts handlers' progress messages that moved a
+	// command's deadline (lease.go).
+	leaseExtensions prometheus.Counter
+	// deduplicated counts deliveries acked without calling the handler
+	// because their id completed here before (completed.go), by stage.
+	deduplicated *prometheus.CounterVec
 	revoked      prometheus.Gauge
 	outbox       []prometheus.Collector
 	reg          prometheus.Registerer
@@ -87,6 +93,14 @@ func newMetrics(b *Bridge) *metrics {
 			Help:    "Round trip of requests forwarded to other nodes, by outcome (ok, error, timeout, unreachable).",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"outcome"}),
+		leaseExtensions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshbox_command_lease_extensions_total",
+			Help: "Progress messages (Meshbox-Progress) of command handlers that extended a command's lease.",
+		}),
+		deduplicated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshbox_commands_deduplicated_total",
+			Help: "Command deliveries acked without calling the handler: their message id completed on this node within the stage's dedupe window.",
+		}, []string{"stage"}),
 		stalls: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "meshbox_stalls", Help: "Command stages currently stalled (see status stalls[]).",
 		}),
@@ -97,11 +111,11 @@ func newMetrics(b *Bridge) *metrics {
 	}
 	m.outbox = []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_outbox_depth", Help: "Messages in the outbox."},
-			func() float64 { return float64(b.Status().Outbox.Depth) }),
+			func() float64 { return float64(b.outboxStatus().Depth) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_outbox_bytes", Help: "Bytes in the outbox."},
-			func() float64 { return float64(b.Status().Outbox.Bytes) }),
+			func() float64 { return float64(b.outboxStatus().Bytes) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_outbox_oldest_age_seconds", Help: "Age of the oldest message in the outbox (0 when empty)."},
-			func() float64 { return b.Status().Outbox.OldestAgeSeconds }),
+			func() float64 { return b.outboxStatus().OldestAgeSeconds }),
 	}
 	for _, s := range allStates {
 		m.state.WithLabelValues(s).Set(0)
@@ -119,7 +133,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 		return nil
 	}
 	m.reg = reg
-	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.scopeRefused, m.duration, m.stalls, m.revoked}, m.outbox...)
+	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.scopeRefused, m.duration, m.stalls, m.leaseExtensions, m.deduplicated, m.revoked}, m.outbox...)
 	for _, c := range all {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

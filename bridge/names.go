@@ -31,6 +31,7 @@ const (
 	HeaderMsgID       = "Meshbox-Msg-Id"      // stable message id of a command or event
 	HeaderAttempt     = "Meshbox-Attempt"     // 1 for the first delivery of a command
 	HeaderRedelivered = "Meshbox-Redelivered" // "true" when this delivery may be a duplicate
+	HeaderProgress    = "Meshbox-Progress"    // in a handler's reply: not the result, the handler is still working (extends the lease)
 	HeaderTimeout     = "Meshbox-Timeout"     // caller's deadline (Go duration), may only shorten the default
 	HeaderCapability  = "Meshbox-Capability"  // on the broker: the capability a request calls
 	HeaderAccepted    = "Meshbox-Accepted"    // in a submit reply: "broker", "outbox" or "local"

@@ -216,6 +216,14 @@ func printStatus(w io.Writer, st appliance.Status) {
 	for _, s := range st.Stalls {
 		row("STALL", fmt.Sprintf("stage %s: %s", s.Stage, s.Reason))
 	}
+	row("commands", fmt.Sprintf("%d in flight", len(st.Commands)))
+	for _, c := range st.Commands[:min(len(st.Commands), 10)] {
+		lease := fmt.Sprintf("lease %s left", secs(c.LeaseRemainingSeconds))
+		if c.State == "retry" {
+			lease = "waiting to be retried"
+		}
+		row("command", fmt.Sprintf("stage %s id %s attempt %d, age %s, %s", c.Stage, c.MsgID, c.Attempt, secs(c.AgeSeconds), lease))
+	}
 	for _, e := range st.Errors[:min(len(st.Errors), 5)] {
 		row("error", strings.TrimSpace(fmt.Sprintf("%s %s %s %s", e.At.Format(time.RFC3339), e.Component, e.Message, e.Detail)))
 	}

@@ -43,7 +43,12 @@ type bridgeConfig struct {
 	Prefetch       int               `json:"prefetch,omitempty"`
 	// MaxStagePrefetch caps a stage's adaptive credit; equal to Prefetch it
 	// keeps one consumer per stage.
-	MaxStagePrefetch int `json:"max_stage_prefetch,omitempty"`
+	MaxStagePrefetch int    `json:"max_stage_prefetch,omitempty"`
+	CommandTimeout   string `json:"command_timeout,omitempty"`
+	MaxLease         string `json:"max_lease,omitempty"`
+	// Dedupe is the stages' idempotency at the node: stage -> {"window",
+	// "max_entries"}.
+	Dedupe map[string]map[string]any `json:"dedupe,omitempty"`
 }
 
 // startMeshNode runs node name as a child process on the broker at amqpURL,

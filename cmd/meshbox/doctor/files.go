@@ -58,8 +58,8 @@ func checkPrivate(name, path string, fi fs.FileInfo, euid int, fix string) Check
 	return ok(name, "%s: mode %#o, owned by uid %d", path, perm, owner)
 }
 
-// checkDataFiles: the cache and outbox files are private (0600) and owned
-// like their directory.
+// checkDataFiles: the cache, outbox and completed-ids files are private
+// (0600) and owned like their directory.
 func (d *Doctor) checkDataFiles(context.Context) Check {
 	const name = "data files"
 	dirInfo, err := os.Stat(d.cfg.DataDir)
@@ -67,7 +67,7 @@ func (d *Doctor) checkDataFiles(context.Context) Check {
 		return ok(name, "no data directory, no files to check")
 	}
 	var found []string
-	for _, f := range []string{"cache.db", "outbox.db", programs.AdminFile} {
+	for _, f := range []string{"cache.db", "outbox.db", "completed.db", programs.AdminFile} {
 		path := filepath.Join(d.cfg.DataDir, f)
 		fi, err := os.Stat(path)
 		if errors.Is(err, fs.ErrNotExist) {
