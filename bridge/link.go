@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/internal/backoff"
+	"github.com/meshbox/meshbox/internal/brokerurl"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -38,18 +40,22 @@ const (
 	reasonShutdown   = "node shutting down"
 )
 
-// link is the state of the broker link: the broker's URL, the link's state,
-// since when and why, its recent history, and the session in use. mu
-// guards url, state, since, reason, blocked and history; sess is read
+// link is the state of the broker link: the broker URLs, the one in use,
+// the link's state, since when and why, its recent history and failovers,
+// and the session in use. mu guards everything but sess, which is read
 // without it. Only the link's methods touch its fields.
 type link struct {
-	mu      sync.Mutex
-	url     string
-	state   string
-	since   time.Time
-	reason  string
-	blocked string // the broker's reason while it blocks the publishing connection
-	history []StateChange
+	mu        sync.Mutex
+	url       string   // the setting: one URL or several (internal/brokerurl)
+	urls      []string // url split
+	pos       int      // index in urls of the broker in use or tried next; -1: pick one at random
+	connected string   // host:port of the broker the last session ran on ("" before the first)
+	state     string
+	since     time.Time
+	reason    string
+	blocked   string // the broker's reason while it blocks the publishing connection
+	history   []StateChange
+	failovers []Failover
 
 	urlChanged chan struct{} // cap 1: SetURL wakes the link loop
 	fatal      chan error    // cap 1: the node name was refused for good
@@ -60,17 +66,118 @@ type link struct {
 }
 
 func newLink(url string, retry backoff.Policy) *link {
-	return &link{url: url, state: StateNone, since: time.Now(), retry: retry,
+	return &link{url: url, urls: brokerurl.Split(url), pos: -1, state: StateNone, since: time.Now(), retry: retry,
 		urlChanged: make(chan struct{}, 1), fatal: make(chan error, 1)}
 }
 
-// setURL records url and reports whether it changed.
+// setURL records url and reports whether it changed. A broker of the old
+// list that is in the new one stays the one in use.
 func (l *link) setURL(url string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	changed := l.url != url
-	l.url = url
-	return changed
+	if l.url == url {
+		return false
+	}
+	in := ""
+	if l.pos >= 0 && l.pos < len(l.urls) {
+		in = l.urls[l.pos]
+	}
+	l.url, l.urls = url, brokerurl.Split(url)
+	l.pos = slices.Index(l.urls, in)
+	return true
+}
+
+// target returns the broker URL to connect to now: the one in use or
+// tried last, or one picked at random when there is none yet. "" when no
+// broker is configured.
+func (l *link) target() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.urls) == 0 {
+		return ""
+	}
+	if l.pos < 0 || l.pos >= len(l.urls) {
+		l.pos = rand.IntN(len(l.urls))
+	}
+	return l.urls[l.pos]
+}
+
+// advance moves to the next broker of the list: the link failed on the
+// current one. It returns the URL to try next.
+func (l *link) advance() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.urls) == 0 {
+		return ""
+	}
+	if l.pos < 0 {
+		l.pos = rand.IntN(len(l.urls))
+	} else {
+		l.pos = (l.pos + 1) % len(l.urls)
+	}
+	return l.urls[l.pos]
+}
+
+// brokers returns how many broker URLs the setting names (at least 1).
+func (l *link) brokers() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return max(1, len(l.urls))
+}
+
+// holds reports whether u is one of the broker URLs of the setting.
+func (l *link) holds(u string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Contains(l.urls, u)
+}
+
+// sameBrokerAs returns the URL of the setting that names the same broker
+// and vhost as u (it may differ in credential), "" if none.
+func (l *link) sameBrokerAs(u string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.urls {
+		if sameBroker(c, u) {
+			return c
+		}
+	}
+	return ""
+}
+
+// connectedTo records that a session runs on the broker of url. When that
+// is another broker than the last session's, it is a failover, recorded
+// with why the link left the last one (reason) and returned (to log).
+func (l *link) connectedTo(url, reason string) (fo Failover, moved bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	host := brokerurl.Host(url)
+	if i := slices.Index(l.urls, url); i >= 0 {
+		l.pos = i
+	}
+	prev := l.connected
+	l.connected = host
+	if prev == "" || prev == host {
+		return Failover{}, false
+	}
+	fo = Failover{At: time.Now(), From: prev, To: host, Reason: reason}
+	l.failovers = append(l.failovers, fo)
+	if len(l.failovers) > historyLen {
+		l.failovers = slices.Delete(l.failovers, 0, len(l.failovers)-historyLen)
+	}
+	return fo, true
+}
+
+// inUseLocked returns the broker URL in use or tried last ("" before the first
+// attempt), with l.mu held.
+func (l *link) inUseLocked() string {
+	if l.pos >= 0 && l.pos < len(l.urls) {
+		return l.urls[l.pos]
+	}
+	if len(l.urls) == 1 {
+		return l.urls[0]
+	}
+	return ""
 }
 
 func (l *link) currentURL() string {
@@ -93,11 +200,15 @@ func (l *link) set(state, reason string) (changed bool, url string) {
 	}
 	now := time.Now()
 	l.state, l.since, l.reason = state, now, reason
-	l.history = append(l.history, StateChange{State: state, At: now, Reason: reason})
+	at := l.inUseLocked()
+	l.history = append(l.history, StateChange{State: state, At: now, Reason: reason, Broker: brokerurl.Host(at)})
 	if len(l.history) > historyLen {
 		l.history = slices.Delete(l.history, 0, len(l.history)-historyLen)
 	}
-	return true, redactURL(l.url)
+	if at == "" {
+		at = l.url
+	}
+	return true, redactURL(at)
 }
 
 // setBlocked records the broker's reason for blocking publishers.
@@ -116,8 +227,20 @@ func (l *link) current() (string, time.Time) {
 func (l *link) status() BrokerStatus {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return BrokerStatus{State: l.state, Since: l.since, URL: redactURL(l.url), Reason: l.reason,
-		Blocked: l.blocked, History: slices.Clone(l.history)}
+	st := BrokerStatus{State: l.state, Since: l.since, URL: redactURL(l.inUseLocked()), Reason: l.reason,
+		Blocked: l.blocked, History: slices.Clone(l.history), Failovers: slices.Clone(l.failovers)}
+	if st.Failovers == nil {
+		st.Failovers = []Failover{}
+	}
+	if len(l.urls) > 1 {
+		for _, u := range l.urls {
+			st.URLs = append(st.URLs, redactURL(u))
+		}
+	}
+	if st.State != StateNone {
+		st.Broker = brokerurl.Host(l.inUseLocked())
+	}
+	return st
 }
 
 // statusWithCredential is status plus the credential's.
@@ -176,9 +299,10 @@ func (b *Bridge) runLink(first *session) {
 	var retry <-chan time.Time // set after a failed handover: try again
 	switchFailures := 0        // failed handovers in a row
 	handed := false            // sess was made by a handover
+	left := ""                 // why the link left the broker it was on last
 	for {
 		if sess == nil {
-			url := b.currentURL()
+			url := b.link.target()
 			if url == "" {
 				b.setState(StateNone, "no broker configured")
 				select {
@@ -226,13 +350,20 @@ func (b *Bridge) runLink(first *session) {
 					refusedSince = time.Time{}
 				}
 				b.setState(StateOffline, err.Error())
+				if left == "" {
+					left = err.Error()
+				}
+				// The next broker of the list is tried next; the wait grows
+				// with each round through the whole list.
+				n := b.link.brokers()
+				b.link.advance()
 				select {
 				case <-b.quit:
 					return
 				case <-b.link.urlChanged:
 					failures = 0
 					b.setState(StateConnecting, "broker URL changed")
-				case <-time.After(b.backoff(failures)):
+				case <-time.After(b.backoff((failures + n - 1) / n)):
 				}
 				continue
 			}
@@ -245,6 +376,10 @@ func (b *Bridge) runLink(first *session) {
 		b.link.sess.Store(sess)
 		sess.start()
 		b.link.endHandover()
+		if fo, moved := b.link.connectedTo(sess.url, left); moved {
+			b.log.Warn("broker failover: the link moved to another broker of its list", "from", fo.From, "to", fo.To, "reason", fo.Reason)
+		}
+		left = ""
 		b.setState(StateConnected, "")
 		b.credentialInUse(sess.user)
 		if handed && b.cfg.OnConnected != nil {
@@ -288,6 +423,8 @@ func (b *Bridge) runLink(first *session) {
 		} else {
 			b.m.err(errKindLink)
 			b.setState(StateOffline, reason)
+			left = reason
+			b.link.advance() // fail over to the next broker of the list
 		}
 		b.link.setCredential(sess.user, CredentialUnused, "")
 		sess.stop()
