@@ -104,16 +104,16 @@ type Status struct {
 
 // BrokerStatus describes the broker link.
 type BrokerStatus struct {
-	State  string    `json:"state"`
-	Since  time.Time `json:"since"`
+	State string    `json:"state"`
+	Since time.Time `json:"since"`
 	// URL is the broker URL the link is on, or tried last (password
 	// redacted); Broker is its host:port ("" while there is none).
 	URL    string `json:"url"`
 	Broker string `json:"broker,omitempty"`
 	// URLs are all the broker URLs configured, when there are several
 	// (passwords redacted).
-	URLs   []string  `json:"urls,omitempty"`
-	Reason string    `json:"reason,omitempty"`
+	URLs   []string `json:"urls,omitempty"`
+	Reason string   `json:"reason,omitempty"`
 	// Blocked is the broker's reason (connection.blocked) while it blocks
 	// this node's publishing connection under a resource alarm; empty
 	// otherwise. Consuming and acking go on meanwhile.
