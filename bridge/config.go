@@ -279,4 +279,4 @@ func checkBrokerURL(raw, node string) error {
 
 // redactURL returns u (one URL or a list) with its passwords replaced by
 // "xxxxx".
-func redactURL(u string) string { return brokerurl.Map(u, redact.URL) }
+func redactURL(u string) string { return redact.URL(u) }
