@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -115,4 +116,28 @@ func TestBrokerFailoverToSecondURL(t *testing.T) {
 	if !strings.Contains(p.Output(), "broker failover") {
 		t.Errorf("the log does not say the node failed over:\n%s", p.Output())
 	}
+}
+
+// TestDoctorSeveralBrokers: doctor checks each broker of a list; one that
+// does not answer is a warning while another does, a failure when none
+// does.
+func TestDoctorSeveralBrokers(t *testing.T) {
+	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	down := withHost(t, vhost, fmt.Sprintf("127.0.0.1:%d", meshtest.FreePort(t)))
+	data := filepath.Join(t.TempDir(), "data")
+
+	code, rep := doctor(t, "--node", "alpha", "--data", data, "--broker", vhost+","+down)
+	if code != 0 {
+		t.Fatalf("one broker of two up: exit %d, failed: %v", code, rep.failed())
+	}
+	wantCheck(t, rep, "broker", "warn", "1 of 2 brokers do not answer", hostOf(t, down))
+	if _, msg := rep.check(t, "broker"); strings.Contains(msg, "guest:guest") {
+		t.Errorf("broker check shows the password: %q", msg)
+	}
+
+	code, rep = doctor(t, "--node", "alpha", "--data", data, "--broker", down+","+down)
+	if code == 0 {
+		t.Errorf("no broker up: exit 0, want non-zero")
+	}
+	wantCheck(t, rep, "broker", "fail", "none of 2 brokers answers")
 }
