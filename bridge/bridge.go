@@ -338,7 +338,9 @@ func (b *Bridge) Close() error {
 func (b *Bridge) Fatal() <-chan error { return b.link.fatal }
 
 // SetURL moves the bridge to another broker without a restart ("" means no
-// broker). An invalid URL is refused with a *ConfigError.
+// broker); url may list several, like Config.URL. A list that still names
+// the broker in use keeps the link on it. An invalid URL is refused with a
+// *ConfigError.
 func (b *Bridge) SetURL(url string) error {
 	if err := checkBrokerURL(url, b.cfg.Node); err != nil {
 		return &ConfigError{Field: "URL", Msg: err.Error()}
