@@ -90,11 +90,13 @@ func TestFailoverToAnotherBrokerURL(t *testing.T) {
 	if first == other {
 		other = px2.Addr()
 	}
+	cut := time.Now()
 	px.Cut(t)
 	waitFor(t, 20*time.Second, "alpha connected on "+other, func() bool {
 		st := a.b.Status().Broker
 		return st.State == bridge.StateConnected && st.Broker == other
 	})
+	t.Logf("failover from %s to %s took %v", first, other, time.Since(cut).Round(time.Millisecond))
 	st := a.b.Status().Broker
 	i := slices.IndexFunc(st.Failovers, func(f bridge.Failover) bool { return f.From == first && f.To == other })
 	if i < 0 {

@@ -70,8 +70,8 @@ func newLink(url string, retry backoff.Policy) *link {
 		urlChanged: make(chan struct{}, 1), fatal: make(chan error, 1)}
 }
 
-// setURL records url and reports whether it changed. A broker of the old
-// list that is in the new one stays the one in use.
+// setURL records url and reports whether it changed. The broker in use,
+// when the new list names it (with any credential), stays the one in use.
 func (l *link) setURL(url string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -83,7 +83,7 @@ func (l *link) setURL(url string) bool {
 		in = l.urls[l.pos]
 	}
 	l.url, l.urls = url, brokerurl.Split(url)
-	l.pos = slices.Index(l.urls, in)
+	l.pos = slices.IndexFunc(l.urls, func(u string) bool { return in != "" && sameBroker(u, in) })
 	return true
 }
 
