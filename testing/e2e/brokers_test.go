@@ -141,3 +141,23 @@ func TestDoctorSeveralBrokers(t *testing.T) {
 	}
 	wantCheck(t, rep, "broker", "fail", "none of 2 brokers answers")
 }
+
+// TestBrokerListSetting: the broker.url mesh setting names two brokers,
+// one down; a node run with only --db connects to the other one with the
+// credential its bindings give it, and its status lists both.
+func TestBrokerListSetting(t *testing.T) {
+	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	down := withHost(t, vhost, fmt.Sprintf("127.0.0.1:%d", meshtest.FreePort(t)))
+	db := meshtest.Postgres(t).Database(t)
+	list := meshtest.NoCredential(down) + "," + meshtest.NoCredential(vhost)
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", list); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	p := meshtest.StartProcess(t, "--node", "alpha", "--db", db)
+	st := waitBrokers(t, p.HTTPURL(), 30*time.Second, "broker connected", func(s brokersStatus) bool {
+		return s.Broker.State == "connected"
+	})
+	if st.Broker.Broker != hostOf(t, vhost) || len(st.Broker.URLs) != 2 {
+		t.Errorf("status broker %q urls %q, want %s of 2", st.Broker.Broker, st.Broker.URLs, hostOf(t, vhost))
+	}
+}
