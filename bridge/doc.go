@@ -303,7 +303,7 @@
 // # Concurrency
 //
 // The files follow the parts: link.go (the link loop, dialling, TLS, the
-// link's state), credential.go (the credential in use, the handover),
+// link's state), brokers.go (the list of brokers, failovers), credential.go (the credential in use, the handover),
 // session.go (one stay on the broker), sealing.go (sealing and opening
 // program messages), topology.go
 // (declarations, stage queues), publish.go (the publish pipeline),
