@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/internal/brokerurl"
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/redact"
 )
@@ -50,7 +51,8 @@ type Config struct {
 	// DB is the mesh database URL (postgres://...). Empty: no database; the
 	// node runs standalone.
 	DB Secret `json:"db"`
-	// Broker overrides the broker.url mesh setting (amqp:// or amqps://).
+	// Broker overrides the broker.url mesh setting (amqp:// or amqps://;
+	// several brokers, the nodes of a cluster, separated by commas).
 	// Empty: the broker named by the bindings, or none.
 	Broker Secret `json:"broker"`
 	// NATSAnonymous lets programs without a credential onto the embedded
@@ -352,8 +354,17 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.Broker != "" {
-		if err := checkURL(string(c.Broker), "amqp", "amqps"); err != nil {
-			bad("broker", "%v", err)
+		urls := brokerurl.Split(string(c.Broker))
+		for i, u := range urls {
+			field := "broker"
+			if len(urls) > 1 {
+				field = fmt.Sprintf("broker[%d]", i)
+			}
+			if u == "" {
+				bad(field, "empty URL (several brokers are separated by single commas)")
+			} else if err := checkURL(u, "amqp", "amqps"); err != nil {
+				bad(field, "%v", err)
+			}
 		}
 	}
 	switch c.Log.Level {

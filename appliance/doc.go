@@ -14,7 +14,8 @@
 //
 // The node's identity in the mesh is its credential's newest generation in
 // the bindings (credential.go): its broker user goes to the bridge with
-// the broker URL, which switches to it make before break; the switch
+// the broker URL (on each URL when broker.url lists several brokers, the
+// nodes of a cluster), which switches to it make before break; the switch
 // recorder, a goroutine of its own, moves the database login to the
 // generation's role and records the switch in the mesh database once both
 // are in use, so that the admin's rotate may revoke the older generations.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/internal/brokerurl"
 	"github.com/meshbox/meshbox/node"
 	"github.com/nats-io/nats.go"
 )
@@ -33,19 +34,22 @@ func NodeBrokerURL(raw string, cred *cache.BrokerCredential) string {
 	return withBrokerCredential(raw, cred)
 }
 
-// withBrokerCredential returns the broker URL raw (where the broker is)
-// with the user and password of cred; raw as it is without a credential or
-// when it does not parse (the bridge then says why).
+// withBrokerCredential returns the broker URLs raw (where the brokers are:
+// one URL or several separated by commas) with the user and password of
+// cred on each; raw as it is without a credential, and a URL that does
+// not parse as it is (the bridge then says why).
 func withBrokerCredential(raw string, cred *cache.BrokerCredential) string {
 	if raw == "" || cred == nil {
 		return raw
 	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		return raw
-	}
-	u.User = url.UserPassword(cred.User, cred.Password.Reveal())
-	return u.String()
+	return brokerurl.Map(raw, func(one string) string {
+		u, err := url.Parse(one)
+		if err != nil {
+			return one
+		}
+		u.User = url.UserPassword(cred.User, cred.Password.Reveal())
+		return u.String()
+	})
 }
 
 // startBridge starts the link to the broker. hosted is the first snapshot

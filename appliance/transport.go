@@ -4,19 +4,24 @@ import (
 	"net"
 	"net/url"
 	"strings"
+
+	"github.com/meshbox/meshbox/internal/brokerurl"
 )
 
 // WeakTransport says what is not protected on the network in the links
-// to the broker (brokerURL, amqp:// or amqps://) and to the mesh database
+// to the broker (brokerURL, amqp:// or amqps://, or several separated by
+// commas) and to the mesh database
 // (dbURL, postgres://): a plain amqp:// broker on a host other than this
 // machine, and a database on another host reached without
 // sslmode=verify-full (anything less is open to a man in the middle). An
 // empty URL, or one that does not parse, says nothing. The status shows
 // the result as warnings and meshbox doctor fails on it.
 func WeakTransport(brokerURL, dbURL string) (problems []string) {
-	if u, err := url.Parse(brokerURL); err == nil && brokerURL != "" {
-		if u.Scheme == "amqp" && !loopbackHost(u.Hostname()) {
-			problems = append(problems, "the broker link to "+u.Host+" is not encrypted (amqp://): use amqps://")
+	for _, one := range brokerurl.Split(brokerURL) {
+		if u, err := url.Parse(one); err == nil && one != "" {
+			if u.Scheme == "amqp" && !loopbackHost(u.Hostname()) {
+				problems = append(problems, "the broker link to "+u.Host+" is not encrypted (amqp://): use amqps://")
+			}
 		}
 	}
 	if host, mode, ok := postgresHost(dbURL); ok && !loopbackHost(host) && mode != "verify-full" {

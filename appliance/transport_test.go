@@ -24,6 +24,7 @@ func TestWeakTransport(t *testing.T) {
 		{"", "postgres:///mesh?host=db.example.org&sslmode=require", []string{"db.example.org has sslmode require"}},
 		{"", "postgres:///mesh?host=/run/postgresql", nil},
 		{"amqp://b.example/", "postgres://u@d.example/db", []string{"b.example", "d.example"}},
+		{"amqps://a.example/m,amqp://b.example/m", "", []string{"b.example is not encrypted"}},
 	} {
 		got := WeakTransport(tt.broker, tt.db)
 		if len(got) != len(tt.want) {

@@ -86,6 +86,16 @@ type StateChange struct {
 	State  string    `json:"state"`
 	At     time.Time `json:"at"`
 	Reason string    `json:"reason,omitempty"`
+	// Broker is the broker (host:port) the link was on or trying then.
+	Broker string `json:"broker,omitempty"`
+}
+
+// Failover is one move of the link from one broker of its list to another.
+type Failover struct {
+	At     time.Time `json:"at"`
+	From   string    `json:"from"`             // host:port of the broker left
+	To     string    `json:"to"`               // host:port of the broker connected to
+	Reason string    `json:"reason,omitempty"` // why the link left From
 }
 
 // Status is the bridge's part of the node status.
@@ -100,15 +110,24 @@ type Status struct {
 
 // BrokerStatus describes the broker link.
 type BrokerStatus struct {
-	State  string    `json:"state"`
-	Since  time.Time `json:"since"`
-	URL    string    `json:"url"` // password redacted
-	Reason string    `json:"reason,omitempty"`
+	State string    `json:"state"`
+	Since time.Time `json:"since"`
+	// URL is the broker URL the link is on, or tried last (password
+	// redacted); Broker is its host:port ("" while there is none).
+	URL    string `json:"url"`
+	Broker string `json:"broker,omitempty"`
+	// URLs are all the broker URLs configured, when there are several
+	// (passwords redacted).
+	URLs   []string `json:"urls,omitempty"`
+	Reason string   `json:"reason,omitempty"`
 	// Blocked is the broker's reason (connection.blocked) while it blocks
 	// this node's publishing connection under a resource alarm; empty
 	// otherwise. Consuming and acking go on meanwhile.
 	Blocked string        `json:"blocked,omitempty"`
 	History []StateChange `json:"history"`
+	// Failovers are the link's last moves from one broker to another of
+	// its list, oldest first (at most 20).
+	Failovers []Failover `json:"failovers"`
 	// Credential is the broker user the link connects as and its state.
 	Credential *CredentialStatus `json:"credential,omitempty"`
 }
@@ -219,7 +238,7 @@ func (b *Bridge) Start(ctx context.Context) error {
 	b.reconcile() // stand-ins before the first session
 
 	var first *session
-	if url := b.currentURL(); url != "" {
+	if url := b.link.target(); url != "" {
 		b.setState(StateConnecting, "")
 		cctx, cancel := context.WithTimeout(ctx, startConnectLimit)
 		first, err = b.connect(cctx, url)
@@ -231,6 +250,7 @@ func (b *Bridge) Start(ctx context.Context) error {
 			return err
 		case err != nil:
 			b.setState(StateOffline, err.Error())
+			b.link.advance() // the link loop tries the next broker of the list
 		}
 	}
 
@@ -336,7 +356,9 @@ func (b *Bridge) Close() error {
 func (b *Bridge) Fatal() <-chan error { return b.link.fatal }
 
 // SetURL moves the bridge to another broker without a restart ("" means no
-// broker). An invalid URL is refused with a *ConfigError.
+// broker); url may list several, like Config.URL. A list that still names
+// the broker in use keeps the link on it. An invalid URL is refused with a
+// *ConfigError.
 func (b *Bridge) SetURL(url string) error {
 	if err := checkBrokerURL(url, b.cfg.Node); err != nil {
 		return &ConfigError{Field: "URL", Msg: err.Error()}

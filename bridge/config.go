@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/brokerurl"
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/redact"
 	"github.com/nats-io/nats.go"
@@ -21,10 +22,14 @@ import (
 type Config struct {
 	// Node is this node's mesh name ([A-Za-z0-9_-]{1,64}).
 	Node string
-	// URL is the broker (amqp:// or amqps://); "" runs without a broker
-	// (state "none"). SetURL changes it at run time. Its user is the
-	// node's broker user (BrokerUser(Node, k)) in a mesh of per-node
-	// users, or the mesh's one credential (see origin.go).
+	// URL is the broker (amqp:// or amqps://), or several brokers (the
+	// nodes of a RabbitMQ cluster) as URLs separated by commas
+	// (internal/brokerurl); "" runs without a broker (state "none"). The
+	// link connects to one picked at random and fails over to the next on
+	// loss (see the package doc, Several brokers). SetURL changes it at
+	// run time. Its user is the node's broker user (BrokerUser(Node, k))
+	// in a mesh of per-node users, or the mesh's one credential (see
+	// origin.go); every URL of a list has the same user.
 	URL string
 	// CAFile is an extra PEM CA bundle trusted for amqps:// brokers.
 	CAFile string
@@ -270,24 +275,38 @@ func (c Config) validate() error {
 	return nil
 }
 
-// checkBrokerURL accepts "" (no broker) and amqp:// or amqps:// URLs,
-// whose user, when it is a node's broker user, is node's own: every
-// message carries it as its origin.
-func checkBrokerURL(u, node string) error {
-	if u == "" {
+// checkBrokerURL accepts "" (no broker) and one or several amqp:// or
+// amqps:// URLs separated by commas, all with the same user, which, when
+// it is a node's broker user, is node's own: every message carries it as
+// its origin.
+func checkBrokerURL(raw, node string) error {
+	urls := brokerurl.Split(raw)
+	if len(urls) == 0 {
 		return nil
 	}
-	uri, err := amqp.ParseURI(u)
-	if err != nil {
-		return fmt.Errorf("%s: %v", redactURL(u), err)
-	}
-	if owner, _, ok := ParseBrokerUser(uri.Username); ok && owner != node {
-		return fmt.Errorf("%s: broker user %s is node %s's, not node %s's", redactURL(u), uri.Username, owner, node)
+	var user string
+	for i, u := range urls {
+		if u == "" {
+			return fmt.Errorf("%s: broker URL %d of %d is empty", redactURL(raw), i+1, len(urls))
+		}
+		uri, err := amqp.ParseURI(u)
+		if err != nil {
+			return fmt.Errorf("%s: %v", redactURL(u), err)
+		}
+		if owner, _, ok := ParseBrokerUser(uri.Username); ok && owner != node {
+			return fmt.Errorf("%s: broker user %s is node %s's, not node %s's", redactURL(u), uri.Username, owner, node)
+		}
+		if i > 0 && uri.Username != user {
+			return fmt.Errorf("%s: user %q differs from the first broker URL's %q: every broker of a list is reached with the same credential",
+				redactURL(u), uri.Username, user)
+		}
+		user = uri.Username
 	}
 	return nil
 }
 
-// redactURL returns u with its password replaced by "xxxxx".
+// redactURL returns u (one URL or a list) with its passwords replaced by
+// "xxxxx".
 func redactURL(u string) string { return redact.URL(u) }
 
 // CheckDedupe validates the idempotency policy of stage.

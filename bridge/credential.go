@@ -83,7 +83,11 @@ func (l *link) credentialStatus() CredentialStatus {
 	defer l.mu.Unlock()
 	c := l.cred
 	if c.user == "" {
-		c.user = userOf(l.url)
+		if u := l.inUseLocked(); u != "" {
+			c.user = userOf(u)
+		} else if len(l.urls) > 0 {
+			c.user = userOf(l.urls[0]) // every URL of a list has the same user
+		}
 	}
 	if c.state == "" {
 		c.state = CredentialUnused
@@ -163,8 +167,8 @@ func (b *Bridge) credentialRefused(e *CredentialRefusedError) {
 // same broker and vhost as old's (a move to another broker is a plain
 // reconnect).
 func (b *Bridge) handover(old *session) (*session, int) {
-	url := b.currentURL()
-	if url == "" || url == old.url || !sameBroker(old.url, url) {
+	url := b.link.sameBrokerAs(old.url)
+	if url == "" || url == old.url {
 		return nil, handoverNone
 	}
 	user := userOf(url)

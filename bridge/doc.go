@@ -237,6 +237,26 @@
 // dead-lettered with the reason; the consumer carries on. So is a message
 // whose origin is not validated (meshbox_errors_total{kind="forged"}).
 //
+// # Several brokers
+//
+// Config.URL may name several brokers, the nodes of a RabbitMQ cluster, as
+// URLs separated by commas (internal/brokerurl), all with the same user.
+// The link connects to one picked at random, so that the nodes of a mesh
+// spread over the cluster; both connections of a session (publishing and
+// consuming) go to that one broker. When a connection attempt fails or a
+// session is lost, the next attempt goes to the next broker of the list,
+// and the wait (backoff with jitter, ReconnectMin..ReconnectMax) grows with
+// each round through the whole list, not with each broker tried. The
+// topology is declared on every connection, so the node's own queues are
+// declared again on whichever broker it reaches; stage queues are quorum
+// queues, which the cluster replicates over its nodes. BrokerStatus.URL
+// and Broker name the broker the link is on (or tried last), URLs lists
+// them all, each history entry names its broker, and Failovers keeps the
+// last moves from one broker to another with why the link left. A new
+// list (SetURL) that still names the broker in use keeps the session; one
+// that names it with another credential switches make before break on it
+// (see Credential rotation).
+//
 // # Credential rotation
 //
 // A node's broker credential comes in generations (BrokerUser
@@ -291,7 +311,7 @@
 // # Concurrency
 //
 // The files follow the parts: link.go (the link loop, dialling, TLS, the
-// link's state), credential.go (the credential in use, the handover),
+// link's state), brokers.go (the list of brokers, failovers), credential.go (the credential in use, the handover),
 // session.go (one stay on the broker), sealing.go (sealing and opening
 // program messages), topology.go
 // (declarations, stage queues), publish.go (the publish pipeline),

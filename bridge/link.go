@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/internal/backoff"
+	"github.com/meshbox/meshbox/internal/brokerurl"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -38,18 +39,22 @@ const (
 	reasonShutdown   = "node shutting down"
 )
 
-// link is the state of the broker link: the broker's URL, the link's state,
-// since when and why, its recent history, and the session in use. mu
-// guards url, state, since, reason, blocked and history; sess is read
+// link is the state of the broker link: the broker URLs, the one in use,
+// the link's state, since when and why, its recent history and failovers,
+// and the session in use. mu guards everything but sess, which is read
 // without it. Only the link's methods touch its fields.
 type link struct {
-	mu      sync.Mutex
-	url     string
-	state   string
-	since   time.Time
-	reason  string
-	blocked string // the broker's reason while it blocks the publishing connection
-	history []StateChange
+	mu        sync.Mutex
+	url       string   // the setting: one URL or several (internal/brokerurl)
+	urls      []string // url split
+	pos       int      // index in urls of the broker in use or tried next; -1: pick one at random
+	connected string   // host:port of the broker the last session ran on ("" before the first)
+	state     string
+	since     time.Time
+	reason    string
+	blocked   string // the broker's reason while it blocks the publishing connection
+	history   []StateChange
+	failovers []Failover
 
 	urlChanged chan struct{} // cap 1: SetURL wakes the link loop
 	fatal      chan error    // cap 1: the node name was refused for good
@@ -60,23 +65,25 @@ type link struct {
 }
 
 func newLink(url string, retry backoff.Policy) *link {
-	return &link{url: url, state: StateNone, since: time.Now(), retry: retry,
+	return &link{url: url, urls: brokerurl.Split(url), pos: -1, state: StateNone, since: time.Now(), retry: retry,
 		urlChanged: make(chan struct{}, 1), fatal: make(chan error, 1)}
 }
 
-// setURL records url and reports whether it changed.
+// setURL records url and reports whether it changed. The broker in use,
+// when the new list names it (with any credential), stays the one in use.
 func (l *link) setURL(url string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	changed := l.url != url
-	l.url = url
-	return changed
-}
-
-func (l *link) currentURL() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.url
+	if l.url == url {
+		return false
+	}
+	in := ""
+	if l.pos >= 0 && l.pos < len(l.urls) {
+		in = l.urls[l.pos]
+	}
+	l.url, l.urls = url, brokerurl.Split(url)
+	l.pos = slices.IndexFunc(l.urls, func(u string) bool { return in != "" && sameBroker(u, in) })
+	return true
 }
 
 // set records state and reason. It reports whether the state changed, and
@@ -93,11 +100,15 @@ func (l *link) set(state, reason string) (changed bool, url string) {
 	}
 	now := time.Now()
 	l.state, l.since, l.reason = state, now, reason
-	l.history = append(l.history, StateChange{State: state, At: now, Reason: reason})
+	at := l.inUseLocked()
+	l.history = append(l.history, StateChange{State: state, At: now, Reason: reason, Broker: brokerurl.Host(at)})
 	if len(l.history) > historyLen {
 		l.history = slices.Delete(l.history, 0, len(l.history)-historyLen)
 	}
-	return true, redactURL(l.url)
+	if at == "" {
+		at = l.url
+	}
+	return true, redactURL(at)
 }
 
 // setBlocked records the broker's reason for blocking publishers.
@@ -116,8 +127,20 @@ func (l *link) current() (string, time.Time) {
 func (l *link) status() BrokerStatus {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return BrokerStatus{State: l.state, Since: l.since, URL: redactURL(l.url), Reason: l.reason,
-		Blocked: l.blocked, History: slices.Clone(l.history)}
+	st := BrokerStatus{State: l.state, Since: l.since, URL: redactURL(l.inUseLocked()), Reason: l.reason,
+		Blocked: l.blocked, History: slices.Clone(l.history), Failovers: slices.Clone(l.failovers)}
+	if st.Failovers == nil {
+		st.Failovers = []Failover{}
+	}
+	if len(l.urls) > 1 {
+		for _, u := range l.urls {
+			st.URLs = append(st.URLs, redactURL(u))
+		}
+	}
+	if st.State != StateNone {
+		st.Broker = brokerurl.Host(l.inUseLocked())
+	}
+	return st
 }
 
 // statusWithCredential is status plus the credential's.
@@ -176,9 +199,10 @@ func (b *Bridge) runLink(first *session) {
 	var retry <-chan time.Time // set after a failed handover: try again
 	switchFailures := 0        // failed handovers in a row
 	handed := false            // sess was made by a handover
+	left := ""                 // why the link left the broker it was on last
 	for {
 		if sess == nil {
-			url := b.currentURL()
+			url := b.link.target()
 			if url == "" {
 				b.setState(StateNone, "no broker configured")
 				select {
@@ -226,13 +250,20 @@ func (b *Bridge) runLink(first *session) {
 					refusedSince = time.Time{}
 				}
 				b.setState(StateOffline, err.Error())
+				if left == "" {
+					left = err.Error()
+				}
+				// The next broker of the list is tried next; the wait grows
+				// with each round through the whole list.
+				n := b.link.brokers()
+				b.link.advance()
 				select {
 				case <-b.quit:
 					return
 				case <-b.link.urlChanged:
 					failures = 0
 					b.setState(StateConnecting, "broker URL changed")
-				case <-time.After(b.backoff(failures)):
+				case <-time.After(b.backoff((failures + n - 1) / n)):
 				}
 				continue
 			}
@@ -245,6 +276,10 @@ func (b *Bridge) runLink(first *session) {
 		b.link.sess.Store(sess)
 		sess.start()
 		b.link.endHandover()
+		if fo, moved := b.link.connectedTo(sess.url, left); moved {
+			b.log.Warn("broker failover: the link moved to another broker of its list", "from", fo.From, "to", fo.To, "reason", fo.Reason)
+		}
+		left = ""
 		b.setState(StateConnected, "")
 		b.credentialInUse(sess.user)
 		if handed && b.cfg.OnConnected != nil {
@@ -288,6 +323,8 @@ func (b *Bridge) runLink(first *session) {
 		} else {
 			b.m.err(errKindLink)
 			b.setState(StateOffline, reason)
+			left = reason
+			b.link.advance() // fail over to the next broker of the list
 		}
 		b.link.setCredential(sess.user, CredentialUnused, "")
 		sess.stop()

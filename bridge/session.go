@@ -231,18 +231,20 @@ func (s *session) spawn(f func()) {
 }
 
 // run waits until the session must end and returns why. retry (nil:
-// never) asks it to look at the URL again, after a failed handover.
+// never) asks it to look at the URL again, after a failed handover. A
+// new broker setting ends the session only when its URL is no longer one
+// of the setting's.
 func (s *session) run(retry <-chan time.Time) string {
 	for {
 		select {
 		case <-s.b.quit:
 			return reasonShutdown
 		case <-s.b.link.urlChanged:
-			if s.b.currentURL() != s.url {
+			if !s.b.link.holds(s.url) {
 				return reasonURLChanged
 			}
 		case <-retry:
-			if s.b.currentURL() != s.url {
+			if !s.b.link.holds(s.url) {
 				return reasonURLChanged
 			}
 		case e := <-s.pubConnClose:

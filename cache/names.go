@@ -2,10 +2,12 @@ package cache
 
 import (
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/meshbox/meshbox/internal/brokerurl"
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/redact"
 )
@@ -79,9 +81,35 @@ func ValidateValue(field, v string) error {
 	return nil
 }
 
-// ValidateBrokerURL checks the broker.url setting: an amqp:// or amqps://
-// URL with a host and without a password (settings hold no secrets).
+// ValidateBrokerURL checks the broker.url setting: one amqp:// or amqps://
+// URL, or several separated by commas (the nodes of a RabbitMQ cluster,
+// internal/brokerurl), each with a host and without a password (settings
+// hold no secrets), all naming the same vhost.
 func ValidateBrokerURL(raw string) error {
+	urls := brokerurl.Split(raw)
+	if len(urls) == 0 {
+		return &NameError{Field: "broker URL", Value: "", Reason: "is empty"}
+	}
+	var vhost string
+	for i, u := range urls {
+		if u == "" {
+			return &NameError{Field: "broker URL", Value: RedactURL(raw),
+				Reason: fmt.Sprintf("URL %d of %d is empty (URLs are separated by single commas)", i+1, len(urls))}
+		}
+		if err := validateOneBrokerURL(u); err != nil {
+			return err
+		}
+		p, _ := url.Parse(u)
+		if i > 0 && p.Path != vhost {
+			return &NameError{Field: "broker URL", Value: RedactURL(u),
+				Reason: fmt.Sprintf("names vhost %q, the first URL %q: the brokers of a list are the nodes of one cluster, with one vhost", p.Path, vhost)}
+		}
+		vhost = p.Path
+	}
+	return nil
+}
+
+func validateOneBrokerURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return &NameError{Field: "broker URL", Value: RedactURL(raw), Reason: "not a URL"}

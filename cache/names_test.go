@@ -2,6 +2,7 @@ package cache_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/meshbox/meshbox/cache"
@@ -70,5 +71,31 @@ func checkCacheNames(t *testing.T, s string) {
 	_, err := cache.NewManager(cache.ManagerConfig{Node: s})
 	if errors.Is(err, cache.ErrInvalidName) != (names.Node(s) != nil) {
 		t.Fatalf("NewManager node %q: got %v, package names says %v", s, err, names.Node(s))
+	}
+}
+
+func TestValidateBrokerURL(t *testing.T) {
+	for _, tt := range []struct {
+		raw  string
+		want string // a piece of the error; "" for none
+	}{
+		{"amqp://b1:5672/mesh", ""},
+		{"amqps://b1/mesh,amqps://b2/mesh, amqps://b3:5671/mesh", ""},
+		{"", "empty"},
+		{"http://b1/", "scheme"},
+		{"amqp://b1/mesh,", "URL 2 of 2 is empty"},
+		{"amqp://b1/mesh,http://b2/mesh", "scheme"},
+		{"amqp://b1/mesh,amqp://u:topsecret@b2/mesh", "holds a password"},
+		{"amqp://b1/mesh,amqp://b2/other", "vhost"},
+	} {
+		err := cache.ValidateBrokerURL(tt.raw)
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("ValidateBrokerURL(%q): got %v, want nil", tt.raw, err)
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("ValidateBrokerURL(%q): got %v, want an error saying %q", tt.raw, err, tt.want)
+		case err != nil && strings.Contains(err.Error(), "topsecret"):
+			t.Errorf("ValidateBrokerURL(%q): the error repeats the password: %v", tt.raw, err)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/brokerurl"
 	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -127,8 +128,23 @@ func isRefused(err error) bool {
 }
 
 // VhostOf returns the vhost an amqp(s) URL names ("/" when it names none),
-// as AMQP clients read it.
+// as AMQP clients read it. Of several URLs separated by commas (the nodes
+// of a cluster) it returns the one vhost they all name.
 func VhostOf(brokerURL string) (string, error) {
+	urls := brokerurl.Split(brokerURL)
+	if len(urls) > 1 { // the nodes of a cluster: one vhost
+		first, err := VhostOf(urls[0])
+		for _, u := range urls[1:] {
+			if err != nil {
+				break
+			}
+			var v string
+			if v, err = VhostOf(u); err == nil && v != first {
+				err = fmt.Errorf("broker URLs: vhost %q differs from the first URL's %q", v, first)
+			}
+		}
+		return first, err
+	}
 	uri, err := amqp.ParseURI(brokerURL)
 	if err != nil {
 		return "", errors.New("broker URL: not an amqp:// or amqps:// URL")

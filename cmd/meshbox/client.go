@@ -155,6 +155,13 @@ func printStatus(w io.Writer, st appliance.Status) {
 		broker += ": " + st.Broker.Reason
 	}
 	row("broker", broker)
+	if len(st.Broker.URLs) > 1 {
+		row("brokers", fmt.Sprintf("%d URLs, on %s", len(st.Broker.URLs), st.Broker.Broker))
+	}
+	if n := len(st.Broker.Failovers); n > 0 {
+		f := st.Broker.Failovers[n-1]
+		row("failover", fmt.Sprintf("%s -> %s at %s (%s); %d recorded", f.From, f.To, f.At.Format(time.RFC3339), f.Reason, n))
+	}
 	if id := st.Identity; id != nil {
 		v := fmt.Sprintf("broker user %s, generation %d, %s", id.BrokerUser, id.Generation, id.State)
 		if !id.CreatedAt.IsZero() {

@@ -45,10 +45,19 @@ func Key(key string) bool {
 // URL returns raw with the password of its user information and the
 // values of its secret-looking query parameters replaced by Mask. A value
 // without "://" goes through Text; one that does not parse as a URL has
-// whatever stands between "scheme://user:" and "@" masked.
+// whatever stands between "scheme://user:" and "@" masked. Several URLs
+// separated by commas (a broker setting naming the nodes of a cluster)
+// are redacted each.
 func URL(raw string) string {
 	if !strings.Contains(raw, "://") {
 		return Text(raw)
+	}
+	if strings.Count(raw, "://") > 1 && strings.Contains(raw, ",") {
+		parts := strings.Split(raw, ",")
+		for i, p := range parts {
+			parts[i] = URL(p)
+		}
+		return strings.Join(parts, ",")
 	}
 	u, err := url.Parse(raw)
 	if err != nil || u.Scheme == "" {

@@ -21,6 +21,9 @@ func TestURL(t *testing.T) {
 		{"not a url", "not a url"},
 		{"postgres://u:pa ss@h:bad port/db", "postgres://u:xxxxx@h:bad port/db"},
 		{"amqp://u:p%zz@h/", "amqp://u:xxxxx@h/"},
+		// several broker URLs: every password hidden, not only the first
+		{"amqp://u:secret@a:1/v,amqp://u:secret@b:2/v", "amqp://u:xxxxx@a:1/v,amqp://u:xxxxx@b:2/v"},
+		{"amqps://u:s1@a/v,amqps://u:s2@b/v,amqps://c/v", "amqps://u:xxxxx@a/v,amqps://u:xxxxx@b/v,amqps://c/v"},
 	} {
 		if got := URL(tt.in); got != tt.want {
 			t.Errorf("URL(%q): got %q, want %q", tt.in, got, tt.want)

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/internal/brokerurl"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -44,6 +46,49 @@ func (d *Doctor) checkBroker(context.Context) Check {
 		}
 		return ok(name, "none configured: the node runs standalone")
 	}
+	urls := brokerurl.Split(raw)
+	if len(urls) == 1 {
+		conn, c := d.dialBroker(name, raw, from)
+		d.brokerConn = conn // checkCredential looks at it, then closes it
+		return c
+	}
+	// Several brokers (a cluster): each is checked; the node needs one.
+	var good, bad []Check
+	for _, u := range urls {
+		conn, c := d.dialBroker(name, u, from)
+		switch {
+		case conn == nil:
+			bad = append(bad, c)
+		case d.brokerConn == nil:
+			d.brokerConn = conn
+		default:
+			_ = conn.Close()
+		}
+		if conn != nil {
+			good = append(good, c)
+		}
+	}
+	msgs := func(cs []Check) string {
+		m := make([]string, len(cs))
+		for i, c := range cs {
+			m[i] = c.Message
+		}
+		return strings.Join(m, "; ")
+	}
+	switch {
+	case len(bad) == 0:
+		return ok(name, "%d brokers: %s", len(urls), msgs(good))
+	case len(good) == 0:
+		return fail(name, bad[0].Hint, "none of %d brokers answers: %s", len(urls), msgs(bad))
+	default:
+		return warn(name, "the node fails over to the brokers that answer; "+bad[0].Hint,
+			"%d of %d brokers do not answer: %s", len(bad), len(urls), msgs(bad))
+	}
+}
+
+// dialBroker dials one broker: a connection and an ok check, or nil and
+// a failed check.
+func (d *Doctor) dialBroker(name, raw, from string) (*amqp.Connection, Check) {
 	safe := appliance.RedactURL(raw)
 	cfg := amqp.Config{
 		Dial:       amqp.DefaultDial(d.timeout),
@@ -54,11 +99,11 @@ func (d *Doctor) checkBroker(context.Context) Check {
 	if d.cfg.Bridge.CAFile != "" {
 		pem, err := os.ReadFile(d.cfg.Bridge.CAFile)
 		if err != nil {
-			return fail(name, "fix bridge.ca_file", "read CA file: %v", err)
+			return nil, fail(name, "fix bridge.ca_file", "read CA file: %v", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return fail(name, "fix bridge.ca_file", "%s holds no PEM certificate", d.cfg.Bridge.CAFile)
+			return nil, fail(name, "fix bridge.ca_file", "%s holds no PEM certificate", d.cfg.Bridge.CAFile)
 		}
 		cfg.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
@@ -67,7 +112,7 @@ func (d *Doctor) checkBroker(context.Context) Check {
 		// the URL has no password: so does doctor.
 		cert, err := tls.LoadX509KeyPair(d.cfg.Bridge.CertFile, d.cfg.Bridge.KeyFile)
 		if err != nil {
-			return fail(name, "fix bridge.cert_file and bridge.key_file", "client certificate: %v", err)
+			return nil, fail(name, "fix bridge.cert_file and bridge.key_file", "client certificate: %v", err)
 		}
 		if cfg.TLSClientConfig == nil {
 			cfg.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
@@ -84,20 +129,19 @@ func (d *Doctor) checkBroker(context.Context) Check {
 		var ae *amqp.Error
 		switch {
 		case errors.As(err, &ae) && ae.Code == amqp.AccessRefused:
-			return fail(name, "the broker refused the user or password in the broker URL; check the node's broker credentials",
+			return nil, fail(name, "the broker refused the user or password in the broker URL; check the node's broker credentials",
 				"%s (from %s): credentials refused: %s", safe, from, ae.Reason)
 		case errors.As(err, &ae) && ae.Code == amqp.NotAllowed:
-			return fail(name, "the user may not use this vhost (or a connection limit is reached); check the broker's permissions",
+			return nil, fail(name, "the user may not use this vhost (or a connection limit is reached); check the broker's permissions",
 				"%s (from %s): access refused: %s", safe, from, ae.Reason)
 		case isTimeout(err):
-			return fail(name, "no answer in time: is the host reachable from here (firewall, VPN)?", "%s (from %s): %v", safe, from, err)
+			return nil, fail(name, "no answer in time: is the host reachable from here (firewall, VPN)?", "%s (from %s): %v", safe, from, err)
 		default:
-			return fail(name, "is RabbitMQ running and listening on that host and port, and reachable from here?",
+			return nil, fail(name, "is RabbitMQ running and listening on that host and port, and reachable from here?",
 				"%s (from %s): cannot connect: %v", safe, from, err)
 		}
 	}
-	d.brokerConn = conn // checkCredential looks at it, then closes it
 	product, _ := conn.Properties["product"].(string)
 	version, _ := conn.Properties["version"].(string)
-	return ok(name, "%s (from %s) reachable, credentials accepted (%s %s)", safe, from, product, version)
+	return conn, ok(name, "%s (from %s) reachable, credentials accepted (%s %s)", safe, from, product, version)
 }

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/internal/brokerurl"
 )
 
 // checkCredential looks at the credential the broker check connected with:
@@ -25,6 +26,9 @@ func (d *Doctor) checkCredential(context.Context) Check {
 	}
 	defer conn.Close()
 	raw, _ := d.brokerURL()
+	if urls := brokerurl.Split(raw); len(urls) > 0 {
+		raw = urls[0] // every URL of a list has the same user
+	}
 	user := "guest" // what an AMQP URL without a user means
 	if u, err := url.Parse(raw); err == nil && u.User != nil && u.User.Username() != "" {
 		user = u.User.Username()

@@ -1,0 +1,113 @@
+package bridge
+
+import (
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/meshbox/meshbox/internal/brokerurl"
+)
+
+// This file is the link's list of brokers (Config.URL may name several,
+// the nodes of a cluster): which one to connect to, the move to the next
+// on a failure, and the record of failovers. The fields are the link's,
+// guarded by link.mu.
+
+// target returns the broker URL to connect to now: the one in use or
+// tried last, or one picked at random when there is none yet. "" when no
+// broker is configured.
+func (l *link) target() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.urls) == 0 {
+		return ""
+	}
+	if l.pos < 0 || l.pos >= len(l.urls) {
+		l.pos = rand.IntN(len(l.urls))
+	}
+	return l.urls[l.pos]
+}
+
+// advance moves to the next broker of the list: the link failed on the
+// current one. It returns the URL to try next.
+func (l *link) advance() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.urls) == 0 {
+		return ""
+	}
+	if l.pos < 0 {
+		l.pos = rand.IntN(len(l.urls))
+	} else {
+		l.pos = (l.pos + 1) % len(l.urls)
+	}
+	return l.urls[l.pos]
+}
+
+// brokers returns how many broker URLs the setting names (at least 1).
+func (l *link) brokers() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return max(1, len(l.urls))
+}
+
+// holds reports whether u is one of the broker URLs of the setting.
+func (l *link) holds(u string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Contains(l.urls, u)
+}
+
+// sameBrokerAs returns the URL of the setting that names the same broker
+// and vhost as u (it may differ in credential), "" if none.
+func (l *link) sameBrokerAs(u string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.urls {
+		if sameBroker(c, u) {
+			return c
+		}
+	}
+	return ""
+}
+
+// connectedTo records that a session runs on the broker of url. When that
+// is another broker than the last session's, it is a failover, recorded
+// with why the link left the last one (reason) and returned (to log).
+func (l *link) connectedTo(url, reason string) (fo Failover, moved bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	host := brokerurl.Host(url)
+	if i := slices.Index(l.urls, url); i >= 0 {
+		l.pos = i
+	}
+	prev := l.connected
+	l.connected = host
+	if prev == "" || prev == host {
+		return Failover{}, false
+	}
+	fo = Failover{At: time.Now(), From: prev, To: host, Reason: reason}
+	l.failovers = append(l.failovers, fo)
+	if len(l.failovers) > historyLen {
+		l.failovers = slices.Delete(l.failovers, 0, len(l.failovers)-historyLen)
+	}
+	return fo, true
+}
+
+// inUseLocked returns the broker URL in use or tried last ("" before the first
+// attempt), with l.mu held.
+func (l *link) inUseLocked() string {
+	if l.pos >= 0 && l.pos < len(l.urls) {
+		return l.urls[l.pos]
+	}
+	if len(l.urls) == 1 {
+		return l.urls[0]
+	}
+	return ""
+}
+
+func (l *link) currentURL() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.url
+}
