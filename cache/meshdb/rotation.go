@@ -88,15 +88,27 @@ func (db *DB) AddCredentialGeneration(ctx context.Context, node string, cred Bro
 	return ch, role, nil
 }
 
+// Revoked is what DeleteCredentialGeneration did on the database side.
+type Revoked struct {
+	// Roles are the login roles dropped.
+	Roles []string
+	// Lingering counts the sessions of those roles still running: ending
+	// them needs a superuser or a member of pg_signal_backend, and a
+	// dropped role's session otherwise goes on until it ends.
+	Lingering int
+	// EndErr is why the sessions could not be looked up or ended, if so.
+	EndErr error
+}
+
 // DeleteCredentialGeneration revokes a generation on the database side
 // (after its broker user was deleted): its row goes, and so does every
 // login role of the node that no remaining generation names (the
 // generation's own, or for a generation made by node add, the role of the
 // join token) — but only when a remaining generation has a role to log in
-// with. The dropped roles' sessions are ended where the admin may (best
-// effort). A row that does not exist changes nothing. It returns the
-// roles dropped.
-func (db *DB) DeleteCredentialGeneration(ctx context.Context, node string, gen int) (Change, []string, error) {
+// with. It then ends the dropped roles' sessions where the admin may, and
+// reports those it could not end. A row that does not exist changes
+// nothing.
+func (db *DB) DeleteCredentialGeneration(ctx context.Context, node string, gen int) (Change, Revoked, error) {
 	var dropped []string
 	ch, err := db.change(ctx, "delete credential generation", func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `DELETE FROM node_credentials WHERE node = $1 AND generation = $2`, node, gen); err != nil {
@@ -117,14 +129,16 @@ func (db *DB) DeleteCredentialGeneration(ctx context.Context, node string, gen i
 		return nil
 	})
 	if err != nil {
-		return Change{}, nil, err
+		return Change{}, Revoked{}, err
 	}
-	for _, r := range dropped {
-		// Sessions of a dropped role go on until they end; end them. Only a
-		// superuser or a member of pg_signal_backend may: best effort.
-		_, _ = db.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, r)
+	rev := Revoked{Roles: dropped}
+	if len(dropped) > 0 {
+		// pg_terminate_backend refuses (false, or an error) what the
+		// admin may not end: count what is left rather than guess.
+		rev.EndErr = db.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE NOT pg_terminate_backend(pid))
+			FROM pg_stat_activity WHERE usename = ANY($1)`, dropped).Scan(&rev.Lingering)
 	}
-	return ch, dropped, nil
+	return ch, rev, nil
 }
 
 // CredentialSwitched records, as the node role the DB is connected as,

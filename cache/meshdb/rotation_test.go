@@ -91,9 +91,13 @@ func TestCredentialRotationRows(t *testing.T) {
 	}
 	conn.Close(ctx)
 
-	_, dropped, err := db.DeleteCredentialGeneration(ctx, "alpha", 1)
+	_, rev, err := db.DeleteCredentialGeneration(ctx, "alpha", 1)
 	if err != nil {
 		t.Fatal(err)
+	}
+	dropped := rev.Roles
+	if rev.EndErr != nil || rev.Lingering != 0 {
+		t.Errorf("ending the dropped role's sessions as the owner: %d left, %v", rev.Lingering, rev.EndErr)
 	}
 	if len(dropped) != 1 || dropped[0] != a.Role {
 		t.Errorf("revoking generation 1 dropped %v, want [%s]", dropped, a.Role)

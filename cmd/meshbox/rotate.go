@@ -143,14 +143,20 @@ func (c *MeshCommand) rotate(ctx context.Context, db *meshdb.DB, name, adminURL 
 				failed = append(failed, fmt.Errorf("node %s: revoke generation %d: %w", t.node, g, err))
 				continue
 			}
-			_, roles, err := db.DeleteCredentialGeneration(ctx, t.node, g)
+			_, rev, err := db.DeleteCredentialGeneration(ctx, t.node, g)
 			if err != nil {
 				failed = append(failed, fmt.Errorf("node %s: revoke generation %d in the database: %w", t.node, g, err))
 				continue
 			}
 			what := "broker user deleted"
-			if len(roles) > 0 {
-				what += ", database role " + strings.Join(roles, ", ") + " dropped"
+			if len(rev.Roles) > 0 {
+				what += ", database role " + strings.Join(rev.Roles, ", ") + " dropped"
+			}
+			switch {
+			case rev.EndErr != nil:
+				what += "; its sessions could not be ended: " + rev.EndErr.Error()
+			case rev.Lingering > 0:
+				what += fmt.Sprintf("; %d of its sessions still run (ending them needs a superuser or pg_signal_backend)", rev.Lingering)
 			}
 			fmt.Fprintf(out, "node %s: generation %d revoked (%s)\n", t.node, g, what)
 		}

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -174,25 +173,7 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 	}
 
 	// Rotation of the scope's key under traffic.
-	stop := make(chan struct{})
-	sentc := make(chan []string, 1)
-	go func() { // exits when stop is closed
-		var sent []string
-		defer func() { sentc <- sent }()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			body := fmt.Sprintf("entry-%d", i)
-			if o, resp, err := submit(caller, "cmd.ledger", []byte(body), 5*time.Second); o != acked {
-				t.Errorf("submit %s during rotation: %v %v %v", body, o, resp, err)
-				continue
-			}
-			sent = append(sent, body)
-		}
-	}()
+	stop, sentc := ledgerTraffic(t, caller)
 	mdb, err := meshdb.Open(ctx, db, meshdb.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -98,16 +98,7 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 		t.Skip("integration test")
 	}
 	ctx := context.Background()
-	rmq := meshtest.RabbitMQ(t)
-	vhost := rmq.Vhost(t)
-	db := meshtest.Postgres(t).Database(t)
-	if code, _, errOut := cli(t, "init", "--db", db, "--node", "console", "--broker", meshtest.NoCredential(vhost)); code != 0 {
-		t.Fatalf("init: exit %d: %s", code, errOut)
-	}
-	alpha := joinedNode(t, db, rmq.AdminURL(), "alpha")
-	beta := joinedNode(t, db, rmq.AdminURL(), "beta")
-	waitSealing(t, alpha)
-	waitSealing(t, beta)
+	vhost, db, alpha, beta := sealedMesh(t)
 
 	// The operator: the broker's admin credential, every key of mesh.
 	op, err := amqp.Dial(vhost)
@@ -299,16 +290,7 @@ func TestKeyRotationUnderTraffic(t *testing.T) {
 		t.Skip("integration test")
 	}
 	ctx := context.Background()
-	rmq := meshtest.RabbitMQ(t)
-	vhost := rmq.Vhost(t)
-	db := meshtest.Postgres(t).Database(t)
-	if code, _, errOut := cli(t, "init", "--db", db, "--node", "console", "--broker", meshtest.NoCredential(vhost)); code != 0 {
-		t.Fatalf("init: exit %d: %s", code, errOut)
-	}
-	alpha := joinedNode(t, db, rmq.AdminURL(), "alpha")
-	beta := joinedNode(t, db, rmq.AdminURL(), "beta")
-	waitSealing(t, alpha)
-	waitSealing(t, beta)
+	_, db, alpha, beta := sealedMesh(t)
 
 	prog := natsConn(t, beta)
 	var mu sync.Mutex
@@ -331,25 +313,7 @@ func TestKeyRotationUnderTraffic(t *testing.T) {
 	}
 
 	// Traffic: one command every 20ms until stopped.
-	stop := make(chan struct{})
-	sentc := make(chan []string, 1)
-	go func() { // exits when stop is closed
-		var sent []string
-		defer func() { sentc <- sent }()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			body := fmt.Sprintf("entry-%d", i)
-			if o, resp, err := submit(caller, "cmd.ledger", []byte(body), 5*time.Second); o != acked {
-				t.Errorf("submit %s during rotation: %v %v %v", body, o, resp, err)
-				continue
-			}
-			sent = append(sent, body)
-		}
-	}()
+	stop, sentc := ledgerTraffic(t, caller)
 
 	old := currentKey(t, alpha)
 	mdb, err := meshdb.Open(ctx, db, meshdb.Options{})
@@ -421,4 +385,47 @@ func waitAllHandled(t *testing.T, d time.Duration, during string, sent []string,
 		lost := missing()
 		t.Fatalf("%d of %d commands lost %s: %v", len(lost), len(sent), during, lost)
 	}
+}
+
+// sealedMesh makes a mesh (init as "console") and joins alpha and beta
+// with their own credentials, returning once both seal what they send.
+func sealedMesh(t *testing.T) (vhost, db string, alpha, beta *meshtest.Process) {
+	t.Helper()
+	rmq := meshtest.RabbitMQ(t)
+	vhost = rmq.Vhost(t)
+	db = meshtest.Postgres(t).Database(t)
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "console", "--broker", meshtest.NoCredential(vhost)); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	alpha = joinedNode(t, db, rmq.AdminURL(), "alpha")
+	beta = joinedNode(t, db, rmq.AdminURL(), "beta")
+	waitSealing(t, alpha)
+	waitSealing(t, beta)
+	return vhost, db, alpha, beta
+}
+
+// ledgerTraffic submits a command "entry-N" to stage ledger through caller
+// every 20ms until stop is closed, then sends the bodies it got accepted on
+// sentc.
+func ledgerTraffic(t *testing.T, caller *nats.Conn) (stop chan struct{}, sentc chan []string) {
+	stop = make(chan struct{})
+	sentc = make(chan []string, 1)
+	go func() { // exits when stop is closed
+		var sent []string
+		defer func() { sentc <- sent }()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			body := fmt.Sprintf("entry-%d", i)
+			if o, resp, err := submit(caller, "cmd.ledger", []byte(body), 5*time.Second); o != acked {
+				t.Errorf("submit %s during rotation: %v %v %v", body, o, resp, err)
+				continue
+			}
+			sent = append(sent, body)
+		}
+	}()
+	return stop, sentc
 }
