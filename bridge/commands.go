@@ -154,10 +154,14 @@ func (s *session) onCmdReply(m *nats.Msg) {
 			// redelivery this node recognises. Marked at once: a delivery
 			// right behind is recognised while the write runs.
 			b.done.begin(c.stage, c.env.msgID)
-			s.work(func() {
+			s.unacked.Add(1) // until the ack is queued
+			if !s.work(func() {
+				defer s.unacked.Add(-1)
 				b.completedNow(c.stage, c.env.msgID)
 				s.ack(c.tag, opAck)
-			})
+			}) {
+				s.unacked.Add(-1)
+			}
 			return
 		}
 		s.ack(c.tag, opAck)

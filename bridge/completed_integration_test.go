@@ -96,12 +96,20 @@ func TestDedupeSurvivesRestart(t *testing.T) {
 	if err := a.b.Close(); err != nil {
 		t.Fatal(err)
 	}
+	// A graceful close acks what completed before it: nothing is left
+	// in cmd.once to be redelivered.
+	if q, err := amqpChannel(t, vhost).QueueDeclarePassive("cmd.once", true, false, false, false, nil); err != nil || q.Messages != 0 {
+		t.Fatalf("cmd.once after a graceful close: %d messages (err %v), want 0", q.Messages, err)
+	}
 
 	b, reg := dedupeNode(t, vhost, dir) // the same node, restarted
 	var hb handler
 	serveStage(t, b, "once", &hb)
 	submitOnce(t, b, "dup-2")
-	waitFor(t, 10*time.Second, "the duplicate counted after the restart", func() bool { return deduplicated(t, reg, "once") == 1 })
+	// At least once: a redelivery of the first copy, had its ack been
+	// lost, is a duplicate too; what matters is that the handler never
+	// sees dup-2 again.
+	waitFor(t, 10*time.Second, "the duplicate counted after the restart", func() bool { return deduplicated(t, reg, "once") >= 1 })
 	submitOnce(t, b, "fresh")
 	waitFor(t, 10*time.Second, "a new id handled", func() bool { return len(hb.msgs()) == 1 })
 	if id := hb.msgs()[0].Header.Get(bridge.HeaderMsgID); id != "fresh" {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 type ackOp int
@@ -34,7 +35,9 @@ func (s *session) consumerOwner() {
 		case <-s.ctx.Done():
 			return
 		case a := <-s.ackQ:
-			if err := s.settleAcks(a); err != nil {
+			n, err := s.settleAcks(a)
+			s.unacked.Add(-int64(n))
+			if err != nil {
 				s.fail(fmt.Errorf("ack: %w", err))
 				return
 			}
@@ -74,8 +77,9 @@ type ackBook struct {
 	settled map[uint64]bool // settled tags above next
 }
 
-// settleAcks applies first and every other ack request already queued.
-func (s *session) settleAcks(first ackReq) error {
+// settleAcks applies first and every other ack request already queued,
+// and says how many requests it took.
+func (s *session) settleAcks(first ackReq) (int, error) {
 	reqs := []ackReq{first}
 	for more := true; more && len(reqs) < 4096; {
 		select {
@@ -88,20 +92,20 @@ func (s *session) settleAcks(first ackReq) error {
 	requeue, upTo, single := s.acks.plan(reqs)
 	for _, tag := range requeue {
 		if err := s.conCh.Nack(tag, false, true); err != nil {
-			return err
+			return len(reqs), err
 		}
 	}
 	if upTo != 0 {
 		if err := s.conCh.Ack(upTo, true); err != nil {
-			return err
+			return len(reqs), err
 		}
 	}
 	for _, tag := range single {
 		if err := s.conCh.Ack(tag, false); err != nil {
-			return err
+			return len(reqs), err
 		}
 	}
-	return nil
+	return len(reqs), nil
 }
 
 // plan turns ack requests into broker calls: requeues one by one; acks
@@ -143,8 +147,19 @@ func (a *ackBook) plan(reqs []ackReq) (requeue []uint64, upTo uint64, single []u
 // ack asks the consumer owner to ack or requeue a delivery. It gives up
 // when the session ends (the broker requeues the delivery itself).
 func (s *session) ack(tag uint64, op ackOp) {
+	s.unacked.Add(1)
 	select {
 	case s.ackQ <- ackReq{tag: tag, op: op}:
 	case <-s.ctx.Done():
+		s.unacked.Add(-1)
+	}
+}
+
+// settleBeforeStop waits, at most limit, until every delivery settled so
+// far is acked on the broker: a node closing gracefully does not leave
+// finished commands to be redelivered. The consumer owner still runs.
+func (s *session) settleBeforeStop(limit time.Duration) {
+	for end := time.Now().Add(limit); s.unacked.Load() > 0 && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
 	}
 }

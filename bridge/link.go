@@ -313,6 +313,7 @@ func (b *Bridge) runLink(first *session) {
 		b.link.sess.CompareAndSwap(sess, nil)
 		select {
 		case <-b.quit:
+			sess.settleBeforeStop(closeLimit)
 			b.setState(StateOffline, reason)
 			sess.stop()
 			return

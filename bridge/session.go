@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -73,7 +74,10 @@ type session struct {
 	autoClose    chan *amqp.Error
 	initial      map[string]<-chan amqp.Delivery // consumers opened by setup
 
-	ackQ      chan ackReq
+	ackQ chan ackReq
+	// unacked counts settled deliveries whose ack is not yet applied on
+	// the consume channel: a graceful close waits for it (settleBeforeStop).
+	unacked   atomic.Int64
 	acks      ackBook // settled deliveries of conCh (consumer owner only)
 	stagesMu  sync.Mutex
 	stages    map[string]*stageFlow // stages consumed in this session (owner only writes)
@@ -307,15 +311,16 @@ func (s *session) stop() {
 
 // work runs f on a per-delivery worker goroutine; stop waits for it. f
 // must return soon after the session's context is cancelled. After stop
-// began, f is dropped.
-func (s *session) work(f func()) {
+// began, f is dropped (work returns false).
+func (s *session) work(f func()) bool {
 	if !s.workers.add() {
-		return
+		return false
 	}
 	go func() {
 		defer s.workers.done()
 		f()
 	}()
+	return true
 }
 
 // after runs f after d, tracked like work (nil after stop began). Cancel
