@@ -79,13 +79,14 @@ func BenchmarkBridge(b *testing.B) {
 			// machine one round alone varies a lot.
 			var ours, raw []throughput
 			for range benchRounds {
-				ours = append(ours, commandThroughput(b, nodeA, nodeB))
-				raw = append(raw, rawCommandThroughput(b, amqpURL, benchRawPrefetch))
+				ours = append(ours, commandThroughput(b, rmq, nodeA, nodeB))
+				raw = append(raw, rawCommandThroughput(b, rmq, amqpURL, benchRawPrefetch))
 			}
 			o, r := median(ours), median(raw)
 			report("command", o.perSec, r.perSec, "msg/s",
 				fmt.Sprintf("throughput, higher is better; target ratio >= 0.8; baseline prefetch %d; cpu: rusage of the bench process, nodes in process, incl. the bench's clients", benchRawPrefetch),
-				fmt.Sprintf("cpu_per_cmd=%.1fµs", us(o.cpu)), fmt.Sprintf("baseline_cpu_per_msg=%.1fµs", us(r.cpu)))
+				fmt.Sprintf("cpu_per_cmd=%.1fµs", us(o.cpu)), fmt.Sprintf("baseline_cpu_per_msg=%.1fµs", us(r.cpu)),
+				fmt.Sprintf("broker_cpu_per_cmd=%.1fµs", us(o.broker)), fmt.Sprintf("baseline_broker_cpu_per_msg=%.1fµs", us(r.broker)))
 		}
 	})
 	b.Run("request", func(b *testing.B) {
@@ -136,7 +137,8 @@ func p99Fields(ours, baseline time.Duration) []string {
 // process's CPU time per message.
 type throughput struct {
 	perSec float64
-	cpu    time.Duration
+	cpu    time.Duration // of this process, per message
+	broker time.Duration // of the broker's VM, per message
 }
 
 // median returns the run with the median rate.
@@ -207,7 +209,7 @@ func benchConn(b *testing.B, url string, opts ...nats.Option) *nats.Conn {
 // benchSubmitters concurrent submitters and returns commands per second
 // until B's handler has seen them all, and this process's CPU time per
 // command over that time.
-func commandThroughput(b *testing.B, nodeA, nodeB *appliance.Appliance) throughput {
+func commandThroughput(b *testing.B, rmq *meshtest.Rabbit, nodeA, nodeB *appliance.Appliance) throughput {
 	b.Helper()
 	var handled atomic.Int64
 	all := make(chan struct{})
@@ -237,7 +239,7 @@ func commandThroughput(b *testing.B, nodeA, nodeB *appliance.Appliance) throughp
 	var failed atomic.Int64
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	cpu0 := cpuTime(b)
+	cpu0, bcpu0 := cpuTime(b), rmq.CPUTime(b)
 	start := time.Now()
 	for range benchSubmitters {
 		wg.Add(1)
@@ -262,10 +264,10 @@ func commandThroughput(b *testing.B, nodeA, nodeB *appliance.Appliance) throughp
 		b.Fatalf("after 2m: %d of %d commands handled", handled.Load(), target)
 	}
 	d := time.Since(start)
-	cpu := cpuTime(b) - cpu0
+	cpu, bcpu := cpuTime(b)-cpu0, rmq.CPUTime(b)-bcpu0
 	_ = sub.Unsubscribe()
-	b.Logf("ours: %d commands accepted by A in %v, handled on B in %v, process CPU %v", target, acceptedIn, d, cpu)
-	return throughput{float64(target) / d.Seconds(), cpu / time.Duration(target)}
+	b.Logf("ours: %d commands accepted by A in %v, handled on B in %v, process CPU %v, broker CPU %v", target, acceptedIn, d, cpu, bcpu)
+	return throughput{float64(target) / d.Seconds(), cpu / time.Duration(target), bcpu / time.Duration(target)}
 }
 
 // rawCommandThroughput is the baseline of commandThroughput: raw
@@ -274,7 +276,7 @@ func commandThroughput(b *testing.B, nodeA, nodeB *appliance.Appliance) throughp
 // the given prefetch acking each message; messages per second until the
 // consumer has acked them all, and this process's CPU time per message.
 // Its connections are closed when it returns.
-func rawCommandThroughput(b *testing.B, amqpURL string, prefetch int) throughput {
+func rawCommandThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string, prefetch int) throughput {
 	b.Helper()
 	pubConn, pub := rawChannel(b, amqpURL)
 	conConn, con := rawChannel(b, amqpURL)
@@ -334,7 +336,7 @@ func rawCommandThroughput(b *testing.B, amqpURL string, prefetch int) throughput
 		}
 	}()
 	body := []byte("x")
-	cpu0 := cpuTime(b)
+	cpu0, bcpu0 := cpuTime(b), rmq.CPUTime(b)
 	start := time.Now()
 	for range benchCommands {
 		window <- struct{}{}
@@ -350,12 +352,12 @@ func rawCommandThroughput(b *testing.B, amqpURL string, prefetch int) throughput
 		b.Fatal("raw consumer did not get every message within 2m")
 	}
 	d := time.Since(start)
-	cpu := cpuTime(b) - cpu0
+	cpu, bcpu := cpuTime(b)-cpu0, rmq.CPUTime(b)-bcpu0
 	if n := nacked.Load(); n != 0 {
 		b.Fatalf("raw: %d messages nacked", n)
 	}
-	b.Logf("raw (prefetch %d): %d messages in %v, process CPU %v", prefetch, benchCommands, d, cpu)
-	return throughput{float64(benchCommands) / d.Seconds(), cpu / benchCommands}
+	b.Logf("raw (prefetch %d): %d messages in %v, process CPU %v, broker CPU %v", prefetch, benchCommands, d, cpu, bcpu)
+	return throughput{float64(benchCommands) / d.Seconds(), cpu / benchCommands, bcpu / benchCommands}
 }
 
 // rawRuns numbers the raw runs: each has a queue of its own.
@@ -544,10 +546,11 @@ func BenchmarkRawPrefetch(b *testing.B) {
 	if os.Getenv("MESHBOX_BENCH_PREFETCH") != "1" {
 		b.Skip("set MESHBOX_BENCH_PREFETCH=1 to measure the raw baseline per prefetch")
 	}
-	amqpURL := meshtest.NewRabbitMQ(b).Vhost(b)
+	rmq := meshtest.NewRabbitMQ(b)
+	amqpURL := rmq.Vhost(b)
 	for range b.N {
 		for _, p := range []int{32, 64, 128, 256, 512, 1024} {
-			r := rawCommandThroughput(b, amqpURL, p)
+			r := rawCommandThroughput(b, rmq, amqpURL, p)
 			fmt.Printf("RAW command prefetch=%d msg/s=%.0f cpu_per_msg=%.1fµs\n", p, r.perSec, us(r.cpu))
 		}
 	}
