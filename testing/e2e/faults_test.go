@@ -525,7 +525,8 @@ func TestCommandRedeliveredAfterHandlerKilled(t *testing.T) {
 	}
 	rmq := meshtest.RabbitMQ(t)
 	amqpURL := rmq.Vhost(t)
-	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{})
+	// A short command timeout: the redelivery waits for it.
+	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{CommandTimeout: "5s"})
 	alpha := startMeshNode(t, "alpha", amqpURL, bridgeConfig{})
 	first := startHandler(t, beta, "chore", "hang")
 	waitConsumers(t, rmq, amqpURL, "cmd.chore", 1)
@@ -545,8 +546,12 @@ func TestCommandRedeliveredAfterHandlerKilled(t *testing.T) {
 	// The bridge gives up on the dead handler after its command timeout and
 	// requeues; the next handler process gets the command again.
 	second := startHandler(t, beta, "chore", "ack")
-	again := second.next(t, 90*time.Second, "the command was not redelivered to the second handler")
-	t.Logf("redelivered %s after the kill: %v", time.Since(killed).Round(time.Millisecond), again)
+	again := second.next(t, 30*time.Second, "the command was not redelivered to the second handler")
+	after := time.Since(killed)
+	t.Logf("redelivered %s after the kill: %v", after.Round(time.Millisecond), again)
+	if after < 2*time.Second { // the deadline began at the delivery, just before the kill
+		t.Errorf("redelivered %v after the kill, before the 5s command timeout ran out", after)
+	}
 	if again["id"] != got["id"] || again["body"] != "alpha:1" || again["attempt"] != "2" || again["redelivered"] != "true" {
 		t.Errorf("redelivery: got %v, want id %s, body alpha:1, attempt 2, redelivered true", again, got["id"])
 	}
