@@ -241,11 +241,13 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 	)
 	rmq := meshtest.NewRabbitMQ(t)
 	amqpURL := rmq.URL()
-	// Prefetch 1 and one consumer (no adaptive credit): beta hands one
-	// command at a time to its handler, so the handler sees the queue's
-	// order. With more credit, commands are handled concurrently and their
-	// order is not kept.
-	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{Prefetch: 1, MaxStagePrefetch: 1})
+	// One consumer (no adaptive credit): beta's reader hands the commands
+	// to its handler in the queue's order over one NATS connection, and the
+	// handler answers them one after another. With several consumers,
+	// commands are handled concurrently and their order is not kept. (A
+	// prefetch of 1 keeps the order too, at a round trip and a quorum
+	// settlement per command: a minute for 10,000.)
+	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{Prefetch: 64, MaxStagePrefetch: 64})
 	alphaData := t.TempDir()
 	alphaConfig := bridgeConfig{OutboxMaxBytes: maxBytes}
 	alpha := startMeshNode(t, "alpha", amqpURL, alphaConfig, "--data", alphaData)
