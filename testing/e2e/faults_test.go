@@ -135,6 +135,7 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 		maxEach = 40000
 		rate    = 250 // per second, commands and events each
 	)
+	t.Parallel() // a broker of its own: runs beside the other tests that have one
 	rmq := meshtest.NewRabbitMQ(t)
 	amqpURL := rmq.URL()
 	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{})
@@ -239,6 +240,7 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 		bigSize   = 256 << 10
 		maxFiller = 40
 	)
+	t.Parallel() // a broker of its own: runs beside the other tests that have one
 	rmq := meshtest.NewRabbitMQ(t)
 	amqpURL := rmq.URL()
 	// One consumer (no adaptive credit): beta's reader hands the commands

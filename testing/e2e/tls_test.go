@@ -46,6 +46,7 @@ func mentionsCertificate(s string) bool {
 }
 
 func TestBrokerLinkOverTLS(t *testing.T) {
+	t.Parallel() // a broker of its own: runs beside the other tests that have one
 	rmq := meshtest.NewRabbitMQTLS(t)
 	url := rmq.TLSURL()
 	if !strings.HasPrefix(url, "amqps://") {
@@ -91,6 +92,7 @@ func TestBrokerLinkOverTLS(t *testing.T) {
 // and bridge.key_file, a broker URL without a password): SASL EXTERNAL,
 // the broker taking the user from the certificate.
 func TestBrokerLoginWithClientCertificate(t *testing.T) {
+	t.Parallel() // a broker of its own: runs beside the other tests that have one
 	rmq := meshtest.NewRabbitMQTLS(t)
 	certFile, keyFile := rmq.ClientCert(t, "certnode")
 	file := filepath.Join(t.TempDir(), "cert.json")

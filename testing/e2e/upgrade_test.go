@@ -71,6 +71,7 @@ func TestUpgradeWithFullOutbox(t *testing.T) {
 	)
 	oldBin := meshtest.Binary(t)
 	newBin := meshtest.BinaryVersion(t, newVersion)
+	t.Parallel() // a broker of its own: runs beside the other tests that have one
 	rmq := meshtest.NewRabbitMQ(t)
 	amqpURL := rmq.URL()
 
