@@ -64,9 +64,9 @@ type metrics struct {
 	retries     *prometheus.CounterVec
 	results     prometheus.Counter
 	deadLetters *prometheus.GaugeVec
-	outbox       []prometheus.Collector
-	reg          prometheus.Registerer
-	registered   []prometheus.Collector
+	outbox      []prometheus.Collector
+	reg         prometheus.Registerer
+	registered  []prometheus.Collector
 }
 
 func newMetrics(b *Bridge) *metrics {
