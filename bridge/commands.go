@@ -55,7 +55,7 @@ func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
 		}
 		if err != nil { // dead-lettered with the reason
 			bad := d // a copy: taking d's address would move every delivery to the heap
-			s.work(func() { s.deadLetter(&bad, stageQueue(stage), err) })
+			s.work(func() { s.deadCommand(&bad, stage, err, nil) })
 			continue
 		}
 		b.m.msg(typeCommand, "in")
@@ -278,10 +278,14 @@ func (e *envelope) commandMsg(stage string, seen bool) *nats.Msg {
 		m.Header[k] = vs
 	}
 	setCommandHeaders(m.Header, e.msgID, e.origin, e.attempt, e.redelivered || e.attempt > 1 || seen)
-	for k, v := range map[string]string{HeaderResultTopic: e.resultTopic, HeaderReplayed: e.replayed, HeaderFirstOrigin: e.firstOrigin} {
-		if v != "" {
-			m.Header[k] = []string{v}
-		}
+	if e.resultTopic != "" {
+		m.Header[HeaderResultTopic] = []string{e.resultTopic}
+	}
+	if e.replayed != "" {
+		m.Header[HeaderReplayed] = []string{e.replayed}
+	}
+	if e.firstOrigin != "" {
+		m.Header[HeaderFirstOrigin] = []string{e.firstOrigin}
 	}
 	return m
 }
