@@ -3,6 +3,7 @@ package appliance
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -109,7 +110,12 @@ func (a *Appliance) answerDeadLetters(data []byte) DeadLetterReply {
 		rep.Letters = []bridge.DeadLetter{}
 		for _, st := range stages {
 			var list []bridge.DeadLetter
-			if list, err = br.DeadLetters(ctx, st); err != nil {
+			list, err = br.DeadLetters(ctx, st)
+			if req.Stage == "" && errors.Is(err, bridge.ErrNoDeadLetters) {
+				err = nil // a stage hosted here without a dead-letter queue yet
+				continue
+			}
+			if err != nil {
 				break
 			}
 			rep.Letters = append(rep.Letters, list...)

@@ -119,6 +119,7 @@ func (s *session) onCmdReply(m *nats.Msg) {
 		b.m.err(errKindLateReply)
 		return
 	}
+	failure := handlerFailure(m.Header, c.stage, b.cfg.Node)
 	switch {
 	case len(m.Data) == 0 && m.Header.Get("Status") == "503":
 		// No handler subscribed right now: wait for one while the stage is
@@ -143,9 +144,9 @@ func (s *session) onCmdReply(m *nats.Msg) {
 			})
 		}
 		s.callsMu.Unlock()
-	case handlerFailure(m.Header, c.stage, b.cfg.Node) != nil:
+	case failure != nil:
 		s.answered(c)
-		s.cmdFailed(c, handlerFailure(m.Header, c.stage, b.cfg.Node))
+		s.cmdFailed(c, failure)
 	default:
 		s.answered(c)
 		if c.env.resultTopic != "" && len(m.Data) > 0 {

@@ -99,10 +99,7 @@ func (b *Bridge) submission(kind recordKind, name string, msg *nats.Msg) (*recor
 			return nil, b.lacksKey(kind.String())
 		}
 	}
-	if topic := msg.Header.Get(HeaderResultTopic); topic != "" {
-		if kind != kindCommand {
-			return nil, fmt.Errorf("%w: header %s belongs on a command", ErrBadInput, HeaderResultTopic)
-		}
+	if topic := msg.Header.Get(HeaderResultTopic); topic != "" && kind == kindCommand { // on an event: dropped like any Meshbox-* header
 		if err := names.Topic(topic); err != nil {
 			return nil, fmt.Errorf("%w: header %s: %v", ErrBadInput, HeaderResultTopic, err)
 		}
