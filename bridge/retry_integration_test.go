@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/bridge"
@@ -327,5 +328,94 @@ func TestResultAsEvent(t *testing.T) {
 	}
 	if code, _ := serviceError(m); code != "400" {
 		t.Errorf("bad result topic: got code %q, want 400", code)
+	}
+}
+
+// A result on a topic bound to a scope is sealed with the scope's key, as
+// the scope's events are, and opens at a member; a node outside the scope
+// that runs the command does not publish the result (counted as dropped).
+func TestScopedResult(t *testing.T) {
+	vhost := testVhost(t)
+	km, err := seal.ContentKeyFrom("kmesh", seal.NewContentKey().Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := seal.ContentKeyFrom("kvault", seal.NewContentKey().Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv.Scope = "vault"
+	ring := func(member bool) *seal.Keyring {
+		sc := seal.Scopes{Bindings: map[string]string{seal.BindingKey(seal.BindTopic, "ledger.done"): "vault"},
+			Member: map[string]bool{}, Current: map[string]string{}, Members: map[string][]string{"vault": {"alpha", "beta"}}}
+		keys := []seal.ContentKey{km}
+		if member {
+			sc.Member["vault"], sc.Current["vault"] = true, kv.ID
+			keys = append(keys, kv)
+		}
+		r := &seal.Keyring{}
+		if err := r.SetScoped(keys, km.ID, sc); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	regGamma := prometheus.NewRegistry()
+	a := newNode(t, "alpha", vhost, func(c *bridge.Config) { c.Keys = ring(true) })
+	b := newNode(t, "beta", vhost, func(c *bridge.Config) { c.Keys = ring(true) })
+	g := newNode(t, "gamma", vhost, func(c *bridge.Config) { c.Keys, c.Metrics = ring(false), regGamma })
+	for _, n := range []*node{a, b, g} {
+		n.waitConnected(t)
+	}
+	ch := amqpChannel(t, vhost)
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(q.Name, "evt.#", "mesh", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	tap, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan *nats.Msg, 4)
+	sub, err := a.client.ChanSubscribe("evt.ledger.done", events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	waitConsumer(t, vhost, "node.alpha.events")
+	result := func(i int, m *nats.Msg) *nats.Msg { r := nats.NewMsg(""); r.Data = []byte("posted " + sealMarker); return r }
+	answerStage(t, b, "post", result)
+	answerStage(t, g, "post.outside", result)
+
+	a.submit(t, "post", []byte("x"), nats.Header{bridge.HeaderMsgID: {"post-1"}, bridge.HeaderResultTopic: {"ledger.done"}})
+	select {
+	case e := <-events:
+		if string(e.Data) != "posted "+sealMarker || e.Header.Get(bridge.HeaderMsgID) != "post-1" {
+			t.Errorf("result event: got %q %v", e.Data, e.Header)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no result event")
+	}
+	select {
+	case d := <-tap:
+		if d.Headers[bridge.HeaderKey] != kv.ID || bytes.Contains(d.Body, []byte(sealMarker)) {
+			t.Errorf("result on the broker: key %v (want the scope's %s), plain text in the body %v",
+				d.Headers[bridge.HeaderKey], kv.ID, bytes.Contains(d.Body, []byte(sealMarker)))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the tap saw no result event")
+	}
+
+	a.submit(t, "post.outside", []byte("x"), nats.Header{bridge.HeaderMsgID: {"post-2"}, bridge.HeaderResultTopic: {"ledger.done"}})
+	waitFor(t, 10*time.Second, "gamma's refusal counted", func() bool { return counter(t, regGamma, "meshbox_errors_total", "dropped") == 1 })
+	waitFor(t, 5*time.Second, "gamma's command acked", func() bool { return len(g.b.Status().Commands) == 0 })
+	select {
+	case e := <-events:
+		t.Errorf("a result from outside the scope arrived: %q %v", e.Data, e.Header)
+	case d := <-tap:
+		t.Errorf("a result from outside the scope reached the broker: %s", d.RoutingKey)
+	default:
 	}
 }
