@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"net/http"
 	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -385,7 +388,11 @@ func TestScopedResult(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	waitConsumer(t, vhost, "node.alpha.events")
-	result := func(i int, m *nats.Msg) *nats.Msg { r := nats.NewMsg(""); r.Data = []byte("posted " + sealMarker); return r }
+	result := func(i int, m *nats.Msg) *nats.Msg {
+		r := nats.NewMsg("")
+		r.Data = []byte("posted " + sealMarker)
+		return r
+	}
 	answerStage(t, b, "post", result)
 	answerStage(t, g, "post.outside", result)
 
@@ -417,5 +424,69 @@ func TestScopedResult(t *testing.T) {
 	case d := <-tap:
 		t.Errorf("a result from outside the scope reached the broker: %s", d.RoutingKey)
 	default:
+	}
+}
+
+// A node whose broker user has the permissions of before retry and
+// dead-letter queues (none on retry.* or dead.*) still hosts a stage with
+// a retry policy: it says so in the log, retries the old way (requeue)
+// and dead-letters to mesh.dead.
+func TestRetryWithOldPermissions(t *testing.T) {
+	admin, urlOf := perNodeMesh(t)
+	ctx := context.Background()
+	cred, err := admin.CreateGeneration(ctx, "beta", 1, []string{bridge.AllStages})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.DeleteGeneration(context.Background(), "beta", 1) })
+	// The permissions NodePermissions gave before: stage queues only.
+	hc, err := rabbithole.NewClient(strings.Replace(sharedRabbit(t).AdminURL(), "guest:guest@", "", 1), "guest", "guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc.SetTransport(&http.Transport{DisableKeepAlives: true})
+	queues := `node\.beta\.(requests|replies|events|system)|cmd\.(.+)`
+	if _, err := hc.UpdatePermissionsIn(admin.Vhost(), cred.User, rabbithole.Permissions{
+		Configure: `^(` + queues + `)$`, Write: `^(mesh|mesh\.dlx|` + queues + `)$`, Read: `^(mesh|node\.beta|` + queues + `)$`}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hc.UpdateTopicPermissionsIn(admin.Vhost(), cred.User, rabbithole.TopicPermissions{Exchange: "mesh",
+		Write: `^((cmd|evt|sys)\..+|to\.[A-Za-z0-9_-]+\.(req\..+|reply|sys\..+))$`, Read: `^(evt\.#|sys\.#|cmd\.(.+))$`}); err != nil {
+		t.Fatal(err)
+	}
+	warned := &lineCounter{match: "cannot declare a stage's queue"}
+	b := newNode(t, "beta", urlOf(cred), func(c *bridge.Config) {
+		c.Retry = map[string]bridge.RetryPolicy{"old": {Attempts: 2, Backoff: 5 * time.Second}}
+		c.RetryBudget = 2
+		warned.next = c.Logger.Handler()
+		c.Logger = slog.New(warned)
+	})
+	b.waitConnected(t)
+	calls := answerStage(t, b, "old", func(i int, m *nats.Msg) *nats.Msg {
+		if string(m.Data) == "poison" || i == 0 {
+			return failure("500", "no")
+		}
+		return nats.NewMsg("")
+	})
+	b.submit(t, "old", []byte("x"), nats.Header{bridge.HeaderMsgID: {"old-1"}})
+	waitFor(t, 10*time.Second, "the second attempt", func() bool { return len(calls()) == 2 })
+	if d := calls()[1].at.Sub(calls()[0].at); d >= 5*time.Second {
+		t.Errorf("second attempt %s after the first: the policy's backoff, without a retry queue", d)
+	}
+	if warned.count.Load() == 0 {
+		t.Error("no warning that the stage's queues could not be declared")
+	}
+	b.submit(t, "old", []byte("poison"), nats.Header{bridge.HeaderMsgID: {"old-2"}})
+	ch := amqpChannel(t, strings.Replace(urlOf(cred), cred.User+":"+cred.Password.Reveal(), "guest:guest", 1))
+	var dead []amqp.Delivery
+	waitFor(t, 15*time.Second, "the dead letter in mesh.dead", func() bool {
+		dead = append(dead, deadLetters(t, ch)...)
+		return len(dead) > 0
+	})
+	if dead[0].MessageId != "old-2" {
+		t.Errorf("dead letter: got %q", dead[0].MessageId)
+	}
+	if b.b.Status().Broker.State != bridge.StateConnected {
+		t.Errorf("link: got %s, want connected", b.b.Status().Broker.State)
 	}
 }
