@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -220,9 +221,18 @@ func (o *outgoing) publishing(origin, user string, keys *seal.Keyring) (amqp.Pub
 func (o *outgoing) sealedPublishing(origin, user string, keys *seal.Keyring) (amqp.Publishing, error) {
 	t := make(amqp.Table, len(o.meta)+2)
 	for k, v := range o.meta {
-		if k != HeaderTimeout {
+		if k != HeaderTimeout && k != HeaderResultTopic {
 			t[k] = v
 		}
+	}
+	if topic := o.meta[HeaderResultTopic]; topic != "" && o.kind == typeCommand {
+		// Sealed with the command, so that nobody on the way can send its
+		// result elsewhere (results.go).
+		sealed := *o
+		sealed.header = make(nats.Header, len(o.header)+1)
+		maps.Copy(sealed.header, o.header)
+		sealed.header[HeaderResultTopic] = []string{topic}
+		o = &sealed
 	}
 	t[HeaderOrigin] = origin
 	p := amqp.Publishing{

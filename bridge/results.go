@@ -12,8 +12,10 @@ import (
 
 // This file publishes commands' results as events. A submitter names an
 // event topic in the command's Meshbox-Result-Topic header (checked with
-// package names when submitted; it travels as a node header, readable on
-// the broker like the stage). When the handler of such a command replies
+// package names when submitted). It travels as a node header, sealed with
+// the command in a mesh that seals (sealing.go): nobody on the way can
+// send the result to another topic, say one outside the command's scope;
+// a handler node of an older meshbox refuses such a command as malformed. When the handler of such a command replies
 // with a result that has a body, the node that ran it publishes the body,
 // with the reply's headers, as an event on that topic: to its local
 // subscribers at once and to the mesh like a program's event (sealed, with

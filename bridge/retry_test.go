@@ -133,3 +133,46 @@ func TestSplitNodeHeaders(t *testing.T) {
 		t.Errorf("nothing to split: got %v %v", out, meta)
 	}
 }
+
+// A command's result topic is sealed with it: the broker does not see it,
+// and one added or changed outside the seal is not taken.
+func TestResultTopicSealed(t *testing.T) {
+	b, ring := sealTestBridge(t)
+	out := &outgoing{exchange: exchangeMesh, key: commandKey("render"), kind: typeCommand, msgID: "m1", at: time.Now(),
+		header: nats.Header{"X-A": {"1"}}, meta: map[string]string{HeaderResultTopic: "jobs.done"}, body: []byte("x")}
+	p, err := out.publishing("alpha", "guest", ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Headers[HeaderResultTopic] != nil {
+		t.Errorf("the result topic is readable outside the seal: %v", p.Headers)
+	}
+	if out.header.Get(HeaderResultTopic) != "" {
+		t.Error("sealing changed the record's headers")
+	}
+	env, err := b.open(typeCommand, deliver(p, out.key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.resultTopic != "jobs.done" || env.header.Get(HeaderResultTopic) != "" || env.header.Get("X-A") != "1" {
+		t.Errorf("opened: topic %q headers %v", env.resultTopic, env.header)
+	}
+	// Redirected outside the seal: not taken.
+	p.Headers[HeaderResultTopic] = "elsewhere"
+	env, err = b.open(typeCommand, deliver(p, out.key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.resultTopic != "jobs.done" {
+		t.Errorf("a result topic set outside the seal was taken: %q", env.resultTopic)
+	}
+	out.meta = nil
+	p, err = out.publishing("alpha", "guest", ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Headers[HeaderResultTopic] = "elsewhere"
+	if env, err = b.open(typeCommand, deliver(p, out.key)); err != nil || env.resultTopic != "" {
+		t.Errorf("a result topic added outside the seal: got %q, %v", env.resultTopic, err)
+	}
+}
