@@ -179,6 +179,9 @@ func TestDeadLettersWithTheRealBinary(t *testing.T) {
 	if l := list.Letters[0]; l.ID != "e2e-order-1" || l.Attempts != 1 || !strings.Contains(l.Reason, "422 no such customer") {
 		t.Errorf("dlq list: got %+v", l)
 	}
+	if code, out, errOut := dlq("list"); code != 0 || !strings.Contains(out, "orders") || !strings.Contains(out, "e2e-order-1") {
+		t.Errorf("dlq list of every stage: exit %d\n%s\n%s", code, out, errOut)
+	}
 	code, out, errOut = dlq("show", "orders", "e2e-order-1")
 	if code != 0 || !strings.Contains(out, "permanent failure at attempt 1") || !strings.Contains(out, "X-Customer: 42") ||
 		!strings.Contains(out, "first failure") {
