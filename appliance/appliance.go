@@ -336,7 +336,7 @@ func (a *Appliance) serveAPI() error {
 	if err != nil {
 		return fmt.Errorf("serve %s: %w", SubjectStatus, err)
 	}
-	return nil
+	return a.serveDeadLetters()
 }
 
 // The node's own API subjects on its NATS server.

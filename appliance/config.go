@@ -128,6 +128,26 @@ type BridgeConfig struct {
 	// the window is acked without calling the handler again. Per node, not
 	// across the mesh (see the README, Trusted workers).
 	Dedupe map[string]DedupeConfig `json:"dedupe"`
+	// Retry names the stages with a retry policy: a failed attempt waits
+	// its backoff in the stage's retry queue on the broker before the
+	// next, up to attempts in all; the last failure dead-letters it.
+	// Other stages requeue a failed command after a short pause, up to
+	// retry_budget attempts.
+	Retry map[string]RetryConfig `json:"retry"`
+}
+
+// RetryConfig is a stage's retry policy.
+type RetryConfig struct {
+	Attempts int      `json:"attempts"` // attempts in all (1..1000)
+	Backoff  Duration `json:"backoff"`  // wait before the second attempt (10ms..7 days)
+	// MaxBackoff, when above backoff, doubles the wait after each failed
+	// attempt up to it; unset, every wait is backoff.
+	MaxBackoff Duration `json:"max_backoff"`
+}
+
+// policy is the bridge's form of r.
+func (r RetryConfig) policy() bridge.RetryPolicy {
+	return bridge.RetryPolicy{Attempts: r.Attempts, Backoff: r.Backoff.D(), MaxBackoff: r.MaxBackoff.D()}
 }
 
 // DedupeConfig is a stage's idempotency at the node.
@@ -434,6 +454,11 @@ func (c *Config) Validate() error {
 		d := c.Bridge.Dedupe[stage]
 		if err := bridge.CheckDedupe(stage, bridge.DedupePolicy{Window: d.Window.D(), MaxEntries: d.MaxEntries}); err != nil {
 			bad("bridge.dedupe", "%v", err)
+		}
+	}
+	for _, stage := range sortedKeys(c.Bridge.Retry) {
+		if err := bridge.CheckRetry(stage, c.Bridge.Retry[stage].policy()); err != nil {
+			bad("bridge.retry", "%v", err)
 		}
 	}
 	for _, capName := range sortedKeys(c.Bridge.Routes) {

@@ -51,6 +51,14 @@ func TestConfigValidate(t *testing.T) {
 			c.Bridge.Dedupe = map[string]DedupeConfig{"a b": {Window: Duration(time.Hour), MaxEntries: 10}}
 		}, "bridge.dedupe"},
 		{"dedupe no window", func(c *Config) { c.Bridge.Dedupe = map[string]DedupeConfig{"once": {MaxEntries: 10}} }, "bridge.dedupe"},
+		{"retry bad stage", func(c *Config) {
+			c.Bridge.Retry = map[string]RetryConfig{"a b": {Attempts: 3, Backoff: Duration(time.Second)}}
+		}, "bridge.retry"},
+		{"retry no attempts", func(c *Config) { c.Bridge.Retry = map[string]RetryConfig{"r": {Backoff: Duration(time.Second)}} }, "bridge.retry"},
+		{"retry no backoff", func(c *Config) { c.Bridge.Retry = map[string]RetryConfig{"r": {Attempts: 3}} }, "bridge.retry"},
+		{"retry max below backoff", func(c *Config) {
+			c.Bridge.Retry = map[string]RetryConfig{"r": {Attempts: 3, Backoff: Duration(time.Second), MaxBackoff: Duration(time.Millisecond * 500)}}
+		}, "bridge.retry"},
 		{"dedupe no bound", func(c *Config) { c.Bridge.Dedupe = map[string]DedupeConfig{"once": {Window: Duration(time.Hour)}} }, "bridge.dedupe"},
 		{"max lease negative", func(c *Config) { c.Bridge.MaxLease = Duration(-time.Minute) }, "bridge.max_lease"},
 		{"ca file missing", func(c *Config) { c.Bridge.CAFile = "/nonexistent/ca.pem" }, "bridge.ca_file"},

@@ -74,6 +74,7 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 		Heartbeat:        a.cfg.Bridge.Heartbeat.D(),
 		Routes:           a.cfg.Bridge.Routes,
 		Dedupe:           dedupePolicies(a.cfg.Bridge.Dedupe),
+		Retry:            retryPolicies(a.cfg.Bridge.Retry),
 		StallAfter:       a.cfg.Bridge.StallAfter.D(),
 		Dial: func(opts ...nats.Option) (*nats.Conn, error) {
 			nc, err := natsSrv.connect(ownConnPrefix+"bridge", opts...)
@@ -242,6 +243,19 @@ func dedupePolicies(cfg map[string]DedupeConfig) map[string]bridge.DedupePolicy 
 	out := make(map[string]bridge.DedupePolicy, len(cfg))
 	for stage, d := range cfg {
 		out[stage] = bridge.DedupePolicy{Window: d.Window.D(), MaxEntries: d.MaxEntries}
+	}
+	return out
+}
+
+// retryPolicies converts the configured stages' retry policies for the
+// bridge (nil: none).
+func retryPolicies(cfg map[string]RetryConfig) map[string]bridge.RetryPolicy {
+	if len(cfg) == 0 {
+		return nil
+	}
+	out := make(map[string]bridge.RetryPolicy, len(cfg))
+	for stage, r := range cfg {
+		out[stage] = r.policy()
 	}
 	return out
 }

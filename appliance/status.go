@@ -27,13 +27,16 @@ type Status struct {
 	Outbox        bridge.OutboxStatus  `json:"outbox"`
 	Stalls        []bridge.StallStatus `json:"stalls"`
 	// Commands are the commands in flight on this node (bridge.Status).
-	Commands     []bridge.CommandStatus `json:"commands"`
-	Peers        []node.Peer            `json:"peers"`
-	Capabilities node.Capabilities      `json:"capabilities"`
-	Bindings     cache.Status           `json:"bindings"`
-	Modules      []modules.Status       `json:"modules"`
-	Keys         *KeysStatus            `json:"keys,omitempty"` // in a mesh with a database
-	Errors       []ErrorEntry           `json:"errors"`
+	Commands []bridge.CommandStatus `json:"commands"`
+	// DeadLetters counts the dead letters of each stage hosted here
+	// (`meshbox dlq list STAGE` shows them).
+	DeadLetters  map[string]int    `json:"dead_letters"`
+	Peers        []node.Peer       `json:"peers"`
+	Capabilities node.Capabilities `json:"capabilities"`
+	Bindings     cache.Status      `json:"bindings"`
+	Modules      []modules.Status  `json:"modules"`
+	Keys         *KeysStatus       `json:"keys,omitempty"` // in a mesh with a database
+	Errors       []ErrorEntry      `json:"errors"`
 	// Warnings are standing conditions an operator should know about: an
 	// open local NATS server, a link to the broker or the database that
 	// is not protected on the network.
@@ -79,6 +82,7 @@ func (a *Appliance) Status() Status {
 		Broker:        bridge.BrokerStatus{State: bridge.StateNone, Since: startedAt, History: []bridge.StateChange{}},
 		Stalls:        []bridge.StallStatus{},
 		Commands:      []bridge.CommandStatus{},
+		DeadLetters:   map[string]int{},
 		Errors:        a.errs.recent(),
 	}
 	st.NATS.URL = a.NATSURL()
@@ -95,6 +99,9 @@ func (a *Appliance) Status() Status {
 	if b := a.bridge.Load(); b != nil {
 		bs := b.Status()
 		st.Broker, st.Outbox, st.Stalls, st.Commands = bs.Broker, bs.Outbox, bs.Stalls, bs.Commands
+		if bs.DeadLetters != nil {
+			st.DeadLetters = bs.DeadLetters
+		}
 	}
 	if n := a.node.Load(); n != nil {
 		ns := n.Status()

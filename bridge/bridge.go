@@ -55,6 +55,7 @@ type Bridge struct {
 	sub     submissions     // commands and events of local programs, in order
 	pending pendingRequests // requests waiting for a reply from another node
 	stall   stallBook       // stall alarms of command stages
+	dead    deadBook        // dead letters per stage at the last look (deadletters.go)
 	handed  *handedOut      // ids of commands handed to local handlers, across sessions
 	// peerCreds are the broker users other nodes' system messages came
 	// with (credential.go).
@@ -106,6 +107,9 @@ type Status struct {
 	// Commands are the commands in flight on this node (at most 200,
 	// oldest first): at the local handler or waiting for a retry.
 	Commands []CommandStatus `json:"commands"`
+	// DeadLetters counts the dead letters of each stage hosted here (its
+	// queue dead.<stage>), as last seen on the broker.
+	DeadLetters map[string]int `json:"dead_letters"`
 }
 
 // BrokerStatus describes the broker link.
@@ -415,6 +419,7 @@ func (b *Bridge) Status() Status {
 	if s := b.link.sess.Load(); s != nil {
 		st.Commands = s.commandsInFlight(time.Now())
 	}
+	st.DeadLetters = b.deadCounts()
 	return st
 }
 

@@ -55,7 +55,7 @@ func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
 		}
 		if err != nil { // dead-lettered with the reason
 			bad := d // a copy: taking d's address would move every delivery to the heap
-			s.work(func() { s.deadLetter(&bad, stageQueue(stage), err) })
+			s.work(func() { s.deadCommand(&bad, stage, err, nil) })
 			continue
 		}
 		b.m.msg(typeCommand, "in")
@@ -119,6 +119,7 @@ func (s *session) onCmdReply(m *nats.Msg) {
 		b.m.err(errKindLateReply)
 		return
 	}
+	failure := handlerFailure(m.Header, c.stage, b.cfg.Node)
 	switch {
 	case len(m.Data) == 0 && m.Header.Get("Status") == "503":
 		// No handler subscribed right now: wait for one while the stage is
@@ -143,12 +144,14 @@ func (s *session) onCmdReply(m *nats.Msg) {
 			})
 		}
 		s.callsMu.Unlock()
-	case m.Header.Get(headerServiceError) != "":
+	case failure != nil:
 		s.answered(c)
-		s.cmdFailed(c, fmt.Errorf("handler of stage %s on node %s replied error %s %s", c.stage, b.cfg.Node,
-			m.Header.Get(headerServiceErrorCode), m.Header.Get(headerServiceError)))
+		s.cmdFailed(c, failure)
 	default:
 		s.answered(c)
+		if c.env.resultTopic != "" && len(m.Data) > 0 {
+			b.publishResult(c.stage, c.env.resultTopic, c.env.msgID, m)
+		}
 		if b.dedupes(c.stage) {
 			// Recorded before the ack: a crash between the two brings a
 			// redelivery this node recognises. Marked at once: a delivery
@@ -177,17 +180,44 @@ func (s *session) cmdTimeout(token string) {
 	}
 }
 
-// cmdFailed retries a failed command (requeued after a pause; the next
-// delivery counts the attempt) or, once the retry budget is spent,
-// dead-letters it with the reason.
+// cmdFailed retries a failed command or dead-letters it with the reason:
+// at once when the failure is permanent; once its attempts are spent
+// (the stage's retry policy, else RetryBudget); otherwise it waits in the
+// stage's retry queue (a policy) or is requeued after a short pause.
 func (s *session) cmdFailed(c *cmdCall, failure error) {
 	b := s.b
 	b.m.err(errKindHandler)
-	if c.env.attempt >= b.cfg.RetryBudget {
-		reason := deadReason(fmt.Sprintf("attempt %d of %d failed: %v", c.env.attempt, b.cfg.RetryBudget, failure))
-		s.work(func() { s.deadLetter(&c.d, stageQueue(c.stage), reason) })
+	p, delayed := s.retryPolicy(c.stage)
+	if asUnseal(failure) != nil {
+		delayed = false // not opened: nothing to seal again; the broker keeps it
+	}
+	budget := b.cfg.RetryBudget
+	if delayed {
+		budget = p.Attempts
+	}
+	var reason deadReason
+	switch {
+	case isPermanent(failure):
+		reason = deadReason(fmt.Sprintf("permanent failure at attempt %d: %v", c.env.attempt, failure))
+	case c.env.attempt >= budget:
+		reason = deadReason(fmt.Sprintf("attempt %d of %d failed: %v", c.env.attempt, budget, failure))
+	case delayed:
+		s.work(func() { s.retryLater(c, p, failure) })
+		return
+	default:
+		s.requeueLater(c)
 		return
 	}
+	extra := map[string]string{HeaderAttempts: strconv.Itoa(c.env.attempt)}
+	if c.env.firstFail != "" {
+		extra[HeaderFirstFail] = c.env.firstFail
+	}
+	s.work(func() { s.deadCommand(&c.d, c.stage, reason, extra) })
+}
+
+// requeueLater gives c back to its queue after a pause that grows with its
+// attempts; the next delivery counts the attempt.
+func (s *session) requeueLater(c *cmdCall) {
 	// Kept under a token of its own while it waits: a late reply of the
 	// handler (under the old token) finds nothing.
 	token := retryTokenPrefix + newID()
@@ -249,6 +279,15 @@ func (e *envelope) commandMsg(stage string, seen bool) *nats.Msg {
 		m.Header[k] = vs
 	}
 	setCommandHeaders(m.Header, e.msgID, e.origin, e.attempt, e.redelivered || e.attempt > 1 || seen)
+	if e.resultTopic != "" {
+		m.Header[HeaderResultTopic] = []string{e.resultTopic}
+	}
+	if e.replayed != "" {
+		m.Header[HeaderReplayed] = []string{e.replayed}
+	}
+	if e.firstOrigin != "" {
+		m.Header[HeaderFirstOrigin] = []string{e.firstOrigin}
+	}
 	return m
 }
 
@@ -317,7 +356,7 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 			b.ob.wait(ctx, func(done func(error)) { b.ob.del(r.seq, r.size, done) })
 			return true
 		}
-		failure := b.runHandler(ctx, r.name, msg, func() bool {
+		resp, failure := b.runHandler(ctx, r.name, msg, func() bool {
 			st, _ := b.linkState()
 			return st != StateConnected || b.hostsStage(r.name)
 		})
@@ -327,6 +366,9 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 		switch {
 		case failure == nil:
 			b.m.msg(typeCommand, "local")
+			if topic := r.header.Get(HeaderResultTopic); topic != "" && len(resp.Data) > 0 {
+				b.publishResult(r.name, topic, r.msgID, resp)
+			}
 			b.completedNow(r.name, r.msgID)
 			b.ob.wait(ctx, func(done func(error)) { b.ob.del(r.seq, r.size, done) })
 			return true
@@ -345,11 +387,18 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 		}
 		b.m.err(errKindHandler)
 		r.attempt++
-		if int(r.attempt) >= b.cfg.RetryBudget {
+		budget, delay := b.cfg.RetryBudget, retryDelay(attempt)
+		if p, ok := b.cfg.Retry[r.name]; ok {
+			budget, delay = p.Attempts, p.delay(attempt)
+		}
+		if int(r.attempt) >= budget || isPermanent(failure) {
 			// The original is deleted only once its dead letter is
 			// committed: a failed write keeps the command, tried again
 			// after a pause.
-			reason := fmt.Sprintf("attempt %d of %d failed: %v", attempt, b.cfg.RetryBudget, failure)
+			reason := fmt.Sprintf("attempt %d of %d failed: %v", attempt, budget, failure)
+			if isPermanent(failure) {
+				reason = fmt.Sprintf("permanent failure at attempt %d: %v", attempt, failure)
+			}
 			if err := b.ob.wait(ctx, func(done func(error)) { b.deadRecord(r, reason, done) }); err != nil {
 				b.log.Error("cannot store the dead letter of a local command; kept for later", "stage", r.name, "msg_id", r.msgID, "err", err)
 				select {
@@ -364,7 +413,7 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 		}
 		b.ob.wait(ctx, func(done func(error)) { b.ob.replace(r, r.size, done) }) // persists the attempt count; sets r.size
 		select {
-		case <-time.After(retryDelay(attempt)):
+		case <-time.After(delay):
 		case <-b.quit:
 			return false
 		}

@@ -135,7 +135,7 @@ func TestCommandRetriesThenDeadLetter(t *testing.T) {
 	ch := amqpChannel(t, vhost)
 	var dead []amqp.Delivery
 	waitFor(t, 10*time.Second, "the dead letter", func() bool {
-		dead = append(dead, deadLetters(t, ch)...)
+		dead = append(dead, deadLetters(t, ch, "flaky")...)
 		return len(dead) > 0
 	})
 	time.Sleep(time.Second)
@@ -159,8 +159,9 @@ func TestCommandRetriesThenDeadLetter(t *testing.T) {
 	if !strings.Contains(reason, "attempt 3 of 3") || !strings.Contains(reason, "boom") {
 		t.Errorf("dead-letter reason: got %q", reason)
 	}
-	if string(dead[0].Body) != "poison" || dead[0].MessageId != "my-id-1" || dead[0].RoutingKey != "cmd.flaky" {
-		t.Errorf("dead letter: got body %q id %q key %q", dead[0].Body, dead[0].MessageId, dead[0].RoutingKey)
+	if q, _ := dead[0].Headers[bridge.HeaderDeadQueue].(string); string(dead[0].Body) != "poison" || dead[0].MessageId != "my-id-1" ||
+		dead[0].RoutingKey != "dead.flaky" || q != "cmd.flaky" {
+		t.Errorf("dead letter: got body %q id %q key %q from %q", dead[0].Body, dead[0].MessageId, dead[0].RoutingKey, q)
 	}
 }
 
@@ -214,7 +215,7 @@ func TestMalformedCommandsDeadLettered(t *testing.T) {
 	}
 	var dead []amqp.Delivery
 	waitFor(t, 10*time.Second, "dead letters", func() bool {
-		dead = append(dead, deadLetters(t, ch)...)
+		dead = append(dead, deadLetters(t, ch, "work")...)
 		return len(dead) >= len(bad)
 	})
 	if len(dead) != len(bad) {

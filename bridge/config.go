@@ -43,6 +43,11 @@ type Config struct {
 	// remembers (completed.go): a delivery of an id that completed here
 	// within the window is acked without calling the handler.
 	Dedupe map[string]DedupePolicy
+	// Retry names the stages with a retry policy (retry.go): a failed
+	// attempt waits its backoff in the stage's retry queue and comes back,
+	// up to the policy's attempts. Other stages requeue a failed command
+	// after a short pause, up to RetryBudget attempts.
+	Retry map[string]RetryPolicy
 	// CompletedPath is the bbolt file of the completed ids (default
 	// completed.db next to the outbox); opened only when Dedupe names a
 	// stage.
@@ -243,6 +248,11 @@ func (c Config) validate() error {
 			return bad("Dedupe", "%v", err)
 		}
 	}
+	for stage, p := range c.Retry {
+		if err := CheckRetry(stage, p); err != nil {
+			return bad("Retry", "%v", err)
+		}
+	}
 	if err := checkBrokerURL(c.URL, c.Node); err != nil {
 		return bad("URL", "%v", err)
 	}
@@ -326,4 +336,26 @@ func CheckDedupe(stage string, p DedupePolicy) error {
 const (
 	maxDedupeWindow  = 90 * 24 * time.Hour
 	maxDedupeEntries = 10_000_000
+)
+
+// CheckRetry validates the retry policy of stage.
+func CheckRetry(stage string, p RetryPolicy) error {
+	switch {
+	case names.Stage(stage) != nil:
+		return fmt.Errorf("stage %q: %v", stage, names.Stage(stage))
+	case p.Attempts < 1 || p.Attempts > maxRetryAttempts:
+		return fmt.Errorf("stage %s: attempts %d is out of range 1..%d", stage, p.Attempts, maxRetryAttempts)
+	case p.Backoff < minRetryBackoff || p.Backoff > maxRetryBackoff:
+		return fmt.Errorf("stage %s: backoff %s is out of range %s..%s", stage, p.Backoff, minRetryBackoff, maxRetryBackoff)
+	case p.MaxBackoff != 0 && (p.MaxBackoff < p.Backoff || p.MaxBackoff > maxRetryBackoff):
+		return fmt.Errorf("stage %s: max backoff %s is out of range %s (backoff)..%s", stage, p.MaxBackoff, p.Backoff, maxRetryBackoff)
+	}
+	return nil
+}
+
+// Bounds of a stage's retry policy.
+const (
+	maxRetryAttempts = 1000
+	minRetryBackoff  = 10 * time.Millisecond
+	maxRetryBackoff  = 7 * 24 * time.Hour
 )

@@ -30,8 +30,20 @@
 //     Meshbox-Progress; lease.go): each moves the attempt's deadline to
 //     CommandTimeout from then, up to MaxLease after it was handed out.
 //     A failure or a timeout (the deadline passed without a result)
-//     requeues the command; the next delivery counts the attempt; after RetryBudget attempts it is dead-lettered with the
-//     reason. Commands are at least once: the handler sees Meshbox-Msg-Id
+//     requeues the command after a short pause; the next delivery counts
+//     the attempt; after RetryBudget attempts it is dead-lettered with the
+//     reason. A stage in Config.Retry waits longer instead (retry.go): the
+//     failed attempt is published again to the stage's retry queue with
+//     the policy's backoff as its expiration, and the broker moves it back
+//     to the stage queue when it expires, up to the policy's attempts. A
+//     handler's error reply with Nats-Service-Error-Code 422
+//     (CodePermanent) is a permanent failure: dead-lettered at once with
+//     the handler's error as the reason. Dead letters of a stage hosted
+//     here go to its queue dead.<stage>, where DeadLetters,
+//     ShowDeadLetter, ReplayDeadLetters and PurgeDeadLetters act on them
+//     (deadletters.go). A command with a Meshbox-Result-Topic header has
+//     its handler's result (a reply with a body) published as an event on
+//     that topic with the command's message id (results.go). Commands are at least once: the handler sees Meshbox-Msg-Id
 //     (stable, the submitter may set it), Meshbox-Attempt and
 //     Meshbox-Redelivered ("true" whenever the delivery may be a duplicate:
 //     the broker redelivered it, the publisher sent it again, or this node
@@ -51,8 +63,9 @@
 // A local program's Meshbox-* headers are never the node's word: the
 // bridge drops them from what it takes from programs (calls, replies,
 // commands, events) and sets its own. A program may shorten a request's
-// deadline with Meshbox-Timeout and name its command or event with
-// Meshbox-Msg-Id; nothing else it sets in that namespace is read. An event
+// deadline with Meshbox-Timeout, name its command or event with
+// Meshbox-Msg-Id and name a command's result topic with
+// Meshbox-Result-Topic; nothing else it sets in that namespace is read. An event
 // a program publishes with another node's Meshbox-Origin still goes to the
 // mesh, from this node. (Local subscribers see what a program published as
 // it was published: on one node's NATS server, only the permissions of
@@ -61,7 +74,9 @@
 // Error replies use the NATS micro headers Nats-Service-Error and
 // Nats-Service-Error-Code: 400 bad input (invalid subject, header or
 // timeout, oversized payload), 503 unreachable or no host, 504 deadline
-// passed, 507 outbox full, 500 the node failed to store a message.
+// passed, 507 outbox full, 500 the node failed to store a message. In the
+// other direction, a command handler's error reply with code 422 says the
+// command must not be tried again.
 //
 // # Sealing
 //
@@ -79,7 +94,10 @@
 // deadline is sealed too; one that arrives more than 2 seconds (the clock
 // skew nodes may have) after it is refused as expired: late or replayed.
 // System messages (discovery, heartbeats) are the node's own and stay
-// plain; dead letters keep the sealed body they came with.
+// plain; dead letters keep the sealed body they came with. A retry copy
+// (retry.go) or a replayed dead letter is a new message from the node that
+// sends it, sealed again by that node: the broker vouches only for the
+// last publisher, which is the origin the seal binds.
 //
 // A message that does not open is refused by shape: a request gets an
 // error reply (400, or 504 for an expired one), a reply fails its request
@@ -139,9 +157,12 @@
 //
 // # Topology
 //
-// Every name the bridge declares starts with "mesh", "node." or "cmd.". A
-// node name has no dots, so node.<n>.* never collides with another node's
-// names, and a node called "mesh" or "cmd" collides with nothing.
+// Every name the bridge declares starts with "mesh", "node.", "cmd.",
+// "retry." or "dead.". A node name has no dots, so node.<n>.* never
+// collides with another node's names, and a node called "mesh" or "cmd"
+// collides with nothing; a stage's retry and dead-letter queues have
+// prefixes of their own because a stage name may hold dots (cmd.a.retry
+// is stage a.retry's queue).
 //
 //   - Exchange mesh (topic, durable): all mesh traffic is published here,
 //     never to the default exchange (whose write right cannot be scoped per
@@ -187,8 +208,23 @@
 //     confirmed messages and count redeliveries (x-delivery-count, read only
 //     on a delivery the broker marked redelivered: a publisher cannot make a
 //     command look like a retry), which is the attempt number.
-//   - Exchange mesh.dlx (topic) and queue mesh.dead: dead letters, with
-//     Meshbox-Dead-Reason, Meshbox-Dead-Node and Meshbox-Dead-Queue headers.
+//   - Queue retry.<stage> (durable quorum queue, no consumer), bound to
+//     mesh with retry.<stage>, declared by the nodes hosting a stage with
+//     a retry policy: failed attempts wait here for their expiration (the
+//     backoff), then dead-letter to mesh with key cmd.<stage>, back to the
+//     stage queue (at-least-once dead-lettering, reject-publish overflow).
+//     A failed delivery is acked only once its copy here is confirmed.
+//   - Queue dead.<stage> (durable, classic: browsing it for a list must
+//     not count deliveries), bound to mesh with dead.<stage>, declared by
+//     every node hosting the stage: the stage's dead letters, with
+//     Meshbox-Dead-Reason, Meshbox-Dead-Node, Meshbox-Dead-Queue,
+//     Meshbox-Dead-At, Meshbox-Attempts and Meshbox-First-Failure headers.
+//     A node whose broker user may not declare retry.<stage> or
+//     dead.<stage> (permissions made before them) logs it and goes on
+//     without them: immediate requeues, dead letters to mesh.dead.
+//   - Exchange mesh.dlx (topic) and queue mesh.dead: the other dead
+//     letters (no stage queue to come from, the quorum queues' delivery
+//     limit, the outbox's), with the same headers.
 //
 // The topology is declared again on every connection.
 //
@@ -319,8 +355,10 @@
 // each stage: its consumers), corkconn.go (the publishing socket's batched
 // writes), requests.go, commands.go,
 // events.go (the three shapes), lease.go (handlers' progress, commands in
-// flight), completed.go (completed ids of deduping stages), submit.go (submissions and the outbox
-// drainer), outbox.go and outbox_open.go (the durable store), stalls.go,
+// flight), completed.go (completed ids of deduping stages), retry.go
+// (retry policies, permanent failures, the stage's extra queues),
+// deadletters.go (acting on dead letters), results.go (results as
+// events), submit.go (submissions and the outbox drainer), outbox.go and outbox_open.go (the durable store), stalls.go,
 // interest.go (stand-ins and hosted stages).
 //
 // Bridge's state is grouped by the part that owns it, each with its own
@@ -371,7 +409,12 @@
 //     settles a delivery sends its ack to the owner. Timers and the few
 //     goroutines that wait (dead letters) are tracked, and a session's stop
 //     waits for them;
-//   - the stall checker owns a channel for passive queue inspections.
+//   - the stall checker owns a channel for passive queue inspections
+//     (stage queues, and the dead-letter queues of hosted stages);
+//   - each dead-letter operation (deadletters.go) opens a channel of its
+//     own on the consuming connection and closes it before it returns:
+//     what it took without acking goes back to the queue in order. It
+//     publishes replays through the session's publisher.
 //
 // The session's context is cancelled when it ends; workers stop, and
 // whatever was handed to the publisher and not confirmed is settled with

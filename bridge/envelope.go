@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -122,6 +123,34 @@ type outgoing struct {
 	at        time.Time
 	raw       *amqp.Publishing // when set: published as it is
 	scope     string           // replies: sealed with this scope's key (the request's)
+	// route, when set, is the routing key the message is published with
+	// while key stays the one it is sealed for: a retry copy is sealed for
+	// cmd.<stage>, where the retry queue sends it back, and routed to
+	// retry.<stage>.
+	route string
+	// ttl, when set, is the message's expiration (a retry copy's backoff).
+	ttl time.Duration
+}
+
+// routingKey is the key o is published with.
+func (o *outgoing) routingKey() string {
+	if o.route != "" {
+		return o.route
+	}
+	return o.key
+}
+
+// expiration is the AMQP expiration property of o: the request's time
+// left or the retry copy's backoff, in milliseconds ("": none).
+func (o *outgoing) expiration() string {
+	d := o.expire
+	if o.ttl > 0 {
+		d = o.ttl
+	}
+	if d <= 0 {
+		return ""
+	}
+	return strconv.FormatInt(max(1, d.Milliseconds()), 10)
 }
 
 // publishing builds the AMQP message of node origin, published by broker
@@ -181,13 +210,7 @@ func (o *outgoing) publishing(origin, user string, keys *seal.Keyring) (amqp.Pub
 	if o.persist {
 		p.DeliveryMode = amqp.Persistent
 	}
-	if o.expire > 0 {
-		ms := o.expire.Milliseconds()
-		if ms < 1 {
-			ms = 1
-		}
-		p.Expiration = strconv.FormatInt(ms, 10)
-	}
+	p.Expiration = o.expiration()
 	return p, nil
 }
 
@@ -198,9 +221,18 @@ func (o *outgoing) publishing(origin, user string, keys *seal.Keyring) (amqp.Pub
 func (o *outgoing) sealedPublishing(origin, user string, keys *seal.Keyring) (amqp.Publishing, error) {
 	t := make(amqp.Table, len(o.meta)+2)
 	for k, v := range o.meta {
-		if k != HeaderTimeout {
+		if k != HeaderTimeout && k != HeaderResultTopic {
 			t[k] = v
 		}
+	}
+	if topic := o.meta[HeaderResultTopic]; topic != "" && o.kind == typeCommand {
+		// Sealed with the command, so that nobody on the way can send its
+		// result elsewhere (results.go).
+		sealed := *o
+		sealed.header = make(nats.Header, len(o.header)+1)
+		maps.Copy(sealed.header, o.header)
+		sealed.header[HeaderResultTopic] = []string{topic}
+		o = &sealed
 	}
 	t[HeaderOrigin] = origin
 	p := amqp.Publishing{
@@ -215,9 +247,7 @@ func (o *outgoing) sealedPublishing(origin, user string, keys *seal.Keyring) (am
 	if o.persist {
 		p.DeliveryMode = amqp.Persistent
 	}
-	if o.expire > 0 {
-		p.Expiration = strconv.FormatInt(max(1, o.expire.Milliseconds()), 10)
-	}
+	p.Expiration = o.expiration()
 	if err := o.sealInto(&p, keys, origin); err != nil {
 		return amqp.Publishing{}, err
 	}
@@ -241,6 +271,17 @@ type envelope struct {
 	header      nats.Header // for NATS: caller headers, Content-Type, Content-Encoding
 	body        []byte
 	sent        time.Time
+	// Commands: what an earlier attempt left (retry.go). failed counts
+	// the attempts that failed before this message was published (a retry
+	// copy's Meshbox-Attempts); the rest are the node headers that travel
+	// with it.
+	failed      int
+	firstFail   string // Meshbox-First-Failure
+	lastFail    string // Meshbox-Last-Failure
+	lastReason  string // Meshbox-Last-Reason
+	firstOrigin string // Meshbox-First-Origin
+	replayed    string // Meshbox-Replayed
+	resultTopic string // Meshbox-Result-Topic
 }
 
 // delivery is the part of an amqp.Delivery that decode reads.
@@ -426,6 +467,10 @@ func (e *envelope) decodeHeaders(d delivery) error {
 				e.keyID = s
 			case strings.EqualFold(k, HeaderRedelivered):
 				e.redelivered = e.redelivered || s == "true"
+			case e.kind == typeCommand:
+				if err := e.commandHeader(k, s); err != nil {
+					return err
+				}
 			case strings.EqualFold(k, HeaderCapability) && e.kind == typeRequest:
 				if !validName(s) {
 					return bad("header %s: %q is not a capability name", k, s)
@@ -461,6 +506,7 @@ func (e *envelope) decodeHeaders(d delivery) error {
 	if d.Redelivered && e.attempt < 2 {
 		e.attempt = 2 // a classic queue does not count; at least the second
 	}
+	e.attempt += e.failed
 	if len(h) > 0 {
 		e.header = h
 	}

@@ -45,6 +45,15 @@ var (
 	ErrBadInput = errors.New("bad input")
 )
 
+// Errors returned by the dead-letter operations (deadletters.go).
+var (
+	// ErrNoDeadLetters means the stage has no dead-letter queue on the
+	// broker: no node hosting it declared one.
+	ErrNoDeadLetters = errors.New("no dead-letter queue")
+	// ErrNoDeadLetter means the stage has no dead letter with that id.
+	ErrNoDeadLetter = errors.New("no such dead letter")
+)
+
 // ConfigError is a configuration mistake in one field.
 type ConfigError struct {
 	Field string

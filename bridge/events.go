@@ -127,17 +127,29 @@ func (b *Bridge) publishSystem(ctx context.Context, rkey string, mandatory bool,
 // with the reason, waits for the broker's confirm, then acks d. If the
 // session ends first, d is left to the broker to requeue.
 func (s *session) deadLetter(d *amqp.Delivery, queue string, reason error) {
-	if s.publishDead(d, queue, reason) {
+	if s.publishDead(d, queue, reason, "", nil) {
+		s.ack(d.DeliveryTag, opAck)
+	}
+}
+
+// deadCommand dead-letters a command of stage like deadLetter, into the
+// stage's dead-letter queue when this session declared it (mesh.dead
+// otherwise), with extra node headers (attempts, failures).
+func (s *session) deadCommand(d *amqp.Delivery, stage string, reason error, extra map[string]string) {
+	if s.publishDead(d, stageQueue(stage), reason, stage, extra) {
 		s.ack(d.DeliveryTag, opAck)
 	}
 }
 
 // reject dead-letters an auto-acked delivery (nothing to ack).
 func (s *session) reject(d *amqp.Delivery, queue string, reason error) {
-	s.publishDead(d, queue, reason)
+	s.publishDead(d, queue, reason, "", nil)
 }
 
-func (s *session) publishDead(d *amqp.Delivery, queue string, reason error) bool {
+// publishDead publishes the dead letter of d: to dead.<stage> when stage
+// is set and its queue is declared in this session, else to mesh.dlx (and
+// so mesh.dead). It reports whether the broker confirmed it.
+func (s *session) publishDead(d *amqp.Delivery, queue string, reason error, stage string, extra map[string]string) bool {
 	b := s.b
 	var mf *malformed
 	switch {
@@ -153,9 +165,13 @@ func (s *session) publishDead(d *amqp.Delivery, queue string, reason error) bool
 	for k, v := range d.Headers {
 		h[k] = v
 	}
+	for k, v := range extra {
+		h[k] = v
+	}
 	h[HeaderDeadReason] = reason.Error()
 	h[HeaderDeadNode] = b.cfg.Node
 	h[HeaderDeadQueue] = queue
+	h[HeaderDeadAt] = stampTime(time.Now())
 	if h.Validate() != nil { // keep only what can be published again
 		for k, v := range h {
 			if (amqp.Table{k: v}).Validate() != nil {
@@ -168,9 +184,21 @@ func (s *session) publishDead(d *amqp.Delivery, queue string, reason error) bool
 		DeliveryMode: amqp.Persistent, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo,
 		MessageId: d.MessageId, Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
 	}
-	out := &outgoing{exchange: exchangeDLX, key: d.RoutingKey, kind: "dead", raw: &p}
 	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
 	defer cancel()
+	if stage != "" && s.hasAux(stage, auxDead) {
+		out := &outgoing{exchange: exchangeMesh, key: deadKey(stage), mandatory: true, kind: "dead", msgID: d.MessageId, raw: &p}
+		err := s.publishWait(ctx, out)
+		if err == nil {
+			b.deadAdded(stage)
+			return true
+		}
+		if !errors.Is(err, ErrNoRoute) {
+			return false
+		}
+		// The stage's dead-letter queue is gone: mesh.dead takes it.
+	}
+	out := &outgoing{exchange: exchangeDLX, key: d.RoutingKey, kind: "dead", raw: &p}
 	return s.publishWait(ctx, out) == nil
 }
 

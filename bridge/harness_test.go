@@ -253,20 +253,33 @@ func amqpChannel(tb testing.TB, brokerURL string) *amqp.Channel {
 	return ch
 }
 
-// deadLetters reads every message in mesh.dead.
-func deadLetters(tb testing.TB, ch *amqp.Channel) []amqp.Delivery {
+// deadLetters reads (and removes) every message in mesh.dead and in the
+// dead-letter queues dead.<stage> of the stages given (which must exist).
+func deadLetters(tb testing.TB, ch *amqp.Channel, stages ...string) []amqp.Delivery {
 	tb.Helper()
 	var out []amqp.Delivery
-	for {
-		d, ok, err := ch.Get("mesh.dead", true)
-		if err != nil {
-			tb.Fatal(err)
+	for _, q := range append([]string{"mesh.dead"}, prefixed("dead.", stages)...) {
+		for {
+			d, ok, err := ch.Get(q, true)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			if !ok {
+				break
+			}
+			out = append(out, d)
 		}
-		if !ok {
-			return out
-		}
-		out = append(out, d)
 	}
+	return out
+}
+
+// prefixed returns each of names with prefix.
+func prefixed(prefix string, names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = prefix + n
+	}
+	return out
 }
 
 // brokerProxy puts a cuttable TCP proxy in front of the broker at brokerURL

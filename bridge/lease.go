@@ -109,11 +109,11 @@ func (s *session) commandsInFlight(now time.Time) []CommandStatus {
 	return out
 }
 
-// runHandler calls the local handler of stage with msg and returns nil on
-// success or why it failed. The handler's progress extends its lease as
+// runHandler calls the local handler of stage with msg and returns its
+// result reply on success or why it failed. The handler's progress extends its lease as
 // for mesh commands. While no handler is subscribed it waits (up to the
 // deadline) as long as hosted() stays true.
-func (b *Bridge) runHandler(ctx context.Context, stage string, msg *nats.Msg, hosted func() bool) error {
+func (b *Bridge) runHandler(ctx context.Context, stage string, msg *nats.Msg, hosted func() bool) (*nats.Msg, error) {
 	nc := b.nc
 	if nc == nil {
 		nc = b.bc
@@ -121,14 +121,14 @@ func (b *Bridge) runHandler(ctx context.Context, stage string, msg *nats.Msg, ho
 	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
-		return fmt.Errorf("calling the handler of stage %s: %v", stage, err)
+		return nil, fmt.Errorf("calling the handler of stage %s: %v", stage, err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	msg.Reply = inbox
 	started := time.Now()
 	deadline := started.Add(b.cfg.CommandTimeout)
 	if err := nc.PublishMsg(msg); err != nil {
-		return fmt.Errorf("calling the handler of stage %s: %v", stage, err)
+		return nil, fmt.Errorf("calling the handler of stage %s: %v", stage, err)
 	}
 	for {
 		wait, cancel := context.WithDeadline(ctx, deadline)
@@ -137,18 +137,18 @@ func (b *Bridge) runHandler(ctx context.Context, stage string, msg *nats.Msg, ho
 		switch {
 		case errors.Is(err, nats.ErrNoResponders): // a sync subscription's form of the 503 status
 			if !hosted() {
-				return errNotHostedHere
+				return nil, errNotHostedHere
 			}
 			if time.Until(deadline) <= handlerPoll {
-				return fmt.Errorf("no handler for stage %s on node %s within %s", stage, b.cfg.Node, b.cfg.CommandTimeout)
+				return nil, fmt.Errorf("no handler for stage %s on node %s within %s", stage, b.cfg.Node, b.cfg.CommandTimeout)
 			}
 			select {
 			case <-time.After(handlerPoll):
 			case <-ctx.Done():
-				return ctx.Err()
+				return nil, ctx.Err()
 			}
 			if err := nc.PublishMsg(msg); err != nil {
-				return fmt.Errorf("calling the handler of stage %s: %v", stage, err)
+				return nil, fmt.Errorf("calling the handler of stage %s: %v", stage, err)
 			}
 		case err == nil && isProgress(resp.Header):
 			if until, later := b.leaseUntil(started, deadline, time.Now()); later {
@@ -156,18 +156,17 @@ func (b *Bridge) runHandler(ctx context.Context, stage string, msg *nats.Msg, ho
 				b.m.leaseExtensions.Inc()
 			}
 		case err == nil:
-			if e := resp.Header.Get(headerServiceError); e != "" {
-				code := resp.Header.Get(headerServiceErrorCode)
-				return fmt.Errorf("handler of stage %s on node %s replied error %s %s", stage, b.cfg.Node, code, e)
+			if err := handlerFailure(resp.Header, stage, b.cfg.Node); err != nil {
+				return nil, err
 			}
-			return nil
+			return resp, nil
 		case ctx.Err() != nil:
-			return ctx.Err()
+			return nil, ctx.Err()
 		case errors.Is(err, context.DeadlineExceeded):
-			return fmt.Errorf("handler of stage %s on node %s did not answer within its lease (%s)", stage, b.cfg.Node,
+			return nil, fmt.Errorf("handler of stage %s on node %s did not answer within its lease (%s)", stage, b.cfg.Node,
 				time.Since(started).Round(time.Millisecond))
 		default:
-			return fmt.Errorf("calling the handler of stage %s: %v", stage, err)
+			return nil, fmt.Errorf("calling the handler of stage %s: %v", stage, err)
 		}
 	}
 }

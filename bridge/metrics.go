@@ -57,9 +57,16 @@ type metrics struct {
 	// because their id completed here before (completed.go), by stage.
 	deduplicated *prometheus.CounterVec
 	revoked      prometheus.Gauge
-	outbox       []prometheus.Collector
-	reg          prometheus.Registerer
-	registered   []prometheus.Collector
+	// retries counts failed commands put in their stage's retry queue, by
+	// stage (retry.go); results counts command results published as
+	// events (results.go); deadLetters is the number of dead letters in
+	// each hosted stage's queue dead.<stage> at the last look.
+	retries     *prometheus.CounterVec
+	results     prometheus.Counter
+	deadLetters *prometheus.GaugeVec
+	outbox      []prometheus.Collector
+	reg         prometheus.Registerer
+	registered  []prometheus.Collector
 }
 
 func newMetrics(b *Bridge) *metrics {
@@ -104,6 +111,18 @@ func newMetrics(b *Bridge) *metrics {
 		stalls: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "meshbox_stalls", Help: "Command stages currently stalled (see status stalls[]).",
 		}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshbox_command_retries_total",
+			Help: "Failed commands put in their stage's retry queue to wait for their backoff, by stage.",
+		}, []string{"stage"}),
+		results: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshbox_command_results_total",
+			Help: "Command results published as events on the command's Meshbox-Result-Topic.",
+		}),
+		deadLetters: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meshbox_dead_letters",
+			Help: "Dead letters waiting in the queue dead.<stage> of each stage hosted here, at the last look.",
+		}, []string{"stage"}),
 		revoked: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "meshbox_broker_credential_revoked",
 			Help: "1 while the broker refuses this node's credential at login (403 ACCESS_REFUSED), else 0.",
@@ -133,7 +152,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 		return nil
 	}
 	m.reg = reg
-	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.scopeRefused, m.duration, m.stalls, m.leaseExtensions, m.deduplicated, m.revoked}, m.outbox...)
+	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.scopeRefused, m.duration, m.stalls, m.leaseExtensions, m.deduplicated, m.retries, m.results, m.deadLetters, m.revoked}, m.outbox...)
 	for _, c := range all {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

@@ -15,14 +15,18 @@ const (
 	subjEvtPrefix  = "evt."  // evt.<topic>: events
 )
 
-// Broker names. Every name the bridge declares starts with "mesh", "node."
-// or "cmd.": a node name has no dots, so node.<n>.* never collides with
-// another node's names or with a stage's queue.
+// Broker names. Every name the bridge declares starts with "mesh", "node.",
+// "cmd.", "retry." or "dead.": a node name has no dots, so node.<n>.* never
+// collides with another node's names or with a stage's queue, and a stage's
+// retry and dead-letter queues have prefixes of their own (a stage name may
+// hold dots, so cmd.<stage>.retry could be another stage's queue).
 const (
-	exchangeMesh = "mesh"     // topic: cmd.*, evt.*, sys.*, to.<node>.*
-	exchangeDLX  = "mesh.dlx" // topic: dead letters, routed by their original key
-	queueDead    = "mesh.dead"
-	queueCmdPfx  = "cmd."
+	exchangeMesh  = "mesh"     // topic: cmd.*, evt.*, sys.*, retry.*, dead.*, to.<node>.*
+	exchangeDLX   = "mesh.dlx" // topic: dead letters, routed by their original key
+	queueDead     = "mesh.dead"
+	queueCmdPfx   = "cmd."
+	queueRetryPfx = "retry."
+	queueDeadPfx  = "dead."
 )
 
 // Headers the node reads or adds, on NATS and AMQP alike.
@@ -38,6 +42,19 @@ const (
 	HeaderDeadReason  = "Meshbox-Dead-Reason" // why a message was dead-lettered
 	HeaderDeadNode    = "Meshbox-Dead-Node"   // which node dead-lettered it
 	HeaderDeadQueue   = "Meshbox-Dead-Queue"  // the queue it came from
+	HeaderDeadAt      = "Meshbox-Dead-At"     // when it was dead-lettered (RFC 3339, ms): its last failure
+	HeaderAttempts    = "Meshbox-Attempts"    // attempts that failed before this delivery (retry copies, dead letters)
+	HeaderFirstFail   = "Meshbox-First-Failure"
+	HeaderLastFail    = "Meshbox-Last-Failure" // a retry copy's last failure (RFC 3339, ms)
+	HeaderLastReason  = "Meshbox-Last-Reason"  // why a retry copy's last attempt failed
+	HeaderFirstOrigin = "Meshbox-First-Origin" // a retry copy or replay: the origin of the command it copies, as the copying node read it
+	HeaderReplayed    = "Meshbox-Replayed"     // a replayed dead letter: "<time> by <node> (dead-lettered <time>: <reason>)"
+	HeaderResultTopic = "Meshbox-Result-Topic" // on a command: the event topic its handler's result is published on
+
+	// CodePermanent in a handler's Nats-Service-Error-Code says the command
+	// must not be tried again: it is dead-lettered at once with the
+	// handler's error as the reason.
+	CodePermanent = "422"
 
 	headerServiceError     = "Nats-Service-Error"
 	headerServiceErrorCode = "Nats-Service-Error-Code"
@@ -80,6 +97,16 @@ func systemQueue(n string) string { return "node." + n + ".system" }
 
 // stageQueue is the command queue of a stage.
 func stageQueue(stage string) string { return queueCmdPfx + stage }
+
+// retryQueue is the queue a stage's failed commands wait in for their
+// next attempt; retryKey binds it to mesh.
+func retryQueue(stage string) string { return queueRetryPfx + stage }
+func retryKey(stage string) string   { return queueRetryPfx + stage }
+
+// deadQueue is the queue of a stage's dead letters; deadKey binds it to
+// mesh.
+func deadQueue(stage string) string { return queueDeadPfx + stage }
+func deadKey(stage string) string   { return queueDeadPfx + stage }
 
 // requestKey is the routing key of a request for capability name on node n.
 func requestKey(n, name string) string { return "to." + n + ".req." + name }

@@ -91,15 +91,18 @@ type Permissions struct {
 // stage). With them the node can:
 //
 //   - declare, consume, bind and delete its own queues node.<n>.requests,
-//     .replies, .events and .system, and the queues cmd.<stage> of its
-//     allowed stages; no other queue, and no exchange at all;
+//     .replies, .events and .system, and the queues cmd.<stage>,
+//     retry.<stage> and dead.<stage> of its allowed stages (read and purge
+//     their dead letters); no other queue, and no exchange at all;
 //   - publish on mesh (commands cmd.*, events evt.*, broadcasts sys.*,
 //     requests to.<m>.req.*, replies to.<m>.reply and addressed system
-//     messages to.<m>.sys.* to any node m) and on mesh.dlx (dead letters);
+//     messages to.<m>.sys.* to any node m, and retry copies retry.<stage>
+//     and dead letters dead.<stage> of its allowed stages) and on mesh.dlx
+//     (dead letters);
 //     not on the default exchange, whose write right cannot be scoped per
 //     queue, and not straight into any node's exchange;
 //   - bind its queues to mesh only with evt.#, sys.# and cmd.<allowed
-//     stage>, and to its own exchange node.<n> with anything (only to.<n>.*
+//     stage> (retry.<stage>, dead.<stage>), and to its own exchange node.<n> with anything (only to.<n>.*
 //     arrives there).
 //
 // So it cannot consume, bind, purge or delete another node's queues or any
@@ -117,16 +120,18 @@ func NodePermissions(n string, stages []string) (Permissions, error) {
 	own := `node\.` + node + `\.(requests|replies|events|system)`
 	queues := own
 	var bindKeys []string
+	topicWrite := `(cmd|evt|sys)\..+|to\.[A-Za-z0-9_-]+\.(req\..+|reply|sys\..+)`
 	if stageAlt != "" {
-		queues += `|cmd\.` + stageAlt
-		bindKeys = append(bindKeys, `cmd\.`+stageAlt)
+		queues += `|(cmd|retry|dead)\.` + stageAlt
+		bindKeys = append(bindKeys, `(cmd|retry|dead)\.`+stageAlt)
+		topicWrite += `|(retry|dead)\.` + stageAlt
 	}
 	return Permissions{
 		Configure:     `^(` + queues + `)$`,
 		Write:         `^(mesh|mesh\.dlx|` + queues + `)$`,
 		Read:          `^(mesh|node\.` + node + `|` + queues + `)$`,
 		TopicExchange: exchangeMesh,
-		TopicWrite:    `^((cmd|evt|sys)\..+|to\.[A-Za-z0-9_-]+\.(req\..+|reply|sys\..+))$`,
+		TopicWrite:    `^(` + topicWrite + `)$`,
 		TopicRead:     `^(` + strings.Join(append([]string{`evt\.#`, `sys\.#`}, bindKeys...), "|") + `)$`,
 	}, nil
 }

@@ -28,8 +28,9 @@ func TestNodePermissions(t *testing.T) {
 	ownQueues := []string{"node.alpha.requests", "node.alpha.replies", "node.alpha.events", "node.alpha.system"}
 	otherQueues := []string{"node.beta.requests", "node.beta.replies", "node.beta.events", "node.beta.system",
 		"node.alphax.requests", "node.alpha.requests.x", "xnode.alpha.requests", "node.alpha"}
-	allowed := []string{"cmd.resize", "cmd.image.thumb"}
-	notAllowed := []string{"cmd.other", "cmd.resize.x", "cmd.image", "cmd.imageXthumb", "cmd.", "cmd.#"}
+	allowed := []string{"cmd.resize", "cmd.image.thumb", "retry.resize", "retry.image.thumb", "dead.resize", "dead.image.thumb"}
+	notAllowed := []string{"cmd.other", "cmd.resize.x", "cmd.image", "cmd.imageXthumb", "cmd.", "cmd.#",
+		"retry.other", "dead.other", "retry.resize.x", "dead.image", "retry.", "dead.#", "xretry.resize", "deadXresize"}
 	exchanges := []string{"mesh", "mesh.dlx", "node.alpha", "node.beta", "amq.default", "", "amq.topic"}
 
 	add("configure", true, ownQueues...)
@@ -55,10 +56,13 @@ func TestNodePermissions(t *testing.T) {
 
 	add("topic write", true, "cmd.resize", "cmd.other.stage", "evt.door.open", "sys.hello",
 		"to.beta.req.echo", "to.beta.req.image.resize", "to.beta.reply", "to.beta.sys.hello", "to.alpha.req.echo")
+	add("topic write", true, "retry.resize", "dead.image.thumb")
+	add("topic write", false, "retry.other", "dead.other", "retry.resize.x", "dead.", "retry")
 	add("topic write", false, "to.beta", "to.beta.replyx", "to.beta.other", "to.be.ta.reply", "node.beta.requests",
 		"cmd", "evt.", "x.evt.a", "to..reply", "")
 
-	add("topic read", true, "evt.#", "sys.#", "cmd.resize", "cmd.image.thumb")
+	add("topic read", true, "evt.#", "sys.#", "cmd.resize", "cmd.image.thumb", "retry.resize", "dead.image.thumb")
+	add("topic read", false, "retry.other", "dead.other", "retry.#", "dead.#")
 	add("topic read", false, "#", "to.beta.#", "to.alpha.#", "cmd.#", "cmd.*", "cmd.other", "evt.*.x.#x", "to.*.req.#", "*.#")
 
 	patterns := map[string]string{

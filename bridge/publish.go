@@ -133,7 +133,7 @@ func (s *session) fastPublish(items []*pubItem) bool {
 			it.finish(err) // not sealed: no key to seal with
 			continue
 		}
-		err = s.fastCh.Publish(it.out.exchange, it.out.key, it.out.mandatory, false, p)
+		err = s.fastCh.Publish(it.out.exchange, it.out.routingKey(), it.out.mandatory, false, p)
 		if err != nil {
 			var ae *amqp.Error
 			if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
@@ -233,7 +233,7 @@ func (s *session) publish(it *pubItem) bool {
 		s.byID[it.out.msgID] = it
 	}
 	s.mu.Unlock()
-	_, err = s.pubCh.PublishWithDeferredConfirm(it.out.exchange, it.out.key, it.out.mandatory, false, p)
+	_, err = s.pubCh.PublishWithDeferredConfirm(it.out.exchange, it.out.routingKey(), it.out.mandatory, false, p)
 	if err != nil {
 		s.mu.Lock()
 		delete(s.inflight, tag)

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/seal"
 )
 
@@ -190,11 +191,22 @@ func (b *Bridge) unseal(env *envelope, d *amqp.Delivery) error {
 		h = make(nats.Header, nkeys)
 	}
 	size := 0
+	topic := "" // a command's result topic: only the sealed one counts
 	for i := uint64(0); i < nkeys && r.err == nil; i++ {
 		k := r.str()
 		nv := r.uvarint()
 		if r.err != nil || nv > uint64(len(r.b)) {
 			break
+		}
+		if k == HeaderResultTopic && env.kind == typeCommand && nv == 1 {
+			// The one node header sealed with a command: where its result
+			// goes may not be changed on the way (results.go).
+			v := r.str()
+			if err := names.Topic(v); r.err == nil && err != nil {
+				return fail(unsealMalformed, "header %s: %v", k, err)
+			}
+			topic = v
+			continue
 		}
 		if !validHeaderKey(k) || hasPrefixFold(k, headerPrefixMeshbox) || k == "Status" || k == "Description" {
 			return fail(unsealMalformed, "header key %q is not allowed", k)
@@ -232,7 +244,7 @@ func (b *Bridge) unseal(env *envelope, d *amqp.Delivery) error {
 	if len(h) == 0 {
 		h = nil
 	}
-	env.header, env.body, env.scope = h, r.b, keyScope
+	env.header, env.body, env.scope, env.resultTopic = h, r.b, keyScope, topic
 	return nil
 }
 

@@ -196,13 +196,14 @@ func TestTamperedSealedMessagesRefused(t *testing.T) {
 	})
 	var dead []amqp.Delivery
 	waitFor(t, 10*time.Second, "three dead letters", func() bool {
-		dead = append(dead, deadLetters(t, ch)...)
+		dead = append(dead, deadLetters(t, ch, "work", "other")...)
 		return len(dead) >= 3
 	})
 	reasons := map[string]string{}
 	for _, d := range dead {
 		r, _ := d.Headers[bridge.HeaderDeadReason].(string)
-		reasons[d.MessageId+"@"+d.RoutingKey] = r
+		q, _ := d.Headers[bridge.HeaderDeadQueue].(string) // the stage queue it came from
+		reasons[d.MessageId+"@"+q] = r
 	}
 	for id, want := range map[string]string{
 		"flipped@cmd.work":           "(tampered)",

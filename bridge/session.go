@@ -81,6 +81,7 @@ type session struct {
 	acks      ackBook // settled deliveries of conCh (consumer owner only)
 	stagesMu  sync.Mutex
 	stages    map[string]*stageFlow // stages consumed in this session (owner only writes)
+	auxQueues map[string]int        // under stagesMu: the retry and dead-letter queues declared per stage (auxRetry, auxDead)
 	tagStage  map[string]*stageFlow // consumer owner only: stage consumers by tag
 	tagSeq    int                   // consumer owner only: for unique consumer tags
 	flowWake  chan struct{}         // cap 1: a stage wants another number of consumers
@@ -154,6 +155,7 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 		byID:         map[string]*pubItem{},
 		ackQ:         make(chan ackReq, 256),
 		stages:       map[string]*stageFlow{},
+		auxQueues:    map[string]int{},
 		tagStage:     map[string]*stageFlow{},
 		flowWake:     make(chan struct{}, 1),
 		rescan:       make(chan struct{}, 1),

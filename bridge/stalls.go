@@ -85,8 +85,9 @@ func (b *Bridge) stallCandidates() []string {
 	return sortedKeys(set)
 }
 
-// stallChecker inspects the watched command queues every StallCheck with
-// passive declarations (on a channel of its own: a missing queue closes
+// stallChecker inspects the watched command queues (and the dead-letter
+// queues of the stages hosted here) every StallCheck with passive
+// declarations (on a channel of its own: a missing queue closes
 // it). While no queue is to be watched (no stage hosted here, none
 // submitted to) it sleeps until one is. Exits when the session ends.
 func (s *session) stallChecker() {
@@ -136,6 +137,20 @@ func (s *session) stallChecker() {
 				continue
 			}
 			b.observeQueue(stage, q.Messages, q.Consumers)
+			if s.hasAux(stage, auxDead) {
+				dq, err := ch.QueueDeclarePassive(deadQueue(stage), true, false, false, false, nil)
+				if err != nil {
+					if s.ctx.Err() != nil || s.conConn.IsClosed() {
+						return
+					}
+					if ch, err = s.conConn.Channel(); err != nil {
+						s.fail(fmt.Errorf("open channel: %w", err))
+						return
+					}
+					continue
+				}
+				b.setDeadCount(stage, dq.Messages)
+			}
 		}
 		t.Reset(b.cfg.StallCheck)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/seal"
 )
 
@@ -97,6 +98,15 @@ func (b *Bridge) submission(kind recordKind, name string, msg *nats.Msg) (*recor
 		if _, err := b.cfg.Keys.SealerFor(b.cfg.Keys.ScopeOf(bk, name)); err != nil {
 			return nil, b.lacksKey(kind.String())
 		}
+	}
+	if topic := msg.Header.Get(HeaderResultTopic); topic != "" && kind == kindCommand { // on an event: dropped like any Meshbox-* header
+		if err := names.Topic(topic); err != nil {
+			return nil, fmt.Errorf("%w: header %s: %v", ErrBadInput, HeaderResultTopic, err)
+		}
+		if hdr == nil {
+			hdr = nats.Header{}
+		}
+		hdr[HeaderResultTopic] = []string{topic} // a node header: moved out of the seal by outgoingFor
 	}
 	id := msg.Header.Get(HeaderMsgID)
 	switch {
@@ -264,6 +274,9 @@ func (b *Bridge) outgoingFor(rec *record, redelivered bool) *outgoing {
 		out.meta[HeaderDeadReason] = rec.reason
 		out.meta[HeaderDeadNode] = b.cfg.Node
 		out.meta[HeaderDeadQueue] = stageQueue(rec.name)
+	}
+	if out.kind == typeCommand {
+		out.header, out.meta = splitNodeHeaders(out.header, out.meta)
 	}
 	if redelivered || rec.republished {
 		if out.meta == nil {

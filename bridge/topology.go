@@ -239,6 +239,7 @@ func (s *session) syncStages(decl **amqp.Channel) {
 				}
 			}
 			delete(s.stages, stage)
+			delete(s.auxQueues, stage)
 			s.b.log.Debug("stage consumers cancelled", "stage", stage)
 		}
 	}
@@ -250,6 +251,7 @@ func (s *session) syncStages(decl **amqp.Channel) {
 			s.b.log.Error("cannot declare stage queue", "stage", stage, "err", err)
 			continue
 		}
+		s.auxQueues[stage] = s.declareAux(decl, stage)
 		f := newStageFlow(stage, s.b.cfg.Prefetch, s.b.cfg.MaxStagePrefetch)
 		if !s.addConsumer(f) {
 			return

@@ -231,6 +231,13 @@ func printStatus(w io.Writer, st appliance.Status) {
 		}
 		row("command", fmt.Sprintf("stage %s id %s attempt %d, age %s, %s", c.Stage, c.MsgID, c.Attempt, secs(c.AgeSeconds), lease))
 	}
+	if len(st.DeadLetters) > 0 {
+		var parts []string
+		for _, stage := range slices.Sorted(maps.Keys(st.DeadLetters)) {
+			parts = append(parts, fmt.Sprintf("%s %d", stage, st.DeadLetters[stage]))
+		}
+		row("dead letters", strings.Join(parts, ", ")+" (meshbox dlq list STAGE)")
+	}
 	for _, e := range st.Errors[:min(len(st.Errors), 5)] {
 		row("error", strings.TrimSpace(fmt.Sprintf("%s %s %s %s", e.At.Format(time.RFC3339), e.Component, e.Message, e.Detail)))
 	}

@@ -103,6 +103,7 @@ Node:
   module     control a module by hand: module start|stop|restart|logs NAME
   doctor     check the node's situation: data dir, database, broker, cache, clock, names
   program    local programs' credentials: add, list, show, remove
+  dlq        dead letters of a stage: list [STAGE], show STAGE ID, replay STAGE ID|--all, purge STAGE
   version    show the version of this binary and of the local node
 
 Messages:
@@ -144,6 +145,8 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		return (&ModuleGuardCommand{m: m}).Run(ctx, rest)
 	case "doctor":
 		return (&DoctorCommand{m: m}).Run(ctx, rest)
+	case "dlq":
+		return (&DlqCommand{m: m}).Run(ctx, rest)
 	case "init":
 		return (&InitCommand{m: m}).Run(ctx, rest)
 	case "mesh":

@@ -49,6 +49,9 @@ type bridgeConfig struct {
 	// Dedupe is the stages' idempotency at the node: stage -> {"window",
 	// "max_entries"}.
 	Dedupe map[string]map[string]any `json:"dedupe,omitempty"`
+	// Retry is the stages' retry policies: stage -> {"attempts",
+	// "backoff", "max_backoff"}.
+	Retry map[string]map[string]any `json:"retry,omitempty"`
 }
 
 // startMeshNode runs node name as a child process on the broker at amqpURL,

@@ -128,6 +128,9 @@ var expectedMetrics = map[string]dto.MetricType{
 	"meshbox_stalls":                         dto.MetricType_GAUGE,
 	"meshbox_command_lease_extensions_total": dto.MetricType_COUNTER,
 	"meshbox_commands_deduplicated_total":    dto.MetricType_COUNTER,
+	"meshbox_command_retries_total":          dto.MetricType_COUNTER,
+	"meshbox_command_results_total":          dto.MetricType_COUNTER,
+	"meshbox_dead_letters":                   dto.MetricType_GAUGE,
 	"meshbox_outbox_depth":                   dto.MetricType_GAUGE,
 	"meshbox_outbox_bytes":                   dto.MetricType_GAUGE,
 	"meshbox_outbox_oldest_age_seconds":      dto.MetricType_GAUGE,
@@ -154,6 +157,10 @@ var lazyMetrics = map[string]bool{
 	"meshbox_discovery_rejected_total": true,
 	// One series per stage that dedupes, with its first duplicate.
 	"meshbox_commands_deduplicated_total": true,
+	// One series per stage with a retry policy, with its first retry; per
+	// stage hosted here, once its dead letters were counted.
+	"meshbox_command_retries_total": true,
+	"meshbox_dead_letters":          true,
 }
 
 // TestMetricsScrape runs a two-node mesh on the real broker and database,

@@ -230,7 +230,7 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 	}
 	var dead amqp.Delivery
 	if !waitFor(20*time.Second, func() bool {
-		d, ok, err := och.Get("mesh.dead", true)
+		d, ok, err := och.Get("dead.vault", true) // the stage's dead letters
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,370 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshbox/meshbox/internal/names"
+)
+
+// This file makes dead letters something to act on. A command that fails
+// for good on a node hosting its stage (its attempts spent, a permanent
+// failure, a message that does not decode or open) is dead-lettered into
+// its stage's queue dead.<stage> (durable, declared with the stage queue by
+// every node hosting it, bound to mesh with dead.<stage>), with the node
+// headers Meshbox-Dead-Reason, -Dead-Node, -Dead-Queue, -Dead-At,
+// Meshbox-Attempts and Meshbox-First-Failure. What has no stage queue to
+// come from (a command no node hosts, from the outbox), and every dead
+// letter of a node whose broker permissions predate the stage queues, goes
+// to mesh.dead as before.
+//
+// The operations below reach dead.<stage> with the node's own broker user,
+// on a channel of their own (owned by the caller for the call): a list or
+// a look takes the messages without acking them and closes the channel,
+// which gives them back in their order; a replay acks the one it replayed
+// once the broker confirmed the new command; a purge purges the queue.
+
+// DeadLetter describes one dead letter of a stage.
+type DeadLetter struct {
+	Stage string `json:"stage"`
+	ID    string `json:"id"` // the command's message id
+	// Reason is why it was dead-lettered; Node is the node that did.
+	Reason string `json:"reason"`
+	Node   string `json:"node"`
+	// Origin is the node that published the dead-lettered command, by its
+	// Meshbox-Origin header.
+	Origin string `json:"origin"`
+	// Attempts is how many attempts it had (0: not known, a message that
+	// was never handed to a handler).
+	Attempts int `json:"attempts"`
+	// FirstFailure and LastFailure bound its failures: the first failed
+	// attempt (Meshbox-First-Failure, else the dead-lettering) and the
+	// dead-lettering (Meshbox-Dead-At).
+	FirstFailure time.Time `json:"first_failure"`
+	LastFailure  time.Time `json:"last_failure"`
+	Submitted    time.Time `json:"submitted,omitzero"`
+	Size         int       `json:"size"`
+	// Headers are the headers readable on the broker (the node's own);
+	// Content are the command's own headers when this node could open it
+	// (sealed ones open only with the mesh's or the scope's key).
+	Headers map[string]string `json:"headers"`
+	Content map[string]string `json:"content,omitempty"`
+	// Opened says whether this node could read (open) the command; a
+	// replay needs it.
+	Opened bool   `json:"opened"`
+	Why    string `json:"why,omitempty"` // why it could not be opened
+}
+
+// maxBrowse bounds how many dead letters one operation reads.
+const maxBrowse = 10000
+
+// deadBook is the dead-letter count of each stage at the last look.
+type deadBook struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+// setDeadCount records the dead letters of stage seen on the broker.
+func (b *Bridge) setDeadCount(stage string, n int) {
+	b.dead.mu.Lock()
+	if b.dead.counts == nil {
+		b.dead.counts = map[string]int{}
+	}
+	b.dead.counts[stage] = n
+	b.dead.mu.Unlock()
+	b.m.deadLetters.WithLabelValues(stage).Set(float64(n))
+}
+
+// deadAdded counts a dead letter this node put in dead.<stage>.
+func (b *Bridge) deadAdded(stage string) {
+	b.dead.mu.Lock()
+	if b.dead.counts == nil {
+		b.dead.counts = map[string]int{}
+	}
+	b.dead.counts[stage]++
+	n := b.dead.counts[stage]
+	b.dead.mu.Unlock()
+	b.m.deadLetters.WithLabelValues(stage).Set(float64(n))
+}
+
+// deadCounts returns the dead letters per stage hosted here.
+func (b *Bridge) deadCounts() map[string]int {
+	hosted := b.hostedStages()
+	b.dead.mu.Lock()
+	defer b.dead.mu.Unlock()
+	out := make(map[string]int, len(hosted))
+	for stage := range hosted {
+		out[stage] = b.dead.counts[stage]
+	}
+	return out
+}
+
+// deadOp runs f on a channel of its own on the current session's consuming
+// connection; closing it gives back what f took and did not ack.
+func (b *Bridge) deadOp(ctx context.Context, stage string, f func(s *session, ch *amqp.Channel) error) error {
+	if err := names.Stage(stage); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadInput, err)
+	}
+	s := b.link.sess.Load()
+	if st, _ := b.linkState(); st != StateConnected || s == nil {
+		return ErrLinkDown
+	}
+	ch, err := s.conConn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	done := make(chan struct{})
+	defer close(done)
+	// Closes the channel when ctx ends first, which ends a Get waiting on
+	// it; exits when the operation returns.
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = ch.Close()
+		case <-done:
+		}
+	}()
+	defer func() { _ = ch.Close() }()
+	err = f(s, ch)
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+		return fmt.Errorf("%w: stage %s has no dead-letter queue %s (no node hosting it declared one)", ErrNoDeadLetters, stage, deadQueue(stage))
+	}
+	if err == nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+// browse takes up to maxBrowse dead letters of stage without acking them
+// and calls each until it returns false.
+func browse(ch *amqp.Channel, stage string, each func(d *amqp.Delivery) (bool, error)) error {
+	for range maxBrowse {
+		d, ok, err := ch.Get(deadQueue(stage), false)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return nil
+		}
+		more, err := each(&d)
+		if err != nil || !more {
+			return err
+		}
+	}
+	return nil
+}
+
+// DeadLetters lists the dead letters of stage, oldest first (at most
+// 10,000).
+func (b *Bridge) DeadLetters(ctx context.Context, stage string) ([]DeadLetter, error) {
+	out := []DeadLetter{}
+	err := b.deadOp(ctx, stage, func(s *session, ch *amqp.Channel) error {
+		return browse(ch, stage, func(d *amqp.Delivery) (bool, error) {
+			out = append(out, b.describeDead(stage, d, false))
+			return true, nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dead letters of %s: %w", stage, err)
+	}
+	b.setDeadCount(stage, len(out))
+	return out, nil
+}
+
+// ShowDeadLetter describes the dead letter id of stage, with the command's
+// own headers when this node can open it.
+func (b *Bridge) ShowDeadLetter(ctx context.Context, stage, id string) (DeadLetter, error) {
+	if !validID(id) {
+		return DeadLetter{}, fmt.Errorf("%w: %q is not a message id", ErrBadInput, id)
+	}
+	var found *DeadLetter
+	err := b.deadOp(ctx, stage, func(s *session, ch *amqp.Channel) error {
+		return browse(ch, stage, func(d *amqp.Delivery) (bool, error) {
+			if d.MessageId != id {
+				return true, nil
+			}
+			dl := b.describeDead(stage, d, true)
+			found = &dl
+			return false, nil
+		})
+	})
+	if err == nil && found == nil {
+		err = fmt.Errorf("%w: %s", ErrNoDeadLetter, id)
+	}
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("dead letter of %s: %w", stage, err)
+	}
+	return *found, nil
+}
+
+// ReplayDeadLetters sends the dead letter id of stage (all of them when id
+// is "") back to the stage as a new command of this node: same message
+// id, headers and body, attempts from 1 again, and a Meshbox-Replayed
+// header saying when, by which node, and why it had died. Each is removed
+// from the dead letters once the broker confirmed its replay. It returns
+// how many were replayed; a dead letter this node cannot open stays.
+func (b *Bridge) ReplayDeadLetters(ctx context.Context, stage, id string) (int, error) {
+	if id != "" && !validID(id) {
+		return 0, fmt.Errorf("%w: %q is not a message id", ErrBadInput, id)
+	}
+	n := 0
+	var skipped []string
+	err := b.deadOp(ctx, stage, func(s *session, ch *amqp.Channel) error {
+		return browse(ch, stage, func(d *amqp.Delivery) (bool, error) {
+			if id != "" && d.MessageId != id {
+				return true, nil
+			}
+			env, why := b.openDead(stage, d)
+			if env == nil {
+				if id != "" {
+					return false, fmt.Errorf("%s cannot be replayed: %s", d.MessageId, why)
+				}
+				skipped = append(skipped, d.MessageId+": "+why)
+				return true, nil
+			}
+			if err := b.replay(ctx, s, stage, d, env); err != nil {
+				return false, err
+			}
+			if err := ch.Ack(d.DeliveryTag, false); err != nil {
+				return false, fmt.Errorf("remove the replayed dead letter %s: %w", d.MessageId, err)
+			}
+			n++
+			return id == "", nil
+		})
+	})
+	if err == nil && id != "" && n == 0 {
+		err = fmt.Errorf("%w: %s", ErrNoDeadLetter, id)
+	}
+	if err == nil && len(skipped) > 0 {
+		err = fmt.Errorf("%d dead letters cannot be replayed by node %s and stay: %v", len(skipped), b.cfg.Node, skipped)
+	}
+	if n > 0 {
+		b.deadRemoved(stage, n)
+		b.log.Info("dead letters replayed", "stage", stage, "count", n)
+	}
+	if err != nil {
+		return n, fmt.Errorf("replay dead letters of %s: %w", stage, err)
+	}
+	return n, nil
+}
+
+// replay publishes the opened dead letter env of stage as a new command.
+func (b *Bridge) replay(ctx context.Context, s *session, stage string, d *amqp.Delivery, env *envelope) error {
+	meta := map[string]string{}
+	if env.resultTopic != "" {
+		meta[HeaderResultTopic] = env.resultTopic
+	}
+	first := env.firstOrigin
+	if first == "" {
+		first = env.origin
+	}
+	meta[HeaderFirstOrigin] = first
+	reason, _ := d.Headers[HeaderDeadReason].(string)
+	deadAt, _ := d.Headers[HeaderDeadAt].(string)
+	meta[HeaderReplayed] = clip(fmt.Sprintf("%s by %s (dead-lettered %s: %s)", stampTime(time.Now()), b.cfg.Node, deadAt, reason), maxReason)
+	out := &outgoing{exchange: exchangeMesh, key: commandKey(stage), mandatory: true, kind: typeCommand,
+		msgID: env.msgID, persist: true, header: env.header, meta: meta, body: env.body, at: time.Now()}
+	wait, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := s.publishWait(wait, out); err != nil {
+		if errors.Is(err, ErrNoRoute) {
+			return fmt.Errorf("replay %s: the broker has no queue %s", env.msgID, stageQueue(stage))
+		}
+		return fmt.Errorf("replay %s: %w", env.msgID, err)
+	}
+	return nil
+}
+
+// PurgeDeadLetters deletes every dead letter of stage and returns how many.
+func (b *Bridge) PurgeDeadLetters(ctx context.Context, stage string) (int, error) {
+	var n int
+	err := b.deadOp(ctx, stage, func(s *session, ch *amqp.Channel) error {
+		var err error
+		n, err = ch.QueuePurge(deadQueue(stage), false)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("purge dead letters of %s: %w", stage, err)
+	}
+	b.setDeadCount(stage, 0)
+	b.log.Info("dead letters purged", "stage", stage, "count", n)
+	return n, nil
+}
+
+// deadRemoved counts n dead letters of stage taken out by this node.
+func (b *Bridge) deadRemoved(stage string, n int) {
+	b.dead.mu.Lock()
+	c := max(0, b.dead.counts[stage]-n)
+	if b.dead.counts != nil {
+		b.dead.counts[stage] = c
+	}
+	b.dead.mu.Unlock()
+	b.m.deadLetters.WithLabelValues(stage).Set(float64(c))
+}
+
+// openDead reads a dead letter of stage as the command it was: its origin
+// is the Meshbox-Origin it was published with (the dead letter's own
+// publisher is the node that dead-lettered it), its routing key the
+// stage's. It returns nil and why when it cannot be read or opened.
+func (b *Bridge) openDead(stage string, d *amqp.Delivery) (*envelope, string) {
+	orig := *d
+	orig.UserId = ""
+	orig.Redelivered = false
+	orig.RoutingKey = commandKey(stage)
+	env, err := decode(typeCommand, fromAMQP(&orig), b.maxPayload())
+	if err != nil {
+		return nil, err.Error()
+	}
+	if env.keyID != "" {
+		if b.cfg.Keys == nil {
+			return nil, "it is sealed and this node holds no keys"
+		}
+		if err := b.unseal(env, &orig); err != nil {
+			return nil, err.Error()
+		}
+	}
+	return env, ""
+}
+
+// describeDead describes dead letter d of stage; open adds the command's
+// own headers when this node can open it.
+func (b *Bridge) describeDead(stage string, d *amqp.Delivery, open bool) DeadLetter {
+	str := func(k string) string { v, _ := d.Headers[k].(string); return v }
+	dl := DeadLetter{Stage: stage, ID: d.MessageId, Reason: str(HeaderDeadReason), Node: str(HeaderDeadNode),
+		Origin: str(HeaderOrigin), Submitted: d.Timestamp, Size: len(d.Body), Headers: map[string]string{}}
+	dl.Attempts, _ = strconv.Atoi(str(HeaderAttempts))
+	dl.LastFailure, _ = time.Parse(time.RFC3339Nano, str(HeaderDeadAt))
+	dl.FirstFailure, _ = time.Parse(time.RFC3339Nano, str(HeaderFirstFail))
+	if dl.FirstFailure.IsZero() {
+		dl.FirstFailure = dl.LastFailure
+	}
+	for k, v := range d.Headers {
+		switch v := v.(type) {
+		case string:
+			dl.Headers[k] = v
+		case int64, int32, int, bool:
+			dl.Headers[k] = fmt.Sprint(v)
+		}
+	}
+	if d.ContentType != "" {
+		dl.Headers["content-type"] = d.ContentType
+	}
+	env, why := b.openDead(stage, d)
+	dl.Opened, dl.Why = env != nil, why
+	if open && env != nil {
+		dl.Content = map[string]string{}
+		for _, k := range slices.Sorted(maps.Keys(env.header)) {
+			dl.Content[k] = env.header.Get(k)
+		}
+	}
+	return dl
+}

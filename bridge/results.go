@@ -1,0 +1,95 @@
+package bridge
+
+import (
+	"maps"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/meshbox/meshbox/internal/seal"
+)
+
+// This file publishes commands' results as events. A submitter names an
+// event topic in the command's Meshbox-Result-Topic header (checked with
+// package names when submitted). It travels as a node header, sealed with
+// the command in a mesh that seals (sealing.go): nobody on the way can
+// send the result to another topic, say one outside the command's scope;
+// a handler node of an older meshbox refuses such a command as malformed. When the handler of such a command replies
+// with a result that has a body, the node that ran it publishes the body,
+// with the reply's headers, as an event on that topic: to its local
+// subscribers at once and to the mesh like a program's event (sealed, with
+// the scope's key when the topic is bound to a scope; kept in the outbox
+// while the link is down). The event's Meshbox-Msg-Id is the command's
+// message id, so a result that comes twice (the command ran twice) can be
+// recognised. The event is handed to the broker or the outbox before the
+// command is acked; a node that crashes between the two loses the result
+// of a command that completed.
+
+// nodeCommandHeaders are the node headers a command's record keeps among
+// its caller headers until it is published (outgoingFor moves them out of
+// the seal).
+var nodeCommandHeaders = []string{HeaderResultTopic, HeaderReplayed, HeaderFirstOrigin}
+
+// splitNodeHeaders moves the node headers out of h into meta, copying
+// both when there is one to move.
+func splitNodeHeaders(h nats.Header, meta map[string]string) (nats.Header, map[string]string) {
+	var out nats.Header
+	for _, k := range nodeCommandHeaders {
+		v := h.Get(k)
+		if v == "" {
+			continue
+		}
+		if out == nil {
+			out = maps.Clone(h)
+			meta = maps.Clone(meta)
+			if meta == nil {
+				meta = map[string]string{}
+			}
+		}
+		delete(out, k)
+		meta[k] = v
+	}
+	if out == nil {
+		return h, meta
+	}
+	return out, meta
+}
+
+// publishResult publishes the result reply of command msgID of stage as
+// an event on topic (see above). A result that cannot be published is
+// counted and logged; the command still completed.
+func (b *Bridge) publishResult(stage, topic, msgID string, reply *nats.Msg) {
+	fail := func(why string) {
+		b.m.err(errKindDropped)
+		b.log.Warn("result not published", "stage", stage, "msg_id", msgID, "topic", topic, "reason", why)
+	}
+	if err := b.notInScope(seal.BindTopic, topic, "publish to"); err != nil {
+		fail(err.Error())
+		return
+	}
+	if len(reply.Data) > b.maxPayload() {
+		fail("the result is larger than the payload limit")
+		return
+	}
+	hdr, err := callerHeaders(reply.Header)
+	if err != nil {
+		fail(err.Error())
+		return
+	}
+	for k := range hdr {
+		if strings.HasPrefix(k, "Nats-") {
+			delete(hdr, k)
+		}
+	}
+	body := append([]byte(nil), reply.Data...)
+	local := &nats.Msg{Subject: subjEvtPrefix + topic, Data: body, Header: make(nats.Header, len(hdr)+2)}
+	maps.Copy(local.Header, hdr)
+	local.Header.Set(HeaderOrigin, b.cfg.Node)
+	local.Header.Set(HeaderMsgID, msgID)
+	if err := b.bc.PublishMsg(local); err != nil {
+		fail("local subscribers: " + err.Error())
+	}
+	b.m.results.Inc()
+	b.accept(&record{kind: kindEvent, name: topic, msgID: msgID, header: hdr, body: body, created: time.Now()}, "")
+}

@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/internal/names"
+)
+
+// DlqCommand acts on dead letters through the local node, which reaches
+// the broker with its own broker user.
+type DlqCommand struct{ m *Main }
+
+const dlqSynopsis = `dlq list [STAGE] | show STAGE ID | replay STAGE ID|--all | purge STAGE [--json] [--server URL]
+
+  list    the dead letters of STAGE (of every stage hosted here without one)
+  show    one dead letter: headers, reason, attempts, first and last failure
+  replay  send dead letters back to their stage: attempts start again at 1,
+          and the command carries Meshbox-Replayed
+  purge   delete every dead letter of STAGE`
+
+// dlqTimeout bounds the wait for the node's answer (its own operation is
+// bounded at a minute).
+const dlqTimeout = 70 * time.Second
+
+// Run parses the action and its arguments (flags may come anywhere).
+func (c *DlqCommand) Run(ctx context.Context, args []string) error {
+	fs := c.m.newFlagSet("dlq", dlqSynopsis)
+	server := c.m.serverFlag(fs)
+	asJSON := fs.Bool("json", false, "print the node's answer as JSON")
+	all := fs.Bool("all", false, "replay: every dead letter of the stage")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
+		fs.Usage()
+		return usagef("dlq: no action given (list, show, replay or purge)")
+	}
+	req := appliance.DeadLetterRequest{Action: pos[0], All: *all}
+	rest := pos[1:]
+	want := func(min, max int, form string) error {
+		if len(rest) < min || len(rest) > max {
+			return usagef("usage: meshbox dlq %s", form)
+		}
+		return nil
+	}
+	switch req.Action {
+	case appliance.DeadLetterList:
+		err = want(0, 1, "list [STAGE]")
+	case appliance.DeadLetterShow:
+		err = want(2, 2, "show STAGE ID")
+	case appliance.DeadLetterReplay:
+		err = want(1, 2, "replay STAGE ID|--all")
+		if err == nil && (len(rest) == 2) == *all {
+			err = usagef("usage: meshbox dlq replay STAGE ID|--all (one dead letter by its id, or --all)")
+		}
+	case appliance.DeadLetterPurge:
+		err = want(1, 1, "purge STAGE")
+	default:
+		return usagef("dlq: unknown action %q (list, show, replay or purge)", req.Action)
+	}
+	if err != nil {
+		return err
+	}
+	if *all && req.Action != appliance.DeadLetterReplay {
+		return usagef("dlq: --all belongs to replay")
+	}
+	if len(rest) > 0 {
+		req.Stage = rest[0]
+		if err := names.Stage(req.Stage); err != nil {
+			return usagef("dlq: %v", err)
+		}
+	}
+	if len(rest) > 1 {
+		req.ID = rest[1]
+		if err := checkMsgID(req.ID); err != nil {
+			return usagef("dlq: %v", err)
+		}
+	}
+	raw, rep, err := c.ask(ctx, *server, req)
+	if err != nil {
+		return err
+	}
+	if rep.Error != "" {
+		return errors.New("dlq " + req.Action + ": " + rep.Error)
+	}
+	if *asJSON {
+		return printJSON(c.m.Stdout, raw)
+	}
+	switch req.Action {
+	case appliance.DeadLetterList:
+		printDeadLetters(c.m.Stdout, rep, time.Now())
+	case appliance.DeadLetterShow:
+		printDeadLetter(c.m.Stdout, rep)
+	case appliance.DeadLetterReplay:
+		fmt.Fprintf(c.m.Stdout, "replayed %d dead letters of %s\n", rep.Count, req.Stage)
+	case appliance.DeadLetterPurge:
+		fmt.Fprintf(c.m.Stdout, "purged %d dead letters of %s\n", rep.Count, req.Stage)
+	}
+	return nil
+}
+
+// checkMsgID checks a message id given on the command line: printable
+// ASCII, at most 128 bytes (the bridge's rule).
+func checkMsgID(id string) error {
+	if id == "" || len(id) > 128 {
+		return fmt.Errorf("message id %q: 1 to 128 bytes", id)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c <= ' ' || c >= 0x7f {
+			return fmt.Errorf("message id %q: byte %d is not printable ASCII", id, i)
+		}
+	}
+	return nil
+}
+
+func (c *DlqCommand) ask(ctx context.Context, url string, req appliance.DeadLetterRequest) ([]byte, appliance.DeadLetterReply, error) {
+	var rep appliance.DeadLetterReply
+	nc, err := c.m.connectNode(url)
+	if err != nil {
+		return nil, rep, err
+	}
+	defer nc.Close()
+	data, _ := json.Marshal(req) // plain values: cannot fail
+	ctx, cancel := context.WithTimeout(ctx, dlqTimeout)
+	defer cancel()
+	msg, err := nc.RequestWithContext(ctx, appliance.SubjectDeadLetters, data)
+	if err != nil {
+		return nil, rep, fmt.Errorf("node at %s did not answer %s: %v", appliance.RedactURL(url), appliance.SubjectDeadLetters, err)
+	}
+	if err := json.Unmarshal(msg.Data, &rep); err != nil {
+		return nil, rep, fmt.Errorf("node at %s sent an answer to %s that is not valid JSON: %v", appliance.RedactURL(url), appliance.SubjectDeadLetters, err)
+	}
+	return msg.Data, rep, nil
+}
+
+// printDeadLetters writes one line per dead letter.
+func printDeadLetters(w io.Writer, rep appliance.DeadLetterReply, now time.Time) {
+	if len(rep.Letters) == 0 {
+		fmt.Fprintln(w, "no dead letters")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STAGE\tID\tATTEMPTS\tDEAD SINCE\tREASON")
+	for _, d := range rep.Letters {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", d.Stage, d.ID, d.Attempts, ago(now, d.LastFailure), oneLine(d.Reason, 100))
+	}
+	_ = tw.Flush()
+}
+
+// printDeadLetter writes everything known of one dead letter.
+func printDeadLetter(w io.Writer, rep appliance.DeadLetterReply) {
+	if len(rep.Letters) == 0 {
+		return
+	}
+	d := rep.Letters[0]
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row("stage", d.Stage)
+	row("id", d.ID)
+	row("reason", d.Reason)
+	row("attempts", fmt.Sprint(d.Attempts))
+	row("first failure", stamp(d.FirstFailure))
+	row("last failure", stamp(d.LastFailure))
+	row("submitted", stamp(d.Submitted))
+	row("origin", d.Origin)
+	row("dead-lettered by", d.Node)
+	row("size", fmt.Sprintf("%d bytes", d.Size))
+	if d.Opened {
+		row("readable", "yes: this node can open it (a replay can send it again)")
+	} else {
+		row("readable", "no: "+d.Why)
+	}
+	for _, k := range slices.Sorted(maps.Keys(d.Headers)) {
+		row("header", k+": "+d.Headers[k])
+	}
+	for _, k := range slices.Sorted(maps.Keys(d.Content)) {
+		row("content header", k+": "+d.Content[k])
+	}
+	_ = tw.Flush()
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Local().Format(time.RFC3339)
+}
+
+// oneLine keeps the first line of s, at most n bytes.
+func oneLine(s string, n int) string {
+	s, _, _ = strings.Cut(s, "\n")
+	if len(s) > n {
+		s = s[:n] + "..."
+	}
+	return s
+}
