@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -43,6 +44,7 @@ type scaleResult struct {
 	killed        time.Duration // median time to notice a killed peer (largest size only)
 	killedMax     time.Duration
 	heartbeatWndw time.Duration // the heartbeat window a hung peer is judged by
+	brokerMemPer  float64       // mean memory of a system queue on the broker (the queue's process, as the management API reports it)
 }
 
 // BenchmarkDiscoveryAtScale runs a real node (embedded NATS server,
@@ -60,12 +62,14 @@ type scaleResult struct {
 //   - killed: how long until the node marks a killed peer gone (the peer
 //     stops and the broker drops its queue, as when its process dies);
 //   - mem: the growth of the process's live heap while the node learned
-//     its peers, per peer (the simulation's own state was built before).
+//     its peers, per peer (the simulation's own state was built before);
+//     and the mean memory of a system queue on the broker in the steady
+//     state, as the management API reports it.
 //
 // It prints, per size n:
 //
 //	BENCH discovery-<n> view_ms=<ms> deliveries_per_s=<mesh> per_node_per_s=<per node> broker_deliveries_per_s=<mesh> heartbeat_s=<interval>
-//	BENCH discovery-1000 killed_noticed_ms=<median> max_ms=<max> heartbeat_window_s=<s> mem_per_peer_bytes=<bytes>
+//	BENCH discovery-1000 killed_noticed_ms=<median> max_ms=<max> heartbeat_window_s=<s> mem_per_peer_bytes=<bytes> broker_mem_per_system_queue_bytes=<bytes>
 //
 // Targets at 1,000: view under 500 ms, at most 10,000 deliveries/s for
 // the whole mesh, per node no more than at 200, a killed peer noticed
@@ -83,8 +87,8 @@ func BenchmarkDiscoveryAtScale(b *testing.B) {
 			res.n, ms(res.view), res.meshPerSec, res.meshPerSec/float64(res.n+1), res.brokerPerSec, res.heartbeat.Seconds())
 	}
 	last := results[len(results)-1]
-	fmt.Printf("BENCH discovery-%d killed_noticed_ms=%.0f max_ms=%.0f heartbeat_window_s=%.0f mem_per_peer_bytes=%.0f\n",
-		last.n, ms(last.killed), ms(last.killedMax), last.heartbeatWndw.Seconds(), last.memPerPeer)
+	fmt.Printf("BENCH discovery-%d killed_noticed_ms=%.0f max_ms=%.0f heartbeat_window_s=%.0f mem_per_peer_bytes=%.0f broker_mem_per_system_queue_bytes=%.0f\n",
+		last.n, ms(last.killed), ms(last.killedMax), last.heartbeatWndw.Seconds(), last.memPerPeer, last.brokerMemPer)
 	first := results[0]
 	if last.view > 500*time.Millisecond {
 		b.Logf("view of %d peers took %v: above the 500 ms target", last.n, last.view)
@@ -99,11 +103,16 @@ func BenchmarkDiscoveryAtScale(b *testing.B) {
 
 func measureScale(b *testing.B, r *meshtest.Rabbit, n int, kills bool) scaleResult {
 	b.Helper()
+	began := time.Now()
+	step := func(what string) { // progress on stderr: the benchmark's log comes only at its end
+		fmt.Fprintf(os.Stderr, "discovery-%d: %s after %v\n", n, what, time.Since(began).Round(time.Millisecond))
+	}
 	amqpURL := r.Vhost(b)
 	res := scaleResult{n: n, heartbeat: node.HeartbeatIntervalFor(n+1, node.DefaultHeartbeatInterval, node.DefaultHeartbeatBudget)}
 	res.heartbeatWndw = time.Duration(node.DefaultMissedHeartbeats) * res.heartbeat
 	sims := startSimMesh(b, amqpURL, n, n+1)
 	defer sims.close(b)
+	step("simulated peers started")
 
 	var nodeIn atomic.Int64
 	var times []time.Duration
@@ -127,6 +136,7 @@ func measureScale(b *testing.B, r *meshtest.Rabbit, n int, kills bool) scaleResu
 		res.memPerPeer = float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(n)
 	}
 	res.view = medianDuration(times)
+	step(fmt.Sprintf("joined %d times", len(times)))
 
 	// Steady state: let the join's answers drain, then count.
 	time.Sleep(2 * time.Second)
@@ -146,6 +156,8 @@ func measureScale(b *testing.B, r *meshtest.Rabbit, n int, kills bool) scaleResu
 		res.brokerPerSec = float64(b1-b0) / t1.Sub(t0).Seconds()
 	}
 
+	res.brokerMemPer = queueMemory(b, r, vhost)
+	step("steady state counted")
 	if !kills {
 		return res
 	}
@@ -162,6 +174,7 @@ func measureScale(b *testing.B, r *meshtest.Rabbit, n int, kills bool) scaleResu
 			time.Sleep(time.Millisecond)
 		}
 		noticed = append(noticed, time.Since(killed))
+		step("killed peer noticed")
 	}
 	res.killedMax = slicesMax(noticed)
 	res.killed = medianDuration(noticed)
@@ -302,4 +315,38 @@ func brokerDeliveries(b *testing.B, r *meshtest.Rabbit, vhost string, prev int64
 	}
 	b.Fatalf("the broker's delivery statistics did not move in 30s")
 	return 0, time.Time{}
+}
+
+// queueMemory returns the mean memory of the queues of vhost, as the
+// management API reports it (the queue processes' memory).
+func queueMemory(b *testing.B, r *meshtest.Rabbit, vhost string) float64 {
+	b.Helper()
+	req, err := http.NewRequest(http.MethodGet, r.ManagementURL()+"/api/queues/"+url.PathEscape(vhost)+"?columns=name,memory", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	req.SetBasicAuth("guest", "guest")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var qs []struct {
+		Name   string `json:"name"`
+		Memory int64  `json:"memory"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&qs); err != nil {
+		b.Fatalf("broker queues: %v", err)
+	}
+	var sum, n int64
+	for _, q := range qs {
+		if strings.HasSuffix(q.Name, ".system") {
+			sum += q.Memory
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return float64(sum) / float64(n)
 }
