@@ -38,7 +38,12 @@ func (m *Manager) run(ctx context.Context, retrySoon bool) {
 		retry.Stop()
 	}
 	defer retry.Stop()
-	refresh := time.NewTimer(m.cfg.RefreshInterval)
+	// The refresh is jittered too: nodes that came back together do not
+	// refresh together ever after.
+	refreshDelay := func() time.Duration {
+		return m.cfg.RefreshInterval - rand.N(m.cfg.RefreshInterval/5+1)
+	}
+	refresh := time.NewTimer(refreshDelay())
 	defer refresh.Stop()
 	// spread is the random wait between a notification and its reload;
 	// notifications during the wait join it (the reload reads the newest).
@@ -87,7 +92,7 @@ func (m *Manager) run(ctx context.Context, retrySoon bool) {
 		}
 		failures = 0
 		retry.Stop()
-		refresh.Reset(m.cfg.RefreshInterval)
+		refresh.Reset(refreshDelay())
 	}
 }
 

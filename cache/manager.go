@@ -71,7 +71,9 @@ type ManagerConfig struct {
 	RetryInterval    time.Duration
 	MaxRetryInterval time.Duration
 	// RefreshInterval is how often bindings are re-read while connected, a
-	// safety net under notifications (default 1m).
+	// safety net under notifications (default 1m, less up to a fifth at
+	// random, so nodes do not refresh in step; with a RevisionSource a
+	// refresh that finds the revision unchanged reads one row).
 	RefreshInterval time.Duration
 	// MaxNotifyDelay bounds the random wait between a change notification
 	// and the reload it causes (default 1s). Every node of the mesh is
