@@ -158,9 +158,13 @@ type DedupeConfig struct {
 
 // MeshConfig is the discovery part of the configuration.
 type MeshConfig struct {
-	// DiscoveryInterval is how often the node asks its peers what they host.
+	// DiscoveryInterval is how often the node probes its neighbours on
+	// the ring of peers through the broker: a peer whose connection is
+	// gone is noticed within about this interval.
 	DiscoveryInterval Duration `json:"discovery_interval"`
-	// HeartbeatInterval is how often the node tells its peers it is alive.
+	// HeartbeatInterval is how often the node tells its peers it is alive
+	// while the mesh is small; past about 150 nodes the interval grows so
+	// the mesh's heartbeats stay within a fixed broker load.
 	HeartbeatInterval Duration `json:"heartbeat_interval"`
 	// MissedHeartbeats is how many heartbeats a peer may miss before it is
 	// marked gone.
@@ -203,7 +207,7 @@ func DefaultConfig() Config {
 			StallAfter:       Duration(5 * time.Minute),
 		},
 		Mesh: MeshConfig{
-			DiscoveryInterval: Duration(30 * time.Second),
+			DiscoveryInterval: Duration(5 * time.Second),
 			HeartbeatInterval: Duration(5 * time.Second),
 			MissedHeartbeats:  3,
 		},

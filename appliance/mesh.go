@@ -2,6 +2,7 @@ package appliance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"path/filepath"
@@ -171,6 +172,7 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 		DiscoveryInterval: a.cfg.Mesh.DiscoveryInterval.D(),
 		HeartbeatInterval: a.cfg.Mesh.HeartbeatInterval.D(),
 		MissedHeartbeats:  a.cfg.Mesh.MissedHeartbeats,
+		NoRoute:           func(err error) bool { return errors.Is(err, bridge.ErrNoRoute) },
 		Logger:            a.logger,
 		Registerer:        a.registry,
 	})

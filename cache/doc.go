@@ -17,6 +17,21 @@
 // Running from cache is never invisible: the source, revision and age of the
 // bindings are in Status, in the metrics and in the log.
 //
+// # Many nodes, one database
+//
+// Every node of the mesh is notified of every change at the same moment.
+// So that they do not all read the database at that instant, a node waits
+// a random part of NotifyDelayPerNode (1 ms) × the node records in its
+// bindings before it reloads, at most ManagerConfig.MaxNotifyDelay (1 s):
+// a handful of nodes still act within milliseconds, 1,000 spread over a
+// second. Notifications during the wait join the reload. A Source that is
+// also a RevisionSource is asked for the revision alone first: when it is
+// the revision the node runs (a reconnect of the listening connection, a
+// notification already caught up with, the periodic refresh, itself
+// jittered), the full load is skipped. The load itself still reads every
+// node record: reading only the rows changed since a revision would need
+// a change log the schema does not keep.
+//
 // # Upgrades
 //
 // The cache file records its format (internal/boltfile): an older file is

@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -37,8 +38,19 @@ func (m *Manager) run(ctx context.Context, retrySoon bool) {
 		retry.Stop()
 	}
 	defer retry.Stop()
-	refresh := time.NewTimer(m.cfg.RefreshInterval)
+	// The refresh is jittered too: nodes that came back together do not
+	// refresh together ever after.
+	refreshDelay := func() time.Duration {
+		return m.cfg.RefreshInterval - rand.N(m.cfg.RefreshInterval/5+1)
+	}
+	refresh := time.NewTimer(refreshDelay())
 	defer refresh.Stop()
+	// spread is the random wait between a notification and its reload;
+	// notifications during the wait join it (the reload reads the newest).
+	spread := time.NewTimer(0)
+	spread.Stop()
+	defer spread.Stop()
+	spreading := false
 	stale := time.NewTimer(0)
 	defer stale.Stop()
 	m.resetAgeTimer(stale)
@@ -54,6 +66,16 @@ func (m *Manager) run(ctx context.Context, retrySoon bool) {
 			m.resetAgeTimer(stale)
 			continue
 		case <-m.kick:
+			if spreading {
+				continue
+			}
+			if d := m.notifyDelay(); d > 0 {
+				spreading = true
+				spread.Reset(d)
+				continue
+			}
+		case <-spread.C:
+			spreading = false
 		case <-retry.C:
 		case <-refresh.C:
 		}
@@ -70,15 +92,36 @@ func (m *Manager) run(ctx context.Context, retrySoon bool) {
 		}
 		failures = 0
 		retry.Stop()
-		refresh.Reset(m.cfg.RefreshInterval)
+		refresh.Reset(refreshDelay())
 	}
 }
 
-// reload loads from the source and applies the result.
+// notifyDelay is a random wait in [0, spread), where the spread grows
+// with the node records in the bindings in use (NotifyDelayPerNode each)
+// up to MaxNotifyDelay.
+func (m *Manager) notifyDelay() time.Duration {
+	m.mu.Lock()
+	nodes := len(m.cur.Bindings.Nodes)
+	m.mu.Unlock()
+	spread := min(time.Duration(nodes)*NotifyDelayPerNode, m.cfg.MaxNotifyDelay)
+	if spread <= 0 {
+		return 0
+	}
+	return rand.N(spread)
+}
+
+// reload loads from the source and applies the result. When the source
+// can read the revision alone and it is the one already live from the
+// database, the load is skipped: the bindings are confirmed as they are.
 func (m *Manager) reload(ctx context.Context) error {
 	lctx, cancel := context.WithTimeout(ctx, m.cfg.LoadTimeout)
+	defer cancel()
+	if snap, ok := m.sameRevision(lctx); ok {
+		m.metrics.revisionChecks.Inc()
+		m.apply(snap)
+		return nil
+	}
 	snap, err := m.cfg.Source.Load(lctx, m.cfg.Node)
-	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
 			m.metrics.loadErrors.Inc()
@@ -88,6 +131,28 @@ func (m *Manager) reload(ctx context.Context) error {
 	}
 	m.apply(snap)
 	return nil
+}
+
+// sameRevision reads the revision alone (RevisionSource) and, when it is
+// the revision of the bindings live from the database, returns them
+// confirmed now. Any error means "load": the load reports it.
+func (m *Manager) sameRevision(ctx context.Context) (Snapshot, bool) {
+	rs, ok := m.cfg.Source.(RevisionSource)
+	if !ok {
+		return Snapshot{}, false
+	}
+	m.mu.Lock()
+	cur, live := m.cur, m.have && m.source == SourceDB && m.db == DBConnected
+	m.mu.Unlock()
+	if !live {
+		return Snapshot{}, false
+	}
+	rev, err := rs.Revision(ctx)
+	if err != nil || rev != cur.Revision {
+		return Snapshot{}, false
+	}
+	cur.FetchedAt = time.Now().UTC()
+	return cur, true
 }
 
 // setDisconnected records a failed load or a lost connection; it logs only

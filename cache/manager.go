@@ -24,6 +24,10 @@ const (
 	DefaultRetryInterval    = time.Second
 	DefaultMaxRetryInterval = 30 * time.Second
 	DefaultRefreshInterval  = time.Minute
+	DefaultMaxNotifyDelay   = time.Second
+	// NotifyDelayPerNode is how much of the spread after a notification
+	// each node record of the mesh adds (see ManagerConfig.MaxNotifyDelay).
+	NotifyDelayPerNode = time.Millisecond
 )
 
 // Source is where bindings come from: the mesh database (cache/meshdb).
@@ -37,6 +41,17 @@ type Source interface {
 	// or a connection attempt fails; it reconnects by itself. Both callbacks
 	// must return quickly.
 	Watch(ctx context.Context, changed func(), lost func(error)) error
+}
+
+// RevisionSource is a Source that can read the mesh revision alone, far
+// more cheaply than a Load. The Manager uses it, when the Source has it,
+// to skip a Load that would find the revision it already runs: a
+// notification it already caught up with, a reconnect of the listening
+// connection, the periodic refresh.
+type RevisionSource interface {
+	Source
+	// Revision returns the mesh revision. It honours ctx's deadline.
+	Revision(ctx context.Context) (int64, error)
 }
 
 // ManagerConfig configures a Manager.
@@ -56,8 +71,18 @@ type ManagerConfig struct {
 	RetryInterval    time.Duration
 	MaxRetryInterval time.Duration
 	// RefreshInterval is how often bindings are re-read while connected, a
-	// safety net under notifications (default 1m).
+	// safety net under notifications (default 1m, less up to a fifth at
+	// random, so nodes do not refresh in step; with a RevisionSource a
+	// refresh that finds the revision unchanged reads one row).
 	RefreshInterval time.Duration
+	// MaxNotifyDelay bounds the random wait between a change notification
+	// and the reload it causes (default 1s). Every node of the mesh is
+	// notified of the same change at once; waiting a random part of
+	// NotifyDelayPerNode × the node records in the bindings, but at most
+	// this, spreads their reloads, so a small mesh still reloads within
+	// milliseconds and 1,000 nodes spread over a second. Negative: never
+	// wait.
+	MaxNotifyDelay time.Duration
 	// MaxAge raises a warning when the bindings in use have not been
 	// confirmed by the database for longer (0 = never).
 	MaxAge time.Duration
@@ -150,6 +175,12 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 	}
 	if cfg.MaxRetryInterval < cfg.RetryInterval {
 		cfg.MaxRetryInterval = cfg.RetryInterval
+	}
+	switch {
+	case cfg.MaxNotifyDelay == 0:
+		cfg.MaxNotifyDelay = DefaultMaxNotifyDelay
+	case cfg.MaxNotifyDelay < 0:
+		cfg.MaxNotifyDelay = 0
 	}
 	if cfg.MaxAge < 0 {
 		return nil, fmt.Errorf("%w: max age must not be negative", ErrConfig)

@@ -20,6 +20,9 @@ type managerMetrics struct {
 	loadErrors  prometheus.Counter
 	cacheErrors prometheus.Counter
 	quarantined prometheus.Counter
+	// revisionChecks counts reloads that read the revision alone and found
+	// the bindings current (RevisionSource).
+	revisionChecks prometheus.Counter
 }
 
 func newManagerMetrics(m *Manager) *managerMetrics {
@@ -57,12 +60,14 @@ func newManagerMetrics(m *Manager) *managerMetrics {
 			Help: "Failed writes to the bindings cache."}),
 		quarantined: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshbox_cache_quarantined_total",
 			Help: "Damaged cache files set aside."}),
+		revisionChecks: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshbox_bindings_revision_checks_total",
+			Help: "Reloads skipped because the mesh revision alone showed the bindings current."}),
 	}
 }
 
 func (mm *managerMetrics) register(r prometheus.Registerer) error {
 	for _, c := range []prometheus.Collector{mm.revision, mm.age, mm.source, mm.dbUp, mm.stale,
-		mm.divergences, mm.changes, mm.loadErrors, mm.cacheErrors, mm.quarantined} {
+		mm.divergences, mm.changes, mm.loadErrors, mm.cacheErrors, mm.quarantined, mm.revisionChecks} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -122,6 +122,9 @@ func newManagerEnv(tb testing.TB, withDB bool, maxAge time.Duration) *managerEnv
 	cfg := ManagerConfig{
 		Node: "n1", Store: e.store, MaxAge: maxAge,
 		Logger: slog.New(slog.NewTextHandler(e.logs, nil)), Metrics: e.reg,
+		// These tests are about what a reload does; the wait before it
+		// has its own tests (spread_test.go).
+		MaxNotifyDelay: -1,
 	}
 	if withDB {
 		cfg.Source = e.src

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -55,11 +56,23 @@ type Config struct {
 	// runs on the node's effects goroutine and must not block for long.
 	OnLocalChange func(capabilities, stages []string)
 
-	// DiscoveryInterval is how often the node asks every peer what it
-	// hosts (default 30s).
+	// DiscoveryInterval is how often the node probes its successors on
+	// the ring of peers, asking the broker whether they are still
+	// connected (default 5s, jittered). A peer whose connection closed is
+	// noticed within about this interval.
 	DiscoveryInterval time.Duration
-	// HeartbeatInterval is how often the node says it is alive (default 5s).
+	// HeartbeatInterval is how often the node says it is alive while the
+	// mesh is small (default 5s); see HeartbeatBudget.
 	HeartbeatInterval time.Duration
+	// HeartbeatBudget is the broker deliveries per second the broadcast
+	// heartbeats of the whole mesh may cost (default 5000). Once the mesh
+	// is large enough for HeartbeatInterval to exceed it, the interval
+	// grows with the square of the mesh size (HeartbeatIntervalFor).
+	HeartbeatBudget float64
+	// NoRoute, when set, reports whether an error of Link.SendSystem
+	// means the broker had no route to the addressee (it is not
+	// connected). Without it, only silence makes a peer gone.
+	NoRoute func(error) bool
 	// MissedHeartbeats is how many heartbeat intervals a peer may stay
 	// silent before it is marked gone (default 3).
 	MissedHeartbeats int
@@ -79,9 +92,10 @@ type Config struct {
 
 // Default values of Config.
 const (
-	DefaultDiscoveryInterval = 30 * time.Second
+	DefaultDiscoveryInterval = 5 * time.Second
 	DefaultHeartbeatInterval = 5 * time.Second
 	DefaultMissedHeartbeats  = 3
+	DefaultHeartbeatBudget   = 5000
 	DefaultPublishTimeout    = 2 * time.Second
 	DefaultGoneRetention     = 24 * time.Hour
 	maxPeers                 = 4096
@@ -122,6 +136,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MissedHeartbeats < 0 || c.MissedHeartbeats > 100 {
 		return c, &ConfigError{Field: "MissedHeartbeats", Msg: "out of range 1..100"}
+	}
+	if c.HeartbeatBudget < 0 || math.IsNaN(c.HeartbeatBudget) || math.IsInf(c.HeartbeatBudget, 0) {
+		return c, &ConfigError{Field: "HeartbeatBudget", Msg: "must be a positive number of deliveries per second"}
+	}
+	if c.HeartbeatBudget == 0 {
+		c.HeartbeatBudget = DefaultHeartbeatBudget
 	}
 	if c.MissedHeartbeats == 0 {
 		c.MissedHeartbeats = DefaultMissedHeartbeats

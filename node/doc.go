@@ -21,8 +21,11 @@
 // Each peer is in one of three states:
 //
 //   - up: a message from it arrived within the heartbeat window
-//     (MissedHeartbeats × the peer's heartbeat interval);
-//   - gone: it said bye, or it stayed silent for the whole window;
+//     (MissedHeartbeats × the peer's heartbeat interval), and the broker
+//     still routes to it;
+//   - gone: it said bye, it stayed silent for the whole window, or the
+//     broker had no route to it (its connection, and with it its system
+//     queue, is gone);
 //   - expected-but-absent: the bindings' node records (SetExpected) name
 //     it, and it was never heard from.
 //
@@ -42,10 +45,13 @@
 // away for this node as much as for its peers, so silence is not held
 // against peers. The node does not poll the link: it tries again at its
 // next heartbeat, and at once when the appliance reports the link
-// connected (LinkUp). When publishing works again every peer gets a fresh
-// window and the node sends hello and query again. So a node started
-// before its link connects discovers as soon as the connection is up, and
-// a standalone node (no broker) wakes only for its heartbeats.
+// connected (LinkUp), and at each probe interval. When publishing works
+// again every peer gets a fresh window and the node sends hello and query
+// again. So a node started before its link connects discovers as soon as
+// the connection is up, and a standalone node (no broker) wakes only for
+// its heartbeats and probe intervals. A reconnect between two messages
+// (LinkUp while publishing works) sends a hello: peers that probed the
+// node while its queue was gone hold it gone until they hear from it.
 //
 // # Protocol
 //
@@ -57,29 +63,87 @@
 // that node alone. The bridge hands both to HandleSystem with the key
 // <type> and the origin node it read from the message's properties.
 //
-//	type       sent as        meaning
-//	hello      broadcast      the sender joined; carries its host record
-//	query      broadcast      every node: answer the sender with an info
-//	query      to one node    that node: answer the sender with an info
-//	info       to one node    the sender's host record, answering a query
-//	update     broadcast      the sender's host record changed
-//	heartbeat  broadcast      the sender is alive; carries its record's hash
-//	bye        broadcast      the sender leaves cleanly
+//	type       sent as        v  meaning
+//	hello      broadcast      1  the sender joined; carries its host record
+//	query      broadcast      1  every node: answer the sender with an info (at start only)
+//	query      to one node    1  that node: answer the sender with an info
+//	info       to one node    1  the sender's host record, answering a query
+//	update     broadcast      1  the sender's host record changed
+//	heartbeat  broadcast      1  the sender is alive; carries its record's hash
+//	bye        broadcast      1  the sender leaves cleanly
+//	ping       to one node    2  a probe: is the addressee still connected? (no answer)
+//	gone       broadcast      2  the sender's probe found peer's system queue gone
 //
-// A node sends hello and a broadcast query at Start, a heartbeat every
-// HeartbeatInterval (5 s), a broadcast query every DiscoveryInterval
-// (30 s), an update as soon as SetLocal reports a change, and bye at
-// Close. It answers every query with an info. When a heartbeat's hash
-// differs from the record it holds for the sender, or it hears from a
-// node whose record it lacks, it asks that node alone (an addressed
-// query), so a lost update heals within one heartbeat.
+// A node sends hello and a broadcast query at Start (and when publishing
+// works again after it failed), an update as soon as SetLocal reports a
+// change, a heartbeat every heartbeat interval, a probe of its ring
+// successors every DiscoveryInterval, and bye at Close. There is no
+// periodic broadcast query: the hash in every heartbeat heals a lost
+// update. When a heartbeat's hash differs from the record the node holds
+// for the sender, or it hears from a node whose record it lacks, it asks
+// that node alone (an addressed query), so a lost update heals within one
+// of the sender's heartbeat intervals. Every periodic message is jittered:
+// it goes out after a random 80–100% of its interval.
+//
+// # Liveness at scale
+//
+// Every broadcast reaches every node, so a mesh of n nodes whose
+// heartbeats come every interval I costs the broker n²/I deliveries a
+// second: at 1,000 nodes and 5 s, 200,000 a second, more than one broker
+// carries. So the interval grows with the mesh: a node sends heartbeats
+// every HeartbeatInterval (5 s) while the mesh's heartbeats stay within
+// HeartbeatBudget (5,000 deliveries a second), and beyond that every
+// n²/(0.9 × HeartbeatBudget) (HeartbeatIntervalFor, n counting the nodes
+// it sees up, itself included): 5 s up to about 150 nodes, 8.9 s at 200,
+// 222 s at 1,000, the protocol's limit of an hour from about 4,000. The
+// whole mesh's heartbeats then cost at most the budget, and a node's
+// share (budget/n) falls as the mesh grows. Each heartbeat announces the
+// interval (heartbeat_ms) before the node keeps it: the next heartbeat
+// comes within the interval the last one announced, so a peer judging its
+// silence by that interval is never misled while it changes.
+//
+// A heartbeat window of 3 × 222 s is too long to notice a killed peer, so
+// liveness has a second, cheap source: the broker itself. A node's system
+// queue is exclusive to its connection, so the broker drops it when the
+// connection goes (at once when the process dies and the kernel closes
+// its socket; after the broker's AMQP heartbeat timeout when the machine
+// vanishes). Every DiscoveryInterval (5 s, jittered) each node probes its
+// two successors on the ring of up peers sorted by name with a ping,
+// published mandatory: if the broker has no route (Config.NoRoute says
+// which errors mean that), the addressee is gone, and the node marks it
+// gone and broadcasts a gone message. A gone message is a claim, not a
+// verdict: each receiver probes the named peer itself and marks it gone
+// only on its own "no route", so no node can make others drop a live
+// peer. A probe that comes back unroutable after the peer spoke again
+// (it reconnected meanwhile) is ignored. The cost is two pings per node
+// per probe interval (2n/4.5 deliveries a second for the mesh, 0.44 per
+// node) plus, per killed peer, one gone broadcast (n deliveries) and n
+// unroutable pings (no deliveries).
+//
+// So a killed peer is noticed within one probe interval (5 s; about 2.5 s
+// on average) whatever the mesh size; a peer that hangs with its
+// connection open is noticed within its heartbeat window (3 × its
+// interval: 15 s up to 150 nodes, 11 minutes at 1,000). Once a peer is
+// gone, calls addressed to it fail at once (Link.MarkGone) and its
+// capabilities are routed elsewhere; before that a call to it is bounded
+// by its deadline, as every request is.
+//
+// Mixed versions: a message's "v" is the lowest protocol version that
+// understands it, so a version 2 node sends every version 1 type as
+// version 1 (with "proto": 2, which version 1 ignores) and a version 1
+// node keeps understanding it; it refuses ping and gone clearly (counted
+// as rejected, reason version). A version 2 node understands version 1
+// messages; a peer that does not say "proto" speaks version 1 and is
+// probed with an addressed query instead of a ping (the broker's routing
+// answers the probe either way). A version 1 node still sends its
+// periodic broadcast query, and a version 2 node answers it.
 //
 // Every message is one JSON object (at most 256 KiB):
 //
-//	v             int       protocol version, 1
-//	type          string    hello | query | info | update | heartbeat | bye
+//	v             int       the lowest protocol version that understands it: 1, or 2 for ping and gone
+//	type          string    hello | query | info | update | heartbeat | bye | ping | gone
 //	node          string    the sender's mesh name
-//	to            string    the addressee (info always, query when addressed)
+//	to            string    the addressee (info and ping always, query when addressed)
 //	started_at    time      when the sender's process started (RFC 3339)
 //	seq           uint      per-process sequence number of the message
 //	version       string    meshbox version (hello, info, update, heartbeat)
@@ -88,8 +152,11 @@
 //	stages        []string  command stages handled (hello, info, update)
 //	hash          string    HostHash of capabilities and stages
 //	heartbeat_ms  int       the sender's heartbeat interval, milliseconds
+//	proto         int       the highest protocol version the sender speaks (absent: 1)
+//	peer          string    the peer a gone message names
 //
 // The receiver judges the sender's silence by the sender's heartbeat_ms.
+// A node accepts v from MinProtocolVersion to ProtocolVersion (1 and 2).
 // A different started_at from the same node is a restart; an older one is
 // a late message and is dropped, as is a record-carrying message with a
 // lower seq than the record held, and anything from a run that said bye.
@@ -116,13 +183,15 @@
 //
 // A Node owns three goroutines, started by Start and ended by Close:
 //
-//   - the loop expires silent peers and queues heartbeats and queries when they are due; between rounds it sleeps until the
-//     next deadline (a heartbeat, a query, a peer's window, a
-//     gone peer's retention), and a change of the view wakes it to
-//     recompute, so an idle node wakes only for its own heartbeats;
+//   - the loop expires silent peers and queues heartbeats and probes
+//     when they are due; between rounds it sleeps until the next
+//     deadline (a heartbeat, a probe, a peer's window, a gone peer's
+//     retention), and a change of the view wakes it to recompute, so an
+//     idle node wakes only for its own heartbeats and probes;
 //   - the sender publishes queued messages one at a time, each bounded by
 //     PublishTimeout, building each body when it is sent (the queue holds
-//     at most one pending message per type and addressee);
+//     at most one pending message per type and addressee); an addressed
+//     message the broker could not route marks its addressee gone;
 //   - the effects goroutine is the only caller of Link.MarkGone,
 //     Link.SetRoutes and Config.OnLocalChange, and sets
 //     the gauges; it applies the latest view whenever it changed, so

@@ -60,6 +60,7 @@ type fakeLink struct {
 	cut       bool  // PublishSystem drops messages silently (the process is "dead")
 	dropTypes map[string]bool
 	sent      []string // routing keys as the bridge forms them: sys.<type>, to.<node>.sys.<type>
+	bodies    [][]byte // the bodies sent, in the same order
 	routes    map[string][]string
 	routeSets int
 	gone      map[string]time.Time
@@ -98,6 +99,7 @@ func (l *fakeLink) send(ctx context.Context, to, key string, body []byte) error 
 		rk = "to." + to + ".sys." + key
 	}
 	l.sent = append(l.sent, rk)
+	l.bodies = append(l.bodies, body)
 	drop := l.cut || l.dropTypes[key]
 	if l.notify != nil {
 		select {
@@ -213,7 +215,8 @@ func (h *harness) node(name string, mod func(*Config), subjects ...string) *test
 		Name:              name,
 		Version:           "1.0.0-test",
 		Link:              link,
-		DiscoveryInterval: 30 * time.Second,
+		DiscoveryInterval: 5 * time.Second,
+		NoRoute:           func(err error) bool { return errors.Is(err, errNoRoute) },
 		HeartbeatInterval: 5 * time.Second,
 		MissedHeartbeats:  3,
 		Logger:            slog.New(slog.NewTextHandler(tbWriter{h.t}, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test_node", name),

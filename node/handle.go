@@ -21,7 +21,7 @@ func (n *Node) handleLocked(m *Message) {
 		}
 		return
 	}
-	if m.Type == TypeQuery && m.To != "" && m.To != n.cfg.Name {
+	if (m.Type == TypeQuery || m.Type == TypePing) && m.To != "" && m.To != n.cfg.Name {
 		return // a question for another node; an info for another is still a true record
 	}
 	p := n.peers[m.Node]
@@ -55,9 +55,10 @@ func (n *Node) handleLocked(m *Message) {
 	if m.Version != "" {
 		p.version = m.Version
 	}
-	if m.Type != TypeQuery && m.Type != TypeBye {
+	if m.Type == TypeHello || m.Type == TypeInfo || m.Type == TypeUpdate || m.Type == TypeHeartbeat {
 		p.revision = m.Revision
 	}
+	p.proto = max(m.Proto, 1) // a version 1 node does not say
 	if m.HeartbeatMS > 0 {
 		if iv := time.Duration(m.HeartbeatMS) * time.Millisecond; iv != p.interval {
 			p.interval = iv
@@ -88,6 +89,16 @@ func (n *Node) handleLocked(m *Message) {
 		}
 	case TypeQuery:
 		n.enqueueLocked(intent{typ: TypeInfo, to: p.name})
+		if !p.hasRecord {
+			n.enqueueLocked(intent{typ: TypeQuery, to: p.name})
+		}
+	case TypePing:
+		// The broker routed it here, which is all the sender asked.
+		if !p.hasRecord {
+			n.enqueueLocked(intent{typ: TypeQuery, to: p.name})
+		}
+	case TypeGone:
+		n.verifyGoneLocked(m.Peer)
 		if !p.hasRecord {
 			n.enqueueLocked(intent{typ: TypeQuery, to: p.name})
 		}
@@ -199,21 +210,23 @@ func added(a, b []string) []string {
 func (n *Node) buildLocked(it intent) []byte {
 	n.seq++
 	m := Message{
-		V:         ProtocolVersion,
+		V:         typeVersion(it.typ),
 		Type:      it.typ,
 		Node:      n.cfg.Name,
 		To:        it.to,
 		StartedAt: n.cfg.StartedAt,
 		Seq:       n.seq,
+		Proto:     ProtocolVersion,
+		Peer:      it.peer,
 	}
 	switch it.typ {
 	case TypeHello, TypeInfo, TypeUpdate:
 		m.Version, m.Revision = n.cfg.Version, n.revision
 		m.Capabilities, m.Stages, m.Hash = n.local.caps, n.local.stages, n.local.hash
-		m.HeartbeatMS = n.cfg.HeartbeatInterval.Milliseconds()
+		m.HeartbeatMS = n.hbInterval.Milliseconds()
 	case TypeHeartbeat:
 		m.Version, m.Revision, m.Hash = n.cfg.Version, n.revision, n.local.hash
-		m.HeartbeatMS = n.cfg.HeartbeatInterval.Milliseconds()
+		m.HeartbeatMS = n.hbInterval.Milliseconds()
 	}
 	body, err := EncodeMessage(&m)
 	if err != nil {

@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -51,7 +52,9 @@ type meshNode struct {
 	hosted []string // the subjects its programs host, as the appliance's watcher would report them
 }
 
-func startMeshNode(t *testing.T, url, name string) *meshNode {
+// startMeshNode starts node name on the broker at url; mods may change its
+// node config.
+func startMeshNode(t *testing.T, url, name string, mods ...func(*node.Config)) *meshNode {
 	t.Helper()
 	srv := natstest.Start(t)
 	mn := &meshNode{name: name, srv: srv}
@@ -77,7 +80,7 @@ func startMeshNode(t *testing.T, url, name string) *meshNode {
 	if err := mn.bridge.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	mn.node, err = node.New(node.Config{
+	cfg := node.Config{
 		Name:              name,
 		Version:           "test",
 		Link:              mn.bridge,
@@ -85,8 +88,13 @@ func startMeshNode(t *testing.T, url, name string) *meshNode {
 		DiscoveryInterval: 5 * time.Second,
 		HeartbeatInterval: itHeartbeat,
 		MissedHeartbeats:  itMissed,
+		NoRoute:           func(err error) bool { return errors.Is(err, bridge.ErrNoRoute) },
 		Logger:            logger,
-	})
+	}
+	for _, mod := range mods {
+		mod(&cfg)
+	}
+	mn.node, err = node.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,6 +291,46 @@ func TestDiscoveryOverTheBroker(t *testing.T) {
 	if s := peerState(a.node, "D"); s != node.StateAbsent {
 		t.Fatalf("D: got %q, want %s", s, node.StateAbsent)
 	}
+}
+
+// A killed node's system queue goes with its connection: its ring
+// predecessors' next probe gets "no route" from the real broker, and
+// every node marks it gone within the probe interval, whatever its
+// heartbeat window.
+func TestKilledPeerNoticedThroughTheBroker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs RabbitMQ")
+	}
+	url := meshtest.RabbitMQ(t).Vhost(t)
+	const probe = 500 * time.Millisecond
+	slow := func(c *node.Config) { c.HeartbeatInterval, c.DiscoveryInterval = time.Minute, probe }
+	a := startMeshNode(t, url, "A", slow)
+	b := startMeshNode(t, url, "B", slow)
+	c := startMeshNode(t, url, "C", slow)
+	eventually(t, 5*time.Second, "every node sees the others", func() error {
+		for _, n := range []*meshNode{a, b, c} {
+			if len(n.node.Peers()) != 2 {
+				return fmt.Errorf("%s: peers %+v", n.name, n.node.Peers())
+			}
+		}
+		return nil
+	})
+	c.kill()
+	killed := time.Now()
+	for _, n := range []*meshNode{a, b} {
+		eventually(t, 2*probe+time.Second, n.name+" marks C gone", func() error {
+			for _, p := range n.node.Peers() {
+				if p.Name == "C" && p.State == node.StateGone {
+					if p.Reason != "not connected to the broker" {
+						t.Fatalf("%s: C gone for %q, want the broker's no route", n.name, p.Reason)
+					}
+					return nil
+				}
+			}
+			return fmt.Errorf("peers %+v", n.node.Peers())
+		})
+	}
+	t.Logf("C marked gone by A and B %v after it was killed (heartbeat window 3m)", time.Since(killed).Round(time.Millisecond))
 }
 
 // tbWriter sends log lines to tb.Log.

@@ -21,13 +21,20 @@ func (n *Node) SetLocal(subjects []string) {
 // LinkUp says the link to the broker has just connected (after a start, a
 // reconnect or a resource alarm). While publishing fails the node does not
 // poll the link; this is how it learns to try again: a heartbeat goes out
-// at once, and when it gets through, hello and query follow. Safe to call
-// at any time; ignored before Start and after Close.
+// at once, and when it gets through, hello and query follow. When no
+// publish failed (a reconnect between two messages), a hello goes out: the
+// node's system queue was gone for a moment, and a peer that probed it
+// then holds it gone. Safe to call at any time; ignored before Start and
+// after Close.
 func (n *Node) LinkUp() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.closed || !n.started || !n.linkDown {
+	if n.closed || !n.started {
 		return
 	}
-	n.enqueueLocked(intent{typ: TypeHeartbeat})
+	if n.linkDown {
+		n.enqueueLocked(intent{typ: TypeHeartbeat})
+	} else if n.everSent {
+		n.enqueueLocked(intent{typ: TypeHello})
+	}
 }

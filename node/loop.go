@@ -11,7 +11,7 @@ import (
 // The node's goroutines: the loop that sleeps until the next deadline, the
 // sender, and the effects applier.
 
-// loop sends heartbeats and queries when they are due and expires silent
+// loop sends heartbeats and probes when they are due and expires silent
 // peers. Between rounds it sleeps until the next deadline (see tick), or
 // until a change of the view may have brought one closer (wakeLoop), so an
 // idle node wakes only for its heartbeats. It exits when ctx is done.
@@ -38,18 +38,22 @@ func (n *Node) tick() time.Duration {
 	now := time.Now()
 	n.expireLocked(now)
 	if !now.Before(n.nextHeartbeat) {
+		// The interval is announced in this heartbeat (heartbeat_ms) and
+		// the next one comes within it, so peers always judge this node's
+		// silence by an interval it keeps.
+		n.hbInterval = n.heartbeatIntervalLocked()
 		n.enqueueLocked(intent{typ: TypeHeartbeat})
-		n.nextHeartbeat = now.Add(n.cfg.HeartbeatInterval)
+		n.nextHeartbeat = now.Add(jittered(n.hbInterval))
 	}
-	if !now.Before(n.nextQuery) {
-		n.enqueueLocked(intent{typ: TypeQuery})
-		n.nextQuery = now.Add(n.cfg.DiscoveryInterval)
+	if !now.Before(n.nextProbe) {
+		n.probeRingLocked()
+		n.nextProbe = now.Add(jittered(n.cfg.DiscoveryInterval))
 	}
 	return max(n.nextDeadlineLocked().Sub(now), 0)
 }
 
 // nextDeadlineLocked is the earliest moment the loop has something to do:
-// a heartbeat, a query, a peer's
+// a heartbeat, a probe, a peer's
 // window running out, a gone peer's retention ending, or the grace of an
 // expected peer that has not appeared. The expiry checks are strict (a
 // peer is gone once its silence is longer than the window), so their
@@ -61,7 +65,7 @@ func (n *Node) nextDeadlineLocked() time.Time {
 			next = t
 		}
 	}
-	consider(n.nextQuery)
+	consider(n.nextProbe)
 	for _, p := range n.peers {
 		switch p.state {
 		case StateUp:
@@ -157,6 +161,7 @@ func (n *Node) sender(ctx context.Context) {
 			n.mu.Unlock()
 
 			pctx, cancel := context.WithTimeout(ctx, n.cfg.PublishTimeout)
+			sentAt := time.Now()
 			var err error
 			if it.to == "" {
 				err = n.cfg.Link.PublishSystem(pctx, it.typ, body)
@@ -164,14 +169,16 @@ func (n *Node) sender(ctx context.Context) {
 				err = n.cfg.Link.SendSystem(pctx, it.to, it.typ, body)
 			}
 			cancel()
-			n.published(ctx, it, err)
+			n.published(ctx, it, sentAt, err)
 		}
 	}
 }
 
-// published records the outcome of one publish. The link is judged by
-// broadcasts only: an addressed message may fail for its addressee.
-func (n *Node) published(ctx context.Context, it intent, err error) {
+// published records the outcome of one publish, sent at sentAt. The link
+// is judged by broadcasts only: an addressed message may fail for its
+// addressee, and when the broker had no route to it (Config.NoRoute), the
+// addressee is not connected (see noRouteLocked).
+func (n *Node) published(ctx context.Context, it intent, sentAt time.Time, err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err != nil {
@@ -186,6 +193,8 @@ func (n *Node) published(ctx context.Context, it intent, err error) {
 			} else {
 				n.logger.Info("discovery waits for the broker link", "err", err)
 			}
+		} else if it.to != "" && n.cfg.NoRoute != nil && n.cfg.NoRoute(err) {
+			n.noRouteLocked(it, sentAt)
 		} else {
 			n.logger.Debug("discovery message not sent", "type", it.typ, "to", it.to, "err", err)
 		}

@@ -46,7 +46,8 @@ type Node struct {
 	pendingSet map[intent]bool
 
 	nextHeartbeat time.Time
-	nextQuery     time.Time
+	nextProbe     time.Time
+	hbInterval    time.Duration // the heartbeat interval this node announces (heartbeat_ms)
 
 	linkDown        bool      // the last broadcast publish failed
 	linkRecoveredAt time.Time // when publishing worked again
@@ -89,6 +90,7 @@ type peer struct {
 	seq       uint64 // highest message sequence seen from this run
 	revision  int64
 	interval  time.Duration // the peer's heartbeat interval; 0: ours
+	proto     int           // the highest protocol version the peer speaks (1 when it does not say)
 
 	hasRecord bool
 	record    hostRecord
@@ -97,11 +99,16 @@ type peer struct {
 	warnedAbsent bool
 }
 
-// intent is a message to send: its type and addressee. The body is built
-// when it is sent, from the state at that moment.
+// intent is a message to send: its type, addressee and, for a gone
+// message, the peer it names. The body is built when it is sent, from the
+// state at that moment. announce marks a ring probe: when the broker finds
+// no route to its addressee, the node tells the mesh (a gone message);
+// a probe that verifies someone else's gone message does not.
 type intent struct {
-	typ string
-	to  string
+	typ      string
+	to       string
+	peer     string
+	announce bool
 }
 
 // New validates cfg and returns a node that is not yet started. It
@@ -155,8 +162,9 @@ func (n *Node) Start(ctx context.Context) error {
 	}
 	n.started = true
 	now := time.Now()
-	n.nextHeartbeat = now.Add(n.cfg.HeartbeatInterval)
-	n.nextQuery = now.Add(n.cfg.DiscoveryInterval)
+	n.hbInterval = n.cfg.HeartbeatInterval
+	n.nextHeartbeat = now.Add(jittered(n.hbInterval))
+	n.nextProbe = now.Add(jittered(n.cfg.DiscoveryInterval))
 	n.enqueueLocked(intent{typ: TypeHello})
 	n.enqueueLocked(intent{typ: TypeQuery})
 	n.changedLocked()

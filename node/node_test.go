@@ -104,13 +104,16 @@ func TestJoinAndQuery(t *testing.T) {
 	})
 }
 
-func TestPeriodicQueryFindsPeerThatMissedStart(t *testing.T) {
+// There is no periodic broadcast query: a peer whose answers were lost at
+// start is asked again, alone, as soon as the node hears from it (here its
+// ring probe).
+func TestPeerThatMissedStartIsAskedWhenHeard(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
 		a := h.node("A", nil)
 		b := h.node("B", nil, "cap.beta")
-		// Nothing B says reaches A until A asks again on its schedule.
-		for _, typ := range []string{"hello", "heartbeat", "info", "query"} {
+		// Nothing B says reaches A until it is let through.
+		for _, typ := range []string{"hello", "heartbeat", "info", "query", "ping"} {
 			b.link.setDrop(typ, true)
 		}
 		h.start(b)
@@ -120,11 +123,15 @@ func TestPeriodicQueryFindsPeerThatMissedStart(t *testing.T) {
 			t.Fatalf("A knows B before B answered: %+v", a.peer(t, "B"))
 		}
 		b.link.setDrop("info", false)
-		h.advance(6 * time.Second) // the scheduled queries at 30s
+		b.link.setDrop("ping", false)
+		h.advance(5 * time.Second) // B's next probe of A, its ring successor
 		if got := a.peer(t, "B"); got.State != StateUp || !slices.Equal(got.Capabilities, []string{"beta"}) {
-			t.Fatalf("after the scheduled query: got %+v, want B up with [beta]", got)
+			t.Fatalf("after hearing from B: got %+v, want B up with [beta]", got)
 		}
 		wantRoutes(t, a, map[string][]string{"beta": {"B"}})
+		if !slices.Contains(a.link.sentKeys(), "to.B.sys.query") {
+			t.Fatalf("A sent %v, want an addressed query to B", a.link.sentKeys())
+		}
 	})
 }
 
@@ -444,7 +451,8 @@ func TestBadWireInputIsDroppedAndCounted(t *testing.T) {
 			{"hello", "", []byte("not json"), "malformed"},
 			{"hello", "", nil, "malformed"},
 			{"hello", "", make([]byte, MaxMessageBytes+1), "too_large"},
-			{"hello", "", good(Message{V: 2, Type: TypeHello, Node: "X", StartedAt: now}), "version"},
+			{"hello", "", good(Message{V: 3, Type: TypeHello, Node: "X", StartedAt: now}), "version"},
+			{"ping", "", good(Message{V: 1, Type: TypePing, Node: "X", To: "A", StartedAt: now}), "unknown_type"},
 			{"shout", "", good(Message{V: 1, Type: "shout", Node: "X", StartedAt: now}), "unknown_type"},
 			{"hello", "", good(Message{V: 1, Type: TypeHello, Node: "X Y", StartedAt: now}), "bad_name"},
 			{"hello", "Z", good(Message{V: 1, Type: TypeHello, Node: "X", StartedAt: now}), "origin_mismatch"},
@@ -578,7 +586,7 @@ func TestConfigValidation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.cfg.DiscoveryInterval != 30*time.Second || n.cfg.HeartbeatInterval != 5*time.Second || n.cfg.MissedHeartbeats != 3 {
+	if n.cfg.DiscoveryInterval != 5*time.Second || n.cfg.HeartbeatBudget != 5000 || n.cfg.HeartbeatInterval != 5*time.Second || n.cfg.MissedHeartbeats != 3 {
 		t.Fatalf("defaults: got %+v", n.cfg)
 	}
 }

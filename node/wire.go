@@ -13,9 +13,16 @@ import (
 	"github.com/meshbox/meshbox/internal/names"
 )
 
-// ProtocolVersion is the discovery protocol version this package speaks
-// (the "v" field of every message).
-const ProtocolVersion = 1
+// Discovery protocol versions. A message's "v" is the lowest version a
+// receiver must speak to understand it, so a message every version
+// understands goes out as version 1 and an older node keeps understanding
+// it; "proto" says the highest version the sender speaks. A node accepts
+// every version from MinProtocolVersion to ProtocolVersion and rejects
+// anything else clearly (ErrVersion).
+const (
+	ProtocolVersion    = 2 // the highest version this package speaks
+	MinProtocolVersion = 1 // the lowest version it still understands
+)
 
 // Limits on discovery messages. A message beyond them is rejected whole.
 const (
@@ -26,6 +33,7 @@ const (
 	MaxCapNameLen     = names.MaxDotted // capability and stage names (see package names)
 	MaxVersionLen     = 64              // the "version" string
 	MaxHashLen        = 64              // the "hash" string (hex)
+	maxProto          = 1000            // the highest "proto" accepted (a later version than ours is fine)
 	minHeartbeatMS    = 10
 	maxHeartbeatMS    = 3600 * 1000
 	capSubjectPrefix  = "cap."
@@ -40,7 +48,19 @@ const (
 	TypeUpdate    = "update"    // the sender's capabilities or stages changed
 	TypeHeartbeat = "heartbeat" // the sender is alive; carries the record's hash
 	TypeBye       = "bye"       // the sender leaves cleanly
+	TypePing      = "ping"      // version 2, addressed: is the addressee still connected?
+	TypeGone      = "gone"      // version 2: the sender found peer's system queue gone
 )
+
+// typeVersion is the protocol version that introduced message type t: the
+// "v" a message of that type is sent with.
+func typeVersion(t string) int {
+	switch t {
+	case TypePing, TypeGone:
+		return 2
+	}
+	return 1
+}
 
 // Message is one discovery message: the JSON body of a system message the
 // bridge carries with the message type as its key. The same struct serves
@@ -58,6 +78,8 @@ type Message struct {
 	Stages       []string  `json:"stages,omitempty"`
 	Hash         string    `json:"hash,omitempty"`
 	HeartbeatMS  int64     `json:"heartbeat_ms,omitempty"`
+	Proto        int       `json:"proto,omitempty"`
+	Peer         string    `json:"peer,omitempty"`
 }
 
 // carriesRecord reports whether messages of type t carry a full host
@@ -87,13 +109,19 @@ func DecodeMessage(key string, body []byte, origin string) (*Message, error) {
 	if dec.More() {
 		return nil, wireErr(ErrMalformed, "", "more than one JSON value")
 	}
-	if m.V != ProtocolVersion {
-		return nil, wireErr(ErrVersion, "v", "got %d, want %d", m.V, ProtocolVersion)
+	if m.V < MinProtocolVersion || m.V > ProtocolVersion {
+		return nil, wireErr(ErrVersion, "v", "got %d, want %d..%d", m.V, MinProtocolVersion, ProtocolVersion)
 	}
 	switch m.Type {
-	case TypeHello, TypeQuery, TypeInfo, TypeUpdate, TypeHeartbeat, TypeBye:
+	case TypeHello, TypeQuery, TypeInfo, TypeUpdate, TypeHeartbeat, TypeBye, TypePing, TypeGone:
+		if m.V < typeVersion(m.Type) {
+			return nil, wireErr(ErrUnknownType, "type", "%s is not a version %d message", m.Type, m.V)
+		}
 	default:
 		return nil, wireErr(ErrUnknownType, "type", "%.32q", m.Type)
+	}
+	if m.Proto != 0 && (m.Proto < m.V || m.Proto > maxProto) {
+		return nil, wireErr(ErrBadField, "proto", "%d out of range %d..%d", m.Proto, m.V, maxProto)
 	}
 	if err := names.Node(m.Node); err != nil {
 		return nil, wireErr(ErrBadName, "node", "%v", err)
@@ -106,11 +134,21 @@ func DecodeMessage(key string, body []byte, origin string) (*Message, error) {
 			return nil, wireErr(ErrBadName, "to", "%v", err)
 		}
 	}
-	if m.Type == TypeInfo && m.To == "" {
-		return nil, wireErr(ErrBadField, "to", "an info message must be addressed")
+	if (m.Type == TypeInfo || m.Type == TypePing) && m.To == "" {
+		return nil, wireErr(ErrBadField, "to", "a %s message must be addressed", m.Type)
 	}
-	if m.To != "" && m.Type != TypeInfo && m.Type != TypeQuery {
+	if m.To != "" && m.Type != TypeInfo && m.Type != TypeQuery && m.Type != TypePing {
 		return nil, wireErr(ErrBadField, "to", "a %s message is never addressed", m.Type)
+	}
+	switch {
+	case m.Type == TypeGone && m.Peer == "":
+		return nil, wireErr(ErrBadField, "peer", "a gone message names the peer")
+	case m.Type != TypeGone && m.Peer != "":
+		return nil, wireErr(ErrBadField, "peer", "a %s message names no peer", m.Type)
+	case m.Peer != "":
+		if err := names.Node(m.Peer); err != nil {
+			return nil, wireErr(ErrBadName, "peer", "%v", err)
+		}
 	}
 	if key != m.Type {
 		return nil, wireErr(ErrKeyMismatch, "", "key %.80q for a %s message", key, m.Type)

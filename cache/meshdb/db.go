@@ -75,7 +75,7 @@ type DB struct {
 	relisten chan struct{}
 }
 
-var _ cache.Source = (*DB)(nil)
+var _ cache.RevisionSource = (*DB)(nil)
 
 // Open prepares a connection pool for the database at rawURL
 // (postgres://...). It does not connect: a database that is down is found
@@ -276,7 +276,8 @@ func (db *DB) checkSchema(ctx context.Context, q interface {
 	return nil
 }
 
-// Revision returns the current mesh revision.
+// Revision returns the current mesh revision: one row, where Load reads
+// every node record. It implements cache.RevisionSource.
 func (db *DB) Revision(ctx context.Context) (int64, error) {
 	var rev int64
 	err := db.pool.QueryRow(ctx, "SELECT revision FROM mesh_revision").Scan(&rev)

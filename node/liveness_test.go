@@ -1,0 +1,358 @@
+package node
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// countKeys counts the messages with routing key key that l sent.
+func countKeys(l *fakeLink, key string) int {
+	n := 0
+	for _, k := range l.sentKeys() {
+		if k == key {
+			n++
+		}
+	}
+	return n
+}
+
+// No node asks the whole mesh on a schedule: the one broadcast query is
+// the one at start, however long the mesh runs.
+func TestNoPeriodicBroadcastQuery(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil, "cap.a")
+		b := h.node("B", nil, "cap.b")
+		c := h.node("C", nil, "cap.c")
+		h.start(a, b, c)
+		h.advance(10 * time.Minute)
+		for _, n := range []*testNode{a, b, c} {
+			if got := countKeys(n.link, "sys.query"); got != 1 {
+				t.Errorf("%s sent %d broadcast queries in 10 minutes, want 1 (at start)", n.cfg.Name, got)
+			}
+			if got := countKeys(n.link, "sys.info"); got != 0 {
+				t.Errorf("%s broadcast %d infos, want none", n.cfg.Name, got)
+			}
+		}
+		wantRoutes(t, a, map[string][]string{"b": {"B"}, "c": {"C"}})
+	})
+}
+
+// A heartbeat whose hash matches asks nothing; one whose hash differs
+// asks that peer alone.
+func TestHashMismatchAsksThatPeerAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		b := h.node("B", nil, "cap.one")
+		c := h.node("C", nil, "cap.c")
+		h.start(a, b, c)
+		h.advance(time.Minute)
+		if got := countKeys(a.link, "to.B.sys.query") + countKeys(a.link, "to.C.sys.query"); got != 0 {
+			t.Fatalf("A sent %d addressed queries while every hash matched, want 0", got)
+		}
+		b.link.setDrop("update", true)
+		b.setLocal("cap.one", "cap.two")
+		h.settle()
+		h.advance(5 * time.Second) // B's next heartbeat carries the new hash
+		if got := countKeys(a.link, "to.B.sys.query"); got != 1 {
+			t.Fatalf("A sent %d addressed queries to B, want 1", got)
+		}
+		if got := countKeys(a.link, "to.C.sys.query") + countKeys(a.link, "sys.query"); got != 1 {
+			t.Fatalf("A asked C or the mesh %d times beyond its start query, want none", got-1)
+		}
+		wantRoutes(t, a, map[string][]string{"one": {"B"}, "two": {"B"}, "c": {"C"}})
+	})
+}
+
+// A peer whose broker connection is gone (its system queue went with it)
+// is noticed by its ring predecessors' probes within one probe interval,
+// and by every node once they checked the predecessors' gone message with
+// a probe of their own — long before its heartbeat window ends.
+func TestKilledPeerNoticedByProbes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		slow := func(c *Config) { c.HeartbeatInterval = time.Minute } // window: 3 minutes
+		var nodes []*testNode
+		for _, name := range []string{"A", "B", "C", "D", "E", "F"} {
+			nodes = append(nodes, h.node(name, slow, "cap."+strings.ToLower(name)))
+		}
+		h.start(nodes...)
+		h.advance(2 * time.Minute)
+		d := nodes[3]
+		d.link.setCut(true) // killed: says nothing more...
+		h.remove(d)         // ...and the broker dropped its queue
+		killed := time.Now()
+		h.advance(5 * time.Second) // one probe interval (jittered: at most 5s)
+		for _, n := range nodes {
+			if n == d {
+				continue
+			}
+			p := wantState(t, n, "D", StateGone)
+			if p.Reason != reasonNotConnected {
+				t.Errorf("%s: D gone for %q, want %q", n.cfg.Name, p.Reason, reasonNotConnected)
+			}
+			if took := p.Since.Sub(killed); took > 5*time.Second {
+				t.Errorf("%s noticed D after %v, want within the probe interval 5s", n.cfg.Name, took)
+			}
+			if _, ok := n.link.Gone()["D"]; !ok {
+				t.Errorf("%s's link does not mark D gone", n.cfg.Name)
+			}
+		}
+		// Only D's ring predecessors (B and C) told the mesh.
+		announced := 0
+		for _, n := range nodes {
+			announced += countKeys(n.link, "sys.gone")
+		}
+		if announced < 1 || announced > probeFanout {
+			t.Fatalf("gone messages sent: %d, want 1..%d", announced, probeFanout)
+		}
+	})
+}
+
+// A gone message is a claim, not a verdict: each node checks it with its
+// own probe, and a peer the broker still routes to stays up.
+func TestGoneClaimIsChecked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		b := h.node("B", nil, "cap.b")
+		h.start(a, b)
+		at := time.Now()
+		a.HandleSystem(TypeGone, good(Message{V: 2, Type: TypeGone, Node: "X", Peer: "B", StartedAt: at, Proto: 2}), "X")
+		h.settle()
+		wantState(t, a, "B", StateUp)
+		if got := countKeys(a.link, "to.B.sys.ping"); got < 1 {
+			t.Fatalf("A did not probe B to check the claim: sent %v", a.link.sentKeys())
+		}
+		// The same claim about a peer that is really gone holds.
+		h.remove(b)
+		b.link.setCut(true)
+		a.HandleSystem(TypeGone, good(Message{V: 2, Type: TypeGone, Node: "X", Peer: "B", StartedAt: at, Proto: 2}), "X")
+		h.settle()
+		wantState(t, a, "B", StateGone)
+		if got := countKeys(a.link, "sys.gone"); got != 0 {
+			t.Fatalf("A repeated a gone message it only checked: %d sent", got)
+		}
+	})
+}
+
+// A peer that hangs while its connection stays open is routed to, so the
+// probes see nothing; its silence makes it gone within the heartbeat
+// window.
+func TestHungPeerNoticedWithinWindow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		b := h.node("B", nil, "cap.b")
+		h.start(a, b)
+		h.advance(time.Minute)
+		last := a.peer(t, "B").LastSeen
+		b.link.setCut(true)
+		h.advance(15 * time.Second)
+		p := wantState(t, a, "B", StateGone)
+		if took := p.Since.Sub(last); took > 15*time.Second+time.Millisecond {
+			t.Fatalf("B gone %v after its last message, want within the window 15s", took)
+		}
+	})
+}
+
+// A peer that reconnects between two probes is not held gone: a probe
+// answered with "no route" after the peer spoke again changes nothing.
+func TestNoRouteAfterPeerSpokeIsIgnored(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		b := h.node("B", nil, "cap.b")
+		h.start(a, b)
+		a.mu.Lock()
+		sent := time.Now()
+		a.peers["B"].lastSeen = sent.Add(time.Millisecond)
+		a.noRouteLocked(intent{typ: TypePing, to: "B", announce: true}, sent)
+		a.mu.Unlock()
+		h.settle()
+		wantState(t, a, "B", StateUp)
+	})
+}
+
+func TestJitterBounds(t *testing.T) {
+	const d = 10 * time.Second
+	lo, hi := d, time.Duration(0)
+	for range 10000 {
+		j := jittered(d)
+		if j < time.Duration(float64(d)*(1-jitterFraction)) || j > d {
+			t.Fatalf("jittered(%v) = %v, want within [%v, %v]", d, j, time.Duration(float64(d)*(1-jitterFraction)), d)
+		}
+		lo, hi = min(lo, j), max(hi, j)
+	}
+	if hi-lo < d/10 {
+		t.Fatalf("jittered(%v) spans only %v..%v: not spread", d, lo, hi)
+	}
+}
+
+// Every periodic message is jittered: the gaps between a node's
+// heartbeats and between its probes vary, and none is longer than the
+// interval it announced.
+func TestPeriodicMessagesAreJittered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		b := h.node("B", nil)
+		a.link.notify = make(chan struct{}, 1)
+		h.start(a, b)
+		times := map[string][]time.Time{}
+		seen := 0
+		for range 600 { // 10 minutes in steps of a second
+			h.advance(time.Second)
+			keys := a.link.sentKeys()
+			for _, k := range keys[seen:] {
+				times[k] = append(times[k], time.Now())
+			}
+			seen = len(keys)
+		}
+		for _, key := range []string{"sys.heartbeat", "to.B.sys.ping"} {
+			ts := times[key]
+			if len(ts) < 100 {
+				t.Fatalf("%s sent %d times in 10 minutes, want over 100", key, len(ts))
+			}
+			var gaps []time.Duration
+			for i := 1; i < len(ts); i++ {
+				gaps = append(gaps, ts[i].Sub(ts[i-1]))
+			}
+			lo, hi := slices.Min(gaps), slices.Max(gaps)
+			if lo < 3*time.Second || hi > 6*time.Second || lo == hi {
+				t.Fatalf("%s gaps %v..%v (seconds, rounded up): want varied, within 4s..5s", key, lo, hi)
+			}
+		}
+	})
+}
+
+func TestHeartbeatIntervalFor(t *testing.T) {
+	base := 5 * time.Second
+	tests := []struct {
+		nodes int
+		want  time.Duration
+	}{
+		{1, base},
+		{10, base},
+		{100, base},
+		{150, base},                       // 150²/4500 = 5s: the base still holds
+		{200, 8889 * time.Millisecond},    // 200²/4500
+		{1000, 222223 * time.Millisecond}, // 1000²/4500
+		{10000, maxHeartbeatMS * time.Millisecond}, // the protocol's limit
+	}
+	for _, tt := range tests {
+		if got := HeartbeatIntervalFor(tt.nodes, base, DefaultHeartbeatBudget); got != tt.want {
+			t.Errorf("HeartbeatIntervalFor(%d): got %v, want %v", tt.nodes, got, tt.want)
+		}
+	}
+	// Whole-mesh heartbeat deliveries stay within the budget, and a node's
+	// share does not grow with the mesh.
+	perNode := func(n int) float64 {
+		return float64(n) / (HeartbeatIntervalFor(n, base, DefaultHeartbeatBudget).Seconds() * (1 - jitterFraction/2))
+	}
+	for _, n := range []int{200, 500, 1000, 3000} {
+		if total := perNode(n) * float64(n); total > DefaultHeartbeatBudget*1.001 {
+			t.Errorf("%d nodes: %.0f heartbeat deliveries/s, budget %d", n, total, DefaultHeartbeatBudget)
+		}
+	}
+	if perNode(1000) > perNode(200) {
+		t.Errorf("per node: %.1f/s at 1000 nodes, %.1f/s at 200: want no more", perNode(1000), perNode(200))
+	}
+}
+
+// The heartbeat interval grows with the mesh, and since a node announces
+// an interval before it keeps it, no peer is held gone while it grows.
+func TestGrowingIntervalNeverMisleadsPeers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		tiny := func(c *Config) { c.HeartbeatBudget = 1 } // 6 nodes: 36/0.9 = 40s
+		var nodes []*testNode
+		for i := range 6 {
+			nodes = append(nodes, h.node(fmt.Sprintf("N%d", i), tiny))
+		}
+		h.start(nodes[0], nodes[1])
+		h.advance(30 * time.Second)
+		h.start(nodes[2:]...)
+		for range 20 {
+			h.advance(30 * time.Second)
+			for _, n := range nodes {
+				for _, p := range n.Peers() {
+					if p.State != StateUp {
+						t.Fatalf("%s holds %s %s (%s) while the intervals grow", n.cfg.Name, p.Name, p.State, p.Reason)
+					}
+				}
+			}
+		}
+		n := nodes[0]
+		n.mu.Lock()
+		iv := n.hbInterval
+		n.mu.Unlock()
+		if want := HeartbeatIntervalFor(6, 5*time.Second, 1); iv != want {
+			t.Fatalf("heartbeat interval with 6 nodes: got %v, want %v", iv, want)
+		}
+	})
+}
+
+// A version 1 node keeps understanding a version 2 node: every message of
+// a version 1 type goes out as version 1; only ping and gone are version 2,
+// and a version 1 peer is probed with an addressed query instead of a
+// ping.
+func TestMixedVersions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil, "cap.a")
+		b := h.node("B", nil, "cap.b")
+		h.start(a, b)
+		// O speaks version 1: no proto, no ping. It is not on the fake mesh,
+		// so what A sends it is not routed; A only learns of it here.
+		at := time.Now()
+		a.HandleSystem(TypeHello, good(Message{V: 1, Type: TypeHello, Node: "O", StartedAt: at, Seq: 1,
+			Capabilities: []string{"old"}, HeartbeatMS: 5000}), "O")
+		h.settle()
+		if got := a.peer(t, "O"); got.State != StateUp || !slices.Equal(got.Capabilities, []string{"old"}) {
+			t.Fatalf("A's view of a version 1 node: got %+v", got)
+		}
+		a.mu.Lock()
+		probe := a.probeIntentLocked(a.peers["O"], true)
+		probeB := a.probeIntentLocked(a.peers["B"], true)
+		a.mu.Unlock()
+		if probe.typ != TypeQuery || probeB.typ != TypePing {
+			t.Fatalf("probes: version 1 peer %q, version 2 peer %q; want query and ping", probe.typ, probeB.typ)
+		}
+		h.advance(time.Minute)
+		a.link.mu.Lock()
+		bodies := slices.Clone(a.link.bodies)
+		a.link.mu.Unlock()
+		for _, body := range bodies {
+			var m struct {
+				V     int    `json:"v"`
+				Type  string `json:"type"`
+				Proto int    `json:"proto"`
+			}
+			if err := json.Unmarshal(body, &m); err != nil {
+				t.Fatal(err)
+			}
+			if m.V != typeVersion(m.Type) || m.Proto != ProtocolVersion {
+				t.Fatalf("A sent %s as v%d proto %d; want v%d proto %d", m.Type, m.V, m.Proto, typeVersion(m.Type), ProtocolVersion)
+			}
+			if m.Type != TypePing && m.Type != TypeGone && m.V != 1 {
+				t.Fatalf("A sent a %s a version 1 node cannot read: %s", m.Type, body)
+			}
+		}
+	})
+}
+
+// good encodes m for HandleSystem.
+func good(m Message) []byte {
+	body, err := EncodeMessage(&m)
+	if err != nil {
+		panic(err)
+	}
+	return body
+}
