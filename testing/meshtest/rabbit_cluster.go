@@ -44,6 +44,45 @@ func NewRabbitCluster(tb testing.TB) *RabbitCluster {
 	return c
 }
 
+// SharedRabbitCluster returns the cluster shared by the tests of this
+// package, starting it on first use; Main destroys it. A test that stops
+// or kills a node calls Restore (in its Cleanup, say) so that the next
+// test finds every node running. If the first start failed, every caller
+// fails with the same error.
+func SharedRabbitCluster(tb testing.TB) *RabbitCluster {
+	tb.Helper()
+	shared.clusterMu.Lock()
+	defer shared.clusterMu.Unlock()
+	if shared.cluster == nil && shared.clusterE == nil {
+		start := time.Now()
+		c, err := newRabbitCluster()
+		if err != nil {
+			shared.clusterE = err
+		} else {
+			shared.cluster = c
+			tb.Logf("meshtest: shared RabbitMQ cluster of %d nodes (%s) ready in %v", len(c.nodes), strings.Join(c.names(), ", "), time.Since(start).Round(time.Millisecond))
+		}
+	}
+	if shared.clusterE != nil {
+		tb.Fatalf("meshtest: shared RabbitMQ cluster failed to start: %v", shared.clusterE)
+	}
+	return shared.cluster
+}
+
+// Restore starts every node that was stopped or killed and waits until
+// the cluster lists them all as running.
+func (c *RabbitCluster) Restore(tb testing.TB) {
+	tb.Helper()
+	for i, r := range c.nodes {
+		if !r.running() {
+			c.Start(tb, i)
+		}
+	}
+	if err := c.waitMembers(); err != nil {
+		tb.Fatalf("meshtest: restore RabbitMQ cluster: %v", err)
+	}
+}
+
 func newRabbitCluster() (*RabbitCluster, error) {
 	cookie := rand.Text() // the nodes' shared Erlang cookie
 	c := &RabbitCluster{}
@@ -293,6 +332,7 @@ func (c *RabbitCluster) Kill(tb testing.TB, i int) {
 // (its data says which one) and waits until it accepts connections.
 func (c *RabbitCluster) Start(tb testing.TB, i int) {
 	tb.Helper()
+	tb.Logf("meshtest: starting cluster node %d (%s)", i, c.nodes[i].node)
 	c.nodes[i].Start(tb)
 }
 
