@@ -157,12 +157,7 @@ func (s *session) setup() error {
 		{"binding " + replyQueue(node), func() error {
 			return ch.QueueBind(replyQueue(node), replyKey(node), nodeExchange(node), false, nil)
 		}},
-		{"queue " + eventQueue(node), func() error {
-			_, err := ch.QueueDeclare(eventQueue(node), true, false, false, false,
-				amqp.Table{"x-expires": eventQueueExpiry.Milliseconds()})
-			return err
-		}},
-		{"binding " + eventQueue(node), func() error { return ch.QueueBind(eventQueue(node), "evt.#", exchangeMesh, false, nil) }},
+		{"queue " + eventQueue(node), func() error { return s.declareEvents(&ch) }},
 		{"queue " + systemQueue(node), func() error {
 			_, err := ch.QueueDeclare(systemQueue(node), false, true, true, false, nil)
 			return err
@@ -264,11 +259,10 @@ func (s *session) syncStages(decl **amqp.Channel) {
 // exists with other arguments is used as it is.
 func (s *session) declareStage(decl **amqp.Channel, stage string) error {
 	q := stageQueue(stage)
-	args := amqp.Table{
-		"x-queue-type":           "quorum",
+	args := s.quorumArgs(amqp.Table{
 		"x-delivery-limit":       int64(stageDeliveryLimit),
 		"x-dead-letter-exchange": exchangeDLX,
-	}
+	}, s.sizedQuorum())
 	_, err := (*decl).QueueDeclare(q, true, false, false, false, args)
 	var ae *amqp.Error
 	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
