@@ -38,10 +38,15 @@ func (s *session) setup() error {
 	// own may not declare them, only find them. A mesh run on one
 	// credential (a test broker, guest) has no admin: the first node
 	// declares them.
+	// The dead letter queue is not needed to carry traffic: a node whose
+	// broker cannot reach it (an older mesh's classic queue, its broker
+	// node down: 404) goes on without it; dead letters wait for it in
+	// mesh.dlx's binding or are dropped by the broker meanwhile.
 	shared := []struct {
-		what    string
-		passive func(*amqp.Channel) error
-		declare func(*amqp.Channel) error
+		what     string
+		passive  func(*amqp.Channel) error
+		declare  func(*amqp.Channel) error
+		optional bool
 	}{
 		{"exchange " + exchangeMesh,
 			func(c *amqp.Channel) error {
@@ -49,25 +54,25 @@ func (s *session) setup() error {
 			},
 			func(c *amqp.Channel) error {
 				return c.ExchangeDeclare(exchangeMesh, "topic", true, false, false, false, nil)
-			}},
+			}, false},
 		{"exchange " + exchangeDLX,
 			func(c *amqp.Channel) error {
 				return c.ExchangeDeclarePassive(exchangeDLX, "topic", true, false, false, false, nil)
 			},
 			func(c *amqp.Channel) error {
 				return c.ExchangeDeclare(exchangeDLX, "topic", true, false, false, false, nil)
-			}},
+			}, false},
 		{"queue " + queueDead,
 			func(c *amqp.Channel) error {
 				_, err := c.QueueDeclarePassive(queueDead, true, false, false, false, nil)
 				return err
 			},
 			func(c *amqp.Channel) error {
-				if _, err := c.QueueDeclare(queueDead, true, false, false, false, nil); err != nil {
+				if _, err := c.QueueDeclare(queueDead, true, false, false, false, s.quorumArgs(amqp.Table{}, s.sizedQuorum())); err != nil {
 					return err
 				}
 				return c.QueueBind(queueDead, "#", exchangeDLX, false, nil)
-			}},
+			}, true},
 		{"exchange " + nodeExchange(node),
 			func(c *amqp.Channel) error {
 				return c.ExchangeDeclarePassive(nodeExchange(node), "topic", true, false, false, false, nil)
@@ -77,7 +82,7 @@ func (s *session) setup() error {
 					return err
 				}
 				return c.ExchangeBind(nodeExchange(node), NodeBindingKey(node), exchangeMesh, false, nil)
-			}},
+			}, false},
 	}
 	for _, st := range shared {
 		err := st.passive(ch)
@@ -89,6 +94,15 @@ func (s *session) setup() error {
 				return fmt.Errorf("open channel: %w", err)
 			}
 			err = st.declare(ch)
+		}
+		if err != nil && st.optional {
+			s.b.log.Warn("cannot declare "+st.what+"; going on without it", "err", err)
+			if ch.IsClosed() {
+				if ch, err = s.conConn.Channel(); err != nil {
+					return fmt.Errorf("open channel: %w", err)
+				}
+			}
+			continue
 		}
 		if err != nil {
 			return fmt.Errorf("declare %s: %w", st.what, err)
