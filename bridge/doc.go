@@ -196,6 +196,8 @@
 //     command look like a retry), which is the attempt number.
 //   - Exchange mesh.dlx (topic) and queue mesh.dead: dead letters, with
 //     Meshbox-Dead-Reason, Meshbox-Dead-Node and Meshbox-Dead-Queue headers.
+//     mesh.dead is a quorum queue (an older mesh's classic one is kept); a
+//     node whose broker cannot reach it goes on without it.
 //
 // The topology is declared again on every connection.
 //

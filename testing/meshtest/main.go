@@ -37,14 +37,6 @@ func stopShared() error {
 		shared.rabbit = nil
 	}
 	shared.rabbitMu.Unlock()
-	shared.clusterMu.Lock()
-	if shared.cluster != nil {
-		if err := shared.cluster.destroy(); err != nil {
-			errs = append(errs, fmt.Errorf("stop shared RabbitMQ cluster: %w", err))
-		}
-		shared.cluster = nil
-	}
-	shared.clusterMu.Unlock()
 	shared.pgMu.Lock()
 	if shared.pg != nil {
 		if err := shared.pg.destroy(); err != nil {

@@ -82,10 +82,6 @@ var shared struct {
 	rabbit   *Rabbit
 	rabbitE  error // first start failed: every caller fails with it
 
-	clusterMu sync.Mutex
-	cluster   *RabbitCluster
-	clusterE  error
-
 	pgMu sync.Mutex
 	pg   *PG
 	pgE  error

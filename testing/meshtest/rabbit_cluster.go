@@ -24,6 +24,8 @@ const clusterSize = 3
 // creates, every node has. Methods must be called from the test goroutine.
 type RabbitCluster struct {
 	nodes []*Rabbit
+	// How long the start took: the nodes' parallel boot, then the joins.
+	booted, joined time.Duration
 }
 
 // NewRabbitCluster starts a three-node cluster for tb and destroys it (every
@@ -40,47 +42,9 @@ func NewRabbitCluster(tb testing.TB) *RabbitCluster {
 			tb.Errorf("meshtest: stop RabbitMQ cluster: %v", err)
 		}
 	})
-	tb.Logf("meshtest: RabbitMQ cluster of %d nodes (%s) ready in %v", len(c.nodes), strings.Join(c.names(), ", "), time.Since(start).Round(time.Millisecond))
+	tb.Logf("meshtest: RabbitMQ cluster of %d nodes (%s) ready in %v (boot %v, joins %v)", len(c.nodes), strings.Join(c.names(), ", "),
+		time.Since(start).Round(time.Millisecond), c.booted.Round(time.Millisecond), c.joined.Round(time.Millisecond))
 	return c
-}
-
-// SharedRabbitCluster returns the cluster shared by the tests of this
-// package, starting it on first use; Main destroys it. A test that stops
-// or kills a node calls Restore (in its Cleanup, say) so that the next
-// test finds every node running. If the first start failed, every caller
-// fails with the same error.
-func SharedRabbitCluster(tb testing.TB) *RabbitCluster {
-	tb.Helper()
-	shared.clusterMu.Lock()
-	defer shared.clusterMu.Unlock()
-	if shared.cluster == nil && shared.clusterE == nil {
-		start := time.Now()
-		c, err := newRabbitCluster()
-		if err != nil {
-			shared.clusterE = err
-		} else {
-			shared.cluster = c
-			tb.Logf("meshtest: shared RabbitMQ cluster of %d nodes (%s) ready in %v", len(c.nodes), strings.Join(c.names(), ", "), time.Since(start).Round(time.Millisecond))
-		}
-	}
-	if shared.clusterE != nil {
-		tb.Fatalf("meshtest: shared RabbitMQ cluster failed to start: %v", shared.clusterE)
-	}
-	return shared.cluster
-}
-
-// Restore starts every node that was stopped or killed and waits until
-// the cluster lists them all as running.
-func (c *RabbitCluster) Restore(tb testing.TB) {
-	tb.Helper()
-	for i, r := range c.nodes {
-		if !r.running() {
-			c.Start(tb, i)
-		}
-	}
-	if err := c.waitMembers(); err != nil {
-		tb.Fatalf("meshtest: restore RabbitMQ cluster: %v", err)
-	}
 }
 
 func newRabbitCluster() (*RabbitCluster, error) {
@@ -95,6 +59,7 @@ func newRabbitCluster() (*RabbitCluster, error) {
 		c.nodes = append(c.nodes, r)
 	}
 	// The nodes boot in parallel: a boot is mostly waiting on the VM.
+	start := time.Now()
 	errs := make([]error, len(c.nodes))
 	var wg sync.WaitGroup
 	for i, r := range c.nodes {
@@ -106,28 +71,42 @@ func newRabbitCluster() (*RabbitCluster, error) {
 		c.destroy()
 		return nil, err
 	}
-	// The others join the first one: their application stops, they
-	// reset and join, and their application starts again.
+	c.booted = time.Since(start)
+	// The others stop their application and join the first one, one at
+	// a time (each join changes the cluster's membership), then start
+	// their application again together.
 	first := c.nodes[0]
 	for _, r := range c.nodes[1:] {
-		if err := r.join(first.node); err != nil {
-			c.destroy()
-			return nil, fmt.Errorf("join %s to %s: %w", r.node, first.node, err)
+		for _, args := range [][]string{{"stop_app"}, {"join_cluster", first.node}} {
+			if err := r.ctl(args...); err != nil {
+				c.destroy()
+				return nil, fmt.Errorf("join %s to %s: %w", r.node, first.node, err)
+			}
 		}
+	}
+	errs = make([]error, len(c.nodes)-1)
+	for i, r := range c.nodes[1:] {
+		// Starter: exits when its node's application is up or failed.
+		wg.Go(func() { errs[i] = r.startApp() })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		c.destroy()
+		return nil, err
 	}
 	if err := c.waitMembers(); err != nil {
 		c.destroy()
 		return nil, err
 	}
+	c.joined = time.Since(start) - c.booted
 	return c, nil
 }
 
-// join makes r a member of the cluster of node seed.
-func (r *Rabbit) join(seed string) error {
-	for _, args := range [][]string{{"stop_app"}, {"join_cluster", seed}, {"start_app"}} {
-		if err := r.ctl(args...); err != nil {
-			return err
-		}
+// startApp starts the RabbitMQ application on r's running VM and waits
+// until the broker answers.
+func (r *Rabbit) startApp() error {
+	if err := r.ctl("start_app"); err != nil {
+		return err
 	}
 	deadline := time.Now().Add(rabbitReadyTimeout)
 	for {
@@ -136,7 +115,7 @@ func (r *Rabbit) join(seed string) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("not ready after joining: %w", err)
+			return fmt.Errorf("%s not ready after start_app: %w", r.node, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -274,28 +253,40 @@ func (c *RabbitCluster) Vhost(tb testing.TB) string {
 
 // QueueInfo is what the management API tells of a queue in a cluster.
 type QueueInfo struct {
-	Type     string   `json:"type"`     // classic, quorum
-	Node     string   `json:"node"`     // the leader (quorum) or home node (classic)
-	Leader   string   `json:"leader"`   // quorum queues only
-	Members  []string `json:"members"`  // quorum queues only
-	Online   []string `json:"online"`   // quorum queues only: members that run
-	Messages int      `json:"messages"` // ready and unacknowledged
+	Type      string   `json:"type"`     // classic, quorum
+	Node      string   `json:"node"`     // the leader (quorum) or home node (classic)
+	Leader    string   `json:"leader"`   // quorum queues only
+	Members   []string `json:"members"`  // quorum queues only
+	Online    []string `json:"online"`   // quorum queues only: members that run
+	Messages  int      `json:"messages"` // ready and unacknowledged
+	Consumers int      `json:"consumers"`
 	// Arguments are the queue's declared x-arguments.
 	Arguments map[string]any `json:"arguments"`
 }
 
-// Queue returns what a running node's management API knows of a queue.
+// Queue returns what a running node's management API knows of a queue,
+// failing the test if it cannot tell.
 func (c *RabbitCluster) Queue(tb testing.TB, vhost, queue string) QueueInfo {
 	tb.Helper()
-	r, err := c.running()
+	q, err := c.LookupQueue(vhost, queue)
 	if err != nil {
-		tb.Fatalf("meshtest: queue %s: %v", queue, err)
-	}
-	var q QueueInfo
-	if err := r.apiInto(http.MethodGet, "/api/queues/"+url.PathEscape(vhost)+"/"+url.PathEscape(queue), nil, &q); err != nil {
-		tb.Fatalf("meshtest: queue %s: %v", queue, err)
+		tb.Fatalf("meshtest: %v", err)
 	}
 	return q
+}
+
+// LookupQueue is Queue returning the error (for polling while nodes come
+// and go).
+func (c *RabbitCluster) LookupQueue(vhost, queue string) (QueueInfo, error) {
+	var q QueueInfo
+	r, err := c.running()
+	if err != nil {
+		return q, fmt.Errorf("queue %s: %w", queue, err)
+	}
+	if err := r.apiInto(http.MethodGet, "/api/queues/"+url.PathEscape(vhost)+"/"+url.PathEscape(queue), nil, &q); err != nil {
+		return q, fmt.Errorf("queue %s: %w", queue, err)
+	}
+	return q, nil
 }
 
 // Leader returns the index of the node that leads a quorum queue (or is a
