@@ -11,28 +11,32 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// TestClusterFaultsLoseNothing: three meshbox nodes, one on each node of
-// a three-node RabbitMQ cluster. alpha submits commands (handled by beta
-// and gamma) and events (subscribed on beta and gamma), and every node
-// calls the next one. The broker node leading the stage queue is killed
-// (SIGKILL) and later restarted, then another is stopped gracefully. No
-// acknowledged command or event may be lost, a duplicate must be marked,
-// a request during a failover must fail at once (503), never wait for its
-// deadline, and requests succeed again soon after each failover.
+// Size is how much load a fault run carries: at least Each commands and
+// Each events, submitted at about Rate per second each.
+type Size struct {
+	Each int
+	Rate float64
+}
+
+// Faults runs the fault scenario (see the package doc): three meshbox
+// nodes, one on each node of a three-node RabbitMQ cluster. alpha submits
+// commands (handled by beta and gamma) and events (subscribed on beta and
+// gamma), and every node calls the next one. The broker node leading the
+// stage queue is killed (SIGKILL) and later restarted, then another is
+// stopped gracefully. No acknowledged command or event may be lost, a
+// duplicate must be marked, a request started after the kill took effect
+// must fail at once (503), never wait for its deadline, and requests
+// succeed again soon after each failover. The figures are logged on one
+// line starting CLUSTER FIGURES.
 //
 // It is also the regression test of two queues that lived on one broker
 // node (classic queues): a node's event queue and mesh.dead. With that
 // broker node killed, a node that failed over to another one could not
-// declare them (404, home node down) and stayed offline: beta, on the
-// killed node, never connected again.
-func TestClusterFaultsLoseNothing(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
+// declare them (404, home node down) and stayed offline: the node on the
+// killed broker node never connected again.
+func Faults(t *testing.T, size Size) {
+	minEach, maxEach, rate := size.Each, 20*size.Each, size.Rate
 	const (
-		minEach        = 3000 // commands, and events
-		maxEach        = 40000
-		rate           = 100 // per second, commands and events each
 		requestTimeout = 2 * time.Second
 		atOnce         = time.Second // a failure within this is "at once"
 		// inFlightGrace: a request started this soon after the kill
@@ -179,7 +183,7 @@ func TestClusterFaultsLoseNothing(t *testing.T) {
 
 	close(stop)
 	closed = true
-	if !waitFor(3*time.Minute, func() bool { return cl.next.Load() >= minEach && el.next.Load() >= minEach }) {
+	if !waitFor(3*time.Minute, func() bool { return cl.next.Load() >= int64(minEach) && el.next.Load() >= int64(minEach) }) {
 		t.Fatal("the load did not reach its minimum")
 	}
 	close(stopCalls)
