@@ -10,7 +10,7 @@ import (
 // This file is the node's event queue (node.<n>.events): a quorum queue,
 // so that it lives on every node of a broker cluster and not only on the
 // one it was declared on, and the move of an older mesh's classic event
-// queue to it.
+// queue to it; and the arguments all of the node's quorum queues share.
 
 // quorumGroupSize is the number of replicas a quorum queue is given when
 // the broker setting names a cluster (clusterURLs URLs or more): the
@@ -24,13 +24,13 @@ const (
 // keeps filling while it is emptied.
 const legacyMoveRounds = 5
 
-// quorumArgs returns the arguments shared by the node's quorum queues
-// (stages and events): the initial group size when the broker setting
+// quorumArgs adds to args what the node's quorum queues share (stages,
+// events, dead letters): the initial group size when the broker setting
 // names a cluster of three or more nodes, nothing with fewer (RabbitMQ
 // then places a replica on every node). RabbitMQ compares the group size
 // when a queue is declared again, so withSize=false asks for the other
 // choice (see declareEvents).
-func (s *session) quorumArgs(args amqp.Table, withSize bool) amqp.Table {
+func quorumArgs(args amqp.Table, withSize bool) amqp.Table {
 	args["x-queue-type"] = "quorum"
 	if withSize {
 		args["x-quorum-initial-group-size"] = int64(quorumGroupSize)
@@ -44,7 +44,7 @@ func (s *session) sizedQuorum() bool { return s.b.link.brokers() >= clusterURLs 
 
 // eventQueueArgs returns the event queue's arguments.
 func (s *session) eventQueueArgs(withSize bool) amqp.Table {
-	return s.quorumArgs(amqp.Table{"x-expires": eventQueueExpiry.Milliseconds()}, withSize)
+	return quorumArgs(amqp.Table{"x-expires": eventQueueExpiry.Milliseconds()}, withSize)
 }
 
 // declareEvents declares the node's event queue as a quorum queue and

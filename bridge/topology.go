@@ -68,7 +68,7 @@ func (s *session) setup() error {
 				return err
 			},
 			func(c *amqp.Channel) error {
-				if _, err := c.QueueDeclare(queueDead, true, false, false, false, s.quorumArgs(amqp.Table{}, s.sizedQuorum())); err != nil {
+				if _, err := c.QueueDeclare(queueDead, true, false, false, false, quorumArgs(amqp.Table{}, s.sizedQuorum())); err != nil {
 					return err
 				}
 				return c.QueueBind(queueDead, "#", exchangeDLX, false, nil)
@@ -273,7 +273,7 @@ func (s *session) syncStages(decl **amqp.Channel) {
 // exists with other arguments is used as it is.
 func (s *session) declareStage(decl **amqp.Channel, stage string) error {
 	q := stageQueue(stage)
-	args := s.quorumArgs(amqp.Table{
+	args := quorumArgs(amqp.Table{
 		"x-delivery-limit":       int64(stageDeliveryLimit),
 		"x-dead-letter-exchange": exchangeDLX,
 	}, s.sizedQuorum())
