@@ -109,12 +109,11 @@ func Faults(t *testing.T, size Size) {
 		// Caller: exits when stopCalls is closed.
 		wg.Go(func() { cr.run(requestTimeout+3*time.Second, stopCalls) })
 	}
-	closed := false
-	defer func() {
-		if !closed {
-			close(stop)
-			close(stopCalls)
-		}
+	endLoad := sync.OnceFunc(func() { close(stop) })
+	endCalls := sync.OnceFunc(func() { close(stopCalls) })
+	defer func() { // on a failure too: the generators and callers exit
+		endLoad()
+		endCalls()
 		wg.Wait()
 	}()
 
@@ -181,12 +180,11 @@ func Faults(t *testing.T, size Size) {
 	settled(stopAt, "the graceful stop")
 	t.Logf("after the graceful stop of broker node %d: nodes on %v", victim, where())
 
-	close(stop)
-	closed = true
+	endLoad()
 	if !waitFor(3*time.Minute, func() bool { return cl.next.Load() >= int64(minEach) && el.next.Load() >= int64(minEach) }) {
 		t.Fatal("the load did not reach its minimum")
 	}
-	close(stopCalls)
+	endCalls()
 	wg.Wait()
 	end := time.Now()
 	t.Logf("load done after %s: %s; %s", end.Sub(start).Round(time.Second), cl.summary(), el.summary())
