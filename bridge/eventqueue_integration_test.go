@@ -3,6 +3,7 @@ package bridge_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,5 +77,50 @@ func TestClassicEventQueueMoved(t *testing.T) {
 		if string(m.Data) != strconv.Itoa(i) {
 			t.Fatalf("event %d at alpha is %q, want %d: in the order they were published", i, m.Data, i)
 		}
+	}
+}
+
+// TestQuorumGroupSizeFollowsBrokerList: with three broker URLs a node
+// declares its quorum queues with three replicas
+// (x-quorum-initial-group-size), with one URL without; a node whose
+// broker setting changed finds its event queue declared the other way
+// and uses it as it is, and the queues declared with three URLs carry
+// the size.
+func TestQuorumGroupSizeFollowsBrokerList(t *testing.T) {
+	vhost := testVhost(t)
+	alpha := newNode(t, "alpha", vhost, nil) // one URL: no group size
+	alpha.waitConnected(t)
+	if err := alpha.b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	list := strings.Join([]string{closedBrokerURL(t, vhost), closedBrokerURL(t, vhost), vhost}, ",")
+	again := newNode(t, "alpha", list, nil)
+	again.waitConnected(t)
+	beta := newNode(t, "beta", list, nil)
+	beta.waitConnected(t)
+
+	conn, err := amqp.Dial(vhost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	const week = int64(7 * 24 * time.Hour / time.Millisecond)
+	for _, c := range []struct {
+		queue string
+		sized bool
+	}{{"node.alpha.events", false}, {"node.beta.events", true}} {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := amqp.Table{"x-queue-type": "quorum", "x-expires": week}
+		if c.sized {
+			args["x-quorum-initial-group-size"] = int64(3)
+		}
+		if _, err := ch.QueueDeclare(c.queue, true, false, false, false, args); err != nil {
+			t.Errorf("%s: declared with group size %v: %v", c.queue, c.sized, err)
+			continue
+		}
+		ch.Close()
 	}
 }
