@@ -196,13 +196,20 @@
 //     instead of direct
 //     reply-to, because direct reply-to requires publishing on the consuming
 //     channel, and the bridge keeps publishing and consuming apart.
-//   - Queue node.<n>.events (durable, expires after 7 days unused), bound to
-//     mesh with evt.#: mesh events wait here while the node is away. The
-//     node's own events arrive here too and are dropped (no echo).
+//   - Queue node.<n>.events (durable quorum queue, expires after 7 days
+//     unused), bound to mesh with evt.#: mesh events wait here while the
+//     node is away. The node's own events arrive here too and are dropped
+//     (no echo). A quorum queue, so that in a broker cluster it is
+//     replicated and reachable from every broker node while one is down (a
+//     classic queue lives on one node only; eventqueue.go replaces the
+//     classic queue of an older meshbox: what waits in it is handed to
+//     local subscribers first).
 //   - Queue node.<n>.system (exclusive), bound to mesh with sys.# and to
 //     node.<n> with to.<n>.sys.#: discovery and heartbeats, never kept.
 //   - Queue cmd.<stage> (durable quorum queue, x-delivery-limit as a
-//     backstop, dead-lettering to mesh.dlx), bound to mesh with cmd.<stage>,
+//     backstop, dead-lettering to mesh.dlx; like the event queue, with
+//     x-quorum-initial-group-size 3 when Config.URL names three brokers
+//     or more, the nodes of a cluster), bound to mesh with cmd.<stage>,
 //     declared and consumed by every node hosting the stage (a missing queue
 //     is a return). Quorum queues survive a broker restart with their
 //     confirmed messages and count redeliveries (x-delivery-count, read only
@@ -224,7 +231,9 @@
 //     without them: immediate requeues, dead letters to mesh.dead.
 //   - Exchange mesh.dlx (topic) and queue mesh.dead: the other dead
 //     letters (no stage queue to come from, the quorum queues' delivery
-//     limit, the outbox's), with the same headers.
+//     limit, the outbox's), with the same headers. mesh.dead is a quorum
+//     queue (an older mesh's classic one is kept); a node whose broker
+//     cannot reach it goes on without it.
 //
 // The topology is declared again on every connection.
 //

@@ -11,37 +11,43 @@ import (
 )
 
 // readEvents republishes mesh events to local subscribers, in order, and
-// acks each once published. The node's own events come back through the
-// shared binding and are dropped here: no echo. Exits when the delivery
-// channel closes.
+// acks each once published. Exits when the delivery channel closes.
 func (s *session) readEvents(ds <-chan amqp.Delivery) {
-	b := s.b
 	for d := range ds {
-		env, err := s.decode(typeEvent, &d)
-		if ue := asUnseal(err); ue != nil {
-			b.unsealFailed(typeEvent, ue) // an event that does not open is dropped
-			s.ack(d.DeliveryTag, opAck)
-			continue
-		}
-		if err != nil {
-			s.deadLetter(&d, eventQueue(b.cfg.Node), err)
-			continue
-		}
-		if env.origin == b.cfg.Node {
-			s.ack(d.DeliveryTag, opAck)
-			continue
-		}
-		b.m.msg(typeEvent, "in")
-		meta := map[string]string{HeaderOrigin: env.origin, HeaderMsgID: env.msgID}
-		if env.redelivered {
-			meta[HeaderRedelivered] = "true"
-		}
-		if err := b.bc.PublishMsg(env.natsMsg(subjEvtPrefix+env.name, meta)); err != nil {
-			s.deadLetter(&d, eventQueue(b.cfg.Node), deadReason("cannot publish locally: "+err.Error()))
+		if err := s.republishEvent(&d); err != nil {
+			s.deadLetter(&d, eventQueue(s.b.cfg.Node), err)
 			continue
 		}
 		s.ack(d.DeliveryTag, opAck)
 	}
+}
+
+// republishEvent publishes a mesh event to local subscribers. The node's
+// own events come back through the shared binding and are dropped here
+// (no echo), as is an event that does not open. A non-nil error is the
+// reason to dead-letter the delivery.
+func (s *session) republishEvent(d *amqp.Delivery) error {
+	b := s.b
+	env, err := s.decode(typeEvent, d)
+	if ue := asUnseal(err); ue != nil {
+		b.unsealFailed(typeEvent, ue)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if env.origin == b.cfg.Node {
+		return nil
+	}
+	b.m.msg(typeEvent, "in")
+	meta := map[string]string{HeaderOrigin: env.origin, HeaderMsgID: env.msgID}
+	if env.redelivered {
+		meta[HeaderRedelivered] = "true"
+	}
+	if err := b.bc.PublishMsg(env.natsMsg(subjEvtPrefix+env.name, meta)); err != nil {
+		return deadReason("cannot publish locally: " + err.Error())
+	}
+	return nil
 }
 
 // sysMsg is a system message for Config.OnSystem.

@@ -236,7 +236,7 @@ func (s *session) declareAux(decl **amqp.Channel, stage string) int {
 			err = (*decl).QueueBind(a.queue, a.key, exchangeMesh, false, nil)
 		}
 		if err != nil {
-			s.b.log.Warn("cannot declare a stage's queue; the stage goes on without it (are the node's broker permissions current?)",
+			s.b.log.Warn("cannot declare a stage's queue; the stage goes on without it (are the node's broker permissions current, is the queue's broker node up?)",
 				"stage", stage, "queue", a.queue, "err", err)
 			if (*decl).IsClosed() {
 				nc, cerr := s.conConn.Channel()

@@ -32,16 +32,25 @@ func (s *session) setup() error {
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	defer func() { ch.Close() }() // ch may be replaced below
+	defer func() { // ch may be replaced below, and is nil when reopening it failed
+		if ch != nil {
+			_ = ch.Close()
+		}
+	}()
 	// The shared exchanges, the dead letter queue and the node's exchange
 	// are the admin's (see permissions.go): a node on a broker user of its
 	// own may not declare them, only find them. A mesh run on one
 	// credential (a test broker, guest) has no admin: the first node
 	// declares them.
+	// The dead letter queue is not needed to carry traffic: a node whose
+	// broker cannot reach it (an older mesh's classic queue, its broker
+	// node down: 404) goes on without it; dead letters wait for it in
+	// mesh.dlx's binding or are dropped by the broker meanwhile.
 	shared := []struct {
-		what    string
-		passive func(*amqp.Channel) error
-		declare func(*amqp.Channel) error
+		what     string
+		passive  func(*amqp.Channel) error
+		declare  func(*amqp.Channel) error
+		optional bool
 	}{
 		{"exchange " + exchangeMesh,
 			func(c *amqp.Channel) error {
@@ -49,25 +58,25 @@ func (s *session) setup() error {
 			},
 			func(c *amqp.Channel) error {
 				return c.ExchangeDeclare(exchangeMesh, "topic", true, false, false, false, nil)
-			}},
+			}, false},
 		{"exchange " + exchangeDLX,
 			func(c *amqp.Channel) error {
 				return c.ExchangeDeclarePassive(exchangeDLX, "topic", true, false, false, false, nil)
 			},
 			func(c *amqp.Channel) error {
 				return c.ExchangeDeclare(exchangeDLX, "topic", true, false, false, false, nil)
-			}},
+			}, false},
 		{"queue " + queueDead,
 			func(c *amqp.Channel) error {
 				_, err := c.QueueDeclarePassive(queueDead, true, false, false, false, nil)
 				return err
 			},
 			func(c *amqp.Channel) error {
-				if _, err := c.QueueDeclare(queueDead, true, false, false, false, nil); err != nil {
+				if _, err := c.QueueDeclare(queueDead, true, false, false, false, quorumArgs(amqp.Table{}, s.sizedQuorum())); err != nil {
 					return err
 				}
 				return c.QueueBind(queueDead, "#", exchangeDLX, false, nil)
-			}},
+			}, true},
 		{"exchange " + nodeExchange(node),
 			func(c *amqp.Channel) error {
 				return c.ExchangeDeclarePassive(nodeExchange(node), "topic", true, false, false, false, nil)
@@ -77,7 +86,7 @@ func (s *session) setup() error {
 					return err
 				}
 				return c.ExchangeBind(nodeExchange(node), NodeBindingKey(node), exchangeMesh, false, nil)
-			}},
+			}, false},
 	}
 	for _, st := range shared {
 		err := st.passive(ch)
@@ -89,6 +98,15 @@ func (s *session) setup() error {
 				return fmt.Errorf("open channel: %w", err)
 			}
 			err = st.declare(ch)
+		}
+		if err != nil && st.optional {
+			s.b.log.Warn("cannot declare "+st.what+"; going on without it", "err", err)
+			if ch.IsClosed() {
+				if ch, err = s.conConn.Channel(); err != nil {
+					return fmt.Errorf("open channel: %w", err)
+				}
+			}
+			continue
 		}
 		if err != nil {
 			return fmt.Errorf("declare %s: %w", st.what, err)
@@ -157,12 +175,7 @@ func (s *session) setup() error {
 		{"binding " + replyQueue(node), func() error {
 			return ch.QueueBind(replyQueue(node), replyKey(node), nodeExchange(node), false, nil)
 		}},
-		{"queue " + eventQueue(node), func() error {
-			_, err := ch.QueueDeclare(eventQueue(node), true, false, false, false,
-				amqp.Table{"x-expires": eventQueueExpiry.Milliseconds()})
-			return err
-		}},
-		{"binding " + eventQueue(node), func() error { return ch.QueueBind(eventQueue(node), "evt.#", exchangeMesh, false, nil) }},
+		{"queue " + eventQueue(node), func() error { return s.declareEvents(&ch) }},
 		{"queue " + systemQueue(node), func() error {
 			_, err := ch.QueueDeclare(systemQueue(node), false, true, true, false, nil)
 			return err
@@ -266,11 +279,10 @@ func (s *session) syncStages(decl **amqp.Channel) {
 // exists with other arguments is used as it is.
 func (s *session) declareStage(decl **amqp.Channel, stage string) error {
 	q := stageQueue(stage)
-	args := amqp.Table{
-		"x-queue-type":           "quorum",
+	args := quorumArgs(amqp.Table{
 		"x-delivery-limit":       int64(stageDeliveryLimit),
 		"x-dead-letter-exchange": exchangeDLX,
-	}
+	}, s.sizedQuorum())
 	_, err := (*decl).QueueDeclare(q, true, false, false, false, args)
 	var ae *amqp.Error
 	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {

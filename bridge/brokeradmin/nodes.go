@@ -68,7 +68,13 @@ func (a *Admin) DeclareMesh(ctx context.Context) error {
 			return a.c.DeclareExchange(a.vhost, bridge.DeadLetterExchange, rabbithole.ExchangeSettings{Type: "topic", Durable: true})
 		}},
 		{"queue " + bridge.DeadLetterQueue, func() (*http.Response, error) {
-			return a.c.DeclareQueue(a.vhost, bridge.DeadLetterQueue, rabbithole.QueueSettings{Type: "classic", Durable: true})
+			// A quorum queue, reachable with any node of a cluster down. An
+			// older mesh's classic one is kept: declaring it with another
+			// type would fail.
+			if _, err := a.c.GetQueue(a.vhost, bridge.DeadLetterQueue); err == nil {
+				return &http.Response{Body: http.NoBody}, nil
+			}
+			return a.c.DeclareQueue(a.vhost, bridge.DeadLetterQueue, rabbithole.QueueSettings{Type: "quorum", Durable: true})
 		}},
 		{"binding " + bridge.DeadLetterQueue, func() (*http.Response, error) {
 			return a.c.DeclareBinding(a.vhost, rabbithole.BindingInfo{Source: bridge.DeadLetterExchange,

@@ -17,6 +17,12 @@
 // shared service with [Rabbit.Vhost] and [PG.Database], which create a vhost
 // or database named after the test and remove it in Cleanup.
 //
+// [NewRabbitCluster] starts a three-node RabbitMQ cluster for a test: three
+// brokers with their own node names, ports and directories, one Erlang
+// cookie, joined with rabbitmqctl join_cluster. Each node can be stopped,
+// killed (SIGKILL) and started again on its own, and the management API
+// tells which node leads a quorum queue ([RabbitCluster.Leader]).
+//
 // Every child process is started in its own process group and, on Linux,
 // with a parent-death signal, so a test binary that dies (a panic, a
 // timeout) does not leave brokers or databases running. Directories left

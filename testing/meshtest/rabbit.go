@@ -226,6 +226,21 @@ func rabbitScript() (string, error) {
 // newRabbit starts a broker in a fresh instance dir; withTLS adds an AMQPS
 // listener with a test CA (see NewRabbitMQTLS).
 func newRabbit(withTLS bool) (*Rabbit, error) {
+	r, err := prepareRabbit(withTLS, "")
+	if err != nil {
+		return nil, err
+	}
+	if err := r.startFresh(); err != nil {
+		os.RemoveAll(r.dir)
+		return nil, err
+	}
+	return r, nil
+}
+
+// prepareRabbit makes a broker's instance dir and name without starting
+// it. A non-empty cookie is written as the Erlang cookie (the nodes of a
+// cluster share one); otherwise the VM makes its own.
+func prepareRabbit(withTLS bool, cookie string) (*Rabbit, error) {
 	acc, err := serviceAccount("rabbitmq")
 	if err != nil {
 		return nil, err
@@ -246,22 +261,30 @@ func newRabbit(withTLS bool) (*Rabbit, error) {
 			return nil, err
 		}
 	}
-	// Free ports can be taken by another test process between choosing and
-	// binding them: retry with new ones.
-	for attempt := 1; ; attempt++ {
-		if err = r.choosePorts(); err != nil {
-			break
-		}
-		err = r.start()
-		if err == nil {
-			return r, nil
-		}
-		if attempt == 3 || !errors.Is(err, errPortInUse) {
-			break
+	if cookie != "" {
+		// HOME is the instance dir: the VM and rabbitmqctl read it there.
+		if err := writeOwned(filepath.Join(dir, ".erlang.cookie"), []byte(cookie), acc); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
 		}
 	}
-	os.RemoveAll(dir)
-	return nil, err
+	return r, nil
+}
+
+// startFresh chooses the ports and starts a prepared broker. Free ports can
+// be taken by another test process between choosing and binding them: it
+// retries with new ones.
+func (r *Rabbit) startFresh() error {
+	for attempt := 1; ; attempt++ {
+		err := r.choosePorts()
+		if err != nil {
+			return err
+		}
+		err = r.start()
+		if err == nil || attempt == 3 || !errors.Is(err, errPortInUse) {
+			return err
+		}
+	}
 }
 
 var errPortInUse = errors.New("port in use")
@@ -444,6 +467,11 @@ var mgmtClient = &http.Client{
 
 // api calls the management API as guest. A non-nil body is sent as JSON.
 func (r *Rabbit) api(method, path string, body any) error {
+	return r.apiInto(method, path, body, nil)
+}
+
+// apiInto is api decoding the answer's JSON into out (unless nil).
+func (r *Rabbit) apiInto(method, path string, body, out any) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var rd io.Reader
@@ -467,9 +495,14 @@ func (r *Rabbit) api(method, path string, body any) error {
 		return err
 	}
 	defer resp.Body.Close()
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	if out != nil {
+		if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(out); err != nil {
+			return fmt.Errorf("%s %s: decode: %w", method, path, err)
+		}
 	}
 	return nil
 }

@@ -45,12 +45,18 @@ func (r *Rabbit) ClearMemoryAlarm(tb testing.TB) {
 // ctl runs rabbitmqctl against this broker, as the broker's account and
 // with its home (where the Erlang cookie is).
 func (r *Rabbit) ctl(args ...string) error {
+	_, err := r.ctlOutput(args...)
+	return err
+}
+
+// ctlOutput is ctl returning what rabbitmqctl printed.
+func (r *Rabbit) ctlOutput(args ...string) (string, error) {
 	script, err := rabbitScript()
 	if err != nil {
-		return err
+		return "", err
 	}
 	ctl := filepath.Join(filepath.Dir(script), "rabbitmqctl")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, ctl, append([]string{"-n", r.node}, args...)...)
 	cmd.Dir = r.dir
@@ -58,7 +64,7 @@ func (r *Rabbit) ctl(args ...string) error {
 	cmd.SysProcAttr = childAttr(r.acc)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return "", fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
-	return nil
+	return string(out), nil
 }

@@ -14,4 +14,7 @@
 // duration, at least 1m), SOAK_SAMPLE (10s), SOAK_MAX_SLOPE (0.1 MB/min),
 // SOAK_COMMAND_RATE (200 per second), SOAK_CHURN_RATE (20 connections per
 // second per node).
+//
+// TestSoakClusterFaults runs the broker-cluster fault scenario of package
+// testing/cluster at full size: 10,000 commands and 10,000 events.
 package soak

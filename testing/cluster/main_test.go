@@ -1,0 +1,10 @@
+package cluster
+
+import (
+	"os"
+	"testing"
+
+	"github.com/meshbox/meshbox/testing/meshtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(meshtest.Main(m)) }

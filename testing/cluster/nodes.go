@@ -1,0 +1,152 @@
+package cluster
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/nats-io/nats.go"
+)
+
+// status is the part of a node's /status these tests read.
+type status struct {
+	Broker struct {
+		State     string `json:"state"`
+		Broker    string `json:"broker"` // host:port in use
+		Failovers []struct {
+			From, To, Reason string
+		} `json:"failovers"`
+		History []struct {
+			State, Reason, Broker string
+		} `json:"history"`
+	} `json:"broker"`
+	Outbox struct {
+		Depth int64 `json:"depth"`
+	} `json:"outbox"`
+}
+
+func getStatus(t *testing.T, p *meshtest.Process) status {
+	t.Helper()
+	resp, err := http.Get(p.HTTPURL() + "/status")
+	if err != nil {
+		t.Fatalf("status of %s: %v", p.Node(), err)
+	}
+	defer resp.Body.Close()
+	var st status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("status of %s: %v", p.Node(), err)
+	}
+	return st
+}
+
+// waitStatus polls p's status until ok holds, failing after d.
+func waitStatus(t *testing.T, p *meshtest.Process, d time.Duration, what string, ok func(status) bool) status {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		st := getStatus(t, p)
+		if ok(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s: %s did not happen; status %+v", d, p.Node(), what, st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return true
+}
+
+// placed is a meshbox node on a cluster: the broker URLs it lists go
+// through proxies of its own, one per broker node, so that the test can
+// place it on the broker node it wants (see startPlaced).
+type placed struct {
+	p       *meshtest.Process
+	proxies []*meshtest.Proxy // by broker node
+}
+
+// on returns the index of the broker node p is connected to, -1 if none.
+func (n *placed) on(st status) int {
+	if st.Broker.State != "connected" {
+		return -1
+	}
+	for i, px := range n.proxies {
+		if px.Addr() == st.Broker.Broker {
+			return i
+		}
+	}
+	return -1
+}
+
+// startPlaced runs meshbox node name with a broker setting naming every
+// node of c (vhost), broker node home first, and keeps it on home to begin
+// with: the other proxies refuse connections until the node is connected.
+// The node picks a broker of its list at random; this is how a test
+// spreads its nodes over the cluster. requestTimeout is its bridge's
+// request deadline.
+func startPlaced(t *testing.T, c *meshtest.RabbitCluster, vhost, name string, home int, requestTimeout time.Duration) *placed {
+	t.Helper()
+	n := &placed{}
+	var urls []string
+	for i := range c.Size() {
+		r := c.Node(i)
+		up := fmt.Sprintf("127.0.0.1:%d", r.Port())
+		px := meshtest.NewProxy(t, up)
+		n.proxies = append(n.proxies, px)
+		urls = append(urls, px.Rewrite(r.AMQPAddr(vhost), up))
+	}
+	list := append(urls[home:], urls[:home]...)
+	for i, px := range n.proxies {
+		if i != home {
+			px.Cut(t)
+		}
+	}
+	cfg, err := json.Marshal(map[string]any{"bridge": map[string]any{"request_timeout": requestTimeout.String()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), name+".json")
+	if err := os.WriteFile(file, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n.p = meshtest.StartProcess(t, "--node", name, "--broker", strings.Join(list, ","), "--config", file)
+	waitStatus(t, n.p, 60*time.Second, "connected to broker node "+fmt.Sprint(home), func(st status) bool { return n.on(st) == home })
+	for i, px := range n.proxies {
+		if i != home {
+			px.Restore(t)
+		}
+	}
+	return n
+}
+
+// natsConn connects a client with the node's administrative credential.
+func natsConn(t *testing.T, p *meshtest.Process) *nats.Conn {
+	t.Helper()
+	return p.Connect(t, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+}
+
+// serviceError returns the error code of an error reply (0 for a success).
+func serviceError(m *nats.Msg) (int, string) {
+	if m == nil || m.Header.Get("Nats-Service-Error-Code") == "" && m.Header.Get("Nats-Service-Error") == "" {
+		return 0, ""
+	}
+	var code int
+	fmt.Sscan(m.Header.Get("Nats-Service-Error-Code"), &code)
+	return code, m.Header.Get("Nats-Service-Error")
+}
