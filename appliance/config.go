@@ -71,6 +71,8 @@ type Config struct {
 	Mesh   MeshConfig   `json:"mesh"`
 	// Modules is the module supervision part (see ModulesConfig).
 	Modules ModulesConfig `json:"modules"`
+	// Blobs is the node's blob store (see BlobsConfig).
+	Blobs BlobsConfig `json:"blobs"`
 }
 
 // LogConfig says how the node logs.
@@ -188,6 +190,7 @@ func DefaultConfig() Config {
 			MissedHeartbeats:  3,
 		},
 		Modules: defaultModulesConfig(),
+		Blobs:   defaultBlobsConfig(),
 	}
 }
 
@@ -448,6 +451,7 @@ func (c *Config) Validate() error {
 		bad("mesh.missed_heartbeats", "%d is out of range 1..100", c.Mesh.MissedHeartbeats)
 	}
 	c.Modules.validate(bad)
+	c.Blobs.validate(bad)
 	return errors.Join(errs...)
 }
 

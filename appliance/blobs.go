@@ -1,0 +1,105 @@
+package appliance
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/meshbox/meshbox/appliance/blobs"
+)
+
+// BlobsConfig is the node's blob store: a JetStream object store in the
+// embedded NATS server (package blobs), its files in the data directory.
+type BlobsConfig struct {
+	// MaxBytes bounds what the blobs take together: past it the oldest are
+	// deleted. JetStream's own limit on the node is twice this, room for
+	// one more blob while retention catches up.
+	MaxBytes int64 `json:"max_bytes"`
+	// MaxAge deletes a blob this long after it was stored (0: never).
+	MaxAge Duration `json:"max_age"`
+}
+
+// Blob store bounds.
+const (
+	minBlobBytes = 1 << 20
+	maxBlobBytes = 1 << 40
+	minBlobAge   = time.Second
+)
+
+func defaultBlobsConfig() BlobsConfig { return BlobsConfig{MaxBytes: 1 << 30} }
+
+func (b BlobsConfig) validate(bad func(field, format string, args ...any)) {
+	if b.MaxBytes < minBlobBytes || b.MaxBytes > maxBlobBytes {
+		bad("blobs.max_bytes", "%d is out of range 1 MiB..1 TiB", b.MaxBytes)
+	}
+	if b.MaxAge != 0 && b.MaxAge.D() < minBlobAge {
+		bad("blobs.max_age", "%s is below the minimum of 1s (0: never)", b.MaxAge)
+	}
+}
+
+// limits are the store's retention.
+func (b BlobsConfig) limits() blobs.Limits {
+	return blobs.Limits{MaxBytes: b.MaxBytes, MaxAge: b.MaxAge.D()}
+}
+
+// jetStreamDir is where the embedded server keeps JetStream's files.
+func jetStreamDir(dataDir string) string { return filepath.Join(dataDir, "jetstream") }
+
+// BlobsStatus is the blob store part of the status.
+type BlobsStatus struct {
+	blobs.Usage
+	MaxBytes int64  `json:"max_bytes"`
+	MaxAge   string `json:"max_age,omitempty"`
+}
+
+// startBlobs opens the blob store with the configured limits and serves
+// the blob capabilities on a connection of the node's own (not a host the
+// watcher of local interest counts). a.mu is held.
+func (a *Appliance) startBlobs(ctx context.Context) error {
+	nc, err := a.natsSrv.connect(ownConnPrefix + "blobs")
+	if err != nil {
+		return fmt.Errorf("blobs: nats connect: %w", err)
+	}
+	a.interest.exclude(nc)
+	a.blobConn = nc
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	store, err := blobs.Open(ctx, nc, a.cfg.Blobs.limits())
+	if err != nil {
+		return err
+	}
+	srv, err := blobs.NewServer(blobs.ServerConfig{
+		Conn: nc, Store: store, Limits: a.cfg.Blobs.limits(),
+		Logger: a.logger.With("component", "blobs"),
+	})
+	if err != nil {
+		return err
+	}
+	a.blobSrv.Store(srv)
+	return nil
+}
+
+// stopBlobs stops serving blobs. a.mu is held.
+func (a *Appliance) stopBlobs() {
+	if srv := a.blobSrv.Swap(nil); srv != nil {
+		srv.Close()
+	}
+	if a.blobConn != nil {
+		a.blobConn.Close()
+		a.blobConn = nil
+	}
+}
+
+// blobsStatus is the blob store's part of the status (nil before it runs).
+func (a *Appliance) blobsStatus() *BlobsStatus {
+	srv := a.blobSrv.Load()
+	if srv == nil {
+		return nil
+	}
+	st := &BlobsStatus{Usage: srv.Usage(), MaxBytes: a.cfg.Blobs.MaxBytes}
+	if a.cfg.Blobs.MaxAge != 0 {
+		st.MaxAge = a.cfg.Blobs.MaxAge.String()
+	}
+	return st
+}
