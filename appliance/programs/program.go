@@ -25,8 +25,8 @@ type Program struct {
 	// Blobs lets it use the node's blob store (the JetStream object store
 	// blobs.Bucket, and no other stream) and fetch blobs from any node
 	// (node.*.cap.meshbox.blob.>).
-	Blobs bool `json:"blobs,omitempty"`
-	Key       string   `json:"key,omitempty"`       // public nkey (U...) of its credential
+	Blobs bool   `json:"blobs,omitempty"`
+	Key   string `json:"key,omitempty"` // public nkey (U...) of its credential
 }
 
 // Local NATS subjects a program's permissions are made of (the bridge's
