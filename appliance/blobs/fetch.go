@@ -101,8 +101,12 @@ func (f *Fetcher) Fetch(ctx context.Context, ref Ref, path string) (Result, erro
 	if err != nil {
 		return res, fmt.Errorf("fetch: %s: %w", part, err)
 	}
-	if err := file.Truncate(man.Size); err != nil {
-		return res, fmt.Errorf("fetch: %w", err)
+	// Longer than the blob: cut. Shorter: it grows as chunks arrive, so
+	// its size tells how far a fetch got.
+	if st, err := file.Stat(); err != nil || st.Size() > man.Size {
+		if err := file.Truncate(man.Size); err != nil {
+			return res, fmt.Errorf("fetch: %w", err)
+		}
 	}
 	var todo []int
 	var got int64
