@@ -184,7 +184,7 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if auth.anonymous { // the status warns about it for as long as it lasts
 		a.logger.Info(warnNATSOpen, "component", "nats")
 	}
-	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, jetStreamDir(a.cfg.DataDir), a.cfg.Blobs, auth, a.logger.With("component", "nats"))
+	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, a.cfg.Blobs.jetStreamDir(a.cfg.DataDir), a.cfg.Blobs, auth, a.logger.With("component", "nats"))
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,9 @@ import (
 // BlobsConfig is the node's blob store: a JetStream object store in the
 // embedded NATS server (package blobs), its files in the data directory.
 type BlobsConfig struct {
+	// Enabled runs JetStream and the blob store. Off, the node has no
+	// blobs and none of JetStream's idle cost (see the README).
+	Enabled bool `json:"enabled"`
 	// MaxBytes bounds what the blobs take together: past it the oldest are
 	// deleted. JetStream's own limit on the node is twice this, room for
 	// one more blob while retention catches up.
@@ -27,7 +30,7 @@ const (
 	minBlobAge   = time.Second
 )
 
-func defaultBlobsConfig() BlobsConfig { return BlobsConfig{MaxBytes: 1 << 30} }
+func defaultBlobsConfig() BlobsConfig { return BlobsConfig{Enabled: true, MaxBytes: 1 << 30} }
 
 func (b BlobsConfig) validate(bad func(field, format string, args ...any)) {
 	if b.MaxBytes < minBlobBytes || b.MaxBytes > maxBlobBytes {
@@ -43,8 +46,14 @@ func (b BlobsConfig) limits() blobs.Limits {
 	return blobs.Limits{MaxBytes: b.MaxBytes, MaxAge: b.MaxAge.D()}
 }
 
-// jetStreamDir is where the embedded server keeps JetStream's files.
-func jetStreamDir(dataDir string) string { return filepath.Join(dataDir, "jetstream") }
+// jetStreamDir is where the embedded server keeps JetStream's files (""
+// with the blob store off: no JetStream).
+func (b BlobsConfig) jetStreamDir(dataDir string) string {
+	if !b.Enabled {
+		return ""
+	}
+	return filepath.Join(dataDir, "jetstream")
+}
 
 // BlobsStatus is the blob store part of the status.
 type BlobsStatus struct {
@@ -57,6 +66,9 @@ type BlobsStatus struct {
 // the blob capabilities on a connection of the node's own (not a host the
 // watcher of local interest counts). a.mu is held.
 func (a *Appliance) startBlobs(ctx context.Context) error {
+	if !a.cfg.Blobs.Enabled {
+		return nil
+	}
 	nc, err := a.natsSrv.connect(ownConnPrefix + "blobs")
 	if err != nil {
 		return fmt.Errorf("blobs: nats connect: %w", err)

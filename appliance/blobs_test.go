@@ -23,7 +23,7 @@ func startBlobNATS(t *testing.T, anonymous bool) (*natsServer, *localAuth) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := startNATS("127.0.0.1:0", "alpha", jetStreamDir(dir), defaultBlobsConfig(), auth, slog.New(slog.DiscardHandler))
+	n, err := startNATS("127.0.0.1:0", "alpha", defaultBlobsConfig().jetStreamDir(dir), defaultBlobsConfig(), auth, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

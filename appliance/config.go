@@ -252,6 +252,7 @@ var EnvVars = []struct {
 	{"MESHBOX_LOG_FORMAT", "log.format"},
 	{"MESHBOX_MODULES_DIR", "modules.dir"},
 	{"MESHBOX_MODULES_RUN_DIR", "modules.run_dir"},
+	{"MESHBOX_BLOBS", "blobs.enabled"},
 }
 
 // ApplyEnv sets fields from the MESHBOX_* variables that getenv returns
@@ -302,6 +303,12 @@ func (c *Config) Set(field, value string) error {
 		c.Modules.Dir = value
 	case "modules.run_dir":
 		c.Modules.RunDir = value
+	case "blobs.enabled":
+		on, err := strconv.ParseBool(value)
+		if err != nil {
+			return fmt.Errorf("blobs.enabled: %q is not true or false", value)
+		}
+		c.Blobs.Enabled = on
 	default:
 		return fmt.Errorf("unknown config field %q", field)
 	}

@@ -14,8 +14,8 @@ var (
 	ErrNotFound = errors.New("blob not found")
 	// ErrTooLarge: a blob is larger than the store may hold.
 	ErrTooLarge = errors.New("blob larger than the store's limit")
-	// ErrNoStore: the node's blob store does not exist (JetStream off, or
-	// the node never started with blobs).
+	// ErrNoStore: the node's blob store does not exist (blobs.enabled is
+	// false, or the node never started with blobs).
 	ErrNoStore = errors.New("the node has no blob store")
 )
 

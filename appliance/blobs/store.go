@@ -80,7 +80,8 @@ func Bind(ctx context.Context, nc *nats.Conn) (*Store, error) {
 	}
 	obs, err := js.ObjectStore(ctx, Bucket)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
+		if errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+			errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) {
 			return nil, ErrNoStore
 		}
 		return nil, fmt.Errorf("blob store: %w", err)
