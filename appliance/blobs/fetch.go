@@ -21,7 +21,7 @@ import (
 // Fetch defaults.
 const (
 	// DefaultWindow is how many chunks a fetch has in flight.
-	DefaultWindow = 8
+	DefaultWindow = 4
 	// DefaultPatience is how long a fetch that has begun keeps trying
 	// while nothing arrives (the broker restarting, say).
 	DefaultPatience = 2 * time.Minute

@@ -291,9 +291,9 @@ func TestBlobFetchResumes(t *testing.T) {
 	if !strings.Contains(stderr.String(), "trying again") {
 		t.Errorf("the broker restart did not touch the fetch (no retry): %s", stderr)
 	}
-	// Carried on: no chunk fetched twice but the few in flight.
-	if s.fetched > s.chunks+4 {
-		t.Errorf("fetch across a broker restart: got %+v, want at most %d chunks fetched", s, s.chunks+4)
+	// Carried on: every chunk fetched once, none again.
+	if s.kept != 0 || s.fetched != s.chunks {
+		t.Errorf("fetch across a broker restart: got %+v, want each of the %d chunks fetched once", s, s.chunks)
 	}
 	t.Logf("across the broker restart: %+v; %d retries", s, strings.Count(stderr.String(), "trying again"))
 
