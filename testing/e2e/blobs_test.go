@@ -181,6 +181,19 @@ func testBlobAcrossMesh(t *testing.T, alpha, beta *meshtest.Process, size int) {
 		t.Fatalf("blob list on alpha: exit %d: %s%s; want %s listed", code, out, errOut, ref)
 	}
 
+	var st struct {
+		Blobs *struct {
+			Count int   `json:"count"`
+			Bytes int64 `json:"bytes"`
+		} `json:"blobs"`
+	}
+	if !waitFor(10*time.Second, func() bool {
+		getJSON(t, alpha.HTTPURL()+"/status", "", &st)
+		return st.Blobs != nil && st.Blobs.Count == 1 && st.Blobs.Bytes == int64(size)
+	}) {
+		t.Fatalf("alpha's status: blobs %+v, want 1 blob of %d bytes", st.Blobs, size)
+	}
+
 	out := filepath.Join(t.TempDir(), "fetched")
 	betaRSS, alphaRSS := memKiB(t, beta.Pid(), "VmRSS"), memKiB(t, alpha.Pid(), "VmRSS")
 	resetHWM(t, beta.Pid())
