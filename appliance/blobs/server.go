@@ -54,8 +54,9 @@ type Server struct {
 
 	// usage is what the keeper last saw: blobs, bytes, and the blobs
 	// retention deleted since start.
-	usageMu sync.Mutex
-	usage   Usage
+	usageMu   sync.Mutex
+	usage     Usage
+	announced []string // names of blobs put since the keeper last looked
 }
 
 // Usage is what the store holds, as the keeper last saw it.
@@ -124,9 +125,13 @@ func (s *Server) Close() {
 // the index of a deleted blob and wakes the keeper.
 func (s *Server) onMeta(m *nats.Msg) {
 	var oi jetstream.ObjectInfo
-	if json.Unmarshal(m.Data, &oi) == nil && oi.Deleted {
-		if sum, ok := digestHex(oi.Digest); ok {
-			s.ix.forget(sum)
+	if json.Unmarshal(m.Data, &oi) == nil {
+		if oi.Deleted {
+			if sum, ok := digestHex(oi.Digest); ok {
+				s.ix.forget(sum)
+			}
+		} else if oi.Name != "" {
+			s.announce(oi.Name)
 		}
 	}
 	s.poke()
@@ -152,32 +157,80 @@ func (s *Server) keep() {
 			return
 		case <-s.wake:
 		}
-		ctx, cancel := context.WithTimeout(s.ctx, opTimeout)
-		pruned := 0
-		if s.cfg.Limits.MaxBytes > 0 {
-			gone, err := s.cfg.Store.Prune(ctx, s.cfg.Limits.MaxBytes)
-			for _, b := range gone {
-				s.ix.forget(b.SHA256)
-				s.cfg.Logger.Info("blob deleted: the store is over its size limit", "sha256", b.SHA256, "size", b.Size)
+		// A metadata message reaches the keeper as the stream stores it,
+		// maybe before: look until every blob announced is listed (or
+		// deleted), a little longer each time.
+		for try := 0; ; try++ {
+			announced := s.takeAnnounced()
+			if s.keepOnce(announced) || try >= 20 {
+				break
 			}
-			if err != nil {
-				s.cfg.Logger.Warn("blob retention", "err", err)
-			}
-			pruned = len(gone)
-		}
-		list, err := s.cfg.Store.List(ctx)
-		s.setUsage(list, pruned, err)
-		if err != nil {
-			s.cfg.Logger.Warn("blob store", "err", err)
-		}
-		// The newest first: the one just put is the likeliest to be asked for.
-		for i := len(list) - 1; i >= 0 && i >= len(list)-4; i-- {
-			if _, err := s.ix.get(ctx, s.cfg.Store, list[i].SHA256); err != nil && ctx.Err() == nil {
-				s.cfg.Logger.Warn("blob index", "sha256", list[i].SHA256, "err", err)
+			s.announce(announced...)
+			select {
+			case <-s.quit:
+				return
+			case <-time.After(time.Duration(try+1) * 50 * time.Millisecond):
 			}
 		}
-		cancel()
 	}
+}
+
+// keepOnce applies the size limit, records the usage and builds the
+// indexes of the newest blobs. It reports false when a blob announced is
+// not listed yet.
+func (s *Server) keepOnce(announced []string) bool {
+	ctx, cancel := context.WithTimeout(s.ctx, opTimeout)
+	defer cancel()
+	pruned := 0
+	if s.cfg.Limits.MaxBytes > 0 {
+		gone, err := s.cfg.Store.Prune(ctx, s.cfg.Limits.MaxBytes)
+		for _, b := range gone {
+			s.ix.forget(b.SHA256)
+			s.cfg.Logger.Info("blob deleted: the store is over its size limit", "sha256", b.SHA256, "size", b.Size)
+		}
+		if err != nil {
+			s.cfg.Logger.Warn("blob retention", "err", err)
+		}
+		pruned = len(gone)
+	}
+	list, err := s.cfg.Store.List(ctx)
+	s.setUsage(list, pruned, err)
+	if err != nil {
+		s.cfg.Logger.Warn("blob store", "err", err)
+		return true
+	}
+	// The newest first: the one just put is the likeliest to be asked for.
+	for i := len(list) - 1; i >= 0 && i >= len(list)-4; i-- {
+		if _, err := s.ix.get(ctx, s.cfg.Store, list[i].SHA256); err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Warn("blob index", "sha256", list[i].SHA256, "err", err)
+		}
+	}
+	listed := map[string]bool{}
+	for _, b := range list {
+		listed[b.Name] = true
+	}
+	for _, name := range announced {
+		if !listed[name] && pruned == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// announce notes blobs put (by name) that the keeper should see listed.
+func (s *Server) announce(names ...string) {
+	s.usageMu.Lock()
+	defer s.usageMu.Unlock()
+	s.announced = append(s.announced, names...)
+}
+
+// takeAnnounced returns the blobs announced and forgets them.
+func (s *Server) takeAnnounced() []string {
+	s.usageMu.Lock()
+	defer s.usageMu.Unlock()
+	a := s.announced
+	s.announced = nil
+	return a
 }
 
 // setUsage records what the keeper saw.
