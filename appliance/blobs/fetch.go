@@ -153,7 +153,7 @@ func (f *Fetcher) manifest(ctx context.Context, ref Ref) (Manifest, []string, er
 	var hashes []string
 	for from := 0; ; {
 		data, _ := json.Marshal(ManifestRequest{SHA256: ref.SHA256, From: from})
-		resp, err := f.request(ctx, ref.Node, CapManifest, data)
+		resp, err := f.manifestPage(ctx, ref, data)
 		if err != nil {
 			return first, nil, f.failure(ref, "manifest", err)
 		}
@@ -173,6 +173,35 @@ func (f *Fetcher) manifest(ctx context.Context, ref Ref) (Manifest, []string, er
 			return first, hashes, nil
 		}
 	}
+}
+
+// manifestPage asks for one page of the manifest. A deadline that passed
+// (the owner still reading a large blob it has not indexed yet) is tried
+// again until patience; anything else is final.
+func (f *Fetcher) manifestPage(ctx context.Context, ref Ref, req []byte) ([]byte, error) {
+	start := time.Now()
+	pause := backoff.Policy{Min: 200 * time.Millisecond, Max: 5 * time.Second}
+	for try := 0; ; try++ {
+		resp, err := f.request(ctx, ref.Node, CapManifest, req)
+		var se *ServiceError
+		deadline := errors.As(err, &se) && se.Code == 504 || errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
+		if err == nil || !deadline || time.Since(start) > f.patience() {
+			return resp, err
+		}
+		f.note("manifest: %v; trying again", err)
+		select {
+		case <-time.After(pause.Delay(try)):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (f *Fetcher) patience() time.Duration {
+	if f.Patience <= 0 {
+		return DefaultPatience
+	}
+	return f.Patience
 }
 
 // checkManifest checks page m (from chunk from) against the blob asked
@@ -228,10 +257,7 @@ func (f *Fetcher) fetchChunks(ctx context.Context, ref Ref, size int64, hashes [
 	if window <= 0 {
 		window = DefaultWindow
 	}
-	patience := f.Patience
-	if patience <= 0 {
-		patience = DefaultPatience
-	}
+	patience := f.patience()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	next := make(chan int)

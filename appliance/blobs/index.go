@@ -40,9 +40,15 @@ func newIndexes() *indexes {
 	return &indexes{m: map[string]*index{}, building: map[string]chan struct{}{}}
 }
 
+// indexTimeout bounds the build of one index (reading the whole blob).
+const indexTimeout = 10 * time.Minute
+
 // get returns the index of the blob with SHA-256 sum, building it (once,
-// whoever asks meanwhile waits) when it is not cached.
-func (x *indexes) get(ctx context.Context, s *Store, sum string) (*index, error) {
+// whoever asks meanwhile waits, until ctx ends) when it is not cached.
+// The build itself runs under base (the server's life) and indexTimeout,
+// not ctx: a large blob's build outlives an impatient first request and
+// serves the next.
+func (x *indexes) get(ctx, base context.Context, s *Store, sum string) (*index, error) {
 	for {
 		x.mu.Lock()
 		if ix := x.m[sum]; ix != nil {
@@ -55,7 +61,9 @@ func (x *indexes) get(ctx context.Context, s *Store, sum string) (*index, error)
 			done := make(chan struct{})
 			x.building[sum] = done
 			x.mu.Unlock()
-			ix, err := s.buildIndex(ctx, sum)
+			bctx, cancel := context.WithTimeout(base, indexTimeout)
+			ix, err := s.buildIndex(bctx, sum)
+			cancel()
 			x.mu.Lock()
 			delete(x.building, sum)
 			close(done)

@@ -201,7 +201,7 @@ func (s *Server) keepOnce(announced []string) bool {
 	}
 	// The newest first: the one just put is the likeliest to be asked for.
 	for i := len(list) - 1; i >= 0 && i >= len(list)-4; i-- {
-		if _, err := s.ix.get(ctx, s.cfg.Store, list[i].SHA256); err != nil && ctx.Err() == nil {
+		if _, err := s.ix.get(ctx, s.ctx, s.cfg.Store, list[i].SHA256); err != nil && ctx.Err() == nil {
 			s.cfg.Logger.Warn("blob index", "sha256", list[i].SHA256, "err", err)
 		}
 	}
@@ -266,7 +266,7 @@ func (s *Server) onManifest(m *nats.Msg) {
 		respondStoreError(m, err)
 		return
 	}
-	ix, err := s.ix.get(ctx, s.cfg.Store, req.SHA256)
+	ix, err := s.ix.get(ctx, s.ctx, s.cfg.Store, req.SHA256)
 	if err != nil {
 		respondStoreError(m, err)
 		return
@@ -306,7 +306,7 @@ func (s *Server) onChunk(m *nats.Msg) {
 		defer func() { <-s.sem }()
 		ctx, cancel := context.WithTimeout(s.ctx, opTimeout)
 		defer cancel()
-		ix, err := s.ix.get(ctx, s.cfg.Store, req.SHA256)
+		ix, err := s.ix.get(ctx, s.ctx, s.cfg.Store, req.SHA256)
 		if err != nil {
 			respondStoreError(m, err)
 			return
