@@ -18,7 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance/blobs"
+	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // blobSize is the blob the tests move across the mesh. On a 2-core
@@ -165,7 +168,8 @@ const blobServeMemoryBound = 100 << 10 // KiB
 // TestBlobAcrossMesh puts a blob on alpha and fetches it on beta through
 // the broker (sealed), verified by hash, with the memory of both nodes
 // measured; then fetches it again with two chunks corrupted on arrival,
-// which are fetched again; then stops alpha: a fetch fails at once and
+// which are fetched again; then as a program with blob rights, which also
+// puts an object alpha fetches; then stops alpha: a fetch fails at once and
 // names it.
 func TestBlobAcrossMesh(t *testing.T) {
 	if testing.Short() {
@@ -240,6 +244,42 @@ func testBlobAcrossMesh(t *testing.T, alpha, beta *meshtest.Process, size int) {
 		if !strings.Contains(e2.String(), "chunk "+i+" failed verification") {
 			t.Errorf("blob get did not report chunk %s failing verification: %s", i, e2)
 		}
+	}
+
+	// A program with blob rights on beta: fetches alpha's blob over the
+	// documented subjects, and stores one of its own with the object store
+	// API, under a name of its own, which alpha fetches by its SHA-256.
+	prog := programs.Program{Name: "reports", Blobs: true}
+	pc := meshtest.ProgramConn(t, beta.NATSURL(), meshtest.AddProgram(t, beta.NATSURL(), beta.DataDir(), prog), prog)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	out3 := filepath.Join(t.TempDir(), "fetched3")
+	if _, err := (&blobs.Fetcher{Conn: pc}).Fetch(ctx, blobs.Ref{Node: "alpha", SHA256: sum}, out3); err != nil {
+		t.Fatalf("a program's fetch: %v", err)
+	}
+	if got := fileSHA256(t, out3); got != sum {
+		t.Fatalf("a program's fetch: got SHA-256 %s, want %s", got, sum)
+	}
+	js, err := jetstream.New(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs, err := js.ObjectStore(ctx, blobs.Bucket)
+	if err != nil {
+		t.Fatalf("a program opens the blob store: %v", err)
+	}
+	note := []byte(strings.Repeat("measured and kept\n", 40000))
+	if _, err := obs.PutBytes(ctx, "note.txt", note); err != nil {
+		t.Fatalf("a program puts an object: %v", err)
+	}
+	noteSum := sha256.Sum256(note)
+	noteRef := "blob:beta/" + hex.EncodeToString(noteSum[:])
+	out4 := filepath.Join(t.TempDir(), "note.txt")
+	if code, o, e := blobCLI(t, alpha, time.Minute, "get", noteRef, "-o", out4); code != 0 {
+		t.Fatalf("blob get %s on alpha: exit %d: %s%s", noteRef, code, o, e)
+	}
+	if got := fileSHA256(t, out4); got != hex.EncodeToString(noteSum[:]) {
+		t.Fatalf("the program's object fetched on alpha: got SHA-256 %s", got)
 	}
 
 	// The owner gone: the fetch fails at once, naming it.
