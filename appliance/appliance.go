@@ -128,6 +128,7 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 		credWake: make(chan struct{}, 1),
 	}
 	reg.MustRegister(newModulesCollector(a.mods.Load))
+	reg.MustRegister(blobsCollector{srv: a.blobSrv.Load})
 	return a, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/blobs"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // BlobsConfig is the node's blob store: a JetStream object store in the
@@ -114,4 +115,34 @@ func (a *Appliance) blobsStatus() *BlobsStatus {
 		st.MaxAge = a.cfg.Blobs.MaxAge.String()
 	}
 	return st
+}
+
+// The blob store's metrics, read from the server's usage at each scrape.
+var (
+	descBlobs       = prometheus.NewDesc("meshbox_blobs", "Blobs in the node's blob store.", nil, nil)
+	descBlobsBytes  = prometheus.NewDesc("meshbox_blobs_bytes", "Bytes of the blobs in the node's blob store.", nil, nil)
+	descBlobsPruned = prometheus.NewDesc("meshbox_blobs_pruned_total", "Blobs deleted because the store passed blobs.max_bytes.", nil, nil)
+)
+
+// blobsCollector exports the blob store's usage (nothing while the store
+// does not run).
+type blobsCollector struct{ srv func() *blobs.Server }
+
+// Describe implements prometheus.Collector.
+func (c blobsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descBlobs
+	ch <- descBlobsBytes
+	ch <- descBlobsPruned
+}
+
+// Collect implements prometheus.Collector.
+func (c blobsCollector) Collect(ch chan<- prometheus.Metric) {
+	srv := c.srv()
+	if srv == nil {
+		return
+	}
+	u := srv.Usage()
+	ch <- prometheus.MustNewConstMetric(descBlobs, prometheus.GaugeValue, float64(u.Count))
+	ch <- prometheus.MustNewConstMetric(descBlobsBytes, prometheus.GaugeValue, float64(u.Bytes))
+	ch <- prometheus.MustNewConstMetric(descBlobsPruned, prometheus.CounterValue, float64(u.Pruned))
 }

@@ -127,3 +127,26 @@ func TestAnonymousUsesBlobStoreButMakesNoStream(t *testing.T) {
 		t.Error("an anonymous client made a stream")
 	}
 }
+
+// TestBlobsInStatusAndMetrics: a node runs its blob store; the status and
+// the metrics show it, empty.
+func TestBlobsInStatusAndMetrics(t *testing.T) {
+	a := startNode(t, "alpha", t.TempDir())
+	st := a.Status().Blobs
+	if st == nil || st.Count != 0 || st.MaxBytes != defaultBlobsConfig().MaxBytes {
+		t.Fatalf("status blobs: got %+v, want an empty store of %d bytes", st, defaultBlobsConfig().MaxBytes)
+	}
+	mfs, err := a.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]bool{}
+	for _, mf := range mfs {
+		found[mf.GetName()] = true
+	}
+	for _, name := range []string{"meshbox_blobs", "meshbox_blobs_bytes", "meshbox_blobs_pruned_total"} {
+		if !found[name] {
+			t.Errorf("metric %s: missing", name)
+		}
+	}
+}
