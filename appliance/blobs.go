@@ -2,6 +2,7 @@ package appliance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"time"
@@ -63,8 +64,8 @@ type BlobsStatus struct {
 	MaxAge   string `json:"max_age,omitempty"`
 }
 
-// startBlobs opens the blob store with the configured limits and serves
-// the blob capabilities on a connection of the node's own (not a host the
+// startBlobs binds the blob store if it exists and serves the blob
+// capabilities and blobs.SubjectOpen on a connection of the node's own (not a host the
 // watcher of local interest counts). a.mu is held.
 func (a *Appliance) startBlobs(ctx context.Context) error {
 	if !a.cfg.Blobs.Enabled {
@@ -78,9 +79,19 @@ func (a *Appliance) startBlobs(ctx context.Context) error {
 	a.blobConn = nc
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	store, err := blobs.Open(ctx, nc, a.cfg.Blobs.limits())
-	if err != nil {
+	// The store is made when first used (blobs.SubjectOpen): until then
+	// JetStream has no stream, and costs an idle node nothing. One made
+	// before gets the limits configured now.
+	store, err := blobs.Bind(ctx, nc)
+	switch {
+	case errors.Is(err, blobs.ErrNoStore):
+		store = nil
+	case err != nil:
 		return err
+	default:
+		if store, err = blobs.Open(ctx, nc, a.cfg.Blobs.limits()); err != nil {
+			return err
+		}
 	}
 	srv, err := blobs.NewServer(blobs.ServerConfig{
 		Conn: nc, Store: store, Limits: a.cfg.Blobs.limits(),

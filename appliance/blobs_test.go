@@ -3,6 +3,7 @@ package appliance
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"testing"
 	"time"
@@ -135,6 +136,23 @@ func TestBlobsInStatusAndMetrics(t *testing.T) {
 	st := a.Status().Blobs
 	if st == nil || st.Count != 0 || st.MaxBytes != defaultBlobsConfig().MaxBytes {
 		t.Fatalf("status blobs: got %+v, want an empty store of %d bytes", st, defaultBlobsConfig().MaxBytes)
+	}
+	// No stream until the store is first used (JetStream's idle cost).
+	nc, err := a.natsSrv.connect("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := blobs.Bind(ctx, nc); !errors.Is(err, blobs.ErrNoStore) {
+		t.Fatalf("a new node's blob store: got %v, want ErrNoStore", err)
+	}
+	if _, err := nc.RequestWithContext(ctx, blobs.SubjectOpen, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blobs.Bind(ctx, nc); err != nil {
+		t.Fatalf("the blob store after %s: %v", blobs.SubjectOpen, err)
 	}
 	mfs, err := a.registry.Gather()
 	if err != nil {

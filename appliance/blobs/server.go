@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -30,7 +31,9 @@ const opTimeout = 30 * time.Second
 
 // ServerConfig is what a Server needs.
 type ServerConfig struct {
-	Conn   *nats.Conn // the node's own connection to its server
+	Conn *nats.Conn // the node's own connection to its server
+	// Store is the blob store if it exists (nil: it is made on the first
+	// SubjectOpen request, with Limits).
 	Store  *Store
 	Limits Limits
 	Logger *slog.Logger
@@ -54,6 +57,9 @@ type Server struct {
 
 	// usage is what the keeper last saw: blobs, bytes, and the blobs
 	// retention deleted since start.
+	store  atomic.Pointer[Store] // nil until the store exists
+	openMu sync.Mutex            // serializes making the store
+
 	usageMu   sync.Mutex
 	usage     Usage
 	announced []string // names of blobs put since the keeper last looked
@@ -90,10 +96,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		ctx:  ctx, cancel: cancel,
 	}
 	s.bufs.New = func() any { b := make([]byte, 0, ChunkSize); return &b }
+	s.store.Store(cfg.Store)
 	for subj, h := range map[string]nats.MsgHandler{
 		subjManifest: s.onManifest,
 		subjChunk:    s.onChunk,
 		MetaSubjects: s.onMeta,
+		SubjectOpen:  s.onOpen,
 	} {
 		sub, err := cfg.Conn.Subscribe(subj, h)
 		if err != nil {
@@ -119,6 +127,39 @@ func (s *Server) Close() {
 		s.cancel()
 		s.wg.Wait()
 	})
+}
+
+// Open makes the blob store with the server's limits if it does not exist
+// yet and returns it. Until the first blob is put, a node has no stream:
+// any JetStream stream keeps the NATS server's access-time ticker running
+// (10 times a second), which an idle node would otherwise pay for.
+func (s *Server) Open(ctx context.Context) (*Store, error) {
+	if st := s.store.Load(); st != nil {
+		return st, nil
+	}
+	s.openMu.Lock()
+	defer s.openMu.Unlock()
+	if st := s.store.Load(); st != nil {
+		return st, nil
+	}
+	st, err := Open(ctx, s.cfg.Conn, s.cfg.Limits)
+	if err != nil {
+		return nil, err
+	}
+	s.store.Store(st)
+	s.cfg.Logger.Info("blob store made", "bucket", Bucket)
+	return st, nil
+}
+
+// onOpen answers SubjectOpen: the store exists (made now if need be).
+func (s *Server) onOpen(m *nats.Msg) {
+	ctx, cancel := context.WithTimeout(s.ctx, opTimeout)
+	defer cancel()
+	if _, err := s.Open(ctx); err != nil {
+		respondError(m, CodeInternal, err.Error())
+		return
+	}
+	_ = m.Respond([]byte(`{"bucket":"` + Bucket + `"}`)) // the caller may have gone
 }
 
 // onMeta hears an object's metadata as it is put or deleted: it forgets
@@ -179,11 +220,15 @@ func (s *Server) keep() {
 // indexes of the newest blobs. It reports false when a blob announced is
 // not listed yet.
 func (s *Server) keepOnce(announced []string) bool {
+	store := s.store.Load()
+	if store == nil {
+		return true
+	}
 	ctx, cancel := context.WithTimeout(s.ctx, opTimeout)
 	defer cancel()
 	pruned := 0
 	if s.cfg.Limits.MaxBytes > 0 {
-		gone, err := s.cfg.Store.Prune(ctx, s.cfg.Limits.MaxBytes)
+		gone, err := store.Prune(ctx, s.cfg.Limits.MaxBytes)
 		for _, b := range gone {
 			s.ix.forget(b.SHA256)
 			s.cfg.Logger.Info("blob deleted: the store is over its size limit", "sha256", b.SHA256, "size", b.Size)
@@ -193,7 +238,7 @@ func (s *Server) keepOnce(announced []string) bool {
 		}
 		pruned = len(gone)
 	}
-	list, err := s.cfg.Store.List(ctx)
+	list, err := store.List(ctx)
 	s.setUsage(list, pruned, err)
 	if err != nil {
 		s.cfg.Logger.Warn("blob store", "err", err)
@@ -201,7 +246,7 @@ func (s *Server) keepOnce(announced []string) bool {
 	}
 	// The newest first: the one just put is the likeliest to be asked for.
 	for i := len(list) - 1; i >= 0 && i >= len(list)-4; i-- {
-		if _, err := s.ix.get(ctx, s.ctx, s.cfg.Store, list[i].SHA256); err != nil && ctx.Err() == nil {
+		if _, err := s.ix.get(ctx, s.ctx, store, list[i].SHA256); err != nil && ctx.Err() == nil {
 			s.cfg.Logger.Warn("blob index", "sha256", list[i].SHA256, "err", err)
 		}
 	}
@@ -260,13 +305,18 @@ func (s *Server) onManifest(m *nats.Msg) {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, opTimeout)
 	defer cancel()
+	store := s.store.Load()
+	if store == nil {
+		respondError(m, CodeNotFound, fmt.Sprintf("%v: %s (the node has no blobs)", ErrNotFound, req.SHA256))
+		return
+	}
 	// The blob may have gone since its index was built.
-	if _, err := s.cfg.Store.Stat(ctx, req.SHA256); err != nil {
+	if _, err := store.Stat(ctx, req.SHA256); err != nil {
 		s.ix.forget(req.SHA256)
 		respondStoreError(m, err)
 		return
 	}
-	ix, err := s.ix.get(ctx, s.ctx, s.cfg.Store, req.SHA256)
+	ix, err := s.ix.get(ctx, s.ctx, store, req.SHA256)
 	if err != nil {
 		respondStoreError(m, err)
 		return
@@ -306,14 +356,19 @@ func (s *Server) onChunk(m *nats.Msg) {
 		defer func() { <-s.sem }()
 		ctx, cancel := context.WithTimeout(s.ctx, opTimeout)
 		defer cancel()
-		ix, err := s.ix.get(ctx, s.ctx, s.cfg.Store, req.SHA256)
+		store := s.store.Load()
+		if store == nil {
+			respondError(m, CodeNotFound, fmt.Sprintf("%v: %s (the node has no blobs)", ErrNotFound, req.SHA256))
+			return
+		}
+		ix, err := s.ix.get(ctx, s.ctx, store, req.SHA256)
 		if err != nil {
 			respondStoreError(m, err)
 			return
 		}
 		bp := s.bufs.Get().(*[]byte)
 		defer s.bufs.Put(bp)
-		data, err := s.cfg.Store.readChunk(ctx, ix, req.Index, *bp)
+		data, err := store.readChunk(ctx, ix, req.Index, *bp)
 		if err != nil {
 			code := CodeInternal
 			switch {

@@ -16,6 +16,13 @@ const (
 	CapPrefix = "meshbox.blob."
 )
 
+// SubjectOpen, on a node's own NATS server, makes the node's blob store
+// if it has none yet (a node makes it only when it is first used) and
+// answers {"bucket": Bucket}, or an error. `meshbox blob put` asks it
+// first; so must a program before its first put with the object store
+// API on a node that holds no blobs yet.
+const SubjectOpen = "$MESH.blobs.open"
+
 // Transfer constants.
 const (
 	// ChunkSize is the size of every chunk of a transfer but the last.

@@ -159,7 +159,8 @@ func (p Program) Permissions() *server.Permissions {
 }
 
 // blobSubjects are what a program with blob rights may publish: the
-// JetStream API requests an object store client makes on the blob
+// node's request that makes the store when it has none yet, the JetStream
+// API requests an object store client makes on the blob
 // store's stream (and no other), the store's own subjects, its flow
 // control replies, and calls of the blob capabilities on any node. The
 // replies come to its inbox.
@@ -180,6 +181,7 @@ func blobSubjects() []string {
 		"$JS.FC." + stream + ".>",
 		"$O." + blobs.Bucket + ".>",
 		subjNode + blobs.CapPrefix + ">",
+		blobs.SubjectOpen,
 	}
 }
 

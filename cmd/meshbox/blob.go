@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -89,9 +90,10 @@ func (c *BlobCommand) Run(ctx context.Context, args []string) error {
 	}
 }
 
-// local connects to the local node and binds its blob store; node is the
-// node's name.
-func (c *BlobCommand) local(ctx context.Context, server string) (nc *nats.Conn, store *blobs.Store, node string, maxBytes int64, err error) {
+// local connects to the local node and binds its blob store (made first
+// when create is true); node is the node's name. A node without a store has
+// no blobs: store is nil then.
+func (c *BlobCommand) local(ctx context.Context, server string, create bool) (nc *nats.Conn, store *blobs.Store, node string, maxBytes int64, err error) {
 	st, _, err := c.m.nodeStatus(ctx, server)
 	if err != nil {
 		return nil, nil, "", 0, err
@@ -103,7 +105,26 @@ func (c *BlobCommand) local(ctx context.Context, server string) (nc *nats.Conn, 
 	if err != nil {
 		return nil, nil, "", 0, err
 	}
+	if st.Blobs == nil {
+		nc.Close()
+		return nil, nil, "", 0, fmt.Errorf("node %s: %w (blobs.enabled is false)", st.Node, blobs.ErrNoStore)
+	}
+	if create {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		resp, err := nc.RequestWithContext(rctx, blobs.SubjectOpen, nil)
+		cancel()
+		if err == nil && resp.Header.Get("Nats-Service-Error") != "" {
+			err = errors.New(resp.Header.Get("Nats-Service-Error"))
+		}
+		if err != nil {
+			nc.Close()
+			return nil, nil, "", 0, fmt.Errorf("node %s: make the blob store: %w", st.Node, err)
+		}
+	}
 	store, err = blobs.Bind(ctx, nc)
+	if errors.Is(err, blobs.ErrNoStore) && !create {
+		return nc, nil, st.Node, maxBytes, nil
+	}
 	if err != nil {
 		nc.Close()
 		return nil, nil, "", 0, fmt.Errorf("node %s: %w", st.Node, err)
@@ -112,7 +133,7 @@ func (c *BlobCommand) local(ctx context.Context, server string) (nc *nats.Conn, 
 }
 
 func (c *BlobCommand) put(ctx context.Context, server, file string) error {
-	nc, store, node, maxBytes, err := c.local(ctx, server)
+	nc, store, node, maxBytes, err := c.local(ctx, server, true)
 	if err != nil {
 		return err
 	}
@@ -159,14 +180,16 @@ func (c *BlobCommand) get(ctx context.Context, server string, ref blobs.Ref, out
 }
 
 func (c *BlobCommand) list(ctx context.Context, server string, asJSON bool) error {
-	nc, store, node, _, err := c.local(ctx, server)
+	nc, store, node, _, err := c.local(ctx, server, false)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	list, err := store.List(ctx)
-	if err != nil {
-		return err
+	var list []blobs.Info
+	if store != nil {
+		if list, err = store.List(ctx); err != nil {
+			return err
+		}
 	}
 	if asJSON {
 		type entry struct {
@@ -190,7 +213,7 @@ func (c *BlobCommand) list(ctx context.Context, server string, asJSON bool) erro
 }
 
 func (c *BlobCommand) rm(ctx context.Context, server string, args []string) error {
-	nc, store, node, _, err := c.local(ctx, server)
+	nc, store, node, _, err := c.local(ctx, server, false)
 	if err != nil {
 		return err
 	}
@@ -208,6 +231,9 @@ func (c *BlobCommand) rm(ctx context.Context, server string, args []string) erro
 			sum = ref.SHA256
 		} else if err := blobs.CheckSHA256(sum); err != nil {
 			return usagef("blob rm: %v", err)
+		}
+		if store == nil {
+			return fmt.Errorf("blob rm: %w: %s (node %s has no blobs)", blobs.ErrNotFound, sum, node)
 		}
 		if err := store.Remove(ctx, sum); err != nil {
 			return err

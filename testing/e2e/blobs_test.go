@@ -260,6 +260,10 @@ func testBlobAcrossMesh(t *testing.T, alpha, beta *meshtest.Process, size int) {
 	if got := fileSHA256(t, out3); got != sum {
 		t.Fatalf("a program's fetch: got SHA-256 %s, want %s", got, sum)
 	}
+	// beta holds no blobs yet: the program asks for its store first.
+	if _, err := pc.Request(blobs.SubjectOpen, nil, 30*time.Second); err != nil {
+		t.Fatalf("a program asks for the blob store: %v", err)
+	}
 	js, err := jetstream.New(pc)
 	if err != nil {
 		t.Fatal(err)
