@@ -37,8 +37,9 @@
 //
 // The embedded server runs JetStream for the blob store alone (blobs.go,
 // package blobs; off with blobs.enabled false), its files in
-// <data>/jetstream. After NATS, Start opens the store with the configured
-// limits and serves the blob capabilities on a connection of the node's
+// <data>/jetstream. After NATS, Start binds the store if one was made
+// before (applying the configured limits; otherwise it is made on its
+// first use, $MESH.blobs.open) and serves the blob capabilities on a connection of the node's
 // own, excluded from the watcher of local interest like the node's other
 // connections; Close stops it before NATS.
 package appliance

@@ -42,9 +42,9 @@ type natsServer struct {
 // blobs.max_bytes, its memory store to jsMaxMemory. Who may use it is
 // localauth.go's matter: the node and its CLI, programs given blob rights,
 // and, on an open server, anonymous clients on the existing streams only.
-// Idle, JetStream adds a few timers of its own (the file store's flush
-// every 2 minutes, the account's usage): see the README for the measured
-// idle cost.
+// JetStream without a stream costs an idle node nothing measurable; any
+// stream starts the server's access-time ticker (100 ms), so the blob
+// store is made only when first used (see the README for the figures).
 //
 // Clients authenticate as auth says (see localauth.go); bad program
 // definitions are logged and left out.

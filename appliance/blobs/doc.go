@@ -6,7 +6,10 @@
 //
 // The store is the JetStream object store Bucket in the node's embedded
 // NATS server (Store; the appliance enables JetStream for it alone, with
-// its files in the data directory). An object put by meshbox is named by
+// its files in the data directory). The node makes it when it is first
+// used (SubjectOpen, Server.Open): any JetStream stream keeps the NATS
+// server's access-time ticker running, 10 wake-ups a second, which a node
+// without blobs should not pay for. An object put by meshbox is named by
 // its SHA-256 in lowercase hex and stored in chunks of ChunkSize; an
 // object a program put under another name, in chunks of any size, is
 // found by its digest. A blob is referred to as blob:<node>/<sha256>
