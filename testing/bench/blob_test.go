@@ -86,6 +86,9 @@ func benchPutBlob(b *testing.B, a *appliance.Appliance) blobs.Ref {
 	nc := benchConn(b, a.NATSURL(), meshtest.AdminOption(b, a.DataDir()))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	if _, err := nc.RequestWithContext(ctx, blobs.SubjectOpen, nil); err != nil {
+		b.Fatal(err)
+	}
 	store, err := blobs.Bind(ctx, nc)
 	if err != nil {
 		b.Fatal(err)
