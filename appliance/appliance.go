@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance/blobs"
 	"github.com/meshbox/meshbox/appliance/modules"
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
@@ -64,6 +65,10 @@ type Appliance struct {
 	// bindings manager's goroutine.
 	bridge atomic.Pointer[bridge.Bridge]
 	node   atomic.Pointer[node.Node]
+	// blobSrv serves the node's blobs; set once it runs. blobConn is its
+	// connection (Start's and Close's).
+	blobSrv  atomic.Pointer[blobs.Server]
+	blobConn *nats.Conn
 	// mods supervises the assigned modules; set once it runs.
 	mods atomic.Pointer[modules.Supervisor]
 	// moduleGuard is the module guard's command (SetModuleGuard; nil: none).
@@ -123,6 +128,7 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 		credWake: make(chan struct{}, 1),
 	}
 	reg.MustRegister(newModulesCollector(a.mods.Load))
+	reg.MustRegister(blobsCollector{srv: a.blobSrv.Load})
 	return a, nil
 }
 
@@ -179,7 +185,7 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if auth.anonymous { // the status warns about it for as long as it lasts
 		a.logger.Info(warnNATSOpen, "component", "nats")
 	}
-	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, auth, a.logger.With("component", "nats"))
+	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, a.cfg.Blobs.jetStreamDir(a.cfg.DataDir), a.cfg.Blobs, auth, a.logger.With("component", "nats"))
 	if err != nil {
 		return err
 	}
@@ -198,6 +204,9 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	a.interest.exclude(a.nc)
 	if err := a.interest.hearConnects(a.nc); err != nil {
 		a.logger.Warn("the watcher of local interest polls even while no program is connected", "err", err)
+	}
+	if err := a.startBlobs(ctx); err != nil {
+		return err
 	}
 	hosted, _, err := a.interest.check()
 	if err != nil {
@@ -292,6 +301,7 @@ func (a *Appliance) closeLocked() error {
 	if kk := a.keys.Swap(nil); kk != nil {
 		kk.close()
 	}
+	a.stopBlobs()
 	if a.nc != nil {
 		a.nc.Close()
 		a.nc = nil

@@ -71,6 +71,8 @@ type Config struct {
 	Mesh   MeshConfig   `json:"mesh"`
 	// Modules is the module supervision part (see ModulesConfig).
 	Modules ModulesConfig `json:"modules"`
+	// Blobs is the node's blob store (see BlobsConfig).
+	Blobs BlobsConfig `json:"blobs"`
 }
 
 // LogConfig says how the node logs.
@@ -212,6 +214,7 @@ func DefaultConfig() Config {
 			MissedHeartbeats:  3,
 		},
 		Modules: defaultModulesConfig(),
+		Blobs:   defaultBlobsConfig(),
 	}
 }
 
@@ -273,6 +276,7 @@ var EnvVars = []struct {
 	{"MESHBOX_LOG_FORMAT", "log.format"},
 	{"MESHBOX_MODULES_DIR", "modules.dir"},
 	{"MESHBOX_MODULES_RUN_DIR", "modules.run_dir"},
+	{"MESHBOX_BLOBS", "blobs.enabled"},
 }
 
 // ApplyEnv sets fields from the MESHBOX_* variables that getenv returns
@@ -323,6 +327,12 @@ func (c *Config) Set(field, value string) error {
 		c.Modules.Dir = value
 	case "modules.run_dir":
 		c.Modules.RunDir = value
+	case "blobs.enabled":
+		on, err := strconv.ParseBool(value)
+		if err != nil {
+			return fmt.Errorf("blobs.enabled: %q is not true or false", value)
+		}
+		c.Blobs.Enabled = on
 	default:
 		return fmt.Errorf("unknown config field %q", field)
 	}
@@ -477,6 +487,7 @@ func (c *Config) Validate() error {
 		bad("mesh.missed_heartbeats", "%d is out of range 1..100", c.Mesh.MissedHeartbeats)
 	}
 	c.Modules.validate(bad)
+	c.Blobs.validate(bad)
 	return errors.Join(errs...)
 }
 

@@ -4,7 +4,7 @@
 // (appliance/modules), their lifecycle, and the node's HTTP status, health
 // and metrics endpoints.
 //
-// Start brings up the bindings, NATS, the bridge, the node and then the
+// Start brings up the bindings, NATS, the blob store, the bridge, the node and then the
 // modules (the stages they declare are handed to the bridge before any of
 // them starts); Close stops the modules first, while everything they use
 // still runs, then the rest in reverse. Every change of the bindings goes
@@ -34,4 +34,12 @@
 //
 // In a mesh with a database it also keeps the node's keys (keys.go): its
 // key pair and its content keys, handed to the bridge to seal with.
+//
+// The embedded server runs JetStream for the blob store alone (blobs.go,
+// package blobs; off with blobs.enabled false), its files in
+// <data>/jetstream. After NATS, Start binds the store if one was made
+// before (applying the configured limits; otherwise it is made on its
+// first use, $MESH.blobs.open) and serves the blob capabilities on a connection of the node's
+// own, excluded from the watcher of local interest like the node's other
+// connections; Close stops it before NATS.
 package appliance

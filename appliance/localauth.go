@@ -20,7 +20,14 @@ import (
 //     node, so that `meshbox run` needs no configuration, and in a mesh
 //     only when the configuration says so (nats_anonymous). Either way the
 //     status warns that the local NATS server is open. Anonymous clients
-//     may do anything but subscribe to the node's own subjects ($MESH.>).
+//     may do anything but subscribe to the node's own subjects ($MESH.>)
+//     and make, change or delete JetStream streams (they may use the blob
+//     store the node made).
+//
+// JetStream (the blob store) is reached through the JetStream API
+// subjects like everything else, so a program's rights cover it: a
+// program may use it only when its definition says blobs (package
+// programs), and then only the blob store's stream.
 const (
 	// SubjectReloadPrograms asks the node to read its programs again (the
 	// meshbox CLI does after program add and remove). The reply is a
@@ -34,6 +41,16 @@ const (
 	AuthOpen        = "open"        // clients without one are let in too
 	warnNATSOpen    = "the local NATS server is open: programs without a credential can connect and do anything but take the node's own subjects"
 )
+
+// anonymousJSDeny are the JetStream API requests clients without a
+// credential may not make: they could otherwise make a stream that
+// captures the node's own subjects.
+var anonymousJSDeny = []string{
+	"$JS.API.STREAM.CREATE.>",
+	"$JS.API.STREAM.UPDATE.>",
+	"$JS.API.STREAM.DELETE.>",
+	"$JS.API.STREAM.RESTORE.>",
+}
 
 // ProgramsReport is what the node knows of its programs after a (re)load.
 type ProgramsReport struct {
@@ -113,6 +130,9 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 		opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{
 			Nkey: l.anonKey,
 			Permissions: &server.Permissions{
+				// JetStream: the streams that exist (the blob store), no new
+				// ones and no changes to them.
+				Publish:   &server.SubjectPermission{Deny: anonymousJSDeny},
 				Subscribe: &server.SubjectPermission{Deny: []string{"$MESH.>"}},
 			},
 		})

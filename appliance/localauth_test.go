@@ -21,7 +21,7 @@ func startAuthNATS(t *testing.T, anonymous bool) (*natsServer, *localAuth) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := startNATS("127.0.0.1:0", "alpha", auth, slog.New(slog.DiscardHandler))
+	n, err := startNATS("127.0.0.1:0", "alpha", "", defaultBlobsConfig(), auth, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

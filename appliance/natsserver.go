@@ -15,6 +15,10 @@ import (
 // remembers.
 const maxClosedClients = 64
 
+// jsMaxMemory bounds JetStream's memory store, which the node does not
+// use (blobs are on disk).
+const jsMaxMemory = 8 << 20
+
 // natsServer is the node's embedded NATS server: the only door local
 // programs use. It listens on the configured address (loopback by default).
 type natsServer struct {
@@ -33,9 +37,18 @@ type natsServer struct {
 // two off, and the system account stays on: its connect events let the
 // watcher of local interest sleep while no program is connected.
 //
+// JetStream runs with its files in jsDir ("" turns it off), for the blob
+// store alone (package blobs): its file store limited to twice
+// blobs.max_bytes, its memory store to jsMaxMemory. Who may use it is
+// localauth.go's matter: the node and its CLI, programs given blob rights,
+// and, on an open server, anonymous clients on the existing streams only.
+// JetStream without a stream costs an idle node nothing measurable; any
+// stream starts the server's access-time ticker (100 ms), so the blob
+// store is made only when first used (see the README for the figures).
+//
 // Clients authenticate as auth says (see localauth.go); bad program
 // definitions are logged and left out.
-func startNATS(addr, node string, auth *localAuth, logger *slog.Logger) (*natsServer, error) {
+func startNATS(addr, node, jsDir string, bl BlobsConfig, auth *localAuth, logger *slog.Logger) (*natsServer, error) {
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("nats address %q: %w", addr, err)
@@ -59,6 +72,13 @@ func startNATS(addr, node string, auth *localAuth, logger *slog.Logger) (*natsSe
 		// second) grew a node by ~10 MB over 8 minutes that way.
 		MaxClosedClients: maxClosedClients,
 		// No HTTP monitoring port: the appliance serves status itself.
+	}
+	if jsDir != "" {
+		opts.JetStream = true
+		opts.StoreDir = jsDir
+		opts.JetStreamMaxStore = 2 * bl.MaxBytes
+		opts.JetStreamMaxMemory = jsMaxMemory
+		opts.DisableJetStreamBanner = true
 	}
 	base := opts.Clone()
 	rep := auth.apply(opts)

@@ -35,7 +35,8 @@ type Status struct {
 	Capabilities node.Capabilities `json:"capabilities"`
 	Bindings     cache.Status      `json:"bindings"`
 	Modules      []modules.Status  `json:"modules"`
-	Keys         *KeysStatus       `json:"keys,omitempty"` // in a mesh with a database
+	Keys         *KeysStatus       `json:"keys,omitempty"`  // in a mesh with a database
+	Blobs        *BlobsStatus      `json:"blobs,omitempty"` // the blob store, once it runs
 	Errors       []ErrorEntry      `json:"errors"`
 	// Warnings are standing conditions an operator should know about: an
 	// open local NATS server, a link to the broker or the database that
@@ -110,6 +111,7 @@ func (a *Appliance) Status() Status {
 	if st.Peers == nil {
 		st.Peers = []node.Peer{}
 	}
+	st.Blobs = a.blobsStatus()
 	st.Modules = []modules.Status{}
 	if sup := a.mods.Load(); sup != nil {
 		st.Modules = sup.Status()

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/meshbox/meshbox/appliance/blobs"
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
@@ -21,7 +22,11 @@ type Program struct {
 	Submit    []string `json:"submit,omitempty"`    // stages it may submit to (publish cmd.X)
 	Publish   []string `json:"publish,omitempty"`   // event topics it may publish (evt.T)
 	Subscribe []string `json:"subscribe,omitempty"` // event topics it may subscribe to (evt.T)
-	Key       string   `json:"key,omitempty"`       // public nkey (U...) of its credential
+	// Blobs lets it use the node's blob store (the JetStream object store
+	// blobs.Bucket, and no other stream) and fetch blobs from any node
+	// (node.*.cap.meshbox.blob.>).
+	Blobs bool   `json:"blobs,omitempty"`
+	Key   string `json:"key,omitempty"` // public nkey (U...) of its credential
 }
 
 // Local NATS subjects a program's permissions are made of (the bridge's
@@ -60,6 +65,11 @@ func (p Program) Validate() error {
 		{"submit", names.KindStage, p.Submit, true},
 		{"publish", names.KindTopic, p.Publish, true},
 		{"subscribe", names.KindTopic, p.Subscribe, true},
+	}
+	for _, h := range p.Host {
+		if strings.HasPrefix(h, blobs.CapPrefix) {
+			return fmt.Errorf("%w %s: host: %s is the node's own capability", ErrInvalid, p.Name, h)
+		}
 	}
 	for _, l := range lists {
 		for _, v := range l.values {
@@ -120,6 +130,9 @@ func (p Program) Permissions() *server.Permissions {
 	for _, t := range p.Publish {
 		pub = append(pub, subjEvt+t)
 	}
+	if p.Blobs {
+		pub = append(pub, blobSubjects()...)
+	}
 	sub := []string{p.InboxPrefix() + ".>"}
 	for _, c := range p.Host {
 		sub = append(sub, subjCap+c)
@@ -143,6 +156,33 @@ func (p Program) Permissions() *server.Permissions {
 		}
 	}
 	return perms
+}
+
+// blobSubjects are what a program with blob rights may publish: the
+// node's request that makes the store when it has none yet, the JetStream
+// API requests an object store client makes on the blob
+// store's stream (and no other), the store's own subjects, its flow
+// control replies, and calls of the blob capabilities on any node. The
+// replies come to its inbox.
+func blobSubjects() []string {
+	const api, stream = "$JS.API.", blobs.StreamName
+	return []string{
+		api + "INFO",
+		api + "STREAM.INFO." + stream,
+		api + "STREAM.MSG.GET." + stream,
+		api + "STREAM.PURGE." + stream,
+		api + "DIRECT.GET." + stream,
+		api + "DIRECT.GET." + stream + ".>",
+		api + "CONSUMER.CREATE." + stream,
+		api + "CONSUMER.CREATE." + stream + ".>",
+		api + "CONSUMER.INFO." + stream + ".>",
+		api + "CONSUMER.DELETE." + stream + ".>",
+		api + "CONSUMER.MSG.NEXT." + stream + ".>",
+		"$JS.FC." + stream + ".>",
+		"$O." + blobs.Bucket + ".>",
+		subjNode + blobs.CapPrefix + ">",
+		blobs.SubjectOpen,
+	}
 }
 
 // normalize sorts and dedupes the lists, so that a definition is stored

@@ -25,6 +25,8 @@ func TestValidate(t *testing.T) {
 		{"name with space", Program{Name: "a b"}, "program name"},
 		{"host wildcard", Program{Name: "p", Host: []string{"*"}}, "host"},
 		{"host gt", Program{Name: "p", Host: []string{"image.>"}}, "host"},
+		{"host the node's blob capability", Program{Name: "p", Host: []string{"meshbox.blob.chunk"}}, "node's own"},
+		{"call blob capabilities", Program{Name: "p", Call: []string{"meshbox.blob.>"}, Blobs: true}, ""},
 		{"serve wildcard", Program{Name: "p", Serve: []string{">"}}, "serve"},
 		{"call wildcard", Program{Name: "p", Call: []string{"image.*"}}, ""},
 		{"call everything", Program{Name: "p", Call: []string{">"}}, ""},

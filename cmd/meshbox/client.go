@@ -181,6 +181,19 @@ func printStatus(w io.Writer, st appliance.Status) {
 	}
 	row("bindings", b)
 	row("sealing", sealingLine(st.Keys))
+	if bl := st.Blobs; bl != nil {
+		v := fmt.Sprintf("%d, %.1f of %.1f MiB", bl.Count, float64(bl.Bytes)/(1<<20), float64(bl.MaxBytes)/(1<<20))
+		if bl.MaxAge != "" {
+			v += ", kept at most " + bl.MaxAge
+		}
+		if bl.Pruned > 0 {
+			v += fmt.Sprintf(", %d deleted by the size limit", bl.Pruned)
+		}
+		if bl.Error != "" {
+			v += " — " + bl.Error
+		}
+		row("blobs", v+" (meshbox blob list)")
+	}
 	if len(st.Peers) > 0 {
 		parts := make([]string, len(st.Peers))
 		for i, p := range st.Peers {

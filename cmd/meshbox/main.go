@@ -111,6 +111,7 @@ Messages:
   send       submit a command for a stage: send STAGE [DATA]
   emit       publish an event: emit TOPIC [DATA]
   listen     print the messages on a subject: listen PATTERN
+  blob       exact bytes as blobs: blob put FILE, get REF [-o FILE], list, rm REF
 
 Mesh:
   init       stand up a mesh: schema, first node, broker setting
@@ -165,6 +166,8 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		return (&EmitCommand{m: m}).Run(ctx, rest)
 	case "listen":
 		return (&ListenCommand{m: m}).Run(ctx, rest)
+	case "blob":
+		return (&BlobCommand{m: m}).Run(ctx, rest)
 	case "version", "--version", "-version":
 		return (&VersionCommand{m: m}).Run(ctx, rest)
 	case "help", "-h", "--help":

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/appliance/blobs"
 	"github.com/meshbox/meshbox/appliance/programs"
 )
 
@@ -24,7 +25,7 @@ const programUsage = `Usage: meshbox program <command> [--data DIR] [flags]
 
 Commands:
   add NAME [--host CAP]... [--call CAP]... [--serve STAGE]... [--submit STAGE]...
-           [--publish TOPIC]... [--subscribe TOPIC]...
+           [--publish TOPIC]... [--subscribe TOPIC]... [--blobs]
                        create program NAME, or replace its lists (it keeps its key);
                        prints the path of its credential file
   list [--json]        the programs and what each may do
@@ -73,6 +74,7 @@ func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
 		} {
 			fs.Var((*listFlag)(l.into), l.name, l.usage)
 		}
+		fs.BoolVar(&p.Blobs, "blobs", false, "it may use the node's blob store (JetStream object store "+blobs.Bucket+") and fetch blobs from any node")
 	case "show", "remove":
 	case "list":
 		want = 0
@@ -160,6 +162,9 @@ func (c *ProgramCommand) printPrograms(progs []programs.Program, store *programs
 			if len(l.v) > 0 {
 				fmt.Fprintf(tw, "  %s\t%s\n", l.name, strings.Join(l.v, ", "))
 			}
+		}
+		if p.Blobs {
+			fmt.Fprintf(tw, "  blobs\tthe blob store %s, fetches from any node\n", blobs.Bucket)
 		}
 	}
 	_ = tw.Flush()

@@ -134,6 +134,10 @@ var expectedMetrics = map[string]dto.MetricType{
 	"meshbox_outbox_depth":                   dto.MetricType_GAUGE,
 	"meshbox_outbox_bytes":                   dto.MetricType_GAUGE,
 	"meshbox_outbox_oldest_age_seconds":      dto.MetricType_GAUGE,
+	// blob store (appliance/blobs)
+	"meshbox_blobs":              dto.MetricType_GAUGE,
+	"meshbox_blobs_bytes":        dto.MetricType_GAUGE,
+	"meshbox_blobs_pruned_total": dto.MetricType_COUNTER,
 	// mesh view (node)
 	"meshbox_peers":                    dto.MetricType_GAUGE,
 	"meshbox_capabilities":             dto.MetricType_GAUGE,

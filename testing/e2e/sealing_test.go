@@ -391,7 +391,12 @@ func waitAllHandled(t *testing.T, d time.Duration, during string, sent []string,
 // with their own credentials, returning once both seal what they send.
 func sealedMesh(t *testing.T) (vhost, db string, alpha, beta *meshtest.Process) {
 	t.Helper()
-	rmq := meshtest.RabbitMQ(t)
+	return sealedMeshOn(t, meshtest.RabbitMQ(t))
+}
+
+// sealedMeshOn is sealedMesh on the broker rmq.
+func sealedMeshOn(t *testing.T, rmq *meshtest.Rabbit) (vhost, db string, alpha, beta *meshtest.Process) {
+	t.Helper()
 	vhost = rmq.Vhost(t)
 	db = meshtest.Postgres(t).Database(t)
 	if code, _, errOut := cli(t, "init", "--db", db, "--node", "console", "--broker", meshtest.NoCredential(vhost)); code != 0 {

@@ -1,0 +1,159 @@
+package appliance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/meshbox/meshbox/appliance/blobs"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// BlobsConfig is the node's blob store: a JetStream object store in the
+// embedded NATS server (package blobs), its files in the data directory.
+type BlobsConfig struct {
+	// Enabled runs JetStream and the blob store. Off, the node has no
+	// blobs and none of JetStream's idle cost (see the README).
+	Enabled bool `json:"enabled"`
+	// MaxBytes bounds what the blobs take together: past it the oldest are
+	// deleted. JetStream's own limit on the node is twice this, room for
+	// one more blob while retention catches up.
+	MaxBytes int64 `json:"max_bytes"`
+	// MaxAge deletes a blob this long after it was stored (0: never).
+	MaxAge Duration `json:"max_age"`
+}
+
+// Blob store bounds.
+const (
+	minBlobBytes = 1 << 20
+	maxBlobBytes = 1 << 40
+	minBlobAge   = time.Second
+)
+
+func defaultBlobsConfig() BlobsConfig { return BlobsConfig{Enabled: true, MaxBytes: 1 << 30} }
+
+func (b BlobsConfig) validate(bad func(field, format string, args ...any)) {
+	if b.MaxBytes < minBlobBytes || b.MaxBytes > maxBlobBytes {
+		bad("blobs.max_bytes", "%d is out of range 1 MiB..1 TiB", b.MaxBytes)
+	}
+	if b.MaxAge != 0 && b.MaxAge.D() < minBlobAge {
+		bad("blobs.max_age", "%s is below the minimum of 1s (0: never)", b.MaxAge)
+	}
+}
+
+// limits are the store's retention.
+func (b BlobsConfig) limits() blobs.Limits {
+	return blobs.Limits{MaxBytes: b.MaxBytes, MaxAge: b.MaxAge.D()}
+}
+
+// jetStreamDir is where the embedded server keeps JetStream's files (""
+// with the blob store off: no JetStream).
+func (b BlobsConfig) jetStreamDir(dataDir string) string {
+	if !b.Enabled {
+		return ""
+	}
+	return filepath.Join(dataDir, "jetstream")
+}
+
+// BlobsStatus is the blob store part of the status.
+type BlobsStatus struct {
+	blobs.Usage
+	MaxBytes int64  `json:"max_bytes"`
+	MaxAge   string `json:"max_age,omitempty"`
+}
+
+// startBlobs binds the blob store if it exists and serves the blob
+// capabilities and blobs.SubjectOpen on a connection of the node's own (not a host the
+// watcher of local interest counts). a.mu is held.
+func (a *Appliance) startBlobs(ctx context.Context) error {
+	if !a.cfg.Blobs.Enabled {
+		return nil
+	}
+	nc, err := a.natsSrv.connect(ownConnPrefix + "blobs")
+	if err != nil {
+		return fmt.Errorf("blobs: nats connect: %w", err)
+	}
+	a.interest.exclude(nc)
+	a.blobConn = nc
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	// The store is made when first used (blobs.SubjectOpen): until then
+	// JetStream has no stream, and costs an idle node nothing. One made
+	// before gets the limits configured now.
+	store, err := blobs.Bind(ctx, nc)
+	switch {
+	case errors.Is(err, blobs.ErrNoStore):
+		store = nil
+	case err != nil:
+		return err
+	default:
+		if store, err = blobs.Open(ctx, nc, a.cfg.Blobs.limits()); err != nil {
+			return err
+		}
+	}
+	srv, err := blobs.NewServer(blobs.ServerConfig{
+		Conn: nc, Store: store, Limits: a.cfg.Blobs.limits(),
+		Logger: a.logger.With("component", "blobs"),
+	})
+	if err != nil {
+		return err
+	}
+	a.blobSrv.Store(srv)
+	return nil
+}
+
+// stopBlobs stops serving blobs. a.mu is held.
+func (a *Appliance) stopBlobs() {
+	if srv := a.blobSrv.Swap(nil); srv != nil {
+		srv.Close()
+	}
+	if a.blobConn != nil {
+		a.blobConn.Close()
+		a.blobConn = nil
+	}
+}
+
+// blobsStatus is the blob store's part of the status (nil before it runs).
+func (a *Appliance) blobsStatus() *BlobsStatus {
+	srv := a.blobSrv.Load()
+	if srv == nil {
+		return nil
+	}
+	st := &BlobsStatus{Usage: srv.Usage(), MaxBytes: a.cfg.Blobs.MaxBytes}
+	if a.cfg.Blobs.MaxAge != 0 {
+		st.MaxAge = a.cfg.Blobs.MaxAge.String()
+	}
+	return st
+}
+
+// The blob store's metrics, read from the server's usage at each scrape.
+var (
+	descBlobs       = prometheus.NewDesc("meshbox_blobs", "Blobs in the node's blob store.", nil, nil)
+	descBlobsBytes  = prometheus.NewDesc("meshbox_blobs_bytes", "Bytes of the blobs in the node's blob store.", nil, nil)
+	descBlobsPruned = prometheus.NewDesc("meshbox_blobs_pruned_total", "Blobs deleted because the store passed blobs.max_bytes.", nil, nil)
+)
+
+// blobsCollector exports the blob store's usage (nothing while the store
+// does not run).
+type blobsCollector struct{ srv func() *blobs.Server }
+
+// Describe implements prometheus.Collector.
+func (c blobsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descBlobs
+	ch <- descBlobsBytes
+	ch <- descBlobsPruned
+}
+
+// Collect implements prometheus.Collector.
+func (c blobsCollector) Collect(ch chan<- prometheus.Metric) {
+	srv := c.srv()
+	if srv == nil {
+		return
+	}
+	u := srv.Usage()
+	ch <- prometheus.MustNewConstMetric(descBlobs, prometheus.GaugeValue, float64(u.Count))
+	ch <- prometheus.MustNewConstMetric(descBlobsBytes, prometheus.GaugeValue, float64(u.Bytes))
+	ch <- prometheus.MustNewConstMetric(descBlobsPruned, prometheus.CounterValue, float64(u.Pruned))
+}

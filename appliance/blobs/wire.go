@@ -1,0 +1,75 @@
+package blobs
+
+import "time"
+
+// The capabilities every node serves for its blobs, called on a named node
+// as node.<node>.cap.<name> (so through the broker, sealed like every
+// other request, for another node; locally for this one). A program that
+// may call meshbox.blob.> (its credential's call list) fetches blobs the
+// way `meshbox blob get` does.
+const (
+	// CapManifest answers a ManifestRequest with a Manifest (JSON).
+	CapManifest = "meshbox.blob.manifest"
+	// CapChunk answers a ChunkRequest with the chunk's bytes.
+	CapChunk = "meshbox.blob.chunk"
+	// CapPrefix is what both start with: programs may not host it.
+	CapPrefix = "meshbox.blob."
+)
+
+// SubjectOpen, on a node's own NATS server, makes the node's blob store
+// if it has none yet (a node makes it only when it is first used) and
+// answers {"bucket": Bucket}, or an error. `meshbox blob put` asks it
+// first; so must a program before its first put with the object store
+// API on a node that holds no blobs yet.
+const SubjectOpen = "$MESH.blobs.open"
+
+// Transfer constants.
+const (
+	// ChunkSize is the size of every chunk of a transfer but the last.
+	ChunkSize = 256 << 10
+	// ManifestPage is the most chunk hashes one Manifest carries; a
+	// larger blob's manifest is asked for in pages (ManifestRequest.From).
+	ManifestPage = 4096
+)
+
+// Error codes of the blob capabilities (header Nats-Service-Error-Code,
+// with the text in Nats-Service-Error), as the bridge's own.
+const (
+	CodeBadInput = 400
+	CodeNotFound = 404
+	CodeInternal = 500
+)
+
+// ManifestRequest asks a node for the manifest of one of its blobs, the
+// chunk hashes from chunk From on.
+type ManifestRequest struct {
+	SHA256 string `json:"sha256"`
+	From   int    `json:"from,omitempty"`
+}
+
+// Manifest describes a blob as it is transferred: its size, the size of
+// its chunks and the SHA-256 of each (lowercase hex), from chunk From on,
+// at most ManifestPage of them.
+type Manifest struct {
+	SHA256    string    `json:"sha256"`
+	Size      int64     `json:"size"`
+	ChunkSize int       `json:"chunk_size"`
+	Chunks    int       `json:"chunks"`
+	From      int       `json:"from"`
+	Hashes    []string  `json:"hashes"`
+	Modified  time.Time `json:"modified"`
+}
+
+// ChunkRequest asks a node for chunk Index of one of its blobs.
+type ChunkRequest struct {
+	SHA256 string `json:"sha256"`
+	Index  int    `json:"index"`
+}
+
+// chunksOf is the number of chunks of a blob of size bytes.
+func chunksOf(size int64) int { return int((size + ChunkSize - 1) / ChunkSize) }
+
+// chunkLen is the length of chunk i of a blob of size bytes.
+func chunkLen(size int64, i int) int {
+	return int(min(ChunkSize, size-int64(i)*ChunkSize))
+}

@@ -1,0 +1,331 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/meshbox/meshbox/appliance/blobs"
+	"github.com/nats-io/nats.go"
+)
+
+// BlobCommand stores, fetches, lists and removes blobs: exact bytes kept
+// in a node's JetStream object store and fetched from any node of the
+// mesh in verified chunks.
+type BlobCommand struct{ m *Main }
+
+const blobUsage = `Usage: meshbox blob <command> [--server URL] [flags]
+
+Commands:
+  put FILE               store FILE in the local node's blob store; prints
+                         its reference blob:<node>/<sha256>
+  get REF [-o FILE]      fetch the blob REF from its node, in chunks through the
+                         mesh, each verified; a FILE.part left by an interrupted
+                         fetch is continued (default FILE: the SHA-256)
+  list [--json]          the local node's blobs, oldest first
+  rm REF|SHA256...       delete blobs from the local node's store
+`
+
+// envTamperChunks is a test hook: chunk numbers (comma-separated) whose
+// first arrival blob get corrupts before verifying it, so that tests can
+// see a corrupted chunk detected and fetched again.
+const envTamperChunks = "MESHBOX_TEST_TAMPER_CHUNKS"
+
+// Run dispatches `meshbox blob ...`.
+func (c *BlobCommand) Run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(c.m.Stderr, blobUsage)
+		return usagef("blob: no command given")
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(c.m.Stdout, blobUsage)
+		return nil
+	}
+	sub, args := args[0], args[1:]
+	fs := c.m.newFlagSet("blob "+sub, "blob "+sub+" [--server URL] [flags]")
+	server := c.m.serverFlag(fs)
+	asJSON := fs.Bool("json", false, "print JSON (list)")
+	out := fs.String("o", "", "output file (get; default: the blob's SHA-256 in the current directory)")
+	patience := fs.Duration("patience", blobs.DefaultPatience, "how long get keeps trying while nothing arrives, once the fetch has begun")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	switch sub {
+	case "put":
+		if len(pos) != 1 {
+			return usagef("blob put: want one FILE, got %d arguments", len(pos))
+		}
+		return c.put(ctx, *server, pos[0])
+	case "get":
+		if len(pos) != 1 {
+			return usagef("blob get: want one REF, got %d arguments", len(pos))
+		}
+		ref, err := blobs.ParseRef(pos[0])
+		if err != nil {
+			return usagef("blob get: %v", err)
+		}
+		return c.get(ctx, *server, ref, *out, *patience)
+	case "list":
+		if len(pos) != 0 {
+			return usagef("blob list takes no arguments")
+		}
+		return c.list(ctx, *server, *asJSON)
+	case "rm":
+		if len(pos) == 0 {
+			return usagef("blob rm: want REF or SHA256 arguments")
+		}
+		return c.rm(ctx, *server, pos)
+	default:
+		fmt.Fprint(c.m.Stderr, blobUsage)
+		return usagef("blob: unknown command %q", sub)
+	}
+}
+
+// local connects to the local node and binds its blob store (made first
+// when create is true); node is the node's name. A node without a store has
+// no blobs: store is nil then.
+func (c *BlobCommand) local(ctx context.Context, server string, create bool) (nc *nats.Conn, store *blobs.Store, node string, maxBytes int64, err error) {
+	st, _, err := c.m.nodeStatus(ctx, server)
+	if err != nil {
+		return nil, nil, "", 0, err
+	}
+	if st.Blobs != nil {
+		maxBytes = st.Blobs.MaxBytes
+	}
+	nc, err = c.m.connectNode(server)
+	if err != nil {
+		return nil, nil, "", 0, err
+	}
+	if st.Blobs == nil {
+		nc.Close()
+		return nil, nil, "", 0, fmt.Errorf("node %s: %w (blobs.enabled is false)", st.Node, blobs.ErrNoStore)
+	}
+	if create {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		resp, err := nc.RequestWithContext(rctx, blobs.SubjectOpen, nil)
+		cancel()
+		if err == nil && resp.Header.Get("Nats-Service-Error") != "" {
+			err = errors.New(resp.Header.Get("Nats-Service-Error"))
+		}
+		if err != nil {
+			nc.Close()
+			return nil, nil, "", 0, fmt.Errorf("node %s: make the blob store: %w", st.Node, err)
+		}
+	}
+	store, err = blobs.Bind(ctx, nc)
+	if errors.Is(err, blobs.ErrNoStore) && !create {
+		return nc, nil, st.Node, maxBytes, nil
+	}
+	if err != nil {
+		nc.Close()
+		return nil, nil, "", 0, fmt.Errorf("node %s: %w", st.Node, err)
+	}
+	return nc, store, st.Node, maxBytes, nil
+}
+
+func (c *BlobCommand) put(ctx context.Context, server, file string) error {
+	nc, store, node, maxBytes, err := c.local(ctx, server, true)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	info, err := store.PutFile(ctx, file, maxBytes)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.m.Stdout, blobs.Ref{Node: node, SHA256: info.SHA256})
+	return nil
+}
+
+func (c *BlobCommand) get(ctx context.Context, server string, ref blobs.Ref, out string, patience time.Duration) error {
+	if out == "" {
+		out = ref.SHA256
+	}
+	tamper, err := tamperHook(c.m.Getenv(envTamperChunks))
+	if err != nil {
+		return err
+	}
+	nc, err := c.m.connectNode(server)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	bar := newProgressBar(c.m.Stderr)
+	f := &blobs.Fetcher{
+		Conn: nc, Patience: patience, Tamper: tamper,
+		Progress: bar.update,
+		Note: func(format string, args ...any) {
+			bar.line("meshbox: " + fmt.Sprintf(format, args...))
+		},
+	}
+	start := time.Now()
+	res, err := f.Fetch(ctx, ref, out)
+	bar.done()
+	if err != nil {
+		return err
+	}
+	secs := time.Since(start).Seconds()
+	fmt.Fprintf(c.m.Stdout, "%s: %d bytes, %d chunks (%d kept from a partial file, %d fetched, %d fetched again), %.1f MiB/s\n",
+		out, res.Size, res.Chunks, res.Kept, res.Fetched, res.Refetched, float64(res.Size-int64(res.Kept)*blobs.ChunkSize)/(1<<20)/max(secs, 1e-3))
+	return nil
+}
+
+func (c *BlobCommand) list(ctx context.Context, server string, asJSON bool) error {
+	nc, store, node, _, err := c.local(ctx, server, false)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	var list []blobs.Info
+	if store != nil {
+		if list, err = store.List(ctx); err != nil {
+			return err
+		}
+	}
+	if asJSON {
+		type entry struct {
+			Ref string `json:"ref"`
+			blobs.Info
+		}
+		out := make([]entry, 0, len(list))
+		for _, b := range list {
+			out = append(out, entry{Ref: blobs.Ref{Node: node, SHA256: b.SHA256}.String(), Info: b})
+		}
+		enc := json.NewEncoder(c.m.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	tw := tabwriter.NewWriter(c.m.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "REF\tSIZE\tSTORED")
+	for _, b := range list {
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", blobs.Ref{Node: node, SHA256: b.SHA256}, b.Size, b.Modified.Format(time.RFC3339))
+	}
+	return tw.Flush()
+}
+
+func (c *BlobCommand) rm(ctx context.Context, server string, args []string) error {
+	nc, store, node, _, err := c.local(ctx, server, false)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	for _, a := range args {
+		sum := a
+		if strings.HasPrefix(a, "blob:") {
+			ref, err := blobs.ParseRef(a)
+			if err != nil {
+				return usagef("blob rm: %v", err)
+			}
+			if ref.Node != node {
+				return fmt.Errorf("blob rm: %s is on node %s; this is node %s", a, ref.Node, node)
+			}
+			sum = ref.SHA256
+		} else if err := blobs.CheckSHA256(sum); err != nil {
+			return usagef("blob rm: %v", err)
+		}
+		if store == nil {
+			return fmt.Errorf("blob rm: %w: %s (node %s has no blobs)", blobs.ErrNotFound, sum, node)
+		}
+		if err := store.Remove(ctx, sum); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.m.Stdout, "removed %s\n", blobs.Ref{Node: node, SHA256: sum})
+	}
+	return nil
+}
+
+// tamperHook reads envTamperChunks: it corrupts the first arrival of each
+// chunk named.
+func tamperHook(v string) (func(int, []byte), error) {
+	if v == "" {
+		return nil, nil
+	}
+	var mu sync.Mutex
+	left := map[int]bool{}
+	for _, s := range strings.Split(v, ",") {
+		i, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || i < 0 {
+			return nil, fmt.Errorf("%s: %q is not a chunk number", envTamperChunks, s)
+		}
+		left[i] = true
+	}
+	return func(i int, data []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		if left[i] && len(data) > 0 {
+			delete(left, i)
+			data[len(data)/2] ^= 0xff
+		}
+	}, nil
+}
+
+// progressBar draws a fetch's progress on a terminal (and nothing
+// elsewhere), at most ten times a second. Notes are printed as lines.
+type progressBar struct {
+	mu    sync.Mutex
+	w     io.Writer
+	tty   bool
+	start time.Time
+	last  time.Time
+	drawn bool
+}
+
+func newProgressBar(w io.Writer) *progressBar {
+	p := &progressBar{w: w, start: time.Now()}
+	if f, ok := w.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			p.tty = true
+		}
+	}
+	return p
+}
+
+func (p *progressBar) update(have, size int64) {
+	if !p.tty {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if time.Since(p.last) < 100*time.Millisecond && have < size {
+		return
+	}
+	p.last = time.Now()
+	const width = 30
+	frac := 1.0
+	if size > 0 {
+		frac = float64(have) / float64(size)
+	}
+	n := int(frac * width)
+	rate := float64(have) / (1 << 20) / max(time.Since(p.start).Seconds(), 1e-3)
+	fmt.Fprintf(p.w, "\r\033[K[%s%s] %5.1f%% %.1f/%.1f MiB %.1f MiB/s",
+		strings.Repeat("=", n), strings.Repeat(" ", width-n), 100*frac, float64(have)/(1<<20), float64(size)/(1<<20), rate)
+	p.drawn = true
+}
+
+func (p *progressBar) line(s string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drawn {
+		fmt.Fprint(p.w, "\r\033[K")
+		p.drawn = false
+	}
+	fmt.Fprintln(p.w, s)
+}
+
+func (p *progressBar) done() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drawn {
+		fmt.Fprintln(p.w)
+		p.drawn = false
+	}
+}
