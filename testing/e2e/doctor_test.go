@@ -194,7 +194,7 @@ func TestDoctorBrokerDown(t *testing.T) {
 		t.Skip("starts and stops RabbitMQ")
 	}
 	meshtest.Binary(t)
-	t.Parallel() // a broker of its own: runs beside the other tests that have one
+	t.Parallel()                   // a broker of its own: runs beside the other tests that have one
 	rmq := meshtest.NewRabbitMQ(t) // private: this test stops it
 	good := rmq.URL()
 	data := filepath.Join(t.TempDir(), "data") // not created yet: a warning, not a failure
