@@ -9,6 +9,17 @@ import (
 
 type ackOp int
 
+// ackLinger is how long the consumer owner lets acks gather before it
+// sends them, unless ackBatch of them already wait. An ack frame costs the
+// broker a settle command on the quorum queue and this node a system call;
+// a multiple ack settles a run of deliveries with one of each. The linger
+// only holds back a delivery's ack, never a handler or a publish: the
+// consumer's prefetch covers it many times over at any rate it can reach.
+const (
+	ackLinger = 500 * time.Microsecond
+	ackBatch  = 64
+)
+
 const (
 	opAck ackOp = iota
 	opRequeue
@@ -30,11 +41,21 @@ func (s *session) consumerOwner() {
 	}
 	defer func() { _ = decl.Close() }()
 	s.syncStages(&decl)
+	linger := time.NewTimer(ackLinger)
+	linger.Stop()
 	for {
 		select {
 		case <-s.ctx.Done():
 			return
 		case a := <-s.ackQ:
+			if len(s.ackQ) < ackBatch {
+				linger.Reset(ackLinger)
+				select {
+				case <-linger.C:
+				case <-s.ctx.Done():
+					linger.Stop()
+				}
+			}
 			n, err := s.settleAcks(a)
 			s.unacked.Add(-int64(n))
 			if err != nil {
@@ -90,6 +111,8 @@ func (s *session) settleAcks(first ackReq) (int, error) {
 		}
 	}
 	requeue, upTo, single := s.acks.plan(reqs)
+	s.conCork.cork() // the run goes out with one write
+	defer s.conCork.uncork()
 	for _, tag := range requeue {
 		if err := s.conCh.Nack(tag, false, true); err != nil {
 			return len(reqs), err

@@ -166,7 +166,11 @@
 //
 //   - Exchange mesh (topic, durable): all mesh traffic is published here,
 //     never to the default exchange (whose write right cannot be scoped per
-//     queue): commands cmd.<stage>, events evt.<topic>, broadcasts
+//     queue) nor to a direct exchange, although either costs the broker
+//     less per message: RabbitMQ checks topic permissions (the routing and
+//     binding keys a node may use, permissions.go) only on topic exchanges,
+//     so on a direct exchange a node could bind its own queue with another
+//     stage's or node's key and read a copy of that traffic: commands cmd.<stage>, events evt.<topic>, broadcasts
 //     sys.<key>, and to.<node>.* for traffic addressed to one node (requests
 //     to.<n>.req.<capability>, replies to.<n>.reply, system messages
 //     to.<n>.sys.<key>).
@@ -404,7 +408,10 @@
 //   - the acked consume channel (events, commands; consuming connection)
 //     belongs to the consumer owner, which acks (a run of settled
 //     deliveries with one multiple ack: only acked consumers use this
-//     channel, so its delivery tags are dense), requeues, and opens or
+//     channel, so its delivery tags are dense; it lets acks gather for up
+//     to 500 µs and writes them through the corked socket of the consuming
+//     connection, since each ack frame costs the broker a settle on the
+//     quorum queue and this node a system call), requeues, and opens or
 //     cancels stage consumers (declaring stage queues on a channel of its
 //     own, since a failed declaration closes its channel) as each stage's
 //     credit asks (see Credit per stage); the unacked

@@ -359,8 +359,8 @@ func (b *Bridge) withQuit(parent context.Context) (context.Context, context.Canc
 // dial opens an AMQP connection named "meshbox node <node> (<role>)".
 // Cancelling ctx aborts the handshake. abort closes the connection's socket
 // at once: an AMQP call waiting on a broker that stalls fails with it.
-// The publishing connection's socket is a *corkConn, returned as cork (nil
-// for the consuming one).
+// The connection's socket is a *corkConn, returned as cork: the publishers
+// batch their messages through it, the consumer owner its acks.
 func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connection, cork *corkConn, abort func(), err error) {
 	cfg := amqp.Config{
 		Heartbeat:  b.cfg.Heartbeat,
@@ -394,11 +394,8 @@ func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connect
 		}
 		stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
 		raw = c
-		if role == rolePublish {
-			cork = &corkConn{Conn: c}
-			return cork, nil
-		}
-		return c, nil
+		cork = &corkConn{Conn: c}
+		return cork, nil
 	}
 	conn, err = amqp.DialConfig(url, cfg)
 	if stop != nil {

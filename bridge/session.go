@@ -66,6 +66,7 @@ type session struct {
 	// system messages), stage declarations and queue inspections. It never
 	// publishes.
 	conConn      *amqp.Connection
+	conCork      *corkConn // conConn's socket: a run of acks goes out with one write
 	conCh        *amqp.Channel
 	autoCh       *amqp.Channel
 	cancels      chan string
@@ -133,7 +134,7 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 	}
 	user := b.loginUser(url, uri) // the URL's, or a client certificate's
 	_, _, perNode := ParseBrokerUser(user)
-	conConn, _, abortCon, err := b.dial(ctx, url, roleConsume)
+	conConn, conCork, abortCon, err := b.dial(ctx, url, roleConsume)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to broker: %w", refused(err, user))
 	}
@@ -144,7 +145,7 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 		return nil, nil, fmt.Errorf("connect to broker: %w", refused(err, user))
 	}
 	s := &session{
-		b: b, url: url, user: user, perNode: perNode, pubConn: pubConn, cork: cork, conConn: conConn,
+		b: b, url: url, user: user, perNode: perNode, pubConn: pubConn, cork: cork, conConn: conConn, conCork: conCork,
 		failed:       make(chan error, 1),
 		requestsDone: make(chan struct{}),
 		repliesDone:  make(chan struct{}),
