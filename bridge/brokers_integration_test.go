@@ -20,7 +20,7 @@ func closedBrokerURL(t *testing.T, brokerURL string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u.Host = fmt.Sprintf("127.0.0.1:%d", meshtest.FreePort(t))
+	u.Host = fmt.Sprintf("127.0.0.1:%d", meshtest.ClosedPort(t))
 	return u.String()
 }
 

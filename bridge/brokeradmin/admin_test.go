@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 	"testing"
@@ -45,12 +44,7 @@ func TestConnectErrors(t *testing.T) {
 	r := meshtest.RabbitMQ(t)
 	ctx := context.Background()
 	port := strings.TrimPrefix(r.ManagementURL(), "http://127.0.0.1:")
-	free, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	freeAddr := free.Addr().String()
-	free.Close() // nothing listens there now
+	freeAddr := fmt.Sprintf("127.0.0.1:%d", meshtest.ClosedPort(t)) // nothing listens there
 
 	tests := []struct {
 		name     string

@@ -70,8 +70,8 @@ func hostOf(t *testing.T, amqpURL string) string {
 func TestThreeBrokerURLsTwoDown(t *testing.T) {
 	vhost := meshtest.RabbitMQ(t).Vhost(t)
 	live := hostOf(t, vhost)
-	down1 := withHost(t, vhost, fmt.Sprintf("127.0.0.1:%d", meshtest.FreePort(t)))
-	down2 := withHost(t, vhost, fmt.Sprintf("127.0.0.1:%d", meshtest.FreePort(t)))
+	down1 := withHost(t, vhost, fmt.Sprintf("127.0.0.1:%d", meshtest.ClosedPort(t)))
+	down2 := withHost(t, vhost, fmt.Sprintf("127.0.0.1:%d", meshtest.ClosedPort(t)))
 	p := startMeshNode(t, "alpha", down1+","+down2+","+vhost, bridgeConfig{})
 	st := waitBrokers(t, p.HTTPURL(), 5*time.Second, "the status naming the broker in use", func(s brokersStatus) bool {
 		return s.Broker.State == "connected" && s.Broker.Broker == live
@@ -123,7 +123,7 @@ func TestBrokerFailoverToSecondURL(t *testing.T) {
 // does.
 func TestDoctorSeveralBrokers(t *testing.T) {
 	vhost := meshtest.RabbitMQ(t).Vhost(t)
-	down := withHost(t, vhost, fmt.Sprintf("127.0.0.1:%d", meshtest.FreePort(t)))
+	down := withHost(t, vhost, fmt.Sprintf("127.0.0.1:%d", meshtest.ClosedPort(t)))
 	data := filepath.Join(t.TempDir(), "data")
 
 	code, rep := doctor(t, "--node", "alpha", "--data", data, "--broker", vhost+","+down)
@@ -147,7 +147,7 @@ func TestDoctorSeveralBrokers(t *testing.T) {
 // credential its bindings give it, and its status lists both.
 func TestBrokerListSetting(t *testing.T) {
 	vhost := meshtest.RabbitMQ(t).Vhost(t)
-	down := withHost(t, vhost, fmt.Sprintf("127.0.0.1:%d", meshtest.FreePort(t)))
+	down := withHost(t, vhost, fmt.Sprintf("127.0.0.1:%d", meshtest.ClosedPort(t)))
 	db := meshtest.Postgres(t).Database(t)
 	list := meshtest.NoCredential(down) + "," + meshtest.NoCredential(vhost)
 	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", list); code != 0 {

@@ -55,7 +55,7 @@ func TestNodeAddJoinRun(t *testing.T) {
 		{"wrong admin password", []string{"MESHBOX_DB=" + db}, []string{"cellar", "--broker-admin", "http://guest:wrong@127.0.0.1:" + mgmtPort},
 			"401: wrong admin user or password"},
 		{"no management API listening", []string{"MESHBOX_DB=" + db},
-			[]string{"cellar", "--broker-admin", "http://guest:guest@127.0.0.1:" + strconv.Itoa(meshtest.FreePort(t))}, "rabbitmq_management plugin"},
+			[]string{"cellar", "--broker-admin", "http://guest:guest@127.0.0.1:" + strconv.Itoa(meshtest.ClosedPort(t))}, "rabbitmq_management plugin"},
 		{"existing node", admin, []string{"alpha"}, `node "alpha" already exists`},
 		{"bad stage", admin, []string{"cellar", "--stages", "a b"}, "stage name"},
 	}

@@ -169,7 +169,7 @@ func TestSecondProcessOnSameDataDirIsRefused(t *testing.T) {
 }
 
 func TestStatusOfUnreachableNode(t *testing.T) {
-	port := meshtest.FreePort(t)
+	port := meshtest.ClosedPort(t)
 	code, out, errOut := cli(t, "status", "--server", "nats://127.0.0.1:"+strconv.Itoa(port))
 	if code == 0 {
 		t.Fatalf("status of no node: exit 0, want non-zero (stdout %q)", out)

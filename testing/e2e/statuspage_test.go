@@ -371,7 +371,7 @@ func TestStatusPageOnCache(t *testing.T) {
 	db := pg.Database(t)
 	// No broker answers at this address: the page shows a node that is
 	// cut off from both.
-	noBroker := "amqp://127.0.0.1:" + strconv.Itoa(meshtest.FreePort(t)) + "/"
+	noBroker := "amqp://127.0.0.1:" + strconv.Itoa(meshtest.ClosedPort(t)) + "/"
 	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", noBroker); code != 0 {
 		t.Fatalf("init: exit %d: %s", code, errOut)
 	}

@@ -3,6 +3,7 @@ package meshtest
 import (
 	"net"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -39,4 +40,26 @@ func freePort() (int, error) {
 			return p, nil
 		}
 	}
+}
+
+// ClosedPort returns a loopback TCP port that nothing listens on for the
+// rest of tb: a socket of this process holds it bound without listening,
+// so a connection to it is refused and no other process (another test
+// package's broker, say) can take it in the meantime, as it could a port
+// that was only free a moment ago.
+func ClosedPort(tb testing.TB) int {
+	tb.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		tb.Fatalf("meshtest: closed port: socket: %v", err)
+	}
+	tb.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		tb.Fatalf("meshtest: closed port: bind: %v", err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		tb.Fatalf("meshtest: closed port: %v", err)
+	}
+	return sa.(*syscall.SockaddrInet4).Port
 }
