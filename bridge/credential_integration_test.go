@@ -177,9 +177,11 @@ func TestCredentialRevokedIsSaid(t *testing.T) {
 	if err := a.DeleteGeneration(context.Background(), "alpha", 1); err != nil {
 		t.Fatal(err)
 	}
+	// The credential's state and the link's reason are set one after the
+	// other: wait for the link to say it too.
 	waitFor(t, 20*time.Second, "credential revoked", func() bool {
-		c := alpha.b.Status().Broker.Credential
-		return c != nil && c.State == bridge.CredentialRevoked
+		st := alpha.b.Status().Broker
+		return st.Credential != nil && st.Credential.State == bridge.CredentialRevoked && strings.Contains(st.Reason, "credential revoked")
 	})
 	st := alpha.b.Status().Broker
 	if st.State != bridge.StateOffline || !strings.Contains(st.Reason, "credential revoked") || !strings.Contains(st.Reason, "403") {
