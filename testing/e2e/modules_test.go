@@ -220,7 +220,8 @@ func TestModulesFollowTheMesh(t *testing.T) {
 		"stop_grace": "2s"}`, prog), "")
 	writeModule(t, cat, "backups", `{"name": "backups", "selections": {"stable": {"command": "./run.sh"}},
 		"hosts": {"stages": ["nightly-backup"]}, "start_grace": "500ms", "stop_grace": "2s"}`, "exec sleep 600\n")
-	writeModule(t, cat, "idle", scriptModule("idle"), "exec sleep 600\n")
+	writeModule(t, cat, "idle", `{"name": "idle", "selections": {"stable": {"command": "./run.sh"}},
+		"hosts": {"stages": ["idle-work"]}, "start_grace": "1m", "stop_grace": "2s"}`, "exec sleep 600\n")
 	mesh(t, db, "assign", "alpha", "greeter", "--selection", "stable", "--autostart")
 	mesh(t, db, "assign", "alpha", "backups", "--selection", "stable", "--autostart")
 
@@ -262,7 +263,13 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	}
 
 	// mesh assign starts a module on the running node within a second, and
-	// mesh unassign stops it within a second.
+	// mesh unassign stops it within a second. The stage it declares takes
+	// commands once it is assigned, and not before.
+	if o, resp, _ := submit(nb, "cmd.idle-work", []byte("run"), 5*time.Second); o != refused {
+		t.Errorf("command for idle-work before idle is assigned: got %v, want refused", o)
+	} else if code, _ := serviceError(resp); code != 503 {
+		t.Errorf("command for idle-work before idle is assigned: got code %d, want 503", code)
+	}
 	start := time.Now()
 	mesh(t, db, "assign", "alpha", "idle", "--selection", "stable", "--autostart")
 	idle := waitModule(t, alpha.HTTPURL(), "idle", 5*time.Second, "idle running", moduleRunning)
@@ -270,6 +277,9 @@ func TestModulesFollowTheMesh(t *testing.T) {
 		t.Errorf("assigned module running after %s, want within about 1s", d)
 	} else {
 		t.Logf("mesh assign → module running: %s (the CLI's run included)", d.Round(time.Millisecond))
+	}
+	if o, resp, err := submit(nb, "cmd.idle-work", []byte("run"), 5*time.Second); o != acked {
+		t.Errorf("command for the stage of idle, assigned to the running node: got %v %v %v, want accepted", o, err, resp)
 	}
 	start = time.Now()
 	mesh(t, db, "unassign", "alpha", "idle")
@@ -332,11 +342,15 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	}
 	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", granted.Pid))
 	environ, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", granted.Pid))
-	_, modulesJSON, _ := cliEnv(t, []string{"MESHBOX_SERVER=" + alpha.NATSURL(), "MESHBOX_DATA=" + alpha.DataDir()}, "modules", "--json")
+	onAlpha := []string{"MESHBOX_SERVER=" + alpha.NATSURL(), "MESHBOX_DATA=" + alpha.DataDir()}
+	_, modulesJSON, _ := cliEnv(t, onAlpha, "modules", "--json")
+	_, moduleLogs, _ := cliEnv(t, onAlpha, "module", "logs", "greeter")
 	for what, text := range map[string]string{
 		"the node's log":           alpha.Output(),
 		"the status":               readAll(t, alpha.HTTPURL()+"/status"),
+		"the metrics":              readAll(t, alpha.HTTPURL()+"/metrics"),
 		"meshbox modules --json":   modulesJSON,
+		"meshbox module logs":      moduleLogs,
 		"the module's arguments":   string(cmdline),
 		"the module's environment": string(environ),
 	} {
@@ -436,6 +450,32 @@ func TestModulesSupervision(t *testing.T) {
 	flaky := waitModule(t, p.HTTPURL(), "flaky", 10*time.Second, "flaky crash-looping", func(m moduleStatus) bool { return m.State == "crash-looping" })
 	if flaky.Restarts != 3 || flaky.LastExit == nil || flaky.LastExit.Code != 7 || !strings.Contains(flaky.Error, "failed 3 times in a row") {
 		t.Errorf("flaky: got %+v, want 3 restarts, last exit 7, the reason", flaky)
+	}
+	// Each restart came after its pause: modulesConfig's restart_min 50ms,
+	// doubling, jittered down to half.
+	code, flakyLogs, errOut := cliEnv(t, server, "module", "logs", "flaky")
+	var runs []time.Time
+	for line := range strings.SplitSeq(strings.TrimSpace(flakyLogs), "\n") {
+		at, text, _ := strings.Cut(line, " ")
+		tm, err := time.ParseInLocation("15:04:05.000", at, time.Local)
+		if err != nil || text != "stdout failing again" {
+			t.Fatalf("module logs flaky: line %q, want a time and stdout failing again", line)
+		}
+		runs = append(runs, tm)
+	}
+	if code != 0 || len(runs) != 3 {
+		t.Fatalf("module logs flaky: exit %d, %d runs, want 3:\n%s%s", code, len(runs), flakyLogs, errOut)
+	}
+	for i := 1; i < len(runs); i++ {
+		gap := runs[i].Sub(runs[i-1])
+		if gap < 0 {
+			gap += 24 * time.Hour // past midnight
+		}
+		if least := (50 * time.Millisecond << (i - 1)) / 2; gap < least {
+			t.Errorf("flaky's run %d started %v after the one before, want a pause of at least %v", i+1, gap, least)
+		} else {
+			t.Logf("flaky's run %d started %v after the one before (pause at least %v)", i+1, gap, least)
+		}
 	}
 	time.Sleep(300 * time.Millisecond) // real time is the thing under test: no restart during the slow retry
 	if m := getModules(t, p.HTTPURL())["flaky"]; m.State != "crash-looping" || m.Restarts != 3 {
