@@ -368,3 +368,48 @@ func TestModuleRunsAsItsUser(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Stopping a module sends SIGTERM to its whole process group, and SIGKILL
+// after its stop grace to one that does not end. "polite" ends only once
+// its child ended, which only the group's SIGTERM ends (a SIGTERM to the
+// module's process alone would leave it waiting out the grace); "stubborn"
+// ignores SIGTERM, it and its child, and is killed once its grace passed.
+func TestStopTermsTheGroupThenKills(t *testing.T) {
+	cat := t.TempDir()
+	writeModule(t, cat, "polite", `{"name": "polite", "selections": {"stable": {"command": "./run.sh"}}, "stop_grace": "5s"}`,
+		"trap 'wait; echo child ended; exit 0' TERM\nsleep 600 &\necho up\nwait\n")
+	writeModule(t, cat, "stubborn", `{"name": "stubborn", "selections": {"stable": {"command": "./run.sh"}}, "stop_grace": "300ms"}`,
+		"trap '' TERM\nsleep 600 &\necho up\nwait\n")
+	s := newSupervisor(t, cat)
+	apply(s, bindings(cache.Assignment{Module: "polite", Selection: "stable", Autostart: true},
+		cache.Assignment{Module: "stubborn", Selection: "stable", Autostart: true}))
+	for _, name := range []string{"polite", "stubborn"} {
+		waitModule(t, s, name, "up", func(st Status) bool {
+			lines, _ := s.Logs(name, 0)
+			return running(st) && len(lines) == 1 && lines[0].Text == "up"
+		})
+	}
+	for _, c := range []struct {
+		name, reason string
+		least, most  time.Duration
+	}{
+		{"polite", "stopped (exited with status 0)", 0, 2 * time.Second},
+		{"stubborn", "stopped (killed by signal SIGKILL)", 300 * time.Millisecond, 3 * time.Second},
+	} {
+		start := time.Now()
+		if err := s.Stop(c.name); err != nil {
+			t.Fatal(err)
+		}
+		st := waitModule(t, s, c.name, "stopped", func(st Status) bool { return st.State == StateStopped })
+		took := time.Since(start)
+		if st.LastExit == nil || st.LastExit.Reason != c.reason {
+			t.Errorf("%s: last exit %+v, want %q", c.name, st.LastExit, c.reason)
+		}
+		if took < c.least || took > c.most {
+			t.Errorf("%s: stopped after %v, want between %v and %v", c.name, took, c.least, c.most)
+		}
+	}
+	if lines, _ := s.Logs("polite", 0); len(lines) != 2 || lines[1].Text != "child ended" {
+		t.Errorf("polite's output: got %+v, want up, child ended", lines)
+	}
+}
