@@ -413,3 +413,31 @@ func TestStopTermsTheGroupThenKills(t *testing.T) {
 		t.Errorf("polite's output: got %+v, want up, child ended", lines)
 	}
 }
+
+// An assignment changed to another selection restarts the module at that
+// selection; one changed to no autostart stops it.
+func TestChangedAssignmentRestartsOrStops(t *testing.T) {
+	cat := t.TempDir()
+	writeModule(t, cat, "m", `{"name": "m", "selections": {"stable": {"command": "./run.sh", "env": {"SEL": "s"}},
+		"nightly": {"command": "./run.sh", "env": {"SEL": "n"}}}, "stop_grace": "2s"}`,
+		"echo \"$SEL $MESHBOX_SELECTION\"\nexec sleep 60\n")
+	s := newSupervisor(t, cat)
+	apply(s, bindings(cache.Assignment{Module: "m", Selection: "stable", Autostart: true}))
+	first := waitModule(t, s, "m", "running", running)
+	apply(s, bindings(cache.Assignment{Module: "m", Selection: "nightly", Autostart: true}))
+	second := waitModule(t, s, "m", "running at nightly", func(st Status) bool {
+		lines, _ := s.Logs("m", 0)
+		return running(st) && st.Pid != first.Pid && st.Selection == "nightly" && len(lines) == 2
+	})
+	if lines, _ := s.Logs("m", 0); lines[0].Text != "s stable" || lines[1].Text != "n nightly" {
+		t.Errorf("output of the two runs: got %+v, want \"s stable\" then \"n nightly\"", lines)
+	}
+	if alive(first.Pid) {
+		t.Errorf("the run at stable (pid %d) still runs", first.Pid)
+	}
+	apply(s, bindings(cache.Assignment{Module: "m", Selection: "nightly"}))
+	st := waitModule(t, s, "m", "stopped", func(st Status) bool { return st.State == StateStopped })
+	if st.Pid != 0 || alive(second.Pid) || st.Autostart {
+		t.Errorf("without autostart: got %+v, process alive %v; want it stopped", st, alive(second.Pid))
+	}
+}
