@@ -11,8 +11,11 @@
 #   /usr/lib/sysusers.d/meshbox.conf                  that user
 #   /usr/lib/tmpfiles.d/meshbox.conf                  its data directory, 0700
 #   /etc/meshbox/meshbox.env                          conffile, 0600: kept on upgrade
+#   /etc/meshbox/modules                              the module catalog, empty (0755)
 #   /var/lib/meshbox                                  the data directory (cache, outbox)
 #   /usr/share/doc/meshbox/README.md, copyright
+#   /usr/share/doc/meshbox/examples/modules-as-users.conf
+#                                                     the drop-in that lets modules run as their users
 # and the maintainer scripts postinst, prerm and postrm of this directory.
 set -eu
 
@@ -63,7 +66,7 @@ root=$stage/root
 umask 022
 install -d "$root/DEBIAN" "$root/usr/bin" "$root/usr/lib/systemd/system/meshbox.service.d" \
 	"$root/usr/lib/sysusers.d" "$root/usr/lib/tmpfiles.d" "$root/etc/meshbox" \
-	"$root/usr/share/doc/meshbox"
+	"$root/etc/meshbox/modules" "$root/usr/share/doc/meshbox/examples"
 install -d -m 0700 "$root/var/lib/meshbox"
 install -m 0755 "$bin" "$root/usr/bin/meshbox"
 sed 's|/usr/local/bin/meshbox|/usr/bin/meshbox|g' "$top/deploy/meshbox.service" >"$root/usr/lib/systemd/system/meshbox.service"
@@ -73,6 +76,7 @@ install -m 0644 "$here/tmpfiles.conf" "$root/usr/lib/tmpfiles.d/meshbox.conf"
 install -m 0600 "$top/deploy/meshbox.env.example" "$root/etc/meshbox/meshbox.env"
 install -m 0644 "$top/README.md" "$root/usr/share/doc/meshbox/README.md"
 install -m 0644 "$here/copyright" "$root/usr/share/doc/meshbox/copyright"
+install -m 0644 "$top/deploy/modules-as-users.conf.example" "$root/usr/share/doc/meshbox/examples/modules-as-users.conf"
 for s in postinst prerm postrm; do
 	install -m 0755 "$here/$s" "$root/DEBIAN/$s"
 done

@@ -107,6 +107,16 @@ func wantFile(t *testing.T, path string, mode fs.FileMode, uid, gid int) {
 	}
 }
 
+// readFile returns the content of path.
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
 // systemUser returns the uid and gid of name in root's /etc/passwd.
 func systemUser(t *testing.T, root, name string) (uid, gid int, home, shell string) {
 	t.Helper()
@@ -193,6 +203,14 @@ func TestDebianPackage(t *testing.T) {
 	wantFile(t, filepath.Join(root, "usr/lib/systemd/system/meshbox.service.d/00-package.conf"), 0o644, 0, 0)
 	wantFile(t, filepath.Join(root, "etc/meshbox/meshbox.env"), 0o600, 0, 0)
 	wantFile(t, filepath.Join(root, "var/lib/meshbox"), fs.ModeDir|0o700, uid, gid)
+	// The module catalog the unit names, and the drop-in that lets modules
+	// run as their users.
+	wantFile(t, filepath.Join(root, "etc/meshbox/modules"), fs.ModeDir|0o755, 0, 0)
+	example := filepath.Join(root, "usr/share/doc/meshbox/examples/modules-as-users.conf")
+	wantFile(t, example, 0o644, 0, 0)
+	if got, want := readFile(t, example), readFile(t, filepath.Join(top, "deploy/modules-as-users.conf.example")); got != want {
+		t.Errorf("%s is not deploy/modules-as-users.conf.example", example)
+	}
 	// Nothing enabled that the user did not ask for.
 	if m, _ := filepath.Glob(filepath.Join(root, "etc/systemd/system/*/meshbox.service")); len(m) > 0 {
 		t.Errorf("install enabled the unit: %v", m)
@@ -300,6 +318,13 @@ func testUpgrade(t *testing.T, root, deb, top, dist string, uid, gid int) {
 	if err := os.WriteFile(outbox, []byte("not sent yet"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	module := filepath.Join(root, "etc/meshbox/modules/greeter/manifest.json")
+	if err := os.MkdirAll(filepath.Dir(module), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(module, []byte(`{"name": "greeter"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Chown(outbox, uid, gid); err != nil {
 		t.Fatal(err)
 	}
@@ -337,13 +362,13 @@ func testUpgrade(t *testing.T, root, deb, top, dist string, uid, gid int) {
 	if _, err := os.Stat(filepath.Join(root, "usr/bin/meshbox")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("remove: the binary is still there (%v)", err)
 	}
-	for _, p := range []string{env, outbox} {
+	for _, p := range []string{env, outbox, module} {
 		if _, err := os.Stat(p); err != nil {
 			t.Errorf("remove: %s not kept: %v", p, err)
 		}
 	}
 	dpkg(t, root, "--purge", "meshbox")
-	for _, p := range []string{env, outbox, filepath.Join(root, "var/lib/meshbox")} {
+	for _, p := range []string{env, outbox, filepath.Join(root, "var/lib/meshbox"), filepath.Join(root, "etc/meshbox/modules")} {
 		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("purge: %s still there (%v)", p, err)
 		}
