@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
@@ -215,6 +216,7 @@ func TestModulesFollowTheMesh(t *testing.T) {
 		"name": "greeter",
 		"selections": {"stable": {"command": %q, "env": {"CAP": "greet", "COLOR": "blue"}}},
 		"hosts": {"capabilities": ["greet"]},
+		"uses": {"capabilities": ["clock"], "subscribes": ["greetings"]},
 		"overrides": {"color": "COLOR"},
 		"grants": [{"resource": "nas-storage"}],
 		"stop_grace": "2s"}`, prog), "")
@@ -293,8 +295,27 @@ func TestModulesFollowTheMesh(t *testing.T) {
 		t.Error("an unassigned module is still in the status")
 	}
 
-	// An override change restarts the module with the new value.
+	// The module's own credential allows what its manifest declares and
+	// nothing else.
 	na := natsConn(t, alpha)
+	for probe, allowed := range map[string]bool{
+		"sub:cap.greet":                         true,
+		"sub:evt.greetings":                     true,
+		"pub:cap.clock":                         true,
+		"sub:cap.other":                         false,
+		"sub:work.nightly-backup":               false, // a stage another module declares
+		"sub:evt.other":                         false,
+		"pub:cap.other":                         false,
+		"pub:cmd.nightly-backup":                false,
+		"pub:" + appliance.SubjectModuleControl: false,
+	} {
+		got := call(t, na, "cap.greet", probe)
+		if allowed && got != "allowed" || !allowed && !strings.HasPrefix(got, "denied: nats: permissions violation") {
+			t.Errorf("greeter's credential, %s: got %q, want allowed %v", probe, got, allowed)
+		}
+	}
+
+	// An override change restarts the module with the new value.
 	if got := call(t, na, "cap.greet", "env:COLOR"); got != "blue" {
 		t.Fatalf("COLOR before the override: got %q, want blue (the selection's env)", got)
 	}

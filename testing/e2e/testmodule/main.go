@@ -2,8 +2,10 @@
 // connects to the node's NATS server as any module does (NATS_URL, and its
 // own credential NATS_NKEY with the inbox prefix NATS_INBOX_PREFIX when
 // set), hosts the capability named by CAP, and answers a
-// call with "hello from MODULE on NODE", or with the value of an
-// environment variable when the request is "env:NAME". It stops on
+// call with "hello from MODULE on NODE", with the value of an
+// environment variable when the request is "env:NAME", and, when it is
+// "sub:SUBJECT" or "pub:SUBJECT", with "allowed" or "denied: ..." as its
+// credential lets a new connection subscribe or publish there. It stops on
 // SIGTERM.
 package main
 
@@ -39,6 +41,10 @@ func main() {
 			_ = m.Respond([]byte(os.Getenv(name)))
 			return
 		}
+		if op, subject, ok := strings.Cut(body, ":"); ok && (op == "sub" || op == "pub") {
+			_ = m.Respond([]byte(probe(opts, op, subject)))
+			return
+		}
 		_ = m.Respond([]byte(fmt.Sprintf("hello from %s on %s", os.Getenv("MESHBOX_MODULE"), os.Getenv("MESHBOX_NODE"))))
 	}); err != nil {
 		fmt.Fprintln(os.Stderr, "subscribe:", err)
@@ -54,4 +60,30 @@ func main() {
 	<-sigs
 	fmt.Println("stopping")
 	nc.Close()
+}
+
+// probe says whether a new connection with opts may subscribe (op "sub")
+// or publish ("pub") on subject: the server answers a denied one with a
+// permissions violation before the pong that ends the flush.
+func probe(opts []nats.Option, op, subject string) string {
+	nc, err := nats.Connect(os.Getenv("NATS_URL"), opts...)
+	if err != nil {
+		return "connect: " + err.Error()
+	}
+	defer nc.Close()
+	if op == "sub" {
+		_, err = nc.SubscribeSync(subject)
+	} else {
+		err = nc.Publish(subject, []byte("probe"))
+	}
+	if err == nil {
+		err = nc.Flush()
+	}
+	if err == nil {
+		err = nc.LastError()
+	}
+	if err != nil {
+		return "denied: " + err.Error()
+	}
+	return "allowed"
 }
