@@ -360,19 +360,22 @@
 // # Concurrency
 //
 // The files follow the parts: link.go (the link loop, dialling, TLS, the
-// link's state), brokers.go (the list of brokers, failovers), credential.go (the credential in use, the handover),
-// session.go (one stay on the broker), sealing.go (sealing and opening
-// program messages), topology.go
-// (declarations, stage queues), publish.go (the publish pipeline),
-// consume.go (the consumer owner and its acks), flow.go (the credit of
-// each stage: its consumers), corkconn.go (the publishing socket's batched
-// writes), requests.go, commands.go,
-// events.go (the three shapes), lease.go (handlers' progress, commands in
-// flight), completed.go (completed ids of deduping stages), retry.go
-// (retry policies, permanent failures, the stage's extra queues),
-// deadletters.go (acting on dead letters), results.go (results as
-// events), submit.go (submissions and the outbox drainer), outbox.go and outbox_open.go (the durable store), stalls.go,
-// interest.go (stand-ins and hosted stages).
+// link's state), brokers.go (the list of brokers, failovers),
+// credential.go (the credential in use, the handover), session.go (one
+// stay on the broker), outgoing.go (a message on its way to the broker)
+// and envelope.go (a message from it, validated), sealing.go (sealing and
+// opening program messages), topology.go (declarations, stage queues),
+// publish.go (the publish pipeline), consume.go (the consumer owner and
+// its acks), flow.go (the credit of each stage: its consumers),
+// corkconn.go (the publishing socket's batched writes), requests.go (a
+// local program calling another node) and hostcalls.go (another node
+// calling a local program), commands.go, events.go (the other two
+// shapes), lease.go (handlers' progress, commands in flight),
+// completed.go (completed ids of deduping stages), retry.go (retry
+// policies, permanent failures, the stage's extra queues), deadletters.go
+// (acting on dead letters), results.go (results as events), submit.go
+// (submissions and the outbox drainer), outbox.go and outbox_open.go (the
+// durable store), stalls.go, interest.go (stand-ins and hosted stages).
 //
 // Bridge's state is grouped by the part that owns it, each with its own
 // mutex and small methods, and no part touches another's fields: the link

@@ -40,6 +40,8 @@ const (
 // the real appliance (embedded NATS, bridge, discovery). It prints
 //
 //	BENCH command ours=<msg/s> baseline=<msg/s> ratio=<ours/baseline> cpu_per_cmd=<µs> baseline_cpu_per_msg=<µs>
+//	BENCH command-floor ours=<msg/s> baseline=<msg/s> ratio=<floor/baseline> cpu_per_cmd=<µs> broker_cpu_per_cmd=<µs>
+//	BENCH command-vs-floor ours=<msg/s> baseline=<floor msg/s> ratio=<ours/floor>
 //	BENCH request ours=<µs> baseline=<µs> ratio=<ours/baseline> p99=<µs> baseline_p99=<µs> p99_ratio=<r>
 //	BENCH local ours=<µs> baseline=<µs> ratio=<ours/baseline> p99=<µs> baseline_p99=<µs> p99_ratio=<r>
 //
@@ -55,6 +57,14 @@ const (
 // commands: both nodes run in this process, and so do the benchmark's
 // submitters and handler, which it includes; baseline_cpu_per_msg is the
 // same for the raw publisher and consumer.
+//
+// command-floor: the command's path built from raw parts
+// (floorCommandThroughput): the hops the design has (a program's NATS
+// request to its node, a topic exchange, the handler's NATS request on the
+// other node) with raw amqp091-go and nats.go and none of meshbox's code,
+// against the same raw baseline; command-vs-floor is meshbox against it.
+// Together they split the command line's gap into what the design's hops
+// cost and what meshbox's own code costs.
 //
 // request: p50 of a cross-node round trip (a program on A calls a
 // capability a program on B hosts); the baseline is the sum of the hops it
@@ -77,16 +87,21 @@ func BenchmarkBridge(b *testing.B) {
 		for range b.N {
 			// Alternating rounds, the median of each: on a small or shared
 			// machine one round alone varies a lot.
-			var ours, raw []throughput
+			var ours, raw, floor []throughput
 			for range benchRounds {
 				ours = append(ours, commandThroughput(b, rmq, nodeA, nodeB))
 				raw = append(raw, rawCommandThroughput(b, rmq, amqpURL, benchRawPrefetch))
+				floor = append(floor, floorCommandThroughput(b, rmq, amqpURL))
 			}
-			o, r := median(ours), median(raw)
+			o, r, f := median(ours), median(raw), median(floor)
 			report("command", o.perSec, r.perSec, "msg/s",
 				fmt.Sprintf("throughput, higher is better; target ratio >= 0.8; baseline prefetch %d; cpu: rusage of the bench process, nodes in process, incl. the bench's clients", benchRawPrefetch),
 				fmt.Sprintf("cpu_per_cmd=%.1fµs", us(o.cpu)), fmt.Sprintf("baseline_cpu_per_msg=%.1fµs", us(r.cpu)),
 				fmt.Sprintf("broker_cpu_per_cmd=%.1fµs", us(o.broker)), fmt.Sprintf("baseline_broker_cpu_per_msg=%.1fµs", us(r.broker)))
+			report("command-floor", f.perSec, r.perSec, "msg/s",
+				"the same path built from raw amqp091-go and nats.go used plainly, no meshbox code (floor_test.go): NATS hops on both nodes and a topic exchange, against the raw baseline",
+				fmt.Sprintf("cpu_per_cmd=%.1fµs", us(f.cpu)), fmt.Sprintf("broker_cpu_per_cmd=%.1fµs", us(f.broker)))
+			report("command-vs-floor", o.perSec, f.perSec, "msg/s", "meshbox against the same path from raw parts: what meshbox's own code costs (sealing, identity, bookkeeping)")
 		}
 	})
 	b.Run("request", func(b *testing.B) {

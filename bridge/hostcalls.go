@@ -1,0 +1,159 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// This file is the host side of requests: requests from other nodes,
+// handed to the local program that hosts the capability, and its reply
+// sent back. The caller side (a local program calling another node) is
+// requests.go.
+
+// hostCall is a request from another node waiting for the local host's
+// reply. Exactly one of the reply, the timer or the session's end takes it
+// out of session.calls.
+type hostCall struct {
+	env     *envelope
+	timeout time.Duration
+	timer   *time.Timer
+}
+
+// readRequests passes requests from other nodes to the local hosts without
+// waiting: the host's reply arrives on the session's inbox subscription
+// (onHostReply), a timer answers a host that is too slow. Requests beyond
+// openCalls are refused at once. Exits when the delivery channel closes.
+func (s *session) readRequests(ds <-chan amqp.Delivery) {
+	b := s.b
+	for d := range ds {
+		env, err := s.decode(typeRequest, &d)
+		if ue := asUnseal(err); ue != nil {
+			b.unsealFailed(typeRequest, ue)
+			code := CodeBadInput
+			if ue.reason == unsealExpired {
+				code = CodeTimeout
+			}
+			s.replyHost(ue.env, nil, &ServiceError{Code: code, Text: unsealText(b.cfg.Node, ue)})
+			continue
+		}
+		if err != nil {
+			bad := d                                                         // a copy: taking d's address would move every delivery to the heap
+			s.work(func() { s.reject(&bad, requestQueue(b.cfg.Node), err) }) // auto-acked: nothing to ack
+			continue
+		}
+		b.m.msg(typeRequest, "in")
+		c := &hostCall{env: env, timeout: b.cfg.RequestTimeout}
+		if env.timeout > 0 {
+			c.timeout = min(c.timeout, env.timeout)
+		}
+		token := newID()
+		s.callsMu.Lock()
+		if len(s.calls) >= b.openCalls() {
+			s.callsMu.Unlock()
+			b.m.err(errKindUnreachable)
+			s.replyHost(env, nil, &ServiceError{Code: CodeUnavailable,
+				Text: fmt.Sprintf("node %s has %d requests open at its local hosts; refused %s", b.cfg.Node, b.openCalls(), env.name)})
+			continue
+		}
+		s.calls[token] = c
+		c.timer = s.after(c.timeout, func() {
+			if c := s.takeCall(token); c != nil {
+				s.replyHost(c.env, nil, localCallFailure(context.DeadlineExceeded, c.env.name, b.cfg.Node, c.timeout))
+				s.replyHanded()
+			}
+		})
+		s.callsMu.Unlock()
+		msg := env.natsMsg(subjCapPrefix+env.name, map[string]string{HeaderOrigin: env.origin})
+		msg.Reply = s.inbox + token
+		if err := b.bc.PublishMsg(msg); err != nil {
+			if c := s.takeCall(token); c != nil {
+				s.replyHost(c.env, nil, localCallFailure(err, c.env.name, b.cfg.Node, c.timeout))
+				s.replyHanded()
+			}
+		}
+	}
+}
+
+// takeCall removes and returns the open call token (nil: already
+// answered). The caller replies and then calls replyHanded.
+func (s *session) takeCall(token string) *hostCall {
+	s.callsMu.Lock()
+	defer s.callsMu.Unlock()
+	c := s.calls[token]
+	if c != nil {
+		delete(s.calls, token)
+		s.cancelTimer(c.timer)
+		s.answering++
+	}
+	return c
+}
+
+// replyHanded says that the reply of a call taken with takeCall is handed to
+// the publisher.
+func (s *session) replyHanded() {
+	s.callsMu.Lock()
+	s.answering--
+	s.callsMu.Unlock()
+}
+
+// onHostReply receives a local host's reply (or the NATS server's "no
+// responders") on the session's inbox and sends it back to the caller.
+func (s *session) onHostReply(m *nats.Msg) {
+	c := s.takeCall(m.Subject[len(s.inbox):])
+	if c == nil {
+		s.b.m.err(errKindLateReply)
+		return
+	}
+	defer s.replyHanded()
+	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+		s.replyHost(c.env, nil, localCallFailure(nats.ErrNoResponders, c.env.name, s.b.cfg.Node, c.timeout))
+		return
+	}
+	s.replyHost(c.env, m, nil)
+}
+
+// replyHost sends the reply to a request from another node: the host's
+// reply, or failure. Replies are fire and forget: the caller's node times
+// out if one is lost.
+func (s *session) replyHost(env *envelope, resp *nats.Msg, failure error) {
+	b := s.b
+	// To the node the request came from (its validated origin), never to a
+	// reply-to of the publisher's choosing.
+	out := &outgoing{exchange: exchangeMesh, key: replyKey(env.origin), kind: typeReply, corrID: env.corrID, at: time.Now()}
+	if failure == nil {
+		out.scope = env.scope // sealed as the request was; a refusal says nothing of the scope's
+		var err error
+		out.header, err = callerHeaders(resp.Header)
+		if err != nil {
+			failure = &ServiceError{Code: CodeInternal, Text: fmt.Sprintf("the reply of %s on node %s has invalid headers: %v", env.name, b.cfg.Node, err)}
+		}
+		out.body = resp.Data
+	}
+	if failure != nil {
+		out.header = nats.Header{
+			headerServiceError:     []string{errorText(failure)},
+			headerServiceErrorCode: []string{strconv.Itoa(codeFor(failure))},
+		}
+		out.body = nil
+	}
+	_ = s.enqueueFast(&pubItem{out: out, done: func(error) {}})
+}
+
+// openCalls bounds the requests from other nodes open at local hosts.
+func (b *Bridge) openCalls() int { return max(256, 8*b.cfg.Prefetch) }
+
+// endCalls forgets the open calls of an ended session: their replies could
+// not be sent; the callers' nodes answer them.
+func (s *session) endCalls() {
+	s.callsMu.Lock()
+	defer s.callsMu.Unlock()
+	for token, c := range s.calls {
+		s.cancelTimer(c.timer)
+		delete(s.calls, token)
+	}
+}
