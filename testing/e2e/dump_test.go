@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -213,6 +214,34 @@ func TestDumpsHoldSecretsOnlySealed(t *testing.T) {
 	}
 	if !sealedGrant {
 		t.Errorf("beta's cache holds no snapshot with the grant (%d snapshots): it proves nothing", len(hist))
+	}
+
+	// meshbox cache show on that real cache prints no password: not the
+	// grant's, nor beta's broker or database password.
+	bu, err := url.Parse(brokerURLOf(t, ctx, db, vhost, "beta"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	brokerPW, _ := bu.User.Password()
+	du, err := url.Parse(betaDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbPW, _ := du.User.Password()
+	if len(brokerPW) < 8 || len(dbPW) < 8 {
+		t.Fatalf("beta's passwords: broker %d, database %d characters: want real ones", len(brokerPW), len(dbPW))
+	}
+	store.Close()
+	for _, args := range [][]string{{"cache", "show", "--json"}, {"cache", "show"}, {"cache", "history", "--json"}} {
+		code, out, errOut := cli(t, append(args, "--data", beta.DataDir())...)
+		if code != 0 || args[1] == "show" && !strings.Contains(out, "nas-storage") {
+			t.Fatalf("meshbox %s: exit %d, want the grant listed: %s%s", strings.Join(args, " "), code, out, errOut)
+		}
+		for what, pw := range map[string]string{"the grant's credential": dumpSecret, "beta's broker password": brokerPW, "beta's database password": dbPW} {
+			if strings.Contains(out, pw) {
+				t.Errorf("meshbox %s prints %s", strings.Join(args, " "), what)
+			}
+		}
 	}
 }
 
