@@ -276,3 +276,71 @@ func TestSealedRequestRefusals(t *testing.T) {
 // maxSkewForTest is longer than the clock skew a sealed deadline allows
 // plus the request's 300ms.
 const maxSkewForTest = 2500 * time.Millisecond
+
+// TestTamperedRequestAnsweredWithReason: while alpha's call waits on
+// beta's host, a copy of its request with one byte flipped (same ids,
+// same reply route) reaches beta. beta refuses it, and the refusal is
+// what alpha's caller gets: an error reply that says the seal did not
+// open, and why.
+func TestTamperedRequestAnsweredWithReason(t *testing.T) {
+	a, b, _, regB, tap, ch := sealedPair(t)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	sub, err := b.client.QueueSubscribe("cap.echo", "svc", func(m *nats.Msg) {
+		if string(m.Data) == "hold" {
+			<-release // the call waits until the test ends
+		}
+		_ = m.Respond([]byte("echo:" + string(m.Data)))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := b.client.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	waitStandIn(t, a, "echo")
+
+	type result struct {
+		m   *nats.Msg
+		err error
+	}
+	got := make(chan result, 1)
+	go func() { // exits when the call is answered or times out
+		m, err := a.client.RequestMsg(&nats.Msg{Subject: "cap.echo", Data: []byte("hold"),
+			Header: nats.Header{bridge.HeaderTimeout: {"2500ms"}}}, 10*time.Second)
+		got <- result{m, err}
+	}()
+	var req amqp.Delivery
+	var saw []string
+	for req.Type != "request" || req.Expiration != "2500" { // not one of waitStandIn's
+		select {
+		case req = <-tap:
+			saw = append(saw, req.Type+"/"+req.Expiration)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the tap saw no request of 2.5s (saw %v)", saw)
+		}
+	}
+	body := bytes.Clone(req.Body)
+	body[len(body)/2] ^= 1
+	if err := ch.Publish("mesh", req.RoutingKey, false, false, amqp.Publishing{Headers: req.Headers,
+		MessageId: req.MessageId, CorrelationId: req.CorrelationId, ReplyTo: req.ReplyTo, Type: req.Type,
+		Expiration: req.Expiration, Timestamp: req.Timestamp, Body: body}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("the call: %v, want beta's refusal of the tampered copy", r.err)
+		}
+		code, text := serviceError(r.m)
+		if code == "" || !strings.Contains(text, "node beta refused the sealed request (tampered)") {
+			t.Fatalf("the call got %q (code %q, error %q), want beta's refusal saying the seal did not open", r.m.Data, code, text)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call was not answered")
+	}
+	if n := unsealFailures(t, regB, "request", "tampered"); n != 1 {
+		t.Errorf("beta's meshbox_unseal_failures_total{request,tampered}: %v, want 1", n)
+	}
+}

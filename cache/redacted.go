@@ -3,9 +3,9 @@ package cache
 import "github.com/meshbox/meshbox/internal/redact"
 
 // Redacted returns a copy of b that can be shown to anyone: grant
-// credentials and the broker password masked, secret-looking setting and
-// override values masked and the passwords of URLs in the others hidden
-// (package redact). b is not changed. `meshbox cache show` prints this
+// credentials and the node's broker and database passwords masked,
+// secret-looking setting and override values masked and the passwords of
+// URLs in the others hidden (package redact). b is not changed. `meshbox cache show` prints this
 // unless asked to --reveal.
 func (b Bindings) Redacted() Bindings {
 	out := b
@@ -29,6 +29,9 @@ func (b Bindings) Redacted() Bindings {
 		bc := *b.Broker
 		if bc.Password != "" {
 			bc.Password = redact.Mask
+		}
+		if bc.DBPassword != "" {
+			bc.DBPassword = redact.Mask
 		}
 		out.Broker = &bc
 	}

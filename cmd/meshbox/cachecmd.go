@@ -149,6 +149,9 @@ func (c *CacheCommand) show(store *cache.Store, rev int64, asJSON, reveal bool) 
 	}
 	if b.Broker != nil {
 		fmt.Fprintf(out, "\nbroker credential: user %s, generation %d, password %s\n", b.Broker.User, b.Broker.Generation, b.Broker.Password.Reveal())
+		if b.Broker.DBRole != "" {
+			fmt.Fprintf(out, "database role:     %s, password %s\n", b.Broker.DBRole, b.Broker.DBPassword.Reveal())
+		}
 	}
 	return nil
 }

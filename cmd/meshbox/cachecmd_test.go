@@ -19,7 +19,7 @@ func TestCacheShowPrintsNoSecret(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	secrets := []string{"GRANTPW", "BROKERPW", "SETTINGURLPW", "SETTINGKEYPW", "OVERRIDEPW", "OVERRIDEURLPW", "QUERYTOKEN", "IDENTITYPW", "SOURCEPW"}
+	secrets := []string{"GRANTPW", "BROKERPW", "SETTINGURLPW", "SETTINGKEYPW", "OVERRIDEPW", "OVERRIDEURLPW", "QUERYTOKEN", "IDENTITYPW", "SOURCEPW", "DBROLEPW"}
 	b := cache.Bindings{
 		Node:  "n1",
 		Nodes: []cache.NodeRecord{{Name: "n1", Identity: "backup at sftp://me:IDENTITYPW@nas/x"}},
@@ -34,7 +34,8 @@ func TestCacheShowPrintsNoSecret(t *testing.T) {
 			{Module: "photos", Key: "threads", Value: "4"},
 		},
 		Grants: []cache.Grant{{Consumer: "n1", Resource: "bucket", Provider: "n2", Credential: "GRANTPW"}},
-		Broker: &cache.BrokerCredential{Generation: 1, User: "node.n1.g1", Password: "BROKERPW", CreatedAt: time.Now()},
+		Broker: &cache.BrokerCredential{Generation: 2, User: "node.n1.g2", Password: "BROKERPW", CreatedAt: time.Now(),
+			DBRole: "meshbox_node_n1_g2", DBPassword: "DBROLEPW"},
 	}
 	if err := store.Put(cache.NewSnapshot(1, time.Now(), "postgres://admin:SOURCEPW@db/mesh", b)); err != nil {
 		t.Fatal(err)
@@ -65,7 +66,7 @@ func TestCacheShowPrintsNoSecret(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &snap); err != nil {
 		t.Fatal(err)
 	}
-	if snap.Bindings.Settings["broker.url"] != "amqps://broker.example.org/mesh" || snap.Bindings.Broker.User != "node.n1.g1" ||
+	if snap.Bindings.Settings["broker.url"] != "amqps://broker.example.org/mesh" || snap.Bindings.Broker.User != "node.n1.g2" || snap.Bindings.Broker.DBRole != "meshbox_node_n1_g2" ||
 		!strings.Contains(snap.Bindings.Settings["forge.url"], "ci:xxxxx@forge.example.org") {
 		t.Errorf("cache show --json hid more than secrets: %+v", snap.Bindings)
 	}
@@ -75,7 +76,7 @@ func TestCacheShowPrintsNoSecret(t *testing.T) {
 	// --reveal: whoever can read the file sees what is in it.
 	for _, args := range [][]string{{"cache", "show", "--reveal"}, {"cache", "show", "--json", "--reveal"}} {
 		out := c.ok(t, args...)
-		for _, s := range []string{"GRANTPW", "BROKERPW", "SETTINGKEYPW2", "OVERRIDEPW"} {
+		for _, s := range []string{"GRANTPW", "BROKERPW", "SETTINGKEYPW2", "OVERRIDEPW", "DBROLEPW"} {
 			if !strings.Contains(out, s) {
 				t.Errorf("meshbox %s does not show %s:\n%s", strings.Join(args, " "), s, out)
 			}

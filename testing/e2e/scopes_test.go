@@ -35,11 +35,14 @@ func nodeScopes(t *testing.T, p *meshtest.Process) (held []string, scopes map[st
 }
 
 // TestScopeHeldByTwoOfThree runs three joined nodes and a scope vault held
-// by alpha and beta, to which stage ledger and capability safe are bound.
-// gamma, outside it, never receives the scope's key (the database refuses
-// to store a copy for it), does not consume the ledger queue although a
-// program there serves work.ledger, and its program's submissions to
-// ledger and calls of safe are refused with an error naming the scope.
+// by alpha and beta, to which stage ledger, capability safe and topic
+// vault-door are bound. gamma, outside it, never receives the scope's key
+// (the database refuses to store a copy for it), does not consume the
+// ledger queue although a program there serves work.ledger, cannot read
+// the scope's events (they reach it and are refused as wrong_scope; its
+// subscriber gets none), and its program's submissions to ledger, events
+// on vault-door and calls of safe are refused with an error naming the
+// scope.
 // Then the scope's key is rotated while alpha submits to ledger: nothing
 // is lost, alpha and beta switch to the new key, the old one retires, and
 // no sealed message is refused.
@@ -63,7 +66,7 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 	dbEnv := []string{"MESHBOX_DB=" + db}
 	for _, args := range [][]string{
 		{"mesh", "scope", "add", "vault", "--nodes", "alpha,beta"},
-		{"mesh", "scope", "bind", "vault", "--stage", "ledger", "--cap", "safe"},
+		{"mesh", "scope", "bind", "vault", "--stage", "ledger", "--cap", "safe", "--topic", "vault-door"},
 	} {
 		if code, out, errOut := cliEnv(t, dbEnv, args...); code != 0 {
 			t.Fatalf("%s: exit %d: %s%s", strings.Join(args, " "), code, out, errOut)
@@ -170,6 +173,37 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 	}
 	if !strings.Contains(text, "not in scope vault") || !strings.Contains(text, "capability safe") {
 		t.Errorf("gamma's call of safe refused with %q, want it to name scope vault and the capability", text)
+	}
+
+	// The scope's events reach beta, and not gamma's subscriber: gamma's
+	// node gets them sealed with a key it lacks and drops them.
+	bdoor, err := bprog.SubscribeSync("evt.vault-door")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flush(t, bprog)
+	gdoor, err := gprog.SubscribeSync("evt.vault-door")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flush(t, gprog)
+	if !waitFor(30*time.Second, func() bool {
+		if err := caller.Publish("evt.vault-door", []byte("door-opened")); err != nil {
+			t.Fatal(err)
+		}
+		v, _ := scrape(t, gamma.HTTPURL()).value("meshbox_unseal_failures_total", "shape=event", "reason=wrong_scope")
+		m, err := bdoor.NextMsg(200 * time.Millisecond)
+		return v >= 1 && err == nil && string(m.Data) == "door-opened"
+	}) {
+		t.Fatalf("the scope's event did not reach beta, or gamma did not refuse it as wrong_scope\n%s", gamma.Output())
+	}
+	if m, err := gdoor.NextMsg(100 * time.Millisecond); err == nil {
+		t.Errorf("gamma's program got the scope's event: %q", m.Data)
+	}
+	o, resp, err = submit(gprog, "evt.vault-door", []byte("from-gamma"), 5*time.Second)
+	code, text = serviceError(resp)
+	if o != refused || code != 403 || !strings.Contains(text, "not in scope vault") || !strings.Contains(text, "topic vault-door") {
+		t.Errorf("gamma's event on vault-door: %v %d %q %v, want refused with 403 naming scope vault", o, code, text, err)
 	}
 
 	// Rotation of the scope's key under traffic.

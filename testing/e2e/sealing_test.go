@@ -3,7 +3,9 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/url"
 	"path/filepath"
 	"slices"
@@ -39,6 +41,14 @@ type keysStatus struct {
 // from its env file.
 func joinedNode(t *testing.T, db, brokerAdmin, node string) *meshtest.Process {
 	t.Helper()
+	p, _ := joinedNodeEnv(t, db, brokerAdmin, node)
+	return p
+}
+
+// joinedNodeEnv is joinedNode that also returns the env file `meshbox
+// join` wrote (which holds the node's own database login).
+func joinedNodeEnv(t *testing.T, db, brokerAdmin, node string) (*meshtest.Process, string) {
+	t.Helper()
 	code, out, errOut := cliEnv(t, []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + brokerAdmin}, "mesh", "node", "add", node)
 	if code != 0 {
 		t.Fatalf("mesh node add %s: exit %d: %s%s", node, code, out, errOut)
@@ -50,7 +60,7 @@ func joinedNode(t *testing.T, db, brokerAdmin, node string) *meshtest.Process {
 	if code, out, errOut := cli(t, "join", joinToken(t, out), "--env-file", envFile); code != 0 {
 		t.Fatalf("join %s: exit %d: %s%s", node, code, out, errOut)
 	}
-	return meshtest.StartProcess(t, "--env-file", envFile)
+	return meshtest.StartProcess(t, "--env-file", envFile), envFile
 }
 
 // waitSealing waits until the node seals with a content key and lacks none.
@@ -89,16 +99,20 @@ func waitKeysInStep(t *testing.T, p *meshtest.Process) {
 // TestBrokerOperatorReadsNothing runs two joined nodes (each with its own
 // broker user, database role and key pair) and a broker operator: a raw
 // AMQP client with the broker's admin credential that binds # on the mesh
-// exchange. Requests, replies, commands and events with a marker in bodies
-// and headers cross the mesh; the programs see the marker, the operator
-// never does. A command with one byte flipped, republished, is refused
-// with the reason, counted and logged.
+// exchange and on its dead-letter exchange (every message of the mesh
+// passes one of them) and, once the traffic is through, reads every queue
+// of the vhost. Requests, replies, commands (one of them dead-lettered by
+// its handler) and events with a marker in bodies and headers cross the
+// mesh; the programs see the marker, the operator never does. A command
+// with one byte flipped, republished, is refused with the reason, counted
+// and logged.
 func TestBrokerOperatorReadsNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
 	ctx := context.Background()
-	vhost, db, alpha, beta := sealedMesh(t)
+	rmq := meshtest.RabbitMQ(t)
+	vhost, db, alpha, beta := sealedMeshOn(t, rmq)
 
 	// The operator: the broker's admin credential, every key of mesh.
 	op, err := amqp.Dial(vhost)
@@ -114,8 +128,10 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := och.QueueBind(q.Name, "#", "mesh", false, nil); err != nil {
-		t.Fatal(err)
+	for _, ex := range []string{"mesh", "mesh.dlx"} {
+		if err := och.QueueBind(q.Name, "#", ex, false, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	tap, err := och.Consume(q.Name, "", true, true, false, false, nil)
 	if err != nil {
@@ -134,7 +150,17 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	handled := make(chan *nats.Msg, 16)
-	if _, err := prog.QueueSubscribe("work.vault", "h", func(m *nats.Msg) { handled <- m; _ = m.Respond(nil) }); err != nil {
+	if _, err := prog.QueueSubscribe("work.vault", "h", func(m *nats.Msg) {
+		if m.Header.Get("X-Refuse") != "" { // a permanent failure: dead-lettered at once
+			r := nats.NewMsg(m.Reply)
+			r.Header.Set(hdrServiceCode, "422")
+			r.Header.Set(hdrServiceError, "refused by the handler")
+			_ = m.RespondMsg(r)
+			return
+		}
+		handled <- m
+		_ = m.Respond(nil)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	events := make(chan *nats.Msg, 16)
@@ -166,6 +192,10 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the command never reached beta's handler")
 	}
+	refuse := nats.Header{"X-Secret": {operatorMarker}, "X-Refuse": {"yes"}}
+	if o, resp, err := submitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: refuse, Data: []byte(operatorMarker)}, 5*time.Second); o != acked {
+		t.Fatalf("the command to be refused was not accepted: %v %v %v", o, resp, err)
+	}
 	if err := caller.PublishMsg(&nats.Msg{Subject: "evt.door", Header: secret, Data: []byte(operatorMarker)}); err != nil {
 		t.Fatal(err)
 	}
@@ -179,32 +209,48 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 	}
 
 	// Everything the operator read: no marker anywhere.
+	readsMarker := func(where string, d amqp.Delivery) {
+		t.Helper()
+		all := fmt.Sprintf("%v|%s|%s|%s|%s|%s|%s|%s", d.Headers, d.ContentType, d.ContentEncoding, d.MessageId,
+			d.CorrelationId, d.ReplyTo, d.RoutingKey, d.Body)
+		if strings.Contains(all, operatorMarker) || bytes.Contains(d.Body, []byte(operatorMarker)) {
+			t.Errorf("the operator reads the marker in a %s on %s (%s)", d.Type, d.RoutingKey, where)
+		}
+	}
 	seen := map[string]int{}
 	var cmd amqp.Delivery
 	drain := time.After(3 * time.Second)
 	for done := false; !done; {
 		select {
 		case d := <-tap:
-			seen[d.Type]++
-			all := fmt.Sprintf("%v|%s|%s|%s|%s|%s|%s|%s", d.Headers, d.ContentType, d.ContentEncoding, d.MessageId,
-				d.CorrelationId, d.ReplyTo, d.RoutingKey, d.Body)
-			if strings.Contains(all, operatorMarker) || bytes.Contains(d.Body, []byte(operatorMarker)) {
-				t.Errorf("the operator reads the marker in a %s on %s", d.Type, d.RoutingKey)
+			kind := d.Type
+			if strings.HasPrefix(d.RoutingKey, "dead.") {
+				kind = "dead letter"
 			}
-			if d.Type == "command" {
+			seen[kind]++
+			readsMarker("bound to #", d)
+			if d.Type == "command" && d.RoutingKey == "cmd.vault" && cmd.Type == "" {
 				cmd = d
 			}
 		case <-drain:
 			done = true
 		}
 	}
-	for _, kind := range []string{"request", "reply", "command", "event"} {
+	for _, kind := range []string{"request", "reply", "command", "event", "dead letter"} {
 		if seen[kind] == 0 {
 			t.Errorf("the operator saw no %s (saw %v): the test proves nothing for it", kind, seen)
 		}
 	}
 	if cmd.Type == "" {
 		t.Fatal("no command to tamper with")
+	}
+	// Every queue of the vhost, read without taking anything (what is
+	// read goes back when the channel closes); exclusive queues of the
+	// nodes refuse the operator.
+	queues, read := operatorReadsQueues(t, rmq, vhost, op, readsMarker)
+	t.Logf("the operator saw %v bound to #, and read %v in the %d queues of the vhost", seen, read, len(queues))
+	if read["dead.vault"] == 0 {
+		t.Errorf("the operator read no dead letter in dead.vault (read %v of %v): the sweep proves nothing", read, queues)
 	}
 
 	// One byte flipped, republished with alpha's own broker user (as an
@@ -433,4 +479,54 @@ func ledgerTraffic(t *testing.T, caller *nats.Conn) (stop chan struct{}, sentc c
 		}
 	}()
 	return stop, sentc
+}
+
+// operatorReadsQueues lists every queue of vhost through the management
+// API and reads every message in each with basic.get on conn, without
+// acking (the messages go back when each queue's channel closes), passing
+// each to check. It returns the queues and how many messages it read in
+// each; a queue the operator may not read (another connection's exclusive
+// queue) is skipped.
+func operatorReadsQueues(t *testing.T, rmq *meshtest.Rabbit, amqpURL string, conn *amqp.Connection, check func(string, amqp.Delivery)) ([]string, map[string]int) {
+	t.Helper()
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vhost := strings.TrimPrefix(u.Path, "/")
+	req, _ := http.NewRequest(http.MethodGet, rmq.ManagementURL()+"/api/queues/"+url.PathEscape(vhost)+"?columns=name", nil)
+	req.SetBasicAuth("guest", "guest")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var qs []struct {
+		Name string `json:"name"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("list queues: %s", resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&qs); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	read := map[string]int{}
+	for _, q := range qs {
+		names = append(names, q.Name)
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			d, ok, err := ch.Get(q.Name, false)
+			if err != nil || !ok {
+				break // err: exclusive to a node's connection; the channel is closed
+			}
+			read[q.Name]++
+			check("in queue "+q.Name, d)
+		}
+		_ = ch.Close()
+	}
+	return names, read
 }

@@ -1,10 +1,12 @@
 package meshtest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -344,4 +346,20 @@ func (p *PG) destroy() error {
 	}
 	p.mu.Unlock()
 	return os.RemoveAll(p.dir)
+}
+
+// Dump runs the server's own pg_dump on the database at dsn with args
+// (say --data-only, or --table NAME) and returns the dump's SQL text.
+func (p *PG) Dump(tb testing.TB, dsn string, args ...string) string {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(p.bin, "pg_dump"), append([]string{"--dbname", dsn}, args...)...)
+	cmd.Env = p.env()
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		tb.Fatalf("meshtest: pg_dump: %v\n%s", err, errOut.String())
+	}
+	return out.String()
 }
