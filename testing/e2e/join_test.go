@@ -60,6 +60,8 @@ func TestNodeAddJoinRun(t *testing.T) {
 			[]string{"cellar", "--broker-admin", "http://guest:guest@127.0.0.1:" + strconv.Itoa(meshtest.ClosedPort(t))}, "rabbitmq_management plugin"},
 		{"existing node", admin, []string{"alpha"}, `node "alpha" already exists`},
 		{"bad stage", admin, []string{"cellar", "--stages", "a b"}, "stage name"},
+		{"token without a lifetime", admin, []string{"cellar", "--ttl", "0s"}, "--ttl 0s: must be more than 0"},
+		{"token with a negative lifetime", admin, []string{"cellar", "--ttl", "-1h"}, "--ttl -1h0m0s: must be more than 0"},
 	}
 	for _, b := range bad {
 		code, _, errOut := cliEnv(t, b.env, append([]string{"mesh", "node", "add"}, b.args...)...)
