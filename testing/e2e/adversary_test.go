@@ -228,6 +228,70 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 		t.Fatal("alpha's caller never got an answer")
 	}
 
+	// 3d. Even with the right correlation id, a reply counts only from the
+	// node the request was sent to. gamma, a node with a credential of its
+	// own, is played by a raw client that sees alpha's request; beta's
+	// credential answers it first, then gamma does.
+	gammaURL, gammaCred := nodeURL("gamma")
+	gconn, err := amqp.Dial(gammaURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gconn.Close()
+	gch, err := gconn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gch.QueueDeclare("node.gamma.requests", false, true, true, false, nil); err != nil {
+		t.Fatalf("gamma declares its request queue: %v", err)
+	}
+	if err := gch.QueueBind("node.gamma.requests", "to.gamma.req.#", "node.gamma", false, nil); err != nil {
+		t.Fatalf("gamma binds its request queue: %v", err)
+	}
+	gammaReqs, err := gch.Consume("node.gamma.requests", "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatalf("gamma consumes its requests: %v", err)
+	}
+	go func() { // the waiting caller: exits when its request is answered or times out
+		resp, err := victim.Request("node.gamma.cap.echo", []byte("x"), 20*time.Second)
+		if code, text := serviceError(resp); err != nil || code != 0 {
+			answer <- fmt.Sprintf("error %v %d %s", err, code, text)
+			return
+		}
+		answer <- string(resp.Data)
+	}()
+	var req amqp.Delivery
+	select {
+	case req = <-gammaReqs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("alpha's request to gamma never reached gamma's queue")
+	}
+	base = alphaForged()
+	if code := refused(pub("to.alpha.reply", amqp.Publishing{Type: "reply", UserId: betaCred.User, CorrelationId: req.CorrelationId,
+		Body: []byte("forged")})); code != 0 {
+		t.Fatalf("publish beta's reply to alpha's request to gamma: code %d", code)
+	}
+	if !waitFor(10*time.Second, func() bool { return alphaForged() >= base+1 }) {
+		t.Errorf("alpha's forged count after beta answered a request to gamma: %v, want %v", alphaForged(), base+1)
+	}
+	select {
+	case got := <-answer:
+		t.Fatalf("alpha's caller was answered %q before gamma replied", got)
+	default:
+	}
+	if err := gch.PublishWithContext(ctx, "mesh", "to.alpha.reply", false, false, amqp.Publishing{Type: "reply",
+		UserId: gammaCred.User, CorrelationId: req.CorrelationId, Body: []byte("real")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-answer:
+		if got != "real" {
+			t.Errorf("alpha's caller of gamma: got %q, want gamma's real answer", got)
+		}
+	case <-time.After(25 * time.Second):
+		t.Fatal("alpha's caller of gamma never got an answer")
+	}
+
 	// 4. A command that claims to be a retry (x-delivery-count 999): the
 	// handler sees attempt 1, with beta's own (valid) user_id.
 	if code := refused(pub("cmd.resize", amqp.Publishing{Type: "command", UserId: betaCred.User, MessageId: "forged-retry",
