@@ -93,6 +93,11 @@ func TestNodeCredentialPermissions(t *testing.T) {
 	if err := betaCh.QueueBind("node.beta.events", "evt.#", "mesh", false, nil); err != nil {
 		t.Fatalf("beta binds its events: %v", err)
 	}
+	// beta, allowed every stage, declares a stage queue alpha is not
+	// allowed.
+	if _, err := betaCh.QueueDeclare("cmd.other", true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatalf("beta declares stage queue cmd.other: %v", err)
+	}
 	betaReqs, err := betaCh.Consume("node.beta.requests", "", true, true, false, false, nil)
 	if err != nil {
 		t.Fatalf("beta consumes its requests: %v", err)
@@ -179,6 +184,13 @@ func TestNodeCredentialPermissions(t *testing.T) {
 			_, err := ch.QueueDeclare("cmd.other", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
 			return err
 		}, refused},
+		{"consume a stage not allowed", func(ch *amqp.Channel) error {
+			_, err := ch.Consume("cmd.other", "", false, false, false, false, nil)
+			return err
+		}, refused},
+		{"get from a stage not allowed", func(ch *amqp.Channel) error { _, _, err := ch.Get("cmd.other", false); return err }, refused},
+		{"purge a stage not allowed", func(ch *amqp.Channel) error { _, err := ch.QueuePurge("cmd.other", false); return err }, refused},
+		{"bind a stage not allowed", func(ch *amqp.Channel) error { return ch.QueueBind("cmd.other", "cmd.x", "mesh", false, nil) }, refused},
 		// Exchanges: none to declare or delete, the default one not at all.
 		{"declare mesh", func(ch *amqp.Channel) error {
 			return ch.ExchangeDeclare("mesh", "topic", true, false, false, false, nil)

@@ -181,6 +181,9 @@ func (c *MeshCommand) leaves() []meshLeaf {
 			ttl := fs.Duration("ttl", meshdb.DefaultJoinTTL, "how long the join token stays valid")
 			recordOnly := fs.Bool("record-only", false, "only record the node: no broker user, database role or join token")
 			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				if *ttl <= 0 {
+					return usagef("mesh node add: --ttl %s: must be more than 0", *ttl)
+				}
 				rec := cache.NodeRecord{Name: a[0], PublicName: *public, Identity: *identity}
 				if *recordOnly {
 					ch, err := db.AddNode(ctx, rec)

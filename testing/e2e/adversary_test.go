@@ -2,8 +2,11 @@ package e2e
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"net/url"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -146,6 +149,147 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	}
 	if !waitFor(10*time.Second, func() bool { return alphaForged() >= base+3 }) {
 		t.Errorf("alpha's forged count: %v, want %v (request, reply, event without a node's user_id)", alphaForged(), base+3)
+	}
+
+	// 3b. With beta's own (valid) user_id, a request whose reply-to is of
+	// the attacker's choosing (alpha's reply queue): alpha answers beta,
+	// the request's validated origin, where the reply matches no request
+	// and is counted late; alpha's own reply queue gets nothing.
+	lateReplies := func(p *meshtest.Process) float64 {
+		v, _ := scrape(t, p.HTTPURL()).value("meshbox_errors_total", "kind=late_reply")
+		return v
+	}
+	alphaLate, betaLate := lateReplies(alpha), lateReplies(beta)
+	if code := refused(pub("to.alpha.req.echo", amqp.Publishing{Type: "request", UserId: betaCred.User, CorrelationId: rand.Text(),
+		ReplyTo: "node.alpha.replies", Body: []byte("reply-to")})); code != 0 {
+		t.Fatalf("publish request as beta with alpha's reply-to: code %d", code)
+	}
+	if !waitFor(10*time.Second, func() bool { return lateReplies(beta) >= betaLate+1 }) {
+		t.Errorf("beta's late replies: %v, want %v (alpha's answer to the request beta's credential sent)", lateReplies(beta), betaLate+1)
+	}
+	if got := lateReplies(alpha); got != alphaLate {
+		t.Errorf("alpha's late replies: %v, want %v (alpha answered the reply-to of the attacker's choosing)", got, alphaLate)
+	}
+
+	// 3c. A flood of replies with guessed correlation ids, with beta's
+	// valid user_id, while alpha's caller waits on a request to beta: the
+	// caller gets beta's real answer, the flood is dropped as late.
+	const flood = 100
+	holder := natsConn(t, beta)
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	releaseHold := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseHold) // before holder closes: its handler must return
+	if _, err := holder.Subscribe("cap.hold", func(m *nats.Msg) {
+		held <- struct{}{}
+		<-release
+		_ = m.Respond([]byte("real"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, holder)
+	waitRoute(t, alpha.HTTPURL(), "hold", "beta")
+	victim := natsConn(t, alpha)
+	answer := make(chan string, 1)
+	go func() { // the waiting caller: exits when its request is answered or times out
+		resp, err := victim.Request("cap.hold", []byte("x"), 20*time.Second)
+		if code, text := serviceError(resp); err != nil || code != 0 {
+			answer <- fmt.Sprintf("error %v %d %s", err, code, text)
+			return
+		}
+		answer <- string(resp.Data)
+	}()
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("alpha's request never reached beta's host of hold")
+	}
+	alphaLate = lateReplies(alpha)
+	if code := refused(func(ch *amqp.Channel) error {
+		for range flood {
+			if err := ch.PublishWithContext(ctx, "mesh", "to.alpha.reply", false, false, amqp.Publishing{Type: "reply",
+				UserId: betaCred.User, CorrelationId: rand.Text(), Body: []byte("forged")}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); code != 0 {
+		t.Fatalf("flood alpha's replies as beta: code %d", code)
+	}
+	if !waitFor(10*time.Second, func() bool { return lateReplies(alpha) >= alphaLate+flood }) {
+		t.Errorf("alpha's late replies after the flood: %v, want %v", lateReplies(alpha), alphaLate+flood)
+	}
+	releaseHold()
+	select {
+	case got := <-answer:
+		if got != "real" {
+			t.Errorf("alpha's caller after the flood of guessed replies: got %q, want beta's real answer", got)
+		}
+	case <-time.After(25 * time.Second):
+		t.Fatal("alpha's caller never got an answer")
+	}
+
+	// 3d. Even with the right correlation id, a reply counts only from the
+	// node the request was sent to. gamma, a node with a credential of its
+	// own, is played by a raw client that sees alpha's request; beta's
+	// credential answers it first, then gamma does.
+	gammaURL, gammaCred := nodeURL("gamma")
+	gconn, err := amqp.Dial(gammaURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gconn.Close()
+	gch, err := gconn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gch.QueueDeclare("node.gamma.requests", false, true, true, false, nil); err != nil {
+		t.Fatalf("gamma declares its request queue: %v", err)
+	}
+	if err := gch.QueueBind("node.gamma.requests", "to.gamma.req.#", "node.gamma", false, nil); err != nil {
+		t.Fatalf("gamma binds its request queue: %v", err)
+	}
+	gammaReqs, err := gch.Consume("node.gamma.requests", "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatalf("gamma consumes its requests: %v", err)
+	}
+	go func() { // the waiting caller: exits when its request is answered or times out
+		resp, err := victim.Request("node.gamma.cap.echo", []byte("x"), 20*time.Second)
+		if code, text := serviceError(resp); err != nil || code != 0 {
+			answer <- fmt.Sprintf("error %v %d %s", err, code, text)
+			return
+		}
+		answer <- string(resp.Data)
+	}()
+	var req amqp.Delivery
+	select {
+	case req = <-gammaReqs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("alpha's request to gamma never reached gamma's queue")
+	}
+	base = alphaForged()
+	if code := refused(pub("to.alpha.reply", amqp.Publishing{Type: "reply", UserId: betaCred.User, CorrelationId: req.CorrelationId,
+		Body: []byte("forged")})); code != 0 {
+		t.Fatalf("publish beta's reply to alpha's request to gamma: code %d", code)
+	}
+	if !waitFor(10*time.Second, func() bool { return alphaForged() >= base+1 }) {
+		t.Errorf("alpha's forged count after beta answered a request to gamma: %v, want %v", alphaForged(), base+1)
+	}
+	select {
+	case got := <-answer:
+		t.Fatalf("alpha's caller was answered %q before gamma replied", got)
+	default:
+	}
+	if err := gch.PublishWithContext(ctx, "mesh", "to.alpha.reply", false, false, amqp.Publishing{Type: "reply",
+		UserId: gammaCred.User, CorrelationId: req.CorrelationId, Body: []byte("real")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-answer:
+		if got != "real" {
+			t.Errorf("alpha's caller of gamma: got %q, want gamma's real answer", got)
+		}
+	case <-time.After(25 * time.Second):
+		t.Fatal("alpha's caller of gamma never got an answer")
 	}
 
 	// 4. A command that claims to be a retry (x-delivery-count 999): the

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -37,7 +39,7 @@ func TestNodeAddJoinRun(t *testing.T) {
 	}
 	// Node roles are cluster-wide: drop them before the database goes.
 	t.Cleanup(func() {
-		for _, n := range []string{"cellar", "late"} {
+		for _, n := range []string{"hall", "cellar", "late"} {
 			_, _, _ = cliEnv(t, []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}, "mesh", "node", "remove", n, "--force")
 		}
 	})
@@ -58,6 +60,8 @@ func TestNodeAddJoinRun(t *testing.T) {
 			[]string{"cellar", "--broker-admin", "http://guest:guest@127.0.0.1:" + strconv.Itoa(meshtest.ClosedPort(t))}, "rabbitmq_management plugin"},
 		{"existing node", admin, []string{"alpha"}, `node "alpha" already exists`},
 		{"bad stage", admin, []string{"cellar", "--stages", "a b"}, "stage name"},
+		{"token without a lifetime", admin, []string{"cellar", "--ttl", "0s"}, "--ttl 0s: must be more than 0"},
+		{"token with a negative lifetime", admin, []string{"cellar", "--ttl", "-1h"}, "--ttl -1h0m0s: must be more than 0"},
 	}
 	for _, b := range bad {
 		code, _, errOut := cliEnv(t, b.env, append([]string{"mesh", "node", "add"}, b.args...)...)
@@ -72,7 +76,24 @@ func TestNodeAddJoinRun(t *testing.T) {
 		t.Fatalf("a refused node add left a node record:\n%s", out)
 	}
 
-	code, out, errOut := cliEnv(t, admin, "mesh", "node", "add", "cellar", "--ttl", "1h")
+	// The mesh is running: node hall, joined the same way, hosts echo.
+	code, out, errOut := cliEnv(t, admin, "mesh", "node", "add", "hall")
+	if code != 0 {
+		t.Fatalf("mesh node add hall: exit %d: %s%s", code, out, errOut)
+	}
+	hallEnv := filepath.Join(t.TempDir(), "hall.env")
+	if code, out, errOut := cli(t, "join", joinToken(t, out), "--env-file", hallEnv); code != 0 {
+		t.Fatalf("join hall: exit %d: %s%s", code, out, errOut)
+	}
+	hall := meshtest.StartProcess(t, "--env-file", hallEnv)
+	waitStatus(t, hall.HTTPURL(), 30*time.Second, "hall connected to the broker", func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	hallNC := natsConn(t, hall)
+	if _, err := hallNC.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, hallNC)
+
+	code, out, errOut = cliEnv(t, admin, "mesh", "node", "add", "cellar", "--ttl", "1h")
 	if code != 0 {
 		t.Fatalf("mesh node add cellar: exit %d: %s%s", code, out, errOut)
 	}
@@ -143,5 +164,16 @@ func TestNodeAddJoinRun(t *testing.T) {
 	st = waitStatus(t, p.HTTPURL(), 15*time.Second, "broker connected", func(s nodeStatus) bool { return s.Broker.State == "connected" })
 	if !strings.Contains(st.Broker.URL, "node.cellar.g1:xxxxx@") {
 		t.Errorf("broker URL in status: got %q, want the node's own user node.cellar.g1, password redacted", st.Broker.URL)
+	}
+	// It takes part in the running mesh: hall sees it up, and it calls
+	// hall's echo across the broker.
+	if !waitFor(30*time.Second, func() bool { return getView(t, hall.HTTPURL()).peerState("cellar") == "up" }) {
+		t.Errorf("hall's view of cellar: %q, want up", getView(t, hall.HTTPURL()).peerState("cellar"))
+	}
+	cellarNC := natsConn(t, p)
+	waitCallable(t, cellarNC, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+	resp, err := cellarNC.Request("cap.echo", []byte("from cellar"), 5*time.Second)
+	if code, text := serviceError(resp); err != nil || code != 0 || string(resp.Data) != "from cellar" {
+		t.Errorf("cellar calling hall's echo: %v %d %s", err, code, text)
 	}
 }

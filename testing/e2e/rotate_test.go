@@ -393,6 +393,21 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 	waitIdentity(t, bee.HTTPURL(), "bee back, on generation 2, the old one not revoked yet", func(s identityStatus) bool {
 		return s.Identity.Generation == 2 && s.Identity.State == "in use" && strings.Contains(s.Identity.Rotation, "older generations [1]")
 	})
+	// The rotation in progress shows on the status page and in meshbox
+	// status.
+	page := renderPage(t, bee.HTTPURL()+"/")
+	if got := page.text(t, "identity-user"); got != "node.bee.g2" {
+		t.Errorf("status page: broker user %q, want node.bee.g2", got)
+	}
+	if got := page.text(t, "identity-credential"); !strings.HasPrefix(got, "generation 2 · in use · age ") {
+		t.Errorf("status page: credential %q, want generation 2 · in use · age ...", got)
+	}
+	if got := page.text(t, "identity-rotation"); !strings.HasPrefix(got, "Rotation in progress: ") || !strings.Contains(got, "older generations [1]") {
+		t.Errorf("status page: rotation %q, want the rotation in progress with older generations [1]", got)
+	}
+	if _, st, _ := cli(t, "status", "--server", bee.NATSURL(), "--creds", filepath.Join(m.data["bee"], programs.AdminFile)); !strings.Contains(st, "older generations [1]") {
+		t.Errorf("meshbox status on bee: got\n%s\nwant the rotation in progress", st)
+	}
 	code, out, errOut = m.rotate(t, "--all", "--wait", "20s")
 	t.Logf("second rotate:\n%s%s", out, errOut)
 	if code != 0 {
