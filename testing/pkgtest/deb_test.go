@@ -179,7 +179,8 @@ func TestDebianPackage(t *testing.T) {
 	// and the data directory and print the next step.
 	root := scratchRoot(t)
 	out = dpkg(t, root, "--install", deb)
-	for _, want := range []string{"nothing runs yet", "meshbox join TOKEN", "meshbox run", "systemctl enable --now meshbox"} {
+	for _, want := range []string{"nothing runs yet", "meshbox join TOKEN", "meshbox run", "systemctl enable --now meshbox",
+		"sudo meshbox status"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("first install: output lacks the next step %q:\n%s", want, out)
 		}
