@@ -11,6 +11,7 @@
 #   /usr/lib/sysusers.d/meshbox.conf                  that user
 #   /usr/lib/tmpfiles.d/meshbox.conf                  its data directory, 0700
 #   /etc/meshbox/meshbox.env                          conffile, 0600: kept on upgrade
+#   /etc/meshbox/modules                              the module catalog (empty), as the unit names it
 #   /var/lib/meshbox                                  the data directory (cache, outbox)
 #   /usr/share/doc/meshbox/README.md, copyright
 # and the maintainer scripts postinst, prerm and postrm of this directory.
@@ -62,7 +63,7 @@ trap 'rm -rf "$stage"' EXIT
 root=$stage/root
 umask 022
 install -d "$root/DEBIAN" "$root/usr/bin" "$root/usr/lib/systemd/system/meshbox.service.d" \
-	"$root/usr/lib/sysusers.d" "$root/usr/lib/tmpfiles.d" "$root/etc/meshbox" \
+	"$root/usr/lib/sysusers.d" "$root/usr/lib/tmpfiles.d" "$root/etc/meshbox/modules" \
 	"$root/usr/share/doc/meshbox"
 install -d -m 0700 "$root/var/lib/meshbox"
 install -m 0755 "$bin" "$root/usr/bin/meshbox"

@@ -193,6 +193,7 @@ func TestDebianPackage(t *testing.T) {
 	wantFile(t, filepath.Join(root, "usr/lib/systemd/system/meshbox.service"), 0o644, 0, 0)
 	wantFile(t, filepath.Join(root, "usr/lib/systemd/system/meshbox.service.d/00-package.conf"), 0o644, 0, 0)
 	wantFile(t, filepath.Join(root, "etc/meshbox/meshbox.env"), 0o600, 0, 0)
+	wantFile(t, filepath.Join(root, "etc/meshbox/modules"), fs.ModeDir|0o755, 0, 0)
 	wantFile(t, filepath.Join(root, "var/lib/meshbox"), fs.ModeDir|0o700, uid, gid)
 	// Nothing enabled that the user did not ask for.
 	if m, _ := filepath.Glob(filepath.Join(root, "etc/systemd/system/*/meshbox.service")); len(m) > 0 {
