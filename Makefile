@@ -2,7 +2,8 @@
 #
 #   make run    a standalone node on embedded defaults
 #   make test   installs the services the tests need (RabbitMQ, PostgreSQL)
-#               when missing, then runs every test with the race detector
+#               when missing, then runs every test with the race detector;
+#               as root (apt-get, and the package test's dpkg)
 #   make bench  the benchmarks, each against its raw baseline in the same run
 #   make soak   two nodes under mixed load and connection churn for 30 minutes
 #               (SOAK_DURATION=5m for less); fails if memory grows after warm-up;

@@ -189,7 +189,8 @@ func TestDebianPackage(t *testing.T) {
 	// and the data directory and print the next step.
 	root := scratchRoot(t)
 	out = dpkg(t, root, "--install", deb)
-	for _, want := range []string{"nothing runs yet", "meshbox join TOKEN", "meshbox run", "systemctl enable --now meshbox"} {
+	for _, want := range []string{"nothing runs yet", "meshbox join TOKEN", "meshbox run", "systemctl enable --now meshbox",
+		"sudo meshbox status"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("first install: output lacks the next step %q:\n%s", want, out)
 		}
@@ -357,6 +358,7 @@ func testUpgrade(t *testing.T, root, deb, top, dist string, uid, gid int) {
 	if _, err := os.Stat(filepath.Join(root, "etc/meshbox/meshbox.env.dpkg-new")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("upgrade: left a meshbox.env.dpkg-new beside the configuration (%v)", err)
 	}
+	testUpgradeChangedSettings(t, root, top, dist, env, joined)
 
 	dpkg(t, root, "--remove", "meshbox")
 	if _, err := os.Stat(filepath.Join(root, "usr/bin/meshbox")); !errors.Is(err, fs.ErrNotExist) {
@@ -376,6 +378,47 @@ func testUpgrade(t *testing.T, root, deb, top, dist string, uid, gid int) {
 	if t.Failed() {
 		t.Log(run(t, nil, "find", root, "-not", "-path", "*/var/lib/dpkg/*"))
 	}
+}
+
+// testUpgradeChangedSettings installs a newer package whose shipped
+// settings file changed over a root where the user's differ (as after
+// meshbox join). dpkg would ask which to keep; --force-confold, as the
+// README says for unattended upgrades, keeps the user's without asking and
+// leaves the package's beside it as meshbox.env.dpkg-dist, root-only too.
+func testUpgradeChangedSettings(t *testing.T, root, top, dist, env, joined string) {
+	t.Helper()
+	// build.sh takes the example from the tree it is in: a copy with one
+	// more line.
+	tree := t.TempDir()
+	run(t, nil, "cp", "-r", filepath.Join(top, "deploy"), filepath.Join(top, "README.md"), tree)
+	f, err := os.OpenFile(filepath.Join(tree, "deploy/meshbox.env.example"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const added = "#MESHBOX_SETTING_OF_A_NEWER_RELEASE=on\n"
+	if _, err := f.WriteString(added); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	run(t, nil, "sh", filepath.Join(tree, "deploy/deb/build.sh"), filepath.Join(dist, "meshbox-linux-"+runtime.GOARCH),
+		runtime.GOARCH, "v99.1.0", strconv.FormatInt(time.Now().Unix(), 10), out)
+	debs, _ := filepath.Glob(filepath.Join(out, "meshbox_99.1.0_*.deb"))
+	if len(debs) != 1 {
+		t.Fatalf("package with changed settings: got %v", debs)
+	}
+	dpkg(t, root, "--force-confold", "--install", debs[0])
+	if got, err := os.ReadFile(env); err != nil || string(got) != joined {
+		t.Errorf("upgrade with changed settings: configuration: got %q (%v), want the user's %q", got, err, joined)
+	}
+	wantFile(t, env, 0o600, 0, 0)
+	dist2 := env + ".dpkg-dist"
+	if got, err := os.ReadFile(dist2); err != nil || !strings.HasSuffix(string(got), added) {
+		t.Errorf("upgrade with changed settings: the package's version beside the user's: got %.60q... (%v), want it ending in %q", got, err, added)
+	}
+	wantFile(t, dist2, 0o600, 0, 0)
 }
 
 // TestDebianVersion checks how build.sh turns make's VERSION (git
