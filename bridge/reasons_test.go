@@ -148,3 +148,29 @@ func TestJoinReason(t *testing.T) {
 		t.Errorf("old record: got %q %q", c, tx)
 	}
 }
+
+// A dead letter the outbox keeps (a local command's failure while the
+// link was down) goes to the broker with the class, its text sealed.
+func TestOutboxDeadLetterReasonSealed(t *testing.T) {
+	b, ring := sealTestBridge(t)
+	failure := handlerFailure(nats.Header{headerServiceError: {reasonMarker}, headerServiceErrorCode: {"500"}}, "vault", "beta")
+	reason := reasonf("attempt 5 of 5 failed: ", failure)
+	rec := &record{kind: kindDead, name: "vault", msgID: "m1", reason: joinReason(reason), body: []byte("x")}
+	p, err := b.outgoingFor(rec, false).publishing("beta", "", ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _ := p.Headers[HeaderDeadReason].(string)
+	sealed, _ := p.Headers[HeaderDeadReasonSealed].(string)
+	if plain != failureClass(reason) || sealed == "" {
+		t.Fatalf("headers: got %v, want the class and the text sealed", p.Headers)
+	}
+	for k, v := range p.Headers {
+		if s, _ := v.(string); strings.Contains(s, reasonMarker) {
+			t.Errorf("header %s holds the handler's words: %q", k, s)
+		}
+	}
+	if got := b.openReason(HeaderDeadReason, "cmd.vault", "m1", plain, sealed); got != reason.Error() {
+		t.Errorf("opened: got %q, want %q", got, reason.Error())
+	}
+}
