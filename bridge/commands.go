@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -60,6 +61,9 @@ func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
 		}
 		b.m.msg(typeCommand, "in")
 		b.noteDeliveryAge(stage, env.sent)
+		if env.replayedSealed != "" {
+			env.replayedText = b.openReason(HeaderReplayed, commandKey(stage), env.msgID, env.replayed, env.replayedSealed)
+		}
 		if b.done != nil && b.completedBefore(stage, env.msgID) {
 			s.ack(d.DeliveryTag, opAck) // completed here before: not called again
 			continue
@@ -195,12 +199,12 @@ func (s *session) cmdFailed(c *cmdCall, failure error) {
 	if delayed {
 		budget = p.Attempts
 	}
-	var reason deadReason
+	var reason *deadReason
 	switch {
 	case isPermanent(failure):
-		reason = deadReason(fmt.Sprintf("permanent failure at attempt %d: %v", c.env.attempt, failure))
+		reason = reasonf(fmt.Sprintf("permanent failure at attempt %d: ", c.env.attempt), failure)
 	case c.env.attempt >= budget:
-		reason = deadReason(fmt.Sprintf("attempt %d of %d failed: %v", c.env.attempt, budget, failure))
+		reason = reasonf(fmt.Sprintf("attempt %d of %d failed: ", c.env.attempt, budget), failure)
 	case delayed:
 		s.work(func() { s.retryLater(c, p, failure) })
 		return
@@ -253,11 +257,6 @@ func (s *session) endCmds() {
 // a command waited for a handler.
 var errNotHostedHere = errors.New("stage no longer hosted here")
 
-// deadReason is a dead-letter reason that is not a decoding error.
-type deadReason string
-
-func (r deadReason) Error() string { return string(r) }
-
 // setCommandHeaders sets the headers a handler sees with a command on h.
 // The keys are canonical already; the four values share one allocation
 // (this runs for every command).
@@ -282,8 +281,8 @@ func (e *envelope) commandMsg(stage string, seen bool) *nats.Msg {
 	if e.resultTopic != "" {
 		m.Header[HeaderResultTopic] = []string{e.resultTopic}
 	}
-	if e.replayed != "" {
-		m.Header[HeaderReplayed] = []string{e.replayed}
+	if r := cmp.Or(e.replayedText, e.replayed); r != "" {
+		m.Header[HeaderReplayed] = []string{r}
 	}
 	if e.firstOrigin != "" {
 		m.Header[HeaderFirstOrigin] = []string{e.firstOrigin}
@@ -395,9 +394,9 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 			// The original is deleted only once its dead letter is
 			// committed: a failed write keeps the command, tried again
 			// after a pause.
-			reason := fmt.Sprintf("attempt %d of %d failed: %v", attempt, budget, failure)
+			reason := reasonf(fmt.Sprintf("attempt %d of %d failed: ", attempt, budget), failure)
 			if isPermanent(failure) {
-				reason = fmt.Sprintf("permanent failure at attempt %d: %v", attempt, failure)
+				reason = reasonf(fmt.Sprintf("permanent failure at attempt %d: ", attempt), failure)
 			}
 			if err := b.ob.wait(ctx, func(done func(error)) { b.deadRecord(r, reason, done) }); err != nil {
 				b.log.Error("cannot store the dead letter of a local command; kept for later", "stage", r.name, "msg_id", r.msgID, "err", err)

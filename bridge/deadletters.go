@@ -36,7 +36,9 @@ import (
 type DeadLetter struct {
 	Stage string `json:"stage"`
 	ID    string `json:"id"` // the command's message id
-	// Reason is why it was dead-lettered; Node is the node that did.
+	// Reason is why it was dead-lettered, the handler's own words opened
+	// when they were sealed (or why they do not open); Node is the node
+	// that did.
 	Reason string `json:"reason"`
 	Node   string `json:"node"`
 	// Origin is the node that published the dead-lettered command, by its
@@ -52,7 +54,8 @@ type DeadLetter struct {
 	LastFailure  time.Time `json:"last_failure"`
 	Submitted    time.Time `json:"submitted,omitzero"`
 	Size         int       `json:"size"`
-	// Headers are the headers readable on the broker (the node's own);
+	// Headers are the headers readable on the broker (the node's own;
+	// the reasons' classes, and their sealed texts as they are there);
 	// Content are the command's own headers when this node could open it
 	// (sealed ones open only with the mesh's or the scope's key).
 	Headers map[string]string `json:"headers"`
@@ -268,9 +271,15 @@ func (b *Bridge) replay(ctx context.Context, s *session, stage string, d *amqp.D
 		first = env.origin
 	}
 	meta[HeaderFirstOrigin] = first
-	reason, _ := d.Headers[HeaderDeadReason].(string)
+	class, _ := d.Headers[HeaderDeadReason].(string)
 	deadAt, _ := d.Headers[HeaderDeadAt].(string)
-	meta[HeaderReplayed] = clip(fmt.Sprintf("%s by %s (dead-lettered %s: %s)", stampTime(time.Now()), b.cfg.Node, deadAt, reason), maxReason)
+	replayed := fmt.Sprintf("%s by %s (dead-lettered %s: ", stampTime(time.Now()), b.cfg.Node, deadAt)
+	plain, sealed := b.reasonHeaders(HeaderReplayed, typeCommand, commandKey(stage), env.msgID,
+		replayed+b.deadReason(stage, d)+")", replayed+class+")")
+	meta[HeaderReplayed] = plain
+	if sealed != "" {
+		meta[HeaderReplayedSealed] = sealed
+	}
 	out := &outgoing{exchange: exchangeMesh, key: commandKey(stage), mandatory: true, kind: typeCommand,
 		msgID: env.msgID, persist: true, header: env.header, meta: meta, body: env.body, at: time.Now()}
 	wait, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -339,7 +348,7 @@ func (b *Bridge) openDead(stage string, d *amqp.Delivery) (*envelope, string) {
 // own headers when this node can open it.
 func (b *Bridge) describeDead(stage string, d *amqp.Delivery, open bool) DeadLetter {
 	str := func(k string) string { v, _ := d.Headers[k].(string); return v }
-	dl := DeadLetter{Stage: stage, ID: d.MessageId, Reason: str(HeaderDeadReason), Node: str(HeaderDeadNode),
+	dl := DeadLetter{Stage: stage, ID: d.MessageId, Reason: b.deadReason(stage, d), Node: str(HeaderDeadNode),
 		Origin: str(HeaderOrigin), Submitted: d.Timestamp, Size: len(d.Body), Headers: map[string]string{}}
 	dl.Attempts, _ = strconv.Atoi(str(HeaderAttempts))
 	dl.LastFailure, _ = time.Parse(time.RFC3339Nano, str(HeaderDeadAt))
@@ -367,4 +376,12 @@ func (b *Bridge) describeDead(stage string, d *amqp.Delivery, open bool) DeadLet
 		}
 	}
 	return dl
+}
+
+// deadReason is the reason of dead letter d of stage, its sealed text
+// opened (reasons.go).
+func (b *Bridge) deadReason(stage string, d *amqp.Delivery) string {
+	class, _ := d.Headers[HeaderDeadReason].(string)
+	sealed, _ := d.Headers[HeaderDeadReasonSealed].(string)
+	return b.openReason(HeaderDeadReason, commandKey(stage), d.MessageId, class, sealed)
 }

@@ -94,7 +94,12 @@
 // deadline is sealed too; one that arrives more than 2 seconds (the clock
 // skew nodes may have) after it is refused as expired: late or replayed.
 // System messages (discovery, heartbeats) are the node's own and stay
-// plain; dead letters keep the sealed body they came with. A retry copy
+// plain; dead letters keep the sealed body they came with. The reasons of
+// a command's failures (Meshbox-Last-Reason, Meshbox-Dead-Reason, and the
+// one Meshbox-Replayed quotes) may hold a handler's own error text: the
+// header holds the reason's class, in the node's words only, and the text
+// goes sealed beside it in <name>-Sealed, bound to the header, the class,
+// cmd.<stage>, the message id and the key (reasons.go). A retry copy
 // (retry.go) or a replayed dead letter is a new message from the node that
 // sends it, sealed again by that node: the broker vouches only for the
 // last publisher, which is the origin the seal binds.
@@ -229,7 +234,9 @@
 //     not count deliveries), bound to mesh with dead.<stage>, declared by
 //     every node hosting the stage: the stage's dead letters, with
 //     Meshbox-Dead-Reason, Meshbox-Dead-Node, Meshbox-Dead-Queue,
-//     Meshbox-Dead-At, Meshbox-Attempts and Meshbox-First-Failure headers.
+//     Meshbox-Dead-At, Meshbox-Attempts and Meshbox-First-Failure headers
+//     (in a mesh that seals, the reason's class, with the handler's words
+//     sealed in Meshbox-Dead-Reason-Sealed: see Sealing).
 //     A node whose broker user may not declare retry.<stage> or
 //     dead.<stage> (permissions made before them) logs it and goes on
 //     without them: immediate requeues, dead letters to mesh.dead.
@@ -367,6 +374,7 @@
 // opening program messages), topology.go (declarations, stage queues),
 // publish.go (the publish pipeline), consume.go (the consumer owner and
 // its acks), flow.go (the credit of each stage: its consumers),
+// reasons.go (failure reasons: their classes and sealed texts),
 // corkconn.go (the publishing socket's batched writes), requests.go (a
 // local program calling another node) and hostcalls.go (another node
 // calling a local program), commands.go, events.go (the other two

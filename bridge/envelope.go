@@ -128,10 +128,16 @@ type envelope struct {
 	failed      int
 	firstFail   string // Meshbox-First-Failure
 	lastFail    string // Meshbox-Last-Failure
-	lastReason  string // Meshbox-Last-Reason
+	lastReason  string // Meshbox-Last-Reason (in a mesh that seals, its class)
 	firstOrigin string // Meshbox-First-Origin
-	replayed    string // Meshbox-Replayed
-	resultTopic string // Meshbox-Result-Topic
+	replayed    string // Meshbox-Replayed (in a mesh that seals, its class)
+	// The sealed companions of lastReason and replayed, as they came
+	// (reasons.go), and the Meshbox-Replayed the handler sees: replayed,
+	// or its sealed text once opened.
+	lastReasonSealed string
+	replayedSealed   string
+	replayedText     string
+	resultTopic      string // Meshbox-Result-Topic
 }
 
 // delivery is the part of an amqp.Delivery that decode reads.

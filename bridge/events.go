@@ -45,7 +45,7 @@ func (s *session) republishEvent(d *amqp.Delivery) error {
 		meta[HeaderRedelivered] = "true"
 	}
 	if err := b.bc.PublishMsg(env.natsMsg(subjEvtPrefix+env.name, meta)); err != nil {
-		return deadReason("cannot publish locally: " + err.Error())
+		return plainReason("cannot publish locally: " + err.Error())
 	}
 	return nil
 }
@@ -174,7 +174,17 @@ func (s *session) publishDead(d *amqp.Delivery, queue string, reason error, stag
 	for k, v := range extra {
 		h[k] = v
 	}
-	h[HeaderDeadReason] = reason.Error()
+	// A command's reason is bound to the key its stage is sealed for.
+	kind, rkey := d.Type, d.RoutingKey
+	if stage != "" {
+		kind, rkey = typeCommand, commandKey(stage)
+	}
+	delete(h, HeaderDeadReasonSealed) // only this node's own
+	if plain, sealed := b.reasonHeaders(HeaderDeadReason, kind, rkey, d.MessageId, reason.Error(), failureClass(reason)); sealed != "" {
+		h[HeaderDeadReason], h[HeaderDeadReasonSealed] = plain, sealed
+	} else {
+		h[HeaderDeadReason] = plain
+	}
 	h[HeaderDeadNode] = b.cfg.Node
 	h[HeaderDeadQueue] = queue
 	h[HeaderDeadAt] = stampTime(time.Now())

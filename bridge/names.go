@@ -39,16 +39,16 @@ const (
 	HeaderTimeout     = "Meshbox-Timeout"     // caller's deadline (Go duration), may only shorten the default
 	HeaderCapability  = "Meshbox-Capability"  // on the broker: the capability a request calls
 	HeaderAccepted    = "Meshbox-Accepted"    // in a submit reply: "broker", "outbox" or "local"
-	HeaderDeadReason  = "Meshbox-Dead-Reason" // why a message was dead-lettered
+	HeaderDeadReason  = "Meshbox-Dead-Reason" // why a message was dead-lettered (sealing: its class; reasons.go)
 	HeaderDeadNode    = "Meshbox-Dead-Node"   // which node dead-lettered it
 	HeaderDeadQueue   = "Meshbox-Dead-Queue"  // the queue it came from
 	HeaderDeadAt      = "Meshbox-Dead-At"     // when it was dead-lettered (RFC 3339, ms): its last failure
 	HeaderAttempts    = "Meshbox-Attempts"    // attempts that failed before this delivery (retry copies, dead letters)
 	HeaderFirstFail   = "Meshbox-First-Failure"
 	HeaderLastFail    = "Meshbox-Last-Failure" // a retry copy's last failure (RFC 3339, ms)
-	HeaderLastReason  = "Meshbox-Last-Reason"  // why a retry copy's last attempt failed
+	HeaderLastReason  = "Meshbox-Last-Reason"  // why a retry copy's last attempt failed (sealing: its class; reasons.go)
 	HeaderFirstOrigin = "Meshbox-First-Origin" // a retry copy or replay: the origin of the command it copies, as the copying node read it
-	HeaderReplayed    = "Meshbox-Replayed"     // a replayed dead letter: "<time> by <node> (dead-lettered <time>: <reason>)"
+	HeaderReplayed    = "Meshbox-Replayed"     // a replayed dead letter: "<time> by <node> (dead-lettered <time>: <reason>)" (sealing: its class; reasons.go)
 	HeaderResultTopic = "Meshbox-Result-Topic" // on a command: the event topic its handler's result is published on
 
 	// CodePermanent in a handler's Nats-Service-Error-Code says the command

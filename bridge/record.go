@@ -43,7 +43,7 @@ type record struct {
 	created     time.Time
 	name        string // stage or topic
 	msgID       string
-	reason      string // dead letters: why
+	reason      string // dead letters: why (joinReason: its class, and its text when that says more)
 	header      nats.Header
 	body        []byte
 

@@ -3,7 +3,6 @@ package bridge
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -32,9 +31,11 @@ import (
 // stays sealed on its way through the retry queue, and its origin, as with
 // every message, is the broker user that published it. The node headers
 // Meshbox-Attempts (attempts failed so far), Meshbox-First-Failure,
-// Meshbox-Last-Failure, Meshbox-Last-Reason and Meshbox-First-Origin (the
-// origin of the first delivery, as the retrying node read it) travel with
-// it, and the next delivery's attempt is Meshbox-Attempts + 1.
+// Meshbox-Last-Failure, Meshbox-Last-Reason (its class, and the handler's
+// own words sealed beside it in a mesh that seals: reasons.go) and
+// Meshbox-First-Origin (the origin of the first delivery, as the retrying
+// node read it) travel with it, and the next delivery's attempt is
+// Meshbox-Attempts + 1.
 
 // RetryPolicy is how a stage's failed commands are tried again.
 type RetryPolicy struct {
@@ -81,7 +82,7 @@ func handlerFailure(h nats.Header, stage, node string) error {
 	if e == "" && code != CodePermanent {
 		return nil
 	}
-	err := fmt.Errorf("handler of stage %s on node %s replied error %s %s", stage, node, code, e)
+	err := &handlerError{stage: stage, node: node, code: code, text: e}
 	if code == CodePermanent {
 		return &permanent{err: err}
 	}
@@ -120,7 +121,11 @@ func (s *session) retryLater(c *cmdCall, p RetryPolicy, failure error) {
 	meta := commandMeta(c.env)
 	meta[HeaderAttempts] = strconv.Itoa(c.env.attempt)
 	meta[HeaderLastFail] = now
-	meta[HeaderLastReason] = clip(failure.Error(), maxReason)
+	meta[HeaderLastReason], meta[HeaderLastReasonSealed] = b.reasonHeaders(HeaderLastReason, typeCommand, commandKey(c.stage),
+		c.env.msgID, failure.Error(), failureClass(failure))
+	if meta[HeaderLastReasonSealed] == "" {
+		delete(meta, HeaderLastReasonSealed)
+	}
 	if c.env.firstFail == "" {
 		meta[HeaderFirstFail] = now
 	}
@@ -150,7 +155,8 @@ func (s *session) retryLater(c *cmdCall, p RetryPolicy, failure error) {
 func commandMeta(e *envelope) map[string]string {
 	m := make(map[string]string, 8)
 	for k, v := range map[string]string{HeaderFirstFail: e.firstFail, HeaderLastFail: e.lastFail, HeaderLastReason: e.lastReason,
-		HeaderFirstOrigin: e.firstOrigin, HeaderReplayed: e.replayed, HeaderResultTopic: e.resultTopic} {
+		HeaderLastReasonSealed: e.lastReasonSealed, HeaderFirstOrigin: e.firstOrigin, HeaderReplayed: e.replayed,
+		HeaderReplayedSealed: e.replayedSealed, HeaderResultTopic: e.resultTopic} {
 		if v != "" {
 			m[k] = v
 		}
@@ -185,6 +191,10 @@ func (e *envelope) commandHeader(k, v string) error {
 		e.lastFail = v
 	case strings.EqualFold(k, HeaderLastReason):
 		e.lastReason = v
+	case strings.EqualFold(k, HeaderLastReasonSealed):
+		e.lastReasonSealed = v
+	case strings.EqualFold(k, HeaderReplayedSealed):
+		e.replayedSealed = v
 	case strings.EqualFold(k, HeaderFirstOrigin):
 		if !validNodeName(v) {
 			return bad("header %s: %q is not a node name", k, v)

@@ -56,9 +56,14 @@ func sealedPerNodePair(t *testing.T, stages []string, edit func(*bridge.Config))
 	})
 	a.waitConnected(t)
 	b.waitConnected(t)
+	return a, b, adminTap(t, a, "retry.#", "dead.#")
+}
 
-	// The tap: the vhost's URL with the admin's credential.
-	u, err := url.Parse(a.cfg.URL)
+// adminTap receives a copy of everything published on mesh with the keys
+// given, read with the broker admin's rights on n's vhost.
+func adminTap(t *testing.T, n *node, keys ...string) <-chan amqp.Delivery {
+	t.Helper()
+	u, err := url.Parse(n.cfg.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +77,7 @@ func sealedPerNodePair(t *testing.T, stages []string, edit func(*bridge.Config))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, key := range []string{"retry.#", "dead.#"} {
+	for _, key := range keys {
 		if err := ch.QueueBind(q.Name, key, "mesh", false, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -81,7 +86,7 @@ func sealedPerNodePair(t *testing.T, stages []string, edit func(*bridge.Config))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return a, b, ds
+	return ds
 }
 
 // handled is what a test handler saw of one delivery.
@@ -220,8 +225,9 @@ func TestPermanentFailureAndDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !shown.Opened || shown.Content["X-Order"] != "7" || shown.Headers[bridge.HeaderDeadReason] != dl.Reason {
-		t.Errorf("shown: got %+v", shown)
+	if !shown.Opened || shown.Content["X-Order"] != "7" || shown.Reason != dl.Reason ||
+		shown.Headers[bridge.HeaderDeadReason] != "permanent failure at attempt 1: handler of stage strict on node beta replied error 422" {
+		t.Errorf("shown: got %+v (on the broker, the reason's class only)", shown)
 	}
 	if _, err := b.b.ShowDeadLetter(ctx, "strict", "nope"); !errors.Is(err, bridge.ErrNoDeadLetter) {
 		t.Errorf("show of a missing id: got %v, want ErrNoDeadLetter", err)

@@ -215,7 +215,7 @@ func (b *Bridge) directDone(rec *record, reply string, err error) {
 		b.replyError(reply, &ServiceError{Code: CodeUnavailable,
 			Text: fmt.Sprintf("no node hosts stage %s: the broker has no queue %s", rec.name, stageQueue(rec.name))})
 	case errors.Is(err, ErrNoRoute):
-		b.deadRecord(rec, fmt.Sprintf("no route: the broker had no queue %s", stageQueue(rec.name)), nil)
+		b.deadRecord(rec, plainReason(fmt.Sprintf("no route: the broker had no queue %s", stageQueue(rec.name))), nil)
 	case errors.Is(err, seal.ErrNoKey):
 		// The key went away after the submission was checked: the outbox
 		// keeps it until the node holds one again.
@@ -234,13 +234,13 @@ func (b *Bridge) directDone(rec *record, reply string, err error) {
 // mesh.dlx when the link allows) and calls done (may be nil) with the
 // outcome of its commit: rec may be deleted only after a nil one. Safe on
 // any goroutine.
-func (b *Bridge) deadRecord(rec *record, reason string, done func(error)) {
+func (b *Bridge) deadRecord(rec *record, reason error, done func(error)) {
 	b.m.err(errKindDeadLetter)
-	b.logDead(rec.name, rec.msgID, reason)
+	b.logDead(rec.name, rec.msgID, reason.Error())
 	dead := *rec
 	dead.seq = b.sub.nextSeq()
 	dead.kind = kindDead
-	dead.reason = reason
+	dead.reason = joinReason(reason)
 	data := dead.encode()
 	b.ob.reserveAlways(int64(len(data))) // dead letters are never refused: they were accepted once
 	b.sub.meshPending.Add(1)
@@ -271,7 +271,12 @@ func (b *Bridge) outgoingFor(rec *record, redelivered bool) *outgoing {
 	case kindDead:
 		out.exchange, out.key, out.kind = exchangeDLX, commandKey(rec.name), typeCommand
 		out.meta = map[string]string{}
-		out.meta[HeaderDeadReason] = rec.reason
+		class, text := splitReason(rec.reason)
+		plain, sealed := b.reasonHeaders(HeaderDeadReason, typeCommand, commandKey(rec.name), rec.msgID, text, class)
+		out.meta[HeaderDeadReason] = plain
+		if sealed != "" {
+			out.meta[HeaderDeadReasonSealed] = sealed
+		}
 		out.meta[HeaderDeadNode] = b.cfg.Node
 		out.meta[HeaderDeadQueue] = stageQueue(rec.name)
 	}
@@ -374,7 +379,7 @@ func (s *session) drained(r *record, err error) {
 		// that write fails it is kept and sent again after a pause. The
 		// drainer's rescan waits until the delete is queued.
 		s.drainWait.Add(1)
-		b.deadRecord(r, fmt.Sprintf("no route: the broker had no queue %s", stageQueue(r.name)), func(err error) {
+		b.deadRecord(r, plainReason(fmt.Sprintf("no route: the broker had no queue %s", stageQueue(r.name))), func(err error) {
 			defer s.drainWait.Done()
 			if err != nil {
 				signal(s.rescan)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
@@ -38,16 +40,16 @@ type keysStatus struct {
 }
 
 // joinedNode adds node with `meshbox mesh node add`, joins it and runs it
-// from its env file.
-func joinedNode(t *testing.T, db, brokerAdmin, node string) *meshtest.Process {
+// from its env file, with extra flags of `meshbox run` (--config, say).
+func joinedNode(t *testing.T, db, brokerAdmin, node string, extra ...string) *meshtest.Process {
 	t.Helper()
-	p, _ := joinedNodeEnv(t, db, brokerAdmin, node)
+	p, _ := joinedNodeEnv(t, db, brokerAdmin, node, extra...)
 	return p
 }
 
 // joinedNodeEnv is joinedNode that also returns the env file `meshbox
 // join` wrote (which holds the node's own database login).
-func joinedNodeEnv(t *testing.T, db, brokerAdmin, node string) (*meshtest.Process, string) {
+func joinedNodeEnv(t *testing.T, db, brokerAdmin, node string, extra ...string) (*meshtest.Process, string) {
 	t.Helper()
 	code, out, errOut := cliEnv(t, []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + brokerAdmin}, "mesh", "node", "add", node)
 	if code != 0 {
@@ -60,7 +62,7 @@ func joinedNodeEnv(t *testing.T, db, brokerAdmin, node string) (*meshtest.Proces
 	if code, out, errOut := cli(t, "join", joinToken(t, out), "--env-file", envFile); code != 0 {
 		t.Fatalf("join %s: exit %d: %s%s", node, code, out, errOut)
 	}
-	return meshtest.StartProcess(t, "--env-file", envFile), envFile
+	return meshtest.StartProcess(t, append([]string{"--env-file", envFile}, extra...)...), envFile
 }
 
 // waitSealing waits until the node seals with a content key and lacks none.
@@ -101,18 +103,30 @@ func waitKeysInStep(t *testing.T, p *meshtest.Process) {
 // AMQP client with the broker's admin credential that binds # on the mesh
 // exchange and on its dead-letter exchange (every message of the mesh
 // passes one of them) and, once the traffic is through, reads every queue
-// of the vhost. Requests, replies, commands (one of them dead-lettered by
-// its handler) and events with a marker in bodies and headers cross the
-// mesh; the programs see the marker, the operator never does. A command
-// with one byte flipped, republished, is refused with the reason, counted
-// and logged.
+// of the vhost. Requests, replies, commands and events with a marker in
+// bodies and headers cross the mesh; two commands fail with the marker in
+// their handler's error text, one refused for good (422), one failing
+// every attempt through the stage's retry queue. The programs see the
+// marker, and so does the node's `meshbox dlq show` in the failures'
+// reasons; the operator never does. A command with one byte flipped,
+// republished, is refused with the reason, counted and logged.
 func TestBrokerOperatorReadsNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
 	ctx := context.Background()
 	rmq := meshtest.RabbitMQ(t)
-	vhost, db, alpha, beta := sealedMeshOn(t, rmq)
+	// beta retries stage vault once, after a short wait in its retry queue.
+	retry, err := json.Marshal(map[string]any{"bridge": map[string]any{
+		"retry": map[string]any{"vault": map[string]any{"attempts": 2, "backoff": "300ms"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := filepath.Join(t.TempDir(), "beta.json")
+	if err := os.WriteFile(config, retry, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vhost, db, alpha, beta := sealedMeshOn(t, rmq, "--config", config)
 
 	// The operator: the broker's admin credential, every key of mesh.
 	op, err := amqp.Dial(vhost)
@@ -154,7 +168,14 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 		if m.Header.Get("X-Refuse") != "" { // a permanent failure: dead-lettered at once
 			r := nats.NewMsg(m.Reply)
 			r.Header.Set(hdrServiceCode, "422")
-			r.Header.Set(hdrServiceError, "refused by the handler")
+			r.Header.Set(hdrServiceError, "refused by the handler: "+operatorMarker)
+			_ = m.RespondMsg(r)
+			return
+		}
+		if m.Header.Get("X-Fail") != "" { // fails every attempt: a retry copy, then a dead letter
+			r := nats.NewMsg(m.Reply)
+			r.Header.Set(hdrServiceCode, "500")
+			r.Header.Set(hdrServiceError, "failed in the handler: "+operatorMarker)
 			_ = m.RespondMsg(r)
 			return
 		}
@@ -192,9 +213,13 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the command never reached beta's handler")
 	}
-	refuse := nats.Header{"X-Secret": {operatorMarker}, "X-Refuse": {"yes"}}
+	refuse := nats.Header{"X-Secret": {operatorMarker}, "X-Refuse": {"yes"}, hdrMsgID: {"refused-1"}}
 	if o, resp, err := submitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: refuse, Data: []byte(operatorMarker)}, 5*time.Second); o != acked {
 		t.Fatalf("the command to be refused was not accepted: %v %v %v", o, resp, err)
+	}
+	fail := nats.Header{"X-Secret": {operatorMarker}, "X-Fail": {"yes"}, hdrMsgID: {"failed-1"}}
+	if o, resp, err := submitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: fail, Data: []byte(operatorMarker)}, 5*time.Second); o != acked {
+		t.Fatalf("the command to fail was not accepted: %v %v %v", o, resp, err)
 	}
 	if err := caller.PublishMsg(&nats.Msg{Subject: "evt.door", Header: secret, Data: []byte(operatorMarker)}); err != nil {
 		t.Fatal(err)
@@ -206,6 +231,28 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("the event never reached beta")
+	}
+
+	// The node reads the handler's words in its dead letters' reasons.
+	creds := []string{"--server", beta.NATSURL(), "--creds", filepath.Join(beta.DataDir(), programs.AdminFile)}
+	var list struct{ Letters []struct{ ID, Reason string } }
+	if !waitFor(20*time.Second, func() bool {
+		code, out, _ := cli(t, append([]string{"dlq", "list", "vault", "--json"}, creds...)...)
+		return code == 0 && json.Unmarshal([]byte(out), &list) == nil && len(list.Letters) == 2
+	}) {
+		t.Fatalf("beta's dlq list does not show the two failed commands: %+v\n%s", list, beta.Output())
+	}
+	for _, l := range list.Letters {
+		if !strings.Contains(l.Reason, operatorMarker) {
+			t.Errorf("dlq list: reason of %s is %q, want the handler's words", l.ID, l.Reason)
+		}
+	}
+	for id, want := range map[string]string{"refused-1": "refused by the handler: " + operatorMarker,
+		"failed-1": "failed in the handler: " + operatorMarker} {
+		code, out, errOut := cli(t, append([]string{"dlq", "show", "vault", id}, creds...)...)
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("dlq show %s: exit %d, want the reason with %q\n%s%s", id, code, want, out, errOut)
+		}
 	}
 
 	// Everything the operator read: no marker anywhere.
@@ -224,8 +271,11 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 		select {
 		case d := <-tap:
 			kind := d.Type
-			if strings.HasPrefix(d.RoutingKey, "dead.") {
+			switch {
+			case strings.HasPrefix(d.RoutingKey, "dead."):
 				kind = "dead letter"
+			case strings.HasPrefix(d.RoutingKey, "retry."):
+				kind = "retry copy"
 			}
 			seen[kind]++
 			readsMarker("bound to #", d)
@@ -236,7 +286,7 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 			done = true
 		}
 	}
-	for _, kind := range []string{"request", "reply", "command", "event", "dead letter"} {
+	for _, kind := range []string{"request", "reply", "command", "event", "dead letter", "retry copy"} {
 		if seen[kind] == 0 {
 			t.Errorf("the operator saw no %s (saw %v): the test proves nothing for it", kind, seen)
 		}
@@ -440,8 +490,9 @@ func sealedMesh(t *testing.T) (vhost, db string, alpha, beta *meshtest.Process) 
 	return sealedMeshOn(t, meshtest.RabbitMQ(t))
 }
 
-// sealedMeshOn is sealedMesh on the broker rmq.
-func sealedMeshOn(t *testing.T, rmq *meshtest.Rabbit) (vhost, db string, alpha, beta *meshtest.Process) {
+// sealedMeshOn is sealedMesh on the broker rmq; betaExtra are extra flags
+// of beta's `meshbox run`.
+func sealedMeshOn(t *testing.T, rmq *meshtest.Rabbit, betaExtra ...string) (vhost, db string, alpha, beta *meshtest.Process) {
 	t.Helper()
 	vhost = rmq.Vhost(t)
 	db = meshtest.Postgres(t).Database(t)
@@ -449,7 +500,7 @@ func sealedMeshOn(t *testing.T, rmq *meshtest.Rabbit) (vhost, db string, alpha, 
 		t.Fatalf("init: exit %d: %s", code, errOut)
 	}
 	alpha = joinedNode(t, db, rmq.AdminURL(), "alpha")
-	beta = joinedNode(t, db, rmq.AdminURL(), "beta")
+	beta = joinedNode(t, db, rmq.AdminURL(), "beta", betaExtra...)
 	waitSealing(t, alpha)
 	waitSealing(t, beta)
 	return vhost, db, alpha, beta
