@@ -51,12 +51,13 @@ type Bridge struct {
 	wg        sync.WaitGroup // goroutines owned by the bridge
 	calls     sync.WaitGroup // local calls for node.<self>.cap.<name>, each ends at its deadline
 
-	link    *link           // the broker link: URL, state, history, session
-	sub     submissions     // commands and events of local programs, in order
-	pending pendingRequests // requests waiting for a reply from another node
-	stall   stallBook       // stall alarms of command stages
-	dead    deadBook        // dead letters per stage at the last look (deadletters.go)
-	handed  *handedOut      // ids of commands handed to local handlers, across sessions
+	link         *link           // the broker link: URL, state, history, session
+	sub          submissions     // commands and events of local programs, in order
+	pending      pendingRequests // requests waiting for a reply from another node
+	replyReturns returnedReplies // replies the broker returned, sent again (noroute.go)
+	stall        stallBook       // stall alarms of command stages
+	dead         deadBook        // dead letters per stage at the last look (deadletters.go)
+	handed       *handedOut      // ids of commands handed to local handlers, across sessions
 	// peerCreds are the broker users other nodes' system messages came
 	// with (credential.go).
 	peerCreds peerCredentials

@@ -28,6 +28,10 @@ const (
 // connections.
 const handoverDrain = 5 * time.Second
 
+// quiesceEmptyPolls bounds how often quiesce looks, 5 ms apart, whether an
+// unbound queue has delivered what reached it.
+const quiesceEmptyPolls = 40
+
 // CredentialStatus describes the broker credential of the link.
 type CredentialStatus struct {
 	User       string    `json:"user"`
@@ -151,12 +155,15 @@ func (b *Bridge) credentialRefused(e *CredentialRefusedError) {
 //     on; if the broker refuses them, old runs on and handover returns nil
 //     (runLink tries again later);
 //  2. old stops taking requests from other nodes and replies to this
-//     node's requests (both consumers are cancelled; their queues keep
-//     what arrives meanwhile), the requests it took are answered and the
-//     answers published (at most handoverDrain), and local programs' new
-//     calls wait for the new session (handing);
+//     node's requests (its queues are unbound, so what is sent meanwhile
+//     comes back to its sender, who sends it again, and the consumers are
+//     cancelled once they have what reached the queues), the requests it
+//     took are answered and the answers published (at most
+//     handoverDrain), and local programs' new calls wait for the new
+//     session (handing);
 //  3. old is stopped; this node's requests waiting for a reply stay open
-//     (their replies wait in the reply queue for the new session);
+//     (their replies come back to the replying node until the new session
+//     has bound its reply queue, and are sent again);
 //  4. the topology is declared on the new connections (the exclusive
 //     queues and consumers are free now).
 //
@@ -220,8 +227,38 @@ const (
 // node's requests (both consumers are auto-ack: what the broker sent them
 // is gone from the queue, so the readers drain it), and waits (until ctx
 // ends) until every request taken is answered and the answers published.
-// What arrives after waits in the queues for the next session.
+// What is sent after comes back to its sender, who sends it again to the
+// next session (noroute.go).
 func (s *session) quiesce(ctx context.Context) {
+	// The queues are exclusive to this session's connection and go with
+	// it. So they are unbound first: what is sent from now on comes back
+	// unroutable and its sender tries again until the next session has
+	// bound its own (noroute.go); what reached them before is delivered to
+	// the readers before the consumers are cancelled.
+	node := s.b.cfg.Node
+	for _, q := range []struct{ queue, key string }{
+		{requestQueue(node), requestBindingKey(node)}, {replyQueue(node), replyKey(node)},
+	} {
+		if err := s.autoCh.QueueUnbind(q.queue, q.key, nodeExchange(node), nil); err != nil {
+			return // the channel is gone: nothing more to answer on it
+		}
+	}
+	for _, q := range []string{requestQueue(node), replyQueue(node)} {
+		for range quiesceEmptyPolls {
+			st, err := s.autoCh.QueueDeclarePassive(q, false, false, true, false, nil)
+			if err != nil {
+				return
+			}
+			if st.Messages == 0 {
+				break
+			}
+			select {
+			case <-time.After(5 * time.Millisecond):
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
 	for _, c := range []struct {
 		tag  string
 		done chan struct{}

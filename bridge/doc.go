@@ -186,25 +186,34 @@
 // run on one credential).
 //   - Exchange node.<n> (topic, durable), bound to mesh with to.<n>.#: the
 //     node's own traffic, so its permissions can be scoped to it.
-//   - Queue node.<n>.requests (expires 15 s after its consumer went), bound
-//     to node.<n> with to.<n>.req.#, consumed with an exclusive consumer: a
-//     second process with the same node name is refused (NodeNameInUseError)
-//     instead of silently splitting the node's requests. The queue outlives
-//     a connection for 15 s, so that requests arriving while the node
-//     switches to a new credential wait for its new session (see Credential
-//     rotation); after that, a request for a node that is not connected is
-//     an unroutable mandatory message, returned at once (503), not a
-//     channel error. Until then it waits until its deadline. It is consumed without acks: requests are at most
-//     once, and an ack per request costs the broker work on the critical path;
-//     a bound on open calls (8 x Prefetch, at least 256) refuses the excess at
-//     once with 503.
-//   - Queue node.<n>.replies (expires like the request queue; an exclusive
-//     consumer), bound to node.<n> with to.<n>.reply: replies to this node's requests, sent to the request's
-//     validated origin (never to a reply-to of the publisher's choosing) and
-//     accepted only from the node the request was sent to. A per-node queue
-//     instead of direct
-//     reply-to, because direct reply-to requires publishing on the consuming
-//     channel, and the bridge keeps publishing and consuming apart.
+//   - Queue node.<n>.requests, exclusive to the node's consuming
+//     connection, bound to node.<n> with to.<n>.req.#, consumed with an
+//     exclusive consumer. Exclusive ownership is the node's claim on its
+//     name: a second process with the same node name is refused
+//     (NodeNameInUseError) instead of silently splitting the node's
+//     requests. The broker deletes the queue with its connection, at once,
+//     even when a broker node of a cluster is stopping (a queue that
+//     outlived its connection went on taking messages there for seconds
+//     and delivered none, and could not be declared from another broker
+//     node meanwhile). A request for a node that is not connected is then
+//     an unroutable mandatory message, returned at once, not a channel
+//     error: the caller sends it again a few times within 600 ms, while
+//     the node is known to discovery and not gone (a node reconnecting or
+//     switching to a new credential binds its new queue within that time),
+//     and answers 503 after that (noroute.go). It is consumed without
+//     acks: requests are at most once (a returned message was never
+//     delivered, so sending it again keeps that), and an ack per request
+//     costs the broker work on the critical path; a bound on open calls
+//     (8 x Prefetch, at least 256) refuses the excess at once with 503.
+//   - Queue node.<n>.replies (exclusive like the request queue), bound to
+//     node.<n> with to.<n>.reply: replies to this node's requests, sent to
+//     the request's validated origin (never to a reply-to of the
+//     publisher's choosing) and accepted only from the node the request
+//     was sent to. A reply is mandatory too: one that comes back is sent
+//     again until the request's deadline (noroute.go). A per-node queue
+//     instead of direct reply-to, because direct reply-to requires
+//     publishing on the consuming channel, and the bridge keeps publishing
+//     and consuming apart.
 //   - Queue node.<n>.events (durable quorum queue, expires after 7 days
 //     unused), bound to mesh with evt.#: mesh events wait here while the
 //     node is away. The node's own events arrive here too and are dropped
@@ -321,12 +330,15 @@
 // credential differs, the link switches make before break (handover in
 // credential.go): it opens both new connections while the old session runs
 // on — if the broker refuses the new credential, the old session simply
-// continues and the switch is tried again — then cancels the old exclusive
-// request consumer, lets the requests it took be answered (at most 5 s),
+// continues and the switch is tried again — then unbinds the old request
+// and reply queues (what is sent meanwhile comes back to its sender and is
+// sent again, noroute.go), cancels their consumers once they have what
+// reached them, lets the requests it took be answered (at most 5 s),
 // holds local programs' new calls for the few milliseconds until the new
 // session consumes, stops the old session without failing this node's
-// pending requests (their replies wait in the reply queue), and declares
-// the topology on the new connections. Unacknowledged commands go back to
+// pending requests (their replies come back to the replying node until
+// the new reply queue is bound, and are sent again), and declares the
+// topology on the new connections. Unacknowledged commands go back to
 // their queue when the old connection closes and are delivered again,
 // marked as possible duplicates; nothing is lost. Config.OnCredential
 // tells the appliance the user the link now uses, so that it can record

@@ -124,7 +124,9 @@ func (s *session) replyHost(env *envelope, resp *nats.Msg, failure error) {
 	b := s.b
 	// To the node the request came from (its validated origin), never to a
 	// reply-to of the publisher's choosing.
-	out := &outgoing{exchange: exchangeMesh, key: replyKey(env.origin), kind: typeReply, corrID: env.corrID, at: time.Now()}
+	// Mandatory: a reply that comes back (its node is between two
+	// sessions) is sent again (noroute.go).
+	out := &outgoing{exchange: exchangeMesh, key: replyKey(env.origin), mandatory: true, kind: typeReply, corrID: env.corrID, at: time.Now()}
 	if failure == nil {
 		out.scope = env.scope // sealed as the request was; a refusal says nothing of the scope's
 		var err error

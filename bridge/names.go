@@ -111,6 +111,9 @@ func deadKey(stage string) string   { return queueDeadPfx + stage }
 // requestKey is the routing key of a request for capability name on node n.
 func requestKey(n, name string) string { return "to." + n + ".req." + name }
 
+// requestBindingKey binds node n's request queue: every capability.
+func requestBindingKey(n string) string { return "to." + n + ".req.#" }
+
 // parseRequestKey returns the node and capability of a request routing key.
 func parseRequestKey(key string) (node, name string, ok bool) {
 	rest, ok := strings.CutPrefix(key, "to.")

@@ -152,11 +152,19 @@ func (s *session) fastPublish(items []*pubItem) bool {
 	return true
 }
 
-// fastReturned drains the request channel's returns: a request the broker
-// could not route (its node is not connected) fails at once. Exits when
-// the channel closes.
+// fastReturned drains the request channel's returns: a request or a reply
+// the broker could not route (its node is not connected) is sent again
+// for a short while (noroute.go); a request that may not reach its node
+// fails then. Exits when the channel closes.
 func (s *session) fastReturned() {
 	for r := range s.fastReturns {
+		if r.Type == typeReply {
+			s.b.retryReply(r)
+			continue
+		}
+		if s.b.retryRequest(r.MessageId) {
+			continue
+		}
 		s.b.m.err(errKindNoRoute)
 		if p := s.b.takePending(r.MessageId); p != nil {
 			s.b.m.err(errKindUnreachable)

@@ -21,7 +21,14 @@ type pendingRequest struct {
 	node  string // target node
 	start time.Time
 	timer *time.Timer
-	sess  *session
+	// Set once it is added: the message, sent again when it comes back
+	// unroutable (noroute.go), and the caller's timeout.
+	out     *outgoing
+	timeout time.Duration
+	// Under pendingRequests.mu: the session the reply is expected on, and
+	// how often it was sent again.
+	sess    *session
+	retries int
 }
 
 // onCapRequest serves cap.<name> for a capability hosted elsewhere: the
@@ -165,7 +172,13 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 	}
 	id := newID()
 	now := time.Now()
-	p := &pendingRequest{reply: msg.Reply, name: name, node: node, start: now, sess: sess}
+	out := &outgoing{
+		exchange: exchangeMesh, key: requestKey(node, name), mandatory: true,
+		kind: typeRequest, msgID: id, corrID: id, replyTo: replyQueue(b.cfg.Node),
+		expire: timeout, header: hdr, meta: map[string]string{HeaderTimeout: timeout.String(), HeaderCapability: name},
+		body: msg.Data, at: now,
+	}
+	p := &pendingRequest{reply: msg.Reply, name: name, node: node, start: now, sess: sess, out: out, timeout: timeout}
 	b.pending.add(id, p, func() *time.Timer {
 		return time.AfterFunc(timeout, func() {
 			if b.takePending(id) == nil {
@@ -177,25 +190,26 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 				Text: fmt.Sprintf("deadline of %s passed waiting for %s on node %s", timeout, name, node)})
 		})
 	})
-	out := &outgoing{
-		exchange: exchangeMesh, key: requestKey(node, name), mandatory: true,
-		kind: typeRequest, msgID: id, corrID: id, replyTo: replyQueue(b.cfg.Node),
-		expire: timeout, header: hdr, meta: map[string]string{HeaderTimeout: timeout.String(), HeaderCapability: name},
-		body: msg.Data, at: now,
+	it := &pubItem{out: out, done: b.requestSent(id, p)}
+	if err := sess.enqueueFast(it); err != nil {
+		it.finish(err)
 	}
-	it := &pubItem{out: out, done: func(err error) {
+}
+
+// requestSent is the publish outcome of request id: a failure to publish
+// answers it at once; once written, its reply, its timer or its return
+// (fastReturned) answers it.
+func (b *Bridge) requestSent(id string, p *pendingRequest) func(error) {
+	return func(err error) {
 		if err == nil {
-			return // the reply or the timer answers
+			return
 		}
 		if b.takePending(id) == nil {
 			return
 		}
 		b.m.err(errKindUnreachable)
-		b.m.observe("unreachable", now)
-		b.replyError(p.reply, requestFailure(err, name, node))
-	}}
-	if err := sess.enqueueFast(it); err != nil {
-		it.finish(err)
+		b.m.observe("unreachable", p.start)
+		b.replyError(p.reply, requestFailure(err, p.name, p.node))
 	}
 }
 

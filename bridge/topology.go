@@ -16,12 +16,6 @@ const (
 	stageDeliveryLimit = 1000
 	// eventQueueExpiry deletes the event queue of a node unused this long.
 	eventQueueExpiry = 7 * 24 * time.Hour
-	// handoverQueueExpiry deletes the request and reply queues of a node
-	// this long after its last consumer went. They outlive a connection so
-	// that what arrives while a node switches to a new credential (its old
-	// connections closed, the new ones not consuming yet) waits for it; a
-	// constant, so every declaration has the same arguments.
-	handoverQueueExpiry = 15 * time.Second
 )
 
 // setup declares the topology (see the package doc), claims the node's
@@ -116,17 +110,17 @@ func (s *session) setup() error {
 		what string
 		do   func() error
 	}{
-		{"queue " + requestQueue(node), func() error {
-			_, err := ch.QueueDeclare(requestQueue(node), false, false, false, false,
-				amqp.Table{"x-expires": handoverQueueExpiry.Milliseconds()})
-			return err
-		}},
+		{"queue " + requestQueue(node), func() error { return s.declareOwn(&ch, requestQueue(node)) }},
 		{"binding " + requestQueue(node), func() error {
-			return ch.QueueBind(requestQueue(node), "to."+node+".req.#", nodeExchange(node), false, nil)
+			return ch.QueueBind(requestQueue(node), requestBindingKey(node), nodeExchange(node), false, nil)
 		}},
 	}
 	for _, st := range steps {
 		if err := st.do(); err != nil {
+			var inUse *NodeNameInUseError
+			if errors.As(err, &inUse) {
+				return err
+			}
 			return fmt.Errorf("declare %s: %w", st.what, err)
 		}
 	}
@@ -163,15 +157,7 @@ func (s *session) setup() error {
 		what string
 		do   func() error
 	}{
-		{"queue " + replyQueue(node), func() error {
-			_, err := ch.QueueDeclare(replyQueue(node), false, false, false, false,
-				amqp.Table{"x-expires": handoverQueueExpiry.Milliseconds()})
-			var ae *amqp.Error
-			if errors.As(err, &ae) && ae.Code == amqp.ResourceLocked {
-				return &NodeNameInUseError{Node: node, Detail: ae.Reason}
-			}
-			return err
-		}},
+		{"queue " + replyQueue(node), func() error { return s.declareOwn(&ch, replyQueue(node)) }},
 		{"binding " + replyQueue(node), func() error {
 			return ch.QueueBind(replyQueue(node), replyKey(node), nodeExchange(node), false, nil)
 		}},
@@ -273,6 +259,39 @@ func (s *session) syncStages(decl **amqp.Channel) {
 		s.b.log.Debug("stage consumer started", "stage", stage)
 	}
 	s.declareDeclaredLocked(decl)
+}
+
+// declareOwn declares one of the node's request and reply queues,
+// exclusive to the consuming connection: the broker deletes it with the
+// connection, at once, even when the connection ends because its broker
+// node is stopping. A queue that outlived its connection (as these did
+// before, for 15 s) is worse on a cluster: while its broker node stops,
+// which takes seconds, the queue takes messages and never delivers them,
+// and it cannot be declared again from another broker node; an exclusive
+// queue is gone, so a message for it comes back unroutable and its sender
+// tries again (noroute.go). Exclusive ownership is also the node's claim
+// on its name: another connection's declaration is refused
+// (NodeNameInUseError). A queue made by an older meshbox (shared, with
+// x-expires) is deleted, if unused, and declared anew.
+func (s *session) declareOwn(ch **amqp.Channel, q string) error {
+	_, err := (*ch).QueueDeclare(q, false, false, true, false, nil)
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+		nc, cerr := s.conConn.Channel()
+		if cerr != nil {
+			return fmt.Errorf("open channel: %w", cerr)
+		}
+		*ch = nc
+		if _, err := nc.QueueDelete(q, true, false, false); err != nil {
+			return fmt.Errorf("replace queue %s of an older meshbox: %w", q, err)
+		}
+		s.b.log.Info("replaced a queue made by an older meshbox with an exclusive one", "queue", q)
+		_, err = nc.QueueDeclare(q, false, false, true, false, nil)
+	}
+	if errors.As(err, &ae) && ae.Code == amqp.ResourceLocked {
+		return &NodeNameInUseError{Node: s.b.cfg.Node, Detail: ae.Reason}
+	}
+	return err
 }
 
 // declareStage declares a stage's quorum queue and binds it. A queue that

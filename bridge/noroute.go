@@ -1,0 +1,159 @@
+package bridge
+
+import (
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// A request or a reply the broker returns as unroutable was delivered to
+// nobody: its node's queue is not bound at that moment. The node's request
+// and reply queues are exclusive to its connection (topology.go), so they
+// are briefly unbound whenever the node reconnects — to another broker
+// node of a cluster, or to the same broker with a new credential (a
+// handover unbinds the old ones first, credential.go). So the sender tries
+// again for a short while before it gives up: a message that came back was
+// never delivered, so sending it again keeps requests at most once.
+//
+// A request is sent again while its node is known to discovery (it hosts a
+// capability) and not gone, within noRouteWindow and its deadline, and
+// answered 503 after that: a caller never waits long on a node that is
+// not there. A reply is sent again within noRouteReplyWindow: its request
+// is waiting on the other side.
+const (
+	noRouteFirst       = 20 * time.Millisecond  // the first pause, doubled each time
+	noRouteMaxPause    = 160 * time.Millisecond // the longest pause
+	noRouteWindow      = 600 * time.Millisecond // requests: how long after the first send
+	noRouteReplyWindow = 3 * time.Second        // replies: how long after the first return
+)
+
+// noRoutePause is the pause before the n+1st attempt.
+func noRoutePause(n int) time.Duration {
+	d := noRouteFirst << min(n, 8)
+	return min(d, noRouteMaxPause)
+}
+
+// retryRequest sends the pending request id again after a pause, when it
+// came back unroutable and may still reach its node (see above). It
+// reports false when the request is to be answered 503 now.
+func (b *Bridge) retryRequest(id string) bool {
+	b.pending.mu.Lock()
+	p := b.pending.m[id]
+	if p == nil || p.out == nil {
+		b.pending.mu.Unlock()
+		return false
+	}
+	pause := noRoutePause(p.retries)
+	node := p.node
+	inTime := time.Since(p.start)+pause < min(noRouteWindow, p.timeout)
+	if inTime {
+		p.retries++
+	}
+	b.pending.mu.Unlock()
+	if !inTime || !b.mayReturn(node) {
+		return false
+	}
+	b.m.err(errKindNoRoute)
+	time.AfterFunc(pause, func() { b.resendRequest(id) }) // settles by itself: the request is pending or answered
+	return true
+}
+
+// mayReturn reports whether node is known to discovery (it hosts a
+// capability) and not marked gone.
+func (b *Bridge) mayReturn(node string) bool {
+	b.routeMu.RLock()
+	defer b.routeMu.RUnlock()
+	if _, gone := b.gone[node]; gone {
+		return false
+	}
+	for _, nodes := range b.routes {
+		for _, n := range nodes {
+			if n == node {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// resendRequest publishes the pending request id again on the session in
+// use, whose reply queue its reply then reaches.
+func (b *Bridge) resendRequest(id string) {
+	sess := b.link.sess.Load()
+	b.pending.mu.Lock()
+	p := b.pending.m[id]
+	if p != nil && sess != nil {
+		p.sess = sess
+	}
+	b.pending.mu.Unlock()
+	if p == nil {
+		return // answered meanwhile (its deadline)
+	}
+	it := &pubItem{out: p.out, done: b.requestSent(id, p)}
+	if sess == nil {
+		it.finish(ErrLinkDown)
+		return
+	}
+	if err := sess.enqueueFast(it); err != nil {
+		it.finish(err)
+	}
+}
+
+// returnedReplies are the replies that came back unroutable, by
+// correlation id: when each came back first and how often.
+type returnedReplies struct {
+	mu sync.Mutex
+	m  map[string]*returnedReply
+}
+
+type returnedReply struct {
+	first time.Time
+	tries int
+}
+
+// retryReply sends a reply that came back unroutable again after a pause,
+// within noRouteReplyWindow of its first return; after that it is dropped
+// (its request has passed its deadline or its node is gone).
+func (b *Bridge) retryReply(r amqp.Return) {
+	now := time.Now()
+	rr := &b.replyReturns
+	rr.mu.Lock()
+	if rr.m == nil {
+		rr.m = map[string]*returnedReply{}
+	}
+	e := rr.m[r.CorrelationId]
+	if e == nil {
+		for id, old := range rr.m { // forget those given up on
+			if now.Sub(old.first) > noRouteReplyWindow {
+				delete(rr.m, id)
+			}
+		}
+		e = &returnedReply{first: now}
+		rr.m[r.CorrelationId] = e
+	}
+	pause := noRoutePause(e.tries)
+	e.tries++
+	giveUp := now.Sub(e.first)+pause > noRouteReplyWindow
+	if giveUp {
+		delete(rr.m, r.CorrelationId)
+	}
+	rr.mu.Unlock()
+	b.m.err(errKindNoRoute)
+	if giveUp {
+		b.log.Debug("reply dropped: its node did not come back", "key", r.RoutingKey)
+		return
+	}
+	p := amqp.Publishing{
+		Headers: r.Headers, ContentType: r.ContentType, ContentEncoding: r.ContentEncoding,
+		DeliveryMode: r.DeliveryMode, CorrelationId: r.CorrelationId, ReplyTo: r.ReplyTo,
+		Expiration: r.Expiration, MessageId: r.MessageId, Timestamp: r.Timestamp, Type: r.Type,
+		AppId: r.AppId, Body: r.Body,
+	}
+	out := &outgoing{exchange: r.Exchange, key: r.RoutingKey, mandatory: true, kind: typeReply, corrID: r.CorrelationId, raw: &p}
+	time.AfterFunc(pause, func() { // settles by itself: one publish
+		if sess := b.link.sess.Load(); sess != nil {
+			_ = sess.enqueueFast(&pubItem{out: out, done: func(error) {}})
+		}
+	})
+}

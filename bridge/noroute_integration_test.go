@@ -1,0 +1,96 @@
+package bridge_test
+
+import (
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshbox/meshbox/bridge"
+	"github.com/nats-io/nats.go"
+)
+
+// A request or a reply the broker returns as unroutable — its node's
+// queues are briefly unbound, as while the node reconnects to another
+// broker node or switches to a new credential — is sent again and
+// answered, not failed with 503 (a request) or lost until the caller's
+// deadline (a reply). The test unbinds a node's exchange from mesh for a
+// moment, first beta's while alpha calls it, then alpha's while beta's
+// answer is on its way.
+func TestUnroutableRequestAndReplySentAgain(t *testing.T) {
+	vhost := testVhost(t)
+	a := newNode(t, "alpha", vhost, func(c *bridge.Config) { c.Routes = map[string]string{"slow": "beta"} })
+	b := newNode(t, "beta", vhost, nil)
+	a.waitConnected(t)
+	b.waitConnected(t)
+	sub, err := b.client.Subscribe("cap.slow", func(m *nats.Msg) {
+		time.Sleep(100 * time.Millisecond) // alpha's queues are unbound meanwhile, in the reply case
+		_ = m.Respond(append([]byte("slow:"), m.Data...))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := b.client.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	waitStandIn(t, a, "slow")
+
+	conn, err := amqp.Dial(vhost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		what  string
+		node  string        // whose exchange is unbound
+		after time.Duration // after the call starts
+	}{
+		{"request to beta", "beta", 0},
+		{"reply to alpha", "alpha", 20 * time.Millisecond},
+	} {
+		const away = 300 * time.Millisecond
+		type result struct {
+			m   *nats.Msg
+			err error
+		}
+		res := make(chan result, 1)
+		unbind := func() {
+			if err := ch.ExchangeUnbind(bridge.NodeExchange(c.node), bridge.NodeBindingKey(c.node), bridge.MeshExchange, false, nil); err != nil {
+				t.Fatalf("%s: unbind: %v", c.what, err)
+			}
+		}
+		if c.after == 0 {
+			unbind()
+		}
+		start := time.Now()
+		go func() { // the call: exits when answered
+			m, err := a.request(t, "cap.slow", []byte(c.what), nats.Header{bridge.HeaderTimeout: {"5s"}}, 6*time.Second)
+			res <- result{m, err}
+		}()
+		if c.after > 0 {
+			time.Sleep(c.after)
+			unbind()
+		}
+		time.Sleep(away - c.after)
+		if err := ch.ExchangeBind(bridge.NodeExchange(c.node), bridge.NodeBindingKey(c.node), bridge.MeshExchange, false, nil); err != nil {
+			t.Fatalf("%s: bind again: %v", c.what, err)
+		}
+		r := <-res
+		took := time.Since(start)
+		if r.err != nil {
+			t.Fatalf("%s: %v after %v", c.what, r.err, took)
+		}
+		if code, text := serviceError(r.m); code != "" || string(r.m.Data) != "slow:"+c.what {
+			t.Fatalf("%s: got %q (error %s %q) after %v, want the answer", c.what, r.m.Data, code, text, took)
+		}
+		if took < away || took > 2*time.Second {
+			t.Errorf("%s: answered after %v, want after the %v the queue was unbound and soon after", c.what, took, away)
+		}
+		t.Logf("%s: answered %v after the call, the node's exchange unbound for %v", c.what, took.Round(time.Millisecond), away)
+	}
+}
