@@ -175,7 +175,7 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 		NoRoute:           func(err error) bool { return errors.Is(err, bridge.ErrNoRoute) },
 		// The bridge reports each connection (OnConnected: LinkUp), so
 		// without a connected link discovery waits for that.
-		Connected:  func() bool { return b.Status().Broker.State == bridge.StateConnected },
+		Connected:  b.Connected,
 		Logger:     a.logger,
 		Registerer: a.registry,
 	})
