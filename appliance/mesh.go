@@ -173,8 +173,11 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 		HeartbeatInterval: a.cfg.Mesh.HeartbeatInterval.D(),
 		MissedHeartbeats:  a.cfg.Mesh.MissedHeartbeats,
 		NoRoute:           func(err error) bool { return errors.Is(err, bridge.ErrNoRoute) },
-		Logger:            a.logger,
-		Registerer:        a.registry,
+		// The bridge reports each connection (OnConnected: LinkUp), so
+		// without a connected link discovery waits for that.
+		Connected:  b.Connected,
+		Logger:     a.logger,
+		Registerer: a.registry,
 	})
 	if err != nil {
 		return fmt.Errorf("node: %w", err)

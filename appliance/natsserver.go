@@ -35,7 +35,13 @@ type natsServer struct {
 // pse, running from the moment the package is linked), plus a statsz
 // heartbeat of its system account every 10 s. No option turns the first
 // two off, and the system account stays on: its connect events let the
-// watcher of local interest sleep while no program is connected.
+// watcher of local interest sleep while no program is connected. Those
+// two timers are nearly all an idle standalone node costs: each wakes the
+// Go runtime's netpoller, a second thread (the scheduler's spinning M)
+// and sysmon, and the sampling reads /proc/<pid>/stat; a build of the
+// server without them measured 0.003–0.005 % of a core and 0.5–1.5
+// wake-ups/s against 0.035–0.061 % and 17 with them. The rest of the node
+// sleeps until something happens (see the README's idle figures).
 //
 // JetStream runs with its files in jsDir ("" turns it off), for the blob
 // store alone (package blobs): its file store limited to twice

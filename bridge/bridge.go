@@ -424,6 +424,14 @@ func (b *Bridge) Status() Status {
 	return st
 }
 
+// Connected reports whether the link is connected to the broker now: not
+// connecting, blocked by a resource alarm, or without a broker. Cheaper
+// than Status: it reads the link's state alone.
+func (b *Bridge) Connected() bool {
+	st, _ := b.linkState()
+	return st == StateConnected
+}
+
 // outboxStatus is the outbox part of Status (the outbox gauges read it).
 func (b *Bridge) outboxStatus() OutboxStatus {
 	st := OutboxStatus{MaxBytes: b.cfg.OutboxMaxBytes}

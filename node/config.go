@@ -73,6 +73,14 @@ type Config struct {
 	// means the broker had no route to the addressee (it is not
 	// connected). Without it, only silence makes a peer gone.
 	NoRoute func(error) bool
+	// Connected, when set, reports whether the link is connected to the
+	// broker now. When a broadcast failed and the link is not connected,
+	// the node sends nothing more (no heartbeat, no probe) until LinkUp,
+	// which the link's owner must then call each time the link connects:
+	// an idle node without a broker (standalone, or its broker away) does
+	// not wake to fail a publish. Unset, or when the link is connected,
+	// the node tries again at its next heartbeat.
+	Connected func() bool
 	// MissedHeartbeats is how many heartbeat intervals a peer may stay
 	// silent before it is marked gone (default 3).
 	MissedHeartbeats int

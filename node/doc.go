@@ -43,13 +43,17 @@
 //
 // While the node cannot publish (its last broadcast failed), the broker is
 // away for this node as much as for its peers, so silence is not held
-// against peers. The node does not poll the link: it tries again at its
-// next heartbeat, and at once when the appliance reports the link
-// connected (LinkUp), and at each probe interval. When publishing works
-// again every peer gets a fresh window and the node sends hello and query
-// again. So a node started before its link connects discovers as soon as
-// the connection is up, and a standalone node (no broker) wakes only for
-// its heartbeats and probe intervals. A reconnect between two messages
+// against peers. The node does not poll the link: it tries again at once
+// when the appliance reports the link connected (LinkUp), and, while the
+// link says it is connected (Config.Connected), at its next heartbeat and
+// probe interval (a publish that failed on a connected link brings no
+// LinkUp). While the link is not connected the node sends nothing until
+// LinkUp. When publishing works again every peer gets a fresh window and
+// the node sends hello and query again. So a node started before its link
+// connects discovers as soon as the connection is up, and a standalone
+// node (no broker) does not wake for discovery at all: after its first
+// hello failed, its loop sleeps until LinkUp or a peer's deadline (it has
+// none). A reconnect between two messages
 // (LinkUp while publishing works) sends a hello: peers that probed the
 // node while its queue was gone hold it gone until they hear from it.
 //

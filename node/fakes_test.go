@@ -59,6 +59,7 @@ type fakeLink struct {
 	block     bool  // PublishSystem waits for its context to end
 	cut       bool  // PublishSystem drops messages silently (the process is "dead")
 	dropTypes map[string]bool
+	attempts  int      // calls of PublishSystem and SendSystem, failed ones too
 	sent      []string // routing keys as the bridge forms them: sys.<type>, to.<node>.sys.<type>
 	bodies    [][]byte // the bodies sent, in the same order
 	routes    map[string][]string
@@ -80,6 +81,7 @@ func (l *fakeLink) SendSystem(ctx context.Context, node, key string, body []byte
 
 func (l *fakeLink) send(ctx context.Context, to, key string, body []byte) error {
 	l.mu.Lock()
+	l.attempts++
 	if l.block {
 		l.mu.Unlock()
 		<-ctx.Done()
@@ -141,6 +143,13 @@ func (l *fakeLink) Gone() map[string]time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return maps.Clone(l.gone)
+}
+
+// attemptCount is how many messages the node tried to send so far.
+func (l *fakeLink) attemptCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.attempts
 }
 
 func (l *fakeLink) setFail(err error) {

@@ -32,6 +32,11 @@ func (n *Node) LinkUp() {
 	if n.closed || !n.started {
 		return
 	}
+	n.linkUps++
+	if n.waitLink {
+		n.waitLink = false
+		n.wakeLoopLocked() // the heartbeat and probe deadlines count again
+	}
 	if n.linkDown {
 		n.enqueueLocked(intent{typ: TypeHeartbeat})
 	} else if n.everSent {

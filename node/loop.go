@@ -14,29 +14,40 @@ import (
 // loop sends heartbeats and probes when they are due and expires silent
 // peers. Between rounds it sleeps until the next deadline (see tick), or
 // until a change of the view may have brought one closer (wakeLoop), so an
-// idle node wakes only for its heartbeats. It exits when ctx is done.
+// idle node wakes only for its heartbeats, and a node waiting for its link
+// (waitLink) with no peer to judge not at all. It exits when ctx is done.
 func (n *Node) loop(ctx context.Context) {
 	defer n.wg.Done()
-	t := time.NewTimer(n.tick())
+	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
+		if d, ok := n.tick(); ok {
+			t.Reset(d)
+		} else {
+			t.Stop()
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-n.wakeLoop:
 		}
-		t.Reset(n.tick())
 	}
 }
 
 // tick is one round of the loop. It returns how long the loop may sleep
-// before the next thing is due.
-func (n *Node) tick() time.Duration {
+// before the next thing is due, and false when nothing is.
+func (n *Node) tick() (time.Duration, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	now := time.Now()
 	n.expireLocked(now)
+	if n.waitLink {
+		// Nothing can go out before LinkUp, which wakes the loop: the
+		// heartbeat and the probe are due then.
+		next, ok := n.nextDeadlineLocked()
+		return max(next.Sub(now), 0), ok
+	}
 	if !now.Before(n.nextHeartbeat) {
 		// The interval is announced in this heartbeat (heartbeat_ms) and
 		// the next one comes within it, so peers always judge this node's
@@ -49,23 +60,27 @@ func (n *Node) tick() time.Duration {
 		n.probeRingLocked()
 		n.nextProbe = now.Add(jittered(n.cfg.DiscoveryInterval))
 	}
-	return max(n.nextDeadlineLocked().Sub(now), 0)
+	next, _ := n.nextDeadlineLocked() // a heartbeat is always due
+	return max(next.Sub(now), 0), true
 }
 
 // nextDeadlineLocked is the earliest moment the loop has something to do:
-// a heartbeat, a probe, a peer's
-// window running out, a gone peer's retention ending, or the grace of an
-// expected peer that has not appeared. The expiry checks are strict (a
-// peer is gone once its silence is longer than the window), so their
-// deadlines lie just past the limit.
-func (n *Node) nextDeadlineLocked() time.Time {
-	next := n.nextHeartbeat
+// a heartbeat, a probe (neither while waitLink), a peer's window running
+// out, a gone peer's retention ending, or the grace of an expected peer
+// that has not appeared; false when there is none. The expiry checks are
+// strict (a peer is gone once its silence is longer than the window), so
+// their deadlines lie just past the limit.
+func (n *Node) nextDeadlineLocked() (time.Time, bool) {
+	var next time.Time
 	consider := func(t time.Time) {
-		if t.Before(next) {
+		if next.IsZero() || t.Before(next) {
 			next = t
 		}
 	}
-	consider(n.nextProbe)
+	if !n.waitLink {
+		consider(n.nextHeartbeat)
+		consider(n.nextProbe)
+	}
 	for _, p := range n.peers {
 		switch p.state {
 		case StateUp:
@@ -82,7 +97,7 @@ func (n *Node) nextDeadlineLocked() time.Time {
 			}
 		}
 	}
-	return next
+	return next, !next.IsZero()
 }
 
 // windowLocked is how long peer p may stay silent before it is gone.
@@ -158,6 +173,7 @@ func (n *Node) sender(ctx context.Context) {
 			n.pending = n.pending[1:]
 			delete(n.pendingSet, it)
 			body := n.buildLocked(it)
+			ups := n.linkUps
 			n.mu.Unlock()
 
 			pctx, cancel := context.WithTimeout(ctx, n.cfg.PublishTimeout)
@@ -169,7 +185,10 @@ func (n *Node) sender(ctx context.Context) {
 				err = n.cfg.Link.SendSystem(pctx, it.to, it.typ, body)
 			}
 			cancel()
-			n.published(ctx, it, sentAt, err)
+			// Asked outside n.mu: the link calls LinkUp with its own locks
+			// held.
+			unconnected := err != nil && it.to == "" && n.cfg.Connected != nil && !n.cfg.Connected()
+			n.published(ctx, it, sentAt, err, unconnected, ups)
 		}
 	}
 }
@@ -177,8 +196,11 @@ func (n *Node) sender(ctx context.Context) {
 // published records the outcome of one publish, sent at sentAt. The link
 // is judged by broadcasts only: an addressed message may fail for its
 // addressee, and when the broker had no route to it (Config.NoRoute), the
-// addressee is not connected (see noRouteLocked).
-func (n *Node) published(ctx context.Context, it intent, sentAt time.Time, err error) {
+// addressee is not connected (see noRouteLocked). unconnected says a
+// failed broadcast found the link not connected after it failed; ups is
+// linkUps before it was sent: a LinkUp since then may have come before
+// the link was asked, and then the node does not wait for another.
+func (n *Node) published(ctx context.Context, it intent, sentAt time.Time, err error, unconnected bool, ups uint64) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err != nil {
@@ -186,6 +208,10 @@ func (n *Node) published(ctx context.Context, it intent, sentAt time.Time, err e
 			return // closing
 		}
 		n.m.errors.WithLabelValues("publish").Inc()
+		if unconnected && ups == n.linkUps && !n.waitLink {
+			n.waitLink = true
+			n.wakeLoopLocked() // its heartbeat and probe deadlines are off
+		}
 		if it.to == "" && !n.linkDown {
 			n.linkDown = true
 			if n.everSent {
@@ -202,6 +228,7 @@ func (n *Node) published(ctx context.Context, it intent, sentAt time.Time, err e
 	}
 	n.m.messages.WithLabelValues(it.typ, "out").Inc()
 	n.everSent = true
+	n.waitLink = false
 	if n.linkDown {
 		n.linkDown = false
 		n.linkRecoveredAt = time.Now()

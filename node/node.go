@@ -50,6 +50,8 @@ type Node struct {
 	hbInterval    time.Duration // the heartbeat interval this node announces (heartbeat_ms)
 
 	linkDown        bool      // the last broadcast publish failed
+	waitLink        bool      // linkDown, and the link was not connected: nothing is sent until LinkUp
+	linkUps         uint64    // LinkUp calls so far
 	linkRecoveredAt time.Time // when publishing worked again
 	everSent        bool      // a publish succeeded once
 

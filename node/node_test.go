@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -427,6 +428,64 @@ func TestBroadcastFailureSuspendsExpiry(t *testing.T) {
 		wantState(t, a, "B", StateUp)
 		h.advance(time.Second)
 		wantState(t, a, "B", StateGone)
+	})
+}
+
+// A node whose link is not connected (a standalone node has no broker at
+// all) does not wake to fail a publish at every heartbeat and probe: it
+// waits for the link to report itself up, and then discovers at once and
+// heartbeats again.
+func TestWaitsForLinkUpWhileNotConnected(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		var connected atomic.Bool
+		a := h.node("A", func(c *Config) { c.Connected = connected.Load })
+		a.link.setFail(errBrokerAway)
+		h.start(a)
+		if a.link.attemptCount() == 0 {
+			t.Fatal("A tried nothing at its start, want its hello")
+		}
+		n := a.link.attemptCount()
+		h.advance(10 * time.Minute)
+		if got := a.link.attemptCount() - n; got != 0 {
+			t.Fatalf("while its link was not connected A tried %d sends in 10 minutes, want 0", got)
+		}
+
+		connected.Store(true)
+		a.link.setFail(nil)
+		a.LinkUp()
+		h.settle()
+		keys := a.link.sentKeys()
+		if !slices.Contains(keys, "sys.hello") || !slices.Contains(keys, "sys.query") {
+			t.Fatalf("right after the link came up A sent %v, want hello and query", keys)
+		}
+		n = len(keys)
+		h.advance(time.Minute)
+		beats := 0
+		for _, k := range a.link.sentKeys()[n:] {
+			if k == "sys."+TypeHeartbeat {
+				beats++
+			}
+		}
+		if beats < 8 {
+			t.Fatalf("heartbeats in the minute after the link came up: got %d, want about 12", beats)
+		}
+	})
+}
+
+// A link that is connected but failed a publish gets no LinkUp: the node
+// tries again at its next heartbeat.
+func TestRetriesAtHeartbeatWhileConnected(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", func(c *Config) { c.Connected = func() bool { return true } })
+		a.link.setFail(errBrokerAway)
+		h.start(a)
+		n := a.link.attemptCount()
+		h.advance(time.Minute)
+		if got := a.link.attemptCount() - n; got < 8 {
+			t.Fatalf("sends tried in a minute while publishing failed on a connected link: got %d, want about 12 (one per heartbeat)", got)
+		}
 	})
 }
 

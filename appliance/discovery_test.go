@@ -1,0 +1,64 @@
+package appliance
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// A standalone node (no broker) fails the discovery messages of its start
+// and then sends nothing until a link connects: it does not wake at every
+// heartbeat and probe to fail a publish.
+func TestStandaloneDiscoveryWaitsForTheLink(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Node = "alpha"
+	cfg.DataDir = t.TempDir()
+	cfg.NATS = "127.0.0.1:0"
+	cfg.HTTP = "127.0.0.1:0"
+	cfg.Mesh.HeartbeatInterval = Duration(10 * time.Millisecond)
+	cfg.Mesh.DiscoveryInterval = Duration(10 * time.Millisecond)
+	a, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := a.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	failed := func() float64 {
+		t.Helper()
+		mfs, err := a.registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "meshbox_discovery_errors_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "op" && l.GetValue() == "publish" {
+						return m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		return 0
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for failed() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no failed discovery publish 10s after the start, want the hello's")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Real time is the thing under test: 50 heartbeat intervals pass.
+	time.Sleep(500 * time.Millisecond)
+	if got := failed(); got > 4 {
+		t.Fatalf("failed discovery publishes after 50 heartbeat intervals without a broker: got %v, want the start's few (at most 4)", got)
+	}
+}
