@@ -281,6 +281,17 @@ func (s *session) quiesce(ctx context.Context) {
 		open := len(s.calls) + s.answering
 		s.callsMu.Unlock()
 		if open == 0 && s.fastQ.empty() {
+			// A barrier: the broker answers a method on the channel after it
+			// has sent back every message published before it that it could
+			// not route, so those are in fastReturns (and sent again,
+			// noroute.go) before the session stops.
+			_ = s.fastCh.ExchangeDeclarePassive(exchangeMesh, "topic", true, false, false, false, nil)
+			for range quiesceEmptyPolls {
+				if len(s.fastReturns) == 0 {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
 			return
 		}
 		select {

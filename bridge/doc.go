@@ -198,7 +198,7 @@
 //     node meanwhile). A request for a node that is not connected is then
 //     an unroutable mandatory message, returned at once, not a channel
 //     error: the caller sends it again a few times within 600 ms, while
-//     the node is known to discovery and not gone (a node reconnecting or
+//     discovery does not mark the node gone (a node reconnecting or
 //     switching to a new credential binds its new queue within that time),
 //     and answers 503 after that (noroute.go). It is consumed without
 //     acks: requests are at most once (a returned message was never

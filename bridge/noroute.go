@@ -16,10 +16,11 @@ import (
 // again for a short while before it gives up: a message that came back was
 // never delivered, so sending it again keeps requests at most once.
 //
-// A request is sent again while its node is known to discovery (it hosts a
-// capability) and not gone, within noRouteWindow and its deadline, and
-// answered 503 after that: a caller never waits long on a node that is
-// not there. A reply is sent again within noRouteReplyWindow: its request
+// A request is sent again while discovery does not mark its node gone,
+// within noRouteWindow and its deadline, and answered 503 after that: a
+// caller never waits long on a node that is not there. (Whether discovery
+// knows the node is no guide: a node that switches to a new credential is
+// asked for its record again under its new broker user.) A reply is sent again within noRouteReplyWindow: its request
 // is waiting on the other side.
 const (
 	noRouteFirst       = 20 * time.Millisecond  // the first pause, doubled each time
@@ -51,7 +52,7 @@ func (b *Bridge) retryRequest(id string) bool {
 		p.retries++
 	}
 	b.pending.mu.Unlock()
-	if !inTime || !b.mayReturn(node) {
+	if !inTime || b.isGone(node) {
 		return false
 	}
 	b.m.err(errKindNoRoute)
@@ -59,28 +60,19 @@ func (b *Bridge) retryRequest(id string) bool {
 	return true
 }
 
-// mayReturn reports whether node is known to discovery (it hosts a
-// capability) and not marked gone.
-func (b *Bridge) mayReturn(node string) bool {
+// isGone reports whether discovery marks node gone.
+func (b *Bridge) isGone(node string) bool {
 	b.routeMu.RLock()
 	defer b.routeMu.RUnlock()
-	if _, gone := b.gone[node]; gone {
-		return false
-	}
-	for _, nodes := range b.routes {
-		for _, n := range nodes {
-			if n == node {
-				return true
-			}
-		}
-	}
-	return false
+	_, gone := b.gone[node]
+	return gone
 }
 
 // resendRequest publishes the pending request id again on the session in
-// use, whose reply queue its reply then reaches.
+// use (during a handover, the next one), whose reply queue its reply then
+// reaches. A session that ends under it counts as another return.
 func (b *Bridge) resendRequest(id string) {
-	sess := b.link.sess.Load()
+	sess := b.liveSession(noRouteWindow)
 	b.pending.mu.Lock()
 	p := b.pending.m[id]
 	if p != nil && sess != nil {
@@ -90,7 +82,13 @@ func (b *Bridge) resendRequest(id string) {
 	if p == nil {
 		return // answered meanwhile (its deadline)
 	}
-	it := &pubItem{out: p.out, done: b.requestSent(id, p)}
+	sent := b.requestSent(id, p)
+	it := &pubItem{out: p.out, done: func(err error) {
+		if err != nil && b.retryRequest(id) {
+			return
+		}
+		sent(err)
+	}}
 	if sess == nil {
 		it.finish(ErrLinkDown)
 		return
@@ -152,7 +150,7 @@ func (b *Bridge) retryReply(r amqp.Return) {
 	}
 	out := &outgoing{exchange: r.Exchange, key: r.RoutingKey, mandatory: true, kind: typeReply, corrID: r.CorrelationId, raw: &p}
 	time.AfterFunc(pause, func() { // settles by itself: one publish
-		if sess := b.link.sess.Load(); sess != nil {
+		if sess := b.liveSession(noRouteReplyWindow); sess != nil {
 			_ = sess.enqueueFast(&pubItem{out: out, done: func(error) {}})
 		}
 	})

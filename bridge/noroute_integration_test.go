@@ -1,6 +1,7 @@
 package bridge_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -92,5 +93,51 @@ func TestUnroutableRequestAndReplySentAgain(t *testing.T) {
 			t.Errorf("%s: answered after %v, want after the %v the queue was unbound and soon after", c.what, took, away)
 		}
 		t.Logf("%s: answered %v after the call, the node's exchange unbound for %v", c.what, took.Round(time.Millisecond), away)
+	}
+}
+
+// A node's request and reply queues made by an older meshbox (shared,
+// expiring 15 s after their last consumer) are replaced by exclusive ones
+// when the node connects, and calls reach it.
+func TestOlderSharedQueuesReplaced(t *testing.T) {
+	vhost := testVhost(t)
+	conn, err := amqp.Dial(vhost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"node.beta.requests", "node.beta.replies"} {
+		if _, err := ch.QueueDeclare(q, false, false, false, false, amqp.Table{"x-expires": int64(15000)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := newNode(t, "alpha", vhost, func(c *bridge.Config) { c.Routes = map[string]string{"echo": "beta"} })
+	b := newNode(t, "beta", vhost, nil)
+	a.waitConnected(t)
+	b.waitConnected(t)
+	hostEcho(t, b, "echo")
+	waitStandIn(t, a, "echo")
+	m, err := a.request(t, "cap.echo", []byte("x"), nil, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, text := serviceError(m); code != "" || string(m.Data) != "echo:x" {
+		t.Fatalf("got %q (error %s %q), want echo:x", m.Data, code, text)
+	}
+	// Exclusive now: another connection cannot declare them.
+	for _, q := range []string{"node.beta.requests", "node.beta.replies"} {
+		c2, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c2.QueueDeclarePassive(q, false, false, false, false, nil)
+		var ae *amqp.Error
+		if !errors.As(err, &ae) || ae.Code != amqp.ResourceLocked {
+			t.Errorf("%s: passive declare from another connection: %v, want 405 (exclusive to beta's connection)", q, err)
+		}
 	}
 }

@@ -276,21 +276,33 @@ func (s *session) syncStages(decl **amqp.Channel) {
 func (s *session) declareOwn(ch **amqp.Channel, q string) error {
 	_, err := (*ch).QueueDeclare(q, false, false, true, false, nil)
 	var ae *amqp.Error
-	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
-		nc, cerr := s.conConn.Channel()
-		if cerr != nil {
-			return fmt.Errorf("open channel: %w", cerr)
-		}
-		*ch = nc
-		if _, err := nc.QueueDelete(q, true, false, false); err != nil {
-			return fmt.Errorf("replace queue %s of an older meshbox: %w", q, err)
-		}
-		s.b.log.Info("replaced a queue made by an older meshbox with an exclusive one", "queue", q)
-		_, err = nc.QueueDeclare(q, false, false, true, false, nil)
+	if !errors.As(err, &ae) || ae.Code != amqp.ResourceLocked {
+		return err
 	}
-	if errors.As(err, &ae) && ae.Code == amqp.ResourceLocked {
-		return &NodeNameInUseError{Node: s.b.cfg.Node, Detail: ae.Reason}
+	// Locked: exclusive to another connection, or shared (made by an older
+	// meshbox), which a passive declaration from here tells apart.
+	inUse := &NodeNameInUseError{Node: s.b.cfg.Node, Detail: ae.Reason}
+	nc, cerr := s.conConn.Channel()
+	if cerr != nil {
+		return fmt.Errorf("open channel: %w", cerr)
 	}
+	*ch = nc
+	if _, err := nc.QueueDeclarePassive(q, false, false, false, false, nil); err != nil {
+		if nc.IsClosed() {
+			if nc, cerr = s.conConn.Channel(); cerr == nil {
+				*ch = nc
+			}
+		}
+		return inUse
+	}
+	if _, err := nc.QueueDelete(q, true, false, false); err != nil {
+		if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+			return inUse // consumed: an older meshbox runs as this node
+		}
+		return fmt.Errorf("replace queue %s of an older meshbox: %w", q, err)
+	}
+	s.b.log.Info("replaced a queue made by an older meshbox with an exclusive one", "queue", q)
+	_, err = nc.QueueDeclare(q, false, false, true, false, nil)
 	return err
 }
 
