@@ -55,9 +55,11 @@ type Bridge struct {
 	sub          submissions     // commands and events of local programs, in order
 	pending      pendingRequests // requests waiting for a reply from another node
 	replyReturns returnedReplies // replies the broker returned, sent again (noroute.go)
-	stall        stallBook       // stall alarms of command stages
-	dead         deadBook        // dead letters per stage at the last look (deadletters.go)
-	handed       *handedOut      // ids of commands handed to local handlers, across sessions
+	orphansMu    sync.Mutex
+	orphans      []*hostCall // calls from other nodes an ended session had open (hostcalls.go)
+	stall        stallBook   // stall alarms of command stages
+	dead         deadBook    // dead letters per stage at the last look (deadletters.go)
+	handed       *handedOut  // ids of commands handed to local handlers, across sessions
 	// peerCreds are the broker users other nodes' system messages came
 	// with (credential.go).
 	peerCreds peerCredentials

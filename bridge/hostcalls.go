@@ -21,6 +21,7 @@ import (
 type hostCall struct {
 	env     *envelope
 	timeout time.Duration
+	at      time.Time // taken from the request queue
 	timer   *time.Timer
 }
 
@@ -47,7 +48,7 @@ func (s *session) readRequests(ds <-chan amqp.Delivery) {
 			continue
 		}
 		b.m.msg(typeRequest, "in")
-		c := &hostCall{env: env, timeout: b.cfg.RequestTimeout}
+		c := &hostCall{env: env, timeout: b.cfg.RequestTimeout, at: time.Now()}
 		if env.timeout > 0 {
 			c.timeout = min(c.timeout, env.timeout)
 		}
@@ -149,13 +150,39 @@ func (s *session) replyHost(env *envelope, resp *nats.Msg, failure error) {
 // openCalls bounds the requests from other nodes open at local hosts.
 func (b *Bridge) openCalls() int { return max(256, 8*b.cfg.Prefetch) }
 
-// endCalls forgets the open calls of an ended session: their replies could
-// not be sent; the callers' nodes answer them.
+// endCalls ends the open calls of an ended session: their local hosts'
+// replies can no longer be taken. The callers are told by the next
+// session (answerOrphans), so that they do not wait for their deadlines.
 func (s *session) endCalls() {
 	s.callsMu.Lock()
 	defer s.callsMu.Unlock()
+	var orphans []*hostCall
 	for token, c := range s.calls {
 		s.cancelTimer(c.timer)
 		delete(s.calls, token)
+		orphans = append(orphans, c)
+	}
+	if len(orphans) > 0 {
+		s.b.orphansMu.Lock()
+		s.b.orphans = append(s.b.orphans, orphans...)
+		s.b.orphansMu.Unlock()
+	}
+}
+
+// answerOrphans answers, on the new session s, the calls from other nodes
+// that an ended session had open at local hosts, whose deadlines have not
+// passed: 503, the outcome unknown (the host may have done the work).
+// Their callers would otherwise wait for their deadlines.
+func (b *Bridge) answerOrphans(s *session) {
+	b.orphansMu.Lock()
+	orphans := b.orphans
+	b.orphans = nil
+	b.orphansMu.Unlock()
+	for _, c := range orphans {
+		if time.Since(c.at) >= c.timeout {
+			continue
+		}
+		s.replyHost(c.env, nil, &ServiceError{Code: CodeUnavailable,
+			Text: fmt.Sprintf("node %s lost its broker connection while its host handled %s; the outcome is unknown", b.cfg.Node, c.env.name)})
 	}
 }

@@ -276,6 +276,7 @@ func (b *Bridge) runLink(first *session) {
 		b.link.sess.Store(sess)
 		sess.start()
 		b.link.endHandover()
+		b.answerOrphans(sess)
 		if fo, moved := b.link.connectedTo(sess.url, left); moved {
 			b.log.Warn("broker failover: the link moved to another broker of its list", "from", fo.From, "to", fo.To, "reason", fo.Reason)
 		}

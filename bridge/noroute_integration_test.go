@@ -2,6 +2,7 @@ package bridge_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -140,4 +141,70 @@ func TestOlderSharedQueuesReplaced(t *testing.T) {
 			t.Errorf("%s: passive declare from another connection: %v, want 405 (exclusive to beta's connection)", q, err)
 		}
 	}
+}
+
+// A request a node's host is handling when the node's broker connection
+// is lost cannot be answered on that connection: the node tells the
+// caller once it is connected again (503, the outcome unknown), so the
+// caller does not wait for its deadline.
+func TestCallOpenAtLostConnectionAnswered(t *testing.T) {
+	vhost := testVhost(t)
+	px, proxied := brokerProxy(t, vhost)
+	a := newNode(t, "alpha", vhost, func(c *bridge.Config) {
+		c.Routes = map[string]string{"stuck": "beta"}
+		c.RequestTimeout = 30 * time.Second
+	})
+	b := newNode(t, "beta", proxied, func(c *bridge.Config) { c.RequestTimeout = 30 * time.Second })
+	a.waitConnected(t)
+	b.waitConnected(t)
+	arrived := make(chan struct{}, 1)
+	sub, err := b.client.Subscribe("cap.stuck", func(*nats.Msg) { // never answers
+		select {
+		case arrived <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := b.client.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	waitStandIn(t, a, "stuck")
+	for len(arrived) > 0 { // the stand-in probes reached the host too
+		<-arrived
+	}
+	type result struct {
+		m   *nats.Msg
+		err error
+	}
+	res := make(chan result, 1)
+	start := time.Now()
+	go func() { // the call: exits when answered
+		m, err := a.request(t, "cap.stuck", []byte("x"), nil, 40*time.Second)
+		res <- result{m, err}
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request did not reach beta's host")
+	}
+	px.Cut(t)
+	waitFor(t, 15*time.Second, "beta offline", func() bool { return b.b.Status().Broker.State != bridge.StateConnected })
+	px.Restore(t)
+	var r result
+	select {
+	case r = <-res:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer 20 s after beta lost its connection (the caller's deadline is 30 s)")
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	code, text := serviceError(r.m)
+	if code != "503" || !strings.Contains(text, "lost its broker connection") || !strings.Contains(text, "stuck") {
+		t.Fatalf("got %s %q after %v, want 503 saying beta lost its broker connection while handling stuck", code, text, time.Since(start))
+	}
+	t.Logf("answered %s %q %v after the call", code, text, time.Since(start).Round(time.Millisecond))
 }
