@@ -203,14 +203,16 @@
 //     and answers 503 after that (noroute.go). It is consumed without
 //     acks: requests are at most once (a returned message was never
 //     delivered, so sending it again keeps that), and an ack per request
-//     costs the broker work on the critical path; a bound on open calls
+//     costs the broker work on the critical path. A request a local host is
+//     handling when the connection is lost is answered by the next session
+//     (503, the outcome unknown; hostcalls.go). A bound on open calls
 //     (8 x Prefetch, at least 256) refuses the excess at once with 503.
 //   - Queue node.<n>.replies (exclusive like the request queue), bound to
 //     node.<n> with to.<n>.reply: replies to this node's requests, sent to
 //     the request's validated origin (never to a reply-to of the
 //     publisher's choosing) and accepted only from the node the request
 //     was sent to. A reply is mandatory too: one that comes back is sent
-//     again until the request's deadline (noroute.go). A per-node queue
+//     again for up to 3 s (noroute.go). A per-node queue
 //     instead of direct reply-to, because direct reply-to requires
 //     publishing on the consuming channel, and the bridge keeps publishing
 //     and consuming apart.
