@@ -49,7 +49,7 @@
 // probe interval (a publish that failed on a connected link brings no
 // LinkUp). While the link is not connected the node sends nothing until
 // LinkUp. When publishing works again every peer gets a fresh window and
-// the node sends hello and query again. So a node started before its link
+// the node sends hello again. So a node started before its link
 // connects discovers as soon as the connection is up, and a standalone
 // node (no broker) does not wake for discovery at all: after its first
 // hello failed, its loop sleeps until LinkUp or a peer's deadline (it has
@@ -68,8 +68,9 @@
 // <type> and the origin node it read from the message's properties.
 //
 //	type       sent as        v  meaning
-//	hello      broadcast      1  the sender joined; carries its host record
-//	query      broadcast      1  every node: answer the sender with an info (at start only)
+//	hello      broadcast      1  the sender joined; carries its host record; a version 2
+//	                             node answers one with "proto" >= 2 with an info
+//	query      broadcast      1  every node: answer the sender with an info (version 1 only)
 //	query      to one node    1  that node: answer the sender with an info
 //	info       to one node    1  the sender's host record, answering a query
 //	update     broadcast      1  the sender's host record changed
@@ -78,8 +79,13 @@
 //	ping       to one node    2  a probe: is the addressee still connected? (no answer)
 //	gone       broadcast      2  the sender's probe found peer's system queue gone
 //
-// A node sends hello and a broadcast query at Start (and when publishing
-// works again after it failed), an update as soon as SetLocal reports a
+// A node sends hello at Start (and when publishing works again after it
+// failed); every version 2 node answers it with an info, so it needs no
+// broadcast query (version 1 nodes sent one as well: at 1,000 nodes it was
+// a third of the broker's deliveries while a node joins). A version 1
+// peer does not answer a hello; the node learns its record at its next
+// heartbeat (its hash is unknown, so the node asks it). It sends an update
+// as soon as SetLocal reports a
 // change, a heartbeat every heartbeat interval, a probe of its ring
 // successors every DiscoveryInterval, and bye at Close. There is no
 // periodic broadcast query: the hash in every heartbeat heals a lost

@@ -21,8 +21,9 @@ func countKeys(l *fakeLink, key string) int {
 	return n
 }
 
-// No node asks the whole mesh on a schedule: the one broadcast query is
-// the one at start, however long the mesh runs.
+// No node asks the whole mesh with a broadcast query, at start or on a
+// schedule, however long the mesh runs: its hello asks every version 2
+// node.
 func TestNoPeriodicBroadcastQuery(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
@@ -32,8 +33,8 @@ func TestNoPeriodicBroadcastQuery(t *testing.T) {
 		h.start(a, b, c)
 		h.advance(10 * time.Minute)
 		for _, n := range []*testNode{a, b, c} {
-			if got := countKeys(n.link, "sys.query"); got != 1 {
-				t.Errorf("%s sent %d broadcast queries in 10 minutes, want 1 (at start)", n.cfg.Name, got)
+			if got := countKeys(n.link, "sys.query"); got != 0 {
+				t.Errorf("%s sent %d broadcast queries in 10 minutes, want none", n.cfg.Name, got)
 			}
 			if got := countKeys(n.link, "sys.info"); got != 0 {
 				t.Errorf("%s broadcast %d infos, want none", n.cfg.Name, got)
@@ -63,8 +64,8 @@ func TestHashMismatchAsksThatPeerAlone(t *testing.T) {
 		if got := countKeys(a.link, "to.B.sys.query"); got != 1 {
 			t.Fatalf("A sent %d addressed queries to B, want 1", got)
 		}
-		if got := countKeys(a.link, "to.C.sys.query") + countKeys(a.link, "sys.query"); got != 1 {
-			t.Fatalf("A asked C or the mesh %d times beyond its start query, want none", got-1)
+		if got := countKeys(a.link, "to.C.sys.query") + countKeys(a.link, "sys.query"); got != 0 {
+			t.Fatalf("A asked C or the mesh %d times, want none", got)
 		}
 		wantRoutes(t, a, map[string][]string{"one": {"B"}, "two": {"B"}, "c": {"C"}})
 	})
@@ -317,6 +318,17 @@ func TestMixedVersions(t *testing.T) {
 		h.settle()
 		if got := a.peer(t, "O"); got.State != StateUp || !slices.Equal(got.Capabilities, []string{"old"}) {
 			t.Fatalf("A's view of a version 1 node: got %+v", got)
+		}
+		// A version 1 hello asks nothing (a version 1 node sends a broadcast
+		// query for that); a version 2 hello is answered with an info.
+		if got := countKeys(a.link, "to.O.sys.info"); got != 0 {
+			t.Fatalf("A answered a version 1 hello with %d infos, want none", got)
+		}
+		a.HandleSystem(TypeHello, good(Message{V: 1, Type: TypeHello, Node: "N", StartedAt: at, Seq: 1, Proto: 2,
+			Capabilities: []string{"new"}, HeartbeatMS: 5000}), "N")
+		h.settle()
+		if got := countKeys(a.link, "to.N.sys.info"); got != 1 {
+			t.Fatalf("A answered a version 2 hello with %d infos, want 1", got)
 		}
 		a.mu.Lock()
 		probe := a.probeIntentLocked(a.peers["O"], true)

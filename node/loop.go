@@ -233,8 +233,7 @@ func (n *Node) published(ctx context.Context, it intent, sentAt time.Time, err e
 		n.linkDown = false
 		n.linkRecoveredAt = time.Now()
 		n.logger.Info("discovery messages flow again; asking every peer again")
-		n.enqueueLocked(intent{typ: TypeHello})
-		n.enqueueLocked(intent{typ: TypeQuery})
+		n.enqueueLocked(intent{typ: TypeHello}) // version 2 peers answer it with an info
 	}
 }
 

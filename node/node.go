@@ -167,8 +167,7 @@ func (n *Node) Start(ctx context.Context) error {
 	n.hbInterval = n.cfg.HeartbeatInterval
 	n.nextHeartbeat = now.Add(jittered(n.hbInterval))
 	n.nextProbe = now.Add(jittered(n.cfg.DiscoveryInterval))
-	n.enqueueLocked(intent{typ: TypeHello})
-	n.enqueueLocked(intent{typ: TypeQuery})
+	n.enqueueLocked(intent{typ: TypeHello}) // version 2 peers answer it with an info
 	n.changedLocked()
 
 	runCtx, cancel := context.WithCancel(context.Background())

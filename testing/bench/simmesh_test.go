@@ -238,6 +238,9 @@ func (s *simMesh) run(ctx context.Context, p *simPeer, started time.Time) {
 				if !sim {
 					known[m.Node] = m.Hash
 				}
+				if m.Type == node.TypeHello && m.Proto >= 2 {
+					send(m.Node, node.TypeInfo, record, "") // as a version 2 node answers a hello
+				}
 			case node.TypeHeartbeat:
 				if h, ok := known[m.Node]; !sim && (!ok || h != m.Hash) {
 					send(m.Node, node.TypeQuery, nil, "")
