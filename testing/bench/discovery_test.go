@@ -30,7 +30,7 @@ const discoveryRuns = 5 // runs per size; the median is printed
 // view: from node.Start until every peer is up with its capabilities known.
 // The node is real (embedded NATS server, bridge, node) on a real RabbitMQ;
 // its peers are lightweight in-process participants, each with its own
-// system queue bound as the bridge binds it, that answer the node's query
+// system queue bound as the bridge binds it, that answer the node's hello
 // with the real protocol (node.DecodeMessage / node.EncodeMessage) over the
 // same broker. The bridge is connected before the clock starts, so the
 // figure is discovery alone. It prints, per size, the median of
@@ -143,7 +143,7 @@ func countComplete(peers []node.Peer) int {
 
 // simPeers are lightweight participants in the discovery protocol: one AMQP
 // connection, one channel and system queue per peer (bound as the bridge
-// binds a node's), one goroutine per peer that answers queries with an info.
+// binds a node's), one goroutine per peer that answers queries and version 2 hellos with an info.
 type simPeers struct {
 	conn  *amqp.Connection
 	pubMu sync.Mutex
@@ -201,7 +201,8 @@ func startSimPeers(b *testing.B, url string, n int) *simPeers {
 				}
 				origin, _ := d.Headers[bridge.HeaderOrigin].(string)
 				m, err := node.DecodeMessage(key, d.Body, origin)
-				if err != nil || m.Type != node.TypeQuery || (m.To != "" && m.To != name) || m.Node == name {
+				asks := m != nil && (m.Type == node.TypeQuery || m.Type == node.TypeHello && m.Proto >= 2) // as a version 2 node answers
+				if err != nil || !asks || (m.To != "" && m.To != name) || m.Node == name {
 					continue
 				}
 				seq++
