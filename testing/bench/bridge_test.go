@@ -290,89 +290,11 @@ func commandThroughput(b *testing.B, rmq *meshtest.Rabbit, nodeA, nodeB *applian
 // with an async confirm window of benchSubmitters, and a consumer with
 // the given prefetch acking each message; messages per second until the
 // consumer has acked them all, and this process's CPU time per message.
-// Its connections are closed when it returns.
 func rawCommandThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string, prefetch int) throughput {
 	b.Helper()
-	pubConn, pub := rawChannel(b, amqpURL)
-	conConn, con := rawChannel(b, amqpURL)
-	defer func() {
-		_ = pubConn.Close()
-		_ = conConn.Close()
-	}()
-	rawRuns++
-	q, err := pub.QueueDeclare(fmt.Sprintf("bench.raw.%d", rawRuns), true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := pub.Confirm(false); err != nil {
-		b.Fatal(err)
-	}
-	confirms := pub.NotifyPublish(make(chan amqp.Confirmation, benchSubmitters))
-	returns := pub.NotifyReturn(make(chan amqp.Return, 1))
-	go func() { // drains returns; exits when the channel closes
-		for range returns {
-		}
-	}()
-	if err := con.Qos(prefetch, 0, false); err != nil {
-		b.Fatal(err)
-	}
-	ds, err := con.Consume(q.Name, "", false, false, false, false, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	acked := make(chan struct{})
-	go func() { // consumer: exits after acking every message (or when the channel closes)
-		defer close(acked)
-		n := 0
-		for d := range ds {
-			if err := d.Ack(false); err != nil {
-				return
-			}
-			if n++; n == benchCommands {
-				return
-			}
-		}
-	}()
-
-	window := make(chan struct{}, benchSubmitters)
-	var nacked atomic.Int64
-	confirmed := make(chan struct{})
-	go func() { // confirmer: exits after every confirm arrived (or the channel closed)
-		defer close(confirmed)
-		for n := 0; n < benchCommands; n++ {
-			c, ok := <-confirms
-			if !ok {
-				return
-			}
-			if !c.Ack {
-				nacked.Add(1)
-			}
-			<-window
-		}
-	}()
-	body := []byte("x")
-	cpu0, bcpu0 := cpuTime(b), rmq.CPUTime(b)
-	start := time.Now()
-	for range benchCommands {
-		window <- struct{}{}
-		err := pub.Publish("", q.Name, true, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: body, MessageId: "m"})
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-	<-confirmed
-	select {
-	case <-acked:
-	case <-time.After(2 * time.Minute):
-		b.Fatal("raw consumer did not get every message within 2m")
-	}
-	d := time.Since(start)
-	cpu, bcpu := cpuTime(b)-cpu0, rmq.CPUTime(b)-bcpu0
-	if n := nacked.Load(); n != 0 {
-		b.Fatalf("raw: %d messages nacked", n)
-	}
-	b.Logf("raw (prefetch %d): %d messages in %v, process CPU %v, broker CPU %v", prefetch, benchCommands, d, cpu, bcpu)
-	return throughput{float64(benchCommands) / d.Seconds(), cpu / benchCommands, bcpu / benchCommands}
+	r := rawShapeThroughput(b, rmq, amqpURL, messageShape{name: "raw", prefetch: prefetch})
+	b.Logf("raw (prefetch %d): %.0f msg/s, process CPU %v, broker CPU %v per message", prefetch, r.perSec, r.cpu, r.broker)
+	return r
 }
 
 // rawRuns numbers the raw runs: each has a queue of its own.
@@ -480,7 +402,11 @@ func rawRPCRoundTrip(b *testing.B, amqpURL string) func() error {
 // plainNATS starts a plain NATS server in this process (TCP on loopback,
 // as programs talk to a node), shut down when the benchmark ends, and
 // returns its URL.
-func plainNATS(b *testing.B) string {
+func plainNATS(b *testing.B) string { return plainNATSServer(b).ClientURL() }
+
+// plainNATSServer starts a plain NATS server in this process, shut down
+// when the benchmark ends.
+func plainNATSServer(b *testing.B) *server.Server {
 	b.Helper()
 	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
 	if err != nil {
@@ -494,7 +420,7 @@ func plainNATS(b *testing.B) string {
 	if !srv.ReadyForConnections(10 * time.Second) {
 		b.Fatal("plain NATS server not ready")
 	}
-	return srv.ClientURL()
+	return srv
 }
 
 // natsRoundTrip returns one request round trip between two programs on

@@ -31,7 +31,7 @@ import (
 // no bookkeeping: each of those is meshbox's own cost on top.
 func floorCommandThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string) throughput {
 	b.Helper()
-	srvA, srvB := floorNATS(b), floorNATS(b)
+	srvA, srvB := plainNATSServer(b), plainNATSServer(b)
 	pubConn, pub := rawChannel(b, amqpURL)
 	conConn, con := rawChannel(b, amqpURL)
 	defer func() {
@@ -155,25 +155,6 @@ func floorCommandThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string) 
 	cpu, bcpu := cpuTime(b)-cpu0, rmq.CPUTime(b)-bcpu0
 	b.Logf("floor: %d commands in %v, process CPU %v, broker CPU %v", benchCommands, d, cpu, bcpu)
 	return throughput{float64(benchCommands) / d.Seconds(), cpu / benchCommands, bcpu / benchCommands}
-}
-
-// floorNATS starts a plain NATS server in this process, shut down when
-// the benchmark ends.
-func floorNATS(b *testing.B) *server.Server {
-	b.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	go srv.Start()
-	b.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	if !srv.ReadyForConnections(10 * time.Second) {
-		b.Fatal("plain NATS server not ready")
-	}
-	return srv
 }
 
 // floorConn connects in process to srv, as the bridge connects to its

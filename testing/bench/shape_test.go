@@ -16,6 +16,7 @@ import (
 // message's shape costs the broker.
 type messageShape struct {
 	name     string
+	prefetch int        // the consumer's (0: benchRawPrefetch)
 	exchange bool       // through a topic exchange (else the default one)
 	args     amqp.Table // extra queue arguments
 	headers  amqp.Table
@@ -60,6 +61,12 @@ func BenchmarkRawShape(b *testing.B) {
 	}
 }
 
+// rawShapeThroughput publishes benchCommands persistent messages of shape
+// s to a quorum queue of its own with an async confirm window of
+// benchSubmitters, consumed with the shape's prefetch and an ack per
+// message: messages per second until the consumer has acked them all, and
+// this process's and the broker's CPU time per message. Its connections
+// are closed when it returns.
 func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string, s messageShape) throughput {
 	b.Helper()
 	pubConn, pub := rawChannel(b, amqpURL)
@@ -91,7 +98,11 @@ func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string, s me
 		b.Fatal(err)
 	}
 	confirms := pub.NotifyPublish(make(chan amqp.Confirmation, benchSubmitters))
-	if err := con.Qos(benchRawPrefetch, 0, false); err != nil {
+	prefetch := s.prefetch
+	if prefetch == 0 {
+		prefetch = benchRawPrefetch
+	}
+	if err := con.Qos(prefetch, 0, false); err != nil {
 		b.Fatal(err)
 	}
 	ds, err := con.Consume(q.Name, "", false, false, false, false, nil)
@@ -143,11 +154,15 @@ func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string, s me
 		}
 	}
 	<-confirmed
-	<-acked
+	select {
+	case <-acked:
+	case <-time.After(2 * time.Minute):
+		b.Fatalf("%s: the consumer did not get every message within 2m", s.name)
+	}
 	d := time.Since(start)
 	cpu, bcpu := cpuTime(b)-cpu0, rmq.CPUTime(b)-bcpu0
 	if n := nacked.Load(); n != 0 {
-		b.Fatalf("%d nacked", n)
+		b.Fatalf("%s: %d messages nacked", s.name, n)
 	}
 	return throughput{float64(benchCommands) / d.Seconds(), cpu / benchCommands, bcpu / benchCommands}
 }
