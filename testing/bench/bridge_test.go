@@ -43,6 +43,8 @@ const (
 //	BENCH command-floor ours=<msg/s> baseline=<msg/s> ratio=<floor/baseline> cpu_per_cmd=<µs> broker_cpu_per_cmd=<µs>
 //	BENCH command-vs-floor ours=<msg/s> baseline=<floor msg/s> ratio=<ours/floor>
 //	BENCH request ours=<µs> baseline=<µs> ratio=<ours/baseline> p99=<µs> baseline_p99=<µs> p99_ratio=<r>
+//	BENCH request-floor ours=<µs> baseline=<µs> ratio=<floor/baseline> p99=<µs> baseline_p99=<µs> p99_ratio=<r>
+//	BENCH request-vs-floor ours=<µs> baseline=<floor µs> ratio=<ours/floor> p99=<µs> baseline_p99=<µs> p99_ratio=<r>
 //	BENCH local ours=<µs> baseline=<µs> ratio=<ours/baseline> p99=<µs> baseline_p99=<µs> p99_ratio=<r>
 //
 // command: throughput end to end (the median of benchRounds alternating
@@ -70,7 +72,10 @@ const (
 // capability a program on B hosts); the baseline is the sum of the hops it
 // cannot avoid, measured in the same run: one raw amqp091-go RPC round trip
 // plus two raw NATS request round trips (p99 the same with p99s). Lower is
-// better; target ratio <= 1.2.
+// better; target ratio <= 1.2. request-floor is the same sum with the raw
+// RPC going through a topic exchange both ways, as mesh traffic must (a
+// node's credential may not publish to the default exchange), against
+// the request baseline; request-vs-floor is meshbox against it.
 //
 // local: p50 of a request round trip through the node's NATS server (both
 // programs on A) against a plain NATS server. Lower is better; target
@@ -108,12 +113,19 @@ func BenchmarkBridge(b *testing.B) {
 		for range b.N {
 			// Measured interleaved, one round trip of each in turn, so
 			// that drift on the machine touches all three alike.
-			t := interleavedQuantiles(b, requestRoundTrip(b, nodeA, nodeB), rawRPCRoundTrip(b, amqpURL), natsRoundTrip(b, plainNATS(b)))
-			ours, rpc, natsRT := t[0], t[1], t[2]
-			b.Logf("request: ours p50 %v p99 %v; baseline: raw AMQP RPC p50 %v p99 %v + 2 × raw NATS request p50 %v p99 %v",
-				ours.p50, ours.p99, rpc.p50, rpc.p99, natsRT.p50, natsRT.p99)
+			t := interleavedQuantiles(b, requestRoundTrip(b, nodeA, nodeB), rawRPCRoundTrip(b, amqpURL, false),
+				rawRPCRoundTrip(b, amqpURL, true), natsRoundTrip(b, plainNATS(b)))
+			ours, rpc, topicRPC, natsRT := t[0], t[1], t[2], t[3]
+			b.Logf("request: ours p50 %v p99 %v; baseline: raw AMQP RPC p50 %v p99 %v + 2 × raw NATS request p50 %v p99 %v; raw AMQP RPC through topic exchanges p50 %v p99 %v",
+				ours.p50, ours.p99, rpc.p50, rpc.p99, natsRT.p50, natsRT.p99, topicRPC.p50, topicRPC.p99)
 			report("request", us(ours.p50), us(rpc.p50+2*natsRT.p50), "µs", "p50 latency, lower is better; target ratio <= 1.2",
 				p99Fields(ours.p99, rpc.p99+2*natsRT.p99)...)
+			floor, floor99 := topicRPC.p50+2*natsRT.p50, topicRPC.p99+2*natsRT.p99
+			report("request-floor", us(floor), us(rpc.p50+2*natsRT.p50), "µs",
+				"the same hops from raw parts with the request and the reply through topic exchanges, as a node's permissions need, against the request baseline",
+				p99Fields(floor99, rpc.p99+2*natsRT.p99)...)
+			report("request-vs-floor", us(ours.p50), us(floor), "µs", "meshbox against the same path from raw parts: what meshbox's own code costs",
+				p99Fields(ours.p99, floor99)...)
 		}
 	})
 	b.Run("local", func(b *testing.B) {
@@ -343,8 +355,10 @@ func requestRoundTrip(b *testing.B, nodeA, nodeB *appliance.Appliance) func() er
 // rawRPCRoundTrip returns one raw amqp091-go RPC round trip: a client
 // publishes to a server's queue with a reply-to queue and waits for the
 // reply the server publishes back; client and server have connections of
-// their own, as two nodes do.
-func rawRPCRoundTrip(b *testing.B, amqpURL string) func() error {
+// their own, as two nodes do. viaTopic sends both through a topic
+// exchange, each queue bound with a key of its own (as a node's request
+// and reply queues are), instead of the default exchange.
+func rawRPCRoundTrip(b *testing.B, amqpURL string, viaTopic bool) func() error {
 	b.Helper()
 	_, srvIn := rawChannel(b, amqpURL)
 	srvConn, _ := rawChannel(b, amqpURL)
@@ -366,15 +380,30 @@ func rawRPCRoundTrip(b *testing.B, amqpURL string) func() error {
 	if err != nil {
 		b.Fatal(err)
 	}
-	go func() { // server: exits when its channel closes (cleanup)
-		for d := range reqs {
-			_ = srvOut.Publish("", d.ReplyTo, false, false, amqp.Publishing{CorrelationId: d.CorrelationId, Body: d.Body})
-		}
-	}()
 	pq, err := cliIn.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
+	// Where each side publishes: the default exchange with the queue's
+	// name, or the topic exchange with the key the other queue is bound by.
+	exchange, reqKey, replyKey := "", rq.Name, pq.Name
+	if viaTopic {
+		exchange, reqKey, replyKey = "bench.rpc", "to.srv."+rq.Name+".req.echo", "to.cli."+pq.Name+".reply"
+		if err := srvIn.ExchangeDeclare(exchange, "topic", false, false, false, false, nil); err != nil {
+			b.Fatal(err)
+		}
+		if err := srvIn.QueueBind(rq.Name, "to.srv."+rq.Name+".req.#", exchange, false, nil); err != nil {
+			b.Fatal(err)
+		}
+		if err := cliIn.QueueBind(pq.Name, replyKey, exchange, false, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	go func() { // server: exits when its channel closes (cleanup)
+		for d := range reqs {
+			_ = srvOut.Publish(exchange, replyKey, false, false, amqp.Publishing{CorrelationId: d.CorrelationId, Body: d.Body})
+		}
+	}()
 	replies, err := cliIn.Consume(pq.Name, "", true, true, false, false, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -383,7 +412,7 @@ func rawRPCRoundTrip(b *testing.B, amqpURL string) func() error {
 	return func() error {
 		n++
 		id := strconv.Itoa(n)
-		err := cliOut.Publish("", rq.Name, false, false, amqp.Publishing{CorrelationId: id, ReplyTo: pq.Name, Body: []byte("ping")})
+		err := cliOut.Publish(exchange, reqKey, false, false, amqp.Publishing{CorrelationId: id, ReplyTo: pq.Name, Body: []byte("ping")})
 		if err != nil {
 			return err
 		}
