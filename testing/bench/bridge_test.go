@@ -240,10 +240,9 @@ func commandThroughput(b *testing.B, rmq *meshtest.Rabbit, nodeA, nodeB *applian
 	b.Helper()
 	var handled atomic.Int64
 	all := make(chan struct{})
-	target := int64(benchCommands)
 	hnc := benchConn(b, nodeB.NATSURL(), meshtest.AdminOption(b, nodeB.DataDir()))
 	sub, err := hnc.QueueSubscribe("work.bench", "handlers", func(m *nats.Msg) {
-		if string(m.Data) != "probe" && handled.Add(1) == target {
+		if string(m.Data) != "probe" && handled.Add(1) == benchCommands {
 			close(all)
 		}
 		_ = m.Respond(nil)
@@ -263,8 +262,30 @@ func commandThroughput(b *testing.B, rmq *meshtest.Rabbit, nodeA, nodeB *applian
 		return err == nil && resp.Header.Get("Meshbox-Accepted") != ""
 	})
 
-	var failed atomic.Int64
-	var next atomic.Int64
+	r := submitCommands(b, rmq, snc, func(resp *nats.Msg) bool { return resp.Header.Get("Meshbox-Accepted") != "" }, all, &handled)
+	_ = sub.Unsubscribe()
+	b.Logf("ours: %d commands accepted by A in %v, handled on B in %v, process CPU %v, broker CPU %v", benchCommands, r.acceptedIn, r.took, r.cpu, r.broker)
+	return r.throughput()
+}
+
+// submitted is what submitCommands measured.
+type submitted struct {
+	took, acceptedIn time.Duration // until every command was handled; answered
+	cpu, broker      time.Duration // of this process and of the broker's VM
+}
+
+// throughput is s per command.
+func (s submitted) throughput() throughput {
+	return throughput{float64(benchCommands) / s.took.Seconds(), s.cpu / benchCommands, s.broker / benchCommands}
+}
+
+// submitCommands sends benchCommands commands to cmd.bench on nc from
+// benchSubmitters concurrent submitters, each answer checked by accepted,
+// and waits until all is closed: every command handled (handled counts
+// them, for the error).
+func submitCommands(b *testing.B, rmq *meshtest.Rabbit, nc *nats.Conn, accepted func(*nats.Msg) bool, all <-chan struct{}, handled *atomic.Int64) submitted {
+	b.Helper()
+	var failed, next atomic.Int64
 	var wg sync.WaitGroup
 	cpu0, bcpu0 := cpuTime(b), rmq.CPUTime(b)
 	start := time.Now()
@@ -272,9 +293,9 @@ func commandThroughput(b *testing.B, rmq *meshtest.Rabbit, nodeA, nodeB *applian
 		wg.Add(1)
 		go func() { // submitter: exits when every command is submitted
 			defer wg.Done()
-			for next.Add(1) <= target {
-				resp, err := snc.Request("cmd.bench", []byte("x"), 30*time.Second)
-				if err != nil || resp.Header.Get("Meshbox-Accepted") == "" {
+			for next.Add(1) <= benchCommands {
+				resp, err := nc.Request("cmd.bench", []byte("x"), 30*time.Second)
+				if err != nil || !accepted(resp) {
 					failed.Add(1)
 				}
 			}
@@ -283,18 +304,14 @@ func commandThroughput(b *testing.B, rmq *meshtest.Rabbit, nodeA, nodeB *applian
 	wg.Wait()
 	acceptedIn := time.Since(start)
 	if f := failed.Load(); f != 0 {
-		b.Fatalf("%d of %d commands not accepted", f, target)
+		b.Fatalf("%d of %d commands not accepted", f, benchCommands)
 	}
 	select {
 	case <-all:
 	case <-time.After(2 * time.Minute):
-		b.Fatalf("after 2m: %d of %d commands handled", handled.Load(), target)
+		b.Fatalf("after 2m: %d of %d commands handled", handled.Load(), benchCommands)
 	}
-	d := time.Since(start)
-	cpu, bcpu := cpuTime(b)-cpu0, rmq.CPUTime(b)-bcpu0
-	_ = sub.Unsubscribe()
-	b.Logf("ours: %d commands accepted by A in %v, handled on B in %v, process CPU %v, broker CPU %v", target, acceptedIn, d, cpu, bcpu)
-	return throughput{float64(target) / d.Seconds(), cpu / time.Duration(target), bcpu / time.Duration(target)}
+	return submitted{took: time.Since(start), acceptedIn: acceptedIn, cpu: cpuTime(b) - cpu0, broker: rmq.CPUTime(b) - bcpu0}
 }
 
 // rawCommandThroughput is the baseline of commandThroughput: raw

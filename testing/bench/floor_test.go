@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -127,34 +126,9 @@ func floorCommandThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string) 
 		}
 	}
 
-	var failed, next atomic.Int64
-	var wg sync.WaitGroup
-	cpu0, bcpu0 := cpuTime(b), rmq.CPUTime(b)
-	start := time.Now()
-	for range benchSubmitters {
-		wg.Add(1)
-		go func() { // submitter: exits when every command is submitted
-			defer wg.Done()
-			for next.Add(1) <= benchCommands {
-				if _, err := snc.Request("cmd.bench", []byte("x"), 30*time.Second); err != nil {
-					failed.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if f := failed.Load(); f != 0 {
-		b.Fatalf("floor: %d of %d commands not accepted", f, benchCommands)
-	}
-	select {
-	case <-all:
-	case <-time.After(2 * time.Minute):
-		b.Fatalf("floor: after 2m %d of %d commands handled", handled.Load(), benchCommands)
-	}
-	d := time.Since(start)
-	cpu, bcpu := cpuTime(b)-cpu0, rmq.CPUTime(b)-bcpu0
-	b.Logf("floor: %d commands in %v, process CPU %v, broker CPU %v", benchCommands, d, cpu, bcpu)
-	return throughput{float64(benchCommands) / d.Seconds(), cpu / benchCommands, bcpu / benchCommands}
+	r := submitCommands(b, rmq, snc, func(*nats.Msg) bool { return true }, all, &handled)
+	b.Logf("floor: %d commands in %v, process CPU %v, broker CPU %v", benchCommands, r.took, r.cpu, r.broker)
+	return r.throughput()
 }
 
 // floorConn connects in process to srv, as the bridge connects to its
