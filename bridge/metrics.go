@@ -32,7 +32,7 @@ const (
 	errKindNoRoute     = "no_route"     // the broker returned a mandatory message
 	errKindNacked      = "nacked"       // the broker refused a message
 	errKindLateReply   = "late_reply"   // a reply arrived after its deadline
-	errKindDropped     = "dropped"      // a message with nobody to tell was dropped (system queue full, slow consumer)
+	errKindDropped     = "dropped"      // a message with nobody to tell was dropped (system queue full, slow consumer, a reply whose node did not come back)
 	errKindLink        = "link"         // the broker link failed
 )
 

@@ -139,7 +139,7 @@ func (b *Bridge) retryReply(r amqp.Return) {
 	rr.mu.Unlock()
 	b.m.err(errKindNoRoute)
 	if giveUp {
-		b.log.Debug("reply dropped: its node did not come back", "key", r.RoutingKey)
+		b.replyDropped(r.RoutingKey, "its node did not come back")
 		return
 	}
 	p := amqp.Publishing{
@@ -150,8 +150,21 @@ func (b *Bridge) retryReply(r amqp.Return) {
 	}
 	out := &outgoing{exchange: r.Exchange, key: r.RoutingKey, mandatory: true, kind: typeReply, corrID: r.CorrelationId, raw: &p}
 	time.AfterFunc(pause, func() { // settles by itself: one publish
-		if sess := b.liveSession(noRouteReplyWindow); sess != nil {
-			_ = sess.enqueueFast(&pubItem{out: out, done: func(error) {}})
+		sess := b.liveSession(noRouteReplyWindow)
+		if sess == nil {
+			b.replyDropped(r.RoutingKey, "this node's broker link is down")
+			return
+		}
+		if err := sess.enqueueFast(&pubItem{out: out, done: func(error) {}}); err != nil {
+			b.replyDropped(r.RoutingKey, "this node's broker link went down")
 		}
 	})
+}
+
+// replyDropped counts a reply given up on (its caller answers its request
+// at the deadline); the log line is at debug level: a node that left with
+// calls open makes one per call.
+func (b *Bridge) replyDropped(key, why string) {
+	b.m.err(errKindDropped)
+	b.log.Debug("reply dropped", "key", key, "why", why)
 }
