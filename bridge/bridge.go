@@ -40,6 +40,10 @@ type Bridge struct {
 
 	bcClosed chan struct{} // closed when bc is closed
 
+	// olderPerms: a session found this node's broker permissions to be an
+	// older mesh's (topology.go); said once in the log.
+	olderPerms atomic.Bool
+
 	mu      sync.Mutex // guards started, closed, subs
 	started bool
 	closed  bool

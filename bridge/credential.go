@@ -239,7 +239,7 @@ func (s *session) quiesce(ctx context.Context) {
 	for _, q := range []struct{ queue, key string }{
 		{requestQueue(node), requestBindingKey(node)}, {replyQueue(node), replyKey(node)},
 	} {
-		if err := s.autoCh.QueueUnbind(q.queue, q.key, nodeExchange(node), nil); err != nil {
+		if err := s.autoCh.QueueUnbind(q.queue, q.key, s.ownEx, nil); err != nil {
 			return // the channel is gone: nothing more to answer on it
 		}
 	}

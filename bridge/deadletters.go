@@ -349,7 +349,7 @@ func (b *Bridge) openDead(stage string, d *amqp.Delivery) (*envelope, string) {
 func (b *Bridge) describeDead(stage string, d *amqp.Delivery, open bool) DeadLetter {
 	str := func(k string) string { v, _ := d.Headers[k].(string); return v }
 	dl := DeadLetter{Stage: stage, ID: d.MessageId, Reason: b.deadReason(stage, d), Node: str(HeaderDeadNode),
-		Origin: str(HeaderOrigin), Submitted: d.Timestamp, Size: len(d.Body), Headers: map[string]string{}}
+		Origin: originOf(d), Submitted: d.Timestamp, Size: len(d.Body), Headers: map[string]string{}}
 	dl.Attempts, _ = strconv.Atoi(str(HeaderAttempts))
 	dl.LastFailure, _ = time.Parse(time.RFC3339Nano, str(HeaderDeadAt))
 	dl.FirstFailure, _ = time.Parse(time.RFC3339Nano, str(HeaderFirstFail))
@@ -384,4 +384,16 @@ func (b *Bridge) deadReason(stage string, d *amqp.Delivery) string {
 	class, _ := d.Headers[HeaderDeadReason].(string)
 	sealed, _ := d.Headers[HeaderDeadReasonSealed].(string)
 	return b.openReason(HeaderDeadReason, commandKey(stage), d.MessageId, class, sealed)
+}
+
+// originOf is the origin of a dead letter: Meshbox-Origin, which a node
+// that dead-letters a command sets to the node that published it
+// (events.go), else the node of its user_id (the broker keeps the
+// publisher's when it dead-letters).
+func originOf(d *amqp.Delivery) string {
+	if v, _ := d.Headers[HeaderOrigin].(string); v != "" {
+		return v
+	}
+	node, _, _ := ParseBrokerUser(d.UserId)
+	return node
 }

@@ -180,14 +180,17 @@
 //     to.<n>.req.<capability>, replies to.<n>.reply, system messages
 //     to.<n>.sys.<key>).
 //
-// The shared exchanges, mesh.dead and node.<n> belong to the admin in a
-// mesh of per-node broker users (permissions.go): the bridge declares them
+// The shared exchanges and mesh.dead belong to the admin in a mesh of
+// per-node broker users (permissions.go): the bridge declares them
 // passively and declares them itself only when they do not exist (a mesh
-// run on one credential).
-//   - Exchange node.<n> (topic, durable), bound to mesh with to.<n>.#: the
-//     node's own traffic, so its permissions can be scoped to it.
+// run on one credential). The node binds its own queues to mesh with the
+// keys of its own name (to.<n>.*), which its topic permissions allow it
+// and no other node; a broker user with an older mesh's permissions binds
+// them to that mesh's exchange node.<n> instead, and a node with the
+// current ones deletes node.<n>: a second exchange on the way cost every
+// request and reply a routing step (topology.go).
 //   - Queue node.<n>.requests, exclusive to the node's consuming
-//     connection, bound to node.<n> with to.<n>.req.#, consumed with an
+//     connection, bound to mesh with to.<n>.req.#, consumed with an
 //     exclusive consumer. Exclusive ownership is the node's claim on its
 //     name: a second process with the same node name is refused
 //     (NodeNameInUseError) instead of silently splitting the node's
@@ -208,7 +211,7 @@
 //     (503, the outcome unknown; hostcalls.go). A bound on open calls
 //     (8 x Prefetch, at least 256) refuses the excess at once with 503.
 //   - Queue node.<n>.replies (exclusive like the request queue), bound to
-//     node.<n> with to.<n>.reply: replies to this node's requests, sent to
+//     mesh with to.<n>.reply: replies to this node's requests, sent to
 //     the request's validated origin (never to a reply-to of the
 //     publisher's choosing) and accepted only from the node the request
 //     was sent to. A reply is mandatory too: one that comes back is sent
@@ -224,8 +227,8 @@
 //     classic queue lives on one node only; eventqueue.go replaces the
 //     classic queue of an older meshbox: what waits in it is handed to
 //     local subscribers first).
-//   - Queue node.<n>.system (exclusive), bound to mesh with sys.# and to
-//     node.<n> with to.<n>.sys.#: discovery and heartbeats, never kept.
+//   - Queue node.<n>.system (exclusive), bound to mesh with sys.# and
+//     to.<n>.sys.#: discovery and heartbeats, never kept.
 //   - Queue cmd.<stage> (durable quorum queue, x-delivery-limit as a
 //     backstop, dead-lettering to mesh.dlx; like the event queue, with
 //     x-quorum-initial-group-size 3 when Config.URL names three brokers

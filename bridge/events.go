@@ -174,6 +174,13 @@ func (s *session) publishDead(d *amqp.Delivery, queue string, reason error, stag
 	for k, v := range extra {
 		h[k] = v
 	}
+	if _, ok := h[HeaderOrigin]; !ok {
+		// Its publisher, for the dead letter's readers: published again by
+		// this node, the dead letter's user_id is this node's.
+		if node, _, ok := ParseBrokerUser(d.UserId); ok {
+			h[HeaderOrigin] = node
+		}
+	}
 	// A command's reason is bound to the key its stage is sealed for.
 	kind, rkey := d.Type, d.RoutingKey
 	if stage != "" {

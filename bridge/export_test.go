@@ -8,3 +8,27 @@ func SetTestAfterDial(b *Bridge, f func()) { b.testAfterDial = f }
 // StageConsumers returns the consumers b's current session has open on
 // stage's queue now and the most it had open at once.
 func StageConsumers(b *Bridge, stage string) (open, most int) { return b.stageConsumers(stage) }
+
+// SetOwnQueuesBound unbinds the request and reply queues of b's current
+// session from their exchange (bound false), or binds them again: the seam
+// for a node between two sessions. Only the session's own connection may:
+// the queues are exclusive to it.
+func SetOwnQueuesBound(b *Bridge, bound bool) error {
+	s := b.link.sess.Load()
+	if s == nil {
+		return ErrLinkDown
+	}
+	node := b.cfg.Node
+	for _, q := range []struct{ queue, key string }{{requestQueue(node), requestBindingKey(node)}, {replyQueue(node), replyKey(node)}} {
+		var err error
+		if bound {
+			err = s.autoCh.QueueBind(q.queue, q.key, s.ownEx, false, nil)
+		} else {
+			err = s.autoCh.QueueUnbind(q.queue, q.key, s.ownEx, nil)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

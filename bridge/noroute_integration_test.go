@@ -16,7 +16,7 @@ import (
 // queues are briefly unbound, as while the node reconnects to another
 // broker node or switches to a new credential — is sent again and
 // answered, not failed with 503 (a request) or lost until the caller's
-// deadline (a reply). The test unbinds a node's exchange from mesh for a
+// deadline (a reply). The test unbinds a node's queue from mesh for a
 // moment, first beta's while alpha calls it, then alpha's while beta's
 // answer is on its way.
 func TestUnroutableRequestAndReplySentAgain(t *testing.T) {
@@ -38,22 +38,13 @@ func TestUnroutableRequestAndReplySentAgain(t *testing.T) {
 	}
 	waitStandIn(t, a, "slow")
 
-	conn, err := amqp.Dial(vhost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, c := range []struct {
 		what  string
-		node  string        // whose exchange is unbound
+		node  *node         // whose queues are unbound
 		after time.Duration // after the call starts
 	}{
-		{"request to beta", "beta", 0},
-		{"reply to alpha", "alpha", 20 * time.Millisecond},
+		{"request to beta", b, 0},
+		{"reply to alpha", a, 20 * time.Millisecond},
 	} {
 		const away = 300 * time.Millisecond
 		type result struct {
@@ -62,7 +53,7 @@ func TestUnroutableRequestAndReplySentAgain(t *testing.T) {
 		}
 		res := make(chan result, 1)
 		unbind := func() {
-			if err := ch.ExchangeUnbind(bridge.NodeExchange(c.node), bridge.NodeBindingKey(c.node), bridge.MeshExchange, false, nil); err != nil {
+			if err := bridge.SetOwnQueuesBound(c.node.b, false); err != nil {
 				t.Fatalf("%s: unbind: %v", c.what, err)
 			}
 		}
@@ -79,7 +70,7 @@ func TestUnroutableRequestAndReplySentAgain(t *testing.T) {
 			unbind()
 		}
 		time.Sleep(away - c.after)
-		if err := ch.ExchangeBind(bridge.NodeExchange(c.node), bridge.NodeBindingKey(c.node), bridge.MeshExchange, false, nil); err != nil {
+		if err := bridge.SetOwnQueuesBound(c.node.b, true); err != nil {
 			t.Fatalf("%s: bind again: %v", c.what, err)
 		}
 		r := <-res
@@ -93,7 +84,7 @@ func TestUnroutableRequestAndReplySentAgain(t *testing.T) {
 		if took < away || took > 2*time.Second {
 			t.Errorf("%s: answered after %v, want after the %v the queue was unbound and soon after", c.what, took, away)
 		}
-		t.Logf("%s: answered %v after the call, the node's exchange unbound for %v", c.what, took.Round(time.Millisecond), away)
+		t.Logf("%s: answered %v after the call, the node's queue unbound for %v", c.what, took.Round(time.Millisecond), away)
 	}
 }
 

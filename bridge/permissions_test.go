@@ -7,8 +7,8 @@ import (
 
 // TestNodePermissions checks, name by name, what node alpha's patterns
 // allow: its own queues and allowed stages, never another node's names,
-// a stage outside its list, any exchange to configure, or the default
-// exchange.
+// a stage outside its list, any exchange to configure but an older
+// mesh's exchange of its own, or the default exchange.
 func TestNodePermissions(t *testing.T) {
 	p, err := NodePermissions("alpha", []string{"resize", "image.thumb"})
 	if err != nil {
@@ -27,11 +27,11 @@ func TestNodePermissions(t *testing.T) {
 	}
 	ownQueues := []string{"node.alpha.requests", "node.alpha.replies", "node.alpha.events", "node.alpha.system"}
 	otherQueues := []string{"node.beta.requests", "node.beta.replies", "node.beta.events", "node.beta.system",
-		"node.alphax.requests", "node.alpha.requests.x", "xnode.alpha.requests", "node.alpha"}
+		"node.alphax.requests", "node.alpha.requests.x", "xnode.alpha.requests", "node.alphax"}
 	allowed := []string{"cmd.resize", "cmd.image.thumb", "retry.resize", "retry.image.thumb", "dead.resize", "dead.image.thumb"}
 	notAllowed := []string{"cmd.other", "cmd.resize.x", "cmd.image", "cmd.imageXthumb", "cmd.", "cmd.#",
 		"retry.other", "dead.other", "retry.resize.x", "dead.image", "retry.", "dead.#", "xretry.resize", "deadXresize"}
-	exchanges := []string{"mesh", "mesh.dlx", "node.alpha", "node.beta", "amq.default", "", "amq.topic"}
+	exchanges := []string{"mesh", "mesh.dlx", "node.beta", "amq.default", "", "amq.topic"}
 
 	add("configure", true, ownQueues...)
 	add("configure", true, allowed...)
@@ -39,18 +39,19 @@ func TestNodePermissions(t *testing.T) {
 	add("configure", false, notAllowed...)
 	add("configure", false, exchanges...)
 	add("configure", false, "mesh.dead")
+	add("configure", true, "node.alpha") // an older mesh's exchange of its own, to delete
 
 	add("write", true, ownQueues...)
 	add("write", true, allowed...)
-	add("write", true, "mesh", "mesh.dlx")
+	add("write", true, "mesh", "mesh.dlx", "node.alpha")
 	add("write", false, otherQueues...)
 	add("write", false, notAllowed...)
-	add("write", false, "node.alpha", "node.beta", "amq.default", "", "amq.topic", "mesh.dead", "meshx", "xmesh")
+	add("write", false, "node.beta", "amq.default", "", "amq.topic", "mesh.dead", "meshx", "xmesh")
 
 	add("read", true, ownQueues...)
 	add("read", true, allowed...)
 	add("read", true, "mesh", "node.alpha")
-	add("read", false, otherQueues[:len(otherQueues)-1]...)
+	add("read", false, otherQueues...)
 	add("read", false, notAllowed...)
 	add("read", false, "node.beta", "mesh.dlx", "mesh.dead", "amq.default", "amq.topic")
 
@@ -63,7 +64,12 @@ func TestNodePermissions(t *testing.T) {
 
 	add("topic read", true, "evt.#", "sys.#", "cmd.resize", "cmd.image.thumb", "retry.resize", "dead.image.thumb")
 	add("topic read", false, "retry.other", "dead.other", "retry.#", "dead.#")
-	add("topic read", false, "#", "to.beta.#", "to.alpha.#", "cmd.#", "cmd.*", "cmd.other", "evt.*.x.#x", "to.*.req.#", "*.#")
+	// Its own name's keys: its queues bind to mesh themselves (and an
+	// older meshbox binds node.alpha with to.alpha.#).
+	add("topic read", true, "to.alpha.#", "to.alpha.req.#", "to.alpha.reply", "to.alpha.sys.#")
+	add("topic read", false, "to.alpha", "to.alpha.req.echo", "to.alphax.#", "to.alpha.#.x", "to.alpha.*", "to.*.reply",
+		"to.beta.req.#", "to.beta.reply", "to.beta.sys.#")
+	add("topic read", false, "#", "to.beta.#", "cmd.#", "cmd.*", "cmd.other", "evt.*.x.#x", "to.*.req.#", "*.#")
 
 	patterns := map[string]string{
 		"configure": p.Configure, "write": p.Write, "read": p.Read,

@@ -36,11 +36,36 @@ func (it *pubItem) finish(err error) {
 // enqueue hands it to the publisher. It fails with ErrLinkDown, without
 // calling it.done, when the session ends first; once handed over, it.done
 // is called exactly once.
-func (s *session) enqueue(it *pubItem) error { return s.pubQ.put(s.ctx, it) }
+func (s *session) enqueue(it *pubItem) error { return s.pubQ.put(s.ctx, it, true) }
 
 // enqueueFast hands a request or a reply to the fast publisher (no
 // confirm: it.done gets nil once written), on the terms of enqueue.
-func (s *session) enqueueFast(it *pubItem) error { return s.fastQ.put(s.ctx, it) }
+//
+// When no run is being published, the caller publishes it itself: a hand-over
+// to the fast publisher's goroutine costs a request and its reply a
+// goroutine wake-up each, on the path every call waits on.
+func (s *session) enqueueFast(it *pubItem) error {
+	if err := s.fastQ.put(s.ctx, it, false); err != nil {
+		return err
+	}
+	if s.fastMu.TryLock() {
+		s.fastRun()
+		s.fastMu.Unlock()
+		return nil
+	}
+	signal(s.fastQ.ready) // the one publishing now may have taken its run already
+	return nil
+}
+
+// fastRun publishes what waits for the fast publisher, under fastMu.
+func (s *session) fastRun() {
+	items := s.fastQ.take()
+	if len(items) == 0 {
+		return
+	}
+	s.fastPublish(items)
+	s.fastQ.settled(len(items))
+}
 
 // pubQueue hands items to a publisher in order. Senders do not wait for
 // the publisher (it takes everything queued at once), only for room: at
@@ -59,7 +84,7 @@ func newPubQueue(size int) *pubQueue {
 	return &pubQueue{ready: make(chan struct{}, 1), slots: make(chan struct{}, size)}
 }
 
-func (q *pubQueue) put(ctx context.Context, it *pubItem) error {
+func (q *pubQueue) put(ctx context.Context, it *pubItem, wake bool) error {
 	select {
 	case q.slots <- struct{}{}:
 	case <-ctx.Done():
@@ -73,7 +98,9 @@ func (q *pubQueue) put(ctx context.Context, it *pubItem) error {
 	}
 	q.items = append(q.items, it)
 	q.mu.Unlock()
-	signal(q.ready)
+	if wake {
+		signal(q.ready)
+	}
 	return nil
 }
 
@@ -113,12 +140,9 @@ func (s *session) fastPublisher() {
 			return
 		case <-s.fastQ.ready:
 		}
-		items := s.fastQ.take()
-		ok := s.fastPublish(items)
-		s.fastQ.settled(len(items))
-		if !ok {
-			return
-		}
+		s.fastMu.Lock()
+		s.fastRun()
+		s.fastMu.Unlock()
 	}
 }
 

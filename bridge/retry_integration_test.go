@@ -460,6 +460,8 @@ func TestRetryWithOldPermissions(t *testing.T) {
 		Write: `^((cmd|evt|sys)\..+|to\.[A-Za-z0-9_-]+\.(req\..+|reply|sys\..+))$`, Read: `^(evt\.#|sys\.#|cmd\.(.+))$`}); err != nil {
 		t.Fatal(err)
 	}
+	// And the exchange the older mesh's admin declared for the node.
+	olderExchange(t, strings.Replace(urlOf(cred), cred.User+":"+cred.Password.Reveal(), "guest:guest", 1), "beta")
 	warned := &lineCounter{match: "cannot declare a stage's queue"}
 	b := newNode(t, "beta", urlOf(cred), func(c *bridge.Config) {
 		c.Retry = map[string]bridge.RetryPolicy{"old": {Attempts: 2, Backoff: 5 * time.Second}}

@@ -27,6 +27,10 @@ type session struct {
 	// every delivery must carry a node's user_id too (checkOrigin).
 	user    string
 	perNode bool
+	// ownEx is the exchange the node's own queues are bound to: mesh, or
+	// node.<n> for a broker user with an older mesh's permissions
+	// (topology.go).
+	ownEx string
 	// handedOver: a handover replaced the session; stop leaves this
 	// node's pending requests open for the next one.
 	handedOver bool
@@ -55,6 +59,7 @@ type session struct {
 
 	pubQ     *pubQueue     // for the publisher
 	fastQ    *pubQueue     // requests and replies for the fast publisher
+	fastMu   sync.Mutex    // held by whoever publishes a run of fastQ
 	window   chan struct{} // a slot per unconfirmed publish
 	mu       sync.Mutex    // guards inflight, byID, ended
 	inflight map[uint64]*pubItem

@@ -31,8 +31,8 @@ func (s *session) setup() error {
 			_ = ch.Close()
 		}
 	}()
-	// The shared exchanges, the dead letter queue and the node's exchange
-	// are the admin's (see permissions.go): a node on a broker user of its
+	// The shared exchanges and the dead letter queue are the admin's (see
+	// permissions.go): a node on a broker user of its
 	// own may not declare them, only find them. A mesh run on one
 	// credential (a test broker, guest) has no admin: the first node
 	// declares them.
@@ -71,16 +71,6 @@ func (s *session) setup() error {
 				}
 				return c.QueueBind(queueDead, "#", exchangeDLX, false, nil)
 			}, true},
-		{"exchange " + nodeExchange(node),
-			func(c *amqp.Channel) error {
-				return c.ExchangeDeclarePassive(nodeExchange(node), "topic", true, false, false, false, nil)
-			},
-			func(c *amqp.Channel) error {
-				if err := c.ExchangeDeclare(nodeExchange(node), "topic", true, false, false, false, nil); err != nil {
-					return err
-				}
-				return c.ExchangeBind(nodeExchange(node), NodeBindingKey(node), exchangeMesh, false, nil)
-			}, false},
 	}
 	for _, st := range shared {
 		err := st.passive(ch)
@@ -111,9 +101,7 @@ func (s *session) setup() error {
 		do   func() error
 	}{
 		{"queue " + requestQueue(node), func() error { return s.declareOwn(&ch, requestQueue(node)) }},
-		{"binding " + requestQueue(node), func() error {
-			return ch.QueueBind(requestQueue(node), requestBindingKey(node), nodeExchange(node), false, nil)
-		}},
+		{"binding " + requestQueue(node), func() error { return s.bindOwn(&ch, requestQueue(node), requestBindingKey(node)) }},
 	}
 	for _, st := range steps {
 		if err := st.do(); err != nil {
@@ -158,18 +146,15 @@ func (s *session) setup() error {
 		do   func() error
 	}{
 		{"queue " + replyQueue(node), func() error { return s.declareOwn(&ch, replyQueue(node)) }},
-		{"binding " + replyQueue(node), func() error {
-			return ch.QueueBind(replyQueue(node), replyKey(node), nodeExchange(node), false, nil)
-		}},
+		{"binding " + replyQueue(node), func() error { return s.bindOwn(&ch, replyQueue(node), replyKey(node)) }},
 		{"queue " + eventQueue(node), func() error { return s.declareEvents(&ch) }},
 		{"queue " + systemQueue(node), func() error {
 			_, err := ch.QueueDeclare(systemQueue(node), false, true, true, false, nil)
 			return err
 		}},
 		{"binding " + systemQueue(node), func() error { return ch.QueueBind(systemQueue(node), "sys.#", exchangeMesh, false, nil) }},
-		{"binding " + systemQueue(node) + " (addressed)", func() error {
-			return ch.QueueBind(systemQueue(node), "to."+node+".sys.#", nodeExchange(node), false, nil)
-		}},
+		{"binding " + systemQueue(node) + " (addressed)", func() error { return s.bindOwn(&ch, systemQueue(node), "to."+node+".sys.#") }},
+		{"exchange " + nodeExchange(node) + " (older meshes)", func() error { return s.dropNodeExchange(&ch) }},
 	}
 	for _, st := range more {
 		if err := st.do(); err != nil {
@@ -335,4 +320,61 @@ func (s *session) declareStage(decl **amqp.Channel, stage string) error {
 		return err
 	}
 	return (*decl).QueueBind(q, commandKey(stage), exchangeMesh, false, nil)
+}
+
+// bindOwn binds one of the node's own queues with a key of its own name
+// (to.<n>.*): to mesh, or, for a broker user with an older mesh's
+// permissions (which refuse that binding), to the node's exchange node.<n>
+// the admin bound to mesh (see permissions.go). The exchange the session
+// bound to is s.ownEx (quiesce unbinds from it).
+func (s *session) bindOwn(ch **amqp.Channel, q, key string) error {
+	if s.ownEx == "" {
+		err := (*ch).QueueBind(q, key, exchangeMesh, false, nil)
+		var ae *amqp.Error
+		if !errors.As(err, &ae) || ae.Code != amqp.AccessRefused {
+			if err == nil {
+				s.ownEx = exchangeMesh
+			}
+			return err
+		}
+		// Refused: the permissions predate direct bindings. The refusal
+		// closed the channel.
+		c, err := s.conConn.Channel()
+		if err != nil {
+			return fmt.Errorf("open channel: %w", err)
+		}
+		*ch = c
+		if err := c.ExchangeDeclarePassive(nodeExchange(s.b.cfg.Node), "topic", true, false, false, false, nil); err != nil {
+			return fmt.Errorf("the broker refused binding %s to %s, and %w", q, exchangeMesh, err)
+		}
+		s.ownEx = nodeExchange(s.b.cfg.Node)
+		if s.b.olderPerms.CompareAndSwap(false, true) {
+			s.b.log.Warn("this node's broker permissions are an older mesh's: its requests and replies take one more routing step on the broker; `meshbox mesh node rotate` gives it the current ones",
+				"exchange", s.ownEx)
+		}
+	}
+	return (*ch).QueueBind(q, key, s.ownEx, false, nil)
+}
+
+// dropNodeExchange deletes an older mesh's exchange node.<n> once the
+// node's queues are bound to mesh themselves: while it stays bound to
+// mesh, every message to this node is routed through it for nothing.
+// Failing to delete it costs only that, and is logged.
+func (s *session) dropNodeExchange(ch **amqp.Channel) error {
+	if s.ownEx != exchangeMesh {
+		return nil
+	}
+	err := (*ch).ExchangeDelete(nodeExchange(s.b.cfg.Node), false, false)
+	if err == nil {
+		return nil
+	}
+	s.b.log.Warn("cannot delete this node's older exchange; messages to it take one more routing step on the broker", "exchange", nodeExchange(s.b.cfg.Node), "err", err)
+	if (*ch).IsClosed() {
+		c, err := s.conConn.Channel()
+		if err != nil {
+			return fmt.Errorf("open channel: %w", err)
+		}
+		*ch = c
+	}
+	return nil
 }

@@ -76,8 +76,8 @@ func TestNodeCredentialPermissions(t *testing.T) {
 	alpha := dialAs(t, r, vhost, alphaCred)
 	beta := dialAs(t, r, vhost, betaCred)
 
-	// beta declares its queues (as its bridge does); beta's requests are
-	// bound to its exchange, which the admin bound to mesh.
+	// beta declares its queues (as its bridge does) and binds them to
+	// mesh with keys of its own name.
 	betaCh, err := beta.Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +87,7 @@ func TestNodeCredentialPermissions(t *testing.T) {
 			t.Fatalf("beta declares %s: %v", q, err)
 		}
 	}
-	if err := betaCh.QueueBind("node.beta.requests", "to.beta.req.#", "node.beta", false, nil); err != nil {
+	if err := betaCh.QueueBind("node.beta.requests", "to.beta.req.#", "mesh", false, nil); err != nil {
 		t.Fatalf("beta binds its requests: %v", err)
 	}
 	if err := betaCh.QueueBind("node.beta.events", "evt.#", "mesh", false, nil); err != nil {
@@ -121,9 +121,24 @@ func TestNodeCredentialPermissions(t *testing.T) {
 		{"bind own events to mesh evt.#", func(ch *amqp.Channel) error {
 			return ch.QueueBind("node.alpha.events", "evt.#", "mesh", false, nil)
 		}, allowed},
-		{"bind own requests to own exchange", func(ch *amqp.Channel) error {
+		{"bind own requests to mesh with its own name", func(ch *amqp.Channel) error {
+			return ch.QueueBind("node.alpha.requests", "to.alpha.req.#", "mesh", false, nil)
+		}, allowed},
+		// An older meshbox under this user declares node.alpha and binds it
+		// to mesh with to.alpha.#; a current one deletes it.
+		{"declare own older exchange", func(ch *amqp.Channel) error {
+			return ch.ExchangeDeclare("node.alpha", "topic", true, false, false, false, nil)
+		}, allowed},
+		{"bind own older exchange to mesh to.alpha.#", func(ch *amqp.Channel) error {
+			return ch.ExchangeBind("node.alpha", "to.alpha.#", "mesh", false, nil)
+		}, allowed},
+		{"bind own requests to own older exchange", func(ch *amqp.Channel) error {
 			return ch.QueueBind("node.alpha.requests", "to.alpha.req.#", "node.alpha", false, nil)
 		}, allowed},
+		{"bind own older exchange to mesh to.beta.#", func(ch *amqp.Channel) error {
+			return ch.ExchangeBind("node.alpha", "to.beta.#", "mesh", false, nil)
+		}, refused},
+		{"delete own older exchange", func(ch *amqp.Channel) error { return ch.ExchangeDelete("node.alpha", false, false) }, allowed},
 		{"passive declare of mesh", func(ch *amqp.Channel) error {
 			return ch.ExchangeDeclarePassive("mesh", "topic", true, false, false, false, nil)
 		}, allowed},
@@ -169,6 +184,12 @@ func TestNodeCredentialPermissions(t *testing.T) {
 		{"bind own queue to mesh to.beta.#", func(ch *amqp.Channel) error {
 			return ch.QueueBind("node.alpha.events", "to.beta.#", "mesh", false, nil)
 		}, refused},
+		{"bind own queue to mesh to.beta.req.#", func(ch *amqp.Channel) error {
+			return ch.QueueBind("node.alpha.requests", "to.beta.req.#", "mesh", false, nil)
+		}, refused},
+		{"bind own queue to mesh to.beta.reply", func(ch *amqp.Channel) error {
+			return ch.QueueBind("node.alpha.requests", "to.beta.reply", "mesh", false, nil)
+		}, refused},
 		{"bind own queue to mesh #", func(ch *amqp.Channel) error { return ch.QueueBind("node.alpha.events", "#", "mesh", false, nil) }, refused},
 		{"bind own queue to mesh cmd.#", func(ch *amqp.Channel) error {
 			return ch.QueueBind("node.alpha.events", "cmd.#", "mesh", false, nil)
@@ -209,7 +230,7 @@ func TestNodeCredentialPermissions(t *testing.T) {
 		}
 	}
 
-	// The request alpha sent went mesh -> node.beta -> node.beta.requests,
+	// The request alpha sent went mesh -> node.beta.requests,
 	// with alpha's user as its validated origin.
 	select {
 	case d := <-betaReqs:

@@ -91,9 +91,10 @@ func (a *Admin) DeclareMesh(ctx context.Context) error {
 
 // CreateGeneration creates (or, if it exists, resets) the broker user of
 // generation gen of node's credential with a new random password and no
-// tags, gives it bridge.NodePermissions for the stage allow-list on the
-// vhost, and declares the node's exchange bound to mesh. The vhost must
-// exist (DeclareMesh).
+// tags and gives it bridge.NodePermissions for the stage allow-list on the
+// vhost. The vhost must exist (DeclareMesh). The node binds its own queues
+// to mesh; an older mesh's exchange node.<n> is left to the node, which
+// deletes it once it runs with these permissions.
 func (a *Admin) CreateGeneration(ctx context.Context, node string, gen int, stages []string) (Credential, error) {
 	if gen < 1 {
 		return Credential{}, fmt.Errorf("create broker user: generation %d: must be 1 or more", gen)
@@ -112,13 +113,6 @@ func (a *Admin) CreateGeneration(ctx context.Context, node string, gen int, stag
 	}{
 		{"create user " + cred.User, func() (*http.Response, error) {
 			return a.c.PutUser(cred.User, rabbithole.UserSettings{Password: cred.Password.Reveal(), Tags: rabbithole.UserTags{}})
-		}},
-		{"exchange " + bridge.NodeExchange(node), func() (*http.Response, error) {
-			return a.c.DeclareExchange(a.vhost, bridge.NodeExchange(node), rabbithole.ExchangeSettings{Type: "topic", Durable: true})
-		}},
-		{"binding mesh -> " + bridge.NodeExchange(node), func() (*http.Response, error) {
-			return a.c.DeclareBinding(a.vhost, rabbithole.BindingInfo{Source: bridge.MeshExchange,
-				Destination: bridge.NodeExchange(node), DestinationType: "exchange", RoutingKey: bridge.NodeBindingKey(node)})
 		}},
 		{"permissions of " + cred.User, func() (*http.Response, error) {
 			return a.c.UpdatePermissionsIn(a.vhost, cred.User, rabbithole.Permissions{

@@ -2,10 +2,13 @@ package bench
 
 import (
 	"cmp"
+	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -17,6 +20,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/bridge/brokeradmin"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -85,8 +90,10 @@ func BenchmarkBridge(b *testing.B) {
 	amqpURL := rmq.Vhost(b)
 	// In a mesh database, as a real mesh: the nodes seal what they send.
 	dbURL := benchMeshDB(b, amqpURL, "bench-a", "bench-b")
-	nodeA := startBenchNode(b, "bench-a", amqpURL, dbURL)
-	nodeB := startBenchNode(b, "bench-b", amqpURL, dbURL)
+	// And each node on a broker user of its own, as in a real mesh.
+	urls := benchBrokerUsers(b, rmq, amqpURL, "bench-a", "bench-b")
+	nodeA := startBenchNode(b, "bench-a", urls["bench-a"], dbURL)
+	nodeB := startBenchNode(b, "bench-b", urls["bench-b"], dbURL)
 
 	b.Run("command", func(b *testing.B) {
 		for range b.N {
@@ -541,4 +548,35 @@ func BenchmarkRawPrefetch(b *testing.B) {
 			fmt.Printf("RAW command prefetch=%d msg/s=%.0f cpu_per_msg=%.1fµs\n", p, r.perSec, us(r.cpu))
 		}
 	}
+}
+
+// benchBrokerUsers declares the mesh's shared topology as its admin does
+// and gives each node a broker user of its own (every stage allowed), and
+// returns each node's broker URL.
+func benchBrokerUsers(b *testing.B, rmq *meshtest.Rabbit, amqpURL string, nodes ...string) map[string]string {
+	b.Helper()
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	vhost, _ := url.PathUnescape(strings.TrimPrefix(u.Path, "/"))
+	ctx := context.Background()
+	a, err := brokeradmin.Connect(ctx, rmq.AdminURL(), vhost, brokeradmin.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := a.DeclareMesh(ctx); err != nil {
+		b.Fatal(err)
+	}
+	urls := map[string]string{}
+	for _, n := range nodes {
+		c, err := a.CreateGeneration(ctx, n, 1, []string{bridge.AllStages})
+		if err != nil {
+			b.Fatal(err)
+		}
+		v := *u
+		v.User = url.UserPassword(c.User, c.Password.Reveal())
+		urls[n] = v.String()
+	}
+	return urls
 }

@@ -18,6 +18,7 @@ type messageShape struct {
 	name     string
 	prefetch int        // the consumer's (0: benchRawPrefetch)
 	exchange bool       // through a topic exchange (else the default one)
+	kind     string     // the exchange's type when not topic: direct, fanout
 	args     amqp.Table // extra queue arguments
 	headers  amqp.Table
 	userID   bool
@@ -42,6 +43,8 @@ func BenchmarkRawShape(b *testing.B) {
 	shapes := []messageShape{
 		{name: "raw"},
 		{name: "topic", exchange: true},
+		{name: "direct", exchange: true, kind: "direct"},
+		{name: "fanout", exchange: true, kind: "fanout"},
 		{name: "topic+args", exchange: true, args: qargs},
 		{name: "topic+args+headers", exchange: true, args: qargs, headers: hdr},
 		{name: "topic+args+headers+user", exchange: true, args: qargs, headers: hdr, userID: true},
@@ -86,8 +89,12 @@ func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string, s me
 	}
 	exchange, key := "", q.Name
 	if s.exchange {
-		exchange, key = "bench.topic", "cmd."+q.Name
-		if err := pub.ExchangeDeclare(exchange, "topic", true, false, false, false, nil); err != nil {
+		kind := s.kind
+		if kind == "" {
+			kind = "topic"
+		}
+		exchange, key = "bench."+kind, "cmd."+q.Name
+		if err := pub.ExchangeDeclare(exchange, kind, true, false, false, false, nil); err != nil {
 			b.Fatal(err)
 		}
 		if err := pub.QueueBind(q.Name, key, exchange, false, nil); err != nil {

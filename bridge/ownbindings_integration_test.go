@@ -1,0 +1,144 @@
+package bridge_test
+
+import (
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshbox/meshbox/bridge"
+)
+
+// olderMesh gives node's broker user the permissions an older mesh gave
+// (no exchange of its own to configure or write, no binding keys of its
+// own name on mesh) and declares, as that mesh's admin did, the node's
+// exchange node.<node> bound to mesh with to.<node>.#.
+func olderMesh(t *testing.T, vhost, adminURL, guestURL, user, node string) {
+	t.Helper()
+	hc, err := rabbithole.NewClient(strings.Replace(adminURL, "guest:guest@", "", 1), "guest", "guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc.SetTransport(&http.Transport{DisableKeepAlives: true})
+	queues := `node\.` + node + `\.(requests|replies|events|system)|(cmd|retry|dead)\.(.+)`
+	if _, err := hc.UpdatePermissionsIn(vhost, user, rabbithole.Permissions{
+		Configure: `^(` + queues + `)$`, Write: `^(mesh|mesh\.dlx|` + queues + `)$`, Read: `^(mesh|node\.` + node + `|` + queues + `)$`}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hc.UpdateTopicPermissionsIn(vhost, user, rabbithole.TopicPermissions{Exchange: "mesh",
+		Write: `^((cmd|evt|sys)\..+|to\.[A-Za-z0-9_-]+\.(req\..+|reply|sys\..+)|(retry|dead)\.(.+))$`,
+		Read:  `^(evt\.#|sys\.#|(cmd|retry|dead)\.(.+))$`}); err != nil {
+		t.Fatal(err)
+	}
+	olderExchange(t, guestURL, node)
+}
+
+// olderExchange declares node.<node> bound to mesh with to.<node>.#, as
+// an older mesh's admin did.
+func olderExchange(t *testing.T, guestURL, node string) {
+	t.Helper()
+	ch := amqpChannel(t, guestURL)
+	if err := ch.ExchangeDeclare("node."+node, "topic", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeBind("node."+node, "to."+node+".#", bridge.MeshExchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// In a mesh upgraded node by node, a node whose broker user still has an
+// older mesh's permissions binds its queues through that mesh's exchange
+// node.<n> (and says so once in the log), a node with the current ones
+// binds its queues to mesh and deletes its older exchange, and the two
+// call each other both ways.
+func TestOwnQueuesBoundToMesh(t *testing.T) {
+	admin, urlOf := perNodeMesh(t)
+	credOld, credNew := generation(t, admin, "alpha", 1), generation(t, admin, "gamma", 1)
+	guest := strings.Replace(urlOf(credOld), credOld.User+":"+credOld.Password.Reveal(), "guest:guest", 1)
+	adminURL := sharedRabbit(t).AdminURL()
+	olderMesh(t, admin.Vhost(), adminURL, guest, credOld.User, "alpha")
+	olderExchange(t, guest, "gamma") // left by the older mesh; gamma's user has the current permissions
+
+	counters := map[string]*lineCounter{}
+	edit := func(name, peer string) func(*bridge.Config) {
+		return func(c *bridge.Config) {
+			c.Routes = map[string]string{"echo-" + peer: peer}
+			lc := &lineCounter{match: "older mesh's", next: c.Logger.Handler()}
+			counters[name] = lc
+			c.Logger = slog.New(lc)
+		}
+	}
+	alpha := newNode(t, "alpha", urlOf(credOld), edit("alpha", "gamma"))
+	gamma := newNode(t, "gamma", urlOf(credNew), edit("gamma", "alpha"))
+	alpha.waitConnected(t)
+	gamma.waitConnected(t)
+	for _, n := range []*node{alpha, gamma} {
+		sub, err := n.client.Subscribe("cap.echo-"+n.name, func(m *nats.Msg) { _ = m.Respond(append([]byte(n.name+":"), m.Data...)) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+		if err := n.client.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStandIn(t, alpha, "echo-gamma")
+	waitStandIn(t, gamma, "echo-alpha")
+	for _, c := range []struct {
+		from *node
+		to   string
+	}{{alpha, "gamma"}, {gamma, "alpha"}} {
+		m, err := c.from.request(t, "cap.echo-"+c.to, []byte("hi"), nil, 5*time.Second)
+		if err != nil {
+			t.Fatalf("%s calls %s: %v", c.from.name, c.to, err)
+		}
+		if code, text := serviceError(m); code != "" || string(m.Data) != c.to+":hi" {
+			t.Fatalf("%s calls %s: got %q (error %s %q)", c.from.name, c.to, m.Data, code, text)
+		}
+	}
+
+	ch := amqpChannel(t, guest)
+	if err := ch.ExchangeDeclarePassive("node.gamma", "topic", true, false, false, false, nil); err == nil {
+		t.Error("gamma, with the current permissions, left its older exchange node.gamma in place")
+	} else if ae, ok := err.(*amqp.Error); !ok || ae.Code != amqp.NotFound {
+		t.Fatalf("passive declare of node.gamma: %v, want 404", err)
+	}
+	hc, err := rabbithole.NewClient(strings.Replace(adminURL, "guest:guest@", "", 1), "guest", "guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc.SetTransport(&http.Transport{DisableKeepAlives: true})
+	sources := func(q string) map[string]string {
+		bs, err := hc.ListQueueBindings(admin.Vhost(), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, b := range bs {
+			if b.Source != "" {
+				got[b.RoutingKey] = b.Source
+			}
+		}
+		return got
+	}
+	if got := sources("node.alpha.requests"); got["to.alpha.req.#"] != "node.alpha" {
+		t.Errorf("alpha's request queue bindings: %v, want to.alpha.req.# from node.alpha (its permissions are an older mesh's)", got)
+	}
+	if got := sources("node.gamma.requests"); got["to.gamma.req.#"] != bridge.MeshExchange {
+		t.Errorf("gamma's request queue bindings: %v, want to.gamma.req.# from mesh", got)
+	}
+	if got := sources("node.gamma.replies"); got["to.gamma.reply"] != bridge.MeshExchange {
+		t.Errorf("gamma's reply queue bindings: %v, want to.gamma.reply from mesh", got)
+	}
+	if n := counters["alpha"].count.Load(); n != 1 {
+		t.Errorf("alpha logged %d lines about its older permissions, want 1", n)
+	}
+	if n := counters["gamma"].count.Load(); n != 0 {
+		t.Errorf("gamma logged %d lines about older permissions, want 0", n)
+	}
+}
