@@ -245,7 +245,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	if _, err := gch.QueueDeclare("node.gamma.requests", false, true, true, false, nil); err != nil {
 		t.Fatalf("gamma declares its request queue: %v", err)
 	}
-	if err := gch.QueueBind("node.gamma.requests", "to.gamma.req.#", "node.gamma", false, nil); err != nil {
+	if err := gch.QueueBind("node.gamma.requests", "to.gamma.req.#", "mesh", false, nil); err != nil {
 		t.Fatalf("gamma binds its request queue: %v", err)
 	}
 	gammaReqs, err := gch.Consume("node.gamma.requests", "", true, true, false, false, nil)
@@ -350,9 +350,21 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 			t.Errorf("declare %s with beta's credential while alpha is offline: code %d, want %d", q, code, amqp.AccessRefused)
 		}
 	}
+	for _, key := range []string{"to.alpha.req.#", "to.alpha.reply", "to.alpha.#"} {
+		if code := refused(func(ch *amqp.Channel) error {
+			return ch.QueueBind("node.beta.requests", key, "mesh", false, nil)
+		}); code != amqp.AccessRefused {
+			t.Errorf("bind beta's queue to mesh with %s: code %d, want %d", key, code, amqp.AccessRefused)
+		}
+	}
 	if code := refused(func(ch *amqp.Channel) error {
 		return ch.QueueBind("node.beta.requests", "to.alpha.req.#", "node.alpha", false, nil)
 	}); code != amqp.AccessRefused {
-		t.Errorf("bind beta's queue to alpha's exchange: code %d, want %d", code, amqp.AccessRefused)
+		t.Errorf("bind beta's queue to an exchange of alpha's name: code %d, want %d", code, amqp.AccessRefused)
+	}
+	if code := refused(func(ch *amqp.Channel) error {
+		return ch.ExchangeDeclare("node.alpha", "topic", true, false, false, false, nil)
+	}); code != amqp.AccessRefused {
+		t.Errorf("declare an exchange of alpha's name with beta's credential: code %d, want %d", code, amqp.AccessRefused)
 	}
 }
