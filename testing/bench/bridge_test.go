@@ -328,7 +328,7 @@ func submitCommands(b *testing.B, rmq *meshtest.Rabbit, nc *nats.Conn, accepted 
 // consumer has acked them all, and this process's CPU time per message.
 func rawCommandThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string, prefetch int) throughput {
 	b.Helper()
-	r := rawShapeThroughput(b, rmq, amqpURL, messageShape{name: "raw", prefetch: prefetch})
+	r := rawShapeThroughput(b, rmq, amqpURL, "", messageShape{name: "raw", prefetch: prefetch})
 	b.Logf("raw (prefetch %d): %.0f msg/s, process CPU %v, broker CPU %v per message", prefetch, r.perSec, r.cpu, r.broker)
 	return r
 }

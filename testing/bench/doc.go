@@ -8,4 +8,12 @@
 // followed by the unit and whether higher or lower is better. Run them with
 // `make bench`. Targets are printed next to the figures and never asserted:
 // a benchmark reports, it does not fail on a slow machine.
+//
+// Some benchmarks take a figure apart and run only when asked, outside
+// `make bench`: with MESHBOX_BENCH_SHAPE=1, RawShape (the raw command
+// baseline with a command's shape added step by step: exchange kind,
+// headers, user_id, a node's own broker user, commands per message) and
+// RPCShape (the raw request round trip likewise: properties, headers, an
+// exchange per node); with MESHBOX_BENCH_PREFETCH=1, RawPrefetch (the raw
+// baseline's best prefetch).
 package bench

@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -16,13 +17,19 @@ import (
 // message's shape costs the broker.
 type messageShape struct {
 	name     string
-	prefetch int        // the consumer's (0: benchRawPrefetch)
-	exchange bool       // through a topic exchange (else the default one)
-	kind     string     // the exchange's type when not topic: direct, fanout
-	args     amqp.Table // extra queue arguments
-	headers  amqp.Table
-	userID   bool
-	body     int
+	prefetch int    // the consumer's (0: benchRawPrefetch)
+	exchange bool   // through a topic exchange (else the default one)
+	kind     string // the exchange's type when not topic: direct, fanout
+	// nodeUser: published on mesh by a node's own broker user, whose
+	// topic permissions the broker checks on every publish.
+	nodeUser bool
+	// batch: each message carries this many commands' bodies (0: one);
+	// figures are per command.
+	batch   int
+	args    amqp.Table // extra queue arguments
+	headers amqp.Table
+	userID  bool
+	body    int
 }
 
 // BenchmarkRawShape measures the raw command baseline with the message
@@ -49,12 +56,16 @@ func BenchmarkRawShape(b *testing.B) {
 		{name: "topic+args+headers", exchange: true, args: qargs, headers: hdr},
 		{name: "topic+args+headers+user", exchange: true, args: qargs, headers: hdr, userID: true},
 		{name: "all+body58", exchange: true, args: qargs, headers: hdr, userID: true, body: 58},
+		{name: "all+body58+node-user", exchange: true, args: qargs, headers: hdr, userID: true, body: 58, nodeUser: true},
+		{name: "all+node-user, 4 per msg", exchange: true, args: qargs, headers: hdr, userID: true, body: 4 * 64, nodeUser: true, batch: 4},
+		{name: "all+node-user, 16 per msg", exchange: true, args: qargs, headers: hdr, userID: true, body: 16 * 64, nodeUser: true, batch: 16},
 	}
+	nodeURL := benchBrokerUsers(b, rmq, amqpURL, "shape-node")["shape-node"]
 	for range b.N {
 		res := make(map[string][]throughput)
 		for range 3 {
 			for _, s := range shapes {
-				res[s.name] = append(res[s.name], rawShapeThroughput(b, rmq, amqpURL, s))
+				res[s.name] = append(res[s.name], rawShapeThroughput(b, rmq, amqpURL, nodeURL, s))
 			}
 		}
 		for _, s := range shapes {
@@ -70,9 +81,15 @@ func BenchmarkRawShape(b *testing.B) {
 // message: messages per second until the consumer has acked them all, and
 // this process's and the broker's CPU time per message. Its connections
 // are closed when it returns.
-func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string, s messageShape) throughput {
+func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL, nodeURL string, s messageShape) throughput {
 	b.Helper()
-	pubConn, pub := rawChannel(b, amqpURL)
+	pubURL := amqpURL
+	if s.nodeUser {
+		pubURL = nodeURL
+	}
+	setupConn, pub := rawChannel(b, amqpURL)
+	defer func() { _ = setupConn.Close() }()
+	pubConn, pubCh := rawChannel(b, pubURL)
 	conConn, con := rawChannel(b, amqpURL)
 	defer func() {
 		_ = pubConn.Close()
@@ -94,13 +111,16 @@ func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string, s me
 			kind = "topic"
 		}
 		exchange, key = "bench."+kind, "cmd."+q.Name
-		if err := pub.ExchangeDeclare(exchange, kind, true, false, false, false, nil); err != nil {
+		if s.nodeUser {
+			exchange = "mesh" // declared by the admin (benchBrokerUsers)
+		} else if err := pub.ExchangeDeclare(exchange, kind, true, false, false, false, nil); err != nil {
 			b.Fatal(err)
 		}
 		if err := pub.QueueBind(q.Name, key, exchange, false, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
+	pub = pubCh
 	if err := pub.Confirm(false); err != nil {
 		b.Fatal(err)
 	}
@@ -116,6 +136,7 @@ func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string, s me
 	if err != nil {
 		b.Fatal(err)
 	}
+	msgs := benchCommands / max(1, s.batch)
 	acked := make(chan struct{})
 	go func() { // consumer: exits after acking every message
 		defer close(acked)
@@ -124,7 +145,7 @@ func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string, s me
 			if err := d.Ack(false); err != nil {
 				return
 			}
-			if n++; n == benchCommands {
+			if n++; n == msgs {
 				return
 			}
 		}
@@ -134,7 +155,7 @@ func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string, s me
 	confirmed := make(chan struct{})
 	go func() { // confirmer: exits after every confirm arrived
 		defer close(confirmed)
-		for n := 0; n < benchCommands; n++ {
+		for n := 0; n < msgs; n++ {
 			c, ok := <-confirms
 			if !ok {
 				return
@@ -149,12 +170,15 @@ func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string, s me
 	p := amqp.Publishing{DeliveryMode: amqp.Persistent, Body: body, MessageId: "0123456789abcdef0123456789abcdef", Headers: s.headers}
 	if s.userID {
 		p.UserId = "guest"
+		if s.nodeUser {
+			p.UserId = bridge.BrokerUser("shape-node", 1)
+		}
 		p.Type = "command"
 		p.Timestamp = time.Now()
 	}
 	cpu0, bcpu0 := cpuTime(b), rmq.CPUTime(b)
 	start := time.Now()
-	for range benchCommands {
+	for range msgs {
 		window <- struct{}{}
 		if err := pub.Publish(exchange, key, true, false, p); err != nil {
 			b.Fatal(err)
