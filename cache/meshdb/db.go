@@ -138,6 +138,10 @@ func Open(ctx context.Context, rawURL string, opts Options) (*DB, error) {
 		db.applyLogin(c)
 		return nil
 	}
+	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
+		db.loginWorked(c.Config().User)
+		return nil
+	}
 	db.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", addr, err)
@@ -288,8 +292,10 @@ func (db *DB) Revision(ctx context.Context) (int64, error) {
 }
 
 // wrap prefixes err with op and maps PostgreSQL errors to this package's
-// sentinels.
+// sentinels. A refused login from the node's cache is taken back on the
+// way (loginRefused).
 func (db *DB) wrap(op string, err error) error {
+	db.loginRefused(err) // every error of the DB passes here
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {

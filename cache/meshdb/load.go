@@ -185,6 +185,7 @@ func (db *DB) listen(ctx context.Context, changed func()) (connected bool, err e
 	if err != nil {
 		return false, db.wrap("listen", err)
 	}
+	db.loginWorked(cc.User)
 	// A switch of login ends this connection: Watch connects again with
 	// the new one.
 	lctx, stop := context.WithCancel(ctx)

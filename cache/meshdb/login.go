@@ -7,13 +7,18 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // This file is the node's side of rotating its database credential: a
 // node role per generation (migration 003), switched make before break.
 
-// login is a database user and password that replace the URL's.
-type login struct{ user, password string }
+// login is a database user and password that replace the URL's. untried:
+// set by UseLogin, until a connection with it succeeds.
+type login struct {
+	user, password string
+	untried        bool
+}
 
 // errRelisten ends Watch's connection after a switch of login.
 var errRelisten = errors.New("database login switched")
@@ -64,7 +69,44 @@ func (db *DB) SwitchLogin(ctx context.Context, user, password string) error {
 }
 
 // UseLogin makes new connections log in as user with password, without
-// trying them first: for a start, before the DB is used.
+// trying them first: for a start, before the DB is used (the database may
+// be away). If the database refuses that login before any connection with
+// it succeeded, the DB goes back to the URL's login and says so in the
+// log: the login came from the node's cache and may be a dropped role (the
+// node was removed from the mesh and joined again with a new URL).
 func (db *DB) UseLogin(user, password string) {
-	db.login.Store(&login{user: user, password: password})
+	db.login.Store(&login{user: user, password: password, untried: true})
+}
+
+// loginWorked records that a connection logged in as user: a login set by
+// UseLogin is no longer taken back when refused later.
+func (db *DB) loginWorked(user string) {
+	if l := db.login.Load(); l != nil && l.untried && l.user == user {
+		db.login.CompareAndSwap(l, &login{user: l.user, password: l.password})
+	}
+}
+
+// loginRefused goes back to the URL's login when err is the database
+// refusing the untried login set by UseLogin (wrong password, or no such
+// role): new connections then use the URL's.
+func (db *DB) loginRefused(err error) {
+	l := db.login.Load()
+	if l == nil || !l.untried || !isLoginRefused(err, l.user) {
+		return
+	}
+	if db.login.CompareAndSwap(l, nil) {
+		db.log.Warn("the database refused the login this node had cached (a role dropped since?); logging in as its configured user",
+			"refused", l.user, "user", db.connCfg.User)
+		db.pool.Reset()
+	}
+}
+
+// isLoginRefused reports whether err is the server refusing to let user
+// log in: invalid_password (28P01) or invalid_authorization_specification
+// (28000, a role that does not exist or may not log in).
+func isLoginRefused(err error, user string) bool {
+	var ce *pgconn.ConnectError
+	var pgErr *pgconn.PgError
+	return errors.As(err, &ce) && ce.Config != nil && ce.Config.User == user &&
+		errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000")
 }

@@ -139,3 +139,52 @@ func TestSetNodeStages(t *testing.T) {
 		t.Error("an invalid stage name was accepted")
 	}
 }
+
+// TestUseLoginRefusedFallsBack gives a node's DB a login from its cache
+// the database refuses (a wrong password, a role that does not exist): the
+// load fails once, the DB goes back to its URL's login, and the next load
+// succeeds. A cached login that worked once is kept.
+func TestUseLoginRefusedFallsBack(t *testing.T) {
+	db, url := initMesh(t)
+	ctx := context.Background()
+	a := addNode(t, db, url, "alpha", 0)
+	_, role2, err := db.AddCredentialGeneration(ctx, "alpha", meshdb.BrokerCredential{Generation: 2, User: "node.alpha.g2", Password: "secret-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []struct{ user, password string }{{role2, "wrong"}, {"meshbox_node_alpha_gone", "x"}} {
+		nodeDB, err := meshdb.Open(ctx, a.Token.DB, meshdb.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodeDB.UseLogin(bad.user, bad.password)
+		if _, err := nodeDB.Load(ctx, "alpha"); err == nil {
+			t.Errorf("load as %s with a wrong password: no error", bad.user)
+		}
+		if nodeDB.User() != a.Role {
+			t.Errorf("after the database refused %s: logs in as %s, want the URL's %s", bad.user, nodeDB.User(), a.Role)
+		}
+		if _, err := nodeDB.Load(ctx, "alpha"); err != nil {
+			t.Errorf("load after going back to the URL's login: %v", err)
+		}
+		nodeDB.Close()
+	}
+
+	// A cached login that works stays, even if a later connection fails.
+	snap, err := db.Load(ctx, "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeDB, err := meshdb.Open(ctx, a.Token.DB, meshdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodeDB.Close()
+	nodeDB.UseLogin(role2, snap.Bindings.Broker.DBPassword.Reveal())
+	if _, err := nodeDB.Load(ctx, "alpha"); err != nil || nodeDB.User() != role2 {
+		t.Fatalf("load as the cached %s: %v, user %s", role2, err, nodeDB.User())
+	}
+	if err := nodeDB.SwitchLogin(ctx, role2, "wrong"); err == nil || nodeDB.User() != role2 {
+		t.Errorf("a refused switch after the cached login worked: %v, user %s; want an error and %s kept", err, nodeDB.User(), role2)
+	}
+}

@@ -1,0 +1,58 @@
+package e2e
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestRejoinAfterRemove follows the README's way back for a node locked
+// out by `rotate --force`: remove it, add it again and join with the new
+// token on the same machine (the same data directory). The node had
+// rotated before, so its cache holds a database role of a later
+// generation, dropped since: it tries that role, is refused, says so
+// once, and comes back on the new join's role and broker user.
+func TestRejoinAfterRemove(t *testing.T) {
+	m := newIdentityMesh(t, "bee")
+	bee := m.start(t, "bee")
+	if code, out, errOut := m.rotate(t, "bee", "--wait", "1m"); code != 0 {
+		t.Fatalf("rotate bee: exit %d: %s%s", code, out, errOut)
+	}
+	waitIdentity(t, bee.HTTPURL(), "bee on generation 2", func(s identityStatus) bool {
+		return s.Identity.Generation == 2 && s.Identity.State == "in use"
+	})
+	bee.Signal(syscall.SIGTERM)
+	if code := bee.Wait(); code != 0 {
+		t.Fatalf("bee stopped with exit %d", code)
+	}
+	if code, out, errOut := m.rotate(t, "bee", "--wait", "2s", "--force"); code != 0 {
+		t.Fatalf("rotate --force with bee offline: exit %d: %s%s", code, out, errOut)
+	}
+
+	// The way back: remove, add, join again with the same env file.
+	if code, out, errOut := cliEnv(t, m.admin, "mesh", "node", "remove", "bee", "--force"); code != 0 {
+		t.Fatalf("remove bee: exit %d: %s%s", code, out, errOut)
+	}
+	code, out, errOut := cliEnv(t, m.admin, "mesh", "node", "add", "bee")
+	if code != 0 {
+		t.Fatalf("add bee again: exit %d: %s%s", code, out, errOut)
+	}
+	if code, out, errOut := cli(t, "join", joinToken(t, out), "--env-file", m.envs["bee"], "--force"); code != 0 {
+		t.Fatalf("join bee again: exit %d: %s%s", code, out, errOut)
+	}
+
+	bee = m.start(t, "bee")
+	waitIdentity(t, bee.HTTPURL(), "bee on the new join's generation 1", func(s identityStatus) bool {
+		return s.Identity.Generation == 1 && s.Identity.State == "in use"
+	})
+	var st nodeStatus
+	if !waitFor(30*time.Second, func() bool { st = getStatus(t, bee.HTTPURL()); return st.Bindings.DB == "connected" && st.Bindings.Source == "db" }) {
+		t.Fatalf("bee after joining again: bindings from %q, database %q; want them from the database:\n%s",
+			st.Bindings.Source, st.Bindings.DB, bee.Output())
+	}
+	// It tried its cached role once, was refused, and said so once.
+	if n := strings.Count(bee.Output(), "the database refused the login this node had cached"); n != 1 {
+		t.Errorf("bee logged %d lines about its refused cached database login, want 1:\n%s", n, bee.Output())
+	}
+}
