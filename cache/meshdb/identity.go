@@ -95,8 +95,7 @@ func (db *DB) AddNodeIdentity(ctx context.Context, adminURL string, n NewNode) (
 	node := n.Record.Name
 	role := roleName(node)
 	rolePassword := randomText(32)
-	tok := JoinToken{Node: node, ID: hex.EncodeToString(randomBytes(16)), Secret: randomText(32)}
-	if tok.DB, err = withUser(adminURL, role, rolePassword); err != nil {
+	if _, err := withUser(adminURL, role, rolePassword); err != nil {
 		return AddedNode{}, fmt.Errorf("add node: %w", err)
 	}
 	var out AddedNode
@@ -116,15 +115,28 @@ func (db *DB) AddNodeIdentity(ctx context.Context, adminURL string, n NewNode) (
 			node, n.Broker.Generation, n.Broker.User, n.Broker.Password.Reveal()); err != nil {
 			return err
 		}
-		sum := sha256.Sum256([]byte(tok.Secret))
-		return tx.QueryRow(ctx, `INSERT INTO join_tokens (id, node, secret_sha256, expires_at) VALUES ($1, $2, $3, now() + $4::interval)
-			RETURNING expires_at`, tok.ID, node, sum[:], ttl.String()).Scan(&tok.Expires)
+		out.Token, err = insertJoinToken(ctx, tx, adminURL, node, role, rolePassword, ttl)
+		return err
 	})
 	if err != nil {
 		return AddedNode{}, err
 	}
-	out.Role, out.Token = role, tok
+	out.Role = role
 	return out, nil
+}
+
+// insertJoinToken makes a join token for node inside tx, valid for ttl,
+// whose database URL is adminURL with role and rolePassword.
+func insertJoinToken(ctx context.Context, tx pgx.Tx, adminURL, node, role, rolePassword string, ttl time.Duration) (JoinToken, error) {
+	tok := JoinToken{Node: node, ID: hex.EncodeToString(randomBytes(16)), Secret: randomText(32)}
+	var err error
+	if tok.DB, err = withUser(adminURL, role, rolePassword); err != nil {
+		return JoinToken{}, err
+	}
+	sum := sha256.Sum256([]byte(tok.Secret))
+	err = tx.QueryRow(ctx, `INSERT INTO join_tokens (id, node, secret_sha256, expires_at) VALUES ($1, $2, $3, now() + $4::interval)
+		RETURNING expires_at`, tok.ID, node, sum[:], ttl.String()).Scan(&tok.Expires)
+	return tok, err
 }
 
 // createNodeRole creates the login role of node inside tx, with password,

@@ -61,31 +61,72 @@ func (db *DB) AddCredentialGeneration(ctx context.Context, node string, cred Bro
 	if cred.Generation < 1 || cred.User == "" || cred.Password == "" {
 		return Change{}, "", errors.New("add credential generation: incomplete credential")
 	}
-	role, rolePassword := roleName(node), randomText(32)
+	var role string
 	ch, err := db.change(ctx, "add credential generation", func(tx pgx.Tx) error {
-		var exists bool
-		var newest *int
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM nodes WHERE name = $1),
-			(SELECT max(generation) FROM node_credentials WHERE node = $1)`, node).Scan(&exists, &newest); err != nil {
-			return err
-		}
-		if !exists {
-			return &NotFoundError{What: fmt.Sprintf("node %q", node)}
-		}
-		if newest != nil && *newest >= cred.Generation {
-			return &ExistsError{What: fmt.Sprintf("generation %d of node %q's credential (newest is %d)", cred.Generation, node, *newest)}
-		}
-		if err := createNodeRole(ctx, tx, node, role, rolePassword); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO node_credentials (node, generation, broker_user, broker_password, db_role, db_password)
-			VALUES ($1, $2, $3, $4, $5, $6)`, node, cred.Generation, cred.User, cred.Password.Reveal(), role, rolePassword)
+		var err error
+		role, _, err = addGeneration(ctx, tx, node, cred)
 		return err
 	})
 	if err != nil {
 		return Change{}, "", err
 	}
 	return ch, role, nil
+}
+
+// addGeneration adds generation cred of node's credential inside tx, with
+// a new login role, and returns the role and its password. The node must
+// exist and cred be newer than its newest generation.
+func addGeneration(ctx context.Context, tx pgx.Tx, node string, cred BrokerCredential) (role, rolePassword string, err error) {
+	var exists bool
+	var newest *int
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM nodes WHERE name = $1),
+		(SELECT max(generation) FROM node_credentials WHERE node = $1)`, node).Scan(&exists, &newest); err != nil {
+		return "", "", err
+	}
+	if !exists {
+		return "", "", &NotFoundError{What: fmt.Sprintf("node %q", node)}
+	}
+	if newest != nil && *newest >= cred.Generation {
+		return "", "", &ExistsError{What: fmt.Sprintf("generation %d of node %q's credential (newest is %d)", cred.Generation, node, *newest)}
+	}
+	role, rolePassword = roleName(node), randomText(32)
+	if err := createNodeRole(ctx, tx, node, role, rolePassword); err != nil {
+		return "", "", err
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO node_credentials (node, generation, broker_user, broker_password, db_role, db_password)
+		VALUES ($1, $2, $3, $4, $5, $6)`, node, cred.Generation, cred.User, cred.Password.Reveal(), role, rolePassword)
+	return role, rolePassword, err
+}
+
+// ReissueJoin gives an existing node a new generation of its credential —
+// cred, whose broker user the admin made first, and a new login role —
+// and a join token whose database URL is adminURL with that role, in one
+// transaction. It is the way back for a node whose machine lost its
+// configuration, or that rotate --force locked out: its record,
+// assignments, overrides and grants stay. The older generations stay valid
+// until the caller revokes them (DeleteCredentialGeneration).
+func (db *DB) ReissueJoin(ctx context.Context, adminURL, node string, cred BrokerCredential, ttl time.Duration) (AddedNode, error) {
+	if cred.Generation < 1 || cred.User == "" || cred.Password == "" {
+		return AddedNode{}, errors.New("reissue join token: incomplete credential")
+	}
+	if ttl <= 0 {
+		ttl = DefaultJoinTTL
+	}
+	var out AddedNode
+	var err error
+	out.Change, err = db.change(ctx, "reissue join token", func(tx pgx.Tx) error {
+		role, rolePassword, err := addGeneration(ctx, tx, node, cred)
+		if err != nil {
+			return err
+		}
+		out.Role = role
+		out.Token, err = insertJoinToken(ctx, tx, adminURL, node, role, rolePassword, ttl)
+		return err
+	})
+	if err != nil {
+		return AddedNode{}, err
+	}
+	return out, nil
 }
 
 // Revoked is what DeleteCredentialGeneration did on the database side.

@@ -3,8 +3,10 @@ package meshdb_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -186,5 +188,48 @@ func TestUseLoginRefusedFallsBack(t *testing.T) {
 	}
 	if err := nodeDB.SwitchLogin(ctx, role2, "wrong"); err == nil || nodeDB.User() != role2 {
 		t.Errorf("a refused switch after the cached login worked: %v, user %s; want an error and %s kept", err, nodeDB.User(), role2)
+	}
+}
+
+// TestReissueJoin gives an existing node a new generation and a join
+// token: the token's role is the generation's, it redeems once, and the
+// node's record stays; an unknown node or an old generation is refused.
+func TestReissueJoin(t *testing.T) {
+	db, url := initMesh(t)
+	ctx := context.Background()
+	a := addNode(t, db, url, "alpha", 0)
+	cred := func(gen int) meshdb.BrokerCredential {
+		return meshdb.BrokerCredential{Generation: gen, User: fmt.Sprintf("node.alpha.g%d", gen), Password: "secret"}
+	}
+	if _, err := db.ReissueJoin(ctx, url, "nobody", cred(2), 0); !errors.As(err, new(*meshdb.NotFoundError)) {
+		t.Errorf("reissue for an unknown node: got %v, want NotFoundError", err)
+	}
+	if _, err := db.ReissueJoin(ctx, url, "alpha", cred(1), 0); !errors.As(err, new(*meshdb.ExistsError)) {
+		t.Errorf("reissue with generation 1 again: got %v, want ExistsError", err)
+	}
+	re, err := db.ReissueJoin(ctx, url, "alpha", cred(2), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if re.Role == a.Role || !strings.Contains(re.Token.DB, re.Role) || re.Token.Node != "alpha" || time.Until(re.Token.Expires) > time.Hour+time.Minute {
+		t.Fatalf("reissued: role %q (first %q), token %+v", re.Role, a.Role, re.Token)
+	}
+	nodeDB, err := meshdb.Open(ctx, re.Token.DB, meshdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodeDB.Close()
+	if node, err := nodeDB.Redeem(ctx, re.Token); err != nil || node != "alpha" {
+		t.Fatalf("redeem the reissued token: %q, %v", node, err)
+	}
+	if _, err := nodeDB.Redeem(ctx, re.Token); !errors.As(err, new(*meshdb.TokenUsedError)) {
+		t.Errorf("redeem it twice: got %v, want TokenUsedError", err)
+	}
+	snap, err := nodeDB.Load(ctx, "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := snap.Bindings.Broker; b == nil || b.Generation != 2 || b.DBRole != re.Role {
+		t.Errorf("alpha's credential after reissue: %+v, want generation 2 with role %s", b, re.Role)
 	}
 }

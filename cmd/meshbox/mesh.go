@@ -36,6 +36,9 @@ Nodes:
                                     (new broker credential; the old one is revoked once
                                     the node switched; --force revokes without waiting)
   node set-stages NAME STAGE... --broker-admin URL   (the stages it may consume; * = all)
+  node rejoin NAME --broker-admin URL [--ttl 24h]
+                                    (a new join token and credential for an existing node,
+                                    its bindings kept; revokes its older credentials)
   node remove NAME [--force] [--broker-admin URL]
                                     (--force also removes its bindings; deletes its broker users)
   node list [--json]
@@ -209,6 +212,19 @@ func (c *MeshCommand) leaves() []meshLeaf {
 				}
 				c.report(fmt.Sprintf("node %s updated", a[0]), ch)
 				return nil
+			}
+		}},
+		{name: "node rejoin", args: []string{"NAME"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			admin := adminFlag(fs)
+			ttl := fs.Duration("ttl", meshdb.DefaultJoinTTL, "how long the join token stays valid")
+			return func(ctx context.Context, db *meshdb.DB, a []string) error {
+				if *ttl <= 0 {
+					return usagef("mesh node rejoin: --ttl %s: must be more than 0", *ttl)
+				}
+				if *admin == "" {
+					return usagef("mesh node rejoin: --broker-admin is required (or set MESHBOX_BROKER_ADMIN) to make the node's new broker user")
+				}
+				return c.rejoin(ctx, db, a[0], *admin, *ttl)
 			}
 		}},
 		{name: "node remove", args: []string{"NAME"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {

@@ -138,28 +138,7 @@ func (c *MeshCommand) rotate(ctx context.Context, db *meshdb.DB, name, adminURL 
 		if late {
 			fmt.Fprintf(out, "node %s: has not switched to generation %d; revoking its older generations anyway (--force)\n", t.node, t.newest.Generation)
 		}
-		for _, g := range t.older {
-			if err := admin.DeleteGeneration(ctx, t.node, g); err != nil {
-				failed = append(failed, fmt.Errorf("node %s: revoke generation %d: %w", t.node, g, err))
-				continue
-			}
-			_, rev, err := db.DeleteCredentialGeneration(ctx, t.node, g)
-			if err != nil {
-				failed = append(failed, fmt.Errorf("node %s: revoke generation %d in the database: %w", t.node, g, err))
-				continue
-			}
-			what := "broker user deleted"
-			if len(rev.Roles) > 0 {
-				what += ", database role " + strings.Join(rev.Roles, ", ") + " dropped"
-			}
-			switch {
-			case rev.EndErr != nil:
-				what += "; its sessions could not be ended: " + rev.EndErr.Error()
-			case rev.Lingering > 0:
-				what += fmt.Sprintf("; %d of its sessions still run (ending them needs a superuser or pg_signal_backend)", rev.Lingering)
-			}
-			fmt.Fprintf(out, "node %s: generation %d revoked (%s)\n", t.node, g, what)
-		}
+		failed = append(failed, c.revokeGenerations(ctx, admin, db, t.node, t.older)...)
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("rotate: %w", errors.Join(failed...))
@@ -174,6 +153,36 @@ func (c *MeshCommand) rotate(ctx context.Context, db *meshdb.DB, name, adminURL 
 	}
 	fmt.Fprintln(out, "rotation complete")
 	return nil
+}
+
+// revokeGenerations deletes the broker users of node's generations gens
+// and their rows and login roles in the database, printing each, and
+// returns what failed.
+func (c *MeshCommand) revokeGenerations(ctx context.Context, admin *brokeradmin.Admin, db *meshdb.DB, node string, gens []int) []error {
+	var failed []error
+	for _, g := range gens {
+		if err := admin.DeleteGeneration(ctx, node, g); err != nil {
+			failed = append(failed, fmt.Errorf("node %s: revoke generation %d: %w", node, g, err))
+			continue
+		}
+		_, rev, err := db.DeleteCredentialGeneration(ctx, node, g)
+		if err != nil {
+			failed = append(failed, fmt.Errorf("node %s: revoke generation %d in the database: %w", node, g, err))
+			continue
+		}
+		what := "broker user deleted"
+		if len(rev.Roles) > 0 {
+			what += ", database role " + strings.Join(rev.Roles, ", ") + " dropped"
+		}
+		switch {
+		case rev.EndErr != nil:
+			what += "; its sessions could not be ended: " + rev.EndErr.Error()
+		case rev.Lingering > 0:
+			what += fmt.Sprintf("; %d of its sessions still run (ending them needs a superuser or pg_signal_backend)", rev.Lingering)
+		}
+		fmt.Fprintf(c.m.Stdout, "node %s: generation %d revoked (%s)\n", node, g, what)
+	}
+	return failed
 }
 
 // ErrNotSwitched means rotate waited in vain for nodes to switch.
