@@ -92,6 +92,7 @@ func TestNodeRejoin(t *testing.T) {
 		{[]string{"nobody"}, `node "nobody"`},
 		{[]string{"bee", "--ttl", "0s"}, "--ttl 0s: must be more than 0"},
 		{[]string{"no.dots"}, "no.dots"},
+		{[]string{"hub"}, "--record-only"}, // init's node: a record without an identity
 	} {
 		code, out, errOut := cliEnv(t, m.admin, append([]string{"mesh", "node", "rejoin"}, bad.args...)...)
 		if code == 0 || !strings.Contains(errOut, bad.want) {
