@@ -18,15 +18,12 @@ import (
 // once: a machine still running with them is refused and says so.
 func (c *MeshCommand) rejoin(ctx context.Context, db *meshdb.DB, name, adminURL string, ttl time.Duration) error {
 	out := c.m.Stdout
-	if err := cache.ValidateNodeName(name); err != nil {
+	if err := existingNode(ctx, db, name); err != nil {
+		var nf *meshdb.NotFoundError
+		if errors.As(err, &nf) {
+			return fmt.Errorf("rejoin: %w (meshbox mesh node add makes a new node)", err)
+		}
 		return fmt.Errorf("rejoin: %w", err)
-	}
-	ok, err := db.NodeExists(ctx, name)
-	if err != nil {
-		return fmt.Errorf("rejoin: %w", err)
-	}
-	if !ok {
-		return fmt.Errorf("rejoin: %w (meshbox mesh node add makes a new node)", &meshdb.NotFoundError{What: fmt.Sprintf("node %q", name)})
 	}
 	targets, err := c.rotateTargets(ctx, db, name)
 	if err != nil {

@@ -56,15 +56,8 @@ func (c *MeshCommand) connectAdmin(ctx context.Context, db *meshdb.DB, adminURL 
 func (c *MeshCommand) rotate(ctx context.Context, db *meshdb.DB, name, adminURL string, wait time.Duration, force bool) error {
 	out := c.m.Stdout
 	if name != "" {
-		if err := cache.ValidateNodeName(name); err != nil {
+		if err := existingNode(ctx, db, name); err != nil {
 			return fmt.Errorf("rotate: %w", err)
-		}
-		ok, err := db.NodeExists(ctx, name)
-		if err != nil {
-			return fmt.Errorf("rotate: %w", err)
-		}
-		if !ok {
-			return fmt.Errorf("rotate: %w", &meshdb.NotFoundError{What: fmt.Sprintf("node %q", name)})
 		}
 	}
 	targets, err := c.rotateTargets(ctx, db, name)
@@ -183,6 +176,21 @@ func (c *MeshCommand) revokeGenerations(ctx context.Context, admin *brokeradmin.
 		fmt.Fprintf(c.m.Stdout, "node %s: generation %d revoked (%s)\n", node, g, what)
 	}
 	return failed
+}
+
+// existingNode checks that name is a node name and a node of the mesh.
+func existingNode(ctx context.Context, db *meshdb.DB, name string) error {
+	if err := cache.ValidateNodeName(name); err != nil {
+		return err
+	}
+	ok, err := db.NodeExists(ctx, name)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return &meshdb.NotFoundError{What: fmt.Sprintf("node %q", name)}
+	}
+	return nil
 }
 
 // ErrNotSwitched means rotate waited in vain for nodes to switch.
