@@ -40,7 +40,8 @@ type Status struct {
 	Errors       []ErrorEntry      `json:"errors"`
 	// Warnings are standing conditions an operator should know about: an
 	// open local NATS server, a link to the broker or the database that
-	// is not protected on the network.
+	// is not protected on the network, a broker user with an older mesh's
+	// permissions.
 	Warnings []string `json:"warnings"`
 }
 
@@ -100,6 +101,7 @@ func (a *Appliance) Status() Status {
 	if b := a.bridge.Load(); b != nil {
 		bs := b.Status()
 		st.Broker, st.Outbox, st.Stalls, st.Commands = bs.Broker, bs.Outbox, bs.Stalls, bs.Commands
+		st.Warnings = append(st.Warnings, bs.Warnings...)
 		if bs.DeadLetters != nil {
 			st.DeadLetters = bs.DeadLetters
 		}

@@ -40,8 +40,9 @@ type Bridge struct {
 
 	bcClosed chan struct{} // closed when bc is closed
 
-	// olderPerms: a session found this node's broker permissions to be an
-	// older mesh's (topology.go); said once in the log.
+	// olderPerms: the last session found this node's broker permissions
+	// to be an older mesh's (topology.go); said once in the log and while
+	// it holds in the status.
 	olderPerms atomic.Bool
 
 	mu      sync.Mutex // guards started, closed, subs
@@ -117,7 +118,14 @@ type Status struct {
 	// DeadLetters counts the dead letters of each stage hosted here (its
 	// queue dead.<stage>), as last seen on the broker.
 	DeadLetters map[string]int `json:"dead_letters"`
+	// Warnings are the link's standing conditions an operator should
+	// know about (WarnOlderPermissions).
+	Warnings []string `json:"warnings,omitempty"`
 }
+
+// WarnOlderPermissions is the status warning of a node whose broker user
+// has an older mesh's permissions (topology.go).
+const WarnOlderPermissions = "this node's broker permissions are an older mesh's: its requests and replies take one more routing step on the broker; meshbox mesh node rotate gives it the current ones"
 
 // BrokerStatus describes the broker link.
 type BrokerStatus struct {
@@ -427,6 +435,9 @@ func (b *Bridge) Status() Status {
 		st.Commands = s.commandsInFlight(time.Now())
 	}
 	st.DeadLetters = b.deadCounts()
+	if b.olderPerms.Load() {
+		st.Warnings = append(st.Warnings, WarnOlderPermissions)
+	}
 	return st
 }
 

@@ -141,4 +141,10 @@ func TestOwnQueuesBoundToMesh(t *testing.T) {
 	if n := counters["gamma"].count.Load(); n != 0 {
 		t.Errorf("gamma logged %d lines about older permissions, want 0", n)
 	}
+	if w := alpha.b.Status().Warnings; len(w) != 1 || w[0] != bridge.WarnOlderPermissions {
+		t.Errorf("alpha's status warnings: %q, want the older permissions", w)
+	}
+	if w := gamma.b.Status().Warnings; len(w) != 0 {
+		t.Errorf("gamma's status warnings: %q, want none", w)
+	}
 }

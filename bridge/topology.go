@@ -334,6 +334,7 @@ func (s *session) bindOwn(ch **amqp.Channel, q, key string) error {
 		if !errors.As(err, &ae) || ae.Code != amqp.AccessRefused {
 			if err == nil {
 				s.ownEx = exchangeMesh
+				s.b.olderPerms.Store(false)
 			}
 			return err
 		}
@@ -349,8 +350,7 @@ func (s *session) bindOwn(ch **amqp.Channel, q, key string) error {
 		}
 		s.ownEx = nodeExchange(s.b.cfg.Node)
 		if s.b.olderPerms.CompareAndSwap(false, true) {
-			s.b.log.Warn("this node's broker permissions are an older mesh's: its requests and replies take one more routing step on the broker; `meshbox mesh node rotate` gives it the current ones",
-				"exchange", s.ownEx)
+			s.b.log.Warn(WarnOlderPermissions, "exchange", s.ownEx)
 		}
 	}
 	return (*ch).QueueBind(q, key, s.ownEx, false, nil)
