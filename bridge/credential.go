@@ -240,16 +240,21 @@ func (s *session) quiesce(ctx context.Context) {
 		{requestQueue(node), requestBindingKey(node)}, {replyQueue(node), replyKey(node)},
 	} {
 		if err := s.autoCh.QueueUnbind(q.queue, q.key, s.ownEx, nil); err != nil {
-			return // the channel is gone: nothing more to answer on it
+			// The channel is gone: nothing more to answer on it; what is
+			// open is answered by the next session (answerOrphans).
+			s.b.log.Warn("credential handover: cannot unbind the old session's queue; ending it as it is", "queue", q.queue, "err", err)
+			return
 		}
 	}
 	for _, q := range []string{requestQueue(node), replyQueue(node)} {
+		left := 0
 		for range quiesceEmptyPolls {
 			st, err := s.autoCh.QueueDeclarePassive(q, false, false, true, false, nil)
 			if err != nil {
+				s.b.log.Warn("credential handover: cannot look into the old session's queue; ending it as it is", "queue", q, "err", err)
 				return
 			}
-			if st.Messages == 0 {
+			if left = st.Messages; left == 0 {
 				break
 			}
 			select {
@@ -257,6 +262,10 @@ func (s *session) quiesce(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			}
+		}
+		if left > 0 {
+			// Gone with the queue: their callers get their deadlines' 504.
+			s.b.log.Warn("credential handover: the old session's queue still held messages after about 200ms; they go with it", "queue", q, "messages", left)
 		}
 	}
 	for _, c := range []struct {

@@ -104,24 +104,30 @@ func (o *outgoing) publishing(origin, user string, keys *seal.Keyring) (amqp.Pub
 	for k, v := range o.meta {
 		t[k] = v
 	}
+	p := o.readable(t, origin, user)
+	p.ContentType, p.ContentEncoding, p.Body = ctype, cenc, o.body
+	return p, nil
+}
+
+// readable is the part of o's AMQP message that stays readable sealed or
+// not: the headers t (with Meshbox-Origin where it counts), ids,
+// reply-to, type, timestamp, user_id, delivery mode and expiration.
+func (o *outgoing) readable(t amqp.Table, origin, user string) amqp.Publishing {
 	setOriginHeader(t, origin, user)
 	p := amqp.Publishing{
-		Headers:         t,
-		ContentType:     ctype,
-		ContentEncoding: cenc,
-		MessageId:       o.msgID,
-		CorrelationId:   o.corrID,
-		ReplyTo:         o.replyTo,
-		Type:            o.kind,
-		Timestamp:       o.at,
-		UserId:          user,
-		Body:            o.body,
+		Headers:       t,
+		MessageId:     o.msgID,
+		CorrelationId: o.corrID,
+		ReplyTo:       o.replyTo,
+		Type:          o.kind,
+		Timestamp:     o.at,
+		UserId:        user,
+		Expiration:    o.expiration(),
 	}
 	if o.persist {
 		p.DeliveryMode = amqp.Persistent
 	}
-	p.Expiration = o.expiration()
-	return p, nil
+	return p
 }
 
 // sealedPublishing builds the sealed AMQP message: only what routing needs
@@ -144,20 +150,7 @@ func (o *outgoing) sealedPublishing(origin, user string, keys *seal.Keyring) (am
 		sealed.header[HeaderResultTopic] = []string{topic}
 		o = &sealed
 	}
-	setOriginHeader(t, origin, user)
-	p := amqp.Publishing{
-		Headers:       t,
-		MessageId:     o.msgID,
-		CorrelationId: o.corrID,
-		ReplyTo:       o.replyTo,
-		Type:          o.kind,
-		Timestamp:     o.at,
-		UserId:        user,
-	}
-	if o.persist {
-		p.DeliveryMode = amqp.Persistent
-	}
-	p.Expiration = o.expiration()
+	p := o.readable(t, origin, user)
 	if err := o.sealInto(&p, keys, origin); err != nil {
 		return amqp.Publishing{}, err
 	}

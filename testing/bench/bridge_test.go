@@ -440,15 +440,7 @@ func rawRPCRoundTrip(b *testing.B, amqpURL string, viaTopic bool) func() error {
 		if err != nil {
 			return err
 		}
-		select {
-		case d := <-replies:
-			if d.CorrelationId != id {
-				return fmt.Errorf("reply %s, want %s", d.CorrelationId, id)
-			}
-			return nil
-		case <-time.After(5 * time.Second):
-			return fmt.Errorf("no reply to %s within 5s", id)
-		}
+		return awaitReply(replies, id)
 	}
 }
 
@@ -579,4 +571,18 @@ func benchBrokerUsers(b *testing.B, rmq *meshtest.Rabbit, amqpURL string, nodes 
 		urls[n] = v.String()
 	}
 	return urls
+}
+
+// awaitReply waits (at most 5 s) for the raw RPC client's reply to request
+// id on replies, which must be the next one.
+func awaitReply(replies <-chan amqp.Delivery, id string) error {
+	select {
+	case d := <-replies:
+		if d.CorrelationId != id {
+			return fmt.Errorf("reply %s, want %s", d.CorrelationId, id)
+		}
+		return nil
+	case <-time.After(5 * time.Second):
+		return fmt.Errorf("no reply to %s within 5s", id)
+	}
 }

@@ -130,14 +130,6 @@ func rawRPCShape(b *testing.B, amqpURL string, s rpcShape, n int) func() error {
 		if err := cliOut.Publish(ex, reqKey, s.props, false, msg(id, pq.Name, true)); err != nil {
 			return err
 		}
-		select {
-		case d := <-replies:
-			if d.CorrelationId != id {
-				return fmt.Errorf("reply %s, want %s", d.CorrelationId, id)
-			}
-			return nil
-		case <-time.After(5 * time.Second):
-			return fmt.Errorf("no reply to %s within 5s", id)
-		}
+		return awaitReply(replies, id)
 	}
 }
