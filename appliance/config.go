@@ -120,11 +120,15 @@ type BridgeConfig struct {
 	// MaxStagePrefetch bounds the unacknowledged commands of one stage on
 	// this node: a stage gains consumers while its handler answers quickly
 	// and loses them when it slows down (see the bridge package doc).
-	MaxStagePrefetch int               `json:"max_stage_prefetch"`
-	RetryBudget      int               `json:"retry_budget"`
-	Heartbeat        Duration          `json:"heartbeat"`
-	StallAfter       Duration          `json:"stall_after"`
-	Routes           map[string]string `json:"routes"`
+	MaxStagePrefetch int `json:"max_stage_prefetch"`
+	// CommandBatch is the most commands one broker message carries (1:
+	// every command alone). Commands for one stage that wait at the same
+	// moment travel together while every peer reads batches.
+	CommandBatch int               `json:"command_batch"`
+	RetryBudget  int               `json:"retry_budget"`
+	Heartbeat    Duration          `json:"heartbeat"`
+	StallAfter   Duration          `json:"stall_after"`
+	Routes       map[string]string `json:"routes"`
 	// Dedupe names the stages whose completed message ids this node
 	// remembers, so that a delivery of an id that completed here within
 	// the window is acked without calling the handler again. Per node, not
@@ -204,6 +208,7 @@ func DefaultConfig() Config {
 			CommandTimeout:   Duration(30 * time.Second),
 			Prefetch:         32,
 			MaxStagePrefetch: 256,
+			CommandBatch:     bridge.DefaultCommandBatch,
 			RetryBudget:      5,
 			Heartbeat:        Duration(5 * time.Second),
 			StallAfter:       Duration(5 * time.Minute),
@@ -444,6 +449,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Bridge.Prefetch < 1 || c.Bridge.Prefetch > 10000 {
 		bad("bridge.prefetch", "%d is out of range 1..10000", c.Bridge.Prefetch)
+	}
+	if c.Bridge.CommandBatch < 1 || c.Bridge.CommandBatch > bridge.MaxCommandBatch {
+		bad("bridge.command_batch", "%d is out of range 1..%d", c.Bridge.CommandBatch, bridge.MaxCommandBatch)
 	}
 	if c.Bridge.MaxStagePrefetch < c.Bridge.Prefetch || c.Bridge.MaxStagePrefetch > 65535 {
 		bad("bridge.max_stage_prefetch", "%d is out of range %d (bridge.prefetch)..65535", c.Bridge.MaxStagePrefetch, c.Bridge.Prefetch)

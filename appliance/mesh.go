@@ -71,6 +71,7 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 		MaxLease:         a.cfg.Bridge.MaxLease.D(),
 		Prefetch:         a.cfg.Bridge.Prefetch,
 		MaxStagePrefetch: a.cfg.Bridge.MaxStagePrefetch,
+		CommandBatch:     a.cfg.Bridge.CommandBatch,
 		RetryBudget:      a.cfg.Bridge.RetryBudget,
 		Heartbeat:        a.cfg.Bridge.Heartbeat.D(),
 		Routes:           a.cfg.Bridge.Routes,
@@ -175,9 +176,11 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 		NoRoute:           func(err error) bool { return errors.Is(err, bridge.ErrNoRoute) },
 		// The bridge reports each connection (OnConnected: LinkUp), so
 		// without a connected link discovery waits for that.
-		Connected:  b.Connected,
-		Logger:     a.logger,
-		Registerer: a.registry,
+		Connected: b.Connected,
+		// Command batches only while every peer reads them.
+		OnPeerProtocols: func(oldest int) { b.SetCommandBatching(oldest >= node.BatchProtocolVersion) },
+		Logger:          a.logger,
+		Registerer:      a.registry,
 	})
 	if err != nil {
 		return fmt.Errorf("node: %w", err)

@@ -44,6 +44,8 @@ type Bridge struct {
 	// to be an older mesh's (topology.go); said once in the log and while
 	// it holds in the status.
 	olderPerms atomic.Bool
+	// batching: every peer reads command batches (SetCommandBatching).
+	batching atomic.Bool
 
 	mu      sync.Mutex // guards started, closed, subs
 	started bool

@@ -24,8 +24,9 @@ const handlerPoll = 250 * time.Millisecond
 type cmdCall struct {
 	stage    string
 	flow     *stageFlow
-	sent     time.Time // when last sent to the handler
-	tag      uint64
+	sent     time.Time     // when last sent to the handler
+	ack      cmdAck        // settles its part of the delivery
+	unopened bool          // not opened (a key this node lacks): never published again by this node
 	d        amqp.Delivery // for a dead letter
 	env      *envelope
 	msg      *nats.Msg
@@ -40,41 +41,63 @@ type cmdCall struct {
 // (onCmdReply). The consumer's prefetch bounds how many are open. Exits
 // when the consumer's delivery channel closes (session end or cancel).
 func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
+	for d := range ds {
+		if d.Type != typeCommandBatch {
+			f.deliveredMsg(1)
+			s.readCommand(f, d, cmdAck{tag: d.DeliveryTag})
+			continue
+		}
+		entries, err := decodeBatch(&d, MaxCommandBatch, batchLimit(s.b.maxPayload()))
+		if err != nil { // dead-lettered whole, with the reason
+			bad := d
+			s.work(func() { s.deadCommand(&bad, cmdAck{tag: bad.DeliveryTag}, f.stage, err, nil) })
+			continue
+		}
+		f.deliveredMsg(len(entries))
+		left := &batchLeft{}
+		left.n.Store(int32(len(entries)))
+		for _, e := range entries {
+			s.readCommand(f, e, cmdAck{tag: d.DeliveryTag, batch: left})
+		}
+	}
+}
+
+// readCommand passes one command to the local handler; a settles its
+// part of the delivery.
+func (s *session) readCommand(f *stageFlow, d amqp.Delivery, a cmdAck) {
 	b := s.b
 	stage := f.stage
-	for d := range ds {
-		env, err := s.decode(typeCommand, &d)
-		if ue := asUnseal(err); ue != nil {
-			b.unsealFailed(typeCommand, ue)
-			if ue.reason == unsealUnknownKey && ue.env.attempt < b.cfg.RetryBudget {
-				// This node may not have received the key yet (it just
-				// joined, or a rotation is under way): given back after a
-				// pause, for a node that holds it or for this one later.
-				s.cmdFailed(&cmdCall{stage: stage, flow: f, tag: d.DeliveryTag, d: d, env: ue.env}, ue)
-				continue
-			}
+	env, err := s.decode(typeCommand, &d)
+	if ue := asUnseal(err); ue != nil {
+		b.unsealFailed(typeCommand, ue)
+		if ue.reason == unsealUnknownKey && ue.env.attempt < b.cfg.RetryBudget {
+			// This node may not have received the key yet (it just
+			// joined, or a rotation is under way): given back after a
+			// pause, for a node that holds it or for this one later.
+			s.cmdFailed(&cmdCall{stage: stage, flow: f, ack: a, d: d, env: ue.env, unopened: true}, ue)
+			return
 		}
-		if err != nil { // dead-lettered with the reason
-			bad := d // a copy: taking d's address would move every delivery to the heap
-			s.work(func() { s.deadCommand(&bad, stage, err, nil) })
-			continue
-		}
-		b.m.msg(typeCommand, "in")
-		b.noteDeliveryAge(stage, env.sent)
-		if env.replayedSealed != "" {
-			env.replayedText = b.openReason(HeaderReplayed, commandKey(stage), env.msgID, env.replayed, env.replayedSealed)
-		}
-		if b.done != nil && b.completedBefore(stage, env.msgID) {
-			s.ack(d.DeliveryTag, opAck) // completed here before: not called again
-			continue
-		}
-		f.delivered()
-		seen := b.handed.add(env.msgID) // handed out before, though the broker may not know it
-		now := time.Now()
-		c := &cmdCall{stage: stage, flow: f, tag: d.DeliveryTag, d: d, env: env, started: now, deadline: now.Add(b.cfg.CommandTimeout),
-			msg: env.commandMsg(stage, seen)}
-		s.sendCmd(newID(), c)
 	}
+	if err != nil { // dead-lettered with the reason
+		bad := d // a copy: taking d's address would move every delivery to the heap
+		s.work(func() { s.deadCommand(&bad, a, stage, err, nil) })
+		return
+	}
+	b.m.msg(typeCommand, "in")
+	b.noteDeliveryAge(stage, env.sent)
+	if env.replayedSealed != "" {
+		env.replayedText = b.openReason(HeaderReplayed, commandKey(stage), env.msgID, env.replayed, env.replayedSealed)
+	}
+	if b.done != nil && b.completedBefore(stage, env.msgID) {
+		s.ackCmd(a, opAck) // completed here before: not called again
+		return
+	}
+	f.delivered()
+	seen := b.handed.add(env.msgID) // handed out before, though the broker may not know it
+	now := time.Now()
+	c := &cmdCall{stage: stage, flow: f, ack: a, d: d, env: env, started: now, deadline: now.Add(b.cfg.CommandTimeout),
+		msg: env.commandMsg(stage, seen)}
+	s.sendCmd(newID(), c)
 }
 
 // sendCmd registers c under token and sends it to the local handler.
@@ -130,7 +153,7 @@ func (s *session) onCmdReply(m *nats.Msg) {
 		// hosted here, up to the attempt's deadline; otherwise give it back.
 		if !s.consumes(c.stage) {
 			c.flow.gone()
-			s.ack(c.tag, opRequeue)
+			s.giveBack(c)
 			return
 		}
 		if time.Until(c.deadline) <= handlerPoll {
@@ -165,13 +188,13 @@ func (s *session) onCmdReply(m *nats.Msg) {
 			if !s.work(func() {
 				defer s.unacked.Add(-1)
 				b.completedNow(c.stage, c.env.msgID)
-				s.ack(c.tag, opAck)
+				s.ackCmd(c.ack, opAck)
 			}) {
 				s.unacked.Add(-1)
 			}
 			return
 		}
-		s.ack(c.tag, opAck)
+		s.ackCmd(c.ack, opAck)
 	}
 }
 
@@ -216,7 +239,7 @@ func (s *session) cmdFailed(c *cmdCall, failure error) {
 	if c.env.firstFail != "" {
 		extra[HeaderFirstFail] = c.env.firstFail
 	}
-	s.work(func() { s.deadCommand(&c.d, c.stage, reason, extra) })
+	s.work(func() { s.deadCommand(&c.d, c.ack, c.stage, reason, extra) })
 }
 
 // requeueLater gives c back to its queue after a pause that grows with its
@@ -230,7 +253,7 @@ func (s *session) requeueLater(c *cmdCall) {
 		s.cmds[token] = c
 		c.timer = s.after(retryDelay(c.env.attempt), func() {
 			if c := s.takeCmd(token); c != nil {
-				s.ack(c.tag, opRequeue)
+				s.giveBack(c)
 			}
 		})
 	}

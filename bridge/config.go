@@ -77,6 +77,14 @@ type Config struct {
 	// stage's work and a slow one holds about one consumer's prefetch (see
 	// the package doc).
 	MaxStagePrefetch int
+	// CommandBatch is the most commands one broker message carries
+	// (default DefaultCommandBatch; 1: every command alone; at most
+	// MaxCommandBatch). The publisher gathers only commands for one stage
+	// that wait at the same moment, and only while every peer reads
+	// batches (SetCommandBatching; batch.go). A stage consumer's prefetch
+	// is Prefetch/CommandBatch messages, so credit stays about Prefetch
+	// commands per consumer.
+	CommandBatch int
 	// RetryBudget is how many attempts a command gets before it is
 	// dead-lettered (default 5).
 	RetryBudget int
@@ -181,6 +189,9 @@ func (c Config) withDefaults() Config {
 	if c.Prefetch == 0 {
 		c.Prefetch = DefaultPrefetch
 	}
+	if c.CommandBatch == 0 {
+		c.CommandBatch = DefaultCommandBatch
+	}
 	if c.RetryBudget == 0 {
 		c.RetryBudget = DefaultRetryBudget
 	}
@@ -230,6 +241,8 @@ func (c Config) validate() error {
 		return bad("Prefetch", "%d is out of range 1..65535", c.Prefetch)
 	case c.MaxStagePrefetch < c.Prefetch || c.MaxStagePrefetch > 65535:
 		return bad("MaxStagePrefetch", "%d is out of range %d (Prefetch)..65535", c.MaxStagePrefetch, c.Prefetch)
+	case c.CommandBatch < 1 || c.CommandBatch > MaxCommandBatch:
+		return bad("CommandBatch", "%d is out of range 1..%d", c.CommandBatch, MaxCommandBatch)
 	case c.RetryBudget < 1 || c.RetryBudget > 1000:
 		return bad("RetryBudget", "%d is out of range 1..1000", c.RetryBudget)
 	case c.Heartbeat < time.Second:

@@ -141,9 +141,9 @@ func (s *session) deadLetter(d *amqp.Delivery, queue string, reason error) {
 // deadCommand dead-letters a command of stage like deadLetter, into the
 // stage's dead-letter queue when this session declared it (mesh.dead
 // otherwise), with extra node headers (attempts, failures).
-func (s *session) deadCommand(d *amqp.Delivery, stage string, reason error, extra map[string]string) {
+func (s *session) deadCommand(d *amqp.Delivery, a cmdAck, stage string, reason error, extra map[string]string) {
 	if s.publishDead(d, stageQueue(stage), reason, stage, extra) {
-		s.ack(d.DeliveryTag, opAck)
+		s.ackCmd(a, opAck)
 	}
 }
 

@@ -1,5 +1,7 @@
 package bridge
 
+import dto "github.com/prometheus/client_model/go"
+
 // SetTestAfterDial makes every connection attempt of b run f once its
 // connections are open, before the topology is declared: the seam for a
 // broker that stalls during setup.
@@ -31,4 +33,13 @@ func SetOwnQueuesBound(b *Bridge, bound bool) error {
 		}
 	}
 	return nil
+}
+
+// CommandBatches returns the batch messages b sent, the commands they
+// carried, and the commands of a batch it published again alone.
+func CommandBatches(b *Bridge) (batches, commands, splits int) {
+	var h, c dto.Metric
+	_ = b.m.batchSize.Write(&h)
+	_ = b.m.batchSplits.Write(&c)
+	return int(h.GetHistogram().GetSampleCount()), int(h.GetHistogram().GetSampleSum()), int(c.GetCounter().GetValue())
 }

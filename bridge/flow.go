@@ -37,7 +37,8 @@ const (
 // set want, the number of consumers the stage should have.
 type stageFlow struct {
 	stage    string
-	prefetch int // per consumer
+	prefetch int // per consumer, in messages
+	window   int // answers between two looks at the figures (Config.Prefetch)
 	max      int // consumers at most
 
 	tags []string // consumer owner only: the stage's consumers, oldest first
@@ -46,6 +47,8 @@ type stageFlow struct {
 	want     int           // consumers wanted (1..max)
 	inflight int           // delivered and not yet answered by the handler
 	peak     int           // most inflight during the window
+	msgs     int           // messages delivered during the window
+	cmds     int           // the commands they carried (a batch carries several)
 	answers  int           // answers in the window
 	latSum   time.Duration // their latencies
 	quickest time.Duration // the quickest answer of the session (0: none yet)
@@ -53,8 +56,24 @@ type stageFlow struct {
 	most     int           // most consumers open at once in the session
 }
 
-func newStageFlow(stage string, prefetch, maxPrefetch int) *stageFlow {
-	return &stageFlow{stage: stage, prefetch: prefetch, max: max(1, maxPrefetch/prefetch), want: 1}
+// newStageFlow returns the credit of a stage for a node with Prefetch
+// prefetch, MaxStagePrefetch maxPrefetch and CommandBatch batch. Credit is
+// counted in commands: a consumer's prefetch is prefetch/batch messages,
+// each of up to batch commands, so a node behind a slow handler holds
+// about prefetch commands whether they come in batches or alone, and a
+// quick node may open maxPrefetch/(prefetch/batch) consumers: maxPrefetch
+// messages, alone or in batches.
+func newStageFlow(stage string, prefetch, batch, maxPrefetch int) *stageFlow {
+	per := max(1, (prefetch+batch-1)/batch)
+	return &stageFlow{stage: stage, prefetch: per, window: prefetch, max: max(1, maxPrefetch/per), want: 1}
+}
+
+// deliveredMsg counts a message delivered to the stage with n commands.
+func (f *stageFlow) deliveredMsg(n int) {
+	f.mu.Lock()
+	f.msgs++
+	f.cmds += n
+	f.mu.Unlock()
 }
 
 // delivered counts a delivery passed to the handler.
@@ -76,11 +95,15 @@ func (f *stageFlow) answered(lat time.Duration) (changed bool) {
 	}
 	f.answers++
 	f.latSum += lat
-	if f.answers < f.prefetch {
+	if f.answers < f.window {
 		return false
 	}
 	avg := f.latSum / time.Duration(f.answers)
-	saturated := f.peak >= f.want*f.prefetch*3/4
+	perMsg := 1
+	if f.msgs > 0 {
+		perMsg = max(1, f.cmds/f.msgs)
+	}
+	saturated := f.peak >= f.want*f.prefetch*perMsg*3/4
 	switch {
 	case avg > max(flowSlowFactor*flowQuick, 2*flowSlowFactor*f.quickest) && f.want > 1:
 		f.want = max(1, f.want/2)
@@ -89,7 +112,7 @@ func (f *stageFlow) answered(lat time.Duration) (changed bool) {
 		f.want = min(f.max, 2*f.want)
 		changed = true
 	}
-	f.answers, f.latSum, f.peak = 0, 0, f.inflight
+	f.answers, f.latSum, f.peak, f.msgs, f.cmds = 0, 0, f.inflight, 0, 0
 	return changed
 }
 
@@ -153,6 +176,15 @@ func (s *session) applyFlows() {
 // addConsumer opens one more consumer on f's stage queue, with its reader.
 // It returns false when it failed the session. Consumer owner only.
 func (s *session) addConsumer(f *stageFlow) bool {
+	if s.stageQos != f.prefetch {
+		// Set for the consumers opened from now on; the events consumer
+		// keeps Prefetch.
+		if err := s.conCh.Qos(f.prefetch, 0, false); err != nil {
+			s.fail(fmt.Errorf("set a stage's prefetch: %w", err))
+			return false
+		}
+		s.stageQos = f.prefetch
+	}
 	s.tagSeq++
 	tag := "cmd:" + f.stage + ":" + strconv.Itoa(s.tagSeq)
 	ds, err := s.conCh.Consume(stageQueue(f.stage), tag, false, false, false, false, nil)

@@ -94,6 +94,9 @@ func buildNode(tb testing.TB, name, brokerURL string, edit func(*bridge.Config))
 		tb.Fatalf("new bridge %s: %v", name, err)
 	}
 	n.b = b
+	// As in a mesh whose nodes all read command batches (the appliance
+	// asks discovery): commands waiting together travel together.
+	b.SetCommandBatching(true)
 	tb.Cleanup(func() {
 		if err := b.Close(); err != nil {
 			tb.Errorf("close bridge %s: %v", name, err)

@@ -64,6 +64,11 @@ type metrics struct {
 	retries     *prometheus.CounterVec
 	results     prometheus.Counter
 	deadLetters *prometheus.GaugeVec
+	// batchSize observes the commands of each batch message sent
+	// (batch.go); batchSplits counts commands of a batch published again
+	// alone for another attempt.
+	batchSize   prometheus.Histogram
+	batchSplits prometheus.Counter
 	outbox      []prometheus.Collector
 	reg         prometheus.Registerer
 	registered  []prometheus.Collector
@@ -123,6 +128,15 @@ func newMetrics(b *Bridge) *metrics {
 			Name: "meshbox_dead_letters",
 			Help: "Dead letters waiting in the queue dead.<stage> of each stage hosted here, at the last look.",
 		}, []string{"stage"}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "meshbox_command_batch_size",
+			Help:    "Commands in each batch message this node sent (several commands for one stage in one broker message).",
+			Buckets: []float64{2, 3, 4, 8, 16, 32, 64},
+		}),
+		batchSplits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshbox_command_batch_splits_total",
+			Help: "Commands of a batch that failed an attempt and were published again alone for the next one.",
+		}),
 		revoked: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "meshbox_broker_credential_revoked",
 			Help: "1 while the broker refuses this node's credential at login (403 ACCESS_REFUSED), else 0.",
@@ -152,7 +166,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 		return nil
 	}
 	m.reg = reg
-	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.scopeRefused, m.duration, m.stalls, m.leaseExtensions, m.deduplicated, m.retries, m.results, m.deadLetters, m.revoked}, m.outbox...)
+	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.scopeRefused, m.duration, m.stalls, m.leaseExtensions, m.deduplicated, m.retries, m.results, m.deadLetters, m.batchSize, m.batchSplits, m.revoked}, m.outbox...)
 	for _, c := range all {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

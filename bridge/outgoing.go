@@ -40,6 +40,9 @@ type outgoing struct {
 	route string
 	// ttl, when set, is the message's expiration (a retry copy's backoff).
 	ttl time.Duration
+	// batch, when set, is how many commands the message carries (a batch
+	// built by packCommands, in raw).
+	batch int
 }
 
 // routingKey is the key o is published with.

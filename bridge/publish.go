@@ -224,6 +224,9 @@ func (s *session) publisher() {
 		case <-s.pubQ.ready:
 		}
 		items := s.pubQ.take()
+		if most := s.b.batchMax(); most > 1 && len(items) > 1 {
+			items = s.packCommands(items, most)
+		}
 		s.cork.cork() // the run goes out with one write
 		for i, it := range items {
 			if !s.publish(it) {
@@ -279,6 +282,13 @@ func (s *session) publish(it *pubItem) bool {
 			return false
 		}
 		it.finish(fmt.Errorf("publish: %w", err)) // the message itself (headers) was refused
+		return true
+	}
+	if n := it.out.batch; n > 0 {
+		s.b.m.batchSize.Observe(float64(n))
+		for range n {
+			s.b.m.msg(typeCommand, "out")
+		}
 		return true
 	}
 	s.b.m.msg(it.out.kind, "out")

@@ -141,7 +141,7 @@ func (s *session) retryLater(c *cmdCall, p RetryPolicy, failure error) {
 	switch {
 	case err == nil:
 		b.m.retries.WithLabelValues(c.stage).Inc()
-		s.ack(c.tag, opAck)
+		s.ackCmd(c.ack, opAck)
 	case s.ctx.Err() != nil:
 		// The session ended: the broker requeues c.
 	default:

@@ -90,6 +90,7 @@ type session struct {
 	auxQueues map[string]int        // under stagesMu: the retry and dead-letter queues declared per stage (auxRetry, auxDead)
 	tagStage  map[string]*stageFlow // consumer owner only: stage consumers by tag
 	tagSeq    int                   // consumer owner only: for unique consumer tags
+	stageQos  int                   // consumer owner only: the prefetch set for stage consumers (0: Prefetch, for events)
 	flowWake  chan struct{}         // cap 1: a stage wants another number of consumers
 	drainWait sync.WaitGroup        // drained records handed to the publisher, not settled
 	rescan    chan struct{}         // cap 1: the drainer starts over from the oldest record

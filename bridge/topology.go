@@ -236,7 +236,7 @@ func (s *session) syncStages(decl **amqp.Channel) {
 			continue
 		}
 		s.auxQueues[stage] = s.declareAux(decl, stage)
-		f := newStageFlow(stage, s.b.cfg.Prefetch, s.b.cfg.MaxStagePrefetch)
+		f := newStageFlow(stage, s.b.cfg.Prefetch, s.b.cfg.CommandBatch, s.b.cfg.MaxStagePrefetch)
 		if !s.addConsumer(f) {
 			return
 		}

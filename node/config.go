@@ -55,6 +55,13 @@ type Config struct {
 	// stages hosted locally each time they change (first after Start). It
 	// runs on the node's effects goroutine and must not block for long.
 	OnLocalChange func(capabilities, stages []string)
+	// OnPeerProtocols, when set, is called with the lowest protocol
+	// version the up peers speak (ProtocolVersion when there are none)
+	// each time it changes, on the effects goroutine: first once the
+	// node's first discovery message has been out for PeerProtocolSettle,
+	// so that the peers' answers to its hello are in. The bridge sends
+	// command batches only while it is at least 3.
+	OnPeerProtocols func(oldest int)
 
 	// DiscoveryInterval is how often the node probes its successors on
 	// the ring of peers, asking the broker whether they are still

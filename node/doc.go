@@ -166,7 +166,11 @@
 //	peer          string    the peer a gone message names
 //
 // The receiver judges the sender's silence by the sender's heartbeat_ms.
-// A node accepts v from MinProtocolVersion to ProtocolVersion (1 and 2).
+// A node accepts v from MinProtocolVersion to ProtocolVersion (1 to 3).
+// Version 3 adds no message: its nodes read command batches on the
+// broker (package bridge), and a node reports the lowest version of its
+// up peers (Config.OnPeerProtocols) so that its bridge sends batches only
+// when every peer reads them.
 // A different started_at from the same node is a restart; an older one is
 // a late message and is dropped, as is a record-carrying message with a
 // lower seq than the record held, and anything from a run that said bye.

@@ -227,6 +227,10 @@ func (n *Node) published(ctx context.Context, it intent, sentAt time.Time, err e
 		return
 	}
 	n.m.messages.WithLabelValues(it.typ, "out").Inc()
+	if !n.everSent {
+		n.firstSent = time.Now()
+		n.changedLocked() // the peers' protocols are reported once settled
+	}
 	n.everSent = true
 	n.waitLink = false
 	if n.linkDown {
@@ -264,6 +268,7 @@ func (n *Node) applyEffects() {
 		counts[p.state]++
 	}
 	remote := len(n.capabilitiesLocked().Remote)
+	oldest, settled := n.oldestProtoLocked()
 	n.mu.Unlock()
 
 	a := &n.applied // touched only here, and by Close after the goroutine ended
@@ -286,6 +291,20 @@ func (n *Node) applyEffects() {
 		n.cfg.OnLocalChange(slices.Clone(local.caps), slices.Clone(local.stages))
 		a.local, a.set = local, true
 	}
+	if n.cfg.OnPeerProtocols != nil {
+		switch {
+		case settled && oldest != a.oldest:
+			n.cfg.OnPeerProtocols(oldest)
+			a.oldest = oldest
+		case !settled && !a.settle && !n.firstSentAt().IsZero():
+			a.settle = true
+			time.AfterFunc(time.Until(n.firstSentAt().Add(PeerProtocolSettle+10*time.Millisecond)), func() {
+				n.mu.Lock()
+				n.changedLocked()
+				n.mu.Unlock()
+			})
+		}
+	}
 	for state, c := range counts {
 		n.m.peers.WithLabelValues(state).Set(float64(c))
 	}
@@ -295,4 +314,25 @@ func (n *Node) applyEffects() {
 	n.mu.Lock()
 	n.applied.gen = gen
 	n.mu.Unlock()
+}
+
+// oldestProtoLocked returns the lowest protocol version the up peers
+// speak (ProtocolVersion when none is up), and whether the node's first
+// discovery message has been out for PeerProtocolSettle.
+func (n *Node) oldestProtoLocked() (oldest int, settled bool) {
+	oldest = ProtocolVersion
+	for _, p := range n.peers {
+		if p.state == StateUp {
+			oldest = min(oldest, p.proto)
+		}
+	}
+	return oldest, n.everSent && time.Since(n.firstSent) >= PeerProtocolSettle
+}
+
+// firstSentAt returns when the node's first discovery message went out
+// (zero: none yet).
+func (n *Node) firstSentAt() time.Time {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.firstSent
 }

@@ -54,6 +54,7 @@ type Node struct {
 	linkUps         uint64    // LinkUp calls so far
 	linkRecoveredAt time.Time // when publishing worked again
 	everSent        bool      // a publish succeeded once
+	firstSent       time.Time // when a publish first succeeded
 
 	warnedSkipped  map[string]bool // local subjects whose name cannot be advertised
 	conflictWarned bool            // another process uses this node's name
@@ -65,6 +66,8 @@ type Node struct {
 		gone   map[string]time.Time
 		local  hostRecord
 		set    bool // local was handed to OnLocalChange
+		oldest int  // handed to OnPeerProtocols (0: not yet)
+		settle bool // a wake-up after PeerProtocolSettle is set
 	}
 }
 

@@ -511,7 +511,7 @@ func TestBadWireInputIsDroppedAndCounted(t *testing.T) {
 			{"hello", "", []byte("not json"), "malformed"},
 			{"hello", "", nil, "malformed"},
 			{"hello", "", make([]byte, MaxMessageBytes+1), "too_large"},
-			{"hello", "", good(Message{V: 3, Type: TypeHello, Node: "X", StartedAt: now}), "version"},
+			{"hello", "", good(Message{V: ProtocolVersion + 1, Type: TypeHello, Node: "X", StartedAt: now}), "version"},
 			{"ping", "", good(Message{V: 1, Type: TypePing, Node: "X", To: "A", StartedAt: now}), "unknown_type"},
 			{"shout", "", good(Message{V: 1, Type: "shout", Node: "X", StartedAt: now}), "unknown_type"},
 			{"hello", "", good(Message{V: 1, Type: TypeHello, Node: "X Y", StartedAt: now}), "bad_name"},

@@ -20,9 +20,18 @@ import (
 // every version from MinProtocolVersion to ProtocolVersion and rejects
 // anything else clearly (ErrVersion).
 const (
-	ProtocolVersion    = 2 // the highest version this package speaks
+	ProtocolVersion    = 3 // the highest version this package speaks
 	MinProtocolVersion = 1 // the lowest version it still understands
+
+	// BatchProtocolVersion is the first version whose nodes read command
+	// batches (package bridge): version 3 adds no discovery message, only
+	// that.
+	BatchProtocolVersion = 3
 )
+
+// PeerProtocolSettle is how long after its first discovery message a node
+// first reports its peers' lowest protocol version (Config.OnPeerProtocols).
+const PeerProtocolSettle = time.Second
 
 // Limits on discovery messages. A message beyond them is rejected whole.
 const (

@@ -55,7 +55,7 @@ func TestDecodeMessage(t *testing.T) {
 		{"two values", "hello", append(enc(hello), enc(hello)...), "", ErrMalformed, ""},
 		{"wrong json type", "hello", []byte(`{"v":"1"}`), "", ErrMalformed, ""},
 		{"version 0", "hello", with(func(m *Message) { m.V = 0 }), "", ErrVersion, "v"},
-		{"version 3", "hello", with(func(m *Message) { m.V = 3 }), "", ErrVersion, "v"},
+		{"a later version", "hello", with(func(m *Message) { m.V = ProtocolVersion + 1 }), "", ErrVersion, "v"},
 		{"ping as version 1", "ping", enc(Message{V: 1, Type: TypePing, Node: "B", To: "A", StartedAt: at}), "", ErrUnknownType, "type"},
 		{"gone as version 1", "gone", enc(Message{V: 1, Type: TypeGone, Node: "B", Peer: "C", StartedAt: at}), "", ErrUnknownType, "type"},
 		{"ping to nobody", "ping", enc(Message{V: 2, Type: TypePing, Node: "B", StartedAt: at}), "", ErrBadField, "to"},

@@ -1,0 +1,167 @@
+package bridge_test
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshbox/meshbox/bridge"
+	"github.com/nats-io/nats.go"
+)
+
+// Commands submitted together travel in batches, and each is still a
+// command of its own: handled once, its failed attempt tried again alone
+// (published again, not its whole batch), nothing lost, nothing twice.
+func TestCommandBatches(t *testing.T) {
+	vhost := testVhost(t)
+	a := newNode(t, "alpha", vhost, nil)
+	b := newNode(t, "beta", vhost, nil)
+	a.waitConnected(t)
+	b.waitConnected(t)
+
+	type seen struct {
+		attempt     int
+		redelivered string
+	}
+	var mu sync.Mutex
+	handled := map[string][]seen{}
+	ok := map[string]bool{}
+	const total = 400
+	done := make(chan struct{})
+	failFirst := func(id string) bool { n, _ := strconv.Atoi(id[2:]); return n%5 == 3 }
+	sub, err := b.client.Subscribe("work.batch", func(m *nats.Msg) {
+		id := m.Header.Get(bridge.HeaderMsgID)
+		attempt, _ := strconv.Atoi(m.Header.Get(bridge.HeaderAttempt))
+		mu.Lock()
+		handled[id] = append(handled[id], seen{attempt, m.Header.Get(bridge.HeaderRedelivered)})
+		fail := attempt == 1 && failFirst(id)
+		if !fail && !ok[id] {
+			ok[id] = true
+			if len(ok) == total {
+				close(done)
+			}
+		}
+		mu.Unlock()
+		if fail {
+			r := nats.NewMsg(m.Reply)
+			r.Header.Set("Nats-Service-Error", "first attempt fails")
+			r.Header.Set("Nats-Service-Error-Code", "500")
+			_ = m.RespondMsg(r)
+			return
+		}
+		_ = m.Respond(nil)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := b.client.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	b.waitHosts(t, "batch")
+
+	var wg sync.WaitGroup
+	refused := make(chan error, total)
+	for w := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < total; i += 64 {
+				m, err := a.client.RequestMsg(&nats.Msg{Subject: "cmd.batch", Data: []byte("x"),
+					Header: nats.Header{bridge.HeaderMsgID: {fmt.Sprintf("c-%d", i)}}}, 10*time.Second)
+				if err == nil && m.Header.Get(bridge.HeaderAccepted) != "broker" {
+					err = fmt.Errorf("c-%d accepted as %q (%s)", i, m.Header.Get(bridge.HeaderAccepted), m.Header.Get("Nats-Service-Error"))
+				}
+				if err != nil {
+					refused <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(refused)
+	for err := range refused {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		mu.Lock()
+		n := len(ok)
+		mu.Unlock()
+		t.Fatalf("after 30s, %d of %d commands handled", n, total)
+	}
+	batches, carried, _ := bridge.CommandBatches(a.b)
+	if batches == 0 {
+		t.Fatalf("no command batch sent for %d commands from 64 submitters", total)
+	}
+	waitFor(t, 10*time.Second, "the failed commands of batches published again alone", func() bool {
+		_, _, splits := bridge.CommandBatches(b.b)
+		return splits > 0
+	})
+	time.Sleep(300 * time.Millisecond) // room for a duplicate to show
+	mu.Lock()
+	defer mu.Unlock()
+	dup, unexpected := 0, 0
+	for id, s := range handled {
+		n, err := strconv.Atoi(id[2:])
+		if len(id) < 3 || err != nil || n < 0 || n >= total {
+			unexpected++
+			continue
+		}
+		want := []seen{{1, "false"}}
+		if failFirst(id) {
+			want = []seen{{1, "false"}, {2, "true"}}
+		}
+		if fmt.Sprint(s) != fmt.Sprint(want) {
+			dup++
+			t.Errorf("%s handled as %v, want %v", id, s, want)
+		}
+	}
+	_, _, splits := bridge.CommandBatches(b.b)
+	t.Logf("%d commands: %d in %d batches; %d failed first attempts, %d published again alone; lost %d, not as expected %d, unexpected %d",
+		total, carried, batches, total/5, splits, total-len(ok), dup, unexpected)
+	if len(ok) != total || unexpected != 0 {
+		t.Fatalf("lost %d, unexpected %d", total-len(ok), unexpected)
+	}
+}
+
+// A node told that some peer does not read batches sends every command
+// alone.
+func TestNoCommandBatchesForOlderPeers(t *testing.T) {
+	vhost := testVhost(t)
+	a := newNode(t, "alpha", vhost, nil)
+	b := newNode(t, "beta", vhost, nil)
+	a.b.SetCommandBatching(false)
+	a.waitConnected(t)
+	b.waitConnected(t)
+	var h handler
+	serveStage(t, b, "single", &h)
+	var wg sync.WaitGroup
+	refused := make(chan error, 200)
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, err := a.client.Request("cmd.single", []byte(strconv.Itoa(i)), 10*time.Second)
+			if err == nil && m.Header.Get(bridge.HeaderAccepted) != "broker" {
+				err = fmt.Errorf("accepted as %q", m.Header.Get(bridge.HeaderAccepted))
+			}
+			if err != nil {
+				refused <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(refused)
+	for err := range refused {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "200 commands handled", func() bool { return len(h.msgs()) >= 200 })
+	if batches, _, _ := bridge.CommandBatches(a.b); batches != 0 {
+		t.Fatalf("%d batches sent with batching off", batches)
+	}
+}
