@@ -1,6 +1,7 @@
 package bridge_test
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // Commands submitted together travel in batches, and each is still a
@@ -164,4 +166,112 @@ func TestNoCommandBatchesForOlderPeers(t *testing.T) {
 	if batches, _, _ := bridge.CommandBatches(a.b); batches != 0 {
 		t.Fatalf("%d batches sent with batching off", batches)
 	}
+}
+
+// An older node that takes a batch (it started consuming before anyone
+// heard from it) dead-letters it whole, as a message of a type it does not
+// know. Once a current node hosts the stage, a replay brings every command
+// of the batch back, each on its own.
+func TestBatchDeadLetteredByAnOlderNodeReplayed(t *testing.T) {
+	vhost := testVhost(t)
+	a := newNode(t, "alpha", vhost, nil)
+	b := newNode(t, "beta", vhost, nil)
+	a.waitConnected(t)
+	b.waitConnected(t)
+	var h handler
+	sub := serveStage(t, b, "legacy", &h)
+	_ = sub.Unsubscribe()
+	waitFor(t, 10*time.Second, "beta to stop consuming stage legacy", func() bool {
+		open, _ := bridge.StageConsumers(b.b, "legacy")
+		return open == 0
+	})
+
+	// The older node: it handles a command alone and dead-letters a batch
+	// as its bridge did, keeping the message's type and body.
+	ch := amqpChannel(t, vhost)
+	ds, err := ch.Consume("cmd.legacy", "older", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	inBatches := map[string]bool{}
+	batches := 0
+	go func() {
+		for d := range ds {
+			if d.Type == "commands" {
+				entries, err := bridge.DecodeBatchIDs(d.Body)
+				if err != nil {
+					t.Errorf("a batch from alpha does not decode: %v", err)
+				}
+				hd := amqp.Table{}
+				for k, v := range d.Headers {
+					hd[k] = v
+				}
+				hd[bridge.HeaderDeadReason] = `malformed message: type "commands", want "command"`
+				hd[bridge.HeaderDeadNode] = "older"
+				hd[bridge.HeaderDeadQueue] = "cmd.legacy"
+				hd[bridge.HeaderDeadAt] = time.Now().UTC().Format(time.RFC3339Nano)
+				if err := ch.Publish("mesh", "dead.legacy", false, false, amqp.Publishing{Headers: hd, Type: d.Type,
+					MessageId: d.MessageId, Timestamp: d.Timestamp, DeliveryMode: amqp.Persistent, Body: d.Body}); err != nil {
+					t.Errorf("dead-letter the batch: %v", err)
+				}
+				mu.Lock()
+				batches++
+				for _, id := range entries {
+					inBatches[id] = true
+				}
+				mu.Unlock()
+			}
+			_ = d.Ack(false)
+		}
+	}()
+	for round := 0; ; round++ {
+		var wg sync.WaitGroup
+		for i := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, _ = a.client.RequestMsg(&nats.Msg{Subject: "cmd.legacy", Data: []byte("x"),
+					Header: nats.Header{bridge.HeaderMsgID: {fmt.Sprintf("r%d-%d", round, i)}}}, 10*time.Second)
+			}()
+		}
+		wg.Wait()
+		mu.Lock()
+		n := batches
+		mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if round == 20 {
+			t.Fatal("no batch in 20 rounds of 16 concurrent commands")
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the older node's last dead letter
+	_ = ch.Cancel("older", false)
+
+	serveStage(t, b, "legacy", &h)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	mu.Lock()
+	wantBatches, want := batches, len(inBatches)
+	mu.Unlock()
+	n, err := b.b.ReplayDeadLetters(ctx, "legacy", "")
+	if err != nil || n != wantBatches {
+		t.Fatalf("replay: got %d, %v; want the %d batches", n, err, wantBatches)
+	}
+	waitFor(t, 10*time.Second, "every command of the batches handled", func() bool { return len(h.msgs()) >= want })
+	time.Sleep(200 * time.Millisecond)
+	got := map[string]int{}
+	for _, m := range h.msgs() {
+		got[m.Header.Get(bridge.HeaderMsgID)]++
+	}
+	for id := range inBatches {
+		if got[id] != 1 {
+			t.Errorf("%s of a dead-lettered batch handled %d times after the replay, want 1", id, got[id])
+		}
+	}
+	if len(got) != want {
+		t.Errorf("handled %d commands after the replay, want the %d of the batches", len(got), want)
+	}
+	t.Logf("%d batches of %d commands dead-lettered by the older node, replayed", wantBatches, want)
 }

@@ -144,8 +144,13 @@ type BrokerStatus struct {
 	// Blocked is the broker's reason (connection.blocked) while it blocks
 	// this node's publishing connection under a resource alarm; empty
 	// otherwise. Consuming and acking go on meanwhile.
-	Blocked string        `json:"blocked,omitempty"`
-	History []StateChange `json:"history"`
+	Blocked string `json:"blocked,omitempty"`
+	// CommandBatch is the most commands one broker message of this node
+	// carries now: Config.CommandBatch while every peer reads batches, 1
+	// while one does not (an older meshbox is up) or before discovery
+	// said so.
+	CommandBatch int           `json:"command_batch"`
+	History      []StateChange `json:"history"`
 	// Failovers are the link's last moves from one broker to another of
 	// its list, oldest first (at most 20).
 	Failovers []Failover `json:"failovers"`
@@ -430,6 +435,7 @@ func (b *Bridge) MarkGone(node string, since time.Time) {
 func (b *Bridge) Status() Status {
 	var st Status
 	st.Broker = b.link.statusWithCredential()
+	st.Broker.CommandBatch = b.batchMax()
 	st.Outbox = b.outboxStatus()
 	st.Stalls = b.stallList()
 	st.Commands = []CommandStatus{}

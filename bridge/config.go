@@ -64,18 +64,19 @@ type Config struct {
 	// (Meshbox-Progress) may hold one attempt of a command (default 10m, at
 	// least CommandTimeout, at most 25 minutes like CommandTimeout).
 	MaxLease time.Duration
-	// Prefetch bounds unacknowledged deliveries per consumer (default 32):
-	// the events consumer and each consumer of a stage queue.
+	// Prefetch bounds unacknowledged deliveries of the events consumer,
+	// and the commands of each consumer of a stage queue (default 32): its
+	// prefetch is Prefetch/CommandBatch messages.
 	Prefetch int
-	// MaxStagePrefetch bounds the unacknowledged commands of one stage on
+	// MaxStagePrefetch bounds the unacknowledged messages of one stage on
 	// this node (default 256; Prefetch when only Prefetch is set, which
-	// keeps one consumer per stage with a fixed prefetch). A stage starts
-	// with one consumer and doubles them while its handler answers quickly
-	// and the consumers it has are saturated, up to
-	// MaxStagePrefetch/Prefetch consumers; it loses half of them when the
-	// handler's answers slow down. So a fast node takes most of a shared
-	// stage's work and a slow one holds about one consumer's prefetch (see
-	// the package doc).
+	// keeps one consumer per stage), each a command or a batch of them. A stage
+	// starts with one consumer and doubles them while its handler answers
+	// quickly and the consumers it has are saturated, up to
+	// MaxStagePrefetch/(Prefetch/CommandBatch) consumers; it loses half of
+	// them when the handler's answers slow down. So a fast node takes most
+	// of a shared stage's work and a slow one holds about Prefetch
+	// commands (see the package doc).
 	MaxStagePrefetch int
 	// CommandBatch is the most commands one broker message carries
 	// (default DefaultCommandBatch; 1: every command alone; at most

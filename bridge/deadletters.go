@@ -226,16 +226,18 @@ func (b *Bridge) ReplayDeadLetters(ctx context.Context, stage, id string) (int, 
 			if id != "" && d.MessageId != id {
 				return true, nil
 			}
-			env, why := b.openDead(stage, d)
-			if env == nil {
+			envs, ds, why := b.openDeadAll(stage, d)
+			if envs == nil {
 				if id != "" {
 					return false, fmt.Errorf("%s cannot be replayed: %s", d.MessageId, why)
 				}
 				skipped = append(skipped, d.MessageId+": "+why)
 				return true, nil
 			}
-			if err := b.replay(ctx, s, stage, d, env); err != nil {
-				return false, err
+			for i, env := range envs {
+				if err := b.replay(ctx, s, stage, &ds[i], env); err != nil {
+					return false, err
+				}
 			}
 			if err := ch.Ack(d.DeliveryTag, false); err != nil {
 				return false, fmt.Errorf("remove the replayed dead letter %s: %w", d.MessageId, err)
@@ -342,6 +344,44 @@ func (b *Bridge) openDead(stage string, d *amqp.Delivery) (*envelope, string) {
 		}
 	}
 	return env, ""
+}
+
+// openDeadAll opens dead letter d of stage: one command, or each command
+// of a batch (a batch an older node dead-lettered whole, not knowing its
+// type), with the deliveries they came in. It returns nil and why when
+// any of them does not open: a batch is replayed whole or not at all.
+func (b *Bridge) openDeadAll(stage string, d *amqp.Delivery) ([]*envelope, []amqp.Delivery, string) {
+	if d.Type != typeCommandBatch {
+		env, why := b.openDead(stage, d)
+		if env == nil {
+			return nil, nil, why
+		}
+		return []*envelope{env}, []amqp.Delivery{*d}, ""
+	}
+	entries, err := decodeBatch(d, MaxCommandBatch, batchLimit(b.maxPayload()))
+	if err != nil {
+		return nil, nil, err.Error()
+	}
+	origin, _ := d.Headers[HeaderOrigin].(string)
+	envs := make([]*envelope, 0, len(entries))
+	for i := range entries {
+		e := &entries[i]
+		// Its dead letter names the batch's publisher; the seal binds it.
+		if origin != "" {
+			e.Headers[HeaderOrigin] = origin
+		}
+		for _, k := range []string{HeaderDeadReason, HeaderDeadReasonSealed, HeaderDeadNode, HeaderDeadQueue, HeaderDeadAt} {
+			if v, ok := d.Headers[k]; ok {
+				e.Headers[k] = v
+			}
+		}
+		env, why := b.openDead(stage, e)
+		if env == nil {
+			return nil, nil, fmt.Sprintf("command %d (%s) of the batch: %s", i+1, e.MessageId, why)
+		}
+		envs = append(envs, env)
+	}
+	return envs, entries, ""
 }
 
 // describeDead describes dead letter d of stage; open adds the command's

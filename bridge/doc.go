@@ -270,16 +270,31 @@
 // keeps them from faster nodes hosting the same stage, and a node with a
 // small prefetch cannot keep a fast handler busy across the broker's round
 // trip. So the credit of a stage adapts to its handler (flow.go): a node
-// consumes a stage queue with one consumer of Prefetch (default 32) to begin
-// with, and doubles its consumers each time a window of Prefetch answers
-// shows the consumers saturated (at least three quarters of their deliveries
-// at the handler at once) and the handler answering quickly (on average
-// within 25 ms, or twice its quickest answer), up to MaxStagePrefetch
-// (default 256) in all. When the answers slow down (on average beyond 100 ms
-// and eight times the quickest), it cancels half of them. A cancelled
-// consumer gets nothing more from the broker; what it has is handled and
-// acked as usual. A slow node thus holds about one consumer's prefetch of a
-// shared stage and a fast one takes the rest.
+// consumes a stage queue with one consumer to begin with, and doubles its
+// consumers each time a window of Prefetch answers shows the consumers
+// saturated (at least three quarters of their credit at the handler at
+// once) and the handler answering quickly (on average within 25 ms, or
+// twice its quickest answer), up to MaxStagePrefetch messages in all
+// (default 256). When the answers slow down (on average beyond 100 ms and
+// eight times the quickest), it cancels half of them. A cancelled consumer
+// gets nothing more from the broker; what it has is handled and acked as
+// usual. Credit is counted in commands: a consumer's prefetch is
+// Prefetch/CommandBatch messages (default 32/4 = 8), each of up to
+// CommandBatch commands. A slow node thus holds about Prefetch commands of
+// a shared stage, batches or not, and a fast one takes the rest.
+//
+// # Command batches
+//
+// Several commands for one stage that wait for the publisher at the same
+// moment go out as one broker message of type "commands" (batch.go), up
+// to CommandBatch (default 4): the broker's work is per message, and on a
+// small machine it bounds the mesh's commands. The publisher never waits
+// to fill a batch. Each command in it is sealed on its own, exactly as it
+// would have been alone, and the receiver handles each as if it had come
+// alone; a failed attempt is published again alone. The batch is acked
+// once all its commands are settled; a batch the broker redelivers brings
+// all its commands again (marked redelivered). A node sends batches only
+// while SetCommandBatching says every peer reads them.
 //
 // # Message properties
 //

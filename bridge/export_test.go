@@ -1,6 +1,9 @@
 package bridge
 
-import dto "github.com/prometheus/client_model/go"
+import (
+	dto "github.com/prometheus/client_model/go"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
 
 // SetTestAfterDial makes every connection attempt of b run f once its
 // connections are open, before the topology is declared: the seam for a
@@ -42,4 +45,18 @@ func CommandBatches(b *Bridge) (batches, commands, splits int) {
 	_ = b.m.batchSize.Write(&h)
 	_ = b.m.batchSplits.Write(&c)
 	return int(h.GetHistogram().GetSampleCount()), int(h.GetHistogram().GetSampleSum()), int(c.GetCounter().GetValue())
+}
+
+// DecodeBatchIDs returns the message ids of the commands in a batch body.
+func DecodeBatchIDs(body []byte) ([]string, error) {
+	d := amqp.Delivery{Type: typeCommandBatch, RoutingKey: "cmd.x", Body: body}
+	ds, err := decodeBatch(&d, MaxCommandBatch, 1<<24)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(ds))
+	for i := range ds {
+		ids[i] = ds[i].MessageId
+	}
+	return ids, nil
 }

@@ -62,10 +62,16 @@ type stageFlow struct {
 // each of up to batch commands, so a node behind a slow handler holds
 // about prefetch commands whether they come in batches or alone, and a
 // quick node may open maxPrefetch/(prefetch/batch) consumers: maxPrefetch
-// messages, alone or in batches.
+// messages, alone or in batches. A maxPrefetch of prefetch (a fixed
+// credit) keeps one consumer: its commands reach the handler in the
+// queue's order.
 func newStageFlow(stage string, prefetch, batch, maxPrefetch int) *stageFlow {
 	per := max(1, (prefetch+batch-1)/batch)
-	return &stageFlow{stage: stage, prefetch: per, window: prefetch, max: max(1, maxPrefetch/per), want: 1}
+	most := 1
+	if maxPrefetch > prefetch {
+		most = max(1, maxPrefetch/per)
+	}
+	return &stageFlow{stage: stage, prefetch: per, window: prefetch, max: most, want: 1}
 }
 
 // deliveredMsg counts a message delivered to the stage with n commands.

@@ -97,6 +97,9 @@ func TestStageFlowCountsCreditInCommands(t *testing.T) {
 	if got := batched(32, time.Millisecond); got != 2 {
 		t.Fatalf("consumers after a window saturated in commands (32 of 32): got %d, want 2", got)
 	}
+	if fixed := newStageFlow("s", 64, 4, 64); fixed.max != 1 || fixed.prefetch != 16 {
+		t.Fatalf("a fixed credit of 64: %d consumers of %d messages, want 1 of 16 (one consumer keeps the order)", fixed.max, fixed.prefetch)
+	}
 	slow := newStageFlow("s", 32, 4, 256)
 	slow.deliveredMsg(4)
 	slow.delivered()

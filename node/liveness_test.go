@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -367,4 +368,53 @@ func good(m Message) []byte {
 		panic(err)
 	}
 	return body
+}
+
+// A node reports the lowest protocol its up peers speak, once its hello
+// has been out long enough for their answers, and again when an older
+// peer comes or goes: the bridge sends command batches only while it is
+// at least BatchProtocolVersion.
+func TestPeerProtocolsReported(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		var mu sync.Mutex
+		var reports []int
+		a := h.node("A", func(c *Config) {
+			c.OnPeerProtocols = func(oldest int) {
+				mu.Lock()
+				reports = append(reports, oldest)
+				mu.Unlock()
+			}
+		}, "cap.a")
+		b := h.node("B", nil, "cap.b")
+		got := func() []int {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(reports)
+		}
+		h.start(a, b)
+		if r := got(); len(r) != 0 {
+			t.Fatalf("reports before the hello settled: %v, want none", r)
+		}
+		h.advance(PeerProtocolSettle + 50*time.Millisecond)
+		if r := got(); !slices.Equal(r, []int{ProtocolVersion}) {
+			t.Fatalf("reports once settled with a current peer: %v, want [%d]", r, ProtocolVersion)
+		}
+		// An older node (version 2) joins: batches must stop. It is on the
+		// fake mesh (built, not started), so A's answer reaches it.
+		h.node("O", nil)
+		at := time.Now()
+		a.HandleSystem(TypeHello, good(Message{V: 1, Type: TypeHello, Node: "O", StartedAt: at, Seq: 1, Proto: 2,
+			Capabilities: []string{"old"}, HeartbeatMS: 5000}), "O")
+		h.settle()
+		if r := got(); !slices.Equal(r, []int{ProtocolVersion, 2}) {
+			t.Fatalf("reports after a version 2 peer came: %v, want [%d 2]", r, ProtocolVersion)
+		}
+		// It leaves cleanly: every peer up speaks the current version again.
+		a.HandleSystem(TypeBye, good(Message{V: 1, Type: TypeBye, Node: "O", StartedAt: at, Seq: 2}), "O")
+		h.settle()
+		if r := got(); !slices.Equal(r, []int{ProtocolVersion, 2, ProtocolVersion}) {
+			t.Fatalf("reports after the older peer said bye: %v, want [%d 2 %d]", r, ProtocolVersion, ProtocolVersion)
+		}
+	})
 }

@@ -158,6 +158,12 @@ func printStatus(w io.Writer, st appliance.Status) {
 	if len(st.Broker.URLs) > 1 {
 		row("brokers", fmt.Sprintf("%d URLs, on %s", len(st.Broker.URLs), st.Broker.Broker))
 	}
+	switch n := st.Broker.CommandBatch; {
+	case n == 1:
+		row("batches", "off: every command alone (bridge.command_batch is 1, a peer of an older meshbox is up, or discovery has not heard from the peers yet)")
+	case n > 1:
+		row("batches", fmt.Sprintf("up to %d commands per broker message", n))
+	}
 	if n := len(st.Broker.Failovers); n > 0 {
 		f := st.Broker.Failovers[n-1]
 		row("failover", fmt.Sprintf("%s -> %s at %s (%s); %d recorded", f.From, f.To, f.At.Format(time.RFC3339), f.Reason, n))

@@ -131,6 +131,8 @@ var expectedMetrics = map[string]dto.MetricType{
 	"meshbox_commands_deduplicated_total":    dto.MetricType_COUNTER,
 	"meshbox_command_retries_total":          dto.MetricType_COUNTER,
 	"meshbox_command_results_total":          dto.MetricType_COUNTER,
+	"meshbox_command_batch_size":             dto.MetricType_HISTOGRAM,
+	"meshbox_command_batch_splits_total":     dto.MetricType_COUNTER,
 	"meshbox_dead_letters":                   dto.MetricType_GAUGE,
 	"meshbox_outbox_depth":                   dto.MetricType_GAUGE,
 	"meshbox_outbox_bytes":                   dto.MetricType_GAUGE,
