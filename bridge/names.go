@@ -37,7 +37,7 @@ const (
 	HeaderRedelivered = "Meshbox-Redelivered" // "true" when this delivery may be a duplicate
 	HeaderProgress    = "Meshbox-Progress"    // in a handler's reply: not the result, the handler is still working (extends the lease)
 	HeaderTimeout     = "Meshbox-Timeout"     // caller's deadline (Go duration), may only shorten the default
-	HeaderCapability  = "Meshbox-Capability"  // on the broker: the capability a request calls
+	HeaderCapability  = "Meshbox-Capability"  // on the broker: the capability of a request published straight to a node's queue (read, no longer sent: the routing key to.<n>.req.<name> says it, and every meshbox reads it there first)
 	HeaderAccepted    = "Meshbox-Accepted"    // in a submit reply: "broker", "outbox" or "local"
 	HeaderDeadReason  = "Meshbox-Dead-Reason" // why a message was dead-lettered (sealing: its class; reasons.go)
 	HeaderDeadNode    = "Meshbox-Dead-Node"   // which node dead-lettered it
