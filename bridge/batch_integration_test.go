@@ -275,3 +275,76 @@ func TestBatchDeadLetteredByAnOlderNodeReplayed(t *testing.T) {
 	}
 	t.Logf("%d batches of %d commands dead-lettered by the older node, replayed", wantBatches, want)
 }
+
+// A node that stops gracefully stops taking commands and lets its handler
+// finish what it holds (up to a second): those commands are acked, not
+// delivered again after the stop — with batches, neither are their
+// batch's finished ones.
+func TestGracefulStopFinishesHandledCommands(t *testing.T) {
+	vhost := testVhost(t)
+	a := newNode(t, "alpha", vhost, nil)
+	b := buildNode(t, "beta", vhost, nil)
+	if err := b.b.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	a.waitConnected(t)
+	b.waitConnected(t)
+	const n = 8
+	var mu sync.Mutex
+	started, finished := 0, 0
+	all := make(chan struct{})
+	sub, err := b.client.Subscribe("work.finish", func(m *nats.Msg) {
+		mu.Lock()
+		started++
+		if started == n {
+			close(all)
+		}
+		mu.Unlock()
+		go func() { // works on each for 300 ms, all at once
+			time.Sleep(300 * time.Millisecond)
+			_ = m.Respond(nil)
+			mu.Lock()
+			finished++
+			mu.Unlock()
+		}()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = b.client.Flush()
+	b.waitHosts(t, "finish")
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = a.client.RequestMsg(&nats.Msg{Subject: "cmd.finish", Data: []byte("x"),
+				Header: nats.Header{bridge.HeaderMsgID: {fmt.Sprintf("f-%d", i)}}}, 10*time.Second)
+		}()
+	}
+	wg.Wait()
+	select {
+	case <-all:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%d of %d commands reached beta's handler", started, n)
+	}
+	start := time.Now()
+	if err := b.b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_ = sub.Unsubscribe()
+	mu.Lock()
+	f := finished
+	mu.Unlock()
+	t.Logf("beta stopped in %s with %d of %d commands finished by its handler", time.Since(start).Round(time.Millisecond), f, n)
+
+	// Whatever is left on the broker is delivered to gamma.
+	c := newNode(t, "gamma", vhost, nil)
+	c.waitConnected(t)
+	var h handler
+	serveStage(t, c, "finish", &h)
+	time.Sleep(time.Second)
+	if got := len(h.msgs()); got != 0 {
+		t.Fatalf("%d commands delivered again after beta stopped with its handler done with them", got)
+	}
+}

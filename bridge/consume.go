@@ -66,6 +66,10 @@ func (s *session) consumerOwner() {
 			s.syncStages(&decl)
 		case <-s.flowWake:
 			s.applyFlows()
+		case <-s.drain:
+			if !s.cancelStages() {
+				return
+			}
 		case tag := <-s.cancels:
 			f, ok := s.tagStage[tag]
 			if !ok {
@@ -176,6 +180,53 @@ func (s *session) ack(tag uint64, op ackOp) {
 	case <-s.ctx.Done():
 		s.unacked.Add(-1)
 	}
+}
+
+// cancelStages cancels every stage consumer for good: the node stops.
+// What the consumers delivered already is handled and acked as usual. It
+// returns false when it failed the session. Consumer owner only.
+func (s *session) cancelStages() bool {
+	s.draining = true
+	s.stagesMu.Lock()
+	defer s.stagesMu.Unlock()
+	for _, f := range s.stages {
+		for len(f.tags) > 0 {
+			if !s.cancelConsumer(f) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// drainCommands, for a node that stops gracefully, stops the stage
+// consumers and waits, at most limit, until the commands at the local
+// handlers are settled: what a handler finishes within the limit is acked
+// instead of being delivered again after the stop (and, for a command of
+// a batch, with its batch's finished commands). The consumer owner still
+// runs.
+func (s *session) drainCommands(limit time.Duration) {
+	select {
+	case s.drain <- struct{}{}:
+	default:
+	}
+	for end := time.Now().Add(limit); s.openCmds() > 0 && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// openCmds counts the commands at the local handlers (not those waiting
+// for their requeue: the broker takes them back at the stop).
+func (s *session) openCmds() int {
+	s.callsMu.Lock()
+	defer s.callsMu.Unlock()
+	n := 0
+	for token := range s.cmds {
+		if !strings.HasPrefix(token, retryTokenPrefix) {
+			n++
+		}
+	}
+	return n
 }
 
 // settleBeforeStop waits, at most limit, until every delivery settled so

@@ -155,6 +155,9 @@ func (s *session) answered(c *cmdCall) {
 // applyFlows opens or cancels stage consumers until each stage has the
 // number it wants. Consumer owner only.
 func (s *session) applyFlows() {
+	if s.draining {
+		return
+	}
 	s.stagesMu.Lock()
 	flows := make([]*stageFlow, 0, len(s.stages))
 	for _, f := range s.stages {

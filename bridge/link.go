@@ -314,6 +314,7 @@ func (b *Bridge) runLink(first *session) {
 		b.link.sess.CompareAndSwap(sess, nil)
 		select {
 		case <-b.quit:
+			sess.drainCommands(closeLimit)
 			sess.settleBeforeStop(closeLimit)
 			b.setState(StateOffline, reason)
 			sess.stop()

@@ -92,6 +92,8 @@ type session struct {
 	tagSeq    int                   // consumer owner only: for unique consumer tags
 	stageQos  int                   // consumer owner only: the prefetch set for stage consumers (0: Prefetch, for events)
 	flowWake  chan struct{}         // cap 1: a stage wants another number of consumers
+	drain     chan struct{}         // cap 1: the node stops; cancel every stage consumer (drainCommands)
+	draining  bool                  // consumer owner only: stage consumers cancelled for good
 	drainWait sync.WaitGroup        // drained records handed to the publisher, not settled
 	rescan    chan struct{}         // cap 1: the drainer starts over from the oldest record
 
@@ -165,6 +167,7 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 		auxQueues:    map[string]int{},
 		tagStage:     map[string]*stageFlow{},
 		flowWake:     make(chan struct{}, 1),
+		drain:        make(chan struct{}, 1),
 		rescan:       make(chan struct{}, 1),
 		calls:        map[string]*hostCall{},
 		cmds:         map[string]*cmdCall{},

@@ -212,6 +212,9 @@ func (s *session) setup() error {
 
 // syncStages consumes the stages the node hosts and cancels the others.
 func (s *session) syncStages(decl **amqp.Channel) {
+	if s.draining {
+		return // the node stops: no stage consumer again
+	}
 	want := s.b.hostedStages()
 	s.stagesMu.Lock()
 	defer s.stagesMu.Unlock()
