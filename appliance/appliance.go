@@ -284,7 +284,11 @@ func (a *Appliance) closeLocked() error {
 	default:
 		close(a.quit)
 	}
-	// Modules first: they use the node's NATS server and the mesh.
+	// The commands their handlers hold first (up to a second), then the
+	// modules: they use the node's NATS server and the mesh.
+	if b := a.bridge.Load(); b != nil {
+		b.FinishCommands()
+	}
 	if err := a.stopModules(); err != nil {
 		errs = append(errs, err)
 	}

@@ -47,10 +47,7 @@ func TestCommandBatches(t *testing.T) {
 		}
 		mu.Unlock()
 		if fail {
-			r := nats.NewMsg(m.Reply)
-			r.Header.Set("Nats-Service-Error", "first attempt fails")
-			r.Header.Set("Nats-Service-Error-Code", "500")
-			_ = m.RespondMsg(r)
+			_ = m.RespondMsg(failure("500", "first attempt fails"))
 			return
 		}
 		_ = m.Respond(nil)
@@ -65,29 +62,7 @@ func TestCommandBatches(t *testing.T) {
 	}
 	b.waitHosts(t, "batch")
 
-	var wg sync.WaitGroup
-	refused := make(chan error, total)
-	for w := range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < total; i += 64 {
-				m, err := a.client.RequestMsg(&nats.Msg{Subject: "cmd.batch", Data: []byte("x"),
-					Header: nats.Header{bridge.HeaderMsgID: {fmt.Sprintf("c-%d", i)}}}, 10*time.Second)
-				if err == nil && m.Header.Get(bridge.HeaderAccepted) != "broker" {
-					err = fmt.Errorf("c-%d accepted as %q (%s)", i, m.Header.Get(bridge.HeaderAccepted), m.Header.Get("Nats-Service-Error"))
-				}
-				if err != nil {
-					refused <- err
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(refused)
-	for err := range refused {
-		t.Fatal(err)
-	}
+	submitAll(t, a, "batch", total, 64, func(i int) string { return fmt.Sprintf("c-%d", i) })
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
@@ -142,26 +117,7 @@ func TestNoCommandBatchesForOlderPeers(t *testing.T) {
 	b.waitConnected(t)
 	var h handler
 	serveStage(t, b, "single", &h)
-	var wg sync.WaitGroup
-	refused := make(chan error, 200)
-	for i := range 200 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			m, err := a.client.Request("cmd.single", []byte(strconv.Itoa(i)), 10*time.Second)
-			if err == nil && m.Header.Get(bridge.HeaderAccepted) != "broker" {
-				err = fmt.Errorf("accepted as %q", m.Header.Get(bridge.HeaderAccepted))
-			}
-			if err != nil {
-				refused <- err
-			}
-		}()
-	}
-	wg.Wait()
-	close(refused)
-	for err := range refused {
-		t.Fatal(err)
-	}
+	submitAll(t, a, "single", 200, 200, nil)
 	waitFor(t, 20*time.Second, "200 commands handled", func() bool { return len(h.msgs()) >= 200 })
 	if batches, _, _ := bridge.CommandBatches(a.b); batches != 0 {
 		t.Fatalf("%d batches sent with batching off", batches)
@@ -313,16 +269,7 @@ func TestGracefulStopFinishesHandledCommands(t *testing.T) {
 	}
 	_ = b.client.Flush()
 	b.waitHosts(t, "finish")
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, _ = a.client.RequestMsg(&nats.Msg{Subject: "cmd.finish", Data: []byte("x"),
-				Header: nats.Header{bridge.HeaderMsgID: {fmt.Sprintf("f-%d", i)}}}, 10*time.Second)
-		}()
-	}
-	wg.Wait()
+	submitAll(t, a, "finish", n, n, func(i int) string { return fmt.Sprintf("f-%d", i) })
 	select {
 	case <-all:
 	case <-time.After(10 * time.Second):
@@ -346,5 +293,38 @@ func TestGracefulStopFinishesHandledCommands(t *testing.T) {
 	time.Sleep(time.Second)
 	if got := len(h.msgs()); got != 0 {
 		t.Fatalf("%d commands delivered again after beta stopped with its handler done with them", got)
+	}
+}
+
+// submitAll submits count commands to stage from n's program, workers at
+// a time, with message ids id(i) (nil: the node's own), and fails the test
+// unless the broker accepted every one.
+func submitAll(t *testing.T, n *node, stage string, count, workers int, id func(i int) string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	refused := make(chan error, count)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < count; i += workers {
+				msg := &nats.Msg{Subject: "cmd." + stage, Data: []byte(strconv.Itoa(i)), Header: nats.Header{}}
+				if id != nil {
+					msg.Header.Set(bridge.HeaderMsgID, id(i))
+				}
+				m, err := n.client.RequestMsg(msg, 10*time.Second)
+				if err == nil && m.Header.Get(bridge.HeaderAccepted) != "broker" {
+					err = fmt.Errorf("command %d accepted as %q (%s)", i, m.Header.Get(bridge.HeaderAccepted), m.Header.Get("Nats-Service-Error"))
+				}
+				if err != nil {
+					refused <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(refused)
+	for err := range refused {
+		t.Fatal(err)
 	}
 }

@@ -376,6 +376,17 @@ func (b *Bridge) Close() error {
 	return b.closeErr
 }
 
+// FinishCommands stops taking commands from the broker and waits, at most
+// a second, until the commands at the local handlers are settled. A node
+// that stops calls it before it stops the programs that handle them, so
+// that what they finish is acked instead of delivered again; Close does
+// it as well. Only Close undoes it.
+func (b *Bridge) FinishCommands() {
+	if s := b.link.sess.Load(); s != nil {
+		s.drainCommands(closeLimit)
+	}
+}
+
 // Fatal yields an error when the bridge cannot go on: another process took
 // this node's name on the broker and kept it for longer than a stale
 // connection of ours could. The node should stop (exit non-zero).

@@ -485,8 +485,11 @@
 // bounded time (a hung disk makes it return ErrOutboxStuck). The bridge's
 // own goroutines (link loop, reconciler of stand-ins, local
 // command runner, system message dispatcher, pruner of completed ids) exit
-// when Close closes quit;
-// Close returns after they and every session goroutine are gone.
+// when Close closes quit; the link loop first cancels the stage consumers
+// and gives the commands at the local handlers up to a second to settle
+// (session.drainCommands), so that a graceful stop acks what its handlers
+// finished instead of leaving it to be delivered again. Close returns
+// after they and every session goroutine are gone.
 //
 // Correlation, message and call ids are 128 random bits (crypto/rand):
 // nothing in one id tells another.
