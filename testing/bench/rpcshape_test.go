@@ -26,6 +26,9 @@ type rpcShape struct {
 	// the shared exchange (an older mesh's topology); dangling: that
 	// exchange is bound to the shared one but the queues are not.
 	hop, dangling bool
+	// without drops one of props: "expiration", "timestamp" or
+	// "message-id".
+	without string
 }
 
 // BenchmarkRPCShape measures the raw AMQP RPC round trip of the request
@@ -48,6 +51,9 @@ func BenchmarkRPCShape(b *testing.B) {
 		{name: "props+1header+hop", props: true, headers: 1, hop: true},
 		{name: "props+3headers+hop", props: true, headers: 3, hop: true},
 		{name: "props+1header+dangling", props: true, headers: 1, dangling: true},
+		{name: "props-expiration+1header", props: true, headers: 1, without: "expiration"},
+		{name: "props-timestamp+1header", props: true, headers: 1, without: "timestamp"},
+		{name: "props-message-id+1header", props: true, headers: 1, without: "message-id"},
 	}
 	for range b.N {
 		var fns []func() error
@@ -108,6 +114,14 @@ func rawRPCShape(b *testing.B, amqpURL string, s rpcShape, n int) func() error {
 			p.UserId, p.Type, p.Timestamp = "guest", "request", time.Now()
 			if request {
 				p.MessageId, p.Expiration = id, "5000"
+			}
+			switch s.without {
+			case "expiration":
+				p.Expiration = ""
+			case "timestamp":
+				p.Timestamp = time.Time{}
+			case "message-id":
+				p.MessageId = ""
 			}
 		}
 		switch s.headers {
