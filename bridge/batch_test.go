@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
@@ -132,4 +133,48 @@ func FuzzDecodeBatch(f *testing.F) {
 			t.Fatalf("commands hold %d bytes of a %d-byte body", total, len(body))
 		}
 	})
+}
+
+// The publisher gathers the commands of one stage in a run into batches
+// of at most max, each at the place of its first command; a command alone
+// and everything that is not a command keep their places; every command
+// is settled once, with its batch's outcome.
+func TestPackCommands(t *testing.T) {
+	s := &session{b: &Bridge{cfg: Config{Node: "alpha", MaxPayload: 1 << 20}}, user: "node.alpha.g1"}
+	var settled []string
+	cmd := func(stage, id string) *pubItem {
+		return &pubItem{out: &outgoing{exchange: exchangeMesh, key: commandKey(stage), mandatory: true, kind: typeCommand,
+			msgID: id, persist: true, body: []byte(id), at: time.Now()}, done: func(err error) {
+			settled = append(settled, id)
+		}}
+	}
+	event := &pubItem{out: &outgoing{exchange: exchangeMesh, key: "evt.t", kind: typeEvent, msgID: "e", persist: true}, done: func(error) {}}
+	items := []*pubItem{cmd("a", "a1"), cmd("b", "b1"), event, cmd("a", "a2"), cmd("a", "a3"), cmd("a", "a4"), cmd("c", "c1")}
+	out := s.packCommands(items, 2)
+	var got []string
+	for _, it := range out {
+		switch {
+		case it.out.batch > 0:
+			ids, err := DecodeBatchIDs(it.out.raw.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if it.out.raw.Type != typeCommandBatch || it.out.key != commandKey("a") || len(ids) != it.out.batch {
+				t.Fatalf("batch %+v with %v", it.out, ids)
+			}
+			got = append(got, fmt.Sprint(ids))
+		default:
+			got = append(got, it.out.msgID)
+		}
+	}
+	want := []string{"[a1 a2]", "b1", "e", "[a3 a4]", "c1"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("run packed as %v, want %v", got, want)
+	}
+	for _, it := range out {
+		it.finish(nil)
+	}
+	if fmt.Sprint(settled) != "[a1 a2 b1 a3 a4 c1]" {
+		t.Fatalf("settled %v, want each command once", settled)
+	}
 }
