@@ -203,20 +203,25 @@ func encodeBatch(ps []amqp.Publishing, size int) []byte {
 		buf = appendStr(buf, p.ContentEncoding)
 		n := 0
 		for _, v := range p.Headers {
-			if headerValues(v) != nil {
+			if _, ok := stringHeader(v); ok {
 				n++
 			}
 		}
 		buf = binary.AppendUvarint(buf, uint64(n))
 		for k, v := range p.Headers {
-			vals := headerValues(v)
-			if vals == nil {
+			count, ok := stringHeader(v)
+			if !ok {
 				continue
 			}
 			buf = appendStr(buf, k)
-			buf = binary.AppendUvarint(buf, uint64(len(vals)))
-			for _, s := range vals {
-				buf = appendStr(buf, s)
+			buf = binary.AppendUvarint(buf, uint64(count))
+			switch v := v.(type) {
+			case string:
+				buf = appendStr(buf, v)
+			case []any:
+				for _, x := range v {
+					buf = appendStr(buf, x.(string))
+				}
 			}
 		}
 		buf = binary.AppendUvarint(buf, uint64(len(p.Body)))
@@ -225,24 +230,22 @@ func encodeBatch(ps []amqp.Publishing, size int) []byte {
 	return buf
 }
 
-// headerValues returns a header value built by outgoing.publishing as
-// strings (nil: not a string header, which publishing never makes).
-func headerValues(v any) []string {
+// stringHeader reports whether v is a header value as outgoing.publishing
+// builds them (a string, or a list of strings), and how many strings it
+// holds. Publishing never makes another kind; one would be left out.
+func stringHeader(v any) (n int, ok bool) {
 	switch v := v.(type) {
 	case string:
-		return []string{v}
+		return 1, true
 	case []any:
-		out := make([]string, 0, len(v))
 		for _, x := range v {
-			s, ok := x.(string)
-			if !ok {
-				return nil
+			if _, ok := x.(string); !ok {
+				return 0, false
 			}
-			out = append(out, s)
 		}
-		return out
+		return len(v), true
 	}
-	return nil
+	return 0, false
 }
 
 // decodeBatch splits the batch delivery d into the deliveries of its
@@ -376,9 +379,9 @@ func (s *session) giveBack(c *cmdCall) {
 		s.ackCmd(c.ack, opRequeue)
 		return
 	}
-	if !s.work(func() { s.requeueAlone(c) }) {
-		return // the session ends: the broker requeues the batch
-	}
+	// When the session is ending, work refuses: the broker requeues the
+	// batch.
+	s.work(func() { s.requeueAlone(c) })
 }
 
 // requeueAlone publishes a copy of c, a command of a batch, to its stage
