@@ -40,6 +40,9 @@ type IdentityStatus struct {
 // identity computes the identity status from the bridge's credential and
 // the bindings' newest generation.
 func identity(c *bridge.CredentialStatus, newest *cache.BrokerCredential, now time.Time) *IdentityStatus {
+	if c != nil && c.User == "" {
+		c = nil // no broker, or not told its user yet: nothing to report
+	}
 	if c == nil && newest == nil {
 		return nil
 	}

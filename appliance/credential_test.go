@@ -25,6 +25,7 @@ func TestIdentityStatus(t *testing.T) {
 		rotation  string // substring; "" means none
 	}{
 		{"nothing known", nil, nil, 0, "", 0, ""},
+		{"no broker (standalone)", &bridge.CredentialStatus{State: bridge.CredentialUnused}, nil, 0, "", 0, ""},
 		{"settled", inUse("node.a.g2", 2), &cache.BrokerCredential{Generation: 2, User: "node.a.g2", CreatedAt: created, SwitchedAt: now},
 			2, bridge.CredentialInUse, 3600, ""},
 		{"new generation not taken yet", inUse("node.a.g2", 2), &cache.BrokerCredential{Generation: 3, User: "node.a.g3", CreatedAt: now, Older: []int{2}},
@@ -41,7 +42,7 @@ func TestIdentityStatus(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			id := identity(tt.link, tt.newest, now)
-			if tt.link == nil && tt.newest == nil {
+			if (tt.link == nil || tt.link.User == "") && tt.newest == nil {
 				if id != nil {
 					t.Fatalf("got %+v, want nil", *id)
 				}

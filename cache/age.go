@@ -93,7 +93,11 @@ func (m *Manager) warningLocked(now time.Time) string {
 		w = append(w, m.newer)
 	}
 	if !m.have {
-		w = append(w, "no bindings: neither the mesh database nor the cache could provide them")
+		// A standalone node (no mesh database configured) has no bindings
+		// by design: its status says so in source and db, not as a warning.
+		if m.db != DBNone {
+			w = append(w, "no bindings: neither the mesh database nor the cache could provide them")
+		}
 	} else {
 		if m.stale {
 			w = append(w, fmt.Sprintf("bindings are %s old, more than the maximum age %s",

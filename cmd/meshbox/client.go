@@ -18,6 +18,7 @@ import (
 
 	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/programs"
+	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/nats-io/nats.go"
 )
@@ -159,6 +160,8 @@ func printStatus(w io.Writer, st appliance.Status) {
 		row("brokers", fmt.Sprintf("%d URLs, on %s", len(st.Broker.URLs), st.Broker.Broker))
 	}
 	switch n := st.Broker.CommandBatch; {
+	case st.Broker.State == bridge.StateNone:
+		// No broker: nothing is batched, and nothing needs saying.
 	case n == 1:
 		row("batches", "off: every command alone (bridge.command_batch is 1, a peer of an older meshbox is up, or discovery has not heard from the peers yet)")
 	case n > 1:
