@@ -46,7 +46,7 @@ FUZZ_TIME ?= 10s
 TEST_FUZZ_TIME ?= 2000x
 SOAK_DURATION ?= 30m
 
-.PHONY: all build run test test-short services fuzz bench soak lint install clean dist deb
+.PHONY: all build run test test-short services fuzz bench bench-hops soak lint install clean dist deb
 
 all: build
 
@@ -61,6 +61,7 @@ services:
 
 test: services
 	$(GO) vet ./...
+	$(GO) vet -tags hoptrace ./bridge ./testing/bench
 	$(GO) test -race -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) ./...
 	$(MAKE) --no-print-directory fuzz FUZZ_TIME=$(TEST_FUZZ_TIME)
 
@@ -80,6 +81,11 @@ fuzz:
 bench: services
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./testing/bench/ | tee bench.out | grep -E '^(BENCH|ok|FAIL|---)'
 
+# The request round trip taken apart, stretch by stretch: the bridge
+# records its points only in a build with -tags hoptrace.
+bench-hops: services
+	$(GO) test -tags hoptrace -run '^$$' -bench RequestHops -benchtime 1x -timeout 10m ./testing/bench/ | grep -E '^(HOPS|BENCH|ok|FAIL|---)'
+
 # Not part of `make test`: the soak test builds only with -tags soak.
 soak: services
 	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -tags soak -run '^TestSoak' -count=1 -timeout 0 -v ./testing/soak/
@@ -87,6 +93,7 @@ soak: services
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags hoptrace ./bridge ./testing/bench
 
 # Install on a home server: the binary, the systemd unit, the module
 # catalog directory and (only when absent) the environment file. DESTDIR stages the files for a package.

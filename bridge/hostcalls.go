@@ -32,6 +32,7 @@ type hostCall struct {
 func (s *session) readRequests(ds <-chan amqp.Delivery) {
 	b := s.b
 	for d := range ds {
+		hop(HopRequestTaken)
 		env, err := s.decode(typeRequest, &d)
 		if ue := asUnseal(err); ue != nil {
 			b.unsealFailed(typeRequest, ue)
@@ -71,6 +72,7 @@ func (s *session) readRequests(ds <-chan amqp.Delivery) {
 		s.callsMu.Unlock()
 		msg := env.natsMsg(subjCapPrefix+env.name, map[string]string{HeaderOrigin: env.origin})
 		msg.Reply = s.inbox + token
+		hop(HopHostAsked)
 		if err := b.bc.PublishMsg(msg); err != nil {
 			if c := s.takeCall(token); c != nil {
 				s.replyHost(c.env, nil, localCallFailure(err, c.env.name, b.cfg.Node, c.timeout))
@@ -105,6 +107,7 @@ func (s *session) replyHanded() {
 // onHostReply receives a local host's reply (or the NATS server's "no
 // responders") on the session's inbox and sends it back to the caller.
 func (s *session) onHostReply(m *nats.Msg) {
+	hop(HopHostAnswered)
 	c := s.takeCall(m.Subject[len(s.inbox):])
 	if c == nil {
 		s.b.m.err(errKindLateReply)

@@ -171,6 +171,11 @@ func (s *session) fastPublish(items []*pubItem) bool {
 			continue
 		}
 		s.b.m.msg(it.out.kind, "out")
+		if it.out.kind == typeRequest {
+			hop(HopRequestWritten)
+		} else {
+			hop(HopReplyWritten)
+		}
 		it.finish(nil)
 	}
 	return true

@@ -34,6 +34,7 @@ type pendingRequest struct {
 // onCapRequest serves cap.<name> for a capability hosted elsewhere: the
 // stand-in. It exists only while no local program hosts the capability.
 func (b *Bridge) onCapRequest(msg *nats.Msg) {
+	hop(HopStandIn)
 	if msg.Reply == "" {
 		b.m.err(errKindBadInput)
 		return
@@ -366,6 +367,7 @@ func localCallFailure(err error, name, node string, timeout time.Duration) error
 func (s *session) readReplies(ds <-chan amqp.Delivery) {
 	b := s.b
 	for d := range ds {
+		hop(HopReplyTaken)
 		env, err := s.decode(typeReply, &d)
 		if ue := asUnseal(err); ue != nil {
 			b.unsealFailed(typeReply, ue)
@@ -400,5 +402,6 @@ func (s *session) readReplies(ds <-chan amqp.Delivery) {
 		}
 		b.m.observe(outcome, p.start)
 		b.reply(env.natsMsg(p.reply, nil))
+		hop(HopCallerAnswered)
 	}
 }

@@ -15,5 +15,6 @@
 // headers, user_id, a node's own broker user, commands per message) and
 // RPCShape (the raw request round trip likewise: properties, headers, an
 // exchange per node); with MESHBOX_BENCH_PREFETCH=1, RawPrefetch (the raw
-// baseline's best prefetch).
+// baseline's best prefetch). `make bench-hops` (build tag hoptrace) takes
+// the request round trip apart, stretch by stretch (hops_test.go).
 package bench
