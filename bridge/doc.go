@@ -415,7 +415,10 @@
 // policies, permanent failures, the stage's extra queues), deadletters.go
 // (acting on dead letters), results.go (results as events), submit.go
 // (submissions and the outbox drainer), outbox.go and outbox_open.go (the
-// durable store), stalls.go, interest.go (stand-ins and hosted stages).
+// durable store), stalls.go, interest.go (stand-ins and hosted stages),
+// batch.go (commands carried several to a message), and hops.go with
+// hoptrace.go (the points of a request's round trip, recorded only in a
+// build with the hoptrace tag, for `make bench-hops`).
 //
 // Bridge's state is grouped by the part that owns it, each with its own
 // mutex and small methods, and no part touches another's fields: the link
