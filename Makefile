@@ -69,14 +69,12 @@ test: services
 test-short:
 	$(GO) test -short -race ./...
 
-# Each fuzz target runs briefly; a longer run: make fuzz FUZZ_TIME=5m.
+# Each fuzz target runs briefly, two side by side (testing/fuzz.sh); a
+# longer run: make fuzz FUZZ_TIME=5m.
+FUZZ_PKGS ?= ./internal/names ./internal/seal ./appliance ./bridge ./node ./cache
+FUZZ_JOBS ?= 2
 fuzz:
-	@for pkg in ./internal/names ./internal/seal ./appliance ./bridge ./node ./cache; do \
-		for t in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
-			echo "fuzz $$pkg $$t ($(FUZZ_TIME))"; \
-			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZ_TIME) $$pkg || exit 1; \
-		done; \
-	done
+	@GO="$(GO)" FUZZ_TIME="$(FUZZ_TIME)" JOBS="$(FUZZ_JOBS)" sh testing/fuzz.sh $(FUZZ_PKGS)
 
 bench: services
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./testing/bench/ | tee bench.out | grep -E '^(BENCH|ok|FAIL|---)'

@@ -308,6 +308,7 @@ func TestBlobFetchResumes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel() // a broker of its own: runs beside the other tests that have one
 	rmq := meshtest.NewRabbitMQ(t)
 	_, _, alpha, beta := sealedMeshOn(t, rmq)
 	file, sum := randomBlobFile(t, blobSize)
