@@ -10,7 +10,6 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
-	"github.com/nats-io/nats.go"
 )
 
 // BenchmarkRequestHops takes the request round trip of BenchmarkBridge
@@ -38,55 +37,42 @@ func BenchmarkRequestHops(b *testing.B) {
 	nodeA := startBenchNode(b, "bench-a", urls["bench-a"], dbURL)
 	nodeB := startBenchNode(b, "bench-b", urls["bench-b"], dbURL)
 
-	host := benchConn(b, nodeB.NATSURL(), meshtest.AdminOption(b, nodeB.DataDir()))
-	if _, err := host.Subscribe("cap.bench-echo", func(m *nats.Msg) {
-		bridge.MarkHop(bridge.HopHostHas)
-		_ = m.Respond(m.Data)
-	}); err != nil {
-		b.Fatal(err)
-	}
-	if err := host.Flush(); err != nil {
-		b.Fatal(err)
-	}
-	caller := benchConn(b, nodeA.NATSURL(), meshtest.AdminOption(b, nodeA.DataDir()))
-	call := func() error {
-		_, err := caller.Request("cap.bench-echo", []byte("ping"), 5*time.Second)
-		return err
-	}
-	benchWait(b, 30*time.Second, "A reaches bench-echo on B", func() bool { return call() == nil })
+	call := requestRoundTripWith(b, nodeA, nodeB, func() { bridge.MarkHop(bridge.HopHostHas) })
+	natsRT := timed(natsRoundTrip(b, plainNATS(b)))
+	rpc := timed(rawRPCRoundTrip(b, amqpURL, false))
+	rpcTopic := timed(rawRPCRoundTrip(b, amqpURL, true))
 
-	natsRT := markedNATSRoundTrip(b)
-	rpc := markedRPCRoundTrip(b, amqpURL, false)
-	rpcTopic := markedRPCRoundTrip(b, amqpURL, true)
-
+	// Ours and the three raw round trips in turn, each round starting one
+	// further along (as interleavedQuantiles does, and for its reason).
 	stretch := make([][]time.Duration, bridge.HopCount)
-	var nats2, broker, brokerTopic []time.Duration
-	for i := range benchWarmUp + benchRoundTrips {
-		bridge.MarkHop(bridge.HopCallerSent)
-		if err := call(); err != nil {
-			b.Fatal(err)
+	raw := make([][]time.Duration, 3) // NATS, RPC, RPC through a topic exchange
+	rawFns := []func() (time.Duration, error){natsRT, rpc, rpcTopic}
+	for r := range benchWarmUp + benchRoundTrips {
+		for k := range 4 {
+			i := (r + k) % 4
+			if i > 0 {
+				d, err := rawFns[i-1]()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if r >= benchWarmUp {
+					raw[i-1] = append(raw[i-1], d)
+				}
+				continue
+			}
+			bridge.MarkHop(bridge.HopCallerSent)
+			if err := call(); err != nil {
+				b.Fatal(err)
+			}
+			bridge.MarkHop(bridge.HopCallerHas)
+			if r < benchWarmUp {
+				continue
+			}
+			for h := bridge.HopStandIn; h < bridge.HopCount; h++ {
+				stretch[h] = append(stretch[h], time.Duration(bridge.HopMarks[h].Load()-bridge.HopMarks[h-1].Load()))
+			}
+			stretch[0] = append(stretch[0], time.Duration(bridge.HopMarks[bridge.HopCallerHas].Load()-bridge.HopMarks[bridge.HopCallerSent].Load()))
 		}
-		bridge.MarkHop(bridge.HopCallerHas)
-		n, err := natsRT()
-		if err != nil {
-			b.Fatal(err)
-		}
-		r, err := rpc()
-		if err != nil {
-			b.Fatal(err)
-		}
-		rt, err := rpcTopic()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if i < benchWarmUp {
-			continue
-		}
-		for h := bridge.HopStandIn; h < bridge.HopCount; h++ {
-			stretch[h] = append(stretch[h], time.Duration(bridge.HopMarks[h].Load()-bridge.HopMarks[h-1].Load()))
-		}
-		stretch[0] = append(stretch[0], time.Duration(bridge.HopMarks[bridge.HopCallerHas].Load()-bridge.HopMarks[bridge.HopCallerSent].Load()))
-		nats2, broker, brokerTopic = append(nats2, 2*n), append(broker, r), append(brokerTopic, rt)
 	}
 	p50 := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
 	names := map[bridge.Hop]string{
@@ -117,30 +103,16 @@ func BenchmarkRequestHops(b *testing.B) {
 	natsOurs := sum(bridge.HopStandIn, bridge.HopHostHas, bridge.HopHostAnswered, bridge.HopCallerHas)
 	brokerOurs := sum(bridge.HopRequestTaken, bridge.HopReplyTaken)
 	code := sum(bridge.HopRequestWritten, bridge.HopHostAsked, bridge.HopReplyWritten, bridge.HopCallerAnswered)
-	base := p50(nats2) + p50(broker)
+	nats1, broker, brokerTopic := p50(raw[0]), p50(raw[1]), p50(raw[2])
+	base := 2*nats1 + broker
 	report("request-hops", us(med[0]), us(base), "µs", "a request round trip taken apart, p50 of each stretch; nats: ours' four NATS stretches against two raw NATS round trips; broker: ours' two stretches through the broker against a raw RPC round trip (default exchange; topic: through a topic exchange); bridge: meshbox's own code on the way",
-		fmt.Sprintf("nats=%.1f", us(natsOurs)), fmt.Sprintf("baseline_nats=%.1f", us(p50(nats2))),
-		fmt.Sprintf("broker=%.1f", us(brokerOurs)), fmt.Sprintf("baseline_broker=%.1f", us(p50(broker))),
-		fmt.Sprintf("baseline_broker_topic=%.1f", us(p50(brokerTopic))), fmt.Sprintf("bridge=%.1f", us(code)))
+		fmt.Sprintf("nats=%.1f", us(natsOurs)), fmt.Sprintf("baseline_nats=%.1f", us(2*nats1)),
+		fmt.Sprintf("broker=%.1f", us(brokerOurs)), fmt.Sprintf("baseline_broker=%.1f", us(broker)),
+		fmt.Sprintf("baseline_broker_topic=%.1f", us(brokerTopic)), fmt.Sprintf("bridge=%.1f", us(code)))
 }
 
-// markedNATSRoundTrip is natsRoundTrip on a plain NATS server, returning
-// each round trip's duration.
-func markedNATSRoundTrip(b *testing.B) func() (time.Duration, error) {
-	b.Helper()
-	rt := natsRoundTrip(b, plainNATS(b))
-	return func() (time.Duration, error) {
-		start := time.Now()
-		err := rt()
-		return time.Since(start), err
-	}
-}
-
-// markedRPCRoundTrip is rawRPCRoundTrip, returning each round trip's
-// duration.
-func markedRPCRoundTrip(b *testing.B, amqpURL string, viaTopic bool) func() (time.Duration, error) {
-	b.Helper()
-	rt := rawRPCRoundTrip(b, amqpURL, viaTopic)
+// timed returns rt measuring each round trip's duration.
+func timed(rt func() error) func() (time.Duration, error) {
 	return func() (time.Duration, error) {
 		start := time.Now()
 		err := rt()
