@@ -29,6 +29,10 @@ type rpcShape struct {
 	// without drops one of props: "expiration", "timestamp" or
 	// "message-id".
 	without string
+	// bind is how the request queue is bound: "" with to.<node>.req.#
+	// (as a node binds it), "star" with to.<node>.req.*, "exact" with the
+	// request's own key.
+	bind string
 }
 
 // BenchmarkRPCShape measures the raw AMQP RPC round trip of the request
@@ -54,6 +58,8 @@ func BenchmarkRPCShape(b *testing.B) {
 		{name: "props-expiration+1header", props: true, headers: 1, without: "expiration"},
 		{name: "props-timestamp+1header", props: true, headers: 1, without: "timestamp"},
 		{name: "props-message-id+1header", props: true, headers: 1, without: "message-id"},
+		{name: "props+1header+bind-star", props: true, headers: 1, bind: "star"},
+		{name: "props+1header+bind-exact", props: true, headers: 1, bind: "exact"},
 	}
 	for range b.N {
 		var fns []func() error
@@ -102,7 +108,8 @@ func rawRPCShape(b *testing.B, amqpURL string, s rpcShape, n int) func() error {
 			reqEx, replyEx = ex+"."+srv, ex+"."+cli
 		}
 	}
-	must(srvIn.QueueBind(rq.Name, "to."+srv+".req.#", reqEx, false, nil))
+	bindKey := map[string]string{"": "to." + srv + ".req.#", "star": "to." + srv + ".req.*", "exact": reqKey}[s.bind]
+	must(srvIn.QueueBind(rq.Name, bindKey, reqEx, false, nil))
 	must(cliIn.QueueBind(pq.Name, replyKey, replyEx, false, nil))
 	reqs, err := srvIn.Consume(rq.Name, "", true, true, false, false, nil)
 	must(err)
