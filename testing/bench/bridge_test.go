@@ -87,14 +87,7 @@ const (
 // programs on A) against a plain NATS server. Lower is better; target
 // ratio <= 1.05.
 func BenchmarkBridge(b *testing.B) {
-	rmq := meshtest.NewRabbitMQ(b)
-	amqpURL := rmq.Vhost(b)
-	// In a mesh database, as a real mesh: the nodes seal what they send.
-	dbURL := benchMeshDB(b, amqpURL, "bench-a", "bench-b")
-	// And each node on a broker user of its own, as in a real mesh.
-	urls := benchBrokerUsers(b, rmq, amqpURL, "bench-a", "bench-b")
-	nodeA := startBenchNode(b, "bench-a", urls["bench-a"], dbURL)
-	nodeB := startBenchNode(b, "bench-b", urls["bench-b"], dbURL)
+	rmq, amqpURL, nodeA, nodeB := benchMesh(b)
 
 	b.Run("command", func(b *testing.B) {
 		for range b.N {
@@ -351,6 +344,22 @@ func rawChannel(b *testing.B, amqpURL string) (*amqp.Connection, *amqp.Channel) 
 		b.Fatal(err)
 	}
 	return conn, ch
+}
+
+// benchMesh starts a broker of the benchmark's own and two nodes on it,
+// bench-a and bench-b, as in a real mesh: in a mesh database (so they
+// seal what they send), each on a broker user of its own. It returns the
+// broker, the AMQP URL of a vhost with full rights for raw baselines, and
+// the nodes.
+func benchMesh(b *testing.B) (rmq *meshtest.Rabbit, amqpURL string, nodeA, nodeB *appliance.Appliance) {
+	b.Helper()
+	rmq = meshtest.NewRabbitMQ(b)
+	amqpURL = rmq.Vhost(b)
+	dbURL := benchMeshDB(b, amqpURL, "bench-a", "bench-b")
+	urls := benchBrokerUsers(b, rmq, amqpURL, "bench-a", "bench-b")
+	nodeA = startBenchNode(b, "bench-a", urls["bench-a"], dbURL)
+	nodeB = startBenchNode(b, "bench-b", urls["bench-b"], dbURL)
+	return rmq, amqpURL, nodeA, nodeB
 }
 
 // requestRoundTrip returns one round trip from a program on A to a

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
-	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
 // BenchmarkRequestHops takes the request round trip of BenchmarkBridge
@@ -30,12 +29,7 @@ import (
 // default exchange and through a topic exchange; bridge: the time spent in
 // meshbox's own code on the way (the four stretches inside the bridges).
 func BenchmarkRequestHops(b *testing.B) {
-	rmq := meshtest.NewRabbitMQ(b)
-	amqpURL := rmq.Vhost(b)
-	dbURL := benchMeshDB(b, amqpURL, "bench-a", "bench-b")
-	urls := benchBrokerUsers(b, rmq, amqpURL, "bench-a", "bench-b")
-	nodeA := startBenchNode(b, "bench-a", urls["bench-a"], dbURL)
-	nodeB := startBenchNode(b, "bench-b", urls["bench-b"], dbURL)
+	_, amqpURL, nodeA, nodeB := benchMesh(b)
 
 	call := requestRoundTripWith(b, nodeA, nodeB, func() { bridge.MarkHop(bridge.HopHostHas) })
 	natsRT := timed(natsRoundTrip(b, plainNATS(b)))
