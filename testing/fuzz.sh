@@ -14,11 +14,22 @@ set -eu
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
+# A package that cannot be listed (it does not build, or does not exist)
+# fails the run with the go command's own error, and so does a run that
+# finds no target at all: nothing is skipped without a word.
 for pkg in "$@"; do
-	for t in $($GO test -list '^Fuzz' "$pkg" | grep '^Fuzz'); do
+	if ! list=$($GO test -list '^Fuzz' "$pkg"); then
+		echo "fuzz: cannot list the fuzz targets of $pkg" >&2
+		exit 1
+	fi
+	for t in $(printf '%s\n' "$list" | grep '^Fuzz' || true); do
 		echo "$pkg $t"
 	done
 done >"$out/targets"
+if [ ! -s "$out/targets" ]; then
+	echo "fuzz: no fuzz targets in $*" >&2
+	exit 1
+fi
 
 # Each line "PKG TARGET" runs as one job; a failing job makes xargs
 # stop starting new ones and exit non-zero.
