@@ -37,7 +37,7 @@ type BrokerCredential = cache.BrokerCredential
 // NewNode describes a node that AddNodeIdentity records.
 type NewNode struct {
 	Record cache.NodeRecord
-	Stages []string         // the stages it may consume ("*": all; nil: all)
+	Stages []string         // the stages it may consume ("*": all; nil: none)
 	Broker BrokerCredential // generation 1, made on the broker
 	TTL    time.Duration    // of the join token (0: DefaultJoinTTL)
 }
@@ -228,10 +228,11 @@ func (db *DB) Redeem(ctx context.Context, tok JoinToken) (string, error) {
 	}
 }
 
-// validStages checks a stage allow-list; nil means every stage.
+// validStages checks a stage allow-list; nil means no stage (an empty
+// array, not NULL, in the database).
 func validStages(stages []string) ([]string, error) {
 	if len(stages) == 0 {
-		return []string{"*"}, nil
+		return []string{}, nil
 	}
 	for _, s := range stages {
 		if s == "*" {

@@ -197,8 +197,8 @@ func (db *DB) CredentialSwitched(ctx context.Context, gen int) error {
 	return nil
 }
 
-// SetNodeStages replaces the stage allow-list of a node ("*": all); an
-// unknown node gives *NotFoundError.
+// SetNodeStages replaces the stage allow-list of a node ("*": all; none:
+// no stage); an unknown node gives *NotFoundError.
 func (db *DB) SetNodeStages(ctx context.Context, node string, stages []string) (Change, error) {
 	stages, err := validStages(stages)
 	if err != nil {

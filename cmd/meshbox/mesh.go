@@ -13,7 +13,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
 )
@@ -30,7 +29,8 @@ const meshUsage = `Usage: meshbox mesh <command> [--db URL] [flags] [arguments]
 
 Nodes:
   node add NAME --broker-admin URL [--stages S,...] [--ttl 24h] [--public-name N] [--identity TEXT]
-                                    (prints a join token for meshbox join; --record-only: record only)
+                                    (prints a join token for meshbox join; --record-only: record only;
+                                    the node consumes no stage unless --stages names them, * = all)
   node set NAME [--public-name N] [--identity TEXT]
   node rotate NAME|--all --broker-admin URL [--wait 2m] [--force]
                                     (new broker credential; the old one is revoked once
@@ -180,7 +180,7 @@ func (c *MeshCommand) leaves() []meshLeaf {
 			public := fs.String("public-name", "", "public (DNS) name")
 			identity := fs.String("identity", "", "identity text")
 			admin := adminFlag(fs)
-			stages := fs.String("stages", bridge.AllStages, "stages the node may consume, comma-separated (* = all)")
+			stages := fs.String("stages", "", "stages the node may consume, comma-separated (* = all; default none, see node set-stages)")
 			ttl := fs.Duration("ttl", meshdb.DefaultJoinTTL, "how long the join token stays valid")
 			recordOnly := fs.Bool("record-only", false, "only record the node: no broker user, database role or join token")
 			return func(ctx context.Context, db *meshdb.DB, a []string) error {

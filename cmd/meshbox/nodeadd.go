@@ -4,16 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
 )
 
-// addNode makes a node with its identity: the broker user (generation 1)
-// through the management API, then, in one database transaction, its
+// addNode makes a node with its identity: the broker user (generation 1),
+// allowed to consume the given stages and no other (none when stages is
+// empty), through the management API, then, in one database transaction, its
 // record, database role, broker credential row and join token, which it
 // prints on one line. If the database step fails the broker user is
 // deleted again.
@@ -48,8 +51,8 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 	if err != nil {
 		return fmt.Errorf("add node: %w", err)
 	}
-	fmt.Fprintf(out, "node %s: broker user %s created on %s (vhost %s, stages %s)\n",
-		rec.Name, cred.User, admin.Endpoint(), vhost, strings.Join(stages, ","))
+	fmt.Fprintf(out, "node %s: broker user %s created on %s (vhost %s, %s)\n",
+		rec.Name, cred.User, admin.Endpoint(), vhost, describeStages(stages))
 	added, err := db.AddNodeIdentity(ctx, c.dbURL, meshdb.NewNode{
 		Record: rec, Stages: stages, TTL: ttl,
 		Broker: meshdb.BrokerCredential{Generation: cred.Generation, User: cred.User, Password: cache.Credential(cred.Password.Reveal())},
@@ -68,6 +71,17 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 		rec.Name, added.Token.Expires.UTC().Format(time.RFC3339))
 	fmt.Fprintln(out, added.Token.Encode())
 	return nil
+}
+
+// describeStages says which stages an allow-list lets a node consume.
+func describeStages(stages []string) string {
+	switch {
+	case len(stages) == 0:
+		return "no stage: give --stages, or later mesh node set-stages, for the stages it may consume"
+	case slices.Contains(stages, bridge.AllStages):
+		return "every stage"
+	}
+	return "stages " + strings.Join(stages, ",")
 }
 
 // splitList splits a comma-separated list, dropping empty items.

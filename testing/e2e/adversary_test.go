@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
+	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -366,5 +368,101 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 		return ch.ExchangeDeclare("node.alpha", "topic", true, false, false, false, nil)
 	}); code != amqp.AccessRefused {
 		t.Errorf("declare an exchange of alpha's name with beta's credential: code %d, want %d", code, amqp.AccessRefused)
+	}
+}
+
+// TestAdversaryNodeAddedWithoutStages: a node made by `mesh node add`
+// without --stages may consume no stage. With its own real credential and
+// a plain AMQP client it cannot consume or bind a stage's command queue;
+// the controls, added with --stages s and --stages *, can.
+func TestAdversaryNodeAddedWithoutStages(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	ctx := context.Background()
+	r := meshtest.RabbitMQ(t)
+	vhostURL := r.Vhost(t)
+	db := meshtest.Postgres(t).Database(t)
+	admin := []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + r.AdminURL()}
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "hub", "--broker", meshtest.NoCredential(vhostURL)); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	nodes := []struct {
+		name  string
+		args  []string
+		says  string // in the output of node add
+		stage bool   // may consume stage s
+	}{
+		{"bare", nil, "no stage", false},
+		{"staged", []string{"--stages", "s"}, "stages s", true},
+		{"every", []string{"--stages", "*"}, "every stage", true},
+	}
+	// Node roles and broker users outlive the test's database and vhost.
+	t.Cleanup(func() {
+		for _, n := range nodes {
+			_, _, _ = cliEnv(t, admin, "mesh", "node", "remove", n.name, "--force")
+		}
+	})
+	mdb, err := meshdb.Open(ctx, db, meshdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mdb.Close()
+
+	// The stage's queue exists (the admin made it); the nodes try to read it.
+	guest, err := amqp.Dial(vhostURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer guest.Close()
+	gch, err := guest.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gch.QueueDeclare("cmd.s", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, n := range nodes {
+		code, out, errOut := cliEnv(t, admin, append([]string{"mesh", "node", "add", n.name}, n.args...)...)
+		if code != 0 {
+			t.Fatalf("mesh node add %s: exit %d: %s%s", n.name, code, out, errOut)
+		}
+		if !strings.Contains(out, n.says) {
+			t.Errorf("mesh node add %s %v: output does not say %q:\n%s", n.name, n.args, n.says, out)
+		}
+		creds, err := mdb.BrokerCredentials(ctx, n.name)
+		if err != nil || len(creds) == 0 {
+			t.Fatalf("broker credential of %s: %v %v", n.name, creds, err)
+		}
+		u, _ := url.Parse(vhostURL)
+		u.User = url.UserPassword(creds[0].User, creds[0].Password.Reveal())
+		conn, err := amqp.Dial(u.String())
+		if err != nil {
+			t.Fatalf("%s dials the broker with its own credential: %v", n.name, err)
+		}
+		want, what := amqp.AccessRefused, "access refused"
+		if n.stage {
+			want, what = 0, "allowed"
+		}
+		for _, op := range []struct {
+			name string
+			do   func(ch *amqp.Channel) error
+		}{
+			{"consume cmd.s", func(ch *amqp.Channel) error {
+				_, err := ch.Consume("cmd.s", "", false, false, false, false, nil)
+				return err
+			}},
+			{"bind cmd.s to mesh with cmd.s", func(ch *amqp.Channel) error { return ch.QueueBind("cmd.s", "cmd.s", "mesh", false, nil) }},
+		} {
+			code, err := meshtest.BrokerVerdict(conn, op.do)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code != want {
+				t.Errorf("%s (added with %v): %s: code %d, want %d (%s)", n.name, n.args, op.name, code, want, what)
+			}
+		}
+		_ = conn.Close()
 	}
 }

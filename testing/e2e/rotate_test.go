@@ -36,7 +36,8 @@ type identityMesh struct {
 }
 
 // newIdentityMesh initialises a mesh (first node "hub", a record only) and
-// adds and joins the named nodes; none is started.
+// adds and joins the named nodes, each allowed every stage (--stages *:
+// the tests run stages on any of them); none is started.
 func newIdentityMesh(t *testing.T, nodes ...string) *identityMesh {
 	t.Helper()
 	rmq := meshtest.RabbitMQ(t)
@@ -53,7 +54,7 @@ func newIdentityMesh(t *testing.T, nodes ...string) *identityMesh {
 		}
 	})
 	for _, n := range nodes {
-		code, out, errOut := cliEnv(t, m.admin, "mesh", "node", "add", n)
+		code, out, errOut := cliEnv(t, m.admin, "mesh", "node", "add", n, "--stages", "*")
 		if code != 0 {
 			t.Fatalf("mesh node add %s: exit %d: %s%s", n, code, out, errOut)
 		}

@@ -39,7 +39,8 @@ type keysStatus struct {
 	} `json:"keys"`
 }
 
-// joinedNode adds node with `meshbox mesh node add`, joins it and runs it
+// joinedNode adds node with `meshbox mesh node add`, allowed every stage
+// (--stages *: the tests host stages on any node), joins it and runs it
 // from its env file, with extra flags of `meshbox run` (--config, say).
 func joinedNode(t *testing.T, db, brokerAdmin, node string, extra ...string) *meshtest.Process {
 	t.Helper()
@@ -51,7 +52,7 @@ func joinedNode(t *testing.T, db, brokerAdmin, node string, extra ...string) *me
 // join` wrote (which holds the node's own database login).
 func joinedNodeEnv(t *testing.T, db, brokerAdmin, node string, extra ...string) (*meshtest.Process, string) {
 	t.Helper()
-	code, out, errOut := cliEnv(t, []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + brokerAdmin}, "mesh", "node", "add", node)
+	code, out, errOut := cliEnv(t, []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + brokerAdmin}, "mesh", "node", "add", node, "--stages", "*")
 	if code != 0 {
 		t.Fatalf("mesh node add %s: exit %d: %s%s", node, code, out, errOut)
 	}
