@@ -40,13 +40,21 @@ type Appliance struct {
 
 	// mu is held by Start and Close for their whole run; the fields
 	// under it are Start's and Close's alone.
-	mu       sync.Mutex
-	started  bool
-	closed   bool
-	natsSrv  *natsServer
-	nc       *nats.Conn // in-process connection for the node's own API
-	bindings *bindings
-	httpSrv  *http.Server
+	mu      sync.Mutex
+	started bool
+	closed  bool
+	natsSrv *natsServer
+	nc      *nats.Conn // in-process connection for the node's own API
+	// rc answers local clients: it may publish on _INBOX.> and nothing
+	// else (localrights.go). Opened after nc, closed after everything that
+	// answers on it.
+	rc    *nats.Conn
+	pubRC atomic.Pointer[nats.Conn] // rc, for the handlers' goroutines
+	// refusedReplies are the subjects whose requests with a reply subject
+	// that is no inbox were logged (localrights.go).
+	refusedReplies sync.Map
+	bindings       *bindings
+	httpSrv        *http.Server
 	// startedAt is when Start began (the node's StartedAt in its mesh view).
 	startedAt time.Time
 
@@ -194,6 +202,11 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("nats connect: %w", err)
 	}
+	a.rc, err = a.natsSrv.connectResponder(ownConnPrefix+"responder", a.logger.With("component", "nats"))
+	if err != nil {
+		return fmt.Errorf("nats connect: %w", err)
+	}
+	a.pubRC.Store(a.rc)
 	if err := a.serveAPI(); err != nil {
 		return err
 	}
@@ -310,6 +323,11 @@ func (a *Appliance) closeLocked() error {
 		a.nc.Close()
 		a.nc = nil
 	}
+	if a.rc != nil {
+		a.pubRC.Store(nil)
+		a.rc.Close()
+		a.rc = nil
+	}
 	if a.natsSrv != nil {
 		a.pubNATS.Store(nil)
 		a.natsSrv.close()
@@ -345,7 +363,7 @@ func (a *Appliance) serveAPI() error {
 			a.logger.Error("encode status", "err", err)
 			return
 		}
-		_ = m.Respond(data) // the caller may have gone; nothing to do then
+		a.respond(m, data)
 	})
 	if err != nil {
 		return fmt.Errorf("serve %s: %w", SubjectStatus, err)

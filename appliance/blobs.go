@@ -95,6 +95,7 @@ func (a *Appliance) startBlobs(ctx context.Context) error {
 	}
 	srv, err := blobs.NewServer(blobs.ServerConfig{
 		Conn: nc, Store: store, Limits: a.cfg.Blobs.limits(),
+		Replies: a.rc, ReplyAllowed: a.natsSrv.auth.rights.ReplyAllowed,
 		Logger: a.logger.With("component", "blobs"),
 	})
 	if err != nil {

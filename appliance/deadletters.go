@@ -77,7 +77,7 @@ func (a *Appliance) serveDeadLetters() error {
 	_, err := a.nc.Subscribe(SubjectDeadLetters, func(m *nats.Msg) {
 		rep := a.answerDeadLetters(m.Data)
 		data, _ := json.Marshal(rep) // plain values: cannot fail
-		_ = m.Respond(data)          // the caller may have gone
+		a.respond(m, data)
 	})
 	if err != nil {
 		return fmt.Errorf("serve %s: %w", SubjectDeadLetters, err)

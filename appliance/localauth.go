@@ -69,6 +69,13 @@ type localAuth struct {
 	// becomes it by presenting no credential (or this public key), with
 	// the rights of a client without one.
 	anonKey string
+	// responder signs in the node's responder connection, which may
+	// publish on _INBOX.> and nothing else (localrights.go); made at
+	// start, never written down.
+	responder nkeys.KeyPair
+	// rights are the loaded programs' rights, for the checks of
+	// localrights.go.
+	rights localRights
 
 	mu     sync.Mutex
 	report ProgramsReport // the last load
@@ -94,7 +101,11 @@ func newLocalAuth(dataDir string, anonymous bool) (*localAuth, error) {
 		return nil, fmt.Errorf("anonymous user: %w", err)
 	}
 	kp.Wipe()
-	return &localAuth{admin: admin, store: store, anonymous: anonymous, anonKey: anonKey}, nil
+	responder, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, fmt.Errorf("responder user: %w", err)
+	}
+	return &localAuth{admin: admin, store: store, anonymous: anonymous, anonKey: anonKey, responder: responder}, nil
 }
 
 // mode is AuthOpen or AuthCredentials.
@@ -112,7 +123,15 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 	progs, errs := l.store.List()
 	rep := ProgramsReport{Programs: []string{}}
 	keys := map[string]string{l.admin.Public(): "the node's administrator"}
-	opts.Nkeys = []*server.NkeyUser{{Nkey: l.admin.Public()}}
+	responderKey, _ := l.responder.PublicKey() // a key pair made by nkeys.CreateUser has one
+	opts.Nkeys = []*server.NkeyUser{{Nkey: l.admin.Public()}, {
+		Nkey: responderKey,
+		Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: []string{responderAllow}},
+			Subscribe: &server.SubjectPermission{Deny: []string{">"}},
+		},
+	}}
+	var accepted []programs.Program
 	for _, p := range progs {
 		if other, dup := keys[p.Key]; dup {
 			errs = append(errs, fmt.Errorf("program %s: its key is %s's: left out", p.Name, other))
@@ -121,7 +140,9 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 		keys[p.Key] = "program " + p.Name
 		opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{Nkey: p.Key, Permissions: p.Permissions()})
 		rep.Programs = append(rep.Programs, p.Name)
+		accepted = append(accepted, p)
 	}
+	l.rights.set(accepted, l.anonymous)
 	for _, err := range errs {
 		rep.Errors = append(rep.Errors, err.Error())
 	}
@@ -164,6 +185,12 @@ func (l *localAuth) lastReport() ProgramsReport {
 
 // connOption authenticates one of the node's own connections.
 func (l *localAuth) connOption() nats.Option { return nats.Nkey(l.admin.Public(), l.admin.Sign) }
+
+// responderOption authenticates the node's responder connection.
+func (l *localAuth) responderOption() nats.Option {
+	pub, _ := l.responder.PublicKey()
+	return nats.Nkey(pub, l.responder.Sign)
+}
 
 // ReloadPrograms reads the programs' definitions again and applies them to
 // the running NATS server: new programs may connect, changed ones get
@@ -226,7 +253,7 @@ func (a *Appliance) serveReload() error {
 			rep.Errors = append(rep.Errors, err.Error())
 		}
 		data, _ := json.Marshal(rep) // plain strings: cannot fail
-		_ = m.Respond(data)          // the caller may have gone
+		a.respond(m, data)
 	})
 	if err != nil {
 		return fmt.Errorf("serve %s: %w", SubjectReloadPrograms, err)

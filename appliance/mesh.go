@@ -96,6 +96,8 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 			}
 		},
 		OnCredential: a.credentialChanged,
+		Replies:      a.rc,
+		Local:        &natsSrv.auth.rights,
 		Logger:       a.logger,
 		Metrics:      a.registry,
 	}
@@ -170,6 +172,7 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 		StartedAt:         a.startedAt,
 		Link:              staticRoutes{Bridge: b, static: a.cfg.Bridge.Routes},
 		Conn:              a.nc,
+		Replies:           a.rc,
 		DiscoveryInterval: a.cfg.Mesh.DiscoveryInterval.D(),
 		HeartbeatInterval: a.cfg.Mesh.HeartbeatInterval.D(),
 		MissedHeartbeats:  a.cfg.Mesh.MissedHeartbeats,

@@ -166,7 +166,7 @@ func (a *Appliance) startModules(ctx context.Context, hosted []string) error {
 	a.mods.Store(sup)
 	if _, err := a.nc.Subscribe(SubjectModules, func(msg *nats.Msg) {
 		data, _ := json.Marshal(sup.Status()) // plain values: cannot fail
-		_ = msg.Respond(data)                 // the caller may have gone
+		a.respond(msg, data)
 	}); err != nil {
 		return fmt.Errorf("serve %s: %w", SubjectModules, err)
 	}
@@ -232,7 +232,7 @@ func (a *Appliance) answerModule(msg *nats.Msg, sup *modules.Supervisor, control
 		a.logger.Info("module "+req.Action+" by hand", "module", req.Module)
 	}
 	data, _ := json.Marshal(rep) // plain values: cannot fail
-	_ = msg.Respond(data)        // the caller may have gone
+	a.respond(msg, data)
 }
 
 // publishModuleLine hands a line of a module's output to followers of

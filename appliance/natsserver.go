@@ -120,6 +120,24 @@ func (n *natsServer) connect(name string, extra ...nats.Option) (*nats.Conn, err
 	return nats.Connect("", opts...)
 }
 
+// connectResponder opens the node's responder connection (in process):
+// it may publish on _INBOX.> and nothing else, so an answer the node gives
+// a local client can never land on the node's own subjects, the JetStream
+// API or a mesh subject, whatever reply subject the client gave. A
+// publish the server refuses is logged here (the checks before it should
+// have refused it: localrights.go).
+func (n *natsServer) connectResponder(name string, logger *slog.Logger) (*nats.Conn, error) {
+	return nats.Connect("",
+		nats.Name(name),
+		n.auth.responderOption(),
+		nats.InProcessServer(n.srv),
+		nats.MaxReconnects(-1),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			logger.Warn("the responder connection was refused a publish", "err", err)
+		}),
+	)
+}
+
 func (n *natsServer) close() {
 	if n == nil || n.srv == nil {
 		return

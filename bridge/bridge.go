@@ -86,6 +86,10 @@ type Bridge struct {
 	sysQ       chan sysMsg // system messages for Config.OnSystem
 	deadCount  atomic.Uint64
 	unsealSeen sync.Map // causes of refused sealed messages already logged (sealing.go)
+	// Causes of refused local messages already logged, and how many
+	// (localclients.go).
+	localSeen  sync.Map
+	localSeenN atomic.Int64
 
 	// testAfterDial, when set (by tests), runs once a session's connections
 	// are open, before its setup.
@@ -500,7 +504,11 @@ func (b *Bridge) reply(m *nats.Msg) {
 	if m.Subject == "" {
 		return
 	}
-	_ = b.bc.PublishMsg(m) // fails only when bc is closed: nobody to answer
+	conn := b.bc
+	if b.cfg.Replies != nil {
+		conn = b.cfg.Replies
+	}
+	_ = conn.PublishMsg(m) // fails only when the connection is closed: nobody to answer
 }
 
 // replyError answers a local program with a NATS micro style error.

@@ -109,6 +109,15 @@ type Config struct {
 	// Dial opens a connection to the node's embedded NATS server with the
 	// extra options given (the bridge asks for NoEcho). Required.
 	Dial func(opts ...nats.Option) (*nats.Conn, error)
+	// Replies, when set, is the connection the bridge answers local
+	// clients on (calls, errors, acknowledgements): the node's responder,
+	// which may publish on inboxes only. The bridge does not close it.
+	// Nil: answers go out on the bridge's own connection.
+	Replies *nats.Conn
+	// Local, when set, says what local clients may do themselves; the
+	// bridge acts on a client's reply subject and result topic only within
+	// it (localclients.go). Nil trusts every local client.
+	Local LocalRights
 	// OnSystem, when set, receives system messages (sys.<key> broadcasts and
 	// messages addressed to this node) from other nodes. It is called from
 	// one goroutine, in order; it must not block for long.

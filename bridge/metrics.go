@@ -21,6 +21,7 @@ var allStates = []string{StateNone, StateConnecting, StateConnected, StateOfflin
 // Error kinds in meshbox_errors_total{kind}.
 const (
 	errKindBadInput    = "bad_input"    // a local program sent something invalid (400)
+	errKindForbidden   = "forbidden"    // a local client asked the node for what it may not do itself: a reply subject it may not receive on, a result topic it may not publish (403, or dropped)
 	errKindMalformed   = "malformed"    // a broker message could not be used (dead-lettered)
 	errKindForged      = "forged"       // a message whose origin is not validated, or a reply from another node than asked (dropped)
 	errKindDeadLetter  = "dead_letter"  // a command exhausted its retry budget or had no route

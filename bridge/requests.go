@@ -39,6 +39,9 @@ func (b *Bridge) onCapRequest(msg *nats.Msg) {
 		b.m.err(errKindBadInput)
 		return
 	}
+	if !b.replyOK(msg) {
+		return
+	}
 	name := msg.Subject[len(subjCapPrefix):]
 	timeout, err := b.requestTimeout(msg)
 	if err != nil {
@@ -60,6 +63,9 @@ func (b *Bridge) onCapRequest(msg *nats.Msg) {
 func (b *Bridge) onNodeCapRequest(msg *nats.Msg) {
 	if msg.Reply == "" {
 		b.m.err(errKindBadInput)
+		return
+	}
+	if !b.replyOK(msg) {
 		return
 	}
 	node, name, ok := parseNodeCapSubject(msg.Subject)

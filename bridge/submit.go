@@ -45,10 +45,15 @@ func (s *submissions) nextSeq() uint64 { return s.seq.Add(1) - 1 }
 // onSubmitCommand accepts cmd.<stage> from a local program. The reply (if
 // the program asked for one) comes once the command is durable.
 func (b *Bridge) onSubmitCommand(msg *nats.Msg) {
+	if !b.replyOK(msg) {
+		return
+	}
 	stage := msg.Subject[len(subjCmdPrefix):]
 	rec, err := b.submission(kindCommand, stage, msg)
 	if err != nil {
-		b.m.err(errKindBadInput)
+		if !isForbidden(err) {
+			b.m.err(errKindBadInput)
+		}
 		b.replyError(msg.Reply, err)
 		return
 	}
@@ -61,6 +66,9 @@ func (b *Bridge) onSubmitCommand(msg *nats.Msg) {
 // so every event seen here is a program's: a Meshbox-Origin it carries is
 // not the node's word and changes nothing (callerHeaders drops it).
 func (b *Bridge) onSubmitEvent(msg *nats.Msg) {
+	if !b.replyOK(msg) {
+		return
+	}
 	topic := msg.Subject[len(subjEvtPrefix):]
 	rec, err := b.submission(kindEvent, topic, msg)
 	if err != nil {
@@ -102,6 +110,9 @@ func (b *Bridge) submission(kind recordKind, name string, msg *nats.Msg) (*recor
 	if topic := msg.Header.Get(HeaderResultTopic); topic != "" && kind == kindCommand { // on an event: dropped like any Meshbox-* header
 		if err := names.Topic(topic); err != nil {
 			return nil, fmt.Errorf("%w: header %s: %v", ErrBadInput, HeaderResultTopic, err)
+		}
+		if err := b.resultTopicOK(name, topic); err != nil {
+			return nil, err
 		}
 		if hdr == nil {
 			hdr = nats.Header{}

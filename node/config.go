@@ -51,6 +51,9 @@ type Config struct {
 	// Conn, when set, is an in-process connection to the node's NATS
 	// server on which the node serves $MESH.peers and $MESH.caps.
 	Conn *nats.Conn
+	// Replies, when set, is the connection the node answers on there (the
+	// node's responder, which may publish on inboxes only); nil: Conn.
+	Replies *nats.Conn
 	// OnLocalChange, when set, is called with the sorted capabilities and
 	// stages hosted locally each time they change (first after Start). It
 	// runs on the node's effects goroutine and must not block for long.

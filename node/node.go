@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -358,7 +359,14 @@ func (n *Node) serveAPILocked() error {
 				n.logger.Error("encode API reply", "subject", msg.Subject, "err", err)
 				return
 			}
-			_ = msg.Respond(data) // the caller may be gone; nothing to do then
+			if msg.Reply == "" || !strings.HasPrefix(msg.Reply, "_INBOX.") {
+				return // answers go to inboxes only (the node's own connection may publish anywhere)
+			}
+			conn := n.cfg.Conn
+			if n.cfg.Replies != nil {
+				conn = n.cfg.Replies
+			}
+			_ = conn.Publish(msg.Reply, data) // the caller may be gone; nothing to do then
 		})
 		if err != nil {
 			for _, s := range n.subs {

@@ -32,6 +32,13 @@ const opTimeout = 30 * time.Second
 // ServerConfig is what a Server needs.
 type ServerConfig struct {
 	Conn *nats.Conn // the node's own connection to its server
+	// Replies, when set, is the connection the server answers on (the
+	// node's responder, which may publish on inboxes only); nil: Conn.
+	Replies *nats.Conn
+	// ReplyAllowed, when set, says whether a request on subject may be
+	// answered at reply (a party allowed to send it may receive there);
+	// a request refused is dropped and logged once per subject.
+	ReplyAllowed func(subject, reply string) error
 	// Store is the blob store if it exists (nil: it is made on the first
 	// SubjectOpen request, with Limits).
 	Store  *Store
@@ -43,17 +50,18 @@ type ServerConfig struct {
 // the store within its limits. Build it with NewServer, stop it with
 // Close.
 type Server struct {
-	cfg    ServerConfig
-	ix     *indexes
-	subs   []*nats.Subscription
-	sem    chan struct{}   // a token per chunk read in progress
-	bufs   sync.Pool       // *[]byte of ChunkSize
-	wake   chan struct{}   // cap 1: the keeper looks at the store again
-	quit   chan struct{}   // closed by Close
-	ctx    context.Context // cancelled by Close
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // the keeper and chunk readers
-	once   sync.Once
+	cfg     ServerConfig
+	refused sync.Map // subjects of requests refused for their reply subject, logged once
+	ix      *indexes
+	subs    []*nats.Subscription
+	sem     chan struct{}   // a token per chunk read in progress
+	bufs    sync.Pool       // *[]byte of ChunkSize
+	wake    chan struct{}   // cap 1: the keeper looks at the store again
+	quit    chan struct{}   // closed by Close
+	ctx     context.Context // cancelled by Close
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup // the keeper and chunk readers
+	once    sync.Once
 
 	// usage is what the keeper last saw: blobs, bytes, and the blobs
 	// retention deleted since start.
@@ -103,7 +111,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		MetaSubjects: s.onMeta,
 		SubjectOpen:  s.onOpen,
 	} {
-		sub, err := cfg.Conn.Subscribe(subj, h)
+		h := h
+		sub, err := cfg.Conn.Subscribe(subj, func(m *nats.Msg) {
+			if s.replyOK(m) {
+				h(m)
+			}
+		})
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("blob server: subscribe %s: %w", subj, err)
@@ -156,10 +169,10 @@ func (s *Server) onOpen(m *nats.Msg) {
 	ctx, cancel := context.WithTimeout(s.ctx, opTimeout)
 	defer cancel()
 	if _, err := s.Open(ctx); err != nil {
-		respondError(m, CodeInternal, err.Error())
+		s.respondError(m, CodeInternal, err.Error())
 		return
 	}
-	_ = m.Respond([]byte(`{"bucket":"` + Bucket + `"}`)) // the caller may have gone
+	s.respond(m, []byte(`{"bucket":"`+Bucket+`"}`))
 }
 
 // onMeta hears an object's metadata as it is put or deleted: it forgets
@@ -296,33 +309,33 @@ func (s *Server) setUsage(list []Info, pruned int, err error) {
 func (s *Server) onManifest(m *nats.Msg) {
 	var req ManifestRequest
 	if err := json.Unmarshal(m.Data, &req); err != nil {
-		respondError(m, CodeBadInput, "bad manifest request: "+err.Error())
+		s.respondError(m, CodeBadInput, "bad manifest request: "+err.Error())
 		return
 	}
 	if err := CheckSHA256(req.SHA256); err != nil {
-		respondError(m, CodeBadInput, err.Error())
+		s.respondError(m, CodeBadInput, err.Error())
 		return
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, opTimeout)
 	defer cancel()
 	store := s.store.Load()
 	if store == nil {
-		respondError(m, CodeNotFound, fmt.Sprintf("%v: %s (the node has no blobs)", ErrNotFound, req.SHA256))
+		s.respondError(m, CodeNotFound, fmt.Sprintf("%v: %s (the node has no blobs)", ErrNotFound, req.SHA256))
 		return
 	}
 	// The blob may have gone since its index was built.
 	if _, err := store.Stat(ctx, req.SHA256); err != nil {
 		s.ix.forget(req.SHA256)
-		respondStoreError(m, err)
+		s.respondStoreError(m, err)
 		return
 	}
 	ix, err := s.ix.get(ctx, s.ctx, store, req.SHA256)
 	if err != nil {
-		respondStoreError(m, err)
+		s.respondStoreError(m, err)
 		return
 	}
 	if req.From < 0 || req.From > len(ix.hashes) {
-		respondError(m, CodeBadInput, fmt.Sprintf("from %d out of range 0..%d", req.From, len(ix.hashes)))
+		s.respondError(m, CodeBadInput, fmt.Sprintf("from %d out of range 0..%d", req.From, len(ix.hashes)))
 		return
 	}
 	to := min(len(ix.hashes), req.From+ManifestPage)
@@ -330,7 +343,7 @@ func (s *Server) onManifest(m *nats.Msg) {
 		SHA256: ix.sha, Size: ix.size, ChunkSize: ChunkSize, Chunks: len(ix.hashes),
 		From: req.From, Hashes: ix.hashes[req.From:to], Modified: ix.modified,
 	})
-	_ = m.Respond(data) // the caller may have gone
+	s.respond(m, data)
 }
 
 // onChunk answers a ChunkRequest on a reader of its own, at most
@@ -338,11 +351,11 @@ func (s *Server) onManifest(m *nats.Msg) {
 func (s *Server) onChunk(m *nats.Msg) {
 	var req ChunkRequest
 	if err := json.Unmarshal(m.Data, &req); err != nil {
-		respondError(m, CodeBadInput, "bad chunk request: "+err.Error())
+		s.respondError(m, CodeBadInput, "bad chunk request: "+err.Error())
 		return
 	}
 	if err := CheckSHA256(req.SHA256); err != nil {
-		respondError(m, CodeBadInput, err.Error())
+		s.respondError(m, CodeBadInput, err.Error())
 		return
 	}
 	select {
@@ -358,12 +371,12 @@ func (s *Server) onChunk(m *nats.Msg) {
 		defer cancel()
 		store := s.store.Load()
 		if store == nil {
-			respondError(m, CodeNotFound, fmt.Sprintf("%v: %s (the node has no blobs)", ErrNotFound, req.SHA256))
+			s.respondError(m, CodeNotFound, fmt.Sprintf("%v: %s (the node has no blobs)", ErrNotFound, req.SHA256))
 			return
 		}
 		ix, err := s.ix.get(ctx, s.ctx, store, req.SHA256)
 		if err != nil {
-			respondStoreError(m, err)
+			s.respondStoreError(m, err)
 			return
 		}
 		bp := s.bufs.Get().(*[]byte)
@@ -378,27 +391,59 @@ func (s *Server) onChunk(m *nats.Msg) {
 				s.ix.forget(req.SHA256)
 				code, err = CodeNotFound, fmt.Errorf("%w: %s", ErrNotFound, req.SHA256)
 			}
-			respondError(m, code, err.Error())
+			s.respondError(m, code, err.Error())
 			return
 		}
-		_ = m.Respond(data) // the caller may have gone
+		s.respond(m, data)
 	}()
 }
 
-func respondStoreError(m *nats.Msg, err error) {
+func (s *Server) respondStoreError(m *nats.Msg, err error) {
 	if errors.Is(err, ErrNotFound) {
-		respondError(m, CodeNotFound, err.Error())
+		s.respondError(m, CodeNotFound, err.Error())
 		return
 	}
-	respondError(m, CodeInternal, err.Error())
+	s.respondError(m, CodeInternal, err.Error())
 }
 
 // respondError answers m with a NATS micro error.
-func respondError(m *nats.Msg, code int, text string) {
+func (s *Server) respondError(m *nats.Msg, code int, text string) {
 	r := nats.NewMsg(m.Reply)
 	r.Header.Set(headerError, text)
 	r.Header.Set(headerErrorCode, strconv.Itoa(code))
-	_ = m.RespondMsg(r) // the caller may have gone
+	s.send(r)
+}
+
+// respond answers m with data.
+func (s *Server) respond(m *nats.Msg, data []byte) {
+	s.send(&nats.Msg{Subject: m.Reply, Data: data})
+}
+
+// send publishes an answer on the replies connection.
+func (s *Server) send(r *nats.Msg) {
+	if r.Subject == "" {
+		return
+	}
+	conn := s.cfg.Conn
+	if s.cfg.Replies != nil {
+		conn = s.cfg.Replies
+	}
+	_ = conn.PublishMsg(r) // the caller may have gone
+}
+
+// replyOK checks m's reply subject before the server acts on m.
+func (s *Server) replyOK(m *nats.Msg) bool {
+	if m.Reply == "" || s.cfg.ReplyAllowed == nil {
+		return true
+	}
+	err := s.cfg.ReplyAllowed(m.Subject, m.Reply)
+	if err == nil {
+		return true
+	}
+	if _, seen := s.refused.LoadOrStore(m.Subject, true); !seen {
+		s.cfg.Logger.Warn("blob request refused (logged once per subject)", "subject", m.Subject, "err", err)
+	}
+	return false
 }
 
 // The NATS micro error headers.

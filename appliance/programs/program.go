@@ -143,19 +143,22 @@ func (p Program) Permissions() *server.Permissions {
 	for _, t := range p.Subscribe {
 		sub = append(sub, subjEvt+t)
 	}
-	perms := &server.Permissions{
+	if len(p.Host) > 0 || len(p.Serve) > 0 {
+		// A host answers calls, a handler commands: both on inboxes.
+		// Not the server's allow_responses: it lets a client publish on
+		// the reply subject of any message it receives, whatever its
+		// other rights say, and a caller chooses its reply subject
+		// freely: a program that may call and host the same capability
+		// (or publish and subscribe an event topic) could make itself
+		// any reply subject it likes ($JS.API..., $MESH..., cmd.<any>).
+		// Inboxes carry unguessable tokens, so the right to publish
+		// under _INBOX. reaches only the callers whose calls it received.
+		pub = append(pub, inboxRoot+">")
+	}
+	return &server.Permissions{
 		Publish:   &server.SubjectPermission{Allow: append([]string{}, dedupe(pub)...)},
 		Subscribe: &server.SubjectPermission{Allow: dedupe(sub)},
 	}
-	if len(p.Host) > 0 || len(p.Serve) > 0 {
-		// A host answers each call it receives once; a handler replies
-		// once per command.
-		perms.Response = &server.ResponsePermission{
-			MaxMsgs: server.DEFAULT_ALLOW_RESPONSE_MAX_MSGS,
-			Expires: server.DEFAULT_ALLOW_RESPONSE_EXPIRATION,
-		}
-	}
-	return perms
 }
 
 // blobSubjects are what a program with blob rights may publish: the

@@ -53,7 +53,10 @@ func TestPermissions(t *testing.T) {
 	p := Program{Name: "thumbs", Host: []string{"resize"}, Call: []string{"echo"}, Serve: []string{"thumbs"},
 		Submit: []string{"mail"}, Publish: []string{"door.opened"}, Subscribe: []string{"door.>"}}
 	perms := p.Permissions()
-	wantPub := []string{"cap.echo", "cmd.mail", "evt.door.opened", "node.*.cap.echo"}
+	// A host and handler answers on inboxes (its callers'): no
+	// allow_responses, which would let it publish on any reply subject a
+	// caller chose.
+	wantPub := []string{"_INBOX.>", "cap.echo", "cmd.mail", "evt.door.opened", "node.*.cap.echo"}
 	wantSub := []string{"_INBOX.thumbs.>", "cap.resize", "evt.door.>", "work.thumbs"}
 	if !slices.Equal(perms.Publish.Allow, wantPub) {
 		t.Errorf("publish: got %v, want %v", perms.Publish.Allow, wantPub)
@@ -61,8 +64,8 @@ func TestPermissions(t *testing.T) {
 	if !slices.Equal(perms.Subscribe.Allow, wantSub) {
 		t.Errorf("subscribe: got %v, want %v", perms.Subscribe.Allow, wantSub)
 	}
-	if perms.Response == nil || perms.Response.MaxMsgs != 1 {
-		t.Errorf("responses: got %+v, want one reply per request (a host)", perms.Response)
+	if perms.Response != nil {
+		t.Errorf("responses: got %+v, want none (allow_responses passes any reply subject a caller chose)", perms.Response)
 	}
 
 	// A program that only listens may publish nothing: an empty allow
@@ -74,8 +77,16 @@ func TestPermissions(t *testing.T) {
 	if quiet.Response != nil {
 		t.Errorf("responses of a listener: got %+v, want none", quiet.Response)
 	}
+	if slices.Contains(quiet.Publish.Allow, "_INBOX.>") || slices.Contains(Program{Name: "c", Call: []string{"x"}}.Permissions().Publish.Allow, "_INBOX.>") {
+		t.Errorf("a program that neither hosts nor serves may publish on inboxes")
+	}
 	for _, s := range append(perms.Subscribe.Allow, perms.Publish.Allow...) {
-		if strings.HasPrefix(s, "$MESH") || s == "_INBOX.>" || s == "work.>" || s == "cap.>" || s == ">" {
+		if strings.HasPrefix(s, "$MESH") || s == "work.>" || s == "cap.>" || s == ">" {
+			t.Errorf("permission %q reaches beyond the program's lists", s)
+		}
+	}
+	for _, s := range perms.Subscribe.Allow {
+		if s == "_INBOX.>" {
 			t.Errorf("permission %q reaches beyond the program's lists", s)
 		}
 	}

@@ -87,7 +87,9 @@ func TestLocalAdversary(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused("work.chores")
-	for _, subj := range []string{"cmd.chores", "evt.alarm.off", appliance.SubjectReloadPrograms, "_INBOX.other.x"} {
+	// (A host may publish on inboxes, where it answers its callers; see
+	// TestLocalConfusedDeputy.)
+	for _, subj := range []string{"cmd.chores", "evt.alarm.off", appliance.SubjectReloadPrograms} {
 		if err := prog.Publish(subj, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -154,5 +156,165 @@ func TestLocalAdversary(t *testing.T) {
 			nc.Close()
 		}
 		t.Errorf("a removed program's key: got %v, want an authorization violation", err)
+	}
+}
+
+// TestLocalConfusedDeputy lets programs on alpha try to make the node (or
+// a host) publish for them where they may not publish themselves: a
+// program allowed only to call echo gives its calls reply subjects of its
+// choosing (the JetStream API, an event topic, another program's inbox,
+// the node's own subjects), a program that hosts and calls a capability
+// answers its own call at such a subject, and a program that may submit
+// to stage s3 names a result topic it may not publish. Each is refused
+// and counted under forbidden; the controls (own inbox, a result topic
+// every submitter of the stage may publish) work.
+func TestLocalConfusedDeputy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL, RabbitMQ and two nodes")
+	}
+	alpha, beta, _ := twoNodeMesh(t)
+	onAlpha, onBeta := alpha.Connect(t), beta.Connect(t)
+
+	// echo reflects its input: hosted on beta (a remote call through
+	// alpha's bridge) and, as lecho, on alpha (node.alpha.cap.lecho).
+	for nc, subj := range map[*nats.Conn]string{onBeta: "cap.echo", onAlpha: "cap.lecho"} {
+		if _, err := nc.Subscribe(subj, func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitView(t, alpha.HTTPURL(), 20*time.Second, "echo on beta seen from alpha", func(v meshView) bool {
+		return slices.Contains(v.Capabilities.Remote["echo"], "beta")
+	})
+
+	caller := programs.Program{Name: "caller", Call: []string{"echo", "lecho"}}
+	victim := programs.Program{Name: "victim", Subscribe: []string{"alarm.off"}}
+	selfie := programs.Program{Name: "selfie", Host: []string{"mirror"}, Call: []string{"mirror"}}
+	submitter := programs.Program{Name: "submitter", Submit: []string{"s3"}, Publish: []string{"s3.done"}}
+	conns := map[string]*nats.Conn{}
+	for _, p := range []programs.Program{caller, victim, selfie, submitter} {
+		creds := meshtest.AddProgram(t, alpha.NATSURL(), alpha.DataDir(), p)
+		conns[p.Name] = meshtest.ProgramConn(t, alpha.NATSURL(), creds, p, nats.NoReconnect(),
+			nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	}
+
+	// Everything that lands where the attacks aim is counted.
+	landed := make(chan string, 64)
+	count := func(m *nats.Msg) { landed <- m.Subject + " " + string(m.Data) }
+	if _, err := conns["victim"].Subscribe("evt.alarm.off", count); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conns["victim"].Subscribe("_INBOX.victim.>", count); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := onAlpha.Subscribe("$MESH.stolen", count); err != nil {
+		t.Fatal(err)
+	}
+	for _, nc := range []*nats.Conn{conns["victim"], onAlpha} {
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// JetStream runs on alpha (its blob store), so a stream made through
+	// the API would exist.
+	if _, err := onAlpha.Request("$JS.API.INFO", nil, 5*time.Second); err != nil {
+		t.Fatalf("alpha's JetStream API: %v", err)
+	}
+	forbidden := func() float64 {
+		v, _ := scrape(t, alpha.HTTPURL()).value("meshbox_errors_total", "kind=forbidden")
+		return v
+	}
+	before := forbidden()
+
+	// Control: the caller's own inbox gets its answers, remote and local.
+	for _, subj := range []string{"cap.echo", "node.beta.cap.echo", "node.alpha.cap.lecho"} {
+		if r, err := conns["caller"].Request(subj, []byte("hello"), 10*time.Second); err != nil || string(r.Data) != "hello" {
+			t.Fatalf("control: %s from the caller's inbox: got %v %v, want hello", subj, r, err)
+		}
+	}
+
+	// 1. The node as the caller's deputy.
+	capture := `{"name":"CAPTURE","subjects":["work.>"],"storage":"memory"}`
+	attacks := []struct{ subj, reply, data string }{
+		{"cap.echo", "$JS.API.STREAM.CREATE.CAPTURE", capture},
+		{"node.beta.cap.echo", "evt.alarm.off", "from beta"},
+		{"node.alpha.cap.lecho", "evt.alarm.off", "from alpha"},
+		{"cap.echo", "_INBOX.victim.x", "into the victim's inbox"},
+		{"cap.echo", "$MESH.stolen", "the node's own subject"},
+		{"node.nosuch.cap.echo", "evt.alarm.off", "an error text"},
+	}
+	for _, a := range attacks {
+		if err := conns["caller"].PublishRequest(a.subj, a.reply, []byte(a.data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 2. A host answering its own call at a subject it may not publish.
+	if _, err := conns["selfie"].Subscribe("cap.mirror", func(m *nats.Msg) { _ = m.Respond([]byte("mirrored")) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := conns["selfie"].PublishRequest("cap.mirror", "evt.alarm.off", nil); err != nil {
+		t.Fatal(err)
+	}
+	// Control: the host still answers its callers (here itself) on
+	// their inbox.
+	if r, err := conns["selfie"].Request("cap.mirror", nil, 10*time.Second); err != nil || string(r.Data) != "mirrored" {
+		t.Fatalf("control: the host answers on its caller's inbox: got %v %v", r, err)
+	}
+
+	// 3. A result topic the submitter may not publish: 403, not accepted.
+	sub := &nats.Msg{Subject: "cmd.s3", Data: []byte("job"), Header: nats.Header{bridge.HeaderResultTopic: {"alarm.off"}}}
+	r, err := conns["submitter"].RequestMsg(sub, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := r.Header.Get("Nats-Service-Error-Code"); code != "403" || r.Header.Get(bridge.HeaderAccepted) != "" {
+		t.Errorf("result topic alarm.off from a program that may not publish it: got code %q accepted %q (%v), want 403 and not accepted",
+			code, r.Header.Get(bridge.HeaderAccepted), r.Header)
+	}
+	// Control: a result topic every submitter of s3 may publish; its
+	// handler (on alpha) answers and the result is published there.
+	results, err := onAlpha.SubscribeSync("evt.s3.done")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := onAlpha.Subscribe("work.s3", func(m *nats.Msg) { _ = m.Respond([]byte("result")) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := onAlpha.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	sub.Header.Set(bridge.HeaderResultTopic, "s3.done")
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		r, err := conns["submitter"].RequestMsg(sub, 10*time.Second)
+		if err == nil && r.Header.Get(bridge.HeaderAccepted) != "" {
+			break
+		}
+		if time.Now().After(end) { // the stage's queue is declared once alpha sees its handler
+			t.Fatalf("control: result topic s3.done: got %v %v, want the command accepted", r, err)
+		}
+	}
+	if m, err := results.NextMsg(15 * time.Second); err != nil || string(m.Data) != "result" {
+		t.Errorf("control: the result on evt.s3.done: got %v %v", m, err)
+	}
+
+	// Nothing landed, JetStream has no new stream, and each refusal the
+	// node made is counted (the host's own publish is the server's
+	// refusal, not the node's).
+	deadline := time.After(3 * time.Second)
+	for done := false; !done; {
+		select {
+		case got := <-landed:
+			t.Errorf("an attack landed: %s", got)
+		case <-deadline:
+			done = true
+		}
+	}
+	if r, err := onAlpha.Request("$JS.API.STREAM.INFO.CAPTURE", nil, 5*time.Second); err != nil || !strings.Contains(string(r.Data), "not found") {
+		t.Errorf("stream CAPTURE: got %s %v, want not found", r.Data, err)
+	}
+	if got, want := forbidden()-before, float64(len(attacks)+1); got != want {
+		t.Errorf("meshbox_errors_total{kind=forbidden} grew by %v, want %v", got, want)
 	}
 }
