@@ -407,6 +407,7 @@ func (a *Appliance) bindingsChanged(snap cache.Snapshot, div cache.Divergence) {
 		kk.apply(snap) // before anything that may send
 	}
 	if b := a.bridge.Load(); b != nil {
+		b.SetSenderGenerations(snap.Bindings.SenderGenerations())
 		a.followBroker(b, snap, true)
 		b.ScopesChanged() // the stages it may host follow the scopes just applied
 	}

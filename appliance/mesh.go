@@ -108,6 +108,9 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 	if err != nil {
 		return fmt.Errorf("bridge: %w", err)
 	}
+	if ok { // before Start: the first deliveries are checked too
+		b.SetSenderGenerations(snap.Bindings.SenderGenerations())
+	}
 	if err := b.SetLocalInterest(ctx, hosted); err != nil { // before Start: only recorded
 		_ = b.Close()
 		return fmt.Errorf("bridge: %w", err)

@@ -70,6 +70,11 @@ type Bridge struct {
 	// peerCreds are the broker users other nodes' system messages came
 	// with (credential.go).
 	peerCreds peerCredentials
+	// senders are the credential generations accepted per node;
+	// forgedSeen the causes of forged deliveries already logged
+	// (senders.go).
+	senders    senders
+	forgedSeen forgedLog
 
 	// Routing and hosting (routeMu).
 	routeMu       sync.RWMutex

@@ -78,6 +78,13 @@ func (s *session) readCommand(f *stageFlow, d amqp.Delivery, a cmdAck) {
 			return
 		}
 	}
+	if fg := asForged(err); fg != nil && fg.cause == causeNewerGeneration && env != nil && env.attempt < b.cfg.RetryBudget {
+		// This node's bindings may not list a rotation's new generation
+		// yet (senders.go): given back after a pause, like a command
+		// sealed with a key this node does not hold yet.
+		s.requeueLater(&cmdCall{stage: stage, flow: f, ack: a, d: d, env: env, unopened: true})
+		return
+	}
 	if err != nil { // dead-lettered with the reason
 		bad := d // a copy: taking d's address would move every delivery to the heap
 		s.work(func() { s.deadCommand(&bad, a, stage, err, nil) })

@@ -161,6 +161,7 @@ func (s *session) publishDead(d *amqp.Delivery, queue string, reason error, stag
 	switch {
 	case isForged(reason):
 		b.m.err(errKindForged)
+		b.forgedRefused(asForged(reason), d.Type, d.UserId)
 	case errors.As(reason, &mf):
 		b.m.err(errKindMalformed)
 	default:

@@ -22,20 +22,34 @@ import (
 //     mesh's one credential. A node's user_id still wins over the header.
 
 // forged is a delivery whose origin cannot be trusted: it is dropped (dead-
-// lettered with the reason) and counted as errKindForged.
-type forged struct{ reason string }
+// lettered with the reason) and counted as errKindForged. cause is one of
+// the cause* constants (senders.go); "" is causeOther.
+type forged struct {
+	cause  string
+	reason string
+}
 
 func (e *forged) Error() string { return "forged message: " + e.reason }
 
 // decode validates a delivery of the given kind, and its origin against
-// the session's mode (see above).
+// the session's mode (see above) and the generations the bindings list
+// (senders.go). The origin is checked first: a delivery that no node
+// could have sent is forged, whatever else is wrong with it. A forged
+// delivery of a node's user comes with its envelope (for a command given
+// back while this node's bindings may lag a rotation).
 func (s *session) decode(kind string, d *amqp.Delivery) (*envelope, error) {
+	node, gen, nodeUser := ParseBrokerUser(d.UserId)
+	if s.perNode && !nodeUser {
+		return nil, &forged{cause: causeNoNodeUser, reason: fmt.Sprintf("user_id %q is not a node's broker user", d.UserId)}
+	}
 	env, err := decode(kind, fromAMQP(d), s.b.maxPayload())
 	if err != nil {
 		return nil, err
 	}
-	if s.perNode && !env.verified {
-		return nil, &forged{reason: fmt.Sprintf("user_id %q is not a node's broker user", d.UserId)}
+	if nodeUser {
+		if err := s.b.senders.check(node, gen); err != nil {
+			return env, err
+		}
 	}
 	// Opened only once the origin is validated: it is part of the seal.
 	if s.b.cfg.Keys != nil && sealable(kind) {
@@ -50,4 +64,13 @@ func (s *session) decode(kind string, d *amqp.Delivery) (*envelope, error) {
 func isForged(err error) bool {
 	var f *forged
 	return errors.As(err, &f)
+}
+
+// asForged returns err as a *forged, or nil.
+func asForged(err error) *forged {
+	var f *forged
+	if errors.As(err, &f) {
+		return f
+	}
+	return nil
 }

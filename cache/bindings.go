@@ -127,6 +127,12 @@ type NodeRecord struct {
 	// PublicKey is the node's HPKE public key (internal/seal) in standard
 	// base64, set by the node itself; empty until it first started.
 	PublicKey string `json:"public_key,omitempty"`
+	// Generations are the generations of the node's broker credential the
+	// mesh database lists (sorted): the newest, and during a rotation the
+	// older ones not yet revoked. Its peers accept its messages only from
+	// these broker users (bridge.BrokerUser). Empty in bindings read from a
+	// database or a cache file older than them.
+	Generations []int `json:"generations,omitempty"`
 }
 
 // Assignment says that this node hosts Module at Selection.
@@ -257,6 +263,10 @@ func (b Bindings) Normalize() Bindings {
 	slices.SortFunc(n.KeyHolders, func(a, b KeyHolder) int {
 		return cmp.Or(cmp.Compare(a.KeyID, b.KeyID), cmp.Compare(a.Node, b.Node))
 	})
+	for i, r := range n.Nodes {
+		n.Nodes[i].Generations = slices.Clone(r.Generations)
+		slices.Sort(n.Nodes[i].Generations)
+	}
 	slices.SortFunc(n.Nodes, func(a, b NodeRecord) int { return cmp.Compare(a.Name, b.Name) })
 	slices.SortFunc(n.Assignments, func(a, b Assignment) int { return cmp.Compare(a.Module, b.Module) })
 	slices.SortFunc(n.Overrides, func(a, b Override) int {
@@ -408,6 +418,20 @@ func hashNormalized(b Bindings) string {
 			}
 		}
 	}
+	// Likewise the nodes' credential generations.
+	hasGens := false
+	for _, n := range b.Nodes {
+		hasGens = hasGens || len(n.Generations) > 0
+	}
+	if hasGens {
+		put("generations")
+		for _, n := range b.Nodes {
+			putN(len(n.Generations))
+			for _, g := range n.Generations {
+				putN(g)
+			}
+		}
+	}
 	_ = w.Flush() // writes to a hash never fail
 	return hex.EncodeToString(h.Sum(nil))
 }
@@ -420,6 +444,24 @@ func (b Bindings) NodeRecord(name string) (NodeRecord, bool) {
 		}
 	}
 	return NodeRecord{}, false
+}
+
+// SenderGenerations returns, for every node, the generations of its broker
+// credential the bindings list (a node with none maps to an empty list),
+// or nil when no node has any: bindings read from a database or a cache
+// file older than the generations, or a mesh without broker users of its
+// nodes' own.
+func (b Bindings) SenderGenerations() map[string][]int {
+	out := make(map[string][]int, len(b.Nodes))
+	listed := false
+	for _, n := range b.Nodes {
+		out[n.Name] = slices.Clone(n.Generations)
+		listed = listed || len(n.Generations) > 0
+	}
+	if !listed {
+		return nil
+	}
+	return out
 }
 
 // key identifies a grant: consumer, resource and provider.

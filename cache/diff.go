@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -115,9 +116,9 @@ func Diff(old, new Bindings) Divergence {
 	o, n := old.Normalize(), new.Normalize()
 	var d Divergence
 
-	d = diffRows(d, KindNode, o.Nodes, n.Nodes,
-		func(r NodeRecord) string { return r.Name },
-		func(r NodeRecord) string { return describeNode(r) })
+	d = diffRows(d, KindNode, nodeRows(o.Nodes), nodeRows(n.Nodes),
+		func(r nodeRow) string { return r.name },
+		func(r nodeRow) string { return r.describe() })
 
 	oldKeys := make([]kv, 0, len(o.Settings))
 	for _, k := range sortedKeys(o.Settings) {
@@ -204,16 +205,37 @@ func describeCredential(c Credential) string {
 	return "credential " + redacted
 }
 
-func describeNode(r NodeRecord) string {
-	id := r.Identity
+// nodeRow is a NodeRecord in comparable form: its generations as text.
+type nodeRow struct {
+	name, publicName, identity, publicKey, generations string
+}
+
+func nodeRows(rs []NodeRecord) []nodeRow {
+	out := make([]nodeRow, len(rs))
+	for i, r := range rs {
+		gens := make([]string, len(r.Generations))
+		for j, g := range r.Generations {
+			gens[j] = strconv.Itoa(g)
+		}
+		out[i] = nodeRow{name: r.Name, publicName: r.PublicName, identity: r.Identity, publicKey: r.PublicKey,
+			generations: strings.Join(gens, ",")}
+	}
+	return out
+}
+
+func (r nodeRow) describe() string {
+	id := r.identity
 	if len(id) > 64 {
 		id = id[:64] + "..."
 	}
 	key := ""
-	if r.PublicKey != "" {
+	if r.publicKey != "" {
 		key = " public_key=set"
 	}
-	return fmt.Sprintf("public_name=%q identity=%q%s", r.PublicName, id, key)
+	if r.generations != "" {
+		key += " generations=" + r.generations
+	}
+	return fmt.Sprintf("public_name=%q identity=%q%s", r.publicName, id, key)
 }
 
 // diffRows sorts two lists by key, merges them and appends the differences.

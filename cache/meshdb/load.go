@@ -106,10 +106,46 @@ func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 	if err := loadKeys(ctx, tx, node, &b); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings", err)
 	}
+	if err := loadGenerations(ctx, tx, &b); err != nil {
+		return cache.Snapshot{}, db.wrap("load bindings: credential generations", err)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings", err)
 	}
 	return cache.NewSnapshot(rev, db.opts.Now(), db.addr, b), nil
+}
+
+// generationsSchema is the first schema version that lets every node read
+// every node's credential generations (migration 006).
+const generationsSchema = 6
+
+// loadGenerations fills in every node record's credential generations,
+// inside Load's transaction. A database not yet migrated to them leaves
+// the records without: the bridge then accepts any generation, as before.
+func loadGenerations(ctx context.Context, tx pgx.Tx, b *cache.Bindings) error {
+	v, err := schemaVersion(ctx, tx)
+	if err != nil || v < generationsSchema {
+		return err
+	}
+	type gen struct {
+		node string
+		gen  int
+	}
+	var gens []gen
+	if err := collect(ctx, tx, &gens, `SELECT node, generation FROM meshbox_node_generations()`, nil,
+		func(r pgx.Rows, g *gen) error { return r.Scan(&g.node, &g.gen) }); err != nil {
+		return err
+	}
+	at := make(map[string]int, len(b.Nodes))
+	for i, n := range b.Nodes {
+		at[n.Name] = i
+	}
+	for _, g := range gens {
+		if i, ok := at[g.node]; ok {
+			b.Nodes[i].Generations = append(b.Nodes[i].Generations, g.gen)
+		}
+	}
+	return nil
 }
 
 type kv struct{ k, v string }

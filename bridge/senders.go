@@ -1,0 +1,121 @@
+package bridge
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// This file holds which broker users may speak for which node. RabbitMQ
+// checks that a message's user_id is its connection's user, but any user
+// the broker's operator makes, node.<n>.g9 say, is a user: the user_id
+// alone proves only that the publisher logged in as a user of that name.
+// So a node accepts a node's user_id only for a generation the mesh
+// database lists for that node (its bindings, cache.Bindings.
+// SenderGenerations): the newest and, during a rotation, the older ones
+// not yet revoked. Every shape is checked, discovery included: a bye made
+// under node.a.g9 marks nobody gone.
+//
+// Until the bindings list generations (no bindings yet, a database or a
+// cache file older than them, a mesh whose nodes have no broker users of
+// their own) a node accepts every generation, as the broker does.
+//
+// A node's bindings may lag a rotation by the moment it takes to read
+// them again: a generation newer than any the bindings list is refused
+// like any other (what is a rotation to this node is a forgery to the
+// next), but a command of one is given back to its queue, like one sealed
+// with a key this node does not hold yet, until its retry budget is spent.
+
+// senders are the generations accepted per node; nil: not loaded, any
+// generation is accepted. The map is never modified once stored.
+type senders struct {
+	gens atomic.Pointer[map[string][]int]
+}
+
+// SetSenderGenerations sets, for every node of the mesh, the generations
+// of its broker credential this node accepts messages from (see above);
+// nil accepts any generation. The appliance calls it with every version of
+// the bindings. Safe for concurrent use.
+func (b *Bridge) SetSenderGenerations(gens map[string][]int) {
+	if gens == nil {
+		b.senders.gens.Store(nil)
+		return
+	}
+	c := make(map[string][]int, len(gens))
+	for n, g := range gens {
+		c[n] = slices.Sorted(slices.Values(g))
+	}
+	b.senders.gens.Store(&c)
+}
+
+// check returns nil when generation gen of node's broker user may speak
+// for node, else a *forged saying why.
+func (s *senders) check(node string, gen int) error {
+	p := s.gens.Load()
+	if p == nil {
+		return nil
+	}
+	gens, ok := (*p)[node]
+	switch {
+	case !ok:
+		return &forged{cause: causeUnknownNode, reason: fmt.Sprintf("node %s is not in this node's bindings", node)}
+	case slices.Contains(gens, gen):
+		return nil
+	case len(gens) == 0:
+		return &forged{cause: causeStaleGeneration, reason: fmt.Sprintf(
+			"broker user %s: node %s has no credential generation in this node's bindings", BrokerUser(node, gen), node)}
+	case gen > gens[len(gens)-1]:
+		return &forged{cause: causeNewerGeneration, reason: fmt.Sprintf(
+			"broker user %s: generation %d is newer than node %s's in this node's bindings (%v)", BrokerUser(node, gen), gen, node, gens)}
+	}
+	return &forged{cause: causeStaleGeneration, reason: fmt.Sprintf(
+		"broker user %s: generation %d is not one of node %s's in this node's bindings (%v)", BrokerUser(node, gen), gen, node, gens)}
+}
+
+// Causes of a forged delivery, the cause of its log line.
+const (
+	causeNoNodeUser      = "no_node_user"     // no user_id, or not a node's broker user
+	causeUnknownNode     = "unknown_node"     // a node's user, of a node the bindings do not have
+	causeStaleGeneration = "stale_generation" // a generation the bindings do not list (revoked, never made by the admin)
+	causeNewerGeneration = "newer_generation" // newer than every one the bindings list: a rotation this node has not read yet, or a forgery
+	causeOther           = "other"            // any other
+)
+
+// maxForgedLogged bounds the causes and senders whose forged deliveries
+// are logged: the senders are the attacker's to choose.
+const maxForgedLogged = 256
+
+// forgedLog remembers the (cause, sender) pairs already logged.
+type forgedLog struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+// first reports whether key is logged for the first time; past
+// maxForgedLogged keys, none is.
+func (l *forgedLog) first(key string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen[key] || len(l.seen) >= maxForgedLogged {
+		return false
+	}
+	if l.seen == nil {
+		l.seen = map[string]bool{}
+	}
+	l.seen[key] = true
+	return true
+}
+
+// forgedRefused logs a forged delivery once per cause and sender (its
+// user_id); meshbox_errors_total{kind="forged"} counts them all.
+func (b *Bridge) forgedRefused(f *forged, kind, userID string) {
+	cause := f.cause
+	if cause == "" {
+		cause = causeOther
+	}
+	if b.forgedSeen.first(cause + "/" + userID) {
+		b.log.Warn("forged message refused (logged once per cause and sender; meshbox_errors_total{kind=\"forged\"} counts them all)",
+			"shape", kind, "cause", cause, "user_id", userID, "detail", f.reason)
+	}
+}
