@@ -67,6 +67,8 @@ type Bridge struct {
 	stall        stallBook   // stall alarms of command stages
 	dead         deadBook    // dead letters per stage at the last look (deadletters.go)
 	handed       *handedOut  // ids of commands handed to local handlers, across sessions
+	events       eventMemory // events accepted from the mesh, across sessions (replay.go)
+	replaySeen   sync.Map    // causes of refused replays already logged (replay.go)
 	// peerCreds are the broker users other nodes' system messages came
 	// with (credential.go).
 	peerCreds peerCredentials

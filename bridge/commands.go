@@ -48,6 +48,9 @@ func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
 			continue
 		}
 		entries, err := decodeBatch(&d, MaxCommandBatch, batchLimit(s.b.maxPayload()))
+		if derr := checkDeaths(typeCommandBatch, d.RoutingKey, d.Headers); derr != nil {
+			err = derr // refused whole (replay.go)
+		}
 		if err != nil { // dead-lettered whole, with the reason
 			bad := d
 			s.work(func() { s.deadCommand(&bad, cmdAck{tag: bad.DeliveryTag}, f.stage, err, nil) })

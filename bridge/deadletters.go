@@ -331,6 +331,7 @@ func (b *Bridge) openDead(stage string, d *amqp.Delivery) (*envelope, string) {
 	orig.UserId = ""
 	orig.Redelivered = false
 	orig.RoutingKey = commandKey(stage)
+	orig.Headers = withoutDeaths(d.Headers) // how it died is the dead letter's, not a replay's mark
 	env, err := decode(typeCommand, fromAMQP(&orig), b.maxPayload())
 	if err != nil {
 		return nil, err.Error()

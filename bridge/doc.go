@@ -117,6 +117,54 @@
 // messages before they are sealed: sealing happens when a message is
 // published, with the key current then.
 //
+// # Replays
+//
+// A peer node may declare queues of its own with a dead-letter exchange
+// and reject into mesh what they receive: the broker publishes each
+// message again with its first publisher's user_id and seal, as often as
+// the peer likes (replay.go). Every message dead-lettered carries the
+// broker's x-death header, which no publisher can take off. meshbox's own
+// topology dead-letters into live traffic only from a stage's retry queue
+// back to cmd.<stage>, so a delivery with x-death is refused unless it is
+// a command whose every death is "expired" in retry.<stage> of its own
+// stage and which carries the retry copy's Meshbox-Attempts: events,
+// requests, replies, system messages, batches and every other command
+// are dropped (never dead-lettered: a dead letter per replay would let
+// the replayer fill the dead-letter queues), counted in
+// meshbox_replays_refused_total{shape,reason="dead_lettered"} and logged
+// once per cause. A dead letter read by the dead-letter operations keeps
+// its x-death: it is the dead letter's, and a replay of it is a new
+// message.
+//
+// What RabbitMQ cannot mark is a message published again with its
+// sender's own credential (the broker's operator can set any user's
+// password). Against that, in a mesh that seals, an event carries the
+// time it was sealed inside its seal (the deadline field, which an older
+// node does not read for events), and each node remembers the events it
+// accepted, by origin and message id, for eventWindow (the event queue's
+// 7-day expiry and the clock skew: the longest a legitimate event waits)
+// and at most 131,072 of them: an event of an origin and id it accepted
+// within the window is refused as a duplicate, one sealed before the
+// window or before the oldest it still remembers as expired (same
+// metric). So an event id names one event of its origin: a program that
+// sends two events with one Meshbox-Msg-Id has the second dropped by
+// every node that delivered the first, and an event the publisher sent
+// again after a lost confirm reaches subscribers once. The memory is the
+// process's: after a restart a node accepts once more an event it
+// accepted before. Events of a node of the previous version carry no
+// time: they are accepted (mixed versions keep working during an
+// upgrade) and deduplicated by id, with the time they arrived.
+//
+// Commands are at least once and keep their duplicates marked
+// (Meshbox-Redelivered): a replay through a dead-letter exchange is
+// refused as above; a command published again with its sender's
+// credential is marked as a possible duplicate by a node that handed the
+// same id out among its last 8,192 (seen.go), and acked without calling
+// the handler within the stage's window when the stage dedupes and the
+// id completed on this node (completed.go). Neither spans nodes: on
+// another node hosting the stage such a copy runs once more, marked
+// only if that node handed the id out before.
+//
 // # Scopes
 //
 // A scope is a smaller trust boundary inside the mesh (scopes.go): content
@@ -411,7 +459,8 @@
 // local program calling another node) and hostcalls.go (another node
 // calling a local program), commands.go, events.go (the other two
 // shapes), lease.go (handlers' progress, commands in flight),
-// completed.go (completed ids of deduping stages), retry.go (retry
+// completed.go (completed ids of deduping stages), replay.go (replays
+// refused: dead-lettered deliveries, events seen before), retry.go (retry
 // policies, permanent failures, the stage's extra queues), deadletters.go
 // (acting on dead letters), results.go (results as events), submit.go
 // (submissions and the outbox drainer), outbox.go and outbox_open.go (the

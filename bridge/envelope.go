@@ -138,6 +138,9 @@ type envelope struct {
 	replayedSealed   string
 	replayedText     string
 	resultTopic      string // Meshbox-Result-Topic
+	// Events: when the sender sealed it (zero: unsealed, or sealed by an
+	// older node, which did not stamp it; replay.go).
+	sealedAt time.Time
 }
 
 // delivery is the part of an amqp.Delivery that decode reads.
@@ -178,6 +181,9 @@ func bad(format string, args ...any) error { return &malformed{reason: fmt.Sprin
 func decode(kind string, d delivery, maxPayload int) (*envelope, error) {
 	if d.Type != kind {
 		return nil, bad("type %q, want %q", d.Type, kind)
+	}
+	if err := checkDeaths(kind, d.RoutingKey, d.Headers); err != nil {
+		return nil, err // dead-lettered by the broker where meshbox does not (replay.go)
 	}
 	// A sealed body holds the headers too (checked again once opened).
 	if len(d.Body) > maxPayload+maxHeaderBytes+sealSlack {

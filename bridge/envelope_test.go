@@ -75,8 +75,8 @@ func TestDecode(t *testing.T) {
 		{"delivery count not a number", typeCommand, func(d *delivery) { d.Redelivered = true; d.Headers["x-delivery-count"] = "1" }, "integer"},
 		{"payload too large", typeEvent, func(d *delivery) { d.Body = make([]byte, 101) }, "exceeds"},
 		{"broker headers ignored", typeEvent, func(d *delivery) {
-			d.Headers["x-death"] = []any{amqp.Table{"count": int64(1)}}
-			d.Headers["x-first-death-queue"] = "q"
+			d.Headers["x-received-from"] = []any{amqp.Table{"uri": "amqp://elsewhere"}}
+			d.Headers["x-delivery-count"] = int64(3)
 		}, ""},
 	}
 	for _, tt := range tests {

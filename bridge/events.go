@@ -39,6 +39,13 @@ func (s *session) republishEvent(d *amqp.Delivery) error {
 	if env.origin == b.cfg.Node {
 		return nil
 	}
+	if b.cfg.Keys != nil {
+		if reason := b.events.admit(env.origin, env.msgID, env.sealedAt, time.Now()); reason != "" {
+			b.replayRefused(&replayError{shape: typeEvent, reason: reason, detail: fmt.Sprintf(
+				"event %s of node %s sealed %s", env.msgID, env.origin, sealedText(env.sealedAt))}, env.origin)
+			return nil
+		}
+	}
 	b.m.msg(typeEvent, "in")
 	meta := map[string]string{HeaderOrigin: env.origin, HeaderMsgID: env.msgID}
 	if env.redelivered {
@@ -157,6 +164,13 @@ func (s *session) reject(d *amqp.Delivery, queue string, reason error) {
 // so mesh.dead). It reports whether the broker confirmed it.
 func (s *session) publishDead(d *amqp.Delivery, queue string, reason error, stage string, extra map[string]string) bool {
 	b := s.b
+	if re := asReplay(reason); re != nil {
+		// Dropped: a dead letter per replay would let the replayer fill
+		// the dead-letter queues.
+		origin, _, _ := ParseBrokerUser(d.UserId)
+		b.replayRefused(re, origin)
+		return true
+	}
 	var mf *malformed
 	switch {
 	case isForged(reason):

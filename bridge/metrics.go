@@ -46,6 +46,9 @@ type metrics struct {
 	byShape    map[string][2]prometheus.Counter // messages' counters (in, out) of each shape, looked up once
 	errors     *prometheus.CounterVec
 	unseal     *prometheus.CounterVec
+	// replays counts deliveries refused as replays, by shape and reason
+	// (replay.go).
+	replays *prometheus.CounterVec
 	// scopeRefused counts what this node refused to send for a scope it is
 	// not in, by kind (cap, stage, topic).
 	scopeRefused *prometheus.CounterVec
@@ -96,6 +99,10 @@ func newMetrics(b *Bridge) *metrics {
 		unseal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshbox_unseal_failures_total",
 			Help: "Sealed messages from the broker that were refused, by shape and reason (tampered, unknown_key, not_sealed, expired, malformed, wrong_scope).",
+		}, []string{"shape", "reason"}),
+		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshbox_replays_refused_total",
+			Help: "Messages from the broker refused as replays, by shape and reason (dead_lettered, duplicate, expired).",
 		}, []string{"shape", "reason"}),
 		scopeRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshbox_scope_refusals_total",
@@ -167,7 +174,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 		return nil
 	}
 	m.reg = reg
-	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.scopeRefused, m.duration, m.stalls, m.leaseExtensions, m.deduplicated, m.retries, m.results, m.deadLetters, m.batchSize, m.batchSplits, m.revoked}, m.outbox...)
+	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.replays, m.scopeRefused, m.duration, m.stalls, m.leaseExtensions, m.deduplicated, m.retries, m.results, m.deadLetters, m.batchSize, m.batchSplits, m.revoked}, m.outbox...)
 	for _, c := range all {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

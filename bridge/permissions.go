@@ -179,3 +179,27 @@ func stageAlternatives(stages []string) (string, error) {
 	}
 	return `(` + strings.Join(alts, "|") + `)`, nil
 }
+
+// Limits are the RabbitMQ user limits of a node's broker user: how many
+// connections and channels it may hold open on the broker at once, so
+// that no node can exhaust the broker for the others.
+type Limits struct {
+	MaxConnections int
+	MaxChannels    int
+}
+
+// NodeLimits returns the limits of every node's broker user. A session
+// holds two connections (publishing and consuming) and about eight
+// channels: two publishing ones; on the consuming connection the two
+// consume channels, the channel that declares stage queues, the stall
+// checker's, and one for each dead-letter operation while it runs (see
+// the package doc, Concurrency). After a link is cut, the broker keeps
+// the old pair until it misses two heartbeats (Config.Heartbeat, 5 s),
+// while the node reconnects within ReconnectMin..ReconnectMax: several
+// pairs may overlap for seconds, and meshbox doctor opens one more
+// connection with the same user. A credential rotation moves to another
+// user. The limits leave that room several times over and still bound a
+// node to a small share of a broker.
+func NodeLimits() Limits {
+	return Limits{MaxConnections: 32, MaxChannels: 256}
+}

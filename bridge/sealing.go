@@ -23,7 +23,8 @@ import (
 //	version | uvarint timeout (ms) | varint deadline (unix ms, 0: none)
 //	| uvarint nkeys {str key, uvarint nvals {str val}} | body
 //
-// (str: a uvarint length and the bytes): every application header,
+// (str: a uvarint length and the bytes; an event's deadline is the time
+// it was sealed, replay.go): every application header,
 // Content-Type and Content-Encoding included, and the body. The associated
 // data binds what routing reads and who sent it: the message type, its
 // routing key (target node, capability, stage or topic), message id,
@@ -117,6 +118,9 @@ func (o *outgoing) sealInto(p *amqp.Publishing, keys *seal.Keyring, origin strin
 	var deadline int64
 	if o.expire > 0 {
 		deadline = o.at.Add(o.expire).UnixMilli()
+	}
+	if o.kind == typeEvent {
+		deadline = time.Now().UnixMilli() // its freshness (replay.go); an older node reads no deadline of an event
 	}
 	buf = binary.AppendUvarint(buf, uint64(o.expire.Milliseconds()))
 	buf = binary.AppendVarint(buf, deadline)
@@ -240,6 +244,12 @@ func (b *Bridge) unseal(env *envelope, d *amqp.Delivery) error {
 			return fail(unsealExpired, "its sealed deadline passed %s ago: late or replayed", late.Round(time.Millisecond))
 		}
 		env.timeout = time.Duration(timeout) * time.Millisecond
+	}
+	if env.kind == typeEvent && deadline != 0 {
+		if deadline < 0 {
+			return fail(unsealMalformed, "an event sealed at %d", deadline)
+		}
+		env.sealedAt = time.UnixMilli(deadline)
 	}
 	if len(h) == 0 {
 		h = nil

@@ -91,8 +91,8 @@ func (a *Admin) DeclareMesh(ctx context.Context) error {
 
 // CreateGeneration creates (or, if it exists, resets) the broker user of
 // generation gen of node's credential with a new random password and no
-// tags and gives it bridge.NodePermissions for the stage allow-list on the
-// vhost. The vhost must exist (DeclareMesh). The node binds its own queues
+// tags, gives it bridge.NodePermissions for the stage allow-list on the
+// vhost, and sets its user limits (bridge.NodeLimits). The vhost must exist (DeclareMesh). The node binds its own queues
 // to mesh; an older mesh's exchange node.<n> is left to the node, which
 // deletes it once it runs with these permissions.
 func (a *Admin) CreateGeneration(ctx context.Context, node string, gen int, stages []string) (Credential, error) {
@@ -122,6 +122,7 @@ func (a *Admin) CreateGeneration(ctx context.Context, node string, gen int, stag
 			return a.c.UpdateTopicPermissionsIn(a.vhost, cred.User, rabbithole.TopicPermissions{
 				Exchange: perms.TopicExchange, Write: perms.TopicWrite, Read: perms.TopicRead})
 		}},
+		{"limits of " + cred.User, func() (*http.Response, error) { return a.putLimits(cred.User) }},
 	}
 	for _, st := range steps {
 		if err := a.call(ctx, st.what, st.do); err != nil {
@@ -148,6 +149,20 @@ func (a *Admin) SetStages(ctx context.Context, node string, gen int, stages []st
 		return a.c.UpdateTopicPermissionsIn(a.vhost, user, rabbithole.TopicPermissions{
 			Exchange: perms.TopicExchange, Write: perms.TopicWrite, Read: perms.TopicRead})
 	})
+}
+
+// SetLimits sets the user limits (bridge.NodeLimits) of an existing
+// generation's user: for a user made before limits existed.
+func (a *Admin) SetLimits(ctx context.Context, node string, gen int) error {
+	user := bridge.BrokerUser(node, gen)
+	return a.call(ctx, "limits of "+user, func() (*http.Response, error) { return a.putLimits(user) })
+}
+
+// putLimits sets bridge.NodeLimits on user.
+func (a *Admin) putLimits(user string) (*http.Response, error) {
+	l := bridge.NodeLimits()
+	return a.c.PutUserLimits(user, rabbithole.UserLimitsValues{
+		"max-connections": l.MaxConnections, "max-channels": l.MaxChannels})
 }
 
 // DeleteGeneration deletes the broker user of generation gen of node's

@@ -1,0 +1,249 @@
+package bridge
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"strings"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// This file refuses messages that other nodes sent once and that come
+// again: replays (see the package doc, Replays).
+//
+// A node may declare a queue of its own with a dead-letter exchange (it has
+// configure rights on its own queues), bind it to keys it may read and
+// reject what arrives: RabbitMQ then publishes each message again, with
+// its original user_id and its seal intact. Every message dead-lettered
+// that way carries the broker's x-death header, which no publisher can
+// remove. meshbox itself dead-letters into live traffic in one place only:
+// a stage's retry queue retry.<stage>, whose expired messages go back to
+// cmd.<stage> (retry.go). So a message with x-death is refused unless it
+// is a command whose every death is "expired" in its own stage's retry
+// queue and that carries the retry copy's Meshbox-Attempts. Refused
+// messages are dropped, not dead-lettered (a dead letter per replay would
+// let the replayer fill mesh.dead), counted in
+// meshbox_replays_refused_total{shape,reason} and logged once per cause.
+//
+// Events carry the time they were sealed inside the seal (sealing.go). A
+// node remembers the events it accepted (eventMemory) and refuses an
+// event of the same origin and message id again, and any event sealed
+// longer ago than eventWindow: the longest a legitimate event waits, in
+// its receiver's event queue (whose broker deletes it after
+// eventQueueExpiry unused).
+
+// Reasons a replay is refused, in meshbox_replays_refused_total{reason}.
+const (
+	replayDeadLettered = "dead_lettered" // came back through a dead-letter exchange other than a stage's retry queue
+	replayDuplicate    = "duplicate"     // an event this node accepted already
+	replayExpired      = "expired"       // an event sealed longer ago than the window, or before what this node still remembers
+)
+
+const (
+	// eventWindow is how long a node remembers the events it accepted, and
+	// how old a sealed event may be when it arrives: the life of an event
+	// queue nobody consumes, plus the clock skew nodes may have.
+	eventWindow = eventQueueExpiry + maxClockSkew
+	// eventMemoryLen bounds the events remembered: at about 40 bytes each,
+	// a few MB. When more arrive within the window, the oldest are
+	// forgotten and events sealed before them are refused as expired.
+	eventMemoryLen = 1 << 17
+)
+
+// replayError is a delivery refused as a replay.
+type replayError struct {
+	shape  string
+	reason string
+	detail string
+}
+
+func (e *replayError) Error() string {
+	return "replayed message refused (" + e.reason + "): " + e.detail
+}
+
+// asReplay returns err as a *replayError, or nil.
+func asReplay(err error) *replayError {
+	var re *replayError
+	if errors.As(err, &re) {
+		return re
+	}
+	return nil
+}
+
+// checkDeaths refuses a delivery of kind that the broker dead-lettered
+// anywhere but where meshbox's own topology does (see above). routingKey
+// and h are the delivery's.
+func checkDeaths(kind, routingKey string, h amqp.Table) error {
+	var deaths []string // the queues the delivery died in, as the broker says
+	for k, v := range h {
+		lk := strings.ToLower(k)
+		switch {
+		case lk == "x-death":
+			list, ok := v.([]any)
+			if !ok {
+				deaths = append(deaths, "?")
+				continue
+			}
+			for _, item := range list {
+				t, ok := item.(amqp.Table)
+				if !ok {
+					deaths = append(deaths, "?")
+					continue
+				}
+				q, _ := t["queue"].(string)
+				reason, _ := t["reason"].(string)
+				deaths = append(deaths, q+" "+reason)
+			}
+		case lk == "x-first-death-queue" || lk == "x-last-death-queue":
+			q, _ := v.(string)
+			deaths = append(deaths, q+" ")
+		}
+	}
+	if len(deaths) == 0 {
+		return nil
+	}
+	shape := kind
+	if kind == typeCommandBatch {
+		shape = typeCommand
+	}
+	if kind == typeCommand {
+		if stage, ok := parseNamed(routingKey, "cmd."); ok && retryDeaths(deaths, stage) && hasHeader(h, HeaderAttempts) {
+			return nil
+		}
+	}
+	return &replayError{shape: shape, reason: replayDeadLettered,
+		detail: fmt.Sprintf("a %s with key %s dead-lettered by the broker (%s)", shape, routingKey, strings.Join(deaths, ", "))}
+}
+
+// retryDeaths reports whether every death is stage's retry queue: expired
+// there (x-death), or named as the first or last (x-*-death-queue).
+func retryDeaths(deaths []string, stage string) bool {
+	q := retryQueue(stage)
+	for _, d := range deaths {
+		if d != q+" expired" && d != q+" " {
+			return false
+		}
+	}
+	return true
+}
+
+func hasHeader(h amqp.Table, key string) bool {
+	for k := range h {
+		if strings.EqualFold(k, key) {
+			return true
+		}
+	}
+	return false
+}
+
+// replayRefused counts a refused replay and logs the first of each cause
+// (shape and reason).
+func (b *Bridge) replayRefused(re *replayError, origin string) {
+	b.m.replays.WithLabelValues(re.shape, re.reason).Inc()
+	if _, seen := b.replaySeen.LoadOrStore(re.shape+"/"+re.reason, true); !seen {
+		b.log.Warn("replayed message refused (logged once per cause; meshbox_replays_refused_total counts them all)",
+			"shape", re.shape, "reason", re.reason, "origin", origin, "detail", re.detail)
+	}
+}
+
+// eventMemory remembers the events a node accepted: their origin and
+// message id (as a 64-bit hash: a collision refuses one event in about
+// 2^47 at the memory's size) with the time each was sealed, for
+// eventWindow and at most eventMemoryLen of them, the newest by sealing
+// time. Its zero value is ready; safe for concurrent use.
+type eventMemory struct {
+	mu    sync.Mutex
+	seed  maphash.Seed
+	set   map[uint64]struct{}
+	order eventHeap
+	// floor is the newest sealing time forgotten before its window ended
+	// (Unix ms): an event sealed at or before it may be one forgotten.
+	floor int64
+}
+
+// admit records the event of origin with id, sealed at sealed (zero: by
+// a node that does not stamp its events, then taken as now), and returns
+// "" when it is new, or the reason to refuse it.
+func (m *eventMemory) admit(origin, id string, sealed, now time.Time) string {
+	nowMs := now.UnixMilli()
+	t := nowMs
+	if !sealed.IsZero() {
+		t = min(sealed.UnixMilli(), nowMs) // a clock ahead must not lift the floor past now
+	}
+	if t < nowMs-eventWindow.Milliseconds() {
+		return replayExpired
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.set == nil {
+		m.seed = maphash.MakeSeed()
+		m.set = map[uint64]struct{}{}
+	}
+	if t <= m.floor {
+		return replayExpired
+	}
+	var h maphash.Hash
+	h.SetSeed(m.seed)
+	h.WriteString(origin)
+	h.WriteByte(0)
+	h.WriteString(id)
+	k := h.Sum64()
+	if _, ok := m.set[k]; ok {
+		return replayDuplicate
+	}
+	m.set[k] = struct{}{}
+	heap.Push(&m.order, eventSeen{at: t, key: k})
+	for len(m.order) > 0 && m.order[0].at < nowMs-eventWindow.Milliseconds() {
+		delete(m.set, heap.Pop(&m.order).(eventSeen).key)
+	}
+	for len(m.order) > eventMemoryLen {
+		e := heap.Pop(&m.order).(eventSeen)
+		delete(m.set, e.key)
+		m.floor = max(m.floor, e.at)
+	}
+	return ""
+}
+
+// eventSeen is one remembered event: when it was sealed (Unix ms) and the
+// hash of its origin and id.
+type eventSeen struct {
+	at  int64
+	key uint64
+}
+
+// eventHeap orders remembered events oldest first (container/heap).
+type eventHeap []eventSeen
+
+func (h eventHeap) Len() int           { return len(h) }
+func (h eventHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h eventHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *eventHeap) Push(x any)        { *h = append(*h, x.(eventSeen)) }
+func (h *eventHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+// withoutDeaths returns a copy of h without the broker's death headers.
+func withoutDeaths(h amqp.Table) amqp.Table {
+	out := make(amqp.Table, len(h))
+	for k, v := range h {
+		if lk := strings.ToLower(k); lk != "x-death" && !strings.HasPrefix(lk, "x-first-death-") && !strings.HasPrefix(lk, "x-last-death-") {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// sealedText says when an event was sealed, for a refusal's log line.
+func sealedText(at time.Time) string {
+	if at.IsZero() {
+		return "by an older node, without a time"
+	}
+	return "at " + stampTime(at)
+}

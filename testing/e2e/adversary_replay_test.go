@@ -1,0 +1,404 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
+)
+
+// replayMesh is a sealed mesh of alpha and beta (beta retries stage resize
+// once, after 300 ms in its retry queue) and the broker URL of mallory, a
+// node added with stage resize and its own real credential, played by a
+// raw AMQP client.
+func replayMesh(t *testing.T) (rmq *meshtest.Rabbit, vhost, db string, alpha, beta *meshtest.Process, malloryURL string) {
+	t.Helper()
+	rmq = meshtest.RabbitMQ(t)
+	retry, err := json.Marshal(map[string]any{"bridge": map[string]any{
+		"retry": map[string]any{"resize": map[string]any{"attempts": 2, "backoff": "300ms"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := filepath.Join(t.TempDir(), "beta.json")
+	if err := os.WriteFile(config, retry, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vhost, db, alpha, beta = sealedMeshOn(t, rmq, "--config", config)
+	env := []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}
+	if code, out, errOut := cliEnv(t, env, "mesh", "node", "add", "mallory", "--stages", "resize"); code != 0 {
+		t.Fatalf("mesh node add mallory: exit %d: %s%s", code, out, errOut)
+	}
+	t.Cleanup(func() { _, _, _ = cliEnv(t, env, "mesh", "node", "remove", "mallory", "--force") })
+	return rmq, vhost, db, alpha, beta, brokerURLOf(t, context.Background(), db, vhost, "mallory")
+}
+
+// replays reads node p's meshbox_replays_refused_total of shape and reason.
+func replays(t *testing.T, p *meshtest.Process, shape, reason string) float64 {
+	t.Helper()
+	v, _ := scrape(t, p.HTTPURL()).value("meshbox_replays_refused_total", "shape="+shape, "reason="+reason)
+	return v
+}
+
+// rejecter consumes queue q on conn and rejects (dead-letters) each
+// message until it has seen its id times+1 times, then acks it. It
+// returns how many it rejected so far.
+func rejecter(t *testing.T, conn *amqp.Connection, q string, times int) func() int {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := ch.Consume(q, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("mallory consumes %s: %v", q, err)
+	}
+	var mu sync.Mutex
+	seen := map[string]int{}
+	rejected := 0
+	go func() { // exits when the channel closes (the connection's cleanup)
+		for d := range ds {
+			mu.Lock()
+			seen[d.MessageId]++
+			again := seen[d.MessageId] <= times
+			if again {
+				rejected++
+			}
+			mu.Unlock()
+			if again {
+				_ = d.Nack(false, false)
+			} else {
+				_ = d.Ack(false)
+			}
+		}
+	}()
+	return func() int { mu.Lock(); defer mu.Unlock(); return rejected }
+}
+
+// TestAdversaryReplaysThroughDeadLettering: mallory, a node with its own
+// real credential and stage resize, declares queues of its own with
+// x-dead-letter-exchange=mesh, binds them to evt.# and cmd.resize, and
+// rejects what arrives, so that the broker publishes alpha's events and
+// commands again on mesh with alpha's user_id and seal. beta handles each
+// event and command once and counts every replay; the controls: a fresh
+// event from alpha arrives, and a command that fails its first attempt
+// still comes back through its retry queue and is handled again.
+func TestAdversaryReplaysThroughDeadLettering(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	rmq, vhost, _, alpha, beta, malloryURL := replayMesh(t)
+
+	// beta: a subscriber of evt.order and the handler of resize, which
+	// fails the first attempt of "retry-me".
+	listener := natsConn(t, beta)
+	var mu sync.Mutex
+	events := map[string]int{}
+	if _, err := listener.Subscribe("evt.order", func(m *nats.Msg) {
+		mu.Lock()
+		events[m.Header.Get(hdrMsgID)]++
+		mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	calls := stageCalls(t, listener, "resize", func(m *nats.Msg) *nats.Msg {
+		r := nats.NewMsg("")
+		if string(m.Data) == "retry-me" && m.Header.Get(hdrAttempt) == "1" {
+			r.Header.Set("Nats-Service-Error", "not yet")
+			r.Header.Set("Nats-Service-Error-Code", "500")
+		}
+		return r
+	})
+	waitConsumers(t, rmq, vhost, "cmd.resize", 1)
+
+	conn, err := amqp.Dial(malloryURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlx := amqp.Table{"x-dead-letter-exchange": bridge.MeshExchange}
+	for _, q := range []struct{ name, key string }{{"node.mallory.events", "evt.#"}, {"node.mallory.requests", "cmd.resize"}} {
+		if _, err := ch.QueueDeclare(q.name, false, false, false, false, dlx); err != nil {
+			t.Fatalf("mallory declares %s with a dead-letter exchange: %v", q.name, err)
+		}
+		if err := ch.QueueBind(q.name, q.key, bridge.MeshExchange, false, nil); err != nil {
+			t.Fatalf("mallory binds %s with %s: %v", q.name, q.key, err)
+		}
+	}
+	const times = 2 // replays of each message
+	eventsRejected := rejecter(t, conn, "node.mallory.events", times)
+	commandsRejected := rejecter(t, conn, "node.mallory.requests", times)
+
+	sender := natsConn(t, alpha)
+	const n = 10
+	var ids, cmds []string
+	for i := range n {
+		id := fmt.Sprintf("order-%d", i)
+		ids = append(ids, id)
+		if err := sender.PublishMsg(&nats.Msg{Subject: "evt.order", Data: []byte(id), Header: nats.Header{hdrMsgID: {id}}}); err != nil {
+			t.Fatal(err)
+		}
+		body := fmt.Sprintf("resize-%d", i)
+		cmds = append(cmds, body)
+		if o, resp, err := submit(sender, "cmd.resize", []byte(body), 5*time.Second); o != acked {
+			t.Fatalf("alpha submits %s: %v %v %v", body, o, resp, err)
+		}
+	}
+	if o, resp, err := submit(sender, "cmd.resize", []byte("retry-me"), 5*time.Second); o != acked {
+		t.Fatalf("alpha submits retry-me: %v %v %v", o, resp, err)
+	}
+	flush(t, sender)
+
+	// Every replay reached beta and was refused.
+	if !waitFor(20*time.Second, func() bool {
+		return replays(t, beta, "event", "dead_lettered") >= float64(n*times) &&
+			replays(t, beta, "command", "dead_lettered") >= float64((n+1)*times)
+	}) {
+		t.Errorf("beta's refused replays: events %v (mallory rejected %d), commands %v (mallory rejected %d), want %d and %d at least",
+			replays(t, beta, "event", "dead_lettered"), eventsRejected(), replays(t, beta, "command", "dead_lettered"), commandsRejected(),
+			n*times, (n+1)*times)
+	}
+	// The control: a fresh event from alpha is delivered.
+	if err := sender.PublishMsg(&nats.Msg{Subject: "evt.order", Data: []byte("fresh"), Header: nats.Header{hdrMsgID: {"fresh"}}}); err != nil {
+		t.Fatal(err)
+	}
+	ids = append(ids, "fresh")
+	if !waitFor(20*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return events["fresh"] > 0 && len(calls()) >= n+2
+	}) {
+		t.Errorf("the fresh event or the commands never all arrived: %d calls", len(calls()))
+	}
+	time.Sleep(time.Second) // real time: replays that would come late
+
+	// The ledger: each event and command once, retry-me twice (its retry),
+	// nothing unexpected.
+	mu.Lock()
+	var lost, dup []string
+	for _, id := range ids {
+		switch events[id] {
+		case 0:
+			lost = append(lost, id)
+		case 1:
+		default:
+			dup = append(dup, fmt.Sprintf("%s x%d", id, events[id]))
+		}
+		delete(events, id)
+	}
+	unexpected := len(events)
+	mu.Unlock()
+	if len(lost) > 0 || len(dup) > 0 || unexpected > 0 {
+		t.Errorf("events at beta: lost %v, duplicated %v, unexpected %d", lost, dup, unexpected)
+	}
+	got := map[string][]string{}
+	for _, m := range calls() {
+		got[string(m.Data)] = append(got[string(m.Data)], m.Header.Get(hdrAttempt))
+	}
+	lost, dup = nil, nil
+	for _, c := range cmds {
+		switch len(got[c]) {
+		case 0:
+			lost = append(lost, c)
+		case 1:
+		default:
+			dup = append(dup, fmt.Sprintf("%s %v", c, got[c]))
+		}
+		delete(got, c)
+	}
+	if r := strings.Join(got["retry-me"], " "); r != "1 2" {
+		t.Errorf("retry-me at beta's handler: attempts %q, want \"1 2\" (tried again through its retry queue)", r)
+	}
+	delete(got, "retry-me")
+	if len(lost) > 0 || len(dup) > 0 || len(got) > 0 {
+		t.Errorf("commands at beta's handler: lost %v, duplicated %v, unexpected %v", lost, dup, got)
+	}
+	if eventsRejected() < n*times || commandsRejected() < (n+1)*times {
+		t.Errorf("mallory rejected %d events and %d commands, want %d and %d: the attack did not run", eventsRejected(), commandsRejected(), n*times, (n+1)*times)
+	}
+}
+
+// TestAdversaryOperatorReplaysAnEvent: the broker's operator taps alpha's
+// events and, with alpha's own credential (an operator can set any
+// user's password), publishes one again as it was: no x-death, alpha's
+// user_id and seal. beta delivers it once and counts the duplicate; a
+// fresh event from alpha still arrives.
+func TestAdversaryOperatorReplaysAnEvent(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	ctx := context.Background()
+	_, vhost, db, alpha, beta, _ := replayMesh(t)
+	listener := natsConn(t, beta)
+	var mu sync.Mutex
+	events := map[string]int{}
+	if _, err := listener.Subscribe("evt.order", func(m *nats.Msg) {
+		mu.Lock()
+		events[m.Header.Get(hdrMsgID)]++
+		mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, listener)
+	count := func(id string) int { mu.Lock(); defer mu.Unlock(); return events[id] }
+
+	op, err := amqp.Dial(vhost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	och, err := op.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tap, err := och.QueueDeclare("operator-tap", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := och.QueueBind(tap.Name, "evt.#", bridge.MeshExchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	taps, err := och.Consume(tap.Name, "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sender := natsConn(t, alpha)
+	publish := func(id string) {
+		t.Helper()
+		if err := sender.PublishMsg(&nats.Msg{Subject: "evt.order", Data: []byte(id), Header: nats.Header{hdrMsgID: {id}}}); err != nil {
+			t.Fatal(err)
+		}
+		flush(t, sender)
+	}
+	publish("captured")
+	var d amqp.Delivery
+	select {
+	case d = <-taps:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the operator's tap never saw alpha's event")
+	}
+	if !waitFor(20*time.Second, func() bool { return count("captured") == 1 }) {
+		t.Fatalf("beta never got alpha's event")
+	}
+
+	aconn, err := amqp.Dial(brokerURLOf(t, ctx, db, vhost, "alpha"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer aconn.Close()
+	code, err := meshtest.BrokerVerdict(aconn, func(ch *amqp.Channel) error {
+		return ch.PublishWithContext(ctx, bridge.MeshExchange, d.RoutingKey, false, false, amqp.Publishing{
+			Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: amqp.Persistent,
+			MessageId: d.MessageId, Timestamp: d.Timestamp, Type: d.Type, UserId: d.UserId, Body: d.Body})
+	})
+	if err != nil || code != 0 {
+		t.Fatalf("the operator republishes alpha's event with alpha's credential: code %d, %v", code, err)
+	}
+	if !waitFor(20*time.Second, func() bool { return replays(t, beta, "event", "duplicate") >= 1 }) {
+		t.Errorf("beta's refused duplicate events: %v, want 1", replays(t, beta, "event", "duplicate"))
+	}
+	publish("fresh") // the control
+	if !waitFor(20*time.Second, func() bool { return count("fresh") == 1 }) {
+		t.Errorf("beta never got alpha's fresh event")
+	}
+	if got := count("captured"); got != 1 {
+		t.Errorf("beta delivered alpha's captured event %d times, want once", got)
+	}
+}
+
+// TestAdversaryExhaustsTheBroker: a node's broker user has connection and
+// channel limits (bridge.NodeLimits) from `mesh node add`: mallory's
+// credential opens no more connections than the limit, while beta, a
+// running node, stays well within them.
+func TestAdversaryExhaustsTheBroker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	rmq, vhost, _, _, beta, malloryURL := replayMesh(t)
+	lim := bridge.NodeLimits()
+	u, err := url.Parse(malloryURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var limits []struct {
+		User  string         `json:"user"`
+		Value map[string]int `json:"value"`
+	}
+	getJSON(t, rmq.ManagementURL()+"/api/user-limits/"+url.PathEscape(u.User.Username()), "guest", &limits)
+	if len(limits) != 1 || limits[0].Value["max-connections"] != lim.MaxConnections || limits[0].Value["max-channels"] != lim.MaxChannels {
+		t.Errorf("mallory's user limits: %+v, want max-connections %d, max-channels %d", limits, lim.MaxConnections, lim.MaxChannels)
+	}
+	var open []*amqp.Connection
+	defer func() {
+		for _, c := range open {
+			_ = c.Close()
+		}
+	}()
+	refused := 0
+	for range lim.MaxConnections + 2 {
+		c, err := amqp.Dial(malloryURL)
+		if err != nil {
+			refused++
+			continue
+		}
+		open = append(open, c)
+	}
+	if len(open) != lim.MaxConnections || refused != 2 {
+		t.Errorf("mallory opened %d connections and was refused %d times, want %d and 2", len(open), refused, lim.MaxConnections)
+	}
+
+	// The control: a running node that hosts a stage, its connections
+	// and channels as the broker counts them.
+	host := natsConn(t, beta)
+	calls := stageCalls(t, host, "resize", func(*nats.Msg) *nats.Msg { return nats.NewMsg("") })
+	waitConsumers(t, rmq, vhost, "cmd.resize", 1)
+	var nconn, nch int
+	betaUser := ""
+	if !waitFor(20*time.Second, func() bool {
+		var conns, chans []struct {
+			User string `json:"user"`
+		}
+		getJSON(t, rmq.ManagementURL()+"/api/connections", "guest", &conns)
+		getJSON(t, rmq.ManagementURL()+"/api/channels", "guest", &chans)
+		nconn, nch = 0, 0
+		for _, c := range conns {
+			if strings.HasPrefix(c.User, "node.beta.") {
+				betaUser = c.User
+				nconn++
+			}
+		}
+		for _, c := range chans {
+			if strings.HasPrefix(c.User, "node.beta.") {
+				nch++
+			}
+		}
+		return nconn == 2 && nch > 0
+	}) {
+		t.Fatalf("beta's connections and channels on the broker: %d and %d, want 2 and some", nconn, nch)
+	}
+	t.Logf("beta (%s) holds %d connections and %d channels; limits %d and %d", betaUser, nconn, nch, lim.MaxConnections, lim.MaxChannels)
+	if nch*4 > lim.MaxChannels || nconn*4 > lim.MaxConnections {
+		t.Errorf("beta holds %d connections and %d channels: want at most a quarter of the limits (%d, %d)", nconn, nch, lim.MaxConnections, lim.MaxChannels)
+	}
+	if o, resp, err := submit(natsConn(t, beta), "cmd.resize", []byte("x"), 5*time.Second); o != acked {
+		t.Errorf("beta submits a command under the limits: %v %v %v", o, resp, err)
+	}
+	if !waitFor(10*time.Second, func() bool { return len(calls()) == 1 }) {
+		t.Errorf("beta's command never reached its handler")
+	}
+}
