@@ -19,6 +19,22 @@
 // and nothing more: whether a capability, stage or topic may cross the
 // mesh is the mesh's business (bindings, broker permissions).
 //
+// # NATS micro services
+//
+// A program may run its capabilities as a NATS micro service (nats.go's
+// micro package and its kin): the endpoints are its hosted capabilities
+// (subject cap.X) or served stages (work.X), and the service answers the
+// framework's discovery requests ($SRV.PING, $SRV.INFO, $SRV.STATS, each
+// also for its name and for its instance id). The service names it may
+// answer for are a list of their own (Service, `meshbox program add
+// --service NAME`), not derived from what it hosts: a service name is one
+// subject token and a capability name may hold dots, one service usually
+// serves several capabilities, and the name a program answers discovery
+// for is a claim other clients trust (a program that may answer for
+// service "billing" can pass for it in `nats micro ls`), so the admin
+// grants it by name. A program without it cannot subscribe to any $SRV
+// subject.
+//
 // # Credentials: NATS nkeys
 //
 // Each program has an Ed25519 key pair in the NATS nkey encoding. The

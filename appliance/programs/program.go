@@ -22,6 +22,11 @@ type Program struct {
 	Submit    []string `json:"submit,omitempty"`    // stages it may submit to (publish cmd.X)
 	Publish   []string `json:"publish,omitempty"`   // event topics it may publish (evt.T)
 	Subscribe []string `json:"subscribe,omitempty"` // event topics it may subscribe to (evt.T)
+	// Service names the NATS micro services it may run: it may answer
+	// their discovery requests ($SRV.PING, .INFO, .STATS; see
+	// ServiceSubjects). A service's endpoints are the capabilities it
+	// hosts and the stages it serves, so Service needs Host or Serve.
+	Service []string `json:"service,omitempty"`
 	// Blobs lets it use the node's blob store (the JetStream object store
 	// blobs.Bucket, and no other stream) and fetch blobs from any node
 	// (node.*.cap.meshbox.blob.>).
@@ -47,8 +52,10 @@ func (p Program) InboxPrefix() string { return inboxRoot + p.Name }
 
 // Validate checks the definition: a program name follows the rule of a
 // node name (letters, digits, '-', '_'); hosted capabilities and served
-// stages are plain names; the names it calls, submits to, publishes and
-// subscribes to may hold the wildcard tokens * and > (> last).
+// stages are plain names, and so are its services (names.Service); the
+// names it calls, submits to, publishes and subscribes to may hold the
+// wildcard tokens * and > (> last). A service needs a hosted capability
+// or a served stage.
 func (p Program) Validate() error {
 	if err := CheckName(p.Name); err != nil {
 		return err
@@ -65,6 +72,7 @@ func (p Program) Validate() error {
 		{"submit", names.KindStage, p.Submit, true},
 		{"publish", names.KindTopic, p.Publish, true},
 		{"subscribe", names.KindTopic, p.Subscribe, true},
+		{"service", names.KindService, p.Service, false},
 	}
 	for _, h := range p.Host {
 		if strings.HasPrefix(h, blobs.CapPrefix) {
@@ -77,6 +85,9 @@ func (p Program) Validate() error {
 				return fmt.Errorf("%w %s: %s: %w", ErrInvalid, p.Name, l.flag, err)
 			}
 		}
+	}
+	if len(p.Service) > 0 && len(p.Host) == 0 && len(p.Serve) == 0 {
+		return fmt.Errorf("%w %s: service: a micro service answers on the capabilities it hosts or the stages it serves: give host or serve too", ErrInvalid, p.Name)
 	}
 	if p.Key != "" && !nkeys.IsValidPublicUserKey(p.Key) {
 		return fmt.Errorf("%w %s: key %q is not a public user nkey", ErrInvalid, p.Name, p.Key)
@@ -137,6 +148,9 @@ func (p Program) Permissions() *server.Permissions {
 	for _, c := range p.Host {
 		sub = append(sub, subjCap+c)
 	}
+	for _, name := range p.Service {
+		sub = append(sub, ServiceSubjects(name)...)
+	}
 	for _, s := range p.Serve {
 		sub = append(sub, subjWork+s)
 	}
@@ -191,7 +205,7 @@ func blobSubjects() []string {
 // normalize sorts and dedupes the lists, so that a definition is stored
 // and compared one way.
 func (p *Program) normalize() {
-	for _, l := range []*[]string{&p.Host, &p.Call, &p.Serve, &p.Submit, &p.Publish, &p.Subscribe} {
+	for _, l := range []*[]string{&p.Host, &p.Call, &p.Serve, &p.Submit, &p.Publish, &p.Subscribe, &p.Service} {
 		*l = dedupe(*l)
 		if len(*l) == 0 {
 			*l = nil

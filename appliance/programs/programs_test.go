@@ -240,3 +240,51 @@ func mustUserKey(t *testing.T) string {
 	}
 	return pub
 }
+
+// TestService: a program may answer the micro discovery requests of the
+// services it was given and of no other, and a service needs endpoints.
+func TestService(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		p    Program
+		want string // "" valid, else a piece of the error
+	}{
+		{"with host", Program{Name: "p", Host: []string{"lamp.on"}, Service: []string{"lamps"}}, ""},
+		{"with serve", Program{Name: "p", Serve: []string{"thumbs"}, Service: []string{"thumbs-svc", "other_1"}}, ""},
+		{"no endpoints", Program{Name: "p", Call: []string{"echo"}, Service: []string{"lamps"}}, "give host or serve"},
+		{"dotted", Program{Name: "p", Host: []string{"lamp"}, Service: []string{"lamp.on"}}, "service"},
+		{"wildcard", Program{Name: "p", Host: []string{"lamp"}, Service: []string{"*"}}, "service"},
+		{"gt", Program{Name: "p", Host: []string{"lamp"}, Service: []string{">"}}, "service"},
+		{"empty", Program{Name: "p", Host: []string{"lamp"}, Service: []string{""}}, "service"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.p.Validate()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("got %v, want valid", err)
+			case tt.want != "" && err == nil:
+				t.Fatalf("got valid, want an error with %q", tt.want)
+			case tt.want != "" && (!strings.Contains(err.Error(), tt.want) || !errors.Is(err, ErrInvalid)):
+				t.Fatalf("got %v, want ErrInvalid with %q", err, tt.want)
+			}
+		})
+	}
+
+	sub := Program{Name: "lamps", Host: []string{"lamp"}, Service: []string{"lampsvc"}}.Permissions().Subscribe.Allow
+	want := []string{"$SRV.INFO", "$SRV.INFO.lampsvc", "$SRV.INFO.lampsvc.*", "$SRV.PING", "$SRV.PING.lampsvc", "$SRV.PING.lampsvc.*",
+		"$SRV.STATS", "$SRV.STATS.lampsvc", "$SRV.STATS.lampsvc.*", "_INBOX.lamps.>", "cap.lamp"}
+	if !slices.Equal(sub, want) {
+		t.Errorf("subscribe of a micro service: got %v, want %v", sub, want)
+	}
+	pub := Program{Name: "lamps", Host: []string{"lamp"}, Service: []string{"lampsvc"}}.Permissions().Publish.Allow
+	for _, s := range pub {
+		if strings.HasPrefix(s, "$SRV") {
+			t.Errorf("publish of a micro service: %q, want no $SRV subject (answers go to inboxes)", s)
+		}
+	}
+	for _, s := range (Program{Name: "plain", Host: []string{"lamp"}}).Permissions().Subscribe.Allow {
+		if strings.HasPrefix(s, "$SRV") {
+			t.Errorf("subscribe of a host without a service: %q, want no $SRV subject", s)
+		}
+	}
+}

@@ -25,7 +25,7 @@ const programUsage = `Usage: meshbox program <command> [--data DIR] [flags]
 
 Commands:
   add NAME [--host CAP]... [--call CAP]... [--serve STAGE]... [--submit STAGE]...
-           [--publish TOPIC]... [--subscribe TOPIC]... [--blobs]
+           [--publish TOPIC]... [--subscribe TOPIC]... [--service NAME]... [--blobs]
                        create program NAME, or replace its lists (it keeps its key);
                        prints the path of its credential file
   list [--json]        the programs and what each may do
@@ -34,6 +34,9 @@ Commands:
 
 A list flag may be given more than once or take names separated by commas.
 --call, --submit, --publish and --subscribe take the NATS wildcards * and >.
+--service NAME lets it run NATS micro service NAME and answer its discovery
+requests ($SRV.PING, $SRV.INFO, $SRV.STATS); its endpoints are the
+capabilities it hosts (cap.CAP) and the stages it serves (work.STAGE).
 A program connects with its credential file as an nkey seed and its own
 reply inbox: nats --nkey FILE --inbox-prefix _INBOX.NAME ...
 
@@ -71,6 +74,7 @@ func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
 			{"submit", "a stage it may submit commands to (cmd.STAGE)", &p.Submit},
 			{"publish", "an event topic it may publish (evt.TOPIC)", &p.Publish},
 			{"subscribe", "an event topic it may subscribe to (evt.TOPIC)", &p.Subscribe},
+			{"service", "a NATS micro service it may run: it answers the service's discovery requests ($SRV.PING, .INFO, .STATS); needs --host or --serve", &p.Service},
 		} {
 			fs.Var((*listFlag)(l.into), l.name, l.usage)
 		}
@@ -158,7 +162,7 @@ func (c *ProgramCommand) printPrograms(progs []programs.Program, store *programs
 		for _, l := range []struct {
 			name string
 			v    []string
-		}{{"host", p.Host}, {"call", p.Call}, {"serve", p.Serve}, {"submit", p.Submit}, {"publish", p.Publish}, {"subscribe", p.Subscribe}} {
+		}{{"host", p.Host}, {"call", p.Call}, {"serve", p.Serve}, {"submit", p.Submit}, {"publish", p.Publish}, {"subscribe", p.Subscribe}, {"service", p.Service}} {
 			if len(l.v) > 0 {
 				fmt.Fprintf(tw, "  %s\t%s\n", l.name, strings.Join(l.v, ", "))
 			}

@@ -32,11 +32,12 @@ const (
 	KindProvider
 	KindPublicName
 	KindScope
+	KindService
 )
 
 // Kinds lists every kind, in order.
 var Kinds = []Kind{KindNode, KindCapability, KindStage, KindTopic, KindSystemKey,
-	KindModule, KindSettingKey, KindOverrideKey, KindResource, KindProvider, KindPublicName, KindScope}
+	KindModule, KindSettingKey, KindOverrideKey, KindResource, KindProvider, KindPublicName, KindScope, KindService}
 
 var kindNames = [...]string{
 	KindNode:        "node name",
@@ -51,6 +52,7 @@ var kindNames = [...]string{
 	KindProvider:    "provider name",
 	KindPublicName:  "public name",
 	KindScope:       "scope name",
+	KindService:     "service name",
 }
 
 func (k Kind) String() string {
@@ -82,6 +84,7 @@ var checks = [...]func(string) error{
 	KindProvider:    Provider,
 	KindPublicName:  PublicName,
 	KindScope:       Scope,
+	KindService:     Service,
 }
 
 // Node checks a node's mesh name: 1 to 64 bytes of [A-Za-z0-9_-].
@@ -106,6 +109,21 @@ func Scope(s string) error {
 	for i := 0; i < len(s); i++ {
 		if !isTokenByte(s[i]) {
 			return badByte(KindScope, s, i, "[A-Za-z0-9_-]", "")
+		}
+	}
+	return nil
+}
+
+// Service checks the name of a NATS micro service a local program runs:
+// 1 to 64 bytes of [A-Za-z0-9_-], the names the micro framework accepts
+// (one subject token), as long as a node's.
+func Service(s string) error {
+	if err := length(KindService, s, MaxNode); err != nil {
+		return err
+	}
+	for i := 0; i < len(s); i++ {
+		if !isTokenByte(s[i]) {
+			return badByte(KindService, s, i, "[A-Za-z0-9_-]", "")
 		}
 	}
 	return nil

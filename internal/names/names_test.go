@@ -85,7 +85,7 @@ func TestRules(t *testing.T) {
 			names.KindTopic: tt.dotted, names.KindSystemKey: tt.dotted, names.KindModule: tt.key,
 			names.KindOverrideKey: tt.key, names.KindSettingKey: tt.setting,
 			names.KindResource: tt.resource, names.KindProvider: tt.resource, names.KindPublicName: tt.public,
-			names.KindScope: tt.node,
+			names.KindScope: tt.node, names.KindService: tt.node,
 		}
 		for _, k := range names.Kinds {
 			err := names.Check(k, tt.name)
@@ -105,7 +105,7 @@ func TestKindFunctions(t *testing.T) {
 		names.KindTopic: names.Topic, names.KindSystemKey: names.SystemKey, names.KindModule: names.Module,
 		names.KindSettingKey: names.SettingKey, names.KindOverrideKey: names.OverrideKey,
 		names.KindResource: names.Resource, names.KindProvider: names.Provider, names.KindPublicName: names.PublicName,
-		names.KindScope: names.Scope,
+		names.KindScope: names.Scope, names.KindService: names.Service,
 	}
 	if len(funcs) != len(names.Kinds) {
 		t.Fatalf("got %d functions for %d kinds", len(funcs), len(names.Kinds))
@@ -212,6 +212,7 @@ func TestValidNamesDoNotAllocate(t *testing.T) {
 var oracles = map[names.Kind]func(string) bool{
 	names.KindNode:        match(`^[A-Za-z0-9_-]{1,64}$`, names.MaxNode),
 	names.KindScope:       match(`^[A-Za-z0-9_-]{1,64}$`, names.MaxNode),
+	names.KindService:     match(`^[A-Za-z0-9_-]{1,64}$`, names.MaxNode),
 	names.KindCapability:  match(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`, names.MaxDotted),
 	names.KindStage:       match(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`, names.MaxDotted),
 	names.KindTopic:       match(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`, names.MaxDotted),

@@ -13,6 +13,7 @@ import (
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 )
 
 // TestLocalAdversary runs a two-node mesh on the real broker and database
@@ -316,5 +317,97 @@ func TestLocalConfusedDeputy(t *testing.T) {
 	}
 	if got, want := forbidden()-before, float64(len(attacks)+1); got != want {
 		t.Errorf("meshbox_errors_total{kind=forbidden} grew by %v, want %v", got, want)
+	}
+}
+
+// TestLocalMicroService runs a NATS micro service (nats.go's micro
+// package) under a program credential with --host lamp --service lamps:
+// it serves cap.lamp and answers the discovery requests $SRV.PING, INFO
+// and STATS, for all services, for its name and for its id, and the node
+// logs no permissions violation. The control: a program that hosts lamp
+// without the service right cannot subscribe to any of those subjects,
+// and the service program cannot answer for another service's name.
+func TestLocalMicroService(t *testing.T) {
+	p := meshtest.StartProcess(t, "--node", "solo")
+	prog := programs.Program{Name: "lamp-svc", Host: []string{"lamp"}, Service: []string{"lamps"}}
+	creds := meshtest.AddProgram(t, p.NATSURL(), p.DataDir(), prog)
+	violations := make(chan error, 32)
+	onViolation := nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case violations <- err:
+		default:
+		}
+	})
+	nc := meshtest.ProgramConn(t, p.NATSURL(), creds, prog, nats.NoReconnect(), onViolation)
+	svc, err := micro.AddService(nc, micro.Config{
+		Name: "lamps", Version: "1.0.0", Description: "the lamp",
+		Endpoint: &micro.EndpointConfig{Subject: "cap.lamp", Handler: micro.HandlerFunc(func(r micro.Request) { _ = r.Respond([]byte("on")) })},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = svc.Stop() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	id := svc.Info().ID
+
+	admin := p.Connect(t)
+	if r, err := admin.Request("cap.lamp", nil, 5*time.Second); err != nil || string(r.Data) != "on" {
+		t.Fatalf("call lamp: got %v %v, want on", r, err)
+	}
+	for _, verb := range []string{"PING", "INFO", "STATS"} {
+		for _, subj := range []string{"$SRV." + verb, "$SRV." + verb + ".lamps", "$SRV." + verb + ".lamps." + id} {
+			r, err := admin.Request(subj, nil, 5*time.Second)
+			if err != nil {
+				t.Errorf("%s: %v, want the service's answer", subj, err)
+				continue
+			}
+			var got micro.ServiceIdentity
+			if err := json.Unmarshal(r.Data, &got); err != nil || got.Name != "lamps" || got.ID != id {
+				t.Errorf("%s: got %q (%v), want lamps %s", subj, r.Data, err, id)
+			}
+		}
+	}
+	select {
+	case err := <-violations:
+		t.Errorf("the micro service got %v, want no permissions violation", err)
+	default:
+	}
+
+	// Another service's name: not this program's to answer.
+	refused := func(errs chan error, subject string) {
+		t.Helper()
+		select {
+		case err := <-errs:
+			if !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), `"`+subject+`"`) {
+				t.Fatalf("got %v, want the permissions violation for %s", err, subject)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no permissions violation within 10s", subject)
+		}
+	}
+	for _, subj := range []string{"$SRV.PING.billing", "$SRV.INFO.billing.x", "$SRV.>"} {
+		if _, err := nc.Subscribe(subj, func(*nats.Msg) {}); err != nil {
+			t.Fatal(err)
+		}
+		refused(violations, subj)
+	}
+
+	// Hosting lamp without the service right: no $SRV subject at all.
+	plain := programs.Program{Name: "lamp-plain", Host: []string{"lamp"}}
+	plainViolations := make(chan error, 32)
+	pc := meshtest.ProgramConn(t, p.NATSURL(), meshtest.AddProgram(t, p.NATSURL(), p.DataDir(), plain), plain, nats.NoReconnect(),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case plainViolations <- err:
+			default:
+			}
+		}))
+	for _, subj := range []string{"$SRV.PING", "$SRV.INFO", "$SRV.STATS", "$SRV.PING.lamps", "$SRV.INFO.lamps", "$SRV.STATS.lamps." + id} {
+		if _, err := pc.Subscribe(subj, func(m *nats.Msg) { _ = m.Respond([]byte(`{"name":"lamps"}`)) }); err != nil {
+			t.Fatal(err)
+		}
+		refused(plainViolations, subj)
 	}
 }
