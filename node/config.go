@@ -48,6 +48,12 @@ type Config struct {
 
 	// Link publishes discovery messages and controls the stand-ins.
 	Link Link
+	// Signer, when set, signs every discovery message the node sends
+	// with the node's signing key, whose public half its node record
+	// publishes (see "Signed discovery" in doc.go). Unset, the node's
+	// messages are not signed: its peers accept that only while its
+	// record has no signing key.
+	Signer Signer
 	// Conn, when set, is an in-process connection to the node's NATS
 	// server on which the node serves $MESH.peers and $MESH.caps.
 	Conn *nats.Conn

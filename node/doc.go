@@ -164,13 +164,15 @@
 //	heartbeat_ms  int       the sender's heartbeat interval, milliseconds
 //	proto         int       the highest protocol version the sender speaks (absent: 1)
 //	peer          string    the peer a gone message names
+//	sig           string    version 4: the sender's signature, always the last member
 //
 // The receiver judges the sender's silence by the sender's heartbeat_ms.
-// A node accepts v from MinProtocolVersion to ProtocolVersion (1 to 3).
+// A node accepts v from MinProtocolVersion to ProtocolVersion (1 to 4).
 // Version 3 adds no message: its nodes read command batches on the
 // broker (package bridge), and a node reports the lowest version of its
 // up peers (Config.OnPeerProtocols) so that its bridge sends batches only
-// when every peer reads them.
+// when every peer reads them. Version 4 adds no message either: its
+// nodes sign what they say (see Signed discovery).
 // A different started_at from the same node is a restart; an older one is
 // a late message and is dropped, as is a record-carrying message with a
 // lower seq than the record held, and anything from a run that said bye.
@@ -182,6 +184,62 @@
 // field that differs from the origin the transport reports — the
 // message is dropped, counted in meshbox_discovery_rejected_total{reason}
 // and logged at debug level.
+//
+// # Signed discovery
+//
+// The broker tells a receiver which broker user published a message, and
+// a node's peers accept its messages only from its own users (package
+// bridge). That alone leaves discovery to the broker's word: its operator
+// can make or re-password a node's user and say bye for it, and in a mesh
+// run on one broker credential every node can. So a version 4 node signs
+// every discovery message it sends with its signing key (Config.Signer:
+// an Ed25519 key pair made at its first start beside its node key, whose
+// public half its node record publishes; only the node may set its own).
+// The signature covers "meshbox discovery v4", a zero byte, and the whole
+// JSON body but "sig": the type, the sender, the addressee, the peer a
+// gone names, the sender's run (started_at) and sequence number, and all
+// it carries. signBody writes it as the body's last member, "sig"
+// (Ed25519 in unpadded base64url), and the receiver verifies those exact
+// bytes, so a member it does not know is covered too.
+//
+// A receiver checks every message against the sender's signing key from
+// the bindings' node records (SetSigningKeys), before it touches the
+// view:
+//
+//   - the sender's record has no signing key (a node of version 3 or
+//     older, or one whose key the bindings do not show yet): the message
+//     is taken on the broker's word, as before, signed or not;
+//   - the record has a key: the message must be signed with it. An
+//     unsigned one is refused as unsigned, one whose signature does not
+//     verify as forged;
+//   - a signed message of the sender's current run whose sequence number
+//     is not above the highest this node saw from that run is a copy (the
+//     operator can read and publish anything) and is refused as replayed.
+//     A sender numbers its messages in the order it sends them.
+//
+// Each refusal is counted in meshbox_discovery_rejected_total{reason}
+// (unsigned, forged, replayed) and logged once per reason and sender. So
+// nobody but the node itself can make its peers mark it gone (bye), change
+// what they route to it (hello, info, update), or stand in for it, and a
+// gone message stays a claim: a receiver probes the peer it names itself
+// and marks it gone only on the broker's "no route". What the broker's
+// operator still can is deny service: drop or delay messages, close a
+// node's connection or delete its queue (which a probe reads as gone).
+// A copy of a message of an earlier run reaches only a node that never
+// heard the current one, and is undone by the current run's next message
+// or the next probe.
+//
+// Mixed versions: a version 4 message keeps its "v" (1 or 2) and adds
+// "sig", which older nodes ignore, so they keep reading it; a version 4
+// node accepts their unsigned messages while their records have no
+// signing key. A node publishes its key when it first starts version 4;
+// from then on its peers accept only its signed messages, so it does not
+// go back to an older version (its unsigned messages would be refused)
+// unless its record's signing key is cleared. A node that lost its
+// signing key (a new data directory) makes and publishes a new one; its
+// peers refuse its messages as forged until their bindings show it.
+// Status shows, for each peer, whether its record has a signing key
+// (signs).
 //
 // # Observability
 //

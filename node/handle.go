@@ -8,7 +8,9 @@ import (
 // Message handling: discovery messages in, the view updated, replies and
 // updates queued. n.mu is held in every *Locked method.
 
-func (n *Node) handleLocked(m *Message) {
+// handleLocked applies m; verified says its signature was verified with
+// the sender's signing key.
+func (n *Node) handleLocked(m *Message, verified bool) {
 	now := time.Now()
 	if m.Node == n.cfg.Name {
 		if m.StartedAt.Equal(n.cfg.StartedAt) {
@@ -46,6 +48,11 @@ func (n *Node) handleLocked(m *Message) {
 	} else if p.state == StateGone && p.reason == reasonLeft {
 		n.m.rejected.WithLabelValues("stale").Inc()
 		return // this run of the peer said bye; anything later from it is late
+	} else if verified && !p.startedAt.IsZero() && m.Seq <= p.seq {
+		// A signer numbers every message of a run in the order it sends
+		// them: one this node has passed already is a copy.
+		n.refusedLocked(reasonReplayed, m.Node, m.Type)
+		return
 	}
 	n.m.messages.WithLabelValues(m.Type, "in").Inc()
 
@@ -237,6 +244,9 @@ func (n *Node) buildLocked(it intent) []byte {
 	body, err := EncodeMessage(&m)
 	if err != nil {
 		panic("node: encode discovery message: " + err.Error()) // only strings, ints and times: cannot fail
+	}
+	if n.cfg.Signer != nil {
+		body = signBody(body, n.cfg.Signer)
 	}
 	return body
 }

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -29,6 +31,8 @@ type Node struct {
 	wakeSend    chan struct{}
 	wakeEffects chan struct{}
 	wg          sync.WaitGroup // the loop, sender and effects goroutines
+
+	keys atomic.Pointer[map[string]ed25519.PublicKey] // SetSigningKeys; read without mu
 
 	mu      sync.Mutex // guards everything below
 	started bool
@@ -59,6 +63,7 @@ type Node struct {
 
 	warnedSkipped  map[string]bool // local subjects whose name cannot be advertised
 	conflictWarned bool            // another process uses this node's name
+	refusedLogged  map[string]bool // reason and sender of refused signed discovery, logged once
 
 	gen     uint64 // bumped on every change the effects goroutine applies
 	applied struct {
@@ -135,6 +140,7 @@ func New(cfg Config) (*Node, error) {
 		expected:      make(map[string]bool),
 		pendingSet:    make(map[intent]bool),
 		warnedSkipped: make(map[string]bool),
+		refusedLogged: make(map[string]bool),
 	}
 	if err := n.m.register(cfg.Registerer); err != nil {
 		return nil, fmt.Errorf("register metrics: %w", err)
@@ -250,12 +256,17 @@ func (n *Node) HandleSystem(key string, body []byte, origin string) {
 		n.logger.Debug("discovery message dropped", "key", clip(key), "origin", clip(origin), "reason", reason, "err", err)
 		return
 	}
+	reason, verified := checkSignature(n.signingKeys(), m, body) // outside the lock: Ed25519 costs tens of µs
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
 		return
 	}
-	n.handleLocked(m)
+	if reason != "" {
+		n.refusedLocked(reason, m.Node, m.Type)
+		return
+	}
+	n.handleLocked(m, verified)
 }
 
 // SetExpected replaces the names of the nodes the bindings say should

@@ -28,6 +28,9 @@ type Peer struct {
 	Revision     int64     `json:"revision"`
 	Capabilities []string  `json:"capabilities"`
 	Stages       []string  `json:"stages"`
+	// Signs says the peer's node record has a signing key: only messages
+	// signed with it are accepted from the peer.
+	Signs bool `json:"signs"`
 }
 
 // Capabilities is what is hosted where: the capabilities and stages local

@@ -9,6 +9,7 @@ import (
 
 func (n *Node) peersLocked() []Peer {
 	out := make([]Peer, 0, len(n.peers))
+	keys := n.signingKeys()
 	for _, p := range n.peers {
 		pp := Peer{
 			Name:         p.name,
@@ -23,6 +24,7 @@ func (n *Node) peersLocked() []Peer {
 			Capabilities: slices.Clone(p.record.caps),
 			Stages:       slices.Clone(p.record.stages),
 		}
+		_, pp.Signs = keys[p.name]
 		if pp.Capabilities == nil {
 			pp.Capabilities = []string{}
 		}

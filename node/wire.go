@@ -20,7 +20,7 @@ import (
 // every version from MinProtocolVersion to ProtocolVersion and rejects
 // anything else clearly (ErrVersion).
 const (
-	ProtocolVersion    = 3 // the highest version this package speaks
+	ProtocolVersion    = 4 // the highest version this package speaks
 	MinProtocolVersion = 1 // the lowest version it still understands
 
 	// BatchProtocolVersion is the first version whose nodes read command
@@ -89,6 +89,10 @@ type Message struct {
 	HeartbeatMS  int64     `json:"heartbeat_ms,omitempty"`
 	Proto        int       `json:"proto,omitempty"`
 	Peer         string    `json:"peer,omitempty"`
+	// Sig is the sender's signature of the message (version 4, see
+	// signing.go). It is the last member of the JSON object, as
+	// EncodeMessage writes it.
+	Sig string `json:"sig,omitempty"`
 }
 
 // carriesRecord reports whether messages of type t carry a full host
@@ -186,6 +190,9 @@ func DecodeMessage(key string, body []byte, origin string) (*Message, error) {
 	}
 	if m.Stages, err = checkList("stages", names.Stage, m.Stages, MaxStages); err != nil {
 		return nil, err
+	}
+	if len(m.Sig) > maxSigLen {
+		return nil, wireErr(ErrBadField, "sig", "longer than %d", maxSigLen)
 	}
 	if carriesRecord(m.Type) && m.Hash == "" {
 		m.Hash = HostHash(m.Capabilities, m.Stages)

@@ -3,12 +3,8 @@ package seal
 import (
 	"crypto/hpke"
 	"encoding/base64"
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 )
 
@@ -87,51 +83,19 @@ func (k *NodeKey) MarshalJSON() ([]byte, error) { return []byte(`"` + k.String()
 // says which. A key file that others may read is refused: its private half
 // may have leaked.
 func LoadOrCreateNodeKey(path string) (k *NodeKey, created bool, err error) {
-	text, err := os.ReadFile(path)
-	switch {
-	case err == nil:
-		fi, err := os.Stat(path)
-		if err != nil {
-			return nil, false, fmt.Errorf("node key %s: %w", path, err)
-		}
-		if fi.Mode().Perm()&0o077 != 0 {
-			return nil, false, fmt.Errorf("node key %s: mode %v lets others read it; chmod 600 it (or make a new key)", path, fi.Mode().Perm())
-		}
-		k, err := ParseNodeKey(text)
-		if err != nil {
-			return nil, false, fmt.Errorf("node key %s: %w", path, err)
-		}
-		return k, false, nil
-	case !errors.Is(err, fs.ErrNotExist):
-		return nil, false, fmt.Errorf("node key %s: %w", path, err)
-	}
-	if k, err = GenerateNodeKey(); err != nil {
-		return nil, false, err
-	}
-	text, err = k.MarshalText()
+	created, err = loadOrCreateKeyFile(path, "node key",
+		func(text []byte) (err error) { k, err = ParseNodeKey(text); return err },
+		func() ([]byte, error) {
+			nk, err := GenerateNodeKey()
+			if err != nil {
+				return nil, err
+			}
+			return nk.MarshalText()
+		})
 	if err != nil {
 		return nil, false, err
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, false, fmt.Errorf("node key %s: %w", path, err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		// Another process made it first: use that one.
-		k, _, err := LoadOrCreateNodeKey(path)
-		return k, false, err
-	}
-	if err != nil {
-		return nil, false, fmt.Errorf("node key %s: %w", path, err)
-	}
-	_, werr := f.Write(text)
-	serr := f.Sync()
-	cerr := f.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
-		_ = os.Remove(path)
-		return nil, false, fmt.Errorf("node key %s: %w", path, err)
-	}
-	return k, true, nil
+	return k, created, nil
 }
 
 // ValidatePublicKey checks a node's published public key.
