@@ -40,7 +40,7 @@ func (s *session) republishEvent(d *amqp.Delivery) error {
 		return nil
 	}
 	if b.cfg.Keys != nil {
-		if reason := b.events.admit(env.origin, env.msgID, env.sealedAt, time.Now()); reason != "" {
+		if reason := b.events.admit(env.origin, env.name, env.msgID, env.sealedAt, time.Now()); reason != "" {
 			b.replayRefused(&replayError{shape: typeEvent, reason: reason, detail: fmt.Sprintf(
 				"event %s of node %s sealed %s", env.msgID, env.origin, sealedText(env.sealedAt))}, env.origin)
 			return nil

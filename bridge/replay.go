@@ -165,10 +165,13 @@ type eventMemory struct {
 	floor int64
 }
 
-// admit records the event of origin with id, sealed at sealed (zero: by
-// a node that does not stamp its events, then taken as now), and returns
-// "" when it is new, or the reason to refuse it.
-func (m *eventMemory) admit(origin, id string, sealed, now time.Time) string {
+// admit records the event of origin on topic with id, sealed at sealed
+// (zero: by a node that does not stamp its events, then taken as now),
+// and returns "" when it is new, or the reason to refuse it. The topic is
+// part of the key: an id is a program's word, and a program that may
+// publish one topic must not be able to make receivers drop another
+// program's events on another topic by reusing its ids.
+func (m *eventMemory) admit(origin, topic, id string, sealed, now time.Time) string {
 	nowMs := now.UnixMilli()
 	t := nowMs
 	if !sealed.IsZero() {
@@ -189,6 +192,8 @@ func (m *eventMemory) admit(origin, id string, sealed, now time.Time) string {
 	var h maphash.Hash
 	h.SetSeed(m.seed)
 	h.WriteString(origin)
+	h.WriteByte(0)
+	h.WriteString(topic)
 	h.WriteByte(0)
 	h.WriteString(id)
 	k := h.Sum64()

@@ -106,20 +106,25 @@ func TestEventMemory(t *testing.T) {
 		{"clock ahead, again", "c", "e5", now.Add(time.Hour), replayDuplicate},
 	}
 	for _, st := range steps {
-		if got := m.admit(st.origin, st.id, st.sealed, now); got != st.want {
+		if got := m.admit(st.origin, "t", st.id, st.sealed, now); got != st.want {
 			t.Errorf("%s: got %q, want %q", st.name, got, st.want)
 		}
 	}
 	// A week later the first ids are forgotten, and refused as expired.
 	later := now.Add(eventWindow + time.Second)
-	if got := m.admit("a", "e1", now.Add(-time.Second), later); got != replayExpired {
+	if got := m.admit("a", "t", "e1", now.Add(-time.Second), later); got != replayExpired {
 		t.Errorf("a week later: got %q, want %q", got, replayExpired)
 	}
-	if got := m.admit("a", "e6", later, later); got != "" {
+	if got := m.admit("a", "t", "e6", later, later); got != "" {
 		t.Errorf("a new event a week later: got %q, want none", got)
 	}
 	if n := len(m.set); n != 1 || len(m.order) != 1 {
 		t.Errorf("remembered %d ids in %d, want the newest only", n, len(m.order))
+	}
+	// An id names one event per origin and topic: a program that reuses
+	// another program's id on its own topic drops nothing of the other's.
+	if got := m.admit("a", "other", "e6", later, later); got != "" {
+		t.Errorf("the same id from the same origin on another topic: got %q, want none", got)
 	}
 }
 
@@ -132,7 +137,7 @@ func TestEventMemoryFull(t *testing.T) {
 	start := now.Add(-time.Hour)
 	for i := range eventMemoryLen + 10 {
 		at := start.Add(time.Duration(i) * time.Millisecond)
-		if got := m.admit("a", strconv.Itoa(i), at, now); got != "" {
+		if got := m.admit("a", "t", strconv.Itoa(i), at, now); got != "" {
 			t.Fatalf("event %d: got %q, want none", i, got)
 		}
 	}
@@ -152,7 +157,7 @@ func TestEventMemoryFull(t *testing.T) {
 		{"a new one", "new2", now, ""},
 	}
 	for _, tt := range tests {
-		if got := m.admit("a", tt.id, tt.at, now); got != tt.want {
+		if got := m.admit("a", "t", tt.id, tt.at, now); got != tt.want {
 			t.Errorf("%s: got %q, want %q", tt.name, got, tt.want)
 		}
 	}
