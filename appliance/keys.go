@@ -25,7 +25,9 @@ import (
 // cache/meshdb/keys.go). In a mesh (a database configured) the node:
 //
 //   - keeps its key pair in <data>/node.key (made at its first start, mode
-//     0600) and publishes the public half in its node record;
+//     0600) and publishes the public half in its node record; likewise its
+//     signing key (<data>/signing.key), with which it signs what it says
+//     to the mesh (package node: signed discovery);
 //   - opens its sealed copies of the mesh's content keys with its private
 //     key, in memory, and hands them to the bridge's keyring: the bridge
 //     seals with the newest key that every node with a public key holds
@@ -61,8 +63,12 @@ func (a *Appliance) startKeys() error {
 	return nil
 }
 
-// nodeKeyFile is the node's private key in the data directory.
-const nodeKeyFile = "node.key"
+// nodeKeyFile is the node's private key in the data directory;
+// signingKeyFile its signing key.
+const (
+	nodeKeyFile    = "node.key"
+	signingKeyFile = "signing.key"
+)
 
 // keyRetry is how soon the key keeper tries again after a database error.
 const keyRetry = 2 * time.Second
@@ -88,6 +94,7 @@ type KeysStatus struct {
 type keyKeeper struct {
 	node string
 	key  *seal.NodeKey
+	sign *seal.SigningKey
 	ring *seal.Keyring
 	db   *meshdb.DB
 	log  *slog.Logger
@@ -124,10 +131,17 @@ func newKeyKeeper(node, dataDir string, db *meshdb.DB, log *slog.Logger, reg pro
 	if created {
 		log.Info("made this node's key pair", "node_key", k.Fingerprint(), "file", filepath.Join(dataDir, nodeKeyFile))
 	}
+	sk, created, err := seal.LoadOrCreateSigningKey(filepath.Join(dataDir, signingKeyFile))
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		log.Info("made this node's signing key", "signing_key", sk.Fingerprint(), "file", filepath.Join(dataDir, signingKeyFile))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	kk := &keyKeeper{
 		ctx: ctx, cancel: cancel,
-		node: node, key: k, ring: &seal.Keyring{}, db: db, log: log, now: time.Now,
+		node: node, key: k, sign: sk, ring: &seal.Keyring{}, db: db, log: log, now: time.Now,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		opened: map[string]openedKey{}, logged: map[string]bool{},
 		status: KeysStatus{Sealing: true, NodeKey: k.Fingerprint(), Held: []string{}, Lacking: []string{}},
@@ -427,6 +441,18 @@ func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) (changed bool, 
 		}
 		kk.log.Info("published this node's public key", "node_key", kk.key.Fingerprint())
 		return true, nil // the change comes back as new bindings
+	}
+	if spub := base64.StdEncoding.EncodeToString(kk.sign.Public()); me.SigningKey != spub {
+		if err := kk.db.PublishSigningKey(ctx, kk.node, kk.sign.Public()); err != nil {
+			return false, err
+		}
+		if me.SigningKey == "" {
+			kk.log.Info("published this node's signing key", "signing_key", kk.sign.Fingerprint())
+		} else {
+			kk.log.Warn("published this node's signing key in place of another one; peers refuse its discovery messages until they load it", "signing_key", kk.sign.Fingerprint())
+		}
+		// No change to wait for when the database is older than signing
+		// keys: the bindings then never show one.
 	}
 	now := kk.now()
 	holders := map[string]string{}

@@ -2,6 +2,7 @@ package appliance
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"net/url"
@@ -169,11 +170,16 @@ func (a *Appliance) followBroker(b *bridge.Bridge, snap cache.Snapshot, ok bool)
 // snapshot of local interest the bridge got. a.mu is held.
 func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 	b := a.bridge.Load()
+	var signer node.Signer
+	if kk := a.keys.Load(); kk != nil {
+		signer = kk.sign // a mesh signs its discovery
+	}
 	n, err := node.New(node.Config{
 		Name:              a.cfg.Node,
 		Version:           Build().Version,
 		StartedAt:         a.startedAt,
 		Link:              staticRoutes{Bridge: b, static: a.cfg.Bridge.Routes},
+		Signer:            signer,
 		Conn:              a.nc,
 		Replies:           a.rc,
 		DiscoveryInterval: a.cfg.Mesh.DiscoveryInterval.D(),
@@ -207,8 +213,8 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 	return nil
 }
 
-// applyToNode tells the node which peers the bindings expect and which
-// revision it runs.
+// applyToNode tells the node which peers the bindings expect, their
+// signing keys and which revision it runs.
 func (a *Appliance) applyToNode(n *node.Node, snap cache.Snapshot) {
 	names := make([]string, 0, len(snap.Bindings.Nodes))
 	for _, rec := range snap.Bindings.Nodes {
@@ -219,6 +225,11 @@ func (a *Appliance) applyToNode(n *node.Node, snap cache.Snapshot) {
 	if err := n.SetExpected(names); err != nil {
 		a.logger.Warn("node records not applied to the mesh view", "err", err)
 	}
+	keys := map[string]ed25519.PublicKey{}
+	for name, pub := range snap.Bindings.SigningKeys() {
+		keys[name] = pub
+	}
+	n.SetSigningKeys(keys)
 	n.SetRevision(snap.Revision)
 }
 

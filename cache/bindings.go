@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"cmp"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"log/slog"
@@ -127,6 +128,11 @@ type NodeRecord struct {
 	// PublicKey is the node's HPKE public key (internal/seal) in standard
 	// base64, set by the node itself; empty until it first started.
 	PublicKey string `json:"public_key,omitempty"`
+	// SigningKey is the node's Ed25519 public key (internal/seal) in
+	// standard base64, set by the node itself; empty until it first
+	// started a version that signs. Its peers accept its discovery
+	// messages only signed with it once it is set.
+	SigningKey string `json:"signing_key,omitempty"`
 	// Generations are the generations of the node's broker credential the
 	// mesh database lists (sorted): the newest, and during a rotation the
 	// older ones not yet revoked. Its peers accept its messages only from
@@ -432,6 +438,17 @@ func hashNormalized(b Bindings) string {
 			}
 		}
 	}
+	// Likewise the nodes' signing keys.
+	hasSigning := false
+	for _, n := range b.Nodes {
+		hasSigning = hasSigning || n.SigningKey != ""
+	}
+	if hasSigning {
+		put("signing keys")
+		for _, n := range b.Nodes {
+			put(n.SigningKey)
+		}
+	}
 	_ = w.Flush() // writes to a hash never fail
 	return hex.EncodeToString(h.Sum(nil))
 }
@@ -460,6 +477,24 @@ func (b Bindings) SenderGenerations() map[string][]int {
 	}
 	if !listed {
 		return nil
+	}
+	return out
+}
+
+// SigningKeys returns the signing key of every node whose record has one
+// (decoded; a key that does not decode maps to nil, which verifies
+// nothing).
+func (b Bindings) SigningKeys() map[string][]byte {
+	out := map[string][]byte{}
+	for _, n := range b.Nodes {
+		if n.SigningKey == "" {
+			continue
+		}
+		raw, err := base64.StdEncoding.DecodeString(n.SigningKey)
+		if err != nil {
+			raw = nil
+		}
+		out[n.Name] = raw
 	}
 	return out
 }

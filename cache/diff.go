@@ -207,7 +207,7 @@ func describeCredential(c Credential) string {
 
 // nodeRow is a NodeRecord in comparable form: its generations as text.
 type nodeRow struct {
-	name, publicName, identity, publicKey, generations string
+	name, publicName, identity, publicKey, signingKey, generations string
 }
 
 func nodeRows(rs []NodeRecord) []nodeRow {
@@ -217,7 +217,7 @@ func nodeRows(rs []NodeRecord) []nodeRow {
 		for j, g := range r.Generations {
 			gens[j] = strconv.Itoa(g)
 		}
-		out[i] = nodeRow{name: r.Name, publicName: r.PublicName, identity: r.Identity, publicKey: r.PublicKey,
+		out[i] = nodeRow{name: r.Name, publicName: r.PublicName, identity: r.Identity, publicKey: r.PublicKey, signingKey: r.SigningKey,
 			generations: strings.Join(gens, ",")}
 	}
 	return out
@@ -231,6 +231,9 @@ func (r nodeRow) describe() string {
 	key := ""
 	if r.publicKey != "" {
 		key = " public_key=set"
+	}
+	if r.signingKey != "" {
+		key += " signing_key=set"
 	}
 	if r.generations != "" {
 		key += " generations=" + r.generations

@@ -56,6 +56,62 @@ func (db *DB) PublishNodeKey(ctx context.Context, node string, pub []byte) error
 	return nil
 }
 
+// PublishSigningKey sets node's signing (Ed25519 public) key in its record:
+// a node role may set only its own (meshbox_publish_signing_key), and
+// setting the key it has is no change. A database older than signing keys
+// (migration 8) is left as it is: the node's peers then take its discovery
+// messages unsigned, as before.
+func (db *DB) PublishSigningKey(ctx context.Context, node string, pub []byte) error {
+	if err := seal.ValidateSigningKey(pub); err != nil {
+		return fmt.Errorf("publish signing key: %w", err)
+	}
+	if v, err := schemaVersion(ctx, db.pool); err != nil {
+		return db.wrap("publish signing key", err)
+	} else if v < signingKeysSchema {
+		return nil
+	}
+	var ok bool
+	if err := db.pool.QueryRow(ctx, `SELECT meshbox_publish_signing_key($1, $2)`, node, pub).Scan(&ok); err != nil {
+		return db.wrap("publish signing key", err)
+	}
+	if !ok {
+		return fmt.Errorf("publish signing key: node %q's record was not changed: it has none, or this database role may not set it", node)
+	}
+	return nil
+}
+
+// signingKeysSchema is the first schema version with the nodes' signing
+// keys (migration 008).
+const signingKeysSchema = 8
+
+// loadSigningKeys fills in every node record's signing key, inside Load's
+// transaction. A database older than them leaves the records without.
+func loadSigningKeys(ctx context.Context, tx pgx.Tx, b *cache.Bindings) error {
+	v, err := schemaVersion(ctx, tx)
+	if err != nil || v < signingKeysSchema {
+		return err
+	}
+	type key struct {
+		node string
+		pub  []byte
+	}
+	var keys []key
+	if err := collect(ctx, tx, &keys, `SELECT name, signing_key FROM nodes WHERE signing_key IS NOT NULL`, nil,
+		func(r pgx.Rows, k *key) error { return r.Scan(&k.node, &k.pub) }); err != nil {
+		return err
+	}
+	at := make(map[string]int, len(b.Nodes))
+	for i, n := range b.Nodes {
+		at[n.Name] = i
+	}
+	for _, k := range keys {
+		if i, ok := at[k.node]; ok {
+			b.Nodes[i].SigningKey = base64.StdEncoding.EncodeToString(k.pub)
+		}
+	}
+	return nil
+}
+
 // ClaimKey stores the first sealed copy of content key id, sealed to node's
 // own public key (fingerprint fpr): node made the key's bytes. node must be
 // the node of this database role (or the role owns the mesh's tables). It

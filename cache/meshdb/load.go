@@ -109,6 +109,9 @@ func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 	if err := loadGenerations(ctx, tx, &b); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings: credential generations", err)
 	}
+	if err := loadSigningKeys(ctx, tx, &b); err != nil {
+		return cache.Snapshot{}, db.wrap("load bindings: signing keys", err)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings", err)
 	}
