@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -49,9 +50,20 @@ func openBindings(ctx context.Context, cfg Config, logger *slog.Logger, reg prom
 		Metrics:       reg,
 	}
 	if cfg.DB != "" {
+		// The node's key pair opens its credential rows sealed to it; the
+		// key keeper (keys.go) publishes its public half.
+		keyFile := filepath.Join(cfg.DataDir, nodeKeyFile)
+		key, created, err := seal.LoadOrCreateNodeKey(keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("keys: %w", err)
+		}
+		if created {
+			logger.Info("made this node's key pair", "component", "keys", "node_key", key.Fingerprint(), "file", keyFile)
+		}
 		b.db, err = meshdb.Open(ctx, string(cfg.DB), meshdb.Options{
 			ConnectTimeout: cfg.Cache.LoadTimeout.D(),
 			Logger:         logger,
+			NodeKey:        key,
 		})
 		if err != nil {
 			return nil, err

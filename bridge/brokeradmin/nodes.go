@@ -112,7 +112,10 @@ func (a *Admin) CreateGeneration(ctx context.Context, node string, gen int, stag
 		do   func() (*http.Response, error)
 	}{
 		{"create user " + cred.User, func() (*http.Response, error) {
-			return a.c.PutUser(cred.User, rabbithole.UserSettings{Password: cred.Password.Reveal(), Tags: rabbithole.UserTags{}})
+			// The broker gets only the password's salted hash.
+			return a.c.PutUser(cred.User, rabbithole.UserSettings{Tags: rabbithole.UserTags{},
+				PasswordHash:     rabbithole.Base64EncodedSaltedPasswordHashSHA256(cred.Password.Reveal()),
+				HashingAlgorithm: rabbithole.HashingAlgorithmSHA256})
 		}},
 		{"permissions of " + cred.User, func() (*http.Response, error) {
 			return a.c.UpdatePermissionsIn(a.vhost, cred.User, rabbithole.Permissions{

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/tern/v2/migrate"
 
 	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/internal/seal"
 )
 
 //go:embed migrations/*.sql
@@ -59,6 +60,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock stamped on loaded snapshots (default time.Now).
 	Now func() time.Time
+	// NodeKey is the node's key pair, with which Load opens the node's
+	// credential rows sealed to it (sealedcred.go); nil on the admin's
+	// side, where Load is not used.
+	NodeKey *seal.NodeKey
 }
 
 // DB is a mesh database. It implements cache.Source.

@@ -126,3 +126,34 @@ func (e *SchemaError) Error() string {
 
 // Unwrap returns cache.ErrSourceNewer.
 func (e *SchemaError) Unwrap() error { return cache.ErrSourceNewer }
+
+// ErrCredentialSealed is wrapped by *CredentialSealedError.
+var ErrCredentialSealed = errors.New("this node's credential does not open here")
+
+// CredentialSealedError is returned by Load when the node's newest
+// credential row is sealed to a key or a login this node does not have:
+// its data directory (and key pair) was replaced, or its configuration is
+// not the join token's of that generation. The way out is a new join token
+// (meshbox mesh node rejoin).
+type CredentialSealedError struct {
+	Node       string
+	Generation int
+	SealedFor  string // fingerprint of the public key it is sealed to; "" when sealed with the join token's login
+	NodeKey    string // fingerprint of this node's public key ("" if it has none)
+}
+
+func (e *CredentialSealedError) Error() string {
+	what := fmt.Sprintf("generation %d of node %s's credential is sealed with the database login of its join token, which does not open it", e.Generation, e.Node)
+	if e.SealedFor != "" {
+		have := "this node has no key"
+		if e.NodeKey != "" {
+			have = "this node's key is " + e.NodeKey
+		}
+		what = fmt.Sprintf("generation %d of node %s's credential is sealed to node key %s, but %s (its data directory was replaced?)",
+			e.Generation, e.Node, e.SealedFor, have)
+	}
+	return what + fmt.Sprintf("; on the admin's machine run meshbox mesh node rejoin %s, then here meshbox join TOKEN --force", e.Node)
+}
+
+// Unwrap returns ErrCredentialSealed.
+func (e *CredentialSealedError) Unwrap() error { return ErrCredentialSealed }

@@ -74,7 +74,8 @@ func (db *DB) NodeStages(ctx context.Context, name string) ([]string, error) {
 // AddNodeIdentity records a new node with its identity, in one
 // transaction: the node record with its stage allow-list, a PostgreSQL role
 // (LOGIN, a random password, read-only rights filtered by row-level
-// security), the broker credential in the node's own row, and a join token.
+// security), the broker credential in the node's own row (its password
+// sealed under the role's: sealedcred.go), and a join token.
 // The token's database URL is adminURL with the node role's user and
 // password. An existing node gives *ExistsError and changes nothing.
 func (db *DB) AddNodeIdentity(ctx context.Context, adminURL string, n NewNode) (AddedNode, error) {
@@ -111,8 +112,12 @@ func (db *DB) AddNodeIdentity(ctx context.Context, adminURL string, n NewNode) (
 		if err := createNodeRole(ctx, tx, node, role, rolePassword); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO node_credentials (node, generation, broker_user, broker_password) VALUES ($1, $2, $3, $4)`,
-			node, n.Broker.Generation, n.Broker.User, n.Broker.Password.Reveal()); err != nil {
+		// The node opens its broker password with its join token's login.
+		row, err := sealWithLogin(node, n.Broker.Generation, n.Broker.Password.Reveal(), rolePassword)
+		if err != nil {
+			return err
+		}
+		if err := insertCredential(ctx, tx, node, n.Broker.Generation, n.Broker.User, "", row); err != nil {
 			return err
 		}
 		out.Token, err = insertJoinToken(ctx, tx, adminURL, node, role, rolePassword, ttl)
@@ -143,9 +148,10 @@ func insertJoinToken(ctx context.Context, tx pgx.Tx, adminURL, node, role, roleP
 // the rights meshbox_grant_node gives, and its row in node_roles.
 func createNodeRole(ctx context.Context, tx pgx.Tx, node, role, password string) error {
 	ident := pgx.Identifier{role}.Sanitize()
-	// Utility statements take no parameters; the password is base64url, so
-	// it needs no escaping inside the quotes.
-	if _, err := tx.Exec(ctx, `CREATE ROLE `+ident+` LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION CONNECTION LIMIT 16 PASSWORD '`+password+`'`); err != nil {
+	// Utility statements take no parameters; the verifier is base64 and
+	// separators, so it needs no escaping inside the quotes. The server
+	// gets only the password's SCRAM verifier (scram.go).
+	if _, err := tx.Exec(ctx, `CREATE ROLE `+ident+` LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION CONNECTION LIMIT 16 PASSWORD '`+scramVerifier(password)+`'`); err != nil {
 		return fmt.Errorf("create role: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `SELECT meshbox_grant_node($1)`, role); err != nil {
@@ -186,7 +192,8 @@ func dropNodeRoles(ctx context.Context, tx pgx.Tx, node string) error {
 
 // BrokerCredentials returns the broker credential rows the connected role
 // may read, newest generation first: for a node role, only its own (the
-// database filters); for the admin, node's.
+// database filters); for the admin, node's. The password is the row's
+// plain text: empty for a sealed row (Load opens those).
 func (db *DB) BrokerCredentials(ctx context.Context, node string) ([]BrokerCredential, error) {
 	var out []BrokerCredential
 	err := collect(ctx, db.pool, &out, `SELECT generation, broker_user, broker_password, created_at FROM node_credentials

@@ -62,8 +62,9 @@ func TestNodeRoleSeesOnlyItsOwnRows(t *testing.T) {
 		{`SELECT consumer FROM grants WHERE consumer = 'beta'`, nil},
 		{`SELECT node || '/' || module FROM assignments ORDER BY 1`, []string{"alpha/mod-alpha"}},
 		{`SELECT node || '/' || value FROM overrides ORDER BY 1`, []string{"alpha/v-alpha"}},
-		{`SELECT node || '/' || broker_user || '/' || broker_password FROM node_credentials ORDER BY 1`,
-			[]string{"alpha/node.alpha.g1/broker-secret-of-alpha"}},
+		// The broker password only sealed (with the join token's login).
+		{`SELECT node || '/' || broker_user || '/' || broker_password || '/' || sealed_with FROM node_credentials ORDER BY 1`,
+			[]string{"alpha/node.alpha.g1//login"}},
 		{`SELECT broker_password FROM node_credentials WHERE node = 'beta'`, nil},
 		{`SELECT name FROM nodes ORDER BY 1`, []string{"alpha", "beta", "n1"}},
 		{`SELECT key FROM settings ORDER BY 1`, []string{"broker.url"}},
@@ -128,7 +129,7 @@ func TestNodeRoleSeesOnlyItsOwnRows(t *testing.T) {
 		t.Errorf("alpha's role reading beta's broker credentials: got %d rows, %v; want none", len(creds), err)
 	}
 	creds, err := nodeDB.BrokerCredentials(ctx, "alpha")
-	if err != nil || len(creds) != 1 || creds[0].Password.Reveal() != "broker-secret-of-alpha" {
+	if err != nil || len(creds) != 1 || creds[0].User != "node.alpha.g1" || creds[0].Password != "" {
 		t.Fatalf("alpha's own broker credential: got %+v, %v", creds, err)
 	}
 

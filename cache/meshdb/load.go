@@ -16,7 +16,8 @@ import (
 // Load reads node's bindings in one REPEATABLE READ, read-only transaction:
 // the mesh revision, every node record and mesh setting, and only this
 // node's assignments, overrides and grants (consumer = node) and its newest
-// broker credential. It implements cache.Source. A database whose schema
+// broker credential, opened if sealed (a *CredentialSealedError when it
+// does not open). It implements cache.Source. A database whose schema
 // is newer than this binary knows is not read: the error is a
 // *SchemaError (wrapping cache.ErrSourceNewer).
 func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
@@ -81,13 +82,26 @@ func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 	// The node's newest broker credential and the generations of the older
 	// ones still valid (row-level security lets a node role see only its
 	// own rows).
-	var creds []cache.BrokerCredential
+	// Sealed rows (migration 007) are opened, the newest only.
+	sealedCols := `'', '', NULL::bytea, NULL::bytea`
+	if v, err := schemaVersion(ctx, tx); err != nil {
+		return cache.Snapshot{}, db.wrap("load bindings", err)
+	} else if v >= sealedSchema {
+		sealedCols = `coalesce(sealed_with, ''), coalesce(sealed_for, ''), sealed_broker_password, sealed_db_password`
+	}
+	type credRow struct {
+		c   cache.BrokerCredential
+		row credentialRow
+	}
+	var creds []credRow
 	if err := collect(ctx, tx, &creds, `SELECT generation, broker_user, broker_password, created_at, switched_at,
-		coalesce(db_role, ''), coalesce(db_password, '') FROM node_credentials WHERE node = $1 ORDER BY generation DESC`, args,
-		func(r pgx.Rows, c *cache.BrokerCredential) error {
+		coalesce(db_role, ''), coalesce(db_password, ''), `+sealedCols+` FROM node_credentials WHERE node = $1 ORDER BY generation DESC`, args,
+		func(r pgx.Rows, cr *credRow) error {
+			c := &cr.c
 			var pw, dbpw string
 			var sw *time.Time
-			err := r.Scan(&c.Generation, &c.User, &pw, &c.CreatedAt, &sw, &c.DBRole, &dbpw)
+			err := r.Scan(&c.Generation, &c.User, &pw, &c.CreatedAt, &sw, &c.DBRole, &dbpw,
+				&cr.row.with, &cr.row.sealedFor, &cr.row.sealedBroker, &cr.row.sealedDB)
 			c.Password, c.DBPassword = cache.Credential(pw), cache.Credential(dbpw)
 			if sw != nil {
 				c.SwitchedAt = *sw
@@ -97,9 +111,12 @@ func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 		return cache.Snapshot{}, db.wrap("load bindings: broker credential", err)
 	}
 	if len(creds) > 0 {
-		newest := creds[0]
+		newest := creds[0].c
+		if err := db.openCredential(node, &newest, creds[0].row); err != nil {
+			return cache.Snapshot{}, fmt.Errorf("load bindings: %w", err)
+		}
 		for i := len(creds) - 1; i > 0; i-- {
-			newest.Older = append(newest.Older, creds[i].Generation)
+			newest.Older = append(newest.Older, creds[i].c.Generation)
 		}
 		b.Broker = &newest
 	}

@@ -53,18 +53,25 @@ func (db *DB) CredentialGenerations(ctx context.Context, node string) ([]Credent
 // AddCredentialGeneration records a new generation of node's credential
 // in the node's own row, in one transaction: the broker user made on the
 // broker (cred) and a new database login role for the node, with a random
-// password and the same rights as its others. The node takes both with its
+// password and the same rights as its others, both passwords sealed to the
+// node's public key (sealedcred.go). The node takes both with its
 // bindings. The generation must be newer than every one recorded (else
-// *ExistsError); an unknown node gives *NotFoundError. It returns the new
-// role's name.
+// *ExistsError); an unknown node gives *NotFoundError, a node that has
+// not published its public key ErrNoPublicKey. It returns the new role's
+// name.
 func (db *DB) AddCredentialGeneration(ctx context.Context, node string, cred BrokerCredential) (Change, string, error) {
 	if cred.Generation < 1 || cred.User == "" || cred.Password == "" {
 		return Change{}, "", errors.New("add credential generation: incomplete credential")
 	}
 	var role string
 	ch, err := db.change(ctx, "add credential generation", func(tx pgx.Tx) error {
-		var err error
-		role, _, err = addGeneration(ctx, tx, node, cred)
+		pub, err := nodePublicKey(ctx, tx, node)
+		if err != nil {
+			return err
+		}
+		role, _, err = addGeneration(ctx, tx, node, cred, func(rolePassword string) (credentialRow, error) {
+			return sealToNode(node, cred.Generation, pub, cred.Password.Reveal(), rolePassword)
+		})
 		return err
 	})
 	if err != nil {
@@ -74,9 +81,11 @@ func (db *DB) AddCredentialGeneration(ctx context.Context, node string, cred Bro
 }
 
 // addGeneration adds generation cred of node's credential inside tx, with
-// a new login role, and returns the role and its password. The node must
-// exist and cred be newer than its newest generation.
-func addGeneration(ctx context.Context, tx pgx.Tx, node string, cred BrokerCredential) (role, rolePassword string, err error) {
+// a new login role, and returns the role and its password. sealed makes
+// the row's secrets from the role's password. The node must exist and cred
+// be newer than its newest generation.
+func addGeneration(ctx context.Context, tx pgx.Tx, node string, cred BrokerCredential,
+	sealed func(rolePassword string) (credentialRow, error)) (role, rolePassword string, err error) {
 	var exists bool
 	var newest *int
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM nodes WHERE name = $1),
@@ -93,9 +102,11 @@ func addGeneration(ctx context.Context, tx pgx.Tx, node string, cred BrokerCrede
 	if err := createNodeRole(ctx, tx, node, role, rolePassword); err != nil {
 		return "", "", err
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO node_credentials (node, generation, broker_user, broker_password, db_role, db_password)
-		VALUES ($1, $2, $3, $4, $5, $6)`, node, cred.Generation, cred.User, cred.Password.Reveal(), role, rolePassword)
-	return role, rolePassword, err
+	row, err := sealed(rolePassword)
+	if err != nil {
+		return "", "", err
+	}
+	return role, rolePassword, insertCredential(ctx, tx, node, cred.Generation, cred.User, role, row)
 }
 
 // ReissueJoin gives an existing node a new generation of its credential —
@@ -115,7 +126,11 @@ func (db *DB) ReissueJoin(ctx context.Context, adminURL, node string, cred Broke
 	var out AddedNode
 	var err error
 	out.Change, err = db.change(ctx, "reissue join token", func(tx pgx.Tx) error {
-		role, rolePassword, err := addGeneration(ctx, tx, node, cred)
+		// Like a first generation's, sealed under the token's login: the
+		// machine may have lost its key.
+		role, rolePassword, err := addGeneration(ctx, tx, node, cred, func(rolePassword string) (credentialRow, error) {
+			return sealWithLogin(node, cred.Generation, cred.Password.Reveal(), rolePassword)
+		})
 		if err != nil {
 			return err
 		}

@@ -25,7 +25,14 @@ func TestCredentialRotationRows(t *testing.T) {
 	a := addNode(t, db, url, "alpha", 0)
 	addNode(t, db, url, "beta", 0)
 
-	_, _, err := db.AddCredentialGeneration(ctx, "alpha", meshdb.BrokerCredential{Generation: 1, User: "node.alpha.g1", Password: "x"})
+	// A node that has not published its key gets no generation: it could
+	// not open it.
+	_, _, err := db.AddCredentialGeneration(ctx, "alpha", meshdb.BrokerCredential{Generation: 2, User: "node.alpha.g2", Password: "x"})
+	if !errors.Is(err, meshdb.ErrNoPublicKey) {
+		t.Errorf("a node without a public key: got %v, want ErrNoPublicKey", err)
+	}
+	k := withKey(t, db, "alpha")
+	_, _, err = db.AddCredentialGeneration(ctx, "alpha", meshdb.BrokerCredential{Generation: 1, User: "node.alpha.g1", Password: "x"})
 	if !errors.Is(err, meshdb.ErrExists) {
 		t.Errorf("adding generation 1 again: got %v, want ErrExists", err)
 	}
@@ -38,7 +45,7 @@ func TestCredentialRotationRows(t *testing.T) {
 		t.Fatalf("add generation 2: %v %+v role %q (first role %q)", err, ch, role2, a.Role)
 	}
 
-	nodeDB, err := meshdb.Open(ctx, a.Token.DB, meshdb.Options{})
+	nodeDB, err := meshdb.Open(ctx, a.Token.DB, meshdb.Options{NodeKey: k})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,12 +157,13 @@ func TestUseLoginRefusedFallsBack(t *testing.T) {
 	db, url := initMesh(t)
 	ctx := context.Background()
 	a := addNode(t, db, url, "alpha", 0)
+	k := withKey(t, db, "alpha")
 	_, role2, err := db.AddCredentialGeneration(ctx, "alpha", meshdb.BrokerCredential{Generation: 2, User: "node.alpha.g2", Password: "secret-2"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, bad := range []struct{ user, password string }{{role2, "wrong"}, {"meshbox_node_alpha_gone", "x"}} {
-		nodeDB, err := meshdb.Open(ctx, a.Token.DB, meshdb.Options{})
+		nodeDB, err := meshdb.Open(ctx, a.Token.DB, meshdb.Options{NodeKey: k})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -173,11 +181,11 @@ func TestUseLoginRefusedFallsBack(t *testing.T) {
 	}
 
 	// A cached login that works stays, even if a later connection fails.
-	snap, err := db.Load(ctx, "alpha")
+	snap, err := openWithKey(t, a.Token.DB, k).Load(ctx, "alpha")
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodeDB, err := meshdb.Open(ctx, a.Token.DB, meshdb.Options{})
+	nodeDB, err := meshdb.Open(ctx, a.Token.DB, meshdb.Options{NodeKey: k})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +237,9 @@ func TestReissueJoin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b := snap.Bindings.Broker; b == nil || b.Generation != 2 || b.DBRole != re.Role {
-		t.Errorf("alpha's credential after reissue: %+v, want generation 2 with role %s", b, re.Role)
+	// Sealed under the token's login, which opens it: the machine may
+	// have lost its key.
+	if b := snap.Bindings.Broker; b == nil || b.Generation != 2 || b.DBRole != re.Role || b.Password != "secret" || b.DBPassword.Reveal() != tokenPassword(t, re.Token) {
+		t.Errorf("alpha's credential after reissue: %+v, want generation 2 with role %s and its passwords", b, re.Role)
 	}
 }

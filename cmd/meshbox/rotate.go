@@ -52,7 +52,9 @@ func (c *MeshCommand) connectAdmin(ctx context.Context, db *meshdb.DB, adminURL 
 // that waited in vain) only finishes the pending ones; nodes without one
 // get a new generation from the next run. A node that does not switch in
 // time keeps its old credential, unless force; rotate then fails and
-// names it.
+// names it. The new generation's passwords are sealed to the node's
+// public key: a node that has not published one (it has not run since it
+// joined) is not rotated, and rotate fails naming it after the others.
 func (c *MeshCommand) rotate(ctx context.Context, db *meshdb.DB, name, adminURL string, wait time.Duration, force bool) error {
 	out := c.m.Stdout
 	if name != "" {
@@ -85,6 +87,7 @@ func (c *MeshCommand) rotate(ctx context.Context, db *meshdb.DB, name, adminURL 
 	}
 
 	// 1. A new generation for each node without a rotation pending.
+	var keyless []string // nodes whose new generation could not be sealed to them
 	for _, t := range targets {
 		if len(t.older) > 0 {
 			fmt.Fprintf(out, "node %s: finishing the rotation to generation %d (%s); older generations %v still valid\n",
@@ -108,6 +111,11 @@ func (c *MeshCommand) rotate(ctx context.Context, db *meshdb.DB, name, adminURL 
 				err = errors.Join(err, fmt.Errorf("also failed to delete broker user %s: %w", cred.User, derr))
 			}
 			cancel()
+			if errors.Is(err, meshdb.ErrNoPublicKey) {
+				fmt.Fprintf(out, "node %s: not rotated: %v\n", t.node, err)
+				keyless = append(keyless, t.node)
+				continue
+			}
 			return fmt.Errorf("rotate: node %s: %w", t.node, err)
 		}
 		fmt.Fprintf(out, "node %s: generation %d (broker user %s, database role %s) created (mesh revision %d); the node takes it from its bindings\n",
@@ -116,6 +124,8 @@ func (c *MeshCommand) rotate(ctx context.Context, db *meshdb.DB, name, adminURL 
 		t.newest = meshdb.CredentialGeneration{Node: t.node, Generation: gen, User: cred.User, CreatedAt: time.Now()}
 		t.waiting = time.Now()
 	}
+
+	targets = slices.DeleteFunc(targets, func(t *rotateTarget) bool { return slices.Contains(keyless, t.node) })
 
 	// 2. Wait until every node switched, or the time is up.
 	pending := c.waitSwitched(ctx, db, targets, wait)
@@ -143,6 +153,9 @@ func (c *MeshCommand) rotate(ctx context.Context, db *meshdb.DB, name, adminURL 
 		}
 		return fmt.Errorf("rotate: %w: %s; their old credentials stay valid until they switch: run rotate again to finish, or with --force to revoke them now",
 			ErrNotSwitched, strings.Join(names, ", "))
+	}
+	if len(keyless) > 0 {
+		return fmt.Errorf("rotate: %w: %s; start them once (meshbox run) and rotate again", meshdb.ErrNoPublicKey, strings.Join(keyless, ", "))
 	}
 	fmt.Fprintln(out, "rotation complete")
 	return nil

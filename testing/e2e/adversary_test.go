@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,7 +18,6 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
-	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -403,12 +403,6 @@ func TestAdversaryNodeAddedWithoutStages(t *testing.T) {
 			_, _, _ = cliEnv(t, admin, "mesh", "node", "remove", n.name, "--force")
 		}
 	})
-	mdb, err := meshdb.Open(ctx, db, meshdb.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mdb.Close()
-
 	// The stage's queue exists (the admin made it); the nodes try to read it.
 	guest, err := amqp.Dial(vhostURL)
 	if err != nil {
@@ -431,13 +425,8 @@ func TestAdversaryNodeAddedWithoutStages(t *testing.T) {
 		if !strings.Contains(out, n.says) {
 			t.Errorf("mesh node add %s %v: output does not say %q:\n%s", n.name, n.args, n.says, out)
 		}
-		creds, err := mdb.BrokerCredentials(ctx, n.name)
-		if err != nil || len(creds) == 0 {
-			t.Fatalf("broker credential of %s: %v %v", n.name, creds, err)
-		}
-		u, _ := url.Parse(vhostURL)
-		u.User = url.UserPassword(creds[0].User, creds[0].Password.Reveal())
-		conn, err := amqp.Dial(u.String())
+		user, pw := nodeCredential(t, ctx, db, n.name)
+		conn, err := amqp.Dial(withCredential(t, vhostURL, user, pw))
 		if err != nil {
 			t.Fatalf("%s dials the broker with its own credential: %v", n.name, err)
 		}
@@ -779,4 +768,134 @@ func TestAdversaryCommandsCountedByCause(t *testing.T) {
 		t.Errorf("beta's handler got %q, want only alpha's real commands", got)
 	default:
 	}
+}
+
+// TestAdversaryDatabaseDumpHoldsNoNodePassword is the database's admin
+// reading everything the mesh keeps of its nodes' credentials
+// (node_credentials, join_tokens) after alpha and beta joined, and again
+// after a rotation. Every value found is tried as each node's broker
+// password (every broker user of the rows) on the real RabbitMQ and as
+// each node role's password on the real PostgreSQL: all are refused. The
+// control: each node's own password, as the node opens it, is accepted;
+// the nodes call each other after the join, after the rotation, and after
+// a restart from their caches with the database stopped.
+func TestAdversaryDatabaseDumpHoldsNoNodePassword(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	ctx := context.Background()
+	rmq := meshtest.RabbitMQ(t)
+	pg := meshtest.NewPostgres(t) // private: this test stops it
+	m := &identityMesh{rmq: rmq, vhost: rmq.Vhost(t), db: pg.Database(t), envs: map[string]string{}, data: map[string]string{}}
+	m.admin = []string{"MESHBOX_DB=" + m.db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}
+	if code, _, errOut := cli(t, "init", "--db", m.db, "--node", "hub", "--broker", meshtest.NoCredential(m.vhost)); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	nodes := []string{"alpha", "beta"}
+	t.Cleanup(func() { // broker users outlive the test's vhost
+		for _, n := range nodes {
+			_, _, _ = cliEnv(t, m.admin, "mesh", "node", "remove", n, "--force")
+		}
+	})
+	for _, n := range nodes {
+		code, out, errOut := cliEnv(t, m.admin, "mesh", "node", "add", n, "--stages", "*")
+		if code != 0 {
+			t.Fatalf("mesh node add %s: exit %d: %s%s", n, code, out, errOut)
+		}
+		m.envs[n] = filepath.Join(t.TempDir(), n+".env")
+		m.data[n] = filepath.Join(t.TempDir(), "data")
+		rememberDataDir(m.db, n, m.data[n])
+		if code, out, errOut := cli(t, "join", joinToken(t, out), "--env-file", m.envs[n]); code != 0 {
+			t.Fatalf("join %s: exit %d: %s%s", n, code, out, errOut)
+		}
+	}
+	procs := map[string]*meshtest.Process{}
+	start := func() {
+		t.Helper()
+		for _, n := range nodes {
+			procs[n] = m.start(t, n)
+		}
+		host := natsConn(t, procs["alpha"])
+		if _, err := host.Subscribe("cap.echo", func(msg *nats.Msg) { _ = msg.Respond(msg.Data) }); err != nil {
+			t.Fatal(err)
+		}
+		flush(t, host)
+	}
+	call := func(when string) {
+		t.Helper()
+		caller := natsConn(t, procs["beta"])
+		waitCallable(t, caller, "node.alpha.cap.echo", nil, func(msg *nats.Msg) bool { c, _ := serviceError(msg); return c == 0 })
+		resp, err := caller.Request("node.alpha.cap.echo", []byte(when), 5*time.Second)
+		if err != nil {
+			t.Fatalf("%s: beta calling echo on alpha: %v", when, err)
+		}
+		if code, text := serviceError(resp); code != 0 || string(resp.Data) != when {
+			t.Fatalf("%s: beta calling echo on alpha: %d %q %q", when, code, text, resp.Data)
+		}
+	}
+
+	refusedAll := func(when string) {
+		t.Helper()
+		values, roles, users := dumpCredentials(t, ctx, m.db)
+		if len(users) < len(nodes) || len(roles) < len(nodes) {
+			t.Fatalf("%s: the dump names broker users %v and roles %v: it proves nothing", when, users, roles)
+		}
+		for _, user := range users {
+			for _, v := range values {
+				if brokerAccepts(m.vhost, user, v) {
+					t.Errorf("%s: the broker accepts a value of the dump as %s's password", when, user)
+				}
+			}
+		}
+		for _, role := range roles {
+			for _, v := range values {
+				if databaseAccepts(ctx, m.db, role, v) {
+					t.Errorf("%s: the database accepts a value of the dump as %s's password", when, role)
+				}
+			}
+		}
+		t.Logf("%s: %d values of the dump tried on %d broker users and %d roles: all refused", when, len(values), len(users), len(roles))
+		// The control: what each node opens is accepted.
+		for _, n := range nodes {
+			if user, pw := nodeCredential(t, ctx, m.db, n); !brokerAccepts(m.vhost, user, pw) {
+				t.Fatalf("%s: the broker refuses %s's own credential, as the node opens it", when, n)
+			}
+		}
+	}
+
+	start()
+	call("joined")
+	refusedAll("after the join")
+
+	code, out, errOut := m.rotate(t, "--all", "--wait", "30s")
+	if code != 0 {
+		t.Fatalf("rotate --all: exit %d: %s%s", code, out, errOut)
+	}
+	for _, n := range nodes {
+		waitIdentity(t, procs[n].HTTPURL(), n+" on generation 2, nothing older", func(s identityStatus) bool {
+			return s.Identity.Generation == 2 && s.Identity.State == "in use" && s.Identity.Rotation == ""
+		})
+	}
+	call("rotated")
+	refusedAll("after the rotation")
+
+	// From the caches alone: the database stopped, both nodes restarted.
+	for _, n := range nodes {
+		procs[n].Signal(syscall.SIGTERM)
+		if code := procs[n].Wait(); code != 0 {
+			t.Fatalf("%s stopped with exit %d", n, code)
+		}
+	}
+	pg.Stop(t)
+	start()
+	for _, n := range nodes {
+		waitStatus(t, procs[n].HTTPURL(), 15*time.Second, n+" on its cached bindings", func(s nodeStatus) bool {
+			return s.Bindings.Source == "cache"
+		})
+		waitIdentity(t, procs[n].HTTPURL(), n+" on generation 2 from its cache", func(s identityStatus) bool {
+			return s.Identity.Generation == 2 && s.Identity.State == "in use"
+		})
+	}
+	call("restarted from the cache")
+	pg.Start(t) // for the cleanup's node remove
 }

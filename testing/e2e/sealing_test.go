@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -63,7 +62,9 @@ func joinedNodeEnv(t *testing.T, db, brokerAdmin, node string, extra ...string) 
 	if code, out, errOut := cli(t, "join", joinToken(t, out), "--env-file", envFile); code != 0 {
 		t.Fatalf("join %s: exit %d: %s%s", node, code, out, errOut)
 	}
-	return meshtest.StartProcess(t, append([]string{"--env-file", envFile}, extra...)...), envFile
+	p := meshtest.StartProcess(t, append([]string{"--env-file", envFile}, extra...)...)
+	rememberDataDir(db, node, p.DataDir())
+	return p, envFile
 }
 
 // waitSealing waits until the node seals with a content key and lacks none.
@@ -358,25 +359,12 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 	}
 }
 
-// brokerURLOf is node's broker URL on vhost with its credential from the
-// mesh database.
+// brokerURLOf is node's broker URL on vhost with its credential, read as
+// the node reads it (nodeCredential).
 func brokerURLOf(t *testing.T, ctx context.Context, db, vhost, node string) string {
 	t.Helper()
-	conn, err := pgx.Connect(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var user, pw string
-	if err := conn.QueryRow(ctx, `SELECT broker_user, broker_password FROM node_credentials WHERE node = $1 ORDER BY generation DESC LIMIT 1`, node).Scan(&user, &pw); err != nil {
-		t.Fatal(err)
-	}
-	u, err := url.Parse(vhost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.UserPassword(user, pw)
-	return u.String()
+	user, pw := nodeCredential(t, ctx, db, node)
+	return withCredential(t, vhost, user, pw)
 }
 
 // TestKeyRotationUnderTraffic rotates the mesh's content key while alpha

@@ -44,6 +44,9 @@ func cliEnv(t *testing.T, env []string, args ...string) (int, string, string) {
 	} else if err != nil {
 		t.Fatalf("run meshbox %v: %v", args, err)
 	}
+	if code == 0 && len(args) >= 3 && args[0] == "mesh" && args[1] == "node" && (args[2] == "add" || args[2] == "rejoin") {
+		rememberJoin(env, stdout.String()) // what the node will know (nodelogins_test.go)
+	}
 	return code, stdout.String(), stderr.String()
 }
 
