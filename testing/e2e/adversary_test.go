@@ -3,16 +3,19 @@ package e2e
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -768,6 +771,235 @@ func TestAdversaryCommandsCountedByCause(t *testing.T) {
 		t.Errorf("beta's handler got %q, want only alpha's real commands", got)
 	default:
 	}
+}
+
+// TestAdversaryOperatorSpeaksForNode: the broker's operator sets a new
+// password on alpha's current broker user (node.alpha.g1, a generation the
+// mesh database lists) and speaks discovery for running alpha with it: a
+// hello with a capability list of its choosing, a heartbeat, a bye (every
+// peer would mark alpha gone until it restarts), a bye with a made-up
+// signature, and a verbatim copy of a heartbeat alpha really sent. alpha
+// signs what it says and beta knows its signing key from the mesh
+// database: each is refused and counted under its cause, logged once, and
+// beta keeps alpha up and its calls working. mallory, a node with its own
+// valid credential, cannot speak for alpha either (its bye and its copy of
+// alpha's heartbeat name the wrong origin), and its gone about alpha is a
+// claim beta checks with the broker. The control: alpha's own bye when it
+// stops marks it gone at once.
+func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	ctx := context.Background()
+	rmq := meshtest.RabbitMQ(t)
+	vhost, db, alpha, beta := sealedMeshOn(t, rmq)
+	host := natsConn(t, alpha)
+	if _, err := host.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, host)
+	waitRoute(t, beta.HTTPURL(), "echo", "alpha")
+	caller := natsConn(t, beta)
+	call := func(what string) {
+		t.Helper()
+		waitCallable(t, caller, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+		for _, subj := range []string{"cap.echo", "node.alpha.cap.echo"} {
+			resp, err := caller.Request(subj, []byte(what), 5*time.Second)
+			if code, text := serviceError(resp); err != nil || code != 0 || string(resp.Data) != what {
+				t.Fatalf("%s: beta calling %s: %v %d %q", what, subj, err, code, text)
+			}
+		}
+	}
+	call("before")
+	if !waitFor(30*time.Second, func() bool { return signedPeerOf(t, beta, "alpha").Signs }) {
+		t.Errorf("beta's view of alpha: %+v, want signs (alpha's record has a signing key)", signedPeerOf(t, beta, "alpha"))
+	}
+	started := signedPeerOf(t, beta, "alpha").StartedAt
+
+	// The operator taps every broadcast, to copy one of alpha's.
+	tapConn, err := amqp.Dial(vhost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tapConn.Close()
+	tap, err := tapConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := tap.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tap.QueueBind(q.Name, "sys.#", "mesh", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	tapped, err := tap.Consume(q.Name, "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alphaURL := brokerURLOf(t, ctx, db, vhost, "alpha")
+	au, _ := url.Parse(alphaURL)
+	alphaUser := au.User.Username()
+	var heartbeat []byte
+	deadline := time.After(20 * time.Second)
+	for heartbeat == nil {
+		select {
+		case d := <-tapped:
+			if d.UserId == alphaUser && d.RoutingKey == "sys.heartbeat" {
+				heartbeat = d.Body
+			}
+		case <-deadline:
+			t.Fatal("the operator's tap saw no heartbeat of alpha")
+		}
+	}
+
+	// The operator re-passwords alpha's user (alpha's connection stays up)
+	// and publishes as alpha.
+	password := rand.Text()
+	rh, err := rabbithole.NewClient(rmq.ManagementURL(), "guest", "guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rh.PutUser(alphaUser, rabbithole.UserSettings{Password: password, Tags: rabbithole.UserTags{}}); err != nil {
+		t.Fatalf("the operator sets a new password on %s: %v", alphaUser, err)
+	}
+	au.User = url.UserPassword(alphaUser, password)
+	opConn, err := amqp.Dial(au.String())
+	if err != nil {
+		t.Fatalf("the operator dials as %s: %v", alphaUser, err)
+	}
+	defer opConn.Close()
+	publishAs := func(conn *amqp.Connection, user, key string, body []byte) {
+		t.Helper()
+		code, err := meshtest.BrokerVerdict(conn, func(ch *amqp.Channel) error {
+			return ch.PublishWithContext(ctx, "mesh", key, false, false, amqp.Publishing{Type: "system", UserId: user, Body: body})
+		})
+		if err != nil || code != 0 {
+			t.Fatalf("publish %s as %s: code %d, %v: want the broker to accept it", key, user, code, err)
+		}
+	}
+	discovery := func(m map[string]any) []byte {
+		m["node"], m["started_at"], m["proto"] = "alpha", started, 3
+		b, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	unsigned0, forged0, replayed0 := discoveryRejected(t, beta, "unsigned"), discoveryRejected(t, beta, "forged"), discoveryRejected(t, beta, "replayed")
+	publishAs(opConn, alphaUser, "sys.hello", discovery(map[string]any{"v": 1, "type": "hello", "seq": 1 << 40, "capabilities": []string{"decoy"}, "heartbeat_ms": 5000}))
+	publishAs(opConn, alphaUser, "sys.heartbeat", discovery(map[string]any{"v": 1, "type": "heartbeat", "seq": 1<<40 + 1, "hash": "00", "heartbeat_ms": 3600000}))
+	publishAs(opConn, alphaUser, "sys.bye", discovery(map[string]any{"v": 1, "type": "bye", "seq": 1<<40 + 2}))
+	sig := make([]byte, 64)
+	_, _ = rand.Read(sig)
+	publishAs(opConn, alphaUser, "sys.bye", discovery(map[string]any{"v": 1, "type": "bye", "seq": 1<<40 + 3, "sig": base64.RawURLEncoding.EncodeToString(sig)}))
+	publishAs(opConn, alphaUser, "sys.heartbeat", heartbeat)
+	if !waitFor(10*time.Second, func() bool {
+		return discoveryRejected(t, beta, "unsigned") >= unsigned0+3 && discoveryRejected(t, beta, "forged") >= forged0+1 &&
+			discoveryRejected(t, beta, "replayed") >= replayed0+1
+	}) {
+		t.Errorf("beta's refused discovery: unsigned %v (want %v), forged %v (want %v), replayed %v (want %v)",
+			discoveryRejected(t, beta, "unsigned"), unsigned0+3, discoveryRejected(t, beta, "forged"), forged0+1,
+			discoveryRejected(t, beta, "replayed"), replayed0+1)
+	}
+	time.Sleep(2 * time.Second) // alpha's own heartbeats go on meanwhile
+	if p := signedPeerOf(t, beta, "alpha"); p.State != "up" || !slices.Contains(p.Capabilities, "echo") || slices.Contains(p.Capabilities, "decoy") {
+		t.Errorf("beta's view of alpha after the operator spoke for it: %+v, want up, hosting echo and not decoy", p)
+	}
+	call("after the operator")
+	for _, reason := range []string{"unsigned", "forged", "replayed"} {
+		if n := logLines(beta.Output(), "discovery message refused", "sender=alpha", "reason="+reason); n != 1 {
+			t.Errorf("beta logged the %s messages for alpha %d times, want once:\n%s", reason, n, beta.Output())
+		}
+	}
+
+	// mallory, a node with its own real credential.
+	env := []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}
+	if code, out, errOut := cliEnv(t, env, "mesh", "node", "add", "mallory"); code != 0 {
+		t.Fatalf("mesh node add mallory: exit %d: %s%s", code, out, errOut)
+	}
+	t.Cleanup(func() { _, _, _ = cliEnv(t, env, "mesh", "node", "remove", "mallory", "--force") })
+	// Its password, as mallory knows it: set here, so the test does not
+	// depend on how the database keeps it.
+	mu, _ := url.Parse(brokerURLOf(t, ctx, db, vhost, "mallory"))
+	malloryUser, malloryPassword := mu.User.Username(), rand.Text()
+	if _, err := rh.PutUser(malloryUser, rabbithole.UserSettings{Password: malloryPassword, Tags: rabbithole.UserTags{}}); err != nil {
+		t.Fatal(err)
+	}
+	mu.User = url.UserPassword(malloryUser, malloryPassword)
+	malloryURL := mu.String()
+	if !waitFor(20*time.Second, func() bool { return getView(t, beta.HTTPURL()).peerState("mallory") != "" }) {
+		t.Fatal("beta's bindings never listed mallory")
+	}
+	mConn, err := amqp.Dial(malloryURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mConn.Close()
+	origin0 := discoveryRejected(t, beta, "origin_mismatch")
+	goneIn := func() float64 {
+		v, _ := scrape(t, beta.HTTPURL()).value("meshbox_discovery_messages_total", "type=gone", "direction=in")
+		return v
+	}
+	gone0 := goneIn()
+	publishAs(mConn, malloryUser, "sys.bye", discovery(map[string]any{"v": 1, "type": "bye", "seq": 1<<40 + 4}))
+	publishAs(mConn, malloryUser, "sys.heartbeat", heartbeat)
+	gone, _ := json.Marshal(map[string]any{"v": 2, "type": "gone", "node": "mallory", "peer": "alpha", "started_at": time.Now(), "seq": 1, "proto": 3})
+	publishAs(mConn, malloryUser, "sys.gone", gone)
+	if !waitFor(10*time.Second, func() bool { return discoveryRejected(t, beta, "origin_mismatch") >= origin0+2 }) {
+		t.Errorf("beta's discovery refused for origin mismatch: %v, want %v (mallory's bye and copy for alpha)", discoveryRejected(t, beta, "origin_mismatch"), origin0+2)
+	}
+	if !waitFor(10*time.Second, func() bool { return goneIn() >= gone0+1 }) {
+		t.Errorf("beta never took mallory's gone (an unsigned message of a node without a signing key)")
+	}
+	time.Sleep(2 * time.Second) // beta's probe of alpha comes back routed
+	if p := signedPeerOf(t, beta, "alpha"); p.State != "up" {
+		t.Errorf("beta's view of alpha after mallory spoke for it: %+v, want up", p)
+	}
+	call("after mallory")
+
+	// The control: alpha's own bye.
+	alpha.Signal(syscall.SIGTERM)
+	if code := alpha.Wait(); code != 0 {
+		t.Fatalf("alpha exited with %d", code)
+	}
+	if !waitFor(5*time.Second, func() bool { p := signedPeerOf(t, beta, "alpha"); return p.State == "gone" && p.Reason == "left" }) {
+		t.Errorf("beta's view of alpha after alpha stopped: %+v, want gone (left)", signedPeerOf(t, beta, "alpha"))
+	}
+}
+
+// signedPeer is a peer in a node's status, with what signed discovery
+// shows of it.
+type signedPeer struct {
+	Name         string    `json:"name"`
+	State        string    `json:"state"`
+	Reason       string    `json:"reason"`
+	StartedAt    time.Time `json:"started_at"`
+	Capabilities []string  `json:"capabilities"`
+	Signs        bool      `json:"signs"`
+}
+
+// signedPeerOf returns peer name in p's status (zero when it has none).
+func signedPeerOf(t *testing.T, p *meshtest.Process, name string) signedPeer {
+	t.Helper()
+	var st struct {
+		Peers []signedPeer `json:"peers"`
+	}
+	getJSON(t, p.HTTPURL()+"/status", "", &st)
+	for _, sp := range st.Peers {
+		if sp.Name == name {
+			return sp
+		}
+	}
+	return signedPeer{}
+}
+
+// discoveryRejected returns meshbox_discovery_rejected_total{reason} of
+// the node at p.
+func discoveryRejected(t *testing.T, p *meshtest.Process, reason string) float64 {
+	t.Helper()
+	v, _ := scrape(t, p.HTTPURL()).value("meshbox_discovery_rejected_total", "reason="+reason)
+	return v
 }
 
 // TestAdversaryDatabaseDumpHoldsNoNodePassword is the database's admin
