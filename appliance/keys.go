@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -45,6 +46,16 @@ import (
 //
 // A node that lacks an active key says which: KeysStatus.Lacking, the
 // metric meshbox_content_key_missing{key}, and one log line per key.
+//
+// The node uses an opened copy only if it matches the key's commitment
+// (seal.ContentKey.Commitment, published with the claim): a copy that
+// does not open, is no content key, or is another key than the one its id
+// names is refused (meshbox_sealed_keys_refused_total{reason}, one log
+// line per copy, KeysStatus.Refused) and removed from the database, so
+// that an honest holder seals the key again. A key claimed before
+// commitments is taken as before and listed in KeysStatus.Uncommitted
+// until a rotation (meshbox mesh key rotate, mesh scope rotate) replaces
+// it.
 
 // startKeys loads or makes the node's key pair, applies the bindings' keys
 // and starts the keeper. a.mu is held.
@@ -87,7 +98,22 @@ type KeysStatus struct {
 	// node to do (its public key published, every key made, its keys
 	// marked as opened, every node given the keys this node holds).
 	InStep bool `json:"in_step"`
+	// Refused are this node's sealed copies it refused, by key id, with
+	// the reason (RefusedUnopenable, RefusedInvalid, RefusedCommitment);
+	// the node removes them, and a holder seals the key again.
+	Refused map[string]string `json:"refused,omitempty"`
+	// Uncommitted are the keys held that have no commitment (claimed
+	// before commitments): their copies cannot be checked. Rotate them.
+	Uncommitted []string `json:"uncommitted,omitempty"`
 }
+
+// Reasons a node refuses a sealed copy of a content key (KeysStatus.Refused,
+// meshbox_sealed_keys_refused_total{reason}).
+const (
+	RefusedUnopenable = "unopenable" // it does not open with this node's key
+	RefusedInvalid    = "invalid"    // it opens to no content key
+	RefusedCommitment = "commitment" // it opens to another key than its commitment names
+)
 
 // keyKeeper holds the node's key pair and keyring and keeps its keys in
 // step with the bindings.
@@ -113,6 +139,22 @@ type keyKeeper struct {
 	status  KeysStatus
 	logged  map[string]bool // lacking keys already logged
 	missing *prometheus.GaugeVec
+	// refused are the copies of the bindings applied last that this node
+	// refused, by key id (sync removes them); seen every copy refused so
+	// far, by key id and SHA-256 of the copy, counted and logged once.
+	refused      map[string]refusedCopy
+	seen         map[string]bool
+	refusedTotal *prometheus.CounterVec
+	uncommitLog  map[string]bool // uncommitted keys already logged
+}
+
+// maxSeenRefused bounds the refused copies remembered as logged.
+const maxSeenRefused = 1024
+
+// refusedCopy is a sealed copy this node refused, and why.
+type refusedCopy struct {
+	copy   cache.SealedKey
+	reason string
 }
 
 // openedKey is a content key opened from a sealed copy, kept so that the
@@ -144,6 +186,11 @@ func newKeyKeeper(node, dataDir string, db *meshdb.DB, log *slog.Logger, reg pro
 		node: node, key: k, sign: sk, ring: &seal.Keyring{}, db: db, log: log, now: time.Now,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		opened: map[string]openedKey{}, logged: map[string]bool{},
+		refused: map[string]refusedCopy{}, seen: map[string]bool{}, uncommitLog: map[string]bool{},
+		refusedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshbox_sealed_keys_refused_total",
+			Help: "Sealed copies of content keys this node refused, by reason: unopenable, invalid (no content key), commitment (another key than its id names).",
+		}, []string{"reason"}),
 		status: KeysStatus{Sealing: true, NodeKey: k.Fingerprint(), Held: []string{}, Lacking: []string{}},
 		missing: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "meshbox_content_key_missing",
@@ -151,8 +198,10 @@ func newKeyKeeper(node, dataDir string, db *meshdb.DB, log *slog.Logger, reg pro
 		}, []string{"key"}),
 	}
 	if reg != nil {
-		if err := reg.Register(kk.missing); err != nil {
-			return nil, fmt.Errorf("register key metrics: %w", err)
+		for _, c := range []prometheus.Collector{kk.missing, kk.refusedTotal} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("register key metrics: %w", err)
+			}
 		}
 	}
 	return kk, nil
@@ -178,6 +227,7 @@ func (kk *keyKeeper) Status() KeysStatus {
 	defer kk.mu.Unlock()
 	st := kk.status
 	st.Held, st.Lacking, st.Scopes = slices.Clone(st.Held), slices.Clone(st.Lacking), maps.Clone(st.Scopes)
+	st.Refused, st.Uncommitted = maps.Clone(st.Refused), slices.Clone(st.Uncommitted)
 	return st
 }
 
@@ -199,7 +249,9 @@ func (kk *keyKeeper) applyKeys(snap cache.Snapshot) {
 	kk.mu.Lock()
 	defer kk.mu.Unlock()
 	var keys []seal.ContentKey
+	var uncommitted []string
 	held := map[string]bool{}
+	clear(kk.refused)
 	for _, sk := range b.SealedKeys {
 		ck, ok := contentKey(b, sk.ID)
 		if !ok || ck.Retired(now) || sk.SealedFor != fpr || !mayHold(b, ck.Scope, kk.node) {
@@ -210,15 +262,30 @@ func (kk *keyKeeper) applyKeys(snap cache.Snapshot) {
 		if !cached || o.sum != sum {
 			raw, err := kk.key.Open(seal.ContentKeyInfo(sk.ID, kk.node), sk.Sealed)
 			if err != nil {
-				kk.log.Error("a sealed content key does not open with this node's key", "key", sk.ID, "err", err)
+				kk.refuse(sk, sum, RefusedUnopenable, err)
 				continue
 			}
 			k, err := seal.ContentKeyFrom(sk.ID, raw)
 			if err != nil {
-				kk.log.Error("a sealed content key is not valid", "key", sk.ID, "err", err)
+				kk.refuse(sk, sum, RefusedInvalid, err)
 				continue
 			}
 			o = openedKey{sum: sum, key: k}
+		}
+		// Checked on every change of the bindings, cached or not: the
+		// commitment may arrive after the copy (bindings from a cache).
+		if len(ck.Commitment) > 0 {
+			if err := o.key.CheckCommitment(ck.Commitment); err != nil {
+				kk.refuse(sk, sum, RefusedCommitment, err)
+				continue
+			}
+		} else {
+			uncommitted = append(uncommitted, sk.ID)
+			if !kk.uncommitLog[sk.ID] {
+				kk.uncommitLog[sk.ID] = true
+				kk.log.Warn("this node holds a content key that has no commitment (claimed before commitments): its copies cannot be checked; rotate it",
+					"key", sk.ID, "scope", ck.Scope)
+			}
 		}
 		o.key.Scope = ck.Scope
 		kk.opened[sk.ID] = o
@@ -267,6 +334,13 @@ func (kk *keyKeeper) applyKeys(snap cache.Snapshot) {
 		}
 	}
 	kk.status.Current, kk.status.Held, kk.status.Lacking = current, kk.ring.IDs(), lacking
+	kk.status.Uncommitted, kk.status.Refused = uncommitted, nil
+	for id, rc := range kk.refused {
+		if kk.status.Refused == nil {
+			kk.status.Refused = map[string]string{}
+		}
+		kk.status.Refused[id] = rc.reason
+	}
 	kk.status.Scopes = nil
 	if len(sc.Member) > 0 {
 		kk.status.Scopes = map[string]string{}
@@ -280,6 +354,28 @@ func (kk *keyKeeper) applyKeys(snap cache.Snapshot) {
 	if kk.status.Lacking == nil {
 		kk.status.Lacking = []string{}
 	}
+}
+
+// refuse records that this node refuses its sealed copy sk (of SHA-256
+// sum) for reason: sync removes it from the database. Each copy is counted
+// and logged once. kk.mu is held.
+func (kk *keyKeeper) refuse(sk cache.SealedKey, sum [32]byte, reason string, err error) {
+	kk.refused[sk.ID] = refusedCopy{copy: sk, reason: reason}
+	seen := sk.ID + "/" + hex.EncodeToString(sum[:]) + "/" + reason
+	if kk.seen[seen] {
+		return
+	}
+	if len(kk.seen) >= maxSeenRefused {
+		clear(kk.seen) // bounded: a flood of bad copies is logged again
+	}
+	kk.seen[seen] = true
+	kk.refusedTotal.WithLabelValues(reason).Inc()
+	by := sk.SealedBy
+	if by == "" {
+		by = "unknown"
+	}
+	kk.log.Error("refused a sealed copy of a content key; removing it so that a node holding the key seals it again",
+		"key", sk.ID, "reason", reason, "sealed_by", by, "err", err)
 }
 
 // contentKey returns content key id of b.
@@ -454,6 +550,20 @@ func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) (changed bool, 
 		// No change to wait for when the database is older than signing
 		// keys: the bindings then never show one.
 	}
+	// Copies this node refused go, so that a holder seals the key again.
+	kk.mu.Lock()
+	refused := slices.Collect(maps.Values(kk.refused))
+	kk.mu.Unlock()
+	for _, rc := range refused {
+		dropped, err := kk.db.DropSealedKey(ctx, rc.copy.ID, kk.node, rc.copy.Sealed)
+		if err != nil {
+			return changed, err
+		}
+		if dropped {
+			changed = true
+			kk.log.Info("removed a refused copy of a content key from the mesh database", "key", rc.copy.ID, "reason", rc.reason)
+		}
+	}
 	now := kk.now()
 	holders := map[string]string{}
 	held := map[string]bool{}
@@ -475,7 +585,7 @@ func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) (changed bool, 
 		if err != nil {
 			return changed, err
 		}
-		won, err := kk.db.ClaimKey(ctx, ck.ID, kk.node, kk.key.Fingerprint(), sealed)
+		won, err := kk.db.ClaimKey(ctx, ck.ID, kk.node, kk.key.Fingerprint(), sealed, k.Commitment())
 		if err != nil {
 			return changed, err
 		}

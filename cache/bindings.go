@@ -69,6 +69,10 @@ type ContentKey struct {
 	Scope     string     `json:"scope,omitempty"` // "": the mesh's key; else a scope's
 	CreatedAt time.Time  `json:"created_at"`
 	RetireAt  *time.Time `json:"retire_at,omitempty"` // after it, nodes forget the key
+	// Commitment is the key's commitment (seal.ContentKey.Commitment),
+	// published by the node that made its bytes: a node uses an opened
+	// copy only if it matches. Empty for a key claimed before commitments.
+	Commitment []byte `json:"commitment,omitempty"`
 }
 
 // Retired reports whether the key is retired at now.
@@ -80,6 +84,7 @@ type SealedKey struct {
 	ID        string `json:"id"`
 	SealedFor string `json:"sealed_for"`
 	Sealed    []byte `json:"sealed"`
+	SealedBy  string `json:"sealed_by,omitempty"` // the node that sealed it ("": not read)
 }
 
 // KeyHolder says that Node holds a copy of content key KeyID sealed to the
@@ -436,6 +441,23 @@ func hashNormalized(b Bindings) string {
 			for _, g := range n.Generations {
 				putN(g)
 			}
+		}
+	}
+	// Likewise the keys' commitments and who sealed this node's copies.
+	hasCommitments := false
+	for _, k := range b.ContentKeys {
+		hasCommitments = hasCommitments || len(k.Commitment) > 0
+	}
+	for _, k := range b.SealedKeys {
+		hasCommitments = hasCommitments || k.SealedBy != ""
+	}
+	if hasCommitments {
+		put("commitments")
+		for _, k := range b.ContentKeys {
+			put(string(k.Commitment))
+		}
+		for _, k := range b.SealedKeys {
+			put(k.SealedBy)
 		}
 	}
 	// Likewise the nodes' signing keys.

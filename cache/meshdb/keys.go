@@ -2,6 +2,7 @@ package meshdb
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -24,6 +25,17 @@ import (
 // the admin (who holds the database's owner credential) never sees a key:
 // a content key's bytes are made by the first node that claims its id
 // (ClaimKey), and exist only on nodes and sealed in the database.
+//
+// Why a node may take a copy from any holder: the claim records the key's
+// commitment (seal.ContentKey.Commitment, migration 009) in its row, which
+// does not change while anyone holds the key and which every node reads.
+// A node checks each copy it opens against it; a copy that does not open,
+// or opens to other bytes, is refused and the node removes it
+// (DropSealedKey), so that another holder seals the key again. A
+// malicious holder can thus deny a node a key for a while (it can do as
+// much by never sealing), never hand it another one. Keys claimed before
+// commitments have none: nodes take them as before and list them in their
+// status (KeysStatus.Uncommitted) until a rotation replaces them.
 
 // DefaultKeyRetention is how long a rotated-out key still opens messages.
 const DefaultKeyRetention = 24 * time.Hour
@@ -113,13 +125,47 @@ func loadSigningKeys(ctx context.Context, tx pgx.Tx, b *cache.Bindings) error {
 }
 
 // ClaimKey stores the first sealed copy of content key id, sealed to node's
-// own public key (fingerprint fpr): node made the key's bytes. node must be
+// own public key (fingerprint fpr), and the key's commitment
+// (seal.ContentKey.Commitment): node made the key's bytes. node must be
 // the node of this database role (or the role owns the mesh's tables). It
-// reports false when another node holds the key already.
-func (db *DB) ClaimKey(ctx context.Context, id, node, fpr string, sealed []byte) (bool, error) {
-	var ok bool
-	if err := db.pool.QueryRow(ctx, `SELECT meshbox_claim_key($1, $2, $3, $4)`, id, node, fpr, sealed).Scan(&ok); err != nil {
+// reports false when another node holds the key already. A database older
+// than commitments (migration 9) stores the copy without.
+func (db *DB) ClaimKey(ctx context.Context, id, node, fpr string, sealed, commitment []byte) (bool, error) {
+	v, err := schemaVersion(ctx, db.pool)
+	if err != nil {
 		return false, db.wrap("claim content key", err)
+	}
+	q, args := `SELECT meshbox_claim_key($1, $2, $3, $4, $5)`, []any{id, node, fpr, sealed, commitment}
+	if v < commitmentsSchema {
+		q, args = `SELECT meshbox_claim_key($1, $2, $3, $4)`, args[:4]
+	}
+	var ok bool
+	if err := db.pool.QueryRow(ctx, q, args...).Scan(&ok); err != nil {
+		return false, db.wrap("claim content key", err)
+	}
+	return ok, nil
+}
+
+// commitmentsSchema is the first schema version with the content keys'
+// commitments (migration 009).
+const commitmentsSchema = 9
+
+// DropSealedKey removes node's own copy of content key id, if its sealed
+// bytes are still sealed (another copy stored since stays): the node
+// refused it, and a holder seals the key for it again. node must be the
+// node of this database role (or the role owns the mesh's tables). It
+// reports whether it removed the copy; a database older than commitments
+// removes nothing.
+func (db *DB) DropSealedKey(ctx context.Context, id, node string, sealed []byte) (bool, error) {
+	if v, err := schemaVersion(ctx, db.pool); err != nil {
+		return false, db.wrap("drop sealed content key", err)
+	} else if v < commitmentsSchema {
+		return false, nil
+	}
+	sum := sha256.Sum256(sealed)
+	var ok bool
+	if err := db.pool.QueryRow(ctx, `SELECT meshbox_drop_sealed_key($1, $2, $3)`, id, node, sum[:]).Scan(&ok); err != nil {
+		return false, db.wrap("drop sealed content key", err)
 	}
 	return ok, nil
 }
@@ -190,6 +236,46 @@ func loadKeys(ctx context.Context, tx pgx.Tx, node string, b *cache.Bindings) er
 	if err := collect(ctx, tx, &b.KeyHolders, `SELECT key_id, node, sealed_for, opened FROM meshbox_key_holders()`, nil,
 		func(r pgx.Rows, h *cache.KeyHolder) error { return r.Scan(&h.KeyID, &h.Node, &h.SealedFor, &h.Opened) }); err != nil {
 		return fmt.Errorf("key holders: %w", err)
+	}
+	if err := loadCommitments(ctx, tx, node, b); err != nil {
+		return fmt.Errorf("key commitments: %w", err)
+	}
+	return nil
+}
+
+// loadCommitments fills in the content keys' commitments and who sealed
+// node's copies, inside Load's transaction. A database older than
+// commitments leaves them empty.
+func loadCommitments(ctx context.Context, tx pgx.Tx, node string, b *cache.Bindings) error {
+	v, err := schemaVersion(ctx, tx)
+	if err != nil || v < commitmentsSchema {
+		return err
+	}
+	type row struct {
+		id, by string
+		sum    []byte
+	}
+	var keys, copies []row
+	if err := collect(ctx, tx, &keys, `SELECT id, commitment FROM content_keys WHERE commitment IS NOT NULL`, nil,
+		func(r pgx.Rows, k *row) error { return r.Scan(&k.id, &k.sum) }); err != nil {
+		return err
+	}
+	if err := collect(ctx, tx, &copies, `SELECT key_id, sealed_by FROM sealed_keys WHERE node = $1`, []any{node},
+		func(r pgx.Rows, k *row) error { return r.Scan(&k.id, &k.by) }); err != nil {
+		return err
+	}
+	commitments, by := map[string][]byte{}, map[string]string{}
+	for _, k := range keys {
+		commitments[k.id] = k.sum
+	}
+	for _, k := range copies {
+		by[k.id] = k.by
+	}
+	for i, k := range b.ContentKeys {
+		b.ContentKeys[i].Commitment = commitments[k.ID]
+	}
+	for i, k := range b.SealedKeys {
+		b.SealedKeys[i].SealedBy = by[k.ID]
 	}
 	return nil
 }

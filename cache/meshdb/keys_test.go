@@ -62,13 +62,13 @@ func TestContentKeyDistribution(t *testing.T) {
 	if ok, err := bdb.PutSealedKey(ctx, "k1", "beta", "beta", kb.Fingerprint(), sealFor("beta", kb)); err != nil || ok {
 		t.Fatalf("beta, holding nothing, stores a copy: got %v %v, want refused", ok, err)
 	}
-	if ok, err := bdb.ClaimKey(ctx, "k1", "alpha", ka.Fingerprint(), sealFor("alpha", ka)); err != nil || ok {
+	if ok, err := bdb.ClaimKey(ctx, "k1", "alpha", ka.Fingerprint(), sealFor("alpha", ka), ck.Commitment()); err != nil || ok {
 		t.Fatalf("beta's role claims k1 as alpha: got %v %v, want refused", ok, err)
 	}
-	if ok, err := adb.ClaimKey(ctx, "k1", "alpha", ka.Fingerprint(), sealFor("alpha", ka)); err != nil || !ok {
+	if ok, err := adb.ClaimKey(ctx, "k1", "alpha", ka.Fingerprint(), sealFor("alpha", ka), ck.Commitment()); err != nil || !ok {
 		t.Fatalf("alpha claims k1: got %v %v, want claimed", ok, err)
 	}
-	if ok, err := bdb.ClaimKey(ctx, "k1", "beta", kb.Fingerprint(), sealFor("beta", kb)); err != nil || ok {
+	if ok, err := bdb.ClaimKey(ctx, "k1", "beta", kb.Fingerprint(), sealFor("beta", kb), ck.Commitment()); err != nil || ok {
 		t.Fatalf("beta claims k1 after alpha: got %v %v, want refused", ok, err)
 	}
 	if ok, err := adb.PutSealedKey(ctx, "k1", "alpha", "beta", ka.Fingerprint(), sealFor("beta", kb)); err != nil || ok {

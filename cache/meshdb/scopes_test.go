@@ -69,10 +69,10 @@ func TestScopeKeysOnlyForMembers(t *testing.T) {
 		}
 		return s
 	}
-	if ok, err := gdb.ClaimKey(ctx, kid, "gamma", keys["gamma"].Fingerprint(), sealFor("gamma")); err != nil || ok {
+	if ok, err := gdb.ClaimKey(ctx, kid, "gamma", keys["gamma"].Fingerprint(), sealFor("gamma"), ck.Commitment()); err != nil || ok {
 		t.Fatalf("gamma, outside vault, claims its key: got %v %v, want refused", ok, err)
 	}
-	if ok, err := adb.ClaimKey(ctx, kid, "alpha", keys["alpha"].Fingerprint(), sealFor("alpha")); err != nil || !ok {
+	if ok, err := adb.ClaimKey(ctx, kid, "alpha", keys["alpha"].Fingerprint(), sealFor("alpha"), ck.Commitment()); err != nil || !ok {
 		t.Fatalf("alpha claims vault's key: got %v %v, want claimed", ok, err)
 	}
 	if ok, err := adb.PutSealedKey(ctx, kid, "alpha", "gamma", keys["gamma"].Fingerprint(), sealFor("gamma")); err != nil || ok {

@@ -27,6 +27,20 @@
 // lock. Random nonces bound a key to about 2^32 messages; rotate keys
 // (meshbox mesh key rotate) well before that.
 //
+// # Key commitments
+//
+// The node that makes a content key's bytes publishes, with its claim of
+// the key's id, the key's commitment (ContentKey.Commitment: SHA-256 over
+// a label, the id and the bytes); the mesh database keeps it unchanged
+// while any node holds the key. A node checks every copy it opens against
+// it (CheckCommitment) and uses no key that does not match: so any holder
+// may seal a key for a node that lacks it, and a malicious holder can hand
+// it the key or nothing, never bytes of its own choosing. Copies are not
+// signed besides: the attacker is a holder, whose signature a receiver
+// would accept; the commitment refuses its bogus copy whoever signed it.
+// The database's admin, who could rewrite a commitment, could as well
+// rewrite the signing keys a signature would be checked with.
+//
 // # Scopes
 //
 // A scope is a smaller trust boundary inside a mesh: content keys of its

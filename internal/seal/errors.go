@@ -25,4 +25,7 @@ var (
 	// ErrSealedOpen means a value sealed to this node does not open: it was
 	// sealed to another key, for another purpose, or changed.
 	ErrSealedOpen = errors.New("sealed value does not open with this node's key")
+	// ErrCommitment means an opened content key is not the one its
+	// commitment names: whoever sealed the copy handed over other bytes.
+	ErrCommitment = errors.New("content key does not match its commitment")
 )
