@@ -215,6 +215,7 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	}
 	a.interest = newInterestWatcher(a.natsSrv.srv)
 	a.interest.exclude(a.nc)
+	a.interest.exclude(a.rc) // the responder subscribes nothing: not a program to watch for
 	if err := a.interest.hearConnects(a.nc); err != nil {
 		a.logger.Warn("the watcher of local interest polls even while no program is connected", "err", err)
 	}
