@@ -71,6 +71,16 @@
 // it was published: on one node's NATS server, only the permissions of
 // package programs keep one program from posing as another.)
 //
+// A local client's reply subject and result topic are its word too: the
+// bridge publishes on a client's behalf only where the client could have
+// published itself (localclients.go). Config.Local says what the parties
+// that may have sent a message may do (the NATS server does not say who
+// sent it): a reply subject must be an inbox one of them receives on, a
+// result topic one every submitter of the stage may publish. A refused
+// message is dropped or answered 403, counted under "forbidden" and
+// logged once per cause. Answers go out on Config.Replies, the node's
+// responder connection, which may publish on inboxes only.
+//
 // Error replies use the NATS micro headers Nats-Service-Error and
 // Nats-Service-Error-Code: 400 bad input (invalid subject, header or
 // timeout, oversized payload), 503 unreachable or no host, 504 deadline

@@ -59,6 +59,16 @@
 // every role of the node no remaining generation names, and ends their
 // sessions. The first generation's role is the join token's.
 //
+// Since migration 7 no row holds a password in plain text (sealedcred.go):
+// a generation handed out with a join token has its broker password sealed
+// under the password of the token's login, a rotated generation both
+// passwords sealed to the node's public key (internal/seal, an HPKE info
+// that binds node, generation and purpose). Roles are made from a
+// SCRAM-SHA-256 verifier (scram.go), broker users from a salted hash, so
+// neither server sees the password either. Load opens the node's newest
+// row with Options.NodeKey; rows of an older meshbox are read as they are
+// until the next rotation revokes them.
+//
 // DB is safe for concurrent use. Connections, statements and lock waits
 // are bounded (Options): pgx's own defaults would wait for minutes.
 // Watch owns one dedicated connection for LISTEN while it runs.
