@@ -75,6 +75,9 @@ func (r DeadLetterRequest) check() error {
 // serveDeadLetters answers SubjectDeadLetters. a.mu is held.
 func (a *Appliance) serveDeadLetters() error {
 	_, err := a.nc.Subscribe(SubjectDeadLetters, func(m *nats.Msg) {
+		if !a.adminRequest(m) {
+			return
+		}
 		rep := a.answerDeadLetters(m.Data)
 		data, _ := json.Marshal(rep) // plain values: cannot fail
 		a.respond(m, data)

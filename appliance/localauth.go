@@ -248,6 +248,9 @@ func (a *Appliance) logPrograms(rep ProgramsReport) {
 // a.mu is held.
 func (a *Appliance) serveReload() error {
 	_, err := a.nc.Subscribe(SubjectReloadPrograms, func(m *nats.Msg) {
+		if !a.adminRequest(m) {
+			return
+		}
 		rep, err := a.ReloadPrograms()
 		if err != nil {
 			rep.Errors = append(rep.Errors, err.Error())

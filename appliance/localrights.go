@@ -138,6 +138,24 @@ func matchesAny(subj string, patterns []string) bool {
 	return false
 }
 
+// adminRequest reports whether m, on one of the node's own subjects that
+// make it act (module control, dead letters, program reload), is a
+// request it may act on: one with an inbox to answer. The node's CLI
+// always asks so; what JetStream publishes where a client told it to (a
+// direct get's answer, which has no reply subject, a push consumer's
+// delivery, whose reply is $JS.ACK.…) never is. Refused: logged once per
+// subject.
+func (a *Appliance) adminRequest(m *nats.Msg) bool {
+	err := checkInbox(m.Reply)
+	if err == nil {
+		return true
+	}
+	if _, seen := a.refusedReplies.LoadOrStore(m.Subject, true); !seen {
+		a.logger.Warn("request refused: the node acts only on requests with an inbox to answer (logged once per subject)", "subject", m.Subject, "err", err)
+	}
+	return false
+}
+
 // respond answers a request to one of the node's own subjects ($MESH.*)
 // on the responder connection, and only on an inbox: a reply subject that
 // is none is refused and logged once per subject.

@@ -170,7 +170,11 @@ func (a *Appliance) startModules(ctx context.Context, hosted []string) error {
 	}); err != nil {
 		return fmt.Errorf("serve %s: %w", SubjectModules, err)
 	}
-	if _, err := a.nc.Subscribe(SubjectModuleControl, func(msg *nats.Msg) { a.answerModule(msg, sup, true) }); err != nil {
+	if _, err := a.nc.Subscribe(SubjectModuleControl, func(msg *nats.Msg) {
+		if a.adminRequest(msg) {
+			a.answerModule(msg, sup, true)
+		}
+	}); err != nil {
 		return fmt.Errorf("serve %s: %w", SubjectModuleControl, err)
 	}
 	if _, err := a.nc.Subscribe(SubjectModuleLogs, func(msg *nats.Msg) { a.answerModule(msg, sup, false) }); err != nil {

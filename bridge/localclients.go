@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -22,11 +23,16 @@ type LocalRights interface {
 	ResultTopicAllowed(stage, topic string) error
 }
 
-// replyOK checks a local client's reply subject before the bridge acts on
-// the message. A refused message is dropped (its reply subject is the one
-// place the bridge will not write to), counted under "forbidden" and
-// logged once per cause.
-func (b *Bridge) replyOK(msg *nats.Msg) bool {
+// localOK checks a local message before the bridge acts on it: that a
+// client published it (not JetStream, see jetStreamMade) and that its
+// reply subject is one its sender may receive on. A refused message is
+// dropped (its reply subject is the one place the bridge will not write
+// to), counted under "forbidden" and logged once per cause.
+func (b *Bridge) localOK(msg *nats.Msg) bool {
+	if why := jetStreamMade(msg); why != "" {
+		b.refusedLocal("jetstream", why, fmt.Errorf("a message on %s made by JetStream (%s), not published by a client", msg.Subject, why))
+		return false
+	}
 	if msg.Reply == "" || b.cfg.Local == nil {
 		return true
 	}
@@ -72,6 +78,35 @@ func (b *Bridge) refusedLocal(check, whose string, err error) {
 			"check", check, "err", err)
 	}
 }
+
+// jetStreamMade says why msg was published by the NATS server's
+// JetStream rather than by a client ("" when it was not). JetStream
+// answers its API on whatever reply subject the requester gave and
+// delivers a push consumer's messages to whatever subject it names, and
+// the server checks neither against the requester's rights: a program
+// allowed the blob store could otherwise store bytes and have JetStream
+// publish them as a command or an event, which the bridge would carry to
+// the mesh as this node's. What JetStream publishes is marked: a
+// delivery's reply subject is $JS.ACK.… (flow control: $JS.FC.…), a
+// direct get's answer carries Nats-Stream and Nats-Sequence, heartbeats
+// and flow control a Status, and every other API answer is a JSON object
+// of an io.nats.jetstream.api.v1 type.
+func jetStreamMade(msg *nats.Msg) string {
+	switch {
+	case strings.HasPrefix(msg.Reply, "$JS."):
+		return "a JetStream reply subject"
+	case msg.Header.Get("Nats-Stream") != "" || msg.Header.Get("Nats-Sequence") != "":
+		return "a stream's message"
+	case msg.Header.Get("Status") != "":
+		return "a status message"
+	case bytes.HasPrefix(msg.Data, jsAPIResponse):
+		return "a JetStream API answer"
+	}
+	return ""
+}
+
+// jsAPIResponse starts every JetStream API answer.
+var jsAPIResponse = []byte(`{"type":"io.nats.jetstream.api.v1.`)
 
 // isForbidden reports whether err is a refusal of refusedLocal's (already
 // counted).

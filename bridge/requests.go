@@ -39,7 +39,7 @@ func (b *Bridge) onCapRequest(msg *nats.Msg) {
 		b.m.err(errKindBadInput)
 		return
 	}
-	if !b.replyOK(msg) {
+	if !b.localOK(msg) {
 		return
 	}
 	name := msg.Subject[len(subjCapPrefix):]
@@ -65,7 +65,7 @@ func (b *Bridge) onNodeCapRequest(msg *nats.Msg) {
 		b.m.err(errKindBadInput)
 		return
 	}
-	if !b.replyOK(msg) {
+	if !b.localOK(msg) {
 		return
 	}
 	node, name, ok := parseNodeCapSubject(msg.Subject)

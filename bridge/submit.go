@@ -45,7 +45,7 @@ func (s *submissions) nextSeq() uint64 { return s.seq.Add(1) - 1 }
 // onSubmitCommand accepts cmd.<stage> from a local program. The reply (if
 // the program asked for one) comes once the command is durable.
 func (b *Bridge) onSubmitCommand(msg *nats.Msg) {
-	if !b.replyOK(msg) {
+	if !b.localOK(msg) {
 		return
 	}
 	stage := msg.Subject[len(subjCmdPrefix):]
@@ -66,7 +66,7 @@ func (b *Bridge) onSubmitCommand(msg *nats.Msg) {
 // so every event seen here is a program's: a Meshbox-Origin it carries is
 // not the node's word and changes nothing (callerHeaders drops it).
 func (b *Bridge) onSubmitEvent(msg *nats.Msg) {
-	if !b.replyOK(msg) {
+	if !b.localOK(msg) {
 		return
 	}
 	topic := msg.Subject[len(subjEvtPrefix):]

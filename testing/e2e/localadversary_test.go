@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/appliance/blobs"
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
@@ -194,8 +195,9 @@ func TestLocalConfusedDeputy(t *testing.T) {
 	victim := programs.Program{Name: "victim", Subscribe: []string{"alarm.off"}}
 	selfie := programs.Program{Name: "selfie", Host: []string{"mirror"}, Call: []string{"mirror"}}
 	submitter := programs.Program{Name: "submitter", Submit: []string{"s3"}, Publish: []string{"s3.done"}}
+	blobby := programs.Program{Name: "blobby", Blobs: true}
 	conns := map[string]*nats.Conn{}
-	for _, p := range []programs.Program{caller, victim, selfie, submitter} {
+	for _, p := range []programs.Program{caller, victim, selfie, submitter, blobby} {
 		creds := meshtest.AddProgram(t, alpha.NATSURL(), alpha.DataDir(), p)
 		conns[p.Name] = meshtest.ProgramConn(t, alpha.NATSURL(), creds, p, nats.NoReconnect(),
 			nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
@@ -213,7 +215,11 @@ func TestLocalConfusedDeputy(t *testing.T) {
 	if _, err := onAlpha.Subscribe("$MESH.stolen", count); err != nil {
 		t.Fatal(err)
 	}
-	for _, nc := range []*nats.Conn{conns["victim"], onAlpha} {
+	// Beta hears what alpha's bridge would carry to the mesh.
+	if _, err := onBeta.Subscribe("evt.alarm.off", func(m *nats.Msg) { landed <- "on beta: " + m.Subject + " " + string(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	for _, nc := range []*nats.Conn{conns["victim"], onAlpha, onBeta} {
 		if err := nc.Flush(); err != nil {
 			t.Fatal(err)
 		}
@@ -262,6 +268,47 @@ func TestLocalConfusedDeputy(t *testing.T) {
 	// their inbox.
 	if r, err := conns["selfie"].Request("cap.mirror", nil, 10*time.Second); err != nil || string(r.Data) != "mirrored" {
 		t.Fatalf("control: the host answers on its caller's inbox: got %v %v", r, err)
+	}
+
+	// 4. JetStream as the deputy: a program allowed the blob store stores
+	// bytes and asks JetStream for them with a reply subject of its
+	// choosing (the server checks no reply subject): the answer lands
+	// there, published by the server. The bridge must not carry it to the
+	// mesh as alpha's event, nor the node act on it.
+	b := conns["blobby"]
+	if _, err := b.Request(blobs.SubjectOpen, nil, 10*time.Second); err != nil {
+		t.Fatalf("blobby opens the blob store: %v", err)
+	}
+	if err := b.Publish("$O."+blobs.Bucket+".C.evil", []byte("stored by blobby")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	get := []byte(`{"last_by_subj":"$O.` + blobs.Bucket + `.C.evil"}`)
+	for _, reply := range []string{"evt.alarm.off", appliance.SubjectReloadPrograms} {
+		if err := b.PublishRequest("$JS.API.DIRECT.GET."+blobs.StreamName, reply, get); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.PublishRequest("$JS.API.STREAM.MSG.GET."+blobs.StreamName, "evt.alarm.off", get); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The server itself delivers the answers to alpha's local subscribers
+	// of evt.alarm.off (the victim): that is the NATS server's, and not
+	// the node's, doing; drain those two, and only those.
+	for range 2 {
+		select {
+		case got := <-landed:
+			if !strings.HasPrefix(got, "evt.alarm.off ") {
+				t.Errorf("an attack landed: %s", got)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("JetStream's answers did not reach the victim on alpha: the attack did not run")
+		}
 	}
 
 	// 3. A result topic the submitter may not publish: 403, not accepted.
@@ -315,7 +362,12 @@ func TestLocalConfusedDeputy(t *testing.T) {
 	if r, err := onAlpha.Request("$JS.API.STREAM.INFO.CAPTURE", nil, 5*time.Second); err != nil || !strings.Contains(string(r.Data), "not found") {
 		t.Errorf("stream CAPTURE: got %s %v, want not found", r.Data, err)
 	}
-	if got, want := forbidden()-before, float64(len(attacks)+1); got != want {
+	// The node did not act on JetStream's answer on its own subject: it
+	// said so once.
+	if n := logLines(alpha.Output(), "the node acts only on requests with an inbox", "subject="+appliance.SubjectReloadPrograms); n != 1 {
+		t.Errorf("alpha logged the refused %s %d times, want once", appliance.SubjectReloadPrograms, n)
+	}
+	if got, want := forbidden()-before, float64(len(attacks)+1+2); got != want { // + the two JetStream answers on evt.alarm.off
 		t.Errorf("meshbox_errors_total{kind=forbidden} grew by %v, want %v", got, want)
 	}
 }
