@@ -187,7 +187,7 @@ func (s *session) onCmdReply(m *nats.Msg) {
 	default:
 		s.answered(c)
 		if c.env.resultTopic != "" && len(m.Data) > 0 {
-			b.publishResult(c.stage, c.env.resultTopic, c.env.msgID, m)
+			b.publishResult(c.stage, c.env.resultTopic, c.env.msgID, c.env.origin, m)
 		}
 		if b.dedupes(c.stage) {
 			// Recorded before the ack: a crash between the two brings a
@@ -399,7 +399,7 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 		case failure == nil:
 			b.m.msg(typeCommand, "local")
 			if topic := r.header.Get(HeaderResultTopic); topic != "" && len(resp.Data) > 0 {
-				b.publishResult(r.name, topic, r.msgID, resp)
+				b.publishResult(r.name, topic, r.msgID, b.cfg.Node, resp)
 			}
 			b.completedNow(r.name, r.msgID)
 			b.ob.wait(ctx, func(done func(error)) { b.ob.del(r.seq, r.size, done) })

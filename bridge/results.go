@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"fmt"
 	"maps"
 	"strings"
 	"time"
@@ -56,15 +57,19 @@ func splitNodeHeaders(h nats.Header, meta map[string]string) (nats.Header, map[s
 	return out, meta
 }
 
-// publishResult publishes the result reply of command msgID of stage as
-// an event on topic (see above). A result that cannot be published is
+// publishResult publishes the result reply of command msgID of stage,
+// submitted by node origin, as an event on topic (see above). A result that cannot be published is
 // counted and logged; the command still completed.
-func (b *Bridge) publishResult(stage, topic, msgID string, reply *nats.Msg) {
+func (b *Bridge) publishResult(stage, topic, msgID, origin string, reply *nats.Msg) {
 	fail := func(why string) {
 		b.m.err(errKindDropped)
 		b.log.Warn("result not published", "stage", stage, "msg_id", msgID, "topic", topic, "reason", why)
 	}
 	if err := b.notInScope(seal.BindTopic, topic, "publish to"); err != nil {
+		fail(err.Error())
+		return
+	}
+	if err := b.resultOrigin(topic, origin); err != nil {
 		fail(err.Error())
 		return
 	}
@@ -92,4 +97,20 @@ func (b *Bridge) publishResult(stage, topic, msgID string, reply *nats.Msg) {
 	}
 	b.m.results.Inc()
 	b.accept(&record{kind: kindEvent, name: topic, msgID: msgID, header: hdr, body: body, created: time.Now()}, "")
+}
+
+
+// resultOrigin refuses a result topic bound to a scope the command's
+// submitter (origin) is not in. Whoever submitted the command held its
+// stage's key, not necessarily the topic's: a peer outside scope vault
+// must not make a handler inside it publish on vault's topics (the
+// handler would seal the result with vault's key, as its own event). The
+// submitting node checks the same of itself before it accepts the command.
+func (b *Bridge) resultOrigin(topic, origin string) error {
+	if b.inScopeOf(seal.BindTopic, topic, origin) {
+		return nil
+	}
+	return &ServiceError{Code: CodeForbidden, Text: fmt.Sprintf(
+		"header %s: topic %s is bound to scope %s, which the command's submitter %s is not in",
+		HeaderResultTopic, topic, b.cfg.Keys.ScopeOf(seal.BindTopic, topic), origin)}
 }

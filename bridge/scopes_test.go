@@ -167,3 +167,37 @@ func TestScopedCapabilityHosts(t *testing.T) {
 		t.Error("the scoped capability was routed to gamma, outside its scope")
 	}
 }
+
+// A command's result goes to a topic bound to a scope only when the
+// command's submitter is in that scope: a peer outside vault cannot make
+// a handler inside it publish on vault's topics (sealed with vault's key,
+// as the handler's own event).
+func TestResultOriginInTopicScope(t *testing.T) {
+	km, kv := seal.NewContentKey(), seal.NewContentKey()
+	kv.Scope = "vault"
+	sc := seal.Scopes{
+		Bindings: map[string]string{seal.BindingKey(seal.BindTopic, "ledger.done"): "vault"},
+		Member:   map[string]bool{"vault": true}, Current: map[string]string{"vault": kv.ID},
+		Members: map[string][]string{"vault": {"alpha", "beta"}},
+	}
+	ring := &seal.Keyring{}
+	if err := ring.SetScoped([]seal.ContentKey{km, kv}, km.ID, sc); err != nil {
+		t.Fatal(err)
+	}
+	b := scopeTestBridge(ring)
+	for _, tt := range []struct {
+		topic, origin string
+		ok            bool
+	}{
+		{"ledger.done", "alpha", true},     // a member submitted it
+		{"ledger.done", "mallory", false},  // a peer outside vault
+		{"plain.done", "mallory", true},    // the mesh's topic: anyone in the mesh
+		{"ledger.done.x", "mallory", true}, // another topic, unbound
+	} {
+		err := b.resultOrigin(tt.topic, tt.origin)
+		var se *ServiceError
+		if (err == nil) != tt.ok || (err != nil && (!errors.As(err, &se) || se.Code != CodeForbidden)) {
+			t.Errorf("result on %s submitted by %s: got %v, want allowed %v", tt.topic, tt.origin, err, tt.ok)
+		}
+	}
+}

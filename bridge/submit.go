@@ -114,6 +114,9 @@ func (b *Bridge) submission(kind recordKind, name string, msg *nats.Msg) (*recor
 		if err := b.resultTopicOK(name, topic); err != nil {
 			return nil, err
 		}
+		if err := b.notInScope(seal.BindTopic, topic, "name as a result topic"); err != nil {
+			return nil, err
+		}
 		if hdr == nil {
 			hdr = nats.Header{}
 		}
