@@ -160,9 +160,12 @@ type eventMemory struct {
 	seed  maphash.Seed
 	set   map[uint64]struct{}
 	order eventHeap
-	// floor is the newest sealing time forgotten before its window ended
-	// (Unix ms): an event sealed at or before it may be one forgotten.
-	floor int64
+	// floor is, per origin, the newest sealing time of its events
+	// forgotten before their window ended (Unix ms): an event of that
+	// origin sealed at or before it may be one forgotten. Per origin, so
+	// that neither a busy or flooding sender nor one whose clock runs
+	// ahead makes the others' events look too old.
+	floor map[string]int64
 }
 
 // admit records the event of origin on topic with id, sealed at sealed
@@ -186,7 +189,7 @@ func (m *eventMemory) admit(origin, topic, id string, sealed, now time.Time) str
 		m.seed = maphash.MakeSeed()
 		m.set = map[uint64]struct{}{}
 	}
-	if t <= m.floor {
+	if t <= m.floor[origin] {
 		return replayExpired
 	}
 	var h maphash.Hash
@@ -201,23 +204,28 @@ func (m *eventMemory) admit(origin, topic, id string, sealed, now time.Time) str
 		return replayDuplicate
 	}
 	m.set[k] = struct{}{}
-	heap.Push(&m.order, eventSeen{at: t, key: k})
+	heap.Push(&m.order, eventSeen{at: t, key: k, origin: origin})
 	for len(m.order) > 0 && m.order[0].at < nowMs-eventWindow.Milliseconds() {
 		delete(m.set, heap.Pop(&m.order).(eventSeen).key)
 	}
 	for len(m.order) > eventMemoryLen {
 		e := heap.Pop(&m.order).(eventSeen)
 		delete(m.set, e.key)
-		m.floor = max(m.floor, e.at)
+		if m.floor == nil {
+			m.floor = map[string]int64{}
+		}
+		m.floor[e.origin] = max(m.floor[e.origin], e.at)
 	}
 	return ""
 }
 
-// eventSeen is one remembered event: when it was sealed (Unix ms) and the
-// hash of its origin and id.
+// eventSeen is one remembered event: when it was sealed (Unix ms), the
+// hash of its origin, topic and id, and its origin (a node's name: the
+// strings are shared with the deliveries').
 type eventSeen struct {
-	at  int64
-	key uint64
+	at     int64
+	key    uint64
+	origin string
 }
 
 // eventHeap orders remembered events oldest first (container/heap).

@@ -161,4 +161,10 @@ func TestEventMemoryFull(t *testing.T) {
 			t.Errorf("%s: got %q, want %q", tt.name, got, tt.want)
 		}
 	}
+	// The floor is a's alone: another sender's event sealed as long ago
+	// (its clock behind, or its events waiting in this node's queue) is
+	// not taken for a forgotten one of a's.
+	if got := m.admit("b", "t", "3", start.Add(3*time.Millisecond), now); got != "" {
+		t.Errorf("another origin's event as old as a's forgotten ones: got %q, want none", got)
+	}
 }
