@@ -72,7 +72,8 @@ type localAuth struct {
 	// responder signs in the node's responder connection, which may
 	// publish on _INBOX.> and nothing else (localrights.go); made at
 	// start, never written down.
-	responder nkeys.KeyPair
+	responder    nkeys.KeyPair
+	responderKey string // its public key
 	// rights are the loaded programs' rights, for the checks of
 	// localrights.go.
 	rights localRights
@@ -105,7 +106,12 @@ func newLocalAuth(dataDir string, anonymous bool) (*localAuth, error) {
 	if err != nil {
 		return nil, fmt.Errorf("responder user: %w", err)
 	}
-	return &localAuth{admin: admin, store: store, anonymous: anonymous, anonKey: anonKey, responder: responder}, nil
+	responderKey, err := responder.PublicKey()
+	if err != nil {
+		return nil, fmt.Errorf("responder user: %w", err)
+	}
+	return &localAuth{admin: admin, store: store, anonymous: anonymous, anonKey: anonKey,
+		responder: responder, responderKey: responderKey}, nil
 }
 
 // mode is AuthOpen or AuthCredentials.
@@ -123,9 +129,8 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 	progs, errs := l.store.List()
 	rep := ProgramsReport{Programs: []string{}}
 	keys := map[string]string{l.admin.Public(): "the node's administrator"}
-	responderKey, _ := l.responder.PublicKey() // a key pair made by nkeys.CreateUser has one
 	opts.Nkeys = []*server.NkeyUser{{Nkey: l.admin.Public()}, {
-		Nkey: responderKey,
+		Nkey: l.responderKey,
 		Permissions: &server.Permissions{
 			Publish:   &server.SubjectPermission{Allow: []string{responderAllow}},
 			Subscribe: &server.SubjectPermission{Deny: []string{">"}},
@@ -188,8 +193,7 @@ func (l *localAuth) connOption() nats.Option { return nats.Nkey(l.admin.Public()
 
 // responderOption authenticates the node's responder connection.
 func (l *localAuth) responderOption() nats.Option {
-	pub, _ := l.responder.PublicKey()
-	return nats.Nkey(pub, l.responder.Sign)
+	return nats.Nkey(l.responderKey, l.responder.Sign)
 }
 
 // ReloadPrograms reads the programs' definitions again and applies them to

@@ -68,7 +68,7 @@ type Bridge struct {
 	dead         deadBook    // dead letters per stage at the last look (deadletters.go)
 	handed       *handedOut  // ids of commands handed to local handlers, across sessions
 	events       eventMemory // events accepted from the mesh, across sessions (replay.go)
-	replaySeen   sync.Map    // causes of refused replays already logged (replay.go)
+	replaySeen   causeLog    // causes of refused replays already logged (replay.go)
 	// peerCreds are the broker users other nodes' system messages came
 	// with (credential.go).
 	peerCreds peerCredentials
@@ -76,7 +76,7 @@ type Bridge struct {
 	// forgedSeen the causes of forged deliveries already logged
 	// (senders.go).
 	senders    senders
-	forgedSeen forgedLog
+	forgedSeen causeLog
 
 	// Routing and hosting (routeMu).
 	routeMu       sync.RWMutex
@@ -92,11 +92,8 @@ type Bridge struct {
 
 	sysQ       chan sysMsg // system messages for Config.OnSystem
 	deadCount  atomic.Uint64
-	unsealSeen sync.Map // causes of refused sealed messages already logged (sealing.go)
-	// Causes of refused local messages already logged, and how many
-	// (localclients.go).
-	localSeen  sync.Map
-	localSeenN atomic.Int64
+	unsealSeen causeLog // causes of refused sealed messages already logged (sealing.go)
+	localSeen  causeLog // causes of refused local messages already logged (localclients.go)
 
 	// testAfterDial, when set (by tests), runs once a session's connections
 	// are open, before its setup.

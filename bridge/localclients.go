@@ -68,12 +68,7 @@ func (e *localRefusal) Unwrap() error { return e.se }
 // cause (the check and whose inbox or which stage: a bounded set).
 func (b *Bridge) refusedLocal(check, whose string, err error) {
 	b.m.err(errKindForbidden)
-	key := check + "/" + whose
-	if b.localSeenN.Load() >= maxLocalCauses {
-		key = check + "/*" // a client inventing inboxes: one line more at most
-	}
-	if _, seen := b.localSeen.LoadOrStore(key, true); !seen {
-		b.localSeenN.Add(1)
+	if b.localSeen.first(check + "/" + whose) {
 		b.log.Warn("local message refused (logged once per cause; meshbox_errors_total{kind=\"forbidden\"} counts them all)",
 			"check", check, "err", err)
 	}
@@ -114,9 +109,6 @@ func isForbidden(err error) bool {
 	var lr *localRefusal
 	return errors.As(err, &lr)
 }
-
-// maxLocalCauses bounds the causes refusedLocal remembers.
-const maxLocalCauses = 128
 
 // inboxOwner is the second token of an inbox subject (a program's name,
 // or a client's random inbox), or "-" for a subject that is no inbox.

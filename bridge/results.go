@@ -99,7 +99,6 @@ func (b *Bridge) publishResult(stage, topic, msgID, origin string, reply *nats.M
 	b.accept(&record{kind: kindEvent, name: topic, msgID: msgID, header: hdr, body: body, created: time.Now()}, "")
 }
 
-
 // resultOrigin refuses a result topic bound to a scope the command's
 // submitter (origin) is not in. Whoever submitted the command held its
 // stage's key, not necessarily the topic's: a peer outside scope vault

@@ -108,7 +108,7 @@ func (b *Bridge) mayHost(stage string) bool {
 	if b.cfg.Keys.Member(scope) {
 		return true
 	}
-	if _, seen := b.unsealSeen.LoadOrStore("host/"+stage+"/"+scope, true); !seen {
+	if b.unsealSeen.first("host/" + stage + "/" + scope) {
 		b.log.Warn("a local program serves a stage of a scope this node is not in; the node does not consume its queue",
 			"stage", stage, "scope", scope)
 	}

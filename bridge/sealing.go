@@ -314,7 +314,7 @@ func (b *Bridge) unsealFailed(shape string, ue *unsealError) {
 	if ue.reason == unsealUnknownKey && ue.env != nil {
 		key += "/" + ue.env.keyID
 	}
-	if _, seen := b.unsealSeen.LoadOrStore(key, true); !seen {
+	if b.unsealSeen.first(key) {
 		origin := ""
 		if ue.env != nil {
 			origin = ue.env.origin

@@ -3,7 +3,6 @@ package bridge
 import (
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 )
 
@@ -81,31 +80,6 @@ const (
 	causeNewerGeneration = "newer_generation" // newer than every one the bindings list: a rotation this node has not read yet, or a forgery
 	causeOther           = "other"            // any other
 )
-
-// maxForgedLogged bounds the causes and senders whose forged deliveries
-// are logged: the senders are the attacker's to choose.
-const maxForgedLogged = 256
-
-// forgedLog remembers the (cause, sender) pairs already logged.
-type forgedLog struct {
-	mu   sync.Mutex
-	seen map[string]bool
-}
-
-// first reports whether key is logged for the first time; past
-// maxForgedLogged keys, none is.
-func (l *forgedLog) first(key string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.seen[key] || len(l.seen) >= maxForgedLogged {
-		return false
-	}
-	if l.seen == nil {
-		l.seen = map[string]bool{}
-	}
-	l.seen[key] = true
-	return true
-}
 
 // forgedRefused logs a forged delivery once per cause and sender (its
 // user_id); meshbox_errors_total{kind="forged"} counts them all.

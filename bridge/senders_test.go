@@ -74,17 +74,17 @@ func TestSessionDecodeGenerations(t *testing.T) {
 // A forged delivery is logged once per cause and sender, and the senders
 // remembered are bounded.
 func TestForgedLogOncePerCauseAndSender(t *testing.T) {
-	var l forgedLog
+	var l causeLog
 	if !l.first("a/node.a.g9") || l.first("a/node.a.g9") {
 		t.Fatal("the same cause and sender: want logged once")
 	}
 	if !l.first("b/node.a.g9") || !l.first("a/node.a.g8") {
 		t.Fatal("another cause or sender: want logged")
 	}
-	for i := range 2 * maxForgedLogged {
+	for i := range 2 * maxLoggedCauses {
 		l.first(BrokerUser("x", i+1))
 	}
-	if n := len(l.seen); n != maxForgedLogged {
-		t.Errorf("remembered %d, want at most %d", n, maxForgedLogged)
+	if n := len(l.seen); n != maxLoggedCauses {
+		t.Errorf("remembered %d, want at most %d", n, maxLoggedCauses)
 	}
 }
