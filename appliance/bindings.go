@@ -20,6 +20,10 @@ type bindings struct {
 	store   *cache.Store
 	db      *meshdb.DB // nil without a database
 	manager *cache.Manager
+	// nodeKey is the node's key pair, loaded (or made) once with the
+	// database: it opens the node's credential rows, and the key keeper
+	// (keys.go) uses it. Nil without a database.
+	nodeKey *seal.NodeKey
 }
 
 // openBindings opens the cache and, with a database URL, the database, and
@@ -52,14 +56,11 @@ func openBindings(ctx context.Context, cfg Config, logger *slog.Logger, reg prom
 	if cfg.DB != "" {
 		// The node's key pair opens its credential rows sealed to it; the
 		// key keeper (keys.go) publishes its public half.
-		keyFile := filepath.Join(cfg.DataDir, nodeKeyFile)
-		key, created, err := seal.LoadOrCreateNodeKey(keyFile)
+		key, err := loadNodeKey(cfg.DataDir, logger.With("component", "keys"))
 		if err != nil {
 			return nil, fmt.Errorf("keys: %w", err)
 		}
-		if created {
-			logger.Info("made this node's key pair", "component", "keys", "node_key", key.Fingerprint(), "file", keyFile)
-		}
+		b.nodeKey = key
 		b.db, err = meshdb.Open(ctx, string(cfg.DB), meshdb.Options{
 			ConnectTimeout: cfg.Cache.LoadTimeout.D(),
 			Logger:         logger,

@@ -2,9 +2,7 @@ package appliance
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -60,7 +58,7 @@ import (
 // startKeys loads or makes the node's key pair, applies the bindings' keys
 // and starts the keeper. a.mu is held.
 func (a *Appliance) startKeys() error {
-	kk, err := newKeyKeeper(a.cfg.Node, a.cfg.DataDir, a.bindings.db, a.logger.With("component", "keys"), a.registry)
+	kk, err := newKeyKeeper(a.cfg.Node, a.cfg.DataDir, a.bindings.nodeKey, a.bindings.db, a.logger.With("component", "keys"), a.registry)
 	if err != nil {
 		return fmt.Errorf("keys: %w", err)
 	}
@@ -164,14 +162,24 @@ type openedKey struct {
 	key seal.ContentKey
 }
 
-// newKeyKeeper loads or makes the node's key pair in dataDir.
-func newKeyKeeper(node, dataDir string, db *meshdb.DB, log *slog.Logger, reg prometheus.Registerer) (*keyKeeper, error) {
-	k, created, err := seal.LoadOrCreateNodeKey(filepath.Join(dataDir, nodeKeyFile))
+// loadNodeKey loads or makes the node's key pair in dataDir.
+func loadNodeKey(dataDir string, log *slog.Logger) (*seal.NodeKey, error) {
+	file := filepath.Join(dataDir, nodeKeyFile)
+	k, created, err := seal.LoadOrCreateNodeKey(file)
 	if err != nil {
 		return nil, err
 	}
 	if created {
-		log.Info("made this node's key pair", "node_key", k.Fingerprint(), "file", filepath.Join(dataDir, nodeKeyFile))
+		log.Info("made this node's key pair", "node_key", k.Fingerprint(), "file", file)
+	}
+	return k, nil
+}
+
+// newKeyKeeper keeps the keys of node, whose key pair is k, and loads or
+// makes its signing key in dataDir.
+func newKeyKeeper(node, dataDir string, k *seal.NodeKey, db *meshdb.DB, log *slog.Logger, reg prometheus.Registerer) (*keyKeeper, error) {
+	if k == nil {
+		return nil, errors.New("no node key loaded")
 	}
 	sk, created, err := seal.LoadOrCreateSigningKey(filepath.Join(dataDir, signingKeyFile))
 	if err != nil {
@@ -257,35 +265,12 @@ func (kk *keyKeeper) applyKeys(snap cache.Snapshot) {
 		if !ok || ck.Retired(now) || sk.SealedFor != fpr || !mayHold(b, ck.Scope, kk.node) {
 			continue
 		}
-		sum := sha256.Sum256(sk.Sealed)
-		o, cached := kk.opened[sk.ID]
-		if !cached || o.sum != sum {
-			raw, err := kk.key.Open(seal.ContentKeyInfo(sk.ID, kk.node), sk.Sealed)
-			if err != nil {
-				kk.refuse(sk, sum, RefusedUnopenable, err)
-				continue
-			}
-			k, err := seal.ContentKeyFrom(sk.ID, raw)
-			if err != nil {
-				kk.refuse(sk, sum, RefusedInvalid, err)
-				continue
-			}
-			o = openedKey{sum: sum, key: k}
+		o, committed, ok := kk.openCopy(sk, ck)
+		if !ok {
+			continue
 		}
-		// Checked on every change of the bindings, cached or not: the
-		// commitment may arrive after the copy (bindings from a cache).
-		if len(ck.Commitment) > 0 {
-			if err := o.key.CheckCommitment(ck.Commitment); err != nil {
-				kk.refuse(sk, sum, RefusedCommitment, err)
-				continue
-			}
-		} else {
+		if !committed {
 			uncommitted = append(uncommitted, sk.ID)
-			if !kk.uncommitLog[sk.ID] {
-				kk.uncommitLog[sk.ID] = true
-				kk.log.Warn("this node holds a content key that has no commitment (claimed before commitments): its copies cannot be checked; rotate it",
-					"key", sk.ID, "scope", ck.Scope)
-			}
 		}
 		o.key.Scope = ck.Scope
 		kk.opened[sk.ID] = o
@@ -354,28 +339,6 @@ func (kk *keyKeeper) applyKeys(snap cache.Snapshot) {
 	if kk.status.Lacking == nil {
 		kk.status.Lacking = []string{}
 	}
-}
-
-// refuse records that this node refuses its sealed copy sk (of SHA-256
-// sum) for reason: sync removes it from the database. Each copy is counted
-// and logged once. kk.mu is held.
-func (kk *keyKeeper) refuse(sk cache.SealedKey, sum [32]byte, reason string, err error) {
-	kk.refused[sk.ID] = refusedCopy{copy: sk, reason: reason}
-	seen := sk.ID + "/" + hex.EncodeToString(sum[:]) + "/" + reason
-	if kk.seen[seen] {
-		return
-	}
-	if len(kk.seen) >= maxSeenRefused {
-		clear(kk.seen) // bounded: a flood of bad copies is logged again
-	}
-	kk.seen[seen] = true
-	kk.refusedTotal.WithLabelValues(reason).Inc()
-	by := sk.SealedBy
-	if by == "" {
-		by = "unknown"
-	}
-	kk.log.Error("refused a sealed copy of a content key; removing it so that a node holding the key seals it again",
-		"key", sk.ID, "reason", reason, "sealed_by", by, "err", err)
 }
 
 // contentKey returns content key id of b.
@@ -459,194 +422,6 @@ func fingerprintOf(pub string) string {
 		return ""
 	}
 	return seal.Fingerprint(raw)
-}
-
-// run does the database's part after each change of the bindings: publish
-// the node's public key, claim keys nobody holds, seal held keys for nodes
-// that lack them; and applies the bindings again when a key retires.
-// Exits when close closes quit.
-func (kk *keyKeeper) run() {
-	defer close(kk.done)
-	retry := time.NewTimer(time.Hour)
-	retry.Stop()
-	defer retry.Stop()
-	var lastErr string
-	for {
-		select {
-		case <-kk.quit:
-			return
-		case <-kk.wake:
-		case <-retry.C:
-		}
-		snap := kk.snap.Load()
-		if snap == nil {
-			continue
-		}
-		kk.applyKeys(*snap) // keys that retired since are forgotten
-		ctx, cancel := context.WithTimeout(kk.ctx, 10*time.Second)
-		changed, err := kk.sync(ctx, snap.Bindings)
-		cancel()
-		kk.mu.Lock()
-		kk.status.InStep = err == nil && !changed
-		kk.mu.Unlock()
-		next := nextRetire(snap.Bindings, kk.now())
-		if err != nil {
-			if err.Error() != lastErr {
-				kk.log.Warn("keys not in step with the mesh database yet; trying again", "err", err)
-			}
-			lastErr = err.Error()
-			next = min(next, keyRetry)
-		} else {
-			lastErr = ""
-		}
-		if next > 0 {
-			retry.Reset(next)
-		}
-	}
-}
-
-// nextRetire is the time until the next active key retires (0: none).
-func nextRetire(b cache.Bindings, now time.Time) time.Duration {
-	var next time.Duration
-	for _, ck := range b.ContentKeys {
-		if ck.RetireAt == nil || ck.Retired(now) {
-			continue
-		}
-		if d := ck.RetireAt.Sub(now) + time.Millisecond; next == 0 || d < next {
-			next = d
-		}
-	}
-	return next
-}
-
-// sync does one round of the database's part (see run). changed says
-// whether it wrote anything (or tried to: a claim another node won); a
-// round that changes nothing finds the keys in step.
-func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) (changed bool, err error) {
-	if kk.db == nil {
-		return false, nil
-	}
-	me, ok := b.NodeRecord(kk.node)
-	if !ok {
-		return false, errors.New("this node has no record in the mesh database: nowhere to publish its public key")
-	}
-	pub := base64.StdEncoding.EncodeToString(kk.key.Public())
-	if me.PublicKey != pub {
-		if err := kk.db.PublishNodeKey(ctx, kk.node, kk.key.Public()); err != nil {
-			return false, err
-		}
-		kk.log.Info("published this node's public key", "node_key", kk.key.Fingerprint())
-		return true, nil // the change comes back as new bindings
-	}
-	if spub := base64.StdEncoding.EncodeToString(kk.sign.Public()); me.SigningKey != spub {
-		if err := kk.db.PublishSigningKey(ctx, kk.node, kk.sign.Public()); err != nil {
-			return false, err
-		}
-		if me.SigningKey == "" {
-			kk.log.Info("published this node's signing key", "signing_key", kk.sign.Fingerprint())
-		} else {
-			kk.log.Warn("published this node's signing key in place of another one; peers refuse its discovery messages until they load it", "signing_key", kk.sign.Fingerprint())
-		}
-		// No change to wait for when the database is older than signing
-		// keys: the bindings then never show one.
-	}
-	// Copies this node refused go, so that a holder seals the key again.
-	kk.mu.Lock()
-	refused := slices.Collect(maps.Values(kk.refused))
-	kk.mu.Unlock()
-	for _, rc := range refused {
-		dropped, err := kk.db.DropSealedKey(ctx, rc.copy.ID, kk.node, rc.copy.Sealed)
-		if err != nil {
-			return changed, err
-		}
-		if dropped {
-			changed = true
-			kk.log.Info("removed a refused copy of a content key from the mesh database", "key", rc.copy.ID, "reason", rc.reason)
-		}
-	}
-	now := kk.now()
-	holders := map[string]string{}
-	held := map[string]bool{}
-	for _, h := range b.KeyHolders {
-		holders[h.KeyID+"/"+h.Node] = h.SealedFor
-		held[h.KeyID] = true
-	}
-	for _, ck := range b.ContentKeys {
-		if ck.Retired(now) || held[ck.ID] || !mayHold(b, ck.Scope, kk.node) {
-			continue
-		}
-		// Nobody holds it: make it. Only one claim wins.
-		k := seal.NewContentKey()
-		k, err := seal.ContentKeyFrom(ck.ID, k.Bytes())
-		if err != nil {
-			return changed, err
-		}
-		sealed, err := seal.SealTo(kk.key.Public(), seal.ContentKeyInfo(ck.ID, kk.node), k.Bytes())
-		if err != nil {
-			return changed, err
-		}
-		won, err := kk.db.ClaimKey(ctx, ck.ID, kk.node, kk.key.Fingerprint(), sealed, k.Commitment())
-		if err != nil {
-			return changed, err
-		}
-		changed = true // by this node or the one that won
-		if won {
-			kk.log.Info("made content key", "key", ck.ID)
-		}
-	}
-	kk.mu.Lock()
-	mine := make([]seal.ContentKey, 0, len(kk.opened))
-	for _, o := range kk.opened {
-		mine = append(mine, o.key)
-	}
-	kk.mu.Unlock()
-	// The keys in the keyring open messages now: say so, so that the others
-	// start sealing with a new one only once every node opens it.
-	opened := map[string]bool{}
-	for _, h := range b.KeyHolders {
-		if h.Node == kk.node && h.Opened && h.SealedFor == kk.key.Fingerprint() {
-			opened[h.KeyID] = true
-		}
-	}
-	for _, k := range mine {
-		if opened[k.ID] || !kk.ring.Has(k.ID) {
-			continue
-		}
-		marked, err := kk.db.MarkKeyOpened(ctx, k.ID, kk.node, kk.key.Fingerprint())
-		if err != nil {
-			return changed, err
-		}
-		changed = changed || marked
-	}
-	for _, k := range mine {
-		for _, n := range b.Nodes {
-			if n.PublicKey == "" || n.Name == kk.node || !mayHold(b, k.Scope, n.Name) {
-				continue
-			}
-			raw, err := base64.StdEncoding.DecodeString(n.PublicKey)
-			if err != nil {
-				continue
-			}
-			fpr := seal.Fingerprint(raw)
-			if holders[k.ID+"/"+n.Name] == fpr {
-				continue
-			}
-			sealed, err := seal.SealTo(raw, seal.ContentKeyInfo(k.ID, n.Name), k.Bytes())
-			if err != nil {
-				kk.log.Warn("cannot seal a content key for a node: its public key is not valid", "node", n.Name, "key", k.ID, "err", err)
-				continue
-			}
-			wrote, err := kk.db.PutSealedKey(ctx, k.ID, kk.node, n.Name, fpr, sealed)
-			if err != nil {
-				return changed, err
-			}
-			if wrote {
-				changed = true
-				kk.log.Info("sealed a content key for a node", "key", k.ID, "for", n.Name)
-			}
-		}
-	}
-	return changed, nil
 }
 
 // OpenGrant returns the credential of grant g, opened in memory with the

@@ -82,7 +82,12 @@ func TestChooseCurrent(t *testing.T) {
 // the keyring, says which active key it lacks, forgets a retired key, and
 // opens a sealed grant credential.
 func TestKeyKeeperOpensItsCopies(t *testing.T) {
-	kk, err := newKeyKeeper("a", t.TempDir(), nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	dir := t.TempDir()
+	k, err := loadNodeKey(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kk, err := newKeyKeeper("a", dir, k, nil, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
