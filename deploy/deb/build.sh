@@ -75,6 +75,8 @@ install -m 0644 "$here/sysusers.conf" "$root/usr/lib/sysusers.d/meshbox.conf"
 install -m 0644 "$here/tmpfiles.conf" "$root/usr/lib/tmpfiles.d/meshbox.conf"
 install -m 0600 "$top/deploy/meshbox.env.example" "$root/etc/meshbox/meshbox.env"
 install -m 0644 "$top/README.md" "$root/usr/share/doc/meshbox/README.md"
+install -d -m 0755 "$root/usr/share/doc/meshbox/docs"
+install -m 0644 "$top"/docs/*.md "$root/usr/share/doc/meshbox/docs/"
 install -m 0644 "$here/copyright" "$root/usr/share/doc/meshbox/copyright"
 install -m 0644 "$top/deploy/modules-as-users.conf.example" "$root/usr/share/doc/meshbox/examples/modules-as-users.conf"
 for s in postinst prerm postrm; do

@@ -16,11 +16,11 @@ func readmeHeredoc(t *testing.T, readme, start, end string) string {
 	t.Helper()
 	_, rest, ok := strings.Cut(readme, "\n"+start+"\n")
 	if !ok {
-		t.Fatalf("README: no line %q", start)
+		t.Fatalf("docs/modules.md: no line %q", start)
 	}
 	body, _, ok := strings.Cut(rest, "\n"+end+"\n")
 	if !ok {
-		t.Fatalf("README: the here-document after %q does not end with %q", start, end)
+		t.Fatalf("docs/modules.md: the here-document after %q does not end with %q", start, end)
 	}
 	return body + "\n"
 }
@@ -35,22 +35,22 @@ func readmeCommand(t *testing.T, readme, prefix string) []string {
 			return strings.Fields(cmd)[1:]
 		}
 	}
-	t.Fatalf("README: no command line starting %q", prefix)
+	t.Fatalf("docs/modules.md: no command line starting %q", prefix)
 	return nil
 }
 
-// TestREADMEModule runs the README's small module as the README writes it
+// TestREADMEModule runs the manual's small module (docs/modules.md) as it is written
 // (its manifest, its script with the nats CLI, its commands): assigned
 // with --autostart, the node starts it; `meshbox modules` lists it
 // running; another node calls its capability with `meshbox call`; the
-// README's override changes the answer.
+// manual's override changes the answer.
 func TestREADMEModule(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, RabbitMQ and two nodes")
 	}
 	meshtest.Binary(t)
 	natsBin := natsCLI(t)
-	data, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	data, err := os.ReadFile(filepath.Join("..", "..", "docs", "modules.md"))
 	if err != nil {
 		t.Fatal(err)
 	}

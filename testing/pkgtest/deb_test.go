@@ -390,7 +390,7 @@ func testUpgradeChangedSettings(t *testing.T, root, top, dist, env, joined strin
 	// build.sh takes the example from the tree it is in: a copy with one
 	// more line.
 	tree := t.TempDir()
-	run(t, nil, "cp", "-r", filepath.Join(top, "deploy"), filepath.Join(top, "README.md"), tree)
+	run(t, nil, "cp", "-r", filepath.Join(top, "deploy"), filepath.Join(top, "README.md"), filepath.Join(top, "docs"), tree)
 	f, err := os.OpenFile(filepath.Join(tree, "deploy/meshbox.env.example"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
