@@ -44,6 +44,16 @@ type Bridge struct {
 	// to be an older mesh's (topology.go); said once in the log and while
 	// it holds in the status.
 	olderPerms atomic.Bool
+	// namedQueues: this node's broker user may not declare server-named
+	// queues (an older mesh's permissions): its request, reply and system
+	// queues are named after it. adminQueues: it may not declare its
+	// durable queues (the current permissions): the admin has, and it
+	// finds them (topology.go). Learnt from the broker's refusals, so that
+	// later sessions do not ask again.
+	namedQueues, adminQueues atomic.Bool
+	// olderExchangeWarned: the node said once that it may not delete its
+	// older mesh's exchange (topology.go).
+	olderExchangeWarned atomic.Bool
 	// batching: every peer reads command batches (SetCommandBatching).
 	batching atomic.Bool
 

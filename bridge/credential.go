@@ -237,7 +237,7 @@ func (s *session) quiesce(ctx context.Context) {
 	// the readers before the consumers are cancelled.
 	node := s.b.cfg.Node
 	for _, q := range []struct{ queue, key string }{
-		{requestQueue(node), requestBindingKey(node)}, {replyQueue(node), replyKey(node)},
+		{s.reqQ, requestBindingKey(node)}, {s.repQ, replyKey(node)},
 	} {
 		if err := s.autoCh.QueueUnbind(q.queue, q.key, s.ownEx, nil); err != nil {
 			// The channel is gone: nothing more to answer on it; what is
@@ -246,7 +246,7 @@ func (s *session) quiesce(ctx context.Context) {
 			return
 		}
 	}
-	for _, q := range []string{requestQueue(node), replyQueue(node)} {
+	for _, q := range []string{s.reqQ, s.repQ} {
 		left := 0
 		for range quiesceEmptyPolls {
 			st, err := s.autoCh.QueueDeclarePassive(q, false, false, true, false, nil)

@@ -239,20 +239,28 @@
 //     to.<n>.sys.<key>).
 //
 // The shared exchanges and mesh.dead belong to the admin in a mesh of
-// per-node broker users (permissions.go): the bridge declares them
-// passively and declares them itself only when they do not exist (a mesh
-// run on one credential). The node binds its own queues to mesh with the
-// keys of its own name (to.<n>.*), which its topic permissions allow it
-// and no other node; a broker user with an older mesh's permissions binds
-// them to that mesh's exchange node.<n> instead, and a node with the
-// current ones deletes node.<n>: a second exchange on the way cost every
-// request and reply a routing step (topology.go).
+// per-node broker users (permissions.go), and so do the node's durable
+// queues (its event queue, its stages' queues: NodeQueues): the bridge
+// declares them passively and declares them itself only when it may (a
+// mesh run on one credential, a node allowed every stage). A node's
+// request, reply and system queues are server-named (amq.gen-*): the
+// names below are their names in the protocol (a request's reply-to) and
+// for a broker user with an older mesh's permissions. The node binds them
+// to mesh with the keys of its own name (to.<n>.*), which its topic
+// permissions allow it and no other node; a broker user with an older
+// mesh's permissions binds them to that mesh's exchange node.<n> instead,
+// which the admin deletes when it applies the current ones: a second
+// exchange on the way cost every request and reply a routing step
+// (topology.go).
+//   - Queue node.<n>.claim, exclusive to the node's consuming connection,
+//     never bound or consumed: the node's claim on its name. A second
+//     process with the same node name is refused (NodeNameInUseError)
+//     instead of silently splitting the node's traffic. On an older
+//     mesh's permissions the exclusive request queue node.<n>.requests is
+//     the claim.
 //   - Queue node.<n>.requests, exclusive to the node's consuming
 //     connection, bound to mesh with to.<n>.req.#, consumed with an
-//     exclusive consumer. Exclusive ownership is the node's claim on its
-//     name: a second process with the same node name is refused
-//     (NodeNameInUseError) instead of silently splitting the node's
-//     requests. The broker deletes the queue with its connection, at once,
+//     exclusive consumer. The broker deletes the queue with its connection, at once,
 //     even when a broker node of a cluster is stopping (a queue that
 //     outlived its connection went on taking messages there for seconds
 //     and delivered none, and could not be declared from another broker
@@ -277,8 +285,9 @@
 //     instead of direct reply-to, because direct reply-to requires
 //     publishing on the consuming channel, and the bridge keeps publishing
 //     and consuming apart.
-//   - Queue node.<n>.events (durable quorum queue, expires after 7 days
-//     unused), bound to mesh with evt.#: mesh events wait here while the
+//   - Queue node.<n>.events (durable quorum queue, declared by the admin;
+//     one a node declared itself expires after 7 days unused), bound to
+//     mesh with evt.#: mesh events wait here while the
 //     node is away. The node's own events arrive here too and are dropped
 //     (no echo). A quorum queue, so that in a broker cluster it is
 //     replicated and reachable from every broker node while one is down (a

@@ -66,7 +66,8 @@ func (e *ConfigError) Error() string { return "bridge config " + e.Field + ": " 
 func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
 
 // NodeNameInUseError is returned by Start when the broker refuses this node's
-// exclusive request consumer because another process consumes it.
+// exclusive consumer of its event queue (or, on an older mesh's
+// permissions, its request queue) because another process holds it.
 type NodeNameInUseError struct {
 	Node   string
 	Detail string // the broker's reason
@@ -78,6 +79,17 @@ func (e *NodeNameInUseError) Error() string {
 
 // Unwrap returns ErrNodeNameInUse.
 func (e *NodeNameInUseError) Unwrap() error { return ErrNodeNameInUse }
+
+// MissingQueueError: a durable queue of this node (its event queue, a
+// stage's queue) does not exist, and the node's broker user may not
+// declare it: the admin declares those (bridge.NodeQueues).
+type MissingQueueError struct {
+	Queue string
+}
+
+func (e *MissingQueueError) Error() string {
+	return fmt.Sprintf("queue %s does not exist on the broker and this node may not declare it: the admin declares it (meshbox mesh node set-stages NAME --stages ... for a stage's queues, or meshbox mesh node rotate NAME)", e.Queue)
+}
 
 // OutboxLockedError is returned by Start when the outbox file is locked by
 // another process.

@@ -47,25 +47,30 @@ func (s *session) eventQueueArgs(withSize bool) amqp.Table {
 	return quorumArgs(amqp.Table{"x-expires": eventQueueExpiry.Milliseconds()}, withSize)
 }
 
-// declareEvents declares the node's event queue as a quorum queue and
-// binds it. *ch is the setup's channel; a failed declaration closes it, so
+// declareEvents declares the node's event queue as a quorum queue (or
+// finds the one the admin declared, findOrDeclare) and binds it. *ch is the setup's channel; a failed declaration closes it, so
 // it is replaced by a new one.
 //
 // A queue of that name may exist with other arguments: declared by this
 // node with another broker setting (with or without the group size: it
-// is used as it is), or the classic queue of an older meshbox. A classic
+// is used as it is), by the admin (without x-expires), or the classic
+// queue of an older meshbox. A classic
 // queue lives on one broker node and cannot be reached while that node
 // is down, so it is replaced (moveLegacyEvents).
 func (s *session) declareEvents(ch **amqp.Channel) error {
 	q := eventQueue(s.b.cfg.Node)
 	sized := s.sizedQuorum()
-	err := s.declareOn(ch, q, s.eventQueueArgs(sized))
-	if isPrecondition(err) {
-		err = s.declareOn(ch, q, s.eventQueueArgs(!sized))
-		if isPrecondition(err) {
-			err = s.moveLegacyEvents(ch, q)
+	err := s.findOrDeclare(ch, q, func() error {
+		// Each form a quorum event queue may have: this node's, with the
+		// other group size, and the admin's (NodeQueues).
+		var err error
+		for _, args := range []amqp.Table{s.eventQueueArgs(sized), s.eventQueueArgs(!sized), quorumArgs(amqp.Table{}, false)} {
+			if err = s.declareOn(ch, q, args); !isPrecondition(err) {
+				return err
+			}
 		}
-	}
+		return s.moveLegacyEvents(ch, q)
+	})
 	if err != nil {
 		return err
 	}

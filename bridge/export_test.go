@@ -14,6 +14,16 @@ func SetTestAfterDial(b *Bridge, f func()) { b.testAfterDial = f }
 // stage's queue now and the most it had open at once.
 func StageConsumers(b *Bridge, stage string) (open, most int) { return b.stageConsumers(stage) }
 
+// OwnQueues returns the names of the request, reply and system queues of
+// b's current session.
+func OwnQueues(b *Bridge) (requests, replies, system string) {
+	s := b.link.sess.Load()
+	if s == nil {
+		return "", "", ""
+	}
+	return s.reqQ, s.repQ, s.sysQ
+}
+
 // SetOwnQueuesBound unbinds the request and reply queues of b's current
 // session from their exchange (bound false), or binds them again: the seam
 // for a node between two sessions. Only the session's own connection may:
@@ -24,7 +34,7 @@ func SetOwnQueuesBound(b *Bridge, bound bool) error {
 		return ErrLinkDown
 	}
 	node := b.cfg.Node
-	for _, q := range []struct{ queue, key string }{{requestQueue(node), requestBindingKey(node)}, {replyQueue(node), replyKey(node)}} {
+	for _, q := range []struct{ queue, key string }{{s.reqQ, requestBindingKey(node)}, {s.repQ, replyKey(node)}} {
 		var err error
 		if bound {
 			err = s.autoCh.QueueBind(q.queue, q.key, s.ownEx, false, nil)

@@ -92,6 +92,10 @@ func replyQueue(n string) string { return "node." + n + ".replies" }
 // eventQueue is the queue mesh events for node n wait in.
 func eventQueue(n string) string { return "node." + n + ".events" }
 
+// claimQueue is the queue whose exclusive declaration is node n's claim
+// on its name (topology.go, claim).
+func claimQueue(n string) string { return "node." + n + ".claim" }
+
 // systemQueue is the queue system messages for node n arrive on.
 func systemQueue(n string) string { return "node." + n + ".system" }
 

@@ -89,9 +89,10 @@ func TestUnroutableRequestAndReplySentAgain(t *testing.T) {
 }
 
 // A node's request and reply queues made by an older meshbox (shared,
-// expiring 15 s after their last consumer) are replaced by exclusive ones
-// when the node connects, and calls reach it.
-func TestOlderSharedQueuesReplaced(t *testing.T) {
+// expiring 15 s after their last consumer, still bound to the node's
+// keys) are left to expire: the node's own are server-named and exclusive
+// to its connection, and calls reach it meanwhile.
+func TestOlderSharedQueuesLeftToExpire(t *testing.T) {
 	vhost := testVhost(t)
 	conn, err := amqp.Dial(vhost)
 	if err != nil {
@@ -102,8 +103,14 @@ func TestOlderSharedQueuesReplaced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, q := range []string{"node.beta.requests", "node.beta.replies"} {
-		if _, err := ch.QueueDeclare(q, false, false, false, false, amqp.Table{"x-expires": int64(15000)}); err != nil {
+	if err := ch.ExchangeDeclare(bridge.MeshExchange, "topic", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []struct{ name, key string }{{"node.beta.requests", "to.beta.req.#"}, {"node.beta.replies", "to.beta.reply"}} {
+		if _, err := ch.QueueDeclare(q.name, false, false, false, false, amqp.Table{"x-expires": int64(15000)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.QueueBind(q.name, q.key, bridge.MeshExchange, false, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -120,8 +127,11 @@ func TestOlderSharedQueuesReplaced(t *testing.T) {
 	if code, text := serviceError(m); code != "" || string(m.Data) != "echo:x" {
 		t.Fatalf("got %q (error %s %q), want echo:x", m.Data, code, text)
 	}
-	// Exclusive now: another connection cannot declare them.
-	for _, q := range []string{"node.beta.requests", "node.beta.replies"} {
+	reqQ, repQ, _ := bridge.OwnQueues(b.b)
+	for _, q := range []string{reqQ, repQ} {
+		if !strings.HasPrefix(q, "amq.gen-") {
+			t.Errorf("beta's own queue %q: want a server-named one", q)
+		}
 		c2, err := conn.Channel()
 		if err != nil {
 			t.Fatal(err)
@@ -130,6 +140,12 @@ func TestOlderSharedQueuesReplaced(t *testing.T) {
 		var ae *amqp.Error
 		if !errors.As(err, &ae) || ae.Code != amqp.ResourceLocked {
 			t.Errorf("%s: passive declare from another connection: %v, want 405 (exclusive to beta's connection)", q, err)
+		}
+	}
+	for _, q := range []string{"node.beta.requests", "node.beta.replies"} {
+		st, err := ch.QueueDeclarePassive(q, false, false, false, false, nil)
+		if err != nil || st.Consumers != 0 {
+			t.Errorf("the older meshbox's %s: %+v %v, want it there without a consumer (it expires)", q, st, err)
 		}
 	}
 }

@@ -15,9 +15,10 @@ import (
 //
 // The admin declares what is shared or what a node must not be able to
 // delete or publish into directly: exchanges mesh and mesh.dlx, and queue
-// mesh.dead bound to mesh.dlx with "#". A node has configure rights on no
-// shared exchange; it declares those passively and declares (and binds)
-// only its own queues and the queues of the stages the mesh allows it.
+// mesh.dead bound to mesh.dlx with "#"; and each node's durable queues
+// (NodeQueues), so that a node needs the right to configure no name an
+// exchange could have (NodePermissions). A node declares those passively
+// and declares only server-named queues of its own.
 //
 // A node binds its request, reply and system queues to mesh itself, with
 // the keys of its own name (to.<n>.req.#, to.<n>.reply, to.<n>.sys.#). An
@@ -26,10 +27,8 @@ import (
 // cost every request and every reply a routing step on the broker (about
 // 35 µs each way on a 2-core machine, measured with raw clients: 12% of a
 // round trip). A node whose broker user still has that older mesh's
-// permissions keeps binding through node.<n> (topology.go); one with the
-// current permissions deletes node.<n> once its own bindings are in
-// place. It may: node.<n> is its own, and an older meshbox running under
-// the same user declares it again and binds it with to.<n>.#.
+// permissions keeps binding through node.<n> (topology.go); the admin
+// deletes node.<n> when it gives the node the current permissions.
 //
 // What a node may bind rests on its topic permissions, and RabbitMQ checks
 // those only on topic exchanges: with read on a direct exchange a node can
@@ -108,11 +107,21 @@ type Permissions struct {
 // stages the mesh allows it to consume (AllStages: every stage; none: no
 // stage). With them the node can:
 //
-//   - declare, consume, bind and delete its own queues node.<n>.requests,
-//     .replies, .events and .system, and the queues cmd.<stage>,
-//     retry.<stage> and dead.<stage> of its allowed stages (read and purge
-//     their dead letters); no other queue, and no exchange but its own
-//     older one, node.<n>, which only ever carries to.<n>.* (see above);
+//   - declare only server-named queues (amq.gen-*): its request, reply
+//     and system queues, exclusive to its connection. RabbitMQ refuses a
+//     client any exchange or queue name under the reserved prefix amq.,
+//     so the configure right names no exchange the node could declare;
+//     but one: its claim queue node.<n>.claim (exclusive, never bound or
+//     consumed: the claim on its name), on which it has no other right,
+//     so that an exchange of that name could neither be published into
+//     nor bound as a source;
+//   - find (passively), bind and consume its durable queues, which the
+//     admin declares (NodeQueues): node.<n>.events and the queues
+//     cmd.<stage>, retry.<stage> and dead.<stage> of its allowed stages
+//     (read and purge their dead letters); no other queue. A node allowed
+//     every stage also declares stage queues itself (no admin knows every
+//     stage's name beforehand); it may already publish every key a stage
+//     queue's name could carry;
 //   - publish on mesh (commands cmd.*, events evt.*, broadcasts sys.*,
 //     requests to.<m>.req.*, replies to.<m>.reply and addressed system
 //     messages to.<m>.sys.* to any node m, and retry copies retry.<stage>
@@ -120,15 +129,28 @@ type Permissions struct {
 //     (dead letters);
 //     not on the default exchange, whose write right cannot be scoped per
 //     queue, and not into another node's exchange;
-//   - bind its queues (and node.<n>) to mesh only with evt.#, sys.#, the
-//     keys of its own name (to.<n>.#, to.<n>.req.#, to.<n>.reply,
-//     to.<n>.sys.#) and cmd.<allowed stage> (retry.<stage>, dead.<stage>),
-//     and to its own exchange node.<n> with anything (only to.<n>.*
-//     arrives there).
+//   - bind its queues to mesh only with evt.#, sys.#, the keys of its own
+//     name (to.<n>.#, to.<n>.req.#, to.<n>.reply, to.<n>.sys.#) and
+//     cmd.<allowed stage> (retry.<stage>, dead.<stage>).
 //
-// So it cannot consume, bind, purge or delete another node's queues or any
-// exchange but its own, cannot consume a stage it is not allowed, and cannot route
-// another node's traffic to itself.
+// So it cannot consume, bind, purge or delete another node's queues (its
+// server-named ones are exclusive to their connection), cannot consume a
+// stage it is not allowed, cannot route another node's traffic to itself,
+// and has no exchange of its own to publish through with keys its topic
+// permissions refuse on mesh (RabbitMQ matches the configure, write and
+// read patterns against names, not kinds: any queue name a node may
+// configure is an exchange name it may declare too).
+//
+// What RabbitMQ cannot refuse it: a queue argument on a queue it declares.
+// A dead-letter exchange needs only the write right on it (checked at
+// declaration), and a node writes to mesh to publish at all; so a node can
+// make the broker publish again what it may read, under the original
+// sender's user_id. Receivers refuse those (replay.go).
+//
+// An older mesh's permissions (configure on node.<n>.* by name, and the
+// exchange node.<n>) keep working with this version (topology.go); the
+// admin applies these with `meshbox mesh node rotate --all` once every
+// node runs it.
 func NodePermissions(n string, stages []string) (Permissions, error) {
 	if err := names.Node(n); err != nil {
 		return Permissions{}, fmt.Errorf("node permissions: %w", err)
@@ -138,24 +160,35 @@ func NodePermissions(n string, stages []string) (Permissions, error) {
 		return Permissions{}, fmt.Errorf("node permissions: %w", err)
 	}
 	node := regexp.QuoteMeta(n)
-	own := `node\.` + node + `\.(requests|replies|events|system)`
-	queues := own
+	configure := serverNamedPattern + `|node\.` + node + `\.claim`
+	queues := serverNamedPattern + `|node\.` + node + `\.events`
 	bindKeys := []string{`to\.` + node + `\.(#|req\.#|reply|sys\.#)`}
 	topicWrite := `(cmd|evt|sys)\..+|to\.[A-Za-z0-9_-]+\.(req\..+|reply|sys\..+)`
 	if stageAlt != "" {
-		queues += `|(cmd|retry|dead)\.` + stageAlt
-		bindKeys = append(bindKeys, `(cmd|retry|dead)\.`+stageAlt)
+		stageQueues := `(cmd|retry|dead)\.` + stageAlt
+		queues += `|` + stageQueues
+		bindKeys = append(bindKeys, stageQueues)
 		topicWrite += `|(retry|dead)\.` + stageAlt
+		if stageAlt == allStagesPattern {
+			configure += `|` + stageQueues
+		}
 	}
 	return Permissions{
-		Configure:     `^(node\.` + node + `|` + queues + `)$`,
-		Write:         `^(mesh|mesh\.dlx|node\.` + node + `|` + queues + `)$`,
-		Read:          `^(mesh|node\.` + node + `|` + queues + `)$`,
+		Configure:     `^(` + configure + `)$`,
+		Write:         `^(mesh|mesh\.dlx|` + queues + `)$`,
+		Read:          `^(mesh|` + queues + `)$`,
 		TopicExchange: exchangeMesh,
 		TopicWrite:    `^(` + topicWrite + `)$`,
 		TopicRead:     `^(` + strings.Join(append([]string{`evt\.#`, `sys\.#`}, bindKeys...), "|") + `)$`,
 	}, nil
 }
+
+// serverNamedPattern matches the names RabbitMQ gives queues declared
+// without one.
+const serverNamedPattern = `amq\.gen-.*`
+
+// allStagesPattern is stageAlternatives' pattern for AllStages.
+const allStagesPattern = `(.+)`
 
 // stageAlternatives returns the pattern matching the stages of an
 // allow-list: "(.+)" for AllStages, "(a|b\.c)" for a list, "" for none.
@@ -164,7 +197,7 @@ func stageAlternatives(stages []string) (string, error) {
 	seen := map[string]bool{}
 	for _, s := range stages {
 		if s == AllStages {
-			return `(.+)`, nil
+			return allStagesPattern, nil
 		}
 		if err := names.Stage(s); err != nil {
 			return "", err

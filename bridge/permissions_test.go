@@ -2,13 +2,15 @@ package bridge
 
 import (
 	"regexp"
+	"slices"
 	"testing"
 )
 
 // TestNodePermissions checks, name by name, what node alpha's patterns
-// allow: its own queues and allowed stages, never another node's names,
-// a stage outside its list, any exchange to configure but an older
-// mesh's exchange of its own, or the default exchange.
+// allow: server-named queues to configure and nothing else (so no exchange
+// name at all), its durable queues and allowed stages to bind and consume,
+// never another node's names, a stage outside its list, an older mesh's
+// exchange or the default exchange.
 func TestNodePermissions(t *testing.T) {
 	p, err := NodePermissions("alpha", []string{"resize", "image.thumb"})
 	if err != nil {
@@ -25,35 +27,46 @@ func TestNodePermissions(t *testing.T) {
 			checks = append(checks, check{pattern, n, want})
 		}
 	}
-	ownQueues := []string{"node.alpha.requests", "node.alpha.replies", "node.alpha.events", "node.alpha.system"}
+	serverNamed := []string{"amq.gen-JzTY20BRgKO-HjmUJj0wLg", "amq.gen-x"}
+	durable := []string{"node.alpha.events"}
+	named := []string{"node.alpha.requests", "node.alpha.replies", "node.alpha.system"} // an older mesh's
 	otherQueues := []string{"node.beta.requests", "node.beta.replies", "node.beta.events", "node.beta.system",
-		"node.alphax.requests", "node.alpha.requests.x", "xnode.alpha.requests", "node.alphax"}
+		"node.alphax.requests", "node.alpha.requests.x", "xnode.alpha.requests", "node.alphax", "node.alpha.eventsx"}
 	allowed := []string{"cmd.resize", "cmd.image.thumb", "retry.resize", "retry.image.thumb", "dead.resize", "dead.image.thumb"}
 	notAllowed := []string{"cmd.other", "cmd.resize.x", "cmd.image", "cmd.imageXthumb", "cmd.", "cmd.#",
 		"retry.other", "dead.other", "retry.resize.x", "dead.image", "retry.", "dead.#", "xretry.resize", "deadXresize"}
-	exchanges := []string{"mesh", "mesh.dlx", "node.beta", "amq.default", "", "amq.topic"}
+	exchanges := []string{"mesh", "mesh.dlx", "node.beta", "node.alpha", "amq.default", "", "amq.topic"}
 
-	add("configure", true, ownQueues...)
-	add("configure", true, allowed...)
+	add("configure", true, serverNamed...)
+	add("configure", true, "node.alpha.claim")
+	add("configure", false, "node.beta.claim", "node.alpha.claimx")
+	add("write", false, "node.alpha.claim")
+	add("read", false, "node.alpha.claim")
+	add("configure", false, durable...)
+	add("configure", false, named...)
+	add("configure", false, allowed...)
 	add("configure", false, otherQueues...)
 	add("configure", false, notAllowed...)
 	add("configure", false, exchanges...)
-	add("configure", false, "mesh.dead")
-	add("configure", true, "node.alpha") // an older mesh's exchange of its own, to delete
+	add("configure", false, "mesh.dead", "xamq.gen-a", "amq.genx")
 
-	add("write", true, ownQueues...)
+	add("write", true, serverNamed...)
+	add("write", true, durable...)
 	add("write", true, allowed...)
-	add("write", true, "mesh", "mesh.dlx", "node.alpha")
+	add("write", true, "mesh", "mesh.dlx")
+	add("write", false, named...)
 	add("write", false, otherQueues...)
 	add("write", false, notAllowed...)
-	add("write", false, "node.beta", "amq.default", "", "amq.topic", "mesh.dead", "meshx", "xmesh")
+	add("write", false, "node.alpha", "node.beta", "amq.default", "", "amq.topic", "mesh.dead", "meshx", "xmesh")
 
-	add("read", true, ownQueues...)
+	add("read", true, serverNamed...)
+	add("read", true, durable...)
 	add("read", true, allowed...)
-	add("read", true, "mesh", "node.alpha")
+	add("read", true, "mesh")
+	add("read", false, named...)
 	add("read", false, otherQueues...)
 	add("read", false, notAllowed...)
-	add("read", false, "node.beta", "mesh.dlx", "mesh.dead", "amq.default", "amq.topic")
+	add("read", false, "node.alpha", "node.beta", "mesh.dlx", "mesh.dead", "amq.default", "amq.topic")
 
 	add("topic write", true, "cmd.resize", "cmd.other.stage", "evt.door.open", "sys.hello",
 		"to.beta.req.echo", "to.beta.req.image.resize", "to.beta.reply", "to.beta.sys.hello", "to.alpha.req.echo")
@@ -113,7 +126,12 @@ func TestNodePermissionsStageLists(t *testing.T) {
 			if err != nil {
 				return
 			}
-			for what, pat := range map[string]string{"configure": p.Configure, "read": p.Read, "write": p.Write} {
+			// Stage queues are the admin's to declare, but a node allowed
+			// every stage declares them itself.
+			if got, want := regexp.MustCompile(p.Configure).MatchString(tt.stage), tt.want && slices.Contains(tt.stages, AllStages); got != want {
+				t.Errorf("configure %q on %q: got %v, want %v", p.Configure, tt.stage, got, want)
+			}
+			for what, pat := range map[string]string{"read": p.Read, "write": p.Write} {
 				if got := regexp.MustCompile(pat).MatchString(tt.stage); got != tt.want {
 					t.Errorf("%s %q on %q: got %v, want %v", what, pat, tt.stage, got, tt.want)
 				}

@@ -229,19 +229,15 @@ func (s *session) declareAux(decl **amqp.Channel, stage string) int {
 		key   string
 		args  amqp.Table
 	}
-	list := []aux{{auxDead, deadQueue(stage), deadKey(stage), amqp.Table{"x-queue-type": "classic"}}}
+	list := []aux{{auxDead, deadQueue(stage), deadKey(stage), deadQueueArgs()}}
 	if _, ok := s.b.cfg.Retry[stage]; ok {
-		list = append(list, aux{auxRetry, retryQueue(stage), retryKey(stage), amqp.Table{
-			"x-queue-type":              "quorum",
-			"x-dead-letter-exchange":    exchangeMesh,
-			"x-dead-letter-routing-key": commandKey(stage),
-			// Not lost between the retry queue and the stage queue.
-			"x-dead-letter-strategy": "at-least-once",
-			"x-overflow":             "reject-publish",
-		}})
+		list = append(list, aux{auxRetry, retryQueue(stage), retryKey(stage), retryQueueArgs(stage)})
 	}
 	for _, a := range list {
-		_, err := (*decl).QueueDeclare(a.queue, true, false, false, false, a.args)
+		err := s.findOrDeclare(decl, a.queue, func() error {
+			_, err := (*decl).QueueDeclare(a.queue, true, false, false, false, a.args)
+			return err
+		})
 		if err == nil {
 			err = (*decl).QueueBind(a.queue, a.key, exchangeMesh, false, nil)
 		}

@@ -31,6 +31,11 @@ type session struct {
 	// node.<n> for a broker user with an older mesh's permissions
 	// (topology.go).
 	ownEx string
+	// reqQ, repQ and sysQ are this session's request, reply and system
+	// queues: server-named (amq.gen-*), or, for a broker user with an
+	// older mesh's permissions, node.<n>.requests, .replies and .system
+	// (topology.go).
+	reqQ, repQ, sysQ string
 	// handedOver: a handover replaced the session; stop leaves this
 	// node's pending requests open for the next one.
 	handedOver bool

@@ -96,28 +96,10 @@ func (s *session) setup() error {
 			return fmt.Errorf("declare %s: %w", st.what, err)
 		}
 	}
-	steps := []struct {
-		what string
-		do   func() error
-	}{
-		{"queue " + requestQueue(node), func() error { return s.declareOwn(&ch, requestQueue(node)) }},
-		{"binding " + requestQueue(node), func() error { return s.bindOwn(&ch, requestQueue(node), requestBindingKey(node)) }},
-	}
-	for _, st := range steps {
-		if err := st.do(); err != nil {
-			var inUse *NodeNameInUseError
-			if errors.As(err, &inUse) {
-				return err
-			}
-			return fmt.Errorf("declare %s: %w", st.what, err)
-		}
-	}
-
 	// Two consume channels: autoCh for what is consumed without acks
 	// (requests, replies, system messages), conCh for what is acked (events,
 	// commands), so that conCh's delivery tags are dense and a run of them
-	// can be acked at once. The exclusive consumer is the node's claim on
-	// its name.
+	// can be acked at once.
 	s.autoCh, err = s.conConn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -129,10 +111,38 @@ func (s *session) setup() error {
 	if err := s.conCh.Qos(s.b.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
+	// The node's claim on its name comes first, before any of its queues
+	// is bound (claim).
+	if err := s.claim(&ch); err != nil {
+		return err
+	}
+	if err := s.declareEvents(&ch); err != nil {
+		return fmt.Errorf("declare queue %s: %w", eventQueue(node), err)
+	}
+	events, err := s.conCh.Consume(eventQueue(node), "events", false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", eventQueue(node), err)
+	}
+	steps := []struct {
+		what string
+		do   func() error
+	}{
+		{"queue " + requestQueue(node), func() (err error) { s.reqQ, err = s.declareOwn(&ch, requestQueue(node)); return err }},
+		{"binding " + requestQueue(node), func() error { return s.bindOwn(&ch, s.reqQ, requestBindingKey(node)) }},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			var inUse *NodeNameInUseError
+			if errors.As(err, &inUse) {
+				return err
+			}
+			return fmt.Errorf("declare %s: %w", st.what, err)
+		}
+	}
 	// Requests are at most once: consumed without acks (an ack per request
 	// costs the broker a round of work on the critical path); openCalls
 	// bounds how many are open at the local hosts.
-	reqs, err := s.autoCh.Consume(requestQueue(node), "requests", true, true, false, false, nil)
+	reqs, err := s.autoCh.Consume(s.reqQ, "requests", true, true, false, false, nil)
 	if err != nil {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
@@ -145,15 +155,11 @@ func (s *session) setup() error {
 		what string
 		do   func() error
 	}{
-		{"queue " + replyQueue(node), func() error { return s.declareOwn(&ch, replyQueue(node)) }},
-		{"binding " + replyQueue(node), func() error { return s.bindOwn(&ch, replyQueue(node), replyKey(node)) }},
-		{"queue " + eventQueue(node), func() error { return s.declareEvents(&ch) }},
-		{"queue " + systemQueue(node), func() error {
-			_, err := ch.QueueDeclare(systemQueue(node), false, true, true, false, nil)
-			return err
-		}},
-		{"binding " + systemQueue(node), func() error { return ch.QueueBind(systemQueue(node), "sys.#", exchangeMesh, false, nil) }},
-		{"binding " + systemQueue(node) + " (addressed)", func() error { return s.bindOwn(&ch, systemQueue(node), "to."+node+".sys.#") }},
+		{"queue " + replyQueue(node), func() (err error) { s.repQ, err = s.declareOwn(&ch, replyQueue(node)); return err }},
+		{"binding " + replyQueue(node), func() error { return s.bindOwn(&ch, s.repQ, replyKey(node)) }},
+		{"queue " + systemQueue(node), func() (err error) { s.sysQ, err = s.declareOwn(&ch, systemQueue(node)); return err }},
+		{"binding " + systemQueue(node), func() error { return ch.QueueBind(s.sysQ, "sys.#", exchangeMesh, false, nil) }},
+		{"binding " + systemQueue(node) + " (addressed)", func() error { return s.bindOwn(&ch, s.sysQ, "to."+node+".sys.#") }},
 		{"exchange " + nodeExchange(node) + " (older meshes)", func() error { return s.dropNodeExchange(&ch) }},
 	}
 	for _, st := range more {
@@ -165,15 +171,11 @@ func (s *session) setup() error {
 			return fmt.Errorf("declare %s: %w", st.what, err)
 		}
 	}
-	replies, err := s.autoCh.Consume(replyQueue(node), "replies", true, true, false, false, nil)
+	replies, err := s.autoCh.Consume(s.repQ, "replies", true, true, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", replyQueue(node), err)
 	}
-	events, err := s.conCh.Consume(eventQueue(node), "events", false, false, false, false, nil)
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", eventQueue(node), err)
-	}
-	system, err := s.autoCh.Consume(systemQueue(node), "system", true, true, false, false, nil)
+	system, err := s.autoCh.Consume(s.sysQ, "system", true, true, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", systemQueue(node), err)
 	}
@@ -249,19 +251,107 @@ func (s *session) syncStages(decl **amqp.Channel) {
 	s.declareDeclaredLocked(decl)
 }
 
-// declareOwn declares one of the node's request and reply queues,
-// exclusive to the consuming connection: the broker deletes it with the
+// declareOwn declares one of the node's request, reply and system queues
+// (named q in the protocol) and returns the name it has on the broker. It
+// is exclusive to the consuming connection: the broker deletes it with the
 // connection, at once, even when the connection ends because its broker
 // node is stopping. A queue that outlived its connection (as these did
 // before, for 15 s) is worse on a cluster: while its broker node stops,
 // which takes seconds, the queue takes messages and never delivers them,
 // and it cannot be declared again from another broker node; an exclusive
 // queue is gone, so a message for it comes back unroutable and its sender
-// tries again (noroute.go). Exclusive ownership is also the node's claim
-// on its name: another connection's declaration is refused
-// (NodeNameInUseError). A queue made by an older meshbox (shared, with
-// x-expires) is deleted, if unused, and declared anew.
-func (s *session) declareOwn(ch **amqp.Channel, q string) error {
+// tries again (noroute.go).
+//
+// It is server-named (amq.gen-*): the node's broker user may configure no
+// other name but its claim queue's (NodePermissions, claim). A broker
+// user with an older mesh's permissions may configure only q itself; the
+// queue is then named q, and its exclusive ownership is the claim on the
+// node's name: another connection's declaration is refused
+// (NodeNameInUseError). A
+// queue made by an older meshbox (shared, with x-expires) is deleted, if
+// unused, and declared anew.
+func (s *session) declareOwn(ch **amqp.Channel, q string) (string, error) {
+	for range 2 {
+		if !s.b.namedQueues.Load() {
+			dq, err := (*ch).QueueDeclare("", false, true, true, false, nil)
+			if !isAccessRefused(err) {
+				return dq.Name, err
+			}
+			if err := s.reopen(ch); err != nil {
+				return "", err
+			}
+			s.b.namedQueues.Store(true)
+			continue
+		}
+		err := s.declareNamed(ch, q)
+		if !isAccessRefused(err) {
+			return q, err
+		}
+		if err := s.reopen(ch); err != nil {
+			return "", err
+		}
+		// The permissions are the current ones now: the claim on the
+		// node's name is its claim queue again.
+		s.b.namedQueues.Store(false)
+		if err := s.claim(ch); err != nil {
+			return "", err
+		}
+	}
+	return "", fmt.Errorf("the broker refuses this node both a server-named queue and %s: are the node's broker permissions its own?", q)
+}
+
+// claim takes this node's claim on its name: its claim queue
+// node.<n>.claim, declared exclusive to the consuming connection. Another
+// process with the same name and credential is refused it
+// (NodeNameInUseError) instead of silently splitting the node's traffic.
+// The claim queue is never bound nor consumed: the node's permissions
+// give it the right to configure that name and no other right on it, so
+// an exchange of that name (which the same right lets it declare) can
+// neither be published into nor bound to anything (RabbitMQ asks for the
+// write right on the exchange, or the read right on it as a binding's
+// source). A broker user with an older mesh's permissions may not declare
+// it; there the node's named request queue is the claim (declareOwn).
+func (s *session) claim(ch **amqp.Channel) error {
+	if s.b.namedQueues.Load() {
+		return nil
+	}
+	_, err := (*ch).QueueDeclare(claimQueue(s.b.cfg.Node), false, true, true, false, nil)
+	var ae *amqp.Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ae) && ae.Code == amqp.ResourceLocked:
+		return &NodeNameInUseError{Node: s.b.cfg.Node, Detail: ae.Reason}
+	case isAccessRefused(err):
+		if err := s.reopen(ch); err != nil {
+			return err
+		}
+		s.b.namedQueues.Store(true) // said with the older exchange (bindOwn)
+		return nil
+	default:
+		return fmt.Errorf("declare claim queue %s: %w", claimQueue(s.b.cfg.Node), err)
+	}
+}
+
+// reopen replaces *ch, closed by a refusal, with a new channel.
+func (s *session) reopen(ch **amqp.Channel) error {
+	nc, err := s.conConn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	*ch = nc
+	return nil
+}
+
+// isAccessRefused reports whether err is the broker's 403 ACCESS_REFUSED.
+func isAccessRefused(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Code == amqp.AccessRefused
+}
+
+// declareNamed declares q, exclusive, for a broker user with an older
+// mesh's permissions (see declareOwn).
+func (s *session) declareNamed(ch **amqp.Channel, q string) error {
 	_, err := (*ch).QueueDeclare(q, false, false, true, false, nil)
 	var ae *amqp.Error
 	if !errors.As(err, &ae) || ae.Code != amqp.ResourceLocked {
@@ -294,15 +384,52 @@ func (s *session) declareOwn(ch **amqp.Channel, q string) error {
 	return err
 }
 
+// findOrDeclare makes sure durable queue q exists: the admin declares it
+// for a broker user with the current permissions (NodePermissions: the
+// node may only find it); a node on an older mesh's permissions, or on a
+// credential of the whole vhost (a test broker), declares it with args
+// itself. found reports the first case. A queue that is neither there nor
+// declarable is a *MissingQueueError. After a refusal *ch is a new
+// channel.
+func (s *session) findOrDeclare(ch **amqp.Channel, q string, declare func() error) error {
+	for range 2 {
+		if s.b.adminQueues.Load() {
+			_, err := (*ch).QueueDeclarePassive(q, true, false, false, false, nil)
+			if err == nil {
+				return nil
+			}
+			var ae *amqp.Error
+			if !errors.As(err, &ae) || ae.Code != amqp.NotFound {
+				return err
+			}
+			if err := s.reopen(ch); err != nil {
+				return err
+			}
+		}
+		err := declare()
+		if !isAccessRefused(err) {
+			return err
+		}
+		if err := s.reopen(ch); err != nil {
+			return err
+		}
+		if s.b.adminQueues.Load() {
+			return &MissingQueueError{Queue: q}
+		}
+		s.b.adminQueues.Store(true)
+	}
+	return &MissingQueueError{Queue: q}
+}
+
 // declareStage declares a stage's quorum queue and binds it. A queue that
 // exists with other arguments is used as it is.
 func (s *session) declareStage(decl **amqp.Channel, stage string) error {
 	q := stageQueue(stage)
-	args := quorumArgs(amqp.Table{
-		"x-delivery-limit":       int64(stageDeliveryLimit),
-		"x-dead-letter-exchange": exchangeDLX,
-	}, s.sizedQuorum())
-	_, err := (*decl).QueueDeclare(q, true, false, false, false, args)
+	args := stageQueueArgs(s.sizedQuorum())
+	err := s.findOrDeclare(decl, q, func() error {
+		_, err := (*decl).QueueDeclare(q, true, false, false, false, args)
+		return err
+	})
 	var ae *amqp.Error
 	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
 		nc, cerr := s.conConn.Channel()
@@ -362,22 +489,26 @@ func (s *session) bindOwn(ch **amqp.Channel, q, key string) error {
 // dropNodeExchange deletes an older mesh's exchange node.<n> once the
 // node's queues are bound to mesh themselves: while it stays bound to
 // mesh, every message to this node is routed through it for nothing.
-// Failing to delete it costs only that, and is logged.
+// With the current permissions the node may not delete it (the admin does,
+// when it applies them); failing to costs only that routing step, and is
+// logged.
 func (s *session) dropNodeExchange(ch **amqp.Channel) error {
 	if s.ownEx != exchangeMesh {
 		return nil
 	}
-	err := (*ch).ExchangeDelete(nodeExchange(s.b.cfg.Node), false, false)
+	ex := nodeExchange(s.b.cfg.Node)
+	err := (*ch).ExchangeDeclarePassive(ex, "topic", true, false, false, false, nil)
 	if err == nil {
-		return nil
-	}
-	s.b.log.Warn("cannot delete this node's older exchange; messages to it take one more routing step on the broker", "exchange", nodeExchange(s.b.cfg.Node), "err", err)
-	if (*ch).IsClosed() {
-		c, err := s.conConn.Channel()
-		if err != nil {
-			return fmt.Errorf("open channel: %w", err)
+		err = (*ch).ExchangeDelete(ex, false, false)
+		if err == nil {
+			return nil
 		}
-		*ch = c
+		if s.b.olderExchangeWarned.CompareAndSwap(false, true) {
+			s.b.log.Warn("cannot delete this node's older exchange; messages to it take one more routing step on the broker until the admin runs meshbox mesh node rotate", "exchange", ex, "err", err)
+		}
+	}
+	if (*ch).IsClosed() {
+		return s.reopen(ch)
 	}
 	return nil
 }

@@ -76,19 +76,22 @@ func TestNodeCredentialPermissions(t *testing.T) {
 	alpha := dialAs(t, r, vhost, alphaCred)
 	beta := dialAs(t, r, vhost, betaCred)
 
-	// beta declares its queues (as its bridge does) and binds them to
+	// beta declares its request queue (as its bridge does: server-named,
+	// exclusive) and binds it and the event queue the admin declared to
 	// mesh with keys of its own name.
 	betaCh, err := beta.Channel()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, q := range []string{"node.beta.requests", "node.beta.events"} {
-		if _, err := betaCh.QueueDeclare(q, q == "node.beta.events", false, false, false, nil); err != nil {
-			t.Fatalf("beta declares %s: %v", q, err)
-		}
+	betaQ, err := betaCh.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatalf("beta declares a server-named queue: %v", err)
 	}
-	if err := betaCh.QueueBind("node.beta.requests", "to.beta.req.#", "mesh", false, nil); err != nil {
+	if err := betaCh.QueueBind(betaQ.Name, "to.beta.req.#", "mesh", false, nil); err != nil {
 		t.Fatalf("beta binds its requests: %v", err)
+	}
+	if _, err := betaCh.QueueDeclarePassive("node.beta.events", true, false, false, false, nil); err != nil {
+		t.Fatalf("beta finds the event queue the admin declared: %v", err)
 	}
 	if err := betaCh.QueueBind("node.beta.events", "evt.#", "mesh", false, nil); err != nil {
 		t.Fatalf("beta binds its events: %v", err)
@@ -98,53 +101,45 @@ func TestNodeCredentialPermissions(t *testing.T) {
 	if _, err := betaCh.QueueDeclare("cmd.other", true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 		t.Fatalf("beta declares stage queue cmd.other: %v", err)
 	}
-	betaReqs, err := betaCh.Consume("node.beta.requests", "", true, true, false, false, nil)
+	betaReqs, err := betaCh.Consume(betaQ.Name, "", true, true, false, false, nil)
 	if err != nil {
 		t.Fatalf("beta consumes its requests: %v", err)
 	}
+	alphaCh, err := alpha.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	alphaQ, err := alphaCh.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatalf("alpha declares a server-named queue: %v", err)
+	}
 
-	const allowed, refused, forged = 0, amqp.AccessRefused, amqp.PreconditionFailed
+	const allowed, refused, forged, locked = 0, amqp.AccessRefused, amqp.PreconditionFailed, amqp.ResourceLocked
 	steps := []struct {
 		name string
 		op   func(ch *amqp.Channel) error
 		want int
 	}{
 		// Its own queues, and the shared exchanges declared passively.
-		{"declare own request queue", func(ch *amqp.Channel) error {
-			_, err := ch.QueueDeclare("node.alpha.requests", false, true, false, false, nil)
+		{"declare a server-named queue", func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare("", false, true, true, false, nil)
 			return err
 		}, allowed},
-		{"declare own events queue", func(ch *amqp.Channel) error {
-			_, err := ch.QueueDeclare("node.alpha.events", true, false, false, false, amqp.Table{"x-expires": int64(7 * 24 * 3600 * 1000)})
+		{"bind own server-named queue to mesh with its own name", func(ch *amqp.Channel) error {
+			return ch.QueueBind(alphaQ.Name, "to.alpha.req.#", "mesh", false, nil)
+		}, allowed},
+		{"find own events queue", func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclarePassive("node.alpha.events", true, false, false, false, nil)
 			return err
 		}, allowed},
 		{"bind own events to mesh evt.#", func(ch *amqp.Channel) error {
 			return ch.QueueBind("node.alpha.events", "evt.#", "mesh", false, nil)
 		}, allowed},
-		{"bind own requests to mesh with its own name", func(ch *amqp.Channel) error {
-			return ch.QueueBind("node.alpha.requests", "to.alpha.req.#", "mesh", false, nil)
-		}, allowed},
-		// An older meshbox under this user declares node.alpha and binds it
-		// to mesh with to.alpha.#; a current one deletes it.
-		{"declare own older exchange", func(ch *amqp.Channel) error {
-			return ch.ExchangeDeclare("node.alpha", "topic", true, false, false, false, nil)
-		}, allowed},
-		{"bind own older exchange to mesh to.alpha.#", func(ch *amqp.Channel) error {
-			return ch.ExchangeBind("node.alpha", "to.alpha.#", "mesh", false, nil)
-		}, allowed},
-		{"bind own requests to own older exchange", func(ch *amqp.Channel) error {
-			return ch.QueueBind("node.alpha.requests", "to.alpha.req.#", "node.alpha", false, nil)
-		}, allowed},
-		{"bind own older exchange to mesh to.beta.#", func(ch *amqp.Channel) error {
-			return ch.ExchangeBind("node.alpha", "to.beta.#", "mesh", false, nil)
-		}, refused},
-		{"delete own older exchange", func(ch *amqp.Channel) error { return ch.ExchangeDelete("node.alpha", false, false) }, allowed},
 		{"passive declare of mesh", func(ch *amqp.Channel) error {
 			return ch.ExchangeDeclarePassive("mesh", "topic", true, false, false, false, nil)
 		}, allowed},
-		{"declare allowed stage queue with DLX", func(ch *amqp.Channel) error {
-			_, err := ch.QueueDeclare("cmd.resize", true, false, false, false,
-				amqp.Table{"x-queue-type": "quorum", "x-dead-letter-exchange": "mesh.dlx"})
+		{"find allowed stage queue", func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclarePassive("cmd.resize", true, false, false, false, nil)
 			return err
 		}, allowed},
 		{"bind allowed stage", func(ch *amqp.Channel) error { return ch.QueueBind("cmd.resize", "cmd.resize", "mesh", false, nil) }, allowed},
@@ -152,6 +147,84 @@ func TestNodeCredentialPermissions(t *testing.T) {
 			_, err := ch.Consume("cmd.resize", "", false, false, false, false, nil)
 			return err
 		}, allowed},
+		{"find allowed stage's dead letters", func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclarePassive("dead.resize", true, false, false, false, nil)
+			return err
+		}, allowed},
+		// RabbitMQ cannot refuse a queue argument on a queue a node may
+		// declare: a dead-letter exchange needs only the write right on
+		// it. Receivers refuse what comes back that way (bridge/replay.go).
+		{"declare a server-named queue with mesh as its DLX", func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare("", false, true, true, false, amqp.Table{"x-dead-letter-exchange": "mesh"})
+			return err
+		}, allowed},
+
+		// Names: the admin declares its durable queues; it may declare
+		// none, and so no exchange of any of those names.
+		{"declare own events queue", func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare("node.alpha.events", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+			return err
+		}, refused},
+		{"declare allowed stage queue", func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare("cmd.resize", true, false, false, false,
+				amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(1000), "x-dead-letter-exchange": "mesh.dlx"})
+			return err
+		}, refused},
+		{"declare a queue named after itself", func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare("node.alpha.requests", false, true, true, false, nil)
+			return err
+		}, refused},
+		{"declare a queue of a server-like name", func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare("amq.gen-mine", false, true, true, false, nil)
+			return err
+		}, refused},
+		{"declare an exchange named like its event queue", func(ch *amqp.Channel) error {
+			return ch.ExchangeDeclare("node.alpha.events", "fanout", false, true, false, false, nil)
+		}, refused},
+		{"declare an exchange named like its stage queue", func(ch *amqp.Channel) error {
+			return ch.ExchangeDeclare("cmd.resize", "direct", false, true, false, false, nil)
+		}, refused},
+		{"declare an exchange named like its server-named queue", func(ch *amqp.Channel) error {
+			return ch.ExchangeDeclare(alphaQ.Name, "fanout", false, true, false, false, nil)
+		}, refused},
+		{"declare an exchange of its own name (an older mesh's)", func(ch *amqp.Channel) error {
+			return ch.ExchangeDeclare("node.alpha", "topic", true, false, false, false, nil)
+		}, refused},
+		{"declare a queue with an alternate exchange", func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare("node.alpha.x", false, true, true, false, amqp.Table{"alternate-exchange": "mesh"})
+			return err
+		}, refused},
+		// Its claim queue: exclusive, and inert as an exchange name.
+		{"declare own claim queue", func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare("node.alpha.claim", false, true, true, false, nil)
+			return err
+		}, allowed},
+		{"declare beta's claim queue", func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare("node.beta.claim", false, true, true, false, nil)
+			return err
+		}, refused},
+		{"declare an exchange of its claim queue's name", func(ch *amqp.Channel) error {
+			return ch.ExchangeDeclare("node.alpha.claim", "fanout", false, true, false, false, nil)
+		}, allowed},
+		{"bind that exchange into mesh", func(ch *amqp.Channel) error {
+			return ch.ExchangeBind("mesh", "#", "node.alpha.claim", false, nil)
+		}, refused},
+		{"publish into that exchange", publish("node.alpha.claim", "dead.other", amqp.Publishing{UserId: alphaCred.User}), refused},
+		{"bind own queue to that exchange", func(ch *amqp.Channel) error {
+			return ch.QueueBind(alphaQ.Name, "#", "node.alpha.claim", false, nil)
+		}, refused},
+		// Another node's server-named queue: exclusive to its connection.
+		{"bind beta's request queue", func(ch *amqp.Channel) error {
+			return ch.QueueBind(betaQ.Name, "to.alpha.req.#", "mesh", false, nil)
+		}, locked},
+		{"consume beta's request queue", func(ch *amqp.Channel) error {
+			_, err := ch.Consume(betaQ.Name, "", true, false, false, false, nil)
+			return err
+		}, locked},
+		{"delete beta's request queue", func(ch *amqp.Channel) error {
+			_, err := ch.QueueDelete(betaQ.Name, false, false, false)
+			return err
+		}, locked},
 		// Publishing on mesh with the keys of the topology.
 		{"request to beta", publish("mesh", "to.beta.req.echo", amqp.Publishing{Body: []byte("hi"), UserId: alphaCred.User}), allowed},
 		{"reply to beta", publish("mesh", "to.beta.reply", amqp.Publishing{UserId: alphaCred.User}), allowed},
@@ -165,9 +238,9 @@ func TestNodeCredentialPermissions(t *testing.T) {
 			return err
 		}, refused},
 		{"get from beta's requests", func(ch *amqp.Channel) error {
-			_, _, err := ch.Get("node.beta.requests", true)
+			_, _, err := ch.Get(betaQ.Name, true)
 			return err
-		}, refused},
+		}, locked},
 		{"purge beta's events", func(ch *amqp.Channel) error { _, err := ch.QueuePurge("node.beta.events", false); return err }, refused},
 		{"delete beta's events", func(ch *amqp.Channel) error {
 			_, err := ch.QueueDelete("node.beta.events", false, false, false)
@@ -185,10 +258,10 @@ func TestNodeCredentialPermissions(t *testing.T) {
 			return ch.QueueBind("node.alpha.events", "to.beta.#", "mesh", false, nil)
 		}, refused},
 		{"bind own queue to mesh to.beta.req.#", func(ch *amqp.Channel) error {
-			return ch.QueueBind("node.alpha.requests", "to.beta.req.#", "mesh", false, nil)
+			return ch.QueueBind(alphaQ.Name, "to.beta.req.#", "mesh", false, nil)
 		}, refused},
 		{"bind own queue to mesh to.beta.reply", func(ch *amqp.Channel) error {
-			return ch.QueueBind("node.alpha.requests", "to.beta.reply", "mesh", false, nil)
+			return ch.QueueBind(alphaQ.Name, "to.beta.reply", "mesh", false, nil)
 		}, refused},
 		{"bind own queue to mesh #", func(ch *amqp.Channel) error { return ch.QueueBind("node.alpha.events", "#", "mesh", false, nil) }, refused},
 		{"bind own queue to mesh cmd.#", func(ch *amqp.Channel) error {
@@ -218,7 +291,7 @@ func TestNodeCredentialPermissions(t *testing.T) {
 		}, refused},
 		{"delete mesh", func(ch *amqp.Channel) error { return ch.ExchangeDelete("mesh", false, false) }, refused},
 		{"delete beta's exchange", func(ch *amqp.Channel) error { return ch.ExchangeDelete("node.beta", false, false) }, refused},
-		{"publish on the default exchange", publish("", "node.beta.requests", amqp.Publishing{UserId: alphaCred.User}), refused},
+		{"publish on the default exchange", publish("", betaQ.Name, amqp.Publishing{UserId: alphaCred.User}), refused},
 		{"publish into beta's exchange", publish("node.beta", "to.beta.req.echo", amqp.Publishing{UserId: alphaCred.User}), refused},
 		{"publish with a key outside the topology", publish("mesh", "to.beta.x", amqp.Publishing{UserId: alphaCred.User}), refused},
 		// A forged origin: RabbitMQ checks user_id against the connection.
@@ -230,7 +303,7 @@ func TestNodeCredentialPermissions(t *testing.T) {
 		}
 	}
 
-	// The request alpha sent went mesh -> node.beta.requests,
+	// The request alpha sent went mesh -> beta's request queue,
 	// with alpha's user as its validated origin.
 	select {
 	case d := <-betaReqs:

@@ -92,9 +92,10 @@ func (a *Admin) DeclareMesh(ctx context.Context) error {
 // CreateGeneration creates (or, if it exists, resets) the broker user of
 // generation gen of node's credential with a new random password and no
 // tags, gives it bridge.NodePermissions for the stage allow-list on the
-// vhost, and sets its user limits (bridge.NodeLimits). The vhost must exist (DeclareMesh). The node binds its own queues
-// to mesh; an older mesh's exchange node.<n> is left to the node, which
-// deletes it once it runs with these permissions.
+// vhost, sets its user limits (bridge.NodeLimits), declares the node's
+// durable queues (DeclareNodeQueues) and deletes an older mesh's exchange
+// node.<n>. The vhost must exist (DeclareMesh). The node binds its own
+// queues to mesh.
 func (a *Admin) CreateGeneration(ctx context.Context, node string, gen int, stages []string) (Credential, error) {
 	if gen < 1 {
 		return Credential{}, fmt.Errorf("create broker user: generation %d: must be 1 or more", gen)
@@ -132,11 +133,86 @@ func (a *Admin) CreateGeneration(ctx context.Context, node string, gen int, stag
 			return Credential{}, err
 		}
 	}
+	if err := a.DeclareNodeQueues(ctx, node, stages); err != nil {
+		return Credential{}, err
+	}
+	if err := a.dropNodeExchange(ctx, node); err != nil {
+		return Credential{}, err
+	}
 	return cred, nil
 }
 
+// DeclareNodeQueues declares node's durable queues (bridge.NodeQueues)
+// and binds them to mesh: with the current permissions the node may
+// only find them. A queue that exists is kept as it is (a node of an
+// older version declared it, with arguments of its own); its binding is
+// declared again.
+func (a *Admin) DeclareNodeQueues(ctx context.Context, node string, stages []string) error {
+	specs, err := bridge.NodeQueues(node, stages)
+	if err != nil {
+		return fmt.Errorf("declare node queues: %w", err)
+	}
+	for _, q := range specs {
+		if err := a.call(ctx, "declare queue "+q.Name, func() (*http.Response, error) {
+			if _, err := a.c.GetQueue(a.vhost, q.Name); err == nil {
+				return &http.Response{Body: http.NoBody}, nil
+			}
+			typ, _ := q.Args["x-queue-type"].(string)
+			return a.c.DeclareQueue(a.vhost, q.Name, rabbithole.QueueSettings{Type: typ, Durable: true, Arguments: q.Args})
+		}); err != nil {
+			return err
+		}
+		if err := a.call(ctx, "bind queue "+q.Name, func() (*http.Response, error) {
+			return a.c.DeclareBinding(a.vhost, rabbithole.BindingInfo{Source: bridge.MeshExchange,
+				Destination: q.Name, DestinationType: "queue", RoutingKey: q.Key})
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DeleteNodeQueues deletes node's own durable queue, its event queue (a
+// stage's queues are shared with the other nodes of the stage). A queue
+// that does not exist is not an error.
+func (a *Admin) DeleteNodeQueues(ctx context.Context, node string) error {
+	specs, err := bridge.NodeQueues(node, nil)
+	if err != nil {
+		return fmt.Errorf("delete node queues: %w", err)
+	}
+	for _, q := range specs {
+		if err := a.call(ctx, "delete queue "+q.Name, func() (*http.Response, error) {
+			resp, err := a.c.DeleteQueue(a.vhost, q.Name)
+			var er rabbithole.ErrorResponse
+			if errors.As(err, &er) && er.StatusCode == http.StatusNotFound {
+				return &http.Response{Body: http.NoBody}, nil
+			}
+			return resp, err
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dropNodeExchange deletes an older mesh's exchange node.<n>, which the
+// node itself may no longer delete with the current permissions. One that
+// does not exist is not an error.
+func (a *Admin) dropNodeExchange(ctx context.Context, node string) error {
+	ex := bridge.NodeExchange(node)
+	return a.call(ctx, "delete exchange "+ex, func() (*http.Response, error) {
+		resp, err := a.c.DeleteExchange(a.vhost, ex)
+		var er rabbithole.ErrorResponse
+		if errors.As(err, &er) && er.StatusCode == http.StatusNotFound {
+			return &http.Response{Body: http.NoBody}, nil
+		}
+		return resp, err
+	})
+}
+
 // SetStages replaces the permissions of an existing generation's user for
-// a new stage allow-list.
+// a new stage allow-list, and declares the queues of the stages added
+// (DeclareNodeQueues).
 func (a *Admin) SetStages(ctx context.Context, node string, gen int, stages []string) error {
 	perms, err := bridge.NodePermissions(node, stages)
 	if err != nil {
@@ -148,10 +224,13 @@ func (a *Admin) SetStages(ctx context.Context, node string, gen int, stages []st
 	}); err != nil {
 		return err
 	}
-	return a.call(ctx, "topic permissions of "+user, func() (*http.Response, error) {
+	if err := a.call(ctx, "topic permissions of "+user, func() (*http.Response, error) {
 		return a.c.UpdateTopicPermissionsIn(a.vhost, user, rabbithole.TopicPermissions{
 			Exchange: perms.TopicExchange, Write: perms.TopicWrite, Read: perms.TopicRead})
-	})
+	}); err != nil {
+		return err
+	}
+	return a.DeclareNodeQueues(ctx, node, stages)
 }
 
 // SetLimits sets the user limits (bridge.NodeLimits) of an existing

@@ -343,6 +343,10 @@ func (c *MeshCommand) removeNode(ctx context.Context, db *meshdb.DB, name string
 			}
 			fmt.Fprintf(c.m.Stdout, "node %s: broker user of generation %d deleted\n", name, g)
 		}
+		if err := admin.DeleteNodeQueues(ctx, name); err != nil {
+			return fmt.Errorf("remove node %s: record, database roles and broker users removed, but: %w", name, err)
+		}
+		fmt.Fprintf(c.m.Stdout, "node %s: its event queue deleted\n", name)
 	}
 	c.report(fmt.Sprintf("node %s removed (record and database roles)", name), ch)
 	return nil

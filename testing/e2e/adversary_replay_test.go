@@ -131,18 +131,24 @@ func TestAdversaryReplaysThroughDeadLettering(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The only queues mallory may declare are server-named ones, and
+	// RabbitMQ lets it give them mesh as their dead-letter exchange (it
+	// may write to mesh).
 	dlx := amqp.Table{"x-dead-letter-exchange": bridge.MeshExchange}
-	for _, q := range []struct{ name, key string }{{"node.mallory.events", "evt.#"}, {"node.mallory.requests", "cmd.resize"}} {
-		if _, err := ch.QueueDeclare(q.name, false, false, false, false, dlx); err != nil {
-			t.Fatalf("mallory declares %s with a dead-letter exchange: %v", q.name, err)
+	var taps []string
+	for _, key := range []string{"evt.#", "cmd.resize"} {
+		q, err := ch.QueueDeclare("", false, true, true, false, dlx)
+		if err != nil {
+			t.Fatalf("mallory declares a queue with a dead-letter exchange: %v", err)
 		}
-		if err := ch.QueueBind(q.name, q.key, bridge.MeshExchange, false, nil); err != nil {
-			t.Fatalf("mallory binds %s with %s: %v", q.name, q.key, err)
+		if err := ch.QueueBind(q.Name, key, bridge.MeshExchange, false, nil); err != nil {
+			t.Fatalf("mallory binds %s with %s: %v", q.Name, key, err)
 		}
+		taps = append(taps, q.Name)
 	}
 	const times = 2 // replays of each message
-	eventsRejected := rejecter(t, conn, "node.mallory.events", times)
-	commandsRejected := rejecter(t, conn, "node.mallory.requests", times)
+	eventsRejected := rejecter(t, conn, taps[0], times)
+	commandsRejected := rejecter(t, conn, taps[1], times)
 
 	sender := natsConn(t, alpha)
 	const n = 10
@@ -400,5 +406,113 @@ func TestAdversaryExhaustsTheBroker(t *testing.T) {
 	}
 	if !waitFor(10*time.Second, func() bool { return len(calls()) == 1 }) {
 		t.Errorf("beta's command never reached its handler")
+	}
+}
+
+// TestAdversaryOwnExchange: mallory, a node with its own real credential
+// (mesh node add --stages resize), tries to route messages onto mesh with
+// keys its topic permissions refuse there (dead letters and retry copies
+// of a stage it was not given) through an exchange of its own, bound into
+// mesh: RabbitMQ matches permissions against names, not kinds, so every
+// name a node could configure was an exchange it could declare. Now it is
+// refused every exchange that could carry anything, of every name and
+// kind, and every queue but a server-named one and its claim queue. The controls: mallory publishes its own stage's dead
+// letters on mesh, and an event from alpha still reaches beta.
+func TestAdversaryOwnExchange(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	_, _, _, alpha, beta, malloryURL := replayMesh(t)
+	conn, err := amqp.Dial(malloryURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	verdict := func(op func(ch *amqp.Channel) error) int {
+		t.Helper()
+		code, err := meshtest.BrokerVerdict(conn, op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return code
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatalf("mallory declares a server-named queue (control): %v", err)
+	}
+	names := []string{"node.mallory.events", "node.mallory.requests", "node.mallory.replies", "node.mallory.system",
+		"node.mallory", "cmd.resize", "retry.resize", "dead.resize", own.Name, "amq.gen-mallory", "mallory"}
+	for _, name := range names {
+		for _, kind := range []string{"fanout", "direct", "topic", "headers"} {
+			if code := verdict(func(ch *amqp.Channel) error {
+				return ch.ExchangeDeclare(name, kind, false, true, false, false, amqp.Table{"alternate-exchange": bridge.MeshExchange})
+			}); code != amqp.AccessRefused {
+				t.Errorf("mallory declares %s exchange %q: code %d, want %d (access refused)", kind, name, code, amqp.AccessRefused)
+			}
+		}
+		if name == own.Name {
+			continue
+		}
+		if code := verdict(func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare(name, false, true, true, false, nil)
+			return err
+		}); code != amqp.AccessRefused {
+			t.Errorf("mallory declares queue %q: code %d, want %d (access refused)", name, code, amqp.AccessRefused)
+		}
+	}
+	// The one name mallory may configure besides server-named queues is
+	// its claim queue's: an exchange of that name can be declared, but
+	// neither bound into mesh nor published into.
+	if code := verdict(func(ch *amqp.Channel) error {
+		return ch.ExchangeDeclare("node.mallory.claim", "fanout", false, true, false, false, nil)
+	}); code != 0 {
+		t.Errorf("mallory declares an exchange of its claim queue's name: code %d, want 0", code)
+	}
+	if code := verdict(func(ch *amqp.Channel) error {
+		return ch.ExchangeBind(bridge.MeshExchange, "#", "node.mallory.claim", false, nil)
+	}); code != amqp.AccessRefused {
+		t.Errorf("mallory binds node.mallory.claim into mesh: code %d, want %d (access refused)", code, amqp.AccessRefused)
+	}
+	if code := verdict(func(ch *amqp.Channel) error {
+		return ch.PublishWithContext(context.Background(), "node.mallory.claim", "dead.other", false, false, amqp.Publishing{Body: []byte("planted")})
+	}); code != amqp.AccessRefused {
+		t.Errorf("mallory publishes into node.mallory.claim: code %d, want %d (access refused)", code, amqp.AccessRefused)
+	}
+	// Straight onto mesh, its topic permissions decide.
+	pub := func(key string) func(ch *amqp.Channel) error {
+		return func(ch *amqp.Channel) error {
+			return ch.PublishWithContext(context.Background(), bridge.MeshExchange, key, false, false, amqp.Publishing{Body: []byte("planted")})
+		}
+	}
+	for _, key := range []string{"dead.other", "retry.other"} {
+		if code := verdict(pub(key)); code != amqp.AccessRefused {
+			t.Errorf("mallory publishes %s on mesh: code %d, want %d (access refused)", key, code, amqp.AccessRefused)
+		}
+	}
+	if code := verdict(pub("dead.resize")); code != 0 {
+		t.Errorf("mallory publishes its own stage's dead letter on mesh (control): code %d, want 0", code)
+	}
+
+	listener := natsConn(t, beta)
+	got := make(chan string, 4)
+	if _, err := listener.Subscribe("evt.own-exchange", func(m *nats.Msg) { got <- string(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, listener)
+	sender := natsConn(t, alpha)
+	if !waitFor(20*time.Second, func() bool {
+		_ = sender.Publish("evt.own-exchange", []byte("hello"))
+		select {
+		case <-got:
+			return true
+		case <-time.After(500 * time.Millisecond):
+			return false
+		}
+	}) {
+		t.Error("control: alpha's event never reached beta")
 	}
 }

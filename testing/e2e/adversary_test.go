@@ -243,13 +243,14 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := gch.QueueDeclare("node.gamma.requests", false, true, true, false, nil); err != nil {
+	gammaQ, err := gch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
 		t.Fatalf("gamma declares its request queue: %v", err)
 	}
-	if err := gch.QueueBind("node.gamma.requests", "to.gamma.req.#", "mesh", false, nil); err != nil {
+	if err := gch.QueueBind(gammaQ.Name, "to.gamma.req.#", "mesh", false, nil); err != nil {
 		t.Fatalf("gamma binds its request queue: %v", err)
 	}
-	gammaReqs, err := gch.Consume("node.gamma.requests", "", true, true, false, false, nil)
+	gammaReqs, err := gch.Consume(gammaQ.Name, "", true, true, false, false, nil)
 	if err != nil {
 		t.Fatalf("gamma consumes its requests: %v", err)
 	}
@@ -351,15 +352,23 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 			t.Errorf("declare %s with beta's credential while alpha is offline: code %d, want %d", q, code, amqp.AccessRefused)
 		}
 	}
+	ownCh, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := ownCh.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatalf("beta declares a server-named queue: %v", err)
+	}
 	for _, key := range []string{"to.alpha.req.#", "to.alpha.reply", "to.alpha.#"} {
 		if code := refused(func(ch *amqp.Channel) error {
-			return ch.QueueBind("node.beta.requests", key, "mesh", false, nil)
+			return ch.QueueBind(own.Name, key, "mesh", false, nil)
 		}); code != amqp.AccessRefused {
 			t.Errorf("bind beta's queue to mesh with %s: code %d, want %d", key, code, amqp.AccessRefused)
 		}
 	}
 	if code := refused(func(ch *amqp.Channel) error {
-		return ch.QueueBind("node.beta.requests", "to.alpha.req.#", "node.alpha", false, nil)
+		return ch.QueueBind(own.Name, "to.alpha.req.#", "node.alpha", false, nil)
 	}); code != amqp.AccessRefused {
 		t.Errorf("bind beta's queue to an exchange of alpha's name: code %d, want %d", code, amqp.AccessRefused)
 	}
