@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/cache"
 )
 
@@ -27,7 +26,9 @@ Commands (work with the node stopped; the file is opened read-only):
   diff A B [--json]              what changed from revision A to revision B
   verify                         check the file's pages and every snapshot's hash
 
---data defaults to MESHBOX_DATA or the node's default data directory.
+The node's data directory is found as meshbox run configures it (--data,
+--env-file, --config, the environment; default: its env file, as meshbox
+join writes it).
 `
 
 // Run dispatches `meshbox cache ...`.
@@ -42,7 +43,7 @@ func (c *CacheCommand) Run(ctx context.Context, args []string) error {
 	}
 	sub, args := args[0], args[1:]
 	fs := c.m.newFlagSet("cache "+sub, "cache "+sub+" [--data DIR] [flags]")
-	data := fs.String("data", c.m.envOr("MESHBOX_DATA", appliance.DefaultDataDir()), "data directory (env MESHBOX_DATA)")
+	c.m.nodeFlags(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
 	rev := fs.Int64("revision", 0, "show: this revision instead of the newest")
 	reveal := fs.Bool("reveal", false, "show: print credentials, passwords and secret-looking values as they are")
@@ -62,7 +63,11 @@ func (c *CacheCommand) Run(ctx context.Context, args []string) error {
 	if len(pos) != want {
 		return usagef("cache %s: want %d arguments, got %d", sub, want, len(pos))
 	}
-	path := filepath.Join(*data, "cache.db")
+	data, err := c.m.dataDir()
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(data, "cache.db")
 	store, err := cache.Open(path, cache.StoreOptions{ReadOnly: true, LockTimeout: 500 * time.Millisecond})
 	if err != nil {
 		var locked *cache.LockedError

@@ -20,59 +20,189 @@ import (
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/cmd/meshbox/doctor"
 	"github.com/nats-io/nats.go"
 )
 
-// defaultServer is the local node's NATS address.
-const defaultServer = "nats://" + appliance.DefaultNATS
+// A client command (status, call, program, dlq, ...) talks to a running
+// node: it finds the node the way `meshbox run` configures it, with the
+// same loader (appliance.LoadConfig: defaults, --config, the env file, the
+// environment, --data), so that a node set up by `meshbox join` (its
+// address and data directory in its env file) is found as it runs. The
+// node's address is --server, else MESHBOX_SERVER, else where the loaded
+// configuration has it listen; its credential is --creds, else
+// MESHBOX_CREDS, else the administrative credential in its data directory,
+// presented only to that node.
 
-// serverFlag adds --server (defaulting to MESHBOX_SERVER) and --creds to
-// fs: where the local node is and the credential to reach it with.
+// clientFlags are the flags of a command that talks to a running node.
+type clientFlags struct {
+	server, data, envFile, config *string
+	fs                            *flag.FlagSet
+
+	loaded bool
+	cfg    appliance.Config
+	err    error
+}
+
+// serverFlag adds the flags that say which node to talk to and how to
+// reach it (--server, --creds, --data, --env-file, --config) to fs and
+// returns --server's value: "" for the node the configuration names
+// (resolved by connectNode).
 func (m *Main) serverFlag(fs *flag.FlagSet) *string {
 	fs.StringVar(&m.creds, "creds", m.Getenv("MESHBOX_CREDS"),
-		"credential file (an nkey seed) for the node's NATS server (env MESHBOX_CREDS; default: "+programs.AdminFile+" in the data directory, MESHBOX_DATA, when readable)")
-	return fs.String("server", m.envOr("MESHBOX_SERVER", defaultServer), "NATS URL of the local node (env MESHBOX_SERVER)")
+		"credential file (an nkey seed) for the node's NATS server (env MESHBOX_CREDS; default: "+programs.AdminFile+" in the node's data directory, when readable)")
+	m.nodeFlags(fs)
+	m.client.server = fs.String("server", m.Getenv("MESHBOX_SERVER"), "NATS URL of the node (env MESHBOX_SERVER; default: the address its configuration has it listen on)")
+	return m.client.server
 }
 
-// credsFile is the credential the CLI connects with: --creds, else the
-// node's administrative credential in the data directory when this user
-// can read it, else none (a standalone node lets anyone in).
-func (m *Main) credsFile() string {
-	if m.creds != "" {
-		return m.creds
+// nodeFlags adds the flags that say which node's configuration a command
+// works with (--data, --env-file, --config) to fs; nodeConfig and dataDir
+// read them.
+func (m *Main) nodeFlags(fs *flag.FlagSet) {
+	empty := ""
+	m.client = &clientFlags{
+		fs:      fs,
+		server:  &empty,
+		data:    fs.String("data", "", "the node's data directory (env MESHBOX_DATA; default: from its configuration)"),
+		envFile: fs.String("env-file", "", "read the node's MESHBOX_* variables from this file first (default: "+appliance.DefaultEnvFile()+" if it exists, as written by meshbox join)"),
+		config:  fs.String("config", "", "the node's JSON config file (env MESHBOX_CONFIG)"),
 	}
-	dir := m.envOr("MESHBOX_DATA", appliance.DefaultDataDir())
-	path := filepath.Join(dir, programs.AdminFile)
+}
+
+// nodeConfig is the configuration of the node a client command talks to,
+// loaded once.
+func (m *Main) nodeConfig() (appliance.Config, error) {
+	c := m.client
+	if c == nil {
+		return appliance.LoadConfig(appliance.ConfigSources{EnvFile: appliance.ExistingDefaultEnvFile(), Getenv: m.Getenv})
+	}
+	if !c.loaded {
+		c.loaded = true
+		env := *c.envFile
+		if env == "" {
+			env = appliance.ExistingDefaultEnvFile()
+		}
+		flags := map[string]string{}
+		if *c.data != "" {
+			flags["data"] = *c.data
+		}
+		c.cfg, c.err = appliance.LoadConfig(appliance.ConfigSources{File: *c.config, EnvFile: env, Getenv: m.Getenv, Flags: flags})
+		if c.err != nil {
+			c.err = fmt.Errorf("the node's configuration: %w", c.err)
+		}
+	}
+	return c.cfg, c.err
+}
+
+// dataDir is the data directory of the node a client command works on.
+func (m *Main) dataDir() (string, error) {
+	cfg, err := m.nodeConfig()
+	if err != nil {
+		return "", err
+	}
+	return cfg.DataDir, nil
+}
+
+// nodeTarget is a node to connect to: its NATS URL and the credential
+// file to present ("" for none).
+type nodeTarget struct {
+	url, creds string
+	implicit   bool // creds were picked from the data directory, not given
+}
+
+// target resolves the node to talk to: url as given (--server or
+// MESHBOX_SERVER), else the configuration's listen address. The data
+// directory's administrative credential goes only to the node that
+// directory belongs to: the configuration's address, or any address when
+// --data or --env-file names the node.
+func (m *Main) target(url string) (nodeTarget, error) {
+	if m.client == nil && url != "" { // doctor: url and m.creds are its own
+		return nodeTarget{url: url, creds: m.creds}, nil
+	}
+	cfg, err := m.nodeConfig()
+	if err != nil {
+		return nodeTarget{}, err
+	}
+	own := "nats://" + doctor.ConnectAddr(cfg.NATS)
+	t := nodeTarget{url: url, creds: m.creds}
+	if t.url == "" {
+		t.url = own
+	}
+	if t.creds != "" {
+		return t, nil
+	}
+	named := m.client != nil && (*m.client.data != "" || *m.client.envFile != "")
+	if !named && !sameNATS(t.url, own) {
+		return t, nil
+	}
+	path := filepath.Join(cfg.DataDir, programs.AdminFile)
 	if f, err := os.Open(path); err == nil {
 		f.Close()
-		return path
+		t.creds, t.implicit = path, true
 	}
-	return ""
+	return t, nil
 }
 
-// connectNode connects to the local node's NATS server, failing fast.
+// sameNATS reports whether two NATS URLs name the same host and port.
+func sameNATS(a, b string) bool {
+	norm := func(u string) string {
+		u = strings.TrimPrefix(strings.TrimPrefix(u, "nats://"), "tls://")
+		if i := strings.LastIndex(u, "@"); i >= 0 {
+			u = u[i+1:]
+		}
+		return doctor.ConnectAddr(strings.Replace(u, "localhost", "127.0.0.1", 1))
+	}
+	return norm(a) == norm(b)
+}
+
+// connectNode connects to the node at url ("" for the one the
+// configuration names), failing fast.
 func (m *Main) connectNode(url string) (*nats.Conn, error) {
+	t, err := m.target(url)
+	if err != nil {
+		return nil, err
+	}
 	opts := []nats.Option{
 		nats.Name("meshbox-cli"),
 		nats.Timeout(2 * time.Second),
 		nats.NoReconnect(),
 	}
-	if creds := m.credsFile(); creds != "" {
-		key, err := programs.LoadKey(creds)
+	var pub string
+	if t.creds != "" {
+		key, err := programs.LoadKey(t.creds)
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, nats.Nkey(key.Public(), key.Sign))
+		pub = key.Public()
+		opts = append(opts, nats.Nkey(pub, key.Sign))
 	}
-	nc, err := nats.Connect(url, opts...)
+	nc, err := nats.Connect(t.url, opts...)
 	if err != nil {
 		hint := ""
 		if errors.Is(err, nats.ErrAuthorization) {
-			hint = " (the node wants a credential: --creds FILE, or run as a user who can read " + programs.AdminFile + " in the node's data directory)"
+			if t.creds == "" {
+				hint = " (the node wants a credential: --creds FILE, or --data DIR of that node, or run as a user who can read " + programs.AdminFile + " in its data directory)"
+			} else {
+				how := "given with --creds or MESHBOX_CREDS"
+				if t.implicit {
+					how = "from the data directory"
+				}
+				hint = fmt.Sprintf(" (it refused the credential %s, %s, public key %s: is it that node's? --creds FILE or --data DIR names another)", t.creds, how, pub)
+			}
 		}
-		return nil, fmt.Errorf("cannot reach the node at %s: %v%s", appliance.RedactURL(url), err, hint)
+		return nil, fmt.Errorf("cannot reach the node at %s: %w%s", appliance.RedactURL(t.url), err, hint)
 	}
 	return nc, nil
+}
+
+// serverURL is the URL a client command reaches the node at, for what it
+// prints.
+func (m *Main) serverURL(url string) string {
+	if t, err := m.target(url); err == nil {
+		return t.url
+	}
+	return url
 }
 
 // nodeStatus asks the node at url for its status. raw is the JSON as the

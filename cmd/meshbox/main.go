@@ -81,7 +81,8 @@ type Main struct {
 	Stderr io.Writer
 	Getenv func(string) string
 
-	creds string // --creds of the command that runs (see serverFlag)
+	creds  string       // --creds of the command that runs (see serverFlag)
+	client *clientFlags // the flags naming the node a client command talks to (serverFlag)
 }
 
 // NewMain returns a Main on the process's streams and environment.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/blobs"
 	"github.com/meshbox/meshbox/appliance/programs"
+	"github.com/nats-io/nats.go"
 )
 
 // ProgramCommand manages the credentials of the node's local programs
@@ -40,8 +40,9 @@ capabilities it hosts (cap.CAP) and the stages it serves (work.STAGE).
 A program connects with its credential file as an nkey seed and its own
 reply inbox: nats --nkey FILE --inbox-prefix _INBOX.NAME ...
 
---data defaults to MESHBOX_DATA or the node's default data directory; the
-running node (--server, default from MESHBOX_NATS) is told of each change.
+The node is found as meshbox run configures it (--data, --env-file,
+--config, the environment; default: its env file, as meshbox join writes
+it); the running node is told of each change.
 `
 
 // Run dispatches `meshbox program ...`.
@@ -56,9 +57,7 @@ func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
 	}
 	sub, args := args[0], args[1:]
 	fs := c.m.newFlagSet("program "+sub, "program "+sub+" [--data DIR] [flags]")
-	data := fs.String("data", c.m.envOr("MESHBOX_DATA", appliance.DefaultDataDir()), "data directory (env MESHBOX_DATA)")
-	server := fs.String("server", c.m.envOr("MESHBOX_SERVER", "nats://"+c.m.envOr("MESHBOX_NATS", appliance.DefaultNATS)),
-		"NATS URL of the running node, told of changes (env MESHBOX_SERVER)")
+	server := c.m.serverFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
 	var p programs.Program
 	want := 1
@@ -93,7 +92,12 @@ func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
 	if len(pos) != want {
 		return usagef("program %s: want %d arguments, got %d", sub, want, len(pos))
 	}
-	store, err := programs.Open(programs.Dir(*data))
+	dir, err := c.m.dataDir()
+	if err != nil {
+		return err
+	}
+	data := &dir
+	store, err := programs.Open(programs.Dir(dir))
 	if err != nil {
 		return err
 	}
@@ -105,7 +109,7 @@ func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
 			return err
 		}
 		fmt.Fprintf(c.m.Stdout, "program %s: credential %s\n", p.Name, path)
-		fmt.Fprintf(c.m.Stdout, "connect with: nats --server %s --nkey %s --inbox-prefix %s ...\n", *server, path, p.InboxPrefix())
+		fmt.Fprintf(c.m.Stdout, "connect with: nats --server %s --nkey %s --inbox-prefix %s ...\n", c.m.serverURL(*server), path, p.InboxPrefix())
 		return c.tellNode(ctx, *server, *data)
 	case "remove":
 		if err := store.Remove(pos[0]); err != nil {
@@ -177,14 +181,16 @@ func (c *ProgramCommand) printPrograms(progs []programs.Program, store *programs
 // tellNode asks the node running on data to apply its programs now. A node
 // that is not running applies them when it starts.
 func (c *ProgramCommand) tellNode(ctx context.Context, server, data string) error {
-	if c.m.creds == "" {
-		c.m.creds = filepath.Join(data, programs.AdminFile)
-	}
+	url := c.m.serverURL(server)
 	nc, err := c.m.connectNode(server)
-	if err != nil {
-		fmt.Fprintf(c.m.Stdout, "no node answers at %s: the change applies when the node starts\n", appliance.RedactURL(server))
+	if errors.Is(err, nats.ErrNoServers) {
+		fmt.Fprintf(c.m.Stdout, "no node listens at %s (data directory %s): the change applies when the node starts\n", appliance.RedactURL(url), data)
 		return nil
 	}
+	if err != nil {
+		return fmt.Errorf("saved in %s, but the running node was not told: %w", data, err)
+	}
+	server = url
 	defer nc.Close()
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
