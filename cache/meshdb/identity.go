@@ -58,6 +58,19 @@ func (db *DB) NodeExists(ctx context.Context, name string) (bool, error) {
 	return ok, nil
 }
 
+// NodeHasIdentity reports whether node name is recorded and whether it
+// has an identity of its own (a database role: it was added with one).
+// A node recorded without one (by init, or --record-only) gets it from
+// AddNodeIdentity.
+func (db *DB) NodeHasIdentity(ctx context.Context, name string) (exists, identity bool, err error) {
+	err = db.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM nodes WHERE name = $1),
+		EXISTS (SELECT 1 FROM node_roles WHERE node = $1)`, name).Scan(&exists, &identity)
+	if err != nil {
+		return false, false, db.wrap("find node", err)
+	}
+	return exists, identity, nil
+}
+
 // NodeStages returns the stage allow-list of a node, or *NotFoundError.
 func (db *DB) NodeStages(ctx context.Context, name string) ([]string, error) {
 	var stages []string
@@ -101,7 +114,13 @@ func (db *DB) AddNodeIdentity(ctx context.Context, adminURL string, n NewNode) (
 	}
 	var out AddedNode
 	out.Change, err = db.change(ctx, "add node", func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `INSERT INTO nodes (name, public_name, identity, stages) VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING`,
+		// A node recorded without an identity of its own (by init, or
+		// --record-only) gets one, with the stages given; one that has an
+		// identity exists.
+		tag, err := tx.Exec(ctx, `INSERT INTO nodes (name, public_name, identity, stages) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (name) DO UPDATE SET stages = EXCLUDED.stages,
+				public_name = CASE WHEN EXCLUDED.public_name <> '' THEN EXCLUDED.public_name ELSE nodes.public_name END
+			WHERE NOT EXISTS (SELECT 1 FROM node_roles r WHERE r.node = nodes.name)`,
 			node, n.Record.PublicName, n.Record.Identity, stages)
 		if err != nil {
 			return err

@@ -169,12 +169,15 @@ func (c *MeshCommand) report(what string, ch meshdb.Change) {
 	}
 }
 
+// adminFlag adds --broker-admin to fs.
+func (m *Main) adminFlag(fs *flag.FlagSet) *string {
+	return fs.String("broker-admin", m.envOr("MESHBOX_BROKER_ADMIN", ""),
+		"broker management API with the admin credential, http(s)://USER:PASSWORD@host:15672 (env MESHBOX_BROKER_ADMIN); never stored")
+}
+
 func (c *MeshCommand) leaves() []meshLeaf {
 	out := c.m.Stdout
-	adminFlag := func(fs *flag.FlagSet) *string {
-		return fs.String("broker-admin", c.m.envOr("MESHBOX_BROKER_ADMIN", ""),
-			"broker management API with the admin credential, http(s)://USER:PASSWORD@host:15672 (env MESHBOX_BROKER_ADMIN); never stored")
-	}
+	adminFlag := c.m.adminFlag
 	return []meshLeaf{
 		{name: "node add", args: []string{"NAME"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
 			public := fs.String("public-name", "", "public (DNS) name")

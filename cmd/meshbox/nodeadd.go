@@ -25,12 +25,15 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 	if err := cache.ValidateNodeName(rec.Name); err != nil {
 		return fmt.Errorf("add node: %w", err)
 	}
-	exists, err := db.NodeExists(ctx, rec.Name)
+	exists, identity, err := db.NodeHasIdentity(ctx, rec.Name)
 	if err != nil {
 		return fmt.Errorf("add node: %w", err)
 	}
+	if identity {
+		return fmt.Errorf("add node: %w (meshbox mesh node rejoin %s gives it a new join token)", &meshdb.ExistsError{What: fmt.Sprintf("node %q", rec.Name)}, rec.Name)
+	}
 	if exists {
-		return fmt.Errorf("add node: %w", &meshdb.ExistsError{What: fmt.Sprintf("node %q", rec.Name)})
+		fmt.Fprintf(out, "node %s: recorded without a credential of its own; giving it one\n", rec.Name)
 	}
 	brokerURL, err := db.Setting(ctx, meshdb.SettingBrokerURL)
 	if err != nil {

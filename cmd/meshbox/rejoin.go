@@ -30,7 +30,7 @@ func (c *MeshCommand) rejoin(ctx context.Context, db *meshdb.DB, name, adminURL 
 		return fmt.Errorf("rejoin: %w", err)
 	}
 	if len(targets) == 0 {
-		return fmt.Errorf("rejoin: node %q has no broker credential (it was added with --record-only): remove it and add it with meshbox mesh node add", name)
+		return fmt.Errorf("rejoin: node %q has no credential of its own yet (recorded by init or --record-only): meshbox mesh node add %s gives it one", name, name)
 	}
 	t := targets[0]
 	admin, err := c.connectAdmin(ctx, db, adminURL)

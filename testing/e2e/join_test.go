@@ -39,7 +39,7 @@ func TestNodeAddJoinRun(t *testing.T) {
 	}
 	// Node roles are cluster-wide: drop them before the database goes.
 	t.Cleanup(func() {
-		for _, n := range []string{"hall", "cellar", "late"} {
+		for _, n := range []string{"alpha", "hall", "cellar", "late"} {
 			_, _, _ = cliEnv(t, []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}, "mesh", "node", "remove", n, "--force")
 		}
 	})
@@ -58,7 +58,6 @@ func TestNodeAddJoinRun(t *testing.T) {
 			"401: wrong admin user or password"},
 		{"no management API listening", []string{"MESHBOX_DB=" + db},
 			[]string{"cellar", "--broker-admin", "http://guest:guest@127.0.0.1:" + strconv.Itoa(meshtest.ClosedPort(t))}, "rabbitmq_management plugin"},
-		{"existing node", admin, []string{"alpha"}, `node "alpha" already exists`},
 		{"bad stage", admin, []string{"cellar", "--stages", "a b"}, "stage name"},
 		{"token without a lifetime", admin, []string{"cellar", "--ttl", "0s"}, "--ttl 0s: must be more than 0"},
 		{"token with a negative lifetime", admin, []string{"cellar", "--ttl", "-1h"}, "--ttl -1h0m0s: must be more than 0"},
@@ -80,6 +79,18 @@ func TestNodeAddJoinRun(t *testing.T) {
 	code, out, errOut := cliEnv(t, admin, "mesh", "node", "add", "hall")
 	if code != 0 {
 		t.Fatalf("mesh node add hall: exit %d: %s%s", code, out, errOut)
+	}
+	// A node with its own credential exists; the first node init recorded
+	// without one gets one from node add, like any other node.
+	if code, _, errOut := cliEnv(t, admin, "mesh", "node", "add", "hall"); code == 0 ||
+		!strings.Contains(errOut, `node "hall" already exists`) || !strings.Contains(errOut, "meshbox mesh node rejoin hall") {
+		t.Errorf("node add of an existing node: exit %d, stderr %q; want it exists, and rejoin for a new token", code, errOut)
+	}
+	if code, out, errOut := cliEnv(t, admin, "mesh", "node", "add", "alpha"); code != 0 ||
+		!strings.Contains(out, "alpha: recorded without a credential of its own; giving it one") {
+		t.Errorf("node add of init's first node: exit %d: %s%s; want it given a credential", code, out, errOut)
+	} else {
+		joinToken(t, out)
 	}
 	hallEnv := filepath.Join(t.TempDir(), "hall.env")
 	if code, out, errOut := cli(t, "join", joinToken(t, out), "--env-file", hallEnv); code != 0 {

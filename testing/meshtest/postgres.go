@@ -363,3 +363,20 @@ func (p *PG) Dump(tb testing.TB, dsn string, args ...string) string {
 	}
 	return out.String()
 }
+
+// Exec runs one SQL statement on the server as superuser postgres, as an
+// operator's psql would (a statement such as CREATE DATABASE cannot run
+// inside a transaction).
+func (p *PG) Exec(tb testing.TB, sql string) {
+	tb.Helper()
+	if err := p.exec(sql); err != nil {
+		tb.Fatalf("meshtest: %s: %v", sql, err)
+	}
+}
+
+// ExecContext runs one SQL statement as superuser postgres and returns its
+// error (for cleanups that must not fail a test).
+func (p *PG) ExecContext(ctx context.Context, sql string) error {
+	_ = ctx
+	return p.exec(sql)
+}

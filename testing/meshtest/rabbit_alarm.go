@@ -68,3 +68,18 @@ func (r *Rabbit) ctlOutput(args ...string) (string, error) {
 	}
 	return string(out), nil
 }
+
+// Ctl runs rabbitmqctl against this broker (as an operator would with
+// sudo rabbitmqctl) and returns what it printed.
+func (r *Rabbit) Ctl(tb testing.TB, args ...string) string {
+	tb.Helper()
+	out, err := r.ctlOutput(args...)
+	if err != nil {
+		tb.Fatalf("meshtest: %v", err)
+	}
+	return out
+}
+
+// CtlOutput runs rabbitmqctl against this broker and returns what it
+// printed and its error (for cleanups that must not fail a test).
+func (r *Rabbit) CtlOutput(args ...string) (string, error) { return r.ctlOutput(args...) }
