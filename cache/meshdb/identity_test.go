@@ -212,10 +212,24 @@ func TestJoinTokenOnceAndExpiring(t *testing.T) {
 	}
 }
 
+// TestAddNodeIdentityRefusesExistingNode: the node init recorded without
+// an identity of its own gets one (a role, a credential, a join token);
+// a node that has one is refused, and nothing changes.
 func TestAddNodeIdentityRefusesExistingNode(t *testing.T) {
 	db, url := initMesh(t)
+	ctx := context.Background()
+	if exists, identity, err := db.NodeHasIdentity(ctx, "n1"); err != nil || !exists || identity {
+		t.Fatalf("init's first node: exists %v, identity %v, %v; want recorded without an identity", exists, identity, err)
+	}
+	first := addNode(t, db, url, "n1", time.Hour)
+	if first.Role == "" || first.Token.Node != "n1" {
+		t.Fatalf("identity for init's first node: %+v", first)
+	}
+	if exists, identity, err := db.NodeHasIdentity(ctx, "n1"); err != nil || !exists || !identity {
+		t.Fatalf("after node add: exists %v, identity %v, %v; want an identity", exists, identity, err)
+	}
 	before := revision(t, db)
-	_, err := db.AddNodeIdentity(context.Background(), url, meshdb.NewNode{
+	_, err := db.AddNodeIdentity(ctx, url, meshdb.NewNode{
 		Record: cache.NodeRecord{Name: "n1"},
 		Broker: meshdb.BrokerCredential{Generation: 1, User: "node.n1.g1", Password: "x"},
 	})
