@@ -181,14 +181,22 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 
 // newLogger builds the process's slog logger. It is the one place that
 // chooses a handler; secrets are hidden before anything is written.
-func newLogger(w io.Writer, level, format string) *slog.Logger {
+// Under systemd, each record carries its syslog priority for journald
+// (journal: systemd.go).
+func newLogger(w io.Writer, level, format string, journal bool) *slog.Logger {
 	var lv slog.Level
 	_ = lv.UnmarshalText([]byte(level)) // validated with the config; info otherwise
 	opts := &slog.HandlerOptions{Level: lv}
-	if format == "json" {
-		return slog.New(redact.NewHandler(slog.NewJSONHandler(w, opts)))
+	inner := func(w io.Writer) slog.Handler {
+		if format == "json" {
+			return slog.NewJSONHandler(w, opts)
+		}
+		return slog.NewTextHandler(w, opts)
 	}
-	return slog.New(redact.NewHandler(slog.NewTextHandler(w, opts)))
+	if journal {
+		return slog.New(redact.NewHandler(newPriorityHandler(w, inner)))
+	}
+	return slog.New(redact.NewHandler(inner(w)))
 }
 
 // newFlagSet returns a flag set that reports errors instead of exiting and

@@ -22,7 +22,7 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	logger := newLogger(c.m.Stderr, cfg.Log.Level, cfg.Log.Format)
+	logger := newLogger(c.m.Stderr, cfg.Log.Level, cfg.Log.Format, underJournal(c.m.Getenv, c.m.Stderr))
 	a, err := appliance.New(cfg, logger)
 	if err != nil {
 		return err
@@ -35,6 +35,9 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 		return fmt.Errorf("start: %w", err)
 	}
 	a.Logger().Info("node ready", "nats", a.NATSURL(), "http", a.HTTPURL(), "data", cfg.DataDir, "version", appliance.Build().Version)
+	if err := sdNotify(c.m.Getenv, "READY=1"); err != nil {
+		a.Logger().Warn("cannot tell systemd the node is ready (NOTIFY_SOCKET)", "err", err)
+	}
 
 	var runErr error
 	select {
@@ -43,6 +46,7 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 	case runErr = <-a.Fatal():
 		a.Logger().Error("stopping on a fatal error", "err", runErr)
 	}
+	_ = sdNotify(c.m.Getenv, "STOPPING=1")
 	if err := a.Close(); err != nil {
 		return errors.Join(runErr, fmt.Errorf("stop: %w", err))
 	}

@@ -238,7 +238,8 @@ func checkUnit(t *testing.T, root string) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"\nExecStart=/usr/bin/meshbox run\n", "\nEnvironmentFile=-/etc/meshbox/meshbox.env\n",
-		"\nStateDirectory=meshbox\n", "\nEnvironment=MESHBOX_DATA=/var/lib/meshbox\n"} {
+		"\nStateDirectory=meshbox\n", "\nEnvironment=MESHBOX_DATA=/var/lib/meshbox\n",
+		"\nType=notify\n", "\nNotifyAccess=main\n"} {
 		if !strings.Contains(string(unit), want) {
 			t.Errorf("meshbox.service lacks %q", strings.TrimSpace(want))
 		}
