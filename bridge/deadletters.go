@@ -327,6 +327,10 @@ func (b *Bridge) deadRemoved(stage string, n int) {
 // publisher is the node that dead-lettered it), its routing key the
 // stage's. It returns nil and why when it cannot be read or opened.
 func (b *Bridge) openDead(stage string, d *amqp.Delivery) (*envelope, string) {
+	if err := checkDeadLetter(stage, d); err != nil {
+		b.replayRefused(asReplay(err), originOf(d))
+		return nil, err.Error()
+	}
 	orig := *d
 	orig.UserId = ""
 	orig.Redelivered = false

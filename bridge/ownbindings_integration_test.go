@@ -2,6 +2,7 @@ package bridge_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -104,16 +105,16 @@ func TestOwnQueuesBoundToMesh(t *testing.T) {
 	}
 
 	// gamma may not delete its older exchange (its permissions give it no
-	// exchange at all); the admin does when it makes a generation.
+	// exchange at all); the admin does once it runs on them (rotate).
 	ch := amqpChannel(t, guest)
 	if err := ch.ExchangeDeclarePassive("node.gamma", "topic", true, false, false, false, nil); err != nil {
 		t.Fatalf("passive declare of node.gamma: %v, want it left in place by gamma", err)
 	}
-	if _, err := admin.CreateGeneration(context.Background(), "gamma", 2, []string{bridge.AllStages}); err != nil {
+	if err := admin.DropNodeExchange(context.Background(), "gamma"); err != nil {
 		t.Fatal(err)
 	}
 	if err := ch.ExchangeDeclarePassive("node.gamma", "topic", true, false, false, false, nil); err == nil {
-		t.Error("the admin made gamma's next generation and left its older exchange node.gamma in place")
+		t.Error("the admin left gamma's older exchange node.gamma in place")
 	} else if ae, ok := err.(*amqp.Error); !ok || ae.Code != amqp.NotFound {
 		t.Fatalf("passive declare of node.gamma: %v, want 404", err)
 	}
@@ -156,5 +157,24 @@ func TestOwnQueuesBoundToMesh(t *testing.T) {
 	}
 	if w := gamma.b.Status().Warnings; len(w) != 0 {
 		t.Errorf("gamma's status warnings: %q, want none", w)
+	}
+}
+
+// A queue named like a node's claim queue, shared (not exclusive), which
+// anyone holding the node's credential could declare, does not keep the
+// node out: the node deletes it and takes its claim. A second process
+// with the same credential is still refused.
+func TestClaimSquatCleared(t *testing.T) {
+	admin, urlOf := perNodeMesh(t)
+	cred := generation(t, admin, "alpha", 1)
+	squat := amqpChannel(t, urlOf(cred))
+	if _, err := squat.QueueDeclare("node.alpha.claim", true, false, false, false, nil); err != nil {
+		t.Fatalf("declare a shared claim queue with alpha's credential: %v", err)
+	}
+	alpha := newNode(t, "alpha", urlOf(cred), nil)
+	alpha.waitConnected(t)
+	twin := buildNode(t, "alpha", urlOf(cred), nil)
+	if err := twin.b.Start(t.Context()); !errors.Is(err, bridge.ErrNodeNameInUse) {
+		t.Errorf("a second process with alpha's credential: %v, want ErrNodeNameInUse", err)
 	}
 }

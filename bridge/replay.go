@@ -41,6 +41,7 @@ const (
 	replayDeadLettered = "dead_lettered" // came back through a dead-letter exchange other than a stage's retry queue
 	replayDuplicate    = "duplicate"     // an event this node accepted already
 	replayExpired      = "expired"       // an event sealed longer ago than the window, or before what this node still remembers
+	replayMisrouted    = "misrouted"     // reached its queue through a key it was not published with (CC, BCC) or through another queue's dead-letter key
 )
 
 const (
@@ -77,7 +78,24 @@ func asReplay(err error) *replayError {
 // checkDeaths refuses a delivery of kind that the broker dead-lettered
 // anywhere but where meshbox's own topology does (see above). routingKey
 // and h are the delivery's.
+//
+// A delivery carrying a CC header is refused too: meshbox never sets one,
+// and RabbitMQ 3.10 checks a publisher's topic permissions only on the
+// routing key, not on the keys of CC and BCC (measured: a node allowed
+// stage resize put messages in dead.other and retry.other with CC, and
+// with BCC, which the broker removes, in dead.other under key evt.x). A
+// BCC leaves no header; it shows in x-death's routing-keys, which must be
+// the retry queue's own key (retryDeaths), and in a dead letter's key
+// (checkDeadLetter).
 func checkDeaths(kind, routingKey string, h amqp.Table) error {
+	shape := kind
+	if kind == typeCommandBatch {
+		shape = typeCommand
+	}
+	if hasHeader(h, "CC") || hasHeader(h, "BCC") {
+		return &replayError{shape: shape, reason: replayMisrouted,
+			detail: fmt.Sprintf("a %s with key %s carries CC or BCC keys", shape, routingKey)}
+	}
 	var deaths []string // the queues the delivery died in, as the broker says
 	for k, v := range h {
 		lk := strings.ToLower(k)
@@ -96,7 +114,7 @@ func checkDeaths(kind, routingKey string, h amqp.Table) error {
 				}
 				q, _ := t["queue"].(string)
 				reason, _ := t["reason"].(string)
-				deaths = append(deaths, q+" "+reason)
+				deaths = append(deaths, q+" "+reason+" "+deathKeys(t["routing-keys"]))
 			}
 		case lk == "x-first-death-queue" || lk == "x-last-death-queue":
 			q, _ := v.(string)
@@ -105,10 +123,6 @@ func checkDeaths(kind, routingKey string, h amqp.Table) error {
 	}
 	if len(deaths) == 0 {
 		return nil
-	}
-	shape := kind
-	if kind == typeCommandBatch {
-		shape = typeCommand
 	}
 	if kind == typeCommand {
 		if stage, ok := parseNamed(routingKey, "cmd."); ok && retryDeaths(deaths, stage) && hasHeader(h, HeaderAttempts) {
@@ -120,15 +134,48 @@ func checkDeaths(kind, routingKey string, h amqp.Table) error {
 }
 
 // retryDeaths reports whether every death is stage's retry queue: expired
-// there (x-death), or named as the first or last (x-*-death-queue).
+// there, published to it with its own key and no other (x-death), or named
+// as the first or last (x-*-death-queue).
 func retryDeaths(deaths []string, stage string) bool {
 	q := retryQueue(stage)
 	for _, d := range deaths {
-		if d != q+" expired" && d != q+" " {
+		if d != q+" expired "+retryKey(stage) && d != q+" " {
 			return false
 		}
 	}
 	return true
+}
+
+// deathKeys is an x-death entry's routing-keys: the keys the message was
+// published with, CC's among them (BCC's are not kept), joined by commas.
+func deathKeys(v any) string {
+	list, _ := v.([]any)
+	keys := make([]string, 0, len(list))
+	for _, k := range list {
+		s, _ := k.(string)
+		keys = append(keys, s)
+	}
+	return strings.Join(keys, ",")
+}
+
+// checkDeadLetter refuses a delivery of stage's dead-letter queue that
+// did not come there as meshbox dead-letters: published with the queue's
+// own key (not CC, not BCC: see checkDeaths) and having died, if at all,
+// only in the stage's retry queue. Such a letter's headers (its origin,
+// its reason) are the word of whoever planted it; replaying it would
+// publish that word with the replaying node's identity.
+func checkDeadLetter(stage string, d *amqp.Delivery) error {
+	if d.RoutingKey != deadKey(stage) {
+		return &replayError{shape: "dead", reason: replayMisrouted,
+			detail: fmt.Sprintf("a dead letter of %s published with key %s, not %s", stage, d.RoutingKey, deadKey(stage))}
+	}
+	if err := checkDeaths(typeCommand, commandKey(stage), d.Headers); err != nil {
+		if re := asReplay(err); re != nil {
+			re.shape = "dead"
+		}
+		return err
+	}
+	return nil
 }
 
 func hasHeader(h amqp.Table, key string) bool {

@@ -9,8 +9,17 @@ import (
 )
 
 func TestCheckDeaths(t *testing.T) {
-	death := func(queue, reason string) amqp.Table {
-		return amqp.Table{"queue": queue, "reason": reason, "count": int64(1), "exchange": "mesh"}
+	// A death as RabbitMQ records it; a retry queue's copies are published
+	// with that queue's own key.
+	death := func(queue, reason string, keys ...string) amqp.Table {
+		if len(keys) == 0 {
+			keys = []string{queue}
+		}
+		rk := make([]any, len(keys))
+		for i, k := range keys {
+			rk[i] = k
+		}
+		return amqp.Table{"queue": queue, "reason": reason, "count": int64(1), "exchange": "mesh", "routing-keys": rk}
 	}
 	retried := func(deaths ...any) amqp.Table {
 		return amqp.Table{"x-death": deaths, "x-first-death-queue": "retry.s", HeaderAttempts: "1"}
@@ -41,6 +50,12 @@ func TestCheckDeaths(t *testing.T) {
 		{"command, an entry not a table", typeCommand, "cmd.s", amqp.Table{"x-death": []any{"x"}, HeaderAttempts: "1"}, true},
 		{"command batch", typeCommandBatch, "cmd.s", retried(death("retry.s", "expired")), true},
 		{"stage with dots", typeCommand, "cmd.a.b", amqp.Table{"x-death": []any{death("retry.a.b", "expired")}, HeaderAttempts: "1"}, false},
+		// Planted in the retry queue with CC or BCC by a node whose topic
+		// permissions refuse retry.s: the broker recorded the keys it was
+		// published with.
+		{"command CC'd into the retry queue", typeCommand, "cmd.s", retried(death("retry.s", "expired", "dead.t", "retry.s")), true},
+		{"command BCC'd into the retry queue", typeCommand, "cmd.s", retried(death("retry.s", "expired", "dead.t")), true},
+		{"command re-keyed into the retry queue", typeCommand, "cmd.s", retried(death("retry.s", "expired", "")), true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,6 +74,39 @@ func TestCheckDeaths(t *testing.T) {
 				t.Errorf("shape: got %s, want %s", re.shape, want)
 			}
 		})
+	}
+}
+
+// TestCarbonCopiesRefused: a delivery with CC (or BCC) keys is refused as
+// misrouted, whatever its shape; a dead letter only with its queue's own
+// key, and deaths only in its stage's retry queue.
+func TestCarbonCopiesRefused(t *testing.T) {
+	for _, k := range []string{"CC", "BCC", "cc"} {
+		for _, kind := range []string{typeEvent, typeCommand, typeRequest} {
+			err := checkDeaths(kind, "evt.a", amqp.Table{k: []any{"dead.other"}})
+			if re := asReplay(err); re == nil || re.reason != replayMisrouted {
+				t.Errorf("%s with %s: got %v, want refused as %s", kind, k, err, replayMisrouted)
+			}
+		}
+	}
+	retryDeath := amqp.Table{"queue": "retry.s", "reason": "expired", "routing-keys": []any{"retry.s"}}
+	letters := []struct {
+		name string
+		d    amqp.Delivery
+		ok   bool
+	}{
+		{"dead-lettered by a node", amqp.Delivery{RoutingKey: "dead.s", Headers: amqp.Table{HeaderOrigin: "a"}}, true},
+		{"after its retries", amqp.Delivery{RoutingKey: "dead.s", Headers: amqp.Table{"x-death": []any{retryDeath}, HeaderAttempts: "3"}}, true},
+		{"BCC'd: another key", amqp.Delivery{RoutingKey: "dead.t", Headers: amqp.Table{}}, false},
+		{"CC'd", amqp.Delivery{RoutingKey: "dead.s", Headers: amqp.Table{"CC": []any{"dead.s"}}}, false},
+		{"re-keyed through a node's queue", amqp.Delivery{RoutingKey: "dead.s", Headers: amqp.Table{HeaderAttempts: "1",
+			"x-death": []any{amqp.Table{"queue": "amq.gen-x", "reason": "rejected", "routing-keys": []any{"to.a.req.x"}}}}}, false},
+	}
+	for _, l := range letters {
+		err := checkDeadLetter("s", &l.d)
+		if (err == nil) != l.ok {
+			t.Errorf("%s: got %v, want accepted %v", l.name, err, l.ok)
+		}
 	}
 }
 

@@ -112,9 +112,17 @@ func (s *session) setup() error {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
 	// The node's claim on its name comes first, before any of its queues
-	// is bound (claim).
+	// is bound or consumed (claim; on an older mesh's permissions, the
+	// named request queue is the claim).
 	if err := s.claim(&ch); err != nil {
 		return err
+	}
+	if s.reqQ, err = s.declareOwn(&ch, requestQueue(node)); err != nil {
+		var inUse *NodeNameInUseError
+		if errors.As(err, &inUse) {
+			return err
+		}
+		return fmt.Errorf("declare queue %s: %w", requestQueue(node), err)
 	}
 	if err := s.declareEvents(&ch); err != nil {
 		return fmt.Errorf("declare queue %s: %w", eventQueue(node), err)
@@ -127,7 +135,6 @@ func (s *session) setup() error {
 		what string
 		do   func() error
 	}{
-		{"queue " + requestQueue(node), func() (err error) { s.reqQ, err = s.declareOwn(&ch, requestQueue(node)); return err }},
 		{"binding " + requestQueue(node), func() error { return s.bindOwn(&ch, s.reqQ, requestBindingKey(node)) }},
 	}
 	for _, st := range steps {
@@ -315,13 +322,38 @@ func (s *session) claim(ch **amqp.Channel) error {
 	if s.b.namedQueues.Load() {
 		return nil
 	}
-	_, err := (*ch).QueueDeclare(claimQueue(s.b.cfg.Node), false, true, true, false, nil)
+	q := claimQueue(s.b.cfg.Node)
+	_, err := (*ch).QueueDeclare(q, false, true, true, false, nil)
 	var ae *amqp.Error
 	switch {
 	case err == nil:
 		return nil
 	case errors.As(err, &ae) && ae.Code == amqp.ResourceLocked:
-		return &NodeNameInUseError{Node: s.b.cfg.Node, Detail: ae.Reason}
+		// Exclusive to another connection (another process has the
+		// name), or a shared queue of that name, which anyone holding
+		// this node's credential could have declared to keep it out: a
+		// passive declaration from here tells them apart, and a shared
+		// one is deleted and the claim taken.
+		inUse := &NodeNameInUseError{Node: s.b.cfg.Node, Detail: ae.Reason}
+		if err := s.reopen(ch); err != nil {
+			return err
+		}
+		if _, err := (*ch).QueueDeclarePassive(q, false, false, false, false, nil); err != nil {
+			_ = s.reopen(ch)
+			return inUse
+		}
+		if _, err := (*ch).QueueDelete(q, true, false, false); err != nil {
+			_ = s.reopen(ch)
+			return inUse
+		}
+		s.b.log.Warn("deleted a shared queue that stood in the way of this node's claim on its name", "queue", q)
+		if _, err := (*ch).QueueDeclare(q, false, true, true, false, nil); err != nil {
+			if errors.As(err, &ae) && ae.Code == amqp.ResourceLocked {
+				return &NodeNameInUseError{Node: s.b.cfg.Node, Detail: ae.Reason}
+			}
+			return fmt.Errorf("declare claim queue %s: %w", q, err)
+		}
+		return nil
 	case isAccessRefused(err):
 		if err := s.reopen(ch); err != nil {
 			return err

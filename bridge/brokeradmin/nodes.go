@@ -92,10 +92,11 @@ func (a *Admin) DeclareMesh(ctx context.Context) error {
 // CreateGeneration creates (or, if it exists, resets) the broker user of
 // generation gen of node's credential with a new random password and no
 // tags, gives it bridge.NodePermissions for the stage allow-list on the
-// vhost, sets its user limits (bridge.NodeLimits), declares the node's
-// durable queues (DeclareNodeQueues) and deletes an older mesh's exchange
-// node.<n>. The vhost must exist (DeclareMesh). The node binds its own
-// queues to mesh.
+// vhost, sets its user limits (bridge.NodeLimits) and declares the node's
+// durable queues (DeclareNodeQueues). The vhost must exist (DeclareMesh).
+// The node binds its own queues to mesh; an older mesh's exchange
+// node.<n> stays until the node has switched to this generation
+// (DropNodeExchange): a node on that mesh's permissions routes through it.
 func (a *Admin) CreateGeneration(ctx context.Context, node string, gen int, stages []string) (Credential, error) {
 	if gen < 1 {
 		return Credential{}, fmt.Errorf("create broker user: generation %d: must be 1 or more", gen)
@@ -136,9 +137,6 @@ func (a *Admin) CreateGeneration(ctx context.Context, node string, gen int, stag
 	if err := a.DeclareNodeQueues(ctx, node, stages); err != nil {
 		return Credential{}, err
 	}
-	if err := a.dropNodeExchange(ctx, node); err != nil {
-		return Credential{}, err
-	}
 	return cred, nil
 }
 
@@ -154,8 +152,20 @@ func (a *Admin) DeclareNodeQueues(ctx context.Context, node string, stages []str
 	}
 	for _, q := range specs {
 		if err := a.call(ctx, "declare queue "+q.Name, func() (*http.Response, error) {
-			if _, err := a.c.GetQueue(a.vhost, q.Name); err == nil {
-				return &http.Response{Body: http.NoBody}, nil
+			info, err := a.c.GetQueue(a.vhost, q.Name)
+			var er rabbithole.ErrorResponse
+			switch {
+			case err == nil && info.Arguments["x-expires"] != nil && info.Messages == 0 && info.Consumers == 0:
+				// A node declared it itself, expiring: once the broker
+				// deleted it the node could not declare it again
+				// (NodeQueues). Empty and unused, it is replaced.
+				if _, err := a.c.DeleteQueue(a.vhost, q.Name, rabbithole.QueueDeleteOptions{IfEmpty: true, IfUnused: true}); err != nil {
+					return nil, err
+				}
+			case err == nil:
+				return &http.Response{Body: http.NoBody}, nil // kept as it is
+			case !errors.As(err, &er) || er.StatusCode != http.StatusNotFound:
+				return nil, err
 			}
 			typ, _ := q.Args["x-queue-type"].(string)
 			return a.c.DeclareQueue(a.vhost, q.Name, rabbithole.QueueSettings{Type: typ, Durable: true, Arguments: q.Args})
@@ -195,10 +205,11 @@ func (a *Admin) DeleteNodeQueues(ctx context.Context, node string) error {
 	return nil
 }
 
-// dropNodeExchange deletes an older mesh's exchange node.<n>, which the
-// node itself may no longer delete with the current permissions. One that
-// does not exist is not an error.
-func (a *Admin) dropNodeExchange(ctx context.Context, node string) error {
+// DropNodeExchange deletes an older mesh's exchange node.<n>, which the
+// node itself may not delete with the current permissions: once the node
+// runs on a generation with them (until then its queues may be bound
+// through it). One that does not exist is not an error.
+func (a *Admin) DropNodeExchange(ctx context.Context, node string) error {
 	ex := bridge.NodeExchange(node)
 	return a.call(ctx, "delete exchange "+ex, func() (*http.Response, error) {
 		resp, err := a.c.DeleteExchange(a.vhost, ex)

@@ -112,10 +112,11 @@ type nodeTarget struct {
 }
 
 // target resolves the node to talk to: url as given (--server or
-// MESHBOX_SERVER), else the configuration's listen address. The data
-// directory's administrative credential goes only to the node that
-// directory belongs to: the configuration's address, or any address when
-// --data or --env-file names the node.
+// MESHBOX_SERVER), else the configuration's listen address, and the
+// credential to present: --creds, else the data directory's
+// administrative credential when readable (implicit: connectNode tries
+// again without it when the node refuses it, for it may be another
+// node's).
 func (m *Main) target(url string) (nodeTarget, error) {
 	if m.client == nil && url != "" { // doctor: url and m.creds are its own
 		return nodeTarget{url: url, creds: m.creds}, nil
@@ -132,28 +133,12 @@ func (m *Main) target(url string) (nodeTarget, error) {
 	if t.creds != "" {
 		return t, nil
 	}
-	named := m.client != nil && (*m.client.data != "" || *m.client.envFile != "")
-	if !named && !sameNATS(t.url, own) {
-		return t, nil
-	}
 	path := filepath.Join(cfg.DataDir, programs.AdminFile)
 	if f, err := os.Open(path); err == nil {
 		f.Close()
 		t.creds, t.implicit = path, true
 	}
 	return t, nil
-}
-
-// sameNATS reports whether two NATS URLs name the same host and port.
-func sameNATS(a, b string) bool {
-	norm := func(u string) string {
-		u = strings.TrimPrefix(strings.TrimPrefix(u, "nats://"), "tls://")
-		if i := strings.LastIndex(u, "@"); i >= 0 {
-			u = u[i+1:]
-		}
-		return doctor.ConnectAddr(strings.Replace(u, "localhost", "127.0.0.1", 1))
-	}
-	return norm(a) == norm(b)
 }
 
 // connectNode connects to the node at url ("" for the one the
@@ -178,6 +163,14 @@ func (m *Main) connectNode(url string) (*nats.Conn, error) {
 		opts = append(opts, nats.Nkey(pub, key.Sign))
 	}
 	nc, err := nats.Connect(t.url, opts...)
+	if err != nil && t.implicit && errors.Is(err, nats.ErrAuthorization) {
+		// The data directory's credential may be another node's (a
+		// command against a node on another port): this one may want
+		// none.
+		if nc2, err2 := nats.Connect(t.url, opts[:3]...); err2 == nil {
+			return nc2, nil
+		}
+	}
 	if err != nil {
 		hint := ""
 		if errors.Is(err, nats.ErrAuthorization) {

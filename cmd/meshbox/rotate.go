@@ -142,6 +142,13 @@ func (c *MeshCommand) rotate(ctx context.Context, db *meshdb.DB, name, adminURL 
 			fmt.Fprintf(out, "node %s: has not switched to generation %d; revoking its older generations anyway (--force)\n", t.node, t.newest.Generation)
 		}
 		failed = append(failed, c.revokeGenerations(ctx, admin, db, t.node, t.older)...)
+		if !late {
+			// Its new generation has the current permissions: it binds
+			// its queues to mesh itself; an older mesh's node.<n> goes.
+			if err := admin.DropNodeExchange(ctx, t.node); err != nil {
+				failed = append(failed, fmt.Errorf("node %s: %w", t.node, err))
+			}
+		}
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("rotate: %w", errors.Join(failed...))

@@ -516,3 +516,130 @@ func TestAdversaryOwnExchange(t *testing.T) {
 		t.Error("control: alpha's event never reached beta")
 	}
 }
+
+// TestAdversaryCarbonCopies: trudy, a node with its own real credential
+// and stage thumbs, publishes with a key its topic permissions allow and
+// CC or BCC keys they refuse: RabbitMQ 3.10 routes those too, into
+// dead.resize and retry.resize of a stage trudy was not given. beta, which
+// serves resize, refuses the retry copy that comes back from retry.resize,
+// and its dead-letter tools refuse the planted letter (listed as refused,
+// never replayed). The controls: a command of resize that dies for real
+// is replayed, and a command that fails once still comes back through
+// its retry queue.
+func TestAdversaryCarbonCopies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	rmq, vhost, db, alpha, beta, _ := replayMesh(t)
+	env := []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}
+	if code, out, errOut := cliEnv(t, env, "mesh", "node", "add", "trudy", "--stages", "thumbs"); code != 0 {
+		t.Fatalf("mesh node add trudy: exit %d: %s%s", code, out, errOut)
+	}
+	t.Cleanup(func() { _, _, _ = cliEnv(t, env, "mesh", "node", "remove", "trudy", "--force") })
+	trudyURL := brokerURLOf(t, context.Background(), db, vhost, "trudy")
+
+	listener := natsConn(t, beta)
+	calls := stageCalls(t, listener, "resize", func(m *nats.Msg) *nats.Msg {
+		r := nats.NewMsg("")
+		if string(m.Data) == "die" || (string(m.Data) == "retry-me" && m.Header.Get(hdrAttempt) == "1") {
+			r.Header.Set("Nats-Service-Error", "not now")
+			r.Header.Set("Nats-Service-Error-Code", "500")
+		}
+		return r
+	})
+	waitConsumers(t, rmq, vhost, "cmd.resize", 1)
+
+	conn, err := amqp.Dial(trudyURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 8))
+	plant := func(key string, h amqp.Table, id, expiration string) {
+		t.Helper()
+		if err := ch.PublishWithContext(context.Background(), bridge.MeshExchange, key, false, false, amqp.Publishing{
+			Type: "command", MessageId: id, Headers: h, Body: []byte("planted"), Expiration: expiration,
+			UserId: "node.trudy.g1", DeliveryMode: amqp.Persistent}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case c := <-confirms:
+			if !c.Ack {
+				t.Fatalf("the broker refused %s", id)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no confirm for %s", id)
+		}
+	}
+	// Dead letters stay; retry copies expire into cmd.resize at once.
+	plant("dead.thumbs", amqp.Table{"CC": []any{"dead.resize"}}, "cc-dead", "")
+	plant("dead.thumbs", amqp.Table{"BCC": []any{"dead.resize"}}, "bcc-dead", "")
+	plant("dead.thumbs", amqp.Table{"CC": []any{"retry.resize"}}, "cc-retry", "100")
+	plant("dead.thumbs", amqp.Table{"BCC": []any{"retry.resize"}}, "bcc-retry", "100")
+	// The attack ran: the broker put them where trudy may not publish.
+	if st, err := ch.QueueDeclarePassive("dead.resize", true, false, false, false, nil); err != nil || st.Messages < 2 {
+		t.Fatalf("dead.resize after the plants: %+v %v, want 2 messages (the attack did not run)", st, err)
+	}
+
+	// The controls: one command dies for real, one is retried.
+	sender := natsConn(t, alpha)
+	for _, body := range []string{"die", "retry-me"} {
+		if o, resp, err := submit(sender, "cmd.resize", []byte(body), 5*time.Second); o != acked {
+			t.Fatalf("alpha submits %s: %v %v %v", body, o, resp, err)
+		}
+	}
+	onBeta := []string{"MESHBOX_SERVER=" + beta.NATSURL(), "MESHBOX_DATA=" + beta.DataDir()}
+	if !waitFor(30*time.Second, func() bool {
+		code, out, _ := cliEnv(t, onBeta, "dlq", "list", "resize", "--json")
+		return code == 0 && strings.Count(out, `"stage": "resize"`) >= 3 && refusedCommands(t, beta) >= 2
+	}) {
+		_, out, errOut := cliEnv(t, onBeta, "dlq", "list", "resize", "--json")
+		t.Fatalf("dead letters of resize: %s%s; beta refused %v retry copies, want the real one and both plants listed, 2 copies refused",
+			out, errOut, refusedCommands(t, beta))
+	}
+	// The real one is replayed; the plants stay, named, and say why.
+	code, out, errOut := cliEnv(t, onBeta, "dlq", "replay", "resize", "--all")
+	if code == 0 || !strings.Contains(errOut, "2 dead letters cannot be replayed") ||
+		!strings.Contains(errOut, "cc-dead: replayed message refused (misrouted)") || !strings.Contains(errOut, "bcc-dead: replayed message refused (misrouted)") {
+		t.Errorf("dlq replay resize --all: exit %d: %s%s, want the plants refused by name as misrouted", code, out, errOut)
+	}
+	if n := replays(t, beta, "dead", "misrouted"); n < 2 {
+		// Each listing refuses them again; two at the least.
+		t.Errorf("beta's refused dead letters: %v, want both plants (misrouted)", n)
+	}
+	time.Sleep(time.Second) // real time: a refused copy that would come late
+	got := map[string][]string{}
+	for _, m := range calls() {
+		got[string(m.Data)] = append(got[string(m.Data)], m.Header.Get(hdrAttempt))
+	}
+	if len(got["planted"]) > 0 {
+		t.Errorf("beta's handler ran a planted command: attempts %v", got["planted"])
+	}
+	if r := strings.Join(got["retry-me"], " "); r != "1 2" {
+		t.Errorf("retry-me at beta's handler: attempts %q, want \"1 2\"", r)
+	}
+	if !waitFor(10*time.Second, func() bool {
+		n := 0
+		for _, m := range calls() {
+			if string(m.Data) == "die" {
+				n++
+			}
+		}
+		return n >= 3
+	}) {
+		t.Errorf("die at beta's handler: attempts %v, want its two and the replay's", got["die"])
+	}
+}
+
+// refusedCommands is how many commands p refused as replays or misrouted.
+func refusedCommands(t *testing.T, p *meshtest.Process) float64 {
+	t.Helper()
+	return replays(t, p, "command", "dead_lettered") + replays(t, p, "command", "misrouted")
+}
