@@ -126,6 +126,8 @@ dist:
 # dpkg-deb (deploy/deb/build.sh says what goes in).
 deb:
 	@$(MAKE) --no-print-directory dist DIST_ARCHES="$(DEB_ARCHES)"
+	@$(GO) run -ldflags "$(LDFLAGS)" ./cmd/meshbox man | gzip -n -9 > $(DIST)/meshbox.1.gz
+	@$(GO) run -ldflags "$(LDFLAGS)" ./cmd/meshbox completion bash > $(DIST)/meshbox.bash
 	@for a in $(DEB_ARCHES); do \
 		sh deploy/deb/build.sh $(DIST)/meshbox-linux-$$a $$a "$(VERSION)" $(SOURCE_DATE_EPOCH) $(DIST) || exit 1; \
 	done

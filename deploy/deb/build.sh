@@ -16,6 +16,8 @@
 #   /usr/share/doc/meshbox/README.md, copyright
 #   /usr/share/doc/meshbox/examples/modules-as-users.conf
 #                                                     the drop-in that lets modules run as their users
+#   /usr/share/man/man1/meshbox.1.gz                  OUTDIR/meshbox.1.gz (meshbox man)
+#   /usr/share/bash-completion/completions/meshbox    OUTDIR/meshbox.bash (meshbox completion bash)
 # and the maintainer scripts postinst, prerm and postrm of this directory.
 set -eu
 
@@ -79,6 +81,20 @@ install -d -m 0755 "$root/usr/share/doc/meshbox/docs"
 install -m 0644 "$top"/docs/*.md "$root/usr/share/doc/meshbox/docs/"
 install -m 0644 "$here/copyright" "$root/usr/share/doc/meshbox/copyright"
 install -m 0644 "$top/deploy/modules-as-users.conf.example" "$root/usr/share/doc/meshbox/examples/modules-as-users.conf"
+# The man page and bash completion, from the command table (meshbox man,
+# meshbox completion bash): make deb writes them to OUTDIR with a binary
+# of the building machine (a package's binary may be of another
+# architecture); without them there, the package's binary makes them.
+install -d -m 0755 "$root/usr/share/man/man1" "$root/usr/share/bash-completion/completions"
+if [ -f "$out/meshbox.1.gz" ] && [ -f "$out/meshbox.bash" ]; then
+	cp "$out/meshbox.1.gz" "$stage/meshbox.1.gz"
+	cp "$out/meshbox.bash" "$stage/meshbox.bash"
+else
+	"$bin" man | gzip -n -9 >"$stage/meshbox.1.gz"
+	"$bin" completion bash >"$stage/meshbox.bash"
+fi
+install -m 0644 "$stage/meshbox.1.gz" "$root/usr/share/man/man1/meshbox.1.gz"
+install -m 0644 "$stage/meshbox.bash" "$root/usr/share/bash-completion/completions/meshbox"
 for s in postinst prerm postrm; do
 	install -m 0755 "$here/$s" "$root/DEBIAN/$s"
 done

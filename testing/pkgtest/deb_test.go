@@ -2,7 +2,9 @@ package pkgtest
 
 import (
 	"bytes"
+	"compress/gzip"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -203,6 +205,29 @@ func TestDebianPackage(t *testing.T) {
 	wantFile(t, filepath.Join(root, "usr/lib/systemd/system/meshbox.service"), 0o644, 0, 0)
 	wantFile(t, filepath.Join(root, "usr/lib/systemd/system/meshbox.service.d/00-package.conf"), 0o644, 0, 0)
 	wantFile(t, filepath.Join(root, "etc/meshbox/meshbox.env"), 0o600, 0, 0)
+	// The man page and bash completion, from the command table.
+	wantFile(t, filepath.Join(root, "usr/share/man/man1/meshbox.1.gz"), 0o644, 0, 0)
+	wantFile(t, filepath.Join(root, "usr/share/bash-completion/completions/meshbox"), 0o644, 0, 0)
+	manGz, err := os.ReadFile(filepath.Join(root, "usr/share/man/man1/meshbox.1.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(manGz))
+	if err != nil {
+		t.Fatalf("man page: %v", err)
+	}
+	man, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatalf("man page: %v", err)
+	}
+	for _, want := range []string{".TH MESHBOX 1", ".SH COMMANDS", "\n.B program\n", "\n.B mesh\n", "-broker-admin"} {
+		if !strings.Contains(string(man), want) {
+			t.Errorf("man page lacks %q", want)
+		}
+	}
+	if comp := readFile(t, filepath.Join(root, "usr/share/bash-completion/completions/meshbox")); !strings.Contains(comp, "complete -o default -F _meshbox meshbox") {
+		t.Errorf("bash completion: got\n%s", comp)
+	}
 	wantFile(t, filepath.Join(root, "var/lib/meshbox"), fs.ModeDir|0o700, uid, gid)
 	// The module catalog the unit names, and the drop-in that lets modules
 	// run as their users.

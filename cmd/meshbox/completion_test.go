@@ -1,0 +1,122 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestHelpOfACommand: meshbox help CMD prints that command's flags on
+// stdout; an unknown command is refused.
+func TestHelpOfACommand(t *testing.T) {
+	c := cli{env: map[string]string{}}
+	out := c.ok(t, "help", "call")
+	for _, want := range []string{"Usage: meshbox call", "-timeout", "-to"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("help call: %q lacks %q", out, want)
+		}
+	}
+	if out := c.ok(t, "help", "program", "add"); !strings.Contains(out, "-host") {
+		t.Errorf("help program add: %q lacks -host", out)
+	}
+	c.fails(t, `unknown command "nosuch"`, "help", "nosuch")
+	if out := c.ok(t, "help"); !strings.Contains(out, "completion") || strings.Contains(out, "__complete") || strings.Contains(out, "module-guard") {
+		t.Errorf("help: %q, want the commands for people only", out)
+	}
+}
+
+// TestSubcommandsAreTheCommands: every subcommand the table lists (for
+// completion and the man page) is one its command accepts, and mesh's
+// come from its own table.
+func TestSubcommandsAreTheCommands(t *testing.T) {
+	m := &Main{Getenv: func(string) string { return "" }}
+	for _, c := range commands() {
+		for _, sub := range c.subs {
+			help := m.captureHelp(t.Context(), c, []string{sub})
+			if strings.Contains(help, "unknown") || help == "" {
+				t.Errorf("%s %s -h: %q, want its help", c.name, sub, help)
+			}
+		}
+	}
+	next, _ := m.meshWords(nil)
+	for _, want := range []string{"node", "assign", "setting", "key", "scope"} {
+		found := false
+		for _, w := range next {
+			found = found || w == want
+		}
+		if !found {
+			t.Errorf("mesh's first words %v lack %s", next, want)
+		}
+	}
+}
+
+// TestComplete: what __complete offers after each kind of word.
+func TestComplete(t *testing.T) {
+	c := cli{env: map[string]string{}}
+	cases := []struct {
+		words []string
+		want  []string
+		not   []string
+	}{
+		{nil, []string{"status", "program", "mesh", "help"}, []string{"__complete", "module-guard", "man"}},
+		{[]string{"program"}, []string{"add", "list", "show", "remove"}, nil},
+		{[]string{"program", "add"}, []string{"--host", "--serve", "--data", "--env-file"}, nil},
+		{[]string{"call"}, []string{"--timeout", "--to", "--server"}, nil},
+		{[]string{"mesh"}, []string{"node", "assign"}, nil},
+		{[]string{"mesh", "node"}, []string{"add", "rotate", "set-stages"}, nil},
+		{[]string{"mesh", "node", "add"}, []string{"--broker-admin", "--stages", "--ttl"}, nil},
+		{[]string{"nosuch"}, nil, []string{"--server"}},
+	}
+	for _, tc := range cases {
+		out := c.ok(t, append([]string{"__complete"}, tc.words...)...)
+		got := strings.Fields(out)
+		for _, w := range tc.want {
+			if !contains(got, w) {
+				t.Errorf("__complete %v: %v lacks %s", tc.words, got, w)
+			}
+		}
+		for _, w := range tc.not {
+			if contains(got, w) {
+				t.Errorf("__complete %v: %v offers %s", tc.words, got, w)
+			}
+		}
+	}
+}
+
+// TestManPage: meshbox(1) in roff, with every command for people and its
+// flags.
+func TestManPage(t *testing.T) {
+	c := cli{env: map[string]string{}}
+	out := c.ok(t, "man")
+	if !strings.HasPrefix(out, ".TH MESHBOX 1 ") {
+		t.Fatalf("man: starts %q", out[:min(len(out), 40)])
+	}
+	for _, cmd := range commands() {
+		if cmd.group == "" {
+			continue
+		}
+		if !strings.Contains(out, "\n.B "+cmd.name+"\n") {
+			t.Errorf("man page lacks command %s", cmd.name)
+		}
+	}
+	for _, want := range []string{"-broker-admin", "-env-file", "MESHBOX_DATA", "/etc/meshbox/meshbox.env"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("man page lacks %q", want)
+		}
+	}
+	for i, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, ".") && !strings.HasPrefix(l, ".TH") && !strings.HasPrefix(l, ".S") && !strings.HasPrefix(l, ".B") &&
+			!strings.HasPrefix(l, ".I") && !strings.HasPrefix(l, ".TP") && !strings.HasPrefix(l, ".RS") && !strings.HasPrefix(l, ".RE") &&
+			!strings.HasPrefix(l, ".nf") && !strings.HasPrefix(l, ".fi") {
+			t.Errorf("man page line %d is an unknown request: %q", i+1, l)
+		}
+	}
+}
+
+func contains(list []string, w string) bool {
+	for _, x := range list {
+		if x == w {
+			return true
+		}
+	}
+	return false
+}
