@@ -144,23 +144,29 @@ func TestConfigLayers(t *testing.T) {
 	}
 }
 
+// TestConfigFileRejectsBadInput: each error says the line, its text and
+// the field, and what to write instead.
 func TestConfigFileRejectsBadInput(t *testing.T) {
-	tests := map[string]string{
-		"unknown key":  `{"nod":"x"}`,
-		"bad duration": `{"cache":{"load_timeout":"soon"}}`,
-		"number dur":   `{"cache":{"load_timeout":5}}`,
-		"not json":     `node = x`,
-		"two values":   `{} {}`,
+	tests := map[string]struct{ body, want string }{
+		"unknown key":  {"{\n  \"nod\": \"x\"\n}", `line 2 ("nod": "x"): unknown key "nod" (misspelt?`},
+		"nested key":   {"{\n  \"bridge\": {\n    \"prefetc\": 1\n  }\n}", `line 3 ("prefetc": 1): unknown key "prefetc"`},
+		"bad duration": {"{\"cache\":{\"load_timeout\":\"soon\"}}", `cache.load_timeout: "soon" is not a duration: write a string such as "5s"`},
+		"number dur":   {"{\n  \"bridge\": {\n    \"request_timeout\": 5\n  }\n}", `line 3 ("request_timeout": 5): bridge.request_timeout: 5 is not a duration`},
+		"wrong type":   {"{\n  \"bridge\": {\"prefetch\": \"x\"}\n}", `line 2 ("bridge": {"prefetch": "x"}): bridge.prefetch: a JSON string where a int belongs`},
+		"comma":        {"{\n  \"node\": \"x\",\n}", `line 3 (}): invalid character '}' looking for beginning of object key string (a comma after the last item before it?)`},
+		"not json":     {`node = x`, `line 1 (node = x): invalid character 'o' in literal null`},
+		"two values":   {`{} {}`, "more than one JSON value"},
 	}
-	for name, body := range tests {
+	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "c.json")
-			if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+			if err := os.WriteFile(file, []byte(tt.body), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			c := DefaultConfig()
-			if err := c.LoadFile(file); err == nil {
-				t.Fatalf("got no error for %s, want one", body)
+			err := c.LoadFile(file)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want it to say %q", err, tt.want)
 			}
 		})
 	}

@@ -81,6 +81,29 @@ func (a *Appliance) credentialChanged(string) {
 	}
 }
 
+// credentialAcceptedBefore reports whether the bindings record that this
+// node connected with broker user user (its switch to that generation),
+// or hold a newer generation than user's: the broker's refusal of it is
+// then a revocation.
+func (a *Appliance) credentialAcceptedBefore(user string) bool {
+	bd := a.pubBindings.Load()
+	if bd == nil || bd.manager == nil {
+		return false
+	}
+	snap, ok := bd.manager.Current()
+	if !ok {
+		return false
+	}
+	c := snap.Bindings.Broker
+	if c == nil {
+		return false
+	}
+	if _, gen, ok := bridge.ParseBrokerUser(user); ok && gen < c.Generation {
+		return true // a rotation made a newer one: this one was revoked
+	}
+	return c.User == user && !c.SwitchedAt.IsZero()
+}
+
 // runSwitchRecorder records in the mesh database that the bridge connects
 // with the newest generation of the node's credential, once per
 // generation, retrying with backoff while the database is away. Woken by

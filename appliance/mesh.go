@@ -96,11 +96,12 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 				n.LinkUp() // discovery tries again at once
 			}
 		},
-		OnCredential: a.credentialChanged,
-		Replies:      a.rc,
-		Local:        &natsSrv.auth.rights,
-		Logger:       a.logger,
-		Metrics:      a.registry,
+		OnCredential:   a.credentialChanged,
+		AcceptedBefore: a.credentialAcceptedBefore,
+		Replies:        a.rc,
+		Local:          &natsSrv.auth.rights,
+		Logger:         a.logger,
+		Metrics:        a.registry,
 	}
 	if kk := a.keys.Load(); kk != nil {
 		bc.Keys = kk.ring // a mesh seals

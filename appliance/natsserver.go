@@ -1,10 +1,12 @@
 package appliance
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -65,6 +67,10 @@ func startNATS(addr, node, jsDir string, bl BlobsConfig, auth *localAuth, logger
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT
+	} else if err := portFree(host, port); err != nil {
+		// Said at once: the server itself would only log it and leave
+		// the node waiting for a server that never listens.
+		return nil, err
 	}
 	opts := &server.Options{
 		ServerName: "meshbox-" + node,
@@ -100,7 +106,7 @@ func startNATS(addr, node, jsDir string, bl BlobsConfig, auth *localAuth, logger
 	if !srv.ReadyForConnections(10 * time.Second) {
 		srv.Shutdown()
 		srv.WaitForShutdown()
-		return nil, fmt.Errorf("nats server: cannot listen on %s (address in use?)", addr)
+		return nil, fmt.Errorf("nats server: not listening on %s within 10s", addr)
 	}
 	return &natsServer{srv: srv, opts: base, auth: auth}, nil
 }
@@ -156,3 +162,18 @@ func (n *natsLogger) Fatalf(format string, v ...any)  { n.l.Error(fmt.Sprintf(fo
 func (n *natsLogger) Errorf(format string, v ...any)  { n.l.Error(fmt.Sprintf(format, v...)) }
 func (n *natsLogger) Debugf(format string, v ...any)  { n.l.Debug(fmt.Sprintf(format, v...)) }
 func (n *natsLogger) Tracef(format string, v ...any)  {}
+
+// portFree checks that host:port can be listened on now, and says who to
+// ask when not: another meshbox, or another NATS server, is the usual
+// holder.
+func portFree(host string, port int) error {
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("nats address %s is in use by another program (another meshbox or NATS server? ss -ltnp 'sport = :%d' names it); set another with --nats or MESHBOX_NATS", addr, port)
+		}
+		return fmt.Errorf("nats address %s: %w", addr, err)
+	}
+	return l.Close()
+}

@@ -51,6 +51,10 @@ type Bridge struct {
 	// finds them (topology.go). Learnt from the broker's refusals, so that
 	// later sessions do not ask again.
 	namedQueues, adminQueues atomic.Bool
+	// acceptedUsers are the broker users a session ran with in this
+	// process: a later refusal of one is a revocation, of another a wrong
+	// credential.
+	acceptedUsers sync.Map
 	// olderExchangeWarned: the node said once that it may not delete its
 	// older mesh's exchange (topology.go).
 	olderExchangeWarned atomic.Bool

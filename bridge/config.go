@@ -132,6 +132,11 @@ type Config struct {
 	// and after a switch to a new credential), on the link's goroutine. It
 	// must not block.
 	OnCredential func(user string)
+	// AcceptedBefore reports whether the broker accepted user for this node
+	// before this process (the bindings record the switch to it): a
+	// refusal of such a user is a revocation, not a wrong password. nil:
+	// only this process's own sessions count.
+	AcceptedBefore func(user string) bool
 	// ReconnectMin and ReconnectMax bound the reconnect backoff (defaults
 	// 250ms and 10s; jitter is added).
 	ReconnectMin, ReconnectMax time.Duration

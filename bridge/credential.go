@@ -19,7 +19,8 @@ import (
 const (
 	CredentialInUse     = "in use"             // the link is connected with it
 	CredentialSwitching = "switching"          // new connections with a new credential are being made
-	CredentialRevoked   = "credential revoked" // the broker refuses it at login (403 ACCESS_REFUSED)
+	CredentialRevoked   = "credential revoked" // the broker refuses at login (403 ACCESS_REFUSED) a user it accepted before
+	CredentialRefused   = "credential refused" // the broker refuses at login a user it never accepted here: a wrong password, or no such user
 	CredentialUnused    = "not connected"      // not connected yet, or the link is down for another reason
 )
 
@@ -51,10 +52,17 @@ type CredentialStatus struct {
 type CredentialRefusedError struct {
 	User   string
 	Detail string // the broker's reason
+	// Revoked: the broker accepted this user before, in this process (a
+	// rotation revoked it, or its user was deleted); otherwise the
+	// password is wrong or the user never existed.
+	Revoked bool
 }
 
 func (e *CredentialRefusedError) Error() string {
-	return fmt.Sprintf("credential revoked: the broker refuses user %s at login (%s)", e.User, e.Detail)
+	if e.Revoked {
+		return fmt.Sprintf("credential revoked: the broker refuses user %s at login, which it accepted before (%s)", e.User, e.Detail)
+	}
+	return fmt.Sprintf("credential refused: the broker refuses user %s at login: a wrong password, or no such user on this broker (%s)", e.User, e.Detail)
 }
 
 // Unwrap returns ErrCredentialRevoked.
@@ -65,10 +73,12 @@ var ErrCredentialRevoked = errors.New("credential revoked")
 
 // refused returns a *CredentialRefusedError for a dial error that is the
 // broker's 403 at login, else err.
-func refused(err error, user string) error {
+func (b *Bridge) refused(err error, user string) error {
 	var ae *amqp.Error
 	if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
-		return &CredentialRefusedError{User: user, Detail: fmt.Sprintf("%d %s", ae.Code, ae.Reason)}
+		_, before := b.acceptedUsers.Load(user)
+		before = before || (b.cfg.AcceptedBefore != nil && b.cfg.AcceptedBefore(user))
+		return &CredentialRefusedError{User: user, Detail: fmt.Sprintf("%d %s", ae.Code, ae.Reason), Revoked: before}
 	}
 	return err
 }
@@ -128,9 +138,10 @@ func (b *Bridge) credentialInUse(user string) {
 	l.mu.Lock()
 	prev, prevState := l.cred.user, l.cred.state
 	l.mu.Unlock()
+	b.acceptedUsers.Store(user, true)
 	b.link.setCredential(user, CredentialInUse, "")
 	b.m.setRevoked(false)
-	if prevState == CredentialRevoked {
+	if prevState == CredentialRevoked || prevState == CredentialRefused {
 		b.log.Info("broker credential accepted again", "user", user)
 	}
 	if (prev != user || prevState != CredentialInUse) && b.cfg.OnCredential != nil {
@@ -141,10 +152,13 @@ func (b *Bridge) credentialInUse(user string) {
 // credentialRefused records that the broker refused user at login; the
 // first refusal of a user is logged (not every retry).
 func (b *Bridge) credentialRefused(e *CredentialRefusedError) {
-	if b.link.setCredential(e.User, CredentialRevoked, e.Detail) {
+	state, msg := CredentialRefused, "broker credential refused: the broker refuses this node's user at login (a wrong password, or no such user on this broker); local work goes on, the node retries and takes a new credential from its bindings"
+	if e.Revoked {
+		state, msg = CredentialRevoked, "broker credential revoked: the broker refuses this node's user, which it accepted before; local work goes on, the node retries and takes a new credential from its bindings"
+	}
+	if b.link.setCredential(e.User, state, e.Detail) {
 		b.m.setRevoked(true)
-		b.log.Error("broker credential revoked: the broker refuses this node's user; local work goes on, the node retries and takes a new credential from its bindings",
-			"user", e.User, "reason", e.Detail)
+		b.log.Error(msg, "user", e.User, "reason", e.Detail)
 	}
 }
 

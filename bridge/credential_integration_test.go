@@ -154,6 +154,29 @@ func TestCredentialSwitchLosesNoRequest(t *testing.T) {
 	}
 }
 
+// TestWrongBrokerPasswordIsRefusedNotRevoked: a node started with a
+// wrong password for its broker user says its credential is refused (a
+// wrong password, or no such user), not revoked: it never connected with
+// it. The control: the right password connects.
+func TestWrongBrokerPasswordIsRefusedNotRevoked(t *testing.T) {
+	a, urlOf := perNodeMesh(t)
+	cred := generation(t, a, "alpha", 1)
+	right := cred.Password
+	cred.Password = "wrong-password"
+	alpha := newNode(t, "alpha", urlOf(cred), nil)
+	waitFor(t, 20*time.Second, "credential refused", func() bool {
+		st := alpha.b.Status().Broker
+		return st.Credential != nil && st.Credential.State == bridge.CredentialRefused && strings.Contains(st.Reason, "credential refused")
+	})
+	st := alpha.b.Status().Broker
+	if !strings.Contains(st.Reason, "a wrong password, or no such user") || strings.Contains(st.Reason, "revoked") {
+		t.Errorf("reason %q, want it refused for a wrong password or no such user, not revoked", st.Reason)
+	}
+	_ = alpha.b.Close()
+	cred.Password = right
+	newNode(t, "alpha", urlOf(cred), nil).waitConnected(t)
+}
+
 // TestCredentialRevokedIsSaid deletes a connected node's broker user: the
 // node says "credential revoked" (not connection refused) in its status
 // and metric, and keeps answering local calls; given a new credential it

@@ -117,6 +117,7 @@ func (e *ServiceError) Error() string { return fmt.Sprintf("%d %s", e.Code, e.Te
 const (
 	CodeBadInput    = 400 // malformed request, invalid subject, oversized payload
 	CodeForbidden   = 403 // a name bound to a scope this node is not in
+	CodeNotFound    = 404 // no such node in the mesh
 	CodeUnavailable = 503 // mesh unreachable, no host, node gone
 	CodeTimeout     = 504 // deadline passed
 	CodeOutboxFull  = 507 // outbox full

@@ -163,6 +163,11 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 		b.replyError(msg.Reply, err)
 		return
 	}
+	if b.senders.unknown(node) {
+		b.m.err(errKindBadInput)
+		b.replyError(msg.Reply, unknownNode(node, name))
+		return
+	}
 	if b.cfg.Keys != nil {
 		if _, err := b.cfg.Keys.SealerFor(b.cfg.Keys.ScopeOf(seal.BindCap, name)); err != nil {
 			b.m.err(errKindUnreachable)
@@ -221,6 +226,13 @@ func (b *Bridge) requestSent(id string, p *pendingRequest) func(error) {
 		b.m.observe("unreachable", p.start)
 		b.replyError(p.reply, requestFailure(err, p.name, p.node))
 	}
+}
+
+// unknownNode is the answer to a call addressed to a node the mesh does
+// not have.
+func unknownNode(node, name string) error {
+	return &ServiceError{Code: CodeNotFound, Text: fmt.Sprintf(
+		"no node %s in this mesh (this node's bindings do not list it; meshbox nodes lists the nodes it sees): cannot call %s", node, name)}
 }
 
 // requestFailure explains a failed publish of a request.

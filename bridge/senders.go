@@ -48,6 +48,17 @@ func (b *Bridge) SetSenderGenerations(gens map[string][]int) {
 	b.senders.gens.Store(&c)
 }
 
+// unknown reports whether the bindings are loaded and list no node named
+// node.
+func (s *senders) unknown(node string) bool {
+	p := s.gens.Load()
+	if p == nil {
+		return false
+	}
+	_, ok := (*p)[node]
+	return !ok
+}
+
 // check returns nil when generation gen of node's broker user may speak
 // for node, else a *forged saying why.
 func (s *senders) check(node string, gen int) error {

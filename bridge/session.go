@@ -149,13 +149,13 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 	_, _, perNode := ParseBrokerUser(user)
 	conConn, conCork, abortCon, err := b.dial(ctx, url, roleConsume)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to broker: %w", refused(err, user))
+		return nil, nil, fmt.Errorf("connect to broker: %w", b.refused(err, user))
 	}
 	pubConn, cork, abortPub, err := b.dial(ctx, url, rolePublish)
 	if err != nil {
 		abortCon()
 		_ = conConn.CloseDeadline(time.Now().Add(closeLimit))
-		return nil, nil, fmt.Errorf("connect to broker: %w", refused(err, user))
+		return nil, nil, fmt.Errorf("connect to broker: %w", b.refused(err, user))
 	}
 	s := &session{
 		b: b, url: url, user: user, perNode: perNode, pubConn: pubConn, cork: cork, conConn: conConn, conCork: conCork,

@@ -363,7 +363,7 @@ func (m *Manager) startWith(c startChoice, liveErr error, cached Snapshot, cache
 			m.log.Info("no mesh database configured; using cached bindings",
 				"snapshot", c.snap, "age", now.Sub(c.snap.FetchedAt).Round(time.Second))
 		} else if !errors.Is(liveErr, ErrSourceNewer) { // that one was logged by noteNewerLocked
-			m.log.Warn("mesh database unreachable at start; using cached bindings",
+			m.log.Warn("cannot load the bindings from the mesh database at start; using cached bindings",
 				"err", liveErr, "snapshot", c.snap, "age", now.Sub(c.snap.FetchedAt).Round(time.Second))
 		}
 	default:
@@ -376,7 +376,7 @@ func (m *Manager) startWith(c startChoice, liveErr error, cached Snapshot, cache
 		if liveErr == errNoSource {
 			m.log.Info("no mesh database configured and no cached bindings; running without bindings", "cache", c.reason)
 		} else {
-			m.log.Warn("mesh database unreachable at start and no usable cache; running without bindings",
+			m.log.Warn("cannot load the bindings from the mesh database at start and no usable cache; running without bindings",
 				"err", liveErr, "cache", c.reason)
 		}
 	}

@@ -316,7 +316,7 @@ func TestManagerFallsBackToCacheThenReportsDivergence(t *testing.T) {
 		if got := metricValue(t, e.m.metrics.age); got != 50 {
 			t.Fatalf("meshbox_bindings_age_seconds: got %v, want 50", got)
 		}
-		if !strings.Contains(e.logs.String(), "mesh database unreachable at start; using cached bindings") {
+		if !strings.Contains(e.logs.String(), "cannot load the bindings from the mesh database at start; using cached bindings") {
 			t.Fatalf("no start-from-cache log line: %s", e.logs.String())
 		}
 
@@ -457,7 +457,7 @@ func TestManagerRetriesWhenDatabaseDownAtStart(t *testing.T) {
 		if st := e.m.Status(); st.Source != SourceDB {
 			t.Fatalf("source after the next retry: got %q, want db", st.Source)
 		}
-		if n := strings.Count(e.logs.String(), "unreachable at start"); n != 1 {
+		if n := strings.Count(e.logs.String(), "from the mesh database at start"); n != 1 {
 			t.Fatalf("start log lines: got %d, want 1", n)
 		}
 	})

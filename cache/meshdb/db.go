@@ -186,10 +186,17 @@ func (db *DB) Close() error {
 // Ping checks that the database answers.
 func (db *DB) Ping(ctx context.Context) error {
 	if err := db.pool.Ping(ctx); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000") {
+			return fmt.Errorf("database %s: %w of user %s: wrong password or no such role (%s)", db.addr, ErrLoginRefused, db.user(), pgErr.Message)
+		}
 		return fmt.Errorf("reach database %s: %w", db.addr, err)
 	}
 	return nil
 }
+
+// user is the role the pool logs in as.
+func (db *DB) user() string { return db.pool.Config().ConnConfig.User }
 
 // Migrate applies the embedded migrations not yet applied, each in its own
 // transaction, under tern's advisory lock (concurrent callers wait). It
@@ -306,6 +313,8 @@ func (db *DB) wrap(op string, err error) error {
 		switch pgErr.Code {
 		case "42P01": // undefined_table
 			return fmt.Errorf("%s: %w", op, ErrNotInitialized)
+		case "28P01", "28000": // invalid_password, invalid_authorization_specification
+			return fmt.Errorf("%s: database %s: %w of user %s: wrong password or no such role (%s)", op, db.addr, ErrLoginRefused, db.user(), pgErr.Message)
 		}
 	}
 	if pgconn.SafeToRetry(err) || isConnectError(err) {

@@ -12,6 +12,10 @@ import (
 var (
 	// ErrNotInitialized means the database has no mesh schema yet.
 	ErrNotInitialized = errors.New("mesh database is not initialised (run meshbox init)")
+	// ErrLoginRefused: the database answered and refused the login (a
+	// wrong password, or no such role): it is reachable, the credential
+	// is wrong.
+	ErrLoginRefused = errors.New("the database refused the login")
 	// ErrNotFound means the named row does not exist.
 	ErrNotFound = errors.New("not found")
 	// ErrExists means a row with that name already exists.
@@ -89,21 +93,35 @@ var (
 	ErrTokenExpired = errors.New("token expired")
 )
 
-// TokenUsedError says when a join token was used.
-type TokenUsedError struct{ At time.Time }
+// TokenUsedError says when a join token (of node Node) was used.
+type TokenUsedError struct {
+	At   time.Time
+	Node string
+}
 
 func (e *TokenUsedError) Error() string {
-	return "token already used at " + e.At.UTC().Format(time.RFC3339)
+	return "token already used at " + e.At.UTC().Format(time.RFC3339) + ": a join token works once; " + rejoinHint(e.Node)
+}
+
+// rejoinHint says how to get a new join token for node.
+func rejoinHint(node string) string {
+	if node == "" {
+		node = "NODE"
+	}
+	return "for a new one, run on the admin's machine: meshbox mesh node rejoin " + node
 }
 
 // Unwrap returns ErrTokenUsed.
 func (e *TokenUsedError) Unwrap() error { return ErrTokenUsed }
 
-// TokenExpiredError says when a join token expired.
-type TokenExpiredError struct{ At time.Time }
+// TokenExpiredError says when a join token (of node Node) expired.
+type TokenExpiredError struct {
+	At   time.Time
+	Node string
+}
 
 func (e *TokenExpiredError) Error() string {
-	return "token expired at " + e.At.UTC().Format(time.RFC3339)
+	return "token expired at " + e.At.UTC().Format(time.RFC3339) + "; " + rejoinHint(e.Node)
 }
 
 // Unwrap returns ErrTokenExpired.

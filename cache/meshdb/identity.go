@@ -246,9 +246,9 @@ func (db *DB) Redeem(ctx context.Context, tok JoinToken) (string, error) {
 	case "ok":
 		return *node, nil
 	case "used":
-		return "", fmt.Errorf("redeem join token: %w", &TokenUsedError{At: *at})
+		return "", fmt.Errorf("redeem join token: %w", &TokenUsedError{At: *at, Node: tok.Node})
 	case "expired":
-		return "", fmt.Errorf("redeem join token: %w", &TokenExpiredError{At: *at})
+		return "", fmt.Errorf("redeem join token: %w", &TokenExpiredError{At: *at, Node: tok.Node})
 	default:
 		return "", fmt.Errorf("redeem join token: %w", ErrTokenUnknown)
 	}

@@ -2,7 +2,9 @@ package meshdb_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
+	neturl "net/url"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
 // addNode adds node with a broker credential and a join token of ttl and
@@ -257,4 +260,31 @@ func pgxQueryRow(tb testing.TB, url, query string, arg any, dst any) error {
 	}
 	defer conn.Close(context.Background())
 	return conn.QueryRow(context.Background(), query, arg).Scan(dst)
+}
+
+// TestWrongPasswordIsNotUnreachable: a database that answers and refuses
+// the login says so, naming the user, and is not called unreachable.
+func TestWrongPasswordIsNotUnreachable(t *testing.T) {
+	pg := meshtest.Postgres(t)
+	url := pg.Database(t)
+	role := "meshdb_wrong_pw_" + strings.ToLower(rand.Text()[:6])
+	pg.Exec(t, "CREATE ROLE "+role+" LOGIN PASSWORD 'right-password'")
+	t.Cleanup(func() { _ = pg.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = neturl.UserPassword(role, "wrong-password")
+	db, err := meshdb.Open(context.Background(), u.String(), meshdb.Options{ConnectTimeout: 2 * time.Second})
+	if err == nil {
+		defer db.Close()
+		_, err = db.Revision(context.Background())
+		if err == nil {
+			err = db.Ping(context.Background())
+		}
+	}
+	if !errors.Is(err, meshdb.ErrLoginRefused) || !strings.Contains(err.Error(), "refused the login of user "+role) ||
+		!strings.Contains(err.Error(), "wrong password") || strings.Contains(err.Error(), " unreachable:") {
+		t.Fatalf("got %v, want the login refused, naming %s, not unreachable", err, role)
+	}
 }

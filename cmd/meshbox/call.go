@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/node"
 	"github.com/nats-io/nats.go"
 )
 
@@ -124,13 +126,17 @@ func (c *CallCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer nc.Close()
+	if err := fitsMessage(nc, data); err != nil {
+		return err
+	}
 	// The node answers by the deadline; wait a little longer for its 504.
 	rctx, cancel := context.WithTimeout(ctx, *timeout+2*time.Second)
 	defer cancel()
 	reply, err := nc.RequestMsgWithContext(rctx, &nats.Msg{Subject: subject, Data: data, Header: h})
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
-		return &exitError{code: 1, msg: fmt.Sprintf("no host for %s: nothing here serves %s and no route leads elsewhere", pos[0], subject)}
+		return &exitError{code: 1, msg: fmt.Sprintf("no host for %s: nothing here serves %s and no route leads elsewhere%s",
+			pos[0], subject, c.m.nearCapability(ctx, nc, pos[0]))}
 	case errors.Is(err, context.DeadlineExceeded):
 		return &exitError{code: 1, msg: fmt.Sprintf("no reply from %s within %s", subject, *timeout)}
 	case err != nil:
@@ -146,6 +152,73 @@ func (c *CallCommand) Run(ctx context.Context, args []string) error {
 	return err
 }
 
+// nearCapability suggests the capabilities the node knows (hosted here or
+// by its live peers) whose names are near name: "; did you mean echo?",
+// or "" when none is.
+func (m *Main) nearCapability(ctx context.Context, nc *nats.Conn, name string) string {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	msg, err := nc.RequestWithContext(ctx, node.SubjectCaps, nil)
+	if err != nil {
+		return ""
+	}
+	var r node.CapsReply
+	if json.Unmarshal(msg.Data, &r) != nil {
+		return ""
+	}
+	known := slices.Clone(r.Local)
+	for k := range r.Remote {
+		known = append(known, k)
+	}
+	slices.Sort(known)
+	known = slices.Compact(known)
+	var near []string
+	for _, k := range known {
+		if k != name && editDistance(k, name) <= max(1, len(name)/4) {
+			near = append(near, k)
+		}
+	}
+	if len(near) == 0 {
+		return ""
+	}
+	return "; did you mean " + strings.Join(near, " or ") + "? (meshbox caps lists them)"
+}
+
+// editDistance is the edit distance of a and b, a swap of two
+// neighbouring letters counting as one edit (optimal string alignment).
+func editDistance(a, b string) int {
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
+}
+
+// fitsMessage refuses data the node's NATS server would not take in one
+// message, saying its limit and what to do instead.
+func fitsMessage(nc *nats.Conn, data []byte) error {
+	if limit := nc.MaxPayload(); limit > 0 && int64(len(data)) > limit-1024 {
+		return usagef("the data is %d bytes; a message to the node carries at most about %d bytes (its max_payload, less room for headers): put big data in a blob (meshbox blob put FILE) and send its reference", len(data), limit-1024)
+	}
+	return nil
+}
+
 // submit sends a command or an event and waits for the node's answer that
 // it is durable.
 func (m *Main) submit(ctx context.Context, server, subject string, data []byte, h nats.Header, timeout time.Duration, verbose bool) error {
@@ -154,6 +227,9 @@ func (m *Main) submit(ctx context.Context, server, subject string, data []byte, 
 		return err
 	}
 	defer nc.Close()
+	if err := fitsMessage(nc, data); err != nil {
+		return err
+	}
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	reply, err := nc.RequestMsgWithContext(rctx, &nats.Msg{Subject: subject, Data: data, Header: h})

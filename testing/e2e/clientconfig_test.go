@@ -3,11 +3,13 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/nats-io/nats.go"
 )
 
 // TestClientCommandsFindTheirNode: a node set up as `meshbox join` sets
@@ -80,4 +82,50 @@ func TestClientCommandsFindTheirNode(t *testing.T) {
 		t.Errorf("program add with the node running: exit %d: %q %q, want it applied and --server nats://%s", code, out, errOut, addr)
 	}
 	_ = attic
+}
+
+// TestCallErrorsSayWhatToDo: meshbox call's refusals say what to do: a
+// near name for an unknown capability, "no node" for --to a node the mesh
+// does not have (not "not connected"), and the limit and blobs for data
+// over the node's message size. The controls: the right name and node
+// answer.
+func TestCallErrorsSayWhatToDo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	_, _, _, alpha, beta, _ := replayMesh(t)
+	host := natsConn(t, beta)
+	if _, err := host.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, host)
+	waitRoute(t, alpha.HTTPURL(), "echo", "beta")
+	onAlpha := []string{"MESHBOX_SERVER=" + alpha.NATSURL(), "MESHBOX_DATA=" + alpha.DataDir()}
+
+	if code, out, errOut := cliEnv(t, onAlpha, "call", "echo", "hi", "--to", "beta"); code != 0 || out != "hi" {
+		t.Fatalf("call echo --to beta (control): exit %d: %q %q", code, out, errOut)
+	}
+	if code, _, errOut := cliEnv(t, onAlpha, "call", "ehco", "hi"); code == 0 || !strings.Contains(errOut, "did you mean echo?") {
+		t.Errorf("call ehco: exit %d: %q, want a suggestion of echo", code, errOut)
+	}
+	if code, _, errOut := cliEnv(t, onAlpha, "call", "echo", "hi", "--to", "ghost"); code == 0 ||
+		!strings.Contains(errOut, "no node ghost in this mesh") || strings.Contains(errOut, "not connected") {
+		t.Errorf("call --to ghost: exit %d: %q, want no node ghost in this mesh", code, errOut)
+	}
+	big := filepath.Join(t.TempDir(), "big")
+	if err := os.WriteFile(big, make([]byte, 2<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command(meshtest.Binary(t), "call", "echo")
+	cmd.Env = append(os.Environ(), onAlpha...)
+	cmd.Stdin = f
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "max_payload") || !strings.Contains(string(out), "meshbox blob put FILE") {
+		t.Errorf("call echo < 2 MiB: %v: %s, want the limit and blobs", err, out)
+	}
 }

@@ -139,8 +139,8 @@ func TestNodeAddJoinRun(t *testing.T) {
 
 	// Used twice: refused, saying so; the first file is untouched.
 	code, _, errOut = cli(t, "join", token, "--env-file", filepath.Join(t.TempDir(), "again.env"))
-	if code == 0 || !strings.Contains(errOut, "token already used at ") {
-		t.Errorf("second join: exit %d, stderr %q; want token already used at ...", code, errOut)
+	if code == 0 || !strings.Contains(errOut, "token already used at ") || !strings.Contains(errOut, "meshbox mesh node rejoin cellar") {
+		t.Errorf("second join: exit %d, stderr %q; want token already used at ..., and rejoin cellar for a new one", code, errOut)
 	}
 	// Late: refused, saying when it expired.
 	code, out, errOut = cliEnv(t, admin, "mesh", "node", "add", "late", "--ttl", "1ms")
@@ -151,7 +151,7 @@ func TestNodeAddJoinRun(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		code, _, errOut = cli(t, "join", lateToken, "--env-file", filepath.Join(t.TempDir(), "late.env"))
-		if code != 0 && strings.Contains(errOut, "token expired at ") {
+		if code != 0 && strings.Contains(errOut, "token expired at ") && strings.Contains(errOut, "meshbox mesh node rejoin late") {
 			break
 		}
 		if code == 0 || time.Now().After(deadline) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -200,5 +201,26 @@ func TestRunRejectsBadInput(t *testing.T) {
 		if code == 0 || !strings.Contains(errOut, tt.want) {
 			t.Errorf("meshbox %v: exit %d, stderr %q; want non-zero and %q", tt.args, code, errOut, tt.want)
 		}
+	}
+}
+
+// TestNATSPortInUseSaidAtOnce: a node whose NATS address another program
+// listens on says so at once (not after waiting for its server), naming
+// the address and how to choose another.
+func TestNATSPortInUseSaidAtOnce(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	addr := l.Addr().String()
+	start := time.Now()
+	code, _, errOut := cli(t, "run", "--data", t.TempDir(), "--nats", addr, "--http", "127.0.0.1:0")
+	took := time.Since(start)
+	if code == 0 || !strings.Contains(errOut, "nats address "+addr+" is in use by another program") || !strings.Contains(errOut, "--nats or MESHBOX_NATS") {
+		t.Errorf("run on a NATS address in use: exit %d, %q; want it named in use, and how to choose another", code, errOut)
+	}
+	if took > 3*time.Second {
+		t.Errorf("run on a NATS address in use took %v to say so, want at once", took)
 	}
 }
