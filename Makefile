@@ -28,8 +28,12 @@ LDFLAGS := -X github.com/meshbox/meshbox/appliance.version=$(VERSION) -X github.
 DIST       ?= dist
 DIST_ARCHES ?= amd64 arm64 arm
 DEB_ARCHES ?= $(DIST_ARCHES)
-# Arguments for `make run`, e.g. make run RUN_ARGS="--node alpha".
+# Arguments for `make run`, e.g. make run RUN_ARGS="--node alpha". Its data
+# directory is the checkout's own (RUN_DATA), never a packaged node's
+# /var/lib/meshbox: run as root it would leave files there that node's
+# user cannot read.
 RUN_ARGS ?=
+RUN_DATA ?= .run
 # Go's default 10m per test binary is too short for the fault tests under -race.
 TEST_TIMEOUT ?= 30m
 # Test binaries run at once. The integration packages mostly wait on
@@ -54,7 +58,7 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/meshbox
 
 run: build
-	./$(BIN) run $(RUN_ARGS)
+	./$(BIN) run --data $(RUN_DATA) $(RUN_ARGS)
 
 services:
 	bash testing/services.sh

@@ -169,6 +169,9 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if err := os.MkdirAll(a.cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data directory: %w", err)
 	}
+	if err := checkDataOwner(a.cfg.DataDir); err != nil {
+		return err
+	}
 	// HTTP first: status and readiness answer for the whole start.
 	if a.cfg.HTTP != "off" {
 		if err := a.startHTTP(); err != nil {

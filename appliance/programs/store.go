@@ -25,15 +25,27 @@ const (
 type Store struct {
 	dir string
 	mu  sync.Mutex // serializes Put and Remove in this process
+	// owner is the data directory's owner when this process is root and
+	// the directory is another user's (the node's): what root writes here
+	// is given to that user, so that the node can read it.
+	owner *fileOwner
 }
 
 // Open returns the store in dir, making the directory (mode 0700) if it
-// is missing.
+// is missing. Run as root in a data directory another user owns (sudo
+// meshbox program add, with the node running as its own user), the files
+// it writes take that user as their owner.
 func Open(dir string) (*Store, error) {
+	owner := ownerOf(filepath.Dir(dir))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("programs: %w", err)
 	}
-	return &Store{dir: dir}, nil
+	if owner != nil {
+		if err := os.Chown(dir, owner.uid, owner.gid); err != nil {
+			return nil, fmt.Errorf("programs: give %s to the data directory's owner (uid %d): %w", dir, owner.uid, err)
+		}
+	}
+	return &Store{dir: dir, owner: owner}, nil
 }
 
 // Dir is the store's directory.
@@ -73,7 +85,7 @@ func (s *Store) Put(p Program) (credsPath string, err error) {
 		if p.Key, err = kp.PublicKey(); err != nil {
 			return "", fmt.Errorf("program %s: new key: %w", p.Name, err)
 		}
-		if err := writeFile(s.CredsPath(p.Name), seedFile(seed, "program "+p.Name, p.InboxPrefix())); err != nil {
+		if err := s.writeFile(s.CredsPath(p.Name), seedFile(seed, "program "+p.Name, p.InboxPrefix())); err != nil {
 			return "", fmt.Errorf("program %s: %w", p.Name, err)
 		}
 	default:
@@ -83,7 +95,7 @@ func (s *Store) Put(p Program) (credsPath string, err error) {
 	if err != nil {
 		return "", fmt.Errorf("program %s: %w", p.Name, err)
 	}
-	if err := writeFile(s.defPath(p.Name), append(data, '\n')); err != nil {
+	if err := s.writeFile(s.defPath(p.Name), append(data, '\n')); err != nil {
 		return "", fmt.Errorf("program %s: %w", p.Name, err)
 	}
 	return s.CredsPath(p.Name), nil
@@ -172,7 +184,7 @@ func readDef(path, name string) (Program, error) {
 }
 
 // writeFile writes data to path atomically, mode 0600.
-func writeFile(path string, data []byte) error {
+func (s *Store) writeFile(path string, data []byte) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return err
@@ -181,6 +193,12 @@ func writeFile(path string, data []byte) error {
 	if err := tmp.Chmod(0o600); err != nil {
 		tmp.Close()
 		return err
+	}
+	if s.owner != nil {
+		if err := tmp.Chown(s.owner.uid, s.owner.gid); err != nil {
+			tmp.Close()
+			return err
+		}
 	}
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()

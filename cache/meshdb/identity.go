@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 
@@ -69,6 +70,26 @@ func (db *DB) NodeHasIdentity(ctx context.Context, name string) (exists, identit
 		return false, false, db.wrap("find node", err)
 	}
 	return exists, identity, nil
+}
+
+// CheckCanAddNodes says what is missing for the database user to add
+// nodes: every node gets a role of its own, which needs CREATEROLE (or a
+// superuser).
+func (db *DB) CheckCanAddNodes(ctx context.Context) error {
+	var user string
+	var ok bool
+	err := db.pool.QueryRow(ctx, `SELECT current_user, rolcreaterole OR rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&user, &ok)
+	if err != nil {
+		return db.wrap("check database role", err)
+	}
+	if !ok {
+		ident := user
+		if !regexp.MustCompile(`^[a-z_][a-z0-9_]*$`).MatchString(user) {
+			ident = pgx.Identifier{user}.Sanitize()
+		}
+		return fmt.Errorf("the database user %s may not create roles, and every node gets a role of its own: as PostgreSQL's superuser, run: ALTER ROLE %s CREATEROLE", user, ident)
+	}
+	return nil
 }
 
 // NodeStages returns the stage allow-list of a node, or *NotFoundError.

@@ -288,3 +288,25 @@ func TestWrongPasswordIsNotUnreachable(t *testing.T) {
 		t.Fatalf("got %v, want the login refused, naming %s, not unreachable", err, role)
 	}
 }
+
+// TestCheckCanAddNodes: a database user without CREATEROLE is told what
+// to run; the superuser (control) may add nodes.
+func TestCheckCanAddNodes(t *testing.T) {
+	pg := meshtest.Postgres(t)
+	url := pg.Database(t)
+	if err := openDB(t, url).CheckCanAddNodes(context.Background()); err != nil {
+		t.Fatalf("superuser: %v, want nil", err)
+	}
+	role := "meshdb_nocreaterole_" + strings.ToLower(rand.Text()[:6])
+	pg.Exec(t, "CREATE ROLE "+role+" LOGIN PASSWORD 'pw'")
+	t.Cleanup(func() { _ = pg.ExecContext(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = neturl.UserPassword(role, "pw")
+	err = openDB(t, u.String()).CheckCanAddNodes(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "database user "+role+" may not create roles") || !strings.Contains(err.Error(), "ALTER ROLE "+role+" CREATEROLE") {
+		t.Fatalf("got %v, want it to say %s may not create roles and the ALTER ROLE that fixes it", err, role)
+	}
+}

@@ -25,6 +25,9 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 	if err := cache.ValidateNodeName(rec.Name); err != nil {
 		return fmt.Errorf("add node: %w", err)
 	}
+	if err := db.CheckCanAddNodes(ctx); err != nil {
+		return fmt.Errorf("add node: %w", err)
+	}
 	exists, identity, err := db.NodeHasIdentity(ctx, rec.Name)
 	if err != nil {
 		return fmt.Errorf("add node: %w", err)
