@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -55,6 +56,9 @@ type Bridge struct {
 	// process: a later refusal of one is a revocation, of another a wrong
 	// credential.
 	acceptedUsers sync.Map
+	// localCmds are the commands at local handlers outside a session
+	// (lease.go): *localCmd keys.
+	localCmds sync.Map
 	// olderExchangeWarned: the node said once that it may not delete its
 	// older mesh's exchange (topology.go).
 	olderExchangeWarned atomic.Bool
@@ -472,8 +476,16 @@ func (b *Bridge) Status() Status {
 	st.Outbox = b.outboxStatus()
 	st.Stalls = b.stallList()
 	st.Commands = []CommandStatus{}
+	now := time.Now()
 	if s := b.link.sess.Load(); s != nil {
-		st.Commands = s.commandsInFlight(time.Now())
+		st.Commands = s.commandsInFlight(now)
+	}
+	if local := b.localCommandsInFlight(now); len(local) > 0 {
+		st.Commands = append(st.Commands, local...)
+		slices.SortFunc(st.Commands, func(a, b CommandStatus) int { return cmp.Compare(b.AgeSeconds, a.AgeSeconds) })
+		if len(st.Commands) > maxCommandsListed {
+			st.Commands = st.Commands[:maxCommandsListed]
+		}
 	}
 	st.DeadLetters = b.deadCounts()
 	if b.olderPerms.Load() {

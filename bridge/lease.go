@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -109,6 +111,31 @@ func (s *session) commandsInFlight(now time.Time) []CommandStatus {
 	return out
 }
 
+// localCmd is a command runHandler has at a local handler: a command of
+// the node's own outbox when it has no broker (standalone).
+type localCmd struct {
+	stage, msgID string
+	attempt      int
+	started      time.Time
+	deadline     atomic.Int64 // unix nanoseconds
+	extended     atomic.Int32
+}
+
+// localCommandsInFlight lists the commands at local handlers outside a
+// session.
+func (b *Bridge) localCommandsInFlight(now time.Time) []CommandStatus {
+	var out []CommandStatus
+	b.localCmds.Range(func(k, _ any) bool {
+		c := k.(*localCmd)
+		out = append(out, CommandStatus{Stage: c.stage, MsgID: c.msgID, Attempt: c.attempt, State: "handler",
+			AgeSeconds:            max(0, now.Sub(c.started).Seconds()),
+			LeaseRemainingSeconds: max(0, time.Unix(0, c.deadline.Load()).Sub(now).Seconds()),
+			Extended:              int(c.extended.Load())})
+		return true
+	})
+	return out
+}
+
 // runHandler calls the local handler of stage with msg and returns its
 // result reply on success or why it failed. The handler's progress extends its lease as
 // for mesh commands. While no handler is subscribed it waits (up to the
@@ -127,6 +154,13 @@ func (b *Bridge) runHandler(ctx context.Context, stage string, msg *nats.Msg, ho
 	msg.Reply = inbox
 	started := time.Now()
 	deadline := started.Add(b.cfg.CommandTimeout)
+	// Listed in the status as the session's commands are (a standalone
+	// node has no session, and its commands are in flight all the same).
+	lc := &localCmd{stage: stage, msgID: msg.Header.Get(HeaderMsgID), started: started}
+	lc.attempt, _ = strconv.Atoi(msg.Header.Get(HeaderAttempt))
+	lc.deadline.Store(deadline.UnixNano())
+	b.localCmds.Store(lc, struct{}{})
+	defer b.localCmds.Delete(lc)
 	if err := nc.PublishMsg(msg); err != nil {
 		return nil, fmt.Errorf("calling the handler of stage %s: %v", stage, err)
 	}
@@ -153,6 +187,8 @@ func (b *Bridge) runHandler(ctx context.Context, stage string, msg *nats.Msg, ho
 		case err == nil && isProgress(resp.Header):
 			if until, later := b.leaseUntil(started, deadline, time.Now()); later {
 				deadline = until
+				lc.deadline.Store(deadline.UnixNano())
+				lc.extended.Add(1)
 				b.m.leaseExtensions.Inc()
 			}
 		case err == nil:

@@ -552,3 +552,56 @@ func TestStatusPageRendersAnyStatus(t *testing.T) {
 		t.Errorf("broken status: live indicator class %q, want stale", got)
 	}
 }
+
+// TestStandaloneStatusPage: a standalone node (no broker configured) is a
+// mode, not a fault: its status page says so without an alarm, and a
+// command its own program handles is listed in flight, within its lease.
+func TestStandaloneStatusPage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a node and a browser")
+	}
+	p := meshtest.StartProcess(t, "--node", "solo")
+	host := natsConn(t, p)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	if _, err := host.Subscribe("work.print", func(m *nats.Msg) {
+		<-release
+		_ = m.Respond(nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, host)
+	caller := natsConn(t, p)
+	var last string
+	if !waitFor(10*time.Second, func() bool { // until the node sees its handler
+		o, resp, err := submit(caller, "cmd.print", []byte("page"), 5*time.Second)
+		last = fmt.Sprint(o, resp, err)
+		return o == acked
+	}) {
+		t.Fatalf("submit print: %s", last)
+	}
+	var cmds []any
+	if !waitFor(10*time.Second, func() bool {
+		cmds, _ = fullStatus(t, p.HTTPURL())["commands"].([]any)
+		return len(cmds) == 1
+	}) {
+		t.Fatalf("standalone node's commands in flight: %v, want the one its program handles", fullStatus(t, p.HTTPURL())["commands"])
+	}
+	c, _ := cmds[0].(map[string]any)
+	if c["stage"] != "print" || c["lease_remaining_seconds"].(float64) <= 0 {
+		t.Errorf("command in flight: %v, want stage print within its lease", c)
+	}
+	page := renderPage(t, p.HTTPURL()+"/")
+	if cls := page.attr(t, "broker-reason", "class"); strings.Contains(cls, "bad") {
+		t.Errorf("standalone broker note: class %q, want no alarm", cls)
+	}
+	if got := page.text(t, "broker-reason"); !strings.HasPrefix(got, "Standalone: no broker is configured") {
+		t.Errorf("standalone broker note: %q", got)
+	}
+	if cls := page.attr(t, "broker-card", "class"); strings.Contains(cls, "alert") {
+		t.Errorf("broker card: class %q, want no alert", cls)
+	}
+	if !page.has(">print<") {
+		t.Errorf("the page does not list the command in flight of stage print")
+	}
+}
