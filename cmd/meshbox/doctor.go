@@ -46,7 +46,7 @@ func (c *DoctorCommand) Run(ctx context.Context, args []string) error {
 func (c *DoctorCommand) parse(args []string) (doctor.Options, bool, error) {
 	fs := c.m.newFlagSet("doctor", "doctor [--db URL] [--broker URL] [--data DIR] [--nats HOST:PORT] [--server URL] [--json]")
 	cfgFlags := addConfigFlags(fs, "node", "data", "nats", "db", "broker")
-	envFile := fs.String("env-file", "", "read MESHBOX_* variables from this file first, e.g. /etc/meshbox/meshbox.env")
+	envFile := fs.String("env-file", "", "read MESHBOX_* variables from this file first (default: "+appliance.DefaultEnvFile()+" if it exists, as meshbox run reads it)")
 	server := fs.String("server", c.m.Getenv("MESHBOX_SERVER"), "NATS URL to ask the running node (env MESHBOX_SERVER; default: from --nats)")
 	hosts := fs.String("hosts", doctor.DefaultHostsFile, "hosts file to look for this node's pinned public name")
 	publicName := fs.String("public-name", "", "this node's public name (default: from the bindings)")
@@ -60,6 +60,9 @@ func (c *DoctorCommand) parse(args []string) (doctor.Options, bool, error) {
 	}
 	if *timeout <= 0 {
 		return doctor.Options{}, false, usagef("--timeout: must be positive, got %s", *timeout)
+	}
+	if *envFile == "" {
+		*envFile = appliance.ExistingDefaultEnvFile() // as meshbox run reads it
 	}
 	cfg, err := cfgFlags.load(c.m, *envFile)
 	if err != nil {

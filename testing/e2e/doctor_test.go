@@ -131,6 +131,20 @@ func TestDoctorHealthyNode(t *testing.T) {
 	wantCheck(t, rep, "mesh names", "ok", "127.0.0.1")
 	wantCheck(t, rep, "local NATS", "ok", "loopback only")
 
+	// Without --broker and --nats, doctor asks the running node: the broker
+	// it uses, its link as it reports it, and the address it listens on.
+	code, rep = doctor(t, "--node", "alpha", "--data", data, "--db", db, "--server", p.NATSURL())
+	if code != 0 {
+		t.Errorf("healthy node asked: exit %d, failed: %v", code, rep.failed())
+	}
+	wantCheck(t, rep, "broker", "ok", "the running node's link to", "is connected")
+	wantCheck(t, rep, "local NATS", "ok", "loopback only ("+nats+")")
+	for _, c := range rep.Checks {
+		if listens, _, _ := strings.Cut(c.Message, ";"); c.Name == "local NATS" && strings.Contains(listens, ":4222") {
+			t.Errorf("local NATS: %q says the node listens on port 4222, which it does not use", c.Message)
+		}
+	}
+
 	// Stopped: doctor reads the cache itself, and learns the broker and the
 	// public name from it.
 	p.Signal(syscall.SIGTERM)

@@ -37,8 +37,13 @@ func (d *Doctor) checkBroker(context.Context) Check {
 	raw, from := d.brokerURL()
 	if raw == "" {
 		if d.status != nil {
-			if s := d.status.Broker.State; s != "" && s != "none" {
-				return ok(name, "not checked here (URL not known to doctor): the node reports the link %s; pass --broker to check it", s)
+			if b := d.status.Broker; b.State != "" && b.State != "none" {
+				// The running node's own link, as it reports it: the
+				// broker it uses, with the credential it holds.
+				if b.State == "connected" {
+					return ok(name, "the running node's link to %s is connected (since %s)", b.URL, b.Since.UTC().Format(time.RFC3339))
+				}
+				return fail(name, "see the node's status (meshbox status) and its log", "the running node's link to %s is %s: %s", b.URL, b.State, b.Reason)
 			}
 		}
 		if d.cfg.DB != "" {

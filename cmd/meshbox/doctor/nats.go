@@ -16,10 +16,16 @@ import (
 func (d *Doctor) checkNATSBind(ctx context.Context) Check {
 	const name = "local NATS"
 	hint := "listen on loopback only: --nats 127.0.0.1:4222 (MESHBOX_NATS)"
+	// What the running node uses, when it answers; the configuration's
+	// address otherwise.
 	addrs := []string{d.cfg.NATS}
+	note := ""
 	if d.status != nil {
 		if pu, err := url.Parse(d.status.NATS.URL); err == nil && pu.Host != "" {
-			addrs = append(addrs, pu.Host)
+			if ConnectAddr(d.cfg.NATS) != ConnectAddr(pu.Host) {
+				note = "; the configuration read here says " + d.cfg.NATS + " (is --env-file the node's?)"
+			}
+			addrs = []string{pu.Host}
 		}
 	}
 	for _, a := range addrs {
@@ -38,7 +44,7 @@ func (d *Doctor) checkNATSBind(ctx context.Context) Check {
 			return fail(name, hint, "port %s answers on %s, not only on loopback", port, strings.Join(open, ", "))
 		}
 	}
-	return ok(name, "listens on loopback only (%s)", strings.Join(dedupe(addrs), ", "))
+	return ok(name, "listens on loopback only (%s)%s", strings.Join(dedupe(addrs), ", "), note)
 }
 
 // answersOffLoopback dials port on every non-loopback address of this
