@@ -107,7 +107,10 @@ func (a *Appliance) answerDeadLetters(data []byte) DeadLetterReply {
 	switch req.Action {
 	case DeadLetterList:
 		stages := []string{req.Stage}
-		if req.Stage == "" {
+		switch {
+		case req.Stage == "" && br.Standalone():
+			stages = []string{""} // every stage's, from the outbox
+		case req.Stage == "":
 			stages = slices.Sorted(maps.Keys(br.Status().DeadLetters))
 		}
 		rep.Letters = []bridge.DeadLetter{}

@@ -64,6 +64,49 @@ type DeadLetter struct {
 	// replay needs it.
 	Opened bool   `json:"opened"`
 	Why    string `json:"why,omitempty"` // why it could not be opened
+	// Waiting: the dead letter is in this node's outbox, not on a broker:
+	// a standalone node's, kept until it has one.
+	Waiting bool `json:"waiting,omitempty"`
+}
+
+// Standalone reports whether no broker is configured: dead letters then
+// wait in the outbox, where the dead-letter tools read them (DeadLetters
+// with stage "" lists every stage's).
+func (b *Bridge) Standalone() bool { return b.link.target() == "" }
+
+// waitingDeadLetters lists the dead letters of stage ("" for every
+// stage) in the outbox, oldest first (at most maxBrowse).
+func (b *Bridge) waitingDeadLetters(stage string) ([]DeadLetter, error) {
+	out := []DeadLetter{}
+	var after uint64
+	for len(out) < maxBrowse {
+		recs, err := b.ob.readAfter(after, 256, 1<<kindDead)
+		if err != nil {
+			return nil, fmt.Errorf("read the outbox: %w", err)
+		}
+		for _, r := range recs {
+			after = r.seq
+			if stage != "" && r.name != stage {
+				continue
+			}
+			_, text := splitReason(r.reason)
+			origin := r.header.Get(HeaderOrigin)
+			if origin == "" {
+				origin = b.cfg.Node
+			}
+			dl := DeadLetter{Stage: r.name, ID: r.msgID, Reason: text, Node: b.cfg.Node, Origin: origin,
+				Attempts: int(r.attempt), FirstFailure: r.created, LastFailure: r.created, Submitted: r.created,
+				Size: len(r.body), Headers: map[string]string{}, Content: map[string]string{}, Opened: true, Waiting: true}
+			for k := range r.header {
+				dl.Content[k] = r.header.Get(k)
+			}
+			out = append(out, dl)
+		}
+		if len(recs) < 256 {
+			break
+		}
+	}
+	return out, nil
 }
 
 // maxBrowse bounds how many dead letters one operation reads.
@@ -169,6 +212,14 @@ func browse(ch *amqp.Channel, stage string, each func(d *amqp.Delivery) (bool, e
 // DeadLetters lists the dead letters of stage, oldest first (at most
 // 10,000).
 func (b *Bridge) DeadLetters(ctx context.Context, stage string) ([]DeadLetter, error) {
+	if b.Standalone() {
+		if stage != "" {
+			if err := names.Stage(stage); err != nil {
+				return nil, fmt.Errorf("%w: %v", ErrBadInput, err)
+			}
+		}
+		return b.waitingDeadLetters(stage)
+	}
 	out := []DeadLetter{}
 	err := b.deadOp(ctx, stage, func(s *session, ch *amqp.Channel) error {
 		return browse(ch, stage, func(d *amqp.Delivery) (bool, error) {
@@ -188,6 +239,18 @@ func (b *Bridge) DeadLetters(ctx context.Context, stage string) ([]DeadLetter, e
 func (b *Bridge) ShowDeadLetter(ctx context.Context, stage, id string) (DeadLetter, error) {
 	if !validID(id) {
 		return DeadLetter{}, fmt.Errorf("%w: %q is not a message id", ErrBadInput, id)
+	}
+	if b.Standalone() {
+		list, err := b.waitingDeadLetters(stage)
+		if err != nil {
+			return DeadLetter{}, err
+		}
+		for _, dl := range list {
+			if dl.ID == id {
+				return dl, nil
+			}
+		}
+		return DeadLetter{}, fmt.Errorf("dead letter of %s: %w: %s", stage, ErrNoDeadLetter, id)
 	}
 	var found *DeadLetter
 	err := b.deadOp(ctx, stage, func(s *session, ch *amqp.Channel) error {

@@ -152,10 +152,15 @@ func printDeadLetters(w io.Writer, rep appliance.DeadLetterReply, now time.Time)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STAGE\tID\tATTEMPTS\tDEAD SINCE\tREASON")
+	waiting := false
 	for _, d := range rep.Letters {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", d.Stage, d.ID, d.Attempts, ago(now, d.LastFailure), oneLine(d.Reason, 100))
+		waiting = waiting || d.Waiting
 	}
 	_ = tw.Flush()
+	if waiting {
+		fmt.Fprintln(w, "(kept in this node's outbox: it has no broker; they go to the mesh's dead letters when it joins one)")
+	}
 }
 
 // printDeadLetter writes everything known of one dead letter.

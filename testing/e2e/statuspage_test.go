@@ -605,3 +605,53 @@ func TestStandaloneStatusPage(t *testing.T) {
 		t.Errorf("the page does not list the command in flight of stage print")
 	}
 }
+
+// TestStandaloneDeadLetters: a standalone node's dead letters (kept in its
+// outbox, it has no broker) are listed and shown by meshbox dlq, not
+// refused as "mesh unreachable".
+func TestStandaloneDeadLetters(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a node")
+	}
+	p := meshtest.StartProcess(t, "--node", "solo")
+	host := natsConn(t, p)
+	if _, err := host.Subscribe("work.print", func(m *nats.Msg) {
+		r := nats.NewMsg(m.Reply)
+		r.Header.Set("Nats-Service-Error", "out of paper")
+		r.Header.Set("Nats-Service-Error-Code", "422") // permanent: dead at once
+		_ = m.RespondMsg(r)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, host)
+	caller := natsConn(t, p)
+	if !waitFor(10*time.Second, func() bool {
+		o, _, _ := submit(caller, "cmd.print", []byte("page"), 5*time.Second)
+		return o == acked
+	}) {
+		t.Fatal("the standalone node never accepted the command")
+	}
+	onSolo := []string{"MESHBOX_SERVER=" + p.NATSURL(), "MESHBOX_DATA=" + p.DataDir()}
+	var out, errOut string
+	var code int
+	if !waitFor(10*time.Second, func() bool {
+		code, out, errOut = cliEnv(t, onSolo, "dlq", "list")
+		return code == 0 && strings.Contains(out, "print")
+	}) {
+		t.Fatalf("dlq list on a standalone node: exit %d: %q %q, want the dead letter of print", code, out, errOut)
+	}
+	if !strings.Contains(out, "out of paper") || !strings.Contains(out, "kept in this node's outbox") || strings.Contains(out+errOut, "unreachable") {
+		t.Errorf("dlq list: %q, want the reason and that it waits in the outbox", out)
+	}
+	code, out, errOut = cliEnv(t, onSolo, "dlq", "list", "print", "--json")
+	if code != 0 || !strings.Contains(out, `"waiting": true`) {
+		t.Fatalf("dlq list print --json: exit %d: %q %q", code, out, errOut)
+	}
+	id := regexp.MustCompile(`"id": "([^"]+)"`).FindStringSubmatch(out)
+	if id == nil {
+		t.Fatalf("no id in %s", out)
+	}
+	if code, out, errOut := cliEnv(t, onSolo, "dlq", "show", "print", id[1]); code != 0 || !strings.Contains(out, "out of paper") {
+		t.Errorf("dlq show print %s: exit %d: %q %q", id[1], code, out, errOut)
+	}
+}
