@@ -178,3 +178,70 @@ func TestClaimSquatCleared(t *testing.T) {
 		t.Errorf("a second process with alpha's credential: %v, want ErrNodeNameInUse", err)
 	}
 }
+
+// previousMesh gives user the permissions the previous meshbox gave a
+// node (configure on its queues by name and on node.<n>), as a mesh has
+// them until rotate --all.
+func previousMesh(t *testing.T, vhost, adminURL, user, node string) {
+	t.Helper()
+	hc, err := rabbithole.NewClient(strings.Replace(adminURL, "guest:guest@", "", 1), "guest", "guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc.SetTransport(&http.Transport{DisableKeepAlives: true})
+	queues := `node\.` + node + `\.(requests|replies|events|system)|(cmd|retry|dead)\.(.+)`
+	if _, err := hc.UpdatePermissionsIn(vhost, user, rabbithole.Permissions{
+		Configure: `^(node\.` + node + `|` + queues + `)$`, Write: `^(mesh|mesh\.dlx|node\.` + node + `|` + queues + `)$`,
+		Read: `^(mesh|node\.` + node + `|` + queues + `)$`}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// During an upgrade, before rotate --all: a node of this version whose
+// broker user still has the previous version's permissions names its own
+// queues after itself (the named request queue its claim), a node on the
+// current permissions uses server-named ones, and the two call each other
+// both ways; a second process with the first's credential is refused.
+func TestPreviousPermissionsDuringUpgrade(t *testing.T) {
+	admin, urlOf := perNodeMesh(t)
+	prev, cur := generation(t, admin, "alpha", 1), generation(t, admin, "gamma", 1)
+	previousMesh(t, admin.Vhost(), sharedRabbit(t).AdminURL(), prev.User, "alpha")
+	alpha := newNode(t, "alpha", urlOf(prev), func(c *bridge.Config) { c.Routes = map[string]string{"echo-gamma": "gamma"} })
+	gamma := newNode(t, "gamma", urlOf(cur), func(c *bridge.Config) { c.Routes = map[string]string{"echo-alpha": "alpha"} })
+	alpha.waitConnected(t)
+	gamma.waitConnected(t)
+	if req, rep, sys := bridge.OwnQueues(alpha.b); req != "node.alpha.requests" || rep != "node.alpha.replies" || sys != "node.alpha.system" {
+		t.Errorf("alpha's queues on the previous permissions: %s %s %s, want named after it", req, rep, sys)
+	}
+	if req, _, _ := bridge.OwnQueues(gamma.b); !strings.HasPrefix(req, "amq.gen-") {
+		t.Errorf("gamma's request queue on the current permissions: %s, want server-named", req)
+	}
+	for _, n := range []*node{alpha, gamma} {
+		sub, err := n.client.Subscribe("cap.echo-"+n.name, func(m *nats.Msg) { _ = m.Respond(append([]byte(n.name+":"), m.Data...)) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+		if err := n.client.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStandIn(t, alpha, "echo-gamma")
+	waitStandIn(t, gamma, "echo-alpha")
+	for _, c := range []struct {
+		from *node
+		to   string
+	}{{alpha, "gamma"}, {gamma, "alpha"}} {
+		m, err := c.from.request(t, "cap.echo-"+c.to, []byte("hi"), nil, 5*time.Second)
+		if err != nil {
+			t.Fatalf("%s calls %s: %v", c.from.name, c.to, err)
+		}
+		if code, text := serviceError(m); code != "" || string(m.Data) != c.to+":hi" {
+			t.Fatalf("%s calls %s: got %q (error %s %q)", c.from.name, c.to, m.Data, code, text)
+		}
+	}
+	twin := buildNode(t, "alpha", urlOf(prev), nil)
+	if err := twin.b.Start(t.Context()); !errors.Is(err, bridge.ErrNodeNameInUse) {
+		t.Errorf("a second process with alpha's credential: %v, want ErrNodeNameInUse", err)
+	}
+}
