@@ -79,30 +79,7 @@ func TestOwnQueuesBoundToMesh(t *testing.T) {
 	gamma := newNode(t, "gamma", urlOf(credNew), edit("gamma", "alpha"))
 	alpha.waitConnected(t)
 	gamma.waitConnected(t)
-	for _, n := range []*node{alpha, gamma} {
-		sub, err := n.client.Subscribe("cap.echo-"+n.name, func(m *nats.Msg) { _ = m.Respond(append([]byte(n.name+":"), m.Data...)) })
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = sub.Unsubscribe() })
-		if err := n.client.Flush(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitStandIn(t, alpha, "echo-gamma")
-	waitStandIn(t, gamma, "echo-alpha")
-	for _, c := range []struct {
-		from *node
-		to   string
-	}{{alpha, "gamma"}, {gamma, "alpha"}} {
-		m, err := c.from.request(t, "cap.echo-"+c.to, []byte("hi"), nil, 5*time.Second)
-		if err != nil {
-			t.Fatalf("%s calls %s: %v", c.from.name, c.to, err)
-		}
-		if code, text := serviceError(m); code != "" || string(m.Data) != c.to+":hi" {
-			t.Fatalf("%s calls %s: got %q (error %s %q)", c.from.name, c.to, m.Data, code, text)
-		}
-	}
+	callEachOther(t, alpha, gamma)
 
 	// gamma may not delete its older exchange (its permissions give it no
 	// exchange at all); the admin does once it runs on them (rotate).
@@ -216,7 +193,18 @@ func TestPreviousPermissionsDuringUpgrade(t *testing.T) {
 	if req, _, _ := bridge.OwnQueues(gamma.b); !strings.HasPrefix(req, "amq.gen-") {
 		t.Errorf("gamma's request queue on the current permissions: %s, want server-named", req)
 	}
-	for _, n := range []*node{alpha, gamma} {
+	callEachOther(t, alpha, gamma)
+	twin := buildNode(t, "alpha", urlOf(prev), nil)
+	if err := twin.b.Start(t.Context()); !errors.Is(err, bridge.ErrNodeNameInUse) {
+		t.Errorf("a second process with alpha's credential: %v, want ErrNodeNameInUse", err)
+	}
+}
+
+// callEachOther has each of a and b host echo-<its name> and call the
+// other's (routed by the nodes' Routes), both ways.
+func callEachOther(t *testing.T, a, b *node) {
+	t.Helper()
+	for _, n := range []*node{a, b} {
 		sub, err := n.client.Subscribe("cap.echo-"+n.name, func(m *nats.Msg) { _ = m.Respond(append([]byte(n.name+":"), m.Data...)) })
 		if err != nil {
 			t.Fatal(err)
@@ -226,12 +214,12 @@ func TestPreviousPermissionsDuringUpgrade(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitStandIn(t, alpha, "echo-gamma")
-	waitStandIn(t, gamma, "echo-alpha")
+	waitStandIn(t, a, "echo-"+b.name)
+	waitStandIn(t, b, "echo-"+a.name)
 	for _, c := range []struct {
 		from *node
 		to   string
-	}{{alpha, "gamma"}, {gamma, "alpha"}} {
+	}{{a, b.name}, {b, a.name}} {
 		m, err := c.from.request(t, "cap.echo-"+c.to, []byte("hi"), nil, 5*time.Second)
 		if err != nil {
 			t.Fatalf("%s calls %s: %v", c.from.name, c.to, err)
@@ -239,9 +227,5 @@ func TestPreviousPermissionsDuringUpgrade(t *testing.T) {
 		if code, text := serviceError(m); code != "" || string(m.Data) != c.to+":hi" {
 			t.Fatalf("%s calls %s: got %q (error %s %q)", c.from.name, c.to, m.Data, code, text)
 		}
-	}
-	twin := buildNode(t, "alpha", urlOf(prev), nil)
-	if err := twin.b.Start(t.Context()); !errors.Is(err, bridge.ErrNodeNameInUse) {
-		t.Errorf("a second process with alpha's credential: %v, want ErrNodeNameInUse", err)
 	}
 }
