@@ -20,9 +20,11 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/internal/brokerurl"
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/redact"
+	"github.com/meshbox/meshbox/node"
 )
 
 // Config is the whole configuration of one node. It is built once, at the
@@ -196,29 +198,29 @@ func DefaultConfig() Config {
 		NATS:    DefaultNATS,
 		HTTP:    DefaultHTTP,
 		Log:     LogConfig{Level: "info", Format: "text"},
+		// Each default is its component's (one home each); the test of the
+		// configuration reference checks the page shows these.
 		Cache: CacheConfig{
-			Keep: 10,
-			// Below 2s so that, with a database that drops packets rather
-			// than refusing, the node is still ready from cache within 2s.
-			LoadTimeout:   Duration(1500 * time.Millisecond),
-			RetryInterval: Duration(5 * time.Second),
-			MaxAge:        Duration(24 * time.Hour),
+			Keep:          cache.DefaultKeep,
+			LoadTimeout:   Duration(cache.DefaultLoadTimeout),
+			RetryInterval: Duration(cache.DefaultRetryInterval),
+			MaxAge:        Duration(cache.DefaultMaxAge),
 		},
 		Bridge: BridgeConfig{
-			OutboxMaxBytes:   64 << 20,
-			RequestTimeout:   Duration(5 * time.Second),
-			CommandTimeout:   Duration(30 * time.Second),
-			Prefetch:         32,
-			MaxStagePrefetch: 256,
+			OutboxMaxBytes:   bridge.DefaultOutboxMaxBytes,
+			RequestTimeout:   Duration(bridge.DefaultRequestTimeout),
+			CommandTimeout:   Duration(bridge.DefaultCommandTimeout),
+			Prefetch:         bridge.DefaultPrefetch,
+			MaxStagePrefetch: bridge.DefaultMaxStagePrefetch,
 			CommandBatch:     bridge.DefaultCommandBatch,
-			RetryBudget:      5,
-			Heartbeat:        Duration(5 * time.Second),
-			StallAfter:       Duration(5 * time.Minute),
+			RetryBudget:      bridge.DefaultRetryBudget,
+			Heartbeat:        Duration(bridge.DefaultHeartbeat),
+			StallAfter:       Duration(bridge.DefaultStallAfter),
 		},
 		Mesh: MeshConfig{
-			DiscoveryInterval: Duration(5 * time.Second),
-			HeartbeatInterval: Duration(5 * time.Second),
-			MissedHeartbeats:  3,
+			DiscoveryInterval: Duration(node.DefaultDiscoveryInterval),
+			HeartbeatInterval: Duration(node.DefaultHeartbeatInterval),
+			MissedHeartbeats:  node.DefaultMissedHeartbeats,
 		},
 		Modules: defaultModulesConfig(),
 		Blobs:   defaultBlobsConfig(),

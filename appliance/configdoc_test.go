@@ -8,6 +8,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/node"
 )
 
 // TestConfigurationReference checks docs/configuration.md against the
@@ -87,3 +91,61 @@ func TestConfigurationReference(t *testing.T) {
 		t.Errorf("the page's JSON example lacks keys the configuration has: %v", missing)
 	}
 }
+
+// TestDefaultsAgree: the page's JSON example shows the defaults a node
+// runs with, which are its components' own (one definition each).
+func TestDefaultsAgree(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "docs", "configuration.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := strings.Cut(string(raw), "\n```json\n")
+	example, _, _ := strings.Cut(rest, "\n```\n")
+	file := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(file, []byte(example), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	shown := DefaultConfig()
+	if err := shown.LoadFile(file); err != nil {
+		t.Fatal(err)
+	}
+	def := DefaultConfig()
+	if shown.Bridge.MaxLease.D() != bridge.DefaultMaxLease || def.Bridge.MaxLease != 0 {
+		t.Errorf("bridge.max_lease: the page shows %s, the bridge's default is %s (the config leaves it to the bridge: %s)",
+			shown.Bridge.MaxLease, bridge.DefaultMaxLease, def.Bridge.MaxLease)
+	}
+	shown.Bridge.MaxLease = 0
+	if len(shown.Bridge.Routes)+len(shown.Bridge.Dedupe)+len(shown.Bridge.Retry) == 0 {
+		shown.Bridge.Routes, shown.Bridge.Dedupe, shown.Bridge.Retry = nil, nil, nil // {} on the page: none
+	}
+	for _, c := range []struct {
+		name        string
+		shown, want any
+	}{
+		{"cache", shown.Cache, def.Cache},
+		{"bridge", shown.Bridge, def.Bridge},
+		{"mesh", shown.Mesh, def.Mesh},
+		{"blobs", shown.Blobs, def.Blobs},
+		{"log", shown.Log, def.Log},
+		{"nats", shown.NATS, def.NATS},
+		{"http", shown.HTTP, def.HTTP},
+	} {
+		a, _ := json.Marshal(c.shown)
+		b, _ := json.Marshal(c.want)
+		if string(a) != string(b) {
+			t.Errorf("%s: the page shows %s, the defaults are %s", c.name, a, b)
+		}
+	}
+	mods := shown.Modules
+	mods.Dir, mods.RunDir = def.Modules.Dir, def.Modules.RunDir // the page's are a packaged node's
+	if a, b := fmt2json(mods), fmt2json(def.Modules); a != b {
+		t.Errorf("modules: the page shows %s, the defaults are %s", a, b)
+	}
+	// The components' own constants are the defaults.
+	if def.Cache.LoadTimeout.D() != cache.DefaultLoadTimeout || def.Cache.RetryInterval.D() != cache.DefaultRetryInterval ||
+		def.Bridge.RequestTimeout.D() != bridge.DefaultRequestTimeout || def.Mesh.HeartbeatInterval.D() != node.DefaultHeartbeatInterval {
+		t.Errorf("DefaultConfig does not take its components' defaults: %+v", def)
+	}
+}
+
+func fmt2json(v any) string { b, _ := json.Marshal(v); return string(b) }

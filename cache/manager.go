@@ -20,8 +20,14 @@ const (
 
 // Defaults for ManagerConfig.
 const (
-	DefaultLoadTimeout      = 2 * time.Second
-	DefaultRetryInterval    = time.Second
+	// DefaultLoadTimeout is below 2 s so that, with a database that drops
+	// packets rather than refusing, the node is still ready from its cache
+	// within 2 s.
+	DefaultLoadTimeout   = 1500 * time.Millisecond
+	DefaultRetryInterval = 5 * time.Second
+	// DefaultMaxAge is the age of the bindings in use past which a node
+	// warns (MaxAge; the manager itself warns only when it is set).
+	DefaultMaxAge           = 24 * time.Hour
 	DefaultMaxRetryInterval = 30 * time.Second
 	DefaultRefreshInterval  = time.Minute
 	DefaultMaxNotifyDelay   = time.Second

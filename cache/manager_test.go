@@ -125,6 +125,10 @@ func newManagerEnv(tb testing.TB, withDB bool, maxAge time.Duration) *managerEnv
 		// These tests are about what a reload does; the wait before it
 		// has its own tests (spread_test.go).
 		MaxNotifyDelay: -1,
+		// The timings these tests count in (a node's defaults are slower:
+		// DefaultRetryInterval, DefaultLoadTimeout).
+		RetryInterval: time.Second,
+		LoadTimeout:   2 * time.Second,
 	}
 	if withDB {
 		cfg.Source = e.src

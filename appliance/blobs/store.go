@@ -31,6 +31,9 @@ const (
 // Limits are the store's retention: a blob is kept until it is deleted,
 // older than MaxAge (0: no limit), or among the oldest when the blobs
 // together exceed MaxBytes.
+// DefaultMaxBytes is the store's size limit unless configured: 1 GiB.
+const DefaultMaxBytes = 1 << 30
+
 type Limits struct {
 	MaxBytes int64
 	MaxAge   time.Duration
