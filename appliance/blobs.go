@@ -32,7 +32,9 @@ const (
 	minBlobAge   = time.Second
 )
 
-func defaultBlobsConfig() BlobsConfig { return BlobsConfig{Enabled: true, MaxBytes: blobs.DefaultMaxBytes} }
+func defaultBlobsConfig() BlobsConfig {
+	return BlobsConfig{Enabled: true, MaxBytes: blobs.DefaultMaxBytes}
+}
 
 func (b BlobsConfig) validate(bad func(field, format string, args ...any)) {
 	if b.MaxBytes < minBlobBytes || b.MaxBytes > maxBlobBytes {
