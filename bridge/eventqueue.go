@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/meshbox/meshbox/internal/wire"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -12,13 +13,9 @@ import (
 // one it was declared on, and the move of an older mesh's classic event
 // queue to it; and the arguments all of the node's quorum queues share.
 
-// quorumGroupSize is the number of replicas a quorum queue is given when
-// the broker setting names a cluster (clusterURLs URLs or more): the
-// smallest group that keeps a majority with one broker node down.
-const (
-	quorumGroupSize = 3
-	clusterURLs     = 3
-)
+// clusterURLs: a broker setting of this many URLs or more names a cluster,
+// whose quorum queues get wire.QuorumGroupSize replicas.
+const clusterURLs = 3
 
 // legacyMoveRounds bounds the rounds of moving a classic event queue that
 // keeps filling while it is emptied.
@@ -31,11 +28,7 @@ const legacyMoveRounds = 5
 // when a queue is declared again, so withSize=false asks for the other
 // choice (see declareEvents).
 func quorumArgs(args amqp.Table, withSize bool) amqp.Table {
-	args["x-queue-type"] = "quorum"
-	if withSize {
-		args["x-quorum-initial-group-size"] = int64(quorumGroupSize)
-	}
-	return args
+	return amqp.Table(wire.QuorumArgs(map[string]any(args), withSize))
 }
 
 // sizedQuorum reports whether this node declares quorum queues with an

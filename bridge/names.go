@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/meshbox/meshbox/internal/names"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // Local NATS subjects.
@@ -21,9 +22,9 @@ const (
 // retry and dead-letter queues have prefixes of their own (a stage name may
 // hold dots, so cmd.<stage>.retry could be another stage's queue).
 const (
-	exchangeMesh  = "mesh"     // topic: cmd.*, evt.*, sys.*, retry.*, dead.*, to.<node>.*
-	exchangeDLX   = "mesh.dlx" // topic: dead letters, routed by their original key
-	queueDead     = "mesh.dead"
+	exchangeMesh  = wire.MeshExchange       // topic: cmd.*, evt.*, sys.*, retry.*, dead.*, to.<node>.*
+	exchangeDLX   = wire.DeadLetterExchange // topic: dead letters, routed by their original key
+	queueDead     = wire.DeadLetterQueue
 	queueCmdPfx   = "cmd."
 	queueRetryPfx = "retry."
 	queueDeadPfx  = "dead."
@@ -81,36 +82,36 @@ func validNodeName(s string) bool { return names.Node(s) == nil }
 func validName(s string) bool { return names.Capability(s) == nil }
 
 // nodeExchange is the topic exchange of node n.
-func nodeExchange(n string) string { return "node." + n }
+func nodeExchange(n string) string { return wire.NodeExchange(n) }
 
 // requestQueue is the queue node n's requests arrive on.
-func requestQueue(n string) string { return "node." + n + ".requests" }
+func requestQueue(n string) string { return wire.RequestQueue(n) }
 
 // replyQueue is the queue replies to node n's requests arrive on.
-func replyQueue(n string) string { return "node." + n + ".replies" }
+func replyQueue(n string) string { return wire.ReplyQueue(n) }
 
 // eventQueue is the queue mesh events for node n wait in.
-func eventQueue(n string) string { return "node." + n + ".events" }
+func eventQueue(n string) string { return wire.EventQueue(n) }
 
 // claimQueue is the queue whose exclusive declaration is node n's claim
 // on its name (topology.go, claim).
-func claimQueue(n string) string { return "node." + n + ".claim" }
+func claimQueue(n string) string { return wire.ClaimQueue(n) }
 
 // systemQueue is the queue system messages for node n arrive on.
-func systemQueue(n string) string { return "node." + n + ".system" }
+func systemQueue(n string) string { return wire.SystemQueue(n) }
 
 // stageQueue is the command queue of a stage.
-func stageQueue(stage string) string { return queueCmdPfx + stage }
+func stageQueue(stage string) string { return wire.StageQueue(stage) }
 
 // retryQueue is the queue a stage's failed commands wait in for their
 // next attempt; retryKey binds it to mesh.
-func retryQueue(stage string) string { return queueRetryPfx + stage }
-func retryKey(stage string) string   { return queueRetryPfx + stage }
+func retryQueue(stage string) string { return wire.RetryQueue(stage) }
+func retryKey(stage string) string   { return wire.RetryKey(stage) }
 
 // deadQueue is the queue of a stage's dead letters; deadKey binds it to
 // mesh.
-func deadQueue(stage string) string { return queueDeadPfx + stage }
-func deadKey(stage string) string   { return queueDeadPfx + stage }
+func deadQueue(stage string) string { return wire.DeadQueue(stage) }
+func deadKey(stage string) string   { return wire.DeadKey(stage) }
 
 // requestKey is the routing key of a request for capability name on node n.
 func requestKey(n, name string) string { return "to." + n + ".req." + name }

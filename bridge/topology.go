@@ -9,11 +9,6 @@ import (
 )
 
 const (
-	// stageDeliveryLimit is the quorum queues' x-delivery-limit: a backstop
-	// above any retry budget, so the bridge's own budget (with a reason)
-	// dead-letters first. It is a constant so that every node declares the
-	// same arguments.
-	stageDeliveryLimit = 1000
 	// eventQueueExpiry deletes the event queue of a node unused this long.
 	eventQueueExpiry = 7 * 24 * time.Hour
 )

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -90,5 +91,22 @@ func TestCreateGenerationNeedsVhost(t *testing.T) {
 	_, err = a.CreateGeneration(context.Background(), "n1", 1, []string{"*"})
 	if !errors.Is(err, brokeradmin.ErrNoVhost) {
 		t.Fatalf("got %v, want ErrNoVhost", err)
+	}
+}
+
+// TestNeedsNoRuntime: the admin tools take the protocol's names from wire,
+// not from the runtime: the package does not import bridge.
+func TestNeedsNoRuntime(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if dep == "github.com/meshbox/meshbox/bridge" {
+			t.Errorf("brokeradmin imports the runtime (bridge); it needs only internal/wire")
+		}
+	}
+	if !strings.Contains(string(out), "github.com/meshbox/meshbox/internal/wire") {
+		t.Errorf("brokeradmin does not import internal/wire:\n%s", out)
 	}
 }

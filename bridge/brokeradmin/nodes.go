@@ -12,7 +12,7 @@ import (
 
 	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 
-	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // Password is a broker password. It prints redacted in logs, fmt and JSON;
@@ -40,7 +40,7 @@ func (p Password) Reveal() string { return string(p) }
 type Credential struct {
 	Node       string
 	Generation int
-	User       string // bridge.BrokerUser(Node, Generation)
+	User       string // wire.BrokerUser(Node, Generation)
 	Password   Password
 }
 
@@ -61,24 +61,24 @@ func (a *Admin) DeclareMesh(ctx context.Context) error {
 		do   func() (*http.Response, error)
 	}{
 		{"vhost " + a.vhost, func() (*http.Response, error) { return a.c.PutVhost(a.vhost, rabbithole.VhostSettings{}) }},
-		{"exchange " + bridge.MeshExchange, func() (*http.Response, error) {
-			return a.c.DeclareExchange(a.vhost, bridge.MeshExchange, rabbithole.ExchangeSettings{Type: "topic", Durable: true})
+		{"exchange " + wire.MeshExchange, func() (*http.Response, error) {
+			return a.c.DeclareExchange(a.vhost, wire.MeshExchange, rabbithole.ExchangeSettings{Type: "topic", Durable: true})
 		}},
-		{"exchange " + bridge.DeadLetterExchange, func() (*http.Response, error) {
-			return a.c.DeclareExchange(a.vhost, bridge.DeadLetterExchange, rabbithole.ExchangeSettings{Type: "topic", Durable: true})
+		{"exchange " + wire.DeadLetterExchange, func() (*http.Response, error) {
+			return a.c.DeclareExchange(a.vhost, wire.DeadLetterExchange, rabbithole.ExchangeSettings{Type: "topic", Durable: true})
 		}},
-		{"queue " + bridge.DeadLetterQueue, func() (*http.Response, error) {
+		{"queue " + wire.DeadLetterQueue, func() (*http.Response, error) {
 			// A quorum queue, reachable with any node of a cluster down. An
 			// older mesh's classic one is kept: declaring it with another
 			// type would fail.
-			if _, err := a.c.GetQueue(a.vhost, bridge.DeadLetterQueue); err == nil {
+			if _, err := a.c.GetQueue(a.vhost, wire.DeadLetterQueue); err == nil {
 				return &http.Response{Body: http.NoBody}, nil
 			}
-			return a.c.DeclareQueue(a.vhost, bridge.DeadLetterQueue, rabbithole.QueueSettings{Type: "quorum", Durable: true})
+			return a.c.DeclareQueue(a.vhost, wire.DeadLetterQueue, rabbithole.QueueSettings{Type: "quorum", Durable: true})
 		}},
-		{"binding " + bridge.DeadLetterQueue, func() (*http.Response, error) {
-			return a.c.DeclareBinding(a.vhost, rabbithole.BindingInfo{Source: bridge.DeadLetterExchange,
-				Destination: bridge.DeadLetterQueue, DestinationType: "queue", RoutingKey: "#"})
+		{"binding " + wire.DeadLetterQueue, func() (*http.Response, error) {
+			return a.c.DeclareBinding(a.vhost, rabbithole.BindingInfo{Source: wire.DeadLetterExchange,
+				Destination: wire.DeadLetterQueue, DestinationType: "queue", RoutingKey: "#"})
 		}},
 	}
 	for _, st := range steps {
@@ -91,8 +91,8 @@ func (a *Admin) DeclareMesh(ctx context.Context) error {
 
 // CreateGeneration creates (or, if it exists, resets) the broker user of
 // generation gen of node's credential with a new random password and no
-// tags, gives it bridge.NodePermissions for the stage allow-list on the
-// vhost, sets its user limits (bridge.NodeLimits) and declares the node's
+// tags, gives it wire.NodePermissions for the stage allow-list on the
+// vhost, sets its user limits (wire.NodeLimits) and declares the node's
 // durable queues (DeclareNodeQueues). The vhost must exist (DeclareMesh).
 // The node binds its own queues to mesh; an older mesh's exchange
 // node.<n> stays until the node has switched to this generation
@@ -101,14 +101,14 @@ func (a *Admin) CreateGeneration(ctx context.Context, node string, gen int, stag
 	if gen < 1 {
 		return Credential{}, fmt.Errorf("create broker user: generation %d: must be 1 or more", gen)
 	}
-	perms, err := bridge.NodePermissions(node, stages)
+	perms, err := wire.NodePermissions(node, stages)
 	if err != nil {
 		return Credential{}, fmt.Errorf("create broker user: %w", err)
 	}
 	if err := a.checkVhost(ctx); err != nil {
 		return Credential{}, err
 	}
-	cred := Credential{Node: node, Generation: gen, User: bridge.BrokerUser(node, gen), Password: Password(NewPassword())}
+	cred := Credential{Node: node, Generation: gen, User: wire.BrokerUser(node, gen), Password: Password(NewPassword())}
 	steps := []struct {
 		what string
 		do   func() (*http.Response, error)
@@ -140,13 +140,13 @@ func (a *Admin) CreateGeneration(ctx context.Context, node string, gen int, stag
 	return cred, nil
 }
 
-// DeclareNodeQueues declares node's durable queues (bridge.NodeQueues)
+// DeclareNodeQueues declares node's durable queues (wire.NodeQueues)
 // and binds them to mesh: with the current permissions the node may
 // only find them. A queue that exists is kept as it is (a node of an
 // older version declared it, with arguments of its own); its binding is
 // declared again.
 func (a *Admin) DeclareNodeQueues(ctx context.Context, node string, stages []string) error {
-	specs, err := bridge.NodeQueues(node, stages)
+	specs, err := wire.NodeQueues(node, stages)
 	if err != nil {
 		return fmt.Errorf("declare node queues: %w", err)
 	}
@@ -173,7 +173,7 @@ func (a *Admin) DeclareNodeQueues(ctx context.Context, node string, stages []str
 			return err
 		}
 		if err := a.call(ctx, "bind queue "+q.Name, func() (*http.Response, error) {
-			return a.c.DeclareBinding(a.vhost, rabbithole.BindingInfo{Source: bridge.MeshExchange,
+			return a.c.DeclareBinding(a.vhost, rabbithole.BindingInfo{Source: wire.MeshExchange,
 				Destination: q.Name, DestinationType: "queue", RoutingKey: q.Key})
 		}); err != nil {
 			return err
@@ -186,7 +186,7 @@ func (a *Admin) DeclareNodeQueues(ctx context.Context, node string, stages []str
 // stage's queues are shared with the other nodes of the stage). A queue
 // that does not exist is not an error.
 func (a *Admin) DeleteNodeQueues(ctx context.Context, node string) error {
-	specs, err := bridge.NodeQueues(node, nil)
+	specs, err := wire.NodeQueues(node, nil)
 	if err != nil {
 		return fmt.Errorf("delete node queues: %w", err)
 	}
@@ -210,7 +210,7 @@ func (a *Admin) DeleteNodeQueues(ctx context.Context, node string) error {
 // runs on a generation with them (until then its queues may be bound
 // through it). One that does not exist is not an error.
 func (a *Admin) DropNodeExchange(ctx context.Context, node string) error {
-	ex := bridge.NodeExchange(node)
+	ex := wire.NodeExchange(node)
 	return a.call(ctx, "delete exchange "+ex, func() (*http.Response, error) {
 		resp, err := a.c.DeleteExchange(a.vhost, ex)
 		var er rabbithole.ErrorResponse
@@ -225,11 +225,11 @@ func (a *Admin) DropNodeExchange(ctx context.Context, node string) error {
 // a new stage allow-list, and declares the queues of the stages added
 // (DeclareNodeQueues).
 func (a *Admin) SetStages(ctx context.Context, node string, gen int, stages []string) error {
-	perms, err := bridge.NodePermissions(node, stages)
+	perms, err := wire.NodePermissions(node, stages)
 	if err != nil {
 		return fmt.Errorf("set broker permissions: %w", err)
 	}
-	user := bridge.BrokerUser(node, gen)
+	user := wire.BrokerUser(node, gen)
 	if err := a.call(ctx, "permissions of "+user, func() (*http.Response, error) {
 		return a.c.UpdatePermissionsIn(a.vhost, user, rabbithole.Permissions{Configure: perms.Configure, Write: perms.Write, Read: perms.Read})
 	}); err != nil {
@@ -244,16 +244,16 @@ func (a *Admin) SetStages(ctx context.Context, node string, gen int, stages []st
 	return a.DeclareNodeQueues(ctx, node, stages)
 }
 
-// SetLimits sets the user limits (bridge.NodeLimits) of an existing
+// SetLimits sets the user limits (wire.NodeLimits) of an existing
 // generation's user: for a user made before limits existed.
 func (a *Admin) SetLimits(ctx context.Context, node string, gen int) error {
-	user := bridge.BrokerUser(node, gen)
+	user := wire.BrokerUser(node, gen)
 	return a.call(ctx, "limits of "+user, func() (*http.Response, error) { return a.putLimits(user) })
 }
 
-// putLimits sets bridge.NodeLimits on user.
+// putLimits sets wire.NodeLimits on user.
 func (a *Admin) putLimits(user string) (*http.Response, error) {
-	l := bridge.NodeLimits()
+	l := wire.NodeLimits()
 	return a.c.PutUserLimits(user, rabbithole.UserLimitsValues{
 		"max-connections": l.MaxConnections, "max-channels": l.MaxChannels})
 }
@@ -262,7 +262,7 @@ func (a *Admin) putLimits(user string) (*http.Response, error) {
 // credential; the broker closes its connections. A user that does not
 // exist is not an error.
 func (a *Admin) DeleteGeneration(ctx context.Context, node string, gen int) error {
-	user := bridge.BrokerUser(node, gen)
+	user := wire.BrokerUser(node, gen)
 	return a.call(ctx, "delete user "+user, func() (*http.Response, error) { return a.c.DeleteUser(user) })
 }
 
@@ -278,7 +278,7 @@ func (a *Admin) Generations(ctx context.Context, node string) ([]int, error) {
 	}
 	var gens []int
 	for _, u := range users {
-		if n, g, ok := bridge.ParseBrokerUser(u.Name); ok && n == node {
+		if n, g, ok := wire.ParseBrokerUser(u.Name); ok && n == node {
 			gens = append(gens, g)
 		}
 	}
