@@ -22,11 +22,7 @@ import (
 // exchange node.<node> bound to mesh with to.<node>.#.
 func olderMesh(t *testing.T, vhost, adminURL, guestURL, user, node string) {
 	t.Helper()
-	hc, err := rabbithole.NewClient(strings.Replace(adminURL, "guest:guest@", "", 1), "guest", "guest")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc.SetTransport(&http.Transport{DisableKeepAlives: true})
+	hc := guestAdmin(t, adminURL)
 	queues := `node\.` + node + `\.(requests|replies|events|system)|(cmd|retry|dead)\.(.+)`
 	if _, err := hc.UpdatePermissionsIn(vhost, user, rabbithole.Permissions{
 		Configure: `^(` + queues + `)$`, Write: `^(mesh|mesh\.dlx|` + queues + `)$`, Read: `^(mesh|node\.` + node + `|` + queues + `)$`}); err != nil {
@@ -161,11 +157,7 @@ func TestClaimSquatCleared(t *testing.T) {
 // them until rotate --all.
 func previousMesh(t *testing.T, vhost, adminURL, user, node string) {
 	t.Helper()
-	hc, err := rabbithole.NewClient(strings.Replace(adminURL, "guest:guest@", "", 1), "guest", "guest")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc.SetTransport(&http.Transport{DisableKeepAlives: true})
+	hc := guestAdmin(t, adminURL)
 	queues := `node\.` + node + `\.(requests|replies|events|system)|(cmd|retry|dead)\.(.+)`
 	if _, err := hc.UpdatePermissionsIn(vhost, user, rabbithole.Permissions{
 		Configure: `^(node\.` + node + `|` + queues + `)$`, Write: `^(mesh|mesh\.dlx|node\.` + node + `|` + queues + `)$`,
@@ -228,4 +220,15 @@ func callEachOther(t *testing.T, a, b *node) {
 			t.Fatalf("%s calls %s: got %q (error %s %q)", c.from.name, c.to, m.Data, code, text)
 		}
 	}
+}
+
+// guestAdmin is a management API client as the test broker's guest.
+func guestAdmin(t *testing.T, adminURL string) *rabbithole.Client {
+	t.Helper()
+	hc, err := rabbithole.NewClient(strings.Replace(adminURL, "guest:guest@", "", 1), "guest", "guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc.SetTransport(&http.Transport{DisableKeepAlives: true})
+	return hc
 }
