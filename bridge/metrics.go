@@ -4,16 +4,17 @@ import (
 	"errors"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Link states, in status and in meshbox_broker_state{state}.
 const (
-	StateNone       = "none"       // no broker configured
-	StateConnecting = "connecting" // first attempt after start or a URL change
-	StateConnected  = "connected"
-	StateOffline    = "offline" // broker unreachable; retrying with backoff
-	StateBlocked    = "blocked" // connected, but the broker blocks publishers (resource alarm)
+	StateNone       = wire.StateNone
+	StateConnecting = wire.StateConnecting
+	StateConnected  = wire.StateConnected
+	StateOffline    = wire.StateOffline
+	StateBlocked    = wire.StateBlocked
 )
 
 var allStates = []string{StateNone, StateConnecting, StateConnected, StateOffline, StateBlocked}

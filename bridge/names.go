@@ -30,32 +30,28 @@ const (
 	queueDeadPfx  = "dead."
 )
 
-// Headers the node reads or adds, on NATS and AMQP alike.
+// Headers the node reads or adds (the protocol's: wire).
 const (
-	HeaderOrigin      = "Meshbox-Origin"      // node that published the message
-	HeaderMsgID       = "Meshbox-Msg-Id"      // stable message id of a command or event
-	HeaderAttempt     = "Meshbox-Attempt"     // 1 for the first delivery of a command
-	HeaderRedelivered = "Meshbox-Redelivered" // "true" when this delivery may be a duplicate
-	HeaderProgress    = "Meshbox-Progress"    // in a handler's reply: not the result, the handler is still working (extends the lease)
-	HeaderTimeout     = "Meshbox-Timeout"     // caller's deadline (Go duration), may only shorten the default
-	HeaderCapability  = "Meshbox-Capability"  // on the broker: the capability of a request published straight to a node's queue (read, no longer sent: the routing key to.<n>.req.<name> says it, and every meshbox reads it there first)
-	HeaderAccepted    = "Meshbox-Accepted"    // in a submit reply: "broker", "outbox" or "local"
-	HeaderDeadReason  = "Meshbox-Dead-Reason" // why a message was dead-lettered (sealing: its class; reasons.go)
-	HeaderDeadNode    = "Meshbox-Dead-Node"   // which node dead-lettered it
-	HeaderDeadQueue   = "Meshbox-Dead-Queue"  // the queue it came from
-	HeaderDeadAt      = "Meshbox-Dead-At"     // when it was dead-lettered (RFC 3339, ms): its last failure
-	HeaderAttempts    = "Meshbox-Attempts"    // attempts that failed before this delivery (retry copies, dead letters)
-	HeaderFirstFail   = "Meshbox-First-Failure"
-	HeaderLastFail    = "Meshbox-Last-Failure" // a retry copy's last failure (RFC 3339, ms)
-	HeaderLastReason  = "Meshbox-Last-Reason"  // why a retry copy's last attempt failed (sealing: its class; reasons.go)
-	HeaderFirstOrigin = "Meshbox-First-Origin" // a retry copy or replay: the origin of the command it copies, as the copying node read it
-	HeaderReplayed    = "Meshbox-Replayed"     // a replayed dead letter: "<time> by <node> (dead-lettered <time>: <reason>)" (sealing: its class; reasons.go)
-	HeaderResultTopic = "Meshbox-Result-Topic" // on a command: the event topic its handler's result is published on
-
-	// CodePermanent in a handler's Nats-Service-Error-Code says the command
-	// must not be tried again: it is dead-lettered at once with the
-	// handler's error as the reason.
-	CodePermanent = "422"
+	HeaderOrigin      = wire.HeaderOrigin
+	HeaderMsgID       = wire.HeaderMsgID
+	HeaderAttempt     = wire.HeaderAttempt
+	HeaderRedelivered = wire.HeaderRedelivered
+	HeaderProgress    = wire.HeaderProgress
+	HeaderTimeout     = wire.HeaderTimeout
+	HeaderCapability  = wire.HeaderCapability
+	HeaderAccepted    = wire.HeaderAccepted
+	HeaderDeadReason  = wire.HeaderDeadReason
+	HeaderDeadNode    = wire.HeaderDeadNode
+	HeaderDeadQueue   = wire.HeaderDeadQueue
+	HeaderDeadAt      = wire.HeaderDeadAt
+	HeaderAttempts    = wire.HeaderAttempts
+	HeaderFirstFail   = wire.HeaderFirstFail
+	HeaderLastFail    = wire.HeaderLastFail
+	HeaderLastReason  = wire.HeaderLastReason
+	HeaderFirstOrigin = wire.HeaderFirstOrigin
+	HeaderReplayed    = wire.HeaderReplayed
+	HeaderResultTopic = wire.HeaderResultTopic
+	CodePermanent     = wire.CodePermanent
 
 	headerServiceError     = "Nats-Service-Error"
 	headerServiceErrorCode = "Nats-Service-Error-Code"

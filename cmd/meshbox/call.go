@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/meshbox/meshbox/node"
 	"github.com/nats-io/nats.go"
 )
@@ -120,7 +120,7 @@ func (c *CallCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	h.Set(bridge.HeaderTimeout, timeout.String())
+	h.Set(wire.HeaderTimeout, timeout.String())
 	nc, err := c.m.connectNode(*server)
 	if err != nil {
 		return err
@@ -247,11 +247,11 @@ func (m *Main) submit(ctx context.Context, server, subject string, data []byte, 
 	if err := replyFailure(reply); err != nil {
 		return err
 	}
-	how := reply.Header.Get(bridge.HeaderAccepted)
+	how := reply.Header.Get(wire.HeaderAccepted)
 	if how == "" {
-		return &exitError{code: 1, msg: fmt.Sprintf("%s: the reply came from something other than the node (no %s header)", subject, bridge.HeaderAccepted)}
+		return &exitError{code: 1, msg: fmt.Sprintf("%s: the reply came from something other than the node (no %s header)", subject, wire.HeaderAccepted)}
 	}
-	fmt.Fprintf(m.Stdout, "accepted (%s) %s\n", how, reply.Header.Get(bridge.HeaderMsgID))
+	fmt.Fprintf(m.Stdout, "accepted (%s) %s\n", how, reply.Header.Get(wire.HeaderMsgID))
 	return nil
 }
 
@@ -279,7 +279,7 @@ func (c *SendCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	if *id != "" {
-		h.Set(bridge.HeaderMsgID, *id)
+		h.Set(wire.HeaderMsgID, *id)
 	}
 	data, err := c.m.payload(pos, 1)
 	if err != nil {
@@ -361,7 +361,7 @@ func (c *ListenCommand) Run(ctx context.Context, args []string) error {
 			return &exitError{code: 1, msg: "the node closed the connection"}
 		case m := <-msgs:
 			line := m.Subject
-			if o := m.Header.Get(bridge.HeaderOrigin); o != "" {
+			if o := m.Header.Get(wire.HeaderOrigin); o != "" {
 				line += " (from " + o + ")"
 			}
 			fmt.Fprintf(c.m.Stdout, "%s: %s\n", line, m.Data)

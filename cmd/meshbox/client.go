@@ -18,9 +18,9 @@ import (
 
 	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/programs"
-	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cmd/meshbox/doctor"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
 )
 
@@ -283,7 +283,7 @@ func printStatus(w io.Writer, st appliance.Status) {
 		row("brokers", fmt.Sprintf("%d URLs, on %s", len(st.Broker.URLs), st.Broker.Broker))
 	}
 	switch n := st.Broker.CommandBatch; {
-	case st.Broker.State == bridge.StateNone:
+	case st.Broker.State == wire.StateNone:
 		// No broker: nothing is batched, and nothing needs saying.
 	case n == 1:
 		row("batches", "off: every command alone (bridge.command_batch is 1, a peer of an older meshbox is up, or discovery has not heard from the peers yet)")

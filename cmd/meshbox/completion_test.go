@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os/exec"
 	"strings"
 	"testing"
 )
@@ -119,4 +120,23 @@ func contains(list []string, w string) bool {
 		}
 	}
 	return false
+}
+
+// TestTakesConstantsFromWire: the CLI and doctor take the protocol's
+// names (headers, broker names, link states) from wire; neither imports
+// the runtime itself.
+func TestTakesConstantsFromWire(t *testing.T) {
+	for _, pkg := range []string{".", "./doctor"} {
+		out, err := exec.Command("go", "list", "-f", "{{join .Imports \" \"}}", pkg).Output()
+		if err != nil {
+			t.Fatalf("go list %s: %v", pkg, err)
+		}
+		imports := strings.Fields(string(out))
+		if contains(imports, "github.com/meshbox/meshbox/bridge") {
+			t.Errorf("%s imports bridge; the constants it needs are wire's", pkg)
+		}
+		if !contains(imports, "github.com/meshbox/meshbox/internal/wire") {
+			t.Errorf("%s does not import internal/wire: %v", pkg, imports)
+		}
+	}
 }

@@ -8,10 +8,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // addNode makes a node with its identity: the broker user (generation 1),
@@ -84,7 +84,7 @@ func describeStages(stages []string) string {
 	switch {
 	case len(stages) == 0:
 		return "no stage: give --stages, or later mesh node set-stages, for the stages it may consume"
-	case slices.Contains(stages, bridge.AllStages):
+	case slices.Contains(stages, wire.AllStages):
 		return "every stage"
 	}
 	return "stages " + strings.Join(stages, ",")

@@ -9,8 +9,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/internal/brokerurl"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // checkCredential looks at the credential the broker check connected with:
@@ -37,19 +37,19 @@ func (d *Doctor) checkCredential(context.Context) Check {
 	if err != nil {
 		return warn(name, "run doctor again", "could not test the rights of %s: %v", user, err)
 	}
-	owner, gen, own := bridge.ParseBrokerUser(user)
+	owner, gen, own := wire.ParseBrokerUser(user)
 	switch {
 	case own && owner != d.cfg.Node:
 		return fail(name, "the node's configuration or cache holds another node's credential; join this node with its own token (meshbox mesh node add, meshbox join)",
 			"broker user %s is node %s's, not node %s's", user, owner, d.cfg.Node)
 	case own && powerful:
 		return fail(name, "give the user only the permissions meshbox mesh node add gives (meshbox mesh node set-stages reapplies them)",
-			"broker user %s may configure the mesh's shared exchange %s: it has more rights than a node's", user, bridge.MeshExchange)
+			"broker user %s may configure the mesh's shared exchange %s: it has more rights than a node's", user, wire.MeshExchange)
 	case own:
 		return ok(name, "this node's own broker user %s (generation %d) works and has no admin rights", user, gen)
 	case powerful:
 		return warn(name, "give the node its own broker user: meshbox mesh node add NAME --broker-admin URL, then meshbox join TOKEN; never put the admin credential in a node's configuration",
-			"the node connects as %q, which may configure the mesh's shared exchange %s: the admin's credential, or one as powerful", user, bridge.MeshExchange)
+			"the node connects as %q, which may configure the mesh's shared exchange %s: the admin's credential, or one as powerful", user, wire.MeshExchange)
 	default:
 		return warn(name, "give the node its own broker user: meshbox mesh node add NAME --broker-admin URL, then meshbox join TOKEN",
 			"the node connects as %q, a credential shared by the mesh, not a broker user of its own (node.%s.g<k>)", user, d.cfg.Node)
@@ -66,7 +66,7 @@ func mayConfigureMesh(conn *amqp.Connection) (bool, error) {
 	defer ch.Close()
 	done := make(chan error, 1)
 	go func() { // exits when the broker answers or the connection closes
-		done <- ch.ExchangeDeclare(bridge.MeshExchange, "topic", true, false, false, false, nil)
+		done <- ch.ExchangeDeclare(wire.MeshExchange, "topic", true, false, false, false, nil)
 	}()
 	select {
 	case err = <-done:

@@ -2,11 +2,12 @@ package doctor
 
 import (
 	"context"
-	"github.com/meshbox/meshbox/appliance"
 	"net"
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/meshbox/meshbox/appliance"
 )
 
 // checkNATSBind: the local NATS server is for programs on this machine; it

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/meshbox/meshbox/appliance"
-	"github.com/meshbox/meshbox/cache"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/cache"
 )
 
 // checkNode asks the running node for its status on its NATS API.

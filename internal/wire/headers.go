@@ -1,0 +1,40 @@
+package wire
+
+// Headers the node reads or adds, on NATS and AMQP alike: the words
+// programs and peers read, so they are the protocol's.
+const (
+	HeaderOrigin      = "Meshbox-Origin"      // node that published the message
+	HeaderMsgID       = "Meshbox-Msg-Id"      // stable message id of a command or event
+	HeaderAttempt     = "Meshbox-Attempt"     // 1 for the first delivery of a command
+	HeaderRedelivered = "Meshbox-Redelivered" // "true" when this delivery may be a duplicate
+	HeaderProgress    = "Meshbox-Progress"    // in a handler's reply: not the result, the handler is still working (extends the lease)
+	HeaderTimeout     = "Meshbox-Timeout"     // caller's deadline (Go duration), may only shorten the default
+	HeaderCapability  = "Meshbox-Capability"  // on the broker: the capability of a request published straight to a node's queue (read, no longer sent: the routing key to.<n>.req.<name> says it, and every meshbox reads it there first)
+	HeaderAccepted    = "Meshbox-Accepted"    // in a submit reply: "broker", "outbox" or "local"
+	HeaderDeadReason  = "Meshbox-Dead-Reason" // why a message was dead-lettered (sealing: its class; reasons.go)
+	HeaderDeadNode    = "Meshbox-Dead-Node"   // which node dead-lettered it
+	HeaderDeadQueue   = "Meshbox-Dead-Queue"  // the queue it came from
+	HeaderDeadAt      = "Meshbox-Dead-At"     // when it was dead-lettered (RFC 3339, ms): its last failure
+	HeaderAttempts    = "Meshbox-Attempts"    // attempts that failed before this delivery (retry copies, dead letters)
+	HeaderFirstFail   = "Meshbox-First-Failure"
+	HeaderLastFail    = "Meshbox-Last-Failure" // a retry copy's last failure (RFC 3339, ms)
+	HeaderLastReason  = "Meshbox-Last-Reason"  // why a retry copy's last attempt failed (sealing: its class; reasons.go)
+	HeaderFirstOrigin = "Meshbox-First-Origin" // a retry copy or replay: the origin of the command it copies, as the copying node read it
+	HeaderReplayed    = "Meshbox-Replayed"     // a replayed dead letter: "<time> by <node> (dead-lettered <time>: <reason>)" (sealing: its class; reasons.go)
+	HeaderResultTopic = "Meshbox-Result-Topic" // on a command: the event topic its handler's result is published on
+
+	// CodePermanent in a handler's Nats-Service-Error-Code says the command
+	// must not be tried again: it is dead-lettered at once with the
+	// handler's error as the reason.
+	CodePermanent = "422"
+)
+
+// Broker link states (a node's status, broker.state): what a client
+// command or a page reads of the link.
+const (
+	StateNone       = "none"       // no broker configured: a standalone node
+	StateConnecting = "connecting" // first attempt after start or a URL change
+	StateConnected  = "connected"
+	StateOffline    = "offline" // broker unreachable; retrying with backoff
+	StateBlocked    = "blocked" // connected, but the broker blocks publishers (resource alarm)
+)
