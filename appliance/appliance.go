@@ -18,6 +18,7 @@ import (
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/internal/redact"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/meshbox/meshbox/node"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -377,7 +378,7 @@ func (a *Appliance) serveAPI() error {
 
 // The node's own API subjects on its NATS server.
 const (
-	SubjectStatus = "$MESH.status"
+	SubjectStatus = wire.SubjectStatus
 )
 
 // startHTTP listens and serves status, health and metrics. a.mu is held.

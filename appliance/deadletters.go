@@ -13,13 +13,14 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/internal/names"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // SubjectDeadLetters takes a DeadLetterRequest and answers a
 // DeadLetterReply: the node's API behind `meshbox dlq`. The node reaches
 // the broker with its own broker user, so it acts on the dead letters of
 // the stages the mesh allows it.
-const SubjectDeadLetters = "$MESH.dlq"
+const SubjectDeadLetters = wire.SubjectDeadLetters
 
 // Actions of a DeadLetterRequest.
 const (

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -36,7 +37,7 @@ const (
 // connectSubject is where the embedded server's events "a client
 // connected to the programs' account" reach the watcher, on one of the
 // node's own connections (see hearConnects).
-const connectSubject = "$MESH.local.connect"
+const connectSubject = wire.SubjectLocalConnect
 
 // declareTimeout bounds the bridge's declaration of newly hosted stages on
 // a change of local interest.
@@ -239,7 +240,7 @@ func (w *interestWatcher) snapshot() ([]string, error) {
 // capability (cap.<name>) or a stage (work.<stage>): wildcards listen,
 // they do not host.
 func hostingSubject(subject string) bool {
-	if !strings.HasPrefix(subject, "cap.") && !strings.HasPrefix(subject, "work.") {
+	if !strings.HasPrefix(subject, wire.CapPrefix) && !strings.HasPrefix(subject, wire.WorkPrefix) {
 		return false
 	}
 	for tok := range strings.SplitSeq(subject, ".") {

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/meshbox/meshbox/appliance/programs"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -32,7 +33,7 @@ const (
 	// SubjectReloadPrograms asks the node to read its programs again (the
 	// meshbox CLI does after program add and remove). The reply is a
 	// ProgramsReport.
-	SubjectReloadPrograms = "$MESH.programs.reload"
+	SubjectReloadPrograms = wire.SubjectReloadPrograms
 )
 
 // Auth modes of the embedded NATS server, as the status reports them.
@@ -159,7 +160,7 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 				// JetStream: the streams that exist (the blob store), no new
 				// ones and no changes to them.
 				Publish:   &server.SubjectPermission{Deny: anonymousJSDeny},
-				Subscribe: &server.SubjectPermission{Deny: []string{"$MESH.>"}},
+				Subscribe: &server.SubjectPermission{Deny: []string{wire.MeshSubjects}},
 			},
 		})
 		opts.NoAuthUser = l.anonKey

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/meshbox/meshbox/appliance/programs"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -106,7 +107,7 @@ func (r *localRights) ResultTopicAllowed(stage, topic string) error {
 	if s == nil {
 		return nil
 	}
-	cmd, evt := "cmd."+stage, "evt."+topic
+	cmd, evt := wire.CommandSubject(stage), wire.EventSubject(topic)
 	for name, allow := range s.publish {
 		if matchesAny(cmd, allow) && !matchesAny(evt, allow) {
 			return fmt.Errorf("%w: program %s may submit to stage %s but may not publish topic %s", ErrResultTopicRefused, name, stage, topic)

@@ -14,6 +14,7 @@ import (
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/internal/backoff"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
 )
 
@@ -110,16 +111,16 @@ func (c Config) modulesRunDir() string {
 const (
 	// SubjectModules answers with the status of every assigned module
 	// ([]modules.Status).
-	SubjectModules = "$MESH.modules"
+	SubjectModules = wire.SubjectModules
 	// SubjectModuleControl takes a ModuleRequest with Action start, stop
 	// or restart and answers a ModuleReply.
-	SubjectModuleControl = "$MESH.module.control"
+	SubjectModuleControl = wire.SubjectModuleControl
 	// SubjectModuleLogs takes a ModuleRequest (Module, Lines) and answers
 	// a ModuleReply with the module's last lines.
-	SubjectModuleLogs = "$MESH.module.logs"
+	SubjectModuleLogs = wire.SubjectModuleLogs
 	// SubjectModuleLogPrefix + module name carries each new line of a
 	// module's output as it is written (a modules.LogLine).
-	SubjectModuleLogPrefix = "$MESH.module.log."
+	SubjectModuleLogPrefix = wire.SubjectModuleLogPrefix
 )
 
 // ModuleRequest asks something of one module.

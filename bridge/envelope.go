@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/internal/seal"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // Limits on what crosses the bridge, besides Config.MaxPayload.
@@ -195,7 +196,7 @@ func decode(kind string, d delivery, maxPayload int) (*envelope, error) {
 	case typeRequest:
 		// Published straight to the node's request queue (the capability in
 		// a header) or through mesh with to.<node>.req.<capability>.
-		if _, e.name, ok = parseRequestKey(d.RoutingKey); !ok && !strings.HasPrefix(d.RoutingKey, "node.") {
+		if _, e.name, ok = parseRequestKey(d.RoutingKey); !ok && !strings.HasPrefix(d.RoutingKey, wire.NodePrefix) {
 			return nil, bad("routing key %q is not a request key", d.RoutingKey)
 		}
 		if !validID(d.CorrelationId) {
@@ -209,14 +210,14 @@ func decode(kind string, d delivery, maxPayload int) (*envelope, error) {
 			return nil, bad("missing or invalid correlation id")
 		}
 	case typeCommand:
-		if e.name, ok = parseNamed(d.RoutingKey, "cmd."); !ok {
+		if e.name, ok = parseNamed(d.RoutingKey, wire.CmdPrefix); !ok {
 			return nil, bad("routing key %q is not a command key", d.RoutingKey)
 		}
 		if !validID(d.MessageId) {
 			return nil, bad("missing or invalid message id")
 		}
 	case typeEvent:
-		if e.name, ok = parseNamed(d.RoutingKey, "evt."); !ok {
+		if e.name, ok = parseNamed(d.RoutingKey, wire.EvtPrefix); !ok {
 			return nil, bad("routing key %q is not an event key", d.RoutingKey)
 		}
 		if !validID(d.MessageId) {

@@ -67,7 +67,7 @@ func (s *session) declareEvents(ch **amqp.Channel) error {
 	if err != nil {
 		return err
 	}
-	return (*ch).QueueBind(q, "evt.#", exchangeMesh, false, nil)
+	return (*ch).QueueBind(q, wire.EvtPrefix+"#", exchangeMesh, false, nil)
 }
 
 // declareOn declares a durable queue on *ch; after a failure *ch is a new

@@ -9,11 +9,11 @@ import (
 
 // Local NATS subjects.
 const (
-	subjCapPrefix  = "cap."  // cap.<name>: call a capability wherever it runs
-	subjNodePrefix = "node." // node.<node>.cap.<name>: call it on a named node
-	subjCmdPrefix  = "cmd."  // cmd.<stage>: submit a command
-	subjWorkPrefix = "work." // work.<stage>: local handlers of a stage
-	subjEvtPrefix  = "evt."  // evt.<topic>: events
+	subjCapPrefix  = wire.CapPrefix  // cap.<name>: call a capability wherever it runs
+	subjNodePrefix = wire.NodePrefix // node.<node>.cap.<name>: call it on a named node
+	subjCmdPrefix  = wire.CmdPrefix  // cmd.<stage>: submit a command
+	subjWorkPrefix = wire.WorkPrefix // work.<stage>: local handlers of a stage
+	subjEvtPrefix  = wire.EvtPrefix  // evt.<topic>: events
 )
 
 // Broker names. Every name the bridge declares starts with "mesh", "node.",
@@ -25,7 +25,7 @@ const (
 	exchangeMesh  = wire.MeshExchange       // topic: cmd.*, evt.*, sys.*, retry.*, dead.*, to.<node>.*
 	exchangeDLX   = wire.DeadLetterExchange // topic: dead letters, routed by their original key
 	queueDead     = wire.DeadLetterQueue
-	queueCmdPfx   = "cmd."
+	queueCmdPfx   = wire.CmdPrefix
 	queueRetryPfx = "retry."
 	queueDeadPfx  = "dead."
 )
@@ -57,7 +57,7 @@ const (
 	headerServiceErrorCode = "Nats-Service-Error-Code"
 	headerContentType      = "Content-Type"
 	headerContentEncoding  = "Content-Encoding"
-	headerPrefixMeshbox    = "Meshbox-"
+	headerPrefixMeshbox    = wire.HeaderPrefix
 	headerDeliveryCount    = "x-delivery-count" // set by quorum queues on redelivery
 )
 
@@ -130,7 +130,7 @@ func parseRequestKey(key string) (node, name string, ok bool) {
 
 // parseReplyQueue returns the node of a reply queue name.
 func parseReplyQueue(q string) (node string, ok bool) {
-	rest, ok := strings.CutPrefix(q, "node.")
+	rest, ok := strings.CutPrefix(q, wire.NodePrefix)
 	if !ok {
 		return "", false
 	}
@@ -145,10 +145,10 @@ func parseReplyQueue(q string) (node string, ok bool) {
 func replyKey(n string) string { return "to." + n + ".reply" }
 
 // commandKey is the routing key of a command for stage.
-func commandKey(stage string) string { return "cmd." + stage }
+func commandKey(stage string) string { return wire.CommandKey(stage) }
 
 // eventKey is the routing key of an event on topic.
-func eventKey(topic string) string { return "evt." + topic }
+func eventKey(topic string) string { return wire.EventKey(topic) }
 
 // systemKey is the routing key of a broadcast system message.
 func systemKey(key string) string { return "sys." + key }

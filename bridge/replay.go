@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/wire"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -125,7 +126,7 @@ func checkDeaths(kind, routingKey string, h amqp.Table) error {
 		return nil
 	}
 	if kind == typeCommand {
-		if stage, ok := parseNamed(routingKey, "cmd."); ok && retryDeaths(deaths, stage) && hasHeader(h, HeaderAttempts) {
+		if stage, ok := parseNamed(routingKey, wire.CmdPrefix); ok && retryDeaths(deaths, stage) && hasHeader(h, HeaderAttempts) {
 			return nil
 		}
 	}

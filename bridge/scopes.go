@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/meshbox/meshbox/internal/seal"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // This file keeps scopes (see the package doc, Scopes): capabilities,
@@ -35,9 +36,9 @@ func outgoingScope(keys *seal.Keyring, kind, key string) string {
 	case typeRequest:
 		_, name, _ = parseRequestKey(key)
 	case typeCommand:
-		name = strings.TrimPrefix(key, "cmd.")
+		name = strings.TrimPrefix(key, wire.CmdPrefix)
 	case typeEvent:
-		name = strings.TrimPrefix(key, "evt.")
+		name = strings.TrimPrefix(key, wire.EvtPrefix)
 	default:
 		return ""
 	}

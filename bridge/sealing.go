@@ -12,6 +12,7 @@ import (
 
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/seal"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // This file seals what programs send across the mesh and opens it on the
@@ -40,7 +41,7 @@ const (
 )
 
 // HeaderKey names the content key a message is sealed with.
-const HeaderKey = "Meshbox-Key"
+const HeaderKey = wire.HeaderKey
 
 // Reasons a message does not open, in meshbox_unseal_failures_total and
 // in the refusal.

@@ -1,6 +1,10 @@
 package node
 
-import "time"
+import (
+	"time"
+
+	"github.com/meshbox/meshbox/internal/wire"
+)
 
 // Peer states.
 const (
@@ -55,8 +59,8 @@ type Status struct {
 // answers any request with JSON: $MESH.peers with a PeersReply,
 // $MESH.caps with a CapsReply.
 const (
-	SubjectPeers = "$MESH.peers"
-	SubjectCaps  = "$MESH.caps"
+	SubjectPeers = wire.SubjectPeers
+	SubjectCaps  = wire.SubjectCaps
 )
 
 // PeersReply is the answer to $MESH.peers.

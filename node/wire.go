@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/meshbox/meshbox/internal/names"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // Discovery protocol versions. A message's "v" is the lowest version a
@@ -45,8 +46,8 @@ const (
 	maxProto          = 1000            // the highest "proto" accepted (a later version than ours is fine)
 	minHeartbeatMS    = 10
 	maxHeartbeatMS    = 3600 * 1000
-	capSubjectPrefix  = "cap."
-	workSubjectPrefix = "work."
+	capSubjectPrefix  = wire.CapPrefix
+	workSubjectPrefix = wire.WorkPrefix
 )
 
 // Discovery message types (the "type" field).

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/internal/backoff"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
 )
 
@@ -387,7 +388,7 @@ func (f *Fetcher) request(ctx context.Context, node, name string, data []byte) (
 func (f *Fetcher) requestInto(ctx context.Context, node, name string, data, buf []byte) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	msg := nats.NewMsg("node." + node + ".cap." + name)
+	msg := nats.NewMsg(wire.NodeCapSubject(node, name))
 	msg.Data = data
 	resp, err := f.Conn.RequestMsgWithContext(ctx, msg)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -18,8 +19,8 @@ import (
 // Local subjects of the capabilities (what the node subscribes on its own
 // server; the bridge hands it node.<node>.cap.<name> requests there).
 const (
-	subjManifest = "cap." + CapManifest
-	subjChunk    = "cap." + CapChunk
+	subjManifest = wire.CapPrefix + CapManifest
+	subjChunk    = wire.CapPrefix + CapChunk
 )
 
 // chunkWorkers bounds the chunk requests the server reads at once; each

@@ -1,6 +1,10 @@
 package blobs
 
-import "time"
+import (
+	"time"
+
+	"github.com/meshbox/meshbox/internal/wire"
+)
 
 // The capabilities every node serves for its blobs, called on a named node
 // as node.<node>.cap.<name> (so through the broker, sealed like every
@@ -21,7 +25,7 @@ const (
 // answers {"bucket": Bucket}, or an error. `meshbox blob put` asks it
 // first; so must a program before its first put with the object store
 // API on a node that holds no blobs yet.
-const SubjectOpen = "$MESH.blobs.open"
+const SubjectOpen = wire.SubjectBlobsOpen
 
 // Transfer constants.
 const (

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // Status is one assigned module as the node's status, `meshbox modules`
@@ -75,12 +77,12 @@ func (r *runner) status(now time.Time, hosted map[string]bool) Status {
 	}
 	if m := r.spec.entry.Manifest; m != nil && r.state == StateRunning && now.Sub(r.startedAt) >= m.startGrace() {
 		for _, c := range m.Hosts.Capabilities {
-			if !hosted["cap."+c] {
+			if !hosted[wire.CapSubject(c)] {
 				st.Warnings = append(st.Warnings, fmt.Sprintf("module %s declares capability `%s` but does not serve it", r.name, c))
 			}
 		}
 		for _, s := range m.Hosts.Stages {
-			if !hosted["work."+s] {
+			if !hosted[wire.WorkSubject(s)] {
 				st.Warnings = append(st.Warnings, fmt.Sprintf("module %s declares stage `%s` but does not serve it", r.name, s))
 			}
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/meshbox/meshbox/appliance/blobs"
 	"github.com/meshbox/meshbox/internal/names"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 )
@@ -37,11 +38,11 @@ type Program struct {
 // Local NATS subjects a program's permissions are made of (the bridge's
 // and the node's subject layout).
 const (
-	subjCap   = "cap."
-	subjNode  = "node.*.cap."
-	subjCmd   = "cmd."
-	subjWork  = "work."
-	subjEvt   = "evt."
+	subjCap   = wire.CapPrefix
+	subjNode  = wire.NodePrefix + "*.cap."
+	subjCmd   = wire.CmdPrefix
+	subjWork  = wire.WorkPrefix
+	subjEvt   = wire.EvtPrefix
 	inboxRoot = "_INBOX."
 )
 

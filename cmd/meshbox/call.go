@@ -108,9 +108,9 @@ func (c *CallCommand) Run(ctx context.Context, args []string) error {
 	if *timeout <= 0 {
 		return usagef("--timeout must be positive")
 	}
-	subject := "cap." + pos[0]
+	subject := wire.CapSubject(pos[0])
 	if *to != "" {
-		subject = "node." + *to + ".cap." + pos[0]
+		subject = wire.NodeCapSubject(*to, pos[0])
 	}
 	h, err := hdrs.header()
 	if err != nil {
@@ -285,7 +285,7 @@ func (c *SendCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return c.m.submit(ctx, *server, "cmd."+pos[0], data, h, *timeout, *verbose)
+	return c.m.submit(ctx, *server, wire.CommandSubject(pos[0]), data, h, *timeout, *verbose)
 }
 
 // EmitCommand publishes an event: meshbox emit TOPIC [DATA].
@@ -314,7 +314,7 @@ func (c *EmitCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return c.m.submit(ctx, *server, "evt."+pos[0], data, h, *timeout, *verbose)
+	return c.m.submit(ctx, *server, wire.EventSubject(pos[0]), data, h, *timeout, *verbose)
 }
 
 // ListenCommand prints messages: meshbox listen PATTERN.

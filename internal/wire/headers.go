@@ -3,6 +3,9 @@ package wire
 // Headers the node reads or adds, on NATS and AMQP alike: the words
 // programs and peers read, so they are the protocol's.
 const (
+	HeaderPrefix = "Meshbox-"    // every header of meshbox's own
+	HeaderKey    = "Meshbox-Key" // on the broker: the id of the key a message is sealed with
+
 	HeaderOrigin      = "Meshbox-Origin"      // node that published the message
 	HeaderMsgID       = "Meshbox-Msg-Id"      // stable message id of a command or event
 	HeaderAttempt     = "Meshbox-Attempt"     // 1 for the first delivery of a command
