@@ -80,7 +80,7 @@ func EnsureAdmin(dataDir string) (*Key, error) {
 	if err != nil {
 		return nil, fmt.Errorf("admin credential: %w", err)
 	}
-	if err := (&Store{}).writeFile(path, seedFile(seed, "the node's administrator (its CLI)", "")); err != nil {
+	if err := writeFile(path, seedFile(seed, "the node's administrator (its CLI)", ""), nil); err != nil {
 		return nil, fmt.Errorf("admin credential: %w", err)
 	}
 	return LoadKey(path)

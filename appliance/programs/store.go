@@ -184,7 +184,11 @@ func readDef(path, name string) (Program, error) {
 }
 
 // writeFile writes data to path atomically, mode 0600.
-func (s *Store) writeFile(path string, data []byte) error {
+func (s *Store) writeFile(path string, data []byte) error { return writeFile(path, data, s.owner) }
+
+// writeFile writes data to path atomically, mode 0600, given to owner when
+// it is not nil.
+func writeFile(path string, data []byte, owner *fileOwner) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return err
@@ -194,8 +198,8 @@ func (s *Store) writeFile(path string, data []byte) error {
 		tmp.Close()
 		return err
 	}
-	if s.owner != nil {
-		if err := tmp.Chown(s.owner.uid, s.owner.gid); err != nil {
+	if owner != nil {
+		if err := tmp.Chown(owner.uid, owner.gid); err != nil {
 			tmp.Close()
 			return err
 		}

@@ -148,11 +148,12 @@ func (m *Main) connectNode(url string) (*nats.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := []nats.Option{
+	base := []nats.Option{
 		nats.Name("meshbox-cli"),
 		nats.Timeout(2 * time.Second),
 		nats.NoReconnect(),
 	}
+	opts := base
 	var pub string
 	if t.creds != "" {
 		key, err := programs.LoadKey(t.creds)
@@ -160,14 +161,14 @@ func (m *Main) connectNode(url string) (*nats.Conn, error) {
 			return nil, err
 		}
 		pub = key.Public()
-		opts = append(opts, nats.Nkey(pub, key.Sign))
+		opts = append(slices.Clone(base), nats.Nkey(pub, key.Sign))
 	}
 	nc, err := nats.Connect(t.url, opts...)
 	if err != nil && t.implicit && errors.Is(err, nats.ErrAuthorization) {
 		// The data directory's credential may be another node's (a
 		// command against a node on another port): this one may want
 		// none.
-		if nc2, err2 := nats.Connect(t.url, opts[:3]...); err2 == nil {
+		if nc2, err2 := nats.Connect(t.url, base...); err2 == nil {
 			return nc2, nil
 		}
 	}

@@ -49,6 +49,20 @@ func freePort() (int, error) {
 // that was only free a moment ago.
 func ClosedPort(tb testing.TB) int {
 	tb.Helper()
+	// Bound on the dual-stack wildcard where the machine has IPv6: that
+	// holds the port for 127.0.0.1 and for any wildcard listener too (a
+	// broker of another test package listening on [::] would otherwise
+	// take it and answer there).
+	if fd, err := syscall.Socket(syscall.AF_INET6, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0); err == nil {
+		if syscall.SetsockoptInt(fd, syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY, 0) == nil &&
+			syscall.Bind(fd, &syscall.SockaddrInet6{}) == nil {
+			if sa, err := syscall.Getsockname(fd); err == nil {
+				tb.Cleanup(func() { _ = syscall.Close(fd) })
+				return sa.(*syscall.SockaddrInet6).Port
+			}
+		}
+		_ = syscall.Close(fd)
+	}
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		tb.Fatalf("meshtest: closed port: socket: %v", err)
