@@ -243,6 +243,9 @@ func (kk *keyKeeper) Status() KeysStatus {
 // sets the keyring, then wakes the goroutine for the database's part.
 func (kk *keyKeeper) apply(snap cache.Snapshot) {
 	kk.snap.Store(&snap)
+	kk.mu.Lock()
+	kk.status.InStep = false // until a round looks at these bindings
+	kk.mu.Unlock()
 	kk.applyKeys(snap)
 	select {
 	case kk.wake <- struct{}{}:

@@ -43,7 +43,9 @@ func (kk *keyKeeper) run() {
 		changed, err := kk.sync(ctx, snap.Bindings)
 		cancel()
 		kk.mu.Lock()
-		kk.status.InStep = err == nil && !changed
+		// In step only as of the bindings the node holds now: a round on
+		// bindings that were replaced meanwhile says nothing about them.
+		kk.status.InStep = err == nil && !changed && kk.snap.Load() == snap
 		kk.mu.Unlock()
 		next := nextRetire(snap.Bindings, kk.now())
 		if err != nil {
