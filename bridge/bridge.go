@@ -9,12 +9,12 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/meshbox/meshbox/internal/backoff"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
 )
 
@@ -547,8 +547,7 @@ func (b *Bridge) replyError(subject string, err error) {
 		return
 	}
 	m := nats.NewMsg(subject)
-	m.Header.Set(headerServiceError, errorText(err))
-	m.Header.Set(headerServiceErrorCode, strconv.Itoa(codeFor(err)))
+	wire.SetError(m.Header, codeFor(err), errorText(err))
 	b.reply(m)
 }
 

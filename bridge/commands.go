@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/internal/backoff"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // handlerPoll is how often a command waiting for a local handler (none
@@ -158,7 +159,7 @@ func (s *session) onCmdReply(m *nats.Msg) {
 	}
 	failure := handlerFailure(m.Header, c.stage, b.cfg.Node)
 	switch {
-	case len(m.Data) == 0 && m.Header.Get("Status") == "503":
+	case wire.NoResponders(m.Header, m.Data):
 		// No handler subscribed right now: wait for one while the stage is
 		// hosted here, up to the attempt's deadline; otherwise give it back.
 		if !s.consumes(c.stage) {

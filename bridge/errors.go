@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/internal/boltfile"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // Errors returned by New and Start.
@@ -105,23 +106,18 @@ func (e *OutboxLockedError) Error() string {
 func (e *OutboxLockedError) Unwrap() error { return ErrOutboxLocked }
 
 // ServiceError is an error reply as a local program sees it: a NATS micro
-// style code and description.
-type ServiceError struct {
-	Code int
-	Text string
-}
+// style code and description (wire.ServiceError).
+type ServiceError = wire.ServiceError
 
-func (e *ServiceError) Error() string { return fmt.Sprintf("%d %s", e.Code, e.Text) }
-
-// Error codes carried in the Nats-Service-Error-Code header.
+// Error codes carried in the Nats-Service-Error-Code header (wire).
 const (
-	CodeBadInput    = 400 // malformed request, invalid subject, oversized payload
-	CodeForbidden   = 403 // a name bound to a scope this node is not in
-	CodeNotFound    = 404 // no such node in the mesh
-	CodeUnavailable = 503 // mesh unreachable, no host, node gone
-	CodeTimeout     = 504 // deadline passed
-	CodeOutboxFull  = 507 // outbox full
-	CodeInternal    = 500 // the node failed (outbox write error)
+	CodeBadInput    = wire.CodeBadInput
+	CodeForbidden   = wire.CodeForbidden
+	CodeNotFound    = wire.CodeNotFound
+	CodeUnavailable = wire.CodeUnavailable
+	CodeTimeout     = wire.CodeTimeout
+	CodeOutboxFull  = wire.CodeOutboxFull
+	CodeInternal    = wire.CodeInternal
 )
 
 // codeFor maps an error to the code of its error reply.

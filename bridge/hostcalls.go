@@ -3,9 +3,9 @@ package bridge
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -114,7 +114,7 @@ func (s *session) onHostReply(m *nats.Msg) {
 		return
 	}
 	defer s.replyHanded()
-	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+	if wire.NoResponders(m.Header, m.Data) {
 		s.replyHost(c.env, nil, localCallFailure(nats.ErrNoResponders, c.env.name, s.b.cfg.Node, c.timeout))
 		return
 	}
@@ -141,10 +141,8 @@ func (s *session) replyHost(env *envelope, resp *nats.Msg, failure error) {
 		out.body = resp.Data
 	}
 	if failure != nil {
-		out.header = nats.Header{
-			headerServiceError:     []string{errorText(failure)},
-			headerServiceErrorCode: []string{strconv.Itoa(codeFor(failure))},
-		}
+		out.header = nats.Header{}
+		wire.SetError(out.header, codeFor(failure), errorText(failure))
 		out.body = nil
 	}
 	_ = s.enqueueFast(&pubItem{out: out, done: func(error) {}})

@@ -53,8 +53,8 @@ const (
 	HeaderResultTopic = wire.HeaderResultTopic
 	CodePermanent     = wire.CodePermanent
 
-	headerServiceError     = "Nats-Service-Error"
-	headerServiceErrorCode = "Nats-Service-Error-Code"
+	headerServiceError     = wire.HeaderServiceError
+	headerServiceErrorCode = wire.HeaderServiceErrorCode
 	headerContentType      = "Content-Type"
 	headerContentEncoding  = "Content-Encoding"
 	headerPrefixMeshbox    = wire.HeaderPrefix

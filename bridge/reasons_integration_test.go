@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -31,7 +32,7 @@ func TestFailureReasonsSealedOnTheBroker(t *testing.T) {
 		case m.Header.Get(bridge.HeaderReplayed) != "":
 			return nats.NewMsg("")
 		case m.Header.Get("X-Permanent") != "":
-			return failure(bridge.CodePermanent, "refused: "+marker)
+			return failure(strconv.Itoa(bridge.CodePermanent), "refused: "+marker)
 		}
 		return failure("500", "busy: "+marker)
 	})

@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -22,7 +23,7 @@ func TestFailureClassHoldsNoProgramText(t *testing.T) {
 		name, code, class string
 	}{
 		{"transient", "500", "handler of stage s on node n replied error 500"},
-		{"permanent", CodePermanent, "handler of stage s on node n replied error 422"},
+		{"permanent", strconv.Itoa(CodePermanent), "handler of stage s on node n replied error 422"},
 		{"a code that is not one", "5" + reasonMarker, "handler of stage s on node n replied an error"},
 	} {
 		failure := handlerFailure(h(tt.code), "s", "n")

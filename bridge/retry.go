@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/internal/names"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // This file is a stage's retry policy (Config.Retry) and the permanent
@@ -78,12 +79,12 @@ func isPermanent(failure error) bool {
 // handlerFailure is the failure a handler's error reply stands for, or nil
 // when the reply is a result.
 func handlerFailure(h nats.Header, stage, node string) error {
-	e, code := h.Get(headerServiceError), h.Get(headerServiceErrorCode)
-	if e == "" && code != CodePermanent {
+	code, e, failed := wire.ReadError(h)
+	if !failed {
 		return nil
 	}
 	err := &handlerError{stage: stage, node: node, code: code, text: e}
-	if code == CodePermanent {
+	if code == strconv.Itoa(CodePermanent) {
 		return &permanent{err: err}
 	}
 	return err

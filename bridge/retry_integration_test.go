@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -201,7 +202,7 @@ func TestPermanentFailureAndDeadLetters(t *testing.T) {
 		if _, ok := okNow.Load(m.Header.Get(bridge.HeaderMsgID)); ok {
 			return nats.NewMsg("")
 		}
-		return failure(bridge.CodePermanent, "order 7 has no such item")
+		return failure(strconv.Itoa(bridge.CodePermanent), "order 7 has no such item")
 	})
 	start := time.Now()
 	a.submit(t, "strict", []byte("order"), nats.Header{bridge.HeaderMsgID: {"strict-1"}, "X-Order": {"7"}})

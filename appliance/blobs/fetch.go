@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,19 +66,14 @@ type Result struct {
 }
 
 // ServiceError is an error reply of a node (or of the bridge on the way).
-type ServiceError struct {
-	Code int
-	Text string
-}
-
-func (e *ServiceError) Error() string { return e.Text }
+type ServiceError = wire.ServiceError
 
 // transient says whether a failed request is worth trying again within a
 // fetch that has begun: the mesh or the owner was away for a moment.
 func transient(err error) bool {
 	var se *ServiceError
 	if errors.As(err, &se) {
-		return se.Code == 503 || se.Code == 504
+		return wire.Transient(se.Code)
 	}
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
 }
@@ -185,7 +179,7 @@ func (f *Fetcher) manifestPage(ctx context.Context, ref Ref, req []byte) ([]byte
 	for try := 0; ; try++ {
 		resp, err := f.request(ctx, ref.Node, CapManifest, req)
 		var se *ServiceError
-		deadline := errors.As(err, &se) && se.Code == 504 || errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
+		deadline := errors.As(err, &se) && se.Code == wire.CodeTimeout || errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
 		if err == nil || !deadline || time.Since(start) > f.patience() {
 			return resp, err
 		}
@@ -365,7 +359,7 @@ func (f *Fetcher) failure(ref Ref, what string, err error) error {
 	switch {
 	case errors.As(err, &se) && se.Code == CodeNotFound:
 		return fmt.Errorf("fetch %s: %w on node %s", ref, ErrNotFound, ref.Node)
-	case errors.As(err, &se) && se.Code == 503:
+	case errors.As(err, &se) && se.Code == wire.CodeUnavailable:
 		return fmt.Errorf("fetch %s: %s: %w: %s", ref, what, ErrUnreachable, se.Text)
 	case errors.Is(err, nats.ErrNoResponders):
 		return fmt.Errorf("fetch %s: %s: %w: the local node does not serve blob requests", ref, what, ErrUnreachable)
@@ -394,9 +388,8 @@ func (f *Fetcher) requestInto(ctx context.Context, node, name string, data, buf 
 	if err != nil {
 		return nil, err
 	}
-	if text := resp.Header.Get(headerError); text != "" {
-		code, _ := strconv.Atoi(resp.Header.Get(headerErrorCode))
-		return nil, &ServiceError{Code: code, Text: text}
+	if se := wire.ErrorOf(resp.Header); se != nil {
+		return nil, se
 	}
 	if buf != nil {
 		return append(buf[:0], resp.Data...), nil

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -410,8 +409,7 @@ func (s *Server) respondStoreError(m *nats.Msg, err error) {
 // respondError answers m with a NATS micro error.
 func (s *Server) respondError(m *nats.Msg, code int, text string) {
 	r := nats.NewMsg(m.Reply)
-	r.Header.Set(headerError, text)
-	r.Header.Set(headerErrorCode, strconv.Itoa(code))
+	wire.SetError(r.Header, code, text)
 	s.send(r)
 }
 
@@ -446,9 +444,3 @@ func (s *Server) replyOK(m *nats.Msg) bool {
 	}
 	return false
 }
-
-// The NATS micro error headers.
-const (
-	headerError     = "Nats-Service-Error"
-	headerErrorCode = "Nats-Service-Error-Code"
-)

@@ -39,9 +39,9 @@ const (
 // Error codes of the blob capabilities (header Nats-Service-Error-Code,
 // with the text in Nats-Service-Error), as the bridge's own.
 const (
-	CodeBadInput = 400
-	CodeNotFound = 404
-	CodeInternal = 500
+	CodeBadInput = wire.CodeBadInput
+	CodeNotFound = wire.CodeNotFound
+	CodeInternal = wire.CodeInternal
 )
 
 // ManifestRequest asks a node for the manifest of one of its blobs, the

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/blobs"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
 )
 
@@ -113,8 +114,8 @@ func (c *BlobCommand) local(ctx context.Context, server string, create bool) (nc
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		resp, err := nc.RequestWithContext(rctx, blobs.SubjectOpen, nil)
 		cancel()
-		if err == nil && resp.Header.Get("Nats-Service-Error") != "" {
-			err = errors.New(resp.Header.Get("Nats-Service-Error"))
+		if se := wire.ErrorOf(resp.Header); err == nil && se != nil {
+			err = errors.New(se.Text)
 		}
 		if err != nil {
 			nc.Close()

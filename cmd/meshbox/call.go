@@ -65,8 +65,7 @@ func replyFailure(m *nats.Msg) error {
 	if m.Header == nil {
 		return nil
 	}
-	if e := m.Header.Get("Nats-Service-Error"); e != "" {
-		code := m.Header.Get("Nats-Service-Error-Code")
+	if code, e, failed := wire.ReadError(m.Header); failed {
 		return &exitError{code: 1, msg: fmt.Sprintf("error %s: %s", code, e)}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -44,6 +45,41 @@ func TestSubjectTableMatchesWire(t *testing.T) {
 	for _, s := range documented {
 		if !slices.Contains(asked, s) {
 			t.Errorf("the subject table names %s, which wire does not define", s)
+		}
+	}
+}
+
+// The manual's table of error codes (docs/programs.md) names every code
+// of wire, and no other.
+func TestErrorTableMatchesWire(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", "programs.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(raw), "### Error replies\n")
+	if !ok {
+		t.Fatal("docs/programs.md: no section Error replies")
+	}
+	if i := strings.Index(rest, "\n#"); i >= 0 {
+		rest = rest[:i] // the section only
+	}
+	if !strings.Contains(rest, "`"+HeaderServiceError+"`") || !strings.Contains(rest, "`"+HeaderServiceErrorCode+"`") {
+		t.Errorf("the section Error replies does not name the headers %s and %s", HeaderServiceError, HeaderServiceErrorCode)
+	}
+	var documented []int
+	for _, m := range regexp.MustCompile(`(?m)^\| (\d{3}) \|`).FindAllStringSubmatch(rest, -1) {
+		n, _ := strconv.Atoi(m[1])
+		documented = append(documented, n)
+	}
+	codes := []int{CodeBadInput, CodeForbidden, CodeNotFound, CodePermanent, CodeInternal, CodeUnavailable, CodeTimeout, CodeOutboxFull}
+	for _, c := range codes {
+		if !slices.Contains(documented, c) {
+			t.Errorf("the error table has no row for %d", c)
+		}
+	}
+	for _, c := range documented {
+		if !slices.Contains(codes, c) {
+			t.Errorf("the error table names %d, which wire does not define", c)
 		}
 	}
 }

@@ -25,11 +25,6 @@ const (
 	HeaderFirstOrigin = "Meshbox-First-Origin" // a retry copy or replay: the origin of the command it copies, as the copying node read it
 	HeaderReplayed    = "Meshbox-Replayed"     // a replayed dead letter: "<time> by <node> (dead-lettered <time>: <reason>)" (sealing: its class; reasons.go)
 	HeaderResultTopic = "Meshbox-Result-Topic" // on a command: the event topic its handler's result is published on
-
-	// CodePermanent in a handler's Nats-Service-Error-Code says the command
-	// must not be tried again: it is dead-lettered at once with the
-	// handler's error as the reason.
-	CodePermanent = "422"
 )
 
 // Broker link states (a node's status, broker.state): what a client

@@ -18,7 +18,11 @@ import (
 // helpers under testing/ may spell the protocol out: they check it).
 func TestNoProtocolLiteralsOutsideWire(t *testing.T) {
 	root := filepath.Join("..", "..")
-	prefixes := []string{"cap.", "work.", "evt.", "cmd.", "$MESH.", "node.", "Meshbox-"}
+	prefixes := []string{"cap.", "work.", "evt.", "cmd.", "$MESH.", "node.", "Meshbox-", HeaderServiceError}
+	codes := map[string]bool{}
+	for _, c := range []int{CodeBadInput, CodeForbidden, CodeNotFound, CodePermanent, CodeInternal, CodeUnavailable, CodeTimeout, CodeOutboxFull} {
+		codes[strconv.Itoa(c)] = true
+	}
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -39,6 +43,24 @@ func TestNoProtocolLiteralsOutsideWire(t *testing.T) {
 			return err
 		}
 		ast.Inspect(f, func(n ast.Node) bool {
+			// A code compared or set as a number: x.Code == 503, Code: 404.
+			var code ast.Expr
+			switch e := n.(type) {
+			case *ast.BinaryExpr:
+				if e.Op == token.EQL || e.Op == token.NEQ {
+					code = e.Y
+					if l, ok := e.X.(*ast.BasicLit); ok && l.Kind == token.INT {
+						code = l
+					}
+				}
+			case *ast.KeyValueExpr:
+				if k, ok := e.Key.(*ast.Ident); ok && k.Name == "Code" {
+					code = e.Value
+				}
+			}
+			if l, ok := code.(*ast.BasicLit); ok && l.Kind == token.INT && codes[l.Value] {
+				t.Errorf("%s: the number %s is an error code of the protocol; take it from internal/wire", rel, l.Value)
+			}
 			lit, ok := n.(*ast.BasicLit)
 			if !ok || lit.Kind != token.STRING {
 				return true
@@ -46,6 +68,9 @@ func TestNoProtocolLiteralsOutsideWire(t *testing.T) {
 			v, err := strconv.Unquote(lit.Value)
 			if err != nil {
 				return true
+			}
+			if codes[v] {
+				t.Errorf("%s: the literal %q is an error code of the protocol; take it from internal/wire", rel, v)
 			}
 			if v == "node.key" { // the node's key file in its data directory, not a subject
 				return true
