@@ -113,16 +113,16 @@ func (s *session) readCommand(f *stageFlow, d amqp.Delivery, a cmdAck) {
 
 // sendCmd registers c under token and sends it to the local handler.
 func (s *session) sendCmd(token string, c *cmdCall) {
-	c.msg.Reply = s.cmdInbox + token
+	c.msg.Reply = s.local.cmdInbox + token
 	c.sent = time.Now()
-	s.callsMu.Lock()
-	if s.cmdsEnded {
-		s.callsMu.Unlock()
+	s.local.mu.Lock()
+	if s.local.ended {
+		s.local.mu.Unlock()
 		return // the broker requeues it
 	}
-	s.cmds[token] = c
+	s.local.cmds[token] = c
 	c.timer = s.after(time.Until(c.deadline), func() { s.cmdTimeout(token) })
-	s.callsMu.Unlock()
+	s.local.mu.Unlock()
 	if err := s.b.bc.PublishMsg(c.msg); err != nil {
 		if c := s.takeCmd(token); c != nil {
 			s.answered(c)
@@ -133,11 +133,11 @@ func (s *session) sendCmd(token string, c *cmdCall) {
 
 // takeCmd removes and returns the open command token (nil: settled).
 func (s *session) takeCmd(token string) *cmdCall {
-	s.callsMu.Lock()
-	defer s.callsMu.Unlock()
-	c := s.cmds[token]
+	s.local.mu.Lock()
+	defer s.local.mu.Unlock()
+	c := s.local.cmds[token]
 	if c != nil {
-		delete(s.cmds, token)
+		delete(s.local.cmds, token)
 		s.cancelTimer(c.timer)
 	}
 	return c
@@ -147,7 +147,7 @@ func (s *session) takeCmd(token string) *cmdCall {
 // command.
 func (s *session) onCmdReply(m *nats.Msg) {
 	b := s.b
-	token := m.Subject[len(s.cmdInbox):]
+	token := m.Subject[len(s.local.cmdInbox):]
 	if isProgress(m.Header) {
 		s.extendCmd(token)
 		return
@@ -172,16 +172,16 @@ func (s *session) onCmdReply(m *nats.Msg) {
 			s.cmdFailed(c, fmt.Errorf("no handler for stage %s on node %s within %s", c.stage, b.cfg.Node, b.cfg.CommandTimeout))
 			return
 		}
-		s.callsMu.Lock()
-		if !s.cmdsEnded {
-			s.cmds[token] = c
+		s.local.mu.Lock()
+		if !s.local.ended {
+			s.local.cmds[token] = c
 			c.timer = s.after(handlerPoll, func() {
 				if c := s.takeCmd(token); c != nil {
 					s.sendCmd(token, c)
 				}
 			})
 		}
-		s.callsMu.Unlock()
+		s.local.mu.Unlock()
 	case failure != nil:
 		s.answered(c)
 		s.cmdFailed(c, failure)
@@ -195,13 +195,13 @@ func (s *session) onCmdReply(m *nats.Msg) {
 			// redelivery this node recognises. Marked at once: a delivery
 			// right behind is recognised while the write runs.
 			b.done.begin(c.stage, c.env.msgID)
-			s.unacked.Add(1) // until the ack is queued
+			s.con.unacked.Add(1) // until the ack is queued
 			if !s.work(func() {
-				defer s.unacked.Add(-1)
+				defer s.con.unacked.Add(-1)
 				b.completedNow(c.stage, c.env.msgID)
 				s.ackCmd(c.ack, opAck)
 			}) {
-				s.unacked.Add(-1)
+				s.con.unacked.Add(-1)
 			}
 			return
 		}
@@ -259,16 +259,16 @@ func (s *session) requeueLater(c *cmdCall) {
 	// Kept under a token of its own while it waits: a late reply of the
 	// handler (under the old token) finds nothing.
 	token := retryTokenPrefix + newID()
-	s.callsMu.Lock()
-	if !s.cmdsEnded {
-		s.cmds[token] = c
+	s.local.mu.Lock()
+	if !s.local.ended {
+		s.local.cmds[token] = c
 		c.timer = s.after(retryDelay(c.env.attempt), func() {
 			if c := s.takeCmd(token); c != nil {
 				s.giveBack(c)
 			}
 		})
 	}
-	s.callsMu.Unlock()
+	s.local.mu.Unlock()
 }
 
 // retryTokenPrefix starts the token of a failed command waiting for its
@@ -278,12 +278,12 @@ const retryTokenPrefix = "retry."
 // endCmds forgets the open commands of an ended session: the broker
 // requeues them.
 func (s *session) endCmds() {
-	s.callsMu.Lock()
-	defer s.callsMu.Unlock()
-	s.cmdsEnded = true
-	for token, c := range s.cmds {
+	s.local.mu.Lock()
+	defer s.local.mu.Unlock()
+	s.local.ended = true
+	for token, c := range s.local.cmds {
 		s.cancelTimer(c.timer)
-		delete(s.cmds, token)
+		delete(s.local.cmds, token)
 	}
 }
 
@@ -334,9 +334,9 @@ func retryDelay(attempt int) time.Duration { return commandRetry.Delay(attempt) 
 
 // consumes reports whether the session still consumes stage.
 func (s *session) consumes(stage string) bool {
-	s.stagesMu.Lock()
-	defer s.stagesMu.Unlock()
-	return s.stages[stage] != nil && s.b.hostsStage(stage)
+	s.flows.mu.Lock()
+	defer s.flows.mu.Unlock()
+	return s.flows.stages[stage] != nil && s.b.hostsStage(stage)
 }
 
 // runLocal runs the commands accepted for local stages while the link was

@@ -34,7 +34,7 @@ type ackReq struct {
 // consumers (declared on a channel of its own, since a failed declaration
 // closes its channel). Exits when the session ends or an ack fails.
 func (s *session) consumerOwner() {
-	decl, err := s.conConn.Channel()
+	decl, err := s.con.conn.Channel()
 	if err != nil {
 		s.fail(fmt.Errorf("open channel: %w", err))
 		return
@@ -47,8 +47,8 @@ func (s *session) consumerOwner() {
 		select {
 		case <-s.ctx.Done():
 			return
-		case a := <-s.ackQ:
-			if len(s.ackQ) < ackBatch {
+		case a := <-s.con.ackQ:
+			if len(s.con.ackQ) < ackBatch {
 				linger.Reset(ackLinger)
 				select {
 				case <-linger.C:
@@ -57,21 +57,21 @@ func (s *session) consumerOwner() {
 				}
 			}
 			n, err := s.settleAcks(a)
-			s.unacked.Add(-int64(n))
+			s.con.unacked.Add(-int64(n))
 			if err != nil {
 				s.fail(fmt.Errorf("ack: %w", err))
 				return
 			}
 		case <-s.b.stagesChanged:
 			s.syncStages(&decl)
-		case <-s.flowWake:
+		case <-s.flows.wake:
 			s.applyFlows()
-		case <-s.drain:
+		case <-s.flows.drain:
 			if !s.cancelStages() {
 				return
 			}
-		case tag := <-s.cancels:
-			f, ok := s.tagStage[tag]
+		case tag := <-s.con.cancels:
+			f, ok := s.flows.byTag[tag]
 			if !ok {
 				if strings.HasPrefix(tag, "cmd:") {
 					continue // cancelled by this side already
@@ -81,13 +81,13 @@ func (s *session) consumerOwner() {
 			}
 			s.forgetConsumer(f, tag)
 			if len(f.tags) > 0 {
-				signal(s.flowWake) // opened again up to what the stage wants
+				signal(s.flows.wake) // opened again up to what the stage wants
 				continue
 			}
 			s.b.log.Warn("the broker cancelled a stage consumer (queue deleted?); declaring it again", "stage", f.stage)
-			s.stagesMu.Lock()
-			delete(s.stages, f.stage)
-			s.stagesMu.Unlock()
+			s.flows.mu.Lock()
+			delete(s.flows.stages, f.stage)
+			s.flows.mu.Unlock()
 			s.syncStages(&decl)
 		}
 	}
@@ -108,27 +108,27 @@ func (s *session) settleAcks(first ackReq) (int, error) {
 	reqs := []ackReq{first}
 	for more := true; more && len(reqs) < 4096; {
 		select {
-		case r := <-s.ackQ:
+		case r := <-s.con.ackQ:
 			reqs = append(reqs, r)
 		default:
 			more = false
 		}
 	}
-	requeue, upTo, single := s.acks.plan(reqs)
-	s.conCork.cork() // the run goes out with one write
-	defer s.conCork.uncork()
+	requeue, upTo, single := s.con.acks.plan(reqs)
+	s.con.cork.cork() // the run goes out with one write
+	defer s.con.cork.uncork()
 	for _, tag := range requeue {
-		if err := s.conCh.Nack(tag, false, true); err != nil {
+		if err := s.con.ch.Nack(tag, false, true); err != nil {
 			return len(reqs), err
 		}
 	}
 	if upTo != 0 {
-		if err := s.conCh.Ack(upTo, true); err != nil {
+		if err := s.con.ch.Ack(upTo, true); err != nil {
 			return len(reqs), err
 		}
 	}
 	for _, tag := range single {
-		if err := s.conCh.Ack(tag, false); err != nil {
+		if err := s.con.ch.Ack(tag, false); err != nil {
 			return len(reqs), err
 		}
 	}
@@ -174,11 +174,11 @@ func (a *ackBook) plan(reqs []ackReq) (requeue []uint64, upTo uint64, single []u
 // ack asks the consumer owner to ack or requeue a delivery. It gives up
 // when the session ends (the broker requeues the delivery itself).
 func (s *session) ack(tag uint64, op ackOp) {
-	s.unacked.Add(1)
+	s.con.unacked.Add(1)
 	select {
-	case s.ackQ <- ackReq{tag: tag, op: op}:
+	case s.con.ackQ <- ackReq{tag: tag, op: op}:
 	case <-s.ctx.Done():
-		s.unacked.Add(-1)
+		s.con.unacked.Add(-1)
 	}
 }
 
@@ -186,10 +186,10 @@ func (s *session) ack(tag uint64, op ackOp) {
 // What the consumers delivered already is handled and acked as usual. It
 // returns false when it failed the session. Consumer owner only.
 func (s *session) cancelStages() bool {
-	s.draining = true
-	s.stagesMu.Lock()
-	defer s.stagesMu.Unlock()
-	for _, f := range s.stages {
+	s.flows.draining = true
+	s.flows.mu.Lock()
+	defer s.flows.mu.Unlock()
+	for _, f := range s.flows.stages {
 		for len(f.tags) > 0 {
 			if !s.cancelConsumer(f) {
 				return false
@@ -207,7 +207,7 @@ func (s *session) cancelStages() bool {
 // runs.
 func (s *session) drainCommands(limit time.Duration) {
 	select {
-	case s.drain <- struct{}{}:
+	case s.flows.drain <- struct{}{}:
 	default:
 	}
 	for end := time.Now().Add(limit); s.openCmds() > 0 && time.Now().Before(end); {
@@ -218,10 +218,10 @@ func (s *session) drainCommands(limit time.Duration) {
 // openCmds counts the commands at the local handlers (not those waiting
 // for their requeue: the broker takes them back at the stop).
 func (s *session) openCmds() int {
-	s.callsMu.Lock()
-	defer s.callsMu.Unlock()
+	s.local.mu.Lock()
+	defer s.local.mu.Unlock()
 	n := 0
-	for token := range s.cmds {
+	for token := range s.local.cmds {
 		if !strings.HasPrefix(token, retryTokenPrefix) {
 			n++
 		}
@@ -233,7 +233,7 @@ func (s *session) openCmds() int {
 // far is acked on the broker: a node closing gracefully does not leave
 // finished commands to be redelivered. The consumer owner still runs.
 func (s *session) settleBeforeStop(limit time.Duration) {
-	for end := time.Now().Add(limit); s.unacked.Load() > 0 && time.Now().Before(end); {
+	for end := time.Now().Add(limit); s.con.unacked.Load() > 0 && time.Now().Before(end); {
 		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -251,19 +251,19 @@ func (s *session) quiesce(ctx context.Context) {
 	// the readers before the consumers are cancelled.
 	node := s.b.cfg.Node
 	for _, q := range []struct{ queue, key string }{
-		{s.reqQ, requestBindingKey(node)}, {s.repQ, replyKey(node)},
+		{s.q.req, requestBindingKey(node)}, {s.q.rep, replyKey(node)},
 	} {
-		if err := s.autoCh.QueueUnbind(q.queue, q.key, s.ownEx, nil); err != nil {
+		if err := s.con.autoCh.QueueUnbind(q.queue, q.key, s.q.ex, nil); err != nil {
 			// The channel is gone: nothing more to answer on it; what is
 			// open is answered by the next session (answerOrphans).
 			s.b.log.Warn("credential handover: cannot unbind the old session's queue; ending it as it is", "queue", q.queue, "err", err)
 			return
 		}
 	}
-	for _, q := range []string{s.reqQ, s.repQ} {
+	for _, q := range []string{s.q.req, s.q.rep} {
 		left := 0
 		for range quiesceEmptyPolls {
-			st, err := s.autoCh.QueueDeclarePassive(q, false, false, true, false, nil)
+			st, err := s.con.autoCh.QueueDeclarePassive(q, false, false, true, false, nil)
 			if err != nil {
 				s.b.log.Warn("credential handover: cannot look into the old session's queue; ending it as it is", "queue", q, "err", err)
 				return
@@ -286,7 +286,7 @@ func (s *session) quiesce(ctx context.Context) {
 		tag  string
 		done chan struct{}
 	}{{"requests", s.requestsDone}, {"replies", s.repliesDone}} {
-		if err := s.autoCh.Cancel(c.tag, false); err != nil {
+		if err := s.con.autoCh.Cancel(c.tag, false); err != nil {
 			return // the channel is gone: nothing more to answer on it
 		}
 		select {
@@ -300,17 +300,17 @@ func (s *session) quiesce(ctx context.Context) {
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
 	for {
-		s.callsMu.Lock()
-		open := len(s.calls) + s.answering
-		s.callsMu.Unlock()
-		if open == 0 && s.fastQ.empty() {
+		s.local.mu.Lock()
+		open := len(s.local.host) + s.local.answering
+		s.local.mu.Unlock()
+		if open == 0 && s.pub.fastQ.empty() {
 			// A barrier: the broker answers a method on the channel after it
 			// has sent back every message published before it that it could
 			// not route, so those are in fastReturns (and sent again,
 			// noroute.go) before the session stops.
-			_ = s.fastCh.ExchangeDeclarePassive(exchangeMesh, "topic", true, false, false, false, nil)
+			_ = s.pub.fastCh.ExchangeDeclarePassive(exchangeMesh, "topic", true, false, false, false, nil)
 			for range quiesceEmptyPolls {
-				if len(s.fastReturns) == 0 {
+				if len(s.pub.fastReturns) == 0 {
 					break
 				}
 				time.Sleep(time.Millisecond)

@@ -163,7 +163,7 @@ func (b *Bridge) deadOp(ctx context.Context, stage string, f func(s *session, ch
 	if st, _ := b.linkState(); st != StateConnected || s == nil {
 		return ErrLinkDown
 	}
-	ch, err := s.conConn.Channel()
+	ch, err := s.con.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}

@@ -47,11 +47,11 @@ func (b *Bridge) declaredStages() map[string]bool {
 }
 
 // declareDeclaredLocked declares the queues of declared stages that the session
-// does not consume (their consumers are declared by syncStages). stagesMu
+// does not consume (their consumers are declared by syncStages). flows.mu
 // is held on entry.
 func (s *session) declareDeclaredLocked(decl **amqp.Channel) {
 	for stage := range s.b.declaredStages() {
-		if s.stages[stage] != nil {
+		if s.flows.stages[stage] != nil {
 			continue
 		}
 		if err := s.declareStage(decl, stage); err != nil {

@@ -75,7 +75,7 @@ func (s *session) declareEvents(ch **amqp.Channel) error {
 func (s *session) declareOn(ch **amqp.Channel, q string, args amqp.Table) error {
 	_, err := (*ch).QueueDeclare(q, true, false, false, false, args)
 	if err != nil && (*ch).IsClosed() {
-		if nc, cerr := s.conConn.Channel(); cerr == nil {
+		if nc, cerr := s.con.conn.Channel(); cerr == nil {
 			*ch = nc
 		}
 	}
@@ -129,7 +129,7 @@ func (s *session) moveLegacyEvents(ch **amqp.Channel, q string) error {
 		}
 		_, err := (*ch).QueueDelete(q, false, true, false)
 		if isPrecondition(err) { // not empty: more arrived
-			if nc, cerr := s.conConn.Channel(); cerr == nil {
+			if nc, cerr := s.con.conn.Channel(); cerr == nil {
 				*ch = nc
 			}
 			continue

@@ -21,7 +21,7 @@ func OwnQueues(b *Bridge) (requests, replies, system string) {
 	if s == nil {
 		return "", "", ""
 	}
-	return s.reqQ, s.repQ, s.sysQ
+	return s.q.req, s.q.rep, s.q.sys
 }
 
 // SetOwnQueuesBound unbinds the request and reply queues of b's current
@@ -34,12 +34,12 @@ func SetOwnQueuesBound(b *Bridge, bound bool) error {
 		return ErrLinkDown
 	}
 	node := b.cfg.Node
-	for _, q := range []struct{ queue, key string }{{s.reqQ, requestBindingKey(node)}, {s.repQ, replyKey(node)}} {
+	for _, q := range []struct{ queue, key string }{{s.q.req, requestBindingKey(node)}, {s.q.rep, replyKey(node)}} {
 		var err error
 		if bound {
-			err = s.autoCh.QueueBind(q.queue, q.key, s.ownEx, false, nil)
+			err = s.con.autoCh.QueueBind(q.queue, q.key, s.q.ex, false, nil)
 		} else {
-			err = s.autoCh.QueueUnbind(q.queue, q.key, s.ownEx, nil)
+			err = s.con.autoCh.QueueUnbind(q.queue, q.key, s.q.ex, nil)
 		}
 		if err != nil {
 			return err

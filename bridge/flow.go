@@ -148,22 +148,22 @@ func (f *stageFlow) gone() {
 // another number of consumers.
 func (s *session) answered(c *cmdCall) {
 	if c.flow.answered(time.Since(c.sent)) {
-		signal(s.flowWake)
+		signal(s.flows.wake)
 	}
 }
 
 // applyFlows opens or cancels stage consumers until each stage has the
 // number it wants. Consumer owner only.
 func (s *session) applyFlows() {
-	if s.draining {
+	if s.flows.draining {
 		return
 	}
-	s.stagesMu.Lock()
-	flows := make([]*stageFlow, 0, len(s.stages))
-	for _, f := range s.stages {
+	s.flows.mu.Lock()
+	flows := make([]*stageFlow, 0, len(s.flows.stages))
+	for _, f := range s.flows.stages {
 		flows = append(flows, f)
 	}
-	s.stagesMu.Unlock()
+	s.flows.mu.Unlock()
 	for _, f := range flows {
 		want, before := f.wanted(), len(f.tags)
 		for len(f.tags) < want {
@@ -185,24 +185,24 @@ func (s *session) applyFlows() {
 // addConsumer opens one more consumer on f's stage queue, with its reader.
 // It returns false when it failed the session. Consumer owner only.
 func (s *session) addConsumer(f *stageFlow) bool {
-	if s.stageQos != f.prefetch {
+	if s.flows.qos != f.prefetch {
 		// Set for the consumers opened from now on; the events consumer
 		// keeps Prefetch.
-		if err := s.conCh.Qos(f.prefetch, 0, false); err != nil {
+		if err := s.con.ch.Qos(f.prefetch, 0, false); err != nil {
 			s.fail(fmt.Errorf("set a stage's prefetch: %w", err))
 			return false
 		}
-		s.stageQos = f.prefetch
+		s.flows.qos = f.prefetch
 	}
-	s.tagSeq++
-	tag := "cmd:" + f.stage + ":" + strconv.Itoa(s.tagSeq)
-	ds, err := s.conCh.Consume(stageQueue(f.stage), tag, false, false, false, false, nil)
+	s.flows.tagSeq++
+	tag := "cmd:" + f.stage + ":" + strconv.Itoa(s.flows.tagSeq)
+	ds, err := s.con.ch.Consume(stageQueue(f.stage), tag, false, false, false, false, nil)
 	if err != nil {
 		s.fail(fmt.Errorf("consume %s: %w", stageQueue(f.stage), err))
 		return false
 	}
 	f.tags = append(f.tags, tag)
-	s.tagStage[tag] = f
+	s.flows.byTag[tag] = f
 	f.setOpen(len(f.tags))
 	s.spawn(func() { s.readCommands(f, ds) })
 	return true
@@ -214,7 +214,7 @@ func (s *session) addConsumer(f *stageFlow) bool {
 // session. Consumer owner only.
 func (s *session) cancelConsumer(f *stageFlow) bool {
 	tag := f.tags[len(f.tags)-1]
-	if err := s.conCh.Cancel(tag, false); err != nil {
+	if err := s.con.ch.Cancel(tag, false); err != nil {
 		s.fail(fmt.Errorf("cancel consumer of stage %s: %w", f.stage, err))
 		return false
 	}
@@ -224,7 +224,7 @@ func (s *session) cancelConsumer(f *stageFlow) bool {
 
 // forgetConsumer drops a cancelled consumer. Consumer owner only.
 func (s *session) forgetConsumer(f *stageFlow, tag string) {
-	delete(s.tagStage, tag)
+	delete(s.flows.byTag, tag)
 	f.tags = slices.DeleteFunc(f.tags, func(t string) bool { return t == tag })
 	f.setOpen(len(f.tags))
 }
@@ -251,9 +251,9 @@ func (b *Bridge) stageConsumers(stage string) (open, most int) {
 	if s == nil {
 		return 0, 0
 	}
-	s.stagesMu.Lock()
-	f := s.stages[stage]
-	s.stagesMu.Unlock()
+	s.flows.mu.Lock()
+	f := s.flows.stages[stage]
+	s.flows.mu.Unlock()
 	if f == nil {
 		return 0, 0
 	}

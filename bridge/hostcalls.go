@@ -17,7 +17,7 @@ import (
 
 // hostCall is a request from another node waiting for the local host's
 // reply. Exactly one of the reply, the timer or the session's end takes it
-// out of session.calls.
+// out of session.local.host.
 type hostCall struct {
 	env     *envelope
 	timeout time.Duration
@@ -54,24 +54,24 @@ func (s *session) readRequests(ds <-chan amqp.Delivery) {
 			c.timeout = min(c.timeout, env.timeout)
 		}
 		token := newID()
-		s.callsMu.Lock()
-		if len(s.calls) >= b.openCalls() {
-			s.callsMu.Unlock()
+		s.local.mu.Lock()
+		if len(s.local.host) >= b.openCalls() {
+			s.local.mu.Unlock()
 			b.m.err(errKindUnreachable)
 			s.replyHost(env, nil, &ServiceError{Code: CodeUnavailable,
 				Text: fmt.Sprintf("node %s has %d requests open at its local hosts; refused %s", b.cfg.Node, b.openCalls(), env.name)})
 			continue
 		}
-		s.calls[token] = c
+		s.local.host[token] = c
 		c.timer = s.after(c.timeout, func() {
 			if c := s.takeCall(token); c != nil {
 				s.replyHost(c.env, nil, localCallFailure(context.DeadlineExceeded, c.env.name, b.cfg.Node, c.timeout))
 				s.replyHanded()
 			}
 		})
-		s.callsMu.Unlock()
+		s.local.mu.Unlock()
 		msg := env.natsMsg(subjCapPrefix+env.name, map[string]string{HeaderOrigin: env.origin})
-		msg.Reply = s.inbox + token
+		msg.Reply = s.local.inbox + token
 		hop(HopHostAsked)
 		if err := b.bc.PublishMsg(msg); err != nil {
 			if c := s.takeCall(token); c != nil {
@@ -85,13 +85,13 @@ func (s *session) readRequests(ds <-chan amqp.Delivery) {
 // takeCall removes and returns the open call token (nil: already
 // answered). The caller replies and then calls replyHanded.
 func (s *session) takeCall(token string) *hostCall {
-	s.callsMu.Lock()
-	defer s.callsMu.Unlock()
-	c := s.calls[token]
+	s.local.mu.Lock()
+	defer s.local.mu.Unlock()
+	c := s.local.host[token]
 	if c != nil {
-		delete(s.calls, token)
+		delete(s.local.host, token)
 		s.cancelTimer(c.timer)
-		s.answering++
+		s.local.answering++
 	}
 	return c
 }
@@ -99,16 +99,16 @@ func (s *session) takeCall(token string) *hostCall {
 // replyHanded says that the reply of a call taken with takeCall is handed to
 // the publisher.
 func (s *session) replyHanded() {
-	s.callsMu.Lock()
-	s.answering--
-	s.callsMu.Unlock()
+	s.local.mu.Lock()
+	s.local.answering--
+	s.local.mu.Unlock()
 }
 
 // onHostReply receives a local host's reply (or the NATS server's "no
 // responders") on the session's inbox and sends it back to the caller.
 func (s *session) onHostReply(m *nats.Msg) {
 	hop(HopHostAnswered)
-	c := s.takeCall(m.Subject[len(s.inbox):])
+	c := s.takeCall(m.Subject[len(s.local.inbox):])
 	if c == nil {
 		s.b.m.err(errKindLateReply)
 		return
@@ -155,12 +155,12 @@ func (b *Bridge) openCalls() int { return max(256, 8*b.cfg.Prefetch) }
 // replies can no longer be taken. The callers are told by the next
 // session (answerOrphans), so that they do not wait for their deadlines.
 func (s *session) endCalls() {
-	s.callsMu.Lock()
-	defer s.callsMu.Unlock()
+	s.local.mu.Lock()
+	defer s.local.mu.Unlock()
 	var orphans []*hostCall
-	for token, c := range s.calls {
+	for token, c := range s.local.host {
 		s.cancelTimer(c.timer)
-		delete(s.calls, token)
+		delete(s.local.host, token)
 		orphans = append(orphans, c)
 	}
 	if len(orphans) > 0 {

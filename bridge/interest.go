@@ -72,7 +72,7 @@ func (b *Bridge) SetLocalInterest(ctx context.Context, subjects []string) error 
 // declareStages declares and binds the queues of the stages the current
 // session does not consume yet, on a channel of its own, and returns once
 // the broker confirmed them. A consumer sync in progress is waited for
-// (it holds stagesMu while it declares). Without a session it does
+// (it holds flows.mu while it declares). Without a session it does
 // nothing: a session declares every hosted stage before it consumes.
 func (b *Bridge) declareStages(ctx context.Context, stages map[string]bool) error {
 	s := b.link.sess.Load()
@@ -80,18 +80,18 @@ func (b *Bridge) declareStages(ctx context.Context, stages map[string]bool) erro
 		return nil
 	}
 	var missing []string
-	s.stagesMu.Lock()
+	s.flows.mu.Lock()
 	for stage := range stages {
-		if s.stages[stage] == nil {
+		if s.flows.stages[stage] == nil {
 			missing = append(missing, stage)
 		}
 	}
-	s.stagesMu.Unlock()
+	s.flows.mu.Unlock()
 	if len(missing) == 0 {
 		return nil
 	}
 	slices.Sort(missing)
-	ch, err := s.conConn.Channel()
+	ch, err := s.con.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("declare stages: open channel: %w", err)
 	}

@@ -72,10 +72,10 @@ func (b *Bridge) leaseUntil(started, current, now time.Time) (time.Time, bool) {
 // progress.
 func (s *session) extendCmd(token string) {
 	now := time.Now()
-	s.callsMu.Lock()
-	defer s.callsMu.Unlock()
-	c := s.cmds[token]
-	if c == nil || s.cmdsEnded {
+	s.local.mu.Lock()
+	defer s.local.mu.Unlock()
+	c := s.local.cmds[token]
+	if c == nil || s.local.ended {
 		return // settled already, or waiting for its retry
 	}
 	until, later := s.b.leaseUntil(c.started, c.deadline, now)
@@ -91,9 +91,9 @@ func (s *session) extendCmd(token string) {
 
 // commandsInFlight lists the session's open commands, oldest first.
 func (s *session) commandsInFlight(now time.Time) []CommandStatus {
-	s.callsMu.Lock()
-	out := make([]CommandStatus, 0, len(s.cmds))
-	for token, c := range s.cmds {
+	s.local.mu.Lock()
+	out := make([]CommandStatus, 0, len(s.local.cmds))
+	for token, c := range s.local.cmds {
 		cs := CommandStatus{Stage: c.stage, MsgID: c.env.msgID, Attempt: c.env.attempt, State: "handler",
 			AgeSeconds: max(0, now.Sub(c.started).Seconds()), Extended: c.extended}
 		if strings.HasPrefix(token, retryTokenPrefix) {
@@ -103,7 +103,7 @@ func (s *session) commandsInFlight(now time.Time) []CommandStatus {
 		}
 		out = append(out, cs)
 	}
-	s.callsMu.Unlock()
+	s.local.mu.Unlock()
 	slices.SortFunc(out, func(a, b CommandStatus) int { return cmp.Compare(b.AgeSeconds, a.AgeSeconds) })
 	if len(out) > maxCommandsListed {
 		out = out[:maxCommandsListed]

@@ -36,7 +36,7 @@ func (it *pubItem) finish(err error) {
 // enqueue hands it to the publisher. It fails with ErrLinkDown, without
 // calling it.done, when the session ends first; once handed over, it.done
 // is called exactly once.
-func (s *session) enqueue(it *pubItem) error { return s.pubQ.put(s.ctx, it, true) }
+func (s *session) enqueue(it *pubItem) error { return s.pub.q.put(s.ctx, it, true) }
 
 // enqueueFast hands a request or a reply to the fast publisher (no
 // confirm: it.done gets nil once written), on the terms of enqueue.
@@ -45,26 +45,26 @@ func (s *session) enqueue(it *pubItem) error { return s.pubQ.put(s.ctx, it, true
 // to the fast publisher's goroutine costs a request and its reply a
 // goroutine wake-up each, on the path every call waits on.
 func (s *session) enqueueFast(it *pubItem) error {
-	if err := s.fastQ.put(s.ctx, it, false); err != nil {
+	if err := s.pub.fastQ.put(s.ctx, it, false); err != nil {
 		return err
 	}
-	if s.fastMu.TryLock() {
+	if s.pub.fastMu.TryLock() {
 		s.fastRun()
-		s.fastMu.Unlock()
+		s.pub.fastMu.Unlock()
 		return nil
 	}
-	signal(s.fastQ.ready) // the one publishing now may have taken its run already
+	signal(s.pub.fastQ.ready) // the one publishing now may have taken its run already
 	return nil
 }
 
 // fastRun publishes what waits for the fast publisher, under fastMu.
 func (s *session) fastRun() {
-	items := s.fastQ.take()
+	items := s.pub.fastQ.take()
 	if len(items) == 0 {
 		return
 	}
 	s.fastPublish(items)
-	s.fastQ.settled(len(items))
+	s.pub.fastQ.settled(len(items))
 }
 
 // pubQueue hands items to a publisher in order. Senders do not wait for
@@ -133,31 +133,31 @@ func (q *pubQueue) close() {
 // replies in the order handed over. Exits when the session ends or a
 // publish fails, settling what is left with ErrLinkDown.
 func (s *session) fastPublisher() {
-	defer s.fastQ.close()
+	defer s.pub.fastQ.close()
 	for {
 		select {
 		case <-s.ctx.Done():
 			return
-		case <-s.fastQ.ready:
+		case <-s.pub.fastQ.ready:
 		}
-		s.fastMu.Lock()
+		s.pub.fastMu.Lock()
 		s.fastRun()
-		s.fastMu.Unlock()
+		s.pub.fastMu.Unlock()
 	}
 }
 
 // fastPublish publishes a run of requests and replies with one write. It
 // returns false when the session must end.
 func (s *session) fastPublish(items []*pubItem) bool {
-	s.cork.cork()
-	defer s.cork.uncork()
+	s.pub.cork.cork()
+	defer s.pub.cork.uncork()
 	for i, it := range items {
 		p, err := it.out.publishing(s.b.cfg.Node, s.user, s.b.cfg.Keys)
 		if err != nil {
 			it.finish(err) // not sealed: no key to seal with
 			continue
 		}
-		err = s.fastCh.Publish(it.out.exchange, it.out.routingKey(), it.out.mandatory, false, p)
+		err = s.pub.fastCh.Publish(it.out.exchange, it.out.routingKey(), it.out.mandatory, false, p)
 		if err != nil {
 			var ae *amqp.Error
 			if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
@@ -186,7 +186,7 @@ func (s *session) fastPublish(items []*pubItem) bool {
 // for a short while (noroute.go); a request that may not reach its node
 // fails then. Exits when the channel closes.
 func (s *session) fastReturned() {
-	for r := range s.fastReturns {
+	for r := range s.pub.fastReturns {
 		if r.Type == typeReply {
 			s.b.retryReply(r)
 			continue
@@ -221,28 +221,28 @@ func (s *session) publishWait(ctx context.Context, out *outgoing) error {
 // were handed over, at most publishWindow unconfirmed. Exits when the
 // session ends or a publish fails, settling what is left with ErrLinkDown.
 func (s *session) publisher() {
-	defer s.pubQ.close()
+	defer s.pub.q.close()
 	for {
 		select {
 		case <-s.ctx.Done():
 			return
-		case <-s.pubQ.ready:
+		case <-s.pub.q.ready:
 		}
-		items := s.pubQ.take()
+		items := s.pub.q.take()
 		if most := s.b.batchMax(); most > 1 && len(items) > 1 {
 			items = s.packCommands(items, most)
 		}
-		s.cork.cork() // the run goes out with one write
+		s.pub.cork.cork() // the run goes out with one write
 		for i, it := range items {
 			if !s.publish(it) {
-				s.cork.uncork()
+				s.pub.cork.uncork()
 				for _, rest := range items[i+1:] {
 					rest.finish(ErrLinkDown)
 				}
 				return
 			}
 		}
-		s.cork.uncork()
+		s.pub.cork.uncork()
 	}
 }
 
@@ -250,11 +250,11 @@ func (s *session) publisher() {
 // session must end (it.done has been called).
 func (s *session) publish(it *pubItem) bool {
 	select {
-	case s.window <- struct{}{}:
+	case s.pub.window <- struct{}{}:
 	default:
-		s.cork.flush() // the broker confirms only what it received
+		s.pub.cork.flush() // the broker confirms only what it received
 		select {
-		case s.window <- struct{}{}:
+		case s.pub.window <- struct{}{}:
 		case <-s.ctx.Done():
 			it.finish(ErrLinkDown)
 			return false
@@ -262,24 +262,24 @@ func (s *session) publish(it *pubItem) bool {
 	}
 	p, err := it.out.publishing(s.b.cfg.Node, s.user, s.b.cfg.Keys)
 	if err != nil {
-		<-s.window
+		<-s.pub.window
 		it.finish(err) // not sealed: no key to seal with
 		return true
 	}
-	tag := s.pubCh.GetNextPublishSeqNo()
-	s.mu.Lock()
-	s.inflight[tag] = it
+	tag := s.pub.ch.GetNextPublishSeqNo()
+	s.pub.mu.Lock()
+	s.pub.inflight[tag] = it
 	if it.out.msgID != "" && it.out.mandatory {
-		s.byID[it.out.msgID] = it
+		s.pub.byID[it.out.msgID] = it
 	}
-	s.mu.Unlock()
-	_, err = s.pubCh.PublishWithDeferredConfirm(it.out.exchange, it.out.routingKey(), it.out.mandatory, false, p)
+	s.pub.mu.Unlock()
+	_, err = s.pub.ch.PublishWithDeferredConfirm(it.out.exchange, it.out.routingKey(), it.out.mandatory, false, p)
 	if err != nil {
-		s.mu.Lock()
-		delete(s.inflight, tag)
-		delete(s.byID, it.out.msgID)
-		s.mu.Unlock()
-		<-s.window
+		s.pub.mu.Lock()
+		delete(s.pub.inflight, tag)
+		delete(s.pub.byID, it.out.msgID)
+		s.pub.mu.Unlock()
+		<-s.pub.window
 		var ae *amqp.Error
 		if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
 			it.finish(ErrLinkDown)
@@ -304,7 +304,7 @@ func (s *session) publish(it *pubItem) bool {
 // each item. It exits when the channel is closed, after settling every
 // item still unconfirmed with ErrLinkDown.
 func (s *session) confirmer() {
-	confirms, returns := s.confirms, s.returns
+	confirms, returns := s.pub.confirms, s.pub.returns
 	for confirms != nil {
 		select {
 		case r, ok := <-returns:
@@ -340,38 +340,38 @@ func (s *session) confirmer() {
 		for range returns { // drain until the library closes it
 		}
 	}
-	s.mu.Lock()
-	left := s.inflight
-	s.inflight = map[uint64]*pubItem{}
-	s.byID = map[string]*pubItem{}
-	s.mu.Unlock()
+	s.pub.mu.Lock()
+	left := s.pub.inflight
+	s.pub.inflight = map[uint64]*pubItem{}
+	s.pub.byID = map[string]*pubItem{}
+	s.pub.mu.Unlock()
 	for _, it := range left {
 		it.finish(ErrLinkDown)
 	}
 }
 
 func (s *session) noteReturn(r amqp.Return) {
-	s.mu.Lock()
-	if it, ok := s.byID[r.MessageId]; ok {
+	s.pub.mu.Lock()
+	if it, ok := s.pub.byID[r.MessageId]; ok {
 		it.returned = true
 	}
-	s.mu.Unlock()
+	s.pub.mu.Unlock()
 }
 
 func (s *session) settle(c amqp.Confirmation) {
-	s.mu.Lock()
-	it, ok := s.inflight[c.DeliveryTag]
+	s.pub.mu.Lock()
+	it, ok := s.pub.inflight[c.DeliveryTag]
 	if ok {
-		delete(s.inflight, c.DeliveryTag)
+		delete(s.pub.inflight, c.DeliveryTag)
 		if it.out.msgID != "" {
-			delete(s.byID, it.out.msgID)
+			delete(s.pub.byID, it.out.msgID)
 		}
 	}
-	s.mu.Unlock()
+	s.pub.mu.Unlock()
 	if !ok {
 		return
 	}
-	<-s.window
+	<-s.pub.window
 	switch {
 	case !c.Ack:
 		s.b.m.err(errKindNacked)
@@ -389,9 +389,9 @@ func (s *session) settle(c amqp.Confirmation) {
 // reason) while a resource alarm holds; consuming and acking go on, on the
 // other connection. Exits when the publishing connection closes.
 func (s *session) watchBlocked() {
-	for bl := range s.blocked {
-		s.mu.Lock()
-		if !s.ended {
+	for bl := range s.pub.blocked {
+		s.pub.mu.Lock()
+		if !s.pub.ended {
 			if bl.Active {
 				s.b.m.blocks.Inc()
 				s.b.setState(StateBlocked, "broker resource alarm: "+bl.Reason)
@@ -400,6 +400,6 @@ func (s *session) watchBlocked() {
 				s.b.setState(StateConnected, "")
 			}
 		}
-		s.mu.Unlock()
+		s.pub.mu.Unlock()
 	}
 }

@@ -103,9 +103,9 @@ func (s *session) retryPolicy(stage string) (RetryPolicy, bool) {
 // hasAux reports whether this session declared the aux queue bit of
 // stage.
 func (s *session) hasAux(stage string, bit int) bool {
-	s.stagesMu.Lock()
-	defer s.stagesMu.Unlock()
-	return s.auxQueues[stage]&bit != 0
+	s.flows.mu.Lock()
+	defer s.flows.mu.Unlock()
+	return s.flows.aux[stage]&bit != 0
 }
 
 // stampTime formats a failure's time in the node headers.
@@ -212,7 +212,7 @@ func (e *envelope) commandHeader(k, v string) error {
 	return nil
 }
 
-// Aux queues of a stage declared in a session (session.auxQueues).
+// Aux queues of a stage declared in a session (stageFlows.aux).
 const (
 	auxRetry = 1 << iota // retry.<stage>
 	auxDead              // dead.<stage>
@@ -246,7 +246,7 @@ func (s *session) declareAux(decl **amqp.Channel, stage string) int {
 			s.b.log.Warn("cannot declare a stage's queue; the stage goes on without it (are the node's broker permissions current, is the queue's broker node up?)",
 				"stage", stage, "queue", a.queue, "err", err)
 			if (*decl).IsClosed() {
-				nc, cerr := s.conConn.Channel()
+				nc, cerr := s.con.conn.Channel()
 				if cerr != nil {
 					return have
 				}

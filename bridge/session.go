@@ -27,15 +27,7 @@ type session struct {
 	// every delivery must carry a node's user_id too (checkOrigin).
 	user    string
 	perNode bool
-	// ownEx is the exchange the node's own queues are bound to: mesh, or
-	// node.<n> for a broker user with an older mesh's permissions
-	// (topology.go).
-	ownEx string
-	// reqQ, repQ and sysQ are this session's request, reply and system
-	// queues: server-named (amq.gen-*), or, for a broker user with an
-	// older mesh's permissions, node.<n>.requests, .replies and .system
-	// (topology.go).
-	reqQ, repQ, sysQ string
+	q       sessionQueues
 	// handedOver: a handover replaced the session; stop leaves this
 	// node's pending requests open for the next one.
 	handedOver bool
@@ -48,71 +40,111 @@ type session struct {
 	cancel context.CancelFunc
 	failed chan error // cap 1: the first fatal error of a part
 
-	// The publishing connection: commands, events, dead letters and system
-	// messages on pubCh (confirm mode), requests and replies on fastCh.
-	pubConn      *amqp.Connection
-	cork         *corkConn // pubConn's socket: publishers batch their writes
-	pubCh        *amqp.Channel
-	fastCh       *amqp.Channel
-	confirms     chan amqp.Confirmation
-	returns      chan amqp.Return
-	fastReturns  chan amqp.Return
-	blocked      chan amqp.Blocking
-	pubConnClose chan *amqp.Error
-	pubClose     chan *amqp.Error
-	fastClose    chan *amqp.Error
+	pub   publishing // the publishing connection and what is on its way
+	con   consuming  // the consuming connection, its consumers and acks
+	flows stageFlows // the stages consumed in this session
+	local localCalls // calls and commands open at local programs
 
-	pubQ     *pubQueue     // for the publisher
-	fastQ    *pubQueue     // requests and replies for the fast publisher
-	fastMu   sync.Mutex    // held by whoever publishes a run of fastQ
-	window   chan struct{} // a slot per unconfirmed publish
-	mu       sync.Mutex    // guards inflight, byID, ended
+	// The outbox drainer (submit.go): rescan (cap 1) starts it over from
+	// the oldest record; drainWait counts drained records handed to the
+	// publisher and not settled.
+	rescan    chan struct{}
+	drainWait sync.WaitGroup
+
+	wg      sync.WaitGroup // the session's goroutines
+	workers tracker        // goroutines and timers working on deliveries
+}
+
+// sessionQueues names what the session's consumers read and its own
+// queues are bound to (topology.go).
+type sessionQueues struct {
+	// ex is the exchange the node's own queues are bound to: mesh, or
+	// node.<n> for a broker user with an older mesh's permissions.
+	ex string
+	// req, rep and sys are this session's request, reply and system
+	// queues: server-named (amq.gen-*), or, for a broker user with an
+	// older mesh's permissions, node.<n>.requests, .replies and .system.
+	req, rep, sys string
+}
+
+// publishing is the session's publishing connection: commands, events,
+// dead letters and system messages on ch (confirm mode), requests and
+// replies on fastCh, and the publishes the broker has not confirmed yet.
+// The publisher, confirmer and fast publisher goroutines own it (publish.go).
+type publishing struct {
+	conn        *amqp.Connection
+	cork        *corkConn // conn's socket: publishers batch their writes
+	ch          *amqp.Channel
+	fastCh      *amqp.Channel
+	confirms    chan amqp.Confirmation
+	returns     chan amqp.Return
+	fastReturns chan amqp.Return
+	blocked     chan amqp.Blocking
+	connClose   chan *amqp.Error
+	chClose     chan *amqp.Error
+	fastClose   chan *amqp.Error
+
+	q      *pubQueue     // for the publisher
+	fastQ  *pubQueue     // requests and replies for the fast publisher
+	fastMu sync.Mutex    // held by whoever publishes a run of fastQ
+	window chan struct{} // a slot per unconfirmed publish
+
+	mu       sync.Mutex // guards inflight, byID, ended
 	inflight map[uint64]*pubItem
 	byID     map[string]*pubItem
 	ended    bool
+}
 
-	// The consuming connection: the topology, the acked consumers on conCh
-	// (events, commands), the unacked ones on autoCh (requests, replies,
-	// system messages), stage declarations and queue inspections. It never
-	// publishes.
-	conConn      *amqp.Connection
-	conCork      *corkConn // conConn's socket: a run of acks goes out with one write
-	conCh        *amqp.Channel
-	autoCh       *amqp.Channel
-	cancels      chan string
-	conConnClose chan *amqp.Error
-	conClose     chan *amqp.Error
-	autoClose    chan *amqp.Error
-	initial      map[string]<-chan amqp.Delivery // consumers opened by setup
+// consuming is the session's consuming connection: the topology, the
+// acked consumers on ch (events, commands), the unacked ones on autoCh
+// (requests, replies, system messages), stage declarations and queue
+// inspections. It never publishes. The consumer owner goroutine owns it
+// (consume.go).
+type consuming struct {
+	conn      *amqp.Connection
+	cork      *corkConn // conn's socket: a run of acks goes out with one write
+	ch        *amqp.Channel
+	autoCh    *amqp.Channel
+	cancels   chan string
+	connClose chan *amqp.Error
+	chClose   chan *amqp.Error
+	autoClose chan *amqp.Error
+	initial   map[string]<-chan amqp.Delivery // consumers opened by setup
 
 	ackQ chan ackReq
 	// unacked counts settled deliveries whose ack is not yet applied on
 	// the consume channel: a graceful close waits for it (settleBeforeStop).
-	unacked   atomic.Int64
-	acks      ackBook // settled deliveries of conCh (consumer owner only)
-	stagesMu  sync.Mutex
-	stages    map[string]*stageFlow // stages consumed in this session (owner only writes)
-	auxQueues map[string]int        // under stagesMu: the retry and dead-letter queues declared per stage (auxRetry, auxDead)
-	tagStage  map[string]*stageFlow // consumer owner only: stage consumers by tag
-	tagSeq    int                   // consumer owner only: for unique consumer tags
-	stageQos  int                   // consumer owner only: the prefetch set for stage consumers (0: Prefetch, for events)
-	flowWake  chan struct{}         // cap 1: a stage wants another number of consumers
-	drain     chan struct{}         // cap 1: the node stops; cancel every stage consumer (drainCommands)
-	draining  bool                  // consumer owner only: stage consumers cancelled for good
-	drainWait sync.WaitGroup        // drained records handed to the publisher, not settled
-	rescan    chan struct{}         // cap 1: the drainer starts over from the oldest record
+	unacked atomic.Int64
+	acks    ackBook // settled deliveries of ch (consumer owner only)
+}
 
-	inbox     string               // NATS subject prefix of local hosts' replies
-	cmdInbox  string               // NATS subject prefix of command handlers' replies
-	inboxSubs []*nats.Subscription // on bc, for onHostReply and onCmdReply
-	callsMu   sync.Mutex
-	calls     map[string]*hostCall // requests from other nodes open at a local host
-	answering int                  // calls taken from calls whose reply is not handed to fastQ yet
+// stageFlows are the command stages consumed in a session and their
+// consumers (flow.go).
+type stageFlows struct {
+	mu       sync.Mutex
+	stages   map[string]*stageFlow // under mu; only the consumer owner writes
+	aux      map[string]int        // under mu: the retry and dead-letter queues declared per stage (auxRetry, auxDead)
+	byTag    map[string]*stageFlow // consumer owner only: stage consumers by tag
+	tagSeq   int                   // consumer owner only: for unique consumer tags
+	qos      int                   // consumer owner only: the prefetch set for stage consumers (0: Prefetch, for events)
+	wake     chan struct{}         // cap 1: a stage wants another number of consumers
+	drain    chan struct{}         // cap 1: the node stops; cancel every stage consumer (drainCommands)
+	draining bool                  // consumer owner only: stage consumers cancelled for good
+}
+
+// localCalls are the requests from other nodes and the commands open at
+// local programs, and the NATS inboxes their replies come back on
+// (hostcalls.go, commands.go).
+type localCalls struct {
+	inbox    string               // NATS subject prefix of local hosts' replies
+	cmdInbox string               // NATS subject prefix of command handlers' replies
+	subs     []*nats.Subscription // on bc, for onHostReply and onCmdReply
+
+	mu        sync.Mutex           // guards host, answering, cmds, ended
+	host      map[string]*hostCall // requests from other nodes open at a local host
+	answering int                  // calls taken from host whose reply is not handed to fastQ yet
 	cmds      map[string]*cmdCall  // commands open at a local handler
-	cmdsEnded bool                 // the session ended: no new entries in cmds
-
-	wg      sync.WaitGroup // the session's goroutines
-	workers tracker        // goroutines and timers working on deliveries
+	ended     bool                 // the session ended: no new entries in cmds
 }
 
 // The roles of a session's two connections (dial).
@@ -158,26 +190,30 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 		return nil, nil, fmt.Errorf("connect to broker: %w", b.refused(err, user))
 	}
 	s := &session{
-		b: b, url: url, user: user, perNode: perNode, pubConn: pubConn, cork: cork, conConn: conConn, conCork: conCork,
+		b: b, url: url, user: user, perNode: perNode,
 		failed:       make(chan error, 1),
 		requestsDone: make(chan struct{}),
 		repliesDone:  make(chan struct{}),
-		pubQ:         newPubQueue(publishWindow),
-		fastQ:        newPubQueue(publishWindow),
-		window:       make(chan struct{}, publishWindow),
-		inflight:     map[uint64]*pubItem{},
-		byID:         map[string]*pubItem{},
-		ackQ:         make(chan ackReq, 256),
-		stages:       map[string]*stageFlow{},
-		auxQueues:    map[string]int{},
-		tagStage:     map[string]*stageFlow{},
-		flowWake:     make(chan struct{}, 1),
-		drain:        make(chan struct{}, 1),
 		rescan:       make(chan struct{}, 1),
-		calls:        map[string]*hostCall{},
-		cmds:         map[string]*cmdCall{},
+		pub: publishing{
+			conn: pubConn, cork: cork,
+			q:        newPubQueue(publishWindow),
+			fastQ:    newPubQueue(publishWindow),
+			window:   make(chan struct{}, publishWindow),
+			inflight: map[uint64]*pubItem{},
+			byID:     map[string]*pubItem{},
+		},
+		con: consuming{conn: conConn, cork: conCork, ackQ: make(chan ackReq, 256)},
+		flows: stageFlows{
+			stages: map[string]*stageFlow{},
+			aux:    map[string]int{},
+			byTag:  map[string]*stageFlow{},
+			wake:   make(chan struct{}, 1),
+			drain:  make(chan struct{}, 1),
+		},
+		local: localCalls{host: map[string]*hostCall{}, cmds: map[string]*cmdCall{}},
 	}
-	s.fastQ.track = true // a handover waits until replies are published (quiesce)
+	s.pub.fastQ.track = true // a handover waits until replies are published (quiesce)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, func() { abortCon(); abortPub() }, nil
 }
@@ -206,22 +242,22 @@ func (s *session) prepare(ctx context.Context, abort func()) error {
 // closeConns closes both connections, waiting at most closeLimit for the
 // broker.
 func (s *session) closeConns() {
-	_ = s.conConn.CloseDeadline(time.Now().Add(closeLimit))
-	_ = s.pubConn.CloseDeadline(time.Now().Add(closeLimit))
+	_ = s.con.conn.CloseDeadline(time.Now().Add(closeLimit))
+	_ = s.pub.conn.CloseDeadline(time.Now().Add(closeLimit))
 }
 
 // start runs the session's goroutines. Each exits when the session's
 // context is cancelled or its AMQP channel closes; end and stop wait.
 func (s *session) start() {
-	s.inbox, s.cmdInbox = nats.NewInbox()+".", nats.NewInbox()+"."
-	for subj, cb := range map[string]nats.MsgHandler{s.inbox + "*": s.onHostReply, s.cmdInbox + "*": s.onCmdReply} {
+	s.local.inbox, s.local.cmdInbox = nats.NewInbox()+".", nats.NewInbox()+"."
+	for subj, cb := range map[string]nats.MsgHandler{s.local.inbox + "*": s.onHostReply, s.local.cmdInbox + "*": s.onCmdReply} {
 		sub, err := s.b.bc.Subscribe(subj, cb)
 		if err != nil {
 			s.fail(fmt.Errorf("subscribe to local replies: %w", err))
 			continue
 		}
 		_ = sub.SetPendingLimits(1<<20, 256<<20)
-		s.inboxSubs = append(s.inboxSubs, sub)
+		s.local.subs = append(s.local.subs, sub)
 	}
 	s.spawn(s.publisher)
 	s.spawn(s.confirmer)
@@ -231,14 +267,14 @@ func (s *session) start() {
 	s.spawn(s.consumerOwner)
 	s.spawn(func() {
 		defer close(s.requestsDone)
-		s.readRequests(s.initial["requests"])
+		s.readRequests(s.con.initial["requests"])
 	})
 	s.spawn(func() {
 		defer close(s.repliesDone)
-		s.readReplies(s.initial["replies"])
+		s.readReplies(s.con.initial["replies"])
 	})
-	s.spawn(func() { s.readEvents(s.initial["events"]) })
-	s.spawn(func() { s.readSystem(s.initial["system"]) })
+	s.spawn(func() { s.readEvents(s.con.initial["events"]) })
+	s.spawn(func() { s.readSystem(s.con.initial["system"]) })
 	s.spawn(s.drainer)
 	s.spawn(s.stallChecker)
 }
@@ -268,17 +304,17 @@ func (s *session) run(retry <-chan time.Time) string {
 			if !s.b.link.holds(s.url) {
 				return reasonURLChanged
 			}
-		case e := <-s.pubConnClose:
+		case e := <-s.pub.connClose:
 			return closeReason("publishing connection closed", e)
-		case e := <-s.conConnClose:
+		case e := <-s.con.connClose:
 			return closeReason("consuming connection closed", e)
-		case e := <-s.pubClose:
+		case e := <-s.pub.chClose:
 			return closeReason("publish channel closed", e)
-		case e := <-s.fastClose:
+		case e := <-s.pub.fastClose:
 			return closeReason("request channel closed", e)
-		case e := <-s.autoClose:
+		case e := <-s.con.autoClose:
 			return closeReason("consume channel closed", e)
-		case e := <-s.conClose:
+		case e := <-s.con.chClose:
 			return closeReason("consume channel closed", e)
 		case err := <-s.failed:
 			return err.Error()
@@ -303,9 +339,9 @@ func (s *session) fail(err error) {
 
 // end marks the session as ended: nothing new is handed to it.
 func (s *session) end() {
-	s.mu.Lock()
-	s.ended = true
-	s.mu.Unlock()
+	s.pub.mu.Lock()
+	s.pub.ended = true
+	s.pub.mu.Unlock()
 }
 
 // stop tears the session down and waits for all its goroutines. Messages
@@ -315,7 +351,7 @@ func (s *session) stop() {
 	s.cancel()
 	s.closeConns()
 	s.wg.Wait()
-	for _, sub := range s.inboxSubs {
+	for _, sub := range s.local.subs {
 		_ = sub.Unsubscribe()
 	}
 	s.endCalls()

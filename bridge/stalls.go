@@ -92,7 +92,7 @@ func (b *Bridge) stallCandidates() []string {
 // submitted to) it sleeps until one is. Exits when the session ends.
 func (s *session) stallChecker() {
 	b := s.b
-	ch, err := s.conConn.Channel()
+	ch, err := s.con.conn.Channel()
 	if err != nil {
 		s.fail(fmt.Errorf("open channel: %w", err))
 		return
@@ -127,10 +127,10 @@ func (s *session) stallChecker() {
 					delete(b.stall.submitted, stage) // no queue: sends fail with no route instead
 					b.stall.mu.Unlock()
 				}
-				if s.ctx.Err() != nil || s.conConn.IsClosed() {
+				if s.ctx.Err() != nil || s.con.conn.IsClosed() {
 					return
 				}
-				if ch, err = s.conConn.Channel(); err != nil {
+				if ch, err = s.con.conn.Channel(); err != nil {
 					s.fail(fmt.Errorf("open channel: %w", err))
 					return
 				}
@@ -140,10 +140,10 @@ func (s *session) stallChecker() {
 			if s.hasAux(stage, auxDead) {
 				dq, err := ch.QueueDeclarePassive(deadQueue(stage), true, false, false, false, nil)
 				if err != nil {
-					if s.ctx.Err() != nil || s.conConn.IsClosed() {
+					if s.ctx.Err() != nil || s.con.conn.IsClosed() {
 						return
 					}
-					if ch, err = s.conConn.Channel(); err != nil {
+					if ch, err = s.con.conn.Channel(); err != nil {
 						s.fail(fmt.Errorf("open channel: %w", err))
 						return
 					}

@@ -17,7 +17,7 @@ const (
 // request queue with an exclusive consumer, and opens the channels.
 func (s *session) setup() error {
 	node := s.b.cfg.Node
-	ch, err := s.conConn.Channel()
+	ch, err := s.con.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
@@ -72,7 +72,7 @@ func (s *session) setup() error {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
 			// A failed passive declare closes the channel.
-			ch, err = s.conConn.Channel()
+			ch, err = s.con.conn.Channel()
 			if err != nil {
 				return fmt.Errorf("open channel: %w", err)
 			}
@@ -81,7 +81,7 @@ func (s *session) setup() error {
 		if err != nil && st.optional {
 			s.b.log.Warn("cannot declare "+st.what+"; going on without it", "err", err)
 			if ch.IsClosed() {
-				if ch, err = s.conConn.Channel(); err != nil {
+				if ch, err = s.con.conn.Channel(); err != nil {
 					return fmt.Errorf("open channel: %w", err)
 				}
 			}
@@ -92,18 +92,18 @@ func (s *session) setup() error {
 		}
 	}
 	// Two consume channels: autoCh for what is consumed without acks
-	// (requests, replies, system messages), conCh for what is acked (events,
-	// commands), so that conCh's delivery tags are dense and a run of them
+	// (requests, replies, system messages), con.ch for what is acked (events,
+	// commands), so that con.ch's delivery tags are dense and a run of them
 	// can be acked at once.
-	s.autoCh, err = s.conConn.Channel()
+	s.con.autoCh, err = s.con.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	s.conCh, err = s.conConn.Channel()
+	s.con.ch, err = s.con.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	if err := s.conCh.Qos(s.b.cfg.Prefetch, 0, false); err != nil {
+	if err := s.con.ch.Qos(s.b.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
 	// The node's claim on its name comes first, before any of its queues
@@ -112,7 +112,7 @@ func (s *session) setup() error {
 	if err := s.claim(&ch); err != nil {
 		return err
 	}
-	if s.reqQ, err = s.declareOwn(&ch, requestQueue(node)); err != nil {
+	if s.q.req, err = s.declareOwn(&ch, requestQueue(node)); err != nil {
 		var inUse *NodeNameInUseError
 		if errors.As(err, &inUse) {
 			return err
@@ -122,7 +122,7 @@ func (s *session) setup() error {
 	if err := s.declareEvents(&ch); err != nil {
 		return fmt.Errorf("declare queue %s: %w", eventQueue(node), err)
 	}
-	events, err := s.conCh.Consume(eventQueue(node), "events", false, false, false, false, nil)
+	events, err := s.con.ch.Consume(eventQueue(node), "events", false, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", eventQueue(node), err)
 	}
@@ -130,7 +130,7 @@ func (s *session) setup() error {
 		what string
 		do   func() error
 	}{
-		{"binding " + requestQueue(node), func() error { return s.bindOwn(&ch, s.reqQ, requestBindingKey(node)) }},
+		{"binding " + requestQueue(node), func() error { return s.bindOwn(&ch, s.q.req, requestBindingKey(node)) }},
 	}
 	for _, st := range steps {
 		if err := st.do(); err != nil {
@@ -144,7 +144,7 @@ func (s *session) setup() error {
 	// Requests are at most once: consumed without acks (an ack per request
 	// costs the broker a round of work on the critical path); openCalls
 	// bounds how many are open at the local hosts.
-	reqs, err := s.autoCh.Consume(s.reqQ, "requests", true, true, false, false, nil)
+	reqs, err := s.con.autoCh.Consume(s.q.req, "requests", true, true, false, false, nil)
 	if err != nil {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
@@ -157,11 +157,11 @@ func (s *session) setup() error {
 		what string
 		do   func() error
 	}{
-		{"queue " + replyQueue(node), func() (err error) { s.repQ, err = s.declareOwn(&ch, replyQueue(node)); return err }},
-		{"binding " + replyQueue(node), func() error { return s.bindOwn(&ch, s.repQ, replyKey(node)) }},
-		{"queue " + systemQueue(node), func() (err error) { s.sysQ, err = s.declareOwn(&ch, systemQueue(node)); return err }},
-		{"binding " + systemQueue(node), func() error { return ch.QueueBind(s.sysQ, "sys.#", exchangeMesh, false, nil) }},
-		{"binding " + systemQueue(node) + " (addressed)", func() error { return s.bindOwn(&ch, s.sysQ, "to."+node+".sys.#") }},
+		{"queue " + replyQueue(node), func() (err error) { s.q.rep, err = s.declareOwn(&ch, replyQueue(node)); return err }},
+		{"binding " + replyQueue(node), func() error { return s.bindOwn(&ch, s.q.rep, replyKey(node)) }},
+		{"queue " + systemQueue(node), func() (err error) { s.q.sys, err = s.declareOwn(&ch, systemQueue(node)); return err }},
+		{"binding " + systemQueue(node), func() error { return ch.QueueBind(s.q.sys, "sys.#", exchangeMesh, false, nil) }},
+		{"binding " + systemQueue(node) + " (addressed)", func() error { return s.bindOwn(&ch, s.q.sys, "to."+node+".sys.#") }},
 		{"exchange " + nodeExchange(node) + " (older meshes)", func() error { return s.dropNodeExchange(&ch) }},
 	}
 	for _, st := range more {
@@ -173,81 +173,81 @@ func (s *session) setup() error {
 			return fmt.Errorf("declare %s: %w", st.what, err)
 		}
 	}
-	replies, err := s.autoCh.Consume(s.repQ, "replies", true, true, false, false, nil)
+	replies, err := s.con.autoCh.Consume(s.q.rep, "replies", true, true, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", replyQueue(node), err)
 	}
-	system, err := s.autoCh.Consume(s.sysQ, "system", true, true, false, false, nil)
+	system, err := s.con.autoCh.Consume(s.q.sys, "system", true, true, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", systemQueue(node), err)
 	}
-	s.initial = map[string]<-chan amqp.Delivery{"requests": reqs, "replies": replies, "events": events, "system": system}
+	s.con.initial = map[string]<-chan amqp.Delivery{"requests": reqs, "replies": replies, "events": events, "system": system}
 
 	// The publishing channels live on a connection of their own.
-	s.pubCh, err = s.pubConn.Channel()
+	s.pub.ch, err = s.pub.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	if err := s.pubCh.Confirm(false); err != nil {
+	if err := s.pub.ch.Confirm(false); err != nil {
 		return fmt.Errorf("confirm mode: %w", err)
 	}
-	s.confirms = s.pubCh.NotifyPublish(make(chan amqp.Confirmation, publishWindow))
-	s.returns = s.pubCh.NotifyReturn(make(chan amqp.Return, 64))
-	s.pubConnClose = s.pubConn.NotifyClose(make(chan *amqp.Error, 1))
-	s.conConnClose = s.conConn.NotifyClose(make(chan *amqp.Error, 1))
-	s.pubClose = s.pubCh.NotifyClose(make(chan *amqp.Error, 1))
+	s.pub.confirms = s.pub.ch.NotifyPublish(make(chan amqp.Confirmation, publishWindow))
+	s.pub.returns = s.pub.ch.NotifyReturn(make(chan amqp.Return, 64))
+	s.pub.connClose = s.pub.conn.NotifyClose(make(chan *amqp.Error, 1))
+	s.con.connClose = s.con.conn.NotifyClose(make(chan *amqp.Error, 1))
+	s.pub.chClose = s.pub.ch.NotifyClose(make(chan *amqp.Error, 1))
 	// Requests and replies go on a channel without confirms: they are at
 	// most once and bounded by a deadline, a confirm tells nothing the reply
 	// or the deadline does not, and it costs latency. Returns (no route)
 	// still come back at once.
-	s.fastCh, err = s.pubConn.Channel()
+	s.pub.fastCh, err = s.pub.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	s.fastReturns = s.fastCh.NotifyReturn(make(chan amqp.Return, 64))
-	s.fastClose = s.fastCh.NotifyClose(make(chan *amqp.Error, 1))
-	s.conClose = s.conCh.NotifyClose(make(chan *amqp.Error, 1))
-	s.autoClose = s.autoCh.NotifyClose(make(chan *amqp.Error, 1))
-	s.cancels = s.conCh.NotifyCancel(make(chan string, 16))
+	s.pub.fastReturns = s.pub.fastCh.NotifyReturn(make(chan amqp.Return, 64))
+	s.pub.fastClose = s.pub.fastCh.NotifyClose(make(chan *amqp.Error, 1))
+	s.con.chClose = s.con.ch.NotifyClose(make(chan *amqp.Error, 1))
+	s.con.autoClose = s.con.autoCh.NotifyClose(make(chan *amqp.Error, 1))
+	s.con.cancels = s.con.ch.NotifyCancel(make(chan string, 16))
 	// Only publishing connections are blocked by a resource alarm.
-	s.blocked = s.pubConn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	s.pub.blocked = s.pub.conn.NotifyBlocked(make(chan amqp.Blocking, 4))
 	return nil
 }
 
 // syncStages consumes the stages the node hosts and cancels the others.
 func (s *session) syncStages(decl **amqp.Channel) {
-	if s.draining {
+	if s.flows.draining {
 		return // the node stops: no stage consumer again
 	}
 	want := s.b.hostedStages()
-	s.stagesMu.Lock()
-	defer s.stagesMu.Unlock()
-	for stage, f := range s.stages {
+	s.flows.mu.Lock()
+	defer s.flows.mu.Unlock()
+	for stage, f := range s.flows.stages {
 		if !want[stage] {
 			for len(f.tags) > 0 {
 				if !s.cancelConsumer(f) {
 					return
 				}
 			}
-			delete(s.stages, stage)
-			delete(s.auxQueues, stage)
+			delete(s.flows.stages, stage)
+			delete(s.flows.aux, stage)
 			s.b.log.Debug("stage consumers cancelled", "stage", stage)
 		}
 	}
 	for stage := range want {
-		if s.stages[stage] != nil {
+		if s.flows.stages[stage] != nil {
 			continue
 		}
 		if err := s.declareStage(decl, stage); err != nil {
 			s.b.log.Error("cannot declare stage queue", "stage", stage, "err", err)
 			continue
 		}
-		s.auxQueues[stage] = s.declareAux(decl, stage)
+		s.flows.aux[stage] = s.declareAux(decl, stage)
 		f := newStageFlow(stage, s.b.cfg.Prefetch, s.b.cfg.CommandBatch, s.b.cfg.MaxStagePrefetch)
 		if !s.addConsumer(f) {
 			return
 		}
-		s.stages[stage] = f
+		s.flows.stages[stage] = f
 		s.b.log.Debug("stage consumer started", "stage", stage)
 	}
 	s.declareDeclaredLocked(decl)
@@ -362,7 +362,7 @@ func (s *session) claim(ch **amqp.Channel) error {
 
 // reopen replaces *ch, closed by a refusal, with a new channel.
 func (s *session) reopen(ch **amqp.Channel) error {
-	nc, err := s.conConn.Channel()
+	nc, err := s.con.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
@@ -387,14 +387,14 @@ func (s *session) declareNamed(ch **amqp.Channel, q string) error {
 	// Locked: exclusive to another connection, or shared (made by an older
 	// meshbox), which a passive declaration from here tells apart.
 	inUse := &NodeNameInUseError{Node: s.b.cfg.Node, Detail: ae.Reason}
-	nc, cerr := s.conConn.Channel()
+	nc, cerr := s.con.conn.Channel()
 	if cerr != nil {
 		return fmt.Errorf("open channel: %w", cerr)
 	}
 	*ch = nc
 	if _, err := nc.QueueDeclarePassive(q, false, false, false, false, nil); err != nil {
 		if nc.IsClosed() {
-			if nc, cerr = s.conConn.Channel(); cerr == nil {
+			if nc, cerr = s.con.conn.Channel(); cerr == nil {
 				*ch = nc
 			}
 		}
@@ -459,7 +459,7 @@ func (s *session) declareStage(decl **amqp.Channel, stage string) error {
 	})
 	var ae *amqp.Error
 	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
-		nc, cerr := s.conConn.Channel()
+		nc, cerr := s.con.conn.Channel()
 		if cerr != nil {
 			return cerr // *decl stays the closed channel, never nil
 		}
@@ -470,7 +470,7 @@ func (s *session) declareStage(decl **amqp.Channel, stage string) error {
 	}
 	if err != nil {
 		if (*decl).IsClosed() {
-			if nc, cerr := s.conConn.Channel(); cerr == nil {
+			if nc, cerr := s.con.conn.Channel(); cerr == nil {
 				*decl = nc
 			}
 		}
@@ -483,21 +483,21 @@ func (s *session) declareStage(decl **amqp.Channel, stage string) error {
 // (to.<n>.*): to mesh, or, for a broker user with an older mesh's
 // permissions (which refuse that binding), to the node's exchange node.<n>
 // the admin bound to mesh (see permissions.go). The exchange the session
-// bound to is s.ownEx (quiesce unbinds from it).
+// bound to is s.q.ex (quiesce unbinds from it).
 func (s *session) bindOwn(ch **amqp.Channel, q, key string) error {
-	if s.ownEx == "" {
+	if s.q.ex == "" {
 		err := (*ch).QueueBind(q, key, exchangeMesh, false, nil)
 		var ae *amqp.Error
 		if !errors.As(err, &ae) || ae.Code != amqp.AccessRefused {
 			if err == nil {
-				s.ownEx = exchangeMesh
+				s.q.ex = exchangeMesh
 				s.b.olderPerms.Store(false)
 			}
 			return err
 		}
 		// Refused: the permissions predate direct bindings. The refusal
 		// closed the channel.
-		c, err := s.conConn.Channel()
+		c, err := s.con.conn.Channel()
 		if err != nil {
 			return fmt.Errorf("open channel: %w", err)
 		}
@@ -505,12 +505,12 @@ func (s *session) bindOwn(ch **amqp.Channel, q, key string) error {
 		if err := c.ExchangeDeclarePassive(nodeExchange(s.b.cfg.Node), "topic", true, false, false, false, nil); err != nil {
 			return fmt.Errorf("the broker refused binding %s to %s, and %w", q, exchangeMesh, err)
 		}
-		s.ownEx = nodeExchange(s.b.cfg.Node)
+		s.q.ex = nodeExchange(s.b.cfg.Node)
 		if s.b.olderPerms.CompareAndSwap(false, true) {
-			s.b.log.Warn(WarnOlderPermissions, "exchange", s.ownEx)
+			s.b.log.Warn(WarnOlderPermissions, "exchange", s.q.ex)
 		}
 	}
-	return (*ch).QueueBind(q, key, s.ownEx, false, nil)
+	return (*ch).QueueBind(q, key, s.q.ex, false, nil)
 }
 
 // dropNodeExchange deletes an older mesh's exchange node.<n> once the
@@ -520,7 +520,7 @@ func (s *session) bindOwn(ch **amqp.Channel, q, key string) error {
 // when it applies them); failing to costs only that routing step, and is
 // logged.
 func (s *session) dropNodeExchange(ch **amqp.Channel) error {
-	if s.ownEx != exchangeMesh {
+	if s.q.ex != exchangeMesh {
 		return nil
 	}
 	ex := nodeExchange(s.b.cfg.Node)
