@@ -417,14 +417,14 @@ func (s *session) requeueAlone(c *cmdCall) {
 // batches: only then does this node send them (Config.CommandBatch). Off
 // until called.
 func (b *Bridge) SetCommandBatching(on bool) {
-	if b.batching.Swap(on) != on {
+	if b.cmds.batching.Swap(on) != on {
 		b.log.Info("command batches", "on", on, "most_per_message", b.cfg.CommandBatch)
 	}
 }
 
 // batchMax is the most commands a message may carry now (1: no batches).
 func (b *Bridge) batchMax() int {
-	if !b.batching.Load() {
+	if !b.cmds.batching.Load() {
 		return 1
 	}
 	return b.cfg.CommandBatch

@@ -22,10 +22,15 @@ import (
 // embedded NATS server and the mesh's broker. Build it with New, run it
 // with Start, stop it with Close. Its methods are safe for concurrent use.
 //
-// Its state is grouped by the part that owns it, each with its own lock
-// and methods: the link (link.go), the submissions (submit.go), the
-// pending requests (requests.go), the stalls (stalls.go), the outbox
-// (outbox.go), and routing and hosting (routeMu, interest.go).
+// Its state is grouped by the part that owns it, each with its own lock:
+// the lifecycle, the link (link.go), the submissions (submit.go), the
+// requests and calls across sessions (reqs: requests.go, noroute.go,
+// hostcalls.go), the commands across sessions (cmds: lease.go, seen.go,
+// stalls.go, deadletters.go), the events accepted (replay.go), the peers'
+// credentials (peers: credential.go, senders.go), the permissions learnt
+// from the broker (learnt: topology.go), the refusals logged (seen), the
+// outbox (outbox.go), and routing and hosting (route: interest.go). A
+// mutex guards only fields of its own struct.
 type Bridge struct {
 	cfg Config
 	log *slog.Logger
@@ -39,83 +44,118 @@ type Bridge struct {
 	// done is the store of completed message ids (nil: no stage dedupes).
 	done *completed
 
-	bcClosed chan struct{} // closed when bc is closed
+	bcClosed chan struct{}  // closed when bc is closed
+	quit     chan struct{}  // closed by Close: every goroutine owned by the bridge exits
+	wg       sync.WaitGroup // goroutines owned by the bridge
+	life     lifecycle      // started, closed, the local subscriptions
 
-	// olderPerms: the last session found this node's broker permissions
-	// to be an older mesh's (topology.go); said once in the log and while
-	// it holds in the status.
-	olderPerms atomic.Bool
-	// namedQueues: this node's broker user may not declare server-named
-	// queues (an older mesh's permissions): its request, reply and system
-	// queues are named after it. adminQueues: it may not declare its
-	// durable queues (the current permissions): the admin has, and it
-	// finds them (topology.go). Learnt from the broker's refusals, so that
-	// later sessions do not ask again.
-	namedQueues, adminQueues atomic.Bool
-	// acceptedUsers are the broker users a session ran with in this
-	// process: a later refusal of one is a revocation, of another a wrong
-	// credential.
-	acceptedUsers sync.Map
-	// localCmds are the commands at local handlers outside a session
-	// (lease.go): *localCmd keys.
-	localCmds sync.Map
-	// olderExchangeWarned: the node said once that it may not delete its
-	// older mesh's exchange (topology.go).
-	olderExchangeWarned atomic.Bool
-	// batching: every peer reads command batches (SetCommandBatching).
-	batching atomic.Bool
-
-	mu      sync.Mutex // guards started, closed, subs
-	started bool
-	closed  bool
-	subs    []*nats.Subscription
-
-	quit      chan struct{} // closed by Close: every goroutine owned by the bridge exits
-	closeOnce sync.Once
-	closeErr  error
-	wg        sync.WaitGroup // goroutines owned by the bridge
-	calls     sync.WaitGroup // local calls for node.<self>.cap.<name>, each ends at its deadline
-
-	link         *link           // the broker link: URL, state, history, session
-	sub          submissions     // commands and events of local programs, in order
-	pending      pendingRequests // requests waiting for a reply from another node
-	replyReturns returnedReplies // replies the broker returned, sent again (noroute.go)
-	orphansMu    sync.Mutex
-	orphans      []*hostCall // calls from other nodes an ended session had open (hostcalls.go)
-	stall        stallBook   // stall alarms of command stages
-	dead         deadBook    // dead letters per stage at the last look (deadletters.go)
-	handed       *handedOut  // ids of commands handed to local handlers, across sessions
-	events       eventMemory // events accepted from the mesh, across sessions (replay.go)
-	replaySeen   causeLog    // causes of refused replays already logged (replay.go)
-	// peerCreds are the broker users other nodes' system messages came
-	// with (credential.go).
-	peerCreds peerCredentials
-	// senders are the credential generations accepted per node;
-	// forgedSeen the causes of forged deliveries already logged
-	// (senders.go).
-	senders    senders
-	forgedSeen causeLog
-
-	// Routing and hosting (routeMu).
-	routeMu       sync.RWMutex
-	routes        map[string][]string  // capability -> nodes hosting it
-	gone          map[string]time.Time // node -> since when discovery marks it gone
-	rr            atomic.Uint64        // round robin among hosts
-	hosted        map[string]bool      // stages hosted here
-	declared      map[string]bool      // stages assigned modules declare (queues declared, not consumed)
-	localCaps     map[string]bool      // capabilities hosted by local programs
-	standins      map[string]*nats.Subscription
-	routesChanged chan struct{} // cap 1: routes or local capabilities changed
-	stagesChanged chan struct{} // cap 1: the consumer owner of the session re-syncs
-
-	sysQ       chan sysMsg // system messages for Config.OnSystem
-	deadCount  atomic.Uint64
-	unsealSeen causeLog // causes of refused sealed messages already logged (sealing.go)
-	localSeen  causeLog // causes of refused local messages already logged (localclients.go)
+	link   *link       // the broker link: URL, state, history, session
+	sub    submissions // commands and events of local programs, in order
+	reqs   requestBook // requests and calls across sessions
+	cmds   commandBook // commands across sessions
+	events eventMemory // events accepted from the mesh, across sessions (replay.go)
+	sysQ   chan sysMsg // system messages for Config.OnSystem
+	peers  peerBook    // what the node knows of other nodes' credentials
+	learnt brokerPerms // what the broker's refusals said of this node's permissions
+	seen   refusalLogs // causes of refusals already logged
+	route  routing     // routing and hosting
 
 	// testAfterDial, when set (by tests), runs once a session's connections
 	// are open, before its setup.
 	testAfterDial func()
+}
+
+// lifecycle is whether the bridge started and closed, and its
+// subscriptions on the local NATS server.
+type lifecycle struct {
+	mu        sync.Mutex // guards started, closed, subs
+	started   bool
+	closed    bool
+	subs      []*nats.Subscription
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// requestBook holds the requests and calls that outlive a session.
+type requestBook struct {
+	pending pendingRequests // requests waiting for a reply from another node
+	returns returnedReplies // replies the broker returned, sent again (noroute.go)
+	// local counts local calls for node.<self>.cap.<name>, each ends at
+	// its deadline.
+	local sync.WaitGroup
+
+	orphanMu sync.Mutex  // guards orphans
+	orphans  []*hostCall // calls from other nodes an ended session had open (hostcalls.go)
+}
+
+// commandBook holds what the bridge knows of commands across sessions.
+type commandBook struct {
+	// local are the commands at local handlers outside a session
+	// (lease.go): *localCmd keys.
+	local  sync.Map
+	handed *handedOut // ids of commands handed to local handlers, across sessions
+	stall  stallBook  // stall alarms of command stages
+	dead   deadBook   // dead letters per stage at the last look (deadletters.go)
+	// deadLogged counts the dead letters of the process's life, for
+	// logging them sparingly (logDead).
+	deadLogged atomic.Uint64
+	// batching: every peer reads command batches (SetCommandBatching).
+	batching atomic.Bool
+}
+
+// peerBook is what the node knows of other nodes' broker users.
+type peerBook struct {
+	// creds are the broker users other nodes' system messages came with
+	// (credential.go).
+	creds peerCredentials
+	// senders are the credential generations accepted per node
+	// (senders.go).
+	senders senders
+}
+
+// brokerPerms is what the broker's refusals said of this node's
+// permissions (topology.go), learnt once so that later sessions do not
+// ask again.
+type brokerPerms struct {
+	// older: the last session found this node's broker permissions to be
+	// an older mesh's; said once in the log and while it holds in the
+	// status.
+	older atomic.Bool
+	// named: this node's broker user may not declare server-named queues
+	// (an older mesh's permissions): its request, reply and system queues
+	// are named after it. admin: it may not declare its durable queues
+	// (the current permissions): the admin has, and it finds them.
+	named, admin atomic.Bool
+	// exchangeWarned: the node said once that it may not delete its
+	// older mesh's exchange.
+	exchangeWarned atomic.Bool
+	// accepted are the broker users a session ran with in this process:
+	// a later refusal of one is a revocation, of another a wrong
+	// credential.
+	accepted sync.Map
+}
+
+// refusalLogs are the causes of refusals already logged, each said once.
+type refusalLogs struct {
+	replay causeLog // refused replays (replay.go)
+	forged causeLog // forged deliveries (senders.go)
+	unseal causeLog // refused sealed messages (sealing.go)
+	local  causeLog // refused local messages (localclients.go)
+}
+
+// routing is where capabilities are hosted and what this node hosts.
+type routing struct {
+	mu        sync.RWMutex
+	routes    map[string][]string  // capability -> nodes hosting it
+	gone      map[string]time.Time // node -> since when discovery marks it gone
+	rr        atomic.Uint64        // round robin among hosts
+	hosted    map[string]bool      // stages hosted here
+	declared  map[string]bool      // stages assigned modules declare (queues declared, not consumed)
+	localCaps map[string]bool      // capabilities hosted by local programs
+	standins  map[string]*nats.Subscription
+	changed   chan struct{} // cap 1: routes or local capabilities changed
+	// stagesChanged (cap 1): the consumer owner of the session re-syncs.
+	stagesChanged chan struct{}
 }
 
 // StateChange is one entry of the link's history.
@@ -210,30 +250,34 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 	}
 	cfg.Dedupe = maps.Clone(cfg.Dedupe)
 	b := &Bridge{
-		cfg:           cfg,
-		log:           cfg.Logger.With("component", "bridge"),
-		nc:            nc,
-		bcClosed:      make(chan struct{}),
-		quit:          make(chan struct{}),
-		link:          newLink(cfg.URL, backoff.Policy{Min: cfg.ReconnectMin, Max: cfg.ReconnectMax}),
-		sub:           newSubmissions(),
-		pending:       pendingRequests{m: map[string]*pendingRequest{}},
-		handed:        newHandedOut(handedOutLen),
-		stall:         stallBook{byStage: map[string]*stallState{}, submitted: map[string]time.Time{}, watch: make(chan struct{}, 1)},
-		routes:        map[string][]string{},
-		gone:          map[string]time.Time{},
-		hosted:        map[string]bool{},
-		localCaps:     map[string]bool{},
-		standins:      map[string]*nats.Subscription{},
-		routesChanged: make(chan struct{}, 1),
-		stagesChanged: make(chan struct{}, 1),
-		sysQ:          make(chan sysMsg, 1024),
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "bridge"),
+		nc:       nc,
+		bcClosed: make(chan struct{}),
+		quit:     make(chan struct{}),
+		link:     newLink(cfg.URL, backoff.Policy{Min: cfg.ReconnectMin, Max: cfg.ReconnectMax}),
+		sub:      newSubmissions(),
+		reqs:     requestBook{pending: pendingRequests{m: map[string]*pendingRequest{}}},
+		cmds: commandBook{
+			handed: newHandedOut(handedOutLen),
+			stall:  stallBook{byStage: map[string]*stallState{}, submitted: map[string]time.Time{}, watch: make(chan struct{}, 1)},
+		},
+		route: routing{
+			routes:        map[string][]string{},
+			gone:          map[string]time.Time{},
+			hosted:        map[string]bool{},
+			localCaps:     map[string]bool{},
+			standins:      map[string]*nats.Subscription{},
+			changed:       make(chan struct{}, 1),
+			stagesChanged: make(chan struct{}, 1),
+		},
+		sysQ: make(chan sysMsg, 1024),
 	}
 	for c, n := range cfg.Routes {
-		b.routes[c] = []string{n}
+		b.route.routes[c] = []string{n}
 	}
 	for _, s := range cfg.Stages {
-		b.hosted[s] = true
+		b.route.hosted[s] = true
 	}
 	b.m = newMetrics(b)
 	b.m.setState(StateNone)
@@ -246,15 +290,15 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 // a broker that refuses this node's exclusive request consumer is: Start
 // returns a *NodeNameInUseError. After an error, call Close.
 func (b *Bridge) Start(ctx context.Context) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
+	b.life.mu.Lock()
+	defer b.life.mu.Unlock()
+	if b.life.closed {
 		return ErrClosed
 	}
-	if b.started {
+	if b.life.started {
 		return errors.New("bridge already started")
 	}
-	b.started = true
+	b.life.started = true
 	if err := b.m.register(b.cfg.Metrics); err != nil {
 		return err
 	}
@@ -281,9 +325,9 @@ func (b *Bridge) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("bridge: connect to the local NATS server: %w", err)
 	}
-	b.routeMu.Lock() // SetLocalInterest may run already: it reads bc under routeMu
+	b.route.mu.Lock() // SetLocalInterest may run already: it reads bc under route.mu
 	b.bc = bc
-	b.routeMu.Unlock()
+	b.route.mu.Unlock()
 	if err := b.subscribe(); err != nil {
 		return err
 	}
@@ -336,7 +380,7 @@ func (b *Bridge) subscribe() error {
 			return fmt.Errorf("bridge: subscribe %s: %w", subj, err)
 		}
 		_ = sub.SetPendingLimits(1<<20, 256<<20)
-		b.subs = append(b.subs, sub)
+		b.life.subs = append(b.life.subs, sub)
 	}
 	if err := b.bc.Flush(); err != nil {
 		return fmt.Errorf("bridge: subscribe: %w", err)
@@ -360,19 +404,19 @@ func (b *Bridge) onNATSError(_ *nats.Conn, sub *nats.Subscription, err error) {
 // bridge is gone. It is safe to call more than once and after a failed or
 // missing Start.
 func (b *Bridge) Close() error {
-	b.closeOnce.Do(func() {
-		b.mu.Lock()
-		b.closed = true
-		b.mu.Unlock()
+	b.life.closeOnce.Do(func() {
+		b.life.mu.Lock()
+		b.life.closed = true
+		b.life.mu.Unlock()
 		close(b.quit)
 		b.wg.Wait()
 		b.failPending(&ServiceError{Code: CodeUnavailable, Text: "node " + b.cfg.Node + " is shutting down"})
-		b.routeMu.Lock()
-		for name, sub := range b.standins {
+		b.route.mu.Lock()
+		for name, sub := range b.route.standins {
 			_ = sub.Unsubscribe()
-			delete(b.standins, name)
+			delete(b.route.standins, name)
 		}
-		b.routeMu.Unlock()
+		b.route.mu.Unlock()
 		if b.bc != nil {
 			if err := b.bc.Drain(); err == nil {
 				select {
@@ -382,7 +426,7 @@ func (b *Bridge) Close() error {
 			}
 			b.bc.Close()
 		}
-		b.calls.Wait()
+		b.reqs.local.Wait()
 		var errs []error
 		if b.ob != nil {
 			if err := b.ob.close(); err != nil {
@@ -397,9 +441,9 @@ func (b *Bridge) Close() error {
 		if b.m.reg != nil {
 			b.m.unregister()
 		}
-		b.closeErr = errors.Join(errs...)
+		b.life.closeErr = errors.Join(errs...)
 	})
-	return b.closeErr
+	return b.life.closeErr
 }
 
 // FinishCommands stops taking commands from the broker and waits, at most
@@ -450,22 +494,22 @@ func (b *Bridge) SetRoutes(routes map[string][]string) {
 		}
 		m[c] = ok
 	}
-	b.routeMu.Lock()
-	b.routes = m
-	b.routeMu.Unlock()
-	signal(b.routesChanged)
+	b.route.mu.Lock()
+	b.route.routes = m
+	b.route.mu.Unlock()
+	signal(b.route.changed)
 }
 
 // MarkGone records that discovery lost node (zero since: it is back). A
 // request for a gone node fails at once with an error naming it.
 func (b *Bridge) MarkGone(node string, since time.Time) {
-	b.routeMu.Lock()
-	defer b.routeMu.Unlock()
+	b.route.mu.Lock()
+	defer b.route.mu.Unlock()
 	if since.IsZero() {
-		delete(b.gone, node)
+		delete(b.route.gone, node)
 		return
 	}
-	b.gone[node] = since
+	b.route.gone[node] = since
 }
 
 // Status reports the link, the outbox and the stalls.
@@ -488,7 +532,7 @@ func (b *Bridge) Status() Status {
 		}
 	}
 	st.DeadLetters = b.deadCounts()
-	if b.olderPerms.Load() {
+	if b.learnt.older.Load() {
 		st.Warnings = append(st.Warnings, WarnOlderPermissions)
 	}
 	return st

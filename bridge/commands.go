@@ -104,7 +104,7 @@ func (s *session) readCommand(f *stageFlow, d amqp.Delivery, a cmdAck) {
 		return
 	}
 	f.delivered()
-	seen := b.handed.add(env.msgID) // handed out before, though the broker may not know it
+	seen := b.cmds.handed.add(env.msgID) // handed out before, though the broker may not know it
 	now := time.Now()
 	c := &cmdCall{stage: stage, flow: f, ack: a, d: d, env: env, started: now, deadline: now.Add(b.cfg.CommandTimeout),
 		msg: env.commandMsg(stage, seen)}

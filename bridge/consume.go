@@ -62,7 +62,7 @@ func (s *session) consumerOwner() {
 				s.fail(fmt.Errorf("ack: %w", err))
 				return
 			}
-		case <-s.b.stagesChanged:
+		case <-s.b.route.stagesChanged:
 			s.syncStages(&decl)
 		case <-s.flows.wake:
 			s.applyFlows()

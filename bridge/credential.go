@@ -76,7 +76,7 @@ var ErrCredentialRevoked = errors.New("credential revoked")
 func (b *Bridge) refused(err error, user string) error {
 	var ae *amqp.Error
 	if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
-		_, before := b.acceptedUsers.Load(user)
+		_, before := b.learnt.accepted.Load(user)
 		before = before || (b.cfg.AcceptedBefore != nil && b.cfg.AcceptedBefore(user))
 		return &CredentialRefusedError{User: user, Detail: fmt.Sprintf("%d %s", ae.Code, ae.Reason), Revoked: before}
 	}
@@ -138,7 +138,7 @@ func (b *Bridge) credentialInUse(user string) {
 	l.mu.Lock()
 	prev, prevState := l.cred.user, l.cred.state
 	l.mu.Unlock()
-	b.acceptedUsers.Store(user, true)
+	b.learnt.accepted.Store(user, true)
 	b.link.setCredential(user, CredentialInUse, "")
 	b.m.setRevoked(false)
 	if prevState == CredentialRevoked || prevState == CredentialRefused {
@@ -219,7 +219,7 @@ func (b *Bridge) handover(old *session) (*session, int) {
 	old.end()
 	b.link.sess.CompareAndSwap(old, nil)
 	old.stop()
-	b.pending.moveTo(old, next)
+	b.reqs.pending.moveTo(old, next)
 	if err := next.prepare(ctx, abort); err != nil {
 		b.link.endHandover()
 		b.log.Warn("broker credential: new session failed after the old one closed; reconnecting", "user", user, "err", err)
@@ -431,10 +431,10 @@ func (p *peerCredentials) seen(node, user string) {
 // per-node broker users, the generation of the credential its last system
 // message came with (validated by the broker: user_id).
 func (b *Bridge) PeerGenerations() map[string]int {
-	b.peerCreds.mu.Lock()
-	defer b.peerCreds.mu.Unlock()
-	out := make(map[string]int, len(b.peerCreds.gen))
-	for n, g := range b.peerCreds.gen {
+	b.peers.creds.mu.Lock()
+	defer b.peers.creds.mu.Unlock()
+	out := make(map[string]int, len(b.peers.creds.gen))
+	for n, g := range b.peers.creds.gen {
 		out[n] = g
 	}
 	return out

@@ -120,35 +120,35 @@ type deadBook struct {
 
 // setDeadCount records the dead letters of stage seen on the broker.
 func (b *Bridge) setDeadCount(stage string, n int) {
-	b.dead.mu.Lock()
-	if b.dead.counts == nil {
-		b.dead.counts = map[string]int{}
+	b.cmds.dead.mu.Lock()
+	if b.cmds.dead.counts == nil {
+		b.cmds.dead.counts = map[string]int{}
 	}
-	b.dead.counts[stage] = n
-	b.dead.mu.Unlock()
+	b.cmds.dead.counts[stage] = n
+	b.cmds.dead.mu.Unlock()
 	b.m.deadLetters.WithLabelValues(stage).Set(float64(n))
 }
 
 // deadAdded counts a dead letter this node put in dead.<stage>.
 func (b *Bridge) deadAdded(stage string) {
-	b.dead.mu.Lock()
-	if b.dead.counts == nil {
-		b.dead.counts = map[string]int{}
+	b.cmds.dead.mu.Lock()
+	if b.cmds.dead.counts == nil {
+		b.cmds.dead.counts = map[string]int{}
 	}
-	b.dead.counts[stage]++
-	n := b.dead.counts[stage]
-	b.dead.mu.Unlock()
+	b.cmds.dead.counts[stage]++
+	n := b.cmds.dead.counts[stage]
+	b.cmds.dead.mu.Unlock()
 	b.m.deadLetters.WithLabelValues(stage).Set(float64(n))
 }
 
 // deadCounts returns the dead letters per stage hosted here.
 func (b *Bridge) deadCounts() map[string]int {
 	hosted := b.hostedStages()
-	b.dead.mu.Lock()
-	defer b.dead.mu.Unlock()
+	b.cmds.dead.mu.Lock()
+	defer b.cmds.dead.mu.Unlock()
 	out := make(map[string]int, len(hosted))
 	for stage := range hosted {
-		out[stage] = b.dead.counts[stage]
+		out[stage] = b.cmds.dead.counts[stage]
 	}
 	return out
 }
@@ -376,12 +376,12 @@ func (b *Bridge) PurgeDeadLetters(ctx context.Context, stage string) (int, error
 
 // deadRemoved counts n dead letters of stage taken out by this node.
 func (b *Bridge) deadRemoved(stage string, n int) {
-	b.dead.mu.Lock()
-	c := max(0, b.dead.counts[stage]-n)
-	if b.dead.counts != nil {
-		b.dead.counts[stage] = c
+	b.cmds.dead.mu.Lock()
+	c := max(0, b.cmds.dead.counts[stage]-n)
+	if b.cmds.dead.counts != nil {
+		b.cmds.dead.counts[stage] = c
 	}
-	b.dead.mu.Unlock()
+	b.cmds.dead.mu.Unlock()
 	b.m.deadLetters.WithLabelValues(stage).Set(float64(c))
 }
 

@@ -26,12 +26,12 @@ func (b *Bridge) SetDeclaredStages(ctx context.Context, stages []string) error {
 			set[s] = true
 		}
 	}
-	b.routeMu.Lock()
-	changed := !maps.Equal(set, b.declared)
-	b.declared = set
-	b.routeMu.Unlock()
+	b.route.mu.Lock()
+	changed := !maps.Equal(set, b.route.declared)
+	b.route.declared = set
+	b.route.mu.Unlock()
 	if changed {
-		signal(b.stall.watch) // a stall checker with nothing to watch wakes
+		signal(b.cmds.stall.watch) // a stall checker with nothing to watch wakes
 		for s := range set {
 			b.log.Info("stage declared for an assigned module", "stage", s)
 		}
@@ -41,9 +41,9 @@ func (b *Bridge) SetDeclaredStages(ctx context.Context, stages []string) error {
 
 // declaredStages returns a copy of the stages declared by SetDeclaredStages.
 func (b *Bridge) declaredStages() map[string]bool {
-	b.routeMu.RLock()
-	defer b.routeMu.RUnlock()
-	return maps.Clone(b.declared)
+	b.route.mu.RLock()
+	defer b.route.mu.RUnlock()
+	return maps.Clone(b.route.declared)
 }
 
 // declareDeclaredLocked declares the queues of declared stages that the session

@@ -488,12 +488,15 @@
 // hoptrace.go (the points of a request's round trip, recorded only in a
 // build with the hoptrace tag, for `make bench-hops`).
 //
-// Bridge's state is grouped by the part that owns it, each with its own
-// mutex and small methods, and no part touches another's fields: the link
-// (URL, state, history, blocked reason, the current session), the
-// submissions (sequence numbers, mesh records pending, wake-ups), the
-// pending requests, the stalls, the outbox (its counters and reservations
-// behind its own methods), and routing and hosting (routeMu).
+// Bridge's state is grouped by the part that owns it, each a struct of its
+// own with its own mutex, and a mutex guards only fields of its own
+// struct: the link (URL, state, history, blocked reason, the current
+// session), the submissions (sequence numbers, mesh records pending,
+// wake-ups), the requests and the commands that outlive a session, the
+// peers' credentials, the permissions learnt from the broker, the outbox
+// (its counters and reservations behind its own methods), and routing and
+// hosting. A session is cut the same way: its publishing connection, its
+// consuming connection, its stage flows and its local calls.
 //
 // A session holds two AMQP connections: a publishing one and a consuming
 // one, so that a broker that blocks publishers under a memory or disk alarm

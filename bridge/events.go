@@ -77,7 +77,7 @@ func (s *session) readSystem(ds <-chan amqp.Delivery) {
 			continue
 		}
 		if env.verified {
-			b.peerCreds.seen(env.origin, d.UserId)
+			b.peers.creds.seen(env.origin, d.UserId)
 		}
 		b.m.msg(typeSystem, "in")
 		if b.cfg.OnSystem == nil {
@@ -243,7 +243,7 @@ func (s *session) publishDead(d *amqp.Delivery, queue string, reason error, stag
 // logDead logs dead letters sparingly: the 1st, 10th, 100th... of a
 // process's life (the metric counts them all).
 func (b *Bridge) logDead(where, id, reason string) {
-	n := b.deadCount.Add(1)
+	n := b.cmds.deadLogged.Add(1)
 	for p := uint64(1); p <= n; p *= 10 {
 		if p == n {
 			b.log.Warn("message dead-lettered", "where", where, "msg_id", id, "reason", reason, "dead_letters", strconv.FormatUint(n, 10))

@@ -164,9 +164,9 @@ func (s *session) endCalls() {
 		orphans = append(orphans, c)
 	}
 	if len(orphans) > 0 {
-		s.b.orphansMu.Lock()
-		s.b.orphans = append(s.b.orphans, orphans...)
-		s.b.orphansMu.Unlock()
+		s.b.reqs.orphanMu.Lock()
+		s.b.reqs.orphans = append(s.b.reqs.orphans, orphans...)
+		s.b.reqs.orphanMu.Unlock()
 	}
 }
 
@@ -175,10 +175,10 @@ func (s *session) endCalls() {
 // passed: 503, the outcome unknown (the host may have done the work).
 // Their callers would otherwise wait for their deadlines.
 func (b *Bridge) answerOrphans(s *session) {
-	b.orphansMu.Lock()
-	orphans := b.orphans
-	b.orphans = nil
-	b.orphansMu.Unlock()
+	b.reqs.orphanMu.Lock()
+	orphans := b.reqs.orphans
+	b.reqs.orphans = nil
+	b.reqs.orphanMu.Unlock()
 	for _, c := range orphans {
 		if time.Since(c.at) >= c.timeout {
 			continue

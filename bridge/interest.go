@@ -36,35 +36,35 @@ func (b *Bridge) SetLocalInterest(ctx context.Context, subjects []string) error 
 			hosted[stage] = true
 		}
 	}
-	b.routeMu.Lock()
-	capsChanged := !maps.Equal(localCaps, b.localCaps)
-	b.localCaps = localCaps
+	b.route.mu.Lock()
+	capsChanged := !maps.Equal(localCaps, b.route.localCaps)
+	b.route.localCaps = localCaps
 	for s := range hosted {
-		if !b.hosted[s] {
+		if !b.route.hosted[s] {
 			b.log.Info("stage hosted here", "stage", s)
 		}
 	}
-	for s := range b.hosted {
+	for s := range b.route.hosted {
 		if !hosted[s] {
 			b.log.Info("stage no longer hosted here", "stage", s)
 		}
 	}
-	stagesChanged := !maps.Equal(hosted, b.hosted)
-	b.hosted = hosted
+	stagesChanged := !maps.Equal(hosted, b.route.hosted)
+	b.route.hosted = hosted
 	if capsChanged {
 		// At once, in the same critical section: from the moment the
 		// capability counts as local, no stand-in competes with its host.
 		b.reconcileLocked()
 	}
 	bc := b.bc
-	b.routeMu.Unlock()
+	b.route.mu.Unlock()
 	if capsChanged && bc != nil {
 		_ = bc.Flush() // the server has the stand-ins' changes before we return
 	}
 	err := b.declareStages(ctx, b.hostedStages())
 	if stagesChanged {
-		signal(b.stagesChanged) // the session's consumer owner consumes (and cancels)
-		signal(b.stall.watch)   // a stall checker with nothing to watch wakes
+		signal(b.route.stagesChanged) // the session's consumer owner consumes (and cancels)
+		signal(b.cmds.stall.watch)    // a stall checker with nothing to watch wakes
 	}
 	return err
 }
@@ -114,7 +114,7 @@ func (b *Bridge) runReconciler() {
 		select {
 		case <-b.quit:
 			return
-		case <-b.routesChanged:
+		case <-b.route.changed:
 		}
 		b.reconcile()
 	}
@@ -124,20 +124,20 @@ func (b *Bridge) runReconciler() {
 // capability routed elsewhere and not hosted by a local program (a local
 // host always wins).
 func (b *Bridge) reconcile() {
-	b.routeMu.Lock()
+	b.route.mu.Lock()
 	b.reconcileLocked()
-	b.routeMu.Unlock()
+	b.route.mu.Unlock()
 	_ = b.bc.Flush()
 }
 
-// reconcileLocked is reconcile's work; routeMu is held on entry.
+// reconcileLocked is reconcile's work; route.mu is held on entry.
 func (b *Bridge) reconcileLocked() {
 	if b.bc == nil {
 		return // before Start: the reconciler's first round subscribes
 	}
 	want := map[string]bool{}
-	for name, nodes := range b.routes {
-		if b.localCaps[name] {
+	for name, nodes := range b.route.routes {
+		if b.route.localCaps[name] {
 			continue
 		}
 		for _, n := range nodes {
@@ -147,14 +147,14 @@ func (b *Bridge) reconcileLocked() {
 			}
 		}
 	}
-	for name, sub := range b.standins {
+	for name, sub := range b.route.standins {
 		if !want[name] {
 			_ = sub.Unsubscribe()
-			delete(b.standins, name)
+			delete(b.route.standins, name)
 		}
 	}
 	for name := range want {
-		if _, ok := b.standins[name]; ok {
+		if _, ok := b.route.standins[name]; ok {
 			continue
 		}
 		sub, err := b.bc.Subscribe(subjCapPrefix+name, b.onCapRequest)
@@ -163,7 +163,7 @@ func (b *Bridge) reconcileLocked() {
 			continue
 		}
 		_ = sub.SetPendingLimits(1<<20, 256<<20)
-		b.standins[name] = sub
+		b.route.standins[name] = sub
 	}
 }
 
@@ -171,10 +171,10 @@ func (b *Bridge) reconcileLocked() {
 // local program (or configured), and not bound to a scope this node is
 // not in (scopes.go).
 func (b *Bridge) hostedStages() map[string]bool {
-	b.routeMu.RLock()
-	defer b.routeMu.RUnlock()
-	out := make(map[string]bool, len(b.hosted))
-	for s := range b.hosted {
+	b.route.mu.RLock()
+	defer b.route.mu.RUnlock()
+	out := make(map[string]bool, len(b.route.hosted))
+	for s := range b.route.hosted {
 		if b.mayHost(s) {
 			out[s] = true
 		}
@@ -184,17 +184,17 @@ func (b *Bridge) hostedStages() map[string]bool {
 
 // hostsStage reports whether stage is hosted here.
 func (b *Bridge) hostsStage(stage string) bool {
-	b.routeMu.RLock()
-	defer b.routeMu.RUnlock()
-	return b.hosted[stage] && b.mayHost(stage)
+	b.route.mu.RLock()
+	defer b.route.mu.RUnlock()
+	return b.route.hosted[stage] && b.mayHost(stage)
 }
 
 // LocalCapabilities returns the capabilities local programs host, as last
 // seen in the local subscriptions.
 func (b *Bridge) LocalCapabilities() []string {
-	b.routeMu.RLock()
-	defer b.routeMu.RUnlock()
-	return sortedKeys(b.localCaps)
+	b.route.mu.RLock()
+	defer b.route.mu.RUnlock()
+	return sortedKeys(b.route.localCaps)
 }
 
 // HostedStages returns the stages this node hosts.

@@ -125,7 +125,7 @@ type localCmd struct {
 // session.
 func (b *Bridge) localCommandsInFlight(now time.Time) []CommandStatus {
 	var out []CommandStatus
-	b.localCmds.Range(func(k, _ any) bool {
+	b.cmds.local.Range(func(k, _ any) bool {
 		c := k.(*localCmd)
 		out = append(out, CommandStatus{Stage: c.stage, MsgID: c.msgID, Attempt: c.attempt, State: "handler",
 			AgeSeconds:            max(0, now.Sub(c.started).Seconds()),
@@ -159,8 +159,8 @@ func (b *Bridge) runHandler(ctx context.Context, stage string, msg *nats.Msg, ho
 	lc := &localCmd{stage: stage, msgID: msg.Header.Get(HeaderMsgID), started: started}
 	lc.attempt, _ = strconv.Atoi(msg.Header.Get(HeaderAttempt))
 	lc.deadline.Store(deadline.UnixNano())
-	b.localCmds.Store(lc, struct{}{})
-	defer b.localCmds.Delete(lc)
+	b.cmds.local.Store(lc, struct{}{})
+	defer b.cmds.local.Delete(lc)
 	if err := nc.PublishMsg(msg); err != nil {
 		return nil, fmt.Errorf("calling the handler of stage %s: %v", stage, err)
 	}

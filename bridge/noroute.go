@@ -39,10 +39,10 @@ func noRoutePause(n int) time.Duration {
 // came back unroutable and may still reach its node (see above). It
 // reports false when the request is to be answered 503 now.
 func (b *Bridge) retryRequest(id string) bool {
-	b.pending.mu.Lock()
-	p := b.pending.m[id]
+	b.reqs.pending.mu.Lock()
+	p := b.reqs.pending.m[id]
 	if p == nil || p.out == nil {
-		b.pending.mu.Unlock()
+		b.reqs.pending.mu.Unlock()
 		return false
 	}
 	pause := noRoutePause(p.retries)
@@ -51,7 +51,7 @@ func (b *Bridge) retryRequest(id string) bool {
 	if inTime {
 		p.retries++
 	}
-	b.pending.mu.Unlock()
+	b.reqs.pending.mu.Unlock()
 	if !inTime || b.isGone(node) {
 		return false
 	}
@@ -62,9 +62,9 @@ func (b *Bridge) retryRequest(id string) bool {
 
 // isGone reports whether discovery marks node gone.
 func (b *Bridge) isGone(node string) bool {
-	b.routeMu.RLock()
-	defer b.routeMu.RUnlock()
-	_, gone := b.gone[node]
+	b.route.mu.RLock()
+	defer b.route.mu.RUnlock()
+	_, gone := b.route.gone[node]
 	return gone
 }
 
@@ -73,12 +73,12 @@ func (b *Bridge) isGone(node string) bool {
 // reaches. A session that ends under it counts as another return.
 func (b *Bridge) resendRequest(id string) {
 	sess := b.liveSession(noRouteWindow)
-	b.pending.mu.Lock()
-	p := b.pending.m[id]
+	b.reqs.pending.mu.Lock()
+	p := b.reqs.pending.m[id]
 	if p != nil && sess != nil {
 		p.sess = sess
 	}
-	b.pending.mu.Unlock()
+	b.reqs.pending.mu.Unlock()
 	if p == nil {
 		return // answered meanwhile (its deadline)
 	}
@@ -115,7 +115,7 @@ type returnedReply struct {
 // (its request has passed its deadline or its node is gone).
 func (b *Bridge) retryReply(r amqp.Return) {
 	now := time.Now()
-	rr := &b.replyReturns
+	rr := &b.reqs.returns
 	rr.mu.Lock()
 	if rr.m == nil {
 		rr.m = map[string]*returnedReply{}

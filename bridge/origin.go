@@ -47,7 +47,7 @@ func (s *session) decode(kind string, d *amqp.Delivery) (*envelope, error) {
 		return nil, err
 	}
 	if nodeUser {
-		if err := s.b.senders.check(node, gen); err != nil {
+		if err := s.b.peers.senders.check(node, gen); err != nil {
 			return env, err
 		}
 	}

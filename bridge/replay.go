@@ -192,7 +192,7 @@ func hasHeader(h amqp.Table, key string) bool {
 // (shape and reason).
 func (b *Bridge) replayRefused(re *replayError, origin string) {
 	b.m.replays.WithLabelValues(re.shape, re.reason).Inc()
-	if b.replaySeen.first(re.shape + "/" + re.reason) {
+	if b.seen.replay.first(re.shape + "/" + re.reason) {
 		b.log.Warn("replayed message refused (logged once per cause; meshbox_replays_refused_total counts them all)",
 			"shape", re.shape, "reason", re.reason, "origin", origin, "detail", re.detail)
 	}

@@ -84,9 +84,9 @@ func (b *Bridge) onNodeCapRequest(msg *nats.Msg) {
 		b.callLocal(msg, name, timeout)
 		return
 	}
-	b.routeMu.RLock()
-	since, gone := b.gone[node]
-	b.routeMu.RUnlock()
+	b.route.mu.RLock()
+	since, gone := b.route.gone[node]
+	b.route.mu.RUnlock()
 	if gone {
 		b.m.err(errKindUnreachable)
 		b.replyError(msg.Reply, goneError(node, since))
@@ -125,16 +125,16 @@ func (b *Bridge) maxPayload() int {
 
 // pickHost chooses a live node hosting capability name (round robin).
 func (b *Bridge) pickHost(name string) (string, error) {
-	b.routeMu.RLock()
-	defer b.routeMu.RUnlock()
+	b.route.mu.RLock()
+	defer b.route.mu.RUnlock()
 	var live []string
 	var goneNode string
 	var goneSince time.Time
-	for _, n := range b.routes[name] {
+	for _, n := range b.route.routes[name] {
 		if n == b.cfg.Node || !b.inScopeOf(seal.BindCap, name, n) {
 			continue
 		}
-		if since, ok := b.gone[n]; ok {
+		if since, ok := b.route.gone[n]; ok {
 			goneNode, goneSince = n, since
 			continue
 		}
@@ -142,7 +142,7 @@ func (b *Bridge) pickHost(name string) (string, error) {
 	}
 	switch {
 	case len(live) > 0:
-		return live[int(b.rr.Add(1)%uint64(len(live)))], nil
+		return live[int(b.route.rr.Add(1)%uint64(len(live)))], nil
 	case goneNode != "":
 		return "", goneError(goneNode, goneSince)
 	default:
@@ -163,7 +163,7 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 		b.replyError(msg.Reply, err)
 		return
 	}
-	if b.senders.unknown(node) {
+	if b.peers.senders.unknown(node) {
 		b.m.err(errKindBadInput)
 		b.replyError(msg.Reply, unknownNode(node, name))
 		return
@@ -194,7 +194,7 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 		body: msg.Data, at: now,
 	}
 	p := &pendingRequest{reply: msg.Reply, name: name, node: node, start: now, sess: sess, out: out, timeout: timeout}
-	b.pending.add(id, p, func() *time.Timer {
+	b.reqs.pending.add(id, p, func() *time.Timer {
 		return time.AfterFunc(timeout, func() {
 			if b.takePending(id) == nil {
 				return
@@ -249,7 +249,7 @@ func requestFailure(err error, name, node string) error {
 
 // takePending removes and returns the pending request id (nil: already
 // answered).
-func (b *Bridge) takePending(id string) *pendingRequest { return b.pending.take(id) }
+func (b *Bridge) takePending(id string) *pendingRequest { return b.reqs.pending.take(id) }
 
 // pendingRequests are the requests of local programs waiting for a reply
 // from another node, by correlation id. mu guards m; only these methods
@@ -322,7 +322,7 @@ func (r *pendingRequests) takeWhere(match func(*pendingRequest) bool) []*pending
 // failPendingOf answers the requests sent on session s: their replies
 // cannot come any more.
 func (b *Bridge) failPendingOf(s *session) {
-	for _, p := range b.pending.takeWhere(func(p *pendingRequest) bool { return p.sess == s }) {
+	for _, p := range b.reqs.pending.takeWhere(func(p *pendingRequest) bool { return p.sess == s }) {
 		b.m.err(errKindUnreachable)
 		b.m.observe("unreachable", p.start)
 		b.replyError(p.reply, &ServiceError{Code: CodeUnavailable,
@@ -332,7 +332,7 @@ func (b *Bridge) failPendingOf(s *session) {
 
 // failPending answers every pending request with err.
 func (b *Bridge) failPending(err error) {
-	for _, p := range b.pending.takeWhere(func(*pendingRequest) bool { return true }) {
+	for _, p := range b.reqs.pending.takeWhere(func(*pendingRequest) bool { return true }) {
 		b.replyError(p.reply, err)
 	}
 }
@@ -352,9 +352,9 @@ func (b *Bridge) callLocal(msg *nats.Msg, name string, timeout time.Duration) {
 		req.Header = nats.Header{}
 	}
 	req.Header.Set(HeaderOrigin, b.cfg.Node)
-	b.calls.Add(1)
+	b.reqs.local.Add(1)
 	go func() { // ends when the call returns: reply, deadline, or Close
-		defer b.calls.Done()
+		defer b.reqs.local.Done()
 		ctx, cancel := b.withQuit(context.Background())
 		defer cancel()
 		ctx, cancelT := context.WithTimeout(ctx, timeout)
@@ -391,7 +391,7 @@ func (s *session) readReplies(ds <-chan amqp.Delivery) {
 			b.unsealFailed(typeReply, ue)
 			// The caller learns at once; a reply from another node than asked
 			// leaves the request open.
-			if p, _ := b.pending.takeFrom(ue.env.corrID, ue.env.origin); p != nil {
+			if p, _ := b.reqs.pending.takeFrom(ue.env.corrID, ue.env.origin); p != nil {
 				b.m.observe("error", p.start)
 				b.replyError(p.reply, &ServiceError{Code: CodeUnavailable,
 					Text: fmt.Sprintf("the reply of %s from node %s was refused: %s", p.name, p.node, ue.Error())})
@@ -403,7 +403,7 @@ func (s *session) readReplies(ds <-chan amqp.Delivery) {
 			continue
 		}
 		b.m.msg(typeReply, "in")
-		p, from := b.pending.takeFrom(env.corrID, env.origin)
+		p, from := b.reqs.pending.takeFrom(env.corrID, env.origin)
 		if p == nil && from != "" {
 			// Only the node the request was sent to may answer it; the
 			// request stays open for its real reply.

@@ -109,7 +109,7 @@ func (b *Bridge) mayHost(stage string) bool {
 	if b.cfg.Keys.Member(scope) {
 		return true
 	}
-	if b.unsealSeen.first("host/" + stage + "/" + scope) {
+	if b.seen.unseal.first("host/" + stage + "/" + scope) {
 		b.log.Warn("a local program serves a stage of a scope this node is not in; the node does not consume its queue",
 			"stage", stage, "scope", scope)
 	}
@@ -130,5 +130,5 @@ func (b *Bridge) inScopeOf(kind, name, node string) bool {
 // (their bindings or this node's membership): it consumes the stages it
 // may host now, and stops consuming those it may no longer host.
 func (b *Bridge) ScopesChanged() {
-	signal(b.stagesChanged)
+	signal(b.route.stagesChanged)
 }

@@ -142,7 +142,7 @@ func TestScopedCapabilityHosts(t *testing.T) {
 	}
 	b := scopeTestBridge(ring)
 	b.cfg.Node = "alpha"
-	b.routes = map[string][]string{"safe": {"beta", "gamma"}, "open": {"beta", "gamma"}}
+	b.route.routes = map[string][]string{"safe": {"beta", "gamma"}, "open": {"beta", "gamma"}}
 	seen := map[string]bool{}
 	for range 10 {
 		n, err := b.pickHost("safe")
@@ -162,7 +162,7 @@ func TestScopedCapabilityHosts(t *testing.T) {
 	if !seen["beta"] || !seen["gamma"] {
 		t.Errorf("hosts picked for an unscoped capability: %v, want beta and gamma", seen)
 	}
-	b.routes = map[string][]string{"safe": {"gamma"}}
+	b.route.routes = map[string][]string{"safe": {"gamma"}}
 	if _, err := b.pickHost("safe"); err == nil {
 		t.Error("the scoped capability was routed to gamma, outside its scope")
 	}

@@ -315,7 +315,7 @@ func (b *Bridge) unsealFailed(shape string, ue *unsealError) {
 	if ue.reason == unsealUnknownKey && ue.env != nil {
 		key += "/" + ue.env.keyID
 	}
-	if b.unsealSeen.first(key) {
+	if b.seen.unseal.first(key) {
 		origin := ""
 		if ue.env != nil {
 			origin = ue.env.origin

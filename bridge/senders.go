@@ -38,14 +38,14 @@ type senders struct {
 // the bindings. Safe for concurrent use.
 func (b *Bridge) SetSenderGenerations(gens map[string][]int) {
 	if gens == nil {
-		b.senders.gens.Store(nil)
+		b.peers.senders.gens.Store(nil)
 		return
 	}
 	c := make(map[string][]int, len(gens))
 	for n, g := range gens {
 		c[n] = slices.Sorted(slices.Values(g))
 	}
-	b.senders.gens.Store(&c)
+	b.peers.senders.gens.Store(&c)
 }
 
 // unknown reports whether the bindings are loaded and list no node named
@@ -99,7 +99,7 @@ func (b *Bridge) forgedRefused(f *forged, kind, userID string) {
 	if cause == "" {
 		cause = causeOther
 	}
-	if b.forgedSeen.first(cause + "/" + userID) {
+	if b.seen.forged.first(cause + "/" + userID) {
 		b.log.Warn("forged message refused (logged once per cause and sender; meshbox_errors_total{kind=\"forged\"} counts them all)",
 			"shape", kind, "cause", cause, "user_id", userID, "detail", f.reason)
 	}

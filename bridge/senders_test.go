@@ -11,7 +11,7 @@ import (
 // list; until they list any, every generation does.
 func TestSenderGenerations(t *testing.T) {
 	b := &Bridge{}
-	if err := b.senders.check("alpha", 9); err != nil {
+	if err := b.peers.senders.check("alpha", 9); err != nil {
 		t.Fatalf("no generations loaded: got %v, want any generation accepted", err)
 	}
 	b.SetSenderGenerations(map[string][]int{"alpha": {3, 2}, "beta": {1}, "hub": nil})
@@ -30,7 +30,7 @@ func TestSenderGenerations(t *testing.T) {
 		{"hub", 1, causeStaleGeneration}, // a record without broker users
 		{"gamma", 1, causeUnknownNode},
 	} {
-		err := b.senders.check(c.node, c.gen)
+		err := b.peers.senders.check(c.node, c.gen)
 		f := asForged(err)
 		switch {
 		case c.cause == "" && err != nil:
@@ -40,7 +40,7 @@ func TestSenderGenerations(t *testing.T) {
 		}
 	}
 	b.SetSenderGenerations(nil)
-	if err := b.senders.check("gamma", 1); err != nil {
+	if err := b.peers.senders.check("gamma", 1); err != nil {
 		t.Errorf("generations unloaded again: got %v, want any accepted", err)
 	}
 }

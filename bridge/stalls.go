@@ -48,12 +48,12 @@ func (sb *stallBook) stateOf(stage string) *stallState {
 // noteSubmitted records that this node sent a command to stage: its queue
 // is watched for stalls.
 func (b *Bridge) noteSubmitted(stage string) {
-	b.stall.mu.Lock()
-	_, known := b.stall.submitted[stage]
-	b.stall.submitted[stage] = time.Now()
-	b.stall.mu.Unlock()
+	b.cmds.stall.mu.Lock()
+	_, known := b.cmds.stall.submitted[stage]
+	b.cmds.stall.submitted[stage] = time.Now()
+	b.cmds.stall.mu.Unlock()
 	if !known {
-		signal(b.stall.watch)
+		signal(b.cmds.stall.watch)
 	}
 }
 
@@ -64,11 +64,11 @@ func (b *Bridge) noteDeliveryAge(stage string, sent time.Time) {
 		return
 	}
 	now := time.Now()
-	b.stall.mu.Lock()
-	st := b.stall.stateOf(stage)
+	b.cmds.stall.mu.Lock()
+	st := b.cmds.stall.stateOf(stage)
 	st.lastAge, st.lastAgeAt = now.Sub(sent), now
 	st.lastProgress = now
-	b.stall.mu.Unlock()
+	b.cmds.stall.mu.Unlock()
 }
 
 // stallCandidates are the stages whose queues are watched: those hosted
@@ -77,11 +77,11 @@ func (b *Bridge) noteDeliveryAge(stage string, sent time.Time) {
 func (b *Bridge) stallCandidates() []string {
 	set := b.hostedStages()
 	maps.Copy(set, b.declaredStages())
-	b.stall.mu.Lock()
-	for s := range b.stall.submitted {
+	b.cmds.stall.mu.Lock()
+	for s := range b.cmds.stall.submitted {
 		set[s] = true
 	}
-	b.stall.mu.Unlock()
+	b.cmds.stall.mu.Unlock()
 	return sortedKeys(set)
 }
 
@@ -115,7 +115,7 @@ func (s *session) stallChecker() {
 			select {
 			case <-s.ctx.Done():
 				return
-			case <-b.stall.watch:
+			case <-b.cmds.stall.watch:
 			}
 		}
 		for _, stage := range stages {
@@ -123,9 +123,9 @@ func (s *session) stallChecker() {
 			if err != nil {
 				var ae *amqp.Error
 				if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-					b.stall.mu.Lock()
-					delete(b.stall.submitted, stage) // no queue: sends fail with no route instead
-					b.stall.mu.Unlock()
+					b.cmds.stall.mu.Lock()
+					delete(b.cmds.stall.submitted, stage) // no queue: sends fail with no route instead
+					b.cmds.stall.mu.Unlock()
 				}
 				if s.ctx.Err() != nil || s.con.conn.IsClosed() {
 					return
@@ -161,8 +161,8 @@ func (s *session) stallChecker() {
 func (b *Bridge) observeQueue(stage string, count, consumers int) {
 	now := time.Now()
 	q := stageQueue(stage)
-	b.stall.mu.Lock()
-	st := b.stall.stateOf(stage)
+	b.cmds.stall.mu.Lock()
+	st := b.cmds.stall.stateOf(stage)
 	if count == 0 || count < st.count {
 		st.lastProgress = now
 	}
@@ -193,12 +193,12 @@ func (b *Bridge) observeQueue(stage string, count, consumers int) {
 		}
 	}
 	n := 0
-	for _, x := range b.stall.byStage {
+	for _, x := range b.cmds.stall.byStage {
 		if x.stalled {
 			n++
 		}
 	}
-	b.stall.mu.Unlock()
+	b.cmds.stall.mu.Unlock()
 	b.m.stalls.Set(float64(n))
 	if logRaise {
 		b.log.Warn("stage stalled", "stage", stage, "reason", reason)
@@ -210,10 +210,10 @@ func (b *Bridge) observeQueue(stage string, count, consumers int) {
 
 // stallList returns the current stalls, by stage.
 func (b *Bridge) stallList() []StallStatus {
-	b.stall.mu.Lock()
-	defer b.stall.mu.Unlock()
+	b.cmds.stall.mu.Lock()
+	defer b.cmds.stall.mu.Unlock()
 	out := []StallStatus{}
-	for stage, st := range b.stall.byStage {
+	for stage, st := range b.cmds.stall.byStage {
 		if st.stalled {
 			out = append(out, StallStatus{Stage: stage, Reason: st.reason, Since: st.since})
 		}

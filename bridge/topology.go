@@ -274,7 +274,7 @@ func (s *session) syncStages(decl **amqp.Channel) {
 // unused, and declared anew.
 func (s *session) declareOwn(ch **amqp.Channel, q string) (string, error) {
 	for range 2 {
-		if !s.b.namedQueues.Load() {
+		if !s.b.learnt.named.Load() {
 			dq, err := (*ch).QueueDeclare("", false, true, true, false, nil)
 			if !isAccessRefused(err) {
 				return dq.Name, err
@@ -282,7 +282,7 @@ func (s *session) declareOwn(ch **amqp.Channel, q string) (string, error) {
 			if err := s.reopen(ch); err != nil {
 				return "", err
 			}
-			s.b.namedQueues.Store(true)
+			s.b.learnt.named.Store(true)
 			continue
 		}
 		err := s.declareNamed(ch, q)
@@ -294,7 +294,7 @@ func (s *session) declareOwn(ch **amqp.Channel, q string) (string, error) {
 		}
 		// The permissions are the current ones now: the claim on the
 		// node's name is its claim queue again.
-		s.b.namedQueues.Store(false)
+		s.b.learnt.named.Store(false)
 		if err := s.claim(ch); err != nil {
 			return "", err
 		}
@@ -314,7 +314,7 @@ func (s *session) declareOwn(ch **amqp.Channel, q string) (string, error) {
 // source). A broker user with an older mesh's permissions may not declare
 // it; there the node's named request queue is the claim (declareOwn).
 func (s *session) claim(ch **amqp.Channel) error {
-	if s.b.namedQueues.Load() {
+	if s.b.learnt.named.Load() {
 		return nil
 	}
 	q := claimQueue(s.b.cfg.Node)
@@ -353,7 +353,7 @@ func (s *session) claim(ch **amqp.Channel) error {
 		if err := s.reopen(ch); err != nil {
 			return err
 		}
-		s.b.namedQueues.Store(true) // said with the older exchange (bindOwn)
+		s.b.learnt.named.Store(true) // said with the older exchange (bindOwn)
 		return nil
 	default:
 		return fmt.Errorf("declare claim queue %s: %w", claimQueue(s.b.cfg.Node), err)
@@ -420,7 +420,7 @@ func (s *session) declareNamed(ch **amqp.Channel, q string) error {
 // channel.
 func (s *session) findOrDeclare(ch **amqp.Channel, q string, declare func() error) error {
 	for range 2 {
-		if s.b.adminQueues.Load() {
+		if s.b.learnt.admin.Load() {
 			_, err := (*ch).QueueDeclarePassive(q, true, false, false, false, nil)
 			if err == nil {
 				return nil
@@ -440,10 +440,10 @@ func (s *session) findOrDeclare(ch **amqp.Channel, q string, declare func() erro
 		if err := s.reopen(ch); err != nil {
 			return err
 		}
-		if s.b.adminQueues.Load() {
+		if s.b.learnt.admin.Load() {
 			return &MissingQueueError{Queue: q}
 		}
-		s.b.adminQueues.Store(true)
+		s.b.learnt.admin.Store(true)
 	}
 	return &MissingQueueError{Queue: q}
 }
@@ -491,7 +491,7 @@ func (s *session) bindOwn(ch **amqp.Channel, q, key string) error {
 		if !errors.As(err, &ae) || ae.Code != amqp.AccessRefused {
 			if err == nil {
 				s.q.ex = exchangeMesh
-				s.b.olderPerms.Store(false)
+				s.b.learnt.older.Store(false)
 			}
 			return err
 		}
@@ -506,7 +506,7 @@ func (s *session) bindOwn(ch **amqp.Channel, q, key string) error {
 			return fmt.Errorf("the broker refused binding %s to %s, and %w", q, exchangeMesh, err)
 		}
 		s.q.ex = nodeExchange(s.b.cfg.Node)
-		if s.b.olderPerms.CompareAndSwap(false, true) {
+		if s.b.learnt.older.CompareAndSwap(false, true) {
 			s.b.log.Warn(WarnOlderPermissions, "exchange", s.q.ex)
 		}
 	}
@@ -530,7 +530,7 @@ func (s *session) dropNodeExchange(ch **amqp.Channel) error {
 		if err == nil {
 			return nil
 		}
-		if s.b.olderExchangeWarned.CompareAndSwap(false, true) {
+		if s.b.learnt.exchangeWarned.CompareAndSwap(false, true) {
 			s.b.log.Warn("cannot delete this node's older exchange; messages to it take one more routing step on the broker until the admin runs meshbox mesh node rotate", "exchange", ex, "err", err)
 		}
 	}
