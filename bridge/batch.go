@@ -393,7 +393,7 @@ func (s *session) requeueAlone(c *cmdCall) {
 	b := s.b
 	meta := commandMeta(c.env)
 	meta[HeaderAttempts] = strconv.Itoa(c.env.attempt)
-	if c.env.firstOrigin == "" {
+	if c.env.retry.firstOrigin == "" {
 		meta[HeaderFirstOrigin] = c.env.origin
 	}
 	out := &outgoing{exchange: exchangeMesh, key: commandKey(c.stage), mandatory: true, kind: typeCommand,

@@ -44,10 +44,9 @@ type Bridge struct {
 	// done is the store of completed message ids (nil: no stage dedupes).
 	done *completed
 
-	bcClosed chan struct{}  // closed when bc is closed
-	quit     chan struct{}  // closed by Close: every goroutine owned by the bridge exits
-	wg       sync.WaitGroup // goroutines owned by the bridge
-	life     lifecycle      // started, closed, the local subscriptions
+	quit chan struct{}  // closed by Close: every goroutine owned by the bridge exits
+	wg   sync.WaitGroup // goroutines owned by the bridge
+	life lifecycle      // started, closed, the local subscriptions
 
 	link   *link       // the broker link: URL, state, history, session
 	sub    submissions // commands and events of local programs, in order
@@ -74,6 +73,7 @@ type lifecycle struct {
 	subs      []*nats.Subscription
 	closeOnce sync.Once
 	closeErr  error
+	bcClosed  chan struct{} // closed when bc is closed
 }
 
 // requestBook holds the requests and calls that outlive a session.
@@ -250,14 +250,14 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 	}
 	cfg.Dedupe = maps.Clone(cfg.Dedupe)
 	b := &Bridge{
-		cfg:      cfg,
-		log:      cfg.Logger.With("component", "bridge"),
-		nc:       nc,
-		bcClosed: make(chan struct{}),
-		quit:     make(chan struct{}),
-		link:     newLink(cfg.URL, backoff.Policy{Min: cfg.ReconnectMin, Max: cfg.ReconnectMax}),
-		sub:      newSubmissions(),
-		reqs:     requestBook{pending: pendingRequests{m: map[string]*pendingRequest{}}},
+		cfg:  cfg,
+		log:  cfg.Logger.With("component", "bridge"),
+		nc:   nc,
+		life: lifecycle{bcClosed: make(chan struct{})},
+		quit: make(chan struct{}),
+		link: newLink(cfg.URL, backoff.Policy{Min: cfg.ReconnectMin, Max: cfg.ReconnectMax}),
+		sub:  newSubmissions(),
+		reqs: requestBook{pending: pendingRequests{m: map[string]*pendingRequest{}}},
 		cmds: commandBook{
 			handed: newHandedOut(handedOutLen),
 			stall:  stallBook{byStage: map[string]*stallState{}, submitted: map[string]time.Time{}, watch: make(chan struct{}, 1)},
@@ -320,7 +320,7 @@ func (b *Bridge) Start(ctx context.Context) error {
 	}
 
 	bc, err := b.cfg.Dial(nats.NoEcho(), nats.Name("meshbox-bridge-"+b.cfg.Node),
-		nats.ClosedHandler(func(*nats.Conn) { close(b.bcClosed) }),
+		nats.ClosedHandler(func(*nats.Conn) { close(b.life.bcClosed) }),
 		nats.ErrorHandler(b.onNATSError))
 	if err != nil {
 		return fmt.Errorf("bridge: connect to the local NATS server: %w", err)
@@ -420,7 +420,7 @@ func (b *Bridge) Close() error {
 		if b.bc != nil {
 			if err := b.bc.Drain(); err == nil {
 				select {
-				case <-b.bcClosed:
+				case <-b.life.bcClosed:
 				case <-time.After(5 * time.Second):
 				}
 			}
@@ -438,7 +438,7 @@ func (b *Bridge) Close() error {
 				errs = append(errs, fmt.Errorf("close completed ids: %w", err))
 			}
 		}
-		if b.m.reg != nil {
+		if b.m.reg.to != nil {
 			b.m.unregister()
 		}
 		b.life.closeErr = errors.Join(errs...)

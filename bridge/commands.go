@@ -96,8 +96,8 @@ func (s *session) readCommand(f *stageFlow, d amqp.Delivery, a cmdAck) {
 	}
 	b.m.msg(typeCommand, "in")
 	b.noteDeliveryAge(stage, env.sent)
-	if env.replayedSealed != "" {
-		env.replayedText = b.openReason(HeaderReplayed, commandKey(stage), env.msgID, env.replayed, env.replayedSealed)
+	if env.retry.replayedSealed != "" {
+		env.retry.replayedText = b.openReason(HeaderReplayed, commandKey(stage), env.msgID, env.retry.replayed, env.retry.replayedSealed)
 	}
 	if b.done != nil && b.completedBefore(stage, env.msgID) {
 		s.ackCmd(a, opAck) // completed here before: not called again
@@ -247,8 +247,8 @@ func (s *session) cmdFailed(c *cmdCall, failure error) {
 		return
 	}
 	extra := map[string]string{HeaderAttempts: strconv.Itoa(c.env.attempt)}
-	if c.env.firstFail != "" {
-		extra[HeaderFirstFail] = c.env.firstFail
+	if c.env.retry.firstFail != "" {
+		extra[HeaderFirstFail] = c.env.retry.firstFail
 	}
 	s.work(func() { s.deadCommand(&c.d, c.ack, c.stage, reason, extra) })
 }
@@ -315,11 +315,11 @@ func (e *envelope) commandMsg(stage string, seen bool) *nats.Msg {
 	if e.resultTopic != "" {
 		m.Header[HeaderResultTopic] = []string{e.resultTopic}
 	}
-	if r := cmp.Or(e.replayedText, e.replayed); r != "" {
+	if r := cmp.Or(e.retry.replayedText, e.retry.replayed); r != "" {
 		m.Header[HeaderReplayed] = []string{r}
 	}
-	if e.firstOrigin != "" {
-		m.Header[HeaderFirstOrigin] = []string{e.firstOrigin}
+	if e.retry.firstOrigin != "" {
+		m.Header[HeaderFirstOrigin] = []string{e.retry.firstOrigin}
 	}
 	return m
 }

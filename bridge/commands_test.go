@@ -36,7 +36,7 @@ func localBridge(tb testing.TB) *Bridge {
 	if b.bc, err = dial(); err != nil {
 		tb.Fatal(err)
 	}
-	close(b.bcClosed) // bc has no closed handler here
+	close(b.life.bcClosed) // bc has no closed handler here
 	tb.Cleanup(func() {
 		if err := b.Close(); err != nil && !errors.Is(err, ErrOutboxStuck) {
 			tb.Errorf("close: %v", err)

@@ -331,7 +331,7 @@ func (b *Bridge) replay(ctx context.Context, s *session, stage string, d *amqp.D
 	if env.resultTopic != "" {
 		meta[HeaderResultTopic] = env.resultTopic
 	}
-	first := env.firstOrigin
+	first := env.retry.firstOrigin
 	if first == "" {
 		first = env.origin
 	}

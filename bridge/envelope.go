@@ -122,10 +122,18 @@ type envelope struct {
 	header      nats.Header // for NATS: caller headers, Content-Type, Content-Encoding
 	body        []byte
 	sent        time.Time
-	// Commands: what an earlier attempt left (retry.go). failed counts
-	// the attempts that failed before this message was published (a retry
-	// copy's Meshbox-Attempts); the rest are the node headers that travel
-	// with it.
+	retry       earlier // commands: what an earlier attempt left (retry.go)
+	resultTopic string  // Meshbox-Result-Topic
+	// Events: when the sender sealed it (zero: unsealed, or sealed by an
+	// older node, which did not stamp it; replay.go).
+	sealedAt time.Time
+}
+
+// earlier is what the earlier attempts of a command left in its message
+// (retry.go): failed counts the attempts that failed before this message
+// was published (a retry copy's Meshbox-Attempts); the rest are the node
+// headers that travel with it.
+type earlier struct {
 	failed      int
 	firstFail   string // Meshbox-First-Failure
 	lastFail    string // Meshbox-Last-Failure
@@ -138,10 +146,6 @@ type envelope struct {
 	lastReasonSealed string
 	replayedSealed   string
 	replayedText     string
-	resultTopic      string // Meshbox-Result-Topic
-	// Events: when the sender sealed it (zero: unsealed, or sealed by an
-	// older node, which did not stamp it; replay.go).
-	sealedAt time.Time
 }
 
 // delivery is the part of an amqp.Delivery that decode reads.
@@ -369,7 +373,7 @@ func (e *envelope) decodeHeaders(d delivery) error {
 	if d.Redelivered && e.attempt < 2 {
 		e.attempt = 2 // a classic queue does not count; at least the second
 	}
-	e.attempt += e.failed
+	e.attempt += e.retry.failed
 	if len(h) > 0 {
 		e.header = h
 	}

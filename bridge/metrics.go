@@ -74,9 +74,16 @@ type metrics struct {
 	// alone for another attempt.
 	batchSize   prometheus.Histogram
 	batchSplits prometheus.Counter
-	outbox      []prometheus.Collector
-	reg         prometheus.Registerer
-	registered  []prometheus.Collector
+	reg         registration
+}
+
+// registration is where the metrics are registered: the registry, what
+// went into it (Unregister takes it out again), and the outbox's
+// collectors, which come with the outbox.
+type registration struct {
+	to         prometheus.Registerer
+	registered []prometheus.Collector
+	outbox     []prometheus.Collector
 }
 
 func newMetrics(b *Bridge) *metrics {
@@ -151,7 +158,7 @@ func newMetrics(b *Bridge) *metrics {
 			Help: "1 while the broker refuses this node's credential at login (403 ACCESS_REFUSED), else 0.",
 		}),
 	}
-	m.outbox = []prometheus.Collector{
+	m.reg.outbox = []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_outbox_depth", Help: "Messages in the outbox."},
 			func() float64 { return float64(b.outboxStatus().Depth) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_outbox_bytes", Help: "Bytes in the outbox."},
@@ -174,8 +181,8 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	m.reg = reg
-	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.replays, m.scopeRefused, m.duration, m.stalls, m.leaseExtensions, m.deduplicated, m.retries, m.results, m.deadLetters, m.batchSize, m.batchSplits, m.revoked}, m.outbox...)
+	m.reg.to = reg
+	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.replays, m.scopeRefused, m.duration, m.stalls, m.leaseExtensions, m.deduplicated, m.retries, m.results, m.deadLetters, m.batchSize, m.batchSplits, m.revoked}, m.reg.outbox...)
 	for _, c := range all {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
@@ -186,16 +193,16 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 			m.unregister()
 			return err
 		}
-		m.registered = append(m.registered, c)
+		m.reg.registered = append(m.reg.registered, c)
 	}
 	return nil
 }
 
 func (m *metrics) unregister() {
-	for _, c := range m.registered {
-		m.reg.Unregister(c)
+	for _, c := range m.reg.registered {
+		m.reg.to.Unregister(c)
 	}
-	m.registered = nil
+	m.reg.registered = nil
 }
 
 func (m *metrics) setState(state string) {

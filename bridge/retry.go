@@ -127,10 +127,10 @@ func (s *session) retryLater(c *cmdCall, p RetryPolicy, failure error) {
 	if meta[HeaderLastReasonSealed] == "" {
 		delete(meta, HeaderLastReasonSealed)
 	}
-	if c.env.firstFail == "" {
+	if c.env.retry.firstFail == "" {
 		meta[HeaderFirstFail] = now
 	}
-	if c.env.firstOrigin == "" {
+	if c.env.retry.firstOrigin == "" {
 		meta[HeaderFirstOrigin] = c.env.origin
 	}
 	out := &outgoing{exchange: exchangeMesh, key: commandKey(c.stage), route: retryKey(c.stage), mandatory: true,
@@ -155,9 +155,9 @@ func (s *session) retryLater(c *cmdCall, p RetryPolicy, failure error) {
 // one message of it to the next (a retry copy, a dead letter, a replay).
 func commandMeta(e *envelope) map[string]string {
 	m := make(map[string]string, 8)
-	for k, v := range map[string]string{HeaderFirstFail: e.firstFail, HeaderLastFail: e.lastFail, HeaderLastReason: e.lastReason,
-		HeaderLastReasonSealed: e.lastReasonSealed, HeaderFirstOrigin: e.firstOrigin, HeaderReplayed: e.replayed,
-		HeaderReplayedSealed: e.replayedSealed, HeaderResultTopic: e.resultTopic} {
+	for k, v := range map[string]string{HeaderFirstFail: e.retry.firstFail, HeaderLastFail: e.retry.lastFail, HeaderLastReason: e.retry.lastReason,
+		HeaderLastReasonSealed: e.retry.lastReasonSealed, HeaderFirstOrigin: e.retry.firstOrigin, HeaderReplayed: e.retry.replayed,
+		HeaderReplayedSealed: e.retry.replayedSealed, HeaderResultTopic: e.resultTopic} {
 		if v != "" {
 			m[k] = v
 		}
@@ -185,24 +185,24 @@ func (e *envelope) commandHeader(k, v string) error {
 		if err != nil || n < 0 || n > maxRetryAttempts {
 			return bad("header %s: %q is not a number of attempts", k, v)
 		}
-		e.failed = n
+		e.retry.failed = n
 	case strings.EqualFold(k, HeaderFirstFail):
-		e.firstFail = v
+		e.retry.firstFail = v
 	case strings.EqualFold(k, HeaderLastFail):
-		e.lastFail = v
+		e.retry.lastFail = v
 	case strings.EqualFold(k, HeaderLastReason):
-		e.lastReason = v
+		e.retry.lastReason = v
 	case strings.EqualFold(k, HeaderLastReasonSealed):
-		e.lastReasonSealed = v
+		e.retry.lastReasonSealed = v
 	case strings.EqualFold(k, HeaderReplayedSealed):
-		e.replayedSealed = v
+		e.retry.replayedSealed = v
 	case strings.EqualFold(k, HeaderFirstOrigin):
 		if !validNodeName(v) {
 			return bad("header %s: %q is not a node name", k, v)
 		}
-		e.firstOrigin = v
+		e.retry.firstOrigin = v
 	case strings.EqualFold(k, HeaderReplayed):
-		e.replayed = v
+		e.retry.replayed = v
 	case strings.EqualFold(k, HeaderResultTopic):
 		if err := names.Topic(v); err != nil {
 			return bad("header %s: %v", k, err)

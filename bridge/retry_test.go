@@ -103,8 +103,8 @@ func TestCommandNodeHeaders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.attempt != 3 || e.firstOrigin != "alpha" || e.resultTopic != "jobs.done" || e.firstFail == "" || e.replayed != "r" {
-		t.Errorf("decoded: attempt %d first origin %q topic %q first failure %q replayed %q", e.attempt, e.firstOrigin, e.resultTopic, e.firstFail, e.replayed)
+	if e.attempt != 3 || e.retry.firstOrigin != "alpha" || e.resultTopic != "jobs.done" || e.retry.firstFail == "" || e.retry.replayed != "r" {
+		t.Errorf("decoded: attempt %d first origin %q topic %q first failure %q replayed %q", e.attempt, e.retry.firstOrigin, e.resultTopic, e.retry.firstFail, e.retry.replayed)
 	}
 	m := e.commandMsg("s", false)
 	if m.Header.Get(HeaderAttempt) != "3" || m.Header.Get(HeaderFirstOrigin) != "alpha" || m.Header.Get(HeaderResultTopic) != "jobs.done" ||
