@@ -567,4 +567,11 @@
 //
 // Correlation, message and call ids are 128 random bits (crypto/rand):
 // nothing in one id tells another.
+//
+// The bridge's timers and clocks are the time package's, with no clock of
+// its own to pass around: the rules that depend on time alone (stalls,
+// leases, a stage's credit) are tested in a testing/synctest bubble,
+// whose fake clock moves the moment every goroutine in it waits, so a
+// rule over minutes runs in milliseconds. What also waits on the broker
+// is tested against a real one.
 package bridge
