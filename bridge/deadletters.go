@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/internal/names"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // This file makes dead letters something to act on. A command that fails
@@ -237,7 +238,7 @@ func (b *Bridge) DeadLetters(ctx context.Context, stage string) ([]DeadLetter, e
 // ShowDeadLetter describes the dead letter id of stage, with the command's
 // own headers when this node can open it.
 func (b *Bridge) ShowDeadLetter(ctx context.Context, stage, id string) (DeadLetter, error) {
-	if !validID(id) {
+	if !wire.ValidID(id) {
 		return DeadLetter{}, fmt.Errorf("%w: %q is not a message id", ErrBadInput, id)
 	}
 	if b.Standalone() {
@@ -279,7 +280,7 @@ func (b *Bridge) ShowDeadLetter(ctx context.Context, stage, id string) (DeadLett
 // from the dead letters once the broker confirmed its replay. It returns
 // how many were replayed; a dead letter this node cannot open stays.
 func (b *Bridge) ReplayDeadLetters(ctx context.Context, stage, id string) (int, error) {
-	if id != "" && !validID(id) {
+	if id != "" && !wire.ValidID(id) {
 		return 0, fmt.Errorf("%w: %q is not a message id", ErrBadInput, id)
 	}
 	n := 0

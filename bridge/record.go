@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
 )
 
@@ -156,7 +157,7 @@ func decodeRecord(seq uint64, b []byte) (*record, error) {
 	if r.msgID, err = str(); err != nil {
 		return nil, err
 	}
-	if !validID(r.msgID) {
+	if !wire.ValidID(r.msgID) {
 		return nil, fmt.Errorf("invalid message id %q", r.msgID)
 	}
 	if r.reason, err = str(); err != nil {
@@ -177,7 +178,7 @@ func decodeRecord(seq uint64, b []byte) (*record, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !validHeaderKey(k) {
+		if !wire.ValidHeaderKey(k) {
 			return nil, fmt.Errorf("invalid header key %q", k)
 		}
 		nv, err := uv()
@@ -193,7 +194,7 @@ func decodeRecord(seq uint64, b []byte) (*record, error) {
 			if err != nil {
 				return nil, err
 			}
-			if !validHeaderValue(v) {
+			if !wire.ValidHeaderValue(v) {
 				return nil, fmt.Errorf("header %s has a line break", k)
 			}
 			vs = append(vs, v)

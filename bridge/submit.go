@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/seal"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // How a submission was accepted, in the Meshbox-Accepted reply header.
@@ -126,8 +127,8 @@ func (b *Bridge) submission(kind recordKind, name string, msg *nats.Msg) (*recor
 	switch {
 	case id == "":
 		id = newID()
-	case !validID(id):
-		return nil, fmt.Errorf("%w: header %s: %q is not a valid message id (printable, at most %d bytes)", ErrBadInput, HeaderMsgID, id, maxIDLen)
+	case !wire.ValidID(id):
+		return nil, fmt.Errorf("%w: header %s: %q is not a valid message id (printable, at most %d bytes)", ErrBadInput, HeaderMsgID, id, wire.MaxIDLen)
 	}
 	return &record{kind: kind, name: name, msgID: id, header: hdr,
 		body: append([]byte(nil), msg.Data...), created: time.Now()}, nil
