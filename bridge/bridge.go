@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/outbox"
 	"github.com/meshbox/meshbox/internal/backoff"
 	"github.com/nats-io/nats.go"
 )
@@ -25,7 +26,7 @@ import (
 // Its state is grouped by the part that owns it, each with its own lock
 // and methods: the link (link.go), the submissions (submit.go), the
 // pending requests (requests.go), the stalls (stalls.go), the outbox
-// (outbox.go), and routing and hosting (routeMu, interest.go).
+// (package outbox), and routing and hosting (routeMu, interest.go).
 type Bridge struct {
 	cfg Config
 	log *slog.Logger
@@ -33,9 +34,9 @@ type Bridge struct {
 
 	nc *nats.Conn // handed in by the appliance: calls to work.<stage> handlers
 	bc *nats.Conn // our own NoEcho connection: subscriptions, stand-ins, event republishing
-	ob *outbox
+	ob *outbox.Outbox
 	// obRef is ob for Status, which may run while Start is still working.
-	obRef atomic.Pointer[outbox]
+	obRef atomic.Pointer[outbox.Outbox]
 	// done is the store of completed message ids (nil: no stage dedupes).
 	done *completed
 
@@ -259,15 +260,14 @@ func (b *Bridge) Start(ctx context.Context) error {
 		return err
 	}
 
-	ob, err := openOutbox(b.cfg.OutboxPath, b.cfg.OutboxMaxBytes, b.log)
+	ob, err := outbox.Open(b.cfg.OutboxPath, b.outboxOptions())
 	if err != nil {
 		return err
 	}
 	b.ob = ob
 	b.obRef.Store(ob)
-	b.sub.seq.Store(ob.nextSeq())
-	b.sub.meshPending.Store(ob.meshAtOpen)
-	ob.start(b.onOutboxCommit)
+	b.sub.seq.Store(ob.NextSeq())
+	b.sub.meshPending.Store(ob.MeshAtOpen())
 	if len(b.cfg.Dedupe) > 0 {
 		if b.done, err = openCompleted(b.cfg.CompletedPath); err != nil {
 			return fmt.Errorf("bridge: %w", err)
@@ -385,7 +385,7 @@ func (b *Bridge) Close() error {
 		b.calls.Wait()
 		var errs []error
 		if b.ob != nil {
-			if err := b.ob.close(); err != nil {
+			if err := b.ob.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("close outbox: %w", err))
 			}
 		}
@@ -506,9 +506,9 @@ func (b *Bridge) Connected() bool {
 func (b *Bridge) outboxStatus() OutboxStatus {
 	st := OutboxStatus{MaxBytes: b.cfg.OutboxMaxBytes}
 	if ob := b.obRef.Load(); ob != nil {
-		st.Depth, st.Bytes = ob.counts()
-		st.Warning = ob.warning
-		if t := ob.oldest(); !t.IsZero() {
+		st.Depth, st.Bytes = ob.Counts()
+		st.Warning = ob.Warning()
+		if t := ob.Oldest(); !t.IsZero() {
 			st.OldestAgeSeconds = max(0, time.Since(t).Seconds())
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshbox/meshbox/bridge/outbox"
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/wire"
 )
@@ -81,25 +82,25 @@ func (b *Bridge) waitingDeadLetters(stage string) ([]DeadLetter, error) {
 	out := []DeadLetter{}
 	var after uint64
 	for len(out) < maxBrowse {
-		recs, err := b.ob.readAfter(after, 256, 1<<kindDead)
+		recs, err := b.ob.ReadAfter(after, 256, outbox.KindsOf(outbox.Dead))
 		if err != nil {
 			return nil, fmt.Errorf("read the outbox: %w", err)
 		}
 		for _, r := range recs {
-			after = r.seq
-			if stage != "" && r.name != stage {
+			after = r.Seq
+			if stage != "" && r.Name != stage {
 				continue
 			}
-			_, text := splitReason(r.reason)
-			origin := r.header.Get(HeaderOrigin)
+			_, text := splitReason(r.Reason)
+			origin := r.Header.Get(HeaderOrigin)
 			if origin == "" {
 				origin = b.cfg.Node
 			}
-			dl := DeadLetter{Stage: r.name, ID: r.msgID, Reason: text, Node: b.cfg.Node, Origin: origin,
-				Attempts: int(r.attempt), FirstFailure: r.created, LastFailure: r.created, Submitted: r.created,
-				Size: len(r.body), Headers: map[string]string{}, Content: map[string]string{}, Opened: true, Waiting: true}
-			for k := range r.header {
-				dl.Content[k] = r.header.Get(k)
+			dl := DeadLetter{Stage: r.Name, ID: r.MsgID, Reason: text, Node: b.cfg.Node, Origin: origin,
+				Attempts: int(r.Attempt), FirstFailure: r.Created, LastFailure: r.Created, Submitted: r.Created,
+				Size: len(r.Body), Headers: map[string]string{}, Content: map[string]string{}, Opened: true, Waiting: true}
+			for k := range r.Header {
+				dl.Content[k] = r.Header.Get(k)
 			}
 			out = append(out, dl)
 		}
