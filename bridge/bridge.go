@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/outbox"
 	"github.com/meshbox/meshbox/internal/backoff"
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
@@ -29,20 +30,16 @@ import (
 // stalls.go, deadletters.go), the events accepted (replay.go), the peers'
 // credentials (peers: credential.go, senders.go), the permissions learnt
 // from the broker (learnt: topology.go), the refusals logged (seen), the
-// outbox (outbox.go), and routing and hosting (route: interest.go). A
+// outbox (package outbox), and routing and hosting (route: interest.go). A
 // mutex guards only fields of its own struct.
 type Bridge struct {
 	cfg Config
 	log *slog.Logger
 	m   *metrics
 
-	nc *nats.Conn // handed in by the appliance: calls to work.<stage> handlers
-	bc *nats.Conn // our own NoEcho connection: subscriptions, stand-ins, event republishing
-	ob *outbox
-	// obRef is ob for Status, which may run while Start is still working.
-	obRef atomic.Pointer[outbox]
-	// done is the store of completed message ids (nil: no stage dedupes).
-	done *completed
+	nc    *nats.Conn // handed in by the appliance: calls to work.<stage> handlers
+	bc    *nats.Conn // our own NoEcho connection: subscriptions, stand-ins, event republishing
+	files stores     // the node's files: the outbox and the completed ids
 
 	quit chan struct{}  // closed by Close: every goroutine owned by the bridge exits
 	wg   sync.WaitGroup // goroutines owned by the bridge
@@ -62,6 +59,15 @@ type Bridge struct {
 	// testAfterDial, when set (by tests), runs once a session's connections
 	// are open, before its setup.
 	testAfterDial func()
+}
+
+// stores are the bridge's files.
+type stores struct {
+	ob *outbox.Outbox
+	// obRef is ob for Status, which may run while Start is still working.
+	obRef atomic.Pointer[outbox.Outbox]
+	// done is the store of completed message ids (nil: no stage dedupes).
+	done *completed
 }
 
 // lifecycle is whether the bridge started and closed, and its
@@ -303,17 +309,16 @@ func (b *Bridge) Start(ctx context.Context) error {
 		return err
 	}
 
-	ob, err := openOutbox(b.cfg.OutboxPath, b.cfg.OutboxMaxBytes, b.log)
+	ob, err := outbox.Open(b.cfg.OutboxPath, b.outboxOptions())
 	if err != nil {
 		return err
 	}
-	b.ob = ob
-	b.obRef.Store(ob)
-	b.sub.seq.Store(ob.nextSeq())
-	b.sub.meshPending.Store(ob.meshAtOpen)
-	ob.start(b.onOutboxCommit)
+	b.files.ob = ob
+	b.files.obRef.Store(ob)
+	b.sub.seq.Store(ob.NextSeq())
+	b.sub.meshPending.Store(ob.MeshAtOpen())
 	if len(b.cfg.Dedupe) > 0 {
-		if b.done, err = openCompleted(b.cfg.CompletedPath); err != nil {
+		if b.files.done, err = openCompleted(b.cfg.CompletedPath); err != nil {
 			return fmt.Errorf("bridge: %w", err)
 		}
 		b.goOwned(b.runPruner)
@@ -428,13 +433,13 @@ func (b *Bridge) Close() error {
 		}
 		b.reqs.local.Wait()
 		var errs []error
-		if b.ob != nil {
-			if err := b.ob.close(); err != nil {
+		if b.files.ob != nil {
+			if err := b.files.ob.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("close outbox: %w", err))
 			}
 		}
-		if b.done != nil {
-			if err := b.done.close(); err != nil {
+		if b.files.done != nil {
+			if err := b.files.done.close(); err != nil {
 				errs = append(errs, fmt.Errorf("close completed ids: %w", err))
 			}
 		}
@@ -549,10 +554,10 @@ func (b *Bridge) Connected() bool {
 // outboxStatus is the outbox part of Status (the outbox gauges read it).
 func (b *Bridge) outboxStatus() OutboxStatus {
 	st := OutboxStatus{MaxBytes: b.cfg.OutboxMaxBytes}
-	if ob := b.obRef.Load(); ob != nil {
-		st.Depth, st.Bytes = ob.counts()
-		st.Warning = ob.warning
-		if t := ob.oldest(); !t.IsZero() {
+	if ob := b.files.obRef.Load(); ob != nil {
+		st.Depth, st.Bytes = ob.Counts()
+		st.Warning = ob.Warning()
+		if t := ob.Oldest(); !t.IsZero() {
 			st.OldestAgeSeconds = max(0, time.Since(t).Seconds())
 		}
 	}

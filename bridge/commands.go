@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshbox/meshbox/bridge/outbox"
 	"github.com/meshbox/meshbox/internal/backoff"
 	"github.com/meshbox/meshbox/internal/wire"
 )
@@ -99,7 +100,7 @@ func (s *session) readCommand(f *stageFlow, d amqp.Delivery, a cmdAck) {
 	if env.retry.replayedSealed != "" {
 		env.retry.replayedText = b.openReason(HeaderReplayed, commandKey(stage), env.msgID, env.retry.replayed, env.retry.replayedSealed)
 	}
-	if b.done != nil && b.completedBefore(stage, env.msgID) {
+	if b.files.done != nil && b.completedBefore(stage, env.msgID) {
 		s.ackCmd(a, opAck) // completed here before: not called again
 		return
 	}
@@ -194,7 +195,7 @@ func (s *session) onCmdReply(m *nats.Msg) {
 			// Recorded before the ack: a crash between the two brings a
 			// redelivery this node recognises. Marked at once: a delivery
 			// right behind is recognised while the write runs.
-			b.done.begin(c.stage, c.env.msgID)
+			b.files.done.begin(c.stage, c.env.msgID)
 			s.con.unacked.Add(1) // until the ack is queued
 			if !s.work(func() {
 				defer s.con.unacked.Add(-1)
@@ -347,7 +348,7 @@ func (b *Bridge) runLocal() {
 	defer cancel()
 	var cursor uint64
 	for {
-		recs, err := b.ob.readAfter(cursor, 64, 1<<kindLocal)
+		recs, err := b.files.ob.ReadAfter(cursor, 64, outbox.KindsOf(outbox.Local))
 		if err != nil {
 			b.log.Error("read outbox", "err", err)
 			recs = nil
@@ -368,7 +369,7 @@ func (b *Bridge) runLocal() {
 			if !b.runLocalRecord(ctx, r) {
 				return
 			}
-			cursor = r.seq
+			cursor = r.Seq
 		}
 	}
 }
@@ -376,22 +377,22 @@ func (b *Bridge) runLocal() {
 // runLocalRecord runs one local command to its end: success (deleted),
 // handed to the mesh (no handler here any more and the link is up), or
 // dead-lettered. It returns false when the bridge is closing.
-func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
+func (b *Bridge) runLocalRecord(ctx context.Context, r *outbox.Record) bool {
 	for {
-		attempt := int(r.attempt) + 1
-		msg := &nats.Msg{Subject: subjWorkPrefix + r.name, Data: r.body, Header: make(nats.Header, len(r.header)+4)}
-		for k, vs := range r.header {
+		attempt := int(r.Attempt) + 1
+		msg := &nats.Msg{Subject: subjWorkPrefix + r.Name, Data: r.Body, Header: make(nats.Header, len(r.Header)+4)}
+		for k, vs := range r.Header {
 			msg.Header[k] = vs
 		}
-		setCommandHeaders(msg.Header, r.msgID, b.cfg.Node, attempt, attempt > 1 || r.republished)
-		b.noteDeliveryAge(r.name, r.created)
-		if b.completedBefore(r.name, r.msgID) {
-			b.ob.wait(ctx, func(done func(error)) { b.ob.del(r.seq, r.size, done) })
+		setCommandHeaders(msg.Header, r.MsgID, b.cfg.Node, attempt, attempt > 1 || r.Republished)
+		b.noteDeliveryAge(r.Name, r.Created)
+		if b.completedBefore(r.Name, r.MsgID) {
+			b.files.ob.Wait(ctx, func(done func(error)) { b.files.ob.Delete(r.Seq, r.Size, done) })
 			return true
 		}
-		resp, failure := b.runHandler(ctx, r.name, msg, func() bool {
+		resp, failure := b.runHandler(ctx, r.Name, msg, func() bool {
 			st, _ := b.linkState()
-			return st != StateConnected || b.hostsStage(r.name)
+			return st != StateConnected || b.hostsStage(r.Name)
 		})
 		if ctx.Err() != nil {
 			return false
@@ -399,17 +400,17 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 		switch {
 		case failure == nil:
 			b.m.msg(typeCommand, "local")
-			if topic := r.header.Get(HeaderResultTopic); topic != "" && len(resp.Data) > 0 {
-				b.publishResult(r.name, topic, r.msgID, b.cfg.Node, resp)
+			if topic := r.Header.Get(HeaderResultTopic); topic != "" && len(resp.Data) > 0 {
+				b.publishResult(r.Name, topic, r.MsgID, b.cfg.Node, resp)
 			}
-			b.completedNow(r.name, r.msgID)
-			b.ob.wait(ctx, func(done func(error)) { b.ob.del(r.seq, r.size, done) })
+			b.completedNow(r.Name, r.MsgID)
+			b.files.ob.Wait(ctx, func(done func(error)) { b.files.ob.Delete(r.Seq, r.Size, done) })
 			return true
 		case errors.Is(failure, errNotHostedHere):
 			// The link is up and nobody here serves the stage: let the mesh run it.
 			if err := b.moveToMesh(ctx, r); err != nil {
 				// Kept as it is: it is tried again after a pause.
-				b.log.Error("cannot move a local command to the mesh; kept for later", "stage", r.name, "msg_id", r.msgID, "err", err)
+				b.log.Error("cannot move a local command to the mesh; kept for later", "stage", r.Name, "msg_id", r.MsgID, "err", err)
 				select {
 				case <-time.After(time.Second):
 				case <-b.quit:
@@ -419,12 +420,12 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 			return true
 		}
 		b.m.err(errKindHandler)
-		r.attempt++
+		r.Attempt++
 		budget, delay := b.cfg.RetryBudget, retryDelay(attempt)
-		if p, ok := b.cfg.Retry[r.name]; ok {
+		if p, ok := b.cfg.Retry[r.Name]; ok {
 			budget, delay = p.Attempts, p.delay(attempt)
 		}
-		if int(r.attempt) >= budget || isPermanent(failure) {
+		if int(r.Attempt) >= budget || isPermanent(failure) {
 			// The original is deleted only once its dead letter is
 			// committed: a failed write keeps the command, tried again
 			// after a pause.
@@ -432,8 +433,8 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 			if isPermanent(failure) {
 				reason = reasonf(fmt.Sprintf("permanent failure at attempt %d: ", attempt), failure)
 			}
-			if err := b.ob.wait(ctx, func(done func(error)) { b.deadRecord(r, reason, done) }); err != nil {
-				b.log.Error("cannot store the dead letter of a local command; kept for later", "stage", r.name, "msg_id", r.msgID, "err", err)
+			if err := b.files.ob.Wait(ctx, func(done func(error)) { b.deadRecord(r, reason, done) }); err != nil {
+				b.log.Error("cannot store the dead letter of a local command; kept for later", "stage", r.Name, "msg_id", r.MsgID, "err", err)
 				select {
 				case <-time.After(time.Second):
 				case <-b.quit:
@@ -441,10 +442,10 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 				}
 				return true
 			}
-			b.ob.wait(ctx, func(done func(error)) { b.ob.del(r.seq, r.size, done) })
+			b.files.ob.Wait(ctx, func(done func(error)) { b.files.ob.Delete(r.Seq, r.Size, done) })
 			return true
 		}
-		b.ob.wait(ctx, func(done func(error)) { b.ob.replace(r, r.size, done) }) // persists the attempt count; sets r.size
+		b.files.ob.Wait(ctx, func(done func(error)) { b.files.ob.Replace(r, r.Size, done) }) // persists the attempt count; sets r.Size
 		select {
 		case <-time.After(delay):
 		case <-b.quit:
@@ -456,15 +457,15 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *record) bool {
 // moveToMesh stores a copy of the local command r as a mesh command, and
 // deletes r only once the copy is committed: a failed write loses nothing.
 // meshPending counts the copy only while it may be stored.
-func (b *Bridge) moveToMesh(ctx context.Context, r *record) error {
+func (b *Bridge) moveToMesh(ctx context.Context, r *outbox.Record) error {
 	moved := *r
-	moved.seq = b.sub.nextSeq()
-	moved.kind = kindCommand
-	data := moved.encode()
-	b.ob.reserveAlways(int64(len(data)))
+	moved.Seq = b.sub.nextSeq()
+	moved.Kind = outbox.Command
+	data := moved.Encode()
+	b.files.ob.ReserveAlways(int64(len(data)))
 	b.sub.meshPending.Add(1)
-	err := b.ob.wait(ctx, func(done func(error)) {
-		b.ob.put(&moved, data, func(err error) {
+	err := b.files.ob.Wait(ctx, func(done func(error)) {
+		b.files.ob.Put(&moved, data, func(err error) {
 			if err != nil {
 				b.sub.meshPending.Add(-1)
 				b.m.err(errKindOutboxWrite)
@@ -475,5 +476,5 @@ func (b *Bridge) moveToMesh(ctx context.Context, r *record) error {
 	if err != nil {
 		return err
 	}
-	return b.ob.wait(ctx, func(done func(error)) { b.ob.del(r.seq, r.size, done) })
+	return b.files.ob.Wait(ctx, func(done func(error)) { b.files.ob.Delete(r.Seq, r.Size, done) })
 }

@@ -10,12 +10,20 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/meshbox/meshbox/bridge/outbox"
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // localBridge builds a bridge with an outbox and a local NATS server, not
 // started and with no broker: tests drive its parts directly.
 func localBridge(tb testing.TB) *Bridge {
+	tb.Helper()
+	return localBridgeWith(tb, outbox.Options{})
+}
+
+// localBridgeWith is localBridge with the outbox's CloseWait and
+// BeforeCommit taken from opts (the rest is the bridge's).
+func localBridgeWith(tb testing.TB, opts outbox.Options) *Bridge {
 	tb.Helper()
 	srv := natstest.Start(tb)
 	dial := natstest.Dialer(srv)
@@ -25,14 +33,15 @@ func localBridge(tb testing.TB) *Bridge {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	ob, err := openOutbox(b.cfg.OutboxPath, b.cfg.OutboxMaxBytes, b.log)
+	bopts := b.outboxOptions()
+	bopts.CloseWait, bopts.BeforeCommit = opts.CloseWait, opts.BeforeCommit
+	ob, err := outbox.Open(b.cfg.OutboxPath, bopts)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	b.ob = ob
-	b.obRef.Store(ob)
-	b.sub.seq.Store(ob.nextSeq())
-	ob.start(b.onOutboxCommit)
+	b.files.ob = ob
+	b.files.obRef.Store(ob)
+	b.sub.seq.Store(ob.NextSeq())
 	if b.bc, err = dial(); err != nil {
 		tb.Fatal(err)
 	}
@@ -50,38 +59,37 @@ func localBridge(tb testing.TB) *Bridge {
 // lost) and meshPending must not count a record that was never stored
 // (or every later submission would queue behind it in the outbox).
 func TestLocalCommandKeptWhenItsMoveToTheMeshFails(t *testing.T) {
-	b := localBridge(t)
-	ctx := context.Background()
-	r := &record{seq: b.sub.nextSeq(), kind: kindLocal, name: "gone", msgID: "m1", body: []byte("x"), created: time.Now()}
-	data := r.encode()
-	if err := b.ob.reserve(int64(len(data))); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.ob.wait(ctx, func(done func(error)) { b.ob.put(r, data, done) }); err != nil {
-		t.Fatal(err)
-	}
-	r.size = int64(len(data))
-	b.ob.testCommit = func(batch []obOp) error {
-		for _, op := range batch {
-			if op.put != nil && op.put.kind == kindCommand {
+	b := localBridgeWith(t, outbox.Options{BeforeCommit: func(batch []outbox.Change) error {
+		for _, c := range batch {
+			if c.Put != nil && c.Put.Kind == outbox.Command {
 				return errors.New("injected disk error")
 			}
 		}
 		return nil
+	}})
+	ctx := context.Background()
+	r := &outbox.Record{Seq: b.sub.nextSeq(), Kind: outbox.Local, Name: "gone", MsgID: "m1", Body: []byte("x"), Created: time.Now()}
+	data := r.Encode()
+	if err := b.files.ob.Reserve(int64(len(data))); err != nil {
+		t.Fatal(err)
 	}
+	if err := b.files.ob.Wait(ctx, func(done func(error)) { b.files.ob.Put(r, data, done) }); err != nil {
+		t.Fatal(err)
+	}
+	r.Size = int64(len(data))
 	b.setState(StateConnected, "") // the link is up and nobody here serves the stage
 
 	if !b.runLocalRecord(ctx, r) {
 		t.Fatal("runLocalRecord reported the bridge closing")
 	}
-	if err := b.ob.sync(ctx); err != nil {
+	if err := b.files.ob.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	left, err := b.ob.readAfter(0, 10, 1<<kindLocal|1<<kindCommand)
+	left, err := b.files.ob.ReadAfter(0, 10, outbox.KindsOf(outbox.Local, outbox.Command))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(left) != 1 || left[0].seq != r.seq || left[0].kind != kindLocal {
+	if len(left) != 1 || left[0].Seq != r.Seq || left[0].Kind != outbox.Local {
 		t.Fatalf("got %d records in the outbox (%v), want the original local command kept", len(left), left)
 	}
 	if got := b.sub.meshPending.Load(); got != 0 {
@@ -96,18 +104,36 @@ func TestLocalCommandKeptWhenItsMoveToTheMeshFails(t *testing.T) {
 // committed: a delete queued in the same group commit as the dead letter
 // was sent without waiting for it.
 func TestLocalCommandKeptWhenItsDeadLetterFails(t *testing.T) {
-	b := localBridge(t)
+	var r *outbox.Record // the original, set before anything is queued
+	delWithDead := make(chan struct{}, 1)
+	b := localBridgeWith(t, outbox.Options{BeforeCommit: func(batch []outbox.Change) error {
+		dead, del := false, false
+		for _, c := range batch {
+			dead = dead || c.Put != nil && c.Put.Kind == outbox.Dead
+			del = del || c.Delete == r.Seq
+		}
+		if dead && del {
+			select {
+			case delWithDead <- struct{}{}:
+			default:
+			}
+		}
+		if dead {
+			return errors.New("injected disk error")
+		}
+		return nil
+	}})
 	ctx := context.Background()
 	b.cfg.RetryBudget = 1 // the first failure spends the budget
-	r := &record{seq: b.sub.nextSeq(), kind: kindLocal, name: "failing", msgID: "m1", body: []byte("x"), created: time.Now()}
-	data := r.encode()
-	if err := b.ob.reserve(int64(len(data))); err != nil {
+	r = &outbox.Record{Seq: b.sub.nextSeq(), Kind: outbox.Local, Name: "failing", MsgID: "m1", Body: []byte("x"), Created: time.Now()}
+	data := r.Encode()
+	if err := b.files.ob.Reserve(int64(len(data))); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.ob.wait(ctx, func(done func(error)) { b.ob.put(r, data, done) }); err != nil {
+	if err := b.files.ob.Wait(ctx, func(done func(error)) { b.files.ob.Put(r, data, done) }); err != nil {
 		t.Fatal(err)
 	}
-	r.size = int64(len(data))
+	r.Size = int64(len(data))
 	hnc, err := b.cfg.Dial()
 	if err != nil {
 		t.Fatal(err)
@@ -124,29 +150,11 @@ func TestLocalCommandKeptWhenItsDeadLetterFails(t *testing.T) {
 	if err := hnc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	delWithDead := make(chan struct{}, 1)
-	b.ob.testCommit = func(batch []obOp) error {
-		dead, del := false, false
-		for _, op := range batch {
-			dead = dead || op.put != nil && op.put.kind == kindDead
-			del = del || op.del == r.seq
-		}
-		if dead && del {
-			select {
-			case delWithDead <- struct{}{}:
-			default:
-			}
-		}
-		if dead {
-			return errors.New("injected disk error")
-		}
-		return nil
-	}
 
 	if !b.runLocalRecord(ctx, r) {
 		t.Fatal("runLocalRecord reported the bridge closing")
 	}
-	if err := b.ob.sync(ctx); err != nil {
+	if err := b.files.ob.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -154,11 +162,11 @@ func TestLocalCommandKeptWhenItsDeadLetterFails(t *testing.T) {
 		t.Fatal("the original was deleted in the dead letter's commit: its delete did not wait for the dead letter")
 	default:
 	}
-	left, err := b.ob.readAfter(0, 10, 1<<kindLocal|1<<kindDead)
+	left, err := b.files.ob.ReadAfter(0, 10, outbox.KindsOf(outbox.Local, outbox.Dead))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(left) != 1 || left[0].seq != r.seq || left[0].kind != kindLocal {
+	if len(left) != 1 || left[0].Seq != r.Seq || left[0].Kind != outbox.Local {
 		t.Fatalf("got %d records in the outbox (%v), want the original local command kept", len(left), left)
 	}
 	if got := b.sub.meshPending.Load(); got != 0 {

@@ -258,7 +258,7 @@ func (b *Bridge) runPruner() {
 	t := time.NewTicker(pruneEvery)
 	defer t.Stop()
 	for {
-		if err := b.done.pruneAll(time.Now(), b.cfg.Dedupe); err != nil {
+		if err := b.files.done.pruneAll(time.Now(), b.cfg.Dedupe); err != nil {
 			b.log.Error("prune completed ids", "err", err)
 		}
 		select {
@@ -275,10 +275,10 @@ func (b *Bridge) runPruner() {
 // through: at least once stays the guarantee.
 func (b *Bridge) completedBefore(stage, id string) bool {
 	p, ok := b.cfg.Dedupe[stage]
-	if !ok || b.done == nil || id == "" {
+	if !ok || b.files.done == nil || id == "" {
 		return false
 	}
-	hit, err := b.done.seen(stage, id, time.Now().Add(-p.Window))
+	hit, err := b.files.done.seen(stage, id, time.Now().Add(-p.Window))
 	if err != nil {
 		b.log.Error("read completed ids; delivering", "stage", stage, "msg_id", id, "err", err)
 		return false
@@ -293,17 +293,17 @@ func (b *Bridge) completedBefore(stage, id string) bool {
 // stage dedupes; a failed write is logged (the id may run again).
 func (b *Bridge) completedNow(stage, id string) {
 	p, ok := b.cfg.Dedupe[stage]
-	if !ok || b.done == nil || id == "" {
+	if !ok || b.files.done == nil || id == "" {
 		return
 	}
-	if err := b.done.done(stage, id, time.Now(), p); err != nil {
+	if err := b.files.done.done(stage, id, time.Now(), p); err != nil {
 		b.log.Error("record a completed id", "stage", stage, "msg_id", id, "err", err)
 	}
 }
 
 // dedupes reports whether stage remembers its completed ids.
 func (b *Bridge) dedupes(stage string) bool {
-	if b.done == nil {
+	if b.files.done == nil {
 		return false
 	}
 	_, ok := b.cfg.Dedupe[stage]

@@ -12,7 +12,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshbox/meshbox/bridge/outbox"
 	"github.com/meshbox/meshbox/internal/names"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // This file makes dead letters something to act on. A command that fails
@@ -80,25 +82,25 @@ func (b *Bridge) waitingDeadLetters(stage string) ([]DeadLetter, error) {
 	out := []DeadLetter{}
 	var after uint64
 	for len(out) < maxBrowse {
-		recs, err := b.ob.readAfter(after, 256, 1<<kindDead)
+		recs, err := b.files.ob.ReadAfter(after, 256, outbox.KindsOf(outbox.Dead))
 		if err != nil {
 			return nil, fmt.Errorf("read the outbox: %w", err)
 		}
 		for _, r := range recs {
-			after = r.seq
-			if stage != "" && r.name != stage {
+			after = r.Seq
+			if stage != "" && r.Name != stage {
 				continue
 			}
-			_, text := splitReason(r.reason)
-			origin := r.header.Get(HeaderOrigin)
+			_, text := splitReason(r.Reason)
+			origin := r.Header.Get(HeaderOrigin)
 			if origin == "" {
 				origin = b.cfg.Node
 			}
-			dl := DeadLetter{Stage: r.name, ID: r.msgID, Reason: text, Node: b.cfg.Node, Origin: origin,
-				Attempts: int(r.attempt), FirstFailure: r.created, LastFailure: r.created, Submitted: r.created,
-				Size: len(r.body), Headers: map[string]string{}, Content: map[string]string{}, Opened: true, Waiting: true}
-			for k := range r.header {
-				dl.Content[k] = r.header.Get(k)
+			dl := DeadLetter{Stage: r.Name, ID: r.MsgID, Reason: text, Node: b.cfg.Node, Origin: origin,
+				Attempts: int(r.Attempt), FirstFailure: r.Created, LastFailure: r.Created, Submitted: r.Created,
+				Size: len(r.Body), Headers: map[string]string{}, Content: map[string]string{}, Opened: true, Waiting: true}
+			for k := range r.Header {
+				dl.Content[k] = r.Header.Get(k)
 			}
 			out = append(out, dl)
 		}
@@ -237,7 +239,7 @@ func (b *Bridge) DeadLetters(ctx context.Context, stage string) ([]DeadLetter, e
 // ShowDeadLetter describes the dead letter id of stage, with the command's
 // own headers when this node can open it.
 func (b *Bridge) ShowDeadLetter(ctx context.Context, stage, id string) (DeadLetter, error) {
-	if !validID(id) {
+	if !wire.ValidID(id) {
 		return DeadLetter{}, fmt.Errorf("%w: %q is not a message id", ErrBadInput, id)
 	}
 	if b.Standalone() {
@@ -279,7 +281,7 @@ func (b *Bridge) ShowDeadLetter(ctx context.Context, stage, id string) (DeadLett
 // from the dead letters once the broker confirmed its replay. It returns
 // how many were replayed; a dead letter this node cannot open stays.
 func (b *Bridge) ReplayDeadLetters(ctx context.Context, stage, id string) (int, error) {
-	if id != "" && !validID(id) {
+	if id != "" && !wire.ValidID(id) {
 		return 0, fmt.Errorf("%w: %q is not a message id", ErrBadInput, id)
 	}
 	n := 0

@@ -482,8 +482,8 @@
 // refused: dead-lettered deliveries, events seen before), retry.go (retry
 // policies, permanent failures, the stage's extra queues), deadletters.go
 // (acting on dead letters), results.go (results as events), submit.go
-// (submissions and the outbox drainer), outbox.go and outbox_open.go (the
-// durable store), stalls.go, interest.go (stand-ins and hosted stages),
+// (submissions and the outbox drainer; the durable store itself is
+// package outbox), stalls.go, interest.go (stand-ins and hosted stages),
 // batch.go (commands carried several to a message), and hops.go with
 // hoptrace.go (the points of a request's round trip, recorded only in a
 // build with the hoptrace tag, for `make bench-hops`).

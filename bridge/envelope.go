@@ -13,11 +13,10 @@ import (
 	"github.com/meshbox/meshbox/internal/wire"
 )
 
-// Limits on what crosses the bridge, besides Config.MaxPayload.
+// Limits on what crosses the bridge, besides Config.MaxPayload and the
+// limits on ids and header keys (wire.MaxIDLen, wire.MaxHeaderKey).
 const (
-	maxHeaderBytes = 64 << 10 // all header keys and values of one message
-	maxHeaderKey   = 128
-	maxIDLen       = 128                // message and correlation ids
+	maxHeaderBytes = 64 << 10           // all header keys and values of one message
 	sealSlack      = 64 + seal.Overhead // a sealed body's framing beyond its headers and body
 )
 
@@ -37,36 +36,6 @@ func isBrokerHeader(k string) bool {
 	return false
 }
 
-// validHeaderKey reports whether k can be a NATS header key: printable
-// ASCII without ':' or spaces.
-func validHeaderKey(k string) bool {
-	if k == "" || len(k) > maxHeaderKey {
-		return false
-	}
-	for i := 0; i < len(k); i++ {
-		if c := k[i]; c <= ' ' || c >= 0x7f || c == ':' {
-			return false
-		}
-	}
-	return true
-}
-
-// validHeaderValue reports whether v can be a NATS header value.
-func validHeaderValue(v string) bool { return !strings.ContainsAny(v, "\r\n") }
-
-// validID reports whether s can be a message or correlation id.
-func validID(s string) bool {
-	if s == "" || len(s) > maxIDLen {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c <= ' ' || c >= 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
 // callerHeaders checks the headers of a message from a local program and
 // returns the ones that travel: every key except the node's own Meshbox-*
 // headers and the NATS status pseudo-headers. Content-Type and
@@ -84,11 +53,11 @@ func callerHeaders(h nats.Header) (nats.Header, error) {
 		if k == "CC" || k == "BCC" {
 			return nil, fmt.Errorf("%w: header %s is reserved by the broker", ErrBadInput, k)
 		}
-		if !validHeaderKey(k) {
+		if !wire.ValidHeaderKey(k) {
 			return nil, fmt.Errorf("%w: header key %q is not valid", ErrBadInput, k)
 		}
 		for _, v := range vs {
-			if !validHeaderValue(v) {
+			if !wire.ValidHeaderValue(v) {
 				return nil, fmt.Errorf("%w: header %s has a line break", ErrBadInput, k)
 			}
 			size += len(k) + len(v)
@@ -203,28 +172,28 @@ func decode(kind string, d delivery, maxPayload int) (*envelope, error) {
 		if _, e.name, ok = parseRequestKey(d.RoutingKey); !ok && !strings.HasPrefix(d.RoutingKey, wire.NodePrefix) {
 			return nil, bad("routing key %q is not a request key", d.RoutingKey)
 		}
-		if !validID(d.CorrelationId) {
+		if !wire.ValidID(d.CorrelationId) {
 			return nil, bad("missing or invalid correlation id")
 		}
 		if _, ok := parseReplyQueue(d.ReplyTo); !ok {
 			return nil, bad("reply-to %q is not a node's reply queue", d.ReplyTo)
 		}
 	case typeReply:
-		if !validID(d.CorrelationId) {
+		if !wire.ValidID(d.CorrelationId) {
 			return nil, bad("missing or invalid correlation id")
 		}
 	case typeCommand:
 		if e.name, ok = parseNamed(d.RoutingKey, wire.CmdPrefix); !ok {
 			return nil, bad("routing key %q is not a command key", d.RoutingKey)
 		}
-		if !validID(d.MessageId) {
+		if !wire.ValidID(d.MessageId) {
 			return nil, bad("missing or invalid message id")
 		}
 	case typeEvent:
 		if e.name, ok = parseNamed(d.RoutingKey, wire.EvtPrefix); !ok {
 			return nil, bad("routing key %q is not an event key", d.RoutingKey)
 		}
-		if !validID(d.MessageId) {
+		if !wire.ValidID(d.MessageId) {
 			return nil, bad("missing or invalid message id")
 		}
 	case typeSystem:
@@ -263,7 +232,7 @@ func (e *envelope) decodeHeaders(d delivery) error {
 	var h nats.Header // made at the first header: a sealed message has none outside
 	size := 0
 	add := func(k, v string) error {
-		if !validHeaderValue(v) {
+		if !wire.ValidHeaderValue(v) {
 			return bad("header %s has a line break", k)
 		}
 		size += len(k) + len(v)
@@ -348,7 +317,7 @@ func (e *envelope) decodeHeaders(d delivery) error {
 			}
 			continue
 		}
-		if !validHeaderKey(k) || k == "Status" || k == "Description" {
+		if !wire.ValidHeaderKey(k) || k == "Status" || k == "Description" {
 			return bad("header key %q is not allowed", k)
 		}
 		switch v := v.(type) {

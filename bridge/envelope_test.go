@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -170,7 +171,7 @@ func TestCallerHeadersRejects(t *testing.T) {
 		"CC":          {"CC": {"evt.x"}},
 		"line break":  {"X-A": {"a\nb"}},
 		"key space":   {"a b": {"x"}},
-		"key too big": {strings.Repeat("k", maxHeaderKey+1): {"x"}},
+		"key too big": {strings.Repeat("k", wire.MaxHeaderKey+1): {"x"}},
 		"too big":     {"X-A": {strings.Repeat("x", maxHeaderBytes+1)}},
 	} {
 		if _, err := callerHeaders(h); !errors.Is(err, ErrBadInput) {

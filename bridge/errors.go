@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/meshbox/meshbox/internal/boltfile"
+	"github.com/meshbox/meshbox/bridge/outbox"
 	"github.com/meshbox/meshbox/internal/wire"
 )
 
@@ -20,13 +20,13 @@ var (
 	ErrNodeNameInUse = errors.New("node name is in use on the broker by another process")
 	// ErrOutboxLocked means another process holds the outbox file. Start
 	// returns it wrapped in an *OutboxLockedError.
-	ErrOutboxLocked = errors.New("outbox is in use by another meshbox process")
+	ErrOutboxLocked = outbox.ErrLocked
 	// ErrClosed is returned by methods called after Close.
 	ErrClosed = errors.New("bridge closed")
 	// ErrOutboxStuck is returned (wrapped) by Close when the outbox's
 	// writer did not finish its last commit in time: the disk hangs. What
 	// was not committed may be lost.
-	ErrOutboxStuck = errors.New("outbox writer stuck")
+	ErrOutboxStuck = outbox.ErrStuck
 )
 
 // Errors returned by PublishSystem and SendSystem, and carried (as text and a
@@ -36,7 +36,7 @@ var (
 	ErrLinkDown = errors.New("mesh unreachable: broker link is not connected")
 	// ErrOutboxFull means the outbox reached its size bound; the message was
 	// not accepted.
-	ErrOutboxFull = errors.New("outbox full")
+	ErrOutboxFull = outbox.ErrFull
 	// ErrNoRoute means the broker had no queue for a message published with
 	// the mandatory flag.
 	ErrNoRoute = errors.New("no route on the broker")
@@ -93,17 +93,8 @@ func (e *MissingQueueError) Error() string {
 }
 
 // OutboxLockedError is returned by Start when the outbox file is locked by
-// another process.
-type OutboxLockedError struct {
-	Dir string
-}
-
-func (e *OutboxLockedError) Error() string {
-	return "data directory " + e.Dir + " is in use by another meshbox process"
-}
-
-// Unwrap returns ErrOutboxLocked.
-func (e *OutboxLockedError) Unwrap() error { return ErrOutboxLocked }
+// another process. It unwraps to ErrOutboxLocked.
+type OutboxLockedError = outbox.LockedError
 
 // ServiceError is an error reply as a local program sees it: a NATS micro
 // style code and description (wire.ServiceError).
@@ -146,4 +137,4 @@ func goneError(node string, since time.Time) error {
 // a newer format than this binary reads (by a newer meshbox, before a
 // downgrade). It names the file and both formats; the file and the
 // messages in it are left untouched.
-type NewerFormatError = boltfile.NewerFormatError
+type NewerFormatError = outbox.NewerFormatError

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/meshbox/meshbox/bridge/outbox"
 	"github.com/meshbox/meshbox/internal/seal"
 )
 
@@ -156,7 +157,7 @@ func TestOutboxDeadLetterReasonSealed(t *testing.T) {
 	b, ring := sealTestBridge(t)
 	failure := handlerFailure(nats.Header{headerServiceError: {reasonMarker}, headerServiceErrorCode: {"500"}}, "vault", "beta")
 	reason := reasonf("attempt 5 of 5 failed: ", failure)
-	rec := &record{kind: kindDead, name: "vault", msgID: "m1", reason: joinReason(reason), body: []byte("x")}
+	rec := &outbox.Record{Kind: outbox.Dead, Name: "vault", MsgID: "m1", Reason: joinReason(reason), Body: []byte("x")}
 	p, err := b.outgoingFor(rec, false).publishing("beta", "", ring)
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/meshbox/meshbox/bridge/outbox"
 	"github.com/meshbox/meshbox/internal/seal"
 )
 
@@ -96,7 +97,7 @@ func (b *Bridge) publishResult(stage, topic, msgID, origin string, reply *nats.M
 		fail("local subscribers: " + err.Error())
 	}
 	b.m.results.Inc()
-	b.accept(&record{kind: kindEvent, name: topic, msgID: msgID, header: hdr, body: body, created: time.Now()}, "")
+	b.accept(&outbox.Record{Kind: outbox.Event, Name: topic, MsgID: msgID, Header: hdr, Body: body, Created: time.Now()}, "")
 }
 
 // resultOrigin refuses a result topic bound to a scope the command's

@@ -213,13 +213,13 @@ func (b *Bridge) unseal(env *envelope, d *amqp.Delivery) error {
 			topic = v
 			continue
 		}
-		if !validHeaderKey(k) || hasPrefixFold(k, headerPrefixMeshbox) || k == "Status" || k == "Description" {
+		if !wire.ValidHeaderKey(k) || hasPrefixFold(k, headerPrefixMeshbox) || k == "Status" || k == "Description" {
 			return fail(unsealMalformed, "header key %q is not allowed", k)
 		}
 		vs := make([]string, 0, nv)
 		for j := uint64(0); j < nv && r.err == nil; j++ {
 			v := r.str()
-			if !validHeaderValue(v) {
+			if !wire.ValidHeaderValue(v) {
 				return fail(unsealMalformed, "header %s has a line break", k)
 			}
 			size += len(k) + len(v)

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/internal/seal"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 func sealTestBridge(t testing.TB) (*Bridge, *seal.Keyring) {
@@ -136,11 +137,11 @@ func FuzzUnseal(f *testing.F) {
 			return
 		}
 		for k, vs := range env.header {
-			if !validHeaderKey(k) || hasPrefixFold(k, headerPrefixMeshbox) {
+			if !wire.ValidHeaderKey(k) || hasPrefixFold(k, headerPrefixMeshbox) {
 				t.Fatalf("accepted header key %q", k)
 			}
 			for _, v := range vs {
-				if !validHeaderValue(v) {
+				if !wire.ValidHeaderValue(v) {
 					t.Fatalf("accepted header value %q", v)
 				}
 			}

@@ -9,8 +9,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/meshbox/meshbox/bridge/outbox"
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/seal"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // How a submission was accepted, in the Meshbox-Accepted reply header.
@@ -49,7 +51,7 @@ func (b *Bridge) onSubmitCommand(msg *nats.Msg) {
 		return
 	}
 	stage := msg.Subject[len(subjCmdPrefix):]
-	rec, err := b.submission(kindCommand, stage, msg)
+	rec, err := b.submission(outbox.Command, stage, msg)
 	if err != nil {
 		if !isForbidden(err) {
 			b.m.err(errKindBadInput)
@@ -70,7 +72,7 @@ func (b *Bridge) onSubmitEvent(msg *nats.Msg) {
 		return
 	}
 	topic := msg.Subject[len(subjEvtPrefix):]
-	rec, err := b.submission(kindEvent, topic, msg)
+	rec, err := b.submission(outbox.Event, topic, msg)
 	if err != nil {
 		b.m.err(errKindBadInput)
 		b.replyError(msg.Reply, err)
@@ -80,9 +82,9 @@ func (b *Bridge) onSubmitEvent(msg *nats.Msg) {
 }
 
 // submission validates a local program's command or event.
-func (b *Bridge) submission(kind recordKind, name string, msg *nats.Msg) (*record, error) {
+func (b *Bridge) submission(kind outbox.Kind, name string, msg *nats.Msg) (*outbox.Record, error) {
 	what := "stage"
-	if kind == kindEvent {
+	if kind == outbox.Event {
 		what = "topic"
 	}
 	if !validName(name) {
@@ -96,7 +98,7 @@ func (b *Bridge) submission(kind recordKind, name string, msg *nats.Msg) (*recor
 		return nil, err
 	}
 	bk, verb := seal.BindStage, "submit to"
-	if kind == kindEvent {
+	if kind == outbox.Event {
 		bk, verb = seal.BindTopic, "publish to"
 	}
 	if err := b.notInScope(bk, name, verb); err != nil {
@@ -107,7 +109,7 @@ func (b *Bridge) submission(kind recordKind, name string, msg *nats.Msg) (*recor
 			return nil, b.lacksKey(kind.String())
 		}
 	}
-	if topic := msg.Header.Get(HeaderResultTopic); topic != "" && kind == kindCommand { // on an event: dropped like any Meshbox-* header
+	if topic := msg.Header.Get(HeaderResultTopic); topic != "" && kind == outbox.Command { // on an event: dropped like any Meshbox-* header
 		if err := names.Topic(topic); err != nil {
 			return nil, fmt.Errorf("%w: header %s: %v", ErrBadInput, HeaderResultTopic, err)
 		}
@@ -126,23 +128,23 @@ func (b *Bridge) submission(kind recordKind, name string, msg *nats.Msg) (*recor
 	switch {
 	case id == "":
 		id = newID()
-	case !validID(id):
-		return nil, fmt.Errorf("%w: header %s: %q is not a valid message id (printable, at most %d bytes)", ErrBadInput, HeaderMsgID, id, maxIDLen)
+	case !wire.ValidID(id):
+		return nil, fmt.Errorf("%w: header %s: %q is not a valid message id (printable, at most %d bytes)", ErrBadInput, HeaderMsgID, id, wire.MaxIDLen)
 	}
-	return &record{kind: kind, name: name, msgID: id, header: hdr,
-		body: append([]byte(nil), msg.Data...), created: time.Now()}, nil
+	return &outbox.Record{Kind: kind, Name: name, MsgID: id, Header: hdr,
+		Body: append([]byte(nil), msg.Data...), Created: time.Now()}, nil
 }
 
 // accept routes a submission. Submissions are ordered: each takes the next
 // sequence number under sub.mu and, in that order, goes straight to the
 // broker (link up and nothing older waiting in the outbox) or into the
 // outbox.
-func (b *Bridge) accept(rec *record, reply string) {
+func (b *Bridge) accept(rec *outbox.Record, reply string) {
 	b.sub.mu.Lock()
 	defer b.sub.mu.Unlock()
-	rec.seq = b.sub.nextSeq()
-	if rec.kind == kindCommand {
-		b.noteSubmitted(rec.name)
+	rec.Seq = b.sub.nextSeq()
+	if rec.Kind == outbox.Command {
+		b.noteSubmitted(rec.Name)
 	}
 	state, _ := b.linkState()
 	if sess := b.link.sess.Load(); state == StateConnected && sess != nil && b.sub.meshPending.Load() == 0 {
@@ -155,19 +157,19 @@ func (b *Bridge) accept(rec *record, reply string) {
 }
 
 // store puts a submission into the outbox and answers once it is committed.
-func (b *Bridge) store(rec *record, reply, state string) {
+func (b *Bridge) store(rec *outbox.Record, reply, state string) {
 	how := acceptedOutbox
-	switch rec.kind {
-	case kindCommand:
-		if state != StateConnected && b.hostsStage(rec.name) {
-			rec.kind, how = kindLocal, acceptedLocal
+	switch rec.Kind {
+	case outbox.Command:
+		if state != StateConnected && b.hostsStage(rec.Name) {
+			rec.Kind, how = outbox.Local, acceptedLocal
 		} else if b.currentURL() == "" {
 			b.m.err(errKindUnreachable)
 			b.replyError(reply, &ServiceError{Code: CodeUnavailable,
-				Text: fmt.Sprintf("no broker configured and no handler for stage %s on node %s", rec.name, b.cfg.Node)})
+				Text: fmt.Sprintf("no broker configured and no handler for stage %s on node %s", rec.Name, b.cfg.Node)})
 			return
 		}
-	case kindEvent:
+	case outbox.Event:
 		if b.currentURL() == "" {
 			b.replyAccepted(reply, rec, acceptedLocal) // standalone: the local subscribers have it
 			return
@@ -177,9 +179,9 @@ func (b *Bridge) store(rec *record, reply, state string) {
 }
 
 // put stores rec in the outbox and answers reply after the commit.
-func (b *Bridge) put(rec *record, reply, how string) {
-	data := rec.encode()
-	if err := b.ob.reserve(int64(len(data))); err != nil {
+func (b *Bridge) put(rec *outbox.Record, reply, how string) {
+	data := rec.Encode()
+	if err := b.files.ob.Reserve(int64(len(data))); err != nil {
 		b.m.err(errKindOutboxFull)
 		if reply == "" {
 			b.m.err(errKindDropped)
@@ -193,17 +195,17 @@ func (b *Bridge) put(rec *record, reply, how string) {
 	if b.sub.outboxFull.CompareAndSwap(true, false) {
 		b.log.Info("outbox accepts messages again")
 	}
-	mesh := rec.kind != kindLocal
+	mesh := rec.Kind != outbox.Local
 	if mesh {
 		b.sub.meshPending.Add(1)
 	}
-	b.ob.put(rec, data, func(err error) {
+	b.files.ob.Put(rec, data, func(err error) {
 		if err != nil {
 			if mesh {
 				b.sub.meshPending.Add(-1)
 			}
 			b.m.err(errKindOutboxWrite)
-			b.replyError(reply, &ServiceError{Code: CodeInternal, Text: fmt.Sprintf("%s not accepted: %v", rec.kind, err)})
+			b.replyError(reply, &ServiceError{Code: CodeInternal, Text: fmt.Sprintf("%s not accepted: %v", rec.Kind, err)})
 			return
 		}
 		b.replyAccepted(reply, rec, how)
@@ -211,35 +213,35 @@ func (b *Bridge) put(rec *record, reply, how string) {
 }
 
 // replyAccepted tells a submitter its message is durable.
-func (b *Bridge) replyAccepted(reply string, rec *record, how string) {
+func (b *Bridge) replyAccepted(reply string, rec *outbox.Record, how string) {
 	if reply == "" {
 		return
 	}
-	v := [...]string{how, rec.msgID} // one allocation for both values (canonical keys)
+	v := [...]string{how, rec.MsgID} // one allocation for both values (canonical keys)
 	b.reply(&nats.Msg{Subject: reply, Header: nats.Header{HeaderAccepted: v[0:1:1], HeaderMsgID: v[1:2:2]}})
 }
 
 // directDone settles a submission published straight to the broker. It
 // runs on the confirmer goroutine and must not take sub.mu.
-func (b *Bridge) directDone(rec *record, reply string, err error) {
+func (b *Bridge) directDone(rec *outbox.Record, reply string, err error) {
 	switch {
 	case err == nil:
 		b.replyAccepted(reply, rec, acceptedBroker)
 	case errors.Is(err, ErrNoRoute) && reply != "":
 		b.replyError(reply, &ServiceError{Code: CodeUnavailable,
-			Text: fmt.Sprintf("no node hosts stage %s: the broker has no queue %s", rec.name, stageQueue(rec.name))})
+			Text: fmt.Sprintf("no node hosts stage %s: the broker has no queue %s", rec.Name, stageQueue(rec.Name))})
 	case errors.Is(err, ErrNoRoute):
-		b.deadRecord(rec, plainReason(fmt.Sprintf("no route: the broker had no queue %s", stageQueue(rec.name))), nil)
+		b.deadRecord(rec, plainReason(fmt.Sprintf("no route: the broker had no queue %s", stageQueue(rec.Name))), nil)
 	case errors.Is(err, seal.ErrNoKey):
 		// The key went away after the submission was checked: the outbox
 		// keeps it until the node holds one again.
 		b.put(rec, reply, acceptedOutbox)
 	case errors.Is(err, ErrNacked) && reply != "":
-		b.replyError(reply, &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("the broker refused the %s; it was not accepted", rec.kind)})
+		b.replyError(reply, &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("the broker refused the %s; it was not accepted", rec.Kind)})
 	default:
 		// Link lost (or refused with nobody to tell): it may have reached the
 		// broker, so it goes out again marked as a possible duplicate.
-		rec.republished = true
+		rec.Republished = true
 		b.put(rec, reply, acceptedOutbox)
 	}
 }
@@ -248,17 +250,17 @@ func (b *Bridge) directDone(rec *record, reply string, err error) {
 // mesh.dlx when the link allows) and calls done (may be nil) with the
 // outcome of its commit: rec may be deleted only after a nil one. Safe on
 // any goroutine.
-func (b *Bridge) deadRecord(rec *record, reason error, done func(error)) {
+func (b *Bridge) deadRecord(rec *outbox.Record, reason error, done func(error)) {
 	b.m.err(errKindDeadLetter)
-	b.logDead(rec.name, rec.msgID, reason.Error())
+	b.logDead(rec.Name, rec.MsgID, reason.Error())
 	dead := *rec
-	dead.seq = b.sub.nextSeq()
-	dead.kind = kindDead
-	dead.reason = joinReason(reason)
-	data := dead.encode()
-	b.ob.reserveAlways(int64(len(data))) // dead letters are never refused: they were accepted once
+	dead.Seq = b.sub.nextSeq()
+	dead.Kind = outbox.Dead
+	dead.Reason = joinReason(reason)
+	data := dead.Encode()
+	b.files.ob.ReserveAlways(int64(len(data))) // dead letters are never refused: they were accepted once
 	b.sub.meshPending.Add(1)
-	b.ob.put(&dead, data, func(err error) {
+	b.files.ob.Put(&dead, data, func(err error) {
 		if err != nil {
 			b.sub.meshPending.Add(-1)
 			b.m.err(errKindOutboxWrite)
@@ -270,34 +272,34 @@ func (b *Bridge) deadRecord(rec *record, reason error, done func(error)) {
 }
 
 // outgoingFor builds the broker message for an outbox record.
-func (b *Bridge) outgoingFor(rec *record, redelivered bool) *outgoing {
+func (b *Bridge) outgoingFor(rec *outbox.Record, redelivered bool) *outgoing {
 	out := &outgoing{
-		exchange: exchangeMesh, persist: true, msgID: rec.msgID, at: rec.created,
-		header: rec.header, body: rec.body,
+		exchange: exchangeMesh, persist: true, msgID: rec.MsgID, at: rec.Created,
+		header: rec.Header, body: rec.Body,
 	}
-	switch rec.kind {
-	case kindCommand, kindLocal:
+	switch rec.Kind {
+	case outbox.Command, outbox.Local:
 		// Through mesh to the stage's queue (bound with its key); never the
 		// default exchange, whose write right cannot be scoped per queue.
-		out.key, out.kind, out.mandatory = commandKey(rec.name), typeCommand, true
-	case kindEvent:
-		out.key, out.kind = eventKey(rec.name), typeEvent
-	case kindDead:
-		out.exchange, out.key, out.kind = exchangeDLX, commandKey(rec.name), typeCommand
+		out.key, out.kind, out.mandatory = commandKey(rec.Name), typeCommand, true
+	case outbox.Event:
+		out.key, out.kind = eventKey(rec.Name), typeEvent
+	case outbox.Dead:
+		out.exchange, out.key, out.kind = exchangeDLX, commandKey(rec.Name), typeCommand
 		out.meta = map[string]string{}
-		class, text := splitReason(rec.reason)
-		plain, sealed := b.reasonHeaders(HeaderDeadReason, typeCommand, commandKey(rec.name), rec.msgID, text, class)
+		class, text := splitReason(rec.Reason)
+		plain, sealed := b.reasonHeaders(HeaderDeadReason, typeCommand, commandKey(rec.Name), rec.MsgID, text, class)
 		out.meta[HeaderDeadReason] = plain
 		if sealed != "" {
 			out.meta[HeaderDeadReasonSealed] = sealed
 		}
 		out.meta[HeaderDeadNode] = b.cfg.Node
-		out.meta[HeaderDeadQueue] = stageQueue(rec.name)
+		out.meta[HeaderDeadQueue] = stageQueue(rec.Name)
 	}
 	if out.kind == typeCommand {
 		out.header, out.meta = splitNodeHeaders(out.header, out.meta)
 	}
-	if redelivered || rec.republished {
+	if redelivered || rec.Republished {
 		if out.meta == nil {
 			out.meta = map[string]string{}
 		}
@@ -306,12 +308,20 @@ func (b *Bridge) outgoingFor(rec *record, redelivered bool) *outgoing {
 	return out
 }
 
+// meshKinds are the outbox records the drainer sends to the broker.
+var meshKinds = outbox.KindsOf(outbox.Command, outbox.Event, outbox.Dead)
+
+// outboxOptions are the options Start opens the outbox with.
+func (b *Bridge) outboxOptions() outbox.Options {
+	return outbox.Options{MaxBytes: b.cfg.OutboxMaxBytes, Logger: b.log, OnCommit: b.onOutboxCommit}
+}
+
 // onOutboxCommit wakes the drainer or the local runner for new records.
-func (b *Bridge) onOutboxCommit(kinds uint8) {
-	if kinds&(1<<kindCommand|1<<kindEvent|1<<kindDead) != 0 {
+func (b *Bridge) onOutboxCommit(kinds outbox.Kinds) {
+	if kinds&meshKinds != 0 {
 		signal(b.sub.drainSignal)
 	}
-	if kinds&(1<<kindLocal) != 0 {
+	if kinds.Has(outbox.Local) {
 		signal(b.sub.localSignal)
 	}
 }
@@ -322,16 +332,15 @@ func (b *Bridge) onOutboxCommit(kinds uint8) {
 func (s *session) drainer() {
 	b := s.b
 	const chunk = 256
-	if err := b.ob.sync(s.ctx); err != nil { // rescues of the last session are committed
+	if err := b.files.ob.Sync(s.ctx); err != nil { // rescues of the last session are committed
 		return
 	}
 	var cursor uint64
-	kinds := uint8(1<<kindCommand | 1<<kindEvent | 1<<kindDead)
 	for {
 		select {
 		case <-s.rescan:
 			s.drainWait.Wait()
-			if b.ob.sync(s.ctx) != nil {
+			if b.files.ob.Sync(s.ctx) != nil {
 				return
 			}
 			cursor = 0
@@ -342,7 +351,7 @@ func (s *session) drainer() {
 			}
 		default:
 		}
-		recs, err := b.ob.readAfter(cursor, chunk, kinds)
+		recs, err := b.files.ob.ReadAfter(cursor, chunk, meshKinds)
 		if err != nil {
 			s.fail(fmt.Errorf("read outbox: %w", err))
 			return
@@ -359,16 +368,16 @@ func (s *session) drainer() {
 		}
 		// Persist, before publishing, that these may reach the broker: after a
 		// crash they go out again marked as possible duplicates.
-		published := b.ob.publishedUpTo()
-		if last := recs[len(recs)-1].seq; last > published {
-			if err := b.ob.wait(s.ctx, func(done func(error)) { b.ob.markPublished(last, done) }); err != nil {
+		published := b.files.ob.Published()
+		if last := recs[len(recs)-1].Seq; last > published {
+			if err := b.files.ob.Wait(s.ctx, func(done func(error)) { b.files.ob.MarkPublished(last, done) }); err != nil {
 				s.fail(err)
 				return
 			}
 		}
 		for _, r := range recs {
 			s.drainWait.Add(1)
-			it := &pubItem{out: b.outgoingFor(r, r.seq <= published), done: func(err error) {
+			it := &pubItem{out: b.outgoingFor(r, r.Seq <= published), done: func(err error) {
 				defer s.drainWait.Done()
 				s.drained(r, err)
 			}}
@@ -376,30 +385,30 @@ func (s *session) drainer() {
 				s.drainWait.Done()
 				return
 			}
-			cursor = r.seq
+			cursor = r.Seq
 		}
 	}
 }
 
 // drained settles a record sent by the drainer (on the confirmer).
-func (s *session) drained(r *record, err error) {
+func (s *session) drained(r *outbox.Record, err error) {
 	b := s.b
 	switch {
 	case err == nil:
-		b.ob.del(r.seq, r.size, nil)
+		b.files.ob.Delete(r.Seq, r.Size, nil)
 		b.sub.meshPending.Add(-1)
 	case errors.Is(err, ErrNoRoute):
 		// The record is deleted only once its dead letter is committed; if
 		// that write fails it is kept and sent again after a pause. The
 		// drainer's rescan waits until the delete is queued.
 		s.drainWait.Add(1)
-		b.deadRecord(r, plainReason(fmt.Sprintf("no route: the broker had no queue %s", stageQueue(r.name))), func(err error) {
+		b.deadRecord(r, plainReason(fmt.Sprintf("no route: the broker had no queue %s", stageQueue(r.Name))), func(err error) {
 			defer s.drainWait.Done()
 			if err != nil {
 				signal(s.rescan)
 				return
 			}
-			b.ob.del(r.seq, r.size, nil)
+			b.files.ob.Delete(r.Seq, r.Size, nil)
 			b.sub.meshPending.Add(-1)
 		})
 	case errors.Is(err, ErrNacked), errors.Is(err, seal.ErrNoKey):

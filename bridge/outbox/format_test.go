@@ -1,9 +1,8 @@
-package bridge
+package outbox
 
 import (
 	"encoding/binary"
 	"errors"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,7 +56,7 @@ func TestOutboxOpensFileWithoutFormat(t *testing.T) {
 			return err
 		}
 		for seq := uint64(3); seq <= 5; seq++ {
-			if err := recs.Put(seqKey(seq), testRecord(seq, kindCommand, "kept").encode()); err != nil {
+			if err := recs.Put(seqKey(seq), testRecord(seq, Command, "kept").Encode()); err != nil {
 				return err
 			}
 		}
@@ -73,16 +72,16 @@ func TestOutboxOpensFileWithoutFormat(t *testing.T) {
 	}
 
 	o := openTestOutbox(t, path, 1<<20)
-	if d, _ := o.counts(); d != 3 {
+	if d, _ := o.Counts(); d != 3 {
 		t.Fatalf("depth: got %d, want the 3 records of the old file", d)
 	}
-	if got := o.publishedUpTo(); got != 2 {
+	if got := o.Published(); got != 2 {
 		t.Fatalf("published mark: got %d, want 2", got)
 	}
-	if o.warning != "" {
-		t.Fatalf("warning: got %q, want none", o.warning)
+	if o.Warning() != "" {
+		t.Fatalf("warning: got %q, want none", o.Warning())
 	}
-	if err := o.close(); err != nil {
+	if err := o.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if f := outboxFormatOf(t, path); f != "1" {
@@ -96,8 +95,8 @@ func TestOutboxOpensFileWithoutFormat(t *testing.T) {
 func TestOutboxRefusesNewerFormat(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "outbox.db")
 	o := openTestOutbox(t, path, 1<<20)
-	putWait(t, o, testRecord(1, kindCommand, "from the future"))
-	if err := o.close(); err != nil {
+	putWait(t, o, testRecord(1, Command, "from the future"))
+	if err := o.Close(); err != nil {
 		t.Fatal(err)
 	}
 	editOutbox(t, path, func(tx *bolt.Tx) error {
@@ -108,7 +107,7 @@ func TestOutboxRefusesNewerFormat(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, err = openOutbox(path, 1<<20, slog.New(slog.DiscardHandler))
+	_, err = Open(path, Options{MaxBytes: 1 << 20})
 	var nf *NewerFormatError
 	if !errors.As(err, &nf) {
 		t.Fatalf("got %v, want a *NewerFormatError", err)

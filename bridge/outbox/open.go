@@ -1,4 +1,4 @@
-package bridge
+package outbox
 
 import (
 	"encoding/binary"
@@ -13,16 +13,26 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// openOutbox opens or creates the outbox at path. A file locked by another
-// process is an *OutboxLockedError; a file of a newer format (written by a
-// newer meshbox) is a *NewerFormatError and stays untouched; a damaged file (see boltfile.Open: every
-// page is checked, then the outbox's layout) is set aside (renamed with a
-// .corrupt-<time> suffix), reported in warning, and replaced by an empty
-// outbox.
-func openOutbox(path string, maxBytes int64, log *slog.Logger) (*outbox, error) {
-	o := &outbox{path: path, log: log, maxBytes: maxBytes,
-		ops: make(chan obOp, 1024), quit: make(chan struct{}), closing: make(chan struct{}),
-		done: make(chan struct{}), closeWait: outboxCloseLimit}
+// Open opens or creates the outbox at path (and its directory, mode 0700)
+// and starts its writer goroutine, which exits after Close. A file locked
+// by another process is a *LockedError; a file of a newer format (written
+// by a newer meshbox) is a *NewerFormatError and stays untouched; a
+// damaged file (see boltfile.Open: every page is checked, then the
+// outbox's layout) is set aside (renamed with a .corrupt-<time> suffix),
+// reported by Warning, and replaced by an empty outbox.
+func Open(path string, opts Options) (*Outbox, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	closeWait := opts.CloseWait
+	if closeWait <= 0 {
+		closeWait = defaultCloseWait
+	}
+	o := &Outbox{path: path, log: log, maxBytes: opts.MaxBytes,
+		onCommit: opts.OnCommit, beforeCommit: opts.BeforeCommit, closeWait: closeWait,
+		w: writerLink{ops: make(chan writeOp, queueLen), quit: make(chan struct{}), closing: make(chan struct{}),
+			done: make(chan struct{})}}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
@@ -40,18 +50,19 @@ func openOutbox(path string, maxBytes int64, log *slog.Logger) (*outbox, error) 
 	if err != nil {
 		return nil, err
 	}
+	go o.writer() // exits after Close, once what was queued before it is committed
 	return o, nil
 }
 
 // open opens the file through boltfile (lock timeout, contained panics,
 // every page and the layout checked) and scans it.
-func (o *outbox) open() error {
-	db, err := boltfile.Open(o.path, boltfile.Options{LockTimeout: outboxLockTimeout,
+func (o *Outbox) open() error {
+	db, err := boltfile.Open(o.path, boltfile.Options{LockTimeout: lockTimeout,
 		Verify: func(tx *bolt.Tx) error { return verifyLayout(tx, o.path) }})
 	var le *boltfile.LockedError
 	switch {
 	case errors.As(err, &le):
-		return &OutboxLockedError{Dir: filepath.Dir(o.path)}
+		return &LockedError{Dir: filepath.Dir(o.path)}
 	case err != nil:
 		var ce *boltfile.CorruptError
 		if errors.As(err, &ce) {
@@ -68,14 +79,15 @@ func (o *outbox) open() error {
 	return nil
 }
 
-// outboxFormat is the outbox file's layout version (internal/boltfile
-// records it in the meta bucket). Outbox files from before formats were
-// recorded are format 1. An older file is migrated by outboxMigrations at
-// open; a newer one is refused with a *NewerFormatError, never read.
-const outboxFormat = 1
+// format is the outbox file's format: its layout and the encoding of its
+// records (internal/boltfile records it in the meta bucket). Outbox files
+// from before formats were recorded are format 1. An older file is
+// migrated by migrations at open; a newer one is refused with a
+// *NewerFormatError, never read.
+const format = 1
 
-// outboxMigrations upgrade older outbox files, one format at a time.
-var outboxMigrations []boltfile.Migration
+// migrations upgrade older outbox files, one format at a time.
+var migrations []boltfile.Migration
 
 // verifyLayout checks that the file is an outbox of a format this binary
 // reads (a newer one is a *NewerFormatError, before any record is judged):
@@ -83,7 +95,7 @@ var outboxMigrations []boltfile.Migration
 // records, and a published mark of 8 bytes. Undecodable records are not
 // damage: scan moves them to the quarantine bucket.
 func verifyLayout(tx *bolt.Tx, path string) error {
-	if err := boltfile.CheckFormat(tx, path, "outbox", 1, outboxFormat); err != nil {
+	if err := boltfile.CheckFormat(tx, path, "outbox", 1, format); err != nil {
 		return err
 	}
 	return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
@@ -110,10 +122,10 @@ func verifyLayout(tx *bolt.Tx, path string) error {
 
 // scan creates the buckets, moves undecodable records to the quarantine
 // bucket, and loads the counters.
-func (o *outbox) scan() error {
+func (o *Outbox) scan() error {
 	var bad int
 	err := o.db.Update(func(tx *bolt.Tx) error {
-		if _, err := boltfile.Upgrade(tx, o.path, "outbox", 1, outboxFormat, outboxMigrations); err != nil {
+		if _, err := boltfile.Upgrade(tx, o.path, "outbox", 1, format, migrations); err != nil {
 			return err
 		}
 		recs, err := tx.CreateBucketIfNotExists(bucketRecords)
@@ -125,7 +137,7 @@ func (o *outbox) scan() error {
 			return err
 		}
 		if v := meta.Get(keyPublished); len(v) == 8 {
-			o.published = binary.BigEndian.Uint64(v)
+			o.c.published = binary.BigEndian.Uint64(v)
 		}
 		var quarantine [][2][]byte
 		c := recs.Cursor()
@@ -140,12 +152,12 @@ func (o *outbox) scan() error {
 				quarantine = append(quarantine, [2][]byte{append([]byte(nil), k...), append([]byte(nil), v...)})
 				continue
 			}
-			if r.kind != kindLocal {
+			if r.Kind != Local {
 				o.meshAtOpen++
 			}
-			o.depth++
-			o.bytes += int64(len(v))
-			o.lastSeq = max(o.lastSeq, seq)
+			o.c.depth++
+			o.c.bytes += int64(len(v))
+			o.c.lastSeq = max(o.c.lastSeq, seq)
 		}
 		if len(quarantine) > 0 {
 			q, err := tx.CreateBucketIfNotExists(bucketQuarantine)
