@@ -57,7 +57,8 @@
 // function that touches only the calling role's node's row, and only as
 // the new role); DeleteCredentialGeneration (admin) then drops the row and
 // every role of the node no remaining generation names, and ends their
-// sessions. The first generation's role is the join token's.
+// sessions. The first generation's role is the join token's. Package
+// nodecred runs the admin's steps together with the broker's.
 //
 // Since migration 7 no row holds a password in plain text (sealedcred.go):
 // a generation handed out with a join token has its broker password sealed
