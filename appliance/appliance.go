@@ -89,6 +89,7 @@ type Appliance struct {
 	interest *interestWatcher
 	quit     chan struct{} // closed by Close: owned goroutines exit
 	credWake chan struct{} // cap 1: the switch recorder looks again (credential.go)
+	follow   brokerFollow  // the broker URL handed to the bridge (mesh.go)
 
 	// fatal receives an error when a component fails in a way that should
 	// stop the node (for example: the node name is claimed on the broker).

@@ -8,10 +8,13 @@ import (
 	"net/url"
 	"path/filepath"
 	"slices"
+	"sync"
+	"time"
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/internal/brokerurl"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/meshbox/meshbox/node"
 	"github.com/nats-io/nats.go"
 )
@@ -154,16 +157,83 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 	return nil
 }
 
+// credentialGrace is how long the node waits, once its bindings show it
+// a newer broker credential of its own, before it switches to it. Its
+// peers read the new generation from the same change of the bindings, and
+// until they have, they refuse what it sends under the new user as forged
+// (a generation newer than their bindings list): the grace lets them
+// catch up, at the cost of a second in a rotation that waits for the
+// switch anyway.
+const credentialGrace = time.Second
+
+// brokerFollow is the broker URL the appliance handed the bridge, and
+// whether a switch to a newer credential waits out its grace.
+type brokerFollow struct {
+	mu      sync.Mutex // guards set, waiting
+	set     string
+	waiting bool
+}
+
 // followBroker moves the bridge to the broker the bindings name, when they
-// name another one than it uses.
+// name another one than it uses; to a newer credential of this node's
+// after credentialGrace.
 func (a *Appliance) followBroker(b *bridge.Bridge, snap cache.Snapshot, ok bool) {
 	want := a.brokerURL(snap, ok)
 	if want == "" || a.cfg.Broker != "" {
 		return
 	}
-	if err := b.SetURL(want); err != nil {
-		a.logger.Error("broker.url setting rejected; staying on the current broker", "err", err, "url", RedactURL(want))
+	f := &a.follow
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.set != "" && newerGeneration(f.set, want) {
+		if !f.waiting {
+			f.waiting = true
+			time.AfterFunc(credentialGrace, func() {
+				f.mu.Lock()
+				f.waiting = false
+				f.mu.Unlock()
+				select {
+				case <-a.quit:
+					return
+				default:
+				}
+				if snap, ok := a.bindings.manager.Current(); ok {
+					f.mu.Lock()
+					defer f.mu.Unlock()
+					a.setBrokerURL(b, a.brokerURL(snap, ok))
+				}
+			})
+		}
+		return
 	}
+	a.setBrokerURL(b, want)
+}
+
+// setBrokerURL hands url to the bridge; a.follow.mu is held.
+func (a *Appliance) setBrokerURL(b *bridge.Bridge, url string) {
+	if url == "" {
+		return
+	}
+	if err := b.SetURL(url); err != nil {
+		a.logger.Error("broker.url setting rejected; staying on the current broker", "err", err, "url", RedactURL(url))
+		return
+	}
+	a.follow.set = url
+}
+
+// newerGeneration says whether want's broker user is a newer generation
+// of the same node's user than cur's.
+func newerGeneration(cur, want string) bool {
+	user := func(raw string) string {
+		u, err := url.Parse(raw)
+		if err != nil || u.User == nil {
+			return ""
+		}
+		return u.User.Username()
+	}
+	cn, cg, ok1 := wire.ParseBrokerUser(user(cur))
+	wn, wg, ok2 := wire.ParseBrokerUser(user(want))
+	return ok1 && ok2 && cn == wn && wg > cg
 }
 
 // startNode starts the node's view of the mesh: local capabilities,
