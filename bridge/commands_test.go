@@ -69,14 +69,7 @@ func TestLocalCommandKeptWhenItsMoveToTheMeshFails(t *testing.T) {
 	}})
 	ctx := context.Background()
 	r := &outbox.Record{Seq: b.sub.nextSeq(), Kind: outbox.Local, Name: "gone", MsgID: "m1", Body: []byte("x"), Created: time.Now()}
-	data := r.Encode()
-	if err := b.files.ob.Reserve(int64(len(data))); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.files.ob.Wait(ctx, func(done func(error)) { b.files.ob.Put(r, data, done) }); err != nil {
-		t.Fatal(err)
-	}
-	r.Size = int64(len(data))
+	putRecord(t, b, r)
 	b.setState(StateConnected, "") // the link is up and nobody here serves the stage
 
 	if !b.runLocalRecord(ctx, r) {
@@ -126,14 +119,7 @@ func TestLocalCommandKeptWhenItsDeadLetterFails(t *testing.T) {
 	ctx := context.Background()
 	b.cfg.RetryBudget = 1 // the first failure spends the budget
 	r = &outbox.Record{Seq: b.sub.nextSeq(), Kind: outbox.Local, Name: "failing", MsgID: "m1", Body: []byte("x"), Created: time.Now()}
-	data := r.Encode()
-	if err := b.files.ob.Reserve(int64(len(data))); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.files.ob.Wait(ctx, func(done func(error)) { b.files.ob.Put(r, data, done) }); err != nil {
-		t.Fatal(err)
-	}
-	r.Size = int64(len(data))
+	putRecord(t, b, r)
 	hnc, err := b.cfg.Dial()
 	if err != nil {
 		t.Fatal(err)
@@ -172,4 +158,18 @@ func TestLocalCommandKeptWhenItsDeadLetterFails(t *testing.T) {
 	if got := b.sub.meshPending.Load(); got != 0 {
 		t.Fatalf("got meshPending %d, want 0: the dead letter was never stored", got)
 	}
+}
+
+// putRecord stores r in b's outbox as a submission does: reserved, then
+// committed.
+func putRecord(t *testing.T, b *Bridge, r *outbox.Record) {
+	t.Helper()
+	data := r.Encode()
+	if err := b.files.ob.Reserve(int64(len(data))); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.files.ob.Wait(context.Background(), func(done func(error)) { b.files.ob.Put(r, data, done) }); err != nil {
+		t.Fatal(err)
+	}
+	r.Size = int64(len(data))
 }
