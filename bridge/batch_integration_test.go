@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -75,7 +76,7 @@ func TestCommandBatches(t *testing.T) {
 	if batches == 0 {
 		t.Fatalf("no command batch sent for %d commands from 64 submitters", total)
 	}
-	waitFor(t, 10*time.Second, "the failed commands of batches published again alone", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "the failed commands of batches published again alone", func() bool {
 		_, _, splits := bridge.CommandBatches(b.b)
 		return splits > 0
 	})
@@ -118,7 +119,7 @@ func TestNoCommandBatchesForOlderPeers(t *testing.T) {
 	var h handler
 	serveStage(t, b, "single", &h)
 	submitAll(t, a, "single", 200, 200, nil)
-	waitFor(t, 20*time.Second, "200 commands handled", func() bool { return len(h.msgs()) >= 200 })
+	meshtest.WaitFor(t, 20*time.Second, "200 commands handled", func() bool { return len(h.msgs()) >= 200 })
 	if batches, _, _ := bridge.CommandBatches(a.b); batches != 0 {
 		t.Fatalf("%d batches sent with batching off", batches)
 	}
@@ -137,7 +138,7 @@ func TestBatchDeadLetteredByAnOlderNodeReplayed(t *testing.T) {
 	var h handler
 	sub := serveStage(t, b, "legacy", &h)
 	_ = sub.Unsubscribe()
-	waitFor(t, 10*time.Second, "beta to stop consuming stage legacy", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "beta to stop consuming stage legacy", func() bool {
 		open, _ := bridge.StageConsumers(b.b, "legacy")
 		return open == 0
 	})
@@ -215,7 +216,7 @@ func TestBatchDeadLetteredByAnOlderNodeReplayed(t *testing.T) {
 	if err != nil || n != wantBatches {
 		t.Fatalf("replay: got %d, %v; want the %d batches", n, err, wantBatches)
 	}
-	waitFor(t, 10*time.Second, "every command of the batches handled", func() bool { return len(h.msgs()) >= want })
+	meshtest.WaitFor(t, 10*time.Second, "every command of the batches handled", func() bool { return len(h.msgs()) >= want })
 	time.Sleep(200 * time.Millisecond)
 	got := map[string]int{}
 	for _, m := range h.msgs() {

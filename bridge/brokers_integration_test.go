@@ -92,7 +92,7 @@ func TestFailoverToAnotherBrokerURL(t *testing.T) {
 	}
 	cut := time.Now()
 	px.Cut(t)
-	waitFor(t, 20*time.Second, "alpha connected on "+other, func() bool {
+	meshtest.WaitFor(t, 20*time.Second, "alpha connected on "+other, func() bool {
 		st := a.b.Status().Broker
 		return st.State == bridge.StateConnected && st.Broker == other
 	})
@@ -105,7 +105,7 @@ func TestFailoverToAnotherBrokerURL(t *testing.T) {
 	if st.Failovers[i].Reason == "" {
 		t.Errorf("failover %+v has no reason", st.Failovers[i])
 	}
-	waitFor(t, 20*time.Second, "a request from beta answered by alpha", func() bool {
+	meshtest.WaitFor(t, 20*time.Second, "a request from beta answered by alpha", func() bool {
 		m, err := b.request(t, "node.alpha.cap.echo", []byte("x"), nil, 3*time.Second)
 		if err != nil {
 			return false
@@ -141,7 +141,7 @@ func TestCredentialSwitchWithSeveralBrokers(t *testing.T) {
 	if err := alpha.b.SetURL(down2 + "," + g2); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "alpha on its new user", func() bool {
+	meshtest.WaitFor(t, 20*time.Second, "alpha on its new user", func() bool {
 		c := alpha.b.Status().Broker.Credential
 		return c != nil && c.User == cred2.User && c.State == bridge.CredentialInUse
 	})

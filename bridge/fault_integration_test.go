@@ -151,11 +151,11 @@ func TestBrokerRestartLosesNothing(t *testing.T) {
 	more := func(n int64) {
 		t.Helper()
 		target := seq.Load() + n
-		waitFor(t, 60*time.Second, fmt.Sprintf("%d more accepted", n), func() bool { return seq.Load() > target })
+		meshtest.WaitFor(t, 60*time.Second, fmt.Sprintf("%d more accepted", n), func() bool { return seq.Load() > target })
 	}
 	offline := func() {
 		t.Helper()
-		waitFor(t, 20*time.Second, "alpha and beta offline", func() bool {
+		meshtest.WaitFor(t, 20*time.Second, "alpha and beta offline", func() bool {
 			return a.b.Status().Broker.State == bridge.StateOffline && b.b.Status().Broker.State == bridge.StateOffline
 		})
 	}
@@ -175,7 +175,7 @@ func TestBrokerRestartLosesNothing(t *testing.T) {
 	b.waitConnected(t)
 	more(500)
 	halt()
-	waitFor(t, 120*time.Second, "every command and event delivered", func() bool {
+	meshtest.WaitFor(t, 120*time.Second, "every command and event delivered", func() bool {
 		return cmds.delivered() == len(cmds.accepted) && evts.delivered() == len(evts.accepted)
 	})
 	time.Sleep(time.Second) // late duplicates would arrive now

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -55,7 +56,7 @@ func TestHalfOpenLinkDetected(t *testing.T) {
 		t.Fatal("the request did not reach beta")
 	}
 	px.Stall(t)
-	waitFor(t, 15*time.Second, "alpha offline", func() bool { return a.b.Status().Broker.State == bridge.StateOffline })
+	meshtest.WaitFor(t, 15*time.Second, "alpha offline", func() bool { return a.b.Status().Broker.State == bridge.StateOffline })
 	r := <-res
 	if r.err != nil {
 		t.Fatalf("got %v, want an error reply", r.err)
@@ -93,7 +94,7 @@ func TestHandlerKilledDuringCommand(t *testing.T) {
 
 	var h handler
 	serveStage(t, a, "job", &h)
-	waitFor(t, 15*time.Second, "the command handled by the new handler", func() bool { return len(h.msgs()) > 0 })
+	meshtest.WaitFor(t, 15*time.Second, "the command handled by the new handler", func() bool { return len(h.msgs()) > 0 })
 	m := h.msgs()[0]
 	if string(m.Data) != "payload" || m.Header.Get(bridge.HeaderAttempt) != "2" || m.Header.Get(bridge.HeaderRedelivered) != "true" {
 		t.Errorf("redelivery: got %q attempt %s redelivered %s, want payload, 2, true",

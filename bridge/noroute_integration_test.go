@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -198,7 +199,7 @@ func TestCallOpenAtLostConnectionAnswered(t *testing.T) {
 		t.Fatal("the request did not reach beta's host")
 	}
 	px.Cut(t)
-	waitFor(t, 15*time.Second, "beta offline", func() bool { return b.b.Status().Broker.State != bridge.StateConnected })
+	meshtest.WaitFor(t, 15*time.Second, "beta offline", func() bool { return b.b.Status().Broker.State != bridge.StateConnected })
 	px.Restore(t)
 	var r result
 	select {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -36,7 +37,7 @@ func hostEcho(t *testing.T, n *node, name string) {
 // responders" (the stand-in exists).
 func waitStandIn(t *testing.T, n *node, name string) {
 	t.Helper()
-	waitFor(t, 10*time.Second, "stand-in for "+name+" on "+n.name, func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "stand-in for "+name+" on "+n.name, func() bool {
 		_, err := n.request(t, "cap."+name, nil, nats.Header{bridge.HeaderTimeout: {"1s"}}, 2*time.Second)
 		return !isNoResponders(err)
 	})
@@ -74,7 +75,7 @@ func TestRequestReplyAcrossNodes(t *testing.T) {
 	hostEcho(t, a, "echo")
 	// The bridge counts echo as local (and has withdrawn its stand-in in
 	// the same step) once the interest feed reported the new host.
-	waitFor(t, 10*time.Second, "echo hosted on alpha", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "echo hosted on alpha", func() bool {
 		return slices.Contains(a.b.LocalCapabilities(), "echo")
 	})
 	for i := 0; i < 20; i++ {

@@ -95,7 +95,7 @@ func Faults(t *testing.T, size Size) {
 			t.Fatal(err)
 		}
 	}
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		q, err := c.LookupQueue(vhost, "cmd.load")
 		return err == nil && q.Consumers >= 2
 	}) {
@@ -127,7 +127,7 @@ func Faults(t *testing.T, size Size) {
 	}()
 
 	start := time.Now()
-	if !waitFor(time.Minute, func() bool { return cl.next.Load() >= 300 && el.next.Load() >= 300 }) {
+	if !meshtest.Poll(time.Minute, func() bool { return cl.next.Load() >= 300 && el.next.Load() >= 300 }) {
 		t.Fatal("the load did not start")
 	}
 	where := func() map[string]int {
@@ -146,7 +146,7 @@ func Faults(t *testing.T, size Size) {
 				return st.Broker.State == "connected" && st.Outbox.Depth == 0
 			})
 		}
-		if !waitFor(time.Minute, func() bool {
+		if !meshtest.Poll(time.Minute, func() bool {
 			for _, cr := range callers {
 				if !slices.ContainsFunc(cr.snapshot(), func(c call) bool { return c.code == 0 && c.start.After(fault) }) {
 					return false
@@ -168,7 +168,7 @@ func Faults(t *testing.T, size Size) {
 	restartAt := time.Now()
 	c.Start(t, leader)
 	t.Logf("restart of broker node %d began %v after the kill, took %v", leader, restartAt.Sub(killAt).Round(time.Millisecond), time.Since(restartAt).Round(time.Millisecond))
-	if !waitFor(time.Minute, func() bool {
+	if !meshtest.Poll(time.Minute, func() bool {
 		q, err := c.LookupQueue(vhost, "cmd.load")
 		return err == nil && len(q.Online) == c.Size()
 	}) {
@@ -190,7 +190,7 @@ func Faults(t *testing.T, size Size) {
 	t.Logf("after the graceful stop of broker node %d: nodes on %v", victim, where())
 
 	endLoad()
-	if !waitFor(3*time.Minute, func() bool { return cl.next.Load() >= int64(minEach) && el.next.Load() >= int64(minEach) }) {
+	if !meshtest.Poll(3*time.Minute, func() bool { return cl.next.Load() >= int64(minEach) && el.next.Load() >= int64(minEach) }) {
 		t.Fatal("the load did not reach its minimum")
 	}
 	endCalls()
@@ -203,7 +203,7 @@ func Faults(t *testing.T, size Size) {
 			return st.Broker.State == "connected" && st.Outbox.Depth == 0
 		})
 	}
-	waitFor(2*time.Minute, func() bool {
+	meshtest.Poll(2*time.Minute, func() bool {
 		return cmds.tally("handlers").lost == 0 && evts.tally("beta").lost == 0 && evts.tally("gamma").lost == 0
 	})
 	time.Sleep(2 * time.Second) // room for late duplicates

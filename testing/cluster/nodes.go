@@ -61,18 +61,6 @@ func waitStatus(t *testing.T, p *meshtest.Process, d time.Duration, what string,
 	}
 }
 
-// waitFor polls cond until it holds or d passes.
-func waitFor(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return true
-}
-
 // placed is a meshbox node on a cluster: the broker URLs it lists go
 // through proxies of its own, one per broker node, so that the test can
 // place it on the broker node it wants (see startPlaced).

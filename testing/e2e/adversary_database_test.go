@@ -198,7 +198,7 @@ func TestAdversaryPeerSealsBogusKey(t *testing.T) {
 		getJSON(t, fresh.HTTPURL()+"/status", "", &st)
 		return st.Keys != nil && slices.Contains(st.Keys.Lacking, kid)
 	}
-	if !waitFor(30*time.Second, lacks) {
+	if !meshtest.Poll(30*time.Second, lacks) {
 		t.Fatalf("fresh does not say it lacks %s\n%s", kid, fresh.Output())
 	}
 
@@ -230,7 +230,7 @@ func TestAdversaryPeerSealsBogusKey(t *testing.T) {
 		return v
 	}
 	// fresh either refuses the copy or (without commitments) holds it.
-	if !waitFor(15*time.Second, func() bool { return refusedCount() >= 1 || !lacks() }) {
+	if !meshtest.Poll(15*time.Second, func() bool { return refusedCount() >= 1 || !lacks() }) {
 		t.Fatalf("fresh neither refused nor took peer's copy\n%s", fresh.Output())
 	}
 

@@ -163,7 +163,7 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	pub("to.beta.req.probe", amqp.Publishing{Type: "request", CorrelationId: rand.Text(), ReplyTo: "node.alpha.replies",
 		Headers: amqp.Table{bridge.HeaderOrigin: "alpha"}, Body: []byte("forged")})
 	const forgeries = 3
-	if !waitFor(10*time.Second, func() bool { return errorsOf(t, beta, "forged") >= forged0+forgeries }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return errorsOf(t, beta, "forged") >= forged0+forgeries }) {
 		t.Errorf("beta's forged count: %v, want %v (two byes and a request as %s)", errorsOf(t, beta, "forged"), forged0+forgeries, fakeUser)
 	}
 	// Alpha's heartbeats go on: beta never marked it gone.
@@ -204,7 +204,7 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	}); err != nil || code != 0 {
 		t.Fatalf("publish a bye as %s: code %d, %v", oldUser, code, err)
 	}
-	if !waitFor(10*time.Second, func() bool { return errorsOf(t, beta, "forged") >= forged1+1 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return errorsOf(t, beta, "forged") >= forged1+1 }) {
 		t.Errorf("beta's forged count after a bye as the revoked %s: %v, want %v", oldUser, errorsOf(t, beta, "forged"), forged1+1)
 	}
 	time.Sleep(time.Second)
@@ -312,7 +312,7 @@ func TestAdversaryCommandsCountedByCause(t *testing.T) {
 
 	// The admin's two are forged at once; the fake generation's after the
 	// give-backs of a generation newer than the bindings know.
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		return errorsOf(t, beta, "forged") >= forged0+3 && unsealFailuresOf(t, beta, "command", "tampered") >= tampered0+1
 	}) {
 		t.Errorf("beta: forged %v (want %v), unseal failures tampered %v (want %v)\n%s", errorsOf(t, beta, "forged"), forged0+3,
@@ -376,7 +376,7 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 		}
 	}
 	call("before")
-	if !waitFor(30*time.Second, func() bool { return signedPeerOf(t, beta, "alpha").Signs }) {
+	if !meshtest.Poll(30*time.Second, func() bool { return signedPeerOf(t, beta, "alpha").Signs }) {
 		t.Errorf("beta's view of alpha: %+v, want signs (alpha's record has a signing key)", signedPeerOf(t, beta, "alpha"))
 	}
 	started := signedPeerOf(t, beta, "alpha").StartedAt
@@ -459,7 +459,7 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	_, _ = rand.Read(sig)
 	publishAs(opConn, alphaUser, "sys.bye", discovery(map[string]any{"v": 1, "type": "bye", "seq": 1<<40 + 3, "sig": base64.RawURLEncoding.EncodeToString(sig)}))
 	publishAs(opConn, alphaUser, "sys.heartbeat", heartbeat)
-	if !waitFor(10*time.Second, func() bool {
+	if !meshtest.Poll(10*time.Second, func() bool {
 		return discoveryRejected(t, beta, "unsigned") >= unsigned0+3 && discoveryRejected(t, beta, "forged") >= forged0+1 &&
 			discoveryRejected(t, beta, "replayed") >= replayed0+1
 	}) {
@@ -493,7 +493,7 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	}
 	mu.User = url.UserPassword(malloryUser, malloryPassword)
 	malloryURL := mu.String()
-	if !waitFor(20*time.Second, func() bool { return getView(t, beta.HTTPURL()).peerState("mallory") != "" }) {
+	if !meshtest.Poll(20*time.Second, func() bool { return getView(t, beta.HTTPURL()).peerState("mallory") != "" }) {
 		t.Fatal("beta's bindings never listed mallory")
 	}
 	mConn, err := amqp.Dial(malloryURL)
@@ -511,10 +511,10 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	publishAs(mConn, malloryUser, "sys.heartbeat", heartbeat)
 	gone, _ := json.Marshal(map[string]any{"v": 2, "type": "gone", "node": "mallory", "peer": "alpha", "started_at": time.Now(), "seq": 1, "proto": 3})
 	publishAs(mConn, malloryUser, "sys.gone", gone)
-	if !waitFor(10*time.Second, func() bool { return discoveryRejected(t, beta, "origin_mismatch") >= origin0+2 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return discoveryRejected(t, beta, "origin_mismatch") >= origin0+2 }) {
 		t.Errorf("beta's discovery refused for origin mismatch: %v, want %v (mallory's bye and copy for alpha)", discoveryRejected(t, beta, "origin_mismatch"), origin0+2)
 	}
-	if !waitFor(10*time.Second, func() bool { return goneIn() >= gone0+1 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return goneIn() >= gone0+1 }) {
 		t.Errorf("beta never took mallory's gone (an unsigned message of a node without a signing key)")
 	}
 	time.Sleep(2 * time.Second) // beta's probe of alpha comes back routed
@@ -528,7 +528,7 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	if code := alpha.Wait(); code != 0 {
 		t.Fatalf("alpha exited with %d", code)
 	}
-	if !waitFor(5*time.Second, func() bool { p := signedPeerOf(t, beta, "alpha"); return p.State == "gone" && p.Reason == "left" }) {
+	if !meshtest.Poll(5*time.Second, func() bool { p := signedPeerOf(t, beta, "alpha"); return p.State == "gone" && p.Reason == "left" }) {
 		t.Errorf("beta's view of alpha after alpha stopped: %+v, want gone (left)", signedPeerOf(t, beta, "alpha"))
 	}
 }

@@ -148,7 +148,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 			t.Fatalf("publish %s without user_id: code %d, want accepted by the broker", m.key, code)
 		}
 	}
-	if !waitFor(10*time.Second, func() bool { return alphaForged() >= base+3 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return alphaForged() >= base+3 }) {
 		t.Errorf("alpha's forged count: %v, want %v (request, reply, event without a node's user_id)", alphaForged(), base+3)
 	}
 
@@ -165,7 +165,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 		ReplyTo: "node.alpha.replies", Body: []byte("reply-to")})); code != 0 {
 		t.Fatalf("publish request as beta with alpha's reply-to: code %d", code)
 	}
-	if !waitFor(10*time.Second, func() bool { return lateReplies(beta) >= betaLate+1 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return lateReplies(beta) >= betaLate+1 }) {
 		t.Errorf("beta's late replies: %v, want %v (alpha's answer to the request beta's credential sent)", lateReplies(beta), betaLate+1)
 	}
 	if got := lateReplies(alpha); got != alphaLate {
@@ -216,7 +216,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	}); code != 0 {
 		t.Fatalf("flood alpha's replies as beta: code %d", code)
 	}
-	if !waitFor(10*time.Second, func() bool { return lateReplies(alpha) >= alphaLate+flood }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return lateReplies(alpha) >= alphaLate+flood }) {
 		t.Errorf("alpha's late replies after the flood: %v, want %v", lateReplies(alpha), alphaLate+flood)
 	}
 	releaseHold()
@@ -273,7 +273,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 		Body: []byte("forged")})); code != 0 {
 		t.Fatalf("publish beta's reply to alpha's request to gamma: code %d", code)
 	}
-	if !waitFor(10*time.Second, func() bool { return alphaForged() >= base+1 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return alphaForged() >= base+1 }) {
 		t.Errorf("alpha's forged count after beta answered a request to gamma: %v, want %v", alphaForged(), base+1)
 	}
 	select {
@@ -329,10 +329,10 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	}
 	// beta's bridge skips the first as its own echo; alpha's node rejects
 	// it: a bye from beta that names alpha. beta's bridge drops the second.
-	if !waitFor(10*time.Second, func() bool { return rejected() >= rej0+1 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return rejected() >= rej0+1 }) {
 		t.Errorf("alpha's discovery rejections for origin mismatch: %v, want %v", rejected(), rej0+1)
 	}
-	if !waitFor(10*time.Second, func() bool { return betaForged() >= forged0+1 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return betaForged() >= forged0+1 }) {
 		t.Errorf("beta's forged count: %v, want %v (a bye without user_id)", betaForged(), forged0+1)
 	}
 	if st := getView(t, beta.HTTPURL()).peerState("alpha"); st != "up" {

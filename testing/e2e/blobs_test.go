@@ -192,7 +192,7 @@ func testBlobAcrossMesh(t *testing.T, alpha, beta *meshtest.Process, size int) {
 			Bytes int64 `json:"bytes"`
 		} `json:"blobs"`
 	}
-	if !waitFor(10*time.Second, func() bool {
+	if !meshtest.Poll(10*time.Second, func() bool {
 		getJSON(t, alpha.HTTPURL()+"/status", "", &st)
 		return st.Blobs != nil && st.Blobs.Count == 1 && st.Blobs.Bytes == int64(size)
 	}) {
@@ -400,7 +400,7 @@ func (b *syncBuffer) String() string {
 // n bytes.
 func waitPart(t *testing.T, out string, n int64) {
 	t.Helper()
-	if !waitFor(time.Minute, func() bool {
+	if !meshtest.Poll(time.Minute, func() bool {
 		st, err := os.Stat(out + ".part")
 		return err == nil && st.Size() >= n
 	}) {

@@ -86,7 +86,7 @@ func meshNodeArgs(t *testing.T, name, amqpURL string, bc bridgeConfig, extra ...
 func waitCallable(t *testing.T, nc *nats.Conn, subject string, h nats.Header, ok func(*nats.Msg) bool) {
 	t.Helper()
 	var last string
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		resp, err := nc.RequestMsg(&nats.Msg{Subject: subject, Header: h}, 5*time.Second)
 		if err != nil {
 			last = err.Error()
@@ -187,26 +187,25 @@ func waitConsumers(t *testing.T, rmq *meshtest.Rabbit, amqpURL, queue string, n 
 		vhost = "/"
 	}
 	api := rmq.ManagementURL() + "/api/queues/" + url.PathEscape(vhost) + "/" + url.PathEscape(queue)
-	deadline := time.Now().Add(30 * time.Second)
 	got := -1
-	for time.Now().Before(deadline) {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		req, _ := http.NewRequest(http.MethodGet, api, nil)
 		req.SetBasicAuth("guest", "guest")
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			var q struct {
-				Consumers int `json:"consumers"`
-			}
-			if resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&q) == nil {
-				got = q.Consumers
-			}
-			resp.Body.Close()
-			if got >= n {
-				return
-			}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
 		}
-		time.Sleep(200 * time.Millisecond)
+		defer resp.Body.Close()
+		var q struct {
+			Consumers int `json:"consumers"`
+		}
+		if resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&q) == nil {
+			got = q.Consumers
+		}
+		return got >= n
+	}) {
+		t.Fatalf("queue %s: got %d consumers after 30s, want %d", queue, got, n)
 	}
-	t.Fatalf("queue %s: got %d consumers after 30s, want %d", queue, got, n)
 }
 
 // natsConn connects a client with the node's administrative credential
@@ -260,18 +259,6 @@ func submitMsg(nc *nats.Conn, msg *nats.Msg, timeout time.Duration) (outcome, *n
 	default:
 		return acked, resp, nil
 	}
-}
-
-// waitFor polls cond until it holds or d passes.
-func waitFor(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return true
 }
 
 func TestBridgeTwoNodes(t *testing.T)   { testMesh(t, []string{"alpha", "beta"}) }
@@ -504,7 +491,7 @@ func testMesh(t *testing.T, names []string) {
 			}()
 		}
 		wg.Wait()
-		if !waitFor(30*time.Second, func() bool { return h.count() >= n }) {
+		if !meshtest.Poll(30*time.Second, func() bool { return h.count() >= n }) {
 			t.Errorf("after 30s: %d of %d commands handled", h.count(), n)
 		}
 		time.Sleep(time.Second) // room for a duplicate to show up
@@ -559,7 +546,7 @@ func testMesh(t *testing.T, names []string) {
 			flush(t, ncs[n])
 		}
 		want := k * len(names) * len(names)
-		if !waitFor(30*time.Second, func() bool { return h.count() >= want }) {
+		if !meshtest.Poll(30*time.Second, func() bool { return h.count() >= want }) {
 			t.Errorf("after 30s: %d of %d event deliveries", h.count(), want)
 		}
 		time.Sleep(1500 * time.Millisecond) // room for an echo or a duplicate

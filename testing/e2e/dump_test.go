@@ -51,7 +51,7 @@ func TestDumpsHoldSecretsOnlySealed(t *testing.T) {
 	waitSealing(t, alpha)
 	waitSealing(t, beta)
 	mesh(t, db, "scope", "add", "vault", "--nodes", "alpha,beta")
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		_, sa := nodeScopes(t, alpha)
 		_, sb := nodeScopes(t, beta)
 		return sa["vault"] != "" && sb["vault"] == sa["vault"]

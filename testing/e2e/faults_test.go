@@ -176,7 +176,7 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 
 	// The faults, on the test goroutine (the harness requires it).
 	start := time.Now()
-	if !waitFor(time.Minute, func() bool { return cl.next.Load() >= 500 && el.next.Load() >= 500 }) {
+	if !meshtest.Poll(time.Minute, func() bool { return cl.next.Load() >= 500 && el.next.Load() >= 500 }) {
 		t.Fatal("the load did not start")
 	}
 	for i, fault := range []string{"stop", "kill"} {
@@ -203,7 +203,7 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 	waitBridgeStatus(t, alpha.HTTPURL(), 2*time.Minute, "alpha's outbox drained", func(s bridgeStatus) bool {
 		return s.Broker.State == "connected" && s.Outbox.Depth == 0
 	})
-	waitFor(2*time.Minute, func() bool {
+	meshtest.Poll(2*time.Minute, func() bool {
 		return len(cmds.check().lost) == 0 && len(evts.checkAt("beta").lost) == 0
 	})
 	time.Sleep(2 * time.Second) // room for late duplicates
@@ -296,7 +296,7 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 	}
 	flush(t, nc)
 	answered := func() int { mu.Lock(); defer mu.Unlock(); return len(answers) }
-	if !waitFor(2*time.Minute, func() bool { return answered() == n }) {
+	if !meshtest.Poll(2*time.Minute, func() bool { return answered() == n }) {
 		t.Fatalf("after 2m: %d of %d submissions answered", answered(), n)
 	}
 	mu.Lock()
@@ -365,7 +365,7 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 
 	rmq.Start(t)
 	start = time.Now()
-	if !waitFor(3*time.Minute, func() bool { return len(h.check().lost) == 0 }) {
+	if !meshtest.Poll(3*time.Minute, func() bool { return len(h.check().lost) == 0 }) {
 		t.Errorf("after 3m: %d commands not delivered", len(h.check().lost))
 	}
 	t.Logf("outbox delivered in %s", time.Since(start).Round(time.Millisecond))

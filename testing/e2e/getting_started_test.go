@@ -209,14 +209,10 @@ func gsRun(t *testing.T, bin, natsBin string, m *gsMachine, services *strings.Re
 		args := shellWords(t, cmdLine)[1:]
 		var code int
 		var out, errOut string
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		meshtest.Poll(30*time.Second, func() bool {
 			code, out, errOut = cliEnv(t, env, args...)
-			if !wants || strings.TrimSpace(out) == want || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(500 * time.Millisecond)
-		}
+			return !wants || strings.TrimSpace(out) == want
+		})
 		if code != 0 {
 			t.Fatalf("%s: %s: exit %d:\n%s%s", m.name, line, code, out, errOut)
 		}

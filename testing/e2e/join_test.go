@@ -148,15 +148,15 @@ func TestNodeAddJoinRun(t *testing.T) {
 		t.Fatalf("mesh node add late: exit %d: %s%s", code, out, errOut)
 	}
 	lateToken := joinToken(t, out)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	expired := func() bool {
+		return code != 0 && strings.Contains(errOut, "token expired at ") && strings.Contains(errOut, "meshbox mesh node rejoin late")
+	}
+	meshtest.Poll(10*time.Second, func() bool {
 		code, _, errOut = cli(t, "join", lateToken, "--env-file", filepath.Join(t.TempDir(), "late.env"))
-		if code != 0 && strings.Contains(errOut, "token expired at ") && strings.Contains(errOut, "meshbox mesh node rejoin late") {
-			break
-		}
-		if code == 0 || time.Now().After(deadline) {
-			t.Fatalf("late join: exit %d, stderr %q; want token expired at ...", code, errOut)
-		}
+		return code == 0 || expired()
+	})
+	if !expired() {
+		t.Fatalf("late join: exit %d, stderr %q; want token expired at ...", code, errOut)
 	}
 
 	// The node runs from the written file alone (the harness adds only its
@@ -178,7 +178,7 @@ func TestNodeAddJoinRun(t *testing.T) {
 	}
 	// It takes part in the running mesh: hall sees it up, and it calls
 	// hall's echo across the broker.
-	if !waitFor(30*time.Second, func() bool { return getView(t, hall.HTTPURL()).peerState("cellar") == "up" }) {
+	if !meshtest.Poll(30*time.Second, func() bool { return getView(t, hall.HTTPURL()).peerState("cellar") == "up" }) {
 		t.Errorf("hall's view of cellar: %q, want up", getView(t, hall.HTTPURL()).peerState("cellar"))
 	}
 	cellarNC := natsConn(t, p)

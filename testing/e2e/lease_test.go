@@ -66,7 +66,7 @@ func TestLeaseWithTheRealBinary(t *testing.T) {
 	if out, resp, err := submitMsg(nc, msg, 10*time.Second); out != acked {
 		t.Fatalf("submit: %v %v %v", out, resp, err)
 	}
-	ok := waitFor(5*time.Second, func() bool {
+	ok := meshtest.Poll(5*time.Second, func() bool {
 		var st commandsStatus
 		getJSON(t, p.HTTPURL()+"/status", "", &st)
 		for _, c := range st.Commands {
@@ -88,7 +88,7 @@ func TestLeaseWithTheRealBinary(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the handler did not finish")
 	}
-	if !waitFor(5*time.Second, func() bool {
+	if !meshtest.Poll(5*time.Second, func() bool {
 		var st commandsStatus
 		getJSON(t, p.HTTPURL()+"/status", "", &st)
 		return len(st.Commands) == 0
@@ -130,7 +130,7 @@ func TestDedupeWithTheRealBinary(t *testing.T) {
 			if out, resp, err := submitMsg(nc, msg, 10*time.Second); out != acked {
 				t.Fatalf("submit: %v %v %v", out, resp, err)
 			}
-			if !waitFor(10*time.Second, func() bool {
+			if !meshtest.Poll(10*time.Second, func() bool {
 				return calls.Load()+int32(metricValue(t, p, `meshbox_commands_deduplicated_total{stage="once"}`)) > before
 			}) {
 				t.Fatal("the submission was neither handled nor counted as a duplicate")

@@ -295,14 +295,10 @@ func TestMetricsScrape(t *testing.T) {
 		}
 	}
 	var reply *nats.Msg
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	meshtest.Poll(15*time.Second, func() bool { // alpha's capability may not be announced yet
 		reply, err = onBeta.Request("node.alpha.cap.echo", []byte("ping"), 5*time.Second)
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(200 * time.Millisecond) // alpha's capability may not be announced yet
-	}
+		return err == nil
+	})
 	if err != nil {
 		t.Fatalf("request from beta to alpha's echo: %v", err)
 	}

@@ -95,7 +95,7 @@ func processGone(pid int) bool {
 // waitGone waits until every pid is gone, or fails after d.
 func waitGone(t *testing.T, d time.Duration, what string, pids ...int) {
 	t.Helper()
-	if !waitFor(d, func() bool {
+	if !meshtest.Poll(d, func() bool {
 		for _, p := range pids {
 			if !processGone(p) {
 				return false
@@ -255,7 +255,7 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	waitModule(t, alpha.HTTPURL(), "backups", 5*time.Second, "the declared-but-not-served warning", func(m moduleStatus) bool {
 		return len(m.Warnings) == 1 && m.Warnings[0] == "module backups declares stage `nightly-backup` but does not serve it"
 	})
-	if !waitFor(5*time.Second, func() bool {
+	if !meshtest.Poll(5*time.Second, func() bool {
 		return strings.Contains(alpha.Output(), "level=WARN msg=\"module backups declares stage `nightly-backup` but does not serve it\"")
 	}) {
 		t.Error("the node's log does not warn that backups does not serve its stage")
@@ -568,7 +568,7 @@ func TestModulesSupervision(t *testing.T) {
 		_ = follow.Process.Kill()
 		_ = follow.Wait()
 	})
-	if !waitFor(5*time.Second, func() bool { return strings.Count(followOut.String(), "stdout steady up") == 1 }) {
+	if !meshtest.Poll(5*time.Second, func() bool { return strings.Count(followOut.String(), "stdout steady up") == 1 }) {
 		t.Fatalf("module logs -f: got %q, want the backlog line once", followOut.String())
 	}
 
@@ -588,7 +588,7 @@ func TestModulesSupervision(t *testing.T) {
 		t.Fatalf("module restart steady: exit %d: %s", code, errOut)
 	}
 	waitModule(t, p.HTTPURL(), "steady", 3*time.Second, "steady running again", moduleRunning)
-	if !waitFor(5*time.Second, func() bool { return strings.Count(followOut.String(), "stdout steady up") == 2 }) {
+	if !meshtest.Poll(5*time.Second, func() bool { return strings.Count(followOut.String(), "stdout steady up") == 2 }) {
 		t.Errorf("module logs -f: got %q, want the new run's line after the backlog's", followOut.String())
 	}
 	if code, _, errOut := cliEnv(t, server, "module", "start", "nope"); code == 0 || !strings.Contains(errOut, "module not assigned to this node: nope") {

@@ -103,7 +103,7 @@ func TestREADMEModule(t *testing.T) {
 	callGreet := func(want string) {
 		t.Helper()
 		var got string
-		if !waitFor(15*time.Second, func() bool {
+		if !meshtest.Poll(15*time.Second, func() bool {
 			code, out, errOut := cliEnv(t, onCellar, "call", "greet")
 			got = strings.TrimSpace(out + errOut)
 			return code == 0 && strings.TrimSpace(out) == want

@@ -5,6 +5,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
 // TestNodeRejoin gives a node locked out by `rotate --force` a new join
@@ -63,7 +65,7 @@ func TestNodeRejoin(t *testing.T) {
 		return s.Identity.Generation == 4 && s.Identity.State == "in use"
 	})
 	var st nodeStatus
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		st = getStatus(t, bee.HTTPURL())
 		return st.Bindings.DB == "connected" && st.Bindings.Source == "db"
 	}) {

@@ -149,7 +149,7 @@ func TestDeadLettersWithTheRealBinary(t *testing.T) {
 		}
 	}
 	submit("e2e-order-1")
-	if !waitFor(5*time.Second, func() bool {
+	if !meshtest.Poll(5*time.Second, func() bool {
 		var st deadLettersStatus
 		getJSON(t, p.HTTPURL()+"/status", "", &st)
 		return st.DeadLetters["orders"] == 1
@@ -206,7 +206,7 @@ func TestDeadLettersWithTheRealBinary(t *testing.T) {
 	if code, out, errOut := dlq("replay", "orders", "e2e-order-1"); code != 0 || !strings.Contains(out, "replayed 1") {
 		t.Fatalf("dlq replay: exit %d\n%s\n%s", code, out, errOut)
 	}
-	if !waitFor(10*time.Second, func() bool { return len(calls()) == 2 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return len(calls()) == 2 }) {
 		t.Fatal("the replayed command was not delivered")
 	}
 	h := calls()[1].Header
@@ -219,7 +219,7 @@ func TestDeadLettersWithTheRealBinary(t *testing.T) {
 
 	submit("e2e-order-2")
 	submit("e2e-order-3")
-	if !waitFor(5*time.Second, func() bool {
+	if !meshtest.Poll(5*time.Second, func() bool {
 		_, out, _ := dlq("list", "orders")
 		return strings.Contains(out, "e2e-order-2") && strings.Contains(out, "e2e-order-3")
 	}) {

@@ -125,7 +125,7 @@ func getIdentity(t *testing.T, httpURL string) identityStatus {
 func waitIdentity(t *testing.T, httpURL, what string, ok func(identityStatus) bool) identityStatus {
 	t.Helper()
 	var st identityStatus
-	if !waitFor(30*time.Second, func() bool { st = getIdentity(t, httpURL); return st.Identity != nil && ok(st) }) {
+	if !meshtest.Poll(30*time.Second, func() bool { st = getIdentity(t, httpURL); return st.Identity != nil && ok(st) }) {
 		t.Fatalf("after 30s: %s; identity %+v", what, st.Identity)
 	}
 	return st
@@ -239,7 +239,7 @@ func TestRotateAllUnderLoad(t *testing.T) {
 			l.run(4, 100, 300, 100000, stop)
 		}()
 	}
-	if !waitFor(30*time.Second, func() bool { return reqs.ok.Load() > 200 && loads[0].next.Load() > 100 }) {
+	if !meshtest.Poll(30*time.Second, func() bool { return reqs.ok.Load() > 200 && loads[0].next.Load() > 100 }) {
 		t.Fatal("the load did not start")
 	}
 
@@ -262,13 +262,13 @@ func TestRotateAllUnderLoad(t *testing.T) {
 	}
 	// The load goes on for a while on the new credentials.
 	after := reqs.ok.Load()
-	if !waitFor(30*time.Second, func() bool { return reqs.ok.Load() > after+200 }) {
+	if !meshtest.Poll(30*time.Second, func() bool { return reqs.ok.Load() > after+200 }) {
 		t.Errorf("requests did not keep flowing after the rotation")
 	}
 	close(stop)
 	wg.Wait()
 
-	waitFor(time.Minute, func() bool { return len(cmds.check().lost) == 0 })
+	meshtest.Poll(time.Minute, func() bool { return len(cmds.check().lost) == 0 })
 	r := cmds.check()
 	t.Logf("requests: %d ok, %d failed %v; commands: %s", reqs.ok.Load(), reqs.failed.Load(), reqs.errs, r)
 	if reqs.failed.Load() != 0 {
@@ -315,7 +315,7 @@ func TestRotateAllUnderLoad(t *testing.T) {
 	// meshbox nodes shows each node's generation (its peers' as their
 	// heartbeats came, validated by the broker); meshbox status the node's.
 	var out2 string
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		_, out2, _ = cli(t, "nodes", "--server", procs["ant"].NATSURL(), "--creds", filepath.Join(m.data["ant"], programs.AdminFile))
 		return strings.Contains(out2, "broker user node.ant.g2, credential generation 2") &&
 			peerRow(out2, "bee", "g2") && peerRow(out2, "cat", "g2")

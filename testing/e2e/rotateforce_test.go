@@ -67,7 +67,7 @@ func TestRotateForceRevokesOfflineNode(t *testing.T) {
 	// The link keeps trying; the revocation is logged once.
 	failures := func() float64 { v, _ := scrape(t, bee.HTTPURL()).value("meshbox_errors_total", "kind=link"); return v }
 	f0 := failures()
-	if !waitFor(30*time.Second, func() bool { return failures() >= f0+2 }) {
+	if !meshtest.Poll(30*time.Second, func() bool { return failures() >= f0+2 }) {
 		t.Errorf("link failures: %v, want at least %v (the link keeps trying)", failures(), f0+2)
 	}
 	if n := strings.Count(bee.Output(), "broker credential revoked"); n != 1 {

@@ -74,7 +74,7 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 	}
 	// Both members seal with the same key of the scope.
 	var scopeKey string
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		_, sa := nodeScopes(t, alpha)
 		_, sb := nodeScopes(t, beta)
 		scopeKey = sa["vault"]
@@ -139,19 +139,19 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 		t.Fatal(err)
 	}
 	flush(t, gprog)
-	if !waitFor(30*time.Second, func() bool { return strings.Contains(gamma.Output(), "does not consume its queue") }) {
+	if !meshtest.Poll(30*time.Second, func() bool { return strings.Contains(gamma.Output(), "does not consume its queue") }) {
 		t.Errorf("gamma does not say it refuses to host stage ledger\n%s", gamma.Output())
 	}
 
 	caller := natsConn(t, alpha)
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		o, _, _ := submit(caller, "cmd.ledger", []byte("probe"), 5*time.Second)
 		return o == acked
 	}) {
 		t.Fatal("the scoped stage never accepted a command from alpha")
 	}
 	var reply *nats.Msg
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		reply, err = caller.Request("cap.safe", []byte("x"), 5*time.Second)
 		return err == nil && string(reply.Data) == "opened:x"
 	}) {
@@ -164,7 +164,7 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 	if o != refused || code != 403 || !strings.Contains(text, "not in scope vault") || !strings.Contains(text, "stage ledger") {
 		t.Errorf("gamma's submission to ledger: %v %d %q %v, want refused with 403 naming scope vault", o, code, text, err)
 	}
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		reply, err = gprog.Request("cap.safe", []byte("x"), 5*time.Second)
 		code, text = serviceError(reply)
 		return err == nil && code == 403
@@ -187,7 +187,7 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 		t.Fatal(err)
 	}
 	flush(t, gprog)
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		if err := caller.Publish("evt.vault-door", []byte("door-opened")); err != nil {
 			t.Fatal(err)
 		}
@@ -219,13 +219,13 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []*meshtest.Process{alpha, beta} {
-		if !waitFor(30*time.Second, func() bool { _, s := nodeScopes(t, p); return s["vault"] == newID }) {
+		if !meshtest.Poll(30*time.Second, func() bool { _, s := nodeScopes(t, p); return s["vault"] == newID }) {
 			_, s := nodeScopes(t, p)
 			t.Fatalf("a member still seals vault's traffic with %s, want %s", s["vault"], newID)
 		}
 	}
 	for _, p := range []*meshtest.Process{alpha, beta} {
-		if !waitFor(retention+20*time.Second, func() bool {
+		if !meshtest.Poll(retention+20*time.Second, func() bool {
 			held, _ := nodeScopes(t, p)
 			return !slices.Contains(held, scopeKey) && slices.Contains(held, newID)
 		}) {

@@ -71,7 +71,7 @@ func joinedNodeEnv(t *testing.T, db, brokerAdmin, node string, extra ...string) 
 func waitSealing(t *testing.T, p *meshtest.Process) string {
 	t.Helper()
 	var last string
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		var st keysStatus
 		getJSON(t, p.HTTPURL()+"/status", "", &st)
 		if st.Keys == nil {
@@ -91,7 +91,7 @@ func waitSealing(t *testing.T, p *meshtest.Process) string {
 // done and applied.
 func waitKeysInStep(t *testing.T, p *meshtest.Process) {
 	t.Helper()
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		var st keysStatus
 		getJSON(t, p.HTTPURL()+"/status", "", &st)
 		return st.Keys != nil && st.Keys.InStep && st.Keys.Current != ""
@@ -200,7 +200,7 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 		t.Fatalf("request: got %v %v, want the marker through", resp, err)
 	}
 	var last string
-	if !waitFor(30*time.Second, func() bool { // the stage's queue exists once beta consumes it
+	if !meshtest.Poll(30*time.Second, func() bool { // the stage's queue exists once beta consumes it
 		o, resp, err := submitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: secret, Data: []byte(operatorMarker)}, 5*time.Second)
 		last = fmt.Sprintf("%v %v %v", o, resp, err)
 		return o == acked
@@ -238,7 +238,7 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 	// The node reads the handler's words in its dead letters' reasons.
 	creds := []string{"--server", beta.NATSURL(), "--creds", filepath.Join(beta.DataDir(), programs.AdminFile)}
 	var list struct{ Letters []struct{ ID, Reason string } }
-	if !waitFor(20*time.Second, func() bool {
+	if !meshtest.Poll(20*time.Second, func() bool {
 		code, out, _ := cli(t, append([]string{"dlq", "list", "vault", "--json"}, creds...)...)
 		return code == 0 && json.Unmarshal([]byte(out), &list) == nil && len(list.Letters) == 2
 	}) {
@@ -327,7 +327,7 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	var dead amqp.Delivery
-	if !waitFor(20*time.Second, func() bool {
+	if !meshtest.Poll(20*time.Second, func() bool {
 		d, ok, err := och.Get("dead.vault", true) // the stage's dead letters
 		if err != nil {
 			t.Fatal(err)
@@ -390,7 +390,7 @@ func TestKeyRotationUnderTraffic(t *testing.T) {
 	}
 	flush(t, prog)
 	caller := natsConn(t, alpha)
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		o, _, _ := submit(caller, "cmd.ledger", []byte("probe"), 5*time.Second)
 		return o == acked
 	}) {
@@ -412,12 +412,12 @@ func TestKeyRotationUnderTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []*meshtest.Process{alpha, beta} {
-		if !waitFor(30*time.Second, func() bool { return currentKey(t, p) == newID }) {
+		if !meshtest.Poll(30*time.Second, func() bool { return currentKey(t, p) == newID }) {
 			t.Fatalf("a node still seals with %s, want %s", currentKey(t, p), newID)
 		}
 	}
 	for _, p := range []*meshtest.Process{alpha, beta} {
-		if !waitFor(retention+20*time.Second, func() bool {
+		if !meshtest.Poll(retention+20*time.Second, func() bool {
 			var st keysStatus
 			getJSON(t, p.HTTPURL()+"/status", "", &st)
 			return st.Keys != nil && !slices.Contains(st.Keys.Held, old) && slices.Contains(st.Keys.Held, newID)
@@ -466,7 +466,7 @@ func waitAllHandled(t *testing.T, d time.Duration, during string, sent []string,
 		}
 		return lost
 	}
-	if !waitFor(d, func() bool { return len(missing()) == 0 }) {
+	if !meshtest.Poll(d, func() bool { return len(missing()) == 0 }) {
 		lost := missing()
 		t.Fatalf("%d of %d commands lost %s: %v", len(lost), len(sent), during, lost)
 	}

@@ -573,7 +573,7 @@ func TestStandaloneStatusPage(t *testing.T) {
 	flush(t, host)
 	caller := natsConn(t, p)
 	var last string
-	if !waitFor(10*time.Second, func() bool { // until the node sees its handler
+	if !meshtest.Poll(10*time.Second, func() bool { // until the node sees its handler
 		o, resp, err := submit(caller, "cmd.print", []byte("page"), 5*time.Second)
 		last = fmt.Sprint(o, resp, err)
 		return o == acked
@@ -581,7 +581,7 @@ func TestStandaloneStatusPage(t *testing.T) {
 		t.Fatalf("submit print: %s", last)
 	}
 	var cmds []any
-	if !waitFor(10*time.Second, func() bool {
+	if !meshtest.Poll(10*time.Second, func() bool {
 		cmds, _ = fullStatus(t, p.HTTPURL())["commands"].([]any)
 		return len(cmds) == 1
 	}) {
@@ -625,7 +625,7 @@ func TestStandaloneDeadLetters(t *testing.T) {
 	}
 	flush(t, host)
 	caller := natsConn(t, p)
-	if !waitFor(10*time.Second, func() bool {
+	if !meshtest.Poll(10*time.Second, func() bool {
 		o, _, _ := submit(caller, "cmd.print", []byte("page"), 5*time.Second)
 		return o == acked
 	}) {
@@ -634,7 +634,7 @@ func TestStandaloneDeadLetters(t *testing.T) {
 	onSolo := []string{"MESHBOX_SERVER=" + p.NATSURL(), "MESHBOX_DATA=" + p.DataDir()}
 	var out, errOut string
 	var code int
-	if !waitFor(10*time.Second, func() bool {
+	if !meshtest.Poll(10*time.Second, func() bool {
 		code, out, errOut = cliEnv(t, onSolo, "dlq", "list")
 		return code == 0 && strings.Contains(out, "print")
 	}) {

@@ -109,11 +109,8 @@ func TestBrokerLoginWithClientCertificate(t *testing.T) {
 		func(s nodeStatus) bool { return s.Broker.State == "connected" })
 	// The management API lists connections a few seconds late.
 	var users []string
-	for deadline := time.Now().Add(30 * time.Second); len(users) < 2; time.Sleep(200 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the broker lists %v, want the node's two connections", users)
-		}
-		users = rmq.ConnectionUsers(t)
+	if !meshtest.Poll(30*time.Second, func() bool { users = rmq.ConnectionUsers(t); return len(users) >= 2 }) {
+		t.Fatalf("the broker lists %v, want the node's two connections", users)
 	}
 	for _, u := range users {
 		if u != "certnode" {

@@ -67,7 +67,7 @@ func TestRotateAllAppliesCurrentPermissions(t *testing.T) {
 		}
 	}
 	for _, n := range names {
-		if !waitFor(10*time.Second, func() bool { return queueNamed("node." + n + ".requests") }) {
+		if !meshtest.Poll(10*time.Second, func() bool { return queueNamed("node." + n + ".requests") }) {
 			t.Errorf("before the rotation: %s has no queue node.%s.requests (its previous permissions name it)", n, n)
 		}
 	}
@@ -81,7 +81,7 @@ func TestRotateAllAppliesCurrentPermissions(t *testing.T) {
 		if err != nil || !strings.HasPrefix(perms.Configure, `^(amq\.gen-.*|node\.`+n+`\.claim|`) || strings.Contains(perms.Configure, `node\.`+n+`\.(requests`) {
 			t.Errorf("%s's generation 2: permissions %+v, %v; want the current ones", n, perms, err)
 		}
-		if !waitFor(20*time.Second, func() bool { return !queueNamed("node." + n + ".requests") }) {
+		if !meshtest.Poll(20*time.Second, func() bool { return !queueNamed("node." + n + ".requests") }) {
 			t.Errorf("after the rotation: node.%s.requests still exists; want the node on server-named queues", n)
 		}
 	}

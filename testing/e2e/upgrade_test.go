@@ -142,7 +142,7 @@ func TestUpgradeWithFullOutbox(t *testing.T) {
 
 	// The broker returns: the outbox drains, nothing lost.
 	rmq.Start(t)
-	if !waitFor(3*time.Minute, func() bool { return len(cmds.check().lost) == 0 && len(evts.check().lost) == 0 }) {
+	if !meshtest.Poll(3*time.Minute, func() bool { return len(cmds.check().lost) == 0 && len(evts.check().lost) == 0 }) {
 		t.Fatalf("after 3m: %d commands and %d events not delivered", len(cmds.check().lost), len(evts.check().lost))
 	}
 	waitUpgradeStatus(t, alpha.HTTPURL(), time.Minute, "upgraded alpha's outbox empty", func(s upgradeStatus) bool {

@@ -107,13 +107,13 @@ func TestSoak(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "both nodes connected to the broker and A routing cap.soakecho to B", func() bool {
+	meshtest.WaitFor(t, time.Minute, "both nodes connected to the broker and A routing cap.soakecho to B", func() bool {
 		sa, errA := status(a.HTTPURL())
 		sb, errB := status(b.HTTPURL())
 		return errA == nil && errB == nil && sa.Broker.State == "connected" && sb.Broker.State == "connected" &&
 			len(sa.Capabilities.Remote["soakecho"]) > 0
 	})
-	waitFor(t, "a call from A to cap.soakecho answered by B", func() bool {
+	meshtest.WaitFor(t, time.Minute, "a call from A to cap.soakecho answered by B", func() bool {
 		_, err := ncA.Request("cap.soakecho", []byte("x"), 2*time.Second)
 		return err == nil
 	})
@@ -252,18 +252,4 @@ func status(httpURL string) (appliance.Status, error) {
 	}
 	defer resp.Body.Close()
 	return st, json.NewDecoder(resp.Body).Decode(&st)
-}
-
-// waitFor polls cond until it holds, for at most a minute.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after 1m: not %s", what)
-		}
-		<-tick.C
-	}
 }
