@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // closedBrokerURL returns brokerURL moved to a loopback port nothing
@@ -110,8 +111,8 @@ func TestFailoverToAnotherBrokerURL(t *testing.T) {
 		if err != nil {
 			return false
 		}
-		code, _ := serviceError(m)
-		return code == "" && string(m.Data) == "echo:x"
+		code, _ := natstest.ServiceError(m)
+		return code == 0 && string(m.Data) == "echo:x"
 	})
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -175,8 +176,8 @@ func TestCommandNoRoute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, text := serviceError(m); code != "503" || !strings.Contains(text, "no node hosts stage nobody.hosts.this") {
-		t.Errorf("got %s %q, want 503 naming the stage", code, text)
+	if code, text := natstest.ServiceError(m); code != 503 || !strings.Contains(text, "no node hosts stage nobody.hosts.this") {
+		t.Errorf("got %d %q, want 503 naming the stage", code, text)
 	}
 	if time.Since(start) > 2*time.Second {
 		t.Errorf("took %v, want a prompt answer", time.Since(start))

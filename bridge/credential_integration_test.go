@@ -17,6 +17,7 @@ import (
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // perNodeMesh makes a vhost with the shared topology declared by the
@@ -115,7 +116,7 @@ func TestCredentialSwitchLosesNoRequest(t *testing.T) {
 					if err != nil {
 						failures = append(failures, err.Error())
 					} else {
-						_, text := serviceError(m)
+						_, text := natstest.ServiceError(m)
 						failures = append(failures, text)
 					}
 					mu.Unlock()

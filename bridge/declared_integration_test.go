@@ -7,6 +7,7 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -47,8 +48,8 @@ func TestDeclaredStagesTakeCommandsBeforeTheirHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := serviceError(m); code != "503" {
-		t.Errorf("command for a stage nobody declares: got code %q, want 503", code)
+	if code, _ := natstest.ServiceError(m); code != 503 {
+		t.Errorf("command for a stage nobody declares: got code %d, want 503", code)
 	}
 	q, err := ch.QueueDeclarePassive("cmd.backup", true, false, false, false, nil)
 	if err != nil || q.Messages != 1 || q.Consumers != 0 {

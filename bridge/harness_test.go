@@ -208,14 +208,6 @@ func (n *node) request(tb testing.TB, subject string, data []byte, hdr nats.Head
 	return n.client.RequestMsg(m, timeout)
 }
 
-// serviceError returns the code and text of an error reply ("" if none).
-func serviceError(m *nats.Msg) (code, text string) {
-	if m == nil || m.Header == nil {
-		return "", ""
-	}
-	return m.Header.Get("Nats-Service-Error-Code"), m.Header.Get("Nats-Service-Error")
-}
-
 // submit sends a command and requires that it is accepted.
 func (n *node) submit(tb testing.TB, stage string, data []byte, hdr nats.Header) *nats.Msg {
 	tb.Helper()
@@ -223,8 +215,8 @@ func (n *node) submit(tb testing.TB, stage string, data []byte, hdr nats.Header)
 	if err != nil {
 		tb.Fatalf("submit to %s: %v", stage, err)
 	}
-	if code, text := serviceError(m); code != "" {
-		tb.Fatalf("submit to %s: error %s %s", stage, code, text)
+	if code, text := natstest.ServiceError(m); code != 0 {
+		tb.Fatalf("submit to %s: error %d %s", stage, code, text)
 	}
 	return m
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -61,8 +62,8 @@ func TestHalfOpenLinkDetected(t *testing.T) {
 	if r.err != nil {
 		t.Fatalf("got %v, want an error reply", r.err)
 	}
-	if code, text := serviceError(r.m); code != "503" || !strings.Contains(text, "link lost") {
-		t.Errorf("got %s %q, want 503 link lost", code, text)
+	if code, text := natstest.ServiceError(r.m); code != 503 || !strings.Contains(text, "link lost") {
+		t.Errorf("got %d %q, want 503 link lost", code, text)
 	}
 	if r.at > 10*time.Second {
 		t.Errorf("answered after %v, want within a few heartbeats", r.at)

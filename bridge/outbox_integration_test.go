@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -89,13 +90,13 @@ func TestOutboxFull(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		code, text := serviceError(m)
-		if code == "" {
+		code, text := natstest.ServiceError(m)
+		if code == 0 {
 			accepted++
 			continue
 		}
-		if code != "507" || !strings.Contains(text, "outbox full") {
-			t.Fatalf("got %s %q, want 507 outbox full", code, text)
+		if code != 507 || !strings.Contains(text, "outbox full") {
+			t.Fatalf("got %d %q, want 507 outbox full", code, text)
 		}
 		break
 	}
@@ -177,8 +178,8 @@ func TestStatusAndMovingBroker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := serviceError(m); code != "503" {
-		t.Errorf("command without broker or host: got %q, want 503", code)
+	if code, _ := natstest.ServiceError(m); code != 503 {
+		t.Errorf("command without broker or host: got %d, want 503", code)
 	}
 	if err := a.b.SetURL("http://nope"); err == nil {
 		t.Error("SetURL with an http URL: got nil, want an error")
@@ -326,8 +327,8 @@ func TestBadInputFromPrograms(t *testing.T) {
 			t.Errorf("%s: got %v, want a 400 reply", tt.name, err)
 			continue
 		}
-		if code, text := serviceError(m); code != "400" || !strings.Contains(text, tt.want) {
-			t.Errorf("%s: got %s %q, want 400 with %q", tt.name, code, text, tt.want)
+		if code, text := natstest.ServiceError(m); code != 400 || !strings.Contains(text, tt.want) {
+			t.Errorf("%s: got %d %q, want 400 with %q", tt.name, code, text, tt.want)
 		}
 	}
 }

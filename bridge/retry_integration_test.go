@@ -21,6 +21,7 @@ import (
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // sealedPerNodePair starts alpha and beta on broker users of their own
@@ -336,8 +337,8 @@ func TestResultAsEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := serviceError(m); code != "400" {
-		t.Errorf("bad result topic: got code %q, want 400", code)
+	if code, _ := natstest.ServiceError(m); code != 400 {
+		t.Errorf("bad result topic: got code %d, want 400", code)
 	}
 }
 

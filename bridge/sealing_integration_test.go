@@ -14,6 +14,7 @@ import (
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 const sealMarker = "front-door-code-1234"
@@ -103,8 +104,8 @@ func TestSealedTrafficIsOpaqueToTheBroker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, text := serviceError(m); code != "" {
-		t.Fatalf("request: error %s %s", code, text)
+	if code, text := natstest.ServiceError(m); code != 0 {
+		t.Fatalf("request: error %d %s", code, text)
 	}
 	if got := string(m.Data); got != "echo:"+sealMarker || m.Header.Get("X-Trace") != sealMarker || m.Header.Get("Content-Type") != "text/"+sealMarker {
 		t.Fatalf("reply: got %q %v, want the marker back in body and headers", got, m.Header)
@@ -334,9 +335,9 @@ func TestTamperedRequestAnsweredWithReason(t *testing.T) {
 		if r.err != nil {
 			t.Fatalf("the call: %v, want beta's refusal of the tampered copy", r.err)
 		}
-		code, text := serviceError(r.m)
-		if code == "" || !strings.Contains(text, "node beta refused the sealed request (tampered)") {
-			t.Fatalf("the call got %q (code %q, error %q), want beta's refusal saying the seal did not open", r.m.Data, code, text)
+		code, text := natstest.ServiceError(r.m)
+		if code == 0 || !strings.Contains(text, "node beta refused the sealed request (tampered)") {
+			t.Fatalf("the call got %q (code %d, error %q), want beta's refusal saying the seal did not open", r.m.Data, code, text)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the call was not answered")

@@ -128,13 +128,3 @@ func natsConn(t *testing.T, p *meshtest.Process) *nats.Conn {
 	t.Helper()
 	return p.Connect(t, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 }
-
-// serviceError returns the error code of an error reply (0 for a success).
-func serviceError(m *nats.Msg) (int, string) {
-	if m == nil || m.Header.Get("Nats-Service-Error-Code") == "" && m.Header.Get("Nats-Service-Error") == "" {
-		return 0, ""
-	}
-	var code int
-	fmt.Sscan(m.Header.Get("Nats-Service-Error-Code"), &code)
-	return code, m.Header.Get("Nats-Service-Error")
-}

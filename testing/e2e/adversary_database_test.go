@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // The mesh database as the adversary: its admin reads every row, and a
@@ -73,12 +74,12 @@ func TestAdversaryDatabaseDumpHoldsNoNodePassword(t *testing.T) {
 	call := func(when string) {
 		t.Helper()
 		caller := natsConn(t, procs["beta"])
-		waitCallable(t, caller, "node.alpha.cap.echo", nil, func(msg *nats.Msg) bool { c, _ := serviceError(msg); return c == 0 })
+		waitCallable(t, caller, "node.alpha.cap.echo", nil, func(msg *nats.Msg) bool { c, _ := natstest.ServiceError(msg); return c == 0 })
 		resp, err := caller.Request("node.alpha.cap.echo", []byte(when), 5*time.Second)
 		if err != nil {
 			t.Fatalf("%s: beta calling echo on alpha: %v", when, err)
 		}
-		if code, text := serviceError(resp); code != 0 || string(resp.Data) != when {
+		if code, text := natstest.ServiceError(resp); code != 0 || string(resp.Data) != when {
 			t.Fatalf("%s: beta calling echo on alpha: %d %q %q", when, code, text, resp.Data)
 		}
 	}
@@ -250,9 +251,9 @@ func TestAdversaryPeerSealsBogusKey(t *testing.T) {
 		}
 		caller := natsConn(t, c.from)
 		subject := "node." + to + ".cap.echo"
-		waitCallable(t, caller, subject, nil, func(msg *nats.Msg) bool { code, _ := serviceError(msg); return code == 0 })
+		waitCallable(t, caller, subject, nil, func(msg *nats.Msg) bool { code, _ := natstest.ServiceError(msg); return code == 0 })
 		resp, err := caller.Request(subject, []byte("real key"), 5*time.Second)
-		if code, text := serviceError(resp); err != nil || code != 0 || string(resp.Data) != "real key" {
+		if code, text := natstest.ServiceError(resp); err != nil || code != 0 || string(resp.Data) != "real key" {
 			t.Fatalf("calling echo on %s: %v %d %q", to, err, code, text)
 		}
 		host.Close()

@@ -18,7 +18,9 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // The broker's operator as the adversary: it makes or re-passwords node
@@ -129,9 +131,9 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	caller := natsConn(t, beta)
 	call := func(what string) {
 		t.Helper()
-		waitCallable(t, caller, "node.alpha.cap.echo", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+		waitCallable(t, caller, "node.alpha.cap.echo", nil, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 		resp, err := caller.Request("node.alpha.cap.echo", []byte(what), 5*time.Second)
-		if code, text := serviceError(resp); err != nil || code != 0 || string(resp.Data) != what {
+		if code, text := natstest.ServiceError(resp); err != nil || code != 0 || string(resp.Data) != what {
 			t.Fatalf("%s: beta calling echo on alpha: %v %d %q", what, err, code, text)
 		}
 	}
@@ -247,7 +249,7 @@ func TestAdversaryCommandsCountedByCause(t *testing.T) {
 	submitter := natsConn(t, alpha)
 	real := func(what string) {
 		t.Helper()
-		if o, resp, err := submit(submitter, "cmd.vault", []byte(what), 5*time.Second); o != acked {
+		if o, resp, err := ledger.Submit(submitter, "cmd.vault", []byte(what), 5*time.Second); o != ledger.Acked {
 			t.Fatalf("%s: alpha submitting to vault: %v %v %v", what, o, resp, err)
 		}
 		select {
@@ -367,10 +369,10 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	caller := natsConn(t, beta)
 	call := func(what string) {
 		t.Helper()
-		waitCallable(t, caller, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+		waitCallable(t, caller, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 		for _, subj := range []string{"cap.echo", "node.alpha.cap.echo"} {
 			resp, err := caller.Request(subj, []byte(what), 5*time.Second)
-			if code, text := serviceError(resp); err != nil || code != 0 || string(resp.Data) != what {
+			if code, text := natstest.ServiceError(resp); err != nil || code != 0 || string(resp.Data) != what {
 				t.Fatalf("%s: beta calling %s: %v %d %q", what, subj, err, code, text)
 			}
 		}

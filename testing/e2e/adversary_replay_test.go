@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -161,11 +162,11 @@ func TestAdversaryReplaysThroughDeadLettering(t *testing.T) {
 		}
 		body := fmt.Sprintf("resize-%d", i)
 		cmds = append(cmds, body)
-		if o, resp, err := submit(sender, "cmd.resize", []byte(body), 5*time.Second); o != acked {
+		if o, resp, err := ledger.Submit(sender, "cmd.resize", []byte(body), 5*time.Second); o != ledger.Acked {
 			t.Fatalf("alpha submits %s: %v %v %v", body, o, resp, err)
 		}
 	}
-	if o, resp, err := submit(sender, "cmd.resize", []byte("retry-me"), 5*time.Second); o != acked {
+	if o, resp, err := ledger.Submit(sender, "cmd.resize", []byte("retry-me"), 5*time.Second); o != ledger.Acked {
 		t.Fatalf("alpha submits retry-me: %v %v %v", o, resp, err)
 	}
 	flush(t, sender)
@@ -401,7 +402,7 @@ func TestAdversaryExhaustsTheBroker(t *testing.T) {
 	if nch*4 > lim.MaxChannels || nconn*4 > lim.MaxConnections {
 		t.Errorf("beta holds %d connections and %d channels: want at most a quarter of the limits (%d, %d)", nconn, nch, lim.MaxConnections, lim.MaxChannels)
 	}
-	if o, resp, err := submit(natsConn(t, beta), "cmd.resize", []byte("x"), 5*time.Second); o != acked {
+	if o, resp, err := ledger.Submit(natsConn(t, beta), "cmd.resize", []byte("x"), 5*time.Second); o != ledger.Acked {
 		t.Errorf("beta submits a command under the limits: %v %v %v", o, resp, err)
 	}
 	if !meshtest.Poll(10*time.Second, func() bool { return len(calls()) == 1 }) {
@@ -591,7 +592,7 @@ func TestAdversaryCarbonCopies(t *testing.T) {
 	// The controls: one command dies for real, one is retried.
 	sender := natsConn(t, alpha)
 	for _, body := range []string{"die", "retry-me"} {
-		if o, resp, err := submit(sender, "cmd.resize", []byte(body), 5*time.Second); o != acked {
+		if o, resp, err := ledger.Submit(sender, "cmd.resize", []byte(body), 5*time.Second); o != ledger.Acked {
 			t.Fatalf("alpha submits %s: %v %v %v", body, o, resp, err)
 		}
 	}

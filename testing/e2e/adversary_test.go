@@ -17,7 +17,9 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // TestAdversaryWithAnotherNodesCredential runs alpha and beta on broker
@@ -76,12 +78,12 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	caller := natsConn(t, beta)
 	normal := func(what string) {
 		t.Helper()
-		waitCallable(t, caller, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+		waitCallable(t, caller, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 		resp, err := caller.Request("cap.echo", []byte(what), 5*time.Second)
-		if code, text := serviceError(resp); err != nil || code != 0 || string(resp.Data) != what {
+		if code, text := natstest.ServiceError(resp); err != nil || code != 0 || string(resp.Data) != what {
 			t.Fatalf("%s: beta calling echo on alpha: %v %d %q", what, err, code, text)
 		}
-		if o, resp, err := submit(caller, "cmd.resize", []byte(what), 5*time.Second); o != acked {
+		if o, resp, err := ledger.Submit(caller, "cmd.resize", []byte(what), 5*time.Second); o != ledger.Acked {
 			t.Fatalf("%s: beta submitting resize: %v %v %v", what, o, resp, err)
 		}
 		select {
@@ -193,7 +195,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	answer := make(chan string, 1)
 	go func() { // the waiting caller: exits when its request is answered or times out
 		resp, err := victim.Request("cap.hold", []byte("x"), 20*time.Second)
-		if code, text := serviceError(resp); err != nil || code != 0 {
+		if code, text := natstest.ServiceError(resp); err != nil || code != 0 {
 			answer <- fmt.Sprintf("error %v %d %s", err, code, text)
 			return
 		}
@@ -256,7 +258,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	}
 	go func() { // the waiting caller: exits when its request is answered or times out
 		resp, err := victim.Request("node.gamma.cap.echo", []byte("x"), 20*time.Second)
-		if code, text := serviceError(resp); err != nil || code != 0 {
+		if code, text := natstest.ServiceError(resp); err != nil || code != 0 {
 			answer <- fmt.Sprintf("error %v %d %s", err, code, text)
 			return
 		}

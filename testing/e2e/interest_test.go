@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -64,7 +65,7 @@ func TestCapabilityAndStageReachableTogether(t *testing.T) {
 		if err != nil {
 			t.Fatalf("round %d: submit cmd.%s on B: %v", round, name, err)
 		}
-		if code, text := serviceError(m); code != 0 {
+		if code, text := natstest.ServiceError(m); code != 0 {
 			t.Fatalf("round %d: submit cmd.%s on B as soon as cap.%s answers: got %d %q, want it accepted", round, name, name, code, text)
 		}
 		select {

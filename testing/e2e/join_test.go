@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // joinToken returns the join token line of `meshbox mesh node add` output.
@@ -182,9 +183,9 @@ func TestNodeAddJoinRun(t *testing.T) {
 		t.Errorf("hall's view of cellar: %q, want up", getView(t, hall.HTTPURL()).peerState("cellar"))
 	}
 	cellarNC := natsConn(t, p)
-	waitCallable(t, cellarNC, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+	waitCallable(t, cellarNC, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 	resp, err := cellarNC.Request("cap.echo", []byte("from cellar"), 5*time.Second)
-	if code, text := serviceError(resp); err != nil || code != 0 || string(resp.Data) != "from cellar" {
+	if code, text := natstest.ServiceError(resp); err != nil || code != 0 || string(resp.Data) != "from cellar" {
 		t.Errorf("cellar calling hall's echo: %v %d %s", err, code, text)
 	}
 }

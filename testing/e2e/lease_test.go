@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/programs"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
@@ -63,7 +64,7 @@ func TestLeaseWithTheRealBinary(t *testing.T) {
 	waitConsumers(t, rmq, amqpURL, "cmd.long", 1)
 
 	msg := &nats.Msg{Subject: "cmd.long", Data: []byte("x"), Header: nats.Header{hdrMsgID: {"e2e-long-1"}}}
-	if out, resp, err := submitMsg(nc, msg, 10*time.Second); out != acked {
+	if out, resp, err := ledger.SubmitMsg(nc, msg, 10*time.Second); out != ledger.Acked {
 		t.Fatalf("submit: %v %v %v", out, resp, err)
 	}
 	ok := meshtest.Poll(5*time.Second, func() bool {
@@ -127,7 +128,7 @@ func TestDedupeWithTheRealBinary(t *testing.T) {
 		for range 2 {
 			before := calls.Load() + int32(metricValue(t, p, `meshbox_commands_deduplicated_total{stage="once"}`))
 			msg := &nats.Msg{Subject: "cmd.once", Data: []byte("x"), Header: nats.Header{hdrMsgID: {"e2e-once-1"}}}
-			if out, resp, err := submitMsg(nc, msg, 10*time.Second); out != acked {
+			if out, resp, err := ledger.SubmitMsg(nc, msg, 10*time.Second); out != ledger.Acked {
 				t.Fatalf("submit: %v %v %v", out, resp, err)
 			}
 			if !meshtest.Poll(10*time.Second, func() bool {

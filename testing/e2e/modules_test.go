@@ -16,7 +16,9 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -243,12 +245,12 @@ func TestModulesFollowTheMesh(t *testing.T) {
 
 	// A stage declared by an assigned module takes commands before any
 	// handler serves it; a stage nobody is assigned is refused.
-	if o, resp, err := submit(nb, "cmd.nightly-backup", []byte("run"), 5*time.Second); o != acked {
+	if o, resp, err := ledger.Submit(nb, "cmd.nightly-backup", []byte("run"), 5*time.Second); o != ledger.Acked {
 		t.Errorf("command for the declared stage nightly-backup: got %v %v %v, want accepted", o, err, resp)
 	}
-	if o, resp, _ := submit(nb, "cmd.nobody-assigned", []byte("run"), 5*time.Second); o != refused {
+	if o, resp, _ := ledger.Submit(nb, "cmd.nobody-assigned", []byte("run"), 5*time.Second); o != ledger.Refused {
 		t.Errorf("command for an unassigned stage: got %v, want refused", o)
-	} else if code, _ := serviceError(resp); code != 503 {
+	} else if code, _ := natstest.ServiceError(resp); code != 503 {
 		t.Errorf("command for an unassigned stage: got code %d, want 503", code)
 	}
 	// ...and the node says the module does not serve what it declares.
@@ -267,9 +269,9 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	// mesh assign starts a module on the running node within a second, and
 	// mesh unassign stops it within a second. The stage it declares takes
 	// commands once it is assigned, and not before.
-	if o, resp, _ := submit(nb, "cmd.idle-work", []byte("run"), 5*time.Second); o != refused {
+	if o, resp, _ := ledger.Submit(nb, "cmd.idle-work", []byte("run"), 5*time.Second); o != ledger.Refused {
 		t.Errorf("command for idle-work before idle is assigned: got %v, want refused", o)
-	} else if code, _ := serviceError(resp); code != 503 {
+	} else if code, _ := natstest.ServiceError(resp); code != 503 {
 		t.Errorf("command for idle-work before idle is assigned: got code %d, want 503", code)
 	}
 	start := time.Now()
@@ -280,7 +282,7 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	} else {
 		t.Logf("mesh assign → module running: %s (the CLI's run included)", d.Round(time.Millisecond))
 	}
-	if o, resp, err := submit(nb, "cmd.idle-work", []byte("run"), 5*time.Second); o != acked {
+	if o, resp, err := ledger.Submit(nb, "cmd.idle-work", []byte("run"), 5*time.Second); o != ledger.Acked {
 		t.Errorf("command for the stage of idle, assigned to the running node: got %v %v %v, want accepted", o, err, resp)
 	}
 	start = time.Now()
@@ -324,7 +326,7 @@ func TestModulesFollowTheMesh(t *testing.T) {
 		return moduleRunning(m) && m.Pid != greeter.Pid
 	})
 	waitGone(t, 5*time.Second, "the greeter before the override", greeter.Pid)
-	waitCallable(t, na, "cap.greet", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+	waitCallable(t, na, "cap.greet", nil, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 	if got := call(t, na, "cap.greet", "env:COLOR"); got != "red" {
 		t.Errorf("COLOR after the override: got %q, want red", got)
 	}
@@ -343,7 +345,7 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	granted := waitModule(t, alpha.HTTPURL(), "greeter", 5*time.Second, "greeter restarted with the grant", func(m moduleStatus) bool {
 		return moduleRunning(m) && m.Pid != restarted.Pid
 	})
-	waitCallable(t, na, "cap.greet", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+	waitCallable(t, na, "cap.greet", nil, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 	path := call(t, na, "cap.greet", "env:MESHBOX_GRANT_NAS_STORAGE")
 	if path == "" {
 		t.Fatal("MESHBOX_GRANT_NAS_STORAGE is not in the module's environment")

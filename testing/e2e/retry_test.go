@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/programs"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
@@ -73,7 +74,7 @@ func TestRetryAndResultWithTheRealBinary(t *testing.T) {
 	waitConsumers(t, rmq, amqpURL, "cmd.render", 1)
 	msg := &nats.Msg{Subject: "cmd.render", Data: []byte("page"),
 		Header: nats.Header{hdrMsgID: {"e2e-render-1"}, "Meshbox-Result-Topic": {"renders.done"}}}
-	if out, resp, err := submitMsg(nc, msg, 10*time.Second); out != acked {
+	if out, resp, err := ledger.SubmitMsg(nc, msg, 10*time.Second); out != ledger.Acked {
 		t.Fatalf("submit: %v %v %v", out, resp, err)
 	}
 	var e *nats.Msg
@@ -144,7 +145,7 @@ func TestDeadLettersWithTheRealBinary(t *testing.T) {
 	submit := func(id string) {
 		t.Helper()
 		msg := &nats.Msg{Subject: "cmd.orders", Data: []byte("order"), Header: nats.Header{hdrMsgID: {id}, "X-Customer": {"42"}}}
-		if out, resp, err := submitMsg(nc, msg, 10*time.Second); out != acked {
+		if out, resp, err := ledger.SubmitMsg(nc, msg, 10*time.Second); out != ledger.Acked {
 			t.Fatalf("submit: %v %v %v", out, resp, err)
 		}
 	}

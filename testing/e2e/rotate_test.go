@@ -21,7 +21,9 @@ import (
 
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // identityMesh is a mesh of nodes made with `mesh node add` and `join`,
@@ -152,7 +154,7 @@ func (c *calls) run(nc *nats.Conn, target string, workers int, stop <-chan struc
 				}
 				body := fmt.Sprintf("%s-%d-%d", target, w, i)
 				m, err := nc.Request("node."+target+".cap.echo", []byte(body), 10*time.Second)
-				code, text := serviceError(m)
+				code, text := natstest.ServiceError(m)
 				if err == nil && code == 0 && string(m.Data) == body {
 					c.ok.Add(1)
 					time.Sleep(10 * time.Millisecond)
@@ -161,9 +163,9 @@ func (c *calls) run(nc *nats.Conn, target string, workers int, stop <-chan struc
 				c.failed.Add(1)
 				c.mu.Lock()
 				if err != nil {
-					c.errs[clip(err.Error())]++
+					c.errs[ledger.Clip(err.Error())]++
 				} else {
-					c.errs[clip(fmt.Sprintf("%d %s %q", code, text, m.Data))]++
+					c.errs[ledger.Clip(fmt.Sprintf("%d %s %q", code, text, m.Data))]++
 				}
 				c.mu.Unlock()
 			}
@@ -200,10 +202,10 @@ func TestRotateAllUnderLoad(t *testing.T) {
 		}
 		flush(t, nc)
 	}
-	cmds := newHistory()
+	cmds := ledger.NewHistory()
 	hnc := natsConn(t, procs["cat"])
 	csub, err := hnc.QueueSubscribe("work.rot", "handlers", func(msg *nats.Msg) {
-		cmds.delivered(deliveryOf("cat", msg))
+		cmds.Delivered(ledger.DeliveryOf("cat", msg))
 		_ = msg.Respond(nil)
 	})
 	if err != nil {
@@ -226,20 +228,20 @@ func TestRotateAllUnderLoad(t *testing.T) {
 	for i, n := range names {
 		nc := natsConn(t, procs[n])
 		target := names[(i+1)%len(names)]
-		waitCallable(t, nc, "node."+target+".cap.echo", nil, func(msg *nats.Msg) bool { c, _ := serviceError(msg); return c == 0 })
+		waitCallable(t, nc, "node."+target+".cap.echo", nil, func(msg *nats.Msg) bool { c, _ := natstest.ServiceError(msg); return c == 0 })
 		reqs.run(nc, target, 3, stop, &wg)
 	}
-	var loads []*load
+	var loads []*ledger.Load
 	for _, n := range []string{"ant", "bee"} {
-		l := &load{nc: natsConn(t, procs[n]), subject: "cmd.rot", origin: n, h: cmds}
+		l := &ledger.Load{NC: natsConn(t, procs[n]), Subject: "cmd.rot", Origin: n, History: cmds}
 		loads = append(loads, l)
 		wg.Add(1)
 		go func() { // load generator: exits when stop is closed and the minimum is submitted
 			defer wg.Done()
-			l.run(4, 100, 300, 100000, stop)
+			l.Run(4, 100, 300, 100000, stop)
 		}()
 	}
-	if !meshtest.Poll(30*time.Second, func() bool { return reqs.ok.Load() > 200 && loads[0].next.Load() > 100 }) {
+	if !meshtest.Poll(30*time.Second, func() bool { return reqs.ok.Load() > 200 && loads[0].Started() > 100 }) {
 		t.Fatal("the load did not start")
 	}
 
@@ -268,19 +270,19 @@ func TestRotateAllUnderLoad(t *testing.T) {
 	close(stop)
 	wg.Wait()
 
-	meshtest.Poll(time.Minute, func() bool { return len(cmds.check().lost) == 0 })
-	r := cmds.check()
+	meshtest.Poll(time.Minute, func() bool { return len(cmds.Check().Lost) == 0 })
+	r := cmds.Check()
 	t.Logf("requests: %d ok, %d failed %v; commands: %s", reqs.ok.Load(), reqs.failed.Load(), reqs.errs, r)
 	if reqs.failed.Load() != 0 {
 		t.Errorf("got %d failed requests during the rotation, want 0: %v", reqs.failed.Load(), reqs.errs)
 	}
-	if r.acked < 300 || !r.valid() {
+	if r.Acked < 300 || !r.Valid() {
 		t.Errorf("commands: %d acknowledged; lost %d, unmarked duplicates %d, unexpected %d; want >= 300 acknowledged and 0 of the others:\n%s",
-			r.acked, len(r.lost), len(r.dupUnmarked), len(r.unexpected), r)
+			r.Acked, len(r.Lost), len(r.DupUnmarked), len(r.Unexpected), r)
 	}
 	for _, l := range loads {
-		if l.summary(); len(l.refusals) > 0 || len(l.errs) > 0 {
-			t.Errorf("submissions: %s; want every one accepted", l.summary())
+		if _, refused, noAnswer := l.Answers(); len(refused) > 0 || len(noAnswer) > 0 {
+			t.Errorf("submissions: %s; want every one accepted", l.Summary())
 		}
 	}
 	for _, n := range names {

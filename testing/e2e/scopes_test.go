@@ -12,7 +12,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // scopeKeys is the scopes part of a node's keys status: each scope the
@@ -145,8 +147,8 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 
 	caller := natsConn(t, alpha)
 	if !meshtest.Poll(30*time.Second, func() bool {
-		o, _, _ := submit(caller, "cmd.ledger", []byte("probe"), 5*time.Second)
-		return o == acked
+		o, _, _ := ledger.Submit(caller, "cmd.ledger", []byte("probe"), 5*time.Second)
+		return o == ledger.Acked
 	}) {
 		t.Fatal("the scoped stage never accepted a command from alpha")
 	}
@@ -159,14 +161,14 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 	}
 
 	// gamma's attempts are refused, with an error that names the scope.
-	o, resp, err := submit(gprog, "cmd.ledger", []byte("from-gamma"), 5*time.Second)
-	code, text := serviceError(resp)
-	if o != refused || code != 403 || !strings.Contains(text, "not in scope vault") || !strings.Contains(text, "stage ledger") {
+	o, resp, err := ledger.Submit(gprog, "cmd.ledger", []byte("from-gamma"), 5*time.Second)
+	code, text := natstest.ServiceError(resp)
+	if o != ledger.Refused || code != 403 || !strings.Contains(text, "not in scope vault") || !strings.Contains(text, "stage ledger") {
 		t.Errorf("gamma's submission to ledger: %v %d %q %v, want refused with 403 naming scope vault", o, code, text, err)
 	}
 	if !meshtest.Poll(30*time.Second, func() bool {
 		reply, err = gprog.Request("cap.safe", []byte("x"), 5*time.Second)
-		code, text = serviceError(reply)
+		code, text = natstest.ServiceError(reply)
 		return err == nil && code == 403
 	}) {
 		t.Fatalf("gamma's call of the scoped capability: %v %v, want refused with 403", reply, err)
@@ -200,9 +202,9 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 	if m, err := gdoor.NextMsg(100 * time.Millisecond); err == nil {
 		t.Errorf("gamma's program got the scope's event: %q", m.Data)
 	}
-	o, resp, err = submit(gprog, "evt.vault-door", []byte("from-gamma"), 5*time.Second)
-	code, text = serviceError(resp)
-	if o != refused || code != 403 || !strings.Contains(text, "not in scope vault") || !strings.Contains(text, "topic vault-door") {
+	o, resp, err = ledger.Submit(gprog, "evt.vault-door", []byte("from-gamma"), 5*time.Second)
+	code, text = natstest.ServiceError(resp)
+	if o != ledger.Refused || code != 403 || !strings.Contains(text, "not in scope vault") || !strings.Contains(text, "topic vault-door") {
 		t.Errorf("gamma's event on vault-door: %v %d %q %v, want refused with 403 naming scope vault", o, code, text, err)
 	}
 

@@ -20,7 +20,9 @@ import (
 
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // The marker every message of the broker-operator test carries in its body
@@ -194,16 +196,16 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 	waitRoute(t, alpha.HTTPURL(), "vault-open", "beta")
 	caller := natsConn(t, alpha)
 	secret := nats.Header{"X-Secret": {operatorMarker}, "Content-Type": {"text/" + operatorMarker}}
-	waitCallable(t, caller, "cap.vault-open", secret, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+	waitCallable(t, caller, "cap.vault-open", secret, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 	resp, err := caller.RequestMsg(&nats.Msg{Subject: "cap.vault-open", Header: secret, Data: []byte(operatorMarker)}, 5*time.Second)
 	if err != nil || string(resp.Data) != "opened:"+operatorMarker || resp.Header.Get("X-Answer") != operatorMarker {
 		t.Fatalf("request: got %v %v, want the marker through", resp, err)
 	}
 	var last string
 	if !meshtest.Poll(30*time.Second, func() bool { // the stage's queue exists once beta consumes it
-		o, resp, err := submitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: secret, Data: []byte(operatorMarker)}, 5*time.Second)
+		o, resp, err := ledger.SubmitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: secret, Data: []byte(operatorMarker)}, 5*time.Second)
 		last = fmt.Sprintf("%v %v %v", o, resp, err)
-		return o == acked
+		return o == ledger.Acked
 	}) {
 		t.Fatalf("the command was not accepted: %s", last)
 	}
@@ -216,11 +218,11 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 		t.Fatal("the command never reached beta's handler")
 	}
 	refuse := nats.Header{"X-Secret": {operatorMarker}, "X-Refuse": {"yes"}, hdrMsgID: {"refused-1"}}
-	if o, resp, err := submitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: refuse, Data: []byte(operatorMarker)}, 5*time.Second); o != acked {
+	if o, resp, err := ledger.SubmitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: refuse, Data: []byte(operatorMarker)}, 5*time.Second); o != ledger.Acked {
 		t.Fatalf("the command to be refused was not accepted: %v %v %v", o, resp, err)
 	}
 	fail := nats.Header{"X-Secret": {operatorMarker}, "X-Fail": {"yes"}, hdrMsgID: {"failed-1"}}
-	if o, resp, err := submitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: fail, Data: []byte(operatorMarker)}, 5*time.Second); o != acked {
+	if o, resp, err := ledger.SubmitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: fail, Data: []byte(operatorMarker)}, 5*time.Second); o != ledger.Acked {
 		t.Fatalf("the command to fail was not accepted: %v %v %v", o, resp, err)
 	}
 	if err := caller.PublishMsg(&nats.Msg{Subject: "evt.door", Header: secret, Data: []byte(operatorMarker)}); err != nil {
@@ -391,8 +393,8 @@ func TestKeyRotationUnderTraffic(t *testing.T) {
 	flush(t, prog)
 	caller := natsConn(t, alpha)
 	if !meshtest.Poll(30*time.Second, func() bool {
-		o, _, _ := submit(caller, "cmd.ledger", []byte("probe"), 5*time.Second)
-		return o == acked
+		o, _, _ := ledger.Submit(caller, "cmd.ledger", []byte("probe"), 5*time.Second)
+		return o == ledger.Acked
 	}) {
 		t.Fatal("the stage never accepted a command")
 	}
@@ -511,7 +513,7 @@ func ledgerTraffic(t *testing.T, caller *nats.Conn) (stop chan struct{}, sentc c
 			case <-time.After(20 * time.Millisecond):
 			}
 			body := fmt.Sprintf("entry-%d", i)
-			if o, resp, err := submit(caller, "cmd.ledger", []byte(body), 5*time.Second); o != acked {
+			if o, resp, err := ledger.Submit(caller, "cmd.ledger", []byte(body), 5*time.Second); o != ledger.Acked {
 				t.Errorf("submit %s during rotation: %v %v %v", body, o, resp, err)
 				continue
 			}

@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
@@ -574,9 +575,9 @@ func TestStandaloneStatusPage(t *testing.T) {
 	caller := natsConn(t, p)
 	var last string
 	if !meshtest.Poll(10*time.Second, func() bool { // until the node sees its handler
-		o, resp, err := submit(caller, "cmd.print", []byte("page"), 5*time.Second)
+		o, resp, err := ledger.Submit(caller, "cmd.print", []byte("page"), 5*time.Second)
 		last = fmt.Sprint(o, resp, err)
-		return o == acked
+		return o == ledger.Acked
 	}) {
 		t.Fatalf("submit print: %s", last)
 	}
@@ -626,8 +627,8 @@ func TestStandaloneDeadLetters(t *testing.T) {
 	flush(t, host)
 	caller := natsConn(t, p)
 	if !meshtest.Poll(10*time.Second, func() bool {
-		o, _, _ := submit(caller, "cmd.print", []byte("page"), 5*time.Second)
-		return o == acked
+		o, _, _ := ledger.Submit(caller, "cmd.print", []byte("page"), 5*time.Second)
+		return o == ledger.Acked
 	}) {
 		t.Fatal("the standalone node never accepted the command")
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // TestRotateAllAppliesCurrentPermissions upgrades a mesh in place: its
@@ -59,9 +60,9 @@ func TestRotateAllAppliesCurrentPermissions(t *testing.T) {
 		for i, n := range names {
 			target := names[(i+1)%len(names)]
 			nc := natsConn(t, procs[n])
-			waitCallable(t, nc, "node."+target+".cap.echo", nil, func(msg *nats.Msg) bool { c, _ := serviceError(msg); return c == 0 })
+			waitCallable(t, nc, "node."+target+".cap.echo", nil, func(msg *nats.Msg) bool { c, _ := natstest.ServiceError(msg); return c == 0 })
 			resp, err := nc.Request("node."+target+".cap.echo", []byte(when), 5*time.Second)
-			if code, text := serviceError(resp); err != nil || code != 0 || string(resp.Data) != when {
+			if code, text := natstest.ServiceError(resp); err != nil || code != 0 || string(resp.Data) != when {
 				t.Fatalf("%s: %s calls %s: %v %d %s", when, n, target, err, code, text)
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
@@ -83,16 +84,16 @@ func TestUpgradeWithFullOutbox(t *testing.T) {
 		t.Fatalf("the old build already reports %s", newVersion)
 	}
 
-	cmds, evts := newHistory(), newHistory()
+	cmds, evts := ledger.NewHistory(), ledger.NewHistory()
 	hnc := natsConn(t, beta)
 	csub, err := hnc.QueueSubscribe("work.upgrade", "handlers", func(m *nats.Msg) {
-		cmds.delivered(deliveryOf("beta", m))
+		cmds.Delivered(ledger.DeliveryOf("beta", m))
 		_ = m.Respond(nil)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	esub, err := hnc.Subscribe("evt.upgrade", func(m *nats.Msg) { evts.delivered(deliveryOf("beta", m)) })
+	esub, err := hnc.Subscribe("evt.upgrade", func(m *nats.Msg) { evts.Delivered(ledger.DeliveryOf("beta", m)) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,16 +112,13 @@ func TestUpgradeWithFullOutbox(t *testing.T) {
 	nc := natsConn(t, alpha)
 	stop := make(chan struct{})
 	close(stop) // submit exactly n of each
-	cl := &load{nc: nc, subject: "cmd.upgrade", origin: "alpha", h: cmds}
-	el := &load{nc: nc, subject: "evt.upgrade", origin: "alpha", h: evts}
-	cl.run(8, 2000, n, n, stop)
-	el.run(8, 2000, n, n, stop)
-	for _, l := range []*load{cl, el} {
-		l.mu.Lock()
-		outbox := l.accepted["outbox"]
-		l.mu.Unlock()
-		if outbox != n {
-			t.Fatalf("broker down: want all %d accepted into the outbox; %s", n, l.summary())
+	cl := &ledger.Load{NC: nc, Subject: "cmd.upgrade", Origin: "alpha", History: cmds}
+	el := &ledger.Load{NC: nc, Subject: "evt.upgrade", Origin: "alpha", History: evts}
+	cl.Run(8, 2000, n, n, stop)
+	el.Run(8, 2000, n, n, stop)
+	for _, l := range []*ledger.Load{cl, el} {
+		if accepted, _, _ := l.Answers(); accepted["outbox"] != n {
+			t.Fatalf("broker down: want all %d accepted into the outbox; %s", n, l.Summary())
 		}
 	}
 	st := waitUpgradeStatus(t, alpha.HTTPURL(), 10*time.Second, "alpha's outbox", func(upgradeStatus) bool { return true })
@@ -142,18 +140,18 @@ func TestUpgradeWithFullOutbox(t *testing.T) {
 
 	// The broker returns: the outbox drains, nothing lost.
 	rmq.Start(t)
-	if !meshtest.Poll(3*time.Minute, func() bool { return len(cmds.check().lost) == 0 && len(evts.check().lost) == 0 }) {
-		t.Fatalf("after 3m: %d commands and %d events not delivered", len(cmds.check().lost), len(evts.check().lost))
+	if !meshtest.Poll(3*time.Minute, func() bool { return len(cmds.Check().Lost) == 0 && len(evts.Check().Lost) == 0 }) {
+		t.Fatalf("after 3m: %d commands and %d events not delivered", len(cmds.Check().Lost), len(evts.Check().Lost))
 	}
 	waitUpgradeStatus(t, alpha.HTTPURL(), time.Minute, "upgraded alpha's outbox empty", func(s upgradeStatus) bool {
 		return s.Broker.State == "connected" && s.Outbox.Depth == 0
 	})
 	time.Sleep(time.Second) // real time is the thing under test: room for duplicates to arrive
-	for kind, h := range map[string]*history{"commands": cmds, "events": evts} {
-		r := h.check()
-		if !r.valid() {
+	for kind, h := range map[string]*ledger.History{"commands": cmds, "events": evts} {
+		r := h.Check()
+		if !r.Valid() {
 			t.Errorf("%s: lost %d, unmarked duplicates %d, unexpected %d; want 0 each:\n%s",
-				kind, len(r.lost), len(r.dupUnmarked), len(r.unexpected), r)
+				kind, len(r.Lost), len(r.DupUnmarked), len(r.Unexpected), r)
 		}
 	}
 
