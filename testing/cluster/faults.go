@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
@@ -134,7 +135,7 @@ func Faults(t *testing.T, size Size) {
 	where := func() map[string]int {
 		m := map[string]int{}
 		for _, name := range names {
-			m[name] = nodes[name].on(getStatus(t, nodes[name].p))
+			m[name] = nodes[name].on(meshtest.Status(t, nodes[name].p.HTTPURL()))
 		}
 		return m
 	}
@@ -143,7 +144,7 @@ func Faults(t *testing.T, size Size) {
 	settled := func(fault time.Time, what string) {
 		t.Helper()
 		for _, name := range names {
-			waitStatus(t, nodes[name].p, time.Minute, "connected with an empty outbox after "+what, func(st status) bool {
+			meshtest.WaitStatus(t, nodes[name].p.HTTPURL(), time.Minute, name+" connected with an empty outbox after "+what, func(st appliance.Status) bool {
 				return st.Broker.State == "connected" && st.Outbox.Depth == 0
 			})
 		}
@@ -200,7 +201,7 @@ func Faults(t *testing.T, size Size) {
 	t.Logf("load done after %s: %s; %s", end.Sub(start).Round(time.Second), cl.Summary(), el.Summary())
 
 	for _, name := range names {
-		waitStatus(t, nodes[name].p, 2*time.Minute, "outbox drained", func(st status) bool {
+		meshtest.WaitStatus(t, nodes[name].p.HTTPURL(), 2*time.Minute, name+"'s outbox drained", func(st appliance.Status) bool {
 			return st.Broker.State == "connected" && st.Outbox.Depth == 0
 		})
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
@@ -134,7 +135,7 @@ func TestAdversaryDatabaseDumpHoldsNoNodePassword(t *testing.T) {
 		t.Fatalf("rotate --all: exit %d: %s%s", code, out, errOut)
 	}
 	for _, n := range nodes {
-		waitIdentity(t, procs[n].HTTPURL(), n+" on generation 2, nothing older", func(s identityStatus) bool {
+		waitIdentity(t, procs[n].HTTPURL(), n+" on generation 2, nothing older", func(s appliance.Status) bool {
 			return s.Identity.Generation == 2 && s.Identity.State == "in use" && s.Identity.Rotation == ""
 		})
 	}
@@ -151,10 +152,10 @@ func TestAdversaryDatabaseDumpHoldsNoNodePassword(t *testing.T) {
 	pg.Stop(t)
 	start()
 	for _, n := range nodes {
-		waitStatus(t, procs[n].HTTPURL(), 15*time.Second, n+" on its cached bindings", func(s nodeStatus) bool {
+		meshtest.WaitStatus(t, procs[n].HTTPURL(), 15*time.Second, n+" on its cached bindings", func(s appliance.Status) bool {
 			return s.Bindings.Source == "cache"
 		})
-		waitIdentity(t, procs[n].HTTPURL(), n+" on generation 2 from its cache", func(s identityStatus) bool {
+		waitIdentity(t, procs[n].HTTPURL(), n+" on generation 2 from its cache", func(s appliance.Status) bool {
 			return s.Identity.Generation == 2 && s.Identity.State == "in use"
 		})
 	}
@@ -195,8 +196,7 @@ func TestAdversaryPeerSealsBogusKey(t *testing.T) {
 	}
 	fresh := m.start(t, "fresh")
 	lacks := func() bool {
-		var st keysStatus
-		getJSON(t, fresh.HTTPURL()+"/status", "", &st)
+		st := meshtest.Status(t, fresh.HTTPURL())
 		return st.Keys != nil && slices.Contains(st.Keys.Lacking, kid)
 	}
 	if !meshtest.Poll(30*time.Second, lacks) {

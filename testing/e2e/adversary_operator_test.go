@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
 	"github.com/meshbox/meshbox/testing/ledger"
@@ -138,7 +139,7 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 		}
 	}
 	call("before")
-	if st := getView(t, beta.HTTPURL()).peerState("alpha"); st != "up" {
+	if st := peer(meshtest.Status(t, beta.HTTPURL()), "alpha").State; st != "up" {
 		t.Fatalf("beta's view of alpha before the attack: %q, want up", st)
 	}
 
@@ -170,7 +171,7 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	}
 	// Alpha's heartbeats go on: beta never marked it gone.
 	time.Sleep(2 * time.Second)
-	if st := getView(t, beta.HTTPURL()).peerState("alpha"); st != "up" {
+	if st := peer(meshtest.Status(t, beta.HTTPURL()), "alpha").State; st != "up" {
 		t.Errorf("beta's view of alpha after byes as %s: %q, want up", fakeUser, st)
 	}
 	if got := errorsOf(t, beta, "forged"); got != forged0+forgeries {
@@ -190,7 +191,7 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	if code, out, errOut := m.rotate(t, "alpha", "--wait", "25s"); code != 0 {
 		t.Fatalf("rotate alpha: exit %d: %s%s", code, out, errOut)
 	}
-	waitIdentity(t, alpha.HTTPURL(), "alpha on generation 2", func(s identityStatus) bool {
+	waitIdentity(t, alpha.HTTPURL(), "alpha on generation 2", func(s appliance.Status) bool {
 		return s.Identity.Generation == 2 && s.Identity.Rotation == ""
 	})
 	call("rotated")
@@ -210,7 +211,7 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 		t.Errorf("beta's forged count after a bye as the revoked %s: %v, want %v", oldUser, errorsOf(t, beta, "forged"), forged1+1)
 	}
 	time.Sleep(time.Second)
-	if st := getView(t, beta.HTTPURL()).peerState("alpha"); st != "up" {
+	if st := peer(meshtest.Status(t, beta.HTTPURL()), "alpha").State; st != "up" {
 		t.Errorf("beta's view of alpha after a bye as the revoked %s: %q, want up", oldUser, st)
 	}
 	call("last")
@@ -378,10 +379,10 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 		}
 	}
 	call("before")
-	if !meshtest.Poll(30*time.Second, func() bool { return signedPeerOf(t, beta, "alpha").Signs }) {
-		t.Errorf("beta's view of alpha: %+v, want signs (alpha's record has a signing key)", signedPeerOf(t, beta, "alpha"))
+	if !meshtest.Poll(30*time.Second, func() bool { return peer(meshtest.Status(t, beta.HTTPURL()), "alpha").Signs }) {
+		t.Errorf("beta's view of alpha: %+v, want signs (alpha's record has a signing key)", peer(meshtest.Status(t, beta.HTTPURL()), "alpha"))
 	}
-	started := signedPeerOf(t, beta, "alpha").StartedAt
+	started := peer(meshtest.Status(t, beta.HTTPURL()), "alpha").StartedAt
 
 	// The operator taps every broadcast, to copy one of alpha's.
 	tapConn, err := amqp.Dial(vhost)
@@ -470,7 +471,7 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 			discoveryRejected(t, beta, "replayed"), replayed0+1)
 	}
 	time.Sleep(2 * time.Second) // alpha's own heartbeats go on meanwhile
-	if p := signedPeerOf(t, beta, "alpha"); p.State != "up" || !slices.Contains(p.Capabilities, "echo") || slices.Contains(p.Capabilities, "decoy") {
+	if p := peer(meshtest.Status(t, beta.HTTPURL()), "alpha"); p.State != "up" || !slices.Contains(p.Capabilities, "echo") || slices.Contains(p.Capabilities, "decoy") {
 		t.Errorf("beta's view of alpha after the operator spoke for it: %+v, want up, hosting echo and not decoy", p)
 	}
 	call("after the operator")
@@ -495,7 +496,7 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	}
 	mu.User = url.UserPassword(malloryUser, malloryPassword)
 	malloryURL := mu.String()
-	if !meshtest.Poll(20*time.Second, func() bool { return getView(t, beta.HTTPURL()).peerState("mallory") != "" }) {
+	if !meshtest.Poll(20*time.Second, func() bool { return peer(meshtest.Status(t, beta.HTTPURL()), "mallory").State != "" }) {
 		t.Fatal("beta's bindings never listed mallory")
 	}
 	mConn, err := amqp.Dial(malloryURL)
@@ -520,7 +521,7 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 		t.Errorf("beta never took mallory's gone (an unsigned message of a node without a signing key)")
 	}
 	time.Sleep(2 * time.Second) // beta's probe of alpha comes back routed
-	if p := signedPeerOf(t, beta, "alpha"); p.State != "up" {
+	if p := peer(meshtest.Status(t, beta.HTTPURL()), "alpha"); p.State != "up" {
 		t.Errorf("beta's view of alpha after mallory spoke for it: %+v, want up", p)
 	}
 	call("after mallory")
@@ -530,35 +531,12 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	if code := alpha.Wait(); code != 0 {
 		t.Fatalf("alpha exited with %d", code)
 	}
-	if !meshtest.Poll(5*time.Second, func() bool { p := signedPeerOf(t, beta, "alpha"); return p.State == "gone" && p.Reason == "left" }) {
-		t.Errorf("beta's view of alpha after alpha stopped: %+v, want gone (left)", signedPeerOf(t, beta, "alpha"))
+	if !meshtest.Poll(5*time.Second, func() bool {
+		p := peer(meshtest.Status(t, beta.HTTPURL()), "alpha")
+		return p.State == "gone" && p.Reason == "left"
+	}) {
+		t.Errorf("beta's view of alpha after alpha stopped: %+v, want gone (left)", peer(meshtest.Status(t, beta.HTTPURL()), "alpha"))
 	}
-}
-
-// signedPeer is a peer in a node's status, with what signed discovery
-// shows of it.
-type signedPeer struct {
-	Name         string    `json:"name"`
-	State        string    `json:"state"`
-	Reason       string    `json:"reason"`
-	StartedAt    time.Time `json:"started_at"`
-	Capabilities []string  `json:"capabilities"`
-	Signs        bool      `json:"signs"`
-}
-
-// signedPeerOf returns peer name in p's status (zero when it has none).
-func signedPeerOf(t *testing.T, p *meshtest.Process, name string) signedPeer {
-	t.Helper()
-	var st struct {
-		Peers []signedPeer `json:"peers"`
-	}
-	getJSON(t, p.HTTPURL()+"/status", "", &st)
-	for _, sp := range st.Peers {
-		if sp.Name == name {
-			return sp
-		}
-	}
-	return signedPeer{}
 }
 
 // discoveryRejected returns meshbox_discovery_rejected_total{reason} of

@@ -337,7 +337,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	if !meshtest.Poll(10*time.Second, func() bool { return betaForged() >= forged0+1 }) {
 		t.Errorf("beta's forged count: %v, want %v (a bye without user_id)", betaForged(), forged0+1)
 	}
-	if st := getView(t, beta.HTTPURL()).peerState("alpha"); st != "up" {
+	if st := peer(meshtest.Status(t, beta.HTTPURL()), "alpha").State; st != "up" {
 		t.Errorf("beta's view of alpha after forged byes: %q, want up", st)
 	}
 

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
@@ -61,8 +62,8 @@ type bridgeConfig struct {
 func startMeshNode(t *testing.T, name, amqpURL string, bc bridgeConfig, extra ...string) *meshtest.Process {
 	t.Helper()
 	p := meshtest.StartProcess(t, meshNodeArgs(t, name, amqpURL, bc, extra...)...)
-	waitStatus(t, p.HTTPURL(), 30*time.Second, "node "+name+" connected to the broker",
-		func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, "node "+name+" connected to the broker",
+		func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	return p
 }
 
@@ -101,53 +102,13 @@ func waitCallable(t *testing.T, nc *nats.Conn, subject string, h nats.Header, ok
 	}
 }
 
-// bridgeStatus is the bridge's part of a node's status JSON.
-type bridgeStatus struct {
-	Broker struct {
-		State string `json:"state"`
-	} `json:"broker"`
-	Outbox struct {
-		Depth            int64   `json:"depth"`
-		Bytes            int64   `json:"bytes"`
-		OldestAgeSeconds float64 `json:"oldest_age_seconds"`
-		MaxBytes         int64   `json:"max_bytes"`
-	} `json:"outbox"`
-	Capabilities struct {
-		Remote map[string][]string `json:"remote"`
-	} `json:"capabilities"`
-}
-
 // waitRoute waits until the node at httpURL routes capability name to node
 // host (discovery learned it).
 func waitRoute(t *testing.T, httpURL, name, host string) {
 	t.Helper()
-	waitBridgeStatus(t, httpURL, 30*time.Second, "a route for "+name+" to "+host, func(s bridgeStatus) bool {
+	meshtest.WaitStatus(t, httpURL, 30*time.Second, "a route for "+name+" to "+host, func(s appliance.Status) bool {
 		return slices.Contains(s.Capabilities.Remote[name], host)
 	})
-}
-
-// getBridgeStatus reads the bridge's part of a node's /status.
-func getBridgeStatus(t *testing.T, httpURL string) bridgeStatus {
-	t.Helper()
-	var st bridgeStatus
-	getJSON(t, httpURL+"/status", "", &st)
-	return st
-}
-
-// waitBridgeStatus polls a node's status until ok holds or d passes.
-func waitBridgeStatus(t *testing.T, httpURL string, d time.Duration, what string, ok func(bridgeStatus) bool) bridgeStatus {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		st := getBridgeStatus(t, httpURL)
-		if ok(st) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s did not happen; status %+v", d, what, st)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // getJSON decodes the JSON answer of GET u (as user guest when basicAuth is
@@ -574,7 +535,7 @@ func TestSameNodeNameOnBrokerIsRefused(t *testing.T) {
 			t.Fatalf("call %d to twin after the refusal: got %q (error %d %s), want first", i, resp.Data, code, text)
 		}
 	}
-	if st := getStatus(t, first.HTTPURL()); st.Broker.State != "connected" {
+	if st := meshtest.Status(t, first.HTTPURL()); st.Broker.State != "connected" {
 		t.Errorf("first twin: broker.state %q, want connected", st.Broker.State)
 	}
 }
@@ -601,7 +562,7 @@ func twoNodeMesh(t *testing.T) (alpha, beta *meshtest.Process, db string) {
 	t.Helper()
 	alpha, beta, db = startTwoNodes(t)
 	for _, p := range []*meshtest.Process{alpha, beta} {
-		waitStatus(t, p.HTTPURL(), 20*time.Second, p.Node()+" connected to the broker", func(s nodeStatus) bool { return s.Broker.State == "connected" })
+		meshtest.WaitStatus(t, p.HTTPURL(), 20*time.Second, p.Node()+" connected to the broker", func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	}
 	return alpha, beta, db
 }

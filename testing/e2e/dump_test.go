@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/testing/meshtest"
@@ -67,7 +68,7 @@ func TestDumpsHoldSecretsOnlySealed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitStatus(t, beta.HTTPURL(), 30*time.Second, "beta at the grant's revision", func(s nodeStatus) bool {
+	meshtest.WaitStatus(t, beta.HTTPURL(), 30*time.Second, "beta at the grant's revision", func(s appliance.Status) bool {
 		return s.Bindings.Source == "db" && s.Bindings.Revision >= rev
 	})
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
@@ -85,13 +86,13 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 		} else {
 			rmq.Stop(t)
 		}
-		waitBridgeStatus(t, alpha.HTTPURL(), time.Minute, "submissions in alpha's outbox", func(s bridgeStatus) bool {
+		meshtest.WaitStatus(t, alpha.HTTPURL(), time.Minute, "submissions in alpha's outbox", func(s appliance.Status) bool {
 			return s.Broker.State != "connected" && s.Outbox.Depth > 0
 		})
 		rmq.Start(t)
 		t.Logf("fault %d (%s) done at %s: %d commands, %d events submitted so far",
 			i+1, fault, time.Since(start).Round(time.Second), cl.Started(), el.Started())
-		waitBridgeStatus(t, alpha.HTTPURL(), time.Minute, "alpha's link back and its outbox drained", func(s bridgeStatus) bool {
+		meshtest.WaitStatus(t, alpha.HTTPURL(), time.Minute, "alpha's link back and its outbox drained", func(s appliance.Status) bool {
 			return s.Broker.State == "connected" && s.Outbox.Depth == 0
 		})
 	}
@@ -100,7 +101,7 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 	t.Logf("load done after %s: %s; %s", time.Since(start).Round(time.Second), cl.Summary(), el.Summary())
 
 	// Everything acknowledged must arrive once the link is back.
-	waitBridgeStatus(t, alpha.HTTPURL(), 2*time.Minute, "alpha's outbox drained", func(s bridgeStatus) bool {
+	meshtest.WaitStatus(t, alpha.HTTPURL(), 2*time.Minute, "alpha's outbox drained", func(s appliance.Status) bool {
 		return s.Broker.State == "connected" && s.Outbox.Depth == 0
 	})
 	meshtest.Poll(2*time.Minute, func() bool {
@@ -167,7 +168,7 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 	waitConsumers(t, rmq, amqpURL, "cmd.batch", 1)
 
 	rmq.Stop(t)
-	waitBridgeStatus(t, alpha.HTTPURL(), 30*time.Second, "alpha's link down", func(s bridgeStatus) bool { return s.Broker.State != "connected" })
+	meshtest.WaitStatus(t, alpha.HTTPURL(), 30*time.Second, "alpha's link down", func(s appliance.Status) bool { return s.Broker.State != "connected" })
 
 	// Pipelined on one connection: alpha receives, and so accepts, the
 	// commands in sequence order.
@@ -218,7 +219,7 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 	if len(notOutbox) != 0 {
 		t.Errorf("want all %d accepted into the outbox, got %s", n, notOutbox)
 	}
-	st := getBridgeStatus(t, alpha.HTTPURL())
+	st := meshtest.Status(t, alpha.HTTPURL())
 	if st.Outbox.Depth != n || st.Outbox.MaxBytes != maxBytes {
 		t.Errorf("outbox: got depth %d max_bytes %d, want %d and %d", st.Outbox.Depth, st.Outbox.MaxBytes, n, maxBytes)
 	}
@@ -247,7 +248,7 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 	if full == "" {
 		t.Fatalf("%d large commands of %d bytes accepted into an outbox of %d bytes; want a refusal", maxFiller, bigSize, maxBytes)
 	}
-	st = getBridgeStatus(t, alpha.HTTPURL())
+	st = meshtest.Status(t, alpha.HTTPURL())
 	t.Logf("outbox full after %d large commands: %q; status %+v", big, full, st.Outbox)
 	if st.Outbox.Bytes > maxBytes || st.Outbox.Depth != int64(n+big) {
 		t.Errorf("full outbox: got depth %d bytes %d, want depth %d and at most %d bytes", st.Outbox.Depth, st.Outbox.Bytes, n+big, maxBytes)
@@ -259,7 +260,7 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 	// What alpha acknowledged survives kill -9: the outbox is on disk.
 	alpha.Kill()
 	alpha = meshtest.StartProcess(t, meshNodeArgs(t, "alpha", amqpURL, alphaConfig, "--data", alphaData)...)
-	if st := getBridgeStatus(t, alpha.HTTPURL()); st.Outbox.Depth != int64(n+big) {
+	if st := meshtest.Status(t, alpha.HTTPURL()); st.Outbox.Depth != int64(n+big) {
 		t.Errorf("outbox after kill -9 and restart: got depth %d, want %d", st.Outbox.Depth, n+big)
 	}
 
@@ -269,7 +270,7 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 		t.Errorf("after 3m: %d commands not delivered", len(h.Check().Lost))
 	}
 	t.Logf("outbox delivered in %s", time.Since(start).Round(time.Millisecond))
-	waitBridgeStatus(t, alpha.HTTPURL(), time.Minute, "alpha's outbox empty", func(s bridgeStatus) bool { return s.Outbox.Depth == 0 })
+	meshtest.WaitStatus(t, alpha.HTTPURL(), time.Minute, "alpha's outbox empty", func(s appliance.Status) bool { return s.Outbox.Depth == 0 })
 	time.Sleep(time.Second) // room for duplicates
 	r := h.Check()
 	t.Logf("checker:\n%s", r)

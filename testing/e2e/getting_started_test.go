@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -203,8 +204,8 @@ func gsRun(t *testing.T, bin, natsBin string, m *gsMachine, services *strings.Re
 		f.Close()
 	case cmdLine == "systemctl enable --now meshbox":
 		m.proc = meshtest.StartProcess(t, "--env-file", m.env, "--data", m.data, "--nats", m.nats, "--http", m.http)
-		waitStatus(t, m.proc.HTTPURL(), 30*time.Second, m.name+" connected to the broker",
-			func(s nodeStatus) bool { return s.Broker.State == "connected" })
+		meshtest.WaitStatus(t, m.proc.HTTPURL(), 30*time.Second, m.name+" connected to the broker",
+			func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	case strings.HasPrefix(cmdLine, "meshbox "):
 		args := shellWords(t, cmdLine)[1:]
 		var code int

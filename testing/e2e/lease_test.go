@@ -17,18 +17,6 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// commandsStatus is the commands-in-flight part of a node's status.
-type commandsStatus struct {
-	Commands []struct {
-		Stage                 string  `json:"stage"`
-		MsgID                 string  `json:"msg_id"`
-		Attempt               int     `json:"attempt"`
-		State                 string  `json:"state"`
-		AgeSeconds            float64 `json:"age_seconds"`
-		LeaseRemainingSeconds float64 `json:"lease_remaining_seconds"`
-	} `json:"commands"`
-}
-
 // The real binary: a handler that takes 3x command_timeout while sending
 // progress completes once, with no retry; meanwhile the status (JSON and
 // `meshbox status`) shows the command in flight with its lease.
@@ -68,8 +56,7 @@ func TestLeaseWithTheRealBinary(t *testing.T) {
 		t.Fatalf("submit: %v %v %v", out, resp, err)
 	}
 	ok := meshtest.Poll(5*time.Second, func() bool {
-		var st commandsStatus
-		getJSON(t, p.HTTPURL()+"/status", "", &st)
+		st := meshtest.Status(t, p.HTTPURL())
 		for _, c := range st.Commands {
 			if c.MsgID == "e2e-long-1" && c.Stage == "long" && c.Attempt == 1 && c.AgeSeconds > 1.5 && c.LeaseRemainingSeconds > 0 {
 				return true
@@ -90,8 +77,7 @@ func TestLeaseWithTheRealBinary(t *testing.T) {
 		t.Fatal("the handler did not finish")
 	}
 	if !meshtest.Poll(5*time.Second, func() bool {
-		var st commandsStatus
-		getJSON(t, p.HTTPURL()+"/status", "", &st)
+		st := meshtest.Status(t, p.HTTPURL())
 		return len(st.Commands) == 0
 	}) {
 		t.Fatal("the command stayed in flight after its result")

@@ -107,11 +107,6 @@ func TestRetryAndResultWithTheRealBinary(t *testing.T) {
 	}
 }
 
-// deadLettersStatus is the dead-letter part of a node's status.
-type deadLettersStatus struct {
-	DeadLetters map[string]int `json:"dead_letters"`
-}
-
 // The real binary and `meshbox dlq`: a permanent failure (422) is
 // dead-lettered at once with its reason and counted (status JSON, meshbox
 // status, metric); `dlq show` tells it, `dlq replay` delivers it again
@@ -151,8 +146,7 @@ func TestDeadLettersWithTheRealBinary(t *testing.T) {
 	}
 	submit("e2e-order-1")
 	if !meshtest.Poll(5*time.Second, func() bool {
-		var st deadLettersStatus
-		getJSON(t, p.HTTPURL()+"/status", "", &st)
+		st := meshtest.Status(t, p.HTTPURL())
 		return st.DeadLetters["orders"] == 1
 	}) {
 		t.Fatal("the status never counted the dead letter")
@@ -232,8 +226,7 @@ func TestDeadLettersWithTheRealBinary(t *testing.T) {
 	if code, out, _ := dlq("list", "orders"); code != 0 || !strings.Contains(out, "no dead letters") {
 		t.Errorf("dlq list after the purge: exit %d\n%s", code, out)
 	}
-	var st deadLettersStatus
-	getJSON(t, p.HTTPURL()+"/status", "", &st)
+	st := meshtest.Status(t, p.HTTPURL())
 	if st.DeadLetters["orders"] != 0 {
 		t.Errorf("status count after the purge: got %d", st.DeadLetters["orders"])
 	}

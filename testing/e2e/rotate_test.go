@@ -19,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
 	"github.com/meshbox/meshbox/testing/ledger"
@@ -74,8 +75,8 @@ func newIdentityMesh(t *testing.T, nodes ...string) *identityMesh {
 func (m *identityMesh) start(t *testing.T, node string) *meshtest.Process {
 	t.Helper()
 	p := meshtest.StartProcess(t, "--env-file", m.envs[node], "--data", m.data[node])
-	waitStatus(t, p.HTTPURL(), 30*time.Second, node+" connected to the broker",
-		func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, node+" connected to the broker",
+		func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	return p
 }
 
@@ -105,32 +106,11 @@ func (m *identityMesh) generations(t *testing.T, node string) []int {
 	return gens
 }
 
-// identityStatus is the identity part of a node's status JSON.
-type identityStatus struct {
-	Identity *struct {
-		BrokerUser string  `json:"broker_user"`
-		Generation int     `json:"generation"`
-		AgeSeconds float64 `json:"age_seconds"`
-		State      string  `json:"state"`
-		Rotation   string  `json:"rotation"`
-	} `json:"identity"`
-}
-
-func getIdentity(t *testing.T, httpURL string) identityStatus {
+// waitIdentity waits until the node's status has its identity (the
+// broker user and credential) and ok accepts the status.
+func waitIdentity(t *testing.T, httpURL, what string, ok func(appliance.Status) bool) appliance.Status {
 	t.Helper()
-	var st identityStatus
-	getJSON(t, httpURL+"/status", "", &st)
-	return st
-}
-
-// waitIdentity waits until the node's identity status satisfies ok.
-func waitIdentity(t *testing.T, httpURL, what string, ok func(identityStatus) bool) identityStatus {
-	t.Helper()
-	var st identityStatus
-	if !meshtest.Poll(30*time.Second, func() bool { st = getIdentity(t, httpURL); return st.Identity != nil && ok(st) }) {
-		t.Fatalf("after 30s: %s; identity %+v", what, st.Identity)
-	}
-	return st
+	return meshtest.WaitStatus(t, httpURL, 30*time.Second, what, func(s appliance.Status) bool { return s.Identity != nil && ok(s) })
 }
 
 // calls keeps requests flowing from one node to capability echo on
@@ -184,7 +164,7 @@ func TestRotateAllUnderLoad(t *testing.T) {
 	procs := map[string]*meshtest.Process{}
 	for _, n := range names {
 		procs[n] = m.start(t, n)
-		st := waitIdentity(t, procs[n].HTTPURL(), n+" on generation 1, switch recorded", func(s identityStatus) bool {
+		st := waitIdentity(t, procs[n].HTTPURL(), n+" on generation 1, switch recorded", func(s appliance.Status) bool {
 			return s.Identity.Generation == 1 && s.Identity.State == "in use"
 		})
 		if st.Identity.BrokerUser != "node."+n+".g1" {
@@ -289,7 +269,7 @@ func TestRotateAllUnderLoad(t *testing.T) {
 		if got := m.generations(t, n); !slices.Equal(got, []int{2}) {
 			t.Errorf("%s's broker users: generations %v, want [2] (generation 1 revoked)", n, got)
 		}
-		st := waitIdentity(t, procs[n].HTTPURL(), n+" on generation 2 with no rotation left", func(s identityStatus) bool {
+		st := waitIdentity(t, procs[n].HTTPURL(), n+" on generation 2 with no rotation left", func(s appliance.Status) bool {
 			return s.Identity.Generation == 2 && s.Identity.Rotation == ""
 		})
 		if st.Identity.State != "in use" || st.Identity.BrokerUser != "node."+n+".g2" {
@@ -309,7 +289,7 @@ func TestRotateAllUnderLoad(t *testing.T) {
 	}
 	mesh(t, m.db, "setting", "set", "rotation.check", "done")
 	for _, n := range names {
-		waitStatus(t, procs[n].HTTPURL(), 15*time.Second, n+" follows a change under its new role", func(s nodeStatus) bool {
+		meshtest.WaitStatus(t, procs[n].HTTPURL(), 15*time.Second, n+" follows a change under its new role", func(s appliance.Status) bool {
 			return s.Bindings.DB == "connected" && hasChange(s, "setting", "added", "rotation.check")
 		})
 	}
@@ -350,7 +330,7 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 	m := newIdentityMesh(t, "ant", "bee")
 	ant := m.start(t, "ant")
 	bee := m.start(t, "bee")
-	waitIdentity(t, bee.HTTPURL(), "bee on generation 1", func(s identityStatus) bool { return s.Identity.Generation == 1 })
+	waitIdentity(t, bee.HTTPURL(), "bee on generation 1", func(s appliance.Status) bool { return s.Identity.Generation == 1 })
 	bee.Signal(syscall.SIGTERM)
 	if code := bee.Wait(); code != 0 {
 		t.Fatalf("bee stopped with exit %d", code)
@@ -378,7 +358,7 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 	if got := m.generations(t, "ant"); !slices.Equal(got, []int{2}) {
 		t.Errorf("ant's broker users: %v, want [2]", got)
 	}
-	waitIdentity(t, ant.HTTPURL(), "ant on generation 2", func(s identityStatus) bool {
+	waitIdentity(t, ant.HTTPURL(), "ant on generation 2", func(s appliance.Status) bool {
 		return s.Identity.Generation == 2 && s.Identity.State == "in use"
 	})
 	// Restarted, ant logs in to the database with its new role from the
@@ -388,12 +368,12 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 		t.Fatalf("ant stopped with exit %d", code)
 	}
 	ant = m.start(t, "ant")
-	waitStatus(t, ant.HTTPURL(), 15*time.Second, "ant restarted, bindings from the database", func(s nodeStatus) bool {
+	meshtest.WaitStatus(t, ant.HTTPURL(), 15*time.Second, "ant restarted, bindings from the database", func(s appliance.Status) bool {
 		return s.Bindings.Source == "db" && s.Bindings.DB == "connected"
 	})
 
 	bee = m.start(t, "bee")
-	waitIdentity(t, bee.HTTPURL(), "bee back, on generation 2, the old one not revoked yet", func(s identityStatus) bool {
+	waitIdentity(t, bee.HTTPURL(), "bee back, on generation 2, the old one not revoked yet", func(s appliance.Status) bool {
 		return s.Identity.Generation == 2 && s.Identity.State == "in use" && strings.Contains(s.Identity.Rotation, "older generations [1]")
 	})
 	// The rotation in progress shows on the status page and in meshbox
@@ -427,7 +407,7 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 	if got := m.generations(t, "bee"); !slices.Equal(got, []int{2}) {
 		t.Errorf("bee's broker users after the second rotate: %v, want [2]", got)
 	}
-	waitIdentity(t, bee.HTTPURL(), "bee with no rotation left", func(s identityStatus) bool { return s.Identity.Rotation == "" })
+	waitIdentity(t, bee.HTTPURL(), "bee with no rotation left", func(s appliance.Status) bool { return s.Identity.Rotation == "" })
 
 	// doctor on the stopped bee: its credential (from its cached bindings)
 	// works and is its own, without the admin's rights.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -20,7 +21,7 @@ import (
 func TestRotateForceRevokesOfflineNode(t *testing.T) {
 	m := newIdentityMesh(t, "bee")
 	bee := m.start(t, "bee")
-	waitIdentity(t, bee.HTTPURL(), "bee on generation 1", func(s identityStatus) bool {
+	waitIdentity(t, bee.HTTPURL(), "bee on generation 1", func(s appliance.Status) bool {
 		return s.Identity.Generation == 1 && s.Identity.State == "in use"
 	})
 	bee.Signal(syscall.SIGTERM)
@@ -51,7 +52,7 @@ func TestRotateForceRevokesOfflineNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	flush(t, nc)
-	st := waitIdentity(t, bee.HTTPURL(), "bee says its credential was revoked", func(s identityStatus) bool {
+	st := waitIdentity(t, bee.HTTPURL(), "bee says its credential was revoked", func(s appliance.Status) bool {
 		return s.Identity.State == "credential revoked"
 	})
 	if st.Identity.BrokerUser != "node.bee.g1" {

@@ -17,19 +17,9 @@ import (
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
-// scopeKeys is the scopes part of a node's keys status: each scope the
-// node is in, with the key it seals with now.
-type scopeKeys struct {
-	Keys *struct {
-		Held   []string          `json:"held"`
-		Scopes map[string]string `json:"scopes"`
-	} `json:"keys"`
-}
-
 func nodeScopes(t *testing.T, p *meshtest.Process) (held []string, scopes map[string]string) {
 	t.Helper()
-	var st scopeKeys
-	getJSON(t, p.HTTPURL()+"/status", "", &st)
+	st := meshtest.Status(t, p.HTTPURL())
 	if st.Keys == nil {
 		return nil, nil
 	}

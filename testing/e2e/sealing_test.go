@@ -29,17 +29,6 @@ import (
 // and headers.
 const operatorMarker = "front-door-code-1234"
 
-// keysStatus is the keys part of a node's status.
-type keysStatus struct {
-	Keys *struct {
-		Sealing bool     `json:"sealing"`
-		Current string   `json:"current"`
-		Held    []string `json:"held"`
-		Lacking []string `json:"lacking"`
-		InStep  bool     `json:"in_step"`
-	} `json:"keys"`
-}
-
 // joinedNode adds node with `meshbox mesh node add`, allowed every stage
 // (--stages *: the tests host stages on any node), joins it and runs it
 // from its env file, with extra flags of `meshbox run` (--config, say).
@@ -74,8 +63,7 @@ func waitSealing(t *testing.T, p *meshtest.Process) string {
 	t.Helper()
 	var last string
 	if !meshtest.Poll(30*time.Second, func() bool {
-		var st keysStatus
-		getJSON(t, p.HTTPURL()+"/status", "", &st)
+		st := meshtest.Status(t, p.HTTPURL())
 		if st.Keys == nil {
 			last = "no keys in the status"
 			return false
@@ -94,8 +82,7 @@ func waitSealing(t *testing.T, p *meshtest.Process) string {
 func waitKeysInStep(t *testing.T, p *meshtest.Process) {
 	t.Helper()
 	if !meshtest.Poll(30*time.Second, func() bool {
-		var st keysStatus
-		getJSON(t, p.HTTPURL()+"/status", "", &st)
+		st := meshtest.Status(t, p.HTTPURL())
 		return st.Keys != nil && st.Keys.InStep && st.Keys.Current != ""
 	}) {
 		t.Fatalf("the node's keys are not in step with the mesh database after 30s\n%s", p.Output())
@@ -420,8 +407,7 @@ func TestKeyRotationUnderTraffic(t *testing.T) {
 	}
 	for _, p := range []*meshtest.Process{alpha, beta} {
 		if !meshtest.Poll(retention+20*time.Second, func() bool {
-			var st keysStatus
-			getJSON(t, p.HTTPURL()+"/status", "", &st)
+			st := meshtest.Status(t, p.HTTPURL())
 			return st.Keys != nil && !slices.Contains(st.Keys.Held, old) && slices.Contains(st.Keys.Held, newID)
 		}) {
 			t.Fatalf("the old key %s is not retired", old)
@@ -445,8 +431,7 @@ func TestKeyRotationUnderTraffic(t *testing.T) {
 // currentKey is the content key the node seals with now.
 func currentKey(t *testing.T, p *meshtest.Process) string {
 	t.Helper()
-	var st keysStatus
-	getJSON(t, p.HTTPURL()+"/status", "", &st)
+	st := meshtest.Status(t, p.HTTPURL())
 	if st.Keys == nil {
 		return ""
 	}

@@ -15,7 +15,7 @@ import (
 // to half the time at most.
 const (
 	pollFast    = 20 * time.Millisecond
-	pollFastFor = 2 * time.Second
+	pollFastFor = 5 * time.Second
 	pollSlow    = 100 * time.Millisecond
 )
 
