@@ -140,7 +140,7 @@ func TestCommandRetriesThenDeadLetter(t *testing.T) {
 		dead = append(dead, deadLetters(t, ch, "flaky")...)
 		return len(dead) > 0
 	})
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // real time: room for an attempt after the dead letter, whose absence cannot be signalled
 	var attempts []string
 	for _, m := range h.msgs() {
 		if string(m.Data) != "poison" {

@@ -169,7 +169,8 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	if !meshtest.Poll(10*time.Second, func() bool { return errorsOf(t, beta, "forged") >= forged0+forgeries }) {
 		t.Errorf("beta's forged count: %v, want %v (two byes and a request as %s)", errorsOf(t, beta, "forged"), forged0+forgeries, fakeUser)
 	}
-	// Alpha's heartbeats go on: beta never marked it gone.
+	// Alpha's heartbeats go on: beta never marked it gone (real time:
+	// room for a wrong gone, whose absence cannot be signalled).
 	time.Sleep(2 * time.Second)
 	if st := peer(meshtest.Status(t, beta.HTTPURL()), "alpha").State; st != "up" {
 		t.Errorf("beta's view of alpha after byes as %s: %q, want up", fakeUser, st)
@@ -210,7 +211,7 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	if !meshtest.Poll(10*time.Second, func() bool { return errorsOf(t, beta, "forged") >= forged1+1 }) {
 		t.Errorf("beta's forged count after a bye as the revoked %s: %v, want %v", oldUser, errorsOf(t, beta, "forged"), forged1+1)
 	}
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // real time: room for a wrong gone, whose absence cannot be signalled
 	if st := peer(meshtest.Status(t, beta.HTTPURL()), "alpha").State; st != "up" {
 		t.Errorf("beta's view of alpha after a bye as the revoked %s: %q, want up", oldUser, st)
 	}
@@ -470,7 +471,7 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 			discoveryRejected(t, beta, "unsigned"), unsigned0+3, discoveryRejected(t, beta, "forged"), forged0+1,
 			discoveryRejected(t, beta, "replayed"), replayed0+1)
 	}
-	time.Sleep(2 * time.Second) // alpha's own heartbeats go on meanwhile
+	time.Sleep(2 * time.Second) // real time: alpha's own heartbeats go on meanwhile, and a wrong gone would show
 	if p := peer(meshtest.Status(t, beta.HTTPURL()), "alpha"); p.State != "up" || !slices.Contains(p.Capabilities, "echo") || slices.Contains(p.Capabilities, "decoy") {
 		t.Errorf("beta's view of alpha after the operator spoke for it: %+v, want up, hosting echo and not decoy", p)
 	}
@@ -520,7 +521,7 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	if !meshtest.Poll(10*time.Second, func() bool { return goneIn() >= gone0+1 }) {
 		t.Errorf("beta never took mallory's gone (an unsigned message of a node without a signing key)")
 	}
-	time.Sleep(2 * time.Second) // beta's probe of alpha comes back routed
+	time.Sleep(2 * time.Second) // real time: beta's probe of alpha comes back routed (nothing says so), and a wrong gone would show
 	if p := peer(meshtest.Status(t, beta.HTTPURL()), "alpha"); p.State != "up" {
 		t.Errorf("beta's view of alpha after mallory spoke for it: %+v, want up", p)
 	}

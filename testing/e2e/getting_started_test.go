@@ -255,7 +255,7 @@ func gsRun(t *testing.T, bin, natsBin string, m *gsMachine, services *strings.Re
 			t.Fatalf("%s: %s: still running after 30s", m.name, line)
 		}
 		if strings.HasSuffix(cmdLine, "&") {
-			time.Sleep(300 * time.Millisecond)
+			time.Sleep(300 * time.Millisecond) // real time: room for a background command's early error, whose absence cannot be signalled
 			if got, _ := os.ReadFile(logPath); bytes.Contains(got, []byte("nats: error")) {
 				t.Fatalf("%s: %s: %s", m.name, line, got)
 			}
