@@ -27,7 +27,7 @@ func TestAlarmBlocksPublishingButNotAcks(t *testing.T) {
 	})
 	n.waitConnected(t)
 	ch := amqpChannel(t, r.URL())
-	waitFor(t, 15*time.Second, "a consumer on cmd."+stage, func() bool {
+	meshtest.WaitFor(t, 15*time.Second, "a consumer on cmd."+stage, func() bool {
 		q, err := ch.QueueDeclarePassive("cmd."+stage, true, false, false, false, nil)
 		return err == nil && q.Consumers == 1
 	})
@@ -43,7 +43,7 @@ func TestAlarmBlocksPublishingButNotAcks(t *testing.T) {
 	if err := n.client.Publish("evt.alarm", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "link blocked", func() bool { return n.b.Status().Broker.State == bridge.StateBlocked })
+	meshtest.WaitFor(t, 30*time.Second, "link blocked", func() bool { return n.b.Status().Broker.State == bridge.StateBlocked })
 
 	seen := map[string]bool{}
 	seenCh := make(chan string, 64)

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -75,7 +77,7 @@ func TestCommandBatches(t *testing.T) {
 	if batches == 0 {
 		t.Fatalf("no command batch sent for %d commands from 64 submitters", total)
 	}
-	waitFor(t, 10*time.Second, "the failed commands of batches published again alone", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "the failed commands of batches published again alone", func() bool {
 		_, _, splits := bridge.CommandBatches(b.b)
 		return splits > 0
 	})
@@ -118,7 +120,7 @@ func TestNoCommandBatchesForOlderPeers(t *testing.T) {
 	var h handler
 	serveStage(t, b, "single", &h)
 	submitAll(t, a, "single", 200, 200, nil)
-	waitFor(t, 20*time.Second, "200 commands handled", func() bool { return len(h.msgs()) >= 200 })
+	meshtest.WaitFor(t, 20*time.Second, "200 commands handled", func() bool { return len(h.msgs()) >= 200 })
 	if batches, _, _ := bridge.CommandBatches(a.b); batches != 0 {
 		t.Fatalf("%d batches sent with batching off", batches)
 	}
@@ -137,7 +139,7 @@ func TestBatchDeadLetteredByAnOlderNodeReplayed(t *testing.T) {
 	var h handler
 	sub := serveStage(t, b, "legacy", &h)
 	_ = sub.Unsubscribe()
-	waitFor(t, 10*time.Second, "beta to stop consuming stage legacy", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "beta to stop consuming stage legacy", func() bool {
 		open, _ := bridge.StageConsumers(b.b, "legacy")
 		return open == 0
 	})
@@ -152,8 +154,10 @@ func TestBatchDeadLetteredByAnOlderNodeReplayed(t *testing.T) {
 	var mu sync.Mutex
 	inBatches := map[string]bool{}
 	batches := 0
+	done := 0 // commands the older node is done with (acked)
 	go func() {
 		for d := range ds {
+			ids := 1
 			if d.Type == "commands" {
 				entries, err := bridge.DecodeBatchIDs(d.Body)
 				if err != nil {
@@ -177,18 +181,26 @@ func TestBatchDeadLetteredByAnOlderNodeReplayed(t *testing.T) {
 					inBatches[id] = true
 				}
 				mu.Unlock()
+				ids = len(entries)
 			}
 			_ = d.Ack(false)
+			mu.Lock()
+			done += ids
+			mu.Unlock()
 		}
 	}()
+	var accepted atomic.Int64 // commands the broker took
 	for round := 0; ; round++ {
 		var wg sync.WaitGroup
 		for i := range 16 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, _ = a.client.RequestMsg(&nats.Msg{Subject: "cmd.legacy", Data: []byte("x"),
+				m, err := a.client.RequestMsg(&nats.Msg{Subject: "cmd.legacy", Data: []byte("x"),
 					Header: nats.Header{bridge.HeaderMsgID: {fmt.Sprintf("r%d-%d", round, i)}}}, 10*time.Second)
+				if err == nil && m.Header.Get(bridge.HeaderAccepted) != "" {
+					accepted.Add(1)
+				}
 			}()
 		}
 		wg.Wait()
@@ -202,7 +214,11 @@ func TestBatchDeadLetteredByAnOlderNodeReplayed(t *testing.T) {
 			t.Fatal("no batch in 20 rounds of 16 concurrent commands")
 		}
 	}
-	time.Sleep(200 * time.Millisecond) // the older node's last dead letter
+	meshtest.WaitFor(t, 10*time.Second, "the older node done with every command it took", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return int64(done) >= accepted.Load()
+	})
 	_ = ch.Cancel("older", false)
 
 	serveStage(t, b, "legacy", &h)
@@ -215,8 +231,8 @@ func TestBatchDeadLetteredByAnOlderNodeReplayed(t *testing.T) {
 	if err != nil || n != wantBatches {
 		t.Fatalf("replay: got %d, %v; want the %d batches", n, err, wantBatches)
 	}
-	waitFor(t, 10*time.Second, "every command of the batches handled", func() bool { return len(h.msgs()) >= want })
-	time.Sleep(200 * time.Millisecond)
+	meshtest.WaitFor(t, 10*time.Second, "every command of the batches handled", func() bool { return len(h.msgs()) >= want })
+	time.Sleep(200 * time.Millisecond) // real time: room for a command handled twice, whose absence cannot be signalled
 	got := map[string]int{}
 	for _, m := range h.msgs() {
 		got[m.Header.Get(bridge.HeaderMsgID)]++
@@ -290,7 +306,7 @@ func TestGracefulStopFinishesHandledCommands(t *testing.T) {
 	c.waitConnected(t)
 	var h handler
 	serveStage(t, c, "finish", &h)
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // real time: room for a command delivered again, whose absence cannot be signalled
 	if got := len(h.msgs()); got != 0 {
 		t.Fatalf("%d commands delivered again after beta stopped with its handler done with them", got)
 	}

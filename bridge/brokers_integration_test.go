@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // closedBrokerURL returns brokerURL moved to a loopback port nothing
@@ -92,7 +93,7 @@ func TestFailoverToAnotherBrokerURL(t *testing.T) {
 	}
 	cut := time.Now()
 	px.Cut(t)
-	waitFor(t, 20*time.Second, "alpha connected on "+other, func() bool {
+	meshtest.WaitFor(t, 20*time.Second, "alpha connected on "+other, func() bool {
 		st := a.b.Status().Broker
 		return st.State == bridge.StateConnected && st.Broker == other
 	})
@@ -105,13 +106,13 @@ func TestFailoverToAnotherBrokerURL(t *testing.T) {
 	if st.Failovers[i].Reason == "" {
 		t.Errorf("failover %+v has no reason", st.Failovers[i])
 	}
-	waitFor(t, 20*time.Second, "a request from beta answered by alpha", func() bool {
+	meshtest.WaitFor(t, 20*time.Second, "a request from beta answered by alpha", func() bool {
 		m, err := b.request(t, "node.alpha.cap.echo", []byte("x"), nil, 3*time.Second)
 		if err != nil {
 			return false
 		}
-		code, _ := serviceError(m)
-		return code == "" && string(m.Data) == "echo:x"
+		code, _ := natstest.ServiceError(m)
+		return code == 0 && string(m.Data) == "echo:x"
 	})
 }
 
@@ -141,7 +142,7 @@ func TestCredentialSwitchWithSeveralBrokers(t *testing.T) {
 	if err := alpha.b.SetURL(down2 + "," + g2); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "alpha on its new user", func() bool {
+	meshtest.WaitFor(t, 20*time.Second, "alpha on its new user", func() bool {
 		c := alpha.b.Status().Broker.Credential
 		return c != nil && c.User == cred2.User && c.State == bridge.CredentialInUse
 	})

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -89,7 +91,7 @@ func TestCommandsHandledOnceWithTwoHosts(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "every command handled", func() bool { return len(hb.msgs())+len(hc.msgs()) >= n })
+	meshtest.WaitFor(t, 20*time.Second, "every command handled", func() bool { return len(hb.msgs())+len(hc.msgs()) >= n })
 	time.Sleep(500 * time.Millisecond) // duplicates would show up now
 	count := map[string]int{}
 	ids := map[string]bool{}
@@ -123,7 +125,7 @@ func TestCommandRetriesThenDeadLetter(t *testing.T) {
 
 	a.submit(t, "flaky", []byte("poison"), nats.Header{bridge.HeaderMsgID: {"my-id-1"}})
 	a.submit(t, "flaky", []byte("fine"), nil)
-	waitFor(t, 20*time.Second, "three attempts of the poison command", func() bool {
+	meshtest.WaitFor(t, 20*time.Second, "three attempts of the poison command", func() bool {
 		n := 0
 		for _, m := range h.msgs() {
 			if string(m.Data) == "poison" {
@@ -134,11 +136,11 @@ func TestCommandRetriesThenDeadLetter(t *testing.T) {
 	})
 	ch := amqpChannel(t, vhost)
 	var dead []amqp.Delivery
-	waitFor(t, 10*time.Second, "the dead letter", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "the dead letter", func() bool {
 		dead = append(dead, deadLetters(t, ch, "flaky")...)
 		return len(dead) > 0
 	})
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // real time: room for an attempt after the dead letter, whose absence cannot be signalled
 	var attempts []string
 	for _, m := range h.msgs() {
 		if string(m.Data) != "poison" {
@@ -174,8 +176,8 @@ func TestCommandNoRoute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, text := serviceError(m); code != "503" || !strings.Contains(text, "no node hosts stage nobody.hosts.this") {
-		t.Errorf("got %s %q, want 503 naming the stage", code, text)
+	if code, text := natstest.ServiceError(m); code != 503 || !strings.Contains(text, "no node hosts stage nobody.hosts.this") {
+		t.Errorf("got %d %q, want 503 naming the stage", code, text)
 	}
 	if time.Since(start) > 2*time.Second {
 		t.Errorf("took %v, want a prompt answer", time.Since(start))
@@ -209,12 +211,12 @@ func TestMalformedCommandsDeadLettered(t *testing.T) {
 	if err := ch.Publish("mesh", "cmd.work", false, false, amqp.Publishing{Type: "command", MessageId: "ok", Headers: good, Body: []byte("good")}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the good command", func() bool { return len(h.msgs()) == 1 })
+	meshtest.WaitFor(t, 10*time.Second, "the good command", func() bool { return len(h.msgs()) == 1 })
 	if got := string(h.msgs()[0].Data); got != "good" {
 		t.Errorf("handled: got %q, want only the good command", got)
 	}
 	var dead []amqp.Delivery
-	waitFor(t, 10*time.Second, "dead letters", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "dead letters", func() bool {
 		dead = append(dead, deadLetters(t, ch, "work")...)
 		return len(dead) >= len(bad)
 	})
@@ -242,7 +244,7 @@ func TestMalformedCommandsDeadLettered(t *testing.T) {
 	}
 	// The consumer is not stuck: more work flows.
 	a.submit(t, "work", []byte("after"), nil)
-	waitFor(t, 10*time.Second, "a command after the bad ones", func() bool { return len(h.msgs()) == 2 })
+	meshtest.WaitFor(t, 10*time.Second, "a command after the bad ones", func() bool { return len(h.msgs()) == 2 })
 }
 
 // TestCommandSeenBeforeIsMarked delivers the same command twice as a broker
@@ -263,7 +265,7 @@ func TestCommandSeenBeforeIsMarked(t *testing.T) {
 		if err := ch.Publish("mesh", "cmd.again", false, false, p); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 10*time.Second, "delivery", func() bool { return len(h.msgs()) == i+1 })
+		meshtest.WaitFor(t, 10*time.Second, "delivery", func() bool { return len(h.msgs()) == i+1 })
 	}
 	msgs := h.msgs()
 	if got := msgs[0].Header.Get(bridge.HeaderRedelivered); got != "false" {

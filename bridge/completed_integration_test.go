@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -63,18 +64,18 @@ func TestDedupeAcksACompletedID(t *testing.T) {
 	serveStage(t, a, "once", &h)
 
 	submitOnce(t, a, "dup-1")
-	waitFor(t, 10*time.Second, "the first delivery handled", func() bool { return len(h.msgs()) == 1 && len(a.b.Status().Commands) == 0 })
+	meshtest.WaitFor(t, 10*time.Second, "the first delivery handled", func() bool { return len(h.msgs()) == 1 && len(a.b.Status().Commands) == 0 })
 	submitOnce(t, a, "dup-1") // the submitter sends the same id again
-	waitFor(t, 10*time.Second, "the duplicate counted", func() bool { return deduplicated(t, reg, "once") == 1 })
+	meshtest.WaitFor(t, 10*time.Second, "the duplicate counted", func() bool { return deduplicated(t, reg, "once") == 1 })
 	submitOnce(t, a, "other")
-	waitFor(t, 10*time.Second, "another id handled", func() bool { return len(h.msgs()) == 2 })
+	meshtest.WaitFor(t, 10*time.Second, "another id handled", func() bool { return len(h.msgs()) == 2 })
 	for i, m := range h.msgs() {
 		if want := []string{"dup-1", "other"}[i]; m.Header.Get(bridge.HeaderMsgID) != want {
 			t.Errorf("handler call %d: id %q, want %q", i, m.Header.Get(bridge.HeaderMsgID), want)
 		}
 	}
 	ch := amqpChannel(t, vhost)
-	waitFor(t, 5*time.Second, "cmd.once empty", func() bool {
+	meshtest.WaitFor(t, 5*time.Second, "cmd.once empty", func() bool {
 		q, err := ch.QueueDeclarePassive("cmd.once", true, false, false, false, nil)
 		return err == nil && q.Messages == 0 && len(a.b.Status().Commands) == 0
 	})
@@ -92,7 +93,7 @@ func TestDedupeSurvivesRestart(t *testing.T) {
 	var h handler
 	serveStage(t, a, "once", &h)
 	submitOnce(t, a, "dup-2")
-	waitFor(t, 10*time.Second, "the first delivery handled", func() bool { return len(h.msgs()) == 1 && len(a.b.Status().Commands) == 0 })
+	meshtest.WaitFor(t, 10*time.Second, "the first delivery handled", func() bool { return len(h.msgs()) == 1 && len(a.b.Status().Commands) == 0 })
 	if err := a.b.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -109,9 +110,9 @@ func TestDedupeSurvivesRestart(t *testing.T) {
 	// At least once: a redelivery of the first copy, had its ack been
 	// lost, is a duplicate too; what matters is that the handler never
 	// sees dup-2 again.
-	waitFor(t, 10*time.Second, "the duplicate counted after the restart", func() bool { return deduplicated(t, reg, "once") >= 1 })
+	meshtest.WaitFor(t, 10*time.Second, "the duplicate counted after the restart", func() bool { return deduplicated(t, reg, "once") >= 1 })
 	submitOnce(t, b, "fresh")
-	waitFor(t, 10*time.Second, "a new id handled", func() bool { return len(hb.msgs()) == 1 })
+	meshtest.WaitFor(t, 10*time.Second, "a new id handled", func() bool { return len(hb.msgs()) == 1 })
 	if id := hb.msgs()[0].Header.Get(bridge.HeaderMsgID); id != "fresh" {
 		t.Errorf("handler after the restart called with %q, want only fresh", id)
 	}

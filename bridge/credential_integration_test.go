@@ -16,6 +16,8 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // perNodeMesh makes a vhost with the shared topology declared by the
@@ -114,7 +116,7 @@ func TestCredentialSwitchLosesNoRequest(t *testing.T) {
 					if err != nil {
 						failures = append(failures, err.Error())
 					} else {
-						_, text := serviceError(m)
+						_, text := natstest.ServiceError(m)
 						failures = append(failures, text)
 					}
 					mu.Unlock()
@@ -122,7 +124,7 @@ func TestCredentialSwitchLosesNoRequest(t *testing.T) {
 			}()
 		}
 	}
-	waitFor(t, 10*time.Second, "calls flowing", func() bool { return ok.Load() > 50 })
+	meshtest.WaitFor(t, 10*time.Second, "calls flowing", func() bool { return ok.Load() > 50 })
 
 	for _, n := range []*node{alpha, beta} {
 		before := ok.Load()
@@ -130,7 +132,7 @@ func TestCredentialSwitchLosesNoRequest(t *testing.T) {
 		if err := n.b.SetURL(urlOf(g2)); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 20*time.Second, n.name+" on its new user", func() bool {
+		meshtest.WaitFor(t, 20*time.Second, n.name+" on its new user", func() bool {
 			c := n.b.Status().Broker.Credential
 			return c != nil && c.User == g2.User && c.State == bridge.CredentialInUse
 		})
@@ -140,7 +142,7 @@ func TestCredentialSwitchLosesNoRequest(t *testing.T) {
 		if err := a.DeleteGeneration(context.Background(), n.name, 1); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 10*time.Second, "calls flowing after the switch of "+n.name, func() bool { return ok.Load() > before+100 })
+		meshtest.WaitFor(t, 10*time.Second, "calls flowing after the switch of "+n.name, func() bool { return ok.Load() > before+100 })
 		st := n.b.Status().Broker
 		if st.State != bridge.StateConnected || st.Credential.Generation != 2 || st.Credential.SwitchedAt.IsZero() {
 			t.Errorf("%s after the switch: state %s, credential %+v", n.name, st.State, *st.Credential)
@@ -164,7 +166,7 @@ func TestWrongBrokerPasswordIsRefusedNotRevoked(t *testing.T) {
 	right := cred.Password
 	cred.Password = "wrong-password"
 	alpha := newNode(t, "alpha", urlOf(cred), nil)
-	waitFor(t, 20*time.Second, "credential refused", func() bool {
+	meshtest.WaitFor(t, 20*time.Second, "credential refused", func() bool {
 		st := alpha.b.Status().Broker
 		return st.Credential != nil && st.Credential.State == bridge.CredentialRefused && strings.Contains(st.Reason, "credential refused")
 	})
@@ -202,7 +204,7 @@ func TestCredentialRevokedIsSaid(t *testing.T) {
 	}
 	// The credential's state and the link's reason are set one after the
 	// other: wait for the link to say it too.
-	waitFor(t, 20*time.Second, "credential revoked", func() bool {
+	meshtest.WaitFor(t, 20*time.Second, "credential revoked", func() bool {
 		st := alpha.b.Status().Broker
 		return st.Credential != nil && st.Credential.State == bridge.CredentialRevoked && strings.Contains(st.Reason, "credential revoked")
 	})
@@ -223,7 +225,7 @@ func TestCredentialRevokedIsSaid(t *testing.T) {
 	// The link retries (each refusal counts as a link error); the
 	// revocation is logged once, not once per retry.
 	failures := counter(t, reg, "meshbox_errors_total", "link")
-	waitFor(t, 20*time.Second, "three more refused logins", func() bool {
+	meshtest.WaitFor(t, 20*time.Second, "three more refused logins", func() bool {
 		return counter(t, reg, "meshbox_errors_total", "link") >= failures+3
 	})
 	if n := logged.count.Load(); n != 1 {
@@ -235,7 +237,7 @@ func TestCredentialRevokedIsSaid(t *testing.T) {
 		t.Fatal(err)
 	}
 	alpha.waitConnected(t)
-	waitFor(t, 10*time.Second, "new credential in use", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "new credential in use", func() bool {
 		c := alpha.b.Status().Broker.Credential
 		return c.User == g2.User && c.State == bridge.CredentialInUse
 	})
@@ -257,7 +259,7 @@ func TestCredentialSwitchRefusedKeepsOld(t *testing.T) {
 	if err := alpha.b.SetURL(urlOf(wrong)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "the new credential refused", func() bool {
+	meshtest.WaitFor(t, 20*time.Second, "the new credential refused", func() bool {
 		c := alpha.b.Status().Broker.Credential
 		return strings.Contains(c.Reason, "new credential refused")
 	})
@@ -268,7 +270,7 @@ func TestCredentialSwitchRefusedKeepsOld(t *testing.T) {
 	if err := alpha.b.SetURL(urlOf(g2)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "switched to node.alpha.g2", func() bool {
+	meshtest.WaitFor(t, 20*time.Second, "switched to node.alpha.g2", func() bool {
 		c := alpha.b.Status().Broker.Credential
 		return c.User == g2.User && c.State == bridge.CredentialInUse
 	})

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -34,7 +36,7 @@ func TestDeclaredStagesTakeCommandsBeforeTheirHandler(t *testing.T) {
 
 	ch := amqpChannel(t, url)
 	for _, stage := range []string{"backup", "later"} {
-		waitFor(t, 10*time.Second, "queue cmd."+stage+" declared", func() bool {
+		meshtest.WaitFor(t, 10*time.Second, "queue cmd."+stage+" declared", func() bool {
 			_, err := amqpChannel(t, url).QueueDeclarePassive("cmd."+stage, true, false, false, false, nil)
 			return err == nil
 		})
@@ -46,14 +48,14 @@ func TestDeclaredStagesTakeCommandsBeforeTheirHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := serviceError(m); code != "503" {
-		t.Errorf("command for a stage nobody declares: got code %q, want 503", code)
+	if code, _ := natstest.ServiceError(m); code != 503 {
+		t.Errorf("command for a stage nobody declares: got code %d, want 503", code)
 	}
 	q, err := ch.QueueDeclarePassive("cmd.backup", true, false, false, false, nil)
 	if err != nil || q.Messages != 1 || q.Consumers != 0 {
 		t.Fatalf("cmd.backup: %+v %v; want 1 message waiting, no consumer", q, err)
 	}
-	waitFor(t, 10*time.Second, "a stall alarm for the declared stage nobody serves", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "a stall alarm for the declared stage nobody serves", func() bool {
 		for _, s := range host.b.Status().Stalls {
 			if s.Stage == "backup" {
 				return true

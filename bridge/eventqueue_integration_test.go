@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/testing/meshtest"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -43,7 +44,7 @@ func TestClassicEventQueueMoved(t *testing.T) {
 			t.Fatalf("event %d: %v", i, err)
 		}
 	}
-	waitFor(t, 10*time.Second, "the events in the classic queue", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "the events in the classic queue", func() bool {
 		q, err := ch.QueueDeclarePassive("node.alpha.events", true, false, false, false, nil)
 		return err == nil && q.Messages == waiting
 	})
@@ -54,7 +55,7 @@ func TestClassicEventQueueMoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	alpha.waitConnected(t)
-	waitFor(t, 10*time.Second, "the waiting events at alpha", func() bool { return rec.len() >= waiting })
+	meshtest.WaitFor(t, 10*time.Second, "the waiting events at alpha", func() bool { return rec.len() >= waiting })
 
 	// The queue is a quorum queue now: declaring it as one succeeds.
 	if _, err := ch.QueueDeclare("node.alpha.events", true, false, false, false,
@@ -67,7 +68,7 @@ func TestClassicEventQueueMoved(t *testing.T) {
 			t.Fatalf("event %d: %v", waiting+i, err)
 		}
 	}
-	waitFor(t, 10*time.Second, "the later events at alpha", func() bool { return rec.len() >= waiting+after })
+	meshtest.WaitFor(t, 10*time.Second, "the later events at alpha", func() bool { return rec.len() >= waiting+after })
 	time.Sleep(500 * time.Millisecond) // duplicates would arrive now
 	got := rec.all()
 	if len(got) != waiting+after {

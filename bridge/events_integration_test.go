@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -52,7 +53,7 @@ func TestEventsReachEveryNodeWithoutEcho(t *testing.T) {
 	if err := b.client.Publish("evt.other", []byte("from beta")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "events on every node", func() bool {
+	meshtest.WaitFor(t, 15*time.Second, "events on every node", func() bool {
 		return recs["beta"].len() >= n && recs["gamma"].len() >= n+1 && recs["alpha"].len() >= n+1
 	})
 	time.Sleep(time.Second) // echoes or duplicates would arrive now
@@ -127,7 +128,7 @@ func TestForgedOriginOfALocalEventIsIgnored(t *testing.T) {
 	if got := r.Header.Get(bridge.HeaderAccepted); got != "broker" {
 		t.Fatalf("event accepted as %q (headers %v), want broker", got, r.Header)
 	}
-	waitFor(t, 15*time.Second, "the event on beta", func() bool { return rec.len() >= 1 })
+	meshtest.WaitFor(t, 15*time.Second, "the event on beta", func() bool { return rec.len() >= 1 })
 	got := rec.all()[0]
 	if o := got.Header.Get(bridge.HeaderOrigin); o != "alpha" {
 		t.Errorf("origin on beta: got %q, want alpha (the node that took it from its program)", o)

@@ -2,7 +2,6 @@ package bridge_test
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -10,72 +9,10 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
-
-// ledger records deliveries by payload, for a Jepsen-style check: every
-// accepted message delivered (0 lost), extra deliveries only when marked
-// as possible duplicates, nothing unexpected.
-type ledger struct {
-	mu         sync.Mutex
-	accepted   map[string]bool
-	deliveries map[string][]bool // payload -> redelivered flag of each delivery
-}
-
-func newLedger() *ledger {
-	return &ledger{accepted: map[string]bool{}, deliveries: map[string][]bool{}}
-}
-
-func (l *ledger) accept(p string) {
-	l.mu.Lock()
-	l.accepted[p] = true
-	l.mu.Unlock()
-}
-
-func (l *ledger) deliver(m *nats.Msg) {
-	l.mu.Lock()
-	l.deliveries[string(m.Data)] = append(l.deliveries[string(m.Data)], m.Header.Get(bridge.HeaderRedelivered) == "true")
-	l.mu.Unlock()
-}
-
-func (l *ledger) delivered() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for p := range l.accepted {
-		if len(l.deliveries[p]) > 0 {
-			n++
-		}
-	}
-	return n
-}
-
-// check returns lost, unmarked duplicates, marked duplicates, unexpected.
-func (l *ledger) check() (lost, unmarked, marked, unexpected []string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for p := range l.accepted {
-		ds := l.deliveries[p]
-		if len(ds) == 0 {
-			lost = append(lost, p)
-			continue
-		}
-		for _, redelivered := range ds[1:] {
-			if redelivered {
-				marked = append(marked, p)
-			} else {
-				unmarked = append(unmarked, p)
-			}
-		}
-	}
-	for p := range l.deliveries {
-		if !l.accepted[p] {
-			unexpected = append(unexpected, p)
-		}
-	}
-	return
-}
 
 // TestBrokerRestartLosesNothing runs commands and events from alpha to beta
 // through a graceful broker restart and a SIGKILL of the broker.
@@ -89,14 +26,14 @@ func TestBrokerRestartLosesNothing(t *testing.T) {
 	b := newNode(t, "beta", url, nil)
 	a.waitConnected(t)
 	b.waitConnected(t)
-	cmds, evts := newLedger(), newLedger()
+	cmds, evts := ledger.NewHistory(), ledger.NewHistory()
 	if _, err := b.client.QueueSubscribe("work.soak", "meshbox", func(m *nats.Msg) {
-		cmds.deliver(m)
+		cmds.Delivered(ledger.DeliveryOf("beta", m))
 		_ = m.Respond(nil)
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.client.Subscribe("evt.soak", evts.deliver); err != nil {
+	if _, err := b.client.Subscribe("evt.soak", func(m *nats.Msg) { evts.Delivered(ledger.DeliveryOf("beta", m)) }); err != nil {
 		t.Fatal(err)
 	}
 	_ = b.client.Flush()
@@ -116,14 +53,14 @@ func TestBrokerRestartLosesNothing(t *testing.T) {
 					return
 				default:
 				}
-				i := seq.Add(1)
-				for kind, l := range map[string]*ledger{"cmd": cmds, "evt": evts} {
-					p := fmt.Sprintf("%s-%d", kind, i)
+				i := int(seq.Add(1))
+				for kind, h := range map[string]*ledger.History{"cmd": cmds, "evt": evts} {
+					p := ledger.Payload(kind, i)
 					for {
-						m, err := a.client.RequestMsg(&nats.Msg{Subject: kind + ".soak", Data: []byte(p),
-							Header: nats.Header{bridge.HeaderMsgID: {p}}}, 15*time.Second)
+						m, err := a.client.RequestMsg(&nats.Msg{Subject: kind + ".soak", Data: p,
+							Header: nats.Header{bridge.HeaderMsgID: {string(p)}}}, 15*time.Second)
 						if err == nil && m.Header.Get("Nats-Service-Error") == "" {
-							l.accept(p)
+							h.Submitted(ledger.Op{Origin: kind, Seq: i}, ledger.Acked)
 							break
 						}
 						failures.Add(1)
@@ -151,11 +88,11 @@ func TestBrokerRestartLosesNothing(t *testing.T) {
 	more := func(n int64) {
 		t.Helper()
 		target := seq.Load() + n
-		waitFor(t, 60*time.Second, fmt.Sprintf("%d more accepted", n), func() bool { return seq.Load() > target })
+		meshtest.WaitFor(t, 60*time.Second, fmt.Sprintf("%d more accepted", n), func() bool { return seq.Load() > target })
 	}
 	offline := func() {
 		t.Helper()
-		waitFor(t, 20*time.Second, "alpha and beta offline", func() bool {
+		meshtest.WaitFor(t, 20*time.Second, "alpha and beta offline", func() bool {
 			return a.b.Status().Broker.State == bridge.StateOffline && b.b.Status().Broker.State == bridge.StateOffline
 		})
 	}
@@ -175,29 +112,21 @@ func TestBrokerRestartLosesNothing(t *testing.T) {
 	b.waitConnected(t)
 	more(500)
 	halt()
-	waitFor(t, 120*time.Second, "every command and event delivered", func() bool {
-		return cmds.delivered() == len(cmds.accepted) && evts.delivered() == len(evts.accepted)
+	meshtest.WaitFor(t, 120*time.Second, "every command and event delivered", func() bool {
+		return len(cmds.Check().Lost) == 0 && len(evts.Check().Lost) == 0
 	})
-	time.Sleep(time.Second) // late duplicates would arrive now
-	for name, l := range map[string]*ledger{"commands": cmds, "events": evts} {
-		lost, unmarked, marked, unexpected := l.check()
-		t.Logf("%s: %d accepted, %d lost, %d duplicates marked as redeliveries, %d unmarked duplicates, %d unexpected",
-			name, len(l.accepted), len(lost), len(marked), len(unmarked), len(unexpected))
-		if len(l.accepted) < 1500 {
-			t.Errorf("%s: %d accepted, want a real run (1500 at least)", name, len(l.accepted))
+	time.Sleep(time.Second) // real time: late duplicates would arrive now
+	for name, h := range map[string]*ledger.History{"commands": cmds, "events": evts} {
+		r := h.Check()
+		t.Logf("%s:\n%s", name, r)
+		if r.Acked < 1500 {
+			t.Errorf("%s: %d accepted, want a real run (1500 at least)", name, r.Acked)
 		}
-		if len(lost) > 0 || len(unmarked) > 0 || len(unexpected) > 0 {
-			t.Errorf("%s: lost %v, unmarked duplicates %v, unexpected %v", name, head(lost), head(unmarked), head(unexpected))
+		if len(r.Lost) > 0 || len(r.DupUnmarked) > 0 || len(r.Unexpected) > 0 {
+			t.Errorf("%s: lost %d, unmarked duplicates %d, unexpected %d; want none:\n%s", name, len(r.Lost), len(r.DupUnmarked), len(r.Unexpected), r)
 		}
 	}
 	t.Logf("submissions retried: %d; alpha history: %v", failures.Load(), states(a.b.Status().Broker.History))
-}
-
-func head(s []string) string {
-	if len(s) > 10 {
-		return strings.Join(s[:10], ",") + ",... (" + strconv.Itoa(len(s)) + ")"
-	}
-	return strings.Join(s, ",")
 }
 
 func states(h []bridge.StateChange) string {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -52,7 +53,7 @@ func TestStageCreditFavoursTheQuickNode(t *testing.T) {
 		}
 	}
 	for _, n := range []*node{quick, slow} {
-		waitFor(t, 15*time.Second, n.name+" consuming stage share", func() bool {
+		meshtest.WaitFor(t, 15*time.Second, n.name+" consuming stage share", func() bool {
 			open, _ := bridge.StageConsumers(n.b, "share")
 			return open > 0
 		})

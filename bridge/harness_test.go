@@ -161,28 +161,16 @@ func (w tbWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// waitFor polls cond until it holds or d passes.
-func waitFor(tb testing.TB, d time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // waitConnected waits until the node's broker link is connected.
 func (n *node) waitConnected(tb testing.TB) {
 	tb.Helper()
-	waitFor(tb, 15*time.Second, n.name+" connected", func() bool { return n.b.Status().Broker.State == bridge.StateConnected })
+	meshtest.WaitFor(tb, 15*time.Second, n.name+" connected", func() bool { return n.b.Status().Broker.State == bridge.StateConnected })
 }
 
 // waitHosts waits until the bridge sees stage as hosted here and consumes it.
 func (n *node) waitHosts(tb testing.TB, stage string) {
 	tb.Helper()
-	waitFor(tb, 10*time.Second, n.name+" hosting "+stage, func() bool {
+	meshtest.WaitFor(tb, 10*time.Second, n.name+" hosting "+stage, func() bool {
 		for _, s := range n.b.HostedStages() {
 			if s == stage {
 				return true
@@ -202,7 +190,7 @@ func waitConsumer(tb testing.TB, brokerURL, queue string) {
 		tb.Fatal(err)
 	}
 	defer conn.Close()
-	waitFor(tb, 10*time.Second, "a consumer on "+queue, func() bool {
+	meshtest.WaitFor(tb, 10*time.Second, "a consumer on "+queue, func() bool {
 		ch, err := conn.Channel()
 		if err != nil {
 			return false
@@ -220,14 +208,6 @@ func (n *node) request(tb testing.TB, subject string, data []byte, hdr nats.Head
 	return n.client.RequestMsg(m, timeout)
 }
 
-// serviceError returns the code and text of an error reply ("" if none).
-func serviceError(m *nats.Msg) (code, text string) {
-	if m == nil || m.Header == nil {
-		return "", ""
-	}
-	return m.Header.Get("Nats-Service-Error-Code"), m.Header.Get("Nats-Service-Error")
-}
-
 // submit sends a command and requires that it is accepted.
 func (n *node) submit(tb testing.TB, stage string, data []byte, hdr nats.Header) *nats.Msg {
 	tb.Helper()
@@ -235,8 +215,8 @@ func (n *node) submit(tb testing.TB, stage string, data []byte, hdr nats.Header)
 	if err != nil {
 		tb.Fatalf("submit to %s: %v", stage, err)
 	}
-	if code, text := serviceError(m); code != "" {
-		tb.Fatalf("submit to %s: error %s %s", stage, code, text)
+	if code, text := natstest.ServiceError(m); code != 0 {
+		tb.Fatalf("submit to %s: error %d %s", stage, code, text)
 	}
 	return m
 }

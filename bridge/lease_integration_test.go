@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -53,7 +54,7 @@ func TestLeaseExtendedByProgress(t *testing.T) {
 
 	a.submit(t, "long", []byte("work"), nats.Header{bridge.HeaderMsgID: {"long-1"}})
 	var seen bridge.CommandStatus
-	waitFor(t, 5*time.Second, "the command in flight past its first deadline", func() bool {
+	meshtest.WaitFor(t, 5*time.Second, "the command in flight past its first deadline", func() bool {
 		for _, c := range a.b.Status().Commands {
 			if c.MsgID == "long-1" && c.AgeSeconds > 1.5*timeout.Seconds() {
 				seen = c
@@ -70,7 +71,7 @@ func TestLeaseExtendedByProgress(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the handler did not finish")
 	}
-	waitFor(t, 5*time.Second, "the command acked", func() bool { return len(a.b.Status().Commands) == 0 })
+	meshtest.WaitFor(t, 5*time.Second, "the command acked", func() bool { return len(a.b.Status().Commands) == 0 })
 	// A lost lease would have brought a second call while the first ran
 	// (after 1s and the retry pause); nothing is left open or queued.
 	mu.Lock()
@@ -141,7 +142,7 @@ func TestLeaseLostWithoutProgress(t *testing.T) {
 	last := <-lastProgress
 
 	var retry *nats.Msg
-	waitFor(t, 15*time.Second, "the retry on beta", func() bool {
+	meshtest.WaitFor(t, 15*time.Second, "the retry on beta", func() bool {
 		if ms := hb.msgs(); len(ms) > 0 {
 			retry = ms[0]
 			return true
@@ -162,7 +163,7 @@ func TestLeaseLostWithoutProgress(t *testing.T) {
 	if got := retry.Header.Get(bridge.HeaderRedelivered); got != "true" {
 		t.Errorf("retry marked redelivered: got %q, want true", got)
 	}
-	waitFor(t, 5*time.Second, "alpha forgets the lost command", func() bool { return len(a.b.Status().Commands) == 0 })
+	meshtest.WaitFor(t, 5*time.Second, "alpha forgets the lost command", func() bool { return len(a.b.Status().Commands) == 0 })
 }
 
 // While the link is down a local command's handler holds its lease the
@@ -197,7 +198,7 @@ func TestLeaseOfALocalCommand(t *testing.T) {
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	a.waitHosts(t, "local")
 	px.Cut(t)
-	waitFor(t, 10*time.Second, "alpha offline", func() bool { return a.b.Status().Broker.State == bridge.StateOffline })
+	meshtest.WaitFor(t, 10*time.Second, "alpha offline", func() bool { return a.b.Status().Broker.State == bridge.StateOffline })
 
 	if m := a.submit(t, "local", []byte("x"), nil); m.Header.Get(bridge.HeaderAccepted) != "local" {
 		t.Fatalf("accepted as %q, want local", m.Header.Get(bridge.HeaderAccepted))
@@ -214,7 +215,7 @@ func TestLeaseOfALocalCommand(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the handler did not finish")
 	}
-	waitFor(t, 5*time.Second, "outbox empty", func() bool { return a.b.Status().Outbox.Depth == 0 })
+	meshtest.WaitFor(t, 5*time.Second, "outbox empty", func() bool { return a.b.Status().Outbox.Depth == 0 })
 	mu.Lock()
 	defer mu.Unlock()
 	if calls != 1 {

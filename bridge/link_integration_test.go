@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -55,13 +57,13 @@ func TestHalfOpenLinkDetected(t *testing.T) {
 		t.Fatal("the request did not reach beta")
 	}
 	px.Stall(t)
-	waitFor(t, 15*time.Second, "alpha offline", func() bool { return a.b.Status().Broker.State == bridge.StateOffline })
+	meshtest.WaitFor(t, 15*time.Second, "alpha offline", func() bool { return a.b.Status().Broker.State == bridge.StateOffline })
 	r := <-res
 	if r.err != nil {
 		t.Fatalf("got %v, want an error reply", r.err)
 	}
-	if code, text := serviceError(r.m); code != "503" || !strings.Contains(text, "link lost") {
-		t.Errorf("got %s %q, want 503 link lost", code, text)
+	if code, text := natstest.ServiceError(r.m); code != 503 || !strings.Contains(text, "link lost") {
+		t.Errorf("got %d %q, want 503 link lost", code, text)
 	}
 	if r.at > 10*time.Second {
 		t.Errorf("answered after %v, want within a few heartbeats", r.at)
@@ -93,7 +95,7 @@ func TestHandlerKilledDuringCommand(t *testing.T) {
 
 	var h handler
 	serveStage(t, a, "job", &h)
-	waitFor(t, 15*time.Second, "the command handled by the new handler", func() bool { return len(h.msgs()) > 0 })
+	meshtest.WaitFor(t, 15*time.Second, "the command handled by the new handler", func() bool { return len(h.msgs()) > 0 })
 	m := h.msgs()[0]
 	if string(m.Data) != "payload" || m.Header.Get(bridge.HeaderAttempt) != "2" || m.Header.Get(bridge.HeaderRedelivered) != "true" {
 		t.Errorf("redelivery: got %q attempt %s redelivered %s, want payload, 2, true",

@@ -9,6 +9,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -78,8 +80,8 @@ func TestUnroutableRequestAndReplySentAgain(t *testing.T) {
 		if r.err != nil {
 			t.Fatalf("%s: %v after %v", c.what, r.err, took)
 		}
-		if code, text := serviceError(r.m); code != "" || string(r.m.Data) != "slow:"+c.what {
-			t.Fatalf("%s: got %q (error %s %q) after %v, want the answer", c.what, r.m.Data, code, text, took)
+		if code, text := natstest.ServiceError(r.m); code != 0 || string(r.m.Data) != "slow:"+c.what {
+			t.Fatalf("%s: got %q (error %d %q) after %v, want the answer", c.what, r.m.Data, code, text, took)
 		}
 		if took < away || took > 2*time.Second {
 			t.Errorf("%s: answered after %v, want after the %v the queue was unbound and soon after", c.what, took, away)
@@ -124,8 +126,8 @@ func TestOlderSharedQueuesLeftToExpire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, text := serviceError(m); code != "" || string(m.Data) != "echo:x" {
-		t.Fatalf("got %q (error %s %q), want echo:x", m.Data, code, text)
+	if code, text := natstest.ServiceError(m); code != 0 || string(m.Data) != "echo:x" {
+		t.Fatalf("got %q (error %d %q), want echo:x", m.Data, code, text)
 	}
 	reqQ, repQ, _ := bridge.OwnQueues(b.b)
 	for _, q := range []string{reqQ, repQ} {
@@ -198,7 +200,7 @@ func TestCallOpenAtLostConnectionAnswered(t *testing.T) {
 		t.Fatal("the request did not reach beta's host")
 	}
 	px.Cut(t)
-	waitFor(t, 15*time.Second, "beta offline", func() bool { return b.b.Status().Broker.State != bridge.StateConnected })
+	meshtest.WaitFor(t, 15*time.Second, "beta offline", func() bool { return b.b.Status().Broker.State != bridge.StateConnected })
 	px.Restore(t)
 	var r result
 	select {
@@ -209,9 +211,9 @@ func TestCallOpenAtLostConnectionAnswered(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	code, text := serviceError(r.m)
-	if code != "503" || !strings.Contains(text, "lost its broker connection") || !strings.Contains(text, "stuck") {
-		t.Fatalf("got %s %q after %v, want 503 saying beta lost its broker connection while handling stuck", code, text, time.Since(start))
+	code, text := natstest.ServiceError(r.m)
+	if code != 503 || !strings.Contains(text, "lost its broker connection") || !strings.Contains(text, "stuck") {
+		t.Fatalf("got %d %q after %v, want 503 saying beta lost its broker connection while handling stuck", code, text, time.Since(start))
 	}
-	t.Logf("answered %s %q %v after the call", code, text, time.Since(start).Round(time.Millisecond))
+	t.Logf("answered %d %q %v after the call", code, text, time.Since(start).Round(time.Millisecond))
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -23,7 +25,7 @@ func TestOutboxWhileLinkDownThenDrainedInOrder(t *testing.T) {
 	events := subscribeEvents(t, b, "evt.seq")
 
 	px.Cut(t)
-	waitFor(t, 10*time.Second, "alpha offline", func() bool { return a.b.Status().Broker.State == bridge.StateOffline })
+	meshtest.WaitFor(t, 10*time.Second, "alpha offline", func() bool { return a.b.Status().Broker.State == bridge.StateOffline })
 
 	const n = 300
 	for i := 0; i < n; i++ {
@@ -38,7 +40,7 @@ func TestOutboxWhileLinkDownThenDrainedInOrder(t *testing.T) {
 	if err := a.client.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "events in the outbox", func() bool { return a.b.Status().Outbox.Depth == 2*n })
+	meshtest.WaitFor(t, 5*time.Second, "events in the outbox", func() bool { return a.b.Status().Outbox.Depth == 2*n })
 	st := a.b.Status()
 	if st.Outbox.Bytes <= 0 || st.Outbox.OldestAgeSeconds <= 0 {
 		t.Errorf("outbox status: got %+v, want bytes and an age", st.Outbox)
@@ -49,10 +51,10 @@ func TestOutboxWhileLinkDownThenDrainedInOrder(t *testing.T) {
 	}
 
 	px.Restore(t)
-	waitFor(t, 30*time.Second, "every command and event delivered", func() bool {
+	meshtest.WaitFor(t, 30*time.Second, "every command and event delivered", func() bool {
 		return len(h.msgs()) >= n && events.len() >= n
 	})
-	waitFor(t, 10*time.Second, "outbox empty", func() bool { return a.b.Status().Outbox.Depth == 0 })
+	meshtest.WaitFor(t, 10*time.Second, "outbox empty", func() bool { return a.b.Status().Outbox.Depth == 0 })
 	time.Sleep(500 * time.Millisecond) // room for a duplicate: its absence cannot be signalled
 	for i, m := range h.msgs() {
 		if string(m.Data) != strconv.Itoa(i) {
@@ -88,13 +90,13 @@ func TestOutboxFull(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		code, text := serviceError(m)
-		if code == "" {
+		code, text := natstest.ServiceError(m)
+		if code == 0 {
 			accepted++
 			continue
 		}
-		if code != "507" || !strings.Contains(text, "outbox full") {
-			t.Fatalf("got %s %q, want 507 outbox full", code, text)
+		if code != 507 || !strings.Contains(text, "outbox full") {
+			t.Fatalf("got %d %q, want 507 outbox full", code, text)
 		}
 		break
 	}
@@ -119,7 +121,7 @@ func TestLocalStageWhileOffline(t *testing.T) {
 	var h handler
 	serveStage(t, a, "local", &h)
 	px.Cut(t)
-	waitFor(t, 10*time.Second, "alpha offline", func() bool { return a.b.Status().Broker.State == bridge.StateOffline })
+	meshtest.WaitFor(t, 10*time.Second, "alpha offline", func() bool { return a.b.Status().Broker.State == bridge.StateOffline })
 
 	for i := 0; i < 5; i++ {
 		m := a.submit(t, "local", []byte(strconv.Itoa(i)), nil)
@@ -127,7 +129,7 @@ func TestLocalStageWhileOffline(t *testing.T) {
 			t.Fatalf("accepted as %q, want local", got)
 		}
 	}
-	waitFor(t, 10*time.Second, "local commands handled", func() bool { return len(h.msgs()) >= 5 })
+	meshtest.WaitFor(t, 10*time.Second, "local commands handled", func() bool { return len(h.msgs()) >= 5 })
 	time.Sleep(300 * time.Millisecond) // room for a second run: its absence cannot be signalled
 	if len(h.msgs()) != 5 {
 		t.Fatalf("handled %d local commands, want 5 (once each)", len(h.msgs()))
@@ -137,7 +139,7 @@ func TestLocalStageWhileOffline(t *testing.T) {
 			t.Errorf("local command %d: got %q %v", i, m.Data, m.Header)
 		}
 	}
-	waitFor(t, 5*time.Second, "outbox empty", func() bool { return a.b.Status().Outbox.Depth == 0 })
+	meshtest.WaitFor(t, 5*time.Second, "outbox empty", func() bool { return a.b.Status().Outbox.Depth == 0 })
 	// A stage nobody hosts here goes to the outbox for the mesh.
 	if m := a.submit(t, "remote", []byte("x"), nil); m.Header.Get(bridge.HeaderAccepted) != "outbox" {
 		t.Errorf("remote stage while offline: accepted as %q, want outbox", m.Header.Get(bridge.HeaderAccepted))
@@ -176,8 +178,8 @@ func TestStatusAndMovingBroker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := serviceError(m); code != "503" {
-		t.Errorf("command without broker or host: got %q, want 503", code)
+	if code, _ := natstest.ServiceError(m); code != 503 {
+		t.Errorf("command without broker or host: got %d, want 503", code)
 	}
 	if err := a.b.SetURL("http://nope"); err == nil {
 		t.Error("SetURL with an http URL: got nil, want an error")
@@ -205,14 +207,14 @@ func TestStatusAndMovingBroker(t *testing.T) {
 	if err := a.b.SetURL(other); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "connected to the new broker", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "connected to the new broker", func() bool {
 		st := a.b.Status()
 		return st.Broker.State == bridge.StateConnected && st.Broker.URL == strings.Replace(other, "guest:guest", "guest:xxxxx", 1)
 	})
 	if err := a.b.SetURL(""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "state none", func() bool { return a.b.Status().Broker.State == bridge.StateNone })
+	meshtest.WaitFor(t, 10*time.Second, "state none", func() bool { return a.b.Status().Broker.State == bridge.StateNone })
 }
 
 func TestStallNoConsumer(t *testing.T) {
@@ -224,20 +226,20 @@ func TestStallNoConsumer(t *testing.T) {
 	var h handler
 	sub := serveStage(t, b, "orphan", &h)
 	a.submit(t, "orphan", []byte("1"), nil)
-	waitFor(t, 10*time.Second, "first command handled", func() bool { return len(h.msgs()) == 1 })
+	meshtest.WaitFor(t, 10*time.Second, "first command handled", func() bool { return len(h.msgs()) == 1 })
 	if err := sub.Unsubscribe(); err != nil { // beta's handler goes away: beta stops consuming
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "beta no longer hosting", func() bool { return len(b.b.HostedStages()) == 0 })
+	meshtest.WaitFor(t, 10*time.Second, "beta no longer hosting", func() bool { return len(b.b.HostedStages()) == 0 })
 	a.submit(t, "orphan", []byte("2"), nil)
-	waitFor(t, 10*time.Second, "a stall on alpha", func() bool { return len(a.b.Status().Stalls) == 1 })
+	meshtest.WaitFor(t, 10*time.Second, "a stall on alpha", func() bool { return len(a.b.Status().Stalls) == 1 })
 	s := a.b.Status().Stalls[0]
 	if s.Stage != "orphan" || !strings.Contains(s.Reason, "no node consumes") {
 		t.Errorf("stall: got %+v", s)
 	}
 	// A handler comes back: the stall clears.
 	serveStage(t, b, "orphan", &h)
-	waitFor(t, 10*time.Second, "stall cleared", func() bool { return len(a.b.Status().Stalls) == 0 })
+	meshtest.WaitFor(t, 10*time.Second, "stall cleared", func() bool { return len(a.b.Status().Stalls) == 0 })
 	if len(h.msgs()) != 2 {
 		t.Errorf("handled %d, want 2", len(h.msgs()))
 	}
@@ -268,7 +270,7 @@ func TestOutboxSurvivesRestart(t *testing.T) {
 	if d := a2.b.Status().Outbox.Depth; d != n && len(h.msgs()) == 0 {
 		t.Errorf("outbox after restart: depth %d, want %d", d, n)
 	}
-	waitFor(t, 20*time.Second, "the kept commands delivered", func() bool { return len(h.msgs()) >= n })
+	meshtest.WaitFor(t, 20*time.Second, "the kept commands delivered", func() bool { return len(h.msgs()) >= n })
 	time.Sleep(300 * time.Millisecond) // room for a duplicate: its absence cannot be signalled
 	for i, m := range h.msgs() {
 		if string(m.Data) != strconv.Itoa(i) {
@@ -303,7 +305,7 @@ func TestBadInputFromPrograms(t *testing.T) {
 		t.Fatalf("500 KiB request: got %v (%d bytes), want the echo", err, len(m.Data))
 	}
 	a.submit(t, "big", big, nil)
-	waitFor(t, 10*time.Second, "the 500 KiB command", func() bool { return len(h.msgs()) == 1 && len(h.msgs()[0].Data) == len(big) })
+	meshtest.WaitFor(t, 10*time.Second, "the 500 KiB command", func() bool { return len(h.msgs()) == 1 && len(h.msgs()[0].Data) == len(big) })
 
 	tooBig := make([]byte, 700<<10)
 	for _, tt := range []struct {
@@ -325,8 +327,8 @@ func TestBadInputFromPrograms(t *testing.T) {
 			t.Errorf("%s: got %v, want a 400 reply", tt.name, err)
 			continue
 		}
-		if code, text := serviceError(m); code != "400" || !strings.Contains(text, tt.want) {
-			t.Errorf("%s: got %s %q, want 400 with %q", tt.name, code, text, tt.want)
+		if code, text := natstest.ServiceError(m); code != 400 || !strings.Contains(text, tt.want) {
+			t.Errorf("%s: got %d %q, want 400 with %q", tt.name, code, text, tt.want)
 		}
 	}
 }

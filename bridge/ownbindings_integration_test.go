@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // olderMesh gives node's broker user the permissions an older mesh gave
@@ -216,8 +217,8 @@ func callEachOther(t *testing.T, a, b *node) {
 		if err != nil {
 			t.Fatalf("%s calls %s: %v", c.from.name, c.to, err)
 		}
-		if code, text := serviceError(m); code != "" || string(m.Data) != c.to+":hi" {
-			t.Fatalf("%s calls %s: got %q (error %s %q)", c.from.name, c.to, m.Data, code, text)
+		if code, text := natstest.ServiceError(m); code != 0 || string(m.Data) != c.to+":hi" {
+			t.Fatalf("%s calls %s: got %q (error %d %q)", c.from.name, c.to, m.Data, code, text)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
 // A handler's failure text is the program's own words: on a retry copy,
@@ -39,7 +40,7 @@ func TestFailureReasonsSealedOnTheBroker(t *testing.T) {
 	a.submit(t, "picky", []byte("job"), nats.Header{bridge.HeaderMsgID: {"picky-1"}})
 	a.submit(t, "picky", []byte("job"), nats.Header{bridge.HeaderMsgID: {"picky-2"}, "X-Permanent": {"yes"}})
 	var list []bridge.DeadLetter
-	waitFor(t, 15*time.Second, "two dead letters", func() bool {
+	meshtest.WaitFor(t, 15*time.Second, "two dead letters", func() bool {
 		var err error
 		list, err = b.b.DeadLetters(ctx, "picky")
 		return err == nil && len(list) == 2
@@ -84,7 +85,7 @@ func TestFailureReasonsSealedOnTheBroker(t *testing.T) {
 		t.Fatalf("replay: got %d, %v", n, err)
 	}
 	var replayed string
-	waitFor(t, 10*time.Second, "the replayed command", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "the replayed command", func() bool {
 		for _, c := range calls() {
 			if r := c.msg.Header.Get(bridge.HeaderReplayed); r != "" {
 				replayed = r

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -36,7 +38,7 @@ func hostEcho(t *testing.T, n *node, name string) {
 // responders" (the stand-in exists).
 func waitStandIn(t *testing.T, n *node, name string) {
 	t.Helper()
-	waitFor(t, 10*time.Second, "stand-in for "+name+" on "+n.name, func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "stand-in for "+name+" on "+n.name, func() bool {
 		_, err := n.request(t, "cap."+name, nil, nats.Header{bridge.HeaderTimeout: {"1s"}}, 2*time.Second)
 		return !isNoResponders(err)
 	})
@@ -57,8 +59,8 @@ func TestRequestReplyAcrossNodes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", subj, err)
 		}
-		if code, text := serviceError(m); code != "" {
-			t.Fatalf("%s: error %s %s", subj, code, text)
+		if code, text := natstest.ServiceError(m); code != 0 {
+			t.Fatalf("%s: error %d %s", subj, code, text)
 		}
 		if got := string(m.Data); got != `echo:{"n":1}` {
 			t.Errorf("%s body: got %q, want %q", subj, got, `echo:{"n":1}`)
@@ -74,7 +76,7 @@ func TestRequestReplyAcrossNodes(t *testing.T) {
 	hostEcho(t, a, "echo")
 	// The bridge counts echo as local (and has withdrawn its stand-in in
 	// the same step) once the interest feed reported the new host.
-	waitFor(t, 10*time.Second, "echo hosted on alpha", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "echo hosted on alpha", func() bool {
 		return slices.Contains(a.b.LocalCapabilities(), "echo")
 	})
 	for i := 0; i < 20; i++ {
@@ -109,18 +111,20 @@ func TestRequestFailsAtOnce(t *testing.T) {
 	waitStandIn(t, a, "ghost")
 
 	tests := []struct {
-		name, subject, wantCode, wantText string
+		name, subject string
+		wantCode      int
+		wantText      string
 	}{
-		{"routed to a node that is not connected", "cap.ghost", "503", "node nobody is not connected"},
-		{"named node not connected", "node.nobody.cap.echo", "503", "node nobody is not connected"},
-		{"capability not hosted on the named node", "node.beta.cap.nothing", "503", "not hosted on node beta"},
-		{"not hosted here", "node.alpha.cap.nothing", "503", "not hosted on node alpha"},
-		{"bad timeout header", "cap.ghost", "400", "Meshbox-Timeout"},
+		{"routed to a node that is not connected", "cap.ghost", 503, "node nobody is not connected"},
+		{"named node not connected", "node.nobody.cap.echo", 503, "node nobody is not connected"},
+		{"capability not hosted on the named node", "node.beta.cap.nothing", 503, "not hosted on node beta"},
+		{"not hosted here", "node.alpha.cap.nothing", 503, "not hosted on node alpha"},
+		{"bad timeout header", "cap.ghost", 400, "Meshbox-Timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			hdr := nats.Header{}
-			if tt.wantCode == "400" {
+			if tt.wantCode == 400 {
 				hdr.Set(bridge.HeaderTimeout, "later")
 			}
 			start := time.Now()
@@ -129,9 +133,9 @@ func TestRequestFailsAtOnce(t *testing.T) {
 			if err != nil {
 				t.Fatalf("got %v, want an error reply", err)
 			}
-			code, text := serviceError(m)
+			code, text := natstest.ServiceError(m)
 			if code != tt.wantCode || !strings.Contains(text, tt.wantText) {
-				t.Errorf("got %s %q, want %s with %q", code, text, tt.wantCode, tt.wantText)
+				t.Errorf("got %d %q, want %d with %q", code, text, tt.wantCode, tt.wantText)
 			}
 			if took > time.Second {
 				t.Errorf("took %v, want an answer at once", took)
@@ -147,8 +151,8 @@ func TestRequestFailsAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, text := serviceError(m); code != "503" || !strings.Contains(text, "node beta is gone") {
-		t.Errorf("gone node: got %s %q, want 503 naming beta", code, text)
+	if code, text := natstest.ServiceError(m); code != 503 || !strings.Contains(text, "node beta is gone") {
+		t.Errorf("gone node: got %d %q, want 503 naming beta", code, text)
 	}
 	// Nobody hosts it and there is no route: plain NATS has no responders.
 	if _, err := a.request(t, "cap.unknown", nil, nil, 2*time.Second); !isNoResponders(err) {
@@ -195,8 +199,8 @@ func TestRequestDeadline(t *testing.T) {
 		// caller's node ("deadline of ... passed") or the host's, which
 		// calls its program with the time the caller had left ("did not
 		// answer within ...").
-		if code, text := serviceError(m); code != "504" || !strings.Contains(text, "slow") {
-			t.Errorf("timeout %q: got %s %q, want 504 naming capability slow", tt.header, code, text)
+		if code, text := natstest.ServiceError(m); code != 504 || !strings.Contains(text, "slow") {
+			t.Errorf("timeout %q: got %d %q, want 504 naming capability slow", tt.header, code, text)
 		}
 		if took < tt.want-50*time.Millisecond || took > tt.want+margin {
 			t.Errorf("timeout %q: answered after %v, want %v (+%v)", tt.header, took, tt.want, margin)

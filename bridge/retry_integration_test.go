@@ -21,6 +21,8 @@ import (
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
 	"github.com/meshbox/meshbox/internal/seal"
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // sealedPerNodePair starts alpha and beta on broker users of their own
@@ -151,7 +153,7 @@ func TestRetryWaitsItsBackoff(t *testing.T) {
 		return nats.NewMsg("")
 	})
 	a.submit(t, "flaky", []byte(sealMarker), nats.Header{bridge.HeaderMsgID: {"flaky-1"}, "X-Job": {"7"}})
-	waitFor(t, 15*time.Second, "the second attempt", func() bool { return len(calls()) >= 2 })
+	meshtest.WaitFor(t, 15*time.Second, "the second attempt", func() bool { return len(calls()) >= 2 })
 	failed := <-failedAt
 	got := calls()
 	second := got[1]
@@ -181,7 +183,7 @@ func TestRetryWaitsItsBackoff(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Error("no copy went through retry.flaky")
 	}
-	waitFor(t, 5*time.Second, "the command acked", func() bool { return len(b.b.Status().Commands) == 0 })
+	meshtest.WaitFor(t, 5*time.Second, "the command acked", func() bool { return len(b.b.Status().Commands) == 0 })
 	time.Sleep(backoff) // nothing more may come: the second attempt succeeded
 	if n := len(calls()); n != 2 {
 		t.Errorf("handler calls: got %d, want 2", n)
@@ -207,7 +209,7 @@ func TestPermanentFailureAndDeadLetters(t *testing.T) {
 	start := time.Now()
 	a.submit(t, "strict", []byte("order"), nats.Header{bridge.HeaderMsgID: {"strict-1"}, "X-Order": {"7"}})
 	var list []bridge.DeadLetter
-	waitFor(t, 4*time.Second, "the dead letter", func() bool {
+	meshtest.WaitFor(t, 4*time.Second, "the dead letter", func() bool {
 		var err error
 		list, err = b.b.DeadLetters(ctx, "strict")
 		return err == nil && len(list) == 1
@@ -236,7 +238,7 @@ func TestPermanentFailureAndDeadLetters(t *testing.T) {
 	if _, err := b.b.DeadLetters(ctx, "bad stage"); !errors.Is(err, bridge.ErrBadInput) {
 		t.Errorf("list of a bad stage name: got %v, want ErrBadInput", err)
 	}
-	waitFor(t, 5*time.Second, "the count in the status", func() bool { return b.b.Status().DeadLetters["strict"] == 1 })
+	meshtest.WaitFor(t, 5*time.Second, "the count in the status", func() bool { return b.b.Status().DeadLetters["strict"] == 1 })
 
 	// Replayed: delivered again with attempt 1 and the replay recorded.
 	okNow.Store("strict-1", true)
@@ -244,14 +246,14 @@ func TestPermanentFailureAndDeadLetters(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("replay: got %d, %v", n, err)
 	}
-	waitFor(t, 10*time.Second, "the replayed command", func() bool { return len(calls()) == 2 })
+	meshtest.WaitFor(t, 10*time.Second, "the replayed command", func() bool { return len(calls()) == 2 })
 	h := calls()[1].msg.Header
 	if h.Get(bridge.HeaderAttempt) != "1" || h.Get(bridge.HeaderMsgID) != "strict-1" || h.Get("X-Order") != "7" ||
 		!strings.Contains(h.Get(bridge.HeaderReplayed), "by beta") || !strings.Contains(h.Get(bridge.HeaderReplayed), "permanent failure") ||
 		h.Get(bridge.HeaderFirstOrigin) != "alpha" {
 		t.Errorf("replayed delivery headers: got %v", h)
 	}
-	waitFor(t, 5*time.Second, "the command acked", func() bool { return len(b.b.Status().Commands) == 0 })
+	meshtest.WaitFor(t, 5*time.Second, "the command acked", func() bool { return len(b.b.Status().Commands) == 0 })
 	if list, err := b.b.DeadLetters(ctx, "strict"); err != nil || len(list) != 0 {
 		t.Errorf("dead letters after the replay: got %d, %v", len(list), err)
 	}
@@ -259,7 +261,7 @@ func TestPermanentFailureAndDeadLetters(t *testing.T) {
 	// Purged.
 	a.submit(t, "strict", []byte("order"), nats.Header{bridge.HeaderMsgID: {"strict-2"}})
 	a.submit(t, "strict", []byte("order"), nats.Header{bridge.HeaderMsgID: {"strict-3"}})
-	waitFor(t, 5*time.Second, "two dead letters", func() bool {
+	meshtest.WaitFor(t, 5*time.Second, "two dead letters", func() bool {
 		list, err := b.b.DeadLetters(ctx, "strict")
 		return err == nil && len(list) == 2
 	})
@@ -286,7 +288,7 @@ func TestRetryAttemptsSpentDeadLetter(t *testing.T) {
 	b.submit(t, "doomed", []byte("x"), nats.Header{bridge.HeaderMsgID: {"doomed-1"}})
 	ctx := context.Background()
 	var list []bridge.DeadLetter
-	waitFor(t, 10*time.Second, "the dead letter", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "the dead letter", func() bool {
 		var err error
 		list, err = b.b.DeadLetters(ctx, "doomed")
 		return err == nil && len(list) == 1
@@ -336,8 +338,8 @@ func TestResultAsEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := serviceError(m); code != "400" {
-		t.Errorf("bad result topic: got code %q, want 400", code)
+	if code, _ := natstest.ServiceError(m); code != 400 {
+		t.Errorf("bad result topic: got code %d, want 400", code)
 	}
 }
 
@@ -423,8 +425,8 @@ func TestScopedResult(t *testing.T) {
 	}
 
 	a.submit(t, "post.outside", []byte("x"), nats.Header{bridge.HeaderMsgID: {"post-2"}, bridge.HeaderResultTopic: {"ledger.done"}})
-	waitFor(t, 10*time.Second, "gamma's refusal counted", func() bool { return counter(t, regGamma, "meshbox_errors_total", "dropped") == 1 })
-	waitFor(t, 5*time.Second, "gamma's command acked", func() bool { return len(g.b.Status().Commands) == 0 })
+	meshtest.WaitFor(t, 10*time.Second, "gamma's refusal counted", func() bool { return counter(t, regGamma, "meshbox_errors_total", "dropped") == 1 })
+	meshtest.WaitFor(t, 5*time.Second, "gamma's command acked", func() bool { return len(g.b.Status().Commands) == 0 })
 	select {
 	case e := <-events:
 		t.Errorf("a result from outside the scope arrived: %q %v", e.Data, e.Header)
@@ -478,7 +480,7 @@ func TestRetryWithOldPermissions(t *testing.T) {
 		return nats.NewMsg("")
 	})
 	b.submit(t, "old", []byte("x"), nats.Header{bridge.HeaderMsgID: {"old-1"}})
-	waitFor(t, 10*time.Second, "the second attempt", func() bool { return len(calls()) == 2 })
+	meshtest.WaitFor(t, 10*time.Second, "the second attempt", func() bool { return len(calls()) == 2 })
 	if d := calls()[1].at.Sub(calls()[0].at); d >= 5*time.Second {
 		t.Errorf("second attempt %s after the first: the policy's backoff, without a retry queue", d)
 	}
@@ -488,7 +490,7 @@ func TestRetryWithOldPermissions(t *testing.T) {
 	b.submit(t, "old", []byte("poison"), nats.Header{bridge.HeaderMsgID: {"old-2"}})
 	ch := amqpChannel(t, strings.Replace(urlOf(cred), cred.User+":"+cred.Password.Reveal(), "guest:guest", 1))
 	var dead []amqp.Delivery
-	waitFor(t, 15*time.Second, "the dead letter in mesh.dead", func() bool {
+	meshtest.WaitFor(t, 15*time.Second, "the dead letter in mesh.dead", func() bool {
 		dead = append(dead, deadLetters(t, ch)...)
 		return len(dead) > 0
 	})

@@ -13,6 +13,8 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/internal/seal"
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 const sealMarker = "front-door-code-1234"
@@ -102,21 +104,21 @@ func TestSealedTrafficIsOpaqueToTheBroker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, text := serviceError(m); code != "" {
-		t.Fatalf("request: error %s %s", code, text)
+	if code, text := natstest.ServiceError(m); code != 0 {
+		t.Fatalf("request: error %d %s", code, text)
 	}
 	if got := string(m.Data); got != "echo:"+sealMarker || m.Header.Get("X-Trace") != sealMarker || m.Header.Get("Content-Type") != "text/"+sealMarker {
 		t.Fatalf("reply: got %q %v, want the marker back in body and headers", got, m.Header)
 	}
 	a.submit(t, "work", []byte(sealMarker), nats.Header{"X-Secret": {sealMarker}})
-	waitFor(t, 10*time.Second, "the command at beta's handler", func() bool { return len(h.msgs()) == 1 })
+	meshtest.WaitFor(t, 10*time.Second, "the command at beta's handler", func() bool { return len(h.msgs()) == 1 })
 	if got := h.msgs()[0]; string(got.Data) != sealMarker || got.Header.Get("X-Secret") != sealMarker {
 		t.Fatalf("command: got %q %v, want the marker", got.Data, got.Header)
 	}
 	if err := a.client.PublishMsg(&nats.Msg{Subject: "evt.door", Data: []byte(sealMarker), Header: nats.Header{"X-Secret": {sealMarker}}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the event at beta", func() bool { return events.len() == 1 })
+	meshtest.WaitFor(t, 10*time.Second, "the event at beta", func() bool { return events.len() == 1 })
 	if got := events.all()[0]; string(got.Data) != sealMarker || got.Header.Get("X-Secret") != sealMarker {
 		t.Fatalf("event: got %q %v, want the marker", got.Data, got.Header)
 	}
@@ -153,11 +155,11 @@ func TestTamperedSealedMessagesRefused(t *testing.T) {
 	events := subscribeEvents(t, b, "evt.door")
 
 	a.submit(t, "work", []byte("first"), nil)
-	waitFor(t, 10*time.Second, "the first command", func() bool { return len(h.msgs()) == 1 })
+	meshtest.WaitFor(t, 10*time.Second, "the first command", func() bool { return len(h.msgs()) == 1 })
 	if err := a.client.Publish("evt.door", []byte("ev")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the first event", func() bool { return events.len() == 1 })
+	meshtest.WaitFor(t, 10*time.Second, "the first event", func() bool { return events.len() == 1 })
 	var cmd, evt amqp.Delivery
 	for cmd.Type == "" || evt.Type == "" {
 		select {
@@ -189,13 +191,13 @@ func TestTamperedSealedMessagesRefused(t *testing.T) {
 		p.MessageId = "unknown-key"
 	})
 
-	waitFor(t, 10*time.Second, "the refusals counted", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "the refusals counted", func() bool {
 		return unsealFailures(t, regB, "command", "tampered") == 2 &&
 			unsealFailures(t, regB, "event", "tampered") == 1 &&
 			unsealFailures(t, regB, "command", "unknown_key") >= 1 // tried again: beta may not have the key yet
 	})
 	var dead []amqp.Delivery
-	waitFor(t, 10*time.Second, "three dead letters", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "three dead letters", func() bool {
 		dead = append(dead, deadLetters(t, ch, "work", "other")...)
 		return len(dead) >= 3
 	})
@@ -252,16 +254,16 @@ func TestSealedRequestRefusals(t *testing.T) {
 	}
 	// The same ids, one byte flipped.
 	send(req.CorrelationId, func(p *amqp.Publishing) { p.Body[len(p.Body)-1] ^= 1 })
-	waitFor(t, 10*time.Second, "the tampered request counted", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "the tampered request counted", func() bool {
 		return unsealFailures(t, regB, "request", "tampered") == 1
 	})
 	time.Sleep(maxSkewForTest) // real time is the thing under test: the deadline must pass
 	send(req.CorrelationId, func(p *amqp.Publishing) {})
-	waitFor(t, 10*time.Second, "the replayed request refused as expired", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "the replayed request refused as expired", func() bool {
 		return unsealFailures(t, regB, "request", "expired") == 1
 	})
 	var replies []amqp.Delivery
-	waitFor(t, 10*time.Second, "two error replies", func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "two error replies", func() bool {
 		select {
 		case d := <-tap:
 			if d.Type == "reply" && d.CorrelationId == req.CorrelationId {
@@ -333,9 +335,9 @@ func TestTamperedRequestAnsweredWithReason(t *testing.T) {
 		if r.err != nil {
 			t.Fatalf("the call: %v, want beta's refusal of the tampered copy", r.err)
 		}
-		code, text := serviceError(r.m)
-		if code == "" || !strings.Contains(text, "node beta refused the sealed request (tampered)") {
-			t.Fatalf("the call got %q (code %q, error %q), want beta's refusal saying the seal did not open", r.m.Data, code, text)
+		code, text := natstest.ServiceError(r.m)
+		if code == 0 || !strings.Contains(text, "node beta refused the sealed request (tampered)") {
+			t.Fatalf("the call got %q (code %d, error %q), want beta's refusal saying the seal did not open", r.m.Data, code, text)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the call was not answered")

@@ -158,23 +158,6 @@ func call(nc *nats.Conn, subject string) (string, error) {
 	return string(msg.Data), nil
 }
 
-// eventually retries f every 20ms until it returns nil or d has passed, and
-// returns how long it took.
-func eventually(t *testing.T, d time.Duration, what string, f func() error) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for {
-		err := f()
-		if err == nil {
-			return time.Since(start)
-		}
-		if time.Since(start) > d {
-			t.Fatalf("%s: not within %v: %v", what, d, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func peerState(n *node.Node, name string) string {
 	for _, p := range n.Peers() {
 		if p.Name == name {
@@ -196,14 +179,14 @@ func TestDiscoveryOverTheBroker(t *testing.T) {
 
 	// A capability that appears on B after A started is callable from A
 	// within a second of B noticing it.
-	eventually(t, 5*time.Second, "A sees B and C", func() error {
+	meshtest.Eventually(t, 5*time.Second, "A sees B and C", func() error {
 		if peerState(a.node, "B") != node.StateUp || peerState(a.node, "C") != node.StateUp {
 			return fmt.Errorf("peers %+v", a.node.Peers())
 		}
 		return nil
 	})
 	b.host(t, "late")
-	took := eventually(t, 3*time.Second, "call cap.late on A", func() error {
+	took := meshtest.Eventually(t, 3*time.Second, "call cap.late on A", func() error {
 		got, err := call(caller, "cap.late")
 		if err == nil && got != "B" {
 			err = fmt.Errorf("answered by %q, want B", got)
@@ -223,14 +206,14 @@ func TestDiscoveryOverTheBroker(t *testing.T) {
 	// The same capability on B and C: calls from A are spread over both.
 	b.host(t, "echo")
 	c.host(t, "echo")
-	eventually(t, 3*time.Second, "A routes echo to B and C", func() error {
+	meshtest.Eventually(t, 3*time.Second, "A routes echo to B and C", func() error {
 		if got := a.node.Routes()["echo"]; !slices.Equal(got, []string{"B", "C"}) {
 			return fmt.Errorf("routes %v", got)
 		}
 		return nil
 	})
 	// The bridge's stand-in follows the routes.
-	eventually(t, 3*time.Second, "calls from A spread over B and C", func() error {
+	meshtest.Eventually(t, 3*time.Second, "calls from A spread over B and C", func() error {
 		seen := map[string]int{}
 		for range 20 {
 			got, err := call(caller, "cap.echo")
@@ -252,7 +235,7 @@ func TestDiscoveryOverTheBroker(t *testing.T) {
 	// its routes, and a call addressed to C fails at once naming it.
 	c.kill()
 	killed := time.Now()
-	eventually(t, itMissed*itHeartbeat+2*time.Second, "A marks C gone", func() error {
+	meshtest.Eventually(t, itMissed*itHeartbeat+2*time.Second, "A marks C gone", func() error {
 		if s := peerState(a.node, "C"); s != node.StateGone {
 			return fmt.Errorf("C is %q", s)
 		}
@@ -276,7 +259,7 @@ func TestDiscoveryOverTheBroker(t *testing.T) {
 	// C comes back: callable again without restarting A or B.
 	c2 := startMeshNode(t, url, "C")
 	c2.host(t, "echo")
-	eventually(t, 5*time.Second, "node.C.cap.echo callable again", func() error {
+	meshtest.Eventually(t, 5*time.Second, "node.C.cap.echo callable again", func() error {
 		got, err := call(caller, "node.C.cap.echo")
 		if err == nil && got != "C" {
 			err = fmt.Errorf("answered by %q", got)
@@ -307,7 +290,7 @@ func TestKilledPeerNoticedThroughTheBroker(t *testing.T) {
 	a := startMeshNode(t, url, "A", slow)
 	b := startMeshNode(t, url, "B", slow)
 	c := startMeshNode(t, url, "C", slow)
-	eventually(t, 5*time.Second, "every node sees the others", func() error {
+	meshtest.Eventually(t, 5*time.Second, "every node sees the others", func() error {
 		for _, n := range []*meshNode{a, b, c} {
 			if len(n.node.Peers()) != 2 {
 				return fmt.Errorf("%s: peers %+v", n.name, n.node.Peers())
@@ -318,7 +301,7 @@ func TestKilledPeerNoticedThroughTheBroker(t *testing.T) {
 	c.kill()
 	killed := time.Now()
 	for _, n := range []*meshNode{a, b} {
-		eventually(t, 2*probe+time.Second, n.name+" marks C gone", func() error {
+		meshtest.Eventually(t, 2*probe+time.Second, n.name+" marks C gone", func() error {
 			for _, p := range n.node.Peers() {
 				if p.Name == "C" && p.State == node.StateGone {
 					if p.Reason != "not connected to the broker" {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
@@ -88,7 +89,7 @@ func TestMessageCommands(t *testing.T) {
 	c.fails(t, "no host for nothing", "call", "nothing")
 	c.fails(t, "not hosted on node solo", "call", "nothing", "--to", "solo")
 
-	waitUntil(t, func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "send print accepted", func() bool {
 		out, _, err := c.run(t, "send", "print", "job-1")
 		return err == nil && strings.HasPrefix(out, "accepted (local) ")
 	})
@@ -96,7 +97,7 @@ func TestMessageCommands(t *testing.T) {
 	if out != "accepted (local) my-id\n" {
 		t.Errorf("send --id: got %q", out)
 	}
-	waitUntil(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(work) >= 2 })
+	meshtest.WaitFor(t, 10*time.Second, "both jobs at the handler", func() bool { mu.Lock(); defer mu.Unlock(); return len(work) >= 2 })
 	c.fails(t, "503", "send", "nobody-hosts-this", "x")
 	c.fails(t, "400", "send", "print", "x", "--header", "CC=evt.x")
 
@@ -109,7 +110,7 @@ func TestMessageCommands(t *testing.T) {
 		}
 		done <- out
 	}()
-	waitUntil(t, func() bool {
+	meshtest.WaitFor(t, 10*time.Second, "an emitted event listened to", func() bool {
 		out, _, err := c.run(t, "emit", "door.open", "front")
 		if err != nil || !strings.HasPrefix(out, "accepted (local) ") {
 			return false
@@ -130,15 +131,4 @@ func TestMessageCommands(t *testing.T) {
 		t.Errorf("call without a capability: got %v, want a usage error", err)
 	}
 	c.fails(t, "cannot reach the node", "call", "echo", "--server", "nats://127.0.0.1:1")
-}
-
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("timed out")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

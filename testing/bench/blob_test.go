@@ -48,7 +48,7 @@ func BenchmarkBlob(b *testing.B) {
 	nodeA := startBenchNode(b, "blob-a", amqpURL, dbURL)
 	nodeB := startBenchNode(b, "blob-b", amqpURL, dbURL)
 	ref := benchPutBlob(b, nodeA)
-	benchWait(b, 30*time.Second, "blob-b sees blob-a", func() bool {
+	meshtest.WaitFor(b, 30*time.Second, "blob-b sees blob-a", func() bool {
 		for _, p := range nodeB.Status().Peers {
 			if p.Name == "blob-a" && p.State == "up" {
 				return true

@@ -198,28 +198,16 @@ func startBenchNode(b *testing.B, name, amqpURL, dbURL string) *appliance.Applia
 	cfg.Broker = appliance.Secret(amqpURL)
 	cfg.DB = appliance.Secret(dbURL)
 	a := meshtest.StartNode(b, cfg)
-	benchWait(b, 30*time.Second, name+" connected to the broker", func() bool {
+	meshtest.WaitFor(b, 30*time.Second, name+" connected to the broker", func() bool {
 		return a.Status().Broker.State == "connected"
 	})
 	if dbURL != "" {
-		benchWait(b, 30*time.Second, name+" sealing with the mesh's content key", func() bool {
+		meshtest.WaitFor(b, 30*time.Second, name+" sealing with the mesh's content key", func() bool {
 			k := a.Status().Keys
 			return k != nil && k.Current != "" && len(k.Lacking) == 0
 		})
 	}
 	return a
-}
-
-// benchWait polls cond until it holds, failing after d.
-func benchWait(b *testing.B, d time.Duration, what string, cond func() bool) {
-	b.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			b.Fatalf("after %s: %s did not happen", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // benchConn connects to a NATS server; closed when the benchmark ends.
@@ -258,7 +246,7 @@ func commandThroughput(b *testing.B, rmq *meshtest.Rabbit, nodeA, nodeB *applian
 	snc := benchConn(b, nodeA.NATSURL(), meshtest.AdminOption(b, nodeA.DataDir()))
 	// B hosts the stage once its queue exists: until then a submission is
 	// refused as unroutable.
-	benchWait(b, 30*time.Second, "stage bench hosted on B", func() bool {
+	meshtest.WaitFor(b, 30*time.Second, "stage bench hosted on B", func() bool {
 		resp, err := snc.Request("cmd.bench", []byte("probe"), 5*time.Second)
 		return err == nil && resp.Header.Get("Meshbox-Accepted") != ""
 	})
@@ -388,7 +376,7 @@ func requestRoundTripWith(b *testing.B, nodeA, nodeB *appliance.Appliance, onHos
 		return err
 	}
 	// Discovery tells A about the capability, then its bridge stands in.
-	benchWait(b, 30*time.Second, "A reaches bench-echo on B", func() bool { return call() == nil })
+	meshtest.WaitFor(b, 30*time.Second, "A reaches bench-echo on B", func() bool { return call() == nil })
 	return call
 }
 

@@ -211,13 +211,7 @@ func joinMesh(b *testing.B, amqpURL, name string, want int, in *atomic.Int64) (n
 	if err := br.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for br.Status().Broker.State != bridge.StateConnected {
-		if time.Now().After(deadline) {
-			b.Fatalf("bridge did not connect: %+v", br.Status().Broker)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	meshtest.WaitFor(b, 30*time.Second, "bridge connected", func() bool { return br.Status().Broker.State == bridge.StateConnected })
 	n, err = node.New(node.Config{
 		Name:    name,
 		Version: "bench",
@@ -237,7 +231,7 @@ func joinMesh(b *testing.B, amqpURL, name string, want int, in *atomic.Int64) (n
 	if err := n.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	deadline = time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !complete(n.Peers(), want) {
 		if time.Now().After(deadline) {
 			b.Fatalf("node %s saw %d of %d peers after 30s", name, countComplete(n.Peers()), want)

@@ -91,13 +91,7 @@ func timeDiscovery(b *testing.B, url, name string, want int) time.Duration {
 	if err := br.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for br.Status().Broker.State != bridge.StateConnected {
-		if time.Now().After(deadline) {
-			b.Fatalf("bridge did not connect: %+v", br.Status().Broker)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	meshtest.WaitFor(b, 30*time.Second, "bridge connected", func() bool { return br.Status().Broker.State == bridge.StateConnected })
 
 	n, err := node.New(node.Config{
 		Name:    name,
@@ -115,7 +109,7 @@ func timeDiscovery(b *testing.B, url, name string, want int) time.Duration {
 	if err := n.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	deadline = time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if complete(n.Peers(), want) {
 			return time.Since(start)

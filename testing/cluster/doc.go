@@ -9,6 +9,6 @@
 // A meshbox node picks one broker of its list at random; the scenario
 // places each node on the broker node it wants by giving every node a
 // proxy per broker node (placed, startPlaced) and refusing connections on
-// all but one until the node is connected. A ledger (ledger.go) keeps
-// what submitters were told and what handlers and subscribers saw.
+// all but one until the node is connected. A ledger (testing/ledger)
+// keeps what submitters were told and what handlers and subscribers saw.
 package cluster

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
@@ -67,17 +69,17 @@ func Faults(t *testing.T, size Size) {
 			t.Fatal(err)
 		}
 	}
-	cmds, evts := newLedger(), newLedger()
+	cmds, evts := ledger.NewHistory(), ledger.NewHistory()
 	for _, name := range names[1:] {
 		hnc := natsConn(t, nodes[name].p)
 		csub, err := hnc.QueueSubscribe("work.load", "handlers", func(m *nats.Msg) {
-			cmds.delivered("handlers", m)
+			cmds.Delivered(ledger.DeliveryOf(name, m))
 			_ = m.Respond(nil)
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		esub, err := hnc.Subscribe("evt.load", func(m *nats.Msg) { evts.delivered(name, m) })
+		esub, err := hnc.Subscribe("evt.load", func(m *nats.Msg) { evts.Delivered(ledger.DeliveryOf(name, m)) })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,24 +97,24 @@ func Faults(t *testing.T, size Size) {
 			t.Fatal(err)
 		}
 	}
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		q, err := c.LookupQueue(vhost, "cmd.load")
 		return err == nil && q.Consumers >= 2
 	}) {
 		t.Fatal("cmd.load has no consumer on beta and gamma after 30s")
 	}
 
-	cl := &submitter{nc: natsConn(t, nodes["alpha"].p), subject: "cmd.load", l: cmds}
-	el := &submitter{nc: natsConn(t, nodes["alpha"].p), subject: "evt.load", l: evts}
+	cl := &ledger.Load{NC: natsConn(t, nodes["alpha"].p), Subject: "cmd.load", Origin: "alpha", History: cmds}
+	el := &ledger.Load{NC: natsConn(t, nodes["alpha"].p), Subject: "evt.load", Origin: "alpha", History: evts}
 	var callers []*caller
 	for i, from := range names {
 		callers = append(callers, &caller{nc: natsConn(t, nodes[from].p), from: from, to: names[(i+1)%len(names)]})
 	}
 	stop, stopCalls := make(chan struct{}), make(chan struct{})
 	var wg sync.WaitGroup
-	for _, s := range []*submitter{cl, el} {
+	for _, l := range []*ledger.Load{cl, el} {
 		// Load generator: exits when stop is closed and the minimum is in.
-		wg.Go(func() { s.run(8, rate, minEach, maxEach, stop) })
+		wg.Go(func() { l.Run(8, rate, minEach, maxEach, stop) })
 	}
 	for _, cr := range callers {
 		// Caller: exits when stopCalls is closed.
@@ -127,13 +129,13 @@ func Faults(t *testing.T, size Size) {
 	}()
 
 	start := time.Now()
-	if !waitFor(time.Minute, func() bool { return cl.next.Load() >= 300 && el.next.Load() >= 300 }) {
+	if !meshtest.Poll(time.Minute, func() bool { return cl.Started() >= 300 && el.Started() >= 300 }) {
 		t.Fatal("the load did not start")
 	}
 	where := func() map[string]int {
 		m := map[string]int{}
 		for _, name := range names {
-			m[name] = nodes[name].on(getStatus(t, nodes[name].p))
+			m[name] = nodes[name].on(meshtest.Status(t, nodes[name].p.HTTPURL()))
 		}
 		return m
 	}
@@ -142,11 +144,11 @@ func Faults(t *testing.T, size Size) {
 	settled := func(fault time.Time, what string) {
 		t.Helper()
 		for _, name := range names {
-			waitStatus(t, nodes[name].p, time.Minute, "connected with an empty outbox after "+what, func(st status) bool {
+			meshtest.WaitStatus(t, nodes[name].p.HTTPURL(), time.Minute, name+" connected with an empty outbox after "+what, func(st appliance.Status) bool {
 				return st.Broker.State == "connected" && st.Outbox.Depth == 0
 			})
 		}
-		if !waitFor(time.Minute, func() bool {
+		if !meshtest.Poll(time.Minute, func() bool {
 			for _, cr := range callers {
 				if !slices.ContainsFunc(cr.snapshot(), func(c call) bool { return c.code == 0 && c.start.After(fault) }) {
 					return false
@@ -168,7 +170,7 @@ func Faults(t *testing.T, size Size) {
 	restartAt := time.Now()
 	c.Start(t, leader)
 	t.Logf("restart of broker node %d began %v after the kill, took %v", leader, restartAt.Sub(killAt).Round(time.Millisecond), time.Since(restartAt).Round(time.Millisecond))
-	if !waitFor(time.Minute, func() bool {
+	if !meshtest.Poll(time.Minute, func() bool {
 		q, err := c.LookupQueue(vhost, "cmd.load")
 		return err == nil && len(q.Online) == c.Size()
 	}) {
@@ -190,34 +192,34 @@ func Faults(t *testing.T, size Size) {
 	t.Logf("after the graceful stop of broker node %d: nodes on %v", victim, where())
 
 	endLoad()
-	if !waitFor(3*time.Minute, func() bool { return cl.next.Load() >= int64(minEach) && el.next.Load() >= int64(minEach) }) {
+	if !meshtest.Poll(3*time.Minute, func() bool { return cl.Started() >= int64(minEach) && el.Started() >= int64(minEach) }) {
 		t.Fatal("the load did not reach its minimum")
 	}
 	endCalls()
 	wg.Wait()
 	end := time.Now()
-	t.Logf("load done after %s: %s; %s", end.Sub(start).Round(time.Second), cl.summary(), el.summary())
+	t.Logf("load done after %s: %s; %s", end.Sub(start).Round(time.Second), cl.Summary(), el.Summary())
 
 	for _, name := range names {
-		waitStatus(t, nodes[name].p, 2*time.Minute, "outbox drained", func(st status) bool {
+		meshtest.WaitStatus(t, nodes[name].p.HTTPURL(), 2*time.Minute, name+"'s outbox drained", func(st appliance.Status) bool {
 			return st.Broker.State == "connected" && st.Outbox.Depth == 0
 		})
 	}
-	waitFor(2*time.Minute, func() bool {
-		return cmds.tally("handlers").lost == 0 && evts.tally("beta").lost == 0 && evts.tally("gamma").lost == 0
+	meshtest.Poll(2*time.Minute, func() bool {
+		return len(cmds.Check().Lost) == 0 && len(evts.CheckAt("beta").Lost) == 0 && len(evts.CheckAt("gamma").Lost) == 0
 	})
-	time.Sleep(2 * time.Second) // room for late duplicates
+	time.Sleep(2 * time.Second) // real time: room for late duplicates
 
-	ct, bt, gt := cmds.tally("handlers"), evts.tally("beta"), evts.tally("gamma")
-	t.Logf("commands: %s", ct)
-	t.Logf("events at beta: %s", bt)
-	t.Logf("events at gamma: %s", gt)
+	ct, bt, gt := cmds.Check(), evts.CheckAt("beta"), evts.CheckAt("gamma")
+	t.Logf("commands (handled once across beta and gamma):\n%s", ct)
+	t.Logf("events at beta:\n%s", bt)
+	t.Logf("events at gamma:\n%s", gt)
 	for _, r := range []struct {
 		what string
-		t    tally
+		r    ledger.Result
 	}{{"commands", ct}, {"events at beta", bt}, {"events at gamma", gt}} {
-		if r.t.acked < minEach || r.t.lost != 0 || r.t.dupUnmarked != 0 || r.t.unexpected != 0 || r.t.bad != 0 {
-			t.Errorf("%s: %s; want at least %d acknowledged, none lost, no unmarked duplicate, nothing unexpected", r.what, r.t, minEach)
+		if r.r.Acked < minEach || len(r.r.Lost) != 0 || len(r.r.DupUnmarked) != 0 || len(r.r.Unexpected) != 0 {
+			t.Errorf("%s: want at least %d acknowledged, none lost, no unmarked duplicate, nothing unexpected:\n%s", r.what, minEach, r.r)
 		}
 	}
 
@@ -243,8 +245,8 @@ func Faults(t *testing.T, size Size) {
 	inFlightStop, laterStop := hung(all, stopAt, stopAt, end, requestTimeout, stopGrace, atOnce)
 	t.Logf("CLUSTER FIGURES: commands %d acked, %d lost, %d duplicates (%d unmarked); events %d acked, %d lost at beta, %d at gamma, %d+%d duplicates (%d unmarked); "+
 		"requests %d; SIGKILL of the stage leader: %s, %d requests in flight at the kill waited for their deadline; graceful stop of another broker node: %s, %d in flight at the stop waited for their deadline (target %v)",
-		ct.acked, ct.lost, ct.dupMarked+ct.dupUnmarked, ct.dupUnmarked, bt.acked, bt.lost, gt.lost,
-		bt.dupMarked+bt.dupUnmarked, gt.dupMarked+gt.dupUnmarked, bt.dupUnmarked+gt.dupUnmarked,
+		ct.Acked, len(ct.Lost), ct.DupMarked+len(ct.DupUnmarked), len(ct.DupUnmarked), bt.Acked, len(bt.Lost), len(gt.Lost),
+		bt.DupMarked+len(bt.DupUnmarked), gt.DupMarked+len(gt.DupUnmarked), len(bt.DupUnmarked)+len(gt.DupUnmarked),
 		len(all), kill, inFlightKill, grace, inFlightStop, recoveryTarget)
 	if laterKill != 0 {
 		t.Errorf("after the SIGKILL: %d requests started after it took effect failed otherwise than with 503 within %v (%s); want every failure at once", laterKill, atOnce, kill)

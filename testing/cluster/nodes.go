@@ -3,75 +3,16 @@ package cluster
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
-
-// status is the part of a node's /status these tests read.
-type status struct {
-	Broker struct {
-		State     string `json:"state"`
-		Broker    string `json:"broker"` // host:port in use
-		Failovers []struct {
-			From, To, Reason string
-		} `json:"failovers"`
-		History []struct {
-			State, Reason, Broker string
-		} `json:"history"`
-	} `json:"broker"`
-	Outbox struct {
-		Depth int64 `json:"depth"`
-	} `json:"outbox"`
-}
-
-func getStatus(t *testing.T, p *meshtest.Process) status {
-	t.Helper()
-	resp, err := http.Get(p.HTTPURL() + "/status")
-	if err != nil {
-		t.Fatalf("status of %s: %v", p.Node(), err)
-	}
-	defer resp.Body.Close()
-	var st status
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		t.Fatalf("status of %s: %v", p.Node(), err)
-	}
-	return st
-}
-
-// waitStatus polls p's status until ok holds, failing after d.
-func waitStatus(t *testing.T, p *meshtest.Process, d time.Duration, what string, ok func(status) bool) status {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		st := getStatus(t, p)
-		if ok(st) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s: %s did not happen; status %+v", d, p.Node(), what, st)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// waitFor polls cond until it holds or d passes.
-func waitFor(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return true
-}
 
 // placed is a meshbox node on a cluster: the broker URLs it lists go
 // through proxies of its own, one per broker node, so that the test can
@@ -82,7 +23,7 @@ type placed struct {
 }
 
 // on returns the index of the broker node p is connected to, -1 if none.
-func (n *placed) on(st status) int {
+func (n *placed) on(st appliance.Status) int {
 	if st.Broker.State != "connected" {
 		return -1
 	}
@@ -126,7 +67,7 @@ func startPlaced(t *testing.T, c *meshtest.RabbitCluster, vhost, name string, ho
 		t.Fatal(err)
 	}
 	n.p = meshtest.StartProcess(t, "--node", name, "--broker", strings.Join(list, ","), "--config", file)
-	waitStatus(t, n.p, 60*time.Second, "connected to broker node "+fmt.Sprint(home), func(st status) bool { return n.on(st) == home })
+	meshtest.WaitStatus(t, n.p.HTTPURL(), 60*time.Second, name+" connected to broker node "+fmt.Sprint(home), func(st appliance.Status) bool { return n.on(st) == home })
 	for i, px := range n.proxies {
 		if i != home {
 			px.Restore(t)
@@ -139,14 +80,4 @@ func startPlaced(t *testing.T, c *meshtest.RabbitCluster, vhost, name string, ho
 func natsConn(t *testing.T, p *meshtest.Process) *nats.Conn {
 	t.Helper()
 	return p.Connect(t, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-}
-
-// serviceError returns the error code of an error reply (0 for a success).
-func serviceError(m *nats.Msg) (int, string) {
-	if m == nil || m.Header.Get("Nats-Service-Error-Code") == "" && m.Header.Get("Nats-Service-Error") == "" {
-		return 0, ""
-	}
-	var code int
-	fmt.Sscan(m.Header.Get("Nats-Service-Error-Code"), &code)
-	return code, m.Header.Get("Nats-Service-Error")
 }

@@ -12,8 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // The mesh database as the adversary: its admin reads every row, and a
@@ -73,12 +75,12 @@ func TestAdversaryDatabaseDumpHoldsNoNodePassword(t *testing.T) {
 	call := func(when string) {
 		t.Helper()
 		caller := natsConn(t, procs["beta"])
-		waitCallable(t, caller, "node.alpha.cap.echo", nil, func(msg *nats.Msg) bool { c, _ := serviceError(msg); return c == 0 })
+		waitCallable(t, caller, "node.alpha.cap.echo", nil, func(msg *nats.Msg) bool { c, _ := natstest.ServiceError(msg); return c == 0 })
 		resp, err := caller.Request("node.alpha.cap.echo", []byte(when), 5*time.Second)
 		if err != nil {
 			t.Fatalf("%s: beta calling echo on alpha: %v", when, err)
 		}
-		if code, text := serviceError(resp); code != 0 || string(resp.Data) != when {
+		if code, text := natstest.ServiceError(resp); code != 0 || string(resp.Data) != when {
 			t.Fatalf("%s: beta calling echo on alpha: %d %q %q", when, code, text, resp.Data)
 		}
 	}
@@ -133,7 +135,7 @@ func TestAdversaryDatabaseDumpHoldsNoNodePassword(t *testing.T) {
 		t.Fatalf("rotate --all: exit %d: %s%s", code, out, errOut)
 	}
 	for _, n := range nodes {
-		waitIdentity(t, procs[n].HTTPURL(), n+" on generation 2, nothing older", func(s identityStatus) bool {
+		waitIdentity(t, procs[n].HTTPURL(), n+" on generation 2, nothing older", func(s appliance.Status) bool {
 			return s.Identity.Generation == 2 && s.Identity.State == "in use" && s.Identity.Rotation == ""
 		})
 	}
@@ -150,10 +152,10 @@ func TestAdversaryDatabaseDumpHoldsNoNodePassword(t *testing.T) {
 	pg.Stop(t)
 	start()
 	for _, n := range nodes {
-		waitStatus(t, procs[n].HTTPURL(), 15*time.Second, n+" on its cached bindings", func(s nodeStatus) bool {
+		meshtest.WaitStatus(t, procs[n].HTTPURL(), 15*time.Second, n+" on its cached bindings", func(s appliance.Status) bool {
 			return s.Bindings.Source == "cache"
 		})
-		waitIdentity(t, procs[n].HTTPURL(), n+" on generation 2 from its cache", func(s identityStatus) bool {
+		waitIdentity(t, procs[n].HTTPURL(), n+" on generation 2 from its cache", func(s appliance.Status) bool {
 			return s.Identity.Generation == 2 && s.Identity.State == "in use"
 		})
 	}
@@ -194,11 +196,10 @@ func TestAdversaryPeerSealsBogusKey(t *testing.T) {
 	}
 	fresh := m.start(t, "fresh")
 	lacks := func() bool {
-		var st keysStatus
-		getJSON(t, fresh.HTTPURL()+"/status", "", &st)
+		st := meshtest.Status(t, fresh.HTTPURL())
 		return st.Keys != nil && slices.Contains(st.Keys.Lacking, kid)
 	}
-	if !waitFor(30*time.Second, lacks) {
+	if !meshtest.Poll(30*time.Second, lacks) {
 		t.Fatalf("fresh does not say it lacks %s\n%s", kid, fresh.Output())
 	}
 
@@ -230,7 +231,7 @@ func TestAdversaryPeerSealsBogusKey(t *testing.T) {
 		return v
 	}
 	// fresh either refuses the copy or (without commitments) holds it.
-	if !waitFor(15*time.Second, func() bool { return refusedCount() >= 1 || !lacks() }) {
+	if !meshtest.Poll(15*time.Second, func() bool { return refusedCount() >= 1 || !lacks() }) {
 		t.Fatalf("fresh neither refused nor took peer's copy\n%s", fresh.Output())
 	}
 
@@ -250,9 +251,9 @@ func TestAdversaryPeerSealsBogusKey(t *testing.T) {
 		}
 		caller := natsConn(t, c.from)
 		subject := "node." + to + ".cap.echo"
-		waitCallable(t, caller, subject, nil, func(msg *nats.Msg) bool { code, _ := serviceError(msg); return code == 0 })
+		waitCallable(t, caller, subject, nil, func(msg *nats.Msg) bool { code, _ := natstest.ServiceError(msg); return code == 0 })
 		resp, err := caller.Request(subject, []byte("real key"), 5*time.Second)
-		if code, text := serviceError(resp); err != nil || code != 0 || string(resp.Data) != "real key" {
+		if code, text := natstest.ServiceError(resp); err != nil || code != 0 || string(resp.Data) != "real key" {
 			t.Fatalf("calling echo on %s: %v %d %q", to, err, code, text)
 		}
 		host.Close()

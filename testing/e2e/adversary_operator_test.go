@@ -16,9 +16,12 @@ import (
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // The broker's operator as the adversary: it makes or re-passwords node
@@ -129,14 +132,14 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	caller := natsConn(t, beta)
 	call := func(what string) {
 		t.Helper()
-		waitCallable(t, caller, "node.alpha.cap.echo", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+		waitCallable(t, caller, "node.alpha.cap.echo", nil, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 		resp, err := caller.Request("node.alpha.cap.echo", []byte(what), 5*time.Second)
-		if code, text := serviceError(resp); err != nil || code != 0 || string(resp.Data) != what {
+		if code, text := natstest.ServiceError(resp); err != nil || code != 0 || string(resp.Data) != what {
 			t.Fatalf("%s: beta calling echo on alpha: %v %d %q", what, err, code, text)
 		}
 	}
 	call("before")
-	if st := getView(t, beta.HTTPURL()).peerState("alpha"); st != "up" {
+	if st := peer(meshtest.Status(t, beta.HTTPURL()), "alpha").State; st != "up" {
 		t.Fatalf("beta's view of alpha before the attack: %q, want up", st)
 	}
 
@@ -163,12 +166,13 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	pub("to.beta.req.probe", amqp.Publishing{Type: "request", CorrelationId: rand.Text(), ReplyTo: "node.alpha.replies",
 		Headers: amqp.Table{bridge.HeaderOrigin: "alpha"}, Body: []byte("forged")})
 	const forgeries = 3
-	if !waitFor(10*time.Second, func() bool { return errorsOf(t, beta, "forged") >= forged0+forgeries }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return errorsOf(t, beta, "forged") >= forged0+forgeries }) {
 		t.Errorf("beta's forged count: %v, want %v (two byes and a request as %s)", errorsOf(t, beta, "forged"), forged0+forgeries, fakeUser)
 	}
-	// Alpha's heartbeats go on: beta never marked it gone.
+	// Alpha's heartbeats go on: beta never marked it gone (real time:
+	// room for a wrong gone, whose absence cannot be signalled).
 	time.Sleep(2 * time.Second)
-	if st := getView(t, beta.HTTPURL()).peerState("alpha"); st != "up" {
+	if st := peer(meshtest.Status(t, beta.HTTPURL()), "alpha").State; st != "up" {
 		t.Errorf("beta's view of alpha after byes as %s: %q, want up", fakeUser, st)
 	}
 	if got := errorsOf(t, beta, "forged"); got != forged0+forgeries {
@@ -188,7 +192,7 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	if code, out, errOut := m.rotate(t, "alpha", "--wait", "25s"); code != 0 {
 		t.Fatalf("rotate alpha: exit %d: %s%s", code, out, errOut)
 	}
-	waitIdentity(t, alpha.HTTPURL(), "alpha on generation 2", func(s identityStatus) bool {
+	waitIdentity(t, alpha.HTTPURL(), "alpha on generation 2", func(s appliance.Status) bool {
 		return s.Identity.Generation == 2 && s.Identity.Rotation == ""
 	})
 	call("rotated")
@@ -204,11 +208,11 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	}); err != nil || code != 0 {
 		t.Fatalf("publish a bye as %s: code %d, %v", oldUser, code, err)
 	}
-	if !waitFor(10*time.Second, func() bool { return errorsOf(t, beta, "forged") >= forged1+1 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return errorsOf(t, beta, "forged") >= forged1+1 }) {
 		t.Errorf("beta's forged count after a bye as the revoked %s: %v, want %v", oldUser, errorsOf(t, beta, "forged"), forged1+1)
 	}
-	time.Sleep(time.Second)
-	if st := getView(t, beta.HTTPURL()).peerState("alpha"); st != "up" {
+	time.Sleep(time.Second) // real time: room for a wrong gone, whose absence cannot be signalled
+	if st := peer(meshtest.Status(t, beta.HTTPURL()), "alpha").State; st != "up" {
 		t.Errorf("beta's view of alpha after a bye as the revoked %s: %q, want up", oldUser, st)
 	}
 	call("last")
@@ -247,7 +251,7 @@ func TestAdversaryCommandsCountedByCause(t *testing.T) {
 	submitter := natsConn(t, alpha)
 	real := func(what string) {
 		t.Helper()
-		if o, resp, err := submit(submitter, "cmd.vault", []byte(what), 5*time.Second); o != acked {
+		if o, resp, err := ledger.Submit(submitter, "cmd.vault", []byte(what), 5*time.Second); o != ledger.Acked {
 			t.Fatalf("%s: alpha submitting to vault: %v %v %v", what, o, resp, err)
 		}
 		select {
@@ -312,7 +316,7 @@ func TestAdversaryCommandsCountedByCause(t *testing.T) {
 
 	// The admin's two are forged at once; the fake generation's after the
 	// give-backs of a generation newer than the bindings know.
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		return errorsOf(t, beta, "forged") >= forged0+3 && unsealFailuresOf(t, beta, "command", "tampered") >= tampered0+1
 	}) {
 		t.Errorf("beta: forged %v (want %v), unseal failures tampered %v (want %v)\n%s", errorsOf(t, beta, "forged"), forged0+3,
@@ -367,19 +371,19 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	caller := natsConn(t, beta)
 	call := func(what string) {
 		t.Helper()
-		waitCallable(t, caller, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+		waitCallable(t, caller, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 		for _, subj := range []string{"cap.echo", "node.alpha.cap.echo"} {
 			resp, err := caller.Request(subj, []byte(what), 5*time.Second)
-			if code, text := serviceError(resp); err != nil || code != 0 || string(resp.Data) != what {
+			if code, text := natstest.ServiceError(resp); err != nil || code != 0 || string(resp.Data) != what {
 				t.Fatalf("%s: beta calling %s: %v %d %q", what, subj, err, code, text)
 			}
 		}
 	}
 	call("before")
-	if !waitFor(30*time.Second, func() bool { return signedPeerOf(t, beta, "alpha").Signs }) {
-		t.Errorf("beta's view of alpha: %+v, want signs (alpha's record has a signing key)", signedPeerOf(t, beta, "alpha"))
+	if !meshtest.Poll(30*time.Second, func() bool { return peer(meshtest.Status(t, beta.HTTPURL()), "alpha").Signs }) {
+		t.Errorf("beta's view of alpha: %+v, want signs (alpha's record has a signing key)", peer(meshtest.Status(t, beta.HTTPURL()), "alpha"))
 	}
-	started := signedPeerOf(t, beta, "alpha").StartedAt
+	started := peer(meshtest.Status(t, beta.HTTPURL()), "alpha").StartedAt
 
 	// The operator taps every broadcast, to copy one of alpha's.
 	tapConn, err := amqp.Dial(vhost)
@@ -459,7 +463,7 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	_, _ = rand.Read(sig)
 	publishAs(opConn, alphaUser, "sys.bye", discovery(map[string]any{"v": 1, "type": "bye", "seq": 1<<40 + 3, "sig": base64.RawURLEncoding.EncodeToString(sig)}))
 	publishAs(opConn, alphaUser, "sys.heartbeat", heartbeat)
-	if !waitFor(10*time.Second, func() bool {
+	if !meshtest.Poll(10*time.Second, func() bool {
 		return discoveryRejected(t, beta, "unsigned") >= unsigned0+3 && discoveryRejected(t, beta, "forged") >= forged0+1 &&
 			discoveryRejected(t, beta, "replayed") >= replayed0+1
 	}) {
@@ -467,8 +471,8 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 			discoveryRejected(t, beta, "unsigned"), unsigned0+3, discoveryRejected(t, beta, "forged"), forged0+1,
 			discoveryRejected(t, beta, "replayed"), replayed0+1)
 	}
-	time.Sleep(2 * time.Second) // alpha's own heartbeats go on meanwhile
-	if p := signedPeerOf(t, beta, "alpha"); p.State != "up" || !slices.Contains(p.Capabilities, "echo") || slices.Contains(p.Capabilities, "decoy") {
+	time.Sleep(2 * time.Second) // real time: alpha's own heartbeats go on meanwhile, and a wrong gone would show
+	if p := peer(meshtest.Status(t, beta.HTTPURL()), "alpha"); p.State != "up" || !slices.Contains(p.Capabilities, "echo") || slices.Contains(p.Capabilities, "decoy") {
 		t.Errorf("beta's view of alpha after the operator spoke for it: %+v, want up, hosting echo and not decoy", p)
 	}
 	call("after the operator")
@@ -493,7 +497,7 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	}
 	mu.User = url.UserPassword(malloryUser, malloryPassword)
 	malloryURL := mu.String()
-	if !waitFor(20*time.Second, func() bool { return getView(t, beta.HTTPURL()).peerState("mallory") != "" }) {
+	if !meshtest.Poll(20*time.Second, func() bool { return peer(meshtest.Status(t, beta.HTTPURL()), "mallory").State != "" }) {
 		t.Fatal("beta's bindings never listed mallory")
 	}
 	mConn, err := amqp.Dial(malloryURL)
@@ -511,14 +515,14 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	publishAs(mConn, malloryUser, "sys.heartbeat", heartbeat)
 	gone, _ := json.Marshal(map[string]any{"v": 2, "type": "gone", "node": "mallory", "peer": "alpha", "started_at": time.Now(), "seq": 1, "proto": 3})
 	publishAs(mConn, malloryUser, "sys.gone", gone)
-	if !waitFor(10*time.Second, func() bool { return discoveryRejected(t, beta, "origin_mismatch") >= origin0+2 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return discoveryRejected(t, beta, "origin_mismatch") >= origin0+2 }) {
 		t.Errorf("beta's discovery refused for origin mismatch: %v, want %v (mallory's bye and copy for alpha)", discoveryRejected(t, beta, "origin_mismatch"), origin0+2)
 	}
-	if !waitFor(10*time.Second, func() bool { return goneIn() >= gone0+1 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return goneIn() >= gone0+1 }) {
 		t.Errorf("beta never took mallory's gone (an unsigned message of a node without a signing key)")
 	}
-	time.Sleep(2 * time.Second) // beta's probe of alpha comes back routed
-	if p := signedPeerOf(t, beta, "alpha"); p.State != "up" {
+	time.Sleep(2 * time.Second) // real time: beta's probe of alpha comes back routed (nothing says so), and a wrong gone would show
+	if p := peer(meshtest.Status(t, beta.HTTPURL()), "alpha"); p.State != "up" {
 		t.Errorf("beta's view of alpha after mallory spoke for it: %+v, want up", p)
 	}
 	call("after mallory")
@@ -528,35 +532,12 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	if code := alpha.Wait(); code != 0 {
 		t.Fatalf("alpha exited with %d", code)
 	}
-	if !waitFor(5*time.Second, func() bool { p := signedPeerOf(t, beta, "alpha"); return p.State == "gone" && p.Reason == "left" }) {
-		t.Errorf("beta's view of alpha after alpha stopped: %+v, want gone (left)", signedPeerOf(t, beta, "alpha"))
+	if !meshtest.Poll(5*time.Second, func() bool {
+		p := peer(meshtest.Status(t, beta.HTTPURL()), "alpha")
+		return p.State == "gone" && p.Reason == "left"
+	}) {
+		t.Errorf("beta's view of alpha after alpha stopped: %+v, want gone (left)", peer(meshtest.Status(t, beta.HTTPURL()), "alpha"))
 	}
-}
-
-// signedPeer is a peer in a node's status, with what signed discovery
-// shows of it.
-type signedPeer struct {
-	Name         string    `json:"name"`
-	State        string    `json:"state"`
-	Reason       string    `json:"reason"`
-	StartedAt    time.Time `json:"started_at"`
-	Capabilities []string  `json:"capabilities"`
-	Signs        bool      `json:"signs"`
-}
-
-// signedPeerOf returns peer name in p's status (zero when it has none).
-func signedPeerOf(t *testing.T, p *meshtest.Process, name string) signedPeer {
-	t.Helper()
-	var st struct {
-		Peers []signedPeer `json:"peers"`
-	}
-	getJSON(t, p.HTTPURL()+"/status", "", &st)
-	for _, sp := range st.Peers {
-		if sp.Name == name {
-			return sp
-		}
-	}
-	return signedPeer{}
 }
 
 // discoveryRejected returns meshbox_discovery_rejected_total{reason} of

@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -161,17 +162,17 @@ func TestAdversaryReplaysThroughDeadLettering(t *testing.T) {
 		}
 		body := fmt.Sprintf("resize-%d", i)
 		cmds = append(cmds, body)
-		if o, resp, err := submit(sender, "cmd.resize", []byte(body), 5*time.Second); o != acked {
+		if o, resp, err := ledger.Submit(sender, "cmd.resize", []byte(body), 5*time.Second); o != ledger.Acked {
 			t.Fatalf("alpha submits %s: %v %v %v", body, o, resp, err)
 		}
 	}
-	if o, resp, err := submit(sender, "cmd.resize", []byte("retry-me"), 5*time.Second); o != acked {
+	if o, resp, err := ledger.Submit(sender, "cmd.resize", []byte("retry-me"), 5*time.Second); o != ledger.Acked {
 		t.Fatalf("alpha submits retry-me: %v %v %v", o, resp, err)
 	}
 	flush(t, sender)
 
 	// Every replay reached beta and was refused.
-	if !waitFor(20*time.Second, func() bool {
+	if !meshtest.Poll(20*time.Second, func() bool {
 		return replays(t, beta, "event", "dead_lettered") >= float64(n*times) &&
 			replays(t, beta, "command", "dead_lettered") >= float64((n+1)*times)
 	}) {
@@ -184,7 +185,7 @@ func TestAdversaryReplaysThroughDeadLettering(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids = append(ids, "fresh")
-	if !waitFor(20*time.Second, func() bool {
+	if !meshtest.Poll(20*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return events["fresh"] > 0 && len(calls()) >= n+2
@@ -298,7 +299,7 @@ func TestAdversaryOperatorReplaysAnEvent(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the operator's tap never saw alpha's event")
 	}
-	if !waitFor(20*time.Second, func() bool { return count("captured") == 1 }) {
+	if !meshtest.Poll(20*time.Second, func() bool { return count("captured") == 1 }) {
 		t.Fatalf("beta never got alpha's event")
 	}
 
@@ -315,11 +316,11 @@ func TestAdversaryOperatorReplaysAnEvent(t *testing.T) {
 	if err != nil || code != 0 {
 		t.Fatalf("the operator republishes alpha's event with alpha's credential: code %d, %v", code, err)
 	}
-	if !waitFor(20*time.Second, func() bool { return replays(t, beta, "event", "duplicate") >= 1 }) {
+	if !meshtest.Poll(20*time.Second, func() bool { return replays(t, beta, "event", "duplicate") >= 1 }) {
 		t.Errorf("beta's refused duplicate events: %v, want 1", replays(t, beta, "event", "duplicate"))
 	}
 	publish("fresh") // the control
-	if !waitFor(20*time.Second, func() bool { return count("fresh") == 1 }) {
+	if !meshtest.Poll(20*time.Second, func() bool { return count("fresh") == 1 }) {
 		t.Errorf("beta never got alpha's fresh event")
 	}
 	if got := count("captured"); got != 1 {
@@ -375,7 +376,7 @@ func TestAdversaryExhaustsTheBroker(t *testing.T) {
 	waitConsumers(t, rmq, vhost, "cmd.resize", 1)
 	var nconn, nch int
 	betaUser := ""
-	if !waitFor(20*time.Second, func() bool {
+	if !meshtest.Poll(20*time.Second, func() bool {
 		var conns, chans []struct {
 			User string `json:"user"`
 		}
@@ -401,10 +402,10 @@ func TestAdversaryExhaustsTheBroker(t *testing.T) {
 	if nch*4 > lim.MaxChannels || nconn*4 > lim.MaxConnections {
 		t.Errorf("beta holds %d connections and %d channels: want at most a quarter of the limits (%d, %d)", nconn, nch, lim.MaxConnections, lim.MaxChannels)
 	}
-	if o, resp, err := submit(natsConn(t, beta), "cmd.resize", []byte("x"), 5*time.Second); o != acked {
+	if o, resp, err := ledger.Submit(natsConn(t, beta), "cmd.resize", []byte("x"), 5*time.Second); o != ledger.Acked {
 		t.Errorf("beta submits a command under the limits: %v %v %v", o, resp, err)
 	}
-	if !waitFor(10*time.Second, func() bool { return len(calls()) == 1 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return len(calls()) == 1 }) {
 		t.Errorf("beta's command never reached its handler")
 	}
 }
@@ -504,7 +505,7 @@ func TestAdversaryOwnExchange(t *testing.T) {
 	}
 	flush(t, listener)
 	sender := natsConn(t, alpha)
-	if !waitFor(20*time.Second, func() bool {
+	if !meshtest.Poll(20*time.Second, func() bool {
 		_ = sender.Publish("evt.own-exchange", []byte("hello"))
 		select {
 		case <-got:
@@ -591,12 +592,12 @@ func TestAdversaryCarbonCopies(t *testing.T) {
 	// The controls: one command dies for real, one is retried.
 	sender := natsConn(t, alpha)
 	for _, body := range []string{"die", "retry-me"} {
-		if o, resp, err := submit(sender, "cmd.resize", []byte(body), 5*time.Second); o != acked {
+		if o, resp, err := ledger.Submit(sender, "cmd.resize", []byte(body), 5*time.Second); o != ledger.Acked {
 			t.Fatalf("alpha submits %s: %v %v %v", body, o, resp, err)
 		}
 	}
 	onBeta := []string{"MESHBOX_SERVER=" + beta.NATSURL(), "MESHBOX_DATA=" + beta.DataDir()}
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		code, out, _ := cliEnv(t, onBeta, "dlq", "list", "resize", "--json")
 		return code == 0 && strings.Count(out, `"stage": "resize"`) >= 3 && refusedCommands(t, beta) >= 2
 	}) {
@@ -625,7 +626,7 @@ func TestAdversaryCarbonCopies(t *testing.T) {
 	if r := strings.Join(got["retry-me"], " "); r != "1 2" {
 		t.Errorf("retry-me at beta's handler: attempts %q, want \"1 2\"", r)
 	}
-	if !waitFor(10*time.Second, func() bool {
+	if !meshtest.Poll(10*time.Second, func() bool {
 		n := 0
 		for _, m := range calls() {
 			if string(m.Data) == "die" {

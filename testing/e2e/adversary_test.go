@@ -17,7 +17,9 @@ import (
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // TestAdversaryWithAnotherNodesCredential runs alpha and beta on broker
@@ -76,12 +78,12 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	caller := natsConn(t, beta)
 	normal := func(what string) {
 		t.Helper()
-		waitCallable(t, caller, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+		waitCallable(t, caller, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 		resp, err := caller.Request("cap.echo", []byte(what), 5*time.Second)
-		if code, text := serviceError(resp); err != nil || code != 0 || string(resp.Data) != what {
+		if code, text := natstest.ServiceError(resp); err != nil || code != 0 || string(resp.Data) != what {
 			t.Fatalf("%s: beta calling echo on alpha: %v %d %q", what, err, code, text)
 		}
-		if o, resp, err := submit(caller, "cmd.resize", []byte(what), 5*time.Second); o != acked {
+		if o, resp, err := ledger.Submit(caller, "cmd.resize", []byte(what), 5*time.Second); o != ledger.Acked {
 			t.Fatalf("%s: beta submitting resize: %v %v %v", what, o, resp, err)
 		}
 		select {
@@ -148,7 +150,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 			t.Fatalf("publish %s without user_id: code %d, want accepted by the broker", m.key, code)
 		}
 	}
-	if !waitFor(10*time.Second, func() bool { return alphaForged() >= base+3 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return alphaForged() >= base+3 }) {
 		t.Errorf("alpha's forged count: %v, want %v (request, reply, event without a node's user_id)", alphaForged(), base+3)
 	}
 
@@ -165,7 +167,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 		ReplyTo: "node.alpha.replies", Body: []byte("reply-to")})); code != 0 {
 		t.Fatalf("publish request as beta with alpha's reply-to: code %d", code)
 	}
-	if !waitFor(10*time.Second, func() bool { return lateReplies(beta) >= betaLate+1 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return lateReplies(beta) >= betaLate+1 }) {
 		t.Errorf("beta's late replies: %v, want %v (alpha's answer to the request beta's credential sent)", lateReplies(beta), betaLate+1)
 	}
 	if got := lateReplies(alpha); got != alphaLate {
@@ -193,7 +195,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	answer := make(chan string, 1)
 	go func() { // the waiting caller: exits when its request is answered or times out
 		resp, err := victim.Request("cap.hold", []byte("x"), 20*time.Second)
-		if code, text := serviceError(resp); err != nil || code != 0 {
+		if code, text := natstest.ServiceError(resp); err != nil || code != 0 {
 			answer <- fmt.Sprintf("error %v %d %s", err, code, text)
 			return
 		}
@@ -216,7 +218,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	}); code != 0 {
 		t.Fatalf("flood alpha's replies as beta: code %d", code)
 	}
-	if !waitFor(10*time.Second, func() bool { return lateReplies(alpha) >= alphaLate+flood }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return lateReplies(alpha) >= alphaLate+flood }) {
 		t.Errorf("alpha's late replies after the flood: %v, want %v", lateReplies(alpha), alphaLate+flood)
 	}
 	releaseHold()
@@ -256,7 +258,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	}
 	go func() { // the waiting caller: exits when its request is answered or times out
 		resp, err := victim.Request("node.gamma.cap.echo", []byte("x"), 20*time.Second)
-		if code, text := serviceError(resp); err != nil || code != 0 {
+		if code, text := natstest.ServiceError(resp); err != nil || code != 0 {
 			answer <- fmt.Sprintf("error %v %d %s", err, code, text)
 			return
 		}
@@ -273,7 +275,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 		Body: []byte("forged")})); code != 0 {
 		t.Fatalf("publish beta's reply to alpha's request to gamma: code %d", code)
 	}
-	if !waitFor(10*time.Second, func() bool { return alphaForged() >= base+1 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return alphaForged() >= base+1 }) {
 		t.Errorf("alpha's forged count after beta answered a request to gamma: %v, want %v", alphaForged(), base+1)
 	}
 	select {
@@ -329,13 +331,13 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	}
 	// beta's bridge skips the first as its own echo; alpha's node rejects
 	// it: a bye from beta that names alpha. beta's bridge drops the second.
-	if !waitFor(10*time.Second, func() bool { return rejected() >= rej0+1 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return rejected() >= rej0+1 }) {
 		t.Errorf("alpha's discovery rejections for origin mismatch: %v, want %v", rejected(), rej0+1)
 	}
-	if !waitFor(10*time.Second, func() bool { return betaForged() >= forged0+1 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return betaForged() >= forged0+1 }) {
 		t.Errorf("beta's forged count: %v, want %v (a bye without user_id)", betaForged(), forged0+1)
 	}
-	if st := getView(t, beta.HTTPURL()).peerState("alpha"); st != "up" {
+	if st := peer(meshtest.Status(t, beta.HTTPURL()), "alpha").State; st != "up" {
 		t.Errorf("beta's view of alpha after forged byes: %q, want up", st)
 	}
 

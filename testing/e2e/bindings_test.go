@@ -1,75 +1,15 @@
 package e2e
 
 import (
-	"encoding/json"
-	"io"
-	"net/http"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
-
-// nodeStatus is the part of a node's status JSON these tests read.
-type nodeStatus struct {
-	Node   string `json:"node"`
-	Broker struct {
-		State string `json:"state"`
-		URL   string `json:"url"`
-	} `json:"broker"`
-	Bindings struct {
-		Source     string  `json:"source"`
-		Revision   int64   `json:"revision"`
-		AgeSeconds float64 `json:"age_seconds"`
-		DB         string  `json:"db"`
-		Divergence *struct {
-			FromRevision int64 `json:"from_revision"`
-			ToRevision   int64 `json:"to_revision"`
-			Changes      []struct {
-				Kind string `json:"kind"`
-				Op   string `json:"op"`
-				Key  string `json:"key"`
-				Old  string `json:"old"`
-				New  string `json:"new"`
-			} `json:"changes"`
-		} `json:"divergence"`
-	} `json:"bindings"`
-}
-
-// getStatus reads a node's /status.
-func getStatus(t *testing.T, httpURL string) nodeStatus {
-	t.Helper()
-	resp, err := http.Get(httpURL + "/status")
-	if err != nil {
-		t.Fatalf("GET /status: %v", err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	var st nodeStatus
-	if err := json.Unmarshal(body, &st); err != nil {
-		t.Fatalf("status is not JSON: %v\n%s", err, body)
-	}
-	return st
-}
-
-// waitStatus polls a node's status until ok holds or d passes.
-func waitStatus(t *testing.T, httpURL string, d time.Duration, what string, ok func(nodeStatus) bool) nodeStatus {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		st := getStatus(t, httpURL)
-		if ok(st) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s did not happen; status %+v", d, what, st.Bindings)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
 
 // mesh runs `meshbox mesh ARGS` against the database at dbURL.
 func mesh(t *testing.T, dbURL string, args ...string) string {
@@ -95,7 +35,7 @@ func TestBindingsFromDatabaseFollowChanges(t *testing.T) {
 
 	p := meshtest.StartProcess(t, "--node", "alpha", "--db", db)
 	waitKeysInStep(t, p) // its first start's own changes (public key, content key) are in
-	st := getStatus(t, p.HTTPURL())
+	st := meshtest.Status(t, p.HTTPURL())
 	if st.Bindings.Source != "db" || st.Bindings.Revision == 0 || st.Bindings.AgeSeconds != 0 || st.Bindings.DB != "connected" {
 		t.Fatalf("bindings: got %+v, want source db, a revision, age 0, db connected", st.Bindings)
 	}
@@ -105,7 +45,7 @@ func TestBindingsFromDatabaseFollowChanges(t *testing.T) {
 	before := st.Bindings.Revision
 	start := time.Now()
 	mesh(t, db, "setting", "set", "forge.url", "https://forge.example.org")
-	st = waitStatus(t, p.HTTPURL(), 2*time.Second, "the new revision", func(s nodeStatus) bool { return s.Bindings.Revision > before })
+	st = meshtest.WaitStatus(t, p.HTTPURL(), 2*time.Second, "the new revision", func(s appliance.Status) bool { return s.Bindings.Revision > before })
 	if d := time.Since(start); d > time.Second+300*time.Millisecond { // the CLI's own start-up included
 		t.Errorf("change applied after %s, want within about 1s", d)
 	}
@@ -114,7 +54,7 @@ func TestBindingsFromDatabaseFollowChanges(t *testing.T) {
 	}
 }
 
-func hasChange(st nodeStatus, kind, op, key string) bool {
+func hasChange(st appliance.Status, kind, op, key string) bool {
 	if st.Bindings.Divergence == nil {
 		return false
 	}
@@ -146,7 +86,7 @@ func TestBindingsFromCacheWhileDatabaseIsAway(t *testing.T) {
 	// Its first start publishes its public key and makes the mesh's content
 	// key: settled before the bindings are cached for good.
 	waitKeysInStep(t, p)
-	st := getStatus(t, p.HTTPURL())
+	st := meshtest.Status(t, p.HTTPURL())
 	if st.Bindings.Source != "db" {
 		t.Fatalf("first start: source %q, want db", st.Bindings.Source)
 	}
@@ -163,7 +103,7 @@ func TestBindingsFromCacheWhileDatabaseIsAway(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second+500*time.Millisecond {
 		t.Errorf("ready from cache after %s, want within about 2s", d)
 	}
-	st = getStatus(t, p.HTTPURL())
+	st = meshtest.Status(t, p.HTTPURL())
 	if st.Bindings.Source != "cache" || st.Bindings.Revision != rev || st.Bindings.DB != "disconnected" {
 		t.Fatalf("on cache: got %+v, want source cache, revision %d, db disconnected", st.Bindings, rev)
 	}
@@ -172,7 +112,7 @@ func TestBindingsFromCacheWhileDatabaseIsAway(t *testing.T) {
 		t.Errorf("age_seconds on cache: got %v, want > 0", age1)
 	}
 	time.Sleep(10 * time.Millisecond) // real time passing is the thing under test: the age grows with it
-	if age2 := getStatus(t, p.HTTPURL()).Bindings.AgeSeconds; age2 <= age1 {
+	if age2 := meshtest.Status(t, p.HTTPURL()).Bindings.AgeSeconds; age2 <= age1 {
 		t.Errorf("age_seconds: got %v then %v, want it growing", age1, age2)
 	}
 
@@ -184,13 +124,13 @@ func TestBindingsFromCacheWhileDatabaseIsAway(t *testing.T) {
 	mesh(t, db, "unassign", "alpha", "lights")
 	mesh(t, db, "node", "remove", "beta")
 	time.Sleep(300 * time.Millisecond) // room for a wrong apply: its absence cannot be signalled
-	if st := getStatus(t, p.HTTPURL()); st.Bindings.Source != "cache" {
+	if st := meshtest.Status(t, p.HTTPURL()); st.Bindings.Source != "cache" {
 		t.Fatalf("before the link returns: source %q, want cache", st.Bindings.Source)
 	}
 
 	// The link returns: the node reports exactly what changed and applies it.
 	px.Restore(t)
-	st = waitStatus(t, p.HTTPURL(), 20*time.Second, "reconnect to the database", func(s nodeStatus) bool {
+	st = meshtest.WaitStatus(t, p.HTTPURL(), 20*time.Second, "reconnect to the database", func(s appliance.Status) bool {
 		return s.Bindings.Source == "db" && s.Bindings.Revision > rev
 	})
 	want := []struct{ kind, op, key string }{

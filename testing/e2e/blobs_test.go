@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/blobs"
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/testing/meshtest"
@@ -186,14 +187,9 @@ func testBlobAcrossMesh(t *testing.T, alpha, beta *meshtest.Process, size int) {
 		t.Fatalf("blob list on alpha: exit %d: %s%s; want %s listed", code, out, errOut, ref)
 	}
 
-	var st struct {
-		Blobs *struct {
-			Count int   `json:"count"`
-			Bytes int64 `json:"bytes"`
-		} `json:"blobs"`
-	}
-	if !waitFor(10*time.Second, func() bool {
-		getJSON(t, alpha.HTTPURL()+"/status", "", &st)
+	var st appliance.Status
+	if !meshtest.Poll(10*time.Second, func() bool {
+		st = meshtest.Status(t, alpha.HTTPURL())
 		return st.Blobs != nil && st.Blobs.Count == 1 && st.Blobs.Bytes == int64(size)
 	}) {
 		t.Fatalf("alpha's status: blobs %+v, want 1 blob of %d bytes", st.Blobs, size)
@@ -400,7 +396,7 @@ func (b *syncBuffer) String() string {
 // n bytes.
 func waitPart(t *testing.T, out string, n int64) {
 	t.Helper()
-	if !waitFor(time.Minute, func() bool {
+	if !meshtest.Poll(time.Minute, func() bool {
 		st, err := os.Stat(out + ".part")
 		return err == nil && st.Size() >= n
 	}) {

@@ -10,14 +10,16 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -60,8 +62,8 @@ type bridgeConfig struct {
 func startMeshNode(t *testing.T, name, amqpURL string, bc bridgeConfig, extra ...string) *meshtest.Process {
 	t.Helper()
 	p := meshtest.StartProcess(t, meshNodeArgs(t, name, amqpURL, bc, extra...)...)
-	waitStatus(t, p.HTTPURL(), 30*time.Second, "node "+name+" connected to the broker",
-		func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, "node "+name+" connected to the broker",
+		func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	return p
 }
 
@@ -86,13 +88,13 @@ func meshNodeArgs(t *testing.T, name, amqpURL string, bc bridgeConfig, extra ...
 func waitCallable(t *testing.T, nc *nats.Conn, subject string, h nats.Header, ok func(*nats.Msg) bool) {
 	t.Helper()
 	var last string
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		resp, err := nc.RequestMsg(&nats.Msg{Subject: subject, Header: h}, 5*time.Second)
 		if err != nil {
 			last = err.Error()
 			return false
 		}
-		code, text := serviceError(resp)
+		code, text := natstest.ServiceError(resp)
 		last = fmt.Sprintf("code %d %s", code, text)
 		return ok(resp)
 	}) {
@@ -100,53 +102,13 @@ func waitCallable(t *testing.T, nc *nats.Conn, subject string, h nats.Header, ok
 	}
 }
 
-// bridgeStatus is the bridge's part of a node's status JSON.
-type bridgeStatus struct {
-	Broker struct {
-		State string `json:"state"`
-	} `json:"broker"`
-	Outbox struct {
-		Depth            int64   `json:"depth"`
-		Bytes            int64   `json:"bytes"`
-		OldestAgeSeconds float64 `json:"oldest_age_seconds"`
-		MaxBytes         int64   `json:"max_bytes"`
-	} `json:"outbox"`
-	Capabilities struct {
-		Remote map[string][]string `json:"remote"`
-	} `json:"capabilities"`
-}
-
 // waitRoute waits until the node at httpURL routes capability name to node
 // host (discovery learned it).
 func waitRoute(t *testing.T, httpURL, name, host string) {
 	t.Helper()
-	waitBridgeStatus(t, httpURL, 30*time.Second, "a route for "+name+" to "+host, func(s bridgeStatus) bool {
+	meshtest.WaitStatus(t, httpURL, 30*time.Second, "a route for "+name+" to "+host, func(s appliance.Status) bool {
 		return slices.Contains(s.Capabilities.Remote[name], host)
 	})
-}
-
-// getBridgeStatus reads the bridge's part of a node's /status.
-func getBridgeStatus(t *testing.T, httpURL string) bridgeStatus {
-	t.Helper()
-	var st bridgeStatus
-	getJSON(t, httpURL+"/status", "", &st)
-	return st
-}
-
-// waitBridgeStatus polls a node's status until ok holds or d passes.
-func waitBridgeStatus(t *testing.T, httpURL string, d time.Duration, what string, ok func(bridgeStatus) bool) bridgeStatus {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		st := getBridgeStatus(t, httpURL)
-		if ok(st) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s did not happen; status %+v", d, what, st)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // getJSON decodes the JSON answer of GET u (as user guest when basicAuth is
@@ -187,26 +149,25 @@ func waitConsumers(t *testing.T, rmq *meshtest.Rabbit, amqpURL, queue string, n 
 		vhost = "/"
 	}
 	api := rmq.ManagementURL() + "/api/queues/" + url.PathEscape(vhost) + "/" + url.PathEscape(queue)
-	deadline := time.Now().Add(30 * time.Second)
 	got := -1
-	for time.Now().Before(deadline) {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		req, _ := http.NewRequest(http.MethodGet, api, nil)
 		req.SetBasicAuth("guest", "guest")
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			var q struct {
-				Consumers int `json:"consumers"`
-			}
-			if resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&q) == nil {
-				got = q.Consumers
-			}
-			resp.Body.Close()
-			if got >= n {
-				return
-			}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
 		}
-		time.Sleep(200 * time.Millisecond)
+		defer resp.Body.Close()
+		var q struct {
+			Consumers int `json:"consumers"`
+		}
+		if resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&q) == nil {
+			got = q.Consumers
+		}
+		return got >= n
+	}) {
+		t.Fatalf("queue %s: got %d consumers after 30s, want %d", queue, got, n)
 	}
-	t.Fatalf("queue %s: got %d consumers after 30s, want %d", queue, got, n)
 }
 
 // natsConn connects a client with the node's administrative credential
@@ -224,54 +185,11 @@ func flush(t *testing.T, nc *nats.Conn) {
 	}
 }
 
-// serviceError returns the error code and text of an error reply (0 and ""
-// for a success).
-func serviceError(m *nats.Msg) (int, string) {
-	if m == nil || m.Header.Get(hdrServiceError) == "" && m.Header.Get(hdrServiceCode) == "" {
-		return 0, ""
-	}
-	code, _ := strconv.Atoi(m.Header.Get(hdrServiceCode))
-	return code, m.Header.Get(hdrServiceError)
-}
-
 // timedRequest sends msg and returns the reply and how long it took.
 func timedRequest(nc *nats.Conn, msg *nats.Msg, timeout time.Duration) (*nats.Msg, time.Duration, error) {
 	start := time.Now()
 	resp, err := nc.RequestMsg(msg, timeout)
 	return resp, time.Since(start), err
-}
-
-// submit sends a command or event submission (subject cmd.<stage> or
-// evt.<topic>) and reports what the submitter was told.
-func submit(nc *nats.Conn, subject string, body []byte, timeout time.Duration) (outcome, *nats.Msg, error) {
-	return submitMsg(nc, &nats.Msg{Subject: subject, Data: body}, timeout)
-}
-
-// submitMsg is submit of a message with headers.
-func submitMsg(nc *nats.Conn, msg *nats.Msg, timeout time.Duration) (outcome, *nats.Msg, error) {
-	resp, err := nc.RequestMsg(msg, timeout)
-	switch {
-	case err != nil:
-		return indeterminate, nil, err
-	case resp.Header.Get(hdrServiceError) != "" || resp.Header.Get(hdrServiceCode) != "":
-		return refused, resp, nil
-	case resp.Header.Get(hdrAccepted) == "":
-		return indeterminate, resp, fmt.Errorf("submission reply without %s header", hdrAccepted)
-	default:
-		return acked, resp, nil
-	}
-}
-
-// waitFor polls cond until it holds or d passes.
-func waitFor(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return true
 }
 
 func TestBridgeTwoNodes(t *testing.T)   { testMesh(t, []string{"alpha", "beta"}) }
@@ -333,9 +251,9 @@ func testMesh(t *testing.T, names []string) {
 	// Discovery tells the caller where echo and sleepy are hosted.
 	waitRoute(t, procs[caller].HTTPURL(), "echo", first)
 	waitRoute(t, procs[caller].HTTPURL(), "sleepy", first)
-	waitCallable(t, ncs[caller], "cap.echo", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+	waitCallable(t, ncs[caller], "cap.echo", nil, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 	waitCallable(t, ncs[caller], "cap.sleepy", nats.Header{hdrTimeout: []string{"100ms"}},
-		func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 504 })
+		func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 504 })
 
 	t.Run("request with headers", func(t *testing.T) {
 		req := nats.NewMsg("cap.echo")
@@ -348,7 +266,7 @@ func testMesh(t *testing.T, names []string) {
 		if err != nil {
 			t.Fatalf("cap.echo from %s: %v", caller, err)
 		}
-		if code, text := serviceError(resp); code != 0 {
+		if code, text := natstest.ServiceError(resp); code != 0 {
 			t.Fatalf("cap.echo: error reply %d %s", code, text)
 		}
 		if got, want := string(resp.Data), `echo:{"n":1}`; got != want {
@@ -398,7 +316,7 @@ func testMesh(t *testing.T, names []string) {
 					t.Errorf("node.%s.cap.whoami from %s: %v", to, from, err)
 					continue
 				}
-				if code, text := serviceError(resp); code != 0 {
+				if code, text := natstest.ServiceError(resp); code != 0 {
 					t.Errorf("node.%s.cap.whoami from %s: error %d %s", to, from, code, text)
 					continue
 				}
@@ -415,7 +333,7 @@ func testMesh(t *testing.T, names []string) {
 		// Nobody hosts cap.nothing and no route names it: the node answers
 		// 503 (or the NATS server its own "no responders", also a 503).
 		resp, d, err := timedRequest(ncs[caller], nats.NewMsg("cap.nothing"), 10*time.Second)
-		if code, text := serviceError(resp); !errors.Is(err, nats.ErrNoResponders) && (err != nil || code != 503 || text == "") || d > atOnce {
+		if code, text := natstest.ServiceError(resp); !errors.Is(err, nats.ErrNoResponders) && (err != nil || code != 503 || text == "") || d > atOnce {
 			t.Errorf("cap.nothing: got %v, code %d %q after %s, want a 503 within %s", err, code, text, d, atOnce)
 		}
 		for _, subj := range []string{
@@ -427,7 +345,7 @@ func testMesh(t *testing.T, names []string) {
 				t.Errorf("%s: %v after %s, want a 503 reply", subj, err, d)
 				continue
 			}
-			code, text := serviceError(resp)
+			code, text := natstest.ServiceError(resp)
 			if code != 503 || text == "" || d > atOnce {
 				t.Errorf("%s: got code %d %q after %s, want 503 with a reason within %s", subj, code, text, d, atOnce)
 			}
@@ -455,7 +373,7 @@ func testMesh(t *testing.T, names []string) {
 				t.Errorf("%s (%s %q): %v after %s, want a 504 reply", tt.subject, hdrTimeout, tt.header, err, d)
 				continue
 			}
-			code, text := serviceError(resp)
+			code, text := natstest.ServiceError(resp)
 			if code != 504 || !strings.Contains(text, "deadline") && !strings.Contains(text, "within") {
 				t.Errorf("%s (%s %q): got code %d %q, want 504 naming the deadline", tt.subject, hdrTimeout, tt.header, code, text)
 			}
@@ -467,12 +385,12 @@ func testMesh(t *testing.T, names []string) {
 
 	t.Run("commands handled once", func(t *testing.T) {
 		const n = 300
-		h := newHistory()
+		h := ledger.NewHistory()
 		var wrongMeta atomic.Int64
 		var perNode sync.Map
 		for _, host := range hosts {
 			if _, err := ncs[host].QueueSubscribe("work.job", "workers", func(m *nats.Msg) {
-				h.delivered(deliveryOf(host, m))
+				h.Delivered(ledger.DeliveryOf(host, m))
 				if m.Header.Get(hdrAttempt) != "1" || m.Header.Get(hdrRedelivered) != "false" ||
 					m.Header.Get(hdrOrigin) != caller || m.Header.Get(hdrMsgID) == "" {
 					wrongMeta.Add(1)
@@ -498,17 +416,17 @@ func testMesh(t *testing.T, names []string) {
 					if seq >= n {
 						return
 					}
-					o, _, _ := submit(ncs[caller], "cmd.job", payload(caller, seq), 10*time.Second)
-					h.submitted(opKey{caller, seq}, o)
+					o, _, _ := ledger.Submit(ncs[caller], "cmd.job", ledger.Payload(caller, seq), 10*time.Second)
+					h.Submitted(ledger.Op{Origin: caller, Seq: seq}, o)
 				}
 			}()
 		}
 		wg.Wait()
-		if !waitFor(30*time.Second, func() bool { return h.count() >= n }) {
-			t.Errorf("after 30s: %d of %d commands handled", h.count(), n)
+		if !meshtest.Poll(30*time.Second, func() bool { return h.Count() >= n }) {
+			t.Errorf("after 30s: %d of %d commands handled", h.Count(), n)
 		}
 		time.Sleep(time.Second) // room for a duplicate to show up
-		r := h.check()
+		r := h.Check()
 		t.Logf("commands, %d hosting nodes:\n%s", len(hosts), r)
 		var dist []string
 		for _, host := range hosts {
@@ -516,11 +434,11 @@ func testMesh(t *testing.T, names []string) {
 			dist = append(dist, fmt.Sprintf("%s=%d", host, c.(*atomic.Int64).Load()))
 		}
 		t.Logf("handled per node: %s", strings.Join(dist, " "))
-		if r.acked != n {
-			t.Errorf("acknowledged: got %d of %d (refused %d, indeterminate %d)", r.acked, n, r.refused, r.indeterminate)
+		if r.Acked != n {
+			t.Errorf("acknowledged: got %d of %d (refused %d, indeterminate %d)", r.Acked, n, r.Refused, r.Indeterminate)
 		}
-		if !r.valid() || r.dupMarked != 0 || r.deliveries != n {
-			t.Errorf("got %d deliveries, want each of %d commands handled exactly once:\n%s", r.deliveries, n, r)
+		if !r.Valid() || r.DupMarked != 0 || r.Deliveries != n {
+			t.Errorf("got %d deliveries, want each of %d commands handled exactly once:\n%s", r.Deliveries, n, r)
 		}
 		if w := wrongMeta.Load(); w != 0 {
 			t.Errorf("%d deliveries with attempt != 1, a redelivery mark, a wrong origin or no message id; want none in the normal case", w)
@@ -529,17 +447,17 @@ func testMesh(t *testing.T, names []string) {
 
 	t.Run("events reach every other node and never echo", func(t *testing.T) {
 		const k = 100
-		h := newHistory()
+		h := ledger.NewHistory()
 		var echoes, badOrigin atomic.Int64
 		for _, n := range names {
 			if _, err := ncs[n].Subscribe("evt.e2e.>", func(m *nats.Msg) {
-				d := deliveryOf(n, m)
-				h.delivered(d)
+				d := ledger.DeliveryOf(n, m)
+				h.Delivered(d)
 				origin := m.Header.Get(hdrOrigin)
 				switch {
-				case d.op.origin == n && origin != "":
+				case d.Op.Origin == n && origin != "":
 					echoes.Add(1) // its own event came back from the mesh
-				case d.op.origin != n && origin != d.op.origin:
+				case d.Op.Origin != n && origin != d.Op.Origin:
 					badOrigin.Add(1)
 				}
 			}); err != nil {
@@ -549,25 +467,25 @@ func testMesh(t *testing.T, names []string) {
 		}
 		for i := range k {
 			for _, n := range names {
-				if err := ncs[n].Publish("evt.e2e.tick", payload(n, i)); err != nil {
+				if err := ncs[n].Publish("evt.e2e.tick", ledger.Payload(n, i)); err != nil {
 					t.Fatal(err)
 				}
-				h.submitted(opKey{n, i}, acked)
+				h.Submitted(ledger.Op{Origin: n, Seq: i}, ledger.Acked)
 			}
 		}
 		for _, n := range names {
 			flush(t, ncs[n])
 		}
 		want := k * len(names) * len(names)
-		if !waitFor(30*time.Second, func() bool { return h.count() >= want }) {
-			t.Errorf("after 30s: %d of %d event deliveries", h.count(), want)
+		if !meshtest.Poll(30*time.Second, func() bool { return h.Count() >= want }) {
+			t.Errorf("after 30s: %d of %d event deliveries", h.Count(), want)
 		}
 		time.Sleep(1500 * time.Millisecond) // room for an echo or a duplicate
 		for _, n := range names {
-			r := h.checkAt(n)
+			r := h.CheckAt(n)
 			t.Logf("events at %s:\n%s", n, r)
-			if !r.valid() || r.dupMarked != 0 || r.deliveries != k*len(names) {
-				t.Errorf("node %s: got %d event deliveries, want each of %d exactly once:\n%s", n, r.deliveries, k*len(names), r)
+			if !r.Valid() || r.DupMarked != 0 || r.Deliveries != k*len(names) {
+				t.Errorf("node %s: got %d event deliveries, want each of %d exactly once:\n%s", n, r.Deliveries, k*len(names), r)
 			}
 		}
 		if e := echoes.Load(); e != 0 {
@@ -613,11 +531,11 @@ func TestSameNodeNameOnBrokerIsRefused(t *testing.T) {
 		if err != nil {
 			t.Fatalf("call %d to twin after the refusal: %v", i, err)
 		}
-		if code, text := serviceError(resp); code != 0 || string(resp.Data) != "first" {
+		if code, text := natstest.ServiceError(resp); code != 0 || string(resp.Data) != "first" {
 			t.Fatalf("call %d to twin after the refusal: got %q (error %d %s), want first", i, resp.Data, code, text)
 		}
 	}
-	if st := getStatus(t, first.HTTPURL()); st.Broker.State != "connected" {
+	if st := meshtest.Status(t, first.HTTPURL()); st.Broker.State != "connected" {
 		t.Errorf("first twin: broker.state %q, want connected", st.Broker.State)
 	}
 }
@@ -644,7 +562,7 @@ func twoNodeMesh(t *testing.T) (alpha, beta *meshtest.Process, db string) {
 	t.Helper()
 	alpha, beta, db = startTwoNodes(t)
 	for _, p := range []*meshtest.Process{alpha, beta} {
-		waitStatus(t, p.HTTPURL(), 20*time.Second, p.Node()+" connected to the broker", func(s nodeStatus) bool { return s.Broker.State == "connected" })
+		meshtest.WaitStatus(t, p.HTTPURL(), 20*time.Second, p.Node()+" connected to the broker", func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	}
 	return alpha, beta, db
 }

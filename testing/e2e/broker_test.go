@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -23,7 +24,7 @@ func TestNodeFollowsBrokerSetting(t *testing.T) {
 		t.Fatalf("init: exit %d: %s", code, errOut)
 	}
 	p := meshtest.StartProcess(t, "--node", "alpha", "--db", db)
-	st := waitStatus(t, p.HTTPURL(), 15*time.Second, "broker connected", func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	st := meshtest.WaitStatus(t, p.HTTPURL(), 15*time.Second, "broker connected", func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	if !strings.Contains(st.Broker.URL, redactedHostPart(first)) {
 		t.Fatalf("broker.url: got %q, want the first vhost %q", st.Broker.URL, redactedHostPart(first))
 	}
@@ -33,7 +34,7 @@ func TestNodeFollowsBrokerSetting(t *testing.T) {
 
 	// Moving the broker is a database change; the node follows without a restart.
 	mesh(t, db, "setting", "set", "broker.url", meshtest.NoCredential(second))
-	waitStatus(t, p.HTTPURL(), 15*time.Second, "broker moved to the second vhost", func(s nodeStatus) bool {
+	meshtest.WaitStatus(t, p.HTTPURL(), 15*time.Second, "broker moved to the second vhost", func(s appliance.Status) bool {
 		return s.Broker.State == "connected" && strings.Contains(s.Broker.URL, redactedHostPart(second))
 	})
 }

@@ -8,41 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
-
-// brokersStatus is the broker part of the status that names the broker in
-// use among several.
-type brokersStatus struct {
-	Broker struct {
-		State     string   `json:"state"`
-		URL       string   `json:"url"`
-		Broker    string   `json:"broker"`
-		URLs      []string `json:"urls"`
-		Failovers []struct {
-			From   string `json:"from"`
-			To     string `json:"to"`
-			Reason string `json:"reason"`
-		} `json:"failovers"`
-	} `json:"broker"`
-}
-
-// waitBrokers polls a node's status until ok holds or d passes.
-func waitBrokers(t *testing.T, httpURL string, d time.Duration, what string, ok func(brokersStatus) bool) brokersStatus {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		var st brokersStatus
-		getJSON(t, httpURL+"/status", "", &st)
-		if ok(st) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s did not happen; broker status %+v", d, what, st.Broker)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
 
 // withHost returns amqpURL pointing at host (host:port).
 func withHost(t *testing.T, amqpURL, host string) string {
@@ -73,7 +41,7 @@ func TestThreeBrokerURLsTwoDown(t *testing.T) {
 	down1 := withHost(t, vhost, fmt.Sprintf("127.0.0.1:%d", meshtest.ClosedPort(t)))
 	down2 := withHost(t, vhost, fmt.Sprintf("127.0.0.1:%d", meshtest.ClosedPort(t)))
 	p := startMeshNode(t, "alpha", down1+","+down2+","+vhost, bridgeConfig{})
-	st := waitBrokers(t, p.HTTPURL(), 5*time.Second, "the status naming the broker in use", func(s brokersStatus) bool {
+	st := meshtest.WaitStatus(t, p.HTTPURL(), 5*time.Second, "the status naming the broker in use", func(s appliance.Status) bool {
 		return s.Broker.State == "connected" && s.Broker.Broker == live
 	})
 	if !strings.Contains(st.Broker.URL, live) || strings.Contains(st.Broker.URL, ",") {
@@ -97,7 +65,7 @@ func TestBrokerFailoverToSecondURL(t *testing.T) {
 	px1, px2 := meshtest.NewProxy(t, upstream), meshtest.NewProxy(t, upstream)
 	proxies := map[string]*meshtest.Proxy{px1.Addr(): px1, px2.Addr(): px2}
 	p := startMeshNode(t, "alpha", px1.Rewrite(vhost, upstream)+","+px2.Rewrite(vhost, upstream), bridgeConfig{})
-	st := waitBrokers(t, p.HTTPURL(), 5*time.Second, "the status naming the broker in use", func(s brokersStatus) bool {
+	st := meshtest.WaitStatus(t, p.HTTPURL(), 5*time.Second, "the status naming the broker in use", func(s appliance.Status) bool {
 		return s.Broker.State == "connected" && proxies[s.Broker.Broker] != nil
 	})
 	first := st.Broker.Broker
@@ -106,7 +74,7 @@ func TestBrokerFailoverToSecondURL(t *testing.T) {
 		other = px2.Addr()
 	}
 	proxies[first].Cut(t)
-	st = waitBrokers(t, p.HTTPURL(), 30*time.Second, "the node on the other broker URL", func(s brokersStatus) bool {
+	st = meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, "the node on the other broker URL", func(s appliance.Status) bool {
 		return s.Broker.State == "connected" && s.Broker.Broker == other
 	})
 	n := len(st.Broker.Failovers)
@@ -154,7 +122,7 @@ func TestBrokerListSetting(t *testing.T) {
 		t.Fatalf("init: exit %d: %s", code, errOut)
 	}
 	p := meshtest.StartProcess(t, "--node", "alpha", "--db", db)
-	st := waitBrokers(t, p.HTTPURL(), 30*time.Second, "broker connected", func(s brokersStatus) bool {
+	st := meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, "broker connected", func(s appliance.Status) bool {
 		return s.Broker.State == "connected"
 	})
 	if st.Broker.Broker != hostOf(t, vhost) || len(st.Broker.URLs) != 2 {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/programs"
+	"github.com/meshbox/meshbox/node"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
@@ -45,62 +46,19 @@ func discoveryNode(t *testing.T, name, amqpURL string, extra ...string) *meshtes
 		args = append(args, "--broker", amqpURL)
 	}
 	p := meshtest.StartProcess(t, args...)
-	waitStatus(t, p.HTTPURL(), 30*time.Second, name+" connected to the broker", func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, name+" connected to the broker", func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	return p
 }
 
-// meshView is the node's view of the mesh in its status.
-type meshView struct {
-	Peers []struct {
-		Name         string    `json:"name"`
-		State        string    `json:"state"`
-		LastSeen     time.Time `json:"last_seen"`
-		Capabilities []string  `json:"capabilities"`
-	} `json:"peers"`
-	Capabilities struct {
-		Local  []string            `json:"local"`
-		Remote map[string][]string `json:"remote"`
-	} `json:"capabilities"`
-}
-
-func (v meshView) peerState(name string) string {
-	for _, p := range v.Peers {
+// peer returns what st says of the peer named name (its zero value, and
+// State "", if st does not list it).
+func peer(st appliance.Status, name string) node.Peer {
+	for _, p := range st.Peers {
 		if p.Name == name {
-			return p.State
+			return p
 		}
 	}
-	return ""
-}
-
-func getView(t *testing.T, httpURL string) meshView {
-	t.Helper()
-	var v meshView
-	resp, err := http.Get(httpURL + "/status")
-	if err != nil {
-		t.Fatalf("GET /status: %v", err)
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
-		t.Fatalf("status is not JSON: %v", err)
-	}
-	return v
-}
-
-// waitView polls the node's mesh view until ok holds or d passes, and
-// returns how long it took.
-func waitView(t *testing.T, httpURL string, d time.Duration, what string, ok func(meshView) bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for {
-		v := getView(t, httpURL)
-		if ok(v) {
-			return time.Since(start)
-		}
-		if time.Since(start) > d {
-			t.Fatalf("after %s: %s did not happen; view %+v", d, what, v)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+	return node.Peer{}
 }
 
 // dialNode connects a client with the node's administrative credential,
@@ -181,15 +139,16 @@ func TestDiscoveryCapabilityAppearsOnPeer(t *testing.T) {
 	b := discoveryNode(t, "beta", vhost)
 	c := discoveryNode(t, "gamma", vhost)
 	for _, p := range []string{"beta", "gamma"} {
-		waitView(t, a.HTTPURL(), 10*time.Second, "alpha sees "+p+" up", func(v meshView) bool { return v.peerState(p) == "up" })
+		meshtest.WaitStatus(t, a.HTTPURL(), 10*time.Second, "alpha sees "+p+" up", func(v appliance.Status) bool { return peer(v, p).State == "up" })
 	}
 
 	// The capability appears on beta after alpha started: the official CLI hosts it.
 	natsReply(t, b, "cap.echo")
-	took := waitView(t, a.HTTPURL(), discInterval, "alpha routes echo to beta", func(v meshView) bool {
+	start := time.Now()
+	meshtest.WaitStatus(t, a.HTTPURL(), discInterval, "alpha routes echo to beta", func(v appliance.Status) bool {
 		return slices.Contains(v.Capabilities.Remote["echo"], "beta")
 	})
-	if took > time.Second+250*time.Millisecond {
+	if took := time.Since(start); took > time.Second+250*time.Millisecond {
 		t.Errorf("echo on beta reached alpha's view after %s, want within about a second (announced)", took)
 	}
 	out, err := natsRequest(t, a, "cap.echo", "hi")
@@ -197,10 +156,10 @@ func TestDiscoveryCapabilityAppearsOnPeer(t *testing.T) {
 		t.Fatalf("nats request cap.echo on alpha: %v\n%s", err, out)
 	}
 	// gamma sees it as well, and beta does not route its own capability.
-	waitView(t, c.HTTPURL(), 2*time.Second, "gamma routes echo to beta", func(v meshView) bool {
+	meshtest.WaitStatus(t, c.HTTPURL(), 2*time.Second, "gamma routes echo to beta", func(v appliance.Status) bool {
 		return slices.Contains(v.Capabilities.Remote["echo"], "beta")
 	})
-	if v := getView(t, b.HTTPURL()); !slices.Contains(v.Capabilities.Local, "echo") {
+	if v := meshtest.Status(t, b.HTTPURL()); !slices.Contains(v.Capabilities.Local, "echo") {
 		t.Errorf("beta local capabilities: got %v, want echo", v.Capabilities.Local)
 	}
 }
@@ -212,7 +171,7 @@ func TestDiscoveryPeerKilledAndBack(t *testing.T) {
 	cData := t.TempDir()
 	c := discoveryNode(t, "gamma", vhost, "--data", cData)
 	hostCapability(t, c, "x", "gamma")
-	waitView(t, a.HTTPURL(), 5*time.Second, "alpha routes x to gamma", func(v meshView) bool {
+	meshtest.WaitStatus(t, a.HTTPURL(), 5*time.Second, "alpha routes x to gamma", func(v appliance.Status) bool {
 		return slices.Contains(v.Capabilities.Remote["x"], "gamma")
 	})
 	caller := dialNode(t, a)
@@ -222,10 +181,11 @@ func TestDiscoveryPeerKilledAndBack(t *testing.T) {
 
 	c.Kill()
 	window := time.Duration(discMissed+2) * discHeartbeat
-	took := waitView(t, a.HTTPURL(), window+2*time.Second, "alpha marks gamma gone and withdraws x", func(v meshView) bool {
-		return v.peerState("gamma") == "gone" && len(v.Capabilities.Remote["x"]) == 0
+	start := time.Now()
+	meshtest.WaitStatus(t, a.HTTPURL(), window+2*time.Second, "alpha marks gamma gone and withdraws x", func(v appliance.Status) bool {
+		return peer(v, "gamma").State == "gone" && len(v.Capabilities.Remote["x"]) == 0
 	})
-	if took > window+time.Second {
+	if took := time.Since(start); took > window+time.Second {
 		t.Errorf("gamma marked gone after %s, want within the heartbeat window (%s)", took, window)
 	}
 
@@ -264,8 +224,8 @@ func TestDiscoveryPeerKilledAndBack(t *testing.T) {
 	// gamma comes back and is callable again, with nobody restarted.
 	c = discoveryNode(t, "gamma", vhost, "--data", cData)
 	hostCapability(t, c, "x", "gamma")
-	waitView(t, a.HTTPURL(), 5*time.Second, "alpha sees gamma again", func(v meshView) bool {
-		return v.peerState("gamma") == "up" && slices.Contains(v.Capabilities.Remote["x"], "gamma")
+	meshtest.WaitStatus(t, a.HTTPURL(), 5*time.Second, "alpha sees gamma again", func(v appliance.Status) bool {
+		return peer(v, "gamma").State == "up" && slices.Contains(v.Capabilities.Remote["x"], "gamma")
 	})
 	if m, err := caller.Request("node.gamma.cap.x", nil, 3*time.Second); err != nil || string(m.Data) != "gamma" {
 		t.Fatalf("node.gamma.cap.x after gamma returned: %v %v", err, m)
@@ -279,7 +239,7 @@ func TestDiscoverySpreadsCallsAndSurvivesHostLoss(t *testing.T) {
 	c := discoveryNode(t, "gamma", vhost)
 	hostCapability(t, b, "who", "beta")
 	hostCapability(t, c, "who", "gamma")
-	waitView(t, a.HTTPURL(), 5*time.Second, "alpha routes who to beta and gamma", func(v meshView) bool {
+	meshtest.WaitStatus(t, a.HTTPURL(), 5*time.Second, "alpha routes who to beta and gamma", func(v appliance.Status) bool {
 		return len(v.Capabilities.Remote["who"]) == 2
 	})
 	caller := dialNode(t, a)
@@ -300,7 +260,7 @@ func TestDiscoverySpreadsCallsAndSurvivesHostLoss(t *testing.T) {
 	failures := 0
 	deadline := time.Now().Add(time.Duration(discMissed+2)*discHeartbeat + 3*time.Second)
 	for time.Now().Before(deadline) {
-		if v := getView(t, a.HTTPURL()); v.peerState("beta") == "gone" {
+		if v := meshtest.Status(t, a.HTTPURL()); peer(v, "beta").State == "gone" {
 			break
 		}
 		if _, err := caller.Request("cap.who", nil, time.Second); err != nil {
@@ -308,7 +268,7 @@ func TestDiscoverySpreadsCallsAndSurvivesHostLoss(t *testing.T) {
 		}
 	}
 	t.Logf("calls that failed while beta's death was being detected: %d", failures)
-	if st := getView(t, a.HTTPURL()).peerState("beta"); st != "gone" {
+	if st := peer(meshtest.Status(t, a.HTTPURL()), "beta").State; st != "gone" {
 		t.Fatalf("beta state: got %q, want gone", st)
 	}
 	for i := range 40 {
@@ -330,7 +290,7 @@ func TestDiscoveryExpectedButAbsent(t *testing.T) {
 	}
 	mesh(t, db, "node", "add", "ghost", "--record-only")
 	a := discoveryNode(t, "alpha", "", "--db", db)
-	waitView(t, a.HTTPURL(), 5*time.Second, "ghost listed as expected-but-absent", func(v meshView) bool {
-		return v.peerState("ghost") == "expected-but-absent"
+	meshtest.WaitStatus(t, a.HTTPURL(), 5*time.Second, "ghost listed as expected-but-absent", func(v appliance.Status) bool {
+		return peer(v, "ghost").State == "expected-but-absent"
 	})
 }

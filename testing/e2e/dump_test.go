@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/testing/meshtest"
@@ -51,7 +52,7 @@ func TestDumpsHoldSecretsOnlySealed(t *testing.T) {
 	waitSealing(t, alpha)
 	waitSealing(t, beta)
 	mesh(t, db, "scope", "add", "vault", "--nodes", "alpha,beta")
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		_, sa := nodeScopes(t, alpha)
 		_, sb := nodeScopes(t, beta)
 		return sa["vault"] != "" && sb["vault"] == sa["vault"]
@@ -67,7 +68,7 @@ func TestDumpsHoldSecretsOnlySealed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitStatus(t, beta.HTTPURL(), 30*time.Second, "beta at the grant's revision", func(s nodeStatus) bool {
+	meshtest.WaitStatus(t, beta.HTTPURL(), 30*time.Second, "beta at the grant's revision", func(s appliance.Status) bool {
 		return s.Bindings.Source == "db" && s.Bindings.Revision >= rev
 	})
 

@@ -6,119 +6,20 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/programs"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
-
-// load submits sequence-numbered commands or events to one node until told
-// to stop, at a steady rate, and records what each submitter was told.
-type load struct {
-	nc      *nats.Conn
-	subject string
-	origin  string
-	h       *history
-
-	next     atomic.Int64
-	mu       sync.Mutex
-	refusals map[string]int // "code text" -> count
-	accepted map[string]int // Meshbox-Accepted -> count
-	errs     map[string]int // client errors (no answer) -> count
-}
-
-// run submits with workers goroutines at about rate per second until stop
-// is closed and at least min were submitted (never more than max). It
-// returns when every worker is done.
-func (l *load) run(workers int, rate float64, min, max int, stop <-chan struct{}) {
-	l.refusals, l.accepted, l.errs = map[string]int{}, map[string]int{}, map[string]int{}
-	pause := time.Duration(float64(workers) / rate * float64(time.Second))
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() { // submitter: exits when the run is complete (see above)
-			defer wg.Done()
-			for {
-				seq := int(l.next.Add(1)) - 1
-				stopped := false
-				select {
-				case <-stop:
-					stopped = true
-				default:
-				}
-				if seq >= max || seq >= min && stopped {
-					return
-				}
-				start := time.Now()
-				o, resp, err := submit(l.nc, l.subject, payload(l.origin, seq), 20*time.Second)
-				l.h.submitted(opKey{l.origin, seq}, o)
-				l.mu.Lock()
-				switch o {
-				case acked:
-					l.accepted[resp.Header.Get(hdrAccepted)]++
-				case refused:
-					code, text := serviceError(resp)
-					l.refusals[fmt.Sprintf("%d %s", code, clip(text))]++
-				case indeterminate:
-					l.errs[clip(err.Error())]++
-				}
-				l.mu.Unlock()
-				if d := pause - time.Since(start); d > 0 {
-					time.Sleep(d)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-}
-
-// summary describes the answers the submitters got.
-func (l *load) summary() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return fmt.Sprintf("%s: accepted %v; refused %s; no answer %s", l.subject, l.accepted, counts(l.refusals), counts(l.errs))
-}
-
-// counts renders a tally, largest first.
-func counts(m map[string]int) string {
-	if len(m) == 0 {
-		return "none"
-	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] })
-	var parts []string
-	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%d× %q", m[k], k))
-	}
-	return strings.Join(parts, ", ")
-}
-
-// clip shortens a message for a tally; numbers are blanked so that similar
-// messages count together.
-func clip(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if r >= '0' && r <= '9' {
-			r = '#'
-		}
-		b.WriteRune(r)
-		if b.Len() > 120 {
-			break
-		}
-	}
-	return b.String()
-}
 
 // TestBrokerFaultsLoseNothing runs at least 2,500 commands and 2,500
 // events from node alpha to node beta while the broker is stopped and
@@ -141,16 +42,16 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{})
 	alpha := startMeshNode(t, "alpha", amqpURL, bridgeConfig{})
 
-	cmds, evts := newHistory(), newHistory()
+	cmds, evts := ledger.NewHistory(), ledger.NewHistory()
 	hnc := natsConn(t, beta)
 	csub, err := hnc.QueueSubscribe("work.load", "handlers", func(m *nats.Msg) {
-		cmds.delivered(deliveryOf("beta", m))
+		cmds.Delivered(ledger.DeliveryOf("beta", m))
 		_ = m.Respond(nil)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	esub, err := hnc.Subscribe("evt.load", func(m *nats.Msg) { evts.delivered(deliveryOf("beta", m)) })
+	esub, err := hnc.Subscribe("evt.load", func(m *nats.Msg) { evts.Delivered(ledger.DeliveryOf("beta", m)) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,21 +63,21 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 	flush(t, hnc)
 	waitConsumers(t, rmq, amqpURL, "cmd.load", 1)
 
-	cl := &load{nc: natsConn(t, alpha), subject: "cmd.load", origin: "alpha", h: cmds}
-	el := &load{nc: natsConn(t, alpha), subject: "evt.load", origin: "alpha", h: evts}
+	cl := &ledger.Load{NC: natsConn(t, alpha), Subject: "cmd.load", Origin: "alpha", History: cmds}
+	el := &ledger.Load{NC: natsConn(t, alpha), Subject: "evt.load", Origin: "alpha", History: evts}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for _, l := range []*load{cl, el} {
+	for _, l := range []*ledger.Load{cl, el} {
 		wg.Add(1)
 		go func() { // load generator: exits when stop is closed and the minimum is submitted
 			defer wg.Done()
-			l.run(8, rate, minEach, maxEach, stop)
+			l.Run(8, rate, minEach, maxEach, stop)
 		}()
 	}
 
 	// The faults, on the test goroutine (the harness requires it).
 	start := time.Now()
-	if !waitFor(time.Minute, func() bool { return cl.next.Load() >= 500 && el.next.Load() >= 500 }) {
+	if !meshtest.Poll(time.Minute, func() bool { return cl.Started() >= 500 && el.Started() >= 500 }) {
 		t.Fatal("the load did not start")
 	}
 	for i, fault := range []string{"stop", "kill"} {
@@ -185,42 +86,42 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 		} else {
 			rmq.Stop(t)
 		}
-		waitBridgeStatus(t, alpha.HTTPURL(), time.Minute, "submissions in alpha's outbox", func(s bridgeStatus) bool {
+		meshtest.WaitStatus(t, alpha.HTTPURL(), time.Minute, "submissions in alpha's outbox", func(s appliance.Status) bool {
 			return s.Broker.State != "connected" && s.Outbox.Depth > 0
 		})
 		rmq.Start(t)
 		t.Logf("fault %d (%s) done at %s: %d commands, %d events submitted so far",
-			i+1, fault, time.Since(start).Round(time.Second), cl.next.Load(), el.next.Load())
-		waitBridgeStatus(t, alpha.HTTPURL(), time.Minute, "alpha's link back and its outbox drained", func(s bridgeStatus) bool {
+			i+1, fault, time.Since(start).Round(time.Second), cl.Started(), el.Started())
+		meshtest.WaitStatus(t, alpha.HTTPURL(), time.Minute, "alpha's link back and its outbox drained", func(s appliance.Status) bool {
 			return s.Broker.State == "connected" && s.Outbox.Depth == 0
 		})
 	}
 	close(stop)
 	wg.Wait()
-	t.Logf("load done after %s: %s; %s", time.Since(start).Round(time.Second), cl.summary(), el.summary())
+	t.Logf("load done after %s: %s; %s", time.Since(start).Round(time.Second), cl.Summary(), el.Summary())
 
 	// Everything acknowledged must arrive once the link is back.
-	waitBridgeStatus(t, alpha.HTTPURL(), 2*time.Minute, "alpha's outbox drained", func(s bridgeStatus) bool {
+	meshtest.WaitStatus(t, alpha.HTTPURL(), 2*time.Minute, "alpha's outbox drained", func(s appliance.Status) bool {
 		return s.Broker.State == "connected" && s.Outbox.Depth == 0
 	})
-	waitFor(2*time.Minute, func() bool {
-		return len(cmds.check().lost) == 0 && len(evts.checkAt("beta").lost) == 0
+	meshtest.Poll(2*time.Minute, func() bool {
+		return len(cmds.Check().Lost) == 0 && len(evts.CheckAt("beta").Lost) == 0
 	})
 	time.Sleep(2 * time.Second) // room for late duplicates
 	for _, c := range []struct {
 		what string
-		r    checkResult
+		r    ledger.Result
 	}{
-		{"commands", cmds.check()},
-		{"events", evts.checkAt("beta")},
+		{"commands", cmds.Check()},
+		{"events", evts.CheckAt("beta")},
 	} {
 		t.Logf("checker, %s (submitted concurrently: order inversions are not judged here):\n%s", c.what, c.r)
-		if c.r.acked < minEach {
-			t.Errorf("%s: %d acknowledged, want at least %d for the run to mean something", c.what, c.r.acked, minEach)
+		if c.r.Acked < minEach {
+			t.Errorf("%s: %d acknowledged, want at least %d for the run to mean something", c.what, c.r.Acked, minEach)
 		}
-		if !c.r.valid() {
+		if !c.r.Valid() {
 			t.Errorf("%s: lost %d, unmarked duplicates %d, changed ids %d, unexpected %d; want 0 each:\n%s",
-				c.what, len(c.r.lost), len(c.r.dupUnmarked), len(c.r.idChanged), len(c.r.unexpected), c.r)
+				c.what, len(c.r.Lost), len(c.r.DupUnmarked), len(c.r.IDChanged), len(c.r.Unexpected), c.r)
 		}
 	}
 }
@@ -253,10 +154,10 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 	alphaData := t.TempDir()
 	alphaConfig := bridgeConfig{OutboxMaxBytes: maxBytes}
 	alpha := startMeshNode(t, "alpha", amqpURL, alphaConfig, "--data", alphaData)
-	h := newHistory()
+	h := ledger.NewHistory()
 	hnc := natsConn(t, beta)
 	sub, err := hnc.QueueSubscribe("work.batch", "handlers", func(m *nats.Msg) {
-		h.delivered(deliveryOf("beta", m))
+		h.Delivered(ledger.DeliveryOf("beta", m))
 		_ = m.Respond(nil)
 	})
 	if err != nil {
@@ -267,7 +168,7 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 	waitConsumers(t, rmq, amqpURL, "cmd.batch", 1)
 
 	rmq.Stop(t)
-	waitBridgeStatus(t, alpha.HTTPURL(), 30*time.Second, "alpha's link down", func(s bridgeStatus) bool { return s.Broker.State != "connected" })
+	meshtest.WaitStatus(t, alpha.HTTPURL(), 30*time.Second, "alpha's link down", func(s appliance.Status) bool { return s.Broker.State != "connected" })
 
 	// Pipelined on one connection: alpha receives, and so accepts, the
 	// commands in sequence order.
@@ -290,35 +191,35 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 	_ = rsub.SetPendingLimits(-1, -1)
 	start := time.Now()
 	for seq := range n {
-		if err := nc.PublishMsg(&nats.Msg{Subject: "cmd.batch", Reply: inbox + "." + strconv.Itoa(seq), Data: payload("alpha", seq)}); err != nil {
+		if err := nc.PublishMsg(&nats.Msg{Subject: "cmd.batch", Reply: inbox + "." + strconv.Itoa(seq), Data: ledger.Payload("alpha", seq)}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	flush(t, nc)
 	answered := func() int { mu.Lock(); defer mu.Unlock(); return len(answers) }
-	if !waitFor(2*time.Minute, func() bool { return answered() == n }) {
+	if !meshtest.Poll(2*time.Minute, func() bool { return answered() == n }) {
 		t.Fatalf("after 2m: %d of %d submissions answered", answered(), n)
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	t.Logf("%d commands accepted into the outbox in %s", n, time.Since(start).Round(time.Millisecond))
-	notOutbox := map[string]int{}
+	notOutbox := ledger.Tally{}
 	for seq := range n {
 		m := answers[seq]
-		if code, text := serviceError(m); code != 0 {
-			h.submitted(opKey{"alpha", seq}, refused)
-			notOutbox[fmt.Sprintf("error %d %s", code, clip(text))]++
+		if code, text := natstest.ServiceError(m); code != 0 {
+			h.Submitted(ledger.Op{Origin: "alpha", Seq: seq}, ledger.Refused)
+			notOutbox[fmt.Sprintf("error %d %s", code, ledger.Clip(text))]++
 			continue
 		}
-		h.submitted(opKey{"alpha", seq}, acked)
+		h.Submitted(ledger.Op{Origin: "alpha", Seq: seq}, ledger.Acked)
 		if a := m.Header.Get(hdrAccepted); a != "outbox" {
 			notOutbox["accepted by "+a]++
 		}
 	}
 	if len(notOutbox) != 0 {
-		t.Errorf("want all %d accepted into the outbox, got %s", n, counts(notOutbox))
+		t.Errorf("want all %d accepted into the outbox, got %s", n, notOutbox)
 	}
-	st := getBridgeStatus(t, alpha.HTTPURL())
+	st := meshtest.Status(t, alpha.HTTPURL())
 	if st.Outbox.Depth != n || st.Outbox.MaxBytes != maxBytes {
 		t.Errorf("outbox: got depth %d max_bytes %d, want %d and %d", st.Outbox.Depth, st.Outbox.MaxBytes, n, maxBytes)
 	}
@@ -328,16 +229,16 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 	big := 0
 	for i := range maxFiller {
 		seq := n + i
-		o, resp, err := submit(nc, "cmd.batch", paddedPayload("alpha", seq, bigSize), 20*time.Second)
-		h.submitted(opKey{"alpha", seq}, o)
-		if o == acked {
+		o, resp, err := ledger.Submit(nc, "cmd.batch", ledger.PaddedPayload("alpha", seq, bigSize), 20*time.Second)
+		h.Submitted(ledger.Op{Origin: "alpha", Seq: seq}, o)
+		if o == ledger.Acked {
 			big++
 			continue
 		}
 		if err != nil {
 			t.Fatalf("large command %d: no answer: %v", i, err)
 		}
-		code, text := serviceError(resp)
+		code, text := natstest.ServiceError(resp)
 		if code != 507 || !strings.Contains(text, "outbox full") {
 			t.Fatalf("large command %d: got error %d %q, want 507 outbox full", i, code, text)
 		}
@@ -347,37 +248,37 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 	if full == "" {
 		t.Fatalf("%d large commands of %d bytes accepted into an outbox of %d bytes; want a refusal", maxFiller, bigSize, maxBytes)
 	}
-	st = getBridgeStatus(t, alpha.HTTPURL())
+	st = meshtest.Status(t, alpha.HTTPURL())
 	t.Logf("outbox full after %d large commands: %q; status %+v", big, full, st.Outbox)
 	if st.Outbox.Bytes > maxBytes || st.Outbox.Depth != int64(n+big) {
 		t.Errorf("full outbox: got depth %d bytes %d, want depth %d and at most %d bytes", st.Outbox.Depth, st.Outbox.Bytes, n+big, maxBytes)
 	}
-	if h.count() != 0 {
-		t.Errorf("%d commands handled while the broker was down; want 0 (beta hosts the stage, not alpha)", h.count())
+	if h.Count() != 0 {
+		t.Errorf("%d commands handled while the broker was down; want 0 (beta hosts the stage, not alpha)", h.Count())
 	}
 
 	// What alpha acknowledged survives kill -9: the outbox is on disk.
 	alpha.Kill()
 	alpha = meshtest.StartProcess(t, meshNodeArgs(t, "alpha", amqpURL, alphaConfig, "--data", alphaData)...)
-	if st := getBridgeStatus(t, alpha.HTTPURL()); st.Outbox.Depth != int64(n+big) {
+	if st := meshtest.Status(t, alpha.HTTPURL()); st.Outbox.Depth != int64(n+big) {
 		t.Errorf("outbox after kill -9 and restart: got depth %d, want %d", st.Outbox.Depth, n+big)
 	}
 
 	rmq.Start(t)
 	start = time.Now()
-	if !waitFor(3*time.Minute, func() bool { return len(h.check().lost) == 0 }) {
-		t.Errorf("after 3m: %d commands not delivered", len(h.check().lost))
+	if !meshtest.Poll(3*time.Minute, func() bool { return len(h.Check().Lost) == 0 }) {
+		t.Errorf("after 3m: %d commands not delivered", len(h.Check().Lost))
 	}
 	t.Logf("outbox delivered in %s", time.Since(start).Round(time.Millisecond))
-	waitBridgeStatus(t, alpha.HTTPURL(), time.Minute, "alpha's outbox empty", func(s bridgeStatus) bool { return s.Outbox.Depth == 0 })
+	meshtest.WaitStatus(t, alpha.HTTPURL(), time.Minute, "alpha's outbox empty", func(s appliance.Status) bool { return s.Outbox.Depth == 0 })
 	time.Sleep(time.Second) // room for duplicates
-	r := h.check()
+	r := h.Check()
 	t.Logf("checker:\n%s", r)
-	if !r.valid() {
+	if !r.Valid() {
 		t.Errorf("lost %d, unmarked duplicates %d, unexpected %d (a refused command delivered?); want 0 each:\n%s",
-			len(r.lost), len(r.dupUnmarked), len(r.unexpected), r)
+			len(r.Lost), len(r.DupUnmarked), len(r.Unexpected), r)
 	}
-	if inv := r.totalInversions(); inv != 0 {
+	if inv := r.TotalInversions(); inv != 0 {
 		t.Errorf("order: got %d inversions, want the order alpha accepted them in:\n%s", inv, r)
 	}
 }
@@ -536,8 +437,8 @@ func TestCommandRedeliveredAfterHandlerKilled(t *testing.T) {
 	waitConsumers(t, rmq, amqpURL, "cmd.chore", 1)
 
 	nc := natsConn(t, alpha)
-	if o, resp, err := submit(nc, "cmd.chore", payload("alpha", 1), 10*time.Second); o != acked {
-		code, text := serviceError(resp)
+	if o, resp, err := ledger.Submit(nc, "cmd.chore", ledger.Payload("alpha", 1), 10*time.Second); o != ledger.Acked {
+		code, text := natstest.ServiceError(resp)
 		t.Fatalf("submit: got %v (error %d %s), want accepted", err, code, text)
 	}
 	got := first.next(t, 15*time.Second, "the first handler saw no command")
@@ -587,8 +488,8 @@ func TestCommandRedeliveredAfterNodeKilled(t *testing.T) {
 	flush(t, bnc)
 	waitConsumers(t, rmq, amqpURL, "cmd.chore", 1)
 	nc := natsConn(t, alpha)
-	if o, resp, err := submit(nc, "cmd.chore", payload("alpha", 1), 10*time.Second); o != acked {
-		code, text := serviceError(resp)
+	if o, resp, err := ledger.Submit(nc, "cmd.chore", ledger.Payload("alpha", 1), 10*time.Second); o != ledger.Acked {
+		code, text := natstest.ServiceError(resp)
 		t.Fatalf("submit: got %v (error %d %s), want accepted", err, code, text)
 	}
 	var first *nats.Msg

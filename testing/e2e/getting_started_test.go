@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -203,20 +204,16 @@ func gsRun(t *testing.T, bin, natsBin string, m *gsMachine, services *strings.Re
 		f.Close()
 	case cmdLine == "systemctl enable --now meshbox":
 		m.proc = meshtest.StartProcess(t, "--env-file", m.env, "--data", m.data, "--nats", m.nats, "--http", m.http)
-		waitStatus(t, m.proc.HTTPURL(), 30*time.Second, m.name+" connected to the broker",
-			func(s nodeStatus) bool { return s.Broker.State == "connected" })
+		meshtest.WaitStatus(t, m.proc.HTTPURL(), 30*time.Second, m.name+" connected to the broker",
+			func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	case strings.HasPrefix(cmdLine, "meshbox "):
 		args := shellWords(t, cmdLine)[1:]
 		var code int
 		var out, errOut string
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		meshtest.Poll(30*time.Second, func() bool {
 			code, out, errOut = cliEnv(t, env, args...)
-			if !wants || strings.TrimSpace(out) == want || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(500 * time.Millisecond)
-		}
+			return !wants || strings.TrimSpace(out) == want
+		})
 		if code != 0 {
 			t.Fatalf("%s: %s: exit %d:\n%s%s", m.name, line, code, out, errOut)
 		}
@@ -258,7 +255,7 @@ func gsRun(t *testing.T, bin, natsBin string, m *gsMachine, services *strings.Re
 			t.Fatalf("%s: %s: still running after 30s", m.name, line)
 		}
 		if strings.HasSuffix(cmdLine, "&") {
-			time.Sleep(300 * time.Millisecond)
+			time.Sleep(300 * time.Millisecond) // real time: room for a background command's early error, whose absence cannot be signalled
 			if got, _ := os.ReadFile(logPath); bytes.Contains(got, []byte("nats: error")) {
 				t.Fatalf("%s: %s: %s", m.name, line, got)
 			}

@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -19,7 +21,7 @@ func TestCapabilityAndStageReachableTogether(t *testing.T) {
 	amqpURL := meshtest.RabbitMQ(t).Vhost(t)
 	a := discoveryNode(t, "host-a", amqpURL)
 	b := discoveryNode(t, "caller-b", amqpURL)
-	waitView(t, b.HTTPURL(), 10*time.Second, "B sees A up", func(v meshView) bool { return v.peerState("host-a") == "up" })
+	meshtest.WaitStatus(t, b.HTTPURL(), 10*time.Second, "B sees A up", func(v appliance.Status) bool { return peer(v, "host-a").State == "up" })
 	caller := dialNode(t, b)
 
 	for round := range 3 {
@@ -64,7 +66,7 @@ func TestCapabilityAndStageReachableTogether(t *testing.T) {
 		if err != nil {
 			t.Fatalf("round %d: submit cmd.%s on B: %v", round, name, err)
 		}
-		if code, text := serviceError(m); code != 0 {
+		if code, text := natstest.ServiceError(m); code != 0 {
 			t.Fatalf("round %d: submit cmd.%s on B as soon as cap.%s answers: got %d %q, want it accepted", round, name, name, code, text)
 		}
 		select {

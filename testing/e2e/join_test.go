@@ -10,7 +10,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // joinToken returns the join token line of `meshbox mesh node add` output.
@@ -97,7 +99,7 @@ func TestNodeAddJoinRun(t *testing.T) {
 		t.Fatalf("join hall: exit %d: %s%s", code, out, errOut)
 	}
 	hall := meshtest.StartProcess(t, "--env-file", hallEnv)
-	waitStatus(t, hall.HTTPURL(), 30*time.Second, "hall connected to the broker", func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	meshtest.WaitStatus(t, hall.HTTPURL(), 30*time.Second, "hall connected to the broker", func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	hallNC := natsConn(t, hall)
 	if _, err := hallNC.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
 		t.Fatal(err)
@@ -148,21 +150,21 @@ func TestNodeAddJoinRun(t *testing.T) {
 		t.Fatalf("mesh node add late: exit %d: %s%s", code, out, errOut)
 	}
 	lateToken := joinToken(t, out)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	expired := func() bool {
+		return code != 0 && strings.Contains(errOut, "token expired at ") && strings.Contains(errOut, "meshbox mesh node rejoin late")
+	}
+	meshtest.Poll(10*time.Second, func() bool {
 		code, _, errOut = cli(t, "join", lateToken, "--env-file", filepath.Join(t.TempDir(), "late.env"))
-		if code != 0 && strings.Contains(errOut, "token expired at ") && strings.Contains(errOut, "meshbox mesh node rejoin late") {
-			break
-		}
-		if code == 0 || time.Now().After(deadline) {
-			t.Fatalf("late join: exit %d, stderr %q; want token expired at ...", code, errOut)
-		}
+		return code == 0 || expired()
+	})
+	if !expired() {
+		t.Fatalf("late join: exit %d, stderr %q; want token expired at ...", code, errOut)
 	}
 
 	// The node runs from the written file alone (the harness adds only its
 	// data dir and loopback ports), reading its bindings as its own role.
 	p := meshtest.StartProcess(t, "--env-file", envFile)
-	st := waitStatus(t, p.HTTPURL(), 15*time.Second, "bindings from the database", func(s nodeStatus) bool {
+	st := meshtest.WaitStatus(t, p.HTTPURL(), 15*time.Second, "bindings from the database", func(s appliance.Status) bool {
 		return s.Bindings.Source == "db" && s.Bindings.DB == "connected"
 	})
 	if st.Node != "cellar" {
@@ -172,19 +174,19 @@ func TestNodeAddJoinRun(t *testing.T) {
 		t.Errorf("the node did not read its bindings as its own role:\n%s", p.Output())
 	}
 	// It reaches the broker with its own broker user, from its bindings.
-	st = waitStatus(t, p.HTTPURL(), 15*time.Second, "broker connected", func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	st = meshtest.WaitStatus(t, p.HTTPURL(), 15*time.Second, "broker connected", func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	if !strings.Contains(st.Broker.URL, "node.cellar.g1:xxxxx@") {
 		t.Errorf("broker URL in status: got %q, want the node's own user node.cellar.g1, password redacted", st.Broker.URL)
 	}
 	// It takes part in the running mesh: hall sees it up, and it calls
 	// hall's echo across the broker.
-	if !waitFor(30*time.Second, func() bool { return getView(t, hall.HTTPURL()).peerState("cellar") == "up" }) {
-		t.Errorf("hall's view of cellar: %q, want up", getView(t, hall.HTTPURL()).peerState("cellar"))
+	if !meshtest.Poll(30*time.Second, func() bool { return peer(meshtest.Status(t, hall.HTTPURL()), "cellar").State == "up" }) {
+		t.Errorf("hall's view of cellar: %q, want up", peer(meshtest.Status(t, hall.HTTPURL()), "cellar").State)
 	}
 	cellarNC := natsConn(t, p)
-	waitCallable(t, cellarNC, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+	waitCallable(t, cellarNC, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 	resp, err := cellarNC.Request("cap.echo", []byte("from cellar"), 5*time.Second)
-	if code, text := serviceError(resp); err != nil || code != 0 || string(resp.Data) != "from cellar" {
+	if code, text := natstest.ServiceError(resp); err != nil || code != 0 || string(resp.Data) != "from cellar" {
 		t.Errorf("cellar calling hall's echo: %v %d %s", err, code, text)
 	}
 }

@@ -12,21 +12,10 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/programs"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
-
-// commandsStatus is the commands-in-flight part of a node's status.
-type commandsStatus struct {
-	Commands []struct {
-		Stage                 string  `json:"stage"`
-		MsgID                 string  `json:"msg_id"`
-		Attempt               int     `json:"attempt"`
-		State                 string  `json:"state"`
-		AgeSeconds            float64 `json:"age_seconds"`
-		LeaseRemainingSeconds float64 `json:"lease_remaining_seconds"`
-	} `json:"commands"`
-}
 
 // The real binary: a handler that takes 3x command_timeout while sending
 // progress completes once, with no retry; meanwhile the status (JSON and
@@ -63,12 +52,11 @@ func TestLeaseWithTheRealBinary(t *testing.T) {
 	waitConsumers(t, rmq, amqpURL, "cmd.long", 1)
 
 	msg := &nats.Msg{Subject: "cmd.long", Data: []byte("x"), Header: nats.Header{hdrMsgID: {"e2e-long-1"}}}
-	if out, resp, err := submitMsg(nc, msg, 10*time.Second); out != acked {
+	if out, resp, err := ledger.SubmitMsg(nc, msg, 10*time.Second); out != ledger.Acked {
 		t.Fatalf("submit: %v %v %v", out, resp, err)
 	}
-	ok := waitFor(5*time.Second, func() bool {
-		var st commandsStatus
-		getJSON(t, p.HTTPURL()+"/status", "", &st)
+	ok := meshtest.Poll(5*time.Second, func() bool {
+		st := meshtest.Status(t, p.HTTPURL())
 		for _, c := range st.Commands {
 			if c.MsgID == "e2e-long-1" && c.Stage == "long" && c.Attempt == 1 && c.AgeSeconds > 1.5 && c.LeaseRemainingSeconds > 0 {
 				return true
@@ -88,9 +76,8 @@ func TestLeaseWithTheRealBinary(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the handler did not finish")
 	}
-	if !waitFor(5*time.Second, func() bool {
-		var st commandsStatus
-		getJSON(t, p.HTTPURL()+"/status", "", &st)
+	if !meshtest.Poll(5*time.Second, func() bool {
+		st := meshtest.Status(t, p.HTTPURL())
 		return len(st.Commands) == 0
 	}) {
 		t.Fatal("the command stayed in flight after its result")
@@ -127,10 +114,10 @@ func TestDedupeWithTheRealBinary(t *testing.T) {
 		for range 2 {
 			before := calls.Load() + int32(metricValue(t, p, `meshbox_commands_deduplicated_total{stage="once"}`))
 			msg := &nats.Msg{Subject: "cmd.once", Data: []byte("x"), Header: nats.Header{hdrMsgID: {"e2e-once-1"}}}
-			if out, resp, err := submitMsg(nc, msg, 10*time.Second); out != acked {
+			if out, resp, err := ledger.SubmitMsg(nc, msg, 10*time.Second); out != ledger.Acked {
 				t.Fatalf("submit: %v %v %v", out, resp, err)
 			}
-			if !waitFor(10*time.Second, func() bool {
+			if !meshtest.Poll(10*time.Second, func() bool {
 				return calls.Load()+int32(metricValue(t, p, `meshbox_commands_deduplicated_total{stage="once"}`)) > before
 			}) {
 				t.Fatal("the submission was neither handled nor counted as a duplicate")

@@ -67,7 +67,7 @@ func TestLocalAdversary(t *testing.T) {
 	if err := prog.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	waitView(t, beta.HTTPURL(), 20*time.Second, "lamp on alpha seen from beta", func(v meshView) bool {
+	meshtest.WaitStatus(t, beta.HTTPURL(), 20*time.Second, "lamp on alpha seen from beta", func(v appliance.Status) bool {
 		return slices.Contains(v.Capabilities.Remote["lamp"], "alpha")
 	})
 	onBeta := beta.Connect(t)
@@ -110,7 +110,7 @@ func TestLocalAdversary(t *testing.T) {
 			t.Fatalf("status answer %q (%v): want alpha's own", r.Data, err)
 		}
 	}
-	if v := getView(t, beta.HTTPURL()); len(v.Capabilities.Remote["safe"]) > 0 || len(v.Capabilities.Remote["chores"]) > 0 {
+	if v := meshtest.Status(t, beta.HTTPURL()); len(v.Capabilities.Remote["safe"]) > 0 || len(v.Capabilities.Remote["chores"]) > 0 {
 		t.Errorf("beta sees capabilities the program was refused: %v", v.Capabilities.Remote)
 	}
 
@@ -187,7 +187,7 @@ func TestLocalConfusedDeputy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitView(t, alpha.HTTPURL(), 20*time.Second, "echo on beta seen from alpha", func(v meshView) bool {
+	meshtest.WaitStatus(t, alpha.HTTPURL(), 20*time.Second, "echo on beta seen from alpha", func(v appliance.Status) bool {
 		return slices.Contains(v.Capabilities.Remote["echo"], "beta")
 	})
 

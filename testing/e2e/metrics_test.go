@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 	dto "github.com/prometheus/client_model/go"
@@ -209,12 +210,11 @@ func TestMetricsScrape(t *testing.T) {
 	}
 
 	// The metrics say what the status says.
-	st := getStatus(t, alpha.HTTPURL())
-	full := fullStatus(t, alpha.HTTPURL())
+	st := meshtest.Status(t, alpha.HTTPURL())
 	if v := ms.must(t, "meshbox_up"); v != 1 {
 		t.Errorf("meshbox_up: got %v, want 1", v)
 	}
-	if v := ms.must(t, "meshbox_build_info", "version="+fmt.Sprint(full["version"])); v != 1 {
+	if v := ms.must(t, "meshbox_build_info", "version="+st.Version); v != 1 {
 		t.Errorf("meshbox_build_info: got %v, want 1", v)
 	}
 	if v := ms.must(t, "meshbox_broker_state", "state=connected"); v != 1 {
@@ -238,11 +238,9 @@ func TestMetricsScrape(t *testing.T) {
 		t.Errorf("meshbox_outbox_depth: got %v, want 0", v)
 	}
 	up := 0
-	if peers, ok := full["peers"].([]any); ok {
-		for _, p := range peers {
-			if m, ok := p.(map[string]any); ok && m["state"] == "up" {
-				up++
-			}
+	for _, p := range st.Peers {
+		if p.State == "up" {
+			up++
 		}
 	}
 	if v, _ := ms.value("meshbox_peers", "state=up"); v != float64(up) {
@@ -255,7 +253,7 @@ func TestMetricsScrape(t *testing.T) {
 	mesh(t, db, "setting", "set", "forge.url", "https://forge.example.org")
 	for _, p := range []*meshtest.Process{alpha, beta} {
 		rev := before[p.Node()].must(t, "meshbox_bindings_revision")
-		waitStatus(t, p.HTTPURL(), 5*time.Second, p.Node()+" applied the new revision", func(s nodeStatus) bool { return float64(s.Bindings.Revision) > rev })
+		meshtest.WaitStatus(t, p.HTTPURL(), 5*time.Second, p.Node()+" applied the new revision", func(s appliance.Status) bool { return float64(s.Bindings.Revision) > rev })
 		after := scrape(t, p.HTTPURL())
 		if got, was := after.must(t, "meshbox_bindings_changes_total"), before[p.Node()].must(t, "meshbox_bindings_changes_total"); got <= was {
 			t.Errorf("%s meshbox_bindings_changes_total: got %v after a change, was %v", p.Node(), got, was)
@@ -295,14 +293,10 @@ func TestMetricsScrape(t *testing.T) {
 		}
 	}
 	var reply *nats.Msg
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	meshtest.Poll(15*time.Second, func() bool { // alpha's capability may not be announced yet
 		reply, err = onBeta.Request("node.alpha.cap.echo", []byte("ping"), 5*time.Second)
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(200 * time.Millisecond) // alpha's capability may not be announced yet
-	}
+		return err == nil
+	})
 	if err != nil {
 		t.Fatalf("request from beta to alpha's echo: %v", err)
 	}
@@ -357,7 +351,7 @@ func TestMetricsScrape(t *testing.T) {
 	// Warnings and errors logged are counted: at least as many as the
 	// status still lists.
 	for _, p := range []*meshtest.Process{alpha, beta} {
-		listed, _ := fullStatus(t, p.HTTPURL())["errors"].([]any)
+		listed := meshtest.Status(t, p.HTTPURL()).Errors
 		if got := scrape(t, p.HTTPURL()).sum("meshbox_log_messages_total"); got < float64(len(listed)) {
 			t.Errorf("%s meshbox_log_messages_total: got %v, want at least the %d the status lists", p.Node(), got, len(listed))
 		}

@@ -16,65 +16,41 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/appliance/modules"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
 )
 
-// moduleStatus is the part of a module's status these tests read.
-type moduleStatus struct {
-	Module    string   `json:"module"`
-	Selection string   `json:"selection"`
-	State     string   `json:"state"`
-	Manual    string   `json:"manual"`
-	Pid       int      `json:"pid"`
-	Restarts  int      `json:"restarts"`
-	Error     string   `json:"error"`
-	Warnings  []string `json:"warnings"`
-	LastExit  *struct {
-		Code   int    `json:"code"`
-		Reason string `json:"reason"`
-	} `json:"last_exit"`
+// getModules reads the modules of a node's /status, by name.
+func getModules(t *testing.T, httpURL string) map[string]modules.Status {
+	t.Helper()
+	return modulesOf(meshtest.Status(t, httpURL))
 }
 
-// getModules reads the modules part of a node's /status.
-func getModules(t *testing.T, httpURL string) map[string]moduleStatus {
-	t.Helper()
-	resp, err := http.Get(httpURL + "/status")
-	if err != nil {
-		t.Fatalf("GET /status: %v", err)
-	}
-	defer resp.Body.Close()
-	var st struct {
-		Modules []moduleStatus `json:"modules"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		t.Fatalf("status is not JSON: %v", err)
-	}
-	out := map[string]moduleStatus{}
+func modulesOf(st appliance.Status) map[string]modules.Status {
+	out := map[string]modules.Status{}
 	for _, m := range st.Modules {
 		out[m.Module] = m
 	}
 	return out
 }
 
-// waitModule polls a node's status until module name's status satisfies
-// ok, or d passes.
-func waitModule(t *testing.T, httpURL, name string, d time.Duration, what string, ok func(moduleStatus) bool) moduleStatus {
+// waitModule waits until the node's status lists module name and ok
+// accepts its status, or fails after d.
+func waitModule(t *testing.T, httpURL, name string, d time.Duration, what string, ok func(modules.Status) bool) modules.Status {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		ms := getModules(t, httpURL)
-		if m, found := ms[name]; found && ok(m) {
-			return m
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: module %s: %s did not happen; modules %+v", d, name, what, ms)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var m modules.Status
+	meshtest.WaitStatus(t, httpURL, d, "module "+name+": "+what, func(st appliance.Status) bool {
+		var found bool
+		m, found = modulesOf(st)[name]
+		return found && ok(m)
+	})
+	return m
 }
 
-func moduleRunning(m moduleStatus) bool { return m.State == "running" && m.Pid > 0 }
+func moduleRunning(m modules.Status) bool { return m.State == "running" && m.Pid > 0 }
 
 // processGone reports whether pid no longer runs (a zombie of an exited
 // node's child counts as gone: it runs nothing).
@@ -95,7 +71,7 @@ func processGone(pid int) bool {
 // waitGone waits until every pid is gone, or fails after d.
 func waitGone(t *testing.T, d time.Duration, what string, pids ...int) {
 	t.Helper()
-	if !waitFor(d, func() bool {
+	if !meshtest.Poll(d, func() bool {
 		for _, p := range pids {
 			if !processGone(p) {
 				return false
@@ -230,7 +206,7 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	alpha := meshtest.StartProcess(t, "--node", "alpha", "--db", db, "--broker", vhost, "--modules-dir", cat, "--config", modulesConfig(t))
 	beta := meshtest.StartProcess(t, "--node", "beta", "--db", db, "--broker", vhost)
 	for _, p := range []*meshtest.Process{alpha, beta} {
-		waitStatus(t, p.HTTPURL(), 30*time.Second, p.Node()+" connected to the broker", func(s nodeStatus) bool { return s.Broker.State == "connected" })
+		meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, p.Node()+" connected to the broker", func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	}
 
 	// Autostart at node start.
@@ -243,19 +219,19 @@ func TestModulesFollowTheMesh(t *testing.T) {
 
 	// A stage declared by an assigned module takes commands before any
 	// handler serves it; a stage nobody is assigned is refused.
-	if o, resp, err := submit(nb, "cmd.nightly-backup", []byte("run"), 5*time.Second); o != acked {
+	if o, resp, err := ledger.Submit(nb, "cmd.nightly-backup", []byte("run"), 5*time.Second); o != ledger.Acked {
 		t.Errorf("command for the declared stage nightly-backup: got %v %v %v, want accepted", o, err, resp)
 	}
-	if o, resp, _ := submit(nb, "cmd.nobody-assigned", []byte("run"), 5*time.Second); o != refused {
+	if o, resp, _ := ledger.Submit(nb, "cmd.nobody-assigned", []byte("run"), 5*time.Second); o != ledger.Refused {
 		t.Errorf("command for an unassigned stage: got %v, want refused", o)
-	} else if code, _ := serviceError(resp); code != 503 {
+	} else if code, _ := natstest.ServiceError(resp); code != 503 {
 		t.Errorf("command for an unassigned stage: got code %d, want 503", code)
 	}
 	// ...and the node says the module does not serve what it declares.
-	waitModule(t, alpha.HTTPURL(), "backups", 5*time.Second, "the declared-but-not-served warning", func(m moduleStatus) bool {
+	waitModule(t, alpha.HTTPURL(), "backups", 5*time.Second, "the declared-but-not-served warning", func(m modules.Status) bool {
 		return len(m.Warnings) == 1 && m.Warnings[0] == "module backups declares stage `nightly-backup` but does not serve it"
 	})
-	if !waitFor(5*time.Second, func() bool {
+	if !meshtest.Poll(5*time.Second, func() bool {
 		return strings.Contains(alpha.Output(), "level=WARN msg=\"module backups declares stage `nightly-backup` but does not serve it\"")
 	}) {
 		t.Error("the node's log does not warn that backups does not serve its stage")
@@ -267,9 +243,9 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	// mesh assign starts a module on the running node within a second, and
 	// mesh unassign stops it within a second. The stage it declares takes
 	// commands once it is assigned, and not before.
-	if o, resp, _ := submit(nb, "cmd.idle-work", []byte("run"), 5*time.Second); o != refused {
+	if o, resp, _ := ledger.Submit(nb, "cmd.idle-work", []byte("run"), 5*time.Second); o != ledger.Refused {
 		t.Errorf("command for idle-work before idle is assigned: got %v, want refused", o)
-	} else if code, _ := serviceError(resp); code != 503 {
+	} else if code, _ := natstest.ServiceError(resp); code != 503 {
 		t.Errorf("command for idle-work before idle is assigned: got code %d, want 503", code)
 	}
 	start := time.Now()
@@ -280,7 +256,7 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	} else {
 		t.Logf("mesh assign → module running: %s (the CLI's run included)", d.Round(time.Millisecond))
 	}
-	if o, resp, err := submit(nb, "cmd.idle-work", []byte("run"), 5*time.Second); o != acked {
+	if o, resp, err := ledger.Submit(nb, "cmd.idle-work", []byte("run"), 5*time.Second); o != ledger.Acked {
 		t.Errorf("command for the stage of idle, assigned to the running node: got %v %v %v, want accepted", o, err, resp)
 	}
 	start = time.Now()
@@ -320,11 +296,11 @@ func TestModulesFollowTheMesh(t *testing.T) {
 		t.Fatalf("COLOR before the override: got %q, want blue (the selection's env)", got)
 	}
 	mesh(t, db, "override", "set", "alpha", "greeter", "color", "red")
-	restarted := waitModule(t, alpha.HTTPURL(), "greeter", 5*time.Second, "greeter restarted", func(m moduleStatus) bool {
+	restarted := waitModule(t, alpha.HTTPURL(), "greeter", 5*time.Second, "greeter restarted", func(m modules.Status) bool {
 		return moduleRunning(m) && m.Pid != greeter.Pid
 	})
 	waitGone(t, 5*time.Second, "the greeter before the override", greeter.Pid)
-	waitCallable(t, na, "cap.greet", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+	waitCallable(t, na, "cap.greet", nil, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 	if got := call(t, na, "cap.greet", "env:COLOR"); got != "red" {
 		t.Errorf("COLOR after the override: got %q, want red", got)
 	}
@@ -340,10 +316,10 @@ func TestModulesFollowTheMesh(t *testing.T) {
 		t.Fatal(err)
 	}
 	mesh(t, db, "grant", "alpha", "nas-storage", "nas", "--credential-file", credFile)
-	granted := waitModule(t, alpha.HTTPURL(), "greeter", 5*time.Second, "greeter restarted with the grant", func(m moduleStatus) bool {
+	granted := waitModule(t, alpha.HTTPURL(), "greeter", 5*time.Second, "greeter restarted with the grant", func(m modules.Status) bool {
 		return moduleRunning(m) && m.Pid != restarted.Pid
 	})
-	waitCallable(t, na, "cap.greet", nil, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+	waitCallable(t, na, "cap.greet", nil, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 	path := call(t, na, "cap.greet", "env:MESHBOX_GRANT_NAS_STORAGE")
 	if path == "" {
 		t.Fatal("MESHBOX_GRANT_NAS_STORAGE is not in the module's environment")
@@ -461,14 +437,14 @@ func TestModulesSupervision(t *testing.T) {
 	server := []string{"MESHBOX_SERVER=" + p.NATSURL(), "MESHBOX_DATA=" + p.DataDir()}
 
 	// A module that exits is restarted (after a pause) and then runs.
-	once := waitModule(t, p.HTTPURL(), "once", 10*time.Second, "once running again", func(m moduleStatus) bool {
+	once := waitModule(t, p.HTTPURL(), "once", 10*time.Second, "once running again", func(m modules.Status) bool {
 		return moduleRunning(m) && m.Restarts == 1
 	})
 	if once.LastExit == nil || once.LastExit.Code != 1 {
 		t.Errorf("once: last exit %+v, want status 1", once.LastExit)
 	}
 	// One that always exits becomes crash-looping after 3 failures.
-	flaky := waitModule(t, p.HTTPURL(), "flaky", 10*time.Second, "flaky crash-looping", func(m moduleStatus) bool { return m.State == "crash-looping" })
+	flaky := waitModule(t, p.HTTPURL(), "flaky", 10*time.Second, "flaky crash-looping", func(m modules.Status) bool { return m.State == "crash-looping" })
 	if flaky.Restarts != 3 || flaky.LastExit == nil || flaky.LastExit.Code != 7 || !strings.Contains(flaky.Error, "failed 3 times in a row") {
 		t.Errorf("flaky: got %+v, want 3 restarts, last exit 7, the reason", flaky)
 	}
@@ -539,7 +515,7 @@ func TestModulesSupervision(t *testing.T) {
 		"noprogram":  {"failed", "noprogram/manifest.json: selections.stable.command: "},
 		"unknownsel": {"failed", `selection "nightly" is not in the manifest of module unknownsel (it has stable)`},
 	} {
-		m := waitModule(t, p.HTTPURL(), name, 5*time.Second, want.state, func(m moduleStatus) bool { return m.State == want.state })
+		m := waitModule(t, p.HTTPURL(), name, 5*time.Second, want.state, func(m modules.Status) bool { return m.State == want.state })
 		if !strings.Contains(m.Error, want.err) {
 			t.Errorf("%s: error %q, want it to name %q", name, m.Error, want.err)
 		}
@@ -568,7 +544,7 @@ func TestModulesSupervision(t *testing.T) {
 		_ = follow.Process.Kill()
 		_ = follow.Wait()
 	})
-	if !waitFor(5*time.Second, func() bool { return strings.Count(followOut.String(), "stdout steady up") == 1 }) {
+	if !meshtest.Poll(5*time.Second, func() bool { return strings.Count(followOut.String(), "stdout steady up") == 1 }) {
 		t.Fatalf("module logs -f: got %q, want the backlog line once", followOut.String())
 	}
 
@@ -581,14 +557,14 @@ func TestModulesSupervision(t *testing.T) {
 		t.Fatalf("module stop steady: exit %d: %s", code, errOut)
 	}
 	waitGone(t, 3*time.Second, "steady stopped by hand", steady.Pid)
-	if m := waitModule(t, p.HTTPURL(), "steady", 3*time.Second, "steady stopped", func(m moduleStatus) bool { return m.State == "stopped" }); m.Manual != "stopped" {
+	if m := waitModule(t, p.HTTPURL(), "steady", 3*time.Second, "steady stopped", func(m modules.Status) bool { return m.State == "stopped" }); m.Manual != "stopped" {
 		t.Errorf("steady stopped by hand: manual %q, want stopped", m.Manual)
 	}
 	if code, _, errOut := cliEnv(t, server, "module", "restart", "steady"); code != 0 {
 		t.Fatalf("module restart steady: exit %d: %s", code, errOut)
 	}
 	waitModule(t, p.HTTPURL(), "steady", 3*time.Second, "steady running again", moduleRunning)
-	if !waitFor(5*time.Second, func() bool { return strings.Count(followOut.String(), "stdout steady up") == 2 }) {
+	if !meshtest.Poll(5*time.Second, func() bool { return strings.Count(followOut.String(), "stdout steady up") == 2 }) {
 		t.Errorf("module logs -f: got %q, want the new run's line after the backlog's", followOut.String())
 	}
 	if code, _, errOut := cliEnv(t, server, "module", "start", "nope"); code == 0 || !strings.Contains(errOut, "module not assigned to this node: nope") {
@@ -637,14 +613,14 @@ func TestModulesWithoutTheDatabase(t *testing.T) {
 
 	// The database goes away: the modules keep running.
 	pg.Stop(t)
-	waitStatus(t, p.HTTPURL(), 20*time.Second, "the node noticing the database is away", func(s nodeStatus) bool { return s.Bindings.DB == "disconnected" })
+	meshtest.WaitStatus(t, p.HTTPURL(), 20*time.Second, "the node noticing the database is away", func(s appliance.Status) bool { return s.Bindings.DB == "disconnected" })
 	// And it comes back: nothing restarts.
 	pg.Start(t)
-	waitStatus(t, p.HTTPURL(), 30*time.Second, "the node reconnecting to the database", func(s nodeStatus) bool {
+	meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, "the node reconnecting to the database", func(s appliance.Status) bool {
 		return s.Bindings.DB == "connected" && s.Bindings.Source == "db"
 	})
 	ms := getModules(t, p.HTTPURL())
-	for _, m := range []moduleStatus{sticky, plain} {
+	for _, m := range []modules.Status{sticky, plain} {
 		if got := ms[m.Module]; got.Pid != m.Pid || got.State != "running" || got.Restarts != 0 || processGone(m.Pid) {
 			t.Errorf("%s across the database's absence: got %+v, want the same process (pid %d) running", m.Module, got, m.Pid)
 		}
@@ -670,7 +646,7 @@ func TestModulesWithoutTheDatabase(t *testing.T) {
 	// start again.
 	pg.Stop(t)
 	p = meshtest.StartProcess(t, args...)
-	if st := getStatus(t, p.HTTPURL()); st.Bindings.Source != "cache" {
+	if st := meshtest.Status(t, p.HTTPURL()); st.Bindings.Source != "cache" {
 		t.Fatalf("restart without the database: bindings source %q, want cache", st.Bindings.Source)
 	}
 	for _, name := range []string{"sticky", "plain"} {

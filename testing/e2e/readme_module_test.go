@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/appliance/modules"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -86,7 +88,7 @@ func TestREADMEModule(t *testing.T) {
 	attic := meshtest.StartProcessEnv(t, path, "--node", "attic", "--db", db, "--broker", vhost, "--modules-dir", cat)
 	cellar := meshtest.StartProcess(t, "--node", "cellar", "--db", db, "--broker", vhost)
 	for _, p := range []*meshtest.Process{attic, cellar} {
-		waitStatus(t, p.HTTPURL(), 30*time.Second, p.Node()+" connected to the broker", func(s nodeStatus) bool { return s.Broker.State == "connected" })
+		meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, p.Node()+" connected to the broker", func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	}
 
 	mesh(t, db, assign[1:]...)
@@ -103,7 +105,7 @@ func TestREADMEModule(t *testing.T) {
 	callGreet := func(want string) {
 		t.Helper()
 		var got string
-		if !waitFor(15*time.Second, func() bool {
+		if !meshtest.Poll(15*time.Second, func() bool {
 			code, out, errOut := cliEnv(t, onCellar, "call", "greet")
 			got = strings.TrimSpace(out + errOut)
 			return code == 0 && strings.TrimSpace(out) == want
@@ -114,7 +116,7 @@ func TestREADMEModule(t *testing.T) {
 	callGreet("hello from attic")
 
 	mesh(t, db, override[1:]...)
-	waitModule(t, attic.HTTPURL(), "greeter", 10*time.Second, "greeter restarted by the override", func(m moduleStatus) bool {
+	waitModule(t, attic.HTTPURL(), "greeter", 10*time.Second, "greeter restarted by the override", func(m modules.Status) bool {
 		return moduleRunning(m) && m.Pid != first.Pid
 	})
 	callGreet("howdy from attic")

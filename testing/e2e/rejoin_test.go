@@ -5,6 +5,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
 // TestNodeRejoin gives a node locked out by `rotate --force` a new join
@@ -59,12 +62,12 @@ func TestNodeRejoin(t *testing.T) {
 		t.Fatalf("join bee again: exit %d: %s%s", code, out, errOut)
 	}
 	bee := m.start(t, "bee")
-	waitIdentity(t, bee.HTTPURL(), "bee on generation 4", func(s identityStatus) bool {
+	waitIdentity(t, bee.HTTPURL(), "bee on generation 4", func(s appliance.Status) bool {
 		return s.Identity.Generation == 4 && s.Identity.State == "in use"
 	})
-	var st nodeStatus
-	if !waitFor(30*time.Second, func() bool {
-		st = getStatus(t, bee.HTTPURL())
+	var st appliance.Status
+	if !meshtest.Poll(30*time.Second, func() bool {
+		st = meshtest.Status(t, bee.HTTPURL())
 		return st.Bindings.DB == "connected" && st.Bindings.Source == "db"
 	}) {
 		t.Fatalf("bee after rejoin: bindings from %q, database %q; want them from the database", st.Bindings.Source, st.Bindings.DB)
@@ -87,7 +90,7 @@ func (m *identityMesh) lockOut(t *testing.T, node string) {
 	if code, out, errOut := m.rotate(t, node, "--wait", "1m"); code != 0 {
 		t.Fatalf("rotate %s: exit %d: %s%s", node, code, out, errOut)
 	}
-	waitIdentity(t, p.HTTPURL(), node+" on generation 2", func(s identityStatus) bool {
+	waitIdentity(t, p.HTTPURL(), node+" on generation 2", func(s appliance.Status) bool {
 		return s.Identity.Generation == 2 && s.Identity.State == "in use"
 	})
 	p.Signal(syscall.SIGTERM)

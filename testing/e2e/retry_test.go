@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/programs"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
@@ -73,7 +74,7 @@ func TestRetryAndResultWithTheRealBinary(t *testing.T) {
 	waitConsumers(t, rmq, amqpURL, "cmd.render", 1)
 	msg := &nats.Msg{Subject: "cmd.render", Data: []byte("page"),
 		Header: nats.Header{hdrMsgID: {"e2e-render-1"}, "Meshbox-Result-Topic": {"renders.done"}}}
-	if out, resp, err := submitMsg(nc, msg, 10*time.Second); out != acked {
+	if out, resp, err := ledger.SubmitMsg(nc, msg, 10*time.Second); out != ledger.Acked {
 		t.Fatalf("submit: %v %v %v", out, resp, err)
 	}
 	var e *nats.Msg
@@ -104,11 +105,6 @@ func TestRetryAndResultWithTheRealBinary(t *testing.T) {
 	if v := metricValue(t, p, `meshbox_command_retries_total{stage="render"}`); v != 1 {
 		t.Errorf("retries counted: got %v, want 1", v)
 	}
-}
-
-// deadLettersStatus is the dead-letter part of a node's status.
-type deadLettersStatus struct {
-	DeadLetters map[string]int `json:"dead_letters"`
 }
 
 // The real binary and `meshbox dlq`: a permanent failure (422) is
@@ -144,14 +140,13 @@ func TestDeadLettersWithTheRealBinary(t *testing.T) {
 	submit := func(id string) {
 		t.Helper()
 		msg := &nats.Msg{Subject: "cmd.orders", Data: []byte("order"), Header: nats.Header{hdrMsgID: {id}, "X-Customer": {"42"}}}
-		if out, resp, err := submitMsg(nc, msg, 10*time.Second); out != acked {
+		if out, resp, err := ledger.SubmitMsg(nc, msg, 10*time.Second); out != ledger.Acked {
 			t.Fatalf("submit: %v %v %v", out, resp, err)
 		}
 	}
 	submit("e2e-order-1")
-	if !waitFor(5*time.Second, func() bool {
-		var st deadLettersStatus
-		getJSON(t, p.HTTPURL()+"/status", "", &st)
+	if !meshtest.Poll(5*time.Second, func() bool {
+		st := meshtest.Status(t, p.HTTPURL())
 		return st.DeadLetters["orders"] == 1
 	}) {
 		t.Fatal("the status never counted the dead letter")
@@ -206,7 +201,7 @@ func TestDeadLettersWithTheRealBinary(t *testing.T) {
 	if code, out, errOut := dlq("replay", "orders", "e2e-order-1"); code != 0 || !strings.Contains(out, "replayed 1") {
 		t.Fatalf("dlq replay: exit %d\n%s\n%s", code, out, errOut)
 	}
-	if !waitFor(10*time.Second, func() bool { return len(calls()) == 2 }) {
+	if !meshtest.Poll(10*time.Second, func() bool { return len(calls()) == 2 }) {
 		t.Fatal("the replayed command was not delivered")
 	}
 	h := calls()[1].Header
@@ -219,7 +214,7 @@ func TestDeadLettersWithTheRealBinary(t *testing.T) {
 
 	submit("e2e-order-2")
 	submit("e2e-order-3")
-	if !waitFor(5*time.Second, func() bool {
+	if !meshtest.Poll(5*time.Second, func() bool {
 		_, out, _ := dlq("list", "orders")
 		return strings.Contains(out, "e2e-order-2") && strings.Contains(out, "e2e-order-3")
 	}) {
@@ -231,8 +226,7 @@ func TestDeadLettersWithTheRealBinary(t *testing.T) {
 	if code, out, _ := dlq("list", "orders"); code != 0 || !strings.Contains(out, "no dead letters") {
 		t.Errorf("dlq list after the purge: exit %d\n%s", code, out)
 	}
-	var st deadLettersStatus
-	getJSON(t, p.HTTPURL()+"/status", "", &st)
+	st := meshtest.Status(t, p.HTTPURL())
 	if st.DeadLetters["orders"] != 0 {
 		t.Errorf("status count after the purge: got %d", st.DeadLetters["orders"])
 	}

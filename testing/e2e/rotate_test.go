@@ -19,9 +19,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // identityMesh is a mesh of nodes made with `mesh node add` and `join`,
@@ -72,8 +75,8 @@ func newIdentityMesh(t *testing.T, nodes ...string) *identityMesh {
 func (m *identityMesh) start(t *testing.T, node string) *meshtest.Process {
 	t.Helper()
 	p := meshtest.StartProcess(t, "--env-file", m.envs[node], "--data", m.data[node])
-	waitStatus(t, p.HTTPURL(), 30*time.Second, node+" connected to the broker",
-		func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, node+" connected to the broker",
+		func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	return p
 }
 
@@ -103,32 +106,11 @@ func (m *identityMesh) generations(t *testing.T, node string) []int {
 	return gens
 }
 
-// identityStatus is the identity part of a node's status JSON.
-type identityStatus struct {
-	Identity *struct {
-		BrokerUser string  `json:"broker_user"`
-		Generation int     `json:"generation"`
-		AgeSeconds float64 `json:"age_seconds"`
-		State      string  `json:"state"`
-		Rotation   string  `json:"rotation"`
-	} `json:"identity"`
-}
-
-func getIdentity(t *testing.T, httpURL string) identityStatus {
+// waitIdentity waits until the node's status has its identity (the
+// broker user and credential) and ok accepts the status.
+func waitIdentity(t *testing.T, httpURL, what string, ok func(appliance.Status) bool) appliance.Status {
 	t.Helper()
-	var st identityStatus
-	getJSON(t, httpURL+"/status", "", &st)
-	return st
-}
-
-// waitIdentity waits until the node's identity status satisfies ok.
-func waitIdentity(t *testing.T, httpURL, what string, ok func(identityStatus) bool) identityStatus {
-	t.Helper()
-	var st identityStatus
-	if !waitFor(30*time.Second, func() bool { st = getIdentity(t, httpURL); return st.Identity != nil && ok(st) }) {
-		t.Fatalf("after 30s: %s; identity %+v", what, st.Identity)
-	}
-	return st
+	return meshtest.WaitStatus(t, httpURL, 30*time.Second, what, func(s appliance.Status) bool { return s.Identity != nil && ok(s) })
 }
 
 // calls keeps requests flowing from one node to capability echo on
@@ -152,7 +134,7 @@ func (c *calls) run(nc *nats.Conn, target string, workers int, stop <-chan struc
 				}
 				body := fmt.Sprintf("%s-%d-%d", target, w, i)
 				m, err := nc.Request("node."+target+".cap.echo", []byte(body), 10*time.Second)
-				code, text := serviceError(m)
+				code, text := natstest.ServiceError(m)
 				if err == nil && code == 0 && string(m.Data) == body {
 					c.ok.Add(1)
 					time.Sleep(10 * time.Millisecond)
@@ -161,9 +143,9 @@ func (c *calls) run(nc *nats.Conn, target string, workers int, stop <-chan struc
 				c.failed.Add(1)
 				c.mu.Lock()
 				if err != nil {
-					c.errs[clip(err.Error())]++
+					c.errs[ledger.Clip(err.Error())]++
 				} else {
-					c.errs[clip(fmt.Sprintf("%d %s %q", code, text, m.Data))]++
+					c.errs[ledger.Clip(fmt.Sprintf("%d %s %q", code, text, m.Data))]++
 				}
 				c.mu.Unlock()
 			}
@@ -182,7 +164,7 @@ func TestRotateAllUnderLoad(t *testing.T) {
 	procs := map[string]*meshtest.Process{}
 	for _, n := range names {
 		procs[n] = m.start(t, n)
-		st := waitIdentity(t, procs[n].HTTPURL(), n+" on generation 1, switch recorded", func(s identityStatus) bool {
+		st := waitIdentity(t, procs[n].HTTPURL(), n+" on generation 1, switch recorded", func(s appliance.Status) bool {
 			return s.Identity.Generation == 1 && s.Identity.State == "in use"
 		})
 		if st.Identity.BrokerUser != "node."+n+".g1" {
@@ -200,10 +182,10 @@ func TestRotateAllUnderLoad(t *testing.T) {
 		}
 		flush(t, nc)
 	}
-	cmds := newHistory()
+	cmds := ledger.NewHistory()
 	hnc := natsConn(t, procs["cat"])
 	csub, err := hnc.QueueSubscribe("work.rot", "handlers", func(msg *nats.Msg) {
-		cmds.delivered(deliveryOf("cat", msg))
+		cmds.Delivered(ledger.DeliveryOf("cat", msg))
 		_ = msg.Respond(nil)
 	})
 	if err != nil {
@@ -226,20 +208,20 @@ func TestRotateAllUnderLoad(t *testing.T) {
 	for i, n := range names {
 		nc := natsConn(t, procs[n])
 		target := names[(i+1)%len(names)]
-		waitCallable(t, nc, "node."+target+".cap.echo", nil, func(msg *nats.Msg) bool { c, _ := serviceError(msg); return c == 0 })
+		waitCallable(t, nc, "node."+target+".cap.echo", nil, func(msg *nats.Msg) bool { c, _ := natstest.ServiceError(msg); return c == 0 })
 		reqs.run(nc, target, 3, stop, &wg)
 	}
-	var loads []*load
+	var loads []*ledger.Load
 	for _, n := range []string{"ant", "bee"} {
-		l := &load{nc: natsConn(t, procs[n]), subject: "cmd.rot", origin: n, h: cmds}
+		l := &ledger.Load{NC: natsConn(t, procs[n]), Subject: "cmd.rot", Origin: n, History: cmds}
 		loads = append(loads, l)
 		wg.Add(1)
 		go func() { // load generator: exits when stop is closed and the minimum is submitted
 			defer wg.Done()
-			l.run(4, 100, 300, 100000, stop)
+			l.Run(4, 100, 300, 100000, stop)
 		}()
 	}
-	if !waitFor(30*time.Second, func() bool { return reqs.ok.Load() > 200 && loads[0].next.Load() > 100 }) {
+	if !meshtest.Poll(30*time.Second, func() bool { return reqs.ok.Load() > 200 && loads[0].Started() > 100 }) {
 		t.Fatal("the load did not start")
 	}
 
@@ -262,32 +244,32 @@ func TestRotateAllUnderLoad(t *testing.T) {
 	}
 	// The load goes on for a while on the new credentials.
 	after := reqs.ok.Load()
-	if !waitFor(30*time.Second, func() bool { return reqs.ok.Load() > after+200 }) {
+	if !meshtest.Poll(30*time.Second, func() bool { return reqs.ok.Load() > after+200 }) {
 		t.Errorf("requests did not keep flowing after the rotation")
 	}
 	close(stop)
 	wg.Wait()
 
-	waitFor(time.Minute, func() bool { return len(cmds.check().lost) == 0 })
-	r := cmds.check()
+	meshtest.Poll(time.Minute, func() bool { return len(cmds.Check().Lost) == 0 })
+	r := cmds.Check()
 	t.Logf("requests: %d ok, %d failed %v; commands: %s", reqs.ok.Load(), reqs.failed.Load(), reqs.errs, r)
 	if reqs.failed.Load() != 0 {
 		t.Errorf("got %d failed requests during the rotation, want 0: %v", reqs.failed.Load(), reqs.errs)
 	}
-	if r.acked < 300 || !r.valid() {
+	if r.Acked < 300 || !r.Valid() {
 		t.Errorf("commands: %d acknowledged; lost %d, unmarked duplicates %d, unexpected %d; want >= 300 acknowledged and 0 of the others:\n%s",
-			r.acked, len(r.lost), len(r.dupUnmarked), len(r.unexpected), r)
+			r.Acked, len(r.Lost), len(r.DupUnmarked), len(r.Unexpected), r)
 	}
 	for _, l := range loads {
-		if l.summary(); len(l.refusals) > 0 || len(l.errs) > 0 {
-			t.Errorf("submissions: %s; want every one accepted", l.summary())
+		if _, refused, noAnswer := l.Answers(); len(refused) > 0 || len(noAnswer) > 0 {
+			t.Errorf("submissions: %s; want every one accepted", l.Summary())
 		}
 	}
 	for _, n := range names {
 		if got := m.generations(t, n); !slices.Equal(got, []int{2}) {
 			t.Errorf("%s's broker users: generations %v, want [2] (generation 1 revoked)", n, got)
 		}
-		st := waitIdentity(t, procs[n].HTTPURL(), n+" on generation 2 with no rotation left", func(s identityStatus) bool {
+		st := waitIdentity(t, procs[n].HTTPURL(), n+" on generation 2 with no rotation left", func(s appliance.Status) bool {
 			return s.Identity.Generation == 2 && s.Identity.Rotation == ""
 		})
 		if st.Identity.State != "in use" || st.Identity.BrokerUser != "node."+n+".g2" {
@@ -307,7 +289,7 @@ func TestRotateAllUnderLoad(t *testing.T) {
 	}
 	mesh(t, m.db, "setting", "set", "rotation.check", "done")
 	for _, n := range names {
-		waitStatus(t, procs[n].HTTPURL(), 15*time.Second, n+" follows a change under its new role", func(s nodeStatus) bool {
+		meshtest.WaitStatus(t, procs[n].HTTPURL(), 15*time.Second, n+" follows a change under its new role", func(s appliance.Status) bool {
 			return s.Bindings.DB == "connected" && hasChange(s, "setting", "added", "rotation.check")
 		})
 	}
@@ -315,7 +297,7 @@ func TestRotateAllUnderLoad(t *testing.T) {
 	// meshbox nodes shows each node's generation (its peers' as their
 	// heartbeats came, validated by the broker); meshbox status the node's.
 	var out2 string
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		_, out2, _ = cli(t, "nodes", "--server", procs["ant"].NATSURL(), "--creds", filepath.Join(m.data["ant"], programs.AdminFile))
 		return strings.Contains(out2, "broker user node.ant.g2, credential generation 2") &&
 			peerRow(out2, "bee", "g2") && peerRow(out2, "cat", "g2")
@@ -348,7 +330,7 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 	m := newIdentityMesh(t, "ant", "bee")
 	ant := m.start(t, "ant")
 	bee := m.start(t, "bee")
-	waitIdentity(t, bee.HTTPURL(), "bee on generation 1", func(s identityStatus) bool { return s.Identity.Generation == 1 })
+	waitIdentity(t, bee.HTTPURL(), "bee on generation 1", func(s appliance.Status) bool { return s.Identity.Generation == 1 })
 	bee.Signal(syscall.SIGTERM)
 	if code := bee.Wait(); code != 0 {
 		t.Fatalf("bee stopped with exit %d", code)
@@ -376,7 +358,7 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 	if got := m.generations(t, "ant"); !slices.Equal(got, []int{2}) {
 		t.Errorf("ant's broker users: %v, want [2]", got)
 	}
-	waitIdentity(t, ant.HTTPURL(), "ant on generation 2", func(s identityStatus) bool {
+	waitIdentity(t, ant.HTTPURL(), "ant on generation 2", func(s appliance.Status) bool {
 		return s.Identity.Generation == 2 && s.Identity.State == "in use"
 	})
 	// Restarted, ant logs in to the database with its new role from the
@@ -386,12 +368,12 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 		t.Fatalf("ant stopped with exit %d", code)
 	}
 	ant = m.start(t, "ant")
-	waitStatus(t, ant.HTTPURL(), 15*time.Second, "ant restarted, bindings from the database", func(s nodeStatus) bool {
+	meshtest.WaitStatus(t, ant.HTTPURL(), 15*time.Second, "ant restarted, bindings from the database", func(s appliance.Status) bool {
 		return s.Bindings.Source == "db" && s.Bindings.DB == "connected"
 	})
 
 	bee = m.start(t, "bee")
-	waitIdentity(t, bee.HTTPURL(), "bee back, on generation 2, the old one not revoked yet", func(s identityStatus) bool {
+	waitIdentity(t, bee.HTTPURL(), "bee back, on generation 2, the old one not revoked yet", func(s appliance.Status) bool {
 		return s.Identity.Generation == 2 && s.Identity.State == "in use" && strings.Contains(s.Identity.Rotation, "older generations [1]")
 	})
 	// The rotation in progress shows on the status page and in meshbox
@@ -425,7 +407,7 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 	if got := m.generations(t, "bee"); !slices.Equal(got, []int{2}) {
 		t.Errorf("bee's broker users after the second rotate: %v, want [2]", got)
 	}
-	waitIdentity(t, bee.HTTPURL(), "bee with no rotation left", func(s identityStatus) bool { return s.Identity.Rotation == "" })
+	waitIdentity(t, bee.HTTPURL(), "bee with no rotation left", func(s appliance.Status) bool { return s.Identity.Rotation == "" })
 
 	// doctor on the stopped bee: its credential (from its cached bindings)
 	// works and is its own, without the admin's rights.

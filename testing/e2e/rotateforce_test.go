@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -20,7 +21,7 @@ import (
 func TestRotateForceRevokesOfflineNode(t *testing.T) {
 	m := newIdentityMesh(t, "bee")
 	bee := m.start(t, "bee")
-	waitIdentity(t, bee.HTTPURL(), "bee on generation 1", func(s identityStatus) bool {
+	waitIdentity(t, bee.HTTPURL(), "bee on generation 1", func(s appliance.Status) bool {
 		return s.Identity.Generation == 1 && s.Identity.State == "in use"
 	})
 	bee.Signal(syscall.SIGTERM)
@@ -51,7 +52,7 @@ func TestRotateForceRevokesOfflineNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	flush(t, nc)
-	st := waitIdentity(t, bee.HTTPURL(), "bee says its credential was revoked", func(s identityStatus) bool {
+	st := waitIdentity(t, bee.HTTPURL(), "bee says its credential was revoked", func(s appliance.Status) bool {
 		return s.Identity.State == "credential revoked"
 	})
 	if st.Identity.BrokerUser != "node.bee.g1" {
@@ -67,7 +68,7 @@ func TestRotateForceRevokesOfflineNode(t *testing.T) {
 	// The link keeps trying; the revocation is logged once.
 	failures := func() float64 { v, _ := scrape(t, bee.HTTPURL()).value("meshbox_errors_total", "kind=link"); return v }
 	f0 := failures()
-	if !waitFor(30*time.Second, func() bool { return failures() >= f0+2 }) {
+	if !meshtest.Poll(30*time.Second, func() bool { return failures() >= f0+2 }) {
 		t.Errorf("link failures: %v, want at least %v (the link keeps trying)", failures(), f0+2)
 	}
 	if n := strings.Count(bee.Output(), "broker credential revoked"); n != 1 {

@@ -12,22 +12,14 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
-
-// scopeKeys is the scopes part of a node's keys status: each scope the
-// node is in, with the key it seals with now.
-type scopeKeys struct {
-	Keys *struct {
-		Held   []string          `json:"held"`
-		Scopes map[string]string `json:"scopes"`
-	} `json:"keys"`
-}
 
 func nodeScopes(t *testing.T, p *meshtest.Process) (held []string, scopes map[string]string) {
 	t.Helper()
-	var st scopeKeys
-	getJSON(t, p.HTTPURL()+"/status", "", &st)
+	st := meshtest.Status(t, p.HTTPURL())
 	if st.Keys == nil {
 		return nil, nil
 	}
@@ -74,7 +66,7 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 	}
 	// Both members seal with the same key of the scope.
 	var scopeKey string
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		_, sa := nodeScopes(t, alpha)
 		_, sb := nodeScopes(t, beta)
 		scopeKey = sa["vault"]
@@ -139,19 +131,19 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 		t.Fatal(err)
 	}
 	flush(t, gprog)
-	if !waitFor(30*time.Second, func() bool { return strings.Contains(gamma.Output(), "does not consume its queue") }) {
+	if !meshtest.Poll(30*time.Second, func() bool { return strings.Contains(gamma.Output(), "does not consume its queue") }) {
 		t.Errorf("gamma does not say it refuses to host stage ledger\n%s", gamma.Output())
 	}
 
 	caller := natsConn(t, alpha)
-	if !waitFor(30*time.Second, func() bool {
-		o, _, _ := submit(caller, "cmd.ledger", []byte("probe"), 5*time.Second)
-		return o == acked
+	if !meshtest.Poll(30*time.Second, func() bool {
+		o, _, _ := ledger.Submit(caller, "cmd.ledger", []byte("probe"), 5*time.Second)
+		return o == ledger.Acked
 	}) {
 		t.Fatal("the scoped stage never accepted a command from alpha")
 	}
 	var reply *nats.Msg
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		reply, err = caller.Request("cap.safe", []byte("x"), 5*time.Second)
 		return err == nil && string(reply.Data) == "opened:x"
 	}) {
@@ -159,14 +151,14 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 	}
 
 	// gamma's attempts are refused, with an error that names the scope.
-	o, resp, err := submit(gprog, "cmd.ledger", []byte("from-gamma"), 5*time.Second)
-	code, text := serviceError(resp)
-	if o != refused || code != 403 || !strings.Contains(text, "not in scope vault") || !strings.Contains(text, "stage ledger") {
+	o, resp, err := ledger.Submit(gprog, "cmd.ledger", []byte("from-gamma"), 5*time.Second)
+	code, text := natstest.ServiceError(resp)
+	if o != ledger.Refused || code != 403 || !strings.Contains(text, "not in scope vault") || !strings.Contains(text, "stage ledger") {
 		t.Errorf("gamma's submission to ledger: %v %d %q %v, want refused with 403 naming scope vault", o, code, text, err)
 	}
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		reply, err = gprog.Request("cap.safe", []byte("x"), 5*time.Second)
-		code, text = serviceError(reply)
+		code, text = natstest.ServiceError(reply)
 		return err == nil && code == 403
 	}) {
 		t.Fatalf("gamma's call of the scoped capability: %v %v, want refused with 403", reply, err)
@@ -187,7 +179,7 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 		t.Fatal(err)
 	}
 	flush(t, gprog)
-	if !waitFor(30*time.Second, func() bool {
+	if !meshtest.Poll(30*time.Second, func() bool {
 		if err := caller.Publish("evt.vault-door", []byte("door-opened")); err != nil {
 			t.Fatal(err)
 		}
@@ -200,9 +192,9 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 	if m, err := gdoor.NextMsg(100 * time.Millisecond); err == nil {
 		t.Errorf("gamma's program got the scope's event: %q", m.Data)
 	}
-	o, resp, err = submit(gprog, "evt.vault-door", []byte("from-gamma"), 5*time.Second)
-	code, text = serviceError(resp)
-	if o != refused || code != 403 || !strings.Contains(text, "not in scope vault") || !strings.Contains(text, "topic vault-door") {
+	o, resp, err = ledger.Submit(gprog, "evt.vault-door", []byte("from-gamma"), 5*time.Second)
+	code, text = natstest.ServiceError(resp)
+	if o != ledger.Refused || code != 403 || !strings.Contains(text, "not in scope vault") || !strings.Contains(text, "topic vault-door") {
 		t.Errorf("gamma's event on vault-door: %v %d %q %v, want refused with 403 naming scope vault", o, code, text, err)
 	}
 
@@ -219,13 +211,13 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []*meshtest.Process{alpha, beta} {
-		if !waitFor(30*time.Second, func() bool { _, s := nodeScopes(t, p); return s["vault"] == newID }) {
+		if !meshtest.Poll(30*time.Second, func() bool { _, s := nodeScopes(t, p); return s["vault"] == newID }) {
 			_, s := nodeScopes(t, p)
 			t.Fatalf("a member still seals vault's traffic with %s, want %s", s["vault"], newID)
 		}
 	}
 	for _, p := range []*meshtest.Process{alpha, beta} {
-		if !waitFor(retention+20*time.Second, func() bool {
+		if !meshtest.Poll(retention+20*time.Second, func() bool {
 			held, _ := nodeScopes(t, p)
 			return !slices.Contains(held, scopeKey) && slices.Contains(held, newID)
 		}) {

@@ -20,23 +20,14 @@ import (
 
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // The marker every message of the broker-operator test carries in its body
 // and headers.
 const operatorMarker = "front-door-code-1234"
-
-// keysStatus is the keys part of a node's status.
-type keysStatus struct {
-	Keys *struct {
-		Sealing bool     `json:"sealing"`
-		Current string   `json:"current"`
-		Held    []string `json:"held"`
-		Lacking []string `json:"lacking"`
-		InStep  bool     `json:"in_step"`
-	} `json:"keys"`
-}
 
 // joinedNode adds node with `meshbox mesh node add`, allowed every stage
 // (--stages *: the tests host stages on any node), joins it and runs it
@@ -71,9 +62,8 @@ func joinedNodeEnv(t *testing.T, db, brokerAdmin, node string, extra ...string) 
 func waitSealing(t *testing.T, p *meshtest.Process) string {
 	t.Helper()
 	var last string
-	if !waitFor(30*time.Second, func() bool {
-		var st keysStatus
-		getJSON(t, p.HTTPURL()+"/status", "", &st)
+	if !meshtest.Poll(30*time.Second, func() bool {
+		st := meshtest.Status(t, p.HTTPURL())
 		if st.Keys == nil {
 			last = "no keys in the status"
 			return false
@@ -91,9 +81,8 @@ func waitSealing(t *testing.T, p *meshtest.Process) string {
 // done and applied.
 func waitKeysInStep(t *testing.T, p *meshtest.Process) {
 	t.Helper()
-	if !waitFor(30*time.Second, func() bool {
-		var st keysStatus
-		getJSON(t, p.HTTPURL()+"/status", "", &st)
+	if !meshtest.Poll(30*time.Second, func() bool {
+		st := meshtest.Status(t, p.HTTPURL())
 		return st.Keys != nil && st.Keys.InStep && st.Keys.Current != ""
 	}) {
 		t.Fatalf("the node's keys are not in step with the mesh database after 30s\n%s", p.Output())
@@ -194,16 +183,16 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 	waitRoute(t, alpha.HTTPURL(), "vault-open", "beta")
 	caller := natsConn(t, alpha)
 	secret := nats.Header{"X-Secret": {operatorMarker}, "Content-Type": {"text/" + operatorMarker}}
-	waitCallable(t, caller, "cap.vault-open", secret, func(m *nats.Msg) bool { c, _ := serviceError(m); return c == 0 })
+	waitCallable(t, caller, "cap.vault-open", secret, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 	resp, err := caller.RequestMsg(&nats.Msg{Subject: "cap.vault-open", Header: secret, Data: []byte(operatorMarker)}, 5*time.Second)
 	if err != nil || string(resp.Data) != "opened:"+operatorMarker || resp.Header.Get("X-Answer") != operatorMarker {
 		t.Fatalf("request: got %v %v, want the marker through", resp, err)
 	}
 	var last string
-	if !waitFor(30*time.Second, func() bool { // the stage's queue exists once beta consumes it
-		o, resp, err := submitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: secret, Data: []byte(operatorMarker)}, 5*time.Second)
+	if !meshtest.Poll(30*time.Second, func() bool { // the stage's queue exists once beta consumes it
+		o, resp, err := ledger.SubmitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: secret, Data: []byte(operatorMarker)}, 5*time.Second)
 		last = fmt.Sprintf("%v %v %v", o, resp, err)
-		return o == acked
+		return o == ledger.Acked
 	}) {
 		t.Fatalf("the command was not accepted: %s", last)
 	}
@@ -216,11 +205,11 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 		t.Fatal("the command never reached beta's handler")
 	}
 	refuse := nats.Header{"X-Secret": {operatorMarker}, "X-Refuse": {"yes"}, hdrMsgID: {"refused-1"}}
-	if o, resp, err := submitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: refuse, Data: []byte(operatorMarker)}, 5*time.Second); o != acked {
+	if o, resp, err := ledger.SubmitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: refuse, Data: []byte(operatorMarker)}, 5*time.Second); o != ledger.Acked {
 		t.Fatalf("the command to be refused was not accepted: %v %v %v", o, resp, err)
 	}
 	fail := nats.Header{"X-Secret": {operatorMarker}, "X-Fail": {"yes"}, hdrMsgID: {"failed-1"}}
-	if o, resp, err := submitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: fail, Data: []byte(operatorMarker)}, 5*time.Second); o != acked {
+	if o, resp, err := ledger.SubmitMsg(caller, &nats.Msg{Subject: "cmd.vault", Header: fail, Data: []byte(operatorMarker)}, 5*time.Second); o != ledger.Acked {
 		t.Fatalf("the command to fail was not accepted: %v %v %v", o, resp, err)
 	}
 	if err := caller.PublishMsg(&nats.Msg{Subject: "evt.door", Header: secret, Data: []byte(operatorMarker)}); err != nil {
@@ -238,7 +227,7 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 	// The node reads the handler's words in its dead letters' reasons.
 	creds := []string{"--server", beta.NATSURL(), "--creds", filepath.Join(beta.DataDir(), programs.AdminFile)}
 	var list struct{ Letters []struct{ ID, Reason string } }
-	if !waitFor(20*time.Second, func() bool {
+	if !meshtest.Poll(20*time.Second, func() bool {
 		code, out, _ := cli(t, append([]string{"dlq", "list", "vault", "--json"}, creds...)...)
 		return code == 0 && json.Unmarshal([]byte(out), &list) == nil && len(list.Letters) == 2
 	}) {
@@ -327,7 +316,7 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	var dead amqp.Delivery
-	if !waitFor(20*time.Second, func() bool {
+	if !meshtest.Poll(20*time.Second, func() bool {
 		d, ok, err := och.Get("dead.vault", true) // the stage's dead letters
 		if err != nil {
 			t.Fatal(err)
@@ -390,9 +379,9 @@ func TestKeyRotationUnderTraffic(t *testing.T) {
 	}
 	flush(t, prog)
 	caller := natsConn(t, alpha)
-	if !waitFor(30*time.Second, func() bool {
-		o, _, _ := submit(caller, "cmd.ledger", []byte("probe"), 5*time.Second)
-		return o == acked
+	if !meshtest.Poll(30*time.Second, func() bool {
+		o, _, _ := ledger.Submit(caller, "cmd.ledger", []byte("probe"), 5*time.Second)
+		return o == ledger.Acked
 	}) {
 		t.Fatal("the stage never accepted a command")
 	}
@@ -412,14 +401,13 @@ func TestKeyRotationUnderTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []*meshtest.Process{alpha, beta} {
-		if !waitFor(30*time.Second, func() bool { return currentKey(t, p) == newID }) {
+		if !meshtest.Poll(30*time.Second, func() bool { return currentKey(t, p) == newID }) {
 			t.Fatalf("a node still seals with %s, want %s", currentKey(t, p), newID)
 		}
 	}
 	for _, p := range []*meshtest.Process{alpha, beta} {
-		if !waitFor(retention+20*time.Second, func() bool {
-			var st keysStatus
-			getJSON(t, p.HTTPURL()+"/status", "", &st)
+		if !meshtest.Poll(retention+20*time.Second, func() bool {
+			st := meshtest.Status(t, p.HTTPURL())
 			return st.Keys != nil && !slices.Contains(st.Keys.Held, old) && slices.Contains(st.Keys.Held, newID)
 		}) {
 			t.Fatalf("the old key %s is not retired", old)
@@ -443,8 +431,7 @@ func TestKeyRotationUnderTraffic(t *testing.T) {
 // currentKey is the content key the node seals with now.
 func currentKey(t *testing.T, p *meshtest.Process) string {
 	t.Helper()
-	var st keysStatus
-	getJSON(t, p.HTTPURL()+"/status", "", &st)
+	st := meshtest.Status(t, p.HTTPURL())
 	if st.Keys == nil {
 		return ""
 	}
@@ -466,7 +453,7 @@ func waitAllHandled(t *testing.T, d time.Duration, during string, sent []string,
 		}
 		return lost
 	}
-	if !waitFor(d, func() bool { return len(missing()) == 0 }) {
+	if !meshtest.Poll(d, func() bool { return len(missing()) == 0 }) {
 		lost := missing()
 		t.Fatalf("%d of %d commands lost %s: %v", len(lost), len(sent), during, lost)
 	}
@@ -511,7 +498,7 @@ func ledgerTraffic(t *testing.T, caller *nats.Conn) (stop chan struct{}, sentc c
 			case <-time.After(20 * time.Millisecond):
 			}
 			body := fmt.Sprintf("entry-%d", i)
-			if o, resp, err := submit(caller, "cmd.ledger", []byte(body), 5*time.Second); o != acked {
+			if o, resp, err := ledger.Submit(caller, "cmd.ledger", []byte(body), 5*time.Second); o != ledger.Acked {
 				t.Errorf("submit %s during rotation: %v %v %v", body, o, resp, err)
 				continue
 			}

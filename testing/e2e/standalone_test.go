@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
@@ -98,19 +99,7 @@ func TestStandaloneNode(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("status: exit %d, stderr %s", code, errOut)
 	}
-	var st struct {
-		Node      string    `json:"node"`
-		Version   string    `json:"version"`
-		StartedAt time.Time `json:"started_at"`
-		Broker    struct {
-			State string `json:"state"`
-		} `json:"broker"`
-		Bindings struct {
-			Source string `json:"source"`
-		} `json:"bindings"`
-		NATS struct{ URL string } `json:"nats"`
-		HTTP struct{ URL string } `json:"http"`
-	}
+	var st appliance.Status
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("status is not JSON: %v\n%s", err, out)
 	}

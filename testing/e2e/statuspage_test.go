@@ -23,6 +23,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
@@ -139,45 +142,11 @@ func (p renderedPage) hasAttr(t *testing.T, id, name string) bool {
 // has reports whether the DOM holds s.
 func (p renderedPage) has(s string) bool { return strings.Contains(p.dom, s) }
 
-// fullStatus reads a node's whole status JSON.
-func fullStatus(t *testing.T, httpURL string) map[string]any {
-	t.Helper()
-	resp, err := http.Get(httpURL + "/status")
-	if err != nil {
-		t.Fatalf("GET /status: %v", err)
-	}
-	defer resp.Body.Close()
-	var st map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		t.Fatalf("status is not JSON: %v", err)
-	}
-	return st
-}
-
-func field(m map[string]any, path ...string) any {
-	var v any = m
-	for _, p := range path {
-		mm, ok := v.(map[string]any)
-		if !ok {
-			return nil
-		}
-		v = mm[p]
-	}
-	return v
-}
-
 // peerNames returns the names of the peers in a status.
-func peerNames(st map[string]any) []string {
+func peerNames(st appliance.Status) []string {
 	var out []string
-	peers, _ := st["peers"].([]any)
-	for _, p := range peers {
-		if m, ok := p.(map[string]any); ok {
-			if n, ok := m["node"].(string); ok {
-				out = append(out, n)
-			} else if n, ok := m["name"].(string); ok {
-				out = append(out, n)
-			}
-		}
+	for _, p := range st.Peers {
+		out = append(out, p.Name)
 	}
 	return out
 }
@@ -225,23 +194,19 @@ func TestStatusPageInBrowser(t *testing.T) {
 		}
 	}
 	for _, p := range []*meshtest.Process{alpha, beta} {
-		waitStatus(t, p.HTTPURL(), 20*time.Second, p.Node()+" connected to the broker", func(s nodeStatus) bool { return s.Broker.State == "connected" })
+		meshtest.WaitStatus(t, p.HTTPURL(), 20*time.Second, p.Node()+" connected to the broker", func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	}
 	if requirePeers {
-		deadline := time.Now().Add(20 * time.Second)
-		for !contains(peerNames(fullStatus(t, alpha.HTTPURL())), "beta") {
-			if time.Now().After(deadline) {
-				t.Fatalf("alpha's status never listed beta as a peer: %v", fullStatus(t, alpha.HTTPURL())["peers"])
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		meshtest.WaitStatus(t, alpha.HTTPURL(), 20*time.Second, "alpha's status listing beta as a peer", func(s appliance.Status) bool {
+			return contains(peerNames(s), "beta")
+		})
 	}
 
 	// The page refreshes itself: with ?refresh=1 it fetches /status about
 	// every second of the browser's (virtual) time.
 	viaProxy, fetches := countingProxy(t, alpha.HTTPURL())
 	page := renderPage(t, viaProxy+"/?refresh=1")
-	st := fullStatus(t, alpha.HTTPURL())
+	st := meshtest.Status(t, alpha.HTTPURL())
 
 	if n := fetches.Load(); n < 2 {
 		t.Errorf("the page fetched /status %d times in 5s, want it refreshing (at least 2)", n)
@@ -249,10 +214,10 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if got := page.text(t, "node"); got != "alpha" {
 		t.Errorf("node: got %q, want alpha", got)
 	}
-	if got, want := page.text(t, "version"), field(st, "version"); got != want {
+	if got, want := page.text(t, "version"), st.Version; got != want {
 		t.Errorf("version: got %q, want %v", got, want)
 	}
-	if got, arch := page.text(t, "build"), fmt.Sprint(field(st, "arch")); !strings.Contains(got, arch) || !strings.Contains(got, "go1.") {
+	if got, arch := page.text(t, "build"), st.Arch; !strings.Contains(got, arch) || !strings.Contains(got, "go1.") {
 		t.Errorf("build: got %q, want the Go version and %q", got, arch)
 	}
 	if got := page.text(t, "live"); !strings.HasPrefix(got, "updated ") {
@@ -269,7 +234,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if got := page.attr(t, "broker-state", "class"); !strings.Contains(got, "good") {
 		t.Errorf("broker state class: got %q, want good (green)", got)
 	}
-	if bu, _ := field(st, "broker", "url").(string); bu != "" && !page.has(html.EscapeString(bu)) {
+	if bu := st.Broker.URL; bu != "" && !page.has(html.EscapeString(bu)) {
 		t.Errorf("page lacks the broker URL %q", bu)
 	}
 	if !page.has(`id="broker-history"`) {
@@ -280,7 +245,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if got := page.text(t, "bindings-source"); got != "db" {
 		t.Errorf("bindings source on the page: got %q, want db", got)
 	}
-	if got, want := page.text(t, "bindings-revision"), field(st, "bindings", "revision"); got != strconv.FormatFloat(want.(float64), 'f', -1, 64) {
+	if got, want := page.text(t, "bindings-revision"), st.Bindings.Revision; got != strconv.FormatInt(want, 10) {
 		t.Errorf("bindings revision on the page: got %q, want %v", got, want)
 	}
 	if got := page.text(t, "bindings-age"); got != "0s" {
@@ -312,15 +277,9 @@ func TestStatusPageInBrowser(t *testing.T) {
 	}
 
 	// Capabilities this node reports are on the page.
-	if local, ok := field(st, "capabilities", "local").([]any); ok {
-		for _, c := range local {
-			name, _ := c.(string)
-			if m, ok := c.(map[string]any); ok {
-				name, _ = m["name"].(string)
-			}
-			if name != "" && !page.has(">"+name+"<") {
-				t.Errorf("local capability %q is in the status but not on the page", name)
-			}
+	for _, name := range st.Capabilities.Local {
+		if name != "" && !page.has(">"+name+"<") {
+			t.Errorf("local capability %q is in the status but not on the page", name)
 		}
 	}
 
@@ -381,7 +340,7 @@ func TestStatusPageOnCache(t *testing.T) {
 	data := t.TempDir()
 
 	p := meshtest.StartProcess(t, "--node", "alpha", "--db", viaProxy, "--data", data)
-	if st := getStatus(t, p.HTTPURL()); st.Bindings.Source != "db" {
+	if st := meshtest.Status(t, p.HTTPURL()); st.Bindings.Source != "db" {
 		t.Fatalf("first start: source %q, want db", st.Bindings.Source)
 	}
 	p.Signal(syscall.SIGTERM)
@@ -391,7 +350,7 @@ func TestStatusPageOnCache(t *testing.T) {
 	px.Cut(t)
 	time.Sleep(1100 * time.Millisecond) // the cached bindings age by a second
 	p = meshtest.StartProcess(t, "--node", "alpha", "--db", viaProxy, "--data", data)
-	if st := getStatus(t, p.HTTPURL()); st.Bindings.Source != "cache" {
+	if st := meshtest.Status(t, p.HTTPURL()); st.Bindings.Source != "cache" {
 		t.Fatalf("second start: source %q, want cache", st.Bindings.Source)
 	}
 
@@ -573,23 +532,22 @@ func TestStandaloneStatusPage(t *testing.T) {
 	flush(t, host)
 	caller := natsConn(t, p)
 	var last string
-	if !waitFor(10*time.Second, func() bool { // until the node sees its handler
-		o, resp, err := submit(caller, "cmd.print", []byte("page"), 5*time.Second)
+	if !meshtest.Poll(10*time.Second, func() bool { // until the node sees its handler
+		o, resp, err := ledger.Submit(caller, "cmd.print", []byte("page"), 5*time.Second)
 		last = fmt.Sprint(o, resp, err)
-		return o == acked
+		return o == ledger.Acked
 	}) {
 		t.Fatalf("submit print: %s", last)
 	}
-	var cmds []any
-	if !waitFor(10*time.Second, func() bool {
-		cmds, _ = fullStatus(t, p.HTTPURL())["commands"].([]any)
+	var cmds []bridge.CommandStatus
+	if !meshtest.Poll(10*time.Second, func() bool {
+		cmds = meshtest.Status(t, p.HTTPURL()).Commands
 		return len(cmds) == 1
 	}) {
-		t.Fatalf("standalone node's commands in flight: %v, want the one its program handles", fullStatus(t, p.HTTPURL())["commands"])
+		t.Fatalf("standalone node's commands in flight: %+v, want the one its program handles", cmds)
 	}
-	c, _ := cmds[0].(map[string]any)
-	if c["stage"] != "print" || c["lease_remaining_seconds"].(float64) <= 0 {
-		t.Errorf("command in flight: %v, want stage print within its lease", c)
+	if c := cmds[0]; c.Stage != "print" || c.LeaseRemainingSeconds <= 0 {
+		t.Errorf("command in flight: %+v, want stage print within its lease", c)
 	}
 	page := renderPage(t, p.HTTPURL()+"/")
 	if cls := page.attr(t, "broker-reason", "class"); strings.Contains(cls, "bad") {
@@ -625,16 +583,16 @@ func TestStandaloneDeadLetters(t *testing.T) {
 	}
 	flush(t, host)
 	caller := natsConn(t, p)
-	if !waitFor(10*time.Second, func() bool {
-		o, _, _ := submit(caller, "cmd.print", []byte("page"), 5*time.Second)
-		return o == acked
+	if !meshtest.Poll(10*time.Second, func() bool {
+		o, _, _ := ledger.Submit(caller, "cmd.print", []byte("page"), 5*time.Second)
+		return o == ledger.Acked
 	}) {
 		t.Fatal("the standalone node never accepted the command")
 	}
 	onSolo := []string{"MESHBOX_SERVER=" + p.NATSURL(), "MESHBOX_DATA=" + p.DataDir()}
 	var out, errOut string
 	var code int
-	if !waitFor(10*time.Second, func() bool {
+	if !meshtest.Poll(10*time.Second, func() bool {
 		code, out, errOut = cliEnv(t, onSolo, "dlq", "list")
 		return code == 0 && strings.Contains(out, "print")
 	}) {

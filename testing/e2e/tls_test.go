@@ -3,41 +3,16 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
-
-// brokerLink is the broker part of a node's status, with the reason of
-// its state.
-type brokerLink struct {
-	State  string `json:"state"`
-	Reason string `json:"reason"`
-}
-
-// getBrokerLink reads the broker part of a node's /status.
-func getBrokerLink(t *testing.T, httpURL string) brokerLink {
-	t.Helper()
-	resp, err := http.Get(httpURL + "/status")
-	if err != nil {
-		t.Fatalf("GET /status: %v", err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	var st struct {
-		Broker brokerLink `json:"broker"`
-	}
-	if err := json.Unmarshal(body, &st); err != nil {
-		t.Fatalf("status is not JSON: %v\n%s", err, body)
-	}
-	return st.Broker
-}
 
 // mentionsCertificate tells whether s names a certificate problem.
 func mentionsCertificate(s string) bool {
@@ -63,15 +38,15 @@ func TestBrokerLinkOverTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	trusting := meshtest.StartProcess(t, "--node", "trusting", "--broker", url, "--config", withCA)
-	waitStatus(t, trusting.HTTPURL(), 30*time.Second, "node trusting connected over TLS",
-		func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	meshtest.WaitStatus(t, trusting.HTTPURL(), 30*time.Second, "node trusting connected over TLS",
+		func(s appliance.Status) bool { return s.Broker.State == "connected" })
 
 	// Without it, the same URL must not connect: the broker's certificate
 	// is signed by a CA the node does not know.
 	doubting := meshtest.StartProcess(t, "--node", "doubting", "--broker", url)
-	var link brokerLink
+	var link bridge.BrokerStatus
 	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		link = getBrokerLink(t, doubting.HTTPURL())
+		link = meshtest.Status(t, doubting.HTTPURL()).Broker
 		if link.State == "connected" {
 			t.Fatalf("node without the CA: broker state %q, want not connected", link.State)
 		}
@@ -83,7 +58,7 @@ func TestBrokerLinkOverTLS(t *testing.T) {
 	t.Logf("node without the CA: state %q, reason %q", link.State, link.Reason)
 
 	// The trusting node is still connected: the failure was the other node's.
-	if st := getStatus(t, trusting.HTTPURL()); st.Broker.State != "connected" {
+	if st := meshtest.Status(t, trusting.HTTPURL()); st.Broker.State != "connected" {
 		t.Errorf("node with the CA: broker state %q, want connected", st.Broker.State)
 	}
 }
@@ -105,15 +80,12 @@ func TestBrokerLoginWithClientCertificate(t *testing.T) {
 	}
 	url := fmt.Sprintf("amqps://localhost:%d/", rmq.TLSPort())
 	p := meshtest.StartProcess(t, "--node", "certnode", "--broker", url, "--config", file)
-	waitStatus(t, p.HTTPURL(), 30*time.Second, "node certnode connected with its certificate",
-		func(s nodeStatus) bool { return s.Broker.State == "connected" })
+	meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, "node certnode connected with its certificate",
+		func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	// The management API lists connections a few seconds late.
 	var users []string
-	for deadline := time.Now().Add(30 * time.Second); len(users) < 2; time.Sleep(200 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the broker lists %v, want the node's two connections", users)
-		}
-		users = rmq.ConnectionUsers(t)
+	if !meshtest.Poll(30*time.Second, func() bool { users = rmq.ConnectionUsers(t); return len(users) >= 2 }) {
+		t.Fatalf("the broker lists %v, want the node's two connections", users)
 	}
 	for _, u := range users {
 		if u != "certnode" {

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // TestRotateAllAppliesCurrentPermissions upgrades a mesh in place: its
@@ -59,15 +60,15 @@ func TestRotateAllAppliesCurrentPermissions(t *testing.T) {
 		for i, n := range names {
 			target := names[(i+1)%len(names)]
 			nc := natsConn(t, procs[n])
-			waitCallable(t, nc, "node."+target+".cap.echo", nil, func(msg *nats.Msg) bool { c, _ := serviceError(msg); return c == 0 })
+			waitCallable(t, nc, "node."+target+".cap.echo", nil, func(msg *nats.Msg) bool { c, _ := natstest.ServiceError(msg); return c == 0 })
 			resp, err := nc.Request("node."+target+".cap.echo", []byte(when), 5*time.Second)
-			if code, text := serviceError(resp); err != nil || code != 0 || string(resp.Data) != when {
+			if code, text := natstest.ServiceError(resp); err != nil || code != 0 || string(resp.Data) != when {
 				t.Fatalf("%s: %s calls %s: %v %d %s", when, n, target, err, code, text)
 			}
 		}
 	}
 	for _, n := range names {
-		if !waitFor(10*time.Second, func() bool { return queueNamed("node." + n + ".requests") }) {
+		if !meshtest.Poll(10*time.Second, func() bool { return queueNamed("node." + n + ".requests") }) {
 			t.Errorf("before the rotation: %s has no queue node.%s.requests (its previous permissions name it)", n, n)
 		}
 	}
@@ -81,7 +82,7 @@ func TestRotateAllAppliesCurrentPermissions(t *testing.T) {
 		if err != nil || !strings.HasPrefix(perms.Configure, `^(amq\.gen-.*|node\.`+n+`\.claim|`) || strings.Contains(perms.Configure, `node\.`+n+`\.(requests`) {
 			t.Errorf("%s's generation 2: permissions %+v, %v; want the current ones", n, perms, err)
 		}
-		if !waitFor(20*time.Second, func() bool { return !queueNamed("node." + n + ".requests") }) {
+		if !meshtest.Poll(20*time.Second, func() bool { return !queueNamed("node." + n + ".requests") }) {
 			t.Errorf("after the rotation: node.%s.requests still exists; want the node on server-named queues", n)
 		}
 	}

@@ -8,49 +8,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
 
-// upgradeStatus is the part of a node's status this test reads.
-type upgradeStatus struct {
-	Version string `json:"version"`
-	Broker  struct {
-		State string `json:"state"`
-	} `json:"broker"`
-	Outbox struct {
-		Depth int64 `json:"depth"`
-	} `json:"outbox"`
-	Peers []struct {
-		Name    string `json:"name"`
-		State   string `json:"state"`
-		Version string `json:"version"`
-	} `json:"peers"`
-}
-
-func (s upgradeStatus) peerVersion(name string) string {
-	for _, p := range s.Peers {
-		if p.Name == name && p.State == "up" {
-			return p.Version
-		}
+// upVersion is the version st reports of peer name while it is up ("" if
+// it is not).
+func upVersion(st appliance.Status, name string) string {
+	if p := peer(st, name); p.State == "up" {
+		return p.Version
 	}
 	return ""
-}
-
-func waitUpgradeStatus(t *testing.T, httpURL string, d time.Duration, what string, ok func(upgradeStatus) bool) upgradeStatus {
-	t.Helper()
-	var st upgradeStatus
-	deadline := time.Now().Add(d)
-	for {
-		getJSON(t, httpURL+"/status", "", &st)
-		if ok(st) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v; last status %+v", what, d, st)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // TestUpgradeWithFullOutbox upgrades a node in place the way the package
@@ -78,21 +48,21 @@ func TestUpgradeWithFullOutbox(t *testing.T) {
 	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{})
 	alphaData := t.TempDir()
 	alpha := startMeshNode(t, "alpha", amqpURL, bridgeConfig{}, "--data", alphaData)
-	oldVersion := waitUpgradeStatus(t, alpha.HTTPURL(), 10*time.Second, "alpha's status", func(upgradeStatus) bool { return true }).Version
+	oldVersion := meshtest.Status(t, alpha.HTTPURL()).Version
 	if oldVersion == newVersion {
 		t.Fatalf("the old build already reports %s", newVersion)
 	}
 
-	cmds, evts := newHistory(), newHistory()
+	cmds, evts := ledger.NewHistory(), ledger.NewHistory()
 	hnc := natsConn(t, beta)
 	csub, err := hnc.QueueSubscribe("work.upgrade", "handlers", func(m *nats.Msg) {
-		cmds.delivered(deliveryOf("beta", m))
+		cmds.Delivered(ledger.DeliveryOf("beta", m))
 		_ = m.Respond(nil)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	esub, err := hnc.Subscribe("evt.upgrade", func(m *nats.Msg) { evts.delivered(deliveryOf("beta", m)) })
+	esub, err := hnc.Subscribe("evt.upgrade", func(m *nats.Msg) { evts.Delivered(ledger.DeliveryOf("beta", m)) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,29 +71,26 @@ func TestUpgradeWithFullOutbox(t *testing.T) {
 	}
 	flush(t, hnc)
 	waitConsumers(t, rmq, amqpURL, "cmd.upgrade", 1)
-	waitUpgradeStatus(t, beta.HTTPURL(), 30*time.Second, "beta sees alpha at the old version", func(s upgradeStatus) bool {
-		return s.peerVersion("alpha") == oldVersion
+	meshtest.WaitStatus(t, beta.HTTPURL(), 30*time.Second, "beta sees alpha at the old version", func(s appliance.Status) bool {
+		return upVersion(s, "alpha") == oldVersion
 	})
 
 	// The broker goes away; alpha takes everything into its outbox.
 	rmq.Stop(t)
-	waitUpgradeStatus(t, alpha.HTTPURL(), 30*time.Second, "alpha's link down", func(s upgradeStatus) bool { return s.Broker.State != "connected" })
+	meshtest.WaitStatus(t, alpha.HTTPURL(), 30*time.Second, "alpha's link down", func(s appliance.Status) bool { return s.Broker.State != "connected" })
 	nc := natsConn(t, alpha)
 	stop := make(chan struct{})
 	close(stop) // submit exactly n of each
-	cl := &load{nc: nc, subject: "cmd.upgrade", origin: "alpha", h: cmds}
-	el := &load{nc: nc, subject: "evt.upgrade", origin: "alpha", h: evts}
-	cl.run(8, 2000, n, n, stop)
-	el.run(8, 2000, n, n, stop)
-	for _, l := range []*load{cl, el} {
-		l.mu.Lock()
-		outbox := l.accepted["outbox"]
-		l.mu.Unlock()
-		if outbox != n {
-			t.Fatalf("broker down: want all %d accepted into the outbox; %s", n, l.summary())
+	cl := &ledger.Load{NC: nc, Subject: "cmd.upgrade", Origin: "alpha", History: cmds}
+	el := &ledger.Load{NC: nc, Subject: "evt.upgrade", Origin: "alpha", History: evts}
+	cl.Run(8, 2000, n, n, stop)
+	el.Run(8, 2000, n, n, stop)
+	for _, l := range []*ledger.Load{cl, el} {
+		if accepted, _, _ := l.Answers(); accepted["outbox"] != n {
+			t.Fatalf("broker down: want all %d accepted into the outbox; %s", n, l.Summary())
 		}
 	}
-	st := waitUpgradeStatus(t, alpha.HTTPURL(), 10*time.Second, "alpha's outbox", func(upgradeStatus) bool { return true })
+	st := meshtest.Status(t, alpha.HTTPURL())
 	if st.Outbox.Depth != 2*n {
 		t.Fatalf("outbox before the upgrade: got depth %d, want %d", st.Outbox.Depth, 2*n)
 	}
@@ -135,32 +102,32 @@ func TestUpgradeWithFullOutbox(t *testing.T) {
 		t.Fatalf("alpha stopped for the upgrade with exit code %d, want 0", code)
 	}
 	alpha = meshtest.StartBinary(t, newBin, nil, meshNodeArgs(t, "alpha", amqpURL, bridgeConfig{}, "--data", alphaData)...)
-	st = waitUpgradeStatus(t, alpha.HTTPURL(), 10*time.Second, "upgraded alpha's status", func(upgradeStatus) bool { return true })
+	st = meshtest.Status(t, alpha.HTTPURL())
 	if st.Version != newVersion || st.Outbox.Depth != 2*n {
 		t.Fatalf("after the upgrade: got version %q outbox depth %d, want %q and %d", st.Version, st.Outbox.Depth, newVersion, 2*n)
 	}
 
 	// The broker returns: the outbox drains, nothing lost.
 	rmq.Start(t)
-	if !waitFor(3*time.Minute, func() bool { return len(cmds.check().lost) == 0 && len(evts.check().lost) == 0 }) {
-		t.Fatalf("after 3m: %d commands and %d events not delivered", len(cmds.check().lost), len(evts.check().lost))
+	if !meshtest.Poll(3*time.Minute, func() bool { return len(cmds.Check().Lost) == 0 && len(evts.Check().Lost) == 0 }) {
+		t.Fatalf("after 3m: %d commands and %d events not delivered", len(cmds.Check().Lost), len(evts.Check().Lost))
 	}
-	waitUpgradeStatus(t, alpha.HTTPURL(), time.Minute, "upgraded alpha's outbox empty", func(s upgradeStatus) bool {
+	meshtest.WaitStatus(t, alpha.HTTPURL(), time.Minute, "upgraded alpha's outbox empty", func(s appliance.Status) bool {
 		return s.Broker.State == "connected" && s.Outbox.Depth == 0
 	})
 	time.Sleep(time.Second) // real time is the thing under test: room for duplicates to arrive
-	for kind, h := range map[string]*history{"commands": cmds, "events": evts} {
-		r := h.check()
-		if !r.valid() {
+	for kind, h := range map[string]*ledger.History{"commands": cmds, "events": evts} {
+		r := h.Check()
+		if !r.Valid() {
 			t.Errorf("%s: lost %d, unmarked duplicates %d, unexpected %d; want 0 each:\n%s",
-				kind, len(r.lost), len(r.dupUnmarked), len(r.unexpected), r)
+				kind, len(r.Lost), len(r.DupUnmarked), len(r.Unexpected), r)
 		}
 	}
 
 	// Half upgraded: beta (old build) shows alpha's new version, in its
 	// status and in meshbox nodes.
-	waitUpgradeStatus(t, beta.HTTPURL(), 30*time.Second, "beta sees alpha's new version", func(s upgradeStatus) bool {
-		return s.peerVersion("alpha") == newVersion && s.Version == oldVersion
+	meshtest.WaitStatus(t, beta.HTTPURL(), 30*time.Second, "beta sees alpha's new version", func(s appliance.Status) bool {
+		return upVersion(s, "alpha") == newVersion && s.Version == oldVersion
 	})
 	nodes := exec.Command(oldBin, "nodes", "--server", beta.NATSURL())
 	nodes.Env = append(os.Environ(), "MESHBOX_DATA="+beta.DataDir()) // its admin credential

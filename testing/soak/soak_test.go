@@ -4,9 +4,7 @@ package soak
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"strconv"
 	"sync"
@@ -107,13 +105,13 @@ func TestSoak(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "both nodes connected to the broker and A routing cap.soakecho to B", func() bool {
-		sa, errA := status(a.HTTPURL())
-		sb, errB := status(b.HTTPURL())
-		return errA == nil && errB == nil && sa.Broker.State == "connected" && sb.Broker.State == "connected" &&
-			len(sa.Capabilities.Remote["soakecho"]) > 0
+	meshtest.WaitStatus(t, b.HTTPURL(), time.Minute, "B connected to the broker", func(s appliance.Status) bool {
+		return s.Broker.State == "connected"
 	})
-	waitFor(t, "a call from A to cap.soakecho answered by B", func() bool {
+	meshtest.WaitStatus(t, a.HTTPURL(), time.Minute, "A connected to the broker and routing cap.soakecho to B", func(s appliance.Status) bool {
+		return s.Broker.State == "connected" && len(s.Capabilities.Remote["soakecho"]) > 0
+	})
+	meshtest.WaitFor(t, time.Minute, "a call from A to cap.soakecho answered by B", func() bool {
 		_, err := ncA.Request("cap.soakecho", []byte("x"), 2*time.Second)
 		return err == nil
 	})
@@ -241,29 +239,4 @@ func every(ctx context.Context, interval time.Duration, f func()) {
 func connect(t *testing.T, p *meshtest.Process) *nats.Conn {
 	t.Helper()
 	return p.Connect(t, nats.Name("soak"))
-}
-
-// status reads a node's status from its HTTP listener.
-func status(httpURL string) (appliance.Status, error) {
-	var st appliance.Status
-	resp, err := http.Get(httpURL + "/status")
-	if err != nil {
-		return st, err
-	}
-	defer resp.Body.Close()
-	return st, json.NewDecoder(resp.Body).Decode(&st)
-}
-
-// waitFor polls cond until it holds, for at most a minute.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after 1m: not %s", what)
-		}
-		<-tick.C
-	}
 }

@@ -1,7 +1,8 @@
 // Package natstest runs an embedded NATS server for tests: one place for
 // the setup every test suite needs (a free loopback port, no logs, no
-// signal handlers, stopped in the test's cleanup) and for the
-// connections tests open to it.
+// signal handlers, stopped in the test's cleanup), for the connections
+// tests open to it, and for reading a service's error reply
+// (ServiceError).
 //
 // It imports only the NATS server and client, so the package-internal
 // tests of any meshbox package can use it; meshtest, which imports the
@@ -9,6 +10,7 @@
 package natstest
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -78,4 +80,15 @@ func ConnectTCP(tb testing.TB, srv *server.Server, opts ...nats.Option) *nats.Co
 	}
 	tb.Cleanup(nc.Close)
 	return nc
+}
+
+// ServiceError returns the code and text of a NATS service's error reply
+// (its Nats-Service-Error-Code and Nats-Service-Error headers): 0 and ""
+// for a success or no reply. A code that is not a number reads as 0.
+func ServiceError(m *nats.Msg) (code int, text string) {
+	if m == nil || m.Header.Get("Nats-Service-Error") == "" && m.Header.Get("Nats-Service-Error-Code") == "" {
+		return 0, ""
+	}
+	code, _ = strconv.Atoi(m.Header.Get("Nats-Service-Error-Code"))
+	return code, m.Header.Get("Nats-Service-Error")
 }
