@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/meshbox/meshbox/testing/wait"
 )
 
 // A standalone node (no broker) fails the discovery messages of its start
@@ -49,13 +51,7 @@ func TestStandaloneDiscoveryWaitsForTheLink(t *testing.T) {
 		}
 		return 0
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for failed() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no failed discovery publish 10s after the start, want the hello's")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.For(t, 10*time.Second, "the hello's failed discovery publish", func() bool { return failed() > 0 })
 	// Real time is the thing under test: 50 heartbeat intervals pass.
 	time.Sleep(500 * time.Millisecond)
 	if got := failed(); got > 4 {

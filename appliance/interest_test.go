@@ -3,12 +3,14 @@ package appliance
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
+	"github.com/meshbox/meshbox/testing/wait"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -133,22 +135,18 @@ func TestInterestWatcherReportsChangesOnly(t *testing.T) {
 
 	// A program that leaves takes its subscriptions along.
 	prog.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		got, changed, err := w.check()
-		if err != nil {
-			t.Fatal(err)
+	// The server removes a closed client's subscriptions asynchronously.
+	var got []string
+	wait.Eventually(t, 5*time.Second, "the program's leaving reported", func() error {
+		var changed bool
+		var err error
+		if got, changed, err = w.check(); err == nil && !changed {
+			err = errors.New("no change yet")
 		}
-		if changed {
-			if len(got) != 0 {
-				t.Fatalf("after the program left: got %v, want nothing hosted", got)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the program's leaving was not reported") // the server removes a closed client's subscriptions asynchronously
-		}
-		time.Sleep(10 * time.Millisecond)
+		return err
+	})
+	if len(got) != 0 {
+		t.Fatalf("after the program left: got %v, want nothing hosted", got)
 	}
 }
 
@@ -219,13 +217,12 @@ func TestApplianceHostsProgramsButNotItsStandIns(t *testing.T) {
 		t.Fatal("cap.remote has no stand-in")
 	}
 	mustSubscribe(t, prog, "cap.local", "")
-	deadline := time.Now().Add(5 * time.Second)
-	for !slices.Equal(a.node.Load().Capabilities().Local, []string{"local"}) {
-		if time.Now().After(deadline) {
-			t.Fatalf("node's local capabilities: got %v, want [local] (never the stand-in)", a.node.Load().Capabilities().Local)
+	wait.Eventually(t, 5*time.Second, "the node's local capabilities [local] (never the stand-in)", func() error {
+		if got := a.node.Load().Capabilities().Local; !slices.Equal(got, []string{"local"}) {
+			return fmt.Errorf("got %v", got)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	if got := a.bridge.Load().LocalCapabilities(); !slices.Equal(got, []string{"local"}) {
 		t.Fatalf("bridge's local capabilities: got %v, want [local]", got)
 	}
@@ -321,20 +318,14 @@ func TestInterestWatcherKnowsWhoIsConnected(t *testing.T) {
 	// Once the program no longer counts as connected, its subscriptions
 	// are gone from the very next snapshot: the watcher may then sleep.
 	prog.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	// The server closes a client asynchronously.
+	wait.Eventually(t, 5*time.Second, "the program no longer counted as connected", func() error {
 		others, err := w.othersConnected()
-		if err != nil {
-			t.Fatal(err)
+		if err == nil && others {
+			err = errors.New("still connected")
 		}
-		if !others {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the program still counts as connected after it left")
-		}
-		time.Sleep(5 * time.Millisecond) // the server closes a client asynchronously
-	}
+		return err
+	})
 	wantCheck(t, w, true, []string{})
 }
 

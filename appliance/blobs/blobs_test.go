@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
+	"github.com/meshbox/meshbox/testing/wait"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -257,23 +259,18 @@ func TestRetentionDeletesOldestFirst(t *testing.T) {
 		}
 		sums = append(sums, sum)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	wait.Eventually(t, 10*time.Second, "the newest three blobs kept, two pruned", func() error {
 		list, err := n.store.List(ctx)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		var got []string
 		for _, b := range list {
 			got = append(got, b.SHA256)
 		}
-		u := n.srv.Usage()
-		if strings.Join(got, ",") == strings.Join(sums[2:], ",") && u.Pruned == 2 && u.Count == 3 {
-			break
+		if u := n.srv.Usage(); strings.Join(got, ",") != strings.Join(sums[2:], ",") || u.Pruned != 2 || u.Count != 3 {
+			return fmt.Errorf("got %v, want %v; usage %+v, want 2 pruned, 3 kept", got, sums[2:], u)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("blobs kept: got %v, want the newest three %v; usage %+v, want 2 pruned, 3 kept", got, sums[2:], u)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }

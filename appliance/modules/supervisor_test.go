@@ -2,6 +2,7 @@ package modules
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/internal/backoff"
+	"github.com/meshbox/meshbox/testing/wait"
 )
 
 // writeModule writes a module folder with a manifest and, when script is
@@ -55,18 +57,18 @@ func newSupervisor(t testing.TB, catalog string) *Supervisor {
 // waitModule polls the module's status until ok holds or 5s pass.
 func waitModule(t testing.TB, s *Supervisor, name, what string, ok func(Status) bool) Status {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		for _, st := range s.Status() {
+	var found Status
+	wait.Eventually(t, 5*time.Second, "module "+name+": "+what, func() error {
+		all := s.Status()
+		for _, st := range all {
 			if st.Module == name && ok(st) {
-				return st
+				found = st
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("module %s: %s did not happen; status %+v", name, what, s.Status())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Errorf("status %+v", all)
+	})
+	return found
 }
 
 func running(st Status) bool { return st.State == StateRunning && st.Pid > 0 }
@@ -112,13 +114,7 @@ func TestAutostartStopAndManualControl(t *testing.T) {
 	// Unassigned: stopped and gone from the status.
 	st = waitModule(t, s, "b", "running", running)
 	apply(s, bindings(cache.Assignment{Module: "a", Selection: "stable", Autostart: true}))
-	deadline := time.Now().Add(3 * time.Second)
-	for alive(st.Pid) {
-		if time.Now().After(deadline) {
-			t.Fatalf("unassigned module b still runs (pid %d)", st.Pid)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, 3*time.Second, fmt.Sprintf("unassigned module b (pid %d) gone", st.Pid), func() bool { return !alive(st.Pid) })
 	if err := s.Start("b"); !errors.Is(err, ErrUnknownModule) {
 		t.Errorf("Start of an unassigned module: got %v, want ErrUnknownModule", err)
 	}
@@ -211,33 +207,27 @@ func TestOverridesAndGrantsReachTheModule(t *testing.T) {
 	apply(s, b)
 	after := waitModule(t, s, "m", "restarted", func(st Status) bool { return running(st) && st.Pid != before })
 	_ = after
-	deadline := time.Now().Add(3 * time.Second)
-	for readEnvFile(t, filepath.Join(s.cfg.RunDir, "m", "env.txt"))["COLOR"] != "green" {
-		if time.Now().After(deadline) {
-			t.Fatal("the restarted module did not get COLOR=green")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, 3*time.Second, "the restarted module gets COLOR=green", func() bool {
+		return readEnvFile(t, filepath.Join(s.cfg.RunDir, "m", "env.txt"))["COLOR"] == "green"
+	})
 }
 
 func readEnvFile(t testing.TB, path string) map[string]string {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		data, err := os.ReadFile(path)
-		if err == nil && len(data) > 0 {
-			env := map[string]string{}
-			for line := range strings.SplitSeq(strings.TrimSpace(string(data)), "\n") {
-				k, v, _ := strings.Cut(line, "=")
-				env[k] = v
-			}
-			return env
+	var data []byte
+	wait.Eventually(t, 3*time.Second, "the module writes "+path, func() error {
+		var err error
+		if data, err = os.ReadFile(path); err == nil && len(data) == 0 {
+			err = errors.New("empty")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", path, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return err
+	})
+	env := map[string]string{}
+	for line := range strings.SplitSeq(strings.TrimSpace(string(data)), "\n") {
+		k, v, _ := strings.Cut(line, "=")
+		env[k] = v
 	}
+	return env
 }
 
 func TestModulesThatCannotRun(t *testing.T) {
@@ -326,12 +316,11 @@ func TestModuleRunsAsItsUser(t *testing.T) {
 	first := waitModule(t, s, "m", "running", running)
 	dir := filepath.Join(s.cfg.RunDir, "m")
 	uid := ""
-	deadline := time.Now().Add(3 * time.Second)
-	for uid == "" && time.Now().Before(deadline) {
+	wait.Poll(3*time.Second, func() bool {
 		data, _ := os.ReadFile(filepath.Join(dir, "uid"))
 		uid = strings.TrimSpace(string(data))
-		time.Sleep(10 * time.Millisecond)
-	}
+		return uid != ""
+	})
 	if uid != "65534" {
 		t.Errorf("the module ran as uid %q, want 65534 (nobody)", uid)
 	}
@@ -357,16 +346,10 @@ func TestModuleRunsAsItsUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitModule(t, s, "m", "stopped", func(st Status) bool { return st.State == StateStopped })
-	deadline = time.Now().Add(3 * time.Second)
-	for {
-		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the runtime directory of a stopped module is still there")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, 3*time.Second, "the runtime directory of a stopped module gone", func() bool {
+		_, err := os.Stat(dir)
+		return errors.Is(err, os.ErrNotExist)
+	})
 }
 
 // Stopping a module sends SIGTERM to its whole process group, and SIGKILL

@@ -45,7 +45,7 @@ func TestConnectErrors(t *testing.T) {
 	r := meshtest.RabbitMQ(t)
 	ctx := context.Background()
 	port := strings.TrimPrefix(r.ManagementURL(), "http://127.0.0.1:")
-	freeAddr := fmt.Sprintf("127.0.0.1:%d", meshtest.ClosedPort(t)) // nothing listens there
+	freeAddr := meshtest.ClosedAddr(t) // nothing listens there
 
 	tests := []struct {
 		name     string

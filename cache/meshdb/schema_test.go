@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/testing/wait"
 )
 
 // setSchemaVersion sets the database's schema version as the admin.
@@ -100,11 +101,10 @@ func TestNodeOlderThanSchemaRunsFromCache(t *testing.T) {
 	// Back to a schema it knows (here: the version put back): the node
 	// follows the database again and the warning goes.
 	setSchemaVersion(t, url, known)
-	deadline := time.Now().Add(10 * time.Second)
-	for st = m.Status(); st.Source != cache.SourceDB || st.Warning != ""; st = m.Status() {
-		if time.Now().After(deadline) {
-			t.Fatalf("schema known again: got %+v, want bindings from the database and no warning", st)
+	wait.Eventually(t, 10*time.Second, "schema known again: bindings from the database and no warning", func() error {
+		if st := m.Status(); st.Source != cache.SourceDB || st.Warning != "" {
+			return fmt.Errorf("got %+v", st)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }

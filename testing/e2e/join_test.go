@@ -3,7 +3,6 @@ package e2e
 import (
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +58,7 @@ func TestNodeAddJoinRun(t *testing.T) {
 		{"wrong admin password", []string{"MESHBOX_DB=" + db}, []string{"cellar", "--broker-admin", "http://guest:wrong@127.0.0.1:" + mgmtPort},
 			"401: wrong admin user or password"},
 		{"no management API listening", []string{"MESHBOX_DB=" + db},
-			[]string{"cellar", "--broker-admin", "http://guest:guest@127.0.0.1:" + strconv.Itoa(meshtest.ClosedPort(t))}, "rabbitmq_management plugin"},
+			[]string{"cellar", "--broker-admin", "http://guest:guest@" + meshtest.ClosedAddr(t)}, "rabbitmq_management plugin"},
 		{"bad stage", admin, []string{"cellar", "--stages", "a b"}, "stage name"},
 		{"token without a lifetime", admin, []string{"cellar", "--ttl", "0s"}, "--ttl 0s: must be more than 0"},
 		{"token with a negative lifetime", admin, []string{"cellar", "--ttl", "-1h"}, "--ttl -1h0m0s: must be more than 0"},

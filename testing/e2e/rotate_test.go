@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -448,7 +447,7 @@ func TestRotateBadInput(t *testing.T) {
 		{"wrong admin password", withAdmin("http://guest:wrong@127.0.0.1:" + port), []string{"node", "rotate", "ant"}, "401: wrong admin user or password"},
 		{"admin URL not http", withAdmin("amqp://guest:guest@127.0.0.1:" + port), []string{"node", "rotate", "ant"}, "scheme must be http or https"},
 		{"admin URL without password", withAdmin("http://127.0.0.1:" + port), []string{"node", "rotate", "ant"}, "needs the admin's user and password"},
-		{"management plugin not listening", withAdmin("http://guest:guest@127.0.0.1:" + strconv.Itoa(meshtest.ClosedPort(t))),
+		{"management plugin not listening", withAdmin("http://guest:guest@" + meshtest.ClosedAddr(t)),
 			[]string{"node", "rotate", "ant"}, "rabbitmq_management plugin"},
 		{"not the management API", withAdmin(strings.Replace(notAPI.URL, "http://", "http://guest:guest@", 1)),
 			[]string{"node", "rotate", "ant"}, "no management API"},

@@ -2,6 +2,7 @@ package meshtest
 
 import (
 	"net"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -40,6 +41,16 @@ func freePort() (int, error) {
 			return p, nil
 		}
 	}
+}
+
+// ClosedAddr returns host:port on the loopback network that nothing
+// listens on for the rest of tb: ClosedPort's port on 127.0.0.77, an
+// address of the loopback network no service of the tests binds, so that
+// not even a listener on 127.0.0.1 that shares the port (one once
+// answered a test's "nothing listening" with HTTP 401) can answer there.
+func ClosedAddr(tb testing.TB) string {
+	tb.Helper()
+	return "127.0.0.77:" + strconv.Itoa(ClosedPort(tb))
 }
 
 // ClosedPort returns a loopback TCP port that nothing listens on for the

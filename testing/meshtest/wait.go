@@ -1,87 +1,28 @@
 package meshtest
 
 import (
-	"errors"
 	"testing"
 	"time"
+
+	"github.com/meshbox/meshbox/testing/wait"
 )
-
-// The pace of a wait: every pollFast during its first pollFastFor, so that
-// a state reached soon is seen soon (and a test that times a state reads
-// it to within pollFast), then every pollSlow, so that a long wait (a
-// broker restart, an outbox draining) does not keep a busy machine busier
-// asking. A check that takes longer than its pause (a CLI run, a call
-// through the broker) pauses as long as it took: waits keep their checks
-// to half the time at most.
-const (
-	pollFast    = 20 * time.Millisecond
-	pollFastFor = 5 * time.Second
-	pollSlow    = 100 * time.Millisecond
-)
-
-// errNotYet is what a condition that does not hold yet reports to poll.
-var errNotYet = errors.New("not yet")
-
-// poll calls check until it returns nil or d has passed; check runs at
-// least once, and once more after d. It returns how long it waited and
-// check's last error (nil once it held).
-func poll(d time.Duration, check func() error) (time.Duration, error) {
-	start := time.Now()
-	for {
-		began := time.Now()
-		err := check()
-		waited := time.Since(start)
-		if err == nil || waited > d {
-			return waited, err
-		}
-		pause := pollSlow
-		if waited < pollFastFor {
-			pause = pollFast
-		}
-		time.Sleep(max(pause, time.Since(began)))
-	}
-}
 
 // Poll calls cond until it returns true or d has passed, and reports
-// whether it held. It is for a test that decides itself what a state not
-// reached means (a t.Errorf with figures, say); WaitFor fails the test.
-// Poll may be called from any goroutine.
-func Poll(d time.Duration, cond func() bool) bool {
-	_, err := poll(d, func() error {
-		if cond() {
-			return nil
-		}
-		return errNotYet
-	})
-	return err == nil
-}
+// whether it held (wait.Poll).
+func Poll(d time.Duration, cond func() bool) bool { return wait.Poll(d, cond) }
 
 // WaitFor calls cond until it returns true and returns how long that took;
 // when cond does not hold within d, the test fails with "<what>: not
-// within <d>". what names the state waited for ("alpha connected").
+// within <d>" (wait.For).
 func WaitFor(tb testing.TB, d time.Duration, what string, cond func() bool) time.Duration {
 	tb.Helper()
-	waited, err := poll(d, func() error {
-		if cond() {
-			return nil
-		}
-		return errNotYet
-	})
-	if err != nil {
-		tb.Fatalf("%s: not within %v", what, d)
-	}
-	return waited
+	return wait.For(tb, d, what, cond)
 }
 
-// Eventually is WaitFor for a check that says why the state is not
-// reached yet: it calls check until it returns nil and returns how long
-// that took; when it does not within d, the test fails with check's last
-// error.
+// Eventually calls check until it returns nil and returns how long that
+// took; when it does not within d, the test fails with check's last error
+// (wait.Eventually).
 func Eventually(tb testing.TB, d time.Duration, what string, check func() error) time.Duration {
 	tb.Helper()
-	waited, err := poll(d, check)
-	if err != nil {
-		tb.Fatalf("%s: not within %v: %v", what, d, err)
-	}
-	return waited
+	return wait.Eventually(tb, d, what, check)
 }

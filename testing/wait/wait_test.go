@@ -1,4 +1,4 @@
-package meshtest
+package wait
 
 import (
 	"errors"
