@@ -1,9 +1,3 @@
-// Package wire is meshbox's protocol as names: what peers and the broker
-// see of a node, with no runtime behind it. This file is the broker's side
-// of it: exchanges, queues and routing keys, node users and their
-// permissions, and the durable queues the admin declares for a node. The
-// runtime (package bridge) and the admin tools (package brokeradmin) both
-// take them from here, so that they cannot drift apart.
 package wire
 
 import (
@@ -15,7 +9,10 @@ import (
 	"github.com/meshbox/meshbox/internal/names"
 )
 
-// This file is the one home of a node's identity on the broker: the name of
+// This file is the broker's side of the protocol: exchanges, queues and
+// routing keys, node users and their permissions, and the durable queues
+// the admin declares for a node (queues.go). It is the one home of a
+// node's identity on the broker: the name of
 // its RabbitMQ user and the permissions that user gets. The admin commands
 // (package brokeradmin) apply them; the bridge connects with them.
 //
