@@ -2,11 +2,8 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -27,15 +24,7 @@ import (
 func replayMesh(t *testing.T) (rmq *meshtest.Rabbit, vhost, db string, alpha, beta *meshtest.Process, malloryURL string) {
 	t.Helper()
 	rmq = meshtest.RabbitMQ(t)
-	retry, err := json.Marshal(map[string]any{"bridge": map[string]any{
-		"retry": map[string]any{"resize": map[string]any{"attempts": 2, "backoff": "300ms"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	config := filepath.Join(t.TempDir(), "beta.json")
-	if err := os.WriteFile(config, retry, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	config := bridgeConfigFile(t, "beta", bridgeConfig{Retry: map[string]map[string]any{"resize": {"attempts": 2, "backoff": "300ms"}}})
 	vhost, db, alpha, beta = sealedMeshOn(t, rmq, "--config", config)
 	env := []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}
 	if code, out, errOut := cliEnv(t, env, "mesh", "node", "add", "mallory", "--stages", "resize"); code != 0 {
@@ -123,11 +112,7 @@ func TestAdversaryReplaysThroughDeadLettering(t *testing.T) {
 	})
 	waitConsumers(t, rmq, vhost, "cmd.resize", 1)
 
-	conn, err := amqp.Dial(malloryURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := meshtest.Dial(t, malloryURL)
 	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -264,15 +249,7 @@ func TestAdversaryOperatorReplaysAnEvent(t *testing.T) {
 	flush(t, listener)
 	count := func(id string) int { mu.Lock(); defer mu.Unlock(); return events[id] }
 
-	op, err := amqp.Dial(vhost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer op.Close()
-	och, err := op.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	och := meshtest.Channel(t, vhost)
 	tap, err := och.QueueDeclare("operator-tap", false, true, true, false, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -303,11 +280,7 @@ func TestAdversaryOperatorReplaysAnEvent(t *testing.T) {
 		t.Fatalf("beta never got alpha's event")
 	}
 
-	aconn, err := amqp.Dial(brokerURLOf(t, ctx, db, vhost, "alpha"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer aconn.Close()
+	aconn := meshtest.Dial(t, brokerURLOf(t, ctx, db, vhost, "alpha"))
 	code, err := meshtest.BrokerVerdict(aconn, func(ch *amqp.Channel) error {
 		return ch.PublishWithContext(ctx, bridge.MeshExchange, d.RoutingKey, false, false, amqp.Publishing{
 			Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: amqp.Persistent,
@@ -424,11 +397,7 @@ func TestAdversaryOwnExchange(t *testing.T) {
 		t.Skip("integration test")
 	}
 	_, _, _, alpha, beta, malloryURL := replayMesh(t)
-	conn, err := amqp.Dial(malloryURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := meshtest.Dial(t, malloryURL)
 	verdict := func(op func(ch *amqp.Channel) error) int {
 		t.Helper()
 		code, err := meshtest.BrokerVerdict(conn, op)
@@ -550,15 +519,7 @@ func TestAdversaryCarbonCopies(t *testing.T) {
 	})
 	waitConsumers(t, rmq, vhost, "cmd.resize", 1)
 
-	conn, err := amqp.Dial(trudyURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := meshtest.Channel(t, trudyURL)
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}

@@ -43,9 +43,15 @@ type identityMesh struct {
 // the tests run stages on any of them); none is started.
 func newIdentityMesh(t *testing.T, nodes ...string) *identityMesh {
 	t.Helper()
+	return newIdentityMeshOn(t, meshtest.Postgres(t).Database(t), nodes...)
+}
+
+// newIdentityMeshOn is newIdentityMesh with the mesh database db (one of
+// a private server, for a test that stops it).
+func newIdentityMeshOn(t *testing.T, db string, nodes ...string) *identityMesh {
+	t.Helper()
 	rmq := meshtest.RabbitMQ(t)
-	m := &identityMesh{rmq: rmq, vhost: rmq.Vhost(t), db: meshtest.Postgres(t).Database(t),
-		envs: map[string]string{}, data: map[string]string{}}
+	m := &identityMesh{rmq: rmq, vhost: rmq.Vhost(t), db: db, envs: map[string]string{}, data: map[string]string{}}
 	m.admin = []string{"MESHBOX_DB=" + m.db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}
 	if code, _, errOut := cli(t, "init", "--db", m.db, "--node", "hub", "--broker", meshtest.NoCredential(m.vhost)); code != 0 {
 		t.Fatalf("init: exit %d: %s", code, errOut)
@@ -63,6 +69,7 @@ func newIdentityMesh(t *testing.T, nodes ...string) *identityMesh {
 		}
 		m.envs[n] = filepath.Join(t.TempDir(), n+".env")
 		m.data[n] = filepath.Join(t.TempDir(), "data")
+		rememberDataDir(m.db, n, m.data[n])
 		if code, out, errOut := cli(t, "join", joinToken(t, out), "--env-file", m.envs[n]); code != 0 {
 			t.Fatalf("join %s: exit %d: %s%s", n, code, out, errOut)
 		}

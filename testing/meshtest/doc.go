@@ -17,6 +17,13 @@
 // shared service with [Rabbit.Vhost] and [PG.Database], which create a vhost
 // or database named after the test and remove it in Cleanup.
 //
+// Tests wait on states through one poller: [WaitFor] and [Eventually] fail
+// the test when a condition does not hold in time, [Poll] reports it.
+// [Status] reads a node's GET /status as the node's own type,
+// appliance.Status, and [WaitStatus] waits until it says what the test
+// wants. A test's own AMQP client (an operator, an adversary, a tap) comes
+// from [Dial] or [Channel].
+//
 // [NewRabbitCluster] starts a three-node RabbitMQ cluster for a test: three
 // brokers with their own node names, ports and directories, one Erlang
 // cookie, joined with rabbitmqctl join_cluster. Each node can be stopped,
