@@ -33,6 +33,7 @@ func TestAdversaryDatabaseDumpHoldsNoNodePassword(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
 	pg := meshtest.NewPostgres(t) // private: this test stops it
 	nodes := []string{"alpha", "beta"}
@@ -152,6 +153,7 @@ func TestAdversaryPeerSealsBogusKey(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
 	m := newIdentityMesh(t, "alpha", "peer", "fresh")
 	alpha, peer := m.start(t, "alpha"), m.start(t, "peer")

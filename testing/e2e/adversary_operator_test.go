@@ -113,8 +113,9 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
-	rmq := meshtest.RabbitMQ(t)
+	rmq := meshtest.LeaseRabbitMQ(t)
 	vhost, db, alpha, beta := sealedMeshOn(t, rmq)
 	host := natsConn(t, alpha)
 	if _, err := host.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
@@ -230,8 +231,9 @@ func TestAdversaryCommandsCountedByCause(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
-	rmq := meshtest.RabbitMQ(t)
+	rmq := meshtest.LeaseRabbitMQ(t)
 	vhost, db, alpha, beta := sealedMeshOn(t, rmq)
 	hnc := natsConn(t, beta)
 	handled := make(chan string, 64)
@@ -331,8 +333,9 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
-	rmq := meshtest.RabbitMQ(t)
+	rmq := meshtest.LeaseRabbitMQ(t)
 	vhost, db, alpha, beta := sealedMeshOn(t, rmq)
 	host := natsConn(t, alpha)
 	if _, err := host.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {

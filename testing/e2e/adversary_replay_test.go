@@ -23,7 +23,7 @@ import (
 // raw AMQP client.
 func replayMesh(t *testing.T) (rmq *meshtest.Rabbit, vhost, db string, alpha, beta *meshtest.Process, malloryURL string) {
 	t.Helper()
-	rmq = meshtest.RabbitMQ(t)
+	rmq = meshtest.LeaseRabbitMQ(t)
 	config := bridgeConfigFile(t, "beta", bridgeConfig{Retry: map[string]map[string]any{"resize": {"attempts": 2, "backoff": "300ms"}}})
 	vhost, db, alpha, beta = sealedMeshOn(t, rmq, "--config", config)
 	env := []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}
@@ -88,6 +88,7 @@ func TestAdversaryReplaysThroughDeadLettering(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	rmq, vhost, _, alpha, beta, malloryURL := replayMesh(t)
 
 	// beta: a subscriber of evt.order and the handler of resize, which
@@ -234,6 +235,7 @@ func TestAdversaryOperatorReplaysAnEvent(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
 	_, vhost, db, alpha, beta, _ := replayMesh(t)
 	listener := natsConn(t, beta)
@@ -309,6 +311,7 @@ func TestAdversaryExhaustsTheBroker(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	rmq, vhost, _, _, beta, malloryURL := replayMesh(t)
 	lim := bridge.NodeLimits()
 	u, err := url.Parse(malloryURL)
@@ -396,6 +399,7 @@ func TestAdversaryOwnExchange(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	_, _, _, alpha, beta, malloryURL := replayMesh(t)
 	conn := meshtest.Dial(t, malloryURL)
 	verdict := func(op func(ch *amqp.Channel) error) int {
@@ -500,6 +504,7 @@ func TestAdversaryCarbonCopies(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	rmq, vhost, db, alpha, beta, _ := replayMesh(t)
 	env := []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}
 	if code, out, errOut := cliEnv(t, env, "mesh", "node", "add", "trudy", "--stages", "thumbs"); code != 0 {

@@ -30,8 +30,9 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
-	r := meshtest.RabbitMQ(t)
+	r := meshtest.LeaseRabbitMQ(t)
 	vhostURL := r.Vhost(t)
 	vhost, err := brokeradmin.VhostOf(vhostURL)
 	if err != nil {
@@ -377,8 +378,9 @@ func TestAdversaryNodeAddedWithoutStages(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
-	r := meshtest.RabbitMQ(t)
+	r := meshtest.LeaseRabbitMQ(t)
 	vhostURL := r.Vhost(t)
 	db := meshtest.Postgres(t).Database(t)
 	admin := []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + r.AdminURL()}

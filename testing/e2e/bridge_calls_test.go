@@ -43,6 +43,7 @@ func TestManyCallsAcrossNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	amqpURL := meshtest.RabbitMQ(t).Vhost(t)
 	alpha := startMeshNode(t, "alpha", amqpURL, bridgeConfig{})
 	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{})
@@ -67,6 +68,7 @@ func TestManyLocalCalls(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	p := meshtest.StartProcess(t, "--node", "solo")
 	host := natsConn(t, p)
 	if _, err := host.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {

@@ -508,6 +508,7 @@ func TestSameNodeNameOnBrokerIsRefused(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	rmq := meshtest.RabbitMQ(t)
 	amqpURL := rmq.Vhost(t)
 	first := startMeshNode(t, "twin", amqpURL, bridgeConfig{})

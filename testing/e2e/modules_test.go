@@ -395,6 +395,7 @@ func TestModulesSupervision(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL and a node")
 	}
+	t.Parallel()
 	meshtest.Binary(t)
 	db := meshtest.Postgres(t).Database(t)
 	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", "amqp://127.0.0.1:5672/"); code != 0 {
@@ -573,6 +574,7 @@ func TestModulesWithoutTheDatabase(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL and a node")
 	}
+	t.Parallel()
 	meshtest.Binary(t)
 	pg := meshtest.NewPostgres(t) // private: this test stops it
 	db := pg.Database(t)

@@ -50,7 +50,7 @@ func newIdentityMesh(t *testing.T, nodes ...string) *identityMesh {
 // a private server, for a test that stops it).
 func newIdentityMeshOn(t *testing.T, db string, nodes ...string) *identityMesh {
 	t.Helper()
-	rmq := meshtest.RabbitMQ(t)
+	rmq := meshtest.LeaseRabbitMQ(t)
 	m := &identityMesh{rmq: rmq, vhost: rmq.Vhost(t), db: db, envs: map[string]string{}, data: map[string]string{}}
 	m.admin = []string{"MESHBOX_DB=" + m.db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}
 	if code, _, errOut := cli(t, "init", "--db", m.db, "--node", "hub", "--broker", meshtest.NoCredential(m.vhost)); code != 0 {
@@ -334,6 +334,7 @@ func peerRow(out, node, cred string) bool {
 // (bounded), names it and fails, leaving its old credential valid; once
 // the node is back it switches, and a second rotate finishes.
 func TestRotateWaitsForOfflineNode(t *testing.T) {
+	t.Parallel()
 	m := newIdentityMesh(t, "ant", "bee")
 	ant := m.start(t, "ant")
 	bee := m.start(t, "bee")
@@ -434,6 +435,7 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 // TestRotateBadInput: rotate and the other admin commands on a node's
 // identity refuse bad input with errors that say what is wrong.
 func TestRotateBadInput(t *testing.T) {
+	t.Parallel()
 	m := newIdentityMesh(t, "ant")
 	mgmt := m.rmq.ManagementURL()
 	port := strings.TrimPrefix(mgmt, "http://127.0.0.1:")
@@ -483,6 +485,7 @@ func TestRotateBadInput(t *testing.T) {
 // broker user (the node may consume only the allowed stages), and remove
 // deletes its broker users and database role.
 func TestSetStagesAndRemove(t *testing.T) {
+	t.Parallel()
 	m := newIdentityMesh(t, "ant")
 	code, out, errOut := cliEnv(t, m.admin, "mesh", "node", "set-stages", "ant", "resize", "thumbs")
 	if code != 0 || !strings.Contains(out, "permissions of broker user node.ant.g1 updated") {

@@ -19,6 +19,7 @@ import (
 // generation), the node says its credential was revoked — in its status,
 // a metric and one log line — and keeps serving local work.
 func TestRotateForceRevokesOfflineNode(t *testing.T) {
+	t.Parallel()
 	m := newIdentityMesh(t, "bee")
 	bee := m.start(t, "bee")
 	waitIdentity(t, bee.HTTPURL(), "bee on generation 1", func(s appliance.Status) bool {

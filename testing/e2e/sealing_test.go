@@ -104,8 +104,9 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
-	rmq := meshtest.RabbitMQ(t)
+	rmq := meshtest.LeaseRabbitMQ(t)
 	// beta retries stage vault once, after a short wait in its retry queue.
 	config := bridgeConfigFile(t, "beta", bridgeConfig{Retry: map[string]map[string]any{"vault": {"attempts": 2, "backoff": "300ms"}}})
 	vhost, db, alpha, beta := sealedMeshOn(t, rmq, "--config", config)
@@ -342,6 +343,7 @@ func TestKeyRotationUnderTraffic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
 	_, db, alpha, beta := sealedMesh(t)
 
@@ -442,7 +444,7 @@ func waitAllHandled(t *testing.T, d time.Duration, during string, sent []string,
 // with their own credentials, returning once both seal what they send.
 func sealedMesh(t *testing.T) (vhost, db string, alpha, beta *meshtest.Process) {
 	t.Helper()
-	return sealedMeshOn(t, meshtest.RabbitMQ(t))
+	return sealedMeshOn(t, meshtest.LeaseRabbitMQ(t))
 }
 
 // sealedMeshOn is sealedMesh on the broker rmq; betaExtra are extra flags
