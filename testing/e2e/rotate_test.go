@@ -22,6 +22,7 @@ import (
 	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
+	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
@@ -85,6 +86,37 @@ func (m *identityMesh) start(t *testing.T, node string) *meshtest.Process {
 	meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, node+" connected to the broker",
 		func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	return p
+}
+
+// waitSwitchKnown waits until the mesh database records that node
+// switched to generation gen and p, the running node, applied bindings at
+// least that new: from then on its cache holds the switch, and the node
+// takes the broker's refusal of that generation's user for a revocation.
+func (m *identityMesh) waitSwitchKnown(t *testing.T, p *meshtest.Process, node string, gen int) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := meshdb.Open(ctx, m.db, meshdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	meshtest.Eventually(t, 30*time.Second, node+" on bindings that record its switch to generation "+strconv.Itoa(gen), func() error {
+		gens, err := db.CredentialGenerations(ctx, node)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(gens, func(g meshdb.CredentialGeneration) bool { return g.Generation == gen && g.Switched() }) {
+			return fmt.Errorf("the mesh database records no switch: %+v", gens)
+		}
+		rev, err := db.Revision(ctx)
+		if err != nil {
+			return err
+		}
+		if got := meshtest.Status(t, p.HTTPURL()).Bindings.Revision; got < rev {
+			return fmt.Errorf("%s runs revision %d, the mesh is at %d", node, got, rev)
+		}
+		return nil
+	})
 }
 
 // rotate runs `meshbox mesh node rotate args...` as the admin.
