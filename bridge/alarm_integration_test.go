@@ -26,7 +26,7 @@ func TestAlarmBlocksPublishingButNotAcks(t *testing.T) {
 		c.CommandTimeout = time.Minute
 	})
 	n.waitConnected(t)
-	ch := amqpChannel(t, r.URL())
+	ch := meshtest.Channel(t, r.URL())
 	meshtest.WaitFor(t, 15*time.Second, "a consumer on cmd."+stage, func() bool {
 		q, err := ch.QueueDeclarePassive("cmd."+stage, true, false, false, false, nil)
 		return err == nil && q.Consumers == 1

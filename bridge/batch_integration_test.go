@@ -146,7 +146,7 @@ func TestBatchDeadLetteredByAnOlderNodeReplayed(t *testing.T) {
 
 	// The older node: it handles a command alone and dead-letters a batch
 	// as its bridge did, keeping the message's type and body.
-	ch := amqpChannel(t, vhost)
+	ch := meshtest.Channel(t, vhost)
 	ds, err := ch.Consume("cmd.legacy", "older", false, false, false, false, nil)
 	if err != nil {
 		t.Fatal(err)

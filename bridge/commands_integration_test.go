@@ -134,7 +134,7 @@ func TestCommandRetriesThenDeadLetter(t *testing.T) {
 		}
 		return n >= 3
 	})
-	ch := amqpChannel(t, vhost)
+	ch := meshtest.Channel(t, vhost)
 	var dead []amqp.Delivery
 	meshtest.WaitFor(t, 10*time.Second, "the dead letter", func() bool {
 		dead = append(dead, deadLetters(t, ch, "flaky")...)
@@ -191,7 +191,7 @@ func TestMalformedCommandsDeadLettered(t *testing.T) {
 	var h handler
 	serveStage(t, a, "work", &h)
 
-	ch := amqpChannel(t, vhost)
+	ch := meshtest.Channel(t, vhost)
 	good := amqp.Table{bridge.HeaderOrigin: "mallory"}
 	bad := []struct {
 		why string
@@ -258,7 +258,7 @@ func TestCommandSeenBeforeIsMarked(t *testing.T) {
 	var h handler
 	serveStage(t, a, "again", &h)
 
-	ch := amqpChannel(t, vhost)
+	ch := meshtest.Channel(t, vhost)
 	p := amqp.Publishing{Type: "command", MessageId: "cmd-again-1", DeliveryMode: amqp.Persistent,
 		Headers: amqp.Table{bridge.HeaderOrigin: "beta"}, Body: []byte("x")}
 	for i := range 2 {

@@ -74,7 +74,7 @@ func TestDedupeAcksACompletedID(t *testing.T) {
 			t.Errorf("handler call %d: id %q, want %q", i, m.Header.Get(bridge.HeaderMsgID), want)
 		}
 	}
-	ch := amqpChannel(t, vhost)
+	ch := meshtest.Channel(t, vhost)
 	meshtest.WaitFor(t, 5*time.Second, "cmd.once empty", func() bool {
 		q, err := ch.QueueDeclarePassive("cmd.once", true, false, false, false, nil)
 		return err == nil && q.Messages == 0 && len(a.b.Status().Commands) == 0
@@ -99,7 +99,7 @@ func TestDedupeSurvivesRestart(t *testing.T) {
 	}
 	// A graceful close acks what completed before it: nothing is left
 	// in cmd.once to be redelivered.
-	if q, err := amqpChannel(t, vhost).QueueDeclarePassive("cmd.once", true, false, false, false, nil); err != nil || q.Messages != 0 {
+	if q, err := meshtest.Channel(t, vhost).QueueDeclarePassive("cmd.once", true, false, false, false, nil); err != nil || q.Messages != 0 {
 		t.Fatalf("cmd.once after a graceful close: %d messages (err %v), want 0", q.Messages, err)
 	}
 

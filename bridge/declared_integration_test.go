@@ -34,10 +34,10 @@ func TestDeclaredStagesTakeCommandsBeforeTheirHandler(t *testing.T) {
 	sender := newNode(t, "sender", url, nil)
 	sender.waitConnected(t)
 
-	ch := amqpChannel(t, url)
+	ch := meshtest.Channel(t, url)
 	for _, stage := range []string{"backup", "later"} {
 		meshtest.WaitFor(t, 10*time.Second, "queue cmd."+stage+" declared", func() bool {
-			_, err := amqpChannel(t, url).QueueDeclarePassive("cmd."+stage, true, false, false, false, nil)
+			_, err := meshtest.Channel(t, url).QueueDeclarePassive("cmd."+stage, true, false, false, false, nil)
 			return err == nil
 		})
 		if got := sender.submit(t, stage, []byte("run"), nil).Header.Get(bridge.HeaderAccepted); got != "broker" {

@@ -22,15 +22,7 @@ func TestClassicEventQueueMoved(t *testing.T) {
 	beta.waitConnected(t)
 
 	// What an older meshbox declared for alpha.
-	conn, err := amqp.Dial(vhost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := meshtest.Channel(t, vhost)
 	const week = int64(7 * 24 * time.Hour / time.Millisecond)
 	if _, err := ch.QueueDeclare("node.alpha.events", true, false, false, false, amqp.Table{"x-expires": week}); err != nil {
 		t.Fatal(err)

@@ -221,21 +221,6 @@ func (n *node) submit(tb testing.TB, stage string, data []byte, hdr nats.Header)
 	return m
 }
 
-// amqpChannel opens a raw AMQP channel on brokerURL, closed in Cleanup.
-func amqpChannel(tb testing.TB, brokerURL string) *amqp.Channel {
-	tb.Helper()
-	conn, err := amqp.Dial(brokerURL)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return ch
-}
-
 // deadLetters reads (and removes) every message in mesh.dead and in the
 // dead-letter queues dead.<stage> of the stages given (which must exist).
 func deadLetters(tb testing.TB, ch *amqp.Channel, stages ...string) []amqp.Delivery {

@@ -80,7 +80,7 @@ func TestLeaseExtendedByProgress(t *testing.T) {
 	if n != 1 {
 		t.Errorf("handler calls: got %d, want 1 (no retry)", n)
 	}
-	ch := amqpChannel(t, vhost)
+	ch := meshtest.Channel(t, vhost)
 	q, err := ch.QueueDeclarePassive("cmd.long", true, false, false, false, nil)
 	if err != nil {
 		t.Fatal(err)

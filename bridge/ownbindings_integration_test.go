@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
@@ -41,7 +42,7 @@ func olderMesh(t *testing.T, vhost, adminURL, guestURL, user, node string) {
 // an older mesh's admin did.
 func olderExchange(t *testing.T, guestURL, node string) {
 	t.Helper()
-	ch := amqpChannel(t, guestURL)
+	ch := meshtest.Channel(t, guestURL)
 	if err := ch.ExchangeDeclare("node."+node, "topic", true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +81,7 @@ func TestOwnQueuesBoundToMesh(t *testing.T) {
 
 	// gamma may not delete its older exchange (its permissions give it no
 	// exchange at all); the admin does once it runs on them (rotate).
-	ch := amqpChannel(t, guest)
+	ch := meshtest.Channel(t, guest)
 	if err := ch.ExchangeDeclarePassive("node.gamma", "topic", true, false, false, false, nil); err != nil {
 		t.Fatalf("passive declare of node.gamma: %v, want it left in place by gamma", err)
 	}
@@ -141,7 +142,7 @@ func TestOwnQueuesBoundToMesh(t *testing.T) {
 func TestClaimSquatCleared(t *testing.T) {
 	admin, urlOf := perNodeMesh(t)
 	cred := generation(t, admin, "alpha", 1)
-	squat := amqpChannel(t, urlOf(cred))
+	squat := meshtest.Channel(t, urlOf(cred))
 	if _, err := squat.QueueDeclare("node.alpha.claim", true, false, false, false, nil); err != nil {
 		t.Fatalf("declare a shared claim queue with alpha's credential: %v", err)
 	}

@@ -75,7 +75,7 @@ func adminTap(t *testing.T, n *node, keys ...string) <-chan amqp.Delivery {
 		t.Fatal(err)
 	}
 	u.User = adminURL.User
-	ch := amqpChannel(t, u.String())
+	ch := meshtest.Channel(t, u.String())
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -378,7 +378,7 @@ func TestScopedResult(t *testing.T) {
 	for _, n := range []*node{a, b, g} {
 		n.waitConnected(t)
 	}
-	ch := amqpChannel(t, vhost)
+	ch := meshtest.Channel(t, vhost)
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -488,7 +488,7 @@ func TestRetryWithOldPermissions(t *testing.T) {
 		t.Error("no warning that the stage's queues could not be declared")
 	}
 	b.submit(t, "old", []byte("poison"), nats.Header{bridge.HeaderMsgID: {"old-2"}})
-	ch := amqpChannel(t, strings.Replace(urlOf(cred), cred.User+":"+cred.Password.Reveal(), "guest:guest", 1))
+	ch := meshtest.Channel(t, strings.Replace(urlOf(cred), cred.User+":"+cred.Password.Reveal(), "guest:guest", 1))
 	var dead []amqp.Delivery
 	meshtest.WaitFor(t, 15*time.Second, "the dead letter in mesh.dead", func() bool {
 		dead = append(dead, deadLetters(t, ch)...)

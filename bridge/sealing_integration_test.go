@@ -41,7 +41,7 @@ func sealedPair(t *testing.T) (a, b *node, regA, regB *prometheus.Registry, tap 
 	b = newNode(t, "beta", vhost, func(c *bridge.Config) { c.Keys, c.Metrics = ring(), regB })
 	a.waitConnected(t)
 	b.waitConnected(t)
-	ch = amqpChannel(t, vhost)
+	ch = meshtest.Channel(t, vhost)
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		t.Fatal(err)

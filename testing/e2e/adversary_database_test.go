@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"sync"
 	"syscall"
@@ -34,32 +33,11 @@ func TestAdversaryDatabaseDumpHoldsNoNodePassword(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
-	rmq := meshtest.RabbitMQ(t)
 	pg := meshtest.NewPostgres(t) // private: this test stops it
-	m := &identityMesh{rmq: rmq, vhost: rmq.Vhost(t), db: pg.Database(t), envs: map[string]string{}, data: map[string]string{}}
-	m.admin = []string{"MESHBOX_DB=" + m.db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}
-	if code, _, errOut := cli(t, "init", "--db", m.db, "--node", "hub", "--broker", meshtest.NoCredential(m.vhost)); code != 0 {
-		t.Fatalf("init: exit %d: %s", code, errOut)
-	}
 	nodes := []string{"alpha", "beta"}
-	t.Cleanup(func() { // broker users outlive the test's vhost
-		for _, n := range nodes {
-			_, _, _ = cliEnv(t, m.admin, "mesh", "node", "remove", n, "--force")
-		}
-	})
-	for _, n := range nodes {
-		code, out, errOut := cliEnv(t, m.admin, "mesh", "node", "add", n, "--stages", "*")
-		if code != 0 {
-			t.Fatalf("mesh node add %s: exit %d: %s%s", n, code, out, errOut)
-		}
-		m.envs[n] = filepath.Join(t.TempDir(), n+".env")
-		m.data[n] = filepath.Join(t.TempDir(), "data")
-		rememberDataDir(m.db, n, m.data[n])
-		if code, out, errOut := cli(t, "join", joinToken(t, out), "--env-file", m.envs[n]); code != 0 {
-			t.Fatalf("join %s: exit %d: %s%s", n, code, out, errOut)
-		}
-	}
+	m := newIdentityMeshOn(t, pg.Database(t), nodes...)
 	procs := map[string]*meshtest.Process{}
 	start := func() {
 		t.Helper()
@@ -175,6 +153,7 @@ func TestAdversaryPeerSealsBogusKey(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
 	m := newIdentityMesh(t, "alpha", "peer", "fresh")
 	alpha, peer := m.start(t, "alpha"), m.start(t, "peer")

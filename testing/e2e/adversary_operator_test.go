@@ -113,8 +113,9 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
-	rmq := meshtest.RabbitMQ(t)
+	rmq := meshtest.LeaseRabbitMQ(t)
 	vhost, db, alpha, beta := sealedMeshOn(t, rmq)
 	host := natsConn(t, alpha)
 	if _, err := host.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
@@ -144,11 +145,7 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	}
 
 	fakeURL, fakeUser := operatorNodeUser(t, rmq, vhost, "alpha", 9)
-	conn, err := amqp.Dial(fakeURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := meshtest.Dial(t, fakeURL)
 	pub := func(key string, p amqp.Publishing) {
 		t.Helper()
 		p.UserId = fakeUser
@@ -197,11 +194,7 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	})
 	call("rotated")
 	oldURL, oldUser := operatorNodeUser(t, rmq, vhost, "alpha", 1)
-	oc, err := amqp.Dial(oldURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer oc.Close()
+	oc := meshtest.Dial(t, oldURL)
 	forged1 := errorsOf(t, beta, "forged")
 	if code, err := meshtest.BrokerVerdict(oc, func(ch *amqp.Channel) error {
 		return ch.PublishWithContext(ctx, "mesh", "sys.bye", false, false, amqp.Publishing{Type: "system", UserId: oldUser, Body: bye})
@@ -238,8 +231,9 @@ func TestAdversaryCommandsCountedByCause(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
-	rmq := meshtest.RabbitMQ(t)
+	rmq := meshtest.LeaseRabbitMQ(t)
 	vhost, db, alpha, beta := sealedMeshOn(t, rmq)
 	hnc := natsConn(t, beta)
 	handled := make(chan string, 64)
@@ -269,15 +263,7 @@ func TestAdversaryCommandsCountedByCause(t *testing.T) {
 
 	// 1. The broker's admin, straight to the stage queue, no user_id: one
 	// bare, one claiming alpha in the header.
-	ac, err := amqp.Dial(vhost) // the broker admin's own credential
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ac.Close()
-	ach, err := ac.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ach := meshtest.Channel(t, vhost) // the broker admin's own credential
 	for i, h := range []amqp.Table{nil, {bridge.HeaderOrigin: "alpha"}} {
 		if err := ach.PublishWithContext(ctx, "", "cmd.vault", false, false, amqp.Publishing{Type: "command",
 			MessageId: fmt.Sprintf("admin-%d", i), DeliveryMode: amqp.Persistent, Headers: h, Body: []byte("admin")}); err != nil {
@@ -286,11 +272,7 @@ func TestAdversaryCommandsCountedByCause(t *testing.T) {
 	}
 	// 2. A broker user of alpha's name the operator made, through mesh.
 	fakeURL, fakeUser := operatorNodeUser(t, rmq, vhost, "alpha", 9)
-	fc, err := amqp.Dial(fakeURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fc.Close()
+	fc := meshtest.Dial(t, fakeURL)
 	if code, err := meshtest.BrokerVerdict(fc, func(ch *amqp.Channel) error {
 		return ch.PublishWithContext(ctx, "mesh", "cmd.vault", false, false, amqp.Publishing{Type: "command", UserId: fakeUser,
 			MessageId: "fake-generation", DeliveryMode: amqp.Persistent, Headers: amqp.Table{bridge.HeaderOrigin: "alpha"}, Body: []byte("fake")})
@@ -298,15 +280,7 @@ func TestAdversaryCommandsCountedByCause(t *testing.T) {
 		t.Fatalf("publish a command as %s: code %d, %v", fakeUser, code, err)
 	}
 	// 3. alpha's real user, a seal that does not open.
-	rc, err := amqp.Dial(brokerURLOf(t, ctx, db, vhost, "alpha"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	rch, err := rc.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	rch := meshtest.Channel(t, brokerURLOf(t, ctx, db, vhost, "alpha"))
 	junk := []byte(rand.Text() + rand.Text())
 	if err := rch.PublishWithContext(ctx, "mesh", "cmd.vault", false, false, amqp.Publishing{Type: "command",
 		UserId: "node.alpha.g1", MessageId: "tampered-seal", DeliveryMode: amqp.Persistent,
@@ -359,8 +333,9 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
-	rmq := meshtest.RabbitMQ(t)
+	rmq := meshtest.LeaseRabbitMQ(t)
 	vhost, db, alpha, beta := sealedMeshOn(t, rmq)
 	host := natsConn(t, alpha)
 	if _, err := host.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
@@ -386,15 +361,7 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	started := peer(meshtest.Status(t, beta.HTTPURL()), "alpha").StartedAt
 
 	// The operator taps every broadcast, to copy one of alpha's.
-	tapConn, err := amqp.Dial(vhost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tapConn.Close()
-	tap, err := tapConn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tap := meshtest.Channel(t, vhost)
 	q, err := tap.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -433,11 +400,7 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 		t.Fatalf("the operator sets a new password on %s: %v", alphaUser, err)
 	}
 	au.User = url.UserPassword(alphaUser, password)
-	opConn, err := amqp.Dial(au.String())
-	if err != nil {
-		t.Fatalf("the operator dials as %s: %v", alphaUser, err)
-	}
-	defer opConn.Close()
+	opConn := meshtest.Dial(t, au.String())
 	publishAs := func(conn *amqp.Connection, user, key string, body []byte) {
 		t.Helper()
 		code, err := meshtest.BrokerVerdict(conn, func(ch *amqp.Channel) error {
@@ -500,11 +463,7 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	if !meshtest.Poll(20*time.Second, func() bool { return peer(meshtest.Status(t, beta.HTTPURL()), "mallory").State != "" }) {
 		t.Fatal("beta's bindings never listed mallory")
 	}
-	mConn, err := amqp.Dial(malloryURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mConn.Close()
+	mConn := meshtest.Dial(t, malloryURL)
 	origin0 := discoveryRejected(t, beta, "origin_mismatch")
 	goneIn := func() float64 {
 		v, _ := scrape(t, beta.HTTPURL()).value("meshbox_discovery_messages_total", "type=gone", "direction=in")

@@ -2,11 +2,8 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -26,16 +23,8 @@ import (
 // raw AMQP client.
 func replayMesh(t *testing.T) (rmq *meshtest.Rabbit, vhost, db string, alpha, beta *meshtest.Process, malloryURL string) {
 	t.Helper()
-	rmq = meshtest.RabbitMQ(t)
-	retry, err := json.Marshal(map[string]any{"bridge": map[string]any{
-		"retry": map[string]any{"resize": map[string]any{"attempts": 2, "backoff": "300ms"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	config := filepath.Join(t.TempDir(), "beta.json")
-	if err := os.WriteFile(config, retry, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	rmq = meshtest.LeaseRabbitMQ(t)
+	config := bridgeConfigFile(t, "beta", bridgeConfig{Retry: map[string]map[string]any{"resize": {"attempts": 2, "backoff": "300ms"}}})
 	vhost, db, alpha, beta = sealedMeshOn(t, rmq, "--config", config)
 	env := []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}
 	if code, out, errOut := cliEnv(t, env, "mesh", "node", "add", "mallory", "--stages", "resize"); code != 0 {
@@ -99,6 +88,7 @@ func TestAdversaryReplaysThroughDeadLettering(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	rmq, vhost, _, alpha, beta, malloryURL := replayMesh(t)
 
 	// beta: a subscriber of evt.order and the handler of resize, which
@@ -123,11 +113,7 @@ func TestAdversaryReplaysThroughDeadLettering(t *testing.T) {
 	})
 	waitConsumers(t, rmq, vhost, "cmd.resize", 1)
 
-	conn, err := amqp.Dial(malloryURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := meshtest.Dial(t, malloryURL)
 	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -249,6 +235,7 @@ func TestAdversaryOperatorReplaysAnEvent(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
 	_, vhost, db, alpha, beta, _ := replayMesh(t)
 	listener := natsConn(t, beta)
@@ -264,15 +251,7 @@ func TestAdversaryOperatorReplaysAnEvent(t *testing.T) {
 	flush(t, listener)
 	count := func(id string) int { mu.Lock(); defer mu.Unlock(); return events[id] }
 
-	op, err := amqp.Dial(vhost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer op.Close()
-	och, err := op.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	och := meshtest.Channel(t, vhost)
 	tap, err := och.QueueDeclare("operator-tap", false, true, true, false, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -303,11 +282,7 @@ func TestAdversaryOperatorReplaysAnEvent(t *testing.T) {
 		t.Fatalf("beta never got alpha's event")
 	}
 
-	aconn, err := amqp.Dial(brokerURLOf(t, ctx, db, vhost, "alpha"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer aconn.Close()
+	aconn := meshtest.Dial(t, brokerURLOf(t, ctx, db, vhost, "alpha"))
 	code, err := meshtest.BrokerVerdict(aconn, func(ch *amqp.Channel) error {
 		return ch.PublishWithContext(ctx, bridge.MeshExchange, d.RoutingKey, false, false, amqp.Publishing{
 			Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: amqp.Persistent,
@@ -336,6 +311,7 @@ func TestAdversaryExhaustsTheBroker(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	rmq, vhost, _, _, beta, malloryURL := replayMesh(t)
 	lim := bridge.NodeLimits()
 	u, err := url.Parse(malloryURL)
@@ -423,12 +399,9 @@ func TestAdversaryOwnExchange(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	_, _, _, alpha, beta, malloryURL := replayMesh(t)
-	conn, err := amqp.Dial(malloryURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := meshtest.Dial(t, malloryURL)
 	verdict := func(op func(ch *amqp.Channel) error) int {
 		t.Helper()
 		code, err := meshtest.BrokerVerdict(conn, op)
@@ -531,6 +504,7 @@ func TestAdversaryCarbonCopies(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	rmq, vhost, db, alpha, beta, _ := replayMesh(t)
 	env := []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}
 	if code, out, errOut := cliEnv(t, env, "mesh", "node", "add", "trudy", "--stages", "thumbs"); code != 0 {
@@ -550,15 +524,7 @@ func TestAdversaryCarbonCopies(t *testing.T) {
 	})
 	waitConsumers(t, rmq, vhost, "cmd.resize", 1)
 
-	conn, err := amqp.Dial(trudyURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := meshtest.Channel(t, trudyURL)
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}

@@ -30,8 +30,9 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
-	r := meshtest.RabbitMQ(t)
+	r := meshtest.LeaseRabbitMQ(t)
 	vhostURL := r.Vhost(t)
 	vhost, err := brokeradmin.VhostOf(vhostURL)
 	if err != nil {
@@ -97,11 +98,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	}
 	normal("before")
 
-	conn, err := amqp.Dial(betaURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := meshtest.Dial(t, betaURL)
 	// refused runs op on a fresh channel and returns the broker's error
 	// code (0: allowed); a synchronous call after it catches an
 	// asynchronous refusal (a publish).
@@ -236,15 +233,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	// own, is played by a raw client that sees alpha's request; beta's
 	// credential answers it first, then gamma does.
 	gammaURL, gammaCred := nodeURL("gamma")
-	gconn, err := amqp.Dial(gammaURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gconn.Close()
-	gch, err := gconn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	gch := meshtest.Channel(t, gammaURL)
 	gammaQ, err := gch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		t.Fatalf("gamma declares its request queue: %v", err)
@@ -389,8 +378,9 @@ func TestAdversaryNodeAddedWithoutStages(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
-	r := meshtest.RabbitMQ(t)
+	r := meshtest.LeaseRabbitMQ(t)
 	vhostURL := r.Vhost(t)
 	db := meshtest.Postgres(t).Database(t)
 	admin := []string{"MESHBOX_DB=" + db, "MESHBOX_BROKER_ADMIN=" + r.AdminURL()}
@@ -414,15 +404,7 @@ func TestAdversaryNodeAddedWithoutStages(t *testing.T) {
 		}
 	})
 	// The stage's queue exists (the admin made it); the nodes try to read it.
-	guest, err := amqp.Dial(vhostURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer guest.Close()
-	gch, err := guest.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	gch := meshtest.Channel(t, vhostURL)
 	if _, err := gch.QueueDeclare("cmd.s", true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}

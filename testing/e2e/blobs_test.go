@@ -176,6 +176,7 @@ func TestBlobAcrossMesh(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	_, _, alpha, beta := sealedMesh(t)
 	testBlobAcrossMesh(t, alpha, beta, blobSize)
 }

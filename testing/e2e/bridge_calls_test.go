@@ -43,6 +43,7 @@ func TestManyCallsAcrossNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	amqpURL := meshtest.RabbitMQ(t).Vhost(t)
 	alpha := startMeshNode(t, "alpha", amqpURL, bridgeConfig{})
 	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{})
@@ -55,24 +56,7 @@ func TestManyCallsAcrossNodes(t *testing.T) {
 	nc := natsConn(t, alpha)
 	waitCallable(t, nc, "cap.echo", nil, func(m *nats.Msg) bool { c, _ := natstest.ServiceError(m); return c == 0 })
 	const n = 3000
-	failed := map[string]int{}
-	first := -1
-	for i := range n {
-		resp, err := nc.Request("cap.echo", []byte("ping"), 5*time.Second)
-		switch code, text := natstest.ServiceError(resp); {
-		case err != nil:
-			failed[err.Error()]++
-		case code != 0:
-			failed[text]++
-		case string(resp.Data) != "ping":
-			failed["wrong body "+string(resp.Data)]++
-		default:
-			continue
-		}
-		if first < 0 {
-			first = i
-		}
-	}
+	failed, first := callEchoes(nc, n)
 	if len(failed) != 0 {
 		t.Errorf("of %d calls from alpha to cap.echo on beta, some failed, the first at call %d: %v", n, first, failed)
 	}
@@ -84,6 +68,7 @@ func TestManyLocalCalls(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	p := meshtest.StartProcess(t, "--node", "solo")
 	host := natsConn(t, p)
 	if _, err := host.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
@@ -92,8 +77,17 @@ func TestManyLocalCalls(t *testing.T) {
 	flush(t, host)
 	nc := natsConn(t, p)
 	const n = 3000
-	failed := map[string]int{}
-	first := -1
+	failed, first := callEchoes(nc, n)
+	if len(failed) != 0 {
+		t.Errorf("of %d local calls to cap.echo, some failed, the first at call %d: %v", n, first, failed)
+	}
+}
+
+// callEchoes calls cap.echo n times in a row on nc and tallies the calls
+// not answered with their own body, by what went wrong; first is the
+// number of the first of them (-1 if none).
+func callEchoes(nc *nats.Conn, n int) (failed map[string]int, first int) {
+	failed, first = map[string]int{}, -1
 	for i := range n {
 		resp, err := nc.Request("cap.echo", []byte("ping"), 5*time.Second)
 		switch code, text := natstest.ServiceError(resp); {
@@ -110,7 +104,5 @@ func TestManyLocalCalls(t *testing.T) {
 			first = i
 		}
 	}
-	if len(failed) != 0 {
-		t.Errorf("of %d local calls to cap.echo, some failed, the first at call %d: %v", n, first, failed)
-	}
+	return failed, first
 }

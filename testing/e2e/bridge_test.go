@@ -71,6 +71,13 @@ func startMeshNode(t *testing.T, name, amqpURL string, bc bridgeConfig, extra ..
 // amqpURL with bc in its config file.
 func meshNodeArgs(t *testing.T, name, amqpURL string, bc bridgeConfig, extra ...string) []string {
 	t.Helper()
+	return append([]string{"--node", name, "--broker", amqpURL, "--config", bridgeConfigFile(t, name, bc)}, extra...)
+}
+
+// bridgeConfigFile writes a config file for node name with bc as its
+// bridge part, and returns its path (for --config).
+func bridgeConfigFile(t *testing.T, name string, bc bridgeConfig) string {
+	t.Helper()
 	data, err := json.Marshal(map[string]any{"bridge": bc})
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +86,7 @@ func meshNodeArgs(t *testing.T, name, amqpURL string, bc bridgeConfig, extra ...
 	if err := os.WriteFile(file, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return append([]string{"--node", name, "--broker", amqpURL, "--config", file}, extra...)
+	return file
 }
 
 // waitCallable waits until a call to subject (with headers h) gets an
@@ -501,6 +508,7 @@ func TestSameNodeNameOnBrokerIsRefused(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	rmq := meshtest.RabbitMQ(t)
 	amqpURL := rmq.Vhost(t)
 	first := startMeshNode(t, "twin", amqpURL, bridgeConfig{})

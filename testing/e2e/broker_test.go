@@ -17,6 +17,7 @@ func redactedHostPart(amqpURL string) string {
 }
 
 func TestNodeFollowsBrokerSetting(t *testing.T) {
+	t.Parallel()
 	rmq := meshtest.RabbitMQ(t)
 	first, second := rmq.Vhost(t), rmq.Vhost(t)
 	db := meshtest.Postgres(t).Database(t)

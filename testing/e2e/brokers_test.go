@@ -36,6 +36,7 @@ func hostOf(t *testing.T, amqpURL string) string {
 // are closed ports connects to c, and its status says so: the broker in
 // use and all three URLs, passwords redacted.
 func TestThreeBrokerURLsTwoDown(t *testing.T) {
+	t.Parallel()
 	vhost := meshtest.RabbitMQ(t).Vhost(t)
 	live := hostOf(t, vhost)
 	down1 := withHost(t, vhost, fmt.Sprintf("127.0.0.1:%d", meshtest.ClosedPort(t)))
@@ -60,6 +61,7 @@ func TestThreeBrokerURLsTwoDown(t *testing.T) {
 // cutting the proxy it is on moves it to the other, and its status and
 // log say so.
 func TestBrokerFailoverToSecondURL(t *testing.T) {
+	t.Parallel()
 	vhost := meshtest.RabbitMQ(t).Vhost(t)
 	upstream := hostOf(t, vhost)
 	px1, px2 := meshtest.NewProxy(t, upstream), meshtest.NewProxy(t, upstream)
@@ -90,6 +92,7 @@ func TestBrokerFailoverToSecondURL(t *testing.T) {
 // does not answer is a warning while another does, a failure when none
 // does.
 func TestDoctorSeveralBrokers(t *testing.T) {
+	t.Parallel()
 	vhost := meshtest.RabbitMQ(t).Vhost(t)
 	down := withHost(t, vhost, fmt.Sprintf("127.0.0.1:%d", meshtest.ClosedPort(t)))
 	data := filepath.Join(t.TempDir(), "data")
@@ -114,6 +117,7 @@ func TestDoctorSeveralBrokers(t *testing.T) {
 // one down; a node run with only --db connects to the other one with the
 // credential its bindings give it, and its status lists both.
 func TestBrokerListSetting(t *testing.T) {
+	t.Parallel()
 	vhost := meshtest.RabbitMQ(t).Vhost(t)
 	down := withHost(t, vhost, fmt.Sprintf("127.0.0.1:%d", meshtest.ClosedPort(t)))
 	db := meshtest.Postgres(t).Database(t)

@@ -22,6 +22,7 @@ func TestClientCommandsFindTheirNode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	data := t.TempDir()
 	port := meshtest.FreePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
@@ -93,6 +94,7 @@ func TestCallErrorsSayWhatToDo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	_, _, _, alpha, beta, _ := replayMesh(t)
 	host := natsConn(t, beta)
 	if _, err := host.Subscribe("cap.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {

@@ -16,6 +16,7 @@ func TestBashCompletion(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs bash and the binary")
 	}
+	t.Parallel()
 	bash, err := exec.LookPath("bash")
 	if err != nil {
 		t.Fatalf("bash: %v", err)

@@ -21,6 +21,7 @@ func TestDataDirOwnedByAnotherUser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root (as make test runs): it runs the node as another user")
 	}

@@ -105,6 +105,7 @@ func TestDoctorHealthyNode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, RabbitMQ and a node")
 	}
+	t.Parallel()
 	meshtest.Binary(t) // built before cli's timeout starts
 	vhost := meshtest.RabbitMQ(t).Vhost(t)
 	db := meshtest.Postgres(t).Database(t)
@@ -178,6 +179,7 @@ func TestDoctorDatabaseDown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and stops PostgreSQL")
 	}
+	t.Parallel()
 	meshtest.Binary(t)
 	pg := meshtest.NewPostgres(t) // private: this test stops it
 	db := pg.Database(t)
@@ -250,6 +252,7 @@ func TestDoctorStagedFailures(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the meshbox binary")
 	}
+	t.Parallel()
 	meshtest.Binary(t)
 
 	// A multicast DNS name for the broker.

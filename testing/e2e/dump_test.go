@@ -39,8 +39,9 @@ func TestDumpsHoldSecretsOnlySealed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
-	rmq := meshtest.RabbitMQ(t)
+	rmq := meshtest.LeaseRabbitMQ(t)
 	vhost := rmq.Vhost(t)
 	pg := meshtest.Postgres(t)
 	db := pg.Database(t)

@@ -428,6 +428,7 @@ func TestCommandRedeliveredAfterHandlerKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	rmq := meshtest.RabbitMQ(t)
 	amqpURL := rmq.Vhost(t)
 	// A short command timeout: the redelivery waits for it.
@@ -474,6 +475,7 @@ func TestCommandRedeliveredAfterNodeKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	rmq := meshtest.RabbitMQ(t)
 	amqpURL := rmq.Vhost(t)
 	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{})

@@ -74,6 +74,7 @@ func TestGettingStarted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, RabbitMQ and three nodes")
 	}
+	t.Parallel()
 	bin := meshtest.Binary(t)
 	natsBin := natsCLI(t)
 	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", "getting-started.md"))
@@ -82,7 +83,7 @@ func TestGettingStarted(t *testing.T) {
 	}
 	blocks := gettingStartedBlocks(t, string(raw))
 
-	rmq := meshtest.RabbitMQ(t)
+	rmq := meshtest.LeaseRabbitMQ(t)
 	pg := meshtest.Postgres(t)
 	suffix := strings.ToLower(rand.Text()[:8])
 	role, dbName, vhost, adminUser := "meshbox_gs_"+suffix, "mesh_gs_"+suffix, "gs-"+suffix, "meshbox-admin-"+suffix

@@ -32,7 +32,8 @@ func joinToken(t *testing.T, out string) string {
 // that a token works once and not after it expired, and that bad input
 // gets clear errors.
 func TestNodeAddJoinRun(t *testing.T) {
-	rmq := meshtest.RabbitMQ(t)
+	t.Parallel()
+	rmq := meshtest.LeaseRabbitMQ(t)
 	vhost := rmq.Vhost(t)
 	db := meshtest.Postgres(t).Database(t)
 	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", meshtest.NoCredential(vhost)); code != 0 {

@@ -24,6 +24,7 @@ func TestLeaseWithTheRealBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	rmq := meshtest.RabbitMQ(t)
 	amqpURL := rmq.Vhost(t)
 	p := startMeshNode(t, "alpha", amqpURL, bridgeConfig{CommandTimeout: "1s", MaxLease: "20s"})
@@ -94,6 +95,7 @@ func TestDedupeWithTheRealBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	rmq := meshtest.RabbitMQ(t)
 	amqpURL := rmq.Vhost(t)
 	bc := bridgeConfig{Dedupe: map[string]map[string]any{"once": {"window": "1h", "max_entries": 1000}}}

@@ -27,6 +27,7 @@ func TestLocalAdversary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, RabbitMQ and two nodes")
 	}
+	t.Parallel()
 	alpha, beta, _ := twoNodeMesh(t)
 
 	// No credential: refused.
@@ -174,6 +175,7 @@ func TestLocalConfusedDeputy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, RabbitMQ and two nodes")
 	}
+	t.Parallel()
 	alpha, beta, _ := twoNodeMesh(t)
 	onAlpha, onBeta := alpha.Connect(t), beta.Connect(t)
 
@@ -380,6 +382,7 @@ func TestLocalConfusedDeputy(t *testing.T) {
 // without the service right cannot subscribe to any of those subjects,
 // and the service program cannot answer for another service's name.
 func TestLocalMicroService(t *testing.T) {
+	t.Parallel()
 	p := meshtest.StartProcess(t, "--node", "solo")
 	prog := programs.Program{Name: "lamp-svc", Host: []string{"lamp"}, Service: []string{"lamps"}}
 	creds := meshtest.AddProgram(t, p.NATSURL(), p.DataDir(), prog)

@@ -179,6 +179,7 @@ func TestMetricsScrape(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, RabbitMQ and two nodes")
 	}
+	t.Parallel()
 	alpha, beta, db := twoNodeMesh(t)
 
 	// Every documented family is there with its type, and no meshbox_

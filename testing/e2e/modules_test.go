@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -375,24 +374,6 @@ func TestModulesFollowTheMesh(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer safe for a writer and a reader at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // call calls subject with body on nc and returns the answer.
 func call(t *testing.T, nc *nats.Conn, subject, body string) string {
 	t.Helper()
@@ -414,6 +395,7 @@ func TestModulesSupervision(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL and a node")
 	}
+	t.Parallel()
 	meshtest.Binary(t)
 	db := meshtest.Postgres(t).Database(t)
 	if code, _, errOut := cli(t, "init", "--db", db, "--node", "alpha", "--broker", "amqp://127.0.0.1:5672/"); code != 0 {
@@ -535,7 +517,7 @@ func TestModulesSupervision(t *testing.T) {
 	// module logs -f prints the last lines, then new ones as they come.
 	follow := exec.Command(meshtest.Binary(t), "module", "logs", "steady", "-f")
 	follow.Env = append(os.Environ(), server...)
-	followOut := &lockedBuffer{}
+	followOut := &syncBuffer{}
 	follow.Stdout, follow.Stderr = followOut, followOut
 	if err := follow.Start(); err != nil {
 		t.Fatal(err)
@@ -592,6 +574,7 @@ func TestModulesWithoutTheDatabase(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL and a node")
 	}
+	t.Parallel()
 	meshtest.Binary(t)
 	pg := meshtest.NewPostgres(t) // private: this test stops it
 	db := pg.Database(t)

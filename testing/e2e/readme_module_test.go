@@ -50,6 +50,7 @@ func TestREADMEModule(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, RabbitMQ and two nodes")
 	}
+	t.Parallel()
 	meshtest.Binary(t)
 	natsBin := natsCLI(t)
 	data, err := os.ReadFile(filepath.Join("..", "..", "docs", "modules.md"))

@@ -18,6 +18,7 @@ import (
 // says so once and logs in as the new join's role. Bad input is refused
 // with a clear error.
 func TestNodeRejoin(t *testing.T) {
+	t.Parallel()
 	m := newIdentityMesh(t, "bee")
 	if code, out, errOut := cliEnv(t, m.admin, "mesh", "override", "set", "bee", "thumbs", "size", "64"); code != 0 {
 		t.Fatalf("override set: exit %d: %s%s", code, out, errOut)

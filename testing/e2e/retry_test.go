@@ -45,6 +45,7 @@ func TestRetryAndResultWithTheRealBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	rmq := meshtest.RabbitMQ(t)
 	amqpURL := rmq.Vhost(t)
 	const backoff = time.Second
@@ -116,6 +117,7 @@ func TestDeadLettersWithTheRealBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	rmq := meshtest.RabbitMQ(t)
 	amqpURL := rmq.Vhost(t)
 	p := startMeshNode(t, "alpha", amqpURL, bridgeConfig{

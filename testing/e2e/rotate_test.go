@@ -21,6 +21,7 @@ import (
 	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
+	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
@@ -42,9 +43,15 @@ type identityMesh struct {
 // the tests run stages on any of them); none is started.
 func newIdentityMesh(t *testing.T, nodes ...string) *identityMesh {
 	t.Helper()
-	rmq := meshtest.RabbitMQ(t)
-	m := &identityMesh{rmq: rmq, vhost: rmq.Vhost(t), db: meshtest.Postgres(t).Database(t),
-		envs: map[string]string{}, data: map[string]string{}}
+	return newIdentityMeshOn(t, meshtest.Postgres(t).Database(t), nodes...)
+}
+
+// newIdentityMeshOn is newIdentityMesh with the mesh database db (one of
+// a private server, for a test that stops it).
+func newIdentityMeshOn(t *testing.T, db string, nodes ...string) *identityMesh {
+	t.Helper()
+	rmq := meshtest.LeaseRabbitMQ(t)
+	m := &identityMesh{rmq: rmq, vhost: rmq.Vhost(t), db: db, envs: map[string]string{}, data: map[string]string{}}
 	m.admin = []string{"MESHBOX_DB=" + m.db, "MESHBOX_BROKER_ADMIN=" + rmq.AdminURL()}
 	if code, _, errOut := cli(t, "init", "--db", m.db, "--node", "hub", "--broker", meshtest.NoCredential(m.vhost)); code != 0 {
 		t.Fatalf("init: exit %d: %s", code, errOut)
@@ -62,6 +69,7 @@ func newIdentityMesh(t *testing.T, nodes ...string) *identityMesh {
 		}
 		m.envs[n] = filepath.Join(t.TempDir(), n+".env")
 		m.data[n] = filepath.Join(t.TempDir(), "data")
+		rememberDataDir(m.db, n, m.data[n])
 		if code, out, errOut := cli(t, "join", joinToken(t, out), "--env-file", m.envs[n]); code != 0 {
 			t.Fatalf("join %s: exit %d: %s%s", n, code, out, errOut)
 		}
@@ -77,6 +85,37 @@ func (m *identityMesh) start(t *testing.T, node string) *meshtest.Process {
 	meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, node+" connected to the broker",
 		func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	return p
+}
+
+// waitSwitchKnown waits until the mesh database records that node
+// switched to generation gen and p, the running node, applied bindings at
+// least that new: from then on its cache holds the switch, and the node
+// takes the broker's refusal of that generation's user for a revocation.
+func (m *identityMesh) waitSwitchKnown(t *testing.T, p *meshtest.Process, node string, gen int) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := meshdb.Open(ctx, m.db, meshdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	meshtest.Eventually(t, 30*time.Second, node+" on bindings that record its switch to generation "+strconv.Itoa(gen), func() error {
+		gens, err := db.CredentialGenerations(ctx, node)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(gens, func(g meshdb.CredentialGeneration) bool { return g.Generation == gen && g.Switched() }) {
+			return fmt.Errorf("the mesh database records no switch: %+v", gens)
+		}
+		rev, err := db.Revision(ctx)
+		if err != nil {
+			return err
+		}
+		if got := meshtest.Status(t, p.HTTPURL()).Bindings.Revision; got < rev {
+			return fmt.Errorf("%s runs revision %d, the mesh is at %d", node, got, rev)
+		}
+		return nil
+	})
 }
 
 // rotate runs `meshbox mesh node rotate args...` as the admin.
@@ -326,6 +365,7 @@ func peerRow(out, node, cred string) bool {
 // (bounded), names it and fails, leaving its old credential valid; once
 // the node is back it switches, and a second rotate finishes.
 func TestRotateWaitsForOfflineNode(t *testing.T) {
+	t.Parallel()
 	m := newIdentityMesh(t, "ant", "bee")
 	ant := m.start(t, "ant")
 	bee := m.start(t, "bee")
@@ -426,6 +466,7 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 // TestRotateBadInput: rotate and the other admin commands on a node's
 // identity refuse bad input with errors that say what is wrong.
 func TestRotateBadInput(t *testing.T) {
+	t.Parallel()
 	m := newIdentityMesh(t, "ant")
 	mgmt := m.rmq.ManagementURL()
 	port := strings.TrimPrefix(mgmt, "http://127.0.0.1:")
@@ -475,6 +516,7 @@ func TestRotateBadInput(t *testing.T) {
 // broker user (the node may consume only the allowed stages), and remove
 // deletes its broker users and database role.
 func TestSetStagesAndRemove(t *testing.T) {
+	t.Parallel()
 	m := newIdentityMesh(t, "ant")
 	code, out, errOut := cliEnv(t, m.admin, "mesh", "node", "set-stages", "ant", "resize", "thumbs")
 	if code != 0 || !strings.Contains(out, "permissions of broker user node.ant.g1 updated") {

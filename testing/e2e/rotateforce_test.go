@@ -19,11 +19,15 @@ import (
 // generation), the node says its credential was revoked — in its status,
 // a metric and one log line — and keeps serving local work.
 func TestRotateForceRevokesOfflineNode(t *testing.T) {
+	t.Parallel()
 	m := newIdentityMesh(t, "bee")
 	bee := m.start(t, "bee")
 	waitIdentity(t, bee.HTTPURL(), "bee on generation 1", func(s appliance.Status) bool {
 		return s.Identity.Generation == 1 && s.Identity.State == "in use"
 	})
+	// Only bindings that record its switch tell bee, when it comes back,
+	// that the broker accepted generation 1 before.
+	m.waitSwitchKnown(t, bee, "bee", 1)
 	bee.Signal(syscall.SIGTERM)
 	if code := bee.Wait(); code != 0 {
 		t.Fatalf("bee stopped with exit %d", code)

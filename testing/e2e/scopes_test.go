@@ -42,8 +42,9 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
-	rmq := meshtest.RabbitMQ(t)
+	rmq := meshtest.LeaseRabbitMQ(t)
 	vhost := rmq.Vhost(t)
 	db := meshtest.Postgres(t).Database(t)
 	if code, _, errOut := cli(t, "init", "--db", db, "--node", "console", "--broker", meshtest.NoCredential(vhost)); code != 0 {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -105,26 +104,15 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
-	rmq := meshtest.RabbitMQ(t)
+	rmq := meshtest.LeaseRabbitMQ(t)
 	// beta retries stage vault once, after a short wait in its retry queue.
-	retry, err := json.Marshal(map[string]any{"bridge": map[string]any{
-		"retry": map[string]any{"vault": map[string]any{"attempts": 2, "backoff": "300ms"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	config := filepath.Join(t.TempDir(), "beta.json")
-	if err := os.WriteFile(config, retry, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	config := bridgeConfigFile(t, "beta", bridgeConfig{Retry: map[string]map[string]any{"vault": {"attempts": 2, "backoff": "300ms"}}})
 	vhost, db, alpha, beta := sealedMeshOn(t, rmq, "--config", config)
 
 	// The operator: the broker's admin credential, every key of mesh.
-	op, err := amqp.Dial(vhost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer op.Close()
+	op := meshtest.Dial(t, vhost)
 	och, err := op.Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -298,15 +286,7 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 	// operator who can publish as a node would): refused with the reason,
 	// counted and logged; the handler never sees it.
 	alphaURL := brokerURLOf(t, ctx, db, vhost, "alpha")
-	ac, err := amqp.Dial(alphaURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ac.Close()
-	ach, err := ac.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ach := meshtest.Channel(t, alphaURL)
 	body := bytes.Clone(cmd.Body)
 	body[len(body)/2] ^= 0x01
 	if err := ach.PublishWithContext(ctx, "mesh", "cmd.vault", false, false, amqp.Publishing{
@@ -363,6 +343,7 @@ func TestKeyRotationUnderTraffic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	ctx := context.Background()
 	_, db, alpha, beta := sealedMesh(t)
 
@@ -463,7 +444,7 @@ func waitAllHandled(t *testing.T, d time.Duration, during string, sent []string,
 // with their own credentials, returning once both seal what they send.
 func sealedMesh(t *testing.T) (vhost, db string, alpha, beta *meshtest.Process) {
 	t.Helper()
-	return sealedMeshOn(t, meshtest.RabbitMQ(t))
+	return sealedMeshOn(t, meshtest.LeaseRabbitMQ(t))
 }
 
 // sealedMeshOn is sealedMesh on the broker rmq; betaExtra are extra flags

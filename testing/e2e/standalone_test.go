@@ -162,6 +162,7 @@ func TestSecondProcessOnSameDataDirIsRefused(t *testing.T) {
 }
 
 func TestStatusOfUnreachableNode(t *testing.T) {
+	t.Parallel()
 	port := meshtest.ClosedPort(t)
 	code, out, errOut := cli(t, "status", "--server", "nats://127.0.0.1:"+strconv.Itoa(port))
 	if code == 0 {
@@ -174,6 +175,7 @@ func TestStatusOfUnreachableNode(t *testing.T) {
 }
 
 func TestRunRejectsBadInput(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		args []string
 		want string

@@ -178,6 +178,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, RabbitMQ, two nodes and a browser")
 	}
+	t.Parallel()
 	alpha, beta, _ := startTwoNodes(t)
 
 	// A program on alpha hosts a capability, one on beta another.
@@ -325,6 +326,7 @@ func TestStatusPageOnCache(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, a node and a browser")
 	}
+	t.Parallel()
 	meshtest.Binary(t) // built before cli's timeout starts
 	pg := meshtest.Postgres(t)
 	db := pg.Database(t)
@@ -387,6 +389,7 @@ func TestStatusPageRendersAnyStatus(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a node and a browser")
 	}
+	t.Parallel()
 	p := meshtest.StartProcess(t, "--node", "solo")
 	resp, err := http.Get(p.HTTPURL() + "/")
 	if err != nil {
@@ -519,6 +522,7 @@ func TestStandaloneStatusPage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a node and a browser")
 	}
+	t.Parallel()
 	p := meshtest.StartProcess(t, "--node", "solo")
 	host := natsConn(t, p)
 	release := make(chan struct{})
@@ -571,6 +575,7 @@ func TestStandaloneDeadLetters(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a node")
 	}
+	t.Parallel()
 	p := meshtest.StartProcess(t, "--node", "solo")
 	host := natsConn(t, p)
 	if _, err := host.Subscribe("work.print", func(m *nats.Msg) {

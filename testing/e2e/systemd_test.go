@@ -19,6 +19,7 @@ func TestNotifiesSystemd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	sock := filepath.Join(t.TempDir(), "notify")
 	l, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
 	if err != nil {

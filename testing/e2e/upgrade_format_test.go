@@ -18,6 +18,7 @@ func TestOlderBinaryRefusesNewerCache(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	data := t.TempDir()
 	p := meshtest.StartProcess(t, "--node", "attic", "--data", data)
 	p.Signal(syscall.SIGTERM)

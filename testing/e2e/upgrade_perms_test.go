@@ -23,6 +23,7 @@ func TestRotateAllAppliesCurrentPermissions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	t.Parallel()
 	names := []string{"ant", "bee"}
 	m := newIdentityMesh(t, names...)
 	u, err := url.Parse(m.vhost)

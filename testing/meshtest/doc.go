@@ -15,7 +15,22 @@
 // [NewPostgres]) are for fault tests that stop, kill and restart them; they
 // are stopped in the test's Cleanup. Tests isolate themselves inside a
 // shared service with [Rabbit.Vhost] and [PG.Database], which create a vhost
-// or database named after the test and remove it in Cleanup.
+// or database named after the test and remove it in Cleanup. Broker users
+// are a broker's, not a vhost's: a test whose nodes get users of their own
+// (mesh node add, join, rotate) takes a broker of a small pool with
+// [LeaseRabbitMQ], its own until its Cleanup, so that tests in parallel
+// can each have a node alpha.
+//
+// The tests of a package run in parallel where they call t.Parallel; [Main]
+// lets eight run at once unless -test.parallel says otherwise, since they
+// mostly wait on services and child processes.
+//
+// Tests wait on states through one poller: [WaitFor] and [Eventually] fail
+// the test when a condition does not hold in time, [Poll] reports it.
+// [Status] reads a node's GET /status as the node's own type,
+// appliance.Status, and [WaitStatus] waits until it says what the test
+// wants. A test's own AMQP client (an operator, an adversary, a tap) comes
+// from [Dial] or [Channel].
 //
 // [NewRabbitCluster] starts a three-node RabbitMQ cluster for a test: three
 // brokers with their own node names, ports and directories, one Erlang

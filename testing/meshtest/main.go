@@ -2,19 +2,35 @@ package meshtest
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"os"
+	"runtime"
+	"strconv"
 	"testing"
 )
+
+// defaultParallel is how many of a package's parallel tests (t.Parallel)
+// Main lets run at once unless -test.parallel says otherwise. Integration
+// tests mostly wait on brokers, databases, child processes and timers, so
+// Go's default of one per core leaves a small machine idle.
+const defaultParallel = 8
 
 // Main runs the tests of an integration-test package and then stops the
 // shared services and removes the harness's temporary files. Use it as
 //
 //	func TestMain(m *testing.M) { os.Exit(meshtest.Main(m)) }
 //
+// Unless the command line sets -test.parallel, up to defaultParallel
+// parallel tests run at once (at least one per core).
+//
 // A package that checks for leaked goroutines calls goleak.Find after Main
 // returns: the harness owns no goroutines then.
 func Main(m *testing.M) int {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	setDefaultParallel()
 	removeStaleDirs()
 	code := m.Run()
 	if err := stopShared(); err != nil {
@@ -45,6 +61,19 @@ func stopShared() error {
 		shared.pg = nil
 	}
 	shared.pgMu.Unlock()
+	if err := stopLeased(); err != nil {
+		errs = append(errs, err)
+	}
 	removeBinary()
 	return errors.Join(errs...)
+}
+
+// setDefaultParallel sets -test.parallel to defaultParallel (or the
+// number of cores, if more) unless the command line set it.
+func setDefaultParallel() {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(defaultParallel, runtime.GOMAXPROCS(0))))
+	}
 }
