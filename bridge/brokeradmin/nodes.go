@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"slices"
+	"time"
 
 	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 
@@ -71,7 +73,7 @@ func (a *Admin) DeclareMesh(ctx context.Context) error {
 			// A quorum queue, reachable with any node of a cluster down. An
 			// older mesh's classic one is kept: declaring it with another
 			// type would fail.
-			if _, err := a.c.GetQueue(a.vhost, wire.DeadLetterQueue); err == nil {
+			if _, err := a.getQueue(a.vhost, wire.DeadLetterQueue); err == nil {
 				return &http.Response{Body: http.NoBody}, nil
 			}
 			return a.c.DeclareQueue(a.vhost, wire.DeadLetterQueue, rabbithole.QueueSettings{Type: "quorum", Durable: true})
@@ -152,7 +154,7 @@ func (a *Admin) DeclareNodeQueues(ctx context.Context, node string, stages []str
 	}
 	for _, q := range specs {
 		if err := a.call(ctx, "declare queue "+q.Name, func() (*http.Response, error) {
-			info, err := a.c.GetQueue(a.vhost, q.Name)
+			info, err := a.getQueue(a.vhost, q.Name)
 			var er rabbithole.ErrorResponse
 			switch {
 			case err == nil && info.Arguments["x-expires"] != nil && info.Messages == 0 && info.Consumers == 0:
@@ -304,6 +306,21 @@ func (a *Admin) checkVhost(ctx context.Context) error {
 
 // call runs one management API call unless ctx is done, and closes the
 // response body.
+// getQueue reads a queue. The management API may describe a consumer
+// whose channel is closing with channel_details [] where an object belongs,
+// which its client cannot decode: such a read is tried again, a few times,
+// since the closing channel is gone a moment later.
+func (a *Admin) getQueue(vhost, name string) (*rabbithole.DetailedQueueInfo, error) {
+	for i := 0; ; i++ {
+		info, err := a.c.GetQueue(vhost, name)
+		var te *json.UnmarshalTypeError
+		if !errors.As(err, &te) || i == 4 {
+			return info, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func (a *Admin) call(ctx context.Context, op string, do func() (*http.Response, error)) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
