@@ -1,21 +1,10 @@
 package bridge_test
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
 	"github.com/meshbox/meshbox/testing/meshtest"
-	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) {
-	code := meshtest.Main(m)
-	if code == 0 {
-		if err := goleak.Find(goleak.IgnoreCurrent()); err != nil {
-			fmt.Fprintf(os.Stderr, "leaked goroutines: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(meshtest.MainLeakFree(m)) }

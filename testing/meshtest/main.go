@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"strconv"
 	"testing"
+
+	"go.uber.org/goleak"
 )
 
 // defaultParallel is how many of a package's parallel tests (t.Parallel)
@@ -36,6 +38,22 @@ func Main(m *testing.M) int {
 	if err := stopShared(); err != nil {
 		fmt.Fprintf(os.Stderr, "meshtest: %v\n", err)
 		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
+
+// MainLeakFree is Main for a package whose tests leave no goroutine
+// behind: once Main returned (the harness owns none then), any goroutine
+// left fails the run, and the leaked ones are printed.
+//
+//	func TestMain(m *testing.M) { os.Exit(meshtest.MainLeakFree(m)) }
+func MainLeakFree(m *testing.M, opts ...goleak.Option) int {
+	code := Main(m)
+	if code == 0 {
+		if err := goleak.Find(opts...); err != nil {
+			fmt.Fprintf(os.Stderr, "leaked goroutines: %v\n", err)
 			code = 1
 		}
 	}
