@@ -1,7 +1,6 @@
 package cache
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +11,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/meshbox/meshbox/testing/testio"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
@@ -85,25 +85,8 @@ type managerEnv struct {
 	src   *fakeSource
 	store *Store
 	reg   *prometheus.Registry
-	logs  *syncBuffer
+	logs  *testio.Buffer
 	m     *Manager
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // newManagerEnv builds a manager for node n1 on a fresh store; withDB
@@ -116,7 +99,7 @@ func newManagerEnv(tb testing.TB, withDB bool, maxAge time.Duration) *managerEnv
 	e := &managerEnv{
 		store: openStore(tb, StoreOptions{}),
 		reg:   prometheus.NewRegistry(),
-		logs:  &syncBuffer{},
+		logs:  &testio.Buffer{},
 	}
 	e.src = &fakeSource{rev: 1, b: testBindings(1)}
 	cfg := ManagerConfig{

@@ -21,6 +21,7 @@ import (
 	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/testio"
 )
 
 func TestMain(m *testing.M) {
@@ -426,7 +427,7 @@ type managerUnderTest struct {
 	store   *cache.Store
 	src     *observedSource
 	changes chan cache.Divergence
-	logs    *syncBuffer
+	logs    *testio.Buffer
 }
 
 // observedSource is the mesh database as the manager sees it, with the
@@ -497,23 +498,6 @@ func (mt *managerUnderTest) waitLoads(tb testing.TB, n int, d time.Duration) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startManager starts a manager for n1 on the cache at path, reading url.
 func startManager(tb testing.TB, path, url string) *managerUnderTest {
 	tb.Helper()
@@ -521,7 +505,7 @@ func startManager(tb testing.TB, path, url string) *managerUnderTest {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testio.Buffer{}
 	src := newObservedSource(openDB(tb, url))
 	m, err := cache.NewManager(cache.ManagerConfig{
 		Node: "n1", Store: store, Source: src,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/testing/testio"
 	"github.com/meshbox/meshbox/testing/wait"
 )
 
@@ -51,7 +52,7 @@ func TestNodeOlderThanSchemaRunsFromCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testio.Buffer{}
 	newManager := func() *cache.Manager {
 		m, err := cache.NewManager(cache.ManagerConfig{
 			Node: "alpha", Store: store, Source: node,

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -13,7 +12,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +20,7 @@ import (
 	"github.com/meshbox/meshbox/appliance/blobs"
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/testio"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -52,11 +51,11 @@ func blobCLI(t *testing.T, p *meshtest.Process, timeout time.Duration, args ...s
 
 // blobCmd is the command blobCLI runs, not started, with its output
 // buffers.
-func blobCmd(t *testing.T, p *meshtest.Process, args ...string) (*exec.Cmd, *syncBuffer, *syncBuffer) {
+func blobCmd(t *testing.T, p *meshtest.Process, args ...string) (*exec.Cmd, *testio.Buffer, *testio.Buffer) {
 	t.Helper()
 	cmd := exec.Command(meshtest.Binary(t), append([]string{"blob"}, args...)...)
 	cmd.Env = append(os.Environ(), "MESHBOX_SERVER="+p.NATSURL(), "MESHBOX_DATA="+p.DataDir(), "MESHBOX_CREDS=", "MESHBOX_TEST_TAMPER_CHUNKS=")
-	out, errOut := &syncBuffer{}, &syncBuffer{}
+	out, errOut := &testio.Buffer{}, &testio.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, errOut
 	return cmd, out, errOut
 }
@@ -372,25 +371,6 @@ func TestBlobFetchResumes(t *testing.T) {
 	if s := parseSummary(t, o); s.kept < 4 || s.kept+s.fetched != s.chunks {
 		t.Errorf("fetch after a killed one: got %+v, want at least 4 chunks kept and the rest fetched once", s)
 	}
-}
-
-// syncBuffer is a bytes.Buffer that a command's output and the test may
-// use at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // waitPart waits until the partial file of a fetch into out holds at least

@@ -19,6 +19,7 @@ import (
 	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
+	"github.com/meshbox/meshbox/testing/testio"
 	"github.com/nats-io/nats.go"
 )
 
@@ -517,7 +518,7 @@ func TestModulesSupervision(t *testing.T) {
 	// module logs -f prints the last lines, then new ones as they come.
 	follow := exec.Command(meshtest.Binary(t), "module", "logs", "steady", "-f")
 	follow.Env = append(os.Environ(), server...)
-	followOut := &syncBuffer{}
+	followOut := &testio.Buffer{}
 	follow.Stdout, follow.Stderr = followOut, followOut
 	if err := follow.Start(); err != nil {
 		t.Fatal(err)
