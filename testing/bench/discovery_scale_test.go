@@ -236,7 +236,9 @@ func joinMesh(b *testing.B, amqpURL, name string, want int, in *atomic.Int64) (n
 		if time.Now().After(deadline) {
 			b.Fatalf("node %s saw %d of %d peers after 30s", name, countComplete(n.Peers()), want)
 		}
-		time.Sleep(5 * time.Millisecond) // copying the view of 1,000 peers holds the node's lock a while
+		// Copying the view of many peers holds the node's lock a while:
+		// 1ms between looks for a few, 5ms for 1,000.
+		time.Sleep(max(time.Millisecond, time.Duration(want)*5*time.Microsecond))
 	}
 	return n, time.Since(start), close
 }

@@ -1,10 +1,7 @@
 package bench
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -12,13 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/node"
 	"github.com/meshbox/meshbox/testing/meshtest"
-	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 )
 
 // Peer counts and runs of the discovery benchmark.
@@ -68,57 +63,9 @@ func BenchmarkDiscovery(b *testing.B) {
 // how long it took to see all want peers up with their records.
 func timeDiscovery(b *testing.B, url, name string, want int) time.Duration {
 	b.Helper()
-	srv := natstest.Start(b)
-	dial := func(opts ...nats.Option) (*nats.Conn, error) {
-		return natstest.Dialer(srv)(append([]nats.Option{nats.Name("meshbox-bridge")}, opts...)...)
-	}
-	api := natstest.Connect(b, srv, nats.Name("meshbox-api"))
-
-	var nd atomic.Pointer[node.Node]
-	logger := slog.New(slog.DiscardHandler)
-	br, err := bridge.New(bridge.Config{
-		Node:       name,
-		URL:        url,
-		OutboxPath: filepath.Join(b.TempDir(), "outbox.db"),
-		Dial:       dial,
-		OnSystem:   func(key string, body []byte, origin string) { nd.Load().HandleSystem(key, body, origin) },
-		Logger:     logger,
-	}, api)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer br.Close()
-	if err := br.Start(context.Background()); err != nil {
-		b.Fatal(err)
-	}
-	meshtest.WaitFor(b, 30*time.Second, "bridge connected", func() bool { return br.Status().Broker.State == bridge.StateConnected })
-
-	n, err := node.New(node.Config{
-		Name:    name,
-		Version: "bench",
-		Link:    br,
-		Logger:  logger,
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer n.Close()
-	nd.Store(n)
-
-	start := time.Now()
-	if err := n.Start(context.Background()); err != nil {
-		b.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if complete(n.Peers(), want) {
-			return time.Since(start)
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("node %s saw %d of %d peers after 30s", name, countComplete(n.Peers()), want)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	_, took, stop := joinMesh(b, url, name, want, new(atomic.Int64))
+	stop()
+	return took
 }
 
 // complete reports whether peers holds want simulated peers, up and with
