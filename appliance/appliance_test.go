@@ -15,15 +15,22 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// startNode starts a standalone node on free ports in its own data
-// directory and closes it in cleanup.
-func startNode(t testing.TB, name, dataDir string) *Appliance {
-	t.Helper()
+// localConfig is the configuration of a standalone node named name on
+// free loopback ports, with its data in dataDir.
+func localConfig(name, dataDir string) Config {
 	cfg := DefaultConfig()
 	cfg.Node = name
 	cfg.DataDir = dataDir
 	cfg.NATS = "127.0.0.1:0"
 	cfg.HTTP = "127.0.0.1:0"
+	return cfg
+}
+
+// startNode starts a standalone node on free ports in its own data
+// directory and closes it in cleanup.
+func startNode(t testing.TB, name, dataDir string) *Appliance {
+	t.Helper()
+	cfg := localConfig(name, dataDir)
 	a, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -59,11 +66,7 @@ func TestTwoNodesSideBySide(t *testing.T) {
 func TestDataDirInUse(t *testing.T) {
 	dir := t.TempDir()
 	startNode(t, "alpha", dir)
-	cfg := DefaultConfig()
-	cfg.Node = "alpha2"
-	cfg.DataDir = dir
-	cfg.NATS = "127.0.0.1:0"
-	cfg.HTTP = "127.0.0.1:0"
+	cfg := localConfig("alpha2", dir)
 	a, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -130,11 +133,7 @@ func TestNATSAndStatusEndpoints(t *testing.T) {
 }
 
 func TestCloseIsIdempotentAndStartAfterCloseFails(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Node = "alpha"
-	cfg.DataDir = t.TempDir()
-	cfg.NATS = "127.0.0.1:0"
-	cfg.HTTP = "127.0.0.1:0"
+	cfg := localConfig("alpha", t.TempDir())
 	a, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -227,11 +226,7 @@ func TestHostedCapabilityNeverGetsNoHostAnswer(t *testing.T) {
 // /debug/pprof is served only when configured.
 func TestPprofIsOptIn(t *testing.T) {
 	for _, on := range []bool{false, true} {
-		cfg := DefaultConfig()
-		cfg.Node = "alpha"
-		cfg.DataDir = t.TempDir()
-		cfg.NATS = "127.0.0.1:0"
-		cfg.HTTP = "127.0.0.1:0"
+		cfg := localConfig("alpha", t.TempDir())
 		cfg.Pprof = on
 		a, err := New(cfg, nil)
 		if err != nil {

@@ -12,11 +12,7 @@ import (
 // and then sends nothing until a link connects: it does not wake at every
 // heartbeat and probe to fail a publish.
 func TestStandaloneDiscoveryWaitsForTheLink(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Node = "alpha"
-	cfg.DataDir = t.TempDir()
-	cfg.NATS = "127.0.0.1:0"
-	cfg.HTTP = "127.0.0.1:0"
+	cfg := localConfig("alpha", t.TempDir())
 	cfg.Mesh.HeartbeatInterval = Duration(10 * time.Millisecond)
 	cfg.Mesh.DiscoveryInterval = Duration(10 * time.Millisecond)
 	a, err := New(cfg, nil)

@@ -192,10 +192,7 @@ func TestInterestWatcherWatchDeliversInOrderAndStops(t *testing.T) {
 // route keeps the bridge's stand-in for it out of what it hosts, and a
 // program's capability reaches the node's status through the watcher.
 func TestApplianceHostsProgramsButNotItsStandIns(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Node = "alpha"
-	cfg.DataDir = t.TempDir()
-	cfg.NATS = "127.0.0.1:0"
+	cfg := localConfig("alpha", t.TempDir())
 	cfg.HTTP = "off"
 	cfg.Bridge.Routes = map[string]string{"remote": "beta"}
 	a, err := New(cfg, nil)

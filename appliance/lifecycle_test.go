@@ -64,11 +64,7 @@ func get(t *testing.T, client *http.Client, base, path string, v any) int {
 // node is not ready yet.
 func TestStatusAnswersWhileStartIsBlocked(t *testing.T) {
 	broker, accepted := stallingBroker(t)
-	cfg := DefaultConfig()
-	cfg.Node = "alpha"
-	cfg.DataDir = t.TempDir()
-	cfg.NATS = "127.0.0.1:0"
-	cfg.HTTP = "127.0.0.1:0"
+	cfg := localConfig("alpha", t.TempDir())
 	cfg.Broker = Secret(broker)
 	a, err := New(cfg, nil)
 	if err != nil {
@@ -115,11 +111,7 @@ func TestStatusAnswersWhileStartIsBlocked(t *testing.T) {
 // Close says "node is stopping" on /readyz while it stops the node, and
 // its own HTTP handlers answer meanwhile instead of waiting for Close.
 func TestStoppingIsVisibleDuringClose(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Node = "alpha"
-	cfg.DataDir = t.TempDir()
-	cfg.NATS = "127.0.0.1:0"
-	cfg.HTTP = "127.0.0.1:0"
+	cfg := localConfig("alpha", t.TempDir())
 	a, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -153,11 +145,7 @@ func TestStoppingIsVisibleDuringClose(t *testing.T) {
 // Close does not wait for a Start that waits on the network: it cancels it.
 func TestCloseCancelsBlockedStart(t *testing.T) {
 	broker, accepted := stallingBroker(t)
-	cfg := DefaultConfig()
-	cfg.Node = "alpha"
-	cfg.DataDir = t.TempDir()
-	cfg.NATS = "127.0.0.1:0"
-	cfg.HTTP = "127.0.0.1:0"
+	cfg := localConfig("alpha", t.TempDir())
 	cfg.Broker = Secret(broker)
 	a, err := New(cfg, nil)
 	if err != nil {
