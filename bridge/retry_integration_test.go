@@ -75,21 +75,7 @@ func adminTap(t *testing.T, n *node, keys ...string) <-chan amqp.Delivery {
 		t.Fatal(err)
 	}
 	u.User = adminURL.User
-	ch := meshtest.Channel(t, u.String())
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, key := range keys {
-		if err := ch.QueueBind(q.Name, key, "mesh", false, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ds, err := ch.Consume(q.Name, "", true, true, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ds
+	return meshtest.Tap(t, meshtest.Channel(t, u.String()), keys...)
 }
 
 // handled is what a test handler saw of one delivery.
@@ -379,17 +365,7 @@ func TestScopedResult(t *testing.T) {
 		n.waitConnected(t)
 	}
 	ch := meshtest.Channel(t, vhost)
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.QueueBind(q.Name, "evt.#", "mesh", false, nil); err != nil {
-		t.Fatal(err)
-	}
-	tap, err := ch.Consume(q.Name, "", true, true, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tap := meshtest.Tap(t, ch, "evt.#")
 	events := make(chan *nats.Msg, 4)
 	sub, err := a.client.ChanSubscribe("evt.ledger.done", events)
 	if err != nil {

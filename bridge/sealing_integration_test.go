@@ -42,18 +42,7 @@ func sealedPair(t *testing.T) (a, b *node, regA, regB *prometheus.Registry, tap 
 	a.waitConnected(t)
 	b.waitConnected(t)
 	ch = meshtest.Channel(t, vhost)
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.QueueBind(q.Name, "#", "mesh", false, nil); err != nil {
-		t.Fatal(err)
-	}
-	ds, err := ch.Consume(q.Name, "", true, true, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a, b, regA, regB, ds, ch
+	return a, b, regA, regB, meshtest.Tap(t, ch, "#"), ch
 }
 
 // counter reads meshbox_unseal_failures_total{shape,reason} from reg.

@@ -361,18 +361,7 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	started := peer(meshtest.Status(t, beta.HTTPURL()), "alpha").StartedAt
 
 	// The operator taps every broadcast, to copy one of alpha's.
-	tap := meshtest.Channel(t, vhost)
-	q, err := tap.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tap.QueueBind(q.Name, "sys.#", "mesh", false, nil); err != nil {
-		t.Fatal(err)
-	}
-	tapped, err := tap.Consume(q.Name, "", true, true, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tapped := meshtest.Tap(t, meshtest.Channel(t, vhost), "sys.#")
 	alphaURL := brokerURLOf(t, ctx, db, vhost, "alpha")
 	au, _ := url.Parse(alphaURL)
 	alphaUser := au.User.Username()

@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"testing"
 
+	"github.com/meshbox/meshbox/internal/wire"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -37,4 +38,25 @@ func redactURL(u string) string {
 		return "(an AMQP URL that does not parse)"
 	}
 	return p.Redacted()
+}
+
+// Tap reads, on ch, a copy of what is published to the mesh exchange under
+// any of keys: a server-named queue of ch's own, bound for each key,
+// consumed with automatic acks. It goes with ch.
+func Tap(tb testing.TB, ch *amqp.Channel, keys ...string) <-chan amqp.Delivery {
+	tb.Helper()
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		tb.Fatalf("meshtest: tap: declare a queue: %v", err)
+	}
+	for _, key := range keys {
+		if err := ch.QueueBind(q.Name, key, wire.MeshExchange, false, nil); err != nil {
+			tb.Fatalf("meshtest: tap: bind %s: %v", key, err)
+		}
+	}
+	ds, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	if err != nil {
+		tb.Fatalf("meshtest: tap: consume: %v", err)
+	}
+	return ds
 }
