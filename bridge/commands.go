@@ -73,6 +73,14 @@ func (s *session) readCommand(f *stageFlow, d amqp.Delivery, a cmdAck) {
 	b := s.b
 	stage := f.stage
 	env, err := s.decode(typeCommand, &d)
+	if ue := asUnseal(err); ue != nil && ue.lagging && ue.env.attempt < b.cfg.RetryBudget {
+		// This node's bindings may not bind the stage to the scope it
+		// was sealed for yet: given back after a pause, like a command of
+		// a generation this node has not read yet, and refused only when
+		// its budget is spent.
+		s.requeueLater(&cmdCall{stage: stage, flow: f, ack: a, d: d, env: ue.env, unopened: true})
+		return
+	}
 	if ue := asUnseal(err); ue != nil {
 		b.unsealFailed(typeCommand, ue)
 		if ue.reason == unsealUnknownKey && ue.env.attempt < b.cfg.RetryBudget {

@@ -29,6 +29,20 @@ func (s *session) readEvents(ds <-chan amqp.Delivery) {
 func (s *session) republishEvent(d *amqp.Delivery) error {
 	b := s.b
 	env, err := s.decode(typeEvent, d)
+	// This node's bindings may not bind the topic to the scope the event
+	// was sealed for yet: it waits for them a moment (bindingLag), holding
+	// the events behind it, before it refuses the event.
+	for wait := time.Now().Add(bindingLag); ; {
+		ue := asUnseal(err)
+		if ue == nil || !ue.lagging || !time.Now().Before(wait) || s.ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-s.ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+		env, err = s.decode(typeEvent, d)
+	}
 	if ue := asUnseal(err); ue != nil {
 		b.unsealFailed(typeEvent, ue)
 		return nil

@@ -96,6 +96,24 @@ func TestScopedSealing(t *testing.T) {
 	if ue := asUnseal(err); ue == nil || ue.reason != unsealWrongScope || !strings.Contains(ue.detail, "scope vault") {
 		t.Errorf("outside the scope: got %v, want refused as wrong_scope naming scope vault", err)
 	}
+	// Which refusals may be this node's bindings lagging behind the
+	// sender's (waited for before the refusal): only the scope's key, at
+	// a member, on a name its bindings do not bind to the scope yet.
+	for _, c := range []struct {
+		name    string
+		b       *Bridge
+		d       amqp.Delivery
+		lagging bool
+	}{
+		{"the scope's key on a name this member does not know bound", scopeTestBridge(member), sealed(senderRing, other), true},
+		{"the mesh's key on a scoped name", scopeTestBridge(member), sealed(scopeRing(t, km, kv, true, false), cmd("ledger")), false},
+		{"the scope's key outside the scope", outside, d, false},
+	} {
+		_, err := c.b.open(typeCommand, c.d)
+		if ue := asUnseal(err); ue == nil || ue.lagging != c.lagging {
+			t.Errorf("%s: got %v (lagging %v), want lagging %v", c.name, err, ue != nil && ue.lagging, c.lagging)
+		}
+	}
 	// Moved to an unscoped stage: the scope is in the associated
 	// data, and so is the routing key.
 	moved := d

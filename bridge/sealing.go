@@ -60,6 +60,10 @@ type unsealError struct {
 	reason string
 	detail string
 	env    *envelope
+	// lagging: wrong_scope, but sealed with a key of a scope this node is
+	// in, for a name its bindings bind elsewhere: the sender may have read
+	// a change of the scope's bindings this node has not read yet.
+	lagging bool
 }
 
 func (e *unsealError) Error() string {
@@ -164,8 +168,10 @@ func (b *Bridge) unseal(env *envelope, d *amqp.Delivery) error {
 	// asked, and its scope is in the associated data.
 	if want := b.expectedScope(env); env.kind != typeReply &&
 		(held && keyScope != want || !held && want != "" && !b.cfg.Keys.Member(want)) {
-		return fail(unsealWrongScope, "%s %s is bound to %s; it was sealed with key %s of %s",
+		err := fail(unsealWrongScope, "%s %s is bound to %s; it was sealed with key %s of %s",
 			env.kind, env.name, scopeText(want), env.keyID, keyScopeText(keyScope, held, b.cfg.Node))
+		err.(*unsealError).lagging = held && keyScope != "" && b.cfg.Keys.Member(keyScope)
+		return err
 	}
 	// Opened into a buffer of its own (the sealed body stays as it came, for
 	// a dead letter), which holds the associated data past the plaintext:
@@ -306,6 +312,12 @@ func (r *sealReader) str() string {
 	r.b = r.b[n:]
 	return s
 }
+
+// bindingLag is how long a node waits for its bindings to bind a name to
+// the scope a message of it was sealed for (unsealError.lagging) before
+// it refuses the message: a peer may read a change of a scope's bindings
+// a moment before this node does.
+const bindingLag = 2 * time.Second
 
 // unsealFailed counts a refused sealed message and logs the first of each
 // cause (shape and reason).
