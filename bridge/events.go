@@ -31,17 +31,24 @@ func (s *session) republishEvent(d *amqp.Delivery) error {
 	env, err := s.decode(typeEvent, d)
 	// This node's bindings may not bind the topic to the scope the event
 	// was sealed for yet: it waits for them a moment (bindingLag), holding
-	// the events behind it, before it refuses the event.
-	for wait := time.Now().Add(bindingLag); ; {
-		ue := asUnseal(err)
-		if ue == nil || !ue.lagging || !time.Now().Before(wait) || s.ctx.Err() != nil {
-			break
+	// the events behind it, before it refuses the event — once per change
+	// of its bindings (con.lagSpent), so that a member sending mis-scoped
+	// events cannot hold the stream up once per event.
+	if ue := asUnseal(err); ue != nil && ue.lagging && s.con.lagSpent != b.cfg.Keys.Bindings() {
+		for wait := time.Now().Add(bindingLag); ; {
+			if !time.Now().Before(wait) {
+				s.con.lagSpent = b.cfg.Keys.Bindings()
+				break
+			}
+			select {
+			case <-s.ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+			env, err = s.decode(typeEvent, d)
+			if ue := asUnseal(err); ue == nil || !ue.lagging || s.ctx.Err() != nil {
+				break
+			}
 		}
-		select {
-		case <-s.ctx.Done():
-		case <-time.After(50 * time.Millisecond):
-		}
-		env, err = s.decode(typeEvent, d)
 	}
 	if ue := asUnseal(err); ue != nil {
 		b.unsealFailed(typeEvent, ue)

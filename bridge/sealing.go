@@ -319,6 +319,11 @@ func (r *sealReader) str() string {
 // a moment before this node does.
 const bindingLag = 2 * time.Second
 
+// BindingLag is how long a member waits for its bindings to bind a name
+// to the scope a message of it was sealed for, before it refuses it (once
+// per change of its bindings, for events).
+const BindingLag = bindingLag
+
 // unsealFailed counts a refused sealed message and logs the first of each
 // cause (shape and reason).
 func (b *Bridge) unsealFailed(shape string, ue *unsealError) {

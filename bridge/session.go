@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -116,6 +117,12 @@ type consuming struct {
 	// the consume channel: a graceful close waits for it (settleBeforeStop).
 	unacked atomic.Int64
 	acks    ackBook // settled deliveries of ch (consumer owner only)
+	// lagSpent (the event reader only): the bindings on which the event
+	// reader waited bindingLag for a lagging event in vain; on them it
+	// refuses the next at once, so that a member sending mis-scoped events
+	// holds the event stream up once per change of the bindings, not once
+	// per event.
+	lagSpent *seal.ScopeState
 }
 
 // stageFlows are the command stages consumed in a session and their

@@ -58,6 +58,11 @@ func newScopeState(sc Scopes, byID map[string]*ringKey) (*ScopeState, error) {
 	return ss, nil
 }
 
+// Bindings returns the scopes now in effect: another value after every
+// change of the keys or the bindings, so that a caller can tell whether
+// they changed since it last looked.
+func (r *Keyring) Bindings() *ScopeState { return r.scopes() }
+
 func (r *Keyring) scopes() *ScopeState {
 	if st := r.state.Load(); st != nil && st.scopes != nil {
 		return st.scopes
