@@ -6,7 +6,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/internal/seal"
@@ -80,24 +79,7 @@ func TestMisScopedEventsHoldTheStreamOnce(t *testing.T) {
 		t.Errorf("the control event arrived after %s: beta did not wait for its bindings at all (want about %s)", took, bridge.BindingLag)
 	}
 	// Every mis-scoped event is refused and counted.
-	refused := func() float64 {
-		mfs, err := regB.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, mf := range mfs {
-			if mf.GetName() != "meshbox_unseal_failures_total" {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				if labels(m)["reason"] == "wrong_scope" && labels(m)["shape"] == "event" {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-		return 0
-	}
-	if n := refused(); n != misScoped {
+	if n := unsealFailures(t, regB, "event", "wrong_scope"); n != misScoped {
 		t.Errorf("wrong_scope events refused by beta: %v, want %d", n, misScoped)
 	}
 	select {
@@ -105,12 +87,4 @@ func TestMisScopedEventsHoldTheStreamOnce(t *testing.T) {
 		t.Errorf("beta's program got %s %q, want nothing more", m.Subject, m.Data)
 	default:
 	}
-}
-
-func labels(m *dto.Metric) map[string]string {
-	out := map[string]string{}
-	for _, l := range m.GetLabel() {
-		out[l.GetName()] = l.GetValue()
-	}
-	return out
 }
