@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
@@ -64,6 +66,19 @@ func TestScopeHeldByTwoOfThree(t *testing.T) {
 		if code, out, errOut := cliEnv(t, dbEnv, args...); code != 0 {
 			t.Fatalf("%s: exit %d: %s%s", strings.Join(args, " "), code, out, errOut)
 		}
+	}
+	// Every node applies the scope's bindings before any traffic: a sender
+	// that has not read the bind yet seals with the mesh's key, and a
+	// member refuses that downgrade (the sealing under test, not a lag).
+	_, out, _ := cliEnv(t, dbEnv, "mesh", "revision")
+	rev, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+	if err != nil {
+		t.Fatalf("mesh revision: %q: %v", out, err)
+	}
+	for _, p := range []*meshtest.Process{alpha, beta, gamma} {
+		meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, "the scope's bindings applied", func(s appliance.Status) bool {
+			return s.Bindings.Revision >= rev
+		})
 	}
 	// Both members seal with the same key of the scope.
 	var scopeKey string
