@@ -1,0 +1,119 @@
+package bridge
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/meshbox/meshbox/bridge/outbox"
+)
+
+// This file holds the parts a Bridge's state is cut into (see Bridge):
+// each part is a struct of its own, and a mutex in it guards only its
+// own fields. The code that uses a part lives in the file its comment
+// names.
+
+// stores are the bridge's files.
+type stores struct {
+	ob *outbox.Outbox
+	// obRef is ob for Status, which may run while Start is still working.
+	obRef atomic.Pointer[outbox.Outbox]
+	// done is the store of completed message ids (nil: no stage dedupes).
+	done *completed
+}
+
+// lifecycle is whether the bridge started and closed, and its
+// subscriptions on the local NATS server.
+type lifecycle struct {
+	mu        sync.Mutex // guards started, closed, subs
+	started   bool
+	closed    bool
+	subs      []*nats.Subscription
+	closeOnce sync.Once
+	closeErr  error
+	bcClosed  chan struct{} // closed when bc is closed
+}
+
+// requestBook holds the requests and calls that outlive a session.
+type requestBook struct {
+	pending pendingRequests // requests waiting for a reply from another node
+	returns returnedReplies // replies the broker returned, sent again (noroute.go)
+	// local counts local calls for node.<self>.cap.<name>, each ends at
+	// its deadline.
+	local sync.WaitGroup
+
+	orphanMu sync.Mutex  // guards orphans
+	orphans  []*hostCall // calls from other nodes an ended session had open (hostcalls.go)
+}
+
+// commandBook holds what the bridge knows of commands across sessions.
+type commandBook struct {
+	// local are the commands at local handlers outside a session
+	// (lease.go): *localCmd keys.
+	local  sync.Map
+	handed *handedOut // ids of commands handed to local handlers, across sessions
+	stall  stallBook  // stall alarms of command stages
+	dead   deadBook   // dead letters per stage at the last look (deadletters.go)
+	// deadLogged counts the dead letters of the process's life, for
+	// logging them sparingly (logDead).
+	deadLogged atomic.Uint64
+	// batching: every peer reads command batches (SetCommandBatching).
+	batching atomic.Bool
+}
+
+// peerBook is what the node knows of other nodes' broker users.
+type peerBook struct {
+	// creds are the broker users other nodes' system messages came with
+	// (credential.go).
+	creds peerCredentials
+	// senders are the credential generations accepted per node
+	// (senders.go).
+	senders senders
+}
+
+// brokerPerms is what the broker's refusals said of this node's
+// permissions (topology.go), learnt once so that later sessions do not
+// ask again.
+type brokerPerms struct {
+	// older: the last session found this node's broker permissions to be
+	// an older mesh's; said once in the log and while it holds in the
+	// status.
+	older atomic.Bool
+	// named: this node's broker user may not declare server-named queues
+	// (an older mesh's permissions): its request, reply and system queues
+	// are named after it. admin: it may not declare its durable queues
+	// (the current permissions): the admin has, and it finds them.
+	named, admin atomic.Bool
+	// exchangeWarned: the node said once that it may not delete its
+	// older mesh's exchange.
+	exchangeWarned atomic.Bool
+	// accepted are the broker users a session ran with in this process:
+	// a later refusal of one is a revocation, of another a wrong
+	// credential.
+	accepted sync.Map
+}
+
+// refusalLogs are the causes of refusals already logged, each said once.
+type refusalLogs struct {
+	replay causeLog // refused replays (replay.go)
+	forged causeLog // forged deliveries (senders.go)
+	unseal causeLog // refused sealed messages (sealing.go)
+	local  causeLog // refused local messages (localclients.go)
+}
+
+// routing is where capabilities are hosted and what this node hosts.
+type routing struct {
+	mu        sync.RWMutex
+	routes    map[string][]string  // capability -> nodes hosting it
+	gone      map[string]time.Time // node -> since when discovery marks it gone
+	rr        atomic.Uint64        // round robin among hosts
+	hosted    map[string]bool      // stages hosted here
+	declared  map[string]bool      // stages assigned modules declare (queues declared, not consumed)
+	localCaps map[string]bool      // capabilities hosted by local programs
+	standins  map[string]*nats.Subscription
+	changed   chan struct{} // cap 1: routes or local capabilities changed
+	// stagesChanged (cap 1): the consumer owner of the session re-syncs.
+	stagesChanged chan struct{}
+}
