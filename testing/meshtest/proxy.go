@@ -2,9 +2,11 @@ package meshtest
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -83,13 +85,51 @@ func (px *Proxy) Stall(tb testing.TB) {
 	px.stall = true
 }
 
-// Restore undoes Cut and Stall.
+// Delay adds each to every chunk of data in both directions, so a round
+// trip through the proxy takes 2 x each longer: a WAN link's latency.
+// It stays across Cut, Stall and Restore; Delay(tb, 0) removes it.
+func (px *Proxy) Delay(tb testing.TB, each time.Duration) {
+	tb.Helper()
+	px.shape(tb, "delay", "latency", each > 0, fmt.Sprintf(`{"latency":%d}`, each.Milliseconds()))
+}
+
+// Bandwidth limits the link to bitsPerSec in each direction (rounded
+// down to whole kB/s, at least 1): a home uplink. It stays across Cut,
+// Stall and Restore; Bandwidth(tb, 0) removes the limit.
+func (px *Proxy) Bandwidth(tb testing.TB, bitsPerSec int64) {
+	tb.Helper()
+	px.shape(tb, "bandwidth", "bandwidth", bitsPerSec > 0, fmt.Sprintf(`{"rate":%d}`, max(1, bitsPerSec/8000)))
+}
+
+// shape replaces the toxic named name in both directions by one of kind
+// with attrs, or only removes it when !on.
+func (px *Proxy) shape(tb testing.TB, name, kind string, on bool, attrs string) {
+	tb.Helper()
+	px.mu.Lock()
+	defer px.mu.Unlock()
+	for _, dir := range []string{"upstream", "downstream"} {
+		_ = px.p.Toxics.RemoveToxic(context.Background(), name+"-"+dir)
+		if !on {
+			continue
+		}
+		body := `{"name":"` + name + "-" + dir + `","type":"` + kind + `","stream":"` + dir + `","toxicity":1,"attributes":` + attrs + `}`
+		if _, err := px.p.Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
+			tb.Fatalf("%s on proxy: %v", name, err)
+		}
+	}
+}
+
+// Restore undoes Cut and Stall (not Delay or Bandwidth).
 func (px *Proxy) Restore(tb testing.TB) {
 	tb.Helper()
 	px.mu.Lock()
 	defer px.mu.Unlock()
 	if px.stall {
-		px.p.Toxics.ResetToxics(context.Background())
+		for _, dir := range []string{"upstream", "downstream"} {
+			if err := px.p.Toxics.RemoveToxic(context.Background(), "stall-"+dir); err != nil {
+				tb.Fatalf("restore proxy: %v", err)
+			}
+		}
 		px.stall = false
 	}
 	if px.cut {

@@ -82,3 +82,59 @@ func TestProxyCutStallRestore(t *testing.T) {
 		t.Fatalf("after un-stall: %v", err)
 	}
 }
+
+// TestProxyDelayAndBandwidth: a delayed proxy adds twice its delay to a
+// round trip, a bandwidth limit paces a transfer, and both outlast a
+// Stall and its Restore.
+func TestProxyDelayAndBandwidth(t *testing.T) {
+	px := NewProxy(t, echoServer(t))
+	c, err := net.DialTimeout("tcp", px.Addr(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	timed := func() time.Duration {
+		t.Helper()
+		start := time.Now()
+		if err := roundTrip(c, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	if d := timed(); d > 40*time.Millisecond {
+		t.Fatalf("undelayed round trip took %v", d)
+	}
+	px.Delay(t, 40*time.Millisecond)
+	px.Stall(t)
+	px.Restore(t)
+	c.Close()
+	if c, err = net.DialTimeout("tcp", px.Addr(), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if d := timed(); d < 80*time.Millisecond || d > 400*time.Millisecond {
+		t.Fatalf("round trip with 40ms each way took %v, want about 80ms", d)
+	}
+	px.Delay(t, 0)
+	if d := timed(); d > 40*time.Millisecond {
+		t.Fatalf("round trip after removing the delay took %v", d)
+	}
+
+	px.Bandwidth(t, 800_000) // 100 kB/s each way
+	line := make([]byte, 50_000)
+	for i := range line {
+		line[i] = 'x'
+	}
+	line[len(line)-1] = '\n'
+	start := time.Now()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(line); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReaderSize(c, len(line)).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	// 50 kB up and 50 kB down at 100 kB/s: about 0.5s each way, partly overlapped.
+	if d := time.Since(start); d < 400*time.Millisecond || d > 3*time.Second {
+		t.Fatalf("50 kB each way at 100 kB/s took %v", d)
+	}
+}
