@@ -118,8 +118,9 @@ type BridgeConfig struct {
 	// events consumer, each consumer of a stage queue).
 	Prefetch int `json:"prefetch"`
 	// MaxStagePrefetch bounds the unacknowledged commands of one stage on
-	// this node: a stage gains consumers while its handler answers quickly
-	// and loses them when it slows down (see the bridge package doc).
+	// this node: between prefetch and it, a stage's credit follows its
+	// handler's measured rate and the link's round trip (see the bridge
+	// package doc).
 	MaxStagePrefetch int `json:"max_stage_prefetch"`
 	// CommandBatch is the most commands one broker message carries (1:
 	// every command alone). Commands for one stage that wait at the same

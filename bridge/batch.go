@@ -40,9 +40,10 @@ import (
 // or not. That is the price of a batch: at least once, with more of the
 // duplicates at a crash. Stages that must not run twice use Config.Dedupe.
 //
-// Credit is counted in commands: a stage consumer's prefetch is
-// Prefetch/CommandBatch messages (flow.go), so a node behind a slow
-// handler holds no more commands than before batches.
+// Credit is counted in commands: a stage's credit in messages is its
+// credit in commands over the commands a message carried, as measured
+// (flow.go), so a node behind a slow handler holds no more commands than
+// without batches.
 //
 // An older meshbox does not know the type and would dead-letter a batch.
 // So a node batches only while SetCommandBatching says every peer speaks

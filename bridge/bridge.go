@@ -172,6 +172,7 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 			standins:      map[string]*nats.Subscription{},
 			changed:       make(chan struct{}, 1),
 			stagesChanged: make(chan struct{}, 1),
+			credits:       map[string]int{},
 		},
 		sysQ: make(chan sysMsg, 1024),
 	}

@@ -68,15 +68,14 @@ type Config struct {
 	// and the commands of each consumer of a stage queue (default 32): its
 	// prefetch is Prefetch/CommandBatch messages.
 	Prefetch int
-	// MaxStagePrefetch bounds the unacknowledged messages of one stage on
-	// this node (default 256; Prefetch when only Prefetch is set, which
-	// keeps one consumer per stage), each a command or a batch of them. A stage
-	// starts with one consumer and doubles them while its handler answers
-	// quickly and the consumers it has are saturated, up to
-	// MaxStagePrefetch/(Prefetch/CommandBatch) consumers; it loses half of
-	// them when the handler's answers slow down. So a fast node takes most
-	// of a shared stage's work and a slow one holds about Prefetch
-	// commands (see the package doc).
+	// MaxStagePrefetch bounds the unacknowledged commands of one stage on
+	// this node (default 4096; Prefetch when only Prefetch is set, which
+	// keeps a fixed credit and one consumer per stage, in the queue's
+	// order). Between Prefetch and it, a stage's credit is sized from its
+	// handler's measured rate and the link's round trip, and probed: a
+	// fast node on a slow link holds what the link needs to keep its pace,
+	// a node behind a slow handler about Prefetch commands (see Credit per
+	// stage in the package doc).
 	MaxStagePrefetch int
 	// CommandBatch is the most commands one broker message carries
 	// (default DefaultCommandBatch; 1: every command alone; at most
@@ -159,7 +158,7 @@ const (
 	DefaultCommandTimeout   = 30 * time.Second
 	DefaultMaxLease         = 10 * time.Minute
 	DefaultPrefetch         = 32
-	DefaultMaxStagePrefetch = 256
+	DefaultMaxStagePrefetch = 4096
 	DefaultRetryBudget      = 5
 	DefaultHeartbeat        = 5 * time.Second
 	DefaultStallAfter       = 5 * time.Minute

@@ -4,12 +4,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
 type ackOp int
 
-// ackLinger is how long the consumer owner lets acks gather before it
+// ackLinger is how long the acker lets acks gather before it
 // sends them, unless ackBatch of them already wait. An ack frame costs the
 // broker a settle command on the quorum queue and this node a system call;
 // a multiple ack settles a run of deliveries with one of each. The linger
@@ -28,19 +29,14 @@ const (
 type ackReq struct {
 	tag uint64
 	op  ackOp
+	at  time.Time // when it was asked for
 }
 
-// consumerOwner owns the consume channel: acks, nacks, and the stage
-// consumers (declared on a channel of its own, since a failed declaration
-// closes its channel). Exits when the session ends or an ack fails.
-func (s *session) consumerOwner() {
-	decl, err := s.con.conn.Channel()
-	if err != nil {
-		s.fail(fmt.Errorf("open channel: %w", err))
-		return
-	}
-	defer func() { _ = decl.Close() }()
-	s.syncStages(&decl)
+// acker settles the deliveries of the consume channel: acks and
+// requeues, gathered into runs. It never waits on the broker: credit
+// changes, which do, run on the consumer manager. Exits when the session
+// ends or an ack fails.
+func (s *session) acker() {
 	linger := time.NewTimer(ackLinger)
 	linger.Stop()
 	for {
@@ -62,6 +58,27 @@ func (s *session) consumerOwner() {
 				s.fail(fmt.Errorf("ack: %w", err))
 				return
 			}
+		}
+	}
+}
+
+// consumerManager owns the stage consumers of the consume channel (their
+// queues declared on a channel of its own, since a failed declaration
+// closes its channel): it opens and cancels them as the stages hosted and
+// their credit change, each a broker round trip, while the acker goes on.
+// Exits when the session ends or a broker call fails.
+func (s *session) consumerManager() {
+	decl, err := s.con.conn.Channel()
+	if err != nil {
+		s.fail(fmt.Errorf("open channel: %w", err))
+		return
+	}
+	defer func() { _ = decl.Close() }()
+	s.syncStages(&decl)
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
 		case <-s.b.route.stagesChanged:
 			s.syncStages(&decl)
 		case <-s.flows.wake:
@@ -80,7 +97,7 @@ func (s *session) consumerOwner() {
 				return
 			}
 			s.forgetConsumer(f, tag)
-			if len(f.tags) > 0 {
+			if len(f.cons) > 0 {
 				signal(s.flows.wake) // opened again up to what the stage wants
 				continue
 			}
@@ -96,7 +113,7 @@ func (s *session) consumerOwner() {
 // ackBook follows the settled deliveries of the consume channel. Only
 // acked consumers use that channel, so its delivery tags are dense (1, 2,
 // 3, ...), and a multiple ack up to a tag is safe when every tag below it
-// is settled. Only the consumer owner touches it.
+// is settled. Only the acker touches it.
 type ackBook struct {
 	next    uint64          // lowest tag not known to be settled
 	settled map[uint64]bool // settled tags above next
@@ -114,6 +131,7 @@ func (s *session) settleAcks(first ackReq) (int, error) {
 			more = false
 		}
 	}
+	s.con.ackDelay.note(time.Since(reqs[0].at))
 	requeue, upTo, single := s.con.acks.plan(reqs)
 	s.con.cork.cork() // the run goes out with one write
 	defer s.con.cork.uncork()
@@ -171,12 +189,12 @@ func (a *ackBook) plan(reqs []ackReq) (requeue []uint64, upTo uint64, single []u
 	return requeue, upTo, single
 }
 
-// ack asks the consumer owner to ack or requeue a delivery. It gives up
+// ack asks the acker to ack or requeue a delivery. It gives up
 // when the session ends (the broker requeues the delivery itself).
 func (s *session) ack(tag uint64, op ackOp) {
 	s.con.unacked.Add(1)
 	select {
-	case s.con.ackQ <- ackReq{tag: tag, op: op}:
+	case s.con.ackQ <- ackReq{tag: tag, op: op, at: time.Now()}:
 	case <-s.ctx.Done():
 		s.con.unacked.Add(-1)
 	}
@@ -184,14 +202,14 @@ func (s *session) ack(tag uint64, op ackOp) {
 
 // cancelStages cancels every stage consumer for good: the node stops.
 // What the consumers delivered already is handled and acked as usual. It
-// returns false when it failed the session. Consumer owner only.
+// returns false when it failed the session. Consumer manager only.
 func (s *session) cancelStages() bool {
 	s.flows.draining = true
 	s.flows.mu.Lock()
 	defer s.flows.mu.Unlock()
 	for _, f := range s.flows.stages {
-		for len(f.tags) > 0 {
-			if !s.cancelConsumer(f) {
+		for len(f.cons) > 0 {
+			if !s.cancelConsumer(f, f.cons[len(f.cons)-1].tag) {
 				return false
 			}
 		}
@@ -199,11 +217,28 @@ func (s *session) cancelStages() bool {
 	return true
 }
 
+// ackDelays follows how long acks wait between a handler's answer and
+// their write to the broker: the acker's own linger, and anything that
+// would hold it up.
+type ackDelays struct {
+	most atomic.Int64 // the longest wait of the session, in nanoseconds
+}
+
+// note records a wait of d.
+func (a *ackDelays) note(d time.Duration) {
+	for {
+		cur := a.most.Load()
+		if int64(d) <= cur || a.most.CompareAndSwap(cur, int64(d)) {
+			return
+		}
+	}
+}
+
 // drainCommands, for a node that stops gracefully, stops the stage
 // consumers and waits, at most limit, until the commands at the local
 // handlers are settled: what a handler finishes within the limit is acked
 // instead of being delivered again after the stop (and, for a command of
-// a batch, with its batch's finished commands). The consumer owner still
+// a batch, with its batch's finished commands). The acker and the consumer manager still
 // runs.
 func (s *session) drainCommands(limit time.Duration) {
 	select {
@@ -231,7 +266,7 @@ func (s *session) openCmds() int {
 
 // settleBeforeStop waits, at most limit, until every delivery settled so
 // far is acked on the broker: a node closing gracefully does not leave
-// finished commands to be redelivered. The consumer owner still runs.
+// finished commands to be redelivered. The acker still runs.
 func (s *session) settleBeforeStop(limit time.Duration) {
 	for end := time.Now().Add(limit); s.con.unacked.Load() > 0 && time.Now().Before(end); {
 		time.Sleep(5 * time.Millisecond)

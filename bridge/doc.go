@@ -334,21 +334,29 @@
 // A quorum queue hands its messages to its consumers in turn, each up to its
 // prefetch (basic.qos with global=false applies per consumer, fixed when it
 // starts consuming). A node that holds many commands behind a slow handler
-// keeps them from faster nodes hosting the same stage, and a node with a
-// small prefetch cannot keep a fast handler busy across the broker's round
-// trip. So the credit of a stage adapts to its handler (flow.go): a node
-// consumes a stage queue with one consumer to begin with, and doubles its
-// consumers each time a window of Prefetch answers shows the consumers
-// saturated (at least three quarters of their credit at the handler at
-// once) and the handler answering quickly (on average within 25 ms, or
-// twice its quickest answer), up to MaxStagePrefetch messages in all
-// (default 256). When the answers slow down (on average beyond 100 ms and
-// eight times the quickest), it cancels half of them. A cancelled consumer
-// gets nothing more from the broker; what it has is handled and acked as
-// usual. Credit is counted in commands: a consumer's prefetch is
-// Prefetch/CommandBatch messages (default 32/4 = 8), each of up to
-// CommandBatch commands. A slow node thus holds about Prefetch commands of
-// a shared stage, batches or not, and a fast one takes the rest.
+// keeps them from faster nodes hosting the same stage, and a node with
+// too little credit cannot keep a fast handler busy across the broker's
+// round trip, which on a home link is 20-80 ms. So a stage's credit is
+// sized from what the node measures (flow.go): the rate at which its
+// handler answers and the link's round trip (the quickest synchronous
+// broker call of the session). A delivery's credit comes back a round trip
+// after its answer, so a stage with less than rate x round trip commands
+// asks for twice that at once; beyond it, the credit is probed: doubled
+// for a window and kept when the rate rose, halved for a window while the
+// handler holds it all and kept when the rate held, each probe in vain
+// waiting twice as long as the last. The credit stays between Prefetch
+// (default 32) and MaxStagePrefetch (default 4096) commands. A slow serial
+// handler thus stays at Prefetch commands whatever its backlog, a fast
+// node takes the rest of a shared stage, and a node 50 ms from the broker
+// holds the thousand or so commands its pace needs in flight. Nothing
+// changes while a stage is idle, and a new session starts from the credit
+// the last one reached. A stage holds a few consumers whose prefetches add
+// up to its credit in messages (a message is a command or a batch; credit
+// in commands becomes messages with the commands per message measured).
+// The consumer manager opens and cancels them on its own goroutine, so a
+// change of credit never holds up an ack or a delivery. A cancelled
+// consumer gets nothing more from the broker; what it has is handled and
+// acked as usual.
 //
 // # Command batches
 //
@@ -471,8 +479,8 @@
 // stay on the broker), outgoing.go (a message on its way to the broker)
 // and envelope.go (a message from it, validated), sealing.go (sealing and
 // opening program messages), topology.go (declarations, stage queues),
-// publish.go (the publish pipeline), consume.go (the consumer owner and
-// its acks), flow.go (the credit of each stage: its consumers),
+// publish.go (the publish pipeline), consume.go (the acker and the
+// consumer manager), flow.go (the credit of each stage: its consumers),
 // reasons.go (failure reasons: their classes and sealed texts),
 // corkconn.go (the publishing socket's batched writes), requests.go (a
 // local program calling another node) and hostcalls.go (another node
@@ -523,15 +531,17 @@
 //     would otherwise write every message with a system call of its own:
 //     the run goes out with one;
 //   - the acked consume channel (events, commands; consuming connection)
-//     belongs to the consumer owner, which acks (a run of settled
+//     is shared by two goroutines: the acker acks (a run of settled
 //     deliveries with one multiple ack: only acked consumers use this
 //     channel, so its delivery tags are dense; it lets acks gather for up
 //     to 500 µs and writes them through the corked socket of the consuming
 //     connection, since each ack frame costs the broker a settle on the
-//     quorum queue and this node a system call), requeues, and opens or
-//     cancels stage consumers (declaring stage queues on a channel of its
-//     own, since a failed declaration closes its channel) as each stage's
-//     credit asks (see Credit per stage); the unacked
+//     quorum queue and this node a system call) and requeues, never
+//     waiting on the broker; the consumer manager opens and cancels stage
+//     consumers (declaring stage queues on a channel of its own, since a
+//     failed declaration closes its channel) as each stage's credit asks
+//     (see Credit per stage), each a broker round trip that holds up no
+//     ack; the unacked
 //     consume channel (requests, replies, system messages) is set up with
 //     the session and then only read from; one reader goroutine per
 //     consumer handles its deliveries inline: events in order, replies,

@@ -1,6 +1,8 @@
 package bridge
 
 import (
+	"time"
+
 	dto "github.com/prometheus/client_model/go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -13,6 +15,19 @@ func SetTestAfterDial(b *Bridge, f func()) { b.testAfterDial = f }
 // StageConsumers returns the consumers b's current session has open on
 // stage's queue now and the most it had open at once.
 func StageConsumers(b *Bridge, stage string) (open, most int) { return b.stageConsumers(stage) }
+
+// StageCreditOf returns the credit of stage in b's current session.
+func StageCreditOf(b *Bridge, stage string) StageCredit { return b.stageCredit(stage) }
+
+// AckDelayMost returns the longest an ack of b's current session waited
+// for the acker (0: no session).
+func AckDelayMost(b *Bridge) time.Duration {
+	s := b.link.sess.Load()
+	if s == nil {
+		return 0
+	}
+	return time.Duration(s.con.ackDelay.most.Load())
+}
 
 // OwnQueues returns the names of the request, reply and system queues of
 // b's current session.
@@ -69,4 +84,25 @@ func DecodeBatchIDs(body []byte) ([]string, error) {
 		ids[i] = ds[i].MessageId
 	}
 	return ids, nil
+}
+
+// SetStageCredit asks b's current session to give stage a credit of msgs
+// messages, as the stage's rules would, and wakes its consumer manager.
+// It reports false when the session does not consume the stage.
+func SetStageCredit(b *Bridge, stage string, msgs int) bool {
+	s := b.link.sess.Load()
+	if s == nil {
+		return false
+	}
+	s.flows.mu.Lock()
+	f := s.flows.stages[stage]
+	s.flows.mu.Unlock()
+	if f == nil {
+		return false
+	}
+	f.mu.Lock()
+	f.want = msgs
+	f.mu.Unlock()
+	signal(s.flows.wake)
+	return true
 }

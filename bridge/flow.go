@@ -5,80 +5,149 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Adaptive credit per stage. A quorum queue delivers to its consumers in
-// turn, each up to its prefetch (basic.qos with global=false applies per
-// consumer, fixed when it starts consuming). A node that hoards many
-// commands behind a slow handler keeps them from faster nodes; a node with
-// a small fixed prefetch cannot keep a fast handler busy across the
-// broker's round trip. So a session runs a varying number of consumers on
-// each stage queue, each with Prefetch unacknowledged deliveries: it
-// doubles them while the stage's handler answers quickly and the consumers
-// it has are saturated, and halves them when the handler's answers slow
-// down.
-// Cancelling a consumer stops new deliveries to it; the deliveries it
-// already has are handled and acked as usual.
+// Credit per stage. A quorum queue delivers to its consumers in turn, each
+// up to its prefetch (basic.qos with global=false applies per consumer,
+// fixed when it starts consuming). A node that hoards many commands behind
+// a slow handler keeps them from faster nodes; a node with too little
+// credit cannot keep a fast handler busy across the broker's round trip,
+// which on a home link is 20-80 ms. So each stage's credit (the
+// unacknowledged messages the broker may send this node) is sized from
+// what the node measures, in windows of at least 100 ms, two round trips
+// and 8 answers, as a congestion window is:
+//
+//   - the rate at which the handler answers (commands a second);
+//   - the link's round trip: the quickest synchronous broker call of the
+//     session on the consuming channel (basic.qos, basic.consume,
+//     basic.cancel).
+//
+// A delivery's credit comes back a round trip plus the ack's linger after
+// the handler answers, so a stage needs at least rate x (round trip +
+// linger) commands in flight to keep its pace; when it has less than
+// that, twice (creditGain) is what it asks for at once. What the handler
+// itself holds is found by probing, as a hill climber does: the credit
+// doubles for a window and stays only when the rate rose by creditProbeGain,
+// and while the handler holds the whole credit and a doubling brought
+// nothing, it halves for a window and stays there when the rate kept up.
+// A probe in vain waits twice as many windows as the one before (up to
+// creditProbeWait), one that paid lets the next come at once. So a serial
+// slow handler stays at Prefetch whatever its backlog, a parallel one
+// gains, a fast node on a slow link holds what the link needs, and a
+// steady stage changes its credit once in many seconds. Nothing changes
+// while the stage is idle, so a burst that empties the queue does not
+// cost the next burst its ramp, and a new session starts from the credit
+// the last one reached. The credit stays between Prefetch and
+// MaxStagePrefetch commands, turned into messages with the commands a
+// message carried (batches) as measured.
+//
+// Changing the credit never waits on the ack path: the consumer manager
+// opens and cancels consumers (each a broker round trip) on its own
+// goroutine, while the acker goes on settling deliveries on the same
+// channel. A stage holds a few consumers whose prefetches add up to its
+// credit (growth adds one of the difference; a cut cancels the newest),
+// so credit is counted in messages of any number, not in consumers of a
+// fixed size. A cancelled consumer gets nothing more from the broker; what
+// it has is handled and acked as usual.
 const (
-	// flowQuick is a handler latency that is quick enough for more credit
-	// whatever the handler's own pace: the commands a node may hold beyond
-	// one consumer's prefetch are about what its handler clears in this
-	// time.
-	flowQuick = 25 * time.Millisecond
-	// flowSlowFactor: latency above max(flowSlowFactor x flowQuick,
-	// 2 x flowSlowFactor x the quickest answer seen) halves the consumers.
-	flowSlowFactor = 4
+	creditGain = 2
+	// creditWindow bounds the time a window of answers spans: at least
+	// max(creditWindow, 2 round trips) and 8 answers, at most
+	// creditWindowMax.
+	creditWindow    = 100 * time.Millisecond
+	creditWindowMax = time.Second
+	// creditProbeGain is the rise in rate a doubling must bring to stay.
+	creditProbeGain = 1.15
+	// creditProbeWait bounds the windows a probe in vain waits.
+	creditProbeWait = 128
+	// creditConsumers bounds a stage's consumers: past it, they are
+	// merged into one.
+	creditConsumers = 12
 )
+
+// stageConsumer is one consumer of a stage queue and its prefetch in
+// messages.
+type stageConsumer struct {
+	tag      string
+	prefetch int
+}
 
 // stageFlow is the credit of one stage in one session. The consumer
-// owner opens and cancels the consumers (tags); the readers and the
-// handlers' answers feed the figures, in windows of prefetch answers, and
-// set want, the number of consumers the stage should have.
+// manager opens and cancels the consumers (cons); the readers and the
+// handlers' answers feed the figures, in windows, and set want, the
+// credit the stage should have in messages.
 type stageFlow struct {
-	stage    string
-	prefetch int // per consumer, in messages
-	window   int // answers between two looks at the figures (Config.Prefetch)
-	max      int // consumers at most
+	stage   string
+	floor   int  // credit at least, in commands (Config.Prefetch)
+	ceiling int  // credit at most, in commands (Config.MaxStagePrefetch)
+	batch   int  // commands a message carries at most (Config.CommandBatch)
+	fixed   bool // floor == ceiling: one consumer, the queue's order
+	// rtt is the link's round trip as the session measured it (0: not
+	// yet), shared by the session's stages.
+	rtt *atomic.Int64
 
-	tags []string // consumer owner only: the stage's consumers, oldest first
+	cons []stageConsumer // consumer manager only: the stage's consumers, oldest first
 
 	mu       sync.Mutex
-	want     int           // consumers wanted (1..max)
-	inflight int           // delivered and not yet answered by the handler
-	peak     int           // most inflight during the window
-	msgs     int           // messages delivered during the window
-	cmds     int           // the commands they carried (a batch carries several)
-	answers  int           // answers in the window
-	latSum   time.Duration // their latencies
-	quickest time.Duration // the quickest answer of the session (0: none yet)
-	open     int           // consumers open (mirrors len(tags), for Status and tests)
-	most     int           // most consumers open at once in the session
+	want     int     // credit wanted, in messages (>= 1)
+	perMsg   float64 // commands a message carries, as measured (1..batch)
+	inflight int     // commands delivered and not yet answered by the handler
+	win      creditWindowFigures
+	probe    creditProbe
+	shown    StageCredit // what Status and tests read
+}
+
+// creditProbe is the state of a stage's probes (flow.go's rules).
+type creditProbe struct {
+	from   int     // credit before the probe under way, in messages (0: none)
+	rate   float64 // the rate before it
+	settle bool    // the next window follows a change: it only resets the figures
+	quiet  int     // windows before the next probe
+	wait   int     // windows the next probe in vain will wait
+	down   bool    // the next probe halves (the handler holds the credit; doubling was in vain)
+}
+
+// creditWindowFigures are the figures of one window of answers.
+type creditWindowFigures struct {
+	start   time.Time // the window's first answer
+	peak    int       // most commands at the handler at once
+	msgs    int       // messages delivered
+	cmds    int       // the commands they carried
+	answers int       // answers (commands)
 }
 
 // newStageFlow returns the credit of a stage for a node with Prefetch
-// prefetch, MaxStagePrefetch maxPrefetch and CommandBatch batch. Credit is
-// counted in commands: a consumer's prefetch is prefetch/batch messages,
-// each of up to batch commands, so a node behind a slow handler holds
-// about prefetch commands whether they come in batches or alone, and a
-// quick node may open maxPrefetch/(prefetch/batch) consumers: maxPrefetch
-// messages, alone or in batches. A maxPrefetch of prefetch (a fixed
-// credit) keeps one consumer: its commands reach the handler in the
-// queue's order.
-func newStageFlow(stage string, prefetch, batch, maxPrefetch int) *stageFlow {
-	per := max(1, (prefetch+batch-1)/batch)
-	most := 1
-	if maxPrefetch > prefetch {
-		most = max(1, maxPrefetch/per)
+// prefetch, MaxStagePrefetch ceiling and CommandBatch batch, starting at
+// start messages (0: prefetch commands, in full batches). A ceiling of
+// prefetch (a fixed credit) keeps one consumer: its commands reach the
+// handler in the queue's order.
+func newStageFlow(stage string, prefetch, batch, ceiling, start int, rtt *atomic.Int64) *stageFlow {
+	f := &stageFlow{stage: stage, floor: prefetch, ceiling: max(prefetch, ceiling), batch: max(1, batch),
+		fixed: ceiling <= prefetch, rtt: rtt, perMsg: float64(max(1, batch)), probe: creditProbe{wait: 1}}
+	f.want = f.msgsFor(float64(prefetch))
+	if start > 0 && !f.fixed {
+		f.want = min(max(start, f.want), f.maxMsgs())
 	}
-	return &stageFlow{stage: stage, prefetch: per, window: prefetch, max: most, want: 1}
+	return f
 }
+
+// msgsFor returns the messages that carry cmds commands, as measured.
+func (f *stageFlow) msgsFor(cmds float64) int {
+	return max(1, int(cmds/f.perMsg+0.999))
+}
+
+// maxMsgs is the credit at most, in messages.
+func (f *stageFlow) maxMsgs() int { return f.msgsFor(float64(f.ceiling)) }
 
 // deliveredMsg counts a message delivered to the stage with n commands.
 func (f *stageFlow) deliveredMsg(n int) {
 	f.mu.Lock()
-	f.msgs++
-	f.cmds += n
+	f.win.msgs++
+	f.win.cmds += n
 	f.mu.Unlock()
 }
 
@@ -86,53 +155,8 @@ func (f *stageFlow) deliveredMsg(n int) {
 func (f *stageFlow) delivered() {
 	f.mu.Lock()
 	f.inflight++
-	f.peak = max(f.peak, f.inflight)
+	f.win.peak = max(f.win.peak, f.inflight)
 	f.mu.Unlock()
-}
-
-// answered counts the handler's answer (or its timeout) to a delivery,
-// after lat, and reports whether want changed at the end of a window.
-func (f *stageFlow) answered(lat time.Duration) (changed bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.inflight = max(0, f.inflight-1)
-	if f.quickest == 0 || lat < f.quickest {
-		f.quickest = max(lat, time.Microsecond)
-	}
-	f.answers++
-	f.latSum += lat
-	if f.answers < f.window {
-		return false
-	}
-	avg := f.latSum / time.Duration(f.answers)
-	perMsg := 1
-	if f.msgs > 0 {
-		perMsg = max(1, f.cmds/f.msgs)
-	}
-	saturated := f.peak >= f.want*f.prefetch*perMsg*3/4
-	switch {
-	case avg > max(flowSlowFactor*flowQuick, 2*flowSlowFactor*f.quickest) && f.want > 1:
-		f.want = max(1, f.want/2)
-		changed = true
-	case saturated && avg < max(flowQuick, 2*f.quickest) && f.want < f.max:
-		f.want = min(f.max, 2*f.want)
-		changed = true
-	}
-	f.answers, f.latSum, f.peak, f.msgs, f.cmds = 0, 0, f.inflight, 0, 0
-	return changed
-}
-
-// wanted returns how many consumers the stage should have.
-func (f *stageFlow) wanted() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.want
-}
-
-// credit returns the stage's consumers and their unacknowledged
-// deliveries at most (consumer owner only).
-func (f *stageFlow) credit() (consumers, prefetch int) {
-	return len(f.tags), len(f.tags) * f.prefetch
 }
 
 // gone counts a delivery that left the handler without an answer (given
@@ -143,17 +167,101 @@ func (f *stageFlow) gone() {
 	f.mu.Unlock()
 }
 
+// answered counts the handler's answer (or its timeout) to a delivery at
+// now, and reports whether want changed at the end of a window.
+func (f *stageFlow) answered(now time.Time) (changed bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.inflight = max(0, f.inflight-1)
+	if f.win.start.IsZero() {
+		f.win.start = now
+	}
+	f.win.answers++
+	if f.fixed {
+		return false
+	}
+	rtt := time.Duration(f.rtt.Load())
+	elapsed := now.Sub(f.win.start)
+	if elapsed < creditWindowMax && (f.win.answers < 8 || elapsed < max(creditWindow, 2*rtt)) {
+		return false
+	}
+	w := f.win
+	f.win = creditWindowFigures{start: now, peak: f.inflight}
+	if f.probe.settle {
+		f.probe.settle = false
+		return false
+	}
+	if w.msgs > 0 {
+		f.perMsg = min(float64(f.batch), max(1, float64(w.cmds)/float64(w.msgs)))
+	}
+	target := f.decide(w, float64(w.answers)/elapsed.Seconds(), rtt)
+	target = min(max(target, f.msgsFor(float64(f.floor))), f.maxMsgs())
+	if target == f.want {
+		return false
+	}
+	f.want = target
+	f.probe.settle = true
+	f.shown.Changes++
+	return true
+}
+
+// decide returns the credit (messages) that the window w, with rate
+// answers a second on a link of round trip rtt, asks for. f.mu held.
+func (f *stageFlow) decide(w creditWindowFigures, rate float64, rtt time.Duration) int {
+	need := f.msgsFor(creditGain * rate * (rtt + ackLinger).Seconds())
+	credit := float64(f.want) * f.perMsg // in commands
+	held := float64(w.peak) >= credit*3/4
+	p := &f.probe
+	if p.from > 0 { // the window after a probe's change
+		from, before := p.from, p.rate
+		p.from = 0
+		up := f.want > from
+		if up && rate >= before*creditProbeGain || !up && rate >= before/creditProbeGain {
+			p.wait, p.quiet = 1, 0 // it paid: the same way again soon
+			return max(f.want, need)
+		}
+		p.down = up && held // in vain: the other way next, if the handler holds the credit
+		p.quiet = p.wait
+		p.wait = min(2*p.wait, creditProbeWait)
+		return max(from, need)
+	}
+	switch {
+	case need > f.want+f.want/4:
+		// The link needs more for the pace reached: no probe needed.
+		return need
+	case p.quiet > 0:
+		p.quiet--
+		return f.want
+	case held && p.down && f.want > f.msgsFor(float64(f.floor)):
+		// The handler holds the credit: does it keep its pace on half?
+		p.from, p.rate = f.want, rate
+		return max(f.want/2, need)
+	case f.want < f.maxMsgs():
+		p.down = false
+		p.from, p.rate = f.want, rate
+		return 2 * f.want
+	}
+	return f.want
+}
+
+// wanted returns the credit the stage should have, in messages.
+func (f *stageFlow) wanted() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.want
+}
+
 // answered feeds the handler's answer to c (or its timeout) into the
-// stage's credit, and wakes the consumer owner when the stage wants
-// another number of consumers.
+// stage's credit, and wakes the consumer manager when the stage wants
+// another credit.
 func (s *session) answered(c *cmdCall) {
-	if c.flow.answered(time.Since(c.sent)) {
+	if c.flow.answered(time.Now()) {
 		signal(s.flows.wake)
 	}
 }
 
 // applyFlows opens or cancels stage consumers until each stage has the
-// number it wants. Consumer owner only.
+// credit it wants. Consumer manager only.
 func (s *session) applyFlows() {
 	if s.flows.draining {
 		return
@@ -165,56 +273,119 @@ func (s *session) applyFlows() {
 	}
 	s.flows.mu.Unlock()
 	for _, f := range flows {
-		want, before := f.wanted(), len(f.tags)
-		for len(f.tags) < want {
-			if !s.addConsumer(f) {
-				return
-			}
-		}
-		for len(f.tags) > want {
-			if !s.cancelConsumer(f) {
-				return
-			}
-		}
-		if n, credit := f.credit(); n != before {
-			s.b.log.Debug("stage credit changed", "stage", f.stage, "consumers", n, "prefetch", credit)
+		if !s.applyFlow(f) {
+			return
 		}
 	}
 }
 
-// addConsumer opens one more consumer on f's stage queue, with its reader.
-// It returns false when it failed the session. Consumer owner only.
-func (s *session) addConsumer(f *stageFlow) bool {
-	if s.flows.qos != f.prefetch {
+// applyFlow opens or cancels f's consumers until their prefetches add up
+// to the credit f wants: it cancels the newest while they hold more, then
+// opens one of the difference. Past creditConsumers, it merges them: one
+// of the whole credit, then the others cancelled. It returns false when
+// it failed the session. Consumer manager only.
+func (s *session) applyFlow(f *stageFlow) bool {
+	want := f.wanted()
+	before := f.sum()
+	if before == want {
+		return true
+	}
+	if len(f.cons) >= creditConsumers {
+		old := f.cons
+		if !s.addConsumer(f, want) {
+			return false
+		}
+		for _, c := range old {
+			if !s.cancelConsumer(f, c.tag) {
+				return false
+			}
+		}
+	}
+	for len(f.cons) > 1 && f.sum() > want {
+		if !s.cancelConsumer(f, f.cons[len(f.cons)-1].tag) {
+			return false
+		}
+	}
+	if sum := f.sum(); sum < want {
+		if !s.addConsumer(f, want-sum) {
+			return false
+		}
+	} else if sum > want && len(f.cons) == 1 {
+		// One consumer holding too much: its replacement first, then it.
+		old := f.cons[0].tag
+		if !s.addConsumer(f, want) || !s.cancelConsumer(f, old) {
+			return false
+		}
+	}
+	s.b.route.keepCredit(f.stage, want)
+	s.b.log.Debug("stage credit changed", "stage", f.stage, "consumers", len(f.cons), "messages", f.sum(), "from", before)
+	return true
+}
+
+// sum is the credit f's consumers hold, in messages. Consumer manager
+// only.
+func (f *stageFlow) sum() int {
+	n := 0
+	for _, c := range f.cons {
+		n += c.prefetch
+	}
+	return n
+}
+
+// timed runs a synchronous broker call on the consume channel and feeds
+// its duration into the session's round trip (the quickest of them).
+func (s *session) timed(call func() error) error {
+	start := time.Now()
+	err := call()
+	if err == nil {
+		d := int64(time.Since(start))
+		for {
+			cur := s.flows.rtt.Load()
+			if cur != 0 && cur <= d || s.flows.rtt.CompareAndSwap(cur, d) {
+				break
+			}
+		}
+	}
+	return err
+}
+
+// addConsumer opens one more consumer on f's stage queue with prefetch
+// messages, with its reader. It returns false when it failed the session.
+// Consumer manager only.
+func (s *session) addConsumer(f *stageFlow, prefetch int) bool {
+	if s.flows.qos != prefetch {
 		// Set for the consumers opened from now on; the events consumer
 		// keeps Prefetch.
-		if err := s.con.ch.Qos(f.prefetch, 0, false); err != nil {
+		if err := s.timed(func() error { return s.con.ch.Qos(prefetch, 0, false) }); err != nil {
 			s.fail(fmt.Errorf("set a stage's prefetch: %w", err))
 			return false
 		}
-		s.flows.qos = f.prefetch
+		s.flows.qos = prefetch
 	}
 	s.flows.tagSeq++
 	tag := "cmd:" + f.stage + ":" + strconv.Itoa(s.flows.tagSeq)
-	ds, err := s.con.ch.Consume(stageQueue(f.stage), tag, false, false, false, false, nil)
+	var deliveries <-chan amqp.Delivery
+	err := s.timed(func() (err error) {
+		deliveries, err = s.con.ch.Consume(stageQueue(f.stage), tag, false, false, false, false, nil)
+		return err
+	})
 	if err != nil {
 		s.fail(fmt.Errorf("consume %s: %w", stageQueue(f.stage), err))
 		return false
 	}
-	f.tags = append(f.tags, tag)
+	f.cons = append(f.cons, stageConsumer{tag: tag, prefetch: prefetch})
 	s.flows.byTag[tag] = f
-	f.setOpen(len(f.tags))
-	s.spawn(func() { s.readCommands(f, ds) })
+	f.setOpen(len(f.cons), f.sum())
+	s.spawn(func() { s.readCommands(f, deliveries) })
 	return true
 }
 
-// cancelConsumer cancels f's newest consumer: the broker sends it nothing
+// cancelConsumer cancels f's consumer tag: the broker sends it nothing
 // more; what it delivered already is handled and acked as usual, and its
 // reader exits after the last of it. It returns false when it failed the
-// session. Consumer owner only.
-func (s *session) cancelConsumer(f *stageFlow) bool {
-	tag := f.tags[len(f.tags)-1]
-	if err := s.con.ch.Cancel(tag, false); err != nil {
+// session. Consumer manager only.
+func (s *session) cancelConsumer(f *stageFlow, tag string) bool {
+	if err := s.timed(func() error { return s.con.ch.Cancel(tag, false) }); err != nil {
 		s.fail(fmt.Errorf("cancel consumer of stage %s: %w", f.stage, err))
 		return false
 	}
@@ -222,40 +393,58 @@ func (s *session) cancelConsumer(f *stageFlow) bool {
 	return true
 }
 
-// forgetConsumer drops a cancelled consumer. Consumer owner only.
+// forgetConsumer drops a cancelled consumer. Consumer manager only.
 func (s *session) forgetConsumer(f *stageFlow, tag string) {
 	delete(s.flows.byTag, tag)
-	f.tags = slices.DeleteFunc(f.tags, func(t string) bool { return t == tag })
-	f.setOpen(len(f.tags))
+	f.cons = slices.DeleteFunc(f.cons, func(c stageConsumer) bool { return c.tag == tag })
+	f.setOpen(len(f.cons), f.sum())
 }
 
-// setOpen records how many consumers are open.
-func (f *stageFlow) setOpen(n int) {
+// setOpen records the consumers open and the credit they hold.
+func (f *stageFlow) setOpen(n, credit int) {
 	f.mu.Lock()
-	f.open = n
-	f.most = max(f.most, n)
+	f.shown.Consumers, f.shown.Messages = n, credit
+	f.shown.MostConsumers = max(f.shown.MostConsumers, n)
+	f.shown.MostMessages = max(f.shown.MostMessages, credit)
 	f.mu.Unlock()
 }
 
-// consumers returns the consumers open now and the most open at once.
-func (f *stageFlow) consumers() (open, most int) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.open, f.most
+// StageCredit is a stage's credit in a session, as Status and tests read
+// it.
+type StageCredit struct {
+	Consumers     int // consumers open now
+	MostConsumers int // most open at once
+	Messages      int // credit open now, in messages
+	MostMessages  int // most credit open at once
+	Changes       int // credit changes the stage asked for
 }
 
-// stageConsumers returns the consumers the current session has open on
-// stage's queue now and the most it had at once (0, 0: none).
-func (b *Bridge) stageConsumers(stage string) (open, most int) {
+// figures returns f's credit now.
+func (f *stageFlow) figures() StageCredit {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.shown
+}
+
+// stageCredit returns the credit of stage in the current session (zero:
+// no session, or the stage not consumed).
+func (b *Bridge) stageCredit(stage string) StageCredit {
 	s := b.link.sess.Load()
 	if s == nil {
-		return 0, 0
+		return StageCredit{}
 	}
 	s.flows.mu.Lock()
 	f := s.flows.stages[stage]
 	s.flows.mu.Unlock()
 	if f == nil {
-		return 0, 0
+		return StageCredit{}
 	}
-	return f.consumers()
+	return f.figures()
+}
+
+// stageConsumers returns the consumers the current session has open on
+// stage's queue now and the most it had at once (0, 0: none).
+func (b *Bridge) stageConsumers(stage string) (open, most int) {
+	c := b.stageCredit(stage)
+	return c.Consumers, c.MostConsumers
 }

@@ -1,6 +1,7 @@
 package bridge_test
 
 import (
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,8 +13,8 @@ import (
 )
 
 // Two nodes host the same stage, one with a quick handler, one with a slow
-// one (50 ms a command, one at a time). The slow node never gains credit
-// beyond one consumer's prefetch, so the quick node does most of the work:
+// one (50 ms a command, one at a time). The slow node never keeps credit
+// beyond Prefetch, so the quick node does most of the work:
 // with a fixed prefetch of 256 the slow node would hoard up to 256 of the
 // 1000 commands.
 func TestStageCreditFavoursTheQuickNode(t *testing.T) {
@@ -83,13 +84,86 @@ func TestStageCreditFavoursTheQuickNode(t *testing.T) {
 		t.Fatalf("after 60s: quick handled %d, slow %d of %d", quickDone.Load(), slowDone.Load(), total)
 	}
 	q, s := quickDone.Load(), slowDone.Load()
-	_, quickMost := bridge.StageConsumers(quick.b, "share")
-	_, slowMost := bridge.StageConsumers(slow.b, "share")
-	t.Logf("quick node handled %d (most consumers %d), slow node %d (most consumers %d) of %d", q, quickMost, s, slowMost, total)
-	if slowMost != 1 {
-		t.Errorf("the slow node had up to %d consumers, want 1: its handler never answered quickly", slowMost)
+	qc, sc := bridge.StageCreditOf(quick.b, "share"), bridge.StageCreditOf(slow.b, "share")
+	t.Logf("quick node handled %d (credit up to %d messages), slow node %d (credit up to %d messages, %d changes) of %d", q, qc.MostMessages, s, sc.MostMessages, sc.Changes, total)
+	// Prefetch (32) commands in batches of 4 (8 messages): a probe may
+	// double it for one window, never more.
+	if sc.MostMessages > 16 {
+		t.Errorf("the slow node's credit reached %d messages, want at most 16: more only waits at its serial handler", sc.MostMessages)
 	}
 	if q < total*85/100 {
 		t.Errorf("the quick node handled %d of %d commands, want at least 85%%", q, total)
+	}
+}
+
+// TestCreditChangesNeverHoldUpAcks: on a link with 25 ms each way, every
+// change of a stage's credit costs the consuming node broker round trips
+// (basic.qos, basic.consume, basic.cancel). They run beside the acks, not
+// before them: while the credit swings twenty times under a steady flow
+// of commands, no ack waits for the acker longer than a fraction of one
+// round trip, and every command is handled and acked once.
+func TestCreditChangesNeverHoldUpAcks(t *testing.T) {
+	vhost := testVhost(t)
+	px, slowURL := brokerProxy(t, vhost)
+	px.Delay(t, 25*time.Millisecond)
+	a := newNode(t, "alpha", vhost, nil)
+	b := newNode(t, "beta", slowURL, nil)
+	a.waitConnected(t)
+	b.waitConnected(t)
+	var h handler
+	serveStage(t, b, "swing", &h)
+
+	const total = 2000
+	var wg sync.WaitGroup
+	var next, refused atomic.Int64
+	for range 32 {
+		wg.Add(1)
+		go func() { // submitter: exits when every command is submitted
+			defer wg.Done()
+			for i := next.Add(1); i <= total; i = next.Add(1) {
+				m, err := a.client.Request("cmd.swing", []byte(strconv.FormatInt(i, 10)), 20*time.Second)
+				if err != nil || m.Header.Get(bridge.HeaderAccepted) != "broker" {
+					refused.Add(1)
+				}
+				time.Sleep(2 * time.Millisecond) // a steady flow across the swings
+			}
+		}()
+	}
+	before := bridge.StageCreditOf(b.b, "swing").Changes
+	swung := 0
+	for i := range 20 {
+		if !bridge.SetStageCredit(b.b, "swing", []int{64, 8}[i%2]) {
+			t.Fatal("beta's session does not consume stage swing")
+		}
+		swung++
+		time.Sleep(150 * time.Millisecond)
+	}
+	wg.Wait()
+	if n := refused.Load(); n != 0 {
+		t.Fatalf("%d of %d commands not accepted by the broker", n, total)
+	}
+	meshtest.WaitFor(t, 30*time.Second, "every command handled", func() bool { return len(h.msgs()) >= total })
+	c := bridge.StageCreditOf(b.b, "swing")
+	most := bridge.AckDelayMost(b.b)
+	t.Logf("%d credit swings asked (%d changes by the stage's rules besides), consumers up to %d, credit up to %d messages; the longest ack wait %v", swung, c.Changes-before, c.MostConsumers, c.MostMessages, most)
+	if c.MostMessages < 64 {
+		t.Fatalf("the credit never reached the 64 messages asked: up to %d", c.MostMessages)
+	}
+	// A credit change costs at least one round trip (50 ms); before the
+	// acker had a goroutine of its own, every ack behind a change waited
+	// that long.
+	if most > 20*time.Millisecond {
+		t.Fatalf("an ack waited %v for the acker while the credit changed, want well under a round trip (50 ms)", most)
+	}
+	seen := map[string]int{}
+	for _, m := range h.msgs() {
+		seen[string(m.Data)]++
+	}
+	dup := 0
+	for _, n := range seen {
+		dup += n - 1
+	}
+	if len(seen) != total || dup != 0 {
+		t.Fatalf("handled %d distinct commands of %d, %d duplicates; want each once", len(seen), total, dup)
 	}
 }

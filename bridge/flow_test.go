@@ -1,116 +1,215 @@
 package bridge
 
 import (
+	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// window feeds f one window of answers of latency lat, with at most
-// inflight deliveries at the handler at once, and returns want.
-func window(f *stageFlow, inflight int, lat time.Duration) int {
-	for range inflight {
-		f.delivered()
-	}
-	for i := 0; i < f.window; i++ {
-		f.answered(lat)
-		f.delivered() // the broker sends the next one at once
-	}
-	for range inflight {
-		f.gone()
-	}
-	return f.wanted()
+// stageModel is a model of one stage on one node, to drive a stageFlow's rules
+// on a clock of its own: the broker has work for the stage at producer
+// commands a second at most (0: without end); each delivery's credit comes
+// back rtt + ackLinger + the handler's time after it is sent; the handler
+// clears capacity commands a second at most (0: without end), each in
+// service, at once (parallel) or one after another (serial: what it holds
+// waits behind the others).
+type stageModel struct {
+	f        *stageFlow
+	rtt      atomic.Int64
+	now      time.Time
+	service  time.Duration
+	capacity float64
+	producer float64
+	serial   bool
+	perMsg   int // commands a message carries
+	due      float64
+	level    int // commands at the handler now
 }
 
-func TestStageFlowGrowsOnlyWhenSaturatedAndQuick(t *testing.T) {
-	f := newStageFlow("s", 32, 1, 256)
-	if got := window(f, 8, time.Millisecond); got != 1 {
-		t.Fatalf("consumers after a window far from saturated: got %d, want 1", got)
+func newStageModel(prefetch, batch, ceiling int, rtt, service time.Duration) *stageModel {
+	m := &stageModel{now: time.Unix(1_000_000, 0), service: service, perMsg: batch}
+	m.rtt.Store(int64(rtt))
+	m.f = newStageFlow("s", prefetch, batch, ceiling, 0, &m.rtt)
+	return m
+}
+
+// credit is the credit the flow wants, in commands.
+func (m *stageModel) credit() int { return m.f.wanted() * m.perMsg }
+
+// rate is the commands a second the model clears at the flow's credit.
+func (m *stageModel) rate() float64 {
+	cycle := time.Duration(m.rtt.Load()) + ackLinger + m.service
+	r := float64(m.credit()) / cycle.Seconds()
+	if m.capacity > 0 {
+		r = min(r, m.capacity)
 	}
-	for _, want := range []int{2, 4, 8} {
-		if got := window(f, f.wanted()*32, time.Millisecond); got != want {
-			t.Fatalf("consumers after a saturated, quick window: got %d, want %d", got, want)
+	if m.producer > 0 {
+		r = min(r, m.producer)
+	}
+	return r
+}
+
+// run moves the model d further in steps of 5 ms and returns the credit
+// changes the flow asked for on the way.
+func (m *stageModel) run(d time.Duration) (changes int) {
+	const step = 5 * time.Millisecond
+	for end := m.now.Add(d); m.now.Before(end); m.now = m.now.Add(step) {
+		r := m.rate()
+		// At the handler: a serial one holds what the credit brings
+		// beyond what it clears; a parallel one what arrives in a service.
+		want := int(math.Round(r * m.service.Seconds()))
+		if m.serial && m.capacity > 0 && r >= m.capacity*0.99 {
+			want = max(1, m.credit()-int(r*(time.Duration(m.rtt.Load())+ackLinger).Seconds()))
+		}
+		for ; m.level < want; m.level++ {
+			m.f.delivered()
+		}
+		for ; m.level > want; m.level-- {
+			m.f.gone()
+		}
+		m.due += r * step.Seconds()
+		for ; m.due >= 1; m.due-- {
+			if int(m.due)%m.perMsg == 0 {
+				m.f.deliveredMsg(m.perMsg)
+			}
+			m.f.delivered()
+			if m.f.answered(m.now) {
+				changes++
+			}
 		}
 	}
-	if got := window(f, 8*32, time.Millisecond); got != 8 {
-		t.Fatalf("consumers beyond MaxStagePrefetch/Prefetch: got %d, want 8", got)
-	}
-	if got := window(f, 8*32, 50*time.Millisecond); got != 8 {
-		t.Fatalf("consumers after a window between quick and slow: got %d, want 8 (kept)", got)
-	}
-	if got := window(f, 8*32, 200*time.Millisecond); got != 4 {
-		t.Fatalf("consumers after a slow window: got %d, want 4 (halved)", got)
-	}
-	for range 4 {
-		window(f, 32, time.Second)
-	}
-	if got := f.wanted(); got != 1 {
-		t.Fatalf("consumers after slow windows: got %d, want 1 (never fewer)", got)
+	return changes
+}
+
+// A handler that works one command at a time, 50 ms each, never gains
+// credit beyond Prefetch, however deep the queue: more credit would only
+// wait at it.
+func TestStageFlowSerialSlowHandlerStaysAtPrefetch(t *testing.T) {
+	for _, rtt := range []time.Duration{100 * time.Microsecond, 50 * time.Millisecond} {
+		m := newStageModel(32, 1, 4096, rtt, 50*time.Millisecond)
+		m.serial, m.capacity = true, 20
+		m.run(30 * time.Second)
+		if got := m.credit(); got != 32 {
+			t.Errorf("rtt %v: credit of a slow serial handler %d commands, want 32 (Prefetch)", rtt, got)
+		}
 	}
 }
 
-// A handler that works one command at a time, 50 ms each: its first
-// answer takes 50 ms, then every delivery waits behind the consumer's
-// other 31 (1.6 s). It never gains credit.
-func TestStageFlowSerialSlowHandlerStaysAtOneConsumer(t *testing.T) {
-	f := newStageFlow("s", 32, 1, 256)
-	f.delivered()
-	f.answered(50 * time.Millisecond)
-	for range 10 {
-		window(f, 32, 32*50*time.Millisecond)
+// A quick handler behind a 50 ms round trip: the credit grows to what the
+// link needs for the handler's pace (twice rate x cycle) within a couple
+// of seconds, and then holds: in the next 30 s only a few probes, each
+// doubling for one window and reverting, backing off to one in 12.8 s.
+func TestStageFlowFillsTheLink(t *testing.T) {
+	m := newStageModel(32, 1, 4096, 50*time.Millisecond, 200*time.Microsecond)
+	m.capacity = 20_000
+	m.run(3 * time.Second)
+	cycle := 50*time.Millisecond + ackLinger + 200*time.Microsecond
+	bdp := 20_000 * cycle.Seconds()
+	if got := float64(m.credit()); got < bdp || got > 3*bdp {
+		t.Fatalf("credit after 3s: %.0f commands, want between %.0f (rate x cycle) and %.0f", got, bdp, 3*bdp)
 	}
-	if got := f.wanted(); got != 1 {
-		t.Fatalf("consumers of a slow serial handler: got %d, want 1", got)
+	if r := m.rate(); r < 0.99*m.capacity {
+		t.Fatalf("rate at that credit: %.0f/s, want the handler's %.0f/s", r, m.capacity)
+	}
+	m.run(30 * time.Second)
+	if n := m.run(30 * time.Second); n > 6 {
+		t.Fatalf("%d credit changes in 30 s at a steady pace, want at most 3 probes", n)
+	}
+	if got := float64(m.credit()); got < bdp || got > 3*bdp {
+		t.Fatalf("credit after a minute: %.0f commands, want between %.0f and %.0f", got, bdp, 3*bdp)
+	}
+}
+
+// The same pace with the ceiling below what the link needs: credit stops
+// at MaxStagePrefetch commands, counted in commands whatever the batches.
+func TestStageFlowCeilingInCommands(t *testing.T) {
+	m := newStageModel(32, 4, 512, 50*time.Millisecond, 200*time.Microsecond)
+	m.capacity = 20_000
+	m.run(5 * time.Second)
+	if got := m.credit(); got != 512 {
+		t.Fatalf("credit with batches of 4 and a ceiling of 512 commands: %d commands (%d messages), want 512", got, m.f.wanted())
+	}
+	if n := m.run(10 * time.Second); n != 0 {
+		t.Fatalf("%d changes at the ceiling, want none", n)
 	}
 }
 
 // A handler that answers in 50 ms however many commands it has (it works
-// on them in parallel) gains credit while saturated: more credit is more
-// throughput, not a longer wait.
+// on them in parallel) gains credit while it holds it all: more credit is
+// more throughput, not a longer wait.
 func TestStageFlowParallelHandlerGains(t *testing.T) {
-	f := newStageFlow("s", 32, 1, 256)
-	for range 3 {
-		window(f, f.wanted()*32, 50*time.Millisecond)
-	}
-	if got := f.wanted(); got != 8 {
-		t.Fatalf("consumers of a parallel handler after 3 saturated windows: got %d, want 8", got)
+	m := newStageModel(32, 1, 4096, 100*time.Microsecond, 50*time.Millisecond)
+	m.capacity = 4000
+	m.run(5 * time.Second)
+	if got, r := m.credit(), m.rate(); r < 0.99*m.capacity {
+		t.Fatalf("parallel 50 ms handler: credit %d, rate %.0f/s, want its %.0f/s", got, r, m.capacity)
 	}
 }
 
-// With batches of 4, a consumer takes 8 messages (Prefetch/CommandBatch):
-// a slow node holds about Prefetch commands, as without batches, and a
-// quick one may open MaxStagePrefetch/8 consumers. Saturation is judged
-// in commands: 8 consumers' worth of batches in flight is saturated.
-func TestStageFlowCountsCreditInCommands(t *testing.T) {
-	f := newStageFlow("s", 32, 4, 256)
-	if f.prefetch != 8 || f.max != 32 {
-		t.Fatalf("prefetch %d messages, at most %d consumers; want 8 and 32", f.prefetch, f.max)
+// When the producer, not the credit, bounds the pace (a loopback link, a
+// quick handler, few submitters), a doubling brings nothing: the probes
+// stop doubling and wait longer each time, so the credit changes rarely.
+func TestStageFlowProbesBackOffWhenCreditIsNotTheLimit(t *testing.T) {
+	m := newStageModel(32, 1, 4096, 100*time.Microsecond, 100*time.Microsecond)
+	m.producer = 5000
+	m.run(2 * time.Second)
+	n := m.run(60 * time.Second)
+	if n > 16 {
+		t.Fatalf("%d credit changes in a minute with the producer as the bound, want a few (probes backing off)", n)
 	}
-	batched := func(inflight int, lat time.Duration) int {
-		for range inflight / 4 {
-			f.deliveredMsg(4)
-		}
-		return window(f, inflight, lat)
+	if got := m.credit(); got > 64 {
+		t.Fatalf("credit %d commands with nothing to gain, want it back near Prefetch", got)
 	}
-	if got := batched(8, time.Millisecond); got != 1 {
-		t.Fatalf("consumers after 8 commands in flight of a credit of 32: got %d, want 1", got)
-	}
-	if got := batched(32, time.Millisecond); got != 2 {
-		t.Fatalf("consumers after a window saturated in commands (32 of 32): got %d, want 2", got)
-	}
-	if fixed := newStageFlow("s", 64, 4, 64); fixed.max != 1 || fixed.prefetch != 16 {
-		t.Fatalf("a fixed credit of 64: %d consumers of %d messages, want 1 of 16 (one consumer keeps the order)", fixed.max, fixed.prefetch)
-	}
-	slow := newStageFlow("s", 32, 4, 256)
-	slow.deliveredMsg(4)
-	slow.delivered()
-	slow.answered(50 * time.Millisecond)
+}
+
+// Bursts: a second of work, a second of nothing, over and over. The
+// credit reached in a burst stays through the idle second (no ramp per
+// burst) and does not swing.
+func TestStageFlowStableUnderBursts(t *testing.T) {
+	m := newStageModel(32, 1, 4096, 50*time.Millisecond, 200*time.Microsecond)
+	m.capacity = 10_000
+	m.run(3 * time.Second)
+	reached := m.credit()
+	changes := 0
 	for range 10 {
-		for range 8 {
-			slow.deliveredMsg(4)
+		m.producer = 0
+		changes += m.run(time.Second)
+		if got := m.credit(); got < reached/2 {
+			t.Fatalf("credit in a burst %d, had reached %d: it lost the link's credit between bursts", got, reached)
 		}
-		window(slow, 32, 32*50*time.Millisecond)
+		m.producer = 1e-9 // idle: nothing for the stage
+		changes += m.run(time.Second)
 	}
-	if got := slow.wanted(); got != 1 {
-		t.Fatalf("consumers of a slow serial handler with batches: got %d, want 1", got)
+	if changes > 8 {
+		t.Fatalf("%d credit changes over 10 bursts, want at most 4 probes", changes)
+	}
+}
+
+// A fixed credit (MaxStagePrefetch = Prefetch) never changes: one consumer
+// of Prefetch/CommandBatch messages keeps the queue's order.
+func TestStageFlowFixedCredit(t *testing.T) {
+	m := newStageModel(64, 4, 64, 50*time.Millisecond, 100*time.Microsecond)
+	if !m.f.fixed || m.f.wanted() != 16 {
+		t.Fatalf("a fixed credit of 64 with batches of 4: fixed %v, %d messages; want fixed, 16", m.f.fixed, m.f.wanted())
+	}
+	m.capacity = 20_000
+	if n := m.run(5 * time.Second); n != 0 || m.f.wanted() != 16 {
+		t.Fatalf("a fixed credit changed %d times, to %d messages", n, m.f.wanted())
+	}
+}
+
+// A new session starts from the credit the last one reached, within the
+// bounds.
+func TestStageFlowStartsFromTheLastSession(t *testing.T) {
+	var rtt atomic.Int64
+	if got := newStageFlow("s", 32, 1, 4096, 900, &rtt).wanted(); got != 900 {
+		t.Fatalf("started at %d messages, want 900", got)
+	}
+	if got := newStageFlow("s", 32, 1, 256, 900, &rtt).wanted(); got != 256 {
+		t.Fatalf("started at %d messages past a ceiling of 256, want 256", got)
+	}
+	if got := newStageFlow("s", 32, 1, 32, 900, &rtt).wanted(); got != 32 {
+		t.Fatalf("a fixed credit started at %d, want 32", got)
 	}
 }

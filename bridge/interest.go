@@ -63,7 +63,7 @@ func (b *Bridge) SetLocalInterest(ctx context.Context, subjects []string) error 
 	}
 	err := b.declareStages(ctx, b.hostedStages())
 	if stagesChanged {
-		signal(b.route.stagesChanged) // the session's consumer owner consumes (and cancels)
+		signal(b.route.stagesChanged) // the session's consumer manager consumes (and cancels)
 		signal(b.cmds.stall.watch)    // a stall checker with nothing to watch wakes
 	}
 	return err

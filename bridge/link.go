@@ -362,7 +362,7 @@ func (b *Bridge) withQuit(parent context.Context) (context.Context, context.Canc
 // Cancelling ctx aborts the handshake. abort closes the connection's socket
 // at once: an AMQP call waiting on a broker that stalls fails with it.
 // The connection's socket is a *corkConn, returned as cork: the publishers
-// batch their messages through it, the consumer owner its acks.
+// batch their messages through it, the acker its acks.
 func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connection, cork *corkConn, abort func(), err error) {
 	cfg := amqp.Config{
 		Heartbeat:  b.cfg.Heartbeat,

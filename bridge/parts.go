@@ -114,6 +114,23 @@ type routing struct {
 	localCaps map[string]bool      // capabilities hosted by local programs
 	standins  map[string]*nats.Subscription
 	changed   chan struct{} // cap 1: routes or local capabilities changed
-	// stagesChanged (cap 1): the consumer owner of the session re-syncs.
+	// stagesChanged (cap 1): the consumer manager of the session re-syncs.
 	stagesChanged chan struct{}
+	// credits (under mu): the credit (messages) each stage's last
+	// session wanted last; the next session starts from it.
+	credits map[string]int
+}
+
+// creditOf returns the credit stage's last session wanted (0: none).
+func (r *routing) creditOf(stage string) int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.credits[stage]
+}
+
+// keepCredit records the credit stage's session wants now.
+func (r *routing) keepCredit(stage string, msgs int) {
+	r.mu.Lock()
+	r.credits[stage] = msgs
+	r.mu.Unlock()
 }

@@ -9,7 +9,7 @@ import (
 // its local handlers: far more than can be in flight (a stage holds at most
 // MaxStagePrefetch unacked commands), at 8 bytes of hash and a map entry
 // each.
-const handedOutLen = 8192
+const handedOutLen = 32768
 
 // handedOut remembers the ids of the last commands this node handed to a
 // local handler, across sessions. A broker killed at the wrong moment can

@@ -99,8 +99,9 @@ type publishing struct {
 // consuming is the session's consuming connection: the topology, the
 // acked consumers on ch (events, commands), the unacked ones on autoCh
 // (requests, replies, system messages), stage declarations and queue
-// inspections. It never publishes. The consumer owner goroutine owns it
-// (consume.go).
+// inspections. It never publishes. The acker and the consumer manager
+// share ch (consume.go): one settles, the other opens and cancels stage
+// consumers.
 type consuming struct {
 	conn      *amqp.Connection
 	cork      *corkConn // conn's socket: a run of acks goes out with one write
@@ -115,8 +116,9 @@ type consuming struct {
 	ackQ chan ackReq
 	// unacked counts settled deliveries whose ack is not yet applied on
 	// the consume channel: a graceful close waits for it (settleBeforeStop).
-	unacked atomic.Int64
-	acks    ackBook // settled deliveries of ch (consumer owner only)
+	unacked  atomic.Int64
+	acks     ackBook   // settled deliveries of ch (acker only)
+	ackDelay ackDelays // how long acks waited for the acker
 	// lagSpent (the event reader only): the bindings on which the event
 	// reader waited bindingLag for a lagging event in vain; on them it
 	// refuses the next at once, so that a member sending mis-scoped events
@@ -129,14 +131,15 @@ type consuming struct {
 // consumers (flow.go).
 type stageFlows struct {
 	mu       sync.Mutex
-	stages   map[string]*stageFlow // under mu; only the consumer owner writes
+	stages   map[string]*stageFlow // under mu; only the consumer manager writes
 	aux      map[string]int        // under mu: the retry and dead-letter queues declared per stage (auxRetry, auxDead)
-	byTag    map[string]*stageFlow // consumer owner only: stage consumers by tag
-	tagSeq   int                   // consumer owner only: for unique consumer tags
-	qos      int                   // consumer owner only: the prefetch set for stage consumers (0: Prefetch, for events)
-	wake     chan struct{}         // cap 1: a stage wants another number of consumers
+	byTag    map[string]*stageFlow // consumer manager only: stage consumers by tag
+	tagSeq   int                   // consumer manager only: for unique consumer tags
+	qos      int                   // consumer manager only: the prefetch set for stage consumers (0: Prefetch, for events)
+	rtt      atomic.Int64          // the link's round trip: the quickest synchronous call on con.ch (ns; 0: none yet)
+	wake     chan struct{}         // cap 1: a stage wants another credit
 	drain    chan struct{}         // cap 1: the node stops; cancel every stage consumer (drainCommands)
-	draining bool                  // consumer owner only: stage consumers cancelled for good
+	draining bool                  // consumer manager only: stage consumers cancelled for good
 }
 
 // localCalls are the requests from other nodes and the commands open at
@@ -271,7 +274,8 @@ func (s *session) start() {
 	s.spawn(s.fastPublisher)
 	s.spawn(s.fastReturned)
 	s.spawn(s.watchBlocked)
-	s.spawn(s.consumerOwner)
+	s.spawn(s.acker)
+	s.spawn(s.consumerManager)
 	s.spawn(func() {
 		defer close(s.requestsDone)
 		s.readRequests(s.con.initial["requests"])

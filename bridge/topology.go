@@ -103,7 +103,7 @@ func (s *session) setup() error {
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	if err := s.con.ch.Qos(s.b.cfg.Prefetch, 0, false); err != nil {
+	if err := s.timed(func() error { return s.con.ch.Qos(s.b.cfg.Prefetch, 0, false) }); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
 	// The node's claim on its name comes first, before any of its queues
@@ -224,8 +224,8 @@ func (s *session) syncStages(decl **amqp.Channel) {
 	defer s.flows.mu.Unlock()
 	for stage, f := range s.flows.stages {
 		if !want[stage] {
-			for len(f.tags) > 0 {
-				if !s.cancelConsumer(f) {
+			for len(f.cons) > 0 {
+				if !s.cancelConsumer(f, f.cons[len(f.cons)-1].tag) {
 					return
 				}
 			}
@@ -243,8 +243,8 @@ func (s *session) syncStages(decl **amqp.Channel) {
 			continue
 		}
 		s.flows.aux[stage] = s.declareAux(decl, stage)
-		f := newStageFlow(stage, s.b.cfg.Prefetch, s.b.cfg.CommandBatch, s.b.cfg.MaxStagePrefetch)
-		if !s.addConsumer(f) {
+		f := newStageFlow(stage, s.b.cfg.Prefetch, s.b.cfg.CommandBatch, s.b.cfg.MaxStagePrefetch, s.b.route.creditOf(stage), &s.flows.rtt)
+		if !s.addConsumer(f, f.wanted()) {
 			return
 		}
 		s.flows.stages[stage] = f
