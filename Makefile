@@ -5,6 +5,8 @@
 #               when missing, then runs every test with the race detector;
 #               as root (apt-get, and the package test's dpkg)
 #   make bench  the benchmarks, each against its raw baseline in the same run
+#   make bench-wan  only the WAN profile (25 ms each way between each node
+#               and the broker), a few minutes
 #   make soak   two nodes under mixed load and connection churn for 30 minutes
 #               (SOAK_DURATION=5m for less); fails if memory grows after warm-up;
 #               then the broker-cluster fault scenario with 10,000 commands
@@ -50,7 +52,7 @@ FUZZ_TIME ?= 10s
 TEST_FUZZ_TIME ?= 2000x
 SOAK_DURATION ?= 30m
 
-.PHONY: all build run test test-short services fuzz bench bench-hops soak lint install clean dist deb
+.PHONY: all build run test test-short services fuzz bench bench-wan bench-hops soak lint install clean dist deb
 
 all: build
 
@@ -80,8 +82,15 @@ FUZZ_JOBS ?= 2
 fuzz:
 	@GO="$(GO)" FUZZ_TIME="$(FUZZ_TIME)" JOBS="$(FUZZ_JOBS)" sh testing/fuzz.sh $(FUZZ_PKGS)
 
+# Every benchmark, the WAN profile's too. SWEEP lines are the raw
+# baseline's settings the WAN profile tries before it picks the best.
 bench: services
-	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./testing/bench/ | tee bench.out | grep -E '^(BENCH|ok|FAIL|---)'
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./testing/bench/ | tee bench.out | grep -E '^(BENCH|SWEEP|ok|FAIL|---)'
+
+# The WAN profile alone (BenchmarkWAN): each node, and each raw client,
+# reaches the broker through a proxy that adds 25 ms each way.
+bench-wan: services
+	$(GO) test -run '^$$' -bench '^BenchmarkWAN$$' -benchtime 1x -timeout 20m ./testing/bench/ | tee bench-wan.out | grep -E '^(BENCH|SWEEP|ok|FAIL|---)'
 
 # The request round trip taken apart, stretch by stretch: the bridge
 # records its points only in a build with -tags hoptrace.
@@ -138,4 +147,4 @@ deb:
 	@cd $(DIST) && sha256sum meshbox-linux-* $$(ls *.deb 2>/dev/null) > SHA256SUMS
 
 clean:
-	rm -rf bin bench.out $(DIST)
+	rm -rf bin bench.out bench-wan.out $(DIST)

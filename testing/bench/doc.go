@@ -9,6 +9,13 @@
 // `make bench`. Targets are printed next to the figures and never asserted:
 // a benchmark reports, it does not fail on a slow machine.
 //
+// BenchmarkWAN (`make bench-wan` alone) is the WAN profile: every node and
+// every raw client reaches the broker through a proxy that adds 25 ms each
+// way, as from a home to a central broker; the raw command baseline is the
+// best of a sweep of its confirm window and prefetch (SWEEP lines), and
+// the latency figures are against their floors, the round trips to the
+// broker they cannot avoid.
+//
 // Some benchmarks take a figure apart and run only when asked, outside
 // `make bench`: with MESHBOX_BENCH_SHAPE=1, RawShape (the raw command
 // baseline with a command's shape added step by step: exchange kind,

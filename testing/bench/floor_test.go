@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -108,13 +107,10 @@ func floorCommandThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string) 
 		}
 	}()
 
-	var handled atomic.Int64
-	all := make(chan struct{})
+	handled := newHandledCount(benchCommands)
 	hnc := floorConn(b, srvB)
 	if _, err := hnc.Subscribe("work.bench", func(m *nats.Msg) {
-		if handled.Add(1) == benchCommands {
-			close(all)
-		}
+		handled.add()
 		_ = m.Respond(nil)
 	}); err != nil {
 		b.Fatal(err)
@@ -126,7 +122,7 @@ func floorCommandThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL string) 
 		}
 	}
 
-	r := submitCommands(b, rmq, snc, func(*nats.Msg) bool { return true }, all, &handled)
+	r := submitCommands(b, rmq, snc, loopbackLoad, []byte("x"), func(*nats.Msg) bool { return true }, handled)
 	b.Logf("floor: %d commands in %v, process CPU %v, broker CPU %v", benchCommands, r.took, r.cpu, r.broker)
 	return r.throughput()
 }

@@ -33,8 +33,8 @@ func BenchmarkRequestHops(b *testing.B) {
 
 	call := requestRoundTripWith(b, nodeA, nodeB, func() { bridge.MarkHop(bridge.HopHostHas) })
 	natsRT := timed(natsRoundTrip(b, plainNATS(b)))
-	rpc := timed(rawRPCRoundTrip(b, amqpURL, false))
-	rpcTopic := timed(rawRPCRoundTrip(b, amqpURL, true))
+	rpc := timed(rawRPCRoundTrip(b, amqpURL, amqpURL, false))
+	rpcTopic := timed(rawRPCRoundTrip(b, amqpURL, amqpURL, true))
 
 	// Ours and the three raw round trips in turn, each round starting one
 	// further along (as interleavedQuantiles does, and for its reason).

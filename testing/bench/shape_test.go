@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -30,6 +31,30 @@ type messageShape struct {
 	headers amqp.Table
 	userID  bool
 	body    int
+	// window is the publisher's async confirm window (0:
+	// benchSubmitters).
+	window int
+	// commands is how many commands the run publishes (0: benchCommands).
+	commands int
+	// within, when set, stops publishing after it; the run still waits
+	// until every message it published is confirmed and acked.
+	within time.Duration
+	// fromConnect: the run's time starts before the publisher dials its
+	// connection and opens its channel, as a node's does after a link
+	// comes back.
+	fromConnect bool
+}
+
+// rawLinks are the broker URLs of a raw run's clients: setup declares
+// the queue, pub publishes (node instead when the shape publishes as a
+// node's broker user), con consumes. On the WAN profile pub and con go
+// through links of their own that add latency.
+type rawLinks struct{ setup, pub, con, node string }
+
+// directLinks are the links of a raw run whose clients all connect to
+// amqpURL directly (nodeURL: the node user's).
+func directLinks(amqpURL, nodeURL string) rawLinks {
+	return rawLinks{setup: amqpURL, pub: amqpURL, con: amqpURL, node: nodeURL}
 }
 
 // BenchmarkRawShape measures the raw command baseline with the message
@@ -60,12 +85,12 @@ func BenchmarkRawShape(b *testing.B) {
 		{name: "all+node-user, 4 per msg", exchange: true, args: qargs, headers: hdr, userID: true, body: 4 * 64, nodeUser: true, batch: 4},
 		{name: "all+node-user, 16 per msg", exchange: true, args: qargs, headers: hdr, userID: true, body: 16 * 64, nodeUser: true, batch: 16},
 	}
-	nodeURL := benchBrokerUsers(b, rmq, amqpURL, "shape-node")["shape-node"]
+	links := directLinks(amqpURL, benchBrokerUsers(b, rmq, amqpURL, "shape-node")["shape-node"])
 	for range b.N {
 		res := make(map[string][]throughput)
 		for range 3 {
 			for _, s := range shapes {
-				res[s.name] = append(res[s.name], rawShapeThroughput(b, rmq, amqpURL, nodeURL, s))
+				res[s.name] = append(res[s.name], rawShapeThroughput(b, rmq, links, s))
 			}
 		}
 		for _, s := range shapes {
@@ -75,32 +100,39 @@ func BenchmarkRawShape(b *testing.B) {
 	}
 }
 
-// rawShapeThroughput publishes benchCommands persistent messages of shape
-// s to a quorum queue of its own with an async confirm window of
-// benchSubmitters, consumed with the shape's prefetch and an ack per
-// message: messages per second until the consumer has acked them all, and
-// this process's and the broker's CPU time per message. Its connections
-// are closed when it returns.
-func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL, nodeURL string, s messageShape) throughput {
+// rawShapeThroughput publishes s.commands (default benchCommands)
+// persistent messages of shape s to a quorum queue of its own with an
+// async confirm window of s.window (default benchSubmitters), consumed
+// with the shape's prefetch and an ack per message: commands per second
+// until the consumer has acked every message published, and this
+// process's and the broker's CPU time per command. Its connections are
+// closed and its queue deleted when it returns.
+func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, links rawLinks, s messageShape) throughput {
 	b.Helper()
-	pubURL := amqpURL
+	pubURL := links.pub
 	if s.nodeUser {
-		pubURL = nodeURL
+		pubURL = links.node
 	}
-	setupConn, pub := rawChannel(b, amqpURL)
-	defer func() { _ = setupConn.Close() }()
-	pubConn, pubCh := rawChannel(b, pubURL)
-	conConn, con := rawChannel(b, amqpURL)
-	defer func() {
-		_ = pubConn.Close()
-		_ = conConn.Close()
-	}()
+	setupConn, setup := rawChannel(b, links.setup)
+	conConn, con := rawChannel(b, links.con)
+	var pubConn *amqp.Connection
 	rawRuns++
+	name := fmt.Sprintf("bench.shape.%d", rawRuns)
+	defer func() {
+		if pubConn != nil {
+			_ = pubConn.Close()
+		}
+		_ = conConn.Close()
+		// An idle quorum queue still costs the broker a little: the next
+		// runs do not share it with this one's.
+		_, _ = setup.QueueDelete(name, false, false, false)
+		_ = setupConn.Close()
+	}()
 	args := amqp.Table{"x-queue-type": "quorum"}
 	for k, v := range s.args {
 		args[k] = v
 	}
-	q, err := pub.QueueDeclare(fmt.Sprintf("bench.shape.%d", rawRuns), true, false, false, false, args)
+	q, err := setup.QueueDeclare(name, true, false, false, false, args)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -113,57 +145,42 @@ func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL, nodeURL str
 		exchange, key = "bench."+kind, "cmd."+q.Name
 		if s.nodeUser {
 			exchange = "mesh" // declared by the admin (benchBrokerUsers)
-		} else if err := pub.ExchangeDeclare(exchange, kind, true, false, false, false, nil); err != nil {
+		} else if err := setup.ExchangeDeclare(exchange, kind, true, false, false, false, nil); err != nil {
 			b.Fatal(err)
 		}
-		if err := pub.QueueBind(q.Name, key, exchange, false, nil); err != nil {
+		if err := setup.QueueBind(q.Name, key, exchange, false, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
-	pub = pubCh
-	if err := pub.Confirm(false); err != nil {
-		b.Fatal(err)
+	window := cmp.Or(s.window, benchSubmitters)
+	var pub *amqp.Channel
+	var confirms chan amqp.Confirmation
+	openPub := func() {
+		pubConn, pub = rawChannel(b, pubURL)
+		if err := pub.Confirm(false); err != nil {
+			b.Fatal(err)
+		}
+		confirms = pub.NotifyPublish(make(chan amqp.Confirmation, window))
 	}
-	confirms := pub.NotifyPublish(make(chan amqp.Confirmation, benchSubmitters))
-	prefetch := s.prefetch
-	if prefetch == 0 {
-		prefetch = benchRawPrefetch
+	if !s.fromConnect {
+		openPub()
 	}
-	if err := con.Qos(prefetch, 0, false); err != nil {
+	if err := con.Qos(cmp.Or(s.prefetch, benchRawPrefetch), 0, false); err != nil {
 		b.Fatal(err)
 	}
 	ds, err := con.Consume(q.Name, "", false, false, false, false, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	msgs := benchCommands / max(1, s.batch)
-	acked := make(chan struct{})
-	go func() { // consumer: exits after acking every message
-		defer close(acked)
-		n := 0
+	batch := max(1, s.batch)
+	msgs := cmp.Or(s.commands, benchCommands) / batch
+	acked := newHandledCount(msgs)
+	go func() { // consumer: exits when its connection closes (on return)
 		for d := range ds {
 			if err := d.Ack(false); err != nil {
 				return
 			}
-			if n++; n == msgs {
-				return
-			}
-		}
-	}()
-	window := make(chan struct{}, benchSubmitters)
-	var nacked atomic.Int64
-	confirmed := make(chan struct{})
-	go func() { // confirmer: exits after every confirm arrived
-		defer close(confirmed)
-		for n := 0; n < msgs; n++ {
-			c, ok := <-confirms
-			if !ok {
-				return
-			}
-			if !c.Ack {
-				nacked.Add(1)
-			}
-			<-window
+			acked.add()
 		}
 	}()
 	body := make([]byte, max(1, s.body))
@@ -176,17 +193,34 @@ func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL, nodeURL str
 		p.Type = "command"
 		p.Timestamp = time.Now()
 	}
+	slots := make(chan struct{}, window) // a slot per message not yet confirmed
+	var nacked atomic.Int64
 	cpu0, bcpu0 := cpuTime(b), rmq.CPUTime(b)
 	start := time.Now()
-	for range msgs {
-		window <- struct{}{}
+	if s.fromConnect {
+		openPub()
+	}
+	go func() { // confirmer: exits when the publisher's connection closes (on return)
+		for c := range confirms {
+			if !c.Ack {
+				nacked.Add(1)
+			}
+			<-slots
+		}
+	}()
+	published := 0
+	for ; published < msgs && (s.within == 0 || time.Since(start) < s.within); published++ {
+		slots <- struct{}{}
 		if err := pub.Publish(exchange, key, true, false, p); err != nil {
 			b.Fatal(err)
 		}
 	}
-	<-confirmed
+	for range window { // every slot free again: every message confirmed
+		slots <- struct{}{}
+	}
+	acked.expect(published)
 	select {
-	case <-acked:
+	case <-acked.all:
 	case <-time.After(2 * time.Minute):
 		b.Fatalf("%s: the consumer did not get every message within 2m", s.name)
 	}
@@ -195,5 +229,6 @@ func rawShapeThroughput(b *testing.B, rmq *meshtest.Rabbit, amqpURL, nodeURL str
 	if n := nacked.Load(); n != 0 {
 		b.Fatalf("%s: %d messages nacked", s.name, n)
 	}
-	return throughput{float64(benchCommands) / d.Seconds(), cpu / benchCommands, bcpu / benchCommands}
+	n := time.Duration(published * batch)
+	return throughput{float64(n) / d.Seconds(), cpu / n, bcpu / n}
 }
