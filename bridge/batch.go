@@ -423,6 +423,16 @@ func (b *Bridge) SetCommandBatching(on bool) {
 	}
 }
 
+// SetOrderKeys says whether every node of the mesh reads a command's
+// Meshbox-Order-Key (discovery protocol 5): until it does, a submission
+// with one is refused, since an older node would refuse the command (a
+// header of meshbox's own in its seal) and could not keep the order.
+func (b *Bridge) SetOrderKeys(on bool) {
+	if b.cmds.orderKeys.Swap(on) != on {
+		b.log.Info("command order keys", "on", on)
+	}
+}
+
 // batchMax is the most commands a message may carry now (1: no batches).
 func (b *Bridge) batchMax() int {
 	if !b.cmds.batching.Load() {

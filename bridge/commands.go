@@ -36,6 +36,8 @@ type cmdCall struct {
 	deadline time.Time // of this attempt: moved by the handler's progress (lease.go)
 	extended int       // progress messages that moved the deadline
 	timer    *time.Timer
+	order    string // stage and Meshbox-Order-Key ("": none): one at a time at the handler (order.go)
+	seq      uint64 // keyed: its place among the keyed commands read (order.go)
 }
 
 // readCommands passes the commands of one consumer of a stage to the local
@@ -44,26 +46,33 @@ type cmdCall struct {
 // when the consumer's delivery channel closes (session end or cancel).
 func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
 	for d := range ds {
-		if d.Type != typeCommandBatch {
-			f.deliveredMsg(1)
-			s.readCommand(f, d, cmdAck{tag: d.DeliveryTag})
-			continue
-		}
-		entries, err := decodeBatch(&d, MaxCommandBatch, batchLimit(s.b.maxPayload()))
-		if derr := checkDeaths(typeCommandBatch, d.RoutingKey, d.Headers); derr != nil {
-			err = derr // refused whole (replay.go)
-		}
-		if err != nil { // dead-lettered whole, with the reason
-			bad := d
-			s.work(func() { s.deadCommand(&bad, cmdAck{tag: bad.DeliveryTag}, f.stage, err, nil) })
-			continue
-		}
-		f.deliveredMsg(len(entries))
-		left := &batchLeft{}
-		left.n.Store(int32(len(entries)))
-		for _, e := range entries {
-			s.readCommand(f, e, cmdAck{tag: d.DeliveryTag, batch: left})
-		}
+		s.readDelivery(f, d)
+		s.orderedSeen(d.DeliveryTag)
+	}
+}
+
+// readDelivery passes a delivery's command, or each command of its batch,
+// to the local handler.
+func (s *session) readDelivery(f *stageFlow, d amqp.Delivery) {
+	if d.Type != typeCommandBatch {
+		f.deliveredMsg(1)
+		s.readCommand(f, d, cmdAck{tag: d.DeliveryTag})
+		return
+	}
+	entries, err := decodeBatch(&d, MaxCommandBatch, batchLimit(s.b.maxPayload()))
+	if derr := checkDeaths(typeCommandBatch, d.RoutingKey, d.Headers); derr != nil {
+		err = derr // refused whole (replay.go)
+	}
+	if err != nil { // dead-lettered whole, with the reason
+		bad := d
+		s.work(func() { s.deadCommand(&bad, cmdAck{tag: bad.DeliveryTag}, f.stage, err, nil) })
+		return
+	}
+	f.deliveredMsg(len(entries))
+	left := &batchLeft{}
+	left.n.Store(int32(len(entries)))
+	for _, e := range entries {
+		s.readCommand(f, e, cmdAck{tag: d.DeliveryTag, batch: left})
 	}
 }
 
@@ -117,6 +126,11 @@ func (s *session) readCommand(f *stageFlow, d amqp.Delivery, a cmdAck) {
 	now := time.Now()
 	c := &cmdCall{stage: stage, flow: f, ack: a, d: d, env: env, started: now, deadline: now.Add(b.cfg.CommandTimeout),
 		msg: env.commandMsg(stage, seen)}
+	if key := env.header.Get(HeaderOrderKey); key != "" {
+		c.order = stage + " " + key
+		s.orderedArrive(c)
+		return
+	}
 	s.sendCmd(newID(), c)
 }
 
@@ -174,6 +188,7 @@ func (s *session) onCmdReply(m *nats.Msg) {
 		if !s.consumes(c.stage) {
 			c.flow.gone()
 			s.giveBack(c)
+			s.orderedNext(c)
 			return
 		}
 		if time.Until(c.deadline) <= handlerPoll {

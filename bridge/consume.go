@@ -261,7 +261,7 @@ func (s *session) openCmds() int {
 			n++
 		}
 	}
-	return n
+	return n + s.local.order.waiting() // waiting for their turn
 }
 
 // settleBeforeStop waits, at most limit, until every delivery settled so

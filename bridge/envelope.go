@@ -282,6 +282,16 @@ func (e *envelope) decodeHeaders(d delivery) error {
 		if isBrokerHeader(k) {
 			continue
 		}
+		if strings.EqualFold(k, HeaderOrderKey) && e.kind == typeCommand {
+			// A command's order key, in a mesh that does not seal (sealed,
+			// it travels in the seal): the handler sees it.
+			if s, ok := v.(string); !ok || !wire.ValidID(s) {
+				return bad("header %s: %v is not a valid order key", k, v)
+			} else if err := add(HeaderOrderKey, s); err != nil {
+				return err
+			}
+			continue
+		}
 		if hasPrefixFold(k, headerPrefixMeshbox) {
 			s, ok := v.(string)
 			if !ok {

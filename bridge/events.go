@@ -14,6 +14,7 @@ import (
 // acks each once published. Exits when the delivery channel closes.
 func (s *session) readEvents(ds <-chan amqp.Delivery) {
 	for d := range ds {
+		s.orderedSeen(d.DeliveryTag) // no command: nothing of a key to wait for
 		if err := s.republishEvent(&d); err != nil {
 			s.deadLetter(&d, eventQueue(s.b.cfg.Node), err)
 			continue

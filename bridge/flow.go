@@ -258,6 +258,7 @@ func (s *session) answered(c *cmdCall) {
 	if c.flow.answered(time.Now()) {
 		signal(s.flows.wake)
 	}
+	s.orderedNext(c)
 }
 
 // applyFlows opens or cancels stage consumers until each stage has the

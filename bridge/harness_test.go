@@ -97,6 +97,7 @@ func buildNode(tb testing.TB, name, brokerURL string, edit func(*bridge.Config))
 	// As in a mesh whose nodes all read command batches (the appliance
 	// asks discovery): commands waiting together travel together.
 	b.SetCommandBatching(true)
+	b.SetOrderKeys(true)
 	tb.Cleanup(func() {
 		if err := b.Close(); err != nil {
 			tb.Errorf("close bridge %s: %v", name, err)

@@ -51,6 +51,7 @@ const (
 	HeaderFirstOrigin = wire.HeaderFirstOrigin
 	HeaderReplayed    = wire.HeaderReplayed
 	HeaderResultTopic = wire.HeaderResultTopic
+	HeaderOrderKey    = wire.HeaderOrderKey
 	CodePermanent     = wire.CodePermanent
 
 	headerServiceError     = wire.HeaderServiceError

@@ -61,6 +61,9 @@ type commandBook struct {
 	deadLogged atomic.Uint64
 	// batching: every peer reads command batches (SetCommandBatching).
 	batching atomic.Bool
+	// orderKeys: every peer keeps commands in order by key
+	// (SetOrderKeys).
+	orderKeys atomic.Bool
 }
 
 // peerBook is what the node knows of other nodes' broker users.

@@ -219,6 +219,17 @@ func (b *Bridge) unseal(env *envelope, d *amqp.Delivery) error {
 			topic = v
 			continue
 		}
+		if k == HeaderOrderKey && env.kind == typeCommand && nv == 1 {
+			// The one program header of meshbox's own a command carries
+			// sealed: its order key (commands.go).
+			v := r.str()
+			if r.err == nil && !wire.ValidID(v) {
+				return fail(unsealMalformed, "header %s: %q is not a valid order key", k, v)
+			}
+			h[k] = []string{v}
+			size += len(k) + len(v)
+			continue
+		}
 		if !wire.ValidHeaderKey(k) || hasPrefixFold(k, headerPrefixMeshbox) || k == "Status" || k == "Description" {
 			return fail(unsealMalformed, "header key %q is not allowed", k)
 		}

@@ -150,10 +150,11 @@ type localCalls struct {
 	cmdInbox string               // NATS subject prefix of command handlers' replies
 	subs     []*nats.Subscription // on bc, for onHostReply and onCmdReply
 
-	mu        sync.Mutex           // guards host, answering, cmds, ended
+	mu        sync.Mutex           // guards host, answering, cmds, order, ended
 	host      map[string]*hostCall // requests from other nodes open at a local host
 	answering int                  // calls taken from host whose reply is not handed to fastQ yet
 	cmds      map[string]*cmdCall  // commands open at a local handler
+	order     orderBook            // keyed commands (order.go)
 	ended     bool                 // the session ended: no new entries in cmds
 }
 

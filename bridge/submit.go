@@ -124,6 +124,18 @@ func (b *Bridge) submission(kind outbox.Kind, name string, msg *nats.Msg) (*outb
 		}
 		hdr[HeaderResultTopic] = []string{topic} // a node header: moved out of the seal by outgoingFor
 	}
+	if key := msg.Header.Get(HeaderOrderKey); key != "" && kind == outbox.Command { // on an event: dropped like any Meshbox-* header
+		if !wire.ValidID(key) {
+			return nil, fmt.Errorf("%w: header %s: %q is not a valid order key (printable, at most %d bytes, no spaces)", ErrBadInput, HeaderOrderKey, key, wire.MaxIDLen)
+		}
+		if !b.cmds.orderKeys.Load() {
+			return nil, fmt.Errorf("%w: header %s: a node of the mesh runs an older meshbox that does not keep commands in order by key; upgrade every node first", ErrBadInput, HeaderOrderKey)
+		}
+		if hdr == nil {
+			hdr = nats.Header{}
+		}
+		hdr[HeaderOrderKey] = []string{key} // sealed with the command: the broker never reads it
+	}
 	id := msg.Header.Get(HeaderMsgID)
 	switch {
 	case id == "":

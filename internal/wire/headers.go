@@ -25,6 +25,7 @@ const (
 	HeaderFirstOrigin = "Meshbox-First-Origin" // a retry copy or replay: the origin of the command it copies, as the copying node read it
 	HeaderReplayed    = "Meshbox-Replayed"     // a replayed dead letter: "<time> by <node> (dead-lettered <time>: <reason>)" (sealing: its class; reasons.go)
 	HeaderResultTopic = "Meshbox-Result-Topic" // on a command: the event topic its handler's result is published on
+	HeaderOrderKey    = "Meshbox-Order-Key"    // on a command: commands of one stage with the same key reach a node's handler one at a time, in queue order (sealed)
 )
 
 // Broker link states (a node's status, broker.state): what a client
