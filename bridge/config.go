@@ -137,7 +137,10 @@ type Config struct {
 	// only this process's own sessions count.
 	AcceptedBefore func(user string) bool
 	// ReconnectMin and ReconnectMax bound the reconnect backoff (defaults
-	// 250ms and 10s; jitter is added).
+	// 250ms and 10s; jitter is added) after attempts that reached the
+	// broker. A broker that does not answer TCP is probed instead, every
+	// ReconnectMin at most and never more than 200ms apart (jittered), and
+	// the link reconnects as soon as it answers.
 	ReconnectMin, ReconnectMax time.Duration
 	// Keys, when set, seals every request, reply, command and event this
 	// node sends (body and application headers) and refuses those from

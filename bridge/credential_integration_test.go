@@ -295,6 +295,13 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // counter returns the value of a counter with label kind.
 func counter(t *testing.T, reg *prometheus.Registry, name, kind string) float64 {
 	t.Helper()
+	return counterWith(t, reg, name, "kind", kind)
+}
+
+// counterWith returns the value of a counter whose label is value (0 when
+// there is none).
+func counterWith(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -305,7 +312,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name, kind string) float64 
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "kind" && l.GetValue() == kind {
+				if l.GetName() == label && l.GetValue() == value {
 					return m.GetCounter().GetValue()
 				}
 			}

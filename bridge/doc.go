@@ -406,9 +406,13 @@
 // consuming) go to that one broker. When a connection attempt fails or a
 // session is lost, the next attempt goes to the next broker of the list,
 // and the wait (backoff with jitter, ReconnectMin..ReconnectMax) grows with
-// each round through the whole list, not with each broker tried. The
-// topology is declared on every connection, so the node's own queues are
-// declared again on whichever broker it reaches; stage queues are quorum
+// each round through the whole list, not with each broker tried. A broker
+// that does not answer TCP at all is not waited for but probed (probe.go):
+// a bare TCP connect every 100-200ms, one at a time, each to the next
+// broker of the list, and the next attempt goes as soon as one connects;
+// the backoff starts over when a broker found unreachable answers again.
+// The topology is declared on every connection, so the node's own queues
+// are declared again on whichever broker it reaches; stage queues are quorum
 // queues, which the cluster replicates over its nodes. BrokerStatus.URL
 // and Broker name the broker the link is on (or tried last), URLs lists
 // them all, each history entry names its broker, and Failovers keeps the
@@ -474,7 +478,8 @@
 // # Concurrency
 //
 // The files follow the parts: link.go (the link loop, dialling, TLS, the
-// link's state), brokers.go (the list of brokers, failovers),
+// link's state), probe.go (probing a broker that does not answer),
+// brokers.go (the list of brokers, failovers),
 // credential.go (the credential in use, the handover), session.go (one
 // stay on the broker), outgoing.go (a message on its way to the broker)
 // and envelope.go (a message from it, validated), sealing.go (sealing and
@@ -512,7 +517,8 @@
 // the broker's reason in BrokerStatus.Blocked). A session is never reused:
 // when any of its parts fails, the whole session is torn down and runLink
 // (the one goroutine that owns the link) opens a new one with backoff and
-// jitter (internal/backoff). Opening a session (both connections, the
+// jitter (internal/backoff), or, while the broker does not answer, as soon
+// as a probe finds it answering. Opening a session (both connections, the
 // topology, the first consumers) is bounded: a broker that stalls during
 // setup has its sockets closed under it. Inside a session each AMQP channel
 // has one owner goroutine:

@@ -60,12 +60,15 @@ type link struct {
 	fatal      chan error    // cap 1: the node name was refused for good
 	sess       atomic.Pointer[session]
 	retry      backoff.Policy // reconnect backoff
+	probe      backoff.Policy // the wait between probes of an unreachable broker (probe.go)
 	cred       credential     // the credential in use (credential.go)
 	handing    chan struct{}  // non-nil during a handover; closed at its end
 }
 
 func newLink(url string, retry backoff.Policy) *link {
+	every := min(retry.Min, probeEvery)
 	return &link{url: url, urls: brokerurl.Split(url), pos: -1, state: StateNone, since: time.Now(), retry: retry,
+		probe:      backoff.Policy{Min: every, Max: every},
 		urlChanged: make(chan struct{}, 1), fatal: make(chan error, 1)}
 }
 
@@ -190,11 +193,14 @@ func (b *Bridge) currentURL() string { return b.link.currentURL() }
 func (b *Bridge) backoff(n int) time.Duration { return b.link.retry.Delay(n) }
 
 // runLink owns the broker link: it connects, runs a session until it ends,
-// and reconnects with backoff and jitter. first is a session Start already
-// opened (or nil). runLink exits when b.quit is closed.
+// and reconnects with backoff and jitter; while the broker is unreachable
+// it probes it instead and reconnects as soon as it answers (probe.go).
+// first is a session Start already opened (or nil). runLink exits when
+// b.quit is closed.
 func (b *Bridge) runLink(first *session) {
 	sess := first
 	failures := 0
+	down := map[string]bool{} // brokers (host:port) found unreachable since the last session
 	var refusedSince time.Time
 	var retry <-chan time.Time // set after a failed handover: try again
 	switchFailures := 0        // failed handovers in a row
@@ -253,6 +259,23 @@ func (b *Bridge) runLink(first *session) {
 				if left == "" {
 					left = err.Error()
 				}
+				var ur *unreachableError
+				if errors.As(err, &ur) {
+					// Not answering: probe until it does, then attempt at once.
+					down[ur.addr] = true
+					b.link.advance()
+					switch b.awaitBroker(down) {
+					case awaitQuit:
+						return
+					case awaitURLChanged:
+						failures = 0
+						b.setState(StateConnecting, "broker URL changed")
+					case awaitCameBack:
+						failures = 0
+					}
+					continue
+				}
+				delete(down, brokerurl.Host(url))
 				// The next broker of the list is tried next; the wait grows
 				// with each round through the whole list.
 				n := b.link.brokers()
@@ -273,6 +296,7 @@ func (b *Bridge) runLink(first *session) {
 			}
 		}
 		failures, refusedSince = 0, time.Time{}
+		clear(down)
 		b.link.sess.Store(sess)
 		sess.start()
 		b.link.endHandover()
@@ -387,7 +411,11 @@ func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connect
 	cfg.Dial = func(network, addr string) (net.Conn, error) {
 		d := net.Dialer{Timeout: dialTimeout}
 		c, err := d.DialContext(ctx, network, addr)
+		b.m.dialed(err)
 		if err != nil {
+			if unreachable(err) {
+				return nil, &unreachableError{addr: addr, err: err}
+			}
 			return nil, err
 		}
 		if err := c.SetDeadline(time.Now().Add(handshakeLimit)); err != nil { // cleared by amqp091 once open

@@ -115,7 +115,7 @@ func TestMetricsRegistered(t *testing.T) {
 	for _, mf := range mfs {
 		have[mf.GetName()] = true
 	}
-	for _, name := range []string{"meshbox_broker_state", "meshbox_messages_total", "meshbox_outbox_depth",
+	for _, name := range []string{"meshbox_broker_state", "meshbox_broker_dials_total", "meshbox_messages_total", "meshbox_outbox_depth",
 		"meshbox_outbox_bytes", "meshbox_outbox_oldest_age_seconds", "meshbox_stalls"} {
 		if !have[name] {
 			t.Errorf("metric %s not registered", name)

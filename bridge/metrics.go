@@ -40,13 +40,11 @@ const (
 
 // metrics are the bridge's Prometheus collectors.
 type metrics struct {
-	state      *prometheus.GaugeVec
-	reconnects prometheus.Counter
-	blocks     prometheus.Counter
-	messages   *prometheus.CounterVec
-	byShape    map[string][2]prometheus.Counter // messages' counters (in, out) of each shape, looked up once
-	errors     *prometheus.CounterVec
-	unseal     *prometheus.CounterVec
+	linkMetrics
+	messages *prometheus.CounterVec
+	byShape  map[string][2]prometheus.Counter // messages' counters (in, out) of each shape, looked up once
+	errors   *prometheus.CounterVec
+	unseal   *prometheus.CounterVec
 	// replays counts deliveries refused as replays, by shape and reason
 	// (replay.go).
 	replays *prometheus.CounterVec
@@ -61,7 +59,6 @@ type metrics struct {
 	// deduplicated counts deliveries acked without calling the handler
 	// because their id completed here before (completed.go), by stage.
 	deduplicated *prometheus.CounterVec
-	revoked      prometheus.Gauge
 	// retries counts failed commands put in their stage's retry queue, by
 	// stage (retry.go); results counts command results published as
 	// events (results.go); deadLetters is the number of dead letters in
@@ -77,6 +74,20 @@ type metrics struct {
 	reg         registration
 }
 
+// linkMetrics are the broker link's collectors: its state, its sessions
+// after the first, its TCP connects, the broker's blocks of the
+// publishing connection and its refusal of the credential.
+type linkMetrics struct {
+	state      *prometheus.GaugeVec
+	reconnects prometheus.Counter
+	// dials counts the TCP connects of the link, by result (dialConnected,
+	// dialFailed): a session's two connections and the probes of an
+	// unreachable broker (probe.go).
+	dials   *prometheus.CounterVec
+	blocks  prometheus.Counter
+	revoked prometheus.Gauge
+}
+
 // registration is where the metrics are registered: the registry, what
 // went into it (Unregister takes it out again), and the outbox's
 // collectors, which come with the outbox.
@@ -88,16 +99,26 @@ type registration struct {
 
 func newMetrics(b *Bridge) *metrics {
 	m := &metrics{
-		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "meshbox_broker_state", Help: "1 for the broker link's current state, 0 for the others.",
-		}, []string{"state"}),
-		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "meshbox_broker_reconnects_total", Help: "Connections to the broker after the first.",
-		}),
-		blocks: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "meshbox_broker_blocked_total",
-			Help: "Times the broker blocked this node's publishing connection (resource alarm); consuming goes on.",
-		}),
+		linkMetrics: linkMetrics{
+			state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+				Name: "meshbox_broker_state", Help: "1 for the broker link's current state, 0 for the others.",
+			}, []string{"state"}),
+			reconnects: prometheus.NewCounter(prometheus.CounterOpts{
+				Name: "meshbox_broker_reconnects_total", Help: "Connections to the broker after the first.",
+			}),
+			dials: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "meshbox_broker_dials_total",
+				Help: "TCP connects to the broker, by result (connected, failed): two per session, and one per probe while the broker is unreachable.",
+			}, []string{"result"}),
+			blocks: prometheus.NewCounter(prometheus.CounterOpts{
+				Name: "meshbox_broker_blocked_total",
+				Help: "Times the broker blocked this node's publishing connection (resource alarm); consuming goes on.",
+			}),
+			revoked: prometheus.NewGauge(prometheus.GaugeOpts{
+				Name: "meshbox_broker_credential_revoked",
+				Help: "1 while the broker refuses this node's credential at login (403 ACCESS_REFUSED), else 0.",
+			}),
+		},
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshbox_messages_total", Help: "Messages carried by the bridge, by shape and direction (out: to the broker, in: from it).",
 		}, []string{"shape", "direction"}),
@@ -153,10 +174,6 @@ func newMetrics(b *Bridge) *metrics {
 			Name: "meshbox_command_batch_splits_total",
 			Help: "Commands of a batch that failed an attempt and were published again alone for the next one.",
 		}),
-		revoked: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "meshbox_broker_credential_revoked",
-			Help: "1 while the broker refuses this node's credential at login (403 ACCESS_REFUSED), else 0.",
-		}),
 	}
 	m.reg.outbox = []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_outbox_depth", Help: "Messages in the outbox."},
@@ -168,6 +185,9 @@ func newMetrics(b *Bridge) *metrics {
 	}
 	for _, s := range allStates {
 		m.state.WithLabelValues(s).Set(0)
+	}
+	for _, r := range []string{dialConnected, dialFailed} {
+		m.dials.WithLabelValues(r)
 	}
 	m.byShape = map[string][2]prometheus.Counter{}
 	for _, shape := range []string{typeRequest, typeReply, typeCommand, typeEvent, typeSystem} {
@@ -182,7 +202,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 		return nil
 	}
 	m.reg.to = reg
-	all := append([]prometheus.Collector{m.state, m.reconnects, m.blocks, m.messages, m.errors, m.unseal, m.replays, m.scopeRefused, m.duration, m.stalls, m.leaseExtensions, m.deduplicated, m.retries, m.results, m.deadLetters, m.batchSize, m.batchSplits, m.revoked}, m.reg.outbox...)
+	all := append([]prometheus.Collector{m.state, m.reconnects, m.dials, m.blocks, m.messages, m.errors, m.unseal, m.replays, m.scopeRefused, m.duration, m.stalls, m.leaseExtensions, m.deduplicated, m.retries, m.results, m.deadLetters, m.batchSize, m.batchSplits, m.revoked}, m.reg.outbox...)
 	for _, c := range all {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
@@ -233,6 +253,15 @@ func (m *metrics) msg(shape, direction string) {
 }
 
 func (m *metrics) err(kind string) { m.errors.WithLabelValues(kind).Inc() }
+
+// dialed counts a TCP connect of the link that ended with err.
+func (m *metrics) dialed(err error) {
+	r := dialConnected
+	if err != nil {
+		r = dialFailed
+	}
+	m.dials.WithLabelValues(r).Inc()
+}
 
 func (m *metrics) observe(outcome string, since time.Time) {
 	m.duration.WithLabelValues(outcome).Observe(time.Since(since).Seconds())

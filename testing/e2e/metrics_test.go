@@ -122,6 +122,7 @@ var expectedMetrics = map[string]dto.MetricType{
 	// broker link (bridge)
 	"meshbox_broker_state":                   dto.MetricType_GAUGE,
 	"meshbox_broker_reconnects_total":        dto.MetricType_COUNTER,
+	"meshbox_broker_dials_total":             dto.MetricType_COUNTER,
 	"meshbox_broker_blocked_total":           dto.MetricType_COUNTER,
 	"meshbox_broker_credential_revoked":      dto.MetricType_GAUGE,
 	"meshbox_messages_total":                 dto.MetricType_COUNTER,
