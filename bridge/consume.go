@@ -222,10 +222,18 @@ func (s *session) cancelStages() bool {
 // would hold it up.
 type ackDelays struct {
 	most atomic.Int64 // the longest wait of the session, in nanoseconds
+	slow atomic.Int64 // runs of acks whose oldest waited longer than ackSlow
 }
+
+// ackSlow is an ack's wait for the acker that counts as slow: half the
+// shortest round trip of a home link, a hundred times the linger.
+const ackSlow = 10 * time.Millisecond
 
 // note records a wait of d.
 func (a *ackDelays) note(d time.Duration) {
+	if d > ackSlow {
+		a.slow.Add(1)
+	}
 	for {
 		cur := a.most.Load()
 		if int64(d) <= cur || a.most.CompareAndSwap(cur, int64(d)) {

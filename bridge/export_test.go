@@ -19,14 +19,15 @@ func StageConsumers(b *Bridge, stage string) (open, most int) { return b.stageCo
 // StageCreditOf returns the credit of stage in b's current session.
 func StageCreditOf(b *Bridge, stage string) StageCredit { return b.stageCredit(stage) }
 
-// AckDelayMost returns the longest an ack of b's current session waited
-// for the acker (0: no session).
-func AckDelayMost(b *Bridge) time.Duration {
+// AckDelays returns the longest an ack of b's current session waited for
+// the acker, and how many runs of acks waited longer than 10 ms (0, 0: no
+// session).
+func AckDelays(b *Bridge) (most time.Duration, slow int64) {
 	s := b.link.sess.Load()
 	if s == nil {
-		return 0
+		return 0, 0
 	}
-	return time.Duration(s.con.ackDelay.most.Load())
+	return time.Duration(s.con.ackDelay.most.Load()), s.con.ackDelay.slow.Load()
 }
 
 // OwnQueues returns the names of the request, reply and system queues of

@@ -101,7 +101,8 @@ func TestStageCreditFavoursTheQuickNode(t *testing.T) {
 // (basic.qos, basic.consume, basic.cancel). They run beside the acks, not
 // before them: while the credit swings twenty times under a steady flow
 // of commands, no ack waits for the acker longer than a fraction of one
-// round trip, and every command is handled and acked once.
+// round trip but for a scheduler's stall now and then (a machine busy
+// with other tests), and every command is handled and acked once.
 func TestCreditChangesNeverHoldUpAcks(t *testing.T) {
 	vhost := testVhost(t)
 	px, slowURL := brokerProxy(t, vhost)
@@ -144,16 +145,16 @@ func TestCreditChangesNeverHoldUpAcks(t *testing.T) {
 	}
 	meshtest.WaitFor(t, 30*time.Second, "every command handled", func() bool { return len(h.msgs()) >= total })
 	c := bridge.StageCreditOf(b.b, "swing")
-	most := bridge.AckDelayMost(b.b)
-	t.Logf("%d credit swings asked (%d changes by the stage's rules besides), consumers up to %d, credit up to %d messages; the longest ack wait %v", swung, c.Changes-before, c.MostConsumers, c.MostMessages, most)
+	most, slow := bridge.AckDelays(b.b)
+	t.Logf("%d credit swings asked (%d changes by the stage's rules besides), consumers up to %d, credit up to %d messages; the longest ack wait %v, %d runs of acks waited over 10 ms", swung, c.Changes-before, c.MostConsumers, c.MostMessages, most, slow)
 	if c.MostMessages < 64 {
 		t.Fatalf("the credit never reached the 64 messages asked: up to %d", c.MostMessages)
 	}
 	// A credit change costs at least one round trip (50 ms); before the
-	// acker had a goroutine of its own, every ack behind a change waited
-	// that long.
-	if most > 20*time.Millisecond {
-		t.Fatalf("an ack waited %v for the acker while the credit changed, want well under a round trip (50 ms)", most)
+	// acker had a goroutine of its own, the acks behind each of the 20
+	// changes waited that long (the longest 411 ms).
+	if slow > 4 {
+		t.Fatalf("%d runs of acks waited over 10 ms for the acker while the credit changed 20 times (the longest %v), want a rare stall at most", slow, most)
 	}
 	seen := map[string]int{}
 	for _, m := range h.msgs() {
