@@ -225,9 +225,9 @@ type ackDelays struct {
 	slow atomic.Int64 // runs of acks whose oldest waited longer than ackSlow
 }
 
-// ackSlow is an ack's wait for the acker that counts as slow: half the
-// shortest round trip of a home link, a hundred times the linger.
-const ackSlow = 10 * time.Millisecond
+// ackSlow is an ack's wait for the acker that counts as slow: half a
+// home link's round trip, fifty times the linger.
+const ackSlow = 25 * time.Millisecond
 
 // note records a wait of d.
 func (a *ackDelays) note(d time.Duration) {

@@ -20,7 +20,7 @@ func StageConsumers(b *Bridge, stage string) (open, most int) { return b.stageCo
 func StageCreditOf(b *Bridge, stage string) StageCredit { return b.stageCredit(stage) }
 
 // AckDelays returns the longest an ack of b's current session waited for
-// the acker, and how many runs of acks waited longer than 10 ms (0, 0: no
+// the acker, and how many runs of acks waited longer than 25 ms (0, 0: no
 // session).
 func AckDelays(b *Bridge) (most time.Duration, slow int64) {
 	s := b.link.sess.Load()

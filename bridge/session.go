@@ -190,14 +190,36 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 	}
 	user := b.loginUser(url, uri) // the URL's, or a client certificate's
 	_, _, perNode := ParseBrokerUser(user)
-	conConn, conCork, abortCon, err := b.dial(ctx, url, roleConsume)
-	if err != nil {
-		return nil, nil, fmt.Errorf("connect to broker: %w", b.refused(err, user))
+	// Both connections at once: a handshake is several round trips, which
+	// on a home link to the broker is what a reconnect waits for.
+	type dialed struct {
+		conn  *amqp.Connection
+		cork  *corkConn
+		abort func()
+		err   error
 	}
-	pubConn, cork, abortPub, err := b.dial(ctx, url, rolePublish)
+	pubDial := make(chan dialed, 1)
+	go func() { // exits when the dial ends (ctx bounds it)
+		var d dialed
+		d.conn, d.cork, d.abort, d.err = b.dial(ctx, url, rolePublish)
+		pubDial <- d
+	}()
+	conConn, conCork, abortCon, err := b.dial(ctx, url, roleConsume)
+	pd := <-pubDial
+	pubConn, cork, abortPub := pd.conn, pd.cork, pd.abort
+	if err == nil {
+		err = pd.err
+	}
 	if err != nil {
-		abortCon()
-		_ = conConn.CloseDeadline(time.Now().Add(closeLimit))
+		for _, c := range []struct {
+			conn  *amqp.Connection
+			abort func()
+		}{{conConn, abortCon}, {pubConn, abortPub}} {
+			if c.conn != nil {
+				c.abort()
+				_ = c.conn.CloseDeadline(time.Now().Add(closeLimit))
+			}
+		}
 		return nil, nil, fmt.Errorf("connect to broker: %w", b.refused(err, user))
 	}
 	s := &session{

@@ -15,8 +15,18 @@ const (
 
 // setup declares the topology (see the package doc), claims the node's
 // request queue with an exclusive consumer, and opens the channels.
-func (s *session) setup() error {
+func (s *session) setup() (err error) {
 	node := s.b.cfg.Node
+	// The publishing connection's channels meanwhile: each is a broker
+	// round trip, which on a home link is what a reconnect waits for.
+	pubDone := make(chan error, 1)
+	go func() { pubDone <- s.setupPublishing() }() // exits with the calls (prepare bounds them)
+	joined := false
+	defer func() {
+		if !joined {
+			<-pubDone
+		}
+	}()
 	ch, err := s.con.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -67,6 +77,15 @@ func (s *session) setup() error {
 				return c.QueueBind(queueDead, "#", exchangeDLX, false, nil)
 			}, true},
 	}
+	// The consume channels open meanwhile (a round trip each).
+	consumeChans := make(chan error, 1)
+	go func() { consumeChans <- s.openConsumeChannels() }() // exits with the calls (prepare bounds them)
+	chansJoined := false
+	defer func() {
+		if !chansJoined {
+			<-consumeChans
+		}
+	}()
 	for _, st := range shared {
 		err := st.passive(ch)
 		var ae *amqp.Error
@@ -91,20 +110,9 @@ func (s *session) setup() error {
 			return fmt.Errorf("declare %s: %w", st.what, err)
 		}
 	}
-	// Two consume channels: autoCh for what is consumed without acks
-	// (requests, replies, system messages), con.ch for what is acked (events,
-	// commands), so that con.ch's delivery tags are dense and a run of them
-	// can be acked at once.
-	s.con.autoCh, err = s.con.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	s.con.ch, err = s.con.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	if err := s.timed(func() error { return s.con.ch.Qos(s.b.cfg.Prefetch, 0, false) }); err != nil {
-		return fmt.Errorf("set prefetch: %w", err)
+	chansJoined = true
+	if err := <-consumeChans; err != nil {
+		return err
 	}
 	// The node's claim on its name comes first, before any of its queues
 	// is bound or consumed (claim; on an older mesh's permissions, the
@@ -119,13 +127,16 @@ func (s *session) setup() error {
 		}
 		return fmt.Errorf("declare queue %s: %w", requestQueue(node), err)
 	}
-	if err := s.declareEvents(&ch); err != nil {
-		return fmt.Errorf("declare queue %s: %w", eventQueue(node), err)
-	}
-	events, err := s.con.ch.Consume(eventQueue(node), "events", false, false, false, false, nil)
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", eventQueue(node), err)
-	}
+	// The event queue on a channel of its own meanwhile: it may take a
+	// few declarations (findOrDeclare), each a round trip.
+	eventsDeclared := make(chan error, 1)
+	go func() { eventsDeclared <- s.declareEventsAlone() }() // exits with the calls (prepare bounds them)
+	eventsJoined := false
+	defer func() {
+		if !eventsJoined {
+			<-eventsDeclared
+		}
+	}()
 	steps := []struct {
 		what string
 		do   func() error
@@ -173,6 +184,14 @@ func (s *session) setup() error {
 			return fmt.Errorf("declare %s: %w", st.what, err)
 		}
 	}
+	eventsJoined = true
+	if err := <-eventsDeclared; err != nil {
+		return fmt.Errorf("declare queue %s: %w", eventQueue(node), err)
+	}
+	events, err := s.con.ch.Consume(eventQueue(node), "events", false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", eventQueue(node), err)
+	}
 	replies, err := s.con.autoCh.Consume(s.q.rep, "replies", true, true, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", replyQueue(node), err)
@@ -183,29 +202,11 @@ func (s *session) setup() error {
 	}
 	s.con.initial = map[string]<-chan amqp.Delivery{"requests": reqs, "replies": replies, "events": events, "system": system}
 
-	// The publishing channels live on a connection of their own.
-	s.pub.ch, err = s.pub.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
+	joined = true
+	if err := <-pubDone; err != nil {
+		return err
 	}
-	if err := s.pub.ch.Confirm(false); err != nil {
-		return fmt.Errorf("confirm mode: %w", err)
-	}
-	s.pub.confirms = s.pub.ch.NotifyPublish(make(chan amqp.Confirmation, publishWindow))
-	s.pub.returns = s.pub.ch.NotifyReturn(make(chan amqp.Return, 64))
-	s.pub.connClose = s.pub.conn.NotifyClose(make(chan *amqp.Error, 1))
 	s.con.connClose = s.con.conn.NotifyClose(make(chan *amqp.Error, 1))
-	s.pub.chClose = s.pub.ch.NotifyClose(make(chan *amqp.Error, 1))
-	// Requests and replies go on a channel without confirms: they are at
-	// most once and bounded by a deadline, a confirm tells nothing the reply
-	// or the deadline does not, and it costs latency. Returns (no route)
-	// still come back at once.
-	s.pub.fastCh, err = s.pub.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	s.pub.fastReturns = s.pub.fastCh.NotifyReturn(make(chan amqp.Return, 64))
-	s.pub.fastClose = s.pub.fastCh.NotifyClose(make(chan *amqp.Error, 1))
 	s.con.chClose = s.con.ch.NotifyClose(make(chan *amqp.Error, 1))
 	s.con.autoClose = s.con.autoCh.NotifyClose(make(chan *amqp.Error, 1))
 	s.con.cancels = s.con.ch.NotifyCancel(make(chan string, 16))
@@ -251,6 +252,61 @@ func (s *session) syncStages(decl **amqp.Channel) {
 		s.b.log.Debug("stage consumer started", "stage", stage)
 	}
 	s.declareDeclaredLocked(decl)
+}
+
+// openConsumeChannels opens the two consume channels: autoCh for what is
+// consumed without acks (requests, replies, system messages), con.ch for
+// what is acked (events, commands), so that con.ch's delivery tags are
+// dense and a run of them can be acked at once.
+func (s *session) openConsumeChannels() (err error) {
+	if s.con.autoCh, err = s.con.conn.Channel(); err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if s.con.ch, err = s.con.conn.Channel(); err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if err := s.timed(func() error { return s.con.ch.Qos(s.b.cfg.Prefetch, 0, false) }); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	return nil
+}
+
+// declareEventsAlone declares the node's event queue on a channel of its
+// own.
+func (s *session) declareEventsAlone() error {
+	ch, err := s.con.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	defer func() { _ = ch.Close() }() // the channel declareEvents left open, maybe a new one
+	return s.declareEvents(&ch)
+}
+
+// setupPublishing opens the publishing connection's channels: one in
+// confirm mode for what is confirmed, one without for requests and replies.
+func (s *session) setupPublishing() (err error) {
+	s.pub.ch, err = s.pub.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if err := s.pub.ch.Confirm(false); err != nil {
+		return fmt.Errorf("confirm mode: %w", err)
+	}
+	s.pub.confirms = s.pub.ch.NotifyPublish(make(chan amqp.Confirmation, publishWindow))
+	s.pub.returns = s.pub.ch.NotifyReturn(make(chan amqp.Return, 64))
+	s.pub.connClose = s.pub.conn.NotifyClose(make(chan *amqp.Error, 1))
+	s.pub.chClose = s.pub.ch.NotifyClose(make(chan *amqp.Error, 1))
+	// Requests and replies go on a channel without confirms: they are at
+	// most once and bounded by a deadline, a confirm tells nothing the reply
+	// or the deadline does not, and it costs latency. Returns (no route)
+	// still come back at once.
+	s.pub.fastCh, err = s.pub.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	s.pub.fastReturns = s.pub.fastCh.NotifyReturn(make(chan amqp.Return, 64))
+	s.pub.fastClose = s.pub.fastCh.NotifyClose(make(chan *amqp.Error, 1))
+	return nil
 }
 
 // declareOwn declares one of the node's request, reply and system queues
