@@ -59,11 +59,15 @@ func (b BlobsConfig) jetStreamDir(dataDir string) string {
 	return filepath.Join(dataDir, "jetstream")
 }
 
-// BlobsStatus is the blob store part of the status.
+// BlobsStatus is the blob store part of the status: what the store
+// holds, what the node served of it, and the fetches its clients run
+// (in progress, then the last ones that ended), as they report them.
 type BlobsStatus struct {
 	blobs.Usage
-	MaxBytes int64  `json:"max_bytes"`
-	MaxAge   string `json:"max_age,omitempty"`
+	MaxBytes int64               `json:"max_bytes"`
+	MaxAge   string              `json:"max_age,omitempty"`
+	Served   blobs.Served        `json:"served"`
+	Fetches  []blobs.FetchStatus `json:"fetches,omitempty"`
 }
 
 // startBlobs binds the blob store if it exists and serves the blob
@@ -124,29 +128,42 @@ func (a *Appliance) blobsStatus() *BlobsStatus {
 	if srv == nil {
 		return nil
 	}
-	st := &BlobsStatus{Usage: srv.Usage(), MaxBytes: a.cfg.Blobs.MaxBytes}
+	st := &BlobsStatus{Usage: srv.Usage(), MaxBytes: a.cfg.Blobs.MaxBytes, Served: srv.Served()}
+	st.Fetches, _ = srv.Fetches()
 	if a.cfg.Blobs.MaxAge != 0 {
 		st.MaxAge = a.cfg.Blobs.MaxAge.String()
 	}
 	return st
 }
 
-// The blob store's metrics, read from the server's usage at each scrape.
+// The blob store's metrics, read from the server at each scrape.
 var (
 	descBlobs       = prometheus.NewDesc("meshbox_blobs", "Blobs in the node's blob store.", nil, nil)
 	descBlobsBytes  = prometheus.NewDesc("meshbox_blobs_bytes", "Bytes of the blobs in the node's blob store.", nil, nil)
 	descBlobsPruned = prometheus.NewDesc("meshbox_blobs_pruned_total", "Blobs deleted because the store passed blobs.max_bytes.", nil, nil)
+	descBlobReqs    = prometheus.NewDesc("meshbox_blob_requests_total",
+		"Blob requests the node took (kind open, manifest, chunk, fetch_report), by outcome: ok, expired (a chunk request whose deadline passed before a reader was free), bad_input, not_found, error, full.",
+		[]string{"kind", "outcome"}, nil)
+	descBlobServed     = prometheus.NewDesc("meshbox_blob_served_bytes_total", "Bytes of chunks the node served.", nil, nil)
+	descBlobFetchBytes = prometheus.NewDesc("meshbox_blob_fetch_bytes_total",
+		"Bytes that arrived for the blob fetches of the node's clients (fetched again too), as they report them.", nil, nil)
+	descBlobFetchRetries = prometheus.NewDesc("meshbox_blob_fetch_retries_total",
+		"Requests the blob fetches of the node's clients asked again, by cause: deadline, unavailable, corrupt.", []string{"cause"}, nil)
+	descBlobFetches = prometheus.NewDesc("meshbox_blob_fetches_total",
+		"Blob fetches of the node's clients that ended, by outcome: done, a failure's cause, or abandoned (it stopped reporting).", []string{"outcome"}, nil)
+	descBlobFetching = prometheus.NewDesc("meshbox_blob_fetches_running", "Blob fetches of the node's clients in progress.", nil, nil)
 )
 
-// blobsCollector exports the blob store's usage (nothing while the store
-// does not run).
+// blobsCollector exports the blob store's usage, what the node served
+// and its clients' fetches (nothing while the store does not run).
 type blobsCollector struct{ srv func() *blobs.Server }
 
 // Describe implements prometheus.Collector.
 func (c blobsCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descBlobs
-	ch <- descBlobsBytes
-	ch <- descBlobsPruned
+	for _, d := range []*prometheus.Desc{descBlobs, descBlobsBytes, descBlobsPruned, descBlobReqs, descBlobServed,
+		descBlobFetchBytes, descBlobFetchRetries, descBlobFetches, descBlobFetching} {
+		ch <- d
+	}
 }
 
 // Collect implements prometheus.Collector.
@@ -159,4 +176,17 @@ func (c blobsCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descBlobs, prometheus.GaugeValue, float64(u.Count))
 	ch <- prometheus.MustNewConstMetric(descBlobsBytes, prometheus.GaugeValue, float64(u.Bytes))
 	ch <- prometheus.MustNewConstMetric(descBlobsPruned, prometheus.CounterValue, float64(u.Pruned))
+	for k, n := range srv.RequestCounts() {
+		ch <- prometheus.MustNewConstMetric(descBlobReqs, prometheus.CounterValue, float64(n), k.Kind, k.Outcome)
+	}
+	ch <- prometheus.MustNewConstMetric(descBlobServed, prometheus.CounterValue, float64(srv.Served().Bytes))
+	_, t := srv.Fetches()
+	ch <- prometheus.MustNewConstMetric(descBlobFetchBytes, prometheus.CounterValue, float64(t.Bytes))
+	for cause, n := range map[string]int{"deadline": t.Retries.Deadline, "unavailable": t.Retries.Unavailable, "corrupt": t.Retries.Corrupt} {
+		ch <- prometheus.MustNewConstMetric(descBlobFetchRetries, prometheus.CounterValue, float64(n), cause)
+	}
+	for _, o := range blobs.FetchOutcomes {
+		ch <- prometheus.MustNewConstMetric(descBlobFetches, prometheus.CounterValue, float64(t.Outcomes[o]), o)
+	}
+	ch <- prometheus.MustNewConstMetric(descBlobFetching, prometheus.GaugeValue, float64(t.Running))
 }

@@ -162,7 +162,8 @@ func TestBlobsInStatusAndMetrics(t *testing.T) {
 	for _, mf := range mfs {
 		found[mf.GetName()] = true
 	}
-	for _, name := range []string{"meshbox_blobs", "meshbox_blobs_bytes", "meshbox_blobs_pruned_total"} {
+	for _, name := range []string{"meshbox_blobs", "meshbox_blobs_bytes", "meshbox_blobs_pruned_total", "meshbox_blob_served_bytes_total",
+		"meshbox_blob_fetch_bytes_total", "meshbox_blob_fetch_retries_total", "meshbox_blob_fetches_total", "meshbox_blob_fetches_running"} {
 		if !found[name] {
 			t.Errorf("metric %s: missing", name)
 		}

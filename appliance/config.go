@@ -100,9 +100,12 @@ type BridgeConfig struct {
 	// CertFile and KeyFile are a PEM client certificate and key for an
 	// amqps:// broker; with them a broker URL without a password logs in
 	// with the certificate (SASL EXTERNAL).
-	CertFile       string   `json:"cert_file"`
-	KeyFile        string   `json:"key_file"`
-	OutboxMaxBytes int64    `json:"outbox_max_bytes"`
+	CertFile       string `json:"cert_file"`
+	KeyFile        string `json:"key_file"`
+	OutboxMaxBytes int64  `json:"outbox_max_bytes"`
+	// RequestTimeout is a request's deadline unless its caller sets
+	// another with Meshbox-Timeout (shorter, or longer up to
+	// wire.MaxTimeout, 2m): a blob fetch sets its own from the link.
 	RequestTimeout Duration `json:"request_timeout"`
 	// CommandTimeout bounds one handler attempt of a command; a handler
 	// that has not replied by then is taken as failed and the command is

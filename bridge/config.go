@@ -55,7 +55,8 @@ type Config struct {
 	// OutboxMaxBytes bounds the outbox (default 64 MiB).
 	OutboxMaxBytes int64
 	// RequestTimeout is the default deadline of a request (default 5s); a
-	// caller's Meshbox-Timeout header may only shorten it.
+	// caller's Meshbox-Timeout header sets another, shorter or longer up
+	// to wire.MaxTimeout (or RequestTimeout, if that is longer).
 	RequestTimeout time.Duration
 	// CommandTimeout bounds one handler attempt of a command (default 30s,
 	// at most 25 minutes so the broker's consumer timeout never fires).

@@ -15,7 +15,9 @@
 //     SetRoutes) that no local program subscribes. The stand-in forwards the
 //     request to the hosting node, whose bridge calls its local cap.<name>
 //     and sends the reply back. Every request has a deadline (RequestTimeout,
-//     shortened by a Meshbox-Timeout header): when it passes, the caller gets
+//     or the caller's Meshbox-Timeout, shorter or longer up to
+//     wire.MaxTimeout), which travels with it: the host's bridge gives its
+//     program the time left in Meshbox-Timeout. When it passes, the caller gets
 //     a 504 error reply; when the link is down, no node hosts the capability,
 //     the target node is not connected or discovery marked it gone, the
 //     caller gets a 503 error reply at once. Requests are at most once.
@@ -62,7 +64,7 @@
 //
 // A local program's Meshbox-* headers are never the node's word: the
 // bridge drops them from what it takes from programs (calls, replies,
-// commands, events) and sets its own. A program may shorten a request's
+// commands, events) and sets its own. A program may set a request's
 // deadline with Meshbox-Timeout, name its command or event with
 // Meshbox-Msg-Id and name a command's result topic with
 // Meshbox-Result-Topic; nothing else it sets in that namespace is read. An event

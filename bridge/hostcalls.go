@@ -49,9 +49,11 @@ func (s *session) readRequests(ds <-chan amqp.Delivery) {
 			continue
 		}
 		b.m.msg(typeRequest, "in")
+		// The caller's deadline travels with its request: a long one (a
+		// large reply over a slow link) holds here as long.
 		c := &hostCall{env: env, timeout: b.cfg.RequestTimeout, at: time.Now()}
 		if env.timeout > 0 {
-			c.timeout = min(c.timeout, env.timeout)
+			c.timeout = min(env.timeout, b.maxTimeout())
 		}
 		token := newID()
 		s.local.mu.Lock()
@@ -70,7 +72,7 @@ func (s *session) readRequests(ds <-chan amqp.Delivery) {
 			}
 		})
 		s.local.mu.Unlock()
-		msg := env.natsMsg(subjCapPrefix+env.name, map[string]string{HeaderOrigin: env.origin})
+		msg := env.natsMsg(subjCapPrefix+env.name, map[string]string{HeaderOrigin: env.origin, HeaderTimeout: c.timeout.String()})
 		msg.Reply = s.local.inbox + token
 		hop(HopHostAsked)
 		if err := b.bc.PublishMsg(msg); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/internal/seal"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -96,7 +97,7 @@ func (b *Bridge) onNodeCapRequest(msg *nats.Msg) {
 }
 
 // requestTimeout is the request's deadline: the default, or the caller's
-// shorter Meshbox-Timeout.
+// Meshbox-Timeout, shorter or longer (up to maxTimeout).
 func (b *Bridge) requestTimeout(msg *nats.Msg) (time.Duration, error) {
 	t := b.cfg.RequestTimeout
 	if v := msg.Header.Get(HeaderTimeout); v != "" {
@@ -104,13 +105,17 @@ func (b *Bridge) requestTimeout(msg *nats.Msg) (time.Duration, error) {
 		if err != nil || d <= 0 {
 			return 0, fmt.Errorf("%w: header %s: %q is not a positive duration", ErrBadInput, HeaderTimeout, v)
 		}
-		t = min(t, d)
+		t = min(d, b.maxTimeout())
 	}
 	if limit := b.maxPayload(); len(msg.Data) > limit {
 		return 0, fmt.Errorf("%w: payload of %d bytes exceeds the limit of %d", ErrBadInput, len(msg.Data), limit)
 	}
 	return t, nil
 }
+
+// maxTimeout is the longest deadline a caller may ask for
+// (Meshbox-Timeout): wire.MaxTimeout, or the default if that is longer.
+func (b *Bridge) maxTimeout() time.Duration { return max(b.cfg.RequestTimeout, wire.MaxTimeout) }
 
 // maxPayload is the largest body the bridge carries.
 func (b *Bridge) maxPayload() int {
@@ -352,6 +357,7 @@ func (b *Bridge) callLocal(msg *nats.Msg, name string, timeout time.Duration) {
 		req.Header = nats.Header{}
 	}
 	req.Header.Set(HeaderOrigin, b.cfg.Node)
+	req.Header.Set(HeaderTimeout, timeout.String())
 	b.reqs.local.Add(1)
 	go func() { // ends when the call returns: reply, deadline, or Close
 		defer b.reqs.local.Done()

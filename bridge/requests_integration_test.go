@@ -169,21 +169,30 @@ func TestRequestDeadline(t *testing.T) {
 	b := newNode(t, "beta", vhost, nil)
 	a.waitConnected(t)
 	b.waitConnected(t)
-	sub, err := b.client.Subscribe("cap.slow", func(*nats.Msg) {}) // never answers
+	told := make(chan string, 8)                                   // the deadline the host is told
+	sub, err := b.client.Subscribe("cap.slow", func(m *nats.Msg) { // never answers
+		select {
+		case told <- m.Header.Get(bridge.HeaderTimeout):
+		default:
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
 	waitStandIn(t, a, "slow")
+	for len(told) > 0 {
+		<-told // the stand-in's probes
+	}
 
 	const margin = 300 * time.Millisecond
 	for _, tt := range []struct {
 		header string
 		want   time.Duration
 	}{
-		{"", 1500 * time.Millisecond},     // the default
-		{"700ms", 700 * time.Millisecond}, // the caller shortens it
-		{"1m", 1500 * time.Millisecond},   // and cannot lengthen it
+		{"", 1500 * time.Millisecond},       // the default
+		{"700ms", 700 * time.Millisecond},   // the caller shortens it
+		{"2500ms", 2500 * time.Millisecond}, // or lengthens it (up to wire.MaxTimeout)
 	} {
 		hdr := nats.Header{}
 		if tt.header != "" {
@@ -204,6 +213,14 @@ func TestRequestDeadline(t *testing.T) {
 		}
 		if took < tt.want-50*time.Millisecond || took > tt.want+margin {
 			t.Errorf("timeout %q: answered after %v, want %v (+%v)", tt.header, took, tt.want, margin)
+		}
+		select {
+		case got := <-told:
+			if d, err := time.ParseDuration(got); err != nil || d != tt.want {
+				t.Errorf("timeout %q: the host was told %q, want %s", tt.header, got, tt.want)
+			}
+		default:
+			t.Errorf("timeout %q: the host was not asked", tt.header)
 		}
 	}
 }

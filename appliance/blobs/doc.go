@@ -31,37 +31,60 @@
 //
 //	CapManifest  ManifestRequest{sha256, from} -> Manifest (JSON): size,
 //	             chunk size, chunk count, the SHA-256 of each chunk from
-//	             chunk from, at most ManifestPage of them
-//	CapChunk     ChunkRequest{sha256, index} -> the chunk's bytes
+//	             chunk from, at most ManifestPage of them; ranges: true
+//	CapChunk     ChunkRequest{sha256, index[, offset, length]} -> the
+//	             chunk's bytes, or length bytes of it from offset
 //
 // Errors are NATS micro error headers: 404 no such blob, 400 bad
 // request, 500 the store failed; the bridge's 503 and 504 on the way.
+// Every request carries its deadline (Meshbox-Timeout), which the bridge
+// carries to the owner and hands to the Server as the time left: a chunk
+// request still waiting for a reader when it passes is dropped, since its
+// caller has given up and the answer would only fill the owner's link.
 //
-// A Fetcher asks for the manifest (any failure there is final), then for
-// the chunks with a window of Window requests in flight, verifying each
-// against its hash as it arrives: a mismatch is fetched again (at most
-// chunkAttempts times), a 503, 504 or timeout is tried again with backoff
-// until nothing has arrived for Patience (the broker restarting). It
-// writes each chunk at its offset in <path>.part, checks the whole file's
-// SHA-256, and renames it to path. A fetch that finds a .part file keeps
-// the chunks in it that verify.
+// A Fetcher asks for the manifest (any failure there is final but a
+// deadline, tried again until Patience), then for the chunks, verifying
+// each against its hash once all its bytes arrived: a mismatch is fetched
+// again (at most chunkAttempts times), a 503 is tried again with backoff,
+// a request whose deadline passed at once, until nothing has arrived for
+// Patience (the broker restarting). How much it has in flight, the size
+// of its requests and their deadlines follow the rate at which replies
+// arrive (flow): on a slow link it asks for parts of chunks, two or three
+// at a time, each with a deadline that covers the bytes ahead of it at
+// that rate; on a fast one for whole chunks, up to Window at a time. A
+// deadline that passes halves the rate it assumes, and the late reply's
+// bytes count as still on the link until they would have arrived, so
+// that a fetch never asks again while a reply may still be on its way.
+// It writes what arrives at its offset in <path>.part, checks the whole
+// file's SHA-256, and renames it to path. A fetch that finds a .part file
+// keeps the chunks in it that verify.
+//
+// A Fetcher reports its progress to the local node (SubjectFetches,
+// FetchReport) every ReportInterval and when it ends; the Server keeps
+// the fetches in progress and the last ones that ended (Fetches), which
+// the node shows in its status and counts in its metrics. A report is the
+// client's word: shown and counted, never acted on.
 //
 // # Memory
 //
-// Nothing holds a whole blob: a fetch holds one chunk buffer per request
-// in flight; the server reads at most chunkWorkers chunks at once, each
-// from the stream's messages by sequence (direct gets), and keeps a small
-// index per recent blob (the chunk hashes and where each stored chunk
-// lies: about 150 KB for 1 GiB).
+// Nothing holds a whole blob: a fetch holds the replies in flight (at most
+// Window chunks' bytes, a second's worth of the link) and one chunk buffer
+// to verify a chunk that came in parts; the server reads at most
+// chunkWorkers chunks at once, each from the stream's messages by sequence
+// (direct gets), and keeps a small index per recent blob (the chunk hashes
+// and where each stored chunk lies: about 150 KB for 1 GiB).
 //
 // # Concurrency
 //
 // A Server's subscriptions run on the NATS client's goroutines. It owns
 // the keeper (retention, usage, indexes of new blobs: exits at Close) and
 // one goroutine per chunk being read (at most chunkWorkers; each exits
-// once its chunk is answered). Close unsubscribes and waits for them.
-// The index cache has one mutex; an index is built once, outside it,
-// while other askers wait. A Fetch owns its workers and returns after
+// once its chunk is answered or dropped). Close unsubscribes and waits
+// for them. The index cache has one mutex; an index is built once,
+// outside it, while other askers wait; the fetch reports and the counts
+// have a mutex each. A Fetch runs one loop that owns the fetch's state and
+// its flow, and one goroutine per request in flight, which writes what
+// arrived into the file and hands the answer to the loop; it returns after
 // they are gone. Store has no goroutines; its methods are safe for
 // concurrent use.
 package blobs

@@ -30,4 +30,7 @@ var (
 	// ErrBadManifest: the owner's manifest does not describe the blob
 	// asked for.
 	ErrBadManifest = errors.New("bad blob manifest")
+	// ErrStalled: a fetch that had begun got nothing for its patience;
+	// what arrived is kept in the partial file.
+	ErrStalled = errors.New("nothing arrived")
 )

@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/meshbox/meshbox/internal/backoff"
@@ -20,7 +18,8 @@ import (
 
 // Fetch defaults.
 const (
-	// DefaultWindow is how many chunks a fetch has in flight.
+	// DefaultWindow is how many whole chunks a fetch has in flight at
+	// most, on a fast link; a slower one has fewer bytes in flight (flow).
 	DefaultWindow = 4
 	// DefaultPatience is how long a fetch that has begun keeps trying
 	// while nothing arrives (the broker restarting, say).
@@ -28,30 +27,38 @@ const (
 	// chunkAttempts bounds the fetches of one chunk that arrives
 	// corrupted.
 	chunkAttempts = 5
-	// requestTimeout bounds one request.
-	requestTimeout = 10 * time.Second
+	// localGrace is how much longer than a request's deadline a fetch
+	// waits for the node's own answer (its 504) before it gives up on the
+	// request itself.
+	localGrace = time.Second
 	// PartSuffix ends the name of a fetch's partial file.
 	PartSuffix = ".part"
 )
 
 // Fetcher fetches blobs from any node of the mesh through the local
 // node's NATS server (conn): it asks the owner for the manifest, then for
-// the chunks, Window at a time, verifies each against its hash (fetching
-// a corrupted one again) and the whole file against the blob's SHA-256.
-// It writes into <path>.part and renames it to path once verified; a
-// fetch that finds a .part file keeps the chunks in it that verify.
+// the chunks (or parts of them), verifies each chunk against its hash
+// (fetching a corrupted one again) and the whole file against the blob's
+// SHA-256. How much it has in flight, how large its requests are and each
+// request's deadline follow the rate it measures (flow): a slow link makes
+// a slow fetch, not a failed one. It writes into <path>.part and renames
+// it to path once verified; a fetch that finds a .part file keeps the
+// chunks in it that verify. Unless NoReport, it reports its progress to
+// the local node (SubjectFetches), which shows it in its status.
 type Fetcher struct {
 	Conn     *nats.Conn
-	Window   int           // chunks in flight (0: DefaultWindow)
+	Window   int           // whole chunks in flight at most (0: DefaultWindow)
 	Patience time.Duration // 0: DefaultPatience
-	// Progress, when set, is called as chunks arrive with the bytes the
+	// Progress, when set, is called as data arrives with the bytes the
 	// file holds and the blob's size.
 	Progress func(have, size int64)
 	// Note, when set, is told what the fetch does besides fetching: chunks
 	// kept from a partial file, a chunk fetched again, a retry.
 	Note func(format string, args ...any)
-	// Tamper is a test seam: called with each chunk as it arrives, before
-	// it is verified.
+	// NoReport turns off the progress reports to the local node.
+	NoReport bool
+	// Tamper is a test seam: called with each reply as it arrives (the
+	// chunk, or the part of it asked for), before it is verified.
 	Tamper func(index int, data []byte)
 }
 
@@ -59,17 +66,22 @@ type Fetcher struct {
 type Result struct {
 	Size      int64
 	Chunks    int
-	Kept      int // chunks found verified in a partial file
-	Fetched   int // chunk requests answered
-	Refetched int // chunks fetched again after failing verification
-	Retries   int // requests tried again after a transient failure
+	Kept      int     // chunks found verified in a partial file
+	Fetched   int     // chunks that arrived whole, verified or not
+	Refetched int     // chunks fetched again after failing verification
+	Retries   int     // requests tried again after a transient failure
+	TimedOut  int     // of Retries, the ones whose deadline passed
+	Requests  int     // requests answered
+	Bytes     int64   // bytes that arrived, the ones fetched again too
+	Rate      float64 // bytes per second, as last measured
 }
 
 // ServiceError is an error reply of a node (or of the bridge on the way).
 type ServiceError = wire.ServiceError
 
 // transient says whether a failed request is worth trying again within a
-// fetch that has begun: the mesh or the owner was away for a moment.
+// fetch that has begun: the mesh or the owner was away for a moment, or
+// the deadline passed.
 func transient(err error) bool {
 	var se *ServiceError
 	if errors.As(err, &se) {
@@ -78,10 +90,22 @@ func transient(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
 }
 
+// timedOut says whether a request failed because its deadline passed (the
+// bridge's 504, or no answer at all by then).
+func timedOut(err error) bool {
+	var se *ServiceError
+	if errors.As(err, &se) {
+		return se.Code == wire.CodeTimeout
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
+}
+
 // Fetch fetches the blob ref into the file path.
-func (f *Fetcher) Fetch(ctx context.Context, ref Ref, path string) (Result, error) {
-	var res Result
-	man, hashes, err := f.manifest(ctx, ref)
+func (f *Fetcher) Fetch(ctx context.Context, ref Ref, path string) (res Result, err error) {
+	fl := newFlow(f.window() * ChunkSize)
+	rep := f.newReporter(ref, fl, &res)
+	defer func() { rep.end(err) }()
+	man, hashes, err := f.manifest(ctx, ref, fl)
 	if err != nil {
 		return res, err
 	}
@@ -116,7 +140,9 @@ func (f *Fetcher) Fetch(ctx context.Context, ref Ref, path string) (Result, erro
 	if res.Kept > 0 {
 		f.note("continuing %s: %d of %d chunks already here", part, res.Kept, man.Chunks)
 	}
-	if err := f.fetchChunks(ctx, ref, man.Size, hashes, todo, file, got, &res); err != nil {
+	run := &chunkRun{f: f, ref: ref, size: man.Size, hashes: hashes, file: file, ranges: man.Ranges,
+		fl: fl, rep: rep, res: &res, todo: todo, have: got}
+	if err := run.run(ctx); err != nil {
 		return res, err
 	}
 	if err := file.Sync(); err != nil {
@@ -141,14 +167,29 @@ func (f *Fetcher) Fetch(ctx context.Context, ref Ref, path string) (Result, erro
 	return res, nil
 }
 
+func (f *Fetcher) window() int {
+	if f.Window <= 0 {
+		return DefaultWindow
+	}
+	return f.Window
+}
+
+// manifestHashBytes is about what one chunk hash takes in a manifest (a
+// page's expected size sets its deadline).
+const manifestHashBytes = 70
+
 // manifest asks the owner for the whole manifest (page by page). Any
 // failure here is final: the owner is gone, or lacks the blob.
-func (f *Fetcher) manifest(ctx context.Context, ref Ref) (Manifest, []string, error) {
+func (f *Fetcher) manifest(ctx context.Context, ref Ref, fl *flow) (Manifest, []string, error) {
 	var first Manifest
 	var hashes []string
 	for from := 0; ; {
 		data, _ := json.Marshal(ManifestRequest{SHA256: ref.SHA256, From: from})
-		resp, err := f.manifestPage(ctx, ref, data)
+		want := ManifestPage // hashes expected: a full page until the first says how many
+		if from > 0 {
+			want = min(ManifestPage, first.Chunks-from)
+		}
+		resp, err := f.manifestPage(ctx, ref, data, fl, 512+want*manifestHashBytes)
 		if err != nil {
 			return first, nil, f.failure(ref, "manifest", err)
 		}
@@ -170,16 +211,22 @@ func (f *Fetcher) manifest(ctx context.Context, ref Ref) (Manifest, []string, er
 	}
 }
 
-// manifestPage asks for one page of the manifest. A deadline that passed
-// (the owner still reading a large blob it has not indexed yet) is tried
-// again until patience; anything else is final.
-func (f *Fetcher) manifestPage(ctx context.Context, ref Ref, req []byte) ([]byte, error) {
+// manifestPage asks for one page of the manifest, of about size bytes. A
+// deadline that passed (a slow link, or the owner still reading a large
+// blob it has not indexed yet) is tried again with a longer one until
+// patience; anything else is final.
+func (f *Fetcher) manifestPage(ctx context.Context, ref Ref, req []byte, fl *flow, size int) ([]byte, error) {
 	start := time.Now()
 	pause := backoff.Policy{Min: 200 * time.Millisecond, Max: 5 * time.Second}
 	for try := 0; ; try++ {
-		resp, err := f.request(ctx, ref.Node, CapManifest, req)
-		var se *ServiceError
-		deadline := errors.As(err, &se) && se.Code == wire.CodeTimeout || errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
+		resp, err := f.request(ctx, ref.Node, CapManifest, req, fl.deadline(size, time.Now()))
+		deadline := timedOut(err) && ctx.Err() == nil
+		if deadline {
+			// The next deadline is longer. No ghost: the likelier cause
+			// is an owner still indexing the blob, and a manifest page is
+			// no more than a few chunk parts.
+			fl.halve()
+		}
 		if err == nil || !deadline || time.Since(start) > f.patience() {
 			return resp, err
 		}
@@ -245,114 +292,6 @@ func verifyPart(file *os.File, size int64, hashes []string) ([]bool, error) {
 	return have, nil
 }
 
-// fetchChunks fetches the chunks todo with Window workers and writes them
-// into file. got is what the file holds already.
-func (f *Fetcher) fetchChunks(ctx context.Context, ref Ref, size int64, hashes []string, todo []int, file *os.File, got int64, res *Result) error {
-	window := f.Window
-	if window <= 0 {
-		window = DefaultWindow
-	}
-	patience := f.patience()
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	next := make(chan int)
-	var (
-		have                        atomic.Int64
-		fetched, refetched, retries atomic.Int64
-		lastOK                      atomic.Int64 // unix nanoseconds of the last chunk that arrived
-		wg                          sync.WaitGroup
-	)
-	have.Store(got)
-	lastOK.Store(time.Now().UnixNano())
-	if f.Progress != nil {
-		f.Progress(got, size)
-	}
-	for range min(window, len(todo)) {
-		wg.Add(1)
-		go func() { // a worker: exits when next is closed or ctx is done
-			defer wg.Done()
-			buf := make([]byte, 0, ChunkSize)
-			for i := range next {
-				data, err := f.fetchChunk(ctx, ref, i, hashes[i], buf, &lastOK, patience, &fetched, &refetched, &retries)
-				if err != nil {
-					cancel(err)
-					return
-				}
-				if _, err := file.WriteAt(data, int64(i)*ChunkSize); err != nil {
-					cancel(fmt.Errorf("fetch: write: %w", err))
-					return
-				}
-				n := have.Add(int64(len(data)))
-				if f.Progress != nil {
-					f.Progress(n, size)
-				}
-			}
-		}()
-	}
-feed:
-	for _, i := range todo {
-		select {
-		case next <- i:
-		case <-ctx.Done():
-			break feed
-		}
-	}
-	close(next)
-	wg.Wait()
-	res.Fetched, res.Refetched, res.Retries = int(fetched.Load()), int(refetched.Load()), int(retries.Load())
-	if err := context.Cause(ctx); err != nil {
-		return err
-	}
-	return nil
-}
-
-// fetchChunk fetches chunk i until it verifies: a transient failure is
-// tried again with backoff until nothing arrived for patience, a chunk
-// that does not verify is fetched again (chunkAttempts in all).
-func (f *Fetcher) fetchChunk(ctx context.Context, ref Ref, i int, want string, buf []byte,
-	lastOK *atomic.Int64, patience time.Duration, fetched, refetched, retries *atomic.Int64) ([]byte, error) {
-	req, _ := json.Marshal(ChunkRequest{SHA256: ref.SHA256, Index: i})
-	bad := 0
-	pause := backoff.Policy{Min: 100 * time.Millisecond, Max: 5 * time.Second}
-	for try := 0; ; try++ {
-		data, err := f.requestInto(ctx, ref.Node, CapChunk, req, buf)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, context.Cause(ctx)
-			}
-			if !transient(err) {
-				return nil, f.failure(ref, fmt.Sprintf("chunk %d", i), err)
-			}
-			if time.Since(time.Unix(0, lastOK.Load())) > patience {
-				return nil, fmt.Errorf("fetch %s: nothing arrived for %s: %w (what arrived is kept; fetch again to continue)", ref, patience, f.failure(ref, fmt.Sprintf("chunk %d", i), err))
-			}
-			retries.Add(1)
-			f.note("chunk %d: %v; trying again", i, err)
-			select {
-			case <-time.After(pause.Delay(try)):
-			case <-ctx.Done():
-				return nil, context.Cause(ctx)
-			}
-			continue
-		}
-		fetched.Add(1)
-		if f.Tamper != nil {
-			f.Tamper(i, data)
-		}
-		sum := sha256.Sum256(data)
-		if hex.EncodeToString(sum[:]) == want {
-			lastOK.Store(time.Now().UnixNano())
-			return data, nil
-		}
-		bad++
-		if bad >= chunkAttempts {
-			return nil, fmt.Errorf("fetch %s: chunk %d: %w (%d times)", ref, i, ErrCorrupt, bad)
-		}
-		refetched.Add(1)
-		f.note("chunk %d failed verification; fetching it again", i)
-	}
-}
-
 // failure explains a failed request of what for ref.
 func (f *Fetcher) failure(ref Ref, what string, err error) error {
 	var se *ServiceError
@@ -373,16 +312,13 @@ func (f *Fetcher) note(format string, args ...any) {
 	}
 }
 
-// request calls capability name on node and returns the reply's body.
-func (f *Fetcher) request(ctx context.Context, node, name string, data []byte) ([]byte, error) {
-	return f.requestInto(ctx, node, name, data, nil)
-}
-
-// requestInto is request; with buf it copies the body into buf.
-func (f *Fetcher) requestInto(ctx context.Context, node, name string, data, buf []byte) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+// request calls capability name on node with deadline d (which travels
+// with it: Meshbox-Timeout) and returns the reply's body.
+func (f *Fetcher) request(ctx context.Context, node, name string, data []byte, d time.Duration) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, d+localGrace)
 	defer cancel()
 	msg := nats.NewMsg(wire.NodeCapSubject(node, name))
+	msg.Header.Set(wire.HeaderTimeout, d.Round(time.Millisecond).String())
 	msg.Data = data
 	resp, err := f.Conn.RequestMsgWithContext(ctx, msg)
 	if err != nil {
@@ -390,9 +326,6 @@ func (f *Fetcher) requestInto(ctx context.Context, node, name string, data, buf 
 	}
 	if se := wire.ErrorOf(resp.Header); se != nil {
 		return nil, se
-	}
-	if buf != nil {
-		return append(buf[:0], resp.Data...), nil
 	}
 	return resp.Data, nil
 }

@@ -52,6 +52,8 @@ type ServerConfig struct {
 type Server struct {
 	cfg     ServerConfig
 	refused sync.Map // subjects of requests refused for their reply subject, logged once
+	counts  servedCounts
+	fetches *fetchBook
 	ix      *indexes
 	subs    []*nats.Subscription
 	sem     chan struct{}   // a token per chunk read in progress
@@ -97,7 +99,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		cfg: cfg, ix: newIndexes(),
+		cfg: cfg, ix: newIndexes(), fetches: newFetchBook(cfg.Logger),
 		sem:  make(chan struct{}, chunkWorkers),
 		wake: make(chan struct{}, 1),
 		quit: make(chan struct{}),
@@ -106,10 +108,11 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.bufs.New = func() any { b := make([]byte, 0, ChunkSize); return &b }
 	s.store.Store(cfg.Store)
 	for subj, h := range map[string]nats.MsgHandler{
-		subjManifest: s.onManifest,
-		subjChunk:    s.onChunk,
-		MetaSubjects: s.onMeta,
-		SubjectOpen:  s.onOpen,
+		subjManifest:   s.onManifest,
+		subjChunk:      s.onChunk,
+		MetaSubjects:   s.onMeta,
+		SubjectOpen:    s.onOpen,
+		SubjectFetches: s.onFetchReport,
 	} {
 		h := h
 		sub, err := cfg.Conn.Subscribe(subj, func(m *nats.Msg) {
@@ -169,9 +172,10 @@ func (s *Server) onOpen(m *nats.Msg) {
 	ctx, cancel := context.WithTimeout(s.ctx, opTimeout)
 	defer cancel()
 	if _, err := s.Open(ctx); err != nil {
-		s.respondError(m, CodeInternal, err.Error())
+		s.respondError(m, KindOpen, CodeInternal, err.Error())
 		return
 	}
+	s.counts.add(KindOpen, OutcomeOK, 0)
 	s.respond(m, []byte(`{"bucket":"`+Bucket+`"}`))
 }
 
@@ -307,55 +311,71 @@ func (s *Server) setUsage(list []Info, pruned int, err error) {
 
 // onManifest answers a ManifestRequest.
 func (s *Server) onManifest(m *nats.Msg) {
+	const kind = KindManifest
 	var req ManifestRequest
 	if err := json.Unmarshal(m.Data, &req); err != nil {
-		s.respondError(m, CodeBadInput, "bad manifest request: "+err.Error())
+		s.respondError(m, kind, CodeBadInput, "bad manifest request: "+err.Error())
 		return
 	}
 	if err := CheckSHA256(req.SHA256); err != nil {
-		s.respondError(m, CodeBadInput, err.Error())
+		s.respondError(m, kind, CodeBadInput, err.Error())
 		return
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, opTimeout)
 	defer cancel()
 	store := s.store.Load()
 	if store == nil {
-		s.respondError(m, CodeNotFound, fmt.Sprintf("%v: %s (the node has no blobs)", ErrNotFound, req.SHA256))
+		s.respondError(m, kind, CodeNotFound, fmt.Sprintf("%v: %s (the node has no blobs)", ErrNotFound, req.SHA256))
 		return
 	}
 	// The blob may have gone since its index was built.
 	if _, err := store.Stat(ctx, req.SHA256); err != nil {
 		s.ix.forget(req.SHA256)
-		s.respondStoreError(m, err)
+		s.respondStoreError(m, kind, err)
 		return
 	}
 	ix, err := s.ix.get(ctx, s.ctx, store, req.SHA256)
 	if err != nil {
-		s.respondStoreError(m, err)
+		s.respondStoreError(m, kind, err)
 		return
 	}
 	if req.From < 0 || req.From > len(ix.hashes) {
-		s.respondError(m, CodeBadInput, fmt.Sprintf("from %d out of range 0..%d", req.From, len(ix.hashes)))
+		s.respondError(m, kind, CodeBadInput, fmt.Sprintf("from %d out of range 0..%d", req.From, len(ix.hashes)))
 		return
 	}
 	to := min(len(ix.hashes), req.From+ManifestPage)
 	data, _ := json.Marshal(Manifest{ // strings and numbers: cannot fail
 		SHA256: ix.sha, Size: ix.size, ChunkSize: ChunkSize, Chunks: len(ix.hashes),
-		From: req.From, Hashes: ix.hashes[req.From:to], Modified: ix.modified,
+		From: req.From, Hashes: ix.hashes[req.From:to], Modified: ix.modified, Ranges: true,
 	})
+	s.counts.add(kind, OutcomeOK, 0)
 	s.respond(m, data)
 }
 
 // onChunk answers a ChunkRequest on a reader of its own, at most
 // chunkWorkers at once (the subscription's goroutine waits for a token).
+// A request whose deadline (Meshbox-Timeout, the time its caller had
+// left when it arrived) passed before a reader was free is dropped: its
+// caller has given up, and the answer would only fill the link.
 func (s *Server) onChunk(m *nats.Msg) {
+	const kind = KindChunk
+	at := time.Now()
 	var req ChunkRequest
 	if err := json.Unmarshal(m.Data, &req); err != nil {
-		s.respondError(m, CodeBadInput, "bad chunk request: "+err.Error())
+		s.respondError(m, kind, CodeBadInput, "bad chunk request: "+err.Error())
 		return
 	}
 	if err := CheckSHA256(req.SHA256); err != nil {
-		s.respondError(m, CodeBadInput, err.Error())
+		s.respondError(m, kind, CodeBadInput, err.Error())
+		return
+	}
+	if req.Offset < 0 || req.Offset >= ChunkSize || req.Length < 0 || req.Length > ChunkSize {
+		s.respondError(m, kind, CodeBadInput, fmt.Sprintf("offset %d and length %d: want 0 <= offset < %d, 0 <= length <= %d", req.Offset, req.Length, ChunkSize, ChunkSize))
+		return
+	}
+	deadline, err := requestDeadline(m.Header, at)
+	if err != nil {
+		s.respondError(m, kind, CodeBadInput, err.Error())
 		return
 	}
 	select {
@@ -367,16 +387,20 @@ func (s *Server) onChunk(m *nats.Msg) {
 	go func() { // exits once the chunk is answered
 		defer s.wg.Done()
 		defer func() { <-s.sem }()
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			s.counts.add(kind, OutcomeExpired, 0)
+			return
+		}
 		ctx, cancel := context.WithTimeout(s.ctx, opTimeout)
 		defer cancel()
 		store := s.store.Load()
 		if store == nil {
-			s.respondError(m, CodeNotFound, fmt.Sprintf("%v: %s (the node has no blobs)", ErrNotFound, req.SHA256))
+			s.respondError(m, kind, CodeNotFound, fmt.Sprintf("%v: %s (the node has no blobs)", ErrNotFound, req.SHA256))
 			return
 		}
 		ix, err := s.ix.get(ctx, s.ctx, store, req.SHA256)
 		if err != nil {
-			s.respondStoreError(m, err)
+			s.respondStoreError(m, kind, err)
 			return
 		}
 		bp := s.bufs.Get().(*[]byte)
@@ -391,23 +415,35 @@ func (s *Server) onChunk(m *nats.Msg) {
 				s.ix.forget(req.SHA256)
 				code, err = CodeNotFound, fmt.Errorf("%w: %s", ErrNotFound, req.SHA256)
 			}
-			s.respondError(m, code, err.Error())
+			s.respondError(m, kind, code, err.Error())
 			return
 		}
+		end := len(data)
+		if req.Length > 0 {
+			end = req.Offset + req.Length
+		}
+		if req.Offset >= len(data) || end > len(data) {
+			s.respondError(m, kind, CodeBadInput, fmt.Sprintf("offset %d and length %d: beyond chunk %d of %d bytes", req.Offset, req.Length, req.Index, len(data)))
+			return
+		}
+		data = data[req.Offset:end]
+		s.counts.add(kind, OutcomeOK, len(data))
 		s.respond(m, data)
 	}()
 }
 
-func (s *Server) respondStoreError(m *nats.Msg, err error) {
+func (s *Server) respondStoreError(m *nats.Msg, kind string, err error) {
 	if errors.Is(err, ErrNotFound) {
-		s.respondError(m, CodeNotFound, err.Error())
+		s.respondError(m, kind, CodeNotFound, err.Error())
 		return
 	}
-	s.respondError(m, CodeInternal, err.Error())
+	s.respondError(m, kind, CodeInternal, err.Error())
 }
 
-// respondError answers m with a NATS micro error.
-func (s *Server) respondError(m *nats.Msg, code int, text string) {
+// respondError answers a request of kind with a NATS micro error, and
+// counts it.
+func (s *Server) respondError(m *nats.Msg, kind string, code int, text string) {
+	s.counts.add(kind, outcomeOf(code), 0)
 	r := nats.NewMsg(m.Reply)
 	wire.SetError(r.Header, code, text)
 	s.send(r)

@@ -27,6 +27,12 @@ const (
 // API on a node that holds no blobs yet.
 const SubjectOpen = wire.SubjectBlobsOpen
 
+// SubjectFetches, on a node's own NATS server, takes the progress reports
+// of the fetches its clients run (FetchReport, JSON, no reply): a Fetcher
+// publishes one every ReportInterval and one when it ends, and the node
+// shows the fetches in its status and counts them in its metrics.
+const SubjectFetches = wire.SubjectBlobsFetches
+
 // Transfer constants.
 const (
 	// ChunkSize is the size of every chunk of a transfer but the last.
@@ -53,7 +59,8 @@ type ManifestRequest struct {
 
 // Manifest describes a blob as it is transferred: its size, the size of
 // its chunks and the SHA-256 of each (lowercase hex), from chunk From on,
-// at most ManifestPage of them.
+// at most ManifestPage of them. Ranges says the node serves parts of a
+// chunk (ChunkRequest.Offset and Length).
 type Manifest struct {
 	SHA256    string    `json:"sha256"`
 	Size      int64     `json:"size"`
@@ -62,12 +69,17 @@ type Manifest struct {
 	From      int       `json:"from"`
 	Hashes    []string  `json:"hashes"`
 	Modified  time.Time `json:"modified"`
+	Ranges    bool      `json:"ranges,omitempty"`
 }
 
-// ChunkRequest asks a node for chunk Index of one of its blobs.
+// ChunkRequest asks a node for chunk Index of one of its blobs, or for
+// Length bytes of it from Offset (a node whose manifest says Ranges):
+// Length 0 is the rest of the chunk.
 type ChunkRequest struct {
 	SHA256 string `json:"sha256"`
 	Index  int    `json:"index"`
+	Offset int    `json:"offset,omitempty"`
+	Length int    `json:"length,omitempty"`
 }
 
 // chunksOf is the number of chunks of a blob of size bytes.

@@ -177,7 +177,8 @@ func (p Program) Permissions() *server.Permissions {
 }
 
 // blobSubjects are what a program with blob rights may publish: the
-// node's request that makes the store when it has none yet, the JetStream
+// node's request that makes the store when it has none yet, its fetches'
+// progress reports, the JetStream
 // API requests an object store client makes on the blob
 // store's stream (and no other), the store's own subjects, its flow
 // control replies, and calls of the blob capabilities on any node. The
@@ -200,6 +201,7 @@ func blobSubjects() []string {
 		"$O." + blobs.Bucket + ".>",
 		subjNode + blobs.CapPrefix + ">",
 		blobs.SubjectOpen,
+		blobs.SubjectFetches,
 	}
 }
 

@@ -175,9 +175,21 @@ func (c *BlobCommand) get(ctx context.Context, server string, ref blobs.Ref, out
 		return err
 	}
 	secs := time.Since(start).Seconds()
-	fmt.Fprintf(c.m.Stdout, "%s: %d bytes, %d chunks (%d kept from a partial file, %d fetched, %d fetched again), %.1f MiB/s\n",
-		out, res.Size, res.Chunks, res.Kept, res.Fetched, res.Refetched, float64(res.Size-int64(res.Kept)*blobs.ChunkSize)/(1<<20)/max(secs, 1e-3))
+	fmt.Fprintf(c.m.Stdout, "%s: %d bytes, %d chunks (%d kept from a partial file, %d fetched, %d fetched again), %s in %.1f s; %d requests, %d tried again (%d after their deadline)\n",
+		out, res.Size, res.Chunks, res.Kept, res.Fetched, res.Refetched, rateText(float64(res.Bytes)/max(secs, 1e-3)), secs,
+		res.Requests, res.Retries, res.TimedOut)
 	return nil
+}
+
+// rateText says a rate in bytes per second in the unit that suits it.
+func rateText(perSec float64) string {
+	switch {
+	case perSec >= 1<<20:
+		return fmt.Sprintf("%.1f MiB/s", perSec/(1<<20))
+	case perSec >= 1<<10:
+		return fmt.Sprintf("%.1f KiB/s", perSec/(1<<10))
+	}
+	return fmt.Sprintf("%.0f B/s", perSec)
 }
 
 func (c *BlobCommand) list(ctx context.Context, server string, asJSON bool) error {
@@ -270,18 +282,41 @@ func tamperHook(v string) (func(int, []byte), error) {
 }
 
 // progressBar draws a fetch's progress on a terminal (and nothing
-// elsewhere), at most ten times a second. Notes are printed as lines.
+// elsewhere), at most ten times a second: bytes done of the blob's, and
+// the rate over the last seconds. Notes are printed as lines.
 type progressBar struct {
 	mu    sync.Mutex
 	w     io.Writer
 	tty   bool
-	start time.Time
 	last  time.Time
 	drawn bool
+	rate  rateMeter
+}
+
+// rateMeter is a rate over the last rateSpan: bytes done now and then.
+type rateMeter struct {
+	at   []time.Time
+	have []int64
+}
+
+const rateSpan = 5 * time.Second
+
+// add records have bytes done at now and returns the rate since the
+// oldest point within rateSpan (0 with one point).
+func (m *rateMeter) add(now time.Time, have int64) float64 {
+	m.at, m.have = append(m.at, now), append(m.have, have)
+	for len(m.at) > 2 && now.Sub(m.at[1]) >= rateSpan {
+		m.at, m.have = m.at[1:], m.have[1:]
+	}
+	d := now.Sub(m.at[0]).Seconds()
+	if d <= 0 {
+		return 0
+	}
+	return float64(have-m.have[0]) / d
 }
 
 func newProgressBar(w io.Writer) *progressBar {
-	p := &progressBar{w: w, start: time.Now()}
+	p := &progressBar{w: w}
 	if f, ok := w.(*os.File); ok {
 		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 			p.tty = true
@@ -306,9 +341,9 @@ func (p *progressBar) update(have, size int64) {
 		frac = float64(have) / float64(size)
 	}
 	n := int(frac * width)
-	rate := float64(have) / (1 << 20) / max(time.Since(p.start).Seconds(), 1e-3)
-	fmt.Fprintf(p.w, "\r\033[K[%s%s] %5.1f%% %.1f/%.1f MiB %.1f MiB/s",
-		strings.Repeat("=", n), strings.Repeat(" ", width-n), 100*frac, float64(have)/(1<<20), float64(size)/(1<<20), rate)
+	rate := p.rate.add(p.last, have)
+	fmt.Fprintf(p.w, "\r\033[K[%s%s] %5.1f%% %.1f/%.1f MiB %s",
+		strings.Repeat("=", n), strings.Repeat(" ", width-n), 100*frac, float64(have)/(1<<20), float64(size)/(1<<20), rateText(rate))
 	p.drawn = true
 }
 
@@ -329,4 +364,45 @@ func (p *progressBar) done() {
 		fmt.Fprintln(p.w)
 		p.drawn = false
 	}
+}
+
+// fetchLine is one fetch of the node's clients as `meshbox status` shows
+// it: how far it got and at what rate, or how it ended.
+func fetchLine(f blobs.FetchStatus) string {
+	v := f.Ref + " " + f.State
+	frac := 0.0
+	if f.Size > 0 {
+		frac = float64(f.Have) / float64(f.Size)
+	}
+	secs := f.Updated.Sub(f.Started).Seconds()
+	switch f.State {
+	case blobs.StateFetching:
+		v += fmt.Sprintf(": %.1f of %.1f MiB (%.0f%%), %s, %s in flight", float64(f.Have)/(1<<20), float64(f.Size)/(1<<20), 100*frac,
+			rateText(f.Rate), sizeText(f.Window))
+	case blobs.StateDone:
+		v += fmt.Sprintf(": %.1f MiB in %.1f s (%s)", float64(f.Size)/(1<<20), secs, rateText(float64(f.Bytes)/max(secs, 1e-3)))
+	default:
+		v += fmt.Sprintf(" at %.1f of %.1f MiB", float64(f.Have)/(1<<20), float64(f.Size)/(1<<20))
+		if f.Cause != "" {
+			v += " (" + f.Cause + ")"
+		}
+	}
+	if r := f.Retries; r.Deadline+r.Unavailable+r.Corrupt > 0 {
+		v += fmt.Sprintf("; tried again: %d after their deadline, %d unavailable, %d corrupt", r.Deadline, r.Unavailable, r.Corrupt)
+	}
+	if f.Error != "" {
+		v += " — " + f.Error
+	}
+	return v
+}
+
+// sizeText says a size in bytes in the unit that suits it.
+func sizeText(n int) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
 }

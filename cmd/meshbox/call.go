@@ -93,7 +93,7 @@ func (c *CallCommand) Run(ctx context.Context, args []string) error {
 	fs := c.m.newFlagSet("call", "call CAPABILITY [DATA] [--to NODE] [--timeout D] [--header K=V]...\n\nDATA is read from standard input when not given.")
 	server := c.m.serverFlag(fs)
 	to := fs.String("to", "", "call the capability on this node (node.<NODE>.cap.<CAPABILITY>)")
-	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call (the node's default may be shorter)")
+	timeout := fs.Duration("timeout", 5*time.Second, fmt.Sprintf("deadline of the call (at most %s, or the node's bridge.request_timeout if that is longer)", wire.MaxTimeout))
 	verbose := fs.Bool("v", false, "print the reply's headers on standard error")
 	var hdrs headerFlags
 	fs.Var(&hdrs, "header", "add a header KEY=VALUE to the request (repeatable)")

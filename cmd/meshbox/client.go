@@ -322,10 +322,16 @@ func printStatus(w io.Writer, st appliance.Status) {
 		if bl.Pruned > 0 {
 			v += fmt.Sprintf(", %d deleted by the size limit", bl.Pruned)
 		}
+		if bl.Served.Chunks > 0 || bl.Served.Failed > 0 {
+			v += fmt.Sprintf(", served %d chunk requests (%.1f MiB)", bl.Served.Chunks, float64(bl.Served.Bytes)/(1<<20))
+		}
 		if bl.Error != "" {
 			v += " — " + bl.Error
 		}
 		row("blobs", v+" (meshbox blob list)")
+		for _, f := range bl.Fetches {
+			row("fetch", fetchLine(f))
+		}
 	}
 	if len(st.Peers) > 0 {
 		parts := make([]string, len(st.Peers))

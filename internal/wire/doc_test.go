@@ -32,7 +32,7 @@ func TestSubjectTableMatchesWire(t *testing.T) {
 		}
 	}
 	asked := []string{SubjectStatus, SubjectPeers, SubjectCaps, SubjectModules, SubjectModuleControl, SubjectModuleLogs,
-		SubjectModuleLogPrefix + "<module>", SubjectDeadLetters, SubjectBlobsOpen}
+		SubjectModuleLogPrefix + "<module>", SubjectDeadLetters, SubjectBlobsOpen, SubjectBlobsFetches}
 	var documented []string
 	for _, m := range regexp.MustCompile("`(\\$MESH\\.[^`]*)`").FindAllStringSubmatch(table, -1) {
 		documented = append(documented, m[1])

@@ -1,5 +1,7 @@
 package wire
 
+import "time"
+
 // Headers the node reads or adds, on NATS and AMQP alike: the words
 // programs and peers read, so they are the protocol's.
 const (
@@ -11,7 +13,7 @@ const (
 	HeaderAttempt     = "Meshbox-Attempt"     // 1 for the first delivery of a command
 	HeaderRedelivered = "Meshbox-Redelivered" // "true" when this delivery may be a duplicate
 	HeaderProgress    = "Meshbox-Progress"    // in a handler's reply: not the result, the handler is still working (extends the lease)
-	HeaderTimeout     = "Meshbox-Timeout"     // caller's deadline (Go duration), may only shorten the default
+	HeaderTimeout     = "Meshbox-Timeout"     // a request's deadline (Go duration): the caller's, shorter or longer than the node's default up to MaxTimeout; on a request a host receives, the time it has left
 	HeaderCapability  = "Meshbox-Capability"  // on the broker: the capability of a request published straight to a node's queue (read, no longer sent: the routing key to.<n>.req.<name> says it, and every meshbox reads it there first)
 	HeaderAccepted    = "Meshbox-Accepted"    // in a submit reply: "broker", "outbox" or "local"
 	HeaderDeadReason  = "Meshbox-Dead-Reason" // why a message was dead-lettered (sealing: its class; reasons.go)
@@ -27,6 +29,13 @@ const (
 	HeaderResultTopic = "Meshbox-Result-Topic" // on a command: the event topic its handler's result is published on
 	HeaderOrderKey    = "Meshbox-Order-Key"    // on a command: commands of one stage with the same key reach a node's handler one at a time, in queue order (sealed)
 )
+
+// MaxTimeout bounds the deadline a caller may ask for with HeaderTimeout
+// when it is longer than the node's default (bridge.request_timeout): a
+// large reply over a slow link, a blob's chunk from a home uplink, needs
+// more than the default. A longer one is cut to the larger of this and
+// the default.
+const MaxTimeout = 2 * time.Minute
 
 // Broker link states (a node's status, broker.state): what a client
 // command or a page reads of the link.

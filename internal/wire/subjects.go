@@ -43,4 +43,5 @@ const (
 	SubjectReloadPrograms  = "$MESH.programs.reload" // apply the programs' definitions now
 	SubjectDeadLetters     = "$MESH.dlq"             // the dead-letter tools
 	SubjectBlobsOpen       = "$MESH.blobs.open"      // open a blob for a program
+	SubjectBlobsFetches    = "$MESH.blobs.fetches"   // a blob fetch's progress report (no reply)
 )

@@ -369,7 +369,7 @@ func testMesh(t *testing.T, names []string) {
 			{"cap.sleepy", "", defaultTimeout},
 			{"cap.sleepy", "600ms", 600 * time.Millisecond},
 			{"node." + first + ".cap.sleepy", "800ms", 800 * time.Millisecond},
-			{"cap.sleepy", "1h", defaultTimeout}, // may only shorten the default
+			{"cap.sleepy", "3s", 3 * time.Second}, // or lengthen the default
 		} {
 			req := nats.NewMsg(tt.subject)
 			if tt.header != "" {

@@ -140,9 +140,15 @@ var expectedMetrics = map[string]dto.MetricType{
 	"meshbox_outbox_bytes":                   dto.MetricType_GAUGE,
 	"meshbox_outbox_oldest_age_seconds":      dto.MetricType_GAUGE,
 	// blob store (appliance/blobs)
-	"meshbox_blobs":              dto.MetricType_GAUGE,
-	"meshbox_blobs_bytes":        dto.MetricType_GAUGE,
-	"meshbox_blobs_pruned_total": dto.MetricType_COUNTER,
+	"meshbox_blobs":                    dto.MetricType_GAUGE,
+	"meshbox_blobs_bytes":              dto.MetricType_GAUGE,
+	"meshbox_blobs_pruned_total":       dto.MetricType_COUNTER,
+	"meshbox_blob_requests_total":      dto.MetricType_COUNTER,
+	"meshbox_blob_served_bytes_total":  dto.MetricType_COUNTER,
+	"meshbox_blob_fetch_bytes_total":   dto.MetricType_COUNTER,
+	"meshbox_blob_fetch_retries_total": dto.MetricType_COUNTER,
+	"meshbox_blob_fetches_total":       dto.MetricType_COUNTER,
+	"meshbox_blob_fetches_running":     dto.MetricType_GAUGE,
 	// mesh view (node)
 	"meshbox_peers":                    dto.MetricType_GAUGE,
 	"meshbox_capabilities":             dto.MetricType_GAUGE,
@@ -164,6 +170,8 @@ var lazyMetrics = map[string]bool{
 	"meshbox_errors_total":             true,
 	"meshbox_request_duration_seconds": true,
 	"meshbox_discovery_rejected_total": true,
+	// One series per kind and outcome of blob requests, with the first.
+	"meshbox_blob_requests_total": true,
 	// One series per stage that dedupes, with its first duplicate.
 	"meshbox_commands_deduplicated_total": true,
 	// One series per stage with a retry policy, with its first retry; per

@@ -138,3 +138,24 @@ func TestProxyDelayAndBandwidth(t *testing.T) {
 		t.Fatalf("50 kB each way at 100 kB/s took %v", d)
 	}
 }
+
+func TestByteTapCounts(t *testing.T) {
+	bt := NewByteTap(t, echoServer(t))
+	c, err := net.DialTimeout("tcp", bt.Addr(), time.Second)
+	if err != nil {
+		t.Fatalf("dial tap: %v", err)
+	}
+	defer c.Close()
+	for range 3 {
+		if err := roundTrip(c, 2*time.Second); err != nil {
+			t.Fatalf("through the tap: %v", err)
+		}
+	}
+	if up, down := bt.Up(), bt.Down(); up != 15 || down != 15 {
+		t.Errorf("counts: got up %d, down %d, want 15 each (three ping lines each way)", up, down)
+	}
+	bt.Reset()
+	if up, down := bt.Up(), bt.Down(); up != 0 || down != 0 {
+		t.Errorf("after Reset: got up %d, down %d, want 0", up, down)
+	}
+}
