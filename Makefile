@@ -6,7 +6,9 @@
 #               as root (apt-get, and the package test's dpkg)
 #   make bench  the benchmarks, each against its raw baseline in the same run
 #   make bench-wan  only the WAN profile (25 ms each way between each node
-#               and the broker), a few minutes
+#               and the broker: commands, requests, events, an outbox
+#               drained, a blob on a 1 Mbit/s link, ordered handling by
+#               round trip) and an idle node's bytes, several minutes
 #   make soak   two nodes under mixed load and connection churn for 30 minutes
 #               (SOAK_DURATION=5m for less); fails if memory grows after warm-up;
 #               then the broker-cluster fault scenario with 10,000 commands
@@ -90,7 +92,7 @@ bench: services
 # The WAN profile alone (BenchmarkWAN): each node, and each raw client,
 # reaches the broker through a proxy that adds 25 ms each way.
 bench-wan: services
-	$(GO) test -run '^$$' -bench '^BenchmarkWAN$$' -benchtime 1x -timeout 20m ./testing/bench/ | tee bench-wan.out | grep -E '^(BENCH|SWEEP|ok|FAIL|---)'
+	$(GO) test -run '^$$' -bench '^(BenchmarkWAN|BenchmarkWANBlob|BenchmarkOrdered|BenchmarkIdleBytes)$$' -benchtime 1x -timeout 30m ./testing/bench/ | tee bench-wan.out | grep -E '^(BENCH|SWEEP|ok|FAIL|---)'
 
 # The request round trip taken apart, stretch by stretch: the bridge
 # records its points only in a build with -tags hoptrace.

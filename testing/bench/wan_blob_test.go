@@ -14,11 +14,11 @@ import (
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
-// The link of the WAN blob benchmark: a home uplink.
+// The link of the WAN blob benchmark: a home uplink, with the WAN
+// profile's delay (wanDelay).
 const (
 	wanBlobSize  = 5 << 20
 	wanBandwidth = 1_000_000 // bits per second, each way
-	wanDelay     = 25 * time.Millisecond
 )
 
 // BenchmarkWANBlob fetches a blob from a node behind a slow, distant link
