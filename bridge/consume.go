@@ -222,17 +222,21 @@ func (s *session) cancelStages() bool {
 // would hold it up.
 type ackDelays struct {
 	most atomic.Int64 // the longest wait of the session, in nanoseconds
-	slow atomic.Int64 // runs of acks whose oldest waited longer than ackSlow
+	// over counts the runs of acks whose oldest waited longer than each
+	// of ackWaits.
+	over [len(ackWaits)]atomic.Int64
 }
 
-// ackSlow is an ack's wait for the acker that counts as slow: half a
-// home link's round trip, fifty times the linger.
-const ackSlow = 25 * time.Millisecond
+// ackWaits are the waits for the acker counted: half a home link's round
+// trip (fifty times the linger), and a whole long one.
+var ackWaits = [...]time.Duration{25 * time.Millisecond, 100 * time.Millisecond}
 
 // note records a wait of d.
 func (a *ackDelays) note(d time.Duration) {
-	if d > ackSlow {
-		a.slow.Add(1)
+	for i, w := range ackWaits {
+		if d > w {
+			a.over[i].Add(1)
+		}
 	}
 	for {
 		cur := a.most.Load()

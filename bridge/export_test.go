@@ -20,14 +20,14 @@ func StageConsumers(b *Bridge, stage string) (open, most int) { return b.stageCo
 func StageCreditOf(b *Bridge, stage string) StageCredit { return b.stageCredit(stage) }
 
 // AckDelays returns the longest an ack of b's current session waited for
-// the acker, and how many runs of acks waited longer than 25 ms (0, 0: no
-// session).
+// the acker, and how many runs of acks waited longer than 100 ms (0, 0:
+// no session).
 func AckDelays(b *Bridge) (most time.Duration, slow int64) {
 	s := b.link.sess.Load()
 	if s == nil {
 		return 0, 0
 	}
-	return time.Duration(s.con.ackDelay.most.Load()), s.con.ackDelay.slow.Load()
+	return time.Duration(s.con.ackDelay.most.Load()), s.con.ackDelay.over[1].Load()
 }
 
 // OwnQueues returns the names of the request, reply and system queues of

@@ -86,17 +86,17 @@ func TestStageCreditFavoursTheQuickNode(t *testing.T) {
 	q, s := quickDone.Load(), slowDone.Load()
 	qc, sc := bridge.StageCreditOf(quick.b, "share"), bridge.StageCreditOf(slow.b, "share")
 	t.Logf("quick node handled %d (credit up to %d messages), slow node %d (credit up to %d messages, %d changes) of %d", q, qc.MostMessages, s, sc.MostMessages, sc.Changes, total)
-	// Prefetch (32) commands in batches of 4 (8 messages): a probe may
-	// double it for one window, never more.
-	if sc.MostMessages > 16 {
-		t.Errorf("the slow node's credit reached %d messages, want at most 16: more only waits at its serial handler", sc.MostMessages)
+	// Prefetch (32) commands: in batches of 4, 8 messages; in batches
+	// less full, up to 32.
+	if sc.MostMessages > 32 {
+		t.Errorf("the slow node's credit reached %d messages, want at most 32 (Prefetch commands): more only waits at its serial handler", sc.MostMessages)
 	}
 	if q < total*85/100 {
 		t.Errorf("the quick node handled %d of %d commands, want at least 85%%", q, total)
 	}
 }
 
-// TestCreditChangesNeverHoldUpAcks: on a link with 25 ms each way, every
+// TestCreditChangesNeverHoldUpAcks: on a link with 50 ms each way, every
 // change of a stage's credit costs the consuming node broker round trips
 // (basic.qos, basic.consume, basic.cancel). They run beside the acks, not
 // before them: while the credit swings twenty times under a steady flow
@@ -106,7 +106,7 @@ func TestStageCreditFavoursTheQuickNode(t *testing.T) {
 func TestCreditChangesNeverHoldUpAcks(t *testing.T) {
 	vhost := testVhost(t)
 	px, slowURL := brokerProxy(t, vhost)
-	px.Delay(t, 25*time.Millisecond)
+	px.Delay(t, 50*time.Millisecond)
 	a := newNode(t, "alpha", vhost, nil)
 	b := newNode(t, "beta", slowURL, nil)
 	a.waitConnected(t)
@@ -146,20 +146,29 @@ func TestCreditChangesNeverHoldUpAcks(t *testing.T) {
 	meshtest.WaitFor(t, 30*time.Second, "every command handled", func() bool { return len(h.msgs()) >= total })
 	c := bridge.StageCreditOf(b.b, "swing")
 	most, slow := bridge.AckDelays(b.b)
-	t.Logf("%d credit swings asked (%d changes by the stage's rules besides), consumers up to %d, credit up to %d messages; the longest ack wait %v, %d runs of acks waited over 25 ms", swung, c.Changes-before, c.MostConsumers, c.MostMessages, most, slow)
+	t.Logf("%d credit swings asked (%d changes by the stage's rules besides), consumers up to %d, credit up to %d messages; the longest ack wait %v, %d runs of acks waited over 100 ms", swung, c.Changes-before, c.MostConsumers, c.MostMessages, most, slow)
 	if c.MostMessages < 64 {
 		t.Fatalf("the credit never reached the 64 messages asked: up to %d", c.MostMessages)
 	}
-	// A credit change costs at least one round trip (50 ms); before the
+	// A credit change costs at least one round trip (100 ms); before the
 	// acker had a goroutine of its own, the acks behind each of the 20
-	// changes waited that long (the longest 411 ms).
-	if slow > 4 {
-		t.Fatalf("%d runs of acks waited over 25 ms for the acker while the credit changed 20 times (the longest %v), want a rare stall at most", slow, most)
+	// changes waited that long or more. A machine busy with other tests
+	// stalls a goroutine for tens of milliseconds now and then.
+	if slow > 2 {
+		t.Fatalf("%d runs of acks waited over 100 ms for the acker while the credit changed 20 times (the longest %v), want none but a rare stall", slow, most)
 	}
 	seen := map[string]int{}
+	marked := 0
 	for _, m := range h.msgs() {
 		seen[string(m.Data)]++
+		if m.Header.Get(bridge.HeaderAttempt) != "1" {
+			marked++
+		}
 	}
+	// A quorum queue gives back what it had assigned to a cancelled
+	// consumer and not sent yet, counting a delivery (the reason the
+	// stage's own rules cancel rarely): here that is the broker's doing.
+	t.Logf("%d of %d commands came as a second attempt after the forced cancels", marked, total)
 	dup := 0
 	for _, n := range seen {
 		dup += n - 1
