@@ -81,7 +81,7 @@ fuzz:
 	@GO="$(GO)" FUZZ_TIME="$(FUZZ_TIME)" JOBS="$(FUZZ_JOBS)" sh testing/fuzz.sh $(FUZZ_PKGS)
 
 bench: services
-	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./testing/bench/ | tee bench.out | grep -E '^(BENCH|ok|FAIL|---)'
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 45m ./testing/bench/ | tee bench.out | grep -E '^(BENCH|ok|FAIL|---)'
 
 # The request round trip taken apart, stretch by stretch: the bridge
 # records its points only in a build with -tags hoptrace.
