@@ -87,12 +87,12 @@ fuzz:
 # Every benchmark, the WAN profile's too. SWEEP lines are the raw
 # baseline's settings the WAN profile tries before it picks the best.
 bench: services
-	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./testing/bench/ | tee bench.out | grep -E '^(BENCH|SWEEP|ok|FAIL|---)'
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./testing/bench/ | tee bench.out | grep -E '^(BENCH|SWEEP|ok|FAIL|---)'
 
 # The WAN profile alone (BenchmarkWAN): each node, and each raw client,
 # reaches the broker through a proxy that adds 25 ms each way.
 bench-wan: services
-	$(GO) test -run '^$$' -bench '^(BenchmarkWAN|BenchmarkWANBlob|BenchmarkOrdered|BenchmarkIdleBytes)$$' -benchtime 1x -timeout 30m ./testing/bench/ | tee bench-wan.out | grep -E '^(BENCH|SWEEP|ok|FAIL|---)'
+	$(GO) test -run '^$$' -bench '^(BenchmarkWAN|BenchmarkWANBlob|BenchmarkOrdered|BenchmarkIdleBytes)$$' -benchtime 1x -timeout 45m ./testing/bench/ | tee bench-wan.out | grep -E '^(BENCH|SWEEP|ok|FAIL|---)'
 
 # The request round trip taken apart, stretch by stretch: the bridge
 # records its points only in a build with -tags hoptrace.

@@ -173,8 +173,11 @@ type MeshConfig struct {
 	// gone is noticed within about this interval.
 	DiscoveryInterval Duration `json:"discovery_interval"`
 	// HeartbeatInterval is how often the node tells its peers it is alive
-	// while the mesh is small; past about 150 nodes the interval grows so
-	// the mesh's heartbeats stay within a fixed broker load.
+	// while the mesh has up to 10 nodes; in a larger mesh the interval
+	// grows with it, so that a node hears no more heartbeats than in a
+	// mesh of 10. A peer that hangs with its broker connection open is
+	// noticed within MissedHeartbeats × its interval; one whose
+	// connection is gone, by the probes (DiscoveryInterval).
 	HeartbeatInterval Duration `json:"heartbeat_interval"`
 	// MissedHeartbeats is how many heartbeats a peer may miss before it is
 	// marked gone.

@@ -50,7 +50,7 @@ type Bridge struct {
 	cmds   commandBook // commands across sessions
 	events eventMemory // events accepted from the mesh, across sessions (replay.go)
 	sysQ   chan sysMsg // system messages for Config.OnSystem
-	peers  peerBook    // what the node knows of other nodes' credentials
+	peers  peerBook    // what the node knows of other nodes: credentials, probes
 	learnt brokerPerms // what the broker's refusals said of this node's permissions
 	seen   refusalLogs // causes of refusals already logged
 	route  routing     // routing and hosting

@@ -297,7 +297,10 @@
 //     classic queue of an older meshbox: what waits in it is handed to
 //     local subscribers first).
 //   - Queue node.<n>.system (exclusive), bound to mesh with sys.# and
-//     to.<n>.sys.#: discovery and heartbeats, never kept.
+//     to.<n>.sys.#: discovery and heartbeats, never kept. A probe
+//     (to.<n>.sys.probe, no body, no properties: another node asks the
+//     broker whether this one is connected, ProbeNode) arriving here is
+//     dropped unread.
 //   - Queue cmd.<stage> (durable quorum queue, x-delivery-limit as a
 //     backstop, dead-lettering to mesh.dlx; like the event queue, with
 //     x-quorum-initial-group-size 3 when Config.URL names three brokers
@@ -376,10 +379,12 @@
 // # Message properties
 //
 // Commands, events, dead letters and system messages are published with
-// confirms. Requests and replies are published on a channel of their own
-// without confirms: they are at most once and bounded by a deadline, and a
-// confirm would tell nothing the reply or the deadline does not; returns
-// (no route) still come back at once.
+// confirms. Requests, replies and probes are published on a channel of
+// their own without confirms: they are at most once and bounded by a
+// deadline (a probe asks only for the broker's "no route"), and a confirm
+// would tell nothing the reply, the deadline or the return does not;
+// returns (no route) still come back at once. A probe is the one message
+// without properties (probe.go).
 //
 // message-id: the command's or event's stable id (requests: the correlation
 // id); correlation-id and reply-to: requests and replies; expiration: the

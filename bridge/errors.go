@@ -130,7 +130,7 @@ func codeFor(err error) int {
 
 // goneError says a call targets a node that discovery marked gone.
 func goneError(node string, since time.Time) error {
-	return &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("node %s is gone (no heartbeat since %s)", node, since.UTC().Format(time.RFC3339))}
+	return &ServiceError{Code: CodeUnavailable, Text: fmt.Sprintf("node %s is gone (last heard from %s)", node, since.UTC().Format(time.RFC3339))}
 }
 
 // NewerFormatError is returned by Start when the outbox file was written in

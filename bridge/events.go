@@ -89,7 +89,12 @@ type sysMsg struct {
 // system messages are ephemeral). Exits when the delivery channel closes.
 func (s *session) readSystem(ds <-chan amqp.Delivery) {
 	b := s.b
+	probe := probeKey(b.cfg.Node)
 	for d := range ds {
+		if d.RoutingKey == probe {
+			b.m.msg(typeSystem, "in") // a peer's probe: routed here is all it asked
+			continue
+		}
 		env, err := s.decode(typeSystem, &d)
 		if err != nil {
 			s.reject(&d, systemQueue(b.cfg.Node), err)

@@ -43,6 +43,9 @@ type outgoing struct {
 	// batch, when set, is how many commands the message carries (a batch
 	// built by packCommands, in raw).
 	batch int
+	// bare: the message goes out with no properties and no body (a
+	// probe, probe.go).
+	bare bool
 }
 
 // routingKey is the key o is published with.
@@ -72,6 +75,9 @@ func (o *outgoing) expiration() string {
 // seals), a program's message is sealed (sealing.go); it fails only when
 // keys holds no key to seal with.
 func (o *outgoing) publishing(origin, user string, keys *seal.Keyring) (amqp.Publishing, error) {
+	if o.bare {
+		return amqp.Publishing{}, nil
+	}
 	if o.raw != nil {
 		p := *o.raw
 		p.UserId = user

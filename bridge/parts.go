@@ -66,7 +66,23 @@ type commandBook struct {
 	orderKeys atomic.Bool
 }
 
-// peerBook is what the node knows of other nodes' broker users.
+// probeBook holds the probes of other nodes (probe.go) that wait for the
+// broker's "no route": by addressee, oldest first. mu guards them.
+type probeBook struct {
+	mu        sync.Mutex
+	waiting   map[string][]*waitingProbe
+	lastSweep time.Time // when every addressee's expired probes were last dropped
+}
+
+// waitingProbe is one probe written at at, and what to call when the
+// broker returns it.
+type waitingProbe struct {
+	at         time.Time
+	unroutable func()
+}
+
+// peerBook is what the node knows of other nodes: their broker users,
+// and the probes of them that wait for the broker's answer.
 type peerBook struct {
 	// creds are the broker users other nodes' system messages came with
 	// (credential.go).
@@ -74,6 +90,9 @@ type peerBook struct {
 	// senders are the credential generations accepted per node
 	// (senders.go).
 	senders senders
+	// probes are the probes of other nodes waiting for a "no route"
+	// (probe.go).
+	probes probeBook
 }
 
 // brokerPerms is what the broker's refusals said of this node's

@@ -171,9 +171,10 @@ func (s *session) fastPublish(items []*pubItem) bool {
 			continue
 		}
 		s.b.m.msg(it.out.kind, "out")
-		if it.out.kind == typeRequest {
+		switch it.out.kind {
+		case typeRequest:
 			hop(HopRequestWritten)
-		} else {
+		case typeReply:
 			hop(HopReplyWritten)
 		}
 		it.finish(nil)
@@ -184,9 +185,14 @@ func (s *session) fastPublish(items []*pubItem) bool {
 // fastReturned drains the request channel's returns: a request or a reply
 // the broker could not route (its node is not connected) is sent again
 // for a short while (noroute.go); a request that may not reach its node
-// fails then. Exits when the channel closes.
+// fails then. A returned probe tells its prober (probe.go). Exits when the
+// channel closes.
 func (s *session) fastReturned() {
 	for r := range s.pub.fastReturns {
+		if node, ok := probedNode(r.RoutingKey); ok && r.Type == "" {
+			s.b.probeReturned(node)
+			continue
+		}
 		if r.Type == typeReply {
 			s.b.retryReply(r)
 			continue

@@ -24,6 +24,15 @@ type Link interface {
 	// SendSystem sends a system message to node alone, on the same terms.
 	// It fails when node is not connected.
 	SendSystem(ctx context.Context, node, key string, body []byte) error
+	// ProbeNode asks the broker whether node is still connected, with a
+	// message that carries nothing (to.<node>.sys.probe: no body, no
+	// properties, no confirm) and that the addressee's link drops unread.
+	// It returns once the probe is written, and fails when the link is
+	// not connected. When the broker returns the probe unroutable (node's
+	// system queue, and with it its connection, is gone), the link calls
+	// unroutable once, on a goroutine of its own, with none of its locks
+	// held; a probe that was routed is never heard of again.
+	ProbeNode(ctx context.Context, node string, unroutable func()) error
 	// SetRoutes replaces the set of capabilities hosted elsewhere:
 	// capability -> the live nodes hosting it (sorted). A capability that
 	// is hosted locally is never in it. The bridge keeps a stand-in on
@@ -77,8 +86,12 @@ type Config struct {
 	// connected (default 5s, jittered). A peer whose connection closed is
 	// noticed within about this interval.
 	DiscoveryInterval time.Duration
-	// HeartbeatInterval is how often the node says it is alive while the
-	// mesh is small (default 5s); see HeartbeatBudget.
+	// HeartbeatInterval is how often the node broadcasts that it is alive
+	// while the mesh has up to 10 nodes (default 5m); beyond, the interval
+	// grows with the mesh (HeartbeatIntervalFor). Heartbeats carry the
+	// hash of the node's record, which heals a lost update, and notice a
+	// peer that hangs with its broker connection open; the probes notice
+	// a peer whose connection is gone.
 	HeartbeatInterval time.Duration
 	// HeartbeatBudget is the broker deliveries per second the broadcast
 	// heartbeats of the whole mesh may cost (default 5000). Once the mesh
@@ -117,7 +130,7 @@ type Config struct {
 // Default values of Config.
 const (
 	DefaultDiscoveryInterval = 5 * time.Second
-	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultHeartbeatInterval = 5 * time.Minute
 	DefaultMissedHeartbeats  = 3
 	DefaultHeartbeatBudget   = 5000
 	DefaultPublishTimeout    = 2 * time.Second

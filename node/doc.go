@@ -76,67 +76,84 @@
 //	update     broadcast      1  the sender's host record changed
 //	heartbeat  broadcast      1  the sender is alive; carries its record's hash
 //	bye        broadcast      1  the sender leaves cleanly
-//	ping       to one node    2  a probe: is the addressee still connected? (no answer)
+//	ping       to one node    2  a probe of a version 2 to 4 node: is it still connected? (no answer)
 //	gone       broadcast      2  the sender's probe found peer's system queue gone
+//	probe      to one node    5  no message: a body-less probe of a version 5 node (Link.ProbeNode),
+//	                             which its link drops unread
 //
 // A node sends hello at Start (and when publishing works again after it
-// failed); every version 2 node answers it with an info, so it needs no
-// broadcast query (version 1 nodes sent one as well: at 1,000 nodes it was
-// a third of the broker's deliveries while a node joins). A version 1
-// peer does not answer a hello; the node learns its record at its next
-// heartbeat (its hash is unknown, so the node asks it). It sends an update
-// as soon as SetLocal reports a
-// change, a heartbeat every heartbeat interval, a probe of its ring
-// successors every DiscoveryInterval, and bye at Close. There is no
-// periodic broadcast query: the hash in every heartbeat heals a lost
-// update. When a heartbeat's hash differs from the record the node holds
-// for the sender, or it hears from a node whose record it lacks, it asks
-// that node alone (an addressed query), so a lost update heals within one
-// of the sender's heartbeat intervals. Every periodic message is jittered:
-// it goes out after a random 80–100% of its interval.
+// failed, and after its link reconnected); every version 2 node answers
+// it with an info, so it needs no broadcast query (version 1 nodes sent
+// one as well: at 1,000 nodes it was a third of the broker's deliveries
+// while a node joins). A version 1 peer does not answer a hello; the node
+// learns its record at its next heartbeat (its hash is unknown, so the
+// node asks it). It sends an update as soon as SetLocal reports a change,
+// a heartbeat every heartbeat interval, a probe of its ring successors
+// every DiscoveryInterval, and bye at Close; a change of its bindings
+// revision (SetRevision) brings its next heartbeat forward to a random
+// moment within the probe interval, so that its peers' view shows the
+// revision it runs. There is no periodic broadcast query: the hash in
+// every heartbeat heals a lost update. When a heartbeat's hash differs
+// from the record the node holds for the sender, or it hears from a node
+// whose record it lacks, it asks that node alone (an addressed query), so
+// a lost update heals within one of the sender's heartbeat intervals.
+// Every periodic message is jittered: it goes out after a random 80–100%
+// of its interval; the first heartbeat after the hello, at a random moment
+// within the interval, so that nodes started together do not send theirs
+// together.
 //
 // # Liveness at scale
 //
-// Every broadcast reaches every node, so a mesh of n nodes whose
-// heartbeats come every interval I costs the broker n²/I deliveries a
-// second: at 1,000 nodes and 5 s, 200,000 a second, more than one broker
-// carries. So the interval grows with the mesh: a node sends heartbeats
-// every HeartbeatInterval (5 s) while the mesh's heartbeats stay within
-// HeartbeatBudget (5,000 deliveries a second), and beyond that every
-// n²/(0.9 × HeartbeatBudget) (HeartbeatIntervalFor, n counting the nodes
-// it sees up, itself included): 5 s up to about 150 nodes, 8.9 s at 200,
-// 222 s at 1,000, the protocol's limit of an hour from about 4,000. The
-// whole mesh's heartbeats then cost at most the budget, and a node's
-// share (budget/n) falls as the mesh grows. Each heartbeat announces the
-// interval (heartbeat_ms) before the node keeps it: the next heartbeat
-// comes within the interval the last one announced, so a peer judging its
-// silence by that interval is never misled while it changes.
+// A peer can be gone in two ways: its broker connection is gone (its
+// process died, its machine or its link vanished), or it hangs with its
+// connection open. The first is the broker's to tell, and costs the mesh
+// a few bytes per node; the second needs the peer's own word, its
+// heartbeats, which every node hears.
 //
-// A heartbeat window of 3 × 222 s is too long to notice a killed peer, so
-// liveness has a second, cheap source: the broker itself. A node's system
-// queue is exclusive to its connection, so the broker drops it when the
-// connection goes (at once when the process dies and the kernel closes
-// its socket; after the broker's AMQP heartbeat timeout when the machine
-// vanishes). Every DiscoveryInterval (5 s, jittered) each node probes its
-// two successors on the ring of up peers sorted by name with a ping,
-// published mandatory: if the broker has no route (Config.NoRoute says
-// which errors mean that), the addressee is gone, and the node marks it
-// gone and broadcasts a gone message. A gone message is a claim, not a
-// verdict: each receiver probes the named peer itself and marks it gone
-// only on its own "no route", so no node can make others drop a live
-// peer. A probe that comes back unroutable after the peer spoke again
-// (it reconnected meanwhile) is ignored. The cost is two pings per node
-// per probe interval (2n/4.5 deliveries a second for the mesh, 0.44 per
-// node) plus, per killed peer, one gone broadcast (n deliveries) and n
-// unroutable pings (no deliveries).
+// A node's system queue is exclusive to its connection, so the broker
+// drops it when the connection goes (at once when the process dies and
+// the kernel closes its socket; after the broker's AMQP heartbeat timeout
+// when the machine vanishes). Every DiscoveryInterval (5 s, jittered)
+// each node probes its two successors on the ring of up peers sorted by
+// name, published mandatory: if the broker has no route (Config.NoRoute
+// says which errors of Link.SendSystem mean that; Link.ProbeNode calls
+// back), the addressee is gone, and the node marks it gone and broadcasts
+// a gone message. A gone message is a claim, not a verdict: each receiver
+// probes the named peer itself and marks it gone only on its own "no
+// route", so no node can make others drop a live peer. A probe that comes
+// back unroutable after the peer spoke again (it reconnected meanwhile) is
+// ignored. A peer of version 5 or later is probed with Link.ProbeNode: a
+// message with no body and no properties, sent without a confirm, that
+// its link drops unread (about 64 bytes up for the prober and 77 down for
+// the probed node, for 8-character names); an older peer with a ping (a
+// discovery message, a few hundred bytes each way, and a confirm), a
+// version 1 peer with an addressed query. So whatever the mesh size, each
+// node sends two probes and receives two per probe interval: the mesh's
+// probes cost 2n/4.5 deliveries a second (0.44 per node), and a killed
+// peer costs one gone broadcast (n deliveries) and n unroutable probes
+// (no deliveries). A killed peer is noticed within one probe interval
+// (5 s; about 2.5 s on average) at any mesh size.
 //
-// So a killed peer is noticed within one probe interval (5 s; about 2.5 s
-// on average) whatever the mesh size; a peer that hangs with its
-// connection open is noticed within its heartbeat window (3 × its
-// interval: 15 s up to 150 nodes, 11 minutes at 1,000). Once a peer is
-// gone, calls addressed to it fail at once (Link.MarkGone) and its
-// capabilities are routed elsewhere; before that a call to it is bounded
-// by its deadline, as every request is.
+// Heartbeats are broadcast, so every node hears every one. A node sends
+// them every HeartbeatInterval (5 min) while the mesh has up to 10
+// nodes, and beyond that every HeartbeatInterval × n / 10
+// (HeartbeatIntervalFor, n counting the nodes it sees up, itself
+// included), so that a node hears no more heartbeats a second in a large
+// mesh than in a mesh of 10 (about one every 27 s): 5 min up to 10 nodes,
+// 50 min at 100, the protocol's limit of an hour from 120 nodes on, beyond
+// which a node hears n per hour. The interval is also never shorter than
+// the one that keeps the whole mesh's heartbeats within HeartbeatBudget
+// (5,000 deliveries a second: n²/(0.9 × HeartbeatBudget)), which counts
+// only for a short HeartbeatInterval in a large mesh. Each heartbeat
+// announces the interval (heartbeat_ms) before the node keeps it: the
+// next heartbeat comes within the interval the last one announced, so a
+// peer judging its silence by that interval is never misled while it
+// changes. A peer that hangs with its connection open is noticed within
+// its heartbeat window, MissedHeartbeats × its interval: 15 min up to 10
+// nodes, 2.5 h at 100, 3 h from 120. Once a peer is gone, calls addressed
+// to it fail at once (Link.MarkGone) and its capabilities are routed
+// elsewhere; before that a call to it is bounded by its deadline, as every
+// request is.
 //
 // Mixed versions: a message's "v" is the lowest protocol version that
 // understands it, so a version 2 node sends every version 1 type as
@@ -146,7 +163,14 @@
 // messages; a peer that does not say "proto" speaks version 1 and is
 // probed with an addressed query instead of a ping (the broker's routing
 // answers the probe either way). A version 1 node still sends its
-// periodic broadcast query, and a version 2 node answers it.
+// periodic broadcast query, and a version 2 node answers it. A version 5
+// node probes only peers that say "proto" 5 or more with Link.ProbeNode
+// (an older node's bridge would dead-letter the body-less message as
+// malformed), and keeps pinging the others; older nodes ping it, and it
+// reads their pings as before. A peer of any version judges this node's
+// silence by the heartbeat_ms this node announces, so the longer
+// heartbeat interval misleads none of them; a version 1 peer, which does
+// not probe, notices this node's death only within that window.
 //
 // Every message is one JSON object (at most 256 KiB):
 //
@@ -167,12 +191,15 @@
 //	sig           string    version 4: the sender's signature, always the last member
 //
 // The receiver judges the sender's silence by the sender's heartbeat_ms.
-// A node accepts v from MinProtocolVersion to ProtocolVersion (1 to 4).
+// A node accepts v from MinProtocolVersion to ProtocolVersion (1 to 5).
 // Version 3 adds no message: its nodes read command batches on the
 // broker (package bridge), and a node reports the lowest version of its
 // up peers (Config.OnPeerProtocols) so that its bridge sends batches only
 // when every peer reads them. Version 4 adds no message either: its
-// nodes sign what they say (see Signed discovery).
+// nodes sign what they say (see Signed discovery). Version 5 adds none
+// either: its links drop body-less probes addressed to them, so its peers
+// probe it with those (see Liveness at scale). A probe carries nothing
+// and so is not signed; only the broker's answer to it counts.
 // A different started_at from the same node is a restart; an older one is
 // a late message and is dropped, as is a record-carrying message with a
 // lower seq than the record held, and anything from a run that said bye.
@@ -263,7 +290,9 @@
 //   - the sender publishes queued messages one at a time, each bounded by
 //     PublishTimeout, building each body when it is sent (the queue holds
 //     at most one pending message per type and addressee); an addressed
-//     message the broker could not route marks its addressee gone;
+//     message the broker could not route marks its addressee gone, and so
+//     does a probe whose unroutable callback the link calls (it takes the
+//     mutex, on the link's goroutine);
 //   - the effects goroutine is the only caller of Link.MarkGone,
 //     Link.SetRoutes and Config.OnLocalChange, and sets
 //     the gauges; it applies the latest view whenever it changed, so

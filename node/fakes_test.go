@@ -79,6 +79,39 @@ func (l *fakeLink) SendSystem(ctx context.Context, node, key string, body []byte
 	return l.send(ctx, node, key, body)
 }
 
+// ProbeNode records the probe as to.<node>.sys.probe; it reaches no node
+// (a node's link drops probes), and when node is not on the mesh the
+// broker's "no route" comes back at once.
+func (l *fakeLink) ProbeNode(ctx context.Context, node string, unroutable func()) error {
+	l.mu.Lock()
+	l.attempts++
+	if err := l.fail; err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	l.sent = append(l.sent, "to."+node+".sys."+typeProbe)
+	l.bodies = append(l.bodies, nil)
+	cut := l.cut
+	if l.notify != nil {
+		select {
+		case l.notify <- struct{}{}:
+		default:
+		}
+	}
+	l.mu.Unlock()
+	l.mesh.mu.Lock()
+	_, routed := l.mesh.nodes[node]
+	l.mesh.mu.Unlock()
+	if !cut && !routed {
+		unroutable()
+	}
+	return nil
+}
+
 func (l *fakeLink) send(ctx context.Context, to, key string, body []byte) error {
 	l.mu.Lock()
 	l.attempts++

@@ -4,11 +4,15 @@ import (
 	"math"
 	"math/rand/v2"
 	"time"
+
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
-// Liveness at scale: heartbeats whose interval grows with the mesh so the
-// broker's load stays bounded, and probes of a few neighbours on a ring so
-// a killed peer is still noticed within seconds. See "Liveness" in doc.go.
+// Liveness at scale: probes of a few neighbours on a ring, which ask the
+// broker, so a killed peer is noticed within seconds at the same cost at
+// any mesh size, and heartbeats whose interval grows with the mesh so a
+// node's download and the broker's load stay bounded. See "Liveness at
+// scale" in doc.go.
 // n.mu is held in every *Locked method.
 
 // Jitter: every periodic message goes out after a random part of its
@@ -25,32 +29,82 @@ func jittered(d time.Duration) time.Duration {
 	return d - time.Duration(rand.Float64()*jitterFraction*float64(d))
 }
 
+// heartbeatFlatMesh is the mesh size up to which a node sends its
+// heartbeats every HeartbeatInterval. In a larger mesh the interval grows
+// in proportion to the mesh, so that a node hears no more heartbeats a
+// second than in a mesh of this size: liveness costs it no more download
+// as peers join.
+const heartbeatFlatMesh = 10
+
+// firstHeartbeat is when a node's first heartbeat goes out after its
+// hello, which announced the interval d: a random moment within d, so
+// that the heartbeats of nodes started together (a house after a power
+// cut) are spread over the interval from the first one on.
+func firstHeartbeat(d time.Duration) time.Duration {
+	return max(time.Millisecond, time.Duration(rand.Float64()*float64(d)))
+}
+
 // HeartbeatIntervalFor is the heartbeat interval a node of a mesh of size
-// nodes uses: base while the broadcast heartbeats of the whole mesh stay
-// within budget deliveries per second, else the interval that keeps them
-// there. Every broadcast reaches every node (the sender's own queue too),
-// so a mesh of n nodes costs n²/mean-interval deliveries per second, and
-// jitter makes the mean interval (1 - jitterFraction/2) of the interval.
-// The result is at most the protocol's limit of an hour.
+// nodes uses: base up to heartbeatFlatMesh nodes, base × nodes /
+// heartbeatFlatMesh beyond (every broadcast reaches every node, so a node
+// receives nodes heartbeats per interval), and at least the interval that
+// keeps the broadcast heartbeats of the whole mesh within budget
+// deliveries per second (meshBudgetInterval). The result is at most the
+// protocol's limit of an hour.
 func HeartbeatIntervalFor(nodes int, base time.Duration, budget float64) time.Duration {
-	if nodes < 1 || budget <= 0 {
+	if nodes < 1 {
 		return base
 	}
+	iv := max(base, base*time.Duration(nodes)/heartbeatFlatMesh, meshBudgetInterval(nodes, budget))
+	return min(iv, maxHeartbeatMS*time.Millisecond)
+}
+
+// meshBudgetInterval is the shortest interval at which the broadcast
+// heartbeats of a mesh of nodes stay within budget deliveries per second:
+// a mesh of n nodes costs n²/mean-interval deliveries per second (the
+// sender's own queue gets its broadcast too), and jitter makes the mean
+// interval (1 - jitterFraction/2) of the interval. Zero for no budget.
+func meshBudgetInterval(nodes int, budget float64) time.Duration {
+	if budget <= 0 {
+		return 0
+	}
 	need := float64(nodes) * float64(nodes) / (budget * (1 - jitterFraction/2))
-	iv := time.Duration(math.Ceil(need*1000)) * time.Millisecond
-	return min(max(base, iv), maxHeartbeatMS*time.Millisecond)
+	return time.Duration(math.Ceil(need*1000)) * time.Millisecond
 }
 
 // heartbeatIntervalLocked is the interval for this node's next heartbeat,
 // from the number of nodes it sees up (itself included).
 func (n *Node) heartbeatIntervalLocked() time.Duration {
+	return HeartbeatIntervalFor(n.upNodesLocked(), n.cfg.HeartbeatInterval, n.cfg.HeartbeatBudget)
+}
+
+// upNodesLocked is the number of nodes this node sees up, itself included.
+func (n *Node) upNodesLocked() int {
 	up := 1
 	for _, p := range n.peers {
 		if p.state == StateUp {
 			up++
 		}
 	}
-	return HeartbeatIntervalFor(up, n.cfg.HeartbeatInterval, n.cfg.HeartbeatBudget)
+	return up
+}
+
+// revisionHeartbeatLocked brings this node's next heartbeat forward after
+// its bindings revision changed, so that its peers' view shows the new
+// revision soon: a random moment within the probe interval, or within
+// the interval the mesh-wide budget asks for when that is longer (every
+// node of the mesh changes its revision at once), never later than the
+// heartbeat was due anyway.
+func (n *Node) revisionHeartbeatLocked() {
+	if !n.started || n.closed {
+		return
+	}
+	spread := max(n.cfg.DiscoveryInterval, meshBudgetInterval(n.upNodesLocked(), n.cfg.HeartbeatBudget))
+	at := time.Now().Add(time.Duration(rand.Float64() * float64(spread)))
+	if at.Before(n.nextHeartbeat) {
+		n.nextHeartbeat = at
+		n.wakeLoopLocked()
+	}
 }
 
 // probeRingLocked probes this node's successors on the ring of up peers
@@ -114,14 +168,34 @@ func (n *Node) ringSuccessorsLocked(k int) []string {
 }
 
 // probeIntentLocked is how p is asked whether it is still connected: a
-// ping, or an addressed query for a version 1 peer (which knows no ping
-// and answers the query with an info). What counts is the broker's answer
-// to the publish: routed, or no route.
+// probe that carries nothing (Link.ProbeNode) for a peer of version 5 or
+// later, whose link drops it unread; a ping for a peer of version 2 to 4
+// (which reads it and does not answer); an addressed query for a version
+// 1 peer (which knows no ping and answers the query with an info). What
+// counts is the broker's answer to the publish: no route, or nothing.
 func (n *Node) probeIntentLocked(p *peer, announce bool) intent {
-	if p.proto >= typeVersion(TypePing) {
+	switch {
+	case p.proto >= ProbeProtocolVersion:
+		return intent{typ: typeProbe, to: p.name, announce: announce}
+	case p.proto >= typeVersion(TypePing):
 		return intent{typ: TypePing, to: p.name, announce: announce}
 	}
 	return intent{typ: TypeQuery, to: p.name, announce: announce}
+}
+
+// typeProbe is a probe's intent type: no discovery message, but the
+// system key the link sends it with.
+const typeProbe = wire.ProbeKey
+
+// probeReturned handles a probe (it, written at sentAt) that the broker
+// returned unroutable.
+func (n *Node) probeReturned(it intent, sentAt time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return
+	}
+	n.noRouteLocked(it, sentAt)
 }
 
 // noRouteLocked handles an addressed message the broker could not route:

@@ -129,7 +129,7 @@ func TestGoneClaimIsChecked(t *testing.T) {
 		a.HandleSystem(TypeGone, good(Message{V: 2, Type: TypeGone, Node: "X", Peer: "B", StartedAt: at, Proto: 2}), "X")
 		h.settle()
 		wantState(t, a, "B", StateUp)
-		if got := countKeys(a.link, "to.B.sys.ping"); got < 1 {
+		if got := countKeys(a.link, "to.B.sys.probe"); got < 1 {
 			t.Fatalf("A did not probe B to check the claim: sent %v", a.link.sentKeys())
 		}
 		// The same claim about a peer that is really gone holds.
@@ -217,7 +217,7 @@ func TestPeriodicMessagesAreJittered(t *testing.T) {
 			}
 			seen = len(keys)
 		}
-		for _, key := range []string{"sys.heartbeat", "to.B.sys.ping"} {
+		for _, key := range []string{"sys.heartbeat", "to.B.sys.probe"} {
 			ts := times[key]
 			if len(ts) < 100 {
 				t.Fatalf("%s sent %d times in 10 minutes, want over 100", key, len(ts))
@@ -235,36 +235,46 @@ func TestPeriodicMessagesAreJittered(t *testing.T) {
 }
 
 func TestHeartbeatIntervalFor(t *testing.T) {
-	base := 5 * time.Second
 	tests := []struct {
 		nodes int
+		base  time.Duration
 		want  time.Duration
 	}{
-		{1, base},
-		{10, base},
-		{100, base},
-		{150, base},                       // 150²/4500 = 5s: the base still holds
-		{200, 8889 * time.Millisecond},    // 200²/4500
-		{1000, 222223 * time.Millisecond}, // 1000²/4500
-		{10000, maxHeartbeatMS * time.Millisecond}, // the protocol's limit
+		{1, DefaultHeartbeatInterval, 5 * time.Minute},
+		{10, DefaultHeartbeatInterval, 5 * time.Minute},
+		{11, DefaultHeartbeatInterval, 330 * time.Second},                 // in proportion beyond 10
+		{100, DefaultHeartbeatInterval, 50 * time.Minute},                 // 10 × the base
+		{120, DefaultHeartbeatInterval, time.Hour},                        // the protocol's limit
+		{10000, DefaultHeartbeatInterval, time.Hour},                      // the protocol's limit
+		{3, 300 * time.Millisecond, 300 * time.Millisecond},               // a short base holds in a small mesh
+		{100, 5 * time.Second, 50 * time.Second},                          // 5s × 100/10
+		{200, 5 * time.Second, 100 * time.Second},                         // 5s × 200/10
+		{200, 10 * time.Millisecond, 8889 * time.Millisecond},             // 200²/4500: the mesh-wide budget
+		{1000, 10 * time.Millisecond, 222223 * time.Millisecond},          // 1000²/4500
+		{10000, 10 * time.Millisecond, maxHeartbeatMS * time.Millisecond}, // the protocol's limit
 	}
 	for _, tt := range tests {
-		if got := HeartbeatIntervalFor(tt.nodes, base, DefaultHeartbeatBudget); got != tt.want {
-			t.Errorf("HeartbeatIntervalFor(%d): got %v, want %v", tt.nodes, got, tt.want)
+		if got := HeartbeatIntervalFor(tt.nodes, tt.base, DefaultHeartbeatBudget); got != tt.want {
+			t.Errorf("HeartbeatIntervalFor(%d, %v): got %v, want %v", tt.nodes, tt.base, got, tt.want)
 		}
 	}
-	// Whole-mesh heartbeat deliveries stay within the budget, and a node's
-	// share does not grow with the mesh.
-	perNode := func(n int) float64 {
+	// A node hears as many heartbeats a second in a larger mesh as in one
+	// of 10 nodes (until the protocol's limit), and the whole mesh's
+	// heartbeat deliveries stay within the budget.
+	heard := func(n int, base time.Duration) float64 {
 		return float64(n) / (HeartbeatIntervalFor(n, base, DefaultHeartbeatBudget).Seconds() * (1 - jitterFraction/2))
 	}
-	for _, n := range []int{200, 500, 1000, 3000} {
-		if total := perNode(n) * float64(n); total > DefaultHeartbeatBudget*1.001 {
-			t.Errorf("%d nodes: %.0f heartbeat deliveries/s, budget %d", n, total, DefaultHeartbeatBudget)
+	for _, base := range []time.Duration{10 * time.Millisecond, 5 * time.Second, DefaultHeartbeatInterval} {
+		for _, n := range []int{20, 50, 100, 110} {
+			if heard(n, base) > heard(heartbeatFlatMesh, base)*1.001 {
+				t.Errorf("base %v: a node hears %.3f heartbeats/s at %d nodes, %.3f at %d: want no more", base, heard(n, base), n, heard(heartbeatFlatMesh, base), heartbeatFlatMesh)
+			}
 		}
-	}
-	if perNode(1000) > perNode(200) {
-		t.Errorf("per node: %.1f/s at 1000 nodes, %.1f/s at 200: want no more", perNode(1000), perNode(200))
+		for _, n := range []int{200, 500, 1000, 3000} {
+			if total := heard(n, base) * float64(n); total > DefaultHeartbeatBudget*1.001 {
+				t.Errorf("base %v, %d nodes: %.0f heartbeat deliveries/s, budget %d", base, n, total, DefaultHeartbeatBudget)
+			}
+		}
 	}
 }
 
@@ -332,17 +342,22 @@ func TestMixedVersions(t *testing.T) {
 			t.Fatalf("A answered a version 2 hello with %d infos, want 1", got)
 		}
 		a.mu.Lock()
-		probe := a.probeIntentLocked(a.peers["O"], true)
+		probeO := a.probeIntentLocked(a.peers["O"], true)
+		probeN := a.probeIntentLocked(a.peers["N"], true)
 		probeB := a.probeIntentLocked(a.peers["B"], true)
 		a.mu.Unlock()
-		if probe.typ != TypeQuery || probeB.typ != TypePing {
-			t.Fatalf("probes: version 1 peer %q, version 2 peer %q; want query and ping", probe.typ, probeB.typ)
+		if probeO.typ != TypeQuery || probeN.typ != TypePing || probeB.typ != typeProbe {
+			t.Fatalf("probes: version 1 peer %q, version 2 peer %q, version %d peer %q; want query, ping and probe",
+				probeO.typ, probeN.typ, ProtocolVersion, probeB.typ)
 		}
 		h.advance(time.Minute)
 		a.link.mu.Lock()
 		bodies := slices.Clone(a.link.bodies)
 		a.link.mu.Unlock()
 		for _, body := range bodies {
+			if body == nil {
+				continue // a probe: no message at all
+			}
 			var m struct {
 				V     int    `json:"v"`
 				Type  string `json:"type"`

@@ -119,9 +119,10 @@ func (n *Node) silenceBaseLocked(p *peer) time.Time {
 }
 
 // absentGrace is how long an expected peer may stay unseen before the
-// node warns about it.
+// node warns about it: a peer that runs answers this node's hello at
+// once, and one that starts later says hello itself.
 func (n *Node) absentGrace() time.Duration {
-	return time.Duration(n.cfg.MissedHeartbeats) * n.cfg.HeartbeatInterval
+	return time.Duration(n.cfg.MissedHeartbeats) * n.cfg.DiscoveryInterval
 }
 
 // expireLocked marks silent peers gone, forgets old gone peers and warns
@@ -172,16 +173,22 @@ func (n *Node) sender(ctx context.Context) {
 			it := n.pending[0]
 			n.pending = n.pending[1:]
 			delete(n.pendingSet, it)
-			body := n.buildLocked(it)
+			var body []byte
+			if it.typ != typeProbe { // a probe carries nothing
+				body = n.buildLocked(it)
+			}
 			ups := n.linkUps
 			n.mu.Unlock()
 
 			pctx, cancel := context.WithTimeout(ctx, n.cfg.PublishTimeout)
 			sentAt := time.Now()
 			var err error
-			if it.to == "" {
+			switch {
+			case it.typ == typeProbe:
+				err = n.cfg.Link.ProbeNode(pctx, it.to, func() { n.probeReturned(it, sentAt) })
+			case it.to == "":
 				err = n.cfg.Link.PublishSystem(pctx, it.typ, body)
-			} else {
+			default:
 				err = n.cfg.Link.SendSystem(pctx, it.to, it.typ, body)
 			}
 			cancel()
@@ -227,6 +234,9 @@ func (n *Node) published(ctx context.Context, it intent, sentAt time.Time, err e
 		return
 	}
 	n.m.messages.WithLabelValues(it.typ, "out").Inc()
+	if it.typ == typeProbe {
+		return // written, not confirmed: it says nothing of the link
+	}
 	if !n.everSent {
 		n.firstSent = time.Now()
 		n.changedLocked() // the peers' protocols are reported once settled

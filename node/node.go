@@ -175,7 +175,7 @@ func (n *Node) Start(ctx context.Context) error {
 	n.started = true
 	now := time.Now()
 	n.hbInterval = n.cfg.HeartbeatInterval
-	n.nextHeartbeat = now.Add(jittered(n.hbInterval))
+	n.nextHeartbeat = now.Add(firstHeartbeat(n.hbInterval))
 	n.nextProbe = now.Add(jittered(n.cfg.DiscoveryInterval))
 	n.enqueueLocked(intent{typ: TypeHello}) // version 2 peers answer it with an info
 	n.changedLocked()
@@ -319,11 +319,17 @@ func (n *Node) SetExpected(names []string) error {
 	return nil
 }
 
-// SetRevision sets the bindings revision the node advertises.
+// SetRevision sets the bindings revision the node advertises. A change
+// brings the node's next heartbeat, which carries it, forward to within
+// about a probe interval.
 func (n *Node) SetRevision(rev int64) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if rev == n.revision {
+		return
+	}
 	n.revision = rev
+	n.revisionHeartbeatLocked()
 }
 
 // Status returns the peers and capabilities as they are now.

@@ -108,7 +108,7 @@ func TestJoinAndQuery(t *testing.T) {
 
 // There is no periodic broadcast query: a peer whose answers were lost at
 // start is asked again, alone, as soon as the node hears from it (here its
-// ring probe).
+// heartbeat).
 func TestPeerThatMissedStartIsAskedWhenHeard(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
@@ -125,8 +125,8 @@ func TestPeerThatMissedStartIsAskedWhenHeard(t *testing.T) {
 			t.Fatalf("A knows B before B answered: %+v", a.peer(t, "B"))
 		}
 		b.link.setDrop("info", false)
-		b.link.setDrop("ping", false)
-		h.advance(5 * time.Second) // B's next probe of A, its ring successor
+		b.link.setDrop("heartbeat", false)
+		h.advance(5 * time.Second) // B's next heartbeat
 		if got := a.peer(t, "B"); got.State != StateUp || !slices.Equal(got.Capabilities, []string{"beta"}) {
 			t.Fatalf("after hearing from B: got %+v, want B up with [beta]", got)
 		}
@@ -646,7 +646,7 @@ func TestConfigValidation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.cfg.DiscoveryInterval != 5*time.Second || n.cfg.HeartbeatBudget != 5000 || n.cfg.HeartbeatInterval != 5*time.Second || n.cfg.MissedHeartbeats != 3 {
+	if n.cfg.DiscoveryInterval != 5*time.Second || n.cfg.HeartbeatBudget != 5000 || n.cfg.HeartbeatInterval != 5*time.Minute || n.cfg.MissedHeartbeats != 3 {
 		t.Fatalf("defaults: got %+v", n.cfg)
 	}
 }

@@ -13,6 +13,7 @@ type nopLink struct{}
 
 func (nopLink) PublishSystem(context.Context, string, []byte) error      { return nil }
 func (nopLink) SendSystem(context.Context, string, string, []byte) error { return nil }
+func (nopLink) ProbeNode(context.Context, string, func()) error          { return nil }
 func (nopLink) SetRoutes(map[string][]string)                            {}
 func (nopLink) MarkGone(string, time.Time)                               {}
 

@@ -9,7 +9,7 @@ import (
 // Peer states.
 const (
 	StateUp     = "up"                  // heard from within the heartbeat window
-	StateGone   = "gone"                // left cleanly, or missed too many heartbeats
+	StateGone   = "gone"                // left cleanly, missed too many heartbeats, or not connected to the broker
 	StateAbsent = "expected-but-absent" // in the bindings' node records, never heard from
 )
 
@@ -25,7 +25,8 @@ type Peer struct {
 	// LastSeen is when the last message from the peer arrived (zero if
 	// never).
 	LastSeen time.Time `json:"last_seen,omitzero"`
-	// Reason says why a gone peer is gone: "left" or "missed N heartbeats".
+	// Reason says why a gone peer is gone: "left", "missed N heartbeats"
+	// or "not connected to the broker".
 	Reason       string    `json:"reason,omitempty"`
 	Version      string    `json:"version,omitempty"`
 	StartedAt    time.Time `json:"started_at,omitzero"`

@@ -21,13 +21,18 @@ import (
 // every version from MinProtocolVersion to ProtocolVersion and rejects
 // anything else clearly (ErrVersion).
 const (
-	ProtocolVersion    = 4 // the highest version this package speaks
+	ProtocolVersion    = 5 // the highest version this package speaks
 	MinProtocolVersion = 1 // the lowest version it still understands
 
 	// BatchProtocolVersion is the first version whose nodes read command
 	// batches (package bridge): version 3 adds no discovery message, only
 	// that.
 	BatchProtocolVersion = 3
+
+	// ProbeProtocolVersion is the first version whose links drop a probe
+	// (Link.ProbeNode) addressed to them: version 5 adds no discovery
+	// message, and its peers probe it with those instead of pings.
+	ProbeProtocolVersion = 5
 )
 
 // PeerProtocolSettle is how long after its first discovery message a node

@@ -58,6 +58,13 @@ func NodeExchange(n string) string { return "node." + n }
 // NodeBindingKey returns the key that binds node n's exchange to mesh.
 func NodeBindingKey(n string) string { return "to." + n + ".#" }
 
+// ProbeKey is the system key of a probe (discovery protocol 5): a message
+// to one node (to.<n>.sys.probe) with no body and no properties, published
+// mandatory and without a confirm, so that the broker's "no route" (a
+// basic.return) says that node n's system queue, exclusive to its
+// connection, is gone. The addressee's bridge drops it unread.
+const ProbeKey = "probe"
+
 // brokerUserPrefix starts every node's broker user name.
 const brokerUserPrefix = "node."
 

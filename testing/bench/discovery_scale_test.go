@@ -72,8 +72,8 @@ type scaleResult struct {
 //	BENCH discovery-1000 killed_noticed_ms=<median> max_ms=<max> heartbeat_window_s=<s> mem_per_peer_bytes=<bytes> broker_mem_per_system_queue_bytes=<bytes>
 //
 // Targets at 1,000: view under 500 ms, at most 10,000 deliveries/s for
-// the whole mesh, per node no more than at 200, a killed peer noticed
-// within the heartbeat window.
+// the whole mesh and one a second per node, a killed peer noticed within
+// the heartbeat window.
 func BenchmarkDiscoveryAtScale(b *testing.B) {
 	r := meshtest.RabbitMQ(b)
 	var results []scaleResult
@@ -96,8 +96,8 @@ func BenchmarkDiscoveryAtScale(b *testing.B) {
 	if last.meshPerSec > 10000 {
 		b.Logf("%.0f deliveries/s at %d nodes: above the 10,000 target", last.meshPerSec, last.n)
 	}
-	if last.meshPerSec/float64(last.n+1) > first.meshPerSec/float64(first.n+1) {
-		b.Logf("per node: %.2f/s at %d, %.2f/s at %d: above the smaller mesh", last.meshPerSec/float64(last.n+1), last.n, first.meshPerSec/float64(first.n+1), first.n)
+	if perNode := last.meshPerSec / float64(last.n+1); perNode > 1 {
+		b.Logf("per node: %.2f/s at %d (%.2f/s at %d): above the target of 1/s", perNode, last.n, first.meshPerSec/float64(first.n+1), first.n)
 	}
 }
 

@@ -17,8 +17,14 @@ import (
 // keys from it and seal what they send.
 func benchMeshDB(b *testing.B, amqpURL string, nodes ...string) string {
 	b.Helper()
+	return meshDBAt(b, meshtest.NewPostgres(b).Database(b), amqpURL, nodes...)
+}
+
+// meshDBAt makes the empty database at url a mesh database as benchMeshDB
+// does, and returns url.
+func meshDBAt(b *testing.B, url, amqpURL string, nodes ...string) string {
+	b.Helper()
 	ctx := context.Background()
-	url := meshtest.NewPostgres(b).Database(b)
 	db, err := meshdb.Open(ctx, url, meshdb.Options{})
 	if err != nil {
 		b.Fatal(err)

@@ -14,18 +14,20 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/meshbox/meshbox/node"
 )
 
-// simMesh is a mesh of simulated peers speaking discovery protocol 2 over
-// the real broker: each peer has its own system queue, bound as the
-// bridge binds a node's (exclusive to its connection, so the broker drops
-// it when the connection goes), and its own goroutine that answers
-// queries, sends jittered heartbeats at the interval the protocol gives
-// its mesh size (node.HeartbeatIntervalFor), probes its two successors on
-// the ring with mandatory pings, tells the mesh when a probe comes back
-// unroutable (gone) and checks others' gone messages with a ping of its
-// own. Peers are multiplexed over a few AMQP connections (one consuming
+// simMesh is a mesh of simulated peers speaking the current discovery
+// protocol over the real broker: each peer has its own system queue,
+// bound as the bridge binds a node's (exclusive to its connection, so the
+// broker drops it when the connection goes), and its own goroutine that
+// answers queries, sends jittered heartbeats at the interval the protocol
+// gives its mesh size (node.HeartbeatIntervalFor), probes its two
+// successors on the ring with mandatory probes (no body; the simulation
+// names the prober in the properties, where a bridge keeps its own
+// record), tells the mesh when a probe comes back unroutable (gone) and
+// checks others' gone messages with a probe of its own. Peers are multiplexed over a few AMQP connections (one consuming
 // and one publishing channel each). Peers know each other from the start
 // (their records never change, so no hash differs); a node that is not a
 // simulated peer (the node under test) is recorded and asked when its
@@ -210,7 +212,7 @@ func (s *simMesh) run(ctx context.Context, p *simPeer, started time.Time) {
 			hbT.Reset(hb - time.Duration(rand.Float64()*0.2*float64(hb)))
 		case <-prT.C:
 			for _, to := range p.ring {
-				send(to, node.TypePing, nil, simProbe)
+				s.publish(p.c, "to."+to+".sys."+wire.ProbeKey, p.name, nil, true, simProbe)
 			}
 			prT.Reset(probe - time.Duration(rand.Float64()*0.2*float64(probe)))
 		case d, ok := <-p.ds:
@@ -223,8 +225,8 @@ func (s *simMesh) run(ctx context.Context, p *simPeer, started time.Time) {
 				continue
 			}
 			origin, _ := d.Headers[bridge.HeaderOrigin].(string)
-			if strings.HasPrefix(origin, "sim-") && (key == node.TypeHeartbeat || key == node.TypePing) {
-				continue // a peer's record never changes: nothing to learn (and the simulation's CPU is the node's)
+			if key == wire.ProbeKey || strings.HasPrefix(origin, "sim-") && (key == node.TypeHeartbeat || key == node.TypePing) {
+				continue // a probe asks nothing; a peer's record never changes: nothing to learn (and the simulation's CPU is the node's)
 			}
 			m, err := node.DecodeMessage(key, d.Body, origin)
 			if err != nil || m.Node == p.name || (m.To != "" && m.To != p.name) {
@@ -246,7 +248,7 @@ func (s *simMesh) run(ctx context.Context, p *simPeer, started time.Time) {
 					send(m.Node, node.TypeQuery, nil, "")
 				}
 			case node.TypeGone:
-				send(m.Peer, node.TypePing, nil, simCheck)
+				s.publish(p.c, "to."+m.Peer+".sys."+wire.ProbeKey, p.name, nil, true, simCheck)
 			case node.TypeBye:
 				delete(known, m.Node)
 			}
