@@ -260,10 +260,13 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 		// The bridge reports each connection (OnConnected: LinkUp), so
 		// without a connected link discovery waits for that.
 		Connected: b.Connected,
-		// Command batches only while every peer reads them.
-		OnPeerProtocols: func(oldest int) { b.SetCommandBatching(oldest >= node.BatchProtocolVersion) },
-		Logger:          a.logger,
-		Registerer:      a.registry,
+		// Command batches and order keys only while every peer reads them.
+		OnPeerProtocols: func(oldest int) {
+			b.SetCommandBatching(oldest >= node.BatchProtocolVersion)
+			b.SetOrderKeys(oldest >= node.OrderKeyProtocolVersion)
+		},
+		Logger:     a.logger,
+		Registerer: a.registry,
 	})
 	if err != nil {
 		return fmt.Errorf("node: %w", err)

@@ -128,7 +128,7 @@ func (b *Bridge) submission(kind outbox.Kind, name string, msg *nats.Msg) (*outb
 		if !wire.ValidID(key) {
 			return nil, fmt.Errorf("%w: header %s: %q is not a valid order key (printable, at most %d bytes, no spaces)", ErrBadInput, HeaderOrderKey, key, wire.MaxIDLen)
 		}
-		if !b.cmds.orderKeys.Load() {
+		if !b.cmds.orderKeys.Load() && b.currentURL() != "" { // standalone: run here, in order
 			return nil, fmt.Errorf("%w: header %s: a node of the mesh runs an older meshbox that does not keep commands in order by key; upgrade every node first", ErrBadInput, HeaderOrderKey)
 		}
 		if hdr == nil {

@@ -33,6 +33,9 @@ const (
 	// (Link.ProbeNode) addressed to them: version 5 adds no discovery
 	// message, and its peers probe it with those instead of pings.
 	ProbeProtocolVersion = 5
+	// OrderKeyProtocolVersion is the first version whose nodes read a
+	// command's Meshbox-Order-Key (sealed with it) and keep the order.
+	OrderKeyProtocolVersion = 5
 )
 
 // PeerProtocolSettle is how long after its first discovery message a node

@@ -23,7 +23,9 @@ var orderedDelays = []time.Duration{0, 10 * time.Millisecond, 25 * time.Millisec
 // one at a time in queue order has two ways:
 //
 //   - credit 1 (bridge.prefetch, bridge.max_stage_prefetch and
-//     bridge.command_batch 1 on the handling node): the broker hands the
+//     bridge.command_batch 1 on the handling node, command_batch 1 on the
+//     submitting one: a batch's commands go to the handler side by
+//     side): the broker hands the
 //     next command only once the ack of the last one reached it, one
 //     round trip per command;
 //   - Meshbox-Order-Key on each command, at the default credit: the node
@@ -39,30 +41,32 @@ var orderedDelays = []time.Duration{0, 10 * time.Millisecond, 25 * time.Millisec
 // the first against its ceiling of one command per round trip, the second
 // (one key: every command in one order) against the first.
 func BenchmarkOrdered(b *testing.B) {
-	w := newWANMesh(b, "ord-a", "ord-b", "ord-k")
+	w := newWANMesh(b, "ord-a", "ord-a1", "ord-b", "ord-k")
 	nodeA := w.start(b, "ord-a")
-	serial := w.start(b, "ord-b", func(c *appliance.Config) {
+	credit1 := func(c *appliance.Config) {
 		c.Bridge.Prefetch, c.Bridge.MaxStagePrefetch, c.Bridge.CommandBatch = 1, 1, 1
-	})
+	}
+	nodeA1 := w.start(b, "ord-a1", credit1) // no batches: one command per message
+	serial := w.start(b, "ord-b", credit1)
 	keyed := w.start(b, "ord-k")
 	for range b.N {
 		for _, d := range orderedDelays {
-			for _, side := range []string{"ord-a", "ord-b", "ord-k"} {
+			for _, side := range []string{"ord-a", "ord-a1", "ord-b", "ord-k"} {
 				w.proxies[side].Delay(b, d)
 			}
 			rtt := 2 * d
 			n := int(3 * time.Second / (rtt + 2*time.Millisecond))
 			n = min(max(n, 60), 2000)
-			credit1 := orderedRate(b, nodeA, serial, "ord-serial", n, "")
+			one := orderedRate(b, nodeA1, serial, "ord-serial", n, "")
 			ms := strconv.Itoa(int(rtt.Milliseconds()))
 			ceiling := 0.0
 			if rtt > 0 {
 				ceiling = 1 / rtt.Seconds()
 			}
-			report("ordered-credit1-rtt"+ms, credit1, ceiling, "cmd/s",
+			report("ordered-credit1-rtt"+ms, one, ceiling, "cmd/s",
 				fmt.Sprintf("commands handled one at a time in queue order with credit 1 (prefetch, max_stage_prefetch, command_batch 1), %v round trip to the broker; baseline: one command per round trip (none on loopback); higher is better", rtt))
 			byKey := orderedRate(b, nodeA, keyed, "ord-keyed", max(n, 2000), "one-key")
-			report("ordered-key-rtt"+ms, byKey, credit1, "cmd/s",
+			report("ordered-key-rtt"+ms, byKey, one, "cmd/s",
 				fmt.Sprintf("the same order with every command under one Meshbox-Order-Key at the default credit, %v round trip; baseline: credit 1; higher is better", rtt))
 		}
 	}
