@@ -365,6 +365,11 @@ func TestAdversaryOperatorSpeaksForNode(t *testing.T) {
 	alphaURL := brokerURLOf(t, ctx, db, vhost, "alpha")
 	au, _ := url.Parse(alphaURL)
 	alphaUser := au.User.Username()
+	// Heartbeats are minutes apart; a change of alpha's bindings brings
+	// its next one within seconds.
+	if code, out, errOut := cliEnv(t, []string{"MESHBOX_DB=" + db}, "mesh", "override", "set", "alpha", "tapped", "size", "1"); code != 0 {
+		t.Fatalf("override set: exit %d: %s%s", code, out, errOut)
+	}
 	var heartbeat []byte
 	deadline := time.After(20 * time.Second)
 	for heartbeat == nil {

