@@ -108,6 +108,10 @@ type brokerPerms struct {
 	// are named after it. admin: it may not declare its durable queues
 	// (the current permissions): the admin has, and it finds them.
 	named, admin atomic.Bool
+	// shared: the broker URL on which a session found the mesh's shared
+	// exchanges and dead letter queue; the next sessions on it do not ask
+	// again (three round trips), until one ends on a 404.
+	shared atomic.Pointer[string]
 	// exchangeWarned: the node said once that it may not delete its
 	// older mesh's exchange.
 	exchangeWarned atomic.Bool

@@ -339,21 +339,31 @@ func (s *session) run(retry <-chan time.Time) string {
 				return reasonURLChanged
 			}
 		case e := <-s.pub.connClose:
-			return closeReason("publishing connection closed", e)
+			return s.closed("publishing connection closed", e)
 		case e := <-s.con.connClose:
-			return closeReason("consuming connection closed", e)
+			return s.closed("consuming connection closed", e)
 		case e := <-s.pub.chClose:
-			return closeReason("publish channel closed", e)
+			return s.closed("publish channel closed", e)
 		case e := <-s.pub.fastClose:
-			return closeReason("request channel closed", e)
+			return s.closed("request channel closed", e)
 		case e := <-s.con.autoClose:
-			return closeReason("consume channel closed", e)
+			return s.closed("consume channel closed", e)
 		case e := <-s.con.chClose:
-			return closeReason("consume channel closed", e)
+			return s.closed("consume channel closed", e)
 		case err := <-s.failed:
 			return err.Error()
 		}
 	}
+}
+
+// closed is closeReason for one of the session's connections or
+// channels. A 404 may be a shared exchange or queue gone: the next
+// session checks them again (setup).
+func (s *session) closed(what string, e *amqp.Error) string {
+	if e != nil && e.Code == amqp.NotFound {
+		s.b.learnt.shared.Store(nil)
+	}
+	return closeReason(what, e)
 }
 
 func closeReason(what string, e *amqp.Error) string {

@@ -86,6 +86,10 @@ func (s *session) setup() (err error) {
 			<-consumeChans
 		}
 	}()
+	if u := s.b.learnt.shared.Load(); u != nil && *u == s.url {
+		shared = nil // found by an earlier session: not asked again
+	}
+	allFound := len(shared) > 0
 	for _, st := range shared {
 		err := st.passive(ch)
 		var ae *amqp.Error
@@ -98,6 +102,7 @@ func (s *session) setup() (err error) {
 			err = st.declare(ch)
 		}
 		if err != nil && st.optional {
+			allFound = false // asked again by the next session
 			s.b.log.Warn("cannot declare "+st.what+"; going on without it", "err", err)
 			if ch.IsClosed() {
 				if ch, err = s.con.conn.Channel(); err != nil {
@@ -109,6 +114,10 @@ func (s *session) setup() (err error) {
 		if err != nil {
 			return fmt.Errorf("declare %s: %w", st.what, err)
 		}
+	}
+	if allFound {
+		u := s.url
+		s.b.learnt.shared.Store(&u)
 	}
 	chansJoined = true
 	if err := <-consumeChans; err != nil {
@@ -152,6 +161,61 @@ func (s *session) setup() (err error) {
 			return fmt.Errorf("declare %s: %w", st.what, err)
 		}
 	}
+	// The reply and system queues, and an older mesh's exchange, each on
+	// a channel of its own side by side: each step is a broker round
+	// trip, and on a home link a reconnect waits for them. The request
+	// binding came first: it learns which exchange the node's queues are
+	// bound to (bindOwn).
+	groups := []struct {
+		what string
+		do   func(ch **amqp.Channel) error
+	}{
+		{"queue " + replyQueue(node), func(ch **amqp.Channel) (err error) {
+			if s.q.rep, err = s.declareOwn(ch, replyQueue(node)); err != nil {
+				return err
+			}
+			if err := s.bindOwn(ch, s.q.rep, replyKey(node)); err != nil {
+				return fmt.Errorf("binding: %w", err)
+			}
+			return nil
+		}},
+		{"queue " + systemQueue(node), func(ch **amqp.Channel) (err error) {
+			if s.q.sys, err = s.declareOwn(ch, systemQueue(node)); err != nil {
+				return err
+			}
+			if err := (*ch).QueueBind(s.q.sys, "sys.#", exchangeMesh, false, nil); err != nil {
+				return fmt.Errorf("binding: %w", err)
+			}
+			if err := s.bindOwn(ch, s.q.sys, "to."+node+".sys.#"); err != nil {
+				return fmt.Errorf("binding (addressed): %w", err)
+			}
+			return nil
+		}},
+		{"exchange " + nodeExchange(node) + " (older meshes)", func(ch **amqp.Channel) error { return s.dropNodeExchange(ch) }},
+	}
+	groupErrs := make(chan error, len(groups))
+	for _, g := range groups {
+		go func() { // exits with the calls (prepare bounds them)
+			gch, err := s.con.conn.Channel()
+			if err != nil {
+				groupErrs <- fmt.Errorf("open channel: %w", err)
+				return
+			}
+			err = g.do(&gch)
+			_ = gch.Close()
+			var inUse *NodeNameInUseError
+			if err != nil && !errors.As(err, &inUse) {
+				err = fmt.Errorf("declare %s: %w", g.what, err)
+			}
+			groupErrs <- err
+		}()
+	}
+	groupsLeft := len(groups)
+	defer func() {
+		for ; groupsLeft > 0; groupsLeft-- {
+			<-groupErrs
+		}
+	}()
 	// Requests are at most once: consumed without acks (an ack per request
 	// costs the broker a round of work on the critical path); openCalls
 	// bounds how many are open at the local hosts.
@@ -163,43 +227,49 @@ func (s *session) setup() (err error) {
 		}
 		return fmt.Errorf("consume %s: %w", requestQueue(node), err)
 	}
-
-	more := []struct {
-		what string
-		do   func() error
-	}{
-		{"queue " + replyQueue(node), func() (err error) { s.q.rep, err = s.declareOwn(&ch, replyQueue(node)); return err }},
-		{"binding " + replyQueue(node), func() error { return s.bindOwn(&ch, s.q.rep, replyKey(node)) }},
-		{"queue " + systemQueue(node), func() (err error) { s.q.sys, err = s.declareOwn(&ch, systemQueue(node)); return err }},
-		{"binding " + systemQueue(node), func() error { return ch.QueueBind(s.q.sys, "sys.#", exchangeMesh, false, nil) }},
-		{"binding " + systemQueue(node) + " (addressed)", func() error { return s.bindOwn(&ch, s.q.sys, "to."+node+".sys.#") }},
-		{"exchange " + nodeExchange(node) + " (older meshes)", func() error { return s.dropNodeExchange(&ch) }},
-	}
-	for _, st := range more {
-		if err := st.do(); err != nil {
-			var inUse *NodeNameInUseError
-			if errors.As(err, &inUse) {
-				return err
-			}
-			return fmt.Errorf("declare %s: %w", st.what, err)
+	var first error
+	for ; groupsLeft > 0; groupsLeft-- {
+		err := <-groupErrs
+		var inUse *NodeNameInUseError
+		if err != nil && (first == nil || errors.As(err, &inUse)) {
+			first = err
 		}
+	}
+	if first != nil {
+		return first
 	}
 	eventsJoined = true
 	if err := <-eventsDeclared; err != nil {
 		return fmt.Errorf("declare queue %s: %w", eventQueue(node), err)
 	}
-	events, err := s.con.ch.Consume(eventQueue(node), "events", false, false, false, false, nil)
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", eventQueue(node), err)
+	// The event consumer (on ch) beside the two on autoCh.
+	type consumed struct {
+		ds  <-chan amqp.Delivery
+		err error
 	}
+	eventsC := make(chan consumed, 1)
+	go func() { // exits with the call (prepare bounds it)
+		ds, err := s.con.ch.Consume(eventQueue(node), "events", false, false, false, false, nil)
+		eventsC <- consumed{ds, err}
+	}()
 	replies, err := s.con.autoCh.Consume(s.q.rep, "replies", true, true, false, false, nil)
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", replyQueue(node), err)
+	var system <-chan amqp.Delivery
+	if err == nil {
+		system, err = s.con.autoCh.Consume(s.q.sys, "system", true, true, false, false, nil)
+		if err != nil {
+			err = fmt.Errorf("consume %s: %w", systemQueue(node), err)
+		}
+	} else {
+		err = fmt.Errorf("consume %s: %w", replyQueue(node), err)
 	}
-	system, err := s.con.autoCh.Consume(s.q.sys, "system", true, true, false, false, nil)
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", systemQueue(node), err)
+	ev := <-eventsC
+	if ev.err != nil {
+		return fmt.Errorf("consume %s: %w", eventQueue(node), ev.err)
 	}
+	if err != nil {
+		return err
+	}
+	events := ev.ds
 	s.con.initial = map[string]<-chan amqp.Delivery{"requests": reqs, "replies": replies, "events": events, "system": system}
 
 	joined = true
