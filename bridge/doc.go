@@ -490,9 +490,11 @@
 // credential.go (the credential in use, the handover), session.go (one
 // stay on the broker), outgoing.go (a message on its way to the broker)
 // and envelope.go (a message from it, validated), sealing.go (sealing and
-// opening program messages), topology.go (declarations, stage queues),
-// publish.go (the publish pipeline), consume.go (the acker and the
-// consumer manager), flow.go (the credit of each stage: its consumers),
+// opening program messages), setup.go (a session's setup, its steps
+// side by side), topology.go (declarations, stage queues), publish.go
+// (the publish pipeline), consume.go (the acker and the consumer
+// manager), flow.go (the credit of each stage: its consumers), order.go
+// (commands in order by key),
 // reasons.go (failure reasons: their classes and sealed texts),
 // corkconn.go (the publishing socket's batched writes), requests.go (a
 // local program calling another node) and hostcalls.go (another node

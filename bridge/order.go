@@ -142,7 +142,7 @@ func (s *session) orderedStart(c *cmdCall) {
 	s.sendCmd(newID(), c)
 }
 
-// orderedWaiting counts the keyed commands not at the handler yet.
+// waiting counts the keyed commands not at the handler yet.
 // local.mu held.
 func (o *orderBook) waiting() int {
 	n := len(o.pending)

@@ -180,16 +180,34 @@ func (s *Store) object(ctx context.Context, sum string) (*jetstream.ObjectInfo, 
 	return nil, fmt.Errorf("%w: %s", ErrNotFound, sum)
 }
 
+// listLimit bounds one listing of the store's objects, listTries the
+// listings tried. A listing reads the object store's metadata stream
+// through an ordered consumer; one that races a delete (the retention
+// keeper's) has been seen to wait for ever, which a caller without a
+// deadline of its own would wait with.
+const (
+	listLimit = 5 * time.Second
+	listTries = 3
+)
+
 // objects lists the store's objects (none is not an error).
 func (s *Store) objects(ctx context.Context) ([]*jetstream.ObjectInfo, error) {
-	all, err := s.obs.List(ctx)
-	if errors.Is(err, jetstream.ErrNoObjectsFound) {
-		return nil, nil
+	var err error
+	for try := 1; try <= listTries; try++ {
+		lctx, cancel := context.WithTimeout(ctx, listLimit)
+		var all []*jetstream.ObjectInfo
+		all, err = s.obs.List(lctx)
+		cancel()
+		switch {
+		case errors.Is(err, jetstream.ErrNoObjectsFound):
+			return nil, nil
+		case err == nil:
+			return all, nil
+		case ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded):
+			return nil, fmt.Errorf("list blobs: %w", err)
+		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("list blobs: %w", err)
-	}
-	return all, nil
+	return nil, fmt.Errorf("list blobs: no answer within %s, %d times: %w", listLimit, listTries, err)
 }
 
 // List returns the blobs, oldest first.
