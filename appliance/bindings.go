@@ -62,7 +62,7 @@ func openBindings(ctx context.Context, cfg Config, logger *slog.Logger, reg prom
 		}
 		b.nodeKey = key
 		b.db, err = meshdb.Open(ctx, string(cfg.DB), meshdb.Options{
-			ConnectTimeout: cfg.Cache.LoadTimeout.D(),
+			ConnectTimeout: max(cfg.Cache.LoadTimeout.D(), meshdb.DefaultConnectTimeout),
 			Logger:         logger,
 			NodeKey:        key,
 		})

@@ -28,13 +28,17 @@ func (m *Manager) watch(ctx context.Context) {
 // run performs every load and applies every change until ctx is done.
 // Between loads it sleeps until the next retry, the next refresh, or the
 // moment the bindings pass MaxAge, whichever comes first.
-func (m *Manager) run(ctx context.Context, retrySoon bool) {
+//
+// pending, when not nil, delivers the first load, which missed Start's
+// LoadTimeout: no reload starts before it ends.
+func (m *Manager) run(ctx context.Context, retrySoon bool, pending <-chan loadResult) {
 	// Jittered, so that nodes that lost the database together do not all
 	// come back to it at the same instant.
 	pause := backoff.Policy{Min: m.cfg.RetryInterval, Max: m.cfg.MaxRetryInterval}
 	failures := 0
+	kicked := false
 	retry := time.NewTimer(m.cfg.RetryInterval)
-	if !retrySoon {
+	if !retrySoon || pending != nil {
 		retry.Stop()
 	}
 	defer retry.Stop()
@@ -55,9 +59,34 @@ func (m *Manager) run(ctx context.Context, retrySoon bool) {
 	defer stale.Stop()
 	m.resetAgeTimer(stale)
 	for {
+		var err error
 		select {
 		case <-ctx.Done():
 			return
+		case r := <-pending:
+			pending = nil
+			err = r.err
+			if err == nil {
+				m.apply(r.snap)
+			} else if ctx.Err() == nil {
+				m.metrics.loadErrors.Inc()
+				m.setDisconnected(err)
+			}
+			m.checkAge()
+			m.resetAgeTimer(stale)
+			if err == nil {
+				refresh.Reset(refreshDelay())
+				if kicked {
+					retry.Reset(0) // a change notified while it ran
+				}
+				continue
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			failures++
+			retry.Reset(pause.Delay(failures))
+			continue
 		case <-stale.C:
 			m.checkAge()
 			m.resetAgeTimer(stale)
@@ -66,6 +95,10 @@ func (m *Manager) run(ctx context.Context, retrySoon bool) {
 			m.resetAgeTimer(stale)
 			continue
 		case <-m.kick:
+			if pending != nil {
+				kicked = true // reload once the first load has ended
+				continue
+			}
 			if spreading {
 				continue
 			}
@@ -79,7 +112,10 @@ func (m *Manager) run(ctx context.Context, retrySoon bool) {
 		case <-retry.C:
 		case <-refresh.C:
 		}
-		err := m.reload(ctx)
+		if pending != nil {
+			continue // the first load is still under way
+		}
+		err = m.reload(ctx)
 		m.checkAge() // a load may end the aging, or start it
 		m.resetAgeTimer(stale)
 		if err != nil {
@@ -114,7 +150,7 @@ func (m *Manager) notifyDelay() time.Duration {
 // can read the revision alone and it is the one already live from the
 // database, the load is skipped: the bindings are confirmed as they are.
 func (m *Manager) reload(ctx context.Context) error {
-	lctx, cancel := context.WithTimeout(ctx, m.cfg.LoadTimeout)
+	lctx, cancel := context.WithTimeout(ctx, m.cfg.ReloadTimeout)
 	defer cancel()
 	if snap, ok := m.sameRevision(lctx); ok {
 		m.metrics.revisionChecks.Inc()

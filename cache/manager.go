@@ -24,6 +24,9 @@ const (
 	// packets rather than refusing, the node is still ready from its cache
 	// within 2 s.
 	DefaultLoadTimeout   = 1500 * time.Millisecond
+	// DefaultReloadTimeout bounds a load nothing waits on: a connect, TLS
+	// and a dozen statements over a home link at 80 ms take over a second.
+	DefaultReloadTimeout = 15 * time.Second
 	DefaultRetryInterval = 5 * time.Second
 	// DefaultMaxAge is the age of the bindings in use past which a node
 	// warns (MaxAge; the manager itself warns only when it is set).
@@ -69,9 +72,13 @@ type ManagerConfig struct {
 	// Source is the mesh database; nil runs from the cache alone. The
 	// Manager does not close it.
 	Source Source
-	// LoadTimeout bounds each load from Source, the first one included
-	// (default 2s).
+	// LoadTimeout bounds how long Start waits for the first load from
+	// Source before it starts from the cache (default 1.5s); the load goes
+	// on in the background up to ReloadTimeout.
 	LoadTimeout time.Duration
+	// ReloadTimeout bounds each load from Source that nothing waits on:
+	// the first one past LoadTimeout, and every reload (default 15s).
+	ReloadTimeout time.Duration
 	// RetryInterval is the first wait after a failed load; it doubles up to
 	// MaxRetryInterval (defaults 1s and 30s).
 	RetryInterval    time.Duration
@@ -168,6 +175,7 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 		def  time.Duration
 	}{
 		{"load timeout", &cfg.LoadTimeout, DefaultLoadTimeout},
+		{"reload timeout", &cfg.ReloadTimeout, DefaultReloadTimeout},
 		{"retry interval", &cfg.RetryInterval, DefaultRetryInterval},
 		{"max retry interval", &cfg.MaxRetryInterval, DefaultMaxRetryInterval},
 		{"refresh interval", &cfg.RefreshInterval, DefaultRefreshInterval},
@@ -238,19 +246,38 @@ func (m *Manager) Start(ctx context.Context) error {
 			"moved_to", q, "damage", m.cfg.Store.Damage())
 	}
 
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	m.cancel = cancel
 	var live Snapshot
 	liveErr := errNoSource
+	// The first load gets ReloadTimeout, but start waits for it only
+	// LoadTimeout: a database that is slow to answer (a loaded machine, a
+	// far link) delays neither readiness nor the bindings, which the
+	// manager applies the moment the load ends (run takes it over).
+	var pending chan loadResult
 	if m.cfg.Source != nil {
-		lctx, cancel := context.WithTimeout(ctx, m.cfg.LoadTimeout)
-		live, liveErr = m.cfg.Source.Load(lctx, m.cfg.Node)
-		cancel()
+		pending = make(chan loadResult, 1)
+		lctx, lcancel := context.WithTimeout(runCtx, m.cfg.ReloadTimeout)
+		go func() { // ends within ReloadTimeout, or when Close cancels runCtx
+			defer lcancel()
+			snap, err := m.cfg.Source.Load(lctx, m.cfg.Node)
+			pending <- loadResult{snap, err}
+		}()
+		wait := time.NewTimer(m.cfg.LoadTimeout)
+		select {
+		case r := <-pending:
+			live, liveErr, pending = r.snap, r.err, nil
+		case <-wait.C:
+			liveErr = fmt.Errorf("%w: the mesh database did not answer within %s (cache.load_timeout); still loading in the background", ErrStillLoading, m.cfg.LoadTimeout)
+		case <-ctx.Done():
+			liveErr = fmt.Errorf("start bindings: %w", ctx.Err())
+		}
+		wait.Stop()
 	}
 	cached, cachedErr := m.cfg.Store.Latest()
 	choice := chooseStart(m.cfg.Node, live, liveErr, cached, cachedErr)
 	m.startWith(choice, liveErr, cached, cachedErr)
 
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	m.cancel = cancel
 	if m.cfg.Source != nil {
 		m.wg.Add(2)
 		go func() { // exits when Close cancels runCtx
@@ -259,7 +286,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		}()
 		go func() { // exits when Close cancels runCtx
 			defer m.wg.Done()
-			m.run(runCtx, liveErr != nil)
+			m.run(runCtx, liveErr != nil, pending)
 		}()
 	} else if m.cfg.MaxAge > 0 {
 		m.wg.Add(1)
@@ -328,6 +355,16 @@ func (m *Manager) Status() Status {
 }
 
 var errNoSource = errors.New("no mesh database configured")
+
+// ErrStillLoading is the start error when the first load missed
+// LoadTimeout and goes on in the background.
+var ErrStillLoading = errors.New("still loading")
+
+// loadResult is the outcome of one load from Source.
+type loadResult struct {
+	snap Snapshot
+	err  error
+}
 
 // startWith installs the start choice and logs it (one line).
 func (m *Manager) startWith(c startChoice, liveErr error, cached Snapshot, cachedErr error) {

@@ -25,6 +25,7 @@ type fakeSource struct {
 	rev     int64
 	b       Bindings
 	down    bool
+	delay   time.Duration // each load takes this long (or until its context ends)
 	loads   int
 	changed func()
 	lost    func(error)
@@ -34,8 +35,18 @@ var errDown = errors.New("connection refused")
 
 func (f *fakeSource) Load(ctx context.Context, node string) (Snapshot, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.loads++
+	delay := f.delay
+	f.mu.Unlock()
+	if delay > 0 {
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return Snapshot{}, ctx.Err()
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if f.down {
 		return Snapshot{}, errDown
 	}
@@ -446,6 +457,71 @@ func TestManagerRetriesWhenDatabaseDownAtStart(t *testing.T) {
 		}
 		if n := strings.Count(e.logs.String(), "from the mesh database at start"); n != 1 {
 			t.Fatalf("start log lines: got %d, want 1", n)
+		}
+	})
+}
+
+// A database slow to answer (a loaded machine, a far link) misses the
+// start's wait, not the bindings: the first load goes on and its bindings
+// apply the moment it ends, with no second load started beside it.
+func TestManagerSlowFirstLoadAppliesWhenItEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newManagerEnv(t, true, 0)
+		e.src.delay = 5 * time.Second // LoadTimeout is 2s
+		start := time.Now()
+		e.start(t)
+		if d := time.Since(start); d != 2*time.Second {
+			t.Fatalf("start took %s, want LoadTimeout (2s)", d)
+		}
+		st := e.m.Status()
+		if st.Source != SourceNone || !strings.Contains(st.LastError, "still loading") {
+			t.Fatalf("status at start: got %+v, want source none, last error saying the load goes on", st)
+		}
+		e.src.set(2, testBindings(2)) // notified while the first load runs
+		time.Sleep(2900 * time.Millisecond)
+		synctest.Wait()
+		if st := e.m.Status(); st.Source != SourceNone {
+			t.Fatalf("source 4.9s in: got %q, want none (the load ends at 5s)", st.Source)
+		}
+		time.Sleep(200 * time.Millisecond)
+		synctest.Wait()
+		st = e.m.Status()
+		if st.Source != SourceDB || st.DB != DBConnected || st.LastError != "" {
+			t.Fatalf("status after the first load ended: got %+v, want source db, connected, no error", st)
+		}
+		e.src.mu.Lock()
+		loads := e.src.loads
+		e.src.mu.Unlock()
+		if loads != 2 {
+			t.Fatalf("loads 5.1s in: got %d, want 2 (the first, then one for the change notified while it ran)", loads)
+		}
+		time.Sleep(100 * time.Millisecond) // the reload of the notified change runs right after
+		synctest.Wait()
+		if st := e.m.Status(); st.Revision != 2 {
+			t.Fatalf("revision after the notified change: got %d, want 2", st.Revision)
+		}
+	})
+}
+
+// A first load that fails after the start stopped waiting is retried.
+func TestManagerSlowFirstLoadThatFailsIsRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newManagerEnv(t, true, 0)
+		e.src.delay, e.src.down = 3*time.Second, true
+		e.start(t)
+		time.Sleep(1100 * time.Millisecond) // the load fails at 3s
+		synctest.Wait()
+		st := e.m.Status()
+		if st.Source != SourceNone || st.LastError != errDown.Error() {
+			t.Fatalf("status after the first load failed: got %+v, want source none, last error %q", st, errDown)
+		}
+		e.src.mu.Lock()
+		e.src.down, e.src.delay = false, 0
+		e.src.mu.Unlock()
+		time.Sleep(1100 * time.Millisecond) // RetryInterval (1s) after the failure
+		synctest.Wait()
+		if st := e.m.Status(); st.Source != SourceDB {
+			t.Fatalf("source after the retry: got %q, want db", st.Source)
 		}
 	})
 }
