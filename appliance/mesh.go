@@ -99,12 +99,13 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 				n.LinkUp() // discovery tries again at once
 			}
 		},
-		OnCredential:   a.credentialChanged,
-		AcceptedBefore: a.credentialAcceptedBefore,
-		Replies:        a.rc,
-		Local:          &natsSrv.auth.rights,
-		Logger:         a.logger,
-		Metrics:        a.registry,
+		OnNewerGeneration: a.bindings.manager.Refresh, // a peer switched to a generation not read here yet
+		OnCredential:      a.credentialChanged,
+		AcceptedBefore:    a.credentialAcceptedBefore,
+		Replies:           a.rc,
+		Local:             &natsSrv.auth.rights,
+		Logger:            a.logger,
+		Metrics:           a.registry,
 	}
 	if kk := a.keys.Load(); kk != nil {
 		bc.Keys = kk.ring // a mesh seals

@@ -132,7 +132,10 @@ type OutboxStatus struct {
 	Bytes            int64   `json:"bytes"`
 	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
 	MaxBytes         int64   `json:"max_bytes"`
-	Warning          string  `json:"warning,omitempty"`
+	// HeldAnswers are submitters whose message the outbox holds and whose
+	// answer waits for the broker to take some of a deep backlog.
+	HeldAnswers int    `json:"held_answers,omitempty"`
+	Warning     string `json:"warning,omitempty"`
 }
 
 // StallStatus is a stalled command stage.
@@ -176,6 +179,7 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 		},
 		sysQ: make(chan sysMsg, 1024),
 	}
+	b.sub.parkAbove.Store(defaultParkAbove)
 	for c, n := range cfg.Routes {
 		b.route.routes[c] = []string{n}
 	}
@@ -451,6 +455,9 @@ func (b *Bridge) Connected() bool {
 // outboxStatus is the outbox part of Status (the outbox gauges read it).
 func (b *Bridge) outboxStatus() OutboxStatus {
 	st := OutboxStatus{MaxBytes: b.cfg.OutboxMaxBytes}
+	b.sub.parkMu.Lock()
+	st.HeldAnswers = len(b.sub.parked)
+	b.sub.parkMu.Unlock()
 	if ob := b.files.obRef.Load(); ob != nil {
 		st.Depth, st.Bytes = ob.Counts()
 		st.Warning = ob.Warning()

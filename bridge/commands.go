@@ -101,6 +101,7 @@ func (s *session) readCommand(f *stageFlow, d amqp.Delivery, a cmdAck) {
 		}
 	}
 	if fg := asForged(err); fg != nil && fg.cause == causeNewerGeneration && env != nil && env.attempt < b.cfg.RetryBudget {
+		b.askBindings()
 		// This node's bindings may not list a rotation's new generation
 		// yet (senders.go): given back after a pause, like a command
 		// sealed with a key this node does not hold yet.

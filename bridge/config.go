@@ -122,6 +122,11 @@ type Config struct {
 	// messages addressed to this node) from other nodes. It is called from
 	// one goroutine, in order; it must not block for long.
 	OnSystem func(key string, body []byte, origin string)
+	// OnNewerGeneration, when set, is called when a delivery comes from a
+	// generation of a node's broker user newer than the bindings list (a
+	// rotation this node has not read yet), at most once a second: the
+	// bindings should be read again now. It must not block.
+	OnNewerGeneration func()
 	// OnConnected, when set, is called each time the link enters the
 	// connected state (after a start, a reconnect, or the end of a resource
 	// alarm, or a switch to a new credential), on the goroutine that

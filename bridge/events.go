@@ -95,26 +95,36 @@ func (s *session) readSystem(ds <-chan amqp.Delivery) {
 			b.m.msg(typeSystem, "in") // a peer's probe: routed here is all it asked
 			continue
 		}
-		env, err := s.decode(typeSystem, &d)
-		if err != nil {
-			s.reject(&d, systemQueue(b.cfg.Node), err)
-			continue
-		}
-		if env.origin == b.cfg.Node {
-			continue
-		}
-		if env.verified {
-			b.peers.creds.seen(env.origin, d.UserId)
-		}
-		b.m.msg(typeSystem, "in")
-		if b.cfg.OnSystem == nil {
-			continue
-		}
-		select {
-		case b.sysQ <- sysMsg{key: env.name, origin: env.origin, body: env.body}:
-		default:
-			b.m.err(errKindDropped)
-		}
+		s.takeSystem(&d, false)
+	}
+}
+
+// takeSystem hands one system message to runSystem; held: it waited for
+// the bindings once already (holdForRotation).
+func (s *session) takeSystem(d *amqp.Delivery, held bool) {
+	b := s.b
+	env, err := s.decode(typeSystem, d)
+	if !held && s.holdForRotation(err, d, func(d *amqp.Delivery) { s.takeSystem(d, true) }) {
+		return
+	}
+	if err != nil {
+		s.reject(d, systemQueue(b.cfg.Node), err)
+		return
+	}
+	if env.origin == b.cfg.Node {
+		return
+	}
+	if env.verified {
+		b.peers.creds.seen(env.origin, d.UserId)
+	}
+	b.m.msg(typeSystem, "in")
+	if b.cfg.OnSystem == nil {
+		return
+	}
+	select {
+	case b.sysQ <- sysMsg{key: env.name, origin: env.origin, body: env.body}:
+	default:
+		b.m.err(errKindDropped)
 	}
 }
 

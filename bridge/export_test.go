@@ -107,3 +107,16 @@ func SetStageCredit(b *Bridge, stage string, msgs int) bool {
 	signal(s.flows.wake)
 	return true
 }
+
+// SetParkAbove lowers the outbox backlog past which answers to submitters
+// are held back (defaultParkAbove).
+func SetParkAbove(b *Bridge, n int64) { b.sub.parkAbove.Store(n) }
+
+// Overflow returns the submissions that overflowed into the outbox and
+// the answers held back by its backlog.
+func Overflow(b *Bridge) (overflowed, held int) {
+	var o, h dto.Metric
+	_ = b.m.overflowed.Write(&o)
+	_ = b.m.parked.Write(&h)
+	return int(o.GetCounter().GetValue()), int(h.GetCounter().GetValue())
+}

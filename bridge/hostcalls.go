@@ -30,56 +30,65 @@ type hostCall struct {
 // (onHostReply), a timer answers a host that is too slow. Requests beyond
 // openCalls are refused at once. Exits when the delivery channel closes.
 func (s *session) readRequests(ds <-chan amqp.Delivery) {
-	b := s.b
 	for d := range ds {
 		hop(HopRequestTaken)
-		env, err := s.decode(typeRequest, &d)
-		if ue := asUnseal(err); ue != nil {
-			b.unsealFailed(typeRequest, ue)
-			code := CodeBadInput
-			if ue.reason == unsealExpired {
-				code = CodeTimeout
-			}
-			s.replyHost(ue.env, nil, &ServiceError{Code: code, Text: unsealText(b.cfg.Node, ue)})
-			continue
+		s.takeRequest(&d, false)
+	}
+}
+
+// takeRequest passes one request to the local hosts; held: it waited for
+// the bindings once already (holdForRotation).
+func (s *session) takeRequest(d *amqp.Delivery, held bool) {
+	b := s.b
+	env, err := s.decode(typeRequest, d)
+	if ue := asUnseal(err); ue != nil {
+		b.unsealFailed(typeRequest, ue)
+		code := CodeBadInput
+		if ue.reason == unsealExpired {
+			code = CodeTimeout
 		}
-		if err != nil {
-			bad := d                                                         // a copy: taking d's address would move every delivery to the heap
-			s.work(func() { s.reject(&bad, requestQueue(b.cfg.Node), err) }) // auto-acked: nothing to ack
-			continue
-		}
-		b.m.msg(typeRequest, "in")
-		// The caller's deadline travels with its request: a long one (a
-		// large reply over a slow link) holds here as long.
-		c := &hostCall{env: env, timeout: b.cfg.RequestTimeout, at: time.Now()}
-		if env.timeout > 0 {
-			c.timeout = min(env.timeout, b.maxTimeout())
-		}
-		token := newID()
-		s.local.mu.Lock()
-		if len(s.local.host) >= b.openCalls() {
-			s.local.mu.Unlock()
-			b.m.err(errKindUnreachable)
-			s.replyHost(env, nil, &ServiceError{Code: CodeUnavailable,
-				Text: fmt.Sprintf("node %s has %d requests open at its local hosts; refused %s", b.cfg.Node, b.openCalls(), env.name)})
-			continue
-		}
-		s.local.host[token] = c
-		c.timer = s.after(c.timeout, func() {
-			if c := s.takeCall(token); c != nil {
-				s.replyHost(c.env, nil, localCallFailure(context.DeadlineExceeded, c.env.name, b.cfg.Node, c.timeout))
-				s.replyHanded()
-			}
-		})
+		s.replyHost(ue.env, nil, &ServiceError{Code: code, Text: unsealText(b.cfg.Node, ue)})
+		return
+	}
+	if !held && s.holdForRotation(err, d, func(d *amqp.Delivery) { s.takeRequest(d, true) }) {
+		return
+	}
+	if err != nil {
+		bad := *d                                                        // a copy: the reader's delivery is reused
+		s.work(func() { s.reject(&bad, requestQueue(b.cfg.Node), err) }) // auto-acked: nothing to ack
+		return
+	}
+	b.m.msg(typeRequest, "in")
+	// The caller's deadline travels with its request: a long one (a
+	// large reply over a slow link) holds here as long.
+	c := &hostCall{env: env, timeout: b.cfg.RequestTimeout, at: time.Now()}
+	if env.timeout > 0 {
+		c.timeout = min(env.timeout, b.maxTimeout())
+	}
+	token := newID()
+	s.local.mu.Lock()
+	if len(s.local.host) >= b.openCalls() {
 		s.local.mu.Unlock()
-		msg := env.natsMsg(subjCapPrefix+env.name, map[string]string{HeaderOrigin: env.origin, HeaderTimeout: c.timeout.String()})
-		msg.Reply = s.local.inbox + token
-		hop(HopHostAsked)
-		if err := b.bc.PublishMsg(msg); err != nil {
-			if c := s.takeCall(token); c != nil {
-				s.replyHost(c.env, nil, localCallFailure(err, c.env.name, b.cfg.Node, c.timeout))
-				s.replyHanded()
-			}
+		b.m.err(errKindUnreachable)
+		s.replyHost(env, nil, &ServiceError{Code: CodeUnavailable,
+			Text: fmt.Sprintf("node %s has %d requests open at its local hosts; refused %s", b.cfg.Node, b.openCalls(), env.name)})
+		return
+	}
+	s.local.host[token] = c
+	c.timer = s.after(c.timeout, func() {
+		if c := s.takeCall(token); c != nil {
+			s.replyHost(c.env, nil, localCallFailure(context.DeadlineExceeded, c.env.name, b.cfg.Node, c.timeout))
+			s.replyHanded()
+		}
+	})
+	s.local.mu.Unlock()
+	msg := env.natsMsg(subjCapPrefix+env.name, map[string]string{HeaderOrigin: env.origin, HeaderTimeout: c.timeout.String()})
+	msg.Reply = s.local.inbox + token
+	hop(HopHostAsked)
+	if err := b.bc.PublishMsg(msg); err != nil {
+		if c := s.takeCall(token); c != nil {
+			s.replyHost(c.env, nil, localCallFailure(err, c.env.name, b.cfg.Node, c.timeout))
+			s.replyHanded()
 		}
 	}
 }

@@ -183,6 +183,9 @@ func (b *Bridge) setState(state, reason string) {
 	if state == StateConnected && b.cfg.OnConnected != nil {
 		b.cfg.OnConnected()
 	}
+	if state != StateConnected {
+		b.releaseParked() // the outbox holds them: answered as when the link is down
+	}
 }
 
 func (b *Bridge) linkState() (string, time.Time) { return b.link.current() }

@@ -71,7 +71,12 @@ type metrics struct {
 	// alone for another attempt.
 	batchSize   prometheus.Histogram
 	batchSplits prometheus.Counter
-	reg         registration
+	// overflowed counts submissions that went into the outbox on a far
+	// link with the direct path full; parked counts answers held back
+	// while the outbox's backlog was deep (submit.go, overflowRTT).
+	overflowed prometheus.Counter
+	parked     prometheus.Counter
+	reg        registration
 }
 
 // linkMetrics are the broker link's collectors: its state, its sessions
@@ -175,6 +180,14 @@ func newMetrics(b *Bridge) *metrics {
 			Help: "Commands of a batch that failed an attempt and were published again alone for the next one.",
 		}),
 	}
+	m.overflowed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "meshbox_submissions_overflowed_total",
+		Help: "Commands and events of local programs stored in the outbox and answered on its commit while the link was up: the broker is far (5 ms or more) and 256 direct submissions already waited for its confirm.",
+	})
+	m.parked = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "meshbox_submission_answers_held_total",
+		Help: "Answers to submitters held back until the broker took some of the outbox's backlog (over 8,192 messages waiting while the link is up).",
+	})
 	m.reg.outbox = []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_outbox_depth", Help: "Messages in the outbox."},
 			func() float64 { return float64(b.outboxStatus().Depth) }),
@@ -202,7 +215,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 		return nil
 	}
 	m.reg.to = reg
-	all := append([]prometheus.Collector{m.state, m.reconnects, m.dials, m.blocks, m.messages, m.errors, m.unseal, m.replays, m.scopeRefused, m.duration, m.stalls, m.leaseExtensions, m.deduplicated, m.retries, m.results, m.deadLetters, m.batchSize, m.batchSplits, m.revoked}, m.reg.outbox...)
+	all := append([]prometheus.Collector{m.state, m.reconnects, m.dials, m.blocks, m.messages, m.errors, m.unseal, m.replays, m.scopeRefused, m.duration, m.stalls, m.leaseExtensions, m.deduplicated, m.retries, m.results, m.deadLetters, m.batchSize, m.batchSplits, m.overflowed, m.parked, m.revoked}, m.reg.outbox...)
 	for _, c := range all {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

@@ -10,8 +10,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// publishWindow bounds the unconfirmed publishes of a session.
-const publishWindow = 1024
+// publishWindow bounds the unconfirmed publishes of a session: 4,096 fills
+// a 50 ms link at 80,000 messages a second, past what one broker takes.
+const publishWindow = 4096
 
 // pubItem is one message for the publisher. done is called exactly once,
 // from the publisher or the confirmer: nil when the broker confirmed it,

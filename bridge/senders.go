@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"slices"
 	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // This file holds which broker users may speak for which node. RabbitMQ
@@ -23,13 +26,17 @@ import (
 // A node's bindings may lag a rotation by the moment it takes to read
 // them again: a generation newer than any the bindings list is refused
 // like any other (what is a rotation to this node is a forgery to the
-// next), but a command of one is given back to its queue, like one sealed
-// with a key this node does not hold yet, until its retry budget is spent.
+// next), but not at once: the node asks for its bindings again; a command
+// of one is given back to its queue, like one sealed with a key this node
+// does not hold yet, until its retry budget is spent; a request or a
+// system message waits up to bindingLag for the bindings to list it
+// (holdForRotation).
 
 // senders are the generations accepted per node; nil: not loaded, any
 // generation is accepted. The map is never modified once stored.
 type senders struct {
-	gens atomic.Pointer[map[string][]int]
+	gens  atomic.Pointer[map[string][]int]
+	asked atomic.Int64 // when Config.OnNewerGeneration was last called (Unix ns)
 }
 
 // SetSenderGenerations sets, for every node of the mesh, the generations
@@ -103,4 +110,65 @@ func (b *Bridge) forgedRefused(f *forged, kind, userID string) {
 		b.log.Warn("forged message refused (logged once per cause and sender; meshbox_errors_total{kind=\"forged\"} counts them all)",
 			"shape", kind, "cause", cause, "user_id", userID, "detail", f.reason)
 	}
+}
+
+// maxHeldForRotation bounds the deliveries of a session waiting at once
+// for the bindings to list their sender's newer generation: past it, they
+// are refused at once.
+const maxHeldForRotation = 256
+
+// holdForRotation takes a request or system message refused because its
+// sender's generation is newer than the bindings list: a rotation under
+// way, whose new generation the sender read from the database before this
+// node did. It asks for the bindings again (Config.OnNewerGeneration) and
+// gives the delivery to again once they list the generation, or after
+// bindingLag (again then refuses it for good). It reports whether it took
+// the delivery. A generation the broker accepted for a node's user was
+// made by whoever runs the broker: what a forger gains is that wait.
+func (s *session) holdForRotation(err error, d *amqp.Delivery, again func(*amqp.Delivery)) bool {
+	fg := asForged(err)
+	if fg == nil || fg.cause != causeNewerGeneration {
+		return false
+	}
+	b := s.b
+	b.askBindings()
+	if s.con.heldForRotation.Add(1) > maxHeldForRotation {
+		s.con.heldForRotation.Add(-1)
+		return false
+	}
+	held := *d // a copy: the reader's delivery is reused
+	node, gen, _ := ParseBrokerUser(held.UserId)
+	ok := s.work(func() {
+		defer s.con.heldForRotation.Add(-1)
+		tick := time.NewTicker(25 * time.Millisecond)
+		defer tick.Stop()
+		for until := time.Now().Add(bindingLag); time.Now().Before(until); {
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if b.peers.senders.check(node, gen) == nil {
+				break
+			}
+		}
+		again(&held)
+	})
+	if !ok {
+		s.con.heldForRotation.Add(-1)
+	}
+	return ok
+}
+
+// askBindings calls Config.OnNewerGeneration, at most once a second.
+func (b *Bridge) askBindings() {
+	if b.cfg.OnNewerGeneration == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := b.peers.senders.asked.Load()
+	if now-last < int64(time.Second) || !b.peers.senders.asked.CompareAndSwap(last, now) {
+		return
+	}
+	b.cfg.OnNewerGeneration()
 }

@@ -1,8 +1,11 @@
 package bridge
 
 import (
+	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -87,4 +90,88 @@ func TestForgedLogOncePerCauseAndSender(t *testing.T) {
 	if n := len(l.seen); n != maxLoggedCauses {
 		t.Errorf("remembered %d, want at most %d", n, maxLoggedCauses)
 	}
+}
+
+// A system message or a request from a generation newer than the bindings
+// list waits for them: the node asks for its bindings again (once a
+// second however many wait), and the delivery goes on as soon as they
+// list the generation. One of a generation the bindings never list is
+// refused after bindingLag; past maxHeldForRotation, at once.
+func TestHeldForRotation(t *testing.T) {
+	var asked atomic.Int32
+	b := &Bridge{cfg: Config{MaxPayload: 1 << 10}}
+	b.cfg.OnNewerGeneration = func() {
+		asked.Add(1)
+		time.AfterFunc(100*time.Millisecond, func() { b.SetSenderGenerations(map[string][]int{"alpha": {1, 2}, "gamma": {1}}) })
+	}
+	b.SetSenderGenerations(map[string][]int{"alpha": {1}, "gamma": {1}})
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &session{b: b, user: BrokerUser("gamma", 1), perNode: true, ctx: ctx}
+	defer func() {
+		cancel()
+		s.workers.closeAndWait()
+	}()
+	delivery := func(gen int) *amqp.Delivery {
+		d := goodDelivery(typeSystem)
+		return &amqp.Delivery{Type: d.Type, RoutingKey: d.RoutingKey, MessageId: d.MessageId, Headers: d.Headers, Body: d.Body,
+			UserId: BrokerUser("alpha", gen)}
+	}
+	type outcome struct {
+		err   error
+		after time.Duration
+	}
+	hold := func(d *amqp.Delivery) (<-chan outcome, bool) {
+		got := make(chan outcome, 1)
+		start := time.Now()
+		_, err := s.decode(typeSystem, d)
+		took := s.holdForRotation(err, d, func(d *amqp.Delivery) {
+			_, err := s.decode(typeSystem, d)
+			got <- outcome{err, time.Since(start)}
+		})
+		return got, took
+	}
+
+	// The control: a generation the bindings list goes on at once.
+	if _, err := s.decode(typeSystem, delivery(1)); err != nil {
+		t.Fatalf("generation 1: %v, want accepted", err)
+	}
+	if s.holdForRotation(nil, delivery(1), nil) {
+		t.Fatal("an accepted delivery was held")
+	}
+	first, took := hold(delivery(2))
+	second, took2 := hold(delivery(2))
+	if !took || !took2 {
+		t.Fatal("a delivery of a newer generation was not held")
+	}
+	for _, c := range []<-chan outcome{first, second} {
+		select {
+		case o := <-c:
+			if o.err != nil || o.after > time.Second {
+				t.Fatalf("held delivery: %v after %v, want accepted once the bindings list generation 2 (100 ms)", o.err, o.after)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the held delivery was never given back")
+		}
+	}
+	if n := asked.Load(); n != 1 {
+		t.Fatalf("bindings asked for %d times for two deliveries within a second, want once", n)
+	}
+
+	// Generation 9 is never listed: refused after bindingLag.
+	never, _ := hold(delivery(9))
+	select {
+	case o := <-never:
+		if f := asForged(o.err); f == nil || f.cause != causeNewerGeneration || o.after < bindingLag {
+			t.Fatalf("generation 9: %v after %v, want refused as %s after %v", o.err, o.after, causeNewerGeneration, bindingLag)
+		}
+	case <-time.After(bindingLag + 5*time.Second):
+		t.Fatal("the delivery of generation 9 was never given back")
+	}
+
+	// Bounded: past maxHeldForRotation, refused at once.
+	s.con.heldForRotation.Store(maxHeldForRotation)
+	if _, took := hold(delivery(9)); took {
+		t.Fatalf("held a delivery with %d held already", maxHeldForRotation)
+	}
+	s.con.heldForRotation.Store(0)
 }

@@ -94,6 +94,10 @@ type publishing struct {
 	inflight map[uint64]*pubItem
 	byID     map[string]*pubItem
 	ended    bool
+	// routed are the stages whose commands the broker routed to a queue in
+	// this session (stage → true): only those overflow into the outbox
+	// (submit.go).
+	routed sync.Map
 }
 
 // consuming is the session's consuming connection: the topology, the
@@ -125,6 +129,9 @@ type consuming struct {
 	// holds the event stream up once per change of the bindings, not once
 	// per event.
 	lagSpent *seal.ScopeState
+	// heldForRotation counts the deliveries waiting for the bindings to
+	// list their sender's generation (holdForRotation).
+	heldForRotation atomic.Int32
 }
 
 // stageFlows are the command stages consumed in a session and their

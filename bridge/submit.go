@@ -3,6 +3,7 @@ package bridge
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,6 +36,39 @@ type submissions struct {
 	drainSignal chan struct{} // cap 1: new mesh records
 	localSignal chan struct{} // cap 1: new local records
 	outboxFull  atomic.Bool   // for the one log line when the outbox fills up
+	direct      atomic.Int64  // submissions published straight to the broker, not settled yet
+
+	parkMu    sync.Mutex
+	parked    []parkedReply // answers held back while the outbox's backlog is deep (under parkMu)
+	parkAbove atomic.Int64  // the backlog past which answers are held (defaultParkAbove; tests lower it)
+}
+
+// Overflow into the outbox on a far link. A submission published straight
+// to the broker is answered on the broker's confirm, a round trip later:
+// at 50 ms, 1,024 submitters cannot pass 1,024 / 50 ms, whatever the link
+// carries. So on a link of overflowRTT or more, once overflowDirect
+// submissions wait for their confirms, the next ones go into the outbox
+// and are answered on its commit (an fsync, not a round trip); the
+// drainer sends them with the session's whole window, and new submissions
+// queue behind them until the outbox is empty again, in order. Only
+// commands of stages the broker routed in this session start an
+// overflow; while one lasts, a command for a stage nobody hosts is
+// accepted and dead-lettered, as while the link is down (refused with a
+// 503 otherwise). The backlog is bounded: while more than parkAbove
+// mesh records wait in the outbox, a submitter's answer waits for the
+// broker to take some, so submitters slow to the link's pace instead of
+// filling the outbox (507). On loopback nothing overflows: the confirm is
+// quicker than the commit.
+const (
+	overflowRTT      = 5 * time.Millisecond
+	overflowDirect   = 256
+	defaultParkAbove = 2 * publishWindow
+)
+
+// parkedReply is an answer to a submitter held back by the backlog.
+type parkedReply struct {
+	reply, how string
+	rec        *outbox.Record
 }
 
 func newSubmissions() submissions {
@@ -159,13 +193,74 @@ func (b *Bridge) accept(rec *outbox.Record, reply string) {
 		b.noteSubmitted(rec.Name)
 	}
 	state, _ := b.linkState()
-	if sess := b.link.sess.Load(); state == StateConnected && sess != nil && b.sub.meshPending.Load() == 0 {
-		it := &pubItem{out: b.outgoingFor(rec, false), done: func(err error) { b.directDone(rec, reply, err) }}
+	if sess := b.link.sess.Load(); state == StateConnected && sess != nil && b.sub.meshPending.Load() == 0 && !sess.overflows(rec) {
+		b.sub.direct.Add(1)
+		it := &pubItem{out: b.outgoingFor(rec, false), done: func(err error) {
+			b.sub.direct.Add(-1)
+			if err == nil && rec.Kind == outbox.Command {
+				sess.pub.routed.Store(rec.Name, true)
+			}
+			b.directDone(rec, reply, err)
+		}}
 		if sess.enqueue(it) == nil {
 			return
 		}
+		b.sub.direct.Add(-1)
 	}
 	b.store(rec, reply, state)
+}
+
+// overflows reports whether rec goes into the outbox though the link is up
+// (see overflowRTT).
+func (s *session) overflows(rec *outbox.Record) bool {
+	if time.Duration(s.flows.rtt.Load()) < overflowRTT || s.b.sub.direct.Load() < overflowDirect {
+		return false
+	}
+	over := rec.Kind == outbox.Event
+	if rec.Kind == outbox.Command {
+		_, over = s.pub.routed.Load(rec.Name)
+	}
+	if over {
+		s.b.m.overflowed.Inc()
+	}
+	return over
+}
+
+// answerStored answers a submitter whose message the outbox committed, or
+// holds the answer back while the backlog is deep and the link is up.
+func (b *Bridge) answerStored(reply string, rec *outbox.Record, how string) {
+	if reply != "" && how == acceptedOutbox {
+		b.sub.parkMu.Lock()
+		if state, _ := b.linkState(); state == StateConnected && b.sub.meshPending.Load() > b.sub.parkAbove.Load() {
+			b.sub.parked = append(b.sub.parked, parkedReply{reply: reply, how: how, rec: rec})
+			b.sub.parkMu.Unlock()
+			b.m.parked.Inc()
+			return
+		}
+		b.sub.parkMu.Unlock()
+	}
+	b.replyAccepted(reply, rec, how)
+}
+
+// releaseParked sends the held-back answers the backlog allows now (all of
+// them when the link is not up: the outbox holds the messages either
+// way). Call it after meshPending falls and when the link goes down.
+func (b *Bridge) releaseParked() {
+	b.sub.parkMu.Lock()
+	if len(b.sub.parked) == 0 {
+		b.sub.parkMu.Unlock()
+		return
+	}
+	n := len(b.sub.parked)
+	if state, _ := b.linkState(); state == StateConnected {
+		n = min(n, int(max(0, b.sub.parkAbove.Load()-b.sub.meshPending.Load())))
+	}
+	out := slices.Clone(b.sub.parked[:n])
+	b.sub.parked = slices.Delete(b.sub.parked, 0, n)
+	b.sub.parkMu.Unlock()
+	for _, p := range out {
+		b.replyAccepted(p.reply, p.rec, p.how)
+	}
 }
 
 // store puts a submission into the outbox and answers once it is committed.
@@ -220,7 +315,7 @@ func (b *Bridge) put(rec *outbox.Record, reply, how string) {
 			b.replyError(reply, &ServiceError{Code: CodeInternal, Text: fmt.Sprintf("%s not accepted: %v", rec.Kind, err)})
 			return
 		}
-		b.replyAccepted(reply, rec, how)
+		b.answerStored(reply, rec, how)
 	})
 }
 
@@ -409,6 +504,7 @@ func (s *session) drained(r *outbox.Record, err error) {
 	case err == nil:
 		b.files.ob.Delete(r.Seq, r.Size, nil)
 		b.sub.meshPending.Add(-1)
+		b.releaseParked()
 	case errors.Is(err, ErrNoRoute):
 		// The record is deleted only once its dead letter is committed; if
 		// that write fails it is kept and sent again after a pause. The
@@ -422,6 +518,7 @@ func (s *session) drained(r *outbox.Record, err error) {
 			}
 			b.files.ob.Delete(r.Seq, r.Size, nil)
 			b.sub.meshPending.Add(-1)
+			b.releaseParked()
 		})
 	case errors.Is(err, ErrNacked), errors.Is(err, seal.ErrNoKey):
 		signal(s.rescan) // kept; sent again after a pause

@@ -23,7 +23,7 @@ const (
 	// DefaultLoadTimeout is below 2 s so that, with a database that drops
 	// packets rather than refusing, the node is still ready from its cache
 	// within 2 s.
-	DefaultLoadTimeout   = 1500 * time.Millisecond
+	DefaultLoadTimeout = 1500 * time.Millisecond
 	// DefaultReloadTimeout bounds a load nothing waits on: a connect, TLS
 	// and a dozen statements over a home link at 80 ms take over a second.
 	DefaultReloadTimeout = 15 * time.Second
@@ -311,6 +311,16 @@ func (m *Manager) Close() error {
 	}
 	m.wg.Wait()
 	return nil
+}
+
+// Refresh asks for the bindings to be read again now, as a change
+// notification does (a reload under way takes it as one more). It does
+// not wait. Without a Source it does nothing.
+func (m *Manager) Refresh() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Current returns the bindings in use and whether there are any.

@@ -572,5 +572,10 @@ func twoNodeMesh(t *testing.T) (alpha, beta *meshtest.Process, db string) {
 	for _, p := range []*meshtest.Process{alpha, beta} {
 		meshtest.WaitStatus(t, p.HTTPURL(), 20*time.Second, p.Node()+" connected to the broker", func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	}
+	// A node holds the mesh's content key once another sealed it for it
+	// through the database: until then it refuses to seal (503).
+	for _, p := range []*meshtest.Process{alpha, beta} {
+		waitKeysInStep(t, p)
+	}
 	return alpha, beta, db
 }
