@@ -94,6 +94,9 @@ type publishing struct {
 	inflight map[uint64]*pubItem
 	byID     map[string]*pubItem
 	ended    bool
+	// early: the publisher, the confirmer and the outbox's drainer started
+	// during the setup (setup.go).
+	early bool
 	// routed are the stages whose commands the broker routed to a queue in
 	// this session (stage → true): only those overflow into the outbox
 	// (submit.go).
@@ -299,8 +302,11 @@ func (s *session) start() {
 		_ = sub.SetPendingLimits(1<<20, 256<<20)
 		s.local.subs = append(s.local.subs, sub)
 	}
-	s.spawn(s.publisher)
-	s.spawn(s.confirmer)
+	if !s.pub.early { // else running since setup (setup.go)
+		s.spawn(s.publisher)
+		s.spawn(s.confirmer)
+		s.spawn(s.drainer)
+	}
 	s.spawn(s.fastPublisher)
 	s.spawn(s.fastReturned)
 	s.spawn(s.watchBlocked)
@@ -316,7 +322,6 @@ func (s *session) start() {
 	})
 	s.spawn(func() { s.readEvents(s.con.initial["events"]) })
 	s.spawn(func() { s.readSystem(s.con.initial["system"]) })
-	s.spawn(s.drainer)
 	s.spawn(s.stallChecker)
 }
 

@@ -73,7 +73,23 @@ func (s *session) setup() error {
 	node := s.b.cfg.Node
 	var pub, chans, own asides
 	defer func() { _ = errors.Join(pub.wait(), chans.wait(), own.wait()) }() // after a failure: the steps still running
-	pub.start(s.setupPublishing)
+	pub.start(func() error {
+		if err := s.setupPublishing(); err != nil {
+			return err
+		}
+		// On a broker URL where an earlier session found the shared
+		// exchanges, the outbox need not wait for the rest of the setup
+		// (half a dozen round trips more): it drains from here on. Should
+		// the setup fail, what was sent goes again, marked as a possible
+		// duplicate, like after any cut.
+		if u := s.b.learnt.shared.Load(); u != nil && *u == s.url {
+			s.pub.early = true
+			s.spawn(s.publisher)
+			s.spawn(s.confirmer)
+			s.spawn(s.drainer)
+		}
+		return nil
+	})
 	chans.start(s.openConsumeChannels)
 	ch, err := s.con.conn.Channel()
 	if err != nil {

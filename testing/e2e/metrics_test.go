@@ -123,6 +123,8 @@ var expectedMetrics = map[string]dto.MetricType{
 	"meshbox_broker_state":                   dto.MetricType_GAUGE,
 	"meshbox_broker_reconnects_total":        dto.MetricType_COUNTER,
 	"meshbox_broker_dials_total":             dto.MetricType_COUNTER,
+	"meshbox_submissions_overflowed_total":   dto.MetricType_COUNTER,
+	"meshbox_submission_answers_held_total":  dto.MetricType_COUNTER,
 	"meshbox_broker_blocked_total":           dto.MetricType_COUNTER,
 	"meshbox_broker_credential_revoked":      dto.MetricType_GAUGE,
 	"meshbox_messages_total":                 dto.MetricType_COUNTER,
