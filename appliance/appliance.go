@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshbox/meshbox/appliance/blobs"
 	"github.com/meshbox/meshbox/appliance/modules"
+	"github.com/meshbox/meshbox/appliance/rows"
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/internal/redact"
@@ -78,6 +79,10 @@ type Appliance struct {
 	// connection (Start's and Close's).
 	blobSrv  atomic.Pointer[blobs.Server]
 	blobConn *nats.Conn
+	// rowsEng is the node's tables of rows (rows.go), rowsConn its API's
+	// connection; set once it runs.
+	rowsEng  atomic.Pointer[rows.Engine]
+	rowsConn *nats.Conn
 	// mods supervises the assigned modules; set once it runs.
 	mods atomic.Pointer[modules.Supervisor]
 	// moduleGuard is the module guard's command (SetModuleGuard; nil: none).
@@ -227,6 +232,9 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if err := a.startBlobs(ctx); err != nil {
 		return err
 	}
+	if err := a.startRows(); err != nil {
+		return err
+	}
 	hosted, _, err := a.interest.check()
 	if err != nil {
 		return err
@@ -321,6 +329,7 @@ func (a *Appliance) closeLocked() error {
 			errs = append(errs, fmt.Errorf("bridge: %w", err))
 		}
 	}
+	a.stopRows()
 	if kk := a.keys.Swap(nil); kk != nil {
 		kk.close()
 	}
@@ -423,5 +432,8 @@ func (a *Appliance) bindingsChanged(snap cache.Snapshot, div cache.Divergence) {
 	}
 	if sup := a.mods.Load(); sup != nil {
 		a.applyModules(context.Background(), sup, snap.Bindings)
+	}
+	if eng := a.rowsEng.Load(); eng != nil {
+		a.applyTables(eng, snap)
 	}
 }

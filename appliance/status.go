@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/modules"
+	"github.com/meshbox/meshbox/appliance/rows"
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/node"
@@ -30,14 +31,15 @@ type Status struct {
 	Commands []bridge.CommandStatus `json:"commands"`
 	// DeadLetters counts the dead letters of each stage hosted here
 	// (`meshbox dlq list STAGE` shows them).
-	DeadLetters  map[string]int    `json:"dead_letters"`
-	Peers        []node.Peer       `json:"peers"`
-	Capabilities node.Capabilities `json:"capabilities"`
-	Bindings     cache.Status      `json:"bindings"`
-	Modules      []modules.Status  `json:"modules"`
-	Keys         *KeysStatus       `json:"keys,omitempty"`  // in a mesh with a database
-	Blobs        *BlobsStatus      `json:"blobs,omitempty"` // the blob store, once it runs
-	Errors       []ErrorEntry      `json:"errors"`
+	DeadLetters  map[string]int     `json:"dead_letters"`
+	Peers        []node.Peer        `json:"peers"`
+	Capabilities node.Capabilities  `json:"capabilities"`
+	Bindings     cache.Status       `json:"bindings"`
+	Modules      []modules.Status   `json:"modules"`
+	Keys         *KeysStatus        `json:"keys,omitempty"`  // in a mesh with a database
+	Blobs        *BlobsStatus       `json:"blobs,omitempty"` // the blob store, once it runs
+	Rows         []rows.TableStatus `json:"rows,omitempty"`  // the mesh's tables of rows, this node's replica of each
+	Errors       []ErrorEntry       `json:"errors"`
 	// Warnings are standing conditions an operator should know about: an
 	// open local NATS server, a link to the broker or the database that
 	// is not protected on the network, a broker user with an older mesh's
@@ -114,6 +116,7 @@ func (a *Appliance) Status() Status {
 		st.Peers = []node.Peer{}
 	}
 	st.Blobs = a.blobsStatus()
+	st.Rows = a.rowsStatus()
 	st.Modules = []modules.Status{}
 	if sup := a.mods.Load(); sup != nil {
 		st.Modules = sup.Status()

@@ -29,6 +29,9 @@ type session struct {
 	user    string
 	perNode bool
 	q       sessionQueues
+	// early: the publisher, the confirmer and the outbox's drainer started
+	// during the setup (setup.go).
+	early bool
 	// handedOver: a handover replaced the session; stop leaves this
 	// node's pending requests open for the next one.
 	handedOver bool
@@ -94,9 +97,6 @@ type publishing struct {
 	inflight map[uint64]*pubItem
 	byID     map[string]*pubItem
 	ended    bool
-	// early: the publisher, the confirmer and the outbox's drainer started
-	// during the setup (setup.go).
-	early bool
 	// routed are the stages whose commands the broker routed to a queue in
 	// this session (stage → true): only those overflow into the outbox
 	// (submit.go).
@@ -302,7 +302,7 @@ func (s *session) start() {
 		_ = sub.SetPendingLimits(1<<20, 256<<20)
 		s.local.subs = append(s.local.subs, sub)
 	}
-	if !s.pub.early { // else running since setup (setup.go)
+	if !s.early { // else running since setup (setup.go)
 		s.spawn(s.publisher)
 		s.spawn(s.confirmer)
 		s.spawn(s.drainer)

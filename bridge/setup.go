@@ -83,7 +83,7 @@ func (s *session) setup() error {
 		// the setup fail, what was sent goes again, marked as a possible
 		// duplicate, like after any cut.
 		if u := s.b.learnt.shared.Load(); u != nil && *u == s.url {
-			s.pub.early = true
+			s.early = true
 			s.spawn(s.publisher)
 			s.spawn(s.confirmer)
 			s.spawn(s.drainer)

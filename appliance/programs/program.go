@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/meshbox/meshbox/appliance/blobs"
+	"github.com/meshbox/meshbox/appliance/rows"
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats-server/v2/server"
@@ -31,8 +32,14 @@ type Program struct {
 	// Blobs lets it use the node's blob store (the JetStream object store
 	// blobs.Bucket, and no other stream) and fetch blobs from any node
 	// (node.*.cap.meshbox.blob.>).
-	Blobs bool   `json:"blobs,omitempty"`
-	Key   string `json:"key,omitempty"` // public nkey (U...) of its credential
+	Blobs bool `json:"blobs,omitempty"`
+	// Read and Write name the tables of rows it may read (get, list,
+	// history, watch changes) and write (put, delete) through the node's
+	// rows API ($MESH.rows.<table>.<op>, see rows.Subject); "*" is every
+	// table.
+	Read  []string `json:"read,omitempty"`
+	Write []string `json:"write,omitempty"`
+	Key   string   `json:"key,omitempty"` // public nkey (U...) of its credential
 }
 
 // Local NATS subjects a program's permissions are made of (the bridge's
@@ -84,6 +91,19 @@ func (p Program) Validate() error {
 		for _, v := range l.values {
 			if err := checkPattern(l.kind, v, l.wildcards); err != nil {
 				return fmt.Errorf("%w %s: %s: %w", ErrInvalid, p.Name, l.flag, err)
+			}
+		}
+	}
+	for _, l := range []struct {
+		flag   string
+		tables []string
+	}{{"read", p.Read}, {"write", p.Write}} {
+		for _, t := range l.tables {
+			if t == "*" {
+				continue
+			}
+			if err := rows.ValidTable(t); err != nil {
+				return fmt.Errorf("%w %s: %s: %w (or * for every table)", ErrInvalid, p.Name, l.flag, err)
 			}
 		}
 	}
@@ -145,7 +165,20 @@ func (p Program) Permissions() *server.Permissions {
 	if p.Blobs {
 		pub = append(pub, blobSubjects()...)
 	}
+	for _, t := range p.Read {
+		for _, op := range rows.ReadOps {
+			pub = append(pub, rows.Subject(t, op))
+		}
+	}
+	for _, t := range p.Write {
+		for _, op := range rows.WriteOps {
+			pub = append(pub, rows.Subject(t, op))
+		}
+	}
 	sub := []string{p.InboxPrefix() + ".>"}
+	for _, t := range p.Read {
+		sub = append(sub, rows.ChangedSubject(t, ">"))
+	}
 	for _, c := range p.Host {
 		sub = append(sub, subjCap+c)
 	}

@@ -74,6 +74,8 @@ func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
 			{"publish", "an event topic it may publish (evt.TOPIC)", &p.Publish},
 			{"subscribe", "an event topic it may subscribe to (evt.TOPIC)", &p.Subscribe},
 			{"service", "a NATS micro service it may run: it answers the service's discovery requests ($SRV.PING, .INFO, .STATS); needs --host or --serve", &p.Service},
+			{"read", "a table of rows it may read: get, list, history, watch ($MESH.rows.TABLE.*; * for every table)", &p.Read},
+			{"write", "a table of rows it may write: put, delete ($MESH.rows.TABLE.*; * for every table)", &p.Write},
 		} {
 			fs.Var((*listFlag)(l.into), l.name, l.usage)
 		}
@@ -166,7 +168,7 @@ func (c *ProgramCommand) printPrograms(progs []programs.Program, store *programs
 		for _, l := range []struct {
 			name string
 			v    []string
-		}{{"host", p.Host}, {"call", p.Call}, {"serve", p.Serve}, {"submit", p.Submit}, {"publish", p.Publish}, {"subscribe", p.Subscribe}, {"service", p.Service}} {
+		}{{"host", p.Host}, {"call", p.Call}, {"serve", p.Serve}, {"submit", p.Submit}, {"publish", p.Publish}, {"subscribe", p.Subscribe}, {"service", p.Service}, {"read", p.Read}, {"write", p.Write}} {
 			if len(l.v) > 0 {
 				fmt.Fprintf(tw, "  %s\t%s\n", l.name, strings.Join(l.v, ", "))
 			}

@@ -172,7 +172,9 @@ func NodePermissions(n string, stages []string) (Permissions, error) {
 	configure := serverNamedPattern + `|node\.` + node + `\.claim`
 	queues := serverNamedPattern + `|node\.` + node + `\.events`
 	bindKeys := []string{`to\.` + node + `\.(#|req\.#|reply|sys\.#)`}
-	topicWrite := `(cmd|evt|sys)\..+|to\.[A-Za-z0-9_-]+\.(req\..+|reply|sys\..+)`
+	// rows.<table>: the tables' logs (stream queues the admin makes),
+	// written through mesh and read straight from the queue.
+	topicWrite := `(cmd|evt|sys)\..+|to\.[A-Za-z0-9_-]+\.(req\..+|reply|sys\..+)|rows\.[a-z0-9_-]+`
 	if stageAlt != "" {
 		stageQueues := `(cmd|retry|dead)\.` + stageAlt
 		queues += `|` + stageQueues
@@ -185,7 +187,7 @@ func NodePermissions(n string, stages []string) (Permissions, error) {
 	return Permissions{
 		Configure:     `^(` + configure + `)$`,
 		Write:         `^(mesh|mesh\.dlx|` + queues + `)$`,
-		Read:          `^(mesh|` + queues + `)$`,
+		Read:          `^(mesh|` + queues + `|rows\.[a-z0-9_-]+)$`,
 		TopicExchange: MeshExchange,
 		TopicWrite:    `^(` + topicWrite + `)$`,
 		TopicRead:     `^(` + strings.Join(append([]string{`evt\.#`, `sys\.#`}, bindKeys...), "|") + `)$`,

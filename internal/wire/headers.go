@@ -22,12 +22,13 @@ const (
 	HeaderDeadAt      = "Meshbox-Dead-At"     // when it was dead-lettered (RFC 3339, ms): its last failure
 	HeaderAttempts    = "Meshbox-Attempts"    // attempts that failed before this delivery (retry copies, dead letters)
 	HeaderFirstFail   = "Meshbox-First-Failure"
-	HeaderLastFail    = "Meshbox-Last-Failure" // a retry copy's last failure (RFC 3339, ms)
-	HeaderLastReason  = "Meshbox-Last-Reason"  // why a retry copy's last attempt failed (sealing: its class; reasons.go)
-	HeaderFirstOrigin = "Meshbox-First-Origin" // a retry copy or replay: the origin of the command it copies, as the copying node read it
-	HeaderReplayed    = "Meshbox-Replayed"     // a replayed dead letter: "<time> by <node> (dead-lettered <time>: <reason>)" (sealing: its class; reasons.go)
-	HeaderResultTopic = "Meshbox-Result-Topic" // on a command: the event topic its handler's result is published on
-	HeaderOrderKey    = "Meshbox-Order-Key"    // on a command: commands of one stage with the same key reach a node's handler one at a time, in queue order (sealed)
+	HeaderLastFail    = "Meshbox-Last-Failure"  // a retry copy's last failure (RFC 3339, ms)
+	HeaderLastReason  = "Meshbox-Last-Reason"   // why a retry copy's last attempt failed (sealing: its class; reasons.go)
+	HeaderFirstOrigin = "Meshbox-First-Origin"  // a retry copy or replay: the origin of the command it copies, as the copying node read it
+	HeaderReplayed    = "Meshbox-Replayed"      // a replayed dead letter: "<time> by <node> (dead-lettered <time>: <reason>)" (sealing: its class; reasons.go)
+	HeaderResultTopic = "Meshbox-Result-Topic"  // on a command: the event topic its handler's result is published on
+	HeaderOrderKey    = "Meshbox-Order-Key"     // on a command: commands of one stage with the same key reach a node's handler one at a time, in queue order (sealed)
+	HeaderRowsSnap    = "Meshbox-Rows-Snapshot" // on a table's log: the offset where the newest complete snapshot its writer knew starts
 )
 
 // MaxTimeout bounds the deadline a caller may ask for with HeaderTimeout

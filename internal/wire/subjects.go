@@ -44,4 +44,5 @@ const (
 	SubjectDeadLetters     = "$MESH.dlq"             // the dead-letter tools
 	SubjectBlobsOpen       = "$MESH.blobs.open"      // open a blob for a program
 	SubjectBlobsFetches    = "$MESH.blobs.fetches"   // a blob fetch's progress report (no reply)
+	SubjectRowsPrefix      = "$MESH.rows."           // the rows API: $MESH.rows.<table>.<op>, changes on $MESH.rows.<table>.changed.<row>
 )

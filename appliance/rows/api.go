@@ -1,0 +1,270 @@
+package rows
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/meshbox/meshbox/internal/wire"
+)
+
+// The rows API on the node's NATS server: requests on
+// $MESH.rows.<table>.<op> with a JSON body, answered in JSON or with a
+// NATS micro error (Nats-Service-Error, Nats-Service-Error-Code: 400 bad
+// input, 404 no such table or row, 503 no key to seal the table with,
+// 500 the store failed); every change a node applies, its own writes and
+// those read from the log, is published on
+// $MESH.rows.<table>.changed.<row>.
+const (
+	subjectRoot = wire.SubjectRowsPrefix
+
+	OpPut     = "put"     // {"row", "set": {field: value}, "delete": [field]} -> Written
+	OpDelete  = "delete"  // {"row"} (every field) -> Written
+	OpGet     = "get"     // {"row"} -> RowDoc
+	OpList    = "list"    // {"prefix", "limit"} -> ListDoc
+	OpHistory = "history" // {"row", "field"} -> HistoryDoc
+)
+
+// ReadOps and WriteOps are the operations the read and write rights of a
+// program give.
+var (
+	ReadOps  = []string{OpGet, OpList, OpHistory}
+	WriteOps = []string{OpPut, OpDelete}
+)
+
+// Subject is the request subject of op on table ("*": every table).
+func Subject(table, op string) string { return subjectRoot + table + "." + op }
+
+// ChangedSubject is the subject changes of row of table are published on
+// (row may be a wildcard).
+func ChangedSubject(table, row string) string { return subjectRoot + table + ".changed." + row }
+
+// Request is the body of every request; each operation reads its part.
+type Request struct {
+	Row    string            `json:"row,omitempty"`
+	Field  string            `json:"field,omitempty"`
+	Set    map[string]string `json:"set,omitempty"`
+	Delete []string          `json:"delete,omitempty"`
+	Prefix string            `json:"prefix,omitempty"`
+	Limit  int               `json:"limit,omitempty"`
+}
+
+// Written answers a put or a delete: the write is committed on this node.
+type Written struct {
+	Table string `json:"table"`
+	Row   string `json:"row"`
+	Stamp string `json:"stamp"`
+	Node  string `json:"node"`
+}
+
+// Version is a field's version.
+type Version struct {
+	Value   string    `json:"value,omitempty"`
+	Deleted bool      `json:"deleted,omitempty"`
+	Stamp   string    `json:"stamp"`
+	At      time.Time `json:"at"`
+	Node    string    `json:"node"`
+}
+
+// RowDoc is a row: its fields that are not deleted, and every field's
+// version.
+type RowDoc struct {
+	Table    string             `json:"table"`
+	Row      string             `json:"row"`
+	Fields   map[string]string  `json:"fields"`
+	Versions map[string]Version `json:"versions"`
+}
+
+// ListDoc is a page of rows.
+type ListDoc struct {
+	Table string   `json:"table"`
+	Rows  []RowDoc `json:"rows"`
+	More  bool     `json:"more"`
+}
+
+// HistoryDoc is the versions of a field this node holds, newest first.
+type HistoryDoc struct {
+	Table    string    `json:"table"`
+	Row      string    `json:"row"`
+	Field    string    `json:"field"`
+	Versions []Version `json:"versions"`
+}
+
+// ChangedDoc is published on ChangedSubject for each change applied.
+type ChangedDoc struct {
+	Table    string             `json:"table"`
+	Row      string             `json:"row"`
+	Fields   map[string]string  `json:"fields,omitempty"`
+	Deleted  []string           `json:"deleted,omitempty"`
+	Versions map[string]Version `json:"versions"`
+}
+
+// DefaultListLimit and MaxListLimit bound a list's page.
+const (
+	DefaultListLimit = 100
+	MaxListLimit     = 10000
+)
+
+func version(c Cell) Version {
+	v := Version{Deleted: c.Deleted, Stamp: c.Stamp.String(), At: c.Stamp.Wall().UTC(), Node: c.Node}
+	if !c.Deleted {
+		v.Value = string(c.Value)
+	}
+	return v
+}
+
+func rowDoc(table, row string, cells map[string]Cell) RowDoc {
+	d := RowDoc{Table: table, Row: row, Fields: map[string]string{}, Versions: map[string]Version{}}
+	for f, c := range cells {
+		d.Versions[f] = version(c)
+		if !c.Deleted {
+			d.Fields[f] = string(c.Value)
+		}
+	}
+	return d
+}
+
+// ServeConfig is where the API is served.
+type ServeConfig struct {
+	// Conn receives the requests and publishes the changes: a connection
+	// of the node's own.
+	Conn *nats.Conn
+	// Replies, when set, carries the answers (the node's responder).
+	Replies *nats.Conn
+	// ReplyAllowed says whether a request on subject may be answered at
+	// reply: a reply subject is the caller's word, and the node must not
+	// publish where the caller may not (a program asking for a row with
+	// the reply subject cmd.<stage> would submit a command as the node).
+	// A request it refuses is not acted on. Nil: every reply is allowed.
+	ReplyAllowed func(subject, reply string) error
+}
+
+// Serve answers the rows API until the connection closes, and publishes
+// every change. Programs' rights on the subjects are their permissions'
+// business; their reply subjects are checked here.
+func (e *Engine) Serve(sc ServeConfig) (*nats.Subscription, error) {
+	nc := sc.Conn
+	replies := sc.Replies
+	if replies == nil {
+		replies = nc
+	}
+	var refusedOnce sync.Map
+	e.OnChange(func(a Applied) {
+		d := ChangedDoc{Table: a.Table, Row: a.Row, Fields: map[string]string{}, Versions: map[string]Version{}}
+		for f, c := range a.Won {
+			d.Versions[f] = version(c)
+			if c.Deleted {
+				d.Deleted = append(d.Deleted, f)
+			} else {
+				d.Fields[f] = string(c.Value)
+			}
+		}
+		b, _ := json.Marshal(d)
+		_ = nc.Publish(ChangedSubject(a.Table, a.Row), b)
+	})
+	return nc.Subscribe(subjectRoot+"*.*", func(m *nats.Msg) {
+		if m.Reply == "" {
+			return
+		}
+		if sc.ReplyAllowed != nil {
+			if err := sc.ReplyAllowed(m.Subject, m.Reply); err != nil {
+				e.m.errors.WithLabelValues("reply_refused").Inc()
+				if _, seen := refusedOnce.LoadOrStore(m.Subject, true); !seen {
+					e.log.Warn("rows request refused: its reply subject is not the caller's to receive on (logged once per subject)", "subject", m.Subject, "err", err)
+				}
+				return
+			}
+		}
+		doc, err := e.answer(m.Subject, m.Data)
+		if err != nil {
+			r := nats.NewMsg(m.Reply)
+			wire.SetError(r.Header, errorCode(err), err.Error())
+			_ = replies.PublishMsg(r)
+			return
+		}
+		b, _ := json.Marshal(doc)
+		_ = replies.Publish(m.Reply, b)
+	})
+}
+
+func errorCode(err error) int {
+	switch {
+	case errors.Is(err, ErrBadInput):
+		return 400
+	case errors.Is(err, ErrNoTable), errors.Is(err, ErrNoRow):
+		return 404
+	case errors.Is(err, ErrNoKey):
+		return 503
+	}
+	return 500
+}
+
+// answer runs one request on subject.
+func (e *Engine) answer(subject string, body []byte) (any, error) {
+	rest := strings.TrimPrefix(subject, subjectRoot)
+	table, op, _ := strings.Cut(rest, ".")
+	var req Request
+	if len(body) > 0 {
+		if err := json.Unmarshal(body, &req); err != nil {
+			return nil, fmt.Errorf("%w: the request is not a JSON object of the rows API: %v", ErrBadInput, err)
+		}
+	}
+	switch op {
+	case OpPut:
+		set := map[string][]byte{}
+		for f, v := range req.Set {
+			set[f] = []byte(v)
+		}
+		st, err := e.Put(table, req.Row, set, req.Delete)
+		if err != nil {
+			return nil, err
+		}
+		return Written{Table: table, Row: req.Row, Stamp: st.String(), Node: e.cfg.Node}, nil
+	case OpDelete:
+		st, err := e.DeleteRow(table, req.Row)
+		if err != nil {
+			return nil, err
+		}
+		return Written{Table: table, Row: req.Row, Stamp: st.String(), Node: e.cfg.Node}, nil
+	case OpGet:
+		cells, err := e.Get(table, req.Row)
+		if err != nil {
+			return nil, err
+		}
+		return rowDoc(table, req.Row, cells), nil
+	case OpList:
+		limit := req.Limit
+		if limit <= 0 {
+			limit = DefaultListLimit
+		}
+		if limit > MaxListLimit {
+			return nil, fmt.Errorf("%w: limit %d, at most %d", ErrBadInput, limit, MaxListLimit)
+		}
+		doc := ListDoc{Table: table, Rows: []RowDoc{}}
+		err := e.List(table, req.Prefix, func(row string, cells map[string]Cell) bool {
+			if len(doc.Rows) == limit {
+				doc.More = true
+				return false
+			}
+			doc.Rows = append(doc.Rows, rowDoc(table, row, cells))
+			return true
+		})
+		return doc, err
+	case OpHistory:
+		cells, err := e.History(table, req.Row, req.Field)
+		if err != nil {
+			return nil, err
+		}
+		doc := HistoryDoc{Table: table, Row: req.Row, Field: req.Field, Versions: []Version{}}
+		for _, c := range cells {
+			doc.Versions = append(doc.Versions, version(c))
+		}
+		return doc, nil
+	}
+	return nil, fmt.Errorf("%w: %q is not an operation of the rows API (put, delete, get, list, history)", ErrBadInput, op)
+}

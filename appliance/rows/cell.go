@@ -1,0 +1,104 @@
+package rows
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"regexp"
+)
+
+// Cell is one version of one field of a row: its value (none when the
+// field was deleted: a tombstone), when it was written (Stamp) and by
+// which node. Fields converge on their own: of two versions, the one
+// with the larger stamp wins, and of equal stamps (two nodes' clocks in
+// the same millisecond and counter) the larger node name.
+type Cell struct {
+	Stamp   Stamp
+	Node    string
+	Deleted bool
+	Value   []byte
+}
+
+// Wins reports whether c replaces o (o is the version held).
+func (c Cell) Wins(o Cell) bool {
+	if c.Stamp != o.Stamp {
+		return c.Stamp > o.Stamp
+	}
+	return c.Node > o.Node
+}
+
+// Limits of names and sizes.
+const (
+	MaxTableLen = 64
+	MaxRowLen   = 200
+	MaxFieldLen = 64
+	// MaxValueLen is the largest value of a field; MaxRowBytes the most a
+	// write of one row may carry (its fields' names and values). Bytes
+	// belong in blobs; rows hold status, ownership and references.
+	MaxValueLen = 16 << 10
+	MaxRowBytes = 64 << 10
+	// MaxFields is the most fields one write may name.
+	MaxFields = 64
+)
+
+var (
+	tableRe = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]*$`)
+	rowRe   = regexp.MustCompile(`^[A-Za-z0-9_=-][A-Za-z0-9_.=-]*$`)
+	fieldRe = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+)
+
+// ErrBadInput wraps every refusal of a name, a size or a request.
+var ErrBadInput = errors.New("bad input")
+
+// ValidTable checks a table name: lowercase letters, digits, '_' and '-',
+// starting with a letter or digit, at most MaxTableLen bytes.
+func ValidTable(t string) error {
+	if len(t) == 0 || len(t) > MaxTableLen || !tableRe.MatchString(t) {
+		return fmt.Errorf("%w: table %q: a table name is 1 to %d lowercase letters, digits, '_' or '-', starting with a letter or digit", ErrBadInput, t, MaxTableLen)
+	}
+	return nil
+}
+
+// ValidRow checks a row key: letters, digits, '_', '-', '=' and '.', not
+// starting with '.', at most MaxRowLen bytes.
+func ValidRow(r string) error {
+	if len(r) == 0 || len(r) > MaxRowLen || !rowRe.MatchString(r) {
+		return fmt.Errorf("%w: row %q: a row key is 1 to %d letters, digits, '_', '-', '=' or '.', not starting with '.'", ErrBadInput, r, MaxRowLen)
+	}
+	return nil
+}
+
+// ValidField checks a field name: letters, digits, '_' and '-', at most
+// MaxFieldLen bytes.
+func ValidField(f string) error {
+	if len(f) == 0 || len(f) > MaxFieldLen || !fieldRe.MatchString(f) {
+		return fmt.Errorf("%w: field %q: a field name is 1 to %d letters, digits, '_' or '-'", ErrBadInput, f, MaxFieldLen)
+	}
+	return nil
+}
+
+// encode appends c's stored form: stamp, flags, node, value.
+func (c Cell) encode(dst []byte) []byte {
+	dst = binary.BigEndian.AppendUint64(dst, uint64(c.Stamp))
+	var flags byte
+	if c.Deleted {
+		flags = 1
+	}
+	dst = append(dst, flags, byte(len(c.Node)))
+	dst = append(dst, c.Node...)
+	return append(dst, c.Value...)
+}
+
+// decodeCell reads a stored cell. The value aliases b.
+func decodeCell(b []byte) (Cell, error) {
+	if len(b) < 10 || len(b) < 10+int(b[9]) {
+		return Cell{}, errors.New("stored cell too short")
+	}
+	c := Cell{Stamp: Stamp(binary.BigEndian.Uint64(b)), Deleted: b[8]&1 != 0}
+	n := int(b[9])
+	c.Node = string(b[10 : 10+n])
+	if !c.Deleted {
+		c.Value = b[10+n:]
+	}
+	return c, nil
+}

@@ -1,0 +1,471 @@
+package rows
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshbox/meshbox/internal/seal"
+)
+
+// TableSpec is a table as the mesh defines it (mesh table add/bind).
+type TableSpec struct {
+	// Scope is the scope whose key seals the table ("": the mesh's).
+	Scope string `json:"scope,omitempty"`
+}
+
+// Config configures an Engine.
+type Config struct {
+	Node string
+	// Path is the store's file (<data>/rows.db).
+	Path string
+	// Keys seal and open the tables' changes; nil: this node has no
+	// broker (standalone) and its tables stay on it.
+	Keys *seal.Keyring
+	// BrokerURL returns the URL of the broker with this node's credential
+	// ("": none now). Called on every connect.
+	BrokerURL func() string
+	// Declare makes the stream queues and their bindings when missing: a
+	// mesh on one broker credential has no admin to make them.
+	Declare bool
+	// Retention of each table's log.
+	MaxAge   time.Duration
+	MaxBytes int64
+	// SnapshotEvery is how many changes in a table's log since the last
+	// snapshot make a node write a new one (0: DefaultSnapshotEvery).
+	SnapshotEvery int
+	// MaxDrift bounds how far ahead of this node's clock a change may be
+	// (0: DefaultMaxDrift).
+	MaxDrift time.Duration
+	Logger   *slog.Logger
+	Metrics  prometheus.Registerer
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
+}
+
+// Defaults.
+const (
+	DefaultSnapshotEvery = 10000
+	DefaultMaxAge        = 30 * 24 * time.Hour
+	DefaultMaxBytes      = 1 << 30
+)
+
+// Engine is a node's tables: the store, the clock, and the sync with the
+// tables' logs on the broker.
+type Engine struct {
+	cfg   Config
+	log   *slog.Logger
+	store *Store
+	clock *Clock
+	m     *metrics
+
+	mu       sync.Mutex
+	tables   map[string]TableSpec
+	watchers []func(Applied)
+	status   map[string]*tableState
+
+	wake      chan struct{} // cap 1: a local write waits for the broker
+	snapshots chan string   // cap 4: tables to write a snapshot of
+	reconf    chan struct{} // cap 1: the tables or the broker changed
+	quit      chan struct{}
+	done      chan struct{}
+}
+
+// tableState is what the sync knows of a table.
+type tableState struct {
+	offset, last  uint64 // next offset to read; newest offset seen in the log
+	sinceSnapshot int    // changes read since the newest snapshot
+	snapshotAt    uint64 // offset of the newest snapshot's first part (0: none seen)
+	snapshotTime  time.Time
+	lastSnapshot  time.Time // when this node last wrote one
+	refused       map[string]int
+	firstRefusal  string
+	connected     bool
+	gap           bool // the log no longer held what this node had not read
+	// snapshotPending is the id of a snapshot whose parts are being read,
+	// from offset snapshotFirst; snapshotQueued: this node waits to write one.
+	snapshotPending string
+	snapshotFirst   uint64
+	snapshotQueued  bool
+}
+
+// Open opens the store and starts the sync (it waits for tables and a
+// broker).
+func Open(cfg Config) (*Engine, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.SnapshotEvery <= 0 {
+		cfg.SnapshotEvery = DefaultSnapshotEvery
+	}
+	if cfg.MaxAge <= 0 {
+		cfg.MaxAge = DefaultMaxAge
+	}
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = DefaultMaxBytes
+	}
+	st, err := OpenStore(cfg.Path)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		cfg: cfg, log: cfg.Logger.With("component", "rows"), store: st,
+		clock:  NewClock(cfg.Now, cfg.MaxDrift),
+		tables: map[string]TableSpec{}, status: map[string]*tableState{},
+		wake: make(chan struct{}, 1), reconf: make(chan struct{}, 1), snapshots: make(chan string, 4),
+		quit: make(chan struct{}), done: make(chan struct{}),
+	}
+	e.m = newMetrics(e)
+	if err := e.m.register(cfg.Metrics); err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	e.seedClock()
+	go e.run()
+	return e, nil
+}
+
+// seedClock moves the clock past every stamp the store holds: a node
+// whose clock went back across a restart still writes newer versions.
+func (e *Engine) seedClock() {
+	tables, _ := e.store.Tables()
+	for _, t := range tables {
+		_ = e.store.Rows(t, "", func(_ string, cells map[string]Cell) bool {
+			for _, c := range cells {
+				if c.Node == e.cfg.Node {
+					_ = e.clock.Observe(c.Stamp)
+				}
+			}
+			return true
+		})
+	}
+}
+
+// Close stops the sync and closes the store.
+func (e *Engine) Close() error {
+	select {
+	case <-e.quit:
+	default:
+		close(e.quit)
+	}
+	<-e.done
+	e.m.unregister()
+	return e.store.Close()
+}
+
+// SetTables sets the mesh's tables (from the bindings).
+func (e *Engine) SetTables(tables map[string]TableSpec) {
+	e.mu.Lock()
+	changed := !maps.Equal(e.tables, tables)
+	e.tables = maps.Clone(tables)
+	e.mu.Unlock()
+	if changed {
+		signal(e.reconf)
+	}
+}
+
+// Reconnect makes the sync dial again (the broker URL or credential
+// changed).
+func (e *Engine) Reconnect() { signal(e.reconf) }
+
+// Tables returns the mesh's tables.
+func (e *Engine) Tables() map[string]TableSpec {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return maps.Clone(e.tables)
+}
+
+// OnChange registers fn, called with every change applied (local writes
+// and changes from the log that won), on the goroutine that applied it.
+func (e *Engine) OnChange(fn func(Applied)) {
+	e.mu.Lock()
+	e.watchers = append(e.watchers, fn)
+	e.mu.Unlock()
+}
+
+func (e *Engine) notify(a Applied) {
+	e.mu.Lock()
+	ws := slices.Clone(e.watchers)
+	e.mu.Unlock()
+	for _, w := range ws {
+		w(a)
+	}
+}
+
+// Errors of the API.
+var (
+	ErrNoTable = errors.New("no such table")
+	ErrNoKey   = errors.New("no key")
+	ErrNoRow   = errors.New("no such row")
+)
+
+// spec returns table's spec, or ErrNoTable.
+func (e *Engine) spec(table string) (TableSpec, error) {
+	if err := ValidTable(table); err != nil {
+		return TableSpec{}, err
+	}
+	e.mu.Lock()
+	sp, ok := e.tables[table]
+	e.mu.Unlock()
+	if !ok {
+		return TableSpec{}, fmt.Errorf("%w: %q (meshbox mesh table add %s makes it)", ErrNoTable, table, table)
+	}
+	return sp, nil
+}
+
+// Put writes fields of row (set: new values; del: fields deleted) and
+// returns the write's stamp once the write is committed on this node's
+// disk. The broker gets it when the link allows.
+func (e *Engine) Put(table, row string, set map[string][]byte, del []string) (Stamp, error) {
+	sp, err := e.spec(table)
+	if err != nil {
+		return 0, err
+	}
+	if err := ValidRow(row); err != nil {
+		return 0, err
+	}
+	if len(set)+len(del) == 0 {
+		return 0, fmt.Errorf("%w: a write sets or deletes at least one field", ErrBadInput)
+	}
+	if len(set)+len(del) > MaxFields {
+		return 0, fmt.Errorf("%w: %d fields in one write, at most %d", ErrBadInput, len(set)+len(del), MaxFields)
+	}
+	size := len(row)
+	for f, v := range set {
+		if err := ValidField(f); err != nil {
+			return 0, err
+		}
+		if len(v) > MaxValueLen {
+			return 0, fmt.Errorf("%w: field %s: value of %d bytes, at most %d (bytes belong in a blob; a row holds its reference)", ErrBadInput, f, len(v), MaxValueLen)
+		}
+		size += len(f) + len(v)
+	}
+	for _, f := range del {
+		if err := ValidField(f); err != nil {
+			return 0, err
+		}
+		if _, both := set[f]; both {
+			return 0, fmt.Errorf("%w: field %s both set and deleted", ErrBadInput, f)
+		}
+		size += len(f)
+	}
+	if size > MaxRowBytes {
+		return 0, fmt.Errorf("%w: a write of %d bytes, at most %d", ErrBadInput, size, MaxRowBytes)
+	}
+	if e.cfg.Keys != nil && e.cfg.BrokerURL != nil && e.cfg.BrokerURL() != "" {
+		if _, err := e.cfg.Keys.SealerFor(sp.Scope); err != nil {
+			return 0, fmt.Errorf("%w: this node holds no key of %s, which seals table %s: %v", ErrNoKey, scopeName(sp.Scope), table, err)
+		}
+	}
+	stamp := e.clock.Next()
+	ch := Change{Table: table, Row: row, Cells: map[string]WireCell{}}
+	for f, v := range set {
+		ch.Cells[f] = WireCell{Stamp: stamp, Node: e.cfg.Node, Value: v}
+	}
+	for _, f := range del {
+		ch.Cells[f] = WireCell{Stamp: stamp, Node: e.cfg.Node, Deleted: true}
+	}
+	if err := e.store.Write(ch); err != nil {
+		e.m.errors.WithLabelValues("store").Inc()
+		return 0, fmt.Errorf("store the write: %w", err)
+	}
+	e.m.writes.Inc()
+	signal(e.wake)
+	won := map[string]Cell{}
+	for f, w := range ch.Cells {
+		won[f] = w.cell()
+	}
+	e.notify(Applied{Table: table, Row: row, Won: won})
+	return stamp, nil
+}
+
+// DeleteRow deletes every field row holds.
+func (e *Engine) DeleteRow(table, row string) (Stamp, error) {
+	if _, err := e.spec(table); err != nil {
+		return 0, err
+	}
+	if err := ValidRow(row); err != nil {
+		return 0, err
+	}
+	cells, err := e.store.Row(table, row)
+	if err != nil {
+		return 0, err
+	}
+	var del []string
+	for f, c := range cells {
+		if !c.Deleted {
+			del = append(del, f)
+		}
+	}
+	if len(del) == 0 {
+		return 0, fmt.Errorf("%w: %s in table %s", ErrNoRow, row, table)
+	}
+	return e.Put(table, row, nil, del)
+}
+
+// Get returns row's cells, tombstones included; ErrNoRow when it holds
+// no field that is not deleted.
+func (e *Engine) Get(table, row string) (map[string]Cell, error) {
+	if _, err := e.spec(table); err != nil {
+		return nil, err
+	}
+	if err := ValidRow(row); err != nil {
+		return nil, err
+	}
+	cells, err := e.store.Row(table, row)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cells {
+		if !c.Deleted {
+			return cells, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %s in table %s", ErrNoRow, row, table)
+}
+
+// List calls fn for each row of table (not deleted) whose key starts with
+// prefix, in key order, until fn returns false.
+func (e *Engine) List(table, prefix string, fn func(row string, cells map[string]Cell) bool) error {
+	if _, err := e.spec(table); err != nil {
+		return err
+	}
+	return e.store.Rows(table, prefix, func(row string, cells map[string]Cell) bool {
+		for _, c := range cells {
+			if !c.Deleted {
+				return fn(row, cells)
+			}
+		}
+		return true
+	})
+}
+
+// History returns the versions of row.field this node holds, newest first.
+func (e *Engine) History(table, row, field string) ([]Cell, error) {
+	if _, err := e.spec(table); err != nil {
+		return nil, err
+	}
+	if err := ValidRow(row); err != nil {
+		return nil, err
+	}
+	if err := ValidField(field); err != nil {
+		return nil, err
+	}
+	return e.store.History(table, row, field)
+}
+
+// Store returns the engine's store (tests compare replicas).
+func (e *Engine) Store() *Store { return e.store }
+
+func scopeName(scope string) string {
+	if scope == "" {
+		return "the mesh"
+	}
+	return "scope " + scope
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// TableStatus is a table's part of the node's status.
+type TableStatus struct {
+	Table   string `json:"table"`
+	Scope   string `json:"scope,omitempty"`
+	Rows    int    `json:"rows"`
+	Pending int    `json:"pending"` // local writes the broker has not confirmed
+	// Behind is how many offsets of the table's log this node has not read
+	// (as of the newest it saw).
+	Behind       uint64     `json:"behind"`
+	Offset       uint64     `json:"offset"`
+	Synced       bool       `json:"synced"` // reading the log now
+	LastSnapshot *time.Time `json:"last_snapshot,omitempty"`
+	// Refused counts changes of the log this node could not apply, by
+	// cause (unopened, future, malformed); Alarm says the first in words.
+	// A refusal means this replica may differ from the others.
+	Refused map[string]int `json:"refused,omitempty"`
+	Alarm   string         `json:"alarm,omitempty"`
+	// Gap: the log no longer held changes this node had not read (it was
+	// away longer than the log keeps them); it converged from the newest
+	// snapshot.
+	Gap bool `json:"gap,omitempty"`
+}
+
+// Status returns every table's status.
+func (e *Engine) Status() []TableStatus {
+	e.mu.Lock()
+	tables := maps.Clone(e.tables)
+	states := map[string]tableState{}
+	for t, s := range e.status {
+		c := *s
+		c.refused = maps.Clone(s.refused)
+		states[t] = c
+	}
+	e.mu.Unlock()
+	var out []TableStatus
+	for _, t := range slices.Sorted(maps.Keys(tables)) {
+		ts := TableStatus{Table: t, Scope: tables[t].Scope}
+		ts.Rows, ts.Pending, _ = e.store.Counts(t)
+		if s, ok := states[t]; ok {
+			ts.Offset, ts.Synced, ts.Gap = s.offset, s.connected, s.gap
+			if s.last >= s.offset {
+				ts.Behind = s.last + 1 - s.offset
+			}
+			if !s.snapshotTime.IsZero() {
+				st := s.snapshotTime
+				ts.LastSnapshot = &st
+			}
+			if len(s.refused) > 0 {
+				ts.Refused, ts.Alarm = s.refused, s.firstRefusal
+			}
+		}
+		out = append(out, ts)
+	}
+	return out
+}
+
+// state returns table's sync state (e.mu held).
+func (e *Engine) state(table string) *tableState {
+	s := e.status[table]
+	if s == nil {
+		s = &tableState{}
+		e.status[table] = s
+	}
+	return s
+}
+
+// refuse counts a change of table's log this node cannot apply.
+func (e *Engine) refuse(table, cause string, err error) {
+	e.m.refused.WithLabelValues(table, cause).Inc()
+	e.mu.Lock()
+	s := e.state(table)
+	if s.refused == nil {
+		s.refused = map[string]int{}
+	}
+	first := s.refused[cause] == 0
+	s.refused[cause]++
+	if s.firstRefusal == "" {
+		s.firstRefusal = err.Error()
+	}
+	e.mu.Unlock()
+	if first {
+		e.log.Warn("a change of the table's log refused; this replica may differ from the others until it is resolved (logged once per table and cause)", "table", table, "cause", cause, "err", err)
+	}
+}
+
+// jsonValue is a cell's value for the API: the value when it is valid
+// UTF-8 JSON-safe text.
+func jsonValue(c Cell) json.RawMessage {
+	b, _ := json.Marshal(string(c.Value))
+	return b
+}

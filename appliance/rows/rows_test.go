@@ -1,0 +1,175 @@
+package rows_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshbox/meshbox/appliance/rows"
+	"github.com/meshbox/meshbox/internal/seal"
+	"github.com/meshbox/meshbox/testing/meshtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(meshtest.MainLeakFree(m)) }
+
+// node is an engine with a broker URL that can be cut.
+type node struct {
+	e   *rows.Engine
+	mu  sync.Mutex
+	url string
+	cut bool
+}
+
+func (n *node) brokerURL() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cut {
+		return ""
+	}
+	return n.url
+}
+
+func (n *node) setCut(cut bool) {
+	n.mu.Lock()
+	n.cut = cut
+	n.mu.Unlock()
+	n.e.Reconnect()
+}
+
+func keyring(t *testing.T, k seal.ContentKey) *seal.Keyring {
+	t.Helper()
+	r, err := seal.NewKeyring([]seal.ContentKey{k}, k.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func startNode(t *testing.T, name, url string, ring *seal.Keyring, dir string, snapshotEvery int) *node {
+	t.Helper()
+	n := &node{url: url}
+	e, err := rows.Open(rows.Config{Node: name, Path: filepath.Join(dir, "rows.db"), Keys: ring,
+		BrokerURL: n.brokerURL, Declare: true, SnapshotEvery: snapshotEvery})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.e = e
+	e.SetTables(map[string]rows.TableSpec{"jobs": {}})
+	return n
+}
+
+// state is a replica's content: row.field -> value@stamp/node, tombstones included.
+func state(t *testing.T, e *rows.Engine) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	if err := e.Store().Rows("jobs", "", func(row string, cells map[string]rows.Cell) bool {
+		for f, c := range cells {
+			out[row+"."+f] = fmt.Sprintf("%q@%d/%s/%v", c.Value, c.Stamp, c.Node, c.Deleted)
+		}
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func same(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Two nodes change different fields of one row while cut off from the
+// broker, and the same field: after the cut both keep both fields and
+// agree on the same field's last writer; a third node joining later,
+// while both others are gone, gets the whole state from the broker, from
+// the newest snapshot.
+func TestRowsConvergeAndJoin(t *testing.T) {
+	if testing.Short() {
+		t.Skip("uses RabbitMQ")
+	}
+	url := meshtest.RabbitMQ(t).Vhost(t)
+	key := seal.NewContentKey()
+	a := startNode(t, "alpha", url, keyring(t, key), t.TempDir(), 50)
+	b := startNode(t, "beta", url, keyring(t, key), t.TempDir(), 50)
+	defer a.e.Close()
+	defer b.e.Close()
+
+	if _, err := a.e.Put("jobs", "42", map[string][]byte{"status": []byte("queued")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.e.Put("jobs", "gone", map[string][]byte{"n": []byte("1")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	meshtest.WaitFor(t, 20*time.Second, "beta has job 42 and row gone", func() bool {
+		c, err := b.e.Get("jobs", "42")
+		_, gerr := b.e.Get("jobs", "gone")
+		return err == nil && string(c["status"].Value) == "queued" && gerr == nil
+	})
+
+	a.setCut(true)
+	b.setCut(true)
+	time.Sleep(200 * time.Millisecond)
+	if _, err := a.e.Put("jobs", "42", map[string][]byte{"claim": []byte("alpha"), "owner": []byte("a")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if _, err := b.e.Put("jobs", "42", map[string][]byte{"result": []byte("done"), "owner": []byte("b")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 120 { // enough for a snapshot (every 50 changes)
+		if _, err := a.e.Put("jobs", fmt.Sprintf("r%03d", i), map[string][]byte{"n": []byte(fmt.Sprint(i))}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.e.DeleteRow("jobs", "gone"); err != nil {
+		t.Fatal(err)
+	}
+	a.setCut(false)
+	b.setCut(false)
+	meshtest.WaitFor(t, 30*time.Second, "alpha and beta agree", func() bool { return same(state(t, a.e), state(t, b.e)) })
+	got, err := a.e.Get("jobs", "42")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got["claim"].Value) != "alpha" || string(got["result"].Value) != "done" || string(got["owner"].Value) != "b" || string(got["status"].Value) != "queued" {
+		t.Fatalf("job 42: %v; want both offline changes (claim alpha, result done), owner b (the later write) and status queued", got)
+	}
+	if _, err := a.e.Get("jobs", "gone"); err == nil {
+		t.Fatal("row gone, deleted on beta, is still there on alpha")
+	}
+	want := state(t, a.e)
+	meshtest.WaitFor(t, 30*time.Second, "a snapshot in the log", func() bool {
+		for _, s := range append(a.e.Status(), b.e.Status()...) {
+			if s.LastSnapshot != nil {
+				return true
+			}
+		}
+		return false
+	})
+	a.setCut(true)
+	b.setCut(true)
+	c := startNode(t, "gamma", url, keyring(t, key), t.TempDir(), 50)
+	defer c.e.Close()
+	meshtest.WaitFor(t, 30*time.Second, "gamma has the whole state", func() bool { return same(state(t, c.e), want) })
+
+	// A node without the table's key reads the log and opens nothing.
+	d := startNode(t, "delta", url, keyring(t, seal.NewContentKey()), t.TempDir(), 50)
+	defer d.e.Close()
+	meshtest.WaitFor(t, 30*time.Second, "delta refuses what it cannot open", func() bool {
+		st := d.e.Status()
+		return len(st) == 1 && st[0].Refused["unopened"] > 0
+	})
+	if s := state(t, d.e); len(s) != 0 {
+		t.Fatalf("delta, without the key, holds %d cells", len(s))
+	}
+}

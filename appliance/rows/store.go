@@ -1,0 +1,423 @@
+package rows
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Store is a node's replica of its tables, in one bbolt file
+// (<data>/rows.db). Each table is a bucket holding:
+//
+//	cells    row \x00 field -> the winning version (Cell.encode)
+//	history  row \x00 field \x00 stamp -> versions replaced, newest kept (historyKeep)
+//	pending  seq -> a local write not yet confirmed by the broker (JSON Change)
+//	meta     offset -> the next offset of the table's log to read
+//
+// Every write is one bbolt transaction committed (fsynced) before it is
+// acknowledged; concurrent writes share a commit (bolt.DB.Batch).
+type Store struct {
+	db *bolt.DB
+}
+
+var (
+	bCells   = []byte("cells")
+	bHistory = []byte("history")
+	bPending = []byte("pending")
+	bMeta    = []byte("meta")
+	kOffset  = []byte("offset")
+)
+
+// historyKeep is how many replaced versions of a field the store keeps.
+const historyKeep = 16
+
+// OpenStore opens (creating) the store at path.
+func OpenStore(path string) (*Store, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("open rows store %s: in use by another meshbox process", path)
+		}
+		return nil, fmt.Errorf("open rows store %s: %w", path, err)
+	}
+	// A write waits at most this long for others to share its commit.
+	db.MaxBatchDelay = 2 * time.Millisecond
+	return &Store{db: db}, nil
+}
+
+// Close closes the store.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Change is the versions of some fields of one row of one table: a write
+// of this node, or one read from the table's log.
+type Change struct {
+	Table string              `json:"table"`
+	Row   string              `json:"row"`
+	Cells map[string]WireCell `json:"cells"`
+}
+
+// WireCell is a Cell as a change carries it.
+type WireCell struct {
+	Stamp   Stamp  `json:"t"`
+	Node    string `json:"n"`
+	Deleted bool   `json:"d,omitempty"`
+	Value   []byte `json:"v,omitempty"`
+}
+
+func (w WireCell) cell() Cell {
+	return Cell{Stamp: w.Stamp, Node: w.Node, Deleted: w.Deleted, Value: w.Value}
+}
+
+func cellKey(row, field string) []byte {
+	k := make([]byte, 0, len(row)+1+len(field))
+	k = append(k, row...)
+	k = append(k, 0)
+	return append(k, field...)
+}
+
+func splitCellKey(k []byte) (row, field string) {
+	i := bytes.IndexByte(k, 0)
+	if i < 0 {
+		return string(k), ""
+	}
+	return string(k[:i]), string(k[i+1:])
+}
+
+// tableBuckets returns table's buckets, creating them.
+func tableBuckets(tx *bolt.Tx, table string) (cells, history, pending, meta *bolt.Bucket, err error) {
+	tb, err := tx.CreateBucketIfNotExists([]byte(table))
+	if err != nil {
+		return
+	}
+	bs := make([]*bolt.Bucket, 4)
+	for i, name := range [][]byte{bCells, bHistory, bPending, bMeta} {
+		if bs[i], err = tb.CreateBucketIfNotExists(name); err != nil {
+			return
+		}
+	}
+	return bs[0], bs[1], bs[2], bs[3], nil
+}
+
+// put stores c as the version of row.field if it wins over the one held;
+// the one replaced goes to history. It reports whether c won.
+func put(cells, history *bolt.Bucket, row, field string, c Cell) (bool, error) {
+	k := cellKey(row, field)
+	if old := cells.Get(k); old != nil {
+		oc, err := decodeCell(old)
+		if err != nil {
+			return false, err
+		}
+		if !c.Wins(oc) {
+			if oc.Stamp != c.Stamp || oc.Node != c.Node { // not the same version again
+				if err := keepHistory(history, k, c); err != nil {
+					return false, err
+				}
+			}
+			return false, nil
+		}
+		if err := keepHistory(history, k, oc); err != nil {
+			return false, err
+		}
+	}
+	return true, cells.Put(k, c.encode(nil))
+}
+
+// keepHistory records a version that lost, keeping the newest historyKeep
+// of the field.
+func keepHistory(history *bolt.Bucket, k []byte, c Cell) error {
+	hk := binary.BigEndian.AppendUint64(append(append([]byte{}, k...), 0), uint64(c.Stamp))
+	if err := history.Put(hk, c.encode(nil)); err != nil {
+		return err
+	}
+	prefix := append(append([]byte{}, k...), 0)
+	var keys [][]byte
+	cur := history.Cursor()
+	for hk, _ := cur.Seek(prefix); hk != nil && bytes.HasPrefix(hk, prefix); hk, _ = cur.Next() {
+		keys = append(keys, append([]byte{}, hk...))
+	}
+	for i := 0; i < len(keys)-historyKeep; i++ {
+		if err := history.Delete(keys[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Write stores a local write of ch (every cell wins: its stamp is newer
+// than any this node saw) and queues it for the broker, in one committed
+// transaction.
+func (s *Store) Write(ch Change) error {
+	body, err := json.Marshal(ch)
+	if err != nil {
+		return err
+	}
+	return s.db.Batch(func(tx *bolt.Tx) error {
+		cells, history, pending, _, err := tableBuckets(tx, ch.Table)
+		if err != nil {
+			return err
+		}
+		for f, w := range ch.Cells {
+			if _, err := put(cells, history, ch.Row, f, w.cell()); err != nil {
+				return err
+			}
+		}
+		seq, err := pending.NextSequence()
+		if err != nil {
+			return err
+		}
+		return pending.Put(binary.BigEndian.AppendUint64(nil, seq), body)
+	})
+}
+
+// Applied is what Apply changed: the cells that won, by row and field.
+type Applied struct {
+	Table string
+	Row   string
+	Won   map[string]Cell
+}
+
+// Apply merges changes read from table's log and records next, the
+// offset to read from after them, in one committed transaction. It
+// returns the cells that won.
+func (s *Store) Apply(table string, changes []Change, next uint64) ([]Applied, error) {
+	var out []Applied
+	err := s.db.Batch(func(tx *bolt.Tx) error {
+		out = out[:0] // Batch may run the function again
+		cells, history, _, meta, err := tableBuckets(tx, table)
+		if err != nil {
+			return err
+		}
+		for _, ch := range changes {
+			a := Applied{Table: table, Row: ch.Row}
+			for f, w := range ch.Cells {
+				won, err := put(cells, history, ch.Row, f, w.cell())
+				if err != nil {
+					return err
+				}
+				if won {
+					if a.Won == nil {
+						a.Won = map[string]Cell{}
+					}
+					a.Won[f] = w.cell()
+				}
+			}
+			if a.Won != nil {
+				out = append(out, a)
+			}
+		}
+		return meta.Put(kOffset, binary.BigEndian.AppendUint64(nil, next))
+	})
+	return out, err
+}
+
+// Offset returns the next offset of table's log to read (0 and false:
+// never read).
+func (s *Store) Offset(table string) (uint64, bool, error) {
+	var off uint64
+	var ok bool
+	err := s.db.View(func(tx *bolt.Tx) error {
+		tb := tx.Bucket([]byte(table))
+		if tb == nil {
+			return nil
+		}
+		if m := tb.Bucket(bMeta); m != nil {
+			if v := m.Get(kOffset); len(v) == 8 {
+				off, ok = binary.BigEndian.Uint64(v), true
+			}
+		}
+		return nil
+	})
+	return off, ok, err
+}
+
+// Row returns the cells of row, tombstones included (nil: no such row).
+func (s *Store) Row(table, row string) (map[string]Cell, error) {
+	var out map[string]Cell
+	err := s.db.View(func(tx *bolt.Tx) error {
+		cells := sub(tx, table, bCells)
+		if cells == nil {
+			return nil
+		}
+		prefix := append([]byte(row), 0)
+		cur := cells.Cursor()
+		for k, v := cur.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = cur.Next() {
+			c, err := decodeCell(v)
+			if err != nil {
+				return err
+			}
+			c.Value = bytes.Clone(c.Value)
+			if out == nil {
+				out = map[string]Cell{}
+			}
+			_, f := splitCellKey(k)
+			out[f] = c
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Rows calls fn for each row of table whose key starts with prefix, in
+// key order, with its cells (tombstones included), until fn returns
+// false.
+func (s *Store) Rows(table, prefix string, fn func(row string, cells map[string]Cell) bool) error {
+	return s.db.View(func(tx *bolt.Tx) error {
+		cells := sub(tx, table, bCells)
+		if cells == nil {
+			return nil
+		}
+		cur := cells.Cursor()
+		var row string
+		var cur_ map[string]Cell
+		for k, v := cur.Seek([]byte(prefix)); k != nil && bytes.HasPrefix(k, []byte(prefix)); k, v = cur.Next() {
+			r, f := splitCellKey(k)
+			if r != row && cur_ != nil {
+				if !fn(row, cur_) {
+					return nil
+				}
+				cur_ = nil
+			}
+			row = r
+			c, err := decodeCell(v)
+			if err != nil {
+				return err
+			}
+			c.Value = bytes.Clone(c.Value)
+			if cur_ == nil {
+				cur_ = map[string]Cell{}
+			}
+			cur_[f] = c
+		}
+		if cur_ != nil {
+			fn(row, cur_)
+		}
+		return nil
+	})
+}
+
+// History returns the versions of row.field this node holds, newest
+// first: the winner, then those it replaced (at most historyKeep).
+func (s *Store) History(table, row, field string) ([]Cell, error) {
+	var out []Cell
+	err := s.db.View(func(tx *bolt.Tx) error {
+		k := cellKey(row, field)
+		if cells := sub(tx, table, bCells); cells != nil {
+			if v := cells.Get(k); v != nil {
+				c, err := decodeCell(v)
+				if err != nil {
+					return err
+				}
+				c.Value = bytes.Clone(c.Value)
+				out = append(out, c)
+			}
+		}
+		if h := sub(tx, table, bHistory); h != nil {
+			prefix := append(k, 0)
+			cur := h.Cursor()
+			for hk, v := cur.Seek(prefix); hk != nil && bytes.HasPrefix(hk, prefix); hk, v = cur.Next() {
+				c, err := decodeCell(v)
+				if err != nil {
+					return err
+				}
+				c.Value = bytes.Clone(c.Value)
+				out = append(out, c)
+			}
+		}
+		return nil
+	})
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Wins(out[j]) })
+	return out, err
+}
+
+// Pending returns up to n local writes of table not yet confirmed by the
+// broker, oldest first, from sequence after on.
+func (s *Store) Pending(table string, after uint64, n int) (seqs []uint64, changes [][]byte, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		p := sub(tx, table, bPending)
+		if p == nil {
+			return nil
+		}
+		cur := p.Cursor()
+		for k, v := cur.Seek(binary.BigEndian.AppendUint64(nil, after+1)); k != nil && len(seqs) < n; k, v = cur.Next() {
+			seqs = append(seqs, binary.BigEndian.Uint64(k))
+			changes = append(changes, bytes.Clone(v))
+		}
+		return nil
+	})
+	return seqs, changes, err
+}
+
+// Confirmed deletes table's pending writes seqs: the broker has them.
+func (s *Store) Confirmed(table string, seqs []uint64) error {
+	return s.db.Batch(func(tx *bolt.Tx) error {
+		p := sub(tx, table, bPending)
+		if p == nil {
+			return nil
+		}
+		for _, q := range seqs {
+			if err := p.Delete(binary.BigEndian.AppendUint64(nil, q)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Counts returns table's rows (with at least one field not deleted),
+// and its pending writes.
+func (s *Store) Counts(table string) (rows, pending int, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		if p := sub(tx, table, bPending); p != nil {
+			pending = p.Stats().KeyN
+		}
+		cells := sub(tx, table, bCells)
+		if cells == nil {
+			return nil
+		}
+		last, live := "", false
+		cur := cells.Cursor()
+		for k, v := cur.First(); k != nil; k, v = cur.Next() {
+			r, _ := splitCellKey(k)
+			if r != last {
+				if live {
+					rows++
+				}
+				last, live = r, false
+			}
+			if len(v) > 8 && v[8]&1 == 0 {
+				live = true
+			}
+		}
+		if live {
+			rows++
+		}
+		return nil
+	})
+	return rows, pending, err
+}
+
+// Tables returns the tables the store holds.
+func (s *Store) Tables() ([]string, error) {
+	var out []string
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+			out = append(out, string(name))
+			return nil
+		})
+	})
+	return out, err
+}
+
+func sub(tx *bolt.Tx, table string, name []byte) *bolt.Bucket {
+	tb := tx.Bucket([]byte(table))
+	if tb == nil {
+		return nil
+	}
+	return tb.Bucket(name)
+}

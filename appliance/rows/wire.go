@@ -1,0 +1,91 @@
+package rows
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/meshbox/meshbox/internal/seal"
+	"github.com/meshbox/meshbox/internal/wire"
+)
+
+// A message of a table's log (its stream queue, rows.<table>) is one
+// sealed batch: a node's writes, or a part of a snapshot of the whole
+// table. The broker sees the table (the routing key), the key id, the
+// publisher's broker user and the size; nothing else.
+const (
+	kindChanges  = "changes"
+	kindSnapshot = "snapshot"
+
+	// Headers of a log message (plain: the broker and readers see them).
+	headerKey      = wire.HeaderKey      // the content key it is sealed with
+	headerSnapshot = wire.HeaderRowsSnap // offset where the newest complete snapshot the writer knew starts
+	headerOffset   = "x-stream-offset"   // set by RabbitMQ on every delivery of a stream
+)
+
+// batch is a log message's plaintext.
+type batch struct {
+	V       int      `json:"v"`
+	Kind    string   `json:"kind"`
+	Node    string   `json:"node"`
+	Snap    string   `json:"snap,omitempty"`  // snapshot id
+	Part    int      `json:"part,omitempty"`  // snapshot part, from 1
+	Parts   int      `json:"parts,omitempty"` // snapshot parts
+	Changes []Change `json:"changes"`
+}
+
+// QueueOf is the stream queue (and routing key on the mesh exchange) of
+// table's log.
+func QueueOf(table string) string { return "rows." + table }
+
+func sealAD(table, keyID string) []byte {
+	return seal.AssociatedData(nil, "meshbox rows v1", table, keyID)
+}
+
+// sealBatch seals b for table with sealer.
+func sealBatch(s *seal.Sealer, table string, b *batch) ([]byte, error) {
+	pt, err := json.Marshal(b)
+	if err != nil {
+		return nil, err
+	}
+	return s.Seal(nil, sealAD(table, s.ID()), pt), nil
+}
+
+// errUnopened wraps a log message this node cannot open.
+var errUnopened = errors.New("does not open")
+
+// openBatch opens a log message of table sealed with key keyID and
+// checks what it carries.
+func openBatch(ring *seal.Keyring, table, keyID string, body []byte) (*batch, error) {
+	if keyID == "" {
+		return nil, fmt.Errorf("%w: not sealed (no %s header)", errUnopened, headerKey)
+	}
+	pt, err := ring.Open(nil, keyID, sealAD(table, keyID), body)
+	if err != nil {
+		return nil, fmt.Errorf("%w: key %s: %v", errUnopened, keyID, err)
+	}
+	var b batch
+	if err := json.Unmarshal(pt, &b); err != nil {
+		return nil, fmt.Errorf("%w: %v", errUnopened, err)
+	}
+	if b.V != 1 || (b.Kind != kindChanges && b.Kind != kindSnapshot) {
+		return nil, fmt.Errorf("%w: version %d kind %q", errUnopened, b.V, b.Kind)
+	}
+	for _, ch := range b.Changes {
+		if ch.Table != table {
+			return nil, fmt.Errorf("%w: a change of table %q in the log of %q", errUnopened, ch.Table, table)
+		}
+		if err := ValidRow(ch.Row); err != nil {
+			return nil, fmt.Errorf("%w: %v", errUnopened, err)
+		}
+		for f, c := range ch.Cells {
+			if err := ValidField(f); err != nil {
+				return nil, fmt.Errorf("%w: %v", errUnopened, err)
+			}
+			if len(c.Value) > MaxValueLen || c.Node == "" || len(c.Node) > 255 {
+				return nil, fmt.Errorf("%w: field %s: value of %d bytes or node %q out of bounds", errUnopened, f, len(c.Value), c.Node)
+			}
+		}
+	}
+	return &b, nil
+}
