@@ -455,6 +455,11 @@ func TestStatusPageRendersAnyStatus(t *testing.T) {
 			map[string]any{"module": "photos", "selection": "nightly", "autostart": true, "state": "crash-looping", "restarts": 5,
 				"last_exit": map[string]any{"at": ago(time.Minute), "code": 2, "reason": "exited with status 2"}, "error": "failed 5 times within 2m0s"},
 		},
+		"rows": []any{
+			map[string]any{"table": "jobs", "rows": 42, "pending": 7, "behind": 3, "offset": 100, "synced": true, "last_snapshot": ago(time.Hour)},
+			map[string]any{"table": "secrets", "scope": "vault", "rows": 0, "pending": 0, "synced": true,
+				"refused": map[string]any{"unopened": 5}, "alarm": "log offset 3 from node.x.g1: does not open"},
+		},
 	}
 	b, _ := json.Marshal(busy)
 	status.Store(string(b))
@@ -473,6 +478,8 @@ func TestStatusPageRendersAnyStatus(t *testing.T) {
 		{"stalls-card", "class", "alert"},
 		{"modules-card", "class", "wide alert"},
 		{"modules-summary", "", "— 1 crash-looping, 1 running"},
+		{"rows-card", "class", "wide alert"},
+		{"rows-summary", "", "— 2 tables, 7 local writes waiting for the broker, 1 with an alarm"},
 	}
 	if got := page.attr(t, "broker-state", "class"); !strings.Contains(got, "bad") {
 		t.Errorf("busy: broker state class %q, want bad (red)", got)
@@ -491,7 +498,7 @@ func TestStatusPageRendersAnyStatus(t *testing.T) {
 	for _, want := range []string{`data-module="backups"`, `data-module="photos"`, "4242", "1m 30s", "exited with status 2",
 		"failed 5 times within 2m0s", "module backups declares stage `nightly-backup` but does not serve it",
 		`data-peer="garage"`, `data-peer="cellar"`, `data-node="garage"`, "transcode", "no consumer",
-		"camera.snapshot", "bindings are older than 24h0m0s", "connection reset"} {
+		"camera.snapshot", "bindings are older than 24h0m0s", "connection reset", "vault", "log offset 3 from node.x.g1: does not open"} {
 		if !page.has(want) {
 			t.Errorf("busy: page lacks %q", want)
 		}
