@@ -6,6 +6,7 @@ import (
 	"maps"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 
 	"github.com/meshbox/meshbox/appliance/rows"
 	"github.com/meshbox/meshbox/cache"
@@ -93,7 +94,9 @@ func (a *Appliance) applyTables(eng *rows.Engine, snap cache.Snapshot) {
 	if !maps.Equal(eng.Tables(), tables) {
 		eng.SetTables(tables)
 	}
-	eng.Reconnect() // the broker URL or credential may have changed
+	if u := a.brokerURL(snap, true); u != a.rowsURL.Swap(u) {
+		eng.Reconnect() // the broker or the node's credential changed
+	}
 }
 
 // rowsBrokerURL is the broker URL the tables' sync dials ("" standalone).
@@ -138,4 +141,15 @@ func (a *Appliance) rowsStatus() []rows.TableStatus {
 		return eng.Status()
 	}
 	return nil
+}
+
+// atomicString is a string read and swapped atomically.
+type atomicString struct{ v atomic.Pointer[string] }
+
+// Swap stores s and returns the string it replaces ("" at first).
+func (a *atomicString) Swap(s string) string {
+	if old := a.v.Swap(&s); old != nil {
+		return *old
+	}
+	return ""
 }
