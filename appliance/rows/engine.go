@@ -82,7 +82,7 @@ type Engine struct {
 type tableState struct {
 	offset, last  uint64 // next offset to read; newest offset seen in the log
 	sinceSnapshot int    // changes read since the newest snapshot
-	snapshotAt    uint64 // offset of the newest snapshot's first part (0: none seen)
+	snapshotAt    uint64 // the From of the newest complete snapshot seen: where a node that joins reads from (0: none seen)
 	snapshotTime  time.Time
 	lastSnapshot  time.Time // when this node last wrote one
 	refused       map[string]int
@@ -90,7 +90,8 @@ type tableState struct {
 	connected     bool
 	gap           bool // the log no longer held what this node had not read
 	// snapshotPending is the id of a snapshot whose parts are being read,
-	// from offset snapshotFirst; snapshotQueued: this node waits to write one.
+	// taken at offset snapshotFirst (its From); snapshotQueued: this node
+	// waits to write one.
 	snapshotPending string
 	snapshotFirst   uint64
 	snapshotQueued  bool

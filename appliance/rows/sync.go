@@ -318,7 +318,10 @@ func (e *Engine) applyLog(table string, msgs []amqp.Delivery, held []heldChange)
 	e.mu.Lock()
 	st.offset = next
 	st.last = max(st.last, last)
-	due := st.sinceSnapshot >= e.cfg.SnapshotEvery
+	// Due past SnapshotEvery changes, or when the newest snapshot is a
+	// quarter of the log's retention old: the log must always hold one.
+	due := st.sinceSnapshot >= e.cfg.SnapshotEvery ||
+		st.sinceSnapshot > 0 && !st.snapshotTime.IsZero() && time.Since(st.snapshotTime) > e.cfg.MaxAge/4
 	e.mu.Unlock()
 	for _, a := range applied {
 		e.m.applied.Add(float64(len(a.Won)))
@@ -437,7 +440,7 @@ func (e *Engine) noteSnapshot(table string, b *batch, offset uint64, at time.Tim
 	defer e.mu.Unlock()
 	st := e.state(table)
 	if b.Part == 1 {
-		st.snapshotPending, st.snapshotFirst = b.Snap, offset
+		st.snapshotPending, st.snapshotFirst = b.Snap, min(b.From, offset)
 	}
 	if b.Part == b.Parts && st.snapshotPending == b.Snap {
 		st.snapshotAt, st.sinceSnapshot, st.snapshotTime = st.snapshotFirst, 0, at
@@ -466,7 +469,8 @@ func (e *Engine) snapshotSoon(table string) {
 		e.mu.Lock()
 		st := e.state(table)
 		st.snapshotQueued = false
-		due := st.sinceSnapshot >= e.cfg.SnapshotEvery
+		due := st.sinceSnapshot >= e.cfg.SnapshotEvery ||
+			st.sinceSnapshot > 0 && !st.snapshotTime.IsZero() && time.Since(st.snapshotTime) > e.cfg.MaxAge/4
 		if due {
 			st.lastSnapshot = time.Now()
 		}
@@ -627,6 +631,11 @@ func (e *Engine) writeSnapshot(ctx context.Context, conn *amqp.Connection, table
 	if err := ch.Confirm(false); err != nil {
 		return err
 	}
+	// What the store holds now includes every change before the offset
+	// read so far (and maybe more): a node joining from there misses none.
+	e.mu.Lock()
+	from := e.state(table).offset
+	e.mu.Unlock()
 	var parts [][]Change
 	var cur []Change
 	size := 0
@@ -649,7 +658,7 @@ func (e *Engine) writeSnapshot(ctx context.Context, conn *amqp.Connection, table
 	}
 	id := strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + e.cfg.Node
 	for i, p := range parts {
-		b := batch{V: 1, Kind: kindSnapshot, Node: e.cfg.Node, Snap: id, Part: i + 1, Parts: len(parts), Changes: p}
+		b := batch{V: 1, Kind: kindSnapshot, Node: e.cfg.Node, Snap: id, Part: i + 1, Parts: len(parts), From: from, Changes: p}
 		sealed, err := sealBatch(sealer, table, &b)
 		if err != nil {
 			return err

@@ -19,18 +19,24 @@ const (
 
 	// Headers of a log message (plain: the broker and readers see them).
 	headerKey      = wire.HeaderKey      // the content key it is sealed with
-	headerSnapshot = wire.HeaderRowsSnap // offset where the newest complete snapshot the writer knew starts
+	headerSnapshot = wire.HeaderRowsSnap // offset a node that joins reads from: the From of the newest complete snapshot its writer knew
 	headerOffset   = "x-stream-offset"   // set by RabbitMQ on every delivery of a stream
 )
 
 // batch is a log message's plaintext.
 type batch struct {
-	V       int      `json:"v"`
-	Kind    string   `json:"kind"`
-	Node    string   `json:"node"`
-	Snap    string   `json:"snap,omitempty"`  // snapshot id
-	Part    int      `json:"part,omitempty"`  // snapshot part, from 1
-	Parts   int      `json:"parts,omitempty"` // snapshot parts
+	V     int    `json:"v"`
+	Kind  string `json:"kind"`
+	Node  string `json:"node"`
+	Snap  string `json:"snap,omitempty"`  // snapshot id
+	Part  int    `json:"part,omitempty"`  // snapshot part, from 1
+	Parts int    `json:"parts,omitempty"` // snapshot parts
+	// From is, on a snapshot, the offset of the log its writer had read
+	// up to when it took it: the snapshot holds every change before From,
+	// so a node that joins reads from From (not from the snapshot itself:
+	// changes published before the snapshot that its writer had not read
+	// yet come after From).
+	From    uint64   `json:"from,omitempty"`
 	Changes []Change `json:"changes"`
 }
 
