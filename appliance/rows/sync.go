@@ -503,6 +503,7 @@ func (e *Engine) publish(ctx context.Context, conn *amqp.Connection, user string
 	}
 	inflight := map[uint64]flight{}
 	returned := map[string]bool{}
+	warned := map[string]bool{}
 	sent := map[string]uint64{}
 	var tag uint64
 	tick := time.NewTicker(time.Second)
@@ -581,7 +582,10 @@ func (e *Engine) publish(ctx context.Context, conn *amqp.Connection, user string
 						e.m.errors.WithLabelValues("broker").Inc()
 					} else {
 						e.m.errors.WithLabelValues("no_log").Inc()
-						e.log.Warn("rows: the broker has no log for the table; its writes wait on this node", "table", f.table, "fix", "meshbox mesh table add "+f.table)
+						if !warned[f.table] {
+							warned[f.table] = true
+							e.log.Warn("rows: the broker has no log for the table; its writes wait on this node (logged once per connection)", "table", f.table, "fix", "meshbox mesh table add "+f.table+" --broker-admin URL")
+						}
 						time.Sleep(time.Second)
 					}
 				}
