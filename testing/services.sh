@@ -2,7 +2,9 @@
 # services.sh installs what the integration tests need and do not build
 # themselves: the RabbitMQ server, the PostgreSQL server binaries and the
 # AMQP command-line tools, a headless browser (chromium) for the status
-# page test, and make and file for the package test. It is idempotent: it installs only what is missing and prints
+# page test, make and file for the package test, and Node.js with the
+# rows worker example's npm packages (docs/examples/rows-worker/js, at the
+# versions its lock file pins). It is idempotent: it installs only what is missing and prints
 # one line per package installed. The tests start their
 # own broker and database servers (testing/meshtest); a system service a
 # package may have started is neither used nor touched.
@@ -36,12 +38,18 @@ have_file() {
 	command -v file >/dev/null 2>&1 && command -v make >/dev/null 2>&1
 }
 
+# The rows worker test (testing/e2e) runs the example's JavaScript worker.
+have_node() {
+	command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1
+}
+
 missing=""
 have_rabbitmq || missing="$missing rabbitmq-server"
 have_postgres || missing="$missing postgresql"
 have_amqp_tools || missing="$missing amqp-tools"
 have_chromium || missing="$missing chromium fonts-dejavu-core"
 have_file || missing="$missing file make"
+have_node || missing="$missing nodejs npm"
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -77,4 +85,15 @@ if ! command -v nats >/dev/null 2>&1 && [ ! -x "$(go env GOPATH)/bin/nats" ]; th
 		exit 1
 	fi
 	echo "services.sh: installed the nats CLI"
+fi
+
+# The example's packages, again whenever its lock file changed.
+js="$(cd "$(dirname "$0")/.." && pwd)/docs/examples/rows-worker/js"
+if [ ! -f "$js/node_modules/.package-lock.json" ] || [ "$js/package-lock.json" -nt "$js/node_modules/.package-lock.json" ]; then
+	if ! (cd "$js" && npm ci --no-audit --no-fund) >"$log" 2>&1; then
+		cat "$log" >&2
+		echo "services.sh: npm ci in $js failed" >&2
+		exit 1
+	fi
+	echo "services.sh: installed the rows worker example's npm packages"
 fi

@@ -241,7 +241,7 @@ func blobSubjects() []string {
 // normalize sorts and dedupes the lists, so that a definition is stored
 // and compared one way.
 func (p *Program) normalize() {
-	for _, l := range []*[]string{&p.Host, &p.Call, &p.Serve, &p.Submit, &p.Publish, &p.Subscribe, &p.Service} {
+	for _, l := range []*[]string{&p.Host, &p.Call, &p.Serve, &p.Submit, &p.Publish, &p.Subscribe, &p.Service, &p.Read, &p.Write} {
 		*l = dedupe(*l)
 		if len(*l) == 0 {
 			*l = nil

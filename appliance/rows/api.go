@@ -26,7 +26,7 @@ const (
 	OpPut     = "put"     // {"row", "set": {field: value}, "delete": [field]} -> Written
 	OpDelete  = "delete"  // {"row"} (every field) -> Written
 	OpGet     = "get"     // {"row"} -> RowDoc
-	OpList    = "list"    // {"prefix", "limit"} -> ListDoc
+	OpList    = "list"    // {"prefix", "limit", "after"} -> ListDoc
 	OpHistory = "history" // {"row", "field"} -> HistoryDoc
 )
 
@@ -52,6 +52,9 @@ type Request struct {
 	Delete []string          `json:"delete,omitempty"`
 	Prefix string            `json:"prefix,omitempty"`
 	Limit  int               `json:"limit,omitempty"`
+	// After makes a list start past this row key: the last row of the
+	// previous page, when that page said More.
+	After string `json:"after,omitempty"`
 }
 
 // Written answers a put or a delete: the write is committed on this node.
@@ -80,7 +83,8 @@ type RowDoc struct {
 	Versions map[string]Version `json:"versions"`
 }
 
-// ListDoc is a page of rows.
+// ListDoc is a page of rows, in key order. More: there are rows past the
+// page; ask for them with After set to the page's last row.
 type ListDoc struct {
 	Table string   `json:"table"`
 	Rows  []RowDoc `json:"rows"`
@@ -246,7 +250,7 @@ func (e *Engine) answer(subject string, body []byte) (any, error) {
 			return nil, fmt.Errorf("%w: limit %d, at most %d", ErrBadInput, limit, MaxListLimit)
 		}
 		doc := ListDoc{Table: table, Rows: []RowDoc{}}
-		err := e.List(table, req.Prefix, func(row string, cells map[string]Cell) bool {
+		err := e.ListAfter(table, req.Prefix, req.After, func(row string, cells map[string]Cell) bool {
 			if len(doc.Rows) == limit {
 				doc.More = true
 				return false

@@ -335,10 +335,21 @@ func (e *Engine) Get(table, row string) (map[string]Cell, error) {
 // List calls fn for each row of table (not deleted) whose key starts with
 // prefix, in key order, until fn returns false.
 func (e *Engine) List(table, prefix string, fn func(row string, cells map[string]Cell) bool) error {
+	return e.ListAfter(table, prefix, "", fn)
+}
+
+// ListAfter is List from the first row whose key sorts after after (""
+// from the first): the next page of a list that ended at after.
+func (e *Engine) ListAfter(table, prefix, after string, fn func(row string, cells map[string]Cell) bool) error {
 	if _, err := e.spec(table); err != nil {
 		return err
 	}
-	return e.store.Rows(table, prefix, func(row string, cells map[string]Cell) bool {
+	if after != "" {
+		if err := ValidRow(after); err != nil {
+			return fmt.Errorf("after: %w", err)
+		}
+	}
+	return e.store.RowsAfter(table, prefix, after, func(row string, cells map[string]Cell) bool {
 		for _, c := range cells {
 			if !c.Deleted {
 				return fn(row, cells)

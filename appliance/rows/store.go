@@ -267,6 +267,21 @@ func (s *Store) Row(table, row string) (map[string]Cell, error) {
 // key order, with its cells (tombstones included), until fn returns
 // false.
 func (s *Store) Rows(table, prefix string, fn func(row string, cells map[string]Cell) bool) error {
+	return s.RowsAfter(table, prefix, "", fn)
+}
+
+// RowsAfter is Rows from the first row whose key sorts after after ("":
+// from the first): where the previous page of a list ended.
+func (s *Store) RowsAfter(table, prefix, after string, fn func(row string, cells map[string]Cell) bool) error {
+	start := []byte(prefix)
+	if after != "" {
+		// A row's cells are keyed row\0field, and row keys hold no byte
+		// below '-': after\1 sorts past every cell of after and before
+		// every row that follows it.
+		if from := append([]byte(after), 1); bytes.Compare(from, start) > 0 {
+			start = from
+		}
+	}
 	return s.db.View(func(tx *bolt.Tx) error {
 		cells := sub(tx, table, bCells)
 		if cells == nil {
@@ -275,7 +290,7 @@ func (s *Store) Rows(table, prefix string, fn func(row string, cells map[string]
 		cur := cells.Cursor()
 		var row string
 		var cur_ map[string]Cell
-		for k, v := cur.Seek([]byte(prefix)); k != nil && bytes.HasPrefix(k, []byte(prefix)); k, v = cur.Next() {
+		for k, v := cur.Seek(start); k != nil && bytes.HasPrefix(k, []byte(prefix)); k, v = cur.Next() {
 			r, f := splitCellKey(k)
 			if r != row && cur_ != nil {
 				if !fn(row, cur_) {

@@ -26,6 +26,7 @@ const programUsage = `Usage: meshbox program <command> [--data DIR] [flags]
 Commands:
   add NAME [--host CAP]... [--call CAP]... [--serve STAGE]... [--submit STAGE]...
            [--publish TOPIC]... [--subscribe TOPIC]... [--service NAME]... [--blobs]
+           [--read TABLE]... [--write TABLE]...
                        create program NAME, or replace its lists (it keeps its key);
                        prints the path of its credential file
   list [--json]        the programs and what each may do
@@ -37,6 +38,9 @@ A list flag may be given more than once or take names separated by commas.
 --service NAME lets it run NATS micro service NAME and answer its discovery
 requests ($SRV.PING, $SRV.INFO, $SRV.STATS); its endpoints are the
 capabilities it hosts (cap.CAP) and the stages it serves (work.STAGE).
+--read TABLE lets it get, list and read the history of the rows of table
+TABLE and watch their changes; --write TABLE lets it put and delete them
+(* for every table).
 A program connects with its credential file as an nkey seed and its own
 reply inbox: nats --nkey FILE --inbox-prefix _INBOX.NAME ...
 
