@@ -26,6 +26,7 @@ const programUsage = `Usage: meshbox program <command> [--data DIR] [flags]
 Commands:
   add NAME [--host CAP]... [--call CAP]... [--serve STAGE]... [--submit STAGE]...
            [--publish TOPIC]... [--subscribe TOPIC]... [--service NAME]... [--blobs]
+           [--read TABLE]... [--write TABLE]...
                        create program NAME, or replace its lists (it keeps its key);
                        prints the path of its credential file
   list [--json]        the programs and what each may do

@@ -1,0 +1,157 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshbox/meshbox/appliance/rows"
+	"github.com/meshbox/meshbox/testing/meshtest"
+	"github.com/meshbox/meshbox/testing/testio"
+)
+
+// onNode is the environment of a client command run on node p's machine.
+func onNode(p *meshtest.Process) []string {
+	return []string{"MESHBOX_SERVER=" + p.NATSURL(), "MESHBOX_DATA=" + p.DataDir(), "MESHBOX_CREDS="}
+}
+
+// rowsCLI runs `meshbox rows ARGS` on node p.
+func rowsCLI(t *testing.T, p *meshtest.Process, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	return cliEnv(t, onNode(p), append([]string{"rows"}, args...)...)
+}
+
+// waitRows runs `meshbox rows ARGS` on p until it exits with code and
+// prints want (trimmed; "" for any output), and returns what it printed.
+func waitRows(t *testing.T, p *meshtest.Process, d time.Duration, code int, want string, args ...string) string {
+	t.Helper()
+	var got, errOut string
+	var c int
+	if !meshtest.Poll(d, func() bool {
+		c, got, errOut = rowsCLI(t, p, args...)
+		return c == code && (want == "" || strings.TrimSpace(got) == want)
+	}) {
+		t.Fatalf("meshbox rows %s on %s: exit %d, printed %q (stderr %q); want exit %d printing %q within %s\n%s",
+			strings.Join(args, " "), p.Node(), c, got, errOut, code, want, d, p.Output())
+	}
+	return got
+}
+
+// startWatch starts `meshbox rows watch ARGS` on p; its output is the
+// buffer returned. It is killed when the test ends.
+func startWatch(t *testing.T, p *meshtest.Process, args ...string) (*testio.Buffer, *testio.Buffer) {
+	t.Helper()
+	cmd := exec.Command(meshtest.Binary(t), append([]string{"rows", "watch"}, args...)...)
+	cmd.Env = append(os.Environ(), onNode(p)...)
+	out, errOut := &testio.Buffer{}, &testio.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	meshtest.WaitFor(t, 10*time.Second, "rows watch subscribed", func() bool { return strings.Contains(errOut.String(), "watching ") })
+	return out, errOut
+}
+
+// TestRowsAcrossTheMesh: a table defined with mesh table add, written on
+// one node with the CLI and read on the other; a change the other node
+// makes reaches a watch; history, list and delete; bad input is refused
+// with a clear error and a non-zero exit.
+func TestRowsAcrossTheMesh(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL, RabbitMQ and two nodes")
+	}
+	alpha, beta, db := twoNodeMesh(t)
+
+	// Refused before the table exists.
+	code, _, errOut := rowsCLI(t, alpha, "get", "jobs", "42")
+	if code != 3 || !strings.Contains(errOut, `no such table: "jobs" (meshbox mesh table add jobs makes it)`) {
+		t.Errorf("rows get before the table exists: exit %d, %q; want exit 3 and the command that makes it", code, errOut)
+	}
+	out := mesh(t, db, "table", "add", "jobs")
+	if !strings.Contains(out, "table jobs added, sealed with the mesh's key") || !strings.Contains(out, "the nodes make its log") {
+		t.Errorf("mesh table add jobs:\n%s", out)
+	}
+	if out := mesh(t, db, "table", "list"); !strings.Contains(out, "jobs   the mesh's key  rows.jobs") {
+		t.Errorf("mesh table list:\n%s", out)
+	}
+
+	// The nodes follow the mesh database: the table is there once they
+	// read its new revision.
+	waitRows(t, alpha, 20*time.Second, 0, "", "put", "jobs", "42", "status=queued")
+	watch, _ := startWatch(t, alpha, "jobs")
+	start := time.Now()
+	waitRows(t, beta, 20*time.Second, 0, "queued", "get", "jobs", "42", "--field", "status")
+	t.Logf("a write on alpha read on beta after %s", time.Since(start).Round(time.Millisecond))
+	out = waitRows(t, beta, 5*time.Second, 0, "", "list", "jobs")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 || lines[1] != "42   status=queued" {
+		t.Errorf("rows list jobs on beta: %q, want one row 42 status=queued", out)
+	}
+
+	// beta's change, printed by alpha's watch.
+	if code, out, errOut := rowsCLI(t, beta, "put", "jobs", "42", "status=done", "worker=beta"); code != 0 || !strings.HasPrefix(out, "written jobs/42 on node beta") {
+		t.Fatalf("rows put on beta: exit %d: %s%s", code, out, errOut)
+	}
+	meshtest.WaitFor(t, 20*time.Second, "alpha's watch printing beta's change", func() bool {
+		return strings.Contains(watch.String(), "42: status=done, worker=beta (by beta, stamp ")
+	})
+	out = waitRows(t, alpha, 10*time.Second, 0, "", "history", "jobs", "42", "status")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 3 || !strings.HasSuffix(lines[1], "beta   done") || !strings.HasSuffix(lines[2], "alpha  queued") {
+		t.Errorf("rows history jobs 42 status on alpha: %q, want beta's done over alpha's queued", out)
+	}
+	var d rows.RowDoc
+	if code, out, errOut := rowsCLI(t, alpha, "get", "jobs", "42", "--json"); code != 0 || json.Unmarshal([]byte(out), &d) != nil ||
+		d.Fields["worker"] != "beta" || d.Versions["status"].Node != "beta" {
+		t.Errorf("rows get --json on alpha: exit %d %s%s", code, out, errOut)
+	}
+
+	// A delete is a tombstone that reaches the other node.
+	if code, out, errOut := rowsCLI(t, beta, "delete", "jobs", "42"); code != 0 || !strings.HasPrefix(out, "deleted jobs/42 on node beta") {
+		t.Fatalf("rows delete on beta: exit %d: %s%s", code, out, errOut)
+	}
+	waitRows(t, alpha, 20*time.Second, 3, "", "get", "jobs", "42")
+	if code, out, _ := rowsCLI(t, alpha, "list", "jobs"); code != 0 || strings.TrimSpace(out) != "no rows in table jobs" {
+		t.Errorf("rows list after the delete: exit %d %q", code, out)
+	}
+	meshtest.WaitFor(t, 10*time.Second, "alpha's watch printing the delete", func() bool {
+		return strings.Contains(watch.String(), "42: status deleted, worker deleted (by beta")
+	})
+
+	// Bad input: a clear error and a non-zero exit.
+	for _, tt := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"put", "jobs", "42", "status"}, 2, `"status" is not FIELD=VALUE: give each field with its value, as status=queued`},
+		{[]string{"put", "Jobs", "42", "a=1"}, 2, `table "Jobs": a table name is`},
+		{[]string{"put", "jobs", "42", "a=" + strings.Repeat("x", rows.MaxValueLen+1)}, 2, "bytes belong in a blob"},
+		{[]string{"get", "jobs", "42"}, 3, "no such row: 42 in table jobs"},
+		{[]string{"get", "nosuch", "1"}, 3, `no such table: "nosuch"`},
+		{[]string{"history", "jobs", "42"}, 2, "usage: meshbox rows history TABLE ROW FIELD"},
+	} {
+		code, out, errOut := rowsCLI(t, alpha, tt.args...)
+		if code != tt.code || !strings.Contains(errOut, tt.want) {
+			t.Errorf("meshbox rows %s: exit %d, stdout %q, stderr %q; want exit %d saying %q", clip(strings.Join(tt.args, " "), 60), code, out, errOut, tt.code, tt.want)
+		}
+	}
+
+	// The status shows the table.
+	st := meshtest.Status(t, beta.HTTPURL())
+	if len(st.Rows) != 1 || st.Rows[0].Table != "jobs" || !st.Rows[0].Synced || st.Rows[0].Pending != 0 || st.Rows[0].Alarm != "" {
+		t.Errorf("beta's status rows: %+v, want jobs read from its log, nothing pending, no alarm", st.Rows)
+	}
+	if code, out, _ := cliEnv(t, onNode(beta), "status"); code != 0 || !strings.Contains(out, "table     jobs: 0 rows, 0 writes waiting for the broker, reading its log") {
+		t.Errorf("meshbox status on beta: exit %d\n%s", code, out)
+	}
+}
+
+func clip(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
