@@ -2,13 +2,17 @@ package e2e
 
 import (
 	"encoding/json"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
+
 	"github.com/meshbox/meshbox/appliance/rows"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/meshbox/meshbox/testing/testio"
 )
@@ -154,4 +158,74 @@ func clip(s string, n int) string {
 		return s[:n] + "..."
 	}
 	return s
+}
+
+// TestRowsWithNodeUsers: on a mesh whose nodes log in to the broker as
+// users of their own, made before tables of rows existed (their
+// permissions name no table's log), mesh table add without the broker's
+// admin is refused, saying why; with it, it makes the table's log and
+// gives the users the permissions of this version, and a row written on
+// one node reaches the other.
+func TestRowsWithNodeUsers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL, RabbitMQ and two nodes")
+	}
+	m := newIdentityMesh(t, "ant", "bee")
+	u, err := url.Parse(m.vhost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vhost, _ := url.PathUnescape(strings.TrimPrefix(u.Path, "/"))
+	rh, err := rabbithole.NewClient(m.rmq.ManagementURL(), "guest", "guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"ant", "bee"} {
+		p, err := wire.NodePermissions(n, []string{wire.AllStages})
+		if err != nil {
+			t.Fatal(err)
+		}
+		old := func(s string) string { return strings.Replace(s, `|rows\.[a-z0-9_-]+`, "", 1) }
+		if _, err := rh.UpdatePermissionsIn(vhost, wire.BrokerUser(n, 1), rabbithole.Permissions{Configure: p.Configure, Write: p.Write, Read: old(p.Read)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rh.UpdateTopicPermissionsIn(vhost, wire.BrokerUser(n, 1), rabbithole.TopicPermissions{Exchange: p.TopicExchange, Write: old(p.TopicWrite), Read: p.TopicRead}); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.permissions(t, wire.BrokerUser(n, 1)); strings.Contains(got, "rows") {
+			t.Fatalf("%s's read permission %q still names the tables' logs", n, got)
+		}
+	}
+	ant, bee := m.start(t, "ant"), m.start(t, "bee")
+	for _, p := range []*meshtest.Process{ant, bee} {
+		waitKeysInStep(t, p)
+	}
+
+	noAdmin := []string{"MESHBOX_DB=" + m.db, "MESHBOX_BROKER_ADMIN="}
+	code, out, errOut := cliEnv(t, noAdmin, "mesh", "table", "add", "jobs")
+	if code != 2 || !strings.Contains(errOut, "stream queue rows.jobs, must be made with --broker-admin; nothing was changed") {
+		t.Errorf("mesh table add without the broker's admin: exit %d: %s%s", code, out, errOut)
+	}
+	code, out, errOut = cliEnv(t, m.admin, "mesh", "table", "add", "jobs")
+	if code != 0 {
+		t.Fatalf("mesh table add jobs --broker-admin: exit %d: %s%s", code, out, errOut)
+	}
+	for _, want := range []string{"stream queue rows.jobs on ", "bound to exchange mesh with key rows.jobs, keeps 30 days or 1 GiB",
+		"node ant: permissions of broker user node.ant.g1 updated", "node bee: permissions of broker user node.bee.g1 updated", "table jobs added"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("mesh table add jobs --broker-admin: output lacks %q:\n%s", want, out)
+		}
+	}
+	if got := m.permissions(t, "node.ant.g1"); !strings.Contains(got, `rows\.`) {
+		t.Errorf("ant's read permission after table add: %q, want the tables' logs in it", got)
+	}
+	waitRows(t, ant, 20*time.Second, 0, "", "put", "jobs", "7", "status=queued", "owner=ant")
+	waitRows(t, bee, 20*time.Second, 0, "queued", "get", "jobs", "7", "--field", "status")
+	waitRows(t, bee, 5*time.Second, 0, "", "put", "jobs", "7", "status=done")
+	waitRows(t, ant, 20*time.Second, 0, "done", "get", "jobs", "7", "--field", "status")
+	for _, p := range []*meshtest.Process{ant, bee} {
+		if st := meshtest.Status(t, p.HTTPURL()); len(st.Rows) != 1 || st.Rows[0].Alarm != "" || st.Rows[0].Pending != 0 {
+			t.Errorf("%s's status rows: %+v", p.Node(), st.Rows)
+		}
+	}
 }
