@@ -274,3 +274,40 @@ func TestRowsLines(t *testing.T) {
 		t.Errorf("meshbox help does not list rows:\n%s", usageText())
 	}
 }
+
+// TestRowsCompletion: completion offers rows' commands and each one's
+// own flags, and mesh table's.
+func TestRowsCompletion(t *testing.T) {
+	c := cli{env: map[string]string{}}
+	for _, tt := range []struct {
+		words []string
+		want  []string
+		not   []string
+	}{
+		{[]string{"rows"}, []string{"put", "get", "list", "watch", "delete", "history"}, nil},
+		{[]string{"rows", "put"}, []string{"--delete", "--json", "--server", "--timeout"}, []string{"--prefix", "--count"}},
+		{[]string{"rows", "list"}, []string{"--prefix", "--limit"}, []string{"--delete"}},
+		{[]string{"rows", "watch"}, []string{"--count"}, nil},
+		{[]string{"mesh", "table"}, []string{"add", "bind", "list"}, nil},
+		{[]string{"mesh", "table", "add"}, []string{"--scope", "--broker-admin", "--db"}, nil},
+		{[]string{"mesh", "scope", "bind"}, []string{"--table"}, nil},
+	} {
+		got := strings.Fields(c.ok(t, append([]string{"__complete"}, tt.words...)...))
+		for _, w := range tt.want {
+			if !contains(got, w) {
+				t.Errorf("__complete %v: %v lacks %s", tt.words, got, w)
+			}
+		}
+		for _, w := range tt.not {
+			if contains(got, w) {
+				t.Errorf("__complete %v: %v offers %s", tt.words, got, w)
+			}
+		}
+	}
+	if out := c.ok(t, "help", "rows"); !strings.Contains(out, "put TABLE ROW FIELD=VALUE...") {
+		t.Errorf("help rows: %q", out)
+	}
+	if out := c.ok(t, "mesh", "help"); !strings.Contains(out, "table add TABLE [--scope S]") {
+		t.Errorf("mesh help lacks the table commands:\n%s", out)
+	}
+}

@@ -1,16 +1,21 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/rows"
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/meshbox/meshbox/testing/meshtest"
@@ -227,5 +232,157 @@ func TestRowsWithNodeUsers(t *testing.T) {
 		if st := meshtest.Status(t, p.HTTPURL()); len(st.Rows) != 1 || st.Rows[0].Alarm != "" || st.Rows[0].Pending != 0 {
 			t.Errorf("%s's status rows: %+v", p.Node(), st.Rows)
 		}
+	}
+}
+
+// pageBlock is a shell block of a docs page with what its <!-- test: ...
+// --> comment says of it.
+type pageBlock struct {
+	how   string
+	lines []string
+}
+
+// pageBlocks returns the shell blocks of docs page name, each with its
+// test comment; a block without one fails the test.
+func pageBlocks(t *testing.T, name string) []pageBlock {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []pageBlock
+	lines := strings.Split(string(raw), "\n")
+	how := ""
+	for i := 0; i < len(lines); i++ {
+		if m := regexp.MustCompile(`^<!-- test: (.+) -->$`).FindStringSubmatch(lines[i]); m != nil {
+			how = m[1]
+			continue
+		}
+		if lines[i] != "```sh" {
+			continue
+		}
+		if how == "" {
+			t.Fatalf("docs/%s line %d: a shell block without a <!-- test: ... --> comment", name, i+1)
+		}
+		b := pageBlock{how: how}
+		for i++; i < len(lines) && lines[i] != "```"; i++ {
+			b.lines = append(b.lines, lines[i])
+		}
+		blocks = append(blocks, b)
+		how = ""
+	}
+	return blocks
+}
+
+// TestRowsPage runs the commands of docs/rows.md as written on a mesh of
+// the page's two nodes, attic and cellar: its admin commands against the
+// mesh database, each node's meshbox rows commands and the nats CLI's
+// requests of the rows API with a program's credential. A line that says
+// "# prints: X" must print X (within 20 s: rows converge), one that says
+// "# error: CODE" must get that error; every other must succeed.
+func TestRowsPage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL, RabbitMQ and two nodes")
+	}
+	natsBin := natsCLI(t)
+	blocks := pageBlocks(t, "rows.md")
+	vhost := meshtest.RabbitMQ(t).Vhost(t)
+	db := meshtest.Postgres(t).Database(t)
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "attic", "--broker", meshtest.NoCredential(vhost)); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	mesh(t, db, "node", "add", "cellar", "--record-only")
+	nodes := map[string]*meshtest.Process{}
+	homes := map[string]string{}
+	for _, n := range []string{"attic", "cellar"} {
+		nodes[n] = meshtest.StartProcess(t, "--node", n, "--db", db)
+		homes[n] = t.TempDir()
+	}
+	for _, p := range nodes {
+		meshtest.WaitStatus(t, p.HTTPURL(), 20*time.Second, p.Node()+" connected to the broker", func(s appliance.Status) bool { return s.Broker.State == "connected" })
+		waitKeysInStep(t, p)
+	}
+	exports := map[string][]string{}
+	for _, b := range blocks {
+		var p *meshtest.Process
+		switch {
+		case strings.HasPrefix(b.how, "skip"):
+			continue
+		case b.how == "admin":
+		case strings.HasPrefix(b.how, "on "):
+			if p = nodes[strings.TrimPrefix(b.how, "on ")]; p == nil {
+				t.Fatalf("docs/rows.md: a block on %q, which is not one of the page's nodes", b.how)
+			}
+		default:
+			t.Fatalf("docs/rows.md: unknown test comment %q", b.how)
+		}
+		for _, line := range b.lines {
+			cmdLine, comment, _ := strings.Cut(line, "#")
+			cmdLine = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(cmdLine), "sudo "))
+			if cmdLine == "" {
+				continue
+			}
+			comment = strings.TrimSpace(comment)
+			want, wantsOut := strings.CutPrefix(comment, "prints: ")
+			wantErr, wantsErr := strings.CutPrefix(comment, "error: ")
+			if p != nil {
+				cmdLine = strings.ReplaceAll(cmdLine, "/var/lib/meshbox", p.DataDir())
+			}
+			var code int
+			var out, errOut string
+			var run func()
+			switch {
+			case strings.HasPrefix(cmdLine, "meshbox "):
+				env := []string{"MESHBOX_DB=" + db}
+				if p != nil {
+					env = onNode(p)
+				}
+				args := shellWords(t, cmdLine)[1:]
+				run = func() { code, out, errOut = cliEnv(t, env, args...) }
+			case p == nil:
+				t.Fatalf("docs/rows.md: %q in the admin's block", line)
+			case strings.HasPrefix(cmdLine, "export "):
+				exports[p.Node()] = append(exports[p.Node()], cmdLine)
+				continue
+			default:
+				script := strings.Join(append(slices.Clone(exports[p.Node()]), cmdLine), "\n")
+				run = func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+					defer cancel()
+					cmd := exec.CommandContext(ctx, "bash", "-c", script)
+					cmd.Env = append(os.Environ(), "HOME="+homes[p.Node()], "USER="+currentUser(), "NATS_URL="+p.NATSURL(),
+						"PATH="+filepath.Dir(natsBin)+string(os.PathListSeparator)+os.Getenv("PATH"))
+					var o, e strings.Builder
+					cmd.Stdout, cmd.Stderr = &o, &e
+					err := cmd.Run()
+					code, out, errOut = 0, o.String(), e.String()
+					if ee, ok := err.(*exec.ExitError); ok {
+						code = ee.ExitCode()
+					} else if err != nil {
+						code, errOut = -1, err.Error()
+					}
+				}
+			}
+			ok := func() bool {
+				run()
+				serviceErr := regexp.MustCompile(`Nats-Service-Error-Code: (\d+)`).FindStringSubmatch(errOut)
+				switch {
+				case code != 0:
+					return false
+				case wantsErr:
+					return serviceErr != nil && serviceErr[1] == wantErr
+				case serviceErr != nil:
+					return false
+				}
+				return !wantsOut || strings.TrimSpace(out) == want
+			}
+			if !meshtest.Poll(20*time.Second, ok) {
+				t.Fatalf("docs/rows.md, %s: %s\nexit %d\nstdout: %s\nstderr: %s", b.how, line, code, out, errOut)
+			}
+		}
+	}
+	// Both rows of the page are deleted, on both nodes.
+	for _, p := range nodes {
+		waitRows(t, p, 20*time.Second, 0, "no rows in table jobs", "list", "jobs")
 	}
 }
