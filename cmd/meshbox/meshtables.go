@@ -183,22 +183,37 @@ func (c *MeshCommand) makeTableLog(ctx context.Context, db *meshdb.DB, table, ad
 }
 
 // refreshPermissions sets the permissions of this version on every
-// node's broker users, each for its node's stages.
+// node's broker users, each for its node's stages. A generation the
+// database lists whose user the broker no longer has (a rotation that
+// stopped between the two) is left out, and said so.
 func (c *MeshCommand) refreshPermissions(ctx context.Context, db *meshdb.DB, admin *brokeradmin.Admin, gens []meshdb.CredentialGeneration) error {
-	stages := map[string][]string{}
+	type nodeInfo struct {
+		stages   []string
+		onBroker []int
+	}
+	nodes := map[string]*nodeInfo{}
 	for _, g := range gens {
-		s, ok := stages[g.Node]
-		if !ok {
-			var err error
-			if s, err = db.NodeStages(ctx, g.Node); err != nil {
-				if errors.Is(err, meshdb.ErrNotFound) {
-					continue // removed meanwhile
-				}
+		n := nodes[g.Node]
+		if n == nil {
+			stages, err := db.NodeStages(ctx, g.Node)
+			if errors.Is(err, meshdb.ErrNotFound) {
+				continue // removed meanwhile
+			}
+			if err != nil {
 				return err
 			}
-			stages[g.Node] = s
+			onBroker, err := admin.Generations(ctx, g.Node)
+			if err != nil {
+				return err
+			}
+			n = &nodeInfo{stages: stages, onBroker: onBroker}
+			nodes[g.Node] = n
 		}
-		if err := admin.SetStages(ctx, g.Node, g.Generation, s); err != nil {
+		if !slices.Contains(n.onBroker, g.Generation) {
+			fmt.Fprintf(c.m.Stdout, "node %s: broker user %s is not on the broker; left out\n", g.Node, g.User)
+			continue
+		}
+		if err := admin.SetStages(ctx, g.Node, g.Generation, n.stages); err != nil {
 			return fmt.Errorf("node %s: %w", g.Node, err)
 		}
 		fmt.Fprintf(c.m.Stdout, "node %s: permissions of broker user %s updated\n", g.Node, g.User)
