@@ -333,6 +333,9 @@ func printStatus(w io.Writer, st appliance.Status) {
 			row("fetch", fetchLine(f))
 		}
 	}
+	for _, t := range st.Rows {
+		row("table", tableLine(t))
+	}
 	if len(st.Peers) > 0 {
 		parts := make([]string, len(st.Peers))
 		for i, p := range st.Peers {

@@ -54,6 +54,8 @@ func commands() []command {
 			func(m *Main, ctx context.Context, a []string) error { return (&ListenCommand{m: m}).Run(ctx, a) }},
 		{"blob", "Messages", "exact bytes as blobs: blob put FILE, get REF [-o FILE], list, rm REF", []string{"put", "get", "list", "rm"},
 			func(m *Main, ctx context.Context, a []string) error { return (&BlobCommand{m: m}).Run(ctx, a) }},
+		{"rows", "Messages", "tables of rows that converge across the mesh: rows put, get, list, watch, delete, history", []string{"put", "get", "list", "watch", "delete", "history"},
+			func(m *Main, ctx context.Context, a []string) error { return (&RowsCommand{m: m}).Run(ctx, a) }},
 		{"init", "Mesh", "stand up a mesh: schema, broker setting, first node", nil,
 			func(m *Main, ctx context.Context, a []string) error { return (&InitCommand{m: m}).Run(ctx, a) }},
 		{"mesh", "Mesh", "administer the mesh database: nodes, assignments, overrides, settings, grants", nil,

@@ -53,7 +53,7 @@ func flagsIn(help string) []string {
 func (m *Main) meshWords(words []string) (next []string, leaf string) {
 	mc := &MeshCommand{m: m}
 	var names []string
-	for _, l := range slices.Concat(mc.leaves(), mc.keyLeaves(), mc.scopeLeaves()) {
+	for _, l := range slices.Concat(mc.leaves(), mc.keyLeaves(), mc.scopeLeaves(), mc.tableLeaves()) {
 		names = append(names, l.name)
 	}
 	prefix := strings.Join(words, " ")

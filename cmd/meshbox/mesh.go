@@ -64,10 +64,17 @@ Keys:
   key rotate [--retention 24h]       add a content key; the old ones retire after --retention
 Scopes (keys for a subset of nodes, bound to capabilities, stages, topics):
   scope add NAME --nodes A,B         create a scope held by these nodes, with its own key
-  scope bind NAME [--cap C,...] [--stage S,...] [--topic T,...]
+  scope bind NAME [--cap C,...] [--stage S,...] [--topic T,...] [--table T,...]
                                      seal these names' traffic with the scope's key (--unbind: undo)
   scope list [--json]                scopes, their nodes, bindings and keys
   scope rotate NAME [--retention 24h] add a key to the scope; its old ones retire after --retention
+Tables of rows (each converges across the mesh; see meshbox rows):
+  table add TABLE [--scope S] [--broker-admin URL]
+                                     define a table (sealed with the mesh's key, or scope S's);
+                                     with --broker-admin, make its log on the broker (needed
+                                     when the nodes have broker users of their own)
+  table bind TABLE --scope S         seal its changes with scope S's key from now on
+  table list [--json]                the tables and what seals them
 Other:
   revision                           the current mesh revision
 
@@ -96,14 +103,14 @@ func (c *MeshCommand) Run(ctx context.Context, args []string) error {
 		return nil
 	}
 	name, rest := args[0], args[1:]
-	if slices.Contains([]string{"node", "override", "setting", "key", "scope"}, name) {
+	if slices.Contains([]string{"node", "override", "setting", "key", "scope", "table"}, name) {
 		if len(rest) == 0 {
 			fmt.Fprint(c.m.Stderr, meshUsage)
 			return usagef("mesh %s: no command given", name)
 		}
 		name, rest = name+" "+rest[0], rest[1:]
 	}
-	for _, leaf := range slices.Concat(c.leaves(), c.keyLeaves(), c.scopeLeaves()) {
+	for _, leaf := range slices.Concat(c.leaves(), c.keyLeaves(), c.scopeLeaves(), c.tableLeaves()) {
 		if leaf.name == name {
 			return c.runLeaf(ctx, leaf, rest)
 		}

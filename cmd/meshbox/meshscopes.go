@@ -39,6 +39,7 @@ func (c *MeshCommand) scopeLeaves() []meshLeaf {
 			caps := fs.String("cap", "", "comma-separated capabilities")
 			stages := fs.String("stage", "", "comma-separated stages")
 			topics := fs.String("topic", "", "comma-separated event topics")
+			tables := fs.String("table", "", "comma-separated tables of rows (as mesh table bind TABLE --scope NAME)")
 			unbind := fs.Bool("unbind", false, "remove these bindings instead")
 			return func(ctx context.Context, db *meshdb.DB, args []string) error {
 				kinds := []struct{ kind, list string }{{seal.BindCap, *caps}, {seal.BindStage, *stages}, {seal.BindTopic, *topics}}
@@ -59,8 +60,14 @@ func (c *MeshCommand) scopeLeaves() []meshLeaf {
 					}
 					c.report(fmt.Sprintf("%s %s %s scope %s", k.kind, strings.Join(list, ", "), verb, args[0]), ch)
 				}
+				for _, t := range splitList(*tables) {
+					any = true
+					if err := c.bindTable(ctx, db, t, args[0], *unbind); err != nil {
+						return err
+					}
+				}
 				if !any {
-					return usagef("mesh scope bind %s: name at least one --cap, --stage or --topic", args[0])
+					return usagef("mesh scope bind %s: name at least one --cap, --stage, --topic or --table", args[0])
 				}
 				return nil
 			}

@@ -151,6 +151,15 @@ var expectedMetrics = map[string]dto.MetricType{
 	"meshbox_blob_fetch_retries_total": dto.MetricType_COUNTER,
 	"meshbox_blob_fetches_total":       dto.MetricType_COUNTER,
 	"meshbox_blob_fetches_running":     dto.MetricType_GAUGE,
+	// tables of rows (appliance/rows)
+	"meshbox_rows_writes_total":    dto.MetricType_COUNTER,
+	"meshbox_rows_published_total": dto.MetricType_COUNTER,
+	"meshbox_rows_applied_total":   dto.MetricType_COUNTER,
+	"meshbox_rows_snapshots_total": dto.MetricType_COUNTER,
+	"meshbox_rows_refused_total":   dto.MetricType_COUNTER,
+	"meshbox_rows_errors_total":    dto.MetricType_COUNTER,
+	"meshbox_rows_pending":         dto.MetricType_GAUGE,
+	"meshbox_rows_tables_alarmed":  dto.MetricType_GAUGE,
 	// mesh view (node)
 	"meshbox_peers":                    dto.MetricType_GAUGE,
 	"meshbox_capabilities":             dto.MetricType_GAUGE,
@@ -180,6 +189,10 @@ var lazyMetrics = map[string]bool{
 	// stage hosted here, once its dead letters were counted.
 	"meshbox_command_retries_total": true,
 	"meshbox_dead_letters":          true,
+	// One series per table and cause of a refused change, per kind of
+	// failure, with the first.
+	"meshbox_rows_refused_total": true,
+	"meshbox_rows_errors_total":  true,
 }
 
 // TestMetricsScrape runs a two-node mesh on the real broker and database,
