@@ -28,8 +28,15 @@ const (
 	// publishWindow the log messages unconfirmed at once.
 	publishBatch  = 128
 	publishWindow = 64
-	// applyBatch is the most log messages applied in one commit.
-	applyBatch = 512
+	// applyBatch is the most log messages applied in one commit;
+	// applyLinger how long a run waits for more after its first. The
+	// library hands deliveries over one at a time on an unbuffered
+	// channel: a receive that does not wait finds the next only if its
+	// goroutine is already blocked on the send, and a reader behind the
+	// log would commit one message at a time (a few hundred a second,
+	// slower than the nodes write).
+	applyBatch  = 512
+	applyLinger = 2 * time.Millisecond
 	// readPrefetch is the log messages a table's consumer holds unacked.
 	readPrefetch = 2048
 )
@@ -231,6 +238,7 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 			}
 			msgs = append(msgs, d)
 		}
+		linger := time.NewTimer(applyLinger)
 	more:
 		for len(msgs) < applyBatch {
 			select {
@@ -239,10 +247,11 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 					break more
 				}
 				msgs = append(msgs, d)
-			default:
+			case <-linger.C:
 				break more
 			}
 		}
+		linger.Stop()
 		if first && ok {
 			if o := offsetOf(msgs[0]); o > off {
 				e.noteGap(table, off, o)
