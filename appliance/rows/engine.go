@@ -82,7 +82,7 @@ type Engine struct {
 type tableState struct {
 	offset, last  uint64 // next offset to read; newest offset seen in the log
 	sinceSnapshot int    // changes read since the newest snapshot
-	snapshotAt    uint64 // offset of the newest snapshot's first part (0: none seen)
+	snapshotAt    uint64 // where a node new to the log starts: the newest snapshot's From, else its first part (0: none seen)
 	snapshotTime  time.Time
 	lastSnapshot  time.Time // when this node last wrote one
 	refused       map[string]int

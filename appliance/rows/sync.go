@@ -449,7 +449,13 @@ func (e *Engine) noteSnapshot(table string, b *batch, offset uint64, at time.Tim
 		st.snapshotPending, st.snapshotFirst = b.Snap, offset
 	}
 	if b.Part == b.Parts && st.snapshotPending == b.Snap {
-		st.snapshotAt, st.sinceSnapshot, st.snapshotTime = st.snapshotFirst, 0, at
+		// A node that starts at the first part would miss the changes
+		// its writer had not read yet when it took the snapshot.
+		start := st.snapshotFirst
+		if b.From > 0 && b.From < start {
+			start = b.From
+		}
+		st.snapshotAt, st.sinceSnapshot, st.snapshotTime = start, 0, at
 		if at.IsZero() {
 			st.snapshotTime = time.Now()
 		}
@@ -636,6 +642,11 @@ func (e *Engine) writeSnapshot(ctx context.Context, conn *amqp.Connection, table
 	if err := ch.Confirm(false); err != nil {
 		return err
 	}
+	// Everything before the offset the reader is at is in the store, so
+	// in the snapshot; what follows it may not be.
+	e.mu.Lock()
+	from := e.state(table).offset
+	e.mu.Unlock()
 	var parts [][]Change
 	var cur []Change
 	size := 0
@@ -658,7 +669,7 @@ func (e *Engine) writeSnapshot(ctx context.Context, conn *amqp.Connection, table
 	}
 	id := strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + e.cfg.Node
 	for i, p := range parts {
-		b := batch{V: 1, Kind: kindSnapshot, Node: e.cfg.Node, Snap: id, Part: i + 1, Parts: len(parts), Changes: p}
+		b := batch{V: 1, Kind: kindSnapshot, Node: e.cfg.Node, Snap: id, Part: i + 1, Parts: len(parts), From: from, Changes: p}
 		sealed, err := sealBatch(sealer, table, &b)
 		if err != nil {
 			return err

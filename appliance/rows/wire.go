@@ -19,7 +19,7 @@ const (
 
 	// Headers of a log message (plain: the broker and readers see them).
 	headerKey      = wire.HeaderKey      // the content key it is sealed with
-	headerSnapshot = wire.HeaderRowsSnap // offset where the newest complete snapshot the writer knew starts
+	headerSnapshot = wire.HeaderRowsSnap // offset a node new to the log reads from: the newest complete snapshot the writer knew, and the changes it may lack
 	headerOffset   = "x-stream-offset"   // set by RabbitMQ on every delivery of a stream
 )
 
@@ -32,6 +32,11 @@ type batch struct {
 	Part    int      `json:"part,omitempty"`  // snapshot part, from 1
 	Parts   int      `json:"parts,omitempty"` // snapshot parts
 	Changes []Change `json:"changes"`
+	// From is, in a snapshot's parts, the offset of the log its writer
+	// was to read next when it took the snapshot: every change before it
+	// is in the snapshot, those from it on may not be (they were on their
+	// way to the writer) and are read from the log.
+	From uint64 `json:"from,omitempty"`
 }
 
 // QueueOf is the stream queue (and routing key on the mesh exchange) of
