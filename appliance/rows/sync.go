@@ -81,6 +81,7 @@ func (e *Engine) run() {
 		case <-e.quit:
 			return
 		case <-e.reconf:
+		case <-e.linkUp:
 		case <-time.After(retry.Delay(failures)):
 		}
 	}
