@@ -98,6 +98,9 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 			if n := a.node.Load(); n != nil {
 				n.LinkUp() // discovery tries again at once
 			}
+			if eng := a.rowsEng.Load(); eng != nil {
+				eng.LinkUp() // so do the tables' logs
+			}
 		},
 		OnNewerGeneration: a.bindings.manager.Refresh, // a peer switched to a generation not read here yet
 		OnCredential:      a.credentialChanged,

@@ -26,7 +26,7 @@ const (
 	OpPut     = "put"     // {"row", "set": {field: value}, "delete": [field]} -> Written
 	OpDelete  = "delete"  // {"row"} (every field) -> Written
 	OpGet     = "get"     // {"row"} -> RowDoc
-	OpList    = "list"    // {"prefix", "limit", "after"} -> ListDoc
+	OpList    = "list"    // {"prefix", "after", "limit"} -> ListDoc
 	OpHistory = "history" // {"row", "field"} -> HistoryDoc
 )
 
@@ -51,10 +51,10 @@ type Request struct {
 	Set    map[string]string `json:"set,omitempty"`
 	Delete []string          `json:"delete,omitempty"`
 	Prefix string            `json:"prefix,omitempty"`
-	Limit  int               `json:"limit,omitempty"`
-	// After makes a list start past this row key: the last row of the
-	// previous page, when that page said More.
+	// After: a list starts after this row key (the last of the page
+	// before, when it said more).
 	After string `json:"after,omitempty"`
+	Limit int    `json:"limit,omitempty"`
 }
 
 // Written answers a put or a delete: the write is committed on this node.
@@ -83,8 +83,10 @@ type RowDoc struct {
 	Versions map[string]Version `json:"versions"`
 }
 
-// ListDoc is a page of rows, in key order. More: there are rows past the
-// page; ask for them with After set to the page's last row.
+// ListDoc is a page of rows. More: rows follow (the next page starts
+// after the last row of this one); a page holds at most the request's
+// limit of rows, and no more than the node's NATS server carries in one
+// message.
 type ListDoc struct {
 	Table string   `json:"table"`
 	Rows  []RowDoc `json:"rows"`
@@ -184,7 +186,7 @@ func (e *Engine) Serve(sc ServeConfig) (*nats.Subscription, error) {
 				return
 			}
 		}
-		doc, err := e.answer(m.Subject, m.Data)
+		doc, err := e.answer(m.Subject, m.Data, int(replies.MaxPayload()))
 		if err != nil {
 			r := nats.NewMsg(m.Reply)
 			wire.SetError(r.Header, errorCode(err), err.Error())
@@ -208,8 +210,9 @@ func errorCode(err error) int {
 	return 500
 }
 
-// answer runs one request on subject.
-func (e *Engine) answer(subject string, body []byte) (any, error) {
+// answer runs one request on subject; its answer must fit in maxBytes
+// (0: no bound).
+func (e *Engine) answer(subject string, body []byte, maxBytes int) (any, error) {
 	rest := strings.TrimPrefix(subject, subjectRoot)
 	table, op, _ := strings.Cut(rest, ".")
 	var req Request
@@ -250,12 +253,24 @@ func (e *Engine) answer(subject string, body []byte) (any, error) {
 			return nil, fmt.Errorf("%w: limit %d, at most %d", ErrBadInput, limit, MaxListLimit)
 		}
 		doc := ListDoc{Table: table, Rows: []RowDoc{}}
+		// An answer past the server's largest message is never
+		// delivered: the page ends before it.
+		size := 256 + len(table)
 		err := e.ListAfter(table, req.Prefix, req.After, func(row string, cells map[string]Cell) bool {
 			if len(doc.Rows) == limit {
 				doc.More = true
 				return false
 			}
-			doc.Rows = append(doc.Rows, rowDoc(table, row, cells))
+			d := rowDoc(table, row, cells)
+			if maxBytes > 0 {
+				b, _ := json.Marshal(d)
+				if size+len(b)+1 > maxBytes && len(doc.Rows) > 0 {
+					doc.More = true
+					return false
+				}
+				size += len(b) + 1
+			}
+			doc.Rows = append(doc.Rows, d)
 			return true
 		})
 		return doc, err

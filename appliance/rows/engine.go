@@ -74,6 +74,7 @@ type Engine struct {
 	wake      chan struct{} // cap 1: a local write waits for the broker
 	snapshots chan string   // cap 4: tables to write a snapshot of
 	reconf    chan struct{} // cap 1: the tables or the broker changed
+	linkUp    chan struct{} // cap 1: the broker answers again (LinkUp)
 	quit      chan struct{}
 	done      chan struct{}
 }
@@ -82,7 +83,7 @@ type Engine struct {
 type tableState struct {
 	offset, last  uint64 // next offset to read; newest offset seen in the log
 	sinceSnapshot int    // changes read since the newest snapshot
-	snapshotAt    uint64 // the From of the newest complete snapshot seen: where a node that joins reads from (0: none seen)
+	snapshotAt    uint64 // where a node new to the log starts: the newest snapshot's From, else its first part (0: none seen)
 	snapshotTime  time.Time
 	lastSnapshot  time.Time // when this node last wrote one
 	refused       map[string]int
@@ -120,7 +121,7 @@ func Open(cfg Config) (*Engine, error) {
 		cfg: cfg, log: cfg.Logger.With("component", "rows"), store: st,
 		clock:  NewClock(cfg.Now, cfg.MaxDrift),
 		tables: map[string]TableSpec{}, status: map[string]*tableState{},
-		wake: make(chan struct{}, 1), reconf: make(chan struct{}, 1), snapshots: make(chan string, 4),
+		wake: make(chan struct{}, 1), reconf: make(chan struct{}, 1), linkUp: make(chan struct{}, 1), snapshots: make(chan string, 4),
 		quit: make(chan struct{}), done: make(chan struct{}),
 	}
 	e.m = newMetrics(e)
@@ -175,6 +176,11 @@ func (e *Engine) SetTables(tables map[string]TableSpec) {
 // Reconnect makes the sync dial again (the broker URL or credential
 // changed).
 func (e *Engine) Reconnect() { signal(e.reconf) }
+
+// LinkUp says the broker answers again (the node's bridge connected): a
+// sync waiting to retry after a failure tries at once, instead of at the
+// end of its backoff (up to 30 s after the broker came back).
+func (e *Engine) LinkUp() { signal(e.linkUp) }
 
 // Tables returns the mesh's tables.
 func (e *Engine) Tables() map[string]TableSpec {

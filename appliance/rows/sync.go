@@ -28,8 +28,15 @@ const (
 	// publishWindow the log messages unconfirmed at once.
 	publishBatch  = 128
 	publishWindow = 64
-	// applyBatch is the most log messages applied in one commit.
-	applyBatch = 512
+	// applyBatch is the most log messages applied in one commit;
+	// applyLinger how long a run waits for more after its first. The
+	// library hands deliveries over one at a time on an unbuffered
+	// channel: a receive that does not wait finds the next only if its
+	// goroutine is already blocked on the send, and a reader behind the
+	// log would commit one message at a time (a few hundred a second,
+	// slower than the nodes write).
+	applyBatch  = 512
+	applyLinger = 2 * time.Millisecond
 	// readPrefetch is the log messages a table's consumer holds unacked.
 	readPrefetch = 2048
 )
@@ -74,6 +81,7 @@ func (e *Engine) run() {
 		case <-e.quit:
 			return
 		case <-e.reconf:
+		case <-e.linkUp:
 		case <-time.After(retry.Delay(failures)):
 		}
 	}
@@ -231,6 +239,7 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 			}
 			msgs = append(msgs, d)
 		}
+		linger := time.NewTimer(applyLinger)
 	more:
 		for len(msgs) < applyBatch {
 			select {
@@ -239,10 +248,11 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 					break more
 				}
 				msgs = append(msgs, d)
-			default:
+			case <-linger.C:
 				break more
 			}
 		}
+		linger.Stop()
 		if first && ok {
 			if o := offsetOf(msgs[0]); o > off {
 				e.noteGap(table, off, o)
@@ -443,7 +453,13 @@ func (e *Engine) noteSnapshot(table string, b *batch, offset uint64, at time.Tim
 		st.snapshotPending, st.snapshotFirst = b.Snap, min(b.From, offset)
 	}
 	if b.Part == b.Parts && st.snapshotPending == b.Snap {
-		st.snapshotAt, st.sinceSnapshot, st.snapshotTime = st.snapshotFirst, 0, at
+		// A node that starts at the first part would miss the changes
+		// its writer had not read yet when it took the snapshot.
+		start := st.snapshotFirst
+		if b.From > 0 && b.From < start {
+			start = b.From
+		}
+		st.snapshotAt, st.sinceSnapshot, st.snapshotTime = start, 0, at
 		if at.IsZero() {
 			st.snapshotTime = time.Now()
 		}
@@ -635,8 +651,8 @@ func (e *Engine) writeSnapshot(ctx context.Context, conn *amqp.Connection, table
 	if err := ch.Confirm(false); err != nil {
 		return err
 	}
-	// What the store holds now includes every change before the offset
-	// read so far (and maybe more): a node joining from there misses none.
+	// Everything before the offset the reader is at is in the store, so
+	// in the snapshot; what follows it may not be.
 	e.mu.Lock()
 	from := e.state(table).offset
 	e.mu.Unlock()

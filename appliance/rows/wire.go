@@ -19,25 +19,24 @@ const (
 
 	// Headers of a log message (plain: the broker and readers see them).
 	headerKey      = wire.HeaderKey      // the content key it is sealed with
-	headerSnapshot = wire.HeaderRowsSnap // offset a node that joins reads from: the From of the newest complete snapshot its writer knew
+	headerSnapshot = wire.HeaderRowsSnap // offset a node new to the log reads from: the newest complete snapshot the writer knew, and the changes it may lack
 	headerOffset   = "x-stream-offset"   // set by RabbitMQ on every delivery of a stream
 )
 
 // batch is a log message's plaintext.
 type batch struct {
-	V     int    `json:"v"`
-	Kind  string `json:"kind"`
-	Node  string `json:"node"`
-	Snap  string `json:"snap,omitempty"`  // snapshot id
-	Part  int    `json:"part,omitempty"`  // snapshot part, from 1
-	Parts int    `json:"parts,omitempty"` // snapshot parts
-	// From is, on a snapshot, the offset of the log its writer had read
-	// up to when it took it: the snapshot holds every change before From,
-	// so a node that joins reads from From (not from the snapshot itself:
-	// changes published before the snapshot that its writer had not read
-	// yet come after From).
-	From    uint64   `json:"from,omitempty"`
+	V       int      `json:"v"`
+	Kind    string   `json:"kind"`
+	Node    string   `json:"node"`
+	Snap    string   `json:"snap,omitempty"`  // snapshot id
+	Part    int      `json:"part,omitempty"`  // snapshot part, from 1
+	Parts   int      `json:"parts,omitempty"` // snapshot parts
 	Changes []Change `json:"changes"`
+	// From is, in a snapshot's parts, the offset of the log its writer
+	// was to read next when it took the snapshot: every change before it
+	// is in the snapshot, those from it on may not be (they were on their
+	// way to the writer) and are read from the log.
+	From uint64 `json:"from,omitempty"`
 }
 
 // QueueOf is the stream queue (and routing key on the mesh exchange) of

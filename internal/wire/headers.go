@@ -28,7 +28,7 @@ const (
 	HeaderReplayed    = "Meshbox-Replayed"      // a replayed dead letter: "<time> by <node> (dead-lettered <time>: <reason>)" (sealing: its class; reasons.go)
 	HeaderResultTopic = "Meshbox-Result-Topic"  // on a command: the event topic its handler's result is published on
 	HeaderOrderKey    = "Meshbox-Order-Key"     // on a command: commands of one stage with the same key reach a node's handler one at a time, in queue order (sealed)
-	HeaderRowsSnap    = "Meshbox-Rows-Snapshot" // on a table's log: the offset where the newest complete snapshot its writer knew starts
+	HeaderRowsSnap    = "Meshbox-Rows-Snapshot" // on a table's log: the offset a node new to it reads from (the newest complete snapshot its writer knew, and the changes the snapshot may lack)
 )
 
 // MaxTimeout bounds the deadline a caller may ask for with HeaderTimeout
