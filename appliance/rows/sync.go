@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/internal/backoff"
+	"github.com/meshbox/meshbox/internal/brokerurl"
 )
 
 // The sync: one AMQP connection of its own to the broker, a confirmed
@@ -44,7 +45,7 @@ const (
 func (e *Engine) run() {
 	defer close(e.done)
 	retry := backoff.Policy{Min: time.Second, Max: 30 * time.Second}
-	failures := 0
+	failures, next := 0, 0
 	lastErr := ""
 	for {
 		url := ""
@@ -61,7 +62,21 @@ func (e *Engine) run() {
 			}
 			continue
 		}
-		err := e.session(url, tables)
+		// A broker setting may list several URLs (a cluster): the first
+		// that answers, from the one that worked last.
+		urls := brokerurl.Split(url)
+		var err error
+		began := time.Now()
+		for i := range urls {
+			u := urls[(next+i)%len(urls)]
+			if err = e.session(u, tables); !isDialError(err) {
+				next = (next + i) % len(urls)
+				break
+			}
+		}
+		if time.Since(began) > 30*time.Second {
+			failures = 0 // it worked a while: the next try is soon
+		}
 		select {
 		case <-e.quit:
 			return
@@ -93,7 +108,7 @@ func (e *Engine) session(rawURL string, tables map[string]TableSpec) error {
 	conn, err := amqp.DialConfig(rawURL, amqp.Config{Heartbeat: 30 * time.Second,
 		Properties: amqp.Table{"connection_name": "meshbox rows " + e.cfg.Node}})
 	if err != nil {
-		return fmt.Errorf("connect: %w", err)
+		return &dialError{err}
 	}
 	defer func() { _ = conn.CloseDeadline(time.Now().Add(2 * time.Second)) }()
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
@@ -583,6 +598,18 @@ func (e *Engine) publish(ctx context.Context, conn *amqp.Connection, user string
 			}
 			done := map[string][]uint64{}
 			for {
+				// A return comes before its message's confirm on the wire,
+				// and the library queued it first: take every return
+				// waiting before judging the confirm.
+			returns:
+				for {
+					select {
+					case r := <-returns:
+						returned[r.MessageId] = true
+					default:
+						break returns
+					}
+				}
 				f, known := inflight[c.DeliveryTag]
 				delete(inflight, c.DeliveryTag)
 				switch {
@@ -700,4 +727,15 @@ func (e *Engine) writeSnapshot(ctx context.Context, conn *amqp.Connection, table
 func drain(ds <-chan amqp.Delivery) {
 	for range ds {
 	}
+}
+
+// dialError is a session that did not connect.
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return "connect: " + e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+func isDialError(err error) bool {
+	var d *dialError
+	return errors.As(err, &d)
 }
