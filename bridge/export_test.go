@@ -120,3 +120,15 @@ func Overflow(b *Bridge) (overflowed, held int) {
 	_ = b.m.parked.Write(&h)
 	return int(o.GetCounter().GetValue()), int(h.GetCounter().GetValue())
 }
+
+// LinkRTT is the round trip b's session measured to the broker (0: no
+// session or none measured yet).
+func LinkRTT(b *Bridge) time.Duration {
+	if s := b.link.sess.Load(); s != nil {
+		return time.Duration(s.flows.rtt.Load())
+	}
+	return 0
+}
+
+// OverflowRTT is the round trip from which submissions may overflow.
+const OverflowRTT = overflowRTT

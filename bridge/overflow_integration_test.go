@@ -84,8 +84,15 @@ func TestFarLinkOverflowsIntoTheOutbox(t *testing.T) {
 	if held == 0 {
 		t.Fatalf("far node: no answer held back with a backlog limit of 64 and %d submitters", submitters)
 	}
-	if over, held := bridge.Overflow(near.b); over != 0 || held != 0 || howNear["outbox"] != 0 {
-		t.Fatalf("near node (loopback): %d overflowed, %d held, %d answered from the outbox; want none", over, held, howNear["outbox"])
+	// The control: a link quicker than OverflowRTT never overflows. A
+	// machine so busy that even loopback calls took that long measures a
+	// far link, and then overflowing is right.
+	if rtt := bridge.LinkRTT(near.b); rtt < bridge.OverflowRTT {
+		if over, held := bridge.Overflow(near.b); over != 0 || held != 0 || howNear["outbox"] != 0 {
+			t.Fatalf("near node (loopback, round trip %v): %d overflowed, %d held, %d answered from the outbox; want none", rtt, over, held, howNear["outbox"])
+		}
+	} else {
+		t.Logf("the near node measured a round trip of %v on loopback (a busy machine): its control is skipped", rtt)
 	}
 	meshtest.WaitFor(t, 60*time.Second, "every command handled", func() bool { return len(h.msgs()) >= 2*total+2 })
 	time.Sleep(200 * time.Millisecond) // a duplicate would come now
