@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance/rows"
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/internal/brokerurl"
@@ -73,6 +74,7 @@ type Config struct {
 	Modules ModulesConfig `json:"modules"`
 	// Blobs is the node's blob store (see BlobsConfig).
 	Blobs BlobsConfig `json:"blobs"`
+	Rows  RowsConfig  `json:"rows"`
 }
 
 // LogConfig says how the node logs.
@@ -227,6 +229,7 @@ func DefaultConfig() Config {
 		},
 		Modules: defaultModulesConfig(),
 		Blobs:   defaultBlobsConfig(),
+		Rows:    RowsConfig{SnapshotEvery: rows.DefaultSnapshotEvery},
 	}
 }
 
@@ -486,6 +489,9 @@ func (c *Config) Validate() error {
 	}
 	c.Modules.validate(bad)
 	c.Blobs.validate(bad)
+	if n := c.Rows.SnapshotEvery; n < minSnapshotEvery || n > maxSnapshotEvery {
+		bad("rows.snapshot_every", "%d is out of range %d..%d", n, minSnapshotEvery, maxSnapshotEvery)
+	}
 	return errors.Join(errs...)
 }
 

@@ -19,6 +19,20 @@ import (
 // keeps a replica of each table whose key it holds, in <data>/rows.db,
 // and serves the rows API on its NATS server.
 
+// RowsConfig is the node's part in the tables of rows.
+type RowsConfig struct {
+	// SnapshotEvery is how many changes in a table's log since its newest
+	// snapshot make this node write a new one (compaction): a node that
+	// joins reads from the newest snapshot on.
+	SnapshotEvery int `json:"snapshot_every"`
+}
+
+// Bounds of rows.snapshot_every.
+const (
+	minSnapshotEvery = 100
+	maxSnapshotEvery = 10_000_000
+)
+
 // TableSettingPrefix is the prefix of the mesh settings that define tables.
 const TableSettingPrefix = "table."
 
@@ -55,13 +69,14 @@ func (a *Appliance) startRows() error {
 		ring = kk.ring // a mesh seals
 	}
 	eng, err := rows.Open(rows.Config{
-		Node:      a.cfg.Node,
-		Path:      filepath.Join(a.cfg.DataDir, "rows.db"),
-		Keys:      ring,
-		BrokerURL: a.rowsBrokerURL,
-		Declare:   !a.perNodeBroker(),
-		Logger:    a.logger,
-		Metrics:   a.registry,
+		Node:          a.cfg.Node,
+		Path:          filepath.Join(a.cfg.DataDir, "rows.db"),
+		Keys:          ring,
+		BrokerURL:     a.rowsBrokerURL,
+		Declare:       !a.perNodeBroker(),
+		SnapshotEvery: a.cfg.Rows.SnapshotEvery,
+		Logger:        a.logger,
+		Metrics:       a.registry,
 	})
 	if err != nil {
 		return fmt.Errorf("rows: %w", err)

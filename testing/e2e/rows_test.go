@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -569,17 +571,22 @@ func TestRowsJoinWhileOthersOffline(t *testing.T) {
 	}
 	t.Parallel()
 	const (
-		table    = "jobs"
-		minRows  = rows.DefaultSnapshotEvery + 400 // a snapshot is written past this many
-		parallel = 16                              // writes in flight per node
+		table         = "jobs"
+		snapshotEvery = 500                 // rows.snapshot_every of the nodes
+		minRows       = snapshotEvery + 400 // a snapshot is written past this many
+		parallel      = 16                  // writes in flight per node
 	)
+	config := filepath.Join(t.TempDir(), "meshbox.json")
+	if err := os.WriteFile(config, []byte(fmt.Sprintf(`{"rows": {"snapshot_every": %d}}`, snapshotEvery)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	vhost := meshtest.RabbitMQ(t).Vhost(t)
 	names := []string{"alpha", "beta", "gamma"}
 	db := rowsMesh(t, vhost, names, nil)
 	procs := map[string]*meshtest.Process{}
-	gammaArgs := []string{"--node", "gamma", "--db", db, "--data", t.TempDir()}
+	gammaArgs := []string{"--node", "gamma", "--db", db, "--data", t.TempDir(), "--config", config}
 	for _, n := range names {
-		args := []string{"--node", n, "--db", db}
+		args := []string{"--node", n, "--db", db, "--config", config}
 		if n == "gamma" {
 			args = gammaArgs
 		}
