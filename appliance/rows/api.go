@@ -173,29 +173,52 @@ func (e *Engine) Serve(sc ServeConfig) (*nats.Subscription, error) {
 		b, _ := json.Marshal(d)
 		_ = nc.Publish(ChangedSubject(a.Table, a.Row), b)
 	})
+	// Writes run beside each other (at most maxWriting at once), so that
+	// concurrent writers share the disk's commits; reads run in turn.
+	writing := make(chan struct{}, maxWriting)
 	return nc.Subscribe(subjectRoot+"*.*", func(m *nats.Msg) {
 		if m.Reply == "" {
 			return
 		}
-		if sc.ReplyAllowed != nil {
-			if err := sc.ReplyAllowed(m.Subject, m.Reply); err != nil {
-				e.m.errors.WithLabelValues("reply_refused").Inc()
-				if _, seen := refusedOnce.LoadOrStore(m.Subject, true); !seen {
-					e.log.Warn("rows request refused: its reply subject is not the caller's to receive on (logged once per subject)", "subject", m.Subject, "err", err)
-				}
-				return
-			}
-		}
-		doc, err := e.answer(m.Subject, m.Data, int(replies.MaxPayload()))
-		if err != nil {
-			r := nats.NewMsg(m.Reply)
-			wire.SetError(r.Header, errorCode(err), err.Error())
-			_ = replies.PublishMsg(r)
+		if op := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]; op == OpPut || op == OpDelete {
+			writing <- struct{}{}
+			e.writes.Add(1)
+			go func() { // ends with its write
+				defer func() {
+					<-writing
+					e.writes.Done()
+				}()
+				e.serveOne(m, sc, replies, &refusedOnce)
+			}()
 			return
 		}
-		b, _ := json.Marshal(doc)
-		_ = replies.Publish(m.Reply, b)
+		e.serveOne(m, sc, replies, &refusedOnce)
 	})
+}
+
+// maxWriting bounds the writes of the API in progress at once.
+const maxWriting = 256
+
+// serveOne answers one request.
+func (e *Engine) serveOne(m *nats.Msg, sc ServeConfig, replies *nats.Conn, refusedOnce *sync.Map) {
+	if sc.ReplyAllowed != nil {
+		if err := sc.ReplyAllowed(m.Subject, m.Reply); err != nil {
+			e.m.errors.WithLabelValues("reply_refused").Inc()
+			if _, seen := refusedOnce.LoadOrStore(m.Subject, true); !seen {
+				e.log.Warn("rows request refused: its reply subject is not the caller's to receive on (logged once per subject)", "subject", m.Subject, "err", err)
+			}
+			return
+		}
+	}
+	doc, err := e.answer(m.Subject, m.Data, int(replies.MaxPayload()))
+	if err != nil {
+		r := nats.NewMsg(m.Reply)
+		wire.SetError(r.Header, errorCode(err), err.Error())
+		_ = replies.PublishMsg(r)
+		return
+	}
+	b, _ := json.Marshal(doc)
+	_ = replies.Publish(m.Reply, b)
 }
 
 func errorCode(err error) int {

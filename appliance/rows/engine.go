@@ -77,6 +77,7 @@ type Engine struct {
 	linkUp    chan struct{} // cap 1: the broker answers again (LinkUp)
 	quit      chan struct{}
 	done      chan struct{}
+	writes    sync.WaitGroup // the API's writes in progress (api.go)
 }
 
 // tableState is what the sync knows of a table.
@@ -158,6 +159,7 @@ func (e *Engine) Close() error {
 		close(e.quit)
 	}
 	<-e.done
+	e.writes.Wait()
 	e.m.unregister()
 	return e.store.Close()
 }
