@@ -97,6 +97,9 @@ func (e *Engine) run() {
 			return
 		case <-e.reconf:
 		case <-e.linkUp:
+			// The broker answers the bridge again: the next tries are
+			// soon (its queues may still be starting).
+			failures = 0
 		case <-time.After(retry.Delay(failures)):
 		}
 	}

@@ -408,7 +408,7 @@ func TestRowsConverge(t *testing.T) {
 	back := time.Now()
 	var relinked []string
 	for _, n := range names {
-		waitTable(t, nodes[n].p, table, 60*time.Second, "reading its log again", func(ts rows.TableStatus) bool { return ts.Synced })
+		waitTable(t, nodes[n].p, table, 90*time.Second, "reading its log again", func(ts rows.TableStatus) bool { return ts.Synced })
 		relinked = append(relinked, fmt.Sprintf("%s %s", n, time.Since(back).Round(100*time.Millisecond)))
 	}
 	t.Logf("after the broker's restart, the tables' logs read again by: %s", strings.Join(relinked, ", "))
