@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 
 	"github.com/meshbox/meshbox/appliance/rows"
 	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/internal/brokerurl"
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/internal/wire"
 )
@@ -123,17 +125,15 @@ func (a *Appliance) rowsBrokerURL() string {
 // perNodeBroker reports whether the node logs in to the broker as a
 // node's own user (which may not declare queues: the admin made them).
 func (a *Appliance) perNodeBroker() bool {
-	u := a.rowsBrokerURL()
-	if u == "" {
+	urls := brokerurl.Split(a.rowsBrokerURL())
+	if len(urls) == 0 {
 		return false
 	}
-	i := strings.Index(u, "://")
-	at := strings.LastIndex(u, "@")
-	if i < 0 || at < i {
+	u, err := url.Parse(urls[0])
+	if err != nil || u.User == nil {
 		return false
 	}
-	user, _, _ := strings.Cut(u[i+3:at], ":")
-	_, _, ok := wire.ParseBrokerUser(user)
+	_, _, ok := wire.ParseBrokerUser(u.User.Username())
 	return ok
 }
 

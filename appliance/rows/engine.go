@@ -1,7 +1,6 @@
 package rows
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -68,6 +67,7 @@ type Engine struct {
 
 	mu       sync.Mutex
 	tables   map[string]TableSpec
+	linkErr  string // the last session's failure ("": none, or it ended well)
 	watchers []func(Applied)
 	status   map[string]*tableState
 
@@ -268,7 +268,7 @@ func (e *Engine) Put(table, row string, set map[string][]byte, del []string) (St
 	if size > MaxRowBytes {
 		return 0, fmt.Errorf("%w: a write of %d bytes, at most %d", ErrBadInput, size, MaxRowBytes)
 	}
-	if e.cfg.Keys != nil && e.cfg.BrokerURL != nil && e.cfg.BrokerURL() != "" {
+	if e.cfg.Keys != nil { // a mesh seals every table
 		if _, err := e.cfg.Keys.SealerFor(sp.Scope); err != nil {
 			return 0, fmt.Errorf("%w: this node holds no key of %s, which seals table %s: %v", ErrNoKey, scopeName(sp.Scope), table, err)
 		}
@@ -419,12 +419,16 @@ type TableStatus struct {
 	// away longer than the log keeps them); it converged from the newest
 	// snapshot.
 	Gap bool `json:"gap,omitempty"`
+	// LinkError is why this node does not read the table's log now: the
+	// last failure of its link to the broker (empty while it reads).
+	LinkError string `json:"link_error,omitempty"`
 }
 
 // Status returns every table's status.
 func (e *Engine) Status() []TableStatus {
 	e.mu.Lock()
 	tables := maps.Clone(e.tables)
+	linkErr := e.linkErr
 	states := map[string]tableState{}
 	for t, s := range e.status {
 		c := *s
@@ -436,6 +440,9 @@ func (e *Engine) Status() []TableStatus {
 	for _, t := range slices.Sorted(maps.Keys(tables)) {
 		ts := TableStatus{Table: t, Scope: tables[t].Scope}
 		ts.Rows, ts.Pending, _ = e.store.Counts(t)
+		if s, ok := states[t]; !ok || !s.connected {
+			ts.LinkError = linkErr
+		}
 		if s, ok := states[t]; ok {
 			ts.Offset, ts.Synced, ts.Gap = s.offset, s.connected, s.gap
 			if s.last >= s.offset {
@@ -481,11 +488,4 @@ func (e *Engine) refuse(table, cause string, err error) {
 	if first {
 		e.log.Warn("a change of the table's log refused; this replica may differ from the others until it is resolved (logged once per table and cause)", "table", table, "cause", cause, "err", err)
 	}
-}
-
-// jsonValue is a cell's value for the API: the value when it is valid
-// UTF-8 JSON-safe text.
-func jsonValue(c Cell) json.RawMessage {
-	b, _ := json.Marshal(string(c.Value))
-	return b
 }

@@ -1,0 +1,172 @@
+package rows
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// The sync: one AMQP connection of its own to the broker, a confirmed
+// publisher of the node's pending writes, and a consumer per table of
+// its log (a stream queue), from the offset the store saved.
+
+// Publishing the node's pending writes into the tables' logs, with
+// confirms.
+
+// publish sends the pending writes of every table and the snapshots the
+// node writes, with confirms, until ctx ends.
+func (e *Engine) publish(ctx context.Context, conn *amqp.Connection, user string, tables map[string]TableSpec) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ch.Close() }()
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, publishWindow*2))
+	returns := ch.NotifyReturn(make(chan amqp.Return, publishWindow))
+	type flight struct {
+		table string
+		seqs  []uint64
+	}
+	inflight := map[uint64]flight{}
+	returned := map[string]bool{}
+	warned := map[string]bool{}
+	noLog := map[string]time.Time{} // tables whose batch the broker returned, when
+	sent := map[string]uint64{}
+	var tag uint64
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	send := func() error {
+		for _, t := range slices.Sorted(maps.Keys(tables)) {
+			if time.Since(noLog[t]) < time.Second {
+				continue // the broker returned its last batch: no log yet
+			}
+			for len(inflight) < publishWindow {
+				seqs, bodies, err := e.store.Pending(t, sent[t], publishBatch)
+				if err != nil {
+					return err
+				}
+				if len(seqs) == 0 {
+					break
+				}
+				sealer, err := e.cfg.Keys.SealerFor(tables[t].Scope)
+				if err != nil {
+					e.m.errors.WithLabelValues("no_key").Inc()
+					break // kept until the node holds the key
+				}
+				b := batch{V: 1, Kind: kindChanges, Node: e.cfg.Node}
+				for _, body := range bodies {
+					var c Change
+					if err := json.Unmarshal(body, &c); err == nil {
+						b.Changes = append(b.Changes, c)
+					}
+				}
+				sealed, err := sealBatch(sealer, t, &b)
+				if err != nil {
+					return err
+				}
+				tag++
+				inflight[tag] = flight{t, seqs}
+				sent[t] = seqs[len(seqs)-1]
+				if err := ch.PublishWithContext(ctx, meshExchange, QueueOf(t), true, false, e.publishing(t, sealer.ID(), user, sealed, tag)); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	for {
+		if err := send(); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-e.wake:
+		case <-tick.C:
+		case t := <-e.snapshots:
+			if _, ok := tables[t]; ok {
+				if err := e.writeSnapshot(ctx, conn, t, tables[t], user); err != nil {
+					e.log.Warn("rows: a snapshot of the table failed; the next change past the threshold tries again", "table", t, "err", err)
+				}
+			}
+		case r := <-returns:
+			returned[r.MessageId] = true
+		case c, ok := <-confirms:
+			if !ok {
+				return errors.New("publish channel closed")
+			}
+			done := map[string][]uint64{}
+			for {
+				// A return comes before its message's confirm on the wire,
+				// and the library queued it first: take every return
+				// waiting before judging the confirm.
+			returns:
+				for {
+					select {
+					case r := <-returns:
+						returned[r.MessageId] = true
+					default:
+						break returns
+					}
+				}
+				f, known := inflight[c.DeliveryTag]
+				delete(inflight, c.DeliveryTag)
+				switch {
+				case !known:
+				case c.Ack && !returned[strconv.FormatUint(c.DeliveryTag, 10)]:
+					done[f.table] = append(done[f.table], f.seqs...)
+				default: // nacked or returned: sent again
+					delete(returned, strconv.FormatUint(c.DeliveryTag, 10))
+					if f.seqs[0]-1 < sent[f.table] {
+						sent[f.table] = f.seqs[0] - 1
+					}
+					if !c.Ack {
+						e.m.errors.WithLabelValues("broker").Inc()
+					} else {
+						e.m.errors.WithLabelValues("no_log").Inc()
+						if !warned[f.table] {
+							warned[f.table] = true
+							e.log.Warn("rows: the broker has no log for the table; its writes wait on this node (logged once per connection)", "table", f.table, "fix", "meshbox mesh table add "+f.table+" --broker-admin URL")
+						}
+						noLog[f.table] = time.Now() // its writes wait for the next tick
+					}
+				}
+				select {
+				case c, ok = <-confirms:
+					if ok {
+						continue
+					}
+				default:
+				}
+				break
+			}
+			for t, seqs := range done {
+				if err := e.store.Confirmed(t, seqs); err != nil {
+					return err
+				}
+				e.m.published.Add(float64(len(seqs)))
+			}
+		}
+	}
+}
+
+// publishing is a log message of table.
+func (e *Engine) publishing(table, keyID, user string, body []byte, tag uint64) amqp.Publishing {
+	h := amqp.Table{headerKey: keyID}
+	e.mu.Lock()
+	if s := e.state(table).snapshotAt; s > 0 {
+		h[headerSnapshot] = int64(s)
+	}
+	e.mu.Unlock()
+	return amqp.Publishing{DeliveryMode: amqp.Persistent, Type: "rows", Headers: h, Body: body,
+		MessageId: strconv.FormatUint(tag, 10), UserId: user, Timestamp: time.Now()}
+}

@@ -1,0 +1,246 @@
+package rows
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// The sync: one AMQP connection of its own to the broker, a confirmed
+// publisher of the node's pending writes, and a consumer per table of
+// its log (a stream queue), from the offset the store saved.
+
+// Reading a table's log: from the saved offset, applying runs of log
+// messages in one commit each, holding changes stamped too far ahead.
+
+// readLog consumes table's log from the saved offset (a node that never
+// read it: from the newest snapshot a writer named, else from the start),
+// applying what it reads.
+func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table string) error {
+	off, ok, err := e.store.Offset(table)
+	if err != nil {
+		return err
+	}
+	var start any = "first"
+	if ok {
+		start = int64(off)
+	} else if s, found := e.newestSnapshot(ctx, conn, table); found {
+		start = int64(s)
+		e.log.Info("rows: joining a table from its newest snapshot", "table", table, "offset", s)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	// Closed with the connection (session).
+	if err := ch.Qos(readPrefetch, 0, false); err != nil {
+		return err
+	}
+	ds, err := ch.ConsumeWithContext(ctx, QueueOf(table), "", false, false, false, false, amqp.Table{"x-stream-offset": start})
+	if err != nil {
+		return fmt.Errorf("read the log of table %s: %w (meshbox mesh table add %s makes it on the broker)", table, err, table)
+	}
+	// Deliveries the reader no longer takes would hold the connection's
+	// reader, and with it the channel's close, forever.
+	defer func() { go drain(ds) }()
+	e.mu.Lock()
+	st := e.state(table)
+	st.connected, st.offset = true, off
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.state(table).connected = false
+		e.mu.Unlock()
+	}()
+	first := true
+	var held []heldChange
+	retryHeld := time.NewTicker(time.Second)
+	defer retryHeld.Stop()
+	for {
+		var msgs []amqp.Delivery
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-retryHeld.C:
+			if held, err = e.applyHeld(table, held); err != nil {
+				return err
+			}
+			continue
+		case d, open := <-ds:
+			if !open {
+				return fmt.Errorf("the log of table %s: consumer ended", table)
+			}
+			msgs = append(msgs, d)
+		}
+		linger := time.NewTimer(applyLinger)
+	more:
+		for len(msgs) < applyBatch {
+			select {
+			case d, open := <-ds:
+				if !open {
+					break more
+				}
+				msgs = append(msgs, d)
+			case <-linger.C:
+				break more
+			}
+		}
+		linger.Stop()
+		if first && ok {
+			if o := offsetOf(msgs[0]); o > off {
+				e.noteGap(table, off, o)
+			}
+		}
+		first = false
+		var err error
+		if held, err = e.applyLog(table, msgs, held); err != nil {
+			return err
+		}
+		if err := ch.Ack(msgs[len(msgs)-1].DeliveryTag, true); err != nil {
+			return err
+		}
+	}
+}
+
+// heldChange is a change stamped too far ahead of this node's clock, kept
+// until the clock reaches it; the saved offset stays at or before it, so
+// that a restart reads it again.
+type heldChange struct {
+	offset uint64
+	ch     Change
+}
+
+// applyLog applies a run of log messages of table.
+func (e *Engine) applyLog(table string, msgs []amqp.Delivery, held []heldChange) ([]heldChange, error) {
+	var changes []Change
+	last := uint64(0)
+	e.mu.Lock()
+	st := e.state(table)
+	e.mu.Unlock()
+	for _, d := range msgs {
+		o := offsetOf(d)
+		last = o
+		keyID, _ := d.Headers[headerKey].(string)
+		b, err := openBatch(e.cfg.Keys, table, keyID, d.Body)
+		if err != nil {
+			e.refuse(table, "unopened", fmt.Errorf("log offset %d from %s: %w", o, d.UserId, err))
+			continue
+		}
+		if s, ok := d.Headers[headerSnapshot].(int64); ok && s > 0 {
+			e.mu.Lock()
+			if uint64(s) > st.snapshotAt {
+				st.snapshotAt = uint64(s)
+			}
+			e.mu.Unlock()
+		}
+		if b.Kind == kindSnapshot {
+			e.noteSnapshot(table, b, o, d.Timestamp)
+		} else {
+			e.mu.Lock()
+			st.sinceSnapshot += len(b.Changes)
+			e.mu.Unlock()
+		}
+		for _, ch := range b.Changes {
+			if err := e.observe(ch); err != nil {
+				e.refuse(table, "future", err)
+				held = append(held, heldChange{offset: o, ch: ch})
+				continue
+			}
+			changes = append(changes, ch)
+		}
+	}
+	next := last + 1
+	for _, h := range held {
+		next = min(next, h.offset)
+	}
+	applied, err := e.store.Apply(table, changes, next)
+	if err != nil {
+		e.m.errors.WithLabelValues("store").Inc()
+		return held, fmt.Errorf("apply the log of table %s: %w", table, err)
+	}
+	e.mu.Lock()
+	st.offset = next
+	st.last = max(st.last, last)
+	// Due past SnapshotEvery changes, or when the newest snapshot is a
+	// quarter of the log's retention old: the log must always hold one.
+	due := st.sinceSnapshot >= e.cfg.SnapshotEvery ||
+		st.sinceSnapshot > 0 && !st.snapshotTime.IsZero() && time.Since(st.snapshotTime) > e.cfg.MaxAge/4
+	e.mu.Unlock()
+	for _, a := range applied {
+		e.m.applied.Add(float64(len(a.Won)))
+		e.notify(a)
+	}
+	if due {
+		e.snapshotSoon(table)
+	}
+	return held, nil
+}
+
+// applyHeld applies the held changes the clock reached.
+func (e *Engine) applyHeld(table string, held []heldChange) ([]heldChange, error) {
+	if len(held) == 0 {
+		return held, nil
+	}
+	var ready []Change
+	var still []heldChange
+	for _, h := range held {
+		if e.observe(h.ch) == nil {
+			ready = append(ready, h.ch)
+		} else {
+			still = append(still, h)
+		}
+	}
+	if len(ready) == 0 {
+		return held, nil
+	}
+	e.mu.Lock()
+	next := e.state(table).last + 1
+	e.mu.Unlock()
+	for _, h := range still {
+		next = min(next, h.offset)
+	}
+	applied, err := e.store.Apply(table, ready, next)
+	if err != nil {
+		return held, err
+	}
+	e.mu.Lock()
+	e.state(table).offset = next
+	e.mu.Unlock()
+	for _, a := range applied {
+		e.notify(a)
+	}
+	return still, nil
+}
+
+// observe moves the clock past every stamp of ch, or refuses it.
+func (e *Engine) observe(ch Change) error {
+	for _, c := range ch.Cells {
+		if err := e.clock.Observe(c.Stamp); err != nil {
+			return fmt.Errorf("row %s of node %s: %w", ch.Row, c.Node, err)
+		}
+	}
+	return nil
+}
+
+func offsetOf(d amqp.Delivery) uint64 {
+	switch v := d.Headers[headerOffset].(type) {
+	case int64:
+		return uint64(v)
+	case int32:
+		return uint64(v)
+	case int:
+		return uint64(v)
+	}
+	return 0
+}
+
+// noteGap records that the log no longer held offsets from..to-1.
+func (e *Engine) noteGap(table string, from, to uint64) {
+	e.mu.Lock()
+	e.state(table).gap = true
+	e.mu.Unlock()
+	e.log.Warn("rows: this node was away longer than the table's log keeps changes; it converges from the newest snapshot in the log (rows deleted before it may come back only if no snapshot recorded their deletion)",
+		"table", table, "missed_from", from, "log_starts_at", to)
+}

@@ -1,0 +1,168 @@
+package rows
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// The sync: one AMQP connection of its own to the broker, a confirmed
+// publisher of the node's pending writes, and a consumer per table of
+// its log (a stream queue), from the offset the store saved.
+
+// Snapshots (compaction): writing one into a table's log, following
+// those others write, and finding where a node new to the log starts.
+
+// newestSnapshot finds, from the newest message of table's log, where the
+// newest complete snapshot its writer knew starts.
+func (e *Engine) newestSnapshot(ctx context.Context, conn *amqp.Connection, table string) (uint64, bool) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, false
+	}
+	defer func() {
+		go func() { _ = ch.Close() }() // not waited for: see session
+	}()
+	if err := ch.Qos(1, 0, false); err != nil {
+		return 0, false
+	}
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	ds, err := ch.ConsumeWithContext(cctx, QueueOf(table), "", false, false, false, false, amqp.Table{"x-stream-offset": "last"})
+	if err != nil {
+		return 0, false
+	}
+	defer func() { go drain(ds) }()
+	select {
+	case d, ok := <-ds:
+		if !ok {
+			return 0, false
+		}
+		if s, ok := d.Headers[headerSnapshot].(int64); ok && s > 0 {
+			return uint64(s), true
+		}
+	case <-cctx.Done():
+	}
+	return 0, false
+}
+
+// noteSnapshot follows the parts of a snapshot in the log: once all of a
+// snapshot's parts are read, it is the newest.
+func (e *Engine) noteSnapshot(table string, b *batch, offset uint64, at time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := e.state(table)
+	if b.Part == 1 {
+		st.snapshotPending, st.snapshotFirst = b.Snap, min(b.From, offset)
+	}
+	if b.Part == b.Parts && st.snapshotPending == b.Snap {
+		// A node that starts at the first part would miss the changes
+		// its writer had not read yet when it took the snapshot.
+		start := st.snapshotFirst
+		if b.From > 0 && b.From < start {
+			start = b.From
+		}
+		st.snapshotAt, st.sinceSnapshot, st.snapshotTime = start, 0, at
+		if at.IsZero() {
+			st.snapshotTime = time.Now()
+		}
+	}
+}
+
+// snapshotSoon schedules a snapshot of table: after a wait of this node's
+// own (so that nodes that saw the same log do not all write one), unless
+// another node's snapshot arrives first.
+func (e *Engine) snapshotSoon(table string) {
+	e.mu.Lock()
+	st := e.state(table)
+	if st.snapshotQueued || time.Since(st.lastSnapshot) < time.Minute {
+		e.mu.Unlock()
+		return
+	}
+	st.snapshotQueued = true
+	e.mu.Unlock()
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(e.cfg.Node))
+	wait := time.Second + time.Duration(h.Sum32()%5000)*time.Millisecond
+	time.AfterFunc(wait, func() {
+		e.mu.Lock()
+		st := e.state(table)
+		st.snapshotQueued = false
+		due := st.sinceSnapshot >= e.cfg.SnapshotEvery ||
+			st.sinceSnapshot > 0 && !st.snapshotTime.IsZero() && time.Since(st.snapshotTime) > e.cfg.MaxAge/4
+		if due {
+			st.lastSnapshot = time.Now()
+		}
+		e.mu.Unlock()
+		if due {
+			select {
+			case e.snapshots <- table:
+			default:
+			}
+		}
+	})
+}
+
+// writeSnapshot writes table's whole state into its log, in parts, with
+// confirms, on a channel of its own.
+func (e *Engine) writeSnapshot(ctx context.Context, conn *amqp.Connection, table string, spec TableSpec, user string) error {
+	sealer, err := e.cfg.Keys.SealerFor(spec.Scope)
+	if err != nil {
+		return err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ch.Close() }()
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	// Everything before the offset the reader is at is in the store, so
+	// in the snapshot; what follows it may not be.
+	e.mu.Lock()
+	from := e.state(table).offset
+	e.mu.Unlock()
+	var parts [][]Change
+	var cur []Change
+	size := 0
+	if err := e.store.Rows(table, "", func(row string, cells map[string]Cell) bool {
+		c := Change{Table: table, Row: row, Cells: map[string]WireCell{}}
+		for f, cell := range cells {
+			c.Cells[f] = WireCell{Stamp: cell.Stamp, Node: cell.Node, Deleted: cell.Deleted, Value: cell.Value}
+			size += len(f) + len(cell.Value) + 40
+		}
+		cur = append(cur, c)
+		if size > 256<<10 {
+			parts, cur, size = append(parts, cur), nil, 0
+		}
+		return true
+	}); err != nil {
+		return err
+	}
+	if len(cur) > 0 || len(parts) == 0 {
+		parts = append(parts, cur)
+	}
+	id := strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + e.cfg.Node
+	for i, p := range parts {
+		b := batch{V: 1, Kind: kindSnapshot, Node: e.cfg.Node, Snap: id, Part: i + 1, Parts: len(parts), From: from, Changes: p}
+		sealed, err := sealBatch(sealer, table, &b)
+		if err != nil {
+			return err
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, meshExchange, QueueOf(table), false, false, e.publishing(table, sealer.ID(), user, sealed, 0))
+		if err != nil {
+			return err
+		}
+		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+			return fmt.Errorf("snapshot part %d of %d not confirmed: %v", i+1, len(parts), err)
+		}
+	}
+	e.m.snapshots.Inc()
+	e.log.Info("rows: wrote a snapshot of the table into its log", "table", table, "parts", len(parts))
+	return nil
+}
