@@ -89,7 +89,11 @@ func (a *Appliance) startRows() error {
 		return fmt.Errorf("rows: nats connect: %w", err)
 	}
 	a.interest.exclude(nc)
-	if _, err := eng.Serve(rows.ServeConfig{Conn: nc, Replies: a.rc, ReplyAllowed: a.natsSrv.auth.rights.ReplyAllowed}); err != nil {
+	// Programs and the node's own connections share the server's global
+	// account: a change is published only where someone subscribes.
+	acc := a.natsSrv.srv.GlobalAccount()
+	if _, err := eng.Serve(rows.ServeConfig{Conn: nc, Replies: a.rc, ReplyAllowed: a.natsSrv.auth.rights.ReplyAllowed,
+		Interest: acc.SubscriptionInterest}); err != nil {
 		nc.Close()
 		_ = eng.Close()
 		return fmt.Errorf("rows: %w", err)

@@ -148,6 +148,10 @@ type ServeConfig struct {
 	// the reply subject cmd.<stage> would submit a command as the node).
 	// A request it refuses is not acted on. Nil: every reply is allowed.
 	ReplyAllowed func(subject, reply string) error
+	// Interest, when set, says whether anyone subscribes to a subject: a
+	// change no one watches is not encoded and published. Nil: every
+	// change is published.
+	Interest func(subject string) bool
 }
 
 // Serve answers the rows API until the connection closes, and publishes
@@ -161,6 +165,10 @@ func (e *Engine) Serve(sc ServeConfig) (*nats.Subscription, error) {
 	}
 	var refusedOnce sync.Map
 	e.OnChange(func(a Applied) {
+		subject := ChangedSubject(a.Table, a.Row)
+		if sc.Interest != nil && !sc.Interest(subject) {
+			return
+		}
 		d := ChangedDoc{Table: a.Table, Row: a.Row, Fields: map[string]string{}, Versions: map[string]Version{}}
 		for f, c := range a.Won {
 			d.Versions[f] = version(c)
@@ -171,7 +179,7 @@ func (e *Engine) Serve(sc ServeConfig) (*nats.Subscription, error) {
 			}
 		}
 		b, _ := json.Marshal(d)
-		_ = nc.Publish(ChangedSubject(a.Table, a.Row), b)
+		_ = nc.Publish(subject, b)
 	})
 	// Writes run beside each other (at most maxWriting at once), so that
 	// concurrent writers share the disk's commits; reads run in turn.

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"regexp"
 )
 
 // Cell is one version of one field of a row: its value (none when the
@@ -41,11 +40,28 @@ const (
 	MaxFields = 64
 )
 
-var (
-	tableRe = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]*$`)
-	rowRe   = regexp.MustCompile(`^[A-Za-z0-9_=-][A-Za-z0-9_.=-]*$`)
-	fieldRe = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
-)
+// The characters of names: checked byte by byte (every write checks a
+// row and its fields; a regular expression cost more than the rest of
+// the check).
+func nameChars(s string, first, rest func(c byte) bool) bool {
+	for i := 0; i < len(s); i++ {
+		ok := rest
+		if i == 0 {
+			ok = first
+		}
+		if !ok(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func isLowerDigit(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' }
+func isAlnum(c byte) bool      { return isLowerDigit(c) || c >= 'A' && c <= 'Z' }
+func isTableChar(c byte) bool  { return isLowerDigit(c) || c == '_' || c == '-' }
+func isFieldChar(c byte) bool  { return isAlnum(c) || c == '_' || c == '-' }
+func isRowFirst(c byte) bool   { return isFieldChar(c) || c == '=' }
+func isRowChar(c byte) bool    { return isRowFirst(c) || c == '.' }
 
 // ErrBadInput wraps every refusal of a name, a size or a request.
 var ErrBadInput = errors.New("bad input")
@@ -53,7 +69,7 @@ var ErrBadInput = errors.New("bad input")
 // ValidTable checks a table name: lowercase letters, digits, '_' and '-',
 // starting with a letter or digit, at most MaxTableLen bytes.
 func ValidTable(t string) error {
-	if len(t) == 0 || len(t) > MaxTableLen || !tableRe.MatchString(t) {
+	if len(t) == 0 || len(t) > MaxTableLen || !nameChars(t, isLowerDigit, isTableChar) {
 		return fmt.Errorf("%w: table %q: a table name is 1 to %d lowercase letters, digits, '_' or '-', starting with a letter or digit", ErrBadInput, t, MaxTableLen)
 	}
 	return nil
@@ -62,7 +78,7 @@ func ValidTable(t string) error {
 // ValidRow checks a row key: letters, digits, '_', '-', '=' and '.', not
 // starting with '.', at most MaxRowLen bytes.
 func ValidRow(r string) error {
-	if len(r) == 0 || len(r) > MaxRowLen || !rowRe.MatchString(r) {
+	if len(r) == 0 || len(r) > MaxRowLen || !nameChars(r, isRowFirst, isRowChar) {
 		return fmt.Errorf("%w: row %q: a row key is 1 to %d letters, digits, '_', '-', '=' or '.', not starting with '.'", ErrBadInput, r, MaxRowLen)
 	}
 	return nil
@@ -71,7 +87,7 @@ func ValidRow(r string) error {
 // ValidField checks a field name: letters, digits, '_' and '-', at most
 // MaxFieldLen bytes.
 func ValidField(f string) error {
-	if len(f) == 0 || len(f) > MaxFieldLen || !fieldRe.MatchString(f) {
+	if len(f) == 0 || len(f) > MaxFieldLen || !nameChars(f, isFieldChar, isFieldChar) {
 		return fmt.Errorf("%w: field %q: a field name is 1 to %d letters, digits, '_' or '-'", ErrBadInput, f, MaxFieldLen)
 	}
 	return nil

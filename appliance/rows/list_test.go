@@ -114,3 +114,19 @@ func TestListPages(t *testing.T) {
 		t.Errorf("after .x (no row key): code %d, want 400", code)
 	}
 }
+
+// A table's stream queue never gets a bound of 0 (a stream of 0 bytes
+// takes no message and confirms none): 0 means the default.
+func TestStreamArgsDefaults(t *testing.T) {
+	a := rows.StreamArgs(0, 0)
+	if a["x-max-length-bytes"] != int64(rows.DefaultMaxBytes) || a["x-max-age"] != fmt.Sprintf("%ds", int64(rows.DefaultMaxAge/time.Second)) {
+		t.Fatalf("StreamArgs(0, 0) = %v; want the defaults", a)
+	}
+	if seg := a["x-stream-max-segment-size-bytes"].(int64); seg <= 0 {
+		t.Fatalf("segment size %d", seg)
+	}
+	b := rows.StreamArgs(time.Hour, 4<<20)
+	if b["x-max-length-bytes"] != int64(4<<20) || b["x-max-age"] != "3600s" || b["x-stream-max-segment-size-bytes"] != int64(1<<20) {
+		t.Fatalf("StreamArgs(1h, 4 MiB) = %v", b)
+	}
+}

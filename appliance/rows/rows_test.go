@@ -173,3 +173,39 @@ func TestRowsConvergeAndJoin(t *testing.T) {
 		t.Fatalf("delta, without the key, holds %d cells", len(s))
 	}
 }
+
+// A burst of writes past the snapshot threshold, within the least time
+// between two snapshots of a node, is compacted once that time has
+// passed, with no write after it: the log does not keep the burst
+// uncompacted until the next write.
+func TestBurstCompactedAfterTheGap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("uses RabbitMQ")
+	}
+	defer rows.SetSnapshotGap(4 * time.Second)()
+	url := meshtest.RabbitMQ(t).Vhost(t)
+	a := startNode(t, "alpha", url, keyring(t, seal.NewContentKey()), t.TempDir(), 50)
+	defer a.e.Close()
+	put := func(from, to int) {
+		for i := from; i < to; i++ {
+			if _, err := a.e.Put("jobs", fmt.Sprintf("r%04d", i), map[string][]byte{"n": []byte(fmt.Sprint(i))}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	lastSnapshot := func() time.Time {
+		if st := a.e.Status(); len(st) == 1 && st[0].LastSnapshot != nil {
+			return *st[0].LastSnapshot
+		}
+		return time.Time{}
+	}
+	put(0, 60) // past 50 changes: the first snapshot
+	meshtest.WaitFor(t, 30*time.Second, "the first snapshot", func() bool { return !lastSnapshot().IsZero() })
+	first := lastSnapshot()
+	put(60, 200) // due again at once, within the gap
+	burstEnd := time.Now()
+	meshtest.WaitFor(t, 30*time.Second, "a snapshot after the burst, with no write since", func() bool { return lastSnapshot().After(burstEnd) })
+	if second := lastSnapshot(); second.Sub(first) < 4*time.Second {
+		t.Fatalf("two snapshots %v apart, less than the gap of 4s", second.Sub(first))
+	}
+}

@@ -17,6 +17,10 @@ import (
 // Snapshots (compaction): writing one into a table's log, following
 // those others write, and finding where a node new to the log starts.
 
+// snapshotGap is the least time between two snapshots a node writes (a
+// variable for tests).
+var snapshotGap = time.Minute
+
 // newestSnapshot finds, from the newest message of table's log, where the
 // newest complete snapshot its writer knew starts.
 func (e *Engine) newestSnapshot(ctx context.Context, conn *amqp.Connection, table string) (uint64, bool) {
@@ -75,19 +79,26 @@ func (e *Engine) noteSnapshot(table string, b *batch, offset uint64, at time.Tim
 
 // snapshotSoon schedules a snapshot of table: after a wait of this node's
 // own (so that nodes that saw the same log do not all write one), unless
-// another node's snapshot arrives first.
+// another node's snapshot arrives first. A node writes at most one a
+// minute (snapshotGap); one due sooner waits for the minute to pass
+// rather than being dropped, so that a burst of writes is compacted once
+// it ends, not at the next write after it.
 func (e *Engine) snapshotSoon(table string) {
 	e.mu.Lock()
 	st := e.state(table)
-	if st.snapshotQueued || time.Since(st.lastSnapshot) < time.Minute {
+	if st.snapshotQueued {
 		e.mu.Unlock()
 		return
 	}
 	st.snapshotQueued = true
+	gap := time.Until(st.lastSnapshot.Add(snapshotGap))
+	if st.lastSnapshot.IsZero() {
+		gap = 0
+	}
 	e.mu.Unlock()
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(e.cfg.Node))
-	wait := time.Second + time.Duration(h.Sum32()%5000)*time.Millisecond
+	wait := max(gap, 0) + time.Second + time.Duration(h.Sum32()%5000)*time.Millisecond
 	time.AfterFunc(wait, func() {
 		e.mu.Lock()
 		st := e.state(table)
@@ -154,7 +165,14 @@ func (e *Engine) writeSnapshot(ctx context.Context, conn *amqp.Connection, table
 		if err != nil {
 			return err
 		}
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, meshExchange, QueueOf(table), false, false, e.publishing(table, sealer.ID(), user, sealed, 0))
+		msg := e.publishing(table, sealer.ID(), user, sealed, 0)
+		if i == len(parts)-1 && from > 0 {
+			// With its last part the snapshot is whole: a node new to
+			// the log reads from where it starts, not from the one
+			// before it (and every change since).
+			msg.Headers[headerSnapshot] = int64(from)
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, meshExchange, QueueOf(table), false, false, msg)
 		if err != nil {
 			return err
 		}

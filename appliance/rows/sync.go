@@ -192,8 +192,16 @@ func (e *Engine) declare(conn *amqp.Connection, tables []string) error {
 }
 
 // StreamArgs are the arguments of a table's stream queue: retention by
-// age and size, in segments small enough for retention to bite.
+// age and size, in segments small enough for retention to bite. A bound
+// of 0 or less is the default's (a stream of 0 bytes takes no message
+// and confirms none).
 func StreamArgs(maxAge time.Duration, maxBytes int64) amqp.Table {
+	if maxAge <= 0 {
+		maxAge = DefaultMaxAge
+	}
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxBytes
+	}
 	return amqp.Table{
 		"x-queue-type":                    "stream",
 		"x-max-age":                       strconv.FormatInt(int64(maxAge/time.Second), 10) + "s",

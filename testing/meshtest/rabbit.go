@@ -25,8 +25,9 @@ import (
 )
 
 const (
-	// rabbitReadyTimeout bounds a broker start (first start and restarts).
-	rabbitReadyTimeout = 90 * time.Second
+	// rabbitReadyTimeout bounds a broker start (first start and restarts),
+	// from its start slot (rabbit_slots.go) until it answers.
+	rabbitReadyTimeout = 2 * time.Minute
 	// rabbitStopTimeout bounds a graceful broker stop.
 	rabbitStopTimeout = 60 * time.Second
 )
@@ -368,11 +369,19 @@ func (r *Rabbit) start() error {
 		// a small machine need.
 		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-noinput +sbwt none +sbwtdcpu none +sbwtdio none",
 	)
+	release, waited, err := startSlot()
+	if err != nil {
+		return err
+	}
+	defer release()
 	proc, err := startChild(script, nil, r.dir, env, r.acc, r.logPath())
 	if err != nil {
 		return err
 	}
 	if err := r.waitReady(proc); err != nil {
+		if waited > time.Second {
+			err = fmt.Errorf("%w (after %v waiting for another broker's boot)", err, waited.Round(time.Millisecond))
+		}
 		proc.killGroup()
 		log := tailFile(r.logPath(), 60)
 		if strings.Contains(log, "eaddrinuse") {

@@ -1,0 +1,434 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/appliance/rows"
+	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/internal/wire"
+	"github.com/meshbox/meshbox/testing/meshtest"
+)
+
+// The tables of rows, measured (issue "state as rows"): one table, bench,
+// sealed with the mesh's key, on nodes running in this process with the
+// real appliance; the API called over NATS as programs call it.
+const (
+	rowsTable        = "bench"
+	rowsWriteCount   = 100000 // row writes of the write line
+	rowsWriters      = 256    // requests in flight (the API runs up to 256 writes at once)
+	rowsConvergeEach = 10000  // rows each of the three nodes writes while cut off
+	rowsJoinCount    = 100000 // rows in the table a new node joins
+	rowsValueLen     = 64     // bytes of a row's payload field
+	// rawRowsWindow is the raw baseline's confirms outstanding at once:
+	// its best of 256, 1,024 and 4,096 on the machine the figures in
+	// docs/performance.md come from.
+	rawRowsWindow = 1024
+)
+
+// BenchmarkRows measures the tables of rows and prints three lines:
+//
+//	BENCH rows-write ours=<rows/s> baseline=<msg/s> ratio=<ours/baseline>
+//
+// ours: rowsWriteCount puts (a row of two fields, status and a 64-byte
+// payload), rowsWriters at a time, through one node's rows API, timed
+// from the first request until the broker has confirmed every one of
+// them into the table's log (the table's pending count back at 0): each
+// committed on the node's disk first, then sealed and published with
+// confirms. baseline: raw amqp091-go publishing as many persistent
+// messages, each the size of one write sealed alone, with publisher
+// confirms and rawRowsWindow outstanding, to a stream queue with the
+// same arguments as a table's log. Higher is better; target >= 0.7.
+//
+//	BENCH rows-converge ours=<rows/s> baseline=<rows/s> ratio=<ours/baseline>
+//
+// Three nodes, each reaching the broker through a proxy of its own, are
+// cut off from it; each writes rowsConvergeEach rows of its own; the
+// links are restored. ours: the rows of all three (3 x rowsConvergeEach)
+// over the time from the restore until every node holds all of them,
+// nothing pending and nothing unread in the log (then checked cell for
+// cell alike on the three). baseline: the rows-write figure of this
+// run. Higher is better; target >= 0.5.
+//
+//	BENCH rows-join ours=<s> baseline=<s> ratio=<ours/baseline>
+//
+// A node writes rowsJoinCount rows and compacts the table (a snapshot
+// into its log, at the default threshold and pace); then a node new to
+// the table starts. ours: from its start until it holds every row and
+// has read the log to its end. baseline: raw amqp091-go reading the
+// same messages (from the offset the new node starts at, the newest
+// snapshot's, to the log's end) with the node's prefetch (2,048) and
+// acks per 512, neither opening nor applying them. Lower is better; no
+// target (reported).
+func BenchmarkRows(b *testing.B) {
+	rmq := meshtest.NewRabbitMQ(b)
+	var writeRate float64
+	b.Run("write", func(b *testing.B) {
+		amqpURL := rmq.Vhost(b)
+		dbURL := rowsMeshDB(b, amqpURL, "rows-w")
+		node := startRowsNode(b, "rows-w", amqpURL, dbURL)
+		for range b.N {
+			cpu0, bcpu0 := cpuTime(b), rmq.CPUTime(b)
+			start := writeRows(b, node, "w", 0, rowsWriteCount)
+			answered := time.Since(start)
+			waitRows(b, "rows-w's writes at the broker", 5*time.Minute, func() bool {
+				s := rowsStatus(node)
+				return s != nil && s.Pending == 0 && s.Rows >= rowsWriteCount
+			})
+			took := time.Since(start)
+			cpu, bcpu := (cpuTime(b)-cpu0)/rowsWriteCount, (rmq.CPUTime(b)-bcpu0)/rowsWriteCount
+			writeRate = float64(rowsWriteCount) / took.Seconds()
+			raw := rawStreamPublish(b, amqpURL, rowsWriteCount, sealedWriteSize())
+			report("rows-write", writeRate, raw, "rows/s",
+				fmt.Sprintf("%d puts of two fields, %d in flight, committed on disk then sealed into the table's log with confirms; baseline raw amqp091-go, one persistent message per write of its sealed size (%d B), confirms with %d outstanding, to a stream queue; higher is better; target ratio >= 0.7",
+					rowsWriteCount, rowsWriters, sealedWriteSize(), rawRowsWindow),
+				fmt.Sprintf("took=%.2fs", took.Seconds()), fmt.Sprintf("answered=%.2fs", answered.Seconds()),
+				fmt.Sprintf("cpu_per_row=%.1fµs", us(cpu)), fmt.Sprintf("broker_cpu_per_row=%.1fµs", us(bcpu)))
+		}
+	})
+	b.Run("converge", func(b *testing.B) {
+		amqpURL := rmq.Vhost(b)
+		names := []string{"rows-c1", "rows-c2", "rows-c3"}
+		dbURL := rowsMeshDB(b, amqpURL, names...)
+		upstream := fmt.Sprintf("127.0.0.1:%d", rmq.Port())
+		var nodes []*appliance.Appliance
+		var proxies []*meshtest.Proxy
+		for _, n := range names {
+			px := meshtest.NewProxy(b, upstream)
+			proxies = append(proxies, px)
+			nodes = append(nodes, startRowsNode(b, n, px.Rewrite(amqpURL, upstream), dbURL))
+		}
+		for range b.N {
+			for _, px := range proxies {
+				px.Cut(b)
+			}
+			var wg sync.WaitGroup
+			for i, n := range nodes {
+				wg.Go(func() { writeRows(b, n, names[i], 0, rowsConvergeEach) })
+			}
+			wg.Wait()
+			total := len(nodes) * rowsConvergeEach
+			for i, n := range nodes {
+				if s := rowsStatus(n); s == nil || s.Pending != rowsConvergeEach {
+					b.Fatalf("%s, cut off, has %+v; want %d writes pending", names[i], s, rowsConvergeEach)
+				}
+			}
+			start := time.Now()
+			for _, px := range proxies {
+				px.Restore(b)
+			}
+			waitRows(b, "the three nodes hold every row", 10*time.Minute, func() bool {
+				for _, n := range nodes {
+					s := rowsStatus(n)
+					if s == nil || s.Rows != total || s.Pending != 0 || !s.Synced || s.Behind != 0 {
+						return false
+					}
+				}
+				return true
+			})
+			took := time.Since(start)
+			first := rowsDigest(b, nodes[0])
+			for i, n := range nodes[1:] {
+				if d := rowsDigest(b, n); d != first {
+					b.Fatalf("%s and %s hold different rows after converging", names[0], names[i+1])
+				}
+			}
+			rate := float64(total) / took.Seconds()
+			report("rows-converge", rate, writeRate, "rows/s",
+				fmt.Sprintf("3 nodes each wrote %d rows cut off from the broker; rows of all three over the time from the restore until every node holds all and they are alike; baseline the rows-write rate of this run; higher is better; target ratio >= 0.5", rowsConvergeEach),
+				fmt.Sprintf("took=%.2fs", took.Seconds()))
+		}
+	})
+	b.Run("join", func(b *testing.B) {
+		amqpURL := rmq.Vhost(b)
+		dbURL := rowsMeshDB(b, amqpURL, "rows-j0", "rows-j1", "rows-j2")
+		writer := startRowsNode(b, "rows-j0", amqpURL, dbURL)
+		writeRows(b, writer, "j", 0, rowsJoinCount)
+		done := time.Now()
+		waitRows(b, "rows-j0's writes at the broker and a snapshot of them", 5*time.Minute, func() bool {
+			s := rowsStatus(writer)
+			return s != nil && s.Pending == 0 && s.Behind == 0 && s.LastSnapshot != nil && s.LastSnapshot.After(done)
+		})
+		for i := range b.N {
+			var ours, raw []time.Duration
+			for round := range 2 {
+				name := fmt.Sprintf("rows-j%d", round+1)
+				if i > 0 {
+					break // the joiners are new once
+				}
+				start := time.Now()
+				n := startRowsNode(b, name, amqpURL, dbURL)
+				waitRows(b, name+" holds the whole table", 5*time.Minute, func() bool {
+					s := rowsStatus(n)
+					return s != nil && s.Rows == rowsJoinCount && s.Synced && s.Behind == 0
+				})
+				ours = append(ours, time.Since(start))
+				r, msgs, bytes := rawStreamRead(b, amqpURL)
+				raw = append(raw, r)
+				if round == 0 {
+					fmt.Printf("rows-join: the new node reads %d log messages (%.1f MB) from the newest snapshot on\n", msgs, float64(bytes)/1e6)
+				}
+			}
+			o, r := medianDuration(ours), medianDuration(raw)
+			report("rows-join", o.Seconds(), r.Seconds(), "s",
+				fmt.Sprintf("a node new to a table of %d rows (compacted), from its start until it holds every row; baseline raw amqp091-go reading the same messages of the log (prefetch 2048, acks per 512), not opening them; lower is better; no target", rowsJoinCount))
+		}
+	})
+}
+
+// rowsMeshDB is benchMeshDB with the table rowsTable defined.
+func rowsMeshDB(b *testing.B, amqpURL string, nodes ...string) string {
+	b.Helper()
+	url := benchMeshDB(b, amqpURL, nodes...)
+	ctx := context.Background()
+	db, err := meshdb.Open(ctx, url, meshdb.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	spec, _ := json.Marshal(rows.TableSpec{})
+	if _, err := db.SetSetting(ctx, appliance.TableSettingPrefix+rowsTable, string(spec)); err != nil {
+		b.Fatal(err)
+	}
+	return url
+}
+
+// startRowsNode starts a node and waits until it reads the table's log.
+func startRowsNode(b *testing.B, name, amqpURL, dbURL string) *appliance.Appliance {
+	b.Helper()
+	n := startBenchNode(b, name, amqpURL, dbURL, func(c *appliance.Config) { c.Log.Level = "warn" })
+	waitRows(b, name+" reads the table's log", time.Minute, func() bool {
+		s := rowsStatus(n)
+		return s != nil && s.Synced
+	})
+	return n
+}
+
+// rowsStatus is the node's status of rowsTable (nil: none yet).
+func rowsStatus(n *appliance.Appliance) *rows.TableStatus {
+	for _, s := range n.Status().Rows {
+		if s.Table == rowsTable {
+			return &s
+		}
+	}
+	return nil
+}
+
+// waitRows polls cond every 20 ms until it holds or d passes.
+func waitRows(b *testing.B, what string, d time.Duration, cond func() bool) {
+	b.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			b.Fatalf("not within %v: %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// rowsValue is a row's payload: rowsValueLen bytes.
+var rowsValue = strings.Repeat("x", rowsValueLen)
+
+// writeRows puts rows prefix-<from>..prefix-<to-1> on node n, rowsWriters
+// at a time, and returns when it started; a put that fails fails the
+// benchmark.
+func writeRows(b *testing.B, n *appliance.Appliance, prefix string, from, to int) time.Time {
+	b.Helper()
+	var conns []*nats.Conn
+	for range 4 {
+		conns = append(conns, benchConn(b, n.NATSURL(), meshtest.AdminOption(b, n.DataDir())))
+	}
+	var next atomic.Int64
+	next.Store(int64(from))
+	var failed atomic.Pointer[error]
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range rowsWriters {
+		nc := conns[w%len(conns)]
+		wg.Go(func() {
+			for failed.Load() == nil {
+				i := next.Add(1) - 1
+				if i >= int64(to) {
+					return
+				}
+				body, _ := json.Marshal(rows.Request{Row: fmt.Sprintf("%s-%07d", prefix, i),
+					Set: map[string]string{"status": "queued", "payload": rowsValue}})
+				resp, err := nc.Request(rows.Subject(rowsTable, rows.OpPut), body, 30*time.Second)
+				if err == nil && resp.Header.Get("Nats-Service-Error-Code") != "" {
+					err = fmt.Errorf("put refused: %s %s", resp.Header.Get("Nats-Service-Error-Code"), resp.Header.Get("Nats-Service-Error"))
+				}
+				if err != nil {
+					failed.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if e := failed.Load(); e != nil {
+		b.Fatalf("%s: %v", n.Status().Node, *e)
+	}
+	return start
+}
+
+// rowsDigest lists every row of the table on n, a page at a time, into
+// one string of rows, fields, values, stamps and writers.
+func rowsDigest(b *testing.B, n *appliance.Appliance) string {
+	b.Helper()
+	nc := benchConn(b, n.NATSURL(), meshtest.AdminOption(b, n.DataDir()))
+	var sb strings.Builder
+	after := ""
+	for {
+		body, _ := json.Marshal(rows.Request{After: after, Limit: 2000})
+		resp, err := nc.Request(rows.Subject(rowsTable, rows.OpList), body, 30*time.Second)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var page rows.ListDoc
+		if err := json.Unmarshal(resp.Data, &page); err != nil {
+			b.Fatalf("list: %v: %.200q", err, resp.Data)
+		}
+		for _, r := range page.Rows {
+			fmt.Fprintf(&sb, "%s", r.Row)
+			for _, f := range slices.Sorted(maps.Keys(r.Versions)) {
+				v := r.Versions[f]
+				fmt.Fprintf(&sb, " %s=%q@%s/%s/%v", f, v.Value, v.Stamp, v.Node, v.Deleted)
+			}
+			sb.WriteByte('\n')
+			after = r.Row
+		}
+		if !page.More {
+			return sb.String()
+		}
+	}
+}
+
+// sealedWriteSize is the size of one row write sealed alone: its change
+// as JSON in a log batch, with the seal's nonce and tag.
+func sealedWriteSize() int {
+	c := rows.Change{Table: rowsTable, Row: "w-0000000", Cells: map[string]rows.WireCell{
+		"status":  {Stamp: 1 << 50, Node: "rows-w", Value: []byte("queued")},
+		"payload": {Stamp: 1 << 50, Node: "rows-w", Value: []byte(rowsValue)},
+	}}
+	j, _ := json.Marshal(struct {
+		V       int           `json:"v"`
+		Kind    string        `json:"kind"`
+		Node    string        `json:"node"`
+		Changes []rows.Change `json:"changes"`
+	}{1, "changes", "rows-w", []rows.Change{c}})
+	return len(j) + 12 + 16 // AES-GCM nonce and tag
+}
+
+// rawStreamPublish publishes n persistent messages of size bytes with
+// confirms, rawRowsWindow outstanding, to a new stream queue declared as
+// a table's log is: messages per second.
+func rawStreamPublish(b *testing.B, amqpURL string, n, size int) float64 {
+	b.Helper()
+	_, ch := rawChannel(b, amqpURL)
+	rawRuns++
+	q := fmt.Sprintf("rows.raw%d", rawRuns)
+	if _, err := ch.QueueDeclare(q, true, false, false, false, rows.StreamArgs(rows.DefaultMaxAge, rows.DefaultMaxBytes)); err != nil {
+		b.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		b.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, rawRowsWindow))
+	body := make([]byte, size)
+	start := time.Now()
+	outstanding, acked := 0, 0
+	for sent := 0; sent < n; sent++ {
+		for outstanding >= rawRowsWindow {
+			c := <-confirms
+			if !c.Ack {
+				b.Fatal("raw publish nacked")
+			}
+			outstanding--
+			acked++
+		}
+		if err := ch.Publish("", q, false, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: body}); err != nil {
+			b.Fatal(err)
+		}
+		outstanding++
+	}
+	for acked < n {
+		c := <-confirms
+		if !c.Ack {
+			b.Fatal("raw publish nacked")
+		}
+		acked++
+	}
+	return float64(n) / time.Since(start).Seconds()
+}
+
+// rawStreamRead reads the table's log as a node new to it does, from the
+// offset the newest message names (the newest snapshot's) to that
+// message, with the node's prefetch: how long it took, and the messages
+// and body bytes read.
+func rawStreamRead(b *testing.B, amqpURL string) (took time.Duration, msgs int, bytes int64) {
+	b.Helper()
+	start := time.Now()
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := ch.Qos(1, 0, false); err != nil {
+		b.Fatal(err)
+	}
+	q := rows.QueueOf(rowsTable)
+	last, err := ch.Consume(q, "last", false, false, false, false, amqp.Table{"x-stream-offset": "last"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	d := <-last
+	from, ok := d.Headers[wire.HeaderRowsSnap].(int64)
+	end, ok2 := d.Headers["x-stream-offset"].(int64)
+	if !ok || !ok2 {
+		b.Fatalf("the log's newest message names no snapshot: %v", d.Headers)
+	}
+	if err := ch.Cancel("last", false); err != nil {
+		b.Fatal(err)
+	}
+	rd, err := conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := rd.Qos(2048, 0, false); err != nil {
+		b.Fatal(err)
+	}
+	ds, err := rd.Consume(q, "", false, false, false, false, amqp.Table{"x-stream-offset": from})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for d := range ds {
+		msgs++
+		bytes += int64(len(d.Body))
+		off, _ := d.Headers["x-stream-offset"].(int64)
+		if msgs%512 == 0 || off >= end {
+			if err := d.Ack(true); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if off >= end {
+			break
+		}
+	}
+	return time.Since(start), msgs, bytes
+}
