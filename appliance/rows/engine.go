@@ -1,6 +1,7 @@
 package rows
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -64,6 +65,11 @@ type Engine struct {
 	store *Store
 	clock *Clock
 	m     *metrics
+
+	// own: the log messages of this node's writes not yet read back
+	// (hash of the sealed body -> changes), see noteOwn.
+	ownMu sync.Mutex
+	own   map[[sha256.Size]byte]int
 
 	mu       sync.Mutex
 	tables   map[string]TableSpec

@@ -64,6 +64,7 @@ func (e *Engine) publish(ctx context.Context, conn *amqp.Connection, user string
 					break // kept until the node holds the key
 				}
 				sealed := sealer.Seal(nil, sealAD(t, sealer.ID()), e.changesBatch(bodies))
+				e.noteOwn(sealed, len(bodies))
 				tag++
 				inflight[tag] = flight{t, seqs}
 				sent[t] = seqs[len(seqs)-1]

@@ -2,6 +2,7 @@ package rows
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"time"
 
@@ -122,6 +123,14 @@ func (e *Engine) applyLog(table string, msgs []amqp.Delivery, held []heldChange)
 	for _, d := range msgs {
 		o := offsetOf(d)
 		last = o
+		if n, ok := e.takeOwn(d.Body); ok {
+			// This node's own writes, back from the log: its store has
+			// them (it published them from there).
+			e.mu.Lock()
+			st.sinceSnapshot += n
+			e.mu.Unlock()
+			continue
+		}
 		keyID, _ := d.Headers[headerKey].(string)
 		b, err := openBatch(e.cfg.Keys, table, keyID, d.Body)
 		if err != nil {
@@ -243,4 +252,42 @@ func (e *Engine) noteGap(table string, from, to uint64) {
 	e.mu.Unlock()
 	e.log.Warn("rows: this node was away longer than the table's log keeps changes; it converges from the newest snapshot in the log (rows deleted before it may come back only if no snapshot recorded their deletion)",
 		"table", table, "missed_from", from, "log_starts_at", to)
+}
+
+// maxOwn bounds the log messages of its own writes a node remembers
+// until it reads them back.
+const maxOwn = 4096
+
+// noteOwn remembers a log message of this node's writes (body, as
+// published, carrying n changes): reading it back, the node need not
+// open and apply it again. A message is known by the hash of its whole
+// sealed body, so a peer's message is never taken for one of this
+// node's unless it is the same bytes, the same changes (a replay).
+func (e *Engine) noteOwn(body []byte, n int) {
+	h := sha256.Sum256(body)
+	e.ownMu.Lock()
+	defer e.ownMu.Unlock()
+	if e.own == nil || len(e.own) >= maxOwn {
+		// Not read back (the reader is away): forget them; they are
+		// opened and applied as any message.
+		e.own = map[[sha256.Size]byte]int{}
+	}
+	e.own[h] = n
+}
+
+// takeOwn reports whether body is a log message of this node's writes
+// it remembers, and how many changes it carries, and forgets it.
+func (e *Engine) takeOwn(body []byte) (int, bool) {
+	e.ownMu.Lock()
+	empty := len(e.own) == 0
+	e.ownMu.Unlock()
+	if empty {
+		return 0, false
+	}
+	h := sha256.Sum256(body)
+	e.ownMu.Lock()
+	defer e.ownMu.Unlock()
+	n, ok := e.own[h]
+	delete(e.own, h)
+	return n, ok
 }

@@ -3,9 +3,11 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -241,38 +243,63 @@ func waitRows(b *testing.B, what string, d time.Duration, cond func() bool) {
 // rowsValue is a row's payload: rowsValueLen bytes.
 var rowsValue = strings.Repeat("x", rowsValueLen)
 
-// writeRows puts rows prefix-<from>..prefix-<to-1> on node n, rowsWriters
-// at a time, and returns when it started; a put that fails fails the
-// benchmark.
+// writeRows puts rows prefix-<from>..prefix-<to-1> on node n, as a
+// program that writes many rows does: requests pipelined on a few
+// connections, rowsWriters in flight in all, each answer taken by one
+// subscription of the connection's own inbox prefix; it returns when it
+// started, after every answer. A put refused fails the benchmark.
 func writeRows(b *testing.B, n *appliance.Appliance, prefix string, from, to int) time.Time {
 	b.Helper()
-	var conns []*nats.Conn
-	for range 4 {
-		conns = append(conns, benchConn(b, n.NATSURL(), meshtest.AdminOption(b, n.DataDir())))
-	}
+	const conns = 4
 	var next atomic.Int64
 	next.Store(int64(from))
 	var failed atomic.Pointer[error]
+	fail := func(err error) { failed.CompareAndSwap(nil, &err) }
 	start := time.Now()
 	var wg sync.WaitGroup
-	for w := range rowsWriters {
-		nc := conns[w%len(conns)]
+	for range conns {
+		nc := benchConn(b, n.NATSURL(), meshtest.AdminOption(b, n.DataDir()))
+		inbox := nc.NewInbox()
+		window := make(chan struct{}, rowsWriters/conns)
+		var answered sync.WaitGroup
+		sub, err := nc.Subscribe(inbox+".*", func(m *nats.Msg) {
+			if c := m.Header.Get("Nats-Service-Error-Code"); c != "" {
+				fail(fmt.Errorf("put refused: %s %s", c, m.Header.Get("Nats-Service-Error")))
+			}
+			<-window
+			answered.Done()
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = sub.SetPendingLimits(-1, -1)
 		wg.Go(func() {
+			defer sub.Unsubscribe()
 			for failed.Load() == nil {
 				i := next.Add(1) - 1
 				if i >= int64(to) {
-					return
+					break
 				}
 				body, _ := json.Marshal(rows.Request{Row: fmt.Sprintf("%s-%07d", prefix, i),
 					Set: map[string]string{"status": "queued", "payload": rowsValue}})
-				resp, err := nc.Request(rows.Subject(rowsTable, rows.OpPut), body, 30*time.Second)
-				if err == nil && resp.Header.Get("Nats-Service-Error-Code") != "" {
-					err = fmt.Errorf("put refused: %s %s", resp.Header.Get("Nats-Service-Error-Code"), resp.Header.Get("Nats-Service-Error"))
-				}
-				if err != nil {
-					failed.CompareAndSwap(nil, &err)
+				select {
+				case window <- struct{}{}:
+				case <-time.After(30 * time.Second):
+					fail(errors.New("no answer to a put within 30 s"))
 					return
 				}
+				answered.Add(1)
+				if err := nc.PublishRequest(rows.Subject(rowsTable, rows.OpPut), inbox+"."+strconv.FormatInt(i, 10), body); err != nil {
+					fail(err)
+					return
+				}
+			}
+			done := make(chan struct{})
+			go func() { answered.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				fail(errors.New("puts unanswered after 30 s"))
 			}
 		})
 	}
