@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -24,9 +25,90 @@ import (
 //	         count by scanning cost a table of 100,000 rows 50 ms)
 //
 // Every write is one bbolt transaction committed (fsynced) before it is
-// acknowledged; concurrent writes share a commit (bolt.DB.Batch).
+// acknowledged; concurrent writes share a commit (Store.update).
 type Store struct {
 	db *bolt.DB
+
+	// Writes are committed by one goroutine (commit): each commit takes
+	// every write queued while the one before it ran, so a lone writer
+	// waits for nothing but its own commit, and concurrent writers share
+	// commits as the disk's pace makes them queue.
+	queue  chan commitCall
+	mu     sync.RWMutex
+	closed bool
+	calls  sync.WaitGroup // update calls in progress
+	quit   chan struct{}
+	exited chan struct{}
+}
+
+type commitCall struct {
+	fn   func(*bolt.Tx) error
+	done chan error
+}
+
+// maxCommit bounds the writes one commit takes.
+const maxCommit = 1024
+
+var errStoreClosed = errors.New("rows store closed")
+
+// update commits fn, sharing the commit with the writes queued beside it.
+// fn may run more than once (alone again when the shared commit failed).
+func (s *Store) update(fn func(*bolt.Tx) error) error {
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return errStoreClosed
+	}
+	s.calls.Add(1)
+	s.mu.RUnlock()
+	defer s.calls.Done()
+	c := commitCall{fn: fn, done: make(chan error, 1)}
+	s.queue <- c
+	return <-c.done
+}
+
+// commit runs the queued writes, as many as wait at once in a commit,
+// until Close.
+func (s *Store) commit() {
+	defer close(s.exited)
+	calls := make([]commitCall, 0, maxCommit)
+	for {
+		calls = calls[:0]
+		select {
+		case c := <-s.queue:
+			calls = append(calls, c)
+		case <-s.quit:
+			return
+		}
+	more:
+		for len(calls) < maxCommit {
+			select {
+			case c := <-s.queue:
+				calls = append(calls, c)
+			default:
+				break more
+			}
+		}
+		err := s.db.Update(func(tx *bolt.Tx) error {
+			for _, c := range calls {
+				if err := c.fn(tx); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err == nil || len(calls) == 1 {
+			for _, c := range calls {
+				c.done <- err
+			}
+			continue
+		}
+		// One of them failed the shared commit: each alone, so that
+		// only the one at fault fails.
+		for _, c := range calls {
+			c.done <- s.db.Update(c.fn)
+		}
+	}
 }
 
 var (
@@ -51,13 +133,13 @@ func OpenStore(path string) (*Store, error) {
 		}
 		return nil, fmt.Errorf("open rows store %s: %w", path, err)
 	}
-	// A write waits at most this long for others to share its commit.
-	db.MaxBatchDelay = 2 * time.Millisecond
 	if err := db.Update(countAll); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open rows store %s: count its rows: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	st := &Store{db: db, queue: make(chan commitCall), quit: make(chan struct{}), exited: make(chan struct{})}
+	go st.commit() // until Close
+	return st, nil
 }
 
 // countAll counts the rows and pending writes of every table whose meta
@@ -164,7 +246,20 @@ func putChange(cells, history, meta *bolt.Bucket, ch Change) (map[string]Cell, e
 }
 
 // Close closes the store.
-func (s *Store) Close() error { return s.db.Close() }
+// Close waits for the writes in progress and closes the store.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.calls.Wait()
+	close(s.quit)
+	<-s.exited
+	return s.db.Close()
+}
 
 // Change is the versions of some fields of one row of one table: a write
 // of this node, or one read from the table's log.
@@ -276,7 +371,7 @@ func (s *Store) Write(ch Change) error {
 	if err != nil {
 		return err
 	}
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		cells, history, pending, meta, err := tableBuckets(tx, ch.Table)
 		if err != nil {
 			return err
@@ -307,7 +402,7 @@ type Applied struct {
 // returns the cells that won.
 func (s *Store) Apply(table string, changes []Change, next uint64) ([]Applied, error) {
 	var out []Applied
-	err := s.db.Batch(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
 		out = out[:0] // Batch may run the function again
 		cells, history, _, meta, err := tableBuckets(tx, table)
 		if err != nil {
@@ -481,7 +576,7 @@ func (s *Store) Pending(table string, after uint64, n int) (seqs []uint64, chang
 
 // Confirmed deletes table's pending writes seqs: the broker has them.
 func (s *Store) Confirmed(table string, seqs []uint64) error {
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		p, meta := sub(tx, table, bPending), sub(tx, table, bMeta)
 		if p == nil || meta == nil {
 			return nil

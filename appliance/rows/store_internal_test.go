@@ -1,9 +1,11 @@
 package rows
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -135,4 +137,52 @@ func TestStoreCounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("a write after reopening")
+}
+
+// Writes share commits: of many at once, those that fail fail alone and
+// the others are committed; a write after Close is refused, and Close
+// waits for those in progress.
+func TestStoreSharedCommits(t *testing.T) {
+	s, err := OpenStore(filepath.Join(t.TempDir(), "rows.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 300)
+	for i := range errs {
+		wg.Go(func() {
+			errs[i] = s.update(func(tx *bolt.Tx) error {
+				b, err := tx.CreateBucketIfNotExists([]byte("t"))
+				if err != nil {
+					return err
+				}
+				if err := b.Put(fmt.Appendf(nil, "k%03d", i), []byte("v")); err != nil {
+					return err
+				}
+				if i%7 == 0 {
+					return fmt.Errorf("write %d fails", i)
+				}
+				return nil
+			})
+		})
+	}
+	wg.Wait()
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("t"))
+		for i, e := range errs {
+			has := b != nil && b.Get(fmt.Appendf(nil, "k%03d", i)) != nil
+			if (i%7 == 0) != (e != nil) || has == (e != nil) {
+				t.Errorf("write %d: err %v, committed %v", i, e, has)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.update(func(*bolt.Tx) error { return nil }); !errors.Is(err, errStoreClosed) {
+		t.Fatalf("a write after Close: %v, want %v", err, errStoreClosed)
+	}
 }
