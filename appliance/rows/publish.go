@@ -63,7 +63,10 @@ func (e *Engine) publish(ctx context.Context, conn *amqp.Connection, user string
 					e.m.errors.WithLabelValues("no_key").Inc()
 					break // kept until the node holds the key
 				}
-				sealed := sealer.Seal(nil, sealAD(t, sealer.ID()), e.changesBatch(bodies))
+				e.mu.Lock()
+				join := e.state(t).snapshotAt
+				e.mu.Unlock()
+				sealed := sealer.Seal(nil, sealAD(t, sealer.ID()), e.changesBatch(bodies, join))
 				e.noteOwn(sealed, len(bodies))
 				tag++
 				inflight[tag] = flight{t, seqs}
@@ -169,10 +172,11 @@ func (e *Engine) publishing(table, keyID, user string, body []byte, tag uint64) 
 // in rather than decoded and encoded again. A body that is not JSON (a
 // damaged store) is left out and counted; the batch stays one readers
 // can open.
-func (e *Engine) changesBatch(bodies [][]byte) []byte {
-	head, _ := json.Marshal(batch{V: 1, Kind: kindChanges, Node: e.cfg.Node})
+func (e *Engine) changesBatch(bodies [][]byte, join uint64) []byte {
+	head, _ := json.Marshal(batch{V: 1, Kind: kindChanges, Node: e.cfg.Node, Join: join})
 	// head ends in "changes":null}: the changes go in its place.
-	head = bytes.TrimSuffix(head, []byte("null}"))
+	head = bytes.TrimSuffix(head, []byte(`"changes":null}`))
+	head = append(head, `"changes":`...)
 	n := len(head) + 2
 	for _, b := range bodies {
 		n += len(b) + 1

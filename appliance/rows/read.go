@@ -137,11 +137,9 @@ func (e *Engine) applyLog(table string, msgs []amqp.Delivery, held []heldChange)
 			e.refuse(table, "unopened", fmt.Errorf("log offset %d from %s: %w", o, d.UserId, err))
 			continue
 		}
-		if s, ok := d.Headers[headerSnapshot].(int64); ok && s > 0 {
+		if b.Join > 0 && b.Join <= o {
 			e.mu.Lock()
-			if uint64(s) > st.snapshotAt {
-				st.snapshotAt = uint64(s)
-			}
+			st.snapshotAt = max(st.snapshotAt, b.Join)
 			e.mu.Unlock()
 		}
 		if b.Kind == kindSnapshot {

@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/meshbox/meshbox/appliance/rows"
 	"github.com/meshbox/meshbox/internal/seal"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -207,5 +210,67 @@ func TestBurstCompactedAfterTheGap(t *testing.T) {
 	meshtest.WaitFor(t, 30*time.Second, "a snapshot after the burst, with no write since", func() bool { return lastSnapshot().After(burstEnd) })
 	if second := lastSnapshot(); second.Sub(first) < 4*time.Second {
 		t.Fatalf("two snapshots %v apart, less than the gap of 4s", second.Sub(first))
+	}
+}
+
+// Where a node new to a table starts reading its log is the word of the
+// newest message that opens, sealed, never of a header: a node outside
+// the table's key (any node may publish into the log) that names an
+// offset past the rows in a header makes a joining node skip nothing; a
+// control joins while the newest message is a member's.
+func TestJoinIgnoresAForgedStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("uses RabbitMQ")
+	}
+	url := meshtest.RabbitMQ(t).Vhost(t)
+	key := seal.NewContentKey()
+	a := startNode(t, "alpha", url, keyring(t, key), t.TempDir(), 50)
+	defer a.e.Close()
+	for i := range 120 { // past 50 changes: a snapshot
+		if _, err := a.e.Put("jobs", fmt.Sprintf("r%03d", i), map[string][]byte{"n": []byte(fmt.Sprint(i))}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	meshtest.WaitFor(t, 30*time.Second, "alpha's writes and a snapshot in the log", func() bool {
+		st := a.e.Status()
+		return len(st) == 1 && st[0].Pending == 0 && st[0].LastSnapshot != nil && st[0].Behind == 0
+	})
+	want := state(t, a.e)
+
+	// Control: the newest message is alpha's.
+	b := startNode(t, "beta", url, keyring(t, key), t.TempDir(), 50)
+	defer b.e.Close()
+	meshtest.WaitFor(t, 30*time.Second, "beta, joining, has the whole state", func() bool { return same(state(t, b.e), want) })
+
+	// An outsider's messages: a header naming an offset far past the log,
+	// and one naming its own offset; neither opens.
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	for _, off := range []int64{1 << 40, 200} {
+		dc, err := ch.PublishWithDeferredConfirm("mesh", rows.QueueOf("jobs"), false, false, amqp.Publishing{
+			Headers: amqp.Table{wire.HeaderRowsSnap: off, wire.HeaderKey: "k-forged"}, Body: []byte("not sealed"), DeliveryMode: amqp.Persistent})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !dc.Wait() {
+			t.Fatal("forged message not confirmed")
+		}
+	}
+	c := startNode(t, "gamma", url, keyring(t, key), t.TempDir(), 50)
+	defer c.e.Close()
+	meshtest.WaitFor(t, 30*time.Second, "gamma, joining after the forged messages, has the whole state", func() bool { return same(state(t, c.e), want) })
+	st := c.e.Status()
+	if len(st) != 1 || st[0].Refused["unopened"] != 2 {
+		t.Fatalf("gamma's status %+v; want the 2 forged messages refused as unopened", st)
 	}
 }

@@ -46,8 +46,17 @@ func (e *Engine) newestSnapshot(ctx context.Context, conn *amqp.Connection, tabl
 		if !ok {
 			return 0, false
 		}
-		if s, ok := d.Headers[headerSnapshot].(int64); ok && s > 0 {
-			return uint64(s), true
+		// The header is anyone's word (any node may publish into the log,
+		// one outside the table's scope too): only the sealed offset of
+		// a message that opens counts, and only one before the message.
+		keyID, _ := d.Headers[headerKey].(string)
+		b, err := openBatch(e.cfg.Keys, table, keyID, d.Body)
+		if err != nil {
+			e.log.Warn("rows: the newest message of the table's log does not open; joining from the log's first message", "table", table, "from", d.UserId, "err", err)
+			return 0, false
+		}
+		if b.Join > 0 && b.Join <= offsetOf(d) {
+			return b.Join, true
 		}
 	case <-cctx.Done():
 	}
@@ -160,7 +169,13 @@ func (e *Engine) writeSnapshot(ctx context.Context, conn *amqp.Connection, table
 	}
 	id := strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + e.cfg.Node
 	for i, p := range parts {
-		b := batch{V: 1, Kind: kindSnapshot, Node: e.cfg.Node, Snap: id, Part: i + 1, Parts: len(parts), From: from, Changes: p}
+		e.mu.Lock()
+		join := e.state(table).snapshotAt
+		e.mu.Unlock()
+		if i == len(parts)-1 && from > 0 {
+			join = from
+		}
+		b := batch{V: 1, Kind: kindSnapshot, Node: e.cfg.Node, Snap: id, Part: i + 1, Parts: len(parts), From: from, Join: join, Changes: p}
 		sealed, err := sealBatch(sealer, table, &b)
 		if err != nil {
 			return err

@@ -31,6 +31,13 @@ type batch struct {
 	Snap    string   `json:"snap,omitempty"`  // snapshot id
 	Part    int      `json:"part,omitempty"`  // snapshot part, from 1
 	Parts   int      `json:"parts,omitempty"` // snapshot parts
+	// Join is the offset a node new to the log reads from, as the
+	// writer knew it: where the newest complete snapshot starts (in a
+	// snapshot's last part, that snapshot's own start). Sealed, unlike
+	// the header that says the same for nodes of earlier versions: a
+	// joining node trusts only this, and only from a message that
+	// opens and names an offset before its own.
+	Join    uint64   `json:"join,omitempty"`
 	Changes []Change `json:"changes"`
 	// From is, in a snapshot's parts, the offset of the log its writer
 	// was to read next when it took the snapshot: every change before it
