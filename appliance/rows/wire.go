@@ -25,12 +25,12 @@ const (
 
 // batch is a log message's plaintext.
 type batch struct {
-	V       int      `json:"v"`
-	Kind    string   `json:"kind"`
-	Node    string   `json:"node"`
-	Snap    string   `json:"snap,omitempty"`  // snapshot id
-	Part    int      `json:"part,omitempty"`  // snapshot part, from 1
-	Parts   int      `json:"parts,omitempty"` // snapshot parts
+	V     int    `json:"v"`
+	Kind  string `json:"kind"`
+	Node  string `json:"node"`
+	Snap  string `json:"snap,omitempty"`  // snapshot id
+	Part  int    `json:"part,omitempty"`  // snapshot part, from 1
+	Parts int    `json:"parts,omitempty"` // snapshot parts
 	// Join is the offset a node new to the log reads from, as the
 	// writer knew it: where the newest complete snapshot starts (in a
 	// snapshot's last part, that snapshot's own start). Sealed, unlike
