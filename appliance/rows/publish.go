@@ -23,14 +23,11 @@ import (
 // publish sends the pending writes of every table and the snapshots the
 // node writes, with confirms, until ctx ends.
 func (e *Engine) publish(ctx context.Context, conn *amqp.Connection, user string, tables map[string]TableSpec) error {
-	ch, err := conn.Channel()
+	ch, err := confirmChannel(conn)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = ch.Close() }()
-	if err := ch.Confirm(false); err != nil {
-		return err
-	}
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, publishWindow*2))
 	returns := ch.NotifyReturn(make(chan amqp.Return, publishWindow))
 	type flight struct {
@@ -196,4 +193,17 @@ func (e *Engine) changesBatch(bodies [][]byte, join uint64) []byte {
 		first = false
 	}
 	return append(out, ']', '}')
+}
+
+// confirmChannel opens a channel in confirm mode.
+func confirmChannel(conn *amqp.Connection) (*amqp.Channel, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, err
+	}
+	return ch, nil
 }

@@ -134,14 +134,11 @@ func (e *Engine) writeSnapshot(ctx context.Context, conn *amqp.Connection, table
 	if err != nil {
 		return err
 	}
-	ch, err := conn.Channel()
+	ch, err := confirmChannel(conn)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = ch.Close() }()
-	if err := ch.Confirm(false); err != nil {
-		return err
-	}
 	// Everything before the offset the reader is at is in the store, so
 	// in the snapshot; what follows it may not be.
 	e.mu.Lock()
