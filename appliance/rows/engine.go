@@ -90,6 +90,7 @@ type Engine struct {
 type tableState struct {
 	offset, last  uint64 // next offset to read; newest offset seen in the log
 	sinceSnapshot int    // changes read since the newest snapshot
+	waiting       string // what the reader waits for before it reads ("": nothing)
 	snapshotAt    uint64 // where a node new to the log starts: the newest snapshot's From, else its first part (0: none seen)
 	snapshotTime  time.Time
 	lastSnapshot  time.Time // when this node last wrote one
@@ -428,6 +429,9 @@ type TableStatus struct {
 	// LinkError is why this node does not read the table's log now: the
 	// last failure of its link to the broker (empty while it reads).
 	LinkError string `json:"link_error,omitempty"`
+	// Waiting is what this node waits for before it reads the table's
+	// log: a key of the table's scope it is a member of.
+	Waiting string `json:"waiting,omitempty"`
 }
 
 // Status returns every table's status.
@@ -450,7 +454,7 @@ func (e *Engine) Status() []TableStatus {
 			ts.LinkError = linkErr
 		}
 		if s, ok := states[t]; ok {
-			ts.Offset, ts.Synced, ts.Gap = s.offset, s.connected, s.gap
+			ts.Offset, ts.Synced, ts.Gap, ts.Waiting = s.offset, s.connected, s.gap, s.waiting
 			if s.last >= s.offset {
 				ts.Behind = s.last + 1 - s.offset
 			}

@@ -3,10 +3,13 @@ package rows
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshbox/meshbox/internal/seal"
 )
 
 // The sync: one AMQP connection of its own to the broker, a confirmed
@@ -20,6 +23,9 @@ import (
 // read it: from the newest snapshot a writer named, else from the start),
 // applying what it reads.
 func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table string) error {
+	if !e.awaitKey(ctx, table) {
+		return nil
+	}
 	off, ok, err := e.store.Offset(table)
 	if err != nil {
 		return err
@@ -288,4 +294,41 @@ func (e *Engine) takeOwn(body []byte) (int, bool) {
 	n, ok := e.own[h]
 	delete(e.own, h)
 	return n, ok
+}
+
+// awaitKey waits until this node holds a key of table's scope, if it is
+// a member of it: a node new to the mesh (or to the scope) gets its keys
+// from a peer a moment after it starts, and reading the log before would
+// refuse every message as unopened and move past it for good. A node
+// outside the scope reads at once (it refuses what it reads, and says
+// so). It reports false when ctx ended first.
+func (e *Engine) awaitKey(ctx context.Context, table string) bool {
+	logged := false
+	defer e.setWaiting(table, "")
+	for {
+		e.mu.Lock()
+		sp := e.tables[table]
+		e.mu.Unlock()
+		_, err := e.cfg.Keys.SealerFor(sp.Scope)
+		if !errors.Is(err, seal.ErrNoKey) {
+			return true
+		}
+		why := "a key of " + scopeName(sp.Scope) + ": a node holding it seals it for this node"
+		e.setWaiting(table, why)
+		if !logged {
+			logged = true
+			e.log.Info("rows: the table's log is read once this node holds its key", "table", table, "waiting_for", why)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func (e *Engine) setWaiting(table, why string) {
+	e.mu.Lock()
+	e.state(table).waiting = why
+	e.mu.Unlock()
 }

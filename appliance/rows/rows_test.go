@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -272,5 +273,50 @@ func TestJoinIgnoresAForgedStart(t *testing.T) {
 	st := c.e.Status()
 	if len(st) != 1 || st[0].Refused["unopened"] != 2 {
 		t.Fatalf("gamma's status %+v; want the 2 forged messages refused as unopened", st)
+	}
+}
+
+// A node of the mesh that holds no key yet (a peer seals it for the node
+// a moment after it starts) waits for it before it reads a table's log,
+// and says so: it does not refuse the log as unopened and move past it.
+// The control is the same node once the key arrives: it holds every row.
+func TestReaderWaitsForItsKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("uses RabbitMQ")
+	}
+	url := meshtest.RabbitMQ(t).Vhost(t)
+	key := seal.NewContentKey()
+	a := startNode(t, "alpha", url, keyring(t, key), t.TempDir(), 1000)
+	defer a.e.Close()
+	for i := range 30 {
+		if _, err := a.e.Put("jobs", fmt.Sprintf("r%03d", i), map[string][]byte{"n": []byte(fmt.Sprint(i))}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	meshtest.WaitFor(t, 30*time.Second, "alpha's writes in the log", func() bool {
+		st := a.e.Status()
+		return len(st) == 1 && st[0].Pending == 0
+	})
+	ring, err := seal.NewKeyring(nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := startNode(t, "beta", url, ring, t.TempDir(), 1000)
+	defer b.e.Close()
+	meshtest.WaitFor(t, 30*time.Second, "beta says it waits for the key", func() bool {
+		st := b.e.Status()
+		return len(st) == 1 && strings.Contains(st[0].Waiting, "key of the mesh")
+	})
+	time.Sleep(time.Second) // a reader that did not wait would refuse the log now
+	if st := b.e.Status(); len(st[0].Refused) != 0 || st[0].Offset != 0 || st[0].Synced {
+		t.Fatalf("beta, without the key, read the log: %+v", st[0])
+	}
+	if err := ring.Set([]seal.ContentKey{key}, key.ID); err != nil {
+		t.Fatal(err)
+	}
+	want := state(t, a.e)
+	meshtest.WaitFor(t, 30*time.Second, "beta, with the key, has every row", func() bool { return same(state(t, b.e), want) })
+	if st := b.e.Status(); len(st[0].Refused) != 0 || st[0].Waiting != "" {
+		t.Fatalf("beta's status %+v; want nothing refused, nothing waited for", st[0])
 	}
 }
