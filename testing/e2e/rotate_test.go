@@ -371,6 +371,9 @@ func TestRotateWaitsForOfflineNode(t *testing.T) {
 	ant := m.start(t, "ant")
 	bee := m.start(t, "bee")
 	waitIdentity(t, bee.HTTPURL(), "bee on generation 1", func(s appliance.Status) bool { return s.Identity.Generation == 1 })
+	// Its public key in the mesh database first: rotate seals the new
+	// credential to it (CI stopped bee before it had published it).
+	waitKeysInStep(t, bee)
 	bee.Signal(syscall.SIGTERM)
 	if code := bee.Wait(); code != 0 {
 		t.Fatalf("bee stopped with exit %d", code)
