@@ -65,6 +65,16 @@ func startNode(t *testing.T, name, url string, ring *seal.Keyring, dir string, s
 	return n
 }
 
+// putRows writes rows r<from>..r<to-1> of table jobs on n, a field n each.
+func putRows(t *testing.T, n *node, from, to int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		if _, err := n.e.Put("jobs", fmt.Sprintf("r%04d", i), map[string][]byte{"n": []byte(fmt.Sprint(i))}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // state is a replica's content: row.field -> value@stamp/node, tombstones included.
 func state(t *testing.T, e *rows.Engine) map[string]string {
 	t.Helper()
@@ -190,23 +200,16 @@ func TestBurstCompactedAfterTheGap(t *testing.T) {
 	url := meshtest.RabbitMQ(t).Vhost(t)
 	a := startNode(t, "alpha", url, keyring(t, seal.NewContentKey()), t.TempDir(), 50)
 	defer a.e.Close()
-	put := func(from, to int) {
-		for i := from; i < to; i++ {
-			if _, err := a.e.Put("jobs", fmt.Sprintf("r%04d", i), map[string][]byte{"n": []byte(fmt.Sprint(i))}, nil); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	lastSnapshot := func() time.Time {
 		if st := a.e.Status(); len(st) == 1 && st[0].LastSnapshot != nil {
 			return *st[0].LastSnapshot
 		}
 		return time.Time{}
 	}
-	put(0, 60) // past 50 changes: the first snapshot
+	putRows(t, a, 0, 60) // past 50 changes: the first snapshot
 	meshtest.WaitFor(t, 30*time.Second, "the first snapshot", func() bool { return !lastSnapshot().IsZero() })
 	first := lastSnapshot()
-	put(60, 200) // due again at once, within the gap
+	putRows(t, a, 60, 200) // due again at once, within the gap
 	burstEnd := time.Now()
 	meshtest.WaitFor(t, 30*time.Second, "a snapshot after the burst, with no write since", func() bool { return lastSnapshot().After(burstEnd) })
 	if second := lastSnapshot(); second.Sub(first) < 4*time.Second {
@@ -227,11 +230,7 @@ func TestJoinIgnoresAForgedStart(t *testing.T) {
 	key := seal.NewContentKey()
 	a := startNode(t, "alpha", url, keyring(t, key), t.TempDir(), 50)
 	defer a.e.Close()
-	for i := range 120 { // past 50 changes: a snapshot
-		if _, err := a.e.Put("jobs", fmt.Sprintf("r%03d", i), map[string][]byte{"n": []byte(fmt.Sprint(i))}, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	putRows(t, a, 0, 120) // past 50 changes: a snapshot
 	meshtest.WaitFor(t, 30*time.Second, "alpha's writes and a snapshot in the log", func() bool {
 		st := a.e.Status()
 		return len(st) == 1 && st[0].Pending == 0 && st[0].LastSnapshot != nil && st[0].Behind == 0
@@ -288,11 +287,7 @@ func TestReaderWaitsForItsKey(t *testing.T) {
 	key := seal.NewContentKey()
 	a := startNode(t, "alpha", url, keyring(t, key), t.TempDir(), 1000)
 	defer a.e.Close()
-	for i := range 30 {
-		if _, err := a.e.Put("jobs", fmt.Sprintf("r%03d", i), map[string][]byte{"n": []byte(fmt.Sprint(i))}, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	putRows(t, a, 0, 30)
 	meshtest.WaitFor(t, 30*time.Second, "alpha's writes in the log", func() bool {
 		st := a.e.Status()
 		return len(st) == 1 && st[0].Pending == 0
