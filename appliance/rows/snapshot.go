@@ -165,10 +165,11 @@ func (e *Engine) writeSnapshot(ctx context.Context, conn *amqp.Connection, table
 		parts = append(parts, cur)
 	}
 	id := strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + e.cfg.Node
+	e.mu.Lock()
+	newest := e.state(table).snapshotAt
+	e.mu.Unlock()
 	for i, p := range parts {
-		e.mu.Lock()
-		join := e.state(table).snapshotAt
-		e.mu.Unlock()
+		join := newest
 		if i == len(parts)-1 && from > 0 {
 			join = from
 		}

@@ -41,76 +41,6 @@ type Store struct {
 	exited chan struct{}
 }
 
-type commitCall struct {
-	fn   func(*bolt.Tx) error
-	done chan error
-}
-
-// maxCommit bounds the writes one commit takes.
-const maxCommit = 1024
-
-var errStoreClosed = errors.New("rows store closed")
-
-// update commits fn, sharing the commit with the writes queued beside it.
-// fn may run more than once (alone again when the shared commit failed).
-func (s *Store) update(fn func(*bolt.Tx) error) error {
-	s.mu.RLock()
-	if s.closed {
-		s.mu.RUnlock()
-		return errStoreClosed
-	}
-	s.calls.Add(1)
-	s.mu.RUnlock()
-	defer s.calls.Done()
-	c := commitCall{fn: fn, done: make(chan error, 1)}
-	s.queue <- c
-	return <-c.done
-}
-
-// commit runs the queued writes, as many as wait at once in a commit,
-// until Close.
-func (s *Store) commit() {
-	defer close(s.exited)
-	calls := make([]commitCall, 0, maxCommit)
-	for {
-		calls = calls[:0]
-		select {
-		case c := <-s.queue:
-			calls = append(calls, c)
-		case <-s.quit:
-			return
-		}
-	more:
-		for len(calls) < maxCommit {
-			select {
-			case c := <-s.queue:
-				calls = append(calls, c)
-			default:
-				break more
-			}
-		}
-		err := s.db.Update(func(tx *bolt.Tx) error {
-			for _, c := range calls {
-				if err := c.fn(tx); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err == nil || len(calls) == 1 {
-			for _, c := range calls {
-				c.done <- err
-			}
-			continue
-		}
-		// One of them failed the shared commit: each alone, so that
-		// only the one at fault fails.
-		for _, c := range calls {
-			c.done <- s.db.Update(c.fn)
-		}
-	}
-}
-
 var (
 	bCells   = []byte("cells")
 	bHistory = []byte("history")
@@ -142,79 +72,6 @@ func OpenStore(path string) (*Store, error) {
 	return st, nil
 }
 
-// countAll counts the rows and pending writes of every table whose meta
-// lacks them (a store written before the counts were kept).
-func countAll(tx *bolt.Tx) error {
-	return tx.ForEach(func(name []byte, tb *bolt.Bucket) error {
-		meta := tb.Bucket(bMeta)
-		if meta != nil && meta.Get(kRows) != nil {
-			return nil
-		}
-		meta, err := tb.CreateBucketIfNotExists(bMeta)
-		if err != nil {
-			return err
-		}
-		rows, pending := 0, 0
-		if p := tb.Bucket(bPending); p != nil {
-			pending = p.Stats().KeyN
-		}
-		if cells := tb.Bucket(bCells); cells != nil {
-			var last []byte
-			live := false
-			cur := cells.Cursor()
-			for k, v := cur.First(); k != nil; k, v = cur.Next() {
-				r, _, _ := bytes.Cut(k, []byte{0})
-				if !bytes.Equal(r, last) {
-					if live {
-						rows++
-					}
-					last, live = append(last[:0], r...), false
-				}
-				if len(v) > 8 && v[8]&1 == 0 {
-					live = true
-				}
-			}
-			if live {
-				rows++
-			}
-		}
-		if err := setCount(meta, kRows, rows); err != nil {
-			return err
-		}
-		return setCount(meta, kPending, pending)
-	})
-}
-
-func getCount(meta *bolt.Bucket, k []byte) int {
-	if v := meta.Get(k); len(v) == 8 {
-		return int(binary.BigEndian.Uint64(v))
-	}
-	return 0
-}
-
-func setCount(meta *bolt.Bucket, k []byte, n int) error {
-	return meta.Put(k, binary.BigEndian.AppendUint64(nil, uint64(max(n, 0))))
-}
-
-func addCount(meta *bolt.Bucket, k []byte, d int) error {
-	if d == 0 {
-		return nil
-	}
-	return setCount(meta, k, getCount(meta, k)+d)
-}
-
-// rowLive reports whether row has a field not deleted.
-func rowLive(cells *bolt.Bucket, row string) bool {
-	prefix := append([]byte(row), 0)
-	cur := cells.Cursor()
-	for k, v := cur.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = cur.Next() {
-		if len(v) > 8 && v[8]&1 == 0 {
-			return true
-		}
-	}
-	return false
-}
-
 // putChange stores the cells of ch that win and keeps the table's row
 // count: it returns the cells that won.
 func putChange(cells, history, meta *bolt.Bucket, ch Change) (map[string]Cell, error) {
@@ -243,22 +100,6 @@ func putChange(cells, history, meta *bolt.Bucket, ch Change) (map[string]Cell, e
 		}
 	}
 	return won, addCount(meta, kRows, d)
-}
-
-// Close closes the store.
-// Close waits for the writes in progress and closes the store.
-func (s *Store) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	s.mu.Unlock()
-	s.calls.Wait()
-	close(s.quit)
-	<-s.exited
-	return s.db.Close()
 }
 
 // Change is the versions of some fields of one row of one table: a write
@@ -595,18 +436,6 @@ func (s *Store) Confirmed(table string, seqs []uint64) error {
 		}
 		return nil
 	})
-}
-
-// Counts returns table's rows (with at least one field not deleted),
-// and its pending writes, as the store keeps them with every change.
-func (s *Store) Counts(table string) (rows, pending int, err error) {
-	err = s.db.View(func(tx *bolt.Tx) error {
-		if meta := sub(tx, table, bMeta); meta != nil {
-			rows, pending = getCount(meta, kRows), getCount(meta, kPending)
-		}
-		return nil
-	})
-	return rows, pending, err
 }
 
 // Tables returns the tables the store holds.

@@ -86,7 +86,7 @@ func BenchmarkRows(b *testing.B) {
 			cpu0, bcpu0 := cpuTime(b), rmq.CPUTime(b)
 			start := writeRows(b, node, "w", 0, rowsWriteCount)
 			answered := time.Since(start)
-			waitRows(b, "rows-w's writes at the broker", 5*time.Minute, func() bool {
+			meshtest.WaitFor(b, 5*time.Minute, "rows-w's writes at the broker", func() bool {
 				s := rowsStatus(node)
 				return s != nil && s.Pending == 0 && s.Rows >= rowsWriteCount
 			})
@@ -132,7 +132,7 @@ func BenchmarkRows(b *testing.B) {
 			for _, px := range proxies {
 				px.Restore(b)
 			}
-			waitRows(b, "the three nodes hold every row", 10*time.Minute, func() bool {
+			meshtest.WaitFor(b, 10*time.Minute, "the three nodes hold every row", func() bool {
 				for _, n := range nodes {
 					s := rowsStatus(n)
 					if s == nil || s.Rows != total || s.Pending != 0 || !s.Synced || s.Behind != 0 {
@@ -160,7 +160,7 @@ func BenchmarkRows(b *testing.B) {
 		writer := startRowsNode(b, "rows-j0", amqpURL, dbURL)
 		writeRows(b, writer, "j", 0, rowsJoinCount)
 		done := time.Now()
-		waitRows(b, "rows-j0's writes at the broker and a snapshot of them", 5*time.Minute, func() bool {
+		meshtest.WaitFor(b, 5*time.Minute, "rows-j0's writes at the broker and a snapshot of them", func() bool {
 			s := rowsStatus(writer)
 			return s != nil && s.Pending == 0 && s.Behind == 0 && s.LastSnapshot != nil && s.LastSnapshot.After(done)
 		})
@@ -173,7 +173,7 @@ func BenchmarkRows(b *testing.B) {
 				}
 				start := time.Now()
 				n := startRowsNode(b, name, amqpURL, dbURL)
-				waitRows(b, name+" holds the whole table", 5*time.Minute, func() bool {
+				meshtest.WaitFor(b, 5*time.Minute, name+" holds the whole table", func() bool {
 					s := rowsStatus(n)
 					return s != nil && s.Rows == rowsJoinCount && s.Synced && s.Behind == 0
 				})
@@ -212,7 +212,7 @@ func rowsMeshDB(b *testing.B, amqpURL string, nodes ...string) string {
 func startRowsNode(b *testing.B, name, amqpURL, dbURL string) *appliance.Appliance {
 	b.Helper()
 	n := startBenchNode(b, name, amqpURL, dbURL, func(c *appliance.Config) { c.Log.Level = "warn" })
-	waitRows(b, name+" reads the table's log", time.Minute, func() bool {
+	meshtest.WaitFor(b, time.Minute, name+" reads the table's log", func() bool {
 		s := rowsStatus(n)
 		return s != nil && s.Synced
 	})
@@ -227,18 +227,6 @@ func rowsStatus(n *appliance.Appliance) *rows.TableStatus {
 		}
 	}
 	return nil
-}
-
-// waitRows polls cond every 20 ms until it holds or d passes.
-func waitRows(b *testing.B, what string, d time.Duration, cond func() bool) {
-	b.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			b.Fatalf("not within %v: %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // rowsValue is a row's payload: rowsValueLen bytes.
