@@ -69,6 +69,11 @@ func newPrivateRabbit(tb testing.TB, withTLS bool) *Rabbit {
 	}
 	tb.Logf("meshtest: RabbitMQ %s ready on %s in %v", r.node, r.URL(), time.Since(start).Round(time.Millisecond))
 	tb.Cleanup(func() {
+		if tb.Failed() {
+			// What the broker saw is the evidence of a failure at a
+			// distance (connections closed by it, an alarm, a crash).
+			tb.Logf("meshtest: RabbitMQ %s (running: %v) after the failure, its log's end:\n%s", r.node, r.running(), tailFile(r.logPath(), 80))
+		}
 		if err := r.destroy(); err != nil {
 			tb.Errorf("meshtest: stop RabbitMQ: %v", err)
 		}
