@@ -204,7 +204,11 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if auth.anonymous { // the status warns about it for as long as it lasts
 		a.logger.Info(warnNATSOpen, "component", "nats")
 	}
-	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, a.cfg.Blobs.jetStreamDir(a.cfg.DataDir), a.cfg.Blobs, auth, a.logger.With("component", "nats"))
+	var more []listener
+	if w := newWebListener(&a.cfg, a.HTTPURL()); w != nil {
+		more = append(more, w)
+	}
+	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, a.cfg.Blobs.jetStreamDir(a.cfg.DataDir), a.cfg.Blobs, auth, a.logger.With("component", "nats"), more...)
 	if err != nil {
 		return err
 	}

@@ -61,6 +61,24 @@ type Config struct {
 	// they may then do anything but take the node's own subjects. Off by
 	// default; warned about in the status when on.
 	NATSAnonymous bool `json:"nats_anonymous"`
+	// NATSWebSocket is where the embedded NATS server takes WebSocket
+	// clients (browser pages with the nats.ws client), host:port; port 0
+	// picks a free one. Empty (the default): no WebSocket listener. Off
+	// loopback it needs NATSWebSocketCert and NATSWebSocketKey: a
+	// credential must never cross a network in the clear. Clients sign
+	// in as on the NATS port, with the same programs and rights.
+	NATSWebSocket string `json:"nats_websocket"`
+	// NATSWebSocketCert and NATSWebSocketKey are the PEM certificate and
+	// key of the WebSocket listener's TLS (wss://).
+	NATSWebSocketCert string `json:"nats_websocket_cert"`
+	NATSWebSocketKey  string `json:"nats_websocket_key"`
+	// NATSWebSocketOrigins are the web origins (scheme://host[:port])
+	// whose pages may open a WebSocket to the node, beside the node's own
+	// HTTP listener: a page of any other site a browser on the machine
+	// opens is refused, so that no web site can reach the node's NATS
+	// server through its visitor's browser. Clients that are not browsers
+	// send no origin and are not concerned.
+	NATSWebSocketOrigins []string `json:"nats_websocket_origins"`
 	// HTTPHosts are further Host names the HTTP server answers (a reverse
 	// proxy's name); it always answers loopback names and its listen
 	// address, and refuses every other Host (no DNS rebinding).
@@ -270,6 +288,7 @@ var EnvVars = []struct {
 	{"MESHBOX_DB", "db"},
 	{"MESHBOX_BROKER", "broker"},
 	{"MESHBOX_NATS_ANONYMOUS", "nats_anonymous"},
+	{"MESHBOX_NATS_WEBSOCKET", "nats_websocket"},
 	{"MESHBOX_LOG_LEVEL", "log.level"},
 	{"MESHBOX_LOG_FORMAT", "log.format"},
 	{"MESHBOX_MODULES_DIR", "modules.dir"},
@@ -313,6 +332,8 @@ func (c *Config) Set(field, value string) error {
 			return fmt.Errorf("nats_anonymous: %q is not true or false", value)
 		}
 		c.NATSAnonymous = on
+	case "nats_websocket":
+		c.NATSWebSocket = value
 	case "db":
 		c.DB = Secret(value)
 	case "broker":
@@ -365,6 +386,9 @@ func (c *Config) Validate() error {
 	}
 	if err := checkHostPort(c.NATS); err != nil {
 		bad("nats", "%v", err)
+	}
+	for _, e := range c.checkWebSocket() {
+		bad(e.Field, "%w", e.Err)
 	}
 	if c.HTTP != "off" {
 		if err := checkHostPort(c.HTTP); err != nil {
@@ -543,3 +567,57 @@ func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
 func RedactURL(raw string) string { return redact.URL(raw) }
 
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
+
+// checkWebSocket checks the WebSocket listener's fields: an address, TLS
+// off loopback (a certificate and its key, both readable), and origins
+// that are scheme://host[:port] of http or https.
+func (c *Config) checkWebSocket() []*FieldError {
+	var errs []*FieldError
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &FieldError{Field: field, Err: fmt.Errorf(format, args...)})
+	}
+	if c.NATSWebSocket == "" {
+		if c.NATSWebSocketCert != "" || c.NATSWebSocketKey != "" || len(c.NATSWebSocketOrigins) > 0 {
+			bad("nats_websocket", "empty (no WebSocket listener), but nats_websocket_cert, _key or _origins are set: give it an address (host:port)")
+		}
+		return errs
+	}
+	if err := checkHostPort(c.NATSWebSocket); err != nil {
+		bad("nats_websocket", "%v", err)
+	} else if c.NATSWebSocket == c.NATS && !strings.HasSuffix(c.NATS, ":0") {
+		bad("nats_websocket", "%s is the NATS listener's address too: give it a port of its own", c.NATSWebSocket)
+	}
+	if (c.NATSWebSocketCert == "") != (c.NATSWebSocketKey == "") {
+		bad("nats_websocket_cert", "a certificate needs its key and a key its certificate: set both nats_websocket_cert and nats_websocket_key")
+	}
+	for _, f := range []struct{ field, path string }{{"nats_websocket_cert", c.NATSWebSocketCert}, {"nats_websocket_key", c.NATSWebSocketKey}} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			bad(f.field, "%v", err)
+		}
+	}
+	if c.NATSWebSocketCert == "" && !LoopbackAddr(c.NATSWebSocket) {
+		bad("nats_websocket", "%s is not a loopback address and the listener has no TLS: set nats_websocket_cert and nats_websocket_key (wss://), or listen on 127.0.0.1", c.NATSWebSocket)
+	}
+	for i, o := range c.NATSWebSocketOrigins {
+		if err := checkOrigin(o); err != nil {
+			bad(fmt.Sprintf("nats_websocket_origins[%d]", i), "%v", err)
+		}
+	}
+	return errs
+}
+
+// checkOrigin checks a web origin: scheme://host[:port], http or https,
+// nothing after the host.
+func checkOrigin(o string) error {
+	u, err := url.Parse(o)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%q is not an origin (http://host[:port] or https://host[:port])", o)
+	}
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return fmt.Errorf("%q is not an origin: give the scheme, host and port only (%s://%s)", o, u.Scheme, u.Host)
+	}
+	return nil
+}

@@ -24,6 +24,28 @@ func TestConfigValidate(t *testing.T) {
 		{"nats port out of range", func(c *Config) { c.NATS = "127.0.0.1:70000" }, "nats"},
 		{"nats no host", func(c *Config) { c.NATS = ":4222" }, "nats"},
 		{"nats port zero", func(c *Config) { c.NATS = "127.0.0.1:0" }, ""},
+		{"websocket loopback", func(c *Config) { c.NATSWebSocket = "127.0.0.1:7223" }, ""},
+		{"websocket any port", func(c *Config) { c.NATSWebSocket = "127.0.0.1:0" }, ""},
+		{"websocket not host:port", func(c *Config) { c.NATSWebSocket = "7223" }, "nats_websocket"},
+		{"websocket off loopback without TLS", func(c *Config) { c.NATSWebSocket = "0.0.0.0:7223" }, "nats_websocket"},
+		{"websocket on the NATS port", func(c *Config) { c.NATSWebSocket = c.NATS }, "nats_websocket"},
+		{"websocket cert without key", func(c *Config) { c.NATSWebSocket, c.NATSWebSocketCert = "127.0.0.1:7223", "/etc/hosts" }, "nats_websocket_cert"},
+		{"websocket cert missing", func(c *Config) {
+			c.NATSWebSocket, c.NATSWebSocketCert, c.NATSWebSocketKey = "0.0.0.0:7223", "/nonexistent/ws.pem", "/etc/hosts"
+		}, "nats_websocket_cert"},
+		{"websocket TLS off loopback", func(c *Config) {
+			c.NATSWebSocket, c.NATSWebSocketCert, c.NATSWebSocketKey = "0.0.0.0:7223", "/etc/hosts", "/etc/hosts"
+		}, ""},
+		{"websocket origin", func(c *Config) {
+			c.NATSWebSocket, c.NATSWebSocketOrigins = "127.0.0.1:7223", []string{"https://dash.example.org", "http://127.0.0.1:8080"}
+		}, ""},
+		{"websocket origin with a path", func(c *Config) {
+			c.NATSWebSocket, c.NATSWebSocketOrigins = "127.0.0.1:7223", []string{"https://dash.example.org/app"}
+		}, "nats_websocket_origins[0]"},
+		{"websocket origin not http", func(c *Config) {
+			c.NATSWebSocket, c.NATSWebSocketOrigins = "127.0.0.1:7223", []string{"*"}
+		}, "nats_websocket_origins[0]"},
+		{"websocket origins without a listener", func(c *Config) { c.NATSWebSocketOrigins = []string{"https://a.example"} }, "nats_websocket"},
 		{"http off", func(c *Config) { c.HTTP = "off" }, ""},
 		{"http bad", func(c *Config) { c.HTTP = "localhost:x" }, "http"},
 		{"db wrong scheme", func(c *Config) { c.DB = "mysql://h/db" }, "db"},

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -27,6 +28,8 @@ type natsServer struct {
 	srv  *server.Server
 	opts *server.Options // as started, without users: the base of each reload
 	auth *localAuth
+	// wsURL is the WebSocket listener's URL (ws:// or wss://), "" without one.
+	wsURL string
 }
 
 // startNATS starts the embedded server and waits until it accepts clients.
@@ -56,7 +59,7 @@ type natsServer struct {
 //
 // Clients authenticate as auth says (see localauth.go); bad program
 // definitions are logged and left out.
-func startNATS(addr, node, jsDir string, bl BlobsConfig, auth *localAuth, logger *slog.Logger) (*natsServer, error) {
+func startNATS(addr, node, jsDir string, bl BlobsConfig, auth *localAuth, logger *slog.Logger, more ...listener) (*natsServer, error) {
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("nats address %q: %w", addr, err)
@@ -92,6 +95,15 @@ func startNATS(addr, node, jsDir string, bl BlobsConfig, auth *localAuth, logger
 		opts.JetStreamMaxMemory = jsMaxMemory
 		opts.DisableJetStreamBanner = true
 	}
+	var web *webListener
+	for _, l := range more {
+		if err := l.apply(opts); err != nil {
+			return nil, err
+		}
+		if w, ok := l.(*webListener); ok {
+			web = w
+		}
+	}
 	base := opts.Clone()
 	rep := auth.apply(opts)
 	for _, e := range rep.Errors {
@@ -108,7 +120,11 @@ func startNATS(addr, node, jsDir string, bl BlobsConfig, auth *localAuth, logger
 		srv.WaitForShutdown()
 		return nil, fmt.Errorf("nats server: not listening on %s within 10s", addr)
 	}
-	return &natsServer{srv: srv, opts: base, auth: auth}, nil
+	n := &natsServer{srv: srv, opts: base, auth: auth}
+	if web != nil {
+		n.wsURL = web.url
+	}
+	return n, nil
 }
 
 // URL is the client URL local programs use.
@@ -157,23 +173,35 @@ func (n *natsServer) close() {
 type natsLogger struct{ l *slog.Logger }
 
 func (n *natsLogger) Noticef(format string, v ...any) { n.l.Debug(fmt.Sprintf(format, v...)) }
-func (n *natsLogger) Warnf(format string, v ...any)   { n.l.Warn(fmt.Sprintf(format, v...)) }
-func (n *natsLogger) Fatalf(format string, v ...any)  { n.l.Error(fmt.Sprintf(format, v...)) }
-func (n *natsLogger) Errorf(format string, v ...any)  { n.l.Error(fmt.Sprintf(format, v...)) }
-func (n *natsLogger) Debugf(format string, v ...any)  { n.l.Debug(fmt.Sprintf(format, v...)) }
-func (n *natsLogger) Tracef(format string, v ...any)  {}
+func (n *natsLogger) Warnf(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	if strings.HasPrefix(msg, "Websocket not configured with TLS") {
+		// Only ever on loopback (Config.Validate): nothing crosses a network.
+		n.l.Debug(msg)
+		return
+	}
+	n.l.Warn(msg)
+}
+func (n *natsLogger) Fatalf(format string, v ...any) { n.l.Error(fmt.Sprintf(format, v...)) }
+func (n *natsLogger) Errorf(format string, v ...any) { n.l.Error(fmt.Sprintf(format, v...)) }
+func (n *natsLogger) Debugf(format string, v ...any) { n.l.Debug(fmt.Sprintf(format, v...)) }
+func (n *natsLogger) Tracef(format string, v ...any) {}
 
 // portFree checks that host:port can be listened on now, and says who to
 // ask when not: another meshbox, or another NATS server, is the usual
 // holder.
-func portFree(host string, port int) error {
+func portFree(host string, port int, setting ...string) error {
 	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	what, set := "nats address", "--nats or MESHBOX_NATS"
+	if len(setting) > 0 {
+		what, set = setting[0]+" address", setting[0]
+	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
-			return fmt.Errorf("nats address %s is in use by another program (another meshbox or NATS server? ss -ltnp 'sport = :%d' names it); set another with --nats or MESHBOX_NATS", addr, port)
+			return fmt.Errorf("%s %s is in use by another program (another meshbox or NATS server? ss -ltnp 'sport = :%d' names it); set another with %s", what, addr, port, set)
 		}
-		return fmt.Errorf("nats address %s: %w", addr, err)
+		return fmt.Errorf("%s %s: %w", what, addr, err)
 	}
 	return l.Close()
 }

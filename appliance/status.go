@@ -51,6 +51,9 @@ type Status struct {
 // connect to it.
 type NATSStatus struct {
 	URL string `json:"url"`
+	// WebSocket is the WebSocket listener's URL (ws:// or wss://); empty
+	// without one (Config.NATSWebSocket).
+	WebSocket string `json:"websocket,omitempty"`
 	// Auth is "credentials" (every client needs one) or "open" (clients
 	// without one are let in: a standalone node, or nats_anonymous).
 	Auth string `json:"auth,omitempty"`
@@ -94,6 +97,7 @@ func (a *Appliance) Status() Status {
 	st.Warnings = a.transportWarnings()
 	if n := a.pubNATS.Load(); n != nil {
 		st.NATS.Auth = n.auth.mode()
+		st.NATS.WebSocket = n.wsURL
 		rep := n.auth.lastReport()
 		st.NATS.Programs, st.NATS.ProgramErrors = rep.Programs, rep.Errors
 		if n.auth.anonymous {

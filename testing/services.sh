@@ -2,9 +2,10 @@
 # services.sh installs what the integration tests need and do not build
 # themselves: the RabbitMQ server, the PostgreSQL server binaries and the
 # AMQP command-line tools, a headless browser (chromium) for the status
-# page test, make and file for the package test, and Node.js with the
-# rows worker example's npm packages (docs/examples/rows-worker/js, at the
-# versions its lock file pins). It is idempotent: it installs only what is missing and prints
+# page test, make and file for the package test, and Node.js with the npm
+# packages of the rows worker example (docs/examples/rows-worker/js) and
+# of the browser tests' pages (testing/e2e/browser), at the versions their
+# lock files pin. It is idempotent: it installs only what is missing and prints
 # one line per package installed. The tests start their
 # own broker and database servers (testing/meshtest); a system service a
 # package may have started is neither used nor touched.
@@ -87,13 +88,16 @@ if ! command -v nats >/dev/null 2>&1 && [ ! -x "$(go env GOPATH)/bin/nats" ]; th
 	echo "services.sh: installed the nats CLI"
 fi
 
-# The example's packages, again whenever its lock file changed.
-js="$(cd "$(dirname "$0")/.." && pwd)/docs/examples/rows-worker/js"
-if [ ! -f "$js/node_modules/.package-lock.json" ] || [ "$js/package-lock.json" -nt "$js/node_modules/.package-lock.json" ]; then
-	if ! (cd "$js" && npm ci --no-audit --no-fund) >"$log" 2>&1; then
-		cat "$log" >&2
-		echo "services.sh: npm ci in $js failed" >&2
-		exit 1
+# The npm packages of the rows worker example and of the browser tests'
+# pages (the official nats.ws client), again whenever a lock file changed.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+for js in "$root/docs/examples/rows-worker/js" "$root/testing/e2e/browser"; do
+	if [ ! -f "$js/node_modules/.package-lock.json" ] || [ "$js/package-lock.json" -nt "$js/node_modules/.package-lock.json" ]; then
+		if ! (cd "$js" && npm ci --no-audit --no-fund) >"$log" 2>&1; then
+			cat "$log" >&2
+			echo "services.sh: npm ci in $js failed" >&2
+			exit 1
+		fi
+		echo "services.sh: installed the npm packages of ${js#"$root"/}"
 	fi
-	echo "services.sh: installed the rows worker example's npm packages"
-fi
+done
