@@ -208,6 +208,9 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if w := newWebListener(&a.cfg, a.HTTPURL()); w != nil {
 		more = append(more, w)
 	}
+	if m := newMQTTListener(&a.cfg); m != nil {
+		more = append(more, m)
+	}
 	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, a.cfg.Blobs.jetStreamDir(a.cfg.DataDir), a.cfg.Blobs, auth, a.logger.With("component", "nats"), more...)
 	if err != nil {
 		return err

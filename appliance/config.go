@@ -79,6 +79,18 @@ type Config struct {
 	// server through its visitor's browser. Clients that are not browsers
 	// send no origin and are not concerned.
 	NATSWebSocketOrigins []string `json:"nats_websocket_origins"`
+	// NATSMQTT is where the embedded NATS server takes MQTT clients
+	// (devices: plugs, sensors, Home Assistant), host:port; port 0 picks
+	// a free one. Empty (the default): no MQTT listener. Devices sign in
+	// with a program's MQTT password (meshbox program add NAME --mqtt);
+	// an MQTT topic is the NATS subject with '/' for '.', so events are
+	// evt/<topic>. Off loopback without NATSMQTTCert and NATSMQTTKey the
+	// passwords cross the network in the clear: the status warns.
+	NATSMQTT string `json:"nats_mqtt"`
+	// NATSMQTTCert and NATSMQTTKey are the PEM certificate and key of the
+	// MQTT listener's TLS (mqtts://).
+	NATSMQTTCert string `json:"nats_mqtt_cert"`
+	NATSMQTTKey  string `json:"nats_mqtt_key"`
 	// HTTPHosts are further Host names the HTTP server answers (a reverse
 	// proxy's name); it always answers loopback names and its listen
 	// address, and refuses every other Host (no DNS rebinding).
@@ -289,6 +301,7 @@ var EnvVars = []struct {
 	{"MESHBOX_BROKER", "broker"},
 	{"MESHBOX_NATS_ANONYMOUS", "nats_anonymous"},
 	{"MESHBOX_NATS_WEBSOCKET", "nats_websocket"},
+	{"MESHBOX_NATS_MQTT", "nats_mqtt"},
 	{"MESHBOX_LOG_LEVEL", "log.level"},
 	{"MESHBOX_LOG_FORMAT", "log.format"},
 	{"MESHBOX_MODULES_DIR", "modules.dir"},
@@ -334,6 +347,8 @@ func (c *Config) Set(field, value string) error {
 		c.NATSAnonymous = on
 	case "nats_websocket":
 		c.NATSWebSocket = value
+	case "nats_mqtt":
+		c.NATSMQTT = value
 	case "db":
 		c.DB = Secret(value)
 	case "broker":
@@ -386,6 +401,9 @@ func (c *Config) Validate() error {
 	}
 	if err := checkHostPort(c.NATS); err != nil {
 		bad("nats", "%v", err)
+	}
+	for _, e := range c.checkMQTT() {
+		bad(e.Field, "%w", e.Err)
 	}
 	for _, e := range c.checkWebSocket() {
 		bad(e.Field, "%w", e.Err)
@@ -587,16 +605,8 @@ func (c *Config) checkWebSocket() []*FieldError {
 	} else if c.NATSWebSocket == c.NATS && !strings.HasSuffix(c.NATS, ":0") {
 		bad("nats_websocket", "%s is the NATS listener's address too: give it a port of its own", c.NATSWebSocket)
 	}
-	if (c.NATSWebSocketCert == "") != (c.NATSWebSocketKey == "") {
-		bad("nats_websocket_cert", "a certificate needs its key and a key its certificate: set both nats_websocket_cert and nats_websocket_key")
-	}
-	for _, f := range []struct{ field, path string }{{"nats_websocket_cert", c.NATSWebSocketCert}, {"nats_websocket_key", c.NATSWebSocketKey}} {
-		if f.path == "" {
-			continue
-		}
-		if _, err := os.Stat(f.path); err != nil {
-			bad(f.field, "%v", err)
-		}
+	for _, e := range checkFiles("nats_websocket_cert", c.NATSWebSocketCert, "nats_websocket_key", c.NATSWebSocketKey) {
+		errs = append(errs, e)
 	}
 	if c.NATSWebSocketCert == "" && !LoopbackAddr(c.NATSWebSocket) {
 		bad("nats_websocket", "%s is not a loopback address and the listener has no TLS: set nats_websocket_cert and nats_websocket_key (wss://), or listen on 127.0.0.1", c.NATSWebSocket)
@@ -620,4 +630,40 @@ func checkOrigin(o string) error {
 		return fmt.Errorf("%q is not an origin: give the scheme, host and port only (%s://%s)", o, u.Scheme, u.Host)
 	}
 	return nil
+}
+
+// checkMQTT checks the MQTT listener's fields: an address of its own,
+// and a certificate with its key or neither.
+func (c *Config) checkMQTT() []*FieldError {
+	if c.NATSMQTT == "" {
+		if c.NATSMQTTCert != "" || c.NATSMQTTKey != "" {
+			return []*FieldError{{Field: "nats_mqtt", Err: errors.New("empty (no MQTT listener), but nats_mqtt_cert or _key are set: give it an address (host:port)")}}
+		}
+		return nil
+	}
+	var errs []*FieldError
+	if err := checkHostPort(c.NATSMQTT); err != nil {
+		errs = append(errs, &FieldError{Field: "nats_mqtt", Err: err})
+	} else if !strings.HasSuffix(c.NATSMQTT, ":0") && (c.NATSMQTT == c.NATS || c.NATSMQTT == c.NATSWebSocket) {
+		errs = append(errs, &FieldError{Field: "nats_mqtt", Err: fmt.Errorf("%s is another listener's address too: give it a port of its own", c.NATSMQTT)})
+	}
+	return append(errs, checkFiles("nats_mqtt_cert", c.NATSMQTTCert, "nats_mqtt_key", c.NATSMQTTKey)...)
+}
+
+// checkFiles checks a certificate and its key: both or neither, each a
+// file that exists.
+func checkFiles(certField, cert, keyField, key string) []*FieldError {
+	var errs []*FieldError
+	if (cert == "") != (key == "") {
+		errs = append(errs, &FieldError{Field: certField, Err: fmt.Errorf("a certificate needs its key and a key its certificate: set both %s and %s", certField, keyField)})
+	}
+	for _, f := range []struct{ field, path string }{{certField, cert}, {keyField, key}} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			errs = append(errs, &FieldError{Field: f.field, Err: err})
+		}
+	}
+	return errs
 }

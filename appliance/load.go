@@ -24,6 +24,7 @@ var ConfigFlags = []ConfigFlag{
 	{"data", "data", "data directory (env MESHBOX_DATA; default " + DefaultDataDir() + ")"},
 	{"nats", "nats", "NATS listen address host:port, port 0 = any free (env MESHBOX_NATS; default " + DefaultNATS + ")"},
 	{"nats-websocket", "nats_websocket", "WebSocket listen address host:port for browser clients (nats.ws), port 0 = any free; loopback unless nats_websocket_cert and _key are set (env MESHBOX_NATS_WEBSOCKET; default: none)"},
+	{"nats-mqtt", "nats_mqtt", "MQTT listen address host:port for devices, port 0 = any free (env MESHBOX_NATS_MQTT; default: none)"},
 	{"http", "http", "HTTP listen address host:port, port 0 = any free, or off (env MESHBOX_HTTP; default " + DefaultHTTP + ")"},
 	{"pprof", "pprof", "serve /debug/pprof/ on the HTTP listener, which must be loopback: true or false (env MESHBOX_PPROF; default false)"},
 	{"db", "db", "mesh database URL postgres://... (env MESHBOX_DB; default: none, standalone)"},

@@ -3,10 +3,12 @@ package appliance
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/internal/wire"
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -138,6 +140,7 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 		},
 	}}
 	var accepted []programs.Program
+	var mqttUsers []*server.User
 	for _, p := range progs {
 		if other, dup := keys[p.Key]; dup {
 			errs = append(errs, fmt.Errorf("program %s: its key is %s's: left out", p.Name, other))
@@ -145,6 +148,12 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 		}
 		keys[p.Key] = "program " + p.Name
 		opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{Nkey: p.Key, Permissions: p.Permissions()})
+		if p.MQTT && p.MQTTPassword != "" {
+			// Its password opens the MQTT listener only: on the NATS and
+			// WebSocket doors the program signs with its nkey.
+			mqttUsers = append(mqttUsers, &server.User{Username: p.Name, Password: p.MQTTPassword, Permissions: mqttPermissions(p),
+				AllowedConnectionTypes: map[string]struct{}{jwt.ConnectionTypeMqtt: {}}})
+		}
 		rep.Programs = append(rep.Programs, p.Name)
 		accepted = append(accepted, p)
 	}
@@ -152,7 +161,7 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 	for _, err := range errs {
 		rep.Errors = append(rep.Errors, err.Error())
 	}
-	opts.Users, opts.NoAuthUser = nil, ""
+	opts.Users, opts.NoAuthUser = mqttUsers, ""
 	if l.anonymous {
 		opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{
 			Nkey: l.anonKey,
@@ -267,4 +276,23 @@ func (a *Appliance) serveReload() error {
 		return fmt.Errorf("serve %s: %w", SubjectReloadPrograms, err)
 	}
 	return nil
+}
+
+// mqttPermissions are program p's rights on the MQTT listener: its own,
+// and for each subject it may subscribe to that ends in ">", the subject
+// above it too. MQTT's multi-level wildcard matches its parent level
+// (home/# is home and everything under it), so the server subscribes a
+// device to both, and refuses the whole subscription when one is not
+// allowed: a device with the right to evt.home.> gets evt/home/# as it
+// expects, and the parent topic itself with it.
+func mqttPermissions(p programs.Program) *server.Permissions {
+	perms := p.Permissions()
+	sub := perms.Subscribe.Allow
+	for _, s := range sub {
+		if parent, ok := strings.CutSuffix(s, ".>"); ok && !strings.HasSuffix(parent, "*") && parent != "_INBOX."+p.Name {
+			sub = append(sub, parent)
+		}
+	}
+	perms.Subscribe.Allow = sub
+	return perms
 }

@@ -30,6 +30,10 @@ type natsServer struct {
 	auth *localAuth
 	// wsURL is the WebSocket listener's URL (ws:// or wss://), "" without one.
 	wsURL string
+	// mqttURL is the MQTT listener's URL (mqtt:// or mqtts://), "" without
+	// one; mqttPlain says it is off loopback without TLS.
+	mqttURL   string
+	mqttPlain bool
 }
 
 // startNATS starts the embedded server and waits until it accepts clients.
@@ -96,12 +100,16 @@ func startNATS(addr, node, jsDir string, bl BlobsConfig, auth *localAuth, logger
 		opts.DisableJetStreamBanner = true
 	}
 	var web *webListener
+	var mq *mqttListener
 	for _, l := range more {
 		if err := l.apply(opts); err != nil {
 			return nil, err
 		}
-		if w, ok := l.(*webListener); ok {
-			web = w
+		switch l := l.(type) {
+		case *webListener:
+			web = l
+		case *mqttListener:
+			mq = l
 		}
 	}
 	base := opts.Clone()
@@ -123,6 +131,9 @@ func startNATS(addr, node, jsDir string, bl BlobsConfig, auth *localAuth, logger
 	n := &natsServer{srv: srv, opts: base, auth: auth}
 	if web != nil {
 		n.wsURL = web.url
+	}
+	if mq != nil {
+		n.mqttURL, n.mqttPlain = mq.url, mq.plain()
 	}
 	return n, nil
 }

@@ -1,6 +1,8 @@
 package appliance
 
 import (
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/modules"
@@ -54,6 +56,9 @@ type NATSStatus struct {
 	// WebSocket is the WebSocket listener's URL (ws:// or wss://); empty
 	// without one (Config.NATSWebSocket).
 	WebSocket string `json:"websocket,omitempty"`
+	// MQTT is the MQTT listener's URL (mqtt:// or mqtts://); empty without
+	// one (Config.NATSMQTT).
+	MQTT string `json:"mqtt,omitempty"`
 	// Auth is "credentials" (every client needs one) or "open" (clients
 	// without one are let in: a standalone node, or nats_anonymous).
 	Auth string `json:"auth,omitempty"`
@@ -97,7 +102,10 @@ func (a *Appliance) Status() Status {
 	st.Warnings = a.transportWarnings()
 	if n := a.pubNATS.Load(); n != nil {
 		st.NATS.Auth = n.auth.mode()
-		st.NATS.WebSocket = n.wsURL
+		st.NATS.WebSocket, st.NATS.MQTT = n.wsURL, n.mqttURL
+		if n.mqttPlain {
+			st.Warnings = append(st.Warnings, fmt.Sprintf(warnMQTTPlain, strings.TrimPrefix(n.mqttURL, "mqtt://")))
+		}
 		rep := n.auth.lastReport()
 		st.NATS.Programs, st.NATS.ProgramErrors = rep.Programs, rep.Errors
 		if n.auth.anonymous {

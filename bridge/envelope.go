@@ -47,7 +47,7 @@ func callerHeaders(h nats.Header) (nats.Header, error) {
 	out := make(nats.Header, len(h))
 	size := 0
 	for k, vs := range h {
-		if hasPrefixFold(k, headerPrefixMeshbox) || k == "Status" || k == "Description" {
+		if hasPrefixFold(k, headerPrefixMeshbox) || k == "Status" || k == "Description" || serverHeader(k) {
 			continue
 		}
 		if k == "CC" || k == "BCC" {
@@ -69,6 +69,18 @@ func callerHeaders(h nats.Header) (nats.Header, error) {
 	}
 	return out, nil
 }
+
+// headerPrefixMQTT starts the headers the embedded NATS server puts on
+// the messages of its MQTT clients (the QoS and retain flags of a
+// publish, its topic): its own bookkeeping on this node, which decides
+// how it delivers the message to MQTT subscribers here. Carried to
+// another node it would misdirect that node's server (a QoS 1 MQTT
+// subscriber there skips a message marked QoS 1, waiting for a stored
+// copy that node never made), so it never leaves a node nor enters one.
+const headerPrefixMQTT = "Nmqtt-"
+
+// serverHeader reports whether k is such a header.
+func serverHeader(k string) bool { return hasPrefixFold(k, headerPrefixMQTT) }
 
 func hasPrefixFold(s, prefix string) bool {
 	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
@@ -388,7 +400,9 @@ func (e *envelope) natsMsg(subject string, meta map[string]string) *nats.Msg {
 	if len(e.header) > 0 || len(meta) > 0 {
 		m.Header = make(nats.Header, len(e.header)+len(meta))
 		for k, vs := range e.header {
-			m.Header[k] = vs
+			if !serverHeader(k) { // a peer's word: never the local server's bookkeeping
+				m.Header[k] = vs
+			}
 		}
 		for k, v := range meta {
 			m.Header.Set(k, v)

@@ -166,6 +166,28 @@ func TestHeadersRoundTrip(t *testing.T) {
 	}
 }
 
+// TestMQTTHeadersStayOnTheirNode: the embedded server's MQTT headers
+// (Nmqtt-Pub marks a publish's QoS; a QoS 1 MQTT subscriber skips a
+// message so marked, waiting for the server's stored copy) neither leave
+// with a local program's message nor come in with a peer's: a peer that
+// sent them could make every QoS 1 MQTT subscriber of the mesh miss its
+// events. The control: the other headers pass both ways.
+func TestMQTTHeadersStayOnTheirNode(t *testing.T) {
+	in := nats.Header{"Nmqtt-Pub": {"1"}, "nmqtt-subject": {"evt.x"}, "X-Trace": {"abc"}}
+	hdr, err := callerHeaders(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (nats.Header{"X-Trace": {"abc"}}); !reflect.DeepEqual(hdr, want) {
+		t.Errorf("a local program's headers: got %v, want %v", hdr, want)
+	}
+	e := &envelope{header: in, body: []byte("x")} // as a peer sealed them
+	m := e.natsMsg("evt.x", map[string]string{HeaderOrigin: "peer"})
+	if m.Header.Get("Nmqtt-Pub") != "" || m.Header.Get("Nmqtt-Subject") != "" || m.Header.Get("X-Trace") != "abc" || m.Header.Get(HeaderOrigin) != "peer" {
+		t.Errorf("a peer's event republished here: headers %v, want X-Trace and the origin only", m.Header)
+	}
+}
+
 func TestCallerHeadersRejects(t *testing.T) {
 	for name, h := range map[string]nats.Header{
 		"CC":          {"CC": {"evt.x"}},

@@ -1,8 +1,8 @@
 #!/bin/sh
 # services.sh installs what the integration tests need and do not build
 # themselves: the RabbitMQ server, the PostgreSQL server binaries and the
-# AMQP command-line tools, a headless browser (chromium) for the status
-# page test, make and file for the package test, and Node.js with the npm
+# AMQP command-line tools, the mosquitto MQTT clients, a headless browser
+# (chromium) for the status page and WebSocket tests, make and file for the package test, and Node.js with the npm
 # packages of the rows worker example (docs/examples/rows-worker/js) and
 # of the browser tests' pages (testing/e2e/browser), at the versions their
 # lock files pin. It is idempotent: it installs only what is missing and prints
@@ -44,6 +44,12 @@ have_node() {
 	command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1
 }
 
+# The MQTT test (testing/e2e) uses Debian's mosquitto clients, as a
+# device would.
+have_mosquitto() {
+	command -v mosquitto_pub >/dev/null 2>&1 && command -v mosquitto_sub >/dev/null 2>&1
+}
+
 missing=""
 have_rabbitmq || missing="$missing rabbitmq-server"
 have_postgres || missing="$missing postgresql"
@@ -51,6 +57,7 @@ have_amqp_tools || missing="$missing amqp-tools"
 have_chromium || missing="$missing chromium fonts-dejavu-core"
 have_file || missing="$missing file make"
 have_node || missing="$missing nodejs npm"
+have_mosquitto || missing="$missing mosquitto-clients"
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -40,6 +40,12 @@ type Program struct {
 	Read  []string `json:"read,omitempty"`
 	Write []string `json:"write,omitempty"`
 	Key   string   `json:"key,omitempty"` // public nkey (U...) of its credential
+	// MQTT lets it sign in on the node's MQTT listener too, as user Name
+	// with a password (MQTT clients cannot sign with an nkey), with the
+	// same rights; MQTTPassword is the password's bcrypt hash, set by
+	// Store.Put, which writes the password itself beside the seed.
+	MQTT         bool   `json:"mqtt,omitempty"`
+	MQTTPassword string `json:"mqtt_password,omitempty"`
 }
 
 // Local NATS subjects a program's permissions are made of (the bridge's
@@ -109,6 +115,9 @@ func (p Program) Validate() error {
 	}
 	if len(p.Service) > 0 && len(p.Host) == 0 && len(p.Serve) == 0 {
 		return fmt.Errorf("%w %s: service: a micro service answers on the capabilities it hosts or the stages it serves: give host or serve too", ErrInvalid, p.Name)
+	}
+	if p.MQTTPassword != "" && (!p.MQTT || !isBcrypt(p.MQTTPassword)) {
+		return fmt.Errorf("%w %s: mqtt_password must be the bcrypt hash of its MQTT password, set by meshbox program add --mqtt", ErrInvalid, p.Name)
 	}
 	if p.Key != "" && !nkeys.IsValidPublicUserKey(p.Key) {
 		return fmt.Errorf("%w %s: key %q is not a public user nkey", ErrInvalid, p.Name, p.Key)

@@ -19,6 +19,7 @@ import (
 const (
 	defExt  = ".json"
 	seedExt = ".nk"
+	mqttExt = ".mqtt"
 )
 
 // Store keeps program definitions and their seeds in one directory.
@@ -91,6 +92,9 @@ func (s *Store) Put(p Program) (credsPath string, err error) {
 	default:
 		return "", err
 	}
+	if err := s.mqttPassword(&p, old); err != nil {
+		return "", err
+	}
 	data, err := json.MarshalIndent(p, "", "  ")
 	if err != nil {
 		return "", fmt.Errorf("program %s: %w", p.Name, err)
@@ -149,9 +153,40 @@ func (s *Store) Remove(name string) error {
 	if err != nil {
 		return fmt.Errorf("program %s: %w", name, err)
 	}
-	if err := os.Remove(s.CredsPath(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("program %s: %w", name, err)
+	for _, path := range []string{s.CredsPath(name), s.MQTTPath(name)} {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("program %s: %w", name, err)
+		}
 	}
+	return nil
+}
+
+// MQTTPath is where the MQTT password of program name is written.
+func (s *Store) MQTTPath(name string) string { return filepath.Join(s.dir, name+mqttExt) }
+
+// mqttPassword gives p its MQTT password when it signs in over MQTT: the
+// one it had (old, with its file), or a new one written to MQTTPath. A
+// program that no longer does loses both.
+func (s *Store) mqttPassword(p *Program, old Program) error {
+	p.MQTTPassword = ""
+	if !p.MQTT {
+		if err := os.Remove(s.MQTTPath(p.Name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("program %s: %w", p.Name, err)
+		}
+		return nil
+	}
+	if old.MQTT && old.MQTTPassword != "" && fileExists(s.MQTTPath(p.Name)) {
+		p.MQTTPassword = old.MQTTPassword
+		return nil
+	}
+	password, hash, err := newMQTTPassword()
+	if err != nil {
+		return fmt.Errorf("program %s: %w", p.Name, err)
+	}
+	if err := s.writeFile(s.MQTTPath(p.Name), mqttFile(p.Name, password)); err != nil {
+		return fmt.Errorf("program %s: %w", p.Name, err)
+	}
+	p.MQTTPassword = hash
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -26,7 +27,7 @@ const programUsage = `Usage: meshbox program <command> [--data DIR] [flags]
 Commands:
   add NAME [--host CAP]... [--call CAP]... [--serve STAGE]... [--submit STAGE]...
            [--publish TOPIC]... [--subscribe TOPIC]... [--service NAME]... [--blobs]
-           [--read TABLE]... [--write TABLE]...
+           [--read TABLE]... [--write TABLE]... [--mqtt]
                        create program NAME, or replace its lists (it keeps its key);
                        prints the path of its credential file
   list [--json]        the programs and what each may do
@@ -43,6 +44,9 @@ TABLE and watch their changes; --write TABLE lets it put and delete them
 (* for every table).
 A program connects with its credential file as an nkey seed and its own
 reply inbox: nats --nkey FILE --inbox-prefix _INBOX.NAME ...
+--mqtt gives it an MQTT user name (NAME) and password as well, for a device
+on the node's MQTT listener (nats_mqtt): the same rights, with MQTT topics
+the subjects with / for . (an event topic home.temp is evt/home/temp).
 
 The node is found as meshbox run configures it (--data, --env-file,
 --config, the environment; default: its env file, as meshbox join writes
@@ -83,6 +87,7 @@ func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
 		} {
 			fs.Var((*listFlag)(l.into), l.name, l.usage)
 		}
+		fs.BoolVar(&p.MQTT, "mqtt", false, "it may sign in on the node's MQTT listener (nats_mqtt) with a user name and password, as devices do; the same rights, topics are subjects with / for . (evt/TOPIC)")
 		fs.BoolVar(&p.Blobs, "blobs", false, "it may use the node's blob store (JetStream object store "+blobs.Bucket+") and fetch blobs from any node")
 	case "show", "remove":
 	case "list":
@@ -116,6 +121,17 @@ func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
 		}
 		fmt.Fprintf(c.m.Stdout, "program %s: credential %s\n", p.Name, path)
 		fmt.Fprintf(c.m.Stdout, "connect with: nats --server %s --nkey %s --inbox-prefix %s ...\n", c.m.serverURL(*server), path, p.InboxPrefix())
+		if p.MQTT {
+			data, err := os.ReadFile(store.MQTTPath(p.Name))
+			if err != nil {
+				return err
+			}
+			user, password, err := programs.ReadMQTT(data)
+			if err != nil {
+				return fmt.Errorf("%s: %w", store.MQTTPath(p.Name), err)
+			}
+			fmt.Fprintf(c.m.Stdout, "MQTT: user %s password %s (kept in %s); topics are the subjects with / for ., events evt/TOPIC\n", user, password, store.MQTTPath(p.Name))
+		}
 		return c.tellNode(ctx, *server, *data)
 	case "remove":
 		if err := store.Remove(pos[0]); err != nil {
@@ -129,7 +145,7 @@ func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
 			return err
 		}
 		if *asJSON {
-			return writeJSON(c.m.Stdout, p)
+			return writeJSON(c.m.Stdout, shown(p))
 		}
 		c.printPrograms([]programs.Program{p}, store)
 		return nil
@@ -138,6 +154,9 @@ func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
 		if *asJSON {
 			if progs == nil {
 				progs = []programs.Program{}
+			}
+			for i := range progs {
+				progs[i] = shown(progs[i])
 			}
 			if err := writeJSON(c.m.Stdout, progs); err != nil {
 				return err
@@ -180,8 +199,17 @@ func (c *ProgramCommand) printPrograms(progs []programs.Program, store *programs
 		if p.Blobs {
 			fmt.Fprintf(tw, "  blobs\tthe blob store %s, fetches from any node\n", blobs.Bucket)
 		}
+		if p.MQTT {
+			fmt.Fprintf(tw, "  mqtt\tuser %s, password in %s\n", p.Name, store.MQTTPath(p.Name))
+		}
 	}
 	_ = tw.Flush()
+}
+
+// shown is p as show and list print it: without its password's hash.
+func shown(p programs.Program) programs.Program {
+	p.MQTTPassword = ""
+	return p
 }
 
 // tellNode asks the node running on data to apply its programs now. A node

@@ -1,0 +1,68 @@
+package appliance
+
+import (
+	"fmt"
+	"net"
+	"path/filepath"
+	"strconv"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// mqttMaxStore bounds JetStream's file store when only MQTT uses it (the
+// blob store off): the server keeps MQTT sessions, retained messages and
+// QoS 1 messages not yet acknowledged in streams of its own.
+const mqttMaxStore = 256 << 20
+
+// warnMQTTPlain is the status warning of an MQTT listener off loopback
+// without TLS (%s: its address).
+const warnMQTTPlain = "the MQTT listener on %s has no TLS: devices' passwords cross the network in the clear (set nats_mqtt_cert and nats_mqtt_key for mqtts://)"
+
+// mqttListener is the MQTT listener: devices sign in as programs that
+// have an MQTT password (programs.Program.MQTT), with the same rights as
+// on the NATS port; an MQTT topic is a NATS subject with '/' for '.'
+// (evt/home/kitchen/temp is evt.home.kitchen.temp), the server's own
+// mapping. The server needs JetStream for MQTT: it runs beside the blob
+// store's, or alone in the data directory when the blob store is off.
+type mqttListener struct {
+	addr, cert, key, dataDir string
+	url                      string // mqtt://host:port or mqtts://host:port, once applied
+}
+
+// newMQTTListener is the MQTT listener of cfg (nil when off).
+func newMQTTListener(cfg *Config) *mqttListener {
+	if cfg.NATSMQTT == "" {
+		return nil
+	}
+	return &mqttListener{addr: cfg.NATSMQTT, cert: cfg.NATSMQTTCert, key: cfg.NATSMQTTKey, dataDir: cfg.DataDir}
+}
+
+func (m *mqttListener) apply(opts *server.Options) error {
+	host, port, err := pickPort(m.addr, "nats_mqtt")
+	if err != nil {
+		return err
+	}
+	mo := server.MQTTOpts{Host: host, Port: port}
+	scheme := "mqtt"
+	if m.cert != "" {
+		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: m.cert, KeyFile: m.key})
+		if err != nil {
+			return fmt.Errorf("nats_mqtt TLS (nats_mqtt_cert %s, nats_mqtt_key %s): %w", m.cert, m.key, err)
+		}
+		mo.TLSConfig, scheme = tc, "mqtts"
+	}
+	opts.MQTT = mo
+	if !opts.JetStream {
+		opts.JetStream = true
+		opts.StoreDir = filepath.Join(m.dataDir, "jetstream")
+		opts.JetStreamMaxStore = mqttMaxStore
+		opts.JetStreamMaxMemory = jsMaxMemory
+		opts.DisableJetStreamBanner = true
+	}
+	m.url = scheme + "://" + net.JoinHostPort(host, strconv.Itoa(port))
+	return nil
+}
+
+// plain reports whether device passwords cross a network in the clear:
+// no TLS, off loopback.
+func (m *mqttListener) plain() bool { return m.cert == "" && !LoopbackAddr(m.addr) }
