@@ -102,6 +102,11 @@ func (b *Bridge) onSubmitCommand(msg *nats.Msg) {
 // so every event seen here is a program's: a Meshbox-Origin it carries is
 // not the node's word and changes nothing (callerHeaders drops it).
 func (b *Bridge) onSubmitEvent(msg *nats.Msg) {
+	if msg.Reply == "" && b.currentURL() == "" {
+		// No broker, nobody waiting for an answer: the local subscribers
+		// have it, and there is nothing to do.
+		return
+	}
 	if !b.localOK(msg) {
 		return
 	}
