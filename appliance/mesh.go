@@ -279,6 +279,7 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 	if snap, ok := a.bindings.manager.Current(); ok {
 		a.applyToNode(n, snap)
 	}
+	n.SetHealth(HealthOf(a.Status())) // its hello carries it
 	if err := n.Start(ctx); err != nil {
 		_ = n.Close()
 		return fmt.Errorf("node: %w", err)
@@ -288,6 +289,8 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 	if snap, ok := a.bindings.manager.Current(); ok {
 		a.applyToNode(n, snap)
 	}
+	a.wg.Add(1)
+	go a.shareHealth(n) // exits when the appliance closes
 	return nil
 }
 

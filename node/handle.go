@@ -1,6 +1,7 @@
 package node
 
 import (
+	"reflect"
 	"slices"
 	"time"
 )
@@ -64,6 +65,12 @@ func (n *Node) handleLocked(m *Message, verified bool) {
 	}
 	if m.Type == TypeHello || m.Type == TypeInfo || m.Type == TypeUpdate || m.Type == TypeHeartbeat {
 		p.revision = m.Revision
+		if m.Health != nil && (m.Type == TypeHeartbeat || !p.hasRecord || m.Seq >= p.recordSeq) {
+			if p.health == nil || !reflect.DeepEqual(*p.health, *m.Health) {
+				n.changedLocked()
+			}
+			p.health = m.Health
+		}
 	}
 	p.proto = max(m.Proto, 1) // a version 1 node does not say
 	if m.HeartbeatMS > 0 {
@@ -234,10 +241,12 @@ func (n *Node) buildLocked(it intent) []byte {
 	}
 	switch it.typ {
 	case TypeHello, TypeInfo, TypeUpdate:
+		m.Health = n.healthForLocked(it.typ)
 		m.Version, m.Revision = n.cfg.Version, n.revision
 		m.Capabilities, m.Stages, m.Hash = n.local.caps, n.local.stages, n.local.hash
 		m.HeartbeatMS = n.hbInterval.Milliseconds()
 	case TypeHeartbeat:
+		m.Health = n.healthForLocked(it.typ)
 		m.Version, m.Revision, m.Hash = n.cfg.Version, n.revision, n.local.hash
 		m.HeartbeatMS = n.hbInterval.Milliseconds()
 	}

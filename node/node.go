@@ -36,6 +36,12 @@ type Node struct {
 
 	mu      sync.Mutex // guards everything below
 	started bool
+	// health is this node's summary (SetHealth); healthSent says every
+	// peer has it (a broadcast carried it); healthPushedAt is when a
+	// change of its state last sent a heartbeat.
+	health         *Health
+	healthSent     bool
+	healthPushedAt time.Time
 	closed  bool
 	cancel  context.CancelFunc // stops the goroutines; nil before Start
 	subs    []*nats.Subscription
@@ -106,6 +112,7 @@ type peer struct {
 	hasRecord bool
 	record    hostRecord
 	recordSeq uint64
+	health    *Health // the peer's last health summary (nil: it sent none)
 
 	warnedAbsent bool
 }

@@ -36,6 +36,9 @@ type Peer struct {
 	// Signs says the peer's node record has a signing key: only messages
 	// signed with it are accepted from the peer.
 	Signs bool `json:"signs"`
+	// Health is the peer's last health summary; nil when it sent none (a
+	// node of an older version).
+	Health *Health `json:"health,omitempty"`
 }
 
 // Capabilities is what is hosted where: the capabilities and stages local

@@ -25,6 +25,11 @@ func (n *Node) peersLocked() []Peer {
 			Stages:       slices.Clone(p.record.stages),
 		}
 		_, pp.Signs = keys[p.name]
+		if p.health != nil {
+			h := *p.health
+			h.Failing = slices.Clone(h.Failing)
+			pp.Health = &h
+		}
 		if pp.Capabilities == nil {
 			pp.Capabilities = []string{}
 		}

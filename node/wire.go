@@ -98,6 +98,9 @@ type Message struct {
 	HeartbeatMS  int64     `json:"heartbeat_ms,omitempty"`
 	Proto        int       `json:"proto,omitempty"`
 	Peer         string    `json:"peer,omitempty"`
+	// Health is the sender's health summary (hello, info, update; a
+	// heartbeat when it changed). Older nodes ignore it.
+	Health *Health `json:"health,omitempty"`
 	// Sig is the sender's signature of the message (version 4, see
 	// signing.go). It is the last member of the JSON object, as
 	// EncodeMessage writes it.
@@ -189,6 +192,12 @@ func DecodeMessage(key string, body []byte, origin string) (*Message, error) {
 	}
 	if m.HeartbeatMS != 0 && (m.HeartbeatMS < minHeartbeatMS || m.HeartbeatMS > maxHeartbeatMS) {
 		return nil, wireErr(ErrBadField, "heartbeat_ms", "%d out of range %d..%d", m.HeartbeatMS, minHeartbeatMS, maxHeartbeatMS)
+	}
+	if m.Health != nil && !carriesRecord(m.Type) && m.Type != TypeHeartbeat {
+		return nil, wireErr(ErrBadField, "health", "a %s message carries no health", m.Type)
+	}
+	if err := checkHealth(m.Health); err != nil {
+		return nil, err
 	}
 	if !carriesRecord(m.Type) && (len(m.Capabilities) > 0 || len(m.Stages) > 0) {
 		return nil, wireErr(ErrBadField, "capabilities", "a %s message carries no lists", m.Type)

@@ -77,8 +77,11 @@ Tables of rows (each converges across the mesh; see meshbox rows):
   table list [--json]                the tables and what seals them
 Other:
   revision                           the current mesh revision
+  status [--server URL] [--json]     the whole mesh at a glance, as the local node sees it:
+                                     one line a node (its health, broker link, bindings,
+                                     outbox, first warning); exit 1 when a node is not ok
 
-Every command takes --db URL (env MESHBOX_DB). --broker-admin (env
+Every command but status takes --db URL (env MESHBOX_DB). --broker-admin (env
 MESHBOX_BROKER_ADMIN) is the broker's management API with the admin
 credential; it is used for the command and never stored.
 `
@@ -103,6 +106,9 @@ func (c *MeshCommand) Run(ctx context.Context, args []string) error {
 		return nil
 	}
 	name, rest := args[0], args[1:]
+	if name == "status" { // asks the local node, not the database
+		return c.status(ctx, rest)
+	}
 	if slices.Contains([]string{"node", "override", "setting", "key", "scope", "table"}, name) {
 		if len(rest) == 0 {
 			fmt.Fprint(c.m.Stderr, meshUsage)

@@ -123,7 +123,7 @@ func printPeers(w io.Writer, r node.PeersReply, id *appliance.IdentityStatus, no
 	fmt.Fprintf(w, "node %s: %d peers (%d %s, %d %s, %d %s)\n\n", r.Node, len(r.Peers),
 		counts[node.StateUp], node.StateUp, counts[node.StateGone], node.StateGone, counts[node.StateAbsent], node.StateAbsent)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSTATE\tSINCE\tLAST SEEN\tEXPECTED\tVERSION\tREVISION\tCREDENTIAL\tCAPABILITIES\tSTAGES")
+	fmt.Fprintln(tw, "NODE\tSTATE\tHEALTH\tSINCE\tLAST SEEN\tEXPECTED\tVERSION\tREVISION\tCREDENTIAL\tCAPABILITIES\tSTAGES")
 	for _, p := range r.Peers {
 		state := p.State
 		if p.Reason != "" {
@@ -145,7 +145,7 @@ func printPeers(w io.Writer, r node.PeersReply, id *appliance.IdentityStatus, no
 		if id != nil && id.Peers[p.Name] > 0 {
 			cred = fmt.Sprintf("g%d", id.Peers[p.Name])
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, state, ago(now, p.Since), ago(now, p.LastSeen),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, state, healthWord(p.Health), ago(now, p.Since), ago(now, p.LastSeen),
 			expected, version, rev, cred, list(p.Capabilities), list(p.Stages))
 	}
 	_ = tw.Flush()
