@@ -42,9 +42,9 @@ type Node struct {
 	health         *Health
 	healthSent     bool
 	healthPushedAt time.Time
-	closed  bool
-	cancel  context.CancelFunc // stops the goroutines; nil before Start
-	subs    []*nats.Subscription
+	closed         bool
+	cancel         context.CancelFunc // stops the goroutines; nil before Start
+	subs           []*nats.Subscription
 
 	local      hostRecord // what local programs host (SetLocal)
 	localKnown bool       // SetLocal was called at least once
