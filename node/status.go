@@ -36,8 +36,8 @@ type Peer struct {
 	// Signs says the peer's node record has a signing key: only messages
 	// signed with it are accepted from the peer.
 	Signs bool `json:"signs"`
-	// Health is the peer's last health summary; nil when it sent none (a
-	// node of an older version).
+	// Health is the peer's last health summary while it is up; nil when
+	// it is not, or sent none (a node of an older version).
 	Health *Health `json:"health,omitempty"`
 }
 

@@ -25,7 +25,7 @@ func (n *Node) peersLocked() []Peer {
 			Stages:       slices.Clone(p.record.stages),
 		}
 		_, pp.Signs = keys[p.name]
-		if p.health != nil {
+		if p.health != nil && p.state == StateUp { // a gone peer's summary is stale
 			h := *p.health
 			h.Failing = slices.Clone(h.Failing)
 			pp.Health = &h
