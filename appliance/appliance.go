@@ -231,6 +231,9 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if err := a.serveReload(); err != nil {
 		return err
 	}
+	if err := a.serveMicro(); err != nil {
+		return err
+	}
 	a.interest = newInterestWatcher(a.natsSrv.srv)
 	a.interest.exclude(a.nc)
 	a.interest.exclude(a.rc) // the responder subscribes nothing: not a program to watch for

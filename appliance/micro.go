@@ -1,0 +1,253 @@
+package appliance
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/meshbox/meshbox/internal/names"
+	"github.com/meshbox/meshbox/internal/wire"
+	"github.com/meshbox/meshbox/node"
+)
+
+// NATS micro discovery across the mesh. A NATS micro service answers the
+// discovery requests of its own server ($SRV.PING, $SRV.INFO, $SRV.STATS,
+// each also per service name and per instance); `nats micro ls` on one
+// node would see that node's services only, though their endpoints are
+// callable from every node. So each node:
+//
+//   - hosts the node capability meshbox.micro (on its own connection,
+//     like the blob store's): a peer sends it a discovery request, and
+//     it asks its local services and answers with what they said, each
+//     answer's metadata marked with the node's name (meshbox_node);
+//   - takes the discovery requests of its local clients ($SRV.>, beside
+//     the local services, which answer them themselves) and asks every
+//     peer that is up, through the bridge (sealed, with a deadline, like
+//     any request), then passes each service's answer on to the client.
+//
+// Only a client that may ask the whole mesh asks: a discovery request is a
+// publish on $SRV.*, which a program's rights do not grant (its host and
+// call rights are on cap.*), so the askers are the node's administrator
+// (the meshbox CLI, `nats --nkey admin.nk`) and, on an open node, clients
+// without a credential, who may call anything there anyway.
+const (
+	microCap = "meshbox.micro"
+	// microInbox starts the inboxes of the node's own discovery requests
+	// to its local services, which its handler of local requests ignores.
+	// No program's inbox starts so: a program name has no '$'.
+	microInbox = "_INBOX.$meshbox-micro."
+	// microCollect is how long a node listens for its local services'
+	// answers: they are on the same server and answer within
+	// milliseconds, and `nats micro ls` stops listening 300 ms after
+	// the last answer it got.
+	microCollect = 150 * time.Millisecond
+	// microDeadline bounds a peer's answer; microParallel the peers
+	// asked at once.
+	microDeadline = 2 * time.Second
+	microParallel = 16
+	// microMetaNode is the metadata key naming the node that runs the
+	// instance.
+	microMetaNode = "meshbox_node"
+	// maxMicroAnswers bounds the answers a node passes on for one peer.
+	maxMicroAnswers = 256
+)
+
+// microQuery is a discovery request sent to a peer: the verb and the
+// optional service name and instance id of the subject it came on.
+type microQuery struct {
+	Verb string `json:"verb"`
+	Name string `json:"name,omitempty"`
+	ID   string `json:"id,omitempty"`
+}
+
+// microAnswer is a peer's answer: what its local services said.
+type microAnswer struct {
+	Node      string            `json:"node"`
+	Responses []json.RawMessage `json:"responses"`
+}
+
+// serveMicro takes the discovery requests, the mesh's and the local
+// clients'. a.mu is held.
+func (a *Appliance) serveMicro() error {
+	for subj, h := range map[string]nats.MsgHandler{
+		wire.CapPrefix + microCap: a.onMicroQuery,
+		"$SRV.>":                  a.onMicroDiscovery,
+	} {
+		if _, err := a.nc.Subscribe(subj, h); err != nil {
+			return fmt.Errorf("serve %s: %w", subj, err)
+		}
+	}
+	return nil
+}
+
+// parseMicroSubject reads $SRV.<VERB>[.<name>[.<id>]].
+func parseMicroSubject(subj string) (microQuery, bool) {
+	toks := strings.Split(subj, ".")
+	if len(toks) < 2 || len(toks) > 4 || toks[0] != "$SRV" {
+		return microQuery{}, false
+	}
+	q := microQuery{Verb: toks[1]}
+	if len(toks) > 2 {
+		q.Name = toks[2]
+	}
+	if len(toks) > 3 {
+		q.ID = toks[3]
+	}
+	return q, q.valid()
+}
+
+// valid checks a query: a known verb, a service name by the micro rules,
+// an id only with a name.
+func (q microQuery) valid() bool {
+	switch q.Verb {
+	case micro.PingVerb.String(), micro.InfoVerb.String(), micro.StatsVerb.String():
+	default:
+		return false
+	}
+	if q.Name != "" && names.Service(q.Name) != nil {
+		return false
+	}
+	if q.ID != "" && (q.Name == "" || !wire.ValidID(q.ID) || strings.ContainsAny(q.ID, ".*>")) {
+		return false
+	}
+	return true
+}
+
+func (q microQuery) subject() string {
+	verb := map[string]micro.Verb{"PING": micro.PingVerb, "INFO": micro.InfoVerb, "STATS": micro.StatsVerb}[q.Verb]
+	subj, _ := micro.ControlSubject(verb, q.Name, q.ID) // valid() holds
+	return subj
+}
+
+// onMicroDiscovery passes a local client's discovery request on to every
+// peer that is up and each of their services' answers back to the
+// client. The node's own requests to its local services are not passed
+// on: they are what a peer asked.
+func (a *Appliance) onMicroDiscovery(m *nats.Msg) {
+	if m.Reply == "" || strings.HasPrefix(m.Reply, microInbox) {
+		return
+	}
+	q, ok := parseMicroSubject(m.Subject)
+	if !ok {
+		return
+	}
+	n := a.node.Load()
+	if n == nil {
+		return // standalone: the local services are all there is
+	}
+	var peers []string
+	for _, p := range n.Peers() {
+		if p.State == node.StateUp {
+			peers = append(peers, p.Name)
+		}
+	}
+	if len(peers) == 0 {
+		return
+	}
+	body, _ := json.Marshal(q) // strings: cannot fail
+	go a.askPeersMicro(m, peers, body) // ends within microDeadline
+}
+
+// askPeersMicro asks peers (microParallel at a time) and answers m with
+// what each said.
+func (a *Appliance) askPeersMicro(m *nats.Msg, peers []string, body []byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), microDeadline)
+	defer cancel()
+	sem := make(chan struct{}, microParallel)
+	var wg sync.WaitGroup
+	for _, peer := range peers {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() { // ends with its request, within ctx
+			defer wg.Done()
+			defer func() { <-sem }()
+			resp, err := a.nc.RequestWithContext(ctx, wire.NodePrefix+peer+".cap."+microCap, body)
+			if err != nil {
+				a.logger.Debug("micro discovery: a peer did not answer", "peer", peer, "err", err)
+				return
+			}
+			var ans microAnswer
+			if err := json.Unmarshal(resp.Data, &ans); err != nil || ans.Node != peer {
+				return // an error reply, or a node of a version without it
+			}
+			for i, r := range ans.Responses {
+				if i == maxMicroAnswers {
+					break
+				}
+				// Marked again here: the node that answered is the one
+				// asked (the bridge opened its sealed answer from it),
+				// whatever its answer claims.
+				if marked, ok := markMicroNode(r, peer); ok {
+					a.respond(m, marked)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// onMicroQuery answers a peer's discovery request with the answers of
+// this node's local services, each marked with the node's name.
+func (a *Appliance) onMicroQuery(m *nats.Msg) {
+	var q microQuery
+	if err := json.Unmarshal(m.Data, &q); err != nil || !q.valid() {
+		a.respond(m, nil)
+		return
+	}
+	go a.answerMicro(m, q) // ends within microCollect: the connection's other handlers go on
+}
+
+// answerMicro asks the local services q and answers m with what they said.
+func (a *Appliance) answerMicro(m *nats.Msg, q microQuery) {
+	inbox := microInbox + nats.NewInbox()[len("_INBOX."):]
+	sub, err := a.nc.SubscribeSync(inbox)
+	if err != nil {
+		return
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := a.nc.PublishRequest(q.subject(), inbox, nil); err != nil {
+		return
+	}
+	ans := microAnswer{Node: a.cfg.Node, Responses: []json.RawMessage{}}
+	until := time.Now().Add(microCollect)
+	for len(ans.Responses) < maxMicroAnswers {
+		r, err := sub.NextMsg(time.Until(until))
+		if err != nil {
+			break
+		}
+		if marked, ok := markMicroNode(r.Data, a.cfg.Node); ok {
+			ans.Responses = append(ans.Responses, marked)
+		}
+	}
+	data, _ := json.Marshal(ans) // raw JSON already checked: cannot fail
+	a.respond(m, data)
+}
+
+// markMicroNode adds the node's name to a service's answer's metadata. An
+// answer that is no JSON object is left out.
+func markMicroNode(data []byte, nodeName string) (json.RawMessage, bool) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(data, &obj); err != nil {
+		return nil, false
+	}
+	meta := map[string]string{}
+	if raw, ok := obj["metadata"]; ok && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &meta); err != nil {
+			return nil, false
+		}
+	}
+	meta[microMetaNode] = nodeName
+	b, err := json.Marshal(meta)
+	if err != nil {
+		return nil, false
+	}
+	obj["metadata"] = b
+	out, err := json.Marshal(obj)
+	return out, err == nil
+}
