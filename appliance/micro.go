@@ -150,7 +150,7 @@ func (a *Appliance) onMicroDiscovery(m *nats.Msg) {
 	if len(peers) == 0 {
 		return
 	}
-	body, _ := json.Marshal(q) // strings: cannot fail
+	body, _ := json.Marshal(q)         // strings: cannot fail
 	go a.askPeersMicro(m, peers, body) // ends within microDeadline
 }
 
