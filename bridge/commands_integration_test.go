@@ -81,8 +81,11 @@ func TestCommandsHandledOnceWithTwoHosts(t *testing.T) {
 				errs <- err
 				return
 			}
-			if got := m.Header.Get(bridge.HeaderAccepted); got != "broker" {
-				errs <- fmt.Errorf("command %d accepted as %q (%v), want broker", i, got, m.Header)
+			// Confirmed by the broker, or (when a loaded machine made the
+			// broker's round trip look far, see overflowRTT) committed
+			// to the outbox on the way there: durable either way.
+			if got := m.Header.Get(bridge.HeaderAccepted); got != "broker" && got != "outbox" {
+				errs <- fmt.Errorf("command %d accepted as %q (%v), want broker or outbox", i, got, m.Header)
 			}
 		}()
 	}
