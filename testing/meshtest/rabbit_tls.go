@@ -254,3 +254,15 @@ func (r *Rabbit) ConnectionUsers(tb testing.TB) []string {
 	}
 	return users
 }
+
+// TLSFiles writes a test CA and a server certificate it signed, for
+// localhost and 127.0.0.1, into a new temporary directory, and returns
+// the PEM files of the CA, the certificate and its key.
+func TLSFiles(tb testing.TB) (caFile, certFile, keyFile string) {
+	tb.Helper()
+	dir := tb.TempDir()
+	if err := writeTLSFiles(dir, nil); err != nil {
+		tb.Fatalf("meshtest: %v", err)
+	}
+	return filepath.Join(dir, tlsCAFile), filepath.Join(dir, tlsCertFile), filepath.Join(dir, tlsKeyFile)
+}
