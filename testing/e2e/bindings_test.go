@@ -149,6 +149,12 @@ func TestBindingsFromCacheWhileDatabaseIsAway(t *testing.T) {
 	if st.Bindings.AgeSeconds != 0 {
 		t.Errorf("age_seconds after reconnect: got %v, want 0", st.Bindings.AgeSeconds)
 	}
+	// The status shows the change as it is applied; its log line reaches
+	// the test through the process's output pipe a moment later.
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(p.Output(), "forge.url") && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
 	if !strings.Contains(p.Output(), "forge.url") {
 		t.Errorf("log: want the divergence (forge.url) logged, got\n%s", p.Output())
 	}

@@ -151,6 +151,12 @@ func TestByteTapCounts(t *testing.T) {
 			t.Fatalf("through the tap: %v", err)
 		}
 	}
+	// The echo reaches the client as the tap writes it; the tap counts
+	// it once the write returned, a moment later on a loaded machine.
+	deadline := time.Now().Add(2 * time.Second)
+	for (bt.Up() != 15 || bt.Down() != 15) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if up, down := bt.Up(), bt.Down(); up != 15 || down != 15 {
 		t.Errorf("counts: got up %d, down %d, want 15 each (three ping lines each way)", up, down)
 	}
