@@ -75,11 +75,12 @@ type microAnswer struct {
 // serveMicro takes the discovery requests, the mesh's and the local
 // clients'. a.mu is held.
 func (a *Appliance) serveMicro() error {
+	nc := a.nc // Close sets a.nc to nil; the handlers' goroutines keep this one (closed then: their calls fail)
 	for subj, h := range map[string]nats.MsgHandler{
-		wire.CapPrefix + microCap: a.onMicroQuery,
-		"$SRV.>":                  a.onMicroDiscovery,
+		wire.CapPrefix + microCap: func(m *nats.Msg) { a.onMicroQuery(nc, m) },
+		"$SRV.>":                  func(m *nats.Msg) { a.onMicroDiscovery(nc, m) },
 	} {
-		if _, err := a.nc.Subscribe(subj, h); err != nil {
+		if _, err := nc.Subscribe(subj, h); err != nil {
 			return fmt.Errorf("serve %s: %w", subj, err)
 		}
 	}
@@ -129,7 +130,7 @@ func (q microQuery) subject() string {
 // peer that is up and each of their services' answers back to the
 // client. The node's own requests to its local services are not passed
 // on: they are what a peer asked.
-func (a *Appliance) onMicroDiscovery(m *nats.Msg) {
+func (a *Appliance) onMicroDiscovery(nc *nats.Conn, m *nats.Msg) {
 	if m.Reply == "" || strings.HasPrefix(m.Reply, microInbox) {
 		return
 	}
@@ -151,12 +152,12 @@ func (a *Appliance) onMicroDiscovery(m *nats.Msg) {
 		return
 	}
 	body, _ := json.Marshal(q)         // strings: cannot fail
-	go a.askPeersMicro(m, peers, body) // ends within microDeadline
+	go a.askPeersMicro(nc, m, peers, body) // ends within microDeadline
 }
 
 // askPeersMicro asks peers (microParallel at a time) and answers m with
 // what each said.
-func (a *Appliance) askPeersMicro(m *nats.Msg, peers []string, body []byte) {
+func (a *Appliance) askPeersMicro(nc *nats.Conn, m *nats.Msg, peers []string, body []byte) {
 	ctx, cancel := context.WithTimeout(context.Background(), microDeadline)
 	defer cancel()
 	sem := make(chan struct{}, microParallel)
@@ -167,7 +168,7 @@ func (a *Appliance) askPeersMicro(m *nats.Msg, peers []string, body []byte) {
 		go func() { // ends with its request, within ctx
 			defer wg.Done()
 			defer func() { <-sem }()
-			resp, err := a.nc.RequestWithContext(ctx, wire.NodePrefix+peer+".cap."+microCap, body)
+			resp, err := nc.RequestWithContext(ctx, wire.NodePrefix+peer+".cap."+microCap, body)
 			if err != nil {
 				a.logger.Debug("micro discovery: a peer did not answer", "peer", peer, "err", err)
 				return
@@ -194,24 +195,24 @@ func (a *Appliance) askPeersMicro(m *nats.Msg, peers []string, body []byte) {
 
 // onMicroQuery answers a peer's discovery request with the answers of
 // this node's local services, each marked with the node's name.
-func (a *Appliance) onMicroQuery(m *nats.Msg) {
+func (a *Appliance) onMicroQuery(nc *nats.Conn, m *nats.Msg) {
 	var q microQuery
 	if err := json.Unmarshal(m.Data, &q); err != nil || !q.valid() {
 		a.respond(m, nil)
 		return
 	}
-	go a.answerMicro(m, q) // ends within microCollect: the connection's other handlers go on
+	go a.answerMicro(nc, m, q) // ends within microCollect: the connection's other handlers go on
 }
 
 // answerMicro asks the local services q and answers m with what they said.
-func (a *Appliance) answerMicro(m *nats.Msg, q microQuery) {
+func (a *Appliance) answerMicro(nc *nats.Conn, m *nats.Msg, q microQuery) {
 	inbox := microInbox + nats.NewInbox()[len("_INBOX."):]
-	sub, err := a.nc.SubscribeSync(inbox)
+	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
 		return
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	if err := a.nc.PublishRequest(q.subject(), inbox, nil); err != nil {
+	if err := nc.PublishRequest(q.subject(), inbox, nil); err != nil {
 		return
 	}
 	ans := microAnswer{Node: a.cfg.Node, Responses: []json.RawMessage{}}
