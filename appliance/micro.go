@@ -151,7 +151,7 @@ func (a *Appliance) onMicroDiscovery(nc *nats.Conn, m *nats.Msg) {
 	if len(peers) == 0 {
 		return
 	}
-	body, _ := json.Marshal(q)         // strings: cannot fail
+	body, _ := json.Marshal(q)             // strings: cannot fail
 	go a.askPeersMicro(nc, m, peers, body) // ends within microDeadline
 }
 
