@@ -306,8 +306,11 @@ func TestWebSocketBrowserAcrossTheMesh(t *testing.T) {
 	if nc, err := nats.Connect(wsURL, nats.MaxReconnects(0)); err == nil {
 		nc.Close()
 		t.Errorf("a WebSocket client without a credential connected to alpha")
-	} else if !strings.Contains(strings.ToLower(err.Error()), "authorization") {
-		t.Errorf("a WebSocket client without a credential: %v, want an authorization violation", err)
+	} else if e := strings.ToLower(err.Error()); !strings.Contains(e, "authorization") && !strings.Contains(e, "broken pipe") &&
+		!strings.Contains(e, "eof") && !strings.Contains(e, "reset by peer") {
+		// The server says so and closes the connection; a client still
+		// writing its CONNECT may see the close first.
+		t.Errorf("a WebSocket client without a credential: %v, want an authorization violation (or the connection closed on it)", err)
 	}
 	// The same credential works from Go over WebSocket: one listener, one
 	// set of rights.
