@@ -1,7 +1,6 @@
 package appliance
 
 import (
-	"fmt"
 	"net"
 	"path/filepath"
 	"strconv"
@@ -45,9 +44,9 @@ func (m *mqttListener) apply(opts *server.Options) error {
 	mo := server.MQTTOpts{Host: host, Port: port}
 	scheme := "mqtt"
 	if m.cert != "" {
-		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: m.cert, KeyFile: m.key})
+		tc, err := listenerTLS("nats_mqtt", m.cert, m.key)
 		if err != nil {
-			return fmt.Errorf("nats_mqtt TLS (nats_mqtt_cert %s, nats_mqtt_key %s): %w", m.cert, m.key, err)
+			return err
 		}
 		mo.TLSConfig, scheme = tc, "mqtts"
 	}

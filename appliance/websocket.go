@@ -1,6 +1,7 @@
 package appliance
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/url"
@@ -80,9 +81,9 @@ func (w *webListener) apply(opts *server.Options) error {
 	}
 	scheme := "ws"
 	if w.cert != "" {
-		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: w.cert, KeyFile: w.key})
+		tc, err := listenerTLS("nats_websocket", w.cert, w.key)
 		if err != nil {
-			return fmt.Errorf("nats_websocket TLS (nats_websocket_cert %s, nats_websocket_key %s): %w", w.cert, w.key, err)
+			return err
 		}
 		ws.TLSConfig, scheme = tc, "wss"
 	}
@@ -115,4 +116,14 @@ func pickPort(addr, field string) (host string, port int, err error) {
 	}
 	port = l.Addr().(*net.TCPAddr).Port
 	return host, port, l.Close()
+}
+
+// listenerTLS loads the certificate and key of the listener set by field
+// (nats_websocket, nats_mqtt) into the server's TLS configuration.
+func listenerTLS(field, cert, key string) (*tls.Config, error) {
+	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cert, KeyFile: key})
+	if err != nil {
+		return nil, fmt.Errorf("%s TLS (%s_cert %s, %s_key %s): %w", field, field, cert, field, key, err)
+	}
+	return tc, nil
 }
