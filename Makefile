@@ -138,11 +138,19 @@ dist:
 	@cat $(DIST)/SHA256SUMS
 
 # One .deb per architecture from the binaries of make dist, built with
-# dpkg-deb (deploy/deb/build.sh says what goes in).
+# dpkg-deb (deploy/deb/build.sh says what goes in). The manual page and
+# the completion script come from this machine's binary of make dist when
+# it is one of them and runs here (the same program, and no second build
+# of every package with go run's flags), else from go run.
+HOST_ARCH := $(shell $(GO) env GOARCH 2>/dev/null)
 deb:
 	@$(MAKE) --no-print-directory dist DIST_ARCHES="$(DEB_ARCHES)"
-	@$(GO) run -ldflags "$(LDFLAGS)" ./cmd/meshbox man | gzip -n -9 > $(DIST)/meshbox.1.gz
-	@$(GO) run -ldflags "$(LDFLAGS)" ./cmd/meshbox completion bash > $(DIST)/meshbox.bash
+	@if $(DIST)/meshbox-linux-$(HOST_ARCH) version >/dev/null 2>&1; then \
+		gen() { $(DIST)/meshbox-linux-$(HOST_ARCH) "$$@"; }; \
+	else \
+		gen() { $(GO) run -ldflags "$(LDFLAGS)" ./cmd/meshbox "$$@"; }; \
+	fi; \
+	gen man | gzip -n -9 > $(DIST)/meshbox.1.gz && gen completion bash > $(DIST)/meshbox.bash
 	@for a in $(DEB_ARCHES); do \
 		sh deploy/deb/build.sh $(DIST)/meshbox-linux-$$a $$a "$(VERSION)" $(SOURCE_DATE_EPOCH) $(DIST) || exit 1; \
 	done

@@ -155,8 +155,9 @@ type ServeConfig struct {
 }
 
 // Serve answers the rows API until the connection closes, and publishes
-// every change. Programs' rights on the subjects are their permissions'
-// business; their reply subjects are checked here.
+// every change. It returns once the server has the subscription: a
+// request made after it is answered. Programs' rights on the subjects are
+// their permissions' business; their reply subjects are checked here.
 func (e *Engine) Serve(sc ServeConfig) (*nats.Subscription, error) {
 	nc := sc.Conn
 	replies := sc.Replies
@@ -184,7 +185,7 @@ func (e *Engine) Serve(sc ServeConfig) (*nats.Subscription, error) {
 	// Writes run beside each other (at most maxWriting at once), so that
 	// concurrent writers share the disk's commits; reads run in turn.
 	writing := make(chan struct{}, maxWriting)
-	return nc.Subscribe(subjectRoot+"*.*", func(m *nats.Msg) {
+	sub, err := nc.Subscribe(subjectRoot+"*.*", func(m *nats.Msg) {
 		if m.Reply == "" {
 			return
 		}
@@ -202,6 +203,14 @@ func (e *Engine) Serve(sc ServeConfig) (*nats.Subscription, error) {
 		}
 		e.serveOne(m, sc, replies, &refusedOnce)
 	})
+	if err != nil {
+		return nil, err
+	}
+	if err := nc.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("rows: subscribe to the API: %w", err)
+	}
+	return sub, nil
 }
 
 // maxWriting bounds the writes of the API in progress at once.
