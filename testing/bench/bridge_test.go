@@ -433,13 +433,14 @@ func interleavedQuantiles(b *testing.B, fns ...func() error) []quantiles {
 }
 
 // interleavedRounds runs each fn warmUp times untimed, then rounds
-// rounds of one call of each fn in turn, and returns each fn's median
-// and 99th percentile. Each round starts one fn further along,
-// so that every fn follows every other equally often: a round trip leaves
-// work behind on the machine (the broker, threads still awake), and in a
-// fixed order one fn would always pay for the one before it (measured:
-// meshbox's request against the raw RPC ran 1.13–1.24 with the RPC right
-// after it, 1.27–1.29 with a NATS round trip there instead).
+// rounds of one call of each fn, and returns each fn's median and 99th
+// percentile. A round trip leaves work behind on the machine (the broker,
+// threads still awake), so the order of a round matters: in a fixed order
+// one fn would always pay for the one before it (measured: meshbox's
+// request against the raw RPC ran 1.13–1.24 with the RPC right after it,
+// 1.27–1.29 with a NATS round trip there instead). The rounds take their
+// orders in turn from balancedOrders, in which every fn comes right after
+// every other equally often.
 func interleavedRounds(b *testing.B, warmUp, rounds int, fns ...func() error) []quantiles {
 	b.Helper()
 	for range warmUp {
@@ -449,10 +450,10 @@ func interleavedRounds(b *testing.B, warmUp, rounds int, fns ...func() error) []
 			}
 		}
 	}
+	orders := balancedOrders(len(fns))
 	times := make([][]time.Duration, len(fns))
 	for r := range rounds {
-		for k := range fns {
-			i := (r + k) % len(fns)
+		for _, i := range orders[r%len(orders)] {
 			start := time.Now()
 			if err := fns[i](); err != nil {
 				b.Fatalf("round trip %d: %v", i, err)
@@ -466,6 +467,42 @@ func interleavedRounds(b *testing.B, warmUp, rounds int, fns ...func() error) []
 		out[i] = quantiles{p50: ts[len(ts)/2], p99: ts[len(ts)*99/100]}
 	}
 	return out
+}
+
+// balancedOrders returns orders of 0..n-1 in which each i comes right
+// after each other j equally often: a Williams design, the Latin square
+// 0, 1, n-1, 2, n-2, ... shifted by one per row, with the rows reversed
+// added when n is odd (n rows for an even n, 2n for an odd one). Rotating
+// one order instead (each round starting one further along) puts fn i
+// after fn i-1 in all but one round in n once n > 2.
+func balancedOrders(n int) [][]int {
+	if n < 2 {
+		return [][]int{make([]int, n)}
+	}
+	first := make([]int, n)
+	for j := 1; j < n; j++ {
+		if j%2 == 1 {
+			first[j] = (j + 1) / 2
+		} else {
+			first[j] = n - j/2
+		}
+	}
+	var orders [][]int
+	for r := range n {
+		row := make([]int, n)
+		for j, v := range first {
+			row[j] = (v + r) % n
+		}
+		orders = append(orders, row)
+	}
+	if n%2 == 1 {
+		for r := range n {
+			row := slices.Clone(orders[r])
+			slices.Reverse(row)
+			orders = append(orders, row)
+		}
+	}
+	return orders
 }
 
 // BenchmarkRawPrefetch measures the raw baseline of the command benchmark

@@ -36,14 +36,14 @@ func BenchmarkRequestHops(b *testing.B) {
 	rpc := timed(rawRPCRoundTrip(b, amqpURL, amqpURL, false))
 	rpcTopic := timed(rawRPCRoundTrip(b, amqpURL, amqpURL, true))
 
-	// Ours and the three raw round trips in turn, each round starting one
-	// further along (as interleavedQuantiles does, and for its reason).
+	// Ours and the three raw round trips, each round in the next of the
+	// balanced orders (as interleavedRounds does, and for its reason).
 	stretch := make([][]time.Duration, bridge.HopCount)
 	raw := make([][]time.Duration, 3) // NATS, RPC, RPC through a topic exchange
 	rawFns := []func() (time.Duration, error){natsRT, rpc, rpcTopic}
+	orders := balancedOrders(4)
 	for r := range benchWarmUp + benchRoundTrips {
-		for k := range 4 {
-			i := (r + k) % 4
+		for _, i := range orders[r%len(orders)] {
 			if i > 0 {
 				d, err := rawFns[i-1]()
 				if err != nil {
