@@ -55,8 +55,10 @@ type Appliance struct {
 	// refusedReplies are the subjects whose requests with a reply subject
 	// that is no inbox were logged (localrights.go).
 	refusedReplies sync.Map
-	bindings       *bindings
-	httpSrv        *http.Server
+	// microRefused counts micro discovery's refusals (micro.go).
+	microRefused *prometheus.CounterVec
+	bindings     *bindings
+	httpSrv      *http.Server
 	// startedAt is when Start began (the node's StartedAt in its mesh view).
 	startedAt time.Time
 

@@ -100,6 +100,18 @@ func (r *localRights) ReplyAllowed(subject, reply string) error {
 	return nil
 }
 
+// inboxOwner returns the program whose inbox reply is in, if it is one's.
+func (r *localRights) inboxOwner(reply string) (string, bool) {
+	s := r.cur.Load()
+	rest, ok := strings.CutPrefix(reply, inboxPrefix)
+	if s == nil || !ok {
+		return "", false
+	}
+	owner, _, _ := strings.Cut(rest, ".")
+	_, isProgram := s.publish[owner]
+	return owner, isProgram
+}
+
 // ResultTopicAllowed reports whether every local party that may submit to
 // stage may also publish topic; nil when so.
 func (r *localRights) ResultTopicAllowed(stage, topic string) error {

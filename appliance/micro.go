@@ -10,7 +10,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/meshbox/meshbox/node"
@@ -37,7 +39,7 @@ import (
 // (the meshbox CLI, `nats --nkey admin.nk`) and, on an open node, clients
 // without a credential, who may call anything there anyway.
 const (
-	microCap = "meshbox.micro"
+	microCap = programs.NodeCapPrefix + "micro"
 	// microInbox starts the inboxes of the node's own discovery requests
 	// to its local services, which its handler of local requests ignores.
 	// No program's inbox starts so: a program name has no '$'.
@@ -47,15 +49,33 @@ const (
 	// milliseconds, and `nats micro ls` stops listening 300 ms after
 	// the last answer it got.
 	microCollect = 150 * time.Millisecond
-	// microDeadline bounds a peer's answer; microParallel the peers
-	// asked at once.
+	// microDeadline bounds a peer's answer, and the peer is told so
+	// (Meshbox-Timeout); microParallel bounds the peers asked at once, a
+	// mesh's worth: each has its own deadline, so slow peers do not
+	// starve the others of theirs.
 	microDeadline = 2 * time.Second
-	microParallel = 16
+	microParallel = 64
 	// microMetaNode is the metadata key naming the node that runs the
 	// instance.
 	microMetaNode = "meshbox_node"
-	// maxMicroAnswers bounds the answers a node passes on for one peer.
-	maxMicroAnswers = 256
+	// maxMicroAnswers bounds the answers a node passes on for one peer,
+	// maxMicroAnswerBytes one answer (a service's INFO or STATS: a few
+	// KiB), and maxMicroBytes all of a node's answers together, well
+	// within a message: a local client that answers the node's discovery
+	// request with much or many (any program that may answer one) cannot
+	// crowd out the others or make the node's answer too large to send.
+	maxMicroAnswers     = 256
+	maxMicroAnswerBytes = 64 << 10
+	maxMicroBytes       = 512 << 10
+)
+
+// Why the node refused a discovery request or left out an answer
+// (meshbox_micro_refused_total).
+const (
+	microRefusedProgram  = "program"   // a program called meshbox.micro itself
+	microRefusedTooLarge = "too_large" // an answer over maxMicroAnswerBytes or past maxMicroBytes
+	microRefusedTooMany  = "too_many"  // an answer past maxMicroAnswers
+	microRefusedBadJSON  = "malformed" // an answer that is no JSON object
 )
 
 // microQuery is a discovery request sent to a peer: the verb and the
@@ -76,8 +96,16 @@ type microAnswer struct {
 // clients'. a.mu is held.
 func (a *Appliance) serveMicro() error {
 	nc := a.nc // Close sets a.nc to nil; the handlers' goroutines keep this one (closed then: their calls fail)
+	a.microRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "meshbox_micro_refused_total",
+		Help: "NATS micro discovery: requests to meshbox.micro refused (program: a local program's call; the node answers its peers and its administrator) and answers of local services left out (too_large, too_many, malformed).",
+	}, []string{"reason"})
+	if err := a.registry.Register(a.microRefused); err != nil {
+		return fmt.Errorf("register micro discovery metrics: %w", err)
+	}
+	rights := &a.natsSrv.auth.rights
 	for subj, h := range map[string]nats.MsgHandler{
-		wire.CapPrefix + microCap: func(m *nats.Msg) { a.onMicroQuery(nc, m) },
+		wire.CapPrefix + microCap: func(m *nats.Msg) { a.onMicroQuery(nc, rights, m) },
 		"$SRV.>":                  func(m *nats.Msg) { a.onMicroDiscovery(nc, m) },
 	} {
 		if _, err := nc.Subscribe(subj, h); err != nil {
@@ -168,7 +196,10 @@ func (a *Appliance) askPeersMicro(nc *nats.Conn, m *nats.Msg, peers []string, bo
 		go func() { // ends with its request, within ctx
 			defer wg.Done()
 			defer func() { <-sem }()
-			resp, err := nc.RequestWithContext(ctx, wire.NodePrefix+peer+".cap."+microCap, body)
+			req := nats.NewMsg(wire.NodePrefix + peer + ".cap." + microCap)
+			req.Data = body
+			req.Header.Set(wire.HeaderTimeout, microDeadline.String())
+			resp, err := nc.RequestMsgWithContext(ctx, req)
 			if err != nil {
 				a.logger.Debug("micro discovery: a peer did not answer", "peer", peer, "err", err)
 				return
@@ -194,8 +225,26 @@ func (a *Appliance) askPeersMicro(nc *nats.Conn, m *nats.Msg, peers []string, bo
 }
 
 // onMicroQuery answers a peer's discovery request with the answers of
-// this node's local services, each marked with the node's name.
-func (a *Appliance) onMicroQuery(nc *nats.Conn, m *nats.Msg) {
+// this node's local services, each marked with the node's name. The
+// requests come from the bridge (a peer asks) and from the node's
+// administrator; a program that may call meshbox.micro (a right such as
+// --call '>') is refused: what services a program sees is what the mesh
+// shows it through its own node, within its rights (onMicroDiscovery).
+func (a *Appliance) onMicroQuery(nc *nats.Conn, rights *localRights, m *nats.Msg) {
+	if prog, ok := rights.inboxOwner(m.Reply); ok {
+		a.microRefused.WithLabelValues(microRefusedProgram).Inc()
+		if _, seen := a.refusedReplies.LoadOrStore("micro/"+prog, true); !seen {
+			a.logger.Warn("micro discovery: a program's call to meshbox.micro refused (the node answers its peers and its administrator; logged once per program)", "program", prog)
+		}
+		if rights.ReplyAllowed(m.Subject, m.Reply) == nil {
+			r := nats.NewMsg(m.Reply)
+			wire.SetError(r.Header, wire.CodeForbidden, "meshbox.micro answers the node's peers and its administrator, not programs: ask with nats micro ls as the administrator")
+			if rc := a.pubRC.Load(); rc != nil {
+				_ = rc.PublishMsg(r)
+			}
+		}
+		return
+	}
 	var q microQuery
 	if err := json.Unmarshal(m.Data, &q); err != nil || !q.valid() {
 		a.respond(m, nil)
@@ -217,14 +266,37 @@ func (a *Appliance) answerMicro(nc *nats.Conn, m *nats.Msg, q microQuery) {
 	}
 	ans := microAnswer{Node: a.cfg.Node, Responses: []json.RawMessage{}}
 	until := time.Now().Add(microCollect)
-	for len(ans.Responses) < maxMicroAnswers {
+	total := 0
+	for {
 		r, err := sub.NextMsg(time.Until(until))
 		if err != nil {
 			break
 		}
-		if marked, ok := markMicroNode(r.Data, a.cfg.Node); ok {
-			ans.Responses = append(ans.Responses, marked)
+		reason := ""
+		var out json.RawMessage
+		switch {
+		case len(ans.Responses) == maxMicroAnswers:
+			reason = microRefusedTooMany
+		case len(r.Data) > maxMicroAnswerBytes:
+			reason = microRefusedTooLarge
+		default:
+			var ok bool
+			if out, ok = markMicroNode(r.Data, a.cfg.Node); !ok {
+				reason = microRefusedBadJSON
+			} else if total+len(out) > maxMicroBytes {
+				reason = microRefusedTooLarge
+			}
 		}
+		if reason != "" {
+			a.microRefused.WithLabelValues(reason).Inc()
+			if _, seen := a.refusedReplies.LoadOrStore("micro-answer/"+reason, true); !seen {
+				a.logger.Warn("micro discovery: a local service's answer left out (logged once per reason; meshbox_micro_refused_total counts them)", "reason", reason,
+					"limits", fmt.Sprintf("%d answers, %d bytes each, %d in all", maxMicroAnswers, maxMicroAnswerBytes, maxMicroBytes))
+			}
+			continue
+		}
+		total += len(out)
+		ans.Responses = append(ans.Responses, out)
 	}
 	data, _ := json.Marshal(ans) // raw JSON already checked: cannot fail
 	a.respond(m, data)

@@ -334,7 +334,9 @@ func setCommandHeaders(h nats.Header, id, origin string, attempt int, redelivere
 func (e *envelope) commandMsg(stage string, seen bool) *nats.Msg {
 	m := &nats.Msg{Subject: subjWorkPrefix + stage, Data: e.body, Header: make(nats.Header, len(e.header)+4)}
 	for k, vs := range e.header {
-		m.Header[k] = vs
+		if !serverHeader(k) { // a peer's word: never the local server's bookkeeping
+			m.Header[k] = vs
+		}
 	}
 	setCommandHeaders(m.Header, e.msgID, e.origin, e.attempt, e.redelivered || e.attempt > 1 || seen)
 	if e.resultTopic != "" {

@@ -171,7 +171,8 @@ func TestHeadersRoundTrip(t *testing.T) {
 // message so marked, waiting for the server's stored copy) neither leave
 // with a local program's message nor come in with a peer's: a peer that
 // sent them could make every QoS 1 MQTT subscriber of the mesh miss its
-// events. The control: the other headers pass both ways.
+// events (or every QoS 1 MQTT handler of a stage its commands). The
+// control: the other headers pass both ways.
 func TestMQTTHeadersStayOnTheirNode(t *testing.T) {
 	in := nats.Header{"Nmqtt-Pub": {"1"}, "nmqtt-subject": {"evt.x"}, "X-Trace": {"abc"}}
 	hdr, err := callerHeaders(in)
@@ -185,6 +186,10 @@ func TestMQTTHeadersStayOnTheirNode(t *testing.T) {
 	m := e.natsMsg("evt.x", map[string]string{HeaderOrigin: "peer"})
 	if m.Header.Get("Nmqtt-Pub") != "" || m.Header.Get("Nmqtt-Subject") != "" || m.Header.Get("X-Trace") != "abc" || m.Header.Get(HeaderOrigin) != "peer" {
 		t.Errorf("a peer's event republished here: headers %v, want X-Trace and the origin only", m.Header)
+	}
+	c := (&envelope{header: in, body: []byte("x"), msgID: "id1", origin: "peer", attempt: 1}).commandMsg("mail", false)
+	if c.Header.Get("Nmqtt-Pub") != "" || c.Header.Get("Nmqtt-Subject") != "" || c.Header.Get("X-Trace") != "abc" || c.Header.Get(HeaderOrigin) != "peer" {
+		t.Errorf("a peer's command handed to a handler here: headers %v, want X-Trace and the command's own", c.Header)
 	}
 }
 

@@ -77,7 +77,7 @@ func checkHealth(h *Health) *WireError {
 		return wireErr(ErrBadField, "health.failing", "%d names, limit %d", len(h.Failing), MaxHealthFailing)
 	}
 	for _, m := range h.Failing {
-		if err := names.Node(m); err != nil { // a module's name follows a node name's rule
+		if err := names.Module(m); err != nil {
 			return wireErr(ErrBadName, "health.failing", "%v", err)
 		}
 	}

@@ -75,6 +75,12 @@ func TestHealthRejected(t *testing.T) {
 	if _, err := DecodeMessage(TypeHeartbeat, base(&Health{State: HealthWarning, Warning: "bindings are 3 days old"}, TypeHeartbeat), "B"); err != nil {
 		t.Fatalf("control: %v", err)
 	}
+	// Module names are a module's (dots, up to 128 bytes), text any
+	// printable script.
+	dotted := &Health{State: HealthFailing, Failing: []string{"thermo.v2", strings.Repeat("m", 128)}, Warning: "Heizung fällt aus – 暖房"}
+	if _, err := DecodeMessage(TypeHeartbeat, base(dotted, TypeHeartbeat), "B"); err != nil {
+		t.Fatalf("control with module names of a module's rule: %v", err)
+	}
 	long := strings.Repeat("x", MaxHealthText+1)
 	many := make([]string, MaxHealthFailing+1)
 	for i := range many {
@@ -87,6 +93,9 @@ func TestHealthRejected(t *testing.T) {
 		"unknown state":    {&Health{State: "great"}, TypeHeartbeat},
 		"long warning":     {&Health{State: HealthWarning, Warning: long}, TypeHeartbeat},
 		"control chars":    {&Health{State: HealthWarning, Warning: "a\x1b[2Jb"}, TypeHeartbeat},
+		"C1 control":       {&Health{State: HealthWarning, Warning: "a\u009b2Jb"}, TypeHeartbeat},
+		"bidi override":    {&Health{State: HealthWarning, Warning: "a\u202eb"}, TypeHeartbeat},
+		"zero width":       {&Health{State: HealthWarning, Warning: "a\u200bb"}, TypeHeartbeat},
 		"negative outbox":  {&Health{State: HealthOK, Outbox: -1}, TypeHeartbeat},
 		"too many failing": {&Health{State: HealthFailing, Failing: many}, TypeHeartbeat},
 		"bad module name":  {&Health{State: HealthFailing, Failing: []string{"a b"}}, TypeHeartbeat},

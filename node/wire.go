@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/meshbox/meshbox/internal/names"
@@ -248,7 +249,10 @@ func printable(s string) bool {
 		return false
 	}
 	for _, r := range s {
-		if r < 0x20 || r == 0x7f {
+		// Controls (C0, DEL, C1: a terminal takes \u009b as an escape)
+		// and format characters (bidirectional overrides, zero widths),
+		// which make what a terminal or page shows differ from the text.
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
 			return false
 		}
 	}

@@ -48,6 +48,11 @@ type Program struct {
 	MQTTPassword string `json:"mqtt_password,omitempty"`
 }
 
+// NodeCapPrefix starts the capabilities the node itself hosts (its blob
+// store's, meshbox.blob.*, and micro discovery's, meshbox.micro): no
+// program hosts one, or it would answer the mesh in the node's name.
+const NodeCapPrefix = "meshbox."
+
 // Local NATS subjects a program's permissions are made of (the bridge's
 // and the node's subject layout).
 const (
@@ -89,8 +94,8 @@ func (p Program) Validate() error {
 		{"service", names.KindService, p.Service, false},
 	}
 	for _, h := range p.Host {
-		if strings.HasPrefix(h, blobs.CapPrefix) {
-			return fmt.Errorf("%w %s: host: %s is the node's own capability", ErrInvalid, p.Name, h)
+		if strings.HasPrefix(h, NodeCapPrefix) {
+			return fmt.Errorf("%w %s: host: %s is the node's own capability (the names under %s are the node's)", ErrInvalid, p.Name, h, NodeCapPrefix)
 		}
 	}
 	for _, l := range lists {
