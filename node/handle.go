@@ -104,7 +104,10 @@ func (n *Node) handleLocked(m *Message, verified bool) {
 			n.enqueueLocked(intent{typ: TypeInfo, to: p.name})
 		}
 	case TypeHeartbeat:
-		if !p.hasRecord || m.Hash != p.record.hash {
+		// A record or a health summary this node missed (a message lost,
+		// or held back by the broker): ask for them again.
+		if !p.hasRecord || m.Hash != p.record.hash ||
+			m.HealthHash != "" && (p.health == nil || p.health.hash() != m.HealthHash) {
 			n.enqueueLocked(intent{typ: TypeQuery, to: p.name})
 		}
 	case TypeQuery:
@@ -247,6 +250,9 @@ func (n *Node) buildLocked(it intent) []byte {
 		m.HeartbeatMS = n.hbInterval.Milliseconds()
 	case TypeHeartbeat:
 		m.Health = n.healthForLocked(it.typ)
+		if m.Health == nil && n.health != nil {
+			m.HealthHash = n.health.hash()
+		}
 		m.Version, m.Revision, m.Hash = n.cfg.Version, n.revision, n.local.hash
 		m.HeartbeatMS = n.hbInterval.Milliseconds()
 	}

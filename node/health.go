@@ -1,6 +1,9 @@
 package node
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"reflect"
 	"slices"
 	"time"
@@ -50,6 +53,15 @@ const (
 	MaxHealthText    = 200 // the warning, the broker and bindings states
 	MaxHealthFailing = 32  // names in failing
 )
+
+// hash is the hash a heartbeat carries in place of the summary: the
+// first 8 bytes, in lower-case hex, of the SHA-256 of its JSON encoding
+// (the same on both sides: a decoded summary encodes as it was sent).
+func (h *Health) hash() string {
+	b, _ := json.Marshal(h) // strings, ints and a time: cannot fail
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
 
 // healthEvery is the least time between two heartbeats sent because the
 // health's state changed.

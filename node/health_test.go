@@ -63,6 +63,41 @@ func TestHealthTravelsOnDiscovery(t *testing.T) {
 	})
 }
 
+// TestHealthLostHeartbeat: the heartbeat that carried a change of health
+// is lost (or held back by the broker); the next heartbeats carry the
+// summary's hash, and the peer whose copy differs asks for it, so it
+// shows the node failing, not the ok it had. The control: while nothing
+// is lost, an idle heartbeat starts no query.
+func TestHealthLostHeartbeat(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a := h.node("A", nil)
+		b := h.node("B", nil, "cap.one")
+		b.SetHealth(Health{State: HealthOK, Broker: "connected"})
+		h.start(a, b)
+		h.advance(12 * time.Second)
+		sent := len(a.link.sentKeys())
+		h.advance(12 * time.Second)
+		for _, k := range a.link.sentKeys()[sent:] {
+			if strings.Contains(k, "query") {
+				t.Fatalf("control: A sent %s on B's idle heartbeats, want no query", k)
+			}
+		}
+
+		b.link.setDrop(TypeHeartbeat, true)
+		b.SetHealth(Health{State: HealthFailing, Broker: "offline", Failing: []string{"thermostat"}})
+		h.settle()
+		b.link.setDrop(TypeHeartbeat, false)
+		if got := a.peer(t, "B").Health; got == nil || got.State != HealthOK {
+			t.Fatalf("A sees B's health %+v, want the ok it had (the change was lost)", got)
+		}
+		h.advance(12 * time.Second)
+		if got := a.peer(t, "B").Health; got == nil || got.State != HealthFailing || got.Broker != "offline" {
+			t.Errorf("A sees B's health %+v after B's next heartbeats, want failing and offline", got)
+		}
+	})
+}
+
 // TestHealthRejected: a summary beyond its limits, or on a message that
 // carries none, is rejected with the whole message (a peer's word is
 // input); the control decodes.

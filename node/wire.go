@@ -102,6 +102,11 @@ type Message struct {
 	// Health is the sender's health summary (hello, info, update; a
 	// heartbeat when it changed). Older nodes ignore it.
 	Health *Health `json:"health,omitempty"`
+	// HealthHash is the hash of the sender's health summary (Health.hash)
+	// on a heartbeat that does not carry the summary: a peer whose copy
+	// differs missed a change and asks for it (a query). Older nodes
+	// ignore it.
+	HealthHash string `json:"health_hash,omitempty"`
 	// Sig is the sender's signature of the message (version 4, see
 	// signing.go). It is the last member of the JSON object, as
 	// EncodeMessage writes it.
@@ -190,6 +195,12 @@ func DecodeMessage(key string, body []byte, origin string) (*Message, error) {
 	}
 	if len(m.Hash) > MaxHashLen || !isHex(m.Hash) {
 		return nil, wireErr(ErrBadField, "hash", "not hex or longer than %d", MaxHashLen)
+	}
+	if len(m.HealthHash) > MaxHashLen || !isHex(m.HealthHash) {
+		return nil, wireErr(ErrBadField, "health_hash", "not hex or longer than %d", MaxHashLen)
+	}
+	if m.HealthHash != "" && m.Type != TypeHeartbeat {
+		return nil, wireErr(ErrBadField, "health_hash", "only a heartbeat carries it")
 	}
 	if m.HeartbeatMS != 0 && (m.HeartbeatMS < minHeartbeatMS || m.HeartbeatMS > maxHeartbeatMS) {
 		return nil, wireErr(ErrBadField, "heartbeat_ms", "%d out of range %d..%d", m.HeartbeatMS, minHeartbeatMS, maxHeartbeatMS)
