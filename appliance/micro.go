@@ -49,10 +49,10 @@ const (
 	// milliseconds, and `nats micro ls` stops listening 300 ms after
 	// the last answer it got.
 	microCollect = 150 * time.Millisecond
-	// microDeadline bounds a peer's answer, and the peer is told so
+	// microDeadline bounds the peers' answers, and each peer is told so
 	// (Meshbox-Timeout); microParallel bounds the peers asked at once, a
-	// mesh's worth: each has its own deadline, so slow peers do not
-	// starve the others of theirs.
+	// mesh's worth, so that peers that are slow to answer do not keep the
+	// others from being asked before the deadline.
 	microDeadline = 2 * time.Second
 	microParallel = 64
 	// microMetaNode is the metadata key naming the node that runs the
