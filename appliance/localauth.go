@@ -59,6 +59,9 @@ var anonymousJSDeny = []string{
 type ProgramsReport struct {
 	Programs []string `json:"programs"`
 	Errors   []string `json:"errors,omitempty"`
+	// Reconnected names the programs whose MQTT devices the reload
+	// disconnected, their subscribe rights changed (see reload).
+	Reconnected []string `json:"reconnected,omitempty"`
 }
 
 // localAuth builds the embedded server's users. Its mutex serializes
@@ -83,6 +86,9 @@ type localAuth struct {
 
 	mu     sync.Mutex
 	report ProgramsReport // the last load
+	// mqttSubs is each MQTT program's subscribe allow list as the last
+	// load gave it, joined: what a reload compares.
+	mqttSubs map[string]string
 }
 
 // newLocalAuth loads (or makes) the administrative credential and opens
@@ -132,6 +138,7 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 	progs, errs := l.store.List()
 	rep := ProgramsReport{Programs: []string{}}
 	keys := map[string]string{l.admin.Public(): "the node's administrator"}
+	l.mqttSubs = map[string]string{}
 	opts.Nkeys = []*server.NkeyUser{{Nkey: l.admin.Public()}, {
 		Nkey: l.responderKey,
 		Permissions: &server.Permissions{
@@ -151,8 +158,10 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 		if p.MQTT && p.MQTTPassword != "" {
 			// Its password opens the MQTT listener only: on the NATS and
 			// WebSocket doors the program signs with its nkey.
-			mqttUsers = append(mqttUsers, &server.User{Username: p.Name, Password: p.MQTTPassword, Permissions: mqttPermissions(p),
+			perms := mqttPermissions(p)
+			mqttUsers = append(mqttUsers, &server.User{Username: p.Name, Password: p.MQTTPassword, Permissions: perms,
 				AllowedConnectionTypes: map[string]struct{}{jwt.ConnectionTypeMqtt: {}}})
+			l.mqttSubs[p.Name] = strings.Join(perms.Subscribe.Allow, "\n")
 		}
 		rep.Programs = append(rep.Programs, p.Name)
 		accepted = append(accepted, p)
@@ -184,11 +193,43 @@ func (l *localAuth) reload(srv *server.Server, base *server.Options) (ProgramsRe
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	opts := base.Clone()
+	before := l.mqttSubs
 	rep := l.apply(opts)
 	if err := srv.ReloadOptions(opts); err != nil {
 		return rep, fmt.Errorf("reload programs: %w", err)
 	}
+	// The server applies a program's new rights to its connections, but
+	// an MQTT device's QoS 1 subscriptions are delivered through the
+	// server's own subscriptions, which it does not check again: a
+	// device whose subscribe rights shrank would go on receiving what
+	// they no longer grant. Its connections are closed; the device
+	// reconnects (devices do) under its new rights.
+	for name, subs := range before {
+		if now, ok := l.mqttSubs[name]; !ok || now == subs {
+			continue // removed (the server closed its connections) or unchanged
+		}
+		if n := disconnectMQTT(srv, name); n > 0 {
+			rep.Reconnected = append(rep.Reconnected, name)
+		}
+	}
+	l.report = rep
 	return rep, nil
+}
+
+// disconnectMQTT closes the MQTT connections signed in as program name
+// and returns how many it closed.
+func disconnectMQTT(srv *server.Server, name string) int {
+	cz, err := srv.Connz(&server.ConnzOptions{User: name, Limit: 1 << 16})
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, c := range cz.Conns {
+		if c.Type == "mqtt" && srv.DisconnectClientByID(c.Cid) == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // lastReport is what the last load found.
@@ -251,10 +292,14 @@ func (a *Appliance) RemoveProgram(name string) error {
 	return err
 }
 
-// logPrograms logs each bad program definition.
+// logPrograms logs each bad program definition and the programs whose
+// MQTT devices were disconnected to reconnect under their new rights.
 func (a *Appliance) logPrograms(rep ProgramsReport) {
 	for _, e := range rep.Errors {
 		a.logger.Warn("local program left out", "component", "nats", "err", e)
+	}
+	for _, name := range rep.Reconnected {
+		a.logger.Info("program's MQTT devices disconnected: its subscribe rights changed, and they reconnect under the new ones", "component", "nats", "program", name)
 	}
 }
 
