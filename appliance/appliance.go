@@ -203,6 +203,8 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	auth.mqttOffLoopback = a.cfg.NATSMQTT != "" && !LoopbackAddr(a.cfg.NATSMQTT)
+	auth.wsOffLoopback = a.cfg.NATSWebSocket != "" && !LoopbackAddr(a.cfg.NATSWebSocket)
 	if auth.anonymous { // the status warns about it for as long as it lasts
 		a.logger.Info(warnNATSOpen, "component", "nats")
 	}

@@ -70,6 +70,10 @@ type localAuth struct {
 	admin     *programs.Key
 	store     *programs.Store
 	anonymous bool
+	// mqttOffLoopback and wsOffLoopback say the MQTT and the WebSocket
+	// listeners take clients from the network: then no client comes in
+	// there without a credential, open node or not (anonymousTypes).
+	mqttOffLoopback, wsOffLoopback bool
 	// anonKey is the public nkey clients without a credential are taken
 	// for (the server's no_auth_user); its seed was never kept: a client
 	// becomes it by presenting no credential (or this public key), with
@@ -173,7 +177,8 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 	opts.Users, opts.NoAuthUser = mqttUsers, ""
 	if l.anonymous {
 		opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{
-			Nkey: l.anonKey,
+			Nkey:                   l.anonKey,
+			AllowedConnectionTypes: l.anonymousTypes(),
 			Permissions: &server.Permissions{
 				// JetStream: the streams that exist (the blob store), no new
 				// ones and no changes to them.
@@ -185,6 +190,26 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 	}
 	l.report = rep
 	return rep
+}
+
+// anonymousTypes are the kinds of connection a client without a
+// credential may open on an open node (nil: any): not those of a listener
+// off loopback (MQTT, WebSocket and MQTT over it), which takes clients
+// from the network, where a device or a page signs in as a program. The
+// plain NATS port stays as configured (loopback by default).
+func (l *localAuth) anonymousTypes() map[string]struct{} {
+	if !l.mqttOffLoopback && !l.wsOffLoopback {
+		return nil
+	}
+	types := map[string]struct{}{jwt.ConnectionTypeStandard: {}, jwt.ConnectionTypeInProcess: {}}
+	if !l.mqttOffLoopback {
+		types[jwt.ConnectionTypeMqtt] = struct{}{}
+	}
+	if !l.wsOffLoopback {
+		types[jwt.ConnectionTypeWebsocket] = struct{}{}
+		types[jwt.ConnectionTypeMqttWS] = struct{}{}
+	}
+	return types
 }
 
 // reload applies the store as it is now to the running server srv, whose

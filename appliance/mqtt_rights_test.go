@@ -1,6 +1,8 @@
 package appliance_test
 
 import (
+	"fmt"
+	"net"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -8,6 +10,7 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"github.com/nats-io/nats.go"
 
 	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/programs"
@@ -34,7 +37,7 @@ func mqttDevice(t *testing.T, a *appliance.Appliance, p programs.Program, id str
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := mqtt.NewClientOptions().AddBroker("tcp://"+strings.TrimPrefix(a.Status().NATS.MQTT, "mqtt://")).
+	o := mqtt.NewClientOptions().AddBroker("tcp://" + strings.TrimPrefix(a.Status().NATS.MQTT, "mqtt://")).
 		SetClientID(id).SetUsername(user).SetPassword(password).SetProtocolVersion(4).
 		SetCleanSession(false).SetAutoReconnect(true).SetMaxReconnectInterval(200 * time.Millisecond).
 		SetConnectTimeout(5 * time.Second)
@@ -114,5 +117,58 @@ func TestMQTTRightsNarrowedWhileConnected(t *testing.T) {
 	case m := <-got:
 		t.Errorf("hub received %s after its rights were narrowed to home.hub.>", m)
 	case <-time.After(time.Second):
+	}
+}
+
+// TestMQTTAnonymousOnlyOnLoopback: a standalone node is open (clients
+// without a credential come in), but its MQTT listener off loopback takes
+// devices from the network, and a device there signs in as a program: an
+// MQTT client without a credential is refused. The controls: a device
+// with its program's password comes in there; on the same node a NATS
+// client without a credential still does; and an MQTT listener on
+// loopback takes a client without one.
+func TestMQTTAnonymousOnlyOnLoopback(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts nodes")
+	}
+	anon := func(broker string) error {
+		o := mqtt.NewClientOptions().AddBroker(broker).SetClientID("anon").SetProtocolVersion(4).
+			SetAutoReconnect(false).SetConnectTimeout(5 * time.Second)
+		c := mqtt.NewClient(o)
+		tok := c.Connect()
+		if !tok.WaitTimeout(10 * time.Second) {
+			return fmt.Errorf("no answer in 10s")
+		}
+		if tok.Error() == nil {
+			c.Disconnect(100)
+		}
+		return tok.Error()
+	}
+	brokerOf := func(a *appliance.Appliance) string {
+		_, port, _ := net.SplitHostPort(strings.TrimPrefix(a.Status().NATS.MQTT, "mqtt://"))
+		return "tcp://127.0.0.1:" + port
+	}
+
+	cfg := meshtest.NodeConfig(t, "mqtt-lan")
+	cfg.NATSMQTT = "0.0.0.0:0"
+	lan := meshtest.StartNode(t, cfg)
+	if err := anon(brokerOf(lan)); err == nil {
+		t.Error("an MQTT client without a credential came in on a listener off loopback")
+	}
+	plug := programs.Program{Name: "plug", MQTT: true, Publish: []string{"home.>"}}
+	meshtest.AddProgram(t, lan.NATSURL(), lan.DataDir(), plug)
+	mqttDevice(t, lan, plug, "plug-1", nil, nil) // control: fails the test if refused
+	nc, err := nats.Connect(lan.NATSURL(), nats.MaxReconnects(0))
+	if err != nil {
+		t.Errorf("control: a NATS client without a credential on the open node: %v", err)
+	} else {
+		nc.Close()
+	}
+
+	cfg = meshtest.NodeConfig(t, "mqtt-local")
+	cfg.NATSMQTT = "127.0.0.1:0"
+	local := meshtest.StartNode(t, cfg)
+	if err := anon(brokerOf(local)); err != nil {
+		t.Errorf("control: an MQTT client without a credential on a loopback listener of an open node: %v", err)
 	}
 }
