@@ -104,7 +104,7 @@ func TestMQTTRightsNarrowedWhileConnected(t *testing.T) {
 	meshtest.AddProgram(t, a.NATSURL(), a.DataDir(), hub)
 	// The node disconnects hub and it reconnects; a node that kept it
 	// connected fails below, on what hub receives.
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end) && !(connects.Load() >= 2 && h.IsConnectionOpen()); {
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end) && !(connects.Load() >= 2 && h.IsConnectionOpen()); {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if tok := h.Subscribe("evt/home/hub/#", 1, nil); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
