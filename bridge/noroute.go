@@ -25,7 +25,7 @@ import (
 const (
 	noRouteFirst       = 20 * time.Millisecond  // the first pause, doubled each time
 	noRouteMaxPause    = 160 * time.Millisecond // the longest pause
-	noRouteWindow      = 600 * time.Millisecond // requests: how long after the first send
+	noRouteWindow      = 2 * time.Second        // requests: how long after the first send
 	noRouteReplyWindow = 3 * time.Second        // replies: how long after the first return
 )
 

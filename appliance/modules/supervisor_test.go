@@ -58,7 +58,10 @@ func newSupervisor(t testing.TB, catalog string) *Supervisor {
 func waitModule(t testing.TB, s *Supervisor, name, what string, ok func(Status) bool) Status {
 	t.Helper()
 	var found Status
-	wait.Eventually(t, 5*time.Second, "module "+name+": "+what, func() error {
+	// 15 s: a module's first output can take seconds on a machine busy
+	// building and running other tests (a shell's echo was not logged
+	// within 5 s once).
+	wait.Eventually(t, 15*time.Second, "module "+name+": "+what, func() error {
 		all := s.Status()
 		for _, st := range all {
 			if st.Module == name && ok(st) {
