@@ -270,8 +270,7 @@
 //     an unroutable mandatory message, returned at once, not a channel
 //     error: the caller sends it again a few times within 2 s, while
 //     discovery does not mark the node gone (a node reconnecting or
-//     switching to a new credential binds its new queue within that time;
-//     a switch took 740 ms on a loaded 2-core machine),
+//     switching to a new credential binds its new queue within that time),
 //     and answers 503 after that (noroute.go). It is consumed without
 //     acks: requests are at most once (a returned message was never
 //     delivered, so sending it again keeps that), and an ack per request
