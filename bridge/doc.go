@@ -268,9 +268,9 @@
 //     and delivered none, and could not be declared from another broker
 //     node meanwhile). A request for a node that is not connected is then
 //     an unroutable mandatory message, returned at once, not a channel
-//     error: the caller sends it again a few times within 2 s, while
-//     discovery does not mark the node gone (a node reconnecting or
-//     switching to a new credential binds its new queue within that time),
+//     error: the caller sends it again a few times within 600 ms (2 s for
+//     a node that answered lately), while discovery does not mark it gone
+//     (a node reconnecting or switching credential binds its new queue),
 //     and answers 503 after that (noroute.go). It is consumed without
 //     acks: requests are at most once (a returned message was never
 //     delivered, so sending it again keeps that), and an ack per request

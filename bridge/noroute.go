@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -20,13 +21,20 @@ import (
 // within noRouteWindow and its deadline, and answered 503 after that: a
 // caller never waits long on a node that is not there. (Whether discovery
 // knows the node is no guide: a node that switches to a new credential is
-// asked for its record again under its new broker user.) A reply is sent again within noRouteReplyWindow: its request
-// is waiting on the other side.
+// asked for its record again under its new broker user.) A node that
+// answered a request of this node within noRouteRecent is between two
+// connections rather than absent: its requests are sent again within
+// noRouteKnownWindow (a node's switch to a new credential took 740 ms on
+// a loaded 2-core machine, and two of its callers' requests failed at 600
+// ms). A reply is sent again within noRouteReplyWindow: its request is
+// waiting on the other side.
 const (
 	noRouteFirst       = 20 * time.Millisecond  // the first pause, doubled each time
 	noRouteMaxPause    = 160 * time.Millisecond // the longest pause
-	noRouteWindow      = 2 * time.Second        // requests: how long after the first send
-	noRouteReplyWindow = 3 * time.Second        // replies: how long after the first return
+	noRouteWindow      = 600 * time.Millisecond // requests: how long after the first send
+	noRouteKnownWindow = 2 * time.Second        // the same for a node that answered within noRouteRecent
+	noRouteRecent      = time.Minute
+	noRouteReplyWindow = 3 * time.Second // replies: how long after the first return
 )
 
 // noRoutePause is the pause before the n+1st attempt.
@@ -47,7 +55,11 @@ func (b *Bridge) retryRequest(id string) bool {
 	}
 	pause := noRoutePause(p.retries)
 	node := p.node
-	inTime := time.Since(p.start)+pause < min(noRouteWindow, p.timeout)
+	window := noRouteWindow
+	if b.answeredWithin(node, noRouteRecent) {
+		window = noRouteKnownWindow
+	}
+	inTime := time.Since(p.start)+pause < min(window, p.timeout)
 	if inTime {
 		p.retries++
 	}
@@ -58,6 +70,25 @@ func (b *Bridge) retryRequest(id string) bool {
 	b.m.err(errKindNoRoute)
 	time.AfterFunc(pause, func() { b.resendRequest(id) }) // settles by itself: the request is pending or answered
 	return true
+}
+
+// answeredBy records that node answered a request of this node now.
+func (b *Bridge) answeredBy(node string) {
+	now := time.Now().UnixNano()
+	if v, ok := b.reqs.answered.Load(node); ok {
+		v.(*atomic.Int64).Store(now)
+		return
+	}
+	v := &atomic.Int64{}
+	v.Store(now)
+	b.reqs.answered.Store(node, v)
+}
+
+// answeredWithin reports whether node answered a request of this node
+// within d.
+func (b *Bridge) answeredWithin(node string, d time.Duration) bool {
+	v, ok := b.reqs.answered.Load(node)
+	return ok && time.Since(time.Unix(0, v.(*atomic.Int64).Load())) < d
 }
 
 // isGone reports whether discovery marks node gone.

@@ -40,6 +40,9 @@ type lifecycle struct {
 type requestBook struct {
 	pending pendingRequests // requests waiting for a reply from another node
 	returns returnedReplies // replies the broker returned, sent again (noroute.go)
+	// answered is when each node last answered a request of this node
+	// (*atomic.Int64, Unix nanoseconds, by node name; noroute.go).
+	answered sync.Map
 	// local counts local calls for node.<self>.cap.<name>, each ends at
 	// its deadline.
 	local sync.WaitGroup

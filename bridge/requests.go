@@ -420,6 +420,7 @@ func (s *session) readReplies(ds <-chan amqp.Delivery) {
 			b.m.err(errKindLateReply)
 			continue
 		}
+		b.answeredBy(env.origin)
 		outcome := "ok"
 		if env.header.Get(headerServiceError) != "" {
 			outcome = "error"
