@@ -55,10 +55,22 @@ type Store struct {
 	stream jetstream.Stream
 }
 
+// putWindow is how many chunks a put has in flight (published, not yet
+// acknowledged): 32 MiB. nats.go's default of 4,000 is a gigabyte of
+// chunks, past what the server buffers for a stream (128 MiB): on a busy
+// machine whose disk fell behind, a put was refused "too many requests"
+// (429). The window keeps a put within the buffer at any disk speed.
+const putWindow = (32 << 20) / ChunkSize
+
+// newJetStream is the JetStream context of the blob store on nc.
+func newJetStream(nc *nats.Conn) (jetstream.JetStream, error) {
+	return jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(putWindow))
+}
+
 // Open creates the blob store on nc's server, or updates its limits, and
 // returns it. The node calls it at start with its configured limits.
 func Open(ctx context.Context, nc *nats.Conn, lim Limits) (*Store, error) {
-	js, err := jetstream.New(nc)
+	js, err := newJetStream(nc)
 	if err != nil {
 		return nil, fmt.Errorf("blob store: %w", err)
 	}
@@ -77,7 +89,7 @@ func Open(ctx context.Context, nc *nats.Conn, lim Limits) (*Store, error) {
 // Bind returns the blob store that exists on nc's server (the CLI's way
 // in).
 func Bind(ctx context.Context, nc *nats.Conn) (*Store, error) {
-	js, err := jetstream.New(nc)
+	js, err := newJetStream(nc)
 	if err != nil {
 		return nil, fmt.Errorf("blob store: %w", err)
 	}

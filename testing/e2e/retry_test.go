@@ -92,10 +92,12 @@ func TestRetryAndResultWithTheRealBinary(t *testing.T) {
 	delay := time.Since(failedAt)
 	mu.Unlock()
 	// The event came after the second attempt, which came after the
-	// backoff: measured from the failure to the result.
+	// backoff: measured from the failure to the result. The broker
+	// expires the waiting copy at its TTL within a few milliseconds,
+	// either way (once 5 ms early on a loaded machine): 50 ms of slack.
 	t.Logf("result %s after the failed attempt (backoff %s)", delay, backoff)
-	if delay < backoff || delay > backoff+5*time.Second {
-		t.Errorf("result %s after the failed attempt, want at least the backoff %s and at most 5s more", delay, backoff)
+	if delay < backoff-50*time.Millisecond || delay > backoff+5*time.Second {
+		t.Errorf("result %s after the failed attempt, want the backoff %s (within 50 ms) and at most 5s more", delay, backoff)
 	}
 	if got[1].Header.Get("Meshbox-Attempt") != "2" || got[1].Header.Get("Meshbox-Result-Topic") != "renders.done" {
 		t.Errorf("second delivery: got %v", got[1].Header)
