@@ -242,7 +242,8 @@ func (l *localAuth) reload(srv *server.Server, base *server.Options) (ProgramsRe
 }
 
 // disconnectMQTT closes the MQTT connections signed in as program name
-// and returns how many it closed.
+// and returns how many it closed. (Connz fails only on sort, state and
+// subject-filter options, which these are not.)
 func disconnectMQTT(srv *server.Server, name string) int {
 	cz, err := srv.Connz(&server.ConnzOptions{User: name, Limit: 1 << 16})
 	if err != nil {

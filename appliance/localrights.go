@@ -173,6 +173,19 @@ func (a *Appliance) adminRequest(m *nats.Msg) bool {
 // on the responder connection, and only on an inbox: a reply subject that
 // is none is refused and logged once per subject.
 func (a *Appliance) respond(m *nats.Msg, data []byte) {
+	a.respondMsg(m, &nats.Msg{Data: data})
+}
+
+// respondError answers m as respond does, with an error reply (code and
+// text in the headers, no body).
+func (a *Appliance) respondError(m *nats.Msg, code int, text string) {
+	r := &nats.Msg{Header: nats.Header{}}
+	wire.SetError(r.Header, code, text)
+	a.respondMsg(m, r)
+}
+
+// respondMsg is respond's work: out goes to m's reply subject.
+func (a *Appliance) respondMsg(m, out *nats.Msg) {
 	if m.Reply == "" {
 		return
 	}
@@ -186,5 +199,6 @@ func (a *Appliance) respond(m *nats.Msg, data []byte) {
 	if rc == nil {
 		return // stopping
 	}
-	_ = rc.Publish(m.Reply, data) // the caller may have gone; nothing to do then
+	out.Subject = m.Reply
+	_ = rc.PublishMsg(out) // the caller may have gone; nothing to do then
 }

@@ -236,12 +236,8 @@ func (a *Appliance) onMicroQuery(nc *nats.Conn, rights *localRights, m *nats.Msg
 		if _, seen := a.refusedReplies.LoadOrStore("micro/"+prog, true); !seen {
 			a.logger.Warn("micro discovery: a program's call to meshbox.micro refused (the node answers its peers and its administrator; logged once per program)", "program", prog)
 		}
-		if rights.ReplyAllowed(m.Subject, m.Reply) == nil {
-			r := nats.NewMsg(m.Reply)
-			wire.SetError(r.Header, wire.CodeForbidden, "meshbox.micro answers the node's peers and its administrator, not programs: ask with nats micro ls as the administrator")
-			if rc := a.pubRC.Load(); rc != nil {
-				_ = rc.PublishMsg(r)
-			}
+		if rights.ReplyAllowed(m.Subject, m.Reply) == nil { // its own inbox, not another program's
+			a.respondError(m, wire.CodeForbidden, "meshbox.micro answers the node's peers and its administrator, not programs: ask with nats micro ls as the administrator")
 		}
 		return
 	}

@@ -3,7 +3,6 @@ package appliance_test
 import (
 	"fmt"
 	"net"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -29,11 +28,7 @@ func mqttDevice(t *testing.T, a *appliance.Appliance, p programs.Program, id str
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := os.ReadFile(store.MQTTPath(p.Name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	user, password, err := programs.ReadMQTT(data)
+	user, password, err := store.MQTTLogin(p.Name)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -164,6 +164,19 @@ func (s *Store) Remove(name string) error {
 // MQTTPath is where the MQTT password of program name is written.
 func (s *Store) MQTTPath(name string) string { return filepath.Join(s.dir, name+mqttExt) }
 
+// MQTTLogin reads program name's MQTT user name and password from its
+// file (MQTTPath).
+func (s *Store) MQTTLogin(name string) (user, password string, err error) {
+	data, err := os.ReadFile(s.MQTTPath(name))
+	if err != nil {
+		return "", "", err
+	}
+	if user, password, err = ReadMQTT(data); err != nil {
+		return "", "", fmt.Errorf("%s: %w", s.MQTTPath(name), err)
+	}
+	return user, password, nil
+}
+
 // mqttPassword gives p its MQTT password when it signs in over MQTT: the
 // one it had (old, with its file), or a new one written to MQTTPath. A
 // program that no longer does loses both.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -122,13 +121,9 @@ func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.m.Stdout, "program %s: credential %s\n", p.Name, path)
 		fmt.Fprintf(c.m.Stdout, "connect with: nats --server %s --nkey %s --inbox-prefix %s ...\n", c.m.serverURL(*server), path, p.InboxPrefix())
 		if p.MQTT {
-			data, err := os.ReadFile(store.MQTTPath(p.Name))
+			user, password, err := store.MQTTLogin(p.Name)
 			if err != nil {
 				return err
-			}
-			user, password, err := programs.ReadMQTT(data)
-			if err != nil {
-				return fmt.Errorf("%s: %w", store.MQTTPath(p.Name), err)
 			}
 			fmt.Fprintf(c.m.Stdout, "MQTT: user %s password %s (kept in %s); topics are the subjects with / for ., events evt/TOPIC\n", user, password, store.MQTTPath(p.Name))
 		}

@@ -3,7 +3,6 @@ package bench
 import (
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -124,11 +123,7 @@ func mqttDevices(b *testing.B, node *appliance.Appliance) func() error {
 	if err != nil {
 		b.Fatal(err)
 	}
-	data, err := os.ReadFile(store.MQTTPath(dev.Name))
-	if err != nil {
-		b.Fatal(err)
-	}
-	user, password, err := programs.ReadMQTT(data)
+	user, password, err := store.MQTTLogin(dev.Name)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -42,11 +41,7 @@ func mqttOf(t *testing.T, p *meshtest.Process, name string) mqttClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := os.ReadFile(store.MQTTPath(name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.user, c.password, err = programs.ReadMQTT(data); err != nil {
+	if c.user, c.password, err = store.MQTTLogin(name); err != nil {
 		t.Fatal(err)
 	}
 	return c
