@@ -85,7 +85,6 @@ type Appliance struct {
 	// connection; set once it runs.
 	rowsEng  atomic.Pointer[rows.Engine]
 	rowsConn *nats.Conn
-	rowsURL  atomicString // the broker URL the tables' sync was last told of
 	// mods supervises the assigned modules; set once it runs.
 	mods atomic.Pointer[modules.Supervisor]
 	// moduleGuard is the module guard's command (SetModuleGuard; nil: none).

@@ -1,17 +1,19 @@
 package appliance
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
-	"net/url"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/appliance/rows"
+	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
-	"github.com/meshbox/meshbox/internal/brokerurl"
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/internal/wire"
 )
@@ -67,15 +69,17 @@ func TablesOf(settings map[string]string) (map[string]rows.TableSpec, []error) {
 // startRows opens the node's tables and serves their API. a.mu is held.
 func (a *Appliance) startRows() error {
 	var ring *seal.Keyring
+	var link rows.Link
 	if kk := a.keys.Load(); kk != nil {
-		ring = kk.ring // a mesh seals
+		ring = kk.ring     // a mesh seals
+		link = rowsLink{a} // and its tables go through the node's broker link
 	}
 	eng, err := rows.Open(rows.Config{
 		Node:          a.cfg.Node,
 		Path:          filepath.Join(a.cfg.DataDir, "rows.db"),
 		Keys:          ring,
-		BrokerURL:     a.rowsBrokerURL,
-		Declare:       !a.perNodeBroker(),
+		Link:          link,
+		Declare:       mayDeclareTables,
 		SnapshotEvery: a.cfg.Rows.SnapshotEvery,
 		Logger:        a.logger,
 		Metrics:       a.registry,
@@ -115,30 +119,50 @@ func (a *Appliance) applyTables(eng *rows.Engine, snap cache.Snapshot) {
 	if !maps.Equal(eng.Tables(), tables) {
 		eng.SetTables(tables)
 	}
-	if u := a.brokerURL(snap, true); u != a.rowsURL.Swap(u) {
-		eng.Reconnect() // the broker or the node's credential changed
-	}
 }
 
-// rowsBrokerURL is the broker URL the tables' sync dials ("" standalone).
-func (a *Appliance) rowsBrokerURL() string {
-	snap, ok := a.bindings.manager.Current()
-	return a.brokerURL(snap, ok)
+// rowsLink is the tables' way to the broker: the bridge's link, whose
+// broker list, TLS settings, client certificate and credential they use
+// (bridge.DialExtra). The tables start before the bridge and stop after
+// it: the bridge is looked up on each call.
+type rowsLink struct{ a *Appliance }
+
+// Dial implements rows.Link.
+func (l rowsLink) Dial(ctx context.Context, role string) (*amqp.Connection, string, error) {
+	b := l.a.bridge.Load()
+	if b == nil {
+		return nil, "", rows.ErrLinkDown
+	}
+	conn, user, err := b.DialExtra(ctx, role)
+	if errors.Is(err, bridge.ErrLinkDown) || errors.Is(err, bridge.ErrClosed) {
+		return nil, "", rows.ErrLinkDown
+	}
+	return conn, user, err
 }
 
-// perNodeBroker reports whether the node logs in to the broker as a
-// node's own user (which may not declare queues: the admin made them).
-func (a *Appliance) perNodeBroker() bool {
-	urls := brokerurl.Split(a.rowsBrokerURL())
-	if len(urls) == 0 {
-		return false
+// Moved implements rows.Link.
+func (l rowsLink) Moved() <-chan struct{} {
+	b := l.a.bridge.Load()
+	if b == nil {
+		return closedChan // no link: whatever was dialled is to be dialled again
 	}
-	u, err := url.Parse(urls[0])
-	if err != nil || u.User == nil {
-		return false
-	}
-	_, _, ok := wire.ParseBrokerUser(u.User.Username())
-	return ok
+	_, moved := b.LinkGeneration()
+	return moved
+}
+
+// closedChan is a channel that is closed.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// mayDeclareTables reports whether a node logged in to the broker as user
+// declares the tables' logs itself: not as a node's own user (which may
+// not declare queues: the admin made them), as a mesh on one credential.
+func mayDeclareTables(user string) bool {
+	_, _, perNode := wire.ParseBrokerUser(user)
+	return !perNode
 }
 
 // stopRows stops the tables' sync and API. a.mu is held.
@@ -160,15 +184,4 @@ func (a *Appliance) rowsStatus() []rows.TableStatus {
 		return eng.Status()
 	}
 	return nil
-}
-
-// atomicString is a string read and swapped atomically.
-type atomicString struct{ v atomic.Pointer[string] }
-
-// Swap stores s and returns the string it replaces ("" at first).
-func (a *atomicString) Swap(s string) string {
-	if old := a.v.Swap(&s); old != nil {
-		return *old
-	}
-	return ""
 }

@@ -124,6 +124,9 @@ type BrokerStatus struct {
 	Failovers []Failover `json:"failovers"`
 	// Credential is the broker user the link connects as and its state.
 	Credential *CredentialStatus `json:"credential,omitempty"`
+	// Extra are the node's connections beside the link's two, on its
+	// broker and credential (DialExtra): the tables of rows'.
+	Extra []ExtraConnection `json:"extra_connections,omitempty"`
 }
 
 // OutboxStatus describes the durable outbox.

@@ -18,21 +18,30 @@ import (
 
 // clientCert loads Config's client certificate; nil without one.
 func (b *Bridge) clientCert() (*tls.Certificate, error) {
-	if b.cfg.CertFile == "" {
+	return loadClientCert(b.cfg.CertFile, b.cfg.KeyFile)
+}
+
+// loadClientCert loads a client certificate and its key; nil without one.
+func loadClientCert(certFile, keyFile string) (*tls.Certificate, error) {
+	if certFile == "" {
 		return nil, nil
 	}
-	cert, err := tls.LoadX509KeyPair(b.cfg.CertFile, b.cfg.KeyFile)
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
-		return nil, fmt.Errorf("broker client certificate: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrClientCert, err)
 	}
 	return &cert, nil
 }
 
+// externalLogin reports whether a connection to raw logs in with
+// Config's client certificate (EXTERNAL).
+func (b *Bridge) externalLogin(raw string) bool { return externalLogin(b.cfg.CertFile, raw) }
+
 // externalLogin reports whether a connection to raw logs in with the
-// client certificate (EXTERNAL): a certificate is configured, the URL is
-// amqps:// and carries no password.
-func (b *Bridge) externalLogin(raw string) bool {
-	if b.cfg.CertFile == "" {
+// client certificate (EXTERNAL): a certificate is configured (certFile),
+// the URL is amqps:// and carries no password.
+func externalLogin(certFile, raw string) bool {
+	if certFile == "" {
 		return false
 	}
 	u, err := url.Parse(raw)

@@ -4,8 +4,10 @@ package bridge
 // owns what. (The package documentation, doc.go, is the model: what local
 // programs, peers and the broker see.)
 //
-// The files follow the parts: link.go (the link loop, dialling, TLS, the
-// link's state), probe.go (probing a broker that does not answer),
+// The files follow the parts: link.go (the link loop, the link's state),
+// dialer.go (every connection's dial: TLS, the client certificate; the
+// extra connections and the link's generations), probe.go (probing a
+// broker that does not answer),
 // brokers.go (the list of brokers, failovers),
 // credential.go (the credential in use, the handover), session.go (one
 // stay on the broker), outgoing.go (a message on its way to the broker)

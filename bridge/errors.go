@@ -29,6 +29,17 @@ var (
 	ErrOutboxStuck = outbox.ErrStuck
 )
 
+// Errors of a connection's settings, returned (wrapped) by DialBroker and
+// the link's dials before the broker is tried.
+var (
+	// ErrCAFile means Config.CAFile cannot be read or holds no PEM
+	// certificate.
+	ErrCAFile = errors.New("broker CA file")
+	// ErrClientCert means the client certificate (Config.CertFile and
+	// KeyFile) cannot be loaded.
+	ErrClientCert = errors.New("broker client certificate")
+)
+
 // Errors returned by PublishSystem and SendSystem, and carried (as text and a
 // code) in error replies to local programs.
 var (

@@ -2,21 +2,14 @@ package bridge
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
-	"fmt"
-	"net"
-	"os"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/meshbox/meshbox/internal/backoff"
 	"github.com/meshbox/meshbox/internal/brokerurl"
-	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 const (
@@ -63,6 +56,8 @@ type link struct {
 	probe      backoff.Policy // the wait between probes of an unreachable broker (probe.go)
 	cred       credential     // the credential in use (credential.go)
 	handing    chan struct{}  // non-nil during a handover; closed at its end
+	gen        linkGen        // the sessions so far (dialer.go)
+	extras     extraConns     // the connections DialExtra opened (dialer.go)
 }
 
 func newLink(url string, retry backoff.Policy) *link {
@@ -146,11 +141,13 @@ func (l *link) status() BrokerStatus {
 	return st
 }
 
-// statusWithCredential is status plus the credential's.
+// statusWithCredential is status plus the credential's and the extra
+// connections.
 func (l *link) statusWithCredential() BrokerStatus {
 	st := l.status()
 	c := l.credentialStatus()
 	st.Credential = &c
+	st.Extra = l.extras.list()
 	return st
 }
 
@@ -199,8 +196,10 @@ func (b *Bridge) backoff(n int) time.Duration { return b.link.retry.Delay(n) }
 // and reconnects with backoff and jitter; while the broker is unreachable
 // it probes it instead and reconnects as soon as it answers (probe.go).
 // first is a session Start already opened (or nil). runLink exits when
-// b.quit is closed.
+// b.quit is closed, and the link's generation moves on then: the extra
+// connections end with it.
 func (b *Bridge) runLink(first *session) {
+	defer b.link.moveOn()
 	sess := first
 	failures := 0
 	down := map[string]bool{} // brokers (host:port) found unreachable since the last session
@@ -300,7 +299,7 @@ func (b *Bridge) runLink(first *session) {
 		}
 		failures, refusedSince = 0, time.Time{}
 		clear(down)
-		b.link.sess.Store(sess)
+		b.link.use(sess)
 		sess.start()
 		b.link.endHandover()
 		b.answerOrphans(sess)
@@ -383,86 +382,4 @@ func (b *Bridge) withQuit(parent context.Context) (context.Context, context.Canc
 		}
 	}()
 	return ctx, cancel
-}
-
-// dial opens an AMQP connection named "meshbox node <node> (<role>)".
-// Cancelling ctx aborts the handshake. abort closes the connection's socket
-// at once: an AMQP call waiting on a broker that stalls fails with it.
-// The connection's socket is a *corkConn, returned as cork: the publishers
-// batch their messages through it, the acker its acks.
-func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connection, cork *corkConn, abort func(), err error) {
-	cfg := amqp.Config{
-		Heartbeat:  b.cfg.Heartbeat,
-		Locale:     "en_US",
-		Properties: amqp.NewConnectionProperties(),
-	}
-	cfg.Properties.SetClientConnectionName("meshbox node " + b.cfg.Node + " (" + role + ")")
-	if strings.HasPrefix(url, "amqps://") {
-		tc, err := b.tlsConfig()
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		cfg.TLSClientConfig = tc
-	}
-	if b.externalLogin(url) {
-		cfg.SASL = []amqp.Authentication{&amqp.ExternalAuth{}}
-	}
-	var (
-		stop func() bool
-		raw  net.Conn
-	)
-	cfg.Dial = func(network, addr string) (net.Conn, error) {
-		d := net.Dialer{Timeout: dialTimeout}
-		c, err := d.DialContext(ctx, network, addr)
-		b.m.dialed(err)
-		if err != nil {
-			if unreachable(err) {
-				return nil, &unreachableError{addr: addr, err: err}
-			}
-			return nil, err
-		}
-		if err := c.SetDeadline(time.Now().Add(handshakeLimit)); err != nil { // cleared by amqp091 once open
-			c.Close()
-			return nil, err
-		}
-		stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
-		raw = c
-		cork = &corkConn{Conn: c}
-		return cork, nil
-	}
-	conn, err = amqp.DialConfig(url, cfg)
-	if stop != nil {
-		stop()
-	}
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return conn, cork, func() { _ = raw.Close() }, nil
-}
-
-// tlsConfig trusts the system roots plus Config.CAFile, and presents
-// Config's client certificate when there is one.
-func (b *Bridge) tlsConfig() (*tls.Config, error) {
-	pool, err := x509.SystemCertPool()
-	if err != nil || pool == nil {
-		pool = x509.NewCertPool()
-	}
-	if b.cfg.CAFile != "" {
-		pem, err := os.ReadFile(b.cfg.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("broker CA file: %w", err)
-		}
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("broker CA file %s: no PEM certificates", b.cfg.CAFile)
-		}
-	}
-	tc := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	cert, err := b.clientCert()
-	if err != nil {
-		return nil, err
-	}
-	if cert != nil {
-		tc.Certificates = []tls.Certificate{*cert}
-	}
-	return tc, nil
 }

@@ -86,8 +86,8 @@ type linkMetrics struct {
 	state      *prometheus.GaugeVec
 	reconnects prometheus.Counter
 	// dials counts the TCP connects of the link, by result (dialConnected,
-	// dialFailed): a session's two connections and the probes of an
-	// unreachable broker (probe.go).
+	// dialFailed): a session's two connections, the probes of an
+	// unreachable broker (probe.go) and the extra connections (dialer.go).
 	dials   *prometheus.CounterVec
 	blocks  prometheus.Counter
 	revoked prometheus.Gauge
@@ -113,7 +113,7 @@ func newMetrics(b *Bridge) *metrics {
 			}),
 			dials: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "meshbox_broker_dials_total",
-				Help: "TCP connects to the broker, by result (connected, failed): two per session, and one per probe while the broker is unreachable.",
+				Help: "TCP connects to the broker, by result (connected, failed): two per session, one per probe while the broker is unreachable, and one per extra connection (the tables of rows').",
 			}, []string{"result"}),
 			blocks: prometheus.NewCounter(prometheus.CounterOpts{
 				Name: "meshbox_broker_blocked_total",

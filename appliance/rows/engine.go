@@ -29,12 +29,13 @@ type Config struct {
 	// Keys seal and open the tables' changes; nil: this node has no
 	// broker (standalone) and its tables stay on it.
 	Keys *seal.Keyring
-	// BrokerURL returns the URL of the broker with this node's credential
-	// ("": none now). Called on every connect.
-	BrokerURL func() string
-	// Declare makes the stream queues and their bindings when missing: a
-	// mesh on one broker credential has no admin to make them.
-	Declare bool
+	// Link is the node's broker link, through which the sync reaches the
+	// tables' logs (link.go); nil: none, the tables stay on this node.
+	Link Link
+	// Declare reports whether a sync logged in as broker user makes the
+	// stream queues and their bindings when missing: a mesh on one broker
+	// credential has no admin to make them (nil: never).
+	Declare func(user string) bool
 	// Retention of each table's log.
 	MaxAge   time.Duration
 	MaxBytes int64

@@ -1,6 +1,7 @@
 package rows_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -19,28 +20,49 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(meshtest.MainLeakFree(m)) }
 
-// node is an engine with a broker URL that can be cut.
+// node is an engine whose link to the broker can be cut. It dials the
+// broker itself: it stands in for the node's bridge.
 type node struct {
-	e   *rows.Engine
-	mu  sync.Mutex
-	url string
-	cut bool
+	e     *rows.Engine
+	mu    sync.Mutex
+	url   string
+	cut   bool
+	moved chan struct{} // closed by setCut
 }
 
-func (n *node) brokerURL() string {
+// Dial implements rows.Link.
+func (n *node) Dial(ctx context.Context, role string) (*amqp.Connection, string, error) {
+	n.mu.Lock()
+	url, cut := n.url, n.cut
+	n.mu.Unlock()
+	if cut {
+		return nil, "", rows.ErrLinkDown
+	}
+	uri, err := amqp.ParseURI(url)
+	if err != nil {
+		return nil, "", err
+	}
+	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second),
+		Properties: amqp.Table{"connection_name": "rows test (" + role + ")"}})
+	return conn, uri.Username, err
+}
+
+// Moved implements rows.Link.
+func (n *node) Moved() <-chan struct{} {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.cut {
-		return ""
-	}
-	return n.url
+	return n.moved
 }
 
 func (n *node) setCut(cut bool) {
 	n.mu.Lock()
 	n.cut = cut
+	close(n.moved)
+	n.moved = make(chan struct{})
 	n.mu.Unlock()
-	n.e.Reconnect()
+	if !cut {
+		n.e.LinkUp()
+	}
 }
 
 func keyring(t *testing.T, k seal.ContentKey) *seal.Keyring {
@@ -54,9 +76,9 @@ func keyring(t *testing.T, k seal.ContentKey) *seal.Keyring {
 
 func startNode(t *testing.T, name, url string, ring *seal.Keyring, dir string, snapshotEvery int) *node {
 	t.Helper()
-	n := &node{url: url}
+	n := &node{url: url, moved: make(chan struct{})}
 	e, err := rows.Open(rows.Config{Node: name, Path: filepath.Join(dir, "rows.db"), Keys: ring,
-		BrokerURL: n.brokerURL, Declare: true, SnapshotEvery: snapshotEvery})
+		Link: n, Declare: func(string) bool { return true }, SnapshotEvery: snapshotEvery})
 	if err != nil {
 		t.Fatal(err)
 	}

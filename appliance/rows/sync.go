@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/url"
 	"slices"
 	"strconv"
 	"sync"
@@ -14,14 +13,16 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/internal/backoff"
-	"github.com/meshbox/meshbox/internal/brokerurl"
 )
 
-// The sync: one AMQP connection of its own to the broker, a confirmed
-// publisher of the node's pending writes, and a consumer per table of
-// its log (a stream queue), from the offset the store saved.
+// The sync: one AMQP connection to the broker, dialled through the
+// node's broker link (Link), a confirmed publisher of the node's pending
+// writes, and a consumer per table of its log (a stream queue), from the
+// offset the store saved.
 
 const (
+	// linkRole names the sync's connection on the broker link.
+	linkRole     = "rows"
 	meshExchange = "mesh"
 	// publishBatch is the most changes one log message carries;
 	// publishWindow the log messages unconfirmed at once.
@@ -43,15 +44,11 @@ const (
 func (e *Engine) run() {
 	defer close(e.done)
 	retry := backoff.Policy{Min: time.Second, Max: 30 * time.Second}
-	failures, next := 0, 0
+	failures := 0
 	lastErr := ""
 	for {
-		url := ""
-		if e.cfg.BrokerURL != nil {
-			url = e.cfg.BrokerURL()
-		}
 		tables := e.Tables()
-		if url == "" || e.cfg.Keys == nil || len(tables) == 0 {
+		if e.cfg.Link == nil || e.cfg.Keys == nil || len(tables) == 0 {
 			select {
 			case <-e.quit:
 				return
@@ -60,18 +57,8 @@ func (e *Engine) run() {
 			}
 			continue
 		}
-		// A broker setting may list several URLs (a cluster): the first
-		// that answers, from the one that worked last.
-		urls := brokerurl.Split(url)
-		var err error
 		began := time.Now()
-		for i := range urls {
-			u := urls[(next+i)%len(urls)]
-			if err = e.session(u, tables); !isDialError(err) {
-				next = (next + i) % len(urls)
-				break
-			}
-		}
+		err := e.session(tables)
 		if time.Since(began) > 30*time.Second {
 			failures = 0 // it worked a while: the next try is soon
 		}
@@ -91,45 +78,53 @@ func (e *Engine) run() {
 			continue
 		}
 		failures++
-		e.m.errors.WithLabelValues("broker").Inc()
-		if err.Error() != lastErr {
-			lastErr = err.Error()
-			e.log.Warn("rows: the link to the tables' logs failed; local reads and writes go on, writes wait for the broker", "err", err)
+		// A link that is down is the bridge's to report; the sync waits
+		// for it to connect.
+		if !errors.Is(err, ErrLinkDown) {
+			e.m.errors.WithLabelValues("broker").Inc()
+			if err.Error() != lastErr {
+				lastErr = err.Error()
+				e.log.Warn("rows: the link to the tables' logs failed; local reads and writes go on, writes wait for the broker", "err", err)
+			}
 		}
 		select {
 		case <-e.quit:
 			return
 		case <-e.reconf:
 		case <-e.linkUp:
-			// The broker answers the bridge again: the next tries are
-			// soon (its queues may still be starting).
+			// The node's link connected (again): the next tries are soon
+			// (the broker's queues may still be starting).
 			failures = 0
 		case <-time.After(retry.Delay(failures)):
 		}
 	}
 }
 
-// session runs one connection until it fails (an error), the tables or
-// the broker change (nil), or the engine closes.
-func (e *Engine) session(rawURL string, tables map[string]TableSpec) error {
-	conn, err := amqp.DialConfig(rawURL, amqp.Config{Heartbeat: 30 * time.Second,
-		Properties: amqp.Table{"connection_name": "meshbox rows " + e.cfg.Node}})
+// session runs one connection, dialled through the node's broker link,
+// until it fails (an error), the tables change or the link moves to
+// another broker or credential (nil), or the engine closes.
+func (e *Engine) session(tables map[string]TableSpec) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { // exits when the session ends or the engine closes
+		select {
+		case <-e.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	moved := e.cfg.Link.Moved() // before the dial: a move during it ends the session at once
+	conn, user, err := e.cfg.Link.Dial(ctx, linkRole)
 	if err != nil {
 		return &dialError{err}
 	}
 	defer func() { _ = conn.CloseDeadline(time.Now().Add(2 * time.Second)) }()
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	user := ""
-	if u, err := url.Parse(rawURL); err == nil && u.User != nil {
-		user = u.User.Username()
-	}
-	if e.cfg.Declare {
+	if e.cfg.Declare != nil && e.cfg.Declare(user) {
 		if err := e.declare(conn, slices.Collect(maps.Keys(tables))); err != nil {
 			return err
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	errs := make(chan error, len(tables)+1)
 	var wg sync.WaitGroup
 	for t := range tables {
@@ -155,6 +150,9 @@ func (e *Engine) session(rawURL string, tables map[string]TableSpec) error {
 	case <-e.quit:
 		return nil
 	case <-e.reconf:
+		return nil
+	case <-moved:
+		e.log.Info("rows: the node's broker link moved; reading the tables' logs through it again")
 		return nil
 	case err := <-closed:
 		if err == nil {
@@ -221,8 +219,3 @@ type dialError struct{ err error }
 
 func (e *dialError) Error() string { return "connect: " + e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
-
-func isDialError(err error) bool {
-	var d *dialError
-	return errors.As(err, &d)
-}

@@ -2,15 +2,12 @@ package doctor
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
-	"net/url"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/internal/brokerurl"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -32,7 +29,7 @@ func (d *Doctor) brokerURL() (u, from string) {
 
 // checkBroker dials the broker with a short timeout: reachable, and the
 // credentials and vhost accepted.
-func (d *Doctor) checkBroker(context.Context) Check {
+func (d *Doctor) checkBroker(ctx context.Context) Check {
 	const name = "broker"
 	raw, from := d.brokerURL()
 	if raw == "" {
@@ -53,14 +50,14 @@ func (d *Doctor) checkBroker(context.Context) Check {
 	}
 	urls := brokerurl.Split(raw)
 	if len(urls) == 1 {
-		conn, c := d.dialBroker(name, raw, from)
+		conn, c := d.dialBroker(ctx, name, raw, from)
 		d.brokerConn = conn // checkCredential looks at it, then closes it
 		return c
 	}
 	// Several brokers (a cluster): each is checked; the node needs one.
 	var good, bad []Check
 	for _, u := range urls {
-		conn, c := d.dialBroker(name, u, from)
+		conn, c := d.dialBroker(ctx, name, u, from)
 		switch {
 		case conn == nil:
 			bad = append(bad, c)
@@ -93,43 +90,26 @@ func (d *Doctor) checkBroker(context.Context) Check {
 
 // dialBroker dials one broker: a connection and an ok check, or nil and
 // a failed check.
-func (d *Doctor) dialBroker(name, raw, from string) (*amqp.Connection, Check) {
+func (d *Doctor) dialBroker(ctx context.Context, name, raw, from string) (*amqp.Connection, Check) {
 	safe := appliance.RedactURL(raw)
-	cfg := amqp.Config{
-		Dial:       amqp.DefaultDial(d.timeout),
-		Heartbeat:  10 * time.Second,
-		Properties: amqp.NewConnectionProperties(),
+	// The node's own dialer: its TLS settings, CA file and client
+	// certificate (EXTERNAL when the URL has no password).
+	conn, err := bridge.DialBroker(ctx, bridge.DialOptions{
+		URL:              raw,
+		Name:             "meshbox doctor " + d.cfg.Node,
+		CAFile:           d.cfg.Bridge.CAFile,
+		CertFile:         d.cfg.Bridge.CertFile,
+		KeyFile:          d.cfg.Bridge.KeyFile,
+		Heartbeat:        10 * time.Second,
+		DialTimeout:      d.timeout,
+		HandshakeTimeout: d.timeout,
+	})
+	switch {
+	case errors.Is(err, bridge.ErrCAFile):
+		return nil, fail(name, "fix bridge.ca_file", "%v", err)
+	case errors.Is(err, bridge.ErrClientCert):
+		return nil, fail(name, "fix bridge.cert_file and bridge.key_file", "%v", err)
 	}
-	cfg.Properties.SetClientConnectionName("meshbox doctor " + d.cfg.Node)
-	if d.cfg.Bridge.CAFile != "" {
-		pem, err := os.ReadFile(d.cfg.Bridge.CAFile)
-		if err != nil {
-			return nil, fail(name, "fix bridge.ca_file", "read CA file: %v", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fail(name, "fix bridge.ca_file", "%s holds no PEM certificate", d.cfg.Bridge.CAFile)
-		}
-		cfg.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	}
-	if d.cfg.Bridge.CertFile != "" {
-		// The node logs in with its client certificate (EXTERNAL) when
-		// the URL has no password: so does doctor.
-		cert, err := tls.LoadX509KeyPair(d.cfg.Bridge.CertFile, d.cfg.Bridge.KeyFile)
-		if err != nil {
-			return nil, fail(name, "fix bridge.cert_file and bridge.key_file", "client certificate: %v", err)
-		}
-		if cfg.TLSClientConfig == nil {
-			cfg.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-		}
-		cfg.TLSClientConfig.Certificates = []tls.Certificate{cert}
-		if u, err := url.Parse(raw); err == nil && u.Scheme == "amqps" {
-			if _, has := u.User.Password(); !has {
-				cfg.SASL = []amqp.Authentication{&amqp.ExternalAuth{}}
-			}
-		}
-	}
-	conn, err := amqp.DialConfig(raw, cfg)
 	if err != nil {
 		var ae *amqp.Error
 		switch {
