@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -217,8 +218,16 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 	conConn, conCork, abortCon, err := b.dial(ctx, url, roleConsume)
 	pd := <-pubDial
 	pubConn, cork, abortPub := pd.conn, pd.cork, pd.abort
+	// One connection logged in and the other "refused": the broker
+	// dropped the other during its login (the client library reports a
+	// socket closed there as a refused login), it did not refuse the
+	// credential the first one used.
+	dropped := (err == nil) != (pd.err == nil)
 	if err == nil {
 		err = pd.err
+	}
+	if dropped && loginDropped(err) {
+		err = fmt.Errorf("the broker closed a connection during its login, and let the other log in with the same credential: %w", errLoginDropped)
 	}
 	if err != nil {
 		for _, c := range []struct {
@@ -494,3 +503,12 @@ func (t *tracker) closeAndWait() {
 	t.mu.Unlock()
 	<-zero
 }
+
+// errLoginDropped is a connection the broker closed during its login
+// while it let another log in with the same credential.
+var errLoginDropped = errors.New("connection dropped during login")
+
+// loginDropped reports whether err is the client library's guess at a
+// socket closed during login (not the broker's own refusal, which names
+// itself as the server's).
+func loginDropped(err error) bool { return errors.Is(err, amqp.ErrCredentials) }

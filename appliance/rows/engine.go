@@ -72,6 +72,8 @@ type Engine struct {
 	ownMu sync.Mutex
 	own   map[[sha256.Size]byte]int
 
+	login login // the broker user the sync logged in as (trust.go)
+
 	mu       sync.Mutex
 	tables   map[string]TableSpec
 	linkErr  string // the last session's failure ("": none, or it ended well)
@@ -89,7 +91,8 @@ type Engine struct {
 
 // tableState is what the sync knows of a table.
 type tableState struct {
-	offset, last  uint64 // next offset to read; newest offset seen in the log
+	offset        uint64 // next offset to read
+	lastNext      uint64 // the offset after the newest seen in the log (0: none seen)
 	sinceSnapshot int    // changes read since the newest snapshot
 	waiting       string // what the reader waits for before it reads ("": nothing)
 	snapshotAt    uint64 // where a node new to the log starts: the newest snapshot's From, else its first part (0: none seen)
@@ -97,8 +100,22 @@ type tableState struct {
 	lastSnapshot  time.Time // when this node last wrote one
 	refused       map[string]int
 	firstRefusal  string
-	connected     bool
-	gap           bool // the log no longer held what this node had not read
+	logged        map[string]bool // cause/sender pairs logged (refuse)
+	// wantSnap: this node's replica may lack changes before where it
+	// reads (it joined from a snapshot, or the log dropped what it had
+	// not read): it applies the cells of the next whole snapshot it reads
+	// (takingSnap, by snapWriter). Other nodes hold everything a snapshot
+	// holds and do not apply its cells.
+	wantSnap   bool
+	takingSnap string
+	snapWriter string
+	// verifying: the log before the snapshot this node joined from is
+	// being read, to check the snapshot held it (verify.go).
+	verifying bool
+	held      int   // changes held on disk for the future (held.go)
+	heldNext  Stamp // the first held change's stamp (0: none)
+	connected bool
+	gap       bool // the log no longer held what this node had not read
 	// snapshotPending is the id of a snapshot whose parts are being read,
 	// taken at offset snapshotFirst (its From); snapshotQueued: this node
 	// waits to write one.
@@ -433,6 +450,14 @@ type TableStatus struct {
 	// Waiting is what this node waits for before it reads the table's
 	// log: a key of the table's scope it is a member of.
 	Waiting string `json:"waiting,omitempty"`
+	// Verifying: this node joined from a snapshot and is reading the log
+	// before it, to check that the snapshot held every change there (a
+	// change it lacked is applied and raises the alarm
+	// snapshot_disagrees).
+	Verifying bool `json:"verifying,omitempty"`
+	// Held is how many changes stamped ahead of this node's clock wait on
+	// its disk until the clock reaches them.
+	Held int `json:"held,omitempty"`
 }
 
 // Status returns every table's status.
@@ -456,9 +481,10 @@ func (e *Engine) Status() []TableStatus {
 		}
 		if s, ok := states[t]; ok {
 			ts.Offset, ts.Synced, ts.Gap, ts.Waiting = s.offset, s.connected, s.gap, s.waiting
-			if s.last >= s.offset {
-				ts.Behind = s.last + 1 - s.offset
+			if s.lastNext > s.offset {
+				ts.Behind = s.lastNext - s.offset
 			}
+			ts.Verifying, ts.Held = s.verifying, s.held
 			if !s.snapshotTime.IsZero() {
 				st := s.snapshotTime
 				ts.LastSnapshot = &st
@@ -482,21 +508,32 @@ func (e *Engine) state(table string) *tableState {
 	return s
 }
 
-// refuse counts a change of table's log this node cannot apply.
-func (e *Engine) refuse(table, cause string, err error) {
-	e.m.refused.WithLabelValues(table, cause).Inc()
+// refuse counts a change of table's log this node cannot apply, from
+// sender (a broker user or node), under cause; it logs once per table,
+// cause and sender.
+func (e *Engine) refuse(table, cause, sender string, err error) {
+	e.refuseN(table, cause, sender, 1, err)
+}
+
+// refuseN is refuse for n changes.
+func (e *Engine) refuseN(table, cause, sender string, n int, err error) {
+	e.m.refused.WithLabelValues(table, cause).Add(float64(n))
 	e.mu.Lock()
 	s := e.state(table)
 	if s.refused == nil {
-		s.refused = map[string]int{}
+		s.refused, s.logged = map[string]int{}, map[string]bool{}
 	}
-	first := s.refused[cause] == 0
-	s.refused[cause]++
+	s.refused[cause] += n
 	if s.firstRefusal == "" {
-		s.firstRefusal = err.Error()
+		s.firstRefusal = cause + ": " + err.Error()
+	}
+	key := cause + "\x00" + sender
+	first := !s.logged[key] && len(s.logged) < 1024
+	if first {
+		s.logged[key] = true
 	}
 	e.mu.Unlock()
 	if first {
-		e.log.Warn("a change of the table's log refused; this replica may differ from the others until it is resolved (logged once per table and cause)", "table", table, "cause", cause, "err", err)
+		e.log.Warn("a change of the table's log refused; this replica may differ from the others until it is resolved (logged once per table, cause and sender)", "table", table, "cause", cause, "sender", sender, "err", err)
 	}
 }

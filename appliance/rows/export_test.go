@@ -1,6 +1,10 @@
 package rows
 
-import "time"
+import (
+	"time"
+
+	"github.com/meshbox/meshbox/internal/seal"
+)
 
 // SetSnapshotGap sets the least time between two snapshots of a node for
 // a test, and returns what undoes it.
@@ -8,4 +12,34 @@ func SetSnapshotGap(d time.Duration) (undo func()) {
 	old := snapshotGap
 	snapshotGap = d
 	return func() { snapshotGap = old }
+}
+
+// SealedBatch is a log message's body as a node of the given name seals
+// it: a change batch (snap "") or one part of a one-part snapshot with
+// join and from, for tests that forge what a peer may publish.
+func SealedBatch(s *seal.Sealer, table, node, snap string, join, from uint64, changes []Change) []byte {
+	b := batch{V: 1, Kind: kindChanges, Node: node, Join: join, Changes: changes}
+	if snap != "" {
+		b.Kind, b.Snap, b.Part, b.Parts, b.From = kindSnapshot, snap, 1, 1, from
+	}
+	body, err := sealBatch(s, table, &b)
+	if err != nil {
+		panic(err)
+	}
+	return body
+}
+
+// Held limits for tests.
+const (
+	MaxHeldChanges = maxHeldChanges
+	MaxHeldBytes   = maxHeldBytes
+	MaxHoldAhead   = maxHoldAhead
+)
+
+// SetSnapshotWait sets how long a joiner waits for the snapshot its join
+// offset names, and returns what undoes it.
+func SetSnapshotWait(d time.Duration) (undo func()) {
+	old := snapshotWait
+	snapshotWait = d
+	return func() { snapshotWait = old }
 }

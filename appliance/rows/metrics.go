@@ -29,7 +29,7 @@ func newMetrics(e *Engine) *metrics {
 		snapshots: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshbox_rows_snapshots_total",
 			Help: "Snapshots of a table this node wrote into its log (compaction)."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshbox_rows_refused_total",
-			Help: "Changes of a table's log this node did not apply, by table and cause (unopened: sealed with a key it lacks or tampered; future: stamped too far ahead of its clock, held until its clock reaches it)."},
+			Help: "Changes of a table's log this node did not apply, by table and cause (unopened: sealed with a key it lacks or tampered; wrong_scope: sealed with a key of another scope than the table's; forged_writer: naming another writer than its publisher; future: stamped too far ahead of its clock, held on disk until its clock reaches it; far_future: more than a day ahead, dropped; over_bound: held changes past their bound, dropped; snapshot_disagrees: the snapshot this node joined from lacked changes of the log before it)."},
 			[]string{"table", "cause"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshbox_rows_errors_total",
 			Help: "Failures of the rows engine, by kind (store, broker, no_key, no_log)."}, []string{"kind"}),

@@ -37,7 +37,8 @@ func (e *Engine) publish(ctx context.Context, conn *amqp.Connection, user string
 	inflight := map[uint64]flight{}
 	returned := map[string]bool{}
 	warned := map[string]bool{}
-	noLog := map[string]time.Time{} // tables whose batch the broker returned, when
+	noLog := map[string]time.Time{}      // tables whose batch the broker returned, when
+	noLogSince := map[string]time.Time{} // since when their batches come back
 	sent := map[string]uint64{}
 	var tag uint64
 	tick := time.NewTicker(time.Second)
@@ -90,7 +91,13 @@ func (e *Engine) publish(ctx context.Context, conn *amqp.Connection, user string
 					e.log.Warn("rows: a snapshot of the table failed; the next change past the threshold tries again", "table", t, "err", err)
 				}
 			}
-		case r := <-returns:
+		case r, ok := <-returns:
+			if !ok {
+				// The channel or its connection closed: the library closes
+				// every notification channel (a receive from a closed one
+				// is always ready; looping on it spun a core).
+				return errors.New("publish channel closed")
+			}
 			returned[r.MessageId] = true
 		case c, ok := <-confirms:
 			if !ok {
@@ -104,7 +111,10 @@ func (e *Engine) publish(ctx context.Context, conn *amqp.Connection, user string
 			returns:
 				for {
 					select {
-					case r := <-returns:
+					case r, ok := <-returns:
+						if !ok {
+							break returns
+						}
 						returned[r.MessageId] = true
 					default:
 						break returns
@@ -116,6 +126,7 @@ func (e *Engine) publish(ctx context.Context, conn *amqp.Connection, user string
 				case !known:
 				case c.Ack && !returned[strconv.FormatUint(c.DeliveryTag, 10)]:
 					done[f.table] = append(done[f.table], f.seqs...)
+					delete(noLogSince, f.table)
 				default: // nacked or returned: sent again
 					delete(returned, strconv.FormatUint(c.DeliveryTag, 10))
 					if f.seqs[0]-1 < sent[f.table] {
@@ -125,7 +136,13 @@ func (e *Engine) publish(ctx context.Context, conn *amqp.Connection, user string
 						e.m.errors.WithLabelValues("broker").Inc()
 					} else {
 						e.m.errors.WithLabelValues("no_log").Inc()
-						if !warned[f.table] {
+						if noLogSince[f.table].IsZero() {
+							noLogSince[f.table] = time.Now()
+						}
+						// Right after a broker's restart its stream queues
+						// take a moment to come back: only a table whose
+						// batches keep coming back has no log.
+						if !warned[f.table] && time.Since(noLogSince[f.table]) > noLogWarnAfter {
 							warned[f.table] = true
 							e.log.Warn("rows: the broker has no log for the table; its writes wait on this node (logged once per connection)", "table", f.table, "fix", "meshbox mesh table add "+f.table+" --broker-admin URL")
 						}
@@ -150,6 +167,10 @@ func (e *Engine) publish(ctx context.Context, conn *amqp.Connection, user string
 		}
 	}
 }
+
+// noLogWarnAfter is how long a table's batches come back unroutable
+// before the node says the broker has no log for it.
+const noLogWarnAfter = 15 * time.Second
 
 // publishing is a log message of table.
 func (e *Engine) publishing(table, keyID, user string, body []byte, tag uint64) amqp.Publishing {

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -31,11 +32,22 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 		return err
 	}
 	var start any = "first"
+	joined := false
 	if ok {
 		start = int64(off)
 	} else if s, found := e.newestSnapshot(ctx, conn, table); found {
-		start = int64(s)
-		e.log.Info("rows: joining a table from its newest snapshot", "table", table, "offset", s)
+		// The snapshot is a member's word: the log before it is read
+		// too, in the background, to check that it held every change
+		// there (verify.go).
+		if err := e.store.setVerify(table, s); err != nil {
+			return err
+		}
+		start, joined = int64(s), true
+		e.log.Info("rows: joining a table from its newest snapshot; the log before it is checked in the background", "table", table, "offset", s)
+	}
+	heldNext, err := e.store.nextHeld(table)
+	if err != nil {
+		return err
 	}
 	ch, err := conn.Channel()
 	if err != nil {
@@ -54,55 +66,61 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 	defer func() { go drain(ds) }()
 	e.mu.Lock()
 	st := e.state(table)
-	st.connected, st.offset = true, off
+	st.connected, st.offset, st.heldNext = true, off, heldNext
+	st.held = e.store.heldCount(table)
+	if joined {
+		st.wantSnap = true
+	}
 	e.mu.Unlock()
 	defer func() {
 		e.mu.Lock()
 		e.state(table).connected = false
 		e.mu.Unlock()
 	}()
+	// The verifier of a snapshot this node joined from (now or before a
+	// restart): it ends with the reader (vctx).
+	vctx, vcancel := context.WithCancel(ctx)
+	var verifier sync.WaitGroup
+	defer verifier.Wait()
+	defer vcancel()
+	if at, to, pending, err := e.store.verifyRange(table); err != nil {
+		return err
+	} else if pending {
+		verifier.Go(func() { e.verifyLog(vctx, conn, table, at, to) })
+	}
 	first := true
-	var held []heldChange
 	retryHeld := time.NewTicker(time.Second)
 	defer retryHeld.Stop()
 	for {
-		var msgs []amqp.Delivery
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-retryHeld.C:
-			if held, err = e.applyHeld(table, held); err != nil {
+		msgs, open := nextRun(ctx, ds, retryHeld.C)
+		if !open {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("the log of table %s: consumer ended", table)
+		}
+		if len(msgs) == 0 { // the ticker
+			if err := e.releaseHeld(table); err != nil {
 				return err
 			}
 			continue
-		case d, open := <-ds:
-			if !open {
-				return fmt.Errorf("the log of table %s: consumer ended", table)
-			}
-			msgs = append(msgs, d)
 		}
-		linger := time.NewTimer(applyLinger)
-	more:
-		for len(msgs) < applyBatch {
-			select {
-			case d, open := <-ds:
-				if !open {
-					break more
-				}
-				msgs = append(msgs, d)
-			case <-linger.C:
-				break more
-			}
-		}
-		linger.Stop()
-		if first && ok {
-			if o := offsetOf(msgs[0]); o > off {
+		if first {
+			o := offsetOf(msgs[0])
+			switch {
+			case ok && o > off:
 				e.noteGap(table, off, o)
+			case !ok && !joined && o > 0:
+				// A node new to the log without a snapshot to start
+				// from, and the log no longer starts at its beginning:
+				// what it dropped is in the snapshots after it.
+				e.mu.Lock()
+				e.state(table).wantSnap = true
+				e.mu.Unlock()
 			}
 		}
 		first = false
-		var err error
-		if held, err = e.applyLog(table, msgs, held); err != nil {
+		if err := e.applyLog(table, msgs); err != nil {
 			return err
 		}
 		if err := ch.Ack(msgs[len(msgs)-1].DeliveryTag, true); err != nil {
@@ -111,23 +129,54 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 	}
 }
 
-// heldChange is a change stamped too far ahead of this node's clock, kept
-// until the clock reaches it; the saved offset stays at or before it, so
-// that a restart reads it again.
-type heldChange struct {
-	offset uint64
-	ch     Change
+// applyBytes bounds the body bytes of a run applied in one commit: a
+// reader's working set (snapshot parts are up to 256 KiB each).
+const applyBytes = 16 << 20
+
+// nextRun waits for the next delivery of ds (or a tick: an empty run),
+// then takes the deliveries that follow within applyLinger, up to
+// applyBatch messages and applyBytes. open is false when ds closed or
+// ctx ended.
+func nextRun(ctx context.Context, ds <-chan amqp.Delivery, tick <-chan time.Time) (msgs []amqp.Delivery, open bool) {
+	select {
+	case <-ctx.Done():
+		return nil, false
+	case <-tick:
+		return nil, true
+	case d, ok := <-ds:
+		if !ok {
+			return nil, false
+		}
+		msgs = append(msgs, d)
+	}
+	size := len(msgs[0].Body)
+	linger := time.NewTimer(applyLinger)
+	defer linger.Stop()
+	for len(msgs) < applyBatch && size < applyBytes {
+		select {
+		case d, ok := <-ds:
+			if !ok {
+				return msgs, true // applied; the next call says it closed
+			}
+			msgs = append(msgs, d)
+			size += len(d.Body)
+		case <-linger.C:
+			return msgs, true
+		}
+	}
+	return msgs, true
 }
 
 // applyLog applies a run of log messages of table.
-func (e *Engine) applyLog(table string, msgs []amqp.Delivery, held []heldChange) ([]heldChange, error) {
-	var changes []Change
+func (e *Engine) applyLog(table string, msgs []amqp.Delivery) error {
+	run := logApply{progress: kOffset}
 	last := uint64(0)
 	e.mu.Lock()
 	st := e.state(table)
 	e.mu.Unlock()
-	for _, d := range msgs {
-		o := offsetOf(d)
+	for i := range msgs {
+		d := &msgs[i]
+		o := offsetOf(*d)
 		last = o
 		if n, ok := e.takeOwn(d.Body); ok {
 			// This node's own writes, back from the log: its store has
@@ -137,94 +186,141 @@ func (e *Engine) applyLog(table string, msgs []amqp.Delivery, held []heldChange)
 			e.mu.Unlock()
 			continue
 		}
-		keyID, _ := d.Headers[headerKey].(string)
-		b, err := openBatch(e.cfg.Keys, table, keyID, d.Body)
-		if err != nil {
-			e.refuse(table, "unopened", fmt.Errorf("log offset %d from %s: %w", o, d.UserId, err))
+		b, origin, ok := e.openChecked(table, d, o)
+		if !ok {
 			continue
 		}
-		if b.Join > 0 && b.Join <= o {
-			e.mu.Lock()
-			st.snapshotAt = max(st.snapshotAt, b.Join)
-			e.mu.Unlock()
-		}
 		if b.Kind == kindSnapshot {
-			e.noteSnapshot(table, b, o, d.Timestamp)
+			if !e.noteSnapshot(table, b, origin, o, d.Timestamp) {
+				continue // this node holds what the snapshot holds
+			}
 		} else {
 			e.mu.Lock()
 			st.sinceSnapshot += len(b.Changes)
 			e.mu.Unlock()
 		}
-		for _, ch := range b.Changes {
-			if err := e.observe(ch); err != nil {
-				e.refuse(table, "future", err)
-				held = append(held, heldChange{offset: o, ch: ch})
-				continue
-			}
-			changes = append(changes, ch)
-		}
+		e.sortChanges(table, origin, b.Changes, &run)
 	}
-	next := last + 1
-	for _, h := range held {
-		next = min(next, h.offset)
-	}
-	applied, err := e.store.Apply(table, changes, next)
+	run.next = last + 1
+	res, err := e.store.applyLog(table, run)
 	if err != nil {
 		e.m.errors.WithLabelValues("store").Inc()
-		return held, fmt.Errorf("apply the log of table %s: %w", table, err)
+		return fmt.Errorf("apply the log of table %s: %w", table, err)
 	}
 	e.mu.Lock()
-	st.offset = next
-	st.last = max(st.last, last)
+	st.offset = run.next
+	st.lastNext = max(st.lastNext, run.next)
+	st.held = res.held
+	if len(run.hold) > 0 {
+		if h := minStamp(run.hold); st.heldNext == 0 || h < st.heldNext {
+			st.heldNext = h
+		}
+	}
 	// Due past SnapshotEvery changes, or when the newest snapshot is a
 	// quarter of the log's retention old: the log must always hold one.
 	due := st.sinceSnapshot >= e.cfg.SnapshotEvery ||
 		st.sinceSnapshot > 0 && !st.snapshotTime.IsZero() && time.Since(st.snapshotTime) > e.cfg.MaxAge/4
 	e.mu.Unlock()
-	for _, a := range applied {
+	if res.dropped > 0 {
+		e.refuseN(table, causeOverBound, "", res.dropped, fmt.Errorf("%d changes stamped ahead dropped: this node holds at most %d (%d MiB) of a table until its clock reaches them", res.dropped, maxHeldChanges, maxHeldBytes>>20))
+	}
+	for _, a := range res.applied {
 		e.m.applied.Add(float64(len(a.Won)))
 		e.notify(a)
 	}
 	if due {
 		e.snapshotSoon(table)
 	}
-	return held, nil
+	return nil
 }
 
-// applyHeld applies the held changes the clock reached.
-func (e *Engine) applyHeld(table string, held []heldChange) ([]heldChange, error) {
-	if len(held) == 0 {
-		return held, nil
+// openChecked opens the log message d of table (at offset o) and checks
+// it by the trust rules (trust.go): it returns the batch and the node
+// that published it, or counts the refusal and reports false.
+func (e *Engine) openChecked(table string, d *amqp.Delivery, o uint64) (*batch, string, bool) {
+	b, origin, cause, sender, err := e.check(table, d, o)
+	if err != nil {
+		e.refuse(table, cause, sender, err)
+		return nil, "", false
 	}
-	var ready []Change
-	var still []heldChange
-	for _, h := range held {
-		if e.observe(h.ch) == nil {
-			ready = append(ready, h.ch)
-		} else {
-			still = append(still, h)
+	return b, origin, true
+}
+
+// check is openChecked without counting: the refusal's cause and sender.
+func (e *Engine) check(table string, d *amqp.Delivery, o uint64) (b *batch, origin, cause, sender string, err error) {
+	keyID, _ := d.Headers[headerKey].(string)
+	sender = d.UserId
+	if err := e.checkScope(table, keyID); err != nil {
+		return nil, "", causeWrongScope, sender, fmt.Errorf("log offset %d from %q: %w", o, sender, err)
+	}
+	b, err = openBatch(e.cfg.Keys, table, keyID, d.Body)
+	if err != nil {
+		return nil, "", causeUnopened, sender, fmt.Errorf("log offset %d from %q: %w", o, sender, err)
+	}
+	origin, err = e.origin(d, b)
+	if err == nil {
+		err = checkWriter(b, origin)
+	}
+	if err != nil {
+		if sender == "" {
+			sender = b.Node
+		}
+		return nil, "", causeForgedWriter, sender, fmt.Errorf("log offset %d: %w", o, err)
+	}
+	return b, origin, "", sender, nil
+}
+
+// sortChanges puts each change of a batch from origin into run: to
+// apply now, to hold until the clock reaches it, or refused.
+func (e *Engine) sortChanges(table, origin string, changes []Change, run *logApply) {
+	for _, ch := range changes {
+		err := e.observe(ch)
+		var fut *ErrFuture
+		switch {
+		case err == nil:
+			run.changes = append(run.changes, ch)
+		case errors.As(err, &fut) && fut.Ahead > maxHoldAhead:
+			e.refuse(table, causeFarFuture, origin, fmt.Errorf("%w; more than %s ahead, it is dropped", err, maxHoldAhead))
+		default:
+			e.refuse(table, causeFuture, origin, err)
+			run.hold = append(run.hold, ch)
 		}
 	}
-	if len(ready) == 0 {
-		return held, nil
+}
+
+func minStamp(changes []Change) Stamp {
+	var m Stamp
+	for _, ch := range changes {
+		if s := maxStamp(ch); m == 0 || s < m {
+			m = s
+		}
 	}
+	return m
+}
+
+// releaseHeld applies the held changes of table the clock reached.
+func (e *Engine) releaseHeld(table string) error {
 	e.mu.Lock()
-	next := e.state(table).last + 1
+	next := e.state(table).heldNext
 	e.mu.Unlock()
-	for _, h := range still {
-		next = min(next, h.offset)
+	upTo := StampAt(e.clock.now().Add(e.clock.maxDrift))
+	if next == 0 || next > upTo {
+		return nil
 	}
-	applied, err := e.store.Apply(table, ready, next)
+	applied, next, err := e.store.releaseHeld(table, upTo, e.observe)
 	if err != nil {
-		return held, err
+		e.m.errors.WithLabelValues("store").Inc()
+		return err
 	}
+	held := e.store.heldCount(table)
 	e.mu.Lock()
-	e.state(table).offset = next
+	e.state(table).heldNext, e.state(table).held = next, held
 	e.mu.Unlock()
 	for _, a := range applied {
+		e.m.applied.Add(float64(len(a.Won)))
 		e.notify(a)
 	}
-	return still, nil
+	return nil
 }
 
 // observe moves the clock past every stamp of ch, or refuses it.

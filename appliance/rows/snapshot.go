@@ -22,25 +22,29 @@ import (
 var snapshotGap = time.Minute
 
 // newestSnapshot finds, from the newest message of table's log, where the
-// newest complete snapshot its writer knew starts.
+// newest complete snapshot its writer knew starts. The answer is a
+// member's word: a joiner checks it (verify.go).
 func (e *Engine) newestSnapshot(ctx context.Context, conn *amqp.Connection, table string) (uint64, bool) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return 0, false
 	}
+	// The channel's close cancels the consumer on the broker; a cancel of
+	// our own beside it (a consumer's context) would race the close and
+	// cost the connection (CHANNEL_ERROR - expected 'channel.open').
 	defer func() {
 		go func() { _ = ch.Close() }() // not waited for: see session
 	}()
 	if err := ch.Qos(1, 0, false); err != nil {
 		return 0, false
 	}
-	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	ds, err := ch.ConsumeWithContext(cctx, QueueOf(table), "", false, false, false, false, amqp.Table{"x-stream-offset": "last"})
+	ds, err := ch.Consume(QueueOf(table), "", false, false, false, false, amqp.Table{"x-stream-offset": "last"})
 	if err != nil {
 		return 0, false
 	}
 	defer func() { go drain(ds) }()
+	wait := time.NewTimer(3 * time.Second)
+	defer wait.Stop()
 	select {
 	case d, ok := <-ds:
 		if !ok {
@@ -48,30 +52,39 @@ func (e *Engine) newestSnapshot(ctx context.Context, conn *amqp.Connection, tabl
 		}
 		// The header is anyone's word (any node may publish into the log,
 		// one outside the table's scope too): only the sealed offset of
-		// a message that opens counts, and only one before the message.
-		keyID, _ := d.Headers[headerKey].(string)
-		b, err := openBatch(e.cfg.Keys, table, keyID, d.Body)
+		// a message that opens with the table's key, from its validated
+		// writer, counts, and only one before the message.
+		o := offsetOf(d)
+		b, _, cause, _, err := e.check(table, &d, o)
 		if err != nil {
-			e.log.Warn("rows: the newest message of the table's log does not open; joining from the log's first message", "table", table, "from", d.UserId, "err", err)
+			// Counted when the reader reaches it.
+			e.log.Warn("rows: the newest message of the table's log is refused; joining from the log's first message", "table", table, "cause", cause, "err", err)
 			return 0, false
 		}
-		if b.Join > 0 && b.Join <= offsetOf(d) {
+		if b.Join > 0 && b.Join <= o {
 			return b.Join, true
 		}
-	case <-cctx.Done():
+	case <-wait.C:
+	case <-ctx.Done():
 	}
 	return 0, false
 }
 
-// noteSnapshot follows the parts of a snapshot in the log: once all of a
-// snapshot's parts are read, it is the newest.
-func (e *Engine) noteSnapshot(table string, b *batch, offset uint64, at time.Time) {
+// noteSnapshot follows the parts of a snapshot from origin in the log:
+// once all of a snapshot's parts are read, it is the newest. It reports
+// whether this node applies the part's cells (it wants a snapshot, and
+// this is the first whole one it reads).
+func (e *Engine) noteSnapshot(table string, b *batch, origin string, offset uint64, at time.Time) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	st := e.state(table)
 	if b.Part == 1 {
 		st.snapshotPending, st.snapshotFirst = b.Snap, min(b.From, offset)
+		if st.wantSnap && st.takingSnap == "" {
+			st.takingSnap, st.snapWriter = b.Snap, origin
+		}
 	}
+	apply := st.takingSnap != "" && st.takingSnap == b.Snap
 	if b.Part == b.Parts && st.snapshotPending == b.Snap {
 		// A node that starts at the first part would miss the changes
 		// its writer had not read yet when it took the snapshot.
@@ -83,7 +96,11 @@ func (e *Engine) noteSnapshot(table string, b *batch, offset uint64, at time.Tim
 		if at.IsZero() {
 			st.snapshotTime = time.Now()
 		}
+		if apply {
+			st.takingSnap, st.wantSnap = "", false
+		}
 	}
+	return apply
 }
 
 // snapshotSoon schedules a snapshot of table: after a wait of this node's
@@ -114,6 +131,9 @@ func (e *Engine) snapshotSoon(table string) {
 		st.snapshotQueued = false
 		due := st.sinceSnapshot >= e.cfg.SnapshotEvery ||
 			st.sinceSnapshot > 0 && !st.snapshotTime.IsZero() && time.Since(st.snapshotTime) > e.cfg.MaxAge/4
+		// A replica that may still lack changes (it waits for a snapshot,
+		// or checks the one it joined from) writes none.
+		due = due && !st.wantSnap && !st.verifying
 		if due {
 			st.lastSnapshot = time.Now()
 		}

@@ -119,6 +119,7 @@ func (e *Engine) session(tables map[string]TableSpec) error {
 		return &dialError{err}
 	}
 	defer func() { _ = conn.CloseDeadline(time.Now().Add(2 * time.Second)) }()
+	e.setLogin(user) // before any message is read: whose word is an origin (trust.go)
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	if e.cfg.Declare != nil && e.cfg.Declare(user) {
 		if err := e.declare(conn, slices.Collect(maps.Keys(tables))); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -412,6 +413,29 @@ func TestRowsConverge(t *testing.T) {
 		relinked = append(relinked, fmt.Sprintf("%s %s", n, time.Since(back).Round(100*time.Millisecond)))
 	}
 	t.Logf("after the broker's restart, the tables' logs read again by: %s", strings.Join(relinked, ", "))
+
+	// The broker closes the connections while alpha's confirms are in
+	// flight: alpha's link frozen (its writes go on, their confirms wait
+	// in the proxy), then every connection of the nodes' user closed on
+	// the broker, then the link thawed. Every node reads its log again
+	// and alpha's writes since reach the others.
+	alpha := nodes["alpha"]
+	waitTable(t, alpha.p, table, 30*time.Second, "writing through the broker", func(ts rows.TableStatus) bool { return ts.Synced })
+	alpha.px.Stall(t)
+	frozenAt := time.Now()
+	meshtest.WaitFor(t, 30*time.Second, "alpha acknowledging writes on a frozen link", func() bool { return record.count("alpha", frozenAt) >= 20 })
+	user := "guest"
+	if u, err := url.Parse(amqpURL); err == nil && u.User != nil {
+		user = u.User.Username()
+	}
+	rmq.Ctl(t, "close_all_user_connections", user, "test: connections closed while confirms are in flight")
+	time.Sleep(time.Second)
+	alpha.px.Restore(t)
+	thawed := time.Now()
+	for _, n := range names {
+		waitTable(t, nodes[n].p, table, 60*time.Second, "reading its log after the broker closed its connections", func(ts rows.TableStatus) bool { return ts.Synced })
+	}
+	t.Logf("after the broker closed the connections of a frozen link, every node reads its log again %s after the thaw", time.Since(thawed).Round(100*time.Millisecond))
 	time.Sleep(time.Second)
 	stopWriters()
 	t.Logf("writers stopped at %s", time.Since(start).Round(100*time.Millisecond))

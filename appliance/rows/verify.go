@@ -1,0 +1,148 @@
+package rows
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Verifying a snapshot. A node new to a table starts reading its log at
+// the newest snapshot a member named, and holds the table once it read
+// that snapshot and what follows it. The snapshot (and the offset that
+// named it) is one member's word: a forged one could leave rows out. So
+// the joiner then reads the log before the snapshot as well, in the
+// background, and merges it: fields converge on their own, so reading a
+// change twice changes nothing, and a change the snapshot lacked is
+// applied now. Such a change means the snapshot did not hold what it
+// claimed: it is counted (snapshot_disagrees), shown on the table and
+// logged once, naming the snapshot's writer. Where the log has dropped
+// its beginning (retention), the older snapshots still in it are read
+// as well. The stretch left to read is saved, so a restart resumes it.
+
+// verifyLog reads table's log from offset at up to (not including) to,
+// once the snapshot this node joined from is applied, then forgets the
+// stretch. It returns when done, when ctx ends or the channel fails (the
+// next session resumes).
+func (e *Engine) verifyLog(ctx context.Context, conn *amqp.Connection, table string, at, to uint64) {
+	e.setVerifying(table, true)
+	defer e.setVerifying(table, false)
+	// The joiner's own snapshot first: a change of the log before it
+	// applied sooner would be no disagreement. An honest join offset is
+	// where a snapshot starts, and its first part follows within a few
+	// messages; one whose snapshot does not begin within snapshotWait
+	// named none, and the log before it is all there is.
+	began := time.Now()
+	for {
+		e.mu.Lock()
+		st := e.state(table)
+		if st.wantSnap && st.takingSnap == "" && time.Since(began) > snapshotWait {
+			st.wantSnap = false
+			st.snapWriter = ""
+		}
+		waiting := st.wantSnap
+		e.mu.Unlock()
+		if !waiting {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	lacked := 0
+	finish := func() {
+		if err := e.store.setVerify(table, 0); err != nil {
+			e.m.errors.WithLabelValues("store").Inc()
+			e.log.Warn("rows: forgetting a verified stretch of the table's log failed; it is read again at the next start", "table", table, "err", err)
+			return
+		}
+		e.mu.Lock()
+		writer := e.state(table).snapWriter
+		e.mu.Unlock()
+		switch {
+		case lacked > 0 && writer == "":
+			e.refuseN(table, causeSnapshot, "", lacked, fmt.Errorf("the offset this node joined the log at named no snapshot, and the log before it held %d field versions; they are applied now", lacked))
+			return
+		case lacked > 0:
+			e.refuseN(table, causeSnapshot, writer, lacked, fmt.Errorf("the snapshot this node joined from (written by %s) lacked %d field versions of the log before it; they are applied now", writer, lacked))
+			return
+		}
+		e.log.Info("rows: the snapshot this node joined from holds every change of the log before it", "table", table, "up_to", to)
+	}
+	if at >= to {
+		finish()
+		return
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return
+	}
+	if err := ch.Qos(readPrefetch, 0, false); err != nil {
+		return
+	}
+	// Consume without a context: the channel closes with the connection
+	// (session) or below, which ends the consumer.
+	ds, err := ch.Consume(QueueOf(table), "", false, false, false, false, amqp.Table{"x-stream-offset": int64(at)})
+	if err != nil {
+		return
+	}
+	defer func() {
+		go drain(ds)
+		go func() { _ = ch.Close() }() // not waited for: see session
+	}()
+	for {
+		msgs, open := nextRun(ctx, ds, nil)
+		if !open || len(msgs) == 0 {
+			return
+		}
+		run := logApply{progress: kVerifyAt}
+		done := false
+		for i := range msgs {
+			d := &msgs[i]
+			o := offsetOf(*d)
+			if o >= to {
+				done = true
+				break
+			}
+			run.next = o + 1
+			b, origin, ok := e.openChecked(table, d, o)
+			if !ok {
+				continue
+			}
+			e.sortChanges(table, origin, b.Changes, &run)
+		}
+		if run.next > 0 {
+			res, err := e.store.applyLog(table, run)
+			if err != nil {
+				e.m.errors.WithLabelValues("store").Inc()
+				e.log.Warn("rows: checking the table's snapshot against its log failed; the next session tries again", "table", table, "err", err)
+				return
+			}
+			for _, a := range res.applied {
+				lacked += len(a.Won)
+				e.m.applied.Add(float64(len(a.Won)))
+				e.notify(a)
+			}
+		}
+		if err := ch.Ack(msgs[len(msgs)-1].DeliveryTag, true); err != nil {
+			return
+		}
+		if done {
+			finish()
+			return
+		}
+	}
+}
+
+// snapshotWait is how long a joiner waits for the first part of the
+// snapshot its join offset names (a variable for tests).
+var snapshotWait = 10 * time.Second
+
+func (e *Engine) setVerifying(table string, on bool) {
+	e.mu.Lock()
+	e.state(table).verifying = on
+	e.mu.Unlock()
+}
