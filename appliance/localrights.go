@@ -42,6 +42,8 @@ var (
 	ErrReplyRefused = errors.New("reply subject refused")
 	// ErrResultTopicRefused: a result topic a submitter may not publish.
 	ErrResultTopicRefused = errors.New("result topic refused")
+	// ErrCallRefused: a node's own capability a program may not call.
+	ErrCallRefused = errors.New("call refused")
 )
 
 const (
@@ -96,6 +98,20 @@ func (r *localRights) ReplyAllowed(subject, reply string) error {
 	}
 	if !matchesAny(subject, allow) {
 		return fmt.Errorf("%w: %q is program %s's inbox, and %s may not publish %s", ErrReplyRefused, reply, owner, owner, subject)
+	}
+	return nil
+}
+
+// CallAllowed reports whether the local client receiving on reply may
+// call capability on a named node (node.<n>.cap.<capability>): micro
+// discovery's capability answers the administrator (and the node's
+// peers), never a program, whatever its call rights say; nil when it may.
+func (r *localRights) CallAllowed(capability, reply string) error {
+	if capability != microCap {
+		return nil
+	}
+	if owner, ok := r.inboxOwner(reply); ok {
+		return fmt.Errorf("%w: %s answers the node's administrator, not programs (program %s): ask with nats micro ls as the administrator", ErrCallRefused, capability, owner)
 	}
 	return nil
 }

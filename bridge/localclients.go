@@ -21,6 +21,11 @@ type LocalRights interface {
 	// ResultTopicAllowed returns nil when every party that may submit to
 	// stage may publish event topic too.
 	ResultTopicAllowed(stage, topic string) error
+	// CallAllowed returns nil when the local client that receives on
+	// reply may call capability on a node named in the subject: some of
+	// the node's own capabilities answer its administrator alone, on any
+	// node.
+	CallAllowed(capability, reply string) error
 }
 
 // localOK checks a local message before the bridge acts on it: that a
@@ -41,6 +46,22 @@ func (b *Bridge) localOK(msg *nats.Msg) bool {
 		return true
 	}
 	b.refusedLocal("reply", inboxOwner(msg.Reply), err)
+	return false
+}
+
+// nodeCallOK checks a call of capability on a named node against the
+// rights of the local client that made it; a refusal is answered 403,
+// counted under "forbidden" and logged once per cause.
+func (b *Bridge) nodeCallOK(msg *nats.Msg, capability string) bool {
+	if b.cfg.Local == nil {
+		return true
+	}
+	err := b.cfg.Local.CallAllowed(capability, msg.Reply)
+	if err == nil {
+		return true
+	}
+	b.refusedLocal("node_cap", inboxOwner(msg.Reply)+"/"+capability, err)
+	b.replyError(msg.Reply, &ServiceError{Code: CodeForbidden, Text: err.Error()})
 	return false
 }
 

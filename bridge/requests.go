@@ -75,6 +75,9 @@ func (b *Bridge) onNodeCapRequest(msg *nats.Msg) {
 		b.replyError(msg.Reply, fmt.Errorf("%w: %q is not node.<node>.cap.<capability>", ErrBadInput, msg.Subject))
 		return
 	}
+	if !b.nodeCallOK(msg, name) {
+		return
+	}
 	timeout, err := b.requestTimeout(msg)
 	if err != nil {
 		b.m.err(errKindBadInput)

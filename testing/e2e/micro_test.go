@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -97,5 +99,27 @@ func TestMicroDiscoveryAcrossTheMesh(t *testing.T) {
 	pnc := meshtest.ProgramConn(t, alpha.NATSURL(), creds, caller)
 	if resp, err := pnc.Request(wire.CapPrefix+"lamps.set", nil, 5*time.Second); err != nil || string(resp.Data) != "on" {
 		t.Errorf("the caller program calls lamps.set: %v", err)
+	}
+
+	// Refused: a program that may call everything asks micro discovery's
+	// capability by a node's name, its own node's and beta's; the control
+	// is the administrator asking the same.
+	everything := programs.Program{Name: "everything", Call: []string{">"}}
+	enc := meshtest.ProgramConn(t, alpha.NATSURL(), meshtest.AddProgram(t, alpha.NATSURL(), alpha.DataDir(), everything), everything)
+	ping := []byte(`{"verb":"PING"}`)
+	for _, node := range []string{"alpha", "beta"} {
+		subj := wire.NodePrefix + node + ".cap.meshbox.micro"
+		resp, err := enc.Request(subj, ping, 5*time.Second)
+		if err != nil {
+			t.Errorf("program everything asks %s: %v, want a refusal", subj, err)
+			continue
+		}
+		if code, _, _ := wire.ReadError(resp.Header); code != strconv.Itoa(wire.CodeForbidden) || bytes.Contains(resp.Data, []byte("lamps")) || bytes.Contains(resp.Data, []byte("clock")) {
+			t.Errorf("program everything asks %s: code %q, body %.200q; want %d and no service", subj, code, resp.Data, wire.CodeForbidden)
+		}
+		aresp, err := anc.Request(subj, ping, 5*time.Second)
+		if err != nil || !bytes.Contains(aresp.Data, []byte("io.nats.micro.v1.ping_response")) {
+			t.Errorf("the administrator asks %s: %v %.200q, want the node's services", subj, err, aresp.Data)
+		}
 	}
 }
