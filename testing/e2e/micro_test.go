@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -121,5 +122,23 @@ func TestMicroDiscoveryAcrossTheMesh(t *testing.T) {
 		if err != nil || !bytes.Contains(aresp.Data, []byte("io.nats.micro.v1.ping_response")) {
 			t.Errorf("the administrator asks %s: %v %.200q, want the node's services", subj, err, aresp.Data)
 		}
+	}
+
+	// A capability no node hosts, as docs/programs.md's error table says:
+	// by its plain name, the NATS server's own no responders (a 503
+	// status, no Nats-Service-Error); on a named node, that node's 503.
+	code, out = runNATS(t, append(admin, "request", "--timeout", "5s", "cap.nothing.here", "x")...)
+	if !strings.Contains(out, "No responders are available") {
+		t.Errorf("nats request cap.nothing.here: exit %d, want no responders:\n%s", code, out)
+	}
+	if _, err := anc.Request("cap.nothing.here", nil, 5*time.Second); !errors.Is(err, nats.ErrNoResponders) {
+		t.Errorf("nats.go request cap.nothing.here: %v, want %v", err, nats.ErrNoResponders)
+	}
+	resp, err := anc.Request(wire.NodePrefix+"beta.cap.nothing.here", nil, 5*time.Second)
+	if err != nil {
+		t.Fatalf("node.beta.cap.nothing.here: %v, want a 503", err)
+	}
+	if code, text, _ := wire.ReadError(resp.Header); code != "503" || !strings.Contains(text, "nothing.here") {
+		t.Errorf("node.beta.cap.nothing.here: code %q %q, want 503 naming the capability", code, text)
 	}
 }
