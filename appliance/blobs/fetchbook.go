@@ -37,6 +37,17 @@ type FetchStatus struct {
 	Updated time.Time `json:"updated"`
 }
 
+// Elapsed is how long the fetch ran (or has run): by its own report, or,
+// from a fetcher that does not say (an older meshbox), between the first
+// and the last report the node heard; zero when the node heard one
+// report only and cannot time it.
+func (s FetchStatus) Elapsed() time.Duration {
+	if s.Seconds > 0 {
+		return time.Duration(s.Seconds * float64(time.Second))
+	}
+	return s.Updated.Sub(s.Started)
+}
+
 // FetchTotals are what the fetches of the node's clients did since the
 // node started, from their reports.
 type FetchTotals struct {
@@ -92,6 +103,8 @@ func checkReport(r FetchReport) error {
 		return bad("a negative retry count")
 	case math.IsNaN(r.Rate) || math.IsInf(r.Rate, 0) || r.Rate < 0:
 		return bad("rate %v", r.Rate)
+	case math.IsNaN(r.Seconds) || math.IsInf(r.Seconds, 0) || r.Seconds < 0:
+		return bad("seconds %v", r.Seconds)
 	case !slices.Contains(fetchStates, r.State):
 		return bad("state %q is not one of %v", r.State, fetchStates)
 	case r.State == StateFailed && !slices.Contains(fetchCauses, r.Cause):
@@ -166,7 +179,7 @@ func (b *fetchBook) end(st *FetchStatus, now time.Time) {
 	if len(b.ended) > endedFetches {
 		b.ended = b.ended[len(b.ended)-endedFetches:]
 	}
-	secs := st.Updated.Sub(st.Started).Seconds()
+	secs := st.Elapsed().Seconds()
 	switch outcome {
 	case StateDone:
 		b.logger.Info("blob fetched", "ref", st.Ref, "size", st.Size, "bytes", st.Bytes, "seconds", math.Round(secs*10)/10,

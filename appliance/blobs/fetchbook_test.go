@@ -40,6 +40,8 @@ func TestCheckReport(t *testing.T) {
 		{"negative bytes", func(r *FetchReport) { r.Bytes = -1 }, "negative"},
 		{"negative retries", func(r *FetchReport) { r.Retries.Deadline = -2 }, "retry"},
 		{"NaN rate", func(r *FetchReport) { r.Rate = math.NaN() }, "rate"},
+		{"negative seconds", func(r *FetchReport) { r.Seconds = -1 }, "seconds"},
+		{"infinite seconds", func(r *FetchReport) { r.Seconds = math.Inf(1) }, "seconds"},
 		{"unknown state", func(r *FetchReport) { r.State = "paused" }, "state"},
 		{"failed without a cause", func(r *FetchReport) { r.State = StateFailed }, "cause"},
 		{"failed with an unknown cause", func(r *FetchReport) { r.State, r.Cause = StateFailed, "gremlins" }, "cause"},

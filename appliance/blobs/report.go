@@ -51,6 +51,9 @@ type FetchReport struct {
 	State    string  `json:"state"`           // StateFetching, StateDone or StateFailed
 	Cause    string  `json:"cause,omitempty"` // a failed fetch's: Cause*
 	Error    string  `json:"error,omitempty"`
+	// Seconds is how long the fetch has run, by its own clock: a fetch
+	// that ends before the node heard from it is timed too.
+	Seconds float64 `json:"seconds"`
 }
 
 // Retries counts what a fetch asked for again, by cause.
@@ -62,18 +65,19 @@ type Retries struct {
 
 // reporter sends one fetch's reports. Its fields are the fetch's loop's.
 type reporter struct {
-	f    *Fetcher
-	ref  Ref
-	fl   *flow
-	res  *Result
-	id   string
-	have int64
+	f     *Fetcher
+	ref   Ref
+	fl    *flow
+	res   *Result
+	id    string
+	have  int64
+	start time.Time // when the fetch began
 }
 
 func (f *Fetcher) newReporter(ref Ref, fl *flow, res *Result) *reporter {
 	var id [16]byte
 	_, _ = rand.Read(id[:]) // never fails (crypto/rand)
-	return &reporter{f: f, ref: ref, fl: fl, res: res, id: hex.EncodeToString(id[:])}
+	return &reporter{f: f, ref: ref, fl: fl, res: res, id: hex.EncodeToString(id[:]), start: time.Now()}
 }
 
 // send publishes the fetch's progress in state (err: why it failed).
@@ -85,6 +89,7 @@ func (rp *reporter) send(state string, err error) {
 	r := FetchReport{
 		ID: rp.id, Ref: rp.ref.String(), Size: res.Size, Have: rp.have, Bytes: res.Bytes,
 		Rate: rp.fl.rate(), Window: rp.fl.window(), Piece: rp.fl.piece(), Requests: res.Requests,
+		Seconds: time.Since(rp.start).Seconds(),
 		Retries: Retries{Deadline: res.TimedOut, Unavailable: res.Retries - res.TimedOut, Corrupt: res.Refetched},
 		State:   state,
 	}

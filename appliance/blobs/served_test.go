@@ -132,6 +132,9 @@ func TestFetchIsReported(t *testing.T) {
 		if len(fs) != 1 || fs[0].State != StateDone || fs[0].Have != res.Size || fs[0].Bytes != res.Bytes || fs[0].Requests != res.Requests {
 			return fmt.Errorf("fetches %+v, want one done with %+v", fs, res)
 		}
+		if fs[0].Seconds <= 0 || fs[0].Elapsed() <= 0 {
+			return fmt.Errorf("fetch %+v: want the fetch's own time (seconds > 0)", fs[0])
+		}
 		if tot.Bytes != res.Bytes || tot.Outcomes[StateDone] != 1 || tot.Running != 0 {
 			return fmt.Errorf("totals %+v, want %d bytes, one done", tot, res.Bytes)
 		}

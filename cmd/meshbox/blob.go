@@ -374,13 +374,18 @@ func fetchLine(f blobs.FetchStatus) string {
 	if f.Size > 0 {
 		frac = float64(f.Have) / float64(f.Size)
 	}
-	secs := f.Updated.Sub(f.Started).Seconds()
 	switch f.State {
 	case blobs.StateFetching:
 		v += fmt.Sprintf(": %.1f of %.1f MiB (%.0f%%), %s, %s in flight", float64(f.Have)/(1<<20), float64(f.Size)/(1<<20), 100*frac,
 			rateText(f.Rate), sizeText(f.Window))
 	case blobs.StateDone:
-		v += fmt.Sprintf(": %.1f MiB in %.1f s (%s)", float64(f.Size)/(1<<20), secs, rateText(float64(f.Bytes)/max(secs, 1e-3)))
+		v += fmt.Sprintf(": %.1f MiB", float64(f.Size)/(1<<20))
+		// A rate needs a time to divide by: a fetch the node heard of
+		// only when it ended, from a fetcher that does not time itself,
+		// has none.
+		if d := f.Elapsed(); d > 0 {
+			v += fmt.Sprintf(" in %s (%s)", secondsText(d), rateText(float64(f.Bytes)/d.Seconds()))
+		}
 	default:
 		v += fmt.Sprintf(" at %.1f of %.1f MiB", float64(f.Have)/(1<<20), float64(f.Size)/(1<<20))
 		if f.Cause != "" {
@@ -394,6 +399,15 @@ func fetchLine(f blobs.FetchStatus) string {
 		v += " — " + f.Error
 	}
 	return v
+}
+
+// secondsText says a duration in seconds, with the digits it needs: a
+// fetch of a few milliseconds does not read as "0.0 s".
+func secondsText(d time.Duration) string {
+	if d < 100*time.Millisecond {
+		return fmt.Sprintf("%.3f s", d.Seconds())
+	}
+	return fmt.Sprintf("%.1f s", d.Seconds())
 }
 
 // sizeText says a size in bytes in the unit that suits it.

@@ -54,6 +54,14 @@ func TestFetchLine(t *testing.T) {
 		{blobs.FetchStatus{FetchReport: blobs.FetchReport{Ref: ref, State: blobs.StateDone, Size: 1 << 20, Have: 1 << 20, Bytes: 1 << 20,
 			Retries: blobs.Retries{Deadline: 2}}, Started: t0, Updated: t0.Add(8 * time.Second)},
 			[]string{"done: 1.0 MiB in 8.0 s (128.0 KiB/s)", "tried again: 2 after their deadline"}},
+		// The node heard only the last report: the fetcher's own time,
+		// not the node's zero, gives the rate.
+		{blobs.FetchStatus{FetchReport: blobs.FetchReport{Ref: ref, State: blobs.StateDone, Size: 20 << 20, Have: 20 << 20, Bytes: 20 << 20,
+			Seconds: 0.8}, Started: t0, Updated: t0},
+			[]string{"done: 20.0 MiB in 0.8 s (25.0 MiB/s)"}},
+		{blobs.FetchStatus{FetchReport: blobs.FetchReport{Ref: ref, State: blobs.StateDone, Size: 1 << 20, Have: 1 << 20, Bytes: 1 << 20,
+			Seconds: 0.004}, Started: t0, Updated: t0},
+			[]string{"done: 1.0 MiB in 0.004 s (250.0 MiB/s)"}},
 		{blobs.FetchStatus{FetchReport: blobs.FetchReport{Ref: ref, State: blobs.StateFailed, Size: 1 << 20, Have: 1 << 19,
 			Cause: blobs.CauseStalled, Error: "nothing arrived for 2m0s"}, Started: t0, Updated: t0},
 			[]string{"failed at 0.5 of 1.0 MiB (stalled)", "— nothing arrived for 2m0s"}},
@@ -64,5 +72,12 @@ func TestFetchLine(t *testing.T) {
 				t.Errorf("fetchLine: got %q, want it to contain %q", got, w)
 			}
 		}
+	}
+	// A fetcher that does not time itself, heard once: no time, and no
+	// rate divided by a zero.
+	untimed := blobs.FetchStatus{FetchReport: blobs.FetchReport{Ref: ref, State: blobs.StateDone, Size: 20 << 20, Have: 20 << 20, Bytes: 20 << 20},
+		Started: t0, Updated: t0}
+	if got := fetchLine(untimed); !strings.HasSuffix(got, "done: 20.0 MiB") {
+		t.Errorf("fetchLine of an untimed fetch: got %q, want it to end with the size, without a time or a rate", got)
 	}
 }

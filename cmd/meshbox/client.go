@@ -262,6 +262,12 @@ func printStatus(w io.Writer, st appliance.Status) {
 		nats += fmt.Sprintf(", credentials required (%d programs)", len(st.NATS.Programs))
 	}
 	row("nats", nats)
+	if st.NATS.WebSocket != "" {
+		row("websocket", st.NATS.WebSocket+" (browser pages, nats.ws)")
+	}
+	if st.NATS.MQTT != "" {
+		row("mqtt", st.NATS.MQTT+" (devices)")
+	}
 	row("http", st.HTTP.URL)
 	for _, w := range st.Warnings {
 		row("warning", w)
