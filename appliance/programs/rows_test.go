@@ -13,7 +13,7 @@ import (
 
 // TestRowsPermissions: --read gives publish on the read operations of the
 // table and subscribe on its changes; --write publish on the write
-// operations only; neither reaches another table, the changes' subjects
+// operations only (put, putmany, delete); neither reaches another table, the changes' subjects
 // as a publisher, or the node's other $MESH subjects.
 func TestRowsPermissions(t *testing.T) {
 	for _, tt := range []struct {
@@ -25,17 +25,17 @@ func TestRowsPermissions(t *testing.T) {
 			[]string{"$MESH.rows.jobs.get", "$MESH.rows.jobs.history", "$MESH.rows.jobs.list"},
 			[]string{"$MESH.rows.jobs.changed.>", "_INBOX.reader.>"}},
 		{"write", Program{Name: "writer", Write: []string{"jobs"}},
-			[]string{"$MESH.rows.jobs.delete", "$MESH.rows.jobs.put"},
+			[]string{"$MESH.rows.jobs.delete", "$MESH.rows.jobs.put", "$MESH.rows.jobs.putmany"},
 			[]string{"_INBOX.writer.>"}},
 		{"read and write", Program{Name: "worker", Read: []string{"tasks"}, Write: []string{"tasks"}},
-			[]string{"$MESH.rows.tasks.delete", "$MESH.rows.tasks.get", "$MESH.rows.tasks.history", "$MESH.rows.tasks.list", "$MESH.rows.tasks.put"},
+			[]string{"$MESH.rows.tasks.delete", "$MESH.rows.tasks.get", "$MESH.rows.tasks.history", "$MESH.rows.tasks.list", "$MESH.rows.tasks.put", "$MESH.rows.tasks.putmany"},
 			[]string{"$MESH.rows.tasks.changed.>", "_INBOX.worker.>"}},
 		{"two tables read, one written", Program{Name: "p", Read: []string{"b", "a"}, Write: []string{"a"}},
-			[]string{"$MESH.rows.a.delete", "$MESH.rows.a.get", "$MESH.rows.a.history", "$MESH.rows.a.list", "$MESH.rows.a.put",
+			[]string{"$MESH.rows.a.delete", "$MESH.rows.a.get", "$MESH.rows.a.history", "$MESH.rows.a.list", "$MESH.rows.a.put", "$MESH.rows.a.putmany",
 				"$MESH.rows.b.get", "$MESH.rows.b.history", "$MESH.rows.b.list"},
 			[]string{"$MESH.rows.a.changed.>", "$MESH.rows.b.changed.>", "_INBOX.p.>"}},
 		{"every table", Program{Name: "all", Read: []string{"*"}, Write: []string{"*"}},
-			[]string{"$MESH.rows.*.delete", "$MESH.rows.*.get", "$MESH.rows.*.history", "$MESH.rows.*.list", "$MESH.rows.*.put"},
+			[]string{"$MESH.rows.*.delete", "$MESH.rows.*.get", "$MESH.rows.*.history", "$MESH.rows.*.list", "$MESH.rows.*.put", "$MESH.rows.*.putmany"},
 			[]string{"$MESH.rows.*.changed.>", "_INBOX.all.>"}},
 		{"none", Program{Name: "none", Call: []string{"echo"}},
 			[]string{"cap.echo", "node.*.cap.echo"},
@@ -83,6 +83,7 @@ func TestRowsPermissionsMatch(t *testing.T) {
 		{"reader", reader, true, rows.Subject("jobs", rows.OpList), true},
 		{"reader", reader, true, rows.Subject("jobs", rows.OpHistory), true},
 		{"reader", reader, true, rows.Subject("jobs", rows.OpPut), false},
+		{"reader", reader, true, rows.Subject("jobs", rows.OpPutMany), false},
 		{"reader", reader, true, rows.Subject("jobs", rows.OpDelete), false},
 		{"reader", reader, true, rows.Subject("other", rows.OpGet), false},
 		{"reader", reader, true, rows.ChangedSubject("jobs", "j1"), false}, // forging a change
@@ -94,6 +95,8 @@ func TestRowsPermissionsMatch(t *testing.T) {
 		{"reader", reader, false, rows.Subject("jobs", rows.OpPut), false}, // another's writes
 		{"reader", reader, false, rows.Subject("jobs", rows.OpGet), false},
 		{"writer", writer, true, rows.Subject("jobs", rows.OpPut), true},
+		{"writer", writer, true, rows.Subject("jobs", rows.OpPutMany), true},
+		{"writer", writer, true, rows.Subject("other", rows.OpPutMany), false},
 		{"writer", writer, true, rows.Subject("jobs", rows.OpDelete), true},
 		{"writer", writer, true, rows.Subject("jobs", rows.OpGet), false},
 		{"writer", writer, true, rows.Subject("other", rows.OpPut), false},

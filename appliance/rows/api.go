@@ -24,6 +24,7 @@ const (
 	subjectRoot = wire.SubjectRowsPrefix
 
 	OpPut     = "put"     // {"row", "set": {field: value}, "delete": [field]} -> Written
+	OpPutMany = "putmany" // {"rows": [{"row", "set", "delete"}, ...]} -> WrittenRows
 	OpDelete  = "delete"  // {"row"} (every field) -> Written
 	OpGet     = "get"     // {"row"} -> RowDoc
 	OpList    = "list"    // {"prefix", "after", "limit"} -> ListDoc
@@ -34,7 +35,7 @@ const (
 // program give.
 var (
 	ReadOps  = []string{OpGet, OpList, OpHistory}
-	WriteOps = []string{OpPut, OpDelete}
+	WriteOps = []string{OpPut, OpPutMany, OpDelete}
 )
 
 // Subject is the request subject of op on table ("*": every table).
@@ -55,6 +56,15 @@ type Request struct {
 	// before, when it said more).
 	After string `json:"after,omitempty"`
 	Limit int    `json:"limit,omitempty"`
+	// Rows are a putmany's writes, at most MaxPutMany.
+	Rows []RowPut `json:"rows,omitempty"`
+}
+
+// RowPut is one row's write of a putmany: what a put's body says.
+type RowPut struct {
+	Row    string            `json:"row"`
+	Set    map[string]string `json:"set,omitempty"`
+	Delete []string          `json:"delete,omitempty"`
 }
 
 // Written answers a put or a delete: the write is committed on this node.
@@ -63,6 +73,20 @@ type Written struct {
 	Row   string `json:"row"`
 	Stamp string `json:"stamp"`
 	Node  string `json:"node"`
+}
+
+// WrittenRows answers a putmany: every row is committed on this node,
+// each with its stamp, in the order of the request.
+type WrittenRows struct {
+	Table string     `json:"table"`
+	Node  string     `json:"node"`
+	Rows  []RowStamp `json:"rows"`
+}
+
+// RowStamp is a row's write and its stamp.
+type RowStamp struct {
+	Row   string `json:"row"`
+	Stamp string `json:"stamp"`
 }
 
 // Version is a field's version.
@@ -189,7 +213,7 @@ func (e *Engine) Serve(sc ServeConfig) (*nats.Subscription, error) {
 		if m.Reply == "" {
 			return
 		}
-		if op := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]; op == OpPut || op == OpDelete {
+		if op := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]; op == OpPut || op == OpPutMany || op == OpDelete {
 			writing <- struct{}{}
 			e.writes.Add(1)
 			go func() { // ends with its write
@@ -272,6 +296,31 @@ func (e *Engine) answer(subject string, body []byte, maxBytes int) (any, error) 
 			return nil, err
 		}
 		return Written{Table: table, Row: req.Row, Stamp: st.String(), Node: e.cfg.Node}, nil
+	case OpPutMany:
+		// The answer must fit in one message: it is checked before the
+		// rows are written.
+		size := 64 + len(table) + len(e.cfg.Node)
+		writes := make([]RowWrite, len(req.Rows))
+		for i, r := range req.Rows {
+			w := RowWrite{Row: r.Row, Delete: r.Delete, Set: make(map[string][]byte, len(r.Set))}
+			for f, v := range r.Set {
+				w.Set[f] = []byte(v)
+			}
+			writes[i] = w
+			size += len(r.Row) + 64
+		}
+		if maxBytes > 0 && size > maxBytes {
+			return nil, fmt.Errorf("%w: the answer to %d rows would not fit in a message of this node (%d bytes): send fewer rows a request", ErrBadInput, len(req.Rows), maxBytes)
+		}
+		stamps, err := e.PutMany(table, writes)
+		if err != nil {
+			return nil, err
+		}
+		doc := WrittenRows{Table: table, Node: e.cfg.Node, Rows: make([]RowStamp, len(stamps))}
+		for i, st := range stamps {
+			doc.Rows[i] = RowStamp{Row: req.Rows[i].Row, Stamp: st.String()}
+		}
+		return doc, nil
 	case OpDelete:
 		st, err := e.DeleteRow(table, req.Row)
 		if err != nil {
@@ -325,5 +374,5 @@ func (e *Engine) answer(subject string, body []byte, maxBytes int) (any, error) 
 		}
 		return doc, nil
 	}
-	return nil, fmt.Errorf("%w: %q is not an operation of the rows API (put, delete, get, list, history)", ErrBadInput, op)
+	return nil, fmt.Errorf("%w: %q is not an operation of the rows API (put, putmany, delete, get, list, history)", ErrBadInput, op)
 }

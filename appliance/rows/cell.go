@@ -93,6 +93,45 @@ func ValidField(f string) error {
 	return nil
 }
 
+// CheckWrite checks a write of row (set: new values; del: fields
+// deleted) against the limits of one write: the names, at least one and
+// at most MaxFields fields, no field both set and deleted, values of at
+// most MaxValueLen and MaxRowBytes in all.
+func CheckWrite(row string, set map[string][]byte, del []string) error {
+	if err := ValidRow(row); err != nil {
+		return err
+	}
+	if len(set)+len(del) == 0 {
+		return fmt.Errorf("%w: a write sets or deletes at least one field", ErrBadInput)
+	}
+	if len(set)+len(del) > MaxFields {
+		return fmt.Errorf("%w: %d fields in one write, at most %d", ErrBadInput, len(set)+len(del), MaxFields)
+	}
+	size := len(row)
+	for f, v := range set {
+		if err := ValidField(f); err != nil {
+			return err
+		}
+		if len(v) > MaxValueLen {
+			return fmt.Errorf("%w: field %s: value of %d bytes, at most %d (bytes belong in a blob; a row holds its reference)", ErrBadInput, f, len(v), MaxValueLen)
+		}
+		size += len(f) + len(v)
+	}
+	for _, f := range del {
+		if err := ValidField(f); err != nil {
+			return err
+		}
+		if _, both := set[f]; both {
+			return fmt.Errorf("%w: field %s both set and deleted", ErrBadInput, f)
+		}
+		size += len(f)
+	}
+	if size > MaxRowBytes {
+		return fmt.Errorf("%w: a write of %d bytes, at most %d", ErrBadInput, size, MaxRowBytes)
+	}
+	return nil
+}
+
 // encode appends c's stored form: stamp, flags, node, value.
 func (c Cell) encode(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, uint64(c.Stamp))

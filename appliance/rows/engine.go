@@ -256,68 +256,13 @@ func (e *Engine) spec(table string) (TableSpec, error) {
 
 // Put writes fields of row (set: new values; del: fields deleted) and
 // returns the write's stamp once the write is committed on this node's
-// disk. The broker gets it when the link allows.
+// disk. The broker gets it when the link allows. It is PutMany of one.
 func (e *Engine) Put(table, row string, set map[string][]byte, del []string) (Stamp, error) {
-	sp, err := e.spec(table)
+	stamps, err := e.PutMany(table, []RowWrite{{Row: row, Set: set, Delete: del}})
 	if err != nil {
 		return 0, err
 	}
-	if err := ValidRow(row); err != nil {
-		return 0, err
-	}
-	if len(set)+len(del) == 0 {
-		return 0, fmt.Errorf("%w: a write sets or deletes at least one field", ErrBadInput)
-	}
-	if len(set)+len(del) > MaxFields {
-		return 0, fmt.Errorf("%w: %d fields in one write, at most %d", ErrBadInput, len(set)+len(del), MaxFields)
-	}
-	size := len(row)
-	for f, v := range set {
-		if err := ValidField(f); err != nil {
-			return 0, err
-		}
-		if len(v) > MaxValueLen {
-			return 0, fmt.Errorf("%w: field %s: value of %d bytes, at most %d (bytes belong in a blob; a row holds its reference)", ErrBadInput, f, len(v), MaxValueLen)
-		}
-		size += len(f) + len(v)
-	}
-	for _, f := range del {
-		if err := ValidField(f); err != nil {
-			return 0, err
-		}
-		if _, both := set[f]; both {
-			return 0, fmt.Errorf("%w: field %s both set and deleted", ErrBadInput, f)
-		}
-		size += len(f)
-	}
-	if size > MaxRowBytes {
-		return 0, fmt.Errorf("%w: a write of %d bytes, at most %d", ErrBadInput, size, MaxRowBytes)
-	}
-	if e.cfg.Keys != nil { // a mesh seals every table
-		if _, err := e.cfg.Keys.SealerFor(sp.Scope); err != nil {
-			return 0, fmt.Errorf("%w: this node holds no key of %s, which seals table %s: %v", ErrNoKey, scopeName(sp.Scope), table, err)
-		}
-	}
-	stamp := e.clock.Next()
-	ch := Change{Table: table, Row: row, Cells: map[string]WireCell{}}
-	for f, v := range set {
-		ch.Cells[f] = WireCell{Stamp: stamp, Node: e.cfg.Node, Value: v}
-	}
-	for _, f := range del {
-		ch.Cells[f] = WireCell{Stamp: stamp, Node: e.cfg.Node, Deleted: true}
-	}
-	if err := e.store.Write(ch); err != nil {
-		e.m.errors.WithLabelValues("store").Inc()
-		return 0, fmt.Errorf("store the write: %w", err)
-	}
-	e.m.writes.Inc()
-	signal(e.wake)
-	won := map[string]Cell{}
-	for f, w := range ch.Cells {
-		won[f] = w.cell()
-	}
-	e.notify(Applied{Table: table, Row: row, Won: won})
-	return stamp, nil
+	return stamps[0], nil
 }
 
 // DeleteRow deletes every field row holds.

@@ -3,9 +3,9 @@ package rows
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -51,12 +51,19 @@ var (
 	kPending = []byte("pending")
 )
 
+// initialMmap is the store's first memory map (address space, not
+// memory): a store smaller than it is never mapped again. Each time bbolt
+// maps a growing file again, it copies every key and value a commit in
+// progress holds (a joiner's commits of a snapshot spent a third of
+// their time so) and waits for every read to end.
+const initialMmap = 256 << 20
+
 // historyKeep is how many replaced versions of a field the store keeps.
 const historyKeep = 16
 
 // OpenStore opens (creating) the store at path.
 func OpenStore(path string) (*Store, error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, InitialMmapSize: initialMmap})
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, fmt.Errorf("open rows store %s: in use by another meshbox process", path)
@@ -75,31 +82,105 @@ func OpenStore(path string) (*Store, error) {
 // putChange stores the cells of ch that win and keeps the table's row
 // count: it returns the cells that won.
 func putChange(cells, history, meta *bolt.Bucket, ch Change) (map[string]Cell, error) {
-	before := rowLive(cells, ch.Row)
-	var won map[string]Cell
-	for f, w := range ch.Cells {
-		ok, err := put(cells, history, ch.Row, f, w.cell())
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			if won == nil {
-				won = map[string]Cell{}
-			}
-			won[f] = w.cell()
-		}
-	}
-	if won == nil {
-		return nil, nil
-	}
-	d := 0
-	if after := rowLive(cells, ch.Row); after != before {
-		d = 1
-		if before {
-			d = -1
-		}
+	won, d, err := mergeChange(cells, history, ch)
+	if err != nil || d == 0 {
+		return won, err
 	}
 	return won, addCount(meta, kRows, d)
+}
+
+// rowScan bounds the cells of a row mergeChange walks through for the
+// versions ch replaces; past it, it looks the rest up one by one.
+const rowScan = 32
+
+// mergeChange stores the cells of ch that win, the versions they replace
+// going to history: it returns the cells that won and how the table's
+// live rows changed (-1, 0, 1). It reads the row's cells once, in one
+// walk from its first (a row new to the table costs one lookup), and
+// keeps each key and stored version of a change in one allocation.
+func mergeChange(cells, history *bolt.Bucket, ch Change) (map[string]Cell, int, error) {
+	size := 0
+	for f, w := range ch.Cells {
+		size += 2*(len(ch.Row)+1+len(f)) + 10 + len(w.Node) + len(w.Value)
+	}
+	arena := make([]byte, 0, size)
+	prefix := cellKey(ch.Row, "")
+	// The versions the row holds of ch's fields; whether another field
+	// of it is live.
+	type version struct {
+		field string
+		v     []byte
+	}
+	var heldBuf [4]version
+	held := heldBuf[:0]
+	othersLive, complete := false, true
+	cur := cells.Cursor()
+	n := 0
+	for k, v := cur.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = cur.Next() {
+		if _, named := ch.Cells[string(k[len(prefix):])]; named {
+			held = append(held, version{string(k[len(prefix):]), v})
+		} else if len(v) > 8 && v[8]&1 == 0 {
+			othersLive = true
+		}
+		if n++; n >= rowScan && othersLive {
+			complete = false
+			break
+		}
+	}
+	var won map[string]Cell
+	liveBefore, liveAfter := othersLive, othersLive
+	for f, w := range ch.Cells {
+		c := w.cell()
+		var old []byte
+		if i := slices.IndexFunc(held, func(h version) bool { return h.field == f }); i >= 0 {
+			old = held[i].v
+		} else if !complete {
+			old = cells.Get(cellKey(ch.Row, f))
+		}
+		finalLive := !c.Deleted
+		if old != nil {
+			oc, err := decodeCell(old)
+			if err != nil {
+				return nil, 0, err
+			}
+			liveBefore = liveBefore || !oc.Deleted
+			if !c.Wins(oc) {
+				if oc.Stamp != c.Stamp || oc.Node != c.Node { // not the same version again
+					if err := keepHistory(history, cellKey(ch.Row, f), c); err != nil {
+						return nil, 0, err
+					}
+				}
+				liveAfter = liveAfter || !oc.Deleted
+				continue
+			}
+			if err := keepHistory(history, cellKey(ch.Row, f), oc); err != nil {
+				return nil, 0, err
+			}
+		}
+		liveAfter = liveAfter || finalLive
+		start := len(arena)
+		arena = append(append(append(arena, ch.Row...), 0), f...)
+		k := arena[start:len(arena):len(arena)]
+		start = len(arena)
+		arena = c.encode(arena)
+		if err := cells.Put(k, arena[start:len(arena):len(arena)]); err != nil {
+			return nil, 0, err
+		}
+		if won == nil {
+			won = make(map[string]Cell, len(ch.Cells))
+		}
+		won[f] = c
+	}
+	if won == nil {
+		return nil, 0, nil
+	}
+	switch {
+	case liveAfter && !liveBefore:
+		return won, 1, nil
+	case liveBefore && !liveAfter:
+		return won, -1, nil
+	}
+	return won, 0, nil
 }
 
 // Change is the versions of some fields of one row of one table: a write
@@ -159,30 +240,6 @@ func tableBuckets(tx *bolt.Tx, table string) (cells, history, pending, meta *bol
 	return bs[0], bs[1], bs[2], bs[3], err
 }
 
-// put stores c as the version of row.field if it wins over the one held;
-// the one replaced goes to history. It reports whether c won.
-func put(cells, history *bolt.Bucket, row, field string, c Cell) (bool, error) {
-	k := cellKey(row, field)
-	if old := cells.Get(k); old != nil {
-		oc, err := decodeCell(old)
-		if err != nil {
-			return false, err
-		}
-		if !c.Wins(oc) {
-			if oc.Stamp != c.Stamp || oc.Node != c.Node { // not the same version again
-				if err := keepHistory(history, k, c); err != nil {
-					return false, err
-				}
-			}
-			return false, nil
-		}
-		if err := keepHistory(history, k, oc); err != nil {
-			return false, err
-		}
-	}
-	return true, cells.Put(k, c.encode(nil))
-}
-
 // keepHistory records a version that lost, keeping the newest historyKeep
 // of the field.
 func keepHistory(history *bolt.Bucket, k []byte, c Cell) error {
@@ -207,27 +264,46 @@ func keepHistory(history *bolt.Bucket, k []byte, c Cell) error {
 // Write stores a local write of ch (every cell wins: its stamp is newer
 // than any this node saw) and queues it for the broker, in one committed
 // transaction.
-func (s *Store) Write(ch Change) error {
-	body, err := json.Marshal(ch)
-	if err != nil {
-		return err
+func (s *Store) Write(ch Change) error { return s.WriteMany([]Change{ch}) }
+
+// WriteMany is Write of several changes of one table, all in one
+// transaction: all are stored, or none.
+func (s *Store) WriteMany(changes []Change) error {
+	if len(changes) == 0 {
+		return nil
+	}
+	table := changes[0].Table
+	bodies := make([][]byte, len(changes))
+	for i := range changes {
+		if changes[i].Table != table {
+			return fmt.Errorf("write many: changes of tables %s and %s", table, changes[i].Table)
+		}
+		bodies[i] = appendChange(nil, &changes[i])
 	}
 	return s.update(func(tx *bolt.Tx) error {
-		cells, history, pending, meta, err := tableBuckets(tx, ch.Table)
+		cells, history, pending, meta, err := tableBuckets(tx, table)
 		if err != nil {
 			return err
 		}
-		if _, err := putChange(cells, history, meta, ch); err != nil {
+		rows := 0
+		for i, ch := range changes {
+			_, d, err := mergeChange(cells, history, ch)
+			if err != nil {
+				return err
+			}
+			rows += d
+			seq, err := pending.NextSequence()
+			if err != nil {
+				return err
+			}
+			if err := pending.Put(binary.BigEndian.AppendUint64(nil, seq), bodies[i]); err != nil {
+				return err
+			}
+		}
+		if err := addCount(meta, kRows, rows); err != nil {
 			return err
 		}
-		seq, err := pending.NextSequence()
-		if err != nil {
-			return err
-		}
-		if err := pending.Put(binary.BigEndian.AppendUint64(nil, seq), body); err != nil {
-			return err
-		}
-		return addCount(meta, kPending, 1)
+		return addCount(meta, kPending, len(changes))
 	})
 }
 
@@ -242,8 +318,25 @@ type Applied struct {
 // offset to read from after them, in one committed transaction. It
 // returns the cells that won.
 func (s *Store) Apply(table string, changes []Change, next uint64) ([]Applied, error) {
-	r, err := s.applyLog(table, logApply{changes: changes, progress: kOffset, next: next})
-	return r.applied, err
+	var out []Applied
+	err := s.update(func(tx *bolt.Tx) error {
+		out = out[:0] // Batch may run the function again
+		cells, history, _, meta, err := tableBuckets(tx, table)
+		if err != nil {
+			return err
+		}
+		for _, ch := range changes {
+			won, err := putChange(cells, history, meta, ch)
+			if err != nil {
+				return err
+			}
+			if won != nil {
+				out = append(out, Applied{Table: table, Row: ch.Row, Won: won})
+			}
+		}
+		return meta.Put(kOffset, binary.BigEndian.AppendUint64(nil, next))
+	})
+	return out, err
 }
 
 // Offset returns the next offset of table's log to read (0 and false:
@@ -405,19 +498,18 @@ func (s *Store) Confirmed(table string, seqs []uint64) error {
 		if p == nil || meta == nil {
 			return nil
 		}
+		n := 0
 		for _, q := range seqs {
 			k := binary.BigEndian.AppendUint64(nil, q)
 			if p.Get(k) == nil {
 				continue // confirmed before
 			}
-			if err := addCount(meta, kPending, -1); err != nil {
-				return err
-			}
 			if err := p.Delete(k); err != nil {
 				return err
 			}
+			n++
 		}
-		return nil
+		return addCount(meta, kPending, -n)
 	})
 }
 

@@ -3,6 +3,7 @@ package rows
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"path/filepath"
 	"sync"
@@ -184,5 +185,99 @@ func TestStoreSharedCommits(t *testing.T) {
 	}
 	if err := s.update(func(*bolt.Tx) error { return nil }); !errors.Is(err, errStoreClosed) {
 		t.Fatalf("a write after Close: %v, want %v", err, errStoreClosed)
+	}
+}
+
+// The store merges as the rule says, field by field (the larger stamp,
+// then the larger node, wins), on rows of many fields too, where a merge
+// reads part of the row and looks the rest up (rowScan): checked against
+// a model of the rule after every write, batch and change applied.
+func TestStoreMergeModel(t *testing.T) {
+	s, err := OpenStore(filepath.Join(t.TempDir(), "rows.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	r := rand.New(rand.NewPCG(3, 4))
+	model := map[string]map[string]Cell{}
+	merge := func(ch Change) {
+		if model[ch.Row] == nil {
+			model[ch.Row] = map[string]Cell{}
+		}
+		for f, w := range ch.Cells {
+			if old, ok := model[ch.Row][f]; !ok || w.cell().Wins(old) {
+				model[ch.Row][f] = w.cell()
+			}
+		}
+	}
+	change := func(stamp Stamp, node string) Change {
+		n := r.IntN(4)
+		row := fmt.Sprintf("r%d", n)
+		fields := 3 // rows r0 and r1 have few fields, r2 and r3 many
+		if n >= 2 {
+			fields = 2*rowScan + 10
+		}
+		ch := Change{Table: "jobs", Row: row, Cells: map[string]WireCell{}}
+		for range 1 + r.IntN(6) {
+			f := fmt.Sprintf("f%02d", r.IntN(fields))
+			ch.Cells[f] = WireCell{Stamp: stamp, Node: node, Deleted: r.IntN(3) == 0, Value: []byte(f)}
+		}
+		return ch
+	}
+	for i := range 400 {
+		stamp := Stamp(1000 + i/2 - r.IntN(20)) // ties and older versions too
+		switch r.IntN(3) {
+		case 0:
+			var batch []Change
+			for range 1 + r.IntN(3) {
+				ch := change(stamp, "beta")
+				ch.Cells = maps.Clone(ch.Cells)
+				batch = append(batch, ch)
+				merge(ch)
+			}
+			if _, err := s.Apply("jobs", batch, uint64(i)); err != nil {
+				t.Fatal(err)
+			}
+		case 1:
+			ch := change(stamp, "alpha")
+			merge(ch)
+			if err := s.Write(ch); err != nil {
+				t.Fatal(err)
+			}
+		case 2:
+			var batch []Change
+			for range 1 + r.IntN(4) {
+				ch := change(stamp, "alpha")
+				batch = append(batch, ch)
+				merge(ch)
+			}
+			if err := s.WriteMany(batch); err != nil {
+				t.Fatal(err)
+			}
+		}
+		live := 0
+		for row, want := range model {
+			got, err := s.Row("jobs", row)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !maps.EqualFunc(got, want, func(a, b Cell) bool {
+				return a.Stamp == b.Stamp && a.Node == b.Node && a.Deleted == b.Deleted && (a.Deleted || string(a.Value) == string(b.Value))
+			}) {
+				t.Fatalf("step %d, row %s:\ngot  %v\nwant %v", i, row, got, want)
+			}
+			for _, c := range want {
+				if !c.Deleted {
+					live++
+					break
+				}
+			}
+		}
+		if rows, _, _ := s.Counts("jobs"); rows != live {
+			t.Fatalf("step %d: counted %d live rows, the model has %d", i, rows, live)
+		}
+	}
+	if err := s.WriteMany([]Change{{Table: "jobs", Row: "x", Cells: map[string]WireCell{"a": {Stamp: 1, Node: "alpha"}}}, {Table: "other", Row: "x"}}); err == nil {
+		t.Fatal("a batch of two tables' changes was stored")
 	}
 }

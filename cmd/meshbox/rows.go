@@ -31,6 +31,9 @@ Commands:
   put TABLE ROW FIELD=VALUE... [--delete FIELD]...
                                   write fields of a row (and delete others);
                                   each field converges on its own
+  put TABLE --from FILE           write many rows: FILE (- for standard input)
+                                  holds a JSON line a row, as
+                                  {"row":"r1","set":{"f":"v"},"delete":["g"]}
   get TABLE ROW [--field F]       a row's fields, with who wrote each and when
   list TABLE [--prefix P] [--limit N]
                                   the rows of a table, in key order
@@ -66,7 +69,7 @@ func (c *RowsCommand) Run(ctx context.Context, args []string) error {
 	}
 	sub, args := args[0], args[1:]
 	synopsis, ok := map[string]string{
-		"put":     "rows put TABLE ROW FIELD=VALUE... [--delete FIELD]...",
+		"put":     "rows put TABLE ROW FIELD=VALUE... [--delete FIELD]... | rows put TABLE --from FILE",
 		"get":     "rows get TABLE ROW [--field F]",
 		"list":    "rows list TABLE [--prefix P] [--limit N]",
 		"watch":   "rows watch TABLE [ROW] [--count N]",
@@ -82,11 +85,12 @@ func (c *RowsCommand) Run(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print the node's answer as JSON (watch: one change per line)")
 	timeout := fs.Duration("timeout", rowsTimeout, "how long to wait for the node's answer")
 	var del listFlag
-	var field, prefix *string
+	var field, prefix, from *string
 	var limit, count *int
 	switch sub {
 	case "put":
 		fs.Var(&del, "delete", "delete this field of the row (repeatable, or comma-separated)")
+		from = fs.String("from", "", "write the rows of this file of JSON lines, one row a line (- for standard input), in batches")
 	case "get":
 		field = fs.String("field", "", "print only this field's value, as it is")
 	case "list":
@@ -101,6 +105,15 @@ func (c *RowsCommand) Run(ctx context.Context, args []string) error {
 	}
 	if *timeout <= 0 {
 		return usagef("rows %s: --timeout must be positive", sub)
+	}
+	if from != nil && *from != "" {
+		if len(pos) != 1 || len(del) > 0 {
+			return usagef("usage: meshbox rows put TABLE --from FILE: the rows, their fields and deletes come from the file")
+		}
+		if err := rows.ValidTable(pos[0]); err != nil {
+			return usagef("rows put: %v", err)
+		}
+		return c.putFrom(ctx, *server, *timeout, pos[0], *from, *asJSON)
 	}
 	req, err := rowsRequest(sub, pos, del)
 	if err != nil {

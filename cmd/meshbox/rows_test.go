@@ -285,7 +285,7 @@ func TestRowsCompletion(t *testing.T) {
 		not   []string
 	}{
 		{[]string{"rows"}, []string{"put", "get", "list", "watch", "delete", "history"}, nil},
-		{[]string{"rows", "put"}, []string{"--delete", "--json", "--server", "--timeout"}, []string{"--prefix", "--count"}},
+		{[]string{"rows", "put"}, []string{"--delete", "--from", "--json", "--server", "--timeout"}, []string{"--prefix", "--count"}},
 		{[]string{"rows", "list"}, []string{"--prefix", "--limit"}, []string{"--delete"}},
 		{[]string{"rows", "watch"}, []string{"--count"}, nil},
 		{[]string{"mesh", "table"}, []string{"add", "bind", "list"}, nil},

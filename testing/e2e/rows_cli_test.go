@@ -350,8 +350,9 @@ func TestRowsPage(t *testing.T) {
 					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 					defer cancel()
 					cmd := exec.CommandContext(ctx, "bash", "-c", script)
-					cmd.Env = append(os.Environ(), "HOME="+homes[p.Node()], "USER="+currentUser(), "NATS_URL="+p.NATSURL(),
-						"PATH="+filepath.Dir(natsBin)+string(os.PathListSeparator)+os.Getenv("PATH"))
+					// meshbox too, on the node, for a line that pipes into it.
+					cmd.Env = append(append(os.Environ(), onNode(p)...), "HOME="+homes[p.Node()], "USER="+currentUser(), "NATS_URL="+p.NATSURL(),
+						"PATH="+filepath.Dir(natsBin)+string(os.PathListSeparator)+filepath.Dir(meshtest.Binary(t))+string(os.PathListSeparator)+os.Getenv("PATH"))
 					var o, e strings.Builder
 					cmd.Stdout, cmd.Stderr = &o, &e
 					err := cmd.Run()

@@ -1,0 +1,457 @@
+package rows
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"slices"
+	"strconv"
+	"unicode/utf8"
+)
+
+// The JSON of changes and log batches, written and read by hand:
+// encoding/json's reflection cost more than the rest of a write, and a
+// joining node spent most of its time decoding snapshots.
+//
+// The writer makes what encoding/json makes of the same values (keys in
+// the struct's order, a change's fields sorted, the same escapes). The
+// reader takes that form only, exactly as written (known keys spelt as
+// written, each once; plain ASCII strings without escapes; whole
+// numbers), into zero values; anything else, a peer's odd but valid
+// encoding included, goes to encoding/json. Every message therefore
+// reads the same on every node, whichever way it is decoded.
+
+// changeJSON and batchJSON are Change and batch without their methods:
+// what encoding/json decodes when the hand-written reader declines.
+type (
+	changeJSON Change
+	batchJSON  batch
+)
+
+// MarshalJSON encodes c as encoding/json would without the method.
+func (c Change) MarshalJSON() ([]byte, error) { return appendChange(nil, &c), nil }
+
+// UnmarshalJSON decodes c, by hand when data has the writer's form.
+func (c *Change) UnmarshalJSON(data []byte) error {
+	if c.Table == "" && c.Row == "" && c.Cells == nil {
+		r := jsonReader{b: data}
+		var v Change
+		if r.change(&v) && r.end() {
+			*c = v
+			return nil
+		}
+	}
+	return json.Unmarshal(data, (*changeJSON)(c))
+}
+
+// UnmarshalJSON decodes b, by hand when data has the writer's form.
+func (b *batch) UnmarshalJSON(data []byte) error {
+	if b.zero() {
+		r := jsonReader{b: data}
+		var v batch
+		if r.batch(&v) && r.end() {
+			*b = v
+			return nil
+		}
+	}
+	return json.Unmarshal(data, (*batchJSON)(b))
+}
+
+func (b *batch) zero() bool {
+	return b.V == 0 && b.Kind == "" && b.Node == "" && b.Snap == "" && b.Part == 0 && b.Parts == 0 &&
+		b.Join == 0 && b.Changes == nil && b.From == 0
+}
+
+// appendChange appends c's JSON to dst.
+func appendChange(dst []byte, c *Change) []byte {
+	dst = append(dst, `{"table":`...)
+	dst = appendJSONString(dst, c.Table)
+	dst = append(dst, `,"row":`...)
+	dst = appendJSONString(dst, c.Row)
+	dst = append(dst, `,"cells":`...)
+	if c.Cells == nil {
+		return append(dst, "null}"...)
+	}
+	dst = append(dst, '{')
+	var fields [MaxFields]string
+	fs := fields[:0]
+	for f := range c.Cells {
+		fs = append(fs, f)
+	}
+	slices.Sort(fs)
+	for i, f := range fs {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		w := c.Cells[f]
+		dst = appendJSONString(dst, f)
+		dst = append(dst, `:{"t":`...)
+		dst = strconv.AppendUint(dst, uint64(w.Stamp), 10)
+		dst = append(dst, `,"n":`...)
+		dst = appendJSONString(dst, w.Node)
+		if w.Deleted {
+			dst = append(dst, `,"d":true`...)
+		}
+		if len(w.Value) > 0 {
+			dst = append(dst, `,"v":"`...)
+			dst = base64.StdEncoding.AppendEncode(dst, w.Value)
+			dst = append(dst, '"')
+		}
+		dst = append(dst, '}')
+	}
+	return append(dst, "}}"...)
+}
+
+// appendJSONString appends s quoted as encoding/json quotes it (HTML
+// characters and U+2028/U+2029 escaped, invalid UTF-8 as U+FFFD).
+func appendJSONString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hex[r&0xf])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+// jsonReader reads the writer's form of JSON from b; each method reports
+// false for anything else, and the caller leaves the input to
+// encoding/json.
+type jsonReader struct {
+	b []byte
+	i int
+	// names holds the strings read so far that repeat from change to
+	// change (tables, fields, nodes): one allocation each, not one a cell.
+	names map[string]string
+	// values is where values are decoded to, a chunk at a time: one
+	// allocation for many cells.
+	values []byte
+}
+
+// valueChunk is the size of the chunks values are decoded to.
+const valueChunk = 32 << 10
+
+func (r *jsonReader) ws() {
+	for r.i < len(r.b) {
+		switch r.b[r.i] {
+		case ' ', '\t', '\n', '\r':
+			r.i++
+		default:
+			return
+		}
+	}
+}
+
+// next skips white space and takes c if it comes next.
+func (r *jsonReader) next(c byte) bool {
+	r.ws()
+	if r.i < len(r.b) && r.b[r.i] == c {
+		r.i++
+		return true
+	}
+	return false
+}
+
+// end reports whether only white space is left.
+func (r *jsonReader) end() bool {
+	r.ws()
+	return r.i == len(r.b)
+}
+
+// str reads a string of printable ASCII without escapes; it aliases b.
+func (r *jsonReader) str() ([]byte, bool) {
+	if !r.next('"') {
+		return nil, false
+	}
+	start := r.i
+	for ; r.i < len(r.b); r.i++ {
+		switch c := r.b[r.i]; {
+		case c == '"':
+			r.i++
+			return r.b[start : r.i-1], true
+		case c < 0x20 || c >= 0x7f || c == '\\':
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+func (r *jsonReader) string() (string, bool) {
+	s, ok := r.str()
+	return string(s), ok
+}
+
+// name is string for a name that repeats.
+func (r *jsonReader) name() (string, bool) {
+	s, ok := r.str()
+	if !ok {
+		return "", false
+	}
+	if n, ok := r.names[string(s)]; ok {
+		return n, true
+	}
+	n := string(s)
+	if len(r.names) < 256 {
+		if r.names == nil {
+			r.names = map[string]string{}
+		}
+		r.names[n] = n
+	}
+	return n, true
+}
+
+// key reads an object's key and its colon: its index in names (-1: not
+// one of them).
+func (r *jsonReader) key(names []string) int {
+	k, ok := r.str()
+	if !ok || !r.next(':') {
+		return -1
+	}
+	for i, n := range names {
+		if string(k) == n {
+			return i
+		}
+	}
+	return -1
+}
+
+// uint reads a whole number without sign, leading zeros or exponent that
+// is at most max.
+func (r *jsonReader) uint(max uint64) (uint64, bool) {
+	r.ws()
+	start := r.i
+	var n uint64
+	for ; r.i < len(r.b) && r.b[r.i] >= '0' && r.b[r.i] <= '9'; r.i++ {
+		d := uint64(r.b[r.i] - '0')
+		if n > (max-d)/10 {
+			return 0, false
+		}
+		n = n*10 + d
+	}
+	switch {
+	case r.i == start, r.b[start] == '0' && r.i-start > 1:
+		return 0, false
+	case r.i < len(r.b) && (r.b[r.i] == '.' || r.b[r.i] == 'e' || r.b[r.i] == 'E'):
+		return 0, false
+	}
+	return n, true
+}
+
+func (r *jsonReader) int() (int, bool) {
+	n, ok := r.uint(1<<(strconv.IntSize-1) - 1)
+	return int(n), ok
+}
+
+// literal takes the word w (true, false, null) if it comes next.
+func (r *jsonReader) literal(w string) bool {
+	r.ws()
+	if len(r.b)-r.i >= len(w) && string(r.b[r.i:r.i+len(w)]) == w {
+		r.i += len(w)
+		return true
+	}
+	return false
+}
+
+// object reads an object, calling member for each key (once each, of
+// the known keys numbered by name); member reads the value.
+func (r *jsonReader) object(names []string, member func(k int) bool) bool {
+	if !r.next('{') {
+		return false
+	}
+	if r.next('}') {
+		return true
+	}
+	var seen uint64
+	for {
+		n := r.key(names)
+		if n < 0 || seen&(1<<n) != 0 || !member(n) {
+			return false
+		}
+		seen |= 1 << n
+		if r.next('}') {
+			return true
+		}
+		if !r.next(',') {
+			return false
+		}
+	}
+}
+
+var (
+	changeKeys = []string{"table", "row", "cells"}
+	cellKeys   = []string{"t", "n", "d", "v"}
+	batchKeys  = []string{"v", "kind", "node", "snap", "part", "parts", "join", "changes", "from"}
+)
+
+func (r *jsonReader) change(c *Change) bool {
+	return r.object(changeKeys, func(k int) bool {
+		switch k {
+		case 0:
+			var ok bool
+			c.Table, ok = r.name()
+			return ok
+		case 1:
+			var ok bool
+			c.Row, ok = r.string()
+			return ok
+		}
+		if r.literal("null") {
+			return true
+		}
+		c.Cells = make(map[string]WireCell, 2)
+		if !r.next('{') {
+			return false
+		}
+		if r.next('}') {
+			return true
+		}
+		for {
+			f, ok := r.name()
+			if !ok || !r.next(':') {
+				return false
+			}
+			if _, dup := c.Cells[f]; dup {
+				return false
+			}
+			var w WireCell
+			if !r.cell(&w) {
+				return false
+			}
+			c.Cells[f] = w
+			if r.next('}') {
+				return true
+			}
+			if !r.next(',') {
+				return false
+			}
+		}
+	})
+}
+
+func (r *jsonReader) cell(w *WireCell) bool {
+	return r.object(cellKeys, func(k int) bool {
+		switch k {
+		case 0:
+			n, ok := r.uint(1<<64 - 1)
+			w.Stamp = Stamp(n)
+			return ok
+		case 1:
+			var ok bool
+			w.Node, ok = r.name()
+			return ok
+		case 2:
+			if r.literal("true") {
+				w.Deleted = true
+				return true
+			}
+			return r.literal("false")
+		}
+		if r.literal("null") {
+			return true
+		}
+		s, ok := r.str()
+		if !ok {
+			return false
+		}
+		if len(s) == 0 {
+			w.Value = []byte{}
+			return true
+		}
+		n := base64.StdEncoding.DecodedLen(len(s))
+		if len(r.values)+n > cap(r.values) {
+			r.values = make([]byte, 0, max(n, valueChunk))
+		}
+		v := r.values[len(r.values) : len(r.values)+n]
+		n, err := base64.StdEncoding.Decode(v, s)
+		w.Value = v[:n:n]
+		r.values = r.values[:len(r.values)+n]
+		return err == nil
+	})
+}
+
+func (r *jsonReader) batch(b *batch) bool {
+	return r.object(batchKeys, func(k int) bool {
+		var ok bool
+		switch k {
+		case 0:
+			b.V, ok = r.int()
+		case 1:
+			b.Kind, ok = r.string()
+		case 2:
+			b.Node, ok = r.string()
+		case 3:
+			b.Snap, ok = r.string()
+		case 4:
+			b.Part, ok = r.int()
+		case 5:
+			b.Parts, ok = r.int()
+		case 6:
+			b.Join, ok = r.uint(1<<64 - 1)
+		case 8:
+			b.From, ok = r.uint(1<<64 - 1)
+		case 7:
+			if r.literal("null") {
+				return true
+			}
+			if !r.next('[') {
+				return false
+			}
+			b.Changes = []Change{}
+			if r.next(']') {
+				return true
+			}
+			for {
+				b.Changes = append(b.Changes, Change{})
+				if !r.change(&b.Changes[len(b.Changes)-1]) {
+					return false
+				}
+				if r.next(']') {
+					return true
+				}
+				if !r.next(',') {
+					return false
+				}
+			}
+		}
+		return ok
+	})
+}

@@ -1,0 +1,154 @@
+package rows
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// jsonSamples are batches and changes in the writer's form and in forms
+// only encoding/json reads: each must decode as encoding/json decodes it.
+var jsonSamples = []string{
+	`{"v":1,"kind":"changes","node":"alpha","changes":[{"table":"jobs","row":"42","cells":{"a":{"t":7,"n":"alpha","v":"cXVldWVk"},"b":{"t":8,"n":"alpha","d":true}}}]}`,
+	`{"v":1,"kind":"snapshot","node":"beta","snap":"x-beta","part":2,"parts":3,"join":17,"changes":[],"from":12}`,
+	`{"v":1,"kind":"changes","node":"alpha","changes":null}`,
+	` { "v" : 1 , "kind" : "changes" , "changes" : [ { "table" : "t" , "row" : "r" , "cells" : { } } ] } `,
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a","v":""}}}]}`,
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a","v":null,"d":false}}}]}`,
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":null}]}`,
+	`{"v":1,"changes":[{}]}`,
+	`{}`,
+	`null`,
+	// Only encoding/json: other spellings of keys, duplicates, escapes,
+	// unknown keys, numbers of other forms, wrong types, bad input.
+	`{"V":1,"Kind":"changes","changes":[{"TABLE":"t","row":"r","cells":{"f":{"T":1,"n":"a"}}}]}`,
+	`{"v":1,"v":2,"node":"a","node":"b"}`,
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a"}},"cells":{"g":{"t":2,"n":"b"}}}]}`,
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a"},"f":{"t":2,"n":"b","d":true}}}]}`,
+	`{"v":1,"changes":[{"table":"t","row":"r"}],"changes":[{"cells":{"f":{"t":1,"n":"a"}}}]}`,
+	`{"v":1,"node":"\u0061lpha","changes":[{"table":"t","row":"r\"","cells":{"f\n":{"t":1,"n":"é"}}}]}`,
+	`{"v":1,"extra":{"a":[1,2,{"b":null}]},"changes":[{"table":"t","row":"r","more":true,"cells":{"f":{"t":1,"n":"a","x":1}}}]}`,
+	`{"v":1.0}`, `{"v":1e0}`, `{"v":-1}`, `{"v":01}`, `{"v":99999999999999999999}`,
+	`{"join":18446744073709551615}`, `{"join":18446744073709551616}`,
+	`{"v":"1"}`, `{"changes":[{"table":"t","row":"r","cells":{"f":{"t":"1","n":"a"}}}]}`,
+	`{"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a","v":"not base64!"}}}]}`,
+	`{"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a","v":"YQ"}}}]}`,
+	`{"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a","d":"yes"}}}]}`,
+	`{"v":1}x`, `{"v":1,}`, `{"v":1`, `{"changes":[{"table":"t"},]}`, `[1]`, ``, `{"v":1}{"v":2}`,
+	"{\"node\":\"a\x01b\"}", "{\"node\":\"a\xffb\"}", `{"node":"a<b>&"}`,
+}
+
+// decodeBoth decodes data as batch and as Change, by the methods and by
+// encoding/json alone.
+func TestJSONReadsAsEncodingJSON(t *testing.T) {
+	for _, s := range jsonSamples {
+		checkSameDecode(t, []byte(s))
+	}
+}
+
+func checkSameDecode(t *testing.T, data []byte) {
+	t.Helper()
+	var got batch
+	var pure pureBatch
+	gerr := json.Unmarshal(data, &got)
+	werr := json.Unmarshal(data, &pure)
+	want := pure.batch()
+	if (gerr == nil) != (werr == nil) || gerr == nil && !reflect.DeepEqual(got, want) {
+		t.Errorf("batch %q:\ngot  %+v, %v\nwant %+v, %v", data, got, gerr, want, werr)
+	}
+	var gc, wc Change
+	gerr = json.Unmarshal(data, &gc)
+	werr = json.Unmarshal(data, (*changeJSON)(&wc))
+	if (gerr == nil) != (werr == nil) || gerr == nil && !reflect.DeepEqual(gc, wc) {
+		t.Errorf("change %q:\ngot  %+v, %v\nwant %+v, %v", data, gc, gerr, wc, werr)
+	}
+}
+
+// pureBatch is batch as encoding/json alone decodes it: batchJSON's
+// changes would still be read by Change's method.
+type pureBatch struct {
+	V       int          `json:"v"`
+	Kind    string       `json:"kind"`
+	Node    string       `json:"node"`
+	Snap    string       `json:"snap,omitempty"`
+	Part    int          `json:"part,omitempty"`
+	Parts   int          `json:"parts,omitempty"`
+	Join    uint64       `json:"join,omitempty"`
+	Changes []changeJSON `json:"changes"`
+	From    uint64       `json:"from,omitempty"`
+}
+
+func (p pureBatch) batch() batch {
+	b := batch{V: p.V, Kind: p.Kind, Node: p.Node, Snap: p.Snap, Part: p.Part, Parts: p.Parts, Join: p.Join, From: p.From}
+	if p.Changes != nil {
+		b.Changes = []Change{}
+	}
+	for _, c := range p.Changes {
+		b.Changes = append(b.Changes, Change(c))
+	}
+	return b
+}
+
+// The writer makes encoding/json's bytes.
+func TestJSONWritesAsEncodingJSON(t *testing.T) {
+	for _, c := range []Change{
+		{Table: "jobs", Row: "42", Cells: map[string]WireCell{"status": {Stamp: 1 << 50, Node: "alpha", Value: []byte("queued")}, "a": {Stamp: 3, Node: "b", Deleted: true}}},
+		{Table: "jobs", Row: "42", Cells: map[string]WireCell{"e": {Stamp: 0, Node: "", Value: []byte{}}}},
+		{Table: "t", Row: "r"},
+		{Table: "t", Row: "r", Cells: map[string]WireCell{}},
+		{Table: "a<b>&\"\\\n\r\t\x01\x7f", Row: "é\u2028\u2029\xff\xfe", Cells: map[string]WireCell{"\x00": {Node: "</script>", Value: []byte{0, 255}}}},
+	} {
+		want, err := json.Marshal((changeJSON)(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := appendChange(nil, &c); string(got) != string(want) {
+			t.Errorf("appendChange:\ngot  %s\nwant %s", got, want)
+		}
+		if got, _ := json.Marshal(c); string(got) != string(want) {
+			t.Errorf("json.Marshal:\ngot  %s\nwant %s", got, want)
+		}
+		var back Change
+		if err := json.Unmarshal(want, &back); err != nil {
+			t.Fatal(err)
+		}
+		var wantBack changeJSON
+		_ = json.Unmarshal(want, &wantBack)
+		if !reflect.DeepEqual(back, Change(wantBack)) {
+			t.Errorf("read back %q: got %+v, want %+v", want, back, wantBack)
+		}
+	}
+}
+
+func FuzzJSONReadsAsEncodingJSON(f *testing.F) {
+	for _, s := range jsonSamples {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > 1<<12 || strings.Count(string(data), "[") > 64 {
+			return
+		}
+		checkSameDecode(t, data)
+	})
+}
+
+// The reader knows every key of the types it reads: a field added to
+// batch, Change or WireCell without its key here would send every
+// message to encoding/json.
+func TestJSONKeysComplete(t *testing.T) {
+	for _, tt := range []struct {
+		v    any
+		keys []string
+	}{{batch{}, batchKeys}, {pureBatch{}, batchKeys}, {Change{}, changeKeys}, {WireCell{}, cellKeys}} {
+		typ := reflect.TypeOf(tt.v)
+		var tags []string
+		for i := range typ.NumField() {
+			name, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
+			tags = append(tags, name)
+		}
+		if !reflect.DeepEqual(tags, tt.keys) {
+			t.Errorf("%s: keys %v, the reader knows %v", typ, tags, tt.keys)
+		}
+	}
+}

@@ -1,0 +1,107 @@
+package rows
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Focused benchmarks of the engine's hot paths, without a broker: the
+// store's commits of writes and of a joiner's snapshot, and a snapshot
+// part's decoding. BenchmarkRows (testing/bench) measures the whole.
+
+// speedChange is row i of the benchmarks: two fields as the bench writes.
+func speedChange(i int) Change {
+	return Change{Table: "bench", Row: fmt.Sprintf("w-%07d", i), Cells: map[string]WireCell{
+		"status":  {Stamp: Stamp(1<<50 + i), Node: "rows-w", Value: []byte("queued")},
+		"payload": {Stamp: Stamp(1<<50 + i), Node: "rows-w", Value: []byte(strings.Repeat("x", 64))},
+	}}
+}
+
+func speedStore(b *testing.B) *Store {
+	b.Helper()
+	s, err := OpenStore(filepath.Join(b.TempDir(), "rows.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// BenchmarkStoreApplySnapshot applies a snapshot of 100,000 rows to an
+// empty store as a joiner does: runs of parts of 256 KiB, one commit a run.
+func BenchmarkStoreApplySnapshot(b *testing.B) {
+	const n, perPart, partsPerRun = 100000, 1600, 16
+	changes := make([]Change, n)
+	for i := range changes {
+		changes[i] = speedChange(i)
+	}
+	for range b.N {
+		s := speedStore(b)
+		for i := 0; i < n; i += perPart * partsPerRun {
+			if _, err := s.Apply("bench", changes[i:min(n, i+perPart*partsPerRun)], uint64(i)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*n), "µs/row")
+}
+
+// BenchmarkDecodePart decodes a snapshot part of 1,600 rows.
+func BenchmarkDecodePart(b *testing.B) {
+	var p batch
+	p.V, p.Kind, p.Node = 1, kindSnapshot, "rows-w"
+	for i := range 1600 {
+		p.Changes = append(p.Changes, speedChange(i))
+	}
+	body, _ := json.Marshal(&p)
+	b.SetBytes(int64(len(body)))
+	for range b.N {
+		var q batch
+		if err := json.Unmarshal(body, &q); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*1600), "µs/row")
+}
+
+// BenchmarkStoreWriteMany writes 100,000 rows in batches of 100, a
+// commit each, as batch puts do.
+func BenchmarkStoreWriteMany(b *testing.B) {
+	const n, per = 100000, 100
+	changes := make([]Change, n)
+	for i := range changes {
+		changes[i] = speedChange(i)
+	}
+	for range b.N {
+		s := speedStore(b)
+		for i := 0; i < n; i += per {
+			if err := s.WriteMany(changes[i : i+per]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*n), "µs/row")
+}
+
+// BenchmarkDecodePartDirect is BenchmarkDecodePart by the hand-written
+// reader alone, without encoding/json's scan before it.
+func BenchmarkDecodePartDirect(b *testing.B) {
+	var p batch
+	p.V, p.Kind, p.Node = 1, kindSnapshot, "rows-w"
+	for i := range 1600 {
+		p.Changes = append(p.Changes, speedChange(i))
+	}
+	body, _ := json.Marshal(&p)
+	b.SetBytes(int64(len(body)))
+	for range b.N {
+		var q batch
+		r := jsonReader{b: body}
+		if !r.batch(&q) || !r.end() {
+			b.Fatal("not read")
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*1600), "µs/row")
+}
