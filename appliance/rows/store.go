@@ -318,25 +318,8 @@ type Applied struct {
 // offset to read from after them, in one committed transaction. It
 // returns the cells that won.
 func (s *Store) Apply(table string, changes []Change, next uint64) ([]Applied, error) {
-	var out []Applied
-	err := s.update(func(tx *bolt.Tx) error {
-		out = out[:0] // Batch may run the function again
-		cells, history, _, meta, err := tableBuckets(tx, table)
-		if err != nil {
-			return err
-		}
-		for _, ch := range changes {
-			won, err := putChange(cells, history, meta, ch)
-			if err != nil {
-				return err
-			}
-			if won != nil {
-				out = append(out, Applied{Table: table, Row: ch.Row, Won: won})
-			}
-		}
-		return meta.Put(kOffset, binary.BigEndian.AppendUint64(nil, next))
-	})
-	return out, err
+	r, err := s.applyLog(table, logApply{changes: changes, progress: kOffset, next: next})
+	return r.applied, err
 }
 
 // Offset returns the next offset of table's log to read (0 and false:
