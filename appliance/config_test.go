@@ -170,8 +170,9 @@ func TestConfigLayers(t *testing.T) {
 // the field, and what to write instead.
 func TestConfigFileRejectsBadInput(t *testing.T) {
 	tests := map[string]struct{ body, want string }{
-		"unknown key":  {"{\n  \"nod\": \"x\"\n}", `line 2 ("nod": "x"): unknown key "nod" (misspelt?`},
-		"nested key":   {"{\n  \"bridge\": {\n    \"prefetc\": 1\n  }\n}", `line 3 ("prefetc": 1): unknown key "prefetc"`},
+		"unknown key":  {"{\n  \"nod\": \"x\"\n}", `line 2 ("nod": "x"): unknown key "nod" (did you mean "node"?`},
+		"far key":      {"{\n  \"zzzzzz\": \"x\"\n}", `unknown key "zzzzzz" (misspelt?`},
+		"nested key":   {"{\n  \"bridge\": {\n    \"prefetc\": 1\n  }\n}", `line 3 ("prefetc": 1): unknown key "prefetc" (did you mean "prefetch"?`},
 		"bad duration": {"{\"cache\":{\"load_timeout\":\"soon\"}}", `cache.load_timeout: "soon" is not a duration: write a string such as "5s"`},
 		"number dur":   {"{\n  \"bridge\": {\n    \"request_timeout\": 5\n  }\n}", `line 3 ("request_timeout": 5): bridge.request_timeout: 5 is not a duration`},
 		"wrong type":   {"{\n  \"bridge\": {\"prefetch\": \"x\"}\n}", `line 2 ("bridge": {"prefetch": "x"}): bridge.prefetch: a JSON string where a int belongs`},

@@ -8,9 +8,12 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/meshbox/meshbox/internal/suggest"
 )
 
 // This file reads the config file: LoadFile, and the errors that say where
@@ -58,7 +61,11 @@ func jsonErrorAt(data []byte, offset int64, err error) string {
 	default:
 		if k, ok := strings.CutPrefix(msg, "unknown field "); ok {
 			name, _ := strconv.Unquote(k)
-			msg = fmt.Sprintf("unknown key %s (misspelt? the keys are in docs/configuration.md)", k)
+			guess := "misspelt?"
+			if near, ok := suggest.Nearest(name, configKeys()); ok {
+				guess = fmt.Sprintf("did you mean %q?", near)
+			}
+			msg = fmt.Sprintf("unknown key %s (%s the keys are in docs/configuration.md)", k, guess)
 			line = keyLine(data, name)
 		}
 	}
@@ -67,6 +74,38 @@ func jsonErrorAt(data []byte, offset int64, err error) string {
 	}
 	lines := strings.Split(string(data), "\n")
 	return fmt.Sprintf("line %d (%s): %s", line, strings.TrimSpace(lines[line-1]), msg)
+}
+
+// configKeys are the keys a config file may hold at any depth: the json
+// names of Config's fields and of the fields of the structs in it.
+func configKeys() []string {
+	var keys []string
+	seen := map[reflect.Type]bool{}
+	var walk func(t reflect.Type)
+	walk = func(t reflect.Type) {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Map {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct || seen[t] {
+			return
+		}
+		seen[t] = true
+		for f := range t.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "-" || !f.IsExported() {
+				continue
+			}
+			if name == "" {
+				name = f.Name
+			}
+			if !slices.Contains(keys, name) {
+				keys = append(keys, name)
+			}
+			walk(f.Type)
+		}
+	}
+	walk(reflect.TypeFor[Config]())
+	return keys
 }
 
 // lineAt is the line (from 1) of byte offset in data: the last byte the

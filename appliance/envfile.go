@@ -40,6 +40,18 @@ func ExistingDefaultEnvFile() string {
 	return p
 }
 
+// NodeEnvFiles are the env files, in order, where a command looks for the
+// configuration of the node on this machine when none is named:
+// DefaultEnvFile, then, for a user other than root, SystemEnvFile (the
+// installed service's, which such a user may be unable to read).
+func NodeEnvFiles() []string {
+	p := DefaultEnvFile()
+	if p == SystemEnvFile {
+		return []string{p}
+	}
+	return []string{p, SystemEnvFile}
+}
+
 // ErrEnvFileExists is returned by WriteEnvFile for a file that exists and
 // sets a variable.
 var ErrEnvFileExists = errors.New("configuration file already exists")

@@ -280,17 +280,32 @@ func (m *Manifest) Permissions() Permissions {
 	return Permissions{Hosts: m.Hosts, Uses: m.Uses}
 }
 
+// The MESHBOX_* variables the node sets for every module (package doc).
+const (
+	EnvNode       = "MESHBOX_NODE"
+	EnvModule     = "MESHBOX_MODULE"
+	EnvSelection  = "MESHBOX_SELECTION"
+	EnvRuntimeDir = "MESHBOX_RUNTIME_DIR"
+	EnvGrantsDir  = "MESHBOX_GRANTS_DIR"
+)
+
+// The prefixes of the variables OverrideEnv and GrantEnv name.
+const (
+	EnvOverridePrefix = "MESHBOX_OVERRIDE_"
+	EnvGrantPrefix    = "MESHBOX_GRANT_"
+)
+
 // OverrideEnv is the environment variable an override key reaches a
 // module in when its manifest does not map it: MESHBOX_OVERRIDE_ and the
 // key in upper case with every '.' and '-' made '_' ("backup.target" →
 // MESHBOX_OVERRIDE_BACKUP_TARGET).
-func OverrideEnv(key string) string { return "MESHBOX_OVERRIDE_" + envToken(key) }
+func OverrideEnv(key string) string { return EnvOverridePrefix + envToken(key) }
 
 // GrantEnv is the environment variable that names the grant files of a
 // resource when the manifest does not name one: MESHBOX_GRANT_ and the
 // resource in upper case with every character other than a letter or digit
 // made '_'.
-func GrantEnv(resource string) string { return "MESHBOX_GRANT_" + envToken(resource) }
+func GrantEnv(resource string) string { return EnvGrantPrefix + envToken(resource) }
 
 func envToken(s string) string {
 	b := []byte(strings.ToUpper(s))

@@ -292,10 +292,10 @@ func (r *runner) launch(sp spec) (*proc, error) {
 		return nil, err
 	}
 	nodeEnv := map[string]string{
-		"MESHBOX_NODE":      cfg.Node,
-		"MESHBOX_MODULE":    r.name,
-		"MESHBOX_SELECTION": sp.assignment.Selection,
-		"NATS_URL":          cfg.NATSURL,
+		EnvNode:      cfg.Node,
+		EnvModule:    r.name,
+		EnvSelection: sp.assignment.Selection,
+		"NATS_URL":   cfg.NATSURL,
 	}
 	for k, v := range grantEnv {
 		nodeEnv[k] = v

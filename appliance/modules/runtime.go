@@ -105,7 +105,7 @@ func prepareRuntimeDir(runDir, module string, as runAs, m *Manifest, grants []ca
 			dir, env = "", nil
 		}
 	}()
-	env = map[string]string{"MESHBOX_RUNTIME_DIR": dir, "MESHBOX_GRANTS_DIR": gdir}
+	env = map[string]string{EnvRuntimeDir: dir, EnvGrantsDir: gdir}
 	for _, ref := range m.Grants {
 		var paths []string
 		for _, g := range grants {

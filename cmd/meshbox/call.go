@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/suggest"
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/meshbox/meshbox/node"
 	"github.com/nats-io/nats.go"
@@ -45,12 +46,7 @@ func (m *Main) payload(args []string, at int) ([]byte, error) {
 	if len(args) > at {
 		return []byte(args[at]), nil
 	}
-	if f, ok := m.Stdin.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			return nil, nil
-		}
-	}
-	if m.Stdin == nil {
+	if m.Stdin == nil || isTerminal(m.Stdin) {
 		return nil, nil
 	}
 	data, err := io.ReadAll(m.Stdin)
@@ -58,6 +54,24 @@ func (m *Main) payload(args []string, at int) ([]byte, error) {
 		return nil, fmt.Errorf("read data from standard input: %w", err)
 	}
 	return data, nil
+}
+
+// isTerminal reports whether s, a standard stream, is a terminal (a
+// character device).
+func isTerminal(s any) bool {
+	f, ok := s.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// endLine reports whether a reply printed on a terminal needs a line
+// break after it, so that the shell's prompt starts a line of its own. A
+// pipe or a file gets the reply's exact bytes.
+func endLine(terminal bool, data []byte) bool {
+	return terminal && len(data) > 0 && data[len(data)-1] != '\n'
 }
 
 // replyFailure turns an error reply into an exit error (nil: no error).
@@ -147,7 +161,12 @@ func (c *CallCommand) Run(ctx context.Context, args []string) error {
 	if err := replyFailure(reply); err != nil {
 		return err
 	}
-	_, err = c.m.Stdout.Write(reply.Data)
+	if _, err := c.m.Stdout.Write(reply.Data); err != nil {
+		return err
+	}
+	if endLine(isTerminal(c.m.Stdout), reply.Data) {
+		_, err = io.WriteString(c.m.Stdout, "\n")
+	}
 	return err
 }
 
@@ -173,7 +192,7 @@ func (m *Main) nearCapability(ctx context.Context, nc *nats.Conn, name string) s
 	known = slices.Compact(known)
 	var near []string
 	for _, k := range known {
-		if k != name && editDistance(k, name) <= max(1, len(name)/4) {
+		if k != name && suggest.Distance(k, name) <= suggest.Near(name) {
 			near = append(near, k)
 		}
 	}
@@ -181,32 +200,6 @@ func (m *Main) nearCapability(ctx context.Context, nc *nats.Conn, name string) s
 		return ""
 	}
 	return "; did you mean " + strings.Join(near, " or ") + "? (meshbox caps lists them)"
-}
-
-// editDistance is the edit distance of a and b, a swap of two
-// neighbouring letters counting as one edit (optimal string alignment).
-func editDistance(a, b string) int {
-	d := make([][]int, len(a)+1)
-	for i := range d {
-		d[i] = make([]int, len(b)+1)
-		d[i][0] = i
-	}
-	for j := range d[0] {
-		d[0][j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
-			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
-				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
-			}
-		}
-	}
-	return d[len(a)][len(b)]
 }
 
 // fitsMessage refuses data the node's NATS server would not take in one

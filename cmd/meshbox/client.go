@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -49,10 +50,10 @@ type clientFlags struct {
 // returns --server's value: "" for the node the configuration names
 // (resolved by connectNode).
 func (m *Main) serverFlag(fs *flag.FlagSet) *string {
-	fs.StringVar(&m.creds, "creds", m.Getenv("MESHBOX_CREDS"),
+	m.envFlagVar(fs, &m.creds, "creds", "MESHBOX_CREDS",
 		"credential file (an nkey seed) for the node's NATS server (env MESHBOX_CREDS; default: "+programs.AdminFile+" in the node's data directory, when readable)")
 	m.nodeFlags(fs)
-	m.client.server = fs.String("server", m.Getenv("MESHBOX_SERVER"), "NATS URL of the node (env MESHBOX_SERVER; default: the address its configuration has it listen on)")
+	m.client.server = m.envFlag(fs, "server", "MESHBOX_SERVER", "NATS URL of the node (env MESHBOX_SERVER; default: the address its configuration has it listen on)")
 	return m.client.server
 }
 
@@ -75,13 +76,19 @@ func (m *Main) nodeFlags(fs *flag.FlagSet) {
 func (m *Main) nodeConfig() (appliance.Config, error) {
 	c := m.client
 	if c == nil {
-		return appliance.LoadConfig(appliance.ConfigSources{EnvFile: appliance.ExistingDefaultEnvFile(), Getenv: m.Getenv})
+		env, err := m.defaultEnvFile(false)
+		if err != nil {
+			return appliance.Config{}, err
+		}
+		return appliance.LoadConfig(appliance.ConfigSources{EnvFile: env, Getenv: m.Getenv})
 	}
 	if !c.loaded {
 		c.loaded = true
 		env := *c.envFile
 		if env == "" {
-			env = appliance.ExistingDefaultEnvFile()
+			if env, c.err = m.defaultEnvFile(*c.server != "" || *c.data != "" || *c.config != ""); c.err != nil {
+				return c.cfg, c.err
+			}
 		}
 		flags := map[string]string{}
 		if *c.data != "" {
@@ -93,6 +100,60 @@ func (m *Main) nodeConfig() (appliance.Config, error) {
 		}
 	}
 	return c.cfg, c.err
+}
+
+// defaultEnvFile is the env file a command reads the node's configuration
+// from when none is named: the first of m.envFiles
+// (appliance.NodeEnvFiles) that exists, "" when none does. One that
+// exists but cannot be read is an error that says what to do, for the
+// command would otherwise talk to a node of the default configuration
+// (127.0.0.1:4222) without a word; unless named says the command was told
+// which node by other means (--server, --data, --config, or their
+// variables), and then the file is passed over.
+func (m *Main) defaultEnvFile(named bool) (string, error) {
+	files := m.envFiles
+	if files == nil {
+		files = appliance.NodeEnvFiles()
+	}
+	for _, n := range []string{"MESHBOX_NATS", "MESHBOX_DATA", "MESHBOX_CONFIG"} {
+		named = named || m.Getenv(n) != ""
+	}
+	for _, p := range files {
+		if p == "" {
+			continue
+		}
+		err := readable(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			continue
+		case err == nil:
+			return p, nil
+		case named:
+			return "", nil
+		}
+		return "", fmt.Errorf("cannot read the node's configuration %s (%v): run the command as root (sudo meshbox ...) or as a user who may read that file, "+
+			"or say which node to talk to: --env-file FILE, or --server URL (with --creds FILE when the node wants a credential)", p, err)
+	}
+	return "", nil
+}
+
+// readable reports why the file at path cannot be read, nil when it can.
+func readable(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			return pe.Err // the path is said by the caller
+		}
+		return err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return err
+	} else if fi.IsDir() {
+		return errors.New("it is a directory")
+	}
+	return nil
 }
 
 // dataDir is the data directory of the node a client command works on.

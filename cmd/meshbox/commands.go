@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"github.com/meshbox/meshbox/internal/suggest"
 )
 
 // command is one of meshbox's commands: the one table the usage, `meshbox
@@ -84,6 +86,26 @@ func findCommand(name string) (command, bool) {
 	return command{}, false
 }
 
+// commandNames are the names of the commands for people.
+func commandNames() []string {
+	var out []string
+	for _, c := range commands() {
+		if c.group != "" {
+			out = append(out, c.name)
+		}
+	}
+	return out
+}
+
+// didYouMean is " (did you mean NAME?)" for the name of known nearest
+// to name, or "" when none is near.
+func didYouMean(name string, known []string) string {
+	if near, ok := suggest.Nearest(name, known); ok {
+		return " (did you mean " + near + "?)"
+	}
+	return ""
+}
+
 // usageText is `meshbox help`.
 func usageText() string {
 	var b strings.Builder
@@ -120,13 +142,13 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		}
 		c, ok := findCommand(rest[0])
 		if !ok || c.group == "" {
-			return usagef("help: unknown command %q (run 'meshbox help')", rest[0])
+			return usagef("help: unknown command %q%s; run 'meshbox help' for the list", rest[0], didYouMean(rest[0], commandNames()))
 		}
 		return m.helpOf(ctx, c, rest[1:])
 	}
 	c, ok := findCommand(name)
 	if !ok {
-		return usagef("unknown command %q (run 'meshbox help')", name)
+		return usagef("unknown command %q%s; run 'meshbox help' for the list", name, didYouMean(name, commandNames()))
 	}
 	return c.run(m, ctx, rest)
 }

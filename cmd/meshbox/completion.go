@@ -51,11 +51,7 @@ func flagsIn(help string) []string {
 // meshWords returns what may follow `meshbox mesh WORDS...`: the first or
 // second word of its commands' names, or nil when words name a command.
 func (m *Main) meshWords(words []string) (next []string, leaf string) {
-	mc := &MeshCommand{m: m}
-	var names []string
-	for _, l := range slices.Concat(mc.leaves(), mc.keyLeaves(), mc.scopeLeaves(), mc.tableLeaves()) {
-		names = append(names, l.name)
-	}
+	names := (&MeshCommand{m: m}).names()
 	prefix := strings.Join(words, " ")
 	for _, n := range names {
 		if n == prefix {

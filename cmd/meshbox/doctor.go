@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -47,7 +48,7 @@ func (c *DoctorCommand) parse(args []string) (doctor.Options, bool, error) {
 	fs := c.m.newFlagSet("doctor", "doctor [--db URL] [--broker URL] [--data DIR] [--nats HOST:PORT] [--server URL] [--json]")
 	cfgFlags := addConfigFlags(fs, "node", "data", "nats", "db", "broker")
 	envFile := fs.String("env-file", "", "read MESHBOX_* variables from this file first (default: "+appliance.DefaultEnvFile()+" if it exists, as meshbox run reads it)")
-	server := fs.String("server", c.m.Getenv("MESHBOX_SERVER"), "NATS URL to ask the running node (env MESHBOX_SERVER; default: from --nats)")
+	server := c.m.envFlag(fs, "server", "MESHBOX_SERVER", "NATS URL to ask the running node (env MESHBOX_SERVER; default: from --nats)")
 	hosts := fs.String("hosts", doctor.DefaultHostsFile, "hosts file to look for this node's pinned public name")
 	publicName := fs.String("public-name", "", "this node's public name (default: from the bindings)")
 	timeout := fs.Duration("timeout", 3*time.Second, "time allowed for each network check")
@@ -62,7 +63,12 @@ func (c *DoctorCommand) parse(args []string) (doctor.Options, bool, error) {
 		return doctor.Options{}, false, usagef("--timeout: must be positive, got %s", *timeout)
 	}
 	if *envFile == "" {
-		*envFile = appliance.ExistingDefaultEnvFile() // as meshbox run reads it
+		named := *server != "" || *cfgFlags.file != ""
+		cfgFlags.fs.Visit(func(f *flag.Flag) { named = named || f.Name == "data" || f.Name == "nats" })
+		var err error
+		if *envFile, err = c.m.defaultEnvFile(named); err != nil {
+			return doctor.Options{}, false, err
+		}
 	}
 	cfg, err := cfgFlags.load(c.m, *envFile)
 	if err != nil {
@@ -91,5 +97,7 @@ func (c *DoctorCommand) parse(args []string) (doctor.Options, bool, error) {
 		HostsFile:  *hosts,
 		PublicName: *publicName,
 		Timeout:    *timeout,
+		EnvFile:    *envFile,
+		Environ:    c.m.environ(),
 	}, *asJSON, nil
 }

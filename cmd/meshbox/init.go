@@ -19,8 +19,8 @@ type InitCommand struct{ m *Main }
 // its nodes (a test broker), and init says how to give it its own.
 func (c *InitCommand) Run(ctx context.Context, args []string) error {
 	fs := c.m.newFlagSet("init", "init --db URL --node NAME --broker AMQP_URL --broker-admin URL [--stages S,...] [--public-name NAME] [--ttl 24h] [--force]")
-	dbURL := fs.String("db", c.m.envOr("MESHBOX_DB", ""), "mesh database URL postgres://... (env MESHBOX_DB)")
-	node := fs.String("node", c.m.envOr("MESHBOX_NODE", ""), "mesh name of the first node (env MESHBOX_NODE)")
+	dbURL := c.m.envFlag(fs, "db", "MESHBOX_DB", "mesh database URL postgres://... (env MESHBOX_DB)")
+	node := c.m.envFlag(fs, "node", "MESHBOX_NODE", "mesh name of the first node (env MESHBOX_NODE)")
 	broker := fs.String("broker", "", "URL of the central broker, amqp:// or amqps://, without a user: each node gets its own")
 	admin := c.m.adminFlag(fs)
 	stages := fs.String("stages", "", "stages the first node may consume, comma-separated (* = all; default none)")

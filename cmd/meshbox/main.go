@@ -80,6 +80,13 @@ type Main struct {
 	Stdout io.Writer
 	Stderr io.Writer
 	Getenv func(string) string
+	// Environ lists the environment as KEY=VALUE; nil: the names in it
+	// are not checked (UnknownEnvVars).
+	Environ func() []string
+
+	// envFiles are where a command looks for the node's env file when
+	// none is named (defaultEnvFile); nil: appliance.NodeEnvFiles().
+	envFiles []string
 
 	creds  string       // --creds of the command that runs (see serverFlag)
 	client *clientFlags // the flags naming the node a client command talks to (serverFlag)
@@ -87,7 +94,7 @@ type Main struct {
 
 // NewMain returns a Main on the process's streams and environment.
 func NewMain() *Main {
-	return &Main{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}
+	return &Main{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv, Environ: os.Environ}
 }
 
 // newLogger builds the process's slog logger. It is the one place that
@@ -133,10 +140,29 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-// envOr returns the environment variable name's value, or def when unset.
-func (m *Main) envOr(name, def string) string {
-	if v := m.Getenv(name); v != "" {
-		return v
+// environ is the environment as KEY=VALUE, nil when m has none.
+func (m *Main) environ() []string {
+	if m.Environ == nil {
+		return nil
 	}
-	return def
+	return m.Environ()
+}
+
+// envFlag registers a string flag whose default is the value of the
+// environment variable env. Help shows the default as "$ENV", never the
+// value: a variable may hold a password or a token, and help, usage and
+// error text never show one.
+func (m *Main) envFlag(fs *flag.FlagSet, name, env, usage string) *string {
+	p := new(string)
+	m.envFlagVar(fs, p, name, env, usage)
+	return p
+}
+
+// envFlagVar is envFlag storing the flag's value in p.
+func (m *Main) envFlagVar(fs *flag.FlagSet, p *string, name, env, usage string) {
+	v := m.Getenv(env)
+	fs.StringVar(p, name, v, usage)
+	if v != "" {
+		fs.Lookup(name).DefValue = "$" + env
+	}
 }

@@ -106,7 +106,7 @@ func (c *MeshCommand) Run(ctx context.Context, args []string) error {
 		return nil
 	}
 	name, rest := args[0], args[1:]
-	if name == "status" { // asks the local node, not the database
+	if name == meshStatus { // asks the local node, not the database
 		return c.status(ctx, rest)
 	}
 	if slices.Contains([]string{"node", "override", "setting", "key", "scope", "table"}, name) {
@@ -116,13 +116,31 @@ func (c *MeshCommand) Run(ctx context.Context, args []string) error {
 		}
 		name, rest = name+" "+rest[0], rest[1:]
 	}
-	for _, leaf := range slices.Concat(c.leaves(), c.keyLeaves(), c.scopeLeaves(), c.tableLeaves()) {
+	for _, leaf := range c.allLeaves() {
 		if leaf.name == name {
 			return c.runLeaf(ctx, leaf, rest)
 		}
 	}
 	fmt.Fprint(c.m.Stderr, meshUsage)
-	return usagef("mesh: unknown command %q", name)
+	return usagef("mesh: unknown command %q%s", name, didYouMean(name, c.names()))
+}
+
+// meshStatus is the one mesh command that is not a leaf: it asks the
+// local node, not the database.
+const meshStatus = "status"
+
+// allLeaves are mesh's commands that work on the database.
+func (c *MeshCommand) allLeaves() []meshLeaf {
+	return slices.Concat(c.leaves(), c.keyLeaves(), c.scopeLeaves(), c.tableLeaves())
+}
+
+// names are the names of all of mesh's commands ("node add", "status").
+func (c *MeshCommand) names() []string {
+	var out []string
+	for _, l := range c.allLeaves() {
+		out = append(out, l.name)
+	}
+	return append(out, meshStatus)
 }
 
 func (c *MeshCommand) runLeaf(ctx context.Context, leaf meshLeaf, args []string) error {
@@ -131,7 +149,7 @@ func (c *MeshCommand) runLeaf(ctx context.Context, leaf meshLeaf, args []string)
 		synopsis += " " + a
 	}
 	fs := c.m.newFlagSet("mesh "+leaf.name, synopsis+" [flags]")
-	dbURL := fs.String("db", c.m.envOr("MESHBOX_DB", ""), "mesh database URL postgres://... (env MESHBOX_DB)")
+	dbURL := c.m.envFlag(fs, "db", "MESHBOX_DB", "mesh database URL postgres://... (env MESHBOX_DB)")
 	action := leaf.flags(fs)
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
@@ -184,7 +202,7 @@ func (c *MeshCommand) report(what string, ch meshdb.Change) {
 
 // adminFlag adds --broker-admin to fs.
 func (m *Main) adminFlag(fs *flag.FlagSet) *string {
-	return fs.String("broker-admin", m.envOr("MESHBOX_BROKER_ADMIN", ""),
+	return m.envFlag(fs, "broker-admin", "MESHBOX_BROKER_ADMIN",
 		"broker management API with the admin credential, http(s)://USER:PASSWORD@host:15672 (env MESHBOX_BROKER_ADMIN); never stored")
 }
 

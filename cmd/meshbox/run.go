@@ -18,11 +18,17 @@ type RunCommand struct{ m *Main }
 // Run parses the configuration (defaults, file, environment, flags), starts
 // the node, and stops it gracefully when ctx ends.
 func (c *RunCommand) Run(ctx context.Context, args []string) error {
-	cfg, err := c.config(args)
+	cfg, envFile, err := c.config(args)
 	if err != nil {
 		return err
 	}
 	logger := newLogger(c.m.Stderr, cfg.Log.Level, cfg.Log.Format, underJournal(c.m.Getenv, c.m.Stderr))
+	// A misspelt variable is ignored: say so, once each, before anything
+	// runs with the default it meant to change.
+	unknown, _ := appliance.UnknownEnvVars(envFile, c.m.environ())
+	for _, u := range unknown {
+		logger.Warn(u.String())
+	}
 	a, err := appliance.New(cfg, logger)
 	if err != nil {
 		return err
@@ -57,22 +63,25 @@ func (c *RunCommand) Run(ctx context.Context, args []string) error {
 }
 
 // config builds the configuration with the appliance's loader: defaults,
-// then the config file, then the environment, then flags.
-func (c *RunCommand) config(args []string) (appliance.Config, error) {
+// then the config file, then the environment, then flags. envFile is the
+// env file it read ("" for none).
+func (c *RunCommand) config(args []string) (cfg appliance.Config, envFile string, err error) {
 	fs := c.m.newFlagSet("run", "run [flags]")
 	flags := addConfigFlags(fs)
-	envFile := fs.String("env-file", "", "read MESHBOX_* variables from this file first (default: "+
+	envFlag := fs.String("env-file", "", "read MESHBOX_* variables from this file first (default: "+
 		appliance.DefaultEnvFile()+" if it exists, as written by meshbox join)")
 	if err := parseFlags(fs, args); err != nil {
-		return appliance.Config{}, err
+		return cfg, "", err
 	}
 	if fs.NArg() > 0 {
-		return appliance.Config{}, usagef("run takes no arguments, got %q", fs.Arg(0))
+		return cfg, "", usagef("run takes no arguments, got %q", fs.Arg(0))
 	}
-	if *envFile == "" {
-		*envFile = appliance.ExistingDefaultEnvFile()
+	envFile = *envFlag
+	if envFile == "" {
+		envFile = appliance.ExistingDefaultEnvFile()
 	}
-	return flags.load(c.m, *envFile)
+	cfg, err = flags.load(c.m, envFile)
+	return cfg, envFile, err
 }
 
 // ModuleGuardCommand is the node's module guard (not for people): it reads

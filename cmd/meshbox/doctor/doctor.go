@@ -62,6 +62,11 @@ type Options struct {
 	PublicName string
 	// Timeout bounds each network check.
 	Timeout time.Duration
+	// EnvFile is the env file the configuration was read from ("" for
+	// none), and Environ the environment (KEY=VALUE): their MESHBOX_*
+	// names are checked.
+	EnvFile string
+	Environ []string
 }
 
 // Doctor runs the checks in order; later checks use what earlier ones
@@ -74,6 +79,8 @@ type Doctor struct {
 	hostsFile  string
 	publicName string
 	timeout    time.Duration
+	envFile    string
+	environ    []string
 	now        func() time.Time
 
 	status *appliance.Status // the running node's status, nil when it did not answer
@@ -94,6 +101,8 @@ func New(opts Options) *Doctor {
 		hostsFile:  opts.HostsFile,
 		publicName: opts.PublicName,
 		timeout:    opts.Timeout,
+		envFile:    opts.EnvFile,
+		environ:    opts.Environ,
 		now:        time.Now,
 	}
 	if d.hostsFile == "" {
@@ -108,6 +117,7 @@ func New(opts Options) *Doctor {
 // Run runs every check and returns their outcomes.
 func (d *Doctor) Run(ctx context.Context) Report {
 	checks := []func(context.Context) Check{
+		d.checkVariables,
 		d.checkDataDir,
 		d.checkDataFiles,
 		d.checkNode,
