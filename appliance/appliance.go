@@ -438,7 +438,8 @@ func (a *Appliance) bindingsChanged(snap cache.Snapshot, div cache.Divergence) {
 	if b := a.bridge.Load(); b != nil {
 		b.SetSenderGenerations(snap.Bindings.SenderGenerations())
 		a.followBroker(b, snap, true)
-		b.ScopesChanged() // the stages it may host follow the scopes just applied
+		b.SetAllowedStages(a.allowedStages(snap, true)) // a grant reaches the handlers serving the stage already
+		b.ScopesChanged()                               // the stages it may host follow the scopes just applied
 	}
 	a.credentialChanged("")
 	if n := a.node.Load(); n != nil {

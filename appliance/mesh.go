@@ -32,6 +32,17 @@ func (a *Appliance) brokerURL(snap cache.Snapshot, ok bool) string {
 	return withBrokerCredential(snap.Bindings.Settings["broker.url"], snap.Bindings.Broker)
 }
 
+// allowedStages returns the stage allow-list that governs the node's
+// broker user: its bindings' when it connects with its own credential
+// from them; nil (none known) on a broker URL of its configuration, or
+// without a credential of its own.
+func (a *Appliance) allowedStages(snap cache.Snapshot, ok bool) []string {
+	if a.cfg.Broker != "" || !ok || snap.Bindings.Broker == nil {
+		return nil
+	}
+	return snap.Bindings.Stages
+}
+
 // NodeBrokerURL returns the URL a node connects to the broker with: the
 // broker.url setting raw with the node's own credential from its bindings
 // (cred; nil: raw as it is).
@@ -120,6 +131,7 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 	if ok { // before Start: the first deliveries are checked too
 		b.SetSenderGenerations(snap.Bindings.SenderGenerations())
 	}
+	b.SetAllowedStages(a.allowedStages(snap, ok))
 	if err := b.SetLocalInterest(ctx, hosted); err != nil { // before Start: only recorded
 		_ = b.Close()
 		return fmt.Errorf("bridge: %w", err)

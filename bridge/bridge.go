@@ -89,7 +89,8 @@ type Status struct {
 	// queue dead.<stage>), as last seen on the broker.
 	DeadLetters map[string]int `json:"dead_letters"`
 	// Warnings are the link's standing conditions an operator should
-	// know about (WarnOlderPermissions).
+	// know about (WarnOlderPermissions, a stage served here that the
+	// broker refuses this node).
 	Warnings []string `json:"warnings,omitempty"`
 }
 
@@ -444,6 +445,7 @@ func (b *Bridge) Status() Status {
 	if b.learnt.older.Load() {
 		st.Warnings = append(st.Warnings, WarnOlderPermissions)
 	}
+	st.Warnings = append(st.Warnings, b.refusedStages()...)
 	return st
 }
 

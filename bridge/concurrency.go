@@ -28,6 +28,8 @@ package bridge
 // (acting on dead letters), results.go (results as events), submit.go
 // (submissions and the outbox drainer; the durable store itself is
 // package outbox), stalls.go, interest.go (stand-ins and hosted stages),
+// grants.go (the stages the mesh allows this node; refused ones tried
+// again),
 // batch.go (commands carried several to a message), and hops.go with
 // hoptrace.go (the points of a request's round trip, recorded only in a
 // build with the hoptrace tag, for `make bench-hops`).

@@ -64,8 +64,9 @@ func (s *session) acker() {
 
 // consumerManager owns the stage consumers of the consume channel (their
 // queues declared on a channel of its own, since a failed declaration
-// closes its channel): it opens and cancels them as the stages hosted and
-// their credit change, each a broker round trip, while the acker goes on.
+// closes its channel): it opens and cancels them as the stages hosted,
+// their grants and their credit change, each a broker round trip, while
+// the acker goes on, and tries the refused stages again (grants.go).
 // Exits when the session ends or a broker call fails.
 func (s *session) consumerManager() {
 	decl, err := s.con.conn.Channel()
@@ -74,13 +75,20 @@ func (s *session) consumerManager() {
 		return
 	}
 	defer func() { _ = decl.Close() }()
+	retry := newRetryTimer()
+	defer retry.t.Stop()
 	s.syncStages(&decl)
+	retry.plan(s.b, true)
 	for {
 		select {
 		case <-s.ctx.Done():
 			return
 		case <-s.b.route.stagesChanged:
 			s.syncStages(&decl)
+			retry.plan(s.b, true)
+		case <-retry.t.C:
+			s.syncStages(&decl)
+			retry.plan(s.b, false)
 		case <-s.flows.wake:
 			s.applyFlows()
 		case <-s.flows.drain:
@@ -106,6 +114,7 @@ func (s *session) consumerManager() {
 			delete(s.flows.stages, f.stage)
 			s.flows.mu.Unlock()
 			s.syncStages(&decl)
+			retry.plan(s.b, false)
 		}
 	}
 }

@@ -244,7 +244,10 @@
 // per-node broker users (permissions.go), and so do the node's durable
 // queues (its event queue, its stages' queues: NodeQueues): the bridge
 // declares them passively and declares them itself only when it may (a
-// mesh run on one credential, a node allowed every stage). A node's
+// mesh run on one credential, a node allowed every stage). A stage served
+// here that the broker refuses this node waits, said in the status, and
+// is consumed once the admin grants it (SetAllowedStages, grants.go),
+// without a restart of the node or of its handlers. A node's
 // request, reply and system queues are server-named (amq.gen-*): the
 // names below are their names in the protocol (a request's reply-to) and
 // for a broker user with an older mesh's permissions. The node binds them

@@ -92,15 +92,17 @@ func (e *NodeNameInUseError) Error() string {
 // Unwrap returns ErrNodeNameInUse.
 func (e *NodeNameInUseError) Unwrap() error { return ErrNodeNameInUse }
 
-// MissingQueueError: a durable queue of this node (its event queue, a
+// MissingQueueError: a durable queue of node Node (its event queue, a
 // stage's queue) does not exist, and the node's broker user may not
 // declare it: the admin declares those (bridge.NodeQueues).
 type MissingQueueError struct {
+	Node  string
 	Queue string
 }
 
 func (e *MissingQueueError) Error() string {
-	return fmt.Sprintf("queue %s does not exist on the broker and this node may not declare it: the admin declares it (meshbox mesh node set-stages NAME --stages ... for a stage's queues, or meshbox mesh node rotate NAME)", e.Queue)
+	return fmt.Sprintf("queue %s does not exist on the broker and this node may not declare it: the admin declares it, a stage's queues with meshbox mesh node set-stages %s STAGE... (every stage the node may consume, this one among them), its event queue with meshbox mesh node rotate %s",
+		e.Queue, e.Node, e.Node)
 }
 
 // OutboxLockedError is returned by Start when the outbox file is locked by

@@ -63,8 +63,9 @@ func (b *Bridge) SetLocalInterest(ctx context.Context, subjects []string) error 
 	}
 	err := b.declareStages(ctx, b.hostedStages())
 	if stagesChanged {
-		signal(b.route.stagesChanged) // the session's consumer manager consumes (and cancels)
-		signal(b.cmds.stall.watch)    // a stall checker with nothing to watch wakes
+		b.keepRefusals(b.hostedStages()) // a stage no longer served is refused no more, with or without a session
+		signal(b.route.stagesChanged)    // the session's consumer manager consumes (and cancels)
+		signal(b.cmds.stall.watch)       // a stall checker with nothing to watch wakes
 	}
 	return err
 }

@@ -148,6 +148,19 @@ type routing struct {
 	// credits (under mu): the credit (messages) each stage's last
 	// session wanted last; the next session starts from it.
 	credits map[string]int
+	// grants: the stages the mesh allows this node, and those the broker
+	// refuses it (its own mutex).
+	grants stageGrants
+}
+
+// stageGrants is what the bridge knows of this node's right to consume
+// stages (grants.go): the stage allow-list of its bindings, and the
+// hosted stages the broker refuses it. mu guards known, allowed, refused.
+type stageGrants struct {
+	mu      sync.Mutex
+	known   bool              // SetAllowedStages gave an allow-list
+	allowed []string          // the allow-list, sorted (wire.AllStages: every stage)
+	refused map[string]string // hosted stage -> why no session consumes it
 }
 
 // creditOf returns the credit stage's last session wanted (0: none).

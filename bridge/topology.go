@@ -14,6 +14,8 @@ const (
 )
 
 // syncStages consumes the stages the node hosts and cancels the others.
+// A stage it cannot consume is recorded as refused (grants.go) and tried
+// again at the next sync.
 func (s *session) syncStages(decl **amqp.Channel) {
 	if s.flows.draining {
 		return // the node stops: no stage consumer again
@@ -33,12 +35,13 @@ func (s *session) syncStages(decl **amqp.Channel) {
 			s.b.log.Debug("stage consumers cancelled", "stage", stage)
 		}
 	}
+	s.b.keepRefusals(want)
 	for stage := range want {
 		if s.flows.stages[stage] != nil {
 			continue
 		}
 		if err := s.declareStage(decl, stage); err != nil {
-			s.b.log.Error("cannot declare stage queue", "stage", stage, "err", err)
+			s.b.stageRefused(stage, err)
 			continue
 		}
 		s.flows.aux[stage] = s.declareAux(decl, stage)
@@ -47,6 +50,7 @@ func (s *session) syncStages(decl **amqp.Channel) {
 			return
 		}
 		s.flows.stages[stage] = f
+		s.b.stageConsumed(stage)
 		s.b.log.Debug("stage consumer started", "stage", stage)
 	}
 	s.declareDeclaredLocked(decl)
@@ -240,11 +244,11 @@ func (s *session) findOrDeclare(ch **amqp.Channel, q string, declare func() erro
 			return err
 		}
 		if s.b.learnt.admin.Load() {
-			return &MissingQueueError{Queue: q}
+			return &MissingQueueError{Node: s.b.cfg.Node, Queue: q}
 		}
 		s.b.learnt.admin.Store(true)
 	}
-	return &MissingQueueError{Queue: q}
+	return &MissingQueueError{Node: s.b.cfg.Node, Queue: q}
 }
 
 // declareStage declares a stage's quorum queue and binds it. A queue that
@@ -275,7 +279,15 @@ func (s *session) declareStage(decl **amqp.Channel, stage string) error {
 		}
 		return err
 	}
-	return (*decl).QueueBind(q, commandKey(stage), exchangeMesh, false, nil)
+	if err := (*decl).QueueBind(q, commandKey(stage), exchangeMesh, false, nil); err != nil {
+		if (*decl).IsClosed() { // refused: the next declaration needs a channel
+			if nc, cerr := s.con.conn.Channel(); cerr == nil {
+				*decl = nc
+			}
+		}
+		return fmt.Errorf("bind %s: %w", q, err)
+	}
+	return nil
 }
 
 // bindOwn binds one of the node's own queues with a key of its own name

@@ -35,6 +35,10 @@ type Bindings struct {
 	// Broker is the node's newest broker credential (nil: none recorded;
 	// the node connects with the broker.url setting as it is).
 	Broker *BrokerCredential `json:"broker,omitempty"`
+	// Stages is the node's stage allow-list: the stages its broker users
+	// may consume ("*": every stage; empty: none). Nil in bindings read
+	// from a cache file older than it, or for a node without a record.
+	Stages []string `json:"stages"`
 	// ContentKeys are the mesh's content keys (ids and lifetimes, never
 	// their bytes); SealedKeys this node's own sealed copies of them;
 	// KeyHolders who holds a copy of which key (see internal/seal).
@@ -208,8 +212,8 @@ func (b Bindings) LogValue() slog.Value {
 }
 
 // Normalize returns a copy of b with every list sorted by its key and nil
-// collections made empty, the form in which bindings are hashed, stored
-// and compared.
+// collections made empty (but Stages, where nil means not known), the
+// form in which bindings are hashed, stored and compared.
 func (b Bindings) Normalize() Bindings {
 	n := Bindings{
 		Node:        b.Node,
@@ -231,6 +235,10 @@ func (b Bindings) Normalize() Bindings {
 	}
 	for k, v := range b.Settings {
 		n.Settings[k] = v
+	}
+	if b.Stages != nil { // nil stays nil: not known
+		n.Stages = append([]string{}, b.Stages...)
+		slices.Sort(n.Stages)
 	}
 	if n.Nodes == nil {
 		n.Nodes = []NodeRecord{}
@@ -469,6 +477,14 @@ func hashNormalized(b Bindings) string {
 		put("signing keys")
 		for _, n := range b.Nodes {
 			put(n.SigningKey)
+		}
+	}
+	// Likewise the node's stage allow-list.
+	if b.Stages != nil {
+		put("stages")
+		putN(len(b.Stages))
+		for _, st := range b.Stages {
+			put(st)
 		}
 	}
 	_ = w.Flush() // writes to a hash never fail

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -32,5 +33,36 @@ func TestDiffBrokerCredential(t *testing.T) {
 	}
 	if got := Diff(Bindings{Node: "alpha"}, cur); len(got) != 1 || got[0].Op != OpAdded || strings.Contains(got[0].String(), "pw-") {
 		t.Errorf("added: got %v", got.Strings())
+	}
+}
+
+// TestStagesInBindings: the node's stage allow-list is part of its
+// bindings' content (a grant changes the hash, so a running node applies
+// it), nil (not known: a cache file older than it) hashes as before it
+// existed, and none (an empty list) survives the cache file's JSON.
+func TestStagesInBindings(t *testing.T) {
+	base := Bindings{Node: "ant", Settings: map[string]string{"broker.url": "amqp://b"}}
+	none, some := base, base
+	none.Stages, some.Stages = []string{}, []string{"thumbs", "resize"}
+	if base.Hash() == none.Hash() || none.Hash() == some.Hash() {
+		t.Errorf("hashes: unknown %s, none %s, [thumbs resize] %s; want three different ones", base.Hash(), none.Hash(), some.Hash())
+	}
+	sorted := base
+	sorted.Stages = []string{"resize", "thumbs"}
+	if sorted.Hash() != some.Hash() {
+		t.Error("the order of the stages changes the hash")
+	}
+	for _, b := range []Bindings{base, none, some} {
+		data, err := json.Marshal(b.Normalize())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back Bindings
+		if err := json.Unmarshal(data, &back); err != nil {
+			t.Fatal(err)
+		}
+		if (back.Stages == nil) != (b.Stages == nil) || back.Hash() != b.Hash() {
+			t.Errorf("stages %#v through JSON (%s): got %#v, hash equal %v", b.Stages, data, back.Stages, back.Hash() == b.Hash())
+		}
 	}
 }

@@ -129,6 +129,9 @@ func (db *DB) Load(ctx context.Context, node string) (cache.Snapshot, error) {
 	if err := loadSigningKeys(ctx, tx, &b); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings: signing keys", err)
 	}
+	if err := loadStages(ctx, tx, &b); err != nil {
+		return cache.Snapshot{}, db.wrap("load bindings: stages", err)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return cache.Snapshot{}, db.wrap("load bindings", err)
 	}
@@ -165,6 +168,33 @@ func loadGenerations(ctx context.Context, tx pgx.Tx, b *cache.Bindings) error {
 			b.Nodes[i].Generations = append(b.Nodes[i].Generations, g.gen)
 		}
 	}
+	return nil
+}
+
+// stagesSchema is the first schema version with the nodes' stage
+// allow-lists (migration 002).
+const stagesSchema = 2
+
+// loadStages fills in the node's stage allow-list, inside Load's
+// transaction; a node without a record, or a database without
+// allow-lists, leaves it nil.
+func loadStages(ctx context.Context, tx pgx.Tx, b *cache.Bindings) error {
+	v, err := schemaVersion(ctx, tx)
+	if err != nil || v < stagesSchema {
+		return err
+	}
+	var stages []string
+	err = tx.QueryRow(ctx, `SELECT stages FROM nodes WHERE name = $1`, b.Node).Scan(&stages)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return err
+	}
+	if stages == nil {
+		stages = []string{}
+	}
+	b.Stages = stages
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -129,17 +130,34 @@ func TestCredentialRotationRows(t *testing.T) {
 }
 
 // TestSetNodeStages replaces a node's stage allow-list and refuses bad
-// input.
+// input; the node reads its allow-list with its bindings, as a change of
+// them.
 func TestSetNodeStages(t *testing.T) {
 	db, url := initMesh(t)
 	ctx := context.Background()
-	addNode(t, db, url, "alpha", 0)
+	a := addNode(t, db, url, "alpha", 0)
+	nodeDB, err := meshdb.Open(ctx, a.Token.DB, meshdb.Options{NodeKey: withKey(t, db, "alpha")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodeDB.Close()
+	before, err := nodeDB.Load(ctx, "alpha")
+	if err != nil || before.Bindings.Stages == nil || len(before.Bindings.Stages) != 0 {
+		t.Fatalf("alpha's bindings before set-stages: stages %#v %v, want none (an empty list)", before.Bindings.Stages, err)
+	}
 	if _, err := db.SetNodeStages(ctx, "alpha", []string{"resize", "thumbs"}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := db.NodeStages(ctx, "alpha")
 	if err != nil || len(got) != 2 || got[0] != "resize" || got[1] != "thumbs" {
 		t.Errorf("stages: got %v %v, want [resize thumbs]", got, err)
+	}
+	after, err := nodeDB.Load(ctx, "alpha")
+	if err != nil || !slices.Equal(after.Bindings.Stages, []string{"resize", "thumbs"}) {
+		t.Errorf("alpha's bindings after set-stages: stages %v %v, want [resize thumbs]", after.Bindings.Stages, err)
+	}
+	if after.Hash == before.Hash {
+		t.Error("the bindings' hash did not change with the stages: a running node would not apply them")
 	}
 	if _, err := db.SetNodeStages(ctx, "nobody", []string{"x"}); !errors.Is(err, meshdb.ErrNotFound) {
 		t.Errorf("unknown node: got %v, want ErrNotFound", err)

@@ -124,8 +124,11 @@ func printCredentialStep(out io.Writer, e nodecred.Event) {
 	}
 }
 
-// setStages replaces a node's stage allow-list in the database and the
-// permissions of each of its broker users.
+// setStages replaces the permissions of each of a node's broker users
+// (and declares the queues of its stages), then its stage allow-list in
+// the database: the running node, which follows its bindings, tries the
+// stages it serves again when the list changes, and by then the broker
+// lets it consume them.
 func (c *MeshCommand) setStages(ctx context.Context, db *meshdb.DB, name string, stages []string, adminURL string) error {
 	gens, err := db.CredentialGenerations(ctx, name)
 	if err != nil {
@@ -140,15 +143,15 @@ func (c *MeshCommand) setStages(ctx context.Context, db *meshdb.DB, name string,
 			return fmt.Errorf("set stages: %w", err)
 		}
 	}
-	ch, err := db.SetNodeStages(ctx, name, stages)
-	if err != nil {
-		return err
-	}
 	for _, g := range gens {
 		if err := admin.SetStages(ctx, name, g.Generation, stages); err != nil {
 			return fmt.Errorf("set stages: node %s: %w", name, err)
 		}
 		fmt.Fprintf(c.m.Stdout, "node %s: permissions of broker user %s updated\n", name, g.User)
+	}
+	ch, err := db.SetNodeStages(ctx, name, stages)
+	if err != nil {
+		return err
 	}
 	c.report(fmt.Sprintf("node %s: stages %s", name, strings.Join(stages, ",")), ch)
 	return nil
