@@ -16,6 +16,7 @@ import (
 // and of the $MESH.status request, and what `meshbox status` prints.
 type Status struct {
 	Node          string               `json:"node"`
+	PublicName    string               `json:"public_name,omitempty"` // of the node's record in the bindings it uses
 	Version       string               `json:"version"`
 	Commit        string               `json:"commit,omitempty"`
 	BuildDate     string               `json:"build_date,omitempty"`
@@ -142,6 +143,9 @@ func (a *Appliance) Status() Status {
 		var newest *cache.BrokerCredential
 		if snap, ok := bd.manager.Current(); ok {
 			newest = snap.Bindings.Broker
+			if rec, ok := snap.Bindings.NodeRecord(a.cfg.Node); ok {
+				st.PublicName = rec.PublicName
+			}
 		}
 		st.Identity = identity(st.Broker.Credential, newest, time.Now())
 		if b := a.bridge.Load(); b != nil && st.Identity != nil {

@@ -9,7 +9,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
@@ -139,6 +141,10 @@ func TestDoctorHealthyNode(t *testing.T) {
 		t.Errorf("healthy node asked: exit %d, failed: %v", code, rep.failed())
 	}
 	wantCheck(t, rep, "broker", "ok", "the running node's link to", "is connected")
+	// The node holds its cache: what it uses comes from its status, not
+	// "not checked" or "no cached bindings".
+	wantCheck(t, rep, "broker credential", "warn", `the running node connects as "guest"`)
+	wantCheck(t, rep, "hosts file", "ok", "alpha.example.org is not pinned")
 	wantCheck(t, rep, "local NATS", "ok", "loopback only ("+nats+")")
 	for _, c := range rep.Checks {
 		if listens, _, _ := strings.Cut(c.Message, ";"); c.Name == "local NATS" && strings.Contains(listens, ":4222") {
@@ -294,4 +300,43 @@ func TestDoctorStagedFailures(t *testing.T) {
 		t.Errorf("NATS on 0.0.0.0: exit 0, want non-zero")
 	}
 	wantCheck(t, rep, "local NATS", "fail", "other machines can reach")
+}
+
+// TestDoctorAsksTheJoinedNode: a node joined with its own broker user
+// runs and holds its cache; doctor, given its env file, takes the node's
+// word for the broker user it connects as and for its public name, as the
+// node's status says them.
+func TestDoctorAsksTheJoinedNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL, RabbitMQ and a node")
+	}
+	t.Parallel()
+	rmq := meshtest.LeaseRabbitMQ(t)
+	vhost := rmq.Vhost(t)
+	db := meshtest.Postgres(t).Database(t)
+	if code, _, errOut := cli(t, "init", "--db", db, "--node", "console", "--broker", meshtest.NoCredential(vhost)); code != 0 {
+		t.Fatalf("init: exit %d: %s", code, errOut)
+	}
+	p, envFile := joinedNodeEnv(t, db, rmq.AdminURL(), "alpha")
+	mesh(t, db, "node", "set", "alpha", "--public-name", "alpha.example.org")
+	meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, "alpha on its own broker user, with its public name", func(s appliance.Status) bool {
+		return s.Broker.State == "connected" && s.PublicName == "alpha.example.org"
+	})
+
+	if err := os.Chmod(p.DataDir(), 0o700); err != nil { // a test's directory is 0755
+		t.Fatal(err)
+	}
+	code, rep := doctor(t, "--env-file", envFile, "--data", p.DataDir(), "--server", p.NATSURL())
+	if code != 0 {
+		t.Errorf("joined node: exit %d, failed: %v", code, rep.failed())
+	}
+	wantCheck(t, rep, "bindings cache", "ok", "the running node holds the cache")
+	wantCheck(t, rep, "broker", "ok", "the running node's link to", "is connected")
+	wantCheck(t, rep, "broker credential", "ok", "the running node connects as its own broker user node.alpha.g1")
+	wantCheck(t, rep, "hosts file", "ok", "alpha.example.org is not pinned")
+	for _, c := range rep.Checks {
+		if strings.Contains(c.Message, "not checked") || strings.Contains(c.Message, "no cached bindings") {
+			t.Errorf("%s: %q contradicts the running node", c.Name, c.Message)
+		}
+	}
 }

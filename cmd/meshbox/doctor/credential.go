@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/internal/brokerurl"
 	"github.com/meshbox/meshbox/internal/wire"
 )
@@ -22,7 +23,7 @@ func (d *Doctor) checkCredential(context.Context) Check {
 	const name = "broker credential"
 	conn := d.brokerConn
 	if conn == nil {
-		return ok(name, "not checked: no connection to the broker (see the broker check)")
+		return d.credentialFromNode(name)
 	}
 	defer conn.Close()
 	raw, _ := d.brokerURL()
@@ -53,6 +54,45 @@ func (d *Doctor) checkCredential(context.Context) Check {
 	default:
 		return warn(name, "give the node its own broker user: meshbox mesh node add NAME --broker-admin URL, then meshbox join TOKEN",
 			"the node connects as %q, a credential shared by the mesh, not a broker user of its own (node.%s.g<k>)", user, d.cfg.Node)
+	}
+}
+
+// credentialFromNode judges the broker user the running node connects
+// as, from its status: doctor has no connection of its own when the
+// broker and the credential come from the bindings the node holds.
+func (d *Doctor) credentialFromNode(name string) Check {
+	if d.status == nil || d.status.Broker.State == "" || d.status.Broker.State == wire.StateNone {
+		return ok(name, "not checked: no connection to the broker (see the broker check)")
+	}
+	b := d.status.Broker
+	user, state := "", ""
+	if c := b.Credential; c != nil {
+		user, state = c.User, c.State
+	}
+	if user == "" && d.status.Identity != nil {
+		user = d.status.Identity.BrokerUser
+	}
+	if user == "" {
+		user = "guest" // what an AMQP URL without a user means
+		if u, err := url.Parse(b.URL); err == nil && u.User != nil && u.User.Username() != "" {
+			user = u.User.Username()
+		}
+	}
+	owner, gen, own := wire.ParseBrokerUser(user)
+	switch {
+	case own && owner != d.cfg.Node:
+		return fail(name, "the node's configuration or cache holds another node's credential; join this node with its own token (meshbox mesh node add, meshbox join)",
+			"the running node connects as broker user %s, node %s's, not node %s's", user, owner, d.cfg.Node)
+	case state == bridge.CredentialRevoked || state == bridge.CredentialRefused:
+		return fail(name, "give the node a new credential: meshbox mesh node rejoin NAME --broker-admin URL, then meshbox join TOKEN",
+			"the running node's broker user %s: %s (%s)", user, state, b.Credential.Reason)
+	case own && b.State == wire.StateConnected:
+		return ok(name, "the running node connects as its own broker user %s (generation %d)", user, gen)
+	case own:
+		return warn(name, "see the broker check and meshbox status", "the running node's broker user is its own, %s (generation %d); its link is %s", user, gen, b.State)
+	default:
+		return warn(name, "give the node its own broker user: meshbox mesh node add NAME --broker-admin URL, then meshbox join TOKEN",
+			"the running node connects as %q, a credential shared by the mesh, not a broker user of its own (node.%s.g<k>)", user, d.cfg.Node)
 	}
 }
 

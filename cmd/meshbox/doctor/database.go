@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/meshbox/meshbox/cache"
 )
 
 // checkDatabase connects to the mesh database with short timeouts and
@@ -38,6 +40,12 @@ func (d *Doctor) checkDatabase(ctx context.Context) Check {
 	conn, err := pgx.ConnectConfig(ctx, pc)
 	if err != nil {
 		d.dbErr = err
+		if d.snap == nil && d.status != nil && d.status.Bindings.DB == cache.DBConnected {
+			// The node logs in as its bindings say, which doctor could
+			// not read: the node's word is the one that counts.
+			return warn(name, "doctor logs in with the configured URL; the node with the login of the bindings it holds. "+dbHint(err),
+				"the running node is connected to the mesh database; doctor cannot connect to %s: %s", safe, dbError(err))
+		}
 		return fail(name, dbHint(err), "cannot connect to %s: %s", safe, dbError(err))
 	}
 	defer conn.Close(context.Background())

@@ -11,6 +11,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"github.com/meshbox/meshbox/cache"
 )
 
 // multicastName reports whether host is a multicast DNS name (.local).
@@ -40,6 +42,13 @@ func (d *Doctor) checkMeshNames(context.Context) Check {
 	}
 	if d.cfg.Broker != "" {
 		hosts = append(hosts, named{"broker", urlHost(string(d.cfg.Broker))})
+	} else if d.snap == nil && d.status != nil {
+		// The running node holds the cache: the brokers it uses.
+		for _, u := range append([]string{d.status.Broker.URL}, d.status.Broker.URLs...) {
+			if h := urlHost(u); h != "" {
+				hosts = append(hosts, named{"broker", h})
+			}
+		}
 	}
 	if d.snap != nil {
 		keys := make([]string, 0, len(d.snap.Bindings.Settings))
@@ -120,15 +129,23 @@ func findInHosts(r io.Reader, name string) ([]hostsEntry, error) {
 func (d *Doctor) checkHostsFile(context.Context) Check {
 	const name = "hosts file"
 	public, from := d.publicName, "--public-name"
-	if public == "" && d.snap != nil {
+	known := public != "" // whether doctor knows the node's public name, which may be none
+	switch {
+	case public != "":
+	case d.snap != nil:
+		known = true
 		if rec, ok := d.snap.Bindings.NodeRecord(d.cfg.Node); ok && rec.PublicName != "" {
 			public, from = rec.PublicName, "the node record"
 		}
+	case d.status != nil && d.status.Bindings.Source != cache.SourceNone:
+		// The running node holds the cache: its own word.
+		known = true
+		public, from = d.status.PublicName, "the running node's record"
+	}
+	if !known {
+		return ok(name, "public name not known (no bindings to read it from); pass --public-name to check it")
 	}
 	if public == "" {
-		if d.snap == nil {
-			return ok(name, "public name not known (no cached bindings); pass --public-name to check it")
-		}
 		return ok(name, "node %s has no public name", d.cfg.Node)
 	}
 	f, err := os.Open(d.hostsFile)
