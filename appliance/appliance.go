@@ -39,6 +39,7 @@ type Appliance struct {
 	logger   *slog.Logger
 	errs     *errorRing
 	registry *prometheus.Registry
+	trends   *trendRing // the node's recent history (trends.go)
 
 	// mu is held by Start and Close for their whole run; the fields
 	// under it are Start's and Close's alone.
@@ -140,6 +141,7 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 		logger:   logger,
 		errs:     ring,
 		registry: reg,
+		trends:   newTrendRing(trendSamples),
 		fatal:    make(chan error, 1),
 		quit:     make(chan struct{}),
 		credWake: make(chan struct{}, 1),
@@ -204,8 +206,11 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	}
 	auth.mqttOffLoopback = a.cfg.NATSMQTT != "" && !LoopbackAddr(a.cfg.NATSMQTT)
 	auth.wsOffLoopback = a.cfg.NATSWebSocket != "" && !LoopbackAddr(a.cfg.NATSWebSocket)
-	if auth.anonymous { // the status warns about it for as long as it lasts
-		a.logger.Info(warnNATSOpen, "component", "nats")
+	switch { // the status says it for as long as it lasts, at the same level
+	case auth.anonymous && a.cfg.InMesh():
+		a.logger.Warn(warnNATSOpen, "component", "nats")
+	case auth.anonymous:
+		a.logger.Info(warnNATSOpen, "component", "nats") // a standalone node is open by design
 	}
 	var more []listener
 	if w := newWebListener(&a.cfg, a.HTTPURL()); w != nil {
@@ -263,6 +268,8 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 		return err
 	}
 	a.startWatchingInterest()
+	a.wg.Add(1)
+	go a.runTrends() // exits when the appliance closes
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("start: %w", err) // Close was called meanwhile
 	}

@@ -3,18 +3,27 @@ package appliance
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 )
 
 // ErrorEntry is one recent warning or error, as shown in the status.
+// Level is the level it was logged at (WARN or ERROR).
 type ErrorEntry struct {
 	At        time.Time `json:"at"`
 	Level     string    `json:"level"`
 	Component string    `json:"component,omitempty"`
 	Message   string    `json:"message"`
 	Detail    string    `json:"detail,omitempty"`
+	condition string    // the standing condition it is about ("": none)
 }
+
+// conditionKey is the log attribute that ties a warning or an error to a
+// standing condition that may end ("lacks content key k1"): once the
+// condition ends (errorRing.end), the entries about it leave the status.
+// The log keeps them.
+const conditionKey = "condition"
 
 // errorRing keeps the last warnings and errors logged by the node so that the
 // status can show them. It is a slog.Handler that wraps the real one.
@@ -39,6 +48,13 @@ func (r *errorRing) add(e ErrorEntry) {
 		r.logged = make(map[loggedKey]uint64)
 	}
 	r.logged[loggedKey{e.Level, e.Component}]++
+}
+
+// end removes the entries about condition: it has ended.
+func (r *errorRing) end(condition string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.entries = slices.DeleteFunc(r.entries, func(e ErrorEntry) bool { return e.condition == condition })
 }
 
 // recent returns the entries, newest first.
@@ -72,6 +88,8 @@ func (h *ringHandler) Handle(ctx context.Context, rec slog.Record) error {
 				e.Component = a.Value.String()
 			case "err", "error", "reason":
 				e.Detail = a.Value.Resolve().String()
+			case conditionKey:
+				e.condition = a.Value.String()
 			}
 			return true
 		})

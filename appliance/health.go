@@ -1,6 +1,7 @@
 package appliance
 
 import (
+	"slices"
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/modules"
@@ -15,19 +16,20 @@ import (
 const healthEvery = 15 * time.Second
 
 // HealthOf is the health summary of a node whose status is st: failing
-// when it cannot do its work (its broker link is not connected, or
-// modules crash-loop or cannot start), warning when it has warnings or
-// its bindings do, ok otherwise.
+// when it cannot do its work (a node of a mesh whose broker link is not
+// connected, or modules crash-loop or cannot start), warning when it has
+// problems or warnings or its bindings do, ok otherwise.
 func HealthOf(st Status) node.Health {
-	h := node.Health{Broker: st.Broker.State, Bindings: st.Bindings.Source, Warnings: len(st.Warnings), Outbox: st.Outbox.Depth}
+	h := node.Health{Broker: st.Broker.State, Bindings: st.Bindings.Source, Outbox: st.Outbox.Depth}
 	if st.Bindings.FetchedAt != nil {
 		h.BindingsAt = st.Bindings.FetchedAt.UTC()
 	}
-	warnings := st.Warnings
+	warnings := slices.Clone(st.Problems) // the causes first
 	if st.Bindings.Warning != "" {
-		warnings = append([]string{"bindings: " + st.Bindings.Warning}, warnings...)
-		h.Warnings++
+		warnings = append(warnings, "bindings: "+st.Bindings.Warning)
 	}
+	warnings = append(warnings, st.Warnings...)
+	h.Warnings = len(warnings)
 	if len(warnings) > 0 {
 		h.Warning = clip(printableText(warnings[0]), node.MaxHealthText)
 	}
@@ -40,7 +42,7 @@ func HealthOf(st Status) node.Health {
 		}
 	}
 	switch {
-	case (st.Broker.State != bridge.StateConnected && st.Broker.State != bridge.StateNone) || len(h.Failing) > 0:
+	case (st.Broker.State != bridge.StateConnected && !st.Standalone) || len(h.Failing) > 0:
 		h.State = node.HealthFailing
 	case h.Warnings > 0:
 		h.State = node.HealthWarning

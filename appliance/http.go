@@ -13,6 +13,7 @@ import (
 //	/healthz  the process is alive (always 200 while it serves)
 //	/readyz   ready to serve local programs; 503 with the reasons when not
 //	/status   the status as JSON
+//	/trends   the node's recent history as JSON, for the status page's charts
 //	/metrics  Prometheus metrics
 //	/debug/pprof/  Go's profiles, with Config.Pprof (loopback listeners only)
 func (a *Appliance) handler() http.Handler {
@@ -31,6 +32,9 @@ func (a *Appliance) handler() http.Handler {
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, a.Status())
 	})
+	mux.HandleFunc("GET /trends", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, a.trends.view(trendEvery))
+	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /{$}", a.serveStatusPage)
 	if a.cfg.Pprof { // Validate allows it on a loopback listener only
@@ -45,7 +49,8 @@ func (a *Appliance) handler() http.Handler {
 
 // Readiness says whether the node serves local programs, and why not. A
 // degraded node (on cached bindings, broker offline) is ready: offline local
-// operation is a feature. Degraded lists what is not at its best.
+// operation is a feature. Degraded lists what is not at its best, each
+// with its cause (the status's problems first).
 type Readiness struct {
 	Ready    bool     `json:"ready"`
 	Reasons  []string `json:"reasons"`
@@ -71,6 +76,7 @@ func (a *Appliance) Readiness() Readiness {
 	if n := a.pubNATS.Load(); n == nil || !n.srv.Running() {
 		notReady("embedded NATS server is not running")
 	}
+	rd.Degraded = append(rd.Degraded, a.Status().Problems...)
 	if sup := a.mods.Load(); sup != nil {
 		rd.Degraded = append(rd.Degraded, modulesDegraded(sup.Status())...)
 	}

@@ -62,6 +62,7 @@ func (a *Appliance) startKeys() error {
 	if err != nil {
 		return fmt.Errorf("keys: %w", err)
 	}
+	kk.ended = a.errs.end
 	kk.start()
 	a.keys.Store(kk)
 	// A change of the bindings may land before or after Store: applying
@@ -132,6 +133,11 @@ type keyKeeper struct {
 	done   chan struct{}
 	closed sync.Once
 
+	// ended says that a condition the keeper logged has ended (the lack
+	// of a key): the status drops what was logged about it. Set before
+	// start.
+	ended func(condition string)
+
 	mu      sync.Mutex
 	opened  map[string]openedKey // by key id
 	status  KeysStatus
@@ -193,7 +199,7 @@ func newKeyKeeper(node, dataDir string, k *seal.NodeKey, db *meshdb.DB, log *slo
 		ctx: ctx, cancel: cancel,
 		node: node, key: k, sign: sk, ring: &seal.Keyring{}, db: db, log: log, now: time.Now,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
-		opened: map[string]openedKey{}, logged: map[string]bool{},
+		opened: map[string]openedKey{}, logged: map[string]bool{}, ended: func(string) {},
 		refused: map[string]refusedCopy{}, seen: map[string]bool{}, uncommitLog: map[string]bool{},
 		refusedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshbox_sealed_keys_refused_total",
@@ -312,13 +318,25 @@ func (kk *keyKeeper) applyKeys(snap cache.Snapshot) {
 		}
 		if held[ck.ID] {
 			kk.missing.DeleteLabelValues(ck.ID)
+			if kk.logged[ck.ID] {
+				delete(kk.logged, ck.ID)
+				kk.log.Info("this node holds the content key it lacked", "key", ck.ID, "scope", ck.Scope)
+				kk.ended(lacksKeyCondition(ck.ID))
+			}
 			continue
 		}
 		lacking = append(lacking, ck.ID)
 		kk.missing.WithLabelValues(ck.ID).Set(1)
 		if !kk.logged[ck.ID] {
 			kk.logged[ck.ID] = true
-			kk.log.Warn("this node lacks a content key of the mesh; a node holding it seals it for this node", "key", ck.ID, "scope", ck.Scope)
+			kk.log.Warn("this node lacks a content key of the mesh; a node holding it seals it for this node", "key", ck.ID, "scope", ck.Scope,
+				conditionKey, lacksKeyCondition(ck.ID))
+		}
+	}
+	for id := range kk.logged {
+		if !slices.Contains(lacking, id) && !held[id] { // retired, or out of this node's scopes: no longer lacked
+			delete(kk.logged, id)
+			kk.ended(lacksKeyCondition(id))
 		}
 	}
 	kk.status.Current, kk.status.Held, kk.status.Lacking = current, kk.ring.IDs(), lacking
@@ -343,6 +361,10 @@ func (kk *keyKeeper) applyKeys(snap cache.Snapshot) {
 		kk.status.Lacking = []string{}
 	}
 }
+
+// lacksKeyCondition is the condition (conditionKey) of lacking content
+// key id.
+func lacksKeyCondition(id string) string { return "lacks content key " + id }
 
 // contentKey returns content key id of b.
 func contentKey(b cache.Bindings, id string) (cache.ContentKey, bool) {

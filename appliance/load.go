@@ -104,6 +104,24 @@ func LoadConfig(src ConfigSources) (Config, error) {
 	return cfg, nil
 }
 
+// SettingSources names the ways to set the config field (a field path
+// Set takes), for a message that tells an operator where to fix it:
+// "broker (config key broker, flag --broker, env MESHBOX_BROKER)".
+func SettingSources(field string) string {
+	ways := []string{"config key " + field}
+	for _, f := range ConfigFlags {
+		if f.Field == field {
+			ways = append(ways, "flag --"+f.Name)
+		}
+	}
+	for _, v := range EnvVars {
+		if v.Field == field {
+			ways = append(ways, "env "+v.Name)
+		}
+	}
+	return field + " (" + strings.Join(ways, ", ") + ")"
+}
+
 func knownFlagField(field string) bool {
 	for _, f := range ConfigFlags {
 		if f.Field == field {

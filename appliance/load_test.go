@@ -101,3 +101,17 @@ func TestLoadConfigRejects(t *testing.T) {
 		t.Errorf("pprof on localhost: got %v, want it accepted", err)
 	}
 }
+
+// TestSettingSources: a message that says where to fix a setting names
+// every way to set it, as the flags and variables define them.
+func TestSettingSources(t *testing.T) {
+	for _, tt := range []struct{ field, want string }{
+		{"broker", "broker (config key broker, flag --broker, env MESHBOX_BROKER)"},
+		{"db", "db (config key db, flag --db, env MESHBOX_DB)"},
+		{"cache.max_age", "cache.max_age (config key cache.max_age)"},
+	} {
+		if got := SettingSources(tt.field); got != tt.want {
+			t.Errorf("SettingSources(%q): got %q, want %q", tt.field, got, tt.want)
+		}
+	}
+}

@@ -43,6 +43,15 @@ func (a *Appliance) allowedStages(snap cache.Snapshot, ok bool) []string {
 	return snap.Bindings.Stages
 }
 
+// brokerOverride names the setting the broker URL comes from when it
+// overrides the bindings (Config.Broker); "" when the bindings name it.
+func (a *Appliance) brokerOverride() string {
+	if a.cfg.Broker == "" {
+		return ""
+	}
+	return "the node's setting " + SettingSources("broker")
+}
+
 // NodeBrokerURL returns the URL a node connects to the broker with: the
 // broker.url setting raw with the node's own credential from its bindings
 // (cred; nil: raw as it is).
@@ -76,6 +85,7 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 	bc := bridge.Config{
 		Node:             a.cfg.Node,
 		URL:              a.brokerURL(snap, ok),
+		URLOverride:      a.brokerOverride(),
 		CAFile:           a.cfg.Bridge.CAFile,
 		CertFile:         a.cfg.Bridge.CertFile,
 		KeyFile:          a.cfg.Bridge.KeyFile,

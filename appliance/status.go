@@ -42,12 +42,27 @@ type Status struct {
 	Keys         *KeysStatus        `json:"keys,omitempty"`  // in a mesh with a database
 	Blobs        *BlobsStatus       `json:"blobs,omitempty"` // the blob store, once it runs
 	Rows         []rows.TableStatus `json:"rows,omitempty"`  // the mesh's tables of rows, this node's replica of each
-	Errors       []ErrorEntry       `json:"errors"`
-	// Warnings are standing conditions an operator should know about: an
-	// open local NATS server, a link to the broker or the database that
-	// is not protected on the network, a broker user with an older mesh's
-	// permissions.
+	// Errors are the last warnings and errors the node logged, newest
+	// first, at the level it logged them; one about a condition that has
+	// ended is gone from them (errorlog.go).
+	Errors []ErrorEntry `json:"errors"`
+	// Standalone says the node runs on its own: no mesh database and no
+	// broker. A mode, not a fault.
+	Standalone bool `json:"standalone"`
+	// Problems are what keeps the node from its work in its mesh now,
+	// each naming its cause and where to fix it (problems.go): the mesh
+	// database refusing the node's login, the broker refusing its
+	// credential and where that comes from, no broker and why. A problem
+	// leaves the list when its cause ends.
+	Problems []string `json:"problems"`
+	// Warnings are standing conditions an operator should know about: a
+	// local NATS server open in a mesh, a link to the broker or the
+	// database that is not protected on the network, a broker user with an
+	// older mesh's permissions.
 	Warnings []string `json:"warnings"`
+	// Notes are standing conditions by design, logged at INFO: a
+	// standalone node's local NATS server open to every program.
+	Notes []string `json:"notes,omitempty"`
 }
 
 // NATSStatus says where the embedded NATS server listens and who may
@@ -109,8 +124,10 @@ func (a *Appliance) Status() Status {
 		}
 		rep := n.auth.lastReport()
 		st.NATS.Programs, st.NATS.ProgramErrors = rep.Programs, rep.Errors
-		if n.auth.anonymous {
+		if n.auth.anonymous && a.cfg.InMesh() {
 			st.Warnings = append(st.Warnings, warnNATSOpen)
+		} else if n.auth.anonymous {
+			st.Notes = append(st.Notes, warnNATSOpen) // what a standalone node is
 		}
 	}
 	if b := a.bridge.Load(); b != nil {
@@ -154,5 +171,10 @@ func (a *Appliance) Status() Status {
 	} else {
 		st.Bindings = cache.Status{Source: "none", DB: "none"}
 	}
+	st.Standalone = st.Broker.State == bridge.StateNone && !a.cfg.InMesh()
+	if st.Broker.State == bridge.StateNone && !st.Standalone {
+		st.Broker.Reason = a.noBrokerReason(st.Bindings) // not "no broker configured": one is, and this is why there is none yet
+	}
+	st.Problems = a.problems(st)
 	return st
 }

@@ -39,8 +39,10 @@ func TestWeakTransport(t *testing.T) {
 	}
 }
 
-// A standalone node is open, says so in its status, and lists its
-// programs; its warnings hold no weak link (it has none).
+// A standalone node is open, says so in its status as a note (it logs it
+// at INFO: a standalone node is open by design, so it is no warning), and
+// lists its programs; it has no problems, and its warnings hold no weak
+// link (it has none).
 func TestStandaloneStatusWarnsOpenNATS(t *testing.T) {
 	dir := t.TempDir()
 	store, err := programs.Open(programs.Dir(dir))
@@ -52,8 +54,16 @@ func TestStandaloneStatusWarnsOpenNATS(t *testing.T) {
 	}
 	a := startNode(t, "alpha", dir)
 	st := a.Status()
-	if st.NATS.Auth != AuthOpen || !slices.Contains(st.Warnings, warnNATSOpen) {
-		t.Errorf("standalone status: auth %q warnings %q, want open and the warning", st.NATS.Auth, st.Warnings)
+	if st.NATS.Auth != AuthOpen || !slices.Contains(st.Notes, warnNATSOpen) || slices.Contains(st.Warnings, warnNATSOpen) {
+		t.Errorf("standalone status: auth %q notes %q warnings %q, want open, and it in the notes, not the warnings", st.NATS.Auth, st.Notes, st.Warnings)
+	}
+	if !st.Standalone || len(st.Problems) != 0 {
+		t.Errorf("standalone status: standalone %v problems %q, want standalone without problems", st.Standalone, st.Problems)
+	}
+	for _, e := range st.Errors {
+		if strings.Contains(e.Message, "local NATS server is open") {
+			t.Errorf("standalone status: the open NATS server among the logged warnings and errors: %+v", e)
+		}
 	}
 	if !slices.Equal(st.NATS.Programs, []string{"early"}) {
 		t.Errorf("programs: got %v, want [early] (defined before start)", st.NATS.Programs)

@@ -31,6 +31,12 @@ type Config struct {
 	// in a mesh of per-node users, or the mesh's one credential (see
 	// origin.go); every URL of a list has the same user.
 	URL string
+	// URLOverride names the setting URL comes from when it overrides the
+	// mesh's bindings (say "the node's setting broker (flag --broker, env
+	// MESHBOX_BROKER)"); empty when URL follows the bindings. A refused
+	// credential is then said to be fixed there: the bindings' next
+	// credential would not replace it.
+	URLOverride string
 	// CAFile is an extra PEM CA bundle trusted for amqps:// brokers.
 	CAFile string
 	// CertFile and KeyFile are the node's PEM client certificate and key

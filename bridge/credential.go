@@ -152,9 +152,14 @@ func (b *Bridge) credentialInUse(user string) {
 // credentialRefused records that the broker refused user at login; the
 // first refusal of a user is logged (not every retry).
 func (b *Bridge) credentialRefused(e *CredentialRefusedError) {
-	state, msg := CredentialRefused, "broker credential refused: the broker refuses this node's user at login (a wrong password, or no such user on this broker); local work goes on, the node retries and takes a new credential from its bindings"
+	state, msg := CredentialRefused, "broker credential refused: the broker refuses this node's user at login (a wrong password, or no such user on this broker); "
 	if e.Revoked {
-		state, msg = CredentialRevoked, "broker credential revoked: the broker refuses this node's user, which it accepted before; local work goes on, the node retries and takes a new credential from its bindings"
+		state, msg = CredentialRevoked, "broker credential revoked: the broker refuses this node's user, which it accepted before; "
+	}
+	if o := b.cfg.URLOverride; o != "" {
+		msg += "the broker URL comes from " + o + ", which overrides the bindings: fix the credential there; local work goes on and the node retries"
+	} else {
+		msg += "local work goes on, the node retries and takes a new credential from its bindings"
 	}
 	if b.link.setCredential(e.User, state, e.Detail) {
 		b.m.setRevoked(true)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Link states, in status and in meshbox_broker_state{state}.
@@ -263,6 +264,23 @@ func (m *metrics) msg(shape, direction string) {
 		}
 	}
 	m.messages.WithLabelValues(shape, direction).Inc()
+}
+
+// Carried returns the requests, commands and events the bridge carried to
+// and from the broker so far, both directions (meshbox_messages_total of
+// those shapes): a rate is their growth over time.
+func (b *Bridge) Carried() (requests, commands, events float64) {
+	sum := func(shape string) float64 {
+		var total float64
+		for _, c := range b.m.byShape[shape] {
+			var d dto.Metric
+			if c.Write(&d) == nil {
+				total += d.GetCounter().GetValue()
+			}
+		}
+		return total
+	}
+	return sum(typeRequest), sum(typeCommand), sum(typeEvent)
 }
 
 func (m *metrics) err(kind string) { m.errors.WithLabelValues(kind).Inc() }

@@ -78,6 +78,9 @@ type DB struct {
 	// reconnect with it.
 	login    atomic.Pointer[login]
 	relisten chan struct{}
+	// refused is the database's last refusal of the login, until a
+	// connection logs in again (LoginRefused).
+	refused atomic.Pointer[error]
 }
 
 var _ cache.RevisionSource = (*DB)(nil)
@@ -314,7 +317,9 @@ func (db *DB) wrap(op string, err error) error {
 		case "42P01": // undefined_table
 			return fmt.Errorf("%s: %w", op, ErrNotInitialized)
 		case "28P01", "28000": // invalid_password, invalid_authorization_specification
-			return fmt.Errorf("%s: database %s: %w of user %s: wrong password or no such role (%s)", op, db.addr, ErrLoginRefused, db.user(), pgErr.Message)
+			refused := fmt.Errorf("database %s: %w of user %s: wrong password or no such role (%s)", db.addr, ErrLoginRefused, db.user(), pgErr.Message)
+			db.refused.Store(&refused)
+			return fmt.Errorf("%s: %w", op, refused)
 		}
 	}
 	if pgconn.SafeToRetry(err) || isConnectError(err) {

@@ -78,9 +78,21 @@ func (db *DB) UseLogin(user, password string) {
 	db.login.Store(&login{user: user, password: password, untried: true})
 }
 
+// LoginRefused returns the database's refusal of the DB's login (a
+// wrong password, or no such role), wrapping ErrLoginRefused, while it
+// lasts: nil before any refusal, and again once a connection logged in.
+func (db *DB) LoginRefused() error {
+	if e := db.refused.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
 // loginWorked records that a connection logged in as user: a login set by
-// UseLogin is no longer taken back when refused later.
+// UseLogin is no longer taken back when refused later, and a refusal is
+// over.
 func (db *DB) loginWorked(user string) {
+	db.refused.Store(nil)
 	if l := db.login.Load(); l != nil && l.untried && l.user == user {
 		db.login.CompareAndSwap(l, &login{user: l.user, password: l.password})
 	}

@@ -315,6 +315,9 @@ func printStatus(w io.Writer, st appliance.Status) {
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	row("node", fmt.Sprintf("%s (meshbox %s)", st.Node, st.Version))
 	row("started", fmt.Sprintf("%s (up %s)", st.StartedAt.Format(time.RFC3339), secs(st.UptimeSeconds)))
+	for _, p := range st.Problems {
+		row("PROBLEM", p)
+	}
 	nats := st.NATS.URL
 	switch st.NATS.Auth {
 	case appliance.AuthOpen:
@@ -332,6 +335,9 @@ func printStatus(w io.Writer, st appliance.Status) {
 	row("http", st.HTTP.URL)
 	for _, w := range st.Warnings {
 		row("warning", w)
+	}
+	for _, n := range st.Notes {
+		row("note", n)
 	}
 	for _, e := range st.NATS.ProgramErrors {
 		row("warning", "program left out: "+e)
@@ -461,7 +467,8 @@ func printStatus(w io.Writer, st appliance.Status) {
 		row("dead letters", strings.Join(parts, ", ")+" (meshbox dlq list STAGE)")
 	}
 	for _, e := range st.Errors[:min(len(st.Errors), 5)] {
-		row("error", strings.TrimSpace(fmt.Sprintf("%s %s %s %s", e.At.Format(time.RFC3339), e.Component, e.Message, e.Detail)))
+		// Each at the level the node logged it: a warning is no error.
+		row(strings.ToLower(e.Level), strings.TrimSpace(fmt.Sprintf("%s %s %s %s", e.At.Format(time.RFC3339), e.Component, e.Message, e.Detail)))
 	}
 	_ = tw.Flush()
 }

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -203,6 +204,21 @@ func TestStatusPageInBrowser(t *testing.T) {
 		})
 	}
 
+	// Traffic for the trend charts: alpha's program calls beta's clock
+	// until a sample of alpha's history has requests in it, beta up, and
+	// an earlier sample to draw a line from.
+	caller := alpha.Connect(t)
+	meshtest.WaitFor(t, 30*time.Second, "a sample of alpha's history with requests and beta up", func() bool {
+		for range 5 {
+			if _, err := caller.Request("cap.clock", []byte("now?"), 2*time.Second); err != nil {
+				return false
+			}
+		}
+		tr := readTrends(t, alpha.HTTPURL())
+		n := len(tr.At)
+		return n >= 2 && slices.ContainsFunc(tr.Requests, func(r float64) bool { return r > 0 }) && tr.PeersUp[n-1] >= 1
+	})
+
 	// The page refreshes itself: with ?refresh=1 it fetches /status about
 	// every second of the browser's (virtual) time.
 	viaProxy, fetches := countingProxy(t, alpha.HTTPURL())
@@ -275,6 +291,18 @@ func TestStatusPageInBrowser(t *testing.T) {
 	}
 	if !page.has(`data-node="alpha"`) {
 		t.Errorf("the mesh picture lacks this node")
+	}
+
+	// The trend charts draw alpha's own history: every sample, the
+	// requests it carried, and the link connected.
+	tr := readTrends(t, alpha.HTTPURL())
+	for _, id := range []string{"trend-outbox", "trend-messages", "trend-rows", "trend-peers", "trend-broker"} {
+		if got := chartPoints(t, page, id); got < 2 || got > len(tr.At) {
+			t.Errorf("chart #%s: drew %d samples, want at least 2 and at most the %d /trends has now", id, got, len(tr.At))
+		}
+	}
+	if !page.has(`data-series="requests"`) || !page.has(`data-state="connected"`) {
+		t.Errorf("the charts lack the requests line or the broker's connected band")
 	}
 
 	// Capabilities this node reports are on the page.
@@ -448,7 +476,11 @@ func TestStatusPageRendersAnyStatus(t *testing.T) {
 			map[string]any{"node": "cellar", "state": "gone"},
 		},
 		"capabilities": map[string]any{"local": []any{"echo"}, "remote": map[string]any{"camera.snapshot": []any{"garage"}}},
-		"errors":       []any{map[string]any{"at": ago(time.Minute), "level": "ERROR", "component": "bridge", "message": "<script>alert(1)</script>", "detail": "<b>bold</b>"}},
+		"errors": []any{map[string]any{"at": ago(time.Minute), "level": "ERROR", "component": "bridge", "message": "<script>alert(1)</script>", "detail": "<b>bold</b>"},
+			map[string]any{"at": ago(2 * time.Minute), "level": "WARN", "component": "keys", "message": "this node lacks a content key of the mesh"}},
+		"problems": []any{"mesh database: the database refused the login of user attic"},
+		"warnings": []any{"the broker link is not encrypted"},
+		"notes":    []any{"the local NATS server is open"},
 		"modules": []any{
 			map[string]any{"module": "backups", "selection": "stable", "autostart": true, "state": "running", "pid": 4242, "uptime_seconds": 90,
 				"warnings": []any{"module backups declares stage `nightly-backup` but does not serve it"}},
@@ -503,12 +535,36 @@ func TestStatusPageRendersAnyStatus(t *testing.T) {
 			t.Errorf("busy: page lacks %q", want)
 		}
 	}
+	// The problems head the page; each logged entry and standing
+	// condition shows the level it has in the log.
+	if page.hasAttr(t, "problems", "hidden") || !page.has("<li>mesh database: the database refused the login of user attic</li>") {
+		t.Errorf("busy: the problems are not shown above the rest")
+	}
+	for _, want := range []string{`<span class="badge warn">WARN</span></td><td>keys</td>`, `<span class="badge bad">ERROR</span></td><td>bridge</td>`,
+		`<span class="badge warn">WARN</span></td><td>node</td><td>the broker link is not encrypted`, `<span class="badge">INFO</span></td><td>node</td><td>the local NATS server is open`} {
+		if !page.has(want) {
+			t.Errorf("busy: page lacks %s", want)
+		}
+	}
 	// Text from the status is shown as text, never run or parsed as markup.
 	if !page.has("&lt;script&gt;alert(1)&lt;/script&gt;: &lt;b&gt;bold&lt;/b&gt;") {
 		t.Errorf("busy: the error message is not shown as escaped text")
 	}
 	if page.has("<b>bold</b>") {
 		t.Errorf("busy: markup from the status was inserted into the page")
+	}
+
+	// A node of a mesh without a broker yet is not standalone: the broker
+	// card says why in red, and the picture has the broker it lacks.
+	status.Store(`{"node":"cellar","standalone":false,"peers":[],` +
+		`"broker":{"state":"none","reason":"no broker yet: this node has no bindings, because the mesh database refuses its login"}}`)
+	page = renderPage(t, srv.URL+"/")
+	if got, cls := page.text(t, "broker-reason"), page.attr(t, "broker-reason", "class"); !strings.Contains(got, "the mesh database refuses its login") || cls != "note bad" {
+		t.Errorf("mesh node without a broker: broker note %q class %q, want the reason, in red", got, cls)
+	}
+	if page.attr(t, "broker-card", "class") != "alert" || !page.has(`class="broker"`) {
+		t.Errorf("mesh node without a broker: broker card class %q, broker drawn %v; want an alert and the broker drawn",
+			page.attr(t, "broker-card", "class"), page.has(`class="broker"`))
 	}
 
 	// A node that stops answering: the page says so and keeps the last data.
@@ -573,6 +629,17 @@ func TestStandaloneStatusPage(t *testing.T) {
 	}
 	if !page.has(">print<") {
 		t.Errorf("the page does not list the command in flight of stage print")
+	}
+	// No broker is drawn for a node that has none, and the open NATS
+	// server it logged at INFO is a note, not a warning.
+	if page.has(`class="broker"`) {
+		t.Errorf("the mesh picture of a standalone node draws a broker")
+	}
+	if !page.has(`<span class="badge">INFO</span></td><td>node</td><td>the local NATS server is open`) || page.has(">WARN</span></td><td>node</td><td>the local NATS server is open") {
+		t.Errorf("the open local NATS server of a standalone node is not shown as the INFO it was logged at")
+	}
+	if !page.hasAttr(t, "problems", "hidden") {
+		t.Errorf("a standalone node shows problems: %q", page.text(t, "problems-list"))
 	}
 }
 

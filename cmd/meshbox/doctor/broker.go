@@ -34,6 +34,10 @@ func (d *Doctor) checkBroker(ctx context.Context) Check {
 	raw, from := d.brokerURL()
 	if raw == "" {
 		if d.status != nil {
+			if b := d.status.Broker; b.State == "none" && !d.status.Standalone {
+				// A node of a mesh without a broker yet: its reason says why.
+				return fail(name, "see the node check above and meshbox status", "the running node has no broker: %s", b.Reason)
+			}
 			if b := d.status.Broker; b.State != "" && b.State != "none" {
 				// The running node's own link, as it reports it: the
 				// broker it uses, with the credential it holds.

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/meshbox/meshbox/appliance"
@@ -33,6 +34,10 @@ func (d *Doctor) checkNode(ctx context.Context) Check {
 	}
 	if n := st.Node; n != "" && n != d.cfg.Node {
 		return warn(name, "pass --node (or MESHBOX_NODE) as the node runs with", "%s; it is not %q, the node this configuration names", msg, d.cfg.Node)
+	}
+	if len(st.Problems) > 0 {
+		// The node's own words: each names its cause and where to fix it.
+		return fail(name, "fix what the node names; meshbox status lists it too", "%s; what keeps it from its work: %s", msg, strings.Join(st.Problems, "; "))
 	}
 	return ok(name, "%s", msg)
 }
