@@ -106,22 +106,22 @@ type tableState struct {
 	// not read): it applies the cells of the next whole snapshot it reads
 	// (takingSnap, by snapWriter). Other nodes hold everything a snapshot
 	// holds and do not apply its cells.
-	wantSnap   bool
-	takingSnap string
-	snapWriter string
+	wantSnap    bool
+	takingSnap  string // sender/id of the snapshot being taken
+	snapWriter  string
+	takingSince time.Time                // when a part of it was last read
+	snaps       map[string]*snapProgress // snapshots being read, by sender/id
 	// verifying: the log before the snapshot this node joined from is
 	// being read, to check the snapshot held it (verify.go).
-	verifying bool
-	held      int   // changes held on disk for the future (held.go)
-	heldNext  Stamp // the first held change's stamp (0: none)
-	connected bool
-	gap       bool // the log no longer held what this node had not read
-	// snapshotPending is the id of a snapshot whose parts are being read,
-	// taken at offset snapshotFirst (its From); snapshotQueued: this node
-	// waits to write one.
-	snapshotPending string
-	snapshotFirst   uint64
-	snapshotQueued  bool
+	verifying  bool
+	checking   bool  // the snapshot this node takes is checked: its claims are recorded (attest.go)
+	unattested int   // versions a snapshot gave that the log, no longer whole, could not attest
+	held       int   // changes held on disk for the future (held.go)
+	heldNext   Stamp // the first held change's stamp (0: none)
+	connected  bool
+	gap        bool // the log no longer held what this node had not read
+	// snapshotQueued: this node waits to write one.
+	snapshotQueued bool
 }
 
 // Open opens the store and starts the sync (it waits for tables and a
@@ -403,6 +403,11 @@ type TableStatus struct {
 	// Held is how many changes stamped ahead of this node's clock wait on
 	// its disk until the clock reaches them.
 	Held int `json:"held,omitempty"`
+	// Unattested is how many versions this node holds on the word of the
+	// snapshot it joined from alone: they name another writer than the
+	// snapshot's, and the log, which no longer starts at its beginning,
+	// holds no change that made them.
+	Unattested int `json:"unattested,omitempty"`
 }
 
 // Status returns every table's status.
@@ -429,7 +434,7 @@ func (e *Engine) Status() []TableStatus {
 			if s.lastNext > s.offset {
 				ts.Behind = s.lastNext - s.offset
 			}
-			ts.Verifying, ts.Held = s.verifying, s.held
+			ts.Verifying, ts.Held, ts.Unattested = s.verifying, s.held, s.unattested
 			if !s.snapshotTime.IsZero() {
 				st := s.snapshotTime
 				ts.LastSnapshot = &st

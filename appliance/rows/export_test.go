@@ -43,3 +43,13 @@ func SetSnapshotWait(d time.Duration) (undo func()) {
 	snapshotWait = d
 	return func() { snapshotWait = old }
 }
+
+// SnapshotPart is part part of parts of snapshot snap as node seals it.
+func SnapshotPart(s *seal.Sealer, table, node, snap string, part, parts int, join, from uint64, changes []Change) []byte {
+	b := batch{V: 1, Kind: kindSnapshot, Node: node, Snap: snap, Part: part, Parts: parts, Join: join, From: from, Changes: changes}
+	body, err := sealBatch(s, table, &b)
+	if err != nil {
+		panic(err)
+	}
+	return body
+}

@@ -3,6 +3,7 @@ package rows
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -13,7 +14,8 @@ import (
 // waits on disk, in the table's held bucket (stamp, sequence -> JSON
 // change), not in memory, and the saved offset moves past it, so a
 // restart does not read its stretch of the log again. The bucket has a
-// bound (maxHeldChanges, maxHeldBytes per table); a change past it, or
+// bound (maxHeldChanges, maxHeldBytes per table, a quarter of it per
+// sender); a change past it, or
 // stamped further ahead than any clock error (maxHoldAhead), is dropped
 // and counted.
 
@@ -31,16 +33,23 @@ var (
 	kHeldBytes = []byte("held_bytes")
 	kVerifyTo  = []byte("verify_to")
 	kVerifyAt  = []byte("verify_at")
+	kLastHash  = []byte("last_hash")
 )
 
 // logApply is a run of a table's log to merge in one commit.
 type logApply struct {
 	changes []Change
-	hold    []Change // stamped ahead: to the held bucket
+	hold    []heldChange // stamped ahead: to the held bucket
 	// progress is the meta key of the reader's position (kOffset for the
 	// reader, kVerifyAt for the verifier) and next its new value.
 	progress []byte
 	next     uint64
+	// lastHash is the SHA-256 of the last message's body (the reader's
+	// runs): a node resuming the log checks it is still there.
+	lastHash []byte
+	// claims are versions a snapshot gave this node in another writer's
+	// name, attested those a change of the log made (attest.go).
+	claims, attested [][]byte
 }
 
 // logApplied is what a logApply did.
@@ -69,32 +78,63 @@ func (s *Store) applyLog(table string, run logApply) (logApplied, error) {
 				out.applied = append(out.applied, Applied{Table: table, Row: ch.Row, Won: won})
 			}
 		}
+		if len(run.claims) > 0 {
+			if err := claim(tx, table, run.claims); err != nil {
+				return err
+			}
+		}
+		if len(run.attested) > 0 {
+			if err := attest(tx, table, run.attested); err != nil {
+				return err
+			}
+		}
 		if len(run.hold) > 0 {
 			if out.dropped, err = hold(tx, table, meta, run.hold); err != nil {
 				return err
 			}
 		}
 		out.held = getCount(meta, kHeld)
+		if run.lastHash != nil {
+			if err := meta.Put(kLastHash, run.lastHash); err != nil {
+				return err
+			}
+		}
 		return meta.Put(run.progress, binary.BigEndian.AppendUint64(nil, run.next))
 	})
 	return out, err
 }
 
-// hold puts changes into table's held bucket within its bound, and
-// returns how many it dropped.
-func hold(tx *bolt.Tx, table string, meta *bolt.Bucket, changes []Change) (dropped int, err error) {
+// heldChange is a change to hold and the node that sent it.
+type heldChange struct {
+	from string
+	ch   Change
+}
+
+// hold puts changes into table's held bucket within its bounds, the
+// table's and each sender's (a quarter of the table's: one writer whose
+// stamps run ahead cannot crowd out another's), and returns how many it
+// dropped. A held value is the sender's name (a byte of length, then the
+// name) and the change's JSON.
+func hold(tx *bolt.Tx, table string, meta *bolt.Bucket, changes []heldChange) (dropped int, err error) {
 	tb := tx.Bucket([]byte(table))
 	hb, err := tb.CreateBucketIfNotExists(bHeld)
 	if err != nil {
 		return 0, err
 	}
 	n, size := getCount(meta, kHeld), getCount(meta, kHeldBytes)
-	for _, ch := range changes {
-		body, err := json.Marshal(ch)
+	for _, h := range changes {
+		body, err := json.Marshal(h.ch)
 		if err != nil {
 			return dropped, err
 		}
-		if n+1 > maxHeldChanges || size+len(body) > maxHeldBytes {
+		if len(h.from) > 255 {
+			dropped++
+			continue
+		}
+		v := append(append([]byte{byte(len(h.from))}, h.from...), body...)
+		kn, kb := senderKeys(h.from)
+		sn, ss := getCount(meta, kn), getCount(meta, kb)
+		if n+1 > maxHeldChanges || size+len(v) > maxHeldBytes || sn+1 > maxHeldChanges/4 || ss+len(v) > maxHeldBytes/4 {
 			dropped++
 			continue
 		}
@@ -102,16 +142,45 @@ func hold(tx *bolt.Tx, table string, meta *bolt.Bucket, changes []Change) (dropp
 		if err != nil {
 			return dropped, err
 		}
-		k := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, uint64(maxStamp(ch))), seq)
-		if err := hb.Put(k, body); err != nil {
+		k := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, uint64(maxStamp(h.ch))), seq)
+		if err := hb.Put(k, v); err != nil {
 			return dropped, err
 		}
-		n, size = n+1, size+len(body)
+		n, size = n+1, size+len(v)
+		if err := setCount(meta, kn, sn+1); err != nil {
+			return dropped, err
+		}
+		if err := setCount(meta, kb, ss+len(v)); err != nil {
+			return dropped, err
+		}
 	}
 	if err := setCount(meta, kHeld, n); err != nil {
 		return dropped, err
 	}
 	return dropped, setCount(meta, kHeldBytes, size)
+}
+
+// senderKeys are the meta keys of the changes and bytes held for sender.
+func senderKeys(sender string) (n, bytes []byte) {
+	return []byte("held_n/" + sender), []byte("held_b/" + sender)
+}
+
+// unheld splits a held value into its sender and change, and takes it
+// off the sender's counts.
+func unheld(meta *bolt.Bucket, v []byte) (Change, string, error) {
+	var ch Change
+	if len(v) < 1 || len(v) < 1+int(v[0]) {
+		return ch, "", errors.New("held change too short")
+	}
+	from := string(v[1 : 1+int(v[0])])
+	kn, kb := senderKeys(from)
+	if err := setCount(meta, kn, max(getCount(meta, kn)-1, 0)); err != nil {
+		return ch, from, err
+	}
+	if err := setCount(meta, kb, max(getCount(meta, kb)-len(v), 0)); err != nil {
+		return ch, from, err
+	}
+	return ch, from, json.Unmarshal(v[1+int(v[0]):], &ch)
 }
 
 // maxStamp is the newest stamp of ch's cells.
@@ -165,8 +234,8 @@ func (s *Store) releaseHeld(table string, upTo Stamp, observe func(Change) error
 			}
 			done = append(done, append([]byte(nil), k...))
 			n, size = n-1, size-len(v)
-			var ch Change
-			if json.Unmarshal(v, &ch) != nil || ch.Table != table || observe(ch) != nil {
+			ch, _, err := unheld(meta, v)
+			if err != nil || ch.Table != table || observe(ch) != nil {
 				continue // damaged, or the clock still refuses it: dropped
 			}
 			won, err := putChange(cells, history, meta, ch)
@@ -240,5 +309,37 @@ func (s *Store) setVerify(table string, to uint64) error {
 			return err
 		}
 		return meta.Put(kVerifyTo, binary.BigEndian.AppendUint64(nil, to))
+	})
+}
+
+// lastHash returns the hash of the last message of table's log this node
+// applied (nil: none recorded).
+func (s *Store) lastHash(table string) ([]byte, error) {
+	var h []byte
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if m := sub(tx, table, bMeta); m != nil {
+			if v := m.Get(kLastHash); len(v) == 32 {
+				h = append([]byte(nil), v...)
+			}
+		}
+		return nil
+	})
+	return h, err
+}
+
+// forgetOffset forgets where this node read table's log (its log was
+// replaced): the next reader starts as a node new to it.
+func (s *Store) forgetOffset(table string) error {
+	return s.update(func(tx *bolt.Tx) error {
+		m := sub(tx, table, bMeta)
+		if m == nil {
+			return nil
+		}
+		for _, k := range [][]byte{kOffset, kLastHash, kVerifyTo, kVerifyAt} {
+			if err := m.Delete(k); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }

@@ -1,6 +1,7 @@
 package rows
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -33,8 +34,15 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 	}
 	var start any = "first"
 	joined := false
+	var lastHash []byte
 	if ok {
-		start = int64(off)
+		// From the last message this node applied, read again: that it
+		// is still there, the same, says the log is the one this node
+		// read (resumeCheck).
+		start = int64(off - 1)
+		if lastHash, err = e.store.lastHash(table); err != nil {
+			return err
+		}
 	} else if s, found := e.newestSnapshot(ctx, conn, table); found {
 		// The snapshot is a member's word: the log before it is read
 		// too, in the background, to check that it held every change
@@ -72,6 +80,13 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 		st.wantSnap = true
 	}
 	e.mu.Unlock()
+	verifyAt, verifyTo, verifyPending, err := e.store.verifyRange(table)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	st.checking = verifyPending // the snapshot it takes is checked
+	e.mu.Unlock()
 	defer func() {
 		e.mu.Lock()
 		e.state(table).connected = false
@@ -83,12 +98,15 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 	var verifier sync.WaitGroup
 	defer verifier.Wait()
 	defer vcancel()
-	if at, to, pending, err := e.store.verifyRange(table); err != nil {
-		return err
-	} else if pending {
-		verifier.Go(func() { e.verifyLog(vctx, conn, table, at, to) })
+	if verifyPending {
+		verifier.Go(func() { e.verifyLog(vctx, conn, table, verifyAt, verifyTo) })
 	}
-	first := true
+	if ok {
+		if err := e.resumeCheck(ctx, table, off, lastHash, ds, ch); err != nil {
+			return err
+		}
+	}
+	first := !ok
 	retryHeld := time.NewTicker(time.Second)
 	defer retryHeld.Stop()
 	for {
@@ -105,19 +123,13 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 			}
 			continue
 		}
-		if first {
-			o := offsetOf(msgs[0])
-			switch {
-			case ok && o > off:
-				e.noteGap(table, off, o)
-			case !ok && !joined && o > 0:
-				// A node new to the log without a snapshot to start
-				// from, and the log no longer starts at its beginning:
-				// what it dropped is in the snapshots after it.
-				e.mu.Lock()
-				e.state(table).wantSnap = true
-				e.mu.Unlock()
-			}
+		if first && !joined && offsetOf(msgs[0]) > 0 {
+			// A node new to the log without a snapshot to start from,
+			// and the log no longer starts at its beginning: what it
+			// dropped is in the snapshots after it.
+			e.mu.Lock()
+			e.state(table).wantSnap = true
+			e.mu.Unlock()
 		}
 		first = false
 		if err := e.applyLog(table, msgs); err != nil {
@@ -127,6 +139,79 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 			return err
 		}
 	}
+}
+
+// resumeWait is how long a node resuming a table's log waits for the
+// last message it applied, read again, before it takes the log for a
+// new one that ends before it (a variable for tests).
+var resumeWait = 5 * time.Second
+
+// errLogReplaced ends a reader that found the table's log replaced.
+var errLogReplaced = errors.New("the table's log on the broker was replaced")
+
+// resumeCheck reads the first delivery of a reader that resumes at off
+// (ds starts at off-1, the last message this node applied): the same
+// message again (its body's hash is lastHash) means the log is the one
+// this node read; a later one, that the log dropped what this node had
+// not read (retention); none at or after off-1 within resumeWait, or
+// another message at off-1, that the log was deleted and made anew. A
+// replaced log is forgotten (the node reads the new one from its start,
+// after the session's retry) and shown; the node then writes a snapshot
+// into the new log, so that nodes joining it find the table.
+func (e *Engine) resumeCheck(ctx context.Context, table string, off uint64, lastHash []byte, ds <-chan amqp.Delivery, ch *amqp.Channel) error {
+	wait := time.NewTimer(resumeWait)
+	defer wait.Stop()
+	for {
+		var d amqp.Delivery
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wait.C:
+			return e.logReplaced(table, fmt.Errorf("it holds nothing from offset %d on, the last this node read", off-1))
+		case got, open := <-ds:
+			if !open {
+				return fmt.Errorf("the log of table %s: consumer ended", table)
+			}
+			d = got
+		}
+		o := offsetOf(d)
+		h := sha256.Sum256(d.Body)
+		switch {
+		case o+1 < off:
+			// Before the one asked for (the start of its chunk, or a new
+			// log's messages): not yet the answer.
+			if err := ch.Ack(d.DeliveryTag, false); err != nil {
+				return err
+			}
+			continue
+		case o+1 == off && lastHash != nil && !bytes.Equal(h[:], lastHash):
+			return e.logReplaced(table, fmt.Errorf("its message at offset %d is not the one this node read there", o))
+		case o+1 == off:
+			// The last message this node applied: already applied.
+			return ch.Ack(d.DeliveryTag, false)
+		default:
+			e.noteGap(table, off, o)
+			if err := e.applyLog(table, []amqp.Delivery{d}); err != nil {
+				return err
+			}
+			return ch.Ack(d.DeliveryTag, false)
+		}
+	}
+}
+
+// logReplaced forgets where this node read table's log (why: how the
+// log differs) and ends the reader.
+func (e *Engine) logReplaced(table string, why error) error {
+	if err := e.store.forgetOffset(table); err != nil {
+		return err
+	}
+	e.refuse(table, causeLogReplaced, "", fmt.Errorf("%w: %v; this node reads the new log from its start and writes a snapshot into it", errLogReplaced, why))
+	e.mu.Lock()
+	st := e.state(table)
+	st.gap, st.offset, st.lastNext = true, 0, 0
+	st.sinceSnapshot = max(st.sinceSnapshot, e.cfg.SnapshotEvery)
+	e.mu.Unlock()
+	return fmt.Errorf("table %s: %w", table, errLogReplaced)
 }
 
 // applyBytes bounds the body bytes of a run applied in one commit: a
@@ -194,14 +279,26 @@ func (e *Engine) applyLog(table string, msgs []amqp.Delivery) error {
 			if !e.noteSnapshot(table, b, origin, o, d.Timestamp) {
 				continue // this node holds what the snapshot holds
 			}
+			e.mu.Lock()
+			checked := st.checking
+			e.mu.Unlock()
+			if checked {
+				run.claims = append(run.claims, snapshotClaims(b.Changes, origin)...)
+			}
 		} else {
 			e.mu.Lock()
 			st.sinceSnapshot += len(b.Changes)
+			checked := st.checking
 			e.mu.Unlock()
+			if checked {
+				run.attested = append(run.attested, changeVersions(b.Changes)...)
+			}
 		}
 		e.sortChanges(table, origin, b.Changes, &run)
 	}
 	run.next = last + 1
+	h := sha256.Sum256(msgs[len(msgs)-1].Body)
+	run.lastHash = h[:]
 	res, err := e.store.applyLog(table, run)
 	if err != nil {
 		e.m.errors.WithLabelValues("store").Inc()
@@ -267,6 +364,9 @@ func (e *Engine) check(table string, d *amqp.Delivery, o uint64) (b *batch, orig
 		}
 		return nil, "", causeForgedWriter, sender, fmt.Errorf("log offset %d: %w", o, err)
 	}
+	if err := e.checkMember(table, origin); err != nil {
+		return nil, "", causeWrongScope, origin, fmt.Errorf("log offset %d: %w", o, err)
+	}
 	return b, origin, "", sender, nil
 }
 
@@ -283,15 +383,15 @@ func (e *Engine) sortChanges(table, origin string, changes []Change, run *logApp
 			e.refuse(table, causeFarFuture, origin, fmt.Errorf("%w; more than %s ahead, it is dropped", err, maxHoldAhead))
 		default:
 			e.refuse(table, causeFuture, origin, err)
-			run.hold = append(run.hold, ch)
+			run.hold = append(run.hold, heldChange{from: origin, ch: ch})
 		}
 	}
 }
 
-func minStamp(changes []Change) Stamp {
+func minStamp(changes []heldChange) Stamp {
 	var m Stamp
-	for _, ch := range changes {
-		if s := maxStamp(ch); m == 0 || s < m {
+	for _, h := range changes {
+		if s := maxStamp(h.ch); m == 0 || s < m {
 			m = s
 		}
 	}
@@ -349,6 +449,7 @@ func offsetOf(d amqp.Delivery) uint64 {
 func (e *Engine) noteGap(table string, from, to uint64) {
 	e.mu.Lock()
 	e.state(table).gap = true
+	e.state(table).wantSnap = true // what it missed is in the next snapshot
 	e.mu.Unlock()
 	e.log.Warn("rows: this node was away longer than the table's log keeps changes; it converges from the newest snapshot in the log (rows deleted before it may come back only if no snapshot recorded their deletion)",
 		"table", table, "missed_from", from, "log_starts_at", to)

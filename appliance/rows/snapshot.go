@@ -70,31 +70,73 @@ func (e *Engine) newestSnapshot(ctx context.Context, conn *amqp.Connection, tabl
 	return 0, false
 }
 
-// noteSnapshot follows the parts of a snapshot from origin in the log:
-// once all of a snapshot's parts are read, it is the newest. It reports
-// whether this node applies the part's cells (it wants a snapshot, and
-// this is the first whole one it reads).
+// snapProgress is a snapshot whose parts are being read: the next part
+// expected, where it starts (its first part's offset, or its From when
+// earlier), and when a part of it was last read.
+type snapProgress struct {
+	next  int
+	first uint64
+	seen  time.Time
+}
+
+// maxSnapsPending bounds the snapshots a reader follows at once.
+const maxSnapsPending = 16
+
+// noteSnapshot follows the parts of a snapshot from origin in the log,
+// each snapshot by its sender and id, its parts in order: once all of a
+// snapshot's parts are read, it is the newest. A part out of order ends
+// the snapshot it belongs to. It reports whether this node applies the
+// part's cells (it wants a snapshot, and this is the first whole one it
+// reads; one that stops coming for snapshotWait is given up for the
+// next).
 func (e *Engine) noteSnapshot(table string, b *batch, origin string, offset uint64, at time.Time) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	st := e.state(table)
+	if st.snaps == nil {
+		st.snaps = map[string]*snapProgress{}
+	}
+	key, now := origin+"/"+b.Snap, time.Now()
 	if b.Part == 1 {
-		st.snapshotPending, st.snapshotFirst = b.Snap, min(b.From, offset)
-		if st.wantSnap && st.takingSnap == "" {
-			st.takingSnap, st.snapWriter = b.Snap, origin
+		if len(st.snaps) >= maxSnapsPending {
+			oldest := ""
+			for k, p := range st.snaps {
+				if oldest == "" || p.seen.Before(st.snaps[oldest].seen) {
+					oldest = k
+				}
+			}
+			delete(st.snaps, oldest)
+		}
+		st.snaps[key] = &snapProgress{next: 1, first: min(b.From, offset), seen: now}
+		if st.wantSnap && (st.takingSnap == "" || now.Sub(st.takingSince) > snapshotWait) {
+			st.takingSnap, st.snapWriter, st.takingSince = key, origin, now
 		}
 	}
-	apply := st.takingSnap != "" && st.takingSnap == b.Snap
-	if b.Part == b.Parts && st.snapshotPending == b.Snap {
+	sp := st.snaps[key]
+	if sp == nil || b.Part != sp.next {
+		delete(st.snaps, key)
+		if st.takingSnap == key {
+			st.takingSnap = "" // the next whole one is taken
+		}
+		return false
+	}
+	sp.next++
+	sp.seen = now
+	apply := st.takingSnap == key
+	if apply {
+		st.takingSince = now
+	}
+	if b.Part == b.Parts {
+		delete(st.snaps, key)
 		// A node that starts at the first part would miss the changes
 		// its writer had not read yet when it took the snapshot.
-		start := st.snapshotFirst
+		start := sp.first
 		if b.From > 0 && b.From < start {
 			start = b.From
 		}
 		st.snapshotAt, st.sinceSnapshot, st.snapshotTime = start, 0, at
 		if at.IsZero() {
-			st.snapshotTime = time.Now()
+			st.snapshotTime = now
 		}
 		if apply {
 			st.takingSnap, st.wantSnap = "", false

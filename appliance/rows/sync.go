@@ -37,8 +37,10 @@ const (
 	// slower than the nodes write).
 	applyBatch  = 512
 	applyLinger = 2 * time.Millisecond
-	// readPrefetch is the log messages a table's consumer holds unacked.
-	readPrefetch = 2048
+	// readPrefetch is the log messages a table's consumer holds unacked:
+	// with a run's bound (applyBytes), what bounds a reader's memory (at
+	// most 256 snapshot parts of 256 KiB, or change batches of 128 writes).
+	readPrefetch = 256
 )
 
 func (e *Engine) run() {

@@ -37,6 +37,7 @@ const (
 	causeFarFuture    = "far_future"    // stamped further ahead than any clock error: dropped
 	causeOverBound    = "over_bound"    // held changes past their bound: dropped
 	causeSnapshot     = "snapshot_disagrees"
+	causeLogReplaced  = "log_replaced" // the log was deleted and made anew: the node reads the new one
 )
 
 // login is the broker user this node's link logged in as ("": none yet).
@@ -88,6 +89,19 @@ func (e *Engine) checkScope(table, keyID string) error {
 	e.mu.Unlock()
 	if scope != want {
 		return fmt.Errorf("sealed with key %s of %s; table %s is sealed with %s's keys", keyID, scopeName(scope), table, scopeName(want))
+	}
+	return nil
+}
+
+// checkMember refuses a message of a scoped table from a node that is
+// not a member of the scope now (one removed from it still holds its
+// older keys).
+func (e *Engine) checkMember(table, origin string) error {
+	e.mu.Lock()
+	scope := e.tables[table].Scope
+	e.mu.Unlock()
+	if scope != "" && !e.cfg.Keys.InScope(scope, origin) {
+		return fmt.Errorf("from node %s, which is not a member of scope %s", origin, scope)
 	}
 	return nil
 }

@@ -442,7 +442,7 @@ func TestAFutureFloodStaysBounded(t *testing.T) {
 	defer a.e.Close()
 	publishLog(t, amqpURL, "jobs", s.ID(), "", rows.SealedBatch(s, "jobs", "beta", "", 0, 0, []rows.Change{change("jobs", "r0000", "beta", "now", 0)}))
 	meshtest.WaitFor(t, 30*time.Second, "alpha, restarted, applying a change of now", func() bool {
-		return string(cellOf(t, a.e, "jobs", "r0000").Value) == "now"
+		return string(cellOf(t, a.e, "jobs", "r0000").Value) == "now" && tableStatus(t, a.e, "jobs").Offset > offset
 	})
 	st = tableStatus(t, a.e, "jobs")
 	if st.Offset <= offset || len(st.Refused) != 0 || st.Held != held {

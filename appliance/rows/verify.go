@@ -37,9 +37,14 @@ func (e *Engine) verifyLog(ctx context.Context, conn *amqp.Connection, table str
 	for {
 		e.mu.Lock()
 		st := e.state(table)
-		if st.wantSnap && st.takingSnap == "" && time.Since(began) > snapshotWait {
-			st.wantSnap = false
-			st.snapWriter = ""
+		switch {
+		case !st.wantSnap:
+		case st.takingSnap == "" && time.Since(began) > snapshotWait:
+			// The join offset named no snapshot.
+			st.wantSnap, st.snapWriter = false, ""
+		case st.takingSnap != "" && time.Since(st.takingSince) > snapshotWait:
+			// The snapshot stopped coming: what it lacks, the log has.
+			st.wantSnap, st.takingSnap = false, ""
 		}
 		waiting := st.wantSnap
 		e.mu.Unlock()
@@ -53,15 +58,26 @@ func (e *Engine) verifyLog(ctx context.Context, conn *amqp.Connection, table str
 		}
 	}
 	lacked := 0
+	complete := at == 0 // the log read from its first offset (set by the first delivery)
 	finish := func() {
-		if err := e.store.setVerify(table, 0); err != nil {
+		undone, left, err := e.store.settleClaims(table, complete)
+		if err == nil {
+			err = e.store.setVerify(table, 0)
+		}
+		if err != nil {
 			e.m.errors.WithLabelValues("store").Inc()
-			e.log.Warn("rows: forgetting a verified stretch of the table's log failed; it is read again at the next start", "table", table, "err", err)
+			e.log.Warn("rows: finishing the check of the table's snapshot failed; it is read again at the next start", "table", table, "err", err)
 			return
 		}
 		e.mu.Lock()
-		writer := e.state(table).snapWriter
+		st := e.state(table)
+		writer := st.snapWriter
+		st.unattested, st.checking = left, false
 		e.mu.Unlock()
+		if undone > 0 {
+			e.refuseN(table, causeSnapshot, writer, undone, fmt.Errorf("the snapshot this node joined from (written by %s) held %d field versions in other nodes' names that no change of the log made; they are undone", writer, undone))
+			return
+		}
 		switch {
 		case lacked > 0 && writer == "":
 			e.refuseN(table, causeSnapshot, "", lacked, fmt.Errorf("the offset this node joined the log at named no snapshot, and the log before it held %d field versions; they are applied now", lacked))
@@ -93,6 +109,7 @@ func (e *Engine) verifyLog(ctx context.Context, conn *amqp.Connection, table str
 		go drain(ds)
 		go func() { _ = ch.Close() }() // not waited for: see session
 	}()
+	first := true
 	for {
 		msgs, open := nextRun(ctx, ds, nil)
 		if !open || len(msgs) == 0 {
@@ -103,6 +120,9 @@ func (e *Engine) verifyLog(ctx context.Context, conn *amqp.Connection, table str
 		for i := range msgs {
 			d := &msgs[i]
 			o := offsetOf(*d)
+			if complete && run.next == 0 && i == 0 && first && o > 0 {
+				complete = false // the log no longer starts at its beginning
+			}
 			if o >= to {
 				done = true
 				break
@@ -112,8 +132,12 @@ func (e *Engine) verifyLog(ctx context.Context, conn *amqp.Connection, table str
 			if !ok {
 				continue
 			}
+			if b.Kind == kindChanges {
+				run.attested = append(run.attested, changeVersions(b.Changes)...)
+			}
 			e.sortChanges(table, origin, b.Changes, &run)
 		}
+		first = false
 		if run.next > 0 {
 			res, err := e.store.applyLog(table, run)
 			if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/internal/wire"
 )
@@ -46,6 +47,13 @@ type batch struct {
 	From uint64 `json:"from,omitempty"`
 }
 
+// Bounds of a snapshot's id and parts (a part holds about 256 KiB: a
+// table of 64 GiB).
+const (
+	maxSnapID        = 128
+	maxSnapshotParts = 1 << 18
+)
+
 // QueueOf is the stream queue (and routing key on the mesh exchange) of
 // table's log.
 func QueueOf(table string) string { return "rows." + table }
@@ -82,6 +90,12 @@ func openBatch(ring *seal.Keyring, table, keyID string, body []byte) (*batch, er
 	}
 	if b.V != 1 || (b.Kind != kindChanges && b.Kind != kindSnapshot) {
 		return nil, fmt.Errorf("%w: version %d kind %q", errUnopened, b.V, b.Kind)
+	}
+	if err := names.Node(b.Node); err != nil {
+		return nil, fmt.Errorf("%w: sender: %v", errUnopened, err)
+	}
+	if b.Kind == kindSnapshot && (b.Snap == "" || len(b.Snap) > maxSnapID || b.Part < 1 || b.Part > b.Parts || b.Parts > maxSnapshotParts) {
+		return nil, fmt.Errorf("%w: snapshot %.64q part %d of %d out of bounds", errUnopened, b.Snap, b.Part, b.Parts)
 	}
 	for _, ch := range b.Changes {
 		if ch.Table != table {
