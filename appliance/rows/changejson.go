@@ -1,7 +1,9 @@
 package rows
 
 import (
+	"bytes"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"slices"
 	"strconv"
@@ -30,6 +32,9 @@ type (
 // MarshalJSON encodes c as encoding/json would without the method.
 func (c Change) MarshalJSON() ([]byte, error) { return appendChange(nil, &c), nil }
 
+// MarshalJSON encodes b as encoding/json would without the method.
+func (b batch) MarshalJSON() ([]byte, error) { return appendBatch(nil, &b), nil }
+
 // UnmarshalJSON decodes c, by hand when data has the writer's form.
 func (c *Change) UnmarshalJSON(data []byte) error {
 	if c.Table == "" && c.Row == "" && c.Cells == nil {
@@ -46,12 +51,20 @@ func (c *Change) UnmarshalJSON(data []byte) error {
 // UnmarshalJSON decodes b, by hand when data has the writer's form.
 func (b *batch) UnmarshalJSON(data []byte) error {
 	if b.zero() {
-		r := jsonReader{b: data}
-		var v batch
-		if r.batch(&v) && r.end() {
-			*b = v
-			return nil
-		}
+		return decodeBatch(data, b)
+	}
+	return json.Unmarshal(data, (*batchJSON)(b))
+}
+
+// decodeBatch decodes data into b, which is zero, as json.Unmarshal
+// does, without encoding/json's two passes over data before the
+// hand-written reader runs (UnmarshalJSON is called after them).
+func decodeBatch(data []byte, b *batch) error {
+	r := jsonReader{b: data}
+	var v batch
+	if r.batch(&v) && r.end() {
+		*b = v
+		return nil
 	}
 	return json.Unmarshal(data, (*batchJSON)(b))
 }
@@ -59,6 +72,61 @@ func (b *batch) UnmarshalJSON(data []byte) error {
 func (b *batch) zero() bool {
 	return b.V == 0 && b.Kind == "" && b.Node == "" && b.Snap == "" && b.Part == 0 && b.Parts == 0 &&
 		b.Join == 0 && b.Changes == nil && b.From == 0
+}
+
+// appendBatch appends b's JSON to dst.
+func appendBatch(dst []byte, b *batch) []byte {
+	if dst == nil {
+		// Room for all of it: a snapshot's part grows to 256 KiB.
+		n := 128 + len(b.Kind) + len(b.Node) + len(b.Snap)
+		for i := range b.Changes {
+			n += 32 + len(b.Changes[i].Table) + len(b.Changes[i].Row)
+			for f, w := range b.Changes[i].Cells {
+				n += 48 + len(f) + len(w.Node) + base64.StdEncoding.EncodedLen(len(w.Value))
+			}
+		}
+		dst = make([]byte, 0, n)
+	}
+	dst = append(dst, `{"v":`...)
+	dst = strconv.AppendInt(dst, int64(b.V), 10)
+	dst = append(dst, `,"kind":`...)
+	dst = appendJSONString(dst, b.Kind)
+	dst = append(dst, `,"node":`...)
+	dst = appendJSONString(dst, b.Node)
+	if b.Snap != "" {
+		dst = append(dst, `,"snap":`...)
+		dst = appendJSONString(dst, b.Snap)
+	}
+	if b.Part != 0 {
+		dst = append(dst, `,"part":`...)
+		dst = strconv.AppendInt(dst, int64(b.Part), 10)
+	}
+	if b.Parts != 0 {
+		dst = append(dst, `,"parts":`...)
+		dst = strconv.AppendInt(dst, int64(b.Parts), 10)
+	}
+	if b.Join != 0 {
+		dst = append(dst, `,"join":`...)
+		dst = strconv.AppendUint(dst, b.Join, 10)
+	}
+	dst = append(dst, `,"changes":`...)
+	if b.Changes == nil {
+		dst = append(dst, "null"...)
+	} else {
+		dst = append(dst, '[')
+		for i := range b.Changes {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendChange(dst, &b.Changes[i])
+		}
+		dst = append(dst, ']')
+	}
+	if b.From != 0 {
+		dst = append(dst, `,"from":`...)
+		dst = strconv.AppendUint(dst, b.From, 10)
+	}
+	return append(dst, '}')
 }
 
 // appendChange appends c's JSON to dst.
@@ -161,7 +229,7 @@ type jsonReader struct {
 	i int
 	// names holds the strings read so far that repeat from change to
 	// change (tables, fields, nodes): one allocation each, not one a cell.
-	names map[string]string
+	names []string
 	// values is where values are decoded to, a chunk at a time: one
 	// allocation for many cells.
 	values []byte
@@ -183,6 +251,10 @@ func (r *jsonReader) ws() {
 
 // next skips white space and takes c if it comes next.
 func (r *jsonReader) next(c byte) bool {
+	if r.i < len(r.b) && r.b[r.i] == c { // the writer puts no space
+		r.i++
+		return true
+	}
 	r.ws()
 	if r.i < len(r.b) && r.b[r.i] == c {
 		r.i++
@@ -203,16 +275,39 @@ func (r *jsonReader) str() ([]byte, bool) {
 		return nil, false
 	}
 	start := r.i
-	for ; r.i < len(r.b); r.i++ {
-		switch c := r.b[r.i]; {
-		case c == '"':
-			r.i++
-			return r.b[start : r.i-1], true
-		case c < 0x20 || c >= 0x7f || c == '\\':
-			return nil, false
+	end := bytes.IndexByte(r.b[start:], '"')
+	if end < 0 {
+		return nil, false
+	}
+	s := r.b[start : start+end]
+	if !plainASCII(s) {
+		return nil, false
+	}
+	r.i = start + end + 1
+	return s, true
+}
+
+// plainASCII reports whether s is printable ASCII without '\\': eight
+// bytes at a time (a value's base64 is most of a batch).
+func plainASCII(s []byte) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	for len(s) >= 8 {
+		w := binary.LittleEndian.Uint64(s)
+		below := (w - 0x20*ones) &^ w       // a byte below 0x20 (or one of 0x80 and up)
+		above := (w + (0x80-0x7f)*ones) | w // a byte of 0x7f and up
+		bs := w ^ ('\\' * ones)
+		slash := (bs - ones) &^ bs // a '\\'
+		if (below|above|slash)&highs != 0 {
+			return false
+		}
+		s = s[8:]
+	}
+	for _, c := range s {
+		if c < 0x20 || c >= 0x7f || c == '\\' {
+			return false
 		}
 	}
-	return nil, false
+	return true
 }
 
 func (r *jsonReader) string() (string, bool) {
@@ -220,24 +315,27 @@ func (r *jsonReader) string() (string, bool) {
 	return string(s), ok
 }
 
-// name is string for a name that repeats.
+// name is string for a name that repeats (a table, a field, a node):
+// the few a batch holds are compared, not hashed, and kept once.
 func (r *jsonReader) name() (string, bool) {
 	s, ok := r.str()
 	if !ok {
 		return "", false
 	}
-	if n, ok := r.names[string(s)]; ok {
-		return n, true
+	for _, n := range r.names {
+		if string(s) == n {
+			return n, true
+		}
 	}
 	n := string(s)
-	if len(r.names) < 256 {
-		if r.names == nil {
-			r.names = map[string]string{}
-		}
-		r.names[n] = n
+	if len(r.names) < maxNames {
+		r.names = append(r.names, n)
 	}
 	return n, true
 }
+
+// maxNames bounds the names a reader keeps.
+const maxNames = 16
 
 // key reads an object's key and its colon: its index in names (-1: not
 // one of them).

@@ -57,6 +57,11 @@ func checkSameDecode(t *testing.T, data []byte) {
 	if (gerr == nil) != (werr == nil) || gerr == nil && !reflect.DeepEqual(got, want) {
 		t.Errorf("batch %q:\ngot  %+v, %v\nwant %+v, %v", data, got, gerr, want, werr)
 	}
+	var direct batch
+	derr := decodeBatch(data, &direct)
+	if (derr == nil) != (werr == nil) || derr == nil && !reflect.DeepEqual(direct, want) {
+		t.Errorf("decodeBatch %q:\ngot  %+v, %v\nwant %+v, %v", data, direct, derr, want, werr)
+	}
 	var gc, wc Change
 	gerr = json.Unmarshal(data, &gc)
 	werr = json.Unmarshal(data, (*changeJSON)(&wc))
@@ -121,6 +126,33 @@ func TestJSONWritesAsEncodingJSON(t *testing.T) {
 	}
 }
 
+// The writer makes encoding/json's bytes of a batch too (the publisher
+// splices changes into the head of an empty one).
+func TestJSONWritesBatchAsEncodingJSON(t *testing.T) {
+	c := Change{Table: "jobs", Row: "42", Cells: map[string]WireCell{"status": {Stamp: 7, Node: "alpha", Value: []byte("queued")}}}
+	for _, b := range []batch{
+		{V: 1, Kind: kindChanges, Node: "alpha"},
+		{V: 1, Kind: kindChanges, Node: "alpha", Join: 9, Changes: []Change{c, c}},
+		{V: 1, Kind: kindSnapshot, Node: "b<e>ta", Snap: "x-beta", Part: 2, Parts: 3, Join: 17, From: 12, Changes: []Change{}},
+		{V: -1, Part: -2, Parts: -3},
+	} {
+		pure := pureBatch{V: b.V, Kind: b.Kind, Node: b.Node, Snap: b.Snap, Part: b.Part, Parts: b.Parts, Join: b.Join, From: b.From}
+		if b.Changes != nil {
+			pure.Changes = []changeJSON{}
+		}
+		for _, c := range b.Changes {
+			pure.Changes = append(pure.Changes, changeJSON(c))
+		}
+		want, err := json.Marshal(pure)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := json.Marshal(b); string(got) != string(want) {
+			t.Errorf("json.Marshal:\ngot  %s\nwant %s", got, want)
+		}
+	}
+}
+
 func FuzzJSONReadsAsEncodingJSON(f *testing.F) {
 	for _, s := range jsonSamples {
 		f.Add([]byte(s))
@@ -149,6 +181,23 @@ func TestJSONKeysComplete(t *testing.T) {
 		}
 		if !reflect.DeepEqual(tags, tt.keys) {
 			t.Errorf("%s: keys %v, the reader knows %v", typ, tags, tt.keys)
+		}
+	}
+}
+
+// plainASCII, eight bytes at a time, says what a byte at a time says:
+// every byte value at every place of strings of 1 to 24 bytes.
+func TestPlainASCII(t *testing.T) {
+	for n := 1; n <= 24; n++ {
+		for at := range n {
+			for c := range 256 {
+				s := []byte(strings.Repeat("a", n))
+				s[at] = byte(c)
+				want := c >= 0x20 && c < 0x7f && c != '\\'
+				if got := plainASCII(s); got != want {
+					t.Fatalf("plainASCII(%q): got %v, want %v", s, got, want)
+				}
+			}
 		}
 	}
 }

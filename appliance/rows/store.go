@@ -139,21 +139,23 @@ func mergeChange(cells, history *bolt.Bucket, ch Change) (map[string]Cell, int, 
 		}
 		finalLive := !c.Deleted
 		if old != nil {
-			oc, err := decodeCell(old)
-			if err != nil {
-				return nil, 0, err
+			// The version held, read in place (its node's name is not
+			// copied to compare it).
+			if len(old) < 10 || len(old) < 10+int(old[9]) {
+				return nil, 0, errors.New("stored cell too short")
 			}
-			liveBefore = liveBefore || !oc.Deleted
-			if !c.Wins(oc) {
-				if oc.Stamp != c.Stamp || oc.Node != c.Node { // not the same version again
-					if err := keepHistory(history, cellKey(ch.Row, f), c); err != nil {
+			oStamp, oDeleted, oNode := Stamp(binary.BigEndian.Uint64(old)), old[8]&1 != 0, old[10:10+int(old[9])]
+			liveBefore = liveBefore || !oDeleted
+			if c.Stamp < oStamp || c.Stamp == oStamp && c.Node <= string(oNode) { // c does not win
+				if c.Stamp != oStamp || c.Node != string(oNode) { // not the same version again
+					if err := keepHistory(history, cellKey(ch.Row, f), c.Stamp, c.encode(nil)); err != nil {
 						return nil, 0, err
 					}
 				}
-				liveAfter = liveAfter || !oc.Deleted
+				liveAfter = liveAfter || !oDeleted
 				continue
 			}
-			if err := keepHistory(history, cellKey(ch.Row, f), oc); err != nil {
+			if err := keepHistory(history, cellKey(ch.Row, f), oStamp, bytes.Clone(old)); err != nil {
 				return nil, 0, err
 			}
 		}
@@ -240,11 +242,12 @@ func tableBuckets(tx *bolt.Tx, table string) (cells, history, pending, meta *bol
 	return bs[0], bs[1], bs[2], bs[3], err
 }
 
-// keepHistory records a version that lost, keeping the newest historyKeep
+// keepHistory records a version that lost (stamped stamp, stored as
+// enc) of the field whose cell key is k, keeping the newest historyKeep
 // of the field.
-func keepHistory(history *bolt.Bucket, k []byte, c Cell) error {
-	hk := binary.BigEndian.AppendUint64(append(append([]byte{}, k...), 0), uint64(c.Stamp))
-	if err := history.Put(hk, c.encode(nil)); err != nil {
+func keepHistory(history *bolt.Bucket, k []byte, stamp Stamp, enc []byte) error {
+	hk := binary.BigEndian.AppendUint64(append(append([]byte{}, k...), 0), uint64(stamp))
+	if err := history.Put(hk, enc); err != nil {
 		return err
 	}
 	prefix := append(append([]byte{}, k...), 0)
@@ -396,24 +399,45 @@ func (s *Store) RowsAfter(table, prefix, after string, fn func(row string, cells
 		cur := cells.Cursor()
 		var row string
 		var cur_ map[string]Cell
+		// A row, a node's name and a value are copied out of the
+		// transaction once: names repeat from row to row, and values
+		// share chunks.
+		nodes := map[string]string{}
+		var values []byte
 		for k, v := cur.Seek(start); k != nil && bytes.HasPrefix(k, []byte(prefix)); k, v = cur.Next() {
-			r, f := splitCellKey(k)
-			if r != row && cur_ != nil {
+			r, f := k, []byte(nil)
+			if i := bytes.IndexByte(k, 0); i >= 0 {
+				r, f = k[:i], k[i+1:]
+			}
+			if cur_ != nil && string(r) != row {
 				if !fn(row, cur_) {
 					return nil
 				}
 				cur_ = nil
 			}
-			row = r
-			c, err := decodeCell(v)
-			if err != nil {
-				return err
-			}
-			c.Value = bytes.Clone(c.Value)
 			if cur_ == nil {
-				cur_ = map[string]Cell{}
+				row, cur_ = string(r), make(map[string]Cell, 4)
 			}
-			cur_[f] = c
+			if len(v) < 10 || len(v) < 10+int(v[9]) {
+				return errors.New("stored cell too short")
+			}
+			c := Cell{Stamp: Stamp(binary.BigEndian.Uint64(v)), Deleted: v[8]&1 != 0}
+			node := v[10 : 10+int(v[9])]
+			if c.Node = nodes[string(node)]; c.Node == "" && len(node) > 0 {
+				c.Node = string(node)
+				if len(nodes) < 256 {
+					nodes[c.Node] = c.Node
+				}
+			}
+			if !c.Deleted {
+				val := v[10+len(node):]
+				if len(values)+len(val) > cap(values) {
+					values = make([]byte, 0, max(len(val), valueChunk))
+				}
+				values = append(values, val...)
+				c.Value = values[len(values)-len(val) : len(values) : len(values)]
+			}
+			cur_[string(f)] = c
 		}
 		if cur_ != nil {
 			fn(row, cur_)
