@@ -2,8 +2,9 @@ package bridge
 
 import (
 	"crypto/tls"
-	"fmt"
 	"net/url"
+
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -18,39 +19,12 @@ import (
 
 // clientCert loads Config's client certificate; nil without one.
 func (b *Bridge) clientCert() (*tls.Certificate, error) {
-	return loadClientCert(b.cfg.CertFile, b.cfg.KeyFile)
-}
-
-// loadClientCert loads a client certificate and its key; nil without one.
-func loadClientCert(certFile, keyFile string) (*tls.Certificate, error) {
-	if certFile == "" {
-		return nil, nil
-	}
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrClientCert, err)
-	}
-	return &cert, nil
+	return brokerlink.LoadClientCert(b.cfg.CertFile, b.cfg.KeyFile)
 }
 
 // externalLogin reports whether a connection to raw logs in with
 // Config's client certificate (EXTERNAL).
-func (b *Bridge) externalLogin(raw string) bool { return externalLogin(b.cfg.CertFile, raw) }
-
-// externalLogin reports whether a connection to raw logs in with the
-// client certificate (EXTERNAL): a certificate is configured (certFile),
-// the URL is amqps:// and carries no password.
-func externalLogin(certFile, raw string) bool {
-	if certFile == "" {
-		return false
-	}
-	u, err := url.Parse(raw)
-	if err != nil || u.Scheme != "amqps" {
-		return false
-	}
-	_, has := u.User.Password()
-	return !has
-}
+func (b *Bridge) externalLogin(raw string) bool { return brokerlink.ExternalLogin(b.cfg.CertFile, raw) }
 
 // loginUser is the broker user a connection to raw is known as.
 func (b *Bridge) loginUser(raw string, uri amqp.URI) string {

@@ -5,8 +5,9 @@ package bridge
 // programs, peers and the broker see.)
 //
 // The files follow the parts: link.go (the link loop, the link's state),
-// dialer.go (every connection's dial: TLS, the client certificate; the
-// extra connections and the link's generations), probe.go (probing a
+// dialer.go (the link's dials through package bridge/link, where every
+// connection's dial is: TLS, the client certificate; the extra
+// connections and the link's generations), probe.go (probing a
 // broker that does not answer),
 // brokers.go (the list of brokers, failovers),
 // credential.go (the credential in use, the handover), session.go (one

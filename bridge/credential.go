@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/wire"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -17,11 +18,11 @@ import (
 
 // Credential states in CredentialStatus.State.
 const (
-	CredentialInUse     = "in use"             // the link is connected with it
-	CredentialSwitching = "switching"          // new connections with a new credential are being made
-	CredentialRevoked   = "credential revoked" // the broker refuses at login (403 ACCESS_REFUSED) a user it accepted before
-	CredentialRefused   = "credential refused" // the broker refuses at login a user it never accepted here: a wrong password, or no such user
-	CredentialUnused    = "not connected"      // not connected yet, or the link is down for another reason
+	CredentialInUse     = wire.CredentialInUse
+	CredentialSwitching = wire.CredentialSwitching
+	CredentialRevoked   = wire.CredentialRevoked
+	CredentialRefused   = wire.CredentialRefused
+	CredentialUnused    = wire.CredentialUnused
 )
 
 // handoverDrain bounds how long a handover waits for the old session's

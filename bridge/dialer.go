@@ -1,18 +1,14 @@
 package bridge
 
 import (
-	"cmp"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net"
-	"os"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
 	"github.com/meshbox/meshbox/internal/brokerurl"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -24,120 +20,14 @@ import (
 // check (DialBroker) share the TLS settings, the CA file, the client
 // certificate (SASL EXTERNAL), the timeouts and the connection names.
 
-// DialOptions are the settings of one connection to a broker.
-type DialOptions struct {
-	// URL is one broker URL, amqp:// or amqps://.
-	URL string
-	// Name is the connection's name as the broker shows it (management
-	// UI, rabbitmqctl list_connections).
-	Name string
-	// CAFile, CertFile and KeyFile are as in Config: a CA trusted beside
-	// the system's roots, and a client certificate, with which a URL
-	// without a password logs in (EXTERNAL).
-	CAFile, CertFile, KeyFile string
-	// Heartbeat is the AMQP heartbeat (0: amqp091-go's default).
-	Heartbeat time.Duration
-	// DialTimeout bounds the TCP connect (0: 5 s), HandshakeTimeout the
-	// TLS and AMQP handshakes after it (0: 10 s).
-	DialTimeout, HandshakeTimeout time.Duration
-}
+// DialOptions are the settings of one connection to a broker (the link
+// package's).
+type DialOptions = brokerlink.DialOptions
 
-// DialBroker opens one AMQP connection as the node's broker link does: TLS
-// that trusts the system's roots and opts.CAFile, the client certificate
-// when there is one, a login with it (SASL EXTERNAL) when the URL is
-// amqps:// and has no password. Cancelling ctx aborts the handshake.
-//
-// A CA file or client certificate that cannot be used gives an error
-// wrapping ErrCAFile or ErrClientCert; the broker's refusal at login is
-// an *amqp.Error (its code says why).
+// DialBroker opens one AMQP connection as the node's broker link does
+// (link.Dial).
 func DialBroker(ctx context.Context, opts DialOptions) (*amqp.Connection, error) {
-	conn, _, err := dialBroker(ctx, opts, nil)
-	return conn, err
-}
-
-// dialBroker is DialBroker with a hook on the TCP connect: wrap (nil: none)
-// gets the address and the connect's result and returns the socket the
-// connection uses, or an error. dialBroker returns the raw socket too.
-func dialBroker(ctx context.Context, opts DialOptions, wrap func(addr string, c net.Conn, err error) (net.Conn, error)) (*amqp.Connection, net.Conn, error) {
-	connectWithin, handshake := cmp.Or(opts.DialTimeout, dialTimeout), cmp.Or(opts.HandshakeTimeout, handshakeLimit)
-	cfg := amqp.Config{
-		Heartbeat:  opts.Heartbeat,
-		Locale:     "en_US",
-		Properties: amqp.NewConnectionProperties(),
-	}
-	if opts.Name != "" {
-		cfg.Properties.SetClientConnectionName(opts.Name)
-	}
-	if strings.HasPrefix(opts.URL, "amqps://") {
-		tc, err := opts.tlsConfig()
-		if err != nil {
-			return nil, nil, err
-		}
-		cfg.TLSClientConfig = tc
-	}
-	if externalLogin(opts.CertFile, opts.URL) {
-		cfg.SASL = []amqp.Authentication{&amqp.ExternalAuth{}}
-	}
-	var (
-		stop func() bool
-		raw  net.Conn
-	)
-	cfg.Dial = func(network, addr string) (net.Conn, error) {
-		d := net.Dialer{Timeout: connectWithin}
-		c, err := d.DialContext(ctx, network, addr)
-		var use net.Conn = c
-		if wrap != nil {
-			use, err = wrap(addr, c, err)
-		}
-		if err != nil {
-			if c != nil {
-				c.Close()
-			}
-			return nil, err
-		}
-		if err := c.SetDeadline(time.Now().Add(handshake)); err != nil { // cleared by amqp091 once open
-			c.Close()
-			return nil, err
-		}
-		stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
-		raw = c
-		return use, nil
-	}
-	conn, err := amqp.DialConfig(opts.URL, cfg)
-	if stop != nil {
-		stop()
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	return conn, raw, nil
-}
-
-// tlsConfig trusts the system roots plus opts.CAFile, and presents the
-// client certificate when there is one.
-func (opts DialOptions) tlsConfig() (*tls.Config, error) {
-	pool, err := x509.SystemCertPool()
-	if err != nil || pool == nil {
-		pool = x509.NewCertPool()
-	}
-	if opts.CAFile != "" {
-		pem, err := os.ReadFile(opts.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrCAFile, err)
-		}
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%w %s: no PEM certificates", ErrCAFile, opts.CAFile)
-		}
-	}
-	tc := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	cert, err := loadClientCert(opts.CertFile, opts.KeyFile)
-	if err != nil {
-		return nil, err
-	}
-	if cert != nil {
-		tc.Certificates = []tls.Certificate{*cert}
-	}
-	return tc, nil
+	return brokerlink.Dial(ctx, opts)
 }
 
 // dialOptions are the options of the node's connections to url for role.
@@ -153,7 +43,7 @@ func (b *Bridge) dialOptions(url, role string) DialOptions {
 // *corkConn, returned as cork: the publishers batch their messages
 // through it, the acker its acks.
 func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connection, cork *corkConn, abort func(), err error) {
-	conn, raw, err := dialBroker(ctx, b.dialOptions(url, role), func(addr string, c net.Conn, err error) (net.Conn, error) {
+	conn, raw, err := brokerlink.DialRaw(ctx, b.dialOptions(url, role), func(addr string, c net.Conn, err error) (net.Conn, error) {
 		b.m.dialed(err)
 		if err != nil {
 			if unreachable(err) {

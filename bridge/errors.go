@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
 	"github.com/meshbox/meshbox/bridge/outbox"
 	"github.com/meshbox/meshbox/internal/wire"
 )
@@ -33,11 +34,11 @@ var (
 // the link's dials before the broker is tried.
 var (
 	// ErrCAFile means Config.CAFile cannot be read or holds no PEM
-	// certificate.
-	ErrCAFile = errors.New("broker CA file")
+	// certificate (brokerlink.ErrCAFile).
+	ErrCAFile = brokerlink.ErrCAFile
 	// ErrClientCert means the client certificate (Config.CertFile and
-	// KeyFile) cannot be loaded.
-	ErrClientCert = errors.New("broker client certificate")
+	// KeyFile) cannot be loaded (brokerlink.ErrClientCert).
+	ErrClientCert = brokerlink.ErrClientCert
 )
 
 // Errors returned by PublishSystem and SendSystem, and carried (as text and a

@@ -47,3 +47,12 @@ const (
 	StateOffline    = "offline" // broker unreachable; retrying with backoff
 	StateBlocked    = "blocked" // connected, but the broker blocks publishers (resource alarm)
 )
+
+// Broker credential states (a node's status, broker.credential.state).
+const (
+	CredentialInUse     = "in use"             // the link is connected with it
+	CredentialSwitching = "switching"          // new connections with a new credential are being made
+	CredentialRevoked   = "credential revoked" // the broker refuses at login (403 ACCESS_REFUSED) a user it accepted before
+	CredentialRefused   = "credential refused" // the broker refuses at login a user it never accepted here: a wrong password, or no such user
+	CredentialUnused    = "not connected"      // not connected yet, or the link is down for another reason
+)

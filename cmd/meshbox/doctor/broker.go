@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance"
-	"github.com/meshbox/meshbox/bridge"
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
 	"github.com/meshbox/meshbox/internal/brokerurl"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -98,7 +98,7 @@ func (d *Doctor) dialBroker(ctx context.Context, name, raw, from string) (*amqp.
 	safe := appliance.RedactURL(raw)
 	// The node's own dialer: its TLS settings, CA file and client
 	// certificate (EXTERNAL when the URL has no password).
-	conn, err := bridge.DialBroker(ctx, bridge.DialOptions{
+	conn, err := brokerlink.Dial(ctx, brokerlink.DialOptions{
 		URL:              raw,
 		Name:             "meshbox doctor " + d.cfg.Node,
 		CAFile:           d.cfg.Bridge.CAFile,
@@ -109,9 +109,9 @@ func (d *Doctor) dialBroker(ctx context.Context, name, raw, from string) (*amqp.
 		HandshakeTimeout: d.timeout,
 	})
 	switch {
-	case errors.Is(err, bridge.ErrCAFile):
+	case errors.Is(err, brokerlink.ErrCAFile):
 		return nil, fail(name, "fix bridge.ca_file", "%v", err)
-	case errors.Is(err, bridge.ErrClientCert):
+	case errors.Is(err, brokerlink.ErrClientCert):
 		return nil, fail(name, "fix bridge.cert_file and bridge.key_file", "%v", err)
 	}
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/internal/brokerurl"
 	"github.com/meshbox/meshbox/internal/wire"
 )
@@ -83,7 +82,7 @@ func (d *Doctor) credentialFromNode(name string) Check {
 	case own && owner != d.cfg.Node:
 		return fail(name, "the node's configuration or cache holds another node's credential; join this node with its own token (meshbox mesh node add, meshbox join)",
 			"the running node connects as broker user %s, node %s's, not node %s's", user, owner, d.cfg.Node)
-	case state == bridge.CredentialRevoked || state == bridge.CredentialRefused:
+	case state == wire.CredentialRevoked || state == wire.CredentialRefused:
 		return fail(name, "give the node a new credential: meshbox mesh node rejoin NAME --broker-admin URL, then meshbox join TOKEN",
 			"the running node's broker user %s: %s (%s)", user, state, b.Credential.Reason)
 	case own && b.State == wire.StateConnected:
