@@ -85,7 +85,7 @@ func openBatch(ring *seal.Keyring, table, keyID string, body []byte) (*batch, er
 		return nil, fmt.Errorf("%w: key %s: %v", errUnopened, keyID, err)
 	}
 	var b batch
-	if err := json.Unmarshal(pt, &b); err != nil {
+	if err := decodeBatch(pt, &b); err != nil {
 		return nil, fmt.Errorf("%w: %v", errUnopened, err)
 	}
 	if b.V != 1 || (b.Kind != kindChanges && b.Kind != kindSnapshot) {
