@@ -59,10 +59,7 @@ func TestASnapshotCannotWriteAsAnother(t *testing.T) {
 	a := startNode(t, "alpha", urls["alpha"], keyring(t, key), t.TempDir(), 1000)
 	defer a.e.Close()
 	putRows(t, a, 0, 4)
-	meshtest.WaitFor(t, 30*time.Second, "alpha's writes in the log", func() bool {
-		s := tableStatus(t, a.e, "jobs")
-		return s.Synced && s.Pending == 0 && s.Behind == 0 && s.Offset >= 1
-	})
+	waitSynced(t, a, "jobs", "alpha's writes in the log")
 	want := stateOf(t, a.e, "jobs")
 	from := tableStatus(t, a.e, "jobs").Offset
 	snap := allChanges(t, a.e)
@@ -108,10 +105,7 @@ func TestAnUnfinishedSnapshotDoesNotStallAJoiner(t *testing.T) {
 	a := startNode(t, "alpha", amqpURL, keyring(t, key), t.TempDir(), 1000)
 	defer a.e.Close()
 	putRows(t, a, 0, 9)
-	meshtest.WaitFor(t, 30*time.Second, "alpha's writes in the log", func() bool {
-		s := tableStatus(t, a.e, "jobs")
-		return s.Synced && s.Pending == 0 && s.Behind == 0 && s.Offset >= 1
-	})
+	waitSynced(t, a, "jobs", "alpha's writes in the log")
 	from := tableStatus(t, a.e, "jobs").Offset
 	two := allChanges(t, a.e)[:2]
 	s, _ := keyring(t, key).Sealer()
@@ -212,10 +206,7 @@ func TestOneWriterCannotFillTheHeldBound(t *testing.T) {
 	a := startNodeCfg(t, "alpha", amqpURL, keyring(t, key), t.TempDir(), func(c *rows.Config) { c.MaxDrift = 2 * time.Second })
 	defer a.e.Close()
 	putRows(t, a, 0, 1)
-	meshtest.WaitFor(t, 30*time.Second, "alpha synced", func() bool {
-		s := tableStatus(t, a.e, "jobs")
-		return s.Synced && s.Pending == 0 && s.Behind == 0
-	})
+	waitSynced(t, a, "jobs", "alpha synced")
 	s, _ := keyring(t, key).Sealer()
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
@@ -264,10 +255,7 @@ func TestSenderNamesAreBounded(t *testing.T) {
 	a := startNode(t, "alpha", amqpURL, keyring(t, key), t.TempDir(), 1000)
 	defer a.e.Close()
 	putRows(t, a, 0, 1)
-	meshtest.WaitFor(t, 30*time.Second, "alpha synced", func() bool {
-		s := tableStatus(t, a.e, "jobs")
-		return s.Synced && s.Pending == 0 && s.Behind == 0
-	})
+	waitSynced(t, a, "jobs", "alpha synced")
 	heap := func() uint64 {
 		runtime.GC()
 		var m runtime.MemStats
@@ -401,10 +389,7 @@ func TestAnInterleavedPartDoesNotStallAJoiner(t *testing.T) {
 	a := startNode(t, "alpha", amqpURL, keyring(t, key), t.TempDir(), 1000)
 	defer a.e.Close()
 	putRows(t, a, 0, 6)
-	meshtest.WaitFor(t, 30*time.Second, "alpha's writes in the log", func() bool {
-		s := tableStatus(t, a.e, "jobs")
-		return s.Synced && s.Pending == 0 && s.Behind == 0 && s.Offset >= 1
-	})
+	waitSynced(t, a, "jobs", "alpha's writes in the log")
 	from := tableStatus(t, a.e, "jobs").Offset
 	all := allChanges(t, a.e)
 	s, _ := keyring(t, key).Sealer()

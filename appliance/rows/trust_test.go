@@ -83,6 +83,16 @@ func tableStatus(t *testing.T, e *rows.Engine, table string) rows.TableStatus {
 	return rows.TableStatus{}
 }
 
+// waitSynced waits until n reads table's log, has read some of it, and
+// has nothing pending or left to read (what: the wait's name).
+func waitSynced(t *testing.T, n *node, table, what string) {
+	t.Helper()
+	meshtest.WaitFor(t, 30*time.Second, what, func() bool {
+		s := tableStatus(t, n.e, table)
+		return s.Synced && s.Pending == 0 && s.Behind == 0 && s.Offset >= 1
+	})
+}
+
 func cellOf(t *testing.T, e *rows.Engine, table, row string) rows.Cell {
 	t.Helper()
 	cells, err := e.Store().Row(table, row)
@@ -113,10 +123,7 @@ func TestAnOutsiderCannotWriteAScopedTable(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	meshtest.WaitFor(t, 30*time.Second, "alpha's writes in the log", func() bool {
-		s := tableStatus(t, a.e, "vault")
-		return s.Synced && s.Pending == 0 && s.Behind == 0 && s.Offset >= 1
-	})
+	waitSynced(t, a, "vault", "alpha's writes in the log")
 
 	// The outsider: the mesh's key, its own name as writer.
 	outsider := scopedRing(t, meshKey, vault, false)
@@ -224,10 +231,7 @@ func TestAPeerCannotWriteAsAnother(t *testing.T) {
 	a := startNode(t, "alpha", urls["alpha"], keyring(t, key), t.TempDir(), 1000)
 	defer a.e.Close()
 	putRows(t, a, 0, 2)
-	meshtest.WaitFor(t, 30*time.Second, "alpha's writes in the log", func() bool {
-		s := tableStatus(t, a.e, "jobs")
-		return s.Synced && s.Pending == 0 && s.Behind == 0 && s.Offset >= 1
-	})
+	waitSynced(t, a, "jobs", "alpha's writes in the log")
 	s, err := keyring(t, key).Sealer()
 	if err != nil {
 		t.Fatal(err)
@@ -363,10 +367,7 @@ func TestAFutureFloodStaysBounded(t *testing.T) {
 	dir := t.TempDir()
 	a := startNode(t, "alpha", amqpURL, keyring(t, key), dir, 100000)
 	putRows(t, a, 0, 1)
-	meshtest.WaitFor(t, 30*time.Second, "alpha reading the log", func() bool {
-		s := tableStatus(t, a.e, "jobs")
-		return s.Synced && s.Pending == 0 && s.Behind == 0
-	})
+	waitSynced(t, a, "jobs", "alpha reading the log")
 	heap := func() uint64 {
 		runtime.GC()
 		var m runtime.MemStats

@@ -92,17 +92,28 @@ func (e *Engine) verifyLog(ctx context.Context, conn *amqp.Connection, table str
 		finish()
 		return
 	}
+	// A failure leaves the stretch saved: the next session (or start)
+	// reads it again; the table shows verifying meanwhile.
+	failed := func(err error) {
+		e.m.errors.WithLabelValues("broker").Inc()
+		e.log.Warn("rows: checking the table's snapshot against its log stopped; the next session tries again", "table", table, "err", err)
+	}
 	ch, err := conn.Channel()
 	if err != nil {
+		failed(err)
 		return
 	}
-	if err := ch.Qos(readPrefetch, 0, false); err != nil {
-		return
-	}
-	// Consume without a context: the channel closes with the connection
-	// (session) or below, which ends the consumer.
-	ds, err := ch.Consume(QueueOf(table), "", false, false, false, false, amqp.Table{"x-stream-offset": int64(at)})
+	// Closed with the connection (session) or below, which ends the
+	// consumer: no context of its own (see newestSnapshot).
+	ds, err := func() (<-chan amqp.Delivery, error) {
+		if err := ch.Qos(readPrefetch, 0, false); err != nil {
+			return nil, err
+		}
+		return ch.Consume(QueueOf(table), "", false, false, false, false, amqp.Table{"x-stream-offset": int64(at)})
+	}()
 	if err != nil {
+		go func() { _ = ch.Close() }()
+		failed(err)
 		return
 	}
 	defer func() {
@@ -142,7 +153,7 @@ func (e *Engine) verifyLog(ctx context.Context, conn *amqp.Connection, table str
 			res, err := e.store.applyLog(table, run)
 			if err != nil {
 				e.m.errors.WithLabelValues("store").Inc()
-				e.log.Warn("rows: checking the table's snapshot against its log failed; the next session tries again", "table", table, "err", err)
+				failed(err)
 				return
 			}
 			for _, a := range res.applied {
@@ -152,6 +163,7 @@ func (e *Engine) verifyLog(ctx context.Context, conn *amqp.Connection, table str
 			}
 		}
 		if err := ch.Ack(msgs[len(msgs)-1].DeliveryTag, true); err != nil {
+			failed(err)
 			return
 		}
 		if done {
