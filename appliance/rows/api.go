@@ -195,7 +195,7 @@ func (e *Engine) Serve(sc ServeConfig) (*nats.Subscription, error) {
 			return
 		}
 		d := ChangedDoc{Table: a.Table, Row: a.Row, Fields: map[string]string{}, Versions: map[string]Version{}}
-		for f, c := range a.Won {
+		for f, c := range a.Won() {
 			d.Versions[f] = version(c)
 			if c.Deleted {
 				d.Deleted = append(d.Deleted, f)

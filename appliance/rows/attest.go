@@ -47,18 +47,6 @@ func snapshotClaims(changes []Change, origin string) [][]byte {
 	return out
 }
 
-// changeVersions returns the keys of the versions of a change batch's
-// changes (their writer is the batch's validated sender).
-func changeVersions(changes []Change) [][]byte {
-	var out [][]byte
-	for _, ch := range changes {
-		for f, c := range ch.Cells {
-			out = append(out, attestKey(ch.Row, f, c.Stamp, c.Node))
-		}
-	}
-	return out
-}
-
 // claim records unattested versions, but those a change of the log made
 // already (the reader may read a change after the snapshot's start
 // before the snapshot's parts); attest strikes versions off, or records
@@ -81,22 +69,43 @@ func claim(tx *bolt.Tx, table string, keys [][]byte) error {
 	return nil
 }
 
-func attest(tx *bolt.Tx, table string, keys [][]byte) error {
+// attest strikes the versions of changes (of change batches: their
+// writer is the batch's validated sender) off the claims; with record,
+// it records the others for claims still to come. Without record and
+// without claims, there is nothing to do: a joiner whose snapshot's
+// sender wrote every version it holds pays nothing for the check.
+func attest(tx *bolt.Tx, table string, changes []Change, record bool) error {
 	tb := tx.Bucket([]byte(table))
-	seen, err := tb.CreateBucketIfNotExists(bAttested)
-	if err != nil {
-		return err
-	}
 	claims := tb.Bucket(bUnattested)
-	for _, k := range keys {
-		if claims != nil && claims.Get(k) != nil {
-			if err := claims.Delete(k); err != nil {
-				return err
-			}
-			continue
+	if claims != nil {
+		if k, _ := claims.Cursor().First(); k == nil {
+			claims = nil
 		}
-		if err := seen.Put(k, nil); err != nil {
+	}
+	if claims == nil && !record {
+		return nil
+	}
+	var seen *bolt.Bucket
+	if record {
+		var err error
+		if seen, err = tb.CreateBucketIfNotExists(bAttested); err != nil {
 			return err
+		}
+	}
+	for _, ch := range changes {
+		for f, c := range ch.Cells {
+			k := attestKey(ch.Row, f, c.Stamp, c.Node)
+			if claims != nil && claims.Get(k) != nil {
+				if err := claims.Delete(k); err != nil {
+					return err
+				}
+				continue
+			}
+			if record {
+				if err := seen.Put(k, nil); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	return nil

@@ -120,6 +120,13 @@ type tableState struct {
 	heldNext   Stamp // the first held change's stamp (0: none)
 	connected  bool
 	gap        bool // the log no longer held what this node had not read
+	// inRun: runs of the log being opened or committed; lastRun:
+	// when the last one committed; snapApplied: when the verifier saw
+	// the joined snapshot applied (verify.go waits for the reader).
+	inRun       int
+	reading     time.Time // when the reader of this session started, holding the key (zero: none)
+	lastRun     time.Time
+	snapApplied time.Time
 	// snapshotQueued: this node waits to write one.
 	snapshotQueued bool
 }
@@ -380,6 +387,10 @@ type TableStatus struct {
 	Offset       uint64     `json:"offset"`
 	Synced       bool       `json:"synced"` // reading the log now
 	LastSnapshot *time.Time `json:"last_snapshot,omitempty"`
+	// ReadingSince is when this node began to read the table's log in
+	// its current session, holding the table's key: how long ago it
+	// reconnected, or how long a join has taken.
+	ReadingSince *time.Time `json:"reading_since,omitempty"`
 	// Refused counts changes of the log this node could not apply, by
 	// cause (unopened, future, malformed); Alarm says the first in words.
 	// A refusal means this replica may differ from the others.
@@ -435,6 +446,10 @@ func (e *Engine) Status() []TableStatus {
 				ts.Behind = s.lastNext - s.offset
 			}
 			ts.Verifying, ts.Held, ts.Unattested = s.verifying, s.held, s.unattested
+			if !s.reading.IsZero() {
+				r := s.reading
+				ts.ReadingSince = &r
+			}
 			if !s.snapshotTime.IsZero() {
 				st := s.snapshotTime
 				ts.LastSnapshot = &st

@@ -1,6 +1,7 @@
 package rows
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -48,8 +49,11 @@ type logApply struct {
 	// runs): a node resuming the log checks it is still there.
 	lastHash []byte
 	// claims are versions a snapshot gave this node in another writer's
-	// name, attested those a change of the log made (attest.go).
-	claims, attested [][]byte
+	// name; attest the changes whose versions strike claims off
+	// (attest.go), recorded for claims still to come with recordAttest.
+	claims       [][]byte
+	attest       []Change
+	recordAttest bool
 }
 
 // logApplied is what a logApply did.
@@ -69,22 +73,35 @@ func (s *Store) applyLog(table string, run logApply) (logApplied, error) {
 		if err != nil {
 			return err
 		}
+		out.applied = make([]Applied, 0, len(run.changes))
+		tail := cellsTail(cells)
+		if len(run.changes) > 0 && bytes.Compare(cellKey(run.changes[0].Row, ""), tail) > 0 {
+			// Rows after the table's last (a joiner's snapshot): pages
+			// filled, not split in halves that stay half empty.
+			cells.FillPercent = 0.9
+		}
+		rows := 0 // the live rows' change, counted once
 		for _, ch := range run.changes {
-			won, err := putChange(cells, history, meta, ch)
+			a, d, err := mergeChange(cells, history, ch, &tail)
 			if err != nil {
 				return err
 			}
-			if won != nil {
-				out.applied = append(out.applied, Applied{Table: table, Row: ch.Row, Won: won})
+			rows += d
+			if a.n > 0 {
+				a.Table = table
+				out.applied = append(out.applied, a)
 			}
+		}
+		if err := addCount(meta, kRows, rows); err != nil {
+			return err
 		}
 		if len(run.claims) > 0 {
 			if err := claim(tx, table, run.claims); err != nil {
 				return err
 			}
 		}
-		if len(run.attested) > 0 {
-			if err := attest(tx, table, run.attested); err != nil {
+		if len(run.attest) > 0 {
+			if err := attest(tx, table, run.attest, run.recordAttest); err != nil {
 				return err
 			}
 		}
@@ -238,12 +255,13 @@ func (s *Store) releaseHeld(table string, upTo Stamp, observe func(Change) error
 			if err != nil || ch.Table != table || observe(ch) != nil {
 				continue // damaged, or the clock still refuses it: dropped
 			}
-			won, err := putChange(cells, history, meta, ch)
+			a, err := putChange(cells, history, meta, ch, nil)
 			if err != nil {
 				return err
 			}
-			if won != nil {
-				out = append(out, Applied{Table: table, Row: ch.Row, Won: won})
+			if a.n > 0 {
+				a.Table = table
+				out = append(out, a)
 			}
 		}
 		for _, k := range done {

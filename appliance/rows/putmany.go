@@ -69,11 +69,7 @@ func (e *Engine) PutMany(table string, writes []RowWrite) ([]Stamp, error) {
 	e.m.writes.Add(float64(len(changes)))
 	signal(e.wake)
 	for _, ch := range changes {
-		won := make(map[string]Cell, len(ch.Cells))
-		for f, w := range ch.Cells {
-			won[f] = w.cell()
-		}
-		e.notify(Applied{Table: table, Row: ch.Row, Won: won})
+		e.notify(appliedAll(ch))
 	}
 	return stamps, nil
 }

@@ -28,6 +28,14 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 	if !e.awaitKey(ctx, table) {
 		return nil
 	}
+	e.mu.Lock()
+	e.state(table).reading = time.Now()
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.state(table).reading = time.Time{}
+		e.mu.Unlock()
+	}()
 	off, ok, err := e.store.Offset(table)
 	if err != nil {
 		return err
@@ -89,7 +97,7 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 	e.mu.Unlock()
 	defer func() {
 		e.mu.Lock()
-		e.state(table).connected = false
+		e.state(table).connected, e.state(table).inRun = false, 0
 		e.mu.Unlock()
 	}()
 	// The verifier of a snapshot this node joined from (now or before a
@@ -109,15 +117,33 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 	first := !ok
 	retryHeld := time.NewTicker(time.Second)
 	defer retryHeld.Stop()
+	// A run is opened and checked while the run before it commits: the
+	// two take about as long, and a joiner's snapshot is both.
+	var committing chan error
+	settle := func() error {
+		if committing == nil {
+			return nil
+		}
+		err := <-committing
+		committing = nil
+		return err
+	}
+	defer func() { _ = settle() }()
 	for {
 		msgs, open := nextRun(ctx, ds, retryHeld.C)
 		if !open {
+			if err := settle(); err != nil {
+				return err
+			}
 			if ctx.Err() != nil {
 				return nil
 			}
 			return fmt.Errorf("the log of table %s: consumer ended", table)
 		}
 		if len(msgs) == 0 { // the ticker
+			if err := settle(); err != nil {
+				return err
+			}
 			if err := e.releaseHeld(table); err != nil {
 				return err
 			}
@@ -132,12 +158,18 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 			e.mu.Unlock()
 		}
 		first = false
-		if err := e.applyLog(table, msgs); err != nil {
+		run := e.openRun(table, msgs)
+		if err := settle(); err != nil {
 			return err
 		}
-		if err := ch.Ack(msgs[len(msgs)-1].DeliveryTag, true); err != nil {
-			return err
-		}
+		committing = make(chan error, 1)
+		go func(done chan<- error) {
+			err := e.commitRun(table, run)
+			if err == nil {
+				err = ch.Ack(msgs[len(msgs)-1].DeliveryTag, true)
+			}
+			done <- err
+		}(committing)
 	}
 }
 
@@ -216,7 +248,7 @@ func (e *Engine) logReplaced(table string, why error) error {
 
 // applyBytes bounds the body bytes of a run applied in one commit: a
 // reader's working set (snapshot parts are up to 256 KiB each).
-const applyBytes = 16 << 20
+const applyBytes = 4 << 20
 
 // nextRun waits for the next delivery of ds (or a tick: an empty run),
 // then takes the deliveries that follow within applyLinger, up to
@@ -254,10 +286,17 @@ func nextRun(ctx context.Context, ds <-chan amqp.Delivery, tick <-chan time.Time
 
 // applyLog applies a run of log messages of table.
 func (e *Engine) applyLog(table string, msgs []amqp.Delivery) error {
+	return e.commitRun(table, e.openRun(table, msgs))
+}
+
+// openRun opens and checks a run of log messages of table, and sorts
+// their changes: what commitRun then stores.
+func (e *Engine) openRun(table string, msgs []amqp.Delivery) logApply {
 	run := logApply{progress: kOffset}
 	last := uint64(0)
 	e.mu.Lock()
 	st := e.state(table)
+	st.inRun++
 	e.mu.Unlock()
 	for i := range msgs {
 		d := &msgs[i]
@@ -291,15 +330,30 @@ func (e *Engine) applyLog(table string, msgs []amqp.Delivery) error {
 			checked := st.checking
 			e.mu.Unlock()
 			if checked {
-				run.attested = append(run.attested, changeVersions(b.Changes)...)
+				run.attest = append(run.attest, b.Changes...)
 			}
 		}
 		e.sortChanges(table, origin, b.Changes, &run)
 	}
+	// Until the snapshot taken is whole, its claims may follow the
+	// changes that attest them.
+	e.mu.Lock()
+	run.recordAttest = st.wantSnap
+	e.mu.Unlock()
 	run.next = last + 1
 	h := sha256.Sum256(msgs[len(msgs)-1].Body)
 	run.lastHash = h[:]
+	return run
+}
+
+// commitRun stores a run openRun made, in one commit, and tells the
+// table's state and watchers.
+func (e *Engine) commitRun(table string, run logApply) error {
 	res, err := e.store.applyLog(table, run)
+	e.mu.Lock()
+	st := e.state(table)
+	st.inRun, st.lastRun = max(st.inRun-1, 0), time.Now()
+	e.mu.Unlock()
 	if err != nil {
 		e.m.errors.WithLabelValues("store").Inc()
 		return fmt.Errorf("apply the log of table %s: %w", table, err)
@@ -322,7 +376,7 @@ func (e *Engine) applyLog(table string, msgs []amqp.Delivery) error {
 		e.refuseN(table, causeOverBound, "", res.dropped, fmt.Errorf("%d changes stamped ahead dropped: this node holds at most %d (%d MiB) of a table until its clock reaches them", res.dropped, maxHeldChanges, maxHeldBytes>>20))
 	}
 	for _, a := range res.applied {
-		e.m.applied.Add(float64(len(a.Won)))
+		e.m.applied.Add(float64(a.Count()))
 		e.notify(a)
 	}
 	if due {
@@ -417,7 +471,7 @@ func (e *Engine) releaseHeld(table string) error {
 	e.state(table).heldNext, e.state(table).held = next, held
 	e.mu.Unlock()
 	for _, a := range applied {
-		e.m.applied.Add(float64(len(a.Won)))
+		e.m.applied.Add(float64(a.Count()))
 		e.notify(a)
 	}
 	return nil
@@ -503,6 +557,7 @@ func (e *Engine) awaitKey(ctx context.Context, table string) bool {
 	logged := false
 	defer e.setWaiting(table, "")
 	for {
+		changed := e.cfg.Keys.Changed()
 		e.mu.Lock()
 		sp := e.tables[table]
 		e.mu.Unlock()
@@ -516,10 +571,12 @@ func (e *Engine) awaitKey(ctx context.Context, table string) bool {
 			logged = true
 			e.log.Info("rows: the table's log is read once this node holds its key", "table", table, "waiting_for", why)
 		}
+		// The keys' change wakes it; the table's scope may change too.
 		select {
 		case <-ctx.Done():
 			return false
-		case <-time.After(250 * time.Millisecond):
+		case <-changed:
+		case <-time.After(time.Second):
 		}
 	}
 }

@@ -80,13 +80,20 @@ func OpenStore(path string) (*Store, error) {
 }
 
 // putChange stores the cells of ch that win and keeps the table's row
-// count: it returns the cells that won.
-func putChange(cells, history, meta *bolt.Bucket, ch Change) (map[string]Cell, error) {
-	won, d, err := mergeChange(cells, history, ch)
+// count: it returns what won (zero: nothing). tail is as mergeChange's.
+func putChange(cells, history, meta *bolt.Bucket, ch Change, tail *[]byte) (Applied, error) {
+	won, d, err := mergeChange(cells, history, ch, tail)
 	if err != nil || d == 0 {
 		return won, err
 	}
 	return won, addCount(meta, kRows, d)
+}
+
+// cellsTail is the last key of cells (nil: none), a copy: the tail a
+// transaction's mergeChange calls start from.
+func cellsTail(cells *bolt.Bucket) []byte {
+	k, _ := cells.Cursor().Last()
+	return bytes.Clone(k)
 }
 
 // rowScan bounds the cells of a row mergeChange walks through for the
@@ -94,11 +101,13 @@ func putChange(cells, history, meta *bolt.Bucket, ch Change) (map[string]Cell, e
 const rowScan = 32
 
 // mergeChange stores the cells of ch that win, the versions they replace
-// going to history: it returns the cells that won and how the table's
-// live rows changed (-1, 0, 1). It reads the row's cells once, in one
-// walk from its first (a row new to the table costs one lookup), and
-// keeps each key and stored version of a change in one allocation.
-func mergeChange(cells, history *bolt.Bucket, ch Change) (map[string]Cell, int, error) {
+// going to history: it returns what won and how the table's live rows
+// changed (-1, 0, 1). It reads the row's cells once, in one walk from
+// its first, and keeps each key and stored version of a change in one
+// allocation. tail, if not nil, is the last key cells holds, kept by the
+// calls of one transaction: a row after it (a joiner's snapshot, rows
+// new to the table in key order) is known to be new without a lookup.
+func mergeChange(cells, history *bolt.Bucket, ch Change, tail *[]byte) (Applied, int, error) {
 	size := 0
 	for f, w := range ch.Cells {
 		size += 2*(len(ch.Row)+1+len(f)) + 10 + len(w.Node) + len(w.Value)
@@ -114,9 +123,15 @@ func mergeChange(cells, history *bolt.Bucket, ch Change) (map[string]Cell, int, 
 	var heldBuf [4]version
 	held := heldBuf[:0]
 	othersLive, complete := false, true
-	cur := cells.Cursor()
+	newRow := tail != nil && *tail != nil && bytes.Compare(prefix, *tail) > 0
 	n := 0
-	for k, v := cur.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = cur.Next() {
+	var k, v []byte
+	var cur *bolt.Cursor
+	if !newRow {
+		cur = cells.Cursor()
+		k, v = cur.Seek(prefix)
+	}
+	for ; k != nil && bytes.HasPrefix(k, prefix); k, v = cur.Next() {
 		if _, named := ch.Cells[string(k[len(prefix):])]; named {
 			held = append(held, version{string(k[len(prefix):]), v})
 		} else if len(v) > 8 && v[8]&1 == 0 {
@@ -127,7 +142,8 @@ func mergeChange(cells, history *bolt.Bucket, ch Change) (map[string]Cell, int, 
 			break
 		}
 	}
-	var won map[string]Cell
+	var wonBuf [8]string
+	won := wonBuf[:0] // the fields that won
 	liveBefore, liveAfter := othersLive, othersLive
 	for f, w := range ch.Cells {
 		c := w.cell()
@@ -142,21 +158,21 @@ func mergeChange(cells, history *bolt.Bucket, ch Change) (map[string]Cell, int, 
 			// The version held, read in place (its node's name is not
 			// copied to compare it).
 			if len(old) < 10 || len(old) < 10+int(old[9]) {
-				return nil, 0, errors.New("stored cell too short")
+				return Applied{}, 0, errors.New("stored cell too short")
 			}
 			oStamp, oDeleted, oNode := Stamp(binary.BigEndian.Uint64(old)), old[8]&1 != 0, old[10:10+int(old[9])]
 			liveBefore = liveBefore || !oDeleted
 			if c.Stamp < oStamp || c.Stamp == oStamp && c.Node <= string(oNode) { // c does not win
 				if c.Stamp != oStamp || c.Node != string(oNode) { // not the same version again
 					if err := keepHistory(history, cellKey(ch.Row, f), c.Stamp, c.encode(nil)); err != nil {
-						return nil, 0, err
+						return Applied{}, 0, err
 					}
 				}
 				liveAfter = liveAfter || !oDeleted
 				continue
 			}
 			if err := keepHistory(history, cellKey(ch.Row, f), oStamp, bytes.Clone(old)); err != nil {
-				return nil, 0, err
+				return Applied{}, 0, err
 			}
 		}
 		liveAfter = liveAfter || finalLive
@@ -166,23 +182,30 @@ func mergeChange(cells, history *bolt.Bucket, ch Change) (map[string]Cell, int, 
 		start = len(arena)
 		arena = c.encode(arena)
 		if err := cells.Put(k, arena[start:len(arena):len(arena)]); err != nil {
-			return nil, 0, err
+			return Applied{}, 0, err
 		}
-		if won == nil {
-			won = make(map[string]Cell, len(ch.Cells))
+		if tail != nil && bytes.Compare(k, *tail) > 0 {
+			*tail = k
 		}
-		won[f] = c
+		won = append(won, f)
 	}
-	if won == nil {
-		return nil, 0, nil
+	if len(won) == 0 {
+		return Applied{}, 0, nil
+	}
+	a := Applied{Table: ch.Table, Row: ch.Row, change: ch.Cells, n: len(won)}
+	if len(won) < len(ch.Cells) {
+		a.won = make(map[string]Cell, len(won))
+		for _, f := range won {
+			a.won[f] = ch.Cells[f].cell()
+		}
 	}
 	switch {
 	case liveAfter && !liveBefore:
-		return won, 1, nil
+		return a, 1, nil
 	case liveBefore && !liveAfter:
-		return won, -1, nil
+		return a, -1, nil
 	}
-	return won, 0, nil
+	return a, 0, nil
 }
 
 // Change is the versions of some fields of one row of one table: a write
@@ -290,7 +313,7 @@ func (s *Store) WriteMany(changes []Change) error {
 		}
 		rows := 0
 		for i, ch := range changes {
-			_, d, err := mergeChange(cells, history, ch)
+			_, d, err := mergeChange(cells, history, ch, nil)
 			if err != nil {
 				return err
 			}
@@ -310,11 +333,37 @@ func (s *Store) WriteMany(changes []Change) error {
 	})
 }
 
-// Applied is what Apply changed: the cells that won, by row and field.
+// Applied is a change that won, wholly or in part. Its cells are made
+// only when asked for (Won): a joiner applies rows by the hundred
+// thousand, and most no one watches.
 type Applied struct {
 	Table string
 	Row   string
-	Won   map[string]Cell
+	// change: the change's cells; won: those that won when some lost
+	// (nil: every cell of change won); n: how many won.
+	change map[string]WireCell
+	won    map[string]Cell
+	n      int
+}
+
+// Won returns the cells that won, by field.
+func (a Applied) Won() map[string]Cell {
+	if a.won != nil {
+		return a.won
+	}
+	m := make(map[string]Cell, len(a.change))
+	for f, w := range a.change {
+		m[f] = w.cell()
+	}
+	return m
+}
+
+// Count is how many cells won.
+func (a Applied) Count() int { return a.n }
+
+// appliedAll is a change of which every cell won (a local write).
+func appliedAll(ch Change) Applied {
+	return Applied{Table: ch.Table, Row: ch.Row, change: ch.Cells, n: len(ch.Cells)}
 }
 
 // Apply merges changes read from table's log and records next, the

@@ -21,6 +21,14 @@ import (
 // its beginning (retention), the older snapshots still in it are read
 // as well. The stretch left to read is saved, so a restart resumes it.
 
+// verifyIdle and verifyAfter: the check of a snapshot starts once the
+// reader has applied no run for verifyIdle, or verifyAfter after the
+// snapshot was applied.
+const (
+	verifyIdle  = 250 * time.Millisecond
+	verifyAfter = 10 * time.Second
+)
+
 // verifyLog reads table's log from offset at up to (not including) to,
 // once the snapshot this node joined from is applied, then forgets the
 // stretch. It returns when done, when ctx ends or the channel fails (the
@@ -46,7 +54,18 @@ func (e *Engine) verifyLog(ctx context.Context, conn *amqp.Connection, table str
 			// The snapshot stopped coming: what it lacks, the log has.
 			st.wantSnap, st.takingSnap = false, ""
 		}
+		// Then the reader's catching up first: the check reads the
+		// whole log before the snapshot, and beside a joiner's first
+		// runs it would take half their time. Once the reader idles
+		// (verifyIdle without a run), or verifyAfter past the snapshot
+		// on a table that never idles.
 		waiting := st.wantSnap
+		if !waiting {
+			if st.snapApplied.IsZero() {
+				st.snapApplied = time.Now()
+			}
+			waiting = (st.inRun > 0 || time.Since(st.lastRun) < verifyIdle) && time.Since(st.snapApplied) < verifyAfter
+		}
 		e.mu.Unlock()
 		if !waiting {
 			break
@@ -144,7 +163,7 @@ func (e *Engine) verifyLog(ctx context.Context, conn *amqp.Connection, table str
 				continue
 			}
 			if b.Kind == kindChanges {
-				run.attested = append(run.attested, changeVersions(b.Changes)...)
+				run.attest = append(run.attest, b.Changes...)
 			}
 			e.sortChanges(table, origin, b.Changes, &run)
 		}
@@ -157,8 +176,8 @@ func (e *Engine) verifyLog(ctx context.Context, conn *amqp.Connection, table str
 				return
 			}
 			for _, a := range res.applied {
-				lacked += len(a.Won)
-				e.m.applied.Add(float64(len(a.Won)))
+				lacked += a.Count()
+				e.m.applied.Add(float64(a.Count()))
 				e.notify(a)
 			}
 		}

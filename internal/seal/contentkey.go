@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"sync/atomic"
 )
 
@@ -91,6 +92,21 @@ func Fingerprint(b []byte) string {
 // The zero value holds no key.
 type Keyring struct {
 	state atomic.Pointer[ringState]
+
+	mu      sync.Mutex
+	changed chan struct{} // closed by the next SetScoped (nil: none asked for)
+}
+
+// Changed returns a channel closed when the keys are next replaced: a
+// reader waiting for a key wakes when it arrives. Take it before looking
+// at the keys, so that a change between the two is not missed.
+func (r *Keyring) Changed() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.changed == nil {
+		r.changed = make(chan struct{})
+	}
+	return r.changed
 }
 
 // ringState is one immutable set of keys.
@@ -155,6 +171,12 @@ func (r *Keyring) SetScoped(keys []ContentKey, current string, sc Scopes) error 
 	}
 	st.scopes = ss
 	r.state.Store(st)
+	r.mu.Lock()
+	if r.changed != nil {
+		close(r.changed)
+		r.changed = nil
+	}
+	r.mu.Unlock()
 	return nil
 }
 

@@ -3,6 +3,7 @@ package seal
 import (
 	"errors"
 	"testing"
+	"time"
 )
 
 func TestKeyringScopes(t *testing.T) {
@@ -61,5 +62,29 @@ func TestKeyringScopes(t *testing.T) {
 	// Set (no scopes) keeps working as before.
 	if err := r.Set([]ContentKey{km}, km.ID); err != nil || r.ScopeOf(BindStage, "ledger") != "" {
 		t.Errorf("Set: %v, scope of ledger %q", err, r.ScopeOf(BindStage, "ledger"))
+	}
+}
+
+// A reader waiting for a key wakes when the keys are replaced, not on a
+// poll: Changed's channel closes at the next Set, and only then.
+func TestKeyringChangedWakesOnSet(t *testing.T) {
+	r := &Keyring{}
+	changed := r.Changed()
+	select {
+	case <-changed:
+		t.Fatal("Changed is closed before any Set")
+	default:
+	}
+	k := NewContentKey()
+	if err := r.Set([]ContentKey{k}, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(time.Second):
+		t.Fatal("Set did not close the channel Changed returned before it")
+	}
+	if again := r.Changed(); again == changed {
+		t.Fatal("Changed returns the closed channel again: a second wait would not wait")
 	}
 }
