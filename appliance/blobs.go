@@ -77,12 +77,13 @@ func (a *Appliance) startBlobs(ctx context.Context) error {
 	if !a.cfg.Blobs.Enabled {
 		return nil
 	}
-	nc, err := a.natsSrv.connect(ownConnPrefix + "blobs")
+	r := a.parts()
+	nc, err := r.nats.connect(ownConnPrefix + "blobs")
 	if err != nil {
 		return fmt.Errorf("blobs: nats connect: %w", err)
 	}
-	a.interest.exclude(nc)
-	a.blobConn = nc
+	r.interest.exclude(nc)
+	a.update(func(r *running) { r.blobConn = nc })
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	// The store is made when first used (blobs.SubjectOpen): until then
@@ -101,30 +102,31 @@ func (a *Appliance) startBlobs(ctx context.Context) error {
 	}
 	srv, err := blobs.NewServer(blobs.ServerConfig{
 		Conn: nc, Store: store, Limits: a.cfg.Blobs.limits(),
-		Replies: a.rc, ReplyAllowed: a.natsSrv.auth.rights.ReplyAllowed,
+		Replies: r.rc, ReplyAllowed: r.nats.auth.rights.ReplyAllowed,
 		Logger: a.logger.With("component", "blobs"),
 	})
 	if err != nil {
 		return err
 	}
-	a.blobSrv.Store(srv)
+	a.update(func(r *running) { r.blobs = srv })
 	return nil
 }
 
 // stopBlobs stops serving blobs. a.mu is held.
 func (a *Appliance) stopBlobs() {
-	if srv := a.blobSrv.Swap(nil); srv != nil {
+	if srv := a.parts().blobs; srv != nil {
+		a.update(func(r *running) { r.blobs = nil })
 		srv.Close()
 	}
-	if a.blobConn != nil {
-		a.blobConn.Close()
-		a.blobConn = nil
+	if nc := a.parts().blobConn; nc != nil {
+		a.update(func(r *running) { r.blobConn = nil })
+		nc.Close()
 	}
 }
 
 // blobsStatus is the blob store's part of the status (nil before it runs).
 func (a *Appliance) blobsStatus() *BlobsStatus {
-	srv := a.blobSrv.Load()
+	srv := a.parts().blobs
 	if srv == nil {
 		return nil
 	}

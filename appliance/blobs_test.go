@@ -138,7 +138,7 @@ func TestBlobsInStatusAndMetrics(t *testing.T) {
 		t.Fatalf("status blobs: got %+v, want an empty store of %d bytes", st, defaultBlobsConfig().MaxBytes)
 	}
 	// No stream until the store is first used (JetStream's idle cost).
-	nc, err := a.natsSrv.connect("test")
+	nc, err := a.parts().nats.connect("test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func TestBlobsInStatusAndMetrics(t *testing.T) {
 	if _, err := blobs.Bind(ctx, nc); err != nil {
 		t.Fatalf("the blob store after %s: %v", blobs.SubjectOpen, err)
 	}
-	mfs, err := a.registry.Gather()
+	mfs, err := a.tel.registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

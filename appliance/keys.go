@@ -58,16 +58,17 @@ import (
 // startKeys loads or makes the node's key pair, applies the bindings' keys
 // and starts the keeper. a.mu is held.
 func (a *Appliance) startKeys() error {
-	kk, err := newKeyKeeper(a.cfg.Node, a.cfg.DataDir, a.bindings.nodeKey, a.bindings.db, a.logger.With("component", "keys"), a.registry)
+	bd := a.parts().bindings
+	kk, err := newKeyKeeper(a.cfg.Node, a.cfg.DataDir, bd.nodeKey, bd.db, a.logger.With("component", "keys"), a.tel.registry)
 	if err != nil {
 		return fmt.Errorf("keys: %w", err)
 	}
-	kk.ended = a.errs.end
+	kk.ended = a.tel.errs.end
 	kk.start()
-	a.keys.Store(kk)
+	a.update(func(r *running) { r.keys = kk })
 	// A change of the bindings may land before or after Store: applying
 	// the current ones here too misses none.
-	if snap, ok := a.bindings.manager.Current(); ok {
+	if snap, ok := bd.manager.Current(); ok {
 		kk.apply(snap)
 	}
 	return nil
@@ -470,7 +471,7 @@ func (kk *keyKeeper) OpenGrant(g cache.Grant) (cache.Credential, error) {
 // OpenGrant returns the credential of one of this node's grants, opened in
 // memory; ErrNoNodeKey without a mesh database (standalone: no grants).
 func (a *Appliance) OpenGrant(g cache.Grant) (cache.Credential, error) {
-	kk := a.keys.Load()
+	kk := a.parts().keys
 	if kk == nil {
 		return "", ErrNoNodeKey
 	}

@@ -277,7 +277,7 @@ func (l *localAuth) responderOption() nats.Option {
 // the running NATS server: new programs may connect, changed ones get
 // their new permissions, removed ones are disconnected.
 func (a *Appliance) ReloadPrograms() (ProgramsReport, error) {
-	n := a.pubNATS.Load()
+	n := a.parts().nats
 	if n == nil {
 		return ProgramsReport{}, ErrNotRunning
 	}
@@ -291,7 +291,7 @@ func (a *Appliance) ReloadPrograms() (ProgramsReport, error) {
 // nkey seed file any NATS client reads). The same key stays with the
 // program across changes.
 func (a *Appliance) PutProgram(p programs.Program) (credsPath string, err error) {
-	n := a.pubNATS.Load()
+	n := a.parts().nats
 	if n == nil {
 		return "", ErrNotRunning
 	}
@@ -307,7 +307,7 @@ func (a *Appliance) PutProgram(p programs.Program) (credsPath string, err error)
 
 // RemoveProgram deletes program name and disconnects its clients.
 func (a *Appliance) RemoveProgram(name string) error {
-	n := a.pubNATS.Load()
+	n := a.parts().nats
 	if n == nil {
 		return ErrNotRunning
 	}
@@ -332,7 +332,7 @@ func (a *Appliance) logPrograms(rep ProgramsReport) {
 // serveReload answers SubjectReloadPrograms on the node's own connection.
 // a.mu is held.
 func (a *Appliance) serveReload() error {
-	_, err := a.nc.Subscribe(SubjectReloadPrograms, func(m *nats.Msg) {
+	_, err := a.parts().nc.Subscribe(SubjectReloadPrograms, func(m *nats.Msg) {
 		if !a.adminRequest(m) {
 			return
 		}

@@ -179,7 +179,7 @@ func (a *Appliance) adminRequest(m *nats.Msg) bool {
 	if err == nil {
 		return true
 	}
-	if _, seen := a.refusedReplies.LoadOrStore(m.Subject, true); !seen {
+	if _, seen := a.parts().refused.LoadOrStore(m.Subject, true); !seen {
 		a.logger.Warn("request refused: the node acts only on requests with an inbox to answer (logged once per subject)", "subject", m.Subject, "err", err)
 	}
 	return false
@@ -206,12 +206,12 @@ func (a *Appliance) respondMsg(m, out *nats.Msg) {
 		return
 	}
 	if err := checkInbox(m.Reply); err != nil {
-		if _, seen := a.refusedReplies.LoadOrStore(m.Subject, true); !seen {
+		if _, seen := a.parts().refused.LoadOrStore(m.Subject, true); !seen {
 			a.logger.Warn("request refused: its reply subject is no inbox (logged once per subject)", "subject", m.Subject, "err", err)
 		}
 		return
 	}
-	rc := a.pubRC.Load()
+	rc := a.parts().rc
 	if rc == nil {
 		return // stopping
 	}

@@ -95,15 +95,17 @@ type microAnswer struct {
 // serveMicro takes the discovery requests, the mesh's and the local
 // clients'. a.mu is held.
 func (a *Appliance) serveMicro() error {
-	nc := a.nc // Close sets a.nc to nil; the handlers' goroutines keep this one (closed then: their calls fail)
-	a.microRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+	r := a.parts()
+	nc := r.nc // Close takes nc away; the handlers' goroutines keep this one (closed then: their calls fail)
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "meshbox_micro_refused_total",
 		Help: "NATS micro discovery: requests to meshbox.micro refused (program: a local program's call; the node answers its peers and its administrator) and answers of local services left out (too_large, too_many, malformed).",
 	}, []string{"reason"})
-	if err := a.registry.Register(a.microRefused); err != nil {
+	if err := a.tel.registry.Register(refused); err != nil {
 		return fmt.Errorf("register micro discovery metrics: %w", err)
 	}
-	rights := &a.natsSrv.auth.rights
+	a.update(func(r *running) { r.microRefused = refused })
+	rights := &r.nats.auth.rights
 	for subj, h := range map[string]nats.MsgHandler{
 		wire.CapPrefix + microCap: func(m *nats.Msg) { a.onMicroQuery(nc, rights, m) },
 		"$SRV.>":                  func(m *nats.Msg) { a.onMicroDiscovery(nc, m) },
@@ -166,7 +168,7 @@ func (a *Appliance) onMicroDiscovery(nc *nats.Conn, m *nats.Msg) {
 	if !ok {
 		return
 	}
-	n := a.node.Load()
+	n := a.parts().node
 	if n == nil {
 		return // standalone: the local services are all there is
 	}
@@ -232,8 +234,8 @@ func (a *Appliance) askPeersMicro(nc *nats.Conn, m *nats.Msg, peers []string, bo
 // shows it through its own node, within its rights (onMicroDiscovery).
 func (a *Appliance) onMicroQuery(nc *nats.Conn, rights *localRights, m *nats.Msg) {
 	if prog, ok := rights.inboxOwner(m.Reply); ok {
-		a.microRefused.WithLabelValues(microRefusedProgram).Inc()
-		if _, seen := a.refusedReplies.LoadOrStore("micro/"+prog, true); !seen {
+		a.parts().microRefused.WithLabelValues(microRefusedProgram).Inc()
+		if _, seen := a.parts().refused.LoadOrStore("micro/"+prog, true); !seen {
 			a.logger.Warn("micro discovery: a program's call to meshbox.micro refused (the node answers its peers and its administrator; logged once per program)", "program", prog)
 		}
 		if rights.ReplyAllowed(m.Subject, m.Reply) == nil { // its own inbox, not another program's
@@ -284,8 +286,8 @@ func (a *Appliance) answerMicro(nc *nats.Conn, m *nats.Msg, q microQuery) {
 			}
 		}
 		if reason != "" {
-			a.microRefused.WithLabelValues(reason).Inc()
-			if _, seen := a.refusedReplies.LoadOrStore("micro-answer/"+reason, true); !seen {
+			a.parts().microRefused.WithLabelValues(reason).Inc()
+			if _, seen := a.parts().refused.LoadOrStore("micro-answer/"+reason, true); !seen {
 				a.logger.Warn("micro discovery: a local service's answer left out (logged once per reason; meshbox_micro_refused_total counts them)", "reason", reason,
 					"limits", fmt.Sprintf("%d answers, %d bytes each, %d in all", maxMicroAnswers, maxMicroAnswerBytes, maxMicroBytes))
 			}

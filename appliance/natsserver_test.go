@@ -13,7 +13,7 @@ import (
 // keeps 10,000, about 1 KB each).
 func TestClosedConnectionsAreBounded(t *testing.T) {
 	a := startNode(t, "alpha", t.TempDir())
-	srv := a.pubNATS.Load().srv
+	srv := a.parts().nats.srv
 	own := srv.NumClients() // the node's own connections
 	const conns = 3 * maxClosedClients
 	for range conns {
