@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/blobs"
+	"github.com/meshbox/meshbox/appliance/localnats"
 	"github.com/meshbox/meshbox/appliance/modules"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/internal/redact"
@@ -128,7 +129,7 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if a.run.Load() != nil {
 		return errors.New("appliance already started")
 	}
-	a.run.Store(&running{startedAt: time.Now().UTC(), refused: &sync.Map{}})
+	a.run.Store(&running{startedAt: time.Now().UTC()})
 	a.phase.CompareAndSwap(phaseNew, phaseStarting)
 	defer func() {
 		if err != nil {
@@ -159,52 +160,36 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 		}
 	}
 
-	auth, err := newLocalAuth(a.cfg.DataDir, !a.cfg.InMesh() || a.cfg.NATSAnonymous)
-	if err != nil {
-		return err
-	}
-	auth.mqttOffLoopback = a.cfg.NATSMQTT != "" && !LoopbackAddr(a.cfg.NATSMQTT)
-	auth.wsOffLoopback = a.cfg.NATSWebSocket != "" && !LoopbackAddr(a.cfg.NATSWebSocket)
-	switch { // the status says it for as long as it lasts, at the same level
-	case auth.anonymous && a.cfg.InMesh():
-		a.logger.Warn(warnNATSOpen, "component", "nats")
-	case auth.anonymous:
-		a.logger.Info(warnNATSOpen, "component", "nats") // a standalone node is open by design
-	}
-	var more []listener
-	if w := newWebListener(&a.cfg, a.HTTPURL()); w != nil {
-		more = append(more, w)
-	}
-	if m := newMQTTListener(&a.cfg); m != nil {
-		more = append(more, m)
-	}
-	natsSrv, err := startNATS(a.cfg.NATS, a.cfg.Node, a.cfg.Blobs.jetStreamDir(a.cfg.DataDir), a.cfg.Blobs, auth, a.logger.With("component", "nats"), more...)
+	natsSrv, err := a.startLocalNATS()
 	if err != nil {
 		return err
 	}
 	a.update(func(r *running) { r.nats = natsSrv })
-	nc, err := natsSrv.connect(ownConnPrefix + "api")
+	nc, err := natsSrv.Connect(ownConnPrefix + "api")
 	if err != nil {
 		return fmt.Errorf("nats connect: %w", err)
 	}
 	a.update(func(r *running) { r.nc = nc })
-	rc, err := natsSrv.connectResponder(ownConnPrefix+"responder", a.logger.With("component", "nats"))
+	replies, err := natsSrv.Responder(ownConnPrefix+"responder", a.logger)
 	if err != nil {
 		return fmt.Errorf("nats connect: %w", err)
 	}
-	a.update(func(r *running) { r.rc = rc })
+	a.update(func(r *running) { r.replies = replies })
 	if err := a.serveAPI(); err != nil {
 		return err
 	}
 	if err := a.serveReload(); err != nil {
 		return err
 	}
-	if err := a.serveMicro(); err != nil {
+	if err := natsSrv.ServeMicro(localnats.MicroConfig{
+		Node: a.cfg.Node, Conn: nc, Replies: replies, Peers: a.peersUp,
+		Logger: a.logger, Registerer: a.tel.registry,
+	}); err != nil {
 		return err
 	}
-	interest := newInterestWatcher(natsSrv.srv)
+	interest := newInterestWatcher(natsSrv.NATS())
 	interest.exclude(nc)
-	interest.exclude(rc) // the responder subscribes nothing: not a program to watch for
+	interest.exclude(replies.Conn()) // the responder subscribes nothing: not a program to watch for
 	a.update(func(r *running) { r.interest = interest })
 	if err := interest.hearConnects(nc); err != nil {
 		a.logger.Warn("the watcher of local interest polls even while no program is connected", "err", err)
@@ -320,13 +305,13 @@ func (a *Appliance) closeLocked() error {
 		a.update(func(r *running) { r.nc = nil })
 		nc.Close()
 	}
-	if rc := a.parts().rc; rc != nil {
-		a.update(func(r *running) { r.rc = nil })
-		rc.Close()
+	if rp := a.parts().replies; rp != nil {
+		a.update(func(r *running) { r.replies = nil })
+		rp.Close()
 	}
 	if n := a.parts().nats; n != nil {
 		a.update(func(r *running) { r.nats = nil })
-		n.close()
+		n.Close()
 	}
 	if bd := a.parts().bindings; bd != nil {
 		a.update(func(r *running) { r.bindings = nil })

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/blobs"
@@ -50,15 +49,6 @@ func (b BlobsConfig) limits() blobs.Limits {
 	return blobs.Limits{MaxBytes: b.MaxBytes, MaxAge: b.MaxAge.D()}
 }
 
-// jetStreamDir is where the embedded server keeps JetStream's files (""
-// with the blob store off: no JetStream).
-func (b BlobsConfig) jetStreamDir(dataDir string) string {
-	if !b.Enabled {
-		return ""
-	}
-	return filepath.Join(dataDir, "jetstream")
-}
-
 // BlobsStatus is the blob store part of the status: what the store
 // holds, what the node served of it, and the fetches its clients run
 // (in progress, then the last ones that ended), as they report them.
@@ -78,7 +68,7 @@ func (a *Appliance) startBlobs(ctx context.Context) error {
 		return nil
 	}
 	r := a.parts()
-	nc, err := r.nats.connect(ownConnPrefix + "blobs")
+	nc, err := r.nats.Connect(ownConnPrefix + "blobs")
 	if err != nil {
 		return fmt.Errorf("blobs: nats connect: %w", err)
 	}
@@ -102,7 +92,7 @@ func (a *Appliance) startBlobs(ctx context.Context) error {
 	}
 	srv, err := blobs.NewServer(blobs.ServerConfig{
 		Conn: nc, Store: store, Limits: a.cfg.Blobs.limits(),
-		Replies: r.rc, ReplyAllowed: r.nats.auth.rights.ReplyAllowed,
+		Replies: r.replies.Conn(), ReplyAllowed: r.nats.Rights().ReplyAllowed,
 		Logger: a.logger.With("component", "blobs"),
 	})
 	if err != nil {

@@ -23,8 +23,8 @@
 // bridge reports (credential revoked included) and any rotation in
 // progress.
 //
-// Who may connect to the embedded NATS server is localauth.go's business:
-// the node's own connections and its CLI with the administrative nkey,
+// Who may connect to the embedded NATS server is package localnats's
+// business: the node's own connections and its CLI with the administrative nkey,
 // each local program with its own nkey and permissions (package
 // programs), and clients without a credential only on a standalone node or
 // when the configuration allows them (nats_anonymous). PutProgram,

@@ -74,7 +74,7 @@ func (a *Appliance) Readiness() Readiness {
 		notReady("node is stopping")
 	}
 	r := a.parts()
-	if n := r.nats; n == nil || !n.srv.Running() {
+	if n := r.nats; n == nil || !n.Running() {
 		notReady("embedded NATS server is not running")
 	}
 	rd.Degraded = append(rd.Degraded, a.Status().Problems...)

@@ -105,7 +105,7 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 		Retry:            retryPolicies(a.cfg.Bridge.Retry),
 		StallAfter:       a.cfg.Bridge.StallAfter.D(),
 		Dial: func(opts ...nats.Option) (*nats.Conn, error) {
-			nc, err := natsSrv.connect(ownConnPrefix+"bridge", opts...)
+			nc, err := natsSrv.Connect(ownConnPrefix+"bridge", opts...)
 			if err == nil {
 				r.interest.exclude(nc) // the stand-ins host nothing here
 			}
@@ -127,8 +127,8 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 		OnNewerGeneration: r.bindings.manager.Refresh, // a peer switched to a generation not read here yet
 		OnCredential:      a.credentialChanged,
 		AcceptedBefore:    a.credentialAcceptedBefore,
-		Replies:           r.rc,
-		Local:             &natsSrv.auth.rights,
+		Replies:           r.replies.Conn(),
+		Local:             natsSrv.Rights(),
 		Logger:            a.logger,
 		Metrics:           a.tel.registry,
 	}
@@ -284,7 +284,7 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 		Link:              staticRoutes{Bridge: b, static: a.cfg.Bridge.Routes},
 		Signer:            signer,
 		Conn:              r.nc,
-		Replies:           r.rc,
+		Replies:           r.replies.Conn(),
 		DiscoveryInterval: a.cfg.Mesh.DiscoveryInterval.D(),
 		HeartbeatInterval: a.cfg.Mesh.HeartbeatInterval.D(),
 		MissedHeartbeats:  a.cfg.Mesh.MissedHeartbeats,
@@ -392,4 +392,20 @@ func retryPolicies(cfg map[string]RetryConfig) map[string]bridge.RetryPolicy {
 		out[stage] = r.policy()
 	}
 	return out
+}
+
+// peersUp names the peers that are up now (none standalone): whom micro
+// discovery asks.
+func (a *Appliance) peersUp() []string {
+	n := a.parts().node
+	if n == nil {
+		return nil
+	}
+	var peers []string
+	for _, p := range n.Peers() {
+		if p.State == node.StateUp {
+			peers = append(peers, p.Name)
+		}
+	}
+	return peers
 }

@@ -88,7 +88,7 @@ func (a *Appliance) startRows() error {
 	if err != nil {
 		return fmt.Errorf("rows: %w", err)
 	}
-	nc, err := r.nats.connect(ownConnPrefix + "rows")
+	nc, err := r.nats.Connect(ownConnPrefix + "rows")
 	if err != nil {
 		_ = eng.Close()
 		return fmt.Errorf("rows: nats connect: %w", err)
@@ -96,8 +96,8 @@ func (a *Appliance) startRows() error {
 	r.interest.exclude(nc)
 	// Programs and the node's own connections share the server's global
 	// account: a change is published only where someone subscribes.
-	acc := r.nats.srv.GlobalAccount()
-	if _, err := eng.Serve(rows.ServeConfig{Conn: nc, Replies: r.rc, ReplyAllowed: r.nats.auth.rights.ReplyAllowed,
+	acc := r.nats.NATS().GlobalAccount()
+	if _, err := eng.Serve(rows.ServeConfig{Conn: nc, Replies: r.replies.Conn(), ReplyAllowed: r.nats.Rights().ReplyAllowed,
 		Interest: acc.SubscriptionInterest}); err != nil {
 		nc.Close()
 		_ = eng.Close()

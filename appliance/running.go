@@ -2,16 +2,15 @@ package appliance
 
 import (
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/blobs"
+	"github.com/meshbox/meshbox/appliance/localnats"
 	"github.com/meshbox/meshbox/appliance/modules"
 	"github.com/meshbox/meshbox/appliance/rows"
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/node"
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // running holds the parts of a started appliance, in the order Start
@@ -25,25 +24,20 @@ type running struct {
 	http      *http.Server
 	bindings  *bindings
 	keys      *keyKeeper // nil standalone (keys.go)
-	nats      *natsServer
+	nats      *localnats.Server
 	nc        *nats.Conn // in-process connection for the node's own API
-	// rc answers local clients: it may publish on _INBOX.> and nothing
-	// else (localrights.go). Opened after nc, closed after everything that
-	// answers on it.
-	rc *nats.Conn
-	// refused are the subjects whose requests with a reply subject that
-	// is no inbox were logged (localrights.go).
-	refused *sync.Map
-	// microRefused counts micro discovery's refusals (micro.go).
-	microRefused *prometheus.CounterVec
-	interest     *interestWatcher // the one watcher of what local programs host
-	blobs        *blobs.Server
-	blobConn     *nats.Conn
-	rows         *rows.Engine // the node's tables of rows (rows.go)
-	rowsConn     *nats.Conn
-	bridge       *bridge.Bridge
-	node         *node.Node
-	mods         *modules.Supervisor // supervises the assigned modules
+	// replies answers local clients on a connection that may publish on
+	// _INBOX.> and nothing else. Opened after nc, closed after
+	// everything that answers on it.
+	replies  *localnats.Responder
+	interest *interestWatcher // the one watcher of what local programs host
+	blobs    *blobs.Server
+	blobConn *nats.Conn
+	rows     *rows.Engine // the node's tables of rows (rows.go)
+	rowsConn *nats.Conn
+	bridge   *bridge.Bridge
+	node     *node.Node
+	mods     *modules.Supervisor // supervises the assigned modules
 }
 
 // notRunning is what parts returns before Start. Never written.

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance/localnats"
 	"github.com/meshbox/meshbox/appliance/modules"
 	"github.com/meshbox/meshbox/appliance/rows"
 	"github.com/meshbox/meshbox/bridge"
@@ -115,17 +116,17 @@ func (a *Appliance) Status() Status {
 	st.NATS.Programs = []string{}
 	st.Warnings = a.transportWarnings()
 	if n := r.nats; n != nil {
-		st.NATS.Auth = n.auth.mode()
-		st.NATS.WebSocket, st.NATS.MQTT = n.wsURL, n.mqttURL
-		if n.mqttPlain {
-			st.Warnings = append(st.Warnings, fmt.Sprintf(warnMQTTPlain, strings.TrimPrefix(n.mqttURL, "mqtt://")))
+		st.NATS.Auth = n.AuthMode()
+		st.NATS.WebSocket, st.NATS.MQTT = n.WebSocketURL(), n.MQTTURL()
+		if n.MQTTPlain() {
+			st.Warnings = append(st.Warnings, fmt.Sprintf(localnats.WarnMQTTPlain, strings.TrimPrefix(n.MQTTURL(), "mqtt://")))
 		}
-		rep := n.auth.lastReport()
+		rep := n.Programs()
 		st.NATS.Programs, st.NATS.ProgramErrors = rep.Programs, rep.Errors
-		if n.auth.anonymous && a.cfg.InMesh() {
-			st.Warnings = append(st.Warnings, warnNATSOpen)
-		} else if n.auth.anonymous {
-			st.Notes = append(st.Notes, warnNATSOpen) // what a standalone node is
+		if n.Anonymous() && a.cfg.InMesh() {
+			st.Warnings = append(st.Warnings, localnats.WarnOpen)
+		} else if n.Anonymous() {
+			st.Notes = append(st.Notes, localnats.WarnOpen) // what a standalone node is
 		}
 	}
 	if b := r.bridge; b != nil {
