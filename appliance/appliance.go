@@ -298,7 +298,7 @@ func (a *Appliance) closeLocked() error {
 	a.stopRows()
 	if kk := a.parts().keys; kk != nil {
 		a.update(func(r *running) { r.keys = nil })
-		kk.close()
+		kk.Close()
 	}
 	a.stopBlobs()
 	if nc := a.parts().nc; nc != nil {
@@ -382,7 +382,7 @@ func (a *Appliance) startHTTP() error {
 func (a *Appliance) bindingsChanged(snap cache.Snapshot, div cache.Divergence) {
 	r := a.parts()
 	if kk := r.keys; kk != nil {
-		kk.apply(snap) // before anything that may send
+		kk.Apply(snap) // before anything that may send
 	}
 	if b := r.bridge; b != nil {
 		b.SetSenderGenerations(snap.Bindings.SenderGenerations())

@@ -32,7 +32,7 @@
 // without a restart. The HTTP server answers only the Host names it serves
 // (httphost.go).
 //
-// In a mesh with a database it also keeps the node's keys (keys.go): its
+// In a mesh with a database it also keeps the node's keys (package keys): its
 // key pair and its content keys, handed to the bridge to seal with.
 //
 // The embedded server runs JetStream for the blob store alone (blobs.go,

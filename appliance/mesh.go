@@ -133,7 +133,7 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 		Metrics:           a.tel.registry,
 	}
 	if kk := r.keys; kk != nil {
-		bc.Keys = kk.ring // a mesh seals
+		bc.Keys = kk.Ring() // a mesh seals
 	}
 	b, err := bridge.New(bc, r.nc)
 	if err != nil {
@@ -275,7 +275,7 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 	b := r.bridge
 	var signer node.Signer
 	if kk := r.keys; kk != nil {
-		signer = kk.sign // a mesh signs its discovery
+		signer = kk.Signer() // a mesh signs its discovery
 	}
 	n, err := node.New(node.Config{
 		Name:              a.cfg.Node,

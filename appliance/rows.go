@@ -72,7 +72,7 @@ func (a *Appliance) startRows() error {
 	var link rows.Link
 	r := a.parts()
 	if kk := r.keys; kk != nil {
-		ring = kk.ring     // a mesh seals
+		ring = kk.Ring()   // a mesh seals
 		link = rowsLink{a} // and its tables go through the node's broker link
 	}
 	eng, err := rows.Open(rows.Config{

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/blobs"
+	"github.com/meshbox/meshbox/appliance/keys"
 	"github.com/meshbox/meshbox/appliance/localnats"
 	"github.com/meshbox/meshbox/appliance/modules"
 	"github.com/meshbox/meshbox/appliance/rows"
@@ -23,7 +24,7 @@ type running struct {
 	httpURL   string    // the status endpoints' base URL ("" when off); kept after Close
 	http      *http.Server
 	bindings  *bindings
-	keys      *keyKeeper // nil standalone (keys.go)
+	keys      *keys.Keeper // nil standalone (keys.go)
 	nats      *localnats.Server
 	nc        *nats.Conn // in-process connection for the node's own API
 	// replies answers local clients on a connection that may publish on
