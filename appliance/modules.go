@@ -304,7 +304,8 @@ func moduleProgram(module string) string {
 // node.
 func (a *Appliance) SetModuleGuard(argv []string) { a.moduleGuard = argv }
 
-// stopModules stops every module, before anything they use stops.
+// stopModules stops every module, before anything they use stops. a.mu
+// is held.
 func (a *Appliance) stopModules() error {
 	sup := a.parts().mods
 	if sup == nil {
