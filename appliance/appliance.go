@@ -14,13 +14,11 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/blobs"
+	"github.com/meshbox/meshbox/appliance/localnats"
 	"github.com/meshbox/meshbox/appliance/modules"
-	"github.com/meshbox/meshbox/appliance/rows"
-	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/internal/redact"
 	"github.com/meshbox/meshbox/internal/wire"
-	"github.com/meshbox/meshbox/node"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -32,79 +30,45 @@ import (
 // Lifecycle and status are kept apart: mu serializes Start and Close,
 // which may take long (a broker that does not answer, a slow disk), while
 // Status, Readiness and the HTTP handlers never take it. They read the
-// phase and the components Start has published, so they answer at once
-// while the node starts and while it stops.
+// phase and the running parts Start has published (run), so they answer
+// at once while the node starts and while it stops.
 type Appliance struct {
-	cfg      Config
-	logger   *slog.Logger
-	errs     *errorRing
-	registry *prometheus.Registry
-	trends   *trendRing // the node's recent history (trends.go)
+	cfg    Config
+	logger *slog.Logger
+	tel    telemetry // what the node records of itself
 
-	// mu is held by Start and Close for their whole run; the fields
-	// under it are Start's and Close's alone.
-	mu      sync.Mutex
-	started bool
-	closed  bool
-	natsSrv *natsServer
-	nc      *nats.Conn // in-process connection for the node's own API
-	// rc answers local clients: it may publish on _INBOX.> and nothing
-	// else (localrights.go). Opened after nc, closed after everything that
-	// answers on it.
-	rc    *nats.Conn
-	pubRC atomic.Pointer[nats.Conn] // rc, for the handlers' goroutines
-	// refusedReplies are the subjects whose requests with a reply subject
-	// that is no inbox were logged (localrights.go).
-	refusedReplies sync.Map
-	// microRefused counts micro discovery's refusals (micro.go).
-	microRefused *prometheus.CounterVec
-	bindings     *bindings
-	httpSrv      *http.Server
-	// startedAt is when Start began (the node's StartedAt in its mesh view).
-	startedAt time.Time
-
-	// Published for lock-free readers: set by Start once a component runs,
-	// cleared by Close before it stops it.
-	phase       atomic.Int32 // a phase
-	pubStarted  atomic.Pointer[time.Time]
-	pubNATS     atomic.Pointer[natsServer]
-	pubBindings atomic.Pointer[bindings]
-	httpURL     atomic.Pointer[string]
+	// mu is held by Start and Close for their whole run: they alone
+	// write closed and run.
+	mu     sync.Mutex
+	closed bool
+	// run is the node's running parts (running.go), published by Start
+	// as each starts and by Close before it stops each; nil before Start.
+	run   atomic.Pointer[running]
+	phase atomic.Int32 // a phase
 	// cancelStart cancels the context of a Start in progress, so that Close
 	// does not wait for a start that waits on the network.
 	cancelStart atomic.Pointer[context.CancelFunc]
 
-	// bridge is set once the bridge runs; read without a.mu by the
-	// bindings manager's goroutine.
-	bridge atomic.Pointer[bridge.Bridge]
-	node   atomic.Pointer[node.Node]
-	// blobSrv serves the node's blobs; set once it runs. blobConn is its
-	// connection (Start's and Close's).
-	blobSrv  atomic.Pointer[blobs.Server]
-	blobConn *nats.Conn
-	// rowsEng is the node's tables of rows (rows.go), rowsConn its API's
-	// connection; set once it runs.
-	rowsEng  atomic.Pointer[rows.Engine]
-	rowsConn *nats.Conn
-	// mods supervises the assigned modules; set once it runs.
-	mods atomic.Pointer[modules.Supervisor]
 	// moduleGuard is the module guard's command (SetModuleGuard; nil: none).
 	moduleGuard []string
-	// keys is the node's key keeper in a mesh (keys.go); nil standalone.
-	keys atomic.Pointer[keyKeeper]
-	// interest is the one watcher of what local programs host; set in
-	// Start before the bridge and the node.
-	interest *interestWatcher
-	quit     chan struct{} // closed by Close: owned goroutines exit
-	credWake chan struct{} // cap 1: the switch recorder looks again (credential.go)
-	follow   brokerFollow  // the broker URL handed to the bridge (mesh.go)
+	credWake    chan struct{} // cap 1: the switch recorder looks again (credential.go)
+	follow      brokerFollow  // the broker URL handed to the bridge (mesh.go)
 
 	// fatal receives an error when a component fails in a way that should
 	// stop the node (for example: the node name is claimed on the broker).
 	fatal chan error
+	quit  chan struct{}  // closed by Close: owned goroutines exit
 	wg    sync.WaitGroup // goroutines owned by the appliance
 
 	hook func(point string) // tests only: called at the named points of the lifecycle
+}
+
+// telemetry is what the node records of itself: its recent errors (the
+// status's), its recent history (trends.go) and its metrics.
+type telemetry struct {
+	errs     *errorRing
+	trends   *trendRing
+	registry *prometheus.Registry
 }
 
 // The phases of an appliance's life, in order.
@@ -139,15 +103,13 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 	a := &Appliance{
 		cfg:      cfg,
 		logger:   logger,
-		errs:     ring,
-		registry: reg,
-		trends:   newTrendRing(trendSamples),
+		tel:      telemetry{errs: ring, registry: reg, trends: newTrendRing(trendSamples)},
 		fatal:    make(chan error, 1),
 		quit:     make(chan struct{}),
 		credWake: make(chan struct{}, 1),
 	}
-	reg.MustRegister(newModulesCollector(a.mods.Load))
-	reg.MustRegister(blobsCollector{srv: a.blobSrv.Load})
+	reg.MustRegister(newModulesCollector(func() *modules.Supervisor { return a.parts().mods }))
+	reg.MustRegister(blobsCollector{srv: func() *blobs.Server { return a.parts().blobs }})
 	return a, nil
 }
 
@@ -164,12 +126,10 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if a.closed {
 		return ErrClosed
 	}
-	if a.started {
+	if a.run.Load() != nil {
 		return errors.New("appliance already started")
 	}
-	a.started = true
-	a.startedAt = time.Now().UTC()
-	a.pubStarted.Store(&a.startedAt)
+	a.run.Store(&running{startedAt: time.Now().UTC()})
 	a.phase.CompareAndSwap(phaseNew, phaseStarting)
 	defer func() {
 		if err != nil {
@@ -189,63 +149,49 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	a.bindings, err = openBindings(ctx, a.cfg, a.logger, a.registry, a.bindingsChanged) // components name themselves in their logs
+	bd, err := openBindings(ctx, a.cfg, a.logger, a.tel.registry, a.bindingsChanged) // components name themselves in their logs
 	if err != nil {
 		return err
 	}
-	a.pubBindings.Store(a.bindings)
+	a.update(func(r *running) { r.bindings = bd })
 	if a.cfg.DB != "" {
 		if err := a.startKeys(); err != nil {
 			return err
 		}
 	}
 
-	auth, err := newLocalAuth(a.cfg.DataDir, !a.cfg.InMesh() || a.cfg.NATSAnonymous)
+	natsSrv, err := a.startLocalNATS()
 	if err != nil {
 		return err
 	}
-	auth.mqttOffLoopback = a.cfg.NATSMQTT != "" && !LoopbackAddr(a.cfg.NATSMQTT)
-	auth.wsOffLoopback = a.cfg.NATSWebSocket != "" && !LoopbackAddr(a.cfg.NATSWebSocket)
-	switch { // the status says it for as long as it lasts, at the same level
-	case auth.anonymous && a.cfg.InMesh():
-		a.logger.Warn(warnNATSOpen, "component", "nats")
-	case auth.anonymous:
-		a.logger.Info(warnNATSOpen, "component", "nats") // a standalone node is open by design
-	}
-	var more []listener
-	if w := newWebListener(&a.cfg, a.HTTPURL()); w != nil {
-		more = append(more, w)
-	}
-	if m := newMQTTListener(&a.cfg); m != nil {
-		more = append(more, m)
-	}
-	a.natsSrv, err = startNATS(a.cfg.NATS, a.cfg.Node, a.cfg.Blobs.jetStreamDir(a.cfg.DataDir), a.cfg.Blobs, auth, a.logger.With("component", "nats"), more...)
-	if err != nil {
-		return err
-	}
-	a.pubNATS.Store(a.natsSrv)
-	a.nc, err = a.natsSrv.connect(ownConnPrefix + "api")
+	a.update(func(r *running) { r.nats = natsSrv })
+	nc, err := natsSrv.Connect(ownConnPrefix + "api")
 	if err != nil {
 		return fmt.Errorf("nats connect: %w", err)
 	}
-	a.rc, err = a.natsSrv.connectResponder(ownConnPrefix+"responder", a.logger.With("component", "nats"))
+	a.update(func(r *running) { r.nc = nc })
+	replies, err := natsSrv.Responder(ownConnPrefix+"responder", a.logger)
 	if err != nil {
 		return fmt.Errorf("nats connect: %w", err)
 	}
-	a.pubRC.Store(a.rc)
+	a.update(func(r *running) { r.replies = replies })
 	if err := a.serveAPI(); err != nil {
 		return err
 	}
 	if err := a.serveReload(); err != nil {
 		return err
 	}
-	if err := a.serveMicro(); err != nil {
+	if err := natsSrv.ServeMicro(localnats.MicroConfig{
+		Node: a.cfg.Node, Conn: nc, Replies: replies, Peers: a.peersUp,
+		Logger: a.logger, Registerer: a.tel.registry,
+	}); err != nil {
 		return err
 	}
-	a.interest = newInterestWatcher(a.natsSrv.srv)
-	a.interest.exclude(a.nc)
-	a.interest.exclude(a.rc) // the responder subscribes nothing: not a program to watch for
-	if err := a.interest.hearConnects(a.nc); err != nil {
+	interest := newInterestWatcher(natsSrv.NATS())
+	interest.exclude(nc)
+	interest.exclude(replies.Conn()) // the responder subscribes nothing: not a program to watch for
+	a.update(func(r *running) { r.interest = interest })
+	if err := interest.hearConnects(nc); err != nil {
 		a.logger.Warn("the watcher of local interest polls even while no program is connected", "err", err)
 	}
 	if err := a.startBlobs(ctx); err != nil {
@@ -254,7 +200,7 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if err := a.startRows(); err != nil {
 		return err
 	}
-	hosted, _, err := a.interest.check()
+	hosted, _, err := interest.check()
 	if err != nil {
 		return err
 	}
@@ -283,7 +229,7 @@ func (a *Appliance) Fatal() <-chan error { return a.fatal }
 
 // NATSURL is the client URL of the embedded NATS server ("" before Start).
 func (a *Appliance) NATSURL() string {
-	if n := a.pubNATS.Load(); n != nil {
+	if n := a.parts().nats; n != nil {
 		return n.URL()
 	}
 	return ""
@@ -292,10 +238,7 @@ func (a *Appliance) NATSURL() string {
 // HTTPURL is the base URL of the status endpoints ("" when off or before
 // Start).
 func (a *Appliance) HTTPURL() string {
-	if u := a.httpURL.Load(); u != nil {
-		return *u
-	}
-	return ""
+	return a.parts().httpURL
 }
 
 // DataDir is the node's data directory.
@@ -334,57 +277,57 @@ func (a *Appliance) closeLocked() error {
 	}
 	// The commands their handlers hold first (up to a second), then the
 	// modules: they use the node's NATS server and the mesh.
-	if b := a.bridge.Load(); b != nil {
+	if b := a.parts().bridge; b != nil {
 		b.FinishCommands()
 	}
 	if err := a.stopModules(); err != nil {
 		errs = append(errs, err)
 	}
-	if n := a.node.Swap(nil); n != nil {
+	if n := a.parts().node; n != nil {
+		a.update(func(r *running) { r.node = nil })
 		if err := n.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("node: %w", err))
 		}
 	}
-	if b := a.bridge.Swap(nil); b != nil {
+	if b := a.parts().bridge; b != nil {
+		a.update(func(r *running) { r.bridge = nil })
 		if err := b.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("bridge: %w", err))
 		}
 	}
 	a.stopRows()
-	if kk := a.keys.Swap(nil); kk != nil {
-		kk.close()
+	if kk := a.parts().keys; kk != nil {
+		a.update(func(r *running) { r.keys = nil })
+		kk.Close()
 	}
 	a.stopBlobs()
-	if a.nc != nil {
-		a.nc.Close()
-		a.nc = nil
+	if nc := a.parts().nc; nc != nil {
+		a.update(func(r *running) { r.nc = nil })
+		nc.Close()
 	}
-	if a.rc != nil {
-		a.pubRC.Store(nil)
-		a.rc.Close()
-		a.rc = nil
+	if rp := a.parts().replies; rp != nil {
+		a.update(func(r *running) { r.replies = nil })
+		rp.Close()
 	}
-	if a.natsSrv != nil {
-		a.pubNATS.Store(nil)
-		a.natsSrv.close()
-		a.natsSrv = nil
+	if n := a.parts().nats; n != nil {
+		a.update(func(r *running) { r.nats = nil })
+		n.Close()
 	}
-	if a.bindings != nil {
-		a.pubBindings.Store(nil)
-		if err := a.bindings.close(); err != nil {
+	if bd := a.parts().bindings; bd != nil {
+		a.update(func(r *running) { r.bindings = nil })
+		if err := bd.close(); err != nil {
 			errs = append(errs, err)
 		}
-		a.bindings = nil
 	}
 	// Last: the status endpoints answer while the rest stops. Handlers never
 	// wait on Close, so this waits only for slow clients.
-	if a.httpSrv != nil {
+	if srv := a.parts().http; srv != nil {
+		a.update(func(r *running) { r.http = nil })
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		if err := a.httpSrv.Shutdown(ctx); err != nil {
+		if err := srv.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("http: %w", err))
 		}
 		cancel()
-		a.httpSrv = nil
 	}
 	a.wg.Wait()
 	a.phase.Store(phaseStopped)
@@ -393,7 +336,7 @@ func (a *Appliance) closeLocked() error {
 
 // serveAPI answers the node's own NATS API ($MESH.>). a.mu is held.
 func (a *Appliance) serveAPI() error {
-	_, err := a.nc.Subscribe(SubjectStatus, func(m *nats.Msg) {
+	_, err := a.parts().nc.Subscribe(SubjectStatus, func(m *nats.Msg) {
 		data, err := json.Marshal(a.Status())
 		if err != nil {
 			a.logger.Error("encode status", "err", err)
@@ -418,14 +361,12 @@ func (a *Appliance) startHTTP() error {
 	if err != nil {
 		return fmt.Errorf("http listen %s: %w", a.cfg.HTTP, err)
 	}
-	u := "http://" + ln.Addr().String()
-	a.httpURL.Store(&u)
-	a.httpSrv = &http.Server{
+	srv := &http.Server{
 		Handler:           newHostGuard(ln.Addr().String(), a.cfg.HTTPHosts, a.handler()),
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          slog.NewLogLogger(a.logger.With("component", "http").Handler(), slog.LevelWarn),
 	}
-	srv := a.httpSrv
+	a.update(func(r *running) { r.httpURL, r.http = "http://"+ln.Addr().String(), srv })
 	a.wg.Add(1)
 	go func() { // exits when Shutdown closes the listener (closeLocked)
 		defer a.wg.Done()
@@ -439,23 +380,24 @@ func (a *Appliance) startHTTP() error {
 // bindingsChanged applies a new version of the bindings to the running
 // node. It runs on the bindings manager's goroutine, one change at a time.
 func (a *Appliance) bindingsChanged(snap cache.Snapshot, div cache.Divergence) {
-	if kk := a.keys.Load(); kk != nil {
-		kk.apply(snap) // before anything that may send
+	r := a.parts()
+	if kk := r.keys; kk != nil {
+		kk.Apply(snap) // before anything that may send
 	}
-	if b := a.bridge.Load(); b != nil {
+	if b := r.bridge; b != nil {
 		b.SetSenderGenerations(snap.Bindings.SenderGenerations())
 		a.followBroker(b, snap, true)
 		b.SetAllowedStages(a.allowedStages(snap, true)) // a grant reaches the handlers serving the stage already
 		b.ScopesChanged()                               // the stages it may host follow the scopes just applied
 	}
 	a.credentialChanged("")
-	if n := a.node.Load(); n != nil {
+	if n := r.node; n != nil {
 		a.applyToNode(n, snap)
 	}
-	if sup := a.mods.Load(); sup != nil {
+	if sup := r.mods; sup != nil {
 		a.applyModules(context.Background(), sup, snap.Bindings)
 	}
-	if eng := a.rowsEng.Load(); eng != nil {
+	if eng := r.rows; eng != nil {
 		a.applyTables(eng, snap)
 	}
 }

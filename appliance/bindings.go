@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 
+	"github.com/meshbox/meshbox/appliance/keys"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/internal/seal"
@@ -22,7 +23,7 @@ type bindings struct {
 	manager *cache.Manager
 	// nodeKey is the node's key pair, loaded (or made) once with the
 	// database: it opens the node's credential rows, and the key keeper
-	// (keys.go) uses it. Nil without a database.
+	// (package keys) uses it. Nil without a database.
 	nodeKey *seal.NodeKey
 }
 
@@ -55,8 +56,8 @@ func openBindings(ctx context.Context, cfg Config, logger *slog.Logger, reg prom
 	}
 	if cfg.DB != "" {
 		// The node's key pair opens its credential rows sealed to it; the
-		// key keeper (keys.go) publishes its public half.
-		key, err := loadNodeKey(cfg.DataDir, logger.With("component", "keys"))
+		// key keeper (package keys) publishes its public half.
+		key, err := keys.LoadNodeKey(cfg.DataDir, logger.With("component", "keys"))
 		if err != nil {
 			return nil, fmt.Errorf("keys: %w", err)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/blobs"
@@ -50,15 +49,6 @@ func (b BlobsConfig) limits() blobs.Limits {
 	return blobs.Limits{MaxBytes: b.MaxBytes, MaxAge: b.MaxAge.D()}
 }
 
-// jetStreamDir is where the embedded server keeps JetStream's files (""
-// with the blob store off: no JetStream).
-func (b BlobsConfig) jetStreamDir(dataDir string) string {
-	if !b.Enabled {
-		return ""
-	}
-	return filepath.Join(dataDir, "jetstream")
-}
-
 // BlobsStatus is the blob store part of the status: what the store
 // holds, what the node served of it, and the fetches its clients run
 // (in progress, then the last ones that ended), as they report them.
@@ -77,12 +67,13 @@ func (a *Appliance) startBlobs(ctx context.Context) error {
 	if !a.cfg.Blobs.Enabled {
 		return nil
 	}
-	nc, err := a.natsSrv.connect(ownConnPrefix + "blobs")
+	r := a.parts()
+	nc, err := r.nats.Connect(ownConnPrefix + "blobs")
 	if err != nil {
 		return fmt.Errorf("blobs: nats connect: %w", err)
 	}
-	a.interest.exclude(nc)
-	a.blobConn = nc
+	r.interest.exclude(nc)
+	a.update(func(r *running) { r.blobConn = nc })
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	// The store is made when first used (blobs.SubjectOpen): until then
@@ -101,30 +92,31 @@ func (a *Appliance) startBlobs(ctx context.Context) error {
 	}
 	srv, err := blobs.NewServer(blobs.ServerConfig{
 		Conn: nc, Store: store, Limits: a.cfg.Blobs.limits(),
-		Replies: a.rc, ReplyAllowed: a.natsSrv.auth.rights.ReplyAllowed,
+		Replies: r.replies.Conn(), ReplyAllowed: r.nats.Rights().ReplyAllowed,
 		Logger: a.logger.With("component", "blobs"),
 	})
 	if err != nil {
 		return err
 	}
-	a.blobSrv.Store(srv)
+	a.update(func(r *running) { r.blobs = srv })
 	return nil
 }
 
 // stopBlobs stops serving blobs. a.mu is held.
 func (a *Appliance) stopBlobs() {
-	if srv := a.blobSrv.Swap(nil); srv != nil {
+	if srv := a.parts().blobs; srv != nil {
+		a.update(func(r *running) { r.blobs = nil })
 		srv.Close()
 	}
-	if a.blobConn != nil {
-		a.blobConn.Close()
-		a.blobConn = nil
+	if nc := a.parts().blobConn; nc != nil {
+		a.update(func(r *running) { r.blobConn = nil })
+		nc.Close()
 	}
 }
 
 // blobsStatus is the blob store's part of the status (nil before it runs).
 func (a *Appliance) blobsStatus() *BlobsStatus {
-	srv := a.blobSrv.Load()
+	srv := a.parts().blobs
 	if srv == nil {
 		return nil
 	}

@@ -86,7 +86,7 @@ func (a *Appliance) credentialChanged(string) {
 // or hold a newer generation than user's: the broker's refusal of it is
 // then a revocation.
 func (a *Appliance) credentialAcceptedBefore(user string) bool {
-	bd := a.pubBindings.Load()
+	bd := a.parts().bindings
 	if bd == nil || bd.manager == nil {
 		return false
 	}
@@ -141,7 +141,7 @@ func (a *Appliance) runSwitchRecorder() {
 // records the switch once the bridge connects with the newest broker user
 // too. Nothing to do is not an error.
 func (a *Appliance) switchStep(ctx context.Context, log *slog.Logger) error {
-	bd := a.pubBindings.Load()
+	bd := a.parts().bindings
 	if bd == nil || bd.db == nil {
 		return nil
 	}
@@ -171,7 +171,8 @@ func (a *Appliance) switchStep(ctx context.Context, log *slog.Logger) error {
 // when the bridge connects with its broker user (and the database login is
 // its role) and the database does not know yet.
 func (a *Appliance) switchToRecord() (int, bool) {
-	b, bd := a.bridge.Load(), a.pubBindings.Load()
+	r := a.parts()
+	b, bd := r.bridge, r.bindings
 	if b == nil || bd == nil || bd.db == nil {
 		return 0, false
 	}

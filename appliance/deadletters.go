@@ -75,7 +75,7 @@ func (r DeadLetterRequest) check() error {
 
 // serveDeadLetters answers SubjectDeadLetters. a.mu is held.
 func (a *Appliance) serveDeadLetters() error {
-	_, err := a.nc.Subscribe(SubjectDeadLetters, func(m *nats.Msg) {
+	_, err := a.parts().nc.Subscribe(SubjectDeadLetters, func(m *nats.Msg) {
 		if !a.adminRequest(m) {
 			return
 		}
@@ -97,7 +97,7 @@ func (a *Appliance) answerDeadLetters(data []byte) DeadLetterReply {
 	if err := req.check(); err != nil {
 		return DeadLetterReply{Error: err.Error()}
 	}
-	br := a.bridge.Load()
+	br := a.parts().bridge
 	if br == nil {
 		return DeadLetterReply{Error: "this node has no broker link: dead letters live on the broker"}
 	}

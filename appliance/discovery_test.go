@@ -29,7 +29,7 @@ func TestStandaloneDiscoveryWaitsForTheLink(t *testing.T) {
 	})
 	failed := func() float64 {
 		t.Helper()
-		mfs, err := a.registry.Gather()
+		mfs, err := a.tel.registry.Gather()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -23,8 +23,8 @@
 // bridge reports (credential revoked included) and any rotation in
 // progress.
 //
-// Who may connect to the embedded NATS server is localauth.go's business:
-// the node's own connections and its CLI with the administrative nkey,
+// Who may connect to the embedded NATS server is package localnats's
+// business: the node's own connections and its CLI with the administrative nkey,
 // each local program with its own nkey and permissions (package
 // programs), and clients without a credential only on a standalone node or
 // when the configuration allows them (nats_anonymous). PutProgram,
@@ -32,7 +32,7 @@
 // without a restart. The HTTP server answers only the Host names it serves
 // (httphost.go).
 //
-// In a mesh with a database it also keeps the node's keys (keys.go): its
+// In a mesh with a database it also keeps the node's keys (package keys): its
 // key pair and its content keys, handed to the bridge to seal with.
 //
 // The embedded server runs JetStream for the blob store alone (blobs.go,

@@ -33,9 +33,9 @@ func (a *Appliance) handler() http.Handler {
 		writeJSON(w, http.StatusOK, a.Status())
 	})
 	mux.HandleFunc("GET /trends", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, a.trends.view(trendEvery))
+		writeJSON(w, http.StatusOK, a.tel.trends.view(trendEvery))
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.tel.registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /{$}", a.serveStatusPage)
 	if a.cfg.Pprof { // Validate allows it on a loopback listener only
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
@@ -73,14 +73,15 @@ func (a *Appliance) Readiness() Readiness {
 	case phaseStopping, phaseStopped:
 		notReady("node is stopping")
 	}
-	if n := a.pubNATS.Load(); n == nil || !n.srv.Running() {
+	r := a.parts()
+	if n := r.nats; n == nil || !n.Running() {
 		notReady("embedded NATS server is not running")
 	}
 	rd.Degraded = append(rd.Degraded, a.Status().Problems...)
-	if sup := a.mods.Load(); sup != nil {
+	if sup := r.mods; sup != nil {
 		rd.Degraded = append(rd.Degraded, modulesDegraded(sup.Status())...)
 	}
-	if kk := a.keys.Load(); kk != nil {
+	if kk := r.keys; kk != nil {
 		for _, id := range kk.Status().Lacking {
 			rd.Degraded = append(rd.Degraded, "lacks content key "+id+": cannot open messages sealed with it")
 		}

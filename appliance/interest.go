@@ -325,7 +325,7 @@ func (w *interestWatcher) watch(quit <-chan struct{}, busy, idle, busyFor time.D
 // startWatchingInterest hands what local programs host to the bridge and
 // the node on every change, until the appliance closes. a.mu is held.
 func (a *Appliance) startWatchingInterest() {
-	w := a.interest
+	w := a.parts().interest
 	failing := false
 	a.wg.Add(1)
 	go func() { // exits when Close closes a.quit
@@ -349,7 +349,8 @@ func (a *Appliance) startWatchingInterest() {
 // bridge, which declares the queues of new stages, and then to the node,
 // which advertises them: a stage is routable before the mesh hears of it.
 func (a *Appliance) localInterestChanged(subjects []string) {
-	if b := a.bridge.Load(); b != nil {
+	r := a.parts()
+	if b := r.bridge; b != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), declareTimeout)
 		err := b.SetLocalInterest(ctx, subjects)
 		cancel()
@@ -357,10 +358,10 @@ func (a *Appliance) localInterestChanged(subjects []string) {
 			a.logger.Warn("stage queues not declared yet; the bridge declares them when it consumes", "err", err)
 		}
 	}
-	if n := a.node.Load(); n != nil {
+	if n := r.node; n != nil {
 		n.SetLocal(subjects)
 	}
-	if sup := a.mods.Load(); sup != nil {
+	if sup := r.mods; sup != nil {
 		sup.SetHosted(subjects)
 	}
 }

@@ -215,12 +215,12 @@ func TestApplianceHostsProgramsButNotItsStandIns(t *testing.T) {
 	}
 	mustSubscribe(t, prog, "cap.local", "")
 	wait.Eventually(t, 5*time.Second, "the node's local capabilities [local] (never the stand-in)", func() error {
-		if got := a.node.Load().Capabilities().Local; !slices.Equal(got, []string{"local"}) {
+		if got := a.parts().node.Capabilities().Local; !slices.Equal(got, []string{"local"}) {
 			return fmt.Errorf("got %v", got)
 		}
 		return nil
 	})
-	if got := a.bridge.Load().LocalCapabilities(); !slices.Equal(got, []string{"local"}) {
+	if got := a.parts().bridge.LocalCapabilities(); !slices.Equal(got, []string{"local"}) {
 		t.Fatalf("bridge's local capabilities: got %v, want [local]", got)
 	}
 }

@@ -80,8 +80,9 @@ func withBrokerCredential(raw string, cred *cache.BrokerCredential) string {
 // startBridge starts the link to the broker. hosted is the first snapshot
 // of local interest. a.mu is held.
 func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
-	snap, ok := a.bindings.manager.Current()
-	natsSrv := a.natsSrv
+	r := a.parts()
+	snap, ok := r.bindings.manager.Current()
+	natsSrv := r.nats
 	bc := bridge.Config{
 		Node:             a.cfg.Node,
 		URL:              a.brokerURL(snap, ok),
@@ -104,37 +105,37 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 		Retry:            retryPolicies(a.cfg.Bridge.Retry),
 		StallAfter:       a.cfg.Bridge.StallAfter.D(),
 		Dial: func(opts ...nats.Option) (*nats.Conn, error) {
-			nc, err := natsSrv.connect(ownConnPrefix+"bridge", opts...)
+			nc, err := natsSrv.Connect(ownConnPrefix+"bridge", opts...)
 			if err == nil {
-				a.interest.exclude(nc) // the stand-ins host nothing here
+				r.interest.exclude(nc) // the stand-ins host nothing here
 			}
 			return nc, err
 		},
 		OnSystem: func(key string, body []byte, origin string) {
-			if n := a.node.Load(); n != nil {
+			if n := a.parts().node; n != nil {
 				n.HandleSystem(key, body, origin)
 			}
 		},
 		OnConnected: func() {
-			if n := a.node.Load(); n != nil {
+			if n := a.parts().node; n != nil {
 				n.LinkUp() // discovery tries again at once
 			}
-			if eng := a.rowsEng.Load(); eng != nil {
+			if eng := a.parts().rows; eng != nil {
 				eng.LinkUp() // so do the tables' logs
 			}
 		},
-		OnNewerGeneration: a.bindings.manager.Refresh, // a peer switched to a generation not read here yet
+		OnNewerGeneration: r.bindings.manager.Refresh, // a peer switched to a generation not read here yet
 		OnCredential:      a.credentialChanged,
 		AcceptedBefore:    a.credentialAcceptedBefore,
-		Replies:           a.rc,
-		Local:             &natsSrv.auth.rights,
+		Replies:           r.replies.Conn(),
+		Local:             natsSrv.Rights(),
 		Logger:            a.logger,
-		Metrics:           a.registry,
+		Metrics:           a.tel.registry,
 	}
-	if kk := a.keys.Load(); kk != nil {
-		bc.Keys = kk.ring // a mesh seals
+	if kk := r.keys; kk != nil {
+		bc.Keys = kk.Ring() // a mesh seals
 	}
-	b, err := bridge.New(bc, a.nc)
+	b, err := bridge.New(bc, r.nc)
 	if err != nil {
 		return fmt.Errorf("bridge: %w", err)
 	}
@@ -155,12 +156,12 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 	if err := b.SetLocalInterest(ctx, hosted); err != nil {
 		a.logger.Warn("stage queues not declared yet; the bridge declares them when it consumes", "err", err)
 	}
-	a.bridge.Store(b)
-	// A bindings change may have landed between Current and Store above.
-	if snap, ok := a.bindings.manager.Current(); ok {
+	a.update(func(r *running) { r.bridge = b })
+	// A bindings change may have landed between Current and update above.
+	if snap, ok := r.bindings.manager.Current(); ok {
 		a.followBroker(b, snap, ok)
 	}
-	if a.bindings.db != nil {
+	if r.bindings.db != nil {
 		a.wg.Add(1)
 		go func() { // the switch recorder: exits when the appliance closes
 			defer a.wg.Done()
@@ -223,7 +224,11 @@ func (a *Appliance) followBroker(b *bridge.Bridge, snap cache.Snapshot, ok bool)
 					return
 				default:
 				}
-				if snap, ok := a.bindings.manager.Current(); ok {
+				bd := a.parts().bindings
+				if bd == nil {
+					return // closed meanwhile
+				}
+				if snap, ok := bd.manager.Current(); ok {
 					f.mu.Lock()
 					defer f.mu.Unlock()
 					a.setBrokerURL(b, a.brokerURL(snap, ok))
@@ -266,19 +271,20 @@ func newerGeneration(cur, want string) bool {
 // discovery, peers, the routes for the bridge's stand-ins. hosted is the
 // snapshot of local interest the bridge got. a.mu is held.
 func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
-	b := a.bridge.Load()
+	r := a.parts()
+	b := r.bridge
 	var signer node.Signer
-	if kk := a.keys.Load(); kk != nil {
-		signer = kk.sign // a mesh signs its discovery
+	if kk := r.keys; kk != nil {
+		signer = kk.Signer() // a mesh signs its discovery
 	}
 	n, err := node.New(node.Config{
 		Name:              a.cfg.Node,
 		Version:           Build().Version,
-		StartedAt:         a.startedAt,
+		StartedAt:         r.startedAt,
 		Link:              staticRoutes{Bridge: b, static: a.cfg.Bridge.Routes},
 		Signer:            signer,
-		Conn:              a.nc,
-		Replies:           a.rc,
+		Conn:              r.nc,
+		Replies:           r.replies.Conn(),
 		DiscoveryInterval: a.cfg.Mesh.DiscoveryInterval.D(),
 		HeartbeatInterval: a.cfg.Mesh.HeartbeatInterval.D(),
 		MissedHeartbeats:  a.cfg.Mesh.MissedHeartbeats,
@@ -292,13 +298,13 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 			b.SetOrderKeys(oldest >= node.OrderKeyProtocolVersion)
 		},
 		Logger:     a.logger,
-		Registerer: a.registry,
+		Registerer: a.tel.registry,
 	})
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
 	n.SetLocal(hosted)
-	if snap, ok := a.bindings.manager.Current(); ok {
+	if snap, ok := r.bindings.manager.Current(); ok {
 		a.applyToNode(n, snap)
 	}
 	n.SetHealth(HealthOf(a.Status())) // its hello carries it
@@ -306,9 +312,9 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 		_ = n.Close()
 		return fmt.Errorf("node: %w", err)
 	}
-	a.node.Store(n)
-	// A bindings change may have landed between Current and Store above.
-	if snap, ok := a.bindings.manager.Current(); ok {
+	a.update(func(r *running) { r.node = n })
+	// A bindings change may have landed between Current and update above.
+	if snap, ok := r.bindings.manager.Current(); ok {
 		a.applyToNode(n, snap)
 	}
 	a.wg.Add(1)
@@ -386,4 +392,20 @@ func retryPolicies(cfg map[string]RetryConfig) map[string]bridge.RetryPolicy {
 		out[stage] = r.policy()
 	}
 	return out
+}
+
+// peersUp names the peers that are up now (none standalone): whom micro
+// discovery asks.
+func (a *Appliance) peersUp() []string {
+	n := a.parts().node
+	if n == nil {
+		return nil
+	}
+	var peers []string
+	for _, p := range n.Peers() {
+		if p.State == node.StateUp {
+			peers = append(peers, p.Name)
+		}
+	}
+	return peers
 }

@@ -164,21 +164,21 @@ func (a *Appliance) startModules(ctx context.Context, hosted []string) error {
 	if err != nil {
 		return fmt.Errorf("modules: %w", err)
 	}
-	a.mods.Store(sup)
-	if _, err := a.nc.Subscribe(SubjectModules, func(msg *nats.Msg) {
+	r := a.update(func(r *running) { r.mods = sup })
+	if _, err := r.nc.Subscribe(SubjectModules, func(msg *nats.Msg) {
 		data, _ := json.Marshal(sup.Status()) // plain values: cannot fail
 		a.respond(msg, data)
 	}); err != nil {
 		return fmt.Errorf("serve %s: %w", SubjectModules, err)
 	}
-	if _, err := a.nc.Subscribe(SubjectModuleControl, func(msg *nats.Msg) {
+	if _, err := r.nc.Subscribe(SubjectModuleControl, func(msg *nats.Msg) {
 		if a.adminRequest(msg) {
 			a.answerModule(msg, sup, true)
 		}
 	}); err != nil {
 		return fmt.Errorf("serve %s: %w", SubjectModuleControl, err)
 	}
-	if _, err := a.nc.Subscribe(SubjectModuleLogs, func(msg *nats.Msg) { a.answerModule(msg, sup, false) }); err != nil {
+	if _, err := r.nc.Subscribe(SubjectModuleLogs, func(msg *nats.Msg) { a.answerModule(msg, sup, false) }); err != nil {
 		return fmt.Errorf("serve %s: %w", SubjectModuleLogs, err)
 	}
 	sup.SetHosted(hosted)
@@ -186,7 +186,7 @@ func (a *Appliance) startModules(ctx context.Context, hosted []string) error {
 	// landed between Current and Prepare below would be overtaken by this
 	// older plan: look again until the bindings applied are the newest.
 	for applied := ""; ; {
-		snap, ok := a.bindings.manager.Current()
+		snap, ok := r.bindings.manager.Current()
 		if !ok || snap.Hash == applied {
 			return nil
 		}
@@ -200,7 +200,7 @@ func (a *Appliance) startModules(ctx context.Context, hosted []string) error {
 // its handler can run.
 func (a *Appliance) applyModules(ctx context.Context, sup *modules.Supervisor, b cache.Bindings) {
 	plan := sup.Prepare(b)
-	if br := a.bridge.Load(); br != nil {
+	if br := a.parts().bridge; br != nil {
 		dctx, cancel := context.WithTimeout(ctx, declareTimeout)
 		err := br.SetDeclaredStages(dctx, plan.DeclaredStages())
 		cancel()
@@ -243,7 +243,7 @@ func (a *Appliance) answerModule(msg *nats.Msg, sup *modules.Supervisor, control
 // publishModuleLine hands a line of a module's output to followers of
 // `meshbox module logs -f`.
 func (a *Appliance) publishModuleLine(module string, l modules.LogLine) {
-	nc := a.nc
+	nc := a.parts().nc
 	if nc == nil {
 		return
 	}
@@ -304,12 +304,14 @@ func moduleProgram(module string) string {
 // node.
 func (a *Appliance) SetModuleGuard(argv []string) { a.moduleGuard = argv }
 
-// stopModules stops every module, before anything they use stops.
+// stopModules stops every module, before anything they use stops. a.mu
+// is held.
 func (a *Appliance) stopModules() error {
-	sup := a.mods.Swap(nil)
+	sup := a.parts().mods
 	if sup == nil {
 		return nil
 	}
+	a.update(func(r *running) { r.mods = nil })
 	start := time.Now()
 	err := sup.Close()
 	a.logger.Info("modules stopped", "took", time.Since(start).Round(time.Millisecond))

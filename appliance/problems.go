@@ -93,7 +93,7 @@ func (a *Appliance) noBrokerReason(bs cache.Status) string {
 // dbLoginRefused returns the mesh database's refusal of the node's login
 // while it lasts; nil without a database.
 func (a *Appliance) dbLoginRefused() error {
-	if bd := a.pubBindings.Load(); bd != nil && bd.db != nil {
+	if bd := a.parts().bindings; bd != nil && bd.db != nil {
 		return bd.db.LoginRefused()
 	}
 	return nil

@@ -70,8 +70,9 @@ func TablesOf(settings map[string]string) (map[string]rows.TableSpec, []error) {
 func (a *Appliance) startRows() error {
 	var ring *seal.Keyring
 	var link rows.Link
-	if kk := a.keys.Load(); kk != nil {
-		ring = kk.ring     // a mesh seals
+	r := a.parts()
+	if kk := r.keys; kk != nil {
+		ring = kk.Ring()   // a mesh seals
 		link = rowsLink{a} // and its tables go through the node's broker link
 	}
 	eng, err := rows.Open(rows.Config{
@@ -82,29 +83,28 @@ func (a *Appliance) startRows() error {
 		Declare:       mayDeclareTables,
 		SnapshotEvery: a.cfg.Rows.SnapshotEvery,
 		Logger:        a.logger,
-		Metrics:       a.registry,
+		Metrics:       a.tel.registry,
 	})
 	if err != nil {
 		return fmt.Errorf("rows: %w", err)
 	}
-	nc, err := a.natsSrv.connect(ownConnPrefix + "rows")
+	nc, err := r.nats.Connect(ownConnPrefix + "rows")
 	if err != nil {
 		_ = eng.Close()
 		return fmt.Errorf("rows: nats connect: %w", err)
 	}
-	a.interest.exclude(nc)
+	r.interest.exclude(nc)
 	// Programs and the node's own connections share the server's global
 	// account: a change is published only where someone subscribes.
-	acc := a.natsSrv.srv.GlobalAccount()
-	if _, err := eng.Serve(rows.ServeConfig{Conn: nc, Replies: a.rc, ReplyAllowed: a.natsSrv.auth.rights.ReplyAllowed,
+	acc := r.nats.NATS().GlobalAccount()
+	if _, err := eng.Serve(rows.ServeConfig{Conn: nc, Replies: r.replies.Conn(), ReplyAllowed: r.nats.Rights().ReplyAllowed,
 		Interest: acc.SubscriptionInterest}); err != nil {
 		nc.Close()
 		_ = eng.Close()
 		return fmt.Errorf("rows: %w", err)
 	}
-	a.rowsConn = nc
-	a.rowsEng.Store(eng)
-	if snap, ok := a.bindings.manager.Current(); ok {
+	a.update(func(r *running) { r.rowsConn, r.rows = nc, eng })
+	if snap, ok := r.bindings.manager.Current(); ok {
 		a.applyTables(eng, snap)
 	}
 	return nil
@@ -129,7 +129,7 @@ type rowsLink struct{ a *Appliance }
 
 // Dial implements rows.Link.
 func (l rowsLink) Dial(ctx context.Context, role string) (*amqp.Connection, string, error) {
-	b := l.a.bridge.Load()
+	b := l.a.parts().bridge
 	if b == nil {
 		return nil, "", rows.ErrLinkDown
 	}
@@ -142,7 +142,7 @@ func (l rowsLink) Dial(ctx context.Context, role string) (*amqp.Connection, stri
 
 // Moved implements rows.Link.
 func (l rowsLink) Moved() <-chan struct{} {
-	b := l.a.bridge.Load()
+	b := l.a.parts().bridge
 	if b == nil {
 		return closedChan // no link: whatever was dialled is to be dialled again
 	}
@@ -167,11 +167,12 @@ func mayDeclareTables(user string) bool {
 
 // stopRows stops the tables' sync and API. a.mu is held.
 func (a *Appliance) stopRows() {
-	if a.rowsConn != nil {
-		a.rowsConn.Close()
-		a.rowsConn = nil
+	if nc := a.parts().rowsConn; nc != nil {
+		a.update(func(r *running) { r.rowsConn = nil })
+		nc.Close()
 	}
-	if eng := a.rowsEng.Swap(nil); eng != nil {
+	if eng := a.parts().rows; eng != nil {
+		a.update(func(r *running) { r.rows = nil })
 		if err := eng.Close(); err != nil {
 			a.logger.Warn("rows: close", "err", err)
 		}
@@ -180,7 +181,7 @@ func (a *Appliance) stopRows() {
 
 // rowsStatus is the tables' part of the status.
 func (a *Appliance) rowsStatus() []rows.TableStatus {
-	if eng := a.rowsEng.Load(); eng != nil {
+	if eng := a.parts().rows; eng != nil {
 		return eng.Status()
 	}
 	return nil

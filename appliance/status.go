@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance/localnats"
 	"github.com/meshbox/meshbox/appliance/modules"
 	"github.com/meshbox/meshbox/appliance/rows"
 	"github.com/meshbox/meshbox/bridge"
@@ -92,10 +93,8 @@ type EndpointStatus struct {
 // Status returns the node's status now. It never waits on Start or Close:
 // it reads what they have published.
 func (a *Appliance) Status() Status {
-	var startedAt time.Time
-	if t := a.pubStarted.Load(); t != nil {
-		startedAt = *t
-	}
+	r := a.parts()
+	startedAt := r.startedAt
 	b := Build()
 	st := Status{
 		Node:          a.cfg.Node,
@@ -111,26 +110,26 @@ func (a *Appliance) Status() Status {
 		Stalls:        []bridge.StallStatus{},
 		Commands:      []bridge.CommandStatus{},
 		DeadLetters:   map[string]int{},
-		Errors:        a.errs.recent(),
+		Errors:        a.tel.errs.recent(),
 	}
 	st.NATS.URL = a.NATSURL()
 	st.NATS.Programs = []string{}
 	st.Warnings = a.transportWarnings()
-	if n := a.pubNATS.Load(); n != nil {
-		st.NATS.Auth = n.auth.mode()
-		st.NATS.WebSocket, st.NATS.MQTT = n.wsURL, n.mqttURL
-		if n.mqttPlain {
-			st.Warnings = append(st.Warnings, fmt.Sprintf(warnMQTTPlain, strings.TrimPrefix(n.mqttURL, "mqtt://")))
+	if n := r.nats; n != nil {
+		st.NATS.Auth = n.AuthMode()
+		st.NATS.WebSocket, st.NATS.MQTT = n.WebSocketURL(), n.MQTTURL()
+		if n.MQTTPlain() {
+			st.Warnings = append(st.Warnings, fmt.Sprintf(localnats.WarnMQTTPlain, strings.TrimPrefix(n.MQTTURL(), "mqtt://")))
 		}
-		rep := n.auth.lastReport()
+		rep := n.Programs()
 		st.NATS.Programs, st.NATS.ProgramErrors = rep.Programs, rep.Errors
-		if n.auth.anonymous && a.cfg.InMesh() {
-			st.Warnings = append(st.Warnings, warnNATSOpen)
-		} else if n.auth.anonymous {
-			st.Notes = append(st.Notes, warnNATSOpen) // what a standalone node is
+		if n.Anonymous() && a.cfg.InMesh() {
+			st.Warnings = append(st.Warnings, localnats.WarnOpen)
+		} else if n.Anonymous() {
+			st.Notes = append(st.Notes, localnats.WarnOpen) // what a standalone node is
 		}
 	}
-	if b := a.bridge.Load(); b != nil {
+	if b := r.bridge; b != nil {
 		bs := b.Status()
 		st.Broker, st.Outbox, st.Stalls, st.Commands = bs.Broker, bs.Outbox, bs.Stalls, bs.Commands
 		st.Warnings = append(st.Warnings, bs.Warnings...)
@@ -138,7 +137,7 @@ func (a *Appliance) Status() Status {
 			st.DeadLetters = bs.DeadLetters
 		}
 	}
-	if n := a.node.Load(); n != nil {
+	if n := r.node; n != nil {
 		ns := n.Status()
 		st.Peers, st.Capabilities = ns.Peers, ns.Capabilities
 	}
@@ -148,14 +147,14 @@ func (a *Appliance) Status() Status {
 	st.Blobs = a.blobsStatus()
 	st.Rows = a.rowsStatus()
 	st.Modules = []modules.Status{}
-	if sup := a.mods.Load(); sup != nil {
+	if sup := r.mods; sup != nil {
 		st.Modules = sup.Status()
 	}
-	if kk := a.keys.Load(); kk != nil {
+	if kk := r.keys; kk != nil {
 		ks := kk.Status()
 		st.Keys = &ks
 	}
-	if bd := a.pubBindings.Load(); bd != nil {
+	if bd := r.bindings; bd != nil {
 		st.Bindings = bd.manager.Status()
 		var newest *cache.BrokerCredential
 		if snap, ok := bd.manager.Current(); ok {
@@ -165,7 +164,7 @@ func (a *Appliance) Status() Status {
 			}
 		}
 		st.Identity = identity(st.Broker.Credential, newest, time.Now())
-		if b := a.bridge.Load(); b != nil && st.Identity != nil {
+		if b := r.bridge; b != nil && st.Identity != nil {
 			st.Identity.Peers = b.PeerGenerations()
 		}
 	} else {

@@ -112,7 +112,7 @@ func TestNodeMetrics(t *testing.T) {
 
 	gather := func() map[string]*dto.MetricFamily {
 		t.Helper()
-		mfs, err := a.registry.Gather()
+		mfs, err := a.tel.registry.Gather()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -71,7 +71,7 @@ func loopbackHost(host string) bool {
 func (a *Appliance) transportWarnings() []string {
 	broker := string(a.cfg.Broker)
 	if broker == "" {
-		if bd := a.pubBindings.Load(); bd != nil {
+		if bd := a.parts().bindings; bd != nil {
 			if snap, ok := bd.manager.Current(); ok {
 				broker = snap.Bindings.Settings["broker.url"]
 			}

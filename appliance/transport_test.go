@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshbox/meshbox/appliance/localnats"
 	"github.com/meshbox/meshbox/appliance/programs"
 )
 
@@ -54,7 +55,7 @@ func TestStandaloneStatusWarnsOpenNATS(t *testing.T) {
 	}
 	a := startNode(t, "alpha", dir)
 	st := a.Status()
-	if st.NATS.Auth != AuthOpen || !slices.Contains(st.Notes, warnNATSOpen) || slices.Contains(st.Warnings, warnNATSOpen) {
+	if st.NATS.Auth != AuthOpen || !slices.Contains(st.Notes, localnats.WarnOpen) || slices.Contains(st.Warnings, localnats.WarnOpen) {
 		t.Errorf("standalone status: auth %q notes %q warnings %q, want open, and it in the notes, not the warnings", st.NATS.Auth, st.Notes, st.Warnings)
 	}
 	if !st.Standalone || len(st.Problems) != 0 {

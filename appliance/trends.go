@@ -119,13 +119,13 @@ func sampleOf(st Status, b *bridge.Bridge, now time.Time) trendSample {
 }
 
 // runTrends samples the node's status now and every trendEvery into
-// a.trends. It exits when the appliance closes.
+// a.tel.trends. It exits when the appliance closes.
 func (a *Appliance) runTrends() {
 	defer a.wg.Done()
 	t := time.NewTicker(trendEvery)
 	defer t.Stop()
 	for {
-		a.trends.add(sampleOf(a.Status(), a.bridge.Load(), time.Now()))
+		a.tel.trends.add(sampleOf(a.Status(), a.parts().bridge, time.Now()))
 		select {
 		case <-a.quit:
 			return

@@ -21,7 +21,7 @@ import (
 //
 // Who seals a content key for a node that lacks it: any node that holds the
 // key, when its bindings show a node record with a public key and no copy
-// sealed to that key (appliance/keys.go). No admin command is needed, and
+// sealed to that key (package appliance/keys). No admin command is needed, and
 // the admin (who holds the database's owner credential) never sees a key:
 // a content key's bytes are made by the first node that claims its id
 // (ClaimKey), and exist only on nodes and sealed in the database.

@@ -1,10 +1,11 @@
-package appliance
+package localnats
 
 import (
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,9 +23,28 @@ const maxClosedClients = 64
 // use (blobs are on disk).
 const jsMaxMemory = 8 << 20
 
-// natsServer is the node's embedded NATS server: the only door local
-// programs use. It listens on the configured address (loopback by default).
-type natsServer struct {
+// Options configure the server. The appliance's configuration checks
+// them; Start reports what fails when the server starts.
+type Options struct {
+	Addr string // the NATS port, host:port (port 0: a free port)
+	Node string // the node's name: the server is meshbox-<node>
+	// DataDir holds the administrative credential, the programs' store
+	// (package programs) and JetStream's files.
+	DataDir string
+	// Anonymous lets clients without a credential in (AuthOpen).
+	Anonymous bool
+	// BlobMaxBytes turns JetStream on for the blob store, its file store
+	// limited to twice this (0: off).
+	BlobMaxBytes int64
+	WebSocket    *WebSocketOptions // nil: no WebSocket listener
+	MQTT         *MQTTOptions      // nil: no MQTT listener
+	Logger       *slog.Logger      // nil: no logging
+}
+
+// Server is the node's embedded NATS server: the only door local
+// programs use. It listens on the configured address (loopback by
+// default). Its methods are safe for concurrent use.
+type Server struct {
 	srv  *server.Server
 	opts *server.Options // as started, without users: the base of each reload
 	auth *localAuth
@@ -35,6 +55,35 @@ type natsServer struct {
 	mqttURL   string
 	mqttPlain bool
 }
+
+// Start starts the server of o and waits until it accepts clients.
+func Start(o Options) (*Server, error) {
+	logger := o.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	auth, err := newLocalAuth(o.DataDir, o.Anonymous)
+	if err != nil {
+		return nil, err
+	}
+	var more []listener
+	if w := o.WebSocket; w != nil {
+		auth.wsOffLoopback = w.OffLoopback
+		more = append(more, &webListener{addr: w.Addr, cert: w.Cert, key: w.Key, origins: w.Origins})
+	}
+	if m := o.MQTT; m != nil {
+		auth.mqttOffLoopback = m.OffLoopback
+		more = append(more, &mqttListener{addr: m.Addr, cert: m.Cert, key: m.Key, dataDir: o.DataDir, offLoopback: m.OffLoopback})
+	}
+	jsDir := ""
+	if o.BlobMaxBytes > 0 {
+		jsDir = jetStreamDir(o.DataDir)
+	}
+	return startNATS(o.Addr, o.Node, jsDir, o.BlobMaxBytes, auth, logger, more...)
+}
+
+// jetStreamDir is where the server keeps JetStream's files in dataDir.
+func jetStreamDir(dataDir string) string { return filepath.Join(dataDir, "jetstream") }
 
 // startNATS starts the embedded server and waits until it accepts clients.
 //
@@ -54,16 +103,16 @@ type natsServer struct {
 //
 // JetStream runs with its files in jsDir ("" turns it off), for the blob
 // store alone (package blobs): its file store limited to twice
-// blobs.max_bytes, its memory store to jsMaxMemory. Who may use it is
-// localauth.go's matter: the node and its CLI, programs given blob rights,
+// blobs.max_bytes (blobMaxBytes), its memory store to jsMaxMemory. Who
+// may use it is auth.go's matter: the node and its CLI, programs given blob rights,
 // and, on an open server, anonymous clients on the existing streams only.
 // JetStream without a stream costs an idle node nothing measurable; any
 // stream starts the server's access-time ticker (100 ms), so the blob
 // store is made only when first used (see the README for the figures).
 //
-// Clients authenticate as auth says (see localauth.go); bad program
+// Clients authenticate as auth says (see auth.go); bad program
 // definitions are logged and left out.
-func startNATS(addr, node, jsDir string, bl BlobsConfig, auth *localAuth, logger *slog.Logger, more ...listener) (*natsServer, error) {
+func startNATS(addr, node, jsDir string, blobMaxBytes int64, auth *localAuth, logger *slog.Logger, more ...listener) (*Server, error) {
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("nats address %q: %w", addr, err)
@@ -95,7 +144,7 @@ func startNATS(addr, node, jsDir string, bl BlobsConfig, auth *localAuth, logger
 	if jsDir != "" {
 		opts.JetStream = true
 		opts.StoreDir = jsDir
-		opts.JetStreamMaxStore = 2 * bl.MaxBytes
+		opts.JetStreamMaxStore = 2 * blobMaxBytes
 		opts.JetStreamMaxMemory = jsMaxMemory
 		opts.DisableJetStreamBanner = true
 	}
@@ -128,7 +177,7 @@ func startNATS(addr, node, jsDir string, bl BlobsConfig, auth *localAuth, logger
 		srv.WaitForShutdown()
 		return nil, fmt.Errorf("nats server: not listening on %s within 10s", addr)
 	}
-	n := &natsServer{srv: srv, opts: base, auth: auth}
+	n := &Server{srv: srv, opts: base, auth: auth}
 	if web != nil {
 		n.wsURL = web.url
 	}
@@ -139,11 +188,18 @@ func startNATS(addr, node, jsDir string, bl BlobsConfig, auth *localAuth, logger
 }
 
 // URL is the client URL local programs use.
-func (n *natsServer) URL() string { return n.srv.ClientURL() }
+func (n *Server) URL() string { return n.srv.ClientURL() }
 
-// connect opens an in-process client connection (no TCP) named name, with
+// NATS is the nats-server itself, for what reads its state (the
+// watcher of local interest, the tables' interest in a subject).
+func (n *Server) NATS() *server.Server { return n.srv }
+
+// Running reports whether the server runs.
+func (n *Server) Running() bool { return n.srv.Running() }
+
+// Connect opens an in-process client connection (no TCP) named name, with
 // the node's administrative credential.
-func (n *natsServer) connect(name string, extra ...nats.Option) (*nats.Conn, error) {
+func (n *Server) Connect(name string, extra ...nats.Option) (*nats.Conn, error) {
 	opts := append([]nats.Option{
 		nats.Name(name),
 		n.auth.connOption(),
@@ -158,8 +214,8 @@ func (n *natsServer) connect(name string, extra ...nats.Option) (*nats.Conn, err
 // a local client can never land on the node's own subjects, the JetStream
 // API or a mesh subject, whatever reply subject the client gave. A
 // publish the server refuses is logged here (the checks before it should
-// have refused it: localrights.go).
-func (n *natsServer) connectResponder(name string, logger *slog.Logger) (*nats.Conn, error) {
+// have refused it: rights.go).
+func (n *Server) connectResponder(name string, logger *slog.Logger) (*nats.Conn, error) {
 	return nats.Connect("",
 		nats.Name(name),
 		n.auth.responderOption(),
@@ -171,7 +227,8 @@ func (n *natsServer) connectResponder(name string, logger *slog.Logger) (*nats.C
 	)
 }
 
-func (n *natsServer) close() {
+// Close shuts the server down and waits until it has. It is idempotent.
+func (n *Server) Close() {
 	if n == nil || n.srv == nil {
 		return
 	}
@@ -187,7 +244,8 @@ func (n *natsLogger) Noticef(format string, v ...any) { n.l.Debug(fmt.Sprintf(fo
 func (n *natsLogger) Warnf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
 	if strings.HasPrefix(msg, "Websocket not configured with TLS") {
-		// Only ever on loopback (Config.Validate): nothing crosses a network.
+		// Only ever on loopback (the appliance's configuration checks
+		// that): nothing crosses a network.
 		n.l.Debug(msg)
 		return
 	}

@@ -1,7 +1,6 @@
-package appliance
+package localnats
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -31,19 +30,16 @@ import (
 // subjects like everything else, so a program's rights cover it: a
 // program may use it only when its definition says blobs (package
 // programs), and then only the blob store's stream.
-const (
-	// SubjectReloadPrograms asks the node to read its programs again (the
-	// meshbox CLI does after program add and remove). The reply is a
-	// ProgramsReport.
-	SubjectReloadPrograms = wire.SubjectReloadPrograms
-)
 
 // Auth modes of the embedded NATS server, as the status reports them.
 const (
 	AuthCredentials = "credentials" // every client needs a credential
 	AuthOpen        = "open"        // clients without one are let in too
-	warnNATSOpen    = "the local NATS server is open: programs without a credential can connect and do anything but take the node's own subjects"
 )
+
+// WarnOpen is what the node says of an open server (AuthOpen): a
+// warning in a mesh, a note on a standalone node.
+const WarnOpen = "the local NATS server is open: programs without a credential can connect and do anything but take the node's own subjects"
 
 // anonymousJSDeny are the JetStream API requests clients without a
 // credential may not make: they could otherwise make a stream that
@@ -55,7 +51,8 @@ var anonymousJSDeny = []string{
 	"$JS.API.STREAM.RESTORE.>",
 }
 
-// ProgramsReport is what the node knows of its programs after a (re)load.
+// ProgramsReport is what the node knows of its programs after a (re)load:
+// the answer to wire.SubjectReloadPrograms.
 type ProgramsReport struct {
 	Programs []string `json:"programs"`
 	Errors   []string `json:"errors,omitempty"`
@@ -80,13 +77,13 @@ type localAuth struct {
 	// the rights of a client without one.
 	anonKey string
 	// responder signs in the node's responder connection, which may
-	// publish on _INBOX.> and nothing else (localrights.go); made at
+	// publish on _INBOX.> and nothing else (rights.go); made at
 	// start, never written down.
 	responder    nkeys.KeyPair
 	responderKey string // its public key
 	// rights are the loaded programs' rights, for the checks of
-	// localrights.go.
-	rights localRights
+	// rights.go.
+	rights Rights
 
 	mu     sync.Mutex
 	report ProgramsReport // the last load
@@ -273,82 +270,6 @@ func (l *localAuth) responderOption() nats.Option {
 	return nats.Nkey(l.responderKey, l.responder.Sign)
 }
 
-// ReloadPrograms reads the programs' definitions again and applies them to
-// the running NATS server: new programs may connect, changed ones get
-// their new permissions, removed ones are disconnected.
-func (a *Appliance) ReloadPrograms() (ProgramsReport, error) {
-	n := a.pubNATS.Load()
-	if n == nil {
-		return ProgramsReport{}, ErrNotRunning
-	}
-	rep, err := n.auth.reload(n.srv, n.opts)
-	a.logPrograms(rep)
-	return rep, err
-}
-
-// PutProgram creates or changes program p in the node's store, applies it
-// to the running server, and returns the path of its credential file (an
-// nkey seed file any NATS client reads). The same key stays with the
-// program across changes.
-func (a *Appliance) PutProgram(p programs.Program) (credsPath string, err error) {
-	n := a.pubNATS.Load()
-	if n == nil {
-		return "", ErrNotRunning
-	}
-	path, err := n.auth.store.Put(p)
-	if err != nil {
-		return "", err
-	}
-	if _, err := a.ReloadPrograms(); err != nil {
-		return path, err
-	}
-	return path, nil
-}
-
-// RemoveProgram deletes program name and disconnects its clients.
-func (a *Appliance) RemoveProgram(name string) error {
-	n := a.pubNATS.Load()
-	if n == nil {
-		return ErrNotRunning
-	}
-	if err := n.auth.store.Remove(name); err != nil {
-		return err
-	}
-	_, err := a.ReloadPrograms()
-	return err
-}
-
-// logPrograms logs each bad program definition and the programs whose
-// MQTT devices were disconnected to reconnect under their new rights.
-func (a *Appliance) logPrograms(rep ProgramsReport) {
-	for _, e := range rep.Errors {
-		a.logger.Warn("local program left out", "component", "nats", "err", e)
-	}
-	for _, name := range rep.Reconnected {
-		a.logger.Info("program's MQTT devices disconnected: its subscribe rights changed, and they reconnect under the new ones", "component", "nats", "program", name)
-	}
-}
-
-// serveReload answers SubjectReloadPrograms on the node's own connection.
-// a.mu is held.
-func (a *Appliance) serveReload() error {
-	_, err := a.nc.Subscribe(SubjectReloadPrograms, func(m *nats.Msg) {
-		if !a.adminRequest(m) {
-			return
-		}
-		rep, err := a.ReloadPrograms()
-		if err != nil {
-			rep.Errors = append(rep.Errors, err.Error())
-		}
-		data, _ := json.Marshal(rep) // plain strings: cannot fail
-		a.respond(m, data)
-	})
-	if err != nil {
-		return fmt.Errorf("serve %s: %w", SubjectReloadPrograms, err)
-	}
-	return nil
-}
-
 // mqttPermissions are program p's rights on the MQTT listener: its own,
 // and for each subject it may subscribe to that ends in ">", the subject
 // above it too. MQTT's multi-level wildcard matches its parent level
@@ -367,3 +288,43 @@ func mqttPermissions(p programs.Program) *server.Permissions {
 	perms.Subscribe.Allow = sub
 	return perms
 }
+
+// Reload reads the programs' definitions again and applies them to the
+// running server: new programs may connect, changed ones get their new
+// permissions, removed ones are disconnected.
+func (n *Server) Reload() (ProgramsReport, error) { return n.auth.reload(n.srv, n.opts) }
+
+// PutProgram creates or changes program p in the programs' store and
+// returns the path of its credential file; Reload applies it.
+func (n *Server) PutProgram(p programs.Program) (credsPath string, err error) {
+	return n.auth.store.Put(p)
+}
+
+// RemoveProgram deletes program name from the programs' store; Reload
+// disconnects its clients.
+func (n *Server) RemoveProgram(name string) error { return n.auth.store.Remove(name) }
+
+// Programs is what the last load of the programs found.
+func (n *Server) Programs() ProgramsReport { return n.auth.lastReport() }
+
+// AuthMode is AuthOpen or AuthCredentials.
+func (n *Server) AuthMode() string { return n.auth.mode() }
+
+// Anonymous reports whether clients without a credential are let in.
+func (n *Server) Anonymous() bool { return n.auth.anonymous }
+
+// Rights answers the questions of the node's parts about what local
+// clients may do (rights.go).
+func (n *Server) Rights() *Rights { return &n.auth.rights }
+
+// WebSocketURL is the WebSocket listener's URL (ws:// or wss://), ""
+// without one.
+func (n *Server) WebSocketURL() string { return n.wsURL }
+
+// MQTTURL is the MQTT listener's URL (mqtt:// or mqtts://), "" without
+// one; MQTTPlain reports whether it is off loopback without TLS.
+func (n *Server) MQTTURL() string { return n.mqttURL }
+
+// MQTTPlain reports whether the MQTT listener is off loopback without TLS
+// (WarnMQTTPlain).
+func (n *Server) MQTTPlain() bool { return n.mqttPlain }

@@ -1,9 +1,10 @@
-package appliance
+package localnats
 
 import (
 	"runtime"
 	"testing"
 
+	"github.com/meshbox/meshbox/appliance/blobs"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -12,12 +13,16 @@ import (
 // embedded server remembers only a few closed connections (by default it
 // keeps 10,000, about 1 KB each).
 func TestClosedConnectionsAreBounded(t *testing.T) {
-	a := startNode(t, "alpha", t.TempDir())
-	srv := a.pubNATS.Load().srv
+	n, err := Start(Options{Addr: "127.0.0.1:0", Node: "alpha", DataDir: t.TempDir(), Anonymous: true, BlobMaxBytes: blobs.DefaultMaxBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Close)
+	srv := n.NATS()
 	own := srv.NumClients() // the node's own connections
 	const conns = 3 * maxClosedClients
 	for range conns {
-		nc, err := nats.Connect(a.NATSURL())
+		nc, err := nats.Connect(n.URL())
 		if err != nil {
 			t.Fatal(err)
 		}

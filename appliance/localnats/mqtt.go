@@ -1,8 +1,7 @@
-package appliance
+package localnats
 
 import (
 	"net"
-	"path/filepath"
 	"strconv"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -13,9 +12,9 @@ import (
 // QoS 1 messages not yet acknowledged in streams of its own.
 const mqttMaxStore = 256 << 20
 
-// warnMQTTPlain is the status warning of an MQTT listener off loopback
+// WarnMQTTPlain is the status warning of an MQTT listener off loopback
 // without TLS (%s: its address).
-const warnMQTTPlain = "the MQTT listener on %s has no TLS: devices' passwords cross the network in the clear (set nats_mqtt_cert and nats_mqtt_key for mqtts://)"
+const WarnMQTTPlain = "the MQTT listener on %s has no TLS: devices' passwords cross the network in the clear (set nats_mqtt_cert and nats_mqtt_key for mqtts://)"
 
 // mqttListener is the MQTT listener: devices sign in as programs that
 // have an MQTT password (programs.Program.MQTT), with the same rights as
@@ -25,15 +24,18 @@ const warnMQTTPlain = "the MQTT listener on %s has no TLS: devices' passwords cr
 // store's, or alone in the data directory when the blob store is off.
 type mqttListener struct {
 	addr, cert, key, dataDir string
+	offLoopback              bool   // addr takes clients from the network
 	url                      string // mqtt://host:port or mqtts://host:port, once applied
 }
 
-// newMQTTListener is the MQTT listener of cfg (nil when off).
-func newMQTTListener(cfg *Config) *mqttListener {
-	if cfg.NATSMQTT == "" {
-		return nil
-	}
-	return &mqttListener{addr: cfg.NATSMQTT, cert: cfg.NATSMQTTCert, key: cfg.NATSMQTTKey, dataDir: cfg.DataDir}
+// MQTTOptions configure the MQTT listener.
+type MQTTOptions struct {
+	Addr      string // host:port (port 0: a free port)
+	Cert, Key string // TLS (mqtts://) when set
+	// OffLoopback says Addr is not on loopback: no client comes in there
+	// without a credential, and without TLS the status warns
+	// (WarnMQTTPlain).
+	OffLoopback bool
 }
 
 func (m *mqttListener) apply(opts *server.Options) error {
@@ -53,7 +55,7 @@ func (m *mqttListener) apply(opts *server.Options) error {
 	opts.MQTT = mo
 	if !opts.JetStream {
 		opts.JetStream = true
-		opts.StoreDir = filepath.Join(m.dataDir, "jetstream")
+		opts.StoreDir = jetStreamDir(m.dataDir)
 		opts.JetStreamMaxStore = mqttMaxStore
 		opts.JetStreamMaxMemory = jsMaxMemory
 		opts.DisableJetStreamBanner = true
@@ -64,4 +66,4 @@ func (m *mqttListener) apply(opts *server.Options) error {
 
 // plain reports whether device passwords cross a network in the clear:
 // no TLS, off loopback.
-func (m *mqttListener) plain() bool { return m.cert == "" && !LoopbackAddr(m.addr) }
+func (m *mqttListener) plain() bool { return m.cert == "" && m.offLoopback }

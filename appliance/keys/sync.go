@@ -1,4 +1,4 @@
-package appliance
+package keys
 
 import (
 	"context"
@@ -20,8 +20,8 @@ import (
 // run does the database's part after each change of the bindings: publish
 // the node's public key, claim keys nobody holds, seal held keys for nodes
 // that lack them; and applies the bindings again when a key retires.
-// Exits when close closes quit.
-func (kk *keyKeeper) run() {
+// Exits when Close closes quit.
+func (kk *Keeper) run() {
 	defer close(kk.done)
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
@@ -80,7 +80,7 @@ func nextRetire(b cache.Bindings, now time.Time) time.Duration {
 // sync does one round of the database's part (see run). changed says
 // whether it wrote anything (or tried to: a claim another node won); a
 // round that changes nothing finds the keys in step.
-func (kk *keyKeeper) sync(ctx context.Context, b cache.Bindings) (changed bool, err error) {
+func (kk *Keeper) sync(ctx context.Context, b cache.Bindings) (changed bool, err error) {
 	if kk.db == nil {
 		return false, nil
 	}

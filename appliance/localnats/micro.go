@@ -1,9 +1,10 @@
-package appliance
+package localnats
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -15,7 +16,6 @@ import (
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/wire"
-	"github.com/meshbox/meshbox/node"
 )
 
 // NATS micro discovery across the mesh. A NATS micro service answers the
@@ -92,21 +92,42 @@ type microAnswer struct {
 	Responses []json.RawMessage `json:"responses"`
 }
 
-// serveMicro takes the discovery requests, the mesh's and the local
-// clients'. a.mu is held.
-func (a *Appliance) serveMicro() error {
-	nc := a.nc // Close sets a.nc to nil; the handlers' goroutines keep this one (closed then: their calls fail)
-	a.microRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+// MicroConfig is what micro discovery needs of the node.
+type MicroConfig struct {
+	Node string // the node's name, marked on its services' answers
+	// Conn is the node's own connection (Server.Connect): discovery
+	// subscribes and asks on it. Closing it ends discovery.
+	Conn    *nats.Conn
+	Replies *Responder
+	// Peers returns the peers that are up now (none: the local services
+	// are all there is).
+	Peers      func() []string
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// discovery is micro discovery's state; its handlers run on cfg.Conn's
+// goroutine.
+type discovery struct {
+	cfg     MicroConfig
+	rights  *Rights
+	refused *prometheus.CounterVec // meshbox_micro_refused_total
+}
+
+// ServeMicro takes the discovery requests, the mesh's and the local
+// clients', on cfg.Conn, until it closes.
+func (n *Server) ServeMicro(cfg MicroConfig) error {
+	d := &discovery{cfg: cfg, rights: n.Rights(), refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "meshbox_micro_refused_total",
 		Help: "NATS micro discovery: requests to meshbox.micro refused (program: a local program's call; the node answers its peers and its administrator) and answers of local services left out (too_large, too_many, malformed).",
-	}, []string{"reason"})
-	if err := a.registry.Register(a.microRefused); err != nil {
+	}, []string{"reason"})}
+	if err := cfg.Registerer.Register(d.refused); err != nil {
 		return fmt.Errorf("register micro discovery metrics: %w", err)
 	}
-	rights := &a.natsSrv.auth.rights
+	nc := cfg.Conn
 	for subj, h := range map[string]nats.MsgHandler{
-		wire.CapPrefix + microCap: func(m *nats.Msg) { a.onMicroQuery(nc, rights, m) },
-		"$SRV.>":                  func(m *nats.Msg) { a.onMicroDiscovery(nc, m) },
+		wire.CapPrefix + microCap: d.onMicroQuery,
+		"$SRV.>":                  d.onMicroDiscovery,
 	} {
 		if _, err := nc.Subscribe(subj, h); err != nil {
 			return fmt.Errorf("serve %s: %w", subj, err)
@@ -158,7 +179,7 @@ func (q microQuery) subject() string {
 // peer that is up and each of their services' answers back to the
 // client. The node's own requests to its local services are not passed
 // on: they are what a peer asked.
-func (a *Appliance) onMicroDiscovery(nc *nats.Conn, m *nats.Msg) {
+func (d *discovery) onMicroDiscovery(m *nats.Msg) {
 	if m.Reply == "" || strings.HasPrefix(m.Reply, microInbox) {
 		return
 	}
@@ -166,26 +187,17 @@ func (a *Appliance) onMicroDiscovery(nc *nats.Conn, m *nats.Msg) {
 	if !ok {
 		return
 	}
-	n := a.node.Load()
-	if n == nil {
-		return // standalone: the local services are all there is
-	}
-	var peers []string
-	for _, p := range n.Peers() {
-		if p.State == node.StateUp {
-			peers = append(peers, p.Name)
-		}
-	}
+	peers := d.cfg.Peers()
 	if len(peers) == 0 {
-		return
+		return // standalone, or no peer up: the local services are all there is
 	}
-	body, _ := json.Marshal(q)             // strings: cannot fail
-	go a.askPeersMicro(nc, m, peers, body) // ends within microDeadline
+	body, _ := json.Marshal(q)         // strings: cannot fail
+	go d.askPeersMicro(m, peers, body) // ends within microDeadline
 }
 
 // askPeersMicro asks peers (microParallel at a time) and answers m with
 // what each said.
-func (a *Appliance) askPeersMicro(nc *nats.Conn, m *nats.Msg, peers []string, body []byte) {
+func (d *discovery) askPeersMicro(m *nats.Msg, peers []string, body []byte) {
 	ctx, cancel := context.WithTimeout(context.Background(), microDeadline)
 	defer cancel()
 	sem := make(chan struct{}, microParallel)
@@ -199,9 +211,9 @@ func (a *Appliance) askPeersMicro(nc *nats.Conn, m *nats.Msg, peers []string, bo
 			req := nats.NewMsg(wire.NodePrefix + peer + ".cap." + microCap)
 			req.Data = body
 			req.Header.Set(wire.HeaderTimeout, microDeadline.String())
-			resp, err := nc.RequestMsgWithContext(ctx, req)
+			resp, err := d.cfg.Conn.RequestMsgWithContext(ctx, req)
 			if err != nil {
-				a.logger.Debug("micro discovery: a peer did not answer", "peer", peer, "err", err)
+				d.cfg.Logger.Debug("micro discovery: a peer did not answer", "peer", peer, "err", err)
 				return
 			}
 			var ans microAnswer
@@ -216,7 +228,7 @@ func (a *Appliance) askPeersMicro(nc *nats.Conn, m *nats.Msg, peers []string, bo
 				// asked (the bridge opened its sealed answer from it),
 				// whatever its answer claims.
 				if marked, ok := markMicroNode(r, peer); ok {
-					a.respond(m, marked)
+					d.cfg.Replies.Respond(m, marked)
 				}
 			}
 		}()
@@ -230,27 +242,28 @@ func (a *Appliance) askPeersMicro(nc *nats.Conn, m *nats.Msg, peers []string, bo
 // administrator; a program that may call meshbox.micro (a right such as
 // --call '>') is refused: what services a program sees is what the mesh
 // shows it through its own node, within its rights (onMicroDiscovery).
-func (a *Appliance) onMicroQuery(nc *nats.Conn, rights *localRights, m *nats.Msg) {
-	if prog, ok := rights.inboxOwner(m.Reply); ok {
-		a.microRefused.WithLabelValues(microRefusedProgram).Inc()
-		if _, seen := a.refusedReplies.LoadOrStore("micro/"+prog, true); !seen {
-			a.logger.Warn("micro discovery: a program's call to meshbox.micro refused (the node answers its peers and its administrator; logged once per program)", "program", prog)
+func (d *discovery) onMicroQuery(m *nats.Msg) {
+	if prog, ok := d.rights.inboxOwner(m.Reply); ok {
+		d.refused.WithLabelValues(microRefusedProgram).Inc()
+		if d.cfg.Replies.once("micro/" + prog) {
+			d.cfg.Logger.Warn("micro discovery: a program's call to meshbox.micro refused (the node answers its peers and its administrator; logged once per program)", "program", prog)
 		}
-		if rights.ReplyAllowed(m.Subject, m.Reply) == nil { // its own inbox, not another program's
-			a.respondError(m, wire.CodeForbidden, "meshbox.micro answers the node's peers and its administrator, not programs: ask with nats micro ls as the administrator")
+		if d.rights.ReplyAllowed(m.Subject, m.Reply) == nil { // its own inbox, not another program's
+			d.cfg.Replies.RespondError(m, wire.CodeForbidden, "meshbox.micro answers the node's peers and its administrator, not programs: ask with nats micro ls as the administrator")
 		}
 		return
 	}
 	var q microQuery
 	if err := json.Unmarshal(m.Data, &q); err != nil || !q.valid() {
-		a.respond(m, nil)
+		d.cfg.Replies.Respond(m, nil)
 		return
 	}
-	go a.answerMicro(nc, m, q) // ends within microCollect: the connection's other handlers go on
+	go d.answerMicro(m, q) // ends within microCollect: the connection's other handlers go on
 }
 
 // answerMicro asks the local services q and answers m with what they said.
-func (a *Appliance) answerMicro(nc *nats.Conn, m *nats.Msg, q microQuery) {
+func (d *discovery) answerMicro(m *nats.Msg, q microQuery) {
+	nc := d.cfg.Conn
 	inbox := microInbox + nats.NewInbox()[len("_INBOX."):]
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
@@ -260,7 +273,7 @@ func (a *Appliance) answerMicro(nc *nats.Conn, m *nats.Msg, q microQuery) {
 	if err := nc.PublishRequest(q.subject(), inbox, nil); err != nil {
 		return
 	}
-	ans := microAnswer{Node: a.cfg.Node, Responses: []json.RawMessage{}}
+	ans := microAnswer{Node: d.cfg.Node, Responses: []json.RawMessage{}}
 	until := time.Now().Add(microCollect)
 	total := 0
 	for {
@@ -277,16 +290,16 @@ func (a *Appliance) answerMicro(nc *nats.Conn, m *nats.Msg, q microQuery) {
 			reason = microRefusedTooLarge
 		default:
 			var ok bool
-			if out, ok = markMicroNode(r.Data, a.cfg.Node); !ok {
+			if out, ok = markMicroNode(r.Data, d.cfg.Node); !ok {
 				reason = microRefusedBadJSON
 			} else if total+len(out) > maxMicroBytes {
 				reason = microRefusedTooLarge
 			}
 		}
 		if reason != "" {
-			a.microRefused.WithLabelValues(reason).Inc()
-			if _, seen := a.refusedReplies.LoadOrStore("micro-answer/"+reason, true); !seen {
-				a.logger.Warn("micro discovery: a local service's answer left out (logged once per reason; meshbox_micro_refused_total counts them)", "reason", reason,
+			d.refused.WithLabelValues(reason).Inc()
+			if d.cfg.Replies.once("micro-answer/" + reason) {
+				d.cfg.Logger.Warn("micro discovery: a local service's answer left out (logged once per reason; meshbox_micro_refused_total counts them)", "reason", reason,
 					"limits", fmt.Sprintf("%d answers, %d bytes each, %d in all", maxMicroAnswers, maxMicroAnswerBytes, maxMicroBytes))
 			}
 			continue
@@ -295,7 +308,7 @@ func (a *Appliance) answerMicro(nc *nats.Conn, m *nats.Msg, q microQuery) {
 		ans.Responses = append(ans.Responses, out)
 	}
 	data, _ := json.Marshal(ans) // raw JSON already checked: cannot fail
-	a.respond(m, data)
+	d.cfg.Replies.Respond(m, data)
 }
 
 // markMicroNode adds the node's name to a service's answer's metadata. An

@@ -1,4 +1,4 @@
-package appliance
+package localnats
 
 import (
 	"errors"
@@ -9,7 +9,6 @@ import (
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 )
 
 // A local client's word is input, never authority. The node acts on its
@@ -59,16 +58,17 @@ type rightsSnapshot struct {
 	publish map[string][]string
 }
 
-// localRights answers the bridge's and the blob server's questions about
-// local clients (bridge.LocalRights). It reads the snapshot the last
-// (re)load of the programs made, without a lock.
-type localRights struct {
+// Rights answers the bridge's, the blob server's and the tables'
+// questions about local clients (bridge.LocalRights). It reads the
+// snapshot the last (re)load of the programs made, without a lock. The
+// zero value knows no programs and lets every reply through.
+type Rights struct {
 	cur atomic.Pointer[rightsSnapshot]
 }
 
 // set replaces the snapshot with the programs' lists and the server's
 // openness.
-func (r *localRights) set(progs []programs.Program, anonymous bool) {
+func (r *Rights) set(progs []programs.Program, anonymous bool) {
 	s := &rightsSnapshot{anonymous: anonymous, publish: make(map[string][]string, len(progs))}
 	for _, p := range progs {
 		s.publish[p.Name] = p.Permissions().Publish.Allow
@@ -78,7 +78,7 @@ func (r *localRights) set(progs []programs.Program, anonymous bool) {
 
 // ReplyAllowed reports whether the node may answer a message published on
 // subject at reply (see above); nil when it may.
-func (r *localRights) ReplyAllowed(subject, reply string) error {
+func (r *Rights) ReplyAllowed(subject, reply string) error {
 	if err := checkInbox(reply); err != nil {
 		return err
 	}
@@ -106,7 +106,7 @@ func (r *localRights) ReplyAllowed(subject, reply string) error {
 // call capability on a named node (node.<n>.cap.<capability>): micro
 // discovery's capability answers the administrator (and the node's
 // peers), never a program, whatever its call rights say; nil when it may.
-func (r *localRights) CallAllowed(capability, reply string) error {
+func (r *Rights) CallAllowed(capability, reply string) error {
 	if capability != microCap {
 		return nil
 	}
@@ -117,7 +117,7 @@ func (r *localRights) CallAllowed(capability, reply string) error {
 }
 
 // inboxOwner returns the program whose inbox reply is in, if it is one's.
-func (r *localRights) inboxOwner(reply string) (string, bool) {
+func (r *Rights) inboxOwner(reply string) (string, bool) {
 	s := r.cur.Load()
 	rest, ok := strings.CutPrefix(reply, inboxPrefix)
 	if s == nil || !ok {
@@ -130,7 +130,7 @@ func (r *localRights) inboxOwner(reply string) (string, bool) {
 
 // ResultTopicAllowed reports whether every local party that may submit to
 // stage may also publish topic; nil when so.
-func (r *localRights) ResultTopicAllowed(stage, topic string) error {
+func (r *Rights) ResultTopicAllowed(stage, topic string) error {
 	s := r.cur.Load()
 	if s == nil {
 		return nil
@@ -165,56 +165,4 @@ func matchesAny(subj string, patterns []string) bool {
 		}
 	}
 	return false
-}
-
-// adminRequest reports whether m, on one of the node's own subjects that
-// make it act (module control, dead letters, program reload), is a
-// request it may act on: one with an inbox to answer. The node's CLI
-// always asks so; what JetStream publishes where a client told it to (a
-// direct get's answer, which has no reply subject, a push consumer's
-// delivery, whose reply is $JS.ACK.…) never is. Refused: logged once per
-// subject.
-func (a *Appliance) adminRequest(m *nats.Msg) bool {
-	err := checkInbox(m.Reply)
-	if err == nil {
-		return true
-	}
-	if _, seen := a.refusedReplies.LoadOrStore(m.Subject, true); !seen {
-		a.logger.Warn("request refused: the node acts only on requests with an inbox to answer (logged once per subject)", "subject", m.Subject, "err", err)
-	}
-	return false
-}
-
-// respond answers a request to one of the node's own subjects ($MESH.*)
-// on the responder connection, and only on an inbox: a reply subject that
-// is none is refused and logged once per subject.
-func (a *Appliance) respond(m *nats.Msg, data []byte) {
-	a.respondMsg(m, &nats.Msg{Data: data})
-}
-
-// respondError answers m as respond does, with an error reply (code and
-// text in the headers, no body).
-func (a *Appliance) respondError(m *nats.Msg, code int, text string) {
-	r := &nats.Msg{Header: nats.Header{}}
-	wire.SetError(r.Header, code, text)
-	a.respondMsg(m, r)
-}
-
-// respondMsg is respond's work: out goes to m's reply subject.
-func (a *Appliance) respondMsg(m, out *nats.Msg) {
-	if m.Reply == "" {
-		return
-	}
-	if err := checkInbox(m.Reply); err != nil {
-		if _, seen := a.refusedReplies.LoadOrStore(m.Subject, true); !seen {
-			a.logger.Warn("request refused: its reply subject is no inbox (logged once per subject)", "subject", m.Subject, "err", err)
-		}
-		return
-	}
-	rc := a.pubRC.Load()
-	if rc == nil {
-		return // stopping
-	}
-	out.Subject = m.Reply
-	_ = rc.PublishMsg(out) // the caller may have gone; nothing to do then
 }

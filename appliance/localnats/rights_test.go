@@ -1,4 +1,4 @@
-package appliance
+package localnats
 
 import (
 	"errors"
@@ -13,7 +13,7 @@ func TestReplyAllowed(t *testing.T) {
 		{Name: "other", Call: []string{"echo"}, Submit: []string{"s3"}},
 		{Name: "victim", Subscribe: []string{"alarm.off"}},
 	}
-	var closed, open localRights
+	var closed, open Rights
 	closed.set(progs, false)
 	open.set(progs, true)
 	for _, tt := range []struct {
@@ -36,7 +36,7 @@ func TestReplyAllowed(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			for _, c := range []struct {
-				r    *localRights
+				r    *Rights
 				want bool
 				mode string
 			}{{&closed, tt.closed, "credentials"}, {&open, tt.open, "open"}} {
@@ -50,7 +50,7 @@ func TestReplyAllowed(t *testing.T) {
 }
 
 func TestResultTopicAllowed(t *testing.T) {
-	var r localRights
+	var r Rights
 	r.set([]programs.Program{
 		{Name: "narrow", Submit: []string{"s3"}, Publish: []string{"s3.done"}},
 		{Name: "wide", Submit: []string{"*"}, Publish: []string{"s3.done", "alarm.>"}},

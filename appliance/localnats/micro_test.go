@@ -1,4 +1,4 @@
-package appliance
+package localnats
 
 import (
 	"encoding/json"

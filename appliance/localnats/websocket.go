@@ -1,10 +1,9 @@
-package appliance
+package localnats
 
 import (
 	"crypto/tls"
 	"fmt"
 	"net"
-	"net/url"
 	"strconv"
 	"time"
 
@@ -28,40 +27,25 @@ const wsHandshakeTimeout = 5 * time.Second
 // webListener is the WebSocket listener: browser pages with the nats.ws
 // client (or any WebSocket NATS client) sign in as programs do on the
 // NATS port, with the same credentials and rights; it is the same
-// server. It listens on loopback, or with TLS (Config.Validate checks
-// that). Pages of other origins than the node's own HTTP listener and
-// Config.NATSWebSocketOrigins are refused at the upgrade.
+// server. It listens on loopback, or with TLS (the appliance's
+// configuration checks that). Pages of other origins than those given
+// are refused at the upgrade.
 type webListener struct {
 	addr, cert, key string
 	origins         []string
 	url             string // ws://host:port or wss://host:port, once applied
 }
 
-// newWebListener is the WebSocket listener of cfg (nil when off);
-// httpURL is the node's own HTTP listener ("" when off), whose pages may
-// connect.
-func newWebListener(cfg *Config, httpURL string) *webListener {
-	if cfg.NATSWebSocket == "" {
-		return nil
-	}
-	w := &webListener{addr: cfg.NATSWebSocket, cert: cfg.NATSWebSocketCert, key: cfg.NATSWebSocketKey}
-	w.origins = append(w.origins, ownOrigins(httpURL)...)
-	w.origins = append(w.origins, cfg.NATSWebSocketOrigins...)
-	return w
-}
-
-// ownOrigins are the origins of the node's own pages: its HTTP
-// listener's address, and localhost for a loopback one.
-func ownOrigins(httpURL string) []string {
-	u, err := url.Parse(httpURL)
-	if httpURL == "" || err != nil || u.Host == "" {
-		return nil
-	}
-	out := []string{u.Scheme + "://" + u.Host}
-	if LoopbackAddr(u.Host) {
-		out = append(out, u.Scheme+"://localhost:"+u.Port())
-	}
-	return out
+// WebSocketOptions configure the WebSocket listener.
+type WebSocketOptions struct {
+	Addr      string // host:port (port 0: a free port)
+	Cert, Key string // TLS (wss://) when set
+	// Origins are the pages allowed to connect, scheme://host[:port]
+	// (none: no page).
+	Origins []string
+	// OffLoopback says Addr is not on loopback: no client comes in there
+	// without a credential.
+	OffLoopback bool
 }
 
 func (w *webListener) apply(opts *server.Options) error {

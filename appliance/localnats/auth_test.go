@@ -1,4 +1,4 @@
-package appliance
+package localnats
 
 import (
 	"errors"
@@ -9,23 +9,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance/blobs"
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/nats-io/nats.go"
 )
 
 // startAuthNATS runs the embedded server with local authentication as a
 // node in a mesh has it (anonymous false) or a standalone one (true).
-func startAuthNATS(t *testing.T, anonymous bool) (*natsServer, *localAuth) {
+func startAuthNATS(t *testing.T, anonymous bool) (*Server, *localAuth) {
 	t.Helper()
 	auth, err := newLocalAuth(t.TempDir(), anonymous)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := startNATS("127.0.0.1:0", "alpha", "", defaultBlobsConfig(), auth, slog.New(slog.DiscardHandler))
+	n, err := startNATS("127.0.0.1:0", "alpha", "", blobs.DefaultMaxBytes, auth, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(n.close)
+	t.Cleanup(n.Close)
 	return n, auth
 }
 
@@ -70,7 +71,7 @@ func TestMeshNATSRefusesAnonymousAndLimitsPrograms(t *testing.T) {
 	if _, err := nats.Connect(n.URL(), nats.NoReconnect()); !errors.Is(err, nats.ErrAuthorization) {
 		t.Fatalf("anonymous connection: got %v, want an authorization violation", err)
 	}
-	admin, err := n.connect("test-admin")
+	admin, err := n.Connect("test-admin")
 	if err != nil {
 		t.Fatalf("the node's own credential: %v", err)
 	}
@@ -148,7 +149,7 @@ func TestProgramGetsNewPermissionsOnReload(t *testing.T) {
 	if _, err := auth.reload(n.srv, n.opts); err != nil {
 		t.Fatal(err)
 	}
-	admin, err := n.connect("test-admin")
+	admin, err := n.Connect("test-admin")
 	if err != nil {
 		t.Fatal(err)
 	}

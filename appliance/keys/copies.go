@@ -1,4 +1,4 @@
-package appliance
+package keys
 
 import (
 	"crypto/sha256"
@@ -17,7 +17,7 @@ import (
 // the keys opened before when its bytes did not change, and checks it.
 // committed is false for a key claimed before commitments (taken, and
 // logged once); ok is false for a copy refused. kk.mu is held.
-func (kk *keyKeeper) openCopy(sk cache.SealedKey, ck cache.ContentKey) (o openedKey, committed, ok bool) {
+func (kk *Keeper) openCopy(sk cache.SealedKey, ck cache.ContentKey) (o openedKey, committed, ok bool) {
 	sum := sha256.Sum256(sk.Sealed)
 	o, cached := kk.opened[sk.ID]
 	if !cached || o.sum != sum {
@@ -51,7 +51,7 @@ func (kk *keyKeeper) openCopy(sk cache.SealedKey, ck cache.ContentKey) (o opened
 // refuse records that this node refuses its sealed copy sk (of SHA-256
 // sum) for reason: sync removes it from the database. Each copy is counted
 // and logged once. kk.mu is held.
-func (kk *keyKeeper) refuse(sk cache.SealedKey, sum [32]byte, reason string, err error) {
+func (kk *Keeper) refuse(sk cache.SealedKey, sum [32]byte, reason string, err error) {
 	kk.refused[sk.ID] = refusedCopy{copy: sk, reason: reason}
 	seen := sk.ID + "/" + hex.EncodeToString(sum[:]) + "/" + reason
 	if kk.seen[seen] {
