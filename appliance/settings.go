@@ -140,7 +140,7 @@ func SettingsTable() string {
 	return b.String()
 }
 
-// SettingKey is the config path ("bridge.request_timeout") of the field
+// SettingKey is the config path ("cache.keep") of the field
 // whose address field returns: for a message that names a setting
 // without spelling it again.
 func SettingKey(field func(c *Config) any) string {
@@ -212,7 +212,7 @@ func (c *Config) ApplyEnv(getenv func(string) string) error {
 
 // settingField is one setting as the struct tags define it.
 type settingField struct {
-	key   string // the config path, "bridge.request_timeout"
+	key   string // the config path, "cache.keep"
 	index []int  // the field's index path in Config
 	form  []int  // the field's index path in the config file's form
 }
