@@ -29,9 +29,10 @@ import (
 // environment (MESHBOX_*), then command-line flags; and validated once with
 // Validate. No other package reads flags, files or the environment.
 //
-// The config file is JSON; its keys are the json tags below. Durations are
-// strings in Go's notation ("5s", "2m30s"). Unknown keys are an error, so a
-// misspelt key is never silently ignored.
+// The config file is JSON; its keys are the json tags below and those of
+// bridge.Config, read once (settings.go). Durations are strings in Go's
+// notation ("5s", "2m30s"). Unknown keys are an error, so a misspelt key
+// is never silently ignored.
 type Config struct {
 	// Node is this node's mesh name: its identity on the broker and in the
 	// mesh database. Letters, digits, '-' and '_', at most 64.
@@ -96,10 +97,13 @@ type Config struct {
 	// address, and refuses every other Host (no DNS rebinding).
 	HTTPHosts []string `json:"http_hosts"`
 
-	Log    LogConfig    `json:"log"`
-	Cache  CacheConfig  `json:"cache"`
-	Bridge BridgeConfig `json:"bridge"`
-	Mesh   MeshConfig   `json:"mesh"`
+	Log   LogConfig   `json:"log"`
+	Cache CacheConfig `json:"cache"`
+	// Bridge is the broker part: the bridge's own options, whose fields
+	// with a json tag are settings (see bridge.Config); the appliance
+	// fills in the others when it starts the bridge.
+	Bridge bridge.Config `json:"bridge"`
+	Mesh   MeshConfig    `json:"mesh"`
 	// Modules is the module supervision part (see ModulesConfig).
 	Modules ModulesConfig `json:"modules"`
 	// Blobs is the node's blob store (see BlobsConfig).
@@ -124,78 +128,6 @@ type CacheConfig struct {
 	RetryInterval Duration `json:"retry_interval"`
 	// MaxAge raises a warning when bindings are older than this (0: never).
 	MaxAge Duration `json:"max_age"`
-}
-
-// BridgeConfig is the broker part of the configuration.
-type BridgeConfig struct {
-	CAFile string `json:"ca_file"`
-	// CertFile and KeyFile are a PEM client certificate and key for an
-	// amqps:// broker; with them a broker URL without a password logs in
-	// with the certificate (SASL EXTERNAL).
-	CertFile       string `json:"cert_file"`
-	KeyFile        string `json:"key_file"`
-	OutboxMaxBytes int64  `json:"outbox_max_bytes"`
-	// RequestTimeout is a request's deadline unless its caller sets
-	// another with Meshbox-Timeout (shorter, or longer up to
-	// wire.MaxTimeout, 2m): a blob fetch sets its own from the link.
-	RequestTimeout Duration `json:"request_timeout"`
-	// CommandTimeout bounds one handler attempt of a command; a handler
-	// that has not replied by then is taken as failed and the command is
-	// retried.
-	CommandTimeout Duration `json:"command_timeout"`
-	// MaxLease bounds how long a handler that keeps sending progress
-	// (Meshbox-Progress replies) may hold one attempt of a command: each
-	// progress message moves its deadline to command_timeout from then, up
-	// to max_lease after it was handed out. Unset: the larger of 10m and
-	// command_timeout; at most 25m.
-	MaxLease Duration `json:"max_lease"`
-	// Prefetch bounds the unacknowledged deliveries of one consumer (the
-	// events consumer, each consumer of a stage queue).
-	Prefetch int `json:"prefetch"`
-	// MaxStagePrefetch bounds the unacknowledged commands of one stage on
-	// this node: between prefetch and it, a stage's credit follows its
-	// handler's measured rate and the link's round trip (see the bridge
-	// package doc).
-	MaxStagePrefetch int `json:"max_stage_prefetch"`
-	// CommandBatch is the most commands one broker message carries (1:
-	// every command alone). Commands for one stage that wait at the same
-	// moment travel together while every peer reads batches.
-	CommandBatch int               `json:"command_batch"`
-	RetryBudget  int               `json:"retry_budget"`
-	Heartbeat    Duration          `json:"heartbeat"`
-	StallAfter   Duration          `json:"stall_after"`
-	Routes       map[string]string `json:"routes"`
-	// Dedupe names the stages whose completed message ids this node
-	// remembers, so that a delivery of an id that completed here within
-	// the window is acked without calling the handler again. Per node, not
-	// across the mesh (see the README, Trusted workers).
-	Dedupe map[string]DedupeConfig `json:"dedupe"`
-	// Retry names the stages with a retry policy: a failed attempt waits
-	// its backoff in the stage's retry queue on the broker before the
-	// next, up to attempts in all; the last failure dead-letters it.
-	// Other stages requeue a failed command after a short pause, up to
-	// retry_budget attempts.
-	Retry map[string]RetryConfig `json:"retry"`
-}
-
-// RetryConfig is a stage's retry policy.
-type RetryConfig struct {
-	Attempts int      `json:"attempts"` // attempts in all (1..1000)
-	Backoff  Duration `json:"backoff"`  // wait before the second attempt (10ms..7 days)
-	// MaxBackoff, when above backoff, doubles the wait after each failed
-	// attempt up to it; unset, every wait is backoff.
-	MaxBackoff Duration `json:"max_backoff"`
-}
-
-// policy is the bridge's form of r.
-func (r RetryConfig) policy() bridge.RetryPolicy {
-	return bridge.RetryPolicy{Attempts: r.Attempts, Backoff: r.Backoff.D(), MaxBackoff: r.MaxBackoff.D()}
-}
-
-// DedupeConfig is a stage's idempotency at the node.
-type DedupeConfig struct {
-	Window     Duration `json:"window"`      // how long a completed id is remembered (1s..90 days)
-	MaxEntries int      `json:"max_entries"` // the most ids remembered for the stage (1..10,000,000)
 }
 
 // MeshConfig is the discovery part of the configuration.
@@ -241,16 +173,16 @@ func DefaultConfig() Config {
 			RetryInterval: Duration(cache.DefaultRetryInterval),
 			MaxAge:        Duration(cache.DefaultMaxAge),
 		},
-		Bridge: BridgeConfig{
+		Bridge: bridge.Config{
 			OutboxMaxBytes:   bridge.DefaultOutboxMaxBytes,
-			RequestTimeout:   Duration(bridge.DefaultRequestTimeout),
-			CommandTimeout:   Duration(bridge.DefaultCommandTimeout),
+			RequestTimeout:   bridge.DefaultRequestTimeout,
+			CommandTimeout:   bridge.DefaultCommandTimeout,
 			Prefetch:         bridge.DefaultPrefetch,
 			MaxStagePrefetch: bridge.DefaultMaxStagePrefetch,
 			CommandBatch:     bridge.DefaultCommandBatch,
 			RetryBudget:      bridge.DefaultRetryBudget,
-			Heartbeat:        Duration(bridge.DefaultHeartbeat),
-			StallAfter:       Duration(bridge.DefaultStallAfter),
+			Heartbeat:        bridge.DefaultHeartbeat,
+			StallAfter:       bridge.DefaultStallAfter,
 		},
 		Mesh: MeshConfig{
 			DiscoveryInterval: Duration(node.DefaultDiscoveryInterval),
@@ -286,92 +218,6 @@ func ValidNodeName(name string) bool { return names.Node(name) == nil }
 // SanitizeNodeName turns a host name into a valid node name: the first label
 // only, other characters replaced by '-'.
 func SanitizeNodeName(host string) string { return names.NodeFromHost(host) }
-
-// EnvVars maps each environment variable to the config field it sets.
-var EnvVars = []struct {
-	Name  string
-	Field string
-}{
-	{"MESHBOX_NODE", "node"},
-	{"MESHBOX_DATA", "data"},
-	{"MESHBOX_NATS", "nats"},
-	{"MESHBOX_HTTP", "http"},
-	{"MESHBOX_PPROF", "pprof"},
-	{"MESHBOX_DB", "db"},
-	{"MESHBOX_BROKER", "broker"},
-	{"MESHBOX_NATS_ANONYMOUS", "nats_anonymous"},
-	{"MESHBOX_NATS_WEBSOCKET", "nats_websocket"},
-	{"MESHBOX_NATS_MQTT", "nats_mqtt"},
-	{"MESHBOX_LOG_LEVEL", "log.level"},
-	{"MESHBOX_LOG_FORMAT", "log.format"},
-	{"MESHBOX_MODULES_DIR", "modules.dir"},
-	{"MESHBOX_MODULES_RUN_DIR", "modules.run_dir"},
-	{"MESHBOX_BLOBS", "blobs.enabled"},
-}
-
-// ApplyEnv sets fields from the MESHBOX_* variables that getenv returns
-// non-empty.
-func (c *Config) ApplyEnv(getenv func(string) string) error {
-	for _, v := range EnvVars {
-		if val := getenv(v.Name); val != "" {
-			if err := c.Set(v.Field, val); err != nil {
-				return fmt.Errorf("%s: %w", v.Name, err)
-			}
-		}
-	}
-	return nil
-}
-
-// Set sets one top-level or log field by its config path.
-func (c *Config) Set(field, value string) error {
-	switch field {
-	case "node":
-		c.Node = value
-	case "data":
-		c.DataDir = value
-	case "nats":
-		c.NATS = value
-	case "http":
-		c.HTTP = value
-	case "pprof":
-		on, err := strconv.ParseBool(value)
-		if err != nil {
-			return fmt.Errorf("pprof: %q is not true or false", value)
-		}
-		c.Pprof = on
-	case "nats_anonymous":
-		on, err := strconv.ParseBool(value)
-		if err != nil {
-			return fmt.Errorf("nats_anonymous: %q is not true or false", value)
-		}
-		c.NATSAnonymous = on
-	case "nats_websocket":
-		c.NATSWebSocket = value
-	case "nats_mqtt":
-		c.NATSMQTT = value
-	case "db":
-		c.DB = Secret(value)
-	case "broker":
-		c.Broker = Secret(value)
-	case "log.level":
-		c.Log.Level = value
-	case "log.format":
-		c.Log.Format = value
-	case "modules.dir":
-		c.Modules.Dir = value
-	case "modules.run_dir":
-		c.Modules.RunDir = value
-	case "blobs.enabled":
-		on, err := strconv.ParseBool(value)
-		if err != nil {
-			return fmt.Errorf("blobs.enabled: %q is not true or false", value)
-		}
-		c.Blobs.Enabled = on
-	default:
-		return fmt.Errorf("unknown config field %q", field)
-	}
-	return nil
-}
 
 // InMesh reports whether the node belongs to a mesh (it has a database or
 // a broker); otherwise it is standalone.
@@ -454,76 +300,77 @@ func (c *Config) Validate() error {
 	if c.Cache.Keep < 1 || c.Cache.Keep > 1000 {
 		bad("cache.keep", "%d is out of range 1..1000", c.Cache.Keep)
 	}
-	positive := map[string]Duration{
-		"cache.load_timeout":      c.Cache.LoadTimeout,
-		"cache.retry_interval":    c.Cache.RetryInterval,
-		"bridge.request_timeout":  c.Bridge.RequestTimeout,
-		"bridge.command_timeout":  c.Bridge.CommandTimeout,
-		"bridge.heartbeat":        c.Bridge.Heartbeat,
-		"bridge.stall_after":      c.Bridge.StallAfter,
-		"mesh.discovery_interval": c.Mesh.DiscoveryInterval,
-		"mesh.heartbeat_interval": c.Mesh.HeartbeatInterval,
+	key := func(p any) string { return c.key(p) }
+	positive := map[string]time.Duration{
+		key(&c.Cache.LoadTimeout):      c.Cache.LoadTimeout.D(),
+		key(&c.Cache.RetryInterval):    c.Cache.RetryInterval.D(),
+		key(&c.Bridge.RequestTimeout):  c.Bridge.RequestTimeout,
+		key(&c.Bridge.CommandTimeout):  c.Bridge.CommandTimeout,
+		key(&c.Bridge.Heartbeat):       c.Bridge.Heartbeat,
+		key(&c.Bridge.StallAfter):      c.Bridge.StallAfter,
+		key(&c.Mesh.DiscoveryInterval): c.Mesh.DiscoveryInterval.D(),
+		key(&c.Mesh.HeartbeatInterval): c.Mesh.HeartbeatInterval.D(),
 	}
 	for _, f := range sortedKeys(positive) {
 		if positive[f] <= 0 {
 			bad(f, "must be a positive duration, got %s", positive[f])
 		}
 	}
-	if c.Bridge.CommandTimeout.D() > 25*time.Minute {
+	br := &c.Bridge
+	if br.CommandTimeout > 25*time.Minute {
 		// RabbitMQ closes the channel of a delivery unacked for 30 minutes.
-		bad("bridge.command_timeout", "%s is above the maximum of 25m", c.Bridge.CommandTimeout)
+		bad(key(&br.CommandTimeout), "%s is above the maximum of 25m", br.CommandTimeout)
 	}
-	if ml := c.Bridge.MaxLease.D(); ml != 0 && (ml < c.Bridge.CommandTimeout.D() || ml > 25*time.Minute) {
-		bad("bridge.max_lease", "%s is out of range %s (bridge.command_timeout)..25m", c.Bridge.MaxLease, c.Bridge.CommandTimeout)
+	if ml := br.MaxLease; ml != 0 && (ml < br.CommandTimeout || ml > 25*time.Minute) {
+		bad(key(&br.MaxLease), "%s is out of range %s (%s)..25m", br.MaxLease, br.CommandTimeout, key(&br.CommandTimeout))
 	}
 	if c.Cache.MaxAge < 0 {
-		bad("cache.max_age", "must not be negative")
+		bad(key(&c.Cache.MaxAge), "must not be negative")
 	}
-	if c.Bridge.OutboxMaxBytes < 1<<20 {
-		bad("bridge.outbox_max_bytes", "%d is below the minimum of 1 MiB", c.Bridge.OutboxMaxBytes)
+	if br.OutboxMaxBytes < 1<<20 {
+		bad(key(&br.OutboxMaxBytes), "%d is below the minimum of 1 MiB", br.OutboxMaxBytes)
 	}
-	if c.Bridge.Prefetch < 1 || c.Bridge.Prefetch > 10000 {
-		bad("bridge.prefetch", "%d is out of range 1..10000", c.Bridge.Prefetch)
+	if br.Prefetch < 1 || br.Prefetch > 10000 {
+		bad(key(&br.Prefetch), "%d is out of range 1..10000", br.Prefetch)
 	}
-	if c.Bridge.CommandBatch < 1 || c.Bridge.CommandBatch > bridge.MaxCommandBatch {
-		bad("bridge.command_batch", "%d is out of range 1..%d", c.Bridge.CommandBatch, bridge.MaxCommandBatch)
+	if br.CommandBatch < 1 || br.CommandBatch > bridge.MaxCommandBatch {
+		bad(key(&br.CommandBatch), "%d is out of range 1..%d", br.CommandBatch, bridge.MaxCommandBatch)
 	}
-	if c.Bridge.MaxStagePrefetch < c.Bridge.Prefetch || c.Bridge.MaxStagePrefetch > 65535 {
-		bad("bridge.max_stage_prefetch", "%d is out of range %d (bridge.prefetch)..65535", c.Bridge.MaxStagePrefetch, c.Bridge.Prefetch)
+	if br.MaxStagePrefetch < br.Prefetch || br.MaxStagePrefetch > 65535 {
+		bad(key(&br.MaxStagePrefetch), "%d is out of range %d (%s)..65535", br.MaxStagePrefetch, br.Prefetch, key(&br.Prefetch))
 	}
-	if c.Bridge.RetryBudget < 1 || c.Bridge.RetryBudget > 1000 {
-		bad("bridge.retry_budget", "%d is out of range 1..1000", c.Bridge.RetryBudget)
+	if br.RetryBudget < 1 || br.RetryBudget > 1000 {
+		bad(key(&br.RetryBudget), "%d is out of range 1..1000", br.RetryBudget)
 	}
-	if c.Bridge.CAFile != "" {
-		if _, err := os.Stat(c.Bridge.CAFile); err != nil {
-			bad("bridge.ca_file", "%v", err)
+	if br.CAFile != "" {
+		if _, err := os.Stat(br.CAFile); err != nil {
+			bad(key(&br.CAFile), "%v", err)
 		}
 	}
 	switch {
-	case (c.Bridge.CertFile == "") != (c.Bridge.KeyFile == ""):
-		bad("bridge.cert_file", "a client certificate needs both bridge.cert_file and bridge.key_file")
-	case c.Bridge.CertFile != "":
-		if _, err := tls.LoadX509KeyPair(c.Bridge.CertFile, c.Bridge.KeyFile); err != nil {
-			bad("bridge.cert_file", "%v", err)
+	case (br.CertFile == "") != (br.KeyFile == ""):
+		bad(key(&br.CertFile), "a client certificate needs both %s and %s", key(&br.CertFile), key(&br.KeyFile))
+	case br.CertFile != "":
+		if _, err := tls.LoadX509KeyPair(br.CertFile, br.KeyFile); err != nil {
+			bad(key(&br.CertFile), "%v", err)
 		}
 	}
-	for _, stage := range sortedKeys(c.Bridge.Dedupe) {
-		d := c.Bridge.Dedupe[stage]
-		if err := bridge.CheckDedupe(stage, bridge.DedupePolicy{Window: d.Window.D(), MaxEntries: d.MaxEntries}); err != nil {
-			bad("bridge.dedupe", "%v", err)
+	for _, stage := range sortedKeys(br.Dedupe) {
+		if err := bridge.CheckDedupe(stage, br.Dedupe[stage]); err != nil {
+			bad(key(&br.Dedupe), "%v", err)
 		}
 	}
-	for _, stage := range sortedKeys(c.Bridge.Retry) {
-		if err := bridge.CheckRetry(stage, c.Bridge.Retry[stage].policy()); err != nil {
-			bad("bridge.retry", "%v", err)
+	for _, stage := range sortedKeys(br.Retry) {
+		if err := bridge.CheckRetry(stage, br.Retry[stage]); err != nil {
+			bad(key(&br.Retry), "%v", err)
 		}
 	}
-	for _, capName := range sortedKeys(c.Bridge.Routes) {
+	for _, capName := range sortedKeys(br.Routes) {
 		if err := names.Capability(capName); err != nil {
-			bad("bridge.routes", "%w", err)
+			bad(key(&br.Routes), "%w", err)
 		}
-		if err := names.Node(c.Bridge.Routes[capName]); err != nil {
-			bad("bridge.routes."+capName, "%w", err)
+		if err := names.Node(br.Routes[capName]); err != nil {
+			bad(key(&br.Routes)+"."+capName, "%w", err)
 		}
 	}
 	if c.Mesh.MissedHeartbeats < 1 || c.Mesh.MissedHeartbeats > 100 {

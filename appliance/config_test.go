@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshbox/meshbox/bridge"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -68,25 +70,25 @@ func TestConfigValidate(t *testing.T) {
 		{"blobs max bytes huge", func(c *Config) { c.Blobs.MaxBytes = 1 << 50 }, "blobs.max_bytes"},
 		{"blobs max age short", func(c *Config) { c.Blobs.MaxAge = Duration(time.Millisecond) }, "blobs.max_age"},
 		{"blobs max age", func(c *Config) { c.Blobs.MaxAge = Duration(30 * 24 * time.Hour) }, ""},
-		{"request timeout", func(c *Config) { c.Bridge.RequestTimeout = -Duration(time.Second) }, "bridge.request_timeout"},
+		{"request timeout", func(c *Config) { c.Bridge.RequestTimeout = -time.Second }, "bridge.request_timeout"},
 		{"command timeout zero", func(c *Config) { c.Bridge.CommandTimeout = 0 }, "bridge.command_timeout"},
-		{"command timeout too long", func(c *Config) { c.Bridge.CommandTimeout = Duration(time.Hour) }, "bridge.command_timeout"},
-		{"max lease below command timeout", func(c *Config) { c.Bridge.MaxLease = Duration(time.Second) }, "bridge.max_lease"},
-		{"max lease too long", func(c *Config) { c.Bridge.MaxLease = Duration(time.Hour) }, "bridge.max_lease"},
+		{"command timeout too long", func(c *Config) { c.Bridge.CommandTimeout = time.Hour }, "bridge.command_timeout"},
+		{"max lease below command timeout", func(c *Config) { c.Bridge.MaxLease = time.Second }, "bridge.max_lease"},
+		{"max lease too long", func(c *Config) { c.Bridge.MaxLease = time.Hour }, "bridge.max_lease"},
 		{"dedupe bad stage", func(c *Config) {
-			c.Bridge.Dedupe = map[string]DedupeConfig{"a b": {Window: Duration(time.Hour), MaxEntries: 10}}
+			c.Bridge.Dedupe = map[string]bridge.DedupePolicy{"a b": {Window: time.Hour, MaxEntries: 10}}
 		}, "bridge.dedupe"},
-		{"dedupe no window", func(c *Config) { c.Bridge.Dedupe = map[string]DedupeConfig{"once": {MaxEntries: 10}} }, "bridge.dedupe"},
+		{"dedupe no window", func(c *Config) { c.Bridge.Dedupe = map[string]bridge.DedupePolicy{"once": {MaxEntries: 10}} }, "bridge.dedupe"},
 		{"retry bad stage", func(c *Config) {
-			c.Bridge.Retry = map[string]RetryConfig{"a b": {Attempts: 3, Backoff: Duration(time.Second)}}
+			c.Bridge.Retry = map[string]bridge.RetryPolicy{"a b": {Attempts: 3, Backoff: time.Second}}
 		}, "bridge.retry"},
-		{"retry no attempts", func(c *Config) { c.Bridge.Retry = map[string]RetryConfig{"r": {Backoff: Duration(time.Second)}} }, "bridge.retry"},
-		{"retry no backoff", func(c *Config) { c.Bridge.Retry = map[string]RetryConfig{"r": {Attempts: 3}} }, "bridge.retry"},
+		{"retry no attempts", func(c *Config) { c.Bridge.Retry = map[string]bridge.RetryPolicy{"r": {Backoff: time.Second}} }, "bridge.retry"},
+		{"retry no backoff", func(c *Config) { c.Bridge.Retry = map[string]bridge.RetryPolicy{"r": {Attempts: 3}} }, "bridge.retry"},
 		{"retry max below backoff", func(c *Config) {
-			c.Bridge.Retry = map[string]RetryConfig{"r": {Attempts: 3, Backoff: Duration(time.Second), MaxBackoff: Duration(time.Millisecond * 500)}}
+			c.Bridge.Retry = map[string]bridge.RetryPolicy{"r": {Attempts: 3, Backoff: time.Second, MaxBackoff: time.Millisecond * 500}}
 		}, "bridge.retry"},
-		{"dedupe no bound", func(c *Config) { c.Bridge.Dedupe = map[string]DedupeConfig{"once": {Window: Duration(time.Hour)}} }, "bridge.dedupe"},
-		{"max lease negative", func(c *Config) { c.Bridge.MaxLease = Duration(-time.Minute) }, "bridge.max_lease"},
+		{"dedupe no bound", func(c *Config) { c.Bridge.Dedupe = map[string]bridge.DedupePolicy{"once": {Window: time.Hour}} }, "bridge.dedupe"},
+		{"max lease negative", func(c *Config) { c.Bridge.MaxLease = -time.Minute }, "bridge.max_lease"},
 		{"ca file missing", func(c *Config) { c.Bridge.CAFile = "/nonexistent/ca.pem" }, "bridge.ca_file"},
 		{"cert without key", func(c *Config) { c.Bridge.CertFile = "/nonexistent/c.pem" }, "bridge.cert_file"},
 		{"key without cert", func(c *Config) { c.Bridge.KeyFile = "/nonexistent/k.pem" }, "bridge.cert_file"},
@@ -158,7 +160,7 @@ func TestConfigLayers(t *testing.T) {
 	if c.NATS != "127.0.0.1:6000" {
 		t.Errorf("nats: got %q, want %q (env beats file)", c.NATS, "127.0.0.1:6000")
 	}
-	if c.Bridge.RequestTimeout.D() != 2*time.Second {
+	if c.Bridge.RequestTimeout != 2*time.Second {
 		t.Errorf("bridge.request_timeout: got %s, want 2s", c.Bridge.RequestTimeout)
 	}
 	if c.HTTP != DefaultHTTP {

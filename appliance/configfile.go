@@ -26,16 +26,17 @@ func (c *Config) LoadFile(path string) error {
 	if err != nil {
 		return fmt.Errorf("config file: %w", err)
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(c); err != nil {
-		return fmt.Errorf("config file %s: %s", path, jsonErrorAt(data, dec.InputOffset(), err))
-	}
-	if dec.More() {
-		return fmt.Errorf("config file %s: more than one JSON value", path)
+	var at int64
+	if err := c.decodeFile(data, &at); errors.Is(err, errMoreThanOneValue) {
+		return fmt.Errorf("config file %s: %w", path, err)
+	} else if err != nil {
+		return fmt.Errorf("config file %s: %s", path, jsonErrorAt(data, at, err))
 	}
 	return nil
 }
+
+// errMoreThanOneValue is a config file of several JSON values.
+var errMoreThanOneValue = errors.New("more than one JSON value")
 
 // jsonErrorAt says where in data a decoding error is: its line, the text
 // of that line, and the field's path when the decoder knows it. offset is
@@ -77,7 +78,7 @@ func jsonErrorAt(data []byte, offset int64, err error) string {
 }
 
 // configKeys are the keys a config file may hold at any depth: the json
-// names of Config's fields and of the fields of the structs in it.
+// names of the settings and of the parts and policies that hold them.
 func configKeys() []string {
 	var keys []string
 	seen := map[reflect.Type]bool{}
@@ -92,11 +93,8 @@ func configKeys() []string {
 		seen[t] = true
 		for f := range t.Fields() {
 			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-			if name == "-" || !f.IsExported() {
+			if name == "-" || name == "" || !f.IsExported() {
 				continue
-			}
-			if name == "" {
-				name = f.Name
 			}
 			if !slices.Contains(keys, name) {
 				keys = append(keys, name)
@@ -104,7 +102,7 @@ func configKeys() []string {
 			walk(f.Type)
 		}
 	}
-	walk(reflect.TypeFor[Config]())
+	walk(formType())
 	return keys
 }
 
@@ -122,8 +120,7 @@ func lineAt(data []byte, offset int64) int {
 }
 
 // keyLine is the line (from 1) of the key a field path ends with
-// ("bridge.request_timeout": the first "request_timeout" key after the
-// first "bridge" key), or 0.
+// ("cache.keep": the first "keep" key after the first "cache" key), or 0.
 func keyLine(data []byte, path string) int {
 	from := 0
 	at := -1

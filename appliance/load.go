@@ -8,32 +8,6 @@ import (
 	"strings"
 )
 
-// ConfigFlag is a command-line flag that sets one config field. Its
-// environment variable is the one EnvVars names for the same field.
-type ConfigFlag struct {
-	Name  string // the flag, without dashes
-	Field string // the config field path Set takes
-	Usage string
-}
-
-// ConfigFlags are the flags that set the node's configuration, in the order
-// a command's help lists them. Every command that needs the configuration
-// registers these (or some of them) and hands what was given to LoadConfig.
-var ConfigFlags = []ConfigFlag{
-	{"node", "node", "this node's mesh name (env MESHBOX_NODE; default: the host name)"},
-	{"data", "data", "data directory (env MESHBOX_DATA; default " + DefaultDataDir() + ")"},
-	{"nats", "nats", "NATS listen address host:port, port 0 = any free (env MESHBOX_NATS; default " + DefaultNATS + ")"},
-	{"nats-websocket", "nats_websocket", "WebSocket listen address host:port for browser clients (nats.ws), port 0 = any free; loopback unless nats_websocket_cert and _key are set (env MESHBOX_NATS_WEBSOCKET; default: none)"},
-	{"nats-mqtt", "nats_mqtt", "MQTT listen address host:port for devices, port 0 = any free (env MESHBOX_NATS_MQTT; default: none)"},
-	{"http", "http", "HTTP listen address host:port, port 0 = any free, or off (env MESHBOX_HTTP; default " + DefaultHTTP + ")"},
-	{"pprof", "pprof", "serve /debug/pprof/ on the HTTP listener, which must be loopback: true or false (env MESHBOX_PPROF; default false)"},
-	{"db", "db", "mesh database URL postgres://... (env MESHBOX_DB; default: none, standalone)"},
-	{"broker", "broker", "broker URL amqp(s)://..., overrides the broker.url setting (env MESHBOX_BROKER)"},
-	{"log-level", "log.level", "debug, info, warn or error (env MESHBOX_LOG_LEVEL)"},
-	{"log-format", "log.format", "text or json (env MESHBOX_LOG_FORMAT)"},
-	{"modules-dir", "modules.dir", "module catalog directory (env MESHBOX_MODULES_DIR; default: /etc/meshbox/modules with the data directory /var/lib/meshbox, else modules in the data directory)"},
-}
-
 // ConfigSources are the layers LoadConfig puts over DefaultConfig, applied
 // in the order of the fields.
 type ConfigSources struct {

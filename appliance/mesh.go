@@ -83,55 +83,38 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 	r := a.parts()
 	snap, ok := r.bindings.manager.Current()
 	natsSrv := r.nats
-	bc := bridge.Config{
-		Node:             a.cfg.Node,
-		URL:              a.brokerURL(snap, ok),
-		URLOverride:      a.brokerOverride(),
-		CAFile:           a.cfg.Bridge.CAFile,
-		CertFile:         a.cfg.Bridge.CertFile,
-		KeyFile:          a.cfg.Bridge.KeyFile,
-		OutboxPath:       filepath.Join(a.cfg.DataDir, "outbox.db"),
-		OutboxMaxBytes:   a.cfg.Bridge.OutboxMaxBytes,
-		RequestTimeout:   a.cfg.Bridge.RequestTimeout.D(),
-		CommandTimeout:   a.cfg.Bridge.CommandTimeout.D(),
-		MaxLease:         a.cfg.Bridge.MaxLease.D(),
-		Prefetch:         a.cfg.Bridge.Prefetch,
-		MaxStagePrefetch: a.cfg.Bridge.MaxStagePrefetch,
-		CommandBatch:     a.cfg.Bridge.CommandBatch,
-		RetryBudget:      a.cfg.Bridge.RetryBudget,
-		Heartbeat:        a.cfg.Bridge.Heartbeat.D(),
-		Routes:           a.cfg.Bridge.Routes,
-		Dedupe:           dedupePolicies(a.cfg.Bridge.Dedupe),
-		Retry:            retryPolicies(a.cfg.Bridge.Retry),
-		StallAfter:       a.cfg.Bridge.StallAfter.D(),
-		Dial: func(opts ...nats.Option) (*nats.Conn, error) {
-			nc, err := natsSrv.Connect(ownConnPrefix+"bridge", opts...)
-			if err == nil {
-				r.interest.exclude(nc) // the stand-ins host nothing here
-			}
-			return nc, err
-		},
-		OnSystem: func(key string, body []byte, origin string) {
-			if n := a.parts().node; n != nil {
-				n.HandleSystem(key, body, origin)
-			}
-		},
-		OnConnected: func() {
-			if n := a.parts().node; n != nil {
-				n.LinkUp() // discovery tries again at once
-			}
-			if eng := a.parts().rows; eng != nil {
-				eng.LinkUp() // so do the tables' logs
-			}
-		},
-		OnNewerGeneration: r.bindings.manager.Refresh, // a peer switched to a generation not read here yet
-		OnCredential:      a.credentialChanged,
-		AcceptedBefore:    a.credentialAcceptedBefore,
-		Replies:           r.replies.Conn(),
-		Local:             natsSrv.Rights(),
-		Logger:            a.logger,
-		Metrics:           a.tel.registry,
+	bc := a.cfg.Bridge // the settings; the rest is this node's
+	bc.Node = a.cfg.Node
+	bc.URL = a.brokerURL(snap, ok)
+	bc.URLOverride = a.brokerOverride()
+	bc.OutboxPath = filepath.Join(a.cfg.DataDir, "outbox.db")
+	bc.Dial = func(opts ...nats.Option) (*nats.Conn, error) {
+		nc, err := natsSrv.Connect(ownConnPrefix+"bridge", opts...)
+		if err == nil {
+			r.interest.exclude(nc) // the stand-ins host nothing here
+		}
+		return nc, err
 	}
+	bc.OnSystem = func(key string, body []byte, origin string) {
+		if n := a.parts().node; n != nil {
+			n.HandleSystem(key, body, origin)
+		}
+	}
+	bc.OnConnected = func() {
+		if n := a.parts().node; n != nil {
+			n.LinkUp() // discovery tries again at once
+		}
+		if eng := a.parts().rows; eng != nil {
+			eng.LinkUp() // so do the tables' logs
+		}
+	}
+	bc.OnNewerGeneration = r.bindings.manager.Refresh // a peer switched to a generation not read here yet
+	bc.OnCredential = a.credentialChanged
+	bc.AcceptedBefore = a.credentialAcceptedBefore
+	bc.Replies = r.replies.Conn()
+	bc.Local = natsSrv.Rights()
+	bc.Logger = a.logger
+	bc.Metrics = a.tel.registry
 	if kk := r.keys; kk != nil {
 		bc.Keys = kk.Ring() // a mesh seals
 	}
@@ -366,32 +349,6 @@ func (l staticRoutes) SetRoutes(routes map[string][]string) {
 		}
 	}
 	l.Bridge.SetRoutes(merged)
-}
-
-// dedupePolicies converts the configured stages' dedupe settings for the
-// bridge (nil: none).
-func dedupePolicies(cfg map[string]DedupeConfig) map[string]bridge.DedupePolicy {
-	if len(cfg) == 0 {
-		return nil
-	}
-	out := make(map[string]bridge.DedupePolicy, len(cfg))
-	for stage, d := range cfg {
-		out[stage] = bridge.DedupePolicy{Window: d.Window.D(), MaxEntries: d.MaxEntries}
-	}
-	return out
-}
-
-// retryPolicies converts the configured stages' retry policies for the
-// bridge (nil: none).
-func retryPolicies(cfg map[string]RetryConfig) map[string]bridge.RetryPolicy {
-	if len(cfg) == 0 {
-		return nil
-	}
-	out := make(map[string]bridge.RetryPolicy, len(cfg))
-	for stage, r := range cfg {
-		out[stage] = r.policy()
-	}
-	return out
 }
 
 // peersUp names the peers that are up now (none standalone): whom micro

@@ -114,12 +114,8 @@ type BrokerStatus struct {
 	// this node's publishing connection under a resource alarm; empty
 	// otherwise. Consuming and acking go on meanwhile.
 	Blocked string `json:"blocked,omitempty"`
-	// CommandBatch is the most commands one broker message of this node
-	// carries now: Config.CommandBatch while every peer reads batches, 1
-	// while one does not (an older meshbox is up) or before discovery
-	// said so.
-	CommandBatch int           `json:"command_batch"`
-	History      []StateChange `json:"history"`
+	BatchStatus
+	History []StateChange `json:"history"`
 	// Failovers are the link's last moves from one broker to another of
 	// its list, oldest first (at most 20).
 	Failovers []Failover `json:"failovers"`

@@ -19,6 +19,11 @@ import (
 )
 
 // Config configures a Bridge. Zero values take the documented defaults.
+//
+// The fields with a json tag are the node's settings of the bridge: the
+// tag is the setting's name (the config file's key under "bridge"), read
+// once by the appliance, which writes their durations as Go strings
+// ("5s"). The others are filled in by the appliance at start.
 type Config struct {
 	// Node is this node's mesh name ([A-Za-z0-9_-]{1,64}).
 	Node string
@@ -38,43 +43,44 @@ type Config struct {
 	// credential would not replace it.
 	URLOverride string
 	// CAFile is an extra PEM CA bundle trusted for amqps:// brokers.
-	CAFile string
+	CAFile string `json:"ca_file"`
 	// CertFile and KeyFile are the node's PEM client certificate and key
 	// for amqps:// brokers (both or neither). With them, a URL without a
 	// password logs in with SASL EXTERNAL (see clientcert.go).
-	CertFile, KeyFile string
+	CertFile string `json:"cert_file"`
+	KeyFile  string `json:"key_file"`
 	// OutboxPath is the bbolt file of the durable outbox (<data>/outbox.db).
 	OutboxPath string
 	// Dedupe names the stages whose completed message ids this node
 	// remembers (completed.go): a delivery of an id that completed here
 	// within the window is acked without calling the handler.
-	Dedupe map[string]DedupePolicy
+	Dedupe map[string]DedupePolicy `json:"dedupe"`
 	// Retry names the stages with a retry policy (retry.go): a failed
 	// attempt waits its backoff in the stage's retry queue and comes back,
 	// up to the policy's attempts. Other stages requeue a failed command
 	// after a short pause, up to RetryBudget attempts.
-	Retry map[string]RetryPolicy
+	Retry map[string]RetryPolicy `json:"retry"`
 	// CompletedPath is the bbolt file of the completed ids (default
 	// completed.db next to the outbox); opened only when Dedupe names a
 	// stage.
 	CompletedPath string
 	// OutboxMaxBytes bounds the outbox (default 64 MiB).
-	OutboxMaxBytes int64
+	OutboxMaxBytes int64 `json:"outbox_max_bytes"`
 	// RequestTimeout is the default deadline of a request (default 5s); a
 	// caller's Meshbox-Timeout header sets another, shorter or longer up
 	// to wire.MaxTimeout (or RequestTimeout, if that is longer).
-	RequestTimeout time.Duration
+	RequestTimeout time.Duration `json:"request_timeout"`
 	// CommandTimeout bounds one handler attempt of a command (default 30s,
 	// at most 25 minutes so the broker's consumer timeout never fires).
-	CommandTimeout time.Duration
+	CommandTimeout time.Duration `json:"command_timeout"`
 	// MaxLease bounds how long a handler that keeps sending progress
 	// (Meshbox-Progress) may hold one attempt of a command (default 10m, at
 	// least CommandTimeout, at most 25 minutes like CommandTimeout).
-	MaxLease time.Duration
+	MaxLease time.Duration `json:"max_lease"`
 	// Prefetch bounds unacknowledged deliveries of the events consumer,
 	// and the commands of each consumer of a stage queue (default 32): its
 	// prefetch is Prefetch/CommandBatch messages.
-	Prefetch int
+	Prefetch int `json:"prefetch"`
 	// MaxStagePrefetch bounds the unacknowledged commands of one stage on
 	// this node (default 4096; Prefetch when only Prefetch is set, which
 	// keeps a fixed credit and one consumer per stage, in the queue's
@@ -83,7 +89,7 @@ type Config struct {
 	// fast node on a slow link holds what the link needs to keep its pace,
 	// a node behind a slow handler about Prefetch commands (see Credit per
 	// stage in the package doc).
-	MaxStagePrefetch int
+	MaxStagePrefetch int `json:"max_stage_prefetch"`
 	// CommandBatch is the most commands one broker message carries
 	// (default DefaultCommandBatch; 1: every command alone; at most
 	// MaxCommandBatch). The publisher gathers only commands for one stage
@@ -91,22 +97,22 @@ type Config struct {
 	// batches (SetCommandBatching; batch.go). A stage consumer's prefetch
 	// is Prefetch/CommandBatch messages, so credit stays about Prefetch
 	// commands per consumer.
-	CommandBatch int
+	CommandBatch int `json:"command_batch"`
 	// RetryBudget is how many attempts a command gets before it is
 	// dead-lettered (default 5).
-	RetryBudget int
+	RetryBudget int `json:"retry_budget"`
 	// Heartbeat is the AMQP heartbeat (default 5s): a half-open link is
 	// detected after about two of them.
-	Heartbeat time.Duration
+	Heartbeat time.Duration `json:"heartbeat"`
 	// Routes is the static capability -> node routing for capabilities
 	// hosted elsewhere; SetRoutes replaces it at run time.
-	Routes map[string]string
+	Routes map[string]string `json:"routes"`
 	// Stages are stages this node hosts even before a local handler
 	// subscribes work.<stage>.
 	Stages []string
 	// StallAfter is the age of a waiting command that raises a stall alarm
 	// (default 5m).
-	StallAfter time.Duration
+	StallAfter time.Duration `json:"stall_after"`
 	// StallCheck is how often command queues are inspected (default 10s).
 	StallCheck time.Duration
 	// MaxPayload bounds a message body (default 1 MiB, and never more than
@@ -181,6 +187,16 @@ const (
 	DefaultMaxPayload       = 1 << 20
 	maxCommandTimeout       = 25 * time.Minute
 )
+
+// BatchStatus is the part of the broker status that reports the setting
+// CommandBatch as it applies now.
+type BatchStatus struct {
+	// CommandBatch is the most commands one broker message of this node
+	// carries now: Config.CommandBatch while every peer reads batches, 1
+	// while one does not (an older meshbox is up) or before discovery
+	// said so.
+	CommandBatch int `json:"command_batch"`
+}
 
 // LogValue prints the configuration with the broker password redacted.
 func (c Config) LogValue() slog.Value {

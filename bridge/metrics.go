@@ -172,12 +172,12 @@ func newMetrics(b *Bridge) *metrics {
 			Help: "Dead letters waiting in the queue dead.<stage> of each stage hosted here, at the last look.",
 		}, []string{"stage"}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "meshbox_command_batch_size",
+			Namespace: "meshbox", Subsystem: "command", Name: "batch_size",
 			Help:    "Commands in each batch message this node sent (several commands for one stage in one broker message).",
 			Buckets: []float64{2, 3, 4, 8, 16, 32, 64},
 		}),
 		batchSplits: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "meshbox_command_batch_splits_total",
+			Namespace: "meshbox", Subsystem: "command", Name: "batch_splits_total",
 			Help: "Commands of a batch that failed an attempt and were published again alone for the next one.",
 		}),
 	}

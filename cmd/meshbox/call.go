@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/internal/suggest"
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/meshbox/meshbox/node"
@@ -107,7 +108,8 @@ func (c *CallCommand) Run(ctx context.Context, args []string) error {
 	fs := c.m.newFlagSet("call", "call CAPABILITY [DATA] [--to NODE] [--timeout D] [--header K=V]...\n\nDATA is read from standard input when not given.")
 	server := c.m.serverFlag(fs)
 	to := fs.String("to", "", "call the capability on this node (node.<NODE>.cap.<CAPABILITY>)")
-	timeout := fs.Duration("timeout", 5*time.Second, fmt.Sprintf("deadline of the call (at most %s, or the node's bridge.request_timeout if that is longer)", wire.MaxTimeout))
+	timeout := fs.Duration("timeout", 5*time.Second, fmt.Sprintf("deadline of the call (at most %s, or the node's %s if that is longer)", wire.MaxTimeout,
+		appliance.SettingKey(func(c *appliance.Config) any { return &c.Bridge.RequestTimeout })))
 	verbose := fs.Bool("v", false, "print the reply's headers on standard error")
 	var hdrs headerFlags
 	fs.Var(&hdrs, "header", "add a header KEY=VALUE to the request (repeatable)")

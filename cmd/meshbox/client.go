@@ -360,7 +360,8 @@ func printStatus(w io.Writer, st appliance.Status) {
 	case st.Broker.State == wire.StateNone:
 		// No broker: nothing is batched, and nothing needs saying.
 	case n == 1:
-		row("batches", "off: every command alone (bridge.command_batch is 1, a peer of an older meshbox is up, or discovery has not heard from the peers yet)")
+		row("batches", "off: every command alone ("+appliance.SettingKey(func(c *appliance.Config) any { return &c.Bridge.CommandBatch })+
+			" is 1, a peer of an older meshbox is up, or discovery has not heard from the peers yet)")
 	case n > 1:
 		row("batches", fmt.Sprintf("up to %d commands per broker message", n))
 	}

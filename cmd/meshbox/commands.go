@@ -8,20 +8,8 @@ import (
 	"github.com/meshbox/meshbox/internal/suggest"
 )
 
-// command is one of meshbox's commands: the one table the usage, `meshbox
-// help CMD`, shell completion and the man page are made from, so that
-// they cannot drift from what runs.
-type command struct {
-	name    string
-	group   string // Node, Messages, Mesh; "" for a command not for people
-	summary string
-	// subs are its subcommands (for completion and the man page); a test
-	// checks the command accepts each. mesh's come from its own table.
-	subs []string
-	run  func(m *Main, ctx context.Context, args []string) error
-}
-
-// commands returns the table, in the order the usage lists them.
+// commands returns the tree's top level, in the order the usage lists
+// them.
 func commands() []command {
 	return []command{
 		{"run", "Node", "run a node (standalone without --db; joins the mesh with it)", nil,
@@ -34,17 +22,17 @@ func commands() []command {
 			func(m *Main, ctx context.Context, a []string) error { return (&CapsCommand{m: m}).Run(ctx, a) }},
 		{"modules", "Node", "list the modules assigned to the local node: state, pid, restarts, last exit", nil,
 			func(m *Main, ctx context.Context, a []string) error { return (&ModulesCommand{m: m}).Run(ctx, a) }},
-		{"module", "Node", "control a module by hand: module start|stop|restart|logs NAME", []string{"start", "stop", "restart", "logs"},
+		{"module", "Node", "control a module by hand: module start|stop|restart|logs NAME", sub("start", "stop", "restart", "logs"),
 			func(m *Main, ctx context.Context, a []string) error { return (&ModuleCommand{m: m}).Run(ctx, a) }},
 		{"doctor", "Node", "check the node's situation: data dir, database, broker, cache, clock, names", nil,
 			func(m *Main, ctx context.Context, a []string) error { return (&DoctorCommand{m: m}).Run(ctx, a) }},
-		{"program", "Node", "local programs' credentials: add, list, show, remove", []string{"add", "list", "show", "remove"},
+		{"program", "Node", "local programs' credentials: add, list, show, remove", sub("add", "list", "show", "remove"),
 			func(m *Main, ctx context.Context, a []string) error { return (&ProgramCommand{m: m}).Run(ctx, a) }},
-		{"dlq", "Node", "dead letters of a stage: list [STAGE], show STAGE ID, replay STAGE ID|--all, purge STAGE", []string{"list", "show", "replay", "purge"},
+		{"dlq", "Node", "dead letters of a stage: list [STAGE], show STAGE ID, replay STAGE ID|--all, purge STAGE", sub("list", "show", "replay", "purge"),
 			func(m *Main, ctx context.Context, a []string) error { return (&DlqCommand{m: m}).Run(ctx, a) }},
 		{"version", "Node", "show the version of this binary and of the local node", nil,
 			func(m *Main, ctx context.Context, a []string) error { return (&VersionCommand{m: m}).Run(ctx, a) }},
-		{"completion", "Node", "print a shell completion script: completion bash|zsh|fish", []string{"bash", "zsh", "fish"},
+		{"completion", "Node", "print a shell completion script: completion bash|zsh|fish", sub("bash", "zsh", "fish"),
 			func(m *Main, ctx context.Context, a []string) error { return m.completion(a) }},
 		{"call", "Messages", "call a capability: call CAP [DATA] [--to NODE] [--timeout D]", nil,
 			func(m *Main, ctx context.Context, a []string) error { return (&CallCommand{m: m}).Run(ctx, a) }},
@@ -54,17 +42,17 @@ func commands() []command {
 			func(m *Main, ctx context.Context, a []string) error { return (&EmitCommand{m: m}).Run(ctx, a) }},
 		{"listen", "Messages", "print the messages on a subject: listen PATTERN", nil,
 			func(m *Main, ctx context.Context, a []string) error { return (&ListenCommand{m: m}).Run(ctx, a) }},
-		{"blob", "Messages", "exact bytes as blobs: blob put FILE, get REF [-o FILE], list, rm REF", []string{"put", "get", "list", "rm"},
+		{"blob", "Messages", "exact bytes as blobs: blob put FILE, get REF [-o FILE], list, rm REF", sub("put", "get", "list", "rm"),
 			func(m *Main, ctx context.Context, a []string) error { return (&BlobCommand{m: m}).Run(ctx, a) }},
-		{"rows", "Messages", "tables of rows that converge across the mesh: rows put, get, list, watch, delete, history", []string{"put", "get", "list", "watch", "delete", "history"},
+		{"rows", "Messages", "tables of rows that converge across the mesh: rows put, get, list, watch, delete, history", sub("put", "get", "list", "watch", "delete", "history"),
 			func(m *Main, ctx context.Context, a []string) error { return (&RowsCommand{m: m}).Run(ctx, a) }},
 		{"init", "Mesh", "stand up a mesh: schema, broker setting, first node", nil,
 			func(m *Main, ctx context.Context, a []string) error { return (&InitCommand{m: m}).Run(ctx, a) }},
-		{"mesh", "Mesh", "administer the mesh database: nodes, assignments, overrides, settings, grants", nil,
+		{"mesh", "Mesh", "administer the mesh database: nodes, assignments, overrides, settings, grants", meshChildren(),
 			func(m *Main, ctx context.Context, a []string) error { return (&MeshCommand{m: m}).Run(ctx, a) }},
 		{"join", "Mesh", "make this machine a node of a mesh: join TOKEN (from mesh node add)", nil,
 			func(m *Main, ctx context.Context, a []string) error { return (&JoinCommand{m: m}).Run(ctx, a) }},
-		{"cache", "Mesh", "inspect a stopped node's bindings cache: show, history, diff, verify", []string{"show", "history", "diff", "verify"},
+		{"cache", "Mesh", "inspect a stopped node's bindings cache: show, history, diff, verify", sub("show", "history", "diff", "verify"),
 			func(m *Main, ctx context.Context, a []string) error { return (&CacheCommand{m: m}).Run(ctx, a) }},
 		// Started by the node itself, not for people.
 		{"module-guard", "", "", nil,

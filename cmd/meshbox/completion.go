@@ -15,8 +15,8 @@ import (
 // This file is what meshbox says about itself: `meshbox help CMD`, the
 // shell completion scripts and their helper `meshbox __complete`, and the
 // man page (`meshbox man`, which the Debian package ships). All of it
-// comes from the command table (commands.go) and from each command's own
-// flag set, asked for its help as a user would: nothing to keep in step.
+// walks the command tree (tree.go, commands.go) and asks each command's
+// own flag set for its help as a user would: nothing to keep in step.
 
 // helpOf prints command c's help (of its subcommand sub, if given) on
 // Stdout.
@@ -48,46 +48,15 @@ func flagsIn(help string) []string {
 	return out
 }
 
-// meshWords returns what may follow `meshbox mesh WORDS...`: the first or
-// second word of its commands' names, or nil when words name a command.
-func (m *Main) meshWords(words []string) (next []string, leaf string) {
-	names := (&MeshCommand{m: m}).names()
-	prefix := strings.Join(words, " ")
-	for _, n := range names {
-		if n == prefix {
-			return nil, n
-		}
-	}
-	for _, n := range names {
-		rest, ok := strings.CutPrefix(n, prefix)
-		if prefix != "" && !ok {
-			continue
-		}
-		if prefix != "" {
-			if !strings.HasPrefix(rest, " ") {
-				continue
-			}
-			rest = rest[1:]
-		}
-		w, _, _ := strings.Cut(rest, " ")
-		if !slices.Contains(next, w) {
-			next = append(next, w)
-		}
-	}
-	return next, ""
-}
-
 // complete prints, one per line, what may come after the words given
-// (the command line so far, without "meshbox" and the word being typed).
+// (the command line so far, without "meshbox" and the word being typed):
+// the subcommands of the command the words name, or the flags of a
+// command without subcommands, from the tree.
 func (m *Main) complete(ctx context.Context, words []string) error {
 	var out []string
 	switch {
 	case len(words) == 0 || (words[0] == "help" && len(words) == 1):
-		for _, c := range commands() {
-			if c.group != "" {
-				out = append(out, c.name)
-			}
-		}
+		out = commandNames()
 		if len(words) == 0 {
 			out = append(out, "help")
 		}
@@ -96,27 +65,18 @@ func (m *Main) complete(ctx context.Context, words []string) error {
 		if !ok || c.group == "" {
 			return nil
 		}
-		args := words[1:]
 		var pos []string // the words that are not flags
-		for _, a := range args {
+		for _, a := range words[1:] {
 			if !strings.HasPrefix(a, "-") {
 				pos = append(pos, a)
 			}
 		}
-		switch {
-		case c.name == "mesh":
-			next, leaf := m.meshWords(firstN(pos, 2))
-			if leaf == "" {
-				out = next
-				break
-			}
-			out = flagsIn(m.captureHelp(ctx, c, strings.Fields(leaf)))
-		case len(c.subs) > 0 && len(pos) == 0:
-			out = c.subs
-		case len(c.subs) > 0:
-			out = flagsIn(m.captureHelp(ctx, c, pos[:1]))
-		default:
-			out = flagsIn(m.captureHelp(ctx, c, nil))
+		path, rest := c.descend(pos)
+		switch last := path[len(path)-1]; {
+		case len(last.children) == 0:
+			out = flagsIn(m.captureHelp(ctx, c, namesOf(path[1:])))
+		case len(rest) == 0:
+			out = last.subNames()
 		}
 	}
 	for _, w := range out {
@@ -125,11 +85,13 @@ func (m *Main) complete(ctx context.Context, words []string) error {
 	return nil
 }
 
-func firstN(s []string, n int) []string {
-	if len(s) > n {
-		return s[:n]
+// namesOf are the names of path's commands.
+func namesOf(path []command) []string {
+	out := make([]string, len(path))
+	for i, c := range path {
+		out[i] = c.name
 	}
-	return s
+	return out
 }
 
 const bashCompletion = `# bash completion for meshbox. Load it with
@@ -195,13 +157,13 @@ func (m *Main) manPage(ctx context.Context, args []string) error {
 			fmt.Fprintf(w, ".SS %s\n", group)
 		}
 		fmt.Fprintf(w, ".TP\n.B %s\n%s\n", c.name, roff(c.summary))
-		fmt.Fprintf(w, ".RS\n.nf\n%s.fi\n.RE\n", roffBlock(m.captureHelp(ctx, c, nil)))
-		for _, sub := range c.subs {
-			if c.name == "completion" {
-				break
+		help := m.captureHelp(ctx, c, nil)
+		fmt.Fprintf(w, ".RS\n.nf\n%s.fi\n.RE\n", roffBlock(help))
+		c.leaves(func(names []string) {
+			if h := m.captureHelp(ctx, c, names); h != help { // completion's are its own
+				fmt.Fprintf(w, ".RS\n.nf\n%s.fi\n.RE\n", roffBlock(h))
 			}
-			fmt.Fprintf(w, ".RS\n.nf\n%s.fi\n.RE\n", roffBlock(m.captureHelp(ctx, c, []string{sub})))
-		}
+		})
 	}
 	fmt.Fprint(w, ".SH ENVIRONMENT\nEvery setting of meshbox run can come from the environment (or an env file, see FILES):\n.RS\n.nf\n")
 	for _, e := range appliance.EnvVars {

@@ -4,6 +4,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/meshbox/meshbox/appliance"
 )
 
 // TestHelpOfACommand: meshbox help CMD prints that command's flags on
@@ -31,14 +33,15 @@ func TestHelpOfACommand(t *testing.T) {
 func TestSubcommandsAreTheCommands(t *testing.T) {
 	m := &Main{Getenv: func(string) string { return "" }}
 	for _, c := range commands() {
-		for _, sub := range c.subs {
-			help := m.captureHelp(t.Context(), c, []string{sub})
+		c.leaves(func(sub []string) {
+			help := m.captureHelp(t.Context(), c, sub)
 			if strings.Contains(help, "unknown") || help == "" {
-				t.Errorf("%s %s -h: %q, want its help", c.name, sub, help)
+				t.Errorf("%s %s -h: %q, want its help", c.name, strings.Join(sub, " "), help)
 			}
-		}
+		})
 	}
-	next, _ := m.meshWords(nil)
+	mesh, _ := findCommand("mesh")
+	next := mesh.subNames()
 	for _, want := range []string{"node", "assign", "setting", "key", "scope"} {
 		found := false
 		for _, w := range next {
@@ -139,5 +142,30 @@ func TestTakesConstantsFromWire(t *testing.T) {
 		if !contains(imports, "github.com/meshbox/meshbox/internal/wire") {
 			t.Errorf("%s does not import internal/wire: %v", pkg, imports)
 		}
+	}
+}
+
+// TestManPageEnvironment: the man page's ENVIRONMENT section lists each
+// setting's variable and key from the one table of settings, and no other.
+func TestManPageEnvironment(t *testing.T) {
+	c := cli{env: map[string]string{}}
+	out := c.ok(t, "man")
+	_, sect, ok := strings.Cut(out, ".SH ENVIRONMENT\n")
+	if !ok {
+		t.Fatal("man page: no ENVIRONMENT section")
+	}
+	sect, _, _ = strings.Cut(sect, ".SH ")
+	var got []string
+	for _, l := range strings.Split(sect, "\n") {
+		if strings.HasPrefix(l, "MESHBOX_") {
+			got = append(got, l)
+		}
+	}
+	var want []string
+	for _, e := range appliance.EnvVars {
+		want = append(want, e.Name+"\t"+e.Field)
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("ENVIRONMENT: got %q, want %q", got, want)
 	}
 }

@@ -40,14 +40,9 @@ func commandLines(m *Main) [][]string {
 	var out [][]string
 	for _, c := range commands() {
 		out = append(out, []string{c.name})
-		for _, sub := range c.subs {
-			out = append(out, []string{c.name, sub})
-		}
-		if c.name == "mesh" {
-			for _, n := range (&MeshCommand{m: m}).names() {
-				out = append(out, append([]string{"mesh"}, strings.Fields(n)...))
-			}
-		}
+		c.leaves(func(sub []string) {
+			out = append(out, append([]string{c.name}, sub...))
+		})
 	}
 	return out
 }

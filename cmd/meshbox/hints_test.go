@@ -217,12 +217,11 @@ func hintWords(words []string) []string {
 				return nil // mesh <command>: a synopsis
 			}
 			path = 2
-			next, _ := (&Main{Getenv: func(string) string { return "" }}).meshWords(words[1:2])
-			if next != nil && len(words) > 2 {
+			if sub, ok := c.child(words[1]); ok && len(sub.children) > 0 && len(words) > 2 {
 				path = 3 // node add, setting set, ...
 			}
 		}
-	case len(c.subs) > 0:
+	case len(c.children) > 0:
 		path = 1
 		if len(words) > 1 {
 			if !proseWord.MatchString(words[1]) {
@@ -285,8 +284,8 @@ func argWords(words []string, takesValue map[string]bool) []string {
 // command, subcommand or flag is a usage error first, and the -h ends
 // every parse that gets to it.
 func checkHint(ctx context.Context, args []string) error {
-	if c, ok := findCommand(args[0]); ok && len(c.subs) > 0 && len(args) > 1 && !slices.Contains(c.subs, args[1]) {
-		return fmt.Errorf("unknown subcommand %q of %s (%s)", args[1], c.name, strings.Join(c.subs, ", "))
+	if c, ok := findCommand(args[0]); ok && len(c.children) > 0 && len(args) > 1 && !slices.Contains(c.subNames(), args[1]) {
+		return fmt.Errorf("unknown subcommand %q of %s (%s)", args[1], c.name, strings.Join(c.subNames(), ", "))
 	}
 	var out bytes.Buffer
 	m := &Main{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }}

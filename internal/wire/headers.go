@@ -32,7 +32,7 @@ const (
 )
 
 // MaxTimeout bounds the deadline a caller may ask for with HeaderTimeout
-// when it is longer than the node's default (bridge.request_timeout): a
+// when it is longer than the node's default (its bridge's request timeout): a
 // large reply over a slow link, a blob's chunk from a home uplink, needs
 // more than the default. A longer one is cut to the larger of this and
 // the default.

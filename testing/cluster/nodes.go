@@ -58,7 +58,13 @@ func startPlaced(t *testing.T, c *meshtest.RabbitCluster, vhost, name string, ho
 			px.Cut(t)
 		}
 	}
-	cfg, err := json.Marshal(map[string]any{"bridge": map[string]any{"request_timeout": requestTimeout.String()}})
+	// A config file of the one setting: the request timeout, nested by its key.
+	var setting any = requestTimeout.String()
+	key := strings.Split(appliance.SettingKey(func(c *appliance.Config) any { return &c.Bridge.RequestTimeout }), ".")
+	for i := len(key) - 1; i >= 0; i-- {
+		setting = map[string]any{key[i]: setting}
+	}
+	cfg, err := json.Marshal(setting)
 	if err != nil {
 		t.Fatal(err)
 	}
