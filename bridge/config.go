@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/internal/brokerurl"
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/redact"
@@ -219,7 +221,7 @@ func (c Config) withDefaults() Config {
 		c.Prefetch = DefaultPrefetch
 	}
 	if c.CommandBatch == 0 {
-		c.CommandBatch = DefaultCommandBatch
+		c.CommandBatch = codec.DefaultCommandBatch
 	}
 	if c.RetryBudget == 0 {
 		c.RetryBudget = DefaultRetryBudget
@@ -254,7 +256,7 @@ func (c Config) validate() error {
 		return &ConfigError{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
 	switch {
-	case !validNodeName(c.Node):
+	case !codec.ValidNodeName(c.Node):
 		return bad("Node", "%q is not a valid node name (letters, digits, '-', '_'; 1 to 64)", c.Node)
 	case c.OutboxPath == "":
 		return bad("OutboxPath", "must not be empty")
@@ -270,8 +272,8 @@ func (c Config) validate() error {
 		return bad("Prefetch", "%d is out of range 1..65535", c.Prefetch)
 	case c.MaxStagePrefetch < c.Prefetch || c.MaxStagePrefetch > 65535:
 		return bad("MaxStagePrefetch", "%d is out of range %d (Prefetch)..65535", c.MaxStagePrefetch, c.Prefetch)
-	case c.CommandBatch < 1 || c.CommandBatch > MaxCommandBatch:
-		return bad("CommandBatch", "%d is out of range 1..%d", c.CommandBatch, MaxCommandBatch)
+	case c.CommandBatch < 1 || c.CommandBatch > codec.MaxCommandBatch:
+		return bad("CommandBatch", "%d is out of range 1..%d", c.CommandBatch, codec.MaxCommandBatch)
 	case c.RetryBudget < 1 || c.RetryBudget > 1000:
 		return bad("RetryBudget", "%d is out of range 1..1000", c.RetryBudget)
 	case c.Heartbeat < time.Second:
@@ -312,15 +314,15 @@ func (c Config) validate() error {
 		}
 	}
 	for capName, node := range c.Routes {
-		if !validName(capName) {
+		if !codec.ValidName(capName) {
 			return bad("Routes", "%q is not a valid capability name", capName)
 		}
-		if !validNodeName(node) {
+		if !codec.ValidNodeName(node) {
 			return bad("Routes."+capName, "%q is not a valid node name", node)
 		}
 	}
 	for _, s := range c.Stages {
-		if !validName(s) {
+		if !codec.ValidName(s) {
 			return bad("Stages", "%q is not a valid stage name", s)
 		}
 	}
@@ -385,8 +387,8 @@ func CheckRetry(stage string, p RetryPolicy) error {
 	switch {
 	case names.Stage(stage) != nil:
 		return fmt.Errorf("stage %q: %v", stage, names.Stage(stage))
-	case p.Attempts < 1 || p.Attempts > maxRetryAttempts:
-		return fmt.Errorf("stage %s: attempts %d is out of range 1..%d", stage, p.Attempts, maxRetryAttempts)
+	case p.Attempts < 1 || p.Attempts > codec.MaxRetryAttempts:
+		return fmt.Errorf("stage %s: attempts %d is out of range 1..%d", stage, p.Attempts, codec.MaxRetryAttempts)
 	case p.Backoff < minRetryBackoff || p.Backoff > maxRetryBackoff:
 		return fmt.Errorf("stage %s: backoff %s is out of range %s..%s", stage, p.Backoff, minRetryBackoff, maxRetryBackoff)
 	case p.MaxBackoff != 0 && (p.MaxBackoff < p.Backoff || p.MaxBackoff > maxRetryBackoff):
@@ -397,7 +399,6 @@ func CheckRetry(stage string, p RetryPolicy) error {
 
 // Bounds of a stage's retry policy.
 const (
-	maxRetryAttempts = 1000
-	minRetryBackoff  = 10 * time.Millisecond
-	maxRetryBackoff  = 7 * 24 * time.Hour
+	minRetryBackoff = 10 * time.Millisecond
+	maxRetryBackoff = 7 * 24 * time.Hour
 )

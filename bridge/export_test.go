@@ -3,6 +3,8 @@ package bridge
 import (
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	dto "github.com/prometheus/client_model/go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -50,7 +52,7 @@ func SetOwnQueuesBound(b *Bridge, bound bool) error {
 		return ErrLinkDown
 	}
 	node := b.cfg.Node
-	for _, q := range []struct{ queue, key string }{{s.q.req, requestBindingKey(node)}, {s.q.rep, replyKey(node)}} {
+	for _, q := range []struct{ queue, key string }{{s.q.req, codec.RequestBindingKey(node)}, {s.q.rep, codec.ReplyKey(node)}} {
 		var err error
 		if bound {
 			err = s.con.autoCh.QueueBind(q.queue, q.key, s.q.ex, false, nil)
@@ -75,8 +77,8 @@ func CommandBatches(b *Bridge) (batches, commands, splits int) {
 
 // DecodeBatchIDs returns the message ids of the commands in a batch body.
 func DecodeBatchIDs(body []byte) ([]string, error) {
-	d := amqp.Delivery{Type: typeCommandBatch, RoutingKey: "cmd.x", Body: body}
-	ds, err := decodeBatch(&d, MaxCommandBatch, 1<<24)
+	d := amqp.Delivery{Type: codec.TypeCommandBatch, RoutingKey: "cmd.x", Body: body}
+	ds, err := codec.DecodeBatch(&d, codec.MaxCommandBatch, 1<<24)
 	if err != nil {
 		return nil, err
 	}

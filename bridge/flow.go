@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -371,11 +373,11 @@ func (s *session) addConsumer(f *stageFlow, prefetch int) bool {
 	tag := "cmd:" + f.stage + ":" + strconv.Itoa(s.flows.tagSeq)
 	var deliveries <-chan amqp.Delivery
 	err := s.timed(func() (err error) {
-		deliveries, err = s.con.ch.Consume(stageQueue(f.stage), tag, false, false, false, false, nil)
+		deliveries, err = s.con.ch.Consume(codec.StageQueue(f.stage), tag, false, false, false, false, nil)
 		return err
 	})
 	if err != nil {
-		s.fail(fmt.Errorf("consume %s: %w", stageQueue(f.stage), err))
+		s.fail(fmt.Errorf("consume %s: %w", codec.StageQueue(f.stage), err))
 		return false
 	}
 	f.cons = append(f.cons, stageConsumer{tag: tag, prefetch: prefetch})

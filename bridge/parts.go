@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshbox/meshbox/bridge/outbox"
@@ -56,9 +58,9 @@ type commandBook struct {
 	// local are the commands at local handlers outside a session
 	// (lease.go): *localCmd keys.
 	local  sync.Map
-	handed *handedOut // ids of commands handed to local handlers, across sessions
-	stall  stallBook  // stall alarms of command stages
-	dead   deadBook   // dead letters per stage at the last look (deadletters.go)
+	handed *codec.HandedOut // ids of commands handed to local handlers, across sessions
+	stall  stallBook        // stall alarms of command stages
+	dead   deadBook         // dead letters per stage at the last look (deadletters.go)
 	// deadLogged counts the dead letters of the process's life, for
 	// logging them sparingly (logDead).
 	deadLogged atomic.Uint64

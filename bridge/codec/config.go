@@ -1,0 +1,5 @@
+package codec
+
+const (
+	MaxRetryAttempts = 1000
+)
