@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/completed"
+
 	"github.com/meshbox/meshbox/bridge/codec"
 
 	"github.com/meshbox/meshbox/bridge/outbox"
@@ -225,7 +227,7 @@ func (b *Bridge) Start(ctx context.Context) error {
 	b.sub.seq.Store(ob.NextSeq())
 	b.sub.meshPending.Store(ob.MeshAtOpen())
 	if len(b.cfg.Dedupe) > 0 {
-		if b.files.done, err = openCompleted(b.cfg.CompletedPath); err != nil {
+		if b.files.done, err = completed.Open(b.cfg.CompletedPath); err != nil {
 			return fmt.Errorf("bridge: %w", err)
 		}
 		b.goOwned(b.runPruner)
@@ -346,7 +348,7 @@ func (b *Bridge) Close() error {
 			}
 		}
 		if b.files.done != nil {
-			if err := b.files.done.close(); err != nil {
+			if err := b.files.done.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("close completed ids: %w", err))
 			}
 		}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/flow"
+
 	"github.com/meshbox/meshbox/bridge/codec"
 
 	"github.com/nats-io/nats.go"
@@ -26,7 +28,7 @@ const handlerPoll = 250 * time.Millisecond
 // handler is subscribed the timer polls for one.
 type cmdCall struct {
 	stage    string
-	flow     *stageFlow
+	flow     *flow.StageFlow
 	sent     time.Time     // when last sent to the handler
 	ack      codec.CmdAck  // settles its part of the delivery
 	unopened bool          // not opened (a key this node lacks): never published again by this node
@@ -45,7 +47,7 @@ type cmdCall struct {
 // handler without waiting: its reply arrives on the session's command inbox
 // (onCmdReply). The consumer's prefetch bounds how many are open. Exits
 // when the consumer's delivery channel closes (session end or cancel).
-func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
+func (s *session) readCommands(f *flow.StageFlow, ds <-chan amqp.Delivery) {
 	for d := range ds {
 		s.readDelivery(f, d)
 		s.orderedSeen(d.DeliveryTag)
@@ -54,9 +56,9 @@ func (s *session) readCommands(f *stageFlow, ds <-chan amqp.Delivery) {
 
 // readDelivery passes a delivery's command, or each command of its batch,
 // to the local handler.
-func (s *session) readDelivery(f *stageFlow, d amqp.Delivery) {
+func (s *session) readDelivery(f *flow.StageFlow, d amqp.Delivery) {
 	if d.Type != codec.TypeCommandBatch {
-		f.deliveredMsg(1)
+		f.DeliveredMsg(1)
 		s.readCommand(f, d, codec.CmdAck{Tag: d.DeliveryTag})
 		return
 	}
@@ -66,10 +68,10 @@ func (s *session) readDelivery(f *stageFlow, d amqp.Delivery) {
 	}
 	if err != nil { // dead-lettered whole, with the reason
 		bad := d
-		s.work(func() { s.deadCommand(&bad, codec.CmdAck{Tag: bad.DeliveryTag}, f.stage, err, nil) })
+		s.work(func() { s.deadCommand(&bad, codec.CmdAck{Tag: bad.DeliveryTag}, f.Stage, err, nil) })
 		return
 	}
-	f.deliveredMsg(len(entries))
+	f.DeliveredMsg(len(entries))
 	left := &codec.BatchLeft{}
 	left.N.Store(int32(len(entries)))
 	for _, e := range entries {
@@ -79,9 +81,9 @@ func (s *session) readDelivery(f *stageFlow, d amqp.Delivery) {
 
 // readCommand passes one command to the local handler; a settles its
 // part of the delivery.
-func (s *session) readCommand(f *stageFlow, d amqp.Delivery, a codec.CmdAck) {
+func (s *session) readCommand(f *flow.StageFlow, d amqp.Delivery, a codec.CmdAck) {
 	b := s.b
-	stage := f.stage
+	stage := f.Stage
 	env, err := s.decode(codec.TypeCommand, &d)
 	if ue := codec.AsUnseal(err); ue != nil && ue.Lagging && ue.Env.Attempt < b.cfg.RetryBudget {
 		// This node's bindings may not bind the stage to the scope it
@@ -123,7 +125,7 @@ func (s *session) readCommand(f *stageFlow, d amqp.Delivery, a codec.CmdAck) {
 		s.ackCmd(a, opAck) // completed here before: not called again
 		return
 	}
-	f.delivered()
+	f.Delivered()
 	seen := b.cmds.handed.Add(env.MsgID) // handed out before, though the broker may not know it
 	now := time.Now()
 	c := &cmdCall{stage: stage, flow: f, ack: a, d: d, env: env, started: now, deadline: now.Add(b.cfg.CommandTimeout),
@@ -188,7 +190,7 @@ func (s *session) onCmdReply(m *nats.Msg) {
 		// No handler subscribed right now: wait for one while the stage is
 		// hosted here, up to the attempt's deadline; otherwise give it back.
 		if !s.consumes(c.stage) {
-			c.flow.gone()
+			c.flow.Gone()
 			s.giveBack(c)
 			s.orderedNext(c)
 			return
@@ -220,7 +222,7 @@ func (s *session) onCmdReply(m *nats.Msg) {
 			// Recorded before the ack: a crash between the two brings a
 			// redelivery this node recognises. Marked at once: a delivery
 			// right behind is recognised while the write runs.
-			b.files.done.begin(c.stage, c.env.MsgID)
+			b.files.done.Begin(c.stage, c.env.MsgID)
 			s.con.unacked.Add(1) // until the ack is queued
 			if !s.work(func() {
 				defer s.con.unacked.Add(-1)

@@ -221,7 +221,7 @@ func (c Config) withDefaults() Config {
 		c.Prefetch = DefaultPrefetch
 	}
 	if c.CommandBatch == 0 {
-		c.CommandBatch = codec.DefaultCommandBatch
+		c.CommandBatch = DefaultCommandBatch
 	}
 	if c.RetryBudget == 0 {
 		c.RetryBudget = DefaultRetryBudget
@@ -272,8 +272,8 @@ func (c Config) validate() error {
 		return bad("Prefetch", "%d is out of range 1..65535", c.Prefetch)
 	case c.MaxStagePrefetch < c.Prefetch || c.MaxStagePrefetch > 65535:
 		return bad("MaxStagePrefetch", "%d is out of range %d (Prefetch)..65535", c.MaxStagePrefetch, c.Prefetch)
-	case c.CommandBatch < 1 || c.CommandBatch > codec.MaxCommandBatch:
-		return bad("CommandBatch", "%d is out of range 1..%d", c.CommandBatch, codec.MaxCommandBatch)
+	case c.CommandBatch < 1 || c.CommandBatch > MaxCommandBatch:
+		return bad("CommandBatch", "%d is out of range 1..%d", c.CommandBatch, MaxCommandBatch)
 	case c.RetryBudget < 1 || c.RetryBudget > 1000:
 		return bad("RetryBudget", "%d is out of range 1..1000", c.RetryBudget)
 	case c.Heartbeat < time.Second:
@@ -387,8 +387,8 @@ func CheckRetry(stage string, p RetryPolicy) error {
 	switch {
 	case names.Stage(stage) != nil:
 		return fmt.Errorf("stage %q: %v", stage, names.Stage(stage))
-	case p.Attempts < 1 || p.Attempts > codec.MaxRetryAttempts:
-		return fmt.Errorf("stage %s: attempts %d is out of range 1..%d", stage, p.Attempts, codec.MaxRetryAttempts)
+	case p.Attempts < 1 || p.Attempts > maxRetryAttempts:
+		return fmt.Errorf("stage %s: attempts %d is out of range 1..%d", stage, p.Attempts, maxRetryAttempts)
 	case p.Backoff < minRetryBackoff || p.Backoff > maxRetryBackoff:
 		return fmt.Errorf("stage %s: backoff %s is out of range %s..%s", stage, p.Backoff, minRetryBackoff, maxRetryBackoff)
 	case p.MaxBackoff != 0 && (p.MaxBackoff < p.Backoff || p.MaxBackoff > maxRetryBackoff):
@@ -399,6 +399,7 @@ func CheckRetry(stage string, p RetryPolicy) error {
 
 // Bounds of a stage's retry policy.
 const (
-	minRetryBackoff = 10 * time.Millisecond
-	maxRetryBackoff = 7 * 24 * time.Hour
+	maxRetryAttempts = codec.MaxRetryAttempts
+	minRetryBackoff  = 10 * time.Millisecond
+	maxRetryBackoff  = 7 * 24 * time.Hour
 )

@@ -3,6 +3,8 @@ package bridge
 import (
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/flow"
+
 	"github.com/meshbox/meshbox/bridge/codec"
 
 	dto "github.com/prometheus/client_model/go"
@@ -19,7 +21,7 @@ func SetTestAfterDial(b *Bridge, f func()) { b.testAfterDial = f }
 func StageConsumers(b *Bridge, stage string) (open, most int) { return b.stageConsumers(stage) }
 
 // StageCreditOf returns the credit of stage in b's current session.
-func StageCreditOf(b *Bridge, stage string) StageCredit { return b.stageCredit(stage) }
+func StageCreditOf(b *Bridge, stage string) flow.StageCredit { return b.stageCredit(stage) }
 
 // AckDelays returns the longest an ack of b's current session waited for
 // the acker, and how many runs of acks waited longer than 100 ms (0, 0:
@@ -103,9 +105,9 @@ func SetStageCredit(b *Bridge, stage string, msgs int) bool {
 	if f == nil {
 		return false
 	}
-	f.mu.Lock()
-	f.want = msgs
-	f.mu.Unlock()
+	f.Mu.Lock()
+	f.Want = msgs
+	f.Mu.Unlock()
 	signal(s.flows.wake)
 	return true
 }

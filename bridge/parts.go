@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/completed"
+
 	"github.com/meshbox/meshbox/bridge/codec"
 
 	"github.com/nats-io/nats.go"
@@ -23,7 +25,7 @@ type stores struct {
 	// obRef is ob for Status, which may run while Start is still working.
 	obRef atomic.Pointer[outbox.Outbox]
 	// done is the store of completed message ids (nil: no stage dedupes).
-	done *completed
+	done *completed.Store
 }
 
 // lifecycle is whether the bridge started and closed, and its

@@ -152,8 +152,8 @@ func (s *session) fastPublisher() {
 // fastPublish publishes a run of requests and replies with one write. It
 // returns false when the session must end.
 func (s *session) fastPublish(items []*pubItem) bool {
-	s.pub.cork.cork()
-	defer s.pub.cork.uncork()
+	s.pub.cork.Cork()
+	defer s.pub.cork.Uncork()
 	for i, it := range items {
 		p, err := it.out.Publishing(s.b.cfg.Node, s.user, s.b.cfg.Keys)
 		if err != nil {
@@ -241,17 +241,17 @@ func (s *session) publisher() {
 		if most := s.b.batchMax(); most > 1 && len(items) > 1 {
 			items = s.packCommands(items, most)
 		}
-		s.pub.cork.cork() // the run goes out with one write
+		s.pub.cork.Cork() // the run goes out with one write
 		for i, it := range items {
 			if !s.publish(it) {
-				s.pub.cork.uncork()
+				s.pub.cork.Uncork()
 				for _, rest := range items[i+1:] {
 					rest.finish(ErrLinkDown)
 				}
 				return
 			}
 		}
-		s.pub.cork.uncork()
+		s.pub.cork.Uncork()
 	}
 }
 
@@ -261,7 +261,7 @@ func (s *session) publish(it *pubItem) bool {
 	select {
 	case s.pub.window <- struct{}{}:
 	default:
-		s.pub.cork.flush() // the broker confirms only what it received
+		s.pub.cork.Flush() // the broker confirms only what it received
 		select {
 		case s.pub.window <- struct{}{}:
 		case <-s.ctx.Done():

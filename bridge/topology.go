@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/meshbox/meshbox/bridge/flow"
+
 	"github.com/meshbox/meshbox/bridge/codec"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -21,8 +23,8 @@ func (s *session) syncStages(decl **amqp.Channel) {
 	defer s.flows.mu.Unlock()
 	for stage, f := range s.flows.stages {
 		if !want[stage] {
-			for len(f.cons) > 0 {
-				if !s.cancelConsumer(f, f.cons[len(f.cons)-1].tag) {
+			for len(f.Cons) > 0 {
+				if !s.cancelConsumer(f, f.Cons[len(f.Cons)-1].Tag) {
 					return
 				}
 			}
@@ -41,8 +43,8 @@ func (s *session) syncStages(decl **amqp.Channel) {
 			continue
 		}
 		s.flows.aux[stage] = s.declareAux(decl, stage)
-		f := newStageFlow(stage, s.b.cfg.Prefetch, s.b.cfg.CommandBatch, s.b.cfg.MaxStagePrefetch, s.b.route.creditOf(stage), &s.flows.rtt)
-		if !s.addConsumer(f, f.wanted()) {
+		f := flow.NewStageFlow(stage, s.b.cfg.Prefetch, s.b.cfg.CommandBatch, s.b.cfg.MaxStagePrefetch, s.b.route.creditOf(stage), &s.flows.rtt)
+		if !s.addConsumer(f, f.Wanted()) {
 			return
 		}
 		s.flows.stages[stage] = f

@@ -1,5 +1,4 @@
 package codec
 
-const (
-	MaxRetryAttempts = 1000
-)
+// MaxRetryAttempts bounds the attempts of a stage's retry policy.
+const MaxRetryAttempts = 1000
