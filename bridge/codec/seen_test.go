@@ -1,14 +1,12 @@
-package bridge
+package codec
 
 import (
 	"strconv"
 	"testing"
-
-	"github.com/meshbox/meshbox/bridge/codec"
 )
 
 func TestHandedOut(t *testing.T) {
-	h := codec.NewHandedOut(3)
+	h := NewHandedOut(3)
 	for _, id := range []string{"a", "b", "c"} {
 		if h.Add(id) {
 			t.Fatalf("add(%q) the first time: got seen, want new", id)
@@ -24,7 +22,7 @@ func TestHandedOut(t *testing.T) {
 	if got := len(h.Set); got != 3 {
 		t.Fatalf("remembered: got %d ids, want the bound 3", got)
 	}
-	big := codec.NewHandedOut(100)
+	big := NewHandedOut(100)
 	for i := range 1000 {
 		big.Add(strconv.Itoa(i))
 	}
