@@ -1,10 +1,6 @@
 package bridge
 
 import (
-	"context"
-	"strconv"
-	"time"
-
 	"github.com/meshbox/meshbox/bridge/codec"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -155,70 +151,6 @@ func (s *session) batchItem(g *batchGroup) *pubItem {
 			m.finish(err)
 		}
 	}}
-}
-
-// ackCmd settles one command of a delivery: a command alone is acked or
-// requeued at once; a batch is acked (or, when one of its commands could
-// not be opened, requeued) once its last command is settled.
-func (s *session) ackCmd(a codec.CmdAck, op ackOp) {
-	if a.Batch == nil {
-		s.ack(a.Tag, op)
-		return
-	}
-	if op == opRequeue {
-		a.Batch.Requeue.Store(true)
-	}
-	if a.Batch.N.Add(-1) != 0 {
-		return
-	}
-	if a.Batch.Requeue.Load() {
-		s.ack(a.Tag, opRequeue)
-		return
-	}
-	s.ack(a.Tag, opAck)
-}
-
-// giveBack returns a command to its stage queue for another attempt: a
-// command alone is requeued; one of a batch that was opened is published
-// again alone (requeueAlone), so that the rest of its batch is not tried
-// again with it.
-func (s *session) giveBack(c *cmdCall) {
-	if c.ack.Batch == nil || c.unopened {
-		s.ackCmd(c.ack, opRequeue)
-		return
-	}
-	// When the session is ending, work refuses: the broker requeues the
-	// batch.
-	s.work(func() { s.requeueAlone(c) })
-}
-
-// requeueAlone publishes a copy of c, a command of a batch, to its stage
-// queue, with the attempts it used so far, and settles c once the broker
-// confirmed the copy. When the copy cannot go out, the whole batch goes
-// back (a duplicate of its settled commands rather than a lost one). Runs
-// on a worker.
-func (s *session) requeueAlone(c *cmdCall) {
-	b := s.b
-	meta := commandMeta(c.env)
-	meta[codec.HeaderAttempts] = strconv.Itoa(c.env.Attempt)
-	if c.env.Retry.FirstOrigin == "" {
-		meta[codec.HeaderFirstOrigin] = c.env.Origin
-	}
-	out := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: codec.CommandKey(c.stage), Mandatory: true, Kind: codec.TypeCommand,
-		MsgID: c.env.MsgID, Persist: true, Header: c.env.Header, Meta: meta, Body: c.env.Body, At: time.Now()}
-	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
-	defer cancel()
-	err := s.publishWait(ctx, out)
-	switch {
-	case err == nil:
-		b.m.batchSplits.Inc()
-		s.ackCmd(c.ack, opAck)
-	case s.ctx.Err() != nil:
-		// The session ended: the broker requeues the batch.
-	default:
-		b.log.Warn("cannot publish a command of a batch again alone; its whole batch goes back", "stage", c.stage, "msg_id", c.env.MsgID, "err", err)
-		s.ackCmd(c.ack, opRequeue)
-	}
 }
 
 // SetCommandBatching says whether every node of the mesh reads command

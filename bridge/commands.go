@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/meshbox/meshbox/bridge/flow"
@@ -15,8 +14,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/bridge/outbox"
-	"github.com/meshbox/meshbox/internal/backoff"
-	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // handlerPoll is how often a command waiting for a local handler (none
@@ -170,139 +167,6 @@ func (s *session) takeCmd(token string) *cmdCall {
 	return c
 }
 
-// onCmdReply receives a handler's reply (or "no responders") for an open
-// command.
-func (s *session) onCmdReply(m *nats.Msg) {
-	b := s.b
-	token := m.Subject[len(s.local.cmdInbox):]
-	if isProgress(m.Header) {
-		s.extendCmd(token)
-		return
-	}
-	c := s.takeCmd(token)
-	if c == nil {
-		b.m.err(errKindLateReply)
-		return
-	}
-	failure := handlerFailure(m.Header, c.stage, b.cfg.Node)
-	switch {
-	case wire.NoResponders(m.Header, m.Data):
-		// No handler subscribed right now: wait for one while the stage is
-		// hosted here, up to the attempt's deadline; otherwise give it back.
-		if !s.consumes(c.stage) {
-			c.flow.Gone()
-			s.giveBack(c)
-			s.orderedNext(c)
-			return
-		}
-		if time.Until(c.deadline) <= handlerPoll {
-			s.answered(c)
-			s.cmdFailed(c, fmt.Errorf("no handler for stage %s on node %s within %s", c.stage, b.cfg.Node, b.cfg.CommandTimeout))
-			return
-		}
-		s.local.mu.Lock()
-		if !s.local.ended {
-			s.local.cmds[token] = c
-			c.timer = s.after(handlerPoll, func() {
-				if c := s.takeCmd(token); c != nil {
-					s.sendCmd(token, c)
-				}
-			})
-		}
-		s.local.mu.Unlock()
-	case failure != nil:
-		s.answered(c)
-		s.cmdFailed(c, failure)
-	default:
-		s.answered(c)
-		if c.env.ResultTopic != "" && len(m.Data) > 0 {
-			b.publishResult(c.stage, c.env.ResultTopic, c.env.MsgID, c.env.Origin, m)
-		}
-		if b.dedupes(c.stage) {
-			// Recorded before the ack: a crash between the two brings a
-			// redelivery this node recognises. Marked at once: a delivery
-			// right behind is recognised while the write runs.
-			b.files.done.Begin(c.stage, c.env.MsgID)
-			s.con.unacked.Add(1) // until the ack is queued
-			if !s.work(func() {
-				defer s.con.unacked.Add(-1)
-				b.completedNow(c.stage, c.env.MsgID)
-				s.ackCmd(c.ack, opAck)
-			}) {
-				s.con.unacked.Add(-1)
-			}
-			return
-		}
-		s.ackCmd(c.ack, opAck)
-	}
-}
-
-// cmdTimeout settles a command whose handler did not answer in time.
-func (s *session) cmdTimeout(token string) {
-	if c := s.takeCmd(token); c != nil {
-		s.answered(c)
-		s.cmdFailed(c, fmt.Errorf("handler of stage %s on node %s did not answer within its lease (%s, %d progress messages)",
-			c.stage, s.b.cfg.Node, time.Since(c.started).Round(time.Millisecond), c.extended))
-	}
-}
-
-// cmdFailed retries a failed command or dead-letters it with the reason:
-// at once when the failure is permanent; once its attempts are spent
-// (the stage's retry policy, else RetryBudget); otherwise it waits in the
-// stage's retry queue (a policy) or is requeued after a short pause.
-func (s *session) cmdFailed(c *cmdCall, failure error) {
-	b := s.b
-	b.m.err(errKindHandler)
-	p, delayed := s.retryPolicy(c.stage)
-	if codec.AsUnseal(failure) != nil {
-		delayed = false // not opened: nothing to seal again; the broker keeps it
-	}
-	budget := b.cfg.RetryBudget
-	if delayed {
-		budget = p.Attempts
-	}
-	var reason *codec.DeadReason
-	switch {
-	case isPermanent(failure):
-		reason = codec.Reasonf(fmt.Sprintf("permanent failure at attempt %d: ", c.env.Attempt), failure)
-	case c.env.Attempt >= budget:
-		reason = codec.Reasonf(fmt.Sprintf("attempt %d of %d failed: ", c.env.Attempt, budget), failure)
-	case delayed:
-		s.work(func() { s.retryLater(c, p, failure) })
-		return
-	default:
-		s.requeueLater(c)
-		return
-	}
-	extra := map[string]string{codec.HeaderAttempts: strconv.Itoa(c.env.Attempt)}
-	if c.env.Retry.FirstFail != "" {
-		extra[codec.HeaderFirstFail] = c.env.Retry.FirstFail
-	}
-	s.work(func() { s.deadCommand(&c.d, c.ack, c.stage, reason, extra) })
-}
-
-// requeueLater gives c back to its queue after a pause that grows with its
-// attempts; the next delivery counts the attempt.
-func (s *session) requeueLater(c *cmdCall) {
-	// Kept under a token of its own while it waits: a late reply of the
-	// handler (under the old token) finds nothing.
-	token := retryTokenPrefix + newID()
-	s.local.mu.Lock()
-	if !s.local.ended {
-		s.local.cmds[token] = c
-		c.timer = s.after(retryDelay(c.env.Attempt), func() {
-			if c := s.takeCmd(token); c != nil {
-				s.giveBack(c)
-			}
-		})
-	}
-	s.local.mu.Unlock()
-}
-
-// retryTokenPrefix starts the token of a failed command waiting for its
-// requeue.
-const retryTokenPrefix = "retry."
-
 // endCmds forgets the open commands of an ended session: the broker
 // requeues them.
 func (s *session) endCmds() {
@@ -318,14 +182,6 @@ func (s *session) endCmds() {
 // errNotHostedHere means the stage stopped being hosted on this node while
 // a command waited for a handler.
 var errNotHostedHere = errors.New("stage no longer hosted here")
-
-// commandRetry is the pause before a failed command is requeued: from 250ms
-// doubling up to 5s, jittered so that the commands of one failure do not
-// come back together.
-var commandRetry = backoff.Policy{Min: 250 * time.Millisecond, Max: 5 * time.Second}
-
-// retryDelay is the pause before a failed command is requeued.
-func retryDelay(attempt int) time.Duration { return commandRetry.Delay(attempt) }
 
 // consumes reports whether the session still consumes stage.
 func (s *session) consumes(stage string) bool {

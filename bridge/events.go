@@ -175,29 +175,6 @@ func (b *Bridge) publishSystem(ctx context.Context, rkey string, mandatory bool,
 	return nil
 }
 
-// deadLetter publishes a copy of delivery d to the dead-letter exchange
-// with the reason, waits for the broker's confirm, then acks d. If the
-// session ends first, d is left to the broker to requeue.
-func (s *session) deadLetter(d *amqp.Delivery, queue string, reason error) {
-	if s.publishDead(d, queue, reason, "", nil) {
-		s.ack(d.DeliveryTag, opAck)
-	}
-}
-
-// deadCommand dead-letters a command of stage like deadLetter, into the
-// stage's dead-letter queue when this session declared it (mesh.dead
-// otherwise), with extra node headers (attempts, failures).
-func (s *session) deadCommand(d *amqp.Delivery, a codec.CmdAck, stage string, reason error, extra map[string]string) {
-	if s.publishDead(d, codec.StageQueue(stage), reason, stage, extra) {
-		s.ackCmd(a, opAck)
-	}
-}
-
-// reject dead-letters an auto-acked delivery (nothing to ack).
-func (s *session) reject(d *amqp.Delivery, queue string, reason error) {
-	s.publishDead(d, queue, reason, "", nil)
-}
-
 // publishDead publishes the dead letter of d: to dead.<stage> when stage
 // is set and its queue is declared in this session, else to mesh.dlx (and
 // so mesh.dead). It reports whether the broker confirmed it.

@@ -1,17 +1,11 @@
 package bridge
 
 import (
-	"context"
-	"errors"
-	"strconv"
 	"time"
 
 	"github.com/meshbox/meshbox/bridge/codec"
 
-	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // This file is a stage's retry policy (Config.Retry) and the permanent
@@ -70,26 +64,6 @@ type permanent struct{ err error }
 func (e *permanent) Error() string { return e.err.Error() }
 func (e *permanent) Unwrap() error { return e.err }
 
-// isPermanent reports whether failure is a permanent one.
-func isPermanent(failure error) bool {
-	var p *permanent
-	return errors.As(failure, &p)
-}
-
-// handlerFailure is the failure a handler's error reply stands for, or nil
-// when the reply is a result.
-func handlerFailure(h nats.Header, stage, node string) error {
-	code, e, failed := wire.ReadError(h)
-	if !failed {
-		return nil
-	}
-	err := &codec.HandlerError{Stage: stage, Node: node, Code: code, Text: e}
-	if code == strconv.Itoa(codec.CodePermanent) {
-		return &permanent{err: err}
-	}
-	return err
-}
-
 // retryPolicy returns the policy of stage when its retry queue is
 // declared in this session.
 func (s *session) retryPolicy(stage string) (RetryPolicy, bool) {
@@ -106,46 +80,6 @@ func (s *session) hasAux(stage string, bit int) bool {
 	s.flows.mu.Lock()
 	defer s.flows.mu.Unlock()
 	return s.flows.aux[stage]&bit != 0
-}
-
-// retryLater publishes the copy of c's failed attempt to the retry queue
-// of its stage with the policy's backoff, and acks c once the broker
-// confirmed it. When the copy cannot go out (no retry queue on the broker
-// any more), c is requeued after the usual pause instead; when the session
-// ends first, the broker requeues c. Runs on a worker.
-func (s *session) retryLater(c *cmdCall, p RetryPolicy, failure error) {
-	b := s.b
-	now := codec.StampTime(time.Now())
-	meta := commandMeta(c.env)
-	meta[codec.HeaderAttempts] = strconv.Itoa(c.env.Attempt)
-	meta[codec.HeaderLastFail] = now
-	meta[codec.HeaderLastReason], meta[codec.HeaderLastReasonSealed] = b.reasonHeaders(codec.HeaderLastReason, codec.TypeCommand, codec.CommandKey(c.stage),
-		c.env.MsgID, failure.Error(), codec.FailureClass(failure))
-	if meta[codec.HeaderLastReasonSealed] == "" {
-		delete(meta, codec.HeaderLastReasonSealed)
-	}
-	if c.env.Retry.FirstFail == "" {
-		meta[codec.HeaderFirstFail] = now
-	}
-	if c.env.Retry.FirstOrigin == "" {
-		meta[codec.HeaderFirstOrigin] = c.env.Origin
-	}
-	out := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: codec.CommandKey(c.stage), Route: codec.RetryKey(c.stage), Mandatory: true,
-		Kind: codec.TypeCommand, MsgID: c.env.MsgID, Persist: true, Header: c.env.Header, Meta: meta,
-		Body: c.env.Body, At: time.Now(), TTL: p.delay(c.env.Attempt)}
-	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
-	defer cancel()
-	err := s.publishWait(ctx, out)
-	switch {
-	case err == nil:
-		b.m.retries.WithLabelValues(c.stage).Inc()
-		s.ackCmd(c.ack, opAck)
-	case s.ctx.Err() != nil:
-		// The session ended: the broker requeues c.
-	default:
-		b.log.Warn("cannot publish a command to its retry queue; requeued instead", "stage", c.stage, "msg_id", c.env.MsgID, "err", err)
-		s.requeueLater(c)
-	}
 }
 
 // commandMeta returns the node headers that travel with a command from
