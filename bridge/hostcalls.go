@@ -161,8 +161,15 @@ func (s *session) replyHost(env *codec.Envelope, resp *nats.Msg, failure error) 
 	_ = s.enqueueFast(&pubItem{out: out, done: func(error) {}})
 }
 
-// openCalls bounds the requests from other nodes open at local hosts.
-func (b *Bridge) openCalls() int { return max(256, 8*b.cfg.Prefetch) }
+// openCalls bounds the requests from other nodes open at local hosts:
+// openCallsPerPrefetch x Prefetch, at least openCallsMin.
+func (b *Bridge) openCalls() int { return max(openCallsMin, openCallsPerPrefetch*b.cfg.Prefetch) }
+
+// Bounds of the requests from other nodes open at local hosts.
+const (
+	openCallsMin         = 256
+	openCallsPerPrefetch = 8
+)
 
 // endCalls ends the open calls of an ended session: their local hosts'
 // replies can no longer be taken. The callers are told by the next

@@ -1,3 +1,14 @@
+// Package codec is the bridge's messages on the wire, with no connection
+// state: an Envelope is a delivery from the broker decoded and validated
+// (Decode), an Outgoing a message on its way to it; batches carry several
+// commands to a message. It holds the names (exchanges, queues, routing
+// keys, Meshbox-* headers), the failure reasons and the checks that refuse
+// replays (dead-lettered deliveries, events seen before, HandedOut: the
+// command ids handed out lately). Nothing here dials, locks a session or
+// logs.
+//
+// Caveats: a check sees one message; what the checks remember (an
+// EventMemory, a HandedOut) is the process's memory, gone after a restart.
 package codec
 
 import (

@@ -1,7 +1,9 @@
 package codec
 
 import (
+	"errors"
 	"strings"
+	"time"
 
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/wire"
@@ -101,12 +103,12 @@ func SystemQueue(n string) string { return wire.SystemQueue(n) }
 func StageQueue(stage string) string { return wire.StageQueue(stage) }
 
 // RetryQueue is the queue a stage's failed commands wait in for their
-// next attempt; retryKey binds it to mesh.
+// next attempt; RetryKey binds it to mesh.
 func RetryQueue(stage string) string { return wire.RetryQueue(stage) }
 
 func RetryKey(stage string) string { return wire.RetryKey(stage) }
 
-// DeadQueue is the queue of a stage's dead letters; deadKey binds it to
+// DeadQueue is the queue of a stage's dead letters; DeadKey binds it to
 // mesh.
 func DeadQueue(stage string) string { return wire.DeadQueue(stage) }
 
@@ -197,3 +199,13 @@ func ParseNodeCapSubject(subj string) (node, name string, ok bool) {
 	}
 	return node, name, true
 }
+
+const (
+	// EventQueueExpiry deletes the event queue of a node unused this long.
+	EventQueueExpiry = 7 * 24 * time.Hour
+)
+
+var (
+	// ErrBadInput means a message or a name was malformed.
+	ErrBadInput = errors.New("bad input")
+)

@@ -96,7 +96,7 @@ func JoinReason(r error) string {
 	return class + "\x00" + text
 }
 
-// SplitReason reads joinReason's form.
+// SplitReason reads JoinReason's form.
 func SplitReason(s string) (class, text string) {
 	if c, t, ok := strings.Cut(s, "\x00"); ok {
 		return c, t

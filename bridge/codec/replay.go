@@ -43,7 +43,7 @@ func (e *ReplayError) Error() string {
 	return "replayed message refused (" + e.Reason + "): " + e.Detail
 }
 
-// AsReplay returns err as a *replayError, or nil.
+// AsReplay returns err as a *ReplayError, or nil.
 func AsReplay(err error) *ReplayError {
 	var re *ReplayError
 	if errors.As(err, &re) {
@@ -62,8 +62,8 @@ func AsReplay(err error) *ReplayError {
 // stage resize put messages in dead.other and retry.other with CC, and
 // with BCC, which the broker removes, in dead.other under key evt.x). A
 // BCC leaves no header; it shows in x-death's routing-keys, which must be
-// the retry queue's own key (retryDeaths), and in a dead letter's key
-// (checkDeadLetter).
+// the retry queue's own key (RetryDeaths), and in a dead letter's key
+// (CheckDeadLetter).
 func CheckDeaths(kind, routingKey string, h amqp.Table) error {
 	shape := kind
 	if kind == TypeCommandBatch {
@@ -137,7 +137,7 @@ func DeathKeys(v any) string {
 
 // CheckDeadLetter refuses a delivery of stage's dead-letter queue that
 // did not come there as meshbox dead-letters: published with the queue's
-// own key (not CC, not BCC: see checkDeaths) and having died, if at all,
+// own key (not CC, not BCC: see CheckDeaths) and having died, if at all,
 // only in the stage's retry queue. Such a letter's headers (its origin,
 // its reason) are the word of whoever planted it; replaying it would
 // publish that word with the replaying node's identity.
@@ -167,7 +167,7 @@ func HasHeader(h amqp.Table, key string) bool {
 // EventMemory remembers the events a node accepted: their origin and
 // message id (as a 64-bit hash: a collision refuses one event in about
 // 2^47 at the memory's size) with the time each was sealed, for
-// EventWindow and at most eventMemoryLen of them, the newest by sealing
+// EventWindow and at most EventMemoryLen of them, the newest by sealing
 // time. Its zero value is ready; safe for concurrent use.
 type EventMemory struct {
 	mu    sync.Mutex

@@ -46,3 +46,6 @@ func (e *Envelope) commandHeader(k, v string) error {
 	}
 	return nil
 }
+
+// MaxRetryAttempts bounds the attempts of a stage's retry policy.
+const MaxRetryAttempts = 1000

@@ -50,7 +50,7 @@ func (e *UnsealError) Error() string {
 	return "sealed message refused (" + e.Reason + "): " + e.Detail
 }
 
-// AsUnseal returns err as an *unsealError, or nil.
+// AsUnseal returns err as an *UnsealError, or nil.
 func AsUnseal(err error) *UnsealError {
 	var ue *UnsealError
 	if errors.As(err, &ue) {

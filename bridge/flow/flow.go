@@ -1,3 +1,7 @@
+// Package flow sizes the credit of a stage: how many commands a node holds
+// unacknowledged for it, from the rate at which its handler answers and
+// the link's round trip. A StageFlow's state is guarded by its Mu,
+// held by the caller where a method says so.
 package flow
 
 import (
@@ -33,12 +37,12 @@ const AckLinger = 500 * time.Microsecond
 // A delivery's credit comes back a round trip plus the ack's linger after
 // the handler answers, so a stage needs at least rate x (round trip +
 // linger) commands in flight to keep its pace: when it has less, it asks
-// for twice that at once (creditGain). While the handler holds most of the
-// credit and answers quickly (within flowQuick, or twice its quickest
+// for twice that at once (CreditGain). While the handler holds most of the
+// credit and answers quickly (within FlowQuick, or twice its quickest
 // answer: nothing waits at it), the credit doubles: a parallel handler
-// gains. When the handler's answers slow down (beyond flowSlowFactor x
-// FlowQuick and 2 x flowSlowFactor x its quickest: commands wait at it)
-// for creditSlowWindows windows in a row, the credit halves: a serial slow
+// gains. When the handler's answers slow down (beyond FlowSlowFactor x
+// FlowQuick and 2 x FlowSlowFactor x its quickest: commands wait at it)
+// for CreditSlowWindows windows in a row, the credit halves: a serial slow
 // handler stays at Prefetch whatever its backlog. The credit stays between
 // Prefetch and MaxStagePrefetch commands, turned into messages with the
 // commands a message carried (batches) as measured. Nothing changes while
@@ -64,15 +68,15 @@ const AckLinger = 500 * time.Microsecond
 const (
 	CreditGain = 2
 	// CreditWindow bounds the time a window of answers spans: at least
-	// max(creditWindow, 2 round trips) and 8 answers, at most
+	// max(CreditWindow, 2 round trips) and 8 answers, at most
 	// CreditWindowMax.
 	CreditWindow    = 100 * time.Millisecond
 	CreditWindowMax = time.Second
 	// FlowQuick is a handler latency that is quick enough for more credit
 	// whatever the handler's own pace.
 	FlowQuick = 25 * time.Millisecond
-	// FlowSlowFactor: latency above max(flowSlowFactor x flowQuick,
-	// 2 x flowSlowFactor x the quickest answer seen) is slow.
+	// FlowSlowFactor: latency above max(FlowSlowFactor x FlowQuick,
+	// 2 x FlowSlowFactor x the quickest answer seen) is slow.
 	FlowSlowFactor = 4
 	// CreditSlowWindows slow windows in a row halve the credit: a burst
 	// that waits at the handler for a moment does not.

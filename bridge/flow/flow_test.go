@@ -7,10 +7,10 @@ import (
 	"time"
 )
 
-// stageModel is a model of one stage on one node, to drive a stageFlow's rules
+// stageModel is a model of one stage on one node, to drive a StageFlow's rules
 // on a clock of its own: the broker has work for the stage at producer
 // commands a second at most (0: without end); each delivery's credit comes
-// back rtt + ackLinger + the handler's time after it is sent; the handler
+// back rtt + AckLinger + the handler's time after it is sent; the handler
 // clears capacity commands a second at most (0: without end), each in
 // service, at once (parallel) or one after another (serial: what it holds
 // waits behind the others).
