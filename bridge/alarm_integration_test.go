@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
@@ -33,7 +35,7 @@ func TestAlarmBlocksPublishingButNotAcks(t *testing.T) {
 	})
 	for i := range total {
 		m := n.submit(t, stage, []byte{byte(i)}, nil)
-		if got := m.Header.Get(bridge.HeaderAccepted); got != "broker" {
+		if got := m.Header.Get(codec.HeaderAccepted); got != "broker" {
 			t.Fatalf("command %d accepted by %q, want broker", i, got)
 		}
 	}
@@ -48,7 +50,7 @@ func TestAlarmBlocksPublishingButNotAcks(t *testing.T) {
 	seen := map[string]bool{}
 	seenCh := make(chan string, 64)
 	sub, err := n.client.Subscribe("work."+stage, func(m *nats.Msg) {
-		seenCh <- m.Header.Get(bridge.HeaderMsgID)
+		seenCh <- m.Header.Get(codec.HeaderMsgID)
 		_ = m.Respond(nil)
 	})
 	if err != nil {

@@ -1,11 +1,7 @@
 package bridge
 
 import (
-	"context"
-	"encoding/binary"
-	"strconv"
-	"sync/atomic"
-	"time"
+	"github.com/meshbox/meshbox/bridge/codec"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -60,27 +56,13 @@ import (
 // readable ones of its own message (Meshbox-Key and the node headers that
 // travel with a command); x-* headers are the broker's and are dropped.
 
-const (
-	// typeCommandBatch is the AMQP type of a batch message.
-	typeCommandBatch = "commands"
-	batchVersion     = 1
-	// DefaultCommandBatch is the most commands one message carries.
-	DefaultCommandBatch = 4
-	// MaxCommandBatch bounds Config.CommandBatch.
-	MaxCommandBatch = 64
-)
-
-// batchLimit is the largest body a batch may have, for a node with
-// maxPayload: a command at the limit travels alone.
-func batchLimit(maxPayload int) int { return maxPayload + maxHeaderBytes + sealSlack }
-
 // batchable reports whether it can travel in a batch: a program's
 // command to a stage queue, built here (not a retry copy, not a raw
 // message).
 func batchable(it *pubItem) bool {
 	o := it.out
-	return o.kind == typeCommand && o.raw == nil && o.exchange == exchangeMesh && o.route == "" &&
-		o.ttl == 0 && o.expire == 0 && o.mandatory && o.persist && o.corrID == "" && o.replyTo == ""
+	return o.Kind == codec.TypeCommand && o.Raw == nil && o.Exchange == codec.ExchangeMesh && o.Route == "" &&
+		o.TTL == 0 && o.Expire == 0 && o.Mandatory && o.Persist && o.CorrID == "" && o.ReplyTo == ""
 }
 
 // batchGroup is the commands for one stage gathered from one run.
@@ -106,7 +88,7 @@ func (s *session) packCommands(items []*pubItem, max int) []*pubItem {
 	if n < 2 {
 		return items
 	}
-	limit := batchLimit(s.b.maxPayload())
+	limit := codec.BatchLimit(s.b.maxPayload())
 	out := make([]*pubItem, 0, len(items))
 	open := map[string]*batchGroup{}
 	var groups []*batchGroup
@@ -115,19 +97,19 @@ func (s *session) packCommands(items []*pubItem, max int) []*pubItem {
 			out = append(out, it)
 			continue
 		}
-		p, err := it.out.publishing(s.b.cfg.Node, s.user, s.b.cfg.Keys)
+		p, err := it.out.Publishing(s.b.cfg.Node, s.user, s.b.cfg.Keys)
 		if err != nil {
 			it.finish(err) // not sealed: no key to seal with
 			continue
 		}
-		size := entrySize(&p)
-		g := open[it.out.key]
+		size := codec.EntrySize(&p)
+		g := open[it.out.Key]
 		if g != nil && (len(g.items) >= max || g.size+size > limit) {
 			g = nil
 		}
 		if g == nil {
-			g = &batchGroup{key: it.out.key, at: len(out), size: 16}
-			open[it.out.key] = g
+			g = &batchGroup{key: it.out.Key, at: len(out), size: 16}
+			open[it.out.Key] = g
 			groups = append(groups, g)
 			out = append(out, nil) // the group's slot
 		}
@@ -148,7 +130,7 @@ func (s *session) batchItem(g *batchGroup) *pubItem {
 		it := g.items[0]
 		p := g.ps[0]
 		alone := *it.out
-		alone.raw = &p
+		alone.Raw = &p
 		it.out = &alone
 		return it
 	}
@@ -157,261 +139,18 @@ func (s *session) batchItem(g *batchGroup) *pubItem {
 	raw := &amqp.Publishing{
 		Headers:      amqp.Table{},
 		MessageId:    newID(),
-		Type:         typeCommandBatch,
-		Timestamp:    first.at,
+		Type:         codec.TypeCommandBatch,
+		Timestamp:    first.At,
 		DeliveryMode: amqp.Persistent,
-		Body:         encodeBatch(g.ps, g.size),
+		Body:         codec.EncodeBatch(g.ps, g.size),
 	}
-	out := &outgoing{exchange: exchangeMesh, key: g.key, mandatory: true, kind: typeCommandBatch,
-		msgID: raw.MessageId, persist: true, at: first.at, raw: raw, batch: len(members)}
+	out := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: g.key, Mandatory: true, Kind: codec.TypeCommandBatch,
+		MsgID: raw.MessageId, Persist: true, At: first.At, Raw: raw, Batch: len(members)}
 	return &pubItem{out: out, done: func(err error) {
 		for _, m := range members {
 			m.finish(err)
 		}
 	}}
-}
-
-// entrySize bounds the encoded size of p as a batch entry.
-func entrySize(p *amqp.Publishing) int {
-	n := 5*binary.MaxVarintLen64 + len(p.MessageId) + len(p.ContentType) + len(p.ContentEncoding) + len(p.Body)
-	for k, v := range p.Headers {
-		n += 2*binary.MaxVarintLen64 + len(k)
-		switch v := v.(type) {
-		case string:
-			n += binary.MaxVarintLen64 + len(v)
-		case []any:
-			for _, x := range v {
-				if s, ok := x.(string); ok {
-					n += binary.MaxVarintLen64 + len(s)
-				}
-			}
-		}
-	}
-	return n
-}
-
-// encodeBatch encodes the messages ps (built by outgoing.publishing) as a
-// batch body; size is a bound of its length.
-func encodeBatch(ps []amqp.Publishing, size int) []byte {
-	buf := make([]byte, 0, size)
-	buf = append(buf, batchVersion)
-	buf = binary.AppendUvarint(buf, uint64(len(ps)))
-	for i := range ps {
-		p := &ps[i]
-		buf = appendStr(buf, p.MessageId)
-		buf = binary.AppendVarint(buf, p.Timestamp.UnixMilli())
-		buf = appendStr(buf, p.ContentType)
-		buf = appendStr(buf, p.ContentEncoding)
-		n := 0
-		for _, v := range p.Headers {
-			if _, ok := stringHeader(v); ok {
-				n++
-			}
-		}
-		buf = binary.AppendUvarint(buf, uint64(n))
-		for k, v := range p.Headers {
-			count, ok := stringHeader(v)
-			if !ok {
-				continue
-			}
-			buf = appendStr(buf, k)
-			buf = binary.AppendUvarint(buf, uint64(count))
-			switch v := v.(type) {
-			case string:
-				buf = appendStr(buf, v)
-			case []any:
-				for _, x := range v {
-					buf = appendStr(buf, x.(string))
-				}
-			}
-		}
-		buf = binary.AppendUvarint(buf, uint64(len(p.Body)))
-		buf = append(buf, p.Body...)
-	}
-	return buf
-}
-
-// stringHeader reports whether v is a header value as outgoing.publishing
-// builds them (a string, or a list of strings), and how many strings it
-// holds. Publishing never makes another kind; one would be left out.
-func stringHeader(v any) (n int, ok bool) {
-	switch v := v.(type) {
-	case string:
-		return 1, true
-	case []any:
-		for _, x := range v {
-			if _, ok := x.(string); !ok {
-				return 0, false
-			}
-		}
-		return len(v), true
-	}
-	return 0, false
-}
-
-// decodeBatch splits the batch delivery d into the deliveries of its
-// commands, each as it would have come alone: d's routing key, user_id,
-// redelivery and delivery tag, the broker's delivery count, and the
-// entry's own id, timestamp, headers and body (which shares d's). It
-// accepts at most maxEntries commands in at most limit bytes, and never
-// panics, whatever the body holds.
-func decodeBatch(d *amqp.Delivery, maxEntries, limit int) ([]amqp.Delivery, error) {
-	if len(d.Body) > limit {
-		return nil, bad("command batch of %d bytes exceeds the limit of %d", len(d.Body), limit)
-	}
-	if len(d.Body) == 0 || d.Body[0] != batchVersion {
-		return nil, bad("command batch of an unknown format")
-	}
-	r := sealReader{b: d.Body[1:]}
-	n := r.uvarint()
-	if r.err == nil && (n < 1 || n > uint64(maxEntries)) {
-		return nil, bad("command batch of %d commands, want 1..%d", n, maxEntries)
-	}
-	count, isCount := d.Headers[headerDeliveryCount]
-	out := make([]amqp.Delivery, 0, n)
-	for i := uint64(0); i < n && r.err == nil; i++ {
-		e := amqp.Delivery{
-			Type: typeCommand, RoutingKey: d.RoutingKey, Exchange: d.Exchange, UserId: d.UserId,
-			Redelivered: d.Redelivered, DeliveryTag: d.DeliveryTag, DeliveryMode: d.DeliveryMode,
-			ConsumerTag: d.ConsumerTag, Acknowledger: d.Acknowledger,
-		}
-		e.MessageId = r.str()
-		e.Timestamp = time.UnixMilli(r.varint())
-		e.ContentType = r.str()
-		e.ContentEncoding = r.str()
-		nkeys := r.uvarint()
-		if r.err == nil && nkeys > uint64(len(r.b)) {
-			return nil, bad("command batch entry %d: header count %d", i, nkeys)
-		}
-		e.Headers = make(amqp.Table, nkeys+1)
-		for j := uint64(0); j < nkeys && r.err == nil; j++ {
-			k := r.str()
-			nv := r.uvarint()
-			if r.err != nil || nv > uint64(len(r.b)) || nv == 0 {
-				if r.err == nil {
-					return nil, bad("command batch entry %d: header %q with %d values", i, k, nv)
-				}
-				break
-			}
-			if isBrokerHeader(k) {
-				k = "" // a publisher's x-* header never counts (see below)
-			}
-			if nv == 1 {
-				v := r.str()
-				if k != "" {
-					e.Headers[k] = v
-				}
-				continue
-			}
-			vs := make([]any, 0, nv)
-			for range nv {
-				vs = append(vs, r.str())
-			}
-			if k != "" {
-				e.Headers[k] = vs
-			}
-		}
-		size := r.uvarint()
-		if r.err == nil && size > uint64(len(r.b)) {
-			r.err = errShortSealed
-		}
-		if r.err != nil {
-			break
-		}
-		e.Body = r.b[:size:size]
-		r.b = r.b[size:]
-		if isCount {
-			// The broker's count of the batch's deliveries is each
-			// command's: a publisher cannot make one look like a retry.
-			e.Headers[headerDeliveryCount] = count
-		}
-		out = append(out, e)
-	}
-	if r.err != nil {
-		return nil, bad("command batch: %v", r.err)
-	}
-	if len(r.b) != 0 {
-		return nil, bad("command batch: %d bytes after its last command", len(r.b))
-	}
-	return out, nil
-}
-
-// cmdAck is how one command of a delivery is settled: the delivery's tag,
-// and for a command of a batch the batch's count of commands not settled
-// yet.
-type cmdAck struct {
-	tag   uint64
-	batch *batchLeft // nil: the delivery is this command alone
-}
-
-// batchLeft counts the commands of one batch delivery not settled yet.
-type batchLeft struct {
-	n       atomic.Int32
-	requeue atomic.Bool // a command that no one here can open: the batch goes back whole
-}
-
-// ackCmd settles one command of a delivery: a command alone is acked or
-// requeued at once; a batch is acked (or, when one of its commands could
-// not be opened, requeued) once its last command is settled.
-func (s *session) ackCmd(a cmdAck, op ackOp) {
-	if a.batch == nil {
-		s.ack(a.tag, op)
-		return
-	}
-	if op == opRequeue {
-		a.batch.requeue.Store(true)
-	}
-	if a.batch.n.Add(-1) != 0 {
-		return
-	}
-	if a.batch.requeue.Load() {
-		s.ack(a.tag, opRequeue)
-		return
-	}
-	s.ack(a.tag, opAck)
-}
-
-// giveBack returns a command to its stage queue for another attempt: a
-// command alone is requeued; one of a batch that was opened is published
-// again alone (requeueAlone), so that the rest of its batch is not tried
-// again with it.
-func (s *session) giveBack(c *cmdCall) {
-	if c.ack.batch == nil || c.unopened {
-		s.ackCmd(c.ack, opRequeue)
-		return
-	}
-	// When the session is ending, work refuses: the broker requeues the
-	// batch.
-	s.work(func() { s.requeueAlone(c) })
-}
-
-// requeueAlone publishes a copy of c, a command of a batch, to its stage
-// queue, with the attempts it used so far, and settles c once the broker
-// confirmed the copy. When the copy cannot go out, the whole batch goes
-// back (a duplicate of its settled commands rather than a lost one). Runs
-// on a worker.
-func (s *session) requeueAlone(c *cmdCall) {
-	b := s.b
-	meta := commandMeta(c.env)
-	meta[HeaderAttempts] = strconv.Itoa(c.env.attempt)
-	if c.env.retry.firstOrigin == "" {
-		meta[HeaderFirstOrigin] = c.env.origin
-	}
-	out := &outgoing{exchange: exchangeMesh, key: commandKey(c.stage), mandatory: true, kind: typeCommand,
-		msgID: c.env.msgID, persist: true, header: c.env.header, meta: meta, body: c.env.body, at: time.Now()}
-	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
-	defer cancel()
-	err := s.publishWait(ctx, out)
-	switch {
-	case err == nil:
-		b.m.batchSplits.Inc()
-		s.ackCmd(c.ack, opAck)
-	case s.ctx.Err() != nil:
-		// The session ended: the broker requeues the batch.
-	default:
-		b.log.Warn("cannot publish a command of a batch again alone; its whole batch goes back", "stage", c.stage, "msg_id", c.env.msgID, "err", err)
-		s.ackCmd(c.ack, opRequeue)
-	}
 }
 
 // SetCommandBatching says whether every node of the mesh reads command

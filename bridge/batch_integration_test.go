@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
@@ -36,10 +38,10 @@ func TestCommandBatches(t *testing.T) {
 	done := make(chan struct{})
 	failFirst := func(id string) bool { n, _ := strconv.Atoi(id[2:]); return n%5 == 3 }
 	sub, err := b.client.Subscribe("work.batch", func(m *nats.Msg) {
-		id := m.Header.Get(bridge.HeaderMsgID)
-		attempt, _ := strconv.Atoi(m.Header.Get(bridge.HeaderAttempt))
+		id := m.Header.Get(codec.HeaderMsgID)
+		attempt, _ := strconv.Atoi(m.Header.Get(codec.HeaderAttempt))
 		mu.Lock()
-		handled[id] = append(handled[id], seen{attempt, m.Header.Get(bridge.HeaderRedelivered)})
+		handled[id] = append(handled[id], seen{attempt, m.Header.Get(codec.HeaderRedelivered)})
 		fail := attempt == 1 && failFirst(id)
 		if !fail && !ok[id] {
 			ok[id] = true
@@ -167,10 +169,10 @@ func TestBatchDeadLetteredByAnOlderNodeReplayed(t *testing.T) {
 				for k, v := range d.Headers {
 					hd[k] = v
 				}
-				hd[bridge.HeaderDeadReason] = `malformed message: type "commands", want "command"`
-				hd[bridge.HeaderDeadNode] = "older"
-				hd[bridge.HeaderDeadQueue] = "cmd.legacy"
-				hd[bridge.HeaderDeadAt] = time.Now().UTC().Format(time.RFC3339Nano)
+				hd[codec.HeaderDeadReason] = `malformed message: type "commands", want "command"`
+				hd[codec.HeaderDeadNode] = "older"
+				hd[codec.HeaderDeadQueue] = "cmd.legacy"
+				hd[codec.HeaderDeadAt] = time.Now().UTC().Format(time.RFC3339Nano)
 				if err := ch.Publish("mesh", "dead.legacy", false, false, amqp.Publishing{Headers: hd, Type: d.Type,
 					MessageId: d.MessageId, Timestamp: d.Timestamp, DeliveryMode: amqp.Persistent, Body: d.Body}); err != nil {
 					t.Errorf("dead-letter the batch: %v", err)
@@ -197,8 +199,8 @@ func TestBatchDeadLetteredByAnOlderNodeReplayed(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				m, err := a.client.RequestMsg(&nats.Msg{Subject: "cmd.legacy", Data: []byte("x"),
-					Header: nats.Header{bridge.HeaderMsgID: {fmt.Sprintf("r%d-%d", round, i)}}}, 10*time.Second)
-				if err == nil && m.Header.Get(bridge.HeaderAccepted) != "" {
+					Header: nats.Header{codec.HeaderMsgID: {fmt.Sprintf("r%d-%d", round, i)}}}, 10*time.Second)
+				if err == nil && m.Header.Get(codec.HeaderAccepted) != "" {
 					accepted.Add(1)
 				}
 			}()
@@ -235,7 +237,7 @@ func TestBatchDeadLetteredByAnOlderNodeReplayed(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // real time: room for a command handled twice, whose absence cannot be signalled
 	got := map[string]int{}
 	for _, m := range h.msgs() {
-		got[m.Header.Get(bridge.HeaderMsgID)]++
+		got[m.Header.Get(codec.HeaderMsgID)]++
 	}
 	for id := range inBatches {
 		if got[id] != 1 {
@@ -326,11 +328,11 @@ func submitAll(t *testing.T, n *node, stage string, count, workers int, id func(
 			for i := w; i < count; i += workers {
 				msg := &nats.Msg{Subject: "cmd." + stage, Data: []byte(strconv.Itoa(i)), Header: nats.Header{}}
 				if id != nil {
-					msg.Header.Set(bridge.HeaderMsgID, id(i))
+					msg.Header.Set(codec.HeaderMsgID, id(i))
 				}
 				m, err := n.client.RequestMsg(msg, 10*time.Second)
-				if err == nil && m.Header.Get(bridge.HeaderAccepted) != "broker" {
-					err = fmt.Errorf("command %d accepted as %q (%s)", i, m.Header.Get(bridge.HeaderAccepted), m.Header.Get("Nats-Service-Error"))
+				if err == nil && m.Header.Get(codec.HeaderAccepted) != "broker" {
+					err = fmt.Errorf("command %d accepted as %q (%s)", i, m.Header.Get(codec.HeaderAccepted), m.Header.Get("Nats-Service-Error"))
 				}
 				if err != nil {
 					refused <- err

@@ -6,17 +6,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 func batchOf(ps ...amqp.Publishing) amqp.Delivery {
 	size := 16
 	for i := range ps {
-		size += entrySize(&ps[i])
+		size += codec.EntrySize(&ps[i])
 	}
 	return amqp.Delivery{
-		Type: typeCommandBatch, RoutingKey: "cmd.resize", UserId: "node.alpha.g1", DeliveryTag: 7,
-		Body: encodeBatch(ps, size), Headers: amqp.Table{},
+		Type: codec.TypeCommandBatch, RoutingKey: "cmd.resize", UserId: "node.alpha.g1", DeliveryTag: 7,
+		Body: codec.EncodeBatch(ps, size), Headers: amqp.Table{},
 	}
 }
 
@@ -26,14 +28,14 @@ func batchOf(ps ...amqp.Publishing) amqp.Delivery {
 func TestBatchRoundTrip(t *testing.T) {
 	at := time.UnixMilli(1_790_000_000_123)
 	ps := []amqp.Publishing{
-		{MessageId: "m1", Timestamp: at, ContentType: "text/plain", Headers: amqp.Table{HeaderKey: "k1", "X-Multi": []any{"a", "b"}}, Body: []byte("one")},
+		{MessageId: "m1", Timestamp: at, ContentType: "text/plain", Headers: amqp.Table{codec.HeaderKey: "k1", "X-Multi": []any{"a", "b"}}, Body: []byte("one")},
 		{MessageId: "m2", Timestamp: at.Add(time.Millisecond), Headers: amqp.Table{}, Body: nil},
-		{MessageId: "m3", Timestamp: at, ContentEncoding: "gzip", Headers: amqp.Table{HeaderAttempts: "2"}, Body: bytes.Repeat([]byte("x"), 1000)},
+		{MessageId: "m3", Timestamp: at, ContentEncoding: "gzip", Headers: amqp.Table{codec.HeaderAttempts: "2"}, Body: bytes.Repeat([]byte("x"), 1000)},
 	}
 	d := batchOf(ps...)
 	d.Redelivered = true
-	d.Headers[headerDeliveryCount] = int64(3)
-	got, err := decodeBatch(&d, MaxCommandBatch, 1<<20)
+	d.Headers[codec.HeaderDeliveryCount] = int64(3)
+	got, err := codec.DecodeBatch(&d, codec.MaxCommandBatch, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,11 +48,11 @@ func TestBatchRoundTrip(t *testing.T) {
 			e.ContentEncoding != p.ContentEncoding || !bytes.Equal(e.Body, p.Body) {
 			t.Errorf("command %d: got %+v, want %+v", i, e, p)
 		}
-		if e.Type != typeCommand || e.RoutingKey != d.RoutingKey || e.UserId != d.UserId || e.DeliveryTag != 7 || !e.Redelivered {
+		if e.Type != codec.TypeCommand || e.RoutingKey != d.RoutingKey || e.UserId != d.UserId || e.DeliveryTag != 7 || !e.Redelivered {
 			t.Errorf("command %d: type %q key %q user %q tag %d redelivered %v, want the batch's", i, e.Type, e.RoutingKey, e.UserId, e.DeliveryTag, e.Redelivered)
 		}
-		if e.Headers[headerDeliveryCount] != int64(3) {
-			t.Errorf("command %d: delivery count %v, want the batch's 3", i, e.Headers[headerDeliveryCount])
+		if e.Headers[codec.HeaderDeliveryCount] != int64(3) {
+			t.Errorf("command %d: delivery count %v, want the batch's 3", i, e.Headers[codec.HeaderDeliveryCount])
 		}
 		for k, v := range p.Headers {
 			switch v := v.(type) {
@@ -72,13 +74,13 @@ func TestBatchRoundTrip(t *testing.T) {
 // x-delivery-count of its own is dropped, and only the broker's count of
 // the batch counts.
 func TestBatchDropsPublishersBrokerHeaders(t *testing.T) {
-	d := batchOf(amqp.Publishing{MessageId: "m1", Headers: amqp.Table{headerDeliveryCount: "9", "x-death": "forged"}})
-	got, err := decodeBatch(&d, MaxCommandBatch, 1<<20)
+	d := batchOf(amqp.Publishing{MessageId: "m1", Headers: amqp.Table{codec.HeaderDeliveryCount: "9", "x-death": "forged"}})
+	got, err := codec.DecodeBatch(&d, codec.MaxCommandBatch, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := got[0].Headers[headerDeliveryCount]; ok {
-		t.Errorf("a publisher's %s survived: %v", headerDeliveryCount, got[0].Headers)
+	if _, ok := got[0].Headers[codec.HeaderDeliveryCount]; ok {
+		t.Errorf("a publisher's %s survived: %v", codec.HeaderDeliveryCount, got[0].Headers)
 	}
 	if _, ok := got[0].Headers["x-death"]; ok {
 		t.Errorf("a publisher's x-death survived: %v", got[0].Headers)
@@ -98,13 +100,13 @@ func TestBatchRefusesBadBodies(t *testing.T) {
 		"too large":      {good.Body, 64, 10},
 		"cut short":      {good.Body[:len(good.Body)-1], 64, 1 << 20},
 		"trailing bytes": {append(append([]byte{}, good.Body...), 0), 64, 1 << 20},
-		"zero commands":  {[]byte{batchVersion, 0}, 64, 1 << 20},
+		"zero commands":  {[]byte{codec.BatchVersion, 0}, 64, 1 << 20},
 	} {
 		t.Run(name, func(t *testing.T) {
-			d := amqp.Delivery{Type: typeCommandBatch, RoutingKey: "cmd.x", Body: tc.body}
-			if got, err := decodeBatch(&d, tc.max, tc.limit); err == nil {
+			d := amqp.Delivery{Type: codec.TypeCommandBatch, RoutingKey: "cmd.x", Body: tc.body}
+			if got, err := codec.DecodeBatch(&d, tc.max, tc.limit); err == nil {
 				t.Fatalf("accepted %d commands", len(got))
-			} else if _, ok := err.(*malformed); !ok {
+			} else if _, ok := err.(*codec.Malformed); !ok {
 				t.Fatalf("error %T %v, want a malformed message (dead-lettered with the reason)", err, err)
 			}
 		})
@@ -115,14 +117,14 @@ func TestBatchRefusesBadBodies(t *testing.T) {
 func FuzzDecodeBatch(f *testing.F) {
 	f.Add(batchOf(amqp.Publishing{MessageId: "m1", Headers: amqp.Table{"a": "b"}, Body: []byte("x")}).Body)
 	f.Add(batchOf(amqp.Publishing{MessageId: "m1"}, amqp.Publishing{MessageId: "m2", Headers: amqp.Table{"k": []any{"1", "2"}}}).Body)
-	f.Add([]byte{batchVersion, 1, 0, 0, 0, 0, 0, 0})
+	f.Add([]byte{codec.BatchVersion, 1, 0, 0, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, body []byte) {
-		d := amqp.Delivery{Type: typeCommandBatch, RoutingKey: "cmd.x", Body: body}
-		got, err := decodeBatch(&d, MaxCommandBatch, 1<<20)
+		d := amqp.Delivery{Type: codec.TypeCommandBatch, RoutingKey: "cmd.x", Body: body}
+		got, err := codec.DecodeBatch(&d, codec.MaxCommandBatch, 1<<20)
 		if err != nil {
 			return
 		}
-		if len(got) < 1 || len(got) > MaxCommandBatch {
+		if len(got) < 1 || len(got) > codec.MaxCommandBatch {
 			t.Fatalf("%d commands", len(got))
 		}
 		total := 0
@@ -143,28 +145,28 @@ func TestPackCommands(t *testing.T) {
 	s := &session{b: &Bridge{cfg: Config{Node: "alpha", MaxPayload: 1 << 20}}, user: "node.alpha.g1"}
 	var settled []string
 	cmd := func(stage, id string) *pubItem {
-		return &pubItem{out: &outgoing{exchange: exchangeMesh, key: commandKey(stage), mandatory: true, kind: typeCommand,
-			msgID: id, persist: true, body: []byte(id), at: time.Now()}, done: func(err error) {
+		return &pubItem{out: &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: codec.CommandKey(stage), Mandatory: true, Kind: codec.TypeCommand,
+			MsgID: id, Persist: true, Body: []byte(id), At: time.Now()}, done: func(err error) {
 			settled = append(settled, id)
 		}}
 	}
-	event := &pubItem{out: &outgoing{exchange: exchangeMesh, key: "evt.t", kind: typeEvent, msgID: "e", persist: true}, done: func(error) {}}
+	event := &pubItem{out: &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: "evt.t", Kind: codec.TypeEvent, MsgID: "e", Persist: true}, done: func(error) {}}
 	items := []*pubItem{cmd("a", "a1"), cmd("b", "b1"), event, cmd("a", "a2"), cmd("a", "a3"), cmd("a", "a4"), cmd("c", "c1")}
 	out := s.packCommands(items, 2)
 	var got []string
 	for _, it := range out {
 		switch {
-		case it.out.batch > 0:
-			ids, err := DecodeBatchIDs(it.out.raw.Body)
+		case it.out.Batch > 0:
+			ids, err := DecodeBatchIDs(it.out.Raw.Body)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if it.out.raw.Type != typeCommandBatch || it.out.key != commandKey("a") || len(ids) != it.out.batch {
+			if it.out.Raw.Type != codec.TypeCommandBatch || it.out.Key != codec.CommandKey("a") || len(ids) != it.out.Batch {
 				t.Fatalf("batch %+v with %v", it.out, ids)
 			}
 			got = append(got, fmt.Sprint(ids))
 		default:
-			got = append(got, it.out.msgID)
+			got = append(got, it.out.MsgID)
 		}
 	}
 	want := []string{"[a1 a2]", "b1", "e", "[a3 a4]", "c1"}

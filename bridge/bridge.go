@@ -12,6 +12,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/completed"
+
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/bridge/outbox"
 	"github.com/meshbox/meshbox/internal/backoff"
 	"github.com/meshbox/meshbox/internal/wire"
@@ -44,16 +48,16 @@ type Bridge struct {
 	wg   sync.WaitGroup // goroutines owned by the bridge
 	life lifecycle      // started, closed, the local subscriptions
 
-	link   *link       // the broker link: URL, state, history, session
-	sub    submissions // commands and events of local programs, in order
-	reqs   requestBook // requests and calls across sessions
-	cmds   commandBook // commands across sessions
-	events eventMemory // events accepted from the mesh, across sessions (replay.go)
-	sysQ   chan sysMsg // system messages for Config.OnSystem
-	peers  peerBook    // what the node knows of other nodes: credentials, probes
-	learnt brokerPerms // what the broker's refusals said of this node's permissions
-	seen   refusalLogs // causes of refusals already logged
-	route  routing     // routing and hosting
+	link   *link             // the broker link: URL, state, history, session
+	sub    submissions       // commands and events of local programs, in order
+	reqs   requestBook       // requests and calls across sessions
+	cmds   commandBook       // commands across sessions
+	events codec.EventMemory // events accepted from the mesh, across sessions (replay.go)
+	sysQ   chan sysMsg       // system messages for Config.OnSystem
+	peers  peerBook          // what the node knows of other nodes: credentials, probes
+	learnt brokerPerms       // what the broker's refusals said of this node's permissions
+	seen   refusalLogs       // causes of refusals already logged
+	route  routing           // routing and hosting
 
 	// testAfterDial, when set (by tests), runs once a session's connections
 	// are open, before its setup.
@@ -164,7 +168,7 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 		sub:  newSubmissions(),
 		reqs: requestBook{pending: pendingRequests{m: map[string]*pendingRequest{}}},
 		cmds: commandBook{
-			handed: newHandedOut(handedOutLen),
+			handed: codec.NewHandedOut(codec.HandedOutLen),
 			stall:  stallBook{byStage: map[string]*stallState{}, submitted: map[string]time.Time{}, watch: make(chan struct{}, 1)},
 		},
 		route: routing{
@@ -219,7 +223,7 @@ func (b *Bridge) Start(ctx context.Context) error {
 	b.sub.seq.Store(ob.NextSeq())
 	b.sub.meshPending.Store(ob.MeshAtOpen())
 	if len(b.cfg.Dedupe) > 0 {
-		if b.files.done, err = openCompleted(b.cfg.CompletedPath); err != nil {
+		if b.files.done, err = completed.Open(b.cfg.CompletedPath); err != nil {
 			return fmt.Errorf("bridge: %w", err)
 		}
 		b.goOwned(b.runPruner)
@@ -277,9 +281,9 @@ func (b *Bridge) goOwned(f func()) {
 // the subscription's goroutine; it must not block for long.
 func (b *Bridge) subscribe() error {
 	for subj, cb := range map[string]nats.MsgHandler{
-		subjCmdPrefix + ">":        b.onSubmitCommand,
-		subjEvtPrefix + ">":        b.onSubmitEvent,
-		subjNodePrefix + "*.cap.>": b.onNodeCapRequest,
+		codec.SubjCmdPrefix + ">":        b.onSubmitCommand,
+		codec.SubjEvtPrefix + ">":        b.onSubmitEvent,
+		codec.SubjNodePrefix + "*.cap.>": b.onNodeCapRequest,
 	} {
 		sub, err := b.bc.Subscribe(subj, cb)
 		if err != nil {
@@ -340,7 +344,7 @@ func (b *Bridge) Close() error {
 			}
 		}
 		if b.files.done != nil {
-			if err := b.files.done.close(); err != nil {
+			if err := b.files.done.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("close completed ids: %w", err))
 			}
 		}
@@ -388,13 +392,13 @@ func (b *Bridge) SetURL(url string) error {
 func (b *Bridge) SetRoutes(routes map[string][]string) {
 	m := make(map[string][]string, len(routes))
 	for c, nodes := range routes {
-		if !validName(c) {
+		if !codec.ValidName(c) {
 			b.log.Warn("route ignored: invalid capability name", "capability", c)
 			continue
 		}
 		var ok []string
 		for _, n := range nodes {
-			if validNodeName(n) && !slices.Contains(ok, n) {
+			if codec.ValidNodeName(n) && !slices.Contains(ok, n) {
 				ok = append(ok, n)
 			}
 		}

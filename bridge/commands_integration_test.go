@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
@@ -84,7 +86,7 @@ func TestCommandsHandledOnceWithTwoHosts(t *testing.T) {
 			// Confirmed by the broker, or (when a loaded machine made the
 			// broker's round trip look far, see overflowRTT) committed
 			// to the outbox on the way there: durable either way.
-			if got := m.Header.Get(bridge.HeaderAccepted); got != "broker" && got != "outbox" {
+			if got := m.Header.Get(codec.HeaderAccepted); got != "broker" && got != "outbox" {
 				errs <- fmt.Errorf("command %d accepted as %q (%v), want broker or outbox", i, got, m.Header)
 			}
 		}()
@@ -100,12 +102,12 @@ func TestCommandsHandledOnceWithTwoHosts(t *testing.T) {
 	ids := map[string]bool{}
 	for _, m := range append(hb.msgs(), hc.msgs()...) {
 		count[m.Header.Get("X-Seq")]++
-		id := m.Header.Get(bridge.HeaderMsgID)
+		id := m.Header.Get(codec.HeaderMsgID)
 		if id == "" || ids[id] {
 			t.Errorf("message id %q missing or repeated", id)
 		}
 		ids[id] = true
-		if m.Header.Get(bridge.HeaderAttempt) != "1" || m.Header.Get(bridge.HeaderRedelivered) != "false" || m.Header.Get(bridge.HeaderOrigin) != "alpha" {
+		if m.Header.Get(codec.HeaderAttempt) != "1" || m.Header.Get(codec.HeaderRedelivered) != "false" || m.Header.Get(codec.HeaderOrigin) != "alpha" {
 			t.Errorf("headers of a first delivery: got %v", m.Header)
 		}
 	}
@@ -126,7 +128,7 @@ func TestCommandRetriesThenDeadLetter(t *testing.T) {
 	h := handler{fail: func(m *nats.Msg) bool { return string(m.Data) == "poison" }}
 	serveStage(t, a, "flaky", &h)
 
-	a.submit(t, "flaky", []byte("poison"), nats.Header{bridge.HeaderMsgID: {"my-id-1"}})
+	a.submit(t, "flaky", []byte("poison"), nats.Header{codec.HeaderMsgID: {"my-id-1"}})
 	a.submit(t, "flaky", []byte("fine"), nil)
 	meshtest.WaitFor(t, 20*time.Second, "three attempts of the poison command", func() bool {
 		n := 0
@@ -149,8 +151,8 @@ func TestCommandRetriesThenDeadLetter(t *testing.T) {
 		if string(m.Data) != "poison" {
 			continue
 		}
-		attempts = append(attempts, m.Header.Get(bridge.HeaderAttempt))
-		if id := m.Header.Get(bridge.HeaderMsgID); id != "my-id-1" {
+		attempts = append(attempts, m.Header.Get(codec.HeaderAttempt))
+		if id := m.Header.Get(codec.HeaderMsgID); id != "my-id-1" {
 			t.Errorf("message id: got %q, want the submitter's my-id-1", id)
 		}
 	}
@@ -160,11 +162,11 @@ func TestCommandRetriesThenDeadLetter(t *testing.T) {
 	if len(dead) != 1 {
 		t.Fatalf("dead letters: got %d, want 1", len(dead))
 	}
-	reason, _ := dead[0].Headers[bridge.HeaderDeadReason].(string)
+	reason, _ := dead[0].Headers[codec.HeaderDeadReason].(string)
 	if !strings.Contains(reason, "attempt 3 of 3") || !strings.Contains(reason, "boom") {
 		t.Errorf("dead-letter reason: got %q", reason)
 	}
-	if q, _ := dead[0].Headers[bridge.HeaderDeadQueue].(string); string(dead[0].Body) != "poison" || dead[0].MessageId != "my-id-1" ||
+	if q, _ := dead[0].Headers[codec.HeaderDeadQueue].(string); string(dead[0].Body) != "poison" || dead[0].MessageId != "my-id-1" ||
 		dead[0].RoutingKey != "dead.flaky" || q != "cmd.flaky" {
 		t.Errorf("dead letter: got body %q id %q key %q from %q", dead[0].Body, dead[0].MessageId, dead[0].RoutingKey, q)
 	}
@@ -195,14 +197,14 @@ func TestMalformedCommandsDeadLettered(t *testing.T) {
 	serveStage(t, a, "work", &h)
 
 	ch := meshtest.Channel(t, vhost)
-	good := amqp.Table{bridge.HeaderOrigin: "mallory"}
+	good := amqp.Table{codec.HeaderOrigin: "mallory"}
 	bad := []struct {
 		why string
 		p   amqp.Publishing
 	}{
 		{"missing or invalid message id", amqp.Publishing{Type: "command", Headers: good, Body: []byte("1")}},
 		{`type "event"`, amqp.Publishing{Type: "event", MessageId: "x", Headers: good, Body: []byte("2")}},
-		{"header X-N has type int64", amqp.Publishing{Type: "command", MessageId: "x", Headers: amqp.Table{bridge.HeaderOrigin: "mallory", "X-N": int64(5)}, Body: []byte("3")}},
+		{"header X-N has type int64", amqp.Publishing{Type: "command", MessageId: "x", Headers: amqp.Table{codec.HeaderOrigin: "mallory", "X-N": int64(5)}, Body: []byte("3")}},
 		{"Meshbox-Origin", amqp.Publishing{Type: "command", MessageId: "x", Body: []byte("4")}},
 		{"payload of", amqp.Publishing{Type: "command", MessageId: "x", Headers: good, Body: make([]byte, bridge.DefaultMaxPayload+1)}},
 	}
@@ -237,11 +239,11 @@ func TestMalformedCommandsDeadLettered(t *testing.T) {
 			t.Errorf("unexpected dead letter with body %.20q", d.Body)
 			continue
 		}
-		reason, _ := d.Headers[bridge.HeaderDeadReason].(string)
+		reason, _ := d.Headers[codec.HeaderDeadReason].(string)
 		if !strings.Contains(reason, bad[i].why) {
 			t.Errorf("dead letter %d: reason %q, want it to mention %q", i, reason, bad[i].why)
 		}
-		if q, _ := d.Headers[bridge.HeaderDeadQueue].(string); q != "cmd.work" {
+		if q, _ := d.Headers[codec.HeaderDeadQueue].(string); q != "cmd.work" {
 			t.Errorf("dead letter %d: queue %q, want cmd.work", i, q)
 		}
 	}
@@ -263,7 +265,7 @@ func TestCommandSeenBeforeIsMarked(t *testing.T) {
 
 	ch := meshtest.Channel(t, vhost)
 	p := amqp.Publishing{Type: "command", MessageId: "cmd-again-1", DeliveryMode: amqp.Persistent,
-		Headers: amqp.Table{bridge.HeaderOrigin: "beta"}, Body: []byte("x")}
+		Headers: amqp.Table{codec.HeaderOrigin: "beta"}, Body: []byte("x")}
 	for i := range 2 {
 		if err := ch.Publish("mesh", "cmd.again", false, false, p); err != nil {
 			t.Fatal(err)
@@ -271,10 +273,10 @@ func TestCommandSeenBeforeIsMarked(t *testing.T) {
 		meshtest.WaitFor(t, 10*time.Second, "delivery", func() bool { return len(h.msgs()) == i+1 })
 	}
 	msgs := h.msgs()
-	if got := msgs[0].Header.Get(bridge.HeaderRedelivered); got != "false" {
-		t.Errorf("first delivery: %s=%q, want false", bridge.HeaderRedelivered, got)
+	if got := msgs[0].Header.Get(codec.HeaderRedelivered); got != "false" {
+		t.Errorf("first delivery: %s=%q, want false", codec.HeaderRedelivered, got)
 	}
-	if got := msgs[1].Header.Get(bridge.HeaderRedelivered); got != "true" {
-		t.Errorf("second delivery of the same id: %s=%q, want true (this node handed it out before)", bridge.HeaderRedelivered, got)
+	if got := msgs[1].Header.Get(codec.HeaderRedelivered); got != "true" {
+		t.Errorf("second delivery of the same id: %s=%q, want true (this node handed it out before)", codec.HeaderRedelivered, got)
 	}
 }

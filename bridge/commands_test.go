@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshbox/meshbox/bridge/outbox"
@@ -125,10 +127,10 @@ func TestLocalCommandKeptWhenItsDeadLetterFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(hnc.Close)
-	if _, err := hnc.Subscribe(subjWorkPrefix+"failing", func(m *nats.Msg) {
+	if _, err := hnc.Subscribe(codec.SubjWorkPrefix+"failing", func(m *nats.Msg) {
 		reply := nats.NewMsg(m.Reply)
-		reply.Header.Set(headerServiceError, "it failed")
-		reply.Header.Set(headerServiceErrorCode, "500")
+		reply.Header.Set(codec.HeaderServiceError, "it failed")
+		reply.Header.Set(codec.HeaderServiceErrorCode, "500")
 		_ = m.RespondMsg(reply)
 	}); err != nil {
 		t.Fatal(err)

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
@@ -51,7 +53,7 @@ func dedupeNode(t *testing.T, vhost, dir string) (*node, *prometheus.Registry) {
 // waits until it is settled on a (nothing in flight).
 func submitOnce(t *testing.T, a *node, id string) {
 	t.Helper()
-	a.submit(t, "once", []byte("x"), nats.Header{bridge.HeaderMsgID: {id}})
+	a.submit(t, "once", []byte("x"), nats.Header{codec.HeaderMsgID: {id}})
 }
 
 // A stage with a dedupe window acks a duplicate delivery of an id that
@@ -70,8 +72,8 @@ func TestDedupeAcksACompletedID(t *testing.T) {
 	submitOnce(t, a, "other")
 	meshtest.WaitFor(t, 10*time.Second, "another id handled", func() bool { return len(h.msgs()) == 2 })
 	for i, m := range h.msgs() {
-		if want := []string{"dup-1", "other"}[i]; m.Header.Get(bridge.HeaderMsgID) != want {
-			t.Errorf("handler call %d: id %q, want %q", i, m.Header.Get(bridge.HeaderMsgID), want)
+		if want := []string{"dup-1", "other"}[i]; m.Header.Get(codec.HeaderMsgID) != want {
+			t.Errorf("handler call %d: id %q, want %q", i, m.Header.Get(codec.HeaderMsgID), want)
 		}
 	}
 	ch := meshtest.Channel(t, vhost)
@@ -113,7 +115,7 @@ func TestDedupeSurvivesRestart(t *testing.T) {
 	meshtest.WaitFor(t, 10*time.Second, "the duplicate counted after the restart", func() bool { return deduplicated(t, reg, "once") >= 1 })
 	submitOnce(t, b, "fresh")
 	meshtest.WaitFor(t, 10*time.Second, "a new id handled", func() bool { return len(hb.msgs()) == 1 })
-	if id := hb.msgs()[0].Header.Get(bridge.HeaderMsgID); id != "fresh" {
+	if id := hb.msgs()[0].Header.Get(codec.HeaderMsgID); id != "fresh" {
 		t.Errorf("handler after the restart called with %q, want only fresh", id)
 	}
 }

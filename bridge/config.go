@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/internal/brokerurl"
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/redact"
@@ -270,7 +272,7 @@ func (c Config) validate() error {
 		return &ConfigError{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
 	switch {
-	case !validNodeName(c.Node):
+	case !codec.ValidNodeName(c.Node):
 		return bad("Node", "%q is not a valid node name (letters, digits, '-', '_'; 1 to 64)", c.Node)
 	case c.OutboxPath == "":
 		return bad("OutboxPath", "must not be empty")
@@ -328,15 +330,15 @@ func (c Config) validate() error {
 		}
 	}
 	for capName, node := range c.Routes {
-		if !validName(capName) {
+		if !codec.ValidName(capName) {
 			return bad("Routes", "%q is not a valid capability name", capName)
 		}
-		if !validNodeName(node) {
+		if !codec.ValidNodeName(node) {
 			return bad("Routes."+capName, "%q is not a valid node name", node)
 		}
 	}
 	for _, s := range c.Stages {
-		if !validName(s) {
+		if !codec.ValidName(s) {
 			return bad("Stages", "%q is not a valid stage name", s)
 		}
 	}
@@ -413,7 +415,7 @@ func CheckRetry(stage string, p RetryPolicy) error {
 
 // Bounds of a stage's retry policy.
 const (
-	maxRetryAttempts = 1000
+	maxRetryAttempts = codec.MaxRetryAttempts
 	minRetryBackoff  = 10 * time.Millisecond
 	maxRetryBackoff  = 7 * 24 * time.Hour
 )

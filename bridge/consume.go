@@ -6,19 +6,16 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/meshbox/meshbox/bridge/flow"
 )
 
 type ackOp int
 
-// ackLinger is how long the acker lets acks gather before it
-// sends them, unless ackBatch of them already wait. An ack frame costs the
-// broker a settle command on the quorum queue and this node a system call;
-// a multiple ack settles a run of deliveries with one of each. The linger
-// only holds back a delivery's ack, never a handler or a publish: the
-// consumer's prefetch covers it many times over at any rate it can reach.
+// ackBatch acks waiting are sent at once; fewer wait up to flow.AckLinger
+// for more.
 const (
-	ackLinger = 500 * time.Microsecond
-	ackBatch  = 64
+	ackBatch = 64
 )
 
 const (
@@ -37,7 +34,7 @@ type ackReq struct {
 // changes, which do, run on the consumer manager. Exits when the session
 // ends or an ack fails.
 func (s *session) acker() {
-	linger := time.NewTimer(ackLinger)
+	linger := time.NewTimer(flow.AckLinger)
 	linger.Stop()
 	for {
 		select {
@@ -45,7 +42,7 @@ func (s *session) acker() {
 			return
 		case a := <-s.con.ackQ:
 			if len(s.con.ackQ) < ackBatch {
-				linger.Reset(ackLinger)
+				linger.Reset(flow.AckLinger)
 				select {
 				case <-linger.C:
 				case <-s.ctx.Done():
@@ -105,13 +102,13 @@ func (s *session) consumerManager() {
 				return
 			}
 			s.forgetConsumer(f, tag)
-			if len(f.cons) > 0 {
+			if len(f.Cons) > 0 {
 				signal(s.flows.wake) // opened again up to what the stage wants
 				continue
 			}
-			s.b.log.Warn("the broker cancelled a stage consumer (queue deleted?); declaring it again", "stage", f.stage)
+			s.b.log.Warn("the broker cancelled a stage consumer (queue deleted?); declaring it again", "stage", f.Stage)
 			s.flows.mu.Lock()
-			delete(s.flows.stages, f.stage)
+			delete(s.flows.stages, f.Stage)
 			s.flows.mu.Unlock()
 			s.syncStages(&decl)
 			retry.plan(s.b, false)
@@ -142,8 +139,8 @@ func (s *session) settleAcks(first ackReq) (int, error) {
 	}
 	s.con.ackDelay.note(time.Since(reqs[0].at))
 	requeue, upTo, single := s.con.acks.plan(reqs)
-	s.con.cork.cork() // the run goes out with one write
-	defer s.con.cork.uncork()
+	s.con.cork.Cork() // the run goes out with one write
+	defer s.con.cork.Uncork()
 	for _, tag := range requeue {
 		if err := s.con.ch.Nack(tag, false, true); err != nil {
 			return len(reqs), err
@@ -217,8 +214,8 @@ func (s *session) cancelStages() bool {
 	s.flows.mu.Lock()
 	defer s.flows.mu.Unlock()
 	for _, f := range s.flows.stages {
-		for len(f.cons) > 0 {
-			if !s.cancelConsumer(f, f.cons[len(f.cons)-1].tag) {
+		for len(f.Cons) > 0 {
+			if !s.cancelConsumer(f, f.Cons[len(f.Cons)-1].Tag) {
 				return false
 			}
 		}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/internal/wire"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -257,7 +259,7 @@ func (s *session) quiesce(ctx context.Context) {
 	// the readers before the consumers are cancelled.
 	node := s.b.cfg.Node
 	for _, q := range []struct{ queue, key string }{
-		{s.q.req, requestBindingKey(node)}, {s.q.rep, replyKey(node)},
+		{s.q.req, codec.RequestBindingKey(node)}, {s.q.rep, codec.ReplyKey(node)},
 	} {
 		if err := s.con.autoCh.QueueUnbind(q.queue, q.key, s.q.ex, nil); err != nil {
 			// The channel is gone: nothing more to answer on it; what is
@@ -314,7 +316,7 @@ func (s *session) quiesce(ctx context.Context) {
 			// has sent back every message published before it that it could
 			// not route, so those are in fastReturns (and sent again,
 			// noroute.go) before the session stops.
-			_ = s.pub.fastCh.ExchangeDeclarePassive(exchangeMesh, "topic", true, false, false, false, nil)
+			_ = s.pub.fastCh.ExchangeDeclarePassive(codec.ExchangeMesh, "topic", true, false, false, false, nil)
 			for range quiesceEmptyPolls {
 				if len(s.pub.fastReturns) == 0 {
 					break

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/bridge/outbox"
@@ -91,8 +93,8 @@ func (b *Bridge) waitingDeadLetters(stage string) ([]DeadLetter, error) {
 			if stage != "" && r.Name != stage {
 				continue
 			}
-			_, text := splitReason(r.Reason)
-			origin := r.Header.Get(HeaderOrigin)
+			_, text := codec.SplitReason(r.Reason)
+			origin := r.Header.Get(codec.HeaderOrigin)
 			if origin == "" {
 				origin = b.cfg.Node
 			}
@@ -159,7 +161,7 @@ func (b *Bridge) deadCounts() map[string]int {
 // connection; closing it gives back what f took and did not ack.
 func (b *Bridge) deadOp(ctx context.Context, stage string, f func(s *session, ch *amqp.Channel) error) error {
 	if err := names.Stage(stage); err != nil {
-		return fmt.Errorf("%w: %v", ErrBadInput, err)
+		return fmt.Errorf("%w: %v", codec.ErrBadInput, err)
 	}
 	s := b.link.sess.Load()
 	if st, _ := b.linkState(); st != StateConnected || s == nil {
@@ -184,7 +186,7 @@ func (b *Bridge) deadOp(ctx context.Context, stage string, f func(s *session, ch
 	err = f(s, ch)
 	var ae *amqp.Error
 	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-		return fmt.Errorf("%w: stage %s has no dead-letter queue %s (no node hosting it declared one)", ErrNoDeadLetters, stage, deadQueue(stage))
+		return fmt.Errorf("%w: stage %s has no dead-letter queue %s (no node hosting it declared one)", ErrNoDeadLetters, stage, codec.DeadQueue(stage))
 	}
 	if err == nil && ctx.Err() != nil {
 		return ctx.Err()
@@ -196,7 +198,7 @@ func (b *Bridge) deadOp(ctx context.Context, stage string, f func(s *session, ch
 // and calls each until it returns false.
 func browse(ch *amqp.Channel, stage string, each func(d *amqp.Delivery) (bool, error)) error {
 	for range maxBrowse {
-		d, ok, err := ch.Get(deadQueue(stage), false)
+		d, ok, err := ch.Get(codec.DeadQueue(stage), false)
 		if err != nil {
 			return err
 		}
@@ -217,7 +219,7 @@ func (b *Bridge) DeadLetters(ctx context.Context, stage string) ([]DeadLetter, e
 	if b.Standalone() {
 		if stage != "" {
 			if err := names.Stage(stage); err != nil {
-				return nil, fmt.Errorf("%w: %v", ErrBadInput, err)
+				return nil, fmt.Errorf("%w: %v", codec.ErrBadInput, err)
 			}
 		}
 		return b.waitingDeadLetters(stage)
@@ -240,7 +242,7 @@ func (b *Bridge) DeadLetters(ctx context.Context, stage string) ([]DeadLetter, e
 // own headers when this node can open it.
 func (b *Bridge) ShowDeadLetter(ctx context.Context, stage, id string) (DeadLetter, error) {
 	if !wire.ValidID(id) {
-		return DeadLetter{}, fmt.Errorf("%w: %q is not a message id", ErrBadInput, id)
+		return DeadLetter{}, fmt.Errorf("%w: %q is not a message id", codec.ErrBadInput, id)
 	}
 	if b.Standalone() {
 		list, err := b.waitingDeadLetters(stage)
@@ -282,7 +284,7 @@ func (b *Bridge) ShowDeadLetter(ctx context.Context, stage, id string) (DeadLett
 // how many were replayed; a dead letter this node cannot open stays.
 func (b *Bridge) ReplayDeadLetters(ctx context.Context, stage, id string) (int, error) {
 	if id != "" && !wire.ValidID(id) {
-		return 0, fmt.Errorf("%w: %q is not a message id", ErrBadInput, id)
+		return 0, fmt.Errorf("%w: %q is not a message id", codec.ErrBadInput, id)
 	}
 	n := 0
 	var skipped []string
@@ -328,34 +330,34 @@ func (b *Bridge) ReplayDeadLetters(ctx context.Context, stage, id string) (int, 
 }
 
 // replay publishes the opened dead letter env of stage as a new command.
-func (b *Bridge) replay(ctx context.Context, s *session, stage string, d *amqp.Delivery, env *envelope) error {
+func (b *Bridge) replay(ctx context.Context, s *session, stage string, d *amqp.Delivery, env *codec.Envelope) error {
 	meta := map[string]string{}
-	if env.resultTopic != "" {
-		meta[HeaderResultTopic] = env.resultTopic
+	if env.ResultTopic != "" {
+		meta[codec.HeaderResultTopic] = env.ResultTopic
 	}
-	first := env.retry.firstOrigin
+	first := env.Retry.FirstOrigin
 	if first == "" {
-		first = env.origin
+		first = env.Origin
 	}
-	meta[HeaderFirstOrigin] = first
-	class, _ := d.Headers[HeaderDeadReason].(string)
-	deadAt, _ := d.Headers[HeaderDeadAt].(string)
-	replayed := fmt.Sprintf("%s by %s (dead-lettered %s: ", stampTime(time.Now()), b.cfg.Node, deadAt)
-	plain, sealed := b.reasonHeaders(HeaderReplayed, typeCommand, commandKey(stage), env.msgID,
+	meta[codec.HeaderFirstOrigin] = first
+	class, _ := d.Headers[codec.HeaderDeadReason].(string)
+	deadAt, _ := d.Headers[codec.HeaderDeadAt].(string)
+	replayed := fmt.Sprintf("%s by %s (dead-lettered %s: ", codec.StampTime(time.Now()), b.cfg.Node, deadAt)
+	plain, sealed := b.reasonHeaders(codec.HeaderReplayed, codec.TypeCommand, codec.CommandKey(stage), env.MsgID,
 		replayed+b.deadReason(stage, d)+")", replayed+class+")")
-	meta[HeaderReplayed] = plain
+	meta[codec.HeaderReplayed] = plain
 	if sealed != "" {
-		meta[HeaderReplayedSealed] = sealed
+		meta[codec.HeaderReplayedSealed] = sealed
 	}
-	out := &outgoing{exchange: exchangeMesh, key: commandKey(stage), mandatory: true, kind: typeCommand,
-		msgID: env.msgID, persist: true, header: env.header, meta: meta, body: env.body, at: time.Now()}
+	out := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: codec.CommandKey(stage), Mandatory: true, Kind: codec.TypeCommand,
+		MsgID: env.MsgID, Persist: true, Header: env.Header, Meta: meta, Body: env.Body, At: time.Now()}
 	wait, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := s.publishWait(wait, out); err != nil {
 		if errors.Is(err, ErrNoRoute) {
-			return fmt.Errorf("replay %s: the broker has no queue %s", env.msgID, stageQueue(stage))
+			return fmt.Errorf("replay %s: the broker has no queue %s", env.MsgID, codec.StageQueue(stage))
 		}
-		return fmt.Errorf("replay %s: %w", env.msgID, err)
+		return fmt.Errorf("replay %s: %w", env.MsgID, err)
 	}
 	return nil
 }
@@ -365,7 +367,7 @@ func (b *Bridge) PurgeDeadLetters(ctx context.Context, stage string) (int, error
 	var n int
 	err := b.deadOp(ctx, stage, func(s *session, ch *amqp.Channel) error {
 		var err error
-		n, err = ch.QueuePurge(deadQueue(stage), false)
+		n, err = ch.QueuePurge(codec.DeadQueue(stage), false)
 		return err
 	})
 	if err != nil {
@@ -391,21 +393,21 @@ func (b *Bridge) deadRemoved(stage string, n int) {
 // is the Meshbox-Origin it was published with (the dead letter's own
 // publisher is the node that dead-lettered it), its routing key the
 // stage's. It returns nil and why when it cannot be read or opened.
-func (b *Bridge) openDead(stage string, d *amqp.Delivery) (*envelope, string) {
-	if err := checkDeadLetter(stage, d); err != nil {
-		b.replayRefused(asReplay(err), originOf(d))
+func (b *Bridge) openDead(stage string, d *amqp.Delivery) (*codec.Envelope, string) {
+	if err := codec.CheckDeadLetter(stage, d); err != nil {
+		b.replayRefused(codec.AsReplay(err), originOf(d))
 		return nil, err.Error()
 	}
 	orig := *d
 	orig.UserId = ""
 	orig.Redelivered = false
-	orig.RoutingKey = commandKey(stage)
-	orig.Headers = withoutDeaths(d.Headers) // how it died is the dead letter's, not a replay's mark
-	env, err := decode(typeCommand, fromAMQP(&orig), b.maxPayload())
+	orig.RoutingKey = codec.CommandKey(stage)
+	orig.Headers = codec.WithoutDeaths(d.Headers) // how it died is the dead letter's, not a replay's mark
+	env, err := codec.Decode(codec.TypeCommand, codec.FromAMQP(&orig), b.maxPayload())
 	if err != nil {
 		return nil, err.Error()
 	}
-	if env.keyID != "" {
+	if env.KeyID != "" {
 		if b.cfg.Keys == nil {
 			return nil, "it is sealed and this node holds no keys"
 		}
@@ -420,27 +422,27 @@ func (b *Bridge) openDead(stage string, d *amqp.Delivery) (*envelope, string) {
 // of a batch (a batch an older node dead-lettered whole, not knowing its
 // type), with the deliveries they came in. It returns nil and why when
 // any of them does not open: a batch is replayed whole or not at all.
-func (b *Bridge) openDeadAll(stage string, d *amqp.Delivery) ([]*envelope, []amqp.Delivery, string) {
-	if d.Type != typeCommandBatch {
+func (b *Bridge) openDeadAll(stage string, d *amqp.Delivery) ([]*codec.Envelope, []amqp.Delivery, string) {
+	if d.Type != codec.TypeCommandBatch {
 		env, why := b.openDead(stage, d)
 		if env == nil {
 			return nil, nil, why
 		}
-		return []*envelope{env}, []amqp.Delivery{*d}, ""
+		return []*codec.Envelope{env}, []amqp.Delivery{*d}, ""
 	}
-	entries, err := decodeBatch(d, MaxCommandBatch, batchLimit(b.maxPayload()))
+	entries, err := codec.DecodeBatch(d, codec.MaxCommandBatch, codec.BatchLimit(b.maxPayload()))
 	if err != nil {
 		return nil, nil, err.Error()
 	}
-	origin, _ := d.Headers[HeaderOrigin].(string)
-	envs := make([]*envelope, 0, len(entries))
+	origin, _ := d.Headers[codec.HeaderOrigin].(string)
+	envs := make([]*codec.Envelope, 0, len(entries))
 	for i := range entries {
 		e := &entries[i]
 		// Its dead letter names the batch's publisher; the seal binds it.
 		if origin != "" {
-			e.Headers[HeaderOrigin] = origin
+			e.Headers[codec.HeaderOrigin] = origin
 		}
-		for _, k := range []string{HeaderDeadReason, HeaderDeadReasonSealed, HeaderDeadNode, HeaderDeadQueue, HeaderDeadAt} {
+		for _, k := range []string{codec.HeaderDeadReason, codec.HeaderDeadReasonSealed, codec.HeaderDeadNode, codec.HeaderDeadQueue, codec.HeaderDeadAt} {
 			if v, ok := d.Headers[k]; ok {
 				e.Headers[k] = v
 			}
@@ -458,11 +460,11 @@ func (b *Bridge) openDeadAll(stage string, d *amqp.Delivery) ([]*envelope, []amq
 // own headers when this node can open it.
 func (b *Bridge) describeDead(stage string, d *amqp.Delivery, open bool) DeadLetter {
 	str := func(k string) string { v, _ := d.Headers[k].(string); return v }
-	dl := DeadLetter{Stage: stage, ID: d.MessageId, Reason: b.deadReason(stage, d), Node: str(HeaderDeadNode),
+	dl := DeadLetter{Stage: stage, ID: d.MessageId, Reason: b.deadReason(stage, d), Node: str(codec.HeaderDeadNode),
 		Origin: originOf(d), Submitted: d.Timestamp, Size: len(d.Body), Headers: map[string]string{}}
-	dl.Attempts, _ = strconv.Atoi(str(HeaderAttempts))
-	dl.LastFailure, _ = time.Parse(time.RFC3339Nano, str(HeaderDeadAt))
-	dl.FirstFailure, _ = time.Parse(time.RFC3339Nano, str(HeaderFirstFail))
+	dl.Attempts, _ = strconv.Atoi(str(codec.HeaderAttempts))
+	dl.LastFailure, _ = time.Parse(time.RFC3339Nano, str(codec.HeaderDeadAt))
+	dl.FirstFailure, _ = time.Parse(time.RFC3339Nano, str(codec.HeaderFirstFail))
 	if dl.FirstFailure.IsZero() {
 		dl.FirstFailure = dl.LastFailure
 	}
@@ -481,8 +483,8 @@ func (b *Bridge) describeDead(stage string, d *amqp.Delivery, open bool) DeadLet
 	dl.Opened, dl.Why = env != nil, why
 	if open && env != nil {
 		dl.Content = map[string]string{}
-		for _, k := range slices.Sorted(maps.Keys(env.header)) {
-			dl.Content[k] = env.header.Get(k)
+		for _, k := range slices.Sorted(maps.Keys(env.Header)) {
+			dl.Content[k] = env.Header.Get(k)
 		}
 	}
 	return dl
@@ -491,9 +493,9 @@ func (b *Bridge) describeDead(stage string, d *amqp.Delivery, open bool) DeadLet
 // deadReason is the reason of dead letter d of stage, its sealed text
 // opened (reasons.go).
 func (b *Bridge) deadReason(stage string, d *amqp.Delivery) string {
-	class, _ := d.Headers[HeaderDeadReason].(string)
-	sealed, _ := d.Headers[HeaderDeadReasonSealed].(string)
-	return b.openReason(HeaderDeadReason, commandKey(stage), d.MessageId, class, sealed)
+	class, _ := d.Headers[codec.HeaderDeadReason].(string)
+	sealed, _ := d.Headers[codec.HeaderDeadReasonSealed].(string)
+	return b.openReason(codec.HeaderDeadReason, codec.CommandKey(stage), d.MessageId, class, sealed)
 }
 
 // originOf is the origin of a dead letter: Meshbox-Origin, which a node
@@ -501,7 +503,7 @@ func (b *Bridge) deadReason(stage string, d *amqp.Delivery) string {
 // (events.go), else the node of its user_id (the broker keeps the
 // publisher's when it dead-letters).
 func originOf(d *amqp.Delivery) string {
-	if v, _ := d.Headers[HeaderOrigin].(string); v != "" {
+	if v, _ := d.Headers[codec.HeaderOrigin].(string); v != "" {
 		return v
 	}
 	node, _, _ := ParseBrokerUser(d.UserId)

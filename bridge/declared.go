@@ -4,6 +4,8 @@ import (
 	"context"
 	"maps"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -22,7 +24,7 @@ import (
 func (b *Bridge) SetDeclaredStages(ctx context.Context, stages []string) error {
 	set := map[string]bool{}
 	for _, s := range stages {
-		if validName(s) {
+		if codec.ValidName(s) {
 			set[s] = true
 		}
 	}

@@ -5,7 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats.go"
@@ -40,7 +41,7 @@ func TestDeclaredStagesTakeCommandsBeforeTheirHandler(t *testing.T) {
 			_, err := meshtest.Channel(t, url).QueueDeclarePassive("cmd."+stage, true, false, false, false, nil)
 			return err == nil
 		})
-		if got := sender.submit(t, stage, []byte("run"), nil).Header.Get(bridge.HeaderAccepted); got != "broker" {
+		if got := sender.submit(t, stage, []byte("run"), nil).Header.Get(codec.HeaderAccepted); got != "broker" {
 			t.Errorf("command for declared stage %s accepted by %q, want broker", stage, got)
 		}
 	}

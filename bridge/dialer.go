@@ -42,7 +42,7 @@ func (b *Bridge) dialOptions(url, role string) DialOptions {
 // broker that stalls fails with it. The connection's socket is a
 // *corkConn, returned as cork: the publishers batch their messages
 // through it, the acker its acks.
-func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connection, cork *corkConn, abort func(), err error) {
+func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connection, cork *brokerlink.CorkConn, abort func(), err error) {
 	conn, raw, err := brokerlink.DialRaw(ctx, b.dialOptions(url, role), func(addr string, c net.Conn, err error) (net.Conn, error) {
 		b.m.dialed(err)
 		if err != nil {
@@ -51,7 +51,7 @@ func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connect
 			}
 			return nil, err
 		}
-		cork = &corkConn{Conn: c}
+		cork = &brokerlink.CorkConn{Conn: c}
 		return cork, nil
 	})
 	if err != nil {

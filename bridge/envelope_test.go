@@ -8,23 +8,25 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-func goodDelivery(kind string) delivery {
-	d := delivery{Type: kind, Headers: amqp.Table{HeaderOrigin: "alpha"}, MessageId: "m1", Body: []byte("b")}
+func goodDelivery(kind string) codec.Delivery {
+	d := codec.Delivery{Type: kind, Headers: amqp.Table{codec.HeaderOrigin: "alpha"}, MessageId: "m1", Body: []byte("b")}
 	switch kind {
-	case typeRequest:
+	case codec.TypeRequest:
 		d.RoutingKey, d.CorrelationId, d.ReplyTo = "to.beta.req.echo", "c1", "node.alpha.replies"
-	case typeReply:
+	case codec.TypeReply:
 		d.CorrelationId = "c1"
-	case typeCommand:
+	case codec.TypeCommand:
 		d.RoutingKey = "cmd.resize"
-	case typeEvent:
+	case codec.TypeEvent:
 		d.RoutingKey = "evt.order.created"
-	case typeSystem:
+	case codec.TypeSystem:
 		d.RoutingKey = "sys.hello"
 	}
 	return d
@@ -34,48 +36,48 @@ func TestDecode(t *testing.T) {
 	tests := []struct {
 		name   string
 		kind   string
-		edit   func(*delivery)
+		edit   func(*codec.Delivery)
 		errHas string // "" = valid
 	}{
-		{"request", typeRequest, nil, ""},
-		{"request to the queue", typeRequest, func(d *delivery) {
+		{"request", codec.TypeRequest, nil, ""},
+		{"request to the queue", codec.TypeRequest, func(d *codec.Delivery) {
 			d.RoutingKey = "node.beta.requests"
-			d.Headers[HeaderCapability] = "echo.v2"
+			d.Headers[codec.HeaderCapability] = "echo.v2"
 		}, ""},
-		{"request to the queue without capability", typeRequest, func(d *delivery) { d.RoutingKey = "node.beta.requests" }, HeaderCapability},
-		{"request bad capability header", typeRequest, func(d *delivery) {
+		{"request to the queue without capability", codec.TypeRequest, func(d *codec.Delivery) { d.RoutingKey = "node.beta.requests" }, codec.HeaderCapability},
+		{"request bad capability header", codec.TypeRequest, func(d *codec.Delivery) {
 			d.RoutingKey = "node.beta.requests"
-			d.Headers[HeaderCapability] = "a.*"
+			d.Headers[codec.HeaderCapability] = "a.*"
 		}, "not a capability name"},
-		{"reply", typeReply, func(d *delivery) { delete(d.Headers, HeaderOrigin) }, ""},
-		{"command", typeCommand, nil, ""},
-		{"event", typeEvent, nil, ""},
-		{"system", typeSystem, nil, ""},
-		{"system addressed", typeSystem, func(d *delivery) { d.RoutingKey = "to.alpha.sys.x" }, ""},
-		{"wrong type", typeCommand, func(d *delivery) { d.Type = "event" }, "type"},
-		{"no type", typeEvent, func(d *delivery) { d.Type = "" }, "type"},
-		{"request no correlation id", typeRequest, func(d *delivery) { d.CorrelationId = "" }, "correlation id"},
-		{"request reply-to elsewhere", typeRequest, func(d *delivery) { d.ReplyTo = "some.queue" }, "reply-to"},
-		{"request bad key", typeRequest, func(d *delivery) { d.RoutingKey = "cmd.x" }, "routing key"},
-		{"request bad timeout", typeRequest, func(d *delivery) { d.Headers[HeaderTimeout] = "soon" }, "duration"},
-		{"request negative timeout", typeRequest, func(d *delivery) { d.Headers[HeaderTimeout] = "-1s" }, "duration"},
-		{"command no id", typeCommand, func(d *delivery) { d.MessageId = "" }, "message id"},
-		{"command id with space", typeCommand, func(d *delivery) { d.MessageId = "a b" }, "message id"},
-		{"command wildcard key", typeCommand, func(d *delivery) { d.RoutingKey = "cmd.*" }, "routing key"},
-		{"event no origin", typeEvent, func(d *delivery) { delete(d.Headers, HeaderOrigin) }, HeaderOrigin},
-		{"event origin not a string", typeEvent, func(d *delivery) { d.Headers[HeaderOrigin] = int32(5) }, "want string"},
-		{"event origin invalid", typeEvent, func(d *delivery) { d.Headers[HeaderOrigin] = "a.b" }, HeaderOrigin},
-		{"header int", typeEvent, func(d *delivery) { d.Headers["X-N"] = int64(1) }, "want string"},
-		{"header table", typeEvent, func(d *delivery) { d.Headers["X-T"] = amqp.Table{"a": "b"} }, "want string"},
-		{"header array of ints", typeEvent, func(d *delivery) { d.Headers["X-A"] = []any{int64(1)} }, "want strings"},
-		{"header bad key", typeEvent, func(d *delivery) { d.Headers["a b"] = "x" }, "not allowed"},
-		{"header status", typeEvent, func(d *delivery) { d.Headers["Status"] = "503" }, "not allowed"},
-		{"header line break", typeEvent, func(d *delivery) { d.Headers["X-A"] = "a\r\nb: c" }, "line break"},
-		{"content type line break", typeEvent, func(d *delivery) { d.ContentType = "a\nb" }, "line break"},
-		{"headers too big", typeEvent, func(d *delivery) { d.Headers["X-Big"] = strings.Repeat("x", maxHeaderBytes) }, "exceed"},
-		{"delivery count not a number", typeCommand, func(d *delivery) { d.Redelivered = true; d.Headers["x-delivery-count"] = "1" }, "integer"},
-		{"payload too large", typeEvent, func(d *delivery) { d.Body = make([]byte, 101) }, "exceeds"},
-		{"broker headers ignored", typeEvent, func(d *delivery) {
+		{"reply", codec.TypeReply, func(d *codec.Delivery) { delete(d.Headers, codec.HeaderOrigin) }, ""},
+		{"command", codec.TypeCommand, nil, ""},
+		{"event", codec.TypeEvent, nil, ""},
+		{"system", codec.TypeSystem, nil, ""},
+		{"system addressed", codec.TypeSystem, func(d *codec.Delivery) { d.RoutingKey = "to.alpha.sys.x" }, ""},
+		{"wrong type", codec.TypeCommand, func(d *codec.Delivery) { d.Type = "event" }, "type"},
+		{"no type", codec.TypeEvent, func(d *codec.Delivery) { d.Type = "" }, "type"},
+		{"request no correlation id", codec.TypeRequest, func(d *codec.Delivery) { d.CorrelationId = "" }, "correlation id"},
+		{"request reply-to elsewhere", codec.TypeRequest, func(d *codec.Delivery) { d.ReplyTo = "some.queue" }, "reply-to"},
+		{"request bad key", codec.TypeRequest, func(d *codec.Delivery) { d.RoutingKey = "cmd.x" }, "routing key"},
+		{"request bad timeout", codec.TypeRequest, func(d *codec.Delivery) { d.Headers[codec.HeaderTimeout] = "soon" }, "duration"},
+		{"request negative timeout", codec.TypeRequest, func(d *codec.Delivery) { d.Headers[codec.HeaderTimeout] = "-1s" }, "duration"},
+		{"command no id", codec.TypeCommand, func(d *codec.Delivery) { d.MessageId = "" }, "message id"},
+		{"command id with space", codec.TypeCommand, func(d *codec.Delivery) { d.MessageId = "a b" }, "message id"},
+		{"command wildcard key", codec.TypeCommand, func(d *codec.Delivery) { d.RoutingKey = "cmd.*" }, "routing key"},
+		{"event no origin", codec.TypeEvent, func(d *codec.Delivery) { delete(d.Headers, codec.HeaderOrigin) }, codec.HeaderOrigin},
+		{"event origin not a string", codec.TypeEvent, func(d *codec.Delivery) { d.Headers[codec.HeaderOrigin] = int32(5) }, "want string"},
+		{"event origin invalid", codec.TypeEvent, func(d *codec.Delivery) { d.Headers[codec.HeaderOrigin] = "a.b" }, codec.HeaderOrigin},
+		{"header int", codec.TypeEvent, func(d *codec.Delivery) { d.Headers["X-N"] = int64(1) }, "want string"},
+		{"header table", codec.TypeEvent, func(d *codec.Delivery) { d.Headers["X-T"] = amqp.Table{"a": "b"} }, "want string"},
+		{"header array of ints", codec.TypeEvent, func(d *codec.Delivery) { d.Headers["X-A"] = []any{int64(1)} }, "want strings"},
+		{"header bad key", codec.TypeEvent, func(d *codec.Delivery) { d.Headers["a b"] = "x" }, "not allowed"},
+		{"header status", codec.TypeEvent, func(d *codec.Delivery) { d.Headers["Status"] = "503" }, "not allowed"},
+		{"header line break", codec.TypeEvent, func(d *codec.Delivery) { d.Headers["X-A"] = "a\r\nb: c" }, "line break"},
+		{"content type line break", codec.TypeEvent, func(d *codec.Delivery) { d.ContentType = "a\nb" }, "line break"},
+		{"headers too big", codec.TypeEvent, func(d *codec.Delivery) { d.Headers["X-Big"] = strings.Repeat("x", codec.MaxHeaderBytes) }, "exceed"},
+		{"delivery count not a number", codec.TypeCommand, func(d *codec.Delivery) { d.Redelivered = true; d.Headers["x-delivery-count"] = "1" }, "integer"},
+		{"payload too large", codec.TypeEvent, func(d *codec.Delivery) { d.Body = make([]byte, 101) }, "exceeds"},
+		{"broker headers ignored", codec.TypeEvent, func(d *codec.Delivery) {
 			d.Headers["x-received-from"] = []any{amqp.Table{"uri": "amqp://elsewhere"}}
 			d.Headers["x-delivery-count"] = int64(3)
 		}, ""},
@@ -86,7 +88,7 @@ func TestDecode(t *testing.T) {
 			if tt.edit != nil {
 				tt.edit(&d)
 			}
-			_, err := decode(tt.kind, d, 100)
+			_, err := codec.Decode(tt.kind, d, 100)
 			switch {
 			case tt.errHas == "" && err != nil:
 				t.Fatalf("got error %v, want none", err)
@@ -95,7 +97,7 @@ func TestDecode(t *testing.T) {
 			case tt.errHas != "" && !strings.Contains(err.Error(), tt.errHas):
 				t.Fatalf("got error %q, want one with %q", err, tt.errHas)
 			case err != nil:
-				var mf *malformed
+				var mf *codec.Malformed
 				if !errors.As(err, &mf) {
 					t.Fatalf("got %T, want *malformed", err)
 				}
@@ -105,28 +107,28 @@ func TestDecode(t *testing.T) {
 }
 
 func TestDecodeFields(t *testing.T) {
-	d := goodDelivery(typeCommand)
+	d := goodDelivery(codec.TypeCommand)
 	d.Headers["x-delivery-count"] = int64(2)
 	d.Redelivered = true
 	d.Headers["X-Multi"] = []any{"a", "b"}
-	d.Headers[HeaderRedelivered] = "true"
+	d.Headers[codec.HeaderRedelivered] = "true"
 	d.ContentType = "application/json"
 	d.Timestamp = time.Unix(100, 0)
-	e, err := decode(typeCommand, d, 100)
+	e, err := codec.Decode(codec.TypeCommand, d, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.attempt != 3 || !e.redelivered || e.name != "resize" || e.origin != "alpha" || e.msgID != "m1" || !e.sent.Equal(d.Timestamp) {
+	if e.Attempt != 3 || !e.Redelivered || e.Name != "resize" || e.Origin != "alpha" || e.MsgID != "m1" || !e.Sent.Equal(d.Timestamp) {
 		t.Errorf("got %+v", e)
 	}
 	want := nats.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}}
-	if !reflect.DeepEqual(e.header, want) {
-		t.Errorf("header: got %v, want %v", e.header, want)
+	if !reflect.DeepEqual(e.Header, want) {
+		t.Errorf("header: got %v, want %v", e.Header, want)
 	}
-	d = goodDelivery(typeCommand)
+	d = goodDelivery(codec.TypeCommand)
 	d.Redelivered = true
-	if e, _ := decode(typeCommand, d, 100); e.attempt != 2 || !e.redelivered {
-		t.Errorf("classic redelivery: got attempt %d redelivered %v, want 2 true", e.attempt, e.redelivered)
+	if e, _ := codec.Decode(codec.TypeCommand, d, 100); e.Attempt != 2 || !e.Redelivered {
+		t.Errorf("classic redelivery: got attempt %d redelivered %v, want 2 true", e.Attempt, e.Redelivered)
 	}
 }
 
@@ -136,33 +138,33 @@ func TestHeadersRoundTrip(t *testing.T) {
 		"Content-Encoding": {"gzip"},
 		"X-Trace":          {"abc"},
 		"X-Multi":          {"1", "2"},
-		HeaderOrigin:       {"spoofed"},
+		codec.HeaderOrigin: {"spoofed"},
 		"Status":           {"503"},
 	}
-	hdr, err := callerHeaders(in)
+	hdr, err := codec.CallerHeaders(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := &outgoing{kind: typeEvent, key: "evt.t", msgID: "m", header: hdr, body: []byte("x")}
-	p, _ := out.publishing("alpha", "guest", nil)
+	out := &codec.Outgoing{Kind: codec.TypeEvent, Key: "evt.t", MsgID: "m", Header: hdr, Body: []byte("x")}
+	p, _ := out.Publishing("alpha", "guest", nil)
 	if p.ContentType != "text/plain" || p.ContentEncoding != "gzip" {
 		t.Errorf("properties: got %q %q", p.ContentType, p.ContentEncoding)
 	}
-	if p.Headers[HeaderOrigin] != "alpha" {
-		t.Errorf("origin: got %v, want alpha (a caller cannot set it)", p.Headers[HeaderOrigin])
+	if p.Headers[codec.HeaderOrigin] != "alpha" {
+		t.Errorf("origin: got %v, want alpha (a caller cannot set it)", p.Headers[codec.HeaderOrigin])
 	}
 	if err := p.Headers.Validate(); err != nil {
 		t.Fatalf("headers do not validate: %v", err)
 	}
-	d := delivery{Type: typeEvent, RoutingKey: "evt.t", MessageId: "m", Headers: p.Headers,
+	d := codec.Delivery{Type: codec.TypeEvent, RoutingKey: "evt.t", MessageId: "m", Headers: p.Headers,
 		ContentType: p.ContentType, ContentEncoding: p.ContentEncoding, Body: p.Body}
-	e, err := decode(typeEvent, d, 100)
+	e, err := codec.Decode(codec.TypeEvent, d, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := nats.Header{"Content-Type": {"text/plain"}, "Content-Encoding": {"gzip"}, "X-Trace": {"abc"}, "X-Multi": {"1", "2"}}
-	if !reflect.DeepEqual(e.header, want) {
-		t.Errorf("got %v, want %v", e.header, want)
+	if !reflect.DeepEqual(e.Header, want) {
+		t.Errorf("got %v, want %v", e.Header, want)
 	}
 }
 
@@ -175,20 +177,20 @@ func TestHeadersRoundTrip(t *testing.T) {
 // control: the other headers pass both ways.
 func TestMQTTHeadersStayOnTheirNode(t *testing.T) {
 	in := nats.Header{"Nmqtt-Pub": {"1"}, "nmqtt-subject": {"evt.x"}, "X-Trace": {"abc"}}
-	hdr, err := callerHeaders(in)
+	hdr, err := codec.CallerHeaders(in)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := (nats.Header{"X-Trace": {"abc"}}); !reflect.DeepEqual(hdr, want) {
 		t.Errorf("a local program's headers: got %v, want %v", hdr, want)
 	}
-	e := &envelope{header: in, body: []byte("x")} // as a peer sealed them
-	m := e.natsMsg("evt.x", map[string]string{HeaderOrigin: "peer"})
-	if m.Header.Get("Nmqtt-Pub") != "" || m.Header.Get("Nmqtt-Subject") != "" || m.Header.Get("X-Trace") != "abc" || m.Header.Get(HeaderOrigin) != "peer" {
+	e := &codec.Envelope{Header: in, Body: []byte("x")} // as a peer sealed them
+	m := e.NatsMsg("evt.x", map[string]string{codec.HeaderOrigin: "peer"})
+	if m.Header.Get("Nmqtt-Pub") != "" || m.Header.Get("Nmqtt-Subject") != "" || m.Header.Get("X-Trace") != "abc" || m.Header.Get(codec.HeaderOrigin) != "peer" {
 		t.Errorf("a peer's event republished here: headers %v, want X-Trace and the origin only", m.Header)
 	}
-	c := (&envelope{header: in, body: []byte("x"), msgID: "id1", origin: "peer", attempt: 1}).commandMsg("mail", false)
-	if c.Header.Get("Nmqtt-Pub") != "" || c.Header.Get("Nmqtt-Subject") != "" || c.Header.Get("X-Trace") != "abc" || c.Header.Get(HeaderOrigin) != "peer" {
+	c := (&codec.Envelope{Header: in, Body: []byte("x"), MsgID: "id1", Origin: "peer", Attempt: 1}).CommandMsg("mail", false)
+	if c.Header.Get("Nmqtt-Pub") != "" || c.Header.Get("Nmqtt-Subject") != "" || c.Header.Get("X-Trace") != "abc" || c.Header.Get(codec.HeaderOrigin) != "peer" {
 		t.Errorf("a peer's command handed to a handler here: headers %v, want X-Trace and the command's own", c.Header)
 	}
 }
@@ -199,9 +201,9 @@ func TestCallerHeadersRejects(t *testing.T) {
 		"line break":  {"X-A": {"a\nb"}},
 		"key space":   {"a b": {"x"}},
 		"key too big": {strings.Repeat("k", wire.MaxHeaderKey+1): {"x"}},
-		"too big":     {"X-A": {strings.Repeat("x", maxHeaderBytes+1)}},
+		"too big":     {"X-A": {strings.Repeat("x", codec.MaxHeaderBytes+1)}},
 	} {
-		if _, err := callerHeaders(h); !errors.Is(err, ErrBadInput) {
+		if _, err := codec.CallerHeaders(h); !errors.Is(err, codec.ErrBadInput) {
 			t.Errorf("%s: got %v, want ErrBadInput", name, err)
 		}
 	}
@@ -214,25 +216,25 @@ func FuzzDecodeDelivery(f *testing.F) {
 	f.Add(uint8(2), "cmd.resize", "m1", "", "", "command", []byte("\x01k\x00alpha"), []byte("body"), false)
 	f.Add(uint8(0), "to.b.req.echo", "m1", "c1", "node.a.replies", "request", []byte("\x02Meshbox-Timeout\x001s"), []byte{}, true)
 	f.Add(uint8(3), "evt.x", "m", "", "", "event", []byte{0xff, 0, 1, 2, 3}, []byte("x"), false)
-	kinds := []string{typeRequest, typeReply, typeCommand, typeEvent, typeSystem}
+	kinds := []string{codec.TypeRequest, codec.TypeReply, codec.TypeCommand, codec.TypeEvent, codec.TypeSystem}
 	f.Fuzz(func(t *testing.T, k uint8, key, msgID, corrID, replyTo, typ string, hdrs, body []byte, redelivered bool) {
 		kind := kinds[int(k)%len(kinds)]
-		d := delivery{Type: typ, RoutingKey: key, MessageId: msgID, CorrelationId: corrID, ReplyTo: replyTo,
+		d := codec.Delivery{Type: typ, RoutingKey: key, MessageId: msgID, CorrelationId: corrID, ReplyTo: replyTo,
 			Headers: fuzzTable(hdrs), Body: body, Redelivered: redelivered}
-		e, err := decode(kind, d, 1<<16)
+		e, err := codec.Decode(kind, d, 1<<16)
 		if err != nil {
-			var mf *malformed
+			var mf *codec.Malformed
 			if !errors.As(err, &mf) {
 				t.Fatalf("error %T is not *malformed", err)
 			}
 			return
 		}
-		out := &outgoing{kind: kind, header: e.header, body: e.body}
-		p, _ := out.publishing("n", "guest", nil)
+		out := &codec.Outgoing{Kind: kind, Header: e.Header, Body: e.Body}
+		p, _ := out.Publishing("n", "guest", nil)
 		if err := p.Headers.Validate(); err != nil {
 			t.Fatalf("accepted headers do not validate: %v", err)
 		}
-		_ = e.natsMsg("evt.x", map[string]string{HeaderOrigin: "n"})
+		_ = e.NatsMsg("evt.x", map[string]string{codec.HeaderOrigin: "n"})
 	})
 }
 
@@ -240,7 +242,7 @@ func FuzzDecodeDelivery(f *testing.F) {
 // of that type, repeated.
 func fuzzTable(b []byte) amqp.Table {
 	t := amqp.Table{}
-	keys := []string{HeaderOrigin, HeaderTimeout, HeaderRedelivered, "x-delivery-count", "x-death", "X-A", "Status", "bad key", "Content-Type"}
+	keys := []string{codec.HeaderOrigin, codec.HeaderTimeout, codec.HeaderRedelivered, "x-delivery-count", "x-death", "X-A", "Status", "bad key", "Content-Type"}
 	for len(b) >= 2 {
 		typ, ki := b[0], int(b[1])
 		b = b[2:]

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	brokerlink "github.com/meshbox/meshbox/bridge/link"
 	"github.com/meshbox/meshbox/bridge/outbox"
 	"github.com/meshbox/meshbox/internal/wire"
@@ -54,8 +56,6 @@ var (
 	ErrNoRoute = errors.New("no route on the broker")
 	// ErrNacked means the broker refused to take responsibility for a message.
 	ErrNacked = errors.New("broker refused the message")
-	// ErrBadInput means a message or a name was malformed.
-	ErrBadInput = errors.New("bad input")
 )
 
 // Errors returned by the dead-letter operations (deadletters.go).
@@ -131,7 +131,7 @@ func codeFor(err error) int {
 	switch {
 	case errors.As(err, &se):
 		return se.Code
-	case errors.Is(err, ErrBadInput):
+	case errors.Is(err, codec.ErrBadInput):
 		return CodeBadInput
 	case errors.Is(err, ErrOutboxFull):
 		return CodeOutboxFull

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/internal/wire"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -37,7 +39,7 @@ func (s *session) sizedQuorum() bool { return s.b.link.brokers() >= clusterURLs 
 
 // eventQueueArgs returns the event queue's arguments.
 func (s *session) eventQueueArgs(withSize bool) amqp.Table {
-	return quorumArgs(amqp.Table{"x-expires": eventQueueExpiry.Milliseconds()}, withSize)
+	return quorumArgs(amqp.Table{"x-expires": codec.EventQueueExpiry.Milliseconds()}, withSize)
 }
 
 // declareEvents declares the node's event queue as a quorum queue (or
@@ -51,7 +53,7 @@ func (s *session) eventQueueArgs(withSize bool) amqp.Table {
 // queue lives on one broker node and cannot be reached while that node
 // is down, so it is replaced (moveLegacyEvents).
 func (s *session) declareEvents(ch **amqp.Channel) error {
-	q := eventQueue(s.b.cfg.Node)
+	q := codec.EventQueue(s.b.cfg.Node)
 	sized := s.sizedQuorum()
 	err := s.findOrDeclare(ch, q, func() error {
 		// Each form a quorum event queue may have: this node's, with the
@@ -67,7 +69,7 @@ func (s *session) declareEvents(ch **amqp.Channel) error {
 	if err != nil {
 		return err
 	}
-	return (*ch).QueueBind(q, wire.EvtPrefix+"#", exchangeMesh, false, nil)
+	return (*ch).QueueBind(q, wire.EvtPrefix+"#", codec.ExchangeMesh, false, nil)
 }
 
 // declareOn declares a durable queue on *ch; after a failure *ch is a new
@@ -144,6 +146,6 @@ func (s *session) moveLegacyEvents(ch **amqp.Channel, q string) error {
 		return nil
 	}
 	s.b.log.Warn("classic event queue keeps filling; used as it is, the next connection moves it", "queue", q, "events_moved", moved)
-	_, err := (*ch).QueueDeclare(q, true, false, false, false, amqp.Table{"x-expires": eventQueueExpiry.Milliseconds()})
+	_, err := (*ch).QueueDeclare(q, true, false, false, false, amqp.Table{"x-expires": codec.EventQueueExpiry.Milliseconds()})
 	return err
 }

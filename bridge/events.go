@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -16,7 +18,7 @@ func (s *session) readEvents(ds <-chan amqp.Delivery) {
 	for d := range ds {
 		s.orderedSeen(d.DeliveryTag) // no command: nothing of a key to wait for
 		if err := s.republishEvent(&d); err != nil {
-			s.deadLetter(&d, eventQueue(s.b.cfg.Node), err)
+			s.deadLetter(&d, codec.EventQueue(s.b.cfg.Node), err)
 			continue
 		}
 		s.ack(d.DeliveryTag, opAck)
@@ -29,13 +31,13 @@ func (s *session) readEvents(ds <-chan amqp.Delivery) {
 // reason to dead-letter the delivery.
 func (s *session) republishEvent(d *amqp.Delivery) error {
 	b := s.b
-	env, err := s.decode(typeEvent, d)
+	env, err := s.decode(codec.TypeEvent, d)
 	// This node's bindings may not bind the topic to the scope the event
 	// was sealed for yet: it waits for them a moment (bindingLag), holding
 	// the events behind it, before it refuses the event — once per change
 	// of its bindings (con.lagSpent), so that a member sending mis-scoped
 	// events cannot hold the stream up once per event.
-	if ue := asUnseal(err); ue != nil && ue.lagging && s.con.lagSpent != b.cfg.Keys.Bindings() {
+	if ue := codec.AsUnseal(err); ue != nil && ue.Lagging && s.con.lagSpent != b.cfg.Keys.Bindings() {
 		for wait := time.Now().Add(bindingLag); ; {
 			if !time.Now().Before(wait) {
 				s.con.lagSpent = b.cfg.Keys.Bindings()
@@ -45,36 +47,36 @@ func (s *session) republishEvent(d *amqp.Delivery) error {
 			case <-s.ctx.Done():
 			case <-time.After(50 * time.Millisecond):
 			}
-			env, err = s.decode(typeEvent, d)
-			if ue := asUnseal(err); ue == nil || !ue.lagging || s.ctx.Err() != nil {
+			env, err = s.decode(codec.TypeEvent, d)
+			if ue := codec.AsUnseal(err); ue == nil || !ue.Lagging || s.ctx.Err() != nil {
 				break
 			}
 		}
 	}
-	if ue := asUnseal(err); ue != nil {
-		b.unsealFailed(typeEvent, ue)
+	if ue := codec.AsUnseal(err); ue != nil {
+		b.unsealFailed(codec.TypeEvent, ue)
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if env.origin == b.cfg.Node {
+	if env.Origin == b.cfg.Node {
 		return nil
 	}
 	if b.cfg.Keys != nil {
-		if reason := b.events.admit(env.origin, env.name, env.msgID, env.sealedAt, time.Now()); reason != "" {
-			b.replayRefused(&replayError{shape: typeEvent, reason: reason, detail: fmt.Sprintf(
-				"event %s of node %s sealed %s", env.msgID, env.origin, sealedText(env.sealedAt))}, env.origin)
+		if reason := b.events.Admit(env.Origin, env.Name, env.MsgID, env.SealedAt, time.Now()); reason != "" {
+			b.replayRefused(&codec.ReplayError{Shape: codec.TypeEvent, Reason: reason, Detail: fmt.Sprintf(
+				"event %s of node %s sealed %s", env.MsgID, env.Origin, codec.SealedText(env.SealedAt))}, env.Origin)
 			return nil
 		}
 	}
-	b.m.msg(typeEvent, "in")
-	meta := map[string]string{HeaderOrigin: env.origin, HeaderMsgID: env.msgID}
-	if env.redelivered {
-		meta[HeaderRedelivered] = "true"
+	b.m.msg(codec.TypeEvent, "in")
+	meta := map[string]string{codec.HeaderOrigin: env.Origin, codec.HeaderMsgID: env.MsgID}
+	if env.Redelivered {
+		meta[codec.HeaderRedelivered] = "true"
 	}
-	if err := b.bc.PublishMsg(env.natsMsg(subjEvtPrefix+env.name, meta)); err != nil {
-		return plainReason("cannot publish locally: " + err.Error())
+	if err := b.bc.PublishMsg(env.NatsMsg(codec.SubjEvtPrefix+env.Name, meta)); err != nil {
+		return codec.PlainReason("cannot publish locally: " + err.Error())
 	}
 	return nil
 }
@@ -92,7 +94,7 @@ func (s *session) readSystem(ds <-chan amqp.Delivery) {
 	probe := probeKey(b.cfg.Node)
 	for d := range ds {
 		if d.RoutingKey == probe {
-			b.m.msg(typeSystem, "in") // a peer's probe: routed here is all it asked
+			b.m.msg(codec.TypeSystem, "in") // a peer's probe: routed here is all it asked
 			continue
 		}
 		s.takeSystem(&d, false)
@@ -103,26 +105,26 @@ func (s *session) readSystem(ds <-chan amqp.Delivery) {
 // the bindings once already (holdForRotation).
 func (s *session) takeSystem(d *amqp.Delivery, held bool) {
 	b := s.b
-	env, err := s.decode(typeSystem, d)
+	env, err := s.decode(codec.TypeSystem, d)
 	if !held && s.holdForRotation(err, d, func(d *amqp.Delivery) { s.takeSystem(d, true) }) {
 		return
 	}
 	if err != nil {
-		s.reject(d, systemQueue(b.cfg.Node), err)
+		s.reject(d, codec.SystemQueue(b.cfg.Node), err)
 		return
 	}
-	if env.origin == b.cfg.Node {
+	if env.Origin == b.cfg.Node {
 		return
 	}
-	if env.verified {
-		b.peers.creds.seen(env.origin, d.UserId)
+	if env.Verified {
+		b.peers.creds.seen(env.Origin, d.UserId)
 	}
-	b.m.msg(typeSystem, "in")
+	b.m.msg(codec.TypeSystem, "in")
 	if b.cfg.OnSystem == nil {
 		return
 	}
 	select {
-	case b.sysQ <- sysMsg{key: env.name, origin: env.origin, body: env.body}:
+	case b.sysQ <- sysMsg{key: env.Name, origin: env.Origin, body: env.Body}:
 	default:
 		b.m.err(errKindDropped)
 	}
@@ -145,19 +147,19 @@ func (b *Bridge) runSystem() {
 // node and returns once the broker confirmed it. It fails at once with
 // ErrLinkDown when the link is not connected: system messages are not kept.
 func (b *Bridge) PublishSystem(ctx context.Context, key string, body []byte) error {
-	if !validName(key) {
-		return fmt.Errorf("publish system message: %w: %q is not a valid key", ErrBadInput, key)
+	if !codec.ValidName(key) {
+		return fmt.Errorf("publish system message: %w: %q is not a valid key", codec.ErrBadInput, key)
 	}
-	return b.publishSystem(ctx, systemKey(key), false, body)
+	return b.publishSystem(ctx, codec.SystemKey(key), false, body)
 }
 
 // SendSystem sends a system message to one node (to.<node>.sys.<key>). It
 // fails with ErrNoRoute when that node is not connected.
 func (b *Bridge) SendSystem(ctx context.Context, node, key string, body []byte) error {
-	if !validName(key) || !validNodeName(node) {
-		return fmt.Errorf("send system message: %w: node %q, key %q", ErrBadInput, node, key)
+	if !codec.ValidName(key) || !codec.ValidNodeName(node) {
+		return fmt.Errorf("send system message: %w: node %q, key %q", codec.ErrBadInput, node, key)
 	}
-	return b.publishSystem(ctx, addressedSystemKey(node, key), true, body)
+	return b.publishSystem(ctx, codec.AddressedSystemKey(node, key), true, body)
 }
 
 func (b *Bridge) publishSystem(ctx context.Context, rkey string, mandatory bool, body []byte) error {
@@ -165,35 +167,12 @@ func (b *Bridge) publishSystem(ctx context.Context, rkey string, mandatory bool,
 	if st, _ := b.linkState(); st != StateConnected || sess == nil {
 		return ErrLinkDown
 	}
-	out := &outgoing{exchange: exchangeMesh, key: rkey, mandatory: mandatory, kind: typeSystem,
-		msgID: newID(), body: body, at: time.Now()}
+	out := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: rkey, Mandatory: mandatory, Kind: codec.TypeSystem,
+		MsgID: newID(), Body: body, At: time.Now()}
 	if err := sess.publishWait(ctx, out); err != nil {
 		return fmt.Errorf("system message %s: %w", rkey, err)
 	}
 	return nil
-}
-
-// deadLetter publishes a copy of delivery d to the dead-letter exchange
-// with the reason, waits for the broker's confirm, then acks d. If the
-// session ends first, d is left to the broker to requeue.
-func (s *session) deadLetter(d *amqp.Delivery, queue string, reason error) {
-	if s.publishDead(d, queue, reason, "", nil) {
-		s.ack(d.DeliveryTag, opAck)
-	}
-}
-
-// deadCommand dead-letters a command of stage like deadLetter, into the
-// stage's dead-letter queue when this session declared it (mesh.dead
-// otherwise), with extra node headers (attempts, failures).
-func (s *session) deadCommand(d *amqp.Delivery, a cmdAck, stage string, reason error, extra map[string]string) {
-	if s.publishDead(d, stageQueue(stage), reason, stage, extra) {
-		s.ackCmd(a, opAck)
-	}
-}
-
-// reject dead-letters an auto-acked delivery (nothing to ack).
-func (s *session) reject(d *amqp.Delivery, queue string, reason error) {
-	s.publishDead(d, queue, reason, "", nil)
 }
 
 // publishDead publishes the dead letter of d: to dead.<stage> when stage
@@ -201,18 +180,18 @@ func (s *session) reject(d *amqp.Delivery, queue string, reason error) {
 // so mesh.dead). It reports whether the broker confirmed it.
 func (s *session) publishDead(d *amqp.Delivery, queue string, reason error, stage string, extra map[string]string) bool {
 	b := s.b
-	if re := asReplay(reason); re != nil {
+	if re := codec.AsReplay(reason); re != nil {
 		// Dropped: a dead letter per replay would let the replayer fill
 		// the dead-letter queues.
 		origin, _, _ := ParseBrokerUser(d.UserId)
 		b.replayRefused(re, origin)
 		return true
 	}
-	var mf *malformed
+	var mf *codec.Malformed
 	switch {
-	case isForged(reason):
+	case codec.IsForged(reason):
 		b.m.err(errKindForged)
-		b.forgedRefused(asForged(reason), d.Type, d.UserId)
+		b.forgedRefused(codec.AsForged(reason), d.Type, d.UserId)
 	case errors.As(reason, &mf):
 		b.m.err(errKindMalformed)
 	default:
@@ -226,27 +205,27 @@ func (s *session) publishDead(d *amqp.Delivery, queue string, reason error, stag
 	for k, v := range extra {
 		h[k] = v
 	}
-	if _, ok := h[HeaderOrigin]; !ok {
+	if _, ok := h[codec.HeaderOrigin]; !ok {
 		// Its publisher, for the dead letter's readers: published again by
 		// this node, the dead letter's user_id is this node's.
 		if node, _, ok := ParseBrokerUser(d.UserId); ok {
-			h[HeaderOrigin] = node
+			h[codec.HeaderOrigin] = node
 		}
 	}
 	// A command's reason is bound to the key its stage is sealed for.
 	kind, rkey := d.Type, d.RoutingKey
 	if stage != "" {
-		kind, rkey = typeCommand, commandKey(stage)
+		kind, rkey = codec.TypeCommand, codec.CommandKey(stage)
 	}
-	delete(h, HeaderDeadReasonSealed) // only this node's own
-	if plain, sealed := b.reasonHeaders(HeaderDeadReason, kind, rkey, d.MessageId, reason.Error(), failureClass(reason)); sealed != "" {
-		h[HeaderDeadReason], h[HeaderDeadReasonSealed] = plain, sealed
+	delete(h, codec.HeaderDeadReasonSealed) // only this node's own
+	if plain, sealed := b.reasonHeaders(codec.HeaderDeadReason, kind, rkey, d.MessageId, reason.Error(), codec.FailureClass(reason)); sealed != "" {
+		h[codec.HeaderDeadReason], h[codec.HeaderDeadReasonSealed] = plain, sealed
 	} else {
-		h[HeaderDeadReason] = plain
+		h[codec.HeaderDeadReason] = plain
 	}
-	h[HeaderDeadNode] = b.cfg.Node
-	h[HeaderDeadQueue] = queue
-	h[HeaderDeadAt] = stampTime(time.Now())
+	h[codec.HeaderDeadNode] = b.cfg.Node
+	h[codec.HeaderDeadQueue] = queue
+	h[codec.HeaderDeadAt] = codec.StampTime(time.Now())
 	if h.Validate() != nil { // keep only what can be published again
 		for k, v := range h {
 			if (amqp.Table{k: v}).Validate() != nil {
@@ -262,7 +241,7 @@ func (s *session) publishDead(d *amqp.Delivery, queue string, reason error, stag
 	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
 	defer cancel()
 	if stage != "" && s.hasAux(stage, auxDead) {
-		out := &outgoing{exchange: exchangeMesh, key: deadKey(stage), mandatory: true, kind: "dead", msgID: d.MessageId, raw: &p}
+		out := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: codec.DeadKey(stage), Mandatory: true, Kind: "dead", MsgID: d.MessageId, Raw: &p}
 		err := s.publishWait(ctx, out)
 		if err == nil {
 			b.deadAdded(stage)
@@ -273,7 +252,7 @@ func (s *session) publishDead(d *amqp.Delivery, queue string, reason error, stag
 		}
 		// The stage's dead-letter queue is gone: mesh.dead takes it.
 	}
-	out := &outgoing{exchange: exchangeDLX, key: d.RoutingKey, kind: "dead", raw: &p}
+	out := &codec.Outgoing{Exchange: codec.ExchangeDLX, Key: d.RoutingKey, Kind: "dead", Raw: &p}
 	return s.publishWait(ctx, out) == nil
 }
 

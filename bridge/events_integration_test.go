@@ -5,7 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 )
@@ -41,7 +42,7 @@ func TestEventsReachEveryNodeWithoutEcho(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := r.Header.Get(bridge.HeaderAccepted); got != "broker" {
+			if got := r.Header.Get(codec.HeaderAccepted); got != "broker" {
 				t.Fatalf("event %d accepted as %q, want broker", i, got)
 			}
 			continue
@@ -65,7 +66,7 @@ func TestEventsReachEveryNodeWithoutEcho(t *testing.T) {
 				continue
 			}
 			seqs = append(seqs, string(m.Data))
-			if o := m.Header.Get(bridge.HeaderOrigin); o != "alpha" {
+			if o := m.Header.Get(codec.HeaderOrigin); o != "alpha" {
 				t.Errorf("%s: origin %q, want alpha", name, o)
 			}
 			if m.Header.Get("X-Seq") != string(m.Data) {
@@ -88,12 +89,12 @@ func TestEventsReachEveryNodeWithoutEcho(t *testing.T) {
 		switch m.Subject {
 		case "evt.order.created":
 			own++
-			if m.Header.Get(bridge.HeaderOrigin) != "" {
+			if m.Header.Get(codec.HeaderOrigin) != "" {
 				t.Errorf("alpha got its own event back from the mesh: %v", m.Header)
 			}
 		case "evt.other":
 			other++
-			if o := m.Header.Get(bridge.HeaderOrigin); o != "beta" {
+			if o := m.Header.Get(codec.HeaderOrigin); o != "beta" {
 				t.Errorf("alpha: origin %q, want beta", o)
 			}
 		}
@@ -120,20 +121,20 @@ func TestForgedOriginOfALocalEventIsIgnored(t *testing.T) {
 	b.waitConnected(t)
 	rec := subscribeEvents(t, b, "evt.>")
 	m := &nats.Msg{Subject: "evt.door.opened", Data: []byte("front"), Header: nats.Header{
-		bridge.HeaderOrigin: {"gamma"}, bridge.HeaderMsgID: {"forged-1"}, bridge.HeaderRedelivered: {"true"}, "X-Keep": {"yes"}}}
+		codec.HeaderOrigin: {"gamma"}, codec.HeaderMsgID: {"forged-1"}, codec.HeaderRedelivered: {"true"}, "X-Keep": {"yes"}}}
 	r, err := a.client.RequestMsg(m, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := r.Header.Get(bridge.HeaderAccepted); got != "broker" {
+	if got := r.Header.Get(codec.HeaderAccepted); got != "broker" {
 		t.Fatalf("event accepted as %q (headers %v), want broker", got, r.Header)
 	}
 	meshtest.WaitFor(t, 15*time.Second, "the event on beta", func() bool { return rec.len() >= 1 })
 	got := rec.all()[0]
-	if o := got.Header.Get(bridge.HeaderOrigin); o != "alpha" {
+	if o := got.Header.Get(codec.HeaderOrigin); o != "alpha" {
 		t.Errorf("origin on beta: got %q, want alpha (the node that took it from its program)", o)
 	}
-	if got.Header.Get(bridge.HeaderRedelivered) != "" || got.Header.Get("X-Keep") != "yes" {
+	if got.Header.Get(codec.HeaderRedelivered) != "" || got.Header.Get("X-Keep") != "yes" {
 		t.Errorf("headers on beta: got %v, want X-Keep and no Meshbox-Redelivered", got.Header)
 	}
 }

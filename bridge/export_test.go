@@ -3,6 +3,10 @@ package bridge
 import (
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/flow"
+
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	dto "github.com/prometheus/client_model/go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -17,7 +21,7 @@ func SetTestAfterDial(b *Bridge, f func()) { b.testAfterDial = f }
 func StageConsumers(b *Bridge, stage string) (open, most int) { return b.stageConsumers(stage) }
 
 // StageCreditOf returns the credit of stage in b's current session.
-func StageCreditOf(b *Bridge, stage string) StageCredit { return b.stageCredit(stage) }
+func StageCreditOf(b *Bridge, stage string) flow.StageCredit { return b.stageCredit(stage) }
 
 // AckDelays returns the longest an ack of b's current session waited for
 // the acker, and how many runs of acks waited longer than 100 ms (0, 0:
@@ -50,7 +54,7 @@ func SetOwnQueuesBound(b *Bridge, bound bool) error {
 		return ErrLinkDown
 	}
 	node := b.cfg.Node
-	for _, q := range []struct{ queue, key string }{{s.q.req, requestBindingKey(node)}, {s.q.rep, replyKey(node)}} {
+	for _, q := range []struct{ queue, key string }{{s.q.req, codec.RequestBindingKey(node)}, {s.q.rep, codec.ReplyKey(node)}} {
 		var err error
 		if bound {
 			err = s.con.autoCh.QueueBind(q.queue, q.key, s.q.ex, false, nil)
@@ -75,8 +79,8 @@ func CommandBatches(b *Bridge) (batches, commands, splits int) {
 
 // DecodeBatchIDs returns the message ids of the commands in a batch body.
 func DecodeBatchIDs(body []byte) ([]string, error) {
-	d := amqp.Delivery{Type: typeCommandBatch, RoutingKey: "cmd.x", Body: body}
-	ds, err := decodeBatch(&d, MaxCommandBatch, 1<<24)
+	d := amqp.Delivery{Type: codec.TypeCommandBatch, RoutingKey: "cmd.x", Body: body}
+	ds, err := codec.DecodeBatch(&d, codec.MaxCommandBatch, 1<<24)
 	if err != nil {
 		return nil, err
 	}
@@ -101,9 +105,9 @@ func SetStageCredit(b *Bridge, stage string, msgs int) bool {
 	if f == nil {
 		return false
 	}
-	f.mu.Lock()
-	f.want = msgs
-	f.mu.Unlock()
+	f.Mu.Lock()
+	f.Want = msgs
+	f.Mu.Unlock()
 	signal(s.flows.wake)
 	return true
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
@@ -58,7 +60,7 @@ func TestBrokerRestartLosesNothing(t *testing.T) {
 					p := ledger.Payload(kind, i)
 					for {
 						m, err := a.client.RequestMsg(&nats.Msg{Subject: kind + ".soak", Data: p,
-							Header: nats.Header{bridge.HeaderMsgID: {string(p)}}}, 15*time.Second)
+							Header: nats.Header{codec.HeaderMsgID: {string(p)}}}, 15*time.Second)
 						if err == nil && m.Header.Get("Nats-Service-Error") == "" {
 							h.Submitted(ledger.Op{Origin: kind, Seq: i}, ledger.Acked)
 							break

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
@@ -68,7 +70,7 @@ func TestStageCreditFavoursTheQuickNode(t *testing.T) {
 			defer wg.Done()
 			for next.Add(1) <= total {
 				m, err := a.client.Request("cmd.share", []byte("x"), 20*time.Second)
-				if err != nil || m.Header.Get(bridge.HeaderAccepted) != "broker" {
+				if err != nil || m.Header.Get(codec.HeaderAccepted) != "broker" {
 					refused.Add(1)
 				}
 			}
@@ -123,7 +125,7 @@ func TestCreditChangesNeverHoldUpAcks(t *testing.T) {
 			defer wg.Done()
 			for i := next.Add(1); i <= total; i = next.Add(1) {
 				m, err := a.client.Request("cmd.swing", []byte(strconv.FormatInt(i, 10)), 20*time.Second)
-				if err != nil || m.Header.Get(bridge.HeaderAccepted) != "broker" {
+				if err != nil || m.Header.Get(codec.HeaderAccepted) != "broker" {
 					refused.Add(1)
 				}
 				time.Sleep(2 * time.Millisecond) // a steady flow across the swings
@@ -161,7 +163,7 @@ func TestCreditChangesNeverHoldUpAcks(t *testing.T) {
 	marked := 0
 	for _, m := range h.msgs() {
 		seen[string(m.Data)]++
-		if m.Header.Get(bridge.HeaderAttempt) != "1" {
+		if m.Header.Get(codec.HeaderAttempt) != "1" {
 			marked++
 		}
 	}

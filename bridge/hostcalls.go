@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -19,7 +21,7 @@ import (
 // reply. Exactly one of the reply, the timer or the session's end takes it
 // out of session.local.host.
 type hostCall struct {
-	env     *envelope
+	env     *codec.Envelope
 	timeout time.Duration
 	at      time.Time // taken from the request queue
 	timer   *time.Timer
@@ -40,30 +42,30 @@ func (s *session) readRequests(ds <-chan amqp.Delivery) {
 // the bindings once already (holdForRotation).
 func (s *session) takeRequest(d *amqp.Delivery, held bool) {
 	b := s.b
-	env, err := s.decode(typeRequest, d)
-	if ue := asUnseal(err); ue != nil {
-		b.unsealFailed(typeRequest, ue)
+	env, err := s.decode(codec.TypeRequest, d)
+	if ue := codec.AsUnseal(err); ue != nil {
+		b.unsealFailed(codec.TypeRequest, ue)
 		code := CodeBadInput
-		if ue.reason == unsealExpired {
+		if ue.Reason == codec.UnsealExpired {
 			code = CodeTimeout
 		}
-		s.replyHost(ue.env, nil, &ServiceError{Code: code, Text: unsealText(b.cfg.Node, ue)})
+		s.replyHost(ue.Env, nil, &ServiceError{Code: code, Text: codec.UnsealText(b.cfg.Node, ue)})
 		return
 	}
 	if !held && s.holdForRotation(err, d, func(d *amqp.Delivery) { s.takeRequest(d, true) }) {
 		return
 	}
 	if err != nil {
-		bad := *d                                                        // a copy: the reader's delivery is reused
-		s.work(func() { s.reject(&bad, requestQueue(b.cfg.Node), err) }) // auto-acked: nothing to ack
+		bad := *d                                                              // a copy: the reader's delivery is reused
+		s.work(func() { s.reject(&bad, codec.RequestQueue(b.cfg.Node), err) }) // auto-acked: nothing to ack
 		return
 	}
-	b.m.msg(typeRequest, "in")
+	b.m.msg(codec.TypeRequest, "in")
 	// The caller's deadline travels with its request: a long one (a
 	// large reply over a slow link) holds here as long.
 	c := &hostCall{env: env, timeout: b.cfg.RequestTimeout, at: time.Now()}
-	if env.timeout > 0 {
-		c.timeout = min(env.timeout, b.maxTimeout())
+	if env.Timeout > 0 {
+		c.timeout = min(env.Timeout, b.maxTimeout())
 	}
 	token := newID()
 	s.local.mu.Lock()
@@ -71,23 +73,23 @@ func (s *session) takeRequest(d *amqp.Delivery, held bool) {
 		s.local.mu.Unlock()
 		b.m.err(errKindUnreachable)
 		s.replyHost(env, nil, &ServiceError{Code: CodeUnavailable,
-			Text: fmt.Sprintf("node %s has %d requests open at its local hosts; refused %s", b.cfg.Node, b.openCalls(), env.name)})
+			Text: fmt.Sprintf("node %s has %d requests open at its local hosts; refused %s", b.cfg.Node, b.openCalls(), env.Name)})
 		return
 	}
 	s.local.host[token] = c
 	c.timer = s.after(c.timeout, func() {
 		if c := s.takeCall(token); c != nil {
-			s.replyHost(c.env, nil, localCallFailure(context.DeadlineExceeded, c.env.name, b.cfg.Node, c.timeout))
+			s.replyHost(c.env, nil, localCallFailure(context.DeadlineExceeded, c.env.Name, b.cfg.Node, c.timeout))
 			s.replyHanded()
 		}
 	})
 	s.local.mu.Unlock()
-	msg := env.natsMsg(subjCapPrefix+env.name, map[string]string{HeaderOrigin: env.origin, HeaderTimeout: c.timeout.String()})
+	msg := env.NatsMsg(codec.SubjCapPrefix+env.Name, map[string]string{codec.HeaderOrigin: env.Origin, codec.HeaderTimeout: c.timeout.String()})
 	msg.Reply = s.local.inbox + token
 	hop(HopHostAsked)
 	if err := b.bc.PublishMsg(msg); err != nil {
 		if c := s.takeCall(token); c != nil {
-			s.replyHost(c.env, nil, localCallFailure(err, c.env.name, b.cfg.Node, c.timeout))
+			s.replyHost(c.env, nil, localCallFailure(err, c.env.Name, b.cfg.Node, c.timeout))
 			s.replyHanded()
 		}
 	}
@@ -126,7 +128,7 @@ func (s *session) onHostReply(m *nats.Msg) {
 	}
 	defer s.replyHanded()
 	if wire.NoResponders(m.Header, m.Data) {
-		s.replyHost(c.env, nil, localCallFailure(nats.ErrNoResponders, c.env.name, s.b.cfg.Node, c.timeout))
+		s.replyHost(c.env, nil, localCallFailure(nats.ErrNoResponders, c.env.Name, s.b.cfg.Node, c.timeout))
 		return
 	}
 	s.replyHost(c.env, m, nil)
@@ -135,32 +137,39 @@ func (s *session) onHostReply(m *nats.Msg) {
 // replyHost sends the reply to a request from another node: the host's
 // reply, or failure. Replies are fire and forget: the caller's node times
 // out if one is lost.
-func (s *session) replyHost(env *envelope, resp *nats.Msg, failure error) {
+func (s *session) replyHost(env *codec.Envelope, resp *nats.Msg, failure error) {
 	b := s.b
 	// To the node the request came from (its validated origin), never to a
 	// reply-to of the publisher's choosing.
 	// Mandatory: a reply that comes back (its node is between two
 	// sessions) is sent again (noroute.go).
-	out := &outgoing{exchange: exchangeMesh, key: replyKey(env.origin), mandatory: true, kind: typeReply, corrID: env.corrID, at: time.Now()}
+	out := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: codec.ReplyKey(env.Origin), Mandatory: true, Kind: codec.TypeReply, CorrID: env.CorrID, At: time.Now()}
 	if failure == nil {
-		out.scope = env.scope // sealed as the request was; a refusal says nothing of the scope's
+		out.Scope = env.Scope // sealed as the request was; a refusal says nothing of the scope's
 		var err error
-		out.header, err = callerHeaders(resp.Header)
+		out.Header, err = codec.CallerHeaders(resp.Header)
 		if err != nil {
-			failure = &ServiceError{Code: CodeInternal, Text: fmt.Sprintf("the reply of %s on node %s has invalid headers: %v", env.name, b.cfg.Node, err)}
+			failure = &ServiceError{Code: CodeInternal, Text: fmt.Sprintf("the reply of %s on node %s has invalid headers: %v", env.Name, b.cfg.Node, err)}
 		}
-		out.body = resp.Data
+		out.Body = resp.Data
 	}
 	if failure != nil {
-		out.header = nats.Header{}
-		wire.SetError(out.header, codeFor(failure), errorText(failure))
-		out.body = nil
+		out.Header = nats.Header{}
+		wire.SetError(out.Header, codeFor(failure), errorText(failure))
+		out.Body = nil
 	}
 	_ = s.enqueueFast(&pubItem{out: out, done: func(error) {}})
 }
 
-// openCalls bounds the requests from other nodes open at local hosts.
-func (b *Bridge) openCalls() int { return max(256, 8*b.cfg.Prefetch) }
+// openCalls bounds the requests from other nodes open at local hosts:
+// openCallsPerPrefetch x Prefetch, at least openCallsMin.
+func (b *Bridge) openCalls() int { return max(openCallsMin, openCallsPerPrefetch*b.cfg.Prefetch) }
+
+// Bounds of the requests from other nodes open at local hosts.
+const (
+	openCallsMin         = 256
+	openCallsPerPrefetch = 8
+)
 
 // endCalls ends the open calls of an ended session: their local hosts'
 // replies can no longer be taken. The callers are told by the next
@@ -195,6 +204,6 @@ func (b *Bridge) answerOrphans(s *session) {
 			continue
 		}
 		s.replyHost(c.env, nil, &ServiceError{Code: CodeUnavailable,
-			Text: fmt.Sprintf("node %s lost its broker connection while its host handled %s; the outcome is unknown", b.cfg.Node, c.env.name)})
+			Text: fmt.Sprintf("node %s lost its broker connection while its host handled %s; the outcome is unknown", b.cfg.Node, c.env.Name)})
 	}
 }

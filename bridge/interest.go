@@ -6,6 +6,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/meshbox/meshbox/bridge/codec"
 )
 
 // SetLocalInterest tells the bridge what local programs subscribe to on
@@ -29,10 +31,10 @@ func (b *Bridge) SetLocalInterest(ctx context.Context, subjects []string) error 
 		hosted[s] = true
 	}
 	for _, s := range subjects {
-		if name, ok := strings.CutPrefix(s, subjCapPrefix); ok && validName(name) {
+		if name, ok := strings.CutPrefix(s, codec.SubjCapPrefix); ok && codec.ValidName(name) {
 			localCaps[name] = true
 		}
-		if stage, ok := strings.CutPrefix(s, subjWorkPrefix); ok && validName(stage) {
+		if stage, ok := strings.CutPrefix(s, codec.SubjWorkPrefix); ok && codec.ValidName(stage) {
 			hosted[stage] = true
 		}
 	}
@@ -158,7 +160,7 @@ func (b *Bridge) reconcileLocked() {
 		if _, ok := b.route.standins[name]; ok {
 			continue
 		}
-		sub, err := b.bc.Subscribe(subjCapPrefix+name, b.onCapRequest)
+		sub, err := b.bc.Subscribe(codec.SubjCapPrefix+name, b.onCapRequest)
 		if err != nil {
 			b.log.Error("cannot subscribe a stand-in", "capability", name, "err", err)
 			continue

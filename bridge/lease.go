@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/nats-io/nats.go"
 )
 
@@ -54,7 +56,7 @@ func isProgress(h nats.Header) bool {
 	if h == nil {
 		return false
 	}
-	_, ok := h[HeaderProgress]
+	_, ok := h[codec.HeaderProgress]
 	return ok
 }
 
@@ -94,7 +96,7 @@ func (s *session) commandsInFlight(now time.Time) []CommandStatus {
 	s.local.mu.Lock()
 	out := make([]CommandStatus, 0, len(s.local.cmds))
 	for token, c := range s.local.cmds {
-		cs := CommandStatus{Stage: c.stage, MsgID: c.env.msgID, Attempt: c.env.attempt, State: "handler",
+		cs := CommandStatus{Stage: c.stage, MsgID: c.env.MsgID, Attempt: c.env.Attempt, State: "handler",
 			AgeSeconds: max(0, now.Sub(c.started).Seconds()), Extended: c.extended}
 		if strings.HasPrefix(token, retryTokenPrefix) {
 			cs.State = "retry"
@@ -156,8 +158,8 @@ func (b *Bridge) runHandler(ctx context.Context, stage string, msg *nats.Msg, ho
 	deadline := started.Add(b.cfg.CommandTimeout)
 	// Listed in the status as the session's commands are (a standalone
 	// node has no session, and its commands are in flight all the same).
-	lc := &localCmd{stage: stage, msgID: msg.Header.Get(HeaderMsgID), started: started}
-	lc.attempt, _ = strconv.Atoi(msg.Header.Get(HeaderAttempt))
+	lc := &localCmd{stage: stage, msgID: msg.Header.Get(codec.HeaderMsgID), started: started}
+	lc.attempt, _ = strconv.Atoi(msg.Header.Get(codec.HeaderAttempt))
 	lc.deadline.Store(deadline.UnixNano())
 	b.cmds.local.Store(lc, struct{}{})
 	defer b.cmds.local.Delete(lc)

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
@@ -14,7 +16,7 @@ import (
 // message: not the result.
 func progress(t *testing.T, m *nats.Msg) {
 	p := nats.NewMsg(m.Reply)
-	p.Header.Set(bridge.HeaderProgress, "1")
+	p.Header.Set(codec.HeaderProgress, "1")
 	if err := m.RespondMsg(p); err != nil {
 		t.Errorf("send progress: %v", err)
 	}
@@ -52,7 +54,7 @@ func TestLeaseExtendedByProgress(t *testing.T) {
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	a.waitHosts(t, "long")
 
-	a.submit(t, "long", []byte("work"), nats.Header{bridge.HeaderMsgID: {"long-1"}})
+	a.submit(t, "long", []byte("work"), nats.Header{codec.HeaderMsgID: {"long-1"}})
 	var seen bridge.CommandStatus
 	meshtest.WaitFor(t, 5*time.Second, "the command in flight past its first deadline", func() bool {
 		for _, c := range a.b.Status().Commands {
@@ -130,7 +132,7 @@ func TestLeaseLostWithoutProgress(t *testing.T) {
 	}
 	a.waitHosts(t, "long")
 
-	b.submit(t, "long", []byte("work"), nats.Header{bridge.HeaderMsgID: {"long-2"}})
+	b.submit(t, "long", []byte("work"), nats.Header{codec.HeaderMsgID: {"long-2"}})
 	var t0 time.Time
 	select {
 	case t0 = <-first:
@@ -154,13 +156,13 @@ func TestLeaseLostWithoutProgress(t *testing.T) {
 		t.Errorf("retried %s after the first delivery; the last progress (at %s) held it until %s",
 			at.Sub(t0), last.Sub(t0), last.Sub(t0)+timeout)
 	}
-	if id := retry.Header.Get(bridge.HeaderMsgID); id != "long-2" {
+	if id := retry.Header.Get(codec.HeaderMsgID); id != "long-2" {
 		t.Errorf("message id of the retry: got %q, want long-2", id)
 	}
-	if got := retry.Header.Get(bridge.HeaderAttempt); got != "2" {
+	if got := retry.Header.Get(codec.HeaderAttempt); got != "2" {
 		t.Errorf("attempt of the retry: got %q, want 2", got)
 	}
-	if got := retry.Header.Get(bridge.HeaderRedelivered); got != "true" {
+	if got := retry.Header.Get(codec.HeaderRedelivered); got != "true" {
 		t.Errorf("retry marked redelivered: got %q, want true", got)
 	}
 	meshtest.WaitFor(t, 5*time.Second, "alpha forgets the lost command", func() bool { return len(a.b.Status().Commands) == 0 })
@@ -200,8 +202,8 @@ func TestLeaseOfALocalCommand(t *testing.T) {
 	px.Cut(t)
 	meshtest.WaitFor(t, 10*time.Second, "alpha offline", func() bool { return a.b.Status().Broker.State == bridge.StateOffline })
 
-	if m := a.submit(t, "local", []byte("x"), nil); m.Header.Get(bridge.HeaderAccepted) != "local" {
-		t.Fatalf("accepted as %q, want local", m.Header.Get(bridge.HeaderAccepted))
+	if m := a.submit(t, "local", []byte("x"), nil); m.Header.Get(codec.HeaderAccepted) != "local" {
+		t.Fatalf("accepted as %q, want local", m.Header.Get(codec.HeaderAccepted))
 	}
 	deadline := time.Now().Add(2 * timeout)
 	for time.Now().Before(deadline) {
@@ -241,7 +243,7 @@ func TestLeaseEndsAtMaxLease(t *testing.T) {
 	calls := make(chan call, 4)
 	sub, err := a.client.QueueSubscribe("work.endless", "meshbox", func(m *nats.Msg) {
 		calls <- call{time.Now(), m}
-		if m.Header.Get(bridge.HeaderAttempt) != "1" {
+		if m.Header.Get(codec.HeaderAttempt) != "1" {
 			_ = m.Respond(nil)
 			return
 		}
@@ -252,7 +254,7 @@ func TestLeaseEndsAtMaxLease(t *testing.T) {
 					return
 				case <-time.After(timeout / 4):
 					p := nats.NewMsg(m.Reply) // errors ignored: it may outlive the test's connection
-					p.Header.Set(bridge.HeaderProgress, "1")
+					p.Header.Set(codec.HeaderProgress, "1")
 					_ = m.RespondMsg(p)
 				}
 			}
@@ -278,10 +280,10 @@ func TestLeaseEndsAtMaxLease(t *testing.T) {
 	if gap := second.at.Sub(first.at); gap < maxLease-50*time.Millisecond || gap > maxLease+2*time.Second {
 		t.Errorf("retry %s after the first delivery, want about MaxLease (%s)", gap, maxLease)
 	}
-	if got := second.m.Header.Get(bridge.HeaderAttempt); got != "2" {
+	if got := second.m.Header.Get(codec.HeaderAttempt); got != "2" {
 		t.Errorf("attempt of the retry: got %q, want 2", got)
 	}
-	if got := second.m.Header.Get(bridge.HeaderRedelivered); got != "true" {
+	if got := second.m.Header.Get(codec.HeaderRedelivered); got != "true" {
 		t.Errorf("retry marked redelivered: got %q, want true", got)
 	}
 }

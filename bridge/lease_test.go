@@ -30,7 +30,9 @@ func TestLeaseAndDedupeConfig(t *testing.T) {
 	}{
 		{"lease below timeout", "MaxLease", func(c *Config) { c.CommandTimeout = time.Minute; c.MaxLease = time.Second }},
 		{"lease too long", "MaxLease", func(c *Config) { c.MaxLease = time.Hour }},
-		{"dedupe bad stage", "Dedupe", func(c *Config) { c.Dedupe = map[string]DedupePolicy{"a b": {Window: time.Hour, MaxEntries: 1}} }},
+		{"dedupe bad stage", "Dedupe", func(c *Config) {
+			c.Dedupe = map[string]DedupePolicy{"a b": {Window: time.Hour, MaxEntries: 1}}
+		}},
 		{"dedupe no window", "Dedupe", func(c *Config) { c.Dedupe = map[string]DedupePolicy{"s": {MaxEntries: 1}} }},
 		{"dedupe no bound", "Dedupe", func(c *Config) { c.Dedupe = map[string]DedupePolicy{"s": {Window: time.Hour}} }},
 	} {

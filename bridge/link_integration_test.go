@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
@@ -97,9 +99,9 @@ func TestHandlerKilledDuringCommand(t *testing.T) {
 	serveStage(t, a, "job", &h)
 	meshtest.WaitFor(t, 15*time.Second, "the command handled by the new handler", func() bool { return len(h.msgs()) > 0 })
 	m := h.msgs()[0]
-	if string(m.Data) != "payload" || m.Header.Get(bridge.HeaderAttempt) != "2" || m.Header.Get(bridge.HeaderRedelivered) != "true" {
+	if string(m.Data) != "payload" || m.Header.Get(codec.HeaderAttempt) != "2" || m.Header.Get(codec.HeaderRedelivered) != "true" {
 		t.Errorf("redelivery: got %q attempt %s redelivered %s, want payload, 2, true",
-			m.Data, m.Header.Get(bridge.HeaderAttempt), m.Header.Get(bridge.HeaderRedelivered))
+			m.Data, m.Header.Get(codec.HeaderAttempt), m.Header.Get(codec.HeaderRedelivered))
 	}
 }
 

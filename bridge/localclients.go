@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/nats-io/nats.go"
 )
 
@@ -76,7 +78,7 @@ func (b *Bridge) resultTopicOK(stage, topic string) error {
 		return nil
 	}
 	b.refusedLocal("result_topic", stage, err)
-	return &localRefusal{&ServiceError{Code: CodeForbidden, Text: fmt.Sprintf("header %s: %v", HeaderResultTopic, err)}}
+	return &localRefusal{&ServiceError{Code: CodeForbidden, Text: fmt.Sprintf("header %s: %v", codec.HeaderResultTopic, err)}}
 }
 
 // localRefusal is a 403 refusedLocal has counted already.

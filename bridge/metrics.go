@@ -4,6 +4,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -204,7 +206,7 @@ func newMetrics(b *Bridge) *metrics {
 		m.dials.WithLabelValues(r)
 	}
 	m.byShape = map[string][2]prometheus.Counter{}
-	for _, shape := range []string{typeRequest, typeReply, typeCommand, typeEvent, typeSystem} {
+	for _, shape := range []string{codec.TypeRequest, codec.TypeReply, codec.TypeCommand, codec.TypeEvent, codec.TypeSystem} {
 		m.byShape[shape] = [2]prometheus.Counter{m.messages.WithLabelValues(shape, "in"), m.messages.WithLabelValues(shape, "out")}
 	}
 	return m
@@ -280,7 +282,7 @@ func (b *Bridge) Carried() (requests, commands, events float64) {
 		}
 		return total
 	}
-	return sum(typeRequest), sum(typeCommand), sum(typeEvent)
+	return sum(codec.TypeRequest), sum(codec.TypeCommand), sum(codec.TypeEvent)
 }
 
 func (m *metrics) err(kind string) { m.errors.WithLabelValues(kind).Inc() }

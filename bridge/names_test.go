@@ -3,6 +3,8 @@ package bridge
 import (
 	"testing"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -21,10 +23,10 @@ func TestNamesAgree(t *testing.T) {
 	}
 	// The name the layers used to disagree on: the bridge hosted it, the
 	// node never advertised it. Now nobody takes it.
-	if validName("café") {
+	if codec.ValidName("café") {
 		t.Error(`validName("café"): got true, want false`)
 	}
-	if _, _, ok := parseNodeCapSubject("node.alpha.cap.café"); ok {
+	if _, _, ok := codec.ParseNodeCapSubject("node.alpha.cap.café"); ok {
 		t.Error("node.alpha.cap.café: parsed, want rejected")
 	}
 }
@@ -53,35 +55,35 @@ func checkBridgeNames(t *testing.T, s string) {
 			t.Fatalf("%s %q: bridge says valid=%v, package names says %v", what, s, got, want)
 		}
 	}
-	agree("validNodeName", validNodeName(s), nodeOK)
-	agree("validName", validName(s), capOK)
+	agree("validNodeName", codec.ValidNodeName(s), nodeOK)
+	agree("validName", codec.ValidName(s), capOK)
 
 	// Local subjects and broker names.
-	n, c, ok := parseNodeCapSubject("node.alpha.cap." + s)
+	n, c, ok := codec.ParseNodeCapSubject("node.alpha.cap." + s)
 	agree("capability in node.<node>.cap.<name>", ok && n == "alpha" && c == s, capOK)
-	n, c, ok = parseNodeCapSubject("node." + s + ".cap.echo")
+	n, c, ok = codec.ParseNodeCapSubject("node." + s + ".cap.echo")
 	agree("node in node.<node>.cap.<name>", ok && n == s && c == "echo", nodeOK)
-	n, c, ok = parseRequestKey("to.alpha.req." + s)
+	n, c, ok = codec.ParseRequestKey("to.alpha.req." + s)
 	agree("capability in a request key", ok && n == "alpha" && c == s, capOK)
-	n, c, ok = parseRequestKey("to." + s + ".req.echo")
+	n, c, ok = codec.ParseRequestKey("to." + s + ".req.echo")
 	agree("node in a request key", ok && n == s && c == "echo", nodeOK)
-	n, ok = parseReplyQueue(replyQueue(s))
+	n, ok = codec.ParseReplyQueue(codec.ReplyQueue(s))
 	agree("node in a reply queue", ok && n == s, nodeOK)
-	c, ok = parseSystemKey(systemKey(s))
+	c, ok = codec.ParseSystemKey(codec.SystemKey(s))
 	agree("system key", ok && c == s, capOK)
-	c, ok = parseSystemKey(addressedSystemKey("alpha", s))
+	c, ok = codec.ParseSystemKey(codec.AddressedSystemKey("alpha", s))
 	agree("addressed system key", ok && c == s, capOK)
 
 	// Deliveries from the broker.
-	origin := amqp.Table{HeaderOrigin: "alpha"}
-	_, err := decode(typeCommand, delivery{Type: typeCommand, RoutingKey: commandKey(s), MessageId: "m1", Headers: origin}, 1<<20)
+	origin := amqp.Table{codec.HeaderOrigin: "alpha"}
+	_, err := codec.Decode(codec.TypeCommand, codec.Delivery{Type: codec.TypeCommand, RoutingKey: codec.CommandKey(s), MessageId: "m1", Headers: origin}, 1<<20)
 	agree("stage of a command delivery", err == nil, capOK)
-	_, err = decode(typeEvent, delivery{Type: typeEvent, RoutingKey: eventKey(s), MessageId: "m1", Headers: origin}, 1<<20)
+	_, err = codec.Decode(codec.TypeEvent, codec.Delivery{Type: codec.TypeEvent, RoutingKey: codec.EventKey(s), MessageId: "m1", Headers: origin}, 1<<20)
 	agree("topic of an event delivery", err == nil, capOK)
-	_, err = decode(typeRequest, delivery{Type: typeRequest, RoutingKey: requestQueue("beta"), CorrelationId: "c1",
-		ReplyTo: "node.alpha.replies", Headers: amqp.Table{HeaderOrigin: "alpha", HeaderCapability: s}}, 1<<20)
+	_, err = codec.Decode(codec.TypeRequest, codec.Delivery{Type: codec.TypeRequest, RoutingKey: codec.RequestQueue("beta"), CorrelationId: "c1",
+		ReplyTo: "node.alpha.replies", Headers: amqp.Table{codec.HeaderOrigin: "alpha", codec.HeaderCapability: s}}, 1<<20)
 	agree("capability header of a request delivery", err == nil, capOK)
-	_, err = decode(typeEvent, delivery{Type: typeEvent, RoutingKey: "evt.t", MessageId: "m1", Headers: amqp.Table{HeaderOrigin: s}}, 1<<20)
+	_, err = codec.Decode(codec.TypeEvent, codec.Delivery{Type: codec.TypeEvent, RoutingKey: "evt.t", MessageId: "m1", Headers: amqp.Table{codec.HeaderOrigin: s}}, 1<<20)
 	agree("origin of a delivery", err == nil, nodeOK)
 
 	// Configuration.
@@ -101,7 +103,7 @@ func checkBridgeNames(t *testing.T, s string) {
 }
 
 func TestRoutingKeys(t *testing.T) {
-	if k := requestKey("beta", "billing.charge"); k != "to.beta.req.billing.charge" {
+	if k := codec.RequestKey("beta", "billing.charge"); k != "to.beta.req.billing.charge" {
 		t.Errorf("requestKey: got %q", k)
 	}
 	tests := []struct {
@@ -117,7 +119,7 @@ func TestRoutingKeys(t *testing.T) {
 		{"to.beta.req.", "", "", false},
 	}
 	for _, tt := range tests {
-		node, name, ok := parseRequestKey(tt.key)
+		node, name, ok := codec.ParseRequestKey(tt.key)
 		if node != tt.node || name != tt.name || ok != tt.ok {
 			t.Errorf("parseRequestKey(%q): got %q %q %v, want %q %q %v", tt.key, node, name, ok, tt.node, tt.name, tt.ok)
 		}
@@ -131,7 +133,7 @@ func TestRoutingKeys(t *testing.T) {
 		{"sys.", "", false},
 		{"to.a.b.sys.x", "", false},
 	} {
-		got, ok := parseSystemKey(tt.key)
+		got, ok := codec.ParseSystemKey(tt.key)
 		if got != tt.want || ok != tt.ok {
 			t.Errorf("parseSystemKey(%q): got %q %v, want %q %v", tt.key, got, ok, tt.want, tt.ok)
 		}
@@ -145,7 +147,7 @@ func TestRoutingKeys(t *testing.T) {
 		{"node.a.b.replies", "", false},
 		{"amq.rabbitmq.reply-to", "", false},
 	} {
-		node, ok := parseReplyQueue(tt.q)
+		node, ok := codec.ParseReplyQueue(tt.q)
 		if node != tt.node || ok != tt.ok {
 			t.Errorf("parseReplyQueue(%q): got %q %v, want %q %v", tt.q, node, ok, tt.node, tt.ok)
 		}
@@ -159,7 +161,7 @@ func TestRoutingKeys(t *testing.T) {
 		{"node.beta.echo", "", "", false},
 		{"node.b.c.cap.echo", "", "", false},
 	} {
-		node, name, ok := parseNodeCapSubject(tt.subj)
+		node, name, ok := codec.ParseNodeCapSubject(tt.subj)
 		if node != tt.node || name != tt.name || ok != tt.ok {
 			t.Errorf("parseNodeCapSubject(%q): got %q %q %v, want %q %q %v", tt.subj, node, name, ok, tt.node, tt.name, tt.ok)
 		}

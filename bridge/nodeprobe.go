@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/internal/wire"
 )
 
@@ -33,15 +35,15 @@ const probeReturnWait = 10 * time.Second
 // returns it. It fails with ErrLinkDown while the link is not connected
 // and with ErrBadInput for an invalid node name.
 func (b *Bridge) ProbeNode(ctx context.Context, node string, unroutable func()) error {
-	if !validNodeName(node) || unroutable == nil {
-		return fmt.Errorf("probe node: %w: node %q", ErrBadInput, node)
+	if !codec.ValidNodeName(node) || unroutable == nil {
+		return fmt.Errorf("probe node: %w: node %q", codec.ErrBadInput, node)
 	}
 	sess := b.link.sess.Load()
 	if st, _ := b.linkState(); st != StateConnected || sess == nil {
 		return ErrLinkDown
 	}
 	w := b.peers.probes.add(node, unroutable)
-	out := &outgoing{exchange: exchangeMesh, key: probeKey(node), mandatory: true, kind: typeSystem, bare: true}
+	out := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: probeKey(node), Mandatory: true, Kind: codec.TypeSystem, Bare: true}
 	res := make(chan error, 1)
 	if err := sess.enqueueFast(&pubItem{out: out, done: func(err error) { res <- err }}); err != nil {
 		b.peers.probes.remove(node, w)
@@ -60,7 +62,7 @@ func (b *Bridge) ProbeNode(ctx context.Context, node string, unroutable func()) 
 }
 
 // probeKey is the routing key of a probe of node n.
-func probeKey(n string) string { return addressedSystemKey(n, wire.ProbeKey) }
+func probeKey(n string) string { return codec.AddressedSystemKey(n, wire.ProbeKey) }
 
 // probedNode returns the node a returned message with routing key key
 // probed, if it is a probe.
@@ -70,7 +72,7 @@ func probedNode(key string) (string, bool) {
 		return "", false
 	}
 	node, ok := strings.CutSuffix(rest, ".sys."+wire.ProbeKey)
-	if !ok || !validNodeName(node) {
+	if !ok || !codec.ValidNodeName(node) {
 		return "", false
 	}
 	return node, true

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -179,7 +181,7 @@ func (b *Bridge) retryReply(r amqp.Return) {
 		Expiration: r.Expiration, MessageId: r.MessageId, Timestamp: r.Timestamp, Type: r.Type,
 		AppId: r.AppId, Body: r.Body,
 	}
-	out := &outgoing{exchange: r.Exchange, key: r.RoutingKey, mandatory: true, kind: typeReply, corrID: r.CorrelationId, raw: &p}
+	out := &codec.Outgoing{Exchange: r.Exchange, Key: r.RoutingKey, Mandatory: true, Kind: codec.TypeReply, CorrID: r.CorrelationId, Raw: &p}
 	time.AfterFunc(pause, func() { // settles by itself: one publish
 		sess := b.liveSession(noRouteReplyWindow)
 		if sess == nil {

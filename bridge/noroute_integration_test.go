@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/bridge"
@@ -64,7 +66,7 @@ func TestUnroutableRequestAndReplySentAgain(t *testing.T) {
 		}
 		start := time.Now()
 		go func() { // the call: exits when answered
-			m, err := a.request(t, "cap.slow", []byte(c.what), nats.Header{bridge.HeaderTimeout: {"5s"}}, 6*time.Second)
+			m, err := a.request(t, "cap.slow", []byte(c.what), nats.Header{codec.HeaderTimeout: {"5s"}}, 6*time.Second)
 			res <- result{m, err}
 		}()
 		if c.after > 0 {

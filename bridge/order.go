@@ -38,8 +38,8 @@ type cmdHeap []*cmdCall
 
 func (h cmdHeap) Len() int { return len(h) }
 func (h cmdHeap) Less(i, j int) bool {
-	if h[i].ack.tag != h[j].ack.tag {
-		return h[i].ack.tag < h[j].ack.tag
+	if h[i].ack.Tag != h[j].ack.Tag {
+		return h[i].ack.Tag < h[j].ack.Tag
 	}
 	return h[i].seq < h[j].seq
 }
@@ -87,7 +87,7 @@ func (s *session) orderedSeen(tag uint64) {
 		o.read[tag] = true
 	}
 	var now []*cmdCall
-	for len(o.pending) > 0 && o.pending[0].ack.tag < o.next {
+	for len(o.pending) > 0 && o.pending[0].ack.Tag < o.next {
 		c := heap.Pop(&o.pending).(*cmdCall)
 		line, busy := o.lines[c.order]
 		if busy {

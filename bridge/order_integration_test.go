@@ -8,7 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
@@ -31,7 +32,7 @@ func serveOrdered(t *testing.T, n *node, stage string, workers int) *orderedHand
 	h := &orderedHandler{started: map[string][]string{}, running: map[string]int{}, overlap: map[string]int{}}
 	for range workers {
 		sub, err := n.client.QueueSubscribe("work."+stage, "workers", func(m *nats.Msg) {
-			key := m.Header.Get(bridge.HeaderOrderKey)
+			key := m.Header.Get(codec.HeaderOrderKey)
 			h.mu.Lock()
 			h.started[key] = append(h.started[key], string(m.Data))
 			h.running[key]++
@@ -88,10 +89,10 @@ func TestCommandsInOrderPerKey(t *testing.T) {
 		m := nats.NewMsg("cmd.ledger")
 		m.Data = []byte(fmt.Sprintf("%s/%03d", key, i))
 		if key != "" {
-			m.Header.Set(bridge.HeaderOrderKey, key)
+			m.Header.Set(codec.HeaderOrderKey, key)
 		}
 		r, err := a.client.RequestMsg(m, 10*time.Second)
-		if err != nil || r.Header.Get(bridge.HeaderAccepted) != "broker" {
+		if err != nil || r.Header.Get(codec.HeaderAccepted) != "broker" {
 			refused.Add(1)
 		}
 	}
@@ -162,7 +163,7 @@ func TestOrderKeyRefusals(t *testing.T) {
 		m := nats.NewMsg("cmd.ledger")
 		m.Data = []byte("x")
 		if key != "" {
-			m.Header.Set(bridge.HeaderOrderKey, key)
+			m.Header.Set(codec.HeaderOrderKey, key)
 		}
 		return a.client.RequestMsg(m, 10*time.Second)
 	}
@@ -174,18 +175,18 @@ func TestOrderKeyRefusals(t *testing.T) {
 		}
 		se := wire.ErrorOf(r.Header)
 		if se == nil || se.Code != 400 || !strings.Contains(se.Text, text) {
-			t.Fatalf("%s: reply %v (accepted %q), want a 400 saying %q", what, se, r.Header.Get(bridge.HeaderAccepted), text)
+			t.Fatalf("%s: reply %v (accepted %q), want a 400 saying %q", what, se, r.Header.Get(codec.HeaderAccepted), text)
 		}
 	}
 	refusedWith("an order key with a space", "a b", "not a valid order key")
 	refusedWith("an order key past 128 bytes", strings.Repeat("k", 129), "not a valid order key")
 	a.b.SetOrderKeys(false)
 	refusedWith("an order key in a mesh with an older node", "account-1", "upgrade every node")
-	if r, err := send(""); err != nil || r.Header.Get(bridge.HeaderAccepted) != "broker" {
+	if r, err := send(""); err != nil || r.Header.Get(codec.HeaderAccepted) != "broker" {
 		t.Fatalf("the control without a key: %v %v, want accepted", r, err)
 	}
 	a.b.SetOrderKeys(true)
-	if r, err := send("account-1"); err != nil || r.Header.Get(bridge.HeaderAccepted) != "broker" {
+	if r, err := send("account-1"); err != nil || r.Header.Get(codec.HeaderAccepted) != "broker" {
 		t.Fatalf("the control with a good key: %v %v, want accepted", r, err)
 	}
 	meshtest.WaitFor(t, 10*time.Second, "both accepted commands handled", func() bool { return h.count() >= 2 })

@@ -1,8 +1,9 @@
 package bridge
 
 import (
-	"errors"
 	"fmt"
+
+	"github.com/meshbox/meshbox/bridge/codec"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -21,28 +22,18 @@ import (
 //     the Meshbox-Origin header, as trustworthy as every node holding the
 //     mesh's one credential. A node's user_id still wins over the header.
 
-// forged is a delivery whose origin cannot be trusted: it is dropped (dead-
-// lettered with the reason) and counted as errKindForged. cause is one of
-// the cause* constants (senders.go); "" is causeOther.
-type forged struct {
-	cause  string
-	reason string
-}
-
-func (e *forged) Error() string { return "forged message: " + e.reason }
-
 // decode validates a delivery of the given kind, and its origin against
 // the session's mode (see above) and the generations the bindings list
 // (senders.go). The origin is checked first: a delivery that no node
 // could have sent is forged, whatever else is wrong with it. A forged
 // delivery of a node's user comes with its envelope (for a command given
 // back while this node's bindings may lag a rotation).
-func (s *session) decode(kind string, d *amqp.Delivery) (*envelope, error) {
+func (s *session) decode(kind string, d *amqp.Delivery) (*codec.Envelope, error) {
 	node, gen, nodeUser := ParseBrokerUser(d.UserId)
 	if s.perNode && !nodeUser {
-		return nil, &forged{cause: causeNoNodeUser, reason: fmt.Sprintf("user_id %q is not a node's broker user", d.UserId)}
+		return nil, &codec.Forged{Cause: causeNoNodeUser, Reason: fmt.Sprintf("user_id %q is not a node's broker user", d.UserId)}
 	}
-	env, err := decode(kind, fromAMQP(d), s.b.maxPayload())
+	env, err := codec.Decode(kind, codec.FromAMQP(d), s.b.maxPayload())
 	if err != nil {
 		return nil, err
 	}
@@ -52,25 +43,10 @@ func (s *session) decode(kind string, d *amqp.Delivery) (*envelope, error) {
 		}
 	}
 	// Opened only once the origin is validated: it is part of the seal.
-	if s.b.cfg.Keys != nil && sealable(kind) {
+	if s.b.cfg.Keys != nil && codec.Sealable(kind) {
 		if err := s.b.unseal(env, d); err != nil {
 			return nil, err
 		}
 	}
 	return env, nil
-}
-
-// isForged reports whether err is a forged delivery.
-func isForged(err error) bool {
-	var f *forged
-	return errors.As(err, &f)
-}
-
-// asForged returns err as a *forged, or nil.
-func asForged(err error) *forged {
-	var f *forged
-	if errors.As(err, &f) {
-		return f
-	}
-	return nil
 }

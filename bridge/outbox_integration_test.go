@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
@@ -30,7 +32,7 @@ func TestOutboxWhileLinkDownThenDrainedInOrder(t *testing.T) {
 	const n = 300
 	for i := 0; i < n; i++ {
 		m := a.submit(t, "ordered", []byte(strconv.Itoa(i)), nil)
-		if got := m.Header.Get(bridge.HeaderAccepted); got != "outbox" {
+		if got := m.Header.Get(codec.HeaderAccepted); got != "outbox" {
 			t.Fatalf("command %d accepted as %q, want outbox", i, got)
 		}
 		if err := a.client.Publish("evt.seq", []byte(strconv.Itoa(i))); err != nil {
@@ -70,8 +72,8 @@ func TestOutboxWhileLinkDownThenDrainedInOrder(t *testing.T) {
 		t.Errorf("delivered %d commands and %d events, want %d each", len(h.msgs()), events.len(), n)
 	}
 	// The link is up and the outbox empty: straight to the broker again.
-	if m := a.submit(t, "ordered", []byte("direct"), nil); m.Header.Get(bridge.HeaderAccepted) != "broker" {
-		t.Errorf("after the drain: accepted as %q, want broker", m.Header.Get(bridge.HeaderAccepted))
+	if m := a.submit(t, "ordered", []byte("direct"), nil); m.Header.Get(codec.HeaderAccepted) != "broker" {
+		t.Errorf("after the drain: accepted as %q, want broker", m.Header.Get(codec.HeaderAccepted))
 	}
 }
 
@@ -125,7 +127,7 @@ func TestLocalStageWhileOffline(t *testing.T) {
 
 	for i := 0; i < 5; i++ {
 		m := a.submit(t, "local", []byte(strconv.Itoa(i)), nil)
-		if got := m.Header.Get(bridge.HeaderAccepted); got != "local" {
+		if got := m.Header.Get(codec.HeaderAccepted); got != "local" {
 			t.Fatalf("accepted as %q, want local", got)
 		}
 	}
@@ -135,14 +137,14 @@ func TestLocalStageWhileOffline(t *testing.T) {
 		t.Fatalf("handled %d local commands, want 5 (once each)", len(h.msgs()))
 	}
 	for i, m := range h.msgs() {
-		if string(m.Data) != strconv.Itoa(i) || m.Header.Get(bridge.HeaderAttempt) != "1" || m.Header.Get(bridge.HeaderMsgID) == "" {
+		if string(m.Data) != strconv.Itoa(i) || m.Header.Get(codec.HeaderAttempt) != "1" || m.Header.Get(codec.HeaderMsgID) == "" {
 			t.Errorf("local command %d: got %q %v", i, m.Data, m.Header)
 		}
 	}
 	meshtest.WaitFor(t, 5*time.Second, "outbox empty", func() bool { return a.b.Status().Outbox.Depth == 0 })
 	// A stage nobody hosts here goes to the outbox for the mesh.
-	if m := a.submit(t, "remote", []byte("x"), nil); m.Header.Get(bridge.HeaderAccepted) != "outbox" {
-		t.Errorf("remote stage while offline: accepted as %q, want outbox", m.Header.Get(bridge.HeaderAccepted))
+	if m := a.submit(t, "remote", []byte("x"), nil); m.Header.Get(codec.HeaderAccepted) != "outbox" {
+		t.Errorf("remote stage while offline: accepted as %q, want outbox", m.Header.Get(codec.HeaderAccepted))
 	}
 }
 
@@ -318,7 +320,7 @@ func TestBadInputFromPrograms(t *testing.T) {
 		{"oversized command", "cmd.big", tooBig, nil, "exceeds the limit"},
 		{"oversized event", "evt.big", tooBig, nil, "exceeds the limit"},
 		{"wildcard character in a stage", "cmd.a#b", nil, nil, "not a valid stage name"},
-		{"bad message id", "cmd.big", nil, nats.Header{bridge.HeaderMsgID: {"has space"}}, "not a valid message id"},
+		{"bad message id", "cmd.big", nil, nats.Header{codec.HeaderMsgID: {"has space"}}, "not a valid message id"},
 		{"reserved header", "evt.x", nil, nats.Header{"CC": {"evt.y"}}, "reserved"},
 		{"bad node name", "node.a%b.cap.echo", nil, nil, "is not node.<node>.cap"},
 	} {

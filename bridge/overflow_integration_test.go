@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
@@ -36,7 +38,7 @@ func TestFarLinkOverflowsIntoTheOutbox(t *testing.T) {
 	for _, n := range []*node{a, near} { // the stage is routed in both sessions
 		meshtest.WaitFor(t, 10*time.Second, n.name+": stage far routed", func() bool {
 			m, err := n.client.Request("cmd.far", []byte("probe"), 5*time.Second)
-			return err == nil && m.Header.Get(bridge.HeaderAccepted) == "broker"
+			return err == nil && m.Header.Get(codec.HeaderAccepted) == "broker"
 		})
 	}
 
@@ -56,7 +58,7 @@ func TestFarLinkOverflowsIntoTheOutbox(t *testing.T) {
 					m, err := n.client.Request("cmd.far", []byte(prefix+strconv.FormatInt(i, 10)), 30*time.Second)
 					v := "refused"
 					if err == nil {
-						v = m.Header.Get(bridge.HeaderAccepted)
+						v = m.Header.Get(codec.HeaderAccepted)
 						if v == "" {
 							v = "refused: " + m.Header.Get("Nats-Service-Error")
 						}

@@ -5,6 +5,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/completed"
+
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshbox/meshbox/bridge/outbox"
@@ -21,7 +25,7 @@ type stores struct {
 	// obRef is ob for Status, which may run while Start is still working.
 	obRef atomic.Pointer[outbox.Outbox]
 	// done is the store of completed message ids (nil: no stage dedupes).
-	done *completed
+	done *completed.Store
 }
 
 // lifecycle is whether the bridge started and closed, and its
@@ -56,9 +60,9 @@ type commandBook struct {
 	// local are the commands at local handlers outside a session
 	// (lease.go): *localCmd keys.
 	local  sync.Map
-	handed *handedOut // ids of commands handed to local handlers, across sessions
-	stall  stallBook  // stall alarms of command stages
-	dead   deadBook   // dead letters per stage at the last look (deadletters.go)
+	handed *codec.HandedOut // ids of commands handed to local handlers, across sessions
+	stall  stallBook        // stall alarms of command stages
+	dead   deadBook         // dead letters per stage at the last look (deadletters.go)
 	// deadLogged counts the dead letters of the process's life, for
 	// logging them sparingly (logDead).
 	deadLogged atomic.Uint64

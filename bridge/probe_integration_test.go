@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshbox/meshbox/bridge"
@@ -76,7 +78,7 @@ func TestProbeNode(t *testing.T) {
 		t.Fatal("the probe of beta after it closed did not come back within 5s")
 	}
 
-	if err := alpha.b.ProbeNode(context.Background(), "a.b", func() {}); !errors.Is(err, bridge.ErrBadInput) {
+	if err := alpha.b.ProbeNode(context.Background(), "a.b", func() {}); !errors.Is(err, codec.ErrBadInput) {
 		t.Fatalf("probe of an invalid node name: got %v, want ErrBadInput", err)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -19,7 +21,7 @@ const publishWindow = 4096
 // ErrNoRoute when it was returned, ErrNacked, or ErrLinkDown. done must not
 // block for long.
 type pubItem struct {
-	out      *outgoing
+	out      *codec.Outgoing
 	done     func(error) // call through finish, never directly
 	returned bool
 	settled  atomic.Bool
@@ -150,15 +152,15 @@ func (s *session) fastPublisher() {
 // fastPublish publishes a run of requests and replies with one write. It
 // returns false when the session must end.
 func (s *session) fastPublish(items []*pubItem) bool {
-	s.pub.cork.cork()
-	defer s.pub.cork.uncork()
+	s.pub.cork.Cork()
+	defer s.pub.cork.Uncork()
 	for i, it := range items {
-		p, err := it.out.publishing(s.b.cfg.Node, s.user, s.b.cfg.Keys)
+		p, err := it.out.Publishing(s.b.cfg.Node, s.user, s.b.cfg.Keys)
 		if err != nil {
 			it.finish(err) // not sealed: no key to seal with
 			continue
 		}
-		err = s.pub.fastCh.Publish(it.out.exchange, it.out.routingKey(), it.out.mandatory, false, p)
+		err = s.pub.fastCh.Publish(it.out.Exchange, it.out.RoutingKey(), it.out.Mandatory, false, p)
 		if err != nil {
 			var ae *amqp.Error
 			if errors.As(err, &ae) || errors.Is(err, amqp.ErrClosed) {
@@ -171,11 +173,11 @@ func (s *session) fastPublish(items []*pubItem) bool {
 			it.finish(fmt.Errorf("publish: %w", err))
 			continue
 		}
-		s.b.m.msg(it.out.kind, "out")
-		switch it.out.kind {
-		case typeRequest:
+		s.b.m.msg(it.out.Kind, "out")
+		switch it.out.Kind {
+		case codec.TypeRequest:
 			hop(HopRequestWritten)
-		case typeReply:
+		case codec.TypeReply:
 			hop(HopReplyWritten)
 		}
 		it.finish(nil)
@@ -194,7 +196,7 @@ func (s *session) fastReturned() {
 			s.b.probeReturned(node)
 			continue
 		}
-		if r.Type == typeReply {
+		if r.Type == codec.TypeReply {
 			s.b.retryReply(r)
 			continue
 		}
@@ -211,7 +213,7 @@ func (s *session) fastReturned() {
 }
 
 // publishWait publishes out and waits for the broker's confirm (or ctx).
-func (s *session) publishWait(ctx context.Context, out *outgoing) error {
+func (s *session) publishWait(ctx context.Context, out *codec.Outgoing) error {
 	res := make(chan error, 1)
 	if err := s.enqueue(&pubItem{out: out, done: func(err error) { res <- err }}); err != nil {
 		return err
@@ -239,17 +241,17 @@ func (s *session) publisher() {
 		if most := s.b.batchMax(); most > 1 && len(items) > 1 {
 			items = s.packCommands(items, most)
 		}
-		s.pub.cork.cork() // the run goes out with one write
+		s.pub.cork.Cork() // the run goes out with one write
 		for i, it := range items {
 			if !s.publish(it) {
-				s.pub.cork.uncork()
+				s.pub.cork.Uncork()
 				for _, rest := range items[i+1:] {
 					rest.finish(ErrLinkDown)
 				}
 				return
 			}
 		}
-		s.pub.cork.uncork()
+		s.pub.cork.Uncork()
 	}
 }
 
@@ -259,7 +261,7 @@ func (s *session) publish(it *pubItem) bool {
 	select {
 	case s.pub.window <- struct{}{}:
 	default:
-		s.pub.cork.flush() // the broker confirms only what it received
+		s.pub.cork.Flush() // the broker confirms only what it received
 		select {
 		case s.pub.window <- struct{}{}:
 		case <-s.ctx.Done():
@@ -267,7 +269,7 @@ func (s *session) publish(it *pubItem) bool {
 			return false
 		}
 	}
-	p, err := it.out.publishing(s.b.cfg.Node, s.user, s.b.cfg.Keys)
+	p, err := it.out.Publishing(s.b.cfg.Node, s.user, s.b.cfg.Keys)
 	if err != nil {
 		<-s.pub.window
 		it.finish(err) // not sealed: no key to seal with
@@ -276,15 +278,15 @@ func (s *session) publish(it *pubItem) bool {
 	tag := s.pub.ch.GetNextPublishSeqNo()
 	s.pub.mu.Lock()
 	s.pub.inflight[tag] = it
-	if it.out.msgID != "" && it.out.mandatory {
-		s.pub.byID[it.out.msgID] = it
+	if it.out.MsgID != "" && it.out.Mandatory {
+		s.pub.byID[it.out.MsgID] = it
 	}
 	s.pub.mu.Unlock()
-	_, err = s.pub.ch.PublishWithDeferredConfirm(it.out.exchange, it.out.routingKey(), it.out.mandatory, false, p)
+	_, err = s.pub.ch.PublishWithDeferredConfirm(it.out.Exchange, it.out.RoutingKey(), it.out.Mandatory, false, p)
 	if err != nil {
 		s.pub.mu.Lock()
 		delete(s.pub.inflight, tag)
-		delete(s.pub.byID, it.out.msgID)
+		delete(s.pub.byID, it.out.MsgID)
 		s.pub.mu.Unlock()
 		<-s.pub.window
 		var ae *amqp.Error
@@ -296,14 +298,14 @@ func (s *session) publish(it *pubItem) bool {
 		it.finish(fmt.Errorf("publish: %w", err)) // the message itself (headers) was refused
 		return true
 	}
-	if n := it.out.batch; n > 0 {
+	if n := it.out.Batch; n > 0 {
 		s.b.m.batchSize.Observe(float64(n))
 		for range n {
-			s.b.m.msg(typeCommand, "out")
+			s.b.m.msg(codec.TypeCommand, "out")
 		}
 		return true
 	}
-	s.b.m.msg(it.out.kind, "out")
+	s.b.m.msg(it.out.Kind, "out")
 	return true
 }
 
@@ -370,8 +372,8 @@ func (s *session) settle(c amqp.Confirmation) {
 	it, ok := s.pub.inflight[c.DeliveryTag]
 	if ok {
 		delete(s.pub.inflight, c.DeliveryTag)
-		if it.out.msgID != "" {
-			delete(s.pub.byID, it.out.msgID)
+		if it.out.MsgID != "" {
+			delete(s.pub.byID, it.out.MsgID)
 		}
 	}
 	s.pub.mu.Unlock()

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/internal/seal"
 )
 
@@ -36,82 +38,6 @@ import (
 // keys (standalone, or a mesh run with --broker and no database) the
 // header holds the full text, as before.
 
-// The sealed companions of the reason headers.
-const (
-	HeaderDeadReasonSealed = HeaderDeadReason + sealedReasonSuffix
-	HeaderLastReasonSealed = HeaderLastReason + sealedReasonSuffix
-	HeaderReplayedSealed   = HeaderReplayed + sealedReasonSuffix
-
-	sealedReasonSuffix = "-Sealed"
-	reasonADLabel      = "meshbox reason v1"
-)
-
-// classed is a failure whose text may hold a program's words: its class
-// says what happened in the node's own.
-type classed interface {
-	error
-	class() string
-}
-
-// failureClass is the class of err: the node's own words. An error that
-// is not classed holds none of a program's words: its text is its class.
-func failureClass(err error) string {
-	var c classed
-	if errors.As(err, &c) {
-		return c.class()
-	}
-	return err.Error()
-}
-
-// deadReason is a dead-letter reason that is not a decoding error: its
-// full text and its class.
-type deadReason struct{ text, cls string }
-
-func (r *deadReason) Error() string { return r.text }
-func (r *deadReason) class() string { return r.cls }
-
-// reasonf is the dead-letter reason prefix followed by failure.
-func reasonf(prefix string, failure error) *deadReason {
-	return &deadReason{text: prefix + failure.Error(), cls: prefix + failureClass(failure)}
-}
-
-// plainReason is a dead-letter reason in the node's own words only.
-func plainReason(text string) *deadReason { return &deadReason{text: text, cls: text} }
-
-// handlerError is a handler's error reply: its code and its own text.
-type handlerError struct {
-	stage, node, code, text string
-}
-
-func (e *handlerError) Error() string {
-	return fmt.Sprintf("handler of stage %s on node %s replied error %s %s", e.stage, e.node, e.code, e.text)
-}
-
-// class names the code only when it is one (the program sets it too).
-func (e *handlerError) class() string {
-	if len(e.code) == 3 && strings.Trim(e.code, "0123456789") == "" {
-		return fmt.Sprintf("handler of stage %s on node %s replied error %s", e.stage, e.node, e.code)
-	}
-	return fmt.Sprintf("handler of stage %s on node %s replied an error", e.stage, e.node)
-}
-
-// class of a refused sealed message: a malformed one's detail may quote
-// what was inside the seal.
-func (e *unsealError) class() string {
-	if e.reason == unsealMalformed {
-		return "sealed message refused (" + e.reason + ")"
-	}
-	return e.Error()
-}
-
-// reasonAD is the associated data of a sealed reason (see above).
-func reasonAD(name, class, rkey, msgID, keyID, scope string) []byte {
-	if scope == "" {
-		return seal.AssociatedData(nil, reasonADLabel, name, class, rkey, msgID, keyID)
-	}
-	return seal.AssociatedData(nil, reasonADLabel, name, class, rkey, msgID, keyID, scope)
-}
-
 // reasonHeaders returns the values of reason header name of message msgID
 // routed with rkey (cmd.<stage>), of the given kind: without keys, the
 // text (plain ""); with keys, the class, and the text sealed when it says
@@ -126,11 +52,11 @@ func (b *Bridge) reasonHeaders(name, kind, rkey, msgID, text, class string) (pla
 	if text == class {
 		return class, ""
 	}
-	sl, err := keys.SealerFor(outgoingScope(keys, kind, rkey))
+	sl, err := keys.SealerFor(codec.OutgoingScope(keys, kind, rkey))
 	if err != nil {
 		return class, ""
 	}
-	ct := sl.Seal(nil, reasonAD(name, class, rkey, msgID, sl.ID(), sl.Scope()), []byte(text))
+	ct := sl.Seal(nil, codec.ReasonAD(name, class, rkey, msgID, sl.ID(), sl.Scope()), []byte(text))
 	return class, sl.ID() + ":" + base64.RawStdEncoding.EncodeToString(ct)
 }
 
@@ -163,7 +89,7 @@ func (b *Bridge) openSealedReason(name, rkey, msgID, class, sealed string) (stri
 		return "", fmt.Errorf("node %s holds no keys", b.cfg.Node)
 	}
 	scope, _ := keys.KeyScope(keyID)
-	pt, err := keys.Open(nil, keyID, reasonAD(name, class, rkey, msgID, keyID, scope), ct)
+	pt, err := keys.Open(nil, keyID, codec.ReasonAD(name, class, rkey, msgID, keyID, scope), ct)
 	switch {
 	case errors.Is(err, seal.ErrUnknownKey):
 		return "", fmt.Errorf("sealed with key %s, which node %s does not hold (retired, or never received)", keyID, b.cfg.Node)
@@ -171,23 +97,4 @@ func (b *Bridge) openSealedReason(name, rkey, msgID, class, sealed string) (stri
 		return "", fmt.Errorf("does not open with key %s: changed, or moved to another message", keyID)
 	}
 	return string(pt), nil
-}
-
-// joinReason is the stored form of an outbox dead letter's reason (record
-// reason): the class, then a NUL and the text when it says more. A
-// record stored before classes existed reads as a class alone.
-func joinReason(r error) string {
-	text, class := r.Error(), failureClass(r)
-	if text == class {
-		return text
-	}
-	return class + "\x00" + text
-}
-
-// splitReason reads joinReason's form.
-func splitReason(s string) (class, text string) {
-	if c, t, ok := strings.Cut(s, "\x00"); ok {
-		return c, t
-	}
-	return s, s
 }

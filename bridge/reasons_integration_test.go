@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -30,15 +32,15 @@ func TestFailureReasonsSealedOnTheBroker(t *testing.T) {
 	ctx := context.Background()
 	calls := answerStage(t, b, "picky", func(i int, m *nats.Msg) *nats.Msg {
 		switch {
-		case m.Header.Get(bridge.HeaderReplayed) != "":
+		case m.Header.Get(codec.HeaderReplayed) != "":
 			return nats.NewMsg("")
 		case m.Header.Get("X-Permanent") != "":
-			return failure(strconv.Itoa(bridge.CodePermanent), "refused: "+marker)
+			return failure(strconv.Itoa(codec.CodePermanent), "refused: "+marker)
 		}
 		return failure("500", "busy: "+marker)
 	})
-	a.submit(t, "picky", []byte("job"), nats.Header{bridge.HeaderMsgID: {"picky-1"}})
-	a.submit(t, "picky", []byte("job"), nats.Header{bridge.HeaderMsgID: {"picky-2"}, "X-Permanent": {"yes"}})
+	a.submit(t, "picky", []byte("job"), nats.Header{codec.HeaderMsgID: {"picky-1"}})
+	a.submit(t, "picky", []byte("job"), nats.Header{codec.HeaderMsgID: {"picky-2"}, "X-Permanent": {"yes"}})
 	var list []bridge.DeadLetter
 	meshtest.WaitFor(t, 15*time.Second, "two dead letters", func() bool {
 		var err error
@@ -63,13 +65,13 @@ func TestFailureReasonsSealedOnTheBroker(t *testing.T) {
 		t.Errorf("shown reason %q, want the listed one %q", shown.Reason, reasons["picky-1"])
 	}
 	// What the broker holds: the classes, and the texts sealed.
-	if c := shown.Headers[bridge.HeaderDeadReason]; c != "attempt 2 of 2 failed: handler of stage picky on node beta replied error 500" {
+	if c := shown.Headers[codec.HeaderDeadReason]; c != "attempt 2 of 2 failed: handler of stage picky on node beta replied error 500" {
 		t.Errorf("dead reason on the broker: got %q, want the class", c)
 	}
-	if c := shown.Headers[bridge.HeaderLastReason]; c != "handler of stage picky on node beta replied error 500" {
+	if c := shown.Headers[codec.HeaderLastReason]; c != "handler of stage picky on node beta replied error 500" {
 		t.Errorf("last reason on the broker: got %q, want the class", c)
 	}
-	for _, k := range []string{bridge.HeaderDeadReasonSealed, bridge.HeaderLastReasonSealed} {
+	for _, k := range []string{codec.HeaderDeadReasonSealed, codec.HeaderLastReasonSealed} {
 		if shown.Headers[k] == "" {
 			t.Errorf("no %s on the dead letter: %v", k, shown.Headers)
 		}
@@ -87,7 +89,7 @@ func TestFailureReasonsSealedOnTheBroker(t *testing.T) {
 	var replayed string
 	meshtest.WaitFor(t, 10*time.Second, "the replayed command", func() bool {
 		for _, c := range calls() {
-			if r := c.msg.Header.Get(bridge.HeaderReplayed); r != "" {
+			if r := c.msg.Header.Get(codec.HeaderReplayed); r != "" {
 				replayed = r
 				return true
 			}
@@ -104,7 +106,7 @@ func TestFailureReasonsSealedOnTheBroker(t *testing.T) {
 		select {
 		case d := <-tap:
 			kind := strings.SplitN(d.RoutingKey, ".", 2)[0]
-			if _, ok := d.Headers[bridge.HeaderReplayedSealed]; ok {
+			if _, ok := d.Headers[codec.HeaderReplayedSealed]; ok {
 				kind = "replay"
 			}
 			seen[kind]++
@@ -128,8 +130,8 @@ func TestFailureReasonsSealedOnTheBroker(t *testing.T) {
 // with its text sealed beside it.
 func checkReasonClasses(t *testing.T, d amqp.Delivery) {
 	t.Helper()
-	for plain, sealed := range map[string]string{bridge.HeaderDeadReason: bridge.HeaderDeadReasonSealed,
-		bridge.HeaderLastReason: bridge.HeaderLastReasonSealed, bridge.HeaderReplayed: bridge.HeaderReplayedSealed} {
+	for plain, sealed := range map[string]string{codec.HeaderDeadReason: codec.HeaderDeadReasonSealed,
+		codec.HeaderLastReason: codec.HeaderLastReasonSealed, codec.HeaderReplayed: codec.HeaderReplayedSealed} {
 		if _, ok := d.Headers[plain]; !ok {
 			continue
 		}

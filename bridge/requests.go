@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
@@ -24,7 +26,7 @@ type pendingRequest struct {
 	timer *time.Timer
 	// Set once it is added: the message, sent again when it comes back
 	// unroutable (noroute.go), and the caller's timeout.
-	out     *outgoing
+	out     *codec.Outgoing
 	timeout time.Duration
 	// Under pendingRequests.mu: the session the reply is expected on, and
 	// how often it was sent again.
@@ -43,7 +45,7 @@ func (b *Bridge) onCapRequest(msg *nats.Msg) {
 	if !b.localOK(msg) {
 		return
 	}
-	name := msg.Subject[len(subjCapPrefix):]
+	name := msg.Subject[len(codec.SubjCapPrefix):]
 	timeout, err := b.requestTimeout(msg)
 	if err != nil {
 		b.m.err(errKindBadInput)
@@ -69,10 +71,10 @@ func (b *Bridge) onNodeCapRequest(msg *nats.Msg) {
 	if !b.localOK(msg) {
 		return
 	}
-	node, name, ok := parseNodeCapSubject(msg.Subject)
+	node, name, ok := codec.ParseNodeCapSubject(msg.Subject)
 	if !ok {
 		b.m.err(errKindBadInput)
-		b.replyError(msg.Reply, fmt.Errorf("%w: %q is not node.<node>.cap.<capability>", ErrBadInput, msg.Subject))
+		b.replyError(msg.Reply, fmt.Errorf("%w: %q is not node.<node>.cap.<capability>", codec.ErrBadInput, msg.Subject))
 		return
 	}
 	if !b.nodeCallOK(msg, name) {
@@ -103,15 +105,15 @@ func (b *Bridge) onNodeCapRequest(msg *nats.Msg) {
 // Meshbox-Timeout, shorter or longer (up to maxTimeout).
 func (b *Bridge) requestTimeout(msg *nats.Msg) (time.Duration, error) {
 	t := b.cfg.RequestTimeout
-	if v := msg.Header.Get(HeaderTimeout); v != "" {
+	if v := msg.Header.Get(codec.HeaderTimeout); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
-			return 0, fmt.Errorf("%w: header %s: %q is not a positive duration", ErrBadInput, HeaderTimeout, v)
+			return 0, fmt.Errorf("%w: header %s: %q is not a positive duration", codec.ErrBadInput, codec.HeaderTimeout, v)
 		}
 		t = min(d, b.maxTimeout())
 	}
 	if limit := b.maxPayload(); len(msg.Data) > limit {
-		return 0, fmt.Errorf("%w: payload of %d bytes exceeds the limit of %d", ErrBadInput, len(msg.Data), limit)
+		return 0, fmt.Errorf("%w: payload of %d bytes exceeds the limit of %d", codec.ErrBadInput, len(msg.Data), limit)
 	}
 	return t, nil
 }
@@ -161,7 +163,7 @@ func (b *Bridge) pickHost(name string) (string, error) {
 // forward sends a local program's request to node and arranges for the
 // reply, a timeout or a failure to answer it.
 func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration) {
-	hdr, err := callerHeaders(msg.Header)
+	hdr, err := codec.CallerHeaders(msg.Header)
 	if err != nil {
 		b.m.err(errKindBadInput)
 		b.replyError(msg.Reply, err)
@@ -192,14 +194,14 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 	}
 	id := newID()
 	now := time.Now()
-	out := &outgoing{
-		exchange: exchangeMesh, key: requestKey(node, name), mandatory: true,
-		kind: typeRequest, msgID: id, corrID: id, replyTo: replyQueue(b.cfg.Node),
+	out := &codec.Outgoing{
+		Exchange: codec.ExchangeMesh, Key: codec.RequestKey(node, name), Mandatory: true,
+		Kind: codec.TypeRequest, MsgID: id, CorrID: id, ReplyTo: codec.ReplyQueue(b.cfg.Node),
 		// The capability travels in the routing key alone: a header more
 		// costs the broker work on every request (5 to 8 µs a round trip,
 		// measured with raw clients on 2 cores).
-		expire: timeout, header: hdr, meta: map[string]string{HeaderTimeout: timeout.String()},
-		body: msg.Data, at: now,
+		Expire: timeout, Header: hdr, Meta: map[string]string{codec.HeaderTimeout: timeout.String()},
+		Body: msg.Data, At: now,
 	}
 	p := &pendingRequest{reply: msg.Reply, name: name, node: node, start: now, sess: sess, out: out, timeout: timeout}
 	b.reqs.pending.add(id, p, func() *time.Timer {
@@ -349,18 +351,18 @@ func (b *Bridge) failPending(err error) {
 // caller learns that none exists here. The call runs on a goroutine of its
 // own that ends at the deadline at the latest.
 func (b *Bridge) callLocal(msg *nats.Msg, name string, timeout time.Duration) {
-	hdr, err := callerHeaders(msg.Header)
+	hdr, err := codec.CallerHeaders(msg.Header)
 	if err != nil {
 		b.m.err(errKindBadInput)
 		b.replyError(msg.Reply, err)
 		return
 	}
-	req := &nats.Msg{Subject: subjCapPrefix + name, Header: hdr, Data: msg.Data}
+	req := &nats.Msg{Subject: codec.SubjCapPrefix + name, Header: hdr, Data: msg.Data}
 	if req.Header == nil {
 		req.Header = nats.Header{}
 	}
-	req.Header.Set(HeaderOrigin, b.cfg.Node)
-	req.Header.Set(HeaderTimeout, timeout.String())
+	req.Header.Set(codec.HeaderOrigin, b.cfg.Node)
+	req.Header.Set(codec.HeaderTimeout, timeout.String())
 	b.reqs.local.Add(1)
 	go func() { // ends when the call returns: reply, deadline, or Close
 		defer b.reqs.local.Done()
@@ -395,12 +397,12 @@ func (s *session) readReplies(ds <-chan amqp.Delivery) {
 	b := s.b
 	for d := range ds {
 		hop(HopReplyTaken)
-		env, err := s.decode(typeReply, &d)
-		if ue := asUnseal(err); ue != nil {
-			b.unsealFailed(typeReply, ue)
+		env, err := s.decode(codec.TypeReply, &d)
+		if ue := codec.AsUnseal(err); ue != nil {
+			b.unsealFailed(codec.TypeReply, ue)
 			// The caller learns at once; a reply from another node than asked
 			// leaves the request open.
-			if p, _ := b.reqs.pending.takeFrom(ue.env.corrID, ue.env.origin); p != nil {
+			if p, _ := b.reqs.pending.takeFrom(ue.Env.CorrID, ue.Env.Origin); p != nil {
 				b.m.observe("error", p.start)
 				b.replyError(p.reply, &ServiceError{Code: CodeUnavailable,
 					Text: fmt.Sprintf("the reply of %s from node %s was refused: %s", p.name, p.node, ue.Error())})
@@ -411,25 +413,25 @@ func (s *session) readReplies(ds <-chan amqp.Delivery) {
 			s.reject(&d, "replies", err)
 			continue
 		}
-		b.m.msg(typeReply, "in")
-		p, from := b.reqs.pending.takeFrom(env.corrID, env.origin)
+		b.m.msg(codec.TypeReply, "in")
+		p, from := b.reqs.pending.takeFrom(env.CorrID, env.Origin)
 		if p == nil && from != "" {
 			// Only the node the request was sent to may answer it; the
 			// request stays open for its real reply.
-			s.reject(&d, "replies", &forged{reason: fmt.Sprintf("reply from node %q to a request sent to node %s", env.origin, from)})
+			s.reject(&d, "replies", &codec.Forged{Reason: fmt.Sprintf("reply from node %q to a request sent to node %s", env.Origin, from)})
 			continue
 		}
 		if p == nil {
 			b.m.err(errKindLateReply)
 			continue
 		}
-		b.answeredBy(env.origin)
+		b.answeredBy(env.Origin)
 		outcome := "ok"
-		if env.header.Get(headerServiceError) != "" {
+		if env.Header.Get(codec.HeaderServiceError) != "" {
 			outcome = "error"
 		}
 		b.m.observe(outcome, p.start)
-		b.reply(env.natsMsg(p.reply, nil))
+		b.reply(env.NatsMsg(p.reply, nil))
 		hop(HopCallerAnswered)
 	}
 }

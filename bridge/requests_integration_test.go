@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
@@ -21,7 +23,7 @@ func hostEcho(t *testing.T, n *node, name string) {
 		r.Data = append([]byte("echo:"), m.Data...)
 		r.Header.Set("X-Trace", m.Header.Get("X-Trace"))
 		r.Header.Set("Content-Type", m.Header.Get("Content-Type"))
-		r.Header.Set("X-Origin-Seen", m.Header.Get(bridge.HeaderOrigin))
+		r.Header.Set("X-Origin-Seen", m.Header.Get(codec.HeaderOrigin))
 		r.Header.Set("X-Served-By", n.name)
 		_ = m.RespondMsg(r)
 	})
@@ -39,7 +41,7 @@ func hostEcho(t *testing.T, n *node, name string) {
 func waitStandIn(t *testing.T, n *node, name string) {
 	t.Helper()
 	meshtest.WaitFor(t, 10*time.Second, "stand-in for "+name+" on "+n.name, func() bool {
-		_, err := n.request(t, "cap."+name, nil, nats.Header{bridge.HeaderTimeout: {"1s"}}, 2*time.Second)
+		_, err := n.request(t, "cap."+name, nil, nats.Header{codec.HeaderTimeout: {"1s"}}, 2*time.Second)
 		return !isNoResponders(err)
 	})
 }
@@ -125,7 +127,7 @@ func TestRequestFailsAtOnce(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			hdr := nats.Header{}
 			if tt.wantCode == 400 {
-				hdr.Set(bridge.HeaderTimeout, "later")
+				hdr.Set(codec.HeaderTimeout, "later")
 			}
 			start := time.Now()
 			m, err := a.request(t, tt.subject, []byte("x"), hdr, 5*time.Second)
@@ -172,7 +174,7 @@ func TestRequestDeadline(t *testing.T) {
 	told := make(chan string, 8)                                   // the deadline the host is told
 	sub, err := b.client.Subscribe("cap.slow", func(m *nats.Msg) { // never answers
 		select {
-		case told <- m.Header.Get(bridge.HeaderTimeout):
+		case told <- m.Header.Get(codec.HeaderTimeout):
 		default:
 		}
 	})
@@ -196,7 +198,7 @@ func TestRequestDeadline(t *testing.T) {
 	} {
 		hdr := nats.Header{}
 		if tt.header != "" {
-			hdr.Set(bridge.HeaderTimeout, tt.header)
+			hdr.Set(codec.HeaderTimeout, tt.header)
 		}
 		start := time.Now()
 		m, err := a.request(t, "cap.slow", nil, hdr, 10*time.Second)

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
 )
@@ -33,11 +35,11 @@ func TestRequestTimeoutHeader(t *testing.T) {
 		b := &Bridge{cfg: Config{RequestTimeout: tt.def, MaxPayload: DefaultMaxPayload}}
 		msg := nats.NewMsg("cap.x")
 		if tt.header != "" {
-			msg.Header.Set(HeaderTimeout, tt.header)
+			msg.Header.Set(codec.HeaderTimeout, tt.header)
 		}
 		got, err := b.requestTimeout(msg)
 		if tt.bad {
-			if !errors.Is(err, ErrBadInput) {
+			if !errors.Is(err, codec.ErrBadInput) {
 				t.Errorf("default %s, header %q: got %s, %v; want bad input", tt.def, tt.header, got, err)
 			}
 			continue

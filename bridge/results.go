@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshbox/meshbox/bridge/outbox"
@@ -28,36 +30,6 @@ import (
 // command is acked; a node that crashes between the two loses the result
 // of a command that completed.
 
-// nodeCommandHeaders are the node headers a command's record keeps among
-// its caller headers until it is published (outgoingFor moves them out of
-// the seal).
-var nodeCommandHeaders = []string{HeaderResultTopic, HeaderReplayed, HeaderFirstOrigin}
-
-// splitNodeHeaders moves the node headers out of h into meta, copying
-// both when there is one to move.
-func splitNodeHeaders(h nats.Header, meta map[string]string) (nats.Header, map[string]string) {
-	var out nats.Header
-	for _, k := range nodeCommandHeaders {
-		v := h.Get(k)
-		if v == "" {
-			continue
-		}
-		if out == nil {
-			out = maps.Clone(h)
-			meta = maps.Clone(meta)
-			if meta == nil {
-				meta = map[string]string{}
-			}
-		}
-		delete(out, k)
-		meta[k] = v
-	}
-	if out == nil {
-		return h, meta
-	}
-	return out, meta
-}
-
 // publishResult publishes the result reply of command msgID of stage,
 // submitted by node origin, as an event on topic (see above). A result that cannot be published is
 // counted and logged; the command still completed.
@@ -78,7 +50,7 @@ func (b *Bridge) publishResult(stage, topic, msgID, origin string, reply *nats.M
 		fail("the result is larger than the payload limit")
 		return
 	}
-	hdr, err := callerHeaders(reply.Header)
+	hdr, err := codec.CallerHeaders(reply.Header)
 	if err != nil {
 		fail(err.Error())
 		return
@@ -89,10 +61,10 @@ func (b *Bridge) publishResult(stage, topic, msgID, origin string, reply *nats.M
 		}
 	}
 	body := append([]byte(nil), reply.Data...)
-	local := &nats.Msg{Subject: subjEvtPrefix + topic, Data: body, Header: make(nats.Header, len(hdr)+2)}
+	local := &nats.Msg{Subject: codec.SubjEvtPrefix + topic, Data: body, Header: make(nats.Header, len(hdr)+2)}
 	maps.Copy(local.Header, hdr)
-	local.Header.Set(HeaderOrigin, b.cfg.Node)
-	local.Header.Set(HeaderMsgID, msgID)
+	local.Header.Set(codec.HeaderOrigin, b.cfg.Node)
+	local.Header.Set(codec.HeaderMsgID, msgID)
 	if err := b.bc.PublishMsg(local); err != nil {
 		fail("local subscribers: " + err.Error())
 	}
@@ -112,5 +84,5 @@ func (b *Bridge) resultOrigin(topic, origin string) error {
 	}
 	return &ServiceError{Code: CodeForbidden, Text: fmt.Sprintf(
 		"header %s: topic %s is bound to scope %s, which the command's submitter %s is not in",
-		HeaderResultTopic, topic, b.cfg.Keys.ScopeOf(seal.BindTopic, topic), origin)}
+		codec.HeaderResultTopic, topic, b.cfg.Keys.ScopeOf(seal.BindTopic, topic), origin)}
 }

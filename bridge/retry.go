@@ -1,17 +1,11 @@
 package bridge
 
 import (
-	"context"
-	"errors"
-	"strconv"
-	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/meshbox/meshbox/bridge/codec"
 
-	"github.com/meshbox/meshbox/internal/names"
-	"github.com/meshbox/meshbox/internal/wire"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // This file is a stage's retry policy (Config.Retry) and the permanent
@@ -70,26 +64,6 @@ type permanent struct{ err error }
 func (e *permanent) Error() string { return e.err.Error() }
 func (e *permanent) Unwrap() error { return e.err }
 
-// isPermanent reports whether failure is a permanent one.
-func isPermanent(failure error) bool {
-	var p *permanent
-	return errors.As(failure, &p)
-}
-
-// handlerFailure is the failure a handler's error reply stands for, or nil
-// when the reply is a result.
-func handlerFailure(h nats.Header, stage, node string) error {
-	code, e, failed := wire.ReadError(h)
-	if !failed {
-		return nil
-	}
-	err := &handlerError{stage: stage, node: node, code: code, text: e}
-	if code == strconv.Itoa(CodePermanent) {
-		return &permanent{err: err}
-	}
-	return err
-}
-
 // retryPolicy returns the policy of stage when its retry queue is
 // declared in this session.
 func (s *session) retryPolicy(stage string) (RetryPolicy, bool) {
@@ -108,56 +82,13 @@ func (s *session) hasAux(stage string, bit int) bool {
 	return s.flows.aux[stage]&bit != 0
 }
 
-// stampTime formats a failure's time in the node headers.
-func stampTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z07:00") }
-
-// retryLater publishes the copy of c's failed attempt to the retry queue
-// of its stage with the policy's backoff, and acks c once the broker
-// confirmed it. When the copy cannot go out (no retry queue on the broker
-// any more), c is requeued after the usual pause instead; when the session
-// ends first, the broker requeues c. Runs on a worker.
-func (s *session) retryLater(c *cmdCall, p RetryPolicy, failure error) {
-	b := s.b
-	now := stampTime(time.Now())
-	meta := commandMeta(c.env)
-	meta[HeaderAttempts] = strconv.Itoa(c.env.attempt)
-	meta[HeaderLastFail] = now
-	meta[HeaderLastReason], meta[HeaderLastReasonSealed] = b.reasonHeaders(HeaderLastReason, typeCommand, commandKey(c.stage),
-		c.env.msgID, failure.Error(), failureClass(failure))
-	if meta[HeaderLastReasonSealed] == "" {
-		delete(meta, HeaderLastReasonSealed)
-	}
-	if c.env.retry.firstFail == "" {
-		meta[HeaderFirstFail] = now
-	}
-	if c.env.retry.firstOrigin == "" {
-		meta[HeaderFirstOrigin] = c.env.origin
-	}
-	out := &outgoing{exchange: exchangeMesh, key: commandKey(c.stage), route: retryKey(c.stage), mandatory: true,
-		kind: typeCommand, msgID: c.env.msgID, persist: true, header: c.env.header, meta: meta,
-		body: c.env.body, at: time.Now(), ttl: p.delay(c.env.attempt)}
-	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
-	defer cancel()
-	err := s.publishWait(ctx, out)
-	switch {
-	case err == nil:
-		b.m.retries.WithLabelValues(c.stage).Inc()
-		s.ackCmd(c.ack, opAck)
-	case s.ctx.Err() != nil:
-		// The session ended: the broker requeues c.
-	default:
-		b.log.Warn("cannot publish a command to its retry queue; requeued instead", "stage", c.stage, "msg_id", c.env.msgID, "err", err)
-		s.requeueLater(c)
-	}
-}
-
 // commandMeta returns the node headers that travel with a command from
 // one message of it to the next (a retry copy, a dead letter, a replay).
-func commandMeta(e *envelope) map[string]string {
+func commandMeta(e *codec.Envelope) map[string]string {
 	m := make(map[string]string, 8)
-	for k, v := range map[string]string{HeaderFirstFail: e.retry.firstFail, HeaderLastFail: e.retry.lastFail, HeaderLastReason: e.retry.lastReason,
-		HeaderLastReasonSealed: e.retry.lastReasonSealed, HeaderFirstOrigin: e.retry.firstOrigin, HeaderReplayed: e.retry.replayed,
-		HeaderReplayedSealed: e.retry.replayedSealed, HeaderResultTopic: e.resultTopic} {
+	for k, v := range map[string]string{codec.HeaderFirstFail: e.Retry.FirstFail, codec.HeaderLastFail: e.Retry.LastFail, codec.HeaderLastReason: e.Retry.LastReason,
+		codec.HeaderLastReasonSealed: e.Retry.LastReasonSealed, codec.HeaderFirstOrigin: e.Retry.FirstOrigin, codec.HeaderReplayed: e.Retry.Replayed,
+		codec.HeaderReplayedSealed: e.Retry.ReplayedSealed, codec.HeaderResultTopic: e.ResultTopic} {
 		if v != "" {
 			m[k] = v
 		}
@@ -174,42 +105,6 @@ func clip(s string, n int) string {
 		return s
 	}
 	return s[:n]
-}
-
-// commandHeader reads one of the node headers a command carries (see
-// above); anything else in the Meshbox-* namespace is ignored.
-func (e *envelope) commandHeader(k, v string) error {
-	switch {
-	case strings.EqualFold(k, HeaderAttempts):
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > maxRetryAttempts {
-			return bad("header %s: %q is not a number of attempts", k, v)
-		}
-		e.retry.failed = n
-	case strings.EqualFold(k, HeaderFirstFail):
-		e.retry.firstFail = v
-	case strings.EqualFold(k, HeaderLastFail):
-		e.retry.lastFail = v
-	case strings.EqualFold(k, HeaderLastReason):
-		e.retry.lastReason = v
-	case strings.EqualFold(k, HeaderLastReasonSealed):
-		e.retry.lastReasonSealed = v
-	case strings.EqualFold(k, HeaderReplayedSealed):
-		e.retry.replayedSealed = v
-	case strings.EqualFold(k, HeaderFirstOrigin):
-		if !validNodeName(v) {
-			return bad("header %s: %q is not a node name", k, v)
-		}
-		e.retry.firstOrigin = v
-	case strings.EqualFold(k, HeaderReplayed):
-		e.retry.replayed = v
-	case strings.EqualFold(k, HeaderResultTopic):
-		if err := names.Topic(v); err != nil {
-			return bad("header %s: %v", k, err)
-		}
-		e.resultTopic = v
-	}
-	return nil
 }
 
 // Aux queues of a stage declared in a session (stageFlows.aux).
@@ -230,9 +125,9 @@ func (s *session) declareAux(decl **amqp.Channel, stage string) int {
 		key   string
 		args  amqp.Table
 	}
-	list := []aux{{auxDead, deadQueue(stage), deadKey(stage), deadQueueArgs()}}
+	list := []aux{{auxDead, codec.DeadQueue(stage), codec.DeadKey(stage), deadQueueArgs()}}
 	if _, ok := s.b.cfg.Retry[stage]; ok {
-		list = append(list, aux{auxRetry, retryQueue(stage), retryKey(stage), retryQueueArgs(stage)})
+		list = append(list, aux{auxRetry, codec.RetryQueue(stage), codec.RetryKey(stage), retryQueueArgs(stage)})
 	}
 	for _, a := range list {
 		err := s.findOrDeclare(decl, a.queue, func() error {
@@ -240,7 +135,7 @@ func (s *session) declareAux(decl **amqp.Channel, stage string) int {
 			return err
 		})
 		if err == nil {
-			err = (*decl).QueueBind(a.queue, a.key, exchangeMesh, false, nil)
+			err = (*decl).QueueBind(a.queue, a.key, codec.ExchangeMesh, false, nil)
 		}
 		if err != nil {
 			s.b.log.Warn("cannot declare a stage's queue; the stage goes on without it (are the node's broker permissions current, is the queue's broker node up?)",

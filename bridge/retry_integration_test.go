@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -138,7 +140,7 @@ func TestRetryWaitsItsBackoff(t *testing.T) {
 		}
 		return nats.NewMsg("")
 	})
-	a.submit(t, "flaky", []byte(sealMarker), nats.Header{bridge.HeaderMsgID: {"flaky-1"}, "X-Job": {"7"}})
+	a.submit(t, "flaky", []byte(sealMarker), nats.Header{codec.HeaderMsgID: {"flaky-1"}, "X-Job": {"7"}})
 	meshtest.WaitFor(t, 15*time.Second, "the second attempt", func() bool { return len(calls()) >= 2 })
 	failed := <-failedAt
 	got := calls()
@@ -149,8 +151,8 @@ func TestRetryWaitsItsBackoff(t *testing.T) {
 		t.Errorf("second attempt %s after the failure, want at least the backoff %s and at most 4s more", delay, backoff)
 	}
 	h := second.msg.Header
-	if h.Get(bridge.HeaderAttempt) != "2" || h.Get(bridge.HeaderMsgID) != "flaky-1" || h.Get("X-Job") != "7" ||
-		h.Get(bridge.HeaderFirstOrigin) != "alpha" || h.Get(bridge.HeaderRedelivered) != "true" {
+	if h.Get(codec.HeaderAttempt) != "2" || h.Get(codec.HeaderMsgID) != "flaky-1" || h.Get("X-Job") != "7" ||
+		h.Get(codec.HeaderFirstOrigin) != "alpha" || h.Get(codec.HeaderRedelivered) != "true" {
 		t.Errorf("second delivery headers: got %v", h)
 	}
 	if !bytes.Equal(second.msg.Data, []byte(sealMarker)) {
@@ -159,8 +161,8 @@ func TestRetryWaitsItsBackoff(t *testing.T) {
 	// The copy that went through the retry queue was sealed.
 	select {
 	case d := <-tap:
-		if d.RoutingKey != "retry.flaky" || bytes.Contains(d.Body, []byte(sealMarker)) || d.Headers[bridge.HeaderKey] == nil {
-			t.Errorf("retry copy: key %s, sealed %v, body holds the plain text %v", d.RoutingKey, d.Headers[bridge.HeaderKey] != nil,
+		if d.RoutingKey != "retry.flaky" || bytes.Contains(d.Body, []byte(sealMarker)) || d.Headers[codec.HeaderKey] == nil {
+			t.Errorf("retry copy: key %s, sealed %v, body holds the plain text %v", d.RoutingKey, d.Headers[codec.HeaderKey] != nil,
 				bytes.Contains(d.Body, []byte(sealMarker)))
 		}
 		if d.Expiration != "1500" {
@@ -187,13 +189,13 @@ func TestPermanentFailureAndDeadLetters(t *testing.T) {
 	ctx := context.Background()
 	var okNow sync.Map // message ids the handler now accepts
 	calls := answerStage(t, b, "strict", func(i int, m *nats.Msg) *nats.Msg {
-		if _, ok := okNow.Load(m.Header.Get(bridge.HeaderMsgID)); ok {
+		if _, ok := okNow.Load(m.Header.Get(codec.HeaderMsgID)); ok {
 			return nats.NewMsg("")
 		}
-		return failure(strconv.Itoa(bridge.CodePermanent), "order 7 has no such item")
+		return failure(strconv.Itoa(codec.CodePermanent), "order 7 has no such item")
 	})
 	start := time.Now()
-	a.submit(t, "strict", []byte("order"), nats.Header{bridge.HeaderMsgID: {"strict-1"}, "X-Order": {"7"}})
+	a.submit(t, "strict", []byte("order"), nats.Header{codec.HeaderMsgID: {"strict-1"}, "X-Order": {"7"}})
 	var list []bridge.DeadLetter
 	meshtest.WaitFor(t, 4*time.Second, "the dead letter", func() bool {
 		var err error
@@ -215,13 +217,13 @@ func TestPermanentFailureAndDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !shown.Opened || shown.Content["X-Order"] != "7" || shown.Reason != dl.Reason ||
-		shown.Headers[bridge.HeaderDeadReason] != "permanent failure at attempt 1: handler of stage strict on node beta replied error 422" {
+		shown.Headers[codec.HeaderDeadReason] != "permanent failure at attempt 1: handler of stage strict on node beta replied error 422" {
 		t.Errorf("shown: got %+v (on the broker, the reason's class only)", shown)
 	}
 	if _, err := b.b.ShowDeadLetter(ctx, "strict", "nope"); !errors.Is(err, bridge.ErrNoDeadLetter) {
 		t.Errorf("show of a missing id: got %v, want ErrNoDeadLetter", err)
 	}
-	if _, err := b.b.DeadLetters(ctx, "bad stage"); !errors.Is(err, bridge.ErrBadInput) {
+	if _, err := b.b.DeadLetters(ctx, "bad stage"); !errors.Is(err, codec.ErrBadInput) {
 		t.Errorf("list of a bad stage name: got %v, want ErrBadInput", err)
 	}
 	meshtest.WaitFor(t, 5*time.Second, "the count in the status", func() bool { return b.b.Status().DeadLetters["strict"] == 1 })
@@ -234,9 +236,9 @@ func TestPermanentFailureAndDeadLetters(t *testing.T) {
 	}
 	meshtest.WaitFor(t, 10*time.Second, "the replayed command", func() bool { return len(calls()) == 2 })
 	h := calls()[1].msg.Header
-	if h.Get(bridge.HeaderAttempt) != "1" || h.Get(bridge.HeaderMsgID) != "strict-1" || h.Get("X-Order") != "7" ||
-		!strings.Contains(h.Get(bridge.HeaderReplayed), "by beta") || !strings.Contains(h.Get(bridge.HeaderReplayed), "permanent failure") ||
-		h.Get(bridge.HeaderFirstOrigin) != "alpha" {
+	if h.Get(codec.HeaderAttempt) != "1" || h.Get(codec.HeaderMsgID) != "strict-1" || h.Get("X-Order") != "7" ||
+		!strings.Contains(h.Get(codec.HeaderReplayed), "by beta") || !strings.Contains(h.Get(codec.HeaderReplayed), "permanent failure") ||
+		h.Get(codec.HeaderFirstOrigin) != "alpha" {
 		t.Errorf("replayed delivery headers: got %v", h)
 	}
 	meshtest.WaitFor(t, 5*time.Second, "the command acked", func() bool { return len(b.b.Status().Commands) == 0 })
@@ -245,8 +247,8 @@ func TestPermanentFailureAndDeadLetters(t *testing.T) {
 	}
 
 	// Purged.
-	a.submit(t, "strict", []byte("order"), nats.Header{bridge.HeaderMsgID: {"strict-2"}})
-	a.submit(t, "strict", []byte("order"), nats.Header{bridge.HeaderMsgID: {"strict-3"}})
+	a.submit(t, "strict", []byte("order"), nats.Header{codec.HeaderMsgID: {"strict-2"}})
+	a.submit(t, "strict", []byte("order"), nats.Header{codec.HeaderMsgID: {"strict-3"}})
 	meshtest.WaitFor(t, 5*time.Second, "two dead letters", func() bool {
 		list, err := b.b.DeadLetters(ctx, "strict")
 		return err == nil && len(list) == 2
@@ -271,7 +273,7 @@ func TestRetryAttemptsSpentDeadLetter(t *testing.T) {
 	})
 	b.waitConnected(t)
 	calls := answerStage(t, b, "doomed", func(i int, m *nats.Msg) *nats.Msg { return failure("500", "always") })
-	b.submit(t, "doomed", []byte("x"), nats.Header{bridge.HeaderMsgID: {"doomed-1"}})
+	b.submit(t, "doomed", []byte("x"), nats.Header{codec.HeaderMsgID: {"doomed-1"}})
 	ctx := context.Background()
 	var list []bridge.DeadLetter
 	meshtest.WaitFor(t, 10*time.Second, "the dead letter", func() bool {
@@ -310,17 +312,17 @@ func TestResultAsEvent(t *testing.T) {
 		r.Header.Set("Content-Type", "text/plain")
 		return r
 	})
-	a.submit(t, "render", []byte("page 3"), nats.Header{bridge.HeaderMsgID: {"render-1"}, bridge.HeaderResultTopic: {"jobs.done"}})
+	a.submit(t, "render", []byte("page 3"), nats.Header{codec.HeaderMsgID: {"render-1"}, codec.HeaderResultTopic: {"jobs.done"}})
 	select {
 	case e := <-events:
-		if string(e.Data) != "rendered page 3" || e.Header.Get(bridge.HeaderMsgID) != "render-1" ||
-			e.Header.Get(bridge.HeaderOrigin) != "beta" || e.Header.Get("Content-Type") != "text/plain" {
+		if string(e.Data) != "rendered page 3" || e.Header.Get(codec.HeaderMsgID) != "render-1" ||
+			e.Header.Get(codec.HeaderOrigin) != "beta" || e.Header.Get("Content-Type") != "text/plain" {
 			t.Errorf("result event: got %q %v", e.Data, e.Header)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no result event")
 	}
-	m, err := a.request(t, "cmd.render", []byte("x"), nats.Header{bridge.HeaderResultTopic: {"jobs..done"}}, 5*time.Second)
+	m, err := a.request(t, "cmd.render", []byte("x"), nats.Header{codec.HeaderResultTopic: {"jobs..done"}}, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,10 +383,10 @@ func TestScopedResult(t *testing.T) {
 	answerStage(t, b, "post", result)
 	answerStage(t, g, "post.outside", result)
 
-	a.submit(t, "post", []byte("x"), nats.Header{bridge.HeaderMsgID: {"post-1"}, bridge.HeaderResultTopic: {"ledger.done"}})
+	a.submit(t, "post", []byte("x"), nats.Header{codec.HeaderMsgID: {"post-1"}, codec.HeaderResultTopic: {"ledger.done"}})
 	select {
 	case e := <-events:
-		if string(e.Data) != "posted "+sealMarker || e.Header.Get(bridge.HeaderMsgID) != "post-1" {
+		if string(e.Data) != "posted "+sealMarker || e.Header.Get(codec.HeaderMsgID) != "post-1" {
 			t.Errorf("result event: got %q %v", e.Data, e.Header)
 		}
 	case <-time.After(10 * time.Second):
@@ -392,15 +394,15 @@ func TestScopedResult(t *testing.T) {
 	}
 	select {
 	case d := <-tap:
-		if d.Headers[bridge.HeaderKey] != kv.ID || bytes.Contains(d.Body, []byte(sealMarker)) {
+		if d.Headers[codec.HeaderKey] != kv.ID || bytes.Contains(d.Body, []byte(sealMarker)) {
 			t.Errorf("result on the broker: key %v (want the scope's %s), plain text in the body %v",
-				d.Headers[bridge.HeaderKey], kv.ID, bytes.Contains(d.Body, []byte(sealMarker)))
+				d.Headers[codec.HeaderKey], kv.ID, bytes.Contains(d.Body, []byte(sealMarker)))
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the tap saw no result event")
 	}
 
-	a.submit(t, "post.outside", []byte("x"), nats.Header{bridge.HeaderMsgID: {"post-2"}, bridge.HeaderResultTopic: {"ledger.done"}})
+	a.submit(t, "post.outside", []byte("x"), nats.Header{codec.HeaderMsgID: {"post-2"}, codec.HeaderResultTopic: {"ledger.done"}})
 	meshtest.WaitFor(t, 10*time.Second, "gamma's refusal counted", func() bool { return counter(t, regGamma, "meshbox_errors_total", "dropped") == 1 })
 	meshtest.WaitFor(t, 5*time.Second, "gamma's command acked", func() bool { return len(g.b.Status().Commands) == 0 })
 	select {
@@ -455,7 +457,7 @@ func TestRetryWithOldPermissions(t *testing.T) {
 		}
 		return nats.NewMsg("")
 	})
-	b.submit(t, "old", []byte("x"), nats.Header{bridge.HeaderMsgID: {"old-1"}})
+	b.submit(t, "old", []byte("x"), nats.Header{codec.HeaderMsgID: {"old-1"}})
 	meshtest.WaitFor(t, 10*time.Second, "the second attempt", func() bool { return len(calls()) == 2 })
 	if d := calls()[1].at.Sub(calls()[0].at); d >= 5*time.Second {
 		t.Errorf("second attempt %s after the first: the policy's backoff, without a retry queue", d)
@@ -463,7 +465,7 @@ func TestRetryWithOldPermissions(t *testing.T) {
 	if warned.count.Load() == 0 {
 		t.Error("no warning that the stage's queues could not be declared")
 	}
-	b.submit(t, "old", []byte("poison"), nats.Header{bridge.HeaderMsgID: {"old-2"}})
+	b.submit(t, "old", []byte("poison"), nats.Header{codec.HeaderMsgID: {"old-2"}})
 	ch := meshtest.Channel(t, strings.Replace(urlOf(cred), cred.User+":"+cred.Password.Reveal(), "guest:guest", 1))
 	var dead []amqp.Delivery
 	meshtest.WaitFor(t, 15*time.Second, "the dead letter in mesh.dead", func() bool {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -75,11 +77,11 @@ func TestHandlerFailure(t *testing.T) {
 	}{
 		{"result", h(), false, false},
 		{"result with headers", h("Content-Type", "text/plain"), false, false},
-		{"transient", h(headerServiceError, "busy", headerServiceErrorCode, "503"), true, false},
-		{"error without a code", h(headerServiceError, "busy"), true, false},
-		{"permanent", h(headerServiceError, "no such item", headerServiceErrorCode, "422"), true, true},
-		{"permanent without text", h(headerServiceErrorCode, "422"), true, true},
-		{"a code alone is no error", h(headerServiceErrorCode, "500"), false, false},
+		{"transient", h(codec.HeaderServiceError, "busy", codec.HeaderServiceErrorCode, "503"), true, false},
+		{"error without a code", h(codec.HeaderServiceError, "busy"), true, false},
+		{"permanent", h(codec.HeaderServiceError, "no such item", codec.HeaderServiceErrorCode, "422"), true, true},
+		{"permanent without text", h(codec.HeaderServiceErrorCode, "422"), true, true},
+		{"a code alone is no error", h(codec.HeaderServiceErrorCode, "500"), false, false},
 	}
 	for _, tt := range tests {
 		err := handlerFailure(tt.h, "s", "n")
@@ -87,7 +89,7 @@ func TestHandlerFailure(t *testing.T) {
 			t.Errorf("%s: got %v (permanent %v), want failed %v permanent %v", tt.name, err, isPermanent(err), tt.failed, tt.permanent)
 		}
 	}
-	if err := handlerFailure(h(headerServiceError, "x", headerServiceErrorCode, "422"), "s", "n"); !isPermanent(errors.Join(errors.New("wrapped"), err)) {
+	if err := handlerFailure(h(codec.HeaderServiceError, "x", codec.HeaderServiceErrorCode, "422"), "s", "n"); !isPermanent(errors.Join(errors.New("wrapped"), err)) {
 		t.Error("a wrapped permanent failure is not seen as permanent")
 	}
 }
@@ -95,41 +97,41 @@ func TestHandlerFailure(t *testing.T) {
 // A command's node headers: a retry copy's attempts count on, bad values
 // are refused, and they never come from inside the seal.
 func TestCommandNodeHeaders(t *testing.T) {
-	d := delivery{Type: typeCommand, RoutingKey: "cmd.s", MessageId: "m1", Headers: amqp.Table{
-		HeaderOrigin: "beta", HeaderAttempts: "2", HeaderFirstOrigin: "alpha", HeaderResultTopic: "jobs.done",
-		HeaderFirstFail: "2026-01-02T03:04:05.000Z", HeaderReplayed: "r",
+	d := codec.Delivery{Type: codec.TypeCommand, RoutingKey: "cmd.s", MessageId: "m1", Headers: amqp.Table{
+		codec.HeaderOrigin: "beta", codec.HeaderAttempts: "2", codec.HeaderFirstOrigin: "alpha", codec.HeaderResultTopic: "jobs.done",
+		codec.HeaderFirstFail: "2026-01-02T03:04:05.000Z", codec.HeaderReplayed: "r",
 	}}
-	e, err := decode(typeCommand, d, 1<<20)
+	e, err := codec.Decode(codec.TypeCommand, d, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.attempt != 3 || e.retry.firstOrigin != "alpha" || e.resultTopic != "jobs.done" || e.retry.firstFail == "" || e.retry.replayed != "r" {
-		t.Errorf("decoded: attempt %d first origin %q topic %q first failure %q replayed %q", e.attempt, e.retry.firstOrigin, e.resultTopic, e.retry.firstFail, e.retry.replayed)
+	if e.Attempt != 3 || e.Retry.FirstOrigin != "alpha" || e.ResultTopic != "jobs.done" || e.Retry.FirstFail == "" || e.Retry.Replayed != "r" {
+		t.Errorf("decoded: attempt %d first origin %q topic %q first failure %q replayed %q", e.Attempt, e.Retry.FirstOrigin, e.ResultTopic, e.Retry.FirstFail, e.Retry.Replayed)
 	}
-	m := e.commandMsg("s", false)
-	if m.Header.Get(HeaderAttempt) != "3" || m.Header.Get(HeaderFirstOrigin) != "alpha" || m.Header.Get(HeaderResultTopic) != "jobs.done" ||
-		m.Header.Get(HeaderRedelivered) != "true" {
+	m := e.CommandMsg("s", false)
+	if m.Header.Get(codec.HeaderAttempt) != "3" || m.Header.Get(codec.HeaderFirstOrigin) != "alpha" || m.Header.Get(codec.HeaderResultTopic) != "jobs.done" ||
+		m.Header.Get(codec.HeaderRedelivered) != "true" {
 		t.Errorf("handler headers: got %v", m.Header)
 	}
-	for k, v := range map[string]string{HeaderAttempts: "-1", HeaderFirstOrigin: "a.b", HeaderResultTopic: "a..b"} {
-		bad := delivery{Type: typeCommand, RoutingKey: "cmd.s", MessageId: "m1", Headers: amqp.Table{HeaderOrigin: "beta", k: v}}
-		if _, err := decode(typeCommand, bad, 1<<20); err == nil {
+	for k, v := range map[string]string{codec.HeaderAttempts: "-1", codec.HeaderFirstOrigin: "a.b", codec.HeaderResultTopic: "a..b"} {
+		bad := codec.Delivery{Type: codec.TypeCommand, RoutingKey: "cmd.s", MessageId: "m1", Headers: amqp.Table{codec.HeaderOrigin: "beta", k: v}}
+		if _, err := codec.Decode(codec.TypeCommand, bad, 1<<20); err == nil {
 			t.Errorf("%s: %q: got no error", k, v)
 		}
 	}
 }
 
 func TestSplitNodeHeaders(t *testing.T) {
-	h := nats.Header{"X-A": {"1"}, HeaderResultTopic: {"t"}}
-	out, meta := splitNodeHeaders(h, nil)
-	if out.Get(HeaderResultTopic) != "" || out.Get("X-A") != "1" || meta[HeaderResultTopic] != "t" {
+	h := nats.Header{"X-A": {"1"}, codec.HeaderResultTopic: {"t"}}
+	out, meta := codec.SplitNodeHeaders(h, nil)
+	if out.Get(codec.HeaderResultTopic) != "" || out.Get("X-A") != "1" || meta[codec.HeaderResultTopic] != "t" {
 		t.Errorf("split: got %v %v", out, meta)
 	}
-	if h.Get(HeaderResultTopic) != "t" {
+	if h.Get(codec.HeaderResultTopic) != "t" {
 		t.Error("the record's headers were changed")
 	}
 	plain := nats.Header{"X-A": {"1"}}
-	if out, meta := splitNodeHeaders(plain, nil); len(out) != 1 || meta != nil {
+	if out, meta := codec.SplitNodeHeaders(plain, nil); len(out) != 1 || meta != nil {
 		t.Errorf("nothing to split: got %v %v", out, meta)
 	}
 }
@@ -138,41 +140,41 @@ func TestSplitNodeHeaders(t *testing.T) {
 // and one added or changed outside the seal is not taken.
 func TestResultTopicSealed(t *testing.T) {
 	b, ring := sealTestBridge(t)
-	out := &outgoing{exchange: exchangeMesh, key: commandKey("render"), kind: typeCommand, msgID: "m1", at: time.Now(),
-		header: nats.Header{"X-A": {"1"}}, meta: map[string]string{HeaderResultTopic: "jobs.done"}, body: []byte("x")}
-	p, err := out.publishing("alpha", "guest", ring)
+	out := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: codec.CommandKey("render"), Kind: codec.TypeCommand, MsgID: "m1", At: time.Now(),
+		Header: nats.Header{"X-A": {"1"}}, Meta: map[string]string{codec.HeaderResultTopic: "jobs.done"}, Body: []byte("x")}
+	p, err := out.Publishing("alpha", "guest", ring)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Headers[HeaderResultTopic] != nil {
+	if p.Headers[codec.HeaderResultTopic] != nil {
 		t.Errorf("the result topic is readable outside the seal: %v", p.Headers)
 	}
-	if out.header.Get(HeaderResultTopic) != "" {
+	if out.Header.Get(codec.HeaderResultTopic) != "" {
 		t.Error("sealing changed the record's headers")
 	}
-	env, err := b.open(typeCommand, deliver(p, out.key))
+	env, err := b.open(codec.TypeCommand, deliver(p, out.Key))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if env.resultTopic != "jobs.done" || env.header.Get(HeaderResultTopic) != "" || env.header.Get("X-A") != "1" {
-		t.Errorf("opened: topic %q headers %v", env.resultTopic, env.header)
+	if env.ResultTopic != "jobs.done" || env.Header.Get(codec.HeaderResultTopic) != "" || env.Header.Get("X-A") != "1" {
+		t.Errorf("opened: topic %q headers %v", env.ResultTopic, env.Header)
 	}
 	// Redirected outside the seal: not taken.
-	p.Headers[HeaderResultTopic] = "elsewhere"
-	env, err = b.open(typeCommand, deliver(p, out.key))
+	p.Headers[codec.HeaderResultTopic] = "elsewhere"
+	env, err = b.open(codec.TypeCommand, deliver(p, out.Key))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if env.resultTopic != "jobs.done" {
-		t.Errorf("a result topic set outside the seal was taken: %q", env.resultTopic)
+	if env.ResultTopic != "jobs.done" {
+		t.Errorf("a result topic set outside the seal was taken: %q", env.ResultTopic)
 	}
-	out.meta = nil
-	p, err = out.publishing("alpha", "guest", ring)
+	out.Meta = nil
+	p, err = out.Publishing("alpha", "guest", ring)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.Headers[HeaderResultTopic] = "elsewhere"
-	if env, err = b.open(typeCommand, deliver(p, out.key)); err != nil || env.resultTopic != "" {
-		t.Errorf("a result topic added outside the seal: got %q, %v", env.resultTopic, err)
+	p.Headers[codec.HeaderResultTopic] = "elsewhere"
+	if env, err = b.open(codec.TypeCommand, deliver(p, out.Key)); err != nil || env.ResultTopic != "" {
+		t.Errorf("a result topic added outside the seal: got %q, %v", env.ResultTopic, err)
 	}
 }

@@ -2,10 +2,10 @@ package bridge
 
 import (
 	"fmt"
-	"strings"
+
+	"github.com/meshbox/meshbox/bridge/codec"
 
 	"github.com/meshbox/meshbox/internal/seal"
-	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // This file keeps scopes (see the package doc, Scopes): capabilities,
@@ -14,64 +14,14 @@ import (
 // bindings, this node's scopes and their keys; here the bridge refuses
 // what a node outside a scope would send or host.
 
-// bindKind is the kind of name (seal.BindCap, BindStage, BindTopic) a
-// message of kind carries ("": none, a reply or a system message).
-func bindKind(kind string) string {
-	switch kind {
-	case typeRequest:
-		return seal.BindCap
-	case typeCommand:
-		return seal.BindStage
-	case typeEvent:
-		return seal.BindTopic
-	}
-	return ""
-}
-
-// outgoingScope is the scope a message of kind with routing key key is
-// sealed for ("": the mesh's).
-func outgoingScope(keys *seal.Keyring, kind, key string) string {
-	var name string
-	switch kind {
-	case typeRequest:
-		_, name, _ = parseRequestKey(key)
-	case typeCommand:
-		name = strings.TrimPrefix(key, wire.CmdPrefix)
-	case typeEvent:
-		name = strings.TrimPrefix(key, wire.EvtPrefix)
-	default:
-		return ""
-	}
-	return keys.ScopeOf(bindKind(kind), name)
-}
-
 // expectedScope is the scope env must be sealed for. A reply carries the
 // scope of its request's key (it reaches only the node that asked).
-func (b *Bridge) expectedScope(env *envelope) string {
-	k := bindKind(env.kind)
+func (b *Bridge) expectedScope(env *codec.Envelope) string {
+	k := codec.BindKind(env.Kind)
 	if k == "" {
 		return ""
 	}
-	return b.cfg.Keys.ScopeOf(k, env.name)
-}
-
-// scopeText names a scope in a refusal.
-func scopeText(scope string) string {
-	if scope == "" {
-		return "no scope (the mesh's key)"
-	}
-	return "scope " + scope
-}
-
-// keyScopeText names the scope of a key in a refusal.
-func keyScopeText(scope string, held bool, node string) string {
-	switch {
-	case !held:
-		return "a scope node " + node + " is not in"
-	case scope == "":
-		return "the mesh (no scope)"
-	}
-	return "scope " + scope
+	return b.cfg.Keys.ScopeOf(k, env.Name)
 }
 
 // notInScope is the refusal of what this node may not do with a name of
@@ -88,14 +38,7 @@ func (b *Bridge) notInScope(kind, name, what string) error {
 	b.m.scopeRefused.WithLabelValues(kind).Inc()
 	return &ServiceError{Code: CodeForbidden, Text: fmt.Sprintf(
 		"node %s is not in scope %s, to which %s %s is bound: it cannot %s it (only the scope's nodes hold its key)",
-		b.cfg.Node, scope, kindText(kind), name, what)}
-}
-
-func kindText(kind string) string {
-	if kind == seal.BindCap {
-		return "capability"
-	}
-	return kind
+		b.cfg.Node, scope, codec.KindText(kind), name, what)}
 }
 
 // mayHost reports whether this node may host stage: a stage bound to a

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/internal/seal"
@@ -48,35 +50,35 @@ func TestScopedSealing(t *testing.T) {
 	kv, _ := seal.ContentKeyFrom("kvault", seal.NewContentKey().Bytes())
 	kv.Scope = "vault"
 	member := scopeRing(t, km, kv, true, true)
-	cmd := func(stage string) *outgoing {
-		return &outgoing{exchange: exchangeMesh, key: commandKey(stage), kind: typeCommand, msgID: "m1", at: time.Now(), body: []byte("secret")}
+	cmd := func(stage string) *codec.Outgoing {
+		return &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: codec.CommandKey(stage), Kind: codec.TypeCommand, MsgID: "m1", At: time.Now(), Body: []byte("secret")}
 	}
-	sealed := func(ring *seal.Keyring, o *outgoing) amqp.Delivery {
+	sealed := func(ring *seal.Keyring, o *codec.Outgoing) amqp.Delivery {
 		t.Helper()
-		p, err := o.publishing("alpha", "guest", ring)
+		p, err := o.Publishing("alpha", "guest", ring)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return deliver(p, o.key)
+		return deliver(p, o.Key)
 	}
 
 	d := sealed(member, cmd("ledger"))
-	if got := d.Headers[HeaderKey]; got != kv.ID {
+	if got := d.Headers[codec.HeaderKey]; got != kv.ID {
 		t.Fatalf("a command for the scoped stage is sealed with %v, want the scope's key %s", got, kv.ID)
 	}
-	env, err := scopeTestBridge(member).open(typeCommand, d)
-	if err != nil || string(env.body) != "secret" || env.scope != "vault" {
+	env, err := scopeTestBridge(member).open(codec.TypeCommand, d)
+	if err != nil || string(env.Body) != "secret" || env.Scope != "vault" {
 		t.Fatalf("opened at a member: %v %v", env, err)
 	}
-	if got := sealed(member, cmd("other")).Headers[HeaderKey]; got != km.ID {
+	if got := sealed(member, cmd("other")).Headers[codec.HeaderKey]; got != km.ID {
 		t.Fatalf("a command for an unscoped stage is sealed with %v, want the mesh's key %s", got, km.ID)
 	}
 
 	wrong := func(name string, b *Bridge, d amqp.Delivery) {
 		t.Helper()
-		_, err := b.open(typeCommand, d)
-		if ue := asUnseal(err); ue == nil || ue.reason != unsealWrongScope {
-			t.Errorf("%s: got %v, want refused as %s", name, err, unsealWrongScope)
+		_, err := b.open(codec.TypeCommand, d)
+		if ue := codec.AsUnseal(err); ue == nil || ue.Reason != codec.UnsealWrongScope {
+			t.Errorf("%s: got %v, want refused as %s", name, err, codec.UnsealWrongScope)
 		}
 	}
 	// A sender that does not know the binding seals with the mesh's key.
@@ -92,8 +94,8 @@ func TestScopedSealing(t *testing.T) {
 	wrong("the scope's key on an unscoped name", scopeTestBridge(member), sealed(senderRing, other))
 	// A node outside the scope cannot open it, and says why.
 	outside := scopeTestBridge(scopeRing(t, km, kv, false, true))
-	_, err = outside.open(typeCommand, d)
-	if ue := asUnseal(err); ue == nil || ue.reason != unsealWrongScope || !strings.Contains(ue.detail, "scope vault") {
+	_, err = outside.open(codec.TypeCommand, d)
+	if ue := codec.AsUnseal(err); ue == nil || ue.Reason != codec.UnsealWrongScope || !strings.Contains(ue.Detail, "scope vault") {
 		t.Errorf("outside the scope: got %v, want refused as wrong_scope naming scope vault", err)
 	}
 	// Which refusals may be this node's bindings lagging behind the
@@ -109,30 +111,30 @@ func TestScopedSealing(t *testing.T) {
 		{"the mesh's key on a scoped name", scopeTestBridge(member), sealed(scopeRing(t, km, kv, true, false), cmd("ledger")), false},
 		{"the scope's key outside the scope", outside, d, false},
 	} {
-		_, err := c.b.open(typeCommand, c.d)
-		if ue := asUnseal(err); ue == nil || ue.lagging != c.lagging {
-			t.Errorf("%s: got %v (lagging %v), want lagging %v", c.name, err, ue != nil && ue.lagging, c.lagging)
+		_, err := c.b.open(codec.TypeCommand, c.d)
+		if ue := codec.AsUnseal(err); ue == nil || ue.Lagging != c.lagging {
+			t.Errorf("%s: got %v (lagging %v), want lagging %v", c.name, err, ue != nil && ue.Lagging, c.lagging)
 		}
 	}
 	// Moved to an unscoped stage: the scope is in the associated
 	// data, and so is the routing key.
 	moved := d
-	moved.RoutingKey = commandKey("other")
+	moved.RoutingKey = codec.CommandKey("other")
 	wrong("moved to an unscoped stage", scopeTestBridge(member), moved)
 
 	// A reply is sealed with its request's scope and opens as such.
-	rep := &outgoing{exchange: exchangeMesh, key: replyKey("alpha"), kind: typeReply, corrID: "c1", at: time.Now(),
-		body: []byte("answer"), scope: "vault"}
+	rep := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: codec.ReplyKey("alpha"), Kind: codec.TypeReply, CorrID: "c1", At: time.Now(),
+		Body: []byte("answer"), Scope: "vault"}
 	rd := sealed(member, rep)
-	if got := rd.Headers[HeaderKey]; got != kv.ID {
+	if got := rd.Headers[codec.HeaderKey]; got != kv.ID {
 		t.Fatalf("a reply to a scoped request is sealed with %v, want the scope's key %s", got, kv.ID)
 	}
-	if env, err := scopeTestBridge(member).open(typeReply, rd); err != nil || string(env.body) != "answer" || env.scope != "vault" {
+	if env, err := scopeTestBridge(member).open(codec.TypeReply, rd); err != nil || string(env.Body) != "answer" || env.Scope != "vault" {
 		t.Fatalf("a scoped reply at a member: %v %v", env, err)
 	}
 
 	// Outside the scope, the node refuses to send or host.
-	if _, err := cmd("ledger").publishing("gamma", "guest", outside.cfg.Keys); !errors.Is(err, seal.ErrNotMember) {
+	if _, err := cmd("ledger").Publishing("gamma", "guest", outside.cfg.Keys); !errors.Is(err, seal.ErrNotMember) {
 		t.Errorf("sealing outside the scope: got %v, want ErrNotMember", err)
 	}
 	err = outside.notInScope(seal.BindStage, "ledger", "submit to")

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -121,8 +123,8 @@ func TestSealedTrafficIsOpaqueToTheBroker(t *testing.T) {
 			if bytes.Contains(d.Body, []byte(sealMarker)) || strings.Contains(readable(d), sealMarker) {
 				t.Errorf("the broker can read the marker in a %s: %s %q", d.Type, readable(d), d.Body)
 			}
-			if d.Type != "system" && d.Headers[bridge.HeaderKey] == nil {
-				t.Errorf("a %s without %s", d.Type, bridge.HeaderKey)
+			if d.Type != "system" && d.Headers[codec.HeaderKey] == nil {
+				t.Errorf("a %s without %s", d.Type, codec.HeaderKey)
 			}
 		case <-deadline:
 			t.Fatalf("the tap saw %v, want a request, reply, command and event", seen)
@@ -176,7 +178,7 @@ func TestTamperedSealedMessagesRefused(t *testing.T) {
 	republish("cmd.other", cmd, func(p *amqp.Publishing) {}) // moved to another stage
 	republish("evt.door", evt, func(p *amqp.Publishing) { p.Body[len(p.Body)-1] ^= 1 })
 	republish("cmd.work", cmd, func(p *amqp.Publishing) {
-		p.Headers = amqp.Table{bridge.HeaderOrigin: "alpha", bridge.HeaderKey: "k-nobody-holds"}
+		p.Headers = amqp.Table{codec.HeaderOrigin: "alpha", codec.HeaderKey: "k-nobody-holds"}
 		p.MessageId = "unknown-key"
 	})
 
@@ -192,8 +194,8 @@ func TestTamperedSealedMessagesRefused(t *testing.T) {
 	})
 	reasons := map[string]string{}
 	for _, d := range dead {
-		r, _ := d.Headers[bridge.HeaderDeadReason].(string)
-		q, _ := d.Headers[bridge.HeaderDeadQueue].(string) // the stage queue it came from
+		r, _ := d.Headers[codec.HeaderDeadReason].(string)
+		q, _ := d.Headers[codec.HeaderDeadQueue].(string) // the stage queue it came from
 		reasons[d.MessageId+"@"+q] = r
 	}
 	for id, want := range map[string]string{
@@ -220,7 +222,7 @@ func TestSealedRequestRefusals(t *testing.T) {
 	a, b, _, regB, tap, ch := sealedPair(t)
 	hostEcho(t, b, "echo")
 	waitStandIn(t, a, "echo")
-	if _, err := a.request(t, "cap.echo", []byte("x"), nats.Header{bridge.HeaderTimeout: {"300ms"}}, 5*time.Second); err != nil {
+	if _, err := a.request(t, "cap.echo", []byte("x"), nats.Header{codec.HeaderTimeout: {"300ms"}}, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	var req amqp.Delivery
@@ -299,7 +301,7 @@ func TestTamperedRequestAnsweredWithReason(t *testing.T) {
 	got := make(chan result, 1)
 	go func() { // exits when the call is answered or times out
 		m, err := a.client.RequestMsg(&nats.Msg{Subject: "cap.echo", Data: []byte("hold"),
-			Header: nats.Header{bridge.HeaderTimeout: {"2500ms"}}}, 10*time.Second)
+			Header: nats.Header{codec.HeaderTimeout: {"2500ms"}}}, 10*time.Second)
 		got <- result{m, err}
 	}()
 	var req amqp.Delivery

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -32,8 +34,8 @@ func deliver(p amqp.Publishing, key string) amqp.Delivery {
 
 // open decodes and unseals d as kind, as session.decode does in a mesh on
 // one credential.
-func (b *Bridge) open(kind string, d amqp.Delivery) (*envelope, error) {
-	env, err := decode(kind, fromAMQP(&d), b.maxPayload())
+func (b *Bridge) open(kind string, d amqp.Delivery) (*codec.Envelope, error) {
+	env, err := codec.Decode(kind, codec.FromAMQP(&d), b.maxPayload())
 	if err != nil {
 		return nil, err
 	}
@@ -43,74 +45,74 @@ func (b *Bridge) open(kind string, d amqp.Delivery) (*envelope, error) {
 func TestSealRoundTripAndRefusals(t *testing.T) {
 	b, ring := sealTestBridge(t)
 	secret := "front-door-code-1234"
-	out := &outgoing{exchange: exchangeMesh, key: requestKey("beta", "vault"), kind: typeRequest, msgID: "c1", corrID: "c1",
-		replyTo: replyQueue("alpha"), expire: 3 * time.Second, at: time.Now(),
-		header: nats.Header{"X-Secret": {secret}, "Content-Type": {"text/" + secret}, "X-Two": {"a", "b"}},
-		meta:   map[string]string{HeaderTimeout: "3s", HeaderCapability: "vault"}, body: []byte(secret)}
-	p, err := out.publishing("alpha", "guest", ring)
+	out := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: codec.RequestKey("beta", "vault"), Kind: codec.TypeRequest, MsgID: "c1", CorrID: "c1",
+		ReplyTo: codec.ReplyQueue("alpha"), Expire: 3 * time.Second, At: time.Now(),
+		Header: nats.Header{"X-Secret": {secret}, "Content-Type": {"text/" + secret}, "X-Two": {"a", "b"}},
+		Meta:   map[string]string{codec.HeaderTimeout: "3s", codec.HeaderCapability: "vault"}, Body: []byte(secret)}
+	p, err := out.Publishing("alpha", "guest", ring)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := deliver(p, out.key)
-	if bytes.Contains(d.Body, []byte(secret)) || strings.Contains(d.ContentType, secret) || d.Headers["X-Secret"] != nil || d.Headers[HeaderTimeout] != nil {
+	d := deliver(p, out.Key)
+	if bytes.Contains(d.Body, []byte(secret)) || strings.Contains(d.ContentType, secret) || d.Headers["X-Secret"] != nil || d.Headers[codec.HeaderTimeout] != nil {
 		t.Fatalf("readable: %v %q %q", d.Headers, d.ContentType, d.Body)
 	}
-	env, err := b.open(typeRequest, d)
+	env, err := b.open(codec.TypeRequest, d)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(env.body) != secret || env.header.Get("X-Secret") != secret || env.header.Get("Content-Type") != "text/"+secret ||
-		len(env.header["X-Two"]) != 2 || env.timeout != 3*time.Second || env.origin != "alpha" || env.name != "vault" {
-		t.Fatalf("opened: body %q header %v timeout %v origin %q name %q", env.body, env.header, env.timeout, env.origin, env.name)
+	if string(env.Body) != secret || env.Header.Get("X-Secret") != secret || env.Header.Get("Content-Type") != "text/"+secret ||
+		len(env.Header["X-Two"]) != 2 || env.Timeout != 3*time.Second || env.Origin != "alpha" || env.Name != "vault" {
+		t.Fatalf("opened: body %q header %v timeout %v origin %q name %q", env.Body, env.Header, env.Timeout, env.Origin, env.Name)
 	}
 
 	refused := func(name, reason string, edit func(*amqp.Delivery)) {
 		t.Helper()
-		c := deliver(p, out.key)
+		c := deliver(p, out.Key)
 		c.Body = bytes.Clone(p.Body)
 		c.Headers = amqp.Table{}
 		for k, v := range p.Headers {
 			c.Headers[k] = v
 		}
 		edit(&c)
-		_, err := b.open(typeRequest, c)
-		ue := asUnseal(err)
-		if ue == nil || ue.reason != reason {
+		_, err := b.open(codec.TypeRequest, c)
+		ue := codec.AsUnseal(err)
+		if ue == nil || ue.Reason != reason {
 			t.Errorf("%s: got %v, want refused as %s", name, err, reason)
 		}
 	}
-	refused("flipped byte", unsealTampered, func(c *amqp.Delivery) { c.Body[20] ^= 1 })
-	refused("other capability", unsealTampered, func(c *amqp.Delivery) { c.RoutingKey = requestKey("beta", "other") })
-	refused("other node", unsealTampered, func(c *amqp.Delivery) { c.RoutingKey = requestKey("gamma", "vault") })
-	refused("other origin", unsealTampered, func(c *amqp.Delivery) { c.Headers[HeaderOrigin] = "mallory" })
-	refused("other correlation id", unsealTampered, func(c *amqp.Delivery) { c.CorrelationId = "c2" })
-	refused("unknown key", unsealUnknownKey, func(c *amqp.Delivery) { c.Headers[HeaderKey] = "k-other" })
-	refused("not sealed", unsealNotSealed, func(c *amqp.Delivery) { delete(c.Headers, HeaderKey) })
+	refused("flipped byte", codec.UnsealTampered, func(c *amqp.Delivery) { c.Body[20] ^= 1 })
+	refused("other capability", codec.UnsealTampered, func(c *amqp.Delivery) { c.RoutingKey = codec.RequestKey("beta", "other") })
+	refused("other node", codec.UnsealTampered, func(c *amqp.Delivery) { c.RoutingKey = codec.RequestKey("gamma", "vault") })
+	refused("other origin", codec.UnsealTampered, func(c *amqp.Delivery) { c.Headers[codec.HeaderOrigin] = "mallory" })
+	refused("other correlation id", codec.UnsealTampered, func(c *amqp.Delivery) { c.CorrelationId = "c2" })
+	refused("unknown key", codec.UnsealUnknownKey, func(c *amqp.Delivery) { c.Headers[codec.HeaderKey] = "k-other" })
+	refused("not sealed", codec.UnsealNotSealed, func(c *amqp.Delivery) { delete(c.Headers, codec.HeaderKey) })
 
 	// Headers added outside the seal never reach the program.
-	c := deliver(p, out.key)
+	c := deliver(p, out.Key)
 	c.Headers = amqp.Table{"X-Injected": "yes"}
 	for k, v := range p.Headers {
 		c.Headers[k] = v
 	}
-	env, err = b.open(typeRequest, c)
-	if err != nil || env.header.Get("X-Injected") != "" {
+	env, err = b.open(codec.TypeRequest, c)
+	if err != nil || env.Header.Get("X-Injected") != "" {
 		t.Fatalf("injected header: %v %v", env, err)
 	}
 
 	// Past its deadline: refused as expired.
 	late := *out
-	late.at = time.Now().Add(-time.Minute)
-	p2, err := late.publishing("alpha", "guest", ring)
+	late.At = time.Now().Add(-time.Minute)
+	p2, err := late.Publishing("alpha", "guest", ring)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.open(typeRequest, deliver(p2, out.key)); asUnseal(err) == nil || asUnseal(err).reason != unsealExpired {
+	if _, err := b.open(codec.TypeRequest, deliver(p2, out.Key)); codec.AsUnseal(err) == nil || codec.AsUnseal(err).Reason != codec.UnsealExpired {
 		t.Fatalf("late request: got %v, want expired", err)
 	}
 
 	// No key to seal with: publishing says so.
-	if _, err := out.publishing("alpha", "guest", &seal.Keyring{}); err == nil {
+	if _, err := out.Publishing("alpha", "guest", &seal.Keyring{}); err == nil {
 		t.Fatal("sealed without a key")
 	}
 }
@@ -119,25 +121,25 @@ func TestSealRoundTripAndRefusals(t *testing.T) {
 // parser never panics and what it accepts is valid.
 func FuzzUnseal(f *testing.F) {
 	b, ring := sealTestBridge(f)
-	f.Add([]byte{sealedVersion, 0, 0, 0, 'x'})
-	f.Add([]byte{sealedVersion, 0, 0, 1, 1, 'K', 1, 1, 'v'})
-	f.Add([]byte{sealedVersion, 0, 0, 200})
+	f.Add([]byte{codec.SealedVersion, 0, 0, 0, 'x'})
+	f.Add([]byte{codec.SealedVersion, 0, 0, 1, 1, 'K', 1, 1, 'v'})
+	f.Add([]byte{codec.SealedVersion, 0, 0, 200})
 	f.Add([]byte{9})
 	f.Fuzz(func(t *testing.T, plaintext []byte) {
 		sl, _ := ring.Sealer()
-		key := commandKey("work")
-		ad := sealAD(nil, typeCommand, key, "m1", "", "", "alpha", sl.ID(), "")
-		d := amqp.Delivery{Type: typeCommand, MessageId: "m1", RoutingKey: key,
-			Headers: amqp.Table{HeaderOrigin: "alpha", HeaderKey: sl.ID()}, Body: sl.Seal(nil, ad, plaintext)}
-		env, err := b.open(typeCommand, d)
+		key := codec.CommandKey("work")
+		ad := codec.SealAD(nil, codec.TypeCommand, key, "m1", "", "", "alpha", sl.ID(), "")
+		d := amqp.Delivery{Type: codec.TypeCommand, MessageId: "m1", RoutingKey: key,
+			Headers: amqp.Table{codec.HeaderOrigin: "alpha", codec.HeaderKey: sl.ID()}, Body: sl.Seal(nil, ad, plaintext)}
+		env, err := b.open(codec.TypeCommand, d)
 		if err != nil {
-			if asUnseal(err) == nil {
+			if codec.AsUnseal(err) == nil {
 				t.Fatalf("not an unseal error: %v", err)
 			}
 			return
 		}
-		for k, vs := range env.header {
-			if !wire.ValidHeaderKey(k) || hasPrefixFold(k, headerPrefixMeshbox) {
+		for k, vs := range env.Header {
+			if !wire.ValidHeaderKey(k) || codec.HasPrefixFold(k, codec.HeaderPrefixMeshbox) {
 				t.Fatalf("accepted header key %q", k)
 			}
 			for _, v := range vs {
@@ -153,14 +155,14 @@ func FuzzUnseal(f *testing.F) {
 // sealed, and opening it again (allocations included).
 func BenchmarkPublishing(b *testing.B) {
 	br, ring := sealTestBridge(b)
-	out := &outgoing{exchange: exchangeMesh, key: commandKey("resize"), kind: typeCommand, msgID: newID(), persist: true,
-		at: time.Now(), header: nats.Header{"X-Trace": {"t-1"}}, body: make([]byte, 256)}
+	out := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: codec.CommandKey("resize"), Kind: codec.TypeCommand, MsgID: newID(), Persist: true,
+		At: time.Now(), Header: nats.Header{"X-Trace": {"t-1"}}, Body: make([]byte, 256)}
 	b.Run("plain", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			p, _ := out.publishing("alpha", "node.alpha.g1", nil)
-			d := deliver(p, out.key)
-			if _, err := decode(typeCommand, fromAMQP(&d), DefaultMaxPayload); err != nil {
+			p, _ := out.Publishing("alpha", "node.alpha.g1", nil)
+			d := deliver(p, out.Key)
+			if _, err := codec.Decode(codec.TypeCommand, codec.FromAMQP(&d), DefaultMaxPayload); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -168,11 +170,11 @@ func BenchmarkPublishing(b *testing.B) {
 	b.Run("sealed", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			p, err := out.publishing("alpha", "node.alpha.g1", ring)
+			p, err := out.Publishing("alpha", "node.alpha.g1", ring)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if _, err := br.open(typeCommand, deliver(p, out.key)); err != nil {
+			if _, err := br.open(codec.TypeCommand, deliver(p, out.Key)); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -76,17 +78,17 @@ func (s *senders) check(node string, gen int) error {
 	gens, ok := (*p)[node]
 	switch {
 	case !ok:
-		return &forged{cause: causeUnknownNode, reason: fmt.Sprintf("node %s is not in this node's bindings", node)}
+		return &codec.Forged{Cause: causeUnknownNode, Reason: fmt.Sprintf("node %s is not in this node's bindings", node)}
 	case slices.Contains(gens, gen):
 		return nil
 	case len(gens) == 0:
-		return &forged{cause: causeStaleGeneration, reason: fmt.Sprintf(
+		return &codec.Forged{Cause: causeStaleGeneration, Reason: fmt.Sprintf(
 			"broker user %s: node %s has no credential generation in this node's bindings", BrokerUser(node, gen), node)}
 	case gen > gens[len(gens)-1]:
-		return &forged{cause: causeNewerGeneration, reason: fmt.Sprintf(
+		return &codec.Forged{Cause: causeNewerGeneration, Reason: fmt.Sprintf(
 			"broker user %s: generation %d is newer than node %s's in this node's bindings (%v)", BrokerUser(node, gen), gen, node, gens)}
 	}
-	return &forged{cause: causeStaleGeneration, reason: fmt.Sprintf(
+	return &codec.Forged{Cause: causeStaleGeneration, Reason: fmt.Sprintf(
 		"broker user %s: generation %d is not one of node %s's in this node's bindings (%v)", BrokerUser(node, gen), gen, node, gens)}
 }
 
@@ -101,14 +103,14 @@ const (
 
 // forgedRefused logs a forged delivery once per cause and sender (its
 // user_id); meshbox_errors_total{kind="forged"} counts them all.
-func (b *Bridge) forgedRefused(f *forged, kind, userID string) {
-	cause := f.cause
+func (b *Bridge) forgedRefused(f *codec.Forged, kind, userID string) {
+	cause := f.Cause
 	if cause == "" {
 		cause = causeOther
 	}
 	if b.seen.forged.first(cause + "/" + userID) {
 		b.log.Warn("forged message refused (logged once per cause and sender; meshbox_errors_total{kind=\"forged\"} counts them all)",
-			"shape", kind, "cause", cause, "user_id", userID, "detail", f.reason)
+			"shape", kind, "cause", cause, "user_id", userID, "detail", f.Reason)
 	}
 }
 
@@ -126,8 +128,8 @@ const maxHeldForRotation = 256
 // the delivery. A generation the broker accepted for a node's user was
 // made by whoever runs the broker: what a forger gains is that wait.
 func (s *session) holdForRotation(err error, d *amqp.Delivery, again func(*amqp.Delivery)) bool {
-	fg := asForged(err)
-	if fg == nil || fg.cause != causeNewerGeneration {
+	fg := codec.AsForged(err)
+	if fg == nil || fg.Cause != causeNewerGeneration {
 		return false
 	}
 	b := s.b

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -34,11 +36,11 @@ func TestSenderGenerations(t *testing.T) {
 		{"gamma", 1, causeUnknownNode},
 	} {
 		err := b.peers.senders.check(c.node, c.gen)
-		f := asForged(err)
+		f := codec.AsForged(err)
 		switch {
 		case c.cause == "" && err != nil:
 			t.Errorf("%s: got %v, want accepted", BrokerUser(c.node, c.gen), err)
-		case c.cause != "" && (f == nil || f.cause != c.cause):
+		case c.cause != "" && (f == nil || f.Cause != c.cause):
 			t.Errorf("%s: got %v, want forged (%s)", BrokerUser(c.node, c.gen), err, c.cause)
 		}
 	}
@@ -55,7 +57,7 @@ func TestSessionDecodeGenerations(t *testing.T) {
 	b := &Bridge{cfg: Config{MaxPayload: 1 << 10}}
 	b.SetSenderGenerations(map[string][]int{"alpha": {1}, "gamma": {1}})
 	s := &session{b: b, user: BrokerUser("gamma", 1), perNode: true}
-	for _, kind := range []string{typeRequest, typeReply, typeCommand, typeEvent, typeSystem} {
+	for _, kind := range []string{codec.TypeRequest, codec.TypeReply, codec.TypeCommand, codec.TypeEvent, codec.TypeSystem} {
 		d := goodDelivery(kind)
 		ad := &amqp.Delivery{Type: d.Type, RoutingKey: d.RoutingKey, MessageId: d.MessageId, CorrelationId: d.CorrelationId,
 			ReplyTo: d.ReplyTo, Headers: d.Headers, Body: d.Body}
@@ -64,11 +66,11 @@ func TestSessionDecodeGenerations(t *testing.T) {
 			t.Errorf("%s from %s: got %v, want accepted", kind, ad.UserId, err)
 		}
 		ad.UserId = BrokerUser("alpha", 9)
-		if _, err := s.decode(kind, ad); !isForged(err) || !strings.Contains(err.Error(), "generation 9") {
+		if _, err := s.decode(kind, ad); !codec.IsForged(err) || !strings.Contains(err.Error(), "generation 9") {
 			t.Errorf("%s from %s: got %v, want forged (generation 9)", kind, ad.UserId, err)
 		}
 		bare := &amqp.Delivery{Type: kind, RoutingKey: ad.RoutingKey}
-		if _, err := s.decode(kind, bare); asForged(err) == nil || asForged(err).cause != causeNoNodeUser {
+		if _, err := s.decode(kind, bare); codec.AsForged(err) == nil || codec.AsForged(err).Cause != causeNoNodeUser {
 			t.Errorf("%s without user_id nor headers: got %v, want forged (%s)", kind, err, causeNoNodeUser)
 		}
 	}
@@ -112,7 +114,7 @@ func TestHeldForRotation(t *testing.T) {
 		s.workers.closeAndWait()
 	}()
 	delivery := func(gen int) *amqp.Delivery {
-		d := goodDelivery(typeSystem)
+		d := goodDelivery(codec.TypeSystem)
 		return &amqp.Delivery{Type: d.Type, RoutingKey: d.RoutingKey, MessageId: d.MessageId, Headers: d.Headers, Body: d.Body,
 			UserId: BrokerUser("alpha", gen)}
 	}
@@ -123,16 +125,16 @@ func TestHeldForRotation(t *testing.T) {
 	hold := func(d *amqp.Delivery) (<-chan outcome, bool) {
 		got := make(chan outcome, 1)
 		start := time.Now()
-		_, err := s.decode(typeSystem, d)
+		_, err := s.decode(codec.TypeSystem, d)
 		took := s.holdForRotation(err, d, func(d *amqp.Delivery) {
-			_, err := s.decode(typeSystem, d)
+			_, err := s.decode(codec.TypeSystem, d)
 			got <- outcome{err, time.Since(start)}
 		})
 		return got, took
 	}
 
 	// The control: a generation the bindings list goes on at once.
-	if _, err := s.decode(typeSystem, delivery(1)); err != nil {
+	if _, err := s.decode(codec.TypeSystem, delivery(1)); err != nil {
 		t.Fatalf("generation 1: %v, want accepted", err)
 	}
 	if s.holdForRotation(nil, delivery(1), nil) {
@@ -161,7 +163,7 @@ func TestHeldForRotation(t *testing.T) {
 	never, _ := hold(delivery(9))
 	select {
 	case o := <-never:
-		if f := asForged(o.err); f == nil || f.cause != causeNewerGeneration || o.after < bindingLag {
+		if f := codec.AsForged(o.err); f == nil || f.Cause != causeNewerGeneration || o.after < bindingLag {
 			t.Fatalf("generation 9: %v after %v, want refused as %s after %v", o.err, o.after, causeNewerGeneration, bindingLag)
 		}
 	case <-time.After(bindingLag + 5*time.Second):

@@ -8,6 +8,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
+
+	"github.com/meshbox/meshbox/bridge/flow"
+
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -78,7 +82,7 @@ type sessionQueues struct {
 // The publisher, confirmer and fast publisher goroutines own it (publish.go).
 type publishing struct {
 	conn        *amqp.Connection
-	cork        *corkConn // conn's socket: publishers batch their writes
+	cork        *brokerlink.CorkConn // conn's socket: publishers batch their writes
 	ch          *amqp.Channel
 	fastCh      *amqp.Channel
 	confirms    chan amqp.Confirmation
@@ -112,7 +116,7 @@ type publishing struct {
 // consumers.
 type consuming struct {
 	conn      *amqp.Connection
-	cork      *corkConn // conn's socket: a run of acks goes out with one write
+	cork      *brokerlink.CorkConn // conn's socket: a run of acks goes out with one write
 	ch        *amqp.Channel
 	autoCh    *amqp.Channel
 	cancels   chan string
@@ -142,15 +146,15 @@ type consuming struct {
 // consumers (flow.go).
 type stageFlows struct {
 	mu       sync.Mutex
-	stages   map[string]*stageFlow // under mu; only the consumer manager writes
-	aux      map[string]int        // under mu: the retry and dead-letter queues declared per stage (auxRetry, auxDead)
-	byTag    map[string]*stageFlow // consumer manager only: stage consumers by tag
-	tagSeq   int                   // consumer manager only: for unique consumer tags
-	qos      int                   // consumer manager only: the prefetch set for stage consumers (0: Prefetch, for events)
-	rtt      atomic.Int64          // the link's round trip: the quickest synchronous call on con.ch (ns; 0: none yet)
-	wake     chan struct{}         // cap 1: a stage wants another credit
-	drain    chan struct{}         // cap 1: the node stops; cancel every stage consumer (drainCommands)
-	draining bool                  // consumer manager only: stage consumers cancelled for good
+	stages   map[string]*flow.StageFlow // under mu; only the consumer manager writes
+	aux      map[string]int             // under mu: the retry and dead-letter queues declared per stage (auxRetry, auxDead)
+	byTag    map[string]*flow.StageFlow // consumer manager only: stage consumers by tag
+	tagSeq   int                        // consumer manager only: for unique consumer tags
+	qos      int                        // consumer manager only: the prefetch set for stage consumers (0: Prefetch, for events)
+	rtt      atomic.Int64               // the link's round trip: the quickest synchronous call on con.ch (ns; 0: none yet)
+	wake     chan struct{}              // cap 1: a stage wants another credit
+	drain    chan struct{}              // cap 1: the node stops; cancel every stage consumer (drainCommands)
+	draining bool                       // consumer manager only: stage consumers cancelled for good
 }
 
 // localCalls are the requests from other nodes and the commands open at
@@ -205,7 +209,7 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 	// on a home link to the broker is what a reconnect waits for.
 	type dialed struct {
 		conn  *amqp.Connection
-		cork  *corkConn
+		cork  *brokerlink.CorkConn
 		abort func()
 		err   error
 	}
@@ -257,9 +261,9 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 		},
 		con: consuming{conn: conConn, cork: conCork, ackQ: make(chan ackReq, 256)},
 		flows: stageFlows{
-			stages: map[string]*stageFlow{},
+			stages: map[string]*flow.StageFlow{},
 			aux:    map[string]int{},
-			byTag:  map[string]*stageFlow{},
+			byTag:  map[string]*flow.StageFlow{},
 			wake:   make(chan struct{}, 1),
 			drain:  make(chan struct{}, 1),
 		},

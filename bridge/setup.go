@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -112,35 +114,35 @@ func (s *session) setup() error {
 	if err := s.claim(&ch); err != nil {
 		return err
 	}
-	if s.q.req, err = s.declareOwn(&ch, requestQueue(node)); err != nil {
+	if s.q.req, err = s.declareOwn(&ch, codec.RequestQueue(node)); err != nil {
 		var inUse *NodeNameInUseError
 		if errors.As(err, &inUse) {
 			return err
 		}
-		return fmt.Errorf("declare queue %s: %w", requestQueue(node), err)
+		return fmt.Errorf("declare queue %s: %w", codec.RequestQueue(node), err)
 	}
-	own.start(s.onChannel("queue "+eventQueue(node), s.declareEvents))
-	if err := s.bindOwn(&ch, s.q.req, requestBindingKey(node)); err != nil {
+	own.start(s.onChannel("queue "+codec.EventQueue(node), s.declareEvents))
+	if err := s.bindOwn(&ch, s.q.req, codec.RequestBindingKey(node)); err != nil {
 		var inUse *NodeNameInUseError
 		if errors.As(err, &inUse) {
 			return err
 		}
-		return fmt.Errorf("declare binding %s: %w", requestQueue(node), err)
+		return fmt.Errorf("declare binding %s: %w", codec.RequestQueue(node), err)
 	}
-	own.start(s.onChannel("queue "+replyQueue(node), func(ch **amqp.Channel) (err error) {
-		if s.q.rep, err = s.declareOwn(ch, replyQueue(node)); err != nil {
+	own.start(s.onChannel("queue "+codec.ReplyQueue(node), func(ch **amqp.Channel) (err error) {
+		if s.q.rep, err = s.declareOwn(ch, codec.ReplyQueue(node)); err != nil {
 			return err
 		}
-		if err := s.bindOwn(ch, s.q.rep, replyKey(node)); err != nil {
+		if err := s.bindOwn(ch, s.q.rep, codec.ReplyKey(node)); err != nil {
 			return fmt.Errorf("binding: %w", err)
 		}
 		return nil
 	}))
-	own.start(s.onChannel("queue "+systemQueue(node), func(ch **amqp.Channel) (err error) {
-		if s.q.sys, err = s.declareOwn(ch, systemQueue(node)); err != nil {
+	own.start(s.onChannel("queue "+codec.SystemQueue(node), func(ch **amqp.Channel) (err error) {
+		if s.q.sys, err = s.declareOwn(ch, codec.SystemQueue(node)); err != nil {
 			return err
 		}
-		if err := (*ch).QueueBind(s.q.sys, "sys.#", exchangeMesh, false, nil); err != nil {
+		if err := (*ch).QueueBind(s.q.sys, "sys.#", codec.ExchangeMesh, false, nil); err != nil {
 			return fmt.Errorf("binding: %w", err)
 		}
 		if err := s.bindOwn(ch, s.q.sys, "to."+node+".sys.#"); err != nil {
@@ -148,7 +150,7 @@ func (s *session) setup() error {
 		}
 		return nil
 	}))
-	own.start(s.onChannel("exchange "+nodeExchange(node)+" (older meshes)", s.dropNodeExchange))
+	own.start(s.onChannel("exchange "+codec.NodeExchange(node)+" (older meshes)", s.dropNodeExchange))
 	// Requests are at most once: consumed without acks (an ack per request
 	// costs the broker a round of work on the critical path); openCalls
 	// bounds how many are open at the local hosts.
@@ -158,7 +160,7 @@ func (s *session) setup() error {
 		if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
 			return &NodeNameInUseError{Node: node, Detail: ae.Reason}
 		}
-		return fmt.Errorf("consume %s: %w", requestQueue(node), err)
+		return fmt.Errorf("consume %s: %w", codec.RequestQueue(node), err)
 	}
 	if err := own.wait(); err != nil {
 		return err
@@ -199,30 +201,30 @@ func (s *session) findShared(ch **amqp.Channel) error {
 		declare  func(*amqp.Channel) error
 		optional bool
 	}{
-		{"exchange " + exchangeMesh,
+		{"exchange " + codec.ExchangeMesh,
 			func(c *amqp.Channel) error {
-				return c.ExchangeDeclarePassive(exchangeMesh, "topic", true, false, false, false, nil)
+				return c.ExchangeDeclarePassive(codec.ExchangeMesh, "topic", true, false, false, false, nil)
 			},
 			func(c *amqp.Channel) error {
-				return c.ExchangeDeclare(exchangeMesh, "topic", true, false, false, false, nil)
+				return c.ExchangeDeclare(codec.ExchangeMesh, "topic", true, false, false, false, nil)
 			}, false},
-		{"exchange " + exchangeDLX,
+		{"exchange " + codec.ExchangeDLX,
 			func(c *amqp.Channel) error {
-				return c.ExchangeDeclarePassive(exchangeDLX, "topic", true, false, false, false, nil)
+				return c.ExchangeDeclarePassive(codec.ExchangeDLX, "topic", true, false, false, false, nil)
 			},
 			func(c *amqp.Channel) error {
-				return c.ExchangeDeclare(exchangeDLX, "topic", true, false, false, false, nil)
+				return c.ExchangeDeclare(codec.ExchangeDLX, "topic", true, false, false, false, nil)
 			}, false},
-		{"queue " + queueDead,
+		{"queue " + codec.QueueDead,
 			func(c *amqp.Channel) error {
-				_, err := c.QueueDeclarePassive(queueDead, true, false, false, false, nil)
+				_, err := c.QueueDeclarePassive(codec.QueueDead, true, false, false, false, nil)
 				return err
 			},
 			func(c *amqp.Channel) error {
-				if _, err := c.QueueDeclare(queueDead, true, false, false, false, quorumArgs(amqp.Table{}, s.sizedQuorum())); err != nil {
+				if _, err := c.QueueDeclare(codec.QueueDead, true, false, false, false, quorumArgs(amqp.Table{}, s.sizedQuorum())); err != nil {
 					return err
 				}
-				return c.QueueBind(queueDead, "#", exchangeDLX, false, nil)
+				return c.QueueBind(codec.QueueDead, "#", codec.ExchangeDLX, false, nil)
 			}, true},
 	}
 	allFound := true
@@ -265,19 +267,19 @@ func (s *session) consumeOwn(reqs <-chan amqp.Delivery) error {
 	var events <-chan amqp.Delivery
 	var side asides
 	side.start(func() (err error) {
-		if events, err = s.con.ch.Consume(eventQueue(node), "events", false, false, false, false, nil); err != nil {
-			return fmt.Errorf("consume %s: %w", eventQueue(node), err)
+		if events, err = s.con.ch.Consume(codec.EventQueue(node), "events", false, false, false, false, nil); err != nil {
+			return fmt.Errorf("consume %s: %w", codec.EventQueue(node), err)
 		}
 		return nil
 	})
 	replies, err := s.con.autoCh.Consume(s.q.rep, "replies", true, true, false, false, nil)
 	if err != nil {
-		err = fmt.Errorf("consume %s: %w", replyQueue(node), err)
+		err = fmt.Errorf("consume %s: %w", codec.ReplyQueue(node), err)
 	}
 	var system <-chan amqp.Delivery
 	if err == nil {
 		if system, err = s.con.autoCh.Consume(s.q.sys, "system", true, true, false, false, nil); err != nil {
-			err = fmt.Errorf("consume %s: %w", systemQueue(node), err)
+			err = fmt.Errorf("consume %s: %w", codec.SystemQueue(node), err)
 		}
 	}
 	if serr := side.wait(); serr != nil {

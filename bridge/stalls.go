@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -119,7 +121,7 @@ func (s *session) stallChecker() {
 			}
 		}
 		for _, stage := range stages {
-			q, err := ch.QueueDeclarePassive(stageQueue(stage), true, false, false, false, nil)
+			q, err := ch.QueueDeclarePassive(codec.StageQueue(stage), true, false, false, false, nil)
 			if err != nil {
 				var ae *amqp.Error
 				if errors.As(err, &ae) && ae.Code == amqp.NotFound {
@@ -138,7 +140,7 @@ func (s *session) stallChecker() {
 			}
 			b.observeQueue(stage, q.Messages, q.Consumers)
 			if s.hasAux(stage, auxDead) {
-				dq, err := ch.QueueDeclarePassive(deadQueue(stage), true, false, false, false, nil)
+				dq, err := ch.QueueDeclarePassive(codec.DeadQueue(stage), true, false, false, false, nil)
 				if err != nil {
 					if s.ctx.Err() != nil || s.con.conn.IsClosed() {
 						return
@@ -160,7 +162,7 @@ func (s *session) stallChecker() {
 // A stall is raised after two checks in a row see it, and cleared at once.
 func (b *Bridge) observeQueue(stage string, count, consumers int) {
 	now := time.Now()
-	q := stageQueue(stage)
+	q := codec.StageQueue(stage)
 	b.cmds.stall.mu.Lock()
 	st := b.cmds.stall.stateOf(stage)
 	if count == 0 || count < st.count {

@@ -15,7 +15,7 @@ import (
 // struct has parts that want a struct of their own.
 const maxFields = 20
 
-// The bridge's state, and its outbox's, is cut into parts (concurrency.go): no struct grows past
+// The bridge's state, and its outbox's, is cut into parts (docs/internals-bridge.md, Concurrency): no struct grows past
 // maxFields, and a mutex's comment that says what it guards names only
 // fields of its own struct.
 func TestStructsHoldOnlyTheirParts(t *testing.T) {

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshbox/meshbox/bridge/outbox"
@@ -84,7 +86,7 @@ func (b *Bridge) onSubmitCommand(msg *nats.Msg) {
 	if !b.localOK(msg) {
 		return
 	}
-	stage := msg.Subject[len(subjCmdPrefix):]
+	stage := msg.Subject[len(codec.SubjCmdPrefix):]
 	rec, err := b.submission(outbox.Command, stage, msg)
 	if err != nil {
 		if !isForbidden(err) {
@@ -110,7 +112,7 @@ func (b *Bridge) onSubmitEvent(msg *nats.Msg) {
 	if !b.localOK(msg) {
 		return
 	}
-	topic := msg.Subject[len(subjEvtPrefix):]
+	topic := msg.Subject[len(codec.SubjEvtPrefix):]
 	rec, err := b.submission(outbox.Event, topic, msg)
 	if err != nil {
 		b.m.err(errKindBadInput)
@@ -126,13 +128,13 @@ func (b *Bridge) submission(kind outbox.Kind, name string, msg *nats.Msg) (*outb
 	if kind == outbox.Event {
 		what = "topic"
 	}
-	if !validName(name) {
-		return nil, fmt.Errorf("%w: %q is not a valid %s name", ErrBadInput, name, what)
+	if !codec.ValidName(name) {
+		return nil, fmt.Errorf("%w: %q is not a valid %s name", codec.ErrBadInput, name, what)
 	}
 	if limit := b.maxPayload(); len(msg.Data) > limit {
-		return nil, fmt.Errorf("%w: payload of %d bytes exceeds the limit of %d", ErrBadInput, len(msg.Data), limit)
+		return nil, fmt.Errorf("%w: payload of %d bytes exceeds the limit of %d", codec.ErrBadInput, len(msg.Data), limit)
 	}
-	hdr, err := callerHeaders(msg.Header)
+	hdr, err := codec.CallerHeaders(msg.Header)
 	if err != nil {
 		return nil, err
 	}
@@ -148,9 +150,9 @@ func (b *Bridge) submission(kind outbox.Kind, name string, msg *nats.Msg) (*outb
 			return nil, b.lacksKey(kind.String())
 		}
 	}
-	if topic := msg.Header.Get(HeaderResultTopic); topic != "" && kind == outbox.Command { // on an event: dropped like any Meshbox-* header
+	if topic := msg.Header.Get(codec.HeaderResultTopic); topic != "" && kind == outbox.Command { // on an event: dropped like any Meshbox-* header
 		if err := names.Topic(topic); err != nil {
-			return nil, fmt.Errorf("%w: header %s: %v", ErrBadInput, HeaderResultTopic, err)
+			return nil, fmt.Errorf("%w: header %s: %v", codec.ErrBadInput, codec.HeaderResultTopic, err)
 		}
 		if err := b.resultTopicOK(name, topic); err != nil {
 			return nil, err
@@ -161,26 +163,26 @@ func (b *Bridge) submission(kind outbox.Kind, name string, msg *nats.Msg) (*outb
 		if hdr == nil {
 			hdr = nats.Header{}
 		}
-		hdr[HeaderResultTopic] = []string{topic} // a node header: moved out of the seal by outgoingFor
+		hdr[codec.HeaderResultTopic] = []string{topic} // a node header: moved out of the seal by outgoingFor
 	}
-	if key := msg.Header.Get(HeaderOrderKey); key != "" && kind == outbox.Command { // on an event: dropped like any Meshbox-* header
+	if key := msg.Header.Get(codec.HeaderOrderKey); key != "" && kind == outbox.Command { // on an event: dropped like any Meshbox-* header
 		if !wire.ValidID(key) {
-			return nil, fmt.Errorf("%w: header %s: %q is not a valid order key (printable, at most %d bytes, no spaces)", ErrBadInput, HeaderOrderKey, key, wire.MaxIDLen)
+			return nil, fmt.Errorf("%w: header %s: %q is not a valid order key (printable, at most %d bytes, no spaces)", codec.ErrBadInput, codec.HeaderOrderKey, key, wire.MaxIDLen)
 		}
 		if !b.cmds.orderKeys.Load() && b.currentURL() != "" { // standalone: run here, in order
-			return nil, fmt.Errorf("%w: header %s: a node of the mesh runs an older meshbox that does not keep commands in order by key; upgrade every node first", ErrBadInput, HeaderOrderKey)
+			return nil, fmt.Errorf("%w: header %s: a node of the mesh runs an older meshbox that does not keep commands in order by key; upgrade every node first", codec.ErrBadInput, codec.HeaderOrderKey)
 		}
 		if hdr == nil {
 			hdr = nats.Header{}
 		}
-		hdr[HeaderOrderKey] = []string{key} // sealed with the command: the broker never reads it
+		hdr[codec.HeaderOrderKey] = []string{key} // sealed with the command: the broker never reads it
 	}
-	id := msg.Header.Get(HeaderMsgID)
+	id := msg.Header.Get(codec.HeaderMsgID)
 	switch {
 	case id == "":
 		id = newID()
 	case !wire.ValidID(id):
-		return nil, fmt.Errorf("%w: header %s: %q is not a valid message id (printable, at most %d bytes)", ErrBadInput, HeaderMsgID, id, wire.MaxIDLen)
+		return nil, fmt.Errorf("%w: header %s: %q is not a valid message id (printable, at most %d bytes)", codec.ErrBadInput, codec.HeaderMsgID, id, wire.MaxIDLen)
 	}
 	return &outbox.Record{Kind: kind, Name: name, MsgID: id, Header: hdr,
 		Body: append([]byte(nil), msg.Data...), Created: time.Now()}, nil
@@ -330,7 +332,7 @@ func (b *Bridge) replyAccepted(reply string, rec *outbox.Record, how string) {
 		return
 	}
 	v := [...]string{how, rec.MsgID} // one allocation for both values (canonical keys)
-	b.reply(&nats.Msg{Subject: reply, Header: nats.Header{HeaderAccepted: v[0:1:1], HeaderMsgID: v[1:2:2]}})
+	b.reply(&nats.Msg{Subject: reply, Header: nats.Header{codec.HeaderAccepted: v[0:1:1], codec.HeaderMsgID: v[1:2:2]}})
 }
 
 // directDone settles a submission published straight to the broker. It
@@ -341,9 +343,9 @@ func (b *Bridge) directDone(rec *outbox.Record, reply string, err error) {
 		b.replyAccepted(reply, rec, acceptedBroker)
 	case errors.Is(err, ErrNoRoute) && reply != "":
 		b.replyError(reply, &ServiceError{Code: CodeUnavailable,
-			Text: fmt.Sprintf("no node hosts stage %s: the broker has no queue %s", rec.Name, stageQueue(rec.Name))})
+			Text: fmt.Sprintf("no node hosts stage %s: the broker has no queue %s", rec.Name, codec.StageQueue(rec.Name))})
 	case errors.Is(err, ErrNoRoute):
-		b.deadRecord(rec, plainReason(fmt.Sprintf("no route: the broker had no queue %s", stageQueue(rec.Name))), nil)
+		b.deadRecord(rec, codec.PlainReason(fmt.Sprintf("no route: the broker had no queue %s", codec.StageQueue(rec.Name))), nil)
 	case errors.Is(err, seal.ErrNoKey):
 		// The key went away after the submission was checked: the outbox
 		// keeps it until the node holds one again.
@@ -368,7 +370,7 @@ func (b *Bridge) deadRecord(rec *outbox.Record, reason error, done func(error)) 
 	dead := *rec
 	dead.Seq = b.sub.nextSeq()
 	dead.Kind = outbox.Dead
-	dead.Reason = joinReason(reason)
+	dead.Reason = codec.JoinReason(reason)
 	data := dead.Encode()
 	b.files.ob.ReserveAlways(int64(len(data))) // dead letters are never refused: they were accepted once
 	b.sub.meshPending.Add(1)
@@ -384,38 +386,38 @@ func (b *Bridge) deadRecord(rec *outbox.Record, reason error, done func(error)) 
 }
 
 // outgoingFor builds the broker message for an outbox record.
-func (b *Bridge) outgoingFor(rec *outbox.Record, redelivered bool) *outgoing {
-	out := &outgoing{
-		exchange: exchangeMesh, persist: true, msgID: rec.MsgID, at: rec.Created,
-		header: rec.Header, body: rec.Body,
+func (b *Bridge) outgoingFor(rec *outbox.Record, redelivered bool) *codec.Outgoing {
+	out := &codec.Outgoing{
+		Exchange: codec.ExchangeMesh, Persist: true, MsgID: rec.MsgID, At: rec.Created,
+		Header: rec.Header, Body: rec.Body,
 	}
 	switch rec.Kind {
 	case outbox.Command, outbox.Local:
 		// Through mesh to the stage's queue (bound with its key); never the
 		// default exchange, whose write right cannot be scoped per queue.
-		out.key, out.kind, out.mandatory = commandKey(rec.Name), typeCommand, true
+		out.Key, out.Kind, out.Mandatory = codec.CommandKey(rec.Name), codec.TypeCommand, true
 	case outbox.Event:
-		out.key, out.kind = eventKey(rec.Name), typeEvent
+		out.Key, out.Kind = codec.EventKey(rec.Name), codec.TypeEvent
 	case outbox.Dead:
-		out.exchange, out.key, out.kind = exchangeDLX, commandKey(rec.Name), typeCommand
-		out.meta = map[string]string{}
-		class, text := splitReason(rec.Reason)
-		plain, sealed := b.reasonHeaders(HeaderDeadReason, typeCommand, commandKey(rec.Name), rec.MsgID, text, class)
-		out.meta[HeaderDeadReason] = plain
+		out.Exchange, out.Key, out.Kind = codec.ExchangeDLX, codec.CommandKey(rec.Name), codec.TypeCommand
+		out.Meta = map[string]string{}
+		class, text := codec.SplitReason(rec.Reason)
+		plain, sealed := b.reasonHeaders(codec.HeaderDeadReason, codec.TypeCommand, codec.CommandKey(rec.Name), rec.MsgID, text, class)
+		out.Meta[codec.HeaderDeadReason] = plain
 		if sealed != "" {
-			out.meta[HeaderDeadReasonSealed] = sealed
+			out.Meta[codec.HeaderDeadReasonSealed] = sealed
 		}
-		out.meta[HeaderDeadNode] = b.cfg.Node
-		out.meta[HeaderDeadQueue] = stageQueue(rec.Name)
+		out.Meta[codec.HeaderDeadNode] = b.cfg.Node
+		out.Meta[codec.HeaderDeadQueue] = codec.StageQueue(rec.Name)
 	}
-	if out.kind == typeCommand {
-		out.header, out.meta = splitNodeHeaders(out.header, out.meta)
+	if out.Kind == codec.TypeCommand {
+		out.Header, out.Meta = codec.SplitNodeHeaders(out.Header, out.Meta)
 	}
 	if redelivered || rec.Republished {
-		if out.meta == nil {
-			out.meta = map[string]string{}
+		if out.Meta == nil {
+			out.Meta = map[string]string{}
 		}
-		out.meta[HeaderRedelivered] = "true"
+		out.Meta[codec.HeaderRedelivered] = "true"
 	}
 	return out
 }
@@ -515,7 +517,7 @@ func (s *session) drained(r *outbox.Record, err error) {
 		// that write fails it is kept and sent again after a pause. The
 		// drainer's rescan waits until the delete is queued.
 		s.drainWait.Add(1)
-		b.deadRecord(r, plainReason(fmt.Sprintf("no route: the broker had no queue %s", stageQueue(r.Name))), func(err error) {
+		b.deadRecord(r, codec.PlainReason(fmt.Sprintf("no route: the broker had no queue %s", codec.StageQueue(r.Name))), func(err error) {
 			defer s.drainWait.Done()
 			if err != nil {
 				signal(s.rescan)

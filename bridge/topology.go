@@ -3,14 +3,12 @@ package bridge
 import (
 	"errors"
 	"fmt"
-	"time"
+
+	"github.com/meshbox/meshbox/bridge/flow"
+
+	"github.com/meshbox/meshbox/bridge/codec"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-)
-
-const (
-	// eventQueueExpiry deletes the event queue of a node unused this long.
-	eventQueueExpiry = 7 * 24 * time.Hour
 )
 
 // syncStages consumes the stages the node hosts and cancels the others.
@@ -25,8 +23,8 @@ func (s *session) syncStages(decl **amqp.Channel) {
 	defer s.flows.mu.Unlock()
 	for stage, f := range s.flows.stages {
 		if !want[stage] {
-			for len(f.cons) > 0 {
-				if !s.cancelConsumer(f, f.cons[len(f.cons)-1].tag) {
+			for len(f.Cons) > 0 {
+				if !s.cancelConsumer(f, f.Cons[len(f.Cons)-1].Tag) {
 					return
 				}
 			}
@@ -45,8 +43,8 @@ func (s *session) syncStages(decl **amqp.Channel) {
 			continue
 		}
 		s.flows.aux[stage] = s.declareAux(decl, stage)
-		f := newStageFlow(stage, s.b.cfg.Prefetch, s.b.cfg.CommandBatch, s.b.cfg.MaxStagePrefetch, s.b.route.creditOf(stage), &s.flows.rtt)
-		if !s.addConsumer(f, f.wanted()) {
+		f := flow.NewStageFlow(stage, s.b.cfg.Prefetch, s.b.cfg.CommandBatch, s.b.cfg.MaxStagePrefetch, s.b.route.creditOf(stage), &s.flows.rtt)
+		if !s.addConsumer(f, f.Wanted()) {
 			return
 		}
 		s.flows.stages[stage] = f
@@ -120,7 +118,7 @@ func (s *session) claim(ch **amqp.Channel) error {
 	if s.b.learnt.named.Load() {
 		return nil
 	}
-	q := claimQueue(s.b.cfg.Node)
+	q := codec.ClaimQueue(s.b.cfg.Node)
 	_, err := (*ch).QueueDeclare(q, false, true, true, false, nil)
 	var ae *amqp.Error
 	switch {
@@ -159,7 +157,7 @@ func (s *session) claim(ch **amqp.Channel) error {
 		s.b.learnt.named.Store(true) // said with the older exchange (bindOwn)
 		return nil
 	default:
-		return fmt.Errorf("declare claim queue %s: %w", claimQueue(s.b.cfg.Node), err)
+		return fmt.Errorf("declare claim queue %s: %w", codec.ClaimQueue(s.b.cfg.Node), err)
 	}
 }
 
@@ -254,7 +252,7 @@ func (s *session) findOrDeclare(ch **amqp.Channel, q string, declare func() erro
 // declareStage declares a stage's quorum queue and binds it. A queue that
 // exists with other arguments is used as it is.
 func (s *session) declareStage(decl **amqp.Channel, stage string) error {
-	q := stageQueue(stage)
+	q := codec.StageQueue(stage)
 	args := stageQueueArgs(s.sizedQuorum())
 	err := s.findOrDeclare(decl, q, func() error {
 		_, err := (*decl).QueueDeclare(q, true, false, false, false, args)
@@ -279,7 +277,7 @@ func (s *session) declareStage(decl **amqp.Channel, stage string) error {
 		}
 		return err
 	}
-	if err := (*decl).QueueBind(q, commandKey(stage), exchangeMesh, false, nil); err != nil {
+	if err := (*decl).QueueBind(q, codec.CommandKey(stage), codec.ExchangeMesh, false, nil); err != nil {
 		if (*decl).IsClosed() { // refused: the next declaration needs a channel
 			if nc, cerr := s.con.conn.Channel(); cerr == nil {
 				*decl = nc
@@ -297,11 +295,11 @@ func (s *session) declareStage(decl **amqp.Channel, stage string) error {
 // bound to is s.q.ex (quiesce unbinds from it).
 func (s *session) bindOwn(ch **amqp.Channel, q, key string) error {
 	if s.q.ex == "" {
-		err := (*ch).QueueBind(q, key, exchangeMesh, false, nil)
+		err := (*ch).QueueBind(q, key, codec.ExchangeMesh, false, nil)
 		var ae *amqp.Error
 		if !errors.As(err, &ae) || ae.Code != amqp.AccessRefused {
 			if err == nil {
-				s.q.ex = exchangeMesh
+				s.q.ex = codec.ExchangeMesh
 				s.b.learnt.older.Store(false)
 			}
 			return err
@@ -313,10 +311,10 @@ func (s *session) bindOwn(ch **amqp.Channel, q, key string) error {
 			return fmt.Errorf("open channel: %w", err)
 		}
 		*ch = c
-		if err := c.ExchangeDeclarePassive(nodeExchange(s.b.cfg.Node), "topic", true, false, false, false, nil); err != nil {
-			return fmt.Errorf("the broker refused binding %s to %s, and %w", q, exchangeMesh, err)
+		if err := c.ExchangeDeclarePassive(codec.NodeExchange(s.b.cfg.Node), "topic", true, false, false, false, nil); err != nil {
+			return fmt.Errorf("the broker refused binding %s to %s, and %w", q, codec.ExchangeMesh, err)
 		}
-		s.q.ex = nodeExchange(s.b.cfg.Node)
+		s.q.ex = codec.NodeExchange(s.b.cfg.Node)
 		if s.b.learnt.older.CompareAndSwap(false, true) {
 			s.b.log.Warn(WarnOlderPermissions, "exchange", s.q.ex)
 		}
@@ -331,10 +329,10 @@ func (s *session) bindOwn(ch **amqp.Channel, q, key string) error {
 // when it applies them); failing to costs only that routing step, and is
 // logged.
 func (s *session) dropNodeExchange(ch **amqp.Channel) error {
-	if s.q.ex != exchangeMesh {
+	if s.q.ex != codec.ExchangeMesh {
 		return nil
 	}
-	ex := nodeExchange(s.b.cfg.Node)
+	ex := codec.NodeExchange(s.b.cfg.Node)
 	err := (*ch).ExchangeDeclarePassive(ex, "topic", true, false, false, false, nil)
 	if err == nil {
 		err = (*ch).ExchangeDelete(ex, false, false)

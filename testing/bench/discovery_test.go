@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/node"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
@@ -140,7 +141,7 @@ func startSimPeers(b *testing.B, url string, n int) *simPeers {
 				if !ok {
 					continue
 				}
-				origin, _ := d.Headers[bridge.HeaderOrigin].(string)
+				origin, _ := d.Headers[codec.HeaderOrigin].(string)
 				m, err := node.DecodeMessage(key, d.Body, origin)
 				asks := m != nil && (m.Type == node.TypeQuery || m.Type == node.TypeHello && m.Proto >= 2) // as a version 2 node answers
 				if err != nil || !asks || (m.To != "" && m.To != name) || m.Node == name {
@@ -168,7 +169,7 @@ func (s *simPeers) publish(key, origin string, body []byte) {
 		Type:        "system",
 		ContentType: "application/json",
 		Timestamp:   time.Now(),
-		Headers:     amqp.Table{bridge.HeaderOrigin: origin},
+		Headers:     amqp.Table{codec.HeaderOrigin: origin},
 		Body:        body,
 	})
 }

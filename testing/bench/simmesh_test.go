@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/meshbox/meshbox/node"
 )
@@ -224,7 +225,7 @@ func (s *simMesh) run(ctx context.Context, p *simPeer, started time.Time) {
 			if !ok {
 				continue
 			}
-			origin, _ := d.Headers[bridge.HeaderOrigin].(string)
+			origin, _ := d.Headers[codec.HeaderOrigin].(string)
 			if key == wire.ProbeKey || strings.HasPrefix(origin, "sim-") && (key == node.TypeHeartbeat || key == node.TypePing) {
 				continue // a probe asks nothing; a peer's record never changes: nothing to learn (and the simulation's CPU is the node's)
 			}
@@ -267,7 +268,7 @@ func (s *simMesh) publish(c *simConn, key, origin string, body []byte, mandatory
 		ContentType: "application/json",
 		AppId:       appID,
 		Timestamp:   time.Now(),
-		Headers:     amqp.Table{bridge.HeaderOrigin: origin},
+		Headers:     amqp.Table{codec.HeaderOrigin: origin},
 		Body:        body,
 	})
 }
@@ -282,7 +283,7 @@ func (s *simMesh) drainReturns(c *simConn) {
 		if r.AppId != simProbe {
 			continue
 		}
-		prober, _ := r.Headers[bridge.HeaderOrigin].(string)
+		prober, _ := r.Headers[codec.HeaderOrigin].(string)
 		gone, ok := strings.CutPrefix(r.RoutingKey, "to.")
 		if !ok || prober == "" {
 			continue

@@ -12,12 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	rabbithole "github.com/michaelklishin/rabbit-hole/v2"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/appliance"
-	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
 	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
@@ -161,7 +162,7 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 	pub("sys.bye", amqp.Publishing{Type: "system", Body: bye})
 	pub("sys.bye", amqp.Publishing{Type: "system", Body: bye})
 	pub("to.beta.req.probe", amqp.Publishing{Type: "request", CorrelationId: rand.Text(), ReplyTo: "node.alpha.replies",
-		Headers: amqp.Table{bridge.HeaderOrigin: "alpha"}, Body: []byte("forged")})
+		Headers: amqp.Table{codec.HeaderOrigin: "alpha"}, Body: []byte("forged")})
 	const forgeries = 3
 	if !meshtest.Poll(10*time.Second, func() bool { return errorsOf(t, beta, "forged") >= forged0+forgeries }) {
 		t.Errorf("beta's forged count: %v, want %v (two byes and a request as %s)", errorsOf(t, beta, "forged"), forged0+forgeries, fakeUser)
@@ -264,7 +265,7 @@ func TestAdversaryCommandsCountedByCause(t *testing.T) {
 	// 1. The broker's admin, straight to the stage queue, no user_id: one
 	// bare, one claiming alpha in the header.
 	ach := meshtest.Channel(t, vhost) // the broker admin's own credential
-	for i, h := range []amqp.Table{nil, {bridge.HeaderOrigin: "alpha"}} {
+	for i, h := range []amqp.Table{nil, {codec.HeaderOrigin: "alpha"}} {
 		if err := ach.PublishWithContext(ctx, "", "cmd.vault", false, false, amqp.Publishing{Type: "command",
 			MessageId: fmt.Sprintf("admin-%d", i), DeliveryMode: amqp.Persistent, Headers: h, Body: []byte("admin")}); err != nil {
 			t.Fatal(err)
@@ -275,7 +276,7 @@ func TestAdversaryCommandsCountedByCause(t *testing.T) {
 	fc := meshtest.Dial(t, fakeURL)
 	if code, err := meshtest.BrokerVerdict(fc, func(ch *amqp.Channel) error {
 		return ch.PublishWithContext(ctx, "mesh", "cmd.vault", false, false, amqp.Publishing{Type: "command", UserId: fakeUser,
-			MessageId: "fake-generation", DeliveryMode: amqp.Persistent, Headers: amqp.Table{bridge.HeaderOrigin: "alpha"}, Body: []byte("fake")})
+			MessageId: "fake-generation", DeliveryMode: amqp.Persistent, Headers: amqp.Table{codec.HeaderOrigin: "alpha"}, Body: []byte("fake")})
 	}); err != nil || code != 0 {
 		t.Fatalf("publish a command as %s: code %d, %v", fakeUser, code, err)
 	}
@@ -284,7 +285,7 @@ func TestAdversaryCommandsCountedByCause(t *testing.T) {
 	junk := []byte(rand.Text() + rand.Text())
 	if err := rch.PublishWithContext(ctx, "mesh", "cmd.vault", false, false, amqp.Publishing{Type: "command",
 		UserId: "node.alpha.g1", MessageId: "tampered-seal", DeliveryMode: amqp.Persistent,
-		Headers: amqp.Table{bridge.HeaderKey: currentKey(t, alpha)}, Body: junk}); err != nil {
+		Headers: amqp.Table{codec.HeaderKey: currentKey(t, alpha)}, Body: junk}); err != nil {
 		t.Fatal(err)
 	}
 

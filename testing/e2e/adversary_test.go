@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -134,7 +136,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	base := alphaForged()
 	// 3. Without user_id, claiming an origin in the header: a request with
 	// a reply-to of the attacker's choosing, a forged reply and an event.
-	forgedOrigin := amqp.Table{bridge.HeaderOrigin: "gamma", bridge.HeaderCapability: "echo"}
+	forgedOrigin := amqp.Table{codec.HeaderOrigin: "gamma", codec.HeaderCapability: "echo"}
 	for _, m := range []struct {
 		key string
 		p   amqp.Publishing
@@ -315,7 +317,7 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	if code := refused(pub("sys.bye", amqp.Publishing{Type: "system", UserId: betaCred.User, Body: bye})); code != 0 {
 		t.Fatalf("publish bye as beta: code %d", code)
 	}
-	if code := refused(pub("sys.bye", amqp.Publishing{Type: "system", Headers: amqp.Table{bridge.HeaderOrigin: "alpha"}, Body: bye})); code != 0 {
+	if code := refused(pub("sys.bye", amqp.Publishing{Type: "system", Headers: amqp.Table{codec.HeaderOrigin: "alpha"}, Body: bye})); code != 0 {
 		t.Fatalf("publish bye without user_id: code %d", code)
 	}
 	// beta's bridge skips the first as its own echo; alpha's node rejects

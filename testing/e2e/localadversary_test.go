@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge/codec"
+
 	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/blobs"
 	"github.com/meshbox/meshbox/appliance/programs"
-	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -124,7 +125,7 @@ func TestLocalAdversary(t *testing.T) {
 		t.Fatal(err)
 	}
 	forged := &nats.Msg{Subject: "evt.door.opened", Data: []byte("front"),
-		Header: nats.Header{bridge.HeaderOrigin: {"beta"}, bridge.HeaderRedelivered: {"true"}}}
+		Header: nats.Header{codec.HeaderOrigin: {"beta"}, codec.HeaderRedelivered: {"true"}}}
 	if err := prog.PublishMsg(forged); err != nil {
 		t.Fatal(err)
 	}
@@ -132,10 +133,10 @@ func TestLocalAdversary(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the program's event did not reach beta: %v", err)
 	}
-	if o := m.Header.Get(bridge.HeaderOrigin); o != "alpha" || string(m.Data) != "front" {
+	if o := m.Header.Get(codec.HeaderOrigin); o != "alpha" || string(m.Data) != "front" {
 		t.Errorf("event on beta: origin %q data %q, want origin alpha (the forged beta ignored) and front", o, m.Data)
 	}
-	if m.Header.Get(bridge.HeaderRedelivered) != "" {
+	if m.Header.Get(codec.HeaderRedelivered) != "" {
 		t.Errorf("event on beta carries the program's Meshbox-Redelivered: %v", m.Header)
 	}
 
@@ -314,14 +315,14 @@ func TestLocalConfusedDeputy(t *testing.T) {
 	}
 
 	// 3. A result topic the submitter may not publish: 403, not accepted.
-	sub := &nats.Msg{Subject: "cmd.s3", Data: []byte("job"), Header: nats.Header{bridge.HeaderResultTopic: {"alarm.off"}}}
+	sub := &nats.Msg{Subject: "cmd.s3", Data: []byte("job"), Header: nats.Header{codec.HeaderResultTopic: {"alarm.off"}}}
 	r, err := conns["submitter"].RequestMsg(sub, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code := r.Header.Get("Nats-Service-Error-Code"); code != "403" || r.Header.Get(bridge.HeaderAccepted) != "" {
+	if code := r.Header.Get("Nats-Service-Error-Code"); code != "403" || r.Header.Get(codec.HeaderAccepted) != "" {
 		t.Errorf("result topic alarm.off from a program that may not publish it: got code %q accepted %q (%v), want 403 and not accepted",
-			code, r.Header.Get(bridge.HeaderAccepted), r.Header)
+			code, r.Header.Get(codec.HeaderAccepted), r.Header)
 	}
 	// Control: a result topic every submitter of s3 may publish; its
 	// handler (on alpha) answers and the result is published there.
@@ -335,10 +336,10 @@ func TestLocalConfusedDeputy(t *testing.T) {
 	if err := onAlpha.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	sub.Header.Set(bridge.HeaderResultTopic, "s3.done")
+	sub.Header.Set(codec.HeaderResultTopic, "s3.done")
 	for end := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		r, err := conns["submitter"].RequestMsg(sub, 10*time.Second)
-		if err == nil && r.Header.Get(bridge.HeaderAccepted) != "" {
+		if err == nil && r.Header.Get(codec.HeaderAccepted) != "" {
 			break
 		}
 		if time.Now().After(end) { // the stage's queue is declared once alpha sees its handler

@@ -1,4 +1,4 @@
-package bridge
+package codec
 
 import (
 	"maps"
@@ -7,61 +7,57 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/internal/seal"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// This file is the outgoing side of the envelope: a message on its way to
-// the broker and the AMQP message it becomes (sealed in a mesh that
-// seals, sealing.go). The incoming side, decoding and validating what
-// the broker delivers, is envelope.go.
-
-// outgoing is a message on its way to the broker.
-type outgoing struct {
-	exchange  string
-	key       string
-	mandatory bool
-	kind      string
-	msgID     string
-	corrID    string
-	replyTo   string
-	expire    time.Duration // requests: time left until the deadline
-	persist   bool
-	header    nats.Header       // caller headers (see callerHeaders)
-	meta      map[string]string // Meshbox-* headers the node sets
-	body      []byte
-	at        time.Time
-	raw       *amqp.Publishing // when set: published as it is
-	scope     string           // replies: sealed with this scope's key (the request's)
+// Outgoing is a message on its way to the broker.
+type Outgoing struct {
+	Exchange  string
+	Key       string
+	Mandatory bool
+	Kind      string
+	MsgID     string
+	CorrID    string
+	ReplyTo   string
+	Expire    time.Duration // requests: time left until the deadline
+	Persist   bool
+	Header    nats.Header       // caller headers (see callerHeaders)
+	Meta      map[string]string // Meshbox-* headers the node sets
+	Body      []byte
+	At        time.Time
+	Raw       *amqp.Publishing // when set: published as it is
+	Scope     string           // replies: sealed with this scope's key (the request's)
 	// route, when set, is the routing key the message is published with
 	// while key stays the one it is sealed for: a retry copy is sealed for
 	// cmd.<stage>, where the retry queue sends it back, and routed to
 	// retry.<stage>.
-	route string
+	Route string
 	// ttl, when set, is the message's expiration (a retry copy's backoff).
-	ttl time.Duration
+	TTL time.Duration
 	// batch, when set, is how many commands the message carries (a batch
 	// built by packCommands, in raw).
-	batch int
+	Batch int
 	// bare: the message goes out with no properties and no body (a
 	// probe, probe.go).
-	bare bool
+	Bare bool
 }
 
 // routingKey is the key o is published with.
-func (o *outgoing) routingKey() string {
-	if o.route != "" {
-		return o.route
+func (o *Outgoing) RoutingKey() string {
+	if o.Route != "" {
+		return o.Route
 	}
-	return o.key
+	return o.Key
 }
 
 // expiration is the AMQP expiration property of o: the request's time
 // left or the retry copy's backoff, in milliseconds ("": none).
-func (o *outgoing) expiration() string {
-	d := o.expire
-	if o.ttl > 0 {
-		d = o.ttl
+func (o *Outgoing) expiration() string {
+	d := o.Expire
+	if o.TTL > 0 {
+		d = o.TTL
 	}
 	if d <= 0 {
 		return ""
@@ -74,29 +70,29 @@ func (o *outgoing) expiration() string {
 // user, and receivers take the origin from it). With keys (a mesh that
 // seals), a program's message is sealed (sealing.go); it fails only when
 // keys holds no key to seal with.
-func (o *outgoing) publishing(origin, user string, keys *seal.Keyring) (amqp.Publishing, error) {
-	if o.bare {
+func (o *Outgoing) Publishing(origin, user string, keys *seal.Keyring) (amqp.Publishing, error) {
+	if o.Bare {
 		return amqp.Publishing{}, nil
 	}
-	if o.raw != nil {
-		p := *o.raw
+	if o.Raw != nil {
+		p := *o.Raw
 		p.UserId = user
 		return p, nil
 	}
-	if keys != nil && sealable(o.kind) {
+	if keys != nil && Sealable(o.Kind) {
 		return o.sealedPublishing(origin, user, keys)
 	}
-	t := make(amqp.Table, len(o.header)+len(o.meta)+1)
+	t := make(amqp.Table, len(o.Header)+len(o.Meta)+1)
 	var ctype, cenc string
-	for k, vs := range o.header {
+	for k, vs := range o.Header {
 		if len(vs) == 0 {
 			continue
 		}
 		switch {
-		case strings.EqualFold(k, headerContentType):
+		case strings.EqualFold(k, HeaderContentType):
 			ctype = vs[0]
 			continue
-		case strings.EqualFold(k, headerContentEncoding):
+		case strings.EqualFold(k, HeaderContentEncoding):
 			cenc = vs[0]
 			continue
 		}
@@ -110,30 +106,30 @@ func (o *outgoing) publishing(origin, user string, keys *seal.Keyring) (amqp.Pub
 		}
 		t[k] = arr
 	}
-	for k, v := range o.meta {
+	for k, v := range o.Meta {
 		t[k] = v
 	}
 	p := o.readable(t, origin, user)
-	p.ContentType, p.ContentEncoding, p.Body = ctype, cenc, o.body
+	p.ContentType, p.ContentEncoding, p.Body = ctype, cenc, o.Body
 	return p, nil
 }
 
 // readable is the part of o's AMQP message that stays readable sealed or
 // not: the headers t (with Meshbox-Origin where it counts), ids,
 // reply-to, type, timestamp, user_id, delivery mode and expiration.
-func (o *outgoing) readable(t amqp.Table, origin, user string) amqp.Publishing {
-	setOriginHeader(t, origin, user)
+func (o *Outgoing) readable(t amqp.Table, origin, user string) amqp.Publishing {
+	SetOriginHeader(t, origin, user)
 	p := amqp.Publishing{
 		Headers:       t,
-		MessageId:     o.msgID,
-		CorrelationId: o.corrID,
-		ReplyTo:       o.replyTo,
-		Type:          o.kind,
-		Timestamp:     o.at,
+		MessageId:     o.MsgID,
+		CorrelationId: o.CorrID,
+		ReplyTo:       o.ReplyTo,
+		Type:          o.Kind,
+		Timestamp:     o.At,
 		UserId:        user,
 		Expiration:    o.expiration(),
 	}
-	if o.persist {
+	if o.Persist {
 		p.DeliveryMode = amqp.Persistent
 	}
 	return p
@@ -143,20 +139,20 @@ func (o *outgoing) readable(t amqp.Table, origin, user string) amqp.Publishing {
 // stays readable (type, routing key, ids, reply-to, expiration, timestamp,
 // user_id, and the node's Meshbox-* headers but the timeout, which is
 // sealed with the deadline).
-func (o *outgoing) sealedPublishing(origin, user string, keys *seal.Keyring) (amqp.Publishing, error) {
-	t := make(amqp.Table, len(o.meta)+2)
-	for k, v := range o.meta {
+func (o *Outgoing) sealedPublishing(origin, user string, keys *seal.Keyring) (amqp.Publishing, error) {
+	t := make(amqp.Table, len(o.Meta)+2)
+	for k, v := range o.Meta {
 		if k != HeaderTimeout && k != HeaderResultTopic {
 			t[k] = v
 		}
 	}
-	if topic := o.meta[HeaderResultTopic]; topic != "" && o.kind == typeCommand {
+	if topic := o.Meta[HeaderResultTopic]; topic != "" && o.Kind == TypeCommand {
 		// Sealed with the command, so that nobody on the way can send its
 		// result elsewhere (results.go).
 		sealed := *o
-		sealed.header = make(nats.Header, len(o.header)+1)
-		maps.Copy(sealed.header, o.header)
-		sealed.header[HeaderResultTopic] = []string{topic}
+		sealed.Header = make(nats.Header, len(o.Header)+1)
+		maps.Copy(sealed.Header, o.Header)
+		sealed.Header[HeaderResultTopic] = []string{topic}
 		o = &sealed
 	}
 	p := o.readable(t, origin, user)
@@ -166,14 +162,14 @@ func (o *outgoing) sealedPublishing(origin, user string, keys *seal.Keyring) (am
 	return p, nil
 }
 
-// setOriginHeader sets Meshbox-Origin in t, where it counts: in a mesh
+// SetOriginHeader sets Meshbox-Origin in t, where it counts: in a mesh
 // run on one credential. A node's own broker user is its origin already
 // (the receiver reads it from user_id, origin.go), and every header costs
 // the broker work on each message: measured with raw clients on a 2-core
 // machine, three headers instead of one added about 10 µs to a request's
 // round trip.
-func setOriginHeader(t amqp.Table, origin, user string) {
-	if _, _, ok := ParseBrokerUser(user); !ok {
+func SetOriginHeader(t amqp.Table, origin, user string) {
+	if _, _, ok := wire.ParseBrokerUser(user); !ok {
 		t[HeaderOrigin] = origin
 	}
 }

@@ -1,4 +1,4 @@
-package bridge
+package link
 
 import (
 	"errors"
@@ -26,19 +26,19 @@ func (c *writesConn) Close() error { c.closed = true; return nil }
 
 func TestCorkConnBatchesWritesInOrder(t *testing.T) {
 	w := &writesConn{}
-	c := &corkConn{Conn: w}
+	c := &CorkConn{Conn: w}
 	_, _ = c.Write([]byte("a"))
-	c.cork()
+	c.Cork()
 	_, _ = c.Write([]byte("b"))
-	c.cork() // nested: the inner uncork writes nothing
+	c.Cork() // nested: the inner uncork writes nothing
 	_, _ = c.Write([]byte("c"))
-	c.uncork()
+	c.Uncork()
 	if len(w.writes) != 1 {
 		t.Fatalf("writes while corked: got %q, want only the one before the cork", w.writes)
 	}
-	c.flush() // before waiting for the broker: written now, still corked
+	c.Flush() // before waiting for the broker: written now, still corked
 	_, _ = c.Write([]byte("d"))
-	c.uncork()
+	c.Uncork()
 	_, _ = c.Write([]byte("e"))
 	want := []string{"a", "bc", "d", "e"}
 	if len(w.writes) != len(want) {
@@ -55,13 +55,13 @@ func TestCorkConnBatchesWritesInOrder(t *testing.T) {
 // socket, so that the library's reader fails and the session ends.
 func TestCorkConnFailedFlushClosesTheSocket(t *testing.T) {
 	w := &writesConn{}
-	c := &corkConn{Conn: w}
-	c.cork()
+	c := &CorkConn{Conn: w}
+	c.Cork()
 	if n, err := c.Write([]byte("held")); n != 4 || err != nil {
 		t.Fatalf("corked write: got %d, %v", n, err)
 	}
 	w.fail = errors.New("broken pipe")
-	c.uncork()
+	c.Uncork()
 	if !w.closed {
 		t.Fatal("the socket stayed open after a held-back write failed")
 	}

@@ -1,4 +1,4 @@
-package bridge
+package codec
 
 import (
 	"strconv"
@@ -6,30 +6,30 @@ import (
 )
 
 func TestHandedOut(t *testing.T) {
-	h := newHandedOut(3)
+	h := NewHandedOut(3)
 	for _, id := range []string{"a", "b", "c"} {
-		if h.add(id) {
+		if h.Add(id) {
 			t.Fatalf("add(%q) the first time: got seen, want new", id)
 		}
 	}
-	if !h.add("a") {
+	if !h.Add("a") {
 		t.Fatal(`add("a") again: got new, want seen`)
 	}
-	h.add("d") // evicts the oldest, "a"
-	if h.add("a") {
+	h.Add("d") // evicts the oldest, "a"
+	if h.Add("a") {
 		t.Fatal(`add("a") after eviction: got seen, want new`)
 	}
-	if got := len(h.set); got != 3 {
+	if got := len(h.Set); got != 3 {
 		t.Fatalf("remembered: got %d ids, want the bound 3", got)
 	}
-	big := newHandedOut(100)
+	big := NewHandedOut(100)
 	for i := range 1000 {
-		big.add(strconv.Itoa(i))
+		big.Add(strconv.Itoa(i))
 	}
-	if len(big.set) != 100 || len(big.ring) != 100 {
-		t.Fatalf("got %d ids in the set and %d in the ring, want 100 each", len(big.set), len(big.ring))
+	if len(big.Set) != 100 || len(big.Ring) != 100 {
+		t.Fatalf("got %d ids in the set and %d in the ring, want 100 each", len(big.Set), len(big.Ring))
 	}
-	if !big.add("999") || big.add("0") {
+	if !big.Add("999") || big.Add("0") {
 		t.Fatal("want the newest ids remembered and the oldest forgotten")
 	}
 }

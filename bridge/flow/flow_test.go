@@ -1,4 +1,4 @@
-package bridge
+package flow
 
 import (
 	"math"
@@ -7,15 +7,15 @@ import (
 	"time"
 )
 
-// stageModel is a model of one stage on one node, to drive a stageFlow's rules
+// stageModel is a model of one stage on one node, to drive a StageFlow's rules
 // on a clock of its own: the broker has work for the stage at producer
 // commands a second at most (0: without end); each delivery's credit comes
-// back rtt + ackLinger + the handler's time after it is sent; the handler
+// back rtt + AckLinger + the handler's time after it is sent; the handler
 // clears capacity commands a second at most (0: without end), each in
 // service, at once (parallel) or one after another (serial: what it holds
 // waits behind the others).
 type stageModel struct {
-	f        *stageFlow
+	f        *StageFlow
 	rtt      atomic.Int64
 	now      time.Time
 	service  time.Duration
@@ -31,16 +31,16 @@ type stageModel struct {
 func newStageModel(prefetch, batch, ceiling int, rtt, service time.Duration) *stageModel {
 	m := &stageModel{now: time.Unix(1_000_000, 0), service: service, perMsg: batch}
 	m.rtt.Store(int64(rtt))
-	m.f = newStageFlow("s", prefetch, batch, ceiling, 0, &m.rtt)
+	m.f = NewStageFlow("s", prefetch, batch, ceiling, 0, &m.rtt)
 	return m
 }
 
 // credit is the credit the flow wants, in commands.
-func (m *stageModel) credit() int { return m.f.wanted() * m.perMsg }
+func (m *stageModel) credit() int { return m.f.Wanted() * m.perMsg }
 
 // rate is the commands a second the model clears at the flow's credit.
 func (m *stageModel) rate() float64 {
-	cycle := time.Duration(m.rtt.Load()) + ackLinger + m.service
+	cycle := time.Duration(m.rtt.Load()) + AckLinger + m.service
 	r := float64(m.credit()) / cycle.Seconds()
 	if m.capacity > 0 {
 		r = min(r, m.capacity)
@@ -64,7 +64,7 @@ func (m *stageModel) run(d time.Duration) (changes int) {
 		if m.capacity > 0 && r >= m.capacity*0.99 {
 			// At its pace: what the credit brings beyond what the link
 			// holds waits at the handler.
-			want = max(want, m.credit()-int(r*(time.Duration(m.rtt.Load())+ackLinger).Seconds()))
+			want = max(want, m.credit()-int(r*(time.Duration(m.rtt.Load())+AckLinger).Seconds()))
 			if m.serial {
 				lat = time.Duration(want) * m.service
 			} else {
@@ -72,25 +72,25 @@ func (m *stageModel) run(d time.Duration) (changes int) {
 			}
 		}
 		for ; m.level < want; m.level++ {
-			m.f.delivered()
+			m.f.Delivered()
 		}
 		for ; m.level > want; m.level-- {
-			m.f.gone()
+			m.f.Gone()
 		}
 		m.due += r * step.Seconds()
 		for ; m.due >= 1; m.due-- {
 			if int(m.due)%m.perMsg == 0 {
-				m.f.deliveredMsg(m.perMsg)
+				m.f.DeliveredMsg(m.perMsg)
 			}
-			m.f.delivered()
+			m.f.Delivered()
 			if !m.started {
 				m.started = true
-				if m.f.answered(m.service, m.now) {
+				if m.f.Answered(m.service, m.now) {
 					changes++
 				}
 				continue
 			}
-			if m.f.answered(lat, m.now) {
+			if m.f.Answered(lat, m.now) {
 				changes++
 			}
 		}
@@ -119,7 +119,7 @@ func TestStageFlowFillsTheLink(t *testing.T) {
 	m := newStageModel(32, 1, 4096, 50*time.Millisecond, 200*time.Microsecond)
 	m.capacity = 20_000
 	m.run(3 * time.Second)
-	cycle := 50*time.Millisecond + ackLinger + 200*time.Microsecond
+	cycle := 50*time.Millisecond + AckLinger + 200*time.Microsecond
 	bdp := 20_000 * cycle.Seconds()
 	if got := float64(m.credit()); got < bdp || got > 3*bdp {
 		t.Fatalf("credit after 3s: %.0f commands, want between %.0f (rate x cycle) and %.0f", got, bdp, 3*bdp)
@@ -142,7 +142,7 @@ func TestStageFlowCeilingInCommands(t *testing.T) {
 	m.capacity = 20_000
 	m.run(5 * time.Second)
 	if got := m.credit(); got != 512 {
-		t.Fatalf("credit with batches of 4 and a ceiling of 512 commands: %d commands (%d messages), want 512", got, m.f.wanted())
+		t.Fatalf("credit with batches of 4 and a ceiling of 512 commands: %d commands (%d messages), want 512", got, m.f.Wanted())
 	}
 	if n := m.run(10 * time.Second); n != 0 {
 		t.Fatalf("%d changes at the ceiling, want none", n)
@@ -220,12 +220,12 @@ func TestStageFlowStableUnderBursts(t *testing.T) {
 // of Prefetch/CommandBatch messages keeps the queue's order.
 func TestStageFlowFixedCredit(t *testing.T) {
 	m := newStageModel(64, 4, 64, 50*time.Millisecond, 100*time.Microsecond)
-	if !m.f.fixed || m.f.wanted() != 16 {
-		t.Fatalf("a fixed credit of 64 with batches of 4: fixed %v, %d messages; want fixed, 16", m.f.fixed, m.f.wanted())
+	if !m.f.Fixed || m.f.Wanted() != 16 {
+		t.Fatalf("a fixed credit of 64 with batches of 4: fixed %v, %d messages; want fixed, 16", m.f.Fixed, m.f.Wanted())
 	}
 	m.capacity = 20_000
-	if n := m.run(5 * time.Second); n != 0 || m.f.wanted() != 16 {
-		t.Fatalf("a fixed credit changed %d times, to %d messages", n, m.f.wanted())
+	if n := m.run(5 * time.Second); n != 0 || m.f.Wanted() != 16 {
+		t.Fatalf("a fixed credit changed %d times, to %d messages", n, m.f.Wanted())
 	}
 }
 
@@ -233,13 +233,13 @@ func TestStageFlowFixedCredit(t *testing.T) {
 // bounds.
 func TestStageFlowStartsFromTheLastSession(t *testing.T) {
 	var rtt atomic.Int64
-	if got := newStageFlow("s", 32, 1, 4096, 900, &rtt).wanted(); got != 900 {
+	if got := NewStageFlow("s", 32, 1, 4096, 900, &rtt).Wanted(); got != 900 {
 		t.Fatalf("started at %d messages, want 900", got)
 	}
-	if got := newStageFlow("s", 32, 1, 256, 900, &rtt).wanted(); got != 256 {
+	if got := NewStageFlow("s", 32, 1, 256, 900, &rtt).Wanted(); got != 256 {
 		t.Fatalf("started at %d messages past a ceiling of 256, want 256", got)
 	}
-	if got := newStageFlow("s", 32, 1, 32, 900, &rtt).wanted(); got != 32 {
+	if got := NewStageFlow("s", 32, 1, 32, 900, &rtt).Wanted(); got != 32 {
 		t.Fatalf("a fixed credit started at %d, want 32", got)
 	}
 }
