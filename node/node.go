@@ -401,6 +401,15 @@ func (n *Node) serveAPILocked() error {
 		}
 		n.subs = append(n.subs, sub)
 	}
+	// In place at the server before Start returns: a program's request
+	// right after finds the API rather than no responders.
+	if err := n.cfg.Conn.FlushTimeout(5 * time.Second); err != nil {
+		for _, s := range n.subs {
+			_ = s.Unsubscribe()
+		}
+		n.subs = nil
+		return fmt.Errorf("serve the node's API: %w", err)
+	}
 	return nil
 }
 
