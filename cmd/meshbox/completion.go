@@ -102,8 +102,8 @@ func (m *Main) completeAfter(ctx context.Context, c command, words []string) []s
 	switch {
 	case value != "":
 		kind = leaf.values[value]
-	case len(leaf.args) > 0:
-		kind = leaf.args[min(len(pos), len(leaf.args)-1)]
+	case len(pos) < len(leaf.args):
+		kind = leaf.args[len(pos)]
 	}
 	var out []string
 	if value == "" {

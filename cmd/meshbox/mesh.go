@@ -101,7 +101,7 @@ type meshLeaf struct {
 func meshCommands() []command {
 	// Only the names and arguments are read: no leaf runs on this Main.
 	var out []command
-	for _, leaf := range (&MeshCommand{m: &Main{}}).allLeaves() {
+	for _, leaf := range (&MeshCommand{m: quietMain()}).allLeaves() {
 		first, second, two := strings.Cut(leaf.name, " ")
 		c := meshLeafCommand(leaf)
 		if !two {
@@ -141,7 +141,6 @@ func meshLeafCommand(leaf meshLeaf) command {
 		name:     leaf.name,
 		synopsis: synopsis + " [flags]",
 		args:     args,
-		values:   map[string]word{"node": wordNode, "consumer": wordNode, "credential-file": wordFile},
 		flags: func(m *Main, fs *flag.FlagSet) action {
 			c := &MeshCommand{m: m}
 			i := slices.IndexFunc(c.allLeaves(), func(l meshLeaf) bool { return l.name == leaf.name })
@@ -165,7 +164,7 @@ func meshLeafCommand(leaf meshLeaf) command {
 				return act(ctx, db, pos)
 			}
 		},
-	}
+	}.withValues(map[string]word{"node": wordNode, "consumer": wordNode, "credential-file": wordFile})
 }
 
 // meshWords are the kinds of words mesh's arguments are, by the names

@@ -86,9 +86,8 @@ func rowsCommands() []command {
 			name:     o.name,
 			synopsis: strings.Join(strings.Fields("rows "+o.name+" "+o.args+" "+o.more), " ") + " [--server URL] [--json]",
 			args:     []word{wordTable},
-			values:   map[string]word{"from": wordFile},
 			flags:    func(m *Main, fs *flag.FlagSet) action { return (&RowsCommand{m: m}).flags(o, fs) },
-		})
+		}.withValues(map[string]word{"from": wordFile}))
 	}
 	return out
 }

@@ -37,9 +37,9 @@ type command struct {
 	// flagsFirst: the flags end at the first argument (flag.Parse);
 	// otherwise they may come before, between or after the arguments.
 	flagsFirst bool
-	// args are the kinds of words its arguments are, in order (the last
-	// repeats), and values the kinds of its flags' values, for
-	// completion; a kind not named is any word.
+	// args are the kinds of words its arguments are, in order, and
+	// values the kinds of its flags' values, for completion; a kind not
+	// named is any word.
 	args   []word
 	values map[string]word
 
@@ -163,6 +163,18 @@ func (c command) declared() []flagDecl {
 		out = append(out, flagDecl{name: f.Name, help: f.Usage, value: !isBool(f), kind: c.values[f.Name]})
 	})
 	return out
+}
+
+// withValues returns c with the kinds of values, of kinds, of the flags
+// it has.
+func (c command) withValues(kinds map[string]word) command {
+	c.values = map[string]word{}
+	for _, f := range c.declared() {
+		if k, ok := kinds[f.name]; ok {
+			c.values[f.name] = k
+		}
+	}
+	return c
 }
 
 // isBool reports whether f is a boolean flag (-f, not -f VALUE).
