@@ -119,7 +119,7 @@ func (c command) walk(f func(names []string, c command)) {
 	walk(c, nil)
 }
 
-// flag is one flag a command declares: what help, completion and the
+// flagDecl is one flag a command declares: what help, completion and the
 // man page know of it.
 type flagDecl struct {
 	name, help string
