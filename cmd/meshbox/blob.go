@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -40,55 +41,58 @@ Commands:
 // see a corrupted chunk detected and fetched again.
 const envTamperChunks = "MESHBOX_TEST_TAMPER_CHUNKS"
 
-// Run dispatches `meshbox blob ...`.
-func (c *BlobCommand) Run(ctx context.Context, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(c.m.Stderr, blobUsage)
-		return usagef("blob: no command given")
+// blobCommands are blob's subcommands.
+func blobCommands() []command {
+	// Each defines the flags all of them take (blob's commands have
+	// always shared them), and checks its own arguments.
+	leaf := func(name, synopsis string, run func(c *BlobCommand, ctx context.Context, f blobFlags, pos []string) error) command {
+		return command{name: name, synopsis: synopsis, values: map[string]word{"o": wordFile},
+			flags: func(m *Main, fs *flag.FlagSet) action {
+				c := &BlobCommand{m: m}
+				f := blobFlags{server: m.serverFlag(fs)}
+				f.asJSON = fs.Bool("json", false, "print JSON (list)")
+				f.out = fs.String("o", "", "output file (get; default: the blob's SHA-256 in the current directory)")
+				f.patience = fs.Duration("patience", blobs.DefaultPatience, "how long get keeps trying while nothing arrives, once the fetch has begun")
+				return func(ctx context.Context, pos []string) error { return run(c, ctx, f, pos) }
+			}}
 	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(c.m.Stdout, blobUsage)
-		return nil
+	return []command{
+		leaf("put", "blob put FILE [--server URL] [flags]", func(c *BlobCommand, ctx context.Context, f blobFlags, pos []string) error {
+			if len(pos) != 1 {
+				return usagef("blob put: want one FILE, got %d arguments", len(pos))
+			}
+			return c.put(ctx, *f.server, pos[0])
+		}),
+		leaf("get", "blob get REF [-o FILE] [--server URL] [flags]", func(c *BlobCommand, ctx context.Context, f blobFlags, pos []string) error {
+			if len(pos) != 1 {
+				return usagef("blob get: want one REF, got %d arguments", len(pos))
+			}
+			ref, err := blobs.ParseRef(pos[0])
+			if err != nil {
+				return usagef("blob get: %v", err)
+			}
+			return c.get(ctx, *f.server, ref, *f.out, *f.patience)
+		}),
+		leaf("list", "blob list [--json] [--server URL] [flags]", func(c *BlobCommand, ctx context.Context, f blobFlags, pos []string) error {
+			if len(pos) != 0 {
+				return usagef("blob list takes no arguments")
+			}
+			return c.list(ctx, *f.server, *f.asJSON)
+		}),
+		leaf("rm", "blob rm REF|SHA256... [--server URL] [flags]", func(c *BlobCommand, ctx context.Context, f blobFlags, pos []string) error {
+			if len(pos) == 0 {
+				return usagef("blob rm: want REF or SHA256 arguments")
+			}
+			return c.rm(ctx, *f.server, pos)
+		}),
 	}
-	sub, args := args[0], args[1:]
-	fs := c.m.newFlagSet("blob "+sub, "blob "+sub+" [--server URL] [flags]")
-	server := c.m.serverFlag(fs)
-	asJSON := fs.Bool("json", false, "print JSON (list)")
-	out := fs.String("o", "", "output file (get; default: the blob's SHA-256 in the current directory)")
-	patience := fs.Duration("patience", blobs.DefaultPatience, "how long get keeps trying while nothing arrives, once the fetch has begun")
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return err
-	}
-	switch sub {
-	case "put":
-		if len(pos) != 1 {
-			return usagef("blob put: want one FILE, got %d arguments", len(pos))
-		}
-		return c.put(ctx, *server, pos[0])
-	case "get":
-		if len(pos) != 1 {
-			return usagef("blob get: want one REF, got %d arguments", len(pos))
-		}
-		ref, err := blobs.ParseRef(pos[0])
-		if err != nil {
-			return usagef("blob get: %v", err)
-		}
-		return c.get(ctx, *server, ref, *out, *patience)
-	case "list":
-		if len(pos) != 0 {
-			return usagef("blob list takes no arguments")
-		}
-		return c.list(ctx, *server, *asJSON)
-	case "rm":
-		if len(pos) == 0 {
-			return usagef("blob rm: want REF or SHA256 arguments")
-		}
-		return c.rm(ctx, *server, pos)
-	default:
-		fmt.Fprint(c.m.Stderr, blobUsage)
-		return usagef("blob: unknown command %q", sub)
-	}
+}
+
+// blobFlags are the flags of blob's commands.
+type blobFlags struct {
+	server, out *string
+	asJSON      *bool
+	patience    *time.Duration
 }
 
 // local connects to the local node and binds its blob store (made first

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"path/filepath"
 	"strconv"
@@ -31,62 +32,67 @@ The node's data directory is found as meshbox run configures it (--data,
 join writes it).
 `
 
-// Run dispatches `meshbox cache ...`.
-func (c *CacheCommand) Run(ctx context.Context, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(c.m.Stderr, cacheUsage)
-		return usagef("cache: no command given")
+// cacheCommands are cache's subcommands.
+func cacheCommands() []command {
+	leaf := func(name, synopsis string, want int, run func(c *CacheCommand, f cacheFlags, store *cache.Store, pos []string) error) command {
+		return command{name: name, synopsis: synopsis, flags: func(m *Main, fs *flag.FlagSet) action {
+			c := &CacheCommand{m: m}
+			m.nodeFlags(fs)
+			f := cacheFlags{asJSON: fs.Bool("json", false, "print JSON")}
+			f.rev = fs.Int64("revision", 0, "show: this revision instead of the newest")
+			f.reveal = fs.Bool("reveal", false, "show: print credentials, passwords and secret-looking values as they are")
+			return func(ctx context.Context, pos []string) error {
+				if len(pos) != want {
+					return usagef("cache %s: want %d arguments, got %d", name, want, len(pos))
+				}
+				store, err := c.open()
+				if err != nil {
+					return err
+				}
+				defer store.Close()
+				return run(c, f, store, pos)
+			}
+		}}
 	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(c.m.Stdout, cacheUsage)
-		return nil
+	return []command{
+		leaf("show", "cache show [--revision N] [--json] [--reveal] [--data DIR]", 0, func(c *CacheCommand, f cacheFlags, store *cache.Store, _ []string) error {
+			return c.show(store, *f.rev, *f.asJSON, *f.reveal)
+		}),
+		leaf("history", "cache history [--json] [--data DIR]", 0, func(c *CacheCommand, f cacheFlags, store *cache.Store, _ []string) error {
+			return c.history(store, *f.asJSON)
+		}),
+		leaf("diff", "cache diff A B [--json] [--data DIR]", 2, func(c *CacheCommand, f cacheFlags, store *cache.Store, pos []string) error {
+			return c.diff(store, pos[0], pos[1], *f.asJSON)
+		}),
+		leaf("verify", "cache verify [--data DIR]", 0, func(c *CacheCommand, _ cacheFlags, store *cache.Store, _ []string) error {
+			return c.verify(store)
+		}),
 	}
-	sub, args := args[0], args[1:]
-	fs := c.m.newFlagSet("cache "+sub, "cache "+sub+" [--data DIR] [flags]")
-	c.m.nodeFlags(fs)
-	asJSON := fs.Bool("json", false, "print JSON")
-	rev := fs.Int64("revision", 0, "show: this revision instead of the newest")
-	reveal := fs.Bool("reveal", false, "show: print credentials, passwords and secret-looking values as they are")
-	var want int
-	switch sub {
-	case "show", "history", "verify":
-	case "diff":
-		want = 2
-	default:
-		fmt.Fprint(c.m.Stderr, cacheUsage)
-		return usagef("cache: unknown command %q", sub)
-	}
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != want {
-		return usagef("cache %s: want %d arguments, got %d", sub, want, len(pos))
-	}
+}
+
+// cacheFlags are the flags of cache's commands (they have always shared
+// them).
+type cacheFlags struct {
+	asJSON, reveal *bool
+	rev            *int64
+}
+
+// open opens the bindings cache of the node the flags name, read-only.
+func (c *CacheCommand) open() (*cache.Store, error) {
 	data, err := c.m.dataDir()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	path := filepath.Join(data, "cache.db")
 	store, err := cache.Open(path, cache.StoreOptions{ReadOnly: true, LockTimeout: 500 * time.Millisecond})
 	if err != nil {
 		var locked *cache.LockedError
 		if errors.As(err, &locked) {
-			return fmt.Errorf("%w (stop the node to inspect its cache)", err)
+			return nil, fmt.Errorf("%w (stop the node to inspect its cache)", err)
 		}
-		return err
+		return nil, err
 	}
-	defer store.Close()
-	switch sub {
-	case "show":
-		return c.show(store, *rev, *asJSON, *reveal)
-	case "history":
-		return c.history(store, *asJSON)
-	case "diff":
-		return c.diff(store, pos[0], pos[1], *asJSON)
-	default:
-		return c.verify(store)
-	}
+	return store, nil
 }
 
 func (c *CacheCommand) show(store *cache.Store, rev int64, asJSON, reveal bool) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -103,9 +104,8 @@ func printHeaders(w io.Writer, h nats.Header) {
 // CallCommand calls a capability: meshbox call CAP [DATA] [--to NODE] [--timeout D].
 type CallCommand struct{ m *Main }
 
-// Run sends the request and prints the reply's body on standard output.
-func (c *CallCommand) Run(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("call", "call CAPABILITY [DATA] [--to NODE] [--timeout D] [--header K=V]...\n\nDATA is read from standard input when not given.")
+// flags defines its flags; its action sends the request and prints the reply's body on standard output.
+func (c *CallCommand) flags(fs *flag.FlagSet) action {
 	server := c.m.serverFlag(fs)
 	to := fs.String("to", "", "call the capability on this node (node.<NODE>.cap.<CAPABILITY>)")
 	timeout := fs.Duration("timeout", 5*time.Second, fmt.Sprintf("deadline of the call (at most %s, or the node's %s if that is longer)", wire.MaxTimeout,
@@ -113,63 +113,61 @@ func (c *CallCommand) Run(ctx context.Context, args []string) error {
 	verbose := fs.Bool("v", false, "print the reply's headers on standard error")
 	var hdrs headerFlags
 	fs.Var(&hdrs, "header", "add a header KEY=VALUE to the request (repeatable)")
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
+	return func(ctx context.Context, pos []string) error {
+		if len(pos) < 1 || len(pos) > 2 {
+			return usagef("call takes a capability and optional data")
+		}
+		if *timeout <= 0 {
+			return usagef("--timeout must be positive")
+		}
+		subject := wire.CapSubject(pos[0])
+		if *to != "" {
+			subject = wire.NodeCapSubject(*to, pos[0])
+		}
+		h, err := hdrs.header()
+		if err != nil {
+			return err
+		}
+		data, err := c.m.payload(pos, 1)
+		if err != nil {
+			return err
+		}
+		h.Set(wire.HeaderTimeout, timeout.String())
+		nc, err := c.m.connectNode(*server)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		if err := fitsMessage(nc, data); err != nil {
+			return err
+		}
+		// The node answers by the deadline; wait a little longer for its 504.
+		rctx, cancel := context.WithTimeout(ctx, *timeout+2*time.Second)
+		defer cancel()
+		reply, err := nc.RequestMsgWithContext(rctx, &nats.Msg{Subject: subject, Data: data, Header: h})
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
+			return &exitError{code: 1, msg: fmt.Sprintf("no host for %s: nothing here serves %s and no route leads elsewhere%s",
+				pos[0], subject, c.m.nearCapability(ctx, nc, pos[0]))}
+		case errors.Is(err, context.DeadlineExceeded):
+			return &exitError{code: 1, msg: fmt.Sprintf("no reply from %s within %s", subject, *timeout)}
+		case err != nil:
+			return fmt.Errorf("call %s: %v", subject, err)
+		}
+		if *verbose {
+			printHeaders(c.m.Stderr, reply.Header)
+		}
+		if err := replyFailure(reply); err != nil {
+			return err
+		}
+		if _, err := c.m.Stdout.Write(reply.Data); err != nil {
+			return err
+		}
+		if endLine(isTerminal(c.m.Stdout), reply.Data) {
+			_, err = io.WriteString(c.m.Stdout, "\n")
+		}
 		return err
 	}
-	if len(pos) < 1 || len(pos) > 2 {
-		return usagef("call takes a capability and optional data")
-	}
-	if *timeout <= 0 {
-		return usagef("--timeout must be positive")
-	}
-	subject := wire.CapSubject(pos[0])
-	if *to != "" {
-		subject = wire.NodeCapSubject(*to, pos[0])
-	}
-	h, err := hdrs.header()
-	if err != nil {
-		return err
-	}
-	data, err := c.m.payload(pos, 1)
-	if err != nil {
-		return err
-	}
-	h.Set(wire.HeaderTimeout, timeout.String())
-	nc, err := c.m.connectNode(*server)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	if err := fitsMessage(nc, data); err != nil {
-		return err
-	}
-	// The node answers by the deadline; wait a little longer for its 504.
-	rctx, cancel := context.WithTimeout(ctx, *timeout+2*time.Second)
-	defer cancel()
-	reply, err := nc.RequestMsgWithContext(rctx, &nats.Msg{Subject: subject, Data: data, Header: h})
-	switch {
-	case errors.Is(err, nats.ErrNoResponders):
-		return &exitError{code: 1, msg: fmt.Sprintf("no host for %s: nothing here serves %s and no route leads elsewhere%s",
-			pos[0], subject, c.m.nearCapability(ctx, nc, pos[0]))}
-	case errors.Is(err, context.DeadlineExceeded):
-		return &exitError{code: 1, msg: fmt.Sprintf("no reply from %s within %s", subject, *timeout)}
-	case err != nil:
-		return fmt.Errorf("call %s: %v", subject, err)
-	}
-	if *verbose {
-		printHeaders(c.m.Stderr, reply.Header)
-	}
-	if err := replyFailure(reply); err != nil {
-		return err
-	}
-	if _, err := c.m.Stdout.Write(reply.Data); err != nil {
-		return err
-	}
-	if endLine(isTerminal(c.m.Stdout), reply.Data) {
-		_, err = io.WriteString(c.m.Stdout, "\n")
-	}
-	return err
 }
 
 // nearCapability suggests the capabilities the node knows (hosted here or
@@ -252,117 +250,108 @@ func (m *Main) submit(ctx context.Context, server, subject string, data []byte, 
 // SendCommand submits a command: meshbox send STAGE [DATA].
 type SendCommand struct{ m *Main }
 
-// Run submits the command and prints how it was accepted and its id.
-func (c *SendCommand) Run(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("send", "send STAGE [DATA] [--id ID] [--header K=V]...\n\nDATA is read from standard input when not given.")
+// flags defines its flags; its action submits the command and prints how it was accepted and its id.
+func (c *SendCommand) flags(fs *flag.FlagSet) action {
 	server := c.m.serverFlag(fs)
 	id := fs.String("id", "", "message id for idempotency (default: one chosen by the node)")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the node to accept it")
 	verbose := fs.Bool("v", false, "print the reply's headers on standard error")
 	var hdrs headerFlags
 	fs.Var(&hdrs, "header", "add a header KEY=VALUE (repeatable)")
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return err
+	return func(ctx context.Context, pos []string) error {
+		if len(pos) < 1 || len(pos) > 2 {
+			return usagef("send takes a stage and optional data")
+		}
+		h, err := hdrs.header()
+		if err != nil {
+			return err
+		}
+		if *id != "" {
+			h.Set(wire.HeaderMsgID, *id)
+		}
+		data, err := c.m.payload(pos, 1)
+		if err != nil {
+			return err
+		}
+		return c.m.submit(ctx, *server, wire.CommandSubject(pos[0]), data, h, *timeout, *verbose)
 	}
-	if len(pos) < 1 || len(pos) > 2 {
-		return usagef("send takes a stage and optional data")
-	}
-	h, err := hdrs.header()
-	if err != nil {
-		return err
-	}
-	if *id != "" {
-		h.Set(wire.HeaderMsgID, *id)
-	}
-	data, err := c.m.payload(pos, 1)
-	if err != nil {
-		return err
-	}
-	return c.m.submit(ctx, *server, wire.CommandSubject(pos[0]), data, h, *timeout, *verbose)
 }
 
 // EmitCommand publishes an event: meshbox emit TOPIC [DATA].
 type EmitCommand struct{ m *Main }
 
-// Run publishes the event and waits until the node has it durably.
-func (c *EmitCommand) Run(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("emit", "emit TOPIC [DATA] [--header K=V]...\n\nDATA is read from standard input when not given.")
+// flags defines its flags; its action publishes the event and waits until the node has it durably.
+func (c *EmitCommand) flags(fs *flag.FlagSet) action {
 	server := c.m.serverFlag(fs)
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the node to accept it")
 	verbose := fs.Bool("v", false, "print the reply's headers on standard error")
 	var hdrs headerFlags
 	fs.Var(&hdrs, "header", "add a header KEY=VALUE (repeatable)")
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return err
+	return func(ctx context.Context, pos []string) error {
+		if len(pos) < 1 || len(pos) > 2 {
+			return usagef("emit takes a topic and optional data")
+		}
+		h, err := hdrs.header()
+		if err != nil {
+			return err
+		}
+		data, err := c.m.payload(pos, 1)
+		if err != nil {
+			return err
+		}
+		return c.m.submit(ctx, *server, wire.EventSubject(pos[0]), data, h, *timeout, *verbose)
 	}
-	if len(pos) < 1 || len(pos) > 2 {
-		return usagef("emit takes a topic and optional data")
-	}
-	h, err := hdrs.header()
-	if err != nil {
-		return err
-	}
-	data, err := c.m.payload(pos, 1)
-	if err != nil {
-		return err
-	}
-	return c.m.submit(ctx, *server, wire.EventSubject(pos[0]), data, h, *timeout, *verbose)
 }
 
 // ListenCommand prints messages: meshbox listen PATTERN.
 type ListenCommand struct{ m *Main }
 
-// Run subscribes to PATTERN and prints one line per message until
+// flags defines its flags; its action subscribes to PATTERN and prints one line per message until
 // interrupted (or --count messages).
-func (c *ListenCommand) Run(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("listen", "listen PATTERN [--count N] [-v]\n\nPATTERN is a NATS subject, wildcards allowed (evt.>, cap.echo).")
+func (c *ListenCommand) flags(fs *flag.FlagSet) action {
 	server := c.m.serverFlag(fs)
 	count := fs.Int("count", 0, "exit after this many messages (0: until interrupted)")
 	verbose := fs.Bool("v", false, "print each message's headers")
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return usagef("listen takes one subject pattern")
-	}
-	if *count < 0 {
-		return usagef("--count must not be negative")
-	}
-	nc, err := c.m.connectNode(*server)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	msgs := make(chan *nats.Msg, 1024)
-	sub, err := nc.ChanSubscribe(pos[0], msgs)
-	if err != nil {
-		return usagef("listen %q: %v", pos[0], err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := nc.Flush(); err != nil {
-		return fmt.Errorf("listen: %v", err)
-	}
-	closed := make(chan struct{})
-	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
-	for n := 0; *count == 0 || n < *count; n++ {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-closed:
-			return &exitError{code: 1, msg: "the node closed the connection"}
-		case m := <-msgs:
-			line := m.Subject
-			if o := m.Header.Get(wire.HeaderOrigin); o != "" {
-				line += " (from " + o + ")"
-			}
-			fmt.Fprintf(c.m.Stdout, "%s: %s\n", line, m.Data)
-			if *verbose {
-				printHeaders(c.m.Stdout, m.Header)
+	return func(ctx context.Context, pos []string) error {
+		if len(pos) != 1 {
+			return usagef("listen takes one subject pattern")
+		}
+		if *count < 0 {
+			return usagef("--count must not be negative")
+		}
+		nc, err := c.m.connectNode(*server)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		msgs := make(chan *nats.Msg, 1024)
+		sub, err := nc.ChanSubscribe(pos[0], msgs)
+		if err != nil {
+			return usagef("listen %q: %v", pos[0], err)
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+		if err := nc.Flush(); err != nil {
+			return fmt.Errorf("listen: %v", err)
+		}
+		closed := make(chan struct{})
+		nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
+		for n := 0; *count == 0 || n < *count; n++ {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-closed:
+				return &exitError{code: 1, msg: "the node closed the connection"}
+			case m := <-msgs:
+				line := m.Subject
+				if o := m.Header.Get(wire.HeaderOrigin); o != "" {
+					line += " (from " + o + ")"
+				}
+				fmt.Fprintf(c.m.Stdout, "%s: %s\n", line, m.Data)
+				if *verbose {
+					printHeaders(c.m.Stdout, m.Header)
+				}
 			}
 		}
+		return nil
 	}
-	return nil
 }

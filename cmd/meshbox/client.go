@@ -283,30 +283,28 @@ func (m *Main) nodeStatus(ctx context.Context, url string) (st appliance.Status,
 // StatusCommand shows the local node's status.
 type StatusCommand struct{ m *Main }
 
-// Run prints the status as a short report, or as JSON with --json.
-func (c *StatusCommand) Run(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("status", "status [--json] [--server URL]")
+// flags defines its flags; its action prints the status as a short report, or as JSON with --json.
+func (c *StatusCommand) flags(fs *flag.FlagSet) action {
 	server := c.m.serverFlag(fs)
 	asJSON := fs.Bool("json", false, "print the full status as JSON")
-	if err := parseFlags(fs, args); err != nil {
-		return err
+	return func(ctx context.Context, args []string) error {
+		if len(args) > 0 {
+			return usagef("status takes no arguments")
+		}
+		st, raw, err := c.m.nodeStatus(ctx, *server)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			var v any
+			_ = json.Unmarshal(raw, &v)
+			enc := json.NewEncoder(c.m.Stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(v)
+		}
+		printStatus(c.m.Stdout, st)
+		return nil
 	}
-	if fs.NArg() > 0 {
-		return usagef("status takes no arguments")
-	}
-	st, raw, err := c.m.nodeStatus(ctx, *server)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		var v any
-		_ = json.Unmarshal(raw, &v)
-		enc := json.NewEncoder(c.m.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(v)
-	}
-	printStatus(c.m.Stdout, st)
-	return nil
 }
 
 // printStatus writes the parts of a status an operator looks at first.
@@ -507,36 +505,34 @@ func secs(s float64) string {
 // node's.
 type VersionCommand struct{ m *Main }
 
-// Run prints the version lines.
-func (c *VersionCommand) Run(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("version", "version [--server URL] [--json]")
+// flags defines its flags; its action prints the version lines.
+func (c *VersionCommand) flags(fs *flag.FlagSet) action {
 	server := c.m.serverFlag(fs)
 	asJSON := fs.Bool("json", false, "print as JSON")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	b := appliance.Build()
-	out := map[string]any{"client": b}
-	st, _, err := c.m.nodeStatus(ctx, *server)
-	if err == nil {
-		out["node"] = map[string]any{"name": st.Node, "version": st.Version, "commit": st.Commit,
-			"build_date": st.BuildDate, "go_version": st.GoVersion, "arch": st.Arch}
-	} else {
-		out["node_error"] = err.Error()
-	}
-	if *asJSON {
-		enc := json.NewEncoder(c.m.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(out)
-	}
-	printBuild(c.m.Stdout, b)
-	if err != nil {
-		fmt.Fprintf(c.m.Stdout, "node: %v\n", err)
+	return func(ctx context.Context, args []string) error {
+		b := appliance.Build()
+		out := map[string]any{"client": b}
+		st, _, err := c.m.nodeStatus(ctx, *server)
+		if err == nil {
+			out["node"] = map[string]any{"name": st.Node, "version": st.Version, "commit": st.Commit,
+				"build_date": st.BuildDate, "go_version": st.GoVersion, "arch": st.Arch}
+		} else {
+			out["node_error"] = err.Error()
+		}
+		if *asJSON {
+			enc := json.NewEncoder(c.m.Stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(out)
+		}
+		printBuild(c.m.Stdout, b)
+		if err != nil {
+			fmt.Fprintf(c.m.Stdout, "node: %v\n", err)
+			return nil
+		}
+		fmt.Fprintf(c.m.Stdout, "node %s runs ", st.Node)
+		printBuild(c.m.Stdout, appliance.BuildInfo{Version: st.Version, Commit: st.Commit, Date: st.BuildDate, Go: st.GoVersion, Arch: st.Arch})
 		return nil
 	}
-	fmt.Fprintf(c.m.Stdout, "node %s runs ", st.Node)
-	printBuild(c.m.Stdout, appliance.BuildInfo{Version: st.Version, Commit: st.Commit, Date: st.BuildDate, Go: st.GoVersion, Arch: st.Arch})
-	return nil
 }
 
 // printBuild writes the binary's build: version, then commit, build date,

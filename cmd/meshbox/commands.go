@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"strings"
 
@@ -12,55 +13,68 @@ import (
 // them.
 func commands() []command {
 	return []command{
-		{"run", "Node", "run a node (standalone without --db; joins the mesh with it)", nil,
-			func(m *Main, ctx context.Context, a []string) error { return (&RunCommand{m: m}).Run(ctx, a) }},
-		{"status", "Node", "show the status of the local node", nil,
-			func(m *Main, ctx context.Context, a []string) error { return (&StatusCommand{m: m}).Run(ctx, a) }},
-		{"nodes", "Node", "list the local node's peers: state, last seen, what they host", nil,
-			func(m *Main, ctx context.Context, a []string) error { return (&NodesCommand{m: m}).Run(ctx, a) }},
-		{"caps", "Node", "list capabilities and stages: hosted here, and by which peers", nil,
-			func(m *Main, ctx context.Context, a []string) error { return (&CapsCommand{m: m}).Run(ctx, a) }},
-		{"modules", "Node", "list the modules assigned to the local node: state, pid, restarts, last exit", nil,
-			func(m *Main, ctx context.Context, a []string) error { return (&ModulesCommand{m: m}).Run(ctx, a) }},
-		{"module", "Node", "control a module by hand: module start|stop|restart|logs NAME", sub("start", "stop", "restart", "logs"),
-			func(m *Main, ctx context.Context, a []string) error { return (&ModuleCommand{m: m}).Run(ctx, a) }},
-		{"doctor", "Node", "check the node's situation: data dir, database, broker, cache, clock, names", nil,
-			func(m *Main, ctx context.Context, a []string) error { return (&DoctorCommand{m: m}).Run(ctx, a) }},
-		{"program", "Node", "local programs' credentials: add, list, show, remove", sub("add", "list", "show", "remove"),
-			func(m *Main, ctx context.Context, a []string) error { return (&ProgramCommand{m: m}).Run(ctx, a) }},
-		{"dlq", "Node", "dead letters of a stage: list [STAGE], show STAGE ID, replay STAGE ID|--all, purge STAGE", sub("list", "show", "replay", "purge"),
-			func(m *Main, ctx context.Context, a []string) error { return (&DlqCommand{m: m}).Run(ctx, a) }},
-		{"version", "Node", "show the version of this binary and of the local node", nil,
-			func(m *Main, ctx context.Context, a []string) error { return (&VersionCommand{m: m}).Run(ctx, a) }},
-		{"completion", "Node", "print a shell completion script: completion bash|zsh|fish", sub("bash", "zsh", "fish"),
-			func(m *Main, ctx context.Context, a []string) error { return m.completion(a) }},
-		{"call", "Messages", "call a capability: call CAP [DATA] [--to NODE] [--timeout D]", nil,
-			func(m *Main, ctx context.Context, a []string) error { return (&CallCommand{m: m}).Run(ctx, a) }},
-		{"send", "Messages", "submit a command for a stage: send STAGE [DATA]", nil,
-			func(m *Main, ctx context.Context, a []string) error { return (&SendCommand{m: m}).Run(ctx, a) }},
-		{"emit", "Messages", "publish an event: emit TOPIC [DATA]", nil,
-			func(m *Main, ctx context.Context, a []string) error { return (&EmitCommand{m: m}).Run(ctx, a) }},
-		{"listen", "Messages", "print the messages on a subject: listen PATTERN", nil,
-			func(m *Main, ctx context.Context, a []string) error { return (&ListenCommand{m: m}).Run(ctx, a) }},
-		{"blob", "Messages", "exact bytes as blobs: blob put FILE, get REF [-o FILE], list, rm REF", sub("put", "get", "list", "rm"),
-			func(m *Main, ctx context.Context, a []string) error { return (&BlobCommand{m: m}).Run(ctx, a) }},
-		{"rows", "Messages", "tables of rows that converge across the mesh: rows put, get, list, watch, delete, history", sub("put", "get", "list", "watch", "delete", "history"),
-			func(m *Main, ctx context.Context, a []string) error { return (&RowsCommand{m: m}).Run(ctx, a) }},
-		{"init", "Mesh", "stand up a mesh: schema, broker setting, first node", nil,
-			func(m *Main, ctx context.Context, a []string) error { return (&InitCommand{m: m}).Run(ctx, a) }},
-		{"mesh", "Mesh", "administer the mesh database: nodes, assignments, overrides, settings, grants", meshChildren(),
-			func(m *Main, ctx context.Context, a []string) error { return (&MeshCommand{m: m}).Run(ctx, a) }},
-		{"join", "Mesh", "make this machine a node of a mesh: join TOKEN (from mesh node add)", nil,
-			func(m *Main, ctx context.Context, a []string) error { return (&JoinCommand{m: m}).Run(ctx, a) }},
-		{"cache", "Mesh", "inspect a stopped node's bindings cache: show, history, diff, verify", sub("show", "history", "diff", "verify"),
-			func(m *Main, ctx context.Context, a []string) error { return (&CacheCommand{m: m}).Run(ctx, a) }},
+		{name: "run", group: "Node", summary: "run a node (standalone without --db; joins the mesh with it)",
+			synopsis: "run [flags]", flagsFirst: true, values: map[string]word{"config": wordFile, "env-file": wordFile},
+			flags: func(m *Main, fs *flag.FlagSet) action { return (&RunCommand{m: m}).flags(fs) }},
+		{name: "status", group: "Node", summary: "show the status of the local node",
+			synopsis: "status [--json] [--server URL]", flagsFirst: true,
+			flags: func(m *Main, fs *flag.FlagSet) action { return (&StatusCommand{m: m}).flags(fs) }},
+		{name: "nodes", group: "Node", summary: "list the local node's peers: state, last seen, what they host",
+			synopsis: "nodes [--json] [--server URL]", flagsFirst: true,
+			flags: func(m *Main, fs *flag.FlagSet) action { return (&NodesCommand{m: m}).flags(fs) }},
+		{name: "caps", group: "Node", summary: "list capabilities and stages: hosted here, and by which peers",
+			synopsis: "caps [--json] [--server URL]", flagsFirst: true,
+			flags: func(m *Main, fs *flag.FlagSet) action { return (&CapsCommand{m: m}).flags(fs) }},
+		{name: "modules", group: "Node", summary: "list the modules assigned to the local node: state, pid, restarts, last exit",
+			synopsis: "modules [--json] [--server URL]", flagsFirst: true,
+			flags: func(m *Main, fs *flag.FlagSet) action { return (&ModulesCommand{m: m}).flags(fs) }},
+		{name: "module", group: "Node", summary: "control a module by hand: module start|stop|restart|logs NAME",
+			usage: moduleUsage, children: moduleCommands()},
+		{name: "doctor", group: "Node", summary: "check the node's situation: data dir, database, broker, cache, clock, names",
+			synopsis: "doctor [--db URL] [--broker URL] [--data DIR] [--nats HOST:PORT] [--server URL] [--json]", flagsFirst: true,
+			values: map[string]word{"config": wordFile, "env-file": wordFile, "hosts": wordFile},
+			flags:  func(m *Main, fs *flag.FlagSet) action { return (&DoctorCommand{m: m}).flags(fs) }},
+		{name: "program", group: "Node", summary: "local programs' credentials",
+			usage: programUsage, children: programCommands()},
+		{name: "dlq", group: "Node", summary: "dead letters of a stage: list [STAGE], show STAGE ID, replay STAGE ID|--all, purge STAGE",
+			usage: dlqUsage, children: dlqCommands()},
+		{name: "version", group: "Node", summary: "show the version of this binary and of the local node",
+			synopsis: "version [--server URL] [--json]", flagsFirst: true,
+			flags: func(m *Main, fs *flag.FlagSet) action { return (&VersionCommand{m: m}).flags(fs) }},
+		{name: "completion", group: "Node", summary: "print a shell completion script",
+			usage: completionUsage, children: completionCommands()},
+		{name: "call", group: "Messages", summary: "call a capability: call CAP [DATA] [--to NODE] [--timeout D]",
+			synopsis: "call CAPABILITY [DATA] [--to NODE] [--timeout D] [--header K=V]...\n\nDATA is read from standard input when not given.",
+			values:   map[string]word{"to": wordNode},
+			flags:    func(m *Main, fs *flag.FlagSet) action { return (&CallCommand{m: m}).flags(fs) }},
+		{name: "send", group: "Messages", summary: "submit a command for a stage: send STAGE [DATA]",
+			synopsis: "send STAGE [DATA] [--id ID] [--header K=V]...\n\nDATA is read from standard input when not given.",
+			args:     []word{wordStage, wordAny},
+			flags:    func(m *Main, fs *flag.FlagSet) action { return (&SendCommand{m: m}).flags(fs) }},
+		{name: "emit", group: "Messages", summary: "publish an event: emit TOPIC [DATA]",
+			synopsis: "emit TOPIC [DATA] [--header K=V]...\n\nDATA is read from standard input when not given.",
+			flags:    func(m *Main, fs *flag.FlagSet) action { return (&EmitCommand{m: m}).flags(fs) }},
+		{name: "listen", group: "Messages", summary: "print the messages on a subject: listen PATTERN",
+			synopsis: "listen PATTERN [--count N] [-v]\n\nPATTERN is a NATS subject, wildcards allowed (evt.>, cap.echo).",
+			flags:    func(m *Main, fs *flag.FlagSet) action { return (&ListenCommand{m: m}).flags(fs) }},
+		{name: "blob", group: "Messages", summary: "exact bytes as blobs: blob put FILE, get REF [-o FILE], list, rm REF",
+			usage: blobUsage, children: blobCommands()},
+		{name: "rows", group: "Messages", summary: "tables of rows that converge across the mesh",
+			usage: rowsUsage, children: rowsCommands()},
+		{name: "init", group: "Mesh", summary: "stand up a mesh: schema, broker setting, first node",
+			synopsis: "init --db URL --node NAME --broker AMQP_URL --broker-admin URL [--stages S,...] [--public-name NAME] [--ttl 24h] [--force]", flagsFirst: true,
+			flags: func(m *Main, fs *flag.FlagSet) action { return (&InitCommand{m: m}).flags(fs) }},
+		{name: "mesh", group: "Mesh", summary: "administer the mesh database: nodes, assignments, overrides, settings, grants",
+			usage: meshUsage, children: meshCommands()},
+		{name: "join", group: "Mesh", summary: "make this machine a node of a mesh: join TOKEN (from mesh node add)",
+			synopsis: "join TOKEN [--env-file PATH] [--force]", values: map[string]word{"env-file": wordFile},
+			flags: func(m *Main, fs *flag.FlagSet) action { return (&JoinCommand{m: m}).flags(fs) }},
+		{name: "cache", group: "Mesh", summary: "inspect a stopped node's bindings cache",
+			usage: cacheUsage, children: cacheCommands()},
 		// Started by the node itself, not for people.
-		{"module-guard", "", "", nil,
-			func(m *Main, ctx context.Context, a []string) error { return (&ModuleGuardCommand{m: m}).Run(ctx, a) }},
-		{"__complete", "", "", nil,
-			func(m *Main, ctx context.Context, a []string) error { return m.complete(ctx, a) }},
-		{"man", "", "", nil,
-			func(m *Main, ctx context.Context, a []string) error { return m.manPage(ctx, a) }},
+		{name: "module-guard", run: func(m *Main, ctx context.Context, a []string) error { return (&ModuleGuardCommand{m: m}).Run(ctx, a) }},
+		{name: "__complete", run: func(m *Main, ctx context.Context, a []string) error { return m.complete(ctx, a) }},
+		{name: "man", run: func(m *Main, ctx context.Context, a []string) error { return m.manPage(ctx, a) }},
 	}
 }
 
@@ -94,6 +108,15 @@ func didYouMean(name string, known []string) string {
 	return ""
 }
 
+// summaryOf is c's line in `meshbox help`: its summary, then its
+// subcommands when they are few enough to list.
+func summaryOf(c command) string {
+	if len(c.children) == 0 || len(c.children) > 8 || strings.Contains(c.summary, ":") {
+		return c.summary
+	}
+	return c.summary + ": " + strings.Join(c.subNames(), ", ")
+}
+
 // usageText is `meshbox help`.
 func usageText() string {
 	var b strings.Builder
@@ -107,13 +130,13 @@ func usageText() string {
 			group = c.group
 			fmt.Fprintf(&b, "\n%s:\n", group)
 		}
-		fmt.Fprintf(&b, "  %-10s %s\n", c.name, c.summary)
+		fmt.Fprintf(&b, "  %-10s %s\n", c.name, summaryOf(c))
 	}
 	b.WriteString("\nRun 'meshbox help <command>' (or 'meshbox <command> -h') for a command's flags.\n")
 	return b.String()
 }
 
-// Run runs the subcommand named by args[0].
+// Run runs the command named by args[0].
 func (m *Main) Run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
 		fmt.Fprint(m.Stderr, usageText())
@@ -132,11 +155,11 @@ func (m *Main) Run(ctx context.Context, args []string) error {
 		if !ok || c.group == "" {
 			return usagef("help: unknown command %q%s; run 'meshbox help' for the list", rest[0], didYouMean(rest[0], commandNames()))
 		}
-		return m.helpOf(ctx, c, rest[1:])
+		return m.helpOf(c, rest[1:])
 	}
 	c, ok := findCommand(name)
 	if !ok {
 		return usagef("unknown command %q%s; run 'meshbox help' for the list", name, didYouMean(name, commandNames()))
 	}
-	return c.run(m, ctx, rest)
+	return m.dispatch(ctx, c, rest)
 }

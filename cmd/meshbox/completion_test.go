@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/meshbox/meshbox/appliance"
 )
@@ -31,10 +35,9 @@ func TestHelpOfACommand(t *testing.T) {
 // completion and the man page) is one its command accepts, and mesh's
 // come from its own table.
 func TestSubcommandsAreTheCommands(t *testing.T) {
-	m := &Main{Getenv: func(string) string { return "" }}
 	for _, c := range commands() {
 		c.leaves(func(sub []string) {
-			help := m.captureHelp(t.Context(), c, sub)
+			help := runHelp(t, append([]string{c.name}, sub...))
 			if strings.Contains(help, "unknown") || help == "" {
 				t.Errorf("%s %s -h: %q, want its help", c.name, strings.Join(sub, " "), help)
 			}
@@ -115,6 +118,18 @@ func TestManPage(t *testing.T) {
 			t.Errorf("man page line %d is an unknown request: %q", i+1, l)
 		}
 	}
+}
+
+// runHelp runs meshbox with args and -h, with no environment, and
+// returns what it printed.
+func runHelp(t *testing.T, args []string) string {
+	t.Helper()
+	var out bytes.Buffer
+	m := &Main{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	_ = m.Run(ctx, append(slices.Clone(args), "-h"))
+	return out.String()
 }
 
 func contains(list []string, w string) bool {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -20,94 +21,85 @@ import (
 // the broker with its own broker user.
 type DlqCommand struct{ m *Main }
 
-const dlqSynopsis = `dlq list [STAGE] | show STAGE ID | replay STAGE ID|--all | purge STAGE [--json] [--server URL]
+const dlqUsage = `Usage: meshbox dlq list [STAGE] | show STAGE ID | replay STAGE ID|--all | purge STAGE [--json] [--server URL]
 
   list    the dead letters of STAGE (of every stage hosted here without one)
   show    one dead letter: headers, reason, attempts, first and last failure
   replay  send dead letters back to their stage: attempts start again at 1,
           and the command carries Meshbox-Replayed
-  purge   delete every dead letter of STAGE`
+  purge   delete every dead letter of STAGE
+`
 
 // dlqTimeout bounds the wait for the node's answer (its own operation is
 // bounded at a minute).
 const dlqTimeout = 70 * time.Second
 
-// Run parses the action and its arguments (flags may come anywhere).
-func (c *DlqCommand) Run(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("dlq", dlqSynopsis)
+// dlqCommands are dlq's subcommands, named after the actions of the
+// node's dead letter API; flags may come before them.
+func dlqCommands() []command {
+	leaf := func(act, args string, min, max int) command {
+		return command{name: act, synopsis: strings.TrimSpace("dlq "+act+" "+args) + " [--json] [--server URL]", args: []word{wordStage},
+			flags: func(m *Main, fs *flag.FlagSet) action { return (&DlqCommand{m: m}).flags(act, args, min, max, fs) }}
+	}
+	return []command{
+		leaf(appliance.DeadLetterList, "[STAGE]", 0, 1),
+		leaf(appliance.DeadLetterShow, "STAGE ID", 2, 2),
+		leaf(appliance.DeadLetterReplay, "STAGE ID|--all", 1, 2),
+		leaf(appliance.DeadLetterPurge, "STAGE", 1, 1),
+	}
+}
+
+// flags defines the flags of dlq action act, which takes args (from min
+// to max of them); its action asks the node.
+func (c *DlqCommand) flags(act, args string, min, max int, fs *flag.FlagSet) action {
 	server := c.m.serverFlag(fs)
 	asJSON := fs.Bool("json", false, "print the node's answer as JSON")
-	all := fs.Bool("all", false, "replay: every dead letter of the stage")
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return err
+	all := new(bool)
+	if act == appliance.DeadLetterReplay {
+		all = fs.Bool("all", false, "every dead letter of the stage")
 	}
-	if len(pos) == 0 {
-		fs.Usage()
-		return usagef("dlq: no action given (list, show, replay or purge)")
-	}
-	req := appliance.DeadLetterRequest{Action: pos[0], All: *all}
-	rest := pos[1:]
-	want := func(min, max int, form string) error {
+	return func(ctx context.Context, rest []string) error {
+		req := appliance.DeadLetterRequest{Action: act, All: *all}
 		if len(rest) < min || len(rest) > max {
-			return usagef("usage: meshbox dlq %s", form)
+			return usagef("usage: meshbox dlq %s %s", act, args)
+		}
+		if act == appliance.DeadLetterReplay && (len(rest) == 2) == *all {
+			return usagef("usage: meshbox dlq replay STAGE ID|--all (one dead letter by its id, or --all)")
+		}
+		if len(rest) > 0 {
+			req.Stage = rest[0]
+			if err := names.Stage(req.Stage); err != nil {
+				return usagef("dlq: %v", err)
+			}
+		}
+		if len(rest) > 1 {
+			req.ID = rest[1]
+			if err := checkMsgID(req.ID); err != nil {
+				return usagef("dlq: %v", err)
+			}
+		}
+		raw, rep, err := c.ask(ctx, *server, req)
+		if err != nil {
+			return err
+		}
+		if rep.Error != "" {
+			return errors.New("dlq " + req.Action + ": " + rep.Error)
+		}
+		if *asJSON {
+			return printJSON(c.m.Stdout, raw)
+		}
+		switch req.Action {
+		case appliance.DeadLetterList:
+			printDeadLetters(c.m.Stdout, rep, time.Now())
+		case appliance.DeadLetterShow:
+			printDeadLetter(c.m.Stdout, rep)
+		case appliance.DeadLetterReplay:
+			fmt.Fprintf(c.m.Stdout, "replayed %d dead letters of %s\n", rep.Count, req.Stage)
+		case appliance.DeadLetterPurge:
+			fmt.Fprintf(c.m.Stdout, "purged %d dead letters of %s\n", rep.Count, req.Stage)
 		}
 		return nil
 	}
-	switch req.Action {
-	case appliance.DeadLetterList:
-		err = want(0, 1, "list [STAGE]")
-	case appliance.DeadLetterShow:
-		err = want(2, 2, "show STAGE ID")
-	case appliance.DeadLetterReplay:
-		err = want(1, 2, "replay STAGE ID|--all")
-		if err == nil && (len(rest) == 2) == *all {
-			err = usagef("usage: meshbox dlq replay STAGE ID|--all (one dead letter by its id, or --all)")
-		}
-	case appliance.DeadLetterPurge:
-		err = want(1, 1, "purge STAGE")
-	default:
-		return usagef("dlq: unknown action %q (list, show, replay or purge)", req.Action)
-	}
-	if err != nil {
-		return err
-	}
-	if *all && req.Action != appliance.DeadLetterReplay {
-		return usagef("dlq: --all belongs to replay")
-	}
-	if len(rest) > 0 {
-		req.Stage = rest[0]
-		if err := names.Stage(req.Stage); err != nil {
-			return usagef("dlq: %v", err)
-		}
-	}
-	if len(rest) > 1 {
-		req.ID = rest[1]
-		if err := checkMsgID(req.ID); err != nil {
-			return usagef("dlq: %v", err)
-		}
-	}
-	raw, rep, err := c.ask(ctx, *server, req)
-	if err != nil {
-		return err
-	}
-	if rep.Error != "" {
-		return errors.New("dlq " + req.Action + ": " + rep.Error)
-	}
-	if *asJSON {
-		return printJSON(c.m.Stdout, raw)
-	}
-	switch req.Action {
-	case appliance.DeadLetterList:
-		printDeadLetters(c.m.Stdout, rep, time.Now())
-	case appliance.DeadLetterShow:
-		printDeadLetter(c.m.Stdout, rep)
-	case appliance.DeadLetterReplay:
-		fmt.Fprintf(c.m.Stdout, "replayed %d dead letters of %s\n", rep.Count, req.Stage)
-	case appliance.DeadLetterPurge:
-		fmt.Fprintf(c.m.Stdout, "purged %d dead letters of %s\n", rep.Count, req.Stage)
-	}
-	return nil
 }
 
 // checkMsgID checks a message id given on the command line: printable

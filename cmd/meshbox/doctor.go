@@ -19,33 +19,37 @@ import (
 // what is wrong and what to do about it. The checks are in package doctor.
 type DoctorCommand struct{ m *Main }
 
-// Run runs every check, prints them, and fails when any check failed.
-func (c *DoctorCommand) Run(ctx context.Context, args []string) error {
-	opts, asJSON, err := c.parse(args)
-	if err != nil {
-		return err
-	}
-	rep := doctor.New(opts).Run(ctx)
-	if asJSON {
-		enc := json.NewEncoder(c.m.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
+// flags defines doctor's flags on fs; its action runs every check,
+// prints them, and fails when any check failed.
+func (c *DoctorCommand) flags(fs *flag.FlagSet) action {
+	parse := c.parse(fs)
+	return func(ctx context.Context, args []string) error {
+		opts, asJSON, err := parse(args)
+		if err != nil {
 			return err
 		}
-	} else {
-		rep.WriteText(c.m.Stdout)
+		rep := doctor.New(opts).Run(ctx)
+		if asJSON {
+			enc := json.NewEncoder(c.m.Stdout)
+			enc.SetIndent("", "  ")
+			if err := enc.Encode(rep); err != nil {
+				return err
+			}
+		} else {
+			rep.WriteText(c.m.Stdout)
+		}
+		if rep.Fail > 0 {
+			return &exitError{code: 1, msg: fmt.Sprintf("doctor: %d of %d checks failed", rep.Fail, len(rep.Checks))}
+		}
+		return nil
 	}
-	if rep.Fail > 0 {
-		return &exitError{code: 1, msg: fmt.Sprintf("doctor: %d of %d checks failed", rep.Fail, len(rep.Checks))}
-	}
-	return nil
 }
 
 // parse builds the node's configuration with the same loader `meshbox run`
 // uses (defaults, config file, environment file, environment, flags) and
-// reads doctor's own flags.
-func (c *DoctorCommand) parse(args []string) (doctor.Options, bool, error) {
-	fs := c.m.newFlagSet("doctor", "doctor [--db URL] [--broker URL] [--data DIR] [--nats HOST:PORT] [--server URL] [--json]")
+// reads doctor's own flags: it defines them on fs, and returns what reads
+// them once fs has parsed the command line.
+func (c *DoctorCommand) parse(fs *flag.FlagSet) func(args []string) (doctor.Options, bool, error) {
 	cfgFlags := addConfigFlags(fs, "node", "data", "nats", "db", "broker")
 	envFile := fs.String("env-file", "", "read MESHBOX_* variables from this file first (default: "+appliance.DefaultEnvFile()+" if it exists, as meshbox run reads it)")
 	server := c.m.envFlag(fs, "server", "MESHBOX_SERVER", "NATS URL to ask the running node (env MESHBOX_SERVER; default: from --nats)")
@@ -53,51 +57,50 @@ func (c *DoctorCommand) parse(args []string) (doctor.Options, bool, error) {
 	publicName := fs.String("public-name", "", "this node's public name (default: from the bindings)")
 	timeout := fs.Duration("timeout", 3*time.Second, "time allowed for each network check")
 	asJSON := fs.Bool("json", false, "print the checks as JSON")
-	if err := parseFlags(fs, args); err != nil {
-		return doctor.Options{}, false, err
-	}
-	if fs.NArg() > 0 {
-		return doctor.Options{}, false, usagef("doctor takes no arguments, got %q", fs.Arg(0))
-	}
-	if *timeout <= 0 {
-		return doctor.Options{}, false, usagef("--timeout: must be positive, got %s", *timeout)
-	}
-	if *envFile == "" {
-		named := *server != "" || *cfgFlags.file != ""
-		cfgFlags.fs.Visit(func(f *flag.Flag) { named = named || f.Name == "data" || f.Name == "nats" })
-		var err error
-		if *envFile, err = c.m.defaultEnvFile(named); err != nil {
+	return func(args []string) (doctor.Options, bool, error) {
+		if len(args) > 0 {
+			return doctor.Options{}, false, usagef("doctor takes no arguments, got %q", args[0])
+		}
+		if *timeout <= 0 {
+			return doctor.Options{}, false, usagef("--timeout: must be positive, got %s", *timeout)
+		}
+		if *envFile == "" {
+			named := *server != "" || *cfgFlags.file != ""
+			cfgFlags.fs.Visit(func(f *flag.Flag) { named = named || f.Name == "data" || f.Name == "nats" })
+			var err error
+			if *envFile, err = c.m.defaultEnvFile(named); err != nil {
+				return doctor.Options{}, false, err
+			}
+		}
+		cfg, err := cfgFlags.load(c.m, *envFile)
+		if err != nil {
 			return doctor.Options{}, false, err
 		}
-	}
-	cfg, err := cfgFlags.load(c.m, *envFile)
-	if err != nil {
-		return doctor.Options{}, false, err
-	}
-	if c.m.creds == "" && c.m.Getenv("MESHBOX_CREDS") == "" {
-		// The node's own credential, where this configuration keeps it.
-		if f, err := os.Open(filepath.Join(cfg.DataDir, programs.AdminFile)); err == nil {
-			f.Close()
-			c.m.creds = f.Name()
+		if c.m.creds == "" && c.m.Getenv("MESHBOX_CREDS") == "" {
+			// The node's own credential, where this configuration keeps it.
+			if f, err := os.Open(filepath.Join(cfg.DataDir, programs.AdminFile)); err == nil {
+				f.Close()
+				c.m.creds = f.Name()
+			}
+		} else if c.m.creds == "" {
+			c.m.creds = c.m.Getenv("MESHBOX_CREDS")
 		}
-	} else if c.m.creds == "" {
-		c.m.creds = c.m.Getenv("MESHBOX_CREDS")
+		url := *server
+		if url == "" {
+			url = "nats://" + doctor.ConnectAddr(cfg.NATS)
+		}
+		return doctor.Options{
+			Config: cfg,
+			Server: url,
+			Status: func(ctx context.Context) (appliance.Status, error) {
+				st, _, err := c.m.nodeStatus(ctx, url)
+				return st, err
+			},
+			HostsFile:  *hosts,
+			PublicName: *publicName,
+			Timeout:    *timeout,
+			EnvFile:    *envFile,
+			Environ:    c.m.environ(),
+		}, *asJSON, nil
 	}
-	url := *server
-	if url == "" {
-		url = "nats://" + doctor.ConnectAddr(cfg.NATS)
-	}
-	return doctor.Options{
-		Config: cfg,
-		Server: url,
-		Status: func(ctx context.Context) (appliance.Status, error) {
-			st, _, err := c.m.nodeStatus(ctx, url)
-			return st, err
-		},
-		HostsFile:  *hosts,
-		PublicName: *publicName,
-		Timeout:    *timeout,
-		EnvFile:    *envFile,
-		Environ:    c.m.environ(),
-	}, *asJSON, nil
 }

@@ -241,12 +241,12 @@ func hintWords(words []string) []string {
 var flagDefault = regexp.MustCompile(`(?m)^\s+-([A-Za-z0-9][A-Za-z0-9_-]*)( \S+)?$`)
 
 // valueFlags returns the flags of command c's subcommand sub that take a
-// value, from its help as the real flag set prints it.
+// value, as the tree declares them.
 func valueFlags(c command, sub []string) map[string]bool {
-	m := &Main{Getenv: func(string) string { return "" }}
+	path, _ := c.descend(sub)
 	out := map[string]bool{}
-	for _, f := range flagDefault.FindAllStringSubmatch(m.captureHelp(context.Background(), c, sub), -1) {
-		out[f[1]] = f[2] != ""
+	for _, f := range path[len(path)-1].declared() {
+		out[f.name] = f.value
 	}
 	return out
 }

@@ -87,6 +87,10 @@ type Main struct {
 	// envFiles are where a command looks for the node's env file when
 	// none is named (defaultEnvFile); nil: appliance.NodeEnvFiles().
 	envFiles []string
+	// names, when set, are the names completion offers (of nodes,
+	// tables, stages) instead of those the node or the mesh database
+	// knows.
+	names func(ctx context.Context, k word) []string
 
 	creds  string       // --creds of the command that runs (see serverFlag)
 	client *clientFlags // the flags naming the node a client command talks to (serverFlag)
@@ -115,18 +119,6 @@ func newLogger(w io.Writer, level, format string, journal bool) *slog.Logger {
 		return slog.New(redact.NewHandler(newPriorityHandler(w, inner)))
 	}
 	return slog.New(redact.NewHandler(inner(w)))
-}
-
-// newFlagSet returns a flag set that reports errors instead of exiting and
-// prints its usage on m.Stderr.
-func (m *Main) newFlagSet(name, synopsis string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(m.Stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(m.Stderr, "Usage: meshbox %s\n\nFlags:\n", synopsis)
-		fs.PrintDefaults()
-	}
-	return fs
 }
 
 // parseFlags parses args and turns flag errors into usage errors.

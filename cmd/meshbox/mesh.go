@@ -95,80 +95,86 @@ type meshLeaf struct {
 	flags   func(fs *flag.FlagSet) func(ctx context.Context, db *meshdb.DB, args []string) error
 }
 
-// Run dispatches `meshbox mesh ...`.
-func (c *MeshCommand) Run(ctx context.Context, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(c.m.Stderr, meshUsage)
-		return usagef("mesh: no command given")
-	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(c.m.Stdout, meshUsage)
-		return nil
-	}
-	name, rest := args[0], args[1:]
-	if name == meshStatus { // asks the local node, not the database
-		return c.status(ctx, rest)
-	}
-	if slices.Contains([]string{"node", "override", "setting", "key", "scope", "table"}, name) {
-		if len(rest) == 0 {
-			fmt.Fprint(c.m.Stderr, meshUsage)
-			return usagef("mesh %s: no command given", name)
+// meshCommands are mesh's subcommands, from its table of commands
+// (allLeaves) and status: a command of two words ("node add") is a
+// subcommand of its first.
+func meshCommands() []command {
+	// Only the names and arguments are read: no leaf runs on this Main.
+	var out []command
+	for _, leaf := range (&MeshCommand{m: quietMain()}).allLeaves() {
+		first, second, two := strings.Cut(leaf.name, " ")
+		c := meshLeafCommand(leaf)
+		if !two {
+			out = append(out, c)
+			continue
 		}
-		name, rest = name+" "+rest[0], rest[1:]
-	}
-	for _, leaf := range c.allLeaves() {
-		if leaf.name == name {
-			return c.runLeaf(ctx, leaf, rest)
+		c.name = second
+		i := slices.IndexFunc(out, func(c command) bool { return c.name == first })
+		if i < 0 {
+			i = len(out)
+			out = append(out, command{name: first})
 		}
+		out[i].children = append(out[i].children, c)
 	}
-	fmt.Fprint(c.m.Stderr, meshUsage)
-	return usagef("mesh: unknown command %q%s", name, didYouMean(name, c.names()))
+	return append(out, command{name: "status", synopsis: "mesh status [--server URL] [--json]", flagsFirst: true,
+		flags: func(m *Main, fs *flag.FlagSet) action { return (&MeshCommand{m: m}).statusFlags(fs) }})
 }
 
-// meshStatus is the one mesh command that is not a leaf: it asks the
-// local node, not the database.
-const meshStatus = "status"
-
-// allLeaves are mesh's commands that work on the database.
-func (c *MeshCommand) allLeaves() []meshLeaf {
-	return slices.Concat(c.leaves(), c.keyLeaves(), c.scopeLeaves(), c.tableLeaves())
-}
-
-// names are the names of all of mesh's commands ("node add", "status").
-func (c *MeshCommand) names() []string {
-	var out []string
-	for _, l := range c.allLeaves() {
-		out = append(out, l.name)
-	}
-	return append(out, meshStatus)
-}
-
-func (c *MeshCommand) runLeaf(ctx context.Context, leaf meshLeaf, args []string) error {
+// meshLeafCommand is the command of a leaf of mesh's table: it opens the
+// mesh database (--db) and runs the leaf's action on it.
+func meshLeafCommand(leaf meshLeaf) command {
 	synopsis := "mesh " + leaf.name
 	for _, a := range leaf.args {
 		synopsis += " " + a
 	}
-	fs := c.m.newFlagSet("mesh "+leaf.name, synopsis+" [flags]")
-	dbURL := c.m.envFlag(fs, "db", "MESHBOX_DB", "mesh database URL postgres://... (env MESHBOX_DB)")
-	action := leaf.flags(fs)
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return err
+	var args []word
+	for _, a := range leaf.args {
+		if a == "NAME" && !strings.HasPrefix(leaf.name, "node ") {
+			a = "" // of a scope
+		}
+		args = append(args, meshWords[a])
 	}
-	if len(pos) != len(leaf.args) && !leaf.anyArgs {
-		fs.Usage()
-		return usagef("mesh %s: want %d arguments (%s), got %d", leaf.name, len(leaf.args), strings.Join(leaf.args, " "), len(pos))
+	if strings.HasSuffix(leaf.name, " add") {
+		args = nil // it names a new one
 	}
-	if *dbURL == "" {
-		return usagef("mesh %s: --db is required (or set MESHBOX_DB)", leaf.name)
-	}
-	db, err := meshdb.Open(ctx, *dbURL, meshdb.Options{})
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	c.dbURL = *dbURL
-	return action(ctx, db, pos)
+	return command{
+		name:     leaf.name,
+		synopsis: synopsis + " [flags]",
+		args:     args,
+		flags: func(m *Main, fs *flag.FlagSet) action {
+			c := &MeshCommand{m: m}
+			i := slices.IndexFunc(c.allLeaves(), func(l meshLeaf) bool { return l.name == leaf.name })
+			leaf := c.allLeaves()[i] // its closures on this Main
+			dbURL := m.envFlag(fs, "db", "MESHBOX_DB", "mesh database URL postgres://... (env MESHBOX_DB)")
+			act := leaf.flags(fs)
+			return func(ctx context.Context, pos []string) error {
+				if len(pos) != len(leaf.args) && !leaf.anyArgs {
+					fs.Usage()
+					return usagef("mesh %s: want %d arguments (%s), got %d", leaf.name, len(leaf.args), strings.Join(leaf.args, " "), len(pos))
+				}
+				if *dbURL == "" {
+					return usagef("mesh %s: --db is required (or set MESHBOX_DB)", leaf.name)
+				}
+				db, err := meshdb.Open(ctx, *dbURL, meshdb.Options{})
+				if err != nil {
+					return err
+				}
+				defer db.Close()
+				c.dbURL = *dbURL
+				return act(ctx, db, pos)
+			}
+		},
+	}.withValues(map[string]word{"node": wordNode, "consumer": wordNode, "credential-file": wordFile})
+}
+
+// meshWords are the kinds of words mesh's arguments are, by the names
+// its table gives them (NAME: of a node).
+var meshWords = map[string]word{"NAME": wordNode, "NODE": wordNode, "CONSUMER": wordNode, "PROVIDER": wordNode,
+	"STAGE...": wordStage, "TABLE": wordTable}
+
+// allLeaves are mesh's commands that work on the database.
+func (c *MeshCommand) allLeaves() []meshLeaf {
+	return slices.Concat(c.leaves(), c.keyLeaves(), c.scopeLeaves(), c.tableLeaves())
 }
 
 // parseInterleaved parses flags that may come before, between or after

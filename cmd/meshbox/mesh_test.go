@@ -103,6 +103,10 @@ func TestInitMeshAndCacheCommands(t *testing.T) {
 	c.ok(t, "mesh", "grant", "n1", "bucket", "n2", "--credential-file", "-")
 	c.ok(t, "mesh", "grant", "n2", "other-bucket", "n1")
 	c.stdin = ""
+	// Completion offers the nodes of the mesh database the command uses.
+	if got := strings.Fields(c.ok(t, "__complete", "mesh", "node", "remove")); !contains(got, "n1") || !contains(got, "n2") || !contains(got, "--force") {
+		t.Errorf("__complete mesh node remove: %v, want n1, n2 and the flags", got)
+	}
 	if out := c.ok(t, "mesh", "revision"); strings.TrimSpace(out) != "8" {
 		t.Fatalf("revision: got %q, want 8", out)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -37,40 +38,38 @@ type MeshStatus struct {
 // status prints the mesh at a glance from the local node's status, and
 // fails (exit 1) when a node is not ok: gone or absent, failing, warning,
 // or silent about its health (a node too old to share it).
-func (c *MeshCommand) status(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("mesh status", "mesh status [--server URL] [--json]")
+func (c *MeshCommand) statusFlags(fs *flag.FlagSet) action {
 	server := c.m.serverFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("mesh status takes no arguments")
-	}
-	var st appliance.Status
-	if _, err := c.m.askNode(ctx, *server, appliance.SubjectStatus, &st); err != nil {
-		return err
-	}
-	ms := meshStatusOf(st)
-	if *asJSON {
-		enc := json.NewEncoder(c.m.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(ms); err != nil {
+	return func(ctx context.Context, args []string) error {
+		if len(args) > 0 {
+			return usagef("mesh status takes no arguments")
+		}
+		var st appliance.Status
+		if _, err := c.m.askNode(ctx, *server, appliance.SubjectStatus, &st); err != nil {
 			return err
 		}
-	} else {
-		printMeshStatus(c.m.Stdout, ms, time.Now())
-	}
-	if !ms.OK {
-		bad := 0
-		for _, n := range ms.Nodes {
-			if n.Problem != "" {
-				bad++
+		ms := meshStatusOf(st)
+		if *asJSON {
+			enc := json.NewEncoder(c.m.Stdout)
+			enc.SetIndent("", "  ")
+			if err := enc.Encode(ms); err != nil {
+				return err
 			}
+		} else {
+			printMeshStatus(c.m.Stdout, ms, time.Now())
 		}
-		return &exitError{code: 1, msg: fmt.Sprintf("mesh status: %d of %d nodes are not ok", bad, len(ms.Nodes))}
+		if !ms.OK {
+			bad := 0
+			for _, n := range ms.Nodes {
+				if n.Problem != "" {
+					bad++
+				}
+			}
+			return &exitError{code: 1, msg: fmt.Sprintf("mesh status: %d of %d nodes are not ok", bad, len(ms.Nodes))}
+		}
+		return nil
 	}
-	return nil
 }
 
 // meshStatusOf builds the mesh's status from the local node's.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -16,28 +17,26 @@ import (
 // ModulesCommand lists the modules assigned to the local node.
 type ModulesCommand struct{ m *Main }
 
-// Run prints the modules as a table, or the node's answer as JSON with
+// flags defines its flags; its action prints the modules as a table, or the node's answer as JSON with
 // --json.
-func (c *ModulesCommand) Run(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("modules", "modules [--json] [--server URL]")
+func (c *ModulesCommand) flags(fs *flag.FlagSet) action {
 	server := c.m.serverFlag(fs)
 	asJSON := fs.Bool("json", false, "print the node's answer as JSON")
-	if err := parseFlags(fs, args); err != nil {
-		return err
+	return func(ctx context.Context, args []string) error {
+		if len(args) > 0 {
+			return usagef("modules takes no arguments")
+		}
+		var list []modules.Status
+		raw, err := c.m.askNode(ctx, *server, appliance.SubjectModules, &list)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(c.m.Stdout, raw)
+		}
+		printModules(c.m.Stdout, list)
+		return nil
 	}
-	if fs.NArg() > 0 {
-		return usagef("modules takes no arguments")
-	}
-	var list []modules.Status
-	raw, err := c.m.askNode(ctx, *server, appliance.SubjectModules, &list)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(c.m.Stdout, raw)
-	}
-	printModules(c.m.Stdout, list)
-	return nil
 }
 
 // printModules writes one line per module, then each module's error and
@@ -81,70 +80,82 @@ func printModules(w io.Writer, list []modules.Status) {
 // ModuleCommand controls one module of the local node by hand.
 type ModuleCommand struct{ m *Main }
 
-const moduleUsage = `module start|stop|restart|logs NAME [flags]
+const moduleUsage = `Usage: meshbox module start|stop|restart|logs NAME [flags]
 
   start NAME     start an assigned module (one without autostart, or one stopped by hand)
   stop NAME      stop an assigned module; an autostarted one stays stopped until its
                  assignment, overrides or grants change, a start, or the node restarts
   restart NAME   stop the module if it runs and start it again
-  logs NAME      print the module's last lines of output [-n LINES] [-f]`
+  logs NAME      print the module's last lines of output [-n LINES] [-f]
+`
 
-// Run runs one of the module subcommands.
-func (c *ModuleCommand) Run(ctx context.Context, args []string) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprintln(c.m.Stderr, "Usage: meshbox "+moduleUsage)
-		if len(args) == 0 {
-			return usagef("module needs a subcommand")
-		}
-		return nil
+// moduleCommands are module's subcommands: start, stop and restart ask
+// the node to do that to a module, logs prints its output.
+func moduleCommands() []command {
+	var out []command
+	for _, act := range []string{"start", "stop", "restart"} {
+		out = append(out, command{name: act, synopsis: "module " + act + " NAME [flags]",
+			flags: func(m *Main, fs *flag.FlagSet) action { return (&ModuleCommand{m: m}).control(act, fs) }})
 	}
-	sub := args[0]
-	fs := c.m.newFlagSet("module "+sub, "module "+sub+" NAME [flags]")
+	return append(out, command{name: "logs", synopsis: "module logs NAME [-n LINES] [-f] [flags]",
+		flags: func(m *Main, fs *flag.FlagSet) action { return (&ModuleCommand{m: m}).logsFlags(fs) }})
+}
+
+// moduleName is the one module a module subcommand names.
+func moduleName(sub string, args []string) (string, error) {
+	switch len(args) {
+	case 0:
+		return "", usagef("module %s needs a module name", sub)
+	case 1:
+		return args[0], nil
+	}
+	return "", usagef("module %s takes one module name", sub)
+}
+
+// control defines the flags of module start, stop or restart (act); its
+// action asks the node to do that to the module named.
+func (c *ModuleCommand) control(act string, fs *flag.FlagSet) action {
 	server := c.m.serverFlag(fs)
-	var lines *int
-	var follow *bool
-	switch sub {
-	case "start", "stop", "restart":
-	case "logs":
-		lines = fs.Int("n", 100, "how many of the last lines (0: all the node keeps)")
-		follow = fs.Bool("f", false, "keep printing new lines until interrupted")
-	default:
-		return usagef("unknown module subcommand %q (start, stop, restart, logs)", sub)
-	}
-	// NAME may come before or after the flags.
-	rest := args[1:]
-	var name string
-	if len(rest) > 0 && len(rest[0]) > 0 && rest[0][0] != '-' {
-		name, rest = rest[0], rest[1:]
-	}
-	if err := parseFlags(fs, rest); err != nil {
-		return err
-	}
-	if name == "" && fs.NArg() == 1 {
-		name = fs.Arg(0)
-	} else if fs.NArg() > 0 {
-		return usagef("module %s takes one module name", sub)
-	}
-	if name == "" {
-		return usagef("module %s needs a module name", sub)
-	}
-	nc, err := c.m.connectNode(*server)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	if sub != "logs" {
+	return func(ctx context.Context, args []string) error {
+		name, err := moduleName(act, args)
+		if err != nil {
+			return err
+		}
+		nc, err := c.m.connectNode(*server)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
 		var rep appliance.ModuleReply
-		if err := moduleRequest(ctx, nc, appliance.SubjectModuleControl, appliance.ModuleRequest{Module: name, Action: sub}, &rep); err != nil {
+		if err := moduleRequest(ctx, nc, appliance.SubjectModuleControl, appliance.ModuleRequest{Module: name, Action: act}, &rep); err != nil {
 			return err
 		}
 		if rep.Error != "" {
-			return fmt.Errorf("module %s %s: %s", sub, name, rep.Error)
+			return fmt.Errorf("module %s %s: %s", act, name, rep.Error)
 		}
-		fmt.Fprintf(c.m.Stdout, "module %s: %s asked\n", name, sub)
+		fmt.Fprintf(c.m.Stdout, "module %s: %s asked\n", name, act)
 		return nil
 	}
-	return c.logs(ctx, nc, name, *lines, *follow)
+}
+
+// logsFlags defines the flags of module logs; its action prints the
+// module's output.
+func (c *ModuleCommand) logsFlags(fs *flag.FlagSet) action {
+	server := c.m.serverFlag(fs)
+	lines := fs.Int("n", 100, "how many of the last lines (0: all the node keeps)")
+	follow := fs.Bool("f", false, "keep printing new lines until interrupted")
+	return func(ctx context.Context, args []string) error {
+		name, err := moduleName("logs", args)
+		if err != nil {
+			return err
+		}
+		nc, err := c.m.connectNode(*server)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		return c.logs(ctx, nc, name, *lines, *follow)
+	}
 }
 
 // logs prints the module's last lines and, with follow, new ones until ctx

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -18,62 +19,58 @@ import (
 // they host.
 type NodesCommand struct{ m *Main }
 
-// Run prints the peers as a table, or the node's $MESH.peers answer as JSON
+// flags defines its flags; its action prints the peers as a table, or the node's $MESH.peers answer as JSON
 // with --json.
-func (c *NodesCommand) Run(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("nodes", "nodes [--json] [--server URL]")
+func (c *NodesCommand) flags(fs *flag.FlagSet) action {
 	server := c.m.serverFlag(fs)
 	asJSON := fs.Bool("json", false, "print the node's answer as JSON")
-	if err := parseFlags(fs, args); err != nil {
-		return err
+	return func(ctx context.Context, args []string) error {
+		if len(args) > 0 {
+			return usagef("nodes takes no arguments")
+		}
+		var reply node.PeersReply
+		raw, err := c.m.askNode(ctx, *server, node.SubjectPeers, &reply)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(c.m.Stdout, raw)
+		}
+		// The credential generations come with the node's status; a node
+		// too old to report them shows none.
+		var st appliance.Status
+		if _, err := c.m.askNode(ctx, *server, appliance.SubjectStatus, &st); err != nil {
+			st = appliance.Status{}
+		}
+		printPeers(c.m.Stdout, reply, st.Identity, time.Now())
+		return nil
 	}
-	if fs.NArg() > 0 {
-		return usagef("nodes takes no arguments")
-	}
-	var reply node.PeersReply
-	raw, err := c.m.askNode(ctx, *server, node.SubjectPeers, &reply)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(c.m.Stdout, raw)
-	}
-	// The credential generations come with the node's status; a node
-	// too old to report them shows none.
-	var st appliance.Status
-	if _, err := c.m.askNode(ctx, *server, appliance.SubjectStatus, &st); err != nil {
-		st = appliance.Status{}
-	}
-	printPeers(c.m.Stdout, reply, st.Identity, time.Now())
-	return nil
 }
 
 // CapsCommand lists the capabilities and stages hosted locally and by the
 // live peers of the local node.
 type CapsCommand struct{ m *Main }
 
-// Run prints the capabilities as a table, or the node's $MESH.caps answer
+// flags defines its flags; its action prints the capabilities as a table, or the node's $MESH.caps answer
 // as JSON with --json.
-func (c *CapsCommand) Run(ctx context.Context, args []string) error {
-	fs := c.m.newFlagSet("caps", "caps [--json] [--server URL]")
+func (c *CapsCommand) flags(fs *flag.FlagSet) action {
 	server := c.m.serverFlag(fs)
 	asJSON := fs.Bool("json", false, "print the node's answer as JSON")
-	if err := parseFlags(fs, args); err != nil {
-		return err
+	return func(ctx context.Context, args []string) error {
+		if len(args) > 0 {
+			return usagef("caps takes no arguments")
+		}
+		var reply node.CapsReply
+		raw, err := c.m.askNode(ctx, *server, node.SubjectCaps, &reply)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(c.m.Stdout, raw)
+		}
+		printCaps(c.m.Stdout, reply)
+		return nil
 	}
-	if fs.NArg() > 0 {
-		return usagef("caps takes no arguments")
-	}
-	var reply node.CapsReply
-	raw, err := c.m.askNode(ctx, *server, node.SubjectCaps, &reply)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(c.m.Stdout, raw)
-	}
-	printCaps(c.m.Stdout, reply)
-	return nil
 }
 
 // askNode sends an empty request on subject to the node at url and

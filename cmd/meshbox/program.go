@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -52,67 +53,60 @@ The node is found as meshbox run configures it (--data, --env-file,
 it); the running node is told of each change.
 `
 
-// Run dispatches `meshbox program ...`.
-func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(c.m.Stderr, programUsage)
-		return usagef("program: no command given")
+// programCommands are program's subcommands.
+func programCommands() []command {
+	c := func(m *Main) *ProgramCommand { return &ProgramCommand{m: m} }
+	return []command{
+		{name: "add", synopsis: "program add NAME [--data DIR] [flags]", flags: func(m *Main, fs *flag.FlagSet) action { return c(m).add(fs) }},
+		{name: "list", synopsis: "program list [--data DIR] [flags]", flags: func(m *Main, fs *flag.FlagSet) action { return c(m).list(fs) }},
+		{name: "show", synopsis: "program show NAME [--data DIR] [flags]", flags: func(m *Main, fs *flag.FlagSet) action { return c(m).show(fs) }},
+		{name: "remove", synopsis: "program remove NAME [--data DIR] [flags]", flags: func(m *Main, fs *flag.FlagSet) action { return c(m).remove(fs) }},
 	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(c.m.Stdout, programUsage)
-		return nil
-	}
-	sub, args := args[0], args[1:]
-	fs := c.m.newFlagSet("program "+sub, "program "+sub+" [--data DIR] [flags]")
-	server := c.m.serverFlag(fs)
-	asJSON := fs.Bool("json", false, "print JSON")
-	var p programs.Program
-	want := 1
-	switch sub {
-	case "add":
-		for _, l := range []struct {
-			name, usage string
-			into        *[]string
-		}{
-			{"host", "a capability it may host (subscribe cap.CAP)", &p.Host},
-			{"call", "a capability it may call (cap.CAP, node.*.cap.CAP)", &p.Call},
-			{"serve", "a stage it may serve (subscribe work.STAGE)", &p.Serve},
-			{"submit", "a stage it may submit commands to (cmd.STAGE)", &p.Submit},
-			{"publish", "an event topic it may publish (evt.TOPIC)", &p.Publish},
-			{"subscribe", "an event topic it may subscribe to (evt.TOPIC)", &p.Subscribe},
-			{"service", "a NATS micro service it may run: it answers the service's discovery requests ($SRV.PING, .INFO, .STATS); needs --host or --serve", &p.Service},
-			{"read", "a table of rows it may read: get, list, history, watch ($MESH.rows.TABLE.*; * for every table)", &p.Read},
-			{"write", "a table of rows it may write: put, delete ($MESH.rows.TABLE.*; * for every table)", &p.Write},
-		} {
-			fs.Var((*listFlag)(l.into), l.name, l.usage)
-		}
-		fs.BoolVar(&p.MQTT, "mqtt", false, "it may sign in on the node's MQTT listener (nats_mqtt) with a user name and password, as devices do; the same rights, topics are subjects with / for . (evt/TOPIC)")
-		fs.BoolVar(&p.Blobs, "blobs", false, "it may use the node's blob store (JetStream object store "+blobs.Bucket+") and fetch blobs from any node")
-	case "show", "remove":
-	case "list":
-		want = 0
-	default:
-		fmt.Fprint(c.m.Stderr, programUsage)
-		return usagef("program: unknown command %q", sub)
-	}
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != want {
-		return usagef("program %s: want %d arguments, got %d", sub, want, len(pos))
+}
+
+// store opens the programs' store of the node the flags name, after
+// checking that the command got want arguments.
+func (c *ProgramCommand) store(fs *flag.FlagSet, args []string, want int) (*programs.Store, string, error) {
+	if len(args) != want {
+		return nil, "", usagef("%s: want %d arguments, got %d", fs.Name(), want, len(args))
 	}
 	dir, err := c.m.dataDir()
 	if err != nil {
-		return err
+		return nil, "", err
 	}
-	data := &dir
 	store, err := programs.Open(programs.Dir(dir))
-	if err != nil {
-		return err
+	return store, dir, err
+}
+
+// add defines program add's flags; its action creates or replaces a
+// program and tells the running node.
+func (c *ProgramCommand) add(fs *flag.FlagSet) action {
+	server := c.m.serverFlag(fs)
+	fs.Bool("json", false, "print JSON")
+	var p programs.Program
+	for _, l := range []struct {
+		name, usage string
+		into        *[]string
+	}{
+		{"host", "a capability it may host (subscribe cap.CAP)", &p.Host},
+		{"call", "a capability it may call (cap.CAP, node.*.cap.CAP)", &p.Call},
+		{"serve", "a stage it may serve (subscribe work.STAGE)", &p.Serve},
+		{"submit", "a stage it may submit commands to (cmd.STAGE)", &p.Submit},
+		{"publish", "an event topic it may publish (evt.TOPIC)", &p.Publish},
+		{"subscribe", "an event topic it may subscribe to (evt.TOPIC)", &p.Subscribe},
+		{"service", "a NATS micro service it may run: it answers the service's discovery requests ($SRV.PING, .INFO, .STATS); needs --host or --serve", &p.Service},
+		{"read", "a table of rows it may read: get, list, history, watch ($MESH.rows.TABLE.*; * for every table)", &p.Read},
+		{"write", "a table of rows it may write: put, delete ($MESH.rows.TABLE.*; * for every table)", &p.Write},
+	} {
+		fs.Var((*listFlag)(l.into), l.name, l.usage)
 	}
-	switch sub {
-	case "add":
+	fs.BoolVar(&p.MQTT, "mqtt", false, "it may sign in on the node's MQTT listener (nats_mqtt) with a user name and password, as devices do; the same rights, topics are subjects with / for . (evt/TOPIC)")
+	fs.BoolVar(&p.Blobs, "blobs", false, "it may use the node's blob store (JetStream object store "+blobs.Bucket+") and fetch blobs from any node")
+	return func(ctx context.Context, pos []string) error {
+		store, data, err := c.store(fs, pos, 1)
+		if err != nil {
+			return err
+		}
 		p.Name = pos[0]
 		path, err := store.Put(p)
 		if err != nil {
@@ -127,14 +121,37 @@ func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
 			}
 			fmt.Fprintf(c.m.Stdout, "MQTT: user %s password %s (kept in %s); topics are the subjects with / for ., events evt/TOPIC\n", user, password, store.MQTTPath(p.Name))
 		}
-		return c.tellNode(ctx, *server, *data)
-	case "remove":
+		return c.tellNode(ctx, *server, data)
+	}
+}
+
+// remove defines program remove's flags; its action deletes a program and
+// tells the running node.
+func (c *ProgramCommand) remove(fs *flag.FlagSet) action {
+	server := c.m.serverFlag(fs)
+	fs.Bool("json", false, "print JSON")
+	return func(ctx context.Context, pos []string) error {
+		store, data, err := c.store(fs, pos, 1)
+		if err != nil {
+			return err
+		}
 		if err := store.Remove(pos[0]); err != nil {
 			return err
 		}
 		fmt.Fprintf(c.m.Stdout, "program %s removed\n", pos[0])
-		return c.tellNode(ctx, *server, *data)
-	case "show":
+		return c.tellNode(ctx, *server, data)
+	}
+}
+
+// show defines program show's flags; its action prints one program.
+func (c *ProgramCommand) show(fs *flag.FlagSet) action {
+	c.m.serverFlag(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	return func(ctx context.Context, pos []string) error {
+		store, _, err := c.store(fs, pos, 1)
+		if err != nil {
+			return err
+		}
 		p, err := store.Get(pos[0])
 		if err != nil {
 			return err
@@ -144,7 +161,18 @@ func (c *ProgramCommand) Run(ctx context.Context, args []string) error {
 		}
 		c.printPrograms([]programs.Program{p}, store)
 		return nil
-	default: // list
+	}
+}
+
+// list defines program list's flags; its action prints every program.
+func (c *ProgramCommand) list(fs *flag.FlagSet) action {
+	c.m.serverFlag(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	return func(ctx context.Context, pos []string) error {
+		store, _, err := c.store(fs, pos, 0)
+		if err != nil {
+			return err
+		}
 		progs, errs := store.List()
 		if *asJSON {
 			if progs == nil {

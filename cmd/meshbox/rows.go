@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -57,156 +58,176 @@ const exitNotFound = 3
 // rowsTimeout is how long a command waits for the node's answer.
 const rowsTimeout = 10 * time.Second
 
-// Run dispatches `meshbox rows ...`.
-func (c *RowsCommand) Run(ctx context.Context, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(c.m.Stderr, rowsUsage)
-		return usagef("rows: no command given (put, get, list, watch, delete or history)")
+// rowsOp is one of rows' commands: its arguments and the operation of
+// the rows API it asks the node for.
+type rowsOp struct {
+	name     string
+	args     string // its arguments, as usage errors name them
+	more     string // the rest of its synopsis: its own flags
+	op       string // of the rows API; "" for watch, which listens
+	min, max int    // how many arguments it takes (max -1: any number)
+}
+
+// rowsOps are rows' commands, in the order help lists them.
+var rowsOps = []rowsOp{
+	{"put", "TABLE ROW FIELD=VALUE...", "[--delete FIELD]... | rows put TABLE --from FILE", rows.OpPut, 2, -1},
+	{"get", "TABLE ROW", "[--field F]", rows.OpGet, 2, 2},
+	{"list", "TABLE", "[--prefix P] [--limit N]", rows.OpList, 1, 1},
+	{"watch", "TABLE [ROW]", "[--count N]", "", 1, 2},
+	{"delete", "TABLE ROW", "", rows.OpDelete, 2, 2},
+	{"history", "TABLE ROW FIELD", "", rows.OpHistory, 3, 3},
+}
+
+// rowsCommands are rows' subcommands, one for each of rowsOps.
+func rowsCommands() []command {
+	var out []command
+	for _, o := range rowsOps {
+		out = append(out, command{
+			name:     o.name,
+			synopsis: strings.Join(strings.Fields("rows "+o.name+" "+o.args+" "+o.more), " ") + " [--server URL] [--json]",
+			args:     []word{wordTable},
+			flags:    func(m *Main, fs *flag.FlagSet) action { return (&RowsCommand{m: m}).flags(o, fs) },
+		}.withValues(map[string]word{"from": wordFile}))
 	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(c.m.Stdout, rowsUsage)
-		return nil
+	return out
+}
+
+// rowsOpNamed is the rows command named name.
+func rowsOpNamed(name string) (rowsOp, bool) {
+	for _, o := range rowsOps {
+		if o.name == name {
+			return o, true
+		}
 	}
-	sub, args := args[0], args[1:]
-	synopsis, ok := map[string]string{
-		"put":     "rows put TABLE ROW FIELD=VALUE... [--delete FIELD]... | rows put TABLE --from FILE",
-		"get":     "rows get TABLE ROW [--field F]",
-		"list":    "rows list TABLE [--prefix P] [--limit N]",
-		"watch":   "rows watch TABLE [ROW] [--count N]",
-		"delete":  "rows delete TABLE ROW",
-		"history": "rows history TABLE ROW FIELD",
-	}[sub]
-	if !ok {
-		fmt.Fprint(c.m.Stderr, rowsUsage)
-		return usagef("rows: unknown command %q (put, get, list, watch, delete or history)", sub)
-	}
-	fs := c.m.newFlagSet("rows "+sub, synopsis+" [--server URL] [--json]")
+	return rowsOp{}, false
+}
+
+// flags defines the flags of rows command o on fs; its action asks the
+// node.
+func (c *RowsCommand) flags(o rowsOp, fs *flag.FlagSet) action {
+	sub := o.name
 	server := c.m.serverFlag(fs)
 	asJSON := fs.Bool("json", false, "print the node's answer as JSON (watch: one change per line)")
 	timeout := fs.Duration("timeout", rowsTimeout, "how long to wait for the node's answer")
 	var del listFlag
 	var field, prefix, from *string
 	var limit, count *int
-	switch sub {
-	case "put":
+	switch o.op {
+	case rows.OpPut:
 		fs.Var(&del, "delete", "delete this field of the row (repeatable, or comma-separated)")
 		from = fs.String("from", "", "write the rows of this file of JSON lines, one row a line (- for standard input), in batches")
-	case "get":
+	case rows.OpGet:
 		field = fs.String("field", "", "print only this field's value, as it is")
-	case "list":
+	case rows.OpList:
 		prefix = fs.String("prefix", "", "only the rows whose key starts with this")
 		limit = fs.Int("limit", rows.DefaultListLimit, fmt.Sprintf("the most rows to print (at most %d)", rows.MaxListLimit))
-	case "watch":
+	case "":
 		count = fs.Int("count", 0, "exit after this many changes (0: until interrupted)")
 	}
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return err
-	}
-	if *timeout <= 0 {
-		return usagef("rows %s: --timeout must be positive", sub)
-	}
-	if from != nil && *from != "" {
-		if len(pos) != 1 || len(del) > 0 {
-			return usagef("usage: meshbox rows put TABLE --from FILE: the rows, their fields and deletes come from the file")
+	return func(ctx context.Context, pos []string) error {
+		if *timeout <= 0 {
+			return usagef("rows %s: --timeout must be positive", sub)
 		}
-		if err := rows.ValidTable(pos[0]); err != nil {
-			return usagef("rows put: %v", err)
-		}
-		return c.putFrom(ctx, *server, *timeout, pos[0], *from, *asJSON)
-	}
-	req, err := rowsRequest(sub, pos, del)
-	if err != nil {
-		return err
-	}
-	table := pos[0]
-	switch {
-	case field != nil && *field != "":
-		if err := rows.ValidField(*field); err != nil {
-			return usagef("rows get: --field: %v", err)
-		}
-	case limit != nil:
-		if *limit <= 0 || *limit > rows.MaxListLimit {
-			return usagef("rows list: --limit %d: want 1 to %d", *limit, rows.MaxListLimit)
-		}
-		req.Prefix, req.Limit = *prefix, *limit
-	case count != nil && *count < 0:
-		return usagef("rows watch: --count must not be negative")
-	}
-	nc, err := c.m.connectNode(*server)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	r := rowsClient{nc: nc, timeout: *timeout}
-	if sub == "watch" {
-		return c.watch(ctx, r, table, req.Row, *count, *asJSON)
-	}
-	op := map[string]string{"put": rows.OpPut, "get": rows.OpGet, "list": rows.OpList, "delete": rows.OpDelete, "history": rows.OpHistory}[sub]
-	raw, err := r.ask(ctx, table, op, req)
-	if err != nil {
-		return prefixed("rows "+sub+" "+strings.Join(pos[:min(len(pos), 3)], " "), err)
-	}
-	if *asJSON && (field == nil || *field == "") {
-		return printJSON(c.m.Stdout, raw)
-	}
-	out := c.m.Stdout
-	switch sub {
-	case "put", "delete":
-		var w rows.Written
-		if err := json.Unmarshal(raw, &w); err != nil {
-			return badAnswer(op, err)
-		}
-		verb := map[string]string{"put": "written", "delete": "deleted"}[sub]
-		fmt.Fprintf(out, "%s %s/%s on node %s, stamp %s\n", verb, w.Table, w.Row, w.Node, w.Stamp)
-	case "get":
-		var d rows.RowDoc
-		if err := json.Unmarshal(raw, &d); err != nil {
-			return badAnswer(op, err)
-		}
-		if *field != "" {
-			v, ok := d.Fields[*field]
-			if !ok {
-				return &exitError{code: exitNotFound, msg: fmt.Sprintf("rows get %s %s: row %s has no field %s", table, req.Row, req.Row, *field)}
+		if from != nil && *from != "" {
+			if len(pos) != 1 || len(del) > 0 {
+				return usagef("usage: meshbox rows put TABLE --from FILE: the rows, their fields and deletes come from the file")
 			}
-			if *asJSON {
-				return writeJSON(out, d.Versions[*field])
+			if err := rows.ValidTable(pos[0]); err != nil {
+				return usagef("rows put: %v", err)
 			}
-			_, err := fmt.Fprintln(out, v)
+			return c.putFrom(ctx, *server, *timeout, pos[0], *from, *asJSON)
+		}
+		req, err := rowsRequest(sub, pos, del)
+		if err != nil {
 			return err
 		}
-		return printRow(out, d)
-	case "list":
-		var d rows.ListDoc
-		if err := json.Unmarshal(raw, &d); err != nil {
-			return badAnswer(op, err)
+		table := pos[0]
+		switch {
+		case field != nil && *field != "":
+			if err := rows.ValidField(*field); err != nil {
+				return usagef("rows get: --field: %v", err)
+			}
+		case limit != nil:
+			if *limit <= 0 || *limit > rows.MaxListLimit {
+				return usagef("rows list: --limit %d: want 1 to %d", *limit, rows.MaxListLimit)
+			}
+			req.Prefix, req.Limit = *prefix, *limit
+		case count != nil && *count < 0:
+			return usagef("rows watch: --count must not be negative")
 		}
-		printRowList(out, d, req.Prefix)
-		if d.More {
-			fmt.Fprintf(c.m.Stderr, "more rows follow: --limit N prints more, --prefix P fewer\n")
+		nc, err := c.m.connectNode(*server)
+		if err != nil {
+			return err
 		}
-	case "history":
-		var d rows.HistoryDoc
-		if err := json.Unmarshal(raw, &d); err != nil {
-			return badAnswer(op, err)
+		defer nc.Close()
+		r := rowsClient{nc: nc, timeout: *timeout}
+		if o.op == "" {
+			return c.watch(ctx, r, table, req.Row, *count, *asJSON)
 		}
-		if len(d.Versions) == 0 {
-			return &exitError{code: exitNotFound, msg: fmt.Sprintf("rows history %s %s %s: this node holds no version of field %s of row %s", table, req.Row, req.Field, req.Field, req.Row)}
+		op := o.op
+		raw, err := r.ask(ctx, table, op, req)
+		if err != nil {
+			return prefixed("rows "+sub+" "+strings.Join(pos[:min(len(pos), 3)], " "), err)
 		}
-		printHistory(out, d)
+		if *asJSON && (field == nil || *field == "") {
+			return printJSON(c.m.Stdout, raw)
+		}
+		out := c.m.Stdout
+		switch op {
+		case rows.OpPut, rows.OpDelete:
+			var w rows.Written
+			if err := json.Unmarshal(raw, &w); err != nil {
+				return badAnswer(op, err)
+			}
+			verb := map[string]string{rows.OpPut: "written", rows.OpDelete: "deleted"}[op]
+			fmt.Fprintf(out, "%s %s/%s on node %s, stamp %s\n", verb, w.Table, w.Row, w.Node, w.Stamp)
+		case rows.OpGet:
+			var d rows.RowDoc
+			if err := json.Unmarshal(raw, &d); err != nil {
+				return badAnswer(op, err)
+			}
+			if *field != "" {
+				v, ok := d.Fields[*field]
+				if !ok {
+					return &exitError{code: exitNotFound, msg: fmt.Sprintf("rows get %s %s: row %s has no field %s", table, req.Row, req.Row, *field)}
+				}
+				if *asJSON {
+					return writeJSON(out, d.Versions[*field])
+				}
+				_, err := fmt.Fprintln(out, v)
+				return err
+			}
+			return printRow(out, d)
+		case rows.OpList:
+			var d rows.ListDoc
+			if err := json.Unmarshal(raw, &d); err != nil {
+				return badAnswer(op, err)
+			}
+			printRowList(out, d, req.Prefix)
+			if d.More {
+				fmt.Fprintf(c.m.Stderr, "more rows follow: --limit N prints more, --prefix P fewer\n")
+			}
+		case rows.OpHistory:
+			var d rows.HistoryDoc
+			if err := json.Unmarshal(raw, &d); err != nil {
+				return badAnswer(op, err)
+			}
+			if len(d.Versions) == 0 {
+				return &exitError{code: exitNotFound, msg: fmt.Sprintf("rows history %s %s %s: this node holds no version of field %s of row %s", table, req.Row, req.Field, req.Field, req.Row)}
+			}
+			printHistory(out, d)
+		}
+		return nil
 	}
-	return nil
 }
 
 // rowsRequest checks the positional arguments of sub (and put's deleted
 // fields) and builds its request. pos[0] is the table of every command.
 func rowsRequest(sub string, pos []string, del []string) (rows.Request, error) {
 	var req rows.Request
-	want := map[string][2]int{"put": {2, -1}, "get": {2, 2}, "list": {1, 1}, "watch": {1, 2}, "delete": {2, 2}, "history": {3, 3}}[sub]
-	forms := map[string]string{"put": "TABLE ROW FIELD=VALUE...", "get": "TABLE ROW", "list": "TABLE", "watch": "TABLE [ROW]",
-		"delete": "TABLE ROW", "history": "TABLE ROW FIELD"}
-	if len(pos) < want[0] || (want[1] >= 0 && len(pos) > want[1]) {
-		return req, usagef("usage: meshbox rows %s %s (got %d arguments)", sub, forms[sub], len(pos))
+	o, _ := rowsOpNamed(sub)
+	if len(pos) < o.min || (o.max >= 0 && len(pos) > o.max) {
+		return req, usagef("usage: meshbox rows %s %s (got %d arguments)", sub, o.args, len(pos))
 	}
 	if err := rows.ValidTable(pos[0]); err != nil {
 		return req, usagef("rows %s: %v", sub, err)
@@ -217,13 +238,13 @@ func rowsRequest(sub string, pos []string, del []string) (rows.Request, error) {
 			return req, usagef("rows %s: %v", sub, err)
 		}
 	}
-	switch sub {
-	case "history":
+	switch o.op {
+	case rows.OpHistory:
 		req.Field = pos[2]
 		if err := rows.ValidField(req.Field); err != nil {
 			return req, usagef("rows history: %v", err)
 		}
-	case "put":
+	case rows.OpPut:
 		set, err := parseAssignments(pos[2:])
 		if err != nil {
 			return req, err
