@@ -183,6 +183,20 @@ func TestMQTTRetainedAcrossTheMesh(t *testing.T) {
 			t.Errorf("%s: row %s holds payload %q, want from-alpha (fields %v)", nd.name, row, got, doc.Fields)
 		}
 	}
+
+	// No loop: gamma's devices retained nothing, so gamma wrote nothing
+	// to the table, though it put every retained message of the others
+	// into its store (a copy heard back was no new write).
+	ms := scrape(t, gamma.p.HTTPURL())
+	if n, _ := ms.value("meshbox_mqtt_retained_recorded_total"); n != 0 {
+		t.Errorf("gamma recorded %v retained publishes, want 0: the mesh's copies in its store came back as writes", n)
+	}
+	if n, _ := ms.value("meshbox_mqtt_retained_applied_total"); n < 4 {
+		t.Errorf("gamma put %v retained messages of the mesh into its store, want at least 4 (set, clear, beta's, alpha's)", n)
+	}
+	if n, _ := scrape(t, alpha.p.HTTPURL()).value("meshbox_mqtt_retained_recorded_total"); n != 3 {
+		t.Errorf("alpha recorded %v retained publishes, want its devices' 3", n)
+	}
 }
 
 // TestMQTTRetainedRights: a device whose program may not publish a topic
