@@ -386,7 +386,7 @@ func (mr *retainedMirror) record(r localnats.Retained, stored time.Time) {
 	set, del := retainedWrite(r)
 	if _, err := mr.eng.Put(wire.TableMQTTRetained, row, set, del); err != nil {
 		mr.m.errors.WithLabelValues("table").Inc()
-		mr.log.Warn("a retained publish was not written to the mesh's retained state", "subject", r.Subject, "err", err)
+		mr.logOnce("table\x00"+errKind(err), "a retained publish was not written to the mesh's retained state: it stays on this node (logged once per kind of failure)", "subject", r.Subject, "err", err)
 		return
 	}
 	mr.recorded[r.Subject] = retainedHash(r)
@@ -464,14 +464,20 @@ func (mr *retainedMirror) settler() {
 		mr.dmu.Unlock()
 		failed := false
 		for row := range dirty {
+			if failed {
+				mr.markDirty(row) // after the pause
+				continue
+			}
 			if err := mr.settle(row); err != nil {
+				select {
+				case <-mr.quit:
+					return // the connection closed under it
+				default:
+				}
 				failed = true
-				mr.dmu.Lock()
-				mr.dirty[row] = true
-				mr.dmu.Unlock()
+				mr.markDirty(row)
 				mr.m.errors.WithLabelValues("store").Inc()
 				mr.log.Warn("a retained message of the mesh was not put into this node's MQTT store; retrying in a second", "row", row, "err", err)
-				break
 			}
 		}
 		if failed {
@@ -537,15 +543,33 @@ func (mr *retainedMirror) settle(row string) error {
 	return nil
 }
 
+// logOnce logs a warning once per key (bounded, with refuse's).
+func (mr *retainedMirror) logOnce(key, msg string, args ...any) {
+	if mr.nlogged.Load() >= retainedRefusedLogs {
+		return
+	}
+	if _, seen := mr.logged.LoadOrStore(key, true); !seen {
+		mr.nlogged.Add(1)
+		mr.log.Warn(msg, args...)
+	}
+}
+
+// errKind names the kind of a failure of the table, for logOnce.
+func errKind(err error) string {
+	switch {
+	case errors.Is(err, rows.ErrNoKey):
+		return "no_key"
+	case errors.Is(err, rows.ErrNoTable):
+		return "no_table"
+	case errors.Is(err, rows.ErrBadInput):
+		return "bad_input"
+	}
+	return "store"
+}
+
 // refuse counts a retained message not carried, under cause, and logs it
 // once per cause and party (a program or a node).
 func (mr *retainedMirror) refuse(cause, party string, err error) {
 	mr.m.refused.WithLabelValues(cause).Inc()
-	if mr.nlogged.Load() >= retainedRefusedLogs {
-		return
-	}
-	if _, seen := mr.logged.LoadOrStore(cause+"\x00"+party, true); !seen {
-		mr.nlogged.Add(1)
-		mr.log.Warn("a retained message is not carried across the mesh (logged once per cause and party)", "cause", cause, "party", party, "err", err)
-	}
+	mr.logOnce(cause+"\x00"+party, "a retained message is not carried across the mesh (logged once per cause and party)", "cause", cause, "party", party, "err", err)
 }
