@@ -200,6 +200,9 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if err := a.startRows(); err != nil {
 		return err
 	}
+	if err := a.startRetained(ctx); err != nil {
+		return err
+	}
 	hosted, _, err := interest.check()
 	if err != nil {
 		return err
@@ -295,6 +298,7 @@ func (a *Appliance) closeLocked() error {
 			errs = append(errs, fmt.Errorf("bridge: %w", err))
 		}
 	}
+	a.stopRetained()
 	a.stopRows()
 	if kk := a.parts().keys; kk != nil {
 		a.update(func(r *running) { r.keys = nil })

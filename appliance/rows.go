@@ -98,7 +98,7 @@ func (a *Appliance) startRows() error {
 	// account: a change is published only where someone subscribes.
 	acc := r.nats.NATS().GlobalAccount()
 	if _, err := eng.Serve(rows.ServeConfig{Conn: nc, Replies: r.replies.Conn(), ReplyAllowed: r.nats.Rights().ReplyAllowed,
-		Interest: acc.SubscriptionInterest}); err != nil {
+		Interest: acc.SubscriptionInterest, ReadOnly: retainedReadOnly}); err != nil {
 		nc.Close()
 		_ = eng.Close()
 		return fmt.Errorf("rows: %w", err)
@@ -115,6 +115,12 @@ func (a *Appliance) applyTables(eng *rows.Engine, snap cache.Snapshot) {
 	tables, errs := TablesOf(snap.Bindings.Settings)
 	for _, err := range errs {
 		a.logger.Warn("a table definition of the mesh is left out", "component", "rows", "err", err)
+	}
+	if _, defined := tables[wire.TableMQTTRetained]; !defined && a.retainedOn() {
+		// The node's own table: the mesh's MQTT retained state
+		// (mqttretained.go). The mesh's settings may define it too (to
+		// seal it with a scope's key): then theirs holds.
+		tables[wire.TableMQTTRetained] = rows.TableSpec{}
 	}
 	if !maps.Equal(eng.Tables(), tables) {
 		eng.SetTables(tables)

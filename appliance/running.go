@@ -36,6 +36,7 @@ type running struct {
 	blobConn *nats.Conn
 	rows     *rows.Engine // the node's tables of rows (rows.go)
 	rowsConn *nats.Conn
+	retained *retainedMirror // the MQTT retained state of the mesh (mqttretained.go)
 	bridge   *bridge.Bridge
 	node     *node.Node
 	mods     *modules.Supervisor // supervises the assigned modules

@@ -176,6 +176,11 @@ type ServeConfig struct {
 	// change no one watches is not encoded and published. Nil: every
 	// change is published.
 	Interest func(subject string) bool
+	// ReadOnly, when set, says why the API may not write table (nil: it
+	// may): a table the node writes from another source of its own (the
+	// MQTT retained state) is read here, never written. A write it
+	// refuses is answered 403.
+	ReadOnly func(table string) error
 }
 
 // Serve answers the rows API until the connection closes, and publishes
@@ -251,7 +256,10 @@ func (e *Engine) serveOne(m *nats.Msg, sc ServeConfig, replies *nats.Conn, refus
 			return
 		}
 	}
-	doc, err := e.answer(m.Subject, m.Data, int(replies.MaxPayload()))
+	doc, err := e.checkWritable(m.Subject, sc)
+	if err == nil {
+		doc, err = e.answer(m.Subject, m.Data, int(replies.MaxPayload()))
+	}
 	if err != nil {
 		r := nats.NewMsg(m.Reply)
 		wire.SetError(r.Header, errorCode(err), err.Error())
@@ -262,8 +270,31 @@ func (e *Engine) serveOne(m *nats.Msg, sc ServeConfig, replies *nats.Conn, refus
 	_ = replies.Publish(m.Reply, b)
 }
 
+// checkWritable refuses a write of the API to a table that sc's ReadOnly
+// names, counted, and logged once per table.
+func (e *Engine) checkWritable(subject string, sc ServeConfig) (any, error) {
+	if sc.ReadOnly == nil {
+		return nil, nil
+	}
+	table, op, _ := strings.Cut(strings.TrimPrefix(subject, subjectRoot), ".")
+	if op != OpPut && op != OpPutMany && op != OpDelete {
+		return nil, nil
+	}
+	err := sc.ReadOnly(table)
+	if err == nil {
+		return nil, nil
+	}
+	e.m.errors.WithLabelValues("read_only").Inc()
+	if _, seen := e.readOnlyLogged.LoadOrStore(table, true); !seen {
+		e.log.Warn("a write of the rows API refused: the table is written by the node alone (logged once per table)", "table", table, "err", err)
+	}
+	return nil, fmt.Errorf("%w: table %s: %v", ErrReadOnly, table, err)
+}
+
 func errorCode(err error) int {
 	switch {
+	case errors.Is(err, ErrReadOnly):
+		return wire.CodeForbidden
 	case errors.Is(err, ErrBadInput):
 		return 400
 	case errors.Is(err, ErrNoTable), errors.Is(err, ErrNoRow):

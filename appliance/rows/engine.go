@@ -87,6 +87,8 @@ type Engine struct {
 	quit      chan struct{}
 	done      chan struct{}
 	writes    sync.WaitGroup // the API's writes in progress (api.go)
+
+	readOnlyLogged sync.Map // tables whose refused writes were logged (api.go)
 }
 
 // tableState is what the sync knows of a table.
@@ -245,6 +247,9 @@ var (
 	ErrNoTable = errors.New("no such table")
 	ErrNoKey   = errors.New("no key")
 	ErrNoRow   = errors.New("no such row")
+	// ErrReadOnly: a write of the API to a table the node alone writes
+	// (ServeConfig.ReadOnly).
+	ErrReadOnly = errors.New("table is read-only")
 )
 
 // spec returns table's spec, or ErrNoTable.

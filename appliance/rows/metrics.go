@@ -32,7 +32,7 @@ func newMetrics(e *Engine) *metrics {
 			Help: "Changes of a table's log this node did not apply, by table and cause (unopened: sealed with a key it lacks or tampered; wrong_scope: sealed with a key of another scope than the table's; forged_writer: naming another writer than its publisher; future: stamped too far ahead of its clock, held on disk until its clock reaches it; far_future: more than a day ahead, dropped; over_bound: held changes past their bound, dropped; snapshot_disagrees: the snapshot this node joined from lacked changes of the log before it)."},
 			[]string{"table", "cause"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshbox_rows_errors_total",
-			Help: "Failures of the rows engine, by kind (store, broker, no_key, no_log)."}, []string{"kind"}),
+			Help: "Failures of the rows engine, by kind (store, broker, no_key, no_log, reply_refused, read_only: a write of the API to a table the node alone writes)."}, []string{"kind"}),
 	}
 	status := func(f func(TableStatus) float64) func() float64 {
 		return func() float64 {

@@ -46,3 +46,10 @@ const (
 	SubjectBlobsFetches    = "$MESH.blobs.fetches"   // a blob fetch's progress report (no reply)
 	SubjectRowsPrefix      = "$MESH.rows."           // the rows API: $MESH.rows.<table>.<op>, changes on $MESH.rows.<table>.changed.<row>
 )
+
+// TableMQTTRetained is the table of rows that carries the MQTT retained
+// state of the mesh: a node with an MQTT listener defines it for itself
+// (unless the mesh's settings define it, with a scope say); a row is a
+// topic, written from the retained publishes its devices make. Its log on
+// the broker is the stream queue rows.mqtt_retained.
+const TableMQTTRetained = "mqtt_retained"

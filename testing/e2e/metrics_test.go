@@ -160,6 +160,11 @@ var expectedMetrics = map[string]dto.MetricType{
 	"meshbox_rows_errors_total":    dto.MetricType_COUNTER,
 	"meshbox_rows_pending":         dto.MetricType_GAUGE,
 	"meshbox_rows_tables_alarmed":  dto.MetricType_GAUGE,
+
+	"meshbox_mqtt_retained_recorded_total": dto.MetricType_COUNTER,
+	"meshbox_mqtt_retained_applied_total":  dto.MetricType_COUNTER,
+	"meshbox_mqtt_retained_refused_total":  dto.MetricType_COUNTER,
+	"meshbox_mqtt_retained_errors_total":   dto.MetricType_COUNTER,
 	// mesh view (node)
 	"meshbox_peers":                    dto.MetricType_GAUGE,
 	"meshbox_capabilities":             dto.MetricType_GAUGE,
@@ -193,6 +198,11 @@ var lazyMetrics = map[string]bool{
 	// failure, with the first.
 	"meshbox_rows_refused_total": true,
 	"meshbox_rows_errors_total":  true,
+	// The MQTT retained state's, on a node with an MQTT listener only.
+	"meshbox_mqtt_retained_recorded_total": true,
+	"meshbox_mqtt_retained_applied_total":  true,
+	"meshbox_mqtt_retained_refused_total":  true,
+	"meshbox_mqtt_retained_errors_total":   true,
 }
 
 // TestMetricsScrape runs a two-node mesh on the real broker and database,

@@ -1,0 +1,575 @@
+package appliance
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshbox/meshbox/appliance/localnats"
+	"github.com/meshbox/meshbox/appliance/rows"
+	"github.com/meshbox/meshbox/internal/wire"
+)
+
+// The MQTT retained state of the mesh rides on the tables of rows: the
+// table mqtt_retained (wire.TableMQTTRetained), which a node with an MQTT
+// listener defines for itself, holds a row per topic. Rows are sealed,
+// checked for their writer and bounded, and converge by the mesh's hybrid
+// clock, so the retained state does too: the last retain of a topic, by
+// that clock, is its retained message on every node.
+//
+// The node's retainedMirror joins the table to its NATS server's own
+// store of retained messages (localnats.Retained):
+//
+//   - Out: it hears the server store its devices' retained publishes (a
+//     subscription on $MQTT.rmsgs.>; the server stores one only after it
+//     checked the device's right to publish the topic), checks the
+//     publisher's right again against the programs' rights, and writes the
+//     row. Only topics under evt/ (the mesh's events) go to the mesh.
+//   - In: for each change of the table that won, it puts the winner into
+//     the server's store as the server would (an empty payload clears),
+//     where the server's own consumer of the stream finds it and serves it
+//     to later subscribers.
+//
+// No loop: what the mirror puts into the store carries the origin
+// localnats.MeshOrigin, which the server never gives its devices'
+// publishes; the mirror hears those copies on $MQTT.rmsgs.> too and
+// drops them there (hear), so a retained message from the mesh never
+// becomes a new write of the table. And a row whose winner this node wrote
+// came from its own store: it is not put back (settle).
+
+// The row of a topic: every write sets subject, qos and source, and sets
+// or deletes each payload part, all with one stamp, so that every field of
+// a row converges to the same write. A clear sets the payload parts
+// deleted: the row keeps the subject (a row whose key is a hash names its
+// topic only there).
+const (
+	retainedFieldSubject = "subject"
+	retainedFieldQoS     = "qos"
+	retainedFieldSource  = "source"
+	retainedFieldPayload = "payload" // the first part; then payload_1, payload_2
+	retainedParts        = 3
+)
+
+// MaxRetainedPayload is the largest retained payload the mesh carries (a
+// row's payload parts); a larger one stays on its node, refused as
+// too_large.
+const MaxRetainedPayload = retainedParts * rows.MaxValueLen
+
+func retainedPart(i int) string {
+	if i == 0 {
+		return retainedFieldPayload
+	}
+	return retainedFieldPayload + "_" + strconv.Itoa(i)
+}
+
+// retainedRow is the row key of subject: the subject itself where it is
+// a row key (and does not start with '='), else '=' and its SHA-256.
+func retainedRow(subject string) string {
+	if !strings.HasPrefix(subject, "=") && rows.ValidRow(subject) == nil {
+		return subject
+	}
+	sum := sha256.Sum256([]byte(subject))
+	return "=" + hex.EncodeToString(sum[:])
+}
+
+// retainedWrite is the write of r's row.
+func retainedWrite(r localnats.Retained) (set map[string][]byte, del []string) {
+	set = map[string][]byte{
+		retainedFieldSubject: []byte(r.Subject),
+		retainedFieldQoS:     []byte(strconv.Itoa(int(r.QoS))),
+		retainedFieldSource:  []byte(r.Source),
+	}
+	p := r.Payload
+	for i := range retainedParts {
+		if len(p) == 0 {
+			del = append(del, retainedPart(i))
+			continue
+		}
+		n := min(len(p), rows.MaxValueLen)
+		set[retainedPart(i)] = p[:n]
+		p = p[n:]
+	}
+	return set, del
+}
+
+// retainedOf reads a row: the retained message it holds (an empty payload
+// when cleared) and the version of its subject, which names the writer.
+func retainedOf(row string, cells map[string]rows.Cell) (localnats.Retained, rows.Cell, error) {
+	sc, ok := cells[retainedFieldSubject]
+	if !ok || sc.Deleted {
+		return localnats.Retained{}, sc, fmt.Errorf("row %s has no subject", row)
+	}
+	r := localnats.Retained{Subject: string(sc.Value)}
+	if retainedRow(r.Subject) != row || !strings.HasPrefix(r.Subject, wire.EvtPrefix) {
+		return r, sc, fmt.Errorf("row %s names subject %q, which is not its own or not an event's", row, r.Subject)
+	}
+	if q, ok := cells[retainedFieldQoS]; ok && !q.Deleted {
+		n, err := strconv.Atoi(string(q.Value))
+		if err != nil || n < 0 || n > 2 {
+			return r, sc, fmt.Errorf("row %s: qos %q is not 0, 1 or 2", row, q.Value)
+		}
+		r.QoS = byte(n)
+	}
+	if s, ok := cells[retainedFieldSource]; ok && !s.Deleted {
+		r.Source = string(s.Value)
+	}
+	for i := range retainedParts {
+		c, ok := cells[retainedPart(i)]
+		if !ok || c.Deleted {
+			break
+		}
+		r.Payload = append(r.Payload, c.Value...)
+	}
+	return r, sc, nil
+}
+
+// sameRetained reports whether a and b hold the same retained message
+// (two clears are the same whatever their QoS).
+func sameRetained(a, b localnats.Retained) bool {
+	if len(a.Payload) == 0 || len(b.Payload) == 0 {
+		return len(a.Payload) == len(b.Payload)
+	}
+	return a.QoS == b.QoS && bytes.Equal(a.Payload, b.Payload)
+}
+
+func retainedHash(r localnats.Retained) [sha256.Size]byte {
+	if len(r.Payload) == 0 {
+		return sha256.Sum256(nil)
+	}
+	return sha256.Sum256(append([]byte{r.QoS}, r.Payload...))
+}
+
+// retainedMetrics count what the mirror did and refused.
+type retainedMetrics struct {
+	recorded, applied prometheus.Counter
+	refused, errors   *prometheus.CounterVec
+	reg               prometheus.Registerer
+}
+
+func newRetainedMetrics(reg prometheus.Registerer) (*retainedMetrics, error) {
+	m := &retainedMetrics{
+		recorded: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshbox_mqtt_retained_recorded_total",
+			Help: "Retained MQTT publishes of this node's devices written to the table mqtt_retained (the mesh's retained state)."}),
+		applied: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshbox_mqtt_retained_applied_total",
+			Help: "Retained messages of other nodes put into this node's MQTT store (a clear included)."}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshbox_mqtt_retained_refused_total",
+			Help: "Retained messages not carried, by cause (not_allowed: its publisher may not publish the topic; not_event: a topic outside evt/, kept on its node; too_large: a payload past the mesh's bound, kept on its node; malformed: a message of the store the node cannot read; bad_row: a row of the table that is no retained message)."},
+			[]string{"cause"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshbox_mqtt_retained_errors_total",
+			Help: "Failures of carrying the retained state, by kind (table: a write of the table; store: the MQTT store), retried."}, []string{"kind"}),
+		reg: reg,
+	}
+	for _, c := range []prometheus.Collector{m.recorded, m.applied, m.refused, m.errors} {
+		if err := reg.Register(c); err != nil {
+			m.unregister()
+			return nil, fmt.Errorf("mqtt retained metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *retainedMetrics) unregister() {
+	for _, c := range []prometheus.Collector{m.recorded, m.applied, m.refused, m.errors} {
+		m.reg.Unregister(c)
+	}
+}
+
+// retainedMirror joins the table mqtt_retained and the NATS server's
+// store of retained messages (see above). It owns one goroutine, the
+// settler, which exits when Close is called; the subscription's callback
+// runs on the NATS connection's goroutine for it.
+type retainedMirror struct {
+	node   string
+	eng    *rows.Engine
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	rights *localnats.Rights
+	log    *slog.Logger
+	m      *retainedMetrics
+	sub    *nats.Subscription
+
+	// mu serialises the steps on the store and the table: recording a
+	// local publish, putting a row's winner into the store. recorded is,
+	// per subject, the local publish last written to the table (or found
+	// there): a local message of the store that is not it is a publish
+	// whose recording is on its way, which the settler leaves alone.
+	mu       sync.Mutex
+	recorded map[string][sha256.Size]byte
+
+	dmu   sync.Mutex
+	dirty map[string]bool // rows to settle
+	wake  chan struct{}   // cap 1
+
+	logged  sync.Map     // cause and party pairs logged (refuse)
+	nlogged atomic.Int32 // how many
+	quit    chan struct{}
+	done    chan struct{}
+}
+
+// retainedRefusedLogs bounds the refusals logged.
+const retainedRefusedLogs = 1024
+
+// startRetained starts the mirror of the MQTT retained state when the
+// node has an MQTT listener and tables that reach the mesh. a.mu is held.
+func (a *Appliance) startRetained(ctx context.Context) error {
+	r := a.parts()
+	if !a.retainedOn() || r.rows == nil {
+		return nil
+	}
+	m, err := newRetainedMetrics(a.tel.registry)
+	if err != nil {
+		return err
+	}
+	nc, err := r.nats.Connect(ownConnPrefix+"mqtt-retained", nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		// A slow consumer drops what the server stored: the next start
+		// reads the store whole again.
+		m.errors.WithLabelValues("store").Inc()
+		a.logger.Warn("mqtt retained: the node's connection to its MQTT store failed; a retained publish may reach the mesh only at the node's next start", "component", "mqtt-retained", "err", err)
+	}))
+	if err != nil {
+		m.unregister()
+		return fmt.Errorf("mqtt retained: nats connect: %w", err)
+	}
+	r.interest.exclude(nc)
+	mr := &retainedMirror{
+		node: a.cfg.Node, eng: r.rows, nc: nc, rights: r.nats.Rights(),
+		log: a.logger.With("component", "mqtt-retained"), m: m,
+		recorded: map[string][sha256.Size]byte{}, dirty: map[string]bool{},
+		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
+	}
+	if err := mr.start(ctx); err != nil {
+		close(mr.done)
+		_ = mr.Close()
+		return fmt.Errorf("mqtt retained: %w", err)
+	}
+	a.update(func(r *running) { r.retained = mr })
+	return nil
+}
+
+// retainedOn reports whether this node carries the MQTT retained state
+// of the mesh: it has an MQTT listener, and keys (a mesh).
+func (a *Appliance) retainedOn() bool {
+	r := a.parts()
+	return r.keys != nil && r.nats != nil && r.nats.MQTTURL() != ""
+}
+
+// stopRetained stops the mirror. a.mu is held.
+func (a *Appliance) stopRetained() {
+	if mr := a.parts().retained; mr != nil {
+		a.update(func(r *running) { r.retained = nil })
+		_ = mr.Close()
+	}
+}
+
+// errRetainedReadOnly is why the rows API does not write the table.
+var errRetainedReadOnly = errors.New("it holds the MQTT retained state, written from the devices' retained publishes: publish a retained MQTT message instead (an empty one clears the topic)")
+
+// retainedReadOnly is the rows API's ServeConfig.ReadOnly.
+func retainedReadOnly(table string) error {
+	if table == wire.TableMQTTRetained {
+		return errRetainedReadOnly
+	}
+	return nil
+}
+
+// start makes the store's stream if the server has none yet, hears the
+// server store, reads the store as it is (reconcile) and starts the
+// settler.
+func (mr *retainedMirror) start(ctx context.Context) error {
+	var err error
+	if mr.js, err = jetstream.New(mr.nc); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if mr.stream, err = localnats.EnsureRetainedStream(ctx, mr.js); err != nil {
+		return err
+	}
+	mr.eng.OnChange(func(a rows.Applied) {
+		if a.Table == wire.TableMQTTRetained {
+			mr.markDirty(a.Row)
+		}
+	})
+	if mr.sub, err = mr.nc.Subscribe(localnats.RetainedSubjectPrefix+">", mr.hear); err != nil {
+		return err
+	}
+	_ = mr.sub.SetPendingLimits(-1, 256<<20)
+	if err := mr.nc.Flush(); err != nil {
+		return err
+	}
+	if err := mr.reconcile(ctx); err != nil {
+		return err
+	}
+	go mr.settler() // exits when Close closes quit
+	return nil
+}
+
+// Close stops the mirror; it returns when its goroutine is gone.
+func (mr *retainedMirror) Close() error {
+	select {
+	case <-mr.quit:
+	default:
+		close(mr.quit)
+	}
+	mr.nc.Close() // no callback runs after it returns
+	<-mr.done
+	mr.m.unregister()
+	return nil
+}
+
+// hear takes a message the server stored (or the mirror put) in its
+// store.
+func (mr *retainedMirror) hear(msg *nats.Msg) {
+	r, err := localnats.DecodeRetained(msg.Subject, msg.Header, msg.Data)
+	if err != nil {
+		mr.refuse("malformed", "", err)
+		return
+	}
+	if r.Origin == localnats.MeshOrigin {
+		return // the mesh's own copy, put by settle: not a change (no loop)
+	}
+	mr.record(r, time.Time{})
+}
+
+// record writes a local retained publish to the table. stored is when the
+// store took it, for a message read from the store at start (zero: heard
+// now): that one is written only when it is newer than the table's
+// winner, and not when the table holds it already.
+func (mr *retainedMirror) record(r localnats.Retained, stored time.Time) {
+	if !strings.HasPrefix(r.Subject, wire.EvtPrefix) {
+		mr.refuse("not_event", r.Source, fmt.Errorf("%s is no event's subject (evt/...): its retained message stays on this node", r.Subject))
+		return
+	}
+	row := retainedRow(r.Subject)
+	mr.mu.Lock()
+	defer mr.mu.Unlock()
+	// A message refused is taken as seen: the mesh's winner of its topic
+	// may take its place in the store (settle).
+	if err := mr.rights.RetainAllowed(r.Source, r.Subject); err != nil {
+		mr.recorded[r.Subject] = retainedHash(r)
+		mr.refuse("not_allowed", r.Source, err)
+		return
+	}
+	if len(r.Payload) > MaxRetainedPayload {
+		mr.recorded[r.Subject] = retainedHash(r)
+		mr.refuse("too_large", r.Source, fmt.Errorf("%s: a retained payload of %d bytes, the mesh carries at most %d: it stays on this node", r.Subject, len(r.Payload), MaxRetainedPayload))
+		return
+	}
+	if !stored.IsZero() {
+		cells, err := mr.eng.Store().Row(wire.TableMQTTRetained, row)
+		if err == nil && len(cells) > 0 {
+			if held, sc, err := retainedOf(row, cells); err == nil && (sameRetained(held, r) || !stored.After(sc.Stamp.Wall())) {
+				// The table holds it, or something newer that settle
+				// puts in its place.
+				mr.recorded[r.Subject] = retainedHash(r)
+				if !sameRetained(held, r) {
+					mr.markDirty(row)
+				}
+				return
+			}
+		}
+	}
+	set, del := retainedWrite(r)
+	if _, err := mr.eng.Put(wire.TableMQTTRetained, row, set, del); err != nil {
+		mr.m.errors.WithLabelValues("table").Inc()
+		mr.logOnce("table\x00"+errKind(err), "a retained publish was not written to the mesh's retained state: it stays on this node (logged once per kind of failure)", "subject", r.Subject, "err", err)
+		return
+	}
+	mr.recorded[r.Subject] = retainedHash(r)
+	mr.m.recorded.Inc()
+}
+
+// reconcile reads the store as it is at start: local publishes the table
+// lacks are written, and every row is settled (its winner put into the
+// store where the store holds another).
+func (mr *retainedMirror) reconcile(ctx context.Context) error {
+	info, err := mr.stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", localnats.RetainedStream, err)
+	}
+	if info.State.Msgs > 0 {
+		cons, err := mr.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			return fmt.Errorf("read stream %s: %w", localnats.RetainedStream, err)
+		}
+		for seen := uint64(0); seen < info.State.LastSeq; {
+			batch, err := cons.Fetch(256, jetstream.FetchMaxWait(2*time.Second))
+			if err != nil {
+				return fmt.Errorf("read stream %s: %w", localnats.RetainedStream, err)
+			}
+			n := 0
+			for msg := range batch.Messages() {
+				n++
+				md, err := msg.Metadata()
+				if err != nil {
+					continue
+				}
+				seen = md.Sequence.Stream
+				r, err := localnats.DecodeRetained(msg.Subject(), msg.Headers(), msg.Data())
+				if err != nil {
+					mr.refuse("malformed", "", err)
+					continue
+				}
+				if r.Origin != localnats.MeshOrigin {
+					mr.record(r, md.Timestamp)
+				}
+			}
+			if batch.Error() != nil || n == 0 {
+				break // read what there was; the rest came after the start and is heard
+			}
+		}
+	}
+	return mr.eng.Store().Rows(wire.TableMQTTRetained, "", func(row string, _ map[string]rows.Cell) bool {
+		mr.markDirty(row)
+		return true
+	})
+}
+
+func (mr *retainedMirror) markDirty(row string) {
+	mr.dmu.Lock()
+	mr.dirty[row] = true
+	mr.dmu.Unlock()
+	select {
+	case mr.wake <- struct{}{}:
+	default:
+	}
+}
+
+// settler settles the rows that changed, until Close.
+func (mr *retainedMirror) settler() {
+	defer close(mr.done)
+	for {
+		select {
+		case <-mr.quit:
+			return
+		case <-mr.wake:
+		}
+		mr.dmu.Lock()
+		dirty := mr.dirty
+		mr.dirty = map[string]bool{}
+		mr.dmu.Unlock()
+		failed := false
+		for row := range dirty {
+			if failed {
+				mr.markDirty(row) // after the pause
+				continue
+			}
+			if err := mr.settle(row); err != nil {
+				select {
+				case <-mr.quit:
+					return // the connection closed under it
+				default:
+				}
+				failed = true
+				mr.markDirty(row)
+				mr.m.errors.WithLabelValues("store").Inc()
+				mr.log.Warn("a retained message of the mesh was not put into this node's MQTT store; retrying in a second", "row", row, "err", err)
+			}
+		}
+		if failed {
+			select {
+			case <-mr.quit:
+				return
+			case <-time.After(time.Second):
+			}
+			select {
+			case mr.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// settle puts row's winner into the store when the store holds another
+// retained message for its subject.
+func (mr *retainedMirror) settle(row string) error {
+	cells, err := mr.eng.Store().Row(wire.TableMQTTRetained, row)
+	if err != nil {
+		return err
+	}
+	if len(cells) == 0 {
+		return nil
+	}
+	want, sc, err := retainedOf(row, cells)
+	if err != nil {
+		mr.refuse("bad_row", sc.Node, err)
+		return nil
+	}
+	mr.mu.Lock()
+	defer mr.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var cur localnats.Retained
+	msg, err := mr.stream.GetLastMsgForSubject(ctx, localnats.RetainedSubjectPrefix+want.Subject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		// none, or a device's clear (the server deletes its own)
+	case err != nil:
+		return err
+	default:
+		if cur, err = localnats.DecodeRetained(msg.Subject, msg.Header, msg.Data); err != nil {
+			mr.refuse("malformed", "", err)
+		}
+	}
+	if sameRetained(cur, want) {
+		return nil
+	}
+	if cur.Origin != localnats.MeshOrigin && len(cur.Payload) > 0 && mr.recorded[want.Subject] != retainedHash(cur) {
+		return nil // a device's publish not yet recorded: record writes it, and it wins
+	}
+	if sc.Node == mr.node && cur.Origin != localnats.MeshOrigin {
+		return nil // this node's write came from this store
+	}
+	put := want
+	put.Origin, put.Source = localnats.MeshOrigin, "node:"+sc.Node
+	if _, err := mr.js.PublishMsg(ctx, localnats.EncodeRetained(put)); err != nil {
+		return err
+	}
+	mr.m.applied.Inc()
+	return nil
+}
+
+// logOnce logs a warning once per key (bounded, with refuse's).
+func (mr *retainedMirror) logOnce(key, msg string, args ...any) {
+	if mr.nlogged.Load() >= retainedRefusedLogs {
+		return
+	}
+	if _, seen := mr.logged.LoadOrStore(key, true); !seen {
+		mr.nlogged.Add(1)
+		mr.log.Warn(msg, args...)
+	}
+}
+
+// errKind names the kind of a failure of the table, for logOnce.
+func errKind(err error) string {
+	switch {
+	case errors.Is(err, rows.ErrNoKey):
+		return "no_key"
+	case errors.Is(err, rows.ErrNoTable):
+		return "no_table"
+	case errors.Is(err, rows.ErrBadInput):
+		return "bad_input"
+	}
+	return "store"
+}
+
+// refuse counts a retained message not carried, under cause, and logs it
+// once per cause and party (a program or a node).
+func (mr *retainedMirror) refuse(cause, party string, err error) {
+	mr.m.refused.WithLabelValues(cause).Inc()
+	mr.logOnce(cause+"\x00"+party, "a retained message is not carried across the mesh (logged once per cause and party)", "cause", cause, "party", party, "err", err)
+}
