@@ -304,23 +304,27 @@ func (a *Admin) checkVhost(ctx context.Context) error {
 	return nil
 }
 
-// call runs one management API call unless ctx is done, and closes the
-// response body.
 // getQueue reads a queue. The management API may describe a consumer
 // whose channel is closing with channel_details [] where an object belongs,
-// which its client cannot decode: such a read is tried again, a few times,
-// since the closing channel is gone a moment later.
+// which its client cannot decode, until its statistics are next collected
+// (every 5 s by default): such a read is tried again, after pauses that
+// together outlast that (getQueuePauses).
 func (a *Admin) getQueue(vhost, name string) (*rabbithole.DetailedQueueInfo, error) {
 	for i := 0; ; i++ {
 		info, err := a.c.GetQueue(vhost, name)
 		var te *json.UnmarshalTypeError
-		if !errors.As(err, &te) || i == 4 {
+		if !errors.As(err, &te) || i == len(getQueuePauses) {
 			return info, err
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(getQueuePauses[i])
 	}
 }
 
+// getQueuePauses are getQueue's pauses between reads (5.5 s in all).
+var getQueuePauses = []time.Duration{250 * time.Millisecond, 750 * time.Millisecond, 1500 * time.Millisecond, 3 * time.Second}
+
+// call runs one management API call unless ctx is done, and closes the
+// response body.
 func (a *Admin) call(ctx context.Context, op string, do func() (*http.Response, error)) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
