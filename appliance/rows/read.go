@@ -119,18 +119,21 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 	defer retryHeld.Stop()
 	// A run is opened and checked while the run before it commits: the
 	// two take about as long, and a joiner's snapshot is both.
-	var committing chan error
+	// While a commit runs, the next run takes what arrives (up to its
+	// bounds): the busier the disk, the more each commit carries.
+	var committing chan struct{} // closed when the commit in flight ended (nil: none)
+	var commitErr error          // its error, set before the close
 	settle := func() error {
 		if committing == nil {
 			return nil
 		}
-		err := <-committing
+		<-committing
 		committing = nil
-		return err
+		return commitErr
 	}
 	defer func() { _ = settle() }()
 	for {
-		msgs, open := nextRun(ctx, ds, retryHeld.C)
+		msgs, open := nextRun(ctx, ds, retryHeld.C, committing)
 		if !open {
 			if err := settle(); err != nil {
 				return err
@@ -162,13 +165,13 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 		if err := settle(); err != nil {
 			return err
 		}
-		committing = make(chan error, 1)
-		go func(done chan<- error) {
-			err := e.commitRun(table, run)
-			if err == nil {
-				err = ch.Ack(msgs[len(msgs)-1].DeliveryTag, true)
+		committing = make(chan struct{})
+		go func(done chan<- struct{}) {
+			defer close(done)
+			commitErr = e.commitRun(table, run)
+			if commitErr == nil {
+				commitErr = ch.Ack(msgs[len(msgs)-1].DeliveryTag, true)
 			}
-			done <- err
 		}(committing)
 	}
 }
@@ -251,10 +254,10 @@ func (e *Engine) logReplaced(table string, why error) error {
 const applyBytes = 4 << 20
 
 // nextRun waits for the next delivery of ds (or a tick: an empty run),
-// then takes the deliveries that follow within applyLinger, up to
-// applyBatch messages and applyBytes. open is false when ds closed or
-// ctx ended.
-func nextRun(ctx context.Context, ds <-chan amqp.Delivery, tick <-chan time.Time) (msgs []amqp.Delivery, open bool) {
+// then takes the deliveries that follow within applyLinger, and for as
+// long as busy (the commit before it) is not closed, up to applyBatch
+// messages and applyBytes. open is false when ds closed or ctx ended.
+func nextRun(ctx context.Context, ds <-chan amqp.Delivery, tick <-chan time.Time, busy <-chan struct{}) (msgs []amqp.Delivery, open bool) {
 	select {
 	case <-ctx.Done():
 		return nil, false
@@ -269,6 +272,7 @@ func nextRun(ctx context.Context, ds <-chan amqp.Delivery, tick <-chan time.Time
 	size := len(msgs[0].Body)
 	linger := time.NewTimer(applyLinger)
 	defer linger.Stop()
+	lingered := false
 	for len(msgs) < applyBatch && size < applyBytes {
 		select {
 		case d, ok := <-ds:
@@ -278,7 +282,15 @@ func nextRun(ctx context.Context, ds <-chan amqp.Delivery, tick <-chan time.Time
 			msgs = append(msgs, d)
 			size += len(d.Body)
 		case <-linger.C:
-			return msgs, true
+			if busy == nil {
+				return msgs, true
+			}
+			lingered = true
+		case <-busy:
+			if lingered {
+				return msgs, true
+			}
+			busy = nil
 		}
 	}
 	return msgs, true

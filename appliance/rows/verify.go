@@ -141,7 +141,7 @@ func (e *Engine) verifyLog(ctx context.Context, conn *amqp.Connection, table str
 	}()
 	first := true
 	for {
-		msgs, open := nextRun(ctx, ds, nil)
+		msgs, open := nextRun(ctx, ds, nil, nil)
 		if !open || len(msgs) == 0 {
 			return
 		}
