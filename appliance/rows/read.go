@@ -85,7 +85,7 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 	st.connected, st.offset, st.heldNext = true, off, heldNext
 	st.held = e.store.heldCount(table)
 	if joined {
-		st.wantSnap = true
+		st.wantSnap, st.snapApplied = true, time.Time{} // the verifier waits for this one
 	}
 	e.mu.Unlock()
 	verifyAt, verifyTo, verifyPending, err := e.store.verifyRange(table)

@@ -281,3 +281,43 @@ func TestStoreMergeModel(t *testing.T) {
 		t.Fatal("a batch of two tables' changes was stored")
 	}
 }
+
+// The verifier's run may commit before the reader's run that carries the
+// snapshot's claims: a version the log made, attested first, is not
+// undone when its claim arrives after (a false snapshot_disagrees on an
+// honest snapshot). Control: a claim no change attests is undone.
+func TestStoreAttestBeforeClaim(t *testing.T) {
+	s, err := OpenStore(filepath.Join(t.TempDir(), "rows.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	const table = "jobs"
+	v := Change{Table: table, Row: "r1", Cells: map[string]WireCell{"f": {Stamp: 100, Node: "x", Value: []byte("by x")}}}
+	forged := Change{Table: table, Row: "r2", Cells: map[string]WireCell{"f": {Stamp: 101, Node: "x", Value: []byte("not by x")}}}
+	// The verifier reads x's change to r1 in the log before the snapshot.
+	run := verifierRun()
+	run.changes, run.attest, run.next = []Change{v}, []Change{v}, 1
+	if _, err := s.applyLog(table, run); err != nil {
+		t.Fatal(err)
+	}
+	// Then the reader commits the snapshot's part, from another sender,
+	// claiming both versions in x's name.
+	snap := logApply{progress: kOffset, next: 10, changes: []Change{v, forged}, claims: snapshotClaims([]Change{v, forged}, "y")}
+	if _, err := s.applyLog(table, snap); err != nil {
+		t.Fatal(err)
+	}
+	undone, left, err := s.settleClaims(table, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if undone != 1 || left != 0 {
+		t.Fatalf("undone %d, left %d: want the forged version alone undone (1, 0)", undone, left)
+	}
+	if got, err := s.Row(table, "r1"); err != nil || string(got["f"].Value) != "by x" {
+		t.Fatalf("r1 after the check: %v, %v; want x's version kept", got, err)
+	}
+	if got, _ := s.Row(table, "r2"); got["f"].Value != nil && !got["f"].Deleted {
+		t.Fatalf("r2 after the check: %v; want the version no change made undone", got)
+	}
+}

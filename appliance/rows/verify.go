@@ -29,6 +29,11 @@ const (
 	verifyAfter = 10 * time.Second
 )
 
+// verifierRun is the start of a verifier's run. What it attests is
+// recorded: the reader's commit of the snapshot's last claims may follow
+// this one (settleClaims drops the record).
+func verifierRun() logApply { return logApply{progress: kVerifyAt, recordAttest: true} }
+
 // verifyLog reads table's log from offset at up to (not including) to,
 // once the snapshot this node joined from is applied, then forgets the
 // stretch. It returns when done, when ctx ends or the channel fails (the
@@ -145,7 +150,7 @@ func (e *Engine) verifyLog(ctx context.Context, conn *amqp.Connection, table str
 		if !open || len(msgs) == 0 {
 			return
 		}
-		run := logApply{progress: kVerifyAt}
+		run := verifierRun()
 		done := false
 		for i := range msgs {
 			d := &msgs[i]
