@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
+
 	"github.com/meshbox/meshbox/bridge/completed"
 
 	"github.com/meshbox/meshbox/bridge/codec"
@@ -48,7 +50,7 @@ type Bridge struct {
 	wg   sync.WaitGroup // goroutines owned by the bridge
 	life lifecycle      // started, closed, the local subscriptions
 
-	link   *link             // the broker link: URL, state, history, session
+	link   *brokerLink       // the broker link: URL, state, history, session
 	sub    submissions       // commands and events of local programs, in order
 	reqs   requestBook       // requests and calls across sessions
 	cmds   commandBook       // commands across sessions
@@ -65,21 +67,10 @@ type Bridge struct {
 }
 
 // StateChange is one entry of the link's history.
-type StateChange struct {
-	State  string    `json:"state"`
-	At     time.Time `json:"at"`
-	Reason string    `json:"reason,omitempty"`
-	// Broker is the broker (host:port) the link was on or trying then.
-	Broker string `json:"broker,omitempty"`
-}
+type StateChange = brokerlink.StateChange
 
 // Failover is one move of the link from one broker of its list to another.
-type Failover struct {
-	At     time.Time `json:"at"`
-	From   string    `json:"from"`             // host:port of the broker left
-	To     string    `json:"to"`               // host:port of the broker connected to
-	Reason string    `json:"reason,omitempty"` // why the link left From
-}
+type Failover = brokerlink.Failover
 
 // Status is the bridge's part of the node status.
 type Status struct {
@@ -164,7 +155,7 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 		nc:   nc,
 		life: lifecycle{bcClosed: make(chan struct{})},
 		quit: make(chan struct{}),
-		link: newLink(cfg.URL, backoff.Policy{Min: cfg.ReconnectMin, Max: cfg.ReconnectMax}),
+		link: newBrokerLink(cfg.URL, backoff.Policy{Min: cfg.ReconnectMin, Max: cfg.ReconnectMax}),
 		sub:  newSubmissions(),
 		reqs: requestBook{pending: pendingRequests{m: map[string]*pendingRequest{}}},
 		cmds: commandBook{
@@ -244,7 +235,7 @@ func (b *Bridge) Start(ctx context.Context) error {
 	b.reconcile() // stand-ins before the first session
 
 	var first *session
-	if url := b.link.target(); url != "" {
+	if url := b.link.Target(); url != "" {
 		b.setState(StateConnecting, "")
 		cctx, cancel := context.WithTimeout(ctx, startConnectLimit)
 		first, err = b.connect(cctx, url)
@@ -256,7 +247,7 @@ func (b *Bridge) Start(ctx context.Context) error {
 			return err
 		case err != nil:
 			b.setState(StateOffline, err.Error())
-			b.link.advance() // the link loop tries the next broker of the list
+			b.link.Advance() // the link loop tries the next broker of the list
 		}
 	}
 
@@ -370,7 +361,7 @@ func (b *Bridge) FinishCommands() {
 // Fatal yields an error when the bridge cannot go on: another process took
 // this node's name on the broker and kept it for longer than a stale
 // connection of ours could. The node should stop (exit non-zero).
-func (b *Bridge) Fatal() <-chan error { return b.link.fatal }
+func (b *Bridge) Fatal() <-chan error { return b.link.Fatal() }
 
 // SetURL moves the bridge to another broker without a restart ("" means no
 // broker); url may list several, like Config.URL. A list that still names
@@ -380,9 +371,8 @@ func (b *Bridge) SetURL(url string) error {
 	if err := checkBrokerURL(url, b.cfg.Node); err != nil {
 		return &ConfigError{Field: "URL", Msg: err.Error()}
 	}
-	if b.link.setURL(url) {
+	if b.link.SetURL(url) { // wakes the link loop
 		b.log.Info("broker URL changed", "url", redactURL(url))
-		signal(b.link.urlChanged)
 	}
 	return nil
 }
@@ -425,7 +415,7 @@ func (b *Bridge) MarkGone(node string, since time.Time) {
 // Status reports the link, the outbox and the stalls.
 func (b *Bridge) Status() Status {
 	var st Status
-	st.Broker = b.link.statusWithCredential()
+	st.Broker = b.link.status()
 	st.Broker.CommandBatch = b.batchMax()
 	st.Outbox = b.outboxStatus()
 	st.Stalls = b.stallList()

@@ -1,59 +1,6 @@
 package bridge
 
-import (
-	"testing"
-
-	"github.com/meshbox/meshbox/internal/backoff"
-)
-
-// TestLinkFailoverOrder: the link starts on some broker of its list, goes
-// round all of them on failures, keeps the broker it is on across a new
-// list that still names it, and records a failover only when the broker
-// changes.
-func TestLinkFailoverOrder(t *testing.T) {
-	list := "amqp://u:p@a:5672/v,amqp://u:p@b:5672/v,amqp://u:p@c:5672/v"
-	l := newLink(list, backoff.Policy{Min: 1, Max: 2})
-	first := l.target()
-	if l.target() != first {
-		t.Fatal("target moved without a failure")
-	}
-	seen := map[string]bool{first: true}
-	for range 2 {
-		seen[l.advance()] = true
-	}
-	if len(seen) != 3 {
-		t.Fatalf("advance visited %d brokers in three tries, want all 3", len(seen))
-	}
-	if got := l.advance(); got != first {
-		t.Errorf("after a round: got %s, want %s again", got, first)
-	}
-
-	if _, moved := l.connectedTo("amqp://u:p@b:5672/v", ""); moved {
-		t.Error("the first connection counted as a failover")
-	}
-	if _, moved := l.connectedTo("amqp://u:p@b:5672/v", "x"); moved {
-		t.Error("a reconnect to the same broker counted as a failover")
-	}
-	fo, moved := l.connectedTo("amqp://u:p@c:5672/v", "publishing connection closed")
-	if !moved || fo.From != "b:5672" || fo.To != "c:5672" || fo.Reason != "publishing connection closed" {
-		t.Errorf("got %+v moved=%v, want a failover from b:5672 to c:5672", fo, moved)
-	}
-	if st := l.status(); len(st.Failovers) != 1 || len(st.URLs) != 3 || st.URLs[0] != "amqp://u:xxxxx@a:5672/v" {
-		t.Errorf("status failovers %+v urls %q", st.Failovers, st.URLs)
-	}
-
-	// A new list (new credential) that still names c keeps the link on c.
-	l.setURL("amqp://u:q@c:5672/v,amqp://u:q@d:5672/v")
-	if got := l.target(); got != "amqp://u:q@c:5672/v" {
-		t.Errorf("after a new list: target %s, want the same broker c", got)
-	}
-	if got := l.sameBrokerAs("amqp://u:p@c:5672/v"); got != "amqp://u:q@c:5672/v" {
-		t.Errorf("sameBrokerAs: got %q", got)
-	}
-	if l.holds("amqp://u:p@c:5672/v") {
-		t.Error("holds a URL of the old list")
-	}
-}
+import "testing"
 
 func TestCheckBrokerURLList(t *testing.T) {
 	for _, tc := range []struct {

@@ -3,15 +3,14 @@ package bridge
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net/url"
 	"sync"
 	"time"
+
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
 
 	"github.com/meshbox/meshbox/bridge/codec"
 
 	"github.com/meshbox/meshbox/internal/wire"
-	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // This file is the link's credential: which broker user the link connects
@@ -37,112 +36,30 @@ const handoverDrain = 5 * time.Second
 const quiesceEmptyPolls = 40
 
 // CredentialStatus describes the broker credential of the link.
-type CredentialStatus struct {
-	User       string    `json:"user"`
-	Generation int       `json:"generation,omitempty"` // of a node's own broker user (BrokerUser); 0 otherwise
-	State      string    `json:"state"`
-	Since      time.Time `json:"since"`
-	// SwitchedAt is when the link last moved to this credential from
-	// another one while running (zero: it started with it).
-	SwitchedAt time.Time `json:"switched_at,omitzero"`
-	// Reason is the broker's answer while State is CredentialRevoked, or
-	// why the last switch failed.
-	Reason string `json:"reason,omitempty"`
-}
+type CredentialStatus = brokerlink.CredentialStatus
 
 // CredentialRefusedError means the broker refused the link's credential at
 // login: the user does not exist (any more) or its password is wrong.
-type CredentialRefusedError struct {
-	User   string
-	Detail string // the broker's reason
-	// Revoked: the broker accepted this user before, in this process (a
-	// rotation revoked it, or its user was deleted); otherwise the
-	// password is wrong or the user never existed.
-	Revoked bool
-}
-
-func (e *CredentialRefusedError) Error() string {
-	if e.Revoked {
-		return fmt.Sprintf("credential revoked: the broker refuses user %s at login, which it accepted before (%s)", e.User, e.Detail)
-	}
-	return fmt.Sprintf("credential refused: the broker refuses user %s at login: a wrong password, or no such user on this broker (%s)", e.User, e.Detail)
-}
-
-// Unwrap returns ErrCredentialRevoked.
-func (e *CredentialRefusedError) Unwrap() error { return ErrCredentialRevoked }
+type CredentialRefusedError = brokerlink.CredentialRefusedError
 
 // ErrCredentialRevoked is wrapped by a *CredentialRefusedError.
-var ErrCredentialRevoked = errors.New("credential revoked")
+var ErrCredentialRevoked = brokerlink.ErrCredentialRevoked
 
 // refused returns a *CredentialRefusedError for a dial error that is the
 // broker's 403 at login, else err.
 func (b *Bridge) refused(err error, user string) error {
-	var ae *amqp.Error
-	if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
+	return brokerlink.Refused(err, user, func(user string) bool {
 		_, before := b.learnt.accepted.Load(user)
-		before = before || (b.cfg.AcceptedBefore != nil && b.cfg.AcceptedBefore(user))
-		return &CredentialRefusedError{User: user, Detail: fmt.Sprintf("%d %s", ae.Code, ae.Reason), Revoked: before}
-	}
-	return err
-}
-
-// credential is the link's record of its credential; link.mu guards it.
-type credential struct {
-	user     string
-	state    string
-	since    time.Time
-	switched time.Time
-	reason   string
-}
-
-func (l *link) credentialStatus() CredentialStatus {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	c := l.cred
-	if c.user == "" {
-		if u := l.inUseLocked(); u != "" {
-			c.user = userOf(u)
-		} else if len(l.urls) > 0 {
-			c.user = userOf(l.urls[0]) // every URL of a list has the same user
-		}
-	}
-	if c.state == "" {
-		c.state = CredentialUnused
-	}
-	_, gen, _ := ParseBrokerUser(c.user)
-	return CredentialStatus{User: c.user, Generation: gen, State: c.state, Since: c.since,
-		SwitchedAt: c.switched, Reason: c.reason}
-}
-
-// setCredential records the state of user's credential. It reports whether
-// the state changed; switched marks a move to user from another one.
-func (l *link) setCredential(user, state, reason string) (changed bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.cred.user == user && l.cred.state == state {
-		l.cred.reason = reason
-		return false
-	}
-	now := time.Now()
-	if state == CredentialInUse && l.cred.user != "" && l.cred.user != user {
-		l.cred.switched = now
-	}
-	if l.cred.user != user && state != CredentialInUse {
-		l.cred.switched = time.Time{}
-	}
-	l.cred = credential{user: user, state: state, since: now, switched: l.cred.switched, reason: reason}
-	return true
+		return before || (b.cfg.AcceptedBefore != nil && b.cfg.AcceptedBefore(user))
+	})
 }
 
 // credentialInUse records that a session with user runs, and tells
 // Config.OnCredential when the user is another than the last one in use.
 func (b *Bridge) credentialInUse(user string) {
-	l := b.link
-	l.mu.Lock()
-	prev, prevState := l.cred.user, l.cred.state
-	l.mu.Unlock()
+	prev, prevState := b.link.Credential()
 	b.learnt.accepted.Store(user, true)
-	b.link.setCredential(user, CredentialInUse, "")
+	b.link.SetCredential(user, CredentialInUse, "")
 	b.m.setRevoked(false)
 	if prevState == CredentialRevoked || prevState == CredentialRefused {
 		b.log.Info("broker credential accepted again", "user", user)
@@ -164,7 +81,7 @@ func (b *Bridge) credentialRefused(e *CredentialRefusedError) {
 	} else {
 		msg += "local work goes on, the node retries and takes a new credential from its bindings"
 	}
-	if b.link.setCredential(e.User, state, e.Detail) {
+	if b.link.SetCredential(e.User, state, e.Detail) {
 		b.m.setRevoked(true)
 		b.log.Error(msg, "user", e.User, "reason", e.Detail)
 	}
@@ -196,17 +113,17 @@ func (b *Bridge) credentialRefused(e *CredentialRefusedError) {
 // same broker and vhost as old's (a move to another broker is a plain
 // reconnect).
 func (b *Bridge) handover(old *session) (*session, int) {
-	url := b.link.sameBrokerAs(old.url)
+	url := b.link.SameBrokerAs(old.url)
 	if url == "" || url == old.url {
 		return nil, handoverNone
 	}
-	user := userOf(url)
-	prevReason := b.link.credentialStatus().Reason
+	user := brokerlink.UserOf(url)
+	prevReason := b.link.CredentialStatus().Reason
 	ctx, cancel := b.withQuit(context.Background())
 	defer cancel()
 	ctx, cancelLimit := context.WithTimeout(ctx, connectLimit)
 	defer cancelLimit()
-	b.link.setCredential(old.user, CredentialSwitching, "to "+user)
+	b.link.SetCredential(old.user, CredentialSwitching, "to "+user)
 	b.log.Info("broker credential: switching, new connections first", "from", old.user, "to", user)
 	next, abort, err := b.dialSession(ctx, url)
 	if err != nil {
@@ -215,13 +132,13 @@ func (b *Bridge) handover(old *session) (*session, int) {
 		if errors.As(err, &cr) {
 			reason = "new credential refused: " + cr.Detail
 		}
-		b.link.setCredential(old.user, CredentialInUse, reason)
+		b.link.SetCredential(old.user, CredentialInUse, reason)
 		if reason != prevReason { // once per cause, not once per retry
 			b.log.Warn("broker credential: switch failed; staying on the old one and trying again", "from", old.user, "to", user, "err", err)
 		}
 		return nil, handoverKept
 	}
-	b.link.beginHandover()
+	b.link.BeginHandover()
 	old.quiesce(ctx)
 	old.handedOver = true
 	old.end()
@@ -229,7 +146,7 @@ func (b *Bridge) handover(old *session) (*session, int) {
 	old.stop()
 	b.reqs.pending.moveTo(old, next)
 	if err := next.prepare(ctx, abort); err != nil {
-		b.link.endHandover()
+		b.link.EndHandover()
 		b.log.Warn("broker credential: new session failed after the old one closed; reconnecting", "user", user, "err", err)
 		b.setState(StateOffline, err.Error())
 		return nil, handoverBroken
@@ -333,20 +250,6 @@ func (s *session) quiesce(ctx context.Context) {
 	}
 }
 
-// empty reports whether no item waits in q or is being published.
-func (q *pubQueue) empty() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.items) == 0 && q.taken == 0
-}
-
-// settled says that n items taken were published (or failed).
-func (q *pubQueue) settled(n int) {
-	q.mu.Lock()
-	q.taken -= n
-	q.mu.Unlock()
-}
-
 // moveTo hands the requests sent on session from to session to: their
 // replies arrive there.
 func (r *pendingRequests) moveTo(from, to *session) {
@@ -359,32 +262,10 @@ func (r *pendingRequests) moveTo(from, to *session) {
 	}
 }
 
-// beginHandover makes liveSession wait for the session being made.
-func (l *link) beginHandover() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.handing == nil {
-		l.handing = make(chan struct{})
-	}
-}
-
-// endHandover releases those waiting in liveSession.
-func (l *link) endHandover() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.handing != nil {
-		close(l.handing)
-		l.handing = nil
-	}
-}
-
 // liveSession returns the session in use; during a handover it waits for
 // the new one, at most wait.
 func (b *Bridge) liveSession(wait time.Duration) *session {
-	b.link.mu.Lock()
-	h := b.link.handing
-	b.link.mu.Unlock()
-	if h != nil {
+	if h := b.link.Handing(); h != nil {
 		t := time.NewTimer(wait)
 		select {
 		case <-h:
@@ -394,24 +275,6 @@ func (b *Bridge) liveSession(wait time.Duration) *session {
 		t.Stop()
 	}
 	return b.link.sess.Load()
-}
-
-// sameBroker reports whether two broker URLs name the same broker and
-// vhost (they may differ in credential).
-func sameBroker(a, b string) bool {
-	ua, err1 := amqp.ParseURI(a)
-	ub, err2 := amqp.ParseURI(b)
-	return err1 == nil && err2 == nil && ua.Scheme == ub.Scheme && ua.Host == ub.Host &&
-		ua.Port == ub.Port && ua.Vhost == ub.Vhost
-}
-
-// userOf returns the user of a broker URL ("" if none or unparsable).
-func userOf(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return ""
-	}
-	return u.User.Username()
 }
 
 // peerCredentials are the credential generations of other nodes, from the

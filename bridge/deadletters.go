@@ -76,7 +76,7 @@ type DeadLetter struct {
 // Standalone reports whether no broker is configured: dead letters then
 // wait in the outbox, where the dead-letter tools read them (DeadLetters
 // with stage "" lists every stage's).
-func (b *Bridge) Standalone() bool { return b.link.target() == "" }
+func (b *Bridge) Standalone() bool { return b.link.Target() == "" }
 
 // waitingDeadLetters lists the dead letters of stage ("" for every
 // stage) in the outbox, oldest first (at most maxBrowse).

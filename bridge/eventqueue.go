@@ -35,7 +35,7 @@ func quorumArgs(args amqp.Table, withSize bool) amqp.Table {
 
 // sizedQuorum reports whether this node declares quorum queues with an
 // initial group size.
-func (s *session) sizedQuorum() bool { return s.b.link.brokers() >= clusterURLs }
+func (s *session) sizedQuorum() bool { return s.b.link.Brokers() >= clusterURLs }
 
 // eventQueueArgs returns the event queue's arguments.
 func (s *session) eventQueueArgs(withSize bool) amqp.Table {

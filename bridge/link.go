@@ -3,19 +3,16 @@ package bridge
 import (
 	"context"
 	"errors"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
 	"github.com/meshbox/meshbox/internal/backoff"
 	"github.com/meshbox/meshbox/internal/brokerurl"
 )
 
 const (
-	dialTimeout    = 5 * time.Second  // TCP connect
-	handshakeLimit = 10 * time.Second // TLS and AMQP handshake
-	closeLimit     = time.Second      // graceful close of a connection being dropped
+	closeLimit = time.Second // graceful close of a connection being dropped
 	// connectLimit bounds a whole connection attempt of the link loop: both
 	// connections dialled and the topology declared. A broker that accepts
 	// the connection and then stalls on a declaration is given up after it.
@@ -24,7 +21,6 @@ const (
 	// included; after it the node runs offline and the link loop keeps
 	// trying.
 	startConnectLimit = 5 * time.Second
-	historyLen        = 20
 )
 
 const (
@@ -32,141 +28,39 @@ const (
 	reasonShutdown   = "node shutting down"
 )
 
-// link is the state of the broker link: the broker URLs, the one in use,
-// the link's state, since when and why, its recent history and failovers,
-// and the session in use. mu guards everything but sess, which is read
-// without it. Only the link's methods touch its fields.
-type link struct {
-	mu        sync.Mutex
-	url       string   // the setting: one URL or several (internal/brokerurl)
-	urls      []string // url split
-	pos       int      // index in urls of the broker in use or tried next; -1: pick one at random
-	connected string   // host:port of the broker the last session ran on ("" before the first)
-	state     string
-	since     time.Time
-	reason    string
-	blocked   string // the broker's reason while it blocks the publishing connection
-	history   []StateChange
-	failovers []Failover
-
-	urlChanged chan struct{} // cap 1: SetURL wakes the link loop
-	fatal      chan error    // cap 1: the node name was refused for good
-	sess       atomic.Pointer[session]
-	retry      backoff.Policy // reconnect backoff
-	probe      backoff.Policy // the wait between probes of an unreachable broker (probe.go)
-	cred       credential     // the credential in use (credential.go)
-	handing    chan struct{}  // non-nil during a handover; closed at its end
-	gen        linkGen        // the sessions so far (dialer.go)
-	extras     extraConns     // the connections DialExtra opened (dialer.go)
+// brokerLink is the link's state (bridge/link) and the session in use,
+// which is read without a lock.
+type brokerLink struct {
+	*brokerlink.Link
+	sess atomic.Pointer[session]
 }
 
-func newLink(url string, retry backoff.Policy) *link {
-	every := min(retry.Min, probeEvery)
-	return &link{url: url, urls: brokerurl.Split(url), pos: -1, state: StateNone, since: time.Now(), retry: retry,
-		probe:      backoff.Policy{Min: every, Max: every},
-		urlChanged: make(chan struct{}, 1), fatal: make(chan error, 1)}
+func newBrokerLink(url string, retry backoff.Policy) *brokerLink {
+	return &brokerLink{Link: brokerlink.New(url, retry)}
 }
 
-// setURL records url and reports whether it changed. The broker in use,
-// when the new list names it (with any credential), stays the one in use.
-func (l *link) setURL(url string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.url == url {
-		return false
+// use makes s the session in use (nil: none) and, for a session,
+// moves the generation on.
+func (l *brokerLink) use(s *session) {
+	l.sess.Store(s)
+	if s != nil {
+		l.MoveOn()
 	}
-	in := ""
-	if l.pos >= 0 && l.pos < len(l.urls) {
-		in = l.urls[l.pos]
-	}
-	l.url, l.urls = url, brokerurl.Split(url)
-	l.pos = slices.IndexFunc(l.urls, func(u string) bool { return in != "" && sameBroker(u, in) })
-	return true
 }
 
-// set records state and reason. It reports whether the state changed, and
-// the broker's URL (redacted) for the log line.
-func (l *link) set(state, reason string) (changed bool, url string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if state != StateBlocked {
-		l.blocked = ""
-	}
-	if l.state == state {
-		l.reason = reason
-		return false, ""
-	}
-	now := time.Now()
-	l.state, l.since, l.reason = state, now, reason
-	at := l.inUseLocked()
-	l.history = append(l.history, StateChange{State: state, At: now, Reason: reason, Broker: brokerurl.Host(at)})
-	if len(l.history) > historyLen {
-		l.history = slices.Delete(l.history, 0, len(l.history)-historyLen)
-	}
-	if at == "" {
-		at = l.url
-	}
-	return true, redactURL(at)
-}
-
-// setBlocked records the broker's reason for blocking publishers.
-func (l *link) setBlocked(reason string) {
-	l.mu.Lock()
-	l.blocked = reason
-	l.mu.Unlock()
-}
-
-func (l *link) current() (string, time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.state, l.since
-}
-
-func (l *link) status() BrokerStatus {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	st := BrokerStatus{State: l.state, Since: l.since, URL: redactURL(l.inUseLocked()), Reason: l.reason,
-		Blocked: l.blocked, History: slices.Clone(l.history), Failovers: slices.Clone(l.failovers)}
-	if st.Failovers == nil {
-		st.Failovers = []Failover{}
-	}
-	if len(l.urls) > 1 {
-		for _, u := range l.urls {
-			st.URLs = append(st.URLs, redactURL(u))
-		}
-	}
-	if st.State != StateNone {
-		st.Broker = brokerurl.Host(l.inUseLocked())
-	}
-	return st
-}
-
-// statusWithCredential is status plus the credential's and the extra
-// connections.
-func (l *link) statusWithCredential() BrokerStatus {
-	st := l.status()
-	c := l.credentialStatus()
-	st.Credential = &c
-	st.Extra = l.extras.list()
-	return st
-}
-
-// everConnected reports whether a connected state was ever recorded
-// before the current one.
-func (l *link) everConnected() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, h := range l.history {
-		if h.State == StateConnected {
-			return true
-		}
-	}
-	return false
+// status is the link's part of the node status, with the credential's
+// and the extra connections.
+func (l *brokerLink) status() BrokerStatus {
+	st := l.Status()
+	c := l.CredentialStatus()
+	return BrokerStatus{State: st.State, Since: st.Since, URL: st.URL, Broker: st.Broker, URLs: st.URLs,
+		Reason: st.Reason, Blocked: st.Blocked, History: st.History, Failovers: st.Failovers,
+		Credential: &c, Extra: l.Extras()}
 }
 
 // setState records a link state change and logs it once.
 func (b *Bridge) setState(state, reason string) {
-	changed, url := b.link.set(state, reason)
+	changed, url := b.link.Set(state, reason)
 	if !changed {
 		return
 	}
@@ -185,21 +79,21 @@ func (b *Bridge) setState(state, reason string) {
 	}
 }
 
-func (b *Bridge) linkState() (string, time.Time) { return b.link.current() }
+func (b *Bridge) linkState() (string, time.Time) { return b.link.Current() }
 
-func (b *Bridge) currentURL() string { return b.link.currentURL() }
+func (b *Bridge) currentURL() string { return b.link.CurrentURL() }
 
 // backoff returns the wait before reconnect attempt n (1-based).
-func (b *Bridge) backoff(n int) time.Duration { return b.link.retry.Delay(n) }
+func (b *Bridge) backoff(n int) time.Duration { return b.link.Backoff(n) }
 
 // runLink owns the broker link: it connects, runs a session until it ends,
 // and reconnects with backoff and jitter; while the broker is unreachable
-// it probes it instead and reconnects as soon as it answers (probe.go).
+// it probes it instead and reconnects as soon as it answers (link.AwaitBroker).
 // first is a session Start already opened (or nil). runLink exits when
 // b.quit is closed, and the link's generation moves on then: the extra
 // connections end with it.
 func (b *Bridge) runLink(first *session) {
-	defer b.link.moveOn()
+	defer b.link.MoveOn()
 	sess := first
 	failures := 0
 	down := map[string]bool{} // brokers (host:port) found unreachable since the last session
@@ -210,13 +104,13 @@ func (b *Bridge) runLink(first *session) {
 	left := ""                 // why the link left the broker it was on last
 	for {
 		if sess == nil {
-			url := b.link.target()
+			url := b.link.Target()
 			if url == "" {
 				b.setState(StateNone, "no broker configured")
 				select {
 				case <-b.quit:
 					return
-				case <-b.link.urlChanged:
+				case <-b.link.URLChanged():
 					continue
 				}
 			}
@@ -249,10 +143,7 @@ func (b *Bridge) runLink(first *session) {
 					// A stale connection of ours lasts at most two heartbeats; longer means
 					// another process owns the name.
 					if time.Since(refusedSince) > 3*b.cfg.Heartbeat+5*time.Second {
-						select {
-						case b.link.fatal <- err:
-						default:
-						}
+						b.link.SetFatal(err)
 					}
 				} else {
 					refusedSince = time.Time{}
@@ -261,18 +152,18 @@ func (b *Bridge) runLink(first *session) {
 				if left == "" {
 					left = err.Error()
 				}
-				var ur *unreachableError
+				var ur *brokerlink.UnreachableError
 				if errors.As(err, &ur) {
 					// Not answering: probe until it does, then attempt at once.
-					down[ur.addr] = true
-					b.link.advance()
+					down[ur.Addr] = true
+					b.link.Advance()
 					switch b.awaitBroker(down) {
-					case awaitQuit:
+					case brokerlink.AwaitQuit:
 						return
-					case awaitURLChanged:
+					case brokerlink.AwaitURLChanged:
 						failures = 0
 						b.setState(StateConnecting, "broker URL changed")
-					case awaitCameBack:
+					case brokerlink.AwaitCameBack:
 						failures = 0
 					}
 					continue
@@ -280,12 +171,12 @@ func (b *Bridge) runLink(first *session) {
 				delete(down, brokerurl.Host(url))
 				// The next broker of the list is tried next; the wait grows
 				// with each round through the whole list.
-				n := b.link.brokers()
-				b.link.advance()
+				n := b.link.Brokers()
+				b.link.Advance()
 				select {
 				case <-b.quit:
 					return
-				case <-b.link.urlChanged:
+				case <-b.link.URLChanged():
 					failures = 0
 					b.setState(StateConnecting, "broker URL changed")
 				case <-time.After(b.backoff((failures + n - 1) / n)):
@@ -293,7 +184,7 @@ func (b *Bridge) runLink(first *session) {
 				continue
 			}
 			sess = s
-			if b.m != nil && b.link.everConnected() {
+			if b.m != nil && b.link.EverConnected() {
 				b.m.reconnects.Inc()
 			}
 		}
@@ -301,9 +192,9 @@ func (b *Bridge) runLink(first *session) {
 		clear(down)
 		b.link.use(sess)
 		sess.start()
-		b.link.endHandover()
+		b.link.EndHandover()
 		b.answerOrphans(sess)
-		if fo, moved := b.link.connectedTo(sess.url, left); moved {
+		if fo, moved := b.link.ConnectedTo(sess.url, left); moved {
 			b.log.Warn("broker failover: the link moved to another broker of its list", "from", fo.From, "to", fo.To, "reason", fo.Reason)
 		}
 		left = ""
@@ -353,9 +244,9 @@ func (b *Bridge) runLink(first *session) {
 			b.m.err(errKindLink)
 			b.setState(StateOffline, reason)
 			left = reason
-			b.link.advance() // fail over to the next broker of the list
+			b.link.Advance() // fail over to the next broker of the list
 		}
-		b.link.setCredential(sess.user, CredentialUnused, "")
+		b.link.SetCredential(sess.user, CredentialUnused, "")
 		sess.stop()
 		sess = nil
 		if reason != reasonURLChanged {
@@ -364,10 +255,16 @@ func (b *Bridge) runLink(first *session) {
 			case <-b.quit:
 				return
 			case <-time.After(b.backoff(1)):
-			case <-b.link.urlChanged:
+			case <-b.link.URLChanged():
 			}
 		}
 	}
+}
+
+// awaitBroker probes the link's broker until one answers (link.AwaitBroker).
+// Link loop only.
+func (b *Bridge) awaitBroker(down map[string]bool) brokerlink.Awaited {
+	return b.link.AwaitBroker(b.quit, down, b.m.dialed, func(reason string) { b.setState(StateOffline, reason) })
 }
 
 // withQuit returns a context that is cancelled by cancel or when the bridge

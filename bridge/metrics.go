@@ -288,6 +288,12 @@ func (b *Bridge) Carried() (requests, commands, events float64) {
 func (m *metrics) err(kind string) { m.errors.WithLabelValues(kind).Inc() }
 
 // dialed counts a TCP connect of the link that ended with err.
+// Results in meshbox_broker_dials_total{result}.
+const (
+	dialConnected = "connected"
+	dialFailed    = "failed"
+)
+
 func (m *metrics) dialed(err error) {
 	r := dialConnected
 	if err != nil {

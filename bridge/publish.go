@@ -132,6 +132,20 @@ func (q *pubQueue) close() {
 	}
 }
 
+// empty reports whether no item waits in q or is being published.
+func (q *pubQueue) empty() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items) == 0 && q.taken == 0
+}
+
+// settled says that n items taken were published (or failed).
+func (q *pubQueue) settled(n int) {
+	q.mu.Lock()
+	q.taken -= n
+	q.mu.Unlock()
+}
+
 // fastPublisher owns the request channel: it publishes requests and
 // replies in the order handed over. Exits when the session ends or a
 // publish fails, settling what is left with ErrLinkDown.
@@ -404,7 +418,7 @@ func (s *session) watchBlocked() {
 			if bl.Active {
 				s.b.m.blocks.Inc()
 				s.b.setState(StateBlocked, "broker resource alarm: "+bl.Reason)
-				s.b.link.setBlocked(bl.Reason)
+				s.b.link.SetBlocked(bl.Reason)
 			} else {
 				s.b.setState(StateConnected, "")
 			}

@@ -203,7 +203,7 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to broker: %w", err)
 	}
-	user := b.loginUser(url, uri) // the URL's, or a client certificate's
+	user := brokerlink.LoginUser(b.cfg.CertFile, b.cfg.KeyFile, url, uri) // the URL's, or a client certificate's
 	_, _, perNode := ParseBrokerUser(user)
 	// Both connections at once: a handshake is several round trips, which
 	// on a home link to the broker is what a reconnect waits for.
@@ -355,12 +355,12 @@ func (s *session) run(retry <-chan time.Time) string {
 		select {
 		case <-s.b.quit:
 			return reasonShutdown
-		case <-s.b.link.urlChanged:
-			if !s.b.link.holds(s.url) {
+		case <-s.b.link.URLChanged():
+			if !s.b.link.Holds(s.url) {
 				return reasonURLChanged
 			}
 		case <-retry:
-			if !s.b.link.holds(s.url) {
+			if !s.b.link.Holds(s.url) {
 				return reasonURLChanged
 			}
 		case e := <-s.pub.connClose:

@@ -1,4 +1,4 @@
-package bridge
+package link
 
 import (
 	"math/rand/v2"
@@ -11,12 +11,12 @@ import (
 // This file is the link's list of brokers (Config.URL may name several,
 // the nodes of a cluster): which one to connect to, the move to the next
 // on a failure, and the record of failovers. The fields are the link's,
-// guarded by link.mu.
+// guarded by Link.mu.
 
-// target returns the broker URL to connect to now: the one in use or
+// Target returns the broker URL to connect to now: the one in use or
 // tried last, or one picked at random when there is none yet. "" when no
 // broker is configured.
-func (l *link) target() string {
+func (l *Link) Target() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.urls) == 0 {
@@ -28,9 +28,9 @@ func (l *link) target() string {
 	return l.urls[l.pos]
 }
 
-// advance moves to the next broker of the list: the link failed on the
+// Advance moves to the next broker of the list: the link failed on the
 // current one. It returns the URL to try next.
-func (l *link) advance() string {
+func (l *Link) Advance() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.urls) == 0 {
@@ -44,37 +44,37 @@ func (l *link) advance() string {
 	return l.urls[l.pos]
 }
 
-// brokers returns how many broker URLs the setting names (at least 1).
-func (l *link) brokers() int {
+// Brokers returns how many broker URLs the setting names (at least 1).
+func (l *Link) Brokers() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return max(1, len(l.urls))
 }
 
-// holds reports whether u is one of the broker URLs of the setting.
-func (l *link) holds(u string) bool {
+// Holds reports whether u is one of the broker URLs of the setting.
+func (l *Link) Holds(u string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Contains(l.urls, u)
 }
 
-// sameBrokerAs returns the URL of the setting that names the same broker
+// SameBrokerAs returns the URL of the setting that names the same broker
 // and vhost as u (it may differ in credential), "" if none.
-func (l *link) sameBrokerAs(u string) string {
+func (l *Link) SameBrokerAs(u string) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, c := range l.urls {
-		if sameBroker(c, u) {
+		if SameBroker(c, u) {
 			return c
 		}
 	}
 	return ""
 }
 
-// connectedTo records that a session runs on the broker of url. When that
+// ConnectedTo records that a session runs on the broker of url. When that
 // is another broker than the last session's, it is a failover, recorded
 // with why the link left the last one (reason) and returned (to log).
-func (l *link) connectedTo(url, reason string) (fo Failover, moved bool) {
+func (l *Link) ConnectedTo(url, reason string) (fo Failover, moved bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	host := brokerurl.Host(url)
@@ -96,7 +96,7 @@ func (l *link) connectedTo(url, reason string) (fo Failover, moved bool) {
 
 // inUseLocked returns the broker URL in use or tried last ("" before the first
 // attempt), with l.mu held.
-func (l *link) inUseLocked() string {
+func (l *Link) inUseLocked() string {
 	if l.pos >= 0 && l.pos < len(l.urls) {
 		return l.urls[l.pos]
 	}
@@ -106,7 +106,8 @@ func (l *link) inUseLocked() string {
 	return ""
 }
 
-func (l *link) currentURL() string {
+// CurrentURL returns the broker setting: one URL or several.
+func (l *Link) CurrentURL() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.url
