@@ -228,14 +228,14 @@ func (s *session) quiesce(ctx context.Context) {
 		s.local.mu.Lock()
 		open := len(s.local.host) + s.local.answering
 		s.local.mu.Unlock()
-		if open == 0 && s.pub.fastQ.empty() {
+		if open == 0 && s.pub.FastIdle() {
 			// A barrier: the broker answers a method on the channel after it
 			// has sent back every message published before it that it could
 			// not route, so those are in fastReturns (and sent again,
 			// noroute.go) before the session stops.
-			_ = s.pub.fastCh.ExchangeDeclarePassive(codec.ExchangeMesh, "topic", true, false, false, false, nil)
+			_ = s.pub.FastCh.ExchangeDeclarePassive(codec.ExchangeMesh, "topic", true, false, false, false, nil)
 			for range quiesceEmptyPolls {
-				if len(s.pub.fastReturns) == 0 {
+				if len(s.pub.FastReturns) == 0 {
 					break
 				}
 				time.Sleep(time.Millisecond)

@@ -47,15 +47,15 @@ var (
 // code) in error replies to local programs.
 var (
 	// ErrLinkDown means the broker link is not connected.
-	ErrLinkDown = errors.New("mesh unreachable: broker link is not connected")
+	ErrLinkDown = brokerlink.ErrLinkDown
 	// ErrOutboxFull means the outbox reached its size bound; the message was
 	// not accepted.
 	ErrOutboxFull = outbox.ErrFull
 	// ErrNoRoute means the broker had no queue for a message published with
 	// the mandatory flag.
-	ErrNoRoute = errors.New("no route on the broker")
+	ErrNoRoute = brokerlink.ErrNoRoute
 	// ErrNacked means the broker refused to take responsibility for a message.
-	ErrNacked = errors.New("broker refused the message")
+	ErrNacked = brokerlink.ErrNacked
 )
 
 // Errors returned by the dead-letter operations (deadletters.go).

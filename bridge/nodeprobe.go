@@ -45,7 +45,7 @@ func (b *Bridge) ProbeNode(ctx context.Context, node string, unroutable func()) 
 	w := b.peers.probes.add(node, unroutable)
 	out := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: probeKey(node), Mandatory: true, Kind: codec.TypeSystem, Bare: true}
 	res := make(chan error, 1)
-	if err := sess.enqueueFast(&pubItem{out: out, done: func(err error) { res <- err }}); err != nil {
+	if err := sess.enqueueFast(&pubItem{Out: out, Done: func(err error) { res <- err }}); err != nil {
 		b.peers.probes.remove(node, w)
 		return fmt.Errorf("probe node %s: %w", node, err)
 	}

@@ -215,9 +215,9 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 				Text: fmt.Sprintf("deadline of %s passed waiting for %s on node %s", timeout, name, node)})
 		})
 	})
-	it := &pubItem{out: out, done: b.requestSent(id, p)}
+	it := &pubItem{Out: out, Done: b.requestSent(id, p)}
 	if err := sess.enqueueFast(it); err != nil {
-		it.finish(err)
+		it.Finish(err)
 	}
 }
 

@@ -49,19 +49,27 @@ type session struct {
 	cancel context.CancelFunc
 	failed chan error // cap 1: the first fatal error of a part
 
-	pub   publishing // the publishing connection and what is on its way
-	con   consuming  // the consuming connection, its consumers and acks
-	flows stageFlows // the stages consumed in this session
-	local localCalls // calls and commands open at local programs
+	pub   *brokerlink.Publisher // the publishing connection and what is on its way (publish.go)
+	con   consuming             // the consuming connection, its consumers and acks
+	flows stageFlows            // the stages consumed in this session
+	local localCalls            // calls and commands open at local programs
 
-	// The outbox drainer (submit.go): rescan (cap 1) starts it over from
-	// the oldest record; drainWait counts drained records handed to the
-	// publisher and not settled.
-	rescan    chan struct{}
-	drainWait sync.WaitGroup
+	sub submitting // the outbox drainer and the stages routed (submit.go)
 
 	wg      sync.WaitGroup // the session's goroutines
 	workers tracker        // goroutines and timers working on deliveries
+}
+
+// submitting is the session's part of the submissions (submit.go).
+type submitting struct {
+	// The outbox drainer: rescan (cap 1) starts it over from the oldest
+	// record; drainWait counts drained records handed to the publisher
+	// and not settled.
+	rescan    chan struct{}
+	drainWait sync.WaitGroup
+	// routed are the stages whose commands the broker routed to a queue in
+	// this session (stage → true): only those overflow into the outbox.
+	routed sync.Map
 }
 
 // sessionQueues names what the session's consumers read and its own
@@ -74,38 +82,6 @@ type sessionQueues struct {
 	// queues: server-named (amq.gen-*), or, for a broker user with an
 	// older mesh's permissions, node.<n>.requests, .replies and .system.
 	req, rep, sys string
-}
-
-// publishing is the session's publishing connection: commands, events,
-// dead letters and system messages on ch (confirm mode), requests and
-// replies on fastCh, and the publishes the broker has not confirmed yet.
-// The publisher, confirmer and fast publisher goroutines own it (publish.go).
-type publishing struct {
-	conn        *amqp.Connection
-	cork        *brokerlink.CorkConn // conn's socket: publishers batch their writes
-	ch          *amqp.Channel
-	fastCh      *amqp.Channel
-	confirms    chan amqp.Confirmation
-	returns     chan amqp.Return
-	fastReturns chan amqp.Return
-	blocked     chan amqp.Blocking
-	connClose   chan *amqp.Error
-	chClose     chan *amqp.Error
-	fastClose   chan *amqp.Error
-
-	q      *pubQueue     // for the publisher
-	fastQ  *pubQueue     // requests and replies for the fast publisher
-	fastMu sync.Mutex    // held by whoever publishes a run of fastQ
-	window chan struct{} // a slot per unconfirmed publish
-
-	mu       sync.Mutex // guards inflight, byID, ended
-	inflight map[uint64]*pubItem
-	byID     map[string]*pubItem
-	ended    bool
-	// routed are the stages whose commands the broker routed to a queue in
-	// this session (stage → true): only those overflow into the outbox
-	// (submit.go).
-	routed sync.Map
 }
 
 // consuming is the session's consuming connection: the topology, the
@@ -250,16 +226,8 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 		failed:       make(chan error, 1),
 		requestsDone: make(chan struct{}),
 		repliesDone:  make(chan struct{}),
-		rescan:       make(chan struct{}, 1),
-		pub: publishing{
-			conn: pubConn, cork: cork,
-			q:        newPubQueue(publishWindow),
-			fastQ:    newPubQueue(publishWindow),
-			window:   make(chan struct{}, publishWindow),
-			inflight: map[uint64]*pubItem{},
-			byID:     map[string]*pubItem{},
-		},
-		con: consuming{conn: conConn, cork: conCork, ackQ: make(chan ackReq, 256)},
+		sub:          submitting{rescan: make(chan struct{}, 1)},
+		con:          consuming{conn: conConn, cork: conCork, ackQ: make(chan ackReq, 256)},
 		flows: stageFlows{
 			stages: map[string]*flow.StageFlow{},
 			aux:    map[string]int{},
@@ -269,7 +237,7 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 		},
 		local: localCalls{host: map[string]*hostCall{}, cmds: map[string]*cmdCall{}},
 	}
-	s.pub.fastQ.track = true // a handover waits until replies are published (quiesce)
+	s.pub = brokerlink.NewPublisher(pubConn, cork, s.publisherHooks())
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, func() { abortCon(); abortPub() }, nil
 }
@@ -299,7 +267,7 @@ func (s *session) prepare(ctx context.Context, abort func()) error {
 // broker.
 func (s *session) closeConns() {
 	_ = s.con.conn.CloseDeadline(time.Now().Add(closeLimit))
-	_ = s.pub.conn.CloseDeadline(time.Now().Add(closeLimit))
+	_ = s.pub.Conn.CloseDeadline(time.Now().Add(closeLimit))
 }
 
 // start runs the session's goroutines. Each exits when the session's
@@ -363,13 +331,13 @@ func (s *session) run(retry <-chan time.Time) string {
 			if !s.b.link.Holds(s.url) {
 				return reasonURLChanged
 			}
-		case e := <-s.pub.connClose:
+		case e := <-s.pub.ConnClose:
 			return s.closed("publishing connection closed", e)
 		case e := <-s.con.connClose:
 			return s.closed("consuming connection closed", e)
-		case e := <-s.pub.chClose:
+		case e := <-s.pub.ChClose:
 			return s.closed("publish channel closed", e)
-		case e := <-s.pub.fastClose:
+		case e := <-s.pub.FastClose:
 			return s.closed("request channel closed", e)
 		case e := <-s.con.autoClose:
 			return s.closed("consume channel closed", e)
@@ -408,9 +376,7 @@ func (s *session) fail(err error) {
 
 // end marks the session as ended: nothing new is handed to it.
 func (s *session) end() {
-	s.pub.mu.Lock()
-	s.pub.ended = true
-	s.pub.mu.Unlock()
+	s.pub.End()
 }
 
 // stop tears the session down and waits for all its goroutines. Messages

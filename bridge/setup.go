@@ -76,7 +76,7 @@ func (s *session) setup() error {
 	var pub, chans, own asides
 	defer func() { _ = errors.Join(pub.wait(), chans.wait(), own.wait()) }() // after a failure: the steps still running
 	pub.start(func() error {
-		if err := s.setupPublishing(); err != nil {
+		if err := s.pub.Open(); err != nil {
 			return err
 		}
 		// On a broker URL where an earlier session found the shared
@@ -176,7 +176,7 @@ func (s *session) setup() error {
 	s.con.autoClose = s.con.autoCh.NotifyClose(make(chan *amqp.Error, 1))
 	s.con.cancels = s.con.ch.NotifyCancel(make(chan string, 16))
 	// Only publishing connections are blocked by a resource alarm.
-	s.pub.blocked = s.pub.conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	s.pub.Blocked = s.pub.Conn.NotifyBlocked(make(chan amqp.Blocking, 4))
 	return nil
 }
 
@@ -306,32 +306,5 @@ func (s *session) openConsumeChannels() (err error) {
 	if err := s.timed(func() error { return s.con.ch.Qos(s.b.cfg.Prefetch, 0, false) }); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
-	return nil
-}
-
-// setupPublishing opens the publishing connection's channels: one in
-// confirm mode for what is confirmed, one without for requests and replies.
-func (s *session) setupPublishing() (err error) {
-	s.pub.ch, err = s.pub.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	if err := s.pub.ch.Confirm(false); err != nil {
-		return fmt.Errorf("confirm mode: %w", err)
-	}
-	s.pub.confirms = s.pub.ch.NotifyPublish(make(chan amqp.Confirmation, publishWindow))
-	s.pub.returns = s.pub.ch.NotifyReturn(make(chan amqp.Return, 64))
-	s.pub.connClose = s.pub.conn.NotifyClose(make(chan *amqp.Error, 1))
-	s.pub.chClose = s.pub.ch.NotifyClose(make(chan *amqp.Error, 1))
-	// Requests and replies go on a channel without confirms: they are at
-	// most once and bounded by a deadline, a confirm tells nothing the reply
-	// or the deadline does not, and it costs latency. Returns (no route)
-	// still come back at once.
-	s.pub.fastCh, err = s.pub.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	s.pub.fastReturns = s.pub.fastCh.NotifyReturn(make(chan amqp.Return, 64))
-	s.pub.fastClose = s.pub.fastCh.NotifyClose(make(chan *amqp.Error, 1))
 	return nil
 }

@@ -202,10 +202,10 @@ func (b *Bridge) accept(rec *outbox.Record, reply string) {
 	state, _ := b.linkState()
 	if sess := b.link.sess.Load(); state == StateConnected && sess != nil && b.sub.meshPending.Load() == 0 && !sess.overflows(rec) {
 		b.sub.direct.Add(1)
-		it := &pubItem{out: b.outgoingFor(rec, false), done: func(err error) {
+		it := &pubItem{Out: b.outgoingFor(rec, false), Done: func(err error) {
 			b.sub.direct.Add(-1)
 			if err == nil && rec.Kind == outbox.Command {
-				sess.pub.routed.Store(rec.Name, true)
+				sess.sub.routed.Store(rec.Name, true)
 			}
 			b.directDone(rec, reply, err)
 		}}
@@ -225,7 +225,7 @@ func (s *session) overflows(rec *outbox.Record) bool {
 	}
 	over := rec.Kind == outbox.Event
 	if rec.Kind == outbox.Command {
-		_, over = s.pub.routed.Load(rec.Name)
+		_, over = s.sub.routed.Load(rec.Name)
 	}
 	if over {
 		s.b.m.overflowed.Inc()
@@ -452,8 +452,8 @@ func (s *session) drainer() {
 	var cursor uint64
 	for {
 		select {
-		case <-s.rescan:
-			s.drainWait.Wait()
+		case <-s.sub.rescan:
+			s.sub.drainWait.Wait()
 			if b.files.ob.Sync(s.ctx) != nil {
 				return
 			}
@@ -475,8 +475,8 @@ func (s *session) drainer() {
 			case <-s.ctx.Done():
 				return
 			case <-b.sub.drainSignal:
-			case <-s.rescan:
-				signal(s.rescan)
+			case <-s.sub.rescan:
+				signal(s.sub.rescan)
 			}
 			continue
 		}
@@ -490,13 +490,13 @@ func (s *session) drainer() {
 			}
 		}
 		for _, r := range recs {
-			s.drainWait.Add(1)
-			it := &pubItem{out: b.outgoingFor(r, r.Seq <= published), done: func(err error) {
-				defer s.drainWait.Done()
+			s.sub.drainWait.Add(1)
+			it := &pubItem{Out: b.outgoingFor(r, r.Seq <= published), Done: func(err error) {
+				defer s.sub.drainWait.Done()
 				s.drained(r, err)
 			}}
 			if err := s.enqueue(it); err != nil {
-				s.drainWait.Done()
+				s.sub.drainWait.Done()
 				return
 			}
 			cursor = r.Seq
@@ -516,11 +516,11 @@ func (s *session) drained(r *outbox.Record, err error) {
 		// The record is deleted only once its dead letter is committed; if
 		// that write fails it is kept and sent again after a pause. The
 		// drainer's rescan waits until the delete is queued.
-		s.drainWait.Add(1)
+		s.sub.drainWait.Add(1)
 		b.deadRecord(r, codec.PlainReason(fmt.Sprintf("no route: the broker had no queue %s", codec.StageQueue(r.Name))), func(err error) {
-			defer s.drainWait.Done()
+			defer s.sub.drainWait.Done()
 			if err != nil {
-				signal(s.rescan)
+				signal(s.sub.rescan)
 				return
 			}
 			b.files.ob.Delete(r.Seq, r.Size, nil)
@@ -528,7 +528,7 @@ func (s *session) drained(r *outbox.Record, err error) {
 			b.releaseParked()
 		})
 	case errors.Is(err, ErrNacked), errors.Is(err, seal.ErrNoKey):
-		signal(s.rescan) // kept; sent again after a pause
+		signal(s.sub.rescan) // kept; sent again after a pause
 	default:
 		// link lost: kept, sent again on the next session
 	}
