@@ -31,7 +31,7 @@ func AckDelays(b *Bridge) (most time.Duration, slow int64) {
 	if s == nil {
 		return 0, 0
 	}
-	return time.Duration(s.con.ackDelay.most.Load()), s.con.ackDelay.over[1].Load()
+	return s.con.acker.Delays()
 }
 
 // OwnQueues returns the names of the request, reply and system queues of

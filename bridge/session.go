@@ -2,7 +2,6 @@ package bridge
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -56,8 +55,8 @@ type session struct {
 
 	sub submitting // the outbox drainer and the stages routed (submit.go)
 
-	wg      sync.WaitGroup // the session's goroutines
-	workers tracker        // goroutines and timers working on deliveries
+	wg      sync.WaitGroup     // the session's goroutines
+	workers brokerlink.Workers // goroutines and timers working on deliveries
 }
 
 // submitting is the session's part of the submissions (submit.go).
@@ -92,7 +91,6 @@ type sessionQueues struct {
 // consumers.
 type consuming struct {
 	conn      *amqp.Connection
-	cork      *brokerlink.CorkConn // conn's socket: a run of acks goes out with one write
 	ch        *amqp.Channel
 	autoCh    *amqp.Channel
 	cancels   chan string
@@ -101,12 +99,7 @@ type consuming struct {
 	autoClose chan *amqp.Error
 	initial   map[string]<-chan amqp.Delivery // consumers opened by setup
 
-	ackQ chan ackReq
-	// unacked counts settled deliveries whose ack is not yet applied on
-	// the consume channel: a graceful close waits for it (settleBeforeStop).
-	unacked  atomic.Int64
-	acks     ackBook   // settled deliveries of ch (acker only)
-	ackDelay ackDelays // how long acks waited for the acker
+	acker *brokerlink.Acker // settles the deliveries of ch (consume.go)
 	// lagSpent (the event reader only): the bindings on which the event
 	// reader waited bindingLag for a lagging event in vain; on them it
 	// refuses the next at once, so that a member sending mis-scoped events
@@ -181,44 +174,8 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 	}
 	user := brokerlink.LoginUser(b.cfg.CertFile, b.cfg.KeyFile, url, uri) // the URL's, or a client certificate's
 	_, _, perNode := ParseBrokerUser(user)
-	// Both connections at once: a handshake is several round trips, which
-	// on a home link to the broker is what a reconnect waits for.
-	type dialed struct {
-		conn  *amqp.Connection
-		cork  *brokerlink.CorkConn
-		abort func()
-		err   error
-	}
-	pubDial := make(chan dialed, 1)
-	go func() { // exits when the dial ends (ctx bounds it)
-		var d dialed
-		d.conn, d.cork, d.abort, d.err = b.dial(ctx, url, rolePublish)
-		pubDial <- d
-	}()
-	conConn, conCork, abortCon, err := b.dial(ctx, url, roleConsume)
-	pd := <-pubDial
-	pubConn, cork, abortPub := pd.conn, pd.cork, pd.abort
-	// One connection logged in and the other "refused": the broker
-	// dropped the other during its login (the client library reports a
-	// socket closed there as a refused login), it did not refuse the
-	// credential the first one used.
-	dropped := (err == nil) != (pd.err == nil)
-	if err == nil {
-		err = pd.err
-	}
-	if dropped && loginDropped(err) {
-		err = fmt.Errorf("the broker closed a connection during its login, and let the other log in with the same credential: %w", errLoginDropped)
-	}
+	c, err := brokerlink.DialPair(ctx, b.dialOptions(url, rolePublish), b.dialOptions(url, roleConsume), b.m.dialed, closeLimit)
 	if err != nil {
-		for _, c := range []struct {
-			conn  *amqp.Connection
-			abort func()
-		}{{conConn, abortCon}, {pubConn, abortPub}} {
-			if c.conn != nil {
-				c.abort()
-				_ = c.conn.CloseDeadline(time.Now().Add(closeLimit))
-			}
-		}
 		return nil, nil, fmt.Errorf("connect to broker: %w", b.refused(err, user))
 	}
 	s := &session{
@@ -227,7 +184,7 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 		requestsDone: make(chan struct{}),
 		repliesDone:  make(chan struct{}),
 		sub:          submitting{rescan: make(chan struct{}, 1)},
-		con:          consuming{conn: conConn, cork: conCork, ackQ: make(chan ackReq, 256)},
+		con:          consuming{conn: c.Con, acker: brokerlink.NewAcker(c.ConCork)},
 		flows: stageFlows{
 			stages: map[string]*flow.StageFlow{},
 			aux:    map[string]int{},
@@ -237,9 +194,9 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 		},
 		local: localCalls{host: map[string]*hostCall{}, cmds: map[string]*cmdCall{}},
 	}
-	s.pub = brokerlink.NewPublisher(pubConn, cork, s.publisherHooks())
+	s.pub = brokerlink.NewPublisher(c.Pub, c.PubCork, s.publisherHooks())
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	return s, func() { abortCon(); abortPub() }, nil
+	return s, c.Abort, nil
 }
 
 // prepare declares the node's topology on an opened session within ctx.
@@ -391,94 +348,18 @@ func (s *session) stop() {
 	}
 	s.endCalls()
 	s.endCmds()
-	s.workers.closeAndWait()
+	s.workers.CloseAndWait()
 	if !s.handedOver {
 		s.b.failPendingOf(s)
 	}
 }
 
-// work runs f on a per-delivery worker goroutine; stop waits for it. f
-// must return soon after the session's context is cancelled. After stop
-// began, f is dropped (work returns false).
-func (s *session) work(f func()) bool {
-	if !s.workers.add() {
-		return false
-	}
-	go func() {
-		defer s.workers.done()
-		f()
-	}()
-	return true
-}
+// work runs f on a per-delivery worker goroutine; stop waits for it
+// (link.Workers.Go).
+func (s *session) work(f func()) bool { return s.workers.Go(f) }
 
-// after runs f after d, tracked like work (nil after stop began). Cancel
-// it with cancelTimer.
-func (s *session) after(d time.Duration, f func()) *time.Timer {
-	if !s.workers.add() {
-		return nil
-	}
-	return time.AfterFunc(d, func() {
-		defer s.workers.done()
-		f()
-	})
-}
+// after runs f after d, tracked like work (link.Workers.After).
+func (s *session) after(d time.Duration, f func()) *time.Timer { return s.workers.After(d, f) }
 
-// cancelTimer stops a timer from after; a timer that already fired is
-// left to finish.
-func (s *session) cancelTimer(t *time.Timer) {
-	if t != nil && t.Stop() {
-		s.workers.done()
-	}
-}
-
-// tracker counts work in progress. Unlike a WaitGroup it may gain work
-// while someone waits, and refuses new work once closed.
-type tracker struct {
-	mu     sync.Mutex
-	n      int
-	zero   chan struct{} // closed when n drops to 0 while closing
-	closed bool
-}
-
-func (t *tracker) add() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return false
-	}
-	t.n++
-	return true
-}
-
-func (t *tracker) done() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.n--
-	if t.n == 0 && t.zero != nil {
-		close(t.zero)
-		t.zero = nil
-	}
-}
-
-// closeAndWait refuses new work and waits for the work in progress.
-func (t *tracker) closeAndWait() {
-	t.mu.Lock()
-	t.closed = true
-	if t.n == 0 {
-		t.mu.Unlock()
-		return
-	}
-	zero := make(chan struct{})
-	t.zero = zero
-	t.mu.Unlock()
-	<-zero
-}
-
-// errLoginDropped is a connection the broker closed during its login
-// while it let another log in with the same credential.
-var errLoginDropped = errors.New("connection dropped during login")
-
-// loginDropped reports whether err is the client library's guess at a
-// socket closed during login (not the broker's own refusal, which names
-// itself as the server's).
-func loginDropped(err error) bool { return errors.Is(err, amqp.ErrCredentials) }
+// cancelTimer stops a timer from after (link.Workers.Cancel).
+func (s *session) cancelTimer(t *time.Timer) { s.workers.Cancel(t) }
