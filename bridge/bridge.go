@@ -57,7 +57,7 @@ type Bridge struct {
 	events codec.EventMemory // events accepted from the mesh, across sessions (replay.go)
 	sysQ   chan sysMsg       // system messages for Config.OnSystem
 	peers  peerBook          // what the node knows of other nodes: credentials, probes
-	learnt brokerPerms       // what the broker's refusals said of this node's permissions
+	learnt brokerlink.Perms  // what the broker's refusals said of this node's permissions
 	seen   refusalLogs       // causes of refusals already logged
 	route  routing           // routing and hosting
 
@@ -91,7 +91,7 @@ type Status struct {
 
 // WarnOlderPermissions is the status warning of a node whose broker user
 // has an older mesh's permissions (topology.go).
-const WarnOlderPermissions = "this node's broker permissions are an older mesh's: its requests and replies take one more routing step on the broker; meshbox mesh node rotate gives it the current ones"
+const WarnOlderPermissions = brokerlink.WarnOlderPermissions
 
 // BrokerStatus describes the broker link.
 type BrokerStatus struct {
@@ -432,7 +432,7 @@ func (b *Bridge) Status() Status {
 		}
 	}
 	st.DeadLetters = b.deadCounts()
-	if b.learnt.older.Load() {
+	if b.learnt.Older.Load() {
 		st.Warnings = append(st.Warnings, WarnOlderPermissions)
 	}
 	st.Warnings = append(st.Warnings, b.refusedStages()...)

@@ -49,7 +49,7 @@ var ErrCredentialRevoked = brokerlink.ErrCredentialRevoked
 // broker's 403 at login, else err.
 func (b *Bridge) refused(err error, user string) error {
 	return brokerlink.Refused(err, user, func(user string) bool {
-		_, before := b.learnt.accepted.Load(user)
+		_, before := b.learnt.Accepted.Load(user)
 		return before || (b.cfg.AcceptedBefore != nil && b.cfg.AcceptedBefore(user))
 	})
 }
@@ -58,7 +58,7 @@ func (b *Bridge) refused(err error, user string) error {
 // Config.OnCredential when the user is another than the last one in use.
 func (b *Bridge) credentialInUse(user string) {
 	prev, prevState := b.link.Credential()
-	b.learnt.accepted.Store(user, true)
+	b.learnt.Accepted.Store(user, true)
 	b.link.SetCredential(user, CredentialInUse, "")
 	b.m.setRevoked(false)
 	if prevState == CredentialRevoked || prevState == CredentialRefused {

@@ -102,32 +102,6 @@ type peerBook struct {
 	probes probeBook
 }
 
-// brokerPerms is what the broker's refusals said of this node's
-// permissions (topology.go), learnt once so that later sessions do not
-// ask again.
-type brokerPerms struct {
-	// older: the last session found this node's broker permissions to be
-	// an older mesh's; said once in the log and while it holds in the
-	// status.
-	older atomic.Bool
-	// named: this node's broker user may not declare server-named queues
-	// (an older mesh's permissions): its request, reply and system queues
-	// are named after it. admin: it may not declare its durable queues
-	// (the current permissions): the admin has, and it finds them.
-	named, admin atomic.Bool
-	// shared: the broker URL on which a session found the mesh's shared
-	// exchanges and dead letter queue; the next sessions on it do not ask
-	// again (three round trips), until one ends on a 404.
-	shared atomic.Pointer[string]
-	// exchangeWarned: the node said once that it may not delete its
-	// older mesh's exchange.
-	exchangeWarned atomic.Bool
-	// accepted are the broker users a session ran with in this process:
-	// a later refusal of one is a revocation, of another a wrong
-	// credential.
-	accepted sync.Map
-}
-
 // refusalLogs are the causes of refusals already logged, each said once.
 type refusalLogs struct {
 	replay causeLog // refused replays (replay.go)

@@ -311,7 +311,7 @@ func (s *session) run(retry <-chan time.Time) string {
 // session checks them again (setup).
 func (s *session) closed(what string, e *amqp.Error) string {
 	if e != nil && e.Code == amqp.NotFound {
-		s.b.learnt.shared.Store(nil)
+		s.b.learnt.Shared.Store(nil)
 	}
 	return closeReason(what, e)
 }

@@ -84,7 +84,7 @@ func (s *session) setup() error {
 		// (half a dozen round trips more): it drains from here on. Should
 		// the setup fail, what was sent goes again, marked as a possible
 		// duplicate, like after any cut.
-		if u := s.b.learnt.shared.Load(); u != nil && *u == s.url {
+		if u := s.b.learnt.Shared.Load(); u != nil && *u == s.url {
 			s.early = true
 			s.spawn(s.publisher)
 			s.spawn(s.confirmer)
@@ -189,10 +189,10 @@ func (s *session) setup() error {
 // it (an older mesh's classic queue, its broker node down: 404) goes on
 // without it; dead letters wait for it in mesh.dlx's binding or are
 // dropped by the broker meanwhile. A session that found them all says so
-// for the broker URL (learnt.shared), and the next ones on it do not ask
+// for the broker URL (learnt.Shared), and the next ones on it do not ask
 // again (three round trips), until one ends on a 404.
 func (s *session) findShared(ch **amqp.Channel) error {
-	if u := s.b.learnt.shared.Load(); u != nil && *u == s.url {
+	if u := s.b.learnt.Shared.Load(); u != nil && *u == s.url {
 		return nil
 	}
 	shared := []struct {
@@ -254,7 +254,7 @@ func (s *session) findShared(ch **amqp.Channel) error {
 	}
 	if allFound {
 		u := s.url
-		s.b.learnt.shared.Store(&u)
+		s.b.learnt.Shared.Store(&u)
 	}
 	return nil
 }
