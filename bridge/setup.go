@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
+
 	"github.com/meshbox/meshbox/bridge/codec"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -20,62 +22,13 @@ import (
 // consumed, and the request queue's binding, which learns which exchange
 // the node's queues are bound to (bindOwn).
 
-// asides are setup steps running beside the main line, each on a
-// goroutine of its own that ends with its broker calls (prepare bounds
-// them).
-type asides struct {
-	errs chan error
-	n    int // started and not yet waited for
-}
-
-// start runs step beside the caller.
-func (a *asides) start(step func() error) {
-	if a.errs == nil {
-		a.errs = make(chan error, 8)
-	}
-	a.n++
-	go func() { a.errs <- step() }()
-}
-
-// wait waits for every step started and returns the first error, a
-// *NodeNameInUseError before any other. Waiting again returns nil.
-func (a *asides) wait() error {
-	var first error
-	for ; a.n > 0; a.n-- {
-		err := <-a.errs
-		var inUse *NodeNameInUseError
-		if err != nil && (first == nil || errors.As(err, &inUse)) {
-			first = err
-		}
-	}
-	return first
-}
-
-// onChannel returns step run on a channel of its own, closed after it;
-// failures are named after what.
-func (s *session) onChannel(what string, step func(ch **amqp.Channel) error) func() error {
-	return func() error {
-		ch, err := s.con.conn.Channel()
-		if err != nil {
-			return fmt.Errorf("open channel: %w", err)
-		}
-		defer func() { _ = ch.Close() }() // the channel step left open, maybe a new one
-		err = step(&ch)
-		var inUse *NodeNameInUseError
-		if err != nil && !errors.As(err, &inUse) {
-			err = fmt.Errorf("declare %s: %w", what, err)
-		}
-		return err
-	}
-}
-
 // setup declares the topology (see the package doc), claims the node's
 // request queue with an exclusive consumer, and opens the channels.
 func (s *session) setup() error {
 	node := s.b.cfg.Node
-	var pub, chans, own asides
-	defer func() { _ = errors.Join(pub.wait(), chans.wait(), own.wait()) }() // after a failure: the steps still running
-	pub.start(func() error {
+	var pub, chans, own brokerlink.Asides
+	defer func() { _ = errors.Join(pub.Wait(), chans.Wait(), own.Wait()) }() // after a failure: the steps still running
+	pub.Start(func() error {
 		if err := s.pub.Open(); err != nil {
 			return err
 		}
@@ -92,7 +45,7 @@ func (s *session) setup() error {
 		}
 		return nil
 	})
-	chans.start(s.openConsumeChannels)
+	chans.Start(s.openConsumeChannels)
 	ch, err := s.con.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -105,7 +58,7 @@ func (s *session) setup() error {
 	if err := s.findShared(&ch); err != nil {
 		return err
 	}
-	if err := chans.wait(); err != nil {
+	if err := chans.Wait(); err != nil {
 		return err
 	}
 	// The node's claim on its name comes first, before any of its queues
@@ -121,7 +74,7 @@ func (s *session) setup() error {
 		}
 		return fmt.Errorf("declare queue %s: %w", codec.RequestQueue(node), err)
 	}
-	own.start(s.onChannel("queue "+codec.EventQueue(node), s.declareEvents))
+	own.Start(s.own().OnChannel("queue "+codec.EventQueue(node), s.declareEvents))
 	if err := s.bindOwn(&ch, s.q.req, codec.RequestBindingKey(node)); err != nil {
 		var inUse *NodeNameInUseError
 		if errors.As(err, &inUse) {
@@ -129,7 +82,7 @@ func (s *session) setup() error {
 		}
 		return fmt.Errorf("declare binding %s: %w", codec.RequestQueue(node), err)
 	}
-	own.start(s.onChannel("queue "+codec.ReplyQueue(node), func(ch **amqp.Channel) (err error) {
+	own.Start(s.own().OnChannel("queue "+codec.ReplyQueue(node), func(ch **amqp.Channel) (err error) {
 		if s.q.rep, err = s.declareOwn(ch, codec.ReplyQueue(node)); err != nil {
 			return err
 		}
@@ -138,7 +91,7 @@ func (s *session) setup() error {
 		}
 		return nil
 	}))
-	own.start(s.onChannel("queue "+codec.SystemQueue(node), func(ch **amqp.Channel) (err error) {
+	own.Start(s.own().OnChannel("queue "+codec.SystemQueue(node), func(ch **amqp.Channel) (err error) {
 		if s.q.sys, err = s.declareOwn(ch, codec.SystemQueue(node)); err != nil {
 			return err
 		}
@@ -150,7 +103,7 @@ func (s *session) setup() error {
 		}
 		return nil
 	}))
-	own.start(s.onChannel("exchange "+codec.NodeExchange(node)+" (older meshes)", s.dropNodeExchange))
+	own.Start(s.own().OnChannel("exchange "+codec.NodeExchange(node)+" (older meshes)", s.dropNodeExchange))
 	// Requests are at most once: consumed without acks (an ack per request
 	// costs the broker a round of work on the critical path); openCalls
 	// bounds how many are open at the local hosts.
@@ -162,13 +115,13 @@ func (s *session) setup() error {
 		}
 		return fmt.Errorf("consume %s: %w", codec.RequestQueue(node), err)
 	}
-	if err := own.wait(); err != nil {
+	if err := own.Wait(); err != nil {
 		return err
 	}
 	if err := s.consumeOwn(reqs); err != nil {
 		return err
 	}
-	if err := pub.wait(); err != nil {
+	if err := pub.Wait(); err != nil {
 		return err
 	}
 	s.con.connClose = s.con.conn.NotifyClose(make(chan *amqp.Error, 1))
@@ -181,82 +134,9 @@ func (s *session) setup() error {
 }
 
 // findShared finds the mesh's shared exchanges and dead letter queue on
-// *ch, declaring what is missing. They are the admin's (see
-// permissions.go): a node on a broker user of its own may not declare
-// them, only find them. A mesh run on one credential (a test broker,
-// guest) has no admin: the first node declares them. The dead letter
-// queue is not needed to carry traffic: a node whose broker cannot reach
-// it (an older mesh's classic queue, its broker node down: 404) goes on
-// without it; dead letters wait for it in mesh.dlx's binding or are
-// dropped by the broker meanwhile. A session that found them all says so
-// for the broker URL (learnt.Shared), and the next ones on it do not ask
-// again (three round trips), until one ends on a 404.
+// *ch, declaring what is missing (link.Own.FindShared).
 func (s *session) findShared(ch **amqp.Channel) error {
-	if u := s.b.learnt.Shared.Load(); u != nil && *u == s.url {
-		return nil
-	}
-	shared := []struct {
-		what     string
-		passive  func(*amqp.Channel) error
-		declare  func(*amqp.Channel) error
-		optional bool
-	}{
-		{"exchange " + codec.ExchangeMesh,
-			func(c *amqp.Channel) error {
-				return c.ExchangeDeclarePassive(codec.ExchangeMesh, "topic", true, false, false, false, nil)
-			},
-			func(c *amqp.Channel) error {
-				return c.ExchangeDeclare(codec.ExchangeMesh, "topic", true, false, false, false, nil)
-			}, false},
-		{"exchange " + codec.ExchangeDLX,
-			func(c *amqp.Channel) error {
-				return c.ExchangeDeclarePassive(codec.ExchangeDLX, "topic", true, false, false, false, nil)
-			},
-			func(c *amqp.Channel) error {
-				return c.ExchangeDeclare(codec.ExchangeDLX, "topic", true, false, false, false, nil)
-			}, false},
-		{"queue " + codec.QueueDead,
-			func(c *amqp.Channel) error {
-				_, err := c.QueueDeclarePassive(codec.QueueDead, true, false, false, false, nil)
-				return err
-			},
-			func(c *amqp.Channel) error {
-				if _, err := c.QueueDeclare(codec.QueueDead, true, false, false, false, quorumArgs(amqp.Table{}, s.sizedQuorum())); err != nil {
-					return err
-				}
-				return c.QueueBind(codec.QueueDead, "#", codec.ExchangeDLX, false, nil)
-			}, true},
-	}
-	allFound := true
-	for _, st := range shared {
-		err := st.passive(*ch)
-		var ae *amqp.Error
-		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-			// A failed passive declare closes the channel.
-			if err := s.reopen(ch); err != nil {
-				return err
-			}
-			err = st.declare(*ch)
-		}
-		if err != nil && st.optional {
-			allFound = false // asked again by the next session
-			s.b.log.Warn("cannot declare "+st.what+"; going on without it", "err", err)
-			if (*ch).IsClosed() {
-				if err := s.reopen(ch); err != nil {
-					return err
-				}
-			}
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("declare %s: %w", st.what, err)
-		}
-	}
-	if allFound {
-		u := s.url
-		s.b.learnt.Shared.Store(&u)
-	}
-	return nil
+	return s.own().FindShared(ch, s.url, s.sizedQuorum())
 }
 
 // consumeOwn opens the consumers of the node's event, reply and system
@@ -265,8 +145,8 @@ func (s *session) findShared(ch **amqp.Channel) error {
 func (s *session) consumeOwn(reqs <-chan amqp.Delivery) error {
 	node := s.b.cfg.Node
 	var events <-chan amqp.Delivery
-	var side asides
-	side.start(func() (err error) {
+	var side brokerlink.Asides
+	side.Start(func() (err error) {
 		if events, err = s.con.ch.Consume(codec.EventQueue(node), "events", false, false, false, false, nil); err != nil {
 			return fmt.Errorf("consume %s: %w", codec.EventQueue(node), err)
 		}
@@ -282,7 +162,7 @@ func (s *session) consumeOwn(reqs <-chan amqp.Delivery) error {
 			err = fmt.Errorf("consume %s: %w", codec.SystemQueue(node), err)
 		}
 	}
-	if serr := side.wait(); serr != nil {
+	if serr := side.Wait(); serr != nil {
 		return serr
 	}
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/meshbox/meshbox/bridge/codec"
+	"github.com/meshbox/meshbox/internal/wire"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -343,6 +344,134 @@ func (o *Own) DropNodeExchange(ch **amqp.Channel, bound string) error {
 	}
 	if (*ch).IsClosed() {
 		return o.Reopen(ch)
+	}
+	return nil
+}
+
+// Asides are setup steps running beside the main line, each on a
+// goroutine of its own that ends with its broker calls (the caller bounds
+// them). The zero value is ready; one goroutine uses it.
+type Asides struct {
+	errs chan error
+	n    int // started and not yet waited for
+}
+
+// Start runs step beside the caller.
+func (a *Asides) Start(step func() error) {
+	if a.errs == nil {
+		a.errs = make(chan error, 8)
+	}
+	a.n++
+	go func() { a.errs <- step() }()
+}
+
+// Wait waits for every step started and returns the first error, a
+// *NodeNameInUseError before any other. Waiting again returns nil.
+func (a *Asides) Wait() error {
+	var first error
+	for ; a.n > 0; a.n-- {
+		err := <-a.errs
+		var inUse *NodeNameInUseError
+		if err != nil && (first == nil || errors.As(err, &inUse)) {
+			first = err
+		}
+	}
+	return first
+}
+
+// OnChannel returns step run on a channel of its own, closed after it;
+// failures are named after what.
+func (o *Own) OnChannel(what string, step func(ch **amqp.Channel) error) func() error {
+	return func() error {
+		ch, err := o.Conn.Channel()
+		if err != nil {
+			return fmt.Errorf("open channel: %w", err)
+		}
+		defer func() { _ = ch.Close() }() // the channel step left open, maybe a new one
+		err = step(&ch)
+		var inUse *NodeNameInUseError
+		if err != nil && !errors.As(err, &inUse) {
+			err = fmt.Errorf("declare %s: %w", what, err)
+		}
+		return err
+	}
+}
+
+// FindShared finds the mesh's shared exchanges and dead letter queue on
+// *ch, declaring what is missing. They are the admin's (see
+// the bridge's permissions.go): a node on a broker user of its own may not declare
+// them, only find them. A mesh run on one credential (a test broker,
+// guest) has no admin: the first node declares them. The dead letter
+// queue is not needed to carry traffic: a node whose broker cannot reach
+// it (an older mesh's classic queue, its broker node down: 404) goes on
+// without it; dead letters wait for it in mesh.dlx's binding or are
+// dropped by the broker meanwhile. A session that found them all says so
+// for the broker URL (learnt.Shared), and the next ones on it do not ask
+// again (three round trips), until one ends on a 404.
+func (o *Own) FindShared(ch **amqp.Channel, url string, sized bool) error {
+	if u := o.Perms.Shared.Load(); u != nil && *u == url {
+		return nil
+	}
+	shared := []struct {
+		what     string
+		passive  func(*amqp.Channel) error
+		declare  func(*amqp.Channel) error
+		optional bool
+	}{
+		{"exchange " + codec.ExchangeMesh,
+			func(c *amqp.Channel) error {
+				return c.ExchangeDeclarePassive(codec.ExchangeMesh, "topic", true, false, false, false, nil)
+			},
+			func(c *amqp.Channel) error {
+				return c.ExchangeDeclare(codec.ExchangeMesh, "topic", true, false, false, false, nil)
+			}, false},
+		{"exchange " + codec.ExchangeDLX,
+			func(c *amqp.Channel) error {
+				return c.ExchangeDeclarePassive(codec.ExchangeDLX, "topic", true, false, false, false, nil)
+			},
+			func(c *amqp.Channel) error {
+				return c.ExchangeDeclare(codec.ExchangeDLX, "topic", true, false, false, false, nil)
+			}, false},
+		{"queue " + codec.QueueDead,
+			func(c *amqp.Channel) error {
+				_, err := c.QueueDeclarePassive(codec.QueueDead, true, false, false, false, nil)
+				return err
+			},
+			func(c *amqp.Channel) error {
+				if _, err := c.QueueDeclare(codec.QueueDead, true, false, false, false, amqp.Table(wire.QuorumArgs(map[string]any{}, sized))); err != nil {
+					return err
+				}
+				return c.QueueBind(codec.QueueDead, "#", codec.ExchangeDLX, false, nil)
+			}, true},
+	}
+	allFound := true
+	for _, st := range shared {
+		err := st.passive(*ch)
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			// A failed passive declare closes the channel.
+			if err := o.Reopen(ch); err != nil {
+				return err
+			}
+			err = st.declare(*ch)
+		}
+		if err != nil && st.optional {
+			allFound = false // asked again by the next session
+			o.Log.Warn("cannot declare "+st.what+"; going on without it", "err", err)
+			if (*ch).IsClosed() {
+				if err := o.Reopen(ch); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("declare %s: %w", st.what, err)
+		}
+	}
+	if allFound {
+		u := url
+		o.Perms.Shared.Store(&u)
 	}
 	return nil
 }
