@@ -106,16 +106,16 @@ func (b *Bridge) credentialRefused(e *CredentialRefusedError) {
 //  4. the topology is declared on the new connections (the exclusive
 //     queues and consumers are free now).
 //
-// It returns handoverDone with the new session, set up but not started,
+// It returns link.HandoverDone with the new session, set up but not started,
 // with the link in handing state (runLink ends it once the session runs);
-// handoverKept when old runs on; handoverBroken when old was stopped but
-// the new session failed; handoverNone for a URL that does not name the
+// HandoverKept when old runs on; HandoverBroken when old was stopped but
+// the new session failed; HandoverNone for a URL that does not name the
 // same broker and vhost as old's (a move to another broker is a plain
 // reconnect).
-func (b *Bridge) handover(old *session) (*session, int) {
+func (b *Bridge) handover(old *session) (*session, brokerlink.Handover) {
 	url := b.link.SameBrokerAs(old.url)
 	if url == "" || url == old.url {
-		return nil, handoverNone
+		return nil, brokerlink.HandoverNone
 	}
 	user := brokerlink.UserOf(url)
 	prevReason := b.link.CredentialStatus().Reason
@@ -136,7 +136,7 @@ func (b *Bridge) handover(old *session) (*session, int) {
 		if reason != prevReason { // once per cause, not once per retry
 			b.log.Warn("broker credential: switch failed; staying on the old one and trying again", "from", old.user, "to", user, "err", err)
 		}
-		return nil, handoverKept
+		return nil, brokerlink.HandoverKept
 	}
 	b.link.BeginHandover()
 	old.quiesce(ctx)
@@ -149,18 +149,10 @@ func (b *Bridge) handover(old *session) (*session, int) {
 		b.link.EndHandover()
 		b.log.Warn("broker credential: new session failed after the old one closed; reconnecting", "user", user, "err", err)
 		b.setState(StateOffline, err.Error())
-		return nil, handoverBroken
+		return nil, brokerlink.HandoverBroken
 	}
-	return next, handoverDone
+	return next, brokerlink.HandoverDone
 }
-
-// Outcomes of handover.
-const (
-	handoverNone   = iota // not a change of credential: reconnect
-	handoverKept          // the new credential failed; the old session runs on
-	handoverDone          // the new session is ready
-	handoverBroken        // the old session is stopped, the new one failed
-)
 
 // quiesce stops taking requests from other nodes and replies to this
 // node's requests (both consumers are auto-ack: what the broker sent them

@@ -76,15 +76,8 @@ const (
 // unreachable. The link loop alone calls it; it returns AwaitQuit once
 // quit is closed.
 func (l *Link) AwaitBroker(quit <-chan struct{}, down map[string]bool, dialed func(error), offline func(reason string)) Awaited {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := withQuit(context.Background(), quit)
 	defer cancel()
-	go func() { // exits on cancel or on quit
-		select {
-		case <-quit:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	for {
 		t := time.NewTimer(l.probe.Delay(1))
 		select {
