@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 
 	"github.com/meshbox/meshbox/bridge/codec"
-	"github.com/meshbox/meshbox/internal/wire"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -438,7 +437,7 @@ func (o *Own) FindShared(ch **amqp.Channel, url string, sized bool) error {
 				return err
 			},
 			func(c *amqp.Channel) error {
-				if _, err := c.QueueDeclare(codec.QueueDead, true, false, false, false, amqp.Table(wire.QuorumArgs(map[string]any{}, sized))); err != nil {
+				if _, err := c.QueueDeclare(codec.QueueDead, true, false, false, false, QuorumArgs(amqp.Table{}, sized)); err != nil {
 					return err
 				}
 				return c.QueueBind(codec.QueueDead, "#", codec.ExchangeDLX, false, nil)
