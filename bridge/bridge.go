@@ -368,7 +368,7 @@ func (b *Bridge) Fatal() <-chan error { return b.link.Fatal() }
 // the broker in use keeps the link on it. An invalid URL is refused with a
 // *ConfigError.
 func (b *Bridge) SetURL(url string) error {
-	if err := checkBrokerURL(url, b.cfg.Node); err != nil {
+	if err := brokerlink.CheckURL(url, b.cfg.Node); err != nil {
 		return &ConfigError{Field: "URL", Msg: err.Error()}
 	}
 	if b.link.SetURL(url) { // wakes the link loop

@@ -3,7 +3,6 @@ package bridge
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	brokerlink "github.com/meshbox/meshbox/bridge/link"
@@ -269,36 +268,9 @@ func (b *Bridge) liveSession(wait time.Duration) *session {
 	return b.link.sess.Load()
 }
 
-// peerCredentials are the credential generations of other nodes, from the
-// validated user_id of their system messages (discovery, heartbeats): the
-// generation each node last spoke with. mu guards gen.
-type peerCredentials struct {
-	mu  sync.Mutex
-	gen map[string]int
-}
-
-func (p *peerCredentials) seen(node, user string) {
-	n, gen, ok := ParseBrokerUser(user)
-	if !ok || n != node {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.gen == nil {
-		p.gen = map[string]int{}
-	}
-	p.gen[node] = gen
-}
-
 // PeerGenerations returns, for each other node heard from on a mesh of
 // per-node broker users, the generation of the credential its last system
 // message came with (validated by the broker: user_id).
 func (b *Bridge) PeerGenerations() map[string]int {
-	b.peers.creds.mu.Lock()
-	defer b.peers.creds.mu.Unlock()
-	out := make(map[string]int, len(b.peers.creds.gen))
-	for n, g := range b.peers.creds.gen {
-		out[n] = g
-	}
-	return out
+	return b.peers.creds.All()
 }

@@ -117,7 +117,7 @@ func (s *session) takeSystem(d *amqp.Delivery, held bool) {
 		return
 	}
 	if env.Verified {
-		b.peers.creds.seen(env.Origin, d.UserId)
+		b.peers.creds.Seen(env.Origin, d.UserId)
 	}
 	b.m.msg(codec.TypeSystem, "in")
 	if b.cfg.OnSystem == nil {

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
+
 	"github.com/meshbox/meshbox/bridge/completed"
 
 	"github.com/meshbox/meshbox/bridge/codec"
@@ -92,8 +94,8 @@ type waitingProbe struct {
 // and the probes of them that wait for the broker's answer.
 type peerBook struct {
 	// creds are the broker users other nodes' system messages came with
-	// (credential.go).
-	creds peerCredentials
+	// (bridge/link's credential.go).
+	creds brokerlink.PeerCredentials
 	// senders are the credential generations accepted per node
 	// (senders.go).
 	senders senders

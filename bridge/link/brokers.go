@@ -1,11 +1,15 @@
 package link
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"time"
 
 	"github.com/meshbox/meshbox/internal/brokerurl"
+	"github.com/meshbox/meshbox/internal/redact"
+	"github.com/meshbox/meshbox/internal/wire"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // This file is the link's list of brokers (Config.URL may name several,
@@ -111,4 +115,34 @@ func (l *Link) CurrentURL() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.url
+}
+
+// CheckURL accepts "" (no broker) and one or several amqp:// or
+// amqps:// URLs separated by commas, all with the same user, which, when
+// it is a node's broker user, is node's own: every message carries it as
+// its origin.
+func CheckURL(raw, node string) error {
+	urls := brokerurl.Split(raw)
+	if len(urls) == 0 {
+		return nil
+	}
+	var user string
+	for i, u := range urls {
+		if u == "" {
+			return fmt.Errorf("%s: broker URL %d of %d is empty", redact.URL(raw), i+1, len(urls))
+		}
+		uri, err := amqp.ParseURI(u)
+		if err != nil {
+			return fmt.Errorf("%s: %v", redact.URL(u), err)
+		}
+		if owner, _, ok := wire.ParseBrokerUser(uri.Username); ok && owner != node {
+			return fmt.Errorf("%s: broker user %s is node %s's, not node %s's", redact.URL(u), uri.Username, owner, node)
+		}
+		if i > 0 && uri.Username != user {
+			return fmt.Errorf("%s: user %q differs from the first broker URL's %q: every broker of a list is reached with the same credential",
+				redact.URL(u), uri.Username, user)
+		}
+		user = uri.Username
+	}
+	return nil
 }

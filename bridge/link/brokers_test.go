@@ -1,6 +1,7 @@
 package link
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/meshbox/meshbox/internal/backoff"
@@ -52,5 +53,48 @@ func TestLinkFailoverOrder(t *testing.T) {
 	}
 	if l.Holds("amqp://u:p@c:5672/v") {
 		t.Error("holds a URL of the old list")
+	}
+}
+
+func TestCheckBrokerURLList(t *testing.T) {
+	for _, tc := range []struct {
+		raw string
+		ok  bool
+	}{
+		{"", true},
+		{"amqp://u:p@a/v", true},
+		{"amqp://u:p@a/v, amqps://u:p@b/v", true},
+		{"amqp://u:p@a/v,", false},
+		{"amqp://u:p@a/v,,amqp://u:p@b/v", false},
+		{"amqp://u:p@a/v,http://b", false},
+		{"amqp://u:p@a/v,amqp://w:p@b/v", false},                        // two users
+		{"amqp://node.alpha.g1:p@a/v,amqp://node.alpha.g1:p@b/v", true}, // the node's own user
+		{"amqp://node.beta.g1:p@a/v,amqp://node.beta.g1:p@b/v", false},  // another node's
+	} {
+		err := CheckURL(tc.raw, "alpha")
+		if (err == nil) != tc.ok {
+			t.Errorf("CheckURL(%q): got %v, want ok=%v", tc.raw, err, tc.ok)
+		}
+	}
+}
+
+// A node cannot be started, or moved, on another node's broker user.
+func TestBrokerURLOfAnotherNode(t *testing.T) {
+	for _, tt := range []struct {
+		url string
+		ok  bool
+	}{
+		{"amqp://node.alpha.g2:pw@127.0.0.1:5672/mesh", true},
+		{"amqp://guest:guest@127.0.0.1:5672/", true},
+		{"amqp://127.0.0.1:5672/", true},
+		{"amqp://node.beta.g1:pw@127.0.0.1:5672/mesh", false},
+	} {
+		err := CheckURL(tt.url, "alpha")
+		if (err == nil) != tt.ok {
+			t.Errorf("node alpha on %s: got %v, want ok %v", tt.url, err, tt.ok)
+		}
+		if err != nil && (!strings.Contains(err.Error(), "node beta's") || strings.Contains(err.Error(), ":pw@")) {
+			t.Errorf("error %q: want it to name beta and hide the password", err)
+		}
 	}
 }

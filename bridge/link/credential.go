@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/meshbox/meshbox/internal/wire"
@@ -166,4 +167,38 @@ func UserOf(raw string) string {
 		return ""
 	}
 	return u.User.Username()
+}
+
+// PeerCredentials are the credential generations of other nodes, from the
+// validated user_id of their system messages (discovery, heartbeats): the
+// generation each node last spoke with. mu guards gen; the zero value is
+// ready.
+type PeerCredentials struct {
+	mu  sync.Mutex
+	gen map[string]int
+}
+
+// Seen records that node spoke with broker user user.
+func (p *PeerCredentials) Seen(node, user string) {
+	n, gen, ok := wire.ParseBrokerUser(user)
+	if !ok || n != node {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gen == nil {
+		p.gen = map[string]int{}
+	}
+	p.gen[node] = gen
+}
+
+// All returns the generation each node last spoke with.
+func (p *PeerCredentials) All() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]int, len(p.gen))
+	for n, g := range p.gen {
+		out[n] = g
+	}
+	return out
 }
