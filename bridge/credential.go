@@ -25,15 +25,6 @@ const (
 	CredentialUnused    = wire.CredentialUnused
 )
 
-// handoverDrain bounds how long a handover waits for the old session's
-// requests open at local hosts to be answered before it closes the old
-// connections.
-const handoverDrain = 5 * time.Second
-
-// quiesceEmptyPolls bounds how often quiesce looks, 5 ms apart, whether an
-// unbound queue has delivered what reached it.
-const quiesceEmptyPolls = 40
-
 // CredentialStatus describes the broker credential of the link.
 type CredentialStatus = brokerlink.CredentialStatus
 
@@ -97,7 +88,7 @@ func (b *Bridge) credentialRefused(e *CredentialRefusedError) {
 //     comes back to its sender, who sends it again, and the consumers are
 //     cancelled once they have what reached the queues), the requests it
 //     took are answered and the answers published (at most
-//     handoverDrain), and local programs' new calls wait for the new
+//     link.HandoverDrain), and local programs' new calls wait for the new
 //     session (handing);
 //  3. old is stopped; this node's requests waiting for a reply stay open
 //     (their replies come back to the replying node until the new session
@@ -154,91 +145,22 @@ func (b *Bridge) handover(old *session) (*session, brokerlink.Handover) {
 }
 
 // quiesce stops taking requests from other nodes and replies to this
-// node's requests (both consumers are auto-ack: what the broker sent them
-// is gone from the queue, so the readers drain it), and waits (until ctx
-// ends) until every request taken is answered and the answers published.
-// What is sent after comes back to its sender, who sends it again to the
-// next session (noroute.go).
+// node's requests, and waits (until ctx ends) until every request taken is
+// answered and the answers published (link.Quiesce).
 func (s *session) quiesce(ctx context.Context) {
-	// The queues are exclusive to this session's connection and go with
-	// it. So they are unbound first: what is sent from now on comes back
-	// unroutable and its sender tries again until the next session has
-	// bound its own (noroute.go); what reached them before is delivered to
-	// the readers before the consumers are cancelled.
 	node := s.b.cfg.Node
-	for _, q := range []struct{ queue, key string }{
-		{s.q.req, codec.RequestBindingKey(node)}, {s.q.rep, codec.ReplyKey(node)},
-	} {
-		if err := s.con.autoCh.QueueUnbind(q.queue, q.key, s.q.ex, nil); err != nil {
-			// The channel is gone: nothing more to answer on it; what is
-			// open is answered by the next session (answerOrphans).
-			s.b.log.Warn("credential handover: cannot unbind the old session's queue; ending it as it is", "queue", q.queue, "err", err)
-			return
-		}
-	}
-	for _, q := range []string{s.q.req, s.q.rep} {
-		left := 0
-		for range quiesceEmptyPolls {
-			st, err := s.con.autoCh.QueueDeclarePassive(q, false, false, true, false, nil)
-			if err != nil {
-				s.b.log.Warn("credential handover: cannot look into the old session's queue; ending it as it is", "queue", q, "err", err)
-				return
-			}
-			if left = st.Messages; left == 0 {
-				break
-			}
-			select {
-			case <-time.After(5 * time.Millisecond):
-			case <-ctx.Done():
-				return
-			}
-		}
-		if left > 0 {
-			// Gone with the queue: their callers get their deadlines' 504.
-			s.b.log.Warn("credential handover: the old session's queue still held messages after about 200ms; they go with it", "queue", q, "messages", left)
-		}
-	}
-	for _, c := range []struct {
-		tag  string
-		done chan struct{}
-	}{{"requests", s.requestsDone}, {"replies", s.repliesDone}} {
-		if err := s.con.autoCh.Cancel(c.tag, false); err != nil {
-			return // the channel is gone: nothing more to answer on it
-		}
-		select {
-		case <-c.done:
-		case <-ctx.Done():
-			return
-		}
-	}
-	dctx, cancel := context.WithTimeout(ctx, handoverDrain)
-	defer cancel()
-	t := time.NewTicker(5 * time.Millisecond)
-	defer t.Stop()
-	for {
-		s.local.mu.Lock()
-		open := len(s.local.host) + s.local.answering
-		s.local.mu.Unlock()
-		if open == 0 && s.pub.FastIdle() {
-			// A barrier: the broker answers a method on the channel after it
-			// has sent back every message published before it that it could
-			// not route, so those are in fastReturns (and sent again,
-			// noroute.go) before the session stops.
-			_ = s.pub.FastCh.ExchangeDeclarePassive(codec.ExchangeMesh, "topic", true, false, false, false, nil)
-			for range quiesceEmptyPolls {
-				if len(s.pub.FastReturns) == 0 {
-					break
-				}
-				time.Sleep(time.Millisecond)
-			}
-			return
-		}
-		select {
-		case <-dctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	brokerlink.Quiesce(ctx, brokerlink.Quiet{
+		Ch: s.con.autoCh, Exchange: s.q.ex, Pub: s.pub, Log: s.b.log,
+		Queues: []brokerlink.QuietQueue{
+			{Queue: s.q.req, Key: codec.RequestBindingKey(node), Tag: "requests", Done: s.requestsDone},
+			{Queue: s.q.rep, Key: codec.ReplyKey(node), Tag: "replies", Done: s.repliesDone},
+		},
+		Open: func() int {
+			s.local.mu.Lock()
+			defer s.local.mu.Unlock()
+			return len(s.local.host) + s.local.answering
+		},
+	})
 }
 
 // moveTo hands the requests sent on session from to session to: their
