@@ -182,7 +182,7 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 		b.route.hosted[s] = true
 	}
 	b.m = newMetrics(b)
-	b.m.setState(StateNone)
+	b.m.SetState(StateNone)
 	return b, nil
 }
 

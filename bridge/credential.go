@@ -50,7 +50,7 @@ func (b *Bridge) credentialInUse(user string) {
 	prev, prevState := b.link.Credential()
 	b.learnt.Accepted.Store(user, true)
 	b.link.SetCredential(user, CredentialInUse, "")
-	b.m.setRevoked(false)
+	b.m.SetRevoked(false)
 	if prevState == CredentialRevoked || prevState == CredentialRefused {
 		b.log.Info("broker credential accepted again", "user", user)
 	}
@@ -72,7 +72,7 @@ func (b *Bridge) credentialRefused(e *CredentialRefusedError) {
 		msg += "local work goes on, the node retries and takes a new credential from its bindings"
 	}
 	if b.link.SetCredential(e.User, state, e.Detail) {
-		b.m.setRevoked(true)
+		b.m.SetRevoked(true)
 		b.log.Error(msg, "user", e.User, "reason", e.Detail)
 	}
 }

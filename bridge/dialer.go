@@ -39,7 +39,7 @@ func (b *Bridge) dialOptions(url, role string) DialOptions {
 // call waiting on a broker that stalls fails with it. The publishers batch
 // their messages through cork, the acker its acks.
 func (b *Bridge) dial(ctx context.Context, url, role string) (conn *amqp.Connection, cork *brokerlink.CorkConn, abort func(), err error) {
-	return brokerlink.DialCorked(ctx, b.dialOptions(url, role), b.m.dialed)
+	return brokerlink.DialCorked(ctx, b.dialOptions(url, role), b.m.Dialed)
 }
 
 // ExtraConnection is a connection of the node beside the link's two,

@@ -62,7 +62,7 @@ func (b *Bridge) setState(state, reason string) {
 	if !changed {
 		return
 	}
-	b.m.setState(state)
+	b.m.SetState(state)
 	switch {
 	case state == StateConnected, state == StateConnecting, state == StateNone, reason == reasonShutdown:
 		b.log.Info("broker link "+state, "url", url, "reason", reason)
@@ -104,10 +104,10 @@ func (b *Bridge) runLink(first *session) {
 		Failed:            func() { b.m.err(errKindLink) },
 		Reconnected: func() {
 			if b.m != nil {
-				b.m.reconnects.Inc()
+				b.m.Reconnected()
 			}
 		},
-		Dialed: b.m.dialed,
+		Dialed: b.m.Dialed,
 		Log:    b.log, Node: b.cfg.Node, Heartbeat: b.cfg.Heartbeat,
 		ConnectLimit: connectLimit, CloseLimit: closeLimit,
 	}

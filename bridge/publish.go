@@ -123,7 +123,7 @@ func (s *session) publishWait(ctx context.Context, out *codec.Outgoing) error {
 func (s *session) watchBlocked() {
 	s.pub.WatchBlocked(func(active bool, reason string) {
 		if active {
-			s.b.m.blocks.Inc()
+			s.b.m.Blocked()
 			s.b.setState(StateBlocked, "broker resource alarm: "+reason)
 			s.b.link.SetBlocked(reason)
 		} else {

@@ -174,7 +174,7 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 	}
 	user := brokerlink.LoginUser(b.cfg.CertFile, b.cfg.KeyFile, url, uri) // the URL's, or a client certificate's
 	_, _, perNode := ParseBrokerUser(user)
-	c, err := brokerlink.DialPair(ctx, b.dialOptions(url, rolePublish), b.dialOptions(url, roleConsume), b.m.dialed, closeLimit)
+	c, err := brokerlink.DialPair(ctx, b.dialOptions(url, rolePublish), b.dialOptions(url, roleConsume), b.m.Dialed, closeLimit)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to broker: %w", b.refused(err, user))
 	}
