@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
+
 	"github.com/meshbox/meshbox/bridge/codec"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -91,7 +93,7 @@ type sysMsg struct {
 // system messages are ephemeral). Exits when the delivery channel closes.
 func (s *session) readSystem(ds <-chan amqp.Delivery) {
 	b := s.b
-	probe := probeKey(b.cfg.Node)
+	probe := brokerlink.ProbeKey(b.cfg.Node)
 	for d := range ds {
 		if d.RoutingKey == probe {
 			b.m.msg(codec.TypeSystem, "in") // a peer's probe: routed here is all it asked

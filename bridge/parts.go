@@ -75,21 +75,6 @@ type commandBook struct {
 	orderKeys atomic.Bool
 }
 
-// probeBook holds the probes of other nodes (probe.go) that wait for the
-// broker's "no route": by addressee, oldest first. mu guards them.
-type probeBook struct {
-	mu        sync.Mutex
-	waiting   map[string][]*waitingProbe
-	lastSweep time.Time // when every addressee's expired probes were last dropped
-}
-
-// waitingProbe is one probe written at at, and what to call when the
-// broker returns it.
-type waitingProbe struct {
-	at         time.Time
-	unroutable func()
-}
-
 // peerBook is what the node knows of other nodes: their broker users,
 // and the probes of them that wait for the broker's answer.
 type peerBook struct {
@@ -100,8 +85,8 @@ type peerBook struct {
 	// (senders.go).
 	senders senders
 	// probes are the probes of other nodes waiting for a "no route"
-	// (probe.go).
-	probes probeBook
+	// (nodeprobe.go).
+	probes brokerlink.NodeProbes
 }
 
 // refusalLogs are the causes of refusals already logged, each said once.

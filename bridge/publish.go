@@ -78,11 +78,11 @@ func (s *session) fastPublisher() { s.pub.RunFast(s.ctx) }
 // fastReturned drains the request channel's returns: a request or a reply
 // the broker could not route (its node is not connected) is sent again
 // for a short while (noroute.go); a request that may not reach its node
-// fails then. A returned probe tells its prober (probe.go). Exits when the
+// fails then. A returned probe tells its prober (nodeprobe.go). Exits when the
 // channel closes.
 func (s *session) fastReturned() {
 	for r := range s.pub.FastReturns {
-		if node, ok := probedNode(r.RoutingKey); ok && r.Type == "" {
+		if node, ok := brokerlink.ProbedNode(r.RoutingKey); ok && r.Type == "" {
 			s.b.probeReturned(node)
 			continue
 		}
