@@ -101,23 +101,6 @@ func (s *session) own() *brokerlink.Own {
 	return &brokerlink.Own{Conn: s.con.conn, Node: s.b.cfg.Node, Perms: &s.b.learnt, Log: s.b.log}
 }
 
-func (s *session) declareOwn(ch **amqp.Channel, q string) (string, error) {
-	return s.own().Declare(ch, q)
-}
-
-func (s *session) claim(ch **amqp.Channel) error  { return s.own().Claim(ch) }
-func (s *session) reopen(ch **amqp.Channel) error { return s.own().Reopen(ch) }
-
 func (s *session) findOrDeclare(ch **amqp.Channel, q string, declare func() error) error {
 	return s.own().FindOrDeclare(ch, q, declare)
-}
-
-// bindOwn binds one of the node's own queues; the exchange it is bound to
-// is s.q.ex (quiesce unbinds from it).
-func (s *session) bindOwn(ch **amqp.Channel, q, key string) error {
-	return s.own().Bind(ch, &s.q.ex, q, key)
-}
-
-func (s *session) dropNodeExchange(ch **amqp.Channel) error {
-	return s.own().DropNodeExchange(ch, s.q.ex)
 }
