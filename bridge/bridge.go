@@ -93,33 +93,8 @@ type Status struct {
 // has an older mesh's permissions (topology.go).
 const WarnOlderPermissions = brokerlink.WarnOlderPermissions
 
-// BrokerStatus describes the broker link.
-type BrokerStatus struct {
-	State string    `json:"state"`
-	Since time.Time `json:"since"`
-	// URL is the broker URL the link is on, or tried last (password
-	// redacted); Broker is its host:port ("" while there is none).
-	URL    string `json:"url"`
-	Broker string `json:"broker,omitempty"`
-	// URLs are all the broker URLs configured, when there are several
-	// (passwords redacted).
-	URLs   []string `json:"urls,omitempty"`
-	Reason string   `json:"reason,omitempty"`
-	// Blocked is the broker's reason (connection.blocked) while it blocks
-	// this node's publishing connection under a resource alarm; empty
-	// otherwise. Consuming and acking go on meanwhile.
-	Blocked string `json:"blocked,omitempty"`
-	BatchStatus
-	History []StateChange `json:"history"`
-	// Failovers are the link's last moves from one broker to another of
-	// its list, oldest first (at most 20).
-	Failovers []Failover `json:"failovers"`
-	// Credential is the broker user the link connects as and its state.
-	Credential *CredentialStatus `json:"credential,omitempty"`
-	// Extra are the node's connections beside the link's two, on its
-	// broker and credential (DialExtra): the tables of rows'.
-	Extra []ExtraConnection `json:"extra_connections,omitempty"`
-}
+// BrokerStatus describes the broker link (link.Status).
+type BrokerStatus = brokerlink.Status
 
 // OutboxStatus describes the durable outbox.
 type OutboxStatus struct {
@@ -415,7 +390,7 @@ func (b *Bridge) MarkGone(node string, since time.Time) {
 // Status reports the link, the outbox and the stalls.
 func (b *Bridge) Status() Status {
 	var st Status
-	st.Broker = b.link.status()
+	st.Broker = b.link.Status()
 	st.Broker.CommandBatch = b.batchMax()
 	st.Outbox = b.outboxStatus()
 	st.Stalls = b.stallList()

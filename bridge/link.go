@@ -46,16 +46,6 @@ func (l *brokerLink) use(s *session) {
 	}
 }
 
-// status is the link's part of the node status, with the credential's
-// and the extra connections.
-func (l *brokerLink) status() BrokerStatus {
-	st := l.Status()
-	c := l.CredentialStatus()
-	return BrokerStatus{State: st.State, Since: st.Since, URL: st.URL, Broker: st.Broker, URLs: st.URLs,
-		Reason: st.Reason, Blocked: st.Blocked, History: st.History, Failovers: st.Failovers,
-		Credential: &c, Extra: l.Extras()}
-}
-
 // setState records a link state change and logs it once.
 func (b *Bridge) setState(state, reason string) {
 	changed, url := b.link.Set(state, reason)

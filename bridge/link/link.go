@@ -60,19 +60,42 @@ type Failover struct {
 	Reason string    `json:"reason,omitempty"` // why the link left From
 }
 
-// Status is the link's state as the node status shows it.
+// Status describes the broker link (the node status's broker part).
 type Status struct {
-	State  string
-	Since  time.Time
-	URL    string   // the broker URL in use or tried last, redacted
-	Broker string   // its host:port ("" while there is none)
-	URLs   []string // every URL of the setting, redacted, when there are several
-	Reason string
-	// Blocked is the broker's reason while it blocks the publishing
-	// connection.
-	Blocked   string
-	History   []StateChange
-	Failovers []Failover // never nil
+	State string    `json:"state"`
+	Since time.Time `json:"since"`
+	// URL is the broker URL the link is on, or tried last (password
+	// redacted); Broker is its host:port ("" while there is none).
+	URL    string `json:"url"`
+	Broker string `json:"broker,omitempty"`
+	// URLs are all the broker URLs configured, when there are several
+	// (passwords redacted).
+	URLs   []string `json:"urls,omitempty"`
+	Reason string   `json:"reason,omitempty"`
+	// Blocked is the broker's reason (connection.blocked) while it blocks
+	// this node's publishing connection under a resource alarm; empty
+	// otherwise. Consuming and acking go on meanwhile.
+	Blocked string `json:"blocked,omitempty"`
+	BatchStatus
+	History []StateChange `json:"history"`
+	// Failovers are the link's last moves from one broker to another of
+	// its list, oldest first (at most 20).
+	Failovers []Failover `json:"failovers"`
+	// Credential is the broker user the link connects as and its state.
+	Credential *CredentialStatus `json:"credential,omitempty"`
+	// Extra are the node's connections beside the link's two, on its
+	// broker and credential: the tables of rows'.
+	Extra []ExtraConnection `json:"extra_connections,omitempty"`
+}
+
+// BatchStatus is the part of the broker status that reports the setting
+// CommandBatch as it applies now (the bridge fills it in).
+type BatchStatus struct {
+	// CommandBatch is the most commands one broker message of this node
+	// carries now: Config.CommandBatch while every peer reads batches, 1
+	// while one does not (an older meshbox is up) or before discovery
+	// said so.
+	CommandBatch int `json:"command_batch"`
 }
 
 // New returns the link of url (one broker URL or several) in state
@@ -164,8 +187,17 @@ func (l *Link) Current() (string, time.Time) {
 	return l.state, l.since
 }
 
-// Status returns the link's state, brokers, history and failovers.
+// Status returns the link's state, brokers, history and failovers, its
+// credential and the extra connections.
 func (l *Link) Status() Status {
+	st := l.status()
+	c := l.CredentialStatus()
+	st.Credential = &c
+	st.Extra = l.Extras()
+	return st
+}
+
+func (l *Link) status() Status {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	st := Status{State: l.state, Since: l.since, URL: redact.URL(l.inUseLocked()), Reason: l.reason,
