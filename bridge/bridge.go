@@ -157,6 +157,10 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 		b.route.hosted[s] = true
 	}
 	b.m = newMetrics(b)
+	b.link.SetEvents(brokerlink.Events{Log: b.log, Metrics: b.m.Metrics, Perms: &b.learnt,
+		Connected: b.cfg.OnConnected, OnCredential: b.cfg.OnCredential, URLOverride: b.cfg.URLOverride,
+		NotConnected: b.releaseParked, // the outbox holds them: answered as when the link is down
+	})
 	b.m.SetState(StateNone)
 	return b, nil
 }

@@ -44,39 +44,6 @@ func (b *Bridge) refused(err error, user string) error {
 	})
 }
 
-// credentialInUse records that a session with user runs, and tells
-// Config.OnCredential when the user is another than the last one in use.
-func (b *Bridge) credentialInUse(user string) {
-	prev, prevState := b.link.Credential()
-	b.learnt.Accepted.Store(user, true)
-	b.link.SetCredential(user, CredentialInUse, "")
-	b.m.SetRevoked(false)
-	if prevState == CredentialRevoked || prevState == CredentialRefused {
-		b.log.Info("broker credential accepted again", "user", user)
-	}
-	if (prev != user || prevState != CredentialInUse) && b.cfg.OnCredential != nil {
-		b.cfg.OnCredential(user)
-	}
-}
-
-// credentialRefused records that the broker refused user at login; the
-// first refusal of a user is logged (not every retry).
-func (b *Bridge) credentialRefused(e *CredentialRefusedError) {
-	state, msg := CredentialRefused, "broker credential refused: the broker refuses this node's user at login (a wrong password, or no such user on this broker); "
-	if e.Revoked {
-		state, msg = CredentialRevoked, "broker credential revoked: the broker refuses this node's user, which it accepted before; "
-	}
-	if o := b.cfg.URLOverride; o != "" {
-		msg += "the broker URL comes from " + o + ", which overrides the bindings: fix the credential there; local work goes on and the node retries"
-	} else {
-		msg += "local work goes on, the node retries and takes a new credential from its bindings"
-	}
-	if b.link.SetCredential(e.User, state, e.Detail) {
-		b.m.SetRevoked(true)
-		b.log.Error(msg, "user", e.User, "reason", e.Detail)
-	}
-}
-
 // handover moves the link from old to a session with the credential of
 // the current URL, make before break:
 //

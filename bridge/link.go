@@ -46,26 +46,9 @@ func (l *brokerLink) use(s *session) {
 	}
 }
 
-// setState records a link state change and logs it once.
-func (b *Bridge) setState(state, reason string) {
-	changed, url := b.link.Set(state, reason)
-	if !changed {
-		return
-	}
-	b.m.SetState(state)
-	switch {
-	case state == StateConnected, state == StateConnecting, state == StateNone, reason == reasonShutdown:
-		b.log.Info("broker link "+state, "url", url, "reason", reason)
-	default:
-		b.log.Warn("broker link "+state, "url", url, "reason", reason)
-	}
-	if state == StateConnected && b.cfg.OnConnected != nil {
-		b.cfg.OnConnected()
-	}
-	if state != StateConnected {
-		b.releaseParked() // the outbox holds them: answered as when the link is down
-	}
-}
+// setState records a link state change and logs it once
+// (link.Link.SetState).
+func (b *Bridge) setState(state, reason string) { b.link.SetState(state, reason) }
 
 func (b *Bridge) linkState() (string, time.Time) { return b.link.Current() }
 
@@ -88,8 +71,8 @@ func (b *Bridge) runLink(first *session) {
 		Drop:              func(s *session) { b.link.sess.CompareAndSwap(s, nil) },
 		Running:           b.answerOrphans,
 		SetState:          b.setState,
-		CredentialInUse:   b.credentialInUse,
-		CredentialRefused: b.credentialRefused,
+		CredentialInUse:   b.link.CredentialInUse,
+		CredentialRefused: b.link.CredentialRefused,
 		HandedOver:        b.cfg.OnConnected,
 		Failed:            func() { b.m.err(errKindLink) },
 		Reconnected: func() {

@@ -41,6 +41,7 @@ type Link struct {
 	handing    chan struct{}  // non-nil during a handover; closed at its end
 	gen        generation     // the sessions so far (generation.go)
 	extras     extraConns     // the connections beside the link's two (generation.go)
+	ev         Events         // whom it tells of its changes (events.go)
 }
 
 // StateChange is one entry of the link's history.
