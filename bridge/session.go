@@ -271,56 +271,12 @@ func (s *session) spawn(f func()) {
 	}()
 }
 
-// run waits until the session must end and returns why. retry (nil:
-// never) asks it to look at the URL again, after a failed handover. A
-// new broker setting ends the session only when its URL is no longer one
-// of the setting's.
+// run waits until the session must end and returns why (link.Link.Watch).
+// retry (nil: never) asks it to look at the URL again, after a failed
+// handover.
 func (s *session) run(retry <-chan time.Time) string {
-	for {
-		select {
-		case <-s.b.quit:
-			return reasonShutdown
-		case <-s.b.link.URLChanged():
-			if !s.b.link.Holds(s.url) {
-				return reasonURLChanged
-			}
-		case <-retry:
-			if !s.b.link.Holds(s.url) {
-				return reasonURLChanged
-			}
-		case e := <-s.pub.ConnClose:
-			return s.closed("publishing connection closed", e)
-		case e := <-s.con.connClose:
-			return s.closed("consuming connection closed", e)
-		case e := <-s.pub.ChClose:
-			return s.closed("publish channel closed", e)
-		case e := <-s.pub.FastClose:
-			return s.closed("request channel closed", e)
-		case e := <-s.con.autoClose:
-			return s.closed("consume channel closed", e)
-		case e := <-s.con.chClose:
-			return s.closed("consume channel closed", e)
-		case err := <-s.failed:
-			return err.Error()
-		}
-	}
-}
-
-// closed is closeReason for one of the session's connections or
-// channels. A 404 may be a shared exchange or queue gone: the next
-// session checks them again (setup).
-func (s *session) closed(what string, e *amqp.Error) string {
-	if e != nil && e.Code == amqp.NotFound {
-		s.b.learnt.Shared.Store(nil)
-	}
-	return closeReason(what, e)
-}
-
-func closeReason(what string, e *amqp.Error) string {
-	if e == nil {
-		return what
-	}
-	return fmt.Sprintf("%s: %d %s", what, e.Code, e.Reason)
+	return s.b.link.Watch(brokerlink.Watched{Quit: s.b.quit, URL: s.url, Retry: retry, Pub: s.pub,
+		ConnClose: s.con.connClose, ChClose: s.con.chClose, AutoClose: s.con.autoClose, Failed: s.failed})
 }
 
 // fail ends the session with err (the first error wins).
