@@ -19,7 +19,7 @@ const (
 // acker settles the deliveries of the consume channel (link.Acker). It
 // never waits on the broker: credit changes, which do, run on the
 // consumer manager. Exits when the session ends or an ack fails.
-func (s *session) acker() { s.con.acker.Run(s.ctx, s.con.ch, s.fail) }
+func (s *session) acker() { s.con.acker.Run(s.ctx, s.con.Ch, s.fail) }
 
 // consumerManager owns the stage consumers of the consume channel (their
 // queues declared on a channel of its own, since a failed declaration
@@ -54,7 +54,7 @@ func (s *session) consumerManager() {
 			if !s.cancelStages() {
 				return
 			}
-		case tag := <-s.con.cancels:
+		case tag := <-s.con.Cancels:
 			f, ok := s.flows.byTag[tag]
 			if !ok {
 				if strings.HasPrefix(tag, "cmd:") {

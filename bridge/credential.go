@@ -117,10 +117,10 @@ func (b *Bridge) handover(old *session) (*session, brokerlink.Handover) {
 func (s *session) quiesce(ctx context.Context) {
 	node := s.b.cfg.Node
 	brokerlink.Quiesce(ctx, brokerlink.Quiet{
-		Ch: s.con.autoCh, Exchange: s.q.ex, Pub: s.pub, Log: s.b.log,
+		Ch: s.con.AutoCh, Exchange: s.con.Ex, Pub: s.pub, Log: s.b.log,
 		Queues: []brokerlink.QuietQueue{
-			{Queue: s.q.req, Key: codec.RequestBindingKey(node), Tag: "requests", Done: s.requestsDone},
-			{Queue: s.q.rep, Key: codec.ReplyKey(node), Tag: "replies", Done: s.repliesDone},
+			{Queue: s.con.Req, Key: codec.RequestBindingKey(node), Tag: "requests", Done: s.requestsDone},
+			{Queue: s.con.Rep, Key: codec.ReplyKey(node), Tag: "replies", Done: s.repliesDone},
 		},
 		Open: func() int {
 			s.local.mu.Lock()

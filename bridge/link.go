@@ -104,15 +104,7 @@ func (s *session) Drain(limit time.Duration) {
 }
 
 // withQuit returns a context that is cancelled by cancel or when the bridge
-// closes. A helper goroutine lives until one of the two.
+// closes (link.WithQuit).
 func (b *Bridge) withQuit(parent context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(parent)
-	go func() { // exits on cancel or on quit
-		select {
-		case <-b.quit:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	return ctx, cancel
+	return brokerlink.WithQuit(parent, b.quit)
 }

@@ -32,7 +32,6 @@ type session struct {
 	// every delivery must carry a node's user_id too (checkOrigin).
 	user    string
 	perNode bool
-	q       sessionQueues
 	// early: the publisher, the confirmer and the outbox's drainer started
 	// during the setup (setup.go).
 	early bool
@@ -71,33 +70,17 @@ type submitting struct {
 	routed sync.Map
 }
 
-// sessionQueues names what the session's consumers read and its own
-// queues are bound to (topology.go).
-type sessionQueues struct {
-	// ex is the exchange the node's own queues are bound to: mesh, or
-	// node.<n> for a broker user with an older mesh's permissions.
-	ex string
-	// req, rep and sys are this session's request, reply and system
-	// queues: server-named (amq.gen-*), or, for a broker user with an
-	// older mesh's permissions, node.<n>.requests, .replies and .system.
-	req, rep, sys string
-}
-
 // consuming is the session's consuming connection: the topology, the
-// acked consumers on ch (events, commands), the unacked ones on autoCh
+// acked consumers on Ch (events, commands), the unacked ones on AutoCh
 // (requests, replies, system messages), stage declarations and queue
 // inspections. It never publishes. The acker and the consumer manager
-// share ch (consume.go): one settles, the other opens and cancels stage
+// share Ch (consume.go): one settles, the other opens and cancels stage
 // consumers.
 type consuming struct {
-	conn      *amqp.Connection
-	ch        *amqp.Channel
-	autoCh    *amqp.Channel
-	cancels   chan string
-	connClose chan *amqp.Error
-	chClose   chan *amqp.Error
-	autoClose chan *amqp.Error
-	initial   map[string]<-chan amqp.Delivery // consumers opened by setup
+	conn *amqp.Connection
+	// Consuming are its channels, the node's own queues and the first
+	// consumers, as the setup left them (link.SessionSetup).
+	brokerlink.Consuming
 
 	acker *brokerlink.Acker // settles the deliveries of ch (consume.go)
 	// lagSpent (the event reader only): the bindings on which the event
@@ -120,7 +103,7 @@ type stageFlows struct {
 	byTag    map[string]*flow.StageFlow // consumer manager only: stage consumers by tag
 	tagSeq   int                        // consumer manager only: for unique consumer tags
 	qos      int                        // consumer manager only: the prefetch set for stage consumers (0: Prefetch, for events)
-	rtt      atomic.Int64               // the link's round trip: the quickest synchronous call on con.ch (ns; 0: none yet)
+	rtt      atomic.Int64               // the link's round trip: the quickest synchronous call on con.Ch (ns; 0: none yet)
 	wake     chan struct{}              // cap 1: a stage wants another credit
 	drain    chan struct{}              // cap 1: the node stops; cancel every stage consumer (drainCommands)
 	draining bool                       // consumer manager only: stage consumers cancelled for good
@@ -252,14 +235,14 @@ func (s *session) start() {
 	s.spawn(s.consumerManager)
 	s.spawn(func() {
 		defer close(s.requestsDone)
-		s.readRequests(s.con.initial["requests"])
+		s.readRequests(s.con.Initial["requests"])
 	})
 	s.spawn(func() {
 		defer close(s.repliesDone)
-		s.readReplies(s.con.initial["replies"])
+		s.readReplies(s.con.Initial["replies"])
 	})
-	s.spawn(func() { s.readEvents(s.con.initial["events"]) })
-	s.spawn(func() { s.readSystem(s.con.initial["system"]) })
+	s.spawn(func() { s.readEvents(s.con.Initial["events"]) })
+	s.spawn(func() { s.readSystem(s.con.Initial["system"]) })
 	s.spawn(s.stallChecker)
 }
 
@@ -276,7 +259,7 @@ func (s *session) spawn(f func()) {
 // handover.
 func (s *session) run(retry <-chan time.Time) string {
 	return s.b.link.Watch(brokerlink.Watched{Quit: s.b.quit, URL: s.url, Retry: retry, Pub: s.pub,
-		ConnClose: s.con.connClose, ChClose: s.con.chClose, AutoClose: s.con.autoClose, Failed: s.failed})
+		ConnClose: s.con.ConnClose, ChClose: s.con.ChClose, AutoClose: s.con.AutoClose, Failed: s.failed})
 }
 
 // fail ends the session with err (the first error wins).

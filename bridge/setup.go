@@ -23,9 +23,7 @@ func (s *session) setup() error {
 	if err != nil {
 		return err
 	}
-	s.q = sessionQueues{ex: c.Ex, req: c.Req, rep: c.Rep, sys: c.Sys}
-	s.con.ch, s.con.autoCh, s.con.initial, s.con.cancels = c.Ch, c.AutoCh, c.Initial, c.Cancels
-	s.con.connClose, s.con.chClose, s.con.autoClose = c.ConnClose, c.ChClose, c.AutoClose
+	s.con.Consuming = *c
 	return nil
 }
 

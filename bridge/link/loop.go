@@ -123,7 +123,7 @@ func (lp *Loop[S]) Run(first S) {
 			if st, _ := l.Current(); st == wire.StateNone {
 				lp.SetState(wire.StateConnecting, "")
 			}
-			ctx, cancel := withQuit(context.Background(), lp.Quit)
+			ctx, cancel := WithQuit(context.Background(), lp.Quit)
 			ctx, cancelLimit := context.WithTimeout(ctx, lp.ConnectLimit)
 			s, err := lp.Connect(ctx, url)
 			cancelLimit()
@@ -266,9 +266,9 @@ func (lp *Loop[S]) Run(first S) {
 	}
 }
 
-// withQuit returns a context that is cancelled by cancel or when quit is
+// WithQuit returns a context that is cancelled by cancel or when quit is
 // closed. A helper goroutine lives until one of the two.
-func withQuit(parent context.Context, quit <-chan struct{}) (context.Context, context.CancelFunc) {
+func WithQuit(parent context.Context, quit <-chan struct{}) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(parent)
 	go func() { // exits on cancel or on quit
 		select {

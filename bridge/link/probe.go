@@ -76,7 +76,7 @@ const (
 // unreachable. The link loop alone calls it; it returns AwaitQuit once
 // quit is closed.
 func (l *Link) AwaitBroker(quit <-chan struct{}, down map[string]bool, dialed func(error), offline func(reason string)) Awaited {
-	ctx, cancel := withQuit(context.Background(), quit)
+	ctx, cancel := WithQuit(context.Background(), quit)
 	defer cancel()
 	for {
 		t := time.NewTimer(l.probe.Delay(1))
