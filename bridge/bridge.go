@@ -422,7 +422,7 @@ func (b *Bridge) Status() Status {
 // connecting, blocked by a resource alarm, or without a broker. Cheaper
 // than Status: it reads the link's state alone.
 func (b *Bridge) Connected() bool {
-	st, _ := b.linkState()
+	st, _ := b.link.Current()
 	return st == StateConnected
 }
 

@@ -2,7 +2,6 @@ package bridge
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	brokerlink "github.com/meshbox/meshbox/bridge/link"
@@ -14,7 +13,7 @@ import (
 
 // This file is the link's credential: which broker user the link connects
 // as, whether the broker refused it, and the switch to a new credential
-// without an outage (make before break, see handover).
+// without an outage (make before break: the handover of link.Loop).
 
 // Credential states in CredentialStatus.State.
 const (
@@ -42,73 +41,6 @@ func (b *Bridge) refused(err error, user string) error {
 		_, before := b.learnt.Accepted.Load(user)
 		return before || (b.cfg.AcceptedBefore != nil && b.cfg.AcceptedBefore(user))
 	})
-}
-
-// handover moves the link from old to a session with the credential of
-// the current URL, make before break:
-//
-//  1. both connections are opened with the new credential while old runs
-//     on; if the broker refuses them, old runs on and handover returns nil
-//     (runLink tries again later);
-//  2. old stops taking requests from other nodes and replies to this
-//     node's requests (its queues are unbound, so what is sent meanwhile
-//     comes back to its sender, who sends it again, and the consumers are
-//     cancelled once they have what reached the queues), the requests it
-//     took are answered and the answers published (at most
-//     link.HandoverDrain), and local programs' new calls wait for the new
-//     session (handing);
-//  3. old is stopped; this node's requests waiting for a reply stay open
-//     (their replies come back to the replying node until the new session
-//     has bound its reply queue, and are sent again);
-//  4. the topology is declared on the new connections (the exclusive
-//     queues and consumers are free now).
-//
-// It returns link.HandoverDone with the new session, set up but not started,
-// with the link in handing state (runLink ends it once the session runs);
-// HandoverKept when old runs on; HandoverBroken when old was stopped but
-// the new session failed; HandoverNone for a URL that does not name the
-// same broker and vhost as old's (a move to another broker is a plain
-// reconnect).
-func (b *Bridge) handover(old *session) (*session, brokerlink.Handover) {
-	url := b.link.SameBrokerAs(old.url)
-	if url == "" || url == old.url {
-		return nil, brokerlink.HandoverNone
-	}
-	user := brokerlink.UserOf(url)
-	prevReason := b.link.CredentialStatus().Reason
-	ctx, cancel := b.withQuit(context.Background())
-	defer cancel()
-	ctx, cancelLimit := context.WithTimeout(ctx, connectLimit)
-	defer cancelLimit()
-	b.link.SetCredential(old.user, CredentialSwitching, "to "+user)
-	b.log.Info("broker credential: switching, new connections first", "from", old.user, "to", user)
-	next, abort, err := b.dialSession(ctx, url)
-	if err != nil {
-		reason := err.Error()
-		var cr *CredentialRefusedError
-		if errors.As(err, &cr) {
-			reason = "new credential refused: " + cr.Detail
-		}
-		b.link.SetCredential(old.user, CredentialInUse, reason)
-		if reason != prevReason { // once per cause, not once per retry
-			b.log.Warn("broker credential: switch failed; staying on the old one and trying again", "from", old.user, "to", user, "err", err)
-		}
-		return nil, brokerlink.HandoverKept
-	}
-	b.link.BeginHandover()
-	old.quiesce(ctx)
-	old.handedOver = true
-	old.end()
-	b.link.sess.CompareAndSwap(old, nil)
-	old.stop()
-	b.reqs.pending.moveTo(old, next)
-	if err := next.prepare(ctx, abort); err != nil {
-		b.link.EndHandover()
-		b.log.Warn("broker credential: new session failed after the old one closed; reconnecting", "user", user, "err", err)
-		b.setState(StateOffline, err.Error())
-		return nil, brokerlink.HandoverBroken
-	}
-	return next, brokerlink.HandoverDone
 }
 
 // quiesce stops taking requests from other nodes and replies to this
@@ -143,17 +75,9 @@ func (r *pendingRequests) moveTo(from, to *session) {
 }
 
 // liveSession returns the session in use; during a handover it waits for
-// the new one, at most wait.
+// the new one, at most wait (link.Link.AwaitHandover).
 func (b *Bridge) liveSession(wait time.Duration) *session {
-	if h := b.link.Handing(); h != nil {
-		t := time.NewTimer(wait)
-		select {
-		case <-h:
-		case <-t.C:
-		case <-b.quit:
-		}
-		t.Stop()
-	}
+	b.link.AwaitHandover(wait, b.quit)
 	return b.link.sess.Load()
 }
 

@@ -164,7 +164,7 @@ func (b *Bridge) deadOp(ctx context.Context, stage string, f func(s *session, ch
 		return fmt.Errorf("%w: %v", codec.ErrBadInput, err)
 	}
 	s := b.link.sess.Load()
-	if st, _ := b.linkState(); st != StateConnected || s == nil {
+	if st, _ := b.link.Current(); st != StateConnected || s == nil {
 		return ErrLinkDown
 	}
 	ch, err := s.con.conn.Channel()

@@ -166,7 +166,7 @@ func (b *Bridge) SendSystem(ctx context.Context, node, key string, body []byte) 
 
 func (b *Bridge) publishSystem(ctx context.Context, rkey string, mandatory bool, body []byte) error {
 	sess := b.link.sess.Load()
-	if st, _ := b.linkState(); st != StateConnected || sess == nil {
+	if st, _ := b.link.Current(); st != StateConnected || sess == nil {
 		return ErrLinkDown
 	}
 	out := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: rkey, Mandatory: mandatory, Kind: codec.TypeSystem,

@@ -50,13 +50,6 @@ func (l *brokerLink) use(s *session) {
 // (link.Link.SetState).
 func (b *Bridge) setState(state, reason string) { b.link.SetState(state, reason) }
 
-func (b *Bridge) linkState() (string, time.Time) { return b.link.Current() }
-
-func (b *Bridge) currentURL() string { return b.link.CurrentURL() }
-
-// backoff returns the wait before reconnect attempt n (1-based).
-func (b *Bridge) backoff(n int) time.Duration { return b.link.Backoff(n) }
-
 // runLink owns the broker link (link.Loop): it connects, runs a session
 // until it ends, and reconnects with backoff and jitter; while the broker
 // is unreachable it probes it instead and reconnects as soon as it
@@ -66,7 +59,16 @@ func (b *Bridge) backoff(n int) time.Duration { return b.link.Backoff(n) }
 func (b *Bridge) runLink(first *session) {
 	lp := brokerlink.Loop[*session]{
 		Link: b.link.Link, Quit: b.quit,
-		Connect: b.connect, Handover: b.handover,
+		Connect: b.connect, Dial: b.dialSession,
+		Retire: func(ctx context.Context, old, next *session) {
+			old.quiesce(ctx)
+			old.handedOver = true
+			old.end()
+			b.link.sess.CompareAndSwap(old, nil)
+			old.stop()
+			b.reqs.pending.moveTo(old, next)
+		},
+		Prepare:           func(ctx context.Context, s *session, abort func()) error { return s.prepare(ctx, abort) },
 		Use:               b.link.use,
 		Drop:              func(s *session) { b.link.sess.CompareAndSwap(s, nil) },
 		Running:           b.answerOrphans,

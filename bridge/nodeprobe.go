@@ -32,7 +32,7 @@ func (b *Bridge) ProbeNode(ctx context.Context, node string, unroutable func()) 
 		return fmt.Errorf("probe node: %w: node %q", codec.ErrBadInput, node)
 	}
 	sess := b.link.sess.Load()
-	if st, _ := b.linkState(); st != StateConnected || sess == nil {
+	if st, _ := b.link.Current(); st != StateConnected || sess == nil {
 		return ErrLinkDown
 	}
 	w := b.peers.probes.Add(node, unroutable)

@@ -186,7 +186,7 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 		}
 	}
 	sess := b.liveSession(timeout)
-	if st, since := b.linkState(); st != StateConnected || sess == nil {
+	if st, since := b.link.Current(); st != StateConnected || sess == nil {
 		b.m.err(errKindUnreachable)
 		b.replyError(msg.Reply, &ServiceError{Code: CodeUnavailable,
 			Text: fmt.Sprintf("mesh unreachable: broker link is %s since %s; cannot call %s on node %s", st, since.UTC().Format(time.RFC3339), name, node)})

@@ -104,7 +104,7 @@ func (b *Bridge) onSubmitCommand(msg *nats.Msg) {
 // so every event seen here is a program's: a Meshbox-Origin it carries is
 // not the node's word and changes nothing (callerHeaders drops it).
 func (b *Bridge) onSubmitEvent(msg *nats.Msg) {
-	if msg.Reply == "" && b.currentURL() == "" {
+	if msg.Reply == "" && b.link.CurrentURL() == "" {
 		// No broker, nobody waiting for an answer: the local subscribers
 		// have it, and there is nothing to do.
 		return
@@ -145,7 +145,7 @@ func (b *Bridge) submission(kind outbox.Kind, name string, msg *nats.Msg) (*outb
 	if err := b.notInScope(bk, name, verb); err != nil {
 		return nil, err
 	}
-	if b.cfg.Keys != nil && b.currentURL() != "" {
+	if b.cfg.Keys != nil && b.link.CurrentURL() != "" {
 		if _, err := b.cfg.Keys.SealerFor(b.cfg.Keys.ScopeOf(bk, name)); err != nil {
 			return nil, b.lacksKey(kind.String())
 		}
@@ -169,7 +169,7 @@ func (b *Bridge) submission(kind outbox.Kind, name string, msg *nats.Msg) (*outb
 		if !wire.ValidID(key) {
 			return nil, fmt.Errorf("%w: header %s: %q is not a valid order key (printable, at most %d bytes, no spaces)", codec.ErrBadInput, codec.HeaderOrderKey, key, wire.MaxIDLen)
 		}
-		if !b.cmds.orderKeys.Load() && b.currentURL() != "" { // standalone: run here, in order
+		if !b.cmds.orderKeys.Load() && b.link.CurrentURL() != "" { // standalone: run here, in order
 			return nil, fmt.Errorf("%w: header %s: a node of the mesh runs an older meshbox that does not keep commands in order by key; upgrade every node first", codec.ErrBadInput, codec.HeaderOrderKey)
 		}
 		if hdr == nil {
@@ -199,7 +199,7 @@ func (b *Bridge) accept(rec *outbox.Record, reply string) {
 	if rec.Kind == outbox.Command {
 		b.noteSubmitted(rec.Name)
 	}
-	state, _ := b.linkState()
+	state, _ := b.link.Current()
 	if sess := b.link.sess.Load(); state == StateConnected && sess != nil && b.sub.meshPending.Load() == 0 && !sess.overflows(rec) {
 		b.sub.direct.Add(1)
 		it := &pubItem{Out: b.outgoingFor(rec, false), Done: func(err error) {
@@ -238,7 +238,7 @@ func (s *session) overflows(rec *outbox.Record) bool {
 func (b *Bridge) answerStored(reply string, rec *outbox.Record, how string) {
 	if reply != "" && how == acceptedOutbox {
 		b.sub.parkMu.Lock()
-		if state, _ := b.linkState(); state == StateConnected && b.sub.meshPending.Load() > b.sub.parkAbove.Load() {
+		if state, _ := b.link.Current(); state == StateConnected && b.sub.meshPending.Load() > b.sub.parkAbove.Load() {
 			b.sub.parked = append(b.sub.parked, parkedReply{reply: reply, how: how, rec: rec})
 			b.sub.parkMu.Unlock()
 			b.m.parked.Inc()
@@ -259,7 +259,7 @@ func (b *Bridge) releaseParked() {
 		return
 	}
 	n := len(b.sub.parked)
-	if state, _ := b.linkState(); state == StateConnected {
+	if state, _ := b.link.Current(); state == StateConnected {
 		n = min(n, int(max(0, b.sub.parkAbove.Load()-b.sub.meshPending.Load())))
 	}
 	out := slices.Clone(b.sub.parked[:n])
@@ -277,14 +277,14 @@ func (b *Bridge) store(rec *outbox.Record, reply, state string) {
 	case outbox.Command:
 		if state != StateConnected && b.hostsStage(rec.Name) {
 			rec.Kind, how = outbox.Local, acceptedLocal
-		} else if b.currentURL() == "" {
+		} else if b.link.CurrentURL() == "" {
 			b.m.err(errKindUnreachable)
 			b.replyError(reply, &ServiceError{Code: CodeUnavailable,
 				Text: fmt.Sprintf("no broker configured and no handler for stage %s on node %s", rec.Name, b.cfg.Node)})
 			return
 		}
 	case outbox.Event:
-		if b.currentURL() == "" {
+		if b.link.CurrentURL() == "" {
 			b.replyAccepted(reply, rec, acceptedLocal) // standalone: the local subscribers have it
 			return
 		}
@@ -459,7 +459,7 @@ func (s *session) drainer() {
 			}
 			cursor = 0
 			select {
-			case <-time.After(b.backoff(3)):
+			case <-time.After(b.link.Backoff(3)):
 			case <-s.ctx.Done():
 				return
 			}

@@ -151,6 +151,22 @@ func (l *Link) Handing() <-chan struct{} {
 	return l.handing
 }
 
+// AwaitHandover waits, at most wait or until quit is closed, for the
+// handover under way to end; it returns at once when there is none.
+func (l *Link) AwaitHandover(wait time.Duration, quit <-chan struct{}) {
+	h := l.Handing()
+	if h == nil {
+		return
+	}
+	t := time.NewTimer(wait)
+	select {
+	case <-h:
+	case <-t.C:
+	case <-quit:
+	}
+	t.Stop()
+}
+
 // SameBroker reports whether two broker URLs name the same broker and
 // vhost (they may differ in credential).
 func SameBroker(a, b string) bool {

@@ -62,10 +62,14 @@ type Loop[S Session] struct {
 	Quit <-chan struct{} // closed when the node stops
 	// Connect opens a session on url within ctx: set up, not started.
 	Connect func(ctx context.Context, url string) (S, error)
-	// Handover moves from old to a session with the credential of the
-	// URL setting, when it names old's broker; the new session is set up,
-	// not started.
-	Handover func(old S) (S, Handover)
+	// Dial opens a session's connections on url within ctx, without its
+	// topology; abort closes their sockets at once.
+	Dial func(ctx context.Context, url string) (s S, abort func(), err error)
+	// Retire quiets old and stops it, leaving this node's requests
+	// waiting for replies to next (a handover).
+	Retire func(ctx context.Context, old, next S)
+	// Prepare declares the topology on a dialled session within ctx.
+	Prepare func(ctx context.Context, s S, abort func()) error
 	// Use makes s the session in use; Drop makes it none if s is.
 	Use, Drop func(s S)
 	// Running is told that s runs, before the link is connected.
@@ -219,7 +223,7 @@ func (lp *Loop[S]) Run(first S) {
 			if reason != ReasonURLChanged {
 				break
 			}
-			if next, outcome = lp.Handover(sess); outcome != HandoverKept {
+			if next, outcome = lp.handover(sess); outcome != HandoverKept {
 				break
 			}
 			switchFailures++
@@ -278,4 +282,68 @@ func WithQuit(parent context.Context, quit <-chan struct{}) (context.Context, co
 		}
 	}()
 	return ctx, cancel
+}
+
+// handover moves the link from old to a session with the credential of
+// the URL setting, make before break:
+//
+//  1. both connections are opened with the new credential while old runs
+//     on; if the broker refuses them, old runs on and handover returns nil
+//     (Run tries again later);
+//  2. old stops taking requests from other nodes and replies to this
+//     node's requests (its queues are unbound, so what is sent meanwhile
+//     comes back to its sender, who sends it again, and the consumers are
+//     cancelled once they have what reached the queues), the requests it
+//     took are answered and the answers published (at most
+//     HandoverDrain, Quiesce), and local programs' new calls wait for the new
+//     session (BeginHandover);
+//  3. old is stopped (Retire); this node's requests waiting for a reply stay open
+//     (their replies come back to the replying node until the new session
+//     has bound its reply queue, and are sent again);
+//  4. the topology is declared on the new connections (Prepare: the
+//     exclusive queues and consumers are free now).
+//
+// It returns HandoverDone with the new session, set up but not started,
+// with the link in handing state (Run ends it once the session runs);
+// HandoverKept when old runs on; HandoverBroken when old was stopped but
+// the new session failed; HandoverNone for a URL that does not name the
+// same broker and vhost as old's (a move to another broker is a plain
+// reconnect).
+func (lp *Loop[S]) handover(old S) (S, Handover) {
+	l := lp.Link
+	var none S
+	url := l.SameBrokerAs(old.URL())
+	if url == "" || url == old.URL() {
+		return none, HandoverNone
+	}
+	user := UserOf(url)
+	prevReason := l.CredentialStatus().Reason
+	ctx, cancel := WithQuit(context.Background(), lp.Quit)
+	defer cancel()
+	ctx, cancelLimit := context.WithTimeout(ctx, lp.ConnectLimit)
+	defer cancelLimit()
+	l.SetCredential(old.User(), wire.CredentialSwitching, "to "+user)
+	lp.Log.Info("broker credential: switching, new connections first", "from", old.User(), "to", user)
+	next, abort, err := lp.Dial(ctx, url)
+	if err != nil {
+		reason := err.Error()
+		var cr *CredentialRefusedError
+		if errors.As(err, &cr) {
+			reason = "new credential refused: " + cr.Detail
+		}
+		l.SetCredential(old.User(), wire.CredentialInUse, reason)
+		if reason != prevReason { // once per cause, not once per retry
+			lp.Log.Warn("broker credential: switch failed; staying on the old one and trying again", "from", old.User(), "to", user, "err", err)
+		}
+		return none, HandoverKept
+	}
+	l.BeginHandover()
+	lp.Retire(ctx, old, next)
+	if err := lp.Prepare(ctx, next, abort); err != nil {
+		l.EndHandover()
+		lp.Log.Warn("broker credential: new session failed after the old one closed; reconnecting", "user", user, "err", err)
+		lp.SetState(wire.StateOffline, err.Error())
+		return none, HandoverBroken
+	}
+	return next, HandoverDone
 }
