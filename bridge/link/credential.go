@@ -13,7 +13,7 @@ import (
 
 // This file is the link's credential: which broker user the link connects
 // as, whether the broker refused it, and the state of a switch to a new
-// credential without an outage (make before break: the bridge's
+// credential without an outage (make before break: the Loop's
 // handover).
 
 // CredentialStatus describes the broker credential of the link.

@@ -19,7 +19,8 @@ const historyLen = 20
 // failovers, the credential in use, the link's generations and the extra
 // connections. It holds no session: the bridge keeps its session beside
 // it. Its methods may be called from any goroutine; mu guards every field
-// but the channels, which are made once.
+// but the channels, made once, extras, which has its own, and ev, set
+// once before use (SetEvents).
 type Link struct {
 	mu        sync.Mutex
 	url       string   // the setting: one URL or several (internal/brokerurl)

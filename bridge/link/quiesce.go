@@ -48,7 +48,7 @@ func Quiesce(ctx context.Context, s Quiet) {
 	// The queues are exclusive to this session's connection and go with
 	// it. So they are unbound first: what is sent from now on comes back
 	// unroutable and its sender tries again until the next session has
-	// bound its own (noroute.go); what reached them before is delivered to
+	// bound its own (the bridge's noroute.go); what reached them before is delivered to
 	// the readers before the consumers are cancelled.
 	for _, q := range s.Queues {
 		if err := s.Ch.QueueUnbind(q.Queue, q.Key, s.Exchange, nil); err != nil {
@@ -100,7 +100,7 @@ func Quiesce(ctx context.Context, s Quiet) {
 			// A barrier: the broker answers a method on the channel after it
 			// has sent back every message published before it that it could
 			// not route, so those are in fastReturns (and sent again,
-			// noroute.go) before the session stops.
+			// the bridge's noroute.go) before the session stops.
 			_ = s.Pub.FastCh.ExchangeDeclarePassive(codec.ExchangeMesh, "topic", true, false, false, false, nil)
 			for range quiesceEmptyPolls {
 				if len(s.Pub.FastReturns) == 0 {

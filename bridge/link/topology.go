@@ -190,7 +190,7 @@ func (o *Own) Claim(ch **amqp.Channel) error {
 		if err := o.Reopen(ch); err != nil {
 			return err
 		}
-		o.Perms.Named.Store(true) // said with the older exchange (bindOwn)
+		o.Perms.Named.Store(true) // said with the older exchange (Bind)
 		return nil
 	default:
 		return fmt.Errorf("declare claim queue %s: %w", codec.ClaimQueue(o.Node), err)
@@ -289,7 +289,7 @@ func (o *Own) FindOrDeclare(ch **amqp.Channel, q string, declare func() error) e
 // (to.<n>.*): to mesh, or, for a broker user with an older mesh's
 // permissions (which refuse that binding), to the node's exchange node.<n>
 // the admin bound to mesh (see permissions.go). The exchange the session
-// bound to is *ex (the bridge's handover unbinds from it).
+// bound to is *ex (a handover's Quiesce unbinds from it).
 func (o *Own) Bind(ch **amqp.Channel, ex *string, q, key string) error {
 	if *ex == "" {
 		err := (*ch).QueueBind(q, key, codec.ExchangeMesh, false, nil)
