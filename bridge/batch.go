@@ -60,7 +60,7 @@ import (
 // command to a stage queue, built here (not a retry copy, not a raw
 // message).
 func batchable(it *pubItem) bool {
-	o := it.out
+	o := it.Out
 	return o.Kind == codec.TypeCommand && o.Raw == nil && o.Exchange == codec.ExchangeMesh && o.Route == "" &&
 		o.TTL == 0 && o.Expire == 0 && o.Mandatory && o.Persist && o.CorrID == "" && o.ReplyTo == ""
 }
@@ -97,19 +97,19 @@ func (s *session) packCommands(items []*pubItem, max int) []*pubItem {
 			out = append(out, it)
 			continue
 		}
-		p, err := it.out.Publishing(s.b.cfg.Node, s.user, s.b.cfg.Keys)
+		p, err := it.Out.Publishing(s.b.cfg.Node, s.user, s.b.cfg.Keys)
 		if err != nil {
-			it.finish(err) // not sealed: no key to seal with
+			it.Finish(err) // not sealed: no key to seal with
 			continue
 		}
 		size := codec.EntrySize(&p)
-		g := open[it.out.Key]
+		g := open[it.Out.Key]
 		if g != nil && (len(g.items) >= max || g.size+size > limit) {
 			g = nil
 		}
 		if g == nil {
-			g = &batchGroup{key: it.out.Key, at: len(out), size: 16}
-			open[it.out.Key] = g
+			g = &batchGroup{key: it.Out.Key, at: len(out), size: 16}
+			open[it.Out.Key] = g
 			groups = append(groups, g)
 			out = append(out, nil) // the group's slot
 		}
@@ -129,12 +129,12 @@ func (s *session) batchItem(g *batchGroup) *pubItem {
 	if len(g.items) == 1 {
 		it := g.items[0]
 		p := g.ps[0]
-		alone := *it.out
+		alone := *it.Out
 		alone.Raw = &p
-		it.out = &alone
+		it.Out = &alone
 		return it
 	}
-	first := g.items[0].out
+	first := g.items[0].Out
 	members := g.items
 	raw := &amqp.Publishing{
 		Headers:      amqp.Table{},
@@ -146,9 +146,9 @@ func (s *session) batchItem(g *batchGroup) *pubItem {
 	}
 	out := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: g.key, Mandatory: true, Kind: codec.TypeCommandBatch,
 		MsgID: raw.MessageId, Persist: true, At: first.At, Raw: raw, Batch: len(members)}
-	return &pubItem{out: out, done: func(err error) {
+	return &pubItem{Out: out, Done: func(err error) {
 		for _, m := range members {
-			m.finish(err)
+			m.Finish(err)
 		}
 	}}
 }

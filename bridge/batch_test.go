@@ -145,28 +145,28 @@ func TestPackCommands(t *testing.T) {
 	s := &session{b: &Bridge{cfg: Config{Node: "alpha", MaxPayload: 1 << 20}}, user: "node.alpha.g1"}
 	var settled []string
 	cmd := func(stage, id string) *pubItem {
-		return &pubItem{out: &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: codec.CommandKey(stage), Mandatory: true, Kind: codec.TypeCommand,
-			MsgID: id, Persist: true, Body: []byte(id), At: time.Now()}, done: func(err error) {
+		return &pubItem{Out: &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: codec.CommandKey(stage), Mandatory: true, Kind: codec.TypeCommand,
+			MsgID: id, Persist: true, Body: []byte(id), At: time.Now()}, Done: func(err error) {
 			settled = append(settled, id)
 		}}
 	}
-	event := &pubItem{out: &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: "evt.t", Kind: codec.TypeEvent, MsgID: "e", Persist: true}, done: func(error) {}}
+	event := &pubItem{Out: &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: "evt.t", Kind: codec.TypeEvent, MsgID: "e", Persist: true}, Done: func(error) {}}
 	items := []*pubItem{cmd("a", "a1"), cmd("b", "b1"), event, cmd("a", "a2"), cmd("a", "a3"), cmd("a", "a4"), cmd("c", "c1")}
 	out := s.packCommands(items, 2)
 	var got []string
 	for _, it := range out {
 		switch {
-		case it.out.Batch > 0:
-			ids, err := DecodeBatchIDs(it.out.Raw.Body)
+		case it.Out.Batch > 0:
+			ids, err := DecodeBatchIDs(it.Out.Raw.Body)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if it.out.Raw.Type != codec.TypeCommandBatch || it.out.Key != codec.CommandKey("a") || len(ids) != it.out.Batch {
-				t.Fatalf("batch %+v with %v", it.out, ids)
+			if it.Out.Raw.Type != codec.TypeCommandBatch || it.Out.Key != codec.CommandKey("a") || len(ids) != it.Out.Batch {
+				t.Fatalf("batch %+v with %v", it.Out, ids)
 			}
 			got = append(got, fmt.Sprint(ids))
 		default:
-			got = append(got, it.out.MsgID)
+			got = append(got, it.Out.MsgID)
 		}
 	}
 	want := []string{"[a1 a2]", "b1", "e", "[a3 a4]", "c1"}
@@ -174,7 +174,7 @@ func TestPackCommands(t *testing.T) {
 		t.Fatalf("run packed as %v, want %v", got, want)
 	}
 	for _, it := range out {
-		it.finish(nil)
+		it.Finish(nil)
 	}
 	if fmt.Sprint(settled) != "[a1 a2 b1 a3 a4 c1]" {
 		t.Fatalf("settled %v, want each command once", settled)

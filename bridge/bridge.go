@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
+
 	"github.com/meshbox/meshbox/bridge/completed"
 
 	"github.com/meshbox/meshbox/bridge/codec"
@@ -48,14 +50,14 @@ type Bridge struct {
 	wg   sync.WaitGroup // goroutines owned by the bridge
 	life lifecycle      // started, closed, the local subscriptions
 
-	link   *link             // the broker link: URL, state, history, session
+	link   *brokerLink       // the broker link: URL, state, history, session
 	sub    submissions       // commands and events of local programs, in order
 	reqs   requestBook       // requests and calls across sessions
 	cmds   commandBook       // commands across sessions
 	events codec.EventMemory // events accepted from the mesh, across sessions (replay.go)
 	sysQ   chan sysMsg       // system messages for Config.OnSystem
 	peers  peerBook          // what the node knows of other nodes: credentials, probes
-	learnt brokerPerms       // what the broker's refusals said of this node's permissions
+	learnt brokerlink.Perms  // what the broker's refusals said of this node's permissions
 	seen   refusalLogs       // causes of refusals already logged
 	route  routing           // routing and hosting
 
@@ -65,21 +67,10 @@ type Bridge struct {
 }
 
 // StateChange is one entry of the link's history.
-type StateChange struct {
-	State  string    `json:"state"`
-	At     time.Time `json:"at"`
-	Reason string    `json:"reason,omitempty"`
-	// Broker is the broker (host:port) the link was on or trying then.
-	Broker string `json:"broker,omitempty"`
-}
+type StateChange = brokerlink.StateChange
 
 // Failover is one move of the link from one broker of its list to another.
-type Failover struct {
-	At     time.Time `json:"at"`
-	From   string    `json:"from"`             // host:port of the broker left
-	To     string    `json:"to"`               // host:port of the broker connected to
-	Reason string    `json:"reason,omitempty"` // why the link left From
-}
+type Failover = brokerlink.Failover
 
 // Status is the bridge's part of the node status.
 type Status struct {
@@ -100,35 +91,10 @@ type Status struct {
 
 // WarnOlderPermissions is the status warning of a node whose broker user
 // has an older mesh's permissions (topology.go).
-const WarnOlderPermissions = "this node's broker permissions are an older mesh's: its requests and replies take one more routing step on the broker; meshbox mesh node rotate gives it the current ones"
+const WarnOlderPermissions = brokerlink.WarnOlderPermissions
 
-// BrokerStatus describes the broker link.
-type BrokerStatus struct {
-	State string    `json:"state"`
-	Since time.Time `json:"since"`
-	// URL is the broker URL the link is on, or tried last (password
-	// redacted); Broker is its host:port ("" while there is none).
-	URL    string `json:"url"`
-	Broker string `json:"broker,omitempty"`
-	// URLs are all the broker URLs configured, when there are several
-	// (passwords redacted).
-	URLs   []string `json:"urls,omitempty"`
-	Reason string   `json:"reason,omitempty"`
-	// Blocked is the broker's reason (connection.blocked) while it blocks
-	// this node's publishing connection under a resource alarm; empty
-	// otherwise. Consuming and acking go on meanwhile.
-	Blocked string `json:"blocked,omitempty"`
-	BatchStatus
-	History []StateChange `json:"history"`
-	// Failovers are the link's last moves from one broker to another of
-	// its list, oldest first (at most 20).
-	Failovers []Failover `json:"failovers"`
-	// Credential is the broker user the link connects as and its state.
-	Credential *CredentialStatus `json:"credential,omitempty"`
-	// Extra are the node's connections beside the link's two, on its
-	// broker and credential (DialExtra): the tables of rows'.
-	Extra []ExtraConnection `json:"extra_connections,omitempty"`
-}
+// BrokerStatus describes the broker link (link.Status).
+type BrokerStatus = brokerlink.Status
 
 // OutboxStatus describes the durable outbox.
 type OutboxStatus struct {
@@ -164,7 +130,7 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 		nc:   nc,
 		life: lifecycle{bcClosed: make(chan struct{})},
 		quit: make(chan struct{}),
-		link: newLink(cfg.URL, backoff.Policy{Min: cfg.ReconnectMin, Max: cfg.ReconnectMax}),
+		link: newBrokerLink(cfg.URL, backoff.Policy{Min: cfg.ReconnectMin, Max: cfg.ReconnectMax}),
 		sub:  newSubmissions(),
 		reqs: requestBook{pending: pendingRequests{m: map[string]*pendingRequest{}}},
 		cmds: commandBook{
@@ -191,7 +157,11 @@ func New(cfg Config, nc *nats.Conn) (*Bridge, error) {
 		b.route.hosted[s] = true
 	}
 	b.m = newMetrics(b)
-	b.m.setState(StateNone)
+	b.link.SetEvents(brokerlink.Events{Log: b.log, Metrics: b.m.Metrics, Perms: &b.learnt,
+		Connected: b.cfg.OnConnected, OnCredential: b.cfg.OnCredential, URLOverride: b.cfg.URLOverride,
+		NotConnected: b.releaseParked, // the outbox holds them: answered as when the link is down
+	})
+	b.m.SetState(StateNone)
 	return b, nil
 }
 
@@ -244,7 +214,7 @@ func (b *Bridge) Start(ctx context.Context) error {
 	b.reconcile() // stand-ins before the first session
 
 	var first *session
-	if url := b.link.target(); url != "" {
+	if url := b.link.Target(); url != "" {
 		b.setState(StateConnecting, "")
 		cctx, cancel := context.WithTimeout(ctx, startConnectLimit)
 		first, err = b.connect(cctx, url)
@@ -256,7 +226,7 @@ func (b *Bridge) Start(ctx context.Context) error {
 			return err
 		case err != nil:
 			b.setState(StateOffline, err.Error())
-			b.link.advance() // the link loop tries the next broker of the list
+			b.link.Advance() // the link loop tries the next broker of the list
 		}
 	}
 
@@ -370,19 +340,18 @@ func (b *Bridge) FinishCommands() {
 // Fatal yields an error when the bridge cannot go on: another process took
 // this node's name on the broker and kept it for longer than a stale
 // connection of ours could. The node should stop (exit non-zero).
-func (b *Bridge) Fatal() <-chan error { return b.link.fatal }
+func (b *Bridge) Fatal() <-chan error { return b.link.Fatal() }
 
 // SetURL moves the bridge to another broker without a restart ("" means no
 // broker); url may list several, like Config.URL. A list that still names
 // the broker in use keeps the link on it. An invalid URL is refused with a
 // *ConfigError.
 func (b *Bridge) SetURL(url string) error {
-	if err := checkBrokerURL(url, b.cfg.Node); err != nil {
+	if err := brokerlink.CheckURL(url, b.cfg.Node); err != nil {
 		return &ConfigError{Field: "URL", Msg: err.Error()}
 	}
-	if b.link.setURL(url) {
+	if b.link.SetURL(url) { // wakes the link loop
 		b.log.Info("broker URL changed", "url", redactURL(url))
-		signal(b.link.urlChanged)
 	}
 	return nil
 }
@@ -425,7 +394,7 @@ func (b *Bridge) MarkGone(node string, since time.Time) {
 // Status reports the link, the outbox and the stalls.
 func (b *Bridge) Status() Status {
 	var st Status
-	st.Broker = b.link.statusWithCredential()
+	st.Broker = b.link.Status()
 	st.Broker.CommandBatch = b.batchMax()
 	st.Outbox = b.outboxStatus()
 	st.Stalls = b.stallList()
@@ -442,7 +411,7 @@ func (b *Bridge) Status() Status {
 		}
 	}
 	st.DeadLetters = b.deadCounts()
-	if b.learnt.older.Load() {
+	if b.learnt.Older.Load() {
 		st.Warnings = append(st.Warnings, WarnOlderPermissions)
 	}
 	st.Warnings = append(st.Warnings, b.refusedStages()...)
@@ -453,7 +422,7 @@ func (b *Bridge) Status() Status {
 // connecting, blocked by a resource alarm, or without a broker. Cheaper
 // than Status: it reads the link's state alone.
 func (b *Bridge) Connected() bool {
-	st, _ := b.linkState()
+	st, _ := b.link.Current()
 	return st == StateConnected
 }
 

@@ -241,7 +241,7 @@ func (b *Bridge) runLocalRecord(ctx context.Context, r *outbox.Record) bool {
 			return true
 		}
 		resp, failure := b.runHandler(ctx, r.Name, msg, func() bool {
-			st, _ := b.linkState()
+			st, _ := b.link.Current()
 			return st != StateConnected || b.hostsStage(r.Name)
 		})
 		if ctx.Err() != nil {

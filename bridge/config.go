@@ -9,13 +9,12 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge/codec"
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
 
-	"github.com/meshbox/meshbox/internal/brokerurl"
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/redact"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/internal/seal"
 )
@@ -192,13 +191,7 @@ const (
 
 // BatchStatus is the part of the broker status that reports the setting
 // CommandBatch as it applies now.
-type BatchStatus struct {
-	// CommandBatch is the most commands one broker message of this node
-	// carries now: Config.CommandBatch while every peer reads batches, 1
-	// while one does not (an older meshbox is up) or before discovery
-	// said so.
-	CommandBatch int `json:"command_batch"`
-}
+type BatchStatus = brokerlink.BatchStatus
 
 // LogValue prints the configuration with the broker password redacted.
 func (c Config) LogValue() slog.Value {
@@ -313,7 +306,7 @@ func (c Config) validate() error {
 			return bad("Retry", "%v", err)
 		}
 	}
-	if err := checkBrokerURL(c.URL, c.Node); err != nil {
+	if err := brokerlink.CheckURL(c.URL, c.Node); err != nil {
 		return bad("URL", "%v", err)
 	}
 	if c.CAFile != "" {
@@ -341,36 +334,6 @@ func (c Config) validate() error {
 		if !codec.ValidName(s) {
 			return bad("Stages", "%q is not a valid stage name", s)
 		}
-	}
-	return nil
-}
-
-// checkBrokerURL accepts "" (no broker) and one or several amqp:// or
-// amqps:// URLs separated by commas, all with the same user, which, when
-// it is a node's broker user, is node's own: every message carries it as
-// its origin.
-func checkBrokerURL(raw, node string) error {
-	urls := brokerurl.Split(raw)
-	if len(urls) == 0 {
-		return nil
-	}
-	var user string
-	for i, u := range urls {
-		if u == "" {
-			return fmt.Errorf("%s: broker URL %d of %d is empty", redactURL(raw), i+1, len(urls))
-		}
-		uri, err := amqp.ParseURI(u)
-		if err != nil {
-			return fmt.Errorf("%s: %v", redactURL(u), err)
-		}
-		if owner, _, ok := ParseBrokerUser(uri.Username); ok && owner != node {
-			return fmt.Errorf("%s: broker user %s is node %s's, not node %s's", redactURL(u), uri.Username, owner, node)
-		}
-		if i > 0 && uri.Username != user {
-			return fmt.Errorf("%s: user %q differs from the first broker URL's %q: every broker of a list is reached with the same credential",
-				redactURL(u), uri.Username, user)
-		}
-		user = uri.Username
 	}
 	return nil
 }

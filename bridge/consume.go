@@ -2,62 +2,24 @@ package bridge
 
 import (
 	"fmt"
-	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
-	"github.com/meshbox/meshbox/bridge/flow"
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
 )
 
-type ackOp int
-
-// ackBatch acks waiting are sent at once; fewer wait up to flow.AckLinger
-// for more.
-const (
-	ackBatch = 64
-)
+// ackOp is what an ack asks for a delivery (link.AckOp).
+type ackOp = brokerlink.AckOp
 
 const (
-	opAck ackOp = iota
-	opRequeue
+	opAck     = brokerlink.OpAck
+	opRequeue = brokerlink.OpRequeue
 )
 
-type ackReq struct {
-	tag uint64
-	op  ackOp
-	at  time.Time // when it was asked for
-}
-
-// acker settles the deliveries of the consume channel: acks and
-// requeues, gathered into runs. It never waits on the broker: credit
-// changes, which do, run on the consumer manager. Exits when the session
-// ends or an ack fails.
-func (s *session) acker() {
-	linger := time.NewTimer(flow.AckLinger)
-	linger.Stop()
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case a := <-s.con.ackQ:
-			if len(s.con.ackQ) < ackBatch {
-				linger.Reset(flow.AckLinger)
-				select {
-				case <-linger.C:
-				case <-s.ctx.Done():
-					linger.Stop()
-				}
-			}
-			n, err := s.settleAcks(a)
-			s.con.unacked.Add(-int64(n))
-			if err != nil {
-				s.fail(fmt.Errorf("ack: %w", err))
-				return
-			}
-		}
-	}
-}
+// acker settles the deliveries of the consume channel (link.Acker). It
+// never waits on the broker: credit changes, which do, run on the
+// consumer manager. Exits when the session ends or an ack fails.
+func (s *session) acker() { s.con.acker.Run(s.ctx, s.con.Ch, s.fail) }
 
 // consumerManager owns the stage consumers of the consume channel (their
 // queues declared on a channel of its own, since a failed declaration
@@ -92,7 +54,7 @@ func (s *session) consumerManager() {
 			if !s.cancelStages() {
 				return
 			}
-		case tag := <-s.con.cancels:
+		case tag := <-s.con.Cancels:
 			f, ok := s.flows.byTag[tag]
 			if !ok {
 				if strings.HasPrefix(tag, "cmd:") {
@@ -116,95 +78,9 @@ func (s *session) consumerManager() {
 	}
 }
 
-// ackBook follows the settled deliveries of the consume channel. Only
-// acked consumers use that channel, so its delivery tags are dense (1, 2,
-// 3, ...), and a multiple ack up to a tag is safe when every tag below it
-// is settled. Only the acker touches it.
-type ackBook struct {
-	next    uint64          // lowest tag not known to be settled
-	settled map[uint64]bool // settled tags above next
-}
-
-// settleAcks applies first and every other ack request already queued,
-// and says how many requests it took.
-func (s *session) settleAcks(first ackReq) (int, error) {
-	reqs := []ackReq{first}
-	for more := true; more && len(reqs) < 4096; {
-		select {
-		case r := <-s.con.ackQ:
-			reqs = append(reqs, r)
-		default:
-			more = false
-		}
-	}
-	s.con.ackDelay.note(time.Since(reqs[0].at))
-	requeue, upTo, single := s.con.acks.plan(reqs)
-	s.con.cork.Cork() // the run goes out with one write
-	defer s.con.cork.Uncork()
-	for _, tag := range requeue {
-		if err := s.con.ch.Nack(tag, false, true); err != nil {
-			return len(reqs), err
-		}
-	}
-	if upTo != 0 {
-		if err := s.con.ch.Ack(upTo, true); err != nil {
-			return len(reqs), err
-		}
-	}
-	for _, tag := range single {
-		if err := s.con.ch.Ack(tag, false); err != nil {
-			return len(reqs), err
-		}
-	}
-	return len(reqs), nil
-}
-
-// plan turns ack requests into broker calls: requeues one by one; acks
-// that complete the run of settled tags from the oldest as one multiple ack
-// up to upTo (0: none); the other acks one by one (never held back behind a
-// slow delivery). It records them all as settled.
-func (a *ackBook) plan(reqs []ackReq) (requeue []uint64, upTo uint64, single []uint64) {
-	if a.settled == nil {
-		a.next, a.settled = 1, map[uint64]bool{}
-	}
-	pending := map[uint64]bool{}
-	for _, r := range reqs {
-		switch {
-		case r.tag < a.next || a.settled[r.tag]:
-			// settled already: never twice (a second ack would close the channel)
-		case r.op == opRequeue:
-			requeue = append(requeue, r.tag)
-			a.settled[r.tag] = true
-		default:
-			pending[r.tag] = true
-		}
-	}
-	for a.settled[a.next] || pending[a.next] {
-		if pending[a.next] {
-			upTo = a.next
-			delete(pending, a.next)
-		}
-		delete(a.settled, a.next)
-		a.next++
-	}
-	for tag := range pending {
-		single = append(single, tag)
-		a.settled[tag] = true
-	}
-	slices.Sort(single)
-	return requeue, upTo, single
-}
-
 // ack asks the acker to ack or requeue a delivery. It gives up
 // when the session ends (the broker requeues the delivery itself).
-func (s *session) ack(tag uint64, op ackOp) {
-	s.con.unacked.Add(1)
-	select {
-	case s.con.ackQ <- ackReq{tag: tag, op: op, at: time.Now()}:
-	case <-s.ctx.Done():
-		s.con.unacked.Add(-1)
-	}
-}
+func (s *session) ack(tag uint64, op ackOp) { s.con.acker.Ack(s.ctx, tag, op) }
 
 // cancelStages cancels every stage consumer for good: the node stops.
 // What the consumers delivered already is handled and acked as usual. It
@@ -221,35 +97,6 @@ func (s *session) cancelStages() bool {
 		}
 	}
 	return true
-}
-
-// ackDelays follows how long acks wait between a handler's answer and
-// their write to the broker: the acker's own linger, and anything that
-// would hold it up.
-type ackDelays struct {
-	most atomic.Int64 // the longest wait of the session, in nanoseconds
-	// over counts the runs of acks whose oldest waited longer than each
-	// of ackWaits.
-	over [len(ackWaits)]atomic.Int64
-}
-
-// ackWaits are the waits for the acker counted: half a home link's round
-// trip (fifty times the linger), and a whole long one.
-var ackWaits = [...]time.Duration{25 * time.Millisecond, 100 * time.Millisecond}
-
-// note records a wait of d.
-func (a *ackDelays) note(d time.Duration) {
-	for i, w := range ackWaits {
-		if d > w {
-			a.over[i].Add(1)
-		}
-	}
-	for {
-		cur := a.most.Load()
-		if int64(d) <= cur || a.most.CompareAndSwap(cur, int64(d)) {
-			return
-		}
-	}
 }
 
 // drainCommands, for a node that stops gracefully, stops the stage
@@ -283,10 +130,5 @@ func (s *session) openCmds() int {
 }
 
 // settleBeforeStop waits, at most limit, until every delivery settled so
-// far is acked on the broker: a node closing gracefully does not leave
-// finished commands to be redelivered. The acker still runs.
-func (s *session) settleBeforeStop(limit time.Duration) {
-	for end := time.Now().Add(limit); s.con.unacked.Load() > 0 && time.Now().Before(end); {
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// far is acked on the broker (link.Acker.SettleBeforeStop).
+func (s *session) settleBeforeStop(limit time.Duration) { s.con.acker.SettleBeforeStop(limit) }

@@ -2,21 +2,18 @@ package bridge
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"net/url"
-	"sync"
 	"time"
+
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
 
 	"github.com/meshbox/meshbox/bridge/codec"
 
 	"github.com/meshbox/meshbox/internal/wire"
-	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // This file is the link's credential: which broker user the link connects
 // as, whether the broker refused it, and the switch to a new credential
-// without an outage (make before break, see handover).
+// without an outage (make before break: the handover of link.Loop).
 
 // Credential states in CredentialStatus.State.
 const (
@@ -27,324 +24,42 @@ const (
 	CredentialUnused    = wire.CredentialUnused
 )
 
-// handoverDrain bounds how long a handover waits for the old session's
-// requests open at local hosts to be answered before it closes the old
-// connections.
-const handoverDrain = 5 * time.Second
-
-// quiesceEmptyPolls bounds how often quiesce looks, 5 ms apart, whether an
-// unbound queue has delivered what reached it.
-const quiesceEmptyPolls = 40
-
 // CredentialStatus describes the broker credential of the link.
-type CredentialStatus struct {
-	User       string    `json:"user"`
-	Generation int       `json:"generation,omitempty"` // of a node's own broker user (BrokerUser); 0 otherwise
-	State      string    `json:"state"`
-	Since      time.Time `json:"since"`
-	// SwitchedAt is when the link last moved to this credential from
-	// another one while running (zero: it started with it).
-	SwitchedAt time.Time `json:"switched_at,omitzero"`
-	// Reason is the broker's answer while State is CredentialRevoked, or
-	// why the last switch failed.
-	Reason string `json:"reason,omitempty"`
-}
+type CredentialStatus = brokerlink.CredentialStatus
 
 // CredentialRefusedError means the broker refused the link's credential at
 // login: the user does not exist (any more) or its password is wrong.
-type CredentialRefusedError struct {
-	User   string
-	Detail string // the broker's reason
-	// Revoked: the broker accepted this user before, in this process (a
-	// rotation revoked it, or its user was deleted); otherwise the
-	// password is wrong or the user never existed.
-	Revoked bool
-}
-
-func (e *CredentialRefusedError) Error() string {
-	if e.Revoked {
-		return fmt.Sprintf("credential revoked: the broker refuses user %s at login, which it accepted before (%s)", e.User, e.Detail)
-	}
-	return fmt.Sprintf("credential refused: the broker refuses user %s at login: a wrong password, or no such user on this broker (%s)", e.User, e.Detail)
-}
-
-// Unwrap returns ErrCredentialRevoked.
-func (e *CredentialRefusedError) Unwrap() error { return ErrCredentialRevoked }
+type CredentialRefusedError = brokerlink.CredentialRefusedError
 
 // ErrCredentialRevoked is wrapped by a *CredentialRefusedError.
-var ErrCredentialRevoked = errors.New("credential revoked")
+var ErrCredentialRevoked = brokerlink.ErrCredentialRevoked
 
 // refused returns a *CredentialRefusedError for a dial error that is the
 // broker's 403 at login, else err.
 func (b *Bridge) refused(err error, user string) error {
-	var ae *amqp.Error
-	if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
-		_, before := b.learnt.accepted.Load(user)
-		before = before || (b.cfg.AcceptedBefore != nil && b.cfg.AcceptedBefore(user))
-		return &CredentialRefusedError{User: user, Detail: fmt.Sprintf("%d %s", ae.Code, ae.Reason), Revoked: before}
-	}
-	return err
+	return brokerlink.Refused(err, user, func(user string) bool {
+		_, before := b.learnt.Accepted.Load(user)
+		return before || (b.cfg.AcceptedBefore != nil && b.cfg.AcceptedBefore(user))
+	})
 }
-
-// credential is the link's record of its credential; link.mu guards it.
-type credential struct {
-	user     string
-	state    string
-	since    time.Time
-	switched time.Time
-	reason   string
-}
-
-func (l *link) credentialStatus() CredentialStatus {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	c := l.cred
-	if c.user == "" {
-		if u := l.inUseLocked(); u != "" {
-			c.user = userOf(u)
-		} else if len(l.urls) > 0 {
-			c.user = userOf(l.urls[0]) // every URL of a list has the same user
-		}
-	}
-	if c.state == "" {
-		c.state = CredentialUnused
-	}
-	_, gen, _ := ParseBrokerUser(c.user)
-	return CredentialStatus{User: c.user, Generation: gen, State: c.state, Since: c.since,
-		SwitchedAt: c.switched, Reason: c.reason}
-}
-
-// setCredential records the state of user's credential. It reports whether
-// the state changed; switched marks a move to user from another one.
-func (l *link) setCredential(user, state, reason string) (changed bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.cred.user == user && l.cred.state == state {
-		l.cred.reason = reason
-		return false
-	}
-	now := time.Now()
-	if state == CredentialInUse && l.cred.user != "" && l.cred.user != user {
-		l.cred.switched = now
-	}
-	if l.cred.user != user && state != CredentialInUse {
-		l.cred.switched = time.Time{}
-	}
-	l.cred = credential{user: user, state: state, since: now, switched: l.cred.switched, reason: reason}
-	return true
-}
-
-// credentialInUse records that a session with user runs, and tells
-// Config.OnCredential when the user is another than the last one in use.
-func (b *Bridge) credentialInUse(user string) {
-	l := b.link
-	l.mu.Lock()
-	prev, prevState := l.cred.user, l.cred.state
-	l.mu.Unlock()
-	b.learnt.accepted.Store(user, true)
-	b.link.setCredential(user, CredentialInUse, "")
-	b.m.setRevoked(false)
-	if prevState == CredentialRevoked || prevState == CredentialRefused {
-		b.log.Info("broker credential accepted again", "user", user)
-	}
-	if (prev != user || prevState != CredentialInUse) && b.cfg.OnCredential != nil {
-		b.cfg.OnCredential(user)
-	}
-}
-
-// credentialRefused records that the broker refused user at login; the
-// first refusal of a user is logged (not every retry).
-func (b *Bridge) credentialRefused(e *CredentialRefusedError) {
-	state, msg := CredentialRefused, "broker credential refused: the broker refuses this node's user at login (a wrong password, or no such user on this broker); "
-	if e.Revoked {
-		state, msg = CredentialRevoked, "broker credential revoked: the broker refuses this node's user, which it accepted before; "
-	}
-	if o := b.cfg.URLOverride; o != "" {
-		msg += "the broker URL comes from " + o + ", which overrides the bindings: fix the credential there; local work goes on and the node retries"
-	} else {
-		msg += "local work goes on, the node retries and takes a new credential from its bindings"
-	}
-	if b.link.setCredential(e.User, state, e.Detail) {
-		b.m.setRevoked(true)
-		b.log.Error(msg, "user", e.User, "reason", e.Detail)
-	}
-}
-
-// handover moves the link from old to a session with the credential of
-// the current URL, make before break:
-//
-//  1. both connections are opened with the new credential while old runs
-//     on; if the broker refuses them, old runs on and handover returns nil
-//     (runLink tries again later);
-//  2. old stops taking requests from other nodes and replies to this
-//     node's requests (its queues are unbound, so what is sent meanwhile
-//     comes back to its sender, who sends it again, and the consumers are
-//     cancelled once they have what reached the queues), the requests it
-//     took are answered and the answers published (at most
-//     handoverDrain), and local programs' new calls wait for the new
-//     session (handing);
-//  3. old is stopped; this node's requests waiting for a reply stay open
-//     (their replies come back to the replying node until the new session
-//     has bound its reply queue, and are sent again);
-//  4. the topology is declared on the new connections (the exclusive
-//     queues and consumers are free now).
-//
-// It returns handoverDone with the new session, set up but not started,
-// with the link in handing state (runLink ends it once the session runs);
-// handoverKept when old runs on; handoverBroken when old was stopped but
-// the new session failed; handoverNone for a URL that does not name the
-// same broker and vhost as old's (a move to another broker is a plain
-// reconnect).
-func (b *Bridge) handover(old *session) (*session, int) {
-	url := b.link.sameBrokerAs(old.url)
-	if url == "" || url == old.url {
-		return nil, handoverNone
-	}
-	user := userOf(url)
-	prevReason := b.link.credentialStatus().Reason
-	ctx, cancel := b.withQuit(context.Background())
-	defer cancel()
-	ctx, cancelLimit := context.WithTimeout(ctx, connectLimit)
-	defer cancelLimit()
-	b.link.setCredential(old.user, CredentialSwitching, "to "+user)
-	b.log.Info("broker credential: switching, new connections first", "from", old.user, "to", user)
-	next, abort, err := b.dialSession(ctx, url)
-	if err != nil {
-		reason := err.Error()
-		var cr *CredentialRefusedError
-		if errors.As(err, &cr) {
-			reason = "new credential refused: " + cr.Detail
-		}
-		b.link.setCredential(old.user, CredentialInUse, reason)
-		if reason != prevReason { // once per cause, not once per retry
-			b.log.Warn("broker credential: switch failed; staying on the old one and trying again", "from", old.user, "to", user, "err", err)
-		}
-		return nil, handoverKept
-	}
-	b.link.beginHandover()
-	old.quiesce(ctx)
-	old.handedOver = true
-	old.end()
-	b.link.sess.CompareAndSwap(old, nil)
-	old.stop()
-	b.reqs.pending.moveTo(old, next)
-	if err := next.prepare(ctx, abort); err != nil {
-		b.link.endHandover()
-		b.log.Warn("broker credential: new session failed after the old one closed; reconnecting", "user", user, "err", err)
-		b.setState(StateOffline, err.Error())
-		return nil, handoverBroken
-	}
-	return next, handoverDone
-}
-
-// Outcomes of handover.
-const (
-	handoverNone   = iota // not a change of credential: reconnect
-	handoverKept          // the new credential failed; the old session runs on
-	handoverDone          // the new session is ready
-	handoverBroken        // the old session is stopped, the new one failed
-)
 
 // quiesce stops taking requests from other nodes and replies to this
-// node's requests (both consumers are auto-ack: what the broker sent them
-// is gone from the queue, so the readers drain it), and waits (until ctx
-// ends) until every request taken is answered and the answers published.
-// What is sent after comes back to its sender, who sends it again to the
-// next session (noroute.go).
+// node's requests, and waits (until ctx ends) until every request taken is
+// answered and the answers published (link.Quiesce).
 func (s *session) quiesce(ctx context.Context) {
-	// The queues are exclusive to this session's connection and go with
-	// it. So they are unbound first: what is sent from now on comes back
-	// unroutable and its sender tries again until the next session has
-	// bound its own (noroute.go); what reached them before is delivered to
-	// the readers before the consumers are cancelled.
 	node := s.b.cfg.Node
-	for _, q := range []struct{ queue, key string }{
-		{s.q.req, codec.RequestBindingKey(node)}, {s.q.rep, codec.ReplyKey(node)},
-	} {
-		if err := s.con.autoCh.QueueUnbind(q.queue, q.key, s.q.ex, nil); err != nil {
-			// The channel is gone: nothing more to answer on it; what is
-			// open is answered by the next session (answerOrphans).
-			s.b.log.Warn("credential handover: cannot unbind the old session's queue; ending it as it is", "queue", q.queue, "err", err)
-			return
-		}
-	}
-	for _, q := range []string{s.q.req, s.q.rep} {
-		left := 0
-		for range quiesceEmptyPolls {
-			st, err := s.con.autoCh.QueueDeclarePassive(q, false, false, true, false, nil)
-			if err != nil {
-				s.b.log.Warn("credential handover: cannot look into the old session's queue; ending it as it is", "queue", q, "err", err)
-				return
-			}
-			if left = st.Messages; left == 0 {
-				break
-			}
-			select {
-			case <-time.After(5 * time.Millisecond):
-			case <-ctx.Done():
-				return
-			}
-		}
-		if left > 0 {
-			// Gone with the queue: their callers get their deadlines' 504.
-			s.b.log.Warn("credential handover: the old session's queue still held messages after about 200ms; they go with it", "queue", q, "messages", left)
-		}
-	}
-	for _, c := range []struct {
-		tag  string
-		done chan struct{}
-	}{{"requests", s.requestsDone}, {"replies", s.repliesDone}} {
-		if err := s.con.autoCh.Cancel(c.tag, false); err != nil {
-			return // the channel is gone: nothing more to answer on it
-		}
-		select {
-		case <-c.done:
-		case <-ctx.Done():
-			return
-		}
-	}
-	dctx, cancel := context.WithTimeout(ctx, handoverDrain)
-	defer cancel()
-	t := time.NewTicker(5 * time.Millisecond)
-	defer t.Stop()
-	for {
-		s.local.mu.Lock()
-		open := len(s.local.host) + s.local.answering
-		s.local.mu.Unlock()
-		if open == 0 && s.pub.fastQ.empty() {
-			// A barrier: the broker answers a method on the channel after it
-			// has sent back every message published before it that it could
-			// not route, so those are in fastReturns (and sent again,
-			// noroute.go) before the session stops.
-			_ = s.pub.fastCh.ExchangeDeclarePassive(codec.ExchangeMesh, "topic", true, false, false, false, nil)
-			for range quiesceEmptyPolls {
-				if len(s.pub.fastReturns) == 0 {
-					break
-				}
-				time.Sleep(time.Millisecond)
-			}
-			return
-		}
-		select {
-		case <-dctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// empty reports whether no item waits in q or is being published.
-func (q *pubQueue) empty() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.items) == 0 && q.taken == 0
-}
-
-// settled says that n items taken were published (or failed).
-func (q *pubQueue) settled(n int) {
-	q.mu.Lock()
-	q.taken -= n
-	q.mu.Unlock()
+	brokerlink.Quiesce(ctx, brokerlink.Quiet{
+		Ch: s.con.AutoCh, Exchange: s.con.Ex, Pub: s.pub, Log: s.b.log,
+		Queues: []brokerlink.QuietQueue{
+			{Queue: s.con.Req, Key: codec.RequestBindingKey(node), Tag: "requests", Done: s.requestsDone},
+			{Queue: s.con.Rep, Key: codec.ReplyKey(node), Tag: "replies", Done: s.repliesDone},
+		},
+		Open: func() int {
+			s.local.mu.Lock()
+			defer s.local.mu.Unlock()
+			return len(s.local.host) + s.local.answering
+		},
+	})
 }
 
 // moveTo hands the requests sent on session from to session to: their
@@ -359,91 +74,16 @@ func (r *pendingRequests) moveTo(from, to *session) {
 	}
 }
 
-// beginHandover makes liveSession wait for the session being made.
-func (l *link) beginHandover() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.handing == nil {
-		l.handing = make(chan struct{})
-	}
-}
-
-// endHandover releases those waiting in liveSession.
-func (l *link) endHandover() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.handing != nil {
-		close(l.handing)
-		l.handing = nil
-	}
-}
-
 // liveSession returns the session in use; during a handover it waits for
-// the new one, at most wait.
+// the new one, at most wait (link.Link.AwaitHandover).
 func (b *Bridge) liveSession(wait time.Duration) *session {
-	b.link.mu.Lock()
-	h := b.link.handing
-	b.link.mu.Unlock()
-	if h != nil {
-		t := time.NewTimer(wait)
-		select {
-		case <-h:
-		case <-t.C:
-		case <-b.quit:
-		}
-		t.Stop()
-	}
+	b.link.AwaitHandover(wait, b.quit)
 	return b.link.sess.Load()
-}
-
-// sameBroker reports whether two broker URLs name the same broker and
-// vhost (they may differ in credential).
-func sameBroker(a, b string) bool {
-	ua, err1 := amqp.ParseURI(a)
-	ub, err2 := amqp.ParseURI(b)
-	return err1 == nil && err2 == nil && ua.Scheme == ub.Scheme && ua.Host == ub.Host &&
-		ua.Port == ub.Port && ua.Vhost == ub.Vhost
-}
-
-// userOf returns the user of a broker URL ("" if none or unparsable).
-func userOf(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return ""
-	}
-	return u.User.Username()
-}
-
-// peerCredentials are the credential generations of other nodes, from the
-// validated user_id of their system messages (discovery, heartbeats): the
-// generation each node last spoke with. mu guards gen.
-type peerCredentials struct {
-	mu  sync.Mutex
-	gen map[string]int
-}
-
-func (p *peerCredentials) seen(node, user string) {
-	n, gen, ok := ParseBrokerUser(user)
-	if !ok || n != node {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.gen == nil {
-		p.gen = map[string]int{}
-	}
-	p.gen[node] = gen
 }
 
 // PeerGenerations returns, for each other node heard from on a mesh of
 // per-node broker users, the generation of the credential its last system
 // message came with (validated by the broker: user_id).
 func (b *Bridge) PeerGenerations() map[string]int {
-	b.peers.creds.mu.Lock()
-	defer b.peers.creds.mu.Unlock()
-	out := make(map[string]int, len(b.peers.creds.gen))
-	for n, g := range b.peers.creds.gen {
-		out[n] = g
-	}
-	return out
+	return b.peers.creds.All()
 }

@@ -76,7 +76,7 @@ type DeadLetter struct {
 // Standalone reports whether no broker is configured: dead letters then
 // wait in the outbox, where the dead-letter tools read them (DeadLetters
 // with stage "" lists every stage's).
-func (b *Bridge) Standalone() bool { return b.link.target() == "" }
+func (b *Bridge) Standalone() bool { return b.link.Target() == "" }
 
 // waitingDeadLetters lists the dead letters of stage ("" for every
 // stage) in the outbox, oldest first (at most maxBrowse).
@@ -164,7 +164,7 @@ func (b *Bridge) deadOp(ctx context.Context, stage string, f func(s *session, ch
 		return fmt.Errorf("%w: %v", codec.ErrBadInput, err)
 	}
 	s := b.link.sess.Load()
-	if st, _ := b.linkState(); st != StateConnected || s == nil {
+	if st, _ := b.link.Current(); st != StateConnected || s == nil {
 		return ErrLinkDown
 	}
 	ch, err := s.con.conn.Channel()

@@ -16,7 +16,8 @@
 // dead letters.
 //
 // The packages under it are its layers: bridge/codec (messages, names and
-// checks, no connection state), bridge/link (every AMQP dial),
+// checks, no connection state), bridge/link (every AMQP dial, the link's
+// state and loop, a session's publisher, acker and own topology),
 // bridge/flow (a stage's credit), bridge/completed (completed ids) and
 // bridge/outbox (the durable store).
 //

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
+
 	"github.com/meshbox/meshbox/bridge/codec"
 	"github.com/meshbox/meshbox/bridge/flow"
 )
@@ -41,7 +43,7 @@ func TestDocNumbersMatchConstants(t *testing.T) {
 		{[]string{internalsPage}, `within (\d[\d,]*) ms \(2 s for`, int64(noRouteWindow / time.Millisecond)},
 		{[]string{internalsPage}, `ms \((\d[\d,]*) s for a node that answered lately`, int64(noRouteKnownWindow / time.Second)},
 		{[]string{internalsPage}, `sent again for up to (\d[\d,]*) s`, int64(noRouteReplyWindow / time.Second)},
-		{[]string{internalsPage}, `answered \(at most (\d[\d,]*) s\)`, int64(handoverDrain / time.Second)},
+		{[]string{internalsPage}, `answered \(at most (\d[\d,]*) s\)`, int64(brokerlink.HandoverDrain / time.Second)},
 		{[]string{internalsPage}, `\((\d[\d,]*) x Prefetch`, openCallsPerPrefetch},
 		{[]string{internalsPage}, `x Prefetch, at least (\d[\d,]*)\)`, openCallsMin},
 	}

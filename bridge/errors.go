@@ -20,7 +20,7 @@ var (
 	// ErrNodeNameInUse means another process holds this node's name on the
 	// broker (its exclusive request consumer). Start returns it wrapped in a
 	// *NodeNameInUseError.
-	ErrNodeNameInUse = errors.New("node name is in use on the broker by another process")
+	ErrNodeNameInUse = brokerlink.ErrNodeNameInUse
 	// ErrOutboxLocked means another process holds the outbox file. Start
 	// returns it wrapped in an *OutboxLockedError.
 	ErrOutboxLocked = outbox.ErrLocked
@@ -47,15 +47,15 @@ var (
 // code) in error replies to local programs.
 var (
 	// ErrLinkDown means the broker link is not connected.
-	ErrLinkDown = errors.New("mesh unreachable: broker link is not connected")
+	ErrLinkDown = brokerlink.ErrLinkDown
 	// ErrOutboxFull means the outbox reached its size bound; the message was
 	// not accepted.
 	ErrOutboxFull = outbox.ErrFull
 	// ErrNoRoute means the broker had no queue for a message published with
 	// the mandatory flag.
-	ErrNoRoute = errors.New("no route on the broker")
+	ErrNoRoute = brokerlink.ErrNoRoute
 	// ErrNacked means the broker refused to take responsibility for a message.
-	ErrNacked = errors.New("broker refused the message")
+	ErrNacked = brokerlink.ErrNacked
 )
 
 // Errors returned by the dead-letter operations (deadletters.go).
@@ -78,33 +78,14 @@ func (e *ConfigError) Error() string { return "bridge config " + e.Field + ": " 
 // Unwrap returns ErrInvalidConfig.
 func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
 
-// NodeNameInUseError is returned by Start when the broker refuses this node's
-// exclusive consumer of its event queue (or, on an older mesh's
-// permissions, its request queue) because another process holds it.
-type NodeNameInUseError struct {
-	Node   string
-	Detail string // the broker's reason
-}
-
-func (e *NodeNameInUseError) Error() string {
-	return fmt.Sprintf("node name %s is in use on the broker by another process (%s)", e.Node, e.Detail)
-}
-
-// Unwrap returns ErrNodeNameInUse.
-func (e *NodeNameInUseError) Unwrap() error { return ErrNodeNameInUse }
+// NodeNameInUseError means another process holds this node's name on the
+// broker. It unwraps to ErrNodeNameInUse.
+type NodeNameInUseError = brokerlink.NodeNameInUseError
 
 // MissingQueueError: a durable queue of node Node (its event queue, a
 // stage's queue) does not exist, and the node's broker user may not
 // declare it: the admin declares those (bridge.NodeQueues).
-type MissingQueueError struct {
-	Node  string
-	Queue string
-}
-
-func (e *MissingQueueError) Error() string {
-	return fmt.Sprintf("queue %s does not exist on the broker and this node may not declare it: the admin declares it, a stage's queues with meshbox mesh node set-stages %s STAGE... (every stage the node may consume, this one among them), its event queue with meshbox mesh node rotate %s",
-		e.Queue, e.Node, e.Node)
-}
+type MissingQueueError = brokerlink.MissingQueueError
 
 // OutboxLockedError is returned by Start when the outbox file is locked by
 // another process. It unwraps to ErrOutboxLocked.

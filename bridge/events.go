@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
+
 	"github.com/meshbox/meshbox/bridge/codec"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -91,7 +93,7 @@ type sysMsg struct {
 // system messages are ephemeral). Exits when the delivery channel closes.
 func (s *session) readSystem(ds <-chan amqp.Delivery) {
 	b := s.b
-	probe := probeKey(b.cfg.Node)
+	probe := brokerlink.ProbeKey(b.cfg.Node)
 	for d := range ds {
 		if d.RoutingKey == probe {
 			b.m.msg(codec.TypeSystem, "in") // a peer's probe: routed here is all it asked
@@ -117,7 +119,7 @@ func (s *session) takeSystem(d *amqp.Delivery, held bool) {
 		return
 	}
 	if env.Verified {
-		b.peers.creds.seen(env.Origin, d.UserId)
+		b.peers.creds.Seen(env.Origin, d.UserId)
 	}
 	b.m.msg(codec.TypeSystem, "in")
 	if b.cfg.OnSystem == nil {
@@ -164,7 +166,7 @@ func (b *Bridge) SendSystem(ctx context.Context, node, key string, body []byte) 
 
 func (b *Bridge) publishSystem(ctx context.Context, rkey string, mandatory bool, body []byte) error {
 	sess := b.link.sess.Load()
-	if st, _ := b.linkState(); st != StateConnected || sess == nil {
+	if st, _ := b.link.Current(); st != StateConnected || sess == nil {
 		return ErrLinkDown
 	}
 	out := &codec.Outgoing{Exchange: codec.ExchangeMesh, Key: rkey, Mandatory: mandatory, Kind: codec.TypeSystem,

@@ -31,7 +31,7 @@ func AckDelays(b *Bridge) (most time.Duration, slow int64) {
 	if s == nil {
 		return 0, 0
 	}
-	return time.Duration(s.con.ackDelay.most.Load()), s.con.ackDelay.over[1].Load()
+	return s.con.acker.Delays()
 }
 
 // OwnQueues returns the names of the request, reply and system queues of
@@ -41,7 +41,7 @@ func OwnQueues(b *Bridge) (requests, replies, system string) {
 	if s == nil {
 		return "", "", ""
 	}
-	return s.q.req, s.q.rep, s.q.sys
+	return s.con.Req, s.con.Rep, s.con.Sys
 }
 
 // SetOwnQueuesBound unbinds the request and reply queues of b's current
@@ -54,12 +54,12 @@ func SetOwnQueuesBound(b *Bridge, bound bool) error {
 		return ErrLinkDown
 	}
 	node := b.cfg.Node
-	for _, q := range []struct{ queue, key string }{{s.q.req, codec.RequestBindingKey(node)}, {s.q.rep, codec.ReplyKey(node)}} {
+	for _, q := range []struct{ queue, key string }{{s.con.Req, codec.RequestBindingKey(node)}, {s.con.Rep, codec.ReplyKey(node)}} {
 		var err error
 		if bound {
-			err = s.con.autoCh.QueueBind(q.queue, q.key, s.q.ex, false, nil)
+			err = s.con.AutoCh.QueueBind(q.queue, q.key, s.con.Ex, false, nil)
 		} else {
-			err = s.con.autoCh.QueueUnbind(q.queue, q.key, s.q.ex, nil)
+			err = s.con.AutoCh.QueueUnbind(q.queue, q.key, s.con.Ex, nil)
 		}
 		if err != nil {
 			return err

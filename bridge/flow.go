@@ -110,7 +110,7 @@ func (s *session) addConsumer(f *flow.StageFlow, prefetch int) bool {
 	if s.flows.qos != prefetch {
 		// Set for the consumers opened from now on; the events consumer
 		// keeps Prefetch.
-		if err := s.timed(func() error { return s.con.ch.Qos(prefetch, 0, false) }); err != nil {
+		if err := s.timed(func() error { return s.con.Ch.Qos(prefetch, 0, false) }); err != nil {
 			s.fail(fmt.Errorf("set a stage's prefetch: %w", err))
 			return false
 		}
@@ -120,7 +120,7 @@ func (s *session) addConsumer(f *flow.StageFlow, prefetch int) bool {
 	tag := "cmd:" + f.Stage + ":" + strconv.Itoa(s.flows.tagSeq)
 	var deliveries <-chan amqp.Delivery
 	err := s.timed(func() (err error) {
-		deliveries, err = s.con.ch.Consume(codec.StageQueue(f.Stage), tag, false, false, false, false, nil)
+		deliveries, err = s.con.Ch.Consume(codec.StageQueue(f.Stage), tag, false, false, false, false, nil)
 		return err
 	})
 	if err != nil {
@@ -139,7 +139,7 @@ func (s *session) addConsumer(f *flow.StageFlow, prefetch int) bool {
 // reader exits after the last of it. It returns false when it failed the
 // session. Consumer manager only.
 func (s *session) cancelConsumer(f *flow.StageFlow, tag string) bool {
-	if err := s.timed(func() error { return s.con.ch.Cancel(tag, false) }); err != nil {
+	if err := s.timed(func() error { return s.con.Ch.Cancel(tag, false) }); err != nil {
 		s.fail(fmt.Errorf("cancel consumer of stage %s: %w", f.Stage, err))
 		return false
 	}

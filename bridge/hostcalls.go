@@ -158,7 +158,7 @@ func (s *session) replyHost(env *codec.Envelope, resp *nats.Msg, failure error) 
 		wire.SetError(out.Header, codeFor(failure), errorText(failure))
 		out.Body = nil
 	}
-	_ = s.enqueueFast(&pubItem{out: out, done: func(error) {}})
+	_ = s.enqueueFast(&pubItem{Out: out, Done: func(error) {}})
 }
 
 // openCalls bounds the requests from other nodes open at local hosts:

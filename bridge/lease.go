@@ -81,10 +81,9 @@ func (s *session) extendCmd(token string) {
 		return // settled already, or waiting for its retry
 	}
 	until, later := s.b.leaseUntil(c.started, c.deadline, now)
-	if !later || c.timer == nil || !c.timer.Stop() {
+	if !later || c.timer == nil || !s.workers.Cancel(c.timer) {
 		return // at its maximum lease, or its deadline fired already
 	}
-	s.workers.done() // the stopped timer's
 	c.deadline = until
 	c.extended++
 	s.b.m.leaseExtensions.Inc()

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"time"
 
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
+
 	"github.com/meshbox/meshbox/bridge/codec"
 
 	"github.com/meshbox/meshbox/internal/wire"
@@ -19,8 +21,6 @@ const (
 	StateOffline    = wire.StateOffline
 	StateBlocked    = wire.StateBlocked
 )
-
-var allStates = []string{StateNone, StateConnecting, StateConnected, StateOffline, StateBlocked}
 
 // Error kinds in meshbox_errors_total{kind}.
 const (
@@ -43,11 +43,11 @@ const (
 
 // metrics are the bridge's Prometheus collectors.
 type metrics struct {
-	linkMetrics
-	messages *prometheus.CounterVec
-	byShape  map[string][2]prometheus.Counter // messages' counters (in, out) of each shape, looked up once
-	errors   *prometheus.CounterVec
-	unseal   *prometheus.CounterVec
+	*brokerlink.Metrics // the link's
+	messages            *prometheus.CounterVec
+	byShape             map[string][2]prometheus.Counter // messages' counters (in, out) of each shape, looked up once
+	errors              *prometheus.CounterVec
+	unseal              *prometheus.CounterVec
 	// replays counts deliveries refused as replays, by shape and reason
 	// (replay.go).
 	replays *prometheus.CounterVec
@@ -82,20 +82,6 @@ type metrics struct {
 	reg        registration
 }
 
-// linkMetrics are the broker link's collectors: its state, its sessions
-// after the first, its TCP connects, the broker's blocks of the
-// publishing connection and its refusal of the credential.
-type linkMetrics struct {
-	state      *prometheus.GaugeVec
-	reconnects prometheus.Counter
-	// dials counts the TCP connects of the link, by result (dialConnected,
-	// dialFailed): a session's two connections, the probes of an
-	// unreachable broker (probe.go) and the extra connections (dialer.go).
-	dials   *prometheus.CounterVec
-	blocks  prometheus.Counter
-	revoked prometheus.Gauge
-}
-
 // registration is where the metrics are registered: the registry, what
 // went into it (Unregister takes it out again), and the outbox's
 // collectors, which come with the outbox.
@@ -107,26 +93,7 @@ type registration struct {
 
 func newMetrics(b *Bridge) *metrics {
 	m := &metrics{
-		linkMetrics: linkMetrics{
-			state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-				Name: "meshbox_broker_state", Help: "1 for the broker link's current state, 0 for the others.",
-			}, []string{"state"}),
-			reconnects: prometheus.NewCounter(prometheus.CounterOpts{
-				Name: "meshbox_broker_reconnects_total", Help: "Connections to the broker after the first.",
-			}),
-			dials: prometheus.NewCounterVec(prometheus.CounterOpts{
-				Name: "meshbox_broker_dials_total",
-				Help: "TCP connects to the broker, by result (connected, failed): two per session, one per probe while the broker is unreachable, and one per extra connection (the tables of rows').",
-			}, []string{"result"}),
-			blocks: prometheus.NewCounter(prometheus.CounterOpts{
-				Name: "meshbox_broker_blocked_total",
-				Help: "Times the broker blocked this node's publishing connection (resource alarm); consuming goes on.",
-			}),
-			revoked: prometheus.NewGauge(prometheus.GaugeOpts{
-				Name: "meshbox_broker_credential_revoked",
-				Help: "1 while the broker refuses this node's credential at login (403 ACCESS_REFUSED), else 0.",
-			}),
-		},
+		Metrics: brokerlink.NewMetrics(),
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshbox_messages_total", Help: "Messages carried by the bridge, by shape and direction (out: to the broker, in: from it).",
 		}, []string{"shape", "direction"}),
@@ -199,12 +166,6 @@ func newMetrics(b *Bridge) *metrics {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshbox_outbox_oldest_age_seconds", Help: "Age of the oldest message in the outbox (0 when empty)."},
 			func() float64 { return b.outboxStatus().OldestAgeSeconds }),
 	}
-	for _, s := range allStates {
-		m.state.WithLabelValues(s).Set(0)
-	}
-	for _, r := range []string{dialConnected, dialFailed} {
-		m.dials.WithLabelValues(r)
-	}
 	m.byShape = map[string][2]prometheus.Counter{}
 	for _, shape := range []string{codec.TypeRequest, codec.TypeReply, codec.TypeCommand, codec.TypeEvent, codec.TypeSystem} {
 		m.byShape[shape] = [2]prometheus.Counter{m.messages.WithLabelValues(shape, "in"), m.messages.WithLabelValues(shape, "out")}
@@ -218,7 +179,8 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 		return nil
 	}
 	m.reg.to = reg
-	all := append([]prometheus.Collector{m.state, m.reconnects, m.dials, m.blocks, m.messages, m.errors, m.unseal, m.replays, m.scopeRefused, m.duration, m.stalls, m.leaseExtensions, m.deduplicated, m.retries, m.results, m.deadLetters, m.batchSize, m.batchSplits, m.overflowed, m.parked, m.revoked}, m.reg.outbox...)
+	all := append(m.Metrics.Collectors(), m.messages, m.errors, m.unseal, m.replays, m.scopeRefused, m.duration, m.stalls, m.leaseExtensions, m.deduplicated, m.retries, m.results, m.deadLetters, m.batchSize, m.batchSplits, m.overflowed, m.parked)
+	all = append(all, m.reg.outbox...)
 	for _, c := range all {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
@@ -239,16 +201,6 @@ func (m *metrics) unregister() {
 		m.reg.to.Unregister(c)
 	}
 	m.reg.registered = nil
-}
-
-func (m *metrics) setState(state string) {
-	for _, s := range allStates {
-		v := 0.0
-		if s == state {
-			v = 1
-		}
-		m.state.WithLabelValues(s).Set(v)
-	}
 }
 
 // msg counts a message; it runs for every message, so the counters of the
@@ -287,24 +239,6 @@ func (b *Bridge) Carried() (requests, commands, events float64) {
 
 func (m *metrics) err(kind string) { m.errors.WithLabelValues(kind).Inc() }
 
-// dialed counts a TCP connect of the link that ended with err.
-func (m *metrics) dialed(err error) {
-	r := dialConnected
-	if err != nil {
-		r = dialFailed
-	}
-	m.dials.WithLabelValues(r).Inc()
-}
-
 func (m *metrics) observe(outcome string, since time.Time) {
 	m.duration.WithLabelValues(outcome).Observe(time.Since(since).Seconds())
-}
-
-// setRevoked sets meshbox_broker_credential_revoked.
-func (m *metrics) setRevoked(on bool) {
-	v := 0.0
-	if on {
-		v = 1
-	}
-	m.revoked.Set(v)
 }

@@ -116,18 +116,18 @@ func (b *Bridge) resendRequest(id string) {
 		return // answered meanwhile (its deadline)
 	}
 	sent := b.requestSent(id, p)
-	it := &pubItem{out: p.out, done: func(err error) {
+	it := &pubItem{Out: p.out, Done: func(err error) {
 		if err != nil && b.retryRequest(id) {
 			return
 		}
 		sent(err)
 	}}
 	if sess == nil {
-		it.finish(ErrLinkDown)
+		it.Finish(ErrLinkDown)
 		return
 	}
 	if err := sess.enqueueFast(it); err != nil {
-		it.finish(err)
+		it.Finish(err)
 	}
 }
 
@@ -188,7 +188,7 @@ func (b *Bridge) retryReply(r amqp.Return) {
 			b.replyDropped(r.RoutingKey, "this node's broker link is down")
 			return
 		}
-		if err := sess.enqueueFast(&pubItem{out: out, done: func(error) {}}); err != nil {
+		if err := sess.enqueueFast(&pubItem{Out: out, Done: func(error) {}}); err != nil {
 			b.replyDropped(r.RoutingKey, "this node's broker link went down")
 		}
 	})

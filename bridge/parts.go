@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
+
 	"github.com/meshbox/meshbox/bridge/completed"
 
 	"github.com/meshbox/meshbox/bridge/codec"
@@ -73,59 +75,18 @@ type commandBook struct {
 	orderKeys atomic.Bool
 }
 
-// probeBook holds the probes of other nodes (probe.go) that wait for the
-// broker's "no route": by addressee, oldest first. mu guards them.
-type probeBook struct {
-	mu        sync.Mutex
-	waiting   map[string][]*waitingProbe
-	lastSweep time.Time // when every addressee's expired probes were last dropped
-}
-
-// waitingProbe is one probe written at at, and what to call when the
-// broker returns it.
-type waitingProbe struct {
-	at         time.Time
-	unroutable func()
-}
-
 // peerBook is what the node knows of other nodes: their broker users,
 // and the probes of them that wait for the broker's answer.
 type peerBook struct {
 	// creds are the broker users other nodes' system messages came with
-	// (credential.go).
-	creds peerCredentials
+	// (bridge/link's credential.go).
+	creds brokerlink.PeerCredentials
 	// senders are the credential generations accepted per node
 	// (senders.go).
 	senders senders
 	// probes are the probes of other nodes waiting for a "no route"
-	// (probe.go).
-	probes probeBook
-}
-
-// brokerPerms is what the broker's refusals said of this node's
-// permissions (topology.go), learnt once so that later sessions do not
-// ask again.
-type brokerPerms struct {
-	// older: the last session found this node's broker permissions to be
-	// an older mesh's; said once in the log and while it holds in the
-	// status.
-	older atomic.Bool
-	// named: this node's broker user may not declare server-named queues
-	// (an older mesh's permissions): its request, reply and system queues
-	// are named after it. admin: it may not declare its durable queues
-	// (the current permissions): the admin has, and it finds them.
-	named, admin atomic.Bool
-	// shared: the broker URL on which a session found the mesh's shared
-	// exchanges and dead letter queue; the next sessions on it do not ask
-	// again (three round trips), until one ends on a 404.
-	shared atomic.Pointer[string]
-	// exchangeWarned: the node said once that it may not delete its
-	// older mesh's exchange.
-	exchangeWarned atomic.Bool
-	// accepted are the broker users a session ran with in this process:
-	// a later refusal of one is a revocation, of another a wrong
-	// credential.
-	accepted sync.Map
+	// (nodeprobe.go).
+	probes brokerlink.NodeProbes
 }
 
 // refusalLogs are the causes of refusals already logged, each said once.

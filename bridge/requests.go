@@ -186,7 +186,7 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 		}
 	}
 	sess := b.liveSession(timeout)
-	if st, since := b.linkState(); st != StateConnected || sess == nil {
+	if st, since := b.link.Current(); st != StateConnected || sess == nil {
 		b.m.err(errKindUnreachable)
 		b.replyError(msg.Reply, &ServiceError{Code: CodeUnavailable,
 			Text: fmt.Sprintf("mesh unreachable: broker link is %s since %s; cannot call %s on node %s", st, since.UTC().Format(time.RFC3339), name, node)})
@@ -215,9 +215,9 @@ func (b *Bridge) forward(msg *nats.Msg, node, name string, timeout time.Duration
 				Text: fmt.Sprintf("deadline of %s passed waiting for %s on node %s", timeout, name, node)})
 		})
 	})
-	it := &pubItem{out: out, done: b.requestSent(id, p)}
+	it := &pubItem{Out: out, Done: b.requestSent(id, p)}
 	if err := sess.enqueueFast(it); err != nil {
-		it.finish(err)
+		it.Finish(err)
 	}
 }
 

@@ -111,7 +111,7 @@ func TestHeldForRotation(t *testing.T) {
 	s := &session{b: b, user: BrokerUser("gamma", 1), perNode: true, ctx: ctx}
 	defer func() {
 		cancel()
-		s.workers.closeAndWait()
+		s.workers.CloseAndWait()
 	}()
 	delivery := func(gen int) *amqp.Delivery {
 		d := goodDelivery(codec.TypeSystem)

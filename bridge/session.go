@@ -2,7 +2,6 @@ package bridge
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -33,7 +32,6 @@ type session struct {
 	// every delivery must carry a node's user_id too (checkOrigin).
 	user    string
 	perNode bool
-	q       sessionQueues
 	// early: the publisher, the confirmer and the outbox's drainer started
 	// during the setup (setup.go).
 	early bool
@@ -49,88 +47,42 @@ type session struct {
 	cancel context.CancelFunc
 	failed chan error // cap 1: the first fatal error of a part
 
-	pub   publishing // the publishing connection and what is on its way
-	con   consuming  // the consuming connection, its consumers and acks
-	flows stageFlows // the stages consumed in this session
-	local localCalls // calls and commands open at local programs
+	pub   *brokerlink.Publisher // the publishing connection and what is on its way (publish.go)
+	con   consuming             // the consuming connection, its consumers and acks
+	flows stageFlows            // the stages consumed in this session
+	local localCalls            // calls and commands open at local programs
 
-	// The outbox drainer (submit.go): rescan (cap 1) starts it over from
-	// the oldest record; drainWait counts drained records handed to the
-	// publisher and not settled.
+	sub submitting // the outbox drainer and the stages routed (submit.go)
+
+	wg      sync.WaitGroup     // the session's goroutines
+	workers brokerlink.Workers // goroutines and timers working on deliveries
+}
+
+// submitting is the session's part of the submissions (submit.go).
+type submitting struct {
+	// The outbox drainer: rescan (cap 1) starts it over from the oldest
+	// record; drainWait counts drained records handed to the publisher
+	// and not settled.
 	rescan    chan struct{}
 	drainWait sync.WaitGroup
-
-	wg      sync.WaitGroup // the session's goroutines
-	workers tracker        // goroutines and timers working on deliveries
-}
-
-// sessionQueues names what the session's consumers read and its own
-// queues are bound to (topology.go).
-type sessionQueues struct {
-	// ex is the exchange the node's own queues are bound to: mesh, or
-	// node.<n> for a broker user with an older mesh's permissions.
-	ex string
-	// req, rep and sys are this session's request, reply and system
-	// queues: server-named (amq.gen-*), or, for a broker user with an
-	// older mesh's permissions, node.<n>.requests, .replies and .system.
-	req, rep, sys string
-}
-
-// publishing is the session's publishing connection: commands, events,
-// dead letters and system messages on ch (confirm mode), requests and
-// replies on fastCh, and the publishes the broker has not confirmed yet.
-// The publisher, confirmer and fast publisher goroutines own it (publish.go).
-type publishing struct {
-	conn        *amqp.Connection
-	cork        *brokerlink.CorkConn // conn's socket: publishers batch their writes
-	ch          *amqp.Channel
-	fastCh      *amqp.Channel
-	confirms    chan amqp.Confirmation
-	returns     chan amqp.Return
-	fastReturns chan amqp.Return
-	blocked     chan amqp.Blocking
-	connClose   chan *amqp.Error
-	chClose     chan *amqp.Error
-	fastClose   chan *amqp.Error
-
-	q      *pubQueue     // for the publisher
-	fastQ  *pubQueue     // requests and replies for the fast publisher
-	fastMu sync.Mutex    // held by whoever publishes a run of fastQ
-	window chan struct{} // a slot per unconfirmed publish
-
-	mu       sync.Mutex // guards inflight, byID, ended
-	inflight map[uint64]*pubItem
-	byID     map[string]*pubItem
-	ended    bool
 	// routed are the stages whose commands the broker routed to a queue in
-	// this session (stage → true): only those overflow into the outbox
-	// (submit.go).
+	// this session (stage → true): only those overflow into the outbox.
 	routed sync.Map
 }
 
 // consuming is the session's consuming connection: the topology, the
-// acked consumers on ch (events, commands), the unacked ones on autoCh
+// acked consumers on Ch (events, commands), the unacked ones on AutoCh
 // (requests, replies, system messages), stage declarations and queue
 // inspections. It never publishes. The acker and the consumer manager
-// share ch (consume.go): one settles, the other opens and cancels stage
+// share Ch (consume.go): one settles, the other opens and cancels stage
 // consumers.
 type consuming struct {
-	conn      *amqp.Connection
-	cork      *brokerlink.CorkConn // conn's socket: a run of acks goes out with one write
-	ch        *amqp.Channel
-	autoCh    *amqp.Channel
-	cancels   chan string
-	connClose chan *amqp.Error
-	chClose   chan *amqp.Error
-	autoClose chan *amqp.Error
-	initial   map[string]<-chan amqp.Delivery // consumers opened by setup
+	conn *amqp.Connection
+	// Consuming are its channels, the node's own queues and the first
+	// consumers, as the setup left them (link.SessionSetup).
+	brokerlink.Consuming
 
-	ackQ chan ackReq
-	// unacked counts settled deliveries whose ack is not yet applied on
-	// the consume channel: a graceful close waits for it (settleBeforeStop).
-	unacked  atomic.Int64
-	acks     ackBook   // settled deliveries of ch (acker only)
-	ackDelay ackDelays // how long acks waited for the acker
+	acker *brokerlink.Acker // settles the deliveries of ch (consume.go)
 	// lagSpent (the event reader only): the bindings on which the event
 	// reader waited bindingLag for a lagging event in vain; on them it
 	// refuses the next at once, so that a member sending mis-scoped events
@@ -151,7 +103,7 @@ type stageFlows struct {
 	byTag    map[string]*flow.StageFlow // consumer manager only: stage consumers by tag
 	tagSeq   int                        // consumer manager only: for unique consumer tags
 	qos      int                        // consumer manager only: the prefetch set for stage consumers (0: Prefetch, for events)
-	rtt      atomic.Int64               // the link's round trip: the quickest synchronous call on con.ch (ns; 0: none yet)
+	rtt      atomic.Int64               // the link's round trip: the quickest synchronous call on con.Ch (ns; 0: none yet)
 	wake     chan struct{}              // cap 1: a stage wants another credit
 	drain    chan struct{}              // cap 1: the node stops; cancel every stage consumer (drainCommands)
 	draining bool                       // consumer manager only: stage consumers cancelled for good
@@ -203,46 +155,10 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to broker: %w", err)
 	}
-	user := b.loginUser(url, uri) // the URL's, or a client certificate's
+	user := brokerlink.LoginUser(b.cfg.CertFile, b.cfg.KeyFile, url, uri) // the URL's, or a client certificate's
 	_, _, perNode := ParseBrokerUser(user)
-	// Both connections at once: a handshake is several round trips, which
-	// on a home link to the broker is what a reconnect waits for.
-	type dialed struct {
-		conn  *amqp.Connection
-		cork  *brokerlink.CorkConn
-		abort func()
-		err   error
-	}
-	pubDial := make(chan dialed, 1)
-	go func() { // exits when the dial ends (ctx bounds it)
-		var d dialed
-		d.conn, d.cork, d.abort, d.err = b.dial(ctx, url, rolePublish)
-		pubDial <- d
-	}()
-	conConn, conCork, abortCon, err := b.dial(ctx, url, roleConsume)
-	pd := <-pubDial
-	pubConn, cork, abortPub := pd.conn, pd.cork, pd.abort
-	// One connection logged in and the other "refused": the broker
-	// dropped the other during its login (the client library reports a
-	// socket closed there as a refused login), it did not refuse the
-	// credential the first one used.
-	dropped := (err == nil) != (pd.err == nil)
-	if err == nil {
-		err = pd.err
-	}
-	if dropped && loginDropped(err) {
-		err = fmt.Errorf("the broker closed a connection during its login, and let the other log in with the same credential: %w", errLoginDropped)
-	}
+	c, err := brokerlink.DialPair(ctx, b.dialOptions(url, rolePublish), b.dialOptions(url, roleConsume), b.m.Dialed, closeLimit)
 	if err != nil {
-		for _, c := range []struct {
-			conn  *amqp.Connection
-			abort func()
-		}{{conConn, abortCon}, {pubConn, abortPub}} {
-			if c.conn != nil {
-				c.abort()
-				_ = c.conn.CloseDeadline(time.Now().Add(closeLimit))
-			}
-		}
 		return nil, nil, fmt.Errorf("connect to broker: %w", b.refused(err, user))
 	}
 	s := &session{
@@ -250,16 +166,8 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 		failed:       make(chan error, 1),
 		requestsDone: make(chan struct{}),
 		repliesDone:  make(chan struct{}),
-		rescan:       make(chan struct{}, 1),
-		pub: publishing{
-			conn: pubConn, cork: cork,
-			q:        newPubQueue(publishWindow),
-			fastQ:    newPubQueue(publishWindow),
-			window:   make(chan struct{}, publishWindow),
-			inflight: map[uint64]*pubItem{},
-			byID:     map[string]*pubItem{},
-		},
-		con: consuming{conn: conConn, cork: conCork, ackQ: make(chan ackReq, 256)},
+		sub:          submitting{rescan: make(chan struct{}, 1)},
+		con:          consuming{conn: c.Con, acker: brokerlink.NewAcker(c.ConCork)},
 		flows: stageFlows{
 			stages: map[string]*flow.StageFlow{},
 			aux:    map[string]int{},
@@ -269,9 +177,9 @@ func (b *Bridge) dialSession(ctx context.Context, url string) (*session, func(),
 		},
 		local: localCalls{host: map[string]*hostCall{}, cmds: map[string]*cmdCall{}},
 	}
-	s.pub.fastQ.track = true // a handover waits until replies are published (quiesce)
+	s.pub = brokerlink.NewPublisher(c.Pub, c.PubCork, s.publisherHooks())
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	return s, func() { abortCon(); abortPub() }, nil
+	return s, c.Abort, nil
 }
 
 // prepare declares the node's topology on an opened session within ctx.
@@ -299,7 +207,7 @@ func (s *session) prepare(ctx context.Context, abort func()) error {
 // broker.
 func (s *session) closeConns() {
 	_ = s.con.conn.CloseDeadline(time.Now().Add(closeLimit))
-	_ = s.pub.conn.CloseDeadline(time.Now().Add(closeLimit))
+	_ = s.pub.Conn.CloseDeadline(time.Now().Add(closeLimit))
 }
 
 // start runs the session's goroutines. Each exits when the session's
@@ -327,14 +235,14 @@ func (s *session) start() {
 	s.spawn(s.consumerManager)
 	s.spawn(func() {
 		defer close(s.requestsDone)
-		s.readRequests(s.con.initial["requests"])
+		s.readRequests(s.con.Initial["requests"])
 	})
 	s.spawn(func() {
 		defer close(s.repliesDone)
-		s.readReplies(s.con.initial["replies"])
+		s.readReplies(s.con.Initial["replies"])
 	})
-	s.spawn(func() { s.readEvents(s.con.initial["events"]) })
-	s.spawn(func() { s.readSystem(s.con.initial["system"]) })
+	s.spawn(func() { s.readEvents(s.con.Initial["events"]) })
+	s.spawn(func() { s.readSystem(s.con.Initial["system"]) })
 	s.spawn(s.stallChecker)
 }
 
@@ -346,56 +254,12 @@ func (s *session) spawn(f func()) {
 	}()
 }
 
-// run waits until the session must end and returns why. retry (nil:
-// never) asks it to look at the URL again, after a failed handover. A
-// new broker setting ends the session only when its URL is no longer one
-// of the setting's.
+// run waits until the session must end and returns why (link.Link.Watch).
+// retry (nil: never) asks it to look at the URL again, after a failed
+// handover.
 func (s *session) run(retry <-chan time.Time) string {
-	for {
-		select {
-		case <-s.b.quit:
-			return reasonShutdown
-		case <-s.b.link.urlChanged:
-			if !s.b.link.holds(s.url) {
-				return reasonURLChanged
-			}
-		case <-retry:
-			if !s.b.link.holds(s.url) {
-				return reasonURLChanged
-			}
-		case e := <-s.pub.connClose:
-			return s.closed("publishing connection closed", e)
-		case e := <-s.con.connClose:
-			return s.closed("consuming connection closed", e)
-		case e := <-s.pub.chClose:
-			return s.closed("publish channel closed", e)
-		case e := <-s.pub.fastClose:
-			return s.closed("request channel closed", e)
-		case e := <-s.con.autoClose:
-			return s.closed("consume channel closed", e)
-		case e := <-s.con.chClose:
-			return s.closed("consume channel closed", e)
-		case err := <-s.failed:
-			return err.Error()
-		}
-	}
-}
-
-// closed is closeReason for one of the session's connections or
-// channels. A 404 may be a shared exchange or queue gone: the next
-// session checks them again (setup).
-func (s *session) closed(what string, e *amqp.Error) string {
-	if e != nil && e.Code == amqp.NotFound {
-		s.b.learnt.shared.Store(nil)
-	}
-	return closeReason(what, e)
-}
-
-func closeReason(what string, e *amqp.Error) string {
-	if e == nil {
-		return what
-	}
-	return fmt.Sprintf("%s: %d %s", what, e.Code, e.Reason)
+	return s.b.link.Watch(brokerlink.Watched{Quit: s.b.quit, URL: s.url, Retry: retry, Pub: s.pub,
+		ConnClose: s.con.ConnClose, ChClose: s.con.ChClose, AutoClose: s.con.AutoClose, Failed: s.failed})
 }
 
 // fail ends the session with err (the first error wins).
@@ -408,9 +272,7 @@ func (s *session) fail(err error) {
 
 // end marks the session as ended: nothing new is handed to it.
 func (s *session) end() {
-	s.pub.mu.Lock()
-	s.pub.ended = true
-	s.pub.mu.Unlock()
+	s.pub.End()
 }
 
 // stop tears the session down and waits for all its goroutines. Messages
@@ -425,94 +287,18 @@ func (s *session) stop() {
 	}
 	s.endCalls()
 	s.endCmds()
-	s.workers.closeAndWait()
+	s.workers.CloseAndWait()
 	if !s.handedOver {
 		s.b.failPendingOf(s)
 	}
 }
 
-// work runs f on a per-delivery worker goroutine; stop waits for it. f
-// must return soon after the session's context is cancelled. After stop
-// began, f is dropped (work returns false).
-func (s *session) work(f func()) bool {
-	if !s.workers.add() {
-		return false
-	}
-	go func() {
-		defer s.workers.done()
-		f()
-	}()
-	return true
-}
+// work runs f on a per-delivery worker goroutine; stop waits for it
+// (link.Workers.Go).
+func (s *session) work(f func()) bool { return s.workers.Go(f) }
 
-// after runs f after d, tracked like work (nil after stop began). Cancel
-// it with cancelTimer.
-func (s *session) after(d time.Duration, f func()) *time.Timer {
-	if !s.workers.add() {
-		return nil
-	}
-	return time.AfterFunc(d, func() {
-		defer s.workers.done()
-		f()
-	})
-}
+// after runs f after d, tracked like work (link.Workers.After).
+func (s *session) after(d time.Duration, f func()) *time.Timer { return s.workers.After(d, f) }
 
-// cancelTimer stops a timer from after; a timer that already fired is
-// left to finish.
-func (s *session) cancelTimer(t *time.Timer) {
-	if t != nil && t.Stop() {
-		s.workers.done()
-	}
-}
-
-// tracker counts work in progress. Unlike a WaitGroup it may gain work
-// while someone waits, and refuses new work once closed.
-type tracker struct {
-	mu     sync.Mutex
-	n      int
-	zero   chan struct{} // closed when n drops to 0 while closing
-	closed bool
-}
-
-func (t *tracker) add() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return false
-	}
-	t.n++
-	return true
-}
-
-func (t *tracker) done() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.n--
-	if t.n == 0 && t.zero != nil {
-		close(t.zero)
-		t.zero = nil
-	}
-}
-
-// closeAndWait refuses new work and waits for the work in progress.
-func (t *tracker) closeAndWait() {
-	t.mu.Lock()
-	t.closed = true
-	if t.n == 0 {
-		t.mu.Unlock()
-		return
-	}
-	zero := make(chan struct{})
-	t.zero = zero
-	t.mu.Unlock()
-	<-zero
-}
-
-// errLoginDropped is a connection the broker closed during its login
-// while it let another log in with the same credential.
-var errLoginDropped = errors.New("connection dropped during login")
-
-// loginDropped reports whether err is the client library's guess at a
-// socket closed during login (not the broker's own refusal, which names
-// itself as the server's).
-func loginDropped(err error) bool { return errors.Is(err, amqp.ErrCredentials) }
+// cancelTimer stops a timer from after (link.Workers.Cancel).
+func (s *session) cancelTimer(t *time.Timer) { s.workers.Cancel(t) }

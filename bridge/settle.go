@@ -77,13 +77,13 @@ func (s *session) onCmdReply(m *nats.Msg) {
 			// redelivery this node recognises. Marked at once: a delivery
 			// right behind is recognised while the write runs.
 			b.files.done.Begin(c.stage, c.env.MsgID)
-			s.con.unacked.Add(1) // until the ack is queued
+			release := s.con.acker.Hold() // until the ack is queued
 			if !s.work(func() {
-				defer s.con.unacked.Add(-1)
+				defer release()
 				b.completedNow(c.stage, c.env.MsgID)
 				s.ackCmd(c.ack, opAck)
 			}) {
-				s.con.unacked.Add(-1)
+				release()
 			}
 			return
 		}

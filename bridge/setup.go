@@ -1,337 +1,41 @@
 package bridge
 
 import (
-	"errors"
-	"fmt"
-
-	"github.com/meshbox/meshbox/bridge/codec"
-
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// A session's setup: the topology it declares and the channels it opens
-// (topology.go holds the declarations themselves). Every step is a broker
-// round trip, which on a home link (20-80 ms) is what a reconnect waits
-// for, so the steps that do not depend on each other run side by side,
-// each on a channel of its own (a failed declaration closes its channel):
-// the publishing connection's channels, the consume channels, the event
-// queue, the reply and system queues. What must come first comes first:
-// the node's claim on its name, before any of its queues is bound or
-// consumed, and the request queue's binding, which learns which exchange
-// the node's queues are bound to (bindOwn).
-
-// asides are setup steps running beside the main line, each on a
-// goroutine of its own that ends with its broker calls (prepare bounds
-// them).
-type asides struct {
-	errs chan error
-	n    int // started and not yet waited for
-}
-
-// start runs step beside the caller.
-func (a *asides) start(step func() error) {
-	if a.errs == nil {
-		a.errs = make(chan error, 8)
-	}
-	a.n++
-	go func() { a.errs <- step() }()
-}
-
-// wait waits for every step started and returns the first error, a
-// *NodeNameInUseError before any other. Waiting again returns nil.
-func (a *asides) wait() error {
-	var first error
-	for ; a.n > 0; a.n-- {
-		err := <-a.errs
-		var inUse *NodeNameInUseError
-		if err != nil && (first == nil || errors.As(err, &inUse)) {
-			first = err
-		}
-	}
-	return first
-}
-
-// onChannel returns step run on a channel of its own, closed after it;
-// failures are named after what.
-func (s *session) onChannel(what string, step func(ch **amqp.Channel) error) func() error {
-	return func() error {
-		ch, err := s.con.conn.Channel()
-		if err != nil {
-			return fmt.Errorf("open channel: %w", err)
-		}
-		defer func() { _ = ch.Close() }() // the channel step left open, maybe a new one
-		err = step(&ch)
-		var inUse *NodeNameInUseError
-		if err != nil && !errors.As(err, &inUse) {
-			err = fmt.Errorf("declare %s: %w", what, err)
-		}
-		return err
-	}
-}
-
-// setup declares the topology (see the package doc), claims the node's
-// request queue with an exclusive consumer, and opens the channels.
+// setup declares the topology, claims the node's request queue with an
+// exclusive consumer, and opens the channels (link.SessionSetup); the
+// outbox drains early on a broker URL where an earlier session found the
+// shared exchanges.
 func (s *session) setup() error {
-	node := s.b.cfg.Node
-	var pub, chans, own asides
-	defer func() { _ = errors.Join(pub.wait(), chans.wait(), own.wait()) }() // after a failure: the steps still running
-	pub.start(func() error {
-		if err := s.setupPublishing(); err != nil {
-			return err
-		}
-		// On a broker URL where an earlier session found the shared
-		// exchanges, the outbox need not wait for the rest of the setup
-		// (half a dozen round trips more): it drains from here on. Should
-		// the setup fail, what was sent goes again, marked as a possible
-		// duplicate, like after any cut.
-		if u := s.b.learnt.shared.Load(); u != nil && *u == s.url {
+	st := brokerlink.SessionSetup{Own: s.own(), Pub: s.pub, URL: s.url, Sized: s.sizedQuorum(), Prefetch: s.b.cfg.Prefetch,
+		Early: func() {
 			s.early = true
 			s.spawn(s.publisher)
 			s.spawn(s.confirmer)
 			s.spawn(s.drainer)
-		}
-		return nil
-	})
-	chans.start(s.openConsumeChannels)
-	ch, err := s.con.conn.Channel()
+		},
+		Timed: s.timed, Republish: s.republishLegacy,
+	}
+	c, err := st.Run()
 	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	defer func() { // ch may be replaced below, and is nil when reopening it failed
-		if ch != nil {
-			_ = ch.Close()
-		}
-	}()
-	if err := s.findShared(&ch); err != nil {
 		return err
 	}
-	if err := chans.wait(); err != nil {
-		return err
-	}
-	// The node's claim on its name comes first, before any of its queues
-	// is bound or consumed (claim; on an older mesh's permissions, the
-	// named request queue is the claim).
-	if err := s.claim(&ch); err != nil {
-		return err
-	}
-	if s.q.req, err = s.declareOwn(&ch, codec.RequestQueue(node)); err != nil {
-		var inUse *NodeNameInUseError
-		if errors.As(err, &inUse) {
-			return err
-		}
-		return fmt.Errorf("declare queue %s: %w", codec.RequestQueue(node), err)
-	}
-	own.start(s.onChannel("queue "+codec.EventQueue(node), s.declareEvents))
-	if err := s.bindOwn(&ch, s.q.req, codec.RequestBindingKey(node)); err != nil {
-		var inUse *NodeNameInUseError
-		if errors.As(err, &inUse) {
-			return err
-		}
-		return fmt.Errorf("declare binding %s: %w", codec.RequestQueue(node), err)
-	}
-	own.start(s.onChannel("queue "+codec.ReplyQueue(node), func(ch **amqp.Channel) (err error) {
-		if s.q.rep, err = s.declareOwn(ch, codec.ReplyQueue(node)); err != nil {
-			return err
-		}
-		if err := s.bindOwn(ch, s.q.rep, codec.ReplyKey(node)); err != nil {
-			return fmt.Errorf("binding: %w", err)
-		}
-		return nil
-	}))
-	own.start(s.onChannel("queue "+codec.SystemQueue(node), func(ch **amqp.Channel) (err error) {
-		if s.q.sys, err = s.declareOwn(ch, codec.SystemQueue(node)); err != nil {
-			return err
-		}
-		if err := (*ch).QueueBind(s.q.sys, "sys.#", codec.ExchangeMesh, false, nil); err != nil {
-			return fmt.Errorf("binding: %w", err)
-		}
-		if err := s.bindOwn(ch, s.q.sys, "to."+node+".sys.#"); err != nil {
-			return fmt.Errorf("binding (addressed): %w", err)
-		}
-		return nil
-	}))
-	own.start(s.onChannel("exchange "+codec.NodeExchange(node)+" (older meshes)", s.dropNodeExchange))
-	// Requests are at most once: consumed without acks (an ack per request
-	// costs the broker a round of work on the critical path); openCalls
-	// bounds how many are open at the local hosts.
-	reqs, err := s.con.autoCh.Consume(s.q.req, "requests", true, true, false, false, nil)
-	if err != nil {
-		var ae *amqp.Error
-		if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
-			return &NodeNameInUseError{Node: node, Detail: ae.Reason}
-		}
-		return fmt.Errorf("consume %s: %w", codec.RequestQueue(node), err)
-	}
-	if err := own.wait(); err != nil {
-		return err
-	}
-	if err := s.consumeOwn(reqs); err != nil {
-		return err
-	}
-	if err := pub.wait(); err != nil {
-		return err
-	}
-	s.con.connClose = s.con.conn.NotifyClose(make(chan *amqp.Error, 1))
-	s.con.chClose = s.con.ch.NotifyClose(make(chan *amqp.Error, 1))
-	s.con.autoClose = s.con.autoCh.NotifyClose(make(chan *amqp.Error, 1))
-	s.con.cancels = s.con.ch.NotifyCancel(make(chan string, 16))
-	// Only publishing connections are blocked by a resource alarm.
-	s.pub.blocked = s.pub.conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	s.con.Consuming = *c
 	return nil
 }
 
-// findShared finds the mesh's shared exchanges and dead letter queue on
-// *ch, declaring what is missing. They are the admin's (see
-// permissions.go): a node on a broker user of its own may not declare
-// them, only find them. A mesh run on one credential (a test broker,
-// guest) has no admin: the first node declares them. The dead letter
-// queue is not needed to carry traffic: a node whose broker cannot reach
-// it (an older mesh's classic queue, its broker node down: 404) goes on
-// without it; dead letters wait for it in mesh.dlx's binding or are
-// dropped by the broker meanwhile. A session that found them all says so
-// for the broker URL (learnt.shared), and the next ones on it do not ask
-// again (three round trips), until one ends on a 404.
-func (s *session) findShared(ch **amqp.Channel) error {
-	if u := s.b.learnt.shared.Load(); u != nil && *u == s.url {
-		return nil
+// republishLegacy hands an event of an older classic event queue to local
+// subscribers (link.Own.DeclareEvents).
+func (s *session) republishLegacy(d *amqp.Delivery) {
+	if err := s.republishEvent(d); err != nil {
+		s.b.m.err(errKindDeadLetter)
+		s.b.log.Warn("event from the classic event queue dropped", "msg_id", d.MessageId, "err", err)
 	}
-	shared := []struct {
-		what     string
-		passive  func(*amqp.Channel) error
-		declare  func(*amqp.Channel) error
-		optional bool
-	}{
-		{"exchange " + codec.ExchangeMesh,
-			func(c *amqp.Channel) error {
-				return c.ExchangeDeclarePassive(codec.ExchangeMesh, "topic", true, false, false, false, nil)
-			},
-			func(c *amqp.Channel) error {
-				return c.ExchangeDeclare(codec.ExchangeMesh, "topic", true, false, false, false, nil)
-			}, false},
-		{"exchange " + codec.ExchangeDLX,
-			func(c *amqp.Channel) error {
-				return c.ExchangeDeclarePassive(codec.ExchangeDLX, "topic", true, false, false, false, nil)
-			},
-			func(c *amqp.Channel) error {
-				return c.ExchangeDeclare(codec.ExchangeDLX, "topic", true, false, false, false, nil)
-			}, false},
-		{"queue " + codec.QueueDead,
-			func(c *amqp.Channel) error {
-				_, err := c.QueueDeclarePassive(codec.QueueDead, true, false, false, false, nil)
-				return err
-			},
-			func(c *amqp.Channel) error {
-				if _, err := c.QueueDeclare(codec.QueueDead, true, false, false, false, quorumArgs(amqp.Table{}, s.sizedQuorum())); err != nil {
-					return err
-				}
-				return c.QueueBind(codec.QueueDead, "#", codec.ExchangeDLX, false, nil)
-			}, true},
-	}
-	allFound := true
-	for _, st := range shared {
-		err := st.passive(*ch)
-		var ae *amqp.Error
-		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-			// A failed passive declare closes the channel.
-			if err := s.reopen(ch); err != nil {
-				return err
-			}
-			err = st.declare(*ch)
-		}
-		if err != nil && st.optional {
-			allFound = false // asked again by the next session
-			s.b.log.Warn("cannot declare "+st.what+"; going on without it", "err", err)
-			if (*ch).IsClosed() {
-				if err := s.reopen(ch); err != nil {
-					return err
-				}
-			}
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("declare %s: %w", st.what, err)
-		}
-	}
-	if allFound {
-		u := s.url
-		s.b.learnt.shared.Store(&u)
-	}
-	return nil
 }
 
-// consumeOwn opens the consumers of the node's event, reply and system
-// queues (the event consumer on con.ch beside the two on autoCh) and
-// records them with reqs, the request consumer.
-func (s *session) consumeOwn(reqs <-chan amqp.Delivery) error {
-	node := s.b.cfg.Node
-	var events <-chan amqp.Delivery
-	var side asides
-	side.start(func() (err error) {
-		if events, err = s.con.ch.Consume(codec.EventQueue(node), "events", false, false, false, false, nil); err != nil {
-			return fmt.Errorf("consume %s: %w", codec.EventQueue(node), err)
-		}
-		return nil
-	})
-	replies, err := s.con.autoCh.Consume(s.q.rep, "replies", true, true, false, false, nil)
-	if err != nil {
-		err = fmt.Errorf("consume %s: %w", codec.ReplyQueue(node), err)
-	}
-	var system <-chan amqp.Delivery
-	if err == nil {
-		if system, err = s.con.autoCh.Consume(s.q.sys, "system", true, true, false, false, nil); err != nil {
-			err = fmt.Errorf("consume %s: %w", codec.SystemQueue(node), err)
-		}
-	}
-	if serr := side.wait(); serr != nil {
-		return serr
-	}
-	if err != nil {
-		return err
-	}
-	s.con.initial = map[string]<-chan amqp.Delivery{"requests": reqs, "replies": replies, "events": events, "system": system}
-	return nil
-}
-
-// openConsumeChannels opens the two consume channels: autoCh for what is
-// consumed without acks (requests, replies, system messages), con.ch for
-// what is acked (events, commands), so that con.ch's delivery tags are
-// dense and a run of them can be acked at once.
-func (s *session) openConsumeChannels() (err error) {
-	if s.con.autoCh, err = s.con.conn.Channel(); err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	if s.con.ch, err = s.con.conn.Channel(); err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	if err := s.timed(func() error { return s.con.ch.Qos(s.b.cfg.Prefetch, 0, false) }); err != nil {
-		return fmt.Errorf("set prefetch: %w", err)
-	}
-	return nil
-}
-
-// setupPublishing opens the publishing connection's channels: one in
-// confirm mode for what is confirmed, one without for requests and replies.
-func (s *session) setupPublishing() (err error) {
-	s.pub.ch, err = s.pub.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	if err := s.pub.ch.Confirm(false); err != nil {
-		return fmt.Errorf("confirm mode: %w", err)
-	}
-	s.pub.confirms = s.pub.ch.NotifyPublish(make(chan amqp.Confirmation, publishWindow))
-	s.pub.returns = s.pub.ch.NotifyReturn(make(chan amqp.Return, 64))
-	s.pub.connClose = s.pub.conn.NotifyClose(make(chan *amqp.Error, 1))
-	s.pub.chClose = s.pub.ch.NotifyClose(make(chan *amqp.Error, 1))
-	// Requests and replies go on a channel without confirms: they are at
-	// most once and bounded by a deadline, a confirm tells nothing the reply
-	// or the deadline does not, and it costs latency. Returns (no route)
-	// still come back at once.
-	s.pub.fastCh, err = s.pub.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	s.pub.fastReturns = s.pub.fastCh.NotifyReturn(make(chan amqp.Return, 64))
-	s.pub.fastClose = s.pub.fastCh.NotifyClose(make(chan *amqp.Error, 1))
-	return nil
-}
+// sizedQuorum reports whether this node declares quorum queues with an
+// initial group size (link.Link.Cluster).
+func (s *session) sizedQuorum() bool { return s.b.link.Cluster() }

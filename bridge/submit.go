@@ -104,7 +104,7 @@ func (b *Bridge) onSubmitCommand(msg *nats.Msg) {
 // so every event seen here is a program's: a Meshbox-Origin it carries is
 // not the node's word and changes nothing (callerHeaders drops it).
 func (b *Bridge) onSubmitEvent(msg *nats.Msg) {
-	if msg.Reply == "" && b.currentURL() == "" {
+	if msg.Reply == "" && b.link.CurrentURL() == "" {
 		// No broker, nobody waiting for an answer: the local subscribers
 		// have it, and there is nothing to do.
 		return
@@ -145,7 +145,7 @@ func (b *Bridge) submission(kind outbox.Kind, name string, msg *nats.Msg) (*outb
 	if err := b.notInScope(bk, name, verb); err != nil {
 		return nil, err
 	}
-	if b.cfg.Keys != nil && b.currentURL() != "" {
+	if b.cfg.Keys != nil && b.link.CurrentURL() != "" {
 		if _, err := b.cfg.Keys.SealerFor(b.cfg.Keys.ScopeOf(bk, name)); err != nil {
 			return nil, b.lacksKey(kind.String())
 		}
@@ -169,7 +169,7 @@ func (b *Bridge) submission(kind outbox.Kind, name string, msg *nats.Msg) (*outb
 		if !wire.ValidID(key) {
 			return nil, fmt.Errorf("%w: header %s: %q is not a valid order key (printable, at most %d bytes, no spaces)", codec.ErrBadInput, codec.HeaderOrderKey, key, wire.MaxIDLen)
 		}
-		if !b.cmds.orderKeys.Load() && b.currentURL() != "" { // standalone: run here, in order
+		if !b.cmds.orderKeys.Load() && b.link.CurrentURL() != "" { // standalone: run here, in order
 			return nil, fmt.Errorf("%w: header %s: a node of the mesh runs an older meshbox that does not keep commands in order by key; upgrade every node first", codec.ErrBadInput, codec.HeaderOrderKey)
 		}
 		if hdr == nil {
@@ -199,13 +199,13 @@ func (b *Bridge) accept(rec *outbox.Record, reply string) {
 	if rec.Kind == outbox.Command {
 		b.noteSubmitted(rec.Name)
 	}
-	state, _ := b.linkState()
+	state, _ := b.link.Current()
 	if sess := b.link.sess.Load(); state == StateConnected && sess != nil && b.sub.meshPending.Load() == 0 && !sess.overflows(rec) {
 		b.sub.direct.Add(1)
-		it := &pubItem{out: b.outgoingFor(rec, false), done: func(err error) {
+		it := &pubItem{Out: b.outgoingFor(rec, false), Done: func(err error) {
 			b.sub.direct.Add(-1)
 			if err == nil && rec.Kind == outbox.Command {
-				sess.pub.routed.Store(rec.Name, true)
+				sess.sub.routed.Store(rec.Name, true)
 			}
 			b.directDone(rec, reply, err)
 		}}
@@ -225,7 +225,7 @@ func (s *session) overflows(rec *outbox.Record) bool {
 	}
 	over := rec.Kind == outbox.Event
 	if rec.Kind == outbox.Command {
-		_, over = s.pub.routed.Load(rec.Name)
+		_, over = s.sub.routed.Load(rec.Name)
 	}
 	if over {
 		s.b.m.overflowed.Inc()
@@ -238,7 +238,7 @@ func (s *session) overflows(rec *outbox.Record) bool {
 func (b *Bridge) answerStored(reply string, rec *outbox.Record, how string) {
 	if reply != "" && how == acceptedOutbox {
 		b.sub.parkMu.Lock()
-		if state, _ := b.linkState(); state == StateConnected && b.sub.meshPending.Load() > b.sub.parkAbove.Load() {
+		if state, _ := b.link.Current(); state == StateConnected && b.sub.meshPending.Load() > b.sub.parkAbove.Load() {
 			b.sub.parked = append(b.sub.parked, parkedReply{reply: reply, how: how, rec: rec})
 			b.sub.parkMu.Unlock()
 			b.m.parked.Inc()
@@ -259,7 +259,7 @@ func (b *Bridge) releaseParked() {
 		return
 	}
 	n := len(b.sub.parked)
-	if state, _ := b.linkState(); state == StateConnected {
+	if state, _ := b.link.Current(); state == StateConnected {
 		n = min(n, int(max(0, b.sub.parkAbove.Load()-b.sub.meshPending.Load())))
 	}
 	out := slices.Clone(b.sub.parked[:n])
@@ -277,14 +277,14 @@ func (b *Bridge) store(rec *outbox.Record, reply, state string) {
 	case outbox.Command:
 		if state != StateConnected && b.hostsStage(rec.Name) {
 			rec.Kind, how = outbox.Local, acceptedLocal
-		} else if b.currentURL() == "" {
+		} else if b.link.CurrentURL() == "" {
 			b.m.err(errKindUnreachable)
 			b.replyError(reply, &ServiceError{Code: CodeUnavailable,
 				Text: fmt.Sprintf("no broker configured and no handler for stage %s on node %s", rec.Name, b.cfg.Node)})
 			return
 		}
 	case outbox.Event:
-		if b.currentURL() == "" {
+		if b.link.CurrentURL() == "" {
 			b.replyAccepted(reply, rec, acceptedLocal) // standalone: the local subscribers have it
 			return
 		}
@@ -452,14 +452,14 @@ func (s *session) drainer() {
 	var cursor uint64
 	for {
 		select {
-		case <-s.rescan:
-			s.drainWait.Wait()
+		case <-s.sub.rescan:
+			s.sub.drainWait.Wait()
 			if b.files.ob.Sync(s.ctx) != nil {
 				return
 			}
 			cursor = 0
 			select {
-			case <-time.After(b.backoff(3)):
+			case <-time.After(b.link.Backoff(3)):
 			case <-s.ctx.Done():
 				return
 			}
@@ -475,8 +475,8 @@ func (s *session) drainer() {
 			case <-s.ctx.Done():
 				return
 			case <-b.sub.drainSignal:
-			case <-s.rescan:
-				signal(s.rescan)
+			case <-s.sub.rescan:
+				signal(s.sub.rescan)
 			}
 			continue
 		}
@@ -490,13 +490,13 @@ func (s *session) drainer() {
 			}
 		}
 		for _, r := range recs {
-			s.drainWait.Add(1)
-			it := &pubItem{out: b.outgoingFor(r, r.Seq <= published), done: func(err error) {
-				defer s.drainWait.Done()
+			s.sub.drainWait.Add(1)
+			it := &pubItem{Out: b.outgoingFor(r, r.Seq <= published), Done: func(err error) {
+				defer s.sub.drainWait.Done()
 				s.drained(r, err)
 			}}
 			if err := s.enqueue(it); err != nil {
-				s.drainWait.Done()
+				s.sub.drainWait.Done()
 				return
 			}
 			cursor = r.Seq
@@ -516,11 +516,11 @@ func (s *session) drained(r *outbox.Record, err error) {
 		// The record is deleted only once its dead letter is committed; if
 		// that write fails it is kept and sent again after a pause. The
 		// drainer's rescan waits until the delete is queued.
-		s.drainWait.Add(1)
+		s.sub.drainWait.Add(1)
 		b.deadRecord(r, codec.PlainReason(fmt.Sprintf("no route: the broker had no queue %s", codec.StageQueue(r.Name))), func(err error) {
-			defer s.drainWait.Done()
+			defer s.sub.drainWait.Done()
 			if err != nil {
-				signal(s.rescan)
+				signal(s.sub.rescan)
 				return
 			}
 			b.files.ob.Delete(r.Seq, r.Size, nil)
@@ -528,7 +528,7 @@ func (s *session) drained(r *outbox.Record, err error) {
 			b.releaseParked()
 		})
 	case errors.Is(err, ErrNacked), errors.Is(err, seal.ErrNoKey):
-		signal(s.rescan) // kept; sent again after a pause
+		signal(s.sub.rescan) // kept; sent again after a pause
 	default:
 		// link lost: kept, sent again on the next session
 	}

@@ -1,8 +1,3 @@
-// Package link is the one way in to the broker: every AMQP connection
-// of a node is dialled here, the bridge's link and the connections beside
-// it (the tables of rows) as the doctor's check. The TLS settings, the CA
-// file, the client certificate (SASL EXTERNAL), the timeouts and the
-// connection names live here once.
 package link
 
 import (
@@ -179,4 +174,31 @@ func ExternalLogin(certFile, raw string) bool {
 	}
 	_, has := u.User.Password()
 	return !has
+}
+
+// DialCorked opens a connection with opts whose socket is a *CorkConn,
+// returned as cork: publishers batch their messages through it, an acker
+// its acks. dialed (nil: none) is told the TCP connect's outcome; a
+// connect that failed because the broker does not answer gives an
+// *UnreachableError. Cancelling ctx aborts the handshake. abort closes
+// the socket at once: an AMQP call waiting on a broker that stalls fails
+// with it.
+func DialCorked(ctx context.Context, opts DialOptions, dialed func(error)) (conn *amqp.Connection, cork *CorkConn, abort func(), err error) {
+	conn, raw, err := DialRaw(ctx, opts, func(addr string, c net.Conn, err error) (net.Conn, error) {
+		if dialed != nil {
+			dialed(err)
+		}
+		if err != nil {
+			if Unreachable(err) {
+				return nil, &UnreachableError{Addr: addr, Err: err}
+			}
+			return nil, err
+		}
+		cork = &CorkConn{Conn: c}
+		return cork, nil
+	})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return conn, cork, func() { _ = raw.Close() }, nil
 }

@@ -1,11 +1,10 @@
-package bridge
+package link
 
 import (
 	"errors"
 	"fmt"
 
 	"github.com/meshbox/meshbox/bridge/codec"
-
 	"github.com/meshbox/meshbox/internal/wire"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -23,27 +22,28 @@ const clusterURLs = 3
 // keeps filling while it is emptied.
 const legacyMoveRounds = 5
 
-// quorumArgs adds to args what the node's quorum queues share (stages,
+// QuorumArgs adds to args what the node's quorum queues share (stages,
 // events, dead letters): the initial group size when the broker setting
-// names a cluster of three or more nodes, nothing with fewer (RabbitMQ
-// then places a replica on every node). RabbitMQ compares the group size
-// when a queue is declared again, so withSize=false asks for the other
-// choice (see declareEvents).
-func quorumArgs(args amqp.Table, withSize bool) amqp.Table {
+// names a cluster of three or more nodes (Link.Cluster), nothing with
+// fewer (RabbitMQ then places a replica on every node). RabbitMQ compares
+// the group size when a queue is declared again, so withSize=false asks
+// for the other choice (see DeclareEvents).
+func QuorumArgs(args amqp.Table, withSize bool) amqp.Table {
 	return amqp.Table(wire.QuorumArgs(map[string]any(args), withSize))
 }
 
-// sizedQuorum reports whether this node declares quorum queues with an
-// initial group size.
-func (s *session) sizedQuorum() bool { return s.b.link.brokers() >= clusterURLs }
+// Cluster reports whether the broker setting names a cluster, whose
+// quorum queues this node declares with an initial group size.
+func (l *Link) Cluster() bool { return l.Brokers() >= clusterURLs }
 
 // eventQueueArgs returns the event queue's arguments.
-func (s *session) eventQueueArgs(withSize bool) amqp.Table {
-	return quorumArgs(amqp.Table{"x-expires": codec.EventQueueExpiry.Milliseconds()}, withSize)
+func eventQueueArgs(withSize bool) amqp.Table {
+	return QuorumArgs(amqp.Table{"x-expires": codec.EventQueueExpiry.Milliseconds()}, withSize)
 }
 
-// declareEvents declares the node's event queue as a quorum queue (or
-// finds the one the admin declared, findOrDeclare) and binds it. *ch is the setup's channel; a failed declaration closes it, so
+// DeclareEvents declares the node's event queue as a quorum queue (or
+// finds the one the admin declared, FindOrDeclare) and binds it, with an
+// initial group size when sized. *ch is the setup's channel; a failed declaration closes it, so
 // it is replaced by a new one.
 //
 // A queue of that name may exist with other arguments: declared by this
@@ -51,20 +51,20 @@ func (s *session) eventQueueArgs(withSize bool) amqp.Table {
 // is used as it is), by the admin (without x-expires), or the classic
 // queue of an older meshbox. A classic
 // queue lives on one broker node and cannot be reached while that node
-// is down, so it is replaced (moveLegacyEvents).
-func (s *session) declareEvents(ch **amqp.Channel) error {
-	q := codec.EventQueue(s.b.cfg.Node)
-	sized := s.sizedQuorum()
-	err := s.findOrDeclare(ch, q, func() error {
+// is down, so it is replaced (moveLegacyEvents): republish is handed
+// each event taken from it, in order.
+func (o *Own) DeclareEvents(ch **amqp.Channel, sized bool, republish func(*amqp.Delivery)) error {
+	q := codec.EventQueue(o.Node)
+	err := o.FindOrDeclare(ch, q, func() error {
 		// Each form a quorum event queue may have: this node's, with the
 		// other group size, and the admin's (NodeQueues).
 		var err error
-		for _, args := range []amqp.Table{s.eventQueueArgs(sized), s.eventQueueArgs(!sized), quorumArgs(amqp.Table{}, false)} {
-			if err = s.declareOn(ch, q, args); !isPrecondition(err) {
+		for _, args := range []amqp.Table{eventQueueArgs(sized), eventQueueArgs(!sized), QuorumArgs(amqp.Table{}, false)} {
+			if err = o.declareOn(ch, q, args); !isPrecondition(err) {
 				return err
 			}
 		}
-		return s.moveLegacyEvents(ch, q)
+		return o.moveLegacyEvents(ch, q, sized, republish)
 	})
 	if err != nil {
 		return err
@@ -74,10 +74,10 @@ func (s *session) declareEvents(ch **amqp.Channel) error {
 
 // declareOn declares a durable queue on *ch; after a failure *ch is a new
 // channel (or the closed one when none can be opened).
-func (s *session) declareOn(ch **amqp.Channel, q string, args amqp.Table) error {
+func (o *Own) declareOn(ch **amqp.Channel, q string, args amqp.Table) error {
 	_, err := (*ch).QueueDeclare(q, true, false, false, false, args)
 	if err != nil && (*ch).IsClosed() {
-		if nc, cerr := s.con.conn.Channel(); cerr == nil {
+		if nc, cerr := o.Conn.Channel(); cerr == nil {
 			*ch = nc
 		}
 	}
@@ -103,7 +103,7 @@ func isPrecondition(err error) bool {
 // rounds, the session uses it as it is and the next one tries again. A
 // classic queue whose broker node is down cannot be read, deleted or
 // replaced: the setup fails (404) until that node is back, as before.
-func (s *session) moveLegacyEvents(ch **amqp.Channel, q string) error {
+func (o *Own) moveLegacyEvents(ch **amqp.Channel, q string, sized bool, republish func(*amqp.Delivery)) error {
 	moved := 0
 	for range legacyMoveRounds {
 		var last uint64
@@ -115,10 +115,7 @@ func (s *session) moveLegacyEvents(ch **amqp.Channel, q string) error {
 			if !ok {
 				break
 			}
-			if err := s.republishEvent(&d); err != nil {
-				s.b.m.err(errKindDeadLetter)
-				s.b.log.Warn("event from the classic event queue dropped", "msg_id", d.MessageId, "err", err)
-			}
+			republish(&d)
 			last = d.DeliveryTag
 			moved++
 		}
@@ -131,7 +128,7 @@ func (s *session) moveLegacyEvents(ch **amqp.Channel, q string) error {
 		}
 		_, err := (*ch).QueueDelete(q, false, true, false)
 		if isPrecondition(err) { // not empty: more arrived
-			if nc, cerr := s.con.conn.Channel(); cerr == nil {
+			if nc, cerr := o.Conn.Channel(); cerr == nil {
 				*ch = nc
 			}
 			continue
@@ -139,13 +136,13 @@ func (s *session) moveLegacyEvents(ch **amqp.Channel, q string) error {
 		if err != nil {
 			return fmt.Errorf("delete classic event queue: %w", err)
 		}
-		if err := s.declareOn(ch, q, s.eventQueueArgs(s.sizedQuorum())); err != nil {
+		if err := o.declareOn(ch, q, eventQueueArgs(sized)); err != nil {
 			return err
 		}
-		s.b.log.Info("event queue moved to a quorum queue", "queue", q, "events_moved", moved)
+		o.Log.Info("event queue moved to a quorum queue", "queue", q, "events_moved", moved)
 		return nil
 	}
-	s.b.log.Warn("classic event queue keeps filling; used as it is, the next connection moves it", "queue", q, "events_moved", moved)
+	o.Log.Warn("classic event queue keeps filling; used as it is, the next connection moves it", "queue", q, "events_moved", moved)
 	_, err := (*ch).QueueDeclare(q, true, false, false, false, amqp.Table{"x-expires": codec.EventQueueExpiry.Milliseconds()})
 	return err
 }

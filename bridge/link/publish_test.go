@@ -1,4 +1,4 @@
-package bridge
+package link
 
 import (
 	"errors"
@@ -8,20 +8,20 @@ import (
 
 // A closing channel can make the publisher's error path and the
 // confirmer's final sweep settle the same item; done must run once.
-func TestPubItemSettlesOnce(t *testing.T) {
+func TestItemSettlesOnce(t *testing.T) {
 	var calls int
 	var got error
-	it := &pubItem{done: func(err error) { calls++; got = err }}
+	it := &Item{Done: func(err error) { calls++; got = err }}
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Add(1)
 		go func() { // exits after one finish
 			defer wg.Done()
-			it.finish(ErrLinkDown)
+			it.Finish(ErrLinkDown)
 		}()
 	}
 	wg.Wait()
-	it.finish(nil)
+	it.Finish(nil)
 	if calls != 1 {
 		t.Fatalf("done called %d times, want 1", calls)
 	}

@@ -1,4 +1,4 @@
-package bridge
+package link
 
 import (
 	"context"
@@ -22,7 +22,7 @@ func TestUnreachable(t *testing.T) {
 		{"no such host", dial(&net.DNSError{Err: "no such host", Name: "rmq.example.org", IsNotFound: true}), false},
 		{"no such host, wrapped", fmt.Errorf("connect to broker: %w", dial(&net.DNSError{IsNotFound: true})), false},
 	} {
-		if got := unreachable(tc.err); got != tc.want {
+		if got := Unreachable(tc.err); got != tc.want {
 			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
 		}
 	}

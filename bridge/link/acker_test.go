@@ -1,4 +1,4 @@
-package bridge
+package link
 
 import (
 	"slices"
@@ -9,11 +9,11 @@ func TestAckPlan(t *testing.T) {
 	ack := func(tags ...uint64) []ackReq {
 		var r []ackReq
 		for _, tag := range tags {
-			r = append(r, ackReq{tag: tag, op: opAck})
+			r = append(r, ackReq{tag: tag, op: OpAck})
 		}
 		return r
 	}
-	requeue := func(tag uint64) ackReq { return ackReq{tag: tag, op: opRequeue} }
+	requeue := func(tag uint64) ackReq { return ackReq{tag: tag, op: OpRequeue} }
 	type step struct {
 		reqs        []ackReq
 		wantRequeue []uint64
@@ -32,8 +32,8 @@ func TestAckPlan(t *testing.T) {
 			{ack(4, 6), nil, 6, nil},      // run 4..6; 5 already settled, 6 acked by the multiple ack
 		}},
 		{"requeue in the run", []step{
-			{[]ackReq{requeue(1), {tag: 2, op: opAck}}, []uint64{1}, 2, nil},
-			{[]ackReq{{tag: 3, op: opAck}, requeue(4)}, []uint64{4}, 3, nil},
+			{[]ackReq{requeue(1), {tag: 2, op: OpAck}}, []uint64{1}, 2, nil},
+			{[]ackReq{{tag: 3, op: OpAck}, requeue(4)}, []uint64{4}, 3, nil},
 			{ack(5), nil, 5, nil},
 		}},
 		{"never twice", []step{

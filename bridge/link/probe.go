@@ -1,4 +1,4 @@
-package bridge
+package link
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 // This file is how the link finds an unreachable broker answering again.
 // A connection attempt that fails before its TCP connection is up (refused,
 // no route, dial timeout) does not wait out the growing backoff: the link
-// probes the broker with a bare TCP dial every probeEvery at most
+// probes the broker with a bare TCP dial every ProbeEvery at most
 // (jittered, one probe at a time), moving on through the list of brokers
 // after each failed probe, and makes the next connection attempt as soon as
 // a probe connects. A probe costs one TCP handshake (nothing at all on a
@@ -24,101 +24,99 @@ import (
 // so probing it would only spin.
 
 const (
-	// probeEvery is the most the link waits between two probes; the wait is
+	// ProbeEvery is the most the link waits between two probes; the wait is
 	// jittered over its upper half (internal/backoff), and never longer
-	// than Config.ReconnectMin.
-	probeEvery = 200 * time.Millisecond
+	// than the reconnect backoff's minimum.
+	ProbeEvery = 200 * time.Millisecond
 	// probeDialTimeout bounds a probe's TCP connect: long enough for a SYN
 	// retransmitted once over a slow link, short enough that a link that
 	// carries nothing is dialled afresh about every two seconds.
 	probeDialTimeout = 2 * time.Second
 )
 
-// Results in meshbox_broker_dials_total{result}.
-const (
-	dialConnected = "connected"
-	dialFailed    = "failed"
-)
-
-// unreachableError is a connection attempt that failed before its TCP
-// connection to the broker at addr (host:port) was up.
-type unreachableError struct {
-	addr string
-	err  error
+// UnreachableError is a connection attempt that failed before its TCP
+// connection to the broker at Addr (host:port) was up.
+type UnreachableError struct {
+	Addr string
+	Err  error
 }
 
-func (e *unreachableError) Error() string { return e.err.Error() }
+func (e *UnreachableError) Error() string { return e.Err.Error() }
 
-func (e *unreachableError) Unwrap() error { return e.err }
+// Unwrap returns Err.
+func (e *UnreachableError) Unwrap() error { return e.Err }
 
-// unreachable reports whether err, the failure of a TCP dial, means the
+// Unreachable reports whether err, the failure of a TCP dial, means the
 // broker does not answer now: probing finds it when it does. A name that
 // does not resolve (NXDOMAIN) is not: it is a setting to fix, not a broker
 // to wait for, and is retried with the backoff.
-func unreachable(err error) bool {
+func Unreachable(err error) bool {
 	var de *net.DNSError
 	return !errors.As(err, &de) || !de.IsNotFound
 }
 
-// awaited is how awaitBroker ended.
-type awaited int
+// Awaited is how AwaitBroker ended.
+type Awaited int
 
+// How AwaitBroker ended.
 const (
-	awaitAnswered   awaited = iota // a probe connected: attempt now
-	awaitCameBack                  // the same, on a broker found unreachable: the backoff starts over
-	awaitURLChanged                // a new broker setting: attempt now
-	awaitQuit                      // the bridge closes
+	AwaitAnswered   Awaited = iota // a probe connected: attempt now
+	AwaitCameBack                  // the same, on a broker found unreachable: the backoff starts over
+	AwaitURLChanged                // a new broker setting: attempt now
+	AwaitQuit                      // quit was closed
 )
 
-// awaitBroker probes the link's target broker until one answers, after a
+// AwaitBroker probes the link's target broker until one answers, after a
 // connection attempt found it unreachable. down holds the brokers
-// (host:port) found unreachable since the last session; awaitBroker adds
+// (host:port) found unreachable since the last session; AwaitBroker adds
 // those its probes find so and removes the one that answers. A probe that
 // fails in another way than unreachable ends the wait too: the connection
-// attempt that follows fails the same way and takes the backoff. Link loop
-// only.
-func (b *Bridge) awaitBroker(down map[string]bool) awaited {
-	ctx, cancel := b.withQuit(context.Background())
+// attempt that follows fails the same way and takes the backoff. dialed
+// is told of each probe's outcome, offline of each broker found
+// unreachable. The link loop alone calls it; it returns AwaitQuit once
+// quit is closed.
+func (l *Link) AwaitBroker(quit <-chan struct{}, down map[string]bool, dialed func(error), offline func(reason string)) Awaited {
+	ctx, cancel := WithQuit(context.Background(), quit)
 	defer cancel()
 	for {
-		t := time.NewTimer(b.link.probe.Delay(1))
+		t := time.NewTimer(l.probe.Delay(1))
 		select {
-		case <-b.quit:
+		case <-quit:
 			t.Stop()
-			return awaitQuit
-		case <-b.link.urlChanged:
+			return AwaitQuit
+		case <-l.urlChanged:
 			t.Stop()
-			return awaitURLChanged
+			return AwaitURLChanged
 		case <-t.C:
 		}
-		url := b.link.target()
+		url := l.Target()
 		if url == "" {
-			return awaitURLChanged
+			return AwaitURLChanged
 		}
 		addr := brokerurl.Host(url)
-		err := b.probe(ctx, addr)
+		err := Probe(ctx, addr)
+		dialed(err)
 		if ctx.Err() != nil {
-			return awaitQuit
+			return AwaitQuit
 		}
-		if err == nil || !unreachable(err) {
+		if err == nil || !Unreachable(err) {
 			back := down[addr]
 			delete(down, addr)
 			if back && err == nil {
-				return awaitCameBack
+				return AwaitCameBack
 			}
-			return awaitAnswered
+			return AwaitAnswered
 		}
 		down[addr] = true
-		b.setState(StateOffline, fmt.Sprintf("connect to broker: %v", err))
-		b.link.advance()
+		offline(fmt.Sprintf("connect to broker: %v", err))
+		l.Advance()
 	}
 }
 
-// probe dials addr over TCP and closes the connection at once.
-func (b *Bridge) probe(ctx context.Context, addr string) error {
+// Probe dials addr over TCP and closes the connection at once.
+func Probe(ctx context.Context, addr string) error {
 	d := net.Dialer{Timeout: probeDialTimeout}
 	c, err := d.DialContext(ctx, "tcp", addr)
-	b.m.dialed(err)
 	if err != nil {
 		return err
 	}
