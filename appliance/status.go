@@ -106,7 +106,7 @@ func (a *Appliance) Status() Status {
 		StartedAt:     startedAt,
 		UptimeSeconds: time.Since(startedAt).Seconds(),
 		HTTP:          EndpointStatus{URL: a.HTTPURL()},
-		Broker:        bridge.BrokerStatus{State: bridge.StateNone, Since: startedAt, History: []bridge.StateChange{}},
+		Broker:        bridge.BrokerStatus{LinkStatus: bridge.LinkStatus{State: bridge.StateNone, Since: startedAt, History: []bridge.StateChange{}}},
 		Stalls:        []bridge.StallStatus{},
 		Commands:      []bridge.CommandStatus{},
 		DeadLetters:   map[string]int{},

@@ -51,7 +51,7 @@ func TestTrendRing(t *testing.T) {
 func TestSampleOf(t *testing.T) {
 	st := Status{
 		Outbox: bridge.OutboxStatus{Depth: 7},
-		Broker: bridge.BrokerStatus{State: bridge.StateOffline},
+		Broker: bridge.BrokerStatus{LinkStatus: bridge.LinkStatus{State: bridge.StateOffline}},
 		Rows:   []rows.TableStatus{{Pending: 2}, {Pending: 3}},
 		Peers:  []node.Peer{{Name: "a", State: node.StateUp}, {Name: "b", State: node.StateGone}, {Name: "c", State: node.StateUp}},
 	}

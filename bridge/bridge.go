@@ -93,8 +93,15 @@ type Status struct {
 // has an older mesh's permissions (topology.go).
 const WarnOlderPermissions = brokerlink.WarnOlderPermissions
 
-// BrokerStatus describes the broker link (link.Status).
-type BrokerStatus = brokerlink.Status
+// BrokerStatus describes the broker link (link.Status) and the command
+// batches it carries now.
+type BrokerStatus struct {
+	LinkStatus
+	BatchStatus
+}
+
+// LinkStatus is the link's part of BrokerStatus.
+type LinkStatus = brokerlink.Status
 
 // OutboxStatus describes the durable outbox.
 type OutboxStatus struct {
@@ -394,8 +401,7 @@ func (b *Bridge) MarkGone(node string, since time.Time) {
 // Status reports the link, the outbox and the stalls.
 func (b *Bridge) Status() Status {
 	var st Status
-	st.Broker = b.link.Status()
-	st.Broker.CommandBatch = b.batchMax()
+	st.Broker = BrokerStatus{LinkStatus: b.link.Status(), BatchStatus: BatchStatus{CommandBatch: b.batchMax()}}
 	st.Outbox = b.outboxStatus()
 	st.Stalls = b.stallList()
 	st.Commands = []CommandStatus{}

@@ -191,7 +191,13 @@ const (
 
 // BatchStatus is the part of the broker status that reports the setting
 // CommandBatch as it applies now.
-type BatchStatus = brokerlink.BatchStatus
+type BatchStatus struct {
+	// CommandBatch is the most commands one broker message of this node
+	// carries now: Config.CommandBatch while every peer reads batches, 1
+	// while one does not (an older meshbox is up) or before discovery
+	// said so.
+	CommandBatch int `json:"command_batch"`
+}
 
 // LogValue prints the configuration with the broker password redacted.
 func (c Config) LogValue() slog.Value {

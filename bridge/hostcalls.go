@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge/codec"
+	"github.com/meshbox/meshbox/bridge/hoptrace"
 
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/nats-io/nats.go"
@@ -33,7 +34,7 @@ type hostCall struct {
 // openCalls are refused at once. Exits when the delivery channel closes.
 func (s *session) readRequests(ds <-chan amqp.Delivery) {
 	for d := range ds {
-		hop(HopRequestTaken)
+		hoptrace.Mark(hoptrace.HopRequestTaken)
 		s.takeRequest(&d, false)
 	}
 }
@@ -86,7 +87,7 @@ func (s *session) takeRequest(d *amqp.Delivery, held bool) {
 	s.local.mu.Unlock()
 	msg := env.NatsMsg(codec.SubjCapPrefix+env.Name, map[string]string{codec.HeaderOrigin: env.Origin, codec.HeaderTimeout: c.timeout.String()})
 	msg.Reply = s.local.inbox + token
-	hop(HopHostAsked)
+	hoptrace.Mark(hoptrace.HopHostAsked)
 	if err := b.bc.PublishMsg(msg); err != nil {
 		if c := s.takeCall(token); c != nil {
 			s.replyHost(c.env, nil, localCallFailure(err, c.env.Name, b.cfg.Node, c.timeout))
@@ -120,7 +121,7 @@ func (s *session) replyHanded() {
 // onHostReply receives a local host's reply (or the NATS server's "no
 // responders") on the session's inbox and sends it back to the caller.
 func (s *session) onHostReply(m *nats.Msg) {
-	hop(HopHostAnswered)
+	hoptrace.Mark(hoptrace.HopHostAnswered)
 	c := s.takeCall(m.Subject[len(s.local.inbox):])
 	if c == nil {
 		s.b.m.err(errKindLateReply)

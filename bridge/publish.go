@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/meshbox/meshbox/bridge/codec"
+	"github.com/meshbox/meshbox/bridge/hoptrace"
 	brokerlink "github.com/meshbox/meshbox/bridge/link"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -36,9 +37,9 @@ func (s *session) publisherHooks() brokerlink.PublisherHooks {
 				b.m.msg(out.Kind, "out")
 				switch out.Kind {
 				case codec.TypeRequest:
-					hop(HopRequestWritten)
+					hoptrace.Mark(hoptrace.HopRequestWritten)
 				case codec.TypeReply:
-					hop(HopReplyWritten)
+					hoptrace.Mark(hoptrace.HopReplyWritten)
 				}
 				return
 			}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge/codec"
+	"github.com/meshbox/meshbox/bridge/hoptrace"
 
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/internal/wire"
@@ -37,7 +38,7 @@ type pendingRequest struct {
 // onCapRequest serves cap.<name> for a capability hosted elsewhere: the
 // stand-in. It exists only while no local program hosts the capability.
 func (b *Bridge) onCapRequest(msg *nats.Msg) {
-	hop(HopStandIn)
+	hoptrace.Mark(hoptrace.HopStandIn)
 	if msg.Reply == "" {
 		b.m.err(errKindBadInput)
 		return
@@ -396,7 +397,7 @@ func localCallFailure(err error, name, node string, timeout time.Duration) error
 func (s *session) readReplies(ds <-chan amqp.Delivery) {
 	b := s.b
 	for d := range ds {
-		hop(HopReplyTaken)
+		hoptrace.Mark(hoptrace.HopReplyTaken)
 		env, err := s.decode(codec.TypeReply, &d)
 		if ue := codec.AsUnseal(err); ue != nil {
 			b.unsealFailed(codec.TypeReply, ue)
@@ -432,6 +433,6 @@ func (s *session) readReplies(ds <-chan amqp.Delivery) {
 		}
 		b.m.observe(outcome, p.start)
 		b.reply(env.NatsMsg(p.reply, nil))
-		hop(HopCallerAnswered)
+		hoptrace.Mark(hoptrace.HopCallerAnswered)
 	}
 }

@@ -77,8 +77,7 @@ type Status struct {
 	// Blocked is the broker's reason (connection.blocked) while it blocks
 	// this node's publishing connection under a resource alarm; empty
 	// otherwise. Consuming and acking go on meanwhile.
-	Blocked string `json:"blocked,omitempty"`
-	BatchStatus
+	Blocked string        `json:"blocked,omitempty"`
 	History []StateChange `json:"history"`
 	// Failovers are the link's last moves from one broker to another of
 	// its list, oldest first (at most 20).
@@ -88,16 +87,6 @@ type Status struct {
 	// Extra are the node's connections beside the link's two, on its
 	// broker and credential: the tables of rows'.
 	Extra []ExtraConnection `json:"extra_connections,omitempty"`
-}
-
-// BatchStatus is the part of the broker status that reports the setting
-// CommandBatch as it applies now (the bridge fills it in).
-type BatchStatus struct {
-	// CommandBatch is the most commands one broker message of this node
-	// carries now: Config.CommandBatch while every peer reads batches, 1
-	// while one does not (an older meshbox is up) or before discovery
-	// said so.
-	CommandBatch int `json:"command_batch"`
 }
 
 // New returns the link of url (one broker URL or several) in state

@@ -8,14 +8,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/bridge/hoptrace"
 )
 
 // BenchmarkRequestHops takes the request round trip of BenchmarkBridge
 // apart: where its time goes, hop by hop, next to the raw parts of its
 // baseline measured in the same loop. Built only with the hoptrace tag
 // (`make bench-hops`), which makes the bridge record when the request at
-// hand passes each point (bridge.Hop); a normal build records nothing.
+// hand passes each point (hoptrace.Hop); a normal build records nothing.
 //
 // It prints one HOPS line per stretch of the round trip (p50 over
 // benchRoundTrips round trips), then
@@ -31,14 +31,14 @@ import (
 func BenchmarkRequestHops(b *testing.B) {
 	_, amqpURL, nodeA, nodeB := benchMesh(b)
 
-	call := requestRoundTripWith(b, nodeA, nodeB, func() { bridge.MarkHop(bridge.HopHostHas) })
+	call := requestRoundTripWith(b, nodeA, nodeB, func() { hoptrace.Mark(hoptrace.HopHostHas) })
 	natsRT := timed(natsRoundTrip(b, plainNATS(b)))
 	rpc := timed(rawRPCRoundTrip(b, amqpURL, amqpURL, false))
 	rpcTopic := timed(rawRPCRoundTrip(b, amqpURL, amqpURL, true))
 
 	// Ours and the three raw round trips, each round in the next of the
 	// balanced orders (as interleavedRounds does, and for its reason).
-	stretch := make([][]time.Duration, bridge.HopCount)
+	stretch := make([][]time.Duration, hoptrace.HopCount)
 	raw := make([][]time.Duration, 3) // NATS, RPC, RPC through a topic exchange
 	rawFns := []func() (time.Duration, error){natsRT, rpc, rpcTopic}
 	orders := balancedOrders(4)
@@ -54,49 +54,49 @@ func BenchmarkRequestHops(b *testing.B) {
 				}
 				continue
 			}
-			bridge.MarkHop(bridge.HopCallerSent)
+			hoptrace.Mark(hoptrace.HopCallerSent)
 			if err := call(); err != nil {
 				b.Fatal(err)
 			}
-			bridge.MarkHop(bridge.HopCallerHas)
+			hoptrace.Mark(hoptrace.HopCallerHas)
 			if r < benchWarmUp {
 				continue
 			}
-			for h := bridge.HopStandIn; h < bridge.HopCount; h++ {
-				stretch[h] = append(stretch[h], time.Duration(bridge.HopMarks[h].Load()-bridge.HopMarks[h-1].Load()))
+			for h := hoptrace.HopStandIn; h < hoptrace.HopCount; h++ {
+				stretch[h] = append(stretch[h], time.Duration(hoptrace.Marks[h].Load()-hoptrace.Marks[h-1].Load()))
 			}
-			stretch[0] = append(stretch[0], time.Duration(bridge.HopMarks[bridge.HopCallerHas].Load()-bridge.HopMarks[bridge.HopCallerSent].Load()))
+			stretch[0] = append(stretch[0], time.Duration(hoptrace.Marks[hoptrace.HopCallerHas].Load()-hoptrace.Marks[hoptrace.HopCallerSent].Load()))
 		}
 	}
 	p50 := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
-	names := map[bridge.Hop]string{
-		bridge.HopStandIn:        "caller -> A's stand-in (NATS)",
-		bridge.HopRequestWritten: "A's bridge: check, seal, hand to AMQP",
-		bridge.HopRequestTaken:   "A -> broker -> B's bridge",
-		bridge.HopHostAsked:      "B's bridge: open, hand to the host",
-		bridge.HopHostHas:        "B's bridge -> host (NATS)",
-		bridge.HopHostAnswered:   "host -> B's bridge (NATS)",
-		bridge.HopReplyWritten:   "B's bridge: seal the reply, hand to AMQP",
-		bridge.HopReplyTaken:     "B -> broker -> A's bridge",
-		bridge.HopCallerAnswered: "A's bridge: open, answer the caller",
-		bridge.HopCallerHas:      "A's bridge -> caller (NATS)",
+	names := map[hoptrace.Hop]string{
+		hoptrace.HopStandIn:        "caller -> A's stand-in (NATS)",
+		hoptrace.HopRequestWritten: "A's bridge: check, seal, hand to AMQP",
+		hoptrace.HopRequestTaken:   "A -> broker -> B's bridge",
+		hoptrace.HopHostAsked:      "B's bridge: open, hand to the host",
+		hoptrace.HopHostHas:        "B's bridge -> host (NATS)",
+		hoptrace.HopHostAnswered:   "host -> B's bridge (NATS)",
+		hoptrace.HopReplyWritten:   "B's bridge: seal the reply, hand to AMQP",
+		hoptrace.HopReplyTaken:     "B -> broker -> A's bridge",
+		hoptrace.HopCallerAnswered: "A's bridge: open, answer the caller",
+		hoptrace.HopCallerHas:      "A's bridge -> caller (NATS)",
 	}
-	med := make([]time.Duration, bridge.HopCount)
-	for h := range bridge.HopCount {
+	med := make([]time.Duration, hoptrace.HopCount)
+	for h := range hoptrace.HopCount {
 		med[h] = p50(stretch[h])
 		if h > 0 {
 			fmt.Printf("HOPS %-42s p50=%.1fµs\n", names[h], us(med[h]))
 		}
 	}
-	sum := func(hs ...bridge.Hop) (t time.Duration) {
+	sum := func(hs ...hoptrace.Hop) (t time.Duration) {
 		for _, h := range hs {
 			t += med[h]
 		}
 		return t
 	}
-	natsOurs := sum(bridge.HopStandIn, bridge.HopHostHas, bridge.HopHostAnswered, bridge.HopCallerHas)
-	brokerOurs := sum(bridge.HopRequestTaken, bridge.HopReplyTaken)
-	code := sum(bridge.HopRequestWritten, bridge.HopHostAsked, bridge.HopReplyWritten, bridge.HopCallerAnswered)
+	natsOurs := sum(hoptrace.HopStandIn, hoptrace.HopHostHas, hoptrace.HopHostAnswered, hoptrace.HopCallerHas)
+	brokerOurs := sum(hoptrace.HopRequestTaken, hoptrace.HopReplyTaken)
+	code := sum(hoptrace.HopRequestWritten, hoptrace.HopHostAsked, hoptrace.HopReplyWritten, hoptrace.HopCallerAnswered)
 	nats1, broker, brokerTopic := p50(raw[0]), p50(raw[1]), p50(raw[2])
 	base := 2*nats1 + broker
 	report("request-hops", us(med[0]), us(base), "µs", "a request round trip taken apart, p50 of each stretch; nats: ours' four NATS stretches against two raw NATS round trips; broker: ours' two stretches through the broker against a raw RPC round trip (default exchange; topic: through a topic exchange); bridge: meshbox's own code on the way",

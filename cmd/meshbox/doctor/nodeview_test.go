@@ -18,8 +18,8 @@ import (
 // instead of "not checked" or "no cached bindings".
 func TestDoctorTakesTheRunningNodesWord(t *testing.T) {
 	d := newDoctor(t, t.TempDir())
-	connected := bridge.BrokerStatus{State: wire.StateConnected, URL: "amqp://node.attic.g2:xxxxx@broker.example.org:5672/mesh",
-		Credential: &bridge.CredentialStatus{User: "node.attic.g2", Generation: 2, State: "in use"}}
+	connected := bridge.BrokerStatus{LinkStatus: bridge.LinkStatus{State: wire.StateConnected, URL: "amqp://node.attic.g2:xxxxx@broker.example.org:5672/mesh",
+		Credential: &bridge.CredentialStatus{User: "node.attic.g2", Generation: 2, State: "in use"}}}
 	d.status = &appliance.Status{Node: "attic", PublicName: "attic.example.org", Broker: connected,
 		Bindings: cache.Status{Source: cache.SourceDB, DB: cache.DBConnected}}
 	if err := os.WriteFile(d.hostsFile, []byte("127.0.0.1 localhost\n"), 0o644); err != nil {

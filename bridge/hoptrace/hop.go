@@ -1,8 +1,10 @@
-package bridge
+// Package hoptrace names the points of a request's round trip across the
+// mesh, for the request-hops benchmark: a build with the hoptrace tag
+// records when the last request passed each (Marks); without it, Mark
+// does nothing and costs nothing.
+package hoptrace
 
-// Hop names a point of a request's round trip across the mesh, for the
-// request-hops benchmark (a build with the hoptrace tag records when the
-// last request passed each; without it, marking a point does nothing).
+// Hop names a point of a request's round trip.
 type Hop int
 
 // The points of a round trip, in order. The caller's and the host's own
