@@ -363,7 +363,10 @@ func TestModuleRunsAsItsUser(t *testing.T) {
 func TestStopTermsTheGroupThenKills(t *testing.T) {
 	cat := t.TempDir()
 	writeModule(t, cat, "polite", `{"name": "polite", "selections": {"stable": {"command": "./run.sh"}}, "stop_grace": "5s"}`,
-		"trap 'wait; echo child ended; exit 0' TERM\nsleep 600 &\necho up\nwait\n")
+		// "up" once the child runs sleep: a SIGTERM between its fork and
+		// its exec would be taken by the shell's trap it still carries,
+		// and sleep would run on.
+		"trap 'wait; echo child ended; exit 0' TERM\nsleep 600 &\nc=$!\nuntil [ \"$(cat /proc/$c/comm 2>/dev/null)\" = sleep ]; do :; done\necho up\nwait\n")
 	writeModule(t, cat, "stubborn", `{"name": "stubborn", "selections": {"stable": {"command": "./run.sh"}}, "stop_grace": "300ms"}`,
 		"trap '' TERM\nsleep 600 &\necho up\nwait\n")
 	s := newSupervisor(t, cat)
