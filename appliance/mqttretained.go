@@ -497,6 +497,10 @@ func (mr *retainedMirror) record(r localnats.Retained, heard time.Time) {
 		}
 		mr.pending[r.Subject] = retainedHash(r)
 		mr.retry[r.Subject] = heardRetained{r: r, heard: heard}
+		select { // the settler tries it again after retainedRetry
+		case mr.wake <- struct{}{}:
+		default:
+		}
 	}
 	if _, is := mr.pending[r.Subject]; is || was {
 		mr.savePending()

@@ -330,3 +330,132 @@ func TestRetainedForgedByBlobProgram(t *testing.T) {
 	}
 	alpha.waitRow(good, "real", time.Second)
 }
+
+// peerWrite is the change a peer writes for r, every field with stamp
+// st; only, when set, limits it to those fields.
+func peerWrite(peer string, st rows.Stamp, r localnats.Retained, only ...string) rows.Change {
+	set, del := retainedWrite(r)
+	ch := rows.Change{Table: wire.TableMQTTRetained, Row: retainedRow(r.Subject), Cells: map[string]rows.WireCell{}}
+	for f, v := range set {
+		ch.Cells[f] = rows.WireCell{Stamp: st, Node: peer, Value: v}
+	}
+	for _, f := range del {
+		ch.Cells[f] = rows.WireCell{Stamp: st, Node: peer, Deleted: true}
+	}
+	if len(only) > 0 {
+		keep := map[string]rows.WireCell{}
+		for _, f := range only {
+			keep[f] = ch.Cells[f]
+		}
+		ch.Cells = keep
+	}
+	return ch
+}
+
+// TestRetainedPoisonRows: a peer writes rows whose subjects are no
+// literal event subject (empty tokens, white space, wildcards, control
+// characters, bytes that are not UTF-8). Each is refused as bad_row, and
+// a device's retained message still reaches the other node's store
+// within seconds. The control: the same without the poison.
+func TestRetainedPoisonRows(t *testing.T) {
+	const good = "evt.homeassistant.sensor.good.config"
+	for _, poison := range []bool{false, true} {
+		alpha, beta := newRetainedRig(t, "alpha"), newRetainedRig(t, "beta")
+		bad := []string{"evt..x", "evt.", "evt.a b", "evt.*.b", "evt.>", "evt.a\x01b", "evt.a\x7fb", "evt.\xff\xfe"}
+		if poison {
+			st := rows.StampAt(time.Now())
+			for _, s := range bad {
+				beta.apply(peerWrite("mallory", st, localnats.Retained{Subject: s, Payload: []byte("poison")}))
+			}
+		}
+		alpha.retain("sensor", strings.ReplaceAll(good, ".", "/"), "real")
+		alpha.waitRow(good, "real", 5*time.Second)
+		alpha.carry(beta, good)
+		beta.waitStored(good, "real", 3*time.Second)
+		if n := beta.refused("bad_row"); poison && n < float64(len(bad)) {
+			t.Errorf("refused bad_row: %v, want at least %d (one per poison row)", n, len(bad))
+		}
+		if !poison && beta.refused("bad_row") != 0 {
+			t.Errorf("control: refused bad_row %v, want 0", beta.refused("bad_row"))
+		}
+		var m dto.Metric
+		if err := beta.mr.m.applied.Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+			t.Errorf("beta put %v retained messages into its store (%v), want 1: the device's", m.GetCounter().GetValue(), err)
+		}
+	}
+}
+
+// TestRetainedPartialWrite: a peer writes only the payload and qos of a
+// row, newer than the device's whole write that alpha made. The other
+// node does not put the forged payload into its store (the row is no
+// whole write: bad_row); the next whole write of the topic is carried
+// again. The control: a whole write by the peer, with every field, is
+// carried (as any peer's write of the table is).
+func TestRetainedPartialWrite(t *testing.T) {
+	alpha, beta := newRetainedRig(t, "alpha"), newRetainedRig(t, "beta")
+	const topic = "evt.homeassistant.sensor.plug.config"
+	alpha.retain("sensor", strings.ReplaceAll(topic, ".", "/"), "real")
+	alpha.waitRow(topic, "real", 5*time.Second)
+	alpha.carry(beta, topic)
+	beta.waitStored(topic, "real", 3*time.Second)
+
+	forged := localnats.Retained{Subject: topic, Payload: []byte("forged"), QoS: 1}
+	st := rows.StampAt(time.Now().Add(time.Second))
+	ch := peerWrite("mallory", st, forged, retainedFieldPayload, retainedFieldQoS)
+	beta.apply(ch)
+	alpha.apply(ch)
+	time.Sleep(300 * time.Millisecond)
+	if r, _ := beta.stored(topic); string(r.Payload) != "real" {
+		t.Errorf("beta's store holds %q after a partial write, want real", r.Payload)
+	}
+	if r, _ := alpha.stored(topic); string(r.Payload) != "real" {
+		t.Errorf("alpha's store holds %q after a partial write, want real", r.Payload)
+	}
+	if n := beta.refused("bad_row"); n < 1 {
+		t.Errorf("beta refused bad_row %v, want at least 1", n)
+	}
+	if _, sc, err := retainedOf(retainedRow(topic), mustRow(t, beta, topic)); err == nil || sc.Node != "mallory" {
+		t.Errorf("the partial write is read as %v, attributed to %q: want refused, attributed to mallory", err, sc.Node)
+	}
+
+	// The next whole write (a later retain on alpha) is carried.
+	time.Sleep(time.Until(st.Wall()) + 10*time.Millisecond)
+	alpha.retain("sensor", strings.ReplaceAll(topic, ".", "/"), "real2")
+	alpha.waitRow(topic, "real2", 5*time.Second)
+	alpha.carry(beta, topic)
+	beta.waitStored(topic, "real2", 3*time.Second)
+
+	// The control: a whole write by the peer is carried.
+	whole := peerWrite("mallory", rows.StampAt(time.Now().Add(time.Second)), forged)
+	beta.apply(whole)
+	beta.waitStored(topic, "forged", 3*time.Second)
+}
+
+func mustRow(t *testing.T, rg *retainedRig, subject string) map[string]rows.Cell {
+	t.Helper()
+	cells, err := rg.eng.Store().Row(wire.TableMQTTRetained, retainedRow(subject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cells
+}
+
+// TestRetainedFailedWriteRetried: a device's retained publish whose write
+// of the table fails (here: the node has no such table yet) is written
+// once the table can take it, without a restart and without a new
+// publish. The control: with the table, it is written at once.
+func TestRetainedFailedWriteRetried(t *testing.T) {
+	alpha := newRetainedRig(t, "alpha")
+	const topic = "evt.homeassistant.sensor.late.config"
+	alpha.retain("sensor", strings.ReplaceAll(topic, ".", "/"), "now")
+	alpha.waitRow(topic, "now", 5*time.Second) // the control
+
+	alpha.eng.SetTables(map[string]rows.TableSpec{})
+	alpha.retain("sensor", strings.ReplaceAll(topic, ".", "/"), "later")
+	time.Sleep(300 * time.Millisecond)
+	alpha.eng.SetTables(map[string]rows.TableSpec{wire.TableMQTTRetained: {}})
+	if r, _, _ := alpha.row(topic); string(r.Payload) != "now" {
+		t.Fatalf("the table holds %q while its write failed, want now", r.Payload)
+	}
+	alpha.waitRow(topic, "later", 2*retainedRetry)
+}
