@@ -68,6 +68,15 @@ const (
 	retainedParts        = 3
 )
 
+// DefaultMQTTRetainedMaxBytes is the default bound of the node's store of
+// MQTT retained messages (nats_mqtt_retained_max_bytes).
+const DefaultMQTTRetainedMaxBytes = 64 << 20
+
+const (
+	minMQTTRetainedBytes = 1 << 20
+	maxMQTTRetainedBytes = 1 << 40
+)
+
 // MaxRetainedPayload is the largest retained payload the mesh carries (a
 // row's payload parts); a larger one stays on its node, refused as
 // too_large.
@@ -270,6 +279,7 @@ type retainedMirror struct {
 	server, storeReply string
 	// pendingPath keeps pending's hashes across restarts ("": not kept).
 	pendingPath string
+	maxBytes    int64 // the store's bound (nats_mqtt_retained_max_bytes)
 
 	// mu guards recorded and pending and serialises recording local
 	// publishes; it is never held across a call on the network. recorded
@@ -322,7 +332,7 @@ func newRetainedMirror(node, server, pendingPath string, eng *rows.Engine, nc *n
 	return &retainedMirror{
 		node: node, server: server, storeReply: "$MQTT.JSA." + server + ".MS.", pendingPath: pendingPath,
 		eng: eng, nc: nc, rights: rights, log: log, m: m,
-		recorded: map[string][sha256.Size]byte{}, pending: map[string][sha256.Size]byte{},
+		maxBytes: DefaultMQTTRetainedMaxBytes, recorded: map[string][sha256.Size]byte{}, pending: map[string][sha256.Size]byte{},
 		retry: map[string]heardRetained{}, dirty: map[string]bool{},
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -352,6 +362,7 @@ func (a *Appliance) startRetained(ctx context.Context) error {
 	r.interest.exclude(nc)
 	mr := newRetainedMirror(a.cfg.Node, r.nats.NATS().NodeName(), filepath.Join(a.cfg.DataDir, retainedPendingFile),
 		r.rows, nc, r.nats.Rights(), a.logger.With("component", "mqtt-retained"), m)
+	mr.maxBytes = a.cfg.NATSMQTTRetainedMaxBytes
 	if err := mr.start(ctx); err != nil {
 		close(mr.done)
 		_ = mr.Close()
@@ -397,7 +408,7 @@ func (mr *retainedMirror) start(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if mr.stream, err = localnats.EnsureRetainedStream(ctx, mr.js); err != nil {
+	if mr.stream, err = localnats.EnsureRetainedStream(ctx, mr.js, mr.maxBytes); err != nil {
 		return err
 	}
 	mr.loadPending()

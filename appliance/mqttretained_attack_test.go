@@ -459,3 +459,29 @@ func TestRetainedFailedWriteRetried(t *testing.T) {
 	}
 	alpha.waitRow(topic, "later", 2*retainedRetry)
 }
+
+// TestRetainedStreamBounded: the store's stream the node makes is
+// bounded, and so is one made without a bound (as the server makes it
+// at the first MQTT connection) once the mirror starts.
+func TestRetainedStreamBounded(t *testing.T) {
+	alpha := newRetainedRig(t, "alpha")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := alpha.mr.stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.MaxBytes != DefaultMQTTRetainedMaxBytes {
+		t.Errorf("the stream the node made holds at most %d bytes, want %d", info.Config.MaxBytes, DefaultMQTTRetainedMaxBytes)
+	}
+	cfg := info.Config
+	cfg.MaxBytes = -1
+	if _, err := alpha.mr.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	_ = alpha.mr.Close()
+	alpha.startMirror()
+	if info, err = alpha.mr.stream.Info(ctx); err != nil || info.Config.MaxBytes != DefaultMQTTRetainedMaxBytes {
+		t.Errorf("an unbounded stream at start: then %d bytes (%v), want %d", info.Config.MaxBytes, err, DefaultMQTTRetainedMaxBytes)
+	}
+}
