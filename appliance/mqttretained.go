@@ -237,7 +237,7 @@ func newRetainedMetrics(reg prometheus.Registerer) (*retainedMetrics, error) {
 		applied: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshbox_mqtt_retained_applied_total",
 			Help: "Retained messages of other nodes put into this node's MQTT store (a clear included)."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshbox_mqtt_retained_refused_total",
-			Help: "Retained messages not carried, by cause (not_allowed: its publisher may not publish the topic; not_event: a topic outside evt/, kept on its node; too_large: a payload past the mesh's bound, kept on its node; malformed: a message of the store the node cannot read; bad_row: a row of the table that is no retained message)."},
+			Help: "Retained messages not carried, by cause (not_allowed: its publisher may not publish the topic; not_event: a topic outside evt/, kept on its node; too_large: a payload past the mesh's bound, kept on its node; malformed: a message of the store the node cannot read; bad_row: a row of the table that is no retained message; forged: a message on the store's subjects that is no store request of the node's server; unverified: a message of the store at start the node did not see a device publish; over_quota: a row of another node past its quota in this node's store)."},
 			[]string{"cause"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshbox_mqtt_retained_errors_total",
 			Help: "Failures of carrying the retained state, by kind (table: a write of the table; store: the MQTT store), retried."}, []string{"kind"}),
@@ -281,6 +281,14 @@ type retainedMirror struct {
 	pendingPath string
 	maxBytes    int64 // the store's bound (nats_mqtt_retained_max_bytes)
 
+	// quota bounds, per writer (another node), the rows and payload bytes
+	// of the table the mirror puts into the store; use is what each
+	// writer's rows put there take, charged is per row its writer and
+	// size. The settler alone touches use and charged.
+	quota   retainedUse
+	use     map[string]retainedUse
+	charged map[string]retainedCharge
+
 	// mu guards recorded and pending and serialises recording local
 	// publishes; it is never held across a call on the network. recorded
 	// is, per subject, the local publish last written to the table (or
@@ -304,6 +312,23 @@ type retainedMirror struct {
 	quit    chan struct{}
 	done    chan struct{}
 }
+
+// retainedUse is what a writer's rows take in the store.
+type retainedUse struct{ rows, bytes int }
+
+// retainedCharge is a row's writer and size in the store.
+type retainedCharge struct {
+	writer string
+	bytes  int
+}
+
+// The default quota of each other node in a node's store: at most so
+// many topics and payload bytes of its retained messages. Past it, its
+// further rows stay in the table but not in the store (over_quota).
+const (
+	retainedQuotaRows  = 10000
+	retainedQuotaBytes = 16 << 20
+)
 
 // heardRetained is a local publish heard live, and when.
 type heardRetained struct {
@@ -334,6 +359,8 @@ func newRetainedMirror(node, server, pendingPath string, eng *rows.Engine, nc *n
 		eng: eng, nc: nc, rights: rights, log: log, m: m,
 		maxBytes: DefaultMQTTRetainedMaxBytes, recorded: map[string][sha256.Size]byte{}, pending: map[string][sha256.Size]byte{},
 		retry: map[string]heardRetained{}, dirty: map[string]bool{},
+		quota: retainedUse{rows: retainedQuotaRows, bytes: retainedQuotaBytes},
+		use:   map[string]retainedUse{}, charged: map[string]retainedCharge{},
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 	}
 }
@@ -811,6 +838,10 @@ func (mr *retainedMirror) settle(row string) error {
 		mr.refuse("bad_row", sc.Node, err)
 		return nil
 	}
+	if err := mr.charge(row, sc.Node, len(want.Payload)); err != nil {
+		mr.refuse("over_quota", sc.Node, err)
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var cur localnats.Retained
@@ -843,6 +874,30 @@ func (mr *retainedMirror) settle(row string) error {
 		return err
 	}
 	mr.m.applied.Inc()
+	return nil
+}
+
+// charge charges row, of size bytes, to writer's quota, and frees what
+// the row's earlier winner took; an error when it is past the quota. The
+// node's own rows (its devices') are bounded by the store alone. Only
+// the settler calls it.
+func (mr *retainedMirror) charge(row, writer string, bytes int) error {
+	if old, ok := mr.charged[row]; ok {
+		u := mr.use[old.writer]
+		u.rows, u.bytes = u.rows-1, u.bytes-old.bytes
+		mr.use[old.writer] = u
+		delete(mr.charged, row)
+	}
+	if writer == mr.node {
+		return nil
+	}
+	u := mr.use[writer]
+	if u.rows+1 > mr.quota.rows || u.bytes+bytes > mr.quota.bytes {
+		return fmt.Errorf("row %s: node %s's retained messages in this node's store would pass its quota of %d topics and %d bytes: it is not put there", row, writer, mr.quota.rows, mr.quota.bytes)
+	}
+	u.rows, u.bytes = u.rows+1, u.bytes+bytes
+	mr.use[writer] = u
+	mr.charged[row] = retainedCharge{writer: writer, bytes: bytes}
 	return nil
 }
 

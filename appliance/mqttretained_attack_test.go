@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -73,8 +74,8 @@ func newRetainedRig(t *testing.T, node string) *retainedRig {
 	return rg
 }
 
-// startMirror starts (again) the node's mirror.
-func (rg *retainedRig) startMirror() {
+// startMirror starts (again) the node's mirror, after opts.
+func (rg *retainedRig) startMirror(opts ...func(*retainedMirror)) {
 	t := rg.t
 	t.Helper()
 	rg.reg = prometheus.NewRegistry()
@@ -88,6 +89,9 @@ func (rg *retainedRig) startMirror() {
 	}
 	rg.mr = newRetainedMirror(rg.node, rg.srv.NATS().NodeName(), filepath.Join(rg.dir, retainedPendingFile),
 		rg.eng, nc, rg.srv.Rights(), slog.New(slog.DiscardHandler), m)
+	for _, o := range opts {
+		o(rg.mr)
+	}
 	if err := rg.mr.start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -483,5 +487,35 @@ func TestRetainedStreamBounded(t *testing.T) {
 	alpha.startMirror()
 	if info, err = alpha.mr.stream.Info(ctx); err != nil || info.Config.MaxBytes != DefaultMQTTRetainedMaxBytes {
 		t.Errorf("an unbounded stream at start: then %d bytes (%v), want %d", info.Config.MaxBytes, err, DefaultMQTTRetainedMaxBytes)
+	}
+}
+
+// TestRetainedQuotaPerWriter: a peer that writes more rows than its
+// quota gets only its quota into another node's store (over_quota for
+// the rest); the control: another writer's row still gets there.
+func TestRetainedQuotaPerWriter(t *testing.T) {
+	alpha, beta := newRetainedRig(t, "alpha"), newRetainedRig(t, "beta")
+	_ = beta.mr.Close()
+	beta.startMirror(func(mr *retainedMirror) { mr.quota = retainedUse{rows: 3, bytes: 1 << 20} })
+	st := rows.StampAt(time.Now())
+	for i := range 6 {
+		beta.apply(peerWrite("mallory", st, localnats.Retained{Subject: fmt.Sprintf("evt.flood.t%d", i), Payload: []byte("x")}))
+	}
+	const good = "evt.homeassistant.sensor.good.config"
+	alpha.retain("sensor", strings.ReplaceAll(good, ".", "/"), "real")
+	alpha.waitRow(good, "real", 5*time.Second)
+	alpha.carry(beta, good)
+	beta.waitStored(good, "real", 3*time.Second)
+	n := 0
+	for i := range 6 {
+		if _, ok := beta.stored(fmt.Sprintf("evt.flood.t%d", i)); ok {
+			n++
+		}
+	}
+	if n != 3 {
+		t.Errorf("beta's store holds %d of mallory's 6 rows, want its quota of 3", n)
+	}
+	if got := beta.refused("over_quota"); got < 3 {
+		t.Errorf("refused over_quota %v, want at least 3", got)
 	}
 }
