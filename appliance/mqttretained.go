@@ -40,9 +40,11 @@ import (
 //
 //   - Out: it hears the server store its devices' retained publishes (a
 //     subscription on $MQTT.rmsgs.>; the server stores one only after it
-//     checked the device's right to publish the topic), checks the
-//     publisher's right again against the programs' rights, and writes the
-//     row. Only topics under evt/ (the mesh's events) go to the mesh.
+//     checked the device's right to publish the topic), keeps only the
+//     server's own store requests (hear: a local program can make the
+//     server send other messages there), checks the publisher's right
+//     again against the programs' rights, and writes the row. Only topics
+//     under evt/ (the mesh's events) go to the mesh.
 //   - In: for each change of the table that won, it puts the winner into
 //     the server's store as the server would (an empty payload clears),
 //     where the server's own consumer of the stream finds it and serves it
@@ -378,9 +380,10 @@ func (a *Appliance) startRetained(ctx context.Context) error {
 	}
 	nc, err := r.nats.Connect(ownConnPrefix+"mqtt-retained", nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		// A slow consumer drops what the server stored: the next start
-		// reads the store whole again.
+		// does not take it from the store either (reconcile trusts only
+		// what it saw), so it reaches the mesh at its topic's next retain.
 		m.errors.WithLabelValues("store").Inc()
-		a.logger.Warn("mqtt retained: the node's connection to its MQTT store failed; a retained publish may reach the mesh only at the node's next start", "component", "mqtt-retained", "err", err)
+		a.logger.Warn("mqtt retained: the node's connection to its MQTT store failed; a retained publish may reach the mesh only when its device publishes it again", "component", "mqtt-retained", "err", err)
 	}))
 	if err != nil {
 		m.unregister()
