@@ -302,7 +302,11 @@ type retainedMirror struct {
 	// next start's reconcile trusts).
 	mu       sync.Mutex
 	recorded map[string][sha256.Size]byte
-	pending  map[string][sha256.Size]byte
+	// distrusted is, per subject, the message of the store last refused
+	// as forged or unverified, and when: settle replaces it even by this
+	// node's own write.
+	distrusted map[string]distrustedMsg
+	pending    map[string][sha256.Size]byte
 	retry    map[string]heardRetained
 
 	dmu   sync.Mutex
@@ -314,6 +318,24 @@ type retainedMirror struct {
 	quit    chan struct{}
 	done    chan struct{}
 }
+
+// distrustedMsg is a message of the store refused as forged or
+// unverified, and when.
+type distrustedMsg struct {
+	hash [sha256.Size]byte
+	at   time.Time
+}
+
+// errRetainedRecheck: a message refused as forged is heard before the
+// stream stores it; settle looks again a little later.
+var errRetainedRecheck = errors.New("the store does not hold the message refused yet")
+
+// retainedRecheck is how soon, and how long, settle looks again for a
+// message refused as forged that the store does not hold yet.
+const (
+	retainedRecheck    = 100 * time.Millisecond
+	retainedRecheckFor = 2 * time.Second
+)
 
 // retainedUse is what a writer's rows take in the store.
 type retainedUse struct{ rows, bytes int }
@@ -360,6 +382,7 @@ func newRetainedMirror(node, server, pendingPath string, eng *rows.Engine, nc *n
 		node: node, server: server, storeReply: "$MQTT.JSA." + server + ".MS.", pendingPath: pendingPath,
 		eng: eng, nc: nc, rights: rights, log: log, m: m,
 		maxBytes: DefaultMQTTRetainedMaxBytes, recorded: map[string][sha256.Size]byte{}, pending: map[string][sha256.Size]byte{},
+		distrusted: map[string]distrustedMsg{},
 		retry: map[string]heardRetained{}, dirty: map[string]bool{},
 		quota: retainedUse{rows: retainedQuotaRows, bytes: retainedQuotaBytes},
 		use:   map[string]retainedUse{}, charged: map[string]retainedCharge{},
@@ -512,6 +535,7 @@ func (mr *retainedMirror) distrust(r localnats.Retained, cause string, err error
 	}
 	mr.mu.Lock()
 	mr.recorded[r.Subject] = retainedHash(r)
+	mr.distrusted[r.Subject] = distrustedMsg{hash: retainedHash(r), at: time.Now()}
 	mr.mu.Unlock()
 	mr.markDirty(retainedRow(r.Subject))
 }
@@ -814,6 +838,10 @@ func (mr *retainedMirror) settler() {
 				return // the connection closed under it
 			default:
 			}
+			if errors.Is(err, errRetainedRecheck) {
+				retryAt[row] = time.Now().Add(retainedRecheck)
+				continue
+			}
 			b := backoff[row]
 			if b == 0 {
 				mr.log.Warn("a retained message of the mesh was not put into this node's MQTT store; retrying", "row", row, "err", err)
@@ -859,22 +887,37 @@ func (mr *retainedMirror) settle(row string) error {
 			mr.refuse("malformed", "", err)
 		}
 	}
+	mr.mu.Lock()
+	seen := mr.recorded[want.Subject] == retainedHash(cur)
+	d, ok := mr.distrusted[want.Subject]
+	distrusted := ok && d.hash == retainedHash(cur) && len(cur.Payload) > 0
+	if ok && !distrusted && time.Since(d.at) > retainedRecheckFor {
+		delete(mr.distrusted, want.Subject)
+	}
+	mr.mu.Unlock()
+	if ok && !distrusted && time.Since(d.at) <= retainedRecheckFor {
+		return errRetainedRecheck // heard before the stream stored it
+	}
 	if sameRetained(cur, want) {
 		return nil
 	}
-	mr.mu.Lock()
-	seen := mr.recorded[want.Subject] == retainedHash(cur)
-	mr.mu.Unlock()
 	if cur.Origin != localnats.MeshOrigin && len(cur.Payload) > 0 && !seen {
 		return nil // a device's publish not yet recorded: record writes it, and it wins
 	}
-	if sc.Node == mr.node && cur.Origin != localnats.MeshOrigin {
+	if sc.Node == mr.node && cur.Origin != localnats.MeshOrigin && !distrusted {
 		return nil // this node's write came from this store
 	}
 	put := want
 	put.Origin, put.Source = localnats.MeshOrigin, "node:"+sc.Node
 	if _, err := mr.js.PublishMsg(ctx, localnats.EncodeRetained(put)); err != nil {
 		return err
+	}
+	if distrusted {
+		mr.mu.Lock()
+		if mr.distrusted[want.Subject] == d {
+			delete(mr.distrusted, want.Subject)
+		}
+		mr.mu.Unlock()
 	}
 	mr.m.applied.Inc()
 	return nil

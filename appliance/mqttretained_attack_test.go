@@ -257,6 +257,12 @@ func TestRetainedForgedByBlobProgram(t *testing.T) {
 	tnc := alpha.conn(thief, alpha.addProgram(thief))
 	const subject = "evt.homeassistant.sensor.x.config"
 	const pushSubject = "evt.homeassistant.sensor.y.config"
+	const rowless = "evt.homeassistant.sensor.z.config" // no row: the forgery stays in the stream
+
+	// The device's own retained message of the topic the thief forges:
+	// it comes back into alpha's store after the forgery.
+	alpha.retain("sensor", strings.ReplaceAll(subject, ".", "/"), "mine")
+	alpha.waitRow(subject, "mine", 5*time.Second)
 
 	// The object's chunk: a message of the blob stream with the store's
 	// headers.
@@ -269,11 +275,13 @@ func TestRetainedForgedByBlobProgram(t *testing.T) {
 		t.Fatalf("the thief stores its chunk: %v", err)
 	}
 	// Direct get, answered onto the store's subject.
-	get := nats.NewMsg("$JS.API.DIRECT.GET.OBJ_" + blobs.Bucket)
-	get.Reply = localnats.RetainedSubjectPrefix + subject
-	get.Data = []byte(`{"last_by_subj":"$O.` + blobs.Bucket + `.C.x"}`)
-	if err := tnc.PublishMsg(get); err != nil {
-		t.Fatal(err)
+	for _, s := range []string{subject, rowless} {
+		get := nats.NewMsg("$JS.API.DIRECT.GET.OBJ_" + blobs.Bucket)
+		get.Reply = localnats.RetainedSubjectPrefix + s
+		get.Data = []byte(`{"last_by_subj":"$O.` + blobs.Bucket + `.C.x"}`)
+		if err := tnc.PublishMsg(get); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// A push consumer delivering onto the store's subject.
 	cfg, _ := json.Marshal(map[string]any{"stream_name": "OBJ_" + blobs.Bucket, "config": map[string]any{
@@ -286,8 +294,18 @@ func TestRetainedForgedByBlobProgram(t *testing.T) {
 		t.Logf("the thief's push consumer was refused: %s", rep.Data)
 	}
 
-	// The attack landed in the store: it is a real one.
-	alpha.waitStored(subject, `{"name":"forged"}`, 5*time.Second)
+	// The attack landed in the store (it is a real one), and the mirror
+	// put the device's message back.
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if alpha.refused("forged") >= 2 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the thief's direct get was not heard on the store's subjects")
+		}
+	}
+	alpha.waitStored(subject, "mine", 5*time.Second)
+	alpha.waitStored(rowless, `{"name":"forged"}`, time.Second)
 	if push {
 		// Whether the server delivers to a subject only the stream
 		// captures depends on its interest rules: the test does not
@@ -308,11 +326,13 @@ func TestRetainedForgedByBlobProgram(t *testing.T) {
 	alpha.carry(beta, good)
 	beta.waitStored(good, "real", 5*time.Second)
 
-	if _, _, ok := alpha.row(subject); ok {
-		t.Errorf("the table holds the forged retained message of %s (direct get)", subject)
+	if r, _, _ := alpha.row(subject); string(r.Payload) != "mine" {
+		t.Errorf("the table holds %q for %s, want the device's (the forgery is not carried)", r.Payload, subject)
 	}
-	if _, _, ok := alpha.row(pushSubject); ok {
-		t.Errorf("the table holds the forged retained message of %s (push consumer)", pushSubject)
+	for _, s := range []string{rowless, pushSubject} {
+		if _, _, ok := alpha.row(s); ok {
+			t.Errorf("the table holds the forged retained message of %s", s)
+		}
 	}
 	if n := alpha.refused("forged"); n < 1 {
 		t.Errorf("refused forged: %v, want at least 1", n)
@@ -323,11 +343,13 @@ func TestRetainedForgedByBlobProgram(t *testing.T) {
 	_ = alpha.mr.Close()
 	alpha.startMirror()
 	time.Sleep(500 * time.Millisecond)
-	if _, _, ok := alpha.row(subject); ok {
-		t.Errorf("after a restart the table holds the forged retained message of %s", subject)
+	if r, _, _ := alpha.row(subject); string(r.Payload) != "mine" {
+		t.Errorf("after a restart the table holds %q for %s, want the device's", r.Payload, subject)
 	}
-	if _, _, ok := alpha.row(pushSubject); ok {
-		t.Errorf("after a restart the table holds the forged retained message of %s", pushSubject)
+	for _, s := range []string{rowless, pushSubject} {
+		if _, _, ok := alpha.row(s); ok {
+			t.Errorf("after a restart the table holds the forged retained message of %s", s)
+		}
 	}
 	if n := alpha.refused("forged") + alpha.refused("unverified"); n < 1 {
 		t.Errorf("after a restart, refused forged and unverified: %v, want at least 1", n)
