@@ -307,7 +307,7 @@ type retainedMirror struct {
 	// node's own write.
 	distrusted map[string]distrustedMsg
 	pending    map[string][sha256.Size]byte
-	retry    map[string]heardRetained
+	retry      map[string]heardRetained
 
 	dmu   sync.Mutex
 	dirty map[string]bool // rows to settle
@@ -383,7 +383,7 @@ func newRetainedMirror(node, server, pendingPath string, eng *rows.Engine, nc *n
 		eng: eng, nc: nc, rights: rights, log: log, m: m,
 		maxBytes: DefaultMQTTRetainedMaxBytes, recorded: map[string][sha256.Size]byte{}, pending: map[string][sha256.Size]byte{},
 		distrusted: map[string]distrustedMsg{},
-		retry: map[string]heardRetained{}, dirty: map[string]bool{},
+		retry:      map[string]heardRetained{}, dirty: map[string]bool{},
 		quota: retainedUse{rows: retainedQuotaRows, bytes: retainedQuotaBytes},
 		use:   map[string]retainedUse{}, charged: map[string]retainedCharge{},
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
