@@ -88,6 +88,10 @@ type Config struct {
 	// evt/<topic>. Off loopback without NATSMQTTCert and NATSMQTTKey the
 	// passwords cross the network in the clear: the status warns.
 	NATSMQTT string `json:"nats_mqtt"`
+	// NATSMQTTRetainedMaxBytes bounds the node's store of MQTT retained
+	// messages (its own devices' and the mesh's): past it the oldest are
+	// dropped from the store.
+	NATSMQTTRetainedMaxBytes int64 `json:"nats_mqtt_retained_max_bytes"`
 	// NATSMQTTCert and NATSMQTTKey are the PEM certificate and key of the
 	// MQTT listener's TLS (mqtts://).
 	NATSMQTTCert string `json:"nats_mqtt_cert"`
@@ -192,6 +196,8 @@ func DefaultConfig() Config {
 		Modules: defaultModulesConfig(),
 		Blobs:   defaultBlobsConfig(),
 		Rows:    RowsConfig{SnapshotEvery: rows.DefaultSnapshotEvery},
+
+		NATSMQTTRetainedMaxBytes: DefaultMQTTRetainedMaxBytes,
 	}
 }
 
@@ -378,6 +384,9 @@ func (c *Config) Validate() error {
 	}
 	c.Modules.validate(bad)
 	c.Blobs.validate(bad)
+	if n := c.NATSMQTTRetainedMaxBytes; n < minMQTTRetainedBytes || n > maxMQTTRetainedBytes {
+		bad("nats_mqtt_retained_max_bytes", "%d is out of range 1 MiB..1 TiB", n)
+	}
 	if n := c.Rows.SnapshotEvery; n < minSnapshotEvery || n > maxSnapshotEvery {
 		bad("rows.snapshot_every", "%d is out of range %d..%d", n, minSnapshotEvery, maxSnapshotEvery)
 	}

@@ -103,11 +103,22 @@ func EncodeRetained(r Retained) *nats.Msg {
 
 // EnsureRetainedStream makes the server's stream of retained messages
 // when it has none yet, with the configuration the server gives it (it
-// makes it at the first MQTT connection only): then a retained message
-// put in before any device connected is there when one does.
-func EnsureRetainedStream(ctx context.Context, js jetstream.JetStream) (jetstream.Stream, error) {
+// makes it at the first MQTT connection only) and maxBytes, a bound on
+// what the stream holds (past it the oldest retained messages are
+// dropped from the store); a stream the server made gets the bound too.
+// Then a retained message put in before any device connected is there
+// when one does.
+func EnsureRetainedStream(ctx context.Context, js jetstream.JetStream, maxBytes int64) (jetstream.Stream, error) {
 	st, err := js.Stream(ctx, RetainedStream)
 	if err == nil {
+		cfg := st.CachedInfo().Config
+		if cfg.MaxBytes == maxBytes {
+			return st, nil
+		}
+		cfg.MaxBytes = maxBytes
+		if st, err = js.UpdateStream(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("bound stream %s: %w", RetainedStream, err)
+		}
 		return st, nil
 	}
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -120,9 +131,10 @@ func EnsureRetainedStream(ctx context.Context, js jetstream.JetStream) (jetstrea
 		Retention:         jetstream.LimitsPolicy,
 		Replicas:          1,
 		MaxMsgsPerSubject: 1,
+		MaxBytes:          maxBytes,
 	})
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return js.Stream(ctx, RetainedStream) // the server made it meanwhile
+		return EnsureRetainedStream(ctx, js, maxBytes) // the server made it meanwhile
 	}
 	if err != nil {
 		return nil, fmt.Errorf("make stream %s: %w", RetainedStream, err)

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/appliance/blobs"
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/appliance/rows"
 	"github.com/meshbox/meshbox/internal/wire"
@@ -253,4 +254,57 @@ func TestMQTTRetainedRights(t *testing.T) {
 	waitRetained(t, beta, good, good+` {"name":"temp"}`, 30*time.Second)
 	waitRetained(t, beta, evil, "", 2*time.Second)
 	waitRetained(t, alpha, evil, "", 2*time.Second)
+}
+
+// TestMQTTRetainedForgedByBlobProgram: a program with the blob store's
+// rights only stores a blob chunk carrying the headers of a retained
+// message of a device (program sensor), then asks for it by a direct get
+// whose reply subject is the server's store of retained messages: the
+// server answers there. No other node, and not the table, gets it. The
+// control: a device that may publish the topic retains another one, and
+// it reaches another node.
+func TestMQTTRetainedForgedByBlobProgram(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a broker, a database and three nodes")
+	}
+	nodes := retainedMesh(t)
+	alpha, beta := nodes["alpha"], nodes["beta"]
+	const evil = "evt/homeassistant/sensor/x/config"
+	const good = "evt/homeassistant/sensor/temp/config"
+
+	thief := programs.Program{Name: "thief", Blobs: true}
+	creds := meshtest.AddProgram(t, alpha.p.NATSURL(), alpha.p.DataDir(), thief)
+	tnc := meshtest.ProgramConn(t, alpha.p.NATSURL(), creds, thief)
+	if _, err := tnc.Request(blobs.SubjectOpen, nil, 10*time.Second); err != nil {
+		t.Fatalf("the thief opens the blob store: %v", err)
+	}
+	chunk := nats.NewMsg("$O.meshbox-blobs.C.x")
+	chunk.Header.Set("Nmqtt-RFlags", "3")
+	chunk.Header.Set("Nmqtt-RSource", "sensor")
+	chunk.Data = []byte(`{"name":"forged"}`)
+	if _, err := tnc.RequestMsg(chunk, 5*time.Second); err != nil {
+		t.Fatalf("the thief stores its chunk: %v", err)
+	}
+	get := nats.NewMsg("$JS.API.DIRECT.GET.OBJ_meshbox-blobs")
+	get.Reply = "$MQTT.rmsgs." + strings.ReplaceAll(evil, "/", ".")
+	get.Data = []byte(`{"last_by_subj":"$O.meshbox-blobs.C.x"}`)
+	if err := tnc.PublishMsg(get); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, tnc)
+
+	// The control: sensor's retain reaches beta; by then beta has nothing
+	// of the thief's, and neither has the table.
+	retain(t, alpha, "sensor", "sensor-1", good, `{"name":"temp"}`)
+	waitRetained(t, beta, good, good+` {"name":"temp"}`, 30*time.Second)
+	waitRetained(t, beta, evil, "", 2*time.Second)
+	for _, nd := range []*retainedNode{alpha, beta} {
+		code, err := rowsCall(natsConn(t, nd.p), wire.TableMQTTRetained, rows.OpGet, rows.Request{Row: strings.ReplaceAll(evil, "/", ".")}, nil, 5*time.Second)
+		if code != wire.CodeNotFound {
+			t.Errorf("%s: the table's row of %s: code %d (%v), want %d: none", nd.name, evil, code, err, wire.CodeNotFound)
+		}
+	}
+	if n, _ := scrape(t, alpha.p.HTTPURL()).value("meshbox_mqtt_retained_refused_total", "cause=forged"); n < 1 {
+		t.Errorf("alpha refused %v forged retained messages, want at least 1 (the attack reached the store's subjects)", n)
+	}
 }
