@@ -67,6 +67,28 @@ func TestWorkersPage(t *testing.T) {
 		shells[n] = startPageShell(t, n, append(onNode(p), path, "HOME="+t.TempDir(), "USER="+currentUser(),
 			"NATS_URL="+p.NATSURL(), "MESHBOX_DB=", "MESHBOX_BROKER="))
 	}
+	// What each handler the page starts on cellar prints, in its order: the
+	// first made cat.jpg's thumbnail, the second refused notes.txt, the
+	// third got it replayed. A reader stops a handler once it printed its
+	// command (the page says what it prints): so does the walk, before a
+	// kill of it.
+	handled := [][]string{
+		{"Meshbox-Msg-Id: cat-1", "cat.jpg"},
+		{"Meshbox-Msg-Id: notes-1", "notes.txt"},
+		{"Meshbox-Msg-Id: notes-1", "Meshbox-Replayed: ", "notes.txt"},
+	}
+	waitHandler := func(i int) {
+		t.Helper()
+		jobs := shells["cellar"].jobs
+		if i >= len(jobs) || i >= len(handled) {
+			t.Fatalf("the page starts %d handlers on cellar; handler %d has no expectation", len(jobs), i+1)
+		}
+		for _, w := range handled[i] {
+			meshtest.WaitFor(t, 20*time.Second, fmt.Sprintf("handler %d printing %q", i+1, w), func() bool {
+				return strings.Contains(jobs[i].output(), w)
+			})
+		}
+	}
 	for _, b := range blocks {
 		var sh *pageShell
 		switch {
@@ -89,6 +111,9 @@ func TestWorkersPage(t *testing.T) {
 				cmdLine = strings.ReplaceAll(cmdLine, "/var/lib/meshbox", p.DataDir())
 			}
 			comment = strings.TrimSpace(comment)
+			if cmdLine == "kill $!" && sh.name == "cellar" && len(sh.jobs) > 0 {
+				waitHandler(len(sh.jobs) - 1)
+			}
 			if strings.HasSuffix(cmdLine, "&") {
 				sh.background(t, cmdLine)
 				continue
@@ -114,22 +139,13 @@ func TestWorkersPage(t *testing.T) {
 		}
 	}
 
-	// The handlers on cellar, in the page's order: the first made cat.jpg's
-	// thumbnail, the second refused notes.txt, the third got it replayed.
+	// The handlers on cellar, in the page's order.
 	handlers := shells["cellar"].jobs
 	if len(handlers) != 3 {
 		t.Fatalf("the page starts %d handlers on cellar, want 3", len(handlers))
 	}
-	for i, want := range [][]string{
-		{"Meshbox-Msg-Id: cat-1", "cat.jpg"},
-		{"Meshbox-Msg-Id: notes-1", "notes.txt"},
-		{"Meshbox-Msg-Id: notes-1", "Meshbox-Replayed: ", "notes.txt"},
-	} {
-		for _, w := range want {
-			meshtest.WaitFor(t, 20*time.Second, fmt.Sprintf("handler %d printing %q", i+1, w), func() bool {
-				return strings.Contains(handlers[i].output(), w)
-			})
-		}
+	for i := range handlers {
+		waitHandler(i)
 	}
 }
 
