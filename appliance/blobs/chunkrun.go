@@ -266,8 +266,11 @@ func (r *chunkRun) take(a answer) error {
 
 // failed handles a request that failed: a transient failure is tried
 // again (a deadline that passed at once, with a slower flow; after an
-// owner or mesh away, the whole fetch pauses first) until nothing arrived
-// for patience; anything else is final.
+// owner or mesh away, the whole fetch pauses first) until a request sent
+// when nothing had arrived for patience fails too; anything else is
+// final. A request sent before then is tried once more: the process may
+// have been stopped (or the machine asleep) while it was out, and its
+// failure says nothing of the mesh now.
 func (r *chunkRun) failed(a answer) error {
 	s, err := a.s, a.err
 	what := fmt.Sprintf("chunk %d", s.chunk)
@@ -285,7 +288,7 @@ func (r *chunkRun) failed(a answer) error {
 			r.pause = a.at.Add(retryPause.Delay(r.away))
 		}
 	}
-	if patience := r.f.patience(); a.at.Sub(r.lastOK) > patience {
+	if patience := r.f.patience(); a.sent.Sub(r.lastOK) > patience {
 		return fmt.Errorf("fetch %s: %w for %s: %w (what arrived is kept; fetch again to continue)", r.ref, ErrStalled, patience, r.f.failure(r.ref, what, err))
 	}
 	r.res.Retries++
