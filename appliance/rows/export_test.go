@@ -53,3 +53,12 @@ func SnapshotPart(s *seal.Sealer, table, node, snap string, part, parts int, joi
 	}
 	return body
 }
+
+// SetResumeWait sets how long a resuming reader waits for the message it
+// resumes at before it asks the broker where the log ends, and returns
+// what undoes it.
+func SetResumeWait(d time.Duration) (undo func()) {
+	old := resumeWait
+	resumeWait = d
+	return func() { resumeWait = old }
+}

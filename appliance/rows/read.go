@@ -1,7 +1,6 @@
 package rows
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -110,7 +109,7 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 		verifier.Go(func() { e.verifyLog(vctx, conn, table, verifyAt, verifyTo) })
 	}
 	if ok {
-		if err := e.resumeCheck(ctx, table, off, lastHash, ds, ch); err != nil {
+		if err := e.resumeCheck(ctx, conn, table, off, lastHash, ds, ch); err != nil {
 			return err
 		}
 	}
@@ -174,79 +173,6 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 			}
 		}(committing)
 	}
-}
-
-// resumeWait is how long a node resuming a table's log waits for the
-// last message it applied, read again, before it takes the log for a
-// new one that ends before it (a variable for tests).
-var resumeWait = 5 * time.Second
-
-// errLogReplaced ends a reader that found the table's log replaced.
-var errLogReplaced = errors.New("the table's log on the broker was replaced")
-
-// resumeCheck reads the first delivery of a reader that resumes at off
-// (ds starts at off-1, the last message this node applied): the same
-// message again (its body's hash is lastHash) means the log is the one
-// this node read; a later one, that the log dropped what this node had
-// not read (retention); none at or after off-1 within resumeWait, or
-// another message at off-1, that the log was deleted and made anew. A
-// replaced log is forgotten (the node reads the new one from its start,
-// after the session's retry) and shown; the node then writes a snapshot
-// into the new log, so that nodes joining it find the table.
-func (e *Engine) resumeCheck(ctx context.Context, table string, off uint64, lastHash []byte, ds <-chan amqp.Delivery, ch *amqp.Channel) error {
-	wait := time.NewTimer(resumeWait)
-	defer wait.Stop()
-	for {
-		var d amqp.Delivery
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-wait.C:
-			return e.logReplaced(table, fmt.Errorf("it holds nothing from offset %d on, the last this node read", off-1))
-		case got, open := <-ds:
-			if !open {
-				return fmt.Errorf("the log of table %s: consumer ended", table)
-			}
-			d = got
-		}
-		o := offsetOf(d)
-		h := sha256.Sum256(d.Body)
-		switch {
-		case o+1 < off:
-			// Before the one asked for (the start of its chunk, or a new
-			// log's messages): not yet the answer.
-			if err := ch.Ack(d.DeliveryTag, false); err != nil {
-				return err
-			}
-			continue
-		case o+1 == off && lastHash != nil && !bytes.Equal(h[:], lastHash):
-			return e.logReplaced(table, fmt.Errorf("its message at offset %d is not the one this node read there", o))
-		case o+1 == off:
-			// The last message this node applied: already applied.
-			return ch.Ack(d.DeliveryTag, false)
-		default:
-			e.noteGap(table, off, o)
-			if err := e.applyLog(table, []amqp.Delivery{d}); err != nil {
-				return err
-			}
-			return ch.Ack(d.DeliveryTag, false)
-		}
-	}
-}
-
-// logReplaced forgets where this node read table's log (why: how the
-// log differs) and ends the reader.
-func (e *Engine) logReplaced(table string, why error) error {
-	if err := e.store.forgetOffset(table); err != nil {
-		return err
-	}
-	e.refuse(table, causeLogReplaced, "", fmt.Errorf("%w: %v; this node reads the new log from its start and writes a snapshot into it", errLogReplaced, why))
-	e.mu.Lock()
-	st := e.state(table)
-	st.gap, st.offset, st.lastNext = true, 0, 0
-	st.sinceSnapshot = max(st.sinceSnapshot, e.cfg.SnapshotEvery)
-	e.mu.Unlock()
-	return fmt.Errorf("table %s: %w", table, errLogReplaced)
 }
 
 // applyBytes bounds the body bytes of a run applied in one commit: a
