@@ -85,7 +85,8 @@ type Engine struct {
 	reconf    chan struct{} // cap 1: the tables or the broker changed
 	linkUp    chan struct{} // cap 1: the broker answers again (LinkUp)
 	quit      chan struct{}
-	done      chan struct{}
+	done      chan struct{}  // closed when the sync ended
+	clockDone chan struct{}  // closed when the snapshot clock ended
 	writes    sync.WaitGroup // the API's writes in progress (api.go)
 
 	readOnlyLogged sync.Map // tables whose refused writes were logged (api.go)
@@ -157,7 +158,7 @@ func Open(cfg Config) (*Engine, error) {
 		clock:  NewClock(cfg.Now, cfg.MaxDrift),
 		tables: map[string]TableSpec{}, status: map[string]*tableState{},
 		wake: make(chan struct{}, 1), reconf: make(chan struct{}, 1), linkUp: make(chan struct{}, 1), snapshots: make(chan string, 4),
-		quit: make(chan struct{}), done: make(chan struct{}),
+		quit: make(chan struct{}), done: make(chan struct{}), clockDone: make(chan struct{}),
 	}
 	e.m = newMetrics(e)
 	if err := e.m.register(cfg.Metrics); err != nil {
@@ -166,6 +167,7 @@ func Open(cfg Config) (*Engine, error) {
 	}
 	e.seedClock()
 	go e.run()
+	go e.snapshotClock()
 	return e, nil
 }
 
@@ -193,6 +195,7 @@ func (e *Engine) Close() error {
 		close(e.quit)
 	}
 	<-e.done
+	<-e.clockDone
 	e.writes.Wait()
 	e.m.unregister()
 	return e.store.Close()

@@ -305,10 +305,7 @@ func (e *Engine) commitRun(table string, run logApply) error {
 			st.heldNext = h
 		}
 	}
-	// Due past SnapshotEvery changes, or when the newest snapshot is a
-	// quarter of the log's retention old: the log must always hold one.
-	due := st.sinceSnapshot >= e.cfg.SnapshotEvery ||
-		st.sinceSnapshot > 0 && !st.snapshotTime.IsZero() && time.Since(st.snapshotTime) > e.cfg.MaxAge/4
+	due := e.snapshotDue(st) // else the snapshot clock schedules it once due
 	e.mu.Unlock()
 	if res.dropped > 0 {
 		e.refuseN(table, causeOverBound, "", res.dropped, fmt.Errorf("%d changes stamped ahead dropped: this node holds at most %d (%d MiB) of a table until its clock reaches them", res.dropped, maxHeldChanges, maxHeldBytes>>20))

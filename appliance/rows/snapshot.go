@@ -171,8 +171,7 @@ func (e *Engine) snapshotSoon(table string) {
 		e.mu.Lock()
 		st := e.state(table)
 		st.snapshotQueued = false
-		due := st.sinceSnapshot >= e.cfg.SnapshotEvery ||
-			st.sinceSnapshot > 0 && !st.snapshotTime.IsZero() && time.Since(st.snapshotTime) > e.cfg.MaxAge/4
+		due := e.snapshotDue(st)
 		// A replica that may still lack changes (it waits for a snapshot,
 		// or checks the one it joined from) writes none.
 		due = due && !st.wantSnap && !st.verifying
@@ -187,6 +186,49 @@ func (e *Engine) snapshotSoon(table string) {
 			}
 		}
 	})
+}
+
+// snapshotDue reports whether table's log needs a snapshot (st is its
+// state, e.mu held): past SnapshotEvery changes since the newest one, or
+// changes since a newest one a quarter of the log's retention old (the
+// log must always hold one).
+func (e *Engine) snapshotDue(st *tableState) bool {
+	return st.sinceSnapshot >= e.cfg.SnapshotEvery ||
+		st.sinceSnapshot > 0 && !st.snapshotTime.IsZero() && time.Since(st.snapshotTime) > e.cfg.MaxAge/4
+}
+
+// snapshotCheck is how often the snapshot clock asks whether a snapshot
+// is due.
+const snapshotCheck = time.Second
+
+// snapshotClock schedules a snapshot of every table whose log this node
+// reads once one is due, until the engine closes. A commit of the reader
+// schedules one too (the count), but the age of the newest snapshot
+// passes its bound without a run: after the last run of a stream of
+// writes, or once a snapshot held back while this node verified or
+// waited for one may be written, no commit comes to schedule it.
+func (e *Engine) snapshotClock() {
+	defer close(e.clockDone)
+	tick := time.NewTicker(snapshotCheck)
+	defer tick.Stop()
+	for {
+		select {
+		case <-e.quit:
+			return
+		case <-tick.C:
+		}
+		var due []string
+		e.mu.Lock()
+		for t, st := range e.status {
+			if st.connected && !st.snapshotQueued && e.snapshotDue(st) {
+				due = append(due, t)
+			}
+		}
+		e.mu.Unlock()
+		for _, t := range due {
+			e.snapshotSoon(t)
+		}
+	}
 }
 
 // writeSnapshot writes table's whole state into its log, in parts, with
