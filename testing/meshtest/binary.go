@@ -18,19 +18,30 @@ var binary struct {
 	err  error
 }
 
-// Binary builds ./cmd/meshbox of this module once per test process and
-// returns the path of the executable. The module root is found by walking
-// up from the working directory to go.mod. If the build failed, every
-// caller fails with its output.
+// BinaryEnv names an executable of meshbox built from this checkout for
+// the tests to run instead of building their own: make test builds it
+// once (make build) and every test binary shares it, where each would
+// otherwise build and link its own, all at once.
+const BinaryEnv = "MESHTEST_MESHBOX"
+
+// Binary returns the path of the meshbox executable the tests run: the one
+// BinaryEnv names, or else ./cmd/meshbox of this module built once per
+// test process. The module root is found by walking up from the working
+// directory to go.mod. If the build failed, every caller fails with its
+// output.
 func Binary(tb testing.TB) string {
 	tb.Helper()
 	binary.mu.Lock()
 	defer binary.mu.Unlock()
 	if binary.path == "" && binary.err == nil {
-		start := time.Now()
-		binary.path, binary.err = buildBinary()
-		if binary.err == nil {
-			tb.Logf("meshtest: built meshbox in %v", time.Since(start).Round(time.Millisecond))
+		if p := os.Getenv(BinaryEnv); p != "" {
+			binary.path, binary.err = sharedBinary(p)
+		} else {
+			start := time.Now()
+			binary.path, binary.err = buildBinary()
+			if binary.err == nil {
+				tb.Logf("meshtest: built meshbox in %v", time.Since(start).Round(time.Millisecond))
+			}
 		}
 	}
 	if binary.err != nil {
@@ -58,6 +69,22 @@ func BinaryVersion(tb testing.TB, version string) string {
 	return path
 }
 
+// sharedBinary checks that p, from BinaryEnv, is an executable file.
+func sharedBinary(p string) (string, error) {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", fmt.Errorf("%s=%s: %w", BinaryEnv, p, err)
+	}
+	fi, err := os.Stat(abs)
+	if err != nil {
+		return "", fmt.Errorf("%s=%s: %w (make build makes it; unset %s and the tests build their own)", BinaryEnv, p, err, BinaryEnv)
+	}
+	if !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("%s=%s: not an executable file", BinaryEnv, p)
+	}
+	return abs, nil
+}
+
 func buildBinary() (string, error) {
 	root, err := moduleRoot()
 	if err != nil {
@@ -75,7 +102,9 @@ func buildBinary() (string, error) {
 	return path, nil
 }
 
-// goBuild runs go build [flags] -o path ./cmd/meshbox in the module root.
+// goBuild runs go build [flags] -o path ./cmd/meshbox in the module root,
+// as make build and make dist build it (static, -trimpath): the packages
+// compiled for one are the others' too, whichever builds first.
 func goBuild(root, path string, flags ...string) error {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
@@ -85,9 +114,10 @@ func goBuild(root, path string, flags ...string) error {
 		}
 		goTool = filepath.Join(goroot, "bin", "go")
 	}
-	args := append(append([]string{"build"}, flags...), "-o", path, "./cmd/meshbox")
+	args := append(append([]string{"build", "-trimpath"}, flags...), "-o", path, "./cmd/meshbox")
 	cmd := exec.Command(goTool, args...)
 	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build ./cmd/meshbox in %s: %w\n%s", root, err, out)
 	}

@@ -47,6 +47,8 @@
 // distribution packages (the newest PostgreSQL version wins); the variables
 // MESHTEST_RABBITMQ_SERVER (the rabbitmq-server start script) and
 // MESHTEST_PG_BIN (the directory of initdb and postgres) override that.
+// MESHTEST_MESHBOX names a meshbox executable for [Binary] to return
+// instead of building one (make test sets it to the binary of make build).
 // When the tests run as root, the servers run as the rabbitmq and postgres
 // system users.
 //
