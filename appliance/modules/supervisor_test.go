@@ -412,7 +412,12 @@ func TestChangedAssignmentRestartsOrStops(t *testing.T) {
 		"echo \"$SEL $MESHBOX_SELECTION\"\nexec sleep 60\n")
 	s := newSupervisor(t, cat)
 	apply(s, bindings(cache.Assignment{Module: "m", Selection: "stable", Autostart: true}))
-	first := waitModule(t, s, "m", "running", running)
+	// Running, and past its echo: a run stopped before its shell got to
+	// it (a busy machine) prints nothing.
+	first := waitModule(t, s, "m", "running and printed its selection", func(st Status) bool {
+		lines, _ := s.Logs("m", 0)
+		return running(st) && len(lines) == 1
+	})
 	apply(s, bindings(cache.Assignment{Module: "m", Selection: "nightly", Autostart: true}))
 	second := waitModule(t, s, "m", "running at nightly", func(st Status) bool {
 		lines, _ := s.Logs("m", 0)

@@ -24,7 +24,7 @@ func upVersion(st appliance.Status, name string) string {
 }
 
 // TestUpgradeWithFullOutbox upgrades a node in place the way the package
-// does: with the broker down, node alpha accepts commands and events into
+// does: with the broker out of its reach, node alpha accepts commands and events into
 // its outbox; it is stopped (SIGTERM, as systemctl restart does), its
 // binary replaced by a newer build, and started on the same data
 // directory. The new binary opens the old outbox with every message in
@@ -41,13 +41,18 @@ func TestUpgradeWithFullOutbox(t *testing.T) {
 	)
 	oldBin := meshtest.Binary(t)
 	newBin := meshtest.BinaryVersion(t, newVersion)
-	t.Parallel() // a broker of its own: runs beside the other tests that have one
-	rmq := meshtest.NewRabbitMQ(t)
-	amqpURL := rmq.URL()
+	t.Parallel()
+	// The broker goes away for alpha: alpha reaches it through a proxy
+	// that is closed (connections refused) and opened again.
+	rmq := meshtest.RabbitMQ(t)
+	amqpURL := rmq.Vhost(t)
+	upstream := hostOf(t, amqpURL)
+	px := meshtest.NewProxy(t, upstream)
+	alphaURL := px.Rewrite(amqpURL, upstream)
 
 	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{})
 	alphaData := t.TempDir()
-	alpha := startMeshNode(t, "alpha", amqpURL, bridgeConfig{}, "--data", alphaData)
+	alpha := startMeshNode(t, "alpha", alphaURL, bridgeConfig{}, "--data", alphaData)
 	oldVersion := meshtest.Status(t, alpha.HTTPURL()).Version
 	if oldVersion == newVersion {
 		t.Fatalf("the old build already reports %s", newVersion)
@@ -76,7 +81,7 @@ func TestUpgradeWithFullOutbox(t *testing.T) {
 	})
 
 	// The broker goes away; alpha takes everything into its outbox.
-	rmq.Stop(t)
+	px.Cut(t)
 	meshtest.WaitStatus(t, alpha.HTTPURL(), 30*time.Second, "alpha's link down", func(s appliance.Status) bool { return s.Broker.State != "connected" })
 	nc := natsConn(t, alpha)
 	stop := make(chan struct{})
@@ -101,14 +106,14 @@ func TestUpgradeWithFullOutbox(t *testing.T) {
 	if code := alpha.Wait(); code != 0 {
 		t.Fatalf("alpha stopped for the upgrade with exit code %d, want 0", code)
 	}
-	alpha = meshtest.StartBinary(t, newBin, nil, meshNodeArgs(t, "alpha", amqpURL, bridgeConfig{}, "--data", alphaData)...)
+	alpha = meshtest.StartBinary(t, newBin, nil, meshNodeArgs(t, "alpha", alphaURL, bridgeConfig{}, "--data", alphaData)...)
 	st = meshtest.Status(t, alpha.HTTPURL())
 	if st.Version != newVersion || st.Outbox.Depth != 2*n {
 		t.Fatalf("after the upgrade: got version %q outbox depth %d, want %q and %d", st.Version, st.Outbox.Depth, newVersion, 2*n)
 	}
 
 	// The broker returns: the outbox drains, nothing lost.
-	rmq.Start(t)
+	px.Restore(t)
 	if !meshtest.Poll(3*time.Minute, func() bool { return len(cmds.Check().Lost) == 0 && len(evts.Check().Lost) == 0 }) {
 		t.Fatalf("after 3m: %d commands and %d events not delivered", len(cmds.Check().Lost), len(evts.Check().Lost))
 	}
