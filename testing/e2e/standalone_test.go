@@ -19,7 +19,9 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-func TestMain(m *testing.M) { os.Exit(meshtest.Main(m)) }
+func TestMain(m *testing.M) {
+	os.Exit(meshtest.Main(m, meshtest.SharedRabbitMQ, meshtest.SharedPostgres))
+}
 
 // cli runs the meshbox binary with args and returns its exit code, stdout
 // and stderr.

@@ -26,14 +26,21 @@ const defaultParallel = 8
 // Unless the command line sets -test.parallel, up to defaultParallel
 // parallel tests run at once (at least one per core).
 //
+// Services named in early (SharedRabbitMQ, SharedPostgres) start at once,
+// side by side and beside the first tests, instead of one after the
+// other when a test first asks for each.
+//
 // A package that checks for leaked goroutines calls goleak.Find after Main
 // returns: the harness owns no goroutines then.
-func Main(m *testing.M) int {
+func Main(m *testing.M, early ...Service) int {
 	if !flag.Parsed() {
 		flag.Parse()
 	}
 	setDefaultParallel()
 	removeStaleDirs()
+	if !testing.Short() {
+		startEarly(early)
+	}
 	code := m.Run()
 	if err := stopShared(); err != nil {
 		fmt.Fprintf(os.Stderr, "meshtest: %v\n", err)
@@ -93,5 +100,35 @@ func setDefaultParallel() {
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
 	if !set {
 		_ = flag.Set("test.parallel", strconv.Itoa(max(defaultParallel, runtime.GOMAXPROCS(0))))
+	}
+}
+
+// Service names a shared service for Main to start early.
+type Service int
+
+const (
+	SharedRabbitMQ Service = iota + 1 // RabbitMQ's broker
+	SharedPostgres                    // Postgres's server
+)
+
+// startEarly starts the services named, each on a goroutine of its own
+// that holds the service's lock until it is up: a test asking for one
+// meanwhile waits for it. A failure is the first caller's, as always.
+func startEarly(early []Service) {
+	for _, s := range early {
+		switch s {
+		case SharedRabbitMQ:
+			shared.rabbitMu.Lock()
+			go func() {
+				defer shared.rabbitMu.Unlock()
+				startSharedRabbit()
+			}()
+		case SharedPostgres:
+			shared.pgMu.Lock()
+			go func() {
+				defer shared.pgMu.Unlock()
+				startSharedPG()
+			}()
+		}
 	}
 }

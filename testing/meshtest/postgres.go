@@ -60,23 +60,34 @@ func NewPostgres(tb testing.TB) *PG {
 }
 
 // Postgres returns the server shared by the tests of this package, starting
-// it on first use. Main stops it. If it failed to start, every caller fails
-// with the same error.
+// it on first use, or as Main starts when Main names it early. Main stops
+// it. If it failed to start, every caller fails with the same error.
 func Postgres(tb testing.TB) *PG {
 	tb.Helper()
 	shared.pgMu.Lock()
 	defer shared.pgMu.Unlock()
-	if shared.pg == nil && shared.pgE == nil {
-		start := time.Now()
-		shared.pg, shared.pgE = newPG()
-		if shared.pgE == nil {
-			tb.Logf("meshtest: shared PostgreSQL ready on port %d in %v", shared.pg.port, time.Since(start).Round(time.Millisecond))
-		}
+	startSharedPG()
+	if shared.pgLog != "" {
+		tb.Log(shared.pgLog)
+		shared.pgLog = ""
 	}
 	if shared.pgE != nil {
 		tb.Fatalf("meshtest: shared PostgreSQL failed to start: %v", shared.pgE)
 	}
 	return shared.pg
+}
+
+// startSharedPG starts the shared server unless it was started (or
+// failed to) before; shared.pgMu is held.
+func startSharedPG() {
+	if shared.pg != nil || shared.pgE != nil {
+		return
+	}
+	start := time.Now()
+	shared.pg, shared.pgE = newPG()
+	if shared.pgE == nil {
+		shared.pgLog = fmt.Sprintf("meshtest: shared PostgreSQL ready on port %d in %v", shared.pg.port, time.Since(start).Round(time.Millisecond))
+	}
 }
 
 // Port returns the server's TCP port on 127.0.0.1.

@@ -84,36 +84,49 @@ func newPrivateRabbit(tb testing.TB, withTLS bool) *Rabbit {
 // shared holds the services shared by the tests of one test process; each
 // has its own lock so that one's slow start does not hold up the other.
 var shared struct {
-	rabbitMu sync.Mutex
-	rabbit   *Rabbit
-	rabbitE  error // first start failed: every caller fails with it
+	rabbitMu  sync.Mutex
+	rabbit    *Rabbit
+	rabbitE   error  // first start failed: every caller fails with it
+	rabbitLog string // how the start went, logged by the first caller
 
-	pgMu sync.Mutex
-	pg   *PG
-	pgE  error
+	pgMu  sync.Mutex
+	pg    *PG
+	pgE   error
+	pgLog string
 }
 
 // RabbitMQ returns the broker shared by the tests of this package, starting
-// it on first use. Main stops it. If it failed to start, every caller fails
-// with the same error.
+// it on first use, or as Main starts when Main names it early. Main stops
+// it. If it failed to start, every caller fails with the same error.
 func RabbitMQ(tb testing.TB) *Rabbit {
 	tb.Helper()
 	shared.rabbitMu.Lock()
 	defer shared.rabbitMu.Unlock()
-	if shared.rabbit == nil && shared.rabbitE == nil {
-		start := time.Now()
-		r, err := newRabbit(false)
-		if err != nil {
-			shared.rabbitE = err
-		} else {
-			shared.rabbit = r
-			tb.Logf("meshtest: shared RabbitMQ %s ready on %s in %v", r.node, r.URL(), time.Since(start).Round(time.Millisecond))
-		}
+	startSharedRabbit()
+	if shared.rabbitLog != "" {
+		tb.Log(shared.rabbitLog)
+		shared.rabbitLog = ""
 	}
 	if shared.rabbitE != nil {
 		tb.Fatalf("meshtest: shared RabbitMQ failed to start: %v", shared.rabbitE)
 	}
 	return shared.rabbit
+}
+
+// startSharedRabbit starts the shared broker unless it was started (or
+// failed to) before; shared.rabbitMu is held.
+func startSharedRabbit() {
+	if shared.rabbit != nil || shared.rabbitE != nil {
+		return
+	}
+	start := time.Now()
+	r, err := newRabbit(false)
+	if err != nil {
+		shared.rabbitE = err
+		return
+	}
+	shared.rabbit = r
+	shared.rabbitLog = fmt.Sprintf("meshtest: shared RabbitMQ %s ready on %s in %v", r.node, r.URL(), time.Since(start).Round(time.Millisecond))
 }
 
 // URL returns the AMQP URL of the default vhost.
