@@ -88,7 +88,7 @@ test-short:
 FUZZ_PKGS ?= ./internal/names ./internal/seal ./appliance ./bridge ./bridge/outbox ./node ./cache
 FUZZ_JOBS ?= 2
 fuzz:
-	@GO="$(GO)" FUZZ_TIME="$(FUZZ_TIME)" JOBS="$(FUZZ_JOBS)" sh testing/fuzz.sh $(FUZZ_PKGS)
+	@GOFLAGS="$(GOFLAGS) -trimpath" GO="$(GO)" FUZZ_TIME="$(FUZZ_TIME)" JOBS="$(FUZZ_JOBS)" sh testing/fuzz.sh $(FUZZ_PKGS)
 
 # Every benchmark, the WAN profile's too. SWEEP lines are the raw
 # baseline's settings the WAN profile tries before it picks the best.
