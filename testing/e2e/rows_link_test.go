@@ -193,22 +193,13 @@ func TestRowsOverTLSAndClientCertificate(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
-	t.Parallel() // a broker of its own
+	t.Parallel()
 	const table = "jobs"
-	rmq := meshtest.NewRabbitMQTLS(t)
+	rmq := meshtest.RabbitMQTLS(t)
 	names := []string{"alpha", "beta"}
 
 	t.Run("private CA", func(t *testing.T) {
-		plain, err := url.Parse(rmq.Vhost(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		over, err := url.Parse(rmq.TLSURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		over.Path, over.RawPath = plain.Path, plain.RawPath
-		broker := over.String()
+		_, broker := tlsVhost(t, rmq)
 		db := rowsMesh(t, broker, names, map[string]string{"table." + table: "{}"})
 		config := linkConfigFile(t, map[string]string{"ca_file": rmq.CAFile()})
 		nodes := startLinked(t, names, table, func(string) []string {
@@ -220,11 +211,12 @@ func TestRowsOverTLSAndClientCertificate(t *testing.T) {
 	})
 
 	t.Run("client certificate", func(t *testing.T) {
-		broker := fmt.Sprintf("amqps://localhost:%d/", rmq.TLSPort()) // no user: the certificate's
+		vhost, _ := tlsVhost(t, rmq)
+		broker := fmt.Sprintf("amqps://localhost:%d/%s", rmq.TLSPort(), url.PathEscape(vhost)) // no user: the certificate's
 		db := rowsMesh(t, broker, names, map[string]string{"table." + table: "{}"})
 		configs := map[string]string{}
 		for _, n := range names {
-			cert, key := rmq.ClientCert(t, n)
+			cert, key := rmq.ClientCert(t, n, vhost)
 			configs[n] = linkConfigFile(t, map[string]string{"ca_file": rmq.CAFile(), "cert_file": cert, "key_file": key})
 		}
 		nodes := startLinked(t, names, table, func(n string) []string {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,13 +21,29 @@ func mentionsCertificate(s string) bool {
 	return strings.Contains(s, "x509") || strings.Contains(s, "certificate")
 }
 
-func TestBrokerLinkOverTLS(t *testing.T) {
-	t.Parallel() // a broker of its own: runs beside the other tests that have one
-	rmq := meshtest.NewRabbitMQTLS(t)
-	url := rmq.TLSURL()
-	if !strings.HasPrefix(url, "amqps://") {
-		t.Fatalf("TLSURL: got %q, want an amqps:// URL", url)
+// tlsVhost makes a vhost on the shared broker with TLS and returns its
+// name and the AMQPS URL of it as guest.
+func tlsVhost(t *testing.T, rmq *meshtest.Rabbit) (name, amqps string) {
+	t.Helper()
+	plain, err := url.Parse(rmq.Vhost(t))
+	if err != nil {
+		t.Fatal(err)
 	}
+	over, err := url.Parse(rmq.TLSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if over.Scheme != "amqps" {
+		t.Fatalf("TLSURL: got %q, want an amqps:// URL", rmq.TLSURL())
+	}
+	over.Path, over.RawPath = plain.Path, plain.RawPath
+	return strings.TrimPrefix(plain.Path, "/"), over.String()
+}
+
+func TestBrokerLinkOverTLS(t *testing.T) {
+	t.Parallel()
+	rmq := meshtest.RabbitMQTLS(t)
+	_, url := tlsVhost(t, rmq)
 
 	// With the broker's CA trusted, the link comes up over TLS.
 	withCA := filepath.Join(t.TempDir(), "with-ca.json")
@@ -67,9 +84,10 @@ func TestBrokerLinkOverTLS(t *testing.T) {
 // and bridge.key_file, a broker URL without a password): SASL EXTERNAL,
 // the broker taking the user from the certificate.
 func TestBrokerLoginWithClientCertificate(t *testing.T) {
-	t.Parallel() // a broker of its own: runs beside the other tests that have one
-	rmq := meshtest.NewRabbitMQTLS(t)
-	certFile, keyFile := rmq.ClientCert(t, "certnode")
+	t.Parallel()
+	rmq := meshtest.RabbitMQTLS(t)
+	vhost, _ := tlsVhost(t, rmq)
+	certFile, keyFile := rmq.ClientCert(t, "certnode", vhost)
 	file := filepath.Join(t.TempDir(), "cert.json")
 	cfg, err := json.Marshal(map[string]any{"bridge": map[string]string{"ca_file": rmq.CAFile(), "cert_file": certFile, "key_file": keyFile}})
 	if err != nil {
@@ -78,13 +96,13 @@ func TestBrokerLoginWithClientCertificate(t *testing.T) {
 	if err := os.WriteFile(file, cfg, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	url := fmt.Sprintf("amqps://localhost:%d/", rmq.TLSPort())
+	url := fmt.Sprintf("amqps://localhost:%d/%s", rmq.TLSPort(), url.PathEscape(vhost)) // no user: the certificate's
 	p := meshtest.StartProcess(t, "--node", "certnode", "--broker", url, "--config", file)
 	meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, "node certnode connected with its certificate",
 		func(s appliance.Status) bool { return s.Broker.State == "connected" })
 	// The management API lists connections a few seconds late.
 	var users []string
-	if !meshtest.Poll(30*time.Second, func() bool { users = rmq.ConnectionUsers(t); return len(users) >= 2 }) {
+	if !meshtest.Poll(30*time.Second, func() bool { users = rmq.ConnectionUsers(t, vhost); return len(users) >= 2 }) {
 		t.Fatalf("the broker lists %v, want the node's two connections", users)
 	}
 	for _, u := range users {

@@ -78,6 +78,14 @@ func stopShared() error {
 		shared.rabbit = nil
 	}
 	shared.rabbitMu.Unlock()
+	shared.tlsMu.Lock()
+	if shared.tls != nil {
+		if err := shared.tls.destroy(); err != nil {
+			errs = append(errs, fmt.Errorf("stop shared RabbitMQ with TLS: %w", err))
+		}
+		shared.tls = nil
+	}
+	shared.tlsMu.Unlock()
 	shared.pgMu.Lock()
 	if shared.pg != nil {
 		if err := shared.pg.destroy(); err != nil {

@@ -93,6 +93,10 @@ var shared struct {
 	pg    *PG
 	pgE   error
 	pgLog string
+
+	tlsMu sync.Mutex // the broker with TLS (RabbitMQTLS)
+	tls   *Rabbit
+	tlsE  error
 }
 
 // RabbitMQ returns the broker shared by the tests of this package, starting

@@ -33,9 +33,33 @@ const (
 // this broker alone (CAFile). Clients need no certificate; one that
 // presents a certificate from ClientCert may log in with it (SASL
 // EXTERNAL, the user being the certificate's common name).
+//
+// A test that does not stop the broker takes the shared one, RabbitMQTLS,
+// on a vhost of its own.
 func NewRabbitMQTLS(tb testing.TB) *Rabbit {
 	tb.Helper()
 	return newPrivateRabbit(tb, true)
+}
+
+// RabbitMQTLS returns the broker with an AMQPS listener shared by the
+// tests of this package (as NewRabbitMQTLS makes one), starting it on
+// first use. Main stops it. Tests on it take a vhost each (Vhost) and
+// give client certificates' users rights on that vhost alone (ClientCert).
+func RabbitMQTLS(tb testing.TB) *Rabbit {
+	tb.Helper()
+	shared.tlsMu.Lock()
+	defer shared.tlsMu.Unlock()
+	if shared.tls == nil && shared.tlsE == nil {
+		start := time.Now()
+		shared.tls, shared.tlsE = newRabbit(true)
+		if shared.tlsE == nil {
+			tb.Logf("meshtest: shared RabbitMQ with TLS %s ready on %s in %v", shared.tls.node, shared.tls.TLSURL(), time.Since(start).Round(time.Millisecond))
+		}
+	}
+	if shared.tlsE != nil {
+		tb.Fatalf("meshtest: shared RabbitMQ with TLS failed to start: %v", shared.tlsE)
+	}
+	return shared.tls
 }
 
 // TLSURL returns the AMQPS URL of the default vhost, with the host name
@@ -159,11 +183,11 @@ func serial() *big.Int {
 
 // ClientCert makes a client certificate for broker user user, signed by
 // the broker's CA (valid a day), and the user itself, without a password,
-// with every permission on the default vhost: a client presenting the
-// certificate logs in as user with SASL EXTERNAL. It returns the PEM
-// files of the certificate and its key. Only for a broker made by
-// NewRabbitMQTLS.
-func (r *Rabbit) ClientCert(tb testing.TB, user string) (certFile, keyFile string) {
+// with every permission on vhost (its name, "/" for the default one): a
+// client presenting the certificate logs in as user with SASL EXTERNAL.
+// It returns the PEM files of the certificate and its key. Only for a
+// broker with TLS (NewRabbitMQTLS, RabbitMQTLS).
+func (r *Rabbit) ClientCert(tb testing.TB, user, vhost string) (certFile, keyFile string) {
 	tb.Helper()
 	if !r.tls {
 		tb.Fatal("meshtest: ClientCert needs a broker made by NewRabbitMQTLS")
@@ -222,17 +246,17 @@ func (r *Rabbit) ClientCert(tb testing.TB, user string) (certFile, keyFile strin
 		tb.Fatalf("meshtest: create user %s: %v", user, err)
 	}
 	perm := map[string]string{"configure": ".*", "write": ".*", "read": ".*"}
-	if err := r.api(http.MethodPut, "/api/permissions/%2F/"+url.PathEscape(user), perm); err != nil {
+	if err := r.api(http.MethodPut, "/api/permissions/"+url.PathEscape(vhost)+"/"+url.PathEscape(user), perm); err != nil {
 		tb.Fatalf("meshtest: grant %s: %v", user, err)
 	}
 	return certFile, keyFile
 }
 
 // ConnectionUsers returns the broker users of the client connections open
-// now, as the broker knows them (after their login).
-func (r *Rabbit) ConnectionUsers(tb testing.TB) []string {
+// now on vhost (its name), as the broker knows them (after their login).
+func (r *Rabbit) ConnectionUsers(tb testing.TB, vhost string) []string {
 	tb.Helper()
-	req, err := http.NewRequest(http.MethodGet, r.ManagementURL()+"/api/connections?columns=user", nil)
+	req, err := http.NewRequest(http.MethodGet, r.ManagementURL()+"/api/vhosts/"+url.PathEscape(vhost)+"/connections?columns=user", nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
