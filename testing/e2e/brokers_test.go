@@ -32,6 +32,20 @@ func hostOf(t *testing.T, amqpURL string) string {
 	return u.Host
 }
 
+// vhostBehindProxy makes a vhost on the shared broker and a proxy to the
+// broker: direct is the vhost's URL, viaProxy the same through the proxy.
+// A node on viaProxy loses the broker (connections refused) while the
+// proxy is cut, and finds it again once it is restored; the broker
+// itself stays up for everyone else.
+func vhostBehindProxy(t *testing.T) (rmq *meshtest.Rabbit, direct, viaProxy string, px *meshtest.Proxy) {
+	t.Helper()
+	rmq = meshtest.RabbitMQ(t)
+	direct = rmq.Vhost(t)
+	upstream := hostOf(t, direct)
+	px = meshtest.NewProxy(t, upstream)
+	return rmq, direct, px.Rewrite(direct, upstream), px
+}
+
 // TestThreeBrokerURLsTwoDown: `meshbox run --broker a,b,c` where a and b
 // are closed ports connects to c, and its status says so: the broker in
 // use and all three URLs, passwords redacted.

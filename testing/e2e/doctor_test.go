@@ -219,10 +219,7 @@ func TestDoctorBrokerDown(t *testing.T) {
 	}
 	meshtest.Binary(t)
 	t.Parallel()
-	vhost := meshtest.RabbitMQ(t).Vhost(t)
-	upstream := hostOf(t, vhost)
-	px := meshtest.NewProxy(t, upstream)
-	good := px.Rewrite(vhost, upstream)
+	_, _, good, px := vhostBehindProxy(t)
 	data := filepath.Join(t.TempDir(), "data") // not created yet: a warning, not a failure
 
 	code, rep := doctor(t, "--node", "alpha", "--data", data, "--broker", good)

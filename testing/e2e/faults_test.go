@@ -146,11 +146,7 @@ func TestOutboxWhileBrokerDown(t *testing.T) {
 	// that is closed (connections refused) and opened again. The broker
 	// keeping what it holds across its own restart is
 	// TestBrokerFaultsLoseNothing's.
-	rmq := meshtest.RabbitMQ(t)
-	amqpURL := rmq.Vhost(t)
-	upstream := hostOf(t, amqpURL)
-	px := meshtest.NewProxy(t, upstream)
-	alphaURL := px.Rewrite(amqpURL, upstream)
+	rmq, amqpURL, alphaURL, px := vhostBehindProxy(t)
 	// One consumer (no adaptive credit): beta's reader hands the commands
 	// to its handler in the queue's order over one NATS connection, and the
 	// handler answers them one after another. With several consumers,

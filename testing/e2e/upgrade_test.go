@@ -44,11 +44,7 @@ func TestUpgradeWithFullOutbox(t *testing.T) {
 	t.Parallel()
 	// The broker goes away for alpha: alpha reaches it through a proxy
 	// that is closed (connections refused) and opened again.
-	rmq := meshtest.RabbitMQ(t)
-	amqpURL := rmq.Vhost(t)
-	upstream := hostOf(t, amqpURL)
-	px := meshtest.NewProxy(t, upstream)
-	alphaURL := px.Rewrite(amqpURL, upstream)
+	rmq, amqpURL, alphaURL, px := vhostBehindProxy(t)
 
 	beta := startMeshNode(t, "beta", amqpURL, bridgeConfig{})
 	alphaData := t.TempDir()
