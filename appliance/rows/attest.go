@@ -38,9 +38,9 @@ func attestKey(row, field string, stamp Stamp, node string) []byte {
 func snapshotClaims(changes []Change, origin string) [][]byte {
 	var out [][]byte
 	for _, ch := range changes {
-		for f, c := range ch.Cells {
+		for _, c := range ch.Cells {
 			if c.Node != origin {
-				out = append(out, attestKey(ch.Row, f, c.Stamp, c.Node))
+				out = append(out, attestKey(ch.Row, c.Field, c.Stamp, c.Node))
 			}
 		}
 	}
@@ -93,8 +93,8 @@ func attest(tx *bolt.Tx, table string, changes []Change, record bool) error {
 		}
 	}
 	for _, ch := range changes {
-		for f, c := range ch.Cells {
-			k := attestKey(ch.Row, f, c.Stamp, c.Node)
+		for _, c := range ch.Cells {
+			k := attestKey(ch.Row, c.Field, c.Stamp, c.Node)
 			if claims != nil && claims.Get(k) != nil {
 				if err := claims.Delete(k); err != nil {
 					return err

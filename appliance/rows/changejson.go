@@ -17,8 +17,8 @@ import (
 // The writer makes what encoding/json makes of the same values (keys in
 // the struct's order, a change's fields sorted, the same escapes). The
 // reader takes that form only, exactly as written (known keys spelt as
-// written, each once; plain ASCII strings without escapes; whole
-// numbers), into zero values; anything else, a peer's odd but valid
+// written, each once; a change's fields sorted; plain ASCII strings
+// without escapes; whole numbers), into zero values; anything else, a peer's odd but valid
 // encoding included, goes to encoding/json. Every message therefore
 // reads the same on every node, whichever way it is decoded.
 
@@ -81,8 +81,8 @@ func appendBatch(dst []byte, b *batch) []byte {
 		n := 128 + len(b.Kind) + len(b.Node) + len(b.Snap)
 		for i := range b.Changes {
 			n += 32 + len(b.Changes[i].Table) + len(b.Changes[i].Row)
-			for f, w := range b.Changes[i].Cells {
-				n += 48 + len(f) + len(w.Node) + base64.StdEncoding.EncodedLen(len(w.Value))
+			for _, w := range b.Changes[i].Cells {
+				n += 48 + len(w.Field) + len(w.Node) + base64.StdEncoding.EncodedLen(len(w.Value))
 			}
 		}
 		dst = make([]byte, 0, n)
@@ -139,19 +139,22 @@ func appendChange(dst []byte, c *Change) []byte {
 	if c.Cells == nil {
 		return append(dst, "null}"...)
 	}
-	dst = append(dst, '{')
-	var fields [MaxFields]string
-	fs := fields[:0]
-	for f := range c.Cells {
-		fs = append(fs, f)
+	cs := c.Cells
+	if !cs.inOrder() {
+		cs = sortCells(slices.Clone(cs))
 	}
-	slices.Sort(fs)
-	for i, f := range fs {
+	return append(appendCells(dst, cs), '}')
+}
+
+// appendCells appends the JSON object of cs, which is in order.
+func appendCells(dst []byte, cs Cells) []byte {
+	dst = append(dst, '{')
+	for i := range cs {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		w := c.Cells[f]
-		dst = appendJSONString(dst, f)
+		w := &cs[i]
+		dst = appendJSONString(dst, w.Field)
 		dst = append(dst, `:{"t":`...)
 		dst = strconv.AppendUint(dst, uint64(w.Stamp), 10)
 		dst = append(dst, `,"n":`...)
@@ -166,7 +169,7 @@ func appendChange(dst []byte, c *Change) []byte {
 		}
 		dst = append(dst, '}')
 	}
-	return append(dst, "}}"...)
+	return append(dst, '}')
 }
 
 // appendJSONString appends s quoted as encoding/json quotes it (HTML
@@ -233,7 +236,12 @@ type jsonReader struct {
 	// values is where values are decoded to, a chunk at a time: one
 	// allocation for many cells.
 	values []byte
+	// cells is where changes' cells are read to, a chunk at a time.
+	cells Cells
 }
+
+// cellChunk is the most cells a chunk of them holds.
+const cellChunk = 1024
 
 // valueChunk is the size of the chunks values are decoded to.
 const valueChunk = 32 << 10
@@ -435,27 +443,32 @@ func (r *jsonReader) change(c *Change) bool {
 		if r.literal("null") {
 			return true
 		}
-		c.Cells = make(map[string]WireCell, 2)
 		if !r.next('{') {
 			return false
 		}
 		if r.next('}') {
+			c.Cells = Cells{}
 			return true
 		}
+		// The cells of every change share r.cells, a chunk at a time.
+		start := len(r.cells)
 		for {
 			f, ok := r.name()
 			if !ok || !r.next(':') {
 				return false
 			}
-			if _, dup := c.Cells[f]; dup {
+			if len(r.cells) > start && r.cells[len(r.cells)-1].Field >= f {
+				return false // not in order, or named twice
+			}
+			if len(r.cells) == cap(r.cells) {
+				start = r.moreCells(start)
+			}
+			r.cells = append(r.cells, FieldCell{Field: f})
+			if !r.cell(&r.cells[len(r.cells)-1].WireCell) {
 				return false
 			}
-			var w WireCell
-			if !r.cell(&w) {
-				return false
-			}
-			c.Cells[f] = w
 			if r.next('}') {
+				c.Cells = r.cells[start:len(r.cells):len(r.cells)]
 				return true
 			}
 			if !r.next(',') {
@@ -463,6 +476,16 @@ func (r *jsonReader) change(c *Change) bool {
 			}
 		}
 	})
+}
+
+// moreCells starts a new chunk of cells, the cells of the change being
+// read (from start) moved to it; it returns their new start.
+func (r *jsonReader) moreCells(start int) int {
+	n := len(r.cells) - start
+	chunk := make(Cells, n, max(min(2*cap(r.cells), cellChunk), 2*n, 8))
+	copy(chunk, r.cells[start:])
+	r.cells = chunk
+	return 0
 }
 
 func (r *jsonReader) cell(w *WireCell) bool {
@@ -533,7 +556,9 @@ func (r *jsonReader) batch(b *batch) bool {
 			if !r.next('[') {
 				return false
 			}
-			b.Changes = []Change{}
+			// Room for most: a snapshot's part holds thousands (a
+			// change of two short fields is some 250 bytes).
+			b.Changes = make([]Change, 0, (len(r.b)-r.i)/192)
 			if r.next(']') {
 				return true
 			}

@@ -16,10 +16,10 @@ import (
 
 // speedChange is row i of the benchmarks: two fields as the bench writes.
 func speedChange(i int) Change {
-	return Change{Table: "bench", Row: fmt.Sprintf("w-%07d", i), Cells: map[string]WireCell{
+	return Change{Table: "bench", Row: fmt.Sprintf("w-%07d", i), Cells: CellsOf(map[string]WireCell{
 		"status":  {Stamp: Stamp(1<<50 + i), Node: "rows-w", Value: []byte("queued")},
 		"payload": {Stamp: Stamp(1<<50 + i), Node: "rows-w", Value: []byte(strings.Repeat("x", 64))},
-	}}
+	})}
 }
 
 // cpuPerRow reports, when the benchmark ends, this process's CPU time

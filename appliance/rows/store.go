@@ -108,9 +108,12 @@ const rowScan = 32
 // calls of one transaction: a row after it (a joiner's snapshot, rows
 // new to the table in key order) is known to be new without a lookup.
 func mergeChange(cells, history *bolt.Bucket, ch Change, tail *[]byte) (Applied, int, error) {
+	if !ch.Cells.inOrder() {
+		return Applied{}, 0, errCellsOrder
+	}
 	size := 0
-	for f, w := range ch.Cells {
-		size += 2*(len(ch.Row)+1+len(f)) + 10 + len(w.Node) + len(w.Value)
+	for _, w := range ch.Cells {
+		size += 2*(len(ch.Row)+1+len(w.Field)) + 10 + len(w.Node) + len(w.Value)
 	}
 	arena := make([]byte, 0, size)
 	prefix := cellKey(ch.Row, "")
@@ -132,7 +135,7 @@ func mergeChange(cells, history *bolt.Bucket, ch Change, tail *[]byte) (Applied,
 		k, v = cur.Seek(prefix)
 	}
 	for ; k != nil && bytes.HasPrefix(k, prefix); k, v = cur.Next() {
-		if _, named := ch.Cells[string(k[len(prefix):])]; named {
+		if _, named := ch.Cells.index(string(k[len(prefix):])); named {
 			held = append(held, version{string(k[len(prefix):]), v})
 		} else if len(v) > 8 && v[8]&1 == 0 {
 			othersLive = true
@@ -145,8 +148,8 @@ func mergeChange(cells, history *bolt.Bucket, ch Change, tail *[]byte) (Applied,
 	var wonBuf [8]string
 	won := wonBuf[:0] // the fields that won
 	liveBefore, liveAfter := othersLive, othersLive
-	for f, w := range ch.Cells {
-		c := w.cell()
+	for _, w := range ch.Cells {
+		f, c := w.Field, w.cell()
 		var old []byte
 		if i := slices.IndexFunc(held, func(h version) bool { return h.field == f }); i >= 0 {
 			old = held[i].v
@@ -196,7 +199,8 @@ func mergeChange(cells, history *bolt.Bucket, ch Change, tail *[]byte) (Applied,
 	if len(won) < len(ch.Cells) {
 		a.won = make(map[string]Cell, len(won))
 		for _, f := range won {
-			a.won[f] = ch.Cells[f].cell()
+			w, _ := ch.Cells.Get(f)
+			a.won[f] = w.cell()
 		}
 	}
 	switch {
@@ -211,9 +215,9 @@ func mergeChange(cells, history *bolt.Bucket, ch Change, tail *[]byte) (Applied,
 // Change is the versions of some fields of one row of one table: a write
 // of this node, or one read from the table's log.
 type Change struct {
-	Table string              `json:"table"`
-	Row   string              `json:"row"`
-	Cells map[string]WireCell `json:"cells"`
+	Table string `json:"table"`
+	Row   string `json:"row"`
+	Cells Cells  `json:"cells"`
 }
 
 // WireCell is a Cell as a change carries it.
@@ -341,7 +345,7 @@ type Applied struct {
 	Row   string
 	// change: the change's cells; won: those that won when some lost
 	// (nil: every cell of change won); n: how many won.
-	change map[string]WireCell
+	change Cells
 	won    map[string]Cell
 	n      int
 }
@@ -352,8 +356,8 @@ func (a Applied) Won() map[string]Cell {
 		return a.won
 	}
 	m := make(map[string]Cell, len(a.change))
-	for f, w := range a.change {
-		m[f] = w.cell()
+	for _, w := range a.change {
+		m[w.Field] = w.cell()
 	}
 	return m
 }
