@@ -397,6 +397,11 @@ func (r *jsonReader) literal(w string) bool {
 	return false
 }
 
+// has reports whether w comes next, as is.
+func (r *jsonReader) has(w string) bool {
+	return len(r.b)-r.i >= len(w) && string(r.b[r.i:r.i+len(w)]) == w
+}
+
 // object reads an object, calling member for each key (once each, of
 // the known keys numbered by name); member reads the value.
 func (r *jsonReader) object(names []string, member func(k int) bool) bool {
@@ -428,7 +433,16 @@ var (
 	batchKeys  = []string{"v", "kind", "node", "snap", "part", "parts", "join", "changes", "from"}
 )
 
+// change reads a change: the writer's form (keys table, row, cells, in
+// that order, without space) by a shorter way, anything else as an object.
 func (r *jsonReader) change(c *Change) bool {
+	if start := r.i; r.has(`{"table":`) {
+		r.i += len(`{"table":`)
+		if r.changeAsWritten(c) {
+			return true
+		}
+		r.i, *c = start, Change{}
+	}
 	return r.object(changeKeys, func(k int) bool {
 		switch k {
 		case 0:
@@ -440,42 +454,62 @@ func (r *jsonReader) change(c *Change) bool {
 			c.Row, ok = r.string()
 			return ok
 		}
-		if r.literal("null") {
-			return true
+		return r.changeCells(c)
+	})
+}
+
+// changeAsWritten reads the rest of a change in the writer's form after
+// its {"table":.
+func (r *jsonReader) changeAsWritten(c *Change) bool {
+	var ok bool
+	if c.Table, ok = r.name(); !ok || !r.has(`,"row":`) {
+		return false
+	}
+	r.i += len(`,"row":`)
+	if c.Row, ok = r.string(); !ok || !r.has(`,"cells":`) {
+		return false
+	}
+	r.i += len(`,"cells":`)
+	return r.changeCells(c) && r.next('}')
+}
+
+// changeCells reads a change's cells.
+func (r *jsonReader) changeCells(c *Change) bool {
+	if r.literal("null") {
+		return true
+	}
+	if !r.next('{') {
+		return false
+	}
+	if r.next('}') {
+		c.Cells = Cells{}
+		return true
+	}
+	// The cells of every change share r.cells, a chunk at a time.
+	start := len(r.cells)
+	for {
+		f, ok := r.name()
+		if !ok || !r.next(':') {
+			return false
 		}
-		if !r.next('{') {
+		if len(r.cells) > start && r.cells[len(r.cells)-1].Field >= f {
+			return false // not in order, or named twice
+		}
+		if len(r.cells) == cap(r.cells) {
+			start = r.moreCells(start)
+		}
+		r.cells = append(r.cells, FieldCell{Field: f})
+		if !r.cell(&r.cells[len(r.cells)-1].WireCell) {
 			return false
 		}
 		if r.next('}') {
-			c.Cells = Cells{}
+			c.Cells = r.cells[start:len(r.cells):len(r.cells)]
 			return true
 		}
-		// The cells of every change share r.cells, a chunk at a time.
-		start := len(r.cells)
-		for {
-			f, ok := r.name()
-			if !ok || !r.next(':') {
-				return false
-			}
-			if len(r.cells) > start && r.cells[len(r.cells)-1].Field >= f {
-				return false // not in order, or named twice
-			}
-			if len(r.cells) == cap(r.cells) {
-				start = r.moreCells(start)
-			}
-			r.cells = append(r.cells, FieldCell{Field: f})
-			if !r.cell(&r.cells[len(r.cells)-1].WireCell) {
-				return false
-			}
-			if r.next('}') {
-				c.Cells = r.cells[start:len(r.cells):len(r.cells)]
-				return true
-			}
-			if !r.next(',') {
-				return false
-			}
+		if !r.next(',') {
+			return false
 		}
-	})
+	}
 }
 
 // moreCells starts a new chunk of cells, the cells of the change being
@@ -488,7 +522,17 @@ func (r *jsonReader) moreCells(start int) int {
 	return 0
 }
 
+// cell reads a cell: the writer's form (keys t, n, d if true, v if
+// not empty, in that order, without space) by a shorter way, anything
+// else as an object.
 func (r *jsonReader) cell(w *WireCell) bool {
+	if start := r.i; r.has(`{"t":`) {
+		r.i += len(`{"t":`)
+		if r.cellAsWritten(w) {
+			return true
+		}
+		r.i, *w = start, WireCell{}
+	}
 	return r.object(cellKeys, func(k int) bool {
 		switch k {
 		case 0:
@@ -509,24 +553,54 @@ func (r *jsonReader) cell(w *WireCell) bool {
 		if r.literal("null") {
 			return true
 		}
-		s, ok := r.str()
-		if !ok {
+		return r.value(w)
+	})
+}
+
+// cellAsWritten reads the rest of a cell in the writer's form after its
+// {"t":.
+func (r *jsonReader) cellAsWritten(w *WireCell) bool {
+	n, ok := r.uint(1<<64 - 1)
+	if !ok || !r.has(`,"n":`) {
+		return false
+	}
+	w.Stamp = Stamp(n)
+	r.i += len(`,"n":`)
+	if w.Node, ok = r.name(); !ok {
+		return false
+	}
+	if r.has(`,"d":true`) {
+		r.i += len(`,"d":true`)
+		w.Deleted = true
+	}
+	if r.has(`,"v":"`) {
+		r.i += len(`,"v":`)
+		if !r.value(w) {
 			return false
 		}
-		if len(s) == 0 {
-			w.Value = []byte{}
-			return true
-		}
-		n := base64.StdEncoding.DecodedLen(len(s))
-		if len(r.values)+n > cap(r.values) {
-			r.values = make([]byte, 0, max(n, valueChunk))
-		}
-		v := r.values[len(r.values) : len(r.values)+n]
-		n, err := base64.StdEncoding.Decode(v, s)
-		w.Value = v[:n:n]
-		r.values = r.values[:len(r.values)+n]
-		return err == nil
-	})
+	}
+	return r.next('}')
+}
+
+// value reads a cell's value, a string of base64, into r.values.
+func (r *jsonReader) value(w *WireCell) bool {
+	s, ok := r.str()
+	if !ok {
+		return false
+	}
+	if len(s) == 0 {
+		w.Value = []byte{}
+		return true
+	}
+	n := base64.StdEncoding.DecodedLen(len(s))
+	if len(r.values)+n > cap(r.values) {
+		r.values = make([]byte, 0, max(n, valueChunk))
+	}
+	v := r.values[len(r.values) : len(r.values)+n]
+	n, err := base64.StdEncoding.Decode(v, s)
+	w.Value = v[:n:n]
+	r.values = r.values[:len(r.values)+n]
+	return err == nil
 }
 
 func (r *jsonReader) batch(b *batch) bool {

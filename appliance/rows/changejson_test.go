@@ -18,6 +18,12 @@ var jsonSamples = []string{
 	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a","v":""}}}]}`,
 	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a","v":null,"d":false}}}]}`,
 	`{"v":1,"changes":[{"table":"t","row":"r","cells":null}]}`,
+	// The writer's form, and forms that start as it and then differ.
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a","d":true,"v":"eA=="},"g":{"t":2,"n":"a","v":""}}}]}`,
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a","d":false}}},{"table":"t","row":"s","cells":{"f":{"t":1,"n":"a","v":"eA==","d":true}}}]}`,
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":01,"n":"a"}}},{"table":"t","cells":{},"row":"s"}]}`,
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a","d":true,"d":true}}}]}`,
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a"} },"row":"s"}]}`,
 	`{"v":1,"changes":[{}]}`,
 	`{}`,
 	`null`,
