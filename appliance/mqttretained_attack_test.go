@@ -223,11 +223,11 @@ func (rg *retainedRig) carry(to *retainedRig, subject string) {
 	if err != nil {
 		rg.t.Fatal(err)
 	}
-	ch := rows.Change{Table: wire.TableMQTTRetained, Row: row, Cells: map[string]rows.WireCell{}}
+	wcs := map[string]rows.WireCell{}
 	for f, c := range cells {
-		ch.Cells[f] = rows.WireCell{Stamp: c.Stamp, Node: c.Node, Deleted: c.Deleted, Value: c.Value}
+		wcs[f] = rows.WireCell{Stamp: c.Stamp, Node: c.Node, Deleted: c.Deleted, Value: c.Value}
 	}
-	to.apply(ch)
+	to.apply(rows.Change{Table: wire.TableMQTTRetained, Row: row, Cells: rows.CellsOf(wcs)})
 }
 
 // apply applies ch to rg's table as a change read from the mesh's log.
@@ -361,21 +361,21 @@ func TestRetainedForgedByBlobProgram(t *testing.T) {
 // st; only, when set, limits it to those fields.
 func peerWrite(peer string, st rows.Stamp, r localnats.Retained, only ...string) rows.Change {
 	set, del := retainedWrite(r)
-	ch := rows.Change{Table: wire.TableMQTTRetained, Row: retainedRow(r.Subject), Cells: map[string]rows.WireCell{}}
+	cells := map[string]rows.WireCell{}
 	for f, v := range set {
-		ch.Cells[f] = rows.WireCell{Stamp: st, Node: peer, Value: v}
+		cells[f] = rows.WireCell{Stamp: st, Node: peer, Value: v}
 	}
 	for _, f := range del {
-		ch.Cells[f] = rows.WireCell{Stamp: st, Node: peer, Deleted: true}
+		cells[f] = rows.WireCell{Stamp: st, Node: peer, Deleted: true}
 	}
 	if len(only) > 0 {
 		keep := map[string]rows.WireCell{}
 		for _, f := range only {
-			keep[f] = ch.Cells[f]
+			keep[f] = cells[f]
 		}
-		ch.Cells = keep
+		cells = keep
 	}
-	return ch
+	return rows.Change{Table: wire.TableMQTTRetained, Row: retainedRow(r.Subject), Cells: rows.CellsOf(cells)}
 }
 
 // TestRetainedPoisonRows: a peer writes rows whose subjects are no

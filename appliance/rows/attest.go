@@ -38,9 +38,9 @@ func attestKey(row, field string, stamp Stamp, node string) []byte {
 func snapshotClaims(changes []Change, origin string) [][]byte {
 	var out [][]byte
 	for _, ch := range changes {
-		for f, c := range ch.Cells {
+		for _, c := range ch.Cells {
 			if c.Node != origin {
-				out = append(out, attestKey(ch.Row, f, c.Stamp, c.Node))
+				out = append(out, attestKey(ch.Row, c.Field, c.Stamp, c.Node))
 			}
 		}
 	}
@@ -93,8 +93,8 @@ func attest(tx *bolt.Tx, table string, changes []Change, record bool) error {
 		}
 	}
 	for _, ch := range changes {
-		for f, c := range ch.Cells {
-			k := attestKey(ch.Row, f, c.Stamp, c.Node)
+		for _, c := range ch.Cells {
+			k := attestKey(ch.Row, c.Field, c.Stamp, c.Node)
 			if claims != nil && claims.Get(k) != nil {
 				if err := claims.Delete(k); err != nil {
 					return err
@@ -142,10 +142,13 @@ func (s *Store) settleClaims(table string, complete bool) (undone, left int, err
 				continue
 			}
 			i += i1 + 1
-			ck := k[:i]
+			row, field := string(k[:i1]), string(k[i1+1:i])
 			stamp, node := Stamp(binary.BigEndian.Uint64(k[i+1:i+9])), string(k[i+9:])
-			held := cells.Get(ck)
-			if held == nil {
+			if row == "" {
+				continue
+			}
+			held, err := rowCell(cells.Get([]byte(row)), field)
+			if err != nil || held == nil {
 				continue
 			}
 			c, err := decodeCell(held)
@@ -156,9 +159,8 @@ func (s *Store) settleClaims(table string, complete bool) (undone, left int, err
 				left++
 				continue
 			}
-			row, _ := splitCellKey(ck)
 			before := rowLive(cells, row)
-			if err := revertCell(cells, history, ck, stamp); err != nil {
+			if err := revertCell(cells, history, row, field, stamp); err != nil {
 				return err
 			}
 			if after := rowLive(cells, row); after != before {
@@ -177,10 +179,11 @@ func (s *Store) settleClaims(table string, complete bool) (undone, left int, err
 	return undone, left, err
 }
 
-// revertCell replaces the winner at ck (stamped stamp) with the newest
-// version of the field's history older than it, or removes the field.
-func revertCell(cells, history *bolt.Bucket, ck []byte, stamp Stamp) error {
-	prefix := append(append([]byte{}, ck...), 0)
+// revertCell replaces the winner of row's field (stamped stamp) with the
+// newest version of the field's history older than it, or removes the
+// field (and the row, when it was its last).
+func revertCell(cells, history *bolt.Bucket, row, field string, stamp Stamp) error {
+	prefix := append(cellKey(row, field), 0)
 	cur := history.Cursor()
 	var best []byte
 	for hk, v := cur.Seek(prefix); hk != nil && bytes.HasPrefix(hk, prefix); hk, v = cur.Next() {
@@ -188,8 +191,22 @@ func revertCell(cells, history *bolt.Bucket, ck []byte, stamp Stamp) error {
 			best = v // ascending: the last one is the newest
 		}
 	}
-	if best == nil {
-		return cells.Delete(ck)
+	old := cells.Get([]byte(row))
+	var v []byte
+	err := rowEntries(old, func(f, enc []byte) bool {
+		switch {
+		case string(f) != field:
+			v = appendEntry(v, string(f), enc)
+		case best != nil:
+			v = appendEntry(v, field, best)
+		}
+		return true
+	})
+	switch {
+	case err != nil:
+		return err
+	case len(v) == 0:
+		return cells.Delete([]byte(row))
 	}
-	return cells.Put(ck, append([]byte(nil), best...))
+	return cells.Put([]byte(row), v)
 }

@@ -1,9 +1,7 @@
 package rows
 
 import (
-	"bytes"
 	"encoding/base64"
-	"encoding/binary"
 	"encoding/json"
 	"slices"
 	"strconv"
@@ -17,8 +15,8 @@ import (
 // The writer makes what encoding/json makes of the same values (keys in
 // the struct's order, a change's fields sorted, the same escapes). The
 // reader takes that form only, exactly as written (known keys spelt as
-// written, each once; plain ASCII strings without escapes; whole
-// numbers), into zero values; anything else, a peer's odd but valid
+// written, each once; a change's fields sorted; plain ASCII strings
+// without escapes; whole numbers), into zero values; anything else, a peer's odd but valid
 // encoding included, goes to encoding/json. Every message therefore
 // reads the same on every node, whichever way it is decoded.
 
@@ -81,8 +79,8 @@ func appendBatch(dst []byte, b *batch) []byte {
 		n := 128 + len(b.Kind) + len(b.Node) + len(b.Snap)
 		for i := range b.Changes {
 			n += 32 + len(b.Changes[i].Table) + len(b.Changes[i].Row)
-			for f, w := range b.Changes[i].Cells {
-				n += 48 + len(f) + len(w.Node) + base64.StdEncoding.EncodedLen(len(w.Value))
+			for _, w := range b.Changes[i].Cells {
+				n += 48 + len(w.Field) + len(w.Node) + base64.StdEncoding.EncodedLen(len(w.Value))
 			}
 		}
 		dst = make([]byte, 0, n)
@@ -139,19 +137,22 @@ func appendChange(dst []byte, c *Change) []byte {
 	if c.Cells == nil {
 		return append(dst, "null}"...)
 	}
-	dst = append(dst, '{')
-	var fields [MaxFields]string
-	fs := fields[:0]
-	for f := range c.Cells {
-		fs = append(fs, f)
+	cs := c.Cells
+	if !cs.inOrder() {
+		cs = sortCells(slices.Clone(cs))
 	}
-	slices.Sort(fs)
-	for i, f := range fs {
+	return append(appendCells(dst, cs), '}')
+}
+
+// appendCells appends the JSON object of cs, which is in order.
+func appendCells(dst []byte, cs Cells) []byte {
+	dst = append(dst, '{')
+	for i := range cs {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		w := c.Cells[f]
-		dst = appendJSONString(dst, f)
+		w := &cs[i]
+		dst = appendJSONString(dst, w.Field)
 		dst = append(dst, `:{"t":`...)
 		dst = strconv.AppendUint(dst, uint64(w.Stamp), 10)
 		dst = append(dst, `,"n":`...)
@@ -166,7 +167,7 @@ func appendChange(dst []byte, c *Change) []byte {
 		}
 		dst = append(dst, '}')
 	}
-	return append(dst, "}}"...)
+	return append(dst, '}')
 }
 
 // appendJSONString appends s quoted as encoding/json quotes it (HTML
@@ -219,337 +220,4 @@ func appendJSONString(dst []byte, s string) []byte {
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
-}
-
-// jsonReader reads the writer's form of JSON from b; each method reports
-// false for anything else, and the caller leaves the input to
-// encoding/json.
-type jsonReader struct {
-	b []byte
-	i int
-	// names holds the strings read so far that repeat from change to
-	// change (tables, fields, nodes): one allocation each, not one a cell.
-	names []string
-	// values is where values are decoded to, a chunk at a time: one
-	// allocation for many cells.
-	values []byte
-}
-
-// valueChunk is the size of the chunks values are decoded to.
-const valueChunk = 32 << 10
-
-func (r *jsonReader) ws() {
-	for r.i < len(r.b) {
-		switch r.b[r.i] {
-		case ' ', '\t', '\n', '\r':
-			r.i++
-		default:
-			return
-		}
-	}
-}
-
-// next skips white space and takes c if it comes next.
-func (r *jsonReader) next(c byte) bool {
-	if r.i < len(r.b) && r.b[r.i] == c { // the writer puts no space
-		r.i++
-		return true
-	}
-	r.ws()
-	if r.i < len(r.b) && r.b[r.i] == c {
-		r.i++
-		return true
-	}
-	return false
-}
-
-// end reports whether only white space is left.
-func (r *jsonReader) end() bool {
-	r.ws()
-	return r.i == len(r.b)
-}
-
-// str reads a string of printable ASCII without escapes; it aliases b.
-func (r *jsonReader) str() ([]byte, bool) {
-	if !r.next('"') {
-		return nil, false
-	}
-	start := r.i
-	end := bytes.IndexByte(r.b[start:], '"')
-	if end < 0 {
-		return nil, false
-	}
-	s := r.b[start : start+end]
-	if !plainASCII(s) {
-		return nil, false
-	}
-	r.i = start + end + 1
-	return s, true
-}
-
-// plainASCII reports whether s is printable ASCII without '\\': eight
-// bytes at a time (a value's base64 is most of a batch).
-func plainASCII(s []byte) bool {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	for len(s) >= 8 {
-		w := binary.LittleEndian.Uint64(s)
-		below := (w - 0x20*ones) &^ w       // a byte below 0x20 (or one of 0x80 and up)
-		above := (w + (0x80-0x7f)*ones) | w // a byte of 0x7f and up
-		bs := w ^ ('\\' * ones)
-		slash := (bs - ones) &^ bs // a '\\'
-		if (below|above|slash)&highs != 0 {
-			return false
-		}
-		s = s[8:]
-	}
-	for _, c := range s {
-		if c < 0x20 || c >= 0x7f || c == '\\' {
-			return false
-		}
-	}
-	return true
-}
-
-func (r *jsonReader) string() (string, bool) {
-	s, ok := r.str()
-	return string(s), ok
-}
-
-// name is string for a name that repeats (a table, a field, a node):
-// the few a batch holds are compared, not hashed, and kept once.
-func (r *jsonReader) name() (string, bool) {
-	s, ok := r.str()
-	if !ok {
-		return "", false
-	}
-	for _, n := range r.names {
-		if string(s) == n {
-			return n, true
-		}
-	}
-	n := string(s)
-	if len(r.names) < maxNames {
-		r.names = append(r.names, n)
-	}
-	return n, true
-}
-
-// maxNames bounds the names a reader keeps.
-const maxNames = 16
-
-// key reads an object's key and its colon: its index in names (-1: not
-// one of them).
-func (r *jsonReader) key(names []string) int {
-	k, ok := r.str()
-	if !ok || !r.next(':') {
-		return -1
-	}
-	for i, n := range names {
-		if string(k) == n {
-			return i
-		}
-	}
-	return -1
-}
-
-// uint reads a whole number without sign, leading zeros or exponent that
-// is at most max.
-func (r *jsonReader) uint(max uint64) (uint64, bool) {
-	r.ws()
-	start := r.i
-	var n uint64
-	for ; r.i < len(r.b) && r.b[r.i] >= '0' && r.b[r.i] <= '9'; r.i++ {
-		d := uint64(r.b[r.i] - '0')
-		if n > (max-d)/10 {
-			return 0, false
-		}
-		n = n*10 + d
-	}
-	switch {
-	case r.i == start, r.b[start] == '0' && r.i-start > 1:
-		return 0, false
-	case r.i < len(r.b) && (r.b[r.i] == '.' || r.b[r.i] == 'e' || r.b[r.i] == 'E'):
-		return 0, false
-	}
-	return n, true
-}
-
-func (r *jsonReader) int() (int, bool) {
-	n, ok := r.uint(1<<(strconv.IntSize-1) - 1)
-	return int(n), ok
-}
-
-// literal takes the word w (true, false, null) if it comes next.
-func (r *jsonReader) literal(w string) bool {
-	r.ws()
-	if len(r.b)-r.i >= len(w) && string(r.b[r.i:r.i+len(w)]) == w {
-		r.i += len(w)
-		return true
-	}
-	return false
-}
-
-// object reads an object, calling member for each key (once each, of
-// the known keys numbered by name); member reads the value.
-func (r *jsonReader) object(names []string, member func(k int) bool) bool {
-	if !r.next('{') {
-		return false
-	}
-	if r.next('}') {
-		return true
-	}
-	var seen uint64
-	for {
-		n := r.key(names)
-		if n < 0 || seen&(1<<n) != 0 || !member(n) {
-			return false
-		}
-		seen |= 1 << n
-		if r.next('}') {
-			return true
-		}
-		if !r.next(',') {
-			return false
-		}
-	}
-}
-
-var (
-	changeKeys = []string{"table", "row", "cells"}
-	cellKeys   = []string{"t", "n", "d", "v"}
-	batchKeys  = []string{"v", "kind", "node", "snap", "part", "parts", "join", "changes", "from"}
-)
-
-func (r *jsonReader) change(c *Change) bool {
-	return r.object(changeKeys, func(k int) bool {
-		switch k {
-		case 0:
-			var ok bool
-			c.Table, ok = r.name()
-			return ok
-		case 1:
-			var ok bool
-			c.Row, ok = r.string()
-			return ok
-		}
-		if r.literal("null") {
-			return true
-		}
-		c.Cells = make(map[string]WireCell, 2)
-		if !r.next('{') {
-			return false
-		}
-		if r.next('}') {
-			return true
-		}
-		for {
-			f, ok := r.name()
-			if !ok || !r.next(':') {
-				return false
-			}
-			if _, dup := c.Cells[f]; dup {
-				return false
-			}
-			var w WireCell
-			if !r.cell(&w) {
-				return false
-			}
-			c.Cells[f] = w
-			if r.next('}') {
-				return true
-			}
-			if !r.next(',') {
-				return false
-			}
-		}
-	})
-}
-
-func (r *jsonReader) cell(w *WireCell) bool {
-	return r.object(cellKeys, func(k int) bool {
-		switch k {
-		case 0:
-			n, ok := r.uint(1<<64 - 1)
-			w.Stamp = Stamp(n)
-			return ok
-		case 1:
-			var ok bool
-			w.Node, ok = r.name()
-			return ok
-		case 2:
-			if r.literal("true") {
-				w.Deleted = true
-				return true
-			}
-			return r.literal("false")
-		}
-		if r.literal("null") {
-			return true
-		}
-		s, ok := r.str()
-		if !ok {
-			return false
-		}
-		if len(s) == 0 {
-			w.Value = []byte{}
-			return true
-		}
-		n := base64.StdEncoding.DecodedLen(len(s))
-		if len(r.values)+n > cap(r.values) {
-			r.values = make([]byte, 0, max(n, valueChunk))
-		}
-		v := r.values[len(r.values) : len(r.values)+n]
-		n, err := base64.StdEncoding.Decode(v, s)
-		w.Value = v[:n:n]
-		r.values = r.values[:len(r.values)+n]
-		return err == nil
-	})
-}
-
-func (r *jsonReader) batch(b *batch) bool {
-	return r.object(batchKeys, func(k int) bool {
-		var ok bool
-		switch k {
-		case 0:
-			b.V, ok = r.int()
-		case 1:
-			b.Kind, ok = r.string()
-		case 2:
-			b.Node, ok = r.string()
-		case 3:
-			b.Snap, ok = r.string()
-		case 4:
-			b.Part, ok = r.int()
-		case 5:
-			b.Parts, ok = r.int()
-		case 6:
-			b.Join, ok = r.uint(1<<64 - 1)
-		case 8:
-			b.From, ok = r.uint(1<<64 - 1)
-		case 7:
-			if r.literal("null") {
-				return true
-			}
-			if !r.next('[') {
-				return false
-			}
-			b.Changes = []Change{}
-			if r.next(']') {
-				return true
-			}
-			for {
-				b.Changes = append(b.Changes, Change{})
-				if !r.change(&b.Changes[len(b.Changes)-1]) {
-					return false
-				}
-				if r.next(']') {
-					return true
-				}
-				if !r.next(',') {
-					return false
-				}
-			}
-		}
-		return ok
-	})
 }

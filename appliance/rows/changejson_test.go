@@ -2,6 +2,7 @@ package rows
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -17,6 +18,12 @@ var jsonSamples = []string{
 	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a","v":""}}}]}`,
 	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a","v":null,"d":false}}}]}`,
 	`{"v":1,"changes":[{"table":"t","row":"r","cells":null}]}`,
+	// The writer's form, and forms that start as it and then differ.
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a","d":true,"v":"eA=="},"g":{"t":2,"n":"a","v":""}}}]}`,
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a","d":false}}},{"table":"t","row":"s","cells":{"f":{"t":1,"n":"a","v":"eA==","d":true}}}]}`,
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":01,"n":"a"}}},{"table":"t","cells":{},"row":"s"}]}`,
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a","d":true,"d":true}}}]}`,
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a"} },"row":"s"}]}`,
 	`{"v":1,"changes":[{}]}`,
 	`{}`,
 	`null`,
@@ -26,6 +33,7 @@ var jsonSamples = []string{
 	`{"v":1,"v":2,"node":"a","node":"b"}`,
 	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a"}},"cells":{"g":{"t":2,"n":"b"}}}]}`,
 	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"f":{"t":1,"n":"a"},"f":{"t":2,"n":"b","d":true}}}]}`,
+	`{"v":1,"changes":[{"table":"t","row":"r","cells":{"g":{"t":1,"n":"a"},"f":{"t":2,"n":"b","d":true}}}]}`,
 	`{"v":1,"changes":[{"table":"t","row":"r"}],"changes":[{"cells":{"f":{"t":1,"n":"a"}}}]}`,
 	`{"v":1,"node":"\u0061lpha","changes":[{"table":"t","row":"r\"","cells":{"f\n":{"t":1,"n":"é"}}}]}`,
 	`{"v":1,"extra":{"a":[1,2,{"b":null}]},"changes":[{"table":"t","row":"r","more":true,"cells":{"f":{"t":1,"n":"a","x":1}}}]}`,
@@ -62,16 +70,18 @@ func checkSameDecode(t *testing.T, data []byte) {
 	if (derr == nil) != (werr == nil) || derr == nil && !reflect.DeepEqual(direct, want) {
 		t.Errorf("decodeBatch %q:\ngot  %+v, %v\nwant %+v, %v", data, direct, derr, want, werr)
 	}
-	var gc, wc Change
+	var gc Change
+	var wc pureChange
 	gerr = json.Unmarshal(data, &gc)
-	werr = json.Unmarshal(data, (*changeJSON)(&wc))
-	if (gerr == nil) != (werr == nil) || gerr == nil && !reflect.DeepEqual(gc, wc) {
+	werr = json.Unmarshal(data, &wc)
+	if (gerr == nil) != (werr == nil) || gerr == nil && !reflect.DeepEqual(gc, wc.change()) {
 		t.Errorf("change %q:\ngot  %+v, %v\nwant %+v, %v", data, gc, gerr, wc, werr)
 	}
 }
 
 // pureBatch is batch as encoding/json alone decodes it: batchJSON's
-// changes would still be read by Change's method.
+// changes would still be read by Change's method. Its cells are a map,
+// as nodes of earlier versions read them.
 type pureBatch struct {
 	V       int          `json:"v"`
 	Kind    string       `json:"kind"`
@@ -80,9 +90,23 @@ type pureBatch struct {
 	Part    int          `json:"part,omitempty"`
 	Parts   int          `json:"parts,omitempty"`
 	Join    uint64       `json:"join,omitempty"`
-	Changes []changeJSON `json:"changes"`
+	Changes []pureChange `json:"changes"`
 	From    uint64       `json:"from,omitempty"`
 }
+
+// pureChange is Change as encoding/json alone decodes and encodes it,
+// its cells a map.
+type pureChange struct {
+	Table string              `json:"table"`
+	Row   string              `json:"row"`
+	Cells map[string]WireCell `json:"cells"`
+}
+
+func (p pureChange) change() Change {
+	return Change{Table: p.Table, Row: p.Row, Cells: CellsOf(p.Cells)}
+}
+
+func pureOf(c Change) pureChange { return pureChange{Table: c.Table, Row: c.Row, Cells: c.Cells.Map()} }
 
 func (p pureBatch) batch() batch {
 	b := batch{V: p.V, Kind: p.Kind, Node: p.Node, Snap: p.Snap, Part: p.Part, Parts: p.Parts, Join: p.Join, From: p.From}
@@ -90,21 +114,47 @@ func (p pureBatch) batch() batch {
 		b.Changes = []Change{}
 	}
 	for _, c := range p.Changes {
-		b.Changes = append(b.Changes, Change(c))
+		b.Changes = append(b.Changes, c.change())
 	}
 	return b
+}
+
+// A batch of many changes of several cells each reads as encoding/json
+// reads it: the reader's chunks of cells fill and start anew mid-change.
+func TestJSONReadsManyCells(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"v":1,"kind":"snapshot","node":"a","changes":[`)
+	for i := range 700 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"table":"t","row":"r%d","cells":{`, i)
+		for f := range 1 + i%9 {
+			if f > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `"f%d":{"t":%d,"n":"n%d","v":"dmFsdWU="}`, f, i, f%3)
+		}
+		b.WriteString(`}}`)
+	}
+	b.WriteString(`]}`)
+	checkSameDecode(t, []byte(b.String()))
+	var got batch
+	if err := decodeBatch([]byte(b.String()), &got); err != nil || len(got.Changes) != 700 || len(got.Changes[699].Cells) != 7 {
+		t.Fatalf("decodeBatch: %v, %d changes", err, len(got.Changes))
+	}
 }
 
 // The writer makes encoding/json's bytes.
 func TestJSONWritesAsEncodingJSON(t *testing.T) {
 	for _, c := range []Change{
-		{Table: "jobs", Row: "42", Cells: map[string]WireCell{"status": {Stamp: 1 << 50, Node: "alpha", Value: []byte("queued")}, "a": {Stamp: 3, Node: "b", Deleted: true}}},
-		{Table: "jobs", Row: "42", Cells: map[string]WireCell{"e": {Stamp: 0, Node: "", Value: []byte{}}}},
+		{Table: "jobs", Row: "42", Cells: CellsOf(map[string]WireCell{"status": {Stamp: 1 << 50, Node: "alpha", Value: []byte("queued")}, "a": {Stamp: 3, Node: "b", Deleted: true}})},
+		{Table: "jobs", Row: "42", Cells: CellsOf(map[string]WireCell{"e": {Stamp: 0, Node: "", Value: []byte{}}})},
 		{Table: "t", Row: "r"},
-		{Table: "t", Row: "r", Cells: map[string]WireCell{}},
-		{Table: "a<b>&\"\\\n\r\t\x01\x7f", Row: "é\u2028\u2029\xff\xfe", Cells: map[string]WireCell{"\x00": {Node: "</script>", Value: []byte{0, 255}}}},
+		{Table: "t", Row: "r", Cells: CellsOf(map[string]WireCell{})},
+		{Table: "a<b>&\"\\\n\r\t\x01\x7f", Row: "é\u2028\u2029\xff\xfe", Cells: CellsOf(map[string]WireCell{"\x00": {Node: "</script>", Value: []byte{0, 255}}})},
 	} {
-		want, err := json.Marshal((changeJSON)(c))
+		want, err := json.Marshal(pureOf(c))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,9 +168,9 @@ func TestJSONWritesAsEncodingJSON(t *testing.T) {
 		if err := json.Unmarshal(want, &back); err != nil {
 			t.Fatal(err)
 		}
-		var wantBack changeJSON
+		var wantBack pureChange
 		_ = json.Unmarshal(want, &wantBack)
-		if !reflect.DeepEqual(back, Change(wantBack)) {
+		if !reflect.DeepEqual(back, wantBack.change()) {
 			t.Errorf("read back %q: got %+v, want %+v", want, back, wantBack)
 		}
 	}
@@ -129,7 +179,7 @@ func TestJSONWritesAsEncodingJSON(t *testing.T) {
 // The writer makes encoding/json's bytes of a batch too (the publisher
 // splices changes into the head of an empty one).
 func TestJSONWritesBatchAsEncodingJSON(t *testing.T) {
-	c := Change{Table: "jobs", Row: "42", Cells: map[string]WireCell{"status": {Stamp: 7, Node: "alpha", Value: []byte("queued")}}}
+	c := Change{Table: "jobs", Row: "42", Cells: CellsOf(map[string]WireCell{"status": {Stamp: 7, Node: "alpha", Value: []byte("queued")}})}
 	for _, b := range []batch{
 		{V: 1, Kind: kindChanges, Node: "alpha"},
 		{V: 1, Kind: kindChanges, Node: "alpha", Join: 9, Changes: []Change{c, c}},
@@ -138,10 +188,10 @@ func TestJSONWritesBatchAsEncodingJSON(t *testing.T) {
 	} {
 		pure := pureBatch{V: b.V, Kind: b.Kind, Node: b.Node, Snap: b.Snap, Part: b.Part, Parts: b.Parts, Join: b.Join, From: b.From}
 		if b.Changes != nil {
-			pure.Changes = []changeJSON{}
+			pure.Changes = []pureChange{}
 		}
 		for _, c := range b.Changes {
-			pure.Changes = append(pure.Changes, changeJSON(c))
+			pure.Changes = append(pure.Changes, pureOf(c))
 		}
 		want, err := json.Marshal(pure)
 		if err != nil {

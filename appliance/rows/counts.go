@@ -1,7 +1,6 @@
 package rows
 
 import (
-	"bytes"
 	"encoding/binary"
 
 	bolt "go.etcd.io/bbolt"
@@ -27,23 +26,11 @@ func countAll(tx *bolt.Tx) error {
 			pending = p.Stats().KeyN
 		}
 		if cells := tb.Bucket(bCells); cells != nil {
-			var last []byte
-			live := false
 			cur := cells.Cursor()
 			for k, v := cur.First(); k != nil; k, v = cur.Next() {
-				r, _, _ := bytes.Cut(k, []byte{0})
-				if !bytes.Equal(r, last) {
-					if live {
-						rows++
-					}
-					last, live = append(last[:0], r...), false
+				if valueLive(v) {
+					rows++
 				}
-				if len(v) > 8 && v[8]&1 == 0 {
-					live = true
-				}
-			}
-			if live {
-				rows++
 			}
 		}
 		if err := setCount(meta, kRows, rows); err != nil {
@@ -73,14 +60,7 @@ func addCount(meta *bolt.Bucket, k []byte, d int) error {
 
 // rowLive reports whether row has a field not deleted.
 func rowLive(cells *bolt.Bucket, row string) bool {
-	prefix := append([]byte(row), 0)
-	cur := cells.Cursor()
-	for k, v := cur.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = cur.Next() {
-		if len(v) > 8 && v[8]&1 == 0 {
-			return true
-		}
-	}
-	return false
+	return row != "" && valueLive(cells.Get([]byte(row)))
 }
 
 // Counts returns table's rows (with at least one field not deleted),

@@ -1,7 +1,6 @@
 package rows
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -74,15 +73,15 @@ func (s *Store) applyLog(table string, run logApply) (logApplied, error) {
 			return err
 		}
 		out.applied = make([]Applied, 0, len(run.changes))
-		tail := cellsTail(cells)
-		if len(run.changes) > 0 && bytes.Compare(cellKey(run.changes[0].Row, ""), tail) > 0 {
+		m := newMerger(cells, history, true)
+		if len(run.changes) > 0 && m.after(run.changes[0].Row) {
 			// Rows after the table's last (a joiner's snapshot): pages
 			// filled, not split in halves that stay half empty.
 			cells.FillPercent = 0.9
 		}
 		rows := 0 // the live rows' change, counted once
 		for _, ch := range run.changes {
-			a, d, err := mergeChange(cells, history, ch, &tail)
+			a, d, err := m.merge(ch)
 			if err != nil {
 				return err
 			}
@@ -240,6 +239,7 @@ func (s *Store) releaseHeld(table string, upTo Stamp, observe func(Change) error
 			return err
 		}
 		n, size := getCount(meta, kHeld), getCount(meta, kHeldBytes)
+		m := newMerger(cells, history, false)
 		var done [][]byte
 		cur := hb.Cursor()
 		for k, v := cur.First(); k != nil; k, v = cur.Next() {
@@ -255,7 +255,7 @@ func (s *Store) releaseHeld(table string, upTo Stamp, observe func(Change) error
 			if err != nil || ch.Table != table || observe(ch) != nil {
 				continue // damaged, or the clock still refuses it: dropped
 			}
-			a, err := putChange(cells, history, meta, ch, nil)
+			a, err := m.putChange(meta, ch)
 			if err != nil {
 				return err
 			}

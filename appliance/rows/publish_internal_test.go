@@ -19,8 +19,8 @@ func TestChangesBatchOpens(t *testing.T) {
 	e := &Engine{cfg: Config{Node: "alpha"}}
 	e.m = newMetrics(e)
 	changes := []Change{
-		{Table: "jobs", Row: "42", Cells: map[string]WireCell{"status": {Stamp: 7, Node: "alpha", Value: []byte("queued")}}},
-		{Table: "jobs", Row: "43", Cells: map[string]WireCell{"owner": {Stamp: 8, Node: "alpha", Deleted: true}}},
+		{Table: "jobs", Row: "42", Cells: CellsOf(map[string]WireCell{"status": {Stamp: 7, Node: "alpha", Value: []byte("queued")}})},
+		{Table: "jobs", Row: "43", Cells: CellsOf(map[string]WireCell{"owner": {Stamp: 8, Node: "alpha", Deleted: true}})},
 	}
 	var bodies [][]byte
 	for _, c := range changes {

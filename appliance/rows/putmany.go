@@ -53,13 +53,14 @@ func (e *Engine) PutMany(table string, writes []RowWrite) ([]Stamp, error) {
 	changes := make([]Change, len(writes))
 	for i, w := range writes {
 		stamp := e.clock.Next()
-		ch := Change{Table: table, Row: w.Row, Cells: make(map[string]WireCell, len(w.Set)+len(w.Delete))}
+		ch := Change{Table: table, Row: w.Row, Cells: make(Cells, 0, len(w.Set)+len(w.Delete))}
 		for f, v := range w.Set {
-			ch.Cells[f] = WireCell{Stamp: stamp, Node: e.cfg.Node, Value: v}
+			ch.Cells = append(ch.Cells, FieldCell{f, WireCell{Stamp: stamp, Node: e.cfg.Node, Value: v}})
 		}
 		for _, f := range w.Delete {
-			ch.Cells[f] = WireCell{Stamp: stamp, Node: e.cfg.Node, Deleted: true}
+			ch.Cells = append(ch.Cells, FieldCell{f, WireCell{Stamp: stamp, Node: e.cfg.Node, Deleted: true}})
 		}
+		ch.Cells = sortCells(ch.Cells)
 		stamps[i], changes[i] = stamp, ch
 	}
 	if err := e.store.WriteMany(changes); err != nil {

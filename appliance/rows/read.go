@@ -310,10 +310,7 @@ func (e *Engine) commitRun(table string, run logApply) error {
 	if res.dropped > 0 {
 		e.refuseN(table, causeOverBound, "", res.dropped, fmt.Errorf("%d changes stamped ahead dropped: this node holds at most %d (%d MiB) of a table until its clock reaches them", res.dropped, maxHeldChanges, maxHeldBytes>>20))
 	}
-	for _, a := range res.applied {
-		e.m.applied.Add(float64(a.Count()))
-		e.notify(a)
-	}
+	e.notifyAll(res.applied)
 	if due {
 		e.snapshotSoon(table)
 	}
@@ -405,10 +402,7 @@ func (e *Engine) releaseHeld(table string) error {
 	e.mu.Lock()
 	e.state(table).heldNext, e.state(table).held = next, held
 	e.mu.Unlock()
-	for _, a := range applied {
-		e.m.applied.Add(float64(a.Count()))
-		e.notify(a)
-	}
+	e.notifyAll(applied)
 	return nil
 }
 

@@ -252,11 +252,12 @@ func (e *Engine) writeSnapshot(ctx context.Context, conn *amqp.Connection, table
 	var cur []Change
 	size := 0
 	if err := e.store.Rows(table, "", func(row string, cells map[string]Cell) bool {
-		c := Change{Table: table, Row: row, Cells: map[string]WireCell{}}
+		c := Change{Table: table, Row: row, Cells: make(Cells, 0, len(cells))}
 		for f, cell := range cells {
-			c.Cells[f] = WireCell{Stamp: cell.Stamp, Node: cell.Node, Deleted: cell.Deleted, Value: cell.Value}
+			c.Cells = append(c.Cells, FieldCell{f, WireCell{Stamp: cell.Stamp, Node: cell.Node, Deleted: cell.Deleted, Value: cell.Value}})
 			size += len(f) + len(cell.Value) + 40
 		}
+		c.Cells = sortCells(c.Cells)
 		cur = append(cur, c)
 		if size > 256<<10 {
 			parts, cur, size = append(parts, cur), nil, 0

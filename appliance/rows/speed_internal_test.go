@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshbox/meshbox/internal/seal"
 )
 
 // Focused benchmarks of the engine's hot paths, without a broker: the
@@ -16,10 +18,10 @@ import (
 
 // speedChange is row i of the benchmarks: two fields as the bench writes.
 func speedChange(i int) Change {
-	return Change{Table: "bench", Row: fmt.Sprintf("w-%07d", i), Cells: map[string]WireCell{
+	return Change{Table: "bench", Row: fmt.Sprintf("w-%07d", i), Cells: CellsOf(map[string]WireCell{
 		"status":  {Stamp: Stamp(1<<50 + i), Node: "rows-w", Value: []byte("queued")},
 		"payload": {Stamp: Stamp(1<<50 + i), Node: "rows-w", Value: []byte(strings.Repeat("x", 64))},
-	}}
+	})}
 }
 
 // cpuPerRow reports, when the benchmark ends, this process's CPU time
@@ -141,6 +143,36 @@ func BenchmarkStoreRows(b *testing.B) {
 		got := 0
 		if err := s.Rows("bench", "", func(string, map[string]Cell) bool { got++; return true }); err != nil || got != n {
 			b.Fatal(got, err)
+		}
+	}
+}
+
+// BenchmarkOpenPart opens a sealed snapshot part of 1,600 rows and
+// checks what it carries, as a joiner's reader does (openBatch: the
+// seal, the decoding, the names and bounds of every row and cell).
+func BenchmarkOpenPart(b *testing.B) {
+	k := seal.NewContentKey()
+	ring, err := seal.NewKeyring([]seal.ContentKey{k}, k.ID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := ring.Sealer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := batch{V: 1, Kind: kindSnapshot, Node: "rows-w", Snap: "s-rows-w", Part: 1, Parts: 1}
+	for i := range 1600 {
+		p.Changes = append(p.Changes, speedChange(i))
+	}
+	body, err := sealBatch(s, "bench", &p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(body)))
+	cpuPerRow(b, 1600)
+	for range b.N {
+		if _, err := openBatch(ring, "bench", s.ID(), body); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -16,13 +15,13 @@ import (
 // Store is a node's replica of its tables, in one bbolt file
 // (<data>/rows.db). Each table is a bucket holding:
 //
-//	cells    row \x00 field -> the winning version (Cell.encode)
-//	history  row \x00 field \x00 stamp -> versions replaced, newest kept (historyKeep)
-//	pending  seq -> a local write not yet confirmed by the broker (JSON Change)
-//	meta     offset -> the next offset of the table's log to read
-//	         rows, pending -> the live rows and the pending writes, kept
-//	         with every change (status reads them on every call; a
-//	         count by scanning cost a table of 100,000 rows 50 ms)
+//	row_cells  row -> the winning version of each of its fields (rowvalue.go)
+//	history    row \x00 field \x00 stamp -> versions replaced, newest kept (historyKeep)
+//	pending    seq -> a local write not yet confirmed by the broker (JSON Change)
+//	meta       offset -> the next offset of the table's log to read
+//	           rows, pending -> the live rows and the pending writes, kept
+//	           with every change (status reads them on every call; a
+//	           count by scanning cost a table of 100,000 rows 50 ms)
 //
 // Every write is one bbolt transaction committed (fsynced) before it is
 // acknowledged; concurrent writes share a commit (Store.update).
@@ -42,7 +41,7 @@ type Store struct {
 }
 
 var (
-	bCells   = []byte("cells")
+	bCells   = []byte("row_cells")
 	bHistory = []byte("history")
 	bPending = []byte("pending")
 	bMeta    = []byte("meta")
@@ -70,6 +69,10 @@ func OpenStore(path string) (*Store, error) {
 		}
 		return nil, fmt.Errorf("open rows store %s: %w", path, err)
 	}
+	if err := db.Update(migrateCells); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open rows store %s: move its cells to one key a row: %w", path, err)
+	}
 	if err := db.Update(countAll); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open rows store %s: count its rows: %w", path, err)
@@ -79,141 +82,12 @@ func OpenStore(path string) (*Store, error) {
 	return st, nil
 }
 
-// putChange stores the cells of ch that win and keeps the table's row
-// count: it returns what won (zero: nothing). tail is as mergeChange's.
-func putChange(cells, history, meta *bolt.Bucket, ch Change, tail *[]byte) (Applied, error) {
-	won, d, err := mergeChange(cells, history, ch, tail)
-	if err != nil || d == 0 {
-		return won, err
-	}
-	return won, addCount(meta, kRows, d)
-}
-
-// cellsTail is the last key of cells (nil: none), a copy: the tail a
-// transaction's mergeChange calls start from.
-func cellsTail(cells *bolt.Bucket) []byte {
-	k, _ := cells.Cursor().Last()
-	return bytes.Clone(k)
-}
-
-// rowScan bounds the cells of a row mergeChange walks through for the
-// versions ch replaces; past it, it looks the rest up one by one.
-const rowScan = 32
-
-// mergeChange stores the cells of ch that win, the versions they replace
-// going to history: it returns what won and how the table's live rows
-// changed (-1, 0, 1). It reads the row's cells once, in one walk from
-// its first, and keeps each key and stored version of a change in one
-// allocation. tail, if not nil, is the last key cells holds, kept by the
-// calls of one transaction: a row after it (a joiner's snapshot, rows
-// new to the table in key order) is known to be new without a lookup.
-func mergeChange(cells, history *bolt.Bucket, ch Change, tail *[]byte) (Applied, int, error) {
-	size := 0
-	for f, w := range ch.Cells {
-		size += 2*(len(ch.Row)+1+len(f)) + 10 + len(w.Node) + len(w.Value)
-	}
-	arena := make([]byte, 0, size)
-	prefix := cellKey(ch.Row, "")
-	// The versions the row holds of ch's fields; whether another field
-	// of it is live.
-	type version struct {
-		field string
-		v     []byte
-	}
-	var heldBuf [4]version
-	held := heldBuf[:0]
-	othersLive, complete := false, true
-	newRow := tail != nil && *tail != nil && bytes.Compare(prefix, *tail) > 0
-	n := 0
-	var k, v []byte
-	var cur *bolt.Cursor
-	if !newRow {
-		cur = cells.Cursor()
-		k, v = cur.Seek(prefix)
-	}
-	for ; k != nil && bytes.HasPrefix(k, prefix); k, v = cur.Next() {
-		if _, named := ch.Cells[string(k[len(prefix):])]; named {
-			held = append(held, version{string(k[len(prefix):]), v})
-		} else if len(v) > 8 && v[8]&1 == 0 {
-			othersLive = true
-		}
-		if n++; n >= rowScan && othersLive {
-			complete = false
-			break
-		}
-	}
-	var wonBuf [8]string
-	won := wonBuf[:0] // the fields that won
-	liveBefore, liveAfter := othersLive, othersLive
-	for f, w := range ch.Cells {
-		c := w.cell()
-		var old []byte
-		if i := slices.IndexFunc(held, func(h version) bool { return h.field == f }); i >= 0 {
-			old = held[i].v
-		} else if !complete {
-			old = cells.Get(cellKey(ch.Row, f))
-		}
-		finalLive := !c.Deleted
-		if old != nil {
-			// The version held, read in place (its node's name is not
-			// copied to compare it).
-			if len(old) < 10 || len(old) < 10+int(old[9]) {
-				return Applied{}, 0, errors.New("stored cell too short")
-			}
-			oStamp, oDeleted, oNode := Stamp(binary.BigEndian.Uint64(old)), old[8]&1 != 0, old[10:10+int(old[9])]
-			liveBefore = liveBefore || !oDeleted
-			if c.Stamp < oStamp || c.Stamp == oStamp && c.Node <= string(oNode) { // c does not win
-				if c.Stamp != oStamp || c.Node != string(oNode) { // not the same version again
-					if err := keepHistory(history, cellKey(ch.Row, f), c.Stamp, c.encode(nil)); err != nil {
-						return Applied{}, 0, err
-					}
-				}
-				liveAfter = liveAfter || !oDeleted
-				continue
-			}
-			if err := keepHistory(history, cellKey(ch.Row, f), oStamp, bytes.Clone(old)); err != nil {
-				return Applied{}, 0, err
-			}
-		}
-		liveAfter = liveAfter || finalLive
-		start := len(arena)
-		arena = append(append(append(arena, ch.Row...), 0), f...)
-		k := arena[start:len(arena):len(arena)]
-		start = len(arena)
-		arena = c.encode(arena)
-		if err := cells.Put(k, arena[start:len(arena):len(arena)]); err != nil {
-			return Applied{}, 0, err
-		}
-		if tail != nil && bytes.Compare(k, *tail) > 0 {
-			*tail = k
-		}
-		won = append(won, f)
-	}
-	if len(won) == 0 {
-		return Applied{}, 0, nil
-	}
-	a := Applied{Table: ch.Table, Row: ch.Row, change: ch.Cells, n: len(won)}
-	if len(won) < len(ch.Cells) {
-		a.won = make(map[string]Cell, len(won))
-		for _, f := range won {
-			a.won[f] = ch.Cells[f].cell()
-		}
-	}
-	switch {
-	case liveAfter && !liveBefore:
-		return a, 1, nil
-	case liveBefore && !liveAfter:
-		return a, -1, nil
-	}
-	return a, 0, nil
-}
-
 // Change is the versions of some fields of one row of one table: a write
 // of this node, or one read from the table's log.
 type Change struct {
-	Table string              `json:"table"`
-	Row   string              `json:"row"`
-	Cells map[string]WireCell `json:"cells"`
+	Table string `json:"table"`
+	Row   string `json:"row"`
+	Cells Cells  `json:"cells"`
 }
 
 // WireCell is a Cell as a change carries it.
@@ -233,14 +107,6 @@ func cellKey(row, field string) []byte {
 	k = append(k, row...)
 	k = append(k, 0)
 	return append(k, field...)
-}
-
-func splitCellKey(k []byte) (row, field string) {
-	i := bytes.IndexByte(k, 0)
-	if i < 0 {
-		return string(k), ""
-	}
-	return string(k[:i]), string(k[i+1:])
 }
 
 // tableBuckets returns table's buckets, creating them.
@@ -312,8 +178,9 @@ func (s *Store) WriteMany(changes []Change) error {
 			return err
 		}
 		rows := 0
+		m := newMerger(cells, history, true)
 		for i, ch := range changes {
-			_, d, err := mergeChange(cells, history, ch, nil)
+			_, d, err := m.merge(ch)
 			if err != nil {
 				return err
 			}
@@ -341,7 +208,7 @@ type Applied struct {
 	Row   string
 	// change: the change's cells; won: those that won when some lost
 	// (nil: every cell of change won); n: how many won.
-	change map[string]WireCell
+	change Cells
 	won    map[string]Cell
 	n      int
 }
@@ -352,8 +219,8 @@ func (a Applied) Won() map[string]Cell {
 		return a.won
 	}
 	m := make(map[string]Cell, len(a.change))
-	for f, w := range a.change {
-		m[f] = w.cell()
+	for _, w := range a.change {
+		m[w.Field] = w.cell()
 	}
 	return m
 }
@@ -399,24 +266,12 @@ func (s *Store) Row(table, row string) (map[string]Cell, error) {
 	var out map[string]Cell
 	err := s.db.View(func(tx *bolt.Tx) error {
 		cells := sub(tx, table, bCells)
-		if cells == nil {
+		if cells == nil || row == "" {
 			return nil
 		}
-		prefix := append([]byte(row), 0)
-		cur := cells.Cursor()
-		for k, v := cur.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = cur.Next() {
-			c, err := decodeCell(v)
-			if err != nil {
-				return err
-			}
-			c.Value = bytes.Clone(c.Value)
-			if out == nil {
-				out = map[string]Cell{}
-			}
-			_, f := splitCellKey(k)
-			out[f] = c
-		}
-		return nil
+		var err error
+		out, err = rowCells(cells.Get([]byte(row)), nil, nil)
+		return err
 	})
 	return out, err
 }
@@ -433,10 +288,8 @@ func (s *Store) Rows(table, prefix string, fn func(row string, cells map[string]
 func (s *Store) RowsAfter(table, prefix, after string, fn func(row string, cells map[string]Cell) bool) error {
 	start := []byte(prefix)
 	if after != "" {
-		// A row's cells are keyed row\0field, and row keys hold no byte
-		// below '-': after\1 sorts past every cell of after and before
-		// every row that follows it.
-		if from := append([]byte(after), 1); bytes.Compare(from, start) > 0 {
+		// after\0 is the least key after after.
+		if from := append([]byte(after), 0); bytes.Compare(from, start) > 0 {
 			start = from
 		}
 	}
@@ -445,54 +298,61 @@ func (s *Store) RowsAfter(table, prefix, after string, fn func(row string, cells
 		if cells == nil {
 			return nil
 		}
-		cur := cells.Cursor()
-		var row string
-		var cur_ map[string]Cell
-		// A row, a node's name and a value are copied out of the
-		// transaction once: names repeat from row to row, and values
-		// share chunks.
-		nodes := map[string]string{}
+		// A node's name and a value are copied out of the transaction
+		// once: names repeat from row to row, and values share chunks.
+		names := map[string]string{}
 		var values []byte
+		cur := cells.Cursor()
 		for k, v := cur.Seek(start); k != nil && bytes.HasPrefix(k, []byte(prefix)); k, v = cur.Next() {
-			r, f := k, []byte(nil)
-			if i := bytes.IndexByte(k, 0); i >= 0 {
-				r, f = k[:i], k[i+1:]
+			row, err := rowCellsInto(v, names, &values)
+			if err != nil {
+				return err
 			}
-			if cur_ != nil && string(r) != row {
-				if !fn(row, cur_) {
-					return nil
-				}
-				cur_ = nil
+			if row != nil && !fn(string(k), row) {
+				return nil
 			}
-			if cur_ == nil {
-				row, cur_ = string(r), make(map[string]Cell, 4)
-			}
-			if len(v) < 10 || len(v) < 10+int(v[9]) {
-				return errors.New("stored cell too short")
-			}
-			c := Cell{Stamp: Stamp(binary.BigEndian.Uint64(v)), Deleted: v[8]&1 != 0}
-			node := v[10 : 10+int(v[9])]
-			if c.Node = nodes[string(node)]; c.Node == "" && len(node) > 0 {
-				c.Node = string(node)
-				if len(nodes) < 256 {
-					nodes[c.Node] = c.Node
-				}
-			}
-			if !c.Deleted {
-				val := v[10+len(node):]
-				if len(values)+len(val) > cap(values) {
-					values = make([]byte, 0, max(len(val), valueChunk))
-				}
-				values = append(values, val...)
-				c.Value = values[len(values)-len(val) : len(values) : len(values)]
-			}
-			cur_[string(f)] = c
-		}
-		if cur_ != nil {
-			fn(row, cur_)
 		}
 		return nil
 	})
+}
+
+// rowCells decodes a row's value v into its cells by field (nil: v holds
+// none), copied out of the transaction: each node's name once in names,
+// values into the chunks of *values (names and values nil: a row alone).
+func rowCells(v []byte, names map[string]string, values *[]byte) (map[string]Cell, error) {
+	if values == nil {
+		b := make([]byte, 0, len(v)) // room for all its values
+		values = &b
+	}
+	return rowCellsInto(v, names, values)
+}
+
+func rowCellsInto(v []byte, names map[string]string, values *[]byte) (map[string]Cell, error) {
+	var out map[string]Cell
+	err := rowEntries(v, func(f, enc []byte) bool {
+		if out == nil {
+			out = make(map[string]Cell, 4)
+		}
+		c := Cell{Stamp: Stamp(binary.BigEndian.Uint64(enc)), Deleted: cellDeleted(enc)}
+		node := enc[10 : 10+int(enc[9])]
+		if c.Node = names[string(node)]; c.Node == "" && len(node) > 0 {
+			c.Node = string(node)
+			if names != nil && len(names) < 256 {
+				names[c.Node] = c.Node
+			}
+		}
+		if !c.Deleted {
+			val := enc[10+len(node):]
+			if len(*values)+len(val) > cap(*values) {
+				*values = make([]byte, 0, max(len(val), valueChunk))
+			}
+			*values = append(*values, val...)
+			c.Value = (*values)[len(*values)-len(val) : len(*values) : len(*values)]
+		}
+		out[string(f)] = c
+		return true
+	})
+	return out, err
 }
 
 // History returns the versions of row.field this node holds, newest
@@ -501,9 +361,13 @@ func (s *Store) History(table, row, field string) ([]Cell, error) {
 	var out []Cell
 	err := s.db.View(func(tx *bolt.Tx) error {
 		k := cellKey(row, field)
-		if cells := sub(tx, table, bCells); cells != nil {
-			if v := cells.Get(k); v != nil {
-				c, err := decodeCell(v)
+		if cells := sub(tx, table, bCells); cells != nil && row != "" {
+			enc, err := rowCell(cells.Get([]byte(row)), field)
+			if err != nil {
+				return err
+			}
+			if enc != nil {
+				c, err := decodeCell(enc)
 				if err != nil {
 					return err
 				}

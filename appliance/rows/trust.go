@@ -113,9 +113,9 @@ func checkWriter(b *batch, origin string) error {
 		return nil
 	}
 	for _, ch := range b.Changes {
-		for f, c := range ch.Cells {
+		for _, c := range ch.Cells {
 			if c.Node != origin {
-				return fmt.Errorf("row %s field %s names writer %q; the batch was published by %s", ch.Row, f, c.Node, origin)
+				return fmt.Errorf("row %s field %s names writer %q; the batch was published by %s", ch.Row, c.Field, c.Node, origin)
 			}
 		}
 	}

@@ -37,7 +37,7 @@ func allChanges(t *testing.T, e *rows.Engine) []rows.Change {
 	var out []rows.Change
 	if err := e.Store().Rows("jobs", "", func(row string, cells map[string]rows.Cell) bool {
 		c := cells["n"]
-		out = append(out, rows.Change{Table: "jobs", Row: row, Cells: map[string]rows.WireCell{"n": {Stamp: c.Stamp, Node: c.Node, Value: c.Value, Deleted: c.Deleted}}})
+		out = append(out, rows.Change{Table: "jobs", Row: row, Cells: rows.CellsOf(map[string]rows.WireCell{"n": {Stamp: c.Stamp, Node: c.Node, Value: c.Value, Deleted: c.Deleted}})})
 		return true
 	}); err != nil {
 		t.Fatal(err)
@@ -64,8 +64,8 @@ func TestASnapshotCannotWriteAsAnother(t *testing.T) {
 	from := tableStatus(t, a.e, "jobs").Offset
 	snap := allChanges(t, a.e)
 	now := rows.StampAt(time.Now())
-	snap[0].Cells["n"] = rows.WireCell{Stamp: now, Node: "alpha", Deleted: true}
-	snap[1].Cells["n"] = rows.WireCell{Stamp: now, Node: "alpha", Value: []byte("forged")}
+	snap[0].Cells = snap[0].Cells.With("n", rows.WireCell{Stamp: now, Node: "alpha", Deleted: true})
+	snap[1].Cells = snap[1].Cells.With("n", rows.WireCell{Stamp: now, Node: "alpha", Value: []byte("forged")})
 	s, _ := keyring(t, key).Sealer()
 	publishLog(t, urls["mallory"], "jobs", s.ID(), wire.BrokerUser("mallory", 1),
 		rows.SealedBatch(s, "jobs", "mallory", "forged-1", from, from, snap))

@@ -69,8 +69,8 @@ func publishLog(t *testing.T, amqpURL, table, keyID, userID string, body []byte)
 
 // change is a change of row's field n to value by node, stamped now (plus ahead).
 func change(table, row, node, value string, ahead time.Duration) rows.Change {
-	return rows.Change{Table: table, Row: row, Cells: map[string]rows.WireCell{
-		"n": {Stamp: rows.StampAt(time.Now().Add(ahead)), Node: node, Value: []byte(value)}}}
+	return rows.Change{Table: table, Row: row, Cells: rows.CellsOf(map[string]rows.WireCell{
+		"n": {Stamp: rows.StampAt(time.Now().Add(ahead)), Node: node, Value: []byte(value)}})}
 }
 
 func tableStatus(t *testing.T, e *rows.Engine, table string) rows.TableStatus {
@@ -132,7 +132,8 @@ func TestAnOutsiderCannotWriteAScopedTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	del := change("vault", "r1", "mallory", "", time.Second)
-	del.Cells["n"] = rows.WireCell{Stamp: del.Cells["n"].Stamp, Node: "mallory", Deleted: true}
+	was, _ := del.Cells.Get("n")
+	del.Cells = del.Cells.With("n", rows.WireCell{Stamp: was.Stamp, Node: "mallory", Deleted: true})
 	forged := []rows.Change{change("vault", "r0", "mallory", "forged", time.Second), del, change("vault", "new", "mallory", "forged", time.Second)}
 	publishLog(t, amqpURL, "vault", ms.ID(), "", rows.SealedBatch(ms, "vault", "mallory", "", 0, 0, forged))
 	publishLog(t, amqpURL, "vault", ms.ID(), "", rows.SealedBatch(ms, "vault", "mallory", "", 1<<20, 0, nil))
@@ -308,7 +309,7 @@ func TestAJoinerChecksTheSnapshot(t *testing.T) {
 	err = a.e.Store().Rows("jobs", "", func(row string, cells map[string]rows.Cell) bool {
 		if len(two) < 2 {
 			c := cells["n"]
-			two = append(two, rows.Change{Table: "jobs", Row: row, Cells: map[string]rows.WireCell{"n": {Stamp: c.Stamp, Node: c.Node, Value: c.Value}}})
+			two = append(two, rows.Change{Table: "jobs", Row: row, Cells: rows.CellsOf(map[string]rows.WireCell{"n": {Stamp: c.Stamp, Node: c.Node, Value: c.Value}})})
 		}
 		return true
 	})

@@ -182,9 +182,8 @@ func (e *Engine) verifyLog(ctx context.Context, conn *amqp.Connection, table str
 			}
 			for _, a := range res.applied {
 				lacked += a.Count()
-				e.m.applied.Add(float64(a.Count()))
-				e.notify(a)
 			}
+			e.notifyAll(res.applied)
 		}
 		if err := ch.Ack(msgs[len(msgs)-1].DeliveryTag, true); err != nil {
 			failed(err)

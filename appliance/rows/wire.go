@@ -104,7 +104,11 @@ func openBatch(ring *seal.Keyring, table, keyID string, body []byte) (*batch, er
 		if err := ValidRow(ch.Row); err != nil {
 			return nil, fmt.Errorf("%w: %v", errUnopened, err)
 		}
-		for f, c := range ch.Cells {
+		if !ch.Cells.inOrder() {
+			return nil, fmt.Errorf("%w: row %s: %v", errUnopened, ch.Row, errCellsOrder)
+		}
+		for _, c := range ch.Cells {
+			f := c.Field
 			if err := ValidField(f); err != nil {
 				return nil, fmt.Errorf("%w: %v", errUnopened, err)
 			}

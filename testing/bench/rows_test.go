@@ -379,10 +379,10 @@ func sealedWriteSize() int { return sealedBatchSize(1) }
 
 // sealedBatchSize is the size of a log message of n row writes, sealed.
 func sealedBatchSize(n int) int {
-	c := rows.Change{Table: rowsTable, Row: "w-0000000", Cells: map[string]rows.WireCell{
+	c := rows.Change{Table: rowsTable, Row: "w-0000000", Cells: rows.CellsOf(map[string]rows.WireCell{
 		"status":  {Stamp: 1 << 50, Node: "rows-w", Value: []byte("queued")},
 		"payload": {Stamp: 1 << 50, Node: "rows-w", Value: []byte(rowsValue)},
-	}}
+	})}
 	j, _ := json.Marshal(struct {
 		V       int           `json:"v"`
 		Kind    string        `json:"kind"`
