@@ -107,18 +107,39 @@ func valueLive(v []byte) bool {
 }
 
 // bCellsByField is the cells bucket of the layout before: row \x00
-// field -> the field's cell.
-var bCellsByField = []byte("cells")
+// field -> the field's cell; kOldOffset the reader's offset then.
+var (
+	bCellsByField = []byte("cells")
+	kOldOffset    = []byte("offset")
+)
 
 // migrateCells moves every table of the store from the layout of one
-// key a field to one key a row (in the transaction that opens it).
+// key a field to one key a row (in the transaction that opens it), and
+// its offset to kOffset. A store an older meshbox wrote to after this
+// one (a downgrade, then an upgrade again) holds both layouts: the older
+// one is what that meshbox read last, and replaces the other.
 func migrateCells(tx *bolt.Tx) error {
 	return tx.ForEach(func(name []byte, tb *bolt.Bucket) error {
+		if m := tb.Bucket(bMeta); m != nil {
+			if v := m.Get(kOldOffset); v != nil {
+				if err := m.Put(kOffset, bytes.Clone(v)); err != nil {
+					return err
+				}
+				if err := m.Delete(kOldOffset); err != nil {
+					return err
+				}
+			}
+		}
 		old := tb.Bucket(bCellsByField)
 		if old == nil {
 			return nil
 		}
-		cells, err := tb.CreateBucketIfNotExists(bCells)
+		if tb.Bucket(bCells) != nil {
+			if err := tb.DeleteBucket(bCells); err != nil {
+				return err
+			}
+		}
+		cells, err := tb.CreateBucket(bCells)
 		if err != nil {
 			return err
 		}

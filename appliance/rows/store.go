@@ -45,7 +45,11 @@ var (
 	bHistory = []byte("history")
 	bPending = []byte("pending")
 	bMeta    = []byte("meta")
-	kOffset  = []byte("offset")
+	// kOffset is named anew with the layout of one key a row (kOldOffset
+	// before): a store an older meshbox opens again (a downgrade) holds no
+	// offset it knows, so it reads the log again into the cells it knows,
+	// instead of taking their absence for an empty table it has read.
+	kOffset  = []byte("read_offset")
 	kRows    = []byte("rows")
 	kPending = []byte("pending")
 )
