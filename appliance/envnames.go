@@ -24,6 +24,7 @@ var CommandEnvVars = []string{
 	"MESHBOX_SERVER",             // the NATS URL of the node a client command talks to
 	"MESHBOX_CREDS",              // the credential file a client command presents
 	"MESHBOX_BROKER_ADMIN",       // the broker's management API with the admin credential (meshbox init, mesh)
+	"MESHBOX_KIT",                // the mesh's recovery kit file (meshbox mesh node add)
 	"MESHBOX_TEST_TAMPER_CHUNKS", // a test hook of meshbox blob get
 }
 

@@ -204,5 +204,7 @@ func (kk *Keeper) sync(ctx context.Context, b cache.Bindings) (changed bool, err
 			}
 		}
 	}
-	return changed, nil
+	// Where the keys are sealed for the nodes, they are for the kit too.
+	kit, err := kk.sealForKit(ctx, mine)
+	return changed || kit, err
 }

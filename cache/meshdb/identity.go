@@ -330,15 +330,26 @@ type JoinToken struct {
 	ID      string    `json:"id"`
 	Secret  string    `json:"secret"`
 	Expires time.Time `json:"-"`
+	// NodeKey is the node's private key (seal.NodeKey.MarshalText), in
+	// a token of a node whose keys were sealed for it with the recovery
+	// kit (`mesh node add --kit`): join writes it to the node's data
+	// directory. Such a token opens the mesh's keys: keep it as secret as
+	// the node itself.
+	NodeKey string `json:"-"`
 }
 
 // joinPrefix starts the one-line form of a join token.
 const joinPrefix = "meshbox-join-v1."
 
 // Encode returns the token as one line: meshbox-join-v1.<base64url of the
-// fields, separated by newlines: node, id, secret, database URL>.
+// fields, separated by newlines: node, id, secret, database URL, and the
+// node's key (base64url of its text) when it has one>.
 func (t JoinToken) Encode() string {
-	raw := strings.Join([]string{t.Node, t.ID, t.Secret, t.DB}, "\n")
+	f := []string{t.Node, t.ID, t.Secret, t.DB}
+	if t.NodeKey != "" {
+		f = append(f, base64.RawURLEncoding.EncodeToString([]byte(t.NodeKey)))
+	}
+	raw := strings.Join(f, "\n")
 	return joinPrefix + base64.RawURLEncoding.EncodeToString([]byte(raw))
 }
 
@@ -357,10 +368,17 @@ func ParseJoinToken(s string) (JoinToken, error) {
 		return JoinToken{}, fmt.Errorf("%w: not base64url", ErrTokenFormat)
 	}
 	f := strings.Split(string(raw), "\n")
-	if len(f) != 4 {
-		return JoinToken{}, fmt.Errorf("%w: want 4 fields, got %d", ErrTokenFormat, len(f))
+	if len(f) != 4 && len(f) != 5 {
+		return JoinToken{}, fmt.Errorf("%w: want 4 or 5 fields, got %d", ErrTokenFormat, len(f))
 	}
 	t := JoinToken{Node: f[0], ID: f[1], Secret: f[2], DB: f[3]}
+	if len(f) == 5 {
+		key, err := base64.RawURLEncoding.DecodeString(f[4])
+		if err != nil || len(key) == 0 {
+			return JoinToken{}, fmt.Errorf("%w: its node key is not base64url", ErrTokenFormat)
+		}
+		t.NodeKey = string(key)
+	}
 	if err := cache.ValidateNodeName(t.Node); err != nil {
 		return JoinToken{}, fmt.Errorf("%w: %v", ErrTokenFormat, err)
 	}

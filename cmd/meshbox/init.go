@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
 
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
@@ -27,6 +28,7 @@ func (c *InitCommand) flags(fs *flag.FlagSet) action {
 	ttl := fs.Duration("ttl", meshdb.DefaultJoinTTL, "how long the first node's join token stays valid")
 	public := fs.String("public-name", "", "the first node's public name (optional)")
 	force := fs.Bool("force", false, "overwrite an existing mesh with another first node or broker")
+	kitFile := fs.String("kit", "", "write the mesh's recovery kit to this file (mode 0600, never over an existing file) and print it as words to write down")
 	return func(ctx context.Context, args []string) error {
 		if len(args) > 0 {
 			return usagef("init: unexpected argument %q", args[0])
@@ -41,6 +43,11 @@ func (c *InitCommand) flags(fs *flag.FlagSet) action {
 		case *ttl <= 0:
 			return usagef("init: --ttl %s: must be more than 0", *ttl)
 		}
+		if *kitFile != "" {
+			if _, err := os.Lstat(*kitFile); err == nil {
+				return fmt.Errorf("init: --kit %s exists: a kit is never written over a file; give another (nothing was changed)", *kitFile)
+			}
+		}
 		db, err := meshdb.Open(ctx, *dbURL, meshdb.Options{})
 		if err != nil {
 			return err
@@ -52,6 +59,11 @@ func (c *InitCommand) flags(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
+		if *kitFile != "" {
+			if _, err := c.m.makeKit(ctx, db, *kitFile, false); err != nil {
+				return fmt.Errorf("init: %w", err)
+			}
+		}
 		if *admin != "" {
 			mc := &MeshCommand{m: c.m, dbURL: *dbURL}
 			_, identity, err := db.NodeHasIdentity(ctx, *node)
@@ -62,7 +74,7 @@ func (c *InitCommand) flags(fs *flag.FlagSet) action {
 				fmt.Fprintf(c.m.Stdout, "node %s has its own credential already; meshbox mesh node rejoin %s gives it a new join token\n", *node, *node)
 				return nil
 			}
-			return mc.addNode(ctx, db, cache.NodeRecord{Name: *node, PublicName: *public}, *admin, splitList(*stages), *ttl)
+			return mc.addNode(ctx, db, cache.NodeRecord{Name: *node, PublicName: *public}, *admin, splitList(*stages), *ttl, nil)
 		}
 		fmt.Fprintf(c.m.Stdout, "node %s is recorded without a credential of its own (no --broker-admin given).\n", *node)
 		fmt.Fprintf(c.m.Stdout, "next: give it one and a join token for its machine: meshbox mesh node add %s --db %s --broker-admin http://ADMIN:PASSWORD@BROKER:15672\n", *node, db.Addr())

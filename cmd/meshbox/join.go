@@ -5,10 +5,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/internal/seal"
 )
 
 // JoinCommand makes this machine a node of a mesh with a join token from
@@ -20,6 +24,7 @@ type JoinCommand struct{ m *Main }
 func (c *JoinCommand) flags(fs *flag.FlagSet) action {
 	envFile := fs.String("env-file", appliance.DefaultEnvFile(), "where to write the node's configuration (MESHBOX_* variables, mode 0600)")
 	force := fs.Bool("force", false, "replace an existing configuration file")
+	data := c.m.envFlag(fs, "data", "MESHBOX_DATA", "the node's data directory, for a token that carries the node's key (node add --kit; env MESHBOX_DATA, default "+appliance.DefaultDataDir()+")")
 	return func(ctx context.Context, pos []string) error {
 		if len(pos) != 1 {
 			fs.Usage()
@@ -35,6 +40,16 @@ func (c *JoinCommand) flags(fs *flag.FlagSet) action {
 		// Fail before the token is used up if the file cannot be written.
 		if err := appliance.CheckEnvFileWritable(*envFile, *force); err != nil {
 			return fmt.Errorf("join: %w", err)
+		}
+		keyFile := ""
+		if tok.NodeKey != "" {
+			dir := *data
+			if dir == "" {
+				dir = appliance.DefaultDataDir()
+			}
+			if keyFile, err = checkJoinNodeKey(dir, tok.NodeKey); err != nil {
+				return fmt.Errorf("join: %w", err)
+			}
 		}
 		db, err := meshdb.Open(ctx, tok.DB, meshdb.Options{})
 		if err != nil {
@@ -56,6 +71,12 @@ func (c *JoinCommand) flags(fs *flag.FlagSet) action {
 		if len(creds) == 0 {
 			return fmt.Errorf("join: node %q has no broker credential in the mesh database", node)
 		}
+		if keyFile != "" {
+			if err := writeJoinNodeKey(keyFile, tok.NodeKey); err != nil {
+				return fmt.Errorf("join: token used, but %w", err)
+			}
+			fmt.Fprintf(c.m.Stdout, "node %s's key, with which its keys were sealed by the recovery kit, written to %s (mode 0600)\n", node, keyFile)
+		}
 		header := fmt.Sprintf("meshbox node %s, written by meshbox join at %s.\n"+
 			"Keep it mode 0600: it holds the node's database password.\n"+
 			"The node reads where the broker is (broker.url) and its broker credential from the mesh database.",
@@ -75,4 +96,43 @@ func (c *JoinCommand) flags(fs *flag.FlagSet) action {
 		}
 		return nil
 	}
+}
+
+// checkJoinNodeKey checks that the node key text of a join token can be
+// written to dir's node.key before the token is used: dir has none, or
+// the same. It returns the file's path.
+func checkJoinNodeKey(dir, text string) (string, error) {
+	if _, err := seal.ParseNodeKey([]byte(text)); err != nil {
+		return "", fmt.Errorf("the token's node key: %w", err)
+	}
+	file := filepath.Join(dir, kitNodeKeyFile)
+	have, err := os.ReadFile(file)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return file, nil
+	case err != nil:
+		return "", err
+	case string(have) == text:
+		return file, nil
+	}
+	return "", fmt.Errorf("%s holds another node key: join into an empty data directory (--data) (nothing was changed)", file)
+}
+
+// writeJoinNodeKey writes the node key text to file, mode 0600.
+func writeJoinNodeKey(file, text string) error {
+	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return nil // the same key: checkJoinNodeKey
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(text); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

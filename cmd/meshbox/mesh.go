@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/internal/seal"
 )
 
 // MeshCommand administers the mesh database: nodes, assignments,
@@ -223,11 +224,23 @@ func (c *MeshCommand) leaves() []meshLeaf {
 			stages := fs.String("stages", "", "stages the node may consume, comma-separated (* = all; default none, see node set-stages)")
 			ttl := fs.Duration("ttl", meshdb.DefaultJoinTTL, "how long the join token stays valid")
 			recordOnly := fs.Bool("record-only", false, "only record the node: no broker user, database role or join token")
+			kitFile := c.m.envFlag(fs, "kit", "MESHBOX_KIT", "the mesh's recovery kit file: seal the mesh's keys for the node now, so that it opens them alone (env MESHBOX_KIT)")
 			return func(ctx context.Context, db *meshdb.DB, a []string) error {
 				if *ttl <= 0 {
 					return usagef("mesh node add: --ttl %s: must be more than 0", *ttl)
 				}
 				rec := cache.NodeRecord{Name: a[0], PublicName: *public, Identity: *identity}
+				var kit *seal.Kit
+				if *kitFile != "" {
+					if *recordOnly {
+						return usagef("mesh node add: --kit seals keys for a node with an identity; not with --record-only")
+					}
+					k, err := readKit(*kitFile)
+					if err != nil {
+						return err
+					}
+					kit = k
+				}
 				if *recordOnly {
 					ch, err := db.AddNode(ctx, rec)
 					if err != nil {
@@ -239,7 +252,7 @@ func (c *MeshCommand) leaves() []meshLeaf {
 				if *admin == "" {
 					return usagef("mesh node add: --broker-admin is required (or set MESHBOX_BROKER_ADMIN) to make the node's broker user; --record-only records the node without an identity")
 				}
-				return c.addNode(ctx, db, rec, *admin, splitList(*stages), *ttl)
+				return c.addNode(ctx, db, rec, *admin, splitList(*stages), *ttl, kit)
 			}
 		}},
 		{name: "node set", args: []string{"NAME"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {

@@ -16,6 +16,32 @@ import (
 func (c *MeshCommand) keyLeaves() []meshLeaf {
 	out := c.m.Stdout
 	return []meshLeaf{
+		{name: "kit", flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
+			file := fs.String("out", "", "write the recovery kit to this file (mode 0600, never over an existing file)")
+			words := fs.Bool("words", false, "print the kit only as words to write down (no file)")
+			replace := fs.Bool("replace", false, "replace the mesh's recovery kit: the old one opens no key made after it")
+			node := c.m.envFlag(fs, "node", "MESHBOX_NODE", "the node whose keys to seal for the kit (env MESHBOX_NODE)")
+			data := c.m.envFlag(fs, "data", "MESHBOX_DATA", "that node's data directory, which holds its key (env MESHBOX_DATA)")
+			return func(ctx context.Context, db *meshdb.DB, _ []string) error {
+				switch {
+				case *file == "" && !*words:
+					return usagef("mesh kit: give --out FILE, or --words to print the kit only as words")
+				case *file != "" && *words:
+					return usagef("mesh kit: give --out FILE or --words, not both")
+				case (*node == "") != (*data == ""):
+					return usagef("mesh kit: give both --node and --data (the node's data directory), or neither")
+				}
+				kit, err := c.m.makeKit(ctx, db, *file, *replace)
+				if err != nil {
+					return err
+				}
+				if *node == "" {
+					fmt.Fprintln(out, "nodes that hold the keys seal them for the kit when they next run")
+					return nil
+				}
+				return c.m.sealNodeKeysForKit(ctx, db, kit, *node, *data)
+			}
+		}},
 		{name: "key rotate", flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
 			retention := fs.Duration("retention", meshdb.DefaultKeyRetention, "how long the keys it replaces still open messages")
 			return func(ctx context.Context, db *meshdb.DB, _ []string) error {

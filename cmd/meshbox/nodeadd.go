@@ -11,6 +11,7 @@ import (
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/internal/wire"
 )
 
@@ -19,8 +20,10 @@ import (
 // empty), through the management API, then, in one database transaction, its
 // record, database role, broker credential row and join token, which it
 // prints on one line. If the database step fails the broker user is
-// deleted again.
-func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.NodeRecord, adminURL string, stages []string, ttl time.Duration) error {
+// deleted again. With kit (the mesh's recovery kit), it seals the mesh's
+// keys for the node (kitKeysForNode), whose key pair then travels in its
+// join token; without, the node waits for a node that holds them.
+func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.NodeRecord, adminURL string, stages []string, ttl time.Duration, kit *seal.Kit) error {
 	out := c.m.Stdout
 	if err := cache.ValidateNodeName(rec.Name); err != nil {
 		return fmt.Errorf("add node: %w", err)
@@ -37,6 +40,13 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 	}
 	if exists {
 		fmt.Fprintf(out, "node %s: recorded without a credential of its own; giving it one\n", rec.Name)
+	}
+	var nodeKey *seal.NodeKey
+	var copies []meshdb.SealedCopy
+	if kit != nil {
+		if nodeKey, copies, err = kitKeysForNode(ctx, db, kit, rec.Name); err != nil {
+			return fmt.Errorf("add node: %w", err)
+		}
 	}
 	brokerURL, err := db.Setting(ctx, meshdb.SettingBrokerURL)
 	if err != nil {
@@ -73,6 +83,24 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 		return fmt.Errorf("add node: %w", err)
 	}
 	fmt.Fprintf(out, "node %s: database role %s created, node recorded (mesh revision %d)\n", rec.Name, added.Role, added.Revision)
+	if kit != nil {
+		if _, err := db.SealForNewNode(ctx, rec.Name, nodeKey.Public(), copies); err != nil {
+			return fmt.Errorf("add node: the node is recorded, but its keys are not sealed: %w (meshbox mesh node remove %s --force, then add it again)", err, rec.Name)
+		}
+		text, err := nodeKey.MarshalText()
+		if err != nil {
+			return fmt.Errorf("add node: %w", err)
+		}
+		added.Token.NodeKey = string(text)
+		ids := make([]string, len(copies))
+		for i, k := range copies {
+			ids[i] = k.ID
+		}
+		fmt.Fprintf(out, "node %s: content keys opened with the recovery kit and sealed for it: %s; it opens them from its first start (its key pair is in the join token: keep the token secret)\n",
+			rec.Name, listOrNone(ids))
+	} else {
+		fmt.Fprintf(out, "node %s: waits for a node that holds the mesh's keys to seal them for it (or add it with --kit)\n", rec.Name)
+	}
 	fmt.Fprintf(out, "join token for node %s (one use, expires %s); on the new machine run: meshbox join TOKEN\n",
 		rec.Name, added.Token.Expires.UTC().Format(time.RFC3339))
 	fmt.Fprintln(out, added.Token.Encode())
