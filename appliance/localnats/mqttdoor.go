@@ -1,0 +1,481 @@
+package localnats
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/meshbox/meshbox/appliance/programs"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The MQTT door: the node's MQTT listener (nats_mqtt) is its own, in
+// front of the server's, which listens on loopback only. The server keys
+// an MQTT session by its client ID alone and bounds nothing per user, so
+// the door reads what a device sends and holds each program's devices to
+// its limits (programs.MQTTLimits, kept in mqttBounds) before the server
+// acts:
+//
+//   - CONNECT: it checks the device's password (the program's bcrypt
+//     hash), then the client ID: one another program holds is refused
+//     (identifier rejected), and so is a new one past the program's
+//     sessions; the CONNECT it passes on carries the program's door
+//     password, which only the door knows, so that no client reaches the
+//     server's listener as a program around the door.
+//   - PUBLISH: a retain past the program's retained messages is passed
+//     on without its retain flag (subscribers get it, the store does not
+//     keep it); a QoS 2 publish past the program's unreleased ones closes
+//     the connection, unstored.
+//   - PUBREL releases a QoS 2 publish.
+//
+// What the server sends goes back as it comes. Each refusal is counted
+// under the program and its cause (MQTTRefusals) and logged once.
+
+// mqttDoorTimeout bounds the wait for a device's CONNECT, and the door's
+// own exchanges with the server.
+const mqttDoorTimeout = 10 * time.Second
+
+// doorPasswordLen is the length of a program's door password (random
+// bytes, hex).
+const doorPasswordLen = 24
+
+// mqttDoor is the node's MQTT listener. It owns a goroutine that accepts
+// and two per connection; all exit when close is called, which returns
+// once they have.
+type mqttDoor struct {
+	ln     net.Listener
+	inner  string // the server's MQTT listener, host:port on loopback
+	auth   *localAuth
+	bounds *mqttBounds
+	log    *slog.Logger
+	anonID atomic.Uint64
+
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns map[*doorConn]struct{}
+	done  bool
+	sub   *nats.Subscription
+}
+
+// doorConn is one device's connection through the door.
+type doorConn struct {
+	dev, srv net.Conn
+	once     sync.Once
+}
+
+func (c *doorConn) close() {
+	c.once.Do(func() {
+		c.dev.Close()
+		if c.srv != nil {
+			c.srv.Close()
+		}
+	})
+}
+
+// newMQTTDoor takes devices on ln (TLS when tc is set) and passes them to
+// the server's listener inner.
+func newMQTTDoor(ln net.Listener, tc *tls.Config, inner string, auth *localAuth, bounds *mqttBounds, log *slog.Logger) *mqttDoor {
+	if tc != nil {
+		ln = tls.NewListener(ln, tc)
+	}
+	return &mqttDoor{ln: ln, inner: inner, auth: auth, bounds: bounds, log: log, conns: map[*doorConn]struct{}{}}
+}
+
+// start accepts devices until close.
+func (d *mqttDoor) start() {
+	d.wg.Add(1)
+	go func() { // the accept loop: exits when close closes the listener
+		defer d.wg.Done()
+		for {
+			c, err := d.ln.Accept()
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) {
+					return
+				}
+				time.Sleep(10 * time.Millisecond) // too many open files and the like
+				continue
+			}
+			dc := &doorConn{dev: c}
+			if !d.track(dc) {
+				c.Close()
+				return
+			}
+			d.wg.Add(1)
+			go func() { // one device: exits when either side closes
+				defer d.wg.Done()
+				defer d.untrack(dc)
+				d.serve(dc)
+			}()
+		}
+	}()
+}
+
+func (d *mqttDoor) track(c *doorConn) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.done {
+		return false
+	}
+	d.conns[c] = struct{}{}
+	return true
+}
+
+func (d *mqttDoor) untrack(c *doorConn) {
+	c.close()
+	d.mu.Lock()
+	delete(d.conns, c)
+	d.mu.Unlock()
+}
+
+// close stops accepting, closes every connection and waits for the
+// door's goroutines.
+func (d *mqttDoor) close() {
+	d.mu.Lock()
+	d.done = true
+	for c := range d.conns {
+		c.close()
+	}
+	sub := d.sub
+	d.mu.Unlock()
+	if sub != nil {
+		_ = sub.Unsubscribe()
+	}
+	d.ln.Close()
+	d.wg.Wait()
+}
+
+// serve passes one device's connection through the door.
+func (d *mqttDoor) serve(c *doorConn) {
+	_ = c.dev.SetReadDeadline(time.Now().Add(mqttDoorTimeout))
+	br := bufio.NewReaderSize(c.dev, 32<<10)
+	var buf []byte
+	p, err := readMQTTPacket(br, &buf)
+	if err != nil || p.kind() != mqttConnect {
+		return
+	}
+	cp, err := parseMQTTConnect(p.body)
+	if err != nil {
+		return
+	}
+	if cp.level != 4 {
+		_, _ = c.dev.Write(connAck(0x01)) // unacceptable protocol version: MQTT 3.1.1 only
+		return
+	}
+	program := Anonymous
+	if cp.hasUser() {
+		prog, ok := d.auth.mqttProgram(cp.username)
+		if !ok || !programs.MQTTPasswordMatches(prog.hash, cp.password) {
+			_, _ = c.dev.Write(connAck(mqttNotAuthorized))
+			return
+		}
+		program, cp.password = cp.username, prog.doorPassword
+		cp.flags |= mqttConnFlagPassword
+	}
+	lim := d.auth.mqttLimits(program)
+	id := cp.clientID
+	if id == "" {
+		id = anonymousID(d.anonID.Add(1)) // the server makes one up; a clean session
+	}
+	if cause := d.bounds.claim(program, id, !cp.clean(), c, lim, d.auth.knownProgram); cause != "" {
+		d.bounds.refuse(program, cause, "client ID "+cp.clientID)
+		rc := byte(mqttIDRejected)
+		if cause == RefusedSessions {
+			rc = mqttUnavailable
+		}
+		_, _ = c.dev.Write(connAck(rc))
+		return
+	}
+	defer d.bounds.release(id, c)
+	srv, err := net.DialTimeout("tcp", d.inner, mqttDoorTimeout)
+	if err != nil {
+		d.log.Warn("MQTT device not passed to the server", "err", err)
+		_, _ = c.dev.Write(connAck(mqttUnavailable))
+		return
+	}
+	d.mu.Lock()
+	c.srv = srv
+	closed := d.done
+	d.mu.Unlock()
+	if closed {
+		return
+	}
+	if _, err := srv.Write(appendMQTTPacket(nil, cp.encode())); err != nil {
+		return
+	}
+	sr := bufio.NewReaderSize(srv, 32<<10)
+	_ = srv.SetReadDeadline(time.Now().Add(mqttDoorTimeout))
+	var sbuf []byte
+	ack, err := readMQTTPacket(sr, &sbuf)
+	if err != nil || ack.kind() != mqttConnAck {
+		return
+	}
+	if _, err := c.dev.Write(appendMQTTPacket(nil, ack)); err != nil || len(ack.body) < 2 || ack.body[1] != mqttAccepted {
+		return
+	}
+	_ = srv.SetReadDeadline(time.Time{})
+	_ = c.dev.SetReadDeadline(time.Time{})
+	back := make(chan struct{})
+	go func() { // the server's side to the device: exits when either side closes
+		defer close(back)
+		_, _ = io.Copy(c.dev, sr)
+		c.close()
+	}()
+	d.forward(c, br, program, id, lim)
+	c.close()
+	<-back
+}
+
+// forward passes the device's packets to the server, held to program's
+// limits lim, until either side closes or the device goes past its
+// inflight limit.
+func (d *mqttDoor) forward(c *doorConn, br *bufio.Reader, program, id string, lim programs.MQTTLimits) {
+	w := bufio.NewWriterSize(c.srv, 32<<10)
+	var buf, out []byte
+	for {
+		p, err := readMQTTPacket(br, &buf)
+		if err != nil {
+			return
+		}
+		switch p.kind() {
+		case mqttPublish:
+			pub, err := parseMQTTPublish(p)
+			if err != nil {
+				break // the server answers it
+			}
+			if pub.retain {
+				if cause := d.bounds.retain(program, pub.topic, int64(pub.payload), lim); cause != "" {
+					d.bounds.refuse(program, cause, "retained topic "+pub.topic)
+					p.first &^= mqttPublishRetainFlag
+				}
+			}
+			if pub.qos == 2 && !d.bounds.holdQoS2(id, pub.id, lim) {
+				d.bounds.refuse(program, RefusedInflight, "client ID "+id)
+				_ = w.Flush()
+				return
+			}
+		case mqttPubRel:
+			if pi, ok := p.packetID(); ok {
+				d.bounds.releaseQoS2(id, pi)
+			}
+		}
+		out = appendMQTTPacket(out[:0], p)
+		if _, err := w.Write(out); err != nil {
+			return
+		}
+		if br.Buffered() == 0 {
+			if err := w.Flush(); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// exchange signs in on the server's listener as program with client ID
+// id (a clean session), runs f on the connection, and disconnects.
+func (d *mqttDoor) exchange(program, id string, f func(w io.Writer, r *bufio.Reader) error) error {
+	cp := mqttConnectPacket{protocol: "MQTT", level: 4, flags: mqttConnFlagClean, keepAlive: 30, clientID: id}
+	if program != Anonymous {
+		prog, ok := d.auth.mqttProgram(program)
+		if !ok {
+			return fmt.Errorf("%w: %s is no MQTT program", ErrMQTTProgram, program)
+		}
+		cp.flags |= mqttConnFlagUsername | mqttConnFlagPassword
+		cp.username, cp.password = program, prog.doorPassword
+	}
+	srv, err := net.DialTimeout("tcp", d.inner, mqttDoorTimeout)
+	if err != nil {
+		return fmt.Errorf("mqtt: %w", err)
+	}
+	defer srv.Close()
+	_ = srv.SetDeadline(time.Now().Add(mqttDoorTimeout))
+	if _, err := srv.Write(appendMQTTPacket(nil, cp.encode())); err != nil {
+		return fmt.Errorf("mqtt: %w", err)
+	}
+	r := bufio.NewReader(srv)
+	var buf []byte
+	ack, err := readMQTTPacket(r, &buf)
+	if err != nil || ack.kind() != mqttConnAck || len(ack.body) < 2 || ack.body[1] != mqttAccepted {
+		return fmt.Errorf("mqtt: the server did not take the node's connection as %s (%v)", program, err)
+	}
+	if err := f(srv, r); err != nil {
+		return err
+	}
+	_, err = srv.Write([]byte{mqttDisconnect << 4, 0})
+	return err
+}
+
+// ErrMQTTProgram: a program the MQTT door does not know.
+var ErrMQTTProgram = errors.New("no such MQTT program")
+
+// clearRetained clears the retained messages program's devices keep,
+// as one of its devices would (an empty retained publish on each topic):
+// on every node, where the mesh carries them.
+func (d *mqttDoor) clearRetained(program string) (int, error) {
+	st := d.bounds.state(program, d.auth.mqttLimits(program))
+	if len(st.Retained) == 0 {
+		return 0, nil
+	}
+	n := 0
+	err := d.exchange(program, "meshbox-clear-"+rand.Text(), func(w io.Writer, r *bufio.Reader) error {
+		var buf []byte
+		for i, t := range st.Retained {
+			id := uint16(i%65535 + 1)
+			if _, err := w.Write(appendMQTTPacket(nil, publishPacket(t.Topic, nil, id, true))); err != nil {
+				return fmt.Errorf("mqtt: %w", err)
+			}
+			for {
+				p, err := readMQTTPacket(r, &buf)
+				if err != nil {
+					return fmt.Errorf("mqtt: clear %s: %w", t.Topic, err)
+				}
+				if pi, _ := p.packetID(); p.kind() == mqttPubAck && pi == id {
+					break
+				}
+			}
+			d.bounds.retain(program, t.Topic, 0, st.Limits)
+			n++
+		}
+		return nil
+	})
+	return n, err
+}
+
+// clearSessions ends program's sessions: it disconnects their devices and
+// has the server drop what it keeps of each (a clean session's CONNECT
+// with its client ID).
+func (d *mqttDoor) clearSessions(program string) (int, error) {
+	st := d.bounds.state(program, d.auth.mqttLimits(program))
+	n := 0
+	for _, s := range st.Sessions {
+		d.bounds.disconnect(program, s.ClientID)
+		if err := d.exchange(program, s.ClientID, func(io.Writer, *bufio.Reader) error { return nil }); err != nil {
+			return n, err
+		}
+		d.bounds.forget(program, s.ClientID)
+		n++
+	}
+	return n, nil
+}
+
+// hearRetained keeps the door's charges of retained messages to what the
+// server's store holds: it reads the store's stream once, then hears
+// each message the server stores (nc: the node's own connection).
+func (d *mqttDoor) hearRetained(ctx context.Context, nc *nats.Conn) error {
+	note := func(subject string, h nats.Header, data []byte) {
+		r, err := DecodeRetained(subject, h, data)
+		if err != nil {
+			return
+		}
+		topic := h.Get(retainedHdrTopic)
+		if topic == "" {
+			return
+		}
+		d.bounds.heardRetained(topic, r.Source, int64(len(r.Payload)), r.Origin == MeshOrigin)
+	}
+	sub, err := nc.Subscribe(RetainedSubjectPrefix+">", func(m *nats.Msg) { note(m.Subject, m.Header, m.Data) })
+	if err != nil {
+		return fmt.Errorf("hear retained messages: %w", err)
+	}
+	d.mu.Lock()
+	d.sub = sub
+	d.mu.Unlock()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("hear retained messages: %w", err)
+	}
+	st, err := js.Stream(ctx, RetainedStream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read retained messages: %w", err)
+	}
+	if st.CachedInfo().State.Msgs == 0 {
+		return nil
+	}
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return fmt.Errorf("read retained messages: %w", err)
+	}
+	for {
+		msgs, err := cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return fmt.Errorf("read retained messages: %w", err)
+		}
+		got, pending := 0, uint64(0)
+		for m := range msgs.Messages() {
+			got++
+			note(m.Subject(), m.Headers(), m.Data())
+			if md, err := m.Metadata(); err == nil {
+				pending = md.NumPending
+			}
+		}
+		if got == 0 || pending == 0 {
+			return msgs.Error()
+		}
+	}
+}
+
+// newDoorPassword makes a program's door password.
+func newDoorPassword() string {
+	b := make([]byte, doorPasswordLen)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return fmt.Sprintf("%x", b)
+}
+
+// MQTTProgram is what program's MQTT devices keep in the store
+// (localnats.Anonymous: clients without a credential), and how often the
+// door refused them.
+func (n *Server) MQTTProgram(program string) (MQTTProgramState, error) {
+	if n.door == nil {
+		return MQTTProgramState{}, ErrNoMQTT
+	}
+	if !n.auth.knownProgram(program) {
+		return MQTTProgramState{}, fmt.Errorf("%w: %s", ErrMQTTProgram, program)
+	}
+	return n.door.bounds.state(program, n.auth.mqttLimits(program)), nil
+}
+
+// ClearMQTT clears program's retained messages (as its devices would, on
+// every node the mesh carries them to) and ends its sessions (devices
+// disconnected, what the server keeps of them dropped), as asked; it
+// returns how many of each it cleared.
+func (n *Server) ClearMQTT(program string, retained, sessions bool) (nRetained, nSessions int, err error) {
+	if n.door == nil {
+		return 0, 0, ErrNoMQTT
+	}
+	if !n.auth.knownProgram(program) {
+		return 0, 0, fmt.Errorf("%w: %s", ErrMQTTProgram, program)
+	}
+	if retained {
+		if nRetained, err = n.door.clearRetained(program); err != nil {
+			return nRetained, 0, err
+		}
+	}
+	if sessions {
+		nSessions, err = n.door.clearSessions(program)
+	}
+	return nRetained, nSessions, err
+}
+
+// MQTTRefusals counts the door's refusals by program and cause (nil
+// without an MQTT listener).
+func (n *Server) MQTTRefusals() map[string]map[string]uint64 {
+	if n.door == nil {
+		return nil
+	}
+	return n.door.bounds.refusals()
+}
+
+// ErrNoMQTT: the node has no MQTT listener.
+var ErrNoMQTT = errors.New("this node has no MQTT listener (nats_mqtt)")
