@@ -269,7 +269,7 @@ func (b *mqttBounds) heardRetained(topic, program string, size int64, mesh bool)
 // MQTTProgramState is what one program's devices keep in the node's MQTT
 // store, and how often the door refused them.
 type MQTTProgramState struct {
-	Program  string             `json:"program"`
+	Program  string              `json:"program"`
 	Limits   programs.MQTTLimits `json:"limits"`
 	Retained []MQTTRetainedTopic `json:"retained"`
 	// RetainedBytes is the payload of its retained messages, together.
