@@ -97,7 +97,7 @@ func streamMsgs(t *testing.T, p *meshtest.Process, stream string) uint64 {
 func pahoClient(t *testing.T, p *meshtest.Process, name, id string) mqtt.Client {
 	t.Helper()
 	c := mqttOf(t, p, name)
-	o := mqtt.NewClientOptions().AddBroker("tcp://"+net.JoinHostPort(c.host, c.port)).SetClientID(id).
+	o := mqtt.NewClientOptions().AddBroker("tcp://" + net.JoinHostPort(c.host, c.port)).SetClientID(id).
 		SetUsername(c.user).SetPassword(c.password).SetAutoReconnect(false).SetProtocolVersion(4)
 	cl := mqtt.NewClient(o)
 	if tok := cl.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
