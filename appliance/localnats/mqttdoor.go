@@ -67,19 +67,42 @@ type mqttDoor struct {
 	sub   *nats.Subscription
 }
 
-// doorConn is one device's connection through the door.
+// doorConn is one device's connection through the door: dev the
+// device's, srv the door's to the server once dialled. mu guards srv and
+// closed.
 type doorConn struct {
-	dev, srv net.Conn
-	once     sync.Once
+	dev    net.Conn
+	mu     sync.Mutex
+	srv    net.Conn
+	closed bool
 }
 
+// close closes both sides; it may be called more than once, from any
+// goroutine.
 func (c *doorConn) close() {
-	c.once.Do(func() {
-		c.dev.Close()
-		if c.srv != nil {
-			c.srv.Close()
-		}
-	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.closed = true
+	c.dev.Close()
+	if c.srv != nil {
+		c.srv.Close()
+	}
+}
+
+// setServer gives c its connection to the server, or closes srv and
+// reports false when c was closed meanwhile.
+func (c *doorConn) setServer(srv net.Conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		srv.Close()
+		return false
+	}
+	c.srv = srv
+	return true
 }
 
 // newMQTTDoor takes devices on ln (TLS when tc is set) and passes them to
@@ -202,11 +225,7 @@ func (d *mqttDoor) serve(c *doorConn) {
 		_, _ = c.dev.Write(connAck(mqttUnavailable))
 		return
 	}
-	d.mu.Lock()
-	c.srv = srv
-	closed := d.done
-	d.mu.Unlock()
-	if closed {
+	if !c.setServer(srv) {
 		return
 	}
 	if _, err := srv.Write(appendMQTTPacket(nil, cp.encode())); err != nil {
