@@ -15,12 +15,15 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/programs"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // The MQTT door: the node's MQTT listener (nats_mqtt) is its own, in
-// front of the server's, which listens on loopback only. The server keys
+// front of the server's, which listens on loopback only (and takes the
+// door's own exchanges, and devices when the door cannot hand them over
+// in this process: mqttpass.go). The server keys
 // an MQTT session by its client ID alone and bounds nothing per user, so
 // the door reads what a device sends and holds each program's devices to
 // its limits (programs.MQTTLimits, kept in mqttBounds) before the server
@@ -38,8 +41,10 @@ import (
 //     the connection, unstored.
 //   - PUBREL releases a QoS 2 publish.
 //
-// What the server sends goes back as it comes. Each refusal is counted
-// under the program and its cause (MQTTRefusals) and logged once.
+// The door reads these as the server reads the device (doorReader),
+// before the server sees them; what the server sends goes to the device
+// as it comes. Each refusal is counted under the program and its cause
+// (MQTTRefusals) and logged once.
 
 // mqttDoorTimeout bounds the wait for a device's CONNECT, and the door's
 // own exchanges with the server.
@@ -49,12 +54,22 @@ const mqttDoorTimeout = 10 * time.Second
 // bytes, hex).
 const doorPasswordLen = 24
 
+// doorReadBuffer is the size of the door's read buffer of a device: a
+// packet's header the door reads (a PUBLISH's topic) fits in it, or is
+// read apart.
+const doorReadBuffer = 16 << 10
+
 // mqttDoor is the node's MQTT listener. It owns a goroutine that accepts
-// and two per connection; all exit when close is called, which returns
-// once they have.
+// and one per connection until the server has it (in this process: the
+// server's own goroutines read and write it from then on; over TCP: two
+// per connection while it lasts); close closes every connection and
+// returns once the door's goroutines have exited.
 type mqttDoor struct {
-	ln     net.Listener
-	inner  string // the server's MQTT listener, host:port on loopback
+	ln    net.Listener
+	inner string // the server's MQTT listener, host:port on loopback
+	// srv takes devices in this process (mqttpass.go); nil: the door
+	// passes them to inner.
+	srv    *server.Server
 	auth   *localAuth
 	bounds *mqttBounds
 	log    *slog.Logger
@@ -68,8 +83,8 @@ type mqttDoor struct {
 }
 
 // doorConn is one device's connection through the door: dev the
-// device's, srv the door's to the server once dialled. mu guards srv and
-// closed.
+// device's, srv the door's to the server once dialled (over TCP only).
+// mu guards srv and closed.
 type doorConn struct {
 	dev    net.Conn
 	mu     sync.Mutex
@@ -106,12 +121,12 @@ func (c *doorConn) setServer(srv net.Conn) bool {
 }
 
 // newMQTTDoor takes devices on ln (TLS when tc is set) and passes them to
-// the server's listener inner.
-func newMQTTDoor(ln net.Listener, tc *tls.Config, inner string, auth *localAuth, bounds *mqttBounds, log *slog.Logger) *mqttDoor {
+// server srv in this process, or to its listener inner when srv is nil.
+func newMQTTDoor(ln net.Listener, tc *tls.Config, srv *server.Server, inner string, auth *localAuth, bounds *mqttBounds, log *slog.Logger) *mqttDoor {
 	if tc != nil {
 		ln = tls.NewListener(ln, tc)
 	}
-	return &mqttDoor{ln: ln, inner: inner, auth: auth, bounds: bounds, log: log, conns: map[*doorConn]struct{}{}}
+	return &mqttDoor{ln: ln, srv: srv, inner: inner, auth: auth, bounds: bounds, log: log, conns: map[*doorConn]struct{}{}}
 }
 
 // start accepts devices until close.
@@ -134,10 +149,11 @@ func (d *mqttDoor) start() {
 				return
 			}
 			d.wg.Add(1)
-			go func() { // one device: exits when either side closes
+			go func() { // one device: exits once the server has it, or when either side closes
 				defer d.wg.Done()
-				defer d.untrack(dc)
-				d.serve(dc)
+				if !d.serve(dc) {
+					d.untrack(dc)
+				}
 			}()
 		}
 	}()
@@ -177,29 +193,31 @@ func (d *mqttDoor) close() {
 	d.wg.Wait()
 }
 
-// serve passes one device's connection through the door.
-func (d *mqttDoor) serve(c *doorConn) {
+// serve takes one device's CONNECT and, when the door lets it in,
+// passes the device to the server. It reports whether the server took
+// the connection over: then the server's close of it untracks it.
+func (d *mqttDoor) serve(c *doorConn) bool {
 	_ = c.dev.SetReadDeadline(time.Now().Add(mqttDoorTimeout))
-	br := bufio.NewReaderSize(c.dev, 32<<10)
+	br := bufio.NewReaderSize(c.dev, doorReadBuffer)
 	var buf []byte
 	p, err := readMQTTPacket(br, &buf)
 	if err != nil || p.kind() != mqttConnect {
-		return
+		return false
 	}
 	cp, err := parseMQTTConnect(p.body)
 	if err != nil {
-		return
+		return false
 	}
 	if cp.level != 4 {
 		_, _ = c.dev.Write(connAck(0x01)) // unacceptable protocol version: MQTT 3.1.1 only
-		return
+		return false
 	}
 	program := Anonymous
 	if cp.hasUser() {
 		prog, ok := d.auth.mqttProgram(cp.username)
 		if !ok || !programs.MQTTPasswordMatches(prog.hash, cp.password) {
 			_, _ = c.dev.Write(connAck(mqttNotAuthorized))
-			return
+			return false
 		}
 		program, cp.password = cp.username, prog.doorPassword
 		cp.flags |= mqttConnFlagPassword
@@ -216,87 +234,20 @@ func (d *mqttDoor) serve(c *doorConn) {
 			rc = mqttUnavailable
 		}
 		_, _ = c.dev.Write(connAck(rc))
-		return
+		return false
+	}
+	_ = c.dev.SetReadDeadline(time.Time{})
+	r := &doorReader{d: d, br: br, program: program, id: id, lim: lim, pre: appendMQTTPacket(nil, cp.encode())}
+	if d.srv != nil {
+		d.passInProcess(c, r, func() {
+			d.bounds.release(id, c)
+			d.untrack(c)
+		})
+		return true
 	}
 	defer d.bounds.release(id, c)
-	srv, err := net.DialTimeout("tcp", d.inner, mqttDoorTimeout)
-	if err != nil {
-		d.log.Warn("MQTT device not passed to the server", "err", err)
-		_, _ = c.dev.Write(connAck(mqttUnavailable))
-		return
-	}
-	if !c.setServer(srv) {
-		return
-	}
-	if _, err := srv.Write(appendMQTTPacket(nil, cp.encode())); err != nil {
-		return
-	}
-	sr := bufio.NewReaderSize(srv, 32<<10)
-	_ = srv.SetReadDeadline(time.Now().Add(mqttDoorTimeout))
-	var sbuf []byte
-	ack, err := readMQTTPacket(sr, &sbuf)
-	if err != nil || ack.kind() != mqttConnAck {
-		return
-	}
-	if _, err := c.dev.Write(appendMQTTPacket(nil, ack)); err != nil || len(ack.body) < 2 || ack.body[1] != mqttAccepted {
-		return
-	}
-	_ = srv.SetReadDeadline(time.Time{})
-	_ = c.dev.SetReadDeadline(time.Time{})
-	back := make(chan struct{})
-	go func() { // the server's side to the device: exits when either side closes
-		defer close(back)
-		_, _ = io.Copy(c.dev, sr)
-		c.close()
-	}()
-	d.forward(c, br, program, id, lim)
-	c.close()
-	<-back
-}
-
-// forward passes the device's packets to the server, held to program's
-// limits lim, until either side closes or the device goes past its
-// inflight limit.
-func (d *mqttDoor) forward(c *doorConn, br *bufio.Reader, program, id string, lim programs.MQTTLimits) {
-	w := bufio.NewWriterSize(c.srv, 32<<10)
-	var buf, out []byte
-	for {
-		p, err := readMQTTPacket(br, &buf)
-		if err != nil {
-			return
-		}
-		switch p.kind() {
-		case mqttPublish:
-			pub, err := parseMQTTPublish(p)
-			if err != nil {
-				break // the server answers it
-			}
-			if pub.retain {
-				if cause := d.bounds.retain(program, pub.topic, int64(pub.payload), lim); cause != "" {
-					d.bounds.refuse(program, cause, "retained topic "+pub.topic)
-					p.first &^= mqttPublishRetainFlag
-				}
-			}
-			if pub.qos == 2 && !d.bounds.holdQoS2(id, pub.id, lim) {
-				d.bounds.refuse(program, RefusedInflight, "client ID "+id)
-				_ = w.Flush()
-				return
-			}
-		case mqttPubRel:
-			if pi, ok := p.packetID(); ok {
-				d.bounds.releaseQoS2(id, pi)
-			}
-		}
-		out = appendMQTTPacket(out[:0], p)
-		if _, err := w.Write(out); err != nil {
-			return
-		}
-		if br.Buffered() == 0 {
-			if err := w.Flush(); err != nil {
-				return
-			}
-		}
-	}
+	d.passTCP(c, r)
+	return false
 }
 
 // exchange signs in on the server's listener as program with client ID

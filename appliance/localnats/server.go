@@ -207,7 +207,11 @@ func startNATS(addr, node, jsDir string, blobMaxBytes int64, auth *localAuth, lo
 // openDoor starts the MQTT door of listener mq.
 func (n *Server) openDoor(mq *mqttListener, logger *slog.Logger) error {
 	log := logger.With("part", "mqtt door")
-	n.door = newMQTTDoor(mq.ln, mq.tc, mq.inner, n.auth, newMQTTBounds(mq.dataDir, log), log)
+	var srv *server.Server
+	if inProcessMQTT() {
+		srv = n.srv
+	}
+	n.door = newMQTTDoor(mq.ln, mq.tc, srv, mq.inner, n.auth, newMQTTBounds(mq.dataDir, log), log)
 	nc, err := n.Connect("meshbox-mqtt-door")
 	if err != nil {
 		mq.ln.Close()
