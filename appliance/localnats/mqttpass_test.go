@@ -3,11 +3,21 @@ package localnats
 import (
 	"bufio"
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/binary"
+	"encoding/pem"
 	"errors"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -145,6 +155,58 @@ func TestMQTTDoorPasses(t *testing.T) {
 	}
 }
 
+// A device with TLS (mqtts://) through the door: the server writes to it
+// through the door's TLS.
+func TestMQTTDoorTLS(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	writeTestCert(t, cert, key)
+	n, err := Start(Options{Addr: "127.0.0.1:0", Node: "alpha", DataDir: dir, Anonymous: true,
+		MQTT: &MQTTOptions{Addr: "127.0.0.1:0", Cert: cert, Key: key}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Close)
+	addr := n.door.ln.Addr().String()
+	round, disconnect := doorRoundOn(t, func() (net.Conn, error) {
+		return tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) // the test's own certificate
+	})
+	defer disconnect()
+	for range 10 {
+		if err := round(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// writeTestCert writes a self-signed certificate for 127.0.0.1 and its
+// key, PEM.
+func writeTestCert(t *testing.T, certFile, keyFile string) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "alpha"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kd, err := x509.MarshalPKCS8PrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kd}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // BenchmarkMQTTDoor is a device's QoS 0 message to another device,
 // through the door and on the server's own listener (inner).
 func BenchmarkMQTTDoor(b *testing.B) {
@@ -178,6 +240,12 @@ var doorRounds int
 // the other, and their disconnection (at the latest when tb ends).
 func doorRound(tb testing.TB, addr string) (round func() error, disconnect func()) {
 	tb.Helper()
+	return doorRoundOn(tb, func() (net.Conn, error) { return net.Dial("tcp", addr) })
+}
+
+// doorRoundOn is doorRound on the connections dial opens.
+func doorRoundOn(tb testing.TB, dial func() (net.Conn, error)) (round func() error, disconnect func()) {
+	tb.Helper()
 	var conns []net.Conn
 	disconnect = func() {
 		for _, c := range conns {
@@ -190,7 +258,7 @@ func doorRound(tb testing.TB, addr string) (round func() error, disconnect func(
 	doorRounds++
 	topic := "evt/door/" + string(rune('a'+doorRounds%26))
 	connect := func(id string) (net.Conn, *bufio.Reader) {
-		c, err := net.Dial("tcp", addr)
+		c, err := dial()
 		if err != nil {
 			tb.Fatal(err)
 		}
