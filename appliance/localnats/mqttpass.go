@@ -26,9 +26,11 @@ import (
 // door's and no copy on the way back. A loopback TCP hop to the server's
 // listener costs each packet a write, a read and a wake-up of the
 // door's goroutine on each side; measured, about 11 µs a direction on a
-// two-core machine, as much as the server's whole round of a QoS 0
-// message. Where that way is not there (another server version), the
-// door dials the server's listener on loopback and copies (passTCP).
+// two-core machine, where the server's whole round of a QoS 0 message
+// from one device to another is about 31 µs (BenchmarkMQTTDoor). Where
+// that way is not there (another server version), the door dials the
+// server's listener on loopback and copies (passTCP). A version without
+// the constructor fails to link: it is never called blind.
 
 // createMQTTClient is the server's own constructor of an MQTT client on
 // an accepted connection (what its MQTT listener runs for each
