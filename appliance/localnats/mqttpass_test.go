@@ -23,6 +23,8 @@ import (
 	"testing/iotest"
 	"time"
 
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"github.com/eclipse/paho.mqtt.golang/packets"
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/nats-io/nats-server/v2/server"
 )
@@ -297,4 +299,37 @@ func doorRoundOn(tb testing.TB, dial func() (net.Conn, error)) (round func() err
 		}
 		return err
 	}, disconnect
+}
+
+// MQTT over WebSocket would pass no packet through the door: the
+// server's WebSocket listener refuses it, to a client without a
+// credential on an open node's loopback listeners as to any, while the
+// same client gets in on the MQTT listener.
+func TestMQTTOverWebSocketRefused(t *testing.T) {
+	n, err := Start(Options{Addr: "127.0.0.1:0", Node: "alpha", DataDir: t.TempDir(), Anonymous: true,
+		MQTT: &MQTTOptions{Addr: "127.0.0.1:0"}, WebSocket: &WebSocketOptions{Addr: "127.0.0.1:0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Close)
+	connect := func(broker string) error {
+		o := mqtt.NewClientOptions().AddBroker(broker).SetClientID("ws-probe").SetProtocolVersion(4).
+			SetAutoReconnect(false).SetConnectRetry(false).SetConnectTimeout(5 * time.Second)
+		c := mqtt.NewClient(o)
+		tok := c.Connect()
+		if !tok.WaitTimeout(10 * time.Second) {
+			return errors.New("no answer")
+		}
+		if tok.Error() == nil {
+			c.Disconnect(0)
+		}
+		return tok.Error()
+	}
+	if err := connect("tcp://" + n.door.ln.Addr().String()); err != nil {
+		t.Fatalf("the control: the MQTT listener refused the client: %v", err)
+	}
+	ws := n.WebSocketURL() + "/mqtt" // the server's MQTT endpoint on its WebSocket listener
+	if err := connect(ws); !errors.Is(err, packets.ErrorRefusedNotAuthorised) {
+		t.Errorf("MQTT over WebSocket (%s): got %v, want the sign-in refused", ws, err)
+	}
 }
