@@ -110,6 +110,7 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 	}
 	reg.MustRegister(newModulesCollector(func() *modules.Supervisor { return a.parts().mods }))
 	reg.MustRegister(blobsCollector{srv: func() *blobs.Server { return a.parts().blobs }})
+	reg.MustRegister(mqttRefusalsCollector{nats: func() *localnats.Server { return a.parts().nats }})
 	return a, nil
 }
 
@@ -179,6 +180,9 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 		return err
 	}
 	if err := a.serveReload(); err != nil {
+		return err
+	}
+	if err := a.serveProgramMQTT(); err != nil {
 		return err
 	}
 	if err := natsSrv.ServeMicro(localnats.MicroConfig{

@@ -83,6 +83,9 @@ type NATSStatus struct {
 	// definitions left out, each naming its file.
 	Programs      []string `json:"programs"`
 	ProgramErrors []string `json:"program_errors,omitempty"`
+	// MQTTRefused counts, by program and cause, what the MQTT door
+	// refused past a program's limits (meshbox_mqtt_refused_total).
+	MQTTRefused MQTTProgramStatus `json:"mqtt_refused,omitempty"`
 }
 
 // EndpointStatus says where a listener is.
@@ -123,6 +126,9 @@ func (a *Appliance) Status() Status {
 		}
 		rep := n.Programs()
 		st.NATS.Programs, st.NATS.ProgramErrors = rep.Programs, rep.Errors
+		if r := n.MQTTRefusals(); len(r) > 0 {
+			st.NATS.MQTTRefused = r
+		}
 		if n.Anonymous() && a.cfg.InMesh() {
 			st.Warnings = append(st.Warnings, localnats.WarnOpen)
 		} else if n.Anonymous() {

@@ -85,6 +85,15 @@ type localAuth struct {
 	// rights.go.
 	rights Rights
 
+	// doorMu guards doorPass and mqttProgs, which the MQTT door reads
+	// (mqttdoor.go). doorPass is each MQTT program's door password: the
+	// server's password of its MQTT user, which only the door knows and
+	// gives in place of the device's (checked against mqttProgs' hash);
+	// it lasts as long as the process.
+	doorMu    sync.Mutex
+	doorPass  map[string]string
+	mqttProgs map[string]doorProgram
+
 	mu     sync.Mutex
 	report ProgramsReport // the last load
 	// mqttSubs is each MQTT program's subscribe allow list as the last
@@ -149,6 +158,12 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 	}}
 	var accepted []programs.Program
 	var mqttUsers []*server.User
+	l.doorMu.Lock()
+	defer l.doorMu.Unlock()
+	if l.doorPass == nil {
+		l.doorPass = map[string]string{}
+	}
+	l.mqttProgs = map[string]doorProgram{}
 	for _, p := range progs {
 		if other, dup := keys[p.Key]; dup {
 			errs = append(errs, fmt.Errorf("program %s: its key is %s's: left out", p.Name, other))
@@ -159,8 +174,15 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 		if p.MQTT && p.MQTTPassword != "" {
 			// Its password opens the MQTT listener only: on the NATS and
 			// WebSocket doors the program signs with its nkey.
+			// It comes in through the node's door, which checks the
+			// device's password and gives the server the program's door
+			// password instead.
 			perms := mqttPermissions(p)
-			mqttUsers = append(mqttUsers, &server.User{Username: p.Name, Password: p.MQTTPassword, Permissions: perms,
+			if l.doorPass[p.Name] == "" {
+				l.doorPass[p.Name] = newDoorPassword()
+			}
+			l.mqttProgs[p.Name] = doorProgram{hash: p.MQTTPassword, doorPassword: l.doorPass[p.Name], limits: p.Limits()}
+			mqttUsers = append(mqttUsers, &server.User{Username: p.Name, Password: l.doorPass[p.Name], Permissions: perms,
 				AllowedConnectionTypes: map[string]struct{}{jwt.ConnectionTypeMqtt: {}}})
 			l.mqttSubs[p.Name] = strings.Join(perms.Subscribe.Allow, "\n")
 		}
@@ -190,23 +212,53 @@ func (l *localAuth) apply(opts *server.Options) ProgramsReport {
 }
 
 // anonymousTypes are the kinds of connection a client without a
-// credential may open on an open node (nil: any): not those of a listener
-// off loopback (MQTT, WebSocket and MQTT over it), which takes clients
-// from the network, where a device or a page signs in as a program. The
-// plain NATS port stays as configured (loopback by default).
+// credential may open on an open node: not those of a listener off
+// loopback (MQTT, WebSocket), which takes clients from the network, where
+// a device or a page signs in as a program, and never MQTT over
+// WebSocket: MQTT comes in through the node's door alone (mqttdoor.go).
+// The plain NATS port stays as configured (loopback by default).
 func (l *localAuth) anonymousTypes() map[string]struct{} {
-	if !l.mqttOffLoopback && !l.wsOffLoopback {
-		return nil
-	}
 	types := map[string]struct{}{jwt.ConnectionTypeStandard: {}, jwt.ConnectionTypeInProcess: {}}
 	if !l.mqttOffLoopback {
 		types[jwt.ConnectionTypeMqtt] = struct{}{}
 	}
 	if !l.wsOffLoopback {
 		types[jwt.ConnectionTypeWebsocket] = struct{}{}
-		types[jwt.ConnectionTypeMqttWS] = struct{}{}
 	}
 	return types
+}
+
+// doorProgram is what the MQTT door knows of an MQTT program: its
+// password's bcrypt hash, its door password and its limits.
+type doorProgram struct {
+	hash, doorPassword string
+	limits             programs.MQTTLimits
+}
+
+// mqttProgram is MQTT program name as the last load gave it.
+func (l *localAuth) mqttProgram(name string) (doorProgram, bool) {
+	l.doorMu.Lock()
+	defer l.doorMu.Unlock()
+	p, ok := l.mqttProgs[name]
+	return p, ok
+}
+
+// mqttLimits are program's limits (clients without a credential: the
+// defaults).
+func (l *localAuth) mqttLimits(program string) programs.MQTTLimits {
+	if p, ok := l.mqttProgram(program); ok {
+		return p.limits
+	}
+	return programs.DefaultMQTTLimits
+}
+
+// knownProgram reports whether program may hold MQTT sessions now.
+func (l *localAuth) knownProgram(program string) bool {
+	if program == Anonymous {
+		return l.anonymous
+	}
+	_, ok := l.mqttProgram(program)
+	return ok
 }
 
 // reload applies the store as it is now to the running server srv, whose

@@ -1,6 +1,8 @@
 package localnats
 
 import (
+	"crypto/tls"
+	"fmt"
 	"net"
 	"strconv"
 
@@ -20,12 +22,19 @@ const WarnMQTTPlain = "the MQTT listener on %s has no TLS: devices' passwords cr
 // have an MQTT password (programs.Program.MQTT), with the same rights as
 // on the NATS port; an MQTT topic is a NATS subject with '/' for '.'
 // (evt/home/kitchen/temp is evt.home.kitchen.temp), the server's own
-// mapping. The server needs JetStream for MQTT: it runs beside the blob
+// mapping. The node's door (mqttdoor.go) listens on addr, with TLS when
+// set, and passes devices to the server's own MQTT listener on loopback
+// (inner). The server needs JetStream for MQTT: it runs beside the blob
 // store's, or alone in the data directory when the blob store is off.
 type mqttListener struct {
 	addr, cert, key, dataDir string
 	offLoopback              bool   // addr takes clients from the network
 	url                      string // mqtt://host:port or mqtts://host:port, once applied
+	// ln is the door's listener and tc its TLS, once applied; inner the
+	// server's listener.
+	ln    net.Listener
+	tc    *tls.Config
+	inner string
 }
 
 // MQTTOptions configure the MQTT listener.
@@ -43,16 +52,25 @@ func (m *mqttListener) apply(opts *server.Options) error {
 	if err != nil {
 		return err
 	}
-	mo := server.MQTTOpts{Host: host, Port: port}
 	scheme := "mqtt"
 	if m.cert != "" {
-		tc, err := listenerTLS("nats_mqtt", m.cert, m.key)
-		if err != nil {
+		if m.tc, err = listenerTLS("nats_mqtt", m.cert, m.key); err != nil {
 			return err
 		}
-		mo.TLSConfig, scheme = tc, "mqtts"
+		scheme = "mqtts"
 	}
-	opts.MQTT = mo
+	innerHost, innerPort, err := pickPort("127.0.0.1:0", "nats_mqtt")
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return fmt.Errorf("nats_mqtt address %s: %w", m.addr, err)
+	}
+	port = ln.Addr().(*net.TCPAddr).Port
+	m.ln = ln
+	m.inner = net.JoinHostPort(innerHost, strconv.Itoa(innerPort))
+	opts.MQTT = server.MQTTOpts{Host: innerHost, Port: innerPort}
 	if !opts.JetStream {
 		opts.JetStream = true
 		opts.StoreDir = jetStreamDir(m.dataDir)

@@ -1,6 +1,7 @@
 package localnats
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -54,6 +55,10 @@ type Server struct {
 	// one; mqttPlain says it is off loopback without TLS.
 	mqttURL   string
 	mqttPlain bool
+	// door is the MQTT listener's (mqttdoor.go), nil without one; doorNC
+	// the node's connection on which it hears the retained store.
+	door   *mqttDoor
+	doorNC *nats.Conn
 }
 
 // Start starts the server of o and waits until it accepts clients.
@@ -112,7 +117,7 @@ func jetStreamDir(dataDir string) string { return filepath.Join(dataDir, "jetstr
 //
 // Clients authenticate as auth says (see auth.go); bad program
 // definitions are logged and left out.
-func startNATS(addr, node, jsDir string, blobMaxBytes int64, auth *localAuth, logger *slog.Logger, more ...listener) (*Server, error) {
+func startNATS(addr, node, jsDir string, blobMaxBytes int64, auth *localAuth, logger *slog.Logger, more ...listener) (_ *Server, err error) {
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("nats address %q: %w", addr, err)
@@ -150,8 +155,16 @@ func startNATS(addr, node, jsDir string, blobMaxBytes int64, auth *localAuth, lo
 	}
 	var web *webListener
 	var mq *mqttListener
+	defer func() { // the door's listener, when the server does not start
+		if mq != nil && mq.ln != nil && err != nil {
+			mq.ln.Close()
+		}
+	}()
 	for _, l := range more {
 		if err := l.apply(opts); err != nil {
+			if m, ok := l.(*mqttListener); ok {
+				mq = m
+			}
 			return nil, err
 		}
 		switch l := l.(type) {
@@ -183,8 +196,38 @@ func startNATS(addr, node, jsDir string, blobMaxBytes int64, auth *localAuth, lo
 	}
 	if mq != nil {
 		n.mqttURL, n.mqttPlain = mq.url, mq.plain()
+		if err = n.openDoor(mq, logger); err != nil {
+			n.Close()
+			return nil, err
+		}
 	}
 	return n, nil
+}
+
+// openDoor starts the MQTT door of listener mq.
+func (n *Server) openDoor(mq *mqttListener, logger *slog.Logger) error {
+	log := logger.With("part", "mqtt door")
+	var srv *server.Server
+	if inProcessMQTT() {
+		srv = n.srv
+	}
+	n.door = newMQTTDoor(mq.ln, mq.tc, srv, mq.inner, n.auth, newMQTTBounds(mq.dataDir, log), log)
+	nc, err := n.Connect("meshbox-mqtt-door")
+	if err != nil {
+		mq.ln.Close()
+		n.door = nil
+		return fmt.Errorf("mqtt door: %w", err)
+	}
+	n.doorNC = nc
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.door.hearRetained(ctx, nc); err != nil {
+		// Charges start from nothing: a program's limit counts what its
+		// devices retain from now on.
+		log.Warn("MQTT door: the retained messages stored before this start are not charged to their programs", "err", err)
+	}
+	n.door.start()
+	return nil
 }
 
 // URL is the client URL local programs use.
@@ -231,6 +274,12 @@ func (n *Server) connectResponder(name string, logger *slog.Logger) (*nats.Conn,
 func (n *Server) Close() {
 	if n == nil || n.srv == nil {
 		return
+	}
+	if n.door != nil {
+		n.door.close()
+	}
+	if n.doorNC != nil {
+		n.doorNC.Close()
 	}
 	n.srv.Shutdown()
 	n.srv.WaitForShutdown()

@@ -68,3 +68,9 @@ func ReadMQTT(data []byte) (user, password string, err error) {
 	}
 	return user, password, nil
 }
+
+// MQTTPasswordMatches reports whether password is the one whose bcrypt
+// hash is hash (Program.MQTTPassword).
+func MQTTPasswordMatches(hash, password string) bool {
+	return hash != "" && bcrypt.CompareHashAndPassword([]byte(hash), []byte(password)) == nil
+}

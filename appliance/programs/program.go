@@ -46,12 +46,24 @@ type Program struct {
 	// Store.Put, which writes the password itself beside the seed.
 	MQTT         bool   `json:"mqtt,omitempty"`
 	MQTTPassword string `json:"mqtt_password,omitempty"`
+	// MQTTLimits bound what its MQTT devices keep in the node's store
+	// (nil: DefaultMQTTLimits).
+	MQTTLimits *MQTTLimits `json:"mqtt_limits,omitempty"`
 }
 
 // NodeCapPrefix starts the capabilities the node itself hosts (its blob
 // store's, meshbox.blob.*, and micro discovery's, meshbox.micro): no
 // program hosts one, or it would answer the mesh in the node's name.
 const NodeCapPrefix = "meshbox."
+
+// Limits are its MQTT limits, defaults in place of the ones it does not
+// set.
+func (p Program) Limits() MQTTLimits {
+	if p.MQTTLimits == nil {
+		return DefaultMQTTLimits
+	}
+	return p.MQTTLimits.Effective()
+}
 
 // Local NATS subjects a program's permissions are made of (the bridge's
 // and the node's subject layout).
@@ -123,6 +135,14 @@ func (p Program) Validate() error {
 	}
 	if p.MQTTPassword != "" && (!p.MQTT || !isBcrypt(p.MQTTPassword)) {
 		return fmt.Errorf("%w %s: mqtt_password must be the bcrypt hash of its MQTT password, set by meshbox program add --mqtt", ErrInvalid, p.Name)
+	}
+	if p.MQTTLimits != nil {
+		if !p.MQTT {
+			return fmt.Errorf("%w %s: MQTT limits are for a program with --mqtt", ErrInvalid, p.Name)
+		}
+		if err := p.MQTTLimits.validate(); err != nil {
+			return fmt.Errorf("%w %s: %w", ErrInvalid, p.Name, err)
+		}
 	}
 	if p.Key != "" && !nkeys.IsValidPublicUserKey(p.Key) {
 		return fmt.Errorf("%w %s: key %q is not a public user nkey", ErrInvalid, p.Name, p.Key)
@@ -260,6 +280,9 @@ func (p *Program) normalize() {
 		if len(*l) == 0 {
 			*l = nil
 		}
+	}
+	if p.MQTTLimits != nil && *p.MQTTLimits == (MQTTLimits{}) {
+		p.MQTTLimits = nil
 	}
 }
 

@@ -28,11 +28,18 @@ Commands:
   add NAME [--host CAP]... [--call CAP]... [--serve STAGE]... [--submit STAGE]...
            [--publish TOPIC]... [--subscribe TOPIC]... [--service NAME]... [--blobs]
            [--read TABLE]... [--write TABLE]... [--mqtt]
+           [--mqtt-retained SIZE] [--mqtt-retained-msgs N] [--mqtt-inflight N] [--mqtt-sessions N]
                        create program NAME, or replace its lists (it keeps its key);
                        prints the path of its credential file
   list [--json]        the programs and what each may do
   show NAME [--json]   one program
   remove NAME          delete it; its connections are cut
+  mqtt NAME [--json]   what its MQTT devices keep on the running node: retained
+                       messages, sessions, refusals past its limits
+  mqtt-clear NAME [--retained] [--sessions]
+                       clear its devices' retained messages (on every node, as
+                       an empty retained publish would) and end their sessions
+                       (both when neither flag is given)
 
 A list flag may be given more than once or take names separated by commas.
 --call, --submit, --publish and --subscribe take the NATS wildcards * and >.
@@ -47,6 +54,8 @@ reply inbox: nats --nkey FILE --inbox-prefix _INBOX.NAME ...
 --mqtt gives it an MQTT user name (NAME) and password as well, for a device
 on the node's MQTT listener (nats_mqtt): the same rights, with MQTT topics
 the subjects with / for . (an event topic home.temp is evt/home/temp).
+--mqtt-retained, --mqtt-retained-msgs, --mqtt-inflight and --mqtt-sessions
+bound what its devices keep in the node's MQTT store (0: the default).
 
 The node is found as meshbox run configures it (--data, --env-file,
 --config, the environment; default: its env file, as meshbox join writes
@@ -61,6 +70,8 @@ func programCommands() []command {
 		{name: "list", synopsis: "program list [--data DIR] [flags]", flags: func(m *Main, fs *flag.FlagSet) action { return c(m).list(fs) }},
 		{name: "show", synopsis: "program show NAME [--data DIR] [flags]", flags: func(m *Main, fs *flag.FlagSet) action { return c(m).show(fs) }},
 		{name: "remove", synopsis: "program remove NAME [--data DIR] [flags]", flags: func(m *Main, fs *flag.FlagSet) action { return c(m).remove(fs) }},
+		{name: "mqtt", synopsis: "program mqtt NAME [--server URL] [--json]", flags: func(m *Main, fs *flag.FlagSet) action { return c(m).mqtt(fs) }},
+		{name: "mqtt-clear", synopsis: "program mqtt-clear NAME [--server URL] [--retained] [--sessions]", flags: func(m *Main, fs *flag.FlagSet) action { return c(m).mqttClear(fs) }},
 	}
 }
 
@@ -101,6 +112,11 @@ func (c *ProgramCommand) add(fs *flag.FlagSet) action {
 		fs.Var((*listFlag)(l.into), l.name, l.usage)
 	}
 	fs.BoolVar(&p.MQTT, "mqtt", false, "it may sign in on the node's MQTT listener (nats_mqtt) with a user name and password, as devices do; the same rights, topics are subjects with / for . (evt/TOPIC)")
+	var lim programs.MQTTLimits
+	fs.Var((*sizeFlag)(&lim.RetainedBytes), "mqtt-retained", fmt.Sprintf("the payload bytes of the retained messages its MQTT devices keep, e.g. 1MiB (default %s)", formatSize(programs.DefaultMQTTLimits.RetainedBytes)))
+	fs.IntVar(&lim.RetainedMsgs, "mqtt-retained-msgs", 0, fmt.Sprintf("the retained messages (topics) its MQTT devices keep (default %d)", programs.DefaultMQTTLimits.RetainedMsgs))
+	fs.IntVar(&lim.Inflight, "mqtt-inflight", 0, fmt.Sprintf("the QoS 2 publishes its MQTT devices have started and not released (default %d)", programs.DefaultMQTTLimits.Inflight))
+	fs.IntVar(&lim.Sessions, "mqtt-sessions", 0, fmt.Sprintf("the MQTT sessions (client IDs, connected or stored) its devices hold (default %d)", programs.DefaultMQTTLimits.Sessions))
 	fs.BoolVar(&p.Blobs, "blobs", false, "it may use the node's blob store (JetStream object store "+blobs.Bucket+") and fetch blobs from any node")
 	return func(ctx context.Context, pos []string) error {
 		store, data, err := c.store(fs, pos, 1)
@@ -108,6 +124,9 @@ func (c *ProgramCommand) add(fs *flag.FlagSet) action {
 			return err
 		}
 		p.Name = pos[0]
+		if lim != (programs.MQTTLimits{}) {
+			p.MQTTLimits = &lim
+		}
 		path, err := store.Put(p)
 		if err != nil {
 			return err
@@ -224,6 +243,8 @@ func (c *ProgramCommand) printPrograms(progs []programs.Program, store *programs
 		}
 		if p.MQTT {
 			fmt.Fprintf(tw, "  mqtt\tuser %s, password in %s\n", p.Name, store.MQTTPath(p.Name))
+			l := p.Limits()
+			fmt.Fprintf(tw, "  mqtt limits\tretained %d messages, %s; inflight %d; sessions %d\n", l.RetainedMsgs, formatSize(l.RetainedBytes), l.Inflight, l.Sessions)
 		}
 	}
 	_ = tw.Flush()

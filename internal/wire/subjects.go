@@ -41,6 +41,7 @@ const (
 	SubjectModuleLogPrefix = "$MESH.module.log."     // a module's log lines as they come
 	SubjectLocalConnect    = "$MESH.local.connect"   // a local program connected (the interest watcher)
 	SubjectReloadPrograms  = "$MESH.programs.reload" // apply the programs' definitions now
+	SubjectProgramMQTT     = "$MESH.programs.mqtt"   // a program's MQTT state: list, clear
 	SubjectDeadLetters     = "$MESH.dlq"             // the dead-letter tools
 	SubjectBlobsOpen       = "$MESH.blobs.open"      // open a blob for a program
 	SubjectBlobsFetches    = "$MESH.blobs.fetches"   // a blob fetch's progress report (no reply)
