@@ -17,6 +17,18 @@
 // clients on a connection that may publish on _INBOX.> and nothing else.
 // ServeMicro makes NATS micro discovery (nats micro ls) see the whole mesh.
 //
+// The MQTT listener is the node's own door (mqttdoor.go), not the
+// server's: it takes each device's CONNECT (password, client ID owned by
+// one program, the program's sessions) and checks every packet the
+// device sends against its program's limits (mqttbounds.go), because the
+// server keys sessions by client ID alone and bounds its MQTT streams
+// per account, not per user. The server takes the device's connection in
+// this process through its unexported MQTT constructor, reached with
+// go:linkname and used only with the server version it was checked
+// against (mqttpass.go); with another version the door passes devices
+// over loopback TCP, at about twice the round. MQTT over WebSocket is
+// off: the server's WebSocket listener would take MQTT past the door.
+//
 // Caveats: the server runs JetStream only for the blob store and for MQTT,
 // in <data dir>/jetstream; Options are checked by the appliance's
 // configuration, so Start reports only what fails when it runs. A Server
