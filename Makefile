@@ -72,14 +72,11 @@ services:
 # The tests run the meshbox of make build (MESHTEST_MESHBOX) instead of
 # each test binary building its own. -trimpath keeps the build cache's
 # entries free of the checkout's path: a second clone, or a worktree,
-# compiles nothing the first one compiled. go test runs packages in the
-# order named, TEST_PARALLEL at a time: the longest first (the
-# end-to-end suite is the run's critical path), then every other.
-TEST_FIRST ?= ./testing/e2e ./bridge ./testing/cluster ./appliance/rows
+# compiles nothing the first one compiled.
 test: services build
 	$(GO) vet -trimpath ./...
 	$(GO) vet -trimpath -tags hoptrace ./bridge ./testing/bench
-	MESHTEST_MESHBOX=$(abspath $(BIN)) $(GO) test -trimpath -race -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(TEST_FIRST) ./...
+	MESHTEST_MESHBOX=$(abspath $(BIN)) $(GO) test -trimpath -race -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) ./...
 	$(MAKE) --no-print-directory fuzz FUZZ_TIME=$(TEST_FUZZ_TIME)
 
 # Unit tests only: integration tests skip under -short. Not what CI runs.
