@@ -227,63 +227,6 @@ func (e *Engine) applyLog(table string, msgs []amqp.Delivery) error {
 	return e.commitRun(table, e.openRun(table, msgs))
 }
 
-// openRun opens and checks a run of log messages of table, and sorts
-// their changes: what commitRun then stores.
-func (e *Engine) openRun(table string, msgs []amqp.Delivery) logApply {
-	run := logApply{progress: kOffset}
-	last := uint64(0)
-	e.mu.Lock()
-	st := e.state(table)
-	st.inRun++
-	e.mu.Unlock()
-	for i := range msgs {
-		d := &msgs[i]
-		o := offsetOf(*d)
-		last = o
-		if n, ok := e.takeOwn(d.Body); ok {
-			// This node's own writes, back from the log: its store has
-			// them (it published them from there).
-			e.mu.Lock()
-			st.sinceSnapshot += n
-			e.mu.Unlock()
-			continue
-		}
-		b, origin, ok := e.openChecked(table, d, o)
-		if !ok {
-			continue
-		}
-		if b.Kind == kindSnapshot {
-			if !e.noteSnapshot(table, b, origin, o, d.Timestamp) {
-				continue // this node holds what the snapshot holds
-			}
-			e.mu.Lock()
-			checked := st.checking
-			e.mu.Unlock()
-			if checked {
-				run.claims = append(run.claims, snapshotClaims(b.Changes, origin)...)
-			}
-		} else {
-			e.mu.Lock()
-			st.sinceSnapshot += len(b.Changes)
-			checked := st.checking
-			e.mu.Unlock()
-			if checked {
-				run.attest = append(run.attest, b.Changes...)
-			}
-		}
-		e.sortChanges(table, origin, b.Changes, &run)
-	}
-	// Until the snapshot taken is whole, its claims may follow the
-	// changes that attest them.
-	e.mu.Lock()
-	run.recordAttest = st.wantSnap
-	e.mu.Unlock()
-	run.next = last + 1
-	h := sha256.Sum256(msgs[len(msgs)-1].Body)
-	run.lastHash = h[:]
-	return run
-}
-
 // commitRun stores a run openRun made, in one commit, and tells the
 // table's state and watchers.
 func (e *Engine) commitRun(table string, run logApply) error {
