@@ -82,15 +82,17 @@ func TestMQTTDoorAcceptErrors(t *testing.T) {
 	errs = append(errs, acceptErr(syscall.ENOBUFS), acceptErr(syscall.ENOBUFS), errors.New("accept: something else"))
 	out := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(out, nil))
+	// The node's door, on the failing listener.
+	n.door.close()
 	d := newMQTTDoor(&failingListener{Listener: ln, errs: errs}, nil, n.door.srv, n.door.inner, n.auth, newMQTTBounds(t.TempDir(), log), log)
+	n.door = d
 	d.start()
-	t.Cleanup(d.close)
 
 	want := map[string]uint64{AcceptFDLimit: 5, AcceptNoMemory: 2, AcceptOther: 1}
 	deadline := time.Now().Add(10 * time.Second)
-	for !maps.Equal(d.acceptErrs.snapshot(), want) {
+	for !maps.Equal(n.MQTTAcceptErrors(), want) {
 		if time.Now().After(deadline) {
-			t.Fatalf("failed accepts counted: got %v, want %v", d.acceptErrs.snapshot(), want)
+			t.Fatalf("failed accepts counted: got %v, want %v", n.MQTTAcceptErrors(), want)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -110,7 +112,7 @@ func TestMQTTDoorAcceptErrors(t *testing.T) {
 	if err := round(); err != nil {
 		t.Fatalf("a device through the door after its failed accepts: %v", err)
 	}
-	if got := d.acceptErrs.snapshot(); !maps.Equal(got, want) {
+	if got := n.MQTTAcceptErrors(); !maps.Equal(got, want) {
 		t.Errorf("after the device connected: failed accepts %v, want %v", got, want)
 	}
 }
