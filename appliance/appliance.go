@@ -111,6 +111,7 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 	reg.MustRegister(newModulesCollector(func() *modules.Supervisor { return a.parts().mods }))
 	reg.MustRegister(blobsCollector{srv: func() *blobs.Server { return a.parts().blobs }})
 	reg.MustRegister(mqttRefusalsCollector{nats: func() *localnats.Server { return a.parts().nats }})
+	reg.MustRegister(mqttAcceptCollector{nats: func() *localnats.Server { return a.parts().nats }})
 	return a, nil
 }
 

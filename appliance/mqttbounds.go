@@ -110,3 +110,27 @@ func (c mqttRefusalsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 }
+
+var descMQTTAcceptErrors = prometheus.NewDesc("meshbox_mqtt_accept_errors_total",
+	"Failed accepts of devices' connections on the node's MQTT listener, by cause (fd_limit: out of file descriptors; no_memory: out of kernel buffers or memory; other); the listener goes on accepting after each.",
+	[]string{"cause"}, nil)
+
+// mqttAcceptCollector exports the MQTT listener's failed accepts, read
+// at scrape time.
+type mqttAcceptCollector struct {
+	nats func() *localnats.Server
+}
+
+// Describe implements prometheus.Collector.
+func (c mqttAcceptCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descMQTTAcceptErrors }
+
+// Collect implements prometheus.Collector.
+func (c mqttAcceptCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.nats()
+	if n == nil {
+		return
+	}
+	for cause, v := range n.MQTTAcceptErrors() {
+		ch <- prometheus.MustNewConstMetric(descMQTTAcceptErrors, prometheus.CounterValue, float64(v), cause)
+	}
+}

@@ -86,6 +86,9 @@ type NATSStatus struct {
 	// MQTTRefused counts, by program and cause, what the MQTT door
 	// refused past a program's limits (meshbox_mqtt_refused_total).
 	MQTTRefused MQTTProgramStatus `json:"mqtt_refused,omitempty"`
+	// MQTTAcceptErrors counts, by cause, the MQTT listener's failed
+	// accepts of devices' connections (meshbox_mqtt_accept_errors_total).
+	MQTTAcceptErrors map[string]uint64 `json:"mqtt_accept_errors,omitempty"`
 }
 
 // EndpointStatus says where a listener is.
@@ -128,6 +131,9 @@ func (a *Appliance) Status() Status {
 		st.NATS.Programs, st.NATS.ProgramErrors = rep.Programs, rep.Errors
 		if r := n.MQTTRefusals(); len(r) > 0 {
 			st.NATS.MQTTRefused = r
+		}
+		if e := n.MQTTAcceptErrors(); len(e) > 0 {
+			st.NATS.MQTTAcceptErrors = e
 		}
 		if n.Anonymous() && a.cfg.InMesh() {
 			st.Warnings = append(st.Warnings, localnats.WarnOpen)

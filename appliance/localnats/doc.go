@@ -26,8 +26,11 @@
 // this process through its unexported MQTT constructor, reached with
 // go:linkname and used only with the server version it was checked
 // against (mqttpass.go); with another version the door passes devices
-// over loopback TCP, at about twice the round. MQTT over WebSocket is
-// off: the server's WebSocket listener would take MQTT past the door.
+// over loopback TCP, at about twice the round. A failed accept on the
+// door's listener (out of file descriptors, say) is counted by cause and
+// logged at most once a minute per cause (mqttaccept.go); the door goes
+// on accepting. MQTT over WebSocket is off: the server's WebSocket
+// listener would take MQTT past the door.
 //
 // Caveats: the server runs JetStream only for the blob store and for MQTT,
 // in <data dir>/jetstream; Options are checked by the appliance's

@@ -74,6 +74,8 @@ type mqttDoor struct {
 	bounds *mqttBounds
 	log    *slog.Logger
 	anonID atomic.Uint64
+	// acceptErrs counts and logs the listener's failed accepts.
+	acceptErrs *acceptErrors
 
 	wg    sync.WaitGroup
 	mu    sync.Mutex
@@ -126,7 +128,8 @@ func newMQTTDoor(ln net.Listener, tc *tls.Config, srv *server.Server, inner stri
 	if tc != nil {
 		ln = tls.NewListener(ln, tc)
 	}
-	return &mqttDoor{ln: ln, srv: srv, inner: inner, auth: auth, bounds: bounds, log: log, conns: map[*doorConn]struct{}{}}
+	return &mqttDoor{ln: ln, srv: srv, inner: inner, auth: auth, bounds: bounds, log: log, acceptErrs: newAcceptErrors(log),
+		conns: map[*doorConn]struct{}{}}
 }
 
 // start accepts devices until close.
@@ -140,7 +143,8 @@ func (d *mqttDoor) start() {
 				if errors.Is(err, net.ErrClosed) {
 					return
 				}
-				time.Sleep(10 * time.Millisecond) // too many open files and the like
+				d.acceptErrs.note(err) // too many open files and the like
+				time.Sleep(acceptRetry)
 				continue
 			}
 			dc := &doorConn{dev: c}

@@ -165,6 +165,7 @@ var expectedMetrics = map[string]dto.MetricType{
 	"meshbox_mqtt_retained_applied_total":  dto.MetricType_COUNTER,
 	"meshbox_mqtt_retained_refused_total":  dto.MetricType_COUNTER,
 	"meshbox_mqtt_retained_errors_total":   dto.MetricType_COUNTER,
+	"meshbox_mqtt_accept_errors_total":     dto.MetricType_COUNTER,
 	// mesh view (node)
 	"meshbox_peers":                    dto.MetricType_GAUGE,
 	"meshbox_capabilities":             dto.MetricType_GAUGE,
@@ -203,6 +204,8 @@ var lazyMetrics = map[string]bool{
 	"meshbox_mqtt_retained_applied_total":  true,
 	"meshbox_mqtt_retained_refused_total":  true,
 	"meshbox_mqtt_retained_errors_total":   true,
+	// One series per cause of a failed accept on the MQTT listener.
+	"meshbox_mqtt_accept_errors_total": true,
 }
 
 // TestMetricsScrape runs a two-node mesh on the real broker and database,

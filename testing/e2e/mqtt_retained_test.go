@@ -119,9 +119,10 @@ func retain(t *testing.T, nd *retainedNode, program, id, topic, msg string) {
 // mesh. A device's retained discovery message on alpha reaches a later
 // subscriber on beta and on gamma, and on beta again after beta restarts
 // cut off from the broker; an empty retained message on alpha clears it
-// on beta and gamma; alpha and beta retaining the same topic while alpha
-// is cut from the broker each keep their own until the link heals, then
-// every node has one value, the later retain by the mesh's clock.
+// on beta and gamma; alpha and beta retaining the same two topics while
+// alpha is cut from the broker each keep their own until the link heals,
+// then every node has one value of each, the later retain by the mesh's
+// clock: alpha's of one topic, beta's of the other.
 func TestMQTTRetainedAcrossTheMesh(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a broker, a database and three nodes")
@@ -155,33 +156,47 @@ func TestMQTTRetainedAcrossTheMesh(t *testing.T) {
 	waitRetained(t, beta, topic, "", 30*time.Second)
 	waitRetained(t, gamma, topic, "", 30*time.Second)
 
-	// A partition: alpha cut from the broker. beta retains a value, then
-	// alpha another: each side keeps its own last retain.
+	// A partition: alpha cut from the broker. On topic state beta
+	// retains a value, then alpha another; on topic plug the other way
+	// round: each side keeps its own last retain of each.
 	const state = "evt/homeassistant/switch/lamp/config"
+	const plug = "evt/homeassistant/switch/plug2/config"
 	alpha.px.Cut(t)
 	waitTable(t, alpha.p, wire.TableMQTTRetained, 30*time.Second, "cut off", func(ts rows.TableStatus) bool { return !ts.Synced })
+	retain(t, alpha, "sensor", "plug-a", plug, "from-alpha")
+	waitRetained(t, alpha, plug, plug+" from-alpha", 10*time.Second)
+	time.Sleep(50 * time.Millisecond) // beta's retains are later by the wall clock, and so by the mesh's
 	retain(t, beta, "sensor", "lamp-b", state, "from-beta")
+	retain(t, beta, "sensor", "plug-b", plug, "from-beta")
 	waitRetained(t, gamma, state, state+" from-beta", 30*time.Second)
+	waitRetained(t, gamma, plug, plug+" from-beta", 30*time.Second)
 	time.Sleep(50 * time.Millisecond) // alpha's retain is later by the wall clock, and so by the mesh's
 	retain(t, alpha, "sensor", "lamp-a", state, "from-alpha")
 	waitRetained(t, alpha, state, state+" from-alpha", 10*time.Second)
 	waitRetained(t, beta, state, state+" from-beta", 5*time.Second)
+	waitRetained(t, alpha, plug, plug+" from-alpha", 5*time.Second)
 
-	// Healed: one winner everywhere, alpha's (the later retain), and the
-	// table agrees on every node.
+	// Healed: one winner of each topic everywhere, the later retain
+	// (alpha's of state, beta's of plug: the side that was cut off takes
+	// the other's too), and the table agrees on every node.
 	alpha.px.Restore(t)
+	winners := map[string]string{state: "from-alpha", plug: "from-beta"}
 	for _, nd := range []*retainedNode{alpha, beta, gamma} {
-		waitRetained(t, nd, state, state+" from-alpha", 60*time.Second)
-	}
-	row := strings.ReplaceAll(state, "/", ".")
-	for _, nd := range []*retainedNode{alpha, beta, gamma} {
-		var doc rows.RowDoc
-		nc := natsConn(t, nd.p)
-		if _, err := rowsCall(nc, wire.TableMQTTRetained, rows.OpGet, rows.Request{Row: row}, &doc, 5*time.Second); err != nil {
-			t.Fatalf("%s: get row %s: %v", nd.name, row, err)
+		for topic, want := range winners {
+			waitRetained(t, nd, topic, topic+" "+want, 60*time.Second)
 		}
-		if got := doc.Fields["payload"]; got != "from-alpha" {
-			t.Errorf("%s: row %s holds payload %q, want from-alpha (fields %v)", nd.name, row, got, doc.Fields)
+	}
+	for _, nd := range []*retainedNode{alpha, beta, gamma} {
+		nc := natsConn(t, nd.p)
+		for topic, want := range winners {
+			var doc rows.RowDoc
+			row := strings.ReplaceAll(topic, "/", ".")
+			if _, err := rowsCall(nc, wire.TableMQTTRetained, rows.OpGet, rows.Request{Row: row}, &doc, 5*time.Second); err != nil {
+				t.Fatalf("%s: get row %s: %v", nd.name, row, err)
+			}
+			if got := doc.Fields["payload"]; got != want {
+				t.Errorf("%s: row %s holds payload %q, want %s (fields %v)", nd.name, row, got, want, doc.Fields)
+			}
 		}
 	}
 
@@ -192,11 +207,11 @@ func TestMQTTRetainedAcrossTheMesh(t *testing.T) {
 	if n, _ := ms.value("meshbox_mqtt_retained_recorded_total"); n != 0 {
 		t.Errorf("gamma recorded %v retained publishes, want 0: the mesh's copies in its store came back as writes", n)
 	}
-	if n, _ := ms.value("meshbox_mqtt_retained_applied_total"); n < 4 {
-		t.Errorf("gamma put %v retained messages of the mesh into its store, want at least 4 (set, clear, beta's, alpha's)", n)
+	if n, _ := ms.value("meshbox_mqtt_retained_applied_total"); n < 5 {
+		t.Errorf("gamma put %v retained messages of the mesh into its store, want at least 5 (set, clear, beta's two, alpha's)", n)
 	}
-	if n, _ := scrape(t, alpha.p.HTTPURL()).value("meshbox_mqtt_retained_recorded_total"); n != 3 {
-		t.Errorf("alpha recorded %v retained publishes, want its devices' 3", n)
+	if n, _ := scrape(t, alpha.p.HTTPURL()).value("meshbox_mqtt_retained_recorded_total"); n != 4 {
+		t.Errorf("alpha recorded %v retained publishes, want its devices' 4", n)
 	}
 }
 

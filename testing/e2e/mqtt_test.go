@@ -66,15 +66,25 @@ func (c mqttClient) pub(t *testing.T, id, topic, msg string, retain bool) (int, 
 	return runMQTT(t, "mosquitto_pub", args, 15*time.Second)
 }
 
-// sub subscribes to topic with QoS 1 in the background and collects
+// sub subscribes to topics with QoS 1 in the background and collects
 // what arrives (one "topic payload" line each) until the test ends.
-func (c mqttClient) sub(t *testing.T, id, topic string) *mqttSub {
+func (c mqttClient) sub(t *testing.T, id string, topics ...string) *mqttSub {
+	t.Helper()
+	return c.subWith(t, id, nil, topics...)
+}
+
+// subWith is sub with more arguments of mosquitto_sub (a will, say).
+func (c mqttClient) subWith(t *testing.T, id string, extra []string, topics ...string) *mqttSub {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &mqttSub{done: make(chan struct{})}
+	args := append(append(c.args(id), "-q", "1", "-v"), extra...)
+	for _, topic := range topics {
+		args = append(args, "-t", topic)
+	}
 	// Line-buffered: to a pipe, mosquitto_sub's output waits for a full
 	// buffer otherwise.
-	cmd := exec.CommandContext(ctx, "stdbuf", append([]string{"-oL", "mosquitto_sub"}, append(c.args(id), "-q", "1", "-t", topic, "-v")...)...)
+	cmd := exec.CommandContext(ctx, "stdbuf", append([]string{"-oL", "mosquitto_sub"}, args...)...)
 	cmd.Stdout, cmd.Stderr = s, &s.stderr
 	if err := cmd.Start(); err != nil {
 		cancel()
@@ -84,10 +94,11 @@ func (c mqttClient) sub(t *testing.T, id, topic string) *mqttSub {
 		s.err = cmd.Wait()
 		close(s.done)
 	}()
-	t.Cleanup(func() {
+	s.stop = func() {
 		cancel()
 		<-s.done
-	})
+	}
+	t.Cleanup(s.stop)
 	return s
 }
 
@@ -113,6 +124,9 @@ type mqttSub struct {
 	stderr bytes.Buffer
 	done   chan struct{}
 	err    error
+	// stop kills the client, as a crash or a power cut would (the
+	// server sends its will), and waits for its end; again, nothing.
+	stop func()
 }
 
 func (s *mqttSub) Write(p []byte) (int, error) {
