@@ -102,7 +102,12 @@ func (db *DB) RemoveNode(ctx context.Context, name string, force bool) (Change, 
 	if err := cache.ValidateNodeName(name); err != nil {
 		return Change{}, fmt.Errorf("remove node: %w", err)
 	}
-	return db.change(ctx, "remove node", func(tx pgx.Tx) error {
+	return db.change(ctx, "remove node", func(tx pgx.Tx) error { return removeNode(ctx, tx, name, force) })
+}
+
+// removeNode removes node name inside tx (see RemoveNode).
+func removeNode(ctx context.Context, tx pgx.Tx, name string, force bool) error {
+	{
 		var exists bool
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM nodes WHERE name = $1)`, name).Scan(&exists); err != nil {
 			return err
@@ -128,7 +133,7 @@ func (db *DB) RemoveNode(ctx context.Context, name string, force bool) (Change, 
 		}
 		_, err := tx.Exec(ctx, `DELETE FROM nodes WHERE name = $1`, name)
 		return err
-	})
+	}
 }
 
 // Nodes lists every node record, by name.

@@ -240,6 +240,9 @@ func loadKeys(ctx context.Context, tx pgx.Tx, node string, b *cache.Bindings) er
 	if err := loadCommitments(ctx, tx, node, b); err != nil {
 		return fmt.Errorf("key commitments: %w", err)
 	}
+	if err := loadCompromised(ctx, tx, b); err != nil {
+		return fmt.Errorf("compromised keys: %w", err)
+	}
 	return nil
 }
 
