@@ -74,6 +74,18 @@ func (db *DB) KeyHistory(ctx context.Context) ([]KeyEvent, error) {
 	return out, nil
 }
 
+// KeyMembers returns the nodes that may hold content key id (every node,
+// or its scope's members) and have a public key: those a holder seals it
+// for, and that must open with it before the nodes seal with it.
+func (db *DB) KeyMembers(ctx context.Context, id string) ([]string, error) {
+	var out []string
+	if err := collect(ctx, db.pool, &out, `SELECT name FROM nodes WHERE public_key IS NOT NULL AND meshbox_key_member($1, name) ORDER BY name`,
+		[]any{id}, func(r pgx.Rows, s *string) error { return r.Scan(s) }); err != nil {
+		return nil, db.wrap("key members", err)
+	}
+	return out, nil
+}
+
 // Compromise is what RemoveCompromised did.
 type Compromise struct {
 	Change Change

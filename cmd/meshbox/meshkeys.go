@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -59,7 +60,11 @@ func (c *MeshCommand) keyLeaves() []meshLeaf {
 		}},
 		{name: "key list", flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
 			asJSON := fs.Bool("json", false, "print JSON")
+			history := fs.Bool("history", false, "list every key event instead: made, sealed, rotated, retired, recovered, revoked")
 			return func(ctx context.Context, db *meshdb.DB, _ []string) error {
+				if *history {
+					return printKeyHistory(ctx, db, out, *asJSON)
+				}
 				keys, holders, err := db.ContentKeys(ctx)
 				if err != nil {
 					return err
@@ -102,4 +107,25 @@ func (c *MeshCommand) keyLeaves() []meshLeaf {
 			}
 		}},
 	}
+}
+
+// printKeyHistory prints the history of the mesh's keys, oldest first, as
+// a table or as JSON.
+func printKeyHistory(ctx context.Context, db *meshdb.DB, out io.Writer, asJSON bool) error {
+	events, err := db.KeyHistory(ctx)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(out, orEmpty(events))
+	}
+	if len(events) == 0 {
+		fmt.Fprintln(out, "no key events recorded yet")
+		return nil
+	}
+	table := [][]string{{"AT", "EVENT", "KEY", "SCOPE", "HOLDER", "BY", "DETAIL"}}
+	for _, e := range events {
+		table = append(table, []string{e.At.UTC().Format(time.RFC3339), e.Kind, dash(e.Key), dash(e.Scope), dash(e.Holder), dash(e.By), clip(dash(e.Detail), 120)})
+	}
+	return writeTable(out, table)
 }
