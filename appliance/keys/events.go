@@ -47,18 +47,28 @@ func (kk *Keeper) noteForgotten(b cache.Bindings, id string) {
 }
 
 // noteSealing records a change of the key this node seals with in scope
-// ("": the mesh's). kk.mu is held.
+// ("": the mesh's): a rotation when it seals with another key than the
+// one it sealed with last, and one line when it stops sealing (a
+// compromised key is no longer used and not every node holds the new one
+// yet). kk.mu is held.
 func (kk *Keeper) noteSealing(scope, id string) {
 	prev, seen := kk.sealing[scope]
+	if id == "" {
+		if seen && !kk.paused[scope] {
+			kk.paused[scope] = true
+			kk.log.Warn("this node seals nothing with this key's scope until every node holds the new key: the one it sealed with is compromised",
+				"was", prev, "scope", scope)
+		}
+		return
+	}
 	kk.sealing[scope] = id
-	if !seen || prev == id || id == "" {
-		return
-	}
-	if prev == "" {
+	if kk.paused[scope] {
+		delete(kk.paused, scope)
 		kk.log.Info("sealing again, with a content key every node holds", "key", id, "scope", scope)
-		return
 	}
-	kk.event(meshdb.KeyRotated, "sealing with a new content key", "key", id, "replaces", prev, "scope", scope)
+	if seen && prev != id {
+		kk.event(meshdb.KeyRotated, "sealing with a new content key", "key", id, "replaces", prev, "scope", scope)
+	}
 }
 
 // noteCompromised records, once per key, that a key this node holds was

@@ -149,10 +149,12 @@ type Keeper struct {
 	seen         map[string]bool
 	refusedTotal *prometheus.CounterVec
 	uncommitLog  map[string]bool // uncommitted keys already logged
-	// Key events (events.go): the counter, the key sealed with by scope
-	// ("": the mesh's) as last applied, and the compromised keys logged.
+	// Key events (events.go): the counter, the key sealed with last by
+	// scope ("": the mesh's), the scopes this node seals nothing with for
+	// now, and the compromised keys logged.
 	events      *prometheus.CounterVec
 	sealing     map[string]string
+	paused      map[string]bool
 	compromised map[string]bool
 }
 
@@ -216,7 +218,7 @@ func New(cfg Config) (*Keeper, error) {
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		opened: map[string]openedKey{}, logged: map[string]bool{}, ended: ended, conditionKey: cfg.ConditionKey,
 		refused: map[string]refusedCopy{}, seen: map[string]bool{}, uncommitLog: map[string]bool{},
-		events: newEventsCounter(), sealing: map[string]string{}, compromised: map[string]bool{},
+		events: newEventsCounter(), sealing: map[string]string{}, paused: map[string]bool{}, compromised: map[string]bool{},
 		refusedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshbox_sealed_keys_refused_total",
 			Help: "Sealed copies of content keys this node refused, by reason: unopenable, invalid (no content key), commitment (another key than its id names).",
