@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -154,7 +155,7 @@ func (db *DB) RemoveCompromised(ctx context.Context, name string, force bool, re
 			return err
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO key_events (kind, holder, by_whom, detail) VALUES ('revoked', $1, session_user, $2)`,
-			name, fmt.Sprintf("node %s removed as compromised: its copies withdrawn, keys %v marked compromised and rotated", name, out.Compromised))
+			name, fmt.Sprintf("node %s removed as compromised: its credentials and copies revoked, keys %s marked compromised and rotated", name, strings.Join(out.Compromised, ", ")))
 		return err
 	})
 	if err != nil {

@@ -153,6 +153,7 @@ func TestCompromisedNodeRemoved(t *testing.T) {
 
 	// The history shows the rotations and the revocations.
 	code, out, errOut = cliEnv(t, m.admin, "mesh", "key", "list", "--history")
+	t.Logf("history:\n%s", out)
 	if code != 0 || !strings.Contains(out, "EVENT") || !strings.Contains(out, "node gamma removed as compromised") {
 		t.Errorf("mesh key list --history: exit %d:\n%s%s", code, out, errOut)
 	}

@@ -102,7 +102,8 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM public.nodes n WHERE n.name = OLD.node) THEN
         INSERT INTO public.key_events (kind, key_id, scope, holder, by_whom, detail)
-        VALUES ('revoked', OLD.key_id, sc, OLD.node, session_user, public.meshbox_key_event_detail('the node was removed'));
+        VALUES ('revoked', OLD.key_id, sc, OLD.node, session_user,
+                COALESCE(NULLIF(public.meshbox_key_event_reason(), ''), 'the node was removed'));
     ELSIF sc IS NOT NULL AND NOT EXISTS (SELECT 1 FROM public.scope_members m WHERE m.scope = sc AND m.node = OLD.node) THEN
         INSERT INTO public.key_events (kind, key_id, scope, holder, by_whom, detail)
         VALUES ('revoked', OLD.key_id, sc, OLD.node, session_user, public.meshbox_key_event_detail('the node left the scope'));
