@@ -100,6 +100,9 @@ type Compromise struct {
 	// RetireAt is when the compromised keys that were not retiring yet
 	// retire.
 	RetireAt time.Time
+	// Sessions is what became of the database sessions of the node's
+	// dropped roles (Roles, Lingering, EndErr).
+	Sessions Revoked
 }
 
 // RemoveCompromised removes node name as RemoveNode does (its record,
@@ -135,6 +138,10 @@ func (db *DB) RemoveCompromised(ctx context.Context, name string, force bool, re
 			fmt.Sprintf("node %s removed as compromised", name)); err != nil {
 			return err
 		}
+		if err := collect(ctx, tx, &out.Sessions.Roles, `SELECT role FROM node_roles WHERE node = $1 ORDER BY role`, []any{name},
+			func(r pgx.Rows, s *string) error { return r.Scan(s) }); err != nil {
+			return err
+		}
 		if err := removeNode(ctx, tx, name, force); err != nil {
 			return err
 		}
@@ -160,6 +167,11 @@ func (db *DB) RemoveCompromised(ctx context.Context, name string, force bool, re
 	})
 	if err != nil {
 		return Compromise{}, err
+	}
+	if len(out.Sessions.Roles) > 0 {
+		// As DeleteCredentialGeneration: count what the admin may not end.
+		out.Sessions.EndErr = db.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE NOT pg_terminate_backend(pid))
+			FROM pg_stat_activity WHERE usename = ANY($1)`, out.Sessions.Roles).Scan(&out.Sessions.Lingering)
 	}
 	return out, nil
 }

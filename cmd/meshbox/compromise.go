@@ -56,6 +56,12 @@ func (c *MeshCommand) removeCompromised(ctx context.Context, db *meshdb.DB, name
 	}
 	fmt.Fprintf(out, "node %s: removed as compromised: record and database roles removed, its copies of the mesh's keys withdrawn (mesh revision %d)\n",
 		name, comp.Change.Revision)
+	switch s := comp.Sessions; {
+	case s.EndErr != nil:
+		fmt.Fprintf(out, "node %s: the sessions of its database roles could not be ended: %v\n", name, s.EndErr)
+	case s.Lingering > 0:
+		fmt.Fprintf(out, "node %s: %d sessions of its dropped database roles still run (ending them needs a superuser or pg_signal_backend); they may read nothing\n", name, s.Lingering)
+	}
 	if admin != nil {
 		if err := c.deleteBrokerUsers(ctx, admin, name); err != nil {
 			return fmt.Errorf("remove compromised node %s: record, database roles and keys handled, but: %w (run the command again to delete its broker users)", name, err)
