@@ -177,20 +177,28 @@ func (db *DB) RemoveCompromised(ctx context.Context, name string, force bool, re
 }
 
 // loadCompromised marks the content keys a compromised node held, inside
-// Load's transaction. A database older than compromise response marks
-// none.
+// Load's transaction.
 func loadCompromised(ctx context.Context, tx pgx.Tx, b *cache.Bindings) error {
-	v, err := schemaVersion(ctx, tx)
+	return markCompromised(ctx, tx, b.ContentKeys)
+}
+
+// markCompromised sets Compromised on the keys a compromised node held. A
+// database older than compromise response marks none.
+func markCompromised(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, keys []cache.ContentKey) error {
+	v, err := schemaVersion(ctx, q)
 	if err != nil || v < keyEventsSchema {
 		return err
 	}
 	var ids []string
-	if err := collect(ctx, tx, &ids, `SELECT id FROM content_keys WHERE compromised`, nil,
+	if err := collect(ctx, q, &ids, `SELECT id FROM content_keys WHERE compromised`, nil,
 		func(r pgx.Rows, s *string) error { return r.Scan(s) }); err != nil {
 		return err
 	}
-	for i, k := range b.ContentKeys {
-		b.ContentKeys[i].Compromised = slices.Contains(ids, k.ID)
+	for i, k := range keys {
+		keys[i].Compromised = slices.Contains(ids, k.ID)
 	}
 	return nil
 }

@@ -70,17 +70,18 @@ func (c *MeshCommand) keyLeaves() []meshLeaf {
 					return err
 				}
 				type row struct {
-					ID       string     `json:"id"`
-					Created  time.Time  `json:"created_at"`
-					RetireAt *time.Time `json:"retire_at,omitempty"`
-					Holders  []string   `json:"holders"`
+					ID          string     `json:"id"`
+					Created     time.Time  `json:"created_at"`
+					RetireAt    *time.Time `json:"retire_at,omitempty"`
+					Compromised bool       `json:"compromised,omitempty"` // a node removed as compromised held it: nobody seals with it
+					Holders     []string   `json:"holders"`
 				}
 				rows := []row{}
 				for _, k := range keys {
 					if k.Scope != "" {
 						continue // a scope's: meshbox mesh scope list
 					}
-					r := row{ID: k.ID, Created: k.CreatedAt, RetireAt: k.RetireAt, Holders: []string{}}
+					r := row{ID: k.ID, Created: k.CreatedAt, RetireAt: k.RetireAt, Compromised: k.Compromised, Holders: []string{}}
 					for _, h := range holders {
 						if h.KeyID == k.ID {
 							r.Holders = append(r.Holders, h.Node)
@@ -96,6 +97,9 @@ func (c *MeshCommand) keyLeaves() []meshLeaf {
 					retires := "-"
 					if r.RetireAt != nil {
 						retires = r.RetireAt.UTC().Format(time.RFC3339)
+					}
+					if r.Compromised {
+						retires += " (compromised: no node seals with it)"
 					}
 					held := strings.Join(r.Holders, ",")
 					if held == "" {

@@ -104,6 +104,9 @@ func TestCompromisedNodeRemoved(t *testing.T) {
 	if strings.Contains(out, oldOther) || strings.Contains(out, "scope other") {
 		t.Errorf("remove --compromised touched scope other, which gamma was not in:\n%s", out)
 	}
+	if code, out, errOut := cliEnv(t, m.admin, "mesh", "key", "list"); code != 0 || !strings.Contains(out, "(compromised: no node seals with it)") {
+		t.Errorf("mesh key list: exit %d: %s%s; want the old key marked compromised", code, out, errOut)
+	}
 	if gens := m.generations(t, "gamma"); len(gens) != 0 {
 		t.Errorf("gamma still has broker users of generations %v", gens)
 	}
