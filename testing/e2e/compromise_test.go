@@ -27,14 +27,15 @@ import (
 // sealed with the mesh's key (jobs) and one sealed with scope vault's
 // (secrets, vault held by all three); a scope other is held by alpha and
 // beta only. gamma is stopped and its data directory taken (the attacker's
-// copy); `mesh node remove gamma --compromised` revokes its credentials,
-// rotates the mesh's key and vault's (not other's), and the remaining
-// nodes and the recovery kit hold the new keys. Rows written afterwards:
-// the attacker, with gamma's node key and every key sealed to it in its
-// bindings cache, opens the rows of both logs written before, and none
-// written after; beta reads both (the control), and so does the same
-// reader with beta's files. The key history shows the rotation and the
-// revocation; bad input is refused.
+// copy). beta is stopped too; `mesh node remove gamma --compromised`
+// revokes gamma's credentials, rotates the mesh's key and vault's (not
+// other's) and names beta as lacking the new keys. alpha then seals
+// nothing: its writes are refused until beta runs again and holds the new
+// keys. Rows written afterwards: the attacker, with gamma's node key and
+// every key sealed to it in its bindings cache, opens the rows of both
+// logs written before, and none written after; beta reads both (the
+// control), and so does the same reader with beta's files. The key history shows the rotation and the revocation;
+// bad input is refused.
 func TestCompromisedNodeRemoved(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, RabbitMQ and three nodes")
@@ -92,11 +93,14 @@ func TestCompromisedNodeRemoved(t *testing.T) {
 		t.Fatalf("a refused remove removed gamma:\n%s", out)
 	}
 
+	// beta is off when gamma is removed: it cannot hold the new keys yet.
+	beta.Signal(syscall.SIGTERM)
+	beta.Wait()
 	start := time.Now()
-	code, out, errOut = cliEnv(t, m.admin, "mesh", "node", "remove", "gamma", "--compromised", "--wait", "30s")
+	code, out, errOut = cliEnv(t, m.admin, "mesh", "node", "remove", "gamma", "--compromised", "--wait", "0")
 	t.Logf("remove --compromised took %s:\n%s", time.Since(start).Round(time.Millisecond), out)
 	for _, want := range []string{"node gamma: removed as compromised", "broker user of generation 1 deleted",
-		"marked compromised", oldMesh, oldVault, "scope vault: new content key", "every remaining node holds the new keys"} {
+		"marked compromised", oldMesh, oldVault, "scope vault: new content key", "not yet held by", "beta"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Fatalf("mesh node remove gamma --compromised: exit %d, want %q in:\n%s%s", code, want, out, errOut)
 		}
@@ -111,6 +115,20 @@ func TestCompromisedNodeRemoved(t *testing.T) {
 		t.Errorf("gamma still has broker users of generations %v", gens)
 	}
 
+	// alpha seals nothing while beta lacks the new keys: neither with the
+	// compromised keys nor with new ones beta could not open. Its writes
+	// are refused, saying why.
+	meshtest.WaitStatus(t, alpha.HTTPURL(), 30*time.Second, "alpha sealing nothing with the mesh's key or vault's", func(s appliance.Status) bool {
+		return s.Keys.Current == "" && s.Keys.Scopes["vault"] == "" && s.Keys.Scopes["other"] == oldOther
+	})
+	for _, table := range []string{"jobs", "secrets"} {
+		code, out, errOut := rowsCLI(t, alpha, "put", table, "during", "pin=written-during")
+		if code == 0 || !strings.Contains(errOut, "no key") || !strings.Contains(errOut, "once it holds the key") {
+			t.Errorf("rows put %s on alpha while beta lacks the new key: exit %d: %s%s; want a refusal for want of a key", table, code, out, errOut)
+		}
+	}
+	beta = m.start(t, "beta")
+
 	// Both remaining nodes seal with the new keys (other's stays).
 	for _, p := range []*meshtest.Process{alpha, beta} {
 		meshtest.WaitStatus(t, p.HTTPURL(), 30*time.Second, p.Node()+" sealing with the new keys", func(s appliance.Status) bool {
@@ -119,11 +137,16 @@ func TestCompromisedNodeRemoved(t *testing.T) {
 		if s := meshtest.Status(t, p.HTTPURL()); s.Keys.Scopes["other"] != oldOther {
 			t.Errorf("%s seals scope other with %s, want its key %s unchanged", p.Node(), s.Keys.Scopes["other"], oldOther)
 		}
-		if v, _ := scrape(t, p.HTTPURL()).value("meshbox_key_events_total", "kind=rotated"); v < 2 {
-			t.Errorf("%s counted %v rotated key events, want 2 (the mesh's key and vault's)", p.Node(), v)
-		}
-		if !strings.Contains(p.Output(), "sealing with a new content key") {
-			t.Errorf("%s logged no rotation\n%s", p.Node(), p.Output())
+	}
+	if v, _ := scrape(t, alpha.HTTPURL()).value("meshbox_key_events_total", "kind=rotated"); v != 2 {
+		t.Errorf("alpha counted %v rotated key events, want 2 (the mesh's key and vault's)", v)
+	}
+	if v, _ := scrape(t, alpha.HTTPURL()).value("meshbox_key_events_total", "kind=revoked"); v != 2 {
+		t.Errorf("alpha counted %v revoked key events, want 2 (the compromised keys it holds)", v)
+	}
+	for _, line := range []string{"seals nothing with this key's scope", "sealing with a new content key"} {
+		if !strings.Contains(alpha.Output(), line) {
+			t.Errorf("alpha did not log %q\n%s", line, alpha.Output())
 		}
 	}
 	waitRows(t, alpha, 20*time.Second, 0, "", "put", "jobs", "after", "status=written-after")
