@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"io/fs"
 	"maps"
@@ -138,6 +139,7 @@ func TestCompromisedNodeRemoved(t *testing.T) {
 			t.Errorf("%s seals scope other with %s, want its key %s unchanged", p.Node(), s.Keys.Scopes["other"], oldOther)
 		}
 	}
+	newMesh := meshtest.Status(t, alpha.HTTPURL()).Keys.Current
 	if v, _ := scrape(t, alpha.HTTPURL()).value("meshbox_key_events_total", "kind=rotated"); v != 2 {
 		t.Errorf("alpha counted %v rotated key events, want 2 (the mesh's key and vault's)", v)
 	}
@@ -177,6 +179,17 @@ func TestCompromisedNodeRemoved(t *testing.T) {
 		}
 	}
 
+	// The new keys are sealed for the recovery kit too.
+	mdb, err := meshdb.Open(context.Background(), m.db, meshdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mdb.Close()
+	meshtest.WaitFor(t, 30*time.Second, "the new mesh key sealed for the recovery kit", func() bool {
+		_, copies, err := mdb.RecoveryKit(context.Background(), "")
+		return err == nil && copies[newMesh] != ""
+	})
+
 	// The history shows the rotations and the revocations.
 	code, out, errOut = cliEnv(t, m.admin, "mesh", "key", "list", "--history")
 	t.Logf("history:\n%s", out)
@@ -197,6 +210,7 @@ func TestCompromisedNodeRemoved(t *testing.T) {
 		{meshdb.KeyMade, oldMesh, "*", ""},
 		{meshdb.KeySealed, oldMesh, "gamma", ""},
 		{meshdb.KeySealed, oldMesh, meshdb.KitSealedBy, "recovery kit"},
+		{meshdb.KeySealed, newMesh, meshdb.KitSealedBy, "recovery kit"},
 		{meshdb.KeyRevoked, oldMesh, "gamma", "node gamma removed as compromised"},
 		{meshdb.KeyRevoked, oldVault, "gamma", "node gamma removed as compromised"},
 		{meshdb.KeyRevoked, "", "gamma", "marked compromised and rotated"},
