@@ -77,6 +77,9 @@ type ContentKey struct {
 	// published by the node that made its bytes: a node uses an opened
 	// copy only if it matches. Empty for a key claimed before commitments.
 	Commitment []byte `json:"commitment,omitempty"`
+	// Compromised: a node removed as compromised held the key. No node
+	// seals with it; members open with it until it retires.
+	Compromised bool `json:"compromised,omitempty"`
 }
 
 // Retired reports whether the key is retired at now.
@@ -485,6 +488,17 @@ func hashNormalized(b Bindings) string {
 		putN(len(b.Stages))
 		for _, st := range b.Stages {
 			put(st)
+		}
+	}
+	// Likewise the keys a compromised node held.
+	hasCompromised := false
+	for _, k := range b.ContentKeys {
+		hasCompromised = hasCompromised || k.Compromised
+	}
+	if hasCompromised {
+		put("compromised")
+		for _, k := range b.ContentKeys {
+			putBool(k.Compromised)
 		}
 	}
 	_ = w.Flush() // writes to a hash never fail

@@ -10,6 +10,11 @@
 // public keys, claims keys nobody holds and seals held keys for the nodes
 // that lack them. Status is the keys part of the node's status.
 //
+// Each key event the keeper takes part in (made, sealed, rotated,
+// retired, recovered, revoked) is one log line and one count of
+// meshbox_key_events_total{kind} (events.go). A key marked compromised (a
+// node removed as compromised held it) is never sealed with.
+//
 // Caveats: keys are opened in memory only and never logged; a copy that
 // does not open, or opens to another key than its commitment names, is
 // refused and removed so that an honest holder seals it again (keys.go

@@ -149,6 +149,13 @@ type Keeper struct {
 	seen         map[string]bool
 	refusedTotal *prometheus.CounterVec
 	uncommitLog  map[string]bool // uncommitted keys already logged
+	// Key events (events.go): the counter, the key sealed with last by
+	// scope ("": the mesh's), the scopes this node seals nothing with for
+	// now, and the compromised keys logged.
+	events      *prometheus.CounterVec
+	sealing     map[string]string
+	paused      map[string]bool
+	compromised map[string]bool
 }
 
 // maxSeenRefused bounds the refused copies remembered as logged.
@@ -211,6 +218,7 @@ func New(cfg Config) (*Keeper, error) {
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		opened: map[string]openedKey{}, logged: map[string]bool{}, ended: ended, conditionKey: cfg.ConditionKey,
 		refused: map[string]refusedCopy{}, seen: map[string]bool{}, uncommitLog: map[string]bool{},
+		events: newEventsCounter(), sealing: map[string]string{}, paused: map[string]bool{}, compromised: map[string]bool{},
 		refusedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshbox_sealed_keys_refused_total",
 			Help: "Sealed copies of content keys this node refused, by reason: unopenable, invalid (no content key), commitment (another key than its id names).",
@@ -222,7 +230,7 @@ func New(cfg Config) (*Keeper, error) {
 		}, []string{"key"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{kk.missing, kk.refusedTotal} {
+		for _, c := range []prometheus.Collector{kk.missing, kk.refusedTotal, kk.events} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register key metrics: %w", err)
 			}
@@ -292,6 +300,10 @@ func (kk *Keeper) applyKeys(snap cache.Snapshot) {
 			uncommitted = append(uncommitted, sk.ID)
 		}
 		o.key.Scope = ck.Scope
+		if _, had := kk.opened[sk.ID]; !had && sk.SealedBy == meshdb.KitSealedBy {
+			kk.event(meshdb.KeyRecovered, "opened a content key sealed for this node with the recovery kit", "key", sk.ID, "scope", ck.Scope)
+		}
+		kk.noteCompromised(ck)
 		kk.opened[sk.ID] = o
 		keys = append(keys, o.key)
 		held[sk.ID] = true
@@ -299,9 +311,11 @@ func (kk *Keeper) applyKeys(snap cache.Snapshot) {
 	for id := range kk.opened {
 		if !held[id] {
 			delete(kk.opened, id) // retired, gone, or left its scope: forgotten
+			kk.noteForgotten(b, id)
 		}
 	}
 	current := chooseCurrent(b, "", held, now)
+	kk.noteSealing("", current)
 	sc := seal.Scopes{Current: map[string]string{}, Bindings: map[string]string{}, Member: map[string]bool{},
 		Members: map[string][]string{}}
 	for _, s := range b.Scopes {
@@ -311,7 +325,9 @@ func (kk *Keeper) applyKeys(snap cache.Snapshot) {
 		}
 		if s.Member(kk.node) {
 			sc.Member[s.Name] = true
-			if id := chooseCurrent(b, s.Name, held, now); id != "" {
+			id := chooseCurrent(b, s.Name, held, now)
+			kk.noteSealing(s.Name, id)
+			if id != "" {
 				sc.Current[s.Name] = id
 			}
 		}
@@ -406,10 +422,25 @@ func mayHold(b cache.Bindings, scope, node string) bool {
 // now) and opens messages with already (it said so: KeyHolder.Opened);
 // when none is, the oldest held (the one the others are most likely to
 // hold). "" when none is held.
+//
+// A key marked compromised (a node removed as compromised held it) is
+// never chosen; and while such a key of the scope is active, neither is a
+// key not every node holds yet: the node seals nothing (its writes wait)
+// rather than seal under a key the removed node holds, or one a member
+// cannot open yet. The wait ends when every node holds the new key, or
+// when the compromised keys retire.
 func chooseCurrent(b cache.Bindings, scope string, held map[string]bool, now time.Time) string {
 	var active []cache.ContentKey
+	compromised := false
 	for _, ck := range b.ContentKeys {
-		if held[ck.ID] && !ck.Retired(now) && ck.Scope == scope {
+		if ck.Scope != scope || ck.Retired(now) {
+			continue
+		}
+		if ck.Compromised {
+			compromised = true
+			continue
+		}
+		if held[ck.ID] {
 			active = append(active, ck)
 		}
 	}
@@ -445,6 +476,9 @@ func chooseCurrent(b cache.Bindings, scope string, held map[string]bool, now tim
 		if all {
 			return active[i].ID
 		}
+	}
+	if compromised {
+		return ""
 	}
 	return active[0].ID
 }

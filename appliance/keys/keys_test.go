@@ -52,6 +52,16 @@ func TestChooseCurrent(t *testing.T) {
 			[]string{"k1", "k2"}, "k2"},
 		{"k1 retired", cache.Bindings{Nodes: nodes, ContentKeys: []cache.ContentKey{{ID: "k1", CreatedAt: t0, RetireAt: &retired}, keys[1]},
 			KeyHolders: holders("k2/a")}, []string{"k1", "k2"}, "k2"},
+		// A compromised node held k1: nobody seals with it, and k2 only
+		// once every node holds it.
+		{"k1 compromised, k2 not everywhere yet: nothing", cache.Bindings{Nodes: nodes, ContentKeys: compromised(keys, later),
+			KeyHolders: holders("k1/a", "k1/b", "k2/a")}, []string{"k1", "k2"}, ""},
+		{"k1 compromised, k2 not held: nothing", cache.Bindings{Nodes: nodes, ContentKeys: compromised(keys, later),
+			KeyHolders: holders("k1/a", "k1/b")}, []string{"k1"}, ""},
+		{"k1 compromised, k2 everywhere", cache.Bindings{Nodes: nodes, ContentKeys: compromised(keys, later),
+			KeyHolders: holders("k1/a", "k1/b", "k2/a", "k2/b")}, []string{"k1", "k2"}, "k2"},
+		{"k1 compromised and retired, k2 not everywhere: k2", cache.Bindings{Nodes: nodes, ContentKeys: compromised(keys, retired),
+			KeyHolders: holders("k2/a")}, []string{"k2"}, "k2"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -63,6 +73,14 @@ func TestChooseCurrent(t *testing.T) {
 				t.Errorf("got %q, want %q", got, tt.want)
 			}
 		})
+	}
+
+	// A compromised key of another scope does not hold the mesh's back.
+	other := cache.Bindings{Nodes: nodes, Scopes: []cache.Scope{{Name: "vault", Members: []string{"a"}}},
+		ContentKeys: append(compromised([]cache.ContentKey{{ID: "kv", Scope: "vault", CreatedAt: t0}}, later), keys...),
+		KeyHolders:  holders("k1/a", "k2/a")}
+	if got := chooseCurrent(other, "", map[string]bool{"k1": true, "k2": true}, t0); got != "k1" {
+		t.Errorf("the mesh's key beside a compromised key of scope vault: got %q, want k1", got)
 	}
 
 	// A scope's key: only its members count, and the mesh's choice ignores it.
@@ -145,4 +163,12 @@ func TestKeyKeeperOpensItsCopies(t *testing.T) {
 	if _, err := kk.OpenGrant(g); err == nil {
 		t.Fatal("a credential sealed for another grant opened")
 	}
+}
+
+// compromised returns keys with the first marked compromised and retiring
+// at retire.
+func compromised(keys []cache.ContentKey, retire time.Time) []cache.ContentKey {
+	out := append([]cache.ContentKey(nil), keys...)
+	out[0].Compromised, out[0].RetireAt = true, &retire
+	return out
 }

@@ -3,6 +3,7 @@ package keys
 import (
 	"context"
 
+	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/internal/seal"
 )
 
@@ -26,7 +27,6 @@ func (kk *Keeper) sealForKit(ctx context.Context, mine []seal.ContentKey) (chang
 	}
 	fpr := seal.Fingerprint(pub)
 	mesh := ""
-	var sealed []string
 	for _, k := range mine {
 		if copies[k.ID] == fpr {
 			continue
@@ -47,11 +47,8 @@ func (kk *Keeper) sealForKit(ctx context.Context, mine []seal.ContentKey) (chang
 		}
 		if wrote {
 			changed = true
-			sealed = append(sealed, k.ID)
+			kk.event(meshdb.KeySealed, "sealed a content key for the recovery kit", "key", k.ID, "scope", k.Scope, "kit", fpr)
 		}
-	}
-	if len(sealed) > 0 {
-		kk.log.Info("sealed content keys for the recovery kit", "keys", sealed, "kit", fpr)
 	}
 	return changed, nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/cache"
+	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/internal/seal"
 )
 
@@ -149,7 +150,7 @@ func (kk *Keeper) sync(ctx context.Context, b cache.Bindings) (changed bool, err
 		}
 		changed = true // by this node or the one that won
 		if won {
-			kk.log.Info("made content key", "key", ck.ID)
+			kk.event(meshdb.KeyMade, "made content key", "key", ck.ID, "scope", ck.Scope)
 		}
 	}
 	kk.mu.Lock()
@@ -200,7 +201,7 @@ func (kk *Keeper) sync(ctx context.Context, b cache.Bindings) (changed bool, err
 			}
 			if wrote {
 				changed = true
-				kk.log.Info("sealed a content key for a node", "key", k.ID, "for", n.Name)
+				kk.event(meshdb.KeySealed, "sealed a content key for a node", "key", k.ID, "scope", k.Scope, "for", n.Name)
 			}
 		}
 	}

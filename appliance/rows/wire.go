@@ -71,6 +71,23 @@ func sealBatch(s *seal.Sealer, table string, b *batch) ([]byte, error) {
 	return s.Seal(nil, sealAD(table, s.ID()), pt), nil
 }
 
+// OpenLog opens a message of table's log, sealed with key keyID (its
+// Meshbox-Key header), with the keys in ring, as a reader of the log
+// does, and returns the ids of the rows it changes. It is for a party
+// that holds keys outside a running node: an audit, or a test playing
+// the holder of a removed node's files.
+func OpenLog(ring *seal.Keyring, table, keyID string, body []byte) ([]string, error) {
+	b, err := openBatch(ring, table, keyID, body)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, 0, len(b.Changes))
+	for _, ch := range b.Changes {
+		ids = append(ids, ch.Row)
+	}
+	return ids, nil
+}
+
 // errUnopened wraps a log message this node cannot open.
 var errUnopened = errors.New("does not open")
 

@@ -102,33 +102,36 @@ func (db *DB) RemoveNode(ctx context.Context, name string, force bool) (Change, 
 	if err := cache.ValidateNodeName(name); err != nil {
 		return Change{}, fmt.Errorf("remove node: %w", err)
 	}
-	return db.change(ctx, "remove node", func(tx pgx.Tx) error {
-		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM nodes WHERE name = $1)`, name).Scan(&exists); err != nil {
-			return err
-		}
-		if !exists {
-			return &NotFoundError{What: fmt.Sprintf("node %q", name)}
-		}
-		if !force {
-			use := &InUseError{Node: name}
-			err := tx.QueryRow(ctx, `SELECT
-				(SELECT count(*) FROM assignments WHERE node = $1),
-				(SELECT count(*) FROM overrides WHERE node = $1),
-				(SELECT count(*) FROM grants WHERE consumer = $1)`, name).Scan(&use.Assignments, &use.Overrides, &use.Grants)
-			if err != nil {
-				return err
-			}
-			if use.Assignments+use.Overrides+use.Grants > 0 {
-				return use
-			}
-		}
-		if err := dropNodeRoles(ctx, tx, name); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `DELETE FROM nodes WHERE name = $1`, name)
+	return db.change(ctx, "remove node", func(tx pgx.Tx) error { return removeNode(ctx, tx, name, force) })
+}
+
+// removeNode removes node name inside tx (see RemoveNode).
+func removeNode(ctx context.Context, tx pgx.Tx, name string, force bool) error {
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM nodes WHERE name = $1)`, name).Scan(&exists); err != nil {
 		return err
-	})
+	}
+	if !exists {
+		return &NotFoundError{What: fmt.Sprintf("node %q", name)}
+	}
+	if !force {
+		use := &InUseError{Node: name}
+		err := tx.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM assignments WHERE node = $1),
+			(SELECT count(*) FROM overrides WHERE node = $1),
+			(SELECT count(*) FROM grants WHERE consumer = $1)`, name).Scan(&use.Assignments, &use.Overrides, &use.Grants)
+		if err != nil {
+			return err
+		}
+		if use.Assignments+use.Overrides+use.Grants > 0 {
+			return use
+		}
+	}
+	if err := dropNodeRoles(ctx, tx, name); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `DELETE FROM nodes WHERE name = $1`, name)
+	return err
 }
 
 // Nodes lists every node record, by name.

@@ -211,6 +211,9 @@ func (db *DB) ContentKeys(ctx context.Context) ([]cache.ContentKey, []cache.KeyH
 		func(r pgx.Rows, k *cache.ContentKey) error { return r.Scan(&k.ID, &k.Scope, &k.CreatedAt, &k.RetireAt) }); err != nil {
 		return nil, nil, db.wrap("content keys", err)
 	}
+	if err := markCompromised(ctx, db.pool, keys); err != nil {
+		return nil, nil, db.wrap("content keys", err)
+	}
 	var holders []cache.KeyHolder
 	if err := collect(ctx, db.pool, &holders, `SELECT key_id, node, sealed_for, opened FROM meshbox_key_holders()`, nil,
 		func(r pgx.Rows, h *cache.KeyHolder) error { return r.Scan(&h.KeyID, &h.Node, &h.SealedFor, &h.Opened) }); err != nil {
@@ -239,6 +242,9 @@ func loadKeys(ctx context.Context, tx pgx.Tx, node string, b *cache.Bindings) er
 	}
 	if err := loadCommitments(ctx, tx, node, b); err != nil {
 		return fmt.Errorf("key commitments: %w", err)
+	}
+	if err := loadCompromised(ctx, tx, b); err != nil {
+		return fmt.Errorf("compromised keys: %w", err)
 	}
 	return nil
 }

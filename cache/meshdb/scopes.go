@@ -134,36 +134,45 @@ func (db *DB) rotate(ctx context.Context, op, scope string, retention time.Durat
 	if retention <= 0 {
 		retention = DefaultKeyRetention
 	}
-	var sc any // NULL for the mesh's keys
-	if scope != "" {
-		sc = scope
-	}
-	id := seal.NewContentKey().ID
+	var id string
 	ch, err := db.change(ctx, op, func(tx pgx.Tx) error {
-		if sc != nil {
-			var exists bool
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM scopes WHERE name = $1)`, sc).Scan(&exists); err != nil {
-				return err
-			}
-			if !exists {
-				return &NotFoundError{What: fmt.Sprintf("scope %q", scope)}
-			}
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM content_keys WHERE retire_at <= now()`); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE content_keys SET retire_at = now() + $1::interval
-			WHERE retire_at IS NULL AND scope IS NOT DISTINCT FROM $2::text`,
-			fmt.Sprintf("%d milliseconds", retention.Milliseconds()), sc); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO content_keys (id, scope) VALUES ($1, $2::text)`, id, sc)
+		var err error
+		id, err = rotateIn(ctx, tx, scope, retention)
 		return err
 	})
 	if err != nil {
 		return "", Change{}, err
 	}
 	return id, ch, nil
+}
+
+// rotateIn adds a content key of scope ("": the mesh's) inside tx and
+// retires the scope's older keys after retention (more than 0); keys
+// retired before now are deleted with their sealed copies. It returns the
+// new key's id.
+func rotateIn(ctx context.Context, tx pgx.Tx, scope string, retention time.Duration) (string, error) {
+	var sc any // NULL for the mesh's keys
+	if scope != "" {
+		sc = scope
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM scopes WHERE name = $1)`, sc).Scan(&exists); err != nil {
+			return "", err
+		}
+		if !exists {
+			return "", &NotFoundError{What: fmt.Sprintf("scope %q", scope)}
+		}
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM content_keys WHERE retire_at <= now()`); err != nil {
+		return "", err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE content_keys SET retire_at = now() + $1::interval
+		WHERE retire_at IS NULL AND scope IS NOT DISTINCT FROM $2::text`,
+		fmt.Sprintf("%d milliseconds", retention.Milliseconds()), sc); err != nil {
+		return "", err
+	}
+	id := seal.NewContentKey().ID
+	_, err := tx.Exec(ctx, `INSERT INTO content_keys (id, scope) VALUES ($1, $2::text)`, id, sc)
+	return id, err
 }
 
 // Scopes lists the mesh's scopes with their members and bindings.

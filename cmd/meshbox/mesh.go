@@ -35,8 +35,9 @@ Nodes:
   node rejoin NAME --broker-admin URL [--ttl 24h]
                                     (a new join token and credential for an existing node,
                                     its bindings kept; revokes its older credentials)
-  node remove NAME [--force] [--broker-admin URL]
-                                    (--force also removes its bindings; deletes its broker users)
+  node remove NAME [--force] [--broker-admin URL] [--compromised [--retention 24h] [--wait 1m]]
+                                    (--force also removes its bindings; deletes its broker users;
+                                    --compromised also rotates every key it held)
   node list [--json]
 Assignments:
   assign NODE MODULE [--selection S] [--autostart]
@@ -56,7 +57,9 @@ Grants:
   revoke CONSUMER RESOURCE PROVIDER
   grants [--consumer NODE] [--json]
 Keys:
-  key list [--json]                  the content keys and which nodes hold them
+  key list [--json] [--history]      the content keys and which nodes hold them
+                                     (--history: every key made, sealed, rotated, retired,
+                                     recovered or revoked)
   key rotate [--retention 24h]       add a content key; the old ones retire after --retention
 Scopes (keys for a subset of nodes, bound to capabilities, stages, topics):
   scope add NAME --nodes A,B         create a scope held by these nodes, with its own key
@@ -277,9 +280,24 @@ func (c *MeshCommand) leaves() []meshLeaf {
 		}},
 		{name: "node remove", args: []string{"NAME"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
 			force := fs.Bool("force", false, "also remove the node's assignments, overrides and grants")
+			compromised := fs.Bool("compromised", false, "the node is compromised: also rotate every key it held (the mesh's and its scopes'), so that its files open nothing written afterwards")
+			retention := fs.Duration("retention", meshdb.DefaultKeyRetention, "with --compromised: how long members still open what the replaced keys sealed")
+			wait := fs.Duration("wait", DefaultCompromiseWait, "with --compromised: how long to wait for the remaining nodes to hold the new keys (0: do not wait)")
 			admin := adminFlag(fs)
 			return func(ctx context.Context, db *meshdb.DB, a []string) error {
-				return c.removeNode(ctx, db, a[0], *force, *admin)
+				if !*compromised {
+					if given(fs, "retention") || given(fs, "wait") {
+						return usagef("mesh node remove: --retention and --wait go with --compromised")
+					}
+					return c.removeNode(ctx, db, a[0], *force, *admin)
+				}
+				switch {
+				case *retention < time.Minute:
+					return usagef("mesh node remove --compromised: --retention %s is shorter than a minute: members could not open messages in flight", *retention)
+				case *wait < 0 || *wait > time.Hour:
+					return usagef("mesh node remove --compromised: --wait %s: must be 0 or more and at most 1h", *wait)
+				}
+				return c.removeCompromised(ctx, db, a[0], *force, *admin, *retention, *wait)
 			}
 		}},
 		{name: "node rotate", args: []string{"NAME"}, anyArgs: true, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {

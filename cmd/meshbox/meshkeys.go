@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -59,23 +60,28 @@ func (c *MeshCommand) keyLeaves() []meshLeaf {
 		}},
 		{name: "key list", flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {
 			asJSON := fs.Bool("json", false, "print JSON")
+			history := fs.Bool("history", false, "list every key event instead: made, sealed, rotated, retired, recovered, revoked")
 			return func(ctx context.Context, db *meshdb.DB, _ []string) error {
+				if *history {
+					return printKeyHistory(ctx, db, out, *asJSON)
+				}
 				keys, holders, err := db.ContentKeys(ctx)
 				if err != nil {
 					return err
 				}
 				type row struct {
-					ID       string     `json:"id"`
-					Created  time.Time  `json:"created_at"`
-					RetireAt *time.Time `json:"retire_at,omitempty"`
-					Holders  []string   `json:"holders"`
+					ID          string     `json:"id"`
+					Created     time.Time  `json:"created_at"`
+					RetireAt    *time.Time `json:"retire_at,omitempty"`
+					Compromised bool       `json:"compromised,omitempty"` // a node removed as compromised held it: nobody seals with it
+					Holders     []string   `json:"holders"`
 				}
 				rows := []row{}
 				for _, k := range keys {
 					if k.Scope != "" {
 						continue // a scope's: meshbox mesh scope list
 					}
-					r := row{ID: k.ID, Created: k.CreatedAt, RetireAt: k.RetireAt, Holders: []string{}}
+					r := row{ID: k.ID, Created: k.CreatedAt, RetireAt: k.RetireAt, Compromised: k.Compromised, Holders: []string{}}
 					for _, h := range holders {
 						if h.KeyID == k.ID {
 							r.Holders = append(r.Holders, h.Node)
@@ -92,6 +98,9 @@ func (c *MeshCommand) keyLeaves() []meshLeaf {
 					if r.RetireAt != nil {
 						retires = r.RetireAt.UTC().Format(time.RFC3339)
 					}
+					if r.Compromised {
+						retires += " (compromised: no node seals with it)"
+					}
 					held := strings.Join(r.Holders, ",")
 					if held == "" {
 						held = "nobody yet (the first node to see it makes it)"
@@ -102,4 +111,25 @@ func (c *MeshCommand) keyLeaves() []meshLeaf {
 			}
 		}},
 	}
+}
+
+// printKeyHistory prints the history of the mesh's keys, oldest first, as
+// a table or as JSON.
+func printKeyHistory(ctx context.Context, db *meshdb.DB, out io.Writer, asJSON bool) error {
+	events, err := db.KeyHistory(ctx)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(out, orEmpty(events))
+	}
+	if len(events) == 0 {
+		fmt.Fprintln(out, "no key events recorded yet")
+		return nil
+	}
+	table := [][]string{{"AT", "EVENT", "KEY", "SCOPE", "HOLDER", "BY", "DETAIL"}}
+	for _, e := range events {
+		table = append(table, []string{e.At.UTC().Format(time.RFC3339), e.Kind, dash(e.Key), dash(e.Scope), dash(e.Holder), dash(e.By), clip(dash(e.Detail), 120)})
+	}
+	return writeTable(out, table)
 }

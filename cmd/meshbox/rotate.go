@@ -178,20 +178,9 @@ func (c *MeshCommand) removeNode(ctx context.Context, db *meshdb.DB, name string
 		return err
 	}
 	if admin != nil {
-		onBroker, err := admin.Generations(ctx, name)
-		if err != nil {
+		if err := c.deleteBrokerUsers(ctx, admin, name); err != nil {
 			return fmt.Errorf("remove node %s: record and database roles removed, but: %w", name, err)
 		}
-		for _, g := range onBroker {
-			if err := admin.DeleteGeneration(ctx, name, g); err != nil {
-				return fmt.Errorf("remove node %s: record and database roles removed, but: %w", name, err)
-			}
-			fmt.Fprintf(c.m.Stdout, "node %s: broker user of generation %d deleted\n", name, g)
-		}
-		if err := admin.DeleteNodeQueues(ctx, name); err != nil {
-			return fmt.Errorf("remove node %s: record, database roles and broker users removed, but: %w", name, err)
-		}
-		fmt.Fprintf(c.m.Stdout, "node %s: its event queue deleted\n", name)
 	}
 	c.report(fmt.Sprintf("node %s removed (record and database roles)", name), ch)
 	return nil

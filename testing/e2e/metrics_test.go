@@ -172,6 +172,8 @@ var expectedMetrics = map[string]dto.MetricType{
 	"meshbox_discovery_messages_total": dto.MetricType_COUNTER,
 	"meshbox_discovery_rejected_total": dto.MetricType_COUNTER,
 	"meshbox_discovery_errors_total":   dto.MetricType_COUNTER,
+	// keys (appliance/keys): every kind of key event, from 0
+	"meshbox_key_events_total": dto.MetricType_COUNTER,
 	// modules (appliance/modules)
 	"meshbox_module_up":             dto.MetricType_GAUGE,
 	"meshbox_module_restarts_total": dto.MetricType_COUNTER,
