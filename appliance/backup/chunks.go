@@ -29,7 +29,7 @@ func sealedSize(size int64) int64 { return size + chunks(size)*chunkOverhead }
 // a chunk opens only in its place, and the last only as the last.
 func chunkAD(id, path string, i int64, last bool) []byte {
 	ad := make([]byte, 0, 32+len(id)+len(path)+9)
-	ad = append(ad, "meshbox backup chunk v1\x00"...)
+	ad = append(ad, "meshbox-backup chunk v1\x00"...)
 	ad = append(ad, id...)
 	ad = append(ad, 0)
 	ad = append(ad, path...)

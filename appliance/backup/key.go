@@ -66,6 +66,14 @@ func PassphraseKey(p []byte) (Key, error) {
 	return Key{pass: p}, nil
 }
 
+// Mesh is the mesh of the kit the key is, "" for a passphrase.
+func (k Key) Mesh() string {
+	if k.kit != nil {
+		return k.kit.Mesh()
+	}
+	return ""
+}
+
 // String says which key, without its secret.
 func (k Key) String() string {
 	if k.kit != nil {
@@ -76,7 +84,7 @@ func (k Key) String() string {
 
 // kitInfo is the HPKE info of a data key sealed to a kit.
 func kitInfo(header []byte) string {
-	return "meshbox backup data key v1\x00" + hex.EncodeToString(header)
+	return "meshbox-backup data key v1\x00" + hex.EncodeToString(header)
 }
 
 // seal seals dataKey for the archive whose header digest is header.

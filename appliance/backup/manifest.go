@@ -52,7 +52,7 @@ type FileEntry struct {
 // header is the digest of the fields the data key is bound to.
 func (m *Manifest) header() []byte {
 	h := sha256.New()
-	for _, f := range []string{"meshbox backup v1", fmt.Sprint(m.Format), m.ID, m.Mesh, m.Node, m.TakenAt.UTC().Format(time.RFC3339Nano)} {
+	for _, f := range []string{"meshbox-backup header v1", fmt.Sprint(m.Format), m.ID, m.Mesh, m.Node, m.TakenAt.UTC().Format(time.RFC3339Nano)} {
 		var n [4]byte
 		binary.BigEndian.PutUint32(n[:], uint32(len(f)))
 		h.Write(n[:])

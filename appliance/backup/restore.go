@@ -152,3 +152,12 @@ func moveInto(src, dir string) error {
 	syncDir(dir)
 	return nil
 }
+
+// The files of a data directory that a running node holds open, which it
+// copies itself on a backup's request, into SnapshotDir.
+const (
+	CacheFile     = "cache.db"
+	CompletedFile = "completed.db"
+	RowsFile      = "rows.db"
+	SnapshotDir   = "backup-snapshot"
+)

@@ -385,6 +385,10 @@ func printStatus(w io.Writer, st appliance.Status) {
 		b += " — WARNING: " + st.Bindings.Warning
 	}
 	row("bindings", b)
+	if r := st.Restored; r != nil {
+		row("restored", fmt.Sprintf("from a backup taken %s, %s old when restored at %s; %d outbox records marked as possible duplicates",
+			r.TakenAt.Format(time.RFC3339), secs(r.AgeSeconds), r.RestoredAt.Format(time.RFC3339), r.Marked))
+	}
 	row("sealing", sealingLine(st.Keys))
 	if bl := st.Blobs; bl != nil {
 		v := fmt.Sprintf("%d, %.1f of %.1f MiB", bl.Count, float64(bl.Bytes)/(1<<20), float64(bl.MaxBytes)/(1<<20))

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/meshbox/meshbox/appliance"
+	"github.com/meshbox/meshbox/appliance/backup"
+)
+
+// RestoreCommand makes a data directory from a backup (package
+// appliance/backup): `meshbox run` with it is the node again.
+type RestoreCommand struct{ m *Main }
+
+// flags defines restore's flags; its action restores.
+func (c *RestoreCommand) flags(fs *flag.FlagSet) action {
+	c.m.nodeFlags(fs)
+	keys := c.m.backupKeyFlags(fs, "open")
+	return func(ctx context.Context, args []string) error {
+		if len(args) != 1 {
+			return usagef("restore: want the archive, as in: meshbox restore FILE --data DIR")
+		}
+		cfg, err := c.m.nodeConfig()
+		if err != nil {
+			return err
+		}
+		// The archive first: a damaged one is said before any key is asked.
+		a, err := backup.Open(args[0])
+		if err != nil {
+			return err
+		}
+		key, err := keys.key("restore")
+		if err != nil {
+			return err
+		}
+		return c.restore(a, key, cfg)
+	}
+}
+
+func (c *RestoreCommand) restore(a *backup.Archive, key backup.Key, cfg appliance.Config) error {
+	m := a.Manifest()
+	dir := cfg.DataDir
+	// The node the configuration names, when it names one: the node that
+	// runs on the restored directory is that one.
+	if cfg.Node != appliance.DefaultConfig().Node && cfg.Node != m.Node {
+		return fmt.Errorf("restore: this is a backup of node %s, and the configuration names node %s: restore it where %s's configuration is (--env-file, MESHBOX_NODE), or restore a backup of %s (nothing was written)",
+			m.Node, cfg.Node, m.Node, cfg.Node)
+	}
+	if err := backup.CheckTarget(dir); err != nil {
+		return err
+	}
+	if err := a.Unseal(key); err != nil {
+		return err
+	}
+	r, err := a.Restore(dir, time.Now())
+	if err != nil {
+		return err
+	}
+	abs, _ := filepath.Abs(dir)
+	mesh := m.Mesh
+	if mesh == "" {
+		mesh = "not recorded"
+	}
+	fmt.Fprintf(c.m.Stdout, "restored node %s (mesh %s) into %s from a backup taken %s (%s old)\n",
+		m.Node, mesh, abs, m.TakenAt.Format(time.RFC3339), r.Age().Round(time.Second))
+	fmt.Fprintf(c.m.Stdout, "outbox: %d commands, events and dead letters marked as possible duplicates: whatever the node did after the backup is not in it\n", r.Marked)
+	fmt.Fprintf(c.m.Stdout, "next: meshbox run --data %s (as the node's user; with its configuration: MESHBOX_NODE=%s and its database)\n", abs, m.Node)
+	return nil
+}
