@@ -139,6 +139,11 @@ type RestoredStatus struct {
 // noteRestored reads whether the data directory was restored from a
 // backup, for the status, and says so in the log. a.mu is held.
 func (a *Appliance) noteRestored() {
+	// A copy a backup left behind (its command stopped before it removed
+	// it) is of no use now.
+	if err := os.RemoveAll(filepath.Join(a.cfg.DataDir, backup.SnapshotDir)); err != nil {
+		a.logger.Warn("cannot remove the copies a backup left in the data directory", "err", err)
+	}
 	r, ok, err := backup.ReadRestored(a.cfg.DataDir)
 	if err != nil {
 		a.logger.Warn("cannot read which backup the data directory was restored from", "err", err)

@@ -171,13 +171,14 @@ func (c *BackupCommand) takeSnapshot(ctx context.Context, server string) (snapsh
 		defer nc.Close()
 		return c.liveSnapshot(ctx, nc, data)
 	}
-	snap := snapshot{data: data, dir: filepath.Join(data, backup.SnapshotDir), node: cfg.Node, at: time.Now().UTC()}
+	snap := snapshot{data: data, node: cfg.Node, at: time.Now().UTC()}
 	if _, err := os.Stat(data); err != nil {
 		return snap, fmt.Errorf("backup: the node's data directory: %w (give --data DIR)", err)
 	}
-	_ = os.RemoveAll(snap.dir)
-	if err := os.Mkdir(snap.dir, 0o700); err != nil {
-		return snap, fmt.Errorf("backup: %w (run as the node's user, or as root)", err)
+	// Outside the data directory: a copy left there by a command run as
+	// root would keep the node's user from starting it.
+	if snap.dir, err = os.MkdirTemp("", "meshbox-backup-*"); err != nil {
+		return snap, fmt.Errorf("backup: %w", err)
 	}
 	for _, name := range boltFiles {
 		path := filepath.Join(data, name)

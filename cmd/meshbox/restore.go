@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/backup"
+	"github.com/meshbox/meshbox/cache/meshdb"
 )
 
 // RestoreCommand makes a data directory from a backup (package
@@ -36,11 +37,11 @@ func (c *RestoreCommand) flags(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		return c.restore(a, key, cfg)
+		return c.restore(ctx, a, key, cfg)
 	}
 }
 
-func (c *RestoreCommand) restore(a *backup.Archive, key backup.Key, cfg appliance.Config) error {
+func (c *RestoreCommand) restore(ctx context.Context, a *backup.Archive, key backup.Key, cfg appliance.Config) error {
 	m := a.Manifest()
 	dir := cfg.DataDir
 	// The node the configuration names, when it names one: the node that
@@ -50,6 +51,9 @@ func (c *RestoreCommand) restore(a *backup.Archive, key backup.Key, cfg applianc
 			m.Node, cfg.Node, m.Node, cfg.Node)
 	}
 	if err := backup.CheckTarget(dir); err != nil {
+		return err
+	}
+	if err := c.checkMesh(ctx, m, cfg); err != nil {
 		return err
 	}
 	if err := a.Unseal(key); err != nil {
@@ -68,5 +72,33 @@ func (c *RestoreCommand) restore(a *backup.Archive, key backup.Key, cfg applianc
 		m.Node, mesh, abs, m.TakenAt.Format(time.RFC3339), r.Age().Round(time.Second))
 	fmt.Fprintf(c.m.Stdout, "outbox: %d commands, events and dead letters marked as possible duplicates: whatever the node did after the backup is not in it\n", r.Marked)
 	fmt.Fprintf(c.m.Stdout, "next: meshbox run --data %s (as the node's user; with its configuration: MESHBOX_NODE=%s and its database)\n", abs, m.Node)
+	return nil
+}
+
+// checkMesh refuses a backup of another mesh than the one the
+// configuration's mesh database holds, when both are known; a database
+// that does not answer is said, not an error (the kit, when given, is
+// checked against the archive's mesh still).
+func (c *RestoreCommand) checkMesh(ctx context.Context, m backup.Manifest, cfg appliance.Config) error {
+	if m.Mesh == "" || cfg.DB == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	mesh, err := func() (string, error) {
+		db, err := meshdb.Open(ctx, string(cfg.DB), meshdb.Options{})
+		if err != nil {
+			return "", err
+		}
+		defer db.Close()
+		return db.MeshID(ctx)
+	}()
+	switch {
+	case err != nil:
+		fmt.Fprintf(c.m.Stdout, "note: the mesh database did not answer (%v): the backup's mesh (%s) is not checked against it\n", err, m.Mesh)
+	case mesh != m.Mesh:
+		return fmt.Errorf("restore: %w: the backup is of mesh %s, the configuration's database holds mesh %s: restore it where that mesh's configuration is, or restore a backup of this mesh (nothing was written)",
+			backup.ErrOtherMesh, m.Mesh, mesh)
+	}
 	return nil
 }
