@@ -83,7 +83,7 @@ func restore(file, dir string, key Key) (Restored, error) {
 	if err := a.Unseal(key); err != nil {
 		return Restored{}, err
 	}
-	return a.Restore(dir, time.Now())
+	return a.Restore(dir, "", time.Now())
 }
 
 func TestRoundTrip(t *testing.T) {

@@ -32,6 +32,8 @@ type Restored struct {
 	// Marked is how many outbox records were marked as possible
 	// duplicates.
 	Marked int `json:"outbox_marked"`
+	// EnvFile: the archive held the node's env file (EnvFile).
+	EnvFile string `json:"env_file,omitempty"`
 }
 
 // Age is how old the backup was when it was restored.
@@ -80,7 +82,11 @@ func CheckTarget(dir string) error {
 // outbox is marked (outbox.MarkRestored), RestoredFile written, and then
 // the whole is moved into place. On an error nothing is left in dir. The
 // archive must be unsealed.
-func (a *Archive) Restore(dir string, at time.Time) (Restored, error) {
+//
+// envOut, when not "", is where the node's env file goes, if the archive
+// holds one (never over an existing file); it is written last, once the
+// data directory is in place.
+func (a *Archive) Restore(dir, envOut string, at time.Time) (Restored, error) {
 	r := Restored{Archive: a.m.ID, Mesh: a.m.Mesh, Node: a.m.Node, TakenAt: a.m.TakenAt, RestoredAt: at.UTC()}
 	if err := CheckTarget(dir); err != nil {
 		return r, err
@@ -94,6 +100,13 @@ func (a *Archive) Restore(dir string, at time.Time) (Restored, error) {
 	if err := a.Extract(tmp); err != nil {
 		return r, err
 	}
+	env, err := takeEnv(tmp, envOut)
+	if err != nil {
+		return r, err
+	}
+	if env != nil {
+		r.EnvFile = EnvFile
+	}
 	if _, err := os.Stat(filepath.Join(tmp, OutboxFile)); err == nil {
 		if r.Marked, err = outbox.MarkRestored(filepath.Join(tmp, OutboxFile)); err != nil {
 			return r, fmt.Errorf("restore: %w", err)
@@ -103,7 +116,57 @@ func (a *Archive) Restore(dir string, at time.Time) (Restored, error) {
 	if err := os.WriteFile(filepath.Join(tmp, RestoredFile), append(data, '\n'), 0o600); err != nil {
 		return r, fmt.Errorf("restore: %w", err)
 	}
-	return r, moveInto(tmp, dir)
+	if err := moveInto(tmp, dir); err != nil {
+		return r, err
+	}
+	if env != nil && envOut != "" {
+		if err := writeNew(envOut, env); err != nil {
+			return r, fmt.Errorf("restore: the data directory is restored, but not its configuration: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// writeNew writes data to a new file at path, mode 0600.
+func writeNew(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		os.Remove(path)
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(path)
+		return err
+	}
+	return f.Close()
+}
+
+// takeEnv takes the node's env file out of the extracted files in tmp
+// (nil when the archive holds none), checking that envOut may be
+// written.
+func takeEnv(tmp, envOut string) ([]byte, error) {
+	src := filepath.Join(tmp, filepath.FromSlash(EnvFile))
+	data, err := os.ReadFile(src)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	if envOut != "" {
+		if _, err := os.Lstat(envOut); err == nil {
+			return nil, fmt.Errorf("restore: %s %w: the node's configuration is never written over a file; give another --env-out, or move it away (nothing was written)", envOut, ErrExists)
+		}
+	}
+	if err := os.RemoveAll(filepath.Dir(src)); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	return data, nil
 }
 
 // moveInto moves what src holds into dir: dir itself when it does not
@@ -152,6 +215,11 @@ func moveInto(src, dir string) error {
 	syncDir(dir)
 	return nil
 }
+
+// EnvFile is where an archive keeps the node's env file (its
+// configuration: MESHBOX_NODE, the database's URL), beside its data
+// directory's files; Restore never leaves it in the data directory.
+const EnvFile = "config/meshbox.env"
 
 // The files of a data directory that a running node holds open, which it
 // copies itself on a backup's request, into SnapshotDir.

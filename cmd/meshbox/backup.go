@@ -133,6 +133,11 @@ func (c *BackupCommand) run(ctx context.Context, server, out string, blobs bool,
 	if err := c.addFiles(w, snap, blobs); err != nil {
 		return err
 	}
+	if env := c.m.client.envPath; env != "" {
+		if err := w.AddFile(backup.EnvFile, env); err != nil {
+			return fmt.Errorf("backup: the node's configuration %s: %w", env, err)
+		}
+	}
 	man := w.Manifest()
 	if err := w.Commit(); err != nil {
 		return err

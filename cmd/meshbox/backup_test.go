@@ -88,7 +88,12 @@ func TestBackupStoppedNode(t *testing.T) {
 	c := cli{env: map[string]string{"MESHBOX_NODE": "alpha"}}
 	down := "nats://127.0.0.1:1"
 	archive := filepath.Join(dir, "alpha.backup")
-	out := c.ok(t, "backup", "--data", data, "--server", down, "--out", archive, "--kit", kit)
+	envFile := filepath.Join(dir, "meshbox.env")
+	envText := "MESHBOX_NODE=alpha\n"
+	if err := os.WriteFile(envFile, []byte(envText), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := c.ok(t, "backup", "--data", data, "--env-file", envFile, "--server", down, "--out", archive, "--kit", kit)
 	if !strings.Contains(out, "backup of node alpha (mesh mesh-1)") || !strings.Contains(out, "stopped node's files") {
 		t.Errorf("backup said: %s", out)
 	}
@@ -104,9 +109,21 @@ func TestBackupStoppedNode(t *testing.T) {
 	// Another mesh's kit.
 	c.fails(t, "backup archive of another mesh", "restore", archive, "--data", restored, "--kit", writeTestKit(t, dir, "mesh-2"))
 
-	out = c.ok(t, "restore", archive, "--data", restored, "--kit", kit)
-	if !strings.Contains(out, "restored node alpha (mesh mesh-1)") || !strings.Contains(out, "outbox: 1 ") {
+	// The configuration is never written over a file.
+	c.fails(t, "never written over a file", "restore", archive, "--data", restored, "--kit", kit, "--env-out", envFile)
+	if _, err := os.Stat(restored); !os.IsNotExist(err) {
+		t.Errorf("a refused restore wrote %s", restored)
+	}
+	envOut := filepath.Join(dir, "restored.env")
+	out = c.ok(t, "restore", archive, "--data", restored, "--kit", kit, "--env-out", envOut)
+	if !strings.Contains(out, "restored node alpha (mesh mesh-1)") || !strings.Contains(out, "outbox: 1 ") || !strings.Contains(out, "configuration written to") {
 		t.Errorf("restore said: %s", out)
+	}
+	if b, _ := os.ReadFile(envOut); string(b) != envText {
+		t.Errorf("the configuration restored as %q, want %q", b, envText)
+	}
+	if _, err := os.Stat(filepath.Join(restored, "config")); !os.IsNotExist(err) {
+		t.Errorf("the configuration is left in the data directory: %v", err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(restored, "node.key")); string(b) != "secret node key" {
 		t.Errorf("node.key restored as %q", b)

@@ -40,9 +40,10 @@ type clientFlags struct {
 	server, data, envFile, config *string
 	fs                            *flag.FlagSet
 
-	loaded bool
-	cfg    appliance.Config
-	err    error
+	loaded  bool
+	cfg     appliance.Config
+	envPath string // the env file the configuration was read from ("": none)
+	err     error
 }
 
 // serverFlag adds the flags that say which node to talk to and how to
@@ -94,6 +95,7 @@ func (m *Main) nodeConfig() (appliance.Config, error) {
 		if *c.data != "" {
 			flags["data"] = *c.data
 		}
+		c.envPath = env
 		c.cfg, c.err = appliance.LoadConfig(appliance.ConfigSources{File: *c.config, EnvFile: env, Getenv: m.Getenv, Flags: flags})
 		if c.err != nil {
 			c.err = fmt.Errorf("the node's configuration: %w", c.err)

@@ -20,6 +20,7 @@ type RestoreCommand struct{ m *Main }
 func (c *RestoreCommand) flags(fs *flag.FlagSet) action {
 	c.m.nodeFlags(fs)
 	keys := c.m.backupKeyFlags(fs, "open")
+	envOut := fs.String("env-out", "", "write the node's configuration (its env file), when the backup holds it, to FILE (never over an existing file; e.g. "+appliance.DefaultEnvFile()+")")
 	return func(ctx context.Context, args []string) error {
 		if len(args) != 1 {
 			return usagef("restore: want the archive, as in: meshbox restore FILE --data DIR")
@@ -37,11 +38,11 @@ func (c *RestoreCommand) flags(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		return c.restore(ctx, a, key, cfg)
+		return c.restore(ctx, a, key, cfg, *envOut)
 	}
 }
 
-func (c *RestoreCommand) restore(ctx context.Context, a *backup.Archive, key backup.Key, cfg appliance.Config) error {
+func (c *RestoreCommand) restore(ctx context.Context, a *backup.Archive, key backup.Key, cfg appliance.Config, envOut string) error {
 	m := a.Manifest()
 	dir := cfg.DataDir
 	// The node the configuration names, when it names one: the node that
@@ -59,7 +60,7 @@ func (c *RestoreCommand) restore(ctx context.Context, a *backup.Archive, key bac
 	if err := a.Unseal(key); err != nil {
 		return err
 	}
-	r, err := a.Restore(dir, time.Now())
+	r, err := a.Restore(dir, envOut, time.Now())
 	if err != nil {
 		return err
 	}
@@ -71,6 +72,12 @@ func (c *RestoreCommand) restore(ctx context.Context, a *backup.Archive, key bac
 	fmt.Fprintf(c.m.Stdout, "restored node %s (mesh %s) into %s from a backup taken %s (%s old)\n",
 		m.Node, mesh, abs, m.TakenAt.Format(time.RFC3339), r.Age().Round(time.Second))
 	fmt.Fprintf(c.m.Stdout, "outbox: %d commands, events and dead letters marked as possible duplicates: whatever the node did after the backup is not in it\n", r.Marked)
+	switch {
+	case r.EnvFile != "" && envOut != "":
+		fmt.Fprintf(c.m.Stdout, "the node's configuration written to %s (mode 0600)\n", envOut)
+	case r.EnvFile != "":
+		fmt.Fprintf(c.m.Stdout, "the backup holds the node's configuration: restore it with --env-out FILE (into a new directory again), or write MESHBOX_NODE=%s and its database's URL yourself\n", m.Node)
+	}
 	fmt.Fprintf(c.m.Stdout, "next: meshbox run --data %s (as the node's user; with its configuration: MESHBOX_NODE=%s and its database)\n", abs, m.Node)
 	return nil
 }
