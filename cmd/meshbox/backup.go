@@ -233,13 +233,14 @@ func (c *BackupCommand) liveSnapshot(ctx context.Context, nc *nats.Conn, data st
 	if rep.Error != "" {
 		return snapshot{}, fmt.Errorf("backup: the node could not copy its files: %s (its log says more)", rep.Error)
 	}
-	snap := snapshot{data: rep.Data, dir: filepath.Join(rep.Data, backup.SnapshotDir), files: rep.Files,
-		node: rep.Node, mesh: rep.Mesh, at: rep.TakenAt, live: true}
-	if *c.m.client.data != "" && data != rep.Data {
-		os.RemoveAll(snap.dir)
-		return snap, fmt.Errorf("backup: the node that answered keeps its data in %s, not in --data %s: give --server of that node, or leave --data out", rep.Data, data)
+	// The files are read where this command's configuration has them,
+	// never where an answer says: the copies must be that directory's.
+	if !sameDir(data, rep.Data) {
+		return snapshot{}, fmt.Errorf("backup: the node that answered keeps its data in %s, and its configuration here says %s: give --data DIR of that node, or --server of the node whose data is in %s (nothing was written)",
+			rep.Data, data, data)
 	}
-	return snap, nil
+	return snapshot{data: data, dir: filepath.Join(data, backup.SnapshotDir), files: rep.Files,
+		node: rep.Node, mesh: rep.Mesh, at: rep.TakenAt, live: true}, nil
 }
 
 // addFiles adds the data directory's other files: those no node holds
@@ -300,4 +301,14 @@ func isBoltFile(name string) bool {
 		}
 	}
 	return false
+}
+
+// sameDir reports whether a and b name one directory.
+func sameDir(a, b string) bool {
+	if a == b {
+		return true
+	}
+	fa, err1 := os.Stat(a)
+	fb, err2 := os.Stat(b)
+	return err1 == nil && err2 == nil && os.SameFile(fa, fb)
 }
