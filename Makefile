@@ -114,7 +114,8 @@ lint:
 	$(GO) vet ./...
 	$(GO) vet -tags hoptrace ./bridge ./testing/bench
 
-# Install on a home server: the binary, the systemd unit, the module
+# Install on a home server: the binary, the systemd units (the node, and
+# its backup timer, not enabled), the module
 # catalog directory and (only when absent) the environment file. DESTDIR stages the files for a package.
 #   sudo make install && sudo systemctl daemon-reload
 PREFIX ?= /usr/local
@@ -123,6 +124,10 @@ install: build
 	install -d -m 0755 $(DESTDIR)/etc/systemd/system
 	sed 's|/usr/local/bin/meshbox|$(PREFIX)/bin/meshbox|' deploy/meshbox.service > $(DESTDIR)/etc/systemd/system/meshbox.service
 	chmod 0644 $(DESTDIR)/etc/systemd/system/meshbox.service
+	sed 's|/usr/local/bin/meshbox|$(PREFIX)/bin/meshbox|' deploy/meshbox-backup.service > $(DESTDIR)/etc/systemd/system/meshbox-backup.service
+	install -m 0644 deploy/meshbox-backup.timer $(DESTDIR)/etc/systemd/system/meshbox-backup.timer
+	chmod 0644 $(DESTDIR)/etc/systemd/system/meshbox-backup.service
+	install -d -m 0700 $(DESTDIR)/var/backups/meshbox
 	install -d -m 0755 $(DESTDIR)/etc/meshbox/modules
 	@if [ -e $(DESTDIR)/etc/meshbox/meshbox.env ]; then \
 		echo "kept $(DESTDIR)/etc/meshbox/meshbox.env"; \

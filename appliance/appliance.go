@@ -60,6 +60,9 @@ type Appliance struct {
 	quit  chan struct{}  // closed by Close: owned goroutines exit
 	wg    sync.WaitGroup // goroutines owned by the appliance
 
+	snaps    *snapshots                     // copies of the files in use for a backup (snapshot.go)
+	restored atomic.Pointer[RestoredStatus] // the backup the data directory came from; nil: none
+
 	hook func(point string) // tests only: called at the named points of the lifecycle
 }
 
@@ -107,6 +110,7 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 		fatal:    make(chan error, 1),
 		quit:     make(chan struct{}),
 		credWake: make(chan struct{}, 1),
+		snaps:    newSnapshots(reg),
 	}
 	reg.MustRegister(newModulesCollector(func() *modules.Supervisor { return a.parts().mods }))
 	reg.MustRegister(blobsCollector{srv: func() *blobs.Server { return a.parts().blobs }})
@@ -145,6 +149,7 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if err := checkDataOwner(a.cfg.DataDir); err != nil {
 		return err
 	}
+	a.noteRestored()
 	// HTTP first: status and readiness answer for the whole start.
 	if a.cfg.HTTP != "off" {
 		if err := a.startHTTP(); err != nil {
@@ -355,6 +360,9 @@ func (a *Appliance) serveAPI() error {
 	})
 	if err != nil {
 		return fmt.Errorf("serve %s: %w", SubjectStatus, err)
+	}
+	if err := a.serveBackup(); err != nil {
+		return err
 	}
 	return a.serveDeadLetters()
 }

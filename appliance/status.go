@@ -43,6 +43,9 @@ type Status struct {
 	Keys         *KeysStatus        `json:"keys,omitempty"`  // in a mesh with a database
 	Blobs        *BlobsStatus       `json:"blobs,omitempty"` // the blob store, once it runs
 	Rows         []rows.TableStatus `json:"rows,omitempty"`  // the mesh's tables of rows, this node's replica of each
+	// Restored: the data directory was restored from a backup
+	// (meshbox restore); it says how old the backup was.
+	Restored *RestoredStatus `json:"restored,omitempty"`
 	// Errors are the last warnings and errors the node logged, newest
 	// first, at the level it logged them; one about a condition that has
 	// ended is gone from them (errorlog.go).
@@ -117,6 +120,7 @@ func (a *Appliance) Status() Status {
 		Commands:      []bridge.CommandStatus{},
 		DeadLetters:   map[string]int{},
 		Errors:        a.tel.errs.recent(),
+		Restored:      a.restored.Load(),
 	}
 	st.NATS.URL = a.NATSURL()
 	st.NATS.Programs = []string{}

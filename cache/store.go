@@ -431,3 +431,14 @@ func fileError(op, path string, err error) error {
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }
+
+// CopyTo writes a consistent copy of the cache to path (a new file, mode
+// 0600) while the store stays in use: a backup of a running node.
+func (s *Store) CopyTo(path string) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.db == nil {
+		return fmt.Errorf("copy cache: %w", ErrClosed)
+	}
+	return boltfile.Copy(s.db, path)
+}

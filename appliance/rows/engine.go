@@ -530,3 +530,6 @@ func (e *Engine) refuseN(table, cause, sender string, n int, err error) {
 		e.log.Warn("a change of the table's log refused; this replica may differ from the others until it is resolved (logged once per table, cause and sender)", "table", table, "cause", cause, "sender", sender, "err", err)
 	}
 }
+
+// CopyTo writes a consistent copy of the engine's store to path (Store.CopyTo).
+func (e *Engine) CopyTo(path string) error { return e.store.CopyTo(path) }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/boltfile"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -456,3 +457,8 @@ func sub(tx *bolt.Tx, table string, name []byte) *bolt.Bucket {
 	}
 	return tb.Bucket(name)
 }
+
+// CopyTo writes a consistent copy of the store to path (a new file, mode
+// 0600) while it stays in use: its cells and its read offsets as one
+// commit left them. A backup of a running node.
+func (s *Store) CopyTo(path string) error { return boltfile.Copy(s.db, path) }

@@ -236,3 +236,8 @@ func (c *Store) Close() error { return c.db.Close() }
 
 // PruneEvery is how often the ids past their window are pruned.
 const PruneEvery = time.Minute
+
+// CopyTo writes a consistent copy of the completed ids to path (a new
+// file, mode 0600) while the store stays in use: a backup of a running
+// node.
+func (c *Store) CopyTo(path string) error { return boltfile.Copy(c.db, path) }

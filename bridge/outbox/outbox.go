@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshbox/meshbox/internal/boltfile"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -459,3 +460,8 @@ func (o *Outbox) Close() error {
 	}
 	return o.db.Close()
 }
+
+// CopyTo writes a consistent copy of the outbox to path (a new file, mode
+// 0600) while it stays in use: every record committed before the copy
+// began, none after. A backup of a running node.
+func (o *Outbox) CopyTo(path string) error { return boltfile.Copy(o.db, path) }

@@ -40,9 +40,10 @@ type clientFlags struct {
 	server, data, envFile, config *string
 	fs                            *flag.FlagSet
 
-	loaded bool
-	cfg    appliance.Config
-	err    error
+	loaded  bool
+	cfg     appliance.Config
+	envPath string // the env file the configuration was read from ("": none)
+	err     error
 }
 
 // serverFlag adds the flags that say which node to talk to and how to
@@ -94,6 +95,7 @@ func (m *Main) nodeConfig() (appliance.Config, error) {
 		if *c.data != "" {
 			flags["data"] = *c.data
 		}
+		c.envPath = env
 		c.cfg, c.err = appliance.LoadConfig(appliance.ConfigSources{File: *c.config, EnvFile: env, Getenv: m.Getenv, Flags: flags})
 		if c.err != nil {
 			c.err = fmt.Errorf("the node's configuration: %w", c.err)
@@ -385,6 +387,10 @@ func printStatus(w io.Writer, st appliance.Status) {
 		b += " — WARNING: " + st.Bindings.Warning
 	}
 	row("bindings", b)
+	if r := st.Restored; r != nil {
+		row("restored", fmt.Sprintf("from a backup taken %s, %s old when restored at %s; %d outbox records marked as possible duplicates",
+			r.TakenAt.Format(time.RFC3339), secs(r.AgeSeconds), r.RestoredAt.Format(time.RFC3339), r.Marked))
+	}
 	row("sealing", sealingLine(st.Keys))
 	if bl := st.Blobs; bl != nil {
 		v := fmt.Sprintf("%d, %.1f of %.1f MiB", bl.Count, float64(bl.Bytes)/(1<<20), float64(bl.MaxBytes)/(1<<20))

@@ -8,8 +8,10 @@
 #   /usr/lib/systemd/system/meshbox.service           deploy/meshbox.service (ExecStart /usr/bin/meshbox)
 #   /usr/lib/systemd/system/meshbox.service.d/00-package.conf
 #                                                     runs the node as the system user meshbox
+#   /usr/lib/systemd/system/meshbox-backup.service    deploy/meshbox-backup.service (a backup of the node)
+#   /usr/lib/systemd/system/meshbox-backup.timer      deploy/meshbox-backup.timer (daily; not enabled)
 #   /usr/lib/sysusers.d/meshbox.conf                  that user
-#   /usr/lib/tmpfiles.d/meshbox.conf                  its data directory, 0700
+#   /usr/lib/tmpfiles.d/meshbox.conf                  its data directory, 0700, and /var/backups/meshbox, 0700
 #   /etc/meshbox/meshbox.env                          conffile, 0600: kept on upgrade
 #   /etc/meshbox/modules                              the module catalog, empty (0755)
 #   /var/lib/meshbox                                  the data directory (cache, outbox)
@@ -73,6 +75,8 @@ install -d -m 0700 "$root/var/lib/meshbox"
 install -m 0755 "$bin" "$root/usr/bin/meshbox"
 sed 's|/usr/local/bin/meshbox|/usr/bin/meshbox|g' "$top/deploy/meshbox.service" >"$root/usr/lib/systemd/system/meshbox.service"
 install -m 0644 "$here/00-package.conf" "$root/usr/lib/systemd/system/meshbox.service.d/00-package.conf"
+sed 's|/usr/local/bin/meshbox|/usr/bin/meshbox|g' "$top/deploy/meshbox-backup.service" >"$root/usr/lib/systemd/system/meshbox-backup.service"
+install -m 0644 "$top/deploy/meshbox-backup.timer" "$root/usr/lib/systemd/system/meshbox-backup.timer"
 install -m 0644 "$here/sysusers.conf" "$root/usr/lib/sysusers.d/meshbox.conf"
 install -m 0644 "$here/tmpfiles.conf" "$root/usr/lib/tmpfiles.d/meshbox.conf"
 install -m 0600 "$top/deploy/meshbox.env.example" "$root/etc/meshbox/meshbox.env"

@@ -32,7 +32,7 @@ func TestSubjectTableMatchesWire(t *testing.T) {
 		}
 	}
 	asked := []string{SubjectStatus, SubjectPeers, SubjectCaps, SubjectModules, SubjectModuleControl, SubjectModuleLogs,
-		SubjectModuleLogPrefix + "<module>", SubjectDeadLetters, SubjectBlobsOpen, SubjectBlobsFetches,
+		SubjectModuleLogPrefix + "<module>", SubjectDeadLetters, SubjectBackup, SubjectBlobsOpen, SubjectBlobsFetches,
 		SubjectRowsPrefix + "<table>.<op>", SubjectRowsPrefix + "<table>.changed.<row>"}
 	var documented []string
 	for _, m := range regexp.MustCompile("`(\\$MESH\\.[^`]*)`").FindAllStringSubmatch(table, -1) {

@@ -43,6 +43,7 @@ const (
 	SubjectReloadPrograms  = "$MESH.programs.reload" // apply the programs' definitions now
 	SubjectProgramMQTT     = "$MESH.programs.mqtt"   // a program's MQTT state: list, clear
 	SubjectDeadLetters     = "$MESH.dlq"             // the dead-letter tools
+	SubjectBackup          = "$MESH.backup"          // copy the node's files in use for a backup
 	SubjectBlobsOpen       = "$MESH.blobs.open"      // open a blob for a program
 	SubjectBlobsFetches    = "$MESH.blobs.fetches"   // a blob fetch's progress report (no reply)
 	SubjectRowsPrefix      = "$MESH.rows."           // the rows API: $MESH.rows.<table>.<op>, changes on $MESH.rows.<table>.changed.<row>

@@ -104,9 +104,10 @@ func (ms metricSet) must(t *testing.T, name string, labels ...string) float64 {
 // show up with the first such event.
 var expectedMetrics = map[string]dto.MetricType{
 	// appliance
-	"meshbox_up":                 dto.MetricType_GAUGE,
-	"meshbox_build_info":         dto.MetricType_GAUGE,
-	"meshbox_log_messages_total": dto.MetricType_COUNTER,
+	"meshbox_up":                     dto.MetricType_GAUGE,
+	"meshbox_build_info":             dto.MetricType_GAUGE,
+	"meshbox_log_messages_total":     dto.MetricType_COUNTER,
+	"meshbox_backup_snapshots_total": dto.MetricType_COUNTER,
 	// bindings (cache)
 	"meshbox_bindings_revision":              dto.MetricType_GAUGE,
 	"meshbox_bindings_age_seconds":           dto.MetricType_GAUGE,
@@ -182,10 +183,12 @@ var expectedMetrics = map[string]dto.MetricType{
 
 var lazyMetrics = map[string]bool{
 	// One series per assigned module: none on a node without modules.
-	"meshbox_module_up":                true,
-	"meshbox_module_restarts_total":    true,
-	"meshbox_module_state":             true,
-	"meshbox_log_messages_total":       true,
+	"meshbox_module_up":             true,
+	"meshbox_module_restarts_total": true,
+	"meshbox_module_state":          true,
+	"meshbox_log_messages_total":    true,
+	// One series per result, with the first backup.
+	"meshbox_backup_snapshots_total":   true,
 	"meshbox_errors_total":             true,
 	"meshbox_request_duration_seconds": true,
 	"meshbox_discovery_rejected_total": true,

@@ -204,6 +204,10 @@ func TestDebianPackage(t *testing.T) {
 	wantFile(t, filepath.Join(root, "usr/bin/meshbox"), 0o755, 0, 0)
 	wantFile(t, filepath.Join(root, "usr/lib/systemd/system/meshbox.service"), 0o644, 0, 0)
 	wantFile(t, filepath.Join(root, "usr/lib/systemd/system/meshbox.service.d/00-package.conf"), 0o644, 0, 0)
+	// The backup's unit and timer, and where they write (root's alone).
+	wantFile(t, filepath.Join(root, "usr/lib/systemd/system/meshbox-backup.service"), 0o644, 0, 0)
+	wantFile(t, filepath.Join(root, "usr/lib/systemd/system/meshbox-backup.timer"), 0o644, 0, 0)
+	wantFile(t, filepath.Join(root, "var/backups/meshbox"), fs.ModeDir|0o700, 0, 0)
 	wantFile(t, filepath.Join(root, "etc/meshbox/meshbox.env"), 0o600, 0, 0)
 	// The man page and bash completion, from the command table.
 	wantFile(t, filepath.Join(root, "usr/share/man/man1/meshbox.1.gz"), 0o644, 0, 0)
@@ -241,6 +245,9 @@ func TestDebianPackage(t *testing.T) {
 	if m, _ := filepath.Glob(filepath.Join(root, "etc/systemd/system/*/meshbox.service")); len(m) > 0 {
 		t.Errorf("install enabled the unit: %v", m)
 	}
+	if m, _ := filepath.Glob(filepath.Join(root, "etc/systemd/system/*/meshbox-backup.timer")); len(m) > 0 {
+		t.Errorf("install enabled the backup timer: %v", m)
+	}
 	status := run(t, nil, "dpkg-query", "--admindir="+filepath.Join(root, "var/lib/dpkg"),
 		"--show", "--showformat=${Status}\n${Conffiles}\n", "meshbox")
 	if !strings.Contains(status, "install ok installed") || !strings.Contains(status, "/etc/meshbox/meshbox.env ") {
@@ -276,6 +283,16 @@ func checkUnit(t *testing.T, root string) {
 	for _, want := range []string{"\nDynamicUser=no\n", "\nUser=meshbox\n", "\nGroup=meshbox\n"} {
 		if !strings.Contains(string(dropIn), want) {
 			t.Errorf("00-package.conf lacks %q", strings.TrimSpace(want))
+		}
+	}
+	backupUnit, err := os.ReadFile(filepath.Join(unitDir, "meshbox-backup.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"exec /usr/bin/meshbox backup --out \"/var/backups/meshbox/", "--passphrase-file /etc/meshbox/backup.passphrase",
+		"\nEnvironment=MESHBOX_DATA=/var/lib/meshbox\n", "\nType=oneshot\n"} {
+		if !strings.Contains(string(backupUnit), want) {
+			t.Errorf("meshbox-backup.service lacks %q", strings.TrimSpace(want))
 		}
 	}
 	analyze, err := exec.LookPath("systemd-analyze")
