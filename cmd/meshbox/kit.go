@@ -152,13 +152,14 @@ func listOrNone(ids []string) string {
 	return strings.Join(ids, ",")
 }
 
-// kitKeysForNode opens with kit the content keys node may hold and seals
+// kitKeysForNode opens with kit the content keys node may hold (the
+// mesh's, and those of scopes, which it joins as it is added) and seals
 // them to a new key pair for it: the node key goes into its join token,
 // the copies into the mesh database (meshdb.SealForNewNode). It checks
 // everything before the node is made: a kit of another mesh, one the mesh
 // replaced, and one whose copies of a key held by nodes are missing are
 // errors, and nothing is changed.
-func kitKeysForNode(ctx context.Context, db *meshdb.DB, kit *seal.Kit, node string) (*seal.NodeKey, []meshdb.SealedCopy, error) {
+func kitKeysForNode(ctx context.Context, db *meshdb.DB, kit *seal.Kit, node string, scopes []string) (*seal.NodeKey, []meshdb.SealedCopy, error) {
 	mesh, err := db.MeshID(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -176,7 +177,7 @@ func kitKeysForNode(ctx context.Context, db *meshdb.DB, kit *seal.Kit, node stri
 	case seal.Fingerprint(pub) != kit.Fingerprint():
 		return nil, nil, fmt.Errorf("%w: %s is not the mesh's current kit (%s): it was replaced; use the newest kit (nothing was changed)", seal.ErrBadKit, kit, seal.Fingerprint(pub))
 	}
-	copies, err := db.KitKeysFor(ctx, node)
+	copies, err := db.KitKeysFor(ctx, node, scopes)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -23,7 +23,8 @@ import (
 // deleted again. With kit (the mesh's recovery kit), it seals the mesh's
 // keys for the node (kitKeysForNode), whose key pair then travels in its
 // join token; without, the node waits for a node that holds them.
-func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.NodeRecord, adminURL string, stages []string, ttl time.Duration, kit *seal.Kit) error {
+func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.NodeRecord, adminURL string, o newNodeOptions) error {
+	stages, ttl, kit := o.stages, o.ttl, o.kit
 	out := c.m.Stdout
 	if err := cache.ValidateNodeName(rec.Name); err != nil {
 		return fmt.Errorf("add node: %w", err)
@@ -38,13 +39,16 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 	if identity {
 		return fmt.Errorf("add node: %w (meshbox mesh node rejoin %s gives it a new join token)", &meshdb.ExistsError{What: fmt.Sprintf("node %q", rec.Name)}, rec.Name)
 	}
+	if err := checkScopesExist(ctx, db, o.scopes); err != nil {
+		return fmt.Errorf("add node: %w", err)
+	}
 	if exists {
 		fmt.Fprintf(out, "node %s: recorded without a credential of its own; giving it one\n", rec.Name)
 	}
 	var nodeKey *seal.NodeKey
 	var copies []meshdb.SealedCopy
 	if kit != nil {
-		if nodeKey, copies, err = kitKeysForNode(ctx, db, kit, rec.Name); err != nil {
+		if nodeKey, copies, err = kitKeysForNode(ctx, db, kit, rec.Name, o.scopes); err != nil {
 			return fmt.Errorf("add node: %w", err)
 		}
 	}
@@ -70,7 +74,7 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 	fmt.Fprintf(out, "node %s: broker user %s created on %s (vhost %s, %s)\n",
 		rec.Name, cred.User, admin.Endpoint(), vhost, describeStages(stages))
 	added, err := db.AddNodeIdentity(ctx, c.dbURL, meshdb.NewNode{
-		Record: rec, Stages: stages, TTL: ttl,
+		Record: rec, Stages: stages, TTL: ttl, Scopes: o.scopes,
 		Broker: meshdb.BrokerCredential{Generation: cred.Generation, User: cred.User, Password: cache.Credential(cred.Password.Reveal())},
 	})
 	if err != nil {
@@ -104,6 +108,32 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 	fmt.Fprintf(out, "join token for node %s (one use, expires %s); on the new machine run: meshbox join TOKEN\n",
 		rec.Name, added.Token.Expires.UTC().Format(time.RFC3339))
 	fmt.Fprintln(out, added.Token.Encode())
+	return nil
+}
+
+// newNodeOptions are what `mesh node add` gives a node besides its
+// record.
+type newNodeOptions struct {
+	stages []string      // the stages it may consume
+	scopes []string      // the scopes it is a member of
+	ttl    time.Duration // of its join token
+	kit    *seal.Kit     // nil: its keys are sealed by a node that holds them
+}
+
+// checkScopesExist refuses a scope the mesh does not have.
+func checkScopesExist(ctx context.Context, db *meshdb.DB, scopes []string) error {
+	if len(scopes) == 0 {
+		return nil
+	}
+	have, err := db.Scopes(ctx)
+	if err != nil {
+		return err
+	}
+	for _, s := range scopes {
+		if !slices.ContainsFunc(have, func(h cache.Scope) bool { return h.Name == s }) {
+			return fmt.Errorf("the mesh has no scope %q: meshbox mesh scope list shows its scopes (nothing was changed)", s)
+		}
+	}
 	return nil
 }
 
