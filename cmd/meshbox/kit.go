@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/internal/seal"
 )
@@ -158,8 +157,10 @@ func listOrNone(ids []string) string {
 // the copies into the mesh database (meshdb.SealForNewNode). It checks
 // everything before the node is made: a kit of another mesh, one the mesh
 // replaced, and one whose copies of a key held by nodes are missing are
-// errors, and nothing is changed.
-func kitKeysForNode(ctx context.Context, db *meshdb.DB, kit *seal.Kit, node string, scopes []string) (*seal.NodeKey, []meshdb.SealedCopy, error) {
+// errors, and nothing is changed. A missing copy is no error for a key
+// the admin gave up as lost (o.lostKeys: no node that holds it is left);
+// naming a key the kit opens, or none the node may hold, is.
+func kitKeysForNode(ctx context.Context, db *meshdb.DB, kit *seal.Kit, node string, o newNodeOptions) (*seal.NodeKey, []meshdb.SealedCopy, error) {
 	mesh, err := db.MeshID(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -177,7 +178,7 @@ func kitKeysForNode(ctx context.Context, db *meshdb.DB, kit *seal.Kit, node stri
 	case seal.Fingerprint(pub) != kit.Fingerprint():
 		return nil, nil, fmt.Errorf("%w: %s is not the mesh's current kit (%s): it was replaced; use the newest kit (nothing was changed)", seal.ErrBadKit, kit, seal.Fingerprint(pub))
 	}
-	copies, err := db.KitKeysFor(ctx, node, scopes)
+	copies, err := db.KitKeysFor(ctx, node, o.scopes)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -191,13 +192,21 @@ func kitKeysForNode(ctx context.Context, db *meshdb.DB, kit *seal.Kit, node stri
 	}
 	var out []meshdb.SealedCopy
 	var stale []string
+	staleHolders := map[string][]string{}
 	for _, c := range copies {
 		if c.Sealed == nil || c.SealedFor != kit.Fingerprint() {
-			held := slices.ContainsFunc(holders, func(h cache.KeyHolder) bool { return h.KeyID == c.ID })
-			if held {
+			for _, h := range holders {
+				if h.KeyID == c.ID {
+					staleHolders[c.ID] = append(staleHolders[c.ID], h.Node)
+				}
+			}
+			if len(staleHolders[c.ID]) > 0 && !slices.Contains(o.lostKeys, c.ID) {
 				stale = append(stale, c.ID)
 			}
 			continue // held by nobody yet: the node makes it itself
+		}
+		if slices.Contains(o.lostKeys, c.ID) {
+			return nil, nil, fmt.Errorf("--lost-keys %s: the recovery kit opens that key; name only keys it has no copy of (nothing was changed)", c.ID)
 		}
 		raw, err := kit.Open(seal.KitKeyInfo(c.ID, mesh), c.Sealed)
 		if err != nil {
@@ -216,8 +225,19 @@ func kitKeysForNode(ctx context.Context, db *meshdb.DB, kit *seal.Kit, node stri
 		}
 		out = append(out, meshdb.SealedCopy{ID: c.ID, Sealed: blob})
 	}
+	for _, id := range o.lostKeys {
+		if len(staleHolders[id]) == 0 {
+			return nil, nil, fmt.Errorf("--lost-keys %s: not an active content key of this node's that a node holds without a copy for the kit (meshbox mesh key list shows the keys; nothing was changed)", id)
+		}
+	}
 	if len(stale) > 0 {
-		return nil, nil, fmt.Errorf("the recovery kit has no copy of content key %s (made or rotated since the kit's copies were sealed): start a node that holds it so that it seals it for the kit, or run meshbox mesh kit --data DIR on one; or add the node without --kit and it waits for such a node (nothing was changed)", strings.Join(stale, ","))
+		var held []string
+		for _, id := range stale {
+			held = append(held, id+" (held by "+strings.Join(staleHolders[id], ",")+")")
+		}
+		return nil, nil, fmt.Errorf("the recovery kit has no copy of content key %s: made or rotated since those nodes last sealed the keys for the kit. "+
+			"Start one of them and it seals it for the kit, then add the node again; if none of them is left, what was sealed with it cannot be opened: "+
+			"add the node with --lost-keys %s to recover the rest (nothing was changed)", strings.Join(held, ", "), strings.Join(stale, ","))
 	}
 	return nk, out, nil
 }

@@ -15,6 +15,28 @@ func TestKitFlags(t *testing.T) {
 	if err := os.WriteFile(existing, []byte("keep me"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A kit's file cut short, one with a mistyped word, an empty one and
+	// none at all: each refused before the database is reached.
+	kit, err := seal.NewKit("mesh-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, _ := kit.MarshalText()
+	dir := t.TempDir()
+	truncated := filepath.Join(dir, "truncated.kit")
+	typo := filepath.Join(dir, "typo.kit")
+	empty := filepath.Join(dir, "empty.kit")
+	words := []byte(kit.Words())
+	words[0] = map[bool]byte{true: 'B', false: 'A'}[words[0] == 'A']
+	for path, b := range map[string][]byte{
+		truncated: text[:len(text)-10],
+		typo:      []byte("meshbox-recovery-kit-v1\nmesh: mesh-test\nsecret: " + string(words) + "\n"),
+		empty:     nil,
+	} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	c := cli{env: map[string]string{"MESHBOX_DB": "postgres://nobody@127.0.0.1:1/none"}}
 	for _, tc := range []struct {
 		args []string
@@ -25,6 +47,12 @@ func TestKitFlags(t *testing.T) {
 		{[]string{"mesh", "kit", "--words", "--node", "alpha"}, "both --node and --data"},
 		{[]string{"mesh", "node", "add", "gamma", "--record-only", "--kit", existing}, "not with --record-only"},
 		{[]string{"mesh", "node", "add", "gamma", "--kit", existing}, "not a meshbox recovery kit file"},
+		{[]string{"mesh", "node", "add", "gamma", "--kit", truncated}, "the secret has 48 letters and digits, a kit's has 56"},
+		{[]string{"mesh", "node", "add", "gamma", "--kit", typo}, "its checksum does not match: a group is mistyped"},
+		{[]string{"mesh", "node", "add", "gamma", "--kit", empty}, "not a meshbox recovery kit file"},
+		{[]string{"mesh", "node", "add", "gamma", "--kit", filepath.Join(dir, "none.kit")}, "no such file or directory"},
+		{[]string{"mesh", "node", "add", "gamma", "--lost-keys", "k2"}, "--lost-keys goes with --kit"},
+		{[]string{"mesh", "node", "add", "gamma", "--record-only", "--scopes", "vault"}, "not with --record-only"},
 		{[]string{"init", "--node", "a", "--broker", "amqp://b/v", "--kit", existing}, "a kit is never written over a file"},
 	} {
 		c.fails(t, tc.want, tc.args...)

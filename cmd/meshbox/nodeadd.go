@@ -48,7 +48,7 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 	var nodeKey *seal.NodeKey
 	var copies []meshdb.SealedCopy
 	if kit != nil {
-		if nodeKey, copies, err = kitKeysForNode(ctx, db, kit, rec.Name, o.scopes); err != nil {
+		if nodeKey, copies, err = kitKeysForNode(ctx, db, kit, rec.Name, o); err != nil {
 			return fmt.Errorf("add node: %w", err)
 		}
 	}
@@ -102,6 +102,10 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 		}
 		fmt.Fprintf(out, "node %s: content keys opened with the recovery kit and sealed for it: %s; it opens them from its first start (its key pair is in the join token: keep the token secret)\n",
 			rec.Name, listOrNone(ids))
+		if len(o.lostKeys) > 0 {
+			fmt.Fprintf(out, "node %s: content keys given up as lost (the kit has no copy): %s; what was sealed with them cannot be opened\n",
+				rec.Name, strings.Join(o.lostKeys, ","))
+		}
 	} else {
 		fmt.Fprintf(out, "node %s: waits for a node that holds the mesh's keys to seal them for it (or add it with --kit)\n", rec.Name)
 	}
@@ -118,6 +122,9 @@ type newNodeOptions struct {
 	scopes []string      // the scopes it is a member of
 	ttl    time.Duration // of its join token
 	kit    *seal.Kit     // nil: its keys are sealed by a node that holds them
+	// lostKeys are content keys the kit has no copy of and no node that
+	// holds them is left: the node is added without them.
+	lostKeys []string
 }
 
 // checkScopesExist refuses a scope the mesh does not have.
