@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -13,13 +15,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
 // TestRecoverEveryNodeLost runs the procedure of docs/recovery.md: a mesh
 // of two nodes with a recovery kit writes a table and a table of scope
-// vault, dead-letters a command, and leaves commands waiting in the
+// vault, rotates the mesh's and the scope's keys (the nodes seal the new
+// ones for the kit) and writes again, dead-letters a command, and leaves commands waiting in the
 // broker for a stage no node runs; then both nodes stop and their data
 // directories and configuration files are deleted. A new node, added
 // with the kit (and into the scope), reads every row of both tables,
@@ -61,6 +65,16 @@ func TestRecoverEveryNodeLost(t *testing.T) {
 			return scopes["vault"] != ""
 		})
 	}
+	// beta's program fails order-1 for good (a dead letter, below). It
+	// also hosts stage later, whose queue then exists on the broker.
+	bprog := natsConn(t, beta)
+	stageCalls(t, bprog, "orders", func(m *nats.Msg) *nats.Msg {
+		r := nats.NewMsg("")
+		r.Header.Set("Nats-Service-Error-Code", "422")
+		r.Header.Set("Nats-Service-Error", "no such customer")
+		return r
+	})
+	stageCalls(t, bprog, "later", func(m *nats.Msg) *nats.Msg { return nats.NewMsg("") })
 	jobs := map[string]string{"1": "queued", "2": "done"}
 	secrets := map[string]string{"a": "s3cret", "b": "hidden"}
 	for id, v := range jobs {
@@ -76,16 +90,38 @@ func TestRecoverEveryNodeLost(t *testing.T) {
 		waitRows(t, alpha, 20*time.Second, 0, v, "get", "secrets", id, "--field", "value")
 	}
 
-	// beta's program fails order-1 for good: a dead letter. It also hosts
-	// stage later, whose queue then exists on the broker.
-	bprog := natsConn(t, beta)
-	stageCalls(t, bprog, "orders", func(m *nats.Msg) *nats.Msg {
-		r := nats.NewMsg("")
-		r.Header.Set("Nats-Service-Error-Code", "422")
-		r.Header.Set("Nats-Service-Error", "no such customer")
-		return r
+	// Both keys rotate: the nodes seal the new ones for the kit too, and
+	// the rows written now are sealed with them.
+	ctx := context.Background()
+	db, err := meshdb.Open(ctx, m.db, meshdb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	newKey := regexp.MustCompile(`content key (\S+) added`)
+	var rotated []string
+	for _, args := range [][]string{{"mesh", "key", "rotate", "--retention", "1h"}, {"mesh", "scope", "rotate", "vault", "--retention", "1h"}} {
+		sub := newKey.FindStringSubmatch(admin(args...))
+		if sub == nil {
+			t.Fatalf("%s: no new key named", strings.Join(args, " "))
+		}
+		rotated = append(rotated, sub[1])
+	}
+	for _, p := range []*meshtest.Process{alpha, beta} {
+		meshtest.WaitFor(t, 30*time.Second, p.Node()+" sealing with the rotated keys", func() bool {
+			st := meshtest.Status(t, p.HTTPURL())
+			return st.Keys != nil && st.Keys.Current == rotated[0] && st.Keys.Scopes["vault"] == rotated[1]
+		})
+	}
+	meshtest.WaitFor(t, 30*time.Second, "the rotated keys sealed for the kit", func() bool {
+		_, copies, err := db.RecoveryKit(ctx, "")
+		return err == nil && copies[rotated[0]] != "" && copies[rotated[1]] != ""
 	})
-	stageCalls(t, bprog, "later", func(m *nats.Msg) *nats.Msg { return nats.NewMsg("") })
+	jobs["3"], secrets["c"] = "rotated", "after-rotation"
+	waitRows(t, alpha, 20*time.Second, 0, "", "put", "jobs", "3", "status=rotated")
+	waitRows(t, alpha, 20*time.Second, 0, "", "put", "secrets", "c", "value=after-rotation")
+	waitRows(t, beta, 20*time.Second, 0, "after-rotation", "get", "secrets", "c", "--field", "value")
+
 	waitConsumers(t, m.rmq, m.vhost, "cmd.orders", 1)
 	waitConsumers(t, m.rmq, m.vhost, "cmd.later", 1)
 	aprog := natsConn(t, alpha)
