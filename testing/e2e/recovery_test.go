@@ -20,7 +20,8 @@ import (
 	"github.com/meshbox/meshbox/testing/meshtest"
 )
 
-// TestRecoverEveryNodeLost runs the procedure of docs/recovery.md: a mesh
+// TestRecoverEveryNodeLost runs the procedure of docs/recovery.md, its
+// commands as the page writes them: a mesh
 // of two nodes with a recovery kit writes a table and a table of scope
 // vault, rotates the mesh's and the scope's keys (the nodes seal the new
 // ones for the kit) and writes again, dead-letters a command, and leaves commands waiting in the
@@ -171,8 +172,9 @@ func TestRecoverEveryNodeLost(t *testing.T) {
 	ash.Signal(syscall.SIGTERM)
 	ash.Wait()
 
-	// The recovery: a new node added with the kit, into the scope.
-	phoenix := m.addWithKit(t, "phoenix", kitFile, "--scopes", "vault")
+	// The recovery, as docs/recovery.md says: a new node added with the
+	// kit, into the scope.
+	phoenix := m.runRecoveryPage(t, kitFile)
 	for id, v := range jobs {
 		waitRows(t, phoenix, 30*time.Second, 0, v, "get", "jobs", id, "--field", "status")
 	}
@@ -186,6 +188,17 @@ func TestRecoverEveryNodeLost(t *testing.T) {
 				t.Errorf("rows list %s on phoenix: no row %s in\n%s", table, id, out)
 			}
 		}
+	}
+
+	// Its status says that it reads both logs to their end, refusing
+	// nothing.
+	var status string
+	if !meshtest.Poll(30*time.Second, func() bool {
+		_, status, _ = cliEnv(t, onNode(phoenix), "status")
+		return strings.Contains(status, "jobs: 3 rows") && strings.Contains(status, "secrets: 3 rows") &&
+			strings.Count(status, "reading its log (0 behind)") >= 2 && !strings.Contains(status, "ALARM")
+	}) {
+		t.Errorf("meshbox status on phoenix: want jobs and secrets with 3 rows each, read to the end, no alarm:\n%s", status)
 	}
 
 	onPhoenix := onNode(phoenix)
@@ -250,4 +263,65 @@ func (m *identityMesh) addWithKit(t *testing.T, node, kitFile string, extra ...s
 		t.Fatalf("join %s: exit %d: %s%s", node, code, out, errOut)
 	}
 	return m.start(t, node)
+}
+
+// runRecoveryPage runs the commands of docs/recovery.md: the admin's
+// against the mesh database and the broker's administrator (the kit is
+// kitFile), the new node's join and start, and its checks, each of which
+// must succeed within 30 s. It returns the new node, phoenix.
+func (m *identityMesh) runRecoveryPage(t *testing.T, kitFile string) *meshtest.Process {
+	t.Helper()
+	var p *meshtest.Process
+	token := ""
+	for _, b := range pageBlocks(t, "recovery.md") {
+		for _, line := range b.lines {
+			cmdLine, _, _ := strings.Cut(line, "#")
+			cmdLine = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(cmdLine), "sudo "))
+			if cmdLine == "" {
+				continue
+			}
+			args := shellWords(t, cmdLine)
+			switch {
+			case b.how == "admin":
+				for i, a := range args {
+					if a == "mesh.kit" {
+						args[i] = kitFile
+					}
+				}
+				code, out, errOut := cliEnv(t, m.admin, args[1:]...)
+				if code != 0 {
+					t.Fatalf("docs/recovery.md: %s: exit %d: %s%s", line, code, out, errOut)
+				}
+				if strings.Contains(cmdLine, "node add") {
+					token = joinToken(t, out)
+				}
+			case b.how != "on phoenix":
+				t.Fatalf("docs/recovery.md: unknown test comment %q", b.how)
+			case cmdLine == "meshbox join TOKEN":
+				m.envs["phoenix"] = filepath.Join(t.TempDir(), "phoenix.env")
+				m.data["phoenix"] = filepath.Join(t.TempDir(), "data")
+				rememberDataDir(m.db, "phoenix", m.data["phoenix"])
+				if code, out, errOut := cli(t, "join", token, "--env-file", m.envs["phoenix"], "--data", m.data["phoenix"]); code != 0 {
+					t.Fatalf("docs/recovery.md: join phoenix: exit %d: %s%s", code, out, errOut)
+				}
+			case cmdLine == "systemctl enable --now meshbox":
+				p = m.start(t, "phoenix")
+			case p == nil || args[0] != "meshbox":
+				t.Fatalf("docs/recovery.md: %q before the node runs, or not a meshbox command", line)
+			default:
+				var code int
+				var out, errOut string
+				if !meshtest.Poll(30*time.Second, func() bool {
+					code, out, errOut = cliEnv(t, onNode(p), args[1:]...)
+					return code == 0
+				}) {
+					t.Fatalf("docs/recovery.md: %s on phoenix: exit %d: %s%s\n%s", line, code, out, errOut, p.Output())
+				}
+			}
+		}
+	}
+	if p == nil {
+		t.Fatal("docs/recovery.md started no node")
+	}
+	return p
 }
