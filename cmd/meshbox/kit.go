@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/meshbox/meshbox/cache/meshdb"
@@ -149,95 +148,4 @@ func listOrNone(ids []string) string {
 		return "none"
 	}
 	return strings.Join(ids, ",")
-}
-
-// kitKeysForNode opens with kit the content keys node may hold (the
-// mesh's, and those of scopes, which it joins as it is added) and seals
-// them to a new key pair for it: the node key goes into its join token,
-// the copies into the mesh database (meshdb.SealForNewNode). It checks
-// everything before the node is made: a kit of another mesh, one the mesh
-// replaced, and one whose copies of a key held by nodes are missing are
-// errors, and nothing is changed. A missing copy is no error for a key
-// the admin gave up as lost (o.lostKeys: no node that holds it is left);
-// naming a key the kit opens, or none the node may hold, is.
-func kitKeysForNode(ctx context.Context, db *meshdb.DB, kit *seal.Kit, node string, o newNodeOptions) (*seal.NodeKey, []meshdb.SealedCopy, error) {
-	mesh, err := db.MeshID(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	if kit.Mesh() != mesh {
-		return nil, nil, fmt.Errorf("%w: it is the kit of mesh %s, this mesh is %s; use this mesh's kit (nothing was changed)", seal.ErrBadKit, kit.Mesh(), mesh)
-	}
-	pub, _, err := db.RecoveryKit(ctx, node)
-	if err != nil {
-		return nil, nil, err
-	}
-	switch {
-	case pub == nil:
-		return nil, nil, errors.New("this mesh has no recovery kit: make one with meshbox mesh kit on a node that holds the keys; without --kit the node waits for such a node (nothing was changed)")
-	case seal.Fingerprint(pub) != kit.Fingerprint():
-		return nil, nil, fmt.Errorf("%w: %s is not the mesh's current kit (%s): it was replaced; use the newest kit (nothing was changed)", seal.ErrBadKit, kit, seal.Fingerprint(pub))
-	}
-	copies, err := db.KitKeysFor(ctx, node, o.scopes)
-	if err != nil {
-		return nil, nil, err
-	}
-	_, holders, err := db.ContentKeys(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	nk, err := seal.GenerateNodeKey()
-	if err != nil {
-		return nil, nil, err
-	}
-	var out []meshdb.SealedCopy
-	var stale []string
-	staleHolders := map[string][]string{}
-	for _, c := range copies {
-		if c.Sealed == nil || c.SealedFor != kit.Fingerprint() {
-			for _, h := range holders {
-				if h.KeyID == c.ID {
-					staleHolders[c.ID] = append(staleHolders[c.ID], h.Node)
-				}
-			}
-			if len(staleHolders[c.ID]) > 0 && !slices.Contains(o.lostKeys, c.ID) {
-				stale = append(stale, c.ID)
-			}
-			continue // held by nobody yet: the node makes it itself
-		}
-		if slices.Contains(o.lostKeys, c.ID) {
-			return nil, nil, fmt.Errorf("--lost-keys %s: the recovery kit opens that key; name only keys it has no copy of (nothing was changed)", c.ID)
-		}
-		raw, err := kit.Open(seal.KitKeyInfo(c.ID, mesh), c.Sealed)
-		if err != nil {
-			return nil, nil, fmt.Errorf("%w: its copy of content key %s does not open with it: %v (nothing was changed)", seal.ErrBadKit, c.ID, err)
-		}
-		k, err := seal.ContentKeyFrom(c.ID, raw)
-		if err == nil && len(c.Commitment) > 0 {
-			err = k.CheckCommitment(c.Commitment)
-		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("the kit's copy of content key %s is not the key the mesh uses: %v; a node that holds it seals it again once its copy is removed (nothing was changed)", c.ID, err)
-		}
-		blob, err := seal.SealTo(nk.Public(), seal.ContentKeyInfo(c.ID, node), k.Bytes())
-		if err != nil {
-			return nil, nil, err
-		}
-		out = append(out, meshdb.SealedCopy{ID: c.ID, Sealed: blob})
-	}
-	for _, id := range o.lostKeys {
-		if len(staleHolders[id]) == 0 {
-			return nil, nil, fmt.Errorf("--lost-keys %s: not an active content key of this node's that a node holds without a copy for the kit (meshbox mesh key list shows the keys; nothing was changed)", id)
-		}
-	}
-	if len(stale) > 0 {
-		var held []string
-		for _, id := range stale {
-			held = append(held, id+" (held by "+strings.Join(staleHolders[id], ",")+")")
-		}
-		return nil, nil, fmt.Errorf("the recovery kit has no copy of content key %s: made or rotated since those nodes last sealed the keys for the kit. "+
-			"Start one of them and it seals it for the kit, then add the node again; if none of them is left, what was sealed with it cannot be opened: "+
-			"add the node with --lost-keys %s to recover the rest (nothing was changed)", strings.Join(held, ", "), strings.Join(stale, ","))
-	}
-	return nk, out, nil
 }

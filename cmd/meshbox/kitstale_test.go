@@ -129,6 +129,7 @@ func (km *kitMesh) sealedFor(t *testing.T, node string, nk *seal.NodeKey, copies
 // its holders and what to do; --lost-keys, for a key whose holders are
 // all lost, adds the node with the rest, and names only such keys. A
 // replaced kit is refused. The control: a kit in step opens every key.
+// mesh kit --check says the same without adding a node.
 func TestKitAfterRotation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL")
@@ -147,6 +148,14 @@ func TestKitAfterRotation(t *testing.T) {
 		t.Fatalf("the kit in step: %v", err)
 	}
 	km.sealedFor(t, "gamma", nk, copies, k1)
+	kitFile := filepath.Join(t.TempDir(), "mesh.kit")
+	if err := writeKitFile(kitFile, km.kit); err != nil {
+		t.Fatal(err)
+	}
+	c := cli{env: map[string]string{"MESHBOX_DB": km.url, "MESHBOX_BROKER_ADMIN": "http://admin:secret@127.0.0.1:1"}}
+	if out := c.ok(t, "mesh", "kit", "--check", kitFile); !strings.Contains(strings.Join(strings.Fields(out), " "), k1+" the mesh opens it") || !strings.Contains(out, "opens every key nodes hold (1)") {
+		t.Errorf("mesh kit --check, the kit in step:\n%s", out)
+	}
 
 	k2, _, err := km.db.RotateKey(ctx, time.Hour)
 	if err != nil {
@@ -157,6 +166,10 @@ func TestKitAfterRotation(t *testing.T) {
 		t.Fatalf("a rotated key nobody holds yet: %d copies, %v; want k1 and no error", len(copies), err)
 	}
 	km.claimAll(t, false) // alpha holds k2, and has not sealed it for the kit
+	out, _, err := c.run(t, "mesh", "kit", "--check", kitFile)
+	if err == nil || !strings.Contains(err.Error(), "lacks 1 keys that nodes hold") || !strings.Contains(strings.Join(strings.Fields(out), " "), k2+" the mesh has no copy: held by alpha") {
+		t.Errorf("mesh kit --check, a stale kit: %v\n%s", err, out)
+	}
 	_, _, err = kitKeysForNode(ctx, km.db, km.kit, "gamma", newNodeOptions{})
 	for _, want := range []string{"no copy of content key " + k2 + " (held by alpha)", "Start one of them", "--lost-keys " + k2, "nothing was changed"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -197,8 +210,8 @@ func TestKitAfterRotation(t *testing.T) {
 	if _, err := km.db.SetRecoveryKit(ctx, kit2.Public(), true); err != nil {
 		t.Fatal(err)
 	}
-	c := cli{env: map[string]string{"MESHBOX_DB": km.url, "MESHBOX_BROKER_ADMIN": "http://admin:secret@127.0.0.1:1"}}
 	c.fails(t, "is not the mesh's current kit", "mesh", "node", "add", "gamma", "--kit", old)
+	c.fails(t, "is not the mesh's current kit", "mesh", "kit", "--check", old)
 	_, _, err = kitKeysForNode(ctx, km.db, km.kit, "gamma", newNodeOptions{})
 	if !errors.Is(err, seal.ErrBadKit) || !strings.Contains(err.Error(), "it was replaced; use the newest kit") {
 		t.Errorf("a replaced kit: %v, want ErrBadKit saying to use the newest", err)
