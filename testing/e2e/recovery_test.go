@@ -59,13 +59,6 @@ func TestRecoverEveryNodeLost(t *testing.T) {
 	admin("mesh", "table", "add", "secrets", "--scope", "vault")
 
 	alpha, beta := m.start(t, "alpha"), m.start(t, "beta")
-	for _, p := range []*meshtest.Process{alpha, beta} {
-		waitKeysInStep(t, p)
-		meshtest.WaitFor(t, 30*time.Second, p.Node()+" sealing with a key of scope vault", func() bool {
-			_, scopes := nodeScopes(t, p)
-			return scopes["vault"] != ""
-		})
-	}
 	// beta's program fails order-1 for good (a dead letter, below). It
 	// also hosts stage later, whose queue then exists on the broker.
 	bprog := natsConn(t, beta)
@@ -76,6 +69,13 @@ func TestRecoverEveryNodeLost(t *testing.T) {
 		return r
 	})
 	stageCalls(t, bprog, "later", func(m *nats.Msg) *nats.Msg { return nats.NewMsg("") })
+	for _, p := range []*meshtest.Process{alpha, beta} {
+		waitKeysInStep(t, p)
+		meshtest.WaitFor(t, 30*time.Second, p.Node()+" sealing with a key of scope vault", func() bool {
+			_, scopes := nodeScopes(t, p)
+			return scopes["vault"] != ""
+		})
+	}
 	jobs := map[string]string{"1": "queued", "2": "done"}
 	secrets := map[string]string{"a": "s3cret", "b": "hidden"}
 	for id, v := range jobs {
