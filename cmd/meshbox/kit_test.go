@@ -84,3 +84,39 @@ func TestWriteKitFile(t *testing.T) {
 		t.Errorf("second write: %v, want a refusal", err)
 	}
 }
+
+// TestJoinKeepsAnotherNodeKey: a join token that carries a node key (node
+// add --kit) is joined into a data directory with no key, or the same
+// one; one that holds another node's key is refused, and the key stays.
+func TestJoinKeepsAnotherNodeKey(t *testing.T) {
+	mine, err := seal.GenerateNodeKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := seal.GenerateNodeKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, _ := mine.MarshalText()
+	otherText, _ := other.MarshalText()
+	dir := t.TempDir()
+	if file, err := checkJoinNodeKey(dir, string(text)); err != nil || file != filepath.Join(dir, kitNodeKeyFile) {
+		t.Fatalf("an empty data directory: %q %v", file, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, kitNodeKeyFile), text, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkJoinNodeKey(dir, string(text)); err != nil {
+		t.Errorf("the same key again: %v", err)
+	}
+	if _, err := checkJoinNodeKey(dir, string(otherText)); err == nil || !strings.Contains(err.Error(), "holds another node key") ||
+		!strings.Contains(err.Error(), "nothing was changed") {
+		t.Errorf("another node's key: %v, want a refusal", err)
+	}
+	if _, err := checkJoinNodeKey(t.TempDir(), "not a key"); err == nil {
+		t.Error("a token's damaged node key: accepted")
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, kitNodeKeyFile)); string(b) != string(text) {
+		t.Error("the data directory's key changed")
+	}
+}

@@ -198,6 +198,16 @@ func TestKitAfterRotation(t *testing.T) {
 	}
 	km.sealedFor(t, "gamma", nk, copies, k1, k2)
 
+	// Another mesh's kit is refused.
+	otherKit, err := seal.NewKit("mesh-other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := kitKeysForNode(ctx, km.db, otherKit, "gamma", newNodeOptions{}); !errors.Is(err, seal.ErrBadKit) ||
+		!strings.Contains(err.Error(), "it is the kit of mesh mesh-other, this mesh is "+km.mesh) {
+		t.Errorf("another mesh's kit: %v, want ErrBadKit naming both meshes", err)
+	}
+
 	// A replaced kit is refused through the command, and nothing is added.
 	old := filepath.Join(t.TempDir(), "old.kit")
 	if err := writeKitFile(old, km.kit); err != nil {
