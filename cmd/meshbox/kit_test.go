@@ -120,3 +120,21 @@ func TestJoinKeepsAnotherNodeKey(t *testing.T) {
 		t.Error("the data directory's key changed")
 	}
 }
+
+// TestKitFileFromWords: a kit's file typed again from the words written
+// down (docs/recovery.md), in lower case and with spaces, is the kit.
+func TestKitFileFromWords(t *testing.T) {
+	kit, err := seal.NewKit("mesh-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	typed := strings.ToLower(strings.ReplaceAll(kit.Words(), "-", " "))
+	path := filepath.Join(t.TempDir(), "typed.kit")
+	if err := os.WriteFile(path, []byte("meshbox-recovery-kit-v1\nmesh: mesh-test\nsecret: "+typed+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	back, err := readKit(path)
+	if err != nil || back.Fingerprint() != kit.Fingerprint() {
+		t.Fatalf("kit typed from its words: %v %v, want %s", back, err, kit)
+	}
+}
