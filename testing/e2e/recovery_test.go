@@ -30,7 +30,8 @@ import (
 // with the kit (and into the scope), reads every row of both tables,
 // lists and opens the dead letter, and handles the waiting commands once
 // its program hosts their stage. Control: without the kit, a node added
-// the same way reads nothing.
+// the same way reads nothing. Last, the lost nodes are removed, and that
+// node, given the keys by the new one, reads both tables whole.
 func TestRecoverEveryNodeLost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, RabbitMQ and three nodes")
@@ -241,6 +242,22 @@ func TestRecoverEveryNodeLost(t *testing.T) {
 		t.Errorf("commands handled on phoenix: %q, want %q", handled, want)
 	}
 	mu.Unlock()
+
+	// Last, the lost nodes are removed. What they wrote stays: ash, for
+	// which phoenix now seals the keys, reads both tables whole.
+	for _, n := range []string{"alpha", "beta"} {
+		admin("mesh", "node", "remove", n)
+	}
+	ash = m.start(t, "ash")
+	for id, v := range jobs {
+		waitRows(t, ash, 30*time.Second, 0, v, "get", "jobs", id, "--field", "status")
+	}
+	for id, v := range secrets {
+		waitRows(t, ash, 30*time.Second, 0, v, "get", "secrets", id, "--field", "value")
+	}
+	if _, status, _ := cliEnv(t, onNode(ash), "status"); strings.Contains(status, "ALARM") {
+		t.Errorf("meshbox status on ash, after the lost nodes' removal: want no alarm:\n%s", status)
+	}
 }
 
 // addWithKit adds node with `mesh node add NAME --stages * --kit kitFile`
