@@ -87,6 +87,9 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 		return fmt.Errorf("add node: %w", err)
 	}
 	fmt.Fprintf(out, "node %s: database role %s created, node recorded (mesh revision %d)\n", rec.Name, added.Role, added.Revision)
+	if len(o.scopes) > 0 {
+		fmt.Fprintf(out, "node %s: member of scopes %s\n", rec.Name, strings.Join(o.scopes, ","))
+	}
 	if kit != nil {
 		if _, err := db.SealForNewNode(ctx, rec.Name, nodeKey.Public(), copies); err != nil {
 			return fmt.Errorf("add node: the node is recorded, but its keys are not sealed: %w (meshbox mesh node remove %s --force, then add it again)", err, rec.Name)
