@@ -122,6 +122,13 @@ func (a *Appliance) applyTables(eng *rows.Engine, snap cache.Snapshot) {
 		// seal it with a scope's key): then theirs holds.
 		tables[wire.TableMQTTRetained] = rows.TableSpec{}
 	}
+	if len(snap.Bindings.Nodes) > 0 { // none: no mesh database, nothing known
+		nodes := make([]string, len(snap.Bindings.Nodes))
+		for i, n := range snap.Bindings.Nodes {
+			nodes[i] = n.Name
+		}
+		eng.SetNodes(nodes)
+	}
 	if !maps.Equal(eng.Tables(), tables) {
 		eng.SetTables(tables)
 	}

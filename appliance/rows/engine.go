@@ -72,7 +72,8 @@ type Engine struct {
 	ownMu sync.Mutex
 	own   map[[sha256.Size]byte]int
 
-	login login // the broker user the sync logged in as (trust.go)
+	login login     // the broker user the sync logged in as (trust.go)
+	nodes meshNodes // the mesh's nodes (trust.go)
 
 	mu       sync.Mutex
 	tables   map[string]TableSpec

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshbox/meshbox/internal/seal"
+	"github.com/meshbox/meshbox/internal/wire"
 )
 
 // The sync: one AMQP connection of its own to the broker, a confirmed
@@ -293,7 +294,8 @@ func (e *Engine) check(table string, d *amqp.Delivery, o uint64) (b *batch, orig
 		}
 		return nil, "", causeForgedWriter, sender, fmt.Errorf("log offset %d: %w", o, err)
 	}
-	if err := e.checkMember(table, origin); err != nil {
+	_, _, validated := wire.ParseBrokerUser(d.UserId)
+	if err := e.checkMember(table, origin, validated); err != nil {
 		return nil, "", causeWrongScope, origin, fmt.Errorf("log offset %d: %w", o, err)
 	}
 	return b, origin, "", sender, nil

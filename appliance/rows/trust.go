@@ -93,14 +93,44 @@ func (e *Engine) checkScope(table, keyID string) error {
 	return nil
 }
 
+// meshNodes are the mesh's nodes as the bindings list them (SetNodes);
+// nil: not known yet.
+type meshNodes struct {
+	names atomic.Pointer[map[string]bool]
+}
+
+// SetNodes sets the mesh's nodes, as the bindings list them: a change of
+// a scoped table from a node no longer in the mesh is accepted (see
+// checkMember). The appliance calls it with every version of the
+// bindings, before SetTables. Safe for concurrent use.
+func (e *Engine) SetNodes(names []string) {
+	m := make(map[string]bool, len(names))
+	for _, n := range names {
+		m[n] = true
+	}
+	e.nodes.names.Store(&m)
+}
+
+// removed reports whether the mesh's nodes are known and node is not one
+// of them.
+func (e *Engine) removed(node string) bool {
+	p := e.nodes.names.Load()
+	return p != nil && !(*p)[node]
+}
+
 // checkMember refuses a message of a scoped table from a node that is
 // not a member of the scope now (one removed from it still holds its
-// older keys).
-func (e *Engine) checkMember(table, origin string) error {
+// older keys), unless the node is not in the mesh at all and its broker
+// user vouches for it (validated): a removed node's broker users are
+// revoked, so it published the message before its removal, as a member
+// (only members hold the scope's keys), and every node then applied it.
+// A node joining later applies it too, so that the replicas converge
+// after the nodes that wrote a table are gone (docs/recovery.md).
+func (e *Engine) checkMember(table, origin string, validated bool) error {
 	e.mu.Lock()
 	scope := e.tables[table].Scope
 	e.mu.Unlock()
-	if scope != "" && !e.cfg.Keys.InScope(scope, origin) {
+	if scope != "" && !e.cfg.Keys.InScope(scope, origin) && !(validated && e.removed(origin)) {
 		return fmt.Errorf("from node %s, which is not a member of scope %s", origin, scope)
 	}
 	return nil

@@ -41,6 +41,9 @@ type NewNode struct {
 	Stages []string         // the stages it may consume ("*": all; nil: none)
 	Broker BrokerCredential // generation 1, made on the broker
 	TTL    time.Duration    // of the join token (0: DefaultJoinTTL)
+	// Scopes are the scopes the node is made a member of, each existing
+	// (its keys are sealed for it by a member, or by the recovery kit).
+	Scopes []string
 }
 
 // AddedNode is what AddNodeIdentity made.
@@ -150,6 +153,9 @@ func (db *DB) AddNodeIdentity(ctx context.Context, adminURL string, n NewNode) (
 			return &ExistsError{What: fmt.Sprintf("node %q", node)}
 		}
 		if err := createNodeRole(ctx, tx, node, role, rolePassword); err != nil {
+			return err
+		}
+		if err := joinScopes(ctx, tx, node, n.Scopes); err != nil {
 			return err
 		}
 		// The node opens its broker password with its join token's login.

@@ -118,16 +118,16 @@ type KitCopy struct {
 }
 
 // KitKeysFor returns the content keys node may hold that are not retired
-// (the mesh's, and those of the scopes it is in), each with its copy
-// sealed to the kit; a key without one has no Sealed (nobody sealed it
-// for the kit yet: no node held it since the kit was made). It needs the
-// tables' owner.
-func (db *DB) KitKeysFor(ctx context.Context, node string) ([]KitCopy, error) {
+// (the mesh's, those of the scopes it is in, and those of scopes, which
+// it is about to join), each with its copy sealed to the kit; a key
+// without one has no Sealed (nobody sealed it for the kit yet: no node
+// held it since the kit was made). It needs the tables' owner.
+func (db *DB) KitKeysFor(ctx context.Context, node string, scopes []string) ([]KitCopy, error) {
 	var out []KitCopy
 	if err := collect(ctx, db.pool, &out, `SELECT k.id, COALESCE(k.scope, ''), COALESCE(s.sealed_for, ''), s.sealed, k.commitment
 		FROM content_keys k LEFT JOIN kit_sealed_keys s ON s.key_id = k.id
-		WHERE (k.retire_at IS NULL OR k.retire_at > now()) AND meshbox_key_member(k.id, $1)
-		ORDER BY k.created_at, k.id`, []any{node},
+		WHERE (k.retire_at IS NULL OR k.retire_at > now()) AND (meshbox_key_member(k.id, $1) OR k.scope = ANY($2))
+		ORDER BY k.created_at, k.id`, []any{node, scopes},
 		func(r pgx.Rows, c *KitCopy) error {
 			return r.Scan(&c.ID, &c.Scope, &c.SealedFor, &c.Sealed, &c.Commitment)
 		}); err != nil {

@@ -77,7 +77,7 @@ func TestRecoveryKit(t *testing.T) {
 
 	// The admin opens the copy with the kit and seals k1 for gamma.
 	addNode(t, db, url, "gamma", 0)
-	kc, err := db.KitKeysFor(ctx, "gamma")
+	kc, err := db.KitKeysFor(ctx, "gamma", nil)
 	if err != nil || len(kc) != 1 || kc[0].ID != "k1" || kc[0].SealedFor != kit.Fingerprint() {
 		t.Fatalf("kit keys for gamma: %+v %v", kc, err)
 	}
@@ -121,7 +121,7 @@ func TestRecoveryKit(t *testing.T) {
 	if _, copies, err := db.RecoveryKit(ctx, ""); err != nil || len(copies) != 0 {
 		t.Errorf("copies after a new kit: %v %v, want none (sealed to the old kit)", copies, err)
 	}
-	if kc, err := db.KitKeysFor(ctx, "gamma"); err != nil || len(kc) != 1 || kc[0].Sealed != nil {
+	if kc, err := db.KitKeysFor(ctx, "gamma", nil); err != nil || len(kc) != 1 || kc[0].Sealed != nil {
 		t.Errorf("kit keys after a new kit: %+v %v, want k1 without a copy", kc, err)
 	}
 }

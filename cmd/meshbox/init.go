@@ -74,7 +74,7 @@ func (c *InitCommand) flags(fs *flag.FlagSet) action {
 				fmt.Fprintf(c.m.Stdout, "node %s has its own credential already; meshbox mesh node rejoin %s gives it a new join token\n", *node, *node)
 				return nil
 			}
-			return mc.addNode(ctx, db, cache.NodeRecord{Name: *node, PublicName: *public}, *admin, splitList(*stages), *ttl, nil)
+			return mc.addNode(ctx, db, cache.NodeRecord{Name: *node, PublicName: *public}, *admin, newNodeOptions{stages: splitList(*stages), ttl: *ttl})
 		}
 		fmt.Fprintf(c.m.Stdout, "node %s is recorded without a credential of its own (no --broker-admin given).\n", *node)
 		fmt.Fprintf(c.m.Stdout, "next: give it one and a join token for its machine: meshbox mesh node add %s --db %s --broker-admin http://ADMIN:PASSWORD@BROKER:15672\n", *node, db.Addr())

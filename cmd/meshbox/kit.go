@@ -7,10 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
-	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/internal/seal"
 )
@@ -150,73 +148,4 @@ func listOrNone(ids []string) string {
 		return "none"
 	}
 	return strings.Join(ids, ",")
-}
-
-// kitKeysForNode opens with kit the content keys node may hold and seals
-// them to a new key pair for it: the node key goes into its join token,
-// the copies into the mesh database (meshdb.SealForNewNode). It checks
-// everything before the node is made: a kit of another mesh, one the mesh
-// replaced, and one whose copies of a key held by nodes are missing are
-// errors, and nothing is changed.
-func kitKeysForNode(ctx context.Context, db *meshdb.DB, kit *seal.Kit, node string) (*seal.NodeKey, []meshdb.SealedCopy, error) {
-	mesh, err := db.MeshID(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	if kit.Mesh() != mesh {
-		return nil, nil, fmt.Errorf("%w: it is the kit of mesh %s, this mesh is %s; use this mesh's kit (nothing was changed)", seal.ErrBadKit, kit.Mesh(), mesh)
-	}
-	pub, _, err := db.RecoveryKit(ctx, node)
-	if err != nil {
-		return nil, nil, err
-	}
-	switch {
-	case pub == nil:
-		return nil, nil, errors.New("this mesh has no recovery kit: make one with meshbox mesh kit on a node that holds the keys; without --kit the node waits for such a node (nothing was changed)")
-	case seal.Fingerprint(pub) != kit.Fingerprint():
-		return nil, nil, fmt.Errorf("%w: %s is not the mesh's current kit (%s): it was replaced; use the newest kit (nothing was changed)", seal.ErrBadKit, kit, seal.Fingerprint(pub))
-	}
-	copies, err := db.KitKeysFor(ctx, node)
-	if err != nil {
-		return nil, nil, err
-	}
-	_, holders, err := db.ContentKeys(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	nk, err := seal.GenerateNodeKey()
-	if err != nil {
-		return nil, nil, err
-	}
-	var out []meshdb.SealedCopy
-	var stale []string
-	for _, c := range copies {
-		if c.Sealed == nil || c.SealedFor != kit.Fingerprint() {
-			held := slices.ContainsFunc(holders, func(h cache.KeyHolder) bool { return h.KeyID == c.ID })
-			if held {
-				stale = append(stale, c.ID)
-			}
-			continue // held by nobody yet: the node makes it itself
-		}
-		raw, err := kit.Open(seal.KitKeyInfo(c.ID, mesh), c.Sealed)
-		if err != nil {
-			return nil, nil, fmt.Errorf("%w: its copy of content key %s does not open with it: %v (nothing was changed)", seal.ErrBadKit, c.ID, err)
-		}
-		k, err := seal.ContentKeyFrom(c.ID, raw)
-		if err == nil && len(c.Commitment) > 0 {
-			err = k.CheckCommitment(c.Commitment)
-		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("the kit's copy of content key %s is not the key the mesh uses: %v; a node that holds it seals it again once its copy is removed (nothing was changed)", c.ID, err)
-		}
-		blob, err := seal.SealTo(nk.Public(), seal.ContentKeyInfo(c.ID, node), k.Bytes())
-		if err != nil {
-			return nil, nil, err
-		}
-		out = append(out, meshdb.SealedCopy{ID: c.ID, Sealed: blob})
-	}
-	if len(stale) > 0 {
-		return nil, nil, fmt.Errorf("the recovery kit has no copy of content key %s (made or rotated since the kit's copies were sealed): start a node that holds it so that it seals it for the kit, or run meshbox mesh kit --data DIR on one; or add the node without --kit and it waits for such a node (nothing was changed)", strings.Join(stale, ","))
-	}
-	return nk, out, nil
 }

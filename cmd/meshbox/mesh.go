@@ -223,6 +223,8 @@ func (c *MeshCommand) leaves() []meshLeaf {
 			ttl := fs.Duration("ttl", meshdb.DefaultJoinTTL, "how long the join token stays valid")
 			recordOnly := fs.Bool("record-only", false, "only record the node: no broker user, database role or join token")
 			kitFile := c.m.envFlag(fs, "kit", "MESHBOX_KIT", "the mesh's recovery kit file: seal the mesh's keys for the node now, so that it opens them alone (env MESHBOX_KIT)")
+			lostKeys := fs.String("lost-keys", "", "with --kit: content keys the kit has no copy of, whose holders are all lost, comma-separated: add the node without them")
+			scopes := fs.String("scopes", "", "scopes the node is a member of, comma-separated (their keys are sealed for it, with the kit or by a member)")
 			return func(ctx context.Context, db *meshdb.DB, a []string) error {
 				if *ttl <= 0 {
 					return usagef("mesh node add: --ttl %s: must be more than 0", *ttl)
@@ -239,6 +241,12 @@ func (c *MeshCommand) leaves() []meshLeaf {
 					}
 					kit = k
 				}
+				if *lostKeys != "" && *kitFile == "" {
+					return usagef("mesh node add: --lost-keys goes with --kit: the keys the kit has no copy of")
+				}
+				if *recordOnly && *scopes != "" {
+					return usagef("mesh node add: --scopes makes a node with an identity a member; not with --record-only")
+				}
 				if *recordOnly {
 					ch, err := db.AddNode(ctx, rec)
 					if err != nil {
@@ -250,7 +258,7 @@ func (c *MeshCommand) leaves() []meshLeaf {
 				if *admin == "" {
 					return usagef("mesh node add: --broker-admin is required (or set MESHBOX_BROKER_ADMIN) to make the node's broker user; --record-only records the node without an identity")
 				}
-				return c.addNode(ctx, db, rec, *admin, splitList(*stages), *ttl, kit)
+				return c.addNode(ctx, db, rec, *admin, newNodeOptions{stages: splitList(*stages), scopes: splitList(*scopes), ttl: *ttl, kit: kit, lostKeys: splitList(*lostKeys)})
 			}
 		}},
 		{name: "node set", args: []string{"NAME"}, flags: func(fs *flag.FlagSet) func(context.Context, *meshdb.DB, []string) error {

@@ -23,7 +23,18 @@ func (c *MeshCommand) keyLeaves() []meshLeaf {
 			replace := fs.Bool("replace", false, "replace the mesh's recovery kit: the old one opens no key made after it")
 			node := c.m.envFlag(fs, "node", "MESHBOX_NODE", "the node whose keys to seal for the kit (env MESHBOX_NODE)")
 			data := c.m.envFlag(fs, "data", "MESHBOX_DATA", "that node's data directory, which holds its key (env MESHBOX_DATA)")
+			check := fs.String("check", "", "check the kit in this file: which keys it opens, and which it lacks (makes nothing)")
 			return func(ctx context.Context, db *meshdb.DB, _ []string) error {
+				if *check != "" {
+					if *file != "" || *words || *replace {
+						return usagef("mesh kit --check FILE: alone (it makes no kit)")
+					}
+					kit, err := readKit(*check)
+					if err != nil {
+						return err
+					}
+					return c.m.checkKit(ctx, db, kit)
+				}
 				switch {
 				case *file == "" && !*words:
 					return usagef("mesh kit: give --out FILE, or --words to print the kit only as words")

@@ -23,7 +23,8 @@ import (
 // deleted again. With kit (the mesh's recovery kit), it seals the mesh's
 // keys for the node (kitKeysForNode), whose key pair then travels in its
 // join token; without, the node waits for a node that holds them.
-func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.NodeRecord, adminURL string, stages []string, ttl time.Duration, kit *seal.Kit) error {
+func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.NodeRecord, adminURL string, o newNodeOptions) error {
+	stages, ttl, kit := o.stages, o.ttl, o.kit
 	out := c.m.Stdout
 	if err := cache.ValidateNodeName(rec.Name); err != nil {
 		return fmt.Errorf("add node: %w", err)
@@ -38,13 +39,16 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 	if identity {
 		return fmt.Errorf("add node: %w (meshbox mesh node rejoin %s gives it a new join token)", &meshdb.ExistsError{What: fmt.Sprintf("node %q", rec.Name)}, rec.Name)
 	}
+	if err := checkScopesExist(ctx, db, o.scopes); err != nil {
+		return fmt.Errorf("add node: %w", err)
+	}
 	if exists {
 		fmt.Fprintf(out, "node %s: recorded without a credential of its own; giving it one\n", rec.Name)
 	}
 	var nodeKey *seal.NodeKey
 	var copies []meshdb.SealedCopy
 	if kit != nil {
-		if nodeKey, copies, err = kitKeysForNode(ctx, db, kit, rec.Name); err != nil {
+		if nodeKey, copies, err = kitKeysForNode(ctx, db, kit, rec.Name, o); err != nil {
 			return fmt.Errorf("add node: %w", err)
 		}
 	}
@@ -70,7 +74,7 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 	fmt.Fprintf(out, "node %s: broker user %s created on %s (vhost %s, %s)\n",
 		rec.Name, cred.User, admin.Endpoint(), vhost, describeStages(stages))
 	added, err := db.AddNodeIdentity(ctx, c.dbURL, meshdb.NewNode{
-		Record: rec, Stages: stages, TTL: ttl,
+		Record: rec, Stages: stages, TTL: ttl, Scopes: o.scopes,
 		Broker: meshdb.BrokerCredential{Generation: cred.Generation, User: cred.User, Password: cache.Credential(cred.Password.Reveal())},
 	})
 	if err != nil {
@@ -83,6 +87,9 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 		return fmt.Errorf("add node: %w", err)
 	}
 	fmt.Fprintf(out, "node %s: database role %s created, node recorded (mesh revision %d)\n", rec.Name, added.Role, added.Revision)
+	if len(o.scopes) > 0 {
+		fmt.Fprintf(out, "node %s: member of scopes %s\n", rec.Name, strings.Join(o.scopes, ","))
+	}
 	if kit != nil {
 		if _, err := db.SealForNewNode(ctx, rec.Name, nodeKey.Public(), copies); err != nil {
 			return fmt.Errorf("add node: the node is recorded, but its keys are not sealed: %w (meshbox mesh node remove %s --force, then add it again)", err, rec.Name)
@@ -98,12 +105,45 @@ func (c *MeshCommand) addNode(ctx context.Context, db *meshdb.DB, rec cache.Node
 		}
 		fmt.Fprintf(out, "node %s: content keys opened with the recovery kit and sealed for it: %s; it opens them from its first start (its key pair is in the join token: keep the token secret)\n",
 			rec.Name, listOrNone(ids))
+		if len(o.lostKeys) > 0 {
+			fmt.Fprintf(out, "node %s: content keys given up as lost (the kit has no copy): %s; what was sealed with them cannot be opened\n",
+				rec.Name, strings.Join(o.lostKeys, ","))
+		}
 	} else {
 		fmt.Fprintf(out, "node %s: waits for a node that holds the mesh's keys to seal them for it (or add it with --kit)\n", rec.Name)
 	}
 	fmt.Fprintf(out, "join token for node %s (one use, expires %s); on the new machine run: meshbox join TOKEN\n",
 		rec.Name, added.Token.Expires.UTC().Format(time.RFC3339))
 	fmt.Fprintln(out, added.Token.Encode())
+	return nil
+}
+
+// newNodeOptions are what `mesh node add` gives a node besides its
+// record.
+type newNodeOptions struct {
+	stages []string      // the stages it may consume
+	scopes []string      // the scopes it is a member of
+	ttl    time.Duration // of its join token
+	kit    *seal.Kit     // nil: its keys are sealed by a node that holds them
+	// lostKeys are content keys the kit has no copy of and no node that
+	// holds them is left: the node is added without them.
+	lostKeys []string
+}
+
+// checkScopesExist refuses a scope the mesh does not have.
+func checkScopesExist(ctx context.Context, db *meshdb.DB, scopes []string) error {
+	if len(scopes) == 0 {
+		return nil
+	}
+	have, err := db.Scopes(ctx)
+	if err != nil {
+		return err
+	}
+	for _, s := range scopes {
+		if !slices.ContainsFunc(have, func(h cache.Scope) bool { return h.Name == s }) {
+			return fmt.Errorf("the mesh has no scope %q: meshbox mesh scope list shows its scopes (nothing was changed)", s)
+		}
+	}
 	return nil
 }
 
