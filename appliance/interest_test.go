@@ -160,7 +160,7 @@ func TestInterestWatcherWatchDeliversInOrderAndStops(t *testing.T) {
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() { // exits when quit is closed
 		defer close(done)
-		w.watch(quit, 5*time.Millisecond, time.Hour, time.Hour, func(s []string) { got <- s }, func(err error) { t.Errorf("check: %v", err) })
+		w.watch(quit, 5*time.Millisecond, time.Hour, time.Hour, func(li localInterest) { got <- li.hosted }, func(err error) { t.Errorf("check: %v", err) })
 	}()
 	prog := testConn(t, srv, false)
 	mustSubscribe(t, prog, "cap.a", "")
@@ -262,7 +262,7 @@ func startWatch(t *testing.T, w *interestWatcher, busy, idle, busyFor time.Durat
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() { // exits when quit is closed, in the test's cleanup
 		defer close(done)
-		w.watch(quit, busy, idle, busyFor, func(s []string) { got <- s }, func(err error) { t.Errorf("check: %v", err) })
+		w.watch(quit, busy, idle, busyFor, func(li localInterest) { got <- li.hosted }, func(err error) { t.Errorf("check: %v", err) })
 	}()
 	t.Cleanup(func() {
 		close(quit)

@@ -79,7 +79,12 @@ type Node struct {
 		local  hostRecord
 		set    bool // local was handed to OnLocalChange
 		oldest int  // handed to OnPeerProtocols (0: not yet)
-		settle bool // a wake-up after PeerProtocolSettle is set
+		// eventPeers and eventLegacy were handed to OnEventPeers
+		// (eventSet: once).
+		eventPeers  []string
+		eventLegacy bool
+		eventSet    bool
+		settle      bool // a wake-up after PeerProtocolSettle is set
 	}
 }
 
