@@ -61,6 +61,9 @@ type EventBindingStatus struct {
 	// with now.
 	Topics []string `json:"topics"`
 	Bound  int      `json:"bound"`
+	// Pending: the keys bound are not yet the ones wanted (a change is
+	// on its way to the broker, or the link is down).
+	Pending bool `json:"pending,omitempty"`
 	// Legacy: the node binds the shared keys too, for a node of the mesh
 	// not heard speaking the current protocol yet (its own events come
 	// back then, and are dropped).
@@ -189,7 +192,8 @@ func (b *EventBinder) Status() *EventBindingStatus {
 	if b.changed == nil {
 		return nil
 	}
-	return &EventBindingStatus{Topics: slices.Clone(b.patterns), Bound: len(b.bound), Legacy: b.legacy && !b.refused, Warning: b.warning}
+	return &EventBindingStatus{Topics: slices.Clone(b.patterns), Bound: len(b.bound), Legacy: b.legacy && !b.refused, Warning: b.warning,
+		Pending: !maps.Equal(b.wantLocked(time.Now()), b.bound)}
 }
 
 // Apply binds the event queue on conn with the keys wanted and removes
