@@ -346,8 +346,11 @@ func (n *Node) oldestProtoLocked() (oldest int, settled bool) {
 
 // eventPeersLocked returns the sorted names of the peers the node knows
 // of, and whether one of them has not been heard speaking
-// EventLaneProtocolVersion (OnEventPeers).
+// EventLaneProtocolVersion (OnEventPeers). Without node records (a mesh
+// without a database) the node cannot know every node that may publish:
+// legacy then, always.
 func (n *Node) eventPeersLocked() (names []string, legacy bool) {
+	legacy = n.expected == nil
 	names = make([]string, 0, len(n.peers))
 	for name, p := range n.peers {
 		names = append(names, name)

@@ -73,22 +73,49 @@ func EventPattern(subject string) (string, bool) {
 // (names.Topic: [A-Za-z0-9_-]).
 func validTopicToken(t string) bool { return !strings.Contains(t, ".") && names.Topic(t) == nil }
 
-// CoverPatterns returns patterns sorted, without duplicates, and with
-// only "#" when it is among them (it covers the others).
+// CoverPatterns returns patterns sorted, without duplicates, and without
+// the patterns another of them covers (every key a covered one matches,
+// the other matches too: "a" and "a.*" beside "a.#", everything beside
+// "#").
 func CoverPatterns(patterns []string) []string {
-	seen := map[string]bool{}
 	var out []string
-	for _, p := range patterns {
-		if p == AllEvents {
-			return []string{AllEvents}
+	for i, p := range patterns {
+		covered := false
+		for j, q := range patterns {
+			if i != j && covers(q, p) && (!covers(p, q) || j < i) {
+				covered = true // by q (of two equal ones, the first stays)
+				break
+			}
 		}
-		if !seen[p] {
-			seen[p] = true
+		if !covered {
 			out = append(out, p)
 		}
 	}
 	slices.Sort(out)
 	return out
+}
+
+// covers reports whether AMQP topic pattern q matches every key pattern p
+// matches.
+func covers(q, p string) bool {
+	return coversTokens(strings.Split(q, "."), strings.Split(p, "."))
+}
+
+func coversTokens(q, p []string) bool {
+	if len(q) == 0 {
+		return len(p) == 0
+	}
+	if q[0] == "#" {
+		// Zero tokens of p, or one more (whatever it is).
+		return coversTokens(q[1:], p) || (len(p) > 0 && coversTokens(q, p[1:]))
+	}
+	if len(p) == 0 || p[0] == "#" {
+		return false
+	}
+	if q[0] != "*" && q[0] != p[0] {
+		return false
+	}
+	return coversTokens(q[1:], p[1:])
 }
 
 // EventBindingKeys returns the keys node binds its event queue with for

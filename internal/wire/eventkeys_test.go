@@ -47,3 +47,20 @@ func TestEventBindingKeys(t *testing.T) {
 		t.Errorf("legacy: got %q, want %q", got, want)
 	}
 }
+
+func TestCoverPatterns(t *testing.T) {
+	for _, tt := range []struct{ in, want []string }{
+		{[]string{"b", "a", "a"}, []string{"a", "b"}},
+		{[]string{"room", "room.#"}, []string{"room.#"}},
+		{[]string{"room.*", "room.#", "room.temp"}, []string{"room.#"}},
+		{[]string{"a.*", "a.b", "c"}, []string{"a.*", "c"}},
+		{[]string{"a.*", "a.#.b"}, []string{"a.#.b", "a.*"}},
+		{[]string{"x", "#"}, []string{"#"}},
+		{[]string{"*.b", "a.*"}, []string{"*.b", "a.*"}},
+		{nil, nil},
+	} {
+		if got := CoverPatterns(tt.in); !slices.Equal(got, tt.want) {
+			t.Errorf("CoverPatterns(%q): got %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
