@@ -91,6 +91,8 @@ type EventBinder struct {
 	recorded  map[string]bool // the keys in the file: bound, or maybe bound
 	bound     map[string]bool // the keys bound, as far as this process knows
 	refused   bool            // the broker refused a narrow key in the last session
+	cleared   bool            // a full Apply removed the previous run's stale keys
+	resync    bool            // an Apply failed: bound may hold more than the broker has, or less
 	warning   string
 	logged    map[string]bool // causes of failures logged
 	changed   chan struct{}   // cap 1: wanted keys changed
@@ -193,12 +195,34 @@ func (b *EventBinder) Status() *EventBindingStatus {
 		return nil
 	}
 	return &EventBindingStatus{Topics: slices.Clone(b.patterns), Bound: len(b.bound), Legacy: b.legacy && !b.refused, Warning: b.warning,
-		Pending: !maps.Equal(b.wantLocked(time.Now()), b.bound)}
+		Pending: b.pendingLocked()}
+}
+
+// pendingLocked reports whether the keys bound are not yet the ones
+// wanted. Keys that may not be unbound with the broker user's permissions
+// (refused) are left for a later session and do not count.
+func (b *EventBinder) pendingLocked() bool {
+	if b.resync {
+		return true
+	}
+	want := b.wantLocked(time.Now())
+	for k := range want {
+		if !b.bound[k] {
+			return true
+		}
+	}
+	for k := range b.bound {
+		if !want[k] && !(b.refused && k != allEventsKey) {
+			return true
+		}
+	}
+	return false
 }
 
 // Apply binds the event queue on conn with the keys wanted and removes
 // the others it knows of. full (a session's setup) binds every key
-// wanted again and removes the shared binding of an older meshbox too;
+// wanted again (the queue may be new) and, the first time, removes the
+// previous run's stale keys and the shared binding of an older meshbox;
 // otherwise only the changes go. The bindings go without waiting for
 // each answer, and one passive declaration at the end confirms them all:
 // a round trip or two, however many keys.
@@ -211,11 +235,16 @@ func (b *EventBinder) Apply(conn *amqp.Connection, full bool) error {
 		b.mu.Unlock()
 	}
 	err := b.apply(conn, full)
-	var ae *amqp.Error
-	if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
+	if isAccessRefused(err) {
 		b.mu.Lock()
 		first := !b.refused
 		b.refused = true
+		// Such a user may bind evt.# alone: no other key is bound.
+		for k := range b.bound {
+			if k != allEventsKey {
+				delete(b.bound, k)
+			}
+		}
 		b.warning = "the broker refuses this node narrow event bindings (its broker permissions are an older mesh's): it receives every event of the mesh; meshbox mesh node rotate gives it the current ones"
 		b.mu.Unlock()
 		b.failed(EventBindRefused, err)
@@ -228,6 +257,7 @@ func (b *EventBinder) Apply(conn *amqp.Connection, full bool) error {
 
 func (b *EventBinder) apply(conn *amqp.Connection, full bool) error {
 	b.mu.Lock()
+	full = full || b.resync
 	want := b.wantLocked(time.Now())
 	var bind, unbind []string
 	for k := range want {
@@ -236,7 +266,9 @@ func (b *EventBinder) apply(conn *amqp.Connection, full bool) error {
 		}
 	}
 	stale := maps.Clone(b.bound)
-	if full {
+	if full && !b.cleared {
+		// The previous run's keys and an older meshbox's (or its admin's)
+		// evt.#, once a process: later sessions know what they bound.
 		maps.Copy(stale, b.recorded)
 		stale[allEventsKey] = true
 	}
@@ -254,10 +286,13 @@ func (b *EventBinder) apply(conn *amqp.Connection, full bool) error {
 	// binding the next run does not know of.
 	rec := maps.Clone(b.recorded)
 	maps.Copy(rec, want)
-	b.mu.Unlock()
 	if len(bind) == 0 && len(unbind) == 0 && len(keep) == 0 {
+		b.cleared = b.cleared || (full && !b.refused)
+		b.resync = false
+		b.mu.Unlock()
 		return nil
 	}
+	b.mu.Unlock()
 	slices.Sort(bind)
 	slices.Sort(unbind)
 	b.record(rec) // a failure is counted and shown; binding goes on
@@ -265,12 +300,19 @@ func (b *EventBinder) apply(conn *amqp.Connection, full bool) error {
 		// Nothing for the broker: only the record follows.
 	} else if err := bindEvents(conn, codec.EventQueue(b.node), bind, unbind); err != nil {
 		b.mu.Lock()
-		b.bound = map[string]bool{} // not known: the next Apply binds them all again
+		for _, k := range bind { // maybe bound: unbound by the next Apply when not wanted
+			b.bound[k] = true
+		}
+		b.resync = true // which of them the broker has is not known: the next binds them all again
 		b.mu.Unlock()
-		b.failed(EventBindBroker, err)
+		if !isAccessRefused(err) { // Apply counts a refusal
+			b.failed(EventBindBroker, err)
+		}
 		return err
 	}
 	b.mu.Lock()
+	b.cleared = b.cleared || (full && !b.refused) // refused: the stale keys wait for the current permissions
+	b.resync = false
 	for _, k := range bind {
 		b.bound[k] = true
 	}
