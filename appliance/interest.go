@@ -43,11 +43,16 @@ const connectSubject = wire.SubjectLocalConnect
 // a change of local interest.
 const declareTimeout = 10 * time.Second
 
-// interestWatcher is the one reader of what local programs host: the
-// cap.* and work.* subjects they subscribe to on the embedded NATS
-// server. The appliance hands every change to the bridge and then to the
-// node, so both see the same snapshot at once and a stage is routable
-// before its program's capabilities are advertised.
+// interestWatcher is the one reader of what local programs host and
+// listen to: the cap.* and work.* subjects they subscribe to on the
+// embedded NATS server, and the events their subscriptions receive (MQTT
+// devices' included: the server subscribes for them). The appliance
+// hands every change to the bridge and then to the node, so both see the
+// same snapshot at once and a stage is routable before its program's
+// capabilities are advertised; the bridge binds the node's event queue
+// to the events listened to. A subscription the server refused (a
+// program's credential does not permit it) is not in its list, and so
+// never counts.
 //
 // The NATS server tells nobody when a subscription changes. The cheapest
 // honest sign it offers is its subscription list's counters: every
@@ -71,6 +76,7 @@ type interestWatcher struct {
 	seen     bool
 	last     subCounts
 	subjects []string
+	events   []string // AMQP topic patterns of the events listened to (wire.EventPattern)
 
 	// connects receives (without blocking the sender, one pending at a
 	// time) when a client connects to the account; nil until hearConnects
@@ -186,54 +192,75 @@ func (w *interestWatcher) counts() (subCounts, error) {
 	return subCounts{inserts: sz.NumInserts, removes: sz.NumRemoves}, nil
 }
 
-// check reports the subjects local programs host when they changed since
-// the last check (always on the first).
-func (w *interestWatcher) check() (subjects []string, changed bool, err error) {
-	subjects, changed, _, err = w.checkMoved()
-	return subjects, changed, err
+// localInterest is one snapshot of local interest: the subjects hosted
+// (sorted cap.* and work.* subjects) and the events listened to (the
+// sorted AMQP topic patterns of wire.CoverPatterns).
+type localInterest struct {
+	hosted, events []string
 }
+
+// check reports the subjects local programs host when local interest
+// changed since the last check (always on the first).
+func (w *interestWatcher) check() (subjects []string, changed bool, err error) {
+	li, changed, _, err := w.checkMoved()
+	return li.hosted, changed, err
+}
+
+// eventPatterns returns the events listened to at the last check. Only
+// the goroutine that checks may call it.
+func (w *interestWatcher) eventPatterns() []string { return slices.Clone(w.events) }
 
 // checkMoved is check that also reports whether any subscription of the
 // account moved (the node's own included).
-func (w *interestWatcher) checkMoved() (subjects []string, changed, moved bool, err error) {
+func (w *interestWatcher) checkMoved() (li localInterest, changed, moved bool, err error) {
 	c, err := w.counts() // before the snapshot: a change after it shows next time
 	if err != nil {
-		return nil, false, false, err
+		return li, false, false, err
 	}
 	if w.seen && c == w.last {
-		return nil, false, false, nil
+		return li, false, false, nil
 	}
-	subjects, err = w.snapshot()
+	li, err = w.snapshot()
 	if err != nil {
-		return nil, false, false, err
+		return li, false, false, err
 	}
 	first := !w.seen
 	w.seen, w.last = true, c
-	if !first && slices.Equal(subjects, w.subjects) {
-		return nil, false, true, nil
+	if !first && slices.Equal(li.hosted, w.subjects) && slices.Equal(li.events, w.events) {
+		return localInterest{}, false, true, nil
 	}
-	w.subjects = subjects
-	return slices.Clone(subjects), true, true, nil
+	w.subjects, w.events = li.hosted, li.events
+	return localInterest{hosted: slices.Clone(li.hosted), events: slices.Clone(li.events)}, true, true, nil
 }
 
 // snapshot lists, sorted and without duplicates, the cap.* and work.*
 // subjects without wildcards that connections other than the node's own
-// subscribe to (plain, queue group or NATS micro endpoint alike).
-func (w *interestWatcher) snapshot() ([]string, error) {
+// subscribe to (plain, queue group or NATS micro endpoint alike), and the
+// patterns of the events their subscriptions receive.
+func (w *interestWatcher) snapshot() (localInterest, error) {
 	own := w.ownIDs()
 	sz, err := w.srv.Subsz(&server.SubszOptions{Account: w.account, Subscriptions: true, Limit: 1 << 30})
 	if err != nil {
-		return nil, fmt.Errorf("read subscriptions: %w", err)
+		return localInterest{}, fmt.Errorf("read subscriptions: %w", err)
 	}
-	out := []string{}
+	hosted, events := []string{}, []string{}
 	for _, sd := range sz.Subs {
-		if own[sd.Cid] || !hostingSubject(sd.Subject) {
+		if own[sd.Cid] {
 			continue
 		}
-		out = append(out, sd.Subject)
+		if hostingSubject(sd.Subject) {
+			hosted = append(hosted, sd.Subject)
+		}
+		if p, ok := wire.EventPattern(sd.Subject); ok {
+			events = append(events, p)
+		}
 	}
-	slices.Sort(out)
-	return slices.Compact(out), nil
+	slices.Sort(hosted)
+	events = wire.CoverPatterns(events)
+	if events == nil {
+		events = []string{}
+	}
+	return localInterest{hosted: slices.Compact(hosted), events: events}, nil
 }
 
 // hostingSubject reports whether a subscription to subject hosts a
@@ -258,7 +285,7 @@ func hostingSubject(subject string) bool {
 // it). It hands each change to changed, on this goroutine, in order. onErr
 // gets a failed check (only while the server shuts down, in practice). It
 // returns when quit is closed.
-func (w *interestWatcher) watch(quit <-chan struct{}, busy, idle, busyFor time.Duration, changed func([]string), onErr func(error)) {
+func (w *interestWatcher) watch(quit <-chan struct{}, busy, idle, busyFor time.Duration, changed func(localInterest), onErr func(error)) {
 	t := time.NewTimer(busy)
 	defer t.Stop()
 	due := time.Now().Add(busy) // when t fires; zero while it is stopped
@@ -299,12 +326,12 @@ func (w *interestWatcher) watch(quit <-chan struct{}, busy, idle, busyFor time.D
 				onErr(err)
 			}
 		}
-		subjects, ok, moved, err := w.checkMoved()
+		li, ok, moved, err := w.checkMoved()
 		switch {
 		case err != nil:
 			onErr(err)
 		case ok:
-			changed(subjects)
+			changed(li)
 		}
 		now := time.Now()
 		if moved {
@@ -330,27 +357,30 @@ func (a *Appliance) startWatchingInterest() {
 	a.wg.Add(1)
 	go func() { // exits when Close closes a.quit
 		defer a.wg.Done()
-		w.watch(a.quit, interestPollBusy, interestPollIdle, interestBusyFor, func(subjects []string) {
+		w.watch(a.quit, interestPollBusy, interestPollIdle, interestBusyFor, func(li localInterest) {
 			if failing {
 				failing = false
 				a.logger.Info("local subscriptions readable again")
 			}
-			a.localInterestChanged(subjects)
+			a.localInterestChanged(li)
 		}, func(err error) {
 			if !failing {
 				failing = true
-				a.logger.Error("cannot read the local subscriptions; hosted capabilities and stages are not updated", "err", err)
+				a.logger.Error("cannot read the local subscriptions; hosted capabilities, stages and the events listened to are not updated", "err", err)
 			}
 		})
 	}()
 }
 
 // localInterestChanged hands a new snapshot of local interest to the
-// bridge, which declares the queues of new stages, and then to the node,
-// which advertises them: a stage is routable before the mesh hears of it.
-func (a *Appliance) localInterestChanged(subjects []string) {
+// bridge, which binds the node's event queue to the events listened to
+// and declares the queues of new stages, and then to the node, which
+// advertises them: a stage is routable before the mesh hears of it.
+func (a *Appliance) localInterestChanged(li localInterest) {
+	subjects := li.hosted
 	r := a.parts()
 	if b := r.bridge; b != nil {
+		b.SetEventInterest(li.events) // bound by the session, at once
 		ctx, cancel := context.WithTimeout(context.Background(), declareTimeout)
 		err := b.SetLocalInterest(ctx, subjects)
 		cancel()

@@ -160,7 +160,7 @@ func TestInterestWatcherWatchDeliversInOrderAndStops(t *testing.T) {
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() { // exits when quit is closed
 		defer close(done)
-		w.watch(quit, 5*time.Millisecond, time.Hour, time.Hour, func(s []string) { got <- s }, func(err error) { t.Errorf("check: %v", err) })
+		w.watch(quit, 5*time.Millisecond, time.Hour, time.Hour, func(li localInterest) { got <- li.hosted }, func(err error) { t.Errorf("check: %v", err) })
 	}()
 	prog := testConn(t, srv, false)
 	mustSubscribe(t, prog, "cap.a", "")
@@ -262,7 +262,7 @@ func startWatch(t *testing.T, w *interestWatcher, busy, idle, busyFor time.Durat
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() { // exits when quit is closed, in the test's cleanup
 		defer close(done)
-		w.watch(quit, busy, idle, busyFor, func(s []string) { got <- s }, func(err error) { t.Errorf("check: %v", err) })
+		w.watch(quit, busy, idle, busyFor, func(li localInterest) { got <- li.hosted }, func(err error) { t.Errorf("check: %v", err) })
 	}()
 	t.Cleanup(func() {
 		close(quit)
@@ -360,4 +360,33 @@ func TestInterestWatcherPollsWhileAProgramIsConnected(t *testing.T) {
 	wantDelivered(t, got, []string{"work.late"})
 	prog.Close()
 	wantDelivered(t, got, []string{})
+}
+
+// The watcher reports the events programs listen to, as AMQP topic
+// patterns (wildcards included, the covered ones left out), and not those
+// of the node's own connections (the bridge listens to evt.> to send
+// events to the mesh); a change of them alone is a change.
+func TestInterestWatcherSeesTheEventsListenedTo(t *testing.T) {
+	srv := testServer(t)
+	w := newInterestWatcher(srv)
+	own := testConn(t, srv, true)
+	w.exclude(own)
+	mustSubscribe(t, own, "evt.>", "")
+	wantCheck(t, w, true, []string{})
+	if got := w.eventPatterns(); len(got) != 0 {
+		t.Fatalf("events of the node's own connection: %q, want none", got)
+	}
+	prog := testConn(t, srv, false)
+	mustSubscribe(t, prog, "evt.door.opened", "")
+	mustSubscribe(t, prog, "evt.room.*", "")
+	mustSubscribe(t, prog, "evt.room.kitchen", "") // covered by room.*
+	wantCheck(t, w, true, []string{})
+	if got, want := w.eventPatterns(), []string{"door.opened", "room.*"}; !slices.Equal(got, want) {
+		t.Fatalf("events listened to: %q, want %q", got, want)
+	}
+	mustSubscribe(t, prog, ">", "") // every event too
+	wantCheck(t, w, true, []string{})
+	if got, want := w.eventPatterns(), []string{"#"}; !slices.Equal(got, want) {
+		t.Fatalf("events listened to: %q, want %q", got, want)
+	}
 }

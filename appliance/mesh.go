@@ -126,6 +126,7 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 		b.SetSenderGenerations(snap.Bindings.SenderGenerations())
 	}
 	b.SetAllowedStages(a.allowedStages(snap, ok))
+	b.SetEventInterest(r.interest.eventPatterns())          // the first check's, like hosted: the watcher does not run yet
 	if err := b.SetLocalInterest(ctx, hosted); err != nil { // before Start: only recorded
 		_ = b.Close()
 		return fmt.Errorf("bridge: %w", err)
@@ -280,8 +281,10 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 			b.SetCommandBatching(oldest >= node.BatchProtocolVersion)
 			b.SetOrderKeys(oldest >= node.OrderKeyProtocolVersion)
 		},
-		Logger:     a.logger,
-		Registerer: a.tel.registry,
+		// The event lanes of the nodes it knows of.
+		OnEventPeers: b.SetEventPeers,
+		Logger:       a.logger,
+		Registerer:   a.tel.registry,
 	})
 	if err != nil {
 		return fmt.Errorf("node: %w", err)

@@ -190,7 +190,7 @@ func (b *Bridge) Start(ctx context.Context) error {
 	if err := b.m.register(b.cfg.Metrics); err != nil {
 		return err
 	}
-
+	b.openEventBindings()
 	ob, err := outbox.Open(b.cfg.OutboxPath, b.outboxOptions())
 	if err != nil {
 		return err

@@ -6,8 +6,9 @@
 // meaning that survives the broker: requests (cap.<name>, at most once,
 // bounded by a deadline), commands (cmd.<stage>, at least once, retried
 // and dead-lettered) and events (evt.<topic>, delivered locally at once and
-// to the mesh at least once). In a mesh every message is sealed before it
-// reaches the broker.
+// at least once to the nodes whose programs listen to the topic, never back
+// to their publisher: SetEventInterest, SetEventPeers). In a mesh every
+// message is sealed before it reaches the broker.
 //
 // The types: a Bridge is built by New from a Config, started by Start and
 // stopped by Close; Status reports the link, the outbox, stalls and the

@@ -46,6 +46,7 @@ func TestDocNumbersMatchConstants(t *testing.T) {
 		{[]string{internalsPage}, `answered \(at most (\d[\d,]*) s\)`, int64(brokerlink.HandoverDrain / time.Second)},
 		{[]string{internalsPage}, `\((\d[\d,]*) x Prefetch`, openCallsPerPrefetch},
 		{[]string{internalsPage}, `x Prefetch, at least (\d[\d,]*)\)`, openCallsMin},
+		{[]string{"../docs/messages.md"}, `bindings of\s+its previous run for (\d[\d,]*) s`, int64(brokerlink.EventKeepAfterStart / time.Second)},
 	}
 	for _, c := range claims {
 		for _, doc := range c.docs {

@@ -156,6 +156,10 @@ func TestHeadersRoundTrip(t *testing.T) {
 	if err := p.Headers.Validate(); err != nil {
 		t.Fatalf("headers do not validate: %v", err)
 	}
+	if got, want := p.Headers["BCC"], []any{"evo.alpha.t"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("BCC: got %v, want %v (the event's lane)", got, want)
+	}
+	delete(p.Headers, "BCC") // as the broker does before delivery
 	d := codec.Delivery{Type: codec.TypeEvent, RoutingKey: "evt.t", MessageId: "m", Headers: p.Headers,
 		ContentType: p.ContentType, ContentEncoding: p.ContentEncoding, Body: p.Body}
 	e, err := codec.Decode(codec.TypeEvent, d, 100)

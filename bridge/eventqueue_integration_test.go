@@ -47,6 +47,7 @@ func TestClassicEventQueueMoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	alpha.waitConnected(t)
+	alpha.waitEventsBound(t, "evt.moved")
 	meshtest.WaitFor(t, 10*time.Second, "the waiting events at alpha", func() bool { return rec.len() >= waiting })
 
 	// The queue is a quorum queue now: declaring it as one succeeds.

@@ -1,11 +1,14 @@
 package bridge_test
 
 import (
+	"slices"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/bridge"
 	"github.com/meshbox/meshbox/bridge/codec"
+	"github.com/meshbox/meshbox/internal/wire"
 
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/nats-io/nats.go"
@@ -22,7 +25,24 @@ func subscribeEvents(t *testing.T, n *node, subject string) *recorder {
 	if err := n.client.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	if n.b.Status().Broker.State == bridge.StateConnected {
+		n.waitEventsBound(t, subject)
+	}
 	return r
+}
+
+// waitEventsBound waits until n's event queue is bound for the events of
+// subject: a subscriber receives the mesh's events published after that.
+func (n *node) waitEventsBound(t testing.TB, subject string) {
+	t.Helper()
+	p, ok := wire.EventPattern(subject)
+	if !ok {
+		t.Fatalf("%s receives no event", subject)
+	}
+	meshtest.WaitFor(t, 10*time.Second, n.name+" bound for "+subject, func() bool {
+		eb := n.b.Status().Broker.EventBindings
+		return eb != nil && !eb.Pending && eb.Bound > 0 && (slices.Contains(eb.Topics, p) || slices.Contains(eb.Topics, wire.AllEvents))
+	})
 }
 
 func TestEventsReachEveryNodeWithoutEcho(t *testing.T) {

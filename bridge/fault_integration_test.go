@@ -40,6 +40,7 @@ func TestBrokerRestartLosesNothing(t *testing.T) {
 	}
 	_ = b.client.Flush()
 	b.waitHosts(t, "soak")
+	b.waitEventsBound(t, "evt.soak")
 
 	var seq atomic.Int64
 	var failures atomic.Int64

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
 	"github.com/nats-io/nats-server/v2/server"
@@ -109,7 +110,8 @@ func buildNode(tb testing.TB, name, brokerURL string, edit func(*bridge.Config))
 
 // feedInterest stands in for the appliance's watcher of local interest:
 // every 20ms it hands the bridge the cap.* and work.* subjects of the
-// server's subscriptions but the bridge's own, when they changed. It
+// server's subscriptions but the bridge's own, and the events they
+// listen to, when they changed. It
 // stops in Cleanup, before the bridge is closed.
 func (n *node) feedInterest(tb testing.TB) {
 	stop, done := make(chan struct{}), make(chan struct{})
@@ -119,7 +121,7 @@ func (n *node) feedInterest(tb testing.TB) {
 	})
 	go func() { // exits when stop is closed
 		defer close(done)
-		var last []string
+		var last, lastEvents []string
 		for first := true; ; first = false {
 			if !first {
 				select {
@@ -136,18 +138,26 @@ func (n *node) feedInterest(tb testing.TB) {
 			if own := n.own.Load(); own != nil {
 				self, _ = own.GetClientID()
 			}
-			var subjects []string
+			var subjects, events []string
 			for _, sd := range sz.Subs {
-				if sd.Cid != self && (strings.HasPrefix(sd.Subject, "cap.") || strings.HasPrefix(sd.Subject, "work.")) {
+				if sd.Cid == self {
+					continue
+				}
+				if strings.HasPrefix(sd.Subject, "cap.") || strings.HasPrefix(sd.Subject, "work.") {
 					subjects = append(subjects, sd.Subject)
+				}
+				if p, ok := wire.EventPattern(sd.Subject); ok {
+					events = append(events, p)
 				}
 			}
 			slices.Sort(subjects)
 			subjects = slices.Compact(subjects)
-			if !first && slices.Equal(subjects, last) {
+			events = wire.CoverPatterns(events)
+			if !first && slices.Equal(subjects, last) && slices.Equal(events, lastEvents) {
 				continue
 			}
-			last = subjects
+			last, lastEvents = subjects, events
+			n.b.SetEventInterest(events)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_ = n.b.SetLocalInterest(ctx, subjects) // a failed declaration is declared again by the session
 			cancel()

@@ -306,6 +306,7 @@ func TestResultAsEvent(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	waitConsumer(t, vhost, "node.alpha.events")
+	a.waitEventsBound(t, "evt.jobs.done")
 	answerStage(t, b, "render", func(i int, m *nats.Msg) *nats.Msg {
 		r := nats.NewMsg("")
 		r.Data = append([]byte("rendered "), m.Data...)
@@ -375,6 +376,7 @@ func TestScopedResult(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	waitConsumer(t, vhost, "node.alpha.events")
+	a.waitEventsBound(t, "evt.ledger.done")
 	result := func(i int, m *nats.Msg) *nats.Msg {
 		r := nats.NewMsg("")
 		r.Data = []byte("posted " + sealMarker)

@@ -52,6 +52,8 @@ func TestMisScopedEventsHoldTheStreamOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitConsumer(t, vhost, "node.beta.events")
+	b.waitEventsBound(t, "evt.door")
+	b.waitEventsBound(t, "evt.plain")
 
 	const misScoped = 5
 	start := time.Now()

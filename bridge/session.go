@@ -244,6 +244,7 @@ func (s *session) start() {
 	s.spawn(func() { s.readEvents(s.con.Initial["events"]) })
 	s.spawn(func() { s.readSystem(s.con.Initial["system"]) })
 	s.spawn(s.stallChecker)
+	s.spawn(func() { s.b.link.EventBinding().Run(s.con.conn, s.ctx.Done()) })
 }
 
 func (s *session) spawn(f func()) {

@@ -17,7 +17,7 @@ func (s *session) setup() error {
 			s.spawn(s.confirmer)
 			s.spawn(s.drainer)
 		},
-		Timed: s.timed, Republish: s.republishLegacy,
+		Timed: s.timed, Republish: s.republishLegacy, Events: s.b.link.EventBinding(),
 	}
 	c, err := st.Run()
 	if err != nil {

@@ -80,6 +80,14 @@ type Config struct {
 	// so that the peers' answers to its hello are in. The bridge sends
 	// command batches only while it is at least 3.
 	OnPeerProtocols func(oldest int)
+	// OnEventPeers, when set, is called on the effects goroutine with the
+	// sorted names of the nodes this one knows of (expected by the
+	// bindings or heard, up or not) each time they change, and with
+	// legacy: some of them has not been heard speaking
+	// EventLaneProtocolVersion or later since this node started, so it
+	// may publish its events without a lane (the bridge then binds the
+	// shared event keys too). First after Start.
+	OnEventPeers func(peers []string, legacy bool)
 
 	// DiscoveryInterval is how often the node probes its successors on
 	// the ring of peers, asking the broker whether they are still

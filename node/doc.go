@@ -191,14 +191,19 @@
 //	sig           string    version 4: the sender's signature, always the last member
 //
 // The receiver judges the sender's silence by the sender's heartbeat_ms.
-// A node accepts v from MinProtocolVersion to ProtocolVersion (1 to 5).
+// A node accepts v from MinProtocolVersion to ProtocolVersion (1 to 6).
 // Version 3 adds no message: its nodes read command batches on the
 // broker (package bridge), and a node reports the lowest version of its
 // up peers (Config.OnPeerProtocols) so that its bridge sends batches only
 // when every peer reads them. Version 4 adds no message either: its
 // nodes sign what they say (see Signed discovery). Version 5 adds none
 // either: its links drop body-less probes addressed to them, so its peers
-// probe it with those (see Liveness at scale). A probe carries nothing
+// probe it with those (see Liveness at scale). Version 6 adds none
+// either: its nodes publish each event with its lane and bind only the
+// lanes of other nodes (package wire); a node reports the peers it knows
+// of, and whether one of them was not heard speaking 6 yet
+// (Config.OnEventPeers), so that its bridge binds the shared event keys
+// too while an older publisher may be about. A probe carries nothing
 // and so is not signed; only the broker's answer to it counts.
 // A different started_at from the same node is a restart; an older one is
 // a late message and is dropped, as is a record-carrying message with a

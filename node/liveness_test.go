@@ -433,3 +433,62 @@ func TestPeerProtocolsReported(t *testing.T) {
 		}
 	})
 }
+
+// A node reports the peers it knows of for their event lanes, and legacy
+// while one of them was not heard speaking EventLaneProtocolVersion: an
+// expected node not heard yet, and an older node that says hello.
+// Without node records it cannot know every publisher: legacy always.
+func TestEventPeersReported(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		type report struct {
+			peers  []string
+			legacy bool
+		}
+		var mu sync.Mutex
+		var reports []report
+		a := h.node("A", func(c *Config) {
+			c.OnEventPeers = func(peers []string, legacy bool) {
+				mu.Lock()
+				reports = append(reports, report{peers, legacy})
+				mu.Unlock()
+			}
+		}, "cap.a")
+		b := h.node("B", nil, "cap.b")
+		last := func() report {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(reports) == 0 {
+				return report{}
+			}
+			return reports[len(reports)-1]
+		}
+		h.start(a, b)
+		h.settle()
+		if r := last(); !r.legacy || !slices.Equal(r.peers, []string{"B"}) {
+			t.Fatalf("without node records: %+v, want B and legacy", r)
+		}
+		if err := a.SetExpected([]string{"A", "B", "C"}); err != nil {
+			t.Fatal(err)
+		}
+		h.settle()
+		if r := last(); !r.legacy || !slices.Equal(r.peers, []string{"B", "C"}) {
+			t.Fatalf("C expected, never heard: %+v, want B, C and legacy", r)
+		}
+		if err := a.SetExpected([]string{"B"}); err != nil {
+			t.Fatal(err)
+		}
+		h.settle()
+		if r := last(); r.legacy || !slices.Equal(r.peers, []string{"B"}) {
+			t.Fatalf("every node heard at the current protocol: %+v, want B and not legacy", r)
+		}
+		at := time.Now()
+		h.node("O", nil)
+		a.HandleSystem(TypeHello, good(Message{V: 1, Type: TypeHello, Node: "O", StartedAt: at, Seq: 1, Proto: 5,
+			Capabilities: []string{"old"}, HeartbeatMS: 5000}), "O")
+		h.settle()
+		if r := last(); !r.legacy || !slices.Equal(r.peers, []string{"B", "O"}) {
+			t.Fatalf("a version 5 node said hello: %+v, want B, O and legacy", r)
+		}
+	})
+}

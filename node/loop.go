@@ -279,6 +279,7 @@ func (n *Node) applyEffects() {
 	}
 	remote := len(n.capabilitiesLocked().Remote)
 	oldest, settled := n.oldestProtoLocked()
+	eventPeers, eventLegacy := n.eventPeersLocked()
 	n.mu.Unlock()
 
 	a := &n.applied // touched only here, and by Close after the goroutine ended
@@ -300,6 +301,10 @@ func (n *Node) applyEffects() {
 	if n.cfg.OnLocalChange != nil && (!a.set || !local.equal(a.local)) {
 		n.cfg.OnLocalChange(slices.Clone(local.caps), slices.Clone(local.stages))
 		a.local, a.set = local, true
+	}
+	if n.cfg.OnEventPeers != nil && (!a.eventSet || eventLegacy != a.eventLegacy || !slices.Equal(eventPeers, a.eventPeers)) {
+		n.cfg.OnEventPeers(eventPeers, eventLegacy)
+		a.eventPeers, a.eventLegacy, a.eventSet = eventPeers, eventLegacy, true
 	}
 	if n.cfg.OnPeerProtocols != nil {
 		switch {
@@ -337,6 +342,24 @@ func (n *Node) oldestProtoLocked() (oldest int, settled bool) {
 		}
 	}
 	return oldest, n.everSent && time.Since(n.firstSent) >= PeerProtocolSettle
+}
+
+// eventPeersLocked returns the sorted names of the peers the node knows
+// of, and whether one of them has not been heard speaking
+// EventLaneProtocolVersion (OnEventPeers). Without node records (a mesh
+// without a database) the node cannot know every node that may publish:
+// legacy then, always.
+func (n *Node) eventPeersLocked() (names []string, legacy bool) {
+	legacy = n.expected == nil
+	names = make([]string, 0, len(n.peers))
+	for name, p := range n.peers {
+		names = append(names, name)
+		if p.proto < EventLaneProtocolVersion {
+			legacy = true
+		}
+	}
+	slices.Sort(names)
+	return names, legacy
 }
 
 // firstSentAt returns when the node's first discovery message went out

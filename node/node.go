@@ -79,7 +79,12 @@ type Node struct {
 		local  hostRecord
 		set    bool // local was handed to OnLocalChange
 		oldest int  // handed to OnPeerProtocols (0: not yet)
-		settle bool // a wake-up after PeerProtocolSettle is set
+		// eventPeers and eventLegacy were handed to OnEventPeers
+		// (eventSet: once).
+		eventPeers  []string
+		eventLegacy bool
+		eventSet    bool
+		settle      bool // a wake-up after PeerProtocolSettle is set
 	}
 }
 
@@ -144,7 +149,7 @@ func New(cfg Config) (*Node, error) {
 		wakeSend:      make(chan struct{}, 1),
 		wakeEffects:   make(chan struct{}, 1),
 		peers:         make(map[string]*peer),
-		expected:      make(map[string]bool),
+		expected:      nil, // until SetExpected: no node records (eventPeersLocked)
 		pendingSet:    make(map[intent]bool),
 		warnedSkipped: make(map[string]bool),
 		refusedLogged: make(map[string]bool),

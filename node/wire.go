@@ -22,7 +22,7 @@ import (
 // every version from MinProtocolVersion to ProtocolVersion and rejects
 // anything else clearly (ErrVersion).
 const (
-	ProtocolVersion    = 5 // the highest version this package speaks
+	ProtocolVersion    = 6 // the highest version this package speaks
 	MinProtocolVersion = 1 // the lowest version it still understands
 
 	// BatchProtocolVersion is the first version whose nodes read command
@@ -37,6 +37,11 @@ const (
 	// OrderKeyProtocolVersion is the first version whose nodes read a
 	// command's Meshbox-Order-Key (sealed with it) and keep the order.
 	OrderKeyProtocolVersion = 5
+	// EventLaneProtocolVersion is the first version whose nodes publish
+	// every event with its lane (evo.<origin>.<topic>, package wire) and
+	// bind only the lanes of other nodes: version 6 adds no discovery
+	// message.
+	EventLaneProtocolVersion = 6
 )
 
 // PeerProtocolSettle is how long after its first discovery message a node

@@ -174,6 +174,9 @@ func (a *Admin) DeclareNodeQueues(ctx context.Context, node string, stages []str
 		}); err != nil {
 			return err
 		}
+		if q.Key == "" {
+			continue // bound by its node (the event queue, for what its programs listen to)
+		}
 		if err := a.call(ctx, "bind queue "+q.Name, func() (*http.Response, error) {
 			return a.c.DeclareBinding(a.vhost, rabbithole.BindingInfo{Source: wire.MeshExchange,
 				Destination: q.Name, DestinationType: "queue", RoutingKey: q.Key})

@@ -119,6 +119,12 @@ func (o *Outgoing) Publishing(origin, user string, keys *seal.Keyring) (amqp.Pub
 // reply-to, type, timestamp, user_id, delivery mode and expiration.
 func (o *Outgoing) readable(t amqp.Table, origin, user string) amqp.Publishing {
 	SetOriginHeader(t, origin, user)
+	if topic, ok := strings.CutPrefix(o.Key, wire.EvtPrefix); ok && o.Kind == TypeEvent && ValidNodeName(origin) {
+		// The event's lane too, which the broker routes by and does not
+		// deliver: the nodes that listen for this origin's events bind it
+		// (wire.EventOriginKey).
+		t[wire.EventBCC] = []any{wire.EventOriginKey(origin, topic)}
+	}
 	p := amqp.Publishing{
 		Headers:       t,
 		MessageId:     o.MsgID,

@@ -42,8 +42,8 @@ func eventQueueArgs(withSize bool) amqp.Table {
 }
 
 // DeclareEvents declares the node's event queue as a quorum queue (or
-// finds the one the admin declared, FindOrDeclare) and binds it, with an
-// initial group size when sized. *ch is the setup's channel; a failed declaration closes it, so
+// finds the one the admin declared, FindOrDeclare), with an initial
+// group size when sized; its bindings are an EventBinder's. *ch is the setup's channel; a failed declaration closes it, so
 // it is replaced by a new one.
 //
 // A queue of that name may exist with other arguments: declared by this
@@ -66,10 +66,7 @@ func (o *Own) DeclareEvents(ch **amqp.Channel, sized bool, republish func(*amqp.
 		}
 		return o.moveLegacyEvents(ch, q, sized, republish)
 	})
-	if err != nil {
-		return err
-	}
-	return (*ch).QueueBind(q, wire.EvtPrefix+"#", codec.ExchangeMesh, false, nil)
+	return err
 }
 
 // declareOn declares a durable queue on *ch; after a failure *ch is a new

@@ -43,6 +43,7 @@ type Link struct {
 	gen        generation     // the sessions so far (generation.go)
 	extras     extraConns     // the connections beside the link's two (generation.go)
 	ev         Events         // whom it tells of its changes (events.go)
+	events     EventBinder    // the event queue's bindings (eventbind.go)
 }
 
 // StateChange is one entry of the link's history.
@@ -87,7 +88,13 @@ type Status struct {
 	// Extra are the node's connections beside the link's two, on its
 	// broker and credential: the tables of rows'.
 	Extra []ExtraConnection `json:"extra_connections,omitempty"`
+	// EventBindings are the node's event queue's bindings: the topics
+	// local programs listen to and the keys bound for them.
+	EventBindings *EventBindingStatus `json:"event_bindings,omitempty"`
 }
+
+// EventBinding returns the keeper of the event queue's bindings.
+func (l *Link) EventBinding() *EventBinder { return &l.events }
 
 // New returns the link of url (one broker URL or several) in state
 // wire.StateNone, reconnecting with the backoff retry.
@@ -185,6 +192,7 @@ func (l *Link) Status() Status {
 	c := l.CredentialStatus()
 	st.Credential = &c
 	st.Extra = l.Extras()
+	st.EventBindings = l.events.Status()
 	return st
 }
 

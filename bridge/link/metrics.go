@@ -18,6 +18,11 @@ type Metrics struct {
 	dials   *prometheus.CounterVec
 	blocks  prometheus.Counter
 	revoked prometheus.Gauge
+	// eventBindings is the number of keys the event queue is bound with;
+	// eventBindFailures counts the failures to bind it, by cause
+	// (EventBindRefused, EventBindBroker, EventBindRecord).
+	eventBindings     prometheus.Gauge
+	eventBindFailures *prometheus.CounterVec
 }
 
 // Results in meshbox_broker_dials_total{result}.
@@ -49,6 +54,17 @@ func NewMetrics() *Metrics {
 			Name: "meshbox_broker_credential_revoked",
 			Help: "1 while the broker refuses this node's credential at login (403 ACCESS_REFUSED), else 0.",
 		}),
+		eventBindings: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "meshbox_broker_event_bindings",
+			Help: "Keys the node's event queue is bound with: the lanes of the other nodes for each topic pattern local programs listen to (and the shared keys while an older node may publish).",
+		}),
+		eventBindFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshbox_broker_event_bind_failures_total",
+			Help: "Failures to bind the node's event queue to the events local programs listen to, by cause (refused: the node's broker permissions are an older mesh's and it binds every event; broker: the broker or the connection failed; record: the record of the keys bound could not be written).",
+		}, []string{"cause"}),
+	}
+	for _, c := range []string{EventBindRefused, EventBindBroker, EventBindRecord} {
+		m.eventBindFailures.WithLabelValues(c)
 	}
 	for _, s := range allStates {
 		m.state.WithLabelValues(s).Set(0)
@@ -61,7 +77,7 @@ func NewMetrics() *Metrics {
 
 // Collectors returns the link's collectors, to register.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.state, m.reconnects, m.dials, m.blocks, m.revoked}
+	return []prometheus.Collector{m.state, m.reconnects, m.dials, m.blocks, m.revoked, m.eventBindings, m.eventBindFailures}
 }
 
 // SetState sets meshbox_broker_state: 1 for state, 0 for the others.

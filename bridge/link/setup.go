@@ -34,6 +34,8 @@ type SessionSetup struct {
 	Timed func(call func() error) error
 	// Republish is handed the events an older classic event queue held.
 	Republish func(*amqp.Delivery)
+	// Events binds the event queue, all its keys again (EventBinder.Apply).
+	Events *EventBinder
 }
 
 // Consuming is a session's consuming side once set up: its channels, the
@@ -115,7 +117,10 @@ func (st *SessionSetup) run(c *Consuming) error {
 		return fmt.Errorf("declare queue %s: %w", codec.RequestQueue(node), err)
 	}
 	own.Start(st.Own.OnChannel("queue "+codec.EventQueue(node), func(ch **amqp.Channel) error {
-		return st.Own.DeclareEvents(ch, st.Sized, st.Republish)
+		if err := st.Own.DeclareEvents(ch, st.Sized, st.Republish); err != nil {
+			return err
+		}
+		return st.Events.Apply(st.Own.Conn, true)
 	}))
 	if err := st.Own.Bind(&ch, &c.Ex, c.Req, codec.RequestBindingKey(node)); err != nil {
 		var inUse *NodeNameInUseError

@@ -365,6 +365,19 @@ func printStatus(w io.Writer, st appliance.Status) {
 	case n > 1:
 		row("batches", fmt.Sprintf("up to %d commands per broker message", n))
 	}
+	if eb := st.Broker.EventBindings; eb != nil && st.Broker.State != wire.StateNone {
+		v := fmt.Sprintf("%d topic patterns listened to, %d keys bound", len(eb.Topics), eb.Bound)
+		if eb.Pending {
+			v += ", a change on its way"
+		}
+		if eb.Legacy {
+			v += "; shared keys too (a node not heard at the current protocol): own events come back and are dropped"
+		}
+		if eb.Warning != "" {
+			v += "; " + eb.Warning
+		}
+		row("events", v)
+	}
 	if n := len(st.Broker.Failovers); n > 0 {
 		f := st.Broker.Failovers[n-1]
 		row("failover", fmt.Sprintf("%s -> %s at %s (%s); %d recorded", f.From, f.To, f.At.Format(time.RFC3339), f.Reason, n))

@@ -131,14 +131,17 @@ type Permissions struct {
 //     every stage also declares stage queues itself (no admin knows every
 //     stage's name beforehand); it may already publish every key a stage
 //     queue's name could carry;
-//   - publish on mesh (commands cmd.*, events evt.*, broadcasts sys.*,
+//   - publish on mesh (commands cmd.*, events evt.* with their lane
+//     evo.<n>.* of its own name as BCC, broadcasts sys.*,
 //     requests to.<m>.req.*, replies to.<m>.reply and addressed system
 //     messages to.<m>.sys.* to any node m, and retry copies retry.<stage>
 //     and dead letters dead.<stage> of its allowed stages) and on mesh.dlx
 //     (dead letters);
 //     not on the default exchange, whose write right cannot be scoped per
 //     queue, and not into another node's exchange;
-//   - bind its queues to mesh only with evt.#, sys.#, the keys of its own
+//   - bind its queues to mesh only with event keys (evt.<pattern> and
+//     the lanes evo.<m>.<pattern> of any node m: a node may receive every
+//     event, sealed for the scopes it holds), sys.#, the keys of its own
 //     name (to.<n>.#, to.<n>.req.#, to.<n>.reply, to.<n>.sys.#) and
 //     cmd.<allowed stage> (retry.<stage>, dead.<stage>).
 //
@@ -174,7 +177,7 @@ func NodePermissions(n string, stages []string) (Permissions, error) {
 	bindKeys := []string{`to\.` + node + `\.(#|req\.#|reply|sys\.#)`}
 	// rows.<table>: the tables' logs (stream queues the admin makes),
 	// written through mesh and read straight from the queue.
-	topicWrite := `(cmd|evt|sys)\..+|to\.[A-Za-z0-9_-]+\.(req\..+|reply|sys\..+)|rows\.[a-z0-9_-]+`
+	topicWrite := `(cmd|evt|sys)\..+|evo\.` + node + `\..+|to\.[A-Za-z0-9_-]+\.(req\..+|reply|sys\..+)|rows\.[a-z0-9_-]+`
 	if stageAlt != "" {
 		stageQueues := `(cmd|retry|dead)\.` + stageAlt
 		queues += `|` + stageQueues
@@ -190,9 +193,13 @@ func NodePermissions(n string, stages []string) (Permissions, error) {
 		Read:          `^(mesh|` + queues + `|rows\.[a-z0-9_-]+)$`,
 		TopicExchange: MeshExchange,
 		TopicWrite:    `^(` + topicWrite + `)$`,
-		TopicRead:     `^(` + strings.Join(append([]string{`evt\.#`, `sys\.#`}, bindKeys...), "|") + `)$`,
+		TopicRead:     `^(` + strings.Join(append([]string{`evt` + patternTokens, `evo\.[A-Za-z0-9_-]+` + patternTokens, `sys\.#`}, bindKeys...), "|") + `)$`,
 	}, nil
 }
+
+// patternTokens matches the tokens of a binding key's topic pattern:
+// topic tokens and AMQP's wildcards.
+const patternTokens = `(\.([A-Za-z0-9_-]+|\*|#))+`
 
 // serverNamedPattern matches the names RabbitMQ gives queues declared
 // without one.

@@ -70,12 +70,16 @@ func TestNodePermissions(t *testing.T) {
 
 	add("topic write", true, "cmd.resize", "cmd.other.stage", "evt.door.open", "sys.hello",
 		"to.beta.req.echo", "to.beta.req.image.resize", "to.beta.reply", "to.beta.sys.hello", "to.alpha.req.echo")
-	add("topic write", true, "retry.resize", "dead.image.thumb")
+	add("topic write", true, "retry.resize", "dead.image.thumb", "evo.alpha.door.open")
+	add("topic write", false, "evo.beta.door.open", "evo.alpha", "evo.alphax.door", "evo.*.door")
 	add("topic write", false, "retry.other", "dead.other", "retry.resize.x", "dead.", "retry")
 	add("topic write", false, "to.beta", "to.beta.replyx", "to.beta.other", "to.be.ta.reply", "node.beta.requests",
 		"cmd", "evt.", "x.evt.a", "to..reply", "")
 
 	add("topic read", true, "evt.#", "sys.#", "cmd.resize", "cmd.image.thumb", "retry.resize", "dead.image.thumb")
+	// Event keys: a node may receive every event (sealed for its scopes).
+	add("topic read", true, "evt.door.open", "evt.door.*", "evt.*.open", "evt.door.#", "evo.beta.door.open", "evo.beta.#", "evo.alpha.*.x")
+	add("topic read", false, "evt", "evo.#", "evo.*.door", "evo.beta", "evt.do#or", "evo.beta.x y")
 	add("topic read", false, "retry.other", "dead.other", "retry.#", "dead.#")
 	// Its own name's keys: its queues bind to mesh themselves (and an
 	// older meshbox binds node.alpha with to.alpha.#).

@@ -13,11 +13,12 @@ import (
 type QueueSpec struct {
 	Name string
 	Args map[string]any
-	Key  string
+	Key  string // the queue's binding to mesh ("": none, its node binds it)
 }
 
 // NodeQueues returns the durable queues of node n for the stages the mesh
-// allows it: its event queue node.<n>.events (bound with evt.#), and for
+// allows it: its event queue node.<n>.events (unbound: the node binds it
+// to the events its programs listen to, wire.EventBindingKeys), and for
 // each allowed stage cmd.<stage>, retry.<stage> and dead.<stage>, bound
 // with their own names. The node may find, bind and consume them but not
 // declare them (NodePermissions), so the admin declares them when it adds
@@ -37,7 +38,7 @@ func NodeQueues(n string, stages []string) ([]QueueSpec, error) {
 	if _, err := stageAlternatives(stages); err != nil {
 		return nil, fmt.Errorf("node queues: %w", err)
 	}
-	specs := []QueueSpec{{Name: EventQueue(n), Args: QuorumArgs(map[string]any{}, false), Key: "evt.#"}}
+	specs := []QueueSpec{{Name: EventQueue(n), Args: QuorumArgs(map[string]any{}, false)}}
 	if slices.Contains(stages, AllStages) {
 		return specs, nil
 	}

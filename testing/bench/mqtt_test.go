@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -48,19 +49,27 @@ import (
 // (a broker and a mesh database of the benchmark's own), whose bridge
 // seals every event and publishes it to the broker with a confirm, are
 //
-//	BENCH mqtt-local-mesh ours=<µs> baseline=<µs> ratio=<ours/plain> broker_cpu_per_event=<µs>
+//	BENCH mqtt-local-mesh ours=<µs> baseline=<µs> ratio=<ours/plain> broker_cpu_per_event=<µs> unsubscribed_bytes_per_event=<B>
 //
 // The broker runs on the benchmark's machine, as a home node's does not:
-// broker_cpu_per_event is the CPU it spends on each event (taking it,
-// confirming it and delivering it to the node's own event queue, which
-// the node drops), time the round competes with for the cores.
+// broker_cpu_per_event is the CPU it spends on each event (taking it and
+// confirming it; no node of the mesh listens to the topic elsewhere),
+// time the round competes with for the cores. unsubscribed_bytes_per_event
+// is what the broker sent the node (through a counting proxy) for events
+// it does not listen to from the mesh, its own included: none, as the node
+// binds only other nodes' lanes for the topics its programs listen to.
 func BenchmarkMQTTLocal(b *testing.B) {
 	cfg := meshtest.NodeConfig(b, "mqtt-bench")
 	cfg.Log.Level = "info"
 	cfg.NATSMQTT = "127.0.0.1:0"
 	ours := mqttDevices(b, meshtest.StartNode(b, cfg))
 	m := newBenchBroker(b, "mqtt-mesh")
-	mesh := mqttDevices(b, startBenchNode(b, "mqtt-mesh", m.users["mqtt-mesh"], m.dbURL,
+	bu, err := url.Parse(m.users["mqtt-mesh"])
+	if err != nil {
+		b.Fatal(err)
+	}
+	px := meshtest.NewCountingProxy(b, bu.Host)
+	mesh := mqttDevices(b, startBenchNode(b, "mqtt-mesh", px.Rewrite(m.users["mqtt-mesh"], bu.Host), m.dbURL,
 		func(c *appliance.Config) { c.NATSMQTT = "127.0.0.1:0" }))
 	plainAddr, _ := plainMQTTServer(b)
 	plain := mqttRoundTrip(b, "tcp://"+plainAddr, "", "")
@@ -68,11 +77,17 @@ func BenchmarkMQTTLocal(b *testing.B) {
 	forwarder(b, floorSrv)
 	floor := mqttRoundTrip(b, "tcp://"+floorAddr, "", "")
 	for range b.N {
-		bcpu0 := m.rmq.CPUTime(b)
+		bcpu0, fr0 := m.rmq.CPUTime(b), px.Frames()
 		t := interleavedQuantiles(b, ours, plain, floor, mesh)
 		// Only the mesh node's devices reach the broker: one event a
 		// round, warm-up included.
 		bcpu := (m.rmq.CPUTime(b) - bcpu0) / (benchWarmUp + benchRoundTrips)
+		var back int64
+		for k, v := range px.Frames().Sub(fr0) {
+			if k.Dir == "down" && k.Method == "basic.deliver" && strings.HasPrefix(k.Key, "evt.") {
+				back += v.Bytes
+			}
+		}
 		report("mqtt-local", us(t[0].p50), us(t[1].p50), "µs",
 			"QoS 0 publish to a subscriber on the same node, Paho clients; baseline: a plain nats-server's MQTT listener; lower is better; target ratio <= 1.1",
 			fmt.Sprintf("p99=%.1f", us(t[0].p99)), fmt.Sprintf("baseline_p99=%.1f", us(t[1].p99)))
@@ -85,7 +100,8 @@ func BenchmarkMQTTLocal(b *testing.B) {
 		report("mqtt-local-mesh", us(t[3].p50), us(t[1].p50), "µs",
 			"the same round on a node of a mesh, whose bridge seals each event and sends it to the broker, here on the same two cores; lower is better",
 			fmt.Sprintf("p99=%.1f", us(t[3].p99)), fmt.Sprintf("baseline_p99=%.1f", us(t[1].p99)),
-			fmt.Sprintf("broker_cpu_per_event=%.1fµs", us(bcpu)))
+			fmt.Sprintf("broker_cpu_per_event=%.1fµs", us(bcpu)),
+			fmt.Sprintf("unsubscribed_bytes_per_event=%.1f", float64(back)/float64(benchWarmUp+benchRoundTrips)))
 	}
 }
 

@@ -472,6 +472,9 @@ func testMesh(t *testing.T, names []string) {
 			}
 			flush(t, ncs[n])
 		}
+		for _, n := range names {
+			waitListening(t, procs[n], "evt.e2e.>")
+		}
 		for i := range k {
 			for _, n := range names {
 				if err := ncs[n].Publish("evt.e2e.tick", ledger.Payload(n, i)); err != nil {

@@ -55,6 +55,8 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	flush(t, hnc)
+	waitListening(t, beta, "evt.load")
 	for _, s := range []*nats.Subscription{csub, esub} {
 		if err := s.SetPendingLimits(-1, -1); err != nil {
 			t.Fatal(err)

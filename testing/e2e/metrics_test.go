@@ -121,27 +121,29 @@ var expectedMetrics = map[string]dto.MetricType{
 	"meshbox_cache_write_errors_total":       dto.MetricType_COUNTER,
 	"meshbox_cache_quarantined_total":        dto.MetricType_COUNTER,
 	// broker link (bridge)
-	"meshbox_broker_state":                   dto.MetricType_GAUGE,
-	"meshbox_broker_reconnects_total":        dto.MetricType_COUNTER,
-	"meshbox_broker_dials_total":             dto.MetricType_COUNTER,
-	"meshbox_submissions_overflowed_total":   dto.MetricType_COUNTER,
-	"meshbox_submission_answers_held_total":  dto.MetricType_COUNTER,
-	"meshbox_broker_blocked_total":           dto.MetricType_COUNTER,
-	"meshbox_broker_credential_revoked":      dto.MetricType_GAUGE,
-	"meshbox_messages_total":                 dto.MetricType_COUNTER,
-	"meshbox_errors_total":                   dto.MetricType_COUNTER,
-	"meshbox_request_duration_seconds":       dto.MetricType_HISTOGRAM,
-	"meshbox_stalls":                         dto.MetricType_GAUGE,
-	"meshbox_command_lease_extensions_total": dto.MetricType_COUNTER,
-	"meshbox_commands_deduplicated_total":    dto.MetricType_COUNTER,
-	"meshbox_command_retries_total":          dto.MetricType_COUNTER,
-	"meshbox_command_results_total":          dto.MetricType_COUNTER,
-	"meshbox_command_batch_size":             dto.MetricType_HISTOGRAM,
-	"meshbox_command_batch_splits_total":     dto.MetricType_COUNTER,
-	"meshbox_dead_letters":                   dto.MetricType_GAUGE,
-	"meshbox_outbox_depth":                   dto.MetricType_GAUGE,
-	"meshbox_outbox_bytes":                   dto.MetricType_GAUGE,
-	"meshbox_outbox_oldest_age_seconds":      dto.MetricType_GAUGE,
+	"meshbox_broker_state":                     dto.MetricType_GAUGE,
+	"meshbox_broker_reconnects_total":          dto.MetricType_COUNTER,
+	"meshbox_broker_dials_total":               dto.MetricType_COUNTER,
+	"meshbox_submissions_overflowed_total":     dto.MetricType_COUNTER,
+	"meshbox_submission_answers_held_total":    dto.MetricType_COUNTER,
+	"meshbox_broker_blocked_total":             dto.MetricType_COUNTER,
+	"meshbox_broker_credential_revoked":        dto.MetricType_GAUGE,
+	"meshbox_broker_event_bindings":            dto.MetricType_GAUGE,
+	"meshbox_broker_event_bind_failures_total": dto.MetricType_COUNTER,
+	"meshbox_messages_total":                   dto.MetricType_COUNTER,
+	"meshbox_errors_total":                     dto.MetricType_COUNTER,
+	"meshbox_request_duration_seconds":         dto.MetricType_HISTOGRAM,
+	"meshbox_stalls":                           dto.MetricType_GAUGE,
+	"meshbox_command_lease_extensions_total":   dto.MetricType_COUNTER,
+	"meshbox_commands_deduplicated_total":      dto.MetricType_COUNTER,
+	"meshbox_command_retries_total":            dto.MetricType_COUNTER,
+	"meshbox_command_results_total":            dto.MetricType_COUNTER,
+	"meshbox_command_batch_size":               dto.MetricType_HISTOGRAM,
+	"meshbox_command_batch_splits_total":       dto.MetricType_COUNTER,
+	"meshbox_dead_letters":                     dto.MetricType_GAUGE,
+	"meshbox_outbox_depth":                     dto.MetricType_GAUGE,
+	"meshbox_outbox_bytes":                     dto.MetricType_GAUGE,
+	"meshbox_outbox_oldest_age_seconds":        dto.MetricType_GAUGE,
 	// blob store (appliance/blobs)
 	"meshbox_blobs":                    dto.MetricType_GAUGE,
 	"meshbox_blobs_bytes":              dto.MetricType_GAUGE,
@@ -332,6 +334,7 @@ func TestMetricsScrape(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	waitListening(t, beta, "evt.door.>")
 	before = map[string]metricSet{"alpha": scrape(t, alpha.HTTPURL()), "beta": scrape(t, beta.HTTPURL())}
 
 	const n = 3

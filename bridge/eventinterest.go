@@ -1,0 +1,36 @@
+package bridge
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+)
+
+// SetEventInterest replaces the topic patterns local programs listen to
+// (wire.EventPattern, AMQP syntax): the node's event queue is bound to
+// those events of the other nodes (link.EventBinder), at once while the
+// link is up, else at the next session's setup. It may be called before
+// Start.
+func (b *Bridge) SetEventInterest(patterns []string) { b.link.EventBinding().SetInterest(patterns) }
+
+// SetEventPeers replaces the other nodes this one knows of, whose event
+// lanes it binds, and whether one of them may be an older node that
+// publishes without lanes (legacy: the shared keys are bound too).
+func (b *Bridge) SetEventPeers(peers []string, legacy bool) {
+	b.link.EventBinding().SetPeers(peers, legacy)
+}
+
+// openEventBindings readies the event queue's bindings and their record
+// beside the outbox, before the outbox is opened: an outbox without the
+// record is an older meshbox's, which bound every event.
+func (b *Bridge) openEventBindings() {
+	var path string
+	upgraded := false
+	if b.cfg.OutboxPath != "" {
+		path = filepath.Join(filepath.Dir(b.cfg.OutboxPath), "event-bindings.json")
+		_, oerr := os.Stat(b.cfg.OutboxPath)
+		_, rerr := os.Stat(path)
+		upgraded = oerr == nil && errors.Is(rerr, os.ErrNotExist)
+	}
+	b.link.EventBinding().Open(b.cfg.Node, path, upgraded, b.log, b.m.Metrics)
+}
