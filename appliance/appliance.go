@@ -51,8 +51,7 @@ type Appliance struct {
 
 	// moduleGuard is the module guard's command (SetModuleGuard; nil: none).
 	moduleGuard []string
-	credWake    chan struct{} // cap 1: the switch recorder looks again (credential.go)
-	follow      brokerFollow  // the broker URL handed to the bridge (mesh.go)
+	follow      brokerFollow // the broker URL handed to the bridge (mesh.go), the credential switch's wake-up
 
 	// fatal receives an error when a component fails in a way that should
 	// stop the node (for example: the node name is claimed on the broker).
@@ -60,8 +59,7 @@ type Appliance struct {
 	quit  chan struct{}  // closed by Close: owned goroutines exit
 	wg    sync.WaitGroup // goroutines owned by the appliance
 
-	snaps    *snapshots                     // copies of the files in use for a backup (snapshot.go)
-	restored atomic.Pointer[RestoredStatus] // the backup the data directory came from; nil: none
+	snaps *snapshots // backups: copies of the files in use, and the backup the data directory came from (snapshot.go)
 
 	hook func(point string) // tests only: called at the named points of the lifecycle
 }
@@ -104,13 +102,13 @@ func New(cfg Config, logger *slog.Logger) (*Appliance, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(newNodeCollector(ring))
 	a := &Appliance{
-		cfg:      cfg,
-		logger:   logger,
-		tel:      telemetry{errs: ring, registry: reg, trends: newTrendRing(trendSamples)},
-		fatal:    make(chan error, 1),
-		quit:     make(chan struct{}),
-		credWake: make(chan struct{}, 1),
-		snaps:    newSnapshots(reg),
+		cfg:    cfg,
+		logger: logger,
+		tel:    telemetry{errs: ring, registry: reg, trends: newTrendRing(trendSamples)},
+		fatal:  make(chan error, 1),
+		quit:   make(chan struct{}),
+		follow: brokerFollow{credWake: make(chan struct{}, 1)},
+		snaps:  newSnapshots(reg),
 	}
 	reg.MustRegister(newModulesCollector(func() *modules.Supervisor { return a.parts().mods }))
 	reg.MustRegister(blobsCollector{srv: func() *blobs.Server { return a.parts().blobs }})

@@ -76,7 +76,7 @@ func identity(c *bridge.CredentialStatus, newest *cache.BrokerCredential, now ti
 // bridge calls it on its link goroutine.
 func (a *Appliance) credentialChanged(string) {
 	select {
-	case a.credWake <- struct{}{}:
+	case a.follow.credWake <- struct{}{}:
 	default:
 	}
 }
@@ -118,7 +118,7 @@ func (a *Appliance) runSwitchRecorder() {
 		select {
 		case <-a.quit:
 			return
-		case <-a.credWake:
+		case <-a.follow.credWake:
 		case <-retry:
 		}
 		retry = nil

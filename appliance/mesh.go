@@ -183,6 +183,9 @@ type brokerFollow struct {
 	mu      sync.Mutex // guards set, waiting
 	set     string
 	waiting bool
+	// credWake (cap 1) makes the recorder of credential switches look
+	// again (credential.go).
+	credWake chan struct{}
 }
 
 // followBroker moves the bridge to the broker the bindings name, when they

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -45,6 +46,8 @@ type BackupReply struct {
 type snapshots struct {
 	mu    sync.Mutex
 	count *prometheus.CounterVec
+	// restored is the backup the data directory came from; nil: none.
+	restored atomic.Pointer[RestoredStatus]
 }
 
 func newSnapshots(reg prometheus.Registerer) *snapshots {
@@ -153,7 +156,7 @@ func (a *Appliance) noteRestored() {
 		return
 	}
 	st := &RestoredStatus{Restored: r, AgeSeconds: r.Age().Seconds()}
-	a.restored.Store(st)
+	a.snaps.restored.Store(st)
 	a.logger.Info("this node's data directory was restored from a backup: what the node did after the backup was taken is not in it",
 		"taken_at", r.TakenAt, "restored_at", r.RestoredAt, "backup_age", r.Age().Round(time.Second).String(), "outbox_marked", r.Marked)
 }

@@ -120,7 +120,7 @@ func (a *Appliance) Status() Status {
 		Commands:      []bridge.CommandStatus{},
 		DeadLetters:   map[string]int{},
 		Errors:        a.tel.errs.recent(),
-		Restored:      a.restored.Load(),
+		Restored:      a.snaps.restored.Load(),
 	}
 	st.NATS.URL = a.NATSURL()
 	st.NATS.Programs = []string{}
