@@ -91,7 +91,7 @@ func (e *localRefusal) Unwrap() error { return e.se }
 // cause (the check and whose inbox or which stage: a bounded set).
 func (b *Bridge) refusedLocal(check, whose string, err error) {
 	b.m.err(errKindForbidden)
-	if b.seen.local.first(check + "/" + whose) {
+	if b.seen.local.First(check + "/" + whose) {
 		b.log.Warn("local message refused (logged once per cause; meshbox_errors_total{kind=\"forbidden\"} counts them all)",
 			"check", check, "err", err)
 	}

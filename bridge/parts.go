@@ -6,6 +6,7 @@ import (
 	"time"
 
 	brokerlink "github.com/meshbox/meshbox/bridge/link"
+	"github.com/meshbox/meshbox/internal/causelog"
 
 	"github.com/meshbox/meshbox/bridge/completed"
 
@@ -91,10 +92,10 @@ type peerBook struct {
 
 // refusalLogs are the causes of refusals already logged, each said once.
 type refusalLogs struct {
-	replay causeLog // refused replays (replay.go)
-	forged causeLog // forged deliveries (senders.go)
-	unseal causeLog // refused sealed messages (sealing.go)
-	local  causeLog // refused local messages (localclients.go)
+	replay causelog.Log // refused replays (replay.go)
+	forged causelog.Log // forged deliveries (senders.go)
+	unseal causelog.Log // refused sealed messages (sealing.go)
+	local  causelog.Log // refused local messages (localclients.go)
 }
 
 // routing is where capabilities are hosted and what this node hosts.

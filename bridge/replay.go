@@ -32,7 +32,7 @@ import (
 // (shape and reason).
 func (b *Bridge) replayRefused(re *codec.ReplayError, origin string) {
 	b.m.replays.WithLabelValues(re.Shape, re.Reason).Inc()
-	if b.seen.replay.first(re.Shape + "/" + re.Reason) {
+	if b.seen.replay.First(re.Shape + "/" + re.Reason) {
 		b.log.Warn("replayed message refused (logged once per cause; meshbox_replays_refused_total counts them all)",
 			"shape", re.Shape, "reason", re.Reason, "origin", origin, "detail", re.Detail)
 	}

@@ -52,7 +52,7 @@ func (b *Bridge) mayHost(stage string) bool {
 	if b.cfg.Keys.Member(scope) {
 		return true
 	}
-	if b.seen.unseal.first("host/" + stage + "/" + scope) {
+	if b.seen.unseal.First("host/" + stage + "/" + scope) {
 		b.log.Warn("a local program serves a stage of a scope this node is not in; the node does not consume its queue",
 			"stage", stage, "scope", scope)
 	}

@@ -176,7 +176,7 @@ func (b *Bridge) unsealFailed(shape string, ue *codec.UnsealError) {
 	if ue.Reason == codec.UnsealUnknownKey && ue.Env != nil {
 		key += "/" + ue.Env.KeyID
 	}
-	if b.seen.unseal.first(key) {
+	if b.seen.unseal.First(key) {
 		origin := ""
 		if ue.Env != nil {
 			origin = ue.Env.Origin

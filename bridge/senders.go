@@ -108,7 +108,7 @@ func (b *Bridge) forgedRefused(f *codec.Forged, kind, userID string) {
 	if cause == "" {
 		cause = causeOther
 	}
-	if b.seen.forged.first(cause + "/" + userID) {
+	if b.seen.forged.First(cause + "/" + userID) {
 		b.log.Warn("forged message refused (logged once per cause and sender; meshbox_errors_total{kind=\"forged\"} counts them all)",
 			"shape", kind, "cause", cause, "user_id", userID, "detail", f.Reason)
 	}

@@ -76,24 +76,6 @@ func TestSessionDecodeGenerations(t *testing.T) {
 	}
 }
 
-// A forged delivery is logged once per cause and sender, and the senders
-// remembered are bounded.
-func TestForgedLogOncePerCauseAndSender(t *testing.T) {
-	var l causeLog
-	if !l.first("a/node.a.g9") || l.first("a/node.a.g9") {
-		t.Fatal("the same cause and sender: want logged once")
-	}
-	if !l.first("b/node.a.g9") || !l.first("a/node.a.g8") {
-		t.Fatal("another cause or sender: want logged")
-	}
-	for i := range 2 * maxLoggedCauses {
-		l.first(BrokerUser("x", i+1))
-	}
-	if n := len(l.seen); n != maxLoggedCauses {
-		t.Errorf("remembered %d, want at most %d", n, maxLoggedCauses)
-	}
-}
-
 // A system message or a request from a generation newer than the bindings
 // list waits for them: the node asks for its bindings again (once a
 // second however many wait), and the delivery goes on as soon as they
