@@ -129,6 +129,13 @@ func TestAdversaryWithAnotherNodesCredential(t *testing.T) {
 	if code := refused(pub("to.alpha.req.echo", amqp.Publishing{Type: "request", UserId: "node.alpha.g1", CorrelationId: "c1", ReplyTo: "node.beta.replies"})); code != amqp.PreconditionFailed {
 		t.Errorf("publish with alpha's user_id: code %d, want %d", code, amqp.PreconditionFailed)
 	}
+	// alpha listens to the events the attack below forges (a node's
+	// queue is bound only to the topics its programs listen to).
+	if _, err := host.Subscribe("evt.order", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, host)
+	waitListening(t, alpha, "evt.order")
 	alphaForged := func() float64 {
 		v, _ := scrape(t, alpha.HTTPURL()).value("meshbox_errors_total", "kind=forged")
 		return v

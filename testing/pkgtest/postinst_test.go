@@ -26,7 +26,7 @@ func TestPostinstWithoutSystemd(t *testing.T) {
 
 	// Only what the fallback needs: no systemd-sysusers, no systemd-tmpfiles.
 	bin := t.TempDir()
-	for _, tool := range []string{"cat", "grep", "awk", "chown", "chmod", "useradd"} {
+	for _, tool := range []string{"cat", "grep", "awk", "chown", "chmod", "mkdir", "useradd"} {
 		p, err := exec.LookPath(tool)
 		if err != nil {
 			t.Fatalf("%s is missing: %v", tool, err)
@@ -64,6 +64,8 @@ func TestPostinstWithoutSystemd(t *testing.T) {
 	}
 	wantFile(t, data, fs.ModeDir|0o700, uid, gid)
 	wantFile(t, env, 0o600, 0, 0)
+	// The backup timer's directory: root's, as the backup service runs.
+	wantFile(t, filepath.Join(root, "var/backups/meshbox"), fs.ModeDir|0o700, 0, 0)
 
 	// An upgrade runs it again: the same user, no second one, no first-install text.
 	out = run(t, vars, "/bin/sh", postinst, "configure", "0~20250101000000+abc")
