@@ -404,8 +404,16 @@ func TestRetainedPoisonRows(t *testing.T) {
 		if !poison && beta.refused("bad_row") != 0 {
 			t.Errorf("control: refused bad_row %v, want 0", beta.refused("bad_row"))
 		}
+		// The store's write comes before its count: wait for the count.
 		var m dto.Metric
-		if err := beta.mr.m.applied.Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+		var err error
+		for end := time.Now().Add(3 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			m = dto.Metric{}
+			if err = beta.mr.m.applied.Write(&m); err != nil || m.GetCounter().GetValue() >= 1 || time.Now().After(end) {
+				break
+			}
+		}
+		if err != nil || m.GetCounter().GetValue() != 1 {
 			t.Errorf("beta put %v retained messages into its store (%v), want 1: the device's", m.GetCounter().GetValue(), err)
 		}
 	}

@@ -96,6 +96,11 @@ func TestMQTTDoorAcceptErrors(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// A failure is counted before its line is written: wait for the
+	// lines too.
+	for len(out.lines(acceptLogLine)) < 3 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
 	lines := out.lines(acceptLogLine)
 	if len(lines) != 3 {
 		t.Fatalf("got %d log lines of failed accepts, want 3 (one per cause):\n%s", len(lines), strings.Join(lines, "\n"))
