@@ -7,6 +7,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/meshbox/meshbox/internal/backoff"
 )
 
 // Causes of a failed accept on the MQTT door's listener, as the node
@@ -18,9 +20,12 @@ const (
 	AcceptOther    = "other"     // any other error of the listener
 )
 
-// acceptRetry is the door's pause after a failed accept: a listener out
-// of file descriptors fails again at once until one is freed.
-const acceptRetry = 10 * time.Millisecond
+// acceptRetry is the door's pause after failed accepts (the node's one
+// retry schedule, internal/backoff): a listener out of file descriptors
+// fails again at once until one is freed, so the pause grows from 10 ms
+// while the failures go on, to at most half a second (a close waits for
+// the pause in progress), and starts again after an accept succeeds.
+var acceptRetry = backoff.Policy{Min: 10 * time.Millisecond, Max: 500 * time.Millisecond}
 
 // acceptLogEvery is how often the door logs a cause of failed accepts
 // that goes on: its first failure at once, then at most one line per

@@ -137,6 +137,7 @@ func (d *mqttDoor) start() {
 	d.wg.Add(1)
 	go func() { // the accept loop: exits when close closes the listener
 		defer d.wg.Done()
+		failed := 0 // accepts failed in a row
 		for {
 			c, err := d.ln.Accept()
 			if err != nil {
@@ -144,9 +145,11 @@ func (d *mqttDoor) start() {
 					return
 				}
 				d.acceptErrs.note(err) // too many open files and the like
-				time.Sleep(acceptRetry)
+				failed++
+				time.Sleep(acceptRetry.Delay(failed))
 				continue
 			}
+			failed = 0
 			dc := &doorConn{dev: c}
 			if !d.track(dc) {
 				c.Close()
