@@ -389,6 +389,7 @@ func (a *Appliance) localInterestChanged(li localInterest) {
 		}
 	}
 	if n := r.node; n != nil {
+		n.SetListening(li.events) // one update with the next line's change
 		n.SetLocal(subjects)
 	}
 	if sup := r.mods; sup != nil {

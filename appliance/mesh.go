@@ -286,12 +286,17 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 		},
 		// The event lanes of the nodes it knows of.
 		OnEventPeers: b.SetEventPeers,
-		Logger:       a.logger,
-		Registerer:   a.tel.registry,
+		// What they listen to: no event goes to the broker for nobody.
+		OnEventListeners: func(l *node.Listeners) {
+			b.SetEventListeners(l.All, l.Why, l.Patterns, l.Wants, l.At)
+		},
+		Logger:     a.logger,
+		Registerer: a.tel.registry,
 	})
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
+	n.SetListening(r.interest.eventPatterns())
 	n.SetLocal(hosted)
 	if snap, ok := r.bindings.manager.Current(); ok {
 		a.applyToNode(n, snap)

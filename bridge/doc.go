@@ -7,14 +7,14 @@
 // bounded by a deadline), commands (cmd.<stage>, at least once, retried
 // and dead-lettered) and events (evt.<topic>, delivered locally at once and
 // at least once to the nodes whose programs listen to the topic, never back
-// to their publisher: SetEventInterest, SetEventPeers). In a mesh every
+// to their publisher, sent to the broker only when another node listens:
+// SetEventInterest, SetEventPeers, SetEventListeners). In a mesh every
 // message is sealed before it reaches the broker.
 //
-// The types: a Bridge is built by New from a Config, started by Start and
-// stopped by Close; Status reports the link, the outbox, stalls and the
-// commands in flight. The dead-letter operations (DeadLetters,
-// ShowDeadLetter, ReplayDeadLetters, PurgeDeadLetters) act on a stage's
-// dead letters.
+// A Bridge is built by New from a Config, started by Start and stopped by
+// Close; Status reports the link, the outbox, stalls and the commands in
+// flight. DeadLetters, ShowDeadLetter, ReplayDeadLetters and
+// PurgeDeadLetters act on a stage's dead letters.
 //
 // The packages under it are its layers: bridge/codec (messages, names and
 // checks, no connection state), bridge/link (every AMQP dial, the link's

@@ -4,13 +4,12 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"time"
 )
 
-// SetEventInterest replaces the topic patterns local programs listen to
-// (wire.EventPattern, AMQP syntax): the node's event queue is bound to
-// those events of the other nodes (link.EventBinder), at once while the
-// link is up, else at the next session's setup. It may be called before
-// Start.
+// SetEventInterest replaces the topic patterns (AMQP syntax) local
+// programs listen to: the event queue is bound to those events of the
+// other nodes at once, or at the next session's setup (link.EventBinder).
 func (b *Bridge) SetEventInterest(patterns []string) { b.link.EventBinding().SetInterest(patterns) }
 
 // SetEventPeers replaces the other nodes this one knows of, whose event
@@ -18,6 +17,12 @@ func (b *Bridge) SetEventInterest(patterns []string) { b.link.EventBinding().Set
 // publishes without lanes (legacy: the shared keys are bound too).
 func (b *Bridge) SetEventPeers(peers []string, legacy bool) {
 	b.link.EventBinding().SetPeers(peers, legacy)
+}
+
+// SetEventListeners replaces what the other nodes listen to (discovery's
+// view, taken at at): the bridge sends no event none of them listens to.
+func (b *Bridge) SetEventListeners(all bool, why string, patterns []string, wants func(string) bool, at time.Time) {
+	b.link.EventBinding().SetListeners(all, why, patterns, wants, at)
 }
 
 // openEventBindings readies the event queue's bindings and their record

@@ -3,7 +3,9 @@ package bridge_test
 import (
 	"bytes"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -205,4 +207,75 @@ func TestEventBindingsComeBackAfterACut(t *testing.T) {
 		t.Fatal(err)
 	}
 	meshtest.WaitFor(t, 10*time.Second, "the event at beta after the cut", func() bool { return rec.len() >= 1 })
+}
+
+// A node sends an event to the broker only when another node listens to
+// its topic, as far as discovery's view says (SetEventListeners): alpha,
+// told that the others listen to room.* alone, sends none of 100 events
+// of hall.light and every one of 100 of room.temp, each counted on its
+// broker connection. An event whose program asks for a confirmation goes
+// and is confirmed. A view that says "all", and a view taken before the
+// link last connected (an update may have been missed meanwhile), send
+// everything.
+func TestEventsSentOnlyWhereSomeoneListens(t *testing.T) {
+	vhost := testVhost(t)
+	a, pa := countedNode(t, "alpha", vhost)
+	b := newNode(t, "beta", vhost, nil)
+	knowEachOther(a, b)
+	a.waitConnected(t)
+	b.waitConnected(t)
+	atB := subscribeEvents(t, b, "evt.room.*")
+	roomOnly := func(topic string) bool { return strings.HasPrefix(topic, "room.") && strings.Count(topic, ".") == 1 }
+	published := func(prev meshtest.FrameStats, topic string) int64 {
+		return pa.Frames().Sub(prev)[meshtest.FrameKind{Dir: "up", Method: "basic.publish", Key: "evt." + topic}].Count
+	}
+	send := func(topic string, n int) {
+		t.Helper()
+		for range n {
+			if err := a.client.Publish("evt."+topic, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Confirmed after the others: they were handled before it.
+		if _, err := a.client.Request("evt."+topic, []byte("last"), 5*time.Second); err != nil {
+			t.Fatalf("an event of %s with a reply: %v, want it confirmed", topic, err)
+		}
+	}
+	const n = 100
+
+	a.b.SetEventListeners(false, "", []string{"room.*"}, roomOnly, time.Now())
+	before := pa.Frames()
+	send("hall.light", n)
+	send("room.temp", n)
+	meshtest.WaitFor(t, 10*time.Second, "beta has room.temp", func() bool { return atB.len() >= n+1 })
+	if got := published(before, "hall.light"); got != 1 {
+		t.Errorf("hall.light, which nobody else listens to: %d published to the broker, want 1 (the one with a reply)", got)
+	}
+	if got := published(before, "room.temp"); got != n+1 {
+		t.Errorf("room.temp, which beta listens to: %d published, want %d", got, n+1)
+	}
+	if l := a.b.Status().Broker.EventBindings.Listeners; l == nil || l.KeptLocal != n || l.All || !slices.Equal(l.Topics, []string{"room.*"}) {
+		t.Errorf("alpha's status of the listeners: %+v; want %d kept, and room.*", l, n)
+	}
+
+	// Control: "all" sends everything.
+	a.b.SetEventListeners(true, "node gamma not heard yet", nil, nil, time.Now())
+	before = pa.Frames()
+	send("hall.light", n)
+	if got := published(before, "hall.light"); got != n+1 {
+		t.Errorf("with every node maybe listening: %d of hall.light published, want %d", got, n+1)
+	}
+	if l := a.b.Status().Broker.EventBindings.Listeners; l == nil || !l.All || l.Why != "node gamma not heard yet" || l.KeptLocal != n {
+		t.Errorf("alpha's status of the listeners: %+v; want all, with why, and the %d kept before", l, n)
+	}
+
+	// A view older than the link's connection is not believed.
+	at := time.Now()
+	a.b.SetEventListeners(false, "", []string{"room.*"}, roomOnly, at)
+	bridge.LinkConnectedAt(a.b, at.Add(time.Millisecond))
+	before = pa.Frames()
+	send("hall.light", n)
+	if got := published(before, "hall.light"); got != n+1 {
+		t.Errorf("with a view taken before the link connected: %d of hall.light published, want %d", got, n+1)
+	}
 }

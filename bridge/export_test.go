@@ -136,3 +136,7 @@ func LinkRTT(b *Bridge) time.Duration {
 
 // OverflowRTT is the round trip from which submissions may overflow.
 const OverflowRTT = overflowRTT
+
+// LinkConnectedAt records that b's link connected at at, as the link
+// does after telling discovery (link.EventBinder.Connected).
+func LinkConnectedAt(b *Bridge, at time.Time) { b.link.EventBinding().Connected(at) }

@@ -119,7 +119,9 @@ func (b *Bridge) onSubmitEvent(msg *nats.Msg) {
 		b.replyError(msg.Reply, err)
 		return
 	}
-	b.accept(rec, msg.Reply)
+	if msg.Reply != "" || !b.link.EventBinding().KeepLocal(topic, b.Connected()) { // kept: no other node listens
+		b.accept(rec, msg.Reply)
+	}
 }
 
 // submission validates a local program's command or event.

@@ -88,6 +88,11 @@ type Config struct {
 	// may publish its events without a lane (the bridge then binds the
 	// shared event keys too). First after Start.
 	OnEventPeers func(peers []string, legacy bool)
+	// OnEventListeners, when set, is called on the effects goroutine with
+	// what the other nodes listen to (see Listeners) each time it changes,
+	// first after Start. The bridge sends an event to the broker only when
+	// some other node listens to its topic.
+	OnEventListeners func(*Listeners)
 
 	// DiscoveryInterval is how often the node probes its successors on
 	// the ring of peers, asking the broker whether they are still

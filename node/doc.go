@@ -184,14 +184,15 @@
 //	revision      int       bindings revision (hello, info, update, heartbeat)
 //	capabilities  []string  capabilities hosted (hello, info, update)
 //	stages        []string  command stages handled (hello, info, update)
-//	hash          string    HostHash of capabilities and stages
+//	events        []string  version 7: topic patterns listened to, AMQP syntax (hello, info, update)
+//	hash          string    HostHash of capabilities, stages and events
 //	heartbeat_ms  int       the sender's heartbeat interval, milliseconds
 //	proto         int       the highest protocol version the sender speaks (absent: 1)
 //	peer          string    the peer a gone message names
 //	sig           string    version 4: the sender's signature, always the last member
 //
 // The receiver judges the sender's silence by the sender's heartbeat_ms.
-// A node accepts v from MinProtocolVersion to ProtocolVersion (1 to 6).
+// A node accepts v from MinProtocolVersion to ProtocolVersion (1 to 7).
 // Version 3 adds no message: its nodes read command batches on the
 // broker (package bridge), and a node reports the lowest version of its
 // up peers (Config.OnPeerProtocols) so that its bridge sends batches only
@@ -203,8 +204,12 @@
 // lanes of other nodes (package wire); a node reports the peers it knows
 // of, and whether one of them was not heard speaking 6 yet
 // (Config.OnEventPeers), so that its bridge binds the shared event keys
-// too while an older publisher may be about. A probe carries nothing
-// and so is not signed; only the broker's answer to it counts.
+// too while an older publisher may be about. Version 7 adds a field, not
+// a message: a record's "events" are the topic patterns its programs
+// listen to (SetListening), in its hash, so that a publisher sends an
+// event only when another node listens (Listeners, listeners.go). A probe
+// carries nothing and so is not signed; only the broker's answer to it
+// counts.
 // A different started_at from the same node is a restart; an older one is
 // a late message and is dropped, as is a record-carrying message with a
 // lower seq than the record held, and anything from a run that said bye.

@@ -88,7 +88,7 @@ func (n *Node) handleLocked(m *Message, verified bool) {
 		return
 	case TypeHello, TypeInfo, TypeUpdate:
 		if !p.hasRecord || m.Seq >= p.recordSeq {
-			rec := hostRecord{caps: m.Capabilities, stages: m.Stages, hash: m.Hash}
+			rec := hostRecord{caps: m.Capabilities, stages: m.Stages, events: m.Events, hash: m.Hash}
 			if !p.hasRecord || !rec.equal(p.record) {
 				if p.hasRecord && p.state == StateUp {
 					n.logger.Debug("peer's capabilities changed", "peer", p.name, "capabilities", len(rec.caps), "stages", len(rec.stages))
@@ -96,6 +96,7 @@ func (n *Node) handleLocked(m *Message, verified bool) {
 				n.changedLocked()
 			}
 			p.record, p.hasRecord, p.recordSeq = rec, true, m.Seq
+			n.heardLocked(p)
 		}
 		if m.Type == TypeHello && p.proto >= 2 {
 			// A version 2 hello asks every node for its record: the
@@ -109,6 +110,9 @@ func (n *Node) handleLocked(m *Message, verified bool) {
 		if !p.hasRecord || m.Hash != p.record.hash ||
 			m.HealthHash != "" && (p.health == nil || p.health.hash() != m.HealthHash) {
 			n.enqueueLocked(intent{typ: TypeQuery, to: p.name})
+		}
+		if p.hasRecord && m.Hash == p.record.hash {
+			n.heardLocked(p) // the record held is the peer's now
 		}
 	case TypeQuery:
 		n.enqueueLocked(intent{typ: TypeInfo, to: p.name})
@@ -204,7 +208,7 @@ func (n *Node) setLocalLocked(subjects []string) bool {
 			n.logger.Warn("local subscription not advertised: not a valid capability or stage name (dot-separated letters, digits, '-', '_'; at most 128)", "subject", clip(s))
 		}
 	}
-	rec := hostRecord{caps: caps, stages: stages, hash: HostHash(caps, stages)}
+	rec := hostRecord{caps: caps, stages: stages, events: n.local.events, hash: HostHash(caps, stages, n.local.events...)}
 	if n.localKnown && rec.equal(n.local) {
 		return false
 	}
@@ -246,7 +250,7 @@ func (n *Node) buildLocked(it intent) []byte {
 	case TypeHello, TypeInfo, TypeUpdate:
 		m.Health = n.healthForLocked(it.typ)
 		m.Version, m.Revision = n.cfg.Version, n.revision
-		m.Capabilities, m.Stages, m.Hash = n.local.caps, n.local.stages, n.local.hash
+		m.Capabilities, m.Stages, m.Events, m.Hash = n.local.caps, n.local.stages, n.local.events, n.local.hash
 		m.HeartbeatMS = n.hbInterval.Milliseconds()
 	case TypeHeartbeat:
 		m.Health = n.healthForLocked(it.typ)

@@ -33,6 +33,7 @@ func (n *Node) LinkUp() {
 		return
 	}
 	n.linkUps++
+	n.changedLocked() // no peer's record is current on this connection yet (Listeners)
 	if n.waitLink {
 		n.waitLink = false
 		n.wakeLoopLocked() // the heartbeat and probe deadlines count again

@@ -280,6 +280,7 @@ func (n *Node) applyEffects() {
 	remote := len(n.capabilitiesLocked().Remote)
 	oldest, settled := n.oldestProtoLocked()
 	eventPeers, eventLegacy := n.eventPeersLocked()
+	listeners := n.listenersLocked(time.Now())
 	n.mu.Unlock()
 
 	a := &n.applied // touched only here, and by Close after the goroutine ended
@@ -305,6 +306,10 @@ func (n *Node) applyEffects() {
 	if n.cfg.OnEventPeers != nil && (!a.eventSet || eventLegacy != a.eventLegacy || !slices.Equal(eventPeers, a.eventPeers)) {
 		n.cfg.OnEventPeers(eventPeers, eventLegacy)
 		a.eventPeers, a.eventLegacy, a.eventSet = eventPeers, eventLegacy, true
+	}
+	if n.cfg.OnEventListeners != nil && !listeners.equal(a.listeners) {
+		n.cfg.OnEventListeners(listeners)
+		a.listeners = listeners
 	}
 	if n.cfg.OnPeerProtocols != nil {
 		switch {

@@ -84,19 +84,21 @@ type Node struct {
 		eventPeers  []string
 		eventLegacy bool
 		eventSet    bool
-		settle      bool // a wake-up after PeerProtocolSettle is set
+		listeners   *Listeners // handed to OnEventListeners (nil: not yet)
+		settle      bool       // a wake-up after PeerProtocolSettle is set
 	}
 }
 
-// hostRecord is what one node hosts.
+// hostRecord is what one node hosts, and the events it listens to.
 type hostRecord struct {
 	caps   []string
 	stages []string
+	events []string
 	hash   string
 }
 
 func (h hostRecord) equal(o hostRecord) bool {
-	return slices.Equal(h.caps, o.caps) && slices.Equal(h.stages, o.stages)
+	return slices.Equal(h.caps, o.caps) && slices.Equal(h.stages, o.stages) && slices.Equal(h.events, o.events)
 }
 
 // peer is the node's knowledge of one other node. Guarded by Node.mu.
@@ -117,7 +119,13 @@ type peer struct {
 	hasRecord bool
 	record    hostRecord
 	recordSeq uint64
-	health    *Health // the peer's last health summary (nil: it sent none)
+	// heardSince is the node's linkUps when the peer's record last came
+	// or was confirmed by a heartbeat's hash: the record is current only
+	// while it equals linkUps (a change sent while this node's link was
+	// down never reached it).
+	heardSince uint64
+	heard      bool
+	health     *Health // the peer's last health summary (nil: it sent none)
 
 	warnedAbsent bool
 }

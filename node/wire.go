@@ -22,7 +22,7 @@ import (
 // every version from MinProtocolVersion to ProtocolVersion and rejects
 // anything else clearly (ErrVersion).
 const (
-	ProtocolVersion    = 6 // the highest version this package speaks
+	ProtocolVersion    = 7 // the highest version this package speaks
 	MinProtocolVersion = 1 // the lowest version it still understands
 
 	// BatchProtocolVersion is the first version whose nodes read command
@@ -42,6 +42,12 @@ const (
 	// bind only the lanes of other nodes: version 6 adds no discovery
 	// message.
 	EventLaneProtocolVersion = 6
+	// ListenProtocolVersion is the first version whose host record says
+	// which events the node's programs listen to ("events"; absent: none),
+	// so that a publisher sends an event to the broker only when another
+	// node listens to its topic (Config.OnEventListeners). A peer of an
+	// older version may listen to anything.
+	ListenProtocolVersion = 7
 )
 
 // PeerProtocolSettle is how long after its first discovery message a node
@@ -53,6 +59,7 @@ const (
 	MaxMessageBytes   = 256 << 10       // body size
 	MaxCapabilities   = 1024            // entries in "capabilities"
 	MaxStages         = 1024            // entries in "stages"
+	MaxEvents         = 1024            // entries in "events"
 	MaxNodeNameLen    = names.MaxNode   // node names (see package names)
 	MaxCapNameLen     = names.MaxDotted // capability and stage names (see package names)
 	MaxVersionLen     = 64              // the "version" string
@@ -100,10 +107,14 @@ type Message struct {
 	Revision     int64     `json:"revision,omitempty"`
 	Capabilities []string  `json:"capabilities,omitempty"`
 	Stages       []string  `json:"stages,omitempty"`
-	Hash         string    `json:"hash,omitempty"`
-	HeartbeatMS  int64     `json:"heartbeat_ms,omitempty"`
-	Proto        int       `json:"proto,omitempty"`
-	Peer         string    `json:"peer,omitempty"`
+	// Events are the topic patterns (AMQP syntax, after evt.: "*" one
+	// token, "#" any) the sender's programs listen to (version 7; hello,
+	// info, update). Older nodes ignore it.
+	Events      []string `json:"events,omitempty"`
+	Hash        string   `json:"hash,omitempty"`
+	HeartbeatMS int64    `json:"heartbeat_ms,omitempty"`
+	Proto       int      `json:"proto,omitempty"`
+	Peer        string   `json:"peer,omitempty"`
 	// Health is the sender's health summary (hello, info, update; a
 	// heartbeat when it changed). Older nodes ignore it.
 	Health *Health `json:"health,omitempty"`
@@ -119,7 +130,7 @@ type Message struct {
 }
 
 // carriesRecord reports whether messages of type t carry a full host
-// record (capabilities and stages).
+// record (capabilities, stages and events).
 func carriesRecord(t string) bool {
 	return t == TypeHello || t == TypeInfo || t == TypeUpdate
 }
@@ -216,7 +227,7 @@ func DecodeMessage(key string, body []byte, origin string) (*Message, error) {
 	if err := checkHealth(m.Health); err != nil {
 		return nil, err
 	}
-	if !carriesRecord(m.Type) && (len(m.Capabilities) > 0 || len(m.Stages) > 0) {
+	if !carriesRecord(m.Type) && (len(m.Capabilities) > 0 || len(m.Stages) > 0 || len(m.Events) > 0) {
 		return nil, wireErr(ErrBadField, "capabilities", "a %s message carries no lists", m.Type)
 	}
 	var err *WireError
@@ -226,11 +237,14 @@ func DecodeMessage(key string, body []byte, origin string) (*Message, error) {
 	if m.Stages, err = checkList("stages", names.Stage, m.Stages, MaxStages); err != nil {
 		return nil, err
 	}
+	if m.Events, err = checkList("events", wire.ValidEventPattern, m.Events, MaxEvents); err != nil {
+		return nil, err
+	}
 	if len(m.Sig) > maxSigLen {
 		return nil, wireErr(ErrBadField, "sig", "longer than %d", maxSigLen)
 	}
 	if carriesRecord(m.Type) && m.Hash == "" {
-		m.Hash = HostHash(m.Capabilities, m.Stages)
+		m.Hash = HostHash(m.Capabilities, m.Stages, m.Events...)
 	}
 	return &m, nil
 }
@@ -287,8 +301,10 @@ func isHex(s string) bool {
 
 // HostHash is the hash of a host record that heartbeats carry: the first
 // 16 bytes, in lower-case hex, of the SHA-256 of "c:<capability>\n" for
-// each capability then "s:<stage>\n" for each stage, both sorted.
-func HostHash(capabilities, stages []string) string {
+// each capability, "s:<stage>\n" for each stage, then "e:<pattern>\n"
+// for each event pattern listened to, each sorted (a record without
+// events hashes as a version 6 node's did).
+func HostHash(capabilities, stages []string, events ...string) string {
 	h := sha256.New()
 	write := func(prefix string, names []string) {
 		s := slices.Clone(names)
@@ -301,6 +317,7 @@ func HostHash(capabilities, stages []string) string {
 	}
 	write("c:", capabilities)
 	write("s:", stages)
+	write("e:", events)
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 

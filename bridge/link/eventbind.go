@@ -70,6 +70,25 @@ type EventBindingStatus struct {
 	Legacy bool `json:"legacy,omitempty"`
 	// Warning says why the bindings are not what interest asks for.
 	Warning string `json:"warning,omitempty"`
+	// Listeners is what the other nodes listen to, as far as this node
+	// knows (nil: not known yet; see EventBinder.KeepLocal).
+	Listeners *ListenersStatus `json:"listeners,omitempty"`
+}
+
+// ListenersStatus is what the other nodes of the mesh listen to, as far
+// as this node knows, and the events it kept for that.
+type ListenersStatus struct {
+	// All: some node may listen to anything (Why says which and why), so
+	// every event goes to the broker.
+	All bool   `json:"all,omitempty"`
+	Why string `json:"why,omitempty"`
+	// Topics are the topic patterns the other nodes listen to (AMQP
+	// syntax; the first maxStatusListeners), Count how many there are.
+	Topics []string `json:"topics,omitempty"`
+	Count  int      `json:"count"`
+	// KeptLocal counts the events of local programs no other node
+	// listened to: not sent to the broker.
+	KeptLocal uint64 `json:"kept_local"`
 }
 
 // EventBinder keeps the node's event queue bound to the events local
@@ -96,6 +115,8 @@ type EventBinder struct {
 	warning   string
 	logged    map[string]bool // causes of failures logged
 	changed   chan struct{}   // cap 1: wanted keys changed
+
+	listen listening // what the other nodes listen to (eventlisteners.go)
 }
 
 // Open readies b for node: its record of keys bound is path ("": none),
@@ -195,7 +216,7 @@ func (b *EventBinder) Status() *EventBindingStatus {
 		return nil
 	}
 	return &EventBindingStatus{Topics: slices.Clone(b.patterns), Bound: len(b.bound), Legacy: b.legacy && !b.refused, Warning: b.warning,
-		Pending: b.pendingLocked()}
+		Pending: b.pendingLocked(), Listeners: b.listenersStatus()}
 }
 
 // pendingLocked reports whether the keys bound are not yet the ones

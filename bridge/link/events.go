@@ -2,6 +2,7 @@ package link
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/meshbox/meshbox/internal/wire"
 )
@@ -39,8 +40,11 @@ func (l *Link) SetState(state, reason string) {
 	default:
 		l.ev.Log.Warn("broker link "+state, "url", url, "reason", reason)
 	}
-	if state == wire.StateConnected && l.ev.Connected != nil {
-		l.ev.Connected()
+	if state == wire.StateConnected {
+		if l.ev.Connected != nil {
+			l.ev.Connected()
+		}
+		l.events.Connected(time.Now()) // discovery knows: views taken from now on are this connection's
 	}
 	if state != wire.StateConnected && l.ev.NotConnected != nil {
 		l.ev.NotConnected()

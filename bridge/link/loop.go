@@ -212,6 +212,7 @@ func (lp *Loop[S]) Run(first S) {
 		lp.CredentialInUse(sess.User())
 		if handed && lp.HandedOver != nil {
 			lp.HandedOver() // the new session's system queue is new
+			l.EventBinding().Connected(time.Now())
 		}
 		handed, switchFailures = false, 0
 		var reason string

@@ -23,6 +23,9 @@ type Metrics struct {
 	// (EventBindRefused, EventBindBroker, EventBindRecord).
 	eventBindings     prometheus.Gauge
 	eventBindFailures *prometheus.CounterVec
+	// eventsKept counts the events of local programs no other node
+	// listens to, not sent to the broker (EventBinder.KeepLocal).
+	eventsKept prometheus.Counter
 }
 
 // Results in meshbox_broker_dials_total{result}.
@@ -62,6 +65,10 @@ func NewMetrics() *Metrics {
 			Name: "meshbox_broker_event_bind_failures_total",
 			Help: "Failures to bind the node's event queue to the events local programs listen to, by cause (refused: the node's broker permissions are an older mesh's and it binds every event; broker: the broker or the connection failed; record: the record of the keys bound could not be written).",
 		}, []string{"cause"}),
+		eventsKept: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshbox_broker_events_kept_local_total",
+			Help: "Events of local programs that no other node of the mesh listens to: their local subscribers have them, and they are not sent to the broker.",
+		}),
 	}
 	for _, c := range []string{EventBindRefused, EventBindBroker, EventBindRecord} {
 		m.eventBindFailures.WithLabelValues(c)
@@ -77,7 +84,7 @@ func NewMetrics() *Metrics {
 
 // Collectors returns the link's collectors, to register.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.state, m.reconnects, m.dials, m.blocks, m.revoked, m.eventBindings, m.eventBindFailures}
+	return []prometheus.Collector{m.state, m.reconnects, m.dials, m.blocks, m.revoked, m.eventBindings, m.eventBindFailures, m.eventsKept}
 }
 
 // SetState sets meshbox_broker_state: 1 for state, 0 for the others.

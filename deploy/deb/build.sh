@@ -21,6 +21,9 @@
 #   /usr/share/man/man1/meshbox.1.gz                  OUTDIR/meshbox.1.gz (meshbox man)
 #   /usr/share/bash-completion/completions/meshbox    OUTDIR/meshbox.bash (meshbox completion bash)
 # and the maintainer scripts postinst, prerm and postrm of this directory.
+# DEB_COMPRESS picks the compression of its data: xz (the default, the
+# smallest download), gzip (about 40 times less CPU to build; the package
+# test's rebuilds use it) or none.
 set -eu
 
 if [ $# -ne 5 ]; then
@@ -32,6 +35,14 @@ goarch=$2
 version=$3
 epoch=$4
 out=$5
+compress=${DEB_COMPRESS:-xz}
+case $compress in
+xz | gzip | none) ;;
+*)
+	echo "build.sh: DEB_COMPRESS=$compress: want xz, gzip or none" >&2
+	exit 2
+	;;
+esac
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 
@@ -128,5 +139,5 @@ CONTROL
 find "$root" -exec touch -h -d "@$epoch" {} +
 mkdir -p "$out"
 deb="$out/meshbox_${debversion}_${arch}.deb"
-SOURCE_DATE_EPOCH=$epoch dpkg-deb --root-owner-group -Zxz --build "$root" "$deb" >/dev/null
+SOURCE_DATE_EPOCH=$epoch dpkg-deb --root-owner-group "-Z$compress" --build "$root" "$deb" >/dev/null
 echo "$deb: $(($(wc -c <"$deb") / 1024)) KiB"

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
@@ -136,4 +137,61 @@ func EventBindingKeys(patterns, peers []string, node string, legacy bool) []stri
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// ValidEventPattern reports, as an error saying why not, whether p is a
+// topic pattern a node may announce it listens to: what EventPattern
+// returns, dot-separated tokens of a topic ([A-Za-z0-9_-]), "*" for one
+// token, and "#" for any number as the last token (or alone), at most
+// names.MaxDotted bytes.
+func ValidEventPattern(p string) error {
+	if p == "" || len(p) > names.MaxDotted {
+		return fmt.Errorf("event pattern %.80q: empty or longer than %d bytes", p, names.MaxDotted)
+	}
+	toks := strings.Split(p, ".")
+	for i, t := range toks {
+		switch {
+		case t == "#":
+			if i != len(toks)-1 {
+				return fmt.Errorf("event pattern %.80q: # only as the last token", p)
+			}
+		case t == "*":
+		case !validTopicToken(t):
+			return fmt.Errorf("event pattern %.80q: token %.40q is not a topic's (letters, digits, '-', '_'), * or #", p, t)
+		}
+	}
+	return nil
+}
+
+// EventMatches reports whether the events of topic match AMQP topic
+// pattern p (as the broker routes evt.<topic> to a binding evt.<p>);
+// topic may be a pattern itself: then whether p matches every topic it
+// matches.
+func EventMatches(p, topic string) bool { return covers(p, topic) }
+
+// EventMatcher reports whether events of a topic match any of a set of
+// topic patterns, split once.
+type EventMatcher struct{ pats [][]string }
+
+// NewEventMatcher returns the matcher of patterns (AMQP syntax).
+func NewEventMatcher(patterns []string) *EventMatcher {
+	m := &EventMatcher{pats: make([][]string, len(patterns))}
+	for i, p := range patterns {
+		m.pats[i] = strings.Split(p, ".")
+	}
+	return m
+}
+
+// Matches reports whether some pattern matches topic.
+func (m *EventMatcher) Matches(topic string) bool {
+	if len(m.pats) == 0 {
+		return false
+	}
+	t := strings.Split(topic, ".")
+	for _, p := range m.pats {
+		if coversTokens(p, t) {
+			return true
+		}
+	}
+	return false
 }

@@ -104,7 +104,7 @@ func TestAdversaryReplaysThroughDeadLettering(t *testing.T) {
 		t.Fatal(err)
 	}
 	flush(t, listener)
-	waitListening(t, beta, "evt.order")
+	waitListening(t, beta, "evt.order", alpha)
 	calls := stageCalls(t, listener, "resize", func(m *nats.Msg) *nats.Msg {
 		r := nats.NewMsg("")
 		if string(m.Data) == "retry-me" && m.Header.Get(hdrAttempt) == "1" {
@@ -251,7 +251,7 @@ func TestAdversaryOperatorReplaysAnEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	flush(t, listener)
-	waitListening(t, beta, "evt.order")
+	waitListening(t, beta, "evt.order", alpha)
 	count := func(id string) int { mu.Lock(); defer mu.Unlock(); return events[id] }
 
 	och := meshtest.Channel(t, vhost)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -473,7 +474,7 @@ func testMesh(t *testing.T, names []string) {
 			flush(t, ncs[n])
 		}
 		for _, n := range names {
-			waitListening(t, procs[n], "evt.e2e.>")
+			waitListening(t, procs[n], "evt.e2e.>", slices.Collect(maps.Values(procs))...)
 		}
 		for i := range k {
 			for _, n := range names {

@@ -48,9 +48,10 @@ func eventsBound(t *testing.T, p *meshtest.Process, pattern string, since time.T
 }
 
 // waitListening waits until p's event queue is bound for the events a
-// subscription to subject receives: the mesh's events published after
-// that reach it (the interest window, docs/messages.md).
-func waitListening(t *testing.T, p *meshtest.Process, subject string) {
+// subscription to subject receives, and each node of from (those that
+// publish them) knows that some node listens to them: the mesh's events
+// published after that reach p (the interest window, docs/messages.md).
+func waitListening(t *testing.T, p *meshtest.Process, subject string, from ...*meshtest.Process) {
 	t.Helper()
 	pattern, ok := wire.EventPattern(subject)
 	if !ok {
@@ -60,6 +61,30 @@ func waitListening(t *testing.T, p *meshtest.Process, subject string) {
 		eb := s.Broker.EventBindings
 		return eb != nil && !eb.Pending && (slices.Contains(eb.Topics, pattern) || slices.Contains(eb.Topics, wire.AllEvents))
 	})
+	for _, f := range from {
+		if f != p {
+			meshtest.WaitStatus(t, f.HTTPURL(), 20*time.Second, f.Node()+" knows that a node listens to "+subject, func(s appliance.Status) bool {
+				return sendsEvents(s, pattern)
+			})
+		}
+	}
+}
+
+// sendsEvents reports whether a node with status s sends the events of
+// topic pattern to the broker: it has no view of the other nodes'
+// interest (none yet, or an older meshbox), its view says any node may
+// listen to anything, or a pattern of its view covers pattern.
+func sendsEvents(s appliance.Status, pattern string) bool {
+	eb := s.Broker.EventBindings
+	if eb == nil || eb.Listeners == nil || eb.Listeners.All {
+		return true
+	}
+	for _, q := range eb.Listeners.Topics {
+		if wire.EventMatches(q, pattern) {
+			return true
+		}
+	}
+	return false
 }
 
 // TestEventsByInterest runs the node's real watcher of local interest: an
@@ -70,6 +95,10 @@ func waitListening(t *testing.T, p *meshtest.Process, subject string) {
 // with the other node's lanes. Attack: a program whose credential permits
 // garden.> alone subscribes to every event; the server refuses it and
 // alpha binds nothing for it. Control: its own topics are bound.
+// The publisher's side, through real discovery: alpha learns that beta
+// listens to room.# alone and keeps 50 events of hall.light on the node
+// (an event with a reply is still confirmed), and a subscriber added on
+// beta has alpha's stream of hall.light within the interest window.
 func TestEventsByInterest(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a broker, a database and two nodes")
@@ -116,7 +145,7 @@ func TestEventsByInterest(t *testing.T) {
 	}
 
 	// A program on alpha publishes room.temp and listens to room.>.
-	sensor := programs.Program{Name: "sensor", Publish: []string{"room.>"}, Subscribe: []string{"room.>"}}
+	sensor := programs.Program{Name: "sensor", Publish: []string{"room.>", "hall.>"}, Subscribe: []string{"room.>"}}
 	prog := meshtest.ProgramConn(t, alpha.NATSURL(), meshtest.AddProgram(t, alpha.NATSURL(), alpha.DataDir(), sensor), sensor)
 	local := make(chan *nats.Msg, 256)
 	if _, err := prog.ChanSubscribe("evt.room.>", local); err != nil {
@@ -184,5 +213,60 @@ func TestEventsByInterest(t *testing.T) {
 	}
 	if got, want := eventBindingsOf(t, rh, vhost, "alpha"), []string{"evo.beta.garden.#", "evo.beta.room.#"}; !slices.Equal(got, want) {
 		t.Errorf("alpha's event queue bindings: %q, want %q", got, want)
+	}
+
+	// The publisher's side: alpha knows, from discovery, that beta
+	// listens to room.# alone, and keeps the events of hall.light, which
+	// nobody else listens to, on the node.
+	meshtest.WaitStatus(t, alpha.HTTPURL(), 20*time.Second, "alpha knows what beta listens to", func(s appliance.Status) bool {
+		l := s.Broker.EventBindings.Listeners
+		return l != nil && !l.All && slices.Equal(l.Topics, []string{"room.#"})
+	})
+	kept := func() uint64 { return meshtest.Status(t, alpha.HTTPURL()).Broker.EventBindings.Listeners.KeptLocal }
+	keptBefore := kept()
+	for range n {
+		if err := prog.Publish("evt.hall.light", []byte("on")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Control: a program asking for a confirmation has it, nobody
+	// listening or not.
+	if _, err := prog.Request("evt.hall.light", []byte("on"), 10*time.Second); err != nil {
+		t.Fatalf("an event of hall.light with a reply: %v, want it confirmed", err)
+	}
+	if got := kept() - keptBefore; got != n {
+		t.Errorf("alpha kept %d events of hall.light on the node, want %d (nobody else listens)", got, n)
+	}
+
+	// A subscriber added on beta has the topic's events within the
+	// window: beta's watcher sees it, binds, and says so to alpha.
+	hall := programs.Program{Name: "hall", Subscribe: []string{"hall.>"}}
+	hallConn := meshtest.ProgramConn(t, beta.NATSURL(), meshtest.AddProgram(t, beta.NATSURL(), beta.DataDir(), hall), hall)
+	stop, streamDone := make(chan struct{}), make(chan struct{})
+	go func() { // alpha's stream; exits when stop is closed
+		defer close(streamDone)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			_ = prog.Publish("evt.hall.light", fmt.Appendf(nil, "%d", i))
+		}
+	}()
+	defer func() { close(stop); <-streamDone }()
+	time.Sleep(100 * time.Millisecond) // the stream flows, kept on alpha
+	start = time.Now()
+	got, err := hallConn.SubscribeSync("evt.hall.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := got.NextMsg(10 * time.Second); err != nil {
+		t.Fatalf("beta's new subscriber had no event of hall.light: %v", err)
+	}
+	took = time.Since(start)
+	t.Logf("a subscriber added on beta had alpha's events after %v", took)
+	if window := time.Second + 500*time.Millisecond; took > window {
+		t.Errorf("beta's new subscriber had alpha's events %v after it subscribed, want within %v", took, window)
 	}
 }

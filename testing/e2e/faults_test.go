@@ -56,7 +56,7 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	flush(t, hnc)
-	waitListening(t, beta, "evt.load")
+	waitListening(t, beta, "evt.load", alpha)
 	for _, s := range []*nats.Subscription{csub, esub} {
 		if err := s.SetPendingLimits(-1, -1); err != nil {
 			t.Fatal(err)

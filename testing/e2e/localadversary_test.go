@@ -124,7 +124,7 @@ func TestLocalAdversary(t *testing.T) {
 	if err := onBeta.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	waitListening(t, beta, "evt.door.>")
+	waitListening(t, beta, "evt.door.>", alpha)
 	forged := &nats.Msg{Subject: "evt.door.opened", Data: []byte("front"),
 		Header: nats.Header{codec.HeaderOrigin: {"beta"}, codec.HeaderRedelivered: {"true"}}}
 	if err := prog.PublishMsg(forged); err != nil {
@@ -228,7 +228,7 @@ func TestLocalConfusedDeputy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitListening(t, beta, "evt.alarm.off")
+	waitListening(t, beta, "evt.alarm.off", alpha)
 	// JetStream runs on alpha (its blob store), so a stream made through
 	// the API would exist.
 	if _, err := onAlpha.Request("$JS.API.INFO", nil, 5*time.Second); err != nil {

@@ -130,6 +130,7 @@ var expectedMetrics = map[string]dto.MetricType{
 	"meshbox_broker_credential_revoked":        dto.MetricType_GAUGE,
 	"meshbox_broker_event_bindings":            dto.MetricType_GAUGE,
 	"meshbox_broker_event_bind_failures_total": dto.MetricType_COUNTER,
+	"meshbox_broker_events_kept_local_total":   dto.MetricType_COUNTER,
 	"meshbox_messages_total":                   dto.MetricType_COUNTER,
 	"meshbox_errors_total":                     dto.MetricType_COUNTER,
 	"meshbox_request_duration_seconds":         dto.MetricType_HISTOGRAM,
@@ -334,7 +335,7 @@ func TestMetricsScrape(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitListening(t, beta, "evt.door.>")
+	waitListening(t, beta, "evt.door.>", alpha)
 	before = map[string]metricSet{"alpha": scrape(t, alpha.HTTPURL()), "beta": scrape(t, beta.HTTPURL())}
 
 	const n = 3

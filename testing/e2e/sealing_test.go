@@ -168,7 +168,7 @@ func TestBrokerOperatorReadsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	flush(t, prog)
-	waitListening(t, beta, "evt.door")
+	waitListening(t, beta, "evt.door", alpha)
 	waitRoute(t, alpha.HTTPURL(), "vault-open", "beta")
 	caller := natsConn(t, alpha)
 	secret := nats.Header{"X-Secret": {operatorMarker}, "Content-Type": {"text/" + operatorMarker}}

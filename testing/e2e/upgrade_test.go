@@ -71,7 +71,7 @@ func TestUpgradeWithFullOutbox(t *testing.T) {
 		_ = s.SetPendingLimits(-1, -1)
 	}
 	flush(t, hnc)
-	waitListening(t, beta, "evt.upgrade")
+	waitListening(t, beta, "evt.upgrade", alpha)
 	waitConsumers(t, rmq, amqpURL, "cmd.upgrade", 1)
 	meshtest.WaitStatus(t, beta.HTTPURL(), 30*time.Second, "beta sees alpha at the old version", func(s appliance.Status) bool {
 		return upVersion(s, "alpha") == oldVersion
