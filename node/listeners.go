@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"time"
@@ -25,6 +26,15 @@ import (
 // view is All, and every event goes to the broker as before. A peer that
 // is gone keeps its last record: its queue stays bound while it is away,
 // and it says what it listens to when it comes back.
+
+// MaxListeners bounds the distinct topic patterns of the other nodes a
+// node matches its events against; beyond it, every event goes to the
+// broker.
+const MaxListeners = 1024
+
+// coverAtMost bounds the patterns the view drops covered ones from
+// (each pair compared).
+const coverAtMost = 128
 
 // Listeners is the events the other nodes listen to, as far as this node
 // knows (Config.OnEventListeners).
@@ -117,6 +127,15 @@ func (n *Node) listenersLocked(now time.Time) *Listeners {
 		}
 		pats = append(pats, p.record.events...)
 	}
-	pats = wire.CoverPatterns(pats)
+	slices.Sort(pats)
+	if pats = slices.Compact(pats); len(pats) > MaxListeners {
+		// Matched against every event: a peer that says it listens to
+		// a great many patterns costs the publishers what sending it
+		// all costs, no more.
+		return all(fmt.Sprintf("the other nodes listen to %d topic patterns, more than the %d a node matches its events against", len(pats), MaxListeners))
+	}
+	if len(pats) <= coverAtMost {
+		pats = wire.CoverPatterns(pats)
+	}
 	return &Listeners{Patterns: pats, At: now, linkUps: n.linkUps, match: wire.NewEventMatcher(pats)}
 }

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -183,6 +184,44 @@ func TestListeningClaimedForAnotherNode(t *testing.T) {
 		h.settle()
 		if l := view(); l == nil || l.All || l.Wants("door.front") {
 			t.Fatalf("after B's own update: %+v, want nobody on door.front", l)
+		}
+	})
+}
+
+// Attack: a peer says it listens to more topic patterns than a node
+// matches its events against (MaxListeners, across all peers); the view
+// is then "all", as sending every event costs no more than before,
+// instead of a match against each of them for every event. Control: with
+// that peer saying what a node says, the view lists the patterns.
+func TestListeningFlood(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		var mu sync.Mutex
+		var last *Listeners
+		a := h.node("A", func(c *Config) {
+			c.OnEventListeners = func(l *Listeners) { mu.Lock(); last = l; mu.Unlock() }
+		})
+		b := h.node("B", nil)
+		c := h.node("C", nil)
+		var flood []string
+		for i := range MaxEvents {
+			flood = append(flood, fmt.Sprintf("junk%d.*", i))
+		}
+		b.SetListening(flood)
+		c.SetListening([]string{"zz.#"}) // one more: past the bound across peers
+		h.start(a, b, c)
+		if err := a.SetExpected([]string{"A", "B", "C"}); err != nil {
+			t.Fatal(err)
+		}
+		h.settle()
+		view := func() *Listeners { mu.Lock(); defer mu.Unlock(); return last }
+		if l := view(); l == nil || !l.All || !strings.Contains(l.Why, "more than the 1024") {
+			t.Fatalf("B listens to %d patterns and C to one: %+v, want all, saying why", len(flood), l)
+		}
+		b.SetListening([]string{"door.*"})
+		h.settle()
+		if l := view(); l == nil || l.All || !slices.Equal(l.Patterns, []string{"door.*", "zz.#"}) {
+			t.Fatalf("control, B on door.*: %+v", l)
 		}
 	})
 }
