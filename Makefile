@@ -2,8 +2,9 @@
 #
 #   make run    a standalone node on embedded defaults
 #   make test   installs the services the tests need (RabbitMQ, PostgreSQL)
-#               when missing, then runs every test with the race detector;
-#               as root (apt-get, and the package test's dpkg)
+#               when missing, then runs every test, with the race detector
+#               wherever a test runs the node in its own process; as root
+#               (apt-get, and the package test's dpkg)
 #   make bench  the benchmarks, each against its raw baseline in the same run
 #   make bench-wan  only the WAN profile (25 ms each way between each node
 #               and the broker: commands, requests, events, an outbox
@@ -40,11 +41,11 @@ RUN_ARGS ?=
 RUN_DATA ?= .run
 # Go's default 10m per test binary is too short for the fault tests under -race.
 TEST_TIMEOUT ?= 30m
-# Test binaries run at once. The integration packages mostly wait on
-# brokers, databases and timers (about one core busy on a 2-core machine
-# at Go's default of one binary per core), so four at a time finish the
-# suite sooner without starving any of them.
-TEST_PARALLEL ?= 4
+# Test binaries of the race-detected run at once (the end-to-end and
+# package tests run beside them, two more). The integration packages
+# mostly wait on brokers, databases and timers, so three at a time finish
+# the suite sooner without starving any of them.
+TEST_PARALLEL ?= 3
 FUZZ_TIME ?= 10s
 # make test gives each fuzz target a short run (its seeds also run as plain
 # tests); make fuzz runs them for FUZZ_TIME. A count, not a duration: Go
@@ -73,22 +74,34 @@ services:
 # each test binary building its own. -trimpath keeps the build cache's
 # entries free of the checkout's path: a second clone, or a worktree,
 # compiles nothing the first one compiled.
+# Two runs of go test side by side. The packages whose tests run the
+# node in their own process run with the race detector. The end-to-end
+# and package tests (PROCESS_PKGS) run the node only as processes, the
+# meshbox of make build, which the detector does not instrument: in
+# their test binaries it would watch nothing but the harness, so they
+# run without it, and from the start: the end-to-end package is the
+# longest of all, and the others fill the cores beside it instead of
+# leaving it alone at the end.
 # The fuzz targets' short run goes beside the tests at the lowest CPU
 # priority, its output held until they end: the suite leaves a core idle
-# part of the time (the end-to-end package alone at its end, tests that
-# wait on timers), and the fuzz runs (100 s and 170 s of CPU on 2 cores)
-# take that time instead of running after the tests. The run fails when
-# either fails.
+# part of the time (tests that wait on brokers and timers), and the fuzz
+# runs (100 s and 170 s of CPU on 2 cores) take that time instead of
+# running after the tests. The run fails when any of the three fails.
+PROCESS_PKGS := ./testing/e2e ./testing/pkgtest
 test: services build
 	$(GO) vet -trimpath ./...
 	$(GO) vet -trimpath -tags hoptrace ./bridge ./testing/bench
 	@fuzzlog=$$(mktemp); \
 	( nice -n 19 $(MAKE) --no-print-directory fuzz FUZZ_TIME=$(TEST_FUZZ_TIME) >"$$fuzzlog" 2>&1; echo $$? >"$$fuzzlog.rc" ) & \
-	echo "MESHTEST_MESHBOX=$(abspath $(BIN)) $(GO) test -trimpath -race -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) ./... (fuzz targets beside it)"; \
-	MESHTEST_MESHBOX=$(abspath $(BIN)) $(GO) test -trimpath -race -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) ./...; rc=$$?; \
-	wait; cat "$$fuzzlog"; frc=$$(cat "$$fuzzlog.rc" 2>/dev/null || echo 1); rm -f "$$fuzzlog" "$$fuzzlog.rc"; \
+	( MESHTEST_MESHBOX=$(abspath $(BIN)) $(GO) test -trimpath -count=1 -p 2 -timeout $(TEST_TIMEOUT) $(PROCESS_PKGS); echo $$? >"$$fuzzlog.prc" ) & \
+	inproc=$$($(GO) list ./... | grep -v -x -e '.*/testing/e2e' -e '.*/testing/pkgtest'); \
+	echo "MESHTEST_MESHBOX=$(abspath $(BIN)) $(GO) test -trimpath -count=1 $(PROCESS_PKGS), and beside it -race -p $(TEST_PARALLEL) the other packages (fuzz targets beside them)"; \
+	MESHTEST_MESHBOX=$(abspath $(BIN)) $(GO) test -trimpath -race -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $$inproc; rc=$$?; \
+	wait; cat "$$fuzzlog"; frc=$$(cat "$$fuzzlog.rc" 2>/dev/null || echo 1); prc=$$(cat "$$fuzzlog.prc" 2>/dev/null || echo 1); \
+	rm -f "$$fuzzlog" "$$fuzzlog.rc" "$$fuzzlog.prc"; \
 	if [ $$frc -ne 0 ]; then echo "make test: the fuzz targets failed (above)"; fi; \
-	[ $$rc -eq 0 ] && [ $$frc -eq 0 ]
+	if [ $$prc -ne 0 ]; then echo "make test: the end-to-end or package tests failed (above)"; fi; \
+	[ $$rc -eq 0 ] && [ $$prc -eq 0 ] && [ $$frc -eq 0 ]
 
 # Unit tests only: integration tests skip under -short. Not what CI runs.
 test-short:

@@ -192,8 +192,8 @@ func (a *Appliance) stopRows() {
 	}
 }
 
-// rowsStatus is the tables' part of the status.
-func (a *Appliance) rowsStatus() []rows.TableStatus {
+// RowsStatus is the tables' part of the status (Status().Rows), read alone.
+func (a *Appliance) RowsStatus() []rows.TableStatus {
 	if eng := a.parts().rows; eng != nil {
 		return eng.Status()
 	}

@@ -161,7 +161,7 @@ func (a *Appliance) Status() Status {
 		st.Peers = []node.Peer{}
 	}
 	st.Blobs = a.blobsStatus()
-	st.Rows = a.rowsStatus()
+	st.Rows = a.RowsStatus()
 	st.Modules = []modules.Status{}
 	if sup := r.mods; sup != nil {
 		st.Modules = sup.Status()

@@ -94,3 +94,21 @@ func (c *Clock) Observe(s Stamp) error {
 	}
 	return nil
 }
+
+// bound returns the highest stamp Observe accepts now, and now: a run of
+// stamps is checked against one reading of the wall clock.
+func (c *Clock) bound() (Stamp, time.Time) {
+	now := c.now()
+	// Observe refuses s when s.Wall() is after now+maxDrift: s.Wall() has
+	// whole milliseconds, so every stamp of that millisecond passes.
+	return StampAt(now.Add(c.maxDrift)) | (1<<logicalBits - 1), now
+}
+
+// passed moves the clock past s, a stamp bound accepted.
+func (c *Clock) passed(s Stamp) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s > c.last {
+		c.last = s
+	}
+}
