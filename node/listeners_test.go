@@ -10,6 +10,17 @@ import (
 	"time"
 )
 
+// watchListeners builds node name on h (hosting subjects), keeping the
+// views it hands OnEventListeners; last returns the latest (nil: none).
+func watchListeners(h *harness, name string, subjects ...string) (n *testNode, last func() *Listeners) {
+	var mu sync.Mutex
+	var view *Listeners
+	n = h.node(name, func(c *Config) {
+		c.OnEventListeners = func(l *Listeners) { mu.Lock(); view = l; mu.Unlock() }
+	}, subjects...)
+	return n, func() *Listeners { mu.Lock(); defer mu.Unlock(); return view }
+}
+
 // A node tells its bridge what the other nodes listen to, and says "all"
 // whenever one of them may listen to something it cannot know: no node
 // records, an expected node not heard, an older node, a peer not heard
@@ -17,25 +28,9 @@ import (
 func TestEventListenersReported(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
-		var mu sync.Mutex
-		var views []*Listeners
-		a := h.node("A", func(c *Config) {
-			c.OnEventListeners = func(l *Listeners) {
-				mu.Lock()
-				views = append(views, l)
-				mu.Unlock()
-			}
-		}, "cap.a")
+		a, last := watchListeners(h, "A", "cap.a")
 		b := h.node("B", nil, "cap.b")
 		b.SetListening([]string{"door.*"})
-		last := func() *Listeners {
-			mu.Lock()
-			defer mu.Unlock()
-			if len(views) == 0 {
-				return nil
-			}
-			return views[len(views)-1]
-		}
 		wantAll := func(why, contains string) {
 			t.Helper()
 			l := last()
@@ -154,11 +149,7 @@ func TestListeningOnTheWire(t *testing.T) {
 func TestListeningClaimedForAnotherNode(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
-		var mu sync.Mutex
-		var last *Listeners
-		a := h.node("A", func(c *Config) {
-			c.OnEventListeners = func(l *Listeners) { mu.Lock(); last = l; mu.Unlock() }
-		})
+		a, view := watchListeners(h, "A")
 		b := h.node("B", nil)
 		b.SetListening([]string{"door.*"})
 		c := h.node("C", nil)
@@ -167,7 +158,6 @@ func TestListeningClaimedForAnotherNode(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.settle()
-		view := func() *Listeners { mu.Lock(); defer mu.Unlock(); return last }
 		if l := view(); l == nil || l.All || !l.Wants("door.front") {
 			t.Fatalf("before the claim: %+v, want B's door.*", l)
 		}
@@ -196,11 +186,7 @@ func TestListeningClaimedForAnotherNode(t *testing.T) {
 func TestListeningFlood(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
-		var mu sync.Mutex
-		var last *Listeners
-		a := h.node("A", func(c *Config) {
-			c.OnEventListeners = func(l *Listeners) { mu.Lock(); last = l; mu.Unlock() }
-		})
+		a, view := watchListeners(h, "A")
 		b := h.node("B", nil)
 		c := h.node("C", nil)
 		var flood []string
@@ -214,7 +200,6 @@ func TestListeningFlood(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.settle()
-		view := func() *Listeners { mu.Lock(); defer mu.Unlock(); return last }
 		if l := view(); l == nil || !l.All || !strings.Contains(l.Why, "more than the 1024") {
 			t.Fatalf("B listens to %d patterns and C to one: %+v, want all, saying why", len(flood), l)
 		}
