@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshbox/meshbox/bridge"
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/internal/brokerurl"
 	"github.com/meshbox/meshbox/internal/wire"
@@ -297,6 +298,9 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 		return fmt.Errorf("node: %w", err)
 	}
 	n.SetListening(r.interest.eventPatterns())
+	// The previous run's bindings stay a while: say so, so that their
+	// events keep coming while programs come back.
+	n.KeepListening(brokerlink.PriorEventPatterns(filepath.Join(a.cfg.DataDir, "event-bindings.json")), r.startedAt.Add(brokerlink.EventKeepAfterStart))
 	n.SetLocal(hosted)
 	if snap, ok := r.bindings.manager.Current(); ok {
 		a.applyToNode(n, snap)

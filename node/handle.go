@@ -111,8 +111,14 @@ func (n *Node) handleLocked(m *Message, verified bool) {
 			m.HealthHash != "" && (p.health == nil || p.health.hash() != m.HealthHash) {
 			n.enqueueLocked(intent{typ: TypeQuery, to: p.name})
 		}
-		if p.hasRecord && m.Hash == p.record.hash {
+		switch {
+		case p.hasRecord && m.Hash == p.record.hash:
 			n.heardLocked(p) // the record held is the peer's now
+		case p.heard:
+			// A change this node missed: what the peer listens to is
+			// not known until its answer.
+			p.heard = false
+			n.changedLocked()
 		}
 	case TypeQuery:
 		n.enqueueLocked(intent{typ: TypeInfo, to: p.name})

@@ -76,14 +76,59 @@ func (n *Node) SetListening(patterns []string) {
 	if n.closed {
 		return
 	}
-	var events []string
-	for _, p := range patterns {
-		if wire.ValidEventPattern(p) == nil && len(events) < MaxEvents {
-			events = append(events, p)
+	n.listening = slices.Clone(patterns)
+	n.announceListeningLocked()
+}
+
+// KeepListening adds patterns to what the node says its programs listen
+// to, until until: after a restart, its event queue keeps the bindings of
+// its previous run for a while (link.EventKeepAfterStart), and the events
+// of those topics should keep coming into it while its programs come
+// back. Call it before Start.
+func (n *Node) KeepListening(patterns []string, until time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(patterns) == 0 || !time.Now().Before(until) {
+		return
+	}
+	n.prior = slices.Clone(patterns)
+	n.announceListeningLocked()
+	time.AfterFunc(time.Until(until), func() {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if !n.closed {
+			n.prior = nil
+			n.announceListeningLocked()
+		}
+	})
+}
+
+// maxEventsBytes bounds the patterns a record carries, in bytes: beyond
+// it (or beyond MaxEvents) the node says it listens to everything ("#"),
+// which is true of what it may receive, and keeps its record within
+// MaxMessageBytes beside its capabilities and stages.
+const maxEventsBytes = 64 << 10
+
+// announceListeningLocked makes the record's events what the node's
+// programs listen to (and the previous run's, while kept), and sends an
+// update when they changed.
+func (n *Node) announceListeningLocked() {
+	events := append(slices.Clone(n.listening), n.prior...)
+	size := 0
+	for _, p := range events {
+		size += len(p) + 3
+		if wire.ValidEventPattern(p) != nil {
+			events = []string{wire.AllEvents} // cannot be said: say everything
+			break
 		}
 	}
 	slices.Sort(events)
-	events = slices.Compact(events)
+	if events = slices.Compact(events); len(events) > MaxEvents || size > maxEventsBytes {
+		events = []string{wire.AllEvents}
+	}
+	if len(events) == 0 {
+		events = nil
+	}
 	if slices.Equal(events, n.local.events) {
 		return
 	}
@@ -106,7 +151,7 @@ func (n *Node) heardLocked(p *peer) {
 // listenersLocked returns what the other nodes listen to.
 func (n *Node) listenersLocked(now time.Time) *Listeners {
 	all := func(why string) *Listeners { return &Listeners{All: true, Why: why, At: now, linkUps: n.linkUps} }
-	if n.expected == nil {
+	if len(n.expected) == 0 {
 		return all("the mesh has no node records: any node may listen")
 	}
 	for _, name := range slices.Sorted(maps.Keys(n.expected)) {
@@ -114,7 +159,7 @@ func (n *Node) listenersLocked(now time.Time) *Listeners {
 			return all("node " + name + " not heard yet")
 		}
 	}
-	var pats []string
+	set := map[string]bool{}
 	for _, name := range slices.Sorted(maps.Keys(n.peers)) {
 		p := n.peers[name]
 		switch {
@@ -125,15 +170,16 @@ func (n *Node) listenersLocked(now time.Time) *Listeners {
 		case !p.hasRecord || !p.heard || p.heardSince != n.linkUps:
 			return all("node " + p.name + " not heard since the link connected")
 		}
-		pats = append(pats, p.record.events...)
+		for _, e := range p.record.events {
+			if set[e] = true; len(set) > MaxListeners {
+				// Matched against every event: a peer that says it
+				// listens to a great many patterns costs the publishers
+				// what sending it all costs, no more.
+				return all(fmt.Sprintf("the other nodes listen to more than the %d topic patterns a node matches its events against", MaxListeners))
+			}
+		}
 	}
-	slices.Sort(pats)
-	if pats = slices.Compact(pats); len(pats) > MaxListeners {
-		// Matched against every event: a peer that says it listens to
-		// a great many patterns costs the publishers what sending it
-		// all costs, no more.
-		return all(fmt.Sprintf("the other nodes listen to %d topic patterns, more than the %d a node matches its events against", len(pats), MaxListeners))
-	}
+	pats := slices.Sorted(maps.Keys(set))
 	if len(pats) <= coverAtMost {
 		pats = wire.CoverPatterns(pats)
 	}

@@ -210,3 +210,78 @@ func TestListeningFlood(t *testing.T) {
 		}
 	})
 }
+
+// What a node says it listens to: a heartbeat whose hash differs from the
+// record held makes the peer's interest unknown until it answers (an
+// update was lost); more patterns than a record carries are said as "#";
+// the previous run's patterns are said too until they expire; and an
+// empty list of node records knows no node.
+func TestListeningEdges(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		a, view := watchListeners(h, "A")
+		b := h.node("B", nil)
+		b.SetListening([]string{"door.*"})
+		h.start(a, b)
+		if err := a.SetExpected([]string{}); err != nil {
+			t.Fatal(err)
+		}
+		h.settle()
+		if l := view(); l == nil || !l.All {
+			t.Fatalf("an empty list of node records: %+v, want all", l)
+		}
+		if err := a.SetExpected([]string{"A", "B"}); err != nil {
+			t.Fatal(err)
+		}
+		h.settle()
+		if l := view(); l == nil || l.All || !slices.Equal(l.Patterns, []string{"door.*"}) {
+			t.Fatalf("B heard: %+v", l)
+		}
+
+		// B's update is lost; its heartbeat's hash says so.
+		b.link.setDrop(TypeUpdate, true)
+		b.link.setDrop(TypeInfo, true)
+		b.SetListening([]string{"door.*", "garden.#"})
+		h.settle()
+		if l := view(); l == nil || l.All || l.Wants("garden.tap") {
+			t.Fatalf("before B's heartbeat: %+v (its update was dropped)", l)
+		}
+		h.advance(6 * time.Second) // B's heartbeat (every 5 s)
+		if l := view(); l == nil || !l.All {
+			t.Fatalf("after B's heartbeat with another hash: %+v, want all until B answers", l)
+		}
+		b.link.setDrop(TypeInfo, false)
+		h.advance(6 * time.Second) // the next heartbeat asks again, and B answers
+		if l := view(); l == nil || l.All || !l.Wants("garden.tap") {
+			t.Fatalf("after B answered: %+v, want garden.# too", l)
+		}
+		b.link.setDrop(TypeUpdate, false)
+
+		// More patterns than a record carries: "#".
+		var many []string
+		for i := range MaxEvents + 1 {
+			many = append(many, fmt.Sprintf("t%d", i))
+		}
+		b.SetListening(many)
+		h.settle()
+		if l := view(); l == nil || l.All || !slices.Equal(l.Patterns, []string{"#"}) || !l.Wants("anything") {
+			t.Fatalf("B listens to %d patterns: %+v, want it to say #", len(many), l)
+		}
+
+		// The previous run's patterns, said until they expire.
+		c := h.node("C", nil)
+		c.KeepListening([]string{"alarm.*"}, time.Now().Add(30*time.Second))
+		if err := a.SetExpected([]string{"A", "B", "C"}); err != nil {
+			t.Fatal(err)
+		}
+		b.SetListening(nil)
+		h.start(c)
+		if l := view(); l == nil || l.All || !l.Wants("alarm.kitchen") {
+			t.Fatalf("C keeps its previous run's alarm.*: %+v", l)
+		}
+		h.advance(31 * time.Second)
+		if l := view(); l == nil || l.All || l.Wants("alarm.kitchen") {
+			t.Fatalf("after C's previous run's bindings expired: %+v, want nobody on alarm.kitchen", l)
+		}
+	})
+}

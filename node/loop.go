@@ -280,7 +280,10 @@ func (n *Node) applyEffects() {
 	remote := len(n.capabilitiesLocked().Remote)
 	oldest, settled := n.oldestProtoLocked()
 	eventPeers, eventLegacy := n.eventPeersLocked()
-	listeners := n.listenersLocked(time.Now())
+	var listeners *Listeners
+	if n.cfg.OnEventListeners != nil {
+		listeners = n.listenersLocked(time.Now())
+	}
 	n.mu.Unlock()
 
 	a := &n.applied // touched only here, and by Close after the goroutine ended

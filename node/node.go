@@ -47,6 +47,8 @@ type Node struct {
 	subs           []*nats.Subscription
 
 	local      hostRecord // what local programs host (SetLocal)
+	listening  []string   // the topic patterns local programs listen to (SetListening)
+	prior      []string   // the previous run's, said too for a while (KeepListening)
 	localKnown bool       // SetLocal was called at least once
 	revision   int64
 	peers      map[string]*peer

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -472,4 +473,33 @@ func (b *EventBinder) Run(conn *amqp.Connection, done <-chan struct{}) {
 		case <-retry:
 		}
 	}
+}
+
+// PriorEventPatterns returns the topic patterns of the keys recorded at
+// path (the record of a node's event bindings, beside its outbox): what
+// its previous run listened to, which its queue keeps bound for
+// EventKeepAfterStart after a start. Nothing when there is no record or
+// it cannot be read.
+func PriorEventPatterns(path string) []string {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var rec struct{ Keys []string }
+	if json.Unmarshal(raw, &rec) != nil {
+		return nil
+	}
+	var out []string
+	for _, k := range rec.Keys {
+		switch {
+		case strings.HasPrefix(k, wire.EvoPrefix):
+			if _, p, ok := strings.Cut(k[len(wire.EvoPrefix):], "."); ok {
+				out = append(out, p)
+			}
+		case strings.HasPrefix(k, wire.EvtPrefix):
+			out = append(out, k[len(wire.EvtPrefix):])
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }

@@ -51,6 +51,10 @@ func (b *EventBinder) SetListeners(all bool, why string, patterns []string, want
 // the link was down.
 func (b *EventBinder) Connected(now time.Time) { b.listen.connected.Store(&now) }
 
+// Disconnected records that the link left its connection (or hands it
+// over): no view counts until Connected.
+func (b *EventBinder) Disconnected() { b.listen.connected.Store(nil) }
+
 // KeepLocal reports whether an event of topic is kept on this node, not
 // sent to the broker: the link is connected, the view of what the other
 // nodes listen to is current, and none of them listens to topic. It

@@ -46,6 +46,9 @@ func (l *Link) SetState(state, reason string) {
 		}
 		l.events.Connected(time.Now()) // discovery knows: views taken from now on are this connection's
 	}
+	if state != wire.StateConnected {
+		l.events.Disconnected() // no view of the other nodes' interest counts until discovery hears of the next connection
+	}
 	if state != wire.StateConnected && l.ev.NotConnected != nil {
 		l.ev.NotConnected()
 	}

@@ -339,6 +339,7 @@ func (lp *Loop[S]) handover(old S) (S, Handover) {
 		return none, HandoverKept
 	}
 	l.BeginHandover()
+	l.EventBinding().Disconnected() // the old session's system queue goes: until the new one's is heard of
 	lp.Retire(ctx, old, next)
 	if err := lp.Prepare(ctx, next, abort); err != nil {
 		l.EndHandover()
