@@ -289,7 +289,7 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 		OnEventPeers: b.SetEventPeers,
 		// What they listen to: no event goes to the broker for nobody.
 		OnEventListeners: func(l *node.Listeners) {
-			b.SetEventListeners(l.All, l.Why, l.Patterns, l.Wants, l.At)
+			b.SetEventListeners(l.All, l.Why, l.Patterns, l.Wants, l.Since)
 		},
 		Logger:     a.logger,
 		Registerer: a.tel.registry,

@@ -20,9 +20,9 @@ func (b *Bridge) SetEventPeers(peers []string, legacy bool) {
 }
 
 // SetEventListeners replaces what the other nodes listen to (discovery's
-// view, taken at at): the bridge sends no event none of them listens to.
-func (b *Bridge) SetEventListeners(all bool, why string, patterns []string, wants func(string) bool, at time.Time) {
-	b.link.EventBinding().SetListeners(all, why, patterns, wants, at)
+// view, from what it heard since since): no event goes that none wants.
+func (b *Bridge) SetEventListeners(all bool, why string, patterns []string, wants func(string) bool, since time.Time) {
+	b.link.EventBinding().SetListeners(all, why, patterns, wants, since)
 }
 
 // openEventBindings readies the event queue's bindings and their record

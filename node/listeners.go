@@ -46,9 +46,11 @@ type Listeners struct {
 	// Patterns are the topic patterns (AMQP syntax) the other nodes
 	// listen to, without those another covers. Meaningful when !All.
 	Patterns []string
-	// At is when the view was taken: a view taken before the link's
-	// current connection may miss a peer's change (see the bridge).
-	At time.Time
+	// Since is when the node last heard that its link connected (LinkUp,
+	// or its Start): the view holds only records heard since, so it is
+	// current on every connection the link made before that moment, and
+	// on none made after it (see the bridge's link.EventBinder).
+	Since time.Time
 
 	linkUps uint64 // the node's connection it was taken on: a new one hands the view again
 	match   *wire.EventMatcher
@@ -149,8 +151,10 @@ func (n *Node) heardLocked(p *peer) {
 }
 
 // listenersLocked returns what the other nodes listen to.
-func (n *Node) listenersLocked(now time.Time) *Listeners {
-	all := func(why string) *Listeners { return &Listeners{All: true, Why: why, At: now, linkUps: n.linkUps} }
+func (n *Node) listenersLocked() *Listeners {
+	all := func(why string) *Listeners {
+		return &Listeners{All: true, Why: why, Since: n.linkUpAt, linkUps: n.linkUps}
+	}
 	if len(n.expected) == 0 {
 		return all("the mesh has no node records: any node may listen")
 	}
@@ -183,5 +187,5 @@ func (n *Node) listenersLocked(now time.Time) *Listeners {
 	if len(pats) <= coverAtMost {
 		pats = wire.CoverPatterns(pats)
 	}
-	return &Listeners{Patterns: pats, At: now, linkUps: n.linkUps, match: wire.NewEventMatcher(pats)}
+	return &Listeners{Patterns: pats, Since: n.linkUpAt, linkUps: n.linkUps, match: wire.NewEventMatcher(pats)}
 }

@@ -79,7 +79,7 @@ func TestEventListenersReported(t *testing.T) {
 
 		// A's link reconnects while B's answers are lost: B may have
 		// changed meanwhile, so A knows nothing of it until B answers.
-		before := l.At
+		before := l.Since
 		h.advance(time.Millisecond) // the bubble's clock moves only when told
 		b.link.setDrop(TypeInfo, true)
 		a.LinkUp()
@@ -88,8 +88,8 @@ func TestEventListenersReported(t *testing.T) {
 		b.link.setDrop(TypeInfo, false)
 		a.LinkUp()
 		h.settle()
-		if l = wantKnown("B answered the hello", "door.*", "garden.#"); !l.At.After(before) {
-			t.Fatalf("the view after the reconnect was taken at %v, not after the one before it (%v)", l.At, before)
+		if l = wantKnown("B answered the hello", "door.*", "garden.#"); !l.Since.After(before) {
+			t.Fatalf("the view after the reconnect holds records since %v, not since after the one before it (%v)", l.Since, before)
 		}
 
 		// A peer that left keeps its record: its queue stays bound.

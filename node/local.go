@@ -1,5 +1,7 @@
 package node
 
+import "time"
+
 // SetLocal tells the node what local programs subscribe to on its NATS
 // server: the cap.* and work.* subjects of every connection but the
 // node's own (the appliance's watcher of local interest computes them, for
@@ -33,6 +35,7 @@ func (n *Node) LinkUp() {
 		return
 	}
 	n.linkUps++
+	n.linkUpAt = time.Now()
 	n.changedLocked() // no peer's record is current on this connection yet (Listeners)
 	if n.waitLink {
 		n.waitLink = false

@@ -282,7 +282,7 @@ func (n *Node) applyEffects() {
 	eventPeers, eventLegacy := n.eventPeersLocked()
 	var listeners *Listeners
 	if n.cfg.OnEventListeners != nil {
-		listeners = n.listenersLocked(time.Now())
+		listeners = n.listenersLocked()
 	}
 	n.mu.Unlock()
 

@@ -65,6 +65,7 @@ type Node struct {
 	linkDown        bool      // the last broadcast publish failed
 	waitLink        bool      // linkDown, and the link was not connected: nothing is sent until LinkUp
 	linkUps         uint64    // LinkUp calls so far
+	linkUpAt        time.Time // the last LinkUp (or Start): Listeners.Since
 	linkRecoveredAt time.Time // when publishing worked again
 	everSent        bool      // a publish succeeded once
 	firstSent       time.Time // when a publish first succeeded
@@ -186,6 +187,7 @@ func (n *Node) Start(ctx context.Context) error {
 	if n.started {
 		return ErrStarted
 	}
+	n.linkUpAt = time.Now() // records are heard from now on
 	if !n.localKnown {
 		n.setLocalLocked(nil)
 	}

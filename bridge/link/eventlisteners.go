@@ -11,10 +11,13 @@ import (
 // (package node, Listeners) and hands it over with SetListeners; the
 // bridge asks KeepLocal before it sends a program's event. The answer is
 // "send" unless the link is connected and the view is current on this
-// connection: taken after the link last connected (Connected), and
-// saying for every node what it listens to. An event kept local has
-// reached the node's own subscribers through the NATS server, which is
-// all that a subscriber on no other node could have had.
+// connection: it says for every node what it listens to, and it holds only
+// records discovery heard after it was told of this connection (the view's
+// since is not before the connection's start, taken before discovery is
+// told). While the link is between connections, or hands one over, no
+// view counts. An event kept local has reached the node's own subscribers
+// through the NATS server, which is all that a subscriber on no other
+// node could have had.
 
 // listening is an EventBinder's view of the other nodes' interest.
 type listening struct {
@@ -29,26 +32,26 @@ const maxStatusListeners = 100
 // listenView is one view: wants nil means every topic may be listened to.
 type listenView struct {
 	wants    func(topic string) bool
-	at       time.Time
+	since    time.Time
 	why      string
 	patterns []string
 }
 
 // SetListeners replaces the view of what the other nodes listen to,
-// taken at at: all says any topic may be listened to (why says why);
-// otherwise wants reports whether some other node listens to a topic,
-// one of patterns (AMQP syntax).
-func (b *EventBinder) SetListeners(all bool, why string, patterns []string, wants func(topic string) bool, at time.Time) {
-	v := &listenView{at: at, why: why, patterns: slices.Clone(patterns)}
+// made of what discovery heard since since: all says any topic may be
+// listened to (why says why); otherwise wants reports whether some other
+// node listens to a topic, one of patterns (AMQP syntax).
+func (b *EventBinder) SetListeners(all bool, why string, patterns []string, wants func(topic string) bool, since time.Time) {
+	v := &listenView{since: since, why: why, patterns: slices.Clone(patterns)}
 	if !all {
 		v.wants = wants
 	}
 	b.listen.view.Store(v)
 }
 
-// Connected records that the link has just connected and discovery has
-// been told: a view taken before now may miss what a node changed while
-// the link was down.
+// Connected records that the link's connection started at now, before
+// discovery is told of it: a view made of records heard before now may
+// miss what a node changed while the link was down.
 func (b *EventBinder) Connected(now time.Time) { b.listen.connected.Store(&now) }
 
 // Disconnected records that the link left its connection (or hands it
@@ -64,7 +67,7 @@ func (b *EventBinder) KeepLocal(topic string, connected bool) bool {
 	if !connected || v == nil || v.wants == nil {
 		return false
 	}
-	if c := b.listen.connected.Load(); c == nil || !v.at.After(*c) {
+	if c := b.listen.connected.Load(); c == nil || v.since.Before(*c) {
 		return false
 	}
 	if v.wants(topic) {

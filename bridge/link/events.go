@@ -41,10 +41,10 @@ func (l *Link) SetState(state, reason string) {
 		l.ev.Log.Warn("broker link "+state, "url", url, "reason", reason)
 	}
 	if state == wire.StateConnected {
+		l.events.Connected(time.Now()) // before discovery hears of it (EventBinder.KeepLocal)
 		if l.ev.Connected != nil {
 			l.ev.Connected()
 		}
-		l.events.Connected(time.Now()) // discovery knows: views taken from now on are this connection's
 	}
 	if state != wire.StateConnected {
 		l.events.Disconnected() // no view of the other nodes' interest counts until discovery hears of the next connection

@@ -211,8 +211,8 @@ func (lp *Loop[S]) Run(first S) {
 		lp.SetState(wire.StateConnected, "")
 		lp.CredentialInUse(sess.User())
 		if handed && lp.HandedOver != nil {
-			lp.HandedOver() // the new session's system queue is new
-			l.EventBinding().Connected(time.Now())
+			l.EventBinding().Connected(time.Now()) // before discovery hears of it
+			lp.HandedOver()                        // the new session's system queue is new
 		}
 		handed, switchFailures = false, 0
 		var reason string
