@@ -40,8 +40,10 @@ const broker = "amqp://127.0.0.1:5672/"
 // openDB opens url with short bounds and closes it in Cleanup.
 func openDB(tb testing.TB, url string) *meshdb.DB {
 	tb.Helper()
+	// The default connect timeout: a second was too short for a new
+	// backend on a busy 2-core machine (a test's init failed so once).
 	db, err := meshdb.Open(context.Background(), url, meshdb.Options{
-		ConnectTimeout: time.Second, StatementTimeout: 5 * time.Second,
+		ConnectTimeout: meshdb.DefaultConnectTimeout, StatementTimeout: 5 * time.Second,
 		RetryInterval: 50 * time.Millisecond, MaxRetryInterval: 200 * time.Millisecond,
 	})
 	if err != nil {
