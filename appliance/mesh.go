@@ -102,7 +102,8 @@ func (a *Appliance) startBridge(ctx context.Context, hosted []string) error {
 		}
 	}
 	bc.OnConnected = func() {
-		if n := a.parts().node; n != nil {
+		r.linkUp.Store(true)
+		if n := a.parts().node; n != nil && r.linkUp.Swap(false) {
 			n.LinkUp() // discovery tries again at once
 		}
 		if eng := a.parts().rows; eng != nil {
@@ -306,11 +307,18 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 		a.applyToNode(n, snap)
 	}
 	n.SetHealth(HealthOf(a.Status())) // its hello carries it
+	r.linkUp.Store(false)             // a connection before Start is one Start hears of
 	if err := n.Start(ctx); err != nil {
 		_ = n.Close()
 		return fmt.Errorf("node: %w", err)
 	}
 	a.update(func(r *running) { r.node = n })
+	if r.linkUp.Swap(false) {
+		// The link connected between Start and update: the node has not
+		// heard of it (its view of what the others listen to counts from
+		// there, link.EventBinder).
+		n.LinkUp()
+	}
 	// A bindings change may have landed between Current and update above.
 	if snap, ok := r.bindings.manager.Current(); ok {
 		a.applyToNode(n, snap)

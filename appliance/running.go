@@ -2,6 +2,7 @@ package appliance
 
 import (
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshbox/meshbox/appliance/blobs"
@@ -40,6 +41,10 @@ type running struct {
 	bridge   *bridge.Bridge
 	node     *node.Node
 	mods     *modules.Supervisor // supervises the assigned modules
+	// linkUp is set when the bridge's link connects, and taken by whoever
+	// tells the node: the bridge's callback, or startNode when the link
+	// connected between the node's Start and its publication.
+	linkUp *atomic.Bool
 }
 
 // notRunning is what parts returns before Start. Never written.
