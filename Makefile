@@ -41,11 +41,12 @@ RUN_ARGS ?=
 RUN_DATA ?= .run
 # Go's default 10m per test binary is too short for the fault tests under -race.
 TEST_TIMEOUT ?= 30m
-# Test binaries of the race-detected run at once (the end-to-end and
-# package tests run beside them, two more). The integration packages
-# mostly wait on brokers, databases and timers, so three at a time finish
-# the suite sooner without starving any of them.
-TEST_PARALLEL ?= 3
+# Test binaries of the race-detected run at once. The end-to-end and
+# package tests run beside them, two more: four at a time in all, as
+# many as a 2-core machine takes while brokers boot (at five, a broker's
+# boot took over two minutes once), the integration packages mostly
+# waiting on brokers, databases and timers.
+TEST_PARALLEL ?= 2
 FUZZ_TIME ?= 10s
 # make test gives each fuzz target a short run (its seeds also run as plain
 # tests); make fuzz runs them for FUZZ_TIME. A count, not a duration: Go
