@@ -301,7 +301,7 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 	n.SetListening(r.interest.eventPatterns())
 	// The previous run's bindings stay a while: say so, so that their
 	// events keep coming while programs come back.
-	n.KeepListening(brokerlink.PriorEventPatterns(filepath.Join(a.cfg.DataDir, "event-bindings.json")), r.startedAt.Add(brokerlink.EventKeepAfterStart))
+	n.KeepListening(brokerlink.PriorEventPatterns(filepath.Join(a.cfg.DataDir, brokerlink.EventRecordFile)), r.startedAt.Add(brokerlink.EventKeepAfterStart))
 	n.SetLocal(hosted)
 	if snap, ok := r.bindings.manager.Current(); ok {
 		a.applyToNode(n, snap)

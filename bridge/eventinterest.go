@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	brokerlink "github.com/meshbox/meshbox/bridge/link"
 )
 
 // SetEventInterest replaces the topic patterns (AMQP syntax) local
@@ -12,9 +14,8 @@ import (
 // other nodes at once, or at the next session's setup (link.EventBinder).
 func (b *Bridge) SetEventInterest(patterns []string) { b.link.EventBinding().SetInterest(patterns) }
 
-// SetEventPeers replaces the other nodes this one knows of, whose event
-// lanes it binds, and whether one of them may be an older node that
-// publishes without lanes (legacy: the shared keys are bound too).
+// SetEventPeers replaces the other nodes known, whose event lanes it binds,
+// and legacy: one may publish without lanes (the shared keys are bound too).
 func (b *Bridge) SetEventPeers(peers []string, legacy bool) {
 	b.link.EventBinding().SetPeers(peers, legacy)
 }
@@ -32,7 +33,7 @@ func (b *Bridge) openEventBindings() {
 	var path string
 	upgraded := false
 	if b.cfg.OutboxPath != "" {
-		path = filepath.Join(filepath.Dir(b.cfg.OutboxPath), "event-bindings.json")
+		path = filepath.Join(filepath.Dir(b.cfg.OutboxPath), brokerlink.EventRecordFile)
 		_, oerr := os.Stat(b.cfg.OutboxPath)
 		_, rerr := os.Stat(path)
 		upgraded = oerr == nil && errors.Is(rerr, os.ErrNotExist)

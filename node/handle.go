@@ -114,10 +114,10 @@ func (n *Node) handleLocked(m *Message, verified bool) {
 		switch {
 		case p.hasRecord && m.Hash == p.record.hash:
 			n.heardLocked(p) // the record held is the peer's now
-		case p.heard:
+		case p.heardOn != 0:
 			// A change this node missed: what the peer listens to is
 			// not known until its answer.
-			p.heard = false
+			p.heardOn = 0
 			n.changedLocked()
 		}
 	case TypeQuery:

@@ -52,8 +52,7 @@ type Listeners struct {
 	// on none made after it (see the bridge's link.EventBinder).
 	Since time.Time
 
-	linkUps uint64 // the node's connection it was taken on: a new one hands the view again
-	match   *wire.EventMatcher
+	match *wire.EventMatcher
 }
 
 // Wants reports whether some other node listens to events of topic.
@@ -65,7 +64,8 @@ func (l *Listeners) Wants(topic string) bool {
 }
 
 func (l *Listeners) equal(o *Listeners) bool {
-	return o != nil && l.All == o.All && l.Why == o.Why && l.linkUps == o.linkUps && slices.Equal(l.Patterns, o.Patterns)
+	// A new Since (a new connection) hands the view over again.
+	return o != nil && l.All == o.All && l.Why == o.Why && l.Since.Equal(o.Since) && slices.Equal(l.Patterns, o.Patterns)
 }
 
 // SetListening tells the node the topic patterns (AMQP syntax, after
@@ -128,9 +128,6 @@ func (n *Node) announceListeningLocked() {
 	if events = slices.Compact(events); len(events) > MaxEvents || size > maxEventsBytes {
 		events = []string{wire.AllEvents}
 	}
-	if len(events) == 0 {
-		events = nil
-	}
 	if slices.Equal(events, n.local.events) {
 		return
 	}
@@ -144,8 +141,8 @@ func (n *Node) announceListeningLocked() {
 
 // heardLocked notes that p's record is current on this node's link.
 func (n *Node) heardLocked(p *peer) {
-	if p.heardSince != n.linkUps || !p.heard {
-		p.heardSince, p.heard = n.linkUps, true
+	if p.heardOn != n.linkUps+1 {
+		p.heardOn = n.linkUps + 1
 		n.changedLocked()
 	}
 }
@@ -153,16 +150,13 @@ func (n *Node) heardLocked(p *peer) {
 // listenersLocked returns what the other nodes listen to.
 func (n *Node) listenersLocked() *Listeners {
 	all := func(why string) *Listeners {
-		return &Listeners{All: true, Why: why, Since: n.linkUpAt, linkUps: n.linkUps}
+		return &Listeners{All: true, Why: why, Since: n.linkUpAt}
 	}
-	if len(n.expected) == 0 {
+	if n.expected == nil {
 		return all("the mesh has no node records: any node may listen")
 	}
-	for _, name := range slices.Sorted(maps.Keys(n.expected)) {
-		if name != n.cfg.Name && n.peers[name] == nil {
-			return all("node " + name + " not heard yet")
-		}
-	}
+	// Every node the records name is a peer (SetExpected), absent until
+	// heard.
 	set := map[string]bool{}
 	for _, name := range slices.Sorted(maps.Keys(n.peers)) {
 		p := n.peers[name]
@@ -171,7 +165,7 @@ func (n *Node) listenersLocked() *Listeners {
 			return all("node " + p.name + " not heard yet")
 		case p.proto < ListenProtocolVersion:
 			return all("node " + p.name + " runs an older meshbox, which does not say what it listens to")
-		case !p.hasRecord || !p.heard || p.heardSince != n.linkUps:
+		case !p.hasRecord || p.heardOn != n.linkUps+1:
 			return all("node " + p.name + " not heard since the link connected")
 		}
 		for _, e := range p.record.events {
@@ -187,5 +181,5 @@ func (n *Node) listenersLocked() *Listeners {
 	if len(pats) <= coverAtMost {
 		pats = wire.CoverPatterns(pats)
 	}
-	return &Listeners{Patterns: pats, Since: n.linkUpAt, linkUps: n.linkUps, match: wire.NewEventMatcher(pats)}
+	return &Listeners{Patterns: pats, Since: n.linkUpAt, match: wire.NewEventMatcher(pats)}
 }

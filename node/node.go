@@ -122,13 +122,12 @@ type peer struct {
 	hasRecord bool
 	record    hostRecord
 	recordSeq uint64
-	// heardSince is the node's linkUps when the peer's record last came
-	// or was confirmed by a heartbeat's hash: the record is current only
-	// while it equals linkUps (a change sent while this node's link was
-	// down never reached it).
-	heardSince uint64
-	heard      bool
-	health     *Health // the peer's last health summary (nil: it sent none)
+	// heardOn is the node's linkUps + 1 when the peer's record last came
+	// or was confirmed by a heartbeat's hash (0: not since it changed):
+	// the record is current only on that connection (a change sent while
+	// this node's link was down never reached it).
+	heardOn uint64
+	health  *Health // the peer's last health summary (nil: it sent none)
 
 	warnedAbsent bool
 }

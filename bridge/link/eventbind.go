@@ -140,21 +140,36 @@ func (b *EventBinder) Open(node, path string, upgraded bool, log *slog.Logger, m
 	if path == "" {
 		return
 	}
+	keys, err := readEventRecord(path)
+	var dam *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case errors.As(err, &dam), errors.As(err, &typ):
+		log.Warn("event bindings record damaged; it is written anew", "path", path, "err", err)
+	case err != nil:
+		log.Warn("event bindings record unreadable; the event queue keeps the bindings it has until they are no longer wanted", "path", path, "err", err)
+	}
+	for _, k := range keys {
+		b.prior[k], b.recorded[k] = true, true
+	}
+}
+
+// EventRecordFile is the name of the record of a node's event bindings,
+// in the directory of its outbox.
+const EventRecordFile = "event-bindings.json"
+
+// readEventRecord returns the keys recorded at path.
+func readEventRecord(path string) ([]string, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			log.Warn("event bindings record unreadable; the event queue keeps the bindings it has until they are no longer wanted", "path", path, "err", err)
-		}
-		return
+		return nil, err
 	}
 	var rec struct{ Keys []string }
 	if err := json.Unmarshal(raw, &rec); err != nil {
-		log.Warn("event bindings record damaged; it is written anew", "path", path, "err", err)
-		return
+		return nil, err
 	}
-	for _, k := range rec.Keys {
-		b.prior[k], b.recorded[k] = true, true
-	}
+	return rec.Keys, nil
 }
 
 // SetInterest replaces the topic patterns local programs listen to.
@@ -481,16 +496,12 @@ func (b *EventBinder) Run(conn *amqp.Connection, done <-chan struct{}) {
 // EventKeepAfterStart after a start. Nothing when there is no record or
 // it cannot be read.
 func PriorEventPatterns(path string) []string {
-	raw, err := os.ReadFile(path)
+	keys, err := readEventRecord(path)
 	if err != nil {
-		return nil
-	}
-	var rec struct{ Keys []string }
-	if json.Unmarshal(raw, &rec) != nil {
-		return nil
+		return nil // the bridge's binder says why, reading the same file
 	}
 	var out []string
-	for _, k := range rec.Keys {
+	for _, k := range keys {
 		switch {
 		case strings.HasPrefix(k, wire.EvoPrefix):
 			if _, p, ok := strings.Cut(k[len(wire.EvoPrefix):], "."); ok {

@@ -22,7 +22,7 @@ import (
 // listening is an EventBinder's view of the other nodes' interest.
 type listening struct {
 	view      atomic.Pointer[listenView]
-	connected atomic.Pointer[time.Time] // when the link last connected (after discovery heard of it)
+	connected atomic.Pointer[time.Time] // when the link's connection started (nil: between connections)
 	kept      atomic.Uint64
 }
 
