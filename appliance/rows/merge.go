@@ -27,6 +27,32 @@ type merger struct {
 	arena []byte
 }
 
+// preEncode makes each change's stored value (Change.stored), the
+// changes' values in one allocation. The reader's opening runs side by
+// side on the cores, its commit on one: a joiner's snapshot spent a
+// sixth of its commits encoding rows new to the table.
+func preEncode(changes []Change) {
+	size := 0
+	for i := range changes {
+		for j := range changes[i].Cells {
+			c := &changes[i].Cells[j]
+			size += entrySize(c.Field, &c.WireCell)
+		}
+	}
+	buf := make([]byte, 0, size)
+	for i := range changes {
+		ch := &changes[i]
+		if len(ch.Cells) == 0 {
+			continue
+		}
+		start := len(buf)
+		for j := range ch.Cells {
+			buf = appendCellEntry(buf, ch.Cells[j].Field, ch.Cells[j].cell())
+		}
+		ch.stored = buf[start:len(buf):len(buf)]
+	}
+}
+
 // arenaChunk is the size of a merger's chunks of values.
 const arenaChunk = 64 << 10
 
@@ -98,13 +124,25 @@ func (m *merger) mergeNew(ch Change, size int) (Applied, int, error) {
 	if len(ch.Cells) == 0 {
 		return Applied{}, 0, nil
 	}
-	v := m.room(size)
 	live := false
 	for i := range ch.Cells {
-		v = appendCellEntry(v, ch.Cells[i].Field, ch.Cells[i].cell())
 		live = live || !ch.Cells[i].Deleted
 	}
-	if err := m.put(ch.Row, v); err != nil {
+	var err error
+	if ch.stored != nil {
+		m.key = append(m.key[:0], ch.Row...)
+		err = m.cells.Put(m.key, ch.stored)
+		if m.track && ch.Row > m.tail {
+			m.tail = ch.Row
+		}
+	} else {
+		v := m.room(size)
+		for i := range ch.Cells {
+			v = appendCellEntry(v, ch.Cells[i].Field, ch.Cells[i].cell())
+		}
+		err = m.put(ch.Row, v)
+	}
+	if err != nil {
 		return Applied{}, 0, err
 	}
 	a := Applied{Table: ch.Table, Row: ch.Row, change: ch.Cells, n: len(ch.Cells)}

@@ -33,8 +33,10 @@ type openedMsg struct {
 }
 
 // openAll opens the messages of a run, side by side when there are
-// several and more than one core; the result is in the run's order.
-func (e *Engine) openAll(table string, msgs []amqp.Delivery) []openedMsg {
+// several and more than one core (but one, kept for the commit when
+// one runs: the reader waits on the commit, not on the opening); the
+// result is in the run's order.
+func (e *Engine) openAll(table string, msgs []amqp.Delivery, committing bool) []openedMsg {
 	out := make([]openedMsg, len(msgs))
 	var todo []int
 	for i := range msgs {
@@ -47,8 +49,15 @@ func (e *Engine) openAll(table string, msgs []amqp.Delivery) []openedMsg {
 	open := func(i int) {
 		m := &out[i]
 		m.b, m.origin, m.cause, m.sender, m.err = e.check(table, &msgs[i], offsetOf(msgs[i]))
+		if m.err == nil {
+			preEncode(m.b.Changes)
+		}
 	}
-	workers := min(runtime.GOMAXPROCS(0), len(todo))
+	cores := runtime.GOMAXPROCS(0)
+	if committing {
+		cores--
+	}
+	workers := min(cores, len(todo))
 	if workers <= 1 {
 		for _, i := range todo {
 			open(i)
@@ -73,15 +82,28 @@ func (e *Engine) openAll(table string, msgs []amqp.Delivery) []openedMsg {
 }
 
 // openRun opens and checks a run of log messages of table, and sorts
-// their changes: what commitRun then stores.
-func (e *Engine) openRun(table string, msgs []amqp.Delivery) logApply {
+// their changes: what commitRun then stores (committing: while the
+// commit of the run before runs).
+func (e *Engine) openRun(table string, msgs []amqp.Delivery, committing bool) logApply {
 	run := logApply{progress: kOffset}
 	last := uint64(0)
 	e.mu.Lock()
 	st := e.state(table)
 	st.inRun++
 	e.mu.Unlock()
-	opened := e.openAll(table, msgs)
+	// The hash first: opening takes the bodies' bytes.
+	h := sha256.Sum256(msgs[len(msgs)-1].Body)
+	run.lastHash = h[:]
+	opened := e.openAll(table, msgs, committing)
+	n := 0
+	for i := range opened {
+		if opened[i].b != nil {
+			n += len(opened[i].b.Changes)
+		}
+	}
+	// Sized once: grown a change at a time, a joiner's run of 17,000
+	// was copied over and over (an eighth of its opening).
+	run.changes = make([]Change, 0, n)
 	for i := range msgs {
 		d := &msgs[i]
 		o := offsetOf(*d)
@@ -127,7 +149,5 @@ func (e *Engine) openRun(table string, msgs []amqp.Delivery) logApply {
 	run.recordAttest = st.wantSnap
 	e.mu.Unlock()
 	run.next = last + 1
-	h := sha256.Sum256(msgs[len(msgs)-1].Body)
-	run.lastHash = h[:]
 	return run
 }

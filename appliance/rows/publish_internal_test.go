@@ -41,7 +41,7 @@ func TestChangesBatchOpens(t *testing.T) {
 	}
 	open := func(pt []byte) *batch {
 		t.Helper()
-		b, err := openBatch(ring, "jobs", sealer.ID(), sealer.Seal(nil, sealAD("jobs", sealer.ID()), pt))
+		b, err := openBatch(nil, ring, "jobs", sealer.ID(), sealer.Seal(nil, sealAD("jobs", sealer.ID()), pt))
 		if err != nil {
 			t.Fatalf("%v: %s", err, pt)
 		}

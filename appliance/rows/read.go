@@ -161,7 +161,7 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 			e.mu.Unlock()
 		}
 		first = false
-		run := e.openRun(table, msgs)
+		run := e.openRun(table, msgs, committing != nil)
 		if err := settle(); err != nil {
 			return err
 		}
@@ -225,7 +225,7 @@ func nextRun(ctx context.Context, ds <-chan amqp.Delivery, tick <-chan time.Time
 
 // applyLog applies a run of log messages of table.
 func (e *Engine) applyLog(table string, msgs []amqp.Delivery) error {
-	return e.commitRun(table, e.openRun(table, msgs))
+	return e.commitRun(table, e.openRun(table, msgs, false))
 }
 
 // commitRun stores a run openRun made, in one commit, and tells the
@@ -280,7 +280,7 @@ func (e *Engine) check(table string, d *amqp.Delivery, o uint64) (b *batch, orig
 	if err := e.checkScope(table, keyID); err != nil {
 		return nil, "", causeWrongScope, sender, fmt.Errorf("log offset %d from %q: %w", o, sender, err)
 	}
-	b, err = openBatch(e.cfg.Keys, table, keyID, d.Body)
+	b, err = openBatch(d.Body[:0], e.cfg.Keys, table, keyID, d.Body)
 	if err != nil {
 		return nil, "", causeUnopened, sender, fmt.Errorf("log offset %d from %q: %w", o, sender, err)
 	}

@@ -278,7 +278,7 @@ func (e *Engine) writeSnapshot(ctx context.Context, conn *amqp.Connection, table
 		if i == len(parts)-1 && from > 0 {
 			join = from
 		}
-		b := batch{V: 1, Kind: kindSnapshot, Node: e.cfg.Node, Snap: id, Part: i + 1, Parts: len(parts), From: from, Join: join, Changes: p}
+		b := batch{V: snapshotV, Kind: kindSnapshot, Node: e.cfg.Node, Snap: id, Part: i + 1, Parts: len(parts), From: from, Join: join, Changes: p}
 		sealed, err := sealBatch(sealer, table, &b)
 		if err != nil {
 			return err

@@ -38,7 +38,7 @@ func readBack(t *testing.T, e *Engine, o int64, n int) {
 	t.Helper()
 	body := []byte{byte(o), byte(o >> 8), byte(n)}
 	e.noteOwn(body, n)
-	run := e.openRun("jobs", []amqp.Delivery{{Body: body, Headers: amqp.Table{headerOffset: o}}})
+	run := e.openRun("jobs", []amqp.Delivery{{Body: body, Headers: amqp.Table{headerOffset: o}}}, false)
 	if err := e.commitRun("jobs", run); err != nil {
 		t.Fatal(err)
 	}

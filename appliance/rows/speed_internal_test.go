@@ -149,7 +149,9 @@ func BenchmarkStoreRows(b *testing.B) {
 
 // BenchmarkOpenPart opens a sealed snapshot part of 1,600 rows and
 // checks what it carries, as a joiner's reader does (openBatch: the
-// seal, the decoding, the names and bounds of every row and cell).
+// seal, the decoding, the names and bounds of every row and cell), in
+// binary (version 2, what a node writes) and in JSON (version 1, from
+// nodes of before).
 func BenchmarkOpenPart(b *testing.B) {
 	k := seal.NewContentKey()
 	ring, err := seal.NewKeyring([]seal.ContentKey{k}, k.ID)
@@ -160,19 +162,23 @@ func BenchmarkOpenPart(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p := batch{V: 1, Kind: kindSnapshot, Node: "rows-w", Snap: "s-rows-w", Part: 1, Parts: 1}
-	for i := range 1600 {
-		p.Changes = append(p.Changes, speedChange(i))
-	}
-	body, err := sealBatch(s, "bench", &p)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.SetBytes(int64(len(body)))
-	cpuPerRow(b, 1600)
-	for range b.N {
-		if _, err := openBatch(ring, "bench", s.ID(), body); err != nil {
-			b.Fatal(err)
-		}
+	for _, v := range []int{snapshotV, 1} {
+		b.Run(fmt.Sprintf("v%d", v), func(b *testing.B) {
+			p := batch{V: v, Kind: kindSnapshot, Node: "rows-w", Snap: "s-rows-w", Part: 1, Parts: 1}
+			for i := range 1600 {
+				p.Changes = append(p.Changes, speedChange(i))
+			}
+			body, err := sealBatch(s, "bench", &p)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(body)))
+			cpuPerRow(b, 1600)
+			for range b.N {
+				if _, err := openBatch(nil, ring, "bench", s.ID(), body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
