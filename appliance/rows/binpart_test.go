@@ -11,6 +11,7 @@ import (
 	"github.com/meshbox/meshbox/internal/seal"
 )
 
+// binTestRing is a keyring of one content key, and its sealer.
 func binTestRing(t testing.TB) (*seal.Keyring, *seal.Sealer) {
 	t.Helper()
 	k := seal.NewContentKey()

@@ -8,8 +8,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/meshbox/meshbox/internal/seal"
 )
 
 // Focused benchmarks of the engine's hot paths, without a broker: the
@@ -153,15 +151,7 @@ func BenchmarkStoreRows(b *testing.B) {
 // binary (version 2, what a node writes) and in JSON (version 1, from
 // nodes of before).
 func BenchmarkOpenPart(b *testing.B) {
-	k := seal.NewContentKey()
-	ring, err := seal.NewKeyring([]seal.ContentKey{k}, k.ID)
-	if err != nil {
-		b.Fatal(err)
-	}
-	s, err := ring.Sealer()
-	if err != nil {
-		b.Fatal(err)
-	}
+	ring, s := binTestRing(b)
 	for _, v := range []int{snapshotV, 1} {
 		b.Run(fmt.Sprintf("v%d", v), func(b *testing.B) {
 			p := batch{V: v, Kind: kindSnapshot, Node: "rows-w", Snap: "s-rows-w", Part: 1, Parts: 1}
