@@ -133,7 +133,7 @@ func (a *Appliance) Start(ctx context.Context) (err error) {
 	if a.run.Load() != nil {
 		return errors.New("appliance already started")
 	}
-	a.run.Store(&running{startedAt: time.Now().UTC(), linkUp: new(atomic.Bool)})
+	a.run.Store(&running{startedAt: time.Now().UTC(), linkUp: new(atomic.Bool), knownProtocol: new(atomic.Int32)})
 	a.phase.CompareAndSwap(phaseNew, phaseStarting)
 	defer func() {
 		if err != nil {

@@ -288,6 +288,8 @@ func (a *Appliance) startNode(ctx context.Context, hosted []string) error {
 		},
 		// The event lanes of the nodes it knows of.
 		OnEventPeers: b.SetEventPeers,
+		// Snapshot parts in binary once every node reads them.
+		OnKnownProtocols: func(oldest int) { r.knownProtocol.Store(int32(oldest)) },
 		// What they listen to: no event goes to the broker for nobody.
 		OnEventListeners: func(l *node.Listeners) {
 			b.SetEventListeners(l.All, l.Why, l.Patterns, l.Wants, l.Since)

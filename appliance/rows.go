@@ -16,6 +16,7 @@ import (
 	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/internal/wire"
+	"github.com/meshbox/meshbox/node"
 )
 
 // Tables of rows (package rows): the mesh defines them as settings
@@ -82,6 +83,7 @@ func (a *Appliance) startRows() error {
 		Link:          link,
 		Declare:       mayDeclareTables,
 		SnapshotEvery: a.cfg.Rows.SnapshotEvery,
+		BinaryParts:   func() bool { return r.knownProtocol.Load() >= node.RowsBinaryProtocolVersion },
 		Logger:        a.logger,
 		Metrics:       a.tel.registry,
 	})

@@ -45,6 +45,10 @@ type running struct {
 	// tells the node: the bridge's callback, or startNode when the link
 	// connected between the node's Start and its publication.
 	linkUp *atomic.Bool
+	// knownProtocol is the lowest discovery protocol of the nodes the
+	// node knows of (node.Config.OnKnownProtocols; 0: one unknown): the
+	// tables write snapshot parts in binary only when all read them.
+	knownProtocol *atomic.Int32
 }
 
 // notRunning is what parts returns before Start. Never written.

@@ -88,6 +88,13 @@ type Config struct {
 	// may publish its events without a lane (the bridge then binds the
 	// shared event keys too). First after Start.
 	OnEventPeers func(peers []string, legacy bool)
+	// OnKnownProtocols, when set, is called on the effects goroutine with
+	// the lowest protocol version of the nodes this one knows of
+	// (expected by the bindings or heard, up or not): 0 while one of them
+	// has not been heard since this node started, and without node
+	// records (a mesh without a database), which leave every node
+	// unknown. Each time it changes, first after Start.
+	OnKnownProtocols func(oldest int)
 	// OnEventListeners, when set, is called on the effects goroutine with
 	// what the other nodes listen to (see Listeners) each time it changes,
 	// first after Start. The bridge sends an event to the broker only when

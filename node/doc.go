@@ -192,7 +192,7 @@
 //	sig           string    version 4: the sender's signature, always the last member
 //
 // The receiver judges the sender's silence by the sender's heartbeat_ms.
-// A node accepts v from MinProtocolVersion to ProtocolVersion (1 to 7).
+// A node accepts v from MinProtocolVersion to ProtocolVersion (1 to 8).
 // Version 3 adds no message: its nodes read command batches on the
 // broker (package bridge), and a node reports the lowest version of its
 // up peers (Config.OnPeerProtocols) so that its bridge sends batches only
@@ -207,7 +207,11 @@
 // too while an older publisher may be about. Version 7 adds a field, not
 // a message: a record's "events" are the topic patterns its programs
 // listen to (SetListening), in its hash, so that a publisher sends an
-// event only when another node listens (Listeners, listeners.go). A probe
+// event only when another node listens (Listeners, listeners.go).
+// Version 8 adds nothing to discovery: its nodes read a table's snapshot
+// parts in binary (package rows), and a node reports the lowest version
+// of every node it knows of, heard or not (Config.OnKnownProtocols), so
+// that it writes them only when every node can read them. A probe
 // carries nothing and so is not signed; only the broker's answer to it
 // counts.
 // A different started_at from the same node is a restart; an older one is

@@ -492,3 +492,65 @@ func TestEventPeersReported(t *testing.T) {
 		}
 	})
 }
+
+// A node reports the lowest protocol of every node it knows of, up or
+// not: 0 without node records and while an expected node was not heard,
+// the current version once all were, an older node's version once it
+// says hello, and no more than that after it left (it may come back and
+// read what was written meanwhile; a bye carries no version, 1 then). The tables write snapshot parts
+// in binary only at RowsBinaryProtocolVersion.
+func TestKnownProtocolsReported(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		var mu sync.Mutex
+		var reports []int
+		a := h.node("A", func(c *Config) {
+			c.OnKnownProtocols = func(oldest int) {
+				mu.Lock()
+				reports = append(reports, oldest)
+				mu.Unlock()
+			}
+		}, "cap.a")
+		b := h.node("B", nil, "cap.b")
+		last := func() int {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(reports) == 0 {
+				return -1
+			}
+			return reports[len(reports)-1]
+		}
+		h.start(a, b)
+		h.settle()
+		if r := last(); r != 0 {
+			t.Fatalf("without node records: %d, want 0", r)
+		}
+		if err := a.SetExpected([]string{"A", "B", "C"}); err != nil {
+			t.Fatal(err)
+		}
+		h.settle()
+		if r := last(); r != 0 {
+			t.Fatalf("C expected, never heard: %d, want 0", r)
+		}
+		if err := a.SetExpected([]string{"A", "B"}); err != nil {
+			t.Fatal(err)
+		}
+		h.settle()
+		if r := last(); r != ProtocolVersion || r < RowsBinaryProtocolVersion {
+			t.Fatalf("every node heard at the current protocol: %d, want %d", r, ProtocolVersion)
+		}
+		at := time.Now()
+		h.node("O", nil)
+		a.HandleSystem(TypeHello, good(Message{V: 1, Type: TypeHello, Node: "O", StartedAt: at, Seq: 1, Proto: 7,
+			Capabilities: []string{"old"}, HeartbeatMS: 5000}), "O")
+		h.settle()
+		if r := last(); r != 7 {
+			t.Fatalf("a version 7 node said hello: %d, want 7", r)
+		}
+		a.HandleSystem(TypeBye, good(Message{V: 1, Type: TypeBye, Node: "O", StartedAt: at, Seq: 2}), "O")
+		h.settle()
+		if r := last(); r == 0 || r >= RowsBinaryProtocolVersion {
+			t.Fatalf("the version 7 node left: %d, want its version or less, and more than 0", r)
+		}
+	})
+}

@@ -280,6 +280,7 @@ func (n *Node) applyEffects() {
 	remote := len(n.capabilitiesLocked().Remote)
 	oldest, settled := n.oldestProtoLocked()
 	eventPeers, eventLegacy := n.eventPeersLocked()
+	known := n.knownOldestLocked()
 	var listeners *Listeners
 	if n.cfg.OnEventListeners != nil {
 		listeners = n.listenersLocked()
@@ -309,6 +310,10 @@ func (n *Node) applyEffects() {
 	if n.cfg.OnEventPeers != nil && (!a.eventSet || eventLegacy != a.eventLegacy || !slices.Equal(eventPeers, a.eventPeers)) {
 		n.cfg.OnEventPeers(eventPeers, eventLegacy)
 		a.eventPeers, a.eventLegacy, a.eventSet = eventPeers, eventLegacy, true
+	}
+	if n.cfg.OnKnownProtocols != nil && (!a.knownSet || known != a.known) {
+		n.cfg.OnKnownProtocols(known)
+		a.known, a.knownSet = known, true
 	}
 	if n.cfg.OnEventListeners != nil && !listeners.equal(a.listeners) {
 		n.cfg.OnEventListeners(listeners)
@@ -368,6 +373,20 @@ func (n *Node) eventPeersLocked() (names []string, legacy bool) {
 	}
 	slices.Sort(names)
 	return names, legacy
+}
+
+// knownOldestLocked returns the lowest protocol version of the peers
+// the node knows of, up or not (OnKnownProtocols): 0 for one not heard,
+// and without node records.
+func (n *Node) knownOldestLocked() int {
+	if n.expected == nil {
+		return 0
+	}
+	oldest := ProtocolVersion
+	for _, p := range n.peers {
+		oldest = min(oldest, p.proto)
+	}
+	return oldest
 }
 
 // firstSentAt returns when the node's first discovery message went out

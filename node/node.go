@@ -88,6 +88,9 @@ type Node struct {
 		eventLegacy bool
 		eventSet    bool
 		listeners   *Listeners // handed to OnEventListeners (nil: not yet)
+		// known was handed to OnKnownProtocols (knownSet: once).
+		known    int
+		knownSet bool
 		settle      bool       // a wake-up after PeerProtocolSettle is set
 	}
 }

@@ -22,7 +22,7 @@ import (
 // every version from MinProtocolVersion to ProtocolVersion and rejects
 // anything else clearly (ErrVersion).
 const (
-	ProtocolVersion    = 7 // the highest version this package speaks
+	ProtocolVersion    = 8 // the highest version this package speaks
 	MinProtocolVersion = 1 // the lowest version it still understands
 
 	// BatchProtocolVersion is the first version whose nodes read command
@@ -48,6 +48,10 @@ const (
 	// node listens to its topic (Config.OnEventListeners). A peer of an
 	// older version may listen to anything.
 	ListenProtocolVersion = 7
+	// RowsBinaryProtocolVersion is the first version whose nodes read a
+	// table's snapshot parts in binary (package rows): a node writes them
+	// so only while every node it knows of speaks it (OnKnownProtocols).
+	RowsBinaryProtocolVersion = 8
 )
 
 // PeerProtocolSettle is how long after its first discovery message a node

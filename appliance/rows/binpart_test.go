@@ -119,6 +119,7 @@ func TestBinaryPartRefused(t *testing.T) {
 		{"a field twice", append(head(good), row("job-1", cell("status", ok), cell("status", ok))...)},
 		{"a field name refused", append(head(good), row("job-1", cell("bad field", ok))...)},
 		{"a row name refused", append(head(good), row("", cell("status", ok))...)},
+		{"a writer's name not UTF-8", append(head(good), row("job-1", cell("status", Cell{Stamp: 1, Node: "\xff\x00x", Value: []byte("x")}))...)},
 		{"no writer", append(head(good), row("job-1", cell("status", Cell{Stamp: 1, Value: []byte("x")}))...)},
 		{"an unknown flag", append(head(good), row("job-1", flagged)...)},
 		{"a value over the bound", append(head(good), row("job-1", cell("status", Cell{Stamp: 1, Node: "a", Value: make([]byte, MaxValueLen+1)}))...)},

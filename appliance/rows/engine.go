@@ -42,6 +42,10 @@ type Config struct {
 	// SnapshotEvery is how many changes in a table's log since the last
 	// snapshot make a node write a new one (0: DefaultSnapshotEvery).
 	SnapshotEvery int
+	// BinaryParts reports whether every node that may read the tables
+	// reads snapshot parts in binary (binpart.go); nil or false: this
+	// node writes them in JSON, as nodes of before read them.
+	BinaryParts func() bool
 	// MaxDrift bounds how far ahead of this node's clock a change may be
 	// (0: DefaultMaxDrift).
 	MaxDrift time.Duration

@@ -62,3 +62,13 @@ func SetResumeWait(d time.Duration) (undo func()) {
 	resumeWait = d
 	return func() { resumeWait = old }
 }
+
+// PartVersion opens a log message of table with ring and returns its
+// kind and batch version (2: a snapshot's part in binary).
+func PartVersion(ring *seal.Keyring, table, keyID string, body []byte) (kind string, v int, err error) {
+	b, err := openBatch(nil, ring, table, keyID, body)
+	if err != nil {
+		return "", 0, err
+	}
+	return b.Kind, b.V, nil
+}

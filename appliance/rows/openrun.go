@@ -49,7 +49,9 @@ func (e *Engine) openAll(table string, msgs []amqp.Delivery, committing bool) []
 	open := func(i int) {
 		m := &out[i]
 		m.b, m.origin, m.cause, m.sender, m.err = e.check(table, &msgs[i], offsetOf(msgs[i]))
-		if m.err == nil {
+		if m.err == nil && m.b.Kind == kindSnapshot {
+			// A snapshot's rows are mostly new to a node that reads it;
+			// a change's row mostly held, merged with what it holds.
 			preEncode(m.b.Changes)
 		}
 	}

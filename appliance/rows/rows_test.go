@@ -76,9 +76,17 @@ func keyring(t *testing.T, k seal.ContentKey) *seal.Keyring {
 
 func startNode(t *testing.T, name, url string, ring *seal.Keyring, dir string, snapshotEvery int) *node {
 	t.Helper()
+	return startNodeParts(t, name, url, ring, dir, snapshotEvery, true)
+}
+
+// startNodeParts is startNode writing snapshot parts in binary or not
+// (the nodes it knows of read them, or some may not).
+func startNodeParts(t *testing.T, name, url string, ring *seal.Keyring, dir string, snapshotEvery int, binary bool) *node {
+	t.Helper()
 	n := &node{url: url, moved: make(chan struct{})}
 	e, err := rows.Open(rows.Config{Node: name, Path: filepath.Join(dir, "rows.db"), Keys: ring,
-		Link: n, Declare: func(string) bool { return true }, SnapshotEvery: snapshotEvery})
+		Link: n, Declare: func(string) bool { return true }, SnapshotEvery: snapshotEvery,
+		BinaryParts: func() bool { return binary }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,5 +343,75 @@ func TestReaderWaitsForItsKey(t *testing.T) {
 	meshtest.WaitFor(t, 30*time.Second, "beta, with the key, has every row", func() bool { return same(state(t, b.e), want) })
 	if st := b.e.Status(); len(st[0].Refused) != 0 || st[0].Waiting != "" {
 		t.Fatalf("beta's status %+v; want nothing refused, nothing waited for", st[0])
+	}
+}
+
+// A node writes its snapshot's parts in binary only when every node it
+// knows of reads them, in JSON otherwise (version 1, as nodes of before
+// wrote them); a node new to the table joins from either and holds the
+// whole table. The log's snapshot messages, opened with the key, say
+// which was written.
+func TestJoinFromPartsOfEitherVersion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("uses RabbitMQ")
+	}
+	for _, binary := range []bool{false, true} {
+		t.Run(fmt.Sprintf("binary=%v", binary), func(t *testing.T) {
+			url := meshtest.RabbitMQ(t).Vhost(t)
+			key := seal.NewContentKey()
+			ring := keyring(t, key)
+			a := startNodeParts(t, "alpha", url, ring, t.TempDir(), 50, binary)
+			defer a.e.Close()
+			putRows(t, a, 0, 120)
+			meshtest.WaitFor(t, 30*time.Second, "alpha's snapshot in the log", func() bool {
+				s := tableStatus(t, a.e, "jobs")
+				return s.Pending == 0 && s.LastSnapshot != nil
+			})
+			want := state(t, a.e)
+			c := startNode(t, "gamma", url, ring, t.TempDir(), 50)
+			defer c.e.Close()
+			meshtest.WaitFor(t, 30*time.Second, "gamma has the whole table", func() bool { return same(state(t, c.e), want) })
+
+			conn, err := amqp.Dial(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			ch, err := conn.Channel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = ch.Qos(64, 0, false)
+			ds, err := ch.Consume(rows.QueueOf("jobs"), "", false, false, false, false, amqp.Table{"x-stream-offset": "first"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			parts := map[int]int{}
+			for quiet := time.After(2 * time.Second); ; {
+				select {
+				case d := <-ds:
+					keyID, _ := d.Headers[wire.HeaderKey].(string)
+					kind, v, err := rows.PartVersion(ring, "jobs", keyID, d.Body)
+					if err != nil {
+						t.Fatalf("a message of the log does not open: %v", err)
+					}
+					if kind == "snapshot" {
+						parts[v]++
+					}
+					_ = d.Ack(false)
+					quiet = time.After(500 * time.Millisecond)
+					continue
+				case <-quiet:
+				}
+				break
+			}
+			wantV := 1
+			if binary {
+				wantV = 2
+			}
+			if parts[wantV] == 0 || len(parts) != 1 {
+				t.Fatalf("snapshot parts in the log by version: %v, want version %d only", parts, wantV)
+			}
+		})
 	}
 }

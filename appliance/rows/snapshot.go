@@ -270,6 +270,10 @@ func (e *Engine) writeSnapshot(ctx context.Context, conn *amqp.Connection, table
 		parts = append(parts, cur)
 	}
 	id := strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + e.cfg.Node
+	v := 1 // JSON, while a node that may read it reads nothing else
+	if e.cfg.BinaryParts != nil && e.cfg.BinaryParts() {
+		v = snapshotV
+	}
 	e.mu.Lock()
 	newest := e.state(table).snapshotAt
 	e.mu.Unlock()
@@ -278,7 +282,7 @@ func (e *Engine) writeSnapshot(ctx context.Context, conn *amqp.Connection, table
 		if i == len(parts)-1 && from > 0 {
 			join = from
 		}
-		b := batch{V: snapshotV, Kind: kindSnapshot, Node: e.cfg.Node, Snap: id, Part: i + 1, Parts: len(parts), From: from, Join: join, Changes: p}
+		b := batch{V: v, Kind: kindSnapshot, Node: e.cfg.Node, Snap: id, Part: i + 1, Parts: len(parts), From: from, Join: join, Changes: p}
 		sealed, err := sealBatch(sealer, table, &b)
 		if err != nil {
 			return err

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"unicode/utf8"
 
 	"github.com/meshbox/meshbox/internal/names"
 	"github.com/meshbox/meshbox/internal/seal"
@@ -148,7 +149,9 @@ func openBatch(dst []byte, ring *seal.Keyring, table, keyID string, body []byte)
 			if err := ValidField(f); err != nil {
 				return nil, fmt.Errorf("%w: %v", errUnopened, err)
 			}
-			if len(c.Value) > MaxValueLen || c.Node == "" || len(c.Node) > 255 {
+			// A node's name in UTF-8: JSON carries nothing else, and a
+			// binary part must not hold a version JSON would change.
+			if len(c.Value) > MaxValueLen || c.Node == "" || len(c.Node) > 255 || !utf8.ValidString(c.Node) {
 				return nil, fmt.Errorf("%w: field %s: value of %d bytes or node %q out of bounds", errUnopened, f, len(c.Value), c.Node)
 			}
 		}
