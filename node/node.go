@@ -91,7 +91,7 @@ type Node struct {
 		// known was handed to OnKnownProtocols (knownSet: once).
 		known    int
 		knownSet bool
-		settle      bool       // a wake-up after PeerProtocolSettle is set
+		settle   bool // a wake-up after PeerProtocolSettle is set
 	}
 }
 
