@@ -110,7 +110,7 @@ test-short:
 
 # Each fuzz target runs briefly, two side by side (testing/fuzz.sh); a
 # longer run: make fuzz FUZZ_TIME=5m.
-FUZZ_PKGS ?= ./internal/names ./internal/seal ./appliance ./bridge ./bridge/outbox ./node ./cache
+FUZZ_PKGS ?= ./internal/names ./internal/seal ./appliance ./appliance/rows ./bridge ./bridge/outbox ./node ./cache
 FUZZ_JOBS ?= 2
 fuzz:
 	@GOFLAGS="$(GOFLAGS) -trimpath" GO="$(GO)" FUZZ_TIME="$(FUZZ_TIME)" JOBS="$(FUZZ_JOBS)" sh testing/fuzz.sh $(FUZZ_PKGS)

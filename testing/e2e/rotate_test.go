@@ -23,6 +23,7 @@ import (
 	"github.com/meshbox/meshbox/appliance/programs"
 	"github.com/meshbox/meshbox/bridge/brokeradmin"
 	"github.com/meshbox/meshbox/cache/meshdb"
+	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/meshbox/meshbox/testing/ledger"
 	"github.com/meshbox/meshbox/testing/meshtest"
 	"github.com/meshbox/meshbox/testing/meshtest/natstest"
@@ -172,7 +173,14 @@ func (c *calls) run(nc *nats.Conn, target string, workers int, stop <-chan struc
 				default:
 				}
 				body := fmt.Sprintf("%s-%d-%d", target, w, i)
-				m, err := nc.Request("node."+target+".cap.echo", []byte(body), 10*time.Second)
+				// The node's deadline as long as the caller's wait: a reply
+				// lost in the switch fails either way, one slowed by a busy
+				// machine (brokers of other tests booting beside it) does
+				// not fail at the default 5 s.
+				req := nats.NewMsg("node." + target + ".cap.echo")
+				req.Data = []byte(body)
+				req.Header.Set(wire.HeaderTimeout, "9s")
+				m, err := nc.RequestMsg(req, 10*time.Second)
 				code, text := natstest.ServiceError(m)
 				if err == nil && code == 0 && string(m.Data) == body {
 					c.ok.Add(1)
