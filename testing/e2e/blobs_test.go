@@ -28,6 +28,13 @@ import (
 // machine 200 MiB take about 5 s to fetch, so make test runs it.
 const blobSize = 200 << 20
 
+// resumeBlobSize is the blob of the fetch stopped and killed midway: big
+// enough to be stopped at 2 MiB and killed at 4 with most of it still to
+// come. At 200 MiB, put and fetched twice beside the other tests (with
+// a broker of its own restarted), the test took three minutes of make
+// test (32 s alone).
+const resumeBlobSize = 48 << 20
+
 // blobCLI runs `meshbox blob ARGS` against node p with its admin
 // credential, bounded by timeout.
 func blobCLI(t *testing.T, p *meshtest.Process, timeout time.Duration, args ...string) (code int, stdout, stderr string) {
@@ -307,7 +314,7 @@ func TestBlobFetchResumes(t *testing.T) {
 	t.Parallel() // a broker of its own: runs beside the other tests that have one
 	rmq := meshtest.NewRabbitMQ(t)
 	_, _, alpha, beta := sealedMeshOn(t, rmq)
-	file, sum := randomBlobFile(t, blobSize)
+	file, sum := randomBlobFile(t, resumeBlobSize)
 	ref := putBlob(t, alpha, file, sum)
 
 	// Broker restarted midway.
