@@ -279,8 +279,10 @@ func (n *Node) applyEffects() {
 	}
 	remote := len(n.capabilitiesLocked().Remote)
 	oldest, settled := n.oldestProtoLocked()
-	eventPeers, eventLegacy := n.eventPeersLocked()
+	eventPeers := n.peerNamesLocked()
 	known := n.knownOldestLocked()
+	// An event lane is read by every node known at its version or later.
+	eventLegacy := known < EventLaneProtocolVersion
 	var listeners *Listeners
 	if n.cfg.OnEventListeners != nil {
 		listeners = n.listenersLocked()
@@ -357,27 +359,21 @@ func (n *Node) oldestProtoLocked() (oldest int, settled bool) {
 	return oldest, n.everSent && time.Since(n.firstSent) >= PeerProtocolSettle
 }
 
-// eventPeersLocked returns the sorted names of the peers the node knows
-// of, and whether one of them has not been heard speaking
-// EventLaneProtocolVersion (OnEventPeers). Without node records (a mesh
-// without a database) the node cannot know every node that may publish:
-// legacy then, always.
-func (n *Node) eventPeersLocked() (names []string, legacy bool) {
-	legacy = n.expected == nil
-	names = make([]string, 0, len(n.peers))
-	for name, p := range n.peers {
+// peerNamesLocked returns the sorted names of the peers the node knows
+// of, up or not (OnEventPeers).
+func (n *Node) peerNamesLocked() []string {
+	names := make([]string, 0, len(n.peers))
+	for name := range n.peers {
 		names = append(names, name)
-		if p.proto < EventLaneProtocolVersion {
-			legacy = true
-		}
 	}
 	slices.Sort(names)
-	return names, legacy
+	return names
 }
 
 // knownOldestLocked returns the lowest protocol version of the peers
 // the node knows of, up or not (OnKnownProtocols): 0 for one not heard,
-// and without node records.
+// and without node records (a mesh without a database), when the node
+// cannot know every node that may read or publish.
 func (n *Node) knownOldestLocked() int {
 	if n.expected == nil {
 		return 0

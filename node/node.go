@@ -162,7 +162,7 @@ func New(cfg Config) (*Node, error) {
 		wakeSend:      make(chan struct{}, 1),
 		wakeEffects:   make(chan struct{}, 1),
 		peers:         make(map[string]*peer),
-		expected:      nil, // until SetExpected: no node records (eventPeersLocked)
+		expected:      nil, // until SetExpected: no node records (knownOldestLocked)
 		pendingSet:    make(map[intent]bool),
 		warnedSkipped: make(map[string]bool),
 		refusedLogged: make(map[string]bool),

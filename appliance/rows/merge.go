@@ -84,6 +84,11 @@ func (m *merger) put(row string, value []byte) error {
 	if n := len(m.arena) + len(value); n <= cap(m.arena) {
 		m.arena = m.arena[:n]
 	}
+	return m.putValue(row, value)
+}
+
+// putValue stores value as row's; bbolt keeps it until the commit.
+func (m *merger) putValue(row string, value []byte) error {
 	m.key = append(m.key[:0], row...)
 	if err := m.cells.Put(m.key, value); err != nil {
 		return err
@@ -130,11 +135,7 @@ func (m *merger) mergeNew(ch Change, size int) (Applied, int, error) {
 	}
 	var err error
 	if ch.stored != nil {
-		m.key = append(m.key[:0], ch.Row...)
-		err = m.cells.Put(m.key, ch.stored)
-		if m.track && ch.Row > m.tail {
-			m.tail = ch.Row
-		}
+		err = m.putValue(ch.Row, ch.stored)
 	} else {
 		v := m.room(size)
 		for i := range ch.Cells {

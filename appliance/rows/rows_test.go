@@ -372,38 +372,16 @@ func TestJoinFromPartsOfEitherVersion(t *testing.T) {
 			defer c.e.Close()
 			meshtest.WaitFor(t, 30*time.Second, "gamma has the whole table", func() bool { return same(state(t, c.e), want) })
 
-			conn, err := amqp.Dial(url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			ch, err := conn.Channel()
-			if err != nil {
-				t.Fatal(err)
-			}
-			_ = ch.Qos(64, 0, false)
-			ds, err := ch.Consume(rows.QueueOf("jobs"), "", false, false, false, false, amqp.Table{"x-stream-offset": "first"})
-			if err != nil {
-				t.Fatal(err)
-			}
 			parts := map[int]int{}
-			for quiet := time.After(2 * time.Second); ; {
-				select {
-				case d := <-ds:
-					keyID, _ := d.Headers[wire.HeaderKey].(string)
-					kind, v, err := rows.PartVersion(ring, "jobs", keyID, d.Body)
-					if err != nil {
-						t.Fatalf("a message of the log does not open: %v", err)
-					}
-					if kind == "snapshot" {
-						parts[v]++
-					}
-					_ = d.Ack(false)
-					quiet = time.After(500 * time.Millisecond)
-					continue
-				case <-quiet:
+			for _, d := range readLog(t, url, "jobs") {
+				keyID, _ := d.Headers[wire.HeaderKey].(string)
+				kind, v, err := rows.PartVersion(ring, "jobs", keyID, d.Body)
+				if err != nil {
+					t.Fatalf("a message of the log does not open: %v", err)
 				}
-				break
+				if kind == "snapshot" {
+					parts[v]++
+				}
 			}
 			wantV := 1
 			if binary {
@@ -413,5 +391,44 @@ func TestJoinFromPartsOfEitherVersion(t *testing.T) {
 				t.Fatalf("snapshot parts in the log by version: %v, want version %d only", parts, wantV)
 			}
 		})
+	}
+}
+
+// readLog reads table's log from its first message, as an operator
+// with the broker's credential may, until none follows for half a
+// second.
+func readLog(t *testing.T, amqpURL, table string) []amqp.Delivery {
+	t.Helper()
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Qos(64, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := ch.Consume(rows.QueueOf(table), "", false, false, false, false, amqp.Table{"x-stream-offset": "first"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []amqp.Delivery
+	for quiet := time.NewTimer(2 * time.Second); ; quiet.Reset(500 * time.Millisecond) {
+		select {
+		case d, ok := <-ds:
+			if !ok {
+				t.Fatalf("the log of %s: the consumer ended after %d messages", table, len(out))
+			}
+			if err := d.Ack(false); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, d)
+			continue
+		case <-quiet.C:
+		}
+		return out
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/testing/meshtest"
@@ -33,11 +32,7 @@ func meshDBAt(b *testing.B, url, amqpURL string, nodes ...string) string {
 	if _, err := db.Init(ctx, meshdb.InitOptions{Node: nodes[0], BrokerURL: meshtest.NoCredential(amqpURL)}); err != nil {
 		b.Fatal(err)
 	}
-	for _, n := range nodes[1:] {
-		if _, err := db.AddNode(ctx, cache.NodeRecord{Name: n}); err != nil {
-			b.Fatal(err)
-		}
-	}
+	addMeshNodes(b, url, nodes[1:]...)
 	return url
 }
 
