@@ -676,6 +676,9 @@ func TestDamagedCacheRebuiltFromDatabase(t *testing.T) {
 				t.Fatal(err)
 			}
 			mt := startManager(t, path, url)
+			// On a busy machine the database may answer after the load
+			// timeout (1.5 s); the load goes on in the background.
+			meshtest.Poll(10*time.Second, func() bool { return mt.m.Status().Source == cache.SourceDB })
 			st := mt.m.Status()
 			if st.Quarantined == "" || st.Source != cache.SourceDB || st.Revision != 1 {
 				t.Fatalf("status: got %+v, want quarantined, rebuilt from db at revision 1", st)
