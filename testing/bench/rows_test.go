@@ -5,7 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
+	"os"
+	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -209,6 +213,7 @@ func BenchmarkRows(b *testing.B) {
 					break // the joiners are new once
 				}
 				start := time.Now()
+				stopProfile := joinProfile(b, round)
 				n := startRowsNode(b, name, amqpURL, dbURL)
 				var reading time.Time
 				// Read every 2 ms (the tests' poller reads every 20), the
@@ -222,6 +227,7 @@ func BenchmarkRows(b *testing.B) {
 					return s != nil && s.Rows == rowsJoinCount && s.Synced && s.Behind == 0
 				})
 				held := time.Now()
+				stopProfile()
 				if reading.IsZero() || start.After(reading) {
 					b.Fatalf("%s: its reader's start is %v, the node's %v", name, reading, start)
 				}
@@ -560,6 +566,46 @@ func finePoll(b *testing.B, d time.Duration, what string, cond func() bool) {
 	for deadline := time.Now().Add(d); !cond(); time.Sleep(2 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			b.Fatalf("%s: not within %v", what, d)
+		}
+	}
+}
+
+// joinProfile writes a CPU profile of the first joiner's start and join
+// to the file MESHBOX_BENCH_JOIN_PROFILE names, and an execution trace
+// to MESHBOX_BENCH_JOIN_TRACE's (none when unset); the function it
+// returns ends them.
+func joinProfile(b *testing.B, round int) func() {
+	if round > 0 {
+		return func() {}
+	}
+	var stops []func()
+	for _, o := range []struct {
+		env   string
+		start func(io.Writer) error
+		stop  func()
+	}{
+		{"MESHBOX_BENCH_JOIN_PROFILE", pprof.StartCPUProfile, pprof.StopCPUProfile},
+		{"MESHBOX_BENCH_JOIN_TRACE", trace.Start, trace.Stop},
+	} {
+		path := os.Getenv(o.env)
+		if path == "" {
+			continue
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := o.start(f); err != nil {
+			b.Fatal(err)
+		}
+		stops = append(stops, func() {
+			o.stop()
+			_ = f.Close()
+		})
+	}
+	return func() {
+		for _, stop := range stops {
+			stop()
 		}
 	}
 }
