@@ -114,11 +114,15 @@ func decodeBinaryPart(data []byte, table string, b *batch) error {
 		}
 		data = rest
 		start := len(cells)
+		// The row's cells are its stored value as they are, unless a
+		// length in them is longer than it need be.
+		stored, canonical := v, true
 		for len(v) > 0 {
 			f, c, next, err := nextEntry(v)
 			if err != nil {
 				return errPartDamaged
 			}
+			canonical = canonical && len(v)-len(next) == 1+len(f)+uvarintLen(uint64(len(c)))+len(c)
 			v = next
 			if c[8] > 1 {
 				return errors.New("binary snapshot part: a cell's flags unknown")
@@ -138,7 +142,11 @@ func decodeBinaryPart(data []byte, table string, b *batch) error {
 		if len(cells) == start {
 			return errors.New("binary snapshot part: a row without cells")
 		}
-		b.Changes = append(b.Changes, Change{Table: table, Row: string(row), Cells: cells[start:len(cells):len(cells)]})
+		ch := Change{Table: table, Row: string(row), Cells: cells[start:len(cells):len(cells)]}
+		if canonical {
+			ch.stored = stored[:len(stored):len(stored)]
+		}
+		b.Changes = append(b.Changes, ch)
 	}
 	return nil
 }

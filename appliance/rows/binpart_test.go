@@ -60,12 +60,17 @@ func TestBinaryPartRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkStored(t, got, true)
 	if !reflect.DeepEqual(*got, in) {
 		t.Fatalf("opened\n%+v\nwritten\n%+v", *got, in)
 	}
 	// In place, as the reader opens: the same.
 	again, err := openBatch(body[:0], ring, "jobs", s.ID(), bytes.Clone(body))
-	if err != nil || !reflect.DeepEqual(*again, in) {
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkStored(t, again, true)
+	if !reflect.DeepEqual(*again, in) {
 		t.Fatalf("opened in place: %v\n%+v", err, again)
 	}
 	asJSON := in
@@ -164,8 +169,78 @@ func FuzzBinaryPart(f *testing.F) {
 		if err := decodeBinaryPart(appendBinaryPart(nil, &b), "jobs", &again); err != nil {
 			t.Fatalf("written again, it does not decode: %v", err)
 		}
+		checkStored(t, &b, false)
+		checkStored(t, &again, true)
 		if !reflect.DeepEqual(b, again) {
 			t.Fatalf("decoded\n%+v\nwritten and decoded again\n%+v", b, again)
 		}
 	})
+}
+
+// checkStored checks that each change's stored value, where decoding
+// set it (all: on every change), is the one preEncode makes of its
+// cells, and clears it.
+func checkStored(t *testing.T, b *batch, all bool) {
+	t.Helper()
+	for i := range b.Changes {
+		ch := &b.Changes[i]
+		if ch.stored == nil {
+			if all {
+				t.Fatalf("row %s decoded without its stored value", ch.Row)
+			}
+			continue
+		}
+		want := []Change{{Cells: ch.Cells}}
+		preEncode(want)
+		if !bytes.Equal(ch.stored, want[0].stored) {
+			t.Fatalf("row %s: stored value %x, its cells make %x", ch.Row, ch.stored, want[0].stored)
+		}
+		ch.stored = nil
+	}
+}
+
+// A row's cells in a binary part are its stored value as they are,
+// unless a length in them is written longer than it need be (a varint
+// with a needless byte): such a row's cells decode the same, and its
+// stored value is made anew, so the store never keeps the long form.
+func TestBinaryPartStoredAsIs(t *testing.T) {
+	in := binTestPart()
+	in.Changes = in.Changes[:2]
+	long := func(dst []byte, n int) []byte { // n's varint with a needless last byte
+		v := binary.AppendUvarint(nil, uint64(n))
+		v[len(v)-1] |= 0x80
+		return append(append(dst, v...), 0)
+	}
+	head := in
+	head.Changes = nil
+	h := appendBatch(nil, &head)
+	part := binary.AppendUvarint([]byte{binaryPart}, uint64(len(h)))
+	part = append(part, h...)
+	for i, ch := range in.Changes {
+		var cells []byte
+		for _, c := range ch.Cells {
+			enc := c.cell().encode(nil)
+			cells = append(append(cells, byte(len(c.Field))), c.Field...)
+			if i == 1 {
+				cells = long(cells, len(enc))
+			} else {
+				cells = binary.AppendUvarint(cells, uint64(len(enc)))
+			}
+			cells = append(cells, enc...)
+		}
+		part = append(binary.AppendUvarint(part, uint64(len(ch.Row))), ch.Row...)
+		part = append(binary.AppendUvarint(part, uint64(len(cells))), cells...)
+	}
+	var b batch
+	if err := decodeBinaryPart(part, "jobs", &b); err != nil {
+		t.Fatal(err)
+	}
+	if b.Changes[0].stored == nil || b.Changes[1].stored != nil {
+		t.Fatalf("stored as is: row 1 %v (want yes), row 2 %v (want no: a long length)", b.Changes[0].stored != nil, b.Changes[1].stored != nil)
+	}
+	preEncode(b.Changes)
+	checkStored(t, &b, true)
+	if !reflect.DeepEqual(b, in) {
+		t.Fatalf("decoded\n%+v\nwritten\n%+v", b, in)
+	}
 }

@@ -30,10 +30,14 @@ type merger struct {
 // preEncode makes each change's stored value (Change.stored), the
 // changes' values in one allocation. The reader's opening runs side by
 // side on the cores, its commit on one: a joiner's snapshot spent a
-// sixth of its commits encoding rows new to the table.
+// sixth of its commits encoding rows new to the table. A change of a
+// binary part has it already (decodeBinaryPart).
 func preEncode(changes []Change) {
 	size := 0
 	for i := range changes {
+		if changes[i].stored != nil {
+			continue
+		}
 		for j := range changes[i].Cells {
 			c := &changes[i].Cells[j]
 			size += entrySize(c.Field, &c.WireCell)
@@ -42,7 +46,7 @@ func preEncode(changes []Change) {
 	buf := make([]byte, 0, size)
 	for i := range changes {
 		ch := &changes[i]
-		if len(ch.Cells) == 0 {
+		if len(ch.Cells) == 0 || ch.stored != nil {
 			continue
 		}
 		start := len(buf)
