@@ -9,7 +9,8 @@
 #   make bench-wan  only the WAN profile (25 ms each way between each node
 #               and the broker: commands, requests, events, an outbox
 #               drained, a blob on a 1 Mbit/s link, ordered handling by
-#               round trip) and an idle node's bytes, several minutes
+#               round trip, a node joining a table of 100,000 rows) and
+#               an idle node's bytes, several minutes
 #   make soak   two nodes under mixed load and connection churn for 30 minutes
 #               (SOAK_DURATION=5m for less); fails if memory grows after warm-up;
 #               then the broker-cluster fault scenario with 10,000 commands
@@ -123,7 +124,7 @@ bench: services
 # The WAN profile alone (BenchmarkWAN): each node, and each raw client,
 # reaches the broker through a proxy that adds 25 ms each way.
 bench-wan: services
-	$(GO) test -run '^$$' -bench '^(BenchmarkWAN|BenchmarkWANBlob|BenchmarkOrdered|BenchmarkIdleBytes)$$' -benchtime 1x -timeout 45m ./testing/bench/ | tee bench-wan.out | grep -E '^(BENCH|SWEEP|ok|FAIL|---)'
+	$(GO) test -run '^$$' -bench '^(BenchmarkWAN|BenchmarkWANBlob|BenchmarkWANRowsJoin|BenchmarkOrdered|BenchmarkIdleBytes)$$' -benchtime 1x -timeout 45m ./testing/bench/ | tee bench-wan.out | grep -E '^(BENCH|SWEEP|ok|FAIL|---)'
 
 # The request round trip taken apart, stretch by stretch: the bridge
 # records its points only in a build with -tags hoptrace.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/url"
 	"os"
 	"runtime/pprof"
 	"runtime/trace"
@@ -180,81 +181,107 @@ func BenchmarkRows(b *testing.B) {
 				fmt.Sprintf("took=%.2fs", took.Seconds()))
 		}
 	})
-	b.Run("join", func(b *testing.B) {
-		amqpURL := rmq.Vhost(b)
-		// The joiners join the mesh after the snapshot, as a new node
-		// does: with a node it has not heard in the mesh, the writer
-		// writes its snapshot in JSON, which nodes of before read.
-		dbURL := rowsMeshDB(b, amqpURL, "rows-j0")
-		// One snapshot, once the writer has read all its rows back: at
-		// the default threshold (every 10,000 changes) the last one
-		// came before the end of the writes as often as not, and the
-		// rest (under the threshold) waited hours for the next.
-		writer := startRowsNode(b, "rows-j0", amqpURL, dbURL, func(c *appliance.Config) { c.Rows.SnapshotEvery = rowsJoinCount })
-		writeRows(b, writer, "j", 0, rowsJoinCount)
-		done := time.Now()
-		var last *rows.TableStatus
-		defer func() {
-			if b.Failed() && last != nil {
-				b.Logf("rows-j0's table at the end: %+v", *last)
-			}
-		}()
-		meshtest.WaitFor(b, 5*time.Minute, "rows-j0's writes at the broker and a snapshot of them", func() bool {
-			s := rowsStatus(writer)
-			last = s
-			return s != nil && s.Pending == 0 && s.Behind == 0 && s.LastSnapshot != nil && s.LastSnapshot.After(done)
-		})
-		addMeshNodes(b, dbURL, "rows-j1", "rows-j2", "rows-j3")
-		for i := range b.N {
-			var ours, raw, starts, cpus []time.Duration
-			for round := range 3 {
-				name := fmt.Sprintf("rows-j%d", round+1)
-				if i > 0 {
-					break // the joiners are new once
-				}
-				start := time.Now()
-				stopProfile := joinProfile(b, round)
-				n := startRowsNode(b, name, amqpURL, dbURL)
-				var reading time.Time
-				var cpuAtReading time.Duration
-				// Read every 2 ms (the tests' poller reads every 20), the
-				// tables' status alone: the time is the node's to within
-				// that, and the reads cost the join little.
-				finePoll(b, 5*time.Minute, name+" holds the whole table", func() bool {
-					s := rowsStatus(n)
-					if s != nil && s.ReadingSince != nil && reading.IsZero() {
-						reading, cpuAtReading = *s.ReadingSince, cpuTime(b)
-					}
-					return s != nil && s.Rows == rowsJoinCount && s.Synced && s.Behind == 0
-				})
-				held := time.Now()
-				cpus = append(cpus, cpuTime(b)-cpuAtReading)
-				stopProfile()
-				if reading.IsZero() || start.After(reading) {
-					b.Fatalf("%s: its reader's start is %v, the node's %v", name, reading, start)
-				}
-				ours = append(ours, held.Sub(reading))
-				starts = append(starts, reading.Sub(start))
-				// The joiner then checks its snapshot against the log
-				// before it, in the background: the raw read and the next
-				// round start once that is done, not beside it.
-				meshtest.WaitFor(b, 5*time.Minute, name+" has checked its snapshot", func() bool {
-					s := rowsStatus(n)
-					return s != nil && !s.Verifying
-				})
-				r, msgs, bytes := rawStreamRead(b, amqpURL)
-				raw = append(raw, r)
-				if round == 0 {
-					fmt.Printf("rows-join: the new node reads %d log messages (%.1f MB) from the newest snapshot on\n", msgs, float64(bytes)/1e6)
-				}
-			}
-			o, r := medianDuration(ours), medianDuration(raw)
-			report("rows-join", float64(o.Milliseconds()), float64(r.Milliseconds()), "ms",
-				fmt.Sprintf("a node new to a table of %d rows (compacted), from its reader's start (connected, holding the table's key: status reading_since) until it holds every row; baseline raw amqp091-go dialing and reading the same messages of the log (prefetch 2048, the node's 256; acks per 512), not opening them; cpu_ms this process's CPU from the reader's start until it holds every row (the joiner's, and the idle writer's and earlier joiners'); lower is better; target ratio <= 2.0", rowsJoinCount),
-				fmt.Sprintf("node_start=%dms", medianDuration(starts).Milliseconds()),
-				fmt.Sprintf("cpu_ms=%d", medianDuration(cpus).Milliseconds()))
+	b.Run("join", func(b *testing.B) { benchRowsJoin(b, rmq, "rows-join", 0) })
+}
+
+// BenchmarkWANRowsJoin is BenchmarkRows's join with the joiners, and
+// the raw reads, reaching the broker through a link of wanDelay each
+// way: what the round trips of a join cost on a home link.
+//
+//	BENCH wan-rows-join ours=<ms> baseline=<ms> ratio=<ours/baseline>
+func BenchmarkWANRowsJoin(b *testing.B) {
+	benchRowsJoin(b, meshtest.NewRabbitMQ(b), "wan-rows-join", wanDelay)
+}
+
+// benchRowsJoin is the join of BenchmarkRows on rmq, reported as line,
+// the joiners and raw reads behind a link of delay each way (0: none).
+func benchRowsJoin(b *testing.B, rmq *meshtest.Rabbit, line string, delay time.Duration) {
+	amqpURL := rmq.Vhost(b)
+	// The joiners join the mesh after the snapshot, as a new node
+	// does: with a node it has not heard in the mesh, the writer
+	// writes its snapshot in JSON, which nodes of before read.
+	dbURL := rowsMeshDB(b, amqpURL, "rows-j0")
+	// One snapshot, once the writer has read all its rows back: at
+	// the default threshold (every 10,000 changes) the last one
+	// came before the end of the writes as often as not, and the
+	// rest (under the threshold) waited hours for the next.
+	writer := startRowsNode(b, "rows-j0", amqpURL, dbURL, func(c *appliance.Config) { c.Rows.SnapshotEvery = rowsJoinCount })
+	writeRows(b, writer, "j", 0, rowsJoinCount)
+	done := time.Now()
+	var last *rows.TableStatus
+	defer func() {
+		if b.Failed() && last != nil {
+			b.Logf("rows-j0's table at the end: %+v", *last)
 		}
+	}()
+	meshtest.WaitFor(b, 5*time.Minute, "rows-j0's writes at the broker and a snapshot of them", func() bool {
+		s := rowsStatus(writer)
+		last = s
+		return s != nil && s.Pending == 0 && s.Behind == 0 && s.LastSnapshot != nil && s.LastSnapshot.After(done)
 	})
+	addMeshNodes(b, dbURL, "rows-j1", "rows-j2", "rows-j3")
+	// The joiners, and the raw reads, reach the broker through a link
+	// that adds delay each way (none: straight).
+	joinURL, where, target := amqpURL, "", "target ratio <= 2.0"
+	if delay > 0 {
+		u, err := url.Parse(amqpURL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		px := meshtest.NewProxy(b, u.Host)
+		px.Delay(b, delay)
+		joinURL = px.Rewrite(amqpURL, u.Host)
+		where, target = fmt.Sprintf(", joining through a link of %s each way", delay), "no target: what a join over a home link costs"
+	}
+	for i := range b.N {
+		var ours, raw, starts, cpus []time.Duration
+		for round := range 3 {
+			name := fmt.Sprintf("rows-j%d", round+1)
+			if i > 0 {
+				break // the joiners are new once
+			}
+			start := time.Now()
+			stopProfile := joinProfile(b, round)
+			n := startRowsNode(b, name, joinURL, dbURL)
+			var reading time.Time
+			var cpuAtReading time.Duration
+			// Read every 2 ms (the tests' poller reads every 20), the
+			// tables' status alone: the time is the node's to within
+			// that, and the reads cost the join little.
+			finePoll(b, 5*time.Minute, name+" holds the whole table", func() bool {
+				s := rowsStatus(n)
+				if s != nil && s.ReadingSince != nil && reading.IsZero() {
+					reading, cpuAtReading = *s.ReadingSince, cpuTime(b)
+				}
+				return s != nil && s.Rows == rowsJoinCount && s.Synced && s.Behind == 0
+			})
+			held := time.Now()
+			cpus = append(cpus, cpuTime(b)-cpuAtReading)
+			stopProfile()
+			if reading.IsZero() || start.After(reading) {
+				b.Fatalf("%s: its reader's start is %v, the node's %v", name, reading, start)
+			}
+			ours = append(ours, held.Sub(reading))
+			starts = append(starts, reading.Sub(start))
+			// The joiner then checks its snapshot against the log
+			// before it, in the background: the raw read and the next
+			// round start once that is done, not beside it.
+			meshtest.WaitFor(b, 5*time.Minute, name+" has checked its snapshot", func() bool {
+				s := rowsStatus(n)
+				return s != nil && !s.Verifying
+			})
+			r, msgs, bytes := rawStreamRead(b, joinURL)
+			raw = append(raw, r)
+			if round == 0 {
+				fmt.Printf(line+": the new node reads %d log messages (%.1f MB) from the newest snapshot on\n", msgs, float64(bytes)/1e6)
+			}
+		}
+		o, r := medianDuration(ours), medianDuration(raw)
+		report(line, float64(o.Milliseconds()), float64(r.Milliseconds()), "ms",
+			fmt.Sprintf("a node new to a table of %d rows (compacted)%s, from its reader's start (connected, holding the table's key: status reading_since) until it holds every row; baseline raw amqp091-go dialing and reading the same messages of the log (prefetch 2048, the node's 256; acks per 512), not opening them; cpu_ms this process's CPU from the reader's start until it holds every row (the joiner's, and the idle writer's and earlier joiners'); lower is better; %s", rowsJoinCount, where, target),
+			fmt.Sprintf("node_start=%dms", medianDuration(starts).Milliseconds()),
+			fmt.Sprintf("cpu_ms=%d", medianDuration(cpus).Milliseconds()))
+	}
 }
 
 // rowsMeshDB is benchMeshDB with the table rowsTable defined.
