@@ -109,6 +109,14 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 	// Deliveries the reader no longer takes would hold the connection's
 	// reader, and with it the channel's close, forever.
 	defer func() { go drain(ds) }()
+	if err := verifyRecorded(); err != nil {
+		return err
+	}
+	defer func() {
+		e.mu.Lock()
+		e.state(table).connected, e.state(table).inRun = false, 0
+		e.mu.Unlock()
+	}()
 	e.mu.Lock()
 	st := e.state(table)
 	st.connected, st.offset, st.heldNext = true, off, heldNext
@@ -117,9 +125,6 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 		st.wantSnap, st.snapApplied = true, time.Time{} // the verifier waits for this one
 	}
 	e.mu.Unlock()
-	if err := verifyRecorded(); err != nil {
-		return err
-	}
 	verifyAt, verifyTo, verifyPending, err := e.store.verifyRange(table)
 	if err != nil {
 		return err
@@ -127,11 +132,6 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 	e.mu.Lock()
 	st.checking = verifyPending // the snapshot it takes is checked
 	e.mu.Unlock()
-	defer func() {
-		e.mu.Lock()
-		e.state(table).connected, e.state(table).inRun = false, 0
-		e.mu.Unlock()
-	}()
 	// The verifier of a snapshot this node joined from (now or before a
 	// restart): it ends with the reader (vctx).
 	vctx, vcancel := context.WithCancel(ctx)
