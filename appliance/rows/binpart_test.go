@@ -91,7 +91,8 @@ func TestBinaryPartRoundTrip(t *testing.T) {
 
 // A member's part is its word: one that breaks a rule of the store's
 // rows (fields out of order or twice, names the rules refuse, an
-// unknown flag, a value over the bound, a change of another table,
+// unknown flag, a value over the bound, a tombstone with a value, a
+// change of another table,
 // lengths past the end) does not open, and nothing of it is applied.
 // The control: the honest part opens (TestBinaryPartRoundTrip).
 func TestBinaryPartRefused(t *testing.T) {
@@ -128,6 +129,7 @@ func TestBinaryPartRefused(t *testing.T) {
 		{"no writer", append(head(good), row("job-1", cell("status", Cell{Stamp: 1, Value: []byte("x")}))...)},
 		{"an unknown flag", append(head(good), row("job-1", flagged)...)},
 		{"a value over the bound", append(head(good), row("job-1", cell("status", Cell{Stamp: 1, Node: "a", Value: make([]byte, MaxValueLen+1)}))...)},
+		{"a tombstone with a value", append(head(good), row("job-1", cell("status", Cell{Stamp: 1, Node: "a", Deleted: true, Value: make([]byte, MaxValueLen)}))...)},
 		{"a row without cells", append(head(good), row("job-1")...)},
 		{"truncated", pt[:len(pt)-3]},
 		{"a length past the end", append(head(good), 0xff, 0xff, 0xff, 0x7f)},
@@ -147,6 +149,13 @@ func TestBinaryPartRefused(t *testing.T) {
 		t.Fatalf("JSON of version 2 opened: %v", err)
 	}
 	// Sealed for another table, the part does not open there.
+	// The same rule for a change in JSON: a tombstone with a value (the
+	// control, one without, opens in TestChangesBatchOpens).
+	tomb := batch{V: 1, Kind: kindChanges, Node: "alpha", Changes: []Change{{Table: "jobs", Row: "job-1",
+		Cells: CellsOf(map[string]WireCell{"status": {Stamp: 1, Node: "alpha", Deleted: true, Value: []byte("pad")}})}}}
+	if _, err := openBatch(nil, ring, "jobs", s.ID(), sealPT(appendBatch(nil, &tomb))); !errors.Is(err, errUnopened) {
+		t.Fatalf("a change in JSON deleting a field with a value opened: %v", err)
+	}
 	if _, err := openBatch(nil, ring, "other", s.ID(), sealPT(pt)); !errors.Is(err, errUnopened) {
 		t.Fatalf("a part of jobs opened in the log of other: %v", err)
 	}

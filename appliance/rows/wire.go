@@ -154,6 +154,11 @@ func openBatch(dst []byte, ring *seal.Keyring, table, keyID string, body []byte)
 			if len(c.Value) > MaxValueLen || c.Node == "" || len(c.Node) > 255 || !utf8.ValidString(c.Node) {
 				return nil, fmt.Errorf("%w: field %s: value of %d bytes or node %q out of bounds", errUnopened, f, len(c.Value), c.Node)
 			}
+			// A tombstone has no value: one with a value would be kept
+			// (a member's padding of every replica) and never read.
+			if c.Deleted && len(c.Value) > 0 {
+				return nil, fmt.Errorf("%w: field %s: deleted, with a value of %d bytes", errUnopened, f, len(c.Value))
+			}
 		}
 	}
 	return &b, nil
