@@ -26,8 +26,11 @@ import (
 
 const (
 	// rabbitReadyTimeout bounds a broker start (first start and restarts),
-	// from its start slot (rabbit_slots.go) until it answers.
-	rabbitReadyTimeout = 2 * time.Minute
+	// from its start slot (rabbit_slots.go) until it answers. A member
+	// joining a cluster on a loaded 2-core machine was still enabling its
+	// feature flags, table by table with its peers, after a minute, and
+	// had not opened its port at two.
+	rabbitReadyTimeout = 3 * time.Minute
 	// rabbitStopTimeout bounds a graceful broker stop.
 	rabbitStopTimeout = 60 * time.Second
 )
