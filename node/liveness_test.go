@@ -385,6 +385,35 @@ func good(m Message) []byte {
 	return body
 }
 
+// reports keeps what a callback of a node under test reported, in order.
+type reports[T any] struct {
+	mu  sync.Mutex
+	got []T
+}
+
+func (r *reports[T]) add(v T) {
+	r.mu.Lock()
+	r.got = append(r.got, v)
+	r.mu.Unlock()
+}
+
+// all returns every report so far.
+func (r *reports[T]) all() []T {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.got)
+}
+
+// lastOr returns the latest report, or none when there is none yet.
+func (r *reports[T]) lastOr(none T) T {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.got) == 0 {
+		return none
+	}
+	return r.got[len(r.got)-1]
+}
+
 // A node reports the lowest protocol its up peers speak, once its hello
 // has been out long enough for their answers, and again when an older
 // peer comes or goes: the bridge sends command batches only while it is
@@ -392,21 +421,10 @@ func good(m Message) []byte {
 func TestPeerProtocolsReported(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
-		var mu sync.Mutex
-		var reports []int
-		a := h.node("A", func(c *Config) {
-			c.OnPeerProtocols = func(oldest int) {
-				mu.Lock()
-				reports = append(reports, oldest)
-				mu.Unlock()
-			}
-		}, "cap.a")
+		var reports reports[int]
+		a := h.node("A", func(c *Config) { c.OnPeerProtocols = reports.add }, "cap.a")
 		b := h.node("B", nil, "cap.b")
-		got := func() []int {
-			mu.Lock()
-			defer mu.Unlock()
-			return slices.Clone(reports)
-		}
+		got := reports.all
 		h.start(a, b)
 		if r := got(); len(r) != 0 {
 			t.Fatalf("reports before the hello settled: %v, want none", r)
@@ -445,24 +463,12 @@ func TestEventPeersReported(t *testing.T) {
 			peers  []string
 			legacy bool
 		}
-		var mu sync.Mutex
-		var reports []report
+		var reports reports[report]
 		a := h.node("A", func(c *Config) {
-			c.OnEventPeers = func(peers []string, legacy bool) {
-				mu.Lock()
-				reports = append(reports, report{peers, legacy})
-				mu.Unlock()
-			}
+			c.OnEventPeers = func(peers []string, legacy bool) { reports.add(report{peers, legacy}) }
 		}, "cap.a")
 		b := h.node("B", nil, "cap.b")
-		last := func() report {
-			mu.Lock()
-			defer mu.Unlock()
-			if len(reports) == 0 {
-				return report{}
-			}
-			return reports[len(reports)-1]
-		}
+		last := func() report { return reports.lastOr(report{}) }
 		h.start(a, b)
 		h.settle()
 		if r := last(); !r.legacy || !slices.Equal(r.peers, []string{"B"}) {
@@ -497,29 +503,16 @@ func TestEventPeersReported(t *testing.T) {
 // not: 0 without node records and while an expected node was not heard,
 // the current version once all were, an older node's version once it
 // says hello, and no more than that after it left (it may come back and
-// read what was written meanwhile; a bye carries no version, 1 then). The tables write snapshot parts
-// in binary only at RowsBinaryProtocolVersion.
+// read what was written meanwhile; a bye carries no version, 1 then).
+// The tables write snapshot parts in binary only at
+// RowsBinaryProtocolVersion.
 func TestKnownProtocolsReported(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
-		var mu sync.Mutex
-		var reports []int
-		a := h.node("A", func(c *Config) {
-			c.OnKnownProtocols = func(oldest int) {
-				mu.Lock()
-				reports = append(reports, oldest)
-				mu.Unlock()
-			}
-		}, "cap.a")
+		var reports reports[int]
+		a := h.node("A", func(c *Config) { c.OnKnownProtocols = reports.add }, "cap.a")
 		b := h.node("B", nil, "cap.b")
-		last := func() int {
-			mu.Lock()
-			defer mu.Unlock()
-			if len(reports) == 0 {
-				return -1
-			}
-			return reports[len(reports)-1]
-		}
+		last := func() int { return reports.lastOr(-1) }
 		h.start(a, b)
 		h.settle()
 		if r := last(); r != 0 {

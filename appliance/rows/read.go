@@ -45,6 +45,7 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 	// while its consumer starts: round trips to the broker and a disk
 	// commit not waited for one after the other (on a home link, 40 to
 	// 160 ms of a join).
+	// Each is waited for once, where it is needed or on return.
 	opened := make(chan channelOpened, 1)
 	go func() {
 		ch, err := conn.Channel()
@@ -54,24 +55,16 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 		}
 		opened <- channelOpened{ch, err}
 	}()
-	var readerCh *channelOpened
-	channel := func() channelOpened {
-		if readerCh == nil {
-			r := <-opened
-			readerCh = &r
-		}
-		return *readerCh
-	}
+	channel := sync.OnceValue(func() channelOpened { return <-opened })
 	defer channel()
-	var verifySet chan error
-	var verifyErr error
-	verifyRecorded := func() error {
-		if verifySet != nil {
-			verifyErr, verifySet = <-verifySet, nil
+	var verifySet chan error // nil: nothing to record
+	verifyRecorded := sync.OnceValue(func() error {
+		if verifySet == nil {
+			return nil
 		}
-		return verifyErr
-	}
-	defer func() { _ = verifyRecorded() }()
+		return <-verifySet
+	})
+	defer verifyRecorded()
 	var start any = "first"
 	joined := false
 	var lastHash []byte
@@ -87,9 +80,8 @@ func (e *Engine) readLog(ctx context.Context, conn *amqp.Connection, table strin
 		// The snapshot is a member's word: the log before it is read
 		// too, in the background, to check that it held every change
 		// there (verify.go).
-		set := make(chan error, 1)
-		verifySet = set
-		go func() { set <- e.store.setVerify(table, s) }()
+		verifySet = make(chan error, 1)
+		go func(set chan<- error) { set <- e.store.setVerify(table, s) }(verifySet)
 		start, joined = int64(s), true
 		e.log.Info("rows: joining a table from its newest snapshot; the log before it is checked in the background", "table", table, "offset", s)
 	}

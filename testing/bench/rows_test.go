@@ -24,7 +24,6 @@ import (
 
 	"github.com/meshbox/meshbox/appliance"
 	"github.com/meshbox/meshbox/appliance/rows"
-	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/internal/wire"
 	"github.com/meshbox/meshbox/testing/meshtest"
@@ -288,33 +287,18 @@ func benchRowsJoin(b *testing.B, rmq *meshtest.Rabbit, line string, delay time.D
 func rowsMeshDB(b *testing.B, amqpURL string, nodes ...string) string {
 	b.Helper()
 	url := benchMeshDB(b, amqpURL, nodes...)
-	ctx := context.Background()
-	db, err := meshdb.Open(ctx, url, meshdb.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer db.Close()
 	spec, _ := json.Marshal(rows.TableSpec{})
-	if _, err := db.SetSetting(ctx, appliance.TableSettingPrefix+rowsTable, string(spec)); err != nil {
-		b.Fatal(err)
-	}
+	withMeshDB(b, url, func(ctx context.Context, db *meshdb.DB) error {
+		_, err := db.SetSetting(ctx, appliance.TableSettingPrefix+rowsTable, string(spec))
+		return err
+	})
 	return url
 }
 
 // addMeshNodes adds nodes to the mesh database at url.
 func addMeshNodes(b *testing.B, url string, nodes ...string) {
 	b.Helper()
-	ctx := context.Background()
-	db, err := meshdb.Open(ctx, url, meshdb.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer db.Close()
-	for _, n := range nodes {
-		if _, err := db.AddNode(ctx, cache.NodeRecord{Name: n}); err != nil {
-			b.Fatal(err)
-		}
-	}
+	withMeshDB(b, url, func(ctx context.Context, db *meshdb.DB) error { return addNodes(ctx, db, nodes) })
 }
 
 // startRowsNode starts a node and waits until it reads the table's log.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbox/meshbox/cache"
 	"github.com/meshbox/meshbox/cache/meshdb"
 	"github.com/meshbox/meshbox/internal/seal"
 	"github.com/meshbox/meshbox/testing/meshtest"
@@ -23,17 +24,38 @@ func benchMeshDB(b *testing.B, amqpURL string, nodes ...string) string {
 // does, and returns url.
 func meshDBAt(b *testing.B, url, amqpURL string, nodes ...string) string {
 	b.Helper()
+	withMeshDB(b, url, func(ctx context.Context, db *meshdb.DB) error {
+		if _, err := db.Init(ctx, meshdb.InitOptions{Node: nodes[0], BrokerURL: meshtest.NoCredential(amqpURL)}); err != nil {
+			return err
+		}
+		return addNodes(ctx, db, nodes[1:])
+	})
+	return url
+}
+
+// withMeshDB calls fn with the mesh database at url, open for the call;
+// an error of either fails b.
+func withMeshDB(b *testing.B, url string, fn func(context.Context, *meshdb.DB) error) {
+	b.Helper()
 	ctx := context.Background()
 	db, err := meshdb.Open(ctx, url, meshdb.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer db.Close()
-	if _, err := db.Init(ctx, meshdb.InitOptions{Node: nodes[0], BrokerURL: meshtest.NoCredential(amqpURL)}); err != nil {
+	if err := fn(ctx, db); err != nil {
 		b.Fatal(err)
 	}
-	addMeshNodes(b, url, nodes[1:]...)
-	return url
+}
+
+// addNodes adds nodes to the mesh database db.
+func addNodes(ctx context.Context, db *meshdb.DB, nodes []string) error {
+	for _, n := range nodes {
+		if _, err := db.AddNode(ctx, cache.NodeRecord{Name: n}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // BenchmarkSeal measures what sealing costs per message: AES-256-GCM seal
