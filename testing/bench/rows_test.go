@@ -584,14 +584,12 @@ func finePoll(b *testing.B, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// joinProfile writes a CPU profile of the first joiner's start and join
-// to the file MESHBOX_BENCH_JOIN_PROFILE names, and an execution trace
-// to MESHBOX_BENCH_JOIN_TRACE's (none when unset); the function it
-// returns ends them.
+// joinProfile writes a CPU profile of a joiner's start and join to the
+// file MESHBOX_BENCH_JOIN_PROFILE names, and an execution trace to
+// MESHBOX_BENCH_JOIN_TRACE's (none when unset), the first joiner's to
+// the file itself and the next ones' to the name with ".2", ".3"
+// added; the function it returns ends them.
 func joinProfile(b *testing.B, round int) func() {
-	if round > 0 {
-		return func() {}
-	}
 	var stops []func()
 	for _, o := range []struct {
 		env   string
@@ -604,6 +602,9 @@ func joinProfile(b *testing.B, round int) func() {
 		path := os.Getenv(o.env)
 		if path == "" {
 			continue
+		}
+		if round > 0 {
+			path += fmt.Sprintf(".%d", round+1)
 		}
 		f, err := os.Create(path)
 		if err != nil {
