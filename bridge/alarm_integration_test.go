@@ -20,6 +20,7 @@ func TestAlarmBlocksPublishingButNotAcks(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test: needs RabbitMQ")
 	}
+	t.Parallel()
 	r := meshtest.NewRabbitMQ(t) // private: the alarm holds for the whole broker
 	const stage, total = "alarmed", 6
 	n := newNode(t, "alarmnode", r.URL(), func(c *bridge.Config) {

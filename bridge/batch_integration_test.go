@@ -21,6 +21,7 @@ import (
 // command of its own: handled once, its failed attempt tried again alone
 // (published again, not its whole batch), nothing lost, nothing twice.
 func TestCommandBatches(t *testing.T) {
+	t.Parallel()
 	vhost := testVhost(t)
 	a := newNode(t, "alpha", vhost, nil)
 	b := newNode(t, "beta", vhost, nil)

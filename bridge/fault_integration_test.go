@@ -22,6 +22,7 @@ func TestBrokerRestartLosesNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("restarts a private broker")
 	}
+	t.Parallel()
 	rabbit := meshtest.NewRabbitMQ(t)
 	url := rabbit.URL()
 	a := newNode(t, "alpha", url, nil)
@@ -45,12 +46,36 @@ func TestBrokerRestartLosesNothing(t *testing.T) {
 	var seq atomic.Int64
 	var failures atomic.Int64
 	stop := make(chan struct{})
+	// The submitters wait while the broker boots (hold): what goes into
+	// the outbox is the test's choice, not the machine's boot time (a
+	// minute of boot on a busy machine was 18,000 more of each).
+	var gate sync.Mutex
+	var held chan struct{}
+	hold := func(on bool) {
+		gate.Lock()
+		defer gate.Unlock()
+		if on {
+			held = make(chan struct{})
+		} else {
+			close(held)
+			held = nil
+		}
+	}
 	var wg sync.WaitGroup
 	for w := 0; w < 8; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
+				gate.Lock()
+				h := held
+				gate.Unlock()
+				if h != nil {
+					select {
+					case <-h:
+					case <-stop:
+					}
+				}
 				select {
 				case <-stop:
 					return
@@ -103,14 +128,18 @@ func TestBrokerRestartLosesNothing(t *testing.T) {
 	rabbit.Stop(t)
 	offline()
 	more(200) // into the outbox
+	hold(true)
 	rabbit.Start(t)
+	hold(false)
 	a.waitConnected(t)
 	b.waitConnected(t)
 	more(500)
 	rabbit.Kill(t)
 	offline()
 	more(200)
+	hold(true)
 	rabbit.Start(t)
+	hold(false)
 	a.waitConnected(t)
 	b.waitConnected(t)
 	more(500)

@@ -134,6 +134,7 @@ func TestMetricsRegistered(t *testing.T) {
 // its name held by another process reports it on Fatal (after the grace a
 // stale connection of its own could need), and keeps the first working.
 func TestNameTakenWhileOffline(t *testing.T) {
+	t.Parallel()
 	vhost := testVhost(t)
 	px, proxied := brokerProxy(t, vhost)
 	px.Cut(t)

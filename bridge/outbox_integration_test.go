@@ -16,6 +16,7 @@ import (
 )
 
 func TestOutboxWhileLinkDownThenDrainedInOrder(t *testing.T) {
+	t.Parallel()
 	vhost := testVhost(t)
 	px, proxied := brokerProxy(t, vhost)
 	a := newNode(t, "alpha", proxied, nil)

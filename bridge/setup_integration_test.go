@@ -13,6 +13,7 @@ import (
 // declarations must not hold Start past its connect limit: the node goes
 // offline and the link loop keeps trying.
 func TestStartBoundedWhenBrokerStallsDuringSetup(t *testing.T) {
+	t.Parallel()
 	vhost := testVhost(t)
 	px, url := brokerProxy(t, vhost)
 	n := buildNode(t, "stallsetup", url, func(c *bridge.Config) {

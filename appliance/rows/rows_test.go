@@ -256,6 +256,7 @@ func TestJoinIgnoresAForgedStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("uses RabbitMQ")
 	}
+	t.Parallel()
 	url := meshtest.RabbitMQ(t).Vhost(t)
 	key := seal.NewContentKey()
 	a := startNode(t, "alpha", url, keyring(t, key), t.TempDir(), 50)
@@ -355,6 +356,7 @@ func TestJoinFromPartsOfEitherVersion(t *testing.T) {
 	if testing.Short() {
 		t.Skip("uses RabbitMQ")
 	}
+	t.Parallel()
 	for _, binary := range []bool{false, true} {
 		t.Run(fmt.Sprintf("binary=%v", binary), func(t *testing.T) {
 			url := meshtest.RabbitMQ(t).Vhost(t)

@@ -41,6 +41,7 @@ func TestARemovedMembersChangesConverge(t *testing.T) {
 	if testing.Short() {
 		t.Skip("uses RabbitMQ")
 	}
+	t.Parallel()
 	rmq := meshtest.LeaseRabbitMQ(t)
 	vhost := rmq.Vhost(t)
 	urls := nodeUsers(t, rmq, vhost, "alpha", "beta", "gamma", "delta")

@@ -134,6 +134,7 @@ func TestADeletedLogIsSeen(t *testing.T) {
 	if testing.Short() {
 		t.Skip("uses RabbitMQ")
 	}
+	t.Parallel()
 	amqpURL := meshtest.RabbitMQ(t).Vhost(t)
 	key := seal.NewContentKey()
 	a := startNode(t, "alpha", amqpURL, keyring(t, key), t.TempDir(), 1000)
@@ -201,6 +202,7 @@ func TestOneWriterCannotFillTheHeldBound(t *testing.T) {
 	if testing.Short() {
 		t.Skip("uses RabbitMQ")
 	}
+	t.Parallel()
 	amqpURL := meshtest.RabbitMQ(t).Vhost(t)
 	key := seal.NewContentKey()
 	a := startNodeCfg(t, "alpha", amqpURL, keyring(t, key), t.TempDir(), func(c *rows.Config) { c.MaxDrift = 2 * time.Second })

@@ -35,6 +35,9 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 		minEach = 2500
 		maxEach = 40000
 		rate    = 250 // per second, commands and events each
+		// outboxed: submissions in alpha's outbox before the broker starts
+		// again (a second of the load).
+		outboxed = 2 * rate
 	)
 	t.Parallel() // a broker of its own: runs beside the other tests that have one
 	rmq := meshtest.NewRabbitMQ(t)
@@ -89,9 +92,16 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 			rmq.Stop(t)
 		}
 		meshtest.WaitStatus(t, alpha.HTTPURL(), time.Minute, "submissions in alpha's outbox", func(s appliance.Status) bool {
-			return s.Broker.State != "connected" && s.Outbox.Depth > 0
+			return s.Broker.State != "connected" && s.Outbox.Depth >= outboxed
 		})
+		// The load waits while the broker boots: what a fault puts in
+		// the outbox is the test's choice, not the machine's boot time
+		// (a minute of boot on a busy machine was 15,000 more each).
+		cl.Hold()
+		el.Hold()
 		rmq.Start(t)
+		cl.Release()
+		el.Release()
 		t.Logf("fault %d (%s) done at %s: %d commands, %d events submitted so far",
 			i+1, fault, time.Since(start).Round(time.Second), cl.Started(), el.Started())
 		meshtest.WaitStatus(t, alpha.HTTPURL(), time.Minute, "alpha's link back and its outbox drained", func(s appliance.Status) bool {

@@ -3,6 +3,7 @@ package ledger
 import (
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,5 +130,59 @@ func TestTally(t *testing.T) {
 	}
 	if got, want := tl.String(), `2× "### node ## gone", 1× "### outbox full"`; got != want {
 		t.Errorf("tally: got %q, want %q (numbers blanked, largest first)", got, want)
+	}
+}
+
+// TestLoadHold: a held load submits nothing until released, then goes on;
+// a run told to stop while held still ends (control: an unheld load
+// submits).
+func TestLoadHold(t *testing.T) {
+	srv := natstest.Start(t)
+	nc := natstest.Connect(t, srv)
+	var got atomic.Int64
+	if _, err := nc.Subscribe("cmd.load", func(m *nats.Msg) {
+		got.Add(1)
+		r := nats.NewMsg(m.Reply)
+		r.Header.Set("Meshbox-Accepted", "broker")
+		_ = m.RespondMsg(r)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	l := &Load{NC: nc, Subject: "cmd.load", Origin: "alpha", History: NewHistory()}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l.Run(2, 1000, 0, 1_000_000, stop)
+	}()
+	waitCount := func(what string, cond func(int64) bool) int64 {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for n := got.Load(); ; n = got.Load() {
+			if cond(n) {
+				return n
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d submissions", what, n)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitCount("the load running", func(n int64) bool { return n >= 20 })
+	l.Hold()
+	time.Sleep(50 * time.Millisecond) // the submissions in flight end
+	at := got.Load()
+	time.Sleep(200 * time.Millisecond) // at the load's rate, 200 more
+	if n := got.Load(); n != at {
+		t.Errorf("held: %d submissions went on after the hold, want none", n-at)
+	}
+	l.Release()
+	waitCount("the load going on after release", func(n int64) bool { return n >= at+20 })
+	l.Hold()
+	close(stop)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a held run told to stop did not end")
 	}
 }

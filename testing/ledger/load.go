@@ -49,9 +49,10 @@ type Load struct {
 
 	next     atomic.Int64
 	mu       sync.Mutex
-	accepted Tally // Meshbox-Accepted -> count
-	refusals Tally // "code text" -> count
-	errs     Tally // client errors (no answer) -> count
+	held     chan struct{} // non-nil: closed by Release (Hold)
+	accepted Tally         // Meshbox-Accepted -> count
+	refusals Tally         // "code text" -> count
+	errs     Tally         // client errors (no answer) -> count
 }
 
 // Run submits with workers goroutines at about rate per second until stop
@@ -77,6 +78,9 @@ func (l *Load) Run(workers int, rate float64, min, max int, stop <-chan struct{}
 				if seq >= max || seq >= min && stopped {
 					return
 				}
+				if !stopped {
+					l.wait(stop)
+				}
 				start := time.Now()
 				o, resp, err := Submit(l.NC, l.Subject, Payload(l.Origin, seq), 20*time.Second)
 				l.History.Submitted(Op{l.Origin, seq}, o)
@@ -98,6 +102,42 @@ func (l *Load) Run(workers int, rate float64, min, max int, stop <-chan struct{}
 		})
 	}
 	wg.Wait()
+}
+
+// Hold makes the workers wait before their next submission until
+// Release (or until the run is told to stop): a fault test holds its
+// load while a broker boots, so that the submissions of a fault do not
+// grow with how long the machine takes to start one.
+func (l *Load) Hold() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.held == nil {
+		l.held = make(chan struct{})
+	}
+}
+
+// Release lets the workers go on after Hold.
+func (l *Load) Release() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.held != nil {
+		close(l.held)
+		l.held = nil
+	}
+}
+
+// wait returns once the load is not held, or stop is closed.
+func (l *Load) wait(stop <-chan struct{}) {
+	l.mu.Lock()
+	held := l.held
+	l.mu.Unlock()
+	if held == nil {
+		return
+	}
+	select {
+	case <-held:
+	case <-stop:
+	}
 }
 
 // Started returns how many submissions the workers have begun (or were
