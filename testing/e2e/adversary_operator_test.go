@@ -194,6 +194,12 @@ func TestAdversaryOperatorForgesGeneration(t *testing.T) {
 		return s.Identity.Generation == 2 && s.Identity.Rotation == ""
 	})
 	call("rotated")
+	// Beta refuses the revoked generation once its bindings say it is
+	// revoked: as new as alpha's, which hold alpha's rotation ended.
+	rev := meshtest.Status(t, alpha.HTTPURL()).Bindings.Revision
+	meshtest.WaitStatus(t, beta.HTTPURL(), 30*time.Second, "beta's bindings as new as alpha's after its rotation", func(s appliance.Status) bool {
+		return s.Bindings.Revision >= rev
+	})
 	oldURL, oldUser := operatorNodeUser(t, rmq, vhost, "alpha", 1)
 	oc := meshtest.Dial(t, oldURL)
 	forged1 := errorsOf(t, beta, "forged")

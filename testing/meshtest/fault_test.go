@@ -18,6 +18,7 @@ func TestRabbitStopKillStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and restarts a private broker")
 	}
+	t.Parallel() // its broker's boot overlaps the other tests' boots
 	r := meshtest.NewRabbitMQ(t)
 	url := r.Vhost(t)
 	port := r.Port()

@@ -11,6 +11,7 @@ func TestLeaseRabbitMQ(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts RabbitMQ")
 	}
+	t.Parallel() // its broker's boot overlaps the other tests' boots
 	var first *Rabbit
 	t.Run("make a user", func(t *testing.T) {
 		first = LeaseRabbitMQ(t)

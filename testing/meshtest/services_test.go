@@ -61,6 +61,7 @@ func roundTrip(t *testing.T, url, body string) {
 }
 
 func TestRabbitVhostRoundTrip(t *testing.T) {
+	t.Parallel() // its broker's boot overlaps the other tests' boots
 	r := meshtest.RabbitMQ(t)
 	a, b := r.Vhost(t), r.Vhost(t)
 	if a == b {
