@@ -101,7 +101,7 @@ test: services build
 	@fuzzlog=$$(mktemp); \
 	( nice -n 19 $(MAKE) --no-print-directory fuzz FUZZ_TIME=$(TEST_FUZZ_TIME) >"$$fuzzlog" 2>&1; echo $$? >"$$fuzzlog.rc" ) & \
 	( MESHTEST_MESHBOX=$(abspath $(BIN)) $(GO) test -trimpath -count=1 -p 2 -timeout $(TEST_TIMEOUT) $(PROCESS_PKGS); echo $$? >"$$fuzzlog.prc" ) & \
-	first=$$($(GO) list $(RACE_FIRST)); \
+	first=$$($(GO) list $(RACE_FIRST)) || exit 1; \
 	inproc="$$first $$($(GO) list ./... | grep -v -x -e '.*/testing/e2e' -e '.*/testing/pkgtest' $$(printf -- '-e %s ' $$first))"; \
 	echo "MESHTEST_MESHBOX=$(abspath $(BIN)) $(GO) test -trimpath -count=1 $(PROCESS_PKGS), and beside it -race -p $(TEST_PARALLEL) the other packages (fuzz targets beside them)"; \
 	MESHTEST_MESHBOX=$(abspath $(BIN)) $(GO) test -trimpath -race -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $$inproc; rc=$$?; \

@@ -106,7 +106,6 @@ func TestStageCreditFavoursTheQuickNode(t *testing.T) {
 // round trip but for a scheduler's stall now and then (a machine busy
 // with other tests), and every command is handled and acked once.
 func TestCreditChangesNeverHoldUpAcks(t *testing.T) {
-	t.Parallel()
 	vhost := testVhost(t)
 	px, slowURL := brokerProxy(t, vhost)
 	px.Delay(t, 50*time.Millisecond)

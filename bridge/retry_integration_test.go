@@ -128,7 +128,6 @@ func failure(code, text string) *nats.Msg {
 // users of the nodes' own allowed the stage by name; the copy in the retry
 // queue is sealed.
 func TestRetryWaitsItsBackoff(t *testing.T) {
-	t.Parallel()
 	const backoff = 1500 * time.Millisecond
 	a, b, tap := sealedPerNodePair(t, []string{"flaky"}, func(c *bridge.Config) {
 		c.Retry = map[string]bridge.RetryPolicy{"flaky": {Attempts: 3, Backoff: backoff}}

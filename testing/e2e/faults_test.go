@@ -71,7 +71,16 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 	cl := &ledger.Load{NC: natsConn(t, alpha), Subject: "cmd.load", Origin: "alpha", History: cmds}
 	el := &ledger.Load{NC: natsConn(t, alpha), Subject: "evt.load", Origin: "alpha", History: evts}
 	stop := make(chan struct{})
+	stopLoad := sync.OnceFunc(func() { close(stop) })
 	var wg sync.WaitGroup
+	// A test that ends early (a broker that does not start) leaves no
+	// load held or running.
+	t.Cleanup(func() {
+		stopLoad()
+		cl.Release()
+		el.Release()
+		wg.Wait()
+	})
 	for _, l := range []*ledger.Load{cl, el} {
 		wg.Add(1)
 		go func() { // load generator: exits when stop is closed and the minimum is submitted
@@ -108,7 +117,7 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 			return s.Broker.State == "connected" && s.Outbox.Depth == 0
 		})
 	}
-	close(stop)
+	stopLoad()
 	wg.Wait()
 	t.Logf("load done after %s: %s; %s", time.Since(start).Round(time.Second), cl.Summary(), el.Summary())
 

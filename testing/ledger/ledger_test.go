@@ -170,8 +170,14 @@ func TestLoadHold(t *testing.T) {
 	}
 	waitCount("the load running", func(n int64) bool { return n >= 20 })
 	l.Hold()
-	time.Sleep(50 * time.Millisecond) // the submissions in flight end
+	// The submissions in flight end: the count stays the same for 100 ms
+	// (within 5 s: a load that does not hold never settles).
 	at := got.Load()
+	for stable, end := time.Now(), time.Now().Add(5*time.Second); time.Since(stable) < 100*time.Millisecond && time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if n := got.Load(); n != at {
+			at, stable = n, time.Now()
+		}
+	}
 	time.Sleep(200 * time.Millisecond) // at the load's rate, 200 more
 	if n := got.Load(); n != at {
 		t.Errorf("held: %d submissions went on after the hold, want none", n-at)
