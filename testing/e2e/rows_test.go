@@ -428,7 +428,7 @@ func TestRowsConverge(t *testing.T) {
 	if u, err := url.Parse(amqpURL); err == nil && u.User != nil {
 		user = u.User.Username()
 	}
-	rmq.Ctl(t, "close_all_user_connections", user, "test: connections closed while confirms are in flight")
+	rmq.CloseUserConnections(t, user, "test: connections closed while confirms are in flight")
 	time.Sleep(time.Second)
 	alpha.px.Restore(t)
 	thawed := time.Now()

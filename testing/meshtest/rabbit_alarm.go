@@ -83,3 +83,23 @@ func (r *Rabbit) Ctl(tb testing.TB, args ...string) string {
 // CtlOutput runs rabbitmqctl against this broker and returns what it
 // printed and its error (for cleanups that must not fail a test).
 func (r *Rabbit) CtlOutput(args ...string) (string, error) { return r.ctlOutput(args...) }
+
+// CloseUserConnections closes every connection of the broker user user,
+// as an operator does with rabbitmqctl close_all_user_connections. The
+// command fails (exit 69, "{:normal, {:gen_server, :call, ...") when a
+// connection ends on its own while the broker closes it, which is what
+// was asked: it runs again then, up to three times in all.
+func (r *Rabbit) CloseUserConnections(tb testing.TB, user, reason string) {
+	tb.Helper()
+	var err error
+	for range 3 {
+		if _, err = r.ctlOutput("close_all_user_connections", user, reason); err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "{:normal, {:gen_server, :call") {
+			break
+		}
+		tb.Logf("meshtest: a connection of %s ended while the broker closed it; closing the rest again: %v", user, err)
+	}
+	tb.Fatalf("meshtest: %v", err)
+}
