@@ -46,36 +46,17 @@ func TestBrokerRestartLosesNothing(t *testing.T) {
 	var seq atomic.Int64
 	var failures atomic.Int64
 	stop := make(chan struct{})
-	// The submitters wait while the broker boots (hold): what goes into
+	// The submitters wait while the broker boots (gate): what goes into
 	// the outbox is the test's choice, not the machine's boot time (a
 	// minute of boot on a busy machine was 18,000 more of each).
-	var gate sync.Mutex
-	var held chan struct{}
-	hold := func(on bool) {
-		gate.Lock()
-		defer gate.Unlock()
-		if on {
-			held = make(chan struct{})
-		} else {
-			close(held)
-			held = nil
-		}
-	}
+	var gate ledger.Gate
 	var wg sync.WaitGroup
 	for w := 0; w < 8; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				gate.Lock()
-				h := held
-				gate.Unlock()
-				if h != nil {
-					select {
-					case <-h:
-					case <-stop:
-					}
-				}
+				gate.Wait(stop)
 				select {
 				case <-stop:
 					return
@@ -128,18 +109,18 @@ func TestBrokerRestartLosesNothing(t *testing.T) {
 	rabbit.Stop(t)
 	offline()
 	more(200) // into the outbox
-	hold(true)
+	gate.Hold()
 	rabbit.Start(t)
-	hold(false)
+	gate.Release()
 	a.waitConnected(t)
 	b.waitConnected(t)
 	more(500)
 	rabbit.Kill(t)
 	offline()
 	more(200)
-	hold(true)
+	gate.Hold()
 	rabbit.Start(t)
-	hold(false)
+	gate.Release()
 	a.waitConnected(t)
 	b.waitConnected(t)
 	more(500)

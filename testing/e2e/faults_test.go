@@ -68,8 +68,9 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 	flush(t, hnc)
 	waitConsumers(t, rmq, amqpURL, "cmd.load", 1)
 
-	cl := &ledger.Load{NC: natsConn(t, alpha), Subject: "cmd.load", Origin: "alpha", History: cmds}
-	el := &ledger.Load{NC: natsConn(t, alpha), Subject: "evt.load", Origin: "alpha", History: evts}
+	gate := &ledger.Gate{}
+	cl := &ledger.Load{NC: natsConn(t, alpha), Subject: "cmd.load", Origin: "alpha", History: cmds, Gate: gate}
+	el := &ledger.Load{NC: natsConn(t, alpha), Subject: "evt.load", Origin: "alpha", History: evts, Gate: gate}
 	stop := make(chan struct{})
 	stopLoad := sync.OnceFunc(func() { close(stop) })
 	var wg sync.WaitGroup
@@ -77,8 +78,7 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 	// load held or running.
 	t.Cleanup(func() {
 		stopLoad()
-		cl.Release()
-		el.Release()
+		gate.Release()
 		wg.Wait()
 	})
 	for _, l := range []*ledger.Load{cl, el} {
@@ -106,11 +106,9 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 		// The load waits while the broker boots: what a fault puts in
 		// the outbox is the test's choice, not the machine's boot time
 		// (a minute of boot on a busy machine was 15,000 more each).
-		cl.Hold()
-		el.Hold()
+		gate.Hold()
 		rmq.Start(t)
-		cl.Release()
-		el.Release()
+		gate.Release()
 		t.Logf("fault %d (%s) done at %s: %d commands, %d events submitted so far",
 			i+1, fault, time.Since(start).Round(time.Second), cl.Started(), el.Started())
 		meshtest.WaitStatus(t, alpha.HTTPURL(), time.Minute, "alpha's link back and its outbox drained", func(s appliance.Status) bool {

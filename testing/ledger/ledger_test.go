@@ -133,9 +133,9 @@ func TestTally(t *testing.T) {
 	}
 }
 
-// TestLoadHold: a held load submits nothing until released, then goes on;
-// a run told to stop while held still ends (control: an unheld load
-// submits).
+// TestLoadHold: a load whose gate is held submits nothing until it is
+// released, then goes on; a run told to stop while held still ends
+// (control: a load whose gate is open submits).
 func TestLoadHold(t *testing.T) {
 	srv := natstest.Start(t)
 	nc := natstest.Connect(t, srv)
@@ -148,7 +148,8 @@ func TestLoadHold(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	l := &Load{NC: nc, Subject: "cmd.load", Origin: "alpha", History: NewHistory()}
+	gate := &Gate{}
+	l := &Load{NC: nc, Subject: "cmd.load", Origin: "alpha", History: NewHistory(), Gate: gate}
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
@@ -169,7 +170,7 @@ func TestLoadHold(t *testing.T) {
 		}
 	}
 	waitCount("the load running", func(n int64) bool { return n >= 20 })
-	l.Hold()
+	gate.Hold()
 	// The submissions in flight end: the count stays the same for 100 ms
 	// (within 5 s: a load that does not hold never settles).
 	at := got.Load()
@@ -182,9 +183,9 @@ func TestLoadHold(t *testing.T) {
 	if n := got.Load(); n != at {
 		t.Errorf("held: %d submissions went on after the hold, want none", n-at)
 	}
-	l.Release()
+	gate.Release()
 	waitCount("the load going on after release", func(n int64) bool { return n >= at+20 })
-	l.Hold()
+	gate.Hold()
 	close(stop)
 	select {
 	case <-done:

@@ -47,12 +47,14 @@ type Load struct {
 	Origin  string
 	History *History
 
+	// Gate, when set, holds the workers while it is held (Gate.Hold).
+	Gate *Gate
+
 	next     atomic.Int64
 	mu       sync.Mutex
-	held     chan struct{} // non-nil: closed by Release (Hold)
-	accepted Tally         // Meshbox-Accepted -> count
-	refusals Tally         // "code text" -> count
-	errs     Tally         // client errors (no answer) -> count
+	accepted Tally // Meshbox-Accepted -> count
+	refusals Tally // "code text" -> count
+	errs     Tally // client errors (no answer) -> count
 }
 
 // Run submits with workers goroutines at about rate per second until stop
@@ -79,7 +81,7 @@ func (l *Load) Run(workers int, rate float64, min, max int, stop <-chan struct{}
 					return
 				}
 				if !stopped {
-					l.wait(stop)
+					l.Gate.Wait(stop)
 				}
 				start := time.Now()
 				o, resp, err := Submit(l.NC, l.Subject, Payload(l.Origin, seq), 20*time.Second)
@@ -104,33 +106,43 @@ func (l *Load) Run(workers int, rate float64, min, max int, stop <-chan struct{}
 	wg.Wait()
 }
 
-// Hold makes the workers wait before their next submission until
-// Release (or until the run is told to stop): a fault test holds its
-// load while a broker boots, so that the submissions of a fault do not
-// grow with how long the machine takes to start one.
-func (l *Load) Hold() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.held == nil {
-		l.held = make(chan struct{})
+// Gate holds submitters between their submissions: a fault test holds
+// its load while a broker boots, so that what a fault puts in the outbox
+// does not grow with how long the machine takes to start one. The zero
+// Gate is open.
+type Gate struct {
+	mu   sync.Mutex
+	held chan struct{} // non-nil: held, closed by Release
+}
+
+// Hold makes Wait block until Release.
+func (g *Gate) Hold() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.held == nil {
+		g.held = make(chan struct{})
 	}
 }
 
-// Release lets the workers go on after Hold.
-func (l *Load) Release() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.held != nil {
-		close(l.held)
-		l.held = nil
+// Release lets the waiting submitters go on.
+func (g *Gate) Release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.held != nil {
+		close(g.held)
+		g.held = nil
 	}
 }
 
-// wait returns once the load is not held, or stop is closed.
-func (l *Load) wait(stop <-chan struct{}) {
-	l.mu.Lock()
-	held := l.held
-	l.mu.Unlock()
+// Wait returns once g is not held, or stop is closed; a nil Gate never
+// holds.
+func (g *Gate) Wait(stop <-chan struct{}) {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	held := g.held
+	g.mu.Unlock()
 	if held == nil {
 		return
 	}
